@@ -1,0 +1,70 @@
+//! `kiln-backends`: the devices kiln runs on, one module per device.
+//!
+//! Owns: device memory (`Buffer`), turning a graph (later: rendered kernels) into something runnable on a device
+//! (`Backend::compile` -> `Executable`), running it, host <-> device copies, and the device fingerprint that keys
+//! caches. Each device is a cargo feature; `cpu` is the default and needs nothing installed.
+//!
+//! Must not know: the user-facing `Tensor` API, autograd, or how the plan cache is keyed.
+//!
+//! A backend never hands work to another device: if a device cannot run a graph, `compile` returns an error.
+
+#[cfg(feature = "cpu")]
+pub mod cpu;
+
+use kiln_jit::{Graph, HostBuffer, RngKey};
+
+/// Memory owned by one device.
+#[derive(Debug)]
+pub enum Buffer {
+    /// Host memory (the CPU backend's buffers).
+    Host(HostBuffer),
+}
+
+impl Buffer {
+    pub fn dtype(&self) -> kiln_jit::DType {
+        match self {
+            Buffer::Host(h) => h.dtype(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Buffer::Host(h) => h.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{device}: cannot compile graph: {reason}")]
+    Compile {
+        device: &'static str,
+        reason: String,
+    },
+    #[error("{device}: execution failed: {reason}")]
+    Execute {
+        device: &'static str,
+        reason: String,
+    },
+    #[error("{device}: buffer belongs to another device")]
+    ForeignBuffer { device: &'static str },
+}
+
+/// A compiled graph, ready to run many times.
+pub trait Executable: Send + Sync {
+    /// Runs with `inputs[slot]` bound to `Input { slot }` and `rng[slot]` to `Rand { slot }`; returns the graph's
+    /// outputs in order.
+    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError>;
+}
+
+/// One device.
+pub trait Backend: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn compile(&self, graph: &Graph) -> Result<Box<dyn Executable>, BackendError>;
+    fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError>;
+    fn download(&self, buffer: &Buffer) -> Result<HostBuffer, BackendError>;
+}

@@ -1,0 +1,128 @@
+//! Host-side typed storage: what users hand in and get back, and what the interpreter reads and writes.
+
+use crate::dtype::{DType, Scalar};
+
+/// A contiguous, row-major host buffer of one dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostBuffer {
+    Bool(Vec<bool>),
+    U8(Vec<u8>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+/// A Rust type that can be a tensor element.
+pub trait Element: Copy + Send + Sync + 'static + std::fmt::Debug {
+    const DTYPE: DType;
+    fn into_buffer(v: Vec<Self>) -> HostBuffer;
+    fn from_buffer(b: &HostBuffer) -> Option<&[Self]>;
+    fn to_scalar(self) -> Scalar;
+}
+
+macro_rules! element {
+    ($($t:ty => $v:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$v;
+            fn into_buffer(v: Vec<Self>) -> HostBuffer { HostBuffer::$v(v) }
+            fn from_buffer(b: &HostBuffer) -> Option<&[Self]> {
+                match b { HostBuffer::$v(v) => Some(v), _ => None }
+            }
+            fn to_scalar(self) -> Scalar { Scalar::from(self) }
+        }
+    )*};
+}
+element!(bool => Bool, u8 => U8, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
+
+impl HostBuffer {
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostBuffer::Bool(_) => DType::Bool,
+            HostBuffer::U8(_) => DType::U8,
+            HostBuffer::I32(_) => DType::I32,
+            HostBuffer::I64(_) => DType::I64,
+            HostBuffer::F32(_) => DType::F32,
+            HostBuffer::F64(_) => DType::F64,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            HostBuffer::Bool(v) => v.len(),
+            HostBuffer::U8(v) => v.len(),
+            HostBuffer::I32(v) => v.len(),
+            HostBuffer::I64(v) => v.len(),
+            HostBuffer::F32(v) => v.len(),
+            HostBuffer::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn size_in_bytes(&self) -> usize {
+        self.len() * self.dtype().size_of()
+    }
+
+    /// Float elements widened to f64 (ints and bools converted), for the interpreter.
+    pub fn to_f64(&self) -> Vec<f64> {
+        match self {
+            HostBuffer::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+            HostBuffer::U8(v) => v.iter().map(|&x| x as f64).collect(),
+            HostBuffer::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            HostBuffer::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            HostBuffer::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            HostBuffer::F64(v) => v.clone(),
+        }
+    }
+
+    /// Integer elements widened to i64 (floats truncated), for the interpreter.
+    pub fn to_i64(&self) -> Vec<i64> {
+        match self {
+            HostBuffer::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+            HostBuffer::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            HostBuffer::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            HostBuffer::I64(v) => v.clone(),
+            HostBuffer::F32(v) => v.iter().map(|&x| x as i64).collect(),
+            HostBuffer::F64(v) => v.iter().map(|&x| x as i64).collect(),
+        }
+    }
+
+    /// Builds a buffer of `dtype` from f64 values (rounding to f32, or converting to ints as Rust's `as`).
+    pub fn from_f64(dtype: DType, v: &[f64]) -> HostBuffer {
+        match dtype {
+            DType::Bool => HostBuffer::Bool(v.iter().map(|&x| x != 0.0).collect()),
+            DType::U8 => HostBuffer::U8(v.iter().map(|&x| x as i64 as u8).collect()),
+            DType::I32 => HostBuffer::I32(v.iter().map(|&x| x as i64 as i32).collect()),
+            DType::I64 => HostBuffer::I64(v.iter().map(|&x| x as i64).collect()),
+            DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
+            DType::F64 => HostBuffer::F64(v.to_vec()),
+        }
+    }
+
+    /// Builds a buffer of `dtype` from i64 values (wrapping to the narrower int types).
+    pub fn from_i64(dtype: DType, v: &[i64]) -> HostBuffer {
+        match dtype {
+            DType::Bool => HostBuffer::Bool(v.iter().map(|&x| x != 0).collect()),
+            DType::U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
+            DType::I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
+            DType::I64 => HostBuffer::I64(v.to_vec()),
+            DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
+            DType::F64 => HostBuffer::F64(v.iter().map(|&x| x as f64).collect()),
+        }
+    }
+
+    /// The element at flat index `i` as a scalar.
+    pub fn get(&self, i: usize) -> Scalar {
+        match self {
+            HostBuffer::Bool(v) => Scalar::Bool(v[i]),
+            HostBuffer::U8(v) => Scalar::Int(v[i] as i64),
+            HostBuffer::I32(v) => Scalar::Int(v[i] as i64),
+            HostBuffer::I64(v) => Scalar::Int(v[i]),
+            HostBuffer::F32(v) => Scalar::Float(v[i] as f64),
+            HostBuffer::F64(v) => Scalar::Float(v[i]),
+        }
+    }
+}

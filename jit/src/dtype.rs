@@ -1,0 +1,286 @@
+//! Element types, scalars and PyTorch's type-promotion rules.
+//!
+//! `DType` is the closed set of element types the graph IR knows. f16/bf16 are not here yet; adding them means a
+//! variant, a `size_of`, a category, a row in `promote` and a storage variant in `HostBuffer` (the interpreter
+//! computes every float in f64 and rounds per op, so it needs only a rounding function per dtype).
+
+use std::fmt;
+
+/// An element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    Bool,
+    U8,
+    I32,
+    I64,
+    F32,
+    F64,
+}
+
+/// The three promotion categories, ordered: a higher category always wins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Category {
+    Bool,
+    Int,
+    Float,
+}
+
+impl DType {
+    pub const ALL: [DType; 6] = [
+        DType::Bool,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+        DType::F32,
+        DType::F64,
+    ];
+
+    pub fn size_of(self) -> usize {
+        match self {
+            DType::Bool | DType::U8 => 1,
+            DType::I32 | DType::F32 => 4,
+            DType::I64 | DType::F64 => 8,
+        }
+    }
+
+    pub fn category(self) -> Category {
+        match self {
+            DType::Bool => Category::Bool,
+            DType::U8 | DType::I32 | DType::I64 => Category::Int,
+            DType::F32 | DType::F64 => Category::Float,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        self.category() == Category::Float
+    }
+
+    pub fn is_int(self) -> bool {
+        self.category() == Category::Int
+    }
+
+    /// The dtype PyTorch picks for a Python scalar of this category when it must widen a tensor's category
+    /// (`int_tensor + 0.5` is f32, `bool_tensor + 1` is i64).
+    pub fn default_for(cat: Category) -> DType {
+        match cat {
+            Category::Bool => DType::Bool,
+            Category::Int => DType::I64,
+            Category::Float => DType::F32,
+        }
+    }
+
+    /// A stable small number for signatures and cache keys. Never reorder: keys on disk depend on it.
+    pub fn code(self) -> u64 {
+        match self {
+            DType::Bool => 1,
+            DType::U8 => 2,
+            DType::I32 => 3,
+            DType::I64 => 4,
+            DType::F32 => 5,
+            DType::F64 => 6,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            DType::U8 => "u8",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Promotion of two dtypes of equal priority (both dimensioned tensors, say), as `torch.promote_types`.
+pub fn promote(a: DType, b: DType) -> DType {
+    use DType::*;
+    if a == b {
+        return a;
+    }
+    match (a.category(), b.category()) {
+        (ca, cb) if ca != cb => {
+            if ca > cb {
+                a
+            } else {
+                b
+            }
+        }
+        // Same category, different types: the wider one. u8 with a signed int widens to the signed one, which
+        // is PyTorch's rule for u8 vs i32/i64 (there is no i8/i16 here, so no u8+i8 -> i16 case).
+        _ => match (a, b) {
+            (F32, F64) | (F64, F32) => F64,
+            (U8, x) | (x, U8) => x,
+            (I32, I64) | (I64, I32) => I64,
+            _ => unreachable!("promote: {a} {b}"),
+        },
+    }
+}
+
+/// How strongly an operand's dtype takes part in promotion, as PyTorch's `result_type`: dimensioned tensors beat
+/// zero-dimensional tensors, which beat Rust scalars ("wrapped numbers"). A lower priority operand only matters when
+/// its category is higher than every higher-priority operand's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Priority {
+    Scalar,
+    ZeroDim,
+    Tensor,
+}
+
+/// PyTorch's `result_type` over operands given as (dtype, priority).
+pub fn result_type(operands: &[(DType, Priority)]) -> DType {
+    let best = |p: Priority| -> Option<DType> {
+        operands
+            .iter()
+            .filter(|(_, q)| *q == p)
+            .map(|(d, _)| *d)
+            .reduce(promote)
+    };
+    let mut result: Option<DType> = None;
+    for p in [Priority::Tensor, Priority::ZeroDim, Priority::Scalar] {
+        let Some(d) = best(p) else { continue };
+        result = Some(match result {
+            None => d,
+            Some(r) if d.category() > r.category() => {
+                // A wrapped number widens the category to the default dtype of that category; a zero-dim tensor
+                // widens to its own dtype.
+                if p == Priority::Scalar {
+                    DType::default_for(d.category())
+                } else {
+                    d
+                }
+            }
+            Some(r) => r,
+        });
+    }
+    // A lone scalar: Rust f64 literal -> the default float dtype, as a Python float would.
+    match result {
+        Some(r) if operands.iter().all(|(_, p)| *p == Priority::Scalar) => {
+            DType::default_for(r.category())
+        }
+        Some(r) => r,
+        None => DType::F32,
+    }
+}
+
+/// A scalar value. Floats are carried as f64 and ints as i64 whatever the node dtype; the node's dtype says how
+/// the value is rounded or wrapped.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scalar {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+}
+
+impl Scalar {
+    /// The dtype a Rust literal of this kind has on its own (f64 -> f32 as Python floats do in PyTorch).
+    pub fn natural_dtype(self) -> DType {
+        match self {
+            Scalar::Bool(_) => DType::Bool,
+            Scalar::Int(_) => DType::I64,
+            Scalar::Float(_) => DType::F32,
+        }
+    }
+
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Scalar::Bool(b) => b as i64 as f64,
+            Scalar::Int(i) => i as f64,
+            Scalar::Float(f) => f,
+        }
+    }
+
+    /// Integer value with C-like conversion from float (saturating, NaN -> 0, as Rust's `as`).
+    pub fn as_i64(self) -> i64 {
+        match self {
+            Scalar::Bool(b) => b as i64,
+            Scalar::Int(i) => i,
+            Scalar::Float(f) => f as i64,
+        }
+    }
+
+    /// A stable 64-bit encoding for signatures (the value's bits, with its kind).
+    pub fn key(self) -> [u64; 2] {
+        match self {
+            Scalar::Bool(b) => [1, b as u64],
+            Scalar::Int(i) => [2, i as u64],
+            Scalar::Float(f) => [3, f.to_bits()],
+        }
+    }
+}
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Bool(b) => write!(f, "{b}"),
+            Scalar::Int(i) => write!(f, "{i}"),
+            Scalar::Float(x) => write!(f, "{x:?}"),
+        }
+    }
+}
+
+macro_rules! scalar_from {
+    ($($t:ty => $v:ident as $c:ty),*) => {$(
+        impl From<$t> for Scalar {
+            fn from(x: $t) -> Self { Scalar::$v(x as $c) }
+        }
+    )*};
+}
+scalar_from!(f64 => Float as f64, f32 => Float as f64, i64 => Int as i64, i32 => Int as i64, u8 => Int as i64,
+    usize => Int as i64);
+impl From<bool> for Scalar {
+    fn from(b: bool) -> Self {
+        Scalar::Bool(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DType::*;
+    use super::*;
+
+    #[test]
+    fn promotion_matches_pytorch() {
+        assert_eq!(promote(U8, I32), I32);
+        assert_eq!(promote(Bool, U8), U8);
+        assert_eq!(promote(I64, F32), F32);
+        assert_eq!(promote(F32, F64), F64);
+        // torch.ones(2, dtype=int32) + 2.5 -> float32; bool + 1 -> int64; u8 + 1000 stays u8.
+        assert_eq!(
+            result_type(&[(I32, Priority::Tensor), (F32, Priority::Scalar)]),
+            F32
+        );
+        assert_eq!(
+            result_type(&[(Bool, Priority::Tensor), (I64, Priority::Scalar)]),
+            I64
+        );
+        assert_eq!(
+            result_type(&[(U8, Priority::Tensor), (I64, Priority::Scalar)]),
+            U8
+        );
+        assert_eq!(
+            result_type(&[(F64, Priority::Tensor), (F32, Priority::Scalar)]),
+            F64
+        );
+        // Zero-dim tensors: f32 [2] + f64 0-dim -> f32; i32 [2] + f64 0-dim -> f64.
+        assert_eq!(
+            result_type(&[(F32, Priority::Tensor), (F64, Priority::ZeroDim)]),
+            F32
+        );
+        assert_eq!(
+            result_type(&[(I32, Priority::Tensor), (F64, Priority::ZeroDim)]),
+            F64
+        );
+        assert_eq!(
+            result_type(&[(I32, Priority::ZeroDim), (I64, Priority::ZeroDim)]),
+            I64
+        );
+    }
+}

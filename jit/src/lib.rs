@@ -1,0 +1,22 @@
+//! `kiln-jit`: the graph IR and everything that transforms or evaluates it without touching a device.
+//!
+//! Owns: element types and promotion (`dtype`), shapes and broadcasting (`shape`), the primitive op set (`op`),
+//! the graph IR on a petgraph `StableGraph` (`graph`), counter-based random numbers (`rng`), host buffers
+//! (`buffer`) and the reference interpreter (`interp`), which is the oracle for every backend. Fusion, scheduling,
+//! the kernel IR and its renderers (CLIF, CUDA C, HIP C, WGSL) come here too, as pure functions of the graph.
+//!
+//! Must not know: devices, drivers, memory on a device, or the user-facing `Tensor` API.
+
+pub mod buffer;
+pub mod dtype;
+pub mod graph;
+pub mod interp;
+pub mod op;
+pub mod rng;
+pub mod shape;
+
+pub use buffer::{Element, HostBuffer};
+pub use dtype::{Category, DType, Priority, Scalar};
+pub use graph::{Graph, NodeData};
+pub use op::{BinaryOp, Op, RandDist, ReduceOp, RngKey, UnaryOp};
+pub use shape::Shape;

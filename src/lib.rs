@@ -1,0 +1,47 @@
+//! kiln: a lazy, graph-tracing JIT tensor runtime.
+//!
+//! Code reads like eager PyTorch; each op only records a node. When a value is needed (`to_vec`, `item`,
+//! `realize`), the reachable graph is checked, compiled for its device (once per graph signature) and run.
+//!
+//! ```
+//! use kiln::{DType, Device, Tensor};
+//! let dev = Device::cpu();
+//! let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, -4.0], [2, 2], &dev)?;
+//! let w = Tensor::ones([2, 3], DType::F32, &dev);
+//! let y = (x.matmul(&w) + 1.0).relu().sum(1, false);
+//! assert_eq!(y.to_vec::<f32>()?, vec![0.0, 0.0]);
+//! # Ok::<(), kiln::Error>(())
+//! ```
+//!
+//! This crate owns the user API, op constructors, `realize` and the plan cache, and errors. It must not know how a
+//! kernel is written: that is `kiln-jit` (graph IR, passes, interpreter, renderers) and `kiln-backends` (devices).
+//!
+//! Errors: a misuse of an op (shapes that do not broadcast, a bad dim) panics at the op with the caller's
+//! file:line in the message; anything that depends on data or the outside world returns `Result<_, Error>`.
+
+#[cfg(not(feature = "cpu"))]
+compile_error!(
+    "kiln needs its default `cpu` feature: the CPU is the device every other one is checked against"
+);
+
+mod args;
+mod device;
+mod error;
+mod ops;
+mod random;
+mod realize;
+mod tensor;
+
+pub use args::{Dims, ShapeSpec};
+pub use device::Device;
+pub use error::{Error, Result};
+pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape};
+pub use ops::Operand;
+pub use random::manual_seed;
+pub use realize::{Stats, stats};
+pub use tensor::Tensor;
+
+/// Computes several tensors as one graph (shared work is done once).
+pub fn realize(tensors: &[&Tensor]) -> Result<()> {
+    realize::realize(tensors)
+}

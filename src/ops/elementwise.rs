@@ -1,0 +1,383 @@
+//! Elementwise ops: unary math, binary arithmetic with promotion and broadcasting, comparisons, `where_`, casts.
+//!
+//! Promotion follows `torch.result_type`; ints under a float-only function (`exp`, `sqrt`, `/`, ...) are promoted
+//! to f32 as PyTorch does. Misuse PyTorch rejects is rejected here too, at the caller's line: `-` on bool,
+//! subtracting bools, a non-bool condition for `where_`.
+
+use super::Operand;
+use crate::args::fail;
+use crate::tensor::Tensor;
+use kiln_jit::dtype::result_type;
+use kiln_jit::shape::broadcast_shapes;
+use kiln_jit::{BinaryOp, DType, Op, Scalar, Shape, UnaryOp};
+
+/// What a binary op's result dtype is, given the promoted operand dtype.
+#[derive(Clone, Copy, PartialEq)]
+enum Out {
+    Promoted,
+    /// True division and friends: ints become f32.
+    Float,
+    Bool,
+}
+
+impl Tensor {
+    #[track_caller]
+    fn unary_prim(&self, u: UnaryOp) -> Tensor {
+        Tensor::from_op(
+            Op::Unary(u),
+            vec![self.clone()],
+            self.shape().clone(),
+            self.dtype(),
+        )
+    }
+
+    /// A float-only unary function: bool and int inputs are promoted to f32 first.
+    #[track_caller]
+    fn float_unary(&self, u: UnaryOp) -> Tensor {
+        self.to_float().unary_prim(u)
+    }
+
+    /// This tensor if it is float, else converted to f32 (PyTorch's default float dtype).
+    pub(crate) fn to_float(&self) -> Tensor {
+        if self.dtype().is_float() {
+            self.clone()
+        } else {
+            self.to_dtype(DType::F32)
+        }
+    }
+
+    #[track_caller]
+    fn binary(&self, name: &str, rhs: Operand, op: BinaryOp, out: Out, swap: bool) -> Tensor {
+        let lhs = Operand::Tensor(self.clone());
+        let (a, b) = if swap { (&rhs, &lhs) } else { (&lhs, &rhs) };
+        let mut dtype = result_type(&[a.promotion_key(), b.promotion_key()]);
+        if out == Out::Float && !dtype.is_float() {
+            dtype = DType::F32;
+        }
+        if let (Operand::Tensor(x), Operand::Tensor(y)) = (a, b)
+            && x.device() != y.device()
+        {
+            fail!(
+                name,
+                "operands live on different devices ({} and {}); move one with to_device",
+                x.device(),
+                y.device()
+            );
+        }
+        match (op, dtype) {
+            (BinaryOp::Sub, DType::Bool) => {
+                fail!(
+                    name,
+                    "subtracting bool tensors is not supported; use logical_xor-style logic with ne()"
+                )
+            }
+            (BinaryOp::Pow, DType::Bool) => fail!(
+                name,
+                "pow is not supported on bool tensors; cast to an int or float dtype"
+            ),
+            (BinaryOp::Div, DType::Bool) => unreachable!("division promotes to float"),
+            _ => {}
+        }
+        let Some(dims) = broadcast_shapes(a.dims(), b.dims()) else {
+            fail!(
+                name,
+                "shapes {:?} and {:?} cannot be broadcast together",
+                a.dims(),
+                b.dims()
+            );
+        };
+        let a = a.materialize(name, dtype, &dims, self);
+        let b = b.materialize(name, dtype, &dims, self);
+        let out_dtype = if out == Out::Bool { DType::Bool } else { dtype };
+        Tensor::from_op(Op::Binary(op), vec![a, b], Shape::new(dims), out_dtype)
+    }
+
+    /// `self + rhs` (logical or on bool).
+    #[track_caller]
+    pub fn add(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("add", rhs.into(), BinaryOp::Add, Out::Promoted, false)
+    }
+
+    /// `self - rhs`.
+    #[track_caller]
+    pub fn sub(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("sub", rhs.into(), BinaryOp::Sub, Out::Promoted, false)
+    }
+
+    /// `self * rhs` (logical and on bool).
+    #[track_caller]
+    pub fn mul(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("mul", rhs.into(), BinaryOp::Mul, Out::Promoted, false)
+    }
+
+    /// True division: `self / rhs`, with ints promoted to f32.
+    #[track_caller]
+    pub fn div(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("div", rhs.into(), BinaryOp::Div, Out::Float, false)
+    }
+
+    /// `lhs - self`, for `scalar - tensor`.
+    #[track_caller]
+    pub(crate) fn rsub(&self, lhs: impl Into<Operand>) -> Tensor {
+        self.binary("sub", lhs.into(), BinaryOp::Sub, Out::Promoted, true)
+    }
+
+    /// `lhs / self`, for `scalar / tensor`.
+    #[track_caller]
+    pub(crate) fn rdiv(&self, lhs: impl Into<Operand>) -> Tensor {
+        self.binary("div", lhs.into(), BinaryOp::Div, Out::Float, true)
+    }
+
+    /// Elementwise maximum; NaN if either side is NaN (`torch.maximum`).
+    #[track_caller]
+    pub fn maximum(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("maximum", rhs.into(), BinaryOp::Max, Out::Promoted, false)
+    }
+
+    /// Elementwise minimum; NaN if either side is NaN (`torch.minimum`).
+    #[track_caller]
+    pub fn minimum(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("minimum", rhs.into(), BinaryOp::Min, Out::Promoted, false)
+    }
+
+    /// `self ** exponent`, elementwise with promotion (`torch.pow`).
+    #[track_caller]
+    pub fn pow(&self, exponent: impl Into<Operand>) -> Tensor {
+        self.binary("pow", exponent.into(), BinaryOp::Pow, Out::Promoted, false)
+    }
+
+    /// `self ** exponent` for a float exponent; ints are promoted to f32.
+    #[track_caller]
+    pub fn powf(&self, exponent: f64) -> Tensor {
+        self.binary(
+            "powf",
+            Operand::Scalar(Scalar::Float(exponent)),
+            BinaryOp::Pow,
+            Out::Float,
+            false,
+        )
+    }
+
+    #[track_caller]
+    pub fn lt(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("lt", rhs.into(), BinaryOp::Lt, Out::Bool, false)
+    }
+
+    #[track_caller]
+    pub fn le(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("le", rhs.into(), BinaryOp::Le, Out::Bool, false)
+    }
+
+    #[track_caller]
+    pub fn gt(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("gt", rhs.into(), BinaryOp::Lt, Out::Bool, true)
+    }
+
+    #[track_caller]
+    pub fn ge(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("ge", rhs.into(), BinaryOp::Le, Out::Bool, true)
+    }
+
+    #[track_caller]
+    pub fn eq(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("eq", rhs.into(), BinaryOp::Eq, Out::Bool, false)
+    }
+
+    #[track_caller]
+    pub fn ne(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("ne", rhs.into(), BinaryOp::Ne, Out::Bool, false)
+    }
+
+    /// Logical and of the truth values (non-zero is true); bool result.
+    #[track_caller]
+    pub fn logical_and(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.to_dtype(DType::Bool).binary(
+            "logical_and",
+            to_bool(rhs.into()),
+            BinaryOp::And,
+            Out::Bool,
+            false,
+        )
+    }
+
+    /// Logical or of the truth values (non-zero is true); bool result.
+    #[track_caller]
+    pub fn logical_or(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.to_dtype(DType::Bool).binary(
+            "logical_or",
+            to_bool(rhs.into()),
+            BinaryOp::Or,
+            Out::Bool,
+            false,
+        )
+    }
+
+    /// Logical not of the truth values (non-zero is true); bool result.
+    #[track_caller]
+    pub fn logical_not(&self) -> Tensor {
+        self.to_dtype(DType::Bool).unary_prim(UnaryOp::Not)
+    }
+
+    /// `-self`. Not defined on bool (use `logical_not`).
+    #[track_caller]
+    pub fn neg(&self) -> Tensor {
+        if self.dtype() == DType::Bool {
+            fail!(
+                "neg",
+                "negation is not supported on bool tensors; use logical_not()"
+            );
+        }
+        self.unary_prim(UnaryOp::Neg)
+    }
+
+    /// Absolute value (the identity on bool).
+    #[track_caller]
+    pub fn abs(&self) -> Tensor {
+        if self.dtype() == DType::Bool {
+            return self.clone();
+        }
+        self.unary_prim(UnaryOp::Abs)
+    }
+
+    #[track_caller]
+    pub fn exp(&self) -> Tensor {
+        self.float_unary(UnaryOp::Exp)
+    }
+
+    /// Natural logarithm.
+    #[track_caller]
+    pub fn log(&self) -> Tensor {
+        self.float_unary(UnaryOp::Log)
+    }
+
+    #[track_caller]
+    pub fn sin(&self) -> Tensor {
+        self.float_unary(UnaryOp::Sin)
+    }
+
+    #[track_caller]
+    pub fn cos(&self) -> Tensor {
+        self.float_unary(UnaryOp::Cos)
+    }
+
+    #[track_caller]
+    pub fn tanh(&self) -> Tensor {
+        self.float_unary(UnaryOp::Tanh)
+    }
+
+    #[track_caller]
+    pub fn sqrt(&self) -> Tensor {
+        self.float_unary(UnaryOp::Sqrt)
+    }
+
+    /// `1 / self`.
+    #[track_caller]
+    pub fn recip(&self) -> Tensor {
+        self.float_unary(UnaryOp::Recip)
+    }
+
+    /// `1 / sqrt(self)`.
+    #[track_caller]
+    pub fn rsqrt(&self) -> Tensor {
+        self.float_unary(UnaryOp::Sqrt).unary_prim(UnaryOp::Recip)
+    }
+
+    /// `1 / (1 + exp(-self))`.
+    #[track_caller]
+    pub fn sigmoid(&self) -> Tensor {
+        self.float_unary(UnaryOp::Neg)
+            .unary_prim(UnaryOp::Exp)
+            .add(1.0)
+            .unary_prim(UnaryOp::Recip)
+    }
+
+    /// `max(self, 0)`; NaN stays NaN.
+    #[track_caller]
+    pub fn relu(&self) -> Tensor {
+        if self.dtype() == DType::Bool {
+            fail!("relu", "relu is not supported on bool tensors");
+        }
+        self.maximum(0)
+    }
+
+    /// `self * self`.
+    #[track_caller]
+    pub fn square(&self) -> Tensor {
+        self.mul(self)
+    }
+
+    /// Clamps into `[min, max]` (`torch.clamp`); NaN stays NaN. Bounds promote like any other operand.
+    #[track_caller]
+    pub fn clamp(&self, min: impl Into<Operand>, max: impl Into<Operand>) -> Tensor {
+        self.maximum(min).minimum(max)
+    }
+
+    /// `max(self, min)` elementwise (`torch.clamp(min=...)`).
+    #[track_caller]
+    pub fn clamp_min(&self, min: impl Into<Operand>) -> Tensor {
+        self.maximum(min)
+    }
+
+    /// `min(self, max)` elementwise (`torch.clamp(max=...)`).
+    #[track_caller]
+    pub fn clamp_max(&self, max: impl Into<Operand>) -> Tensor {
+        self.minimum(max)
+    }
+
+    /// `torch.where(self, on_true, on_false)`: `self` is the bool condition; all three broadcast together and the
+    /// two branches promote like a binary op.
+    #[track_caller]
+    pub fn where_(&self, on_true: impl Into<Operand>, on_false: impl Into<Operand>) -> Tensor {
+        if self.dtype() != DType::Bool {
+            fail!(
+                "where_",
+                "the condition must be a bool tensor, not {} (compare first, e.g. x.gt(0))",
+                self.dtype()
+            );
+        }
+        let (a, b) = (on_true.into(), on_false.into());
+        for x in [&a, &b] {
+            if let Operand::Tensor(t) = x
+                && t.device() != self.device()
+            {
+                fail!(
+                    "where_",
+                    "operands live on different devices ({} and {})",
+                    self.device(),
+                    t.device()
+                );
+            }
+        }
+        let dtype = result_type(&[a.promotion_key(), b.promotion_key()]);
+        let dims =
+            broadcast_shapes(self.dims(), a.dims()).and_then(|d| broadcast_shapes(&d, b.dims()));
+        let Some(dims) = dims else {
+            fail!(
+                "where_",
+                "shapes {:?}, {:?} and {:?} cannot be broadcast together",
+                self.dims(),
+                a.dims(),
+                b.dims()
+            );
+        };
+        let cond = self.expand_to("where_", &dims);
+        let a = a.materialize("where_", dtype, &dims, self);
+        let b = b.materialize("where_", dtype, &dims, self);
+        Tensor::from_op(Op::Where, vec![cond, a, b], Shape::new(dims), dtype)
+    }
+
+    /// Converts to `dtype` (a no-op if already there). Float -> int truncates toward zero and saturates; NaN -> 0.
+    pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        if self.dtype() == dtype {
+            return self.clone();
+        }
+        Tensor::from_op(Op::Cast, vec![self.clone()], self.shape().clone(), dtype)
+    }
+}
+
+fn to_bool(o: Operand) -> Operand {
+    match o {
+        Operand::Tensor(t) => Operand::Tensor(t.to_dtype(DType::Bool)),
+        Operand::Scalar(s) => Operand::Scalar(Scalar::Bool(s.as_f64() != 0.0)),
+    }
+}

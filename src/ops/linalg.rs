@@ -1,0 +1,113 @@
+//! `matmul` with PyTorch's rank rules and batch broadcasting, and the softmax family as compositions.
+
+use crate::args::{fail, resolve_dim};
+use crate::tensor::Tensor;
+use kiln_jit::dtype::result_type;
+use kiln_jit::shape::broadcast_shapes;
+use kiln_jit::{DType, Op, Priority, Shape};
+
+impl Tensor {
+    /// Matrix product (`torch.matmul`): 1-D x 1-D is a dot product, a 1-D operand is treated as a row (left) or
+    /// column (right) vector and that dim is dropped again, and leading batch dims broadcast.
+    #[track_caller]
+    pub fn matmul(&self, rhs: &Tensor) -> Tensor {
+        let (ra, rb) = (self.rank(), rhs.rank());
+        if ra == 0 || rb == 0 {
+            fail!(
+                "matmul",
+                "both operands need at least one dim, got shapes {:?} and {:?}",
+                self.dims(),
+                rhs.dims()
+            );
+        }
+        let dtype = result_type(&[
+            (self.dtype(), Priority::Tensor),
+            (rhs.dtype(), Priority::Tensor),
+        ]);
+        if dtype == DType::Bool {
+            fail!(
+                "matmul",
+                "bool operands are not supported; cast to an int or float dtype"
+            );
+        }
+        let a = if ra == 1 {
+            self.unsqueeze(0)
+        } else {
+            self.clone()
+        };
+        let b = if rb == 1 {
+            rhs.unsqueeze(1)
+        } else {
+            rhs.clone()
+        };
+        let (ad, bd) = (a.dims(), b.dims());
+        let (m, k, k2, n) = (
+            ad[ad.len() - 2],
+            ad[ad.len() - 1],
+            bd[bd.len() - 2],
+            bd[bd.len() - 1],
+        );
+        if k != k2 {
+            fail!(
+                "matmul",
+                "inner dims differ: shapes {:?} and {:?} ({}x{} times {}x{})",
+                self.dims(),
+                rhs.dims(),
+                m,
+                k,
+                k2,
+                n
+            );
+        }
+        let Some(batch) = broadcast_shapes(&ad[..ad.len() - 2], &bd[..bd.len() - 2]) else {
+            fail!(
+                "matmul",
+                "batch dims of {:?} and {:?} cannot be broadcast together",
+                self.dims(),
+                rhs.dims()
+            );
+        };
+        let with = |tail: [usize; 2]| -> Vec<usize> { batch.iter().copied().chain(tail).collect() };
+        let a = a.to_dtype(dtype).expand_to("matmul", &with([m, k]));
+        let b = b.to_dtype(dtype).expand_to("matmul", &with([k, n]));
+        let out = Tensor::from_op(Op::Matmul, vec![a, b], Shape::new(with([m, n])), dtype);
+        match (ra, rb) {
+            (1, 1) => out.reshape_prim(Vec::new()),
+            (1, _) => out.squeeze(-2),
+            (_, 1) => out.squeeze(-1),
+            _ => out,
+        }
+    }
+
+    /// `exp(x) / sum(exp(x))` along `dim`, computed stably (the max is subtracted first). Float input only.
+    #[track_caller]
+    pub fn softmax(&self, dim: isize) -> Tensor {
+        let d = self.softmax_dim("softmax", dim);
+        let e = self.sub(self.max(d, true)).exp();
+        e.div(e.sum(d, true))
+    }
+
+    /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`. Float input only.
+    #[track_caller]
+    pub fn log_softmax(&self, dim: isize) -> Tensor {
+        let d = self.softmax_dim("log_softmax", dim);
+        let shifted = self.sub(self.max(d, true));
+        shifted.sub(shifted.exp().sum(d, true).log())
+    }
+
+    #[track_caller]
+    fn softmax_dim(&self, name: &str, dim: isize) -> isize {
+        if !self.dtype().is_float() {
+            fail!(
+                name,
+                "the input must be a float tensor, not {} (convert with to_dtype)",
+                self.dtype()
+            );
+        }
+        if self.rank() == 0 {
+            resolve_dim(name, dim, 0);
+            return 0;
+        }
+        resolve_dim(name, dim, self.rank()) as isize
+    }
+}

@@ -1,0 +1,144 @@
+//! The user-facing ops, grouped by kind. Each one checks its arguments (panicking at the caller's line on misuse),
+//! applies PyTorch's promotion and broadcasting rules, and records primitives from `kiln_jit::Op`. Composite ops
+//! (softmax, argmax, cat, eye, ...) are compositions of primitives, so every backend runs them unchanged.
+
+mod creation;
+mod elementwise;
+mod linalg;
+mod movement;
+mod operators;
+mod reduce;
+
+use crate::args::fail;
+use crate::tensor::Tensor;
+use kiln_jit::{DType, Op, Priority, Scalar, Shape};
+
+/// The right-hand side of a binary op: a tensor or a Rust scalar (`x + 1.0`, `x.maximum(&y)`).
+#[derive(Clone, Debug)]
+pub enum Operand {
+    Tensor(Tensor),
+    Scalar(Scalar),
+}
+
+impl From<&Tensor> for Operand {
+    fn from(t: &Tensor) -> Self {
+        Operand::Tensor(t.clone())
+    }
+}
+
+impl From<Tensor> for Operand {
+    fn from(t: Tensor) -> Self {
+        Operand::Tensor(t)
+    }
+}
+
+macro_rules! operand_from_scalar {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Operand {
+            fn from(x: $t) -> Self { Operand::Scalar(Scalar::from(x)) }
+        }
+    )*};
+}
+operand_from_scalar!(f64, f32, i64, i32, u8, bool);
+
+impl Operand {
+    /// (dtype, priority) for `kiln_jit::dtype::result_type`.
+    fn promotion_key(&self) -> (DType, Priority) {
+        match self {
+            Operand::Tensor(t) if t.rank() == 0 => (t.dtype(), Priority::ZeroDim),
+            Operand::Tensor(t) => (t.dtype(), Priority::Tensor),
+            Operand::Scalar(s) => (s.natural_dtype(), Priority::Scalar),
+        }
+    }
+
+    fn dims(&self) -> &[usize] {
+        match self {
+            Operand::Tensor(t) => t.dims(),
+            Operand::Scalar(_) => &[],
+        }
+    }
+
+    /// This operand as a tensor of `dtype` broadcast to `dims`, on the device of `like`.
+    #[track_caller]
+    fn materialize(&self, op: &str, dtype: DType, dims: &[usize], like: &Tensor) -> Tensor {
+        match self {
+            Operand::Tensor(t) => t.to_dtype(dtype).expand_to(op, dims),
+            Operand::Scalar(s) => Tensor::on_device(
+                Op::Const(*s),
+                Vec::new(),
+                Shape::new(dims),
+                dtype,
+                like.device(),
+                None,
+            ),
+        }
+    }
+}
+
+impl Tensor {
+    /// Broadcasts to `dims` (prepending dims of 1, then stretching dims of 1), recording nothing if already there.
+    #[track_caller]
+    pub(crate) fn expand_to(&self, op: &str, dims: &[usize]) -> Tensor {
+        if self.dims() == dims {
+            return self.clone();
+        }
+        let src = self.dims();
+        if src.len() > dims.len() {
+            fail!(
+                op,
+                "cannot broadcast shape {:?} to {:?} (the target has fewer dims)",
+                src,
+                dims
+            );
+        }
+        let mut padded = vec![1; dims.len() - src.len()];
+        padded.extend_from_slice(src);
+        for (i, (&s, &d)) in padded.iter().zip(dims).enumerate() {
+            if s != d && s != 1 {
+                fail!(
+                    op,
+                    "cannot broadcast shape {:?} to {:?}: dim {i} is {s}, not 1 or {d}",
+                    src,
+                    dims
+                );
+            }
+        }
+        let reshaped = if padded.len() == src.len() {
+            self.clone()
+        } else {
+            self.reshape_prim(padded)
+        };
+        Tensor::from_op(Op::Expand, vec![reshaped], Shape::new(dims), self.dtype())
+    }
+
+    /// A `Reshape` primitive (no checks beyond the element count, which callers guarantee).
+    pub(crate) fn reshape_prim(&self, dims: Vec<usize>) -> Tensor {
+        if self.dims() == dims.as_slice() {
+            return self.clone();
+        }
+        debug_assert_eq!(self.numel(), dims.iter().product::<usize>());
+        Tensor::from_op(
+            Op::Reshape,
+            vec![self.clone()],
+            Shape::new(dims),
+            self.dtype(),
+        )
+    }
+
+    /// A constant of this tensor's device, broadcast to `dims`.
+    pub(crate) fn const_like(
+        &self,
+        value: impl Into<Scalar>,
+        dtype: DType,
+        dims: &[usize],
+    ) -> Tensor {
+        Tensor::on_device(
+            Op::Const(value.into()),
+            Vec::new(),
+            Shape::new(dims),
+            dtype,
+            self.device(),
+            None,
+        )
+    }
+}

@@ -1,0 +1,267 @@
+//! `realize`: from lazy nodes to values, through the plan cache.
+//!
+//! 1. Walk the unrealized part of the DAG reachable from the targets (iteratively, post-order). Realized nodes
+//!    become `Input` slots, `Rand` nodes take their run-time keys from a list, everything else is copied as is.
+//! 2. While walking, write the graph's *signature*: each node's op and parameters, dtype, shape and operand
+//!    positions, then the outputs; never buffer addresses, seeds or offsets. Two steps of a training loop produce
+//!    the same signature, so the second one is a cache hit.
+//! 3. The plan cache maps (device, signature) to a compiled `Plan`. The key is the whole signature, not a hash of
+//!    it, so a collision can never return the wrong plan. Only on a miss is the walked graph copied into the
+//!    petgraph `StableGraph` that passes and backends read: the hit path builds no graph.
+//! 4. Run the plan, then give each target its buffer and drop its history.
+//!
+//! Deliberately not done yet: constant values are part of the signature (a changing learning rate recompiles;
+//! pass it as a tensor to avoid that), and there is no eviction from the plan cache.
+
+use crate::device::Device;
+use crate::error::Result;
+use crate::tensor::{LIVE_NODES, Node, State, Tensor};
+use dashmap::DashMap;
+use kiln_backends::{Buffer, Executable};
+use kiln_jit::{Graph, NodeData, Op, RngKey};
+use petgraph::stable_graph::NodeIndex;
+use rustc_hash::FxHashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+
+/// A compiled graph for one device.
+pub(crate) struct Plan {
+    exec: Box<dyn Executable>,
+}
+
+static PLANS: LazyLock<DashMap<(Device, Vec<u64>), Arc<Plan>>> = LazyLock::new(DashMap::new);
+static HITS: AtomicU64 = AtomicU64::new(0);
+static MISSES: AtomicU64 = AtomicU64::new(0);
+static COMPILES: AtomicU64 = AtomicU64::new(0);
+static REALIZES: AtomicU64 = AtomicU64::new(0);
+
+/// Counters of the runtime, process-wide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Realizations that found their plan in the cache.
+    pub plan_hits: u64,
+    /// Realizations that did not (each compiles a plan).
+    pub plan_misses: u64,
+    /// Plans compiled.
+    pub compiles: u64,
+    /// Realizations that ran a plan (realizing an already realized tensor does not count).
+    pub realizes: u64,
+    /// Plans held in the cache now.
+    pub cached_plans: usize,
+    /// Tensor nodes alive now (lazy or realized).
+    pub live_nodes: usize,
+}
+
+/// The runtime's counters now.
+pub fn stats() -> Stats {
+    Stats {
+        plan_hits: HITS.load(Ordering::Relaxed),
+        plan_misses: MISSES.load(Ordering::Relaxed),
+        compiles: COMPILES.load(Ordering::Relaxed),
+        realizes: REALIZES.load(Ordering::Relaxed),
+        cached_plans: PLANS.len(),
+        live_nodes: LIVE_NODES.load(Ordering::Relaxed),
+    }
+}
+
+/// What one walked node becomes in the graph.
+enum Kind {
+    Input { slot: usize },
+    Rand { slot: usize },
+    Op,
+}
+
+struct Walked {
+    tensor: Tensor,
+    srcs: Vec<u32>,
+    kind: Kind,
+}
+
+#[derive(Default)]
+struct Walk {
+    index: FxHashMap<*const Node, u32>,
+    nodes: Vec<Walked>,
+    inputs: Vec<Arc<Buffer>>,
+    rng: Vec<RngKey>,
+    signature: Vec<u64>,
+}
+
+impl Walk {
+    /// Visits `root` and everything it needs; returns its local index.
+    fn visit(&mut self, root: &Tensor) -> u32 {
+        struct Frame {
+            tensor: Tensor,
+            srcs: Option<Vec<Tensor>>,
+            next: usize,
+        }
+        if let Some(&i) = self.index.get(&Arc::as_ptr(&root.node)) {
+            return i;
+        }
+        let mut stack = vec![Frame {
+            tensor: root.clone(),
+            srcs: None,
+            next: 0,
+        }];
+        while let Some(top) = stack.last_mut() {
+            if top.srcs.is_none() {
+                let buffer = match &*top.tensor.node.state.lock() {
+                    State::Realized(b) => Some(b.clone()),
+                    State::Lazy(srcs) => {
+                        top.srcs = Some(srcs.clone());
+                        None
+                    }
+                };
+                if let Some(b) = buffer {
+                    let slot = self.inputs.len();
+                    self.inputs.push(b);
+                    let t = stack.pop().expect("frame").tensor;
+                    self.emit(t, Vec::new(), Kind::Input { slot });
+                    continue;
+                }
+            }
+            let srcs = top.srcs.as_ref().expect("operands read");
+            if top.next < srcs.len() {
+                let child = srcs[top.next].clone();
+                top.next += 1;
+                if !self.index.contains_key(&Arc::as_ptr(&child.node)) {
+                    stack.push(Frame {
+                        tensor: child,
+                        srcs: None,
+                        next: 0,
+                    });
+                }
+                continue;
+            }
+            let frame = stack.pop().expect("frame");
+            let srcs = frame.srcs.expect("operands read");
+            let ids: Vec<u32> = srcs
+                .iter()
+                .map(|s| self.index[&Arc::as_ptr(&s.node)])
+                .collect();
+            let kind = match frame.tensor.node.rng {
+                Some(key) => {
+                    self.rng.push(key);
+                    Kind::Rand {
+                        slot: self.rng.len() - 1,
+                    }
+                }
+                None => Kind::Op,
+            };
+            self.emit(frame.tensor, ids, kind);
+        }
+        self.index[&Arc::as_ptr(&root.node)]
+    }
+
+    fn emit(&mut self, tensor: Tensor, srcs: Vec<u32>, kind: Kind) {
+        let node = &tensor.node;
+        let sig = &mut self.signature;
+        match &kind {
+            Kind::Input { slot } => Op::Input { slot: *slot }.encode(sig),
+            Kind::Rand { slot } => match node.op {
+                Op::Rand { dist, .. } => Op::Rand { dist, slot: *slot }.encode(sig),
+                _ => unreachable!("only Rand nodes carry an rng key"),
+            },
+            Kind::Op => node.op.encode(sig),
+        }
+        sig.push(node.dtype.code());
+        sig.push(node.shape.rank() as u64);
+        sig.extend(node.shape.0.iter().map(|&d| d as u64));
+        sig.push(srcs.len() as u64);
+        sig.extend(srcs.iter().map(|&s| s as u64));
+        let id = self.nodes.len() as u32;
+        self.index.insert(Arc::as_ptr(node), id);
+        self.nodes.push(Walked { tensor, srcs, kind });
+    }
+
+    /// The petgraph copy of the walked graph (built on a cache miss only).
+    fn to_graph(&self, outputs: &[u32]) -> Graph {
+        let mut g = Graph::new();
+        let mut ids: Vec<NodeIndex> = Vec::with_capacity(self.nodes.len());
+        for w in &self.nodes {
+            let n = &w.tensor.node;
+            let op = match (&w.kind, &n.op) {
+                (Kind::Input { slot }, _) => Op::Input { slot: *slot },
+                (Kind::Rand { slot }, Op::Rand { dist, .. }) => Op::Rand {
+                    dist: *dist,
+                    slot: *slot,
+                },
+                (_, op) => op.clone(),
+            };
+            let srcs: Vec<NodeIndex> = w.srcs.iter().map(|&s| ids[s as usize]).collect();
+            ids.push(g.add(
+                NodeData {
+                    op,
+                    shape: n.shape.clone(),
+                    dtype: n.dtype,
+                },
+                &srcs,
+            ));
+        }
+        g.outputs = outputs.iter().map(|&o| ids[o as usize]).collect();
+        g
+    }
+}
+
+/// Computes the values of `tensors` as one graph per device (already realized tensors are skipped).
+pub fn realize(tensors: &[&Tensor]) -> Result<()> {
+    let mut devices: Vec<Device> = tensors.iter().map(|t| t.device()).collect();
+    devices.dedup();
+    for device in devices {
+        let targets: Vec<&Tensor> = tensors
+            .iter()
+            .copied()
+            .filter(|t| t.device() == device && !t.is_realized())
+            .collect();
+        if !targets.is_empty() {
+            realize_on(device, &targets)?;
+        }
+    }
+    Ok(())
+}
+
+fn realize_on(device: Device, targets: &[&Tensor]) -> Result<()> {
+    let mut walk = Walk::default();
+    let mut outputs: Vec<u32> = Vec::with_capacity(targets.len());
+    for t in targets {
+        let id = walk.visit(t);
+        if !outputs.contains(&id)
+            && matches!(walk.nodes[id as usize].kind, Kind::Op | Kind::Rand { .. })
+        {
+            outputs.push(id);
+        }
+    }
+    if outputs.is_empty() {
+        return Ok(()); // realized by another thread meanwhile
+    }
+    walk.signature.push(u64::MAX);
+    walk.signature.extend(outputs.iter().map(|&o| o as u64));
+
+    let key = (device, std::mem::take(&mut walk.signature));
+    let cached = PLANS.get(&key).map(|p| p.clone());
+    let plan = match cached {
+        Some(p) => {
+            HITS.fetch_add(1, Ordering::Relaxed);
+            p
+        }
+        None => {
+            MISSES.fetch_add(1, Ordering::Relaxed);
+            let graph = walk.to_graph(&outputs);
+            let exec = device.backend().compile(&graph)?;
+            COMPILES.fetch_add(1, Ordering::Relaxed);
+            PLANS
+                .entry(key)
+                .or_insert_with(|| Arc::new(Plan { exec }))
+                .clone()
+        }
+    };
+
+    let inputs: Vec<&Buffer> = walk.inputs.iter().map(|b| &**b).collect();
+    let results = plan.exec.run(&inputs, &walk.rng)?;
+    REALIZES.fetch_add(1, Ordering::Relaxed);
+    for (&o, buffer) in outputs.iter().zip(results) {
+        let node = &walk.nodes[o as usize].tensor.node;
+        let history = std::mem::replace(&mut *node.state.lock(), State::Realized(Arc::new(buffer)));
+        drop(history); // outside the lock: dropping history may free a long chain
+    }
+    Ok(())
+}

@@ -1,0 +1,261 @@
+//! `Tensor`: a cheap handle to an `Arc`'d lazy node.
+//!
+//! Building an op allocates one node and takes no global lock: the only shared state it touches is an atomic
+//! live-node counter. A node is `Lazy` (it holds its operands) until `realize` runs its graph, then `Realized` (it
+//! holds its buffer and has dropped its operands, so a training loop's history is freed step by step). Dropping a
+//! long lazy chain is iterative, so it cannot overflow the stack.
+
+use crate::args::fail;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::realize;
+use kiln_backends::Buffer;
+use kiln_jit::{DType, Element, HostBuffer, Op, RngKey, Scalar, Shape};
+use parking_lot::Mutex;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub(crate) static LIVE_NODES: AtomicUsize = AtomicUsize::new(0);
+
+pub(crate) enum State {
+    Lazy(Vec<Tensor>),
+    Realized(Arc<Buffer>),
+}
+
+pub(crate) struct Node {
+    pub op: Op,
+    pub shape: Shape,
+    pub dtype: DType,
+    pub device: Device,
+    /// The run-time key of a `Rand` node.
+    pub rng: Option<RngKey>,
+    pub state: Mutex<State>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        LIVE_NODES.fetch_sub(1, Ordering::Relaxed);
+        let State::Lazy(srcs) = std::mem::replace(self.state.get_mut(), State::Lazy(Vec::new()))
+        else {
+            return;
+        };
+        // Unlink operands we hold the last reference to before they drop, so each drop below is shallow.
+        let mut stack = srcs;
+        while let Some(t) = stack.pop() {
+            if let Ok(mut node) = Arc::try_unwrap(t.node)
+                && let State::Lazy(more) =
+                    std::mem::replace(node.state.get_mut(), State::Lazy(Vec::new()))
+            {
+                stack.extend(more);
+            }
+        }
+    }
+}
+
+/// A lazily evaluated n-dimensional array on one device. Cloning is cheap (an `Arc` clone).
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) node: Arc<Node>,
+}
+
+impl Tensor {
+    /// Records a node. Callers have checked shapes and dtypes; this checks that all operands share a device.
+    #[track_caller]
+    pub(crate) fn from_op(op: Op, srcs: Vec<Tensor>, shape: Shape, dtype: DType) -> Tensor {
+        let device = srcs.first().map_or(Device::Cpu, |s| s.device());
+        Self::on_device(op, srcs, shape, dtype, device, None)
+    }
+
+    #[track_caller]
+    pub(crate) fn on_device(
+        op: Op,
+        srcs: Vec<Tensor>,
+        shape: Shape,
+        dtype: DType,
+        device: Device,
+        rng: Option<RngKey>,
+    ) -> Tensor {
+        if let Some(other) = srcs.iter().find(|s| s.device() != device) {
+            fail!(
+                &op.name(),
+                "operands live on different devices ({device} and {}); move one with to_device",
+                other.device()
+            );
+        }
+        debug_assert_eq!(srcs.len(), op.arity());
+        LIVE_NODES.fetch_add(1, Ordering::Relaxed);
+        Tensor {
+            node: Arc::new(Node {
+                op,
+                shape,
+                dtype,
+                device,
+                rng,
+                state: Mutex::new(State::Lazy(srcs)),
+            }),
+        }
+    }
+
+    fn from_buffer(buffer: Buffer, shape: Shape, device: Device) -> Tensor {
+        LIVE_NODES.fetch_add(1, Ordering::Relaxed);
+        let dtype = buffer.dtype();
+        Tensor {
+            node: Arc::new(Node {
+                op: Op::Input { slot: 0 },
+                shape,
+                dtype,
+                device,
+                rng: None,
+                state: Mutex::new(State::Realized(Arc::new(buffer))),
+            }),
+        }
+    }
+
+    /// A tensor holding `data` (row-major) with `shape`. A length that does not match the shape is an error.
+    pub fn from_vec<T: Element>(
+        data: Vec<T>,
+        shape: impl Into<Shape>,
+        device: &Device,
+    ) -> Result<Tensor> {
+        Self::upload("from_vec", T::into_buffer(data), shape.into(), device)
+    }
+
+    /// Like `from_vec`, copying from a slice.
+    pub fn from_slice<T: Element>(
+        data: &[T],
+        shape: impl Into<Shape>,
+        device: &Device,
+    ) -> Result<Tensor> {
+        Self::upload(
+            "from_slice",
+            T::into_buffer(data.to_vec()),
+            shape.into(),
+            device,
+        )
+    }
+
+    /// A tensor from a typed host buffer (row-major).
+    pub fn from_host(data: HostBuffer, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        Self::upload("from_host", data, shape.into(), device)
+    }
+
+    fn upload(op: &'static str, data: HostBuffer, shape: Shape, device: &Device) -> Result<Tensor> {
+        if data.len() != shape.numel() {
+            return Err(Error::DataLength {
+                op,
+                len: data.len(),
+                expected: shape.numel(),
+                shape: shape.0,
+            });
+        }
+        let buffer = device.backend().upload(data)?;
+        Ok(Self::from_buffer(buffer, shape, *device))
+    }
+
+    /// A zero-dim tensor holding `value` as `dtype`.
+    pub fn scalar(value: impl Into<Scalar>, dtype: DType, device: &Device) -> Tensor {
+        Tensor::on_device(
+            Op::Const(value.into()),
+            Vec::new(),
+            Shape::scalar(),
+            dtype,
+            *device,
+            None,
+        )
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.node.shape
+    }
+
+    /// The dims as a slice (`shape().dims()`).
+    pub fn dims(&self) -> &[usize] {
+        &self.node.shape.0
+    }
+
+    pub fn rank(&self) -> usize {
+        self.node.shape.rank()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.node.shape.numel()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.node.dtype
+    }
+
+    pub fn device(&self) -> Device {
+        self.node.device
+    }
+
+    /// Whether this tensor's value has been computed (it then holds a buffer and no history).
+    pub fn is_realized(&self) -> bool {
+        matches!(*self.node.state.lock(), State::Realized(_))
+    }
+
+    /// Computes this tensor's value (a no-op if it already has one). To compute several tensors as one graph,
+    /// use `kiln::realize(&[&a, &b])`.
+    pub fn realize(&self) -> Result<()> {
+        realize::realize(&[self])
+    }
+
+    pub(crate) fn buffer(&self) -> Result<Arc<Buffer>> {
+        self.realize()?;
+        match &*self.node.state.lock() {
+            State::Realized(b) => Ok(b.clone()),
+            State::Lazy(_) => unreachable!("realize leaves the node realized"),
+        }
+    }
+
+    /// The host copy of this tensor's data, row-major.
+    pub fn to_host(&self) -> Result<HostBuffer> {
+        let buffer = self.buffer()?;
+        Ok(self.device().backend().download(&buffer)?)
+    }
+
+    /// The elements, row-major. `T` must be this tensor's dtype (no silent conversion).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(Error::DType {
+                op: "to_vec",
+                actual: self.dtype(),
+                requested: T::DTYPE,
+            });
+        }
+        let host = self.to_host()?;
+        Ok(T::from_buffer(&host)
+            .expect("buffer dtype matches node dtype")
+            .to_vec())
+    }
+
+    /// The single element of a one-element tensor.
+    pub fn item<T: Element>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            return Err(Error::NotOneElement {
+                shape: self.dims().to_vec(),
+                numel: self.numel(),
+            });
+        }
+        Ok(self.to_vec::<T>()?[0])
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = if self.is_realized() {
+            "realized"
+        } else {
+            "lazy"
+        };
+        write!(
+            f,
+            "Tensor({}{}, {}, {}, {state})",
+            self.dtype(),
+            self.shape(),
+            self.device(),
+            self.node.op
+        )
+    }
+}
