@@ -6,17 +6,11 @@ fn main() -> kiln::Result<()> {
     println!("{:?}", x.softmax(-1).to_vec::<f32>()?);
     println!("{:?}", x.argmax(1, false).to_vec::<i64>()?);
     println!("{:?}", Tensor::cat(&[&x, &x.flip(1)], 0).to_vec::<f32>()?);
-    println!(
-        "{:?}",
-        Tensor::linspace(0.0, 1.0, 5, DType::F32, &dev).to_vec::<f32>()?
-    );
+    println!("{:?}", Tensor::linspace(0.0, 1.0, 5, DType::F32, &dev).to_vec::<f32>()?);
     println!("{:?}", Tensor::eye(3, DType::I32, &dev).to_vec::<i32>()?);
     println!("{:?}", Tensor::arange(0, 10, 3, &dev).to_vec::<i64>()?);
     kiln::manual_seed(0);
-    println!(
-        "{:?}",
-        Tensor::randn([4], DType::F32, &dev).to_vec::<f32>()?
-    );
+    println!("{:?}", Tensor::randn([4], DType::F32, &dev).to_vec::<f32>()?);
     println!("{:?}", x.matmul(&x.t()).to_vec::<f32>()?);
     println!("{:?}", x.pad(&[(1, 0)], 9.0).to_vec::<f32>()?);
     println!("{:?}", kiln::stats());

@@ -10,12 +10,7 @@ use std::panic::Location;
 #[track_caller]
 pub(crate) fn op_panic(op: &str, msg: std::fmt::Arguments<'_>) -> ! {
     let at = Location::caller();
-    panic!(
-        "kiln: {op}: {msg} (at {}:{}:{})",
-        at.file(),
-        at.line(),
-        at.column()
-    )
+    panic!("kiln: {op}: {msg} (at {}:{}:{})", at.file(), at.line(), at.column())
 }
 
 /// Reports a misuse of op `$op`, e.g. `fail!("reshape", "cannot view {} as {:?}", a, b)`.
@@ -52,12 +47,7 @@ dims_impl!(i32, i64, isize, usize);
 pub(crate) fn resolve_dim(op: &str, d: isize, rank: usize) -> usize {
     let r = rank as isize;
     if d < -r.max(1) || d >= r.max(1) {
-        fail!(
-            op,
-            "dim {d} is out of range for a tensor of rank {rank} (expected {} ..= {})",
-            -r.max(1),
-            r.max(1) - 1
-        );
+        fail!(op, "dim {d} is out of range for a tensor of rank {rank} (expected {} ..= {})", -r.max(1), r.max(1) - 1);
     }
     if d < 0 { (d + r) as usize } else { d as usize }
 }
@@ -69,11 +59,7 @@ pub(crate) fn resolve_dims(op: &str, dims: &impl Dims, rank: usize) -> Vec<usize
     for d in dims.to_isize() {
         let r = resolve_dim(op, d, rank);
         if out.contains(&r) {
-            fail!(
-                op,
-                "dim {d} appears more than once in {:?}",
-                dims.to_isize()
-            );
+            fail!(op, "dim {d} appears more than once in {:?}", dims.to_isize());
         }
         out.push(r);
     }

@@ -20,9 +20,7 @@
 //! file:line in the message; anything that depends on data or the outside world returns `Result<_, Error>`.
 
 #[cfg(not(feature = "cpu"))]
-compile_error!(
-    "kiln needs its default `cpu` feature: the CPU is the device every other one is checked against"
-);
+compile_error!("kiln needs its default `cpu` feature: the CPU is the device every other one is checked against");
 
 mod args;
 mod device;

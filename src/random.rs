@@ -23,8 +23,5 @@ pub fn manual_seed(seed: u64) {
 /// The key for the next `n` random elements.
 pub(crate) fn take(n: usize) -> RngKey {
     let offset = OFFSET.fetch_add(n as u64, Ordering::SeqCst);
-    RngKey {
-        seed: SEED.load(Ordering::SeqCst),
-        offset,
-    }
+    RngKey { seed: SEED.load(Ordering::SeqCst), offset }
 }

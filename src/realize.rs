@@ -97,11 +97,7 @@ impl Walk {
         if let Some(&i) = self.index.get(&Arc::as_ptr(&root.node)) {
             return i;
         }
-        let mut stack = vec![Frame {
-            tensor: root.clone(),
-            srcs: None,
-            next: 0,
-        }];
+        let mut stack = vec![Frame { tensor: root.clone(), srcs: None, next: 0 }];
         while let Some(top) = stack.last_mut() {
             if top.srcs.is_none() {
                 let buffer = match &*top.tensor.node.state.lock() {
@@ -124,26 +120,17 @@ impl Walk {
                 let child = srcs[top.next].clone();
                 top.next += 1;
                 if !self.index.contains_key(&Arc::as_ptr(&child.node)) {
-                    stack.push(Frame {
-                        tensor: child,
-                        srcs: None,
-                        next: 0,
-                    });
+                    stack.push(Frame { tensor: child, srcs: None, next: 0 });
                 }
                 continue;
             }
             let frame = stack.pop().expect("frame");
             let srcs = frame.srcs.expect("operands read");
-            let ids: Vec<u32> = srcs
-                .iter()
-                .map(|s| self.index[&Arc::as_ptr(&s.node)])
-                .collect();
+            let ids: Vec<u32> = srcs.iter().map(|s| self.index[&Arc::as_ptr(&s.node)]).collect();
             let kind = match frame.tensor.node.rng {
                 Some(key) => {
                     self.rng.push(key);
-                    Kind::Rand {
-                        slot: self.rng.len() - 1,
-                    }
+                    Kind::Rand { slot: self.rng.len() - 1 }
                 }
                 None => Kind::Op,
             };
@@ -181,21 +168,11 @@ impl Walk {
             let n = &w.tensor.node;
             let op = match (&w.kind, &n.op) {
                 (Kind::Input { slot }, _) => Op::Input { slot: *slot },
-                (Kind::Rand { slot }, Op::Rand { dist, .. }) => Op::Rand {
-                    dist: *dist,
-                    slot: *slot,
-                },
+                (Kind::Rand { slot }, Op::Rand { dist, .. }) => Op::Rand { dist: *dist, slot: *slot },
                 (_, op) => op.clone(),
             };
             let srcs: Vec<NodeIndex> = w.srcs.iter().map(|&s| ids[s as usize]).collect();
-            ids.push(g.add(
-                NodeData {
-                    op,
-                    shape: n.shape.clone(),
-                    dtype: n.dtype,
-                },
-                &srcs,
-            ));
+            ids.push(g.add(NodeData { op, shape: n.shape.clone(), dtype: n.dtype }, &srcs));
         }
         g.outputs = outputs.iter().map(|&o| ids[o as usize]).collect();
         g
@@ -207,11 +184,8 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
     let mut devices: Vec<Device> = tensors.iter().map(|t| t.device()).collect();
     devices.dedup();
     for device in devices {
-        let targets: Vec<&Tensor> = tensors
-            .iter()
-            .copied()
-            .filter(|t| t.device() == device && !t.is_realized())
-            .collect();
+        let targets: Vec<&Tensor> =
+            tensors.iter().copied().filter(|t| t.device() == device && !t.is_realized()).collect();
         if !targets.is_empty() {
             realize_on(device, &targets)?;
         }
@@ -224,9 +198,7 @@ fn realize_on(device: Device, targets: &[&Tensor]) -> Result<()> {
     let mut outputs: Vec<u32> = Vec::with_capacity(targets.len());
     for t in targets {
         let id = walk.visit(t);
-        if !outputs.contains(&id)
-            && matches!(walk.nodes[id as usize].kind, Kind::Op | Kind::Rand { .. })
-        {
+        if !outputs.contains(&id) && matches!(walk.nodes[id as usize].kind, Kind::Op | Kind::Rand { .. }) {
             outputs.push(id);
         }
     }
@@ -248,10 +220,7 @@ fn realize_on(device: Device, targets: &[&Tensor]) -> Result<()> {
             let graph = walk.to_graph(&outputs);
             let exec = device.backend().compile(&graph)?;
             COMPILES.fetch_add(1, Ordering::Relaxed);
-            PLANS
-                .entry(key)
-                .or_insert_with(|| Arc::new(Plan { exec }))
-                .clone()
+            PLANS.entry(key).or_insert_with(|| Arc::new(Plan { exec })).clone()
         }
     };
 

@@ -36,16 +36,14 @@ pub(crate) struct Node {
 impl Drop for Node {
     fn drop(&mut self) {
         LIVE_NODES.fetch_sub(1, Ordering::Relaxed);
-        let State::Lazy(srcs) = std::mem::replace(self.state.get_mut(), State::Lazy(Vec::new()))
-        else {
+        let State::Lazy(srcs) = std::mem::replace(self.state.get_mut(), State::Lazy(Vec::new())) else {
             return;
         };
         // Unlink operands we hold the last reference to before they drop, so each drop below is shallow.
         let mut stack = srcs;
         while let Some(t) = stack.pop() {
             if let Ok(mut node) = Arc::try_unwrap(t.node)
-                && let State::Lazy(more) =
-                    std::mem::replace(node.state.get_mut(), State::Lazy(Vec::new()))
+                && let State::Lazy(more) = std::mem::replace(node.state.get_mut(), State::Lazy(Vec::new()))
             {
                 stack.extend(more);
             }
@@ -85,16 +83,7 @@ impl Tensor {
         }
         debug_assert_eq!(srcs.len(), op.arity());
         LIVE_NODES.fetch_add(1, Ordering::Relaxed);
-        Tensor {
-            node: Arc::new(Node {
-                op,
-                shape,
-                dtype,
-                device,
-                rng,
-                state: Mutex::new(State::Lazy(srcs)),
-            }),
-        }
+        Tensor { node: Arc::new(Node { op, shape, dtype, device, rng, state: Mutex::new(State::Lazy(srcs)) }) }
     }
 
     fn from_buffer(buffer: Buffer, shape: Shape, device: Device) -> Tensor {
@@ -113,26 +102,13 @@ impl Tensor {
     }
 
     /// A tensor holding `data` (row-major) with `shape`. A length that does not match the shape is an error.
-    pub fn from_vec<T: Element>(
-        data: Vec<T>,
-        shape: impl Into<Shape>,
-        device: &Device,
-    ) -> Result<Tensor> {
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         Self::upload("from_vec", T::into_buffer(data), shape.into(), device)
     }
 
     /// Like `from_vec`, copying from a slice.
-    pub fn from_slice<T: Element>(
-        data: &[T],
-        shape: impl Into<Shape>,
-        device: &Device,
-    ) -> Result<Tensor> {
-        Self::upload(
-            "from_slice",
-            T::into_buffer(data.to_vec()),
-            shape.into(),
-            device,
-        )
+    pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        Self::upload("from_slice", T::into_buffer(data.to_vec()), shape.into(), device)
     }
 
     /// A tensor from a typed host buffer (row-major).
@@ -142,12 +118,7 @@ impl Tensor {
 
     fn upload(op: &'static str, data: HostBuffer, shape: Shape, device: &Device) -> Result<Tensor> {
         if data.len() != shape.numel() {
-            return Err(Error::DataLength {
-                op,
-                len: data.len(),
-                expected: shape.numel(),
-                shape: shape.0,
-            });
+            return Err(Error::DataLength { op, len: data.len(), expected: shape.numel(), shape: shape.0 });
         }
         let buffer = device.backend().upload(data)?;
         Ok(Self::from_buffer(buffer, shape, *device))
@@ -155,14 +126,7 @@ impl Tensor {
 
     /// A zero-dim tensor holding `value` as `dtype`.
     pub fn scalar(value: impl Into<Scalar>, dtype: DType, device: &Device) -> Tensor {
-        Tensor::on_device(
-            Op::Const(value.into()),
-            Vec::new(),
-            Shape::scalar(),
-            dtype,
-            *device,
-            None,
-        )
+        Tensor::on_device(Op::Const(value.into()), Vec::new(), Shape::scalar(), dtype, *device, None)
     }
 
     pub fn shape(&self) -> &Shape {
@@ -218,25 +182,16 @@ impl Tensor {
     /// The elements, row-major. `T` must be this tensor's dtype (no silent conversion).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::DType {
-                op: "to_vec",
-                actual: self.dtype(),
-                requested: T::DTYPE,
-            });
+            return Err(Error::DType { op: "to_vec", actual: self.dtype(), requested: T::DTYPE });
         }
         let host = self.to_host()?;
-        Ok(T::from_buffer(&host)
-            .expect("buffer dtype matches node dtype")
-            .to_vec())
+        Ok(T::from_buffer(&host).expect("buffer dtype matches node dtype").to_vec())
     }
 
     /// The single element of a one-element tensor.
     pub fn item<T: Element>(&self) -> Result<T> {
         if self.numel() != 1 {
-            return Err(Error::NotOneElement {
-                shape: self.dims().to_vec(),
-                numel: self.numel(),
-            });
+            return Err(Error::NotOneElement { shape: self.dims().to_vec(), numel: self.numel() });
         }
         Ok(self.to_vec::<T>()?[0])
     }
@@ -244,18 +199,7 @@ impl Tensor {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = if self.is_realized() {
-            "realized"
-        } else {
-            "lazy"
-        };
-        write!(
-            f,
-            "Tensor({}{}, {}, {}, {state})",
-            self.dtype(),
-            self.shape(),
-            self.device(),
-            self.node.op
-        )
+        let state = if self.is_realized() { "realized" } else { "lazy" };
+        write!(f, "Tensor({}{}, {}, {}, {state})", self.dtype(), self.shape(), self.device(), self.node.op)
     }
 }

@@ -21,10 +21,8 @@ impl Executable for Interpreted {
                 Buffer::Host(h) => h,
             })
             .collect();
-        let out = interp::run(&self.graph, &host, rng).map_err(|reason| BackendError::Execute {
-            device: NAME,
-            reason,
-        })?;
+        let out =
+            interp::run(&self.graph, &host, rng).map_err(|reason| BackendError::Execute { device: NAME, reason })?;
         Ok(out.into_iter().map(Buffer::Host).collect())
     }
 }
@@ -35,13 +33,8 @@ impl Backend for CpuBackend {
     }
 
     fn compile(&self, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
-        graph.verify().map_err(|reason| BackendError::Compile {
-            device: NAME,
-            reason,
-        })?;
-        Ok(Box::new(Interpreted {
-            graph: graph.clone(),
-        }))
+        graph.verify().map_err(|reason| BackendError::Compile { device: NAME, reason })?;
+        Ok(Box::new(Interpreted { graph: graph.clone() }))
     }
 
     fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {

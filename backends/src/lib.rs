@@ -41,15 +41,9 @@ impl Buffer {
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("{device}: cannot compile graph: {reason}")]
-    Compile {
-        device: &'static str,
-        reason: String,
-    },
+    Compile { device: &'static str, reason: String },
     #[error("{device}: execution failed: {reason}")]
-    Execute {
-        device: &'static str,
-        reason: String,
-    },
+    Execute { device: &'static str, reason: String },
     #[error("{device}: buffer belongs to another device")]
     ForeignBuffer { device: &'static str },
 }

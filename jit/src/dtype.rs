@@ -26,14 +26,7 @@ pub enum Category {
 }
 
 impl DType {
-    pub const ALL: [DType; 6] = [
-        DType::Bool,
-        DType::U8,
-        DType::I32,
-        DType::I64,
-        DType::F32,
-        DType::F64,
-    ];
+    pub const ALL: [DType; 6] = [DType::Bool, DType::U8, DType::I32, DType::I64, DType::F32, DType::F64];
 
     pub fn size_of(self) -> usize {
         match self {
@@ -136,13 +129,8 @@ pub enum Priority {
 
 /// PyTorch's `result_type` over operands given as (dtype, priority).
 pub fn result_type(operands: &[(DType, Priority)]) -> DType {
-    let best = |p: Priority| -> Option<DType> {
-        operands
-            .iter()
-            .filter(|(_, q)| *q == p)
-            .map(|(d, _)| *d)
-            .reduce(promote)
-    };
+    let best =
+        |p: Priority| -> Option<DType> { operands.iter().filter(|(_, q)| *q == p).map(|(d, _)| *d).reduce(promote) };
     let mut result: Option<DType> = None;
     for p in [Priority::Tensor, Priority::ZeroDim, Priority::Scalar] {
         let Some(d) = best(p) else { continue };
@@ -151,20 +139,14 @@ pub fn result_type(operands: &[(DType, Priority)]) -> DType {
             Some(r) if d.category() > r.category() => {
                 // A wrapped number widens the category to the default dtype of that category; a zero-dim tensor
                 // widens to its own dtype.
-                if p == Priority::Scalar {
-                    DType::default_for(d.category())
-                } else {
-                    d
-                }
+                if p == Priority::Scalar { DType::default_for(d.category()) } else { d }
             }
             Some(r) => r,
         });
     }
     // A lone scalar: Rust f64 literal -> the default float dtype, as a Python float would.
     match result {
-        Some(r) if operands.iter().all(|(_, p)| *p == Priority::Scalar) => {
-            DType::default_for(r.category())
-        }
+        Some(r) if operands.iter().all(|(_, p)| *p == Priority::Scalar) => DType::default_for(r.category()),
         Some(r) => r,
         None => DType::F32,
     }
@@ -253,34 +235,13 @@ mod tests {
         assert_eq!(promote(I64, F32), F32);
         assert_eq!(promote(F32, F64), F64);
         // torch.ones(2, dtype=int32) + 2.5 -> float32; bool + 1 -> int64; u8 + 1000 stays u8.
-        assert_eq!(
-            result_type(&[(I32, Priority::Tensor), (F32, Priority::Scalar)]),
-            F32
-        );
-        assert_eq!(
-            result_type(&[(Bool, Priority::Tensor), (I64, Priority::Scalar)]),
-            I64
-        );
-        assert_eq!(
-            result_type(&[(U8, Priority::Tensor), (I64, Priority::Scalar)]),
-            U8
-        );
-        assert_eq!(
-            result_type(&[(F64, Priority::Tensor), (F32, Priority::Scalar)]),
-            F64
-        );
+        assert_eq!(result_type(&[(I32, Priority::Tensor), (F32, Priority::Scalar)]), F32);
+        assert_eq!(result_type(&[(Bool, Priority::Tensor), (I64, Priority::Scalar)]), I64);
+        assert_eq!(result_type(&[(U8, Priority::Tensor), (I64, Priority::Scalar)]), U8);
+        assert_eq!(result_type(&[(F64, Priority::Tensor), (F32, Priority::Scalar)]), F64);
         // Zero-dim tensors: f32 [2] + f64 0-dim -> f32; i32 [2] + f64 0-dim -> f64.
-        assert_eq!(
-            result_type(&[(F32, Priority::Tensor), (F64, Priority::ZeroDim)]),
-            F32
-        );
-        assert_eq!(
-            result_type(&[(I32, Priority::Tensor), (F64, Priority::ZeroDim)]),
-            F64
-        );
-        assert_eq!(
-            result_type(&[(I32, Priority::ZeroDim), (I64, Priority::ZeroDim)]),
-            I64
-        );
+        assert_eq!(result_type(&[(F32, Priority::Tensor), (F64, Priority::ZeroDim)]), F32);
+        assert_eq!(result_type(&[(I32, Priority::Tensor), (F64, Priority::ZeroDim)]), F64);
+        assert_eq!(result_type(&[(I32, Priority::ZeroDim), (I64, Priority::ZeroDim)]), I64);
     }
 }

@@ -47,11 +47,8 @@ impl Graph {
 
     /// The operands of `n`, in operand order.
     pub fn srcs(&self, n: NodeIndex) -> Vec<NodeIndex> {
-        let mut e: Vec<(usize, NodeIndex)> = self
-            .g
-            .edges_directed(n, Direction::Incoming)
-            .map(|e| (*e.weight(), e.source()))
-            .collect();
+        let mut e: Vec<(usize, NodeIndex)> =
+            self.g.edges_directed(n, Direction::Incoming).map(|e| (*e.weight(), e.source())).collect();
         e.sort_unstable_by_key(|(pos, _)| *pos);
         e.into_iter().map(|(_, s)| s).collect()
     }
@@ -66,13 +63,7 @@ impl Graph {
     pub fn input_count(&self) -> usize {
         self.g
             .node_weights()
-            .filter_map(|d| {
-                if let Op::Input { slot } = d.op {
-                    Some(slot + 1)
-                } else {
-                    None
-                }
-            })
+            .filter_map(|d| if let Op::Input { slot } = d.op { Some(slot + 1) } else { None })
             .max()
             .unwrap_or(0)
     }
@@ -81,13 +72,7 @@ impl Graph {
     pub fn rand_count(&self) -> usize {
         self.g
             .node_weights()
-            .filter_map(|d| {
-                if let Op::Rand { slot, .. } = d.op {
-                    Some(slot + 1)
-                } else {
-                    None
-                }
-            })
+            .filter_map(|d| if let Op::Rand { slot, .. } = d.op { Some(slot + 1) } else { None })
             .max()
             .unwrap_or(0)
     }
@@ -108,25 +93,9 @@ impl Graph {
         let mut s = String::new();
         for n in self.topo_order() {
             let d = &self.g[n];
-            let srcs: Vec<String> = self
-                .srcs(n)
-                .iter()
-                .map(|s| format!("%{}", s.index()))
-                .collect();
-            let out = if self.outputs.contains(&n) {
-                "  (output)"
-            } else {
-                ""
-            };
-            let _ = writeln!(
-                s,
-                "%{} = {}({}) : {}{}{out}",
-                n.index(),
-                d.op,
-                srcs.join(", "),
-                d.dtype,
-                d.shape
-            );
+            let srcs: Vec<String> = self.srcs(n).iter().map(|s| format!("%{}", s.index())).collect();
+            let out = if self.outputs.contains(&n) { "  (output)" } else { "" };
+            let _ = writeln!(s, "%{} = {}({}) : {}{}{out}", n.index(), d.op, srcs.join(", "), d.dtype, d.shape);
         }
         s
     }
@@ -136,29 +105,12 @@ impl Graph {
         let mut s = String::from("digraph kiln {\n  node [shape=box, fontname=monospace];\n");
         for n in self.g.node_indices() {
             let d = &self.g[n];
-            let style = if self.outputs.contains(&n) {
-                ", style=bold"
-            } else {
-                ""
-            };
-            let _ = writeln!(
-                s,
-                "  n{} [label=\"%{} {}\\n{}{}\"{style}];",
-                n.index(),
-                n.index(),
-                d.op,
-                d.dtype,
-                d.shape
-            );
+            let style = if self.outputs.contains(&n) { ", style=bold" } else { "" };
+            let _ =
+                writeln!(s, "  n{} [label=\"%{} {}\\n{}{}\"{style}];", n.index(), n.index(), d.op, d.dtype, d.shape);
         }
         for e in (&self.g).edge_references() {
-            let _ = writeln!(
-                s,
-                "  n{} -> n{} [label=\"{}\"];",
-                e.source().index(),
-                e.target().index(),
-                e.weight()
-            );
+            let _ = writeln!(s, "  n{} -> n{} [label=\"{}\"];", e.source().index(), e.target().index(), e.weight());
         }
         s.push_str("}\n");
         s
@@ -167,18 +119,11 @@ impl Graph {
 
 fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
     if srcs.len() != d.op.arity() {
-        return Err(format!(
-            "expects {} operands, has {}",
-            d.op.arity(),
-            srcs.len()
-        ));
+        return Err(format!("expects {} operands, has {}", d.op.arity(), srcs.len()));
     }
     let same_shape = |i: usize| -> Result<(), String> {
         if srcs[i].shape != d.shape {
-            return Err(format!(
-                "operand {i} has shape {}, node has {}",
-                srcs[i].shape, d.shape
-            ));
+            return Err(format!("operand {i} has shape {}, node has {}", srcs[i].shape, d.shape));
         }
         Ok(())
     };
@@ -203,16 +148,9 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
             same_shape(0)?;
             same_shape(1)?;
             if srcs[0].dtype != srcs[1].dtype {
-                return Err(format!(
-                    "operand dtypes differ: {} vs {}",
-                    srcs[0].dtype, srcs[1].dtype
-                ));
+                return Err(format!("operand dtypes differ: {} vs {}", srcs[0].dtype, srcs[1].dtype));
             }
-            let want = if b.is_comparison() {
-                DType::Bool
-            } else {
-                srcs[0].dtype
-            };
+            let want = if b.is_comparison() { DType::Bool } else { srcs[0].dtype };
             if d.dtype != want {
                 return Err(format!("result dtype {} (expected {want})", d.dtype));
             }
@@ -222,8 +160,7 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
         }
         Op::Where => {
             (0..3).try_for_each(same_shape)?;
-            if srcs[0].dtype != DType::Bool || srcs[1].dtype != d.dtype || srcs[2].dtype != d.dtype
-            {
+            if srcs[0].dtype != DType::Bool || srcs[1].dtype != d.dtype || srcs[2].dtype != d.dtype {
                 return Err("where wants (bool, T, T) -> T".into());
             }
         }
@@ -240,10 +177,7 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
                 *want.get_mut(a).ok_or("reduce axis out of range")? = 1;
             }
             if want != d.shape.0 {
-                return Err(format!(
-                    "reduce of {s} over {axes:?} gives {:?}, node has {}",
-                    want, d.shape
-                ));
+                return Err(format!("reduce of {s} over {axes:?} gives {:?}, node has {}", want, d.shape));
             }
         }
         Op::Reshape if srcs[0].shape.numel() != d.shape.numel() => {
@@ -281,13 +215,7 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
             }
         }
         Op::Pad { pads, .. } => {
-            let want: Vec<usize> = srcs[0]
-                .shape
-                .0
-                .iter()
-                .zip(pads)
-                .map(|(s, (b, a))| s + b + a)
-                .collect();
+            let want: Vec<usize> = srcs[0].shape.0.iter().zip(pads).map(|(s, (b, a))| s + b + a).collect();
             if want != d.shape.0 || pads.len() != d.shape.rank() {
                 return Err(format!("pad gives {want:?}, node has {}", d.shape));
             }

@@ -36,11 +36,7 @@ impl Vals {
     }
 
     fn from_buffer(b: &HostBuffer) -> Vals {
-        if b.dtype().is_float() {
-            Vals::F(b.to_f64())
-        } else {
-            Vals::I(b.to_i64())
-        }
+        if b.dtype().is_float() { Vals::F(b.to_f64()) } else { Vals::I(b.to_i64()) }
     }
 
     fn into_buffer(self, dtype: DType) -> HostBuffer {
@@ -51,12 +47,7 @@ impl Vals {
     }
 
     /// Gathers element `map(i)` for each output element i (`None` -> `fill`).
-    fn gather(
-        &self,
-        n: usize,
-        fill: (f64, i64),
-        mut map: impl FnMut(usize) -> Option<usize>,
-    ) -> Vals {
+    fn gather(&self, n: usize, fill: (f64, i64), mut map: impl FnMut(usize) -> Option<usize>) -> Vals {
         match self {
             Vals::F(v) => Vals::F((0..n).map(|i| map(i).map_or(fill.0, |j| v[j])).collect()),
             Vals::I(v) => Vals::I((0..n).map(|i| map(i).map_or(fill.1, |j| v[j])).collect()),
@@ -83,20 +74,14 @@ fn normalize(d: DType, v: Vals) -> Vals {
         (true, Vals::F(v)) => Vals::F(v.into_iter().map(|x| round_f(d, x)).collect()),
         (true, Vals::I(v)) => Vals::F(v.into_iter().map(|x| round_f(d, x as f64)).collect()),
         (false, Vals::I(v)) => Vals::I(v.into_iter().map(|x| wrap_i(d, x)).collect()),
-        (false, Vals::F(v)) if d == DType::Bool => {
-            Vals::I(v.into_iter().map(|x| (x != 0.0) as i64).collect())
-        }
+        (false, Vals::F(v)) if d == DType::Bool => Vals::I(v.into_iter().map(|x| (x != 0.0) as i64).collect()),
         (false, Vals::F(v)) => Vals::I(v.into_iter().map(|x| wrap_i(d, x as i64)).collect()),
     }
 }
 
 /// Evaluates `graph` and returns its outputs' values. `inputs[slot]` feeds `Op::Input { slot }`, `rng[slot]` feeds
 /// `Op::Rand { slot }`.
-pub fn run(
-    graph: &Graph,
-    inputs: &[&HostBuffer],
-    rng: &[RngKey],
-) -> Result<Vec<HostBuffer>, String> {
+pub fn run(graph: &Graph, inputs: &[&HostBuffer], rng: &[RngKey]) -> Result<Vec<HostBuffer>, String> {
     let order = graph.topo_order();
     let mut last_use = vec![0usize; graph.g.node_bound()];
     for (step, &n) in order.iter().enumerate() {
@@ -110,10 +95,7 @@ pub fn run(
     let mut vals: Vec<Option<Vals>> = vec![None; graph.g.node_bound()];
     for (step, &n) in order.iter().enumerate() {
         let srcs = graph.srcs(n);
-        let args: Vec<&Vals> = srcs
-            .iter()
-            .map(|s| vals[s.index()].as_ref().expect("operand evaluated"))
-            .collect();
+        let args: Vec<&Vals> = srcs.iter().map(|s| vals[s.index()].as_ref().expect("operand evaluated")).collect();
         let srcs_data: Vec<&NodeData> = srcs.iter().map(|&s| graph.node(s)).collect();
         let v = eval(graph.node(n), &srcs_data, &args, inputs, rng)
             .map_err(|e| format!("interpreter: node %{} {}: {e}", n.index(), graph.node(n).op))?;
@@ -147,16 +129,9 @@ fn eval(
     let out_dims = &node.shape.0;
     Ok(match &node.op {
         Op::Input { slot } => {
-            let b = inputs
-                .get(*slot)
-                .ok_or(format!("no input bound to slot {slot}"))?;
+            let b = inputs.get(*slot).ok_or(format!("no input bound to slot {slot}"))?;
             if b.dtype() != d || b.len() != n {
-                return Err(format!(
-                    "input {slot} is {}[{}], expected {d}{}",
-                    b.dtype(),
-                    b.len(),
-                    node.shape
-                ));
+                return Err(format!("input {slot} is {}[{}], expected {d}{}", b.dtype(), b.len(), node.shape));
             }
             Vals::from_buffer(b)
         }
@@ -173,43 +148,27 @@ fn eval(
                 Vals::F((0..n).map(|i| round_f(d, a + i as f64 * b)).collect())
             } else {
                 let (a, b) = (start.as_i64(), step.as_i64());
-                Vals::I(
-                    (0..n as i64)
-                        .map(|i| wrap_i(d, a.wrapping_add(i.wrapping_mul(b))))
-                        .collect(),
-                )
+                Vals::I((0..n as i64).map(|i| wrap_i(d, a.wrapping_add(i.wrapping_mul(b)))).collect())
             }
         }
         Op::Rand { dist, slot } => {
-            let key = rng
-                .get(*slot)
-                .ok_or(format!("no rng key bound to slot {slot}"))?;
+            let key = rng.get(*slot).ok_or(format!("no rng key bound to slot {slot}"))?;
             let w = |i: usize| rng::words(key.seed, key.offset.wrapping_add(i as u64));
             Vals::F(match (dist, d) {
-                (RandDist::Uniform, DType::F32) => {
-                    (0..n).map(|i| rng::uniform_f32(w(i)) as f64).collect()
-                }
+                (RandDist::Uniform, DType::F32) => (0..n).map(|i| rng::uniform_f32(w(i)) as f64).collect(),
                 (RandDist::Uniform, _) => (0..n).map(|i| rng::uniform_f64(w(i))).collect(),
-                (RandDist::Normal, _) => {
-                    (0..n).map(|i| round_f(d, rng::normal_f64(w(i)))).collect()
-                }
+                (RandDist::Normal, _) => (0..n).map(|i| round_f(d, rng::normal_f64(w(i)))).collect(),
             })
         }
         Op::Unary(u) => unary(*u, d, args[0])?,
         Op::Binary(b) => binary(*b, srcs[0].dtype, args[0], args[1])?,
         Op::Where => match (args[0], args[1], args[2]) {
-            (Vals::I(c), Vals::F(a), Vals::F(b)) => Vals::F(
-                c.iter()
-                    .zip(a.iter().zip(b))
-                    .map(|(&c, (&a, &b))| if c != 0 { a } else { b })
-                    .collect(),
-            ),
-            (Vals::I(c), Vals::I(a), Vals::I(b)) => Vals::I(
-                c.iter()
-                    .zip(a.iter().zip(b))
-                    .map(|(&c, (&a, &b))| if c != 0 { a } else { b })
-                    .collect(),
-            ),
+            (Vals::I(c), Vals::F(a), Vals::F(b)) => {
+                Vals::F(c.iter().zip(a.iter().zip(b)).map(|(&c, (&a, &b))| if c != 0 { a } else { b }).collect())
+            }
+            (Vals::I(c), Vals::I(a), Vals::I(b)) => {
+                Vals::I(c.iter().zip(a.iter().zip(b)).map(|(&c, (&a, &b))| if c != 0 { a } else { b }).collect())
+            }
             _ => return Err("where operands".into()),
         },
         Op::Cast => normalize(d, args[0].clone()),
@@ -217,21 +176,14 @@ fn eval(
         Op::Reduce { op, axes } => reduce(*op, d, &srcs[0].shape.0, axes, args[0]),
         Op::Permute(perm) => {
             let src_strides = contiguous_strides(&srcs[0].shape.0);
-            let map = index_map(out_dims, |j| {
-                Some(j.iter().zip(perm).map(|(&j, &p)| j * src_strides[p]).sum())
-            });
+            let map = index_map(out_dims, |j| Some(j.iter().zip(perm).map(|(&j, &p)| j * src_strides[p]).sum()));
             args[0].gather(n, (0.0, 0), |i| map[i])
         }
         Op::Expand => {
             let src = &srcs[0].shape.0;
             let st = contiguous_strides(src);
             let map = index_map(out_dims, |j| {
-                Some(
-                    j.iter()
-                        .enumerate()
-                        .map(|(a, &j)| if src[a] == 1 { 0 } else { j * st[a] })
-                        .sum(),
-                )
+                Some(j.iter().enumerate().map(|(a, &j)| if src[a] == 1 { 0 } else { j * st[a] }).sum())
             });
             args[0].gather(n, (0.0, 0), |i| map[i])
         }
@@ -259,21 +211,14 @@ fn eval(
                 }
                 Some(flat)
             });
-            args[0].gather(
-                n,
-                (round_f(d, value.as_f64()), wrap_i(d, value.as_i64())),
-                |i| map[i],
-            )
+            args[0].gather(n, (round_f(d, value.as_f64()), wrap_i(d, value.as_i64())), |i| map[i])
         }
         Op::Matmul => matmul(d, &srcs[0].shape.0, &srcs[1].shape.0, args[0], args[1])?,
     })
 }
 
 /// The source flat index (or `None` for padding) of every output element, in row-major output order.
-fn index_map(
-    out_dims: &[usize],
-    mut f: impl FnMut(&[usize]) -> Option<usize>,
-) -> Vec<Option<usize>> {
+fn index_map(out_dims: &[usize], mut f: impl FnMut(&[usize]) -> Option<usize>) -> Vec<Option<usize>> {
     let mut map = Vec::with_capacity(out_dims.iter().product());
     for_each_index(out_dims, |j| map.push(f(j)));
     map
@@ -356,18 +301,10 @@ fn binary(op: BinaryOp, operand_dtype: DType, a: &Vals, b: &Vals) -> Result<Vals
                 Div => |x, y| x / y,
                 // NaN wins, as torch.maximum / torch.minimum.
                 Max => |x, y| {
-                    if x.is_nan() || y.is_nan() {
-                        f64::NAN
-                    } else {
-                        x.max(y)
-                    }
+                    if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }
                 },
                 Min => |x, y| {
-                    if x.is_nan() || y.is_nan() {
-                        f64::NAN
-                    } else {
-                        x.min(y)
-                    }
+                    if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }
                 },
                 Pow => f64::powf,
                 _ => return Err(format!("{op:?} on floats")),
@@ -391,12 +328,7 @@ fn binary(op: BinaryOp, operand_dtype: DType, a: &Vals, b: &Vals) -> Result<Vals
                 Or => |x, y| (x != 0 || y != 0) as i64,
             };
             let out = if op.is_comparison() { DType::Bool } else { d };
-            Vals::I(
-                a.iter()
-                    .zip(b)
-                    .map(|(&x, &y)| wrap_i(out, f(x, y)))
-                    .collect(),
-            )
+            Vals::I(a.iter().zip(b).map(|(&x, &y)| wrap_i(out, f(x, y))).collect())
         }
         _ => return Err("operands of different kinds".into()),
     })
@@ -425,20 +357,8 @@ fn reduce(op: ReduceOp, d: DType, src: &[usize], axes: &[usize], a: &Vals) -> Va
             let (init, f): (f64, fn(f64, f64) -> f64) = match op {
                 ReduceOp::Sum => (0.0, |x, y| x + y),
                 ReduceOp::Prod => (1.0, |x, y| x * y),
-                ReduceOp::Max => (f64::NEG_INFINITY, |x, y| {
-                    if x.is_nan() || y.is_nan() {
-                        f64::NAN
-                    } else {
-                        x.max(y)
-                    }
-                }),
-                ReduceOp::Min => (f64::INFINITY, |x, y| {
-                    if x.is_nan() || y.is_nan() {
-                        f64::NAN
-                    } else {
-                        x.min(y)
-                    }
-                }),
+                ReduceOp::Max => (f64::NEG_INFINITY, |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }),
+                ReduceOp::Min => (f64::INFINITY, |x, y| if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }),
             };
             let mut acc = vec![init; n_out];
             for (&t, &x) in target.iter().zip(v) {
@@ -462,13 +382,7 @@ fn reduce(op: ReduceOp, d: DType, src: &[usize], axes: &[usize], a: &Vals) -> Va
     }
 }
 
-fn matmul(
-    d: DType,
-    a_dims: &[usize],
-    b_dims: &[usize],
-    a: &Vals,
-    b: &Vals,
-) -> Result<Vals, String> {
+fn matmul(d: DType, a_dims: &[usize], b_dims: &[usize], a: &Vals, b: &Vals) -> Result<Vals, String> {
     let r = a_dims.len();
     let (m, k, n) = (a_dims[r - 2], a_dims[r - 1], b_dims[r - 1]);
     let batch: usize = a_dims[..r - 2].iter().product();
@@ -492,9 +406,7 @@ fn matmul(
                 let (a, b) = (&a[bi * m * k..], &b[bi * k * n..]);
                 for i in 0..m {
                     for j in 0..n {
-                        let acc = (0..k).fold(0i64, |acc, p| {
-                            acc.wrapping_add(a[i * k + p].wrapping_mul(b[p * n + j]))
-                        });
+                        let acc = (0..k).fold(0i64, |acc, p| acc.wrapping_add(a[i * k + p].wrapping_mul(b[p * n + j])));
                         out[bi * m * n + i * n + j] = wrap_i(d, acc);
                     }
                 }

@@ -46,10 +46,7 @@ pub enum BinaryOp {
 
 impl BinaryOp {
     pub fn is_comparison(self) -> bool {
-        matches!(
-            self,
-            BinaryOp::Lt | BinaryOp::Le | BinaryOp::Eq | BinaryOp::Ne
-        )
+        matches!(self, BinaryOp::Lt | BinaryOp::Le | BinaryOp::Eq | BinaryOp::Ne)
     }
 }
 
@@ -190,10 +187,7 @@ impl Op {
             Op::Pad { pads, value } => {
                 out.push(14);
                 out.extend(value.key());
-                list(
-                    out,
-                    &mut pads.iter().flat_map(|&(a, b)| [a as u64, b as u64]),
-                );
+                list(out, &mut pads.iter().flat_map(|&(a, b)| [a as u64, b as u64]));
             }
             Op::Matmul => out.push(15),
             Op::Contiguous => out.push(16),
@@ -211,10 +205,7 @@ impl Op {
     }
 
     pub fn is_movement(&self) -> bool {
-        matches!(
-            self,
-            Op::Reshape | Op::Permute(_) | Op::Expand | Op::Slice(_) | Op::Pad { .. }
-        )
+        matches!(self, Op::Reshape | Op::Permute(_) | Op::Expand | Op::Slice(_) | Op::Pad { .. })
     }
 }
 

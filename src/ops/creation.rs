@@ -12,20 +12,8 @@ use kiln_jit::{DType, Op, RandDist, Scalar, Shape};
 
 impl Tensor {
     /// `value` everywhere.
-    pub fn full(
-        shape: impl Into<Shape>,
-        value: impl Into<Scalar>,
-        dtype: DType,
-        device: &Device,
-    ) -> Tensor {
-        Tensor::on_device(
-            Op::Const(value.into()),
-            Vec::new(),
-            shape.into(),
-            dtype,
-            *device,
-            None,
-        )
+    pub fn full(shape: impl Into<Shape>, value: impl Into<Scalar>, dtype: DType, device: &Device) -> Tensor {
+        Tensor::on_device(Op::Const(value.into()), Vec::new(), shape.into(), dtype, *device, None)
     }
 
     pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Tensor {
@@ -49,21 +37,8 @@ impl Tensor {
     }
 
     /// `start + i * step` for `i` in `0..n`, as `dtype`.
-    pub(crate) fn iota(
-        start: Scalar,
-        step: Scalar,
-        n: usize,
-        dtype: DType,
-        device: &Device,
-    ) -> Tensor {
-        Tensor::on_device(
-            Op::Iota { start, step },
-            Vec::new(),
-            Shape::new([n]),
-            dtype,
-            *device,
-            None,
-        )
+    pub(crate) fn iota(start: Scalar, step: Scalar, n: usize, dtype: DType, device: &Device) -> Tensor {
+        Tensor::on_device(Op::Iota { start, step }, Vec::new(), Shape::new([n]), dtype, *device, None)
     }
 
     /// Values from `start` up to (not including) `end` by `step` (`torch.arange`). The dtype is i64 if all three
@@ -76,22 +51,14 @@ impl Tensor {
         device: &Device,
     ) -> Tensor {
         let (start, end, step) = (start.into(), end.into(), step.into());
-        let any_float = [start, end, step]
-            .iter()
-            .any(|s| matches!(s, Scalar::Float(_)));
+        let any_float = [start, end, step].iter().any(|s| matches!(s, Scalar::Float(_)));
         let dtype = if any_float { DType::F32 } else { DType::I64 };
         let (a, b, s) = (start.as_f64(), end.as_f64(), step.as_f64());
         if s == 0.0 || !s.is_finite() || !a.is_finite() || !b.is_finite() {
-            fail!(
-                "arange",
-                "start {start}, end {end} and step {step} must be finite with a non-zero step"
-            );
+            fail!("arange", "start {start}, end {end} and step {step} must be finite with a non-zero step");
         }
         if (b - a) * s < 0.0 {
-            fail!(
-                "arange",
-                "end {end} cannot be reached from start {start} with step {step}"
-            );
+            fail!("arange", "end {end} cannot be reached from start {start} with step {step}");
         }
         let n = ((b - a) / s).ceil() as usize;
         Tensor::iota(start, step, n, dtype, device)
@@ -117,9 +84,7 @@ impl Tensor {
     /// The `n x n` identity matrix.
     pub fn eye(n: usize, dtype: DType, device: &Device) -> Tensor {
         let i = Tensor::iota(Scalar::Int(0), Scalar::Int(1), n, DType::I64, device);
-        i.reshape_prim(vec![n, 1])
-            .eq(i.reshape_prim(vec![1, n]))
-            .to_dtype(dtype)
+        i.reshape_prim(vec![n, 1]).eq(i.reshape_prim(vec![1, n])).to_dtype(dtype)
     }
 
     #[track_caller]
@@ -128,14 +93,7 @@ impl Tensor {
             fail!(name, "dtype must be float, not {dtype}");
         }
         let key = random::take(shape.numel());
-        Tensor::on_device(
-            Op::Rand { dist, slot: 0 },
-            Vec::new(),
-            shape,
-            dtype,
-            *device,
-            Some(key),
-        )
+        Tensor::on_device(Op::Rand { dist, slot: 0 }, Vec::new(), shape, dtype, *device, Some(key))
     }
 
     /// Uniform in [0, 1), from the stream seeded by `kiln::manual_seed`.
@@ -152,23 +110,11 @@ impl Tensor {
 
     #[track_caller]
     pub fn rand_like(&self) -> Tensor {
-        Tensor::random(
-            "rand_like",
-            RandDist::Uniform,
-            self.shape().clone(),
-            self.dtype(),
-            &self.device(),
-        )
+        Tensor::random("rand_like", RandDist::Uniform, self.shape().clone(), self.dtype(), &self.device())
     }
 
     #[track_caller]
     pub fn randn_like(&self) -> Tensor {
-        Tensor::random(
-            "randn_like",
-            RandDist::Normal,
-            self.shape().clone(),
-            self.dtype(),
-            &self.device(),
-        )
+        Tensor::random("randn_like", RandDist::Normal, self.shape().clone(), self.dtype(), &self.device())
     }
 }

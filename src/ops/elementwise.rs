@@ -23,12 +23,7 @@ enum Out {
 impl Tensor {
     #[track_caller]
     fn unary_prim(&self, u: UnaryOp) -> Tensor {
-        Tensor::from_op(
-            Op::Unary(u),
-            vec![self.clone()],
-            self.shape().clone(),
-            self.dtype(),
-        )
+        Tensor::from_op(Op::Unary(u), vec![self.clone()], self.shape().clone(), self.dtype())
     }
 
     /// A float-only unary function: bool and int inputs are promoted to f32 first.
@@ -39,11 +34,7 @@ impl Tensor {
 
     /// This tensor if it is float, else converted to f32 (PyTorch's default float dtype).
     pub(crate) fn to_float(&self) -> Tensor {
-        if self.dtype().is_float() {
-            self.clone()
-        } else {
-            self.to_dtype(DType::F32)
-        }
+        if self.dtype().is_float() { self.clone() } else { self.to_dtype(DType::F32) }
     }
 
     #[track_caller]
@@ -66,25 +57,16 @@ impl Tensor {
         }
         match (op, dtype) {
             (BinaryOp::Sub, DType::Bool) => {
-                fail!(
-                    name,
-                    "subtracting bool tensors is not supported; use logical_xor-style logic with ne()"
-                )
+                fail!(name, "subtracting bool tensors is not supported; use logical_xor-style logic with ne()")
             }
-            (BinaryOp::Pow, DType::Bool) => fail!(
-                name,
-                "pow is not supported on bool tensors; cast to an int or float dtype"
-            ),
+            (BinaryOp::Pow, DType::Bool) => {
+                fail!(name, "pow is not supported on bool tensors; cast to an int or float dtype")
+            }
             (BinaryOp::Div, DType::Bool) => unreachable!("division promotes to float"),
             _ => {}
         }
         let Some(dims) = broadcast_shapes(a.dims(), b.dims()) else {
-            fail!(
-                name,
-                "shapes {:?} and {:?} cannot be broadcast together",
-                a.dims(),
-                b.dims()
-            );
+            fail!(name, "shapes {:?} and {:?} cannot be broadcast together", a.dims(), b.dims());
         };
         let a = a.materialize(name, dtype, &dims, self);
         let b = b.materialize(name, dtype, &dims, self);
@@ -149,13 +131,7 @@ impl Tensor {
     /// `self ** exponent` for a float exponent; ints are promoted to f32.
     #[track_caller]
     pub fn powf(&self, exponent: f64) -> Tensor {
-        self.binary(
-            "powf",
-            Operand::Scalar(Scalar::Float(exponent)),
-            BinaryOp::Pow,
-            Out::Float,
-            false,
-        )
+        self.binary("powf", Operand::Scalar(Scalar::Float(exponent)), BinaryOp::Pow, Out::Float, false)
     }
 
     #[track_caller]
@@ -191,25 +167,13 @@ impl Tensor {
     /// Logical and of the truth values (non-zero is true); bool result.
     #[track_caller]
     pub fn logical_and(&self, rhs: impl Into<Operand>) -> Tensor {
-        self.to_dtype(DType::Bool).binary(
-            "logical_and",
-            to_bool(rhs.into()),
-            BinaryOp::And,
-            Out::Bool,
-            false,
-        )
+        self.to_dtype(DType::Bool).binary("logical_and", to_bool(rhs.into()), BinaryOp::And, Out::Bool, false)
     }
 
     /// Logical or of the truth values (non-zero is true); bool result.
     #[track_caller]
     pub fn logical_or(&self, rhs: impl Into<Operand>) -> Tensor {
-        self.to_dtype(DType::Bool).binary(
-            "logical_or",
-            to_bool(rhs.into()),
-            BinaryOp::Or,
-            Out::Bool,
-            false,
-        )
+        self.to_dtype(DType::Bool).binary("logical_or", to_bool(rhs.into()), BinaryOp::Or, Out::Bool, false)
     }
 
     /// Logical not of the truth values (non-zero is true); bool result.
@@ -222,10 +186,7 @@ impl Tensor {
     #[track_caller]
     pub fn neg(&self) -> Tensor {
         if self.dtype() == DType::Bool {
-            fail!(
-                "neg",
-                "negation is not supported on bool tensors; use logical_not()"
-            );
+            fail!("neg", "negation is not supported on bool tensors; use logical_not()");
         }
         self.unary_prim(UnaryOp::Neg)
     }
@@ -285,10 +246,7 @@ impl Tensor {
     /// `1 / (1 + exp(-self))`.
     #[track_caller]
     pub fn sigmoid(&self) -> Tensor {
-        self.float_unary(UnaryOp::Neg)
-            .unary_prim(UnaryOp::Exp)
-            .add(1.0)
-            .unary_prim(UnaryOp::Recip)
+        self.float_unary(UnaryOp::Neg).unary_prim(UnaryOp::Exp).add(1.0).unary_prim(UnaryOp::Recip)
     }
 
     /// `max(self, 0)`; NaN stays NaN.
@@ -329,36 +287,20 @@ impl Tensor {
     #[track_caller]
     pub fn where_(&self, on_true: impl Into<Operand>, on_false: impl Into<Operand>) -> Tensor {
         if self.dtype() != DType::Bool {
-            fail!(
-                "where_",
-                "the condition must be a bool tensor, not {} (compare first, e.g. x.gt(0))",
-                self.dtype()
-            );
+            fail!("where_", "the condition must be a bool tensor, not {} (compare first, e.g. x.gt(0))", self.dtype());
         }
         let (a, b) = (on_true.into(), on_false.into());
         for x in [&a, &b] {
             if let Operand::Tensor(t) = x
                 && t.device() != self.device()
             {
-                fail!(
-                    "where_",
-                    "operands live on different devices ({} and {})",
-                    self.device(),
-                    t.device()
-                );
+                fail!("where_", "operands live on different devices ({} and {})", self.device(), t.device());
             }
         }
         let dtype = result_type(&[a.promotion_key(), b.promotion_key()]);
-        let dims =
-            broadcast_shapes(self.dims(), a.dims()).and_then(|d| broadcast_shapes(&d, b.dims()));
+        let dims = broadcast_shapes(self.dims(), a.dims()).and_then(|d| broadcast_shapes(&d, b.dims()));
         let Some(dims) = dims else {
-            fail!(
-                "where_",
-                "shapes {:?}, {:?} and {:?} cannot be broadcast together",
-                self.dims(),
-                a.dims(),
-                b.dims()
-            );
+            fail!("where_", "shapes {:?}, {:?} and {:?} cannot be broadcast together", self.dims(), a.dims(), b.dims());
         };
         let cond = self.expand_to("where_", &dims);
         let a = a.materialize("where_", dtype, &dims, self);

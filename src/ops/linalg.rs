@@ -13,40 +13,16 @@ impl Tensor {
     pub fn matmul(&self, rhs: &Tensor) -> Tensor {
         let (ra, rb) = (self.rank(), rhs.rank());
         if ra == 0 || rb == 0 {
-            fail!(
-                "matmul",
-                "both operands need at least one dim, got shapes {:?} and {:?}",
-                self.dims(),
-                rhs.dims()
-            );
+            fail!("matmul", "both operands need at least one dim, got shapes {:?} and {:?}", self.dims(), rhs.dims());
         }
-        let dtype = result_type(&[
-            (self.dtype(), Priority::Tensor),
-            (rhs.dtype(), Priority::Tensor),
-        ]);
+        let dtype = result_type(&[(self.dtype(), Priority::Tensor), (rhs.dtype(), Priority::Tensor)]);
         if dtype == DType::Bool {
-            fail!(
-                "matmul",
-                "bool operands are not supported; cast to an int or float dtype"
-            );
+            fail!("matmul", "bool operands are not supported; cast to an int or float dtype");
         }
-        let a = if ra == 1 {
-            self.unsqueeze(0)
-        } else {
-            self.clone()
-        };
-        let b = if rb == 1 {
-            rhs.unsqueeze(1)
-        } else {
-            rhs.clone()
-        };
+        let a = if ra == 1 { self.unsqueeze(0) } else { self.clone() };
+        let b = if rb == 1 { rhs.unsqueeze(1) } else { rhs.clone() };
         let (ad, bd) = (a.dims(), b.dims());
-        let (m, k, k2, n) = (
-            ad[ad.len() - 2],
-            ad[ad.len() - 1],
-            bd[bd.len() - 2],
-            bd[bd.len() - 1],
-        );
+        let (m, k, k2, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 2], bd[bd.len() - 1]);
         if k != k2 {
             fail!(
                 "matmul",
@@ -60,12 +36,7 @@ impl Tensor {
             );
         }
         let Some(batch) = broadcast_shapes(&ad[..ad.len() - 2], &bd[..bd.len() - 2]) else {
-            fail!(
-                "matmul",
-                "batch dims of {:?} and {:?} cannot be broadcast together",
-                self.dims(),
-                rhs.dims()
-            );
+            fail!("matmul", "batch dims of {:?} and {:?} cannot be broadcast together", self.dims(), rhs.dims());
         };
         let with = |tail: [usize; 2]| -> Vec<usize> { batch.iter().copied().chain(tail).collect() };
         let a = a.to_dtype(dtype).expand_to("matmul", &with([m, k]));
@@ -98,11 +69,7 @@ impl Tensor {
     #[track_caller]
     fn softmax_dim(&self, name: &str, dim: isize) -> isize {
         if !self.dtype().is_float() {
-            fail!(
-                name,
-                "the input must be a float tensor, not {} (convert with to_dtype)",
-                self.dtype()
-            );
+            fail!(name, "the input must be a float tensor, not {} (convert with to_dtype)", self.dtype());
         }
         if self.rank() == 0 {
             resolve_dim(name, dim, 0);

@@ -63,14 +63,9 @@ impl Operand {
     fn materialize(&self, op: &str, dtype: DType, dims: &[usize], like: &Tensor) -> Tensor {
         match self {
             Operand::Tensor(t) => t.to_dtype(dtype).expand_to(op, dims),
-            Operand::Scalar(s) => Tensor::on_device(
-                Op::Const(*s),
-                Vec::new(),
-                Shape::new(dims),
-                dtype,
-                like.device(),
-                None,
-            ),
+            Operand::Scalar(s) => {
+                Tensor::on_device(Op::Const(*s), Vec::new(), Shape::new(dims), dtype, like.device(), None)
+            }
         }
     }
 }
@@ -84,30 +79,16 @@ impl Tensor {
         }
         let src = self.dims();
         if src.len() > dims.len() {
-            fail!(
-                op,
-                "cannot broadcast shape {:?} to {:?} (the target has fewer dims)",
-                src,
-                dims
-            );
+            fail!(op, "cannot broadcast shape {:?} to {:?} (the target has fewer dims)", src, dims);
         }
         let mut padded = vec![1; dims.len() - src.len()];
         padded.extend_from_slice(src);
         for (i, (&s, &d)) in padded.iter().zip(dims).enumerate() {
             if s != d && s != 1 {
-                fail!(
-                    op,
-                    "cannot broadcast shape {:?} to {:?}: dim {i} is {s}, not 1 or {d}",
-                    src,
-                    dims
-                );
+                fail!(op, "cannot broadcast shape {:?} to {:?}: dim {i} is {s}, not 1 or {d}", src, dims);
             }
         }
-        let reshaped = if padded.len() == src.len() {
-            self.clone()
-        } else {
-            self.reshape_prim(padded)
-        };
+        let reshaped = if padded.len() == src.len() { self.clone() } else { self.reshape_prim(padded) };
         Tensor::from_op(Op::Expand, vec![reshaped], Shape::new(dims), self.dtype())
     }
 
@@ -117,28 +98,11 @@ impl Tensor {
             return self.clone();
         }
         debug_assert_eq!(self.numel(), dims.iter().product::<usize>());
-        Tensor::from_op(
-            Op::Reshape,
-            vec![self.clone()],
-            Shape::new(dims),
-            self.dtype(),
-        )
+        Tensor::from_op(Op::Reshape, vec![self.clone()], Shape::new(dims), self.dtype())
     }
 
     /// A constant of this tensor's device, broadcast to `dims`.
-    pub(crate) fn const_like(
-        &self,
-        value: impl Into<Scalar>,
-        dtype: DType,
-        dims: &[usize],
-    ) -> Tensor {
-        Tensor::on_device(
-            Op::Const(value.into()),
-            Vec::new(),
-            Shape::new(dims),
-            dtype,
-            self.device(),
-            None,
-        )
+    pub(crate) fn const_like(&self, value: impl Into<Scalar>, dtype: DType, dims: &[usize]) -> Tensor {
+        Tensor::on_device(Op::Const(value.into()), Vec::new(), Shape::new(dims), dtype, self.device(), None)
     }
 }

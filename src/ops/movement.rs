@@ -38,18 +38,9 @@ impl Tensor {
     pub fn permute(&self, dims: impl Dims) -> Tensor {
         let given = dims.to_isize();
         if given.len() != self.rank() {
-            fail!(
-                "permute",
-                "got {} dims {:?} for a tensor of rank {}",
-                given.len(),
-                given,
-                self.rank()
-            );
+            fail!("permute", "got {} dims {:?} for a tensor of rank {}", given.len(), given, self.rank());
         }
-        let perm: Vec<usize> = given
-            .iter()
-            .map(|&d| resolve_dim("permute", d, self.rank()))
-            .collect();
+        let perm: Vec<usize> = given.iter().map(|&d| resolve_dim("permute", d, self.rank())).collect();
         let mut seen = perm.clone();
         seen.sort_unstable();
         seen.dedup();
@@ -60,12 +51,7 @@ impl Tensor {
             return self.clone();
         }
         let dims: Vec<usize> = perm.iter().map(|&p| self.dims()[p]).collect();
-        Tensor::from_op(
-            Op::Permute(perm),
-            vec![self.clone()],
-            Shape::new(dims),
-            self.dtype(),
-        )
+        Tensor::from_op(Op::Permute(perm), vec![self.clone()], Shape::new(dims), self.dtype())
     }
 
     /// Swaps two dims.
@@ -77,10 +63,7 @@ impl Tensor {
             resolve_dim("transpose", dim1, 0);
             return self.clone();
         }
-        let (a, b) = (
-            resolve_dim("transpose", dim0, rank),
-            resolve_dim("transpose", dim1, rank),
-        );
+        let (a, b) = (resolve_dim("transpose", dim0, rank), resolve_dim("transpose", dim1, rank));
         let mut perm: Vec<usize> = (0..rank).collect();
         perm.swap(a, b);
         self.permute(perm)
@@ -92,11 +75,7 @@ impl Tensor {
         match self.rank() {
             0 | 1 => self.clone(),
             2 => self.transpose(0, 1),
-            r => fail!(
-                "t",
-                "expects a tensor with <= 2 dims, got {r} dims {:?}; use transpose",
-                self.dims()
-            ),
+            r => fail!("t", "expects a tensor with <= 2 dims, got {r} dims {:?}; use transpose", self.dims()),
         }
     }
 
@@ -106,12 +85,7 @@ impl Tensor {
     pub fn expand(&self, shape: impl ShapeSpec) -> Tensor {
         let spec = shape.to_spec();
         if spec.len() < self.rank() {
-            fail!(
-                "expand",
-                "target {:?} has fewer dims than the tensor's shape {:?}",
-                spec,
-                self.dims()
-            );
+            fail!("expand", "target {:?} has fewer dims than the tensor's shape {:?}", spec, self.dims());
         }
         let lead = spec.len() - self.rank();
         let mut dims = Vec::with_capacity(spec.len());
@@ -119,11 +93,7 @@ impl Tensor {
             dims.push(match s {
                 -1 if i >= lead => self.dims()[i - lead],
                 s if s >= 0 => s as usize,
-                _ => fail!(
-                    "expand",
-                    "size {s} at position {i} of {:?} is not allowed",
-                    spec
-                ),
+                _ => fail!("expand", "size {s} at position {i} of {:?} is not allowed", spec),
             });
         }
         self.expand_to("expand", &dims)
@@ -148,13 +118,8 @@ impl Tensor {
     #[track_caller]
     pub fn squeeze(&self, dims: impl Dims) -> Tensor {
         let axes = resolve_dims("squeeze", &dims, self.rank());
-        let kept: Vec<usize> = self
-            .dims()
-            .iter()
-            .enumerate()
-            .filter(|&(i, &d)| !(d == 1 && axes.contains(&i)))
-            .map(|(_, &d)| d)
-            .collect();
+        let kept: Vec<usize> =
+            self.dims().iter().enumerate().filter(|&(i, &d)| !(d == 1 && axes.contains(&i))).map(|(_, &d)| d).collect();
         self.reshape_prim(kept)
     }
 
@@ -170,11 +135,7 @@ impl Tensor {
         let d = resolve_dim("narrow", dim, self.rank());
         let n = self.dims()[d];
         if start + len > n {
-            fail!(
-                "narrow",
-                "start {start} + length {len} exceeds size {n} of dim {d} (shape {:?})",
-                self.dims()
-            );
+            fail!("narrow", "start {start} + length {len} exceeds size {n} of dim {d} (shape {:?})", self.dims());
         }
         self.slice_prim(d, start, len, 1)
     }
@@ -190,11 +151,7 @@ impl Tensor {
         let n = self.dims()[d] as isize;
         let clamp = |i: isize| if i < 0 { (i + n).max(0) } else { i.min(n) };
         let (a, b) = (clamp(start), clamp(end));
-        let len = if b > a {
-            ((b - a) as usize).div_ceil(step)
-        } else {
-            0
-        };
+        let len = if b > a { ((b - a) as usize).div_ceil(step) } else { 0 };
         self.slice_prim(d, a as usize, len, step as isize)
     }
 
@@ -208,12 +165,7 @@ impl Tensor {
         spec[dim] = (if len == 0 { 0 } else { start }, step);
         let mut dims = self.dims().to_vec();
         dims[dim] = len;
-        Tensor::from_op(
-            Op::Slice(spec),
-            vec![self.clone()],
-            Shape::new(dims),
-            self.dtype(),
-        )
+        Tensor::from_op(Op::Slice(spec), vec![self.clone()], Shape::new(dims), self.dtype())
     }
 
     /// Reverses the order of elements along `dims`.
@@ -224,21 +176,9 @@ impl Tensor {
         if axes.is_empty() {
             return self.clone();
         }
-        let spec = (0..self.rank())
-            .map(|a| {
-                if axes.contains(&a) {
-                    (self.dims()[a] - 1, -1)
-                } else {
-                    (0, 1)
-                }
-            })
-            .collect();
-        Tensor::from_op(
-            Op::Slice(spec),
-            vec![self.clone()],
-            self.shape().clone(),
-            self.dtype(),
-        )
+        let spec =
+            (0..self.rank()).map(|a| if axes.contains(&a) { (self.dims()[a] - 1, -1) } else { (0, 1) }).collect();
+        Tensor::from_op(Op::Slice(spec), vec![self.clone()], self.shape().clone(), self.dtype())
     }
 
     /// Pads with `value` (`torch.nn.functional.pad`, constant mode): `pads[0]` is (before, after) for the last
@@ -246,12 +186,7 @@ impl Tensor {
     #[track_caller]
     pub fn pad(&self, pads: &[(usize, usize)], value: impl Into<Scalar>) -> Tensor {
         if pads.len() > self.rank() {
-            fail!(
-                "pad",
-                "{} (before, after) pairs given for a tensor of rank {}",
-                pads.len(),
-                self.rank()
-            );
+            fail!("pad", "{} (before, after) pairs given for a tensor of rank {}", pads.len(), self.rank());
         }
         let mut per_dim = vec![(0, 0); self.rank()];
         for (i, &p) in pads.iter().enumerate() {
@@ -264,37 +199,18 @@ impl Tensor {
         if per_dim.iter().all(|&p| p == (0, 0)) {
             return self.clone();
         }
-        let dims: Vec<usize> = self
-            .dims()
-            .iter()
-            .zip(&per_dim)
-            .map(|(d, (b, a))| d + b + a)
-            .collect();
-        Tensor::from_op(
-            Op::Pad {
-                pads: per_dim,
-                value,
-            },
-            vec![self.clone()],
-            Shape::new(dims),
-            self.dtype(),
-        )
+        let dims: Vec<usize> = self.dims().iter().zip(&per_dim).map(|(d, (b, a))| d + b + a).collect();
+        Tensor::from_op(Op::Pad { pads: per_dim, value }, vec![self.clone()], Shape::new(dims), self.dtype())
     }
 
     /// Concatenates along `dim` (`torch.cat`); dtypes promote, all other dims must match.
     #[track_caller]
     pub fn cat(tensors: &[&Tensor], dim: isize) -> Tensor {
-        let Some(first) = tensors.first() else {
-            fail!("cat", "expects at least one tensor")
-        };
+        let Some(first) = tensors.first() else { fail!("cat", "expects at least one tensor") };
         let d = resolve_dim("cat", dim, first.rank());
         for (i, t) in tensors.iter().enumerate() {
             if t.rank() != first.rank()
-                || t.dims()
-                    .iter()
-                    .zip(first.dims())
-                    .enumerate()
-                    .any(|(a, (x, y))| a != d && x != y)
+                || t.dims().iter().zip(first.dims()).enumerate().any(|(a, (x, y))| a != d && x != y)
             {
                 fail!(
                     "cat",
@@ -304,20 +220,10 @@ impl Tensor {
                 );
             }
             if t.device() != first.device() {
-                fail!(
-                    "cat",
-                    "tensor {i} is on {}, tensor 0 on {}",
-                    t.device(),
-                    first.device()
-                );
+                fail!("cat", "tensor {i} is on {}, tensor 0 on {}", t.device(), first.device());
             }
         }
-        let dtype = result_type(
-            &tensors
-                .iter()
-                .map(|t| (t.dtype(), Priority::Tensor))
-                .collect::<Vec<_>>(),
-        );
+        let dtype = result_type(&tensors.iter().map(|t| (t.dtype(), Priority::Tensor)).collect::<Vec<_>>());
         let total: usize = tensors.iter().map(|t| t.dims()[d]).sum();
         let identity = match dtype {
             DType::Bool => Scalar::Bool(false),
@@ -343,14 +249,8 @@ impl Tensor {
     /// Stacks equally shaped tensors along a new dim `dim` (`torch.stack`).
     #[track_caller]
     pub fn stack(tensors: &[&Tensor], dim: isize) -> Tensor {
-        let Some(first) = tensors.first() else {
-            fail!("stack", "expects at least one tensor")
-        };
-        if let Some((i, t)) = tensors
-            .iter()
-            .enumerate()
-            .find(|(_, t)| t.dims() != first.dims())
-        {
+        let Some(first) = tensors.first() else { fail!("stack", "expects at least one tensor") };
+        if let Some((i, t)) = tensors.iter().enumerate().find(|(_, t)| t.dims() != first.dims()) {
             fail!(
                 "stack",
                 "tensor {i} has shape {:?}, tensor 0 has {:?}; stack needs equal shapes",
@@ -365,12 +265,7 @@ impl Tensor {
 
     /// A copy laid out contiguously: materializes permuted, expanded or sliced views when realized.
     pub fn contiguous(&self) -> Tensor {
-        Tensor::from_op(
-            Op::Contiguous,
-            vec![self.clone()],
-            self.shape().clone(),
-            self.dtype(),
-        )
+        Tensor::from_op(Op::Contiguous, vec![self.clone()], self.shape().clone(), self.dtype())
     }
 }
 
@@ -378,42 +273,19 @@ impl Tensor {
 #[track_caller]
 fn infer_shape(op: &str, spec: &[i64], src: &[usize]) -> Vec<usize> {
     let numel: usize = src.iter().product();
-    let infer: Vec<usize> = spec
-        .iter()
-        .enumerate()
-        .filter(|&(_, &s)| s == -1)
-        .map(|(i, _)| i)
-        .collect();
+    let infer: Vec<usize> = spec.iter().enumerate().filter(|&(_, &s)| s == -1).map(|(i, _)| i).collect();
     if infer.len() > 1 || spec.iter().any(|&s| s < -1) {
-        fail!(
-            op,
-            "shape {:?} may hold at most one -1 and no other negative size",
-            spec
-        );
+        fail!(op, "shape {:?} may hold at most one -1 and no other negative size", spec);
     }
-    let known: usize = spec
-        .iter()
-        .filter(|&&s| s >= 0)
-        .map(|&s| s as usize)
-        .product();
+    let known: usize = spec.iter().filter(|&&s| s >= 0).map(|&s| s as usize).product();
     let mut dims: Vec<usize> = spec.iter().map(|&s| s.max(0) as usize).collect();
     if let Some(&i) = infer.first() {
         if known == 0 || numel % known != 0 {
-            fail!(
-                op,
-                "cannot reshape shape {:?} ({numel} elements) into {:?}",
-                src,
-                spec
-            );
+            fail!(op, "cannot reshape shape {:?} ({numel} elements) into {:?}", src, spec);
         }
         dims[i] = numel / known;
     } else if known != numel {
-        fail!(
-            op,
-            "cannot reshape shape {:?} ({numel} elements) into {:?} ({known} elements)",
-            src,
-            spec
-        );
+        fail!(op, "cannot reshape shape {:?} ({numel} elements) into {:?} ({known} elements)", src, spec);
     }
     dims
 }

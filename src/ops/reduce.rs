@@ -20,11 +20,7 @@ impl Tensor {
         if matches!(op, ReduceOp::Max | ReduceOp::Min)
             && let Some(&a) = axes.iter().find(|&&a| self.dims()[a] == 0)
         {
-            fail!(
-                name,
-                "cannot take the {name} over dim {a} of shape {:?}: it is empty",
-                self.dims()
-            );
+            fail!(name, "cannot take the {name} over dim {a} of shape {:?}: it is empty", self.dims());
         }
         let src = match op {
             ReduceOp::Sum | ReduceOp::Prod if !self.dtype().is_float() => self.to_dtype(DType::I64),
@@ -38,24 +34,12 @@ impl Tensor {
             kept[a] = 1;
         }
         let dtype = src.dtype();
-        let reduced = Tensor::from_op(
-            Op::Reduce {
-                op,
-                axes: axes.clone(),
-            },
-            vec![src],
-            Shape::new(kept.clone()),
-            dtype,
-        );
+        let reduced =
+            Tensor::from_op(Op::Reduce { op, axes: axes.clone() }, vec![src], Shape::new(kept.clone()), dtype);
         if keepdim {
             return reduced;
         }
-        let dropped: Vec<usize> = kept
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !axes.contains(i))
-            .map(|(_, &d)| d)
-            .collect();
+        let dropped: Vec<usize> = kept.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
         reduced.reshape_prim(dropped)
     }
 
@@ -118,19 +102,14 @@ impl Tensor {
     #[track_caller]
     fn mean_impl(&self, dims: &impl Dims, keepdim: bool) -> Tensor {
         if !self.dtype().is_float() {
-            fail!(
-                "mean",
-                "the input must be a float tensor, not {} (convert with to_dtype)",
-                self.dtype()
-            );
+            fail!("mean", "the input must be a float tensor, not {} (convert with to_dtype)", self.dtype());
         }
         let mut axes = resolve_dims("mean", dims, self.rank());
         if dims.to_isize().is_empty() {
             axes = (0..self.rank()).collect();
         }
         let count: usize = axes.iter().map(|&a| self.dims()[a]).product();
-        self.reduce("mean", ReduceOp::Sum, dims, keepdim)
-            .div(count as f64)
+        self.reduce("mean", ReduceOp::Sum, dims, keepdim).div(count as f64)
     }
 
     /// Index of the maximum along `dim` (the first one; the first NaN if any), as i64.
@@ -148,15 +127,13 @@ impl Tensor {
     /// Flat index of the maximum over all elements, as a zero-dim i64 tensor.
     #[track_caller]
     pub fn argmax_all(&self) -> Tensor {
-        self.reshape([-1])
-            .arg_extreme("argmax", ReduceOp::Max, 0, false)
+        self.reshape([-1]).arg_extreme("argmax", ReduceOp::Max, 0, false)
     }
 
     /// Flat index of the minimum over all elements, as a zero-dim i64 tensor.
     #[track_caller]
     pub fn argmin_all(&self) -> Tensor {
-        self.reshape([-1])
-            .arg_extreme("argmin", ReduceOp::Min, 0, false)
+        self.reshape([-1]).arg_extreme("argmin", ReduceOp::Min, 0, false)
     }
 
     #[track_caller]
@@ -168,11 +145,7 @@ impl Tensor {
         let d = resolve_dim(name, dim, self.rank());
         let n = self.dims()[d];
         if n == 0 {
-            fail!(
-                name,
-                "cannot take the {name} over dim {d} of shape {:?}: it is empty",
-                self.dims()
-            );
+            fail!(name, "cannot take the {name} over dim {d} of shape {:?}: it is empty", self.dims());
         }
         let extreme = self.reduce(name, op, &(d as isize), true);
         let mut hit = self.eq(&extreme);
@@ -182,16 +155,8 @@ impl Tensor {
         // Score n - i at hits, 0 elsewhere; the max score is n - (first hit).
         let mut iota_dims = vec![1; self.rank()];
         iota_dims[d] = n;
-        let iota = Tensor::iota(
-            Scalar::Int(n as i64),
-            Scalar::Int(-1),
-            n,
-            DType::I64,
-            &self.device(),
-        );
+        let iota = Tensor::iota(Scalar::Int(n as i64), Scalar::Int(-1), n, DType::I64, &self.device());
         let score = hit.where_(iota.reshape_prim(iota_dims), 0i64);
-        score
-            .reduce(name, ReduceOp::Max, &(d as isize), keepdim)
-            .rsub(n as i64)
+        score.reduce(name, ReduceOp::Max, &(d as isize), keepdim).rsub(n as i64)
     }
 }
