@@ -36,7 +36,7 @@ pub use error::{Error, Result};
 pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape};
 pub use ops::Operand;
 pub use random::manual_seed;
-pub use realize::{Stats, stats};
+pub use realize::{Captured, Stats, capture, stats};
 pub use tensor::Tensor;
 
 /// Computes several tensors as one graph (shared work is done once).

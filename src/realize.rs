@@ -234,3 +234,32 @@ fn realize_on(device: Device, targets: &[&Tensor]) -> Result<()> {
     }
     Ok(())
 }
+
+/// The graph IR of some tensors together with the data it reads: what a backend would be given to compute them.
+/// Capturing does not realize anything. Tests use it to hold every backend to the reference interpreter.
+#[derive(Clone, Debug)]
+pub struct Captured {
+    pub graph: Graph,
+    pub inputs: Vec<kiln_jit::HostBuffer>,
+    pub rng: Vec<RngKey>,
+}
+
+impl Captured {
+    /// The outputs as the reference interpreter computes them.
+    pub fn reference(&self) -> std::result::Result<Vec<kiln_jit::HostBuffer>, String> {
+        let inputs: Vec<&kiln_jit::HostBuffer> = self.inputs.iter().collect();
+        kiln_jit::interp::run(&self.graph, &inputs, &self.rng)
+    }
+}
+
+/// Captures the graph that computes `tensors` (see `Captured`).
+pub fn capture(tensors: &[&Tensor]) -> Result<Captured> {
+    let mut walk = Walk::default();
+    let outputs: Vec<u32> = tensors.iter().map(|t| walk.visit(t)).collect();
+    let graph = walk.to_graph(&outputs);
+    let mut inputs = Vec::with_capacity(walk.inputs.len());
+    for (buffer, w) in walk.inputs.iter().zip(walk.nodes.iter().filter(|w| matches!(w.kind, Kind::Input { .. }))) {
+        inputs.push(w.tensor.device().backend().download(buffer)?);
+    }
+    Ok(Captured { graph, inputs, rng: walk.rng })
+}

@@ -11,6 +11,7 @@ pub mod buffer;
 pub mod dtype;
 pub mod graph;
 pub mod interp;
+pub mod kernel;
 pub mod op;
 pub mod rng;
 pub mod shape;

@@ -1,0 +1,271 @@
+//! A host evaluator for the kernel IR: the executable specification of what every renderer must produce.
+//!
+//! Unlike the graph interpreter (f64 everywhere, rounded per op), this computes each instruction in its own dtype,
+//! as generated code does, and folds reductions in loop order into an accumulator of the reduce dtype. Comparing
+//! it with the graph interpreter checks fusion and lowering; comparing a backend with it checks the renderer.
+
+use crate::buffer::HostBuffer;
+use crate::dtype::{DType, Scalar};
+use crate::kernel::ir::{Inst, InstOp, KernelIr, Valid};
+use crate::kernel::schedule::{KernelPlan, Slot};
+use crate::op::{BinaryOp, RandDist, ReduceOp, RngKey, UnaryOp};
+use crate::rng;
+use crate::shape::for_each_index;
+
+/// One scalar value: floats in their own width, ints and bools as i64 wrapped to their dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum V {
+    F32(f32),
+    F64(f64),
+    I(i64),
+}
+
+fn wrap(d: DType, x: i64) -> i64 {
+    match d {
+        DType::Bool => (x != 0) as i64,
+        DType::U8 => x as u8 as i64,
+        DType::I32 => x as i32 as i64,
+        _ => x,
+    }
+}
+
+fn scalar(d: DType, s: Scalar) -> V {
+    match d {
+        DType::F32 => V::F32(s.as_f64() as f32),
+        DType::F64 => V::F64(s.as_f64()),
+        _ => V::I(wrap(d, s.as_i64())),
+    }
+}
+
+fn cast(d: DType, v: V) -> V {
+    match (d, v) {
+        (DType::F32, V::F32(x)) => V::F32(x),
+        (DType::F32, V::F64(x)) => V::F32(x as f32),
+        (DType::F32, V::I(x)) => V::F32(x as f32),
+        (DType::F64, V::F32(x)) => V::F64(x as f64),
+        (DType::F64, V::F64(x)) => V::F64(x),
+        (DType::F64, V::I(x)) => V::F64(x as f64),
+        (DType::Bool, V::F32(x)) => V::I((x != 0.0) as i64),
+        (DType::Bool, V::F64(x)) => V::I((x != 0.0) as i64),
+        (_, V::F32(x)) => V::I(wrap(d, x as i64)),
+        (_, V::F64(x)) => V::I(wrap(d, x as i64)),
+        (_, V::I(x)) => V::I(wrap(d, x)),
+    }
+}
+
+fn load(b: &HostBuffer, i: usize) -> V {
+    match b {
+        HostBuffer::F32(v) => V::F32(v[i]),
+        HostBuffer::F64(v) => V::F64(v[i]),
+        other => V::I(other.get(i).as_i64()),
+    }
+}
+
+fn unary(u: UnaryOp, d: DType, a: V) -> V {
+    macro_rules! float {
+        ($x:expr, $t:ident, $w:ident) => {{
+            let x = $x;
+            V::$w(match u {
+                UnaryOp::Neg => -x,
+                UnaryOp::Exp => x.exp(),
+                UnaryOp::Log => x.ln(),
+                UnaryOp::Sin => x.sin(),
+                UnaryOp::Cos => x.cos(),
+                UnaryOp::Tanh => x.tanh(),
+                UnaryOp::Sqrt => x.sqrt(),
+                UnaryOp::Recip => 1.0 / x,
+                UnaryOp::Abs => x.abs(),
+                UnaryOp::Not => (x == 0.0) as u8 as $t,
+            })
+        }};
+    }
+    match a {
+        V::F32(x) => float!(x, f32, F32),
+        V::F64(x) => float!(x, f64, F64),
+        V::I(x) => V::I(wrap(
+            d,
+            match u {
+                UnaryOp::Neg => x.wrapping_neg(),
+                UnaryOp::Abs => x.wrapping_abs(),
+                UnaryOp::Not => (x == 0) as i64,
+                _ => unreachable!("float op {u:?} on an integer"),
+            },
+        )),
+    }
+}
+
+fn binary(op: BinaryOp, d: DType, a: V, b: V) -> V {
+    use BinaryOp::*;
+    macro_rules! float {
+        ($x:expr, $y:expr, $w:ident) => {{
+            let (x, y) = ($x, $y);
+            match op {
+                Lt => V::I((x < y) as i64),
+                Le => V::I((x <= y) as i64),
+                Eq => V::I((x == y) as i64),
+                Ne => V::I((x != y) as i64),
+                Add => V::$w(x + y),
+                Sub => V::$w(x - y),
+                Mul => V::$w(x * y),
+                Div => V::$w(x / y),
+                Max => V::$w(if x.is_nan() || y.is_nan() { x + y } else { x.max(y) }),
+                Min => V::$w(if x.is_nan() || y.is_nan() { x + y } else { x.min(y) }),
+                Pow => V::$w(x.powf(y)),
+                And | Or => unreachable!("logical op on floats"),
+            }
+        }};
+    }
+    match (a, b) {
+        (V::F32(x), V::F32(y)) => float!(x, y, F32),
+        (V::F64(x), V::F64(y)) => float!(x, y, F64),
+        (V::I(x), V::I(y)) => V::I(wrap(
+            d,
+            match op {
+                Add => x.wrapping_add(y),
+                Sub => x.wrapping_sub(y),
+                Mul => x.wrapping_mul(y),
+                Div => {
+                    if y == 0 {
+                        0
+                    } else {
+                        x.wrapping_div(y)
+                    }
+                }
+                Max => x.max(y),
+                Min => x.min(y),
+                Pow => crate::interp::int_pow(x, y),
+                Lt => (x < y) as i64,
+                Le => (x <= y) as i64,
+                Eq => (x == y) as i64,
+                Ne => (x != y) as i64,
+                And => (x != 0 && y != 0) as i64,
+                Or => (x != 0 || y != 0) as i64,
+            },
+        )),
+        _ => unreachable!("binary operands of different kinds"),
+    }
+}
+
+fn valid(v: &Option<Valid>, vars: &[i64]) -> bool {
+    v.as_ref().is_none_or(|Valid(rs)| rs.iter().all(|(e, lo, hi)| (*lo..*hi).contains(&e.eval(vars))))
+}
+
+fn run_insts(insts: &[Inst], vars: &[i64], inputs: &[&HostBuffer], rng: &[RngKey], acc: Option<V>, vals: &mut Vec<V>) {
+    vals.clear();
+    for inst in insts {
+        let d = inst.dtype;
+        let v = match &inst.op {
+            InstOp::Const(s) => scalar(d, *s),
+            InstOp::Index(e) => cast(d, V::I(e.eval(vars))),
+            InstOp::Load { buf, index, valid: m, fill } => {
+                if valid(m, vars) {
+                    load(inputs[*buf], index.eval(vars) as usize)
+                } else {
+                    scalar(d, *fill)
+                }
+            }
+            InstOp::Rand { dist, slot, index } => {
+                let key = rng[*slot];
+                let w = rng::words(key.seed, key.offset.wrapping_add(index.eval(vars) as u64));
+                match (dist, d) {
+                    (RandDist::Uniform, DType::F32) => V::F32(rng::uniform_f32(w)),
+                    (RandDist::Uniform, _) => V::F64(rng::uniform_f64(w)),
+                    (RandDist::Normal, _) => cast(d, V::F64(rng::normal_f64(w))),
+                }
+            }
+            InstOp::Unary(u, a) => unary(*u, d, vals[*a]),
+            InstOp::Binary(b, x, y) => binary(*b, d, vals[*x], vals[*y]),
+            InstOp::Where(c, a, b) => {
+                if vals[*c] == V::I(0) {
+                    vals[*b]
+                } else {
+                    vals[*a]
+                }
+            }
+            InstOp::Cast(a) => cast(d, vals[*a]),
+            InstOp::Acc => acc.expect("acc read outside a reduce kernel"),
+        };
+        vals.push(v);
+    }
+}
+
+fn init(op: ReduceOp, d: DType) -> V {
+    let s = match (op, d.is_float()) {
+        (ReduceOp::Sum, _) => Scalar::Int(0),
+        (ReduceOp::Prod, _) => Scalar::Int(1),
+        (ReduceOp::Max, true) => Scalar::Float(f64::NEG_INFINITY),
+        (ReduceOp::Min, true) => Scalar::Float(f64::INFINITY),
+        (ReduceOp::Max, false) => Scalar::Int(i64::MIN),
+        (ReduceOp::Min, false) => Scalar::Int(i64::MAX),
+    };
+    scalar(d, s)
+}
+
+fn fold(op: ReduceOp, d: DType, acc: V, x: V) -> V {
+    let b = match op {
+        ReduceOp::Sum => BinaryOp::Add,
+        ReduceOp::Prod => BinaryOp::Mul,
+        ReduceOp::Max => BinaryOp::Max,
+        ReduceOp::Min => BinaryOp::Min,
+    };
+    binary(b, d, acc, x)
+}
+
+/// Runs `kernel` over `inputs` and returns its output buffer.
+pub fn run(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey]) -> HostBuffer {
+    let out_rank = kernel.out_rank();
+    let mut out: Vec<V> = Vec::with_capacity(kernel.output.len);
+    let mut vals = Vec::new();
+    let mut vars = vec![0i64; kernel.extents().len()];
+    for_each_index(&kernel.out_extents, |o| {
+        for (v, &i) in vars.iter_mut().zip(o) {
+            *v = i as i64;
+        }
+        let acc = kernel.reduce.as_ref().map(|r| {
+            let mut acc = init(r.op, r.dtype);
+            for_each_index(&r.extents, |ri| {
+                for (v, &i) in vars[out_rank..].iter_mut().zip(ri) {
+                    *v = i as i64;
+                }
+                run_insts(&r.inner, &vars, inputs, rng, None, &mut vals);
+                acc = fold(r.op, r.dtype, acc, vals[r.value]);
+            });
+            acc
+        });
+        run_insts(&kernel.outer, &vars, inputs, rng, acc, &mut vals);
+        out.push(vals[kernel.result]);
+    });
+    let d = kernel.output.dtype;
+    match d {
+        DType::F32 => HostBuffer::F32(out.into_iter().map(|v| if let V::F32(x) = v { x } else { 0.0 }).collect()),
+        DType::F64 => HostBuffer::F64(out.into_iter().map(|v| if let V::F64(x) = v { x } else { 0.0 }).collect()),
+        _ => HostBuffer::from_i64(d, &out.into_iter().map(|v| if let V::I(x) = v { x } else { 0 }).collect::<Vec<_>>()),
+    }
+}
+
+/// Runs every launch of `plan` in order and returns its outputs.
+pub fn run_plan(plan: &KernelPlan, inputs: &[&HostBuffer], rng: &[RngKey]) -> Vec<HostBuffer> {
+    let mut temps: Vec<Option<HostBuffer>> = vec![None; plan.temps.len()];
+    let mut outputs: Vec<Option<HostBuffer>> = vec![None; plan.outputs.len()];
+    for launch in &plan.launches {
+        let args: Vec<&HostBuffer> = launch
+            .inputs
+            .iter()
+            .map(|s| match *s {
+                Slot::Input(i) => inputs[i],
+                Slot::Temp(t) => temps[t].as_ref().expect("temp written before read"),
+                Slot::Output(o) => outputs[o].as_ref().expect("output written before read"),
+            })
+            .collect();
+        let out = run(&launch.kernel, &args, rng);
+        match launch.output {
+            Slot::Temp(t) => temps[t] = Some(out),
+            Slot::Output(o) => outputs[o] = Some(out),
+            Slot::Input(_) => unreachable!("kernels never write inputs"),
+        }
+    }
+    for &(o, i) in &plan.passthrough {
+        outputs[o] = Some(inputs[i].clone());
+    }
+    outputs.into_iter().map(|o| o.expect("every output written")).collect()
+}

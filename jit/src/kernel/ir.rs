@@ -1,0 +1,173 @@
+//! The kernel IR: one fused kernel as a loop nest over its output, an optional reduction loop nest inside it, and
+//! straight-line SSA code for each element. It knows no device: CLIF, WGSL, CUDA C and HIP C are all rendered from
+//! it, and `eval` runs it on the host as a check of the lowering.
+//!
+//! Shape of every kernel:
+//! ```text
+//! for o in output space (loop vars 0..out_rank):          // split across threads/workgroups on dim 0
+//!     [for r in reduce space (loop vars out_rank..):      // only when `reduce` is set
+//!         acc = combine(acc, <inner code>)]
+//!     out[row-major(o)] = <outer code>                    // may read `Acc`
+//! ```
+//! Inner code may use all loop variables; outer code only the output ones. Each instruction has a dtype; ints
+//! and bools travel as the renderer's integer types, floats as floats.
+
+use crate::dtype::{DType, Scalar};
+use crate::kernel::index::IExpr;
+use crate::op::{BinaryOp, RandDist, ReduceOp, UnaryOp};
+use std::fmt::{self, Write};
+
+/// Index of an instruction in its list (`inner` or `outer`).
+pub type ValueId = usize;
+
+/// A buffer the kernel reads or writes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BufParam {
+    pub dtype: DType,
+    /// Element count.
+    pub len: usize,
+}
+
+/// `lo <= index < hi` for every listed range: a load outside them yields the fill value without touching memory.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Valid(pub Vec<(IExpr, i64, i64)>);
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum InstOp {
+    Const(Scalar),
+    /// The value of an index expression (used by iota).
+    Index(IExpr),
+    /// `buf[index]`, or `fill` where `valid` fails. `buf` indexes `KernelIr::inputs`.
+    Load {
+        buf: usize,
+        index: IExpr,
+        valid: Option<Valid>,
+        fill: Scalar,
+    },
+    /// Philox random value for element `index` of a `Rand` node keyed by the plan's `rng[slot]`.
+    Rand {
+        dist: RandDist,
+        slot: usize,
+        index: IExpr,
+    },
+    Unary(UnaryOp, ValueId),
+    /// Comparisons yield bool; other ops the operands' dtype.
+    Binary(BinaryOp, ValueId, ValueId),
+    Where(ValueId, ValueId, ValueId),
+    /// Converts the operand to this instruction's dtype.
+    Cast(ValueId),
+    /// The finished reduction (outer code only).
+    Acc,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inst {
+    pub op: InstOp,
+    pub dtype: DType,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reduce {
+    pub op: ReduceOp,
+    /// Extents of the reduce loop variables (numbered after the output variables).
+    pub extents: Vec<usize>,
+    /// The accumulator's dtype (the reduce node's dtype).
+    pub dtype: DType,
+    /// Inner code, evaluated once per reduce iteration.
+    pub inner: Vec<Inst>,
+    /// The value folded into the accumulator.
+    pub value: ValueId,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelIr {
+    /// `E_`/`R_`/`G_` + op chain + shape, e.g. `E_mul_add_relu_1024`.
+    pub name: String,
+    pub inputs: Vec<BufParam>,
+    pub output: BufParam,
+    /// Extents of the output loop variables (row-major; the output buffer is written contiguously).
+    pub out_extents: Vec<usize>,
+    pub reduce: Option<Reduce>,
+    /// Outer code, evaluated once per output element.
+    pub outer: Vec<Inst>,
+    /// The value stored.
+    pub result: ValueId,
+    /// Floating-point operations per output element, for profiles and thread-split decisions.
+    pub flops_per_elem: usize,
+}
+
+impl KernelIr {
+    /// All loop extents: output variables, then reduce variables.
+    pub fn extents(&self) -> Vec<usize> {
+        let mut e = self.out_extents.clone();
+        if let Some(r) = &self.reduce {
+            e.extend(&r.extents);
+        }
+        e
+    }
+
+    pub fn out_rank(&self) -> usize {
+        self.out_extents.len()
+    }
+
+    /// Total work in element-operations (for choosing single- vs multi-threaded execution).
+    pub fn work(&self) -> usize {
+        let out: usize = self.out_extents.iter().product();
+        let inner = self.reduce.as_ref().map_or(1, |r| r.extents.iter().product::<usize>().max(1) * (r.inner.len()));
+        out * (inner + self.outer.len())
+    }
+
+    /// A readable listing, for dumps and golden tests.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "kernel {}", self.name);
+        for (i, b) in self.inputs.iter().enumerate() {
+            let _ = writeln!(s, "  in{i}: {}[{}]", b.dtype, b.len);
+        }
+        let _ = writeln!(s, "  out: {}[{}]", self.output.dtype, self.output.len);
+        let vars: Vec<String> = self.out_extents.iter().enumerate().map(|(v, e)| format!("i{v}<{e}")).collect();
+        let _ = writeln!(s, "  for {} {{", if vars.is_empty() { "()".to_string() } else { vars.join(", ") });
+        if let Some(r) = &self.reduce {
+            let n = self.out_extents.len();
+            let rv: Vec<String> = r.extents.iter().enumerate().map(|(v, e)| format!("i{}<{e}", v + n)).collect();
+            let _ = writeln!(s, "    acc: {} = {:?} over {} {{", r.dtype, r.op, rv.join(", "));
+            write_insts(&mut s, "      r", &r.inner);
+            let _ = writeln!(s, "      fold r{}", r.value);
+            let _ = writeln!(s, "    }}");
+        }
+        write_insts(&mut s, "    v", &self.outer);
+        let _ = writeln!(s, "    out[row-major] = v{}", self.result);
+        let _ = writeln!(s, "  }}");
+        s
+    }
+}
+
+fn write_insts(s: &mut String, prefix: &str, insts: &[Inst]) {
+    let p = prefix.trim_start();
+    for (i, inst) in insts.iter().enumerate() {
+        let _ = write!(s, "{prefix}{i}: {} = ", inst.dtype);
+        let _ = match &inst.op {
+            InstOp::Const(c) => writeln!(s, "const {c}"),
+            InstOp::Index(e) => writeln!(s, "index {e}"),
+            InstOp::Load { buf, index, valid, fill } => match valid {
+                None => writeln!(s, "load in{buf}[{index}]"),
+                Some(Valid(rs)) => {
+                    let conds: Vec<String> = rs.iter().map(|(e, lo, hi)| format!("{lo}<={e}<{hi}")).collect();
+                    writeln!(s, "load in{buf}[{index}] if {} else {fill}", conds.join(" && "))
+                }
+            },
+            InstOp::Rand { dist, slot, index } => writeln!(s, "rand_{dist:?} key{slot} [{index}]"),
+            InstOp::Unary(u, a) => writeln!(s, "{u:?} {p}{a}"),
+            InstOp::Binary(b, x, y) => writeln!(s, "{b:?} {p}{x}, {p}{y}"),
+            InstOp::Where(c, a, b) => writeln!(s, "where {p}{c}, {p}{a}, {p}{b}"),
+            InstOp::Cast(a) => writeln!(s, "cast {p}{a}"),
+            InstOp::Acc => writeln!(s, "acc"),
+        };
+    }
+}
+
+impl fmt::Display for KernelIr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_text())
+    }
+}

@@ -1,0 +1,330 @@
+//! Lowering: one scheduled kernel (a materialized root, maybe with a reduce stage) to `KernelIr`.
+//!
+//! Values are built by walking the graph backwards from the root with an index (one `IExpr` per dim of the node
+//! being read). Elementwise ops pass the index through, movement ops rewrite it (see `index.rs`), and a
+//! materialized node becomes a load at the row-major offset of its index. `Pad` evaluates its source under a
+//! validity range (loads outside it are skipped) and selects the pad value there. Values are memoized per (node,
+//! index, validity), so a node read twice at the same place is computed once.
+
+use crate::dtype::{DType, Scalar};
+use crate::graph::Graph;
+use crate::kernel::index::IExpr;
+use crate::kernel::ir::{BufParam, Inst, InstOp, KernelIr, Reduce, Valid, ValueId};
+use crate::op::{BinaryOp, Op, ReduceOp};
+use crate::shape::contiguous_strides;
+use petgraph::stable_graph::NodeIndex;
+use std::collections::HashMap;
+
+struct Lowerer<'a> {
+    graph: &'a Graph,
+    mat: &'a [bool],
+    root: NodeIndex,
+    stage: Option<NodeIndex>,
+    extents: Vec<usize>,
+    reads: Vec<NodeIndex>,
+    insts: Vec<Inst>,
+    memo: HashMap<(NodeIndex, Vec<IExpr>, Option<Valid>), ValueId>,
+    valid: Option<Valid>,
+    names: Vec<String>,
+    /// Set while building the outer code, where the stage node's value is the accumulator.
+    acc_enabled: bool,
+}
+
+/// Row-major offset of `idx` in `dims`, simplified.
+fn linear(idx: &[IExpr], dims: &[usize], extents: &[usize]) -> IExpr {
+    let strides = contiguous_strides(dims);
+    let terms: Vec<IExpr> =
+        idx.iter().zip(&strides).filter(|&(_, &s)| s != 0).map(|(e, &s)| e.clone().mul(s as i64)).collect();
+    IExpr::Add(terms).simplify(extents)
+}
+
+/// The multi-index in `dims` of row-major offset `flat`, simplified.
+fn unflatten(flat: &IExpr, dims: &[usize], extents: &[usize]) -> Vec<IExpr> {
+    let strides = contiguous_strides(dims);
+    dims.iter()
+        .zip(&strides)
+        .map(
+            |(&d, &s)| {
+                if d == 1 { IExpr::Const(0) } else { flat.clone().div(s as i64).rem(d as i64).simplify(extents) }
+            },
+        )
+        .collect()
+}
+
+impl Lowerer<'_> {
+    fn push(&mut self, op: InstOp, dtype: DType) -> ValueId {
+        self.insts.push(Inst { op, dtype });
+        self.insts.len() - 1
+    }
+
+    fn konst(&mut self, s: Scalar, dtype: DType) -> ValueId {
+        self.push(InstOp::Const(s), dtype)
+    }
+
+    fn buffer(&mut self, n: NodeIndex) -> usize {
+        match self.reads.iter().position(|&r| r == n) {
+            Some(i) => i,
+            None => {
+                self.reads.push(n);
+                self.reads.len() - 1
+            }
+        }
+    }
+
+    fn note(&mut self, name: String) {
+        if self.names.last() != Some(&name) {
+            self.names.push(name);
+        }
+    }
+
+    /// The value of node `n` at multi-index `idx`.
+    fn value(&mut self, n: NodeIndex, idx: &[IExpr]) -> ValueId {
+        let key = (n, idx.to_vec(), self.valid.clone());
+        if let Some(&v) = self.memo.get(&key) {
+            return v;
+        }
+        let v = self.compute(n, idx);
+        self.memo.insert(key, v);
+        v
+    }
+
+    fn compute(&mut self, n: NodeIndex, idx: &[IExpr]) -> ValueId {
+        let g = self.graph;
+        let node = g.node(n);
+        let d = node.dtype;
+        if Some(n) == self.stage && self.acc_enabled {
+            return self.push(InstOp::Acc, d);
+        }
+        if n != self.root && self.mat[n.index()] {
+            let buf = self.buffer(n);
+            let index = linear(idx, &node.shape.0, &self.extents);
+            let fill = Scalar::Int(0);
+            return self.push(InstOp::Load { buf, index, valid: self.valid.clone(), fill }, d);
+        }
+        let srcs = g.srcs(n);
+        let src_dims = |i: usize| g.node(srcs[i]).shape.0.clone();
+        match &node.op {
+            Op::Input { .. } => unreachable!("inputs are materialized"),
+            Op::Reduce { .. } | Op::Matmul => unreachable!("a reduction is materialized or a reduce stage"),
+            Op::Const(s) => self.konst(*s, d),
+            Op::Iota { start, step } => {
+                self.note("iota".into());
+                let wide = if d.is_float() { DType::F64 } else { DType::I64 };
+                let i = self.push(InstOp::Index(idx[0].clone()), DType::I64);
+                let i = if wide == DType::I64 { i } else { self.push(InstOp::Cast(i), wide) };
+                let step = self.konst(*step, wide);
+                let start = self.konst(*start, wide);
+                let prod = self.push(InstOp::Binary(BinaryOp::Mul, i, step), wide);
+                let v = self.push(InstOp::Binary(BinaryOp::Add, prod, start), wide);
+                if wide == d { v } else { self.push(InstOp::Cast(v), d) }
+            }
+            Op::Rand { dist, slot } => {
+                self.note("rand".into());
+                let index = linear(idx, &node.shape.0, &self.extents);
+                self.push(InstOp::Rand { dist: *dist, slot: *slot, index }, d)
+            }
+            Op::Unary(u) => {
+                let a = self.value(srcs[0], idx);
+                self.note(format!("{u:?}").to_lowercase());
+                self.push(InstOp::Unary(*u, a), d)
+            }
+            Op::Binary(b) => {
+                let x = self.value(srcs[0], idx);
+                let y = self.value(srcs[1], idx);
+                self.note(format!("{b:?}").to_lowercase());
+                self.push(InstOp::Binary(*b, x, y), d)
+            }
+            Op::Where => {
+                let c = self.value(srcs[0], idx);
+                let a = self.value(srcs[1], idx);
+                let b = self.value(srcs[2], idx);
+                self.note("where".into());
+                self.push(InstOp::Where(c, a, b), d)
+            }
+            Op::Cast => {
+                let a = self.value(srcs[0], idx);
+                self.note(format!("to{d}"));
+                self.push(InstOp::Cast(a), d)
+            }
+            Op::Contiguous => self.value(srcs[0], idx),
+            Op::Reshape => {
+                let flat = linear(idx, &node.shape.0, &self.extents);
+                let src_idx = unflatten(&flat, &src_dims(0), &self.extents);
+                self.value(srcs[0], &src_idx)
+            }
+            Op::Permute(p) => {
+                let mut src_idx = vec![IExpr::Const(0); p.len()];
+                for (i, &pi) in p.iter().enumerate() {
+                    src_idx[pi] = idx[i].clone();
+                }
+                self.value(srcs[0], &src_idx)
+            }
+            Op::Expand => {
+                let sd = src_dims(0);
+                let src_idx: Vec<IExpr> = sd
+                    .iter()
+                    .zip(idx)
+                    .zip(&node.shape.0)
+                    .map(|((&s, e), &o)| if s == 1 && o != 1 { IExpr::Const(0) } else { e.clone() })
+                    .collect();
+                self.value(srcs[0], &src_idx)
+            }
+            Op::Slice(spec) => {
+                let src_idx: Vec<IExpr> = spec
+                    .iter()
+                    .zip(idx)
+                    .map(|(&(start, step), e)| {
+                        IExpr::Add(vec![IExpr::Const(start as i64), e.clone().mul(step as i64)]).simplify(&self.extents)
+                    })
+                    .collect();
+                self.value(srcs[0], &src_idx)
+            }
+            Op::Pad { pads, value } => {
+                let sd = src_dims(0);
+                let mut ranges = Vec::new();
+                let mut src_idx = Vec::with_capacity(idx.len());
+                for ((e, &(before, _)), &n) in idx.iter().zip(pads).zip(&sd) {
+                    let (lo, hi) = e.bounds(&self.extents);
+                    let (b, n) = (before as i64, n as i64);
+                    if lo < b || hi >= b + n {
+                        ranges.push((e.clone(), b, b + n));
+                    }
+                    src_idx.push(IExpr::Add(vec![e.clone(), IExpr::Const(-b)]).simplify(&self.extents));
+                }
+                if ranges.is_empty() {
+                    return self.value(srcs[0], &src_idx);
+                }
+                let outer = self.valid.clone();
+                let mut inner = outer.clone().map_or(Vec::new(), |Valid(v)| v);
+                inner.extend(ranges.iter().cloned());
+                self.valid = Some(Valid(inner));
+                let v = self.value(srcs[0], &src_idx);
+                self.valid = outer;
+                let mut cond: Option<ValueId> = None;
+                for (e, lo, hi) in ranges {
+                    let i = self.push(InstOp::Index(e), DType::I64);
+                    let lo = self.konst(Scalar::Int(lo), DType::I64);
+                    let hi = self.konst(Scalar::Int(hi), DType::I64);
+                    let a = self.push(InstOp::Binary(BinaryOp::Le, lo, i), DType::Bool);
+                    let b = self.push(InstOp::Binary(BinaryOp::Lt, i, hi), DType::Bool);
+                    let both = self.push(InstOp::Binary(BinaryOp::And, a, b), DType::Bool);
+                    cond = Some(match cond {
+                        None => both,
+                        Some(c) => self.push(InstOp::Binary(BinaryOp::And, c, both), DType::Bool),
+                    });
+                }
+                let fill = self.konst(*value, d);
+                self.note("pad".into());
+                self.push(InstOp::Where(cond.expect("a range"), v, fill), d)
+            }
+        }
+    }
+}
+
+/// Lowers the kernel computing `root` (with `stage` as its reduction, if any). Returns the IR and the
+/// materialized nodes it reads, in input order.
+pub(crate) fn lower(
+    graph: &Graph,
+    root: NodeIndex,
+    stage: Option<NodeIndex>,
+    mat: &[bool],
+) -> (KernelIr, Vec<NodeIndex>) {
+    let mut lw = Lowerer {
+        graph,
+        mat,
+        root,
+        stage,
+        extents: Vec::new(),
+        reads: Vec::new(),
+        insts: Vec::new(),
+        memo: HashMap::new(),
+        valid: None,
+        names: Vec::new(),
+        acc_enabled: false,
+    };
+    let root_dims = graph.node(root).shape.0.clone();
+    let var = IExpr::Var;
+    let (kind, out_extents, reduce) = match stage.map(|r| (r, &graph.node(r).op)) {
+        None => ("E", root_dims.clone(), None),
+        Some((r, Op::Reduce { op, axes })) => {
+            let src = graph.srcs(r)[0];
+            let sd = graph.node(src).shape.0.clone();
+            let kept: Vec<usize> = (0..sd.len()).filter(|a| !axes.contains(a)).map(|a| sd[a]).collect();
+            let red: Vec<usize> = axes.iter().map(|&a| sd[a]).collect();
+            lw.extents = kept.iter().chain(&red).copied().collect();
+            let (mut k, mut q) = (0, kept.len());
+            let src_idx: Vec<IExpr> = (0..sd.len())
+                .map(|a| {
+                    let v = if axes.contains(&a) { &mut q } else { &mut k };
+                    *v += 1;
+                    var(*v - 1)
+                })
+                .collect();
+            let value = lw.value(src, &src_idx);
+            lw.note(format!("{op:?}").to_lowercase());
+            let reduce = Reduce { op: *op, extents: red, dtype: graph.node(r).dtype, inner: Vec::new(), value };
+            ("R", kept, Some(reduce))
+        }
+        Some((r, Op::Matmul)) => {
+            let srcs = graph.srcs(r);
+            let out = graph.node(r).shape.0.clone();
+            let nb = out.len() - 2;
+            let k = graph.node(srcs[0]).shape.0[nb + 1];
+            lw.extents = out.iter().copied().chain([k]).collect();
+            let batch: Vec<IExpr> = (0..nb).map(var).collect();
+            let ia: Vec<IExpr> = batch.iter().cloned().chain([var(nb), var(nb + 2)]).collect();
+            let ib: Vec<IExpr> = batch.iter().cloned().chain([var(nb + 2), var(nb + 1)]).collect();
+            let x = lw.value(srcs[0], &ia);
+            let y = lw.value(srcs[1], &ib);
+            let d = graph.node(r).dtype;
+            let value = lw.push(InstOp::Binary(BinaryOp::Mul, x, y), d);
+            lw.note("matmul".into());
+            let reduce = Reduce { op: ReduceOp::Sum, extents: vec![k], dtype: d, inner: Vec::new(), value };
+            ("G", out, Some(reduce))
+        }
+        Some((_, op)) => unreachable!("stage {op} is not a reduction"),
+    };
+    let reduce = reduce.map(|mut r| {
+        r.inner = std::mem::take(&mut lw.insts);
+        r
+    });
+    if reduce.is_none() {
+        lw.extents = out_extents.clone();
+    }
+    lw.memo.clear();
+    lw.acc_enabled = true;
+    let out_vars: Vec<IExpr> = (0..out_extents.len()).map(var).collect();
+    let root_idx = if stage.is_some() && root_dims != out_extents {
+        let flat = linear(&out_vars, &out_extents, &lw.extents);
+        unflatten(&flat, &root_dims, &lw.extents)
+    } else {
+        out_vars
+    };
+    let result = lw.value(root, &root_idx);
+    let shape = |d: &[usize]| {
+        if d.is_empty() { "1".to_string() } else { d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x") }
+    };
+    let mut name = format!("{kind}_{}_{}", lw.names.join("_"), shape(&out_extents));
+    if let Some(r) = &reduce {
+        name = format!("{name}_{}", shape(&r.extents));
+    }
+    let alu = |insts: &[Inst]| {
+        insts.iter().filter(|i| matches!(i.op, InstOp::Unary(..) | InstOp::Binary(..) | InstOp::Where(..))).count()
+    };
+    let flops_per_elem =
+        alu(&lw.insts) + reduce.as_ref().map_or(0, |r| (alu(&r.inner) + 1) * r.extents.iter().product::<usize>());
+    let inputs =
+        lw.reads.iter().map(|&n| BufParam { dtype: graph.node(n).dtype, len: graph.node(n).shape.numel() }).collect();
+    let root_node = graph.node(root);
+    let ir = KernelIr {
+        name,
+        inputs,
+        output: BufParam { dtype: root_node.dtype, len: root_node.shape.numel() },
+        out_extents,
+        reduce,
+        outer: lw.insts,
+        result,
+        flops_per_elem,
+    };
+    (ir, lw.reads)
+}

@@ -1,0 +1,12 @@
+//! From graph to kernels: fusion and scheduling (`schedule`), lowering to the target-neutral kernel IR (`lower`,
+//! `ir`, `index`), and a host evaluator of that IR (`eval`), which is the reference every renderer is held to.
+
+pub mod eval;
+pub mod index;
+pub mod ir;
+mod lower;
+pub mod schedule;
+
+pub use index::IExpr;
+pub use ir::{BufParam, Inst, InstOp, KernelIr, Reduce, Valid, ValueId};
+pub use schedule::{KernelPlan, Launch, Slot, schedule};

@@ -1,0 +1,216 @@
+//! Fusion and scheduling: which graph nodes get a buffer, which kernel computes each, and where buffers are reused.
+//!
+//! Rules (DESIGN.md, "Fusion"), applied in this order:
+//! 1. Materialized ("realized into a buffer"): inputs, graph outputs, `Contiguous`, every `Reduce` and `Matmul`,
+//!    and any node that several nodes read (or that feeds an `Expand`) unless recomputing it is cheap: at most
+//!    `CHEAP_OPS` ALU ops and no transcendental or random op on the way back to materialized nodes.
+//! 2. Everything else is inlined into each kernel that reads it: elementwise chains fuse, elementwise ops fuse into
+//!    a reduction's input, and movement ops become index math (no copies).
+//! 3. A reduction (or matmul) whose value flows only through elementwise ops and reshapes into one materialized
+//!    node becomes that node's *reduce stage*: its buffer disappears and the ops after it run in the same kernel
+//!    as an epilogue (`(a * b + c).relu().sum(1)` and `x.matmul(&w) + b` then relu are one kernel each).
+//! 4. Kernels run in topological order. Intermediate buffers live from the launch that writes them to the last
+//!    launch that reads them, and share arena slots when their lifetimes do not overlap.
+//!
+//! Deliberately not done yet: multi-output kernels (two reductions of the same input run as two kernels), and
+//! splitting a reduction across threads (a full reduction to one value runs on one core).
+
+use crate::graph::Graph;
+use crate::kernel::ir::{BufParam, KernelIr};
+use crate::kernel::lower::lower;
+use crate::op::{Op, UnaryOp};
+use petgraph::stable_graph::NodeIndex;
+use petgraph::visit::NodeIndexable;
+
+/// Recompute a multi-use value instead of storing it when it costs at most this many ALU ops per element.
+const CHEAP_OPS: usize = 3;
+
+/// Longest chain of inlined nodes in one kernel. Past it a node is materialized: this bounds kernel size (and so
+/// compile time) and the recursion depth of lowering, whatever the user's graph.
+const MAX_FUSED_DEPTH: usize = 128;
+
+/// Where a launch reads or writes a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Slot {
+    /// The plan's input `n` (a realized tensor).
+    Input(usize),
+    /// Arena slot `n` (an intermediate).
+    Temp(usize),
+    /// The plan's output `n` (handed back to the caller).
+    Output(usize),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    pub kernel: KernelIr,
+    pub inputs: Vec<Slot>,
+    pub output: Slot,
+}
+
+/// A whole graph as kernels: what a backend compiles.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelPlan {
+    pub launches: Vec<Launch>,
+    /// Byte size of each arena slot.
+    pub temps: Vec<usize>,
+    /// dtype and length of each output.
+    pub outputs: Vec<BufParam>,
+    /// Graph outputs that are plain inputs (the caller already has them): output n is input m.
+    pub passthrough: Vec<(usize, usize)>,
+}
+
+fn is_transcendental(op: &Op) -> bool {
+    matches!(op, Op::Rand { .. } | Op::Binary(crate::op::BinaryOp::Pow))
+        || matches!(op, Op::Unary(u) if !matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not | UnaryOp::Recip))
+}
+
+fn alu_cost(op: &Op) -> usize {
+    match op {
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast => 1,
+        _ => 0,
+    }
+}
+
+/// Decides materialization and reduce stages, lowers every kernel and plans memory.
+pub fn schedule(graph: &Graph) -> KernelPlan {
+    let order = graph.topo_order();
+    let bound = graph.g.node_bound();
+    let mut consumers: Vec<Vec<NodeIndex>> = vec![Vec::new(); bound];
+    for &n in &order {
+        for s in graph.srcs(n) {
+            if !consumers[s.index()].contains(&n) {
+                consumers[s.index()].push(n);
+            }
+        }
+    }
+    let is_output = |n: NodeIndex| graph.outputs.contains(&n);
+
+    // Rule 1.
+    let mut mat = vec![false; bound];
+    let mut cost = vec![0usize; bound];
+    let mut expensive = vec![false; bound];
+    let mut depth = vec![0usize; bound];
+    for &n in &order {
+        let op = &graph.node(n).op;
+        mat[n.index()] =
+            is_output(n) || matches!(op, Op::Input { .. } | Op::Contiguous | Op::Reduce { .. } | Op::Matmul);
+        let inlined: Vec<NodeIndex> = graph.srcs(n).into_iter().filter(|s| !mat[s.index()]).collect();
+        cost[n.index()] = alu_cost(op) + inlined.iter().map(|s| cost[s.index()]).sum::<usize>();
+        expensive[n.index()] = is_transcendental(op) || inlined.iter().any(|s| expensive[s.index()]);
+        for s in graph.srcs(n) {
+            let reused = consumers[s.index()].len() > 1 || matches!(op, Op::Expand);
+            if reused && !mat[s.index()] && (cost[s.index()] > CHEAP_OPS || expensive[s.index()]) {
+                mat[s.index()] = true;
+            }
+        }
+        for s in graph.srcs(n) {
+            if !mat[s.index()] && depth[s.index()] >= MAX_FUSED_DEPTH {
+                mat[s.index()] = true;
+            }
+        }
+        // `n` was costed before a source became materialized; recost so its users see the right figure.
+        let inlined: Vec<NodeIndex> = graph.srcs(n).into_iter().filter(|s| !mat[s.index()]).collect();
+        cost[n.index()] = alu_cost(op) + inlined.iter().map(|s| cost[s.index()]).sum::<usize>();
+        expensive[n.index()] = is_transcendental(op) || inlined.iter().any(|s| expensive[s.index()]);
+        depth[n.index()] = 1 + inlined.iter().map(|s| depth[s.index()]).max().unwrap_or(0);
+    }
+
+    // Rule 3: pull reductions into the materialized node they flow into.
+    let mut stage: Vec<Option<NodeIndex>> = vec![None; bound];
+    for &r in &order {
+        if !matches!(graph.node(r).op, Op::Reduce { .. } | Op::Matmul) {
+            continue;
+        }
+        let numel = graph.node(r).shape.numel();
+        let mut cur = r;
+        let target = loop {
+            if cur != r && mat[cur.index()] {
+                break Some(cur);
+            }
+            if is_output(cur) && cur != r {
+                break None;
+            }
+            let [next] = consumers[cur.index()][..] else { break None };
+            let next_op = &graph.node(next).op;
+            let passes = matches!(next_op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reshape)
+                && graph.node(next).shape.numel() == numel;
+            if !passes {
+                break None;
+            }
+            cur = next;
+        };
+        if is_output(r) {
+            stage[r.index()] = Some(r);
+            continue;
+        }
+        match target {
+            Some(m) if stage[m.index()].is_none() && !matches!(graph.node(m).op, Op::Reduce { .. } | Op::Matmul) => {
+                stage[m.index()] = Some(r);
+                mat[r.index()] = false;
+            }
+            _ => stage[r.index()] = Some(r),
+        }
+    }
+
+    // Rule 4: kernels in order, then slots.
+    let kernels: Vec<NodeIndex> =
+        order.iter().copied().filter(|&n| mat[n.index()] && !matches!(graph.node(n).op, Op::Input { .. })).collect();
+    let mut last_read = vec![0usize; bound];
+    let mut launches_raw = Vec::with_capacity(kernels.len());
+    for (step, &k) in kernels.iter().enumerate() {
+        let (ir, reads) = lower(graph, k, stage[k.index()], &mat);
+        for &r in &reads {
+            last_read[r.index()] = step;
+        }
+        launches_raw.push((k, ir, reads));
+    }
+
+    let mut slot_of: Vec<Option<Slot>> = vec![None; bound];
+    for &n in &order {
+        if let Op::Input { slot } = graph.node(n).op {
+            slot_of[n.index()] = Some(Slot::Input(slot));
+        }
+    }
+    let mut outputs = Vec::new();
+    let mut passthrough = Vec::new();
+    for (i, &o) in graph.outputs.iter().enumerate() {
+        let d = graph.node(o);
+        outputs.push(BufParam { dtype: d.dtype, len: d.shape.numel() });
+        if let Op::Input { slot } = d.op {
+            passthrough.push((i, slot));
+        }
+    }
+    let mut temps: Vec<usize> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    let mut launches = Vec::with_capacity(launches_raw.len());
+    for (step, (k, kernel, reads)) in launches_raw.into_iter().enumerate() {
+        let output = match graph.outputs.iter().position(|&o| o == k) {
+            Some(i) => Slot::Output(i),
+            None => {
+                let bytes = kernel.output.len * kernel.output.dtype.size_of();
+                // Best fit among free slots, growing the largest if none fits.
+                let pick = free.iter().enumerate().filter(|&(_, &s)| temps[s] >= bytes).min_by_key(|&(_, &s)| temps[s]);
+                let slot = match pick {
+                    Some((i, _)) => free.swap_remove(i),
+                    None => {
+                        temps.push(bytes);
+                        temps.len() - 1
+                    }
+                };
+                Slot::Temp(slot)
+            }
+        };
+        slot_of[k.index()] = Some(output);
+        let inputs: Vec<Slot> = reads.iter().map(|r| slot_of[r.index()].expect("read after write")).collect();
+        for r in &reads {
+            if last_read[r.index()] == step
+                && let Some(Slot::Temp(t)) = slot_of[r.index()]
+                && !free.contains(&t)
+            {
+                free.push(t);
+            }
+        }
+        launches.push(Launch { kernel, inputs, output });
+    }
+    KernelPlan { launches, temps, outputs, passthrough }
+}

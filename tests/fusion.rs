@@ -1,0 +1,75 @@
+//! Fusion: kernel counts for the shapes of graph DESIGN.md promises to fuse, and the fused plan (run by the kernel
+//! IR evaluator) against the reference interpreter.
+
+use kiln::{DType, Device, Tensor};
+use kiln_jit::kernel::{eval, schedule};
+
+fn rand(shape: &[usize]) -> Tensor {
+    Tensor::randn(shape.to_vec(), DType::F32, &Device::cpu())
+}
+
+/// Schedules `t`'s graph, checks the fused plan against the interpreter, and returns the kernel names.
+fn kernels(t: &Tensor) -> Vec<String> {
+    let cap = kiln::capture(&[t]).expect("capture");
+    let plan = schedule(&cap.graph);
+    let inputs: Vec<_> = cap.inputs.iter().collect();
+    let fused = eval::run_plan(&plan, &inputs, &cap.rng);
+    let reference = cap.reference().expect("interpreter");
+    let (a, b) = (fused[0].to_f64(), reference[0].to_f64());
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let tol = 1e-5 * (1.0 + y.abs());
+        assert!((x - y).abs() <= tol || (x.is_nan() && y.is_nan()), "element {i}: fused {x} vs reference {y}");
+    }
+    plan.launches.iter().map(|l| l.kernel.name.clone()).collect()
+}
+
+#[test]
+fn mul_add_relu_sum_is_one_kernel() {
+    let (a, b, c) = (rand(&[8, 16]), rand(&[8, 16]), rand(&[16]));
+    kiln::realize(&[&a, &b, &c]).unwrap();
+    let k = kernels(&(&a * &b + &c).relu().sum(1, false));
+    assert_eq!(k.len(), 1, "{k:?}");
+    assert!(k[0].starts_with("R_"), "{k:?}");
+}
+
+#[test]
+fn twenty_op_chain_is_one_kernel() {
+    let x = rand(&[1000]);
+    x.realize().unwrap();
+    let mut y = x.clone();
+    for i in 0..20 {
+        y = match i % 4 {
+            0 => &y * 0.9,
+            1 => &y + 0.1,
+            2 => y.tanh(),
+            _ => y.maximum(-0.5),
+        };
+    }
+    let k = kernels(&y);
+    assert_eq!(k.len(), 1, "{k:?}");
+    assert!(k[0].starts_with("E_"), "{k:?}");
+}
+
+#[test]
+fn matmul_bias_relu_is_one_gemm_kernel() {
+    let (x, w, b) = (rand(&[16, 8]), rand(&[16, 12]), rand(&[12]));
+    kiln::realize(&[&x, &w, &b]).unwrap();
+    let k = kernels(&(x.t().matmul(&w) + &b).relu());
+    assert_eq!(k.len(), 1, "{k:?}");
+    assert!(k[0].starts_with("G_"), "{k:?}");
+}
+
+#[test]
+fn softmax_movement_and_padding_match_the_interpreter() {
+    let x = rand(&[3, 4, 5]);
+    x.realize().unwrap();
+    let k = kernels(&x.softmax(-1));
+    // max, exp(x - max) (stored: two readers and transcendental), sum, divide.
+    assert_eq!(k.len(), 4, "{k:?}");
+    kernels(&x.permute([2, 0, 1]).reshape([5, 12]).flip(1).slice(1, 1, 11, 3));
+    kernels(&x.pad(&[(1, 2), (0, 1)], 7.0).sum(0, false));
+    kernels(&Tensor::cat(&[&x, &x.exp()], 1).transpose(0, 2).contiguous());
+    kernels(&x.argmax(1, true).to_dtype(DType::F32));
+    kernels(&x.reshape([12, 5]).matmul(&x.reshape([5, 12])).log_softmax(0));
+}
