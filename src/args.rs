@@ -49,7 +49,9 @@ pub(crate) fn resolve_dim(op: &str, d: isize, rank: usize) -> usize {
     if d < -r.max(1) || d >= r.max(1) {
         fail!(op, "dim {d} is out of range for a tensor of rank {rank} (expected {} ..= {})", -r.max(1), r.max(1) - 1);
     }
-    if d < 0 { (d + r) as usize } else { d as usize }
+    // A zero-dim tensor has one pseudo-dim that 0 and -1 both name (as in PyTorch), so wrap by max(rank, 1):
+    // `d + r` alone turned -1 into usize::MAX for rank 0.
+    if d < 0 { (d + r.max(1)) as usize } else { d as usize }
 }
 
 /// Resolves a list of dims: each in range, none repeated; sorted ascending.

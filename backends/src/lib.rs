@@ -10,6 +10,7 @@
 
 #[cfg(feature = "cpu")]
 pub mod cpu;
+pub mod dump;
 
 use kiln_jit::{Graph, HostBuffer, RngKey};
 

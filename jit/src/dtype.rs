@@ -62,6 +62,16 @@ impl DType {
         }
     }
 
+    /// (min, max) of an integer or bool dtype, as i64: the identities of max and min reductions.
+    pub fn int_range(self) -> (i64, i64) {
+        match self {
+            DType::Bool => (0, 1),
+            DType::U8 => (0, u8::MAX as i64),
+            DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+            _ => (i64::MIN, i64::MAX),
+        }
+    }
+
     /// A stable small number for signatures and cache keys. Never reorder: keys on disk depend on it.
     pub fn code(self) -> u64 {
         match self {

@@ -253,7 +253,7 @@ fn unary(u: UnaryOp, d: DType, a: &Vals) -> Result<Vals, String> {
     })
 }
 
-pub(crate) fn int_pow(base: i64, exp: i64) -> i64 {
+pub fn int_pow(base: i64, exp: i64) -> i64 {
     if exp < 0 {
         return match base {
             1 => 1,

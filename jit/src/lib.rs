@@ -13,6 +13,7 @@ pub mod graph;
 pub mod interp;
 pub mod kernel;
 pub mod op;
+pub mod render;
 pub mod rng;
 pub mod shape;
 

@@ -258,9 +258,13 @@ impl Tensor {
         self.maximum(0)
     }
 
-    /// `self * self`.
+    /// `self * self`. Bool squares to i64: PyTorch's `square` is `pow(self, 2)`, and bool ** int promotes to i64.
     #[track_caller]
     pub fn square(&self) -> Tensor {
+        if self.dtype() == DType::Bool {
+            let x = self.to_dtype(DType::I64);
+            return x.mul(&x);
+        }
         self.mul(self)
     }
 

@@ -54,6 +54,9 @@ impl Tensor {
     #[track_caller]
     pub fn softmax(&self, dim: isize) -> Tensor {
         let d = self.softmax_dim("softmax", dim);
+        if self.numel() == 0 {
+            return self.clone(); // nothing to normalize; the max below would reject an empty dim (PyTorch returns [])
+        }
         let e = self.sub(self.max(d, true)).exp();
         e.div(e.sum(d, true))
     }
@@ -62,6 +65,9 @@ impl Tensor {
     #[track_caller]
     pub fn log_softmax(&self, dim: isize) -> Tensor {
         let d = self.softmax_dim("log_softmax", dim);
+        if self.numel() == 0 {
+            return self.clone(); // as in softmax
+        }
         let shifted = self.sub(self.max(d, true));
         shifted.sub(shifted.exp().sum(d, true).log())
     }

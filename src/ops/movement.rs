@@ -40,7 +40,11 @@ impl Tensor {
         if given.len() != self.rank() {
             fail!("permute", "got {} dims {:?} for a tensor of rank {}", given.len(), given, self.rank());
         }
-        let perm: Vec<usize> = given.iter().map(|&d| resolve_dim("permute", d, self.rank())).collect();
+        // A loop, not `map`: a closure would break the `#[track_caller]` chain and report kiln's line, not the user's.
+        let mut perm: Vec<usize> = Vec::with_capacity(given.len());
+        for &d in &given {
+            perm.push(resolve_dim("permute", d, self.rank()));
+        }
         let mut seen = perm.clone();
         seen.sort_unstable();
         seen.dedup();
@@ -132,6 +136,9 @@ impl Tensor {
     /// `len` elements of `dim` starting at `start` (`torch.narrow`).
     #[track_caller]
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Tensor {
+        if self.rank() == 0 {
+            fail!("narrow", "cannot be applied to a zero-dim tensor");
+        }
         let d = resolve_dim("narrow", dim, self.rank());
         let n = self.dims()[d];
         if start + len > n {
@@ -144,6 +151,9 @@ impl Tensor {
     /// clamped to the dim; `step` must be positive (use `flip` to reverse).
     #[track_caller]
     pub fn slice(&self, dim: isize, start: isize, end: isize, step: usize) -> Tensor {
+        if self.rank() == 0 {
+            fail!("slice", "cannot be applied to a zero-dim tensor");
+        }
         let d = resolve_dim("slice", dim, self.rank());
         if step == 0 {
             fail!("slice", "step must be positive");
@@ -172,7 +182,8 @@ impl Tensor {
     #[track_caller]
     pub fn flip(&self, dims: impl Dims) -> Tensor {
         let axes = resolve_dims("flip", &dims, self.rank());
-        let axes: Vec<usize> = axes.into_iter().filter(|&a| self.dims()[a] > 1).collect();
+        // `get`: a zero-dim tensor's pseudo-dim 0 has no entry in dims(), and flipping it is the identity.
+        let axes: Vec<usize> = axes.into_iter().filter(|&a| self.dims().get(a).is_some_and(|&n| n > 1)).collect();
         if axes.is_empty() {
             return self.clone();
         }
@@ -207,6 +218,9 @@ impl Tensor {
     #[track_caller]
     pub fn cat(tensors: &[&Tensor], dim: isize) -> Tensor {
         let Some(first) = tensors.first() else { fail!("cat", "expects at least one tensor") };
+        if let Some(i) = tensors.iter().position(|t| t.rank() == 0) {
+            fail!("cat", "tensor {i} is zero-dim and cannot be concatenated (use stack)");
+        }
         let d = resolve_dim("cat", dim, first.rank());
         for (i, t) in tensors.iter().enumerate() {
             if t.rank() != first.rank()

@@ -25,7 +25,10 @@ macro_rules! binary_operator {
             #[track_caller]
             fn $method(self, rhs: &Tensor) -> Tensor { Tensor::$method(self, rhs) }
         }
-        binary_operator!(@scalars $trait, $method, $reverse, f64, f32, i64, i32);
+        // One float and one int type only: with impls for f32 and i32 as well, a literal (`x + 1.0`) matched two
+        // impls, so the result's type was unknown and a method call on it (`(x + 1.0).relu()`) did not compile.
+        // The named methods (`x.add(v)`) take any scalar type.
+        binary_operator!(@scalars $trait, $method, $reverse, f64, i64);
     };
     (@scalars $trait:ident, $method:ident, $reverse:ident, $($s:ty),*) => {$(
         impl $trait<$s> for Tensor {

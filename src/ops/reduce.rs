@@ -14,7 +14,9 @@ impl Tensor {
     fn reduce(&self, name: &str, op: ReduceOp, dims: &impl Dims, keepdim: bool) -> Tensor {
         let rank = self.rank();
         let mut axes = resolve_dims(name, dims, rank);
-        if dims.to_isize().is_empty() {
+        // Reducing a zero-dim tensor over its pseudo-dim (0 or -1) is the identity, as in PyTorch; its dims()
+        // has no entry to index.
+        if dims.to_isize().is_empty() || rank == 0 {
             axes = (0..rank).collect();
         }
         if matches!(op, ReduceOp::Max | ReduceOp::Min)
@@ -105,7 +107,7 @@ impl Tensor {
             fail!("mean", "the input must be a float tensor, not {} (convert with to_dtype)", self.dtype());
         }
         let mut axes = resolve_dims("mean", dims, self.rank());
-        if dims.to_isize().is_empty() {
+        if dims.to_isize().is_empty() || self.rank() == 0 {
             axes = (0..self.rank()).collect();
         }
         let count: usize = axes.iter().map(|&a| self.dims()[a]).product();

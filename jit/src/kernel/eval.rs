@@ -195,8 +195,8 @@ fn init(op: ReduceOp, d: DType) -> V {
         (ReduceOp::Prod, _) => Scalar::Int(1),
         (ReduceOp::Max, true) => Scalar::Float(f64::NEG_INFINITY),
         (ReduceOp::Min, true) => Scalar::Float(f64::INFINITY),
-        (ReduceOp::Max, false) => Scalar::Int(i64::MIN),
-        (ReduceOp::Min, false) => Scalar::Int(i64::MAX),
+        (ReduceOp::Max, false) => Scalar::Int(d.int_range().0),
+        (ReduceOp::Min, false) => Scalar::Int(d.int_range().1),
     };
     scalar(d, s)
 }

@@ -40,6 +40,10 @@ fn linear(idx: &[IExpr], dims: &[usize], extents: &[usize]) -> IExpr {
 
 /// The multi-index in `dims` of row-major offset `flat`, simplified.
 fn unflatten(flat: &IExpr, dims: &[usize], extents: &[usize]) -> Vec<IExpr> {
+    if dims.contains(&0) {
+        // An empty tensor is never read: any index will do (and strides of 0 would divide by zero).
+        return vec![IExpr::Const(0); dims.len()];
+    }
     let strides = contiguous_strides(dims);
     dims.iter()
         .zip(&strides)

@@ -1,5 +1,9 @@
-//! The CPU device. Until the Cranelift JIT lands, a compiled CPU graph is the reference interpreter over a verified
-//! copy of the graph: correct and simple, and the seam the JIT's `Executable` replaces.
+//! The CPU device: graphs are fused and JIT-compiled with Cranelift (`jit`), kernels run on a thread pool
+//! (`pool`). `KILN_CPU_ENGINE=interp` runs the reference interpreter instead, to bisect a suspected codegen bug.
+
+mod jit;
+mod libcalls;
+pub mod pool;
 
 use crate::{Backend, BackendError, Buffer, Executable};
 use kiln_jit::{Graph, HostBuffer, RngKey, interp};
@@ -34,7 +38,10 @@ impl Backend for CpuBackend {
 
     fn compile(&self, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
         graph.verify().map_err(|reason| BackendError::Compile { device: NAME, reason })?;
-        Ok(Box::new(Interpreted { graph: graph.clone() }))
+        if std::env::var("KILN_CPU_ENGINE").is_ok_and(|e| e == "interp") {
+            return Ok(Box::new(Interpreted { graph: graph.clone() }));
+        }
+        Ok(Box::new(jit::compile(graph)?))
     }
 
     fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {

@@ -1,0 +1,283 @@
+//! The CPU JIT: schedules a graph into kernels, renders each to CLIF, compiles it with Cranelift for the host
+//! (cranelift-native picks up AVX/FMA/SSE4 flags), and replays the resulting launch list.
+//!
+//! Compilation goes through one process-wide `JITModule` behind a mutex (compiling is the slow path), and a
+//! kernel cache keyed by the kernel IR's full text plus the vectorization choice: the IR determines the CLIF, and
+//! the module is this process's host, so the text is a complete key. Code is never freed: plans live as long as the
+//! process's plan cache, which has no eviction either.
+//!
+//! Replay (`JitPlan::run`) does no hashing and takes no lock per kernel: launches are a flat list with pre-bound
+//! slots; the only allocations are the output buffers handed to the caller and one pointer table per run. A
+//! launch runs split over the thread pool when its work passes `pool::min_parallel_work()`, else inline.
+//!
+//! Deliberately not done yet: pooling output buffers across runs, and a per-kernel profile line.
+
+use super::{libcalls, pool};
+use crate::{BackendError, Buffer, Executable};
+use cranelift_codegen::Context;
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{Linkage, Module};
+use kiln_jit::buffer::HostBuffer;
+use kiln_jit::dtype::DType;
+use kiln_jit::kernel::{KernelIr, KernelPlan, Slot};
+use kiln_jit::render::clif::{self, Libcall};
+use kiln_jit::{Graph, RngKey};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+const NAME: &str = "cpu";
+
+/// `fn(args, rng, start, end)`: see `kiln_jit::render::clif`.
+pub type KernelFn = unsafe extern "C" fn(*const *mut u8, *const u64, i64, i64);
+
+struct Compiler {
+    module: JITModule,
+    isa: OwnedTargetIsa,
+    kernels: HashMap<(String, bool), KernelFn>,
+    next: u32,
+}
+
+// SAFETY: the JITModule owns raw code pointers and is only touched under the COMPILER mutex; the finalized code
+// it hands out is immutable and callable from any thread.
+unsafe impl Send for Compiler {}
+
+static COMPILER: LazyLock<Result<Mutex<Compiler>, String>> = LazyLock::new(|| Compiler::new().map(Mutex::new));
+
+impl Compiler {
+    fn new() -> Result<Compiler, String> {
+        let mut flags = settings::builder();
+        flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
+        flags.set("is_pic", "false").map_err(|e| e.to_string())?;
+        let isa = cranelift_native::builder()
+            .map_err(|e| format!("host ISA not supported by Cranelift: {e}"))?
+            .finish(settings::Flags::new(flags))
+            .map_err(|e| e.to_string())?;
+        let mut jb = JITBuilder::with_isa(isa.clone(), cranelift_module::default_libcall_names());
+        for l in Libcall::ALL {
+            jb.symbol(l.name(), libcalls::address(l));
+        }
+        let mut module = JITModule::new(jb);
+        let call_conv = isa.default_call_conv();
+        for (i, l) in Libcall::ALL.iter().enumerate() {
+            let id = module
+                .declare_function(l.name(), Linkage::Import, &l.signature(call_conv))
+                .map_err(|e| e.to_string())?;
+            // The renderer names libcall i as user function (0, i); that is only right if ids match positions.
+            if id.as_u32() as usize != i {
+                return Err(format!("libcall {} declared as function {}", l.name(), id.as_u32()));
+            }
+        }
+        Ok(Compiler { module, isa, kernels: HashMap::new(), next: 0 })
+    }
+
+    /// Compiles `k` (or finds it), returning the entry point and, for dumps, the CLIF and disassembly.
+    fn kernel(&mut self, k: &KernelIr, dump: bool) -> Result<(KernelFn, Option<(String, String)>), String> {
+        let text = k.to_text();
+        for vectorize in [true, false] {
+            if vectorize && !clif::vectorizable(k) {
+                continue;
+            }
+            if !dump && let Some(&f) = self.kernels.get(&(text.clone(), vectorize)) {
+                return Ok((f, None));
+            }
+            match self.compile(k, vectorize, dump) {
+                Ok((f, d)) => {
+                    self.kernels.insert((text, vectorize), f);
+                    return Ok((f, d));
+                }
+                // A vector form the host cannot lower (say, i32x4 multiply without SSE4.1) falls back to scalar.
+                Err(e) if vectorize => tracing_note(&format!("{}: vector form failed ({e}); using scalar", k.name)),
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the scalar form either compiles or errors")
+    }
+
+    fn compile(
+        &mut self,
+        k: &KernelIr,
+        vectorize: bool,
+        dump: bool,
+    ) -> Result<(KernelFn, Option<(String, String)>), String> {
+        let index = self.next;
+        self.next += 1;
+        let func = clif::render(k, index, self.isa.frontend_config(), vectorize);
+        let clif_text = dump.then(|| func.display().to_string());
+        let id = self.module.declare_anonymous_function(&func.signature).map_err(|e| e.to_string())?;
+        let mut ctx = Context::for_function(func);
+        ctx.set_disasm(dump);
+        self.module.define_function(id, &mut ctx).map_err(|e| format!("{}: {e:?}", k.name))?;
+        let disasm = ctx.compiled_code().and_then(|c| c.vcode.clone()).unwrap_or_default();
+        self.module.finalize_definitions().map_err(|e| e.to_string())?;
+        let ptr = self.module.get_finalized_function(id);
+        // SAFETY: the function was compiled from `kernel_signature`, which is exactly `KernelFn`'s ABI, and its
+        // code stays mapped for the life of the module (the process).
+        let f = unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) };
+        Ok((f, clif_text.map(|c| (c, disasm))))
+    }
+}
+
+/// Diagnostics that are not errors go to stderr only when `KILN_LOG` is set (the tracing layer comes later).
+fn tracing_note(msg: &str) {
+    if std::env::var_os("KILN_LOG").is_some() {
+        eprintln!("kiln: {msg}");
+    }
+}
+
+struct CompiledLaunch {
+    f: KernelFn,
+    inputs: Vec<Slot>,
+    output: Slot,
+    /// Extent of output loop 0 (1 for a zero-dim output): the range the kernel splits over threads.
+    rows: usize,
+    parallel: bool,
+}
+
+pub(crate) struct JitPlan {
+    launches: Vec<CompiledLaunch>,
+    temps: Vec<usize>,
+    outputs: Vec<(DType, usize)>,
+    passthrough: Vec<(usize, usize)>,
+    /// Scratch reused by the next run if no other thread holds it.
+    arena: Mutex<Vec<Vec<u64>>>,
+}
+
+/// Compiles every kernel of `graph`'s schedule.
+pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
+    let err = |reason: String| BackendError::Compile { device: NAME, reason };
+    let plan: KernelPlan = kiln_jit::kernel::schedule(graph);
+    let dump = crate::dump::Dump::start(graph, &plan);
+    let compiler = COMPILER.as_ref().map_err(|e| err(e.clone()))?;
+    let mut launches = Vec::with_capacity(plan.launches.len());
+    {
+        let mut c = compiler.lock();
+        for l in &plan.launches {
+            let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
+            if let (Some(d), Some((clif_text, disasm))) = (&dump, text) {
+                d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
+            }
+            let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
+            let parallel = rows >= 2 && l.kernel.work() >= pool::min_parallel_work();
+            launches.push(CompiledLaunch { f, inputs: l.inputs.clone(), output: l.output, rows, parallel });
+        }
+    }
+    Ok(JitPlan {
+        launches,
+        temps: plan.temps.clone(),
+        outputs: plan.outputs.iter().map(|b| (b.dtype, b.len)).collect(),
+        passthrough: plan.passthrough.clone(),
+        arena: Mutex::new(Vec::new()),
+    })
+}
+
+/// An output buffer of `len` elements whose contents the kernel will write in full.
+fn uninit_output(dtype: DType, len: usize) -> HostBuffer {
+    fn vec<T>(len: usize) -> Vec<T> {
+        let mut v = Vec::with_capacity(len);
+        // SAFETY: every launch writes each element of its output before anyone reads it (kernels store the whole
+        // row-major output range; the plan's last writer of an output covers all of it), and every bit pattern the
+        // kernel stores is a valid value of the element type (bools are stored as 0 or 1).
+        unsafe { v.set_len(len) };
+        v
+    }
+    match dtype {
+        DType::Bool => HostBuffer::Bool(vec(len)),
+        DType::U8 => HostBuffer::U8(vec(len)),
+        DType::I32 => HostBuffer::I32(vec(len)),
+        DType::I64 => HostBuffer::I64(vec(len)),
+        DType::F32 => HostBuffer::F32(vec(len)),
+        DType::F64 => HostBuffer::F64(vec(len)),
+    }
+}
+
+/// A pointer kernels only read through.
+fn read_ptr(b: &HostBuffer) -> *mut u8 {
+    match b {
+        HostBuffer::Bool(v) => v.as_ptr() as *mut u8,
+        HostBuffer::U8(v) => v.as_ptr() as *mut u8,
+        HostBuffer::I32(v) => v.as_ptr() as *mut u8,
+        HostBuffer::I64(v) => v.as_ptr() as *mut u8,
+        HostBuffer::F32(v) => v.as_ptr() as *mut u8,
+        HostBuffer::F64(v) => v.as_ptr() as *mut u8,
+    }
+}
+
+/// A pointer kernels write through.
+fn write_ptr(b: &mut HostBuffer) -> *mut u8 {
+    match b {
+        HostBuffer::Bool(v) => v.as_mut_ptr() as *mut u8,
+        HostBuffer::U8(v) => v.as_mut_ptr(),
+        HostBuffer::I32(v) => v.as_mut_ptr() as *mut u8,
+        HostBuffer::I64(v) => v.as_mut_ptr() as *mut u8,
+        HostBuffer::F32(v) => v.as_mut_ptr() as *mut u8,
+        HostBuffer::F64(v) => v.as_mut_ptr() as *mut u8,
+    }
+}
+
+/// Raw pointers shared with pool threads for one launch.
+struct LaunchArgs {
+    f: KernelFn,
+    args: *const *mut u8,
+    rng: *const u64,
+}
+
+impl LaunchArgs {
+    fn call(&self, start: usize, end: usize) {
+        // SAFETY: `args` holds one valid pointer per kernel buffer, each sized as the kernel IR says (inputs come
+        // from the graph's shapes, temps and outputs were sized by the plan), `rng` holds two words per rng slot,
+        // and `start..end` lies within output loop 0.
+        unsafe { (self.f)(self.args, self.rng, start as i64, end as i64) }
+    }
+}
+
+// SAFETY: the pointers are only read during `parallel_for`, which returns before the buffers they point into are
+// touched again; chunks write disjoint output rows.
+unsafe impl Sync for LaunchArgs {}
+
+impl Executable for JitPlan {
+    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
+        let inputs: Vec<&HostBuffer> = inputs
+            .iter()
+            .map(|b| match b {
+                Buffer::Host(h) => h,
+            })
+            .collect();
+        let mut outputs: Vec<HostBuffer> = self.outputs.iter().map(|&(d, n)| uninit_output(d, n)).collect();
+        for &(o, i) in &self.passthrough {
+            outputs[o] = inputs[i].clone();
+        }
+        let out_ptrs: Vec<*mut u8> = outputs.iter_mut().map(write_ptr).collect();
+        let mut guard = self.arena.try_lock();
+        let mut own = Vec::new();
+        let arena: &mut Vec<Vec<u64>> = match guard.as_deref_mut() {
+            Some(a) => a,
+            None => &mut own,
+        };
+        if arena.len() != self.temps.len() {
+            *arena = self.temps.iter().map(|&bytes| vec![0u64; bytes.div_ceil(8)]).collect();
+        }
+        let rng_words: Vec<u64> = rng.iter().flat_map(|k| [k.seed, k.offset]).collect();
+        let mut ptrs: Vec<*mut u8> = Vec::with_capacity(8);
+        for l in &self.launches {
+            ptrs.clear();
+            for s in l.inputs.iter().chain([&l.output]) {
+                ptrs.push(match *s {
+                    Slot::Input(i) => read_ptr(inputs[i]),
+                    Slot::Temp(t) => arena[t].as_mut_ptr() as *mut u8,
+                    Slot::Output(o) => out_ptrs[o],
+                });
+            }
+            let a = LaunchArgs { f: l.f, args: ptrs.as_ptr(), rng: rng_words.as_ptr() };
+            let call = |start: usize, end: usize| a.call(start, end);
+            if l.parallel {
+                pool::global().parallel_for(l.rows, &call);
+            } else {
+                call(0, l.rows);
+            }
+        }
+        Ok(outputs.into_iter().map(Buffer::Host).collect())
+    }
+}

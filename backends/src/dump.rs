@@ -1,0 +1,106 @@
+//! `KILN_DUMP=<dir>|stderr`: what was generated, for people. Per compiled plan: the graph before fusion (text and
+//! Graphviz DOT), the kernels after fusion with their buffer slots, each kernel's kernel IR, its rendered code and
+//! its disassembly where the backend has one, and the cache keys. Files are named `plan<N>.<what>`; N counts plans
+//! compiled by this process. Failing to write a dump never fails a compile: it is reported once on stderr.
+
+use kiln_jit::Graph;
+use kiln_jit::kernel::{KernelIr, KernelPlan};
+use std::collections::hash_map::DefaultHasher;
+use std::fmt::Write as _;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+static PLANS: AtomicUsize = AtomicUsize::new(0);
+
+pub struct Dump {
+    /// `None` writes to stderr.
+    dir: Option<PathBuf>,
+    plan: usize,
+    kernels: AtomicUsize,
+}
+
+impl Dump {
+    /// Starts the dump of one plan, if `KILN_DUMP` is set.
+    pub fn start(graph: &Graph, plan: &KernelPlan) -> Option<Dump> {
+        let target = std::env::var("KILN_DUMP").ok().filter(|s| !s.is_empty())?;
+        let dir = (target != "stderr").then(|| PathBuf::from(target));
+        if let Some(d) = &dir
+            && let Err(e) = std::fs::create_dir_all(d)
+        {
+            eprintln!("kiln: KILN_DUMP: cannot create {}: {e}", d.display());
+            return None;
+        }
+        let dump = Dump { dir, plan: PLANS.fetch_add(1, Ordering::Relaxed), kernels: AtomicUsize::new(0) };
+        dump.write("graph.txt", &graph.to_text());
+        dump.write("graph.dot", &graph.to_dot());
+        dump.write("fused.txt", &fused_text(plan));
+        dump.write("fused.dot", &fused_dot(plan));
+        let mut keys = String::from("kernel cache keys (hash of the kernel IR text; the IR fixes the code):\n");
+        for l in &plan.launches {
+            let _ = writeln!(keys, "{:016x} {}", ir_hash(&l.kernel), l.kernel.name);
+        }
+        dump.write("keys.txt", &keys);
+        Some(dump)
+    }
+
+    /// Dumps one kernel: its IR, its rendered code (`ext` names the language) and disassembly.
+    pub fn kernel_files(&self, k: &KernelIr, ext: &str, code: &str, disasm: &str) {
+        let n = self.kernels.fetch_add(1, Ordering::Relaxed);
+        let stem = format!("k{n}.{}", k.name);
+        self.write(&format!("{stem}.kir"), &k.to_text());
+        self.write(&format!("{stem}.{ext}"), code);
+        if !disasm.is_empty() {
+            self.write(&format!("{stem}.s"), disasm);
+        }
+    }
+
+    fn write(&self, what: &str, text: &str) {
+        let name = format!("plan{}.{what}", self.plan);
+        match &self.dir {
+            None => eprintln!("==== {name}\n{text}"),
+            Some(d) => {
+                if let Err(e) = std::fs::write(d.join(&name), text) {
+                    eprintln!("kiln: KILN_DUMP: cannot write {name}: {e}");
+                }
+            }
+        }
+    }
+}
+
+fn ir_hash(k: &KernelIr) -> u64 {
+    let mut h = DefaultHasher::new();
+    k.to_text().hash(&mut h);
+    h.finish()
+}
+
+fn fused_text(plan: &KernelPlan) -> String {
+    let mut s = String::new();
+    for (i, l) in plan.launches.iter().enumerate() {
+        let _ = writeln!(s, "launch {i}: {} reads {:?} writes {:?}", l.kernel.name, l.inputs, l.output);
+    }
+    let _ = writeln!(s, "temps (bytes): {:?}", plan.temps);
+    s
+}
+
+fn fused_dot(plan: &KernelPlan) -> String {
+    let mut s = String::from("digraph kernels {\n  node [shape=box, fontname=monospace];\n");
+    for (i, l) in plan.launches.iter().enumerate() {
+        let _ = writeln!(s, "  k{i} [label=\"{}\"];", l.kernel.name);
+        let _ = writeln!(s, "  b{i} [label=\"{:?}\", shape=ellipse];", l.output);
+        let _ = writeln!(s, "  k{i} -> b{i};");
+        for input in &l.inputs {
+            let src = plan.launches.iter().position(|p| p.output == *input);
+            match src {
+                Some(j) if j < i => {
+                    let _ = writeln!(s, "  b{j} -> k{i};");
+                }
+                _ => {
+                    let _ = writeln!(s, "  \"{input:?}\" -> k{i};");
+                }
+            }
+        }
+    }
+    s.push_str("}\n");
+    s
+}

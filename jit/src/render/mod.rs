@@ -1,0 +1,4 @@
+//! Renderers from the kernel IR to backend code.
+
+pub mod clif;
+pub mod clif_math;

@@ -1,0 +1,450 @@
+//! Shared helpers for kiln's integration tests: the devices every test body runs on, the tolerance for each dtype
+//! (written here and nowhere else), comparison of results against expected values, deterministic test data, and
+//! `Nd`, a naive n-d array for computing expected values in plain Rust.
+//!
+//! Every test crate that says `mod common;` compiles its own copy and uses a subset of it, hence `dead_code`.
+#![allow(dead_code)]
+
+use kiln::{DType, Device, HostBuffer, Tensor};
+
+/// Every device the device-generic test bodies run on. Adding a backend is one line here. A backend that is
+/// missing must not make a test pass by skipping: CI says which backends are required, and a missing required one
+/// fails there.
+pub fn devices() -> Vec<Device> {
+    vec![Device::cpu()]
+}
+
+pub const ALL_DTYPES: [DType; 6] = [DType::Bool, DType::U8, DType::I32, DType::I64, DType::F32, DType::F64];
+pub const NON_BOOL: [DType; 5] = [DType::U8, DType::I32, DType::I64, DType::F32, DType::F64];
+pub const FLOATS: [DType; 2] = [DType::F32, DType::F64];
+
+// ---------------------------------------------------------------------------------------------------------------
+// Tolerances
+// ---------------------------------------------------------------------------------------------------------------
+
+/// How a result is computed, which decides how far it may lie from the exact reference value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Moves, selects, compares or converts values, or is an IEEE-exact special case (sqrt(-0.0), recip(inf)):
+    /// bit-exact, including the sign of zero.
+    Exact,
+    /// One elementwise op, or a short fixed composition of them (sigmoid, rsqrt, linspace), per element.
+    Elementwise,
+    /// Accumulates many terms: sum, prod, mean, matmul, softmax, log_softmax.
+    Accumulate,
+}
+
+/// `|got - want| <= abs + rel * |want|`; `Tol::EXACT` compares bits (any NaN matches any NaN).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tol {
+    pub rel: f64,
+    pub abs: f64,
+}
+
+impl Tol {
+    pub const EXACT: Tol = Tol { rel: 0.0, abs: 0.0 };
+}
+
+/// THE tolerance table: every float comparison in the tests goes through here. Never widen a number to make a test
+/// pass; find out whether kiln or the expectation is wrong. Expected values are computed in f64 from the exact input
+/// values (or written by hand), then rounded once to the result dtype.
+pub fn tol(dtype: DType, kind: Kind) -> Tol {
+    match (dtype, kind) {
+        // Ints and bool are exact for every op: wrapping is defined, and there is nothing to round.
+        (d, _) if !d.is_float() => Tol::EXACT,
+        (_, Kind::Exact) => Tol::EXACT,
+        // f32 eps is 1.19e-7. One correctly rounded op is within 0.6e-7 relative; short compositions (sigmoid is
+        // three rounded ops, rsqrt two, linspace rounds its step to f32) and a device libm's few-ulp
+        // transcendentals stay within ~8 ulp = 1e-6. The abs term is for results near 0 by cancellation
+        // (sin(pi), exp(-x) underflowing), where a relative bound means nothing.
+        (DType::F32, Kind::Elementwise) => Tol { rel: 1e-6, abs: 1e-6 },
+        // A device accumulates k f32 terms in an order the test does not fix (the reference interpreter sums in
+        // f64 and rounds once, so it is exact here). Sequential summation errs by about eps/2 * sigma * k/sqrt(2)
+        // for random-sign terms of size sigma, i.e. ~5e-6 absolute at the table's largest reduction (k = 64,
+        // |x| <= 2); 1e-5 relative + absolute covers that. Keep reductions in the table that small.
+        (DType::F32, Kind::Accumulate) => Tol { rel: 1e-5, abs: 1e-5 },
+        // f64 eps is 2.2e-16: the same reasoning, with the libm's few ulp and short compositions well inside 1e-13.
+        (DType::F64, Kind::Elementwise) => Tol { rel: 1e-13, abs: 1e-13 },
+        (DType::F64, Kind::Accumulate) => Tol { rel: 1e-12, abs: 1e-12 },
+        (d, k) => unreachable!("no tolerance for {d} {k:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Buffers and comparison
+// ---------------------------------------------------------------------------------------------------------------
+
+/// A host buffer of `dtype` from f64 values: floats round to nearest, ints truncate toward zero and wrap (two's
+/// complement, as PyTorch does for in-range int conversions), bool is `x != 0` (NaN is true).
+pub fn buffer(dtype: DType, vals: &[f64]) -> HostBuffer {
+    let int = |x: f64| x as i64; // exact for the integer values the tests use (|x| < 2^53)
+    match dtype {
+        DType::Bool => HostBuffer::Bool(vals.iter().map(|&x| x != 0.0).collect()),
+        DType::U8 => HostBuffer::U8(vals.iter().map(|&x| int(x) as u8).collect()),
+        DType::I32 => HostBuffer::I32(vals.iter().map(|&x| int(x) as i32).collect()),
+        DType::I64 => HostBuffer::I64(vals.iter().map(|&x| int(x)).collect()),
+        DType::F32 => HostBuffer::F32(vals.iter().map(|&x| x as f32).collect()),
+        DType::F64 => HostBuffer::F64(vals.to_vec()),
+    }
+}
+
+/// The elements as f64 (exact for every dtype the tests build: ints stay below 2^53 unless written as i64 by hand).
+pub fn values(b: &HostBuffer) -> Vec<f64> {
+    match b {
+        HostBuffer::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+        HostBuffer::U8(v) => v.iter().map(|&x| x as f64).collect(),
+        HostBuffer::I32(v) => v.iter().map(|&x| x as f64).collect(),
+        HostBuffer::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        HostBuffer::F32(v) => v.iter().map(|&x| x as f64).collect(),
+        HostBuffer::F64(v) => v.clone(),
+    }
+}
+
+fn float_bits(b: &HostBuffer) -> Option<Vec<u64>> {
+    match b {
+        HostBuffer::F32(v) => Some(v.iter().map(|x| x.to_bits() as u64).collect()),
+        HostBuffer::F64(v) => Some(v.iter().map(|x| x.to_bits()).collect()),
+        _ => None,
+    }
+}
+
+fn int_values(b: &HostBuffer) -> Vec<i64> {
+    match b {
+        HostBuffer::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+        HostBuffer::U8(v) => v.iter().map(|&x| x as i64).collect(),
+        HostBuffer::I32(v) => v.iter().map(|&x| x as i64).collect(),
+        HostBuffer::I64(v) => v.clone(),
+        HostBuffer::F32(_) | HostBuffer::F64(_) => unreachable!("int_values on a float buffer"),
+    }
+}
+
+/// Compares two buffers of the same dtype: ints and bool exactly, floats within `tol` (bit-exact for
+/// `Tol::EXACT`). NaN matches NaN; an infinite expected value needs the same infinity.
+pub fn compare(got: &HostBuffer, want: &HostBuffer, tol: Tol) -> Result<(), String> {
+    if got.dtype() != want.dtype() {
+        return Err(format!("buffer dtype {} (want {})", got.dtype(), want.dtype()));
+    }
+    if got.len() != want.len() {
+        return Err(format!("{} elements (want {})", got.len(), want.len()));
+    }
+    let mut bad = Vec::new();
+    if want.dtype().is_float() {
+        let (g, w) = (values(got), values(want));
+        let (gb, wb) = (float_bits(got).expect("float"), float_bits(want).expect("float"));
+        for (i, ((&g, &w), (gb, wb))) in g.iter().zip(&w).zip(gb.iter().zip(&wb)).enumerate() {
+            let ok = if w.is_nan() || g.is_nan() {
+                w.is_nan() && g.is_nan()
+            } else if tol == Tol::EXACT {
+                gb == wb
+            } else if w.is_infinite() {
+                g == w
+            } else {
+                (g - w).abs() <= tol.abs + tol.rel * w.abs()
+            };
+            if !ok {
+                bad.push(format!("[{i}] got {g:?}, want {w:?}"));
+            }
+        }
+    } else {
+        for (i, (g, w)) in int_values(got).into_iter().zip(int_values(want)).enumerate() {
+            if g != w {
+                bad.push(format!("[{i}] got {g}, want {w}"));
+            }
+        }
+    }
+    if bad.is_empty() {
+        return Ok(());
+    }
+    let n = bad.len();
+    bad.truncate(6);
+    Err(format!("{n} of {} elements differ (tol {tol:?}): {}", want.len(), bad.join(", ")))
+}
+
+/// Checks a tensor's dtype, shape and values against an expected buffer.
+pub fn check_tensor(t: &Tensor, shape: &[usize], want: &HostBuffer, kind: Kind) -> Result<(), String> {
+    if t.dtype() != want.dtype() {
+        return Err(format!("dtype {} (want {})", t.dtype(), want.dtype()));
+    }
+    if t.dims() != shape {
+        return Err(format!("shape {:?} (want {shape:?})", t.dims()));
+    }
+    let got = t.to_host().map_err(|e| format!("realize failed: {e}"))?;
+    compare(&got, want, tol(want.dtype(), kind))
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Deterministic data
+// ---------------------------------------------------------------------------------------------------------------
+
+/// SplitMix64: test data independent of kiln's own random stream (so tests never race on `manual_seed`).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Where test inputs are drawn from.
+#[derive(Clone, Copy, Debug)]
+pub enum Dom {
+    /// Floats anywhere in [lo, hi); ints are the integers in [lo, hi].
+    Cont(f64, f64),
+    /// Multiples of 0.5 in [lo, hi] (integers for int dtypes): many ties and exact zeros, for comparisons.
+    Grid(f64, f64),
+}
+
+/// `n` values of `dtype` drawn from `dom` (clipped to what the dtype holds), already rounded to `dtype`.
+pub fn data(dtype: DType, n: usize, seed: u64, dom: Dom) -> Vec<f64> {
+    let mut r = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ n as u64);
+    let (lo, hi) = match dom {
+        Dom::Cont(a, b) | Dom::Grid(a, b) => (a, b),
+    };
+    let (lo, hi) = match dtype {
+        DType::Bool => (0.0, 1.0),
+        DType::U8 => (lo.max(0.0), hi.min(255.0)),
+        _ => (lo, hi),
+    };
+    let v: Vec<f64> = (0..n)
+        .map(|_| {
+            let u = r.unit();
+            match (dtype.is_float(), dom) {
+                (true, Dom::Cont(..)) => lo + u * (hi - lo),
+                (true, Dom::Grid(..)) => {
+                    let steps = ((hi - lo) * 2.0).floor();
+                    lo + (u * (steps + 1.0)).floor().min(steps) * 0.5
+                }
+                (false, _) => {
+                    let (a, b) = (lo.ceil(), hi.floor());
+                    a + (u * (b - a + 1.0)).floor().min(b - a)
+                }
+            }
+        })
+        .collect();
+    values(&buffer(dtype, &v))
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Nd: a naive reference array
+// ---------------------------------------------------------------------------------------------------------------
+
+/// A row-major n-d array of f64, for expected values. Deliberately naive: every op is a loop over multi-indices.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Nd {
+    pub shape: Vec<usize>,
+    pub v: Vec<f64>,
+}
+
+/// Calls `f` with every multi-index of `shape` in row-major order (once for a zero-dim shape, never if empty).
+pub fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize])) {
+    let n: usize = shape.iter().product();
+    let mut idx = vec![0; shape.len()];
+    for _ in 0..n {
+        f(&idx);
+        for a in (0..shape.len()).rev() {
+            idx[a] += 1;
+            if idx[a] < shape[a] {
+                break;
+            }
+            idx[a] = 0;
+        }
+    }
+}
+
+/// NumPy broadcasting of two shapes, or `None`.
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let r = a.len().max(b.len());
+    (0..r)
+        .map(|i| {
+            let x = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
+            let y = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+            match (x, y) {
+                _ if x == y => Some(x),
+                (1, y) => Some(y),
+                (x, 1) => Some(x),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// A possibly negative dim resolved against `rank` (a zero-dim tensor's pseudo-dim is 0).
+pub fn resolve(d: isize, rank: usize) -> usize {
+    let r = rank.max(1) as isize;
+    assert!(d >= -r && d < r, "test bug: dim {d} for rank {rank}");
+    if d < 0 { (d + r) as usize } else { d as usize }
+}
+
+impl Nd {
+    pub fn new(shape: &[usize], v: Vec<f64>) -> Nd {
+        assert_eq!(shape.iter().product::<usize>(), v.len(), "test bug: Nd shape {shape:?}");
+        Nd { shape: shape.to_vec(), v }
+    }
+
+    pub fn scalar(x: f64) -> Nd {
+        Nd::new(&[], vec![x])
+    }
+
+    /// Element `i` is `f(multi-index)`.
+    pub fn from_fn(shape: &[usize], mut f: impl FnMut(&[usize]) -> f64) -> Nd {
+        let mut v = Vec::with_capacity(shape.iter().product());
+        for_each_index(shape, |i| v.push(f(i)));
+        Nd::new(shape, v)
+    }
+
+    pub fn numel(&self) -> usize {
+        self.v.len()
+    }
+
+    pub fn flat(&self, idx: &[usize]) -> usize {
+        idx.iter().zip(&self.shape).fold(0, |acc, (&i, &n)| {
+            assert!(i < n, "test bug: index {idx:?} outside {:?}", self.shape);
+            acc * n + i
+        })
+    }
+
+    pub fn at(&self, idx: &[usize]) -> f64 {
+        self.v[self.flat(idx)]
+    }
+
+    /// The element that broadcasting reads for output index `out` (dims aligned right, size-1 dims stretched).
+    pub fn at_broadcast(&self, out: &[usize]) -> f64 {
+        let lead = out.len() - self.shape.len();
+        let idx: Vec<usize> =
+            self.shape.iter().enumerate().map(|(a, &n)| if n == 1 { 0 } else { out[lead + a] }).collect();
+        self.at(&idx)
+    }
+
+    pub fn map(&self, f: impl Fn(f64) -> f64) -> Nd {
+        Nd::new(&self.shape, self.v.iter().map(|&x| f(x)).collect())
+    }
+
+    pub fn reshape(&self, shape: &[usize]) -> Nd {
+        Nd::new(shape, self.v.clone())
+    }
+
+    /// `f(a, b)` with broadcasting.
+    pub fn zip(&self, other: &Nd, f: impl Fn(f64, f64) -> f64) -> Nd {
+        let shape = broadcast_shape(&self.shape, &other.shape).expect("test bug: shapes do not broadcast");
+        Nd::from_fn(&shape, |i| f(self.at_broadcast(i), other.at_broadcast(i)))
+    }
+
+    pub fn broadcast_to(&self, shape: &[usize]) -> Nd {
+        Nd::from_fn(shape, |i| self.at_broadcast(i))
+    }
+
+    /// Folds `axes` (resolved, any order) with `f` from `init`; `keepdim` as in PyTorch.
+    pub fn reduce(&self, axes: &[usize], keepdim: bool, init: f64, f: impl Fn(f64, f64) -> f64) -> Nd {
+        let mut kept = self.shape.clone();
+        for &a in axes {
+            kept[a] = 1;
+        }
+        let mut acc = Nd::new(&kept, vec![init; kept.iter().product()]);
+        for_each_index(&self.shape, |i| {
+            let o: Vec<usize> = i.iter().enumerate().map(|(a, &j)| if axes.contains(&a) { 0 } else { j }).collect();
+            let k = acc.flat(&o);
+            acc.v[k] = f(acc.v[k], self.at(i));
+        });
+        if keepdim {
+            return acc;
+        }
+        let dropped: Vec<usize> = kept.iter().enumerate().filter(|(a, _)| !axes.contains(a)).map(|(_, &n)| n).collect();
+        acc.reshape(&dropped)
+    }
+
+    pub fn permute(&self, perm: &[usize]) -> Nd {
+        let shape: Vec<usize> = perm.iter().map(|&p| self.shape[p]).collect();
+        Nd::from_fn(&shape, |i| {
+            let mut src = vec![0; perm.len()];
+            for (o, &p) in perm.iter().enumerate() {
+                src[p] = i[o];
+            }
+            self.at(&src)
+        })
+    }
+
+    /// Python `x[.., start:end:step, ..]` on `dim` with already clamped, non-negative bounds.
+    pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> Nd {
+        let len = if end > start { (end - start).div_ceil(step) } else { 0 };
+        let mut shape = self.shape.clone();
+        shape[dim] = len;
+        Nd::from_fn(&shape, |i| {
+            let mut src = i.to_vec();
+            src[dim] = start + i[dim] * step;
+            self.at(&src)
+        })
+    }
+
+    pub fn flip(&self, dims: &[usize]) -> Nd {
+        Nd::from_fn(&self.shape, |i| {
+            let src: Vec<usize> =
+                i.iter().enumerate().map(|(a, &j)| if dims.contains(&a) { self.shape[a] - 1 - j } else { j }).collect();
+            self.at(&src)
+        })
+    }
+
+    /// Pads dim `a` with `pads[a] = (before, after)` copies of `value`.
+    pub fn pad(&self, pads: &[(usize, usize)], value: f64) -> Nd {
+        let shape: Vec<usize> = self.shape.iter().zip(pads).map(|(n, (b, a))| n + b + a).collect();
+        Nd::from_fn(&shape, |i| {
+            let mut src = Vec::with_capacity(i.len());
+            for (a, &j) in i.iter().enumerate() {
+                match j.checked_sub(pads[a].0) {
+                    Some(k) if k < self.shape[a] => src.push(k),
+                    _ => return value,
+                }
+            }
+            self.at(&src)
+        })
+    }
+
+    pub fn cat(parts: &[&Nd], dim: usize) -> Nd {
+        let mut shape = parts[0].shape.clone();
+        shape[dim] = parts.iter().map(|p| p.shape[dim]).sum();
+        Nd::from_fn(&shape, |i| {
+            let mut j = i[dim];
+            for p in parts {
+                if j < p.shape[dim] {
+                    let mut src = i.to_vec();
+                    src[dim] = j;
+                    return p.at(&src);
+                }
+                j -= p.shape[dim];
+            }
+            unreachable!("index past the parts")
+        })
+    }
+
+    /// Batched matmul of `[.., m, k] x [.., k, n]` with broadcast batch dims (both operands at least 2-D).
+    pub fn matmul(&self, other: &Nd) -> Nd {
+        let (ra, rb) = (self.shape.len(), other.shape.len());
+        let (m, k, n) = (self.shape[ra - 2], self.shape[ra - 1], other.shape[rb - 1]);
+        assert_eq!(k, other.shape[rb - 2], "test bug: inner dims");
+        let batch = broadcast_shape(&self.shape[..ra - 2], &other.shape[..rb - 2]).expect("test bug: batch dims");
+        let shape: Vec<usize> = batch.iter().copied().chain([m, n]).collect();
+        Nd::from_fn(&shape, |i| {
+            let b = &i[..i.len() - 2];
+            let (r, c) = (i[i.len() - 2], i[i.len() - 1]);
+            let idx = |x: &Nd, rank: usize, p: usize, q: usize| -> f64 {
+                let lead = b.len() - (rank - 2);
+                let mut src: Vec<usize> = x.shape[..rank - 2]
+                    .iter()
+                    .enumerate()
+                    .map(|(a, &s)| if s == 1 { 0 } else { b[lead + a] })
+                    .collect();
+                src.extend([p, q]);
+                x.at(&src)
+            };
+            (0..k).map(|p| idx(self, ra, r, p) * idx(other, rb, p, c)).sum()
+        })
+    }
+}

@@ -1,0 +1,226 @@
+//! Error reporting: programmer errors panic at the op with a message that names the op, the shapes or dtypes
+//! involved and the *user's* file:line (this file's, never kiln's internals); errors that depend on data return
+//! `Err` with a message that says what was given and what was expected; and a caught panic leaves kiln usable.
+
+mod common_props;
+
+use common_props::{Caught, catch_panic};
+use kiln::{DType, Device, Error, Tensor};
+
+const THIS_FILE: &str = "tests/errors.rs";
+
+/// Runs the expression, which must panic; gives what was caught and the line the macro was invoked on (the
+/// expression's tokens keep that line, so it is the line `#[track_caller]` must report).
+macro_rules! panic_of {
+    ($e:expr) => {{
+        let caught = catch_panic(|| $e);
+        (caught.unwrap_or_else(|| panic!("expected `{}` to panic", stringify!($e))), line!())
+    }};
+}
+
+/// Checks a caught op panic: `kiln: <op>: ...` naming every needle, located at `line` of this file both in the
+/// message and in the panic's own location.
+#[track_caller]
+fn assert_op_panic((caught, line): (Caught, u32), op: &str, needles: &[&str]) {
+    let msg = &caught.message;
+    assert!(msg.starts_with(&format!("kiln: {op}: ")), "message does not start with `kiln: {op}: `: {msg}");
+    for n in needles {
+        assert!(msg.contains(n), "message does not name `{n}`: {msg}");
+    }
+    let at = format!("(at {THIS_FILE}:{line}:");
+    let tail = msg.split(&at).nth(1).unwrap_or_else(|| panic!("message is not located at {THIS_FILE}:{line}: {msg}"));
+    let column = tail.strip_suffix(')').unwrap_or_else(|| panic!("message does not end with the location: {msg}"));
+    assert!(column.parse::<u32>().is_ok_and(|c| c > 0), "bad column `{column}` in: {msg}");
+    let (file, l, c) = caught.location.clone().expect("the panic hook saw a location");
+    assert_eq!((file.as_str(), l), (THIS_FILE, line), "the panic's own location should be the caller's: {msg}");
+    assert_eq!(c.to_string(), column, "message and panic location disagree on the column: {msg}");
+}
+
+fn dev() -> Device {
+    Device::cpu()
+}
+
+fn f32s(dims: &[usize]) -> Tensor {
+    let n = dims.iter().product::<usize>();
+    Tensor::from_vec((0..n).map(|i| i as f32).collect::<Vec<_>>(), dims.to_vec(), &dev()).unwrap()
+}
+
+#[test]
+fn this_file_is_where_we_think() {
+    assert_eq!(file!(), THIS_FILE);
+}
+
+#[test]
+fn add_with_incompatible_shapes() {
+    let (a, b) = (f32s(&[2, 3]), f32s(&[4]));
+    assert_op_panic(panic_of!(a.add(&b)), "add", &["[2, 3]", "[4]", "broadcast"]);
+    // The operator forms report the user's line too.
+    assert_op_panic(panic_of!(&a + &b), "add", &["[2, 3]", "[4]"]);
+    assert_op_panic(panic_of!(a.clone() * b.clone()), "mul", &["[2, 3]", "[4]"]);
+    assert_op_panic(panic_of!(&b - &a), "sub", &["[4]", "[2, 3]"]);
+    assert_op_panic(panic_of!(a.maximum(&b)), "maximum", &["[2, 3]", "[4]"]);
+    // A composite op reports at the user's call, not at the primitive inside it.
+    assert_op_panic(panic_of!(a.clamp(&b, 1.0)), "maximum", &["[2, 3]", "[4]"]);
+}
+
+#[test]
+fn matmul_inner_dim_mismatch() {
+    let (a, b) = (f32s(&[2, 3]), f32s(&[4, 5]));
+    assert_op_panic(panic_of!(a.matmul(&b)), "matmul", &["[2, 3]", "[4, 5]", "inner"]);
+    let (v, m) = (f32s(&[3]), f32s(&[2, 2]));
+    assert_op_panic(panic_of!(v.matmul(&m)), "matmul", &["[3]", "[2, 2]"]);
+    let (x, y) = (f32s(&[2, 2, 3]), f32s(&[3, 3, 4]));
+    assert_op_panic(panic_of!(x.matmul(&y)), "matmul", &["[2, 2, 3]", "[3, 3, 4]", "batch"]);
+}
+
+#[test]
+fn reshape_to_a_wrong_element_count() {
+    let a = f32s(&[2, 3]);
+    assert_op_panic(panic_of!(a.reshape([4, 2])), "reshape", &["[2, 3]", "[4, 2]", "6", "8"]);
+    assert_op_panic(panic_of!(a.reshape([4, -1])), "reshape", &["[2, 3]", "[4, -1]"]);
+    assert_op_panic(panic_of!(a.reshape([-1, -1])), "reshape", &["[-1, -1]"]);
+    assert_op_panic(panic_of!(a.view([7])), "view", &["[2, 3]", "[7]"]);
+}
+
+#[test]
+fn bad_dim_index() {
+    let a = f32s(&[2, 3]);
+    assert_op_panic(panic_of!(a.sum(2, false)), "sum", &["dim 2", "rank 2"]);
+    assert_op_panic(panic_of!(a.sum([-3], true)), "sum", &["dim -3", "rank 2"]);
+    assert_op_panic(panic_of!(a.sum([0, -2], false)), "sum", &["more than once"]);
+    assert_op_panic(panic_of!(a.mean(5, false)), "mean", &["dim 5", "rank 2"]);
+    assert_op_panic(panic_of!(a.transpose(0, 5)), "transpose", &["dim 5", "rank 2"]);
+    assert_op_panic(panic_of!(a.t().transpose(-3, 0)), "transpose", &["dim -3", "rank 2"]);
+    assert_op_panic(panic_of!(a.permute([0, 7])), "permute", &["dim 7", "rank 2"]);
+    assert_op_panic(panic_of!(a.permute([0])), "permute", &["[0]", "rank 2"]);
+    assert_op_panic(panic_of!(a.permute([1, 1])), "permute", &["[1, 1]"]);
+    assert_op_panic(panic_of!(a.unsqueeze(4)), "unsqueeze", &["dim 4"]);
+    assert_op_panic(panic_of!(a.flip([0, 2])), "flip", &["dim 2"]);
+    assert_op_panic(panic_of!(a.softmax(2)), "softmax", &["dim 2"]);
+}
+
+#[test]
+fn cat_and_stack_with_mismatched_shapes() {
+    let (a, b) = (f32s(&[2, 3]), f32s(&[3, 4]));
+    assert_op_panic(panic_of!(Tensor::cat(&[&a, &b], 0)), "cat", &["[2, 3]", "[3, 4]", "dim 0"]);
+    let c = f32s(&[2, 3, 1]);
+    assert_op_panic(panic_of!(Tensor::cat(&[&a, &c], 1)), "cat", &["[2, 3]", "[2, 3, 1]"]);
+    assert_op_panic(panic_of!(Tensor::cat(&[&a, &a], 2)), "cat", &["dim 2", "rank 2"]);
+    assert_op_panic(panic_of!(Tensor::cat(&[], 0)), "cat", &["at least one"]);
+    let s = f32s(&[]);
+    assert_op_panic(panic_of!(Tensor::cat(&[&s, &s], 0)), "cat", &["zero-dim"]);
+    assert_op_panic(panic_of!(Tensor::stack(&[&a, &b], 0)), "stack", &["[2, 3]", "[3, 4]"]);
+}
+
+#[test]
+fn where_with_a_non_bool_condition() {
+    let (a, b) = (f32s(&[2, 3]), f32s(&[3]));
+    assert_op_panic(panic_of!(a.where_(&a, &b)), "where_", &["bool", "f32"]);
+    let i = a.to_dtype(DType::I64);
+    assert_op_panic(panic_of!(i.where_(1.0, 0.0)), "where_", &["bool", "i64"]);
+    // And with a bool condition whose shape does not broadcast, all three shapes are named.
+    let cond = f32s(&[4]).gt(1.0);
+    assert_op_panic(panic_of!(cond.where_(&a, &b)), "where_", &["[4]", "[2, 3]", "[3]"]);
+}
+
+#[test]
+fn dtype_misuse() {
+    let mask = f32s(&[3]).gt(0.5);
+    assert_op_panic(panic_of!(mask.neg()), "neg", &["bool"]);
+    assert_op_panic(panic_of!(-&mask), "neg", &["bool"]);
+    assert_op_panic(panic_of!(&mask - &mask), "sub", &["bool"]);
+    let ints = f32s(&[2, 3]).to_dtype(DType::I64);
+    assert_op_panic(panic_of!(ints.mean(0, false)), "mean", &["float", "i64"]);
+    assert_op_panic(panic_of!(ints.mean_all()), "mean", &["i64"]);
+    assert_op_panic(panic_of!(mask.matmul(&mask)), "matmul", &["bool"]);
+}
+
+#[test]
+fn max_over_an_empty_dim() {
+    let e = f32s(&[0, 3]);
+    assert_op_panic(panic_of!(e.max(0, false)), "max", &["dim 0", "[0, 3]", "empty"]);
+    assert_op_panic(panic_of!(e.min([-2], true)), "min", &["[0, 3]", "empty"]);
+    assert_op_panic(panic_of!(e.max_all()), "max", &["[0, 3]", "empty"]);
+    assert_op_panic(panic_of!(e.argmax(0, false)), "argmax", &["[0, 3]", "empty"]);
+    // Over the non-empty dim it is fine, and so is a sum over the empty one.
+    assert_eq!(e.max(1, false).dims(), &[0]);
+    assert_eq!(e.sum(0, false).to_vec::<f32>().unwrap(), vec![0.0; 3]);
+}
+
+#[test]
+fn other_movement_misuse() {
+    let a = f32s(&[2, 3]);
+    assert_op_panic(panic_of!(a.expand([4, 3, 2])), "expand", &["[2, 3]", "[4, 3, 2]"]);
+    assert_op_panic(panic_of!(a.expand([3])), "expand", &["[3]", "[2, 3]"]);
+    assert_op_panic(panic_of!(a.narrow(1, 2, 2)), "narrow", &["[2, 3]"]);
+    assert_op_panic(panic_of!(a.slice(0, 0, 2, 0)), "slice", &["step"]);
+    assert_op_panic(panic_of!(a.pad(&[(1, 1), (1, 1), (1, 1)], 0.0)), "pad", &["rank 2"]);
+    assert_op_panic(panic_of!(f32s(&[2, 2, 2]).t()), "t", &["[2, 2, 2]"]);
+    let s = f32s(&[]);
+    assert_op_panic(panic_of!(s.narrow(0, 0, 1)), "narrow", &["zero-dim"]);
+    assert_op_panic(panic_of!(s.slice(0, 0, 1, 1)), "slice", &["zero-dim"]);
+}
+
+#[test]
+fn from_vec_with_a_wrong_length_is_an_err() {
+    let err = Tensor::from_vec(vec![1.0f32; 5], [2, 3], &dev()).unwrap_err();
+    assert!(matches!(err, Error::DataLength { len: 5, expected: 6, .. }), "{err:?}");
+    let msg = err.to_string();
+    for needle in ["from_vec", "5", "[2, 3]", "6"] {
+        assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+    }
+    let err = Tensor::from_slice(&[1i64, 2], [3], &dev()).unwrap_err();
+    assert!(err.to_string().contains("from_slice") && err.to_string().contains("[3]"), "{err}");
+    // Zero elements for a zero-dim shape (which holds one) is wrong too; zero for an empty shape is right.
+    assert!(Tensor::from_vec(Vec::<f64>::new(), Vec::<usize>::new(), &dev()).is_err());
+    assert_eq!(Tensor::from_vec(Vec::<f64>::new(), [3, 0], &dev()).unwrap().dims(), &[3, 0]);
+}
+
+#[test]
+fn to_vec_with_the_wrong_type_is_an_err() {
+    let a = f32s(&[2]);
+    let err = a.to_vec::<f64>().unwrap_err();
+    assert!(matches!(err, Error::DType { actual: DType::F32, requested: DType::F64, .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("to_vec") && msg.contains("f32") && msg.contains("f64"), "{msg}");
+    // It fails before computing anything, on a lazy tensor too, and the right type still works afterwards.
+    let lazy = &a * 2.0;
+    assert!(lazy.to_vec::<i64>().is_err());
+    assert!(!lazy.is_realized());
+    assert_eq!(lazy.to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
+    assert!(a.gt(0.0).to_vec::<u8>().is_err());
+}
+
+#[test]
+fn item_on_a_multi_element_tensor_is_an_err() {
+    let a = f32s(&[2, 2]);
+    let err = a.item::<f32>().unwrap_err();
+    assert!(matches!(err, Error::NotOneElement { numel: 4, .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("item") && msg.contains("[2, 2]") && msg.contains('4'), "{msg}");
+    assert!(f32s(&[0]).item::<f32>().is_err());
+    assert!(a.sum_all().item::<f64>().is_err(), "item with the wrong type");
+    assert_eq!(a.sum_all().item::<f32>().unwrap(), 6.0);
+    assert_eq!(f32s(&[1, 1]).add(7.0).item::<f32>().unwrap(), 7.0);
+}
+
+#[test]
+fn kiln_is_usable_after_a_caught_panic() {
+    let (a, b) = (f32s(&[2, 3]), f32s(&[4]));
+    let lazy = (&a + 1.0).exp(); // a lazy graph that exists while the panics happen
+    assert_op_panic(panic_of!(&lazy + &b), "add", &["[2, 3]", "[4]"]);
+    assert_op_panic(panic_of!(lazy.matmul(&b)), "matmul", &["[2, 3]", "[4]"]);
+    assert_op_panic(panic_of!(Tensor::cat(&[&lazy, &b], 0)), "cat", &["[2, 3]", "[4]"]);
+    // The operands, the lazy graph and new work all still compute, alone and together.
+    let c = lazy.sum(1, false) + b.narrow(0, 0, 2);
+    let d = a.t().matmul(&a);
+    kiln::realize(&[&c, &d]).unwrap();
+    let want0 = (1.0f64.exp() + 2.0f64.exp() + 3.0f64.exp()) as f32; // row 0 of exp(a + 1), plus b[0] == 0
+    let got = c.to_vec::<f32>().unwrap();
+    assert!((got[0] - want0).abs() <= 1e-3 * want0, "{got:?}");
+    assert_eq!(d.to_vec::<f32>().unwrap(), vec![9.0, 12.0, 15.0, 12.0, 17.0, 22.0, 15.0, 22.0, 29.0]);
+    // Realizing on another thread works too (no lock was left poisoned or held).
+    let b2 = b.clone();
+    let total = std::thread::spawn(move || b2.square().sum_all().item::<f32>().unwrap()).join().unwrap();
+    assert_eq!(total, 14.0);
+}
