@@ -27,6 +27,18 @@ const NAN: f64 = f64::NAN;
 // ---------------------------------------------------------------------------------------------------------------
 
 type Body = Box<dyn Fn(&Device) -> Result<(), String>>;
+type Build = Box<dyn Fn(&Device) -> Tensor>;
+type UnOp = fn(&Tensor) -> Tensor;
+type BinOp = fn(&Tensor, &Tensor) -> Tensor;
+type WhereOp = fn(&Tensor, &Tensor, &Tensor) -> Tensor;
+type ArgOp = fn(&Tensor, isize, bool) -> Tensor;
+type Fold = fn(f64, f64) -> f64;
+/// Hand-written rows: (op, description, op applied to the input, input, result dtype, expected values).
+type Row1 = (&'static str, &'static str, UnOp, In, DType, &'static [f64]);
+/// (op, op applied to the two inputs, lhs, rhs, result dtype, expected values).
+type Row2 = (&'static str, BinOp, In, In, DType, &'static [f64]);
+/// (description, where_ applied to (cond, a, b), a, b, result dtype, expected values).
+type WhereRow = (&'static str, WhereOp, In, In, DType, &'static [f64]);
 
 /// One row: an op, the dtypes it exercises (input dtypes; the created dtype for creation ops), what shapes or
 /// values it uses, and a body that builds the op on a device and checks the result.
@@ -441,7 +453,7 @@ fn creation(t: &mut Table) {
     }
 
     // arange: i64 when start, end and step are all integers, else f32; the length is ceil((end - start) / step).
-    let ar: Vec<(&str, Box<dyn Fn(&Device) -> Tensor>, DType, Vec<f64>)> = vec![
+    let ar: Vec<(&str, Build, DType, Vec<f64>)> = vec![
         ("0..5 by 1", Box::new(|d| Tensor::arange(0, 5, 1, d)), I64, vec![0.0, 1.0, 2.0, 3.0, 4.0]),
         ("0..10 by 3", Box::new(|d| Tensor::arange(0, 10, 3, d)), I64, vec![0.0, 3.0, 6.0, 9.0]),
         ("5..0 by -2", Box::new(|d| Tensor::arange(5, 0, -2, d)), I64, vec![5.0, 3.0, 1.0]),
@@ -571,7 +583,7 @@ fn unary(t: &mut Table) {
     }
 
     // IEEE special values, bit-exact (the sign of zero included).
-    let specials: [(&str, fn(&Tensor) -> Tensor, &[f64], &[f64]); 14] = [
+    let specials: [(&str, UnOp, &[f64], &[f64]); 14] = [
         ("exp", Tensor::exp, &[-INF, INF, NAN, 0.0, -0.0], &[0.0, INF, NAN, 1.0, 1.0]),
         ("log", Tensor::log, &[0.0, -0.0, -1.0, INF, 1.0], &[-INF, -INF, NAN, INF, 0.0]),
         ("sin", Tensor::sin, &[0.0, -0.0, INF, NAN], &[0.0, -0.0, NAN, NAN]),
@@ -812,7 +824,7 @@ fn binary(t: &mut Table) {
             |x| x[0].minimum(&x[1]),
             Want::new(d, &[5], &[NAN, NAN, 1.0, NAN, -INF], Kind::Exact),
         );
-        let cmps: [(&str, fn(&Tensor, &Tensor) -> Tensor, [f64; 5]); 6] = [
+        let cmps: [(&str, BinOp, [f64; 5]); 6] = [
             ("lt", |x, y| x.lt(y), [0.0, 0.0, 0.0, 0.0, 1.0]),
             ("le", |x, y| x.le(y), [0.0, 0.0, 0.0, 0.0, 1.0]),
             ("gt", |x, y| x.gt(y), [0.0, 0.0, 1.0, 0.0, 0.0]),
@@ -1029,7 +1041,7 @@ fn binary(t: &mut Table) {
 
 fn promotion(t: &mut Table) {
     // Tensor op tensor, both dimensioned: torch.promote_types.
-    let pairs: [(&str, fn(&Tensor, &Tensor) -> Tensor, In, In, DType, &[f64]); 14] = [
+    let pairs: [Row2; 14] = [
         ("add", |a, b| a.add(b), v(I32, &[1.0, 2.0, 3.0]), v(F32, &[0.5; 3]), F32, &[1.5, 2.5, 3.5]),
         ("add", |a, b| a.add(b), v(U8, &[200.0, 1.0, 255.0]), v(I32, &[100.0, -2.0, 1.0]), I32, &[300.0, -1.0, 256.0]),
         ("add", |a, b| a.add(b), v(Bool, &[1.0, 0.0, 1.0]), v(U8, &[255.0, 3.0, 4.0]), U8, &[0.0, 3.0, 5.0]),
@@ -1091,8 +1103,7 @@ fn promotion(t: &mut Table) {
     );
 
     // Rust scalars ("wrapped numbers") widen only the category, to i64 or f32.
-    type S = fn(&Tensor) -> Tensor;
-    let scalars: [(&str, &str, S, In, DType, &[f64]); 20] = [
+    let scalars: [Row1; 20] = [
         ("add", "i32 + 2.5", |a| a.add(2.5), v(I32, &[1.0, 2.0]), F32, &[3.5, 4.5]),
         ("add", "bool + 1", |a| a.add(1), v(Bool, &[1.0, 0.0]), I64, &[2.0, 1.0]),
         ("add", "bool + true", |a| a.add(true), v(Bool, &[1.0, 0.0]), Bool, &[1.0, 1.0]),
@@ -1118,7 +1129,7 @@ fn promotion(t: &mut Table) {
         let shape = a.shape.clone();
         t.check(op, note, vec![a], move |x| f(&x[0]), Want::new(d, &shape, want, Kind::Elementwise));
     }
-    let more: [(&str, &str, S, In, DType, &[f64]); 8] = [
+    let more: [Row1; 8] = [
         ("ne", "bool != 1 (as i64)", |a| a.ne(1), v(Bool, &[1.0, 0.0]), Bool, &[0.0, 1.0]),
         ("le", "f32 <= 1 (int scalar)", |a| a.le(1), v(F32, &[1.0, 1.5]), Bool, &[1.0, 0.0]),
         ("pow", "f32 ** 2", |a| a.pow(2), v(F32, &[1.5, -3.0]), F32, &[2.25, 9.0]),
@@ -1141,7 +1152,7 @@ fn promotion(t: &mut Table) {
     }
 
     // The operators, with Rust scalars on both sides (operators take f64 and i64; f32/i32 go through the methods).
-    let ops: [(&str, &str, S, In, DType, &[f64]); 24] = [
+    let ops: [Row1; 24] = [
         ("operator +", "x + 1.5", |a| a + 1.5, v(F32, &[1.0, -2.0]), F32, &[2.5, -0.5]),
         ("operator +", "1.5 + x", |a| 1.5 + a, v(F32, &[1.0, -2.0]), F32, &[2.5, -0.5]),
         ("operator +", "2.5 + i32", |a| 2.5 + a, v(I32, &[1.0, -2.0]), F32, &[3.5, 0.5]),
@@ -1172,8 +1183,7 @@ fn promotion(t: &mut Table) {
         t.check(op, note, vec![a], move |x| f(&x[0]), Want::new(d, &shape, want, Kind::Elementwise));
     }
     // Tensor operators on owned and borrowed operands, mixed dtypes.
-    type B = fn(&Tensor, &Tensor) -> Tensor;
-    let tensor_ops: [(&str, &str, B, DType, &[f64]); 8] = [
+    let tensor_ops: [(&str, &str, BinOp, DType, &[f64]); 8] = [
         ("operator +", "&a + &b", |a, b| a + b, F32, &[1.5, 0.5]),
         ("operator +", "a + b owned", |a, b| a.clone() + b.clone(), F32, &[1.5, 0.5]),
         ("operator -", "&a - b", |a, b| a - b.clone(), F32, &[0.5, -4.5]),
@@ -1189,9 +1199,8 @@ fn promotion(t: &mut Table) {
     }
 
     // where_ promotes its two branches like a binary op (the condition takes no part).
-    type W = fn(&Tensor, &Tensor, &Tensor) -> Tensor;
     let c = || v(Bool, &[1.0, 0.0, 1.0]);
-    let wheres: [(&str, W, In, In, DType, &[f64]); 7] = [
+    let wheres: [WhereRow; 7] = [
         ("i32 | f32", |c, a, b| c.where_(a, b), v(I32, &[1.0, 2.0, 3.0]), v(F32, &[0.5; 3]), F32, &[1.0, 0.5, 3.0]),
         ("u8 | i64", |c, a, b| c.where_(a, b), v(U8, &[200.0; 3]), v(I64, &[-1.0; 3]), I64, &[200.0, -1.0, 200.0]),
         ("i32 | 2.5", |c, a, _| c.where_(a, 2.5), v(I32, &[1.0, 2.0, 3.0]), v(I32, &[]), F32, &[1.0, 2.5, 3.0]),
@@ -1382,7 +1391,7 @@ const REDUCE_CASES: [(&[usize], &[isize], bool); 19] = [
 type Red = fn(&Tensor, Vec<isize>, bool) -> Tensor;
 
 fn reduce(t: &mut Table) {
-    let ops: [(&str, Red, &[DType], f64, fn(f64, f64) -> f64, bool); 5] = [
+    let ops: [(&str, Red, &[DType], f64, Fold, bool); 5] = [
         ("sum", |x, d, k| x.sum(d, k), &ALL_DTYPES, 0.0, |a, b| a + b, false),
         ("prod", |x, d, k| x.prod(d, k), &ALL_DTYPES, 1.0, |a, b| a * b, false),
         ("max", |x, d, k| x.max(d, k), &ALL_DTYPES, -INF, f64::max, true),
@@ -1424,7 +1433,7 @@ fn reduce(t: &mut Table) {
         }
     }
     // The *_all forms: a zero-dim result.
-    let alls: [(&str, fn(&Tensor) -> Tensor, &[DType], f64, fn(f64, f64) -> f64); 5] = [
+    let alls: [(&str, UnOp, &[DType], f64, Fold); 5] = [
         ("sum_all", Tensor::sum_all, &ALL_DTYPES, 0.0, |a, b| a + b),
         ("prod_all", Tensor::prod_all, &ALL_DTYPES, 1.0, |a, b| a * b),
         ("max_all", Tensor::max_all, &ALL_DTYPES, -INF, f64::max),
@@ -1542,7 +1551,7 @@ fn reduce(t: &mut Table) {
     );
 
     // argmax / argmin: i64 indices; the first extreme wins ties; NaN counts as the extreme (the first NaN).
-    let args: [(&str, fn(&Tensor, isize, bool) -> Tensor, bool); 2] =
+    let args: [(&str, ArgOp, bool); 2] =
         [("argmax", |x, d, k| x.argmax(d, k), true), ("argmin", |x, d, k| x.argmin(d, k), false)];
     let arg_cases: [(&[usize], isize, bool); 11] = [
         (&[], 0, false),

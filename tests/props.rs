@@ -301,7 +301,7 @@ fn resolve(d: isize, rank: usize) -> usize {
 fn fresh_value(dtype: DType, k: usize) -> f64 {
     let signed = if k % 2 == 1 { -(k as f64) } else { k as f64 };
     match dtype {
-        DType::Bool => (k % 3 == 0) as u8 as f64,
+        DType::Bool => k.is_multiple_of(3) as u8 as f64,
         DType::U8 => (k % 251) as f64,
         DType::I32 | DType::I64 => signed,
         DType::F32 | DType::F64 => match k % 13 {
@@ -346,7 +346,7 @@ fn shape_with_numel(rng: &mut Rng, numel: usize) -> Vec<usize> {
     let mut dims = Vec::with_capacity(rank);
     let mut rest = numel;
     for _ in 1..rank {
-        let divisors: Vec<usize> = (1..=rest).filter(|d| rest % d == 0).collect();
+        let divisors: Vec<usize> = (1..=rest).filter(|&d| rest.is_multiple_of(d)).collect();
         let d = rng.pick(&divisors);
         dims.push(d);
         rest /= d;
@@ -788,6 +788,9 @@ fn operand(rng: &mut Rng, dtype: DType, dims: &[usize], dev: &Device) -> (Tensor
     (tensor_of(dtype, &data, dims, dev), Naive::new(data, dims))
 }
 
+/// An op's name and a call of it that is expected to panic.
+type NamedOp<'a> = (&'static str, Box<dyn Fn() -> Tensor + 'a>);
+
 #[derive(Clone, Copy, Debug)]
 enum Bin {
     Add,
@@ -901,7 +904,7 @@ proptest! {
         let (tb, _) = operand(&mut rng, DType::F32, &sb, &dev);
         let (sa_s, sb_s) = (format!("{sa:?}"), format!("{sb:?}"));
         let cond = ta.gt(0.0);
-        let cases: [(&str, Box<dyn Fn() -> Tensor>); 5] = [
+        let cases: [NamedOp; 5] = [
             ("add", Box::new(|| &ta + &tb)),
             ("mul", Box::new(|| ta.mul(&tb))),
             ("maximum", Box::new(|| ta.maximum(&tb))),

@@ -1,29 +1,34 @@
-use kiln_backends::cpu::pool::Pool;
+use kiln_backends::cpu::pool;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 fn main() {
-    let threads = 2;
-    let pool = Pool::new(threads);
-    for nmax in [4usize, 2, 3, 4, 8, 2] {
-        let total = AtomicUsize::new(0);
-        let mut lat = Vec::with_capacity(20000);
-        let t = Instant::now();
-        for i in 0..20_000 {
-            let t0 = Instant::now();
-            pool.parallel_for(1 + i % nmax, &|start, end| {
-                total.fetch_add(end - start, Ordering::Relaxed);
-            });
-            lat.push(t0.elapsed());
+    let p = pool::global();
+    let caller = std::thread::current().id();
+    let on_w = AtomicUsize::new(0);
+    let mut y = vec![0f32; 65536];
+    let yp = y.as_mut_ptr() as usize;
+    let k = |s: usize, e: usize| {
+        if std::thread::current().id() != caller {
+            on_w.fetch_add(1, Ordering::Relaxed);
         }
-        let el = t.elapsed();
-        lat.sort();
-        let big = lat.iter().filter(|d| **d > Duration::from_micros(50)).count();
-        println!(
-            "threads {threads} nmax {nmax}: {:?}/call  p50 {:?} p99 {:?} max {:?} >50us: {big}",
-            el / 20_000,
-            lat[10000],
-            lat[19800],
-            lat[19999]
-        );
+        let y = unsafe { std::slice::from_raw_parts_mut((yp as *mut f32).add(s), e - s) };
+        for v in y {
+            *v = *v * 1.0001 + 1.0;
+        }
+    };
+    for round in 0..5 {
+        on_w.store(0, Ordering::Relaxed);
+        let t = Instant::now();
+        for _ in 0..10000 {
+            p.parallel_for(65536, &k);
+        }
+        println!("round {round}: {:?}/call, worker chunks {}", t.elapsed() / 10000, on_w.load(Ordering::Relaxed));
+    }
+    std::hint::black_box(&mut y);
+    let me = std::process::id();
+    for e in std::fs::read_dir(format!("/proc/{me}/task")).unwrap() {
+        let st = std::fs::read_to_string(e.unwrap().path().join("stat")).unwrap();
+        let f: Vec<&str> = st.split_whitespace().collect();
+        println!("{} {} utime {} stime {} nice {}", f[0], f[1], f[13], f[14], f[18]);
     }
 }

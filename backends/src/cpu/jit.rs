@@ -36,6 +36,8 @@ pub type KernelFn = unsafe extern "C" fn(*const *mut u8, *const u64, i64, i64);
 struct Compiler {
     module: JITModule,
     isa: OwnedTargetIsa,
+    /// Whether the host has FMA (cranelift-native enabled `has_fma`), so `fma` lowers to an instruction.
+    fma: bool,
     kernels: HashMap<(String, bool), KernelFn>,
     next: u32,
 }
@@ -70,7 +72,8 @@ impl Compiler {
                 return Err(format!("libcall {} declared as function {}", l.name(), id.as_u32()));
             }
         }
-        Ok(Compiler { module, isa, kernels: HashMap::new(), next: 0 })
+        let fma = isa.isa_flags().iter().any(|f| f.name == "has_fma" && f.as_bool() == Some(true));
+        Ok(Compiler { module, isa, fma, kernels: HashMap::new(), next: 0 })
     }
 
     /// Compiles `k` (or finds it), returning the entry point and, for dumps, the CLIF and disassembly.
@@ -104,7 +107,8 @@ impl Compiler {
     ) -> Result<(KernelFn, Option<(String, String)>), String> {
         let index = self.next;
         self.next += 1;
-        let func = clif::render(k, index, self.isa.frontend_config(), vectorize);
+        let opts = clif::RenderOptions { vectorize, fma: self.fma };
+        let func = clif::render_with(k, index, self.isa.frontend_config(), opts);
         let clif_text = dump.then(|| func.display().to_string());
         let id = self.module.declare_anonymous_function(&func.signature).map_err(|e| e.to_string())?;
         let mut ctx = Context::for_function(func);
@@ -173,23 +177,34 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     })
 }
 
-/// An output buffer of `len` elements whose contents the kernel will write in full.
-fn uninit_output(dtype: DType, len: usize) -> HostBuffer {
-    fn vec<T>(len: usize) -> Vec<T> {
-        let mut v = Vec::with_capacity(len);
-        // SAFETY: every launch writes each element of its output before anyone reads it (kernels store the whole
-        // row-major output range; the plan's last writer of an output covers all of it), and every bit pattern the
-        // kernel stores is a valid value of the element type (bools are stored as 0 or 1).
-        unsafe { v.set_len(len) };
-        v
-    }
+/// An empty output buffer with room for `len` elements; kernels write into the spare capacity and `finish_output`
+/// sets the length once they have.
+fn output_with_capacity(dtype: DType, len: usize) -> HostBuffer {
     match dtype {
-        DType::Bool => HostBuffer::Bool(vec(len)),
-        DType::U8 => HostBuffer::U8(vec(len)),
-        DType::I32 => HostBuffer::I32(vec(len)),
-        DType::I64 => HostBuffer::I64(vec(len)),
-        DType::F32 => HostBuffer::F32(vec(len)),
-        DType::F64 => HostBuffer::F64(vec(len)),
+        DType::Bool => HostBuffer::Bool(Vec::with_capacity(len)),
+        DType::U8 => HostBuffer::U8(Vec::with_capacity(len)),
+        DType::I32 => HostBuffer::I32(Vec::with_capacity(len)),
+        DType::I64 => HostBuffer::I64(Vec::with_capacity(len)),
+        DType::F32 => HostBuffer::F32(Vec::with_capacity(len)),
+        DType::F64 => HostBuffer::F64(Vec::with_capacity(len)),
+    }
+}
+
+/// Marks `len` elements of an output written.
+///
+/// # Safety
+/// The plan's launches must have written all `len` elements, each with a valid value of the element type.
+unsafe fn finish_output(b: &mut HostBuffer, len: usize) {
+    // SAFETY: the caller guarantees all `len` elements were written; capacity is `len` (output_with_capacity).
+    unsafe {
+        match b {
+            HostBuffer::Bool(v) => v.set_len(len),
+            HostBuffer::U8(v) => v.set_len(len),
+            HostBuffer::I32(v) => v.set_len(len),
+            HostBuffer::I64(v) => v.set_len(len),
+            HostBuffer::F32(v) => v.set_len(len),
+            HostBuffer::F64(v) => v.set_len(len),
+        }
     }
 }
 
@@ -245,7 +260,7 @@ impl Executable for JitPlan {
                 Buffer::Host(h) => h,
             })
             .collect();
-        let mut outputs: Vec<HostBuffer> = self.outputs.iter().map(|&(d, n)| uninit_output(d, n)).collect();
+        let mut outputs: Vec<HostBuffer> = self.outputs.iter().map(|&(d, n)| output_with_capacity(d, n)).collect();
         for &(o, i) in &self.passthrough {
             outputs[o] = inputs[i].clone();
         }
@@ -276,6 +291,14 @@ impl Executable for JitPlan {
                 pool::global().parallel_for(l.rows, &call);
             } else {
                 call(0, l.rows);
+            }
+        }
+        for (o, (b, &(_, len))) in outputs.iter_mut().zip(&self.outputs).enumerate() {
+            if !self.passthrough.iter().any(|&(p, _)| p == o) {
+                // SAFETY: the schedule makes exactly one launch write each non-passthrough output, and a kernel
+                // stores every element of its row-major output range (all rows were launched above); stored
+                // values are valid for the element type (bools as 0 or 1).
+                unsafe { finish_output(b, len) };
             }
         }
         Ok(outputs.into_iter().map(Buffer::Host).collect())

@@ -44,19 +44,19 @@ fn bounds(e: &IExpr, ext: &[usize]) -> (i64, i64) {
 }
 
 impl IExpr {
-    pub fn add(self, other: IExpr) -> IExpr {
+    pub fn plus(self, other: IExpr) -> IExpr {
         IExpr::Add(vec![self, other])
     }
 
-    pub fn mul(self, k: i64) -> IExpr {
+    pub fn times(self, k: i64) -> IExpr {
         IExpr::Mul(Box::new(self), k)
     }
 
-    pub fn div(self, k: i64) -> IExpr {
+    pub fn floor_div(self, k: i64) -> IExpr {
         IExpr::Div(Box::new(self), k)
     }
 
-    pub fn rem(self, k: i64) -> IExpr {
+    pub fn modulo(self, k: i64) -> IExpr {
         IExpr::Mod(Box::new(self), k)
     }
 
@@ -88,7 +88,7 @@ impl IExpr {
             .iter()
             .enumerate()
             .filter(|&(_, &k)| k != 0)
-            .map(|(v, &k)| if k == 1 { IExpr::Var(v) } else { IExpr::Var(v).mul(k) })
+            .map(|(v, &k)| if k == 1 { IExpr::Var(v) } else { IExpr::Var(v).times(k) })
             .collect();
         if c != 0 || terms.is_empty() {
             terms.push(IExpr::Const(c));
@@ -100,8 +100,8 @@ impl IExpr {
     /// removal of `/` and `%` where the ranges make them trivial or separable.
     pub fn simplify(&self, extents: &[usize]) -> IExpr {
         let n = extents.len();
-        let e = match self {
-            IExpr::Var(_) | IExpr::Const(_) => return self.clone(),
+        match self {
+            IExpr::Var(_) | IExpr::Const(_) => self.clone(),
             IExpr::Add(ts) => {
                 let ts: Vec<IExpr> = ts.iter().map(|t| t.simplify(extents)).collect();
                 let mut coef = vec![0; n];
@@ -156,7 +156,7 @@ impl IExpr {
                         return IExpr::from_affine(&q, qc);
                     }
                     if rlo >= 0 && q.iter().any(|&a| a != 0) {
-                        return IExpr::Add(vec![IExpr::from_affine(&q, qc), rest.div(*k)]).simplify(extents);
+                        return IExpr::Add(vec![IExpr::from_affine(&q, qc), rest.floor_div(*k)]).simplify(extents);
                     }
                 }
                 IExpr::Div(Box::new(x), *k)
@@ -179,13 +179,12 @@ impl IExpr {
                         return rest;
                     }
                     if rlo >= 0 && rest != x {
-                        return rest.rem(*k);
+                        return rest.modulo(*k);
                     }
                 }
                 IExpr::Mod(Box::new(x), *k)
             }
-        };
-        e
+        }
     }
 
     /// Evaluates the expression for given loop variable values.
@@ -226,17 +225,16 @@ impl fmt::Display for IExpr {
 #[cfg(test)]
 mod tests {
     use super::IExpr::*;
-    use super::*;
 
     #[test]
     fn reshape_of_contiguous_simplifies_away() {
         // A [3, 4] tensor read as [12] and split back: (i0*4 + i1) / 4 -> i0, % 4 -> i1.
         let ext = [3, 4];
-        let flat = Var(0).mul(4).add(Var(1));
-        assert_eq!(flat.clone().div(4).simplify(&ext), Var(0));
-        assert_eq!(flat.rem(4).simplify(&ext), Var(1));
+        let flat = Var(0).times(4).plus(Var(1));
+        assert_eq!(flat.clone().floor_div(4).simplify(&ext), Var(0));
+        assert_eq!(flat.modulo(4).simplify(&ext), Var(1));
         // Not separable: (i0*3 + i1) / 4 stays a division.
-        let e = Var(0).mul(3).add(Var(1)).div(4).simplify(&ext);
+        let e = Var(0).times(3).plus(Var(1)).floor_div(4).simplify(&ext);
         assert!(matches!(e, Div(..)), "{e}");
     }
 
@@ -244,9 +242,9 @@ mod tests {
     fn simplified_expressions_evaluate_the_same() {
         let ext = [5, 6, 7];
         let exprs = [
-            Var(0).mul(42).add(Var(1).mul(7)).add(Var(2)).div(7).rem(6),
-            Var(2).mul(6).add(Var(1)).add(Const(3)).div(4),
-            Var(0).add(Var(1).mul(5)).rem(5).add(Const(-1)).mul(2),
+            Var(0).times(42).plus(Var(1).times(7)).plus(Var(2)).floor_div(7).modulo(6),
+            Var(2).times(6).plus(Var(1)).plus(Const(3)).floor_div(4),
+            Var(0).plus(Var(1).times(5)).modulo(5).plus(Const(-1)).times(2),
         ];
         for e in &exprs {
             let s = e.simplify(&ext);

@@ -34,7 +34,7 @@ struct Lowerer<'a> {
 fn linear(idx: &[IExpr], dims: &[usize], extents: &[usize]) -> IExpr {
     let strides = contiguous_strides(dims);
     let terms: Vec<IExpr> =
-        idx.iter().zip(&strides).filter(|&(_, &s)| s != 0).map(|(e, &s)| e.clone().mul(s as i64)).collect();
+        idx.iter().zip(&strides).filter(|&(_, &s)| s != 0).map(|(e, &s)| e.clone().times(s as i64)).collect();
     IExpr::Add(terms).simplify(extents)
 }
 
@@ -49,7 +49,11 @@ fn unflatten(flat: &IExpr, dims: &[usize], extents: &[usize]) -> Vec<IExpr> {
         .zip(&strides)
         .map(
             |(&d, &s)| {
-                if d == 1 { IExpr::Const(0) } else { flat.clone().div(s as i64).rem(d as i64).simplify(extents) }
+                if d == 1 {
+                    IExpr::Const(0)
+                } else {
+                    flat.clone().floor_div(s as i64).modulo(d as i64).simplify(extents)
+                }
             },
         )
         .collect()
@@ -178,7 +182,8 @@ impl Lowerer<'_> {
                     .iter()
                     .zip(idx)
                     .map(|(&(start, step), e)| {
-                        IExpr::Add(vec![IExpr::Const(start as i64), e.clone().mul(step as i64)]).simplify(&self.extents)
+                        IExpr::Add(vec![IExpr::Const(start as i64), e.clone().times(step as i64)])
+                            .simplify(&self.extents)
                     })
                     .collect();
                 self.value(srcs[0], &src_idx)

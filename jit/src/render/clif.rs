@@ -191,8 +191,31 @@ pub fn vectorizable(k: &KernelIr) -> bool {
         && inner_ok
 }
 
-/// Renders `k` as a CLIF function named `user0:index`. `vectorize` may be turned off to get the scalar form.
+/// Code generation choices that depend on the host, not on the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// Run the innermost output loop 4 lanes at a time where the kernel allows it (`vectorizable`).
+    pub vectorize: bool,
+    /// Fold `acc + x * y` reductions (matmul) with a fused multiply-add. Only when the host has FMA: otherwise
+    /// Cranelift would turn it into a libcall. It rounds once instead of twice, within the matmul tolerance.
+    pub fma: bool,
+}
+
+/// Rows and 4-lane column vectors in one register tile of a reduce kernel (a GEMM micro-kernel): 4 x 2 f32x4
+/// accumulators + 2 column loads + 1 broadcast = 11 of the 16 xmm registers.
+const TILE_ROWS: usize = 4;
+const TILE_VECS: usize = 2;
+
+/// Rows per block of a register-tiled kernel: 64 rows of A at K = 1024 f32 are 256 KiB, which stays in L2.
+const BLOCK_ROWS: usize = 64;
+
+/// Renders `k` as a CLIF function named `user1:index`, vectorized where possible, without FMA.
 pub fn render(k: &KernelIr, index: u32, target: TargetFrontendConfig, vectorize: bool) -> Function {
+    render_with(k, index, target, RenderOptions { vectorize, fma: false })
+}
+
+/// Renders `k` with explicit options.
+pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts: RenderOptions) -> Function {
     let call_conv = target.default_call_conv;
     let mut func = Function::with_name_signature(UserFuncName::user(1, index), kernel_signature(call_conv));
     let mut ctx = FunctionBuilderContext::new();
@@ -210,23 +233,73 @@ pub fn render(k: &KernelIr, index: u32, target: TargetFrontendConfig, vectorize:
     let out_ptr = bases.pop().expect("output pointer");
     let nvars = k.extents().len();
     let vars: Vec<Variable> = (0..nvars).map(|_| b.declare_var(types::I64)).collect();
-    let oidx = b.declare_var(types::I64);
-    let mut em = Emitter { b, k, bases, out_ptr, rng, vars, oidx, call_conv, libcalls: HashMap::new(), vdim: None };
-    let vec_ok = vectorize && vectorizable(k);
     let rank = k.out_rank();
+    let strides = crate::shape::contiguous_strides(&k.out_extents);
+    let out_index =
+        IExpr::from_affine(&(0..nvars).map(|v| if v < rank { strides[v] as i64 } else { 0 }).collect::<Vec<_>>(), 0);
+    let vec_ok = opts.vectorize && vectorizable(k);
+    let tiled = vec_ok && rank >= 2 && k.reduce.is_some();
+    let mut em = Emitter {
+        b,
+        k,
+        bases,
+        out_ptr,
+        rng,
+        vars,
+        call_conv,
+        libcalls: HashMap::new(),
+        row_dim: (rank >= 2).then(|| rank - 2),
+        col_dim: rank.checked_sub(1),
+        at: (0, 0),
+        out_index,
+        vec_ok,
+        tiled,
+        fma: opts.fma,
+        inner_deps: k.reduce.as_ref().map_or(Vec::new(), |r| deps(&r.inner, rank)),
+        outer_deps: deps(&k.outer, rank),
+        hoisted: HashMap::new(),
+    };
     if rank == 0 {
-        let zero = em.b.ins().iconst(types::I64, 0);
-        em.b.def_var(em.oidx, zero);
-        em.element(1);
+        em.tile(1, 1, 1);
     } else {
-        let row: i64 = k.out_extents[1..].iter().product::<usize>() as i64;
-        let first = em.b.ins().imul_imm_s(start, row);
-        em.b.def_var(em.oidx, first);
-        em.loops(0, start, end, vec_ok);
+        em.loops(0, start, end);
     }
     em.b.ins().return_(&[]);
     em.b.finalize(target);
     func
+}
+
+/// For each instruction: does it depend on the tile's row variable, on its column variable?
+fn deps(insts: &[Inst], rank: usize) -> Vec<(bool, bool)> {
+    let (row, col) = (rank.checked_sub(2), rank.checked_sub(1));
+    let mentions = |e: &IExpr, v: Option<usize>| v.is_some_and(|v| mentions_var(e, v));
+    let mut out: Vec<(bool, bool)> = Vec::with_capacity(insts.len());
+    for inst in insts {
+        let d = match &inst.op {
+            InstOp::Const(_) => (false, false),
+            InstOp::Acc => (true, true),
+            InstOp::Index(e) | InstOp::Rand { index: e, .. } => (mentions(e, row), mentions(e, col)),
+            InstOp::Load { index, valid, .. } => {
+                let ranges: Vec<&IExpr> = valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)).collect();
+                let any = |v| mentions(index, v) || ranges.iter().any(|e| mentions(e, v));
+                (any(row), any(col))
+            }
+            InstOp::Unary(_, a) | InstOp::Cast(a) => out[*a],
+            InstOp::Binary(_, a, b) => (out[*a].0 || out[*b].0, out[*a].1 || out[*b].1),
+            InstOp::Where(c, a, b) => (out[*c].0 || out[*a].0 || out[*b].0, out[*c].1 || out[*a].1 || out[*b].1),
+        };
+        out.push(d);
+    }
+    out
+}
+
+fn mentions_var(e: &IExpr, v: usize) -> bool {
+    match e {
+        IExpr::Var(x) => *x == v,
+        IExpr::Const(_) => false,
+        IExpr::Add(ts) => ts.iter().any(|t| mentions_var(t, v)),
+        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) => mentions_var(x, v),
+    }
 }
 
 struct Emitter<'a> {
@@ -236,11 +309,25 @@ struct Emitter<'a> {
     out_ptr: Value,
     rng: Value,
     vars: Vec<Variable>,
-    oidx: Variable,
     call_conv: CallConv,
     libcalls: HashMap<Libcall, FuncRef>,
-    /// The loop variable that advances by lanes in vector code.
-    vdim: Option<usize>,
+    /// The output loop a register tile spans several rows of (second innermost), and the one it spans lanes and
+    /// vectors of (innermost).
+    row_dim: Option<usize>,
+    col_dim: Option<usize>,
+    /// Offsets of the element being emitted within its tile: (rows, columns).
+    at: (i64, i64),
+    /// Row-major output offset of the loop variables.
+    out_index: IExpr,
+    vec_ok: bool,
+    tiled: bool,
+    fma: bool,
+    inner_deps: Vec<(bool, bool)>,
+    outer_deps: Vec<(bool, bool)>,
+    /// Inner-code loads whose address is split into a loop-invariant base (computed once per tile, before the
+    /// reduction loops) and a part that depends only on reduce variables: inst index -> (base pointer of tile
+    /// element 0, reduce part of the index, index coefficients).
+    hoisted: HashMap<usize, (Value, IExpr, Vec<i64>)>,
 }
 
 /// CLIF type of a dtype: bools and u8 are bytes in scalar code; in vector code bools are i32 lane masks.
@@ -257,33 +344,83 @@ fn ty(d: DType, lanes: usize) -> Type {
     }
 }
 
+/// Vector loads and stores: in bounds but not necessarily 16-byte aligned.
 fn vector_flags() -> MemFlagsData {
     MemFlagsData::new().with_notrap()
 }
 
 impl Emitter<'_> {
-    /// Output loops from `dim` inward; the innermost output loop is vectorized when `vec_ok`.
-    fn loops(&mut self, dim: usize, lo: Value, hi: Value, vec_ok: bool) {
-        let var = self.vars[dim];
-        let innermost = dim + 1 == self.k.out_rank();
-        if innermost && vec_ok {
-            self.vdim = Some(dim);
-            self.b.def_var(var, lo);
-            self.counted_loop(var, hi, LANES as i64, |s| s.element(LANES));
-            self.vdim = None;
-            self.counted_loop(var, hi, 1, |s| s.element(1));
+    /// Output loops from `dim` inward. A register-tiled kernel walks its last two output dims as a GEMM does:
+    /// blocks of `BLOCK_ROWS` rows (a block of A stays in L2), and within a block, column tiles outer and row tiles
+    /// inner (a column panel of B stays in L1 while every row tile of the block uses it).
+    fn loops(&mut self, dim: usize, lo: Value, hi: Value) {
+        let rank = self.k.out_rank();
+        if dim + 1 == rank {
+            self.col_loops(lo, hi, 1);
             return;
         }
+        let var = self.vars[dim];
+        if self.tiled && dim + 2 == rank {
+            let block = self.b.declare_var(types::I64);
+            self.b.def_var(block, lo);
+            self.step_loop(block, hi, BLOCK_ROWS as i64, |s, first, last| s.row_block(first, last));
+            return;
+        }
+        let inner_extent = self.k.out_extents[dim + 1] as i64;
         self.b.def_var(var, lo);
         self.counted_loop(var, hi, 1, |s| {
-            if innermost {
-                s.element(1);
-            } else {
-                let zero = s.b.ins().iconst(types::I64, 0);
-                let n = s.b.ins().iconst(types::I64, s.k.out_extents[dim + 1] as i64);
-                s.loops(dim + 1, zero, n, vec_ok);
-            }
+            let (zero, n) = (s.b.ins().iconst(types::I64, 0), s.b.ins().iconst(types::I64, inner_extent));
+            s.loops(dim + 1, zero, n);
         });
+    }
+
+    /// Rows `first..last` of a tiled kernel: for each column step (tiles, single vectors, scalars), all row tiles.
+    fn row_block(&mut self, first: Value, last: Value) {
+        let rank = self.k.out_rank();
+        let (row, col) = (self.vars[rank - 2], self.vars[rank - 1]);
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let cols = self.b.ins().iconst(types::I64, self.k.out_extents[rank - 1] as i64);
+        self.b.def_var(col, zero);
+        for (step, vecs, lanes) in [(TILE_VECS * LANES, TILE_VECS, LANES), (LANES, 1, LANES), (1, 1, 1)] {
+            self.counted_loop(col, cols, step as i64, |s| {
+                s.b.def_var(row, first);
+                s.counted_loop(row, last, TILE_ROWS as i64, |s| s.tile(TILE_ROWS, vecs, lanes));
+                s.counted_loop(row, last, 1, |s| s.tile(1, vecs, lanes));
+            });
+        }
+    }
+
+    /// `while var < hi { body(var, min(var + step, hi)); var += step }`.
+    fn step_loop(&mut self, var: Variable, hi: Value, step: i64, body: impl FnOnce(&mut Self, Value, Value)) {
+        let header = self.b.create_block();
+        let body_block = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let v = self.b.use_var(var);
+        let go = self.b.ins().icmp(IntCC::SignedLessThan, v, hi);
+        self.b.ins().brif(go, body_block, &[], exit, &[]);
+        self.b.switch_to_block(body_block);
+        self.b.seal_block(body_block);
+        let v = self.b.use_var(var);
+        let end = self.b.ins().iadd_imm_s(v, step);
+        let end = self.b.ins().smin(end, hi);
+        body(self, v, end);
+        self.b.def_var(var, end);
+        self.b.ins().jump(header, &[]);
+        self.b.seal_block(header);
+        self.b.switch_to_block(exit);
+        self.b.seal_block(exit);
+    }
+
+    /// The innermost output loop over `lo..hi`, for `rows` rows at once: single vectors, then a scalar tail.
+    fn col_loops(&mut self, lo: Value, hi: Value, rows: usize) {
+        let var = self.vars[self.k.out_rank() - 1];
+        self.b.def_var(var, lo);
+        if self.vec_ok {
+            self.counted_loop(var, hi, LANES as i64, |s| s.tile(rows, 1, LANES));
+        }
+        self.counted_loop(var, hi, 1, |s| s.tile(rows, 1, 1));
     }
 
     /// `while var + step <= hi { body; var += step }`, continuing from `var`'s current value.
@@ -309,38 +446,107 @@ impl Emitter<'_> {
         self.b.seal_block(exit);
     }
 
-    /// One output element (or `lanes` adjacent ones): the reduction if any, the outer code, the store.
-    fn element(&mut self, lanes: usize) {
+    /// A `rows` x `vecs` tile of output elements, each `lanes` wide, at the current loop variables: the reduction
+    /// (instructions that do not depend on the row or the column are emitted once for the tile, so a GEMM loads
+    /// each B vector once per k for all rows and each A element once for all columns), then the outer code and
+    /// the store of each element.
+    fn tile(&mut self, rows: usize, vecs: usize, lanes: usize) {
         let k = self.k;
-        let acc = k.reduce.as_ref().map(|r| {
-            let acc = self.b.declare_var(ty(r.dtype, lanes));
-            let init = self.init(r.op, r.dtype, lanes);
-            self.b.def_var(acc, init);
-            self.reduce_loops(0, acc, lanes);
-            self.b.use_var(acc)
-        });
-        let vals = self.insts(&k.outer, lanes, acc);
-        let v = vals[k.result];
-        self.store(v, lanes);
-        let o = self.b.use_var(self.oidx);
-        let o = self.b.ins().iadd_imm_s(o, lanes as i64);
-        self.b.def_var(self.oidx, o);
+        let n = rows * vecs;
+        let accs: Vec<Value> = match &k.reduce {
+            Some(r) => {
+                let vars: Vec<Variable> = (0..n).map(|_| self.b.declare_var(ty(r.dtype, lanes))).collect();
+                for &v in &vars {
+                    let init = self.init(r.op, r.dtype, lanes);
+                    self.b.def_var(v, init);
+                }
+                self.hoist_loads(&r.inner, lanes);
+                self.reduce_loops(0, &vars, rows, vecs, lanes);
+                self.hoisted.clear();
+                vars.iter().map(|&v| self.b.use_var(v)).collect()
+            }
+            None => Vec::new(),
+        };
+        let deps = std::mem::take(&mut self.outer_deps);
+        let vals = self.tile_insts(&k.outer, &deps, rows, vecs, lanes, &accs);
+        self.outer_deps = deps;
+        for (e, &v) in vals[k.result].iter().enumerate() {
+            self.at = ((e / vecs) as i64, ((e % vecs) * lanes) as i64);
+            let out_index = self.out_index.clone();
+            let o = self.iexpr(&out_index, 0);
+            self.store(o, v, lanes);
+        }
+        self.at = (0, 0);
     }
 
-    fn reduce_loops(&mut self, level: usize, acc: Variable, lanes: usize) {
+    /// Precomputes, for each unmasked affine load of the inner code, the part of its address that the reduction
+    /// loops do not change, so the loop body adds only the reduce-variable part (strength reduction that
+    /// Cranelift does not do across our nested loops).
+    fn hoist_loads(&mut self, inner: &[Inst], lanes: usize) {
+        let rank = self.k.out_rank();
+        let nvars = self.vars.len();
+        for (i, inst) in inner.iter().enumerate() {
+            let InstOp::Load { buf, index, valid: None, .. } = &inst.op else { continue };
+            if self.k.inputs[*buf].len == 0 {
+                continue;
+            }
+            let Some((coef, c)) = index.affine(nvars) else { continue };
+            let col = self.col_dim.map_or(0, |d| coef[d]);
+            if lanes > 1 && !(col == 0 || (col == 1 && matches!(inst.dtype, DType::F32 | DType::I32))) {
+                continue; // gathers keep the general path
+            }
+            let outer: Vec<i64> = (0..nvars).map(|v| if v < rank { coef[v] } else { 0 }).collect();
+            let reduce: Vec<i64> = (0..nvars).map(|v| if v < rank { 0 } else { coef[v] }).collect();
+            let p = self.iexpr(&IExpr::from_affine(&outer, c), 0);
+            let bytes = self.b.ins().imul_imm_s(p, inst.dtype.size_of() as i64);
+            let base = self.b.ins().iadd(self.bases[*buf], bytes);
+            self.hoisted.insert(i, (base, IExpr::from_affine(&reduce, 0), coef));
+        }
+    }
+
+    /// A hoisted load at the current tile offset.
+    fn hoisted_load(&mut self, i: usize, d: DType, lanes: usize) -> Option<Value> {
+        let (base, reduce, coef) = self.hoisted.get(&i).cloned()?;
+        let col = self.col_dim.map_or(0, |c| coef[c]);
+        let row = self.row_dim.map_or(0, |r| coef[r]);
+        let offset = (row * self.at.0 + col * self.at.1) * d.size_of() as i64;
+        let r = self.iexpr(&reduce, 0);
+        let r = self.b.ins().imul_imm_s(r, d.size_of() as i64);
+        let addr = self.b.ins().iadd(base, r);
+        if lanes > 1 && col == 1 {
+            return Some(self.b.ins().load(ty(d, lanes), vector_flags(), addr, offset as i32));
+        }
+        let v = self.b.ins().load(ty(d, 1), MemFlagsData::trusted(), addr, offset as i32);
+        Some(if lanes > 1 { self.lanes_from_scalars(&[v], d, lanes) } else { v })
+    }
+
+    fn reduce_loops(&mut self, level: usize, accs: &[Variable], rows: usize, vecs: usize, lanes: usize) {
         let r = self.k.reduce.as_ref().expect("reduce kernel");
         if level == r.extents.len() {
-            let vals = self.insts(&r.inner, lanes, None);
-            let a = self.b.use_var(acc);
-            let folded = self.fold(r.op, r.dtype, lanes, a, vals[r.value]);
-            self.b.def_var(acc, folded);
+            let deps = std::mem::take(&mut self.inner_deps);
+            let vals = self.tile_insts(&r.inner, &deps, rows, vecs, lanes, &[]);
+            self.inner_deps = deps;
+            let fma_operands = match r.inner[r.value].op {
+                InstOp::Binary(BinaryOp::Mul, x, y) if self.fma && r.op == ReduceOp::Sum && r.dtype.is_float() => {
+                    Some((x, y))
+                }
+                _ => None,
+            };
+            for (e, &acc) in accs.iter().enumerate() {
+                let a = self.b.use_var(acc);
+                let folded = match fma_operands {
+                    Some((x, y)) => self.b.ins().fma(vals[x][e], vals[y][e], a),
+                    None => self.fold(r.op, r.dtype, lanes, a, vals[r.value][e]),
+                };
+                self.b.def_var(acc, folded);
+            }
             return;
         }
         let var = self.vars[self.k.out_rank() + level];
         let zero = self.b.ins().iconst(types::I64, 0);
         let n = self.b.ins().iconst(types::I64, r.extents[level] as i64);
         self.b.def_var(var, zero);
-        self.counted_loop(var, n, 1, |s| s.reduce_loops(level + 1, acc, lanes));
+        self.counted_loop(var, n, 1, |s| s.reduce_loops(level + 1, accs, rows, vecs, lanes));
     }
 
     fn init(&mut self, op: ReduceOp, d: DType, lanes: usize) -> Value {
@@ -378,12 +584,19 @@ impl Emitter<'_> {
         if lanes > 1 { self.b.ins().splat(ty(d, lanes), scalar) } else { scalar }
     }
 
-    /// The scalar value of an index expression, with the vectorized variable advanced by `lane`.
+    /// The scalar value of an index expression at the current tile offset, with the column advanced by `lane`.
     fn iexpr(&mut self, e: &IExpr, lane: i64) -> Value {
         match e {
             IExpr::Var(v) => {
                 let x = self.b.use_var(self.vars[*v]);
-                if Some(*v) == self.vdim && lane != 0 { self.b.ins().iadd_imm_s(x, lane) } else { x }
+                let mut off = 0;
+                if Some(*v) == self.row_dim {
+                    off += self.at.0;
+                }
+                if Some(*v) == self.col_dim {
+                    off += self.at.1 + lane;
+                }
+                if off != 0 { self.b.ins().iadd_imm_s(x, off) } else { x }
             }
             IExpr::Const(c) => self.b.ins().iconst(types::I64, *c),
             IExpr::Add(ts) => {
@@ -470,8 +683,8 @@ impl Emitter<'_> {
         if lanes == 1 {
             return self.load_scalar(buf, index, valid, fill, d, 0);
         }
-        let vdim = self.vdim.expect("vector code has a vector dim");
-        let coef = index.affine(self.vars.len()).map(|(c, _)| c[vdim]);
+        let col = self.col_dim.expect("vector code has a column dim");
+        let coef = index.affine(self.vars.len()).map(|(c, _)| c[col]);
         match (coef, valid, d) {
             (Some(0), None, _) => {
                 let s = self.load_scalar(buf, index, valid, fill, d, 0);
@@ -515,9 +728,8 @@ impl Emitter<'_> {
         vec
     }
 
-    fn store(&mut self, v: Value, lanes: usize) {
+    fn store(&mut self, o: Value, v: Value, lanes: usize) {
         let d = self.k.output.dtype;
-        let o = self.b.use_var(self.oidx);
         let addr = self.b.ins().imul_imm_s(o, d.size_of() as i64);
         let addr = self.b.ins().iadd(self.out_ptr, addr);
         match (d, lanes) {
@@ -585,62 +797,97 @@ impl Emitter<'_> {
         self.lanes_from_scalars(&out, out_d, lanes)
     }
 
-    fn insts(&mut self, insts: &[Inst], lanes: usize, acc: Option<Value>) -> Vec<Value> {
-        let mut vals: Vec<Value> = Vec::with_capacity(insts.len());
-        let mut dtypes: Vec<DType> = Vec::with_capacity(insts.len());
-        for inst in insts {
-            let d = inst.dtype;
-            let v = match &inst.op {
-                InstOp::Const(s) => self.konst(*s, d, lanes),
-                InstOp::Index(e) => {
-                    debug_assert_eq!(lanes, 1, "index values are scalar-only");
-                    let x = self.iexpr(e, 0);
-                    self.int_resize(x, DType::I64, d)
+    /// Emits `insts` for every element of a `rows` x `vecs` tile. Returns, per instruction, its value for each
+    /// element (row-major in the tile). An instruction that does not depend on the row (or column) is emitted once
+    /// and its value shared along that axis. `accs` holds each element's finished reduction.
+    fn tile_insts(
+        &mut self,
+        insts: &[Inst],
+        deps: &[(bool, bool)],
+        rows: usize,
+        vecs: usize,
+        lanes: usize,
+        accs: &[Value],
+    ) -> Vec<Vec<Value>> {
+        let n = rows * vecs;
+        let mut vals: Vec<Vec<Value>> = Vec::with_capacity(insts.len());
+        for (i, inst) in insts.iter().enumerate() {
+            let (dr, dc) = deps[i];
+            let mut per: Vec<Value> = Vec::with_capacity(n);
+            for e in 0..n {
+                let (r, c) = (e / vecs, e % vecs);
+                // The element whose value this one shares (itself if it depends on both axes).
+                let owner = if dr { r } else { 0 } * vecs + if dc { c } else { 0 };
+                if owner != e {
+                    per.push(per[owner]);
+                    continue;
                 }
-                InstOp::Load { buf, index, valid, fill } => self.load(*buf, index, valid, *fill, d, lanes),
-                InstOp::Rand { dist, slot, index } => {
-                    let i = self.iexpr(index, 0);
-                    let seed = self.b.ins().load(types::I64, MemFlagsData::trusted(), self.rng, (*slot * 16) as i32);
-                    let off = self.b.ins().load(types::I64, MemFlagsData::trusted(), self.rng, (*slot * 16 + 8) as i32);
-                    let i = self.b.ins().iadd(off, i);
-                    match (dist, d) {
-                        (RandDist::Uniform, DType::F32) => self.libcall(Libcall::UniformF32, &[seed, i]),
-                        (RandDist::Uniform, _) => self.libcall(Libcall::UniformF64, &[seed, i]),
-                        (RandDist::Normal, DType::F32) => {
-                            let x = self.libcall(Libcall::NormalF64, &[seed, i]);
-                            self.b.ins().fdemote(types::F32, x)
-                        }
-                        (RandDist::Normal, _) => self.libcall(Libcall::NormalF64, &[seed, i]),
-                    }
-                }
-                InstOp::Unary(u, a) => self.unary(*u, d, lanes, vals[*a]),
-                InstOp::Binary(op, x, y) => {
-                    let od = dtypes[*x];
-                    self.binary(*op, od, lanes, vals[*x], vals[*y])
-                }
-                InstOp::Where(c, a, b) => {
-                    if lanes == 1 {
-                        self.b.ins().select(vals[*c], vals[*a], vals[*b])
-                    } else {
-                        let mask = if d == DType::F32 {
-                            self.b.ins().bitcast(
-                                types::F32X4,
-                                MemFlagsData::new().with_endianness(Endianness::Little),
-                                vals[*c],
-                            )
-                        } else {
-                            vals[*c]
-                        };
-                        self.b.ins().bitselect(mask, vals[*a], vals[*b])
-                    }
-                }
-                InstOp::Cast(a) => self.cast(dtypes[*a], d, lanes, vals[*a]),
-                InstOp::Acc => acc.expect("acc only in reduce kernels"),
-            };
-            vals.push(v);
-            dtypes.push(d);
+                self.at = (r as i64, (c * lanes) as i64);
+                let v = match self.hoisted_load(i, inst.dtype, lanes) {
+                    Some(v) if matches!(inst.op, InstOp::Load { .. }) => v,
+                    _ => self.inst(inst, insts, &vals, e, lanes, accs.get(e).copied()),
+                };
+                per.push(v);
+            }
+            vals.push(per);
         }
+        self.at = (0, 0);
         vals
+    }
+
+    /// One instruction for tile element `e` (at `self.at`); operands come from `vals[..][e]`.
+    fn inst(
+        &mut self,
+        inst: &Inst,
+        insts: &[Inst],
+        vals: &[Vec<Value>],
+        e: usize,
+        lanes: usize,
+        acc: Option<Value>,
+    ) -> Value {
+        let d = inst.dtype;
+        let val = |i: usize| vals[i][e];
+        match &inst.op {
+            InstOp::Const(s) => self.konst(*s, d, lanes),
+            InstOp::Index(x) => {
+                debug_assert_eq!(lanes, 1, "index values are scalar-only");
+                let x = self.iexpr(x, 0);
+                self.int_resize(x, DType::I64, d)
+            }
+            InstOp::Load { buf, index, valid, fill } => self.load(*buf, index, valid, *fill, d, lanes),
+            InstOp::Rand { dist, slot, index } => {
+                let i = self.iexpr(index, 0);
+                let seed = self.b.ins().load(types::I64, MemFlagsData::trusted(), self.rng, (*slot * 16) as i32);
+                let off = self.b.ins().load(types::I64, MemFlagsData::trusted(), self.rng, (*slot * 16 + 8) as i32);
+                let i = self.b.ins().iadd(off, i);
+                match (dist, d) {
+                    (RandDist::Uniform, DType::F32) => self.libcall(Libcall::UniformF32, &[seed, i]),
+                    (RandDist::Uniform, _) => self.libcall(Libcall::UniformF64, &[seed, i]),
+                    (RandDist::Normal, DType::F32) => {
+                        let x = self.libcall(Libcall::NormalF64, &[seed, i]);
+                        self.b.ins().fdemote(types::F32, x)
+                    }
+                    (RandDist::Normal, _) => self.libcall(Libcall::NormalF64, &[seed, i]),
+                }
+            }
+            InstOp::Unary(u, a) => self.unary(*u, d, lanes, val(*a)),
+            InstOp::Binary(op, x, y) => self.binary(*op, insts[*x].dtype, lanes, val(*x), val(*y)),
+            InstOp::Where(c, a, b) => {
+                if lanes == 1 {
+                    self.b.ins().select(val(*c), val(*a), val(*b))
+                } else {
+                    let mask = if d == DType::F32 {
+                        let little = MemFlagsData::new().with_endianness(Endianness::Little);
+                        self.b.ins().bitcast(types::F32X4, little, val(*c))
+                    } else {
+                        val(*c)
+                    };
+                    self.b.ins().bitselect(mask, val(*a), val(*b))
+                }
+            }
+            InstOp::Cast(a) => self.cast(insts[*a].dtype, d, lanes, val(*a)),
+            InstOp::Acc => acc.expect("acc only in reduce kernels"),
+        }
     }
 
     fn unary(&mut self, u: UnaryOp, d: DType, lanes: usize, a: Value) -> Value {

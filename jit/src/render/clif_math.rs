@@ -709,7 +709,13 @@ mod tests {
             b.ins().return_(&[]);
             b.seal_all_blocks();
             b.finalize(module.target_config());
+            if std::env::var_os("CLIF_MATH_DISASM").is_some() {
+                ctx.set_disasm(true);
+            }
             module.define_function(id, &mut ctx).unwrap();
+            if let Some(vcode) = ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
+                eprintln!("{vcode}");
+            }
             module.finalize_definitions().unwrap();
             let code = module.get_finalized_function(id);
             // SAFETY: `code` is the finalized entry of a function compiled with exactly this signature (three
@@ -720,17 +726,24 @@ mod tests {
 
         /// Applies the kernel to `xs` (any length; padded to whole vectors).
         fn run<T: Copy + Default>(&self, xs: &[T]) -> Vec<T> {
-            assert_eq!(std::mem::size_of::<T>() as u32, self.ty.lane_bits() / 8);
             let lanes = self.ty.lane_count() as usize;
             let n = xs.len().div_ceil(lanes) * lanes;
             let mut src = xs.to_vec();
             src.resize(n, T::default());
             let mut dst = vec![T::default(); n];
-            // SAFETY: src and dst hold n elements of the kernel's lane type, n is a multiple of the lane count, and
-            // the kernel reads src[..n] and writes dst[..n] with unaligned-tolerant loads/stores.
-            unsafe { (self.f)(src.as_ptr().cast(), dst.as_mut_ptr().cast(), n * std::mem::size_of::<T>()) };
+            self.run_into(&src, &mut dst);
             dst.truncate(xs.len());
             dst
+        }
+
+        /// `dst[i] = f(src[i])`; the length must be a whole number of vectors.
+        fn run_into<T: Copy>(&self, src: &[T], dst: &mut [T]) {
+            assert_eq!(std::mem::size_of::<T>() as u32, self.ty.lane_bits() / 8);
+            assert_eq!(src.len(), dst.len());
+            assert_eq!(src.len() % self.ty.lane_count() as usize, 0);
+            // SAFETY: src and dst hold len elements of the kernel's lane type, len is a multiple of the lane count,
+            // and the kernel reads exactly src[..len] and writes exactly dst[..len], with unaligned loads/stores.
+            unsafe { (self.f)(src.as_ptr().cast(), dst.as_mut_ptr().cast(), std::mem::size_of_val(src)) };
         }
     }
 
@@ -1064,14 +1077,16 @@ mod tests {
         }
     }
 
-    /// Elements per second for each function and type, next to Rust's scalar std functions.
+    /// Elements per second for each function and type (in-cache buffers, no allocation in the timed loop), next to
+    /// Rust's scalar std functions on the same data.
     #[test]
     #[ignore]
     fn clif_math_bench() {
-        let n = 1 << 16;
-        let reps = 200;
+        let n = 1 << 14;
+        let reps = 2000;
         let xs32 = uniform32(51, n, 0.1, 10.0);
         let xs64 = uniform64(52, n, 0.1, 10.0);
+        let (mut out32, mut out64) = (vec![0f32; n], vec![0f64; n]);
         let rate = |f: &mut dyn FnMut()| {
             f();
             let t = std::time::Instant::now();
@@ -1085,11 +1100,11 @@ mod tests {
             for ty in [types::F32X4, types::F32, types::F64X2, types::F64] {
                 let k = Kernel::new(case.emit, ty);
                 let r = if ty.lane_type() == types::F32 {
-                    rate(&mut || drop(std::hint::black_box(k.run(&xs32))))
+                    rate(&mut || k.run_into(std::hint::black_box(&xs32), &mut out32))
                 } else {
-                    rate(&mut || drop(std::hint::black_box(k.run(&xs64))))
+                    rate(&mut || k.run_into(std::hint::black_box(&xs64), &mut out64))
                 };
-                line += &format!("  {ty} {r:7.1} M/s");
+                line += &format!("  {ty} {r:7.1}");
             }
             let std32: fn(f32) -> f32 = match case.name {
                 "exp" => f32::exp,
@@ -1098,11 +1113,18 @@ mod tests {
                 "cos" => f32::cos,
                 _ => f32::tanh,
             };
-            let r = rate(&mut || drop(std::hint::black_box(xs32.iter().map(|&x| std32(x)).collect::<Vec<_>>())));
-            line += &format!("  std f32 {r:7.1} M/s");
-            let r =
-                rate(&mut || drop(std::hint::black_box(xs64.iter().map(|&x| (case.reference)(x)).collect::<Vec<_>>())));
-            line += &format!("  std f64 {r:7.1} M/s");
+            let r = rate(&mut || {
+                for (o, &x) in out32.iter_mut().zip(std::hint::black_box(&xs32)) {
+                    *o = std32(x);
+                }
+            });
+            line += &format!("  std-f32 {r:7.1}");
+            let r = rate(&mut || {
+                for (o, &x) in out64.iter_mut().zip(std::hint::black_box(&xs64)) {
+                    *o = (case.reference)(x);
+                }
+            });
+            line += &format!("  std-f64 {r:7.1}  (M elements/s)");
             eprintln!("{line}");
         }
     }

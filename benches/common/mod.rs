@@ -1,0 +1,590 @@
+//! The workloads of kiln's CPU benchmark suite and their same-run baselines, shared by `benches/cpu.rs`
+//! (criterion) and `examples/bench_table.rs` (quick medians), so both measure exactly the same thing.
+//!
+//! | workload | kiln measures | same-run baseline | target |
+//! |---|---|---|---|
+//! | `a * b + c`, 16M f32 | build the lazy graph + realize (plan-cache hit + kernel), 16 B/elem | STREAM triad `a = b + s*c` in plain Rust, in place, 12 B/elem | >= 85 % of triad GB/s |
+//! | `sin(a)^2 * b + c`, 16M f32 | same unit as above | Rust `f32::sin` loop, same threads; torch.compile anchor 34.6 ms | <= 17.3 ms (2x torch.compile) |
+//! | replay, cached 50-node graph, 1-elem | `realize()` of an already built graph (cache hit) | building the graph alone | <= 5 µs per realize |
+//! | compile one fused kernel | `realize()` of a graph whose constant changes each time (cache miss) | `realize()` of the same graph on a hit | median <= 2 ms |
+//! | matmul 1024^3 f32 | build + realize | peak f32 FMA throughput in plain Rust (AVX2+FMA) | report GFLOP/s |
+//!
+//! Rust baselines use as many threads as kiln's pool (`KILN_NUM_THREADS`, default all cores), via
+//! `std::thread::scope`. Outputs of timed kiln realizations are dropped outside the timed region; the cost of
+//! dropping a 64 MiB output is reported separately by the table (`drop_s`).
+//!
+//! Each of the two crates that include this file uses a subset of it, hence `dead_code`.
+#![allow(dead_code)]
+
+use kiln::{Device, Tensor};
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Elements of the streaming workloads (16M f32 = 64 MiB per array).
+pub const N: usize = 16 << 20;
+/// `a * b + c`: three arrays read, one written.
+pub const CHAIN_BYTES_PER_ELEM: usize = 16;
+/// STREAM's count for triad: two arrays read, one written (write-allocate traffic not counted, as in STREAM).
+pub const TRIAD_BYTES_PER_ELEM: usize = 12;
+/// `sin(a)^2 * b + c`: counted like the chain.
+pub const SIN_BYTES_PER_ELEM: usize = 16;
+/// torch.compile (default mode, 2 threads, no THP) on `sin(a)**2 * b + c` over 16M f32 on this machine:
+/// /work/shared/reference/measured-baselines.md, table 4a. Not a same-run figure.
+pub const TORCH_COMPILE_SIN_MS: f64 = 34.6;
+/// Lazy nodes in the replay graph.
+pub const REPLAY_NODES: usize = 50;
+/// Graphs built per timed batch in the replay measurements.
+pub const REPLAY_BATCH: usize = 32;
+/// Side of the square matmul.
+pub const MATMUL_N: usize = 1024;
+/// Flops of one `MATMUL_N`^3 matmul.
+pub const MATMUL_FLOPS: f64 = 2.0 * (MATMUL_N * MATMUL_N * MATMUL_N) as f64;
+
+/// Threads kiln's CPU pool uses (env `KILN_NUM_THREADS`, default all cores); the Rust baselines use as many.
+pub fn threads() -> usize {
+    kiln_backends::cpu::pool::default_threads()
+}
+
+/// The 1-minute load average, to print next to timings (this machine is shared).
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+pub fn median(xs: &[f64]) -> f64 {
+    assert!(!xs.is_empty(), "median of no samples");
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 { v[m] } else { 0.5 * (v[m - 1] + v[m]) }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Data
+// ---------------------------------------------------------------------------------------------------------------
+
+/// Deterministic inputs: `a` spans about [-3, 3] (so `sin` sees a realistic range), `b` and `c` are small positive.
+pub fn host_inputs(n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let a = (0..n).map(|i| ((i % 4096) as f32 / 4096.0 - 0.5) * 6.0).collect();
+    let b = (0..n).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+    let c = (0..n).map(|i| (i % 13) as f32 * 0.1).collect();
+    (a, b, c)
+}
+
+/// Realized kiln tensors holding `host_inputs(n)`.
+pub struct Inputs {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub c: Tensor,
+}
+
+impl Inputs {
+    pub fn new(n: usize) -> Inputs {
+        let dev = Device::cpu();
+        let (a, b, c) = host_inputs(n);
+        let t = |v: Vec<f32>| Tensor::from_vec(v, [n], &dev).expect("input upload");
+        Inputs { a: t(a), b: t(b), c: t(c) }
+    }
+}
+
+pub fn chain(a: &Tensor, b: &Tensor, c: &Tensor) -> Tensor {
+    a * b + c
+}
+
+pub fn sin_chain(a: &Tensor, b: &Tensor, c: &Tensor) -> Tensor {
+    a.sin().square() * b + c
+}
+
+/// Builds a graph with `build` and realizes it; returns the time of both together and the realized tensor (for
+/// the caller to drop outside the timed region).
+pub fn timed_realize(build: impl FnOnce() -> Tensor) -> (Duration, Tensor) {
+    let t0 = Instant::now();
+    let y = build();
+    y.realize().expect("realize");
+    (t0.elapsed(), y)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Plain-Rust baselines
+// ---------------------------------------------------------------------------------------------------------------
+
+/// Calls `f(offset, chunk)` on `threads` contiguous chunks of `out`, one per thread (the caller takes the first).
+pub fn par_chunks(out: &mut [f32], threads: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let chunk = out.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        let mut chunks = out.chunks_mut(chunk).enumerate();
+        let first = chunks.next();
+        for (i, ch) in chunks {
+            let f = &f;
+            s.spawn(move || f(i * chunk, ch));
+        }
+        if let Some((i, ch)) = first {
+            f(i * chunk, ch);
+        }
+    });
+}
+
+/// STREAM-style arrays in host memory, already touched (no page faults in the timed loops).
+pub struct Stream {
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+    pub c: Vec<f32>,
+    pub threads: usize,
+}
+
+impl Stream {
+    pub fn new(n: usize, threads: usize) -> Stream {
+        let (a, b, c) = host_inputs(n);
+        Stream { a, b, c, threads }
+    }
+
+    /// STREAM triad in place: `a[i] = b[i] + s * c[i]`.
+    pub fn triad(&mut self) {
+        let (b, c, s) = (&self.b, &self.c, 3.0f32);
+        par_chunks(&mut self.a, self.threads, |off, out| {
+            let (b, c) = (&b[off..off + out.len()], &c[off..off + out.len()]);
+            for ((o, &x), &y) in out.iter_mut().zip(b).zip(c) {
+                *o = x + s * y;
+            }
+        });
+        black_box(&mut self.a);
+    }
+
+    /// The triad into a freshly allocated output, as kiln's realize does today: measures what page faults on a
+    /// new 64 MiB buffer cost. Returns the output so the caller can drop it outside the timed region.
+    pub fn triad_fresh(&self) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.b.len()];
+        let (b, c, s) = (&self.b, &self.c, 3.0f32);
+        par_chunks(&mut out, self.threads, |off, out| {
+            let (b, c) = (&b[off..off + out.len()], &c[off..off + out.len()]);
+            for ((o, &x), &y) in out.iter_mut().zip(b).zip(c) {
+                *o = x + s * y;
+            }
+        });
+        black_box(out)
+    }
+
+    /// `a = sin(b)^2 * c + b` with Rust's `f32::sin` (the platform libm; not vectorized), in place, into `a`.
+    pub fn sin_chain(&mut self) {
+        let (b, c) = (&self.b, &self.c);
+        par_chunks(&mut self.a, self.threads, |off, out| {
+            let (b, c) = (&b[off..off + out.len()], &c[off..off + out.len()]);
+            for ((o, &x), &y) in out.iter_mut().zip(b).zip(c) {
+                let s = x.sin();
+                *o = s * s * y + x;
+            }
+        });
+        black_box(&mut self.a);
+    }
+}
+
+/// Peak f32 multiply-add throughput of `threads` threads running `iters` rounds of 12 independent 8-lane FMA
+/// chains (AVX2 + FMA) each; returns GFLOP/s, or `None` where the CPU lacks AVX2/FMA.
+pub fn fma_peak_gflops(threads: usize, iters: u64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return None;
+        }
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                // SAFETY: AVX2 and FMA were detected above.
+                s.spawn(move || black_box(unsafe { fma_chains(black_box(iters)) }));
+            }
+        });
+        Some(fma_flops(threads, iters) / t0.elapsed().as_secs_f64() / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (threads, iters);
+        None
+    }
+}
+
+/// Flops of one `fma_peak_gflops(threads, iters)` call: 12 chains x 8 lanes x 2 flops per round and thread.
+pub fn fma_flops(threads: usize, iters: u64) -> f64 {
+    threads as f64 * iters as f64 * 12.0 * 8.0 * 2.0
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn fma_chains(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let m = _mm256_set1_ps(0.999_999);
+    let k = _mm256_set1_ps(1e-7);
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = _mm256_fmadd_ps(*a, m, k);
+        }
+    }
+    let mut sum = _mm256_setzero_ps();
+    for a in acc {
+        sum = _mm256_add_ps(sum, a);
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds exactly 8 f32s; the store is unaligned.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+    lanes.iter().sum()
+}
+
+/// FMA rounds per call of `fma_peak_gflops` that take about 0.1 s per thread at ~3 GHz.
+pub const FMA_ITERS: u64 = 25_000_000;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Replay of a cached graph
+// ---------------------------------------------------------------------------------------------------------------
+
+/// Two realized 1-element inputs from which `build` records `REPLAY_NODES` lazy nodes: ten rounds of
+/// `y = tanh(y * w + 0.5) - x` (mul, const, add, tanh, sub: unary, binary-with-tensor and binary-with-scalar ops).
+/// Every build has the same signature, so after the first realize each one is a plan-cache hit.
+pub struct Replay {
+    pub x: Tensor,
+    pub w: Tensor,
+}
+
+impl Replay {
+    pub fn new() -> Replay {
+        let dev = Device::cpu();
+        let x = Tensor::from_vec(vec![0.25f32], [1], &dev).expect("upload");
+        let w = Tensor::from_vec(vec![0.9f32], [1], &dev).expect("upload");
+        Replay { x, w }
+    }
+
+    pub fn build(&self) -> Tensor {
+        let mut y = self.x.clone();
+        for _ in 0..REPLAY_NODES / 5 {
+            y = ((&y * &self.w) + 0.5).tanh() - &self.x;
+        }
+        y
+    }
+
+    /// Lazy nodes one `build` records (`REPLAY_NODES` unless the op constructors change what they record).
+    pub fn nodes_per_build(&self) -> usize {
+        let before = kiln::stats().live_nodes;
+        let y = self.build();
+        let n = kiln::stats().live_nodes - before;
+        drop(y);
+        n
+    }
+
+    /// One timed batch of `k` graphs: (seconds per build, seconds per realize). Building and realizing are timed
+    /// separately; dropping the results is not timed.
+    pub fn batch(&self, k: usize) -> (f64, f64) {
+        let t0 = Instant::now();
+        let graphs: Vec<Tensor> = (0..k).map(|_| self.build()).collect();
+        let build = t0.elapsed();
+        let t1 = Instant::now();
+        for g in &graphs {
+            g.realize().expect("realize");
+        }
+        let realize = t1.elapsed();
+        drop(graphs);
+        (build.as_secs_f64() / k as f64, realize.as_secs_f64() / k as f64)
+    }
+}
+
+impl Default for Replay {
+    fn default() -> Self {
+        Replay::new()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Compile time
+// ---------------------------------------------------------------------------------------------------------------
+
+/// Distinct constants across the whole process, so no two compile measurements share a signature or a kernel.
+static NEXT_CONSTANT: AtomicU64 = AtomicU64::new(0);
+
+/// `(a * k).sin().square() * b + c` on 1-element tensors: one fused kernel of six ops. `fresh` uses a new `k`
+/// each call (an integer, exact in f32, so the kernel IR text and with it the kernel cache key differ too) and so
+/// misses both the plan cache and the kernel cache; `same` uses a fixed `k` and hits.
+pub struct Compile {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub c: Tensor,
+}
+
+impl Compile {
+    pub fn new() -> Compile {
+        let dev = Device::cpu();
+        let t = |v: f32| Tensor::from_vec(vec![v], [1], &dev).expect("upload");
+        Compile { a: t(0.5), b: t(2.0), c: t(0.25) }
+    }
+
+    fn graph(&self, k: f64) -> Tensor {
+        (&self.a * k).sin().square() * &self.b + &self.c
+    }
+
+    pub fn fresh(&self) -> Tensor {
+        let k = NEXT_CONSTANT.fetch_add(1, Ordering::Relaxed) as f64 + 2.0;
+        assert!(k < (1u64 << 24) as f64, "constants stay exact in f32");
+        self.graph(k)
+    }
+
+    pub fn same(&self) -> Tensor {
+        self.graph(1.0)
+    }
+}
+
+impl Default for Compile {
+    fn default() -> Self {
+        Compile::new()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Matmul
+// ---------------------------------------------------------------------------------------------------------------
+
+/// Two realized `MATMUL_N x MATMUL_N` f32 matrices with values in [-1, 1).
+pub fn matmul_inputs() -> (Tensor, Tensor) {
+    let dev = Device::cpu();
+    let n = MATMUL_N;
+    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7 + 3) % 61) as f32 / 30.5 - 1.0).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| ((i * 13 + 5) % 47) as f32 / 23.5 - 1.0).collect();
+    let a = Tensor::from_vec(a, [n, n], &dev).expect("upload");
+    let b = Tensor::from_vec(b, [n, n], &dev).expect("upload");
+    (a, b)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Correctness: a benchmark of a wrong result is worthless, so every workload is checked once before timing.
+// ---------------------------------------------------------------------------------------------------------------
+
+fn close(got: f32, want: f64, tol: f64, what: &str, i: usize) {
+    let err = (got as f64 - want).abs();
+    assert!(err <= tol * (1.0 + want.abs()), "{what}: element {i} is {got}, expected {want} (|err| {err:e})");
+}
+
+/// Checks sampled elements of every workload against an f64 reference; panics on a mismatch.
+pub fn verify() {
+    let n = 1 << 16;
+    let (ha, hb, hc) = host_inputs(n);
+    let inp = Inputs::new(n);
+    let y = chain(&inp.a, &inp.b, &inp.c).to_vec::<f32>().expect("chain");
+    let s = sin_chain(&inp.a, &inp.b, &inp.c).to_vec::<f32>().expect("sin chain");
+    for i in (0..n).step_by(997) {
+        let (a, b, c) = (ha[i] as f64, hb[i] as f64, hc[i] as f64);
+        close(y[i], a * b + c, 1e-6, "a * b + c", i);
+        close(s[i], a.sin().powi(2) * b + c, 1e-5, "sin(a)^2 * b + c", i);
+    }
+
+    let r = Replay::new();
+    let mut want = 0.25f64;
+    for _ in 0..REPLAY_NODES / 5 {
+        want = (want * 0.9f32 as f64 + 0.5).tanh() - 0.25;
+    }
+    close(r.build().item::<f32>().expect("replay"), want, 1e-5, "replay graph", 0);
+
+    let c = Compile::new();
+    let k = 1.0f64;
+    close(
+        c.same().item::<f32>().expect("compile graph"),
+        (0.5 * k).sin().powi(2) * 2.0 + 0.25,
+        1e-6,
+        "compile graph",
+        0,
+    );
+
+    let (a, b) = matmul_inputs();
+    let m = MATMUL_N;
+    let got = a.matmul(&b).to_vec::<f32>().expect("matmul");
+    let (ha, hb) = (a.to_vec::<f32>().expect("a"), b.to_vec::<f32>().expect("b"));
+    for &(i, j) in &[(0, 0), (1, 517), (m - 1, m - 1), (400, 3), (777, 1000)] {
+        let want: f64 = (0..m).map(|k| ha[i * m + k] as f64 * hb[k * m + j] as f64).sum();
+        close(got[i * m + j], want, 1e-4, "matmul", i * m + j);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The summary table
+// ---------------------------------------------------------------------------------------------------------------
+
+/// Medians in seconds (per call), `None` where a measurement was not run (e.g. filtered out of a criterion run).
+#[derive(Clone, Debug, Default)]
+pub struct Results {
+    pub threads: usize,
+    pub chain_s: Option<f64>,
+    pub triad_s: Option<f64>,
+    pub triad_fresh_s: Option<f64>,
+    /// Dropping the realized 64 MiB output of the chain (not part of `chain_s`).
+    pub drop_s: Option<f64>,
+    pub sin_s: Option<f64>,
+    pub sin_rust_s: Option<f64>,
+    pub replay_realize_s: Option<f64>,
+    pub replay_build_s: Option<f64>,
+    pub replay_nodes: usize,
+    pub compile_s: Option<f64>,
+    pub compile_hit_s: Option<f64>,
+    /// `kiln::stats().compiles` added by the compile measurements, and how many realizations they timed.
+    pub compiles: u64,
+    pub compile_calls: u64,
+    pub matmul_s: Option<f64>,
+    pub fma_gflops: Option<f64>,
+}
+
+fn gbs(bytes_per_elem: usize, s: f64) -> f64 {
+    (bytes_per_elem * N) as f64 / s / 1e9
+}
+
+fn yes(ok: bool) -> &'static str {
+    if ok { "yes" } else { "**no**" }
+}
+
+const NA: &str = "n/a";
+
+impl Results {
+    /// One markdown table: benchmark | kiln | baseline | ratio | target | met?
+    pub fn table(&self) -> String {
+        let mut t = String::new();
+        let row = |t: &mut String, cells: [String; 6]| {
+            let _ = writeln!(t, "| {} |", cells.join(" | "));
+        };
+        let s = |x: &str| x.to_string();
+        row(&mut t, ["benchmark", "kiln", "baseline (same run unless noted)", "ratio", "target", "met?"].map(s));
+        let _ = writeln!(t, "|---|---|---|---|---|---|");
+        let th = self.threads;
+
+        match (self.chain_s, self.triad_s) {
+            (Some(k), Some(b)) => {
+                let (kg, bg) = (gbs(CHAIN_BYTES_PER_ELEM, k), gbs(TRIAD_BYTES_PER_ELEM, b));
+                let r = kg / bg;
+                row(
+                    &mut t,
+                    [
+                        format!("`a * b + c`, 16M f32, {th}T (16 B/elem)"),
+                        format!("{kg:.1} GB/s ({:.1} ms)", k * 1e3),
+                        format!("STREAM triad, Rust, {th}T, in place: {bg:.1} GB/s ({:.1} ms)", b * 1e3),
+                        format!("{:.0} % of triad", r * 100.0),
+                        s(">= 85 %"),
+                        s(yes(r >= 0.85)),
+                    ],
+                );
+            }
+            _ => row(&mut t, [s("`a * b + c`, 16M f32"), s(NA), s(NA), s(NA), s(">= 85 %"), s(NA)]),
+        }
+        if let (Some(f), Some(b)) = (self.triad_fresh_s, self.triad_s) {
+            let (fg, bg) = (gbs(TRIAD_BYTES_PER_ELEM, f), gbs(TRIAD_BYTES_PER_ELEM, b));
+            row(
+                &mut t,
+                [
+                    s("(info) triad into a fresh 64 MiB Vec each call"),
+                    format!("{fg:.1} GB/s ({:.1} ms), Rust", f * 1e3),
+                    format!("triad in place {bg:.1} GB/s"),
+                    format!("{:.0} %", fg / bg * 100.0),
+                    s("-"),
+                    s("-"),
+                ],
+            );
+        }
+        if let Some(d) = self.drop_s {
+            row(
+                &mut t,
+                [
+                    s("(info) dropping a realized 64 MiB output"),
+                    format!("{:.1} ms (not in the chain time)", d * 1e3),
+                    s("-"),
+                    s("-"),
+                    s("-"),
+                    s("-"),
+                ],
+            );
+        }
+
+        match self.sin_s {
+            Some(k) => {
+                let speedup = TORCH_COMPILE_SIN_MS / (k * 1e3);
+                row(
+                    &mut t,
+                    [
+                        format!("`sin(a)^2 * b + c`, 16M f32, {th}T"),
+                        format!("{:.1} ms ({:.1} GB/s)", k * 1e3, gbs(SIN_BYTES_PER_ELEM, k)),
+                        format!("torch.compile 2T: {TORCH_COMPILE_SIN_MS} ms (reference file, not this run)"),
+                        format!("{speedup:.2}x faster"),
+                        format!(">= 2x (<= {:.1} ms)", TORCH_COMPILE_SIN_MS / 2.0),
+                        s(yes(speedup >= 2.0)),
+                    ],
+                );
+                if let Some(r) = self.sin_rust_s {
+                    row(
+                        &mut t,
+                        [
+                            s("(info) same, vs plain Rust `f32::sin` loop"),
+                            format!("{:.1} ms", k * 1e3),
+                            format!("Rust {th}T, in place: {:.1} ms ({:.1} GB/s)", r * 1e3, gbs(SIN_BYTES_PER_ELEM, r)),
+                            format!("{:.2}x faster", r / k),
+                            s("-"),
+                            s("-"),
+                        ],
+                    );
+                }
+            }
+            None => row(&mut t, [s("`sin(a)^2 * b + c`, 16M f32"), s(NA), s(NA), s(NA), s(">= 2x"), s(NA)]),
+        }
+
+        match (self.replay_realize_s, self.replay_build_s) {
+            (Some(r), Some(b)) => row(
+                &mut t,
+                [
+                    format!("replay, cached {}-node graph, 1-elem tensors", self.replay_nodes),
+                    format!("{:.2} µs per realize", r * 1e6),
+                    format!("building the graph alone: {:.2} µs", b * 1e6),
+                    format!("{:.1}x build", r / b),
+                    s("<= 5 µs"),
+                    s(yes(r <= 5e-6)),
+                ],
+            ),
+            _ => row(&mut t, [s("replay, cached 50-node graph"), s(NA), s(NA), s(NA), s("<= 5 µs"), s(NA)]),
+        }
+
+        match self.compile_s {
+            Some(c) => {
+                let hit = self.compile_hit_s;
+                row(
+                    &mut t,
+                    [
+                        s("compile one fused kernel (6 ops, 1-elem, cache miss)"),
+                        format!(
+                            "median {:.2} ms ({} compiles in {} realizes)",
+                            c * 1e3,
+                            self.compiles,
+                            self.compile_calls
+                        ),
+                        hit.map_or(s(NA), |h| format!("same graph, cache hit: {:.2} µs", h * 1e6)),
+                        hit.map_or(s(NA), |h| format!("{:.0}x a hit", c / h)),
+                        s("median <= 2 ms"),
+                        s(yes(c <= 2e-3 && self.compiles == self.compile_calls)),
+                    ],
+                );
+            }
+            None => row(&mut t, [s("compile one fused kernel"), s(NA), s(NA), s(NA), s("<= 2 ms"), s(NA)]),
+        }
+
+        match self.matmul_s {
+            Some(m) => {
+                let g = MATMUL_FLOPS / m / 1e9;
+                row(
+                    &mut t,
+                    [
+                        format!("matmul 1024^3 f32, {th}T"),
+                        format!("{g:.1} GFLOP/s ({:.0} ms)", m * 1e3),
+                        self.fma_gflops
+                            .map_or(s("FMA peak: n/a"), |p| format!("FMA peak, Rust, {th}T: {p:.0} GFLOP/s")),
+                        self.fma_gflops.map_or(s(NA), |p| format!("{:.1} % of peak", g / p * 100.0)),
+                        s("report (torch 2T: 172, gemm crate 2T: 120, reference)"),
+                        s("-"),
+                    ],
+                );
+            }
+            None => row(&mut t, [s("matmul 1024^3 f32"), s(NA), s(NA), s(NA), s("report"), s(NA)]),
+        }
+        t
+    }
+}

@@ -1,0 +1,140 @@
+//! kiln's CPU benchmark suite in a few seconds: the workloads of `benches/cpu.rs` (same code, from
+//! `benches/common`), each with its same-run baseline, as medians of a few runs, printed as one markdown table.
+//!
+//! `cargo run --release --example bench_table [-- --runs N]`
+//!
+//! The machine this runs on may be shared and noisy: read the ratios (kiln against a baseline measured in the same
+//! run, interleaved with it) rather than absolute figures, and rerun when the load average printed above the table is
+//! high. `KILN_NUM_THREADS` sets kiln's thread count and the baselines'. For criterion's statistics run
+//! `cargo bench --bench cpu`.
+
+#[path = "../benches/common/mod.rs"]
+mod common;
+
+use common::*;
+use std::time::Instant;
+
+fn main() {
+    let runs: usize = std::env::args()
+        .skip_while(|a| a != "--runs")
+        .nth(1)
+        .map(|s| s.parse().unwrap_or_else(|_| panic!("--runs expects a number, got {s:?}")))
+        .unwrap_or(11)
+        .max(1);
+    let threads = threads();
+    let load_before = loadavg();
+    let t_start = Instant::now();
+    verify();
+
+    let mut r = Results { threads, ..Results::default() };
+
+    // Streaming workloads: kiln and the Rust baselines interleaved, so load changes hit both alike.
+    {
+        let inp = Inputs::new(N);
+        let mut st = Stream::new(N, threads);
+        let (mut chain_s, mut sin_s, mut drop_s) = (vec![], vec![], vec![]);
+        let (mut triad_s, mut fresh_s, mut sin_rust_s) = (vec![], vec![], vec![]);
+        for i in 0..=runs {
+            let (t, y) = timed_realize(|| chain(&inp.a, &inp.b, &inp.c));
+            let t0 = Instant::now();
+            drop(y);
+            let d = t0.elapsed();
+            let (ts, y) = timed_realize(|| sin_chain(&inp.a, &inp.b, &inp.c));
+            drop(y);
+            let t0 = Instant::now();
+            st.triad();
+            let tt = t0.elapsed();
+            let t0 = Instant::now();
+            let out = st.triad_fresh();
+            let tf = t0.elapsed();
+            drop(out);
+            let t0 = Instant::now();
+            st.sin_chain();
+            let tr = t0.elapsed();
+            if i > 0 {
+                // run 0 is warm-up (first compile, first touch of the baselines' pages)
+                chain_s.push(t.as_secs_f64());
+                drop_s.push(d.as_secs_f64());
+                sin_s.push(ts.as_secs_f64());
+                triad_s.push(tt.as_secs_f64());
+                fresh_s.push(tf.as_secs_f64());
+                sin_rust_s.push(tr.as_secs_f64());
+            }
+        }
+        r.chain_s = Some(median(&chain_s));
+        r.drop_s = Some(median(&drop_s));
+        r.sin_s = Some(median(&sin_s));
+        r.triad_s = Some(median(&triad_s));
+        r.triad_fresh_s = Some(median(&fresh_s));
+        r.sin_rust_s = Some(median(&sin_rust_s));
+    }
+
+    // Replay of a cached graph.
+    {
+        let rp = Replay::new();
+        r.replay_nodes = rp.nodes_per_build();
+        rp.batch(16); // compiles the plan
+        let (mut build, mut realize) = (vec![], vec![]);
+        for _ in 0..runs.max(5) * 2 {
+            let (b, z) = rp.batch(REPLAY_BATCH);
+            build.push(b);
+            realize.push(z);
+        }
+        r.replay_build_s = Some(median(&build));
+        r.replay_realize_s = Some(median(&realize));
+    }
+
+    // Compile time: every realize misses the cache.
+    {
+        let cp = Compile::new();
+        cp.fresh().realize().expect("warm-up compile");
+        let (mut miss, mut hit) = (vec![], vec![]);
+        let before = kiln::stats().compiles;
+        let calls = (runs * 10).max(50);
+        for _ in 0..calls {
+            let g = cp.fresh();
+            let t0 = Instant::now();
+            g.realize().expect("realize");
+            miss.push(t0.elapsed().as_secs_f64());
+        }
+        r.compiles = kiln::stats().compiles - before;
+        r.compile_calls = calls as u64;
+        cp.same().realize().expect("warm-up hit");
+        for _ in 0..calls {
+            let g = cp.same();
+            let t0 = Instant::now();
+            g.realize().expect("realize");
+            hit.push(t0.elapsed().as_secs_f64());
+        }
+        r.compile_s = Some(median(&miss));
+        r.compile_hit_s = Some(median(&hit));
+    }
+
+    // Matmul, interleaved with the FMA peak.
+    {
+        let (a, b) = matmul_inputs();
+        let (mut mm, mut peak) = (vec![], vec![]);
+        for i in 0..=runs.div_ceil(2).max(3) {
+            let (t, y) = timed_realize(|| a.matmul(&b));
+            drop(y);
+            let p = fma_peak_gflops(threads, FMA_ITERS / 4);
+            if i > 0 {
+                mm.push(t.as_secs_f64());
+                if let Some(p) = p {
+                    peak.push(p);
+                }
+            }
+        }
+        r.matmul_s = Some(median(&mm));
+        r.fma_gflops = (!peak.is_empty()).then(|| median(&peak));
+    }
+
+    println!(
+        "kiln CPU benchmarks: {threads} threads, medians of {runs} runs; load average {load_before} before, {} after; \
+         {:.1} s",
+        loadavg(),
+        t_start.elapsed().as_secs_f64()
+    );
+    println!();
+    print!("{}", r.table());
+}
