@@ -7,9 +7,10 @@
 //!   would; bool is 0 or 1);
 //! - movement ops are gathers through explicit index maps: no strides are shared with any backend's code.
 //!
-//! Deliberate choices where C or PyTorch is undefined or raises: integer division by zero gives 0, float -> int
-//! casts saturate (NaN -> 0) as Rust's `as`, an int raised to a negative power gives `1/x` truncated (0 unless x is
-//! 1 or -1). Values are freed after their last use, so memory is bounded by the live set, not the graph.
+//! Deliberate choices where C or PyTorch is undefined or raises: integer division by zero gives 0; float -> int
+//! casts truncate to i64 (saturating, NaN -> 0) and then wrap to the target width; an int raised to a negative
+//! power gives `1/x` truncated (0 unless x is 1 or -1). Values are freed after their last use, so memory is bounded
+//! by the live set, not the graph.
 
 use crate::buffer::HostBuffer;
 use crate::dtype::DType;
