@@ -11,6 +11,7 @@
 #[cfg(feature = "cpu")]
 pub mod cpu;
 pub mod dump;
+pub mod host_pool;
 
 use kiln_jit::{Graph, HostBuffer, RngKey};
 
@@ -19,6 +20,14 @@ use kiln_jit::{Graph, HostBuffer, RngKey};
 pub enum Buffer {
     /// Host memory (the CPU backend's buffers).
     Host(HostBuffer),
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        match self {
+            Buffer::Host(h) => host_pool::give(std::mem::replace(h, HostBuffer::U8(Vec::new()))),
+        }
+    }
 }
 
 impl Buffer {

@@ -177,19 +177,6 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     })
 }
 
-/// An empty output buffer with room for `len` elements; kernels write into the spare capacity and `finish_output`
-/// sets the length once they have.
-fn output_with_capacity(dtype: DType, len: usize) -> HostBuffer {
-    match dtype {
-        DType::Bool => HostBuffer::Bool(Vec::with_capacity(len)),
-        DType::U8 => HostBuffer::U8(Vec::with_capacity(len)),
-        DType::I32 => HostBuffer::I32(Vec::with_capacity(len)),
-        DType::I64 => HostBuffer::I64(Vec::with_capacity(len)),
-        DType::F32 => HostBuffer::F32(Vec::with_capacity(len)),
-        DType::F64 => HostBuffer::F64(Vec::with_capacity(len)),
-    }
-}
-
 /// Marks `len` elements of an output written.
 ///
 /// # Safety
@@ -260,7 +247,7 @@ impl Executable for JitPlan {
                 Buffer::Host(h) => h,
             })
             .collect();
-        let mut outputs: Vec<HostBuffer> = self.outputs.iter().map(|&(d, n)| output_with_capacity(d, n)).collect();
+        let mut outputs: Vec<HostBuffer> = self.outputs.iter().map(|&(d, n)| crate::host_pool::take(d, n)).collect();
         for &(o, i) in &self.passthrough {
             outputs[o] = inputs[i].clone();
         }

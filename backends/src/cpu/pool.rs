@@ -141,6 +141,8 @@ struct Shared {
     claimed: Box<[CachePadded<AtomicU64>]>,
     /// Per worker: it is parked (or about to park) and needs an `unpark` to see a new word.
     sleeping: Box<[CachePadded<AtomicBool>]>,
+    /// Worker `i`'s thread handle, to unpark it. Set once all workers are spawned, before the first launch.
+    workers: OnceLock<Box<[Thread]>>,
     /// The caller is parked (or about to park) waiting for `remaining` to reach 0.
     caller_parked: AtomicBool,
     /// The parked caller, for the last worker to unpark. Only touched on that slow path.
@@ -164,6 +166,25 @@ unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
 impl Shared {
+    /// Unparks the workers of chunks `2c + 1` and `2c + 2` if they are chunks of this launch and asleep: the wake-up
+    /// tree. The caller (chunk 0) wakes chunks 1 and 2, and every worker, once it has seen a new word, wakes its two
+    /// children, so a launch after idle costs the caller at most two `unpark` syscalls whatever the thread count,
+    /// and all sleepers are woken in `log2(threads)` rounds.
+    ///
+    /// No wake-up is lost: the waker has loaded the new word with `SeqCst` (the caller stored it so) before loading
+    /// `sleeping` with `SeqCst`, and a worker stores `sleeping` with `SeqCst` before re-loading the word with
+    /// `SeqCst`; in the single order of these operations, either the worker's load sees the new word or the waker's
+    /// load sees `sleeping == true`.
+    #[inline]
+    fn wake_children(&self, c: usize, chunks: usize) {
+        let Some(workers) = self.workers.get() else { return };
+        for child in [2 * c + 1, 2 * c + 2] {
+            if child < chunks && self.sleeping[child - 1].load(Ordering::SeqCst) {
+                workers[child - 1].unpark();
+            }
+        }
+    }
+
     /// Claims chunk `c >= 1` of generation `generation` for the calling thread; at most one thread succeeds per
     /// chunk and generation. A thread that read an old word cannot claim anything: a launch finishes only after all
     /// its chunks were claimed, so for every chunk of an older generation the slot already holds that generation or
@@ -196,8 +217,6 @@ impl Shared {
 /// A persistent pool of worker threads; see the module doc.
 pub struct Pool {
     shared: Arc<Shared>,
-    /// Worker `i`'s thread handle, to unpark it.
-    workers: Box<[Thread]>,
     handles: Vec<JoinHandle<()>>,
 }
 
@@ -228,6 +247,7 @@ impl Pool {
             busy: CachePadded(AtomicBool::new(false)),
             claimed: (0..wanted).map(|_| CachePadded(AtomicU64::new(0))).collect(),
             sleeping: padded_flags(wanted),
+            workers: OnceLock::new(),
             caller_parked: AtomicBool::new(false),
             caller: Mutex::new(None),
             panicked: AtomicBool::new(false),
@@ -246,13 +266,15 @@ impl Pool {
                 Err(_) => break,
             }
         }
-        let workers = handles.iter().map(|h| h.thread().clone()).collect();
-        Pool { shared, workers, handles }
+        let workers: Box<[Thread]> = handles.iter().map(|h| h.thread().clone()).collect();
+        // Cannot fail: nothing else sets it. Happens before any launch is published, so workers always find it.
+        let _ = shared.workers.set(workers);
+        Pool { shared, handles }
     }
 
     /// Total threads working on a launch, the caller included.
     pub fn threads(&self) -> usize {
-        self.workers.len() + 1
+        self.handles.len() + 1
     }
 
     /// How long an idle worker spins before parking.
@@ -295,14 +317,10 @@ impl Pool {
         unsafe { *shared.published.job.get() = Job { f: Some(f_static), n } };
         shared.remaining.store(chunks - 1, Ordering::Relaxed);
         let generation = (shared.published.word.load(Ordering::Relaxed) >> CHUNK_BITS) + 1;
-        // SeqCst: releases `job`/`remaining` to the workers, and orders against the `sleeping` loads below (Dekker
-        // handshake with `worker`'s park path).
+        // SeqCst: releases `job`/`remaining` to the workers, and orders against the `sleeping` loads of the wake-up
+        // tree (see `wake_children`).
         shared.published.word.store(generation << CHUNK_BITS | chunks as u64, Ordering::SeqCst);
-        for (worker, sleeping) in self.workers[..chunks - 1].iter().zip(&shared.sleeping[..chunks - 1]) {
-            if sleeping.load(Ordering::SeqCst) {
-                worker.unpark();
-            }
-        }
+        shared.wake_children(0, chunks);
 
         let (start, end) = chunk_bounds(n, chunks, 0);
         let mut first_panic = panic::catch_unwind(AssertUnwindSafe(|| f(start, end))).err();
@@ -362,7 +380,7 @@ impl Drop for Pool {
         // A new generation with no chunks; the SeqCst store releases `shutdown` to workers that see it.
         let generation = (shared.published.word.load(Ordering::Relaxed) >> CHUNK_BITS) + 1;
         shared.published.word.store(generation << CHUNK_BITS, Ordering::SeqCst);
-        for worker in &self.workers {
+        for worker in shared.workers.get().into_iter().flatten() {
             worker.unpark();
         }
         for handle in self.handles.drain(..) {
@@ -424,15 +442,16 @@ fn worker(shared: &Shared, idx: usize) {
     let word_cell = &shared.published.word;
     let mut seen = 0u64;
     loop {
-        let mut word = word_cell.load(Ordering::Acquire);
+        // SeqCst loads (plain loads on x86): the wake-up tree relies on them, see `wake_children`.
+        let mut word = word_cell.load(Ordering::SeqCst);
         if word == seen
             && !spin_until(shared.spin, || {
-                word = word_cell.load(Ordering::Acquire);
+                word = word_cell.load(Ordering::SeqCst);
                 word != seen
             })
         {
-            // SeqCst pairs with the caller's word store + `sleeping` load: either we see the new word or it sees us
-            // sleeping and unparks us. Spurious wake-ups (stray unparks) just go round the loop.
+            // SeqCst pairs with the waker's `sleeping` load: either we see the new word or it sees us sleeping and
+            // unparks us (see `wake_children`). Spurious wake-ups (stray unparks) just go round the loop.
             shared.sleeping[idx].store(true, Ordering::SeqCst);
             loop {
                 word = word_cell.load(Ordering::SeqCst);
@@ -449,7 +468,11 @@ fn worker(shared: &Shared, idx: usize) {
         }
         let (generation, chunks) = (word >> CHUNK_BITS, (word & CHUNK_MASK) as usize);
         let c = idx + 1;
-        if c >= chunks || !shared.claim(c, generation) {
+        if c >= chunks {
+            continue;
+        }
+        shared.wake_children(c, chunks);
+        if !shared.claim(c, generation) {
             continue;
         }
         if let Err(payload) = shared.run_chunk(chunks, c) {
