@@ -73,7 +73,8 @@ enum Kind {
 
 struct Walked {
     tensor: Tensor,
-    srcs: Vec<u32>,
+    /// This node's operand ids are `Walk::src_ids[srcs]`.
+    srcs: std::ops::Range<usize>,
     kind: Kind,
 }
 
@@ -84,26 +85,34 @@ struct Walk {
     inputs: Vec<Arc<Buffer>>,
     rng: Vec<RngKey>,
     signature: Vec<u64>,
+    /// Operand ids of every walked node, back to back (see `Walked::srcs`).
+    src_ids: Vec<u32>,
 }
 
 impl Walk {
-    /// Visits `root` and everything it needs; returns its local index.
+    /// Visits `root` and everything it needs; returns its local index. Iterative post-order DFS; the operands of
+    /// every open frame live on one shared stack, so visiting a node allocates nothing of its own.
     fn visit(&mut self, root: &Tensor) -> u32 {
         struct Frame {
             tensor: Tensor,
-            srcs: Option<Vec<Tensor>>,
+            /// Position of this frame's operands on `kids`, once read.
+            kids: Option<usize>,
+            count: usize,
             next: usize,
         }
         if let Some(&i) = self.index.get(&Arc::as_ptr(&root.node)) {
             return i;
         }
-        let mut stack = vec![Frame { tensor: root.clone(), srcs: None, next: 0 }];
+        let mut kids: Vec<Tensor> = Vec::new();
+        let mut stack = vec![Frame { tensor: root.clone(), kids: None, count: 0, next: 0 }];
         while let Some(top) = stack.last_mut() {
-            if top.srcs.is_none() {
+            if top.kids.is_none() {
                 let buffer = match &*top.tensor.node.state.lock() {
                     State::Realized(b) => Some(b.clone()),
                     State::Lazy(srcs) => {
-                        top.srcs = Some(srcs.clone());
+                        top.kids = Some(kids.len());
+                        top.count = srcs.len();
+                        kids.extend(srcs.iter().cloned());
                         None
                     }
                 };
@@ -111,22 +120,26 @@ impl Walk {
                     let slot = self.inputs.len();
                     self.inputs.push(b);
                     let t = stack.pop().expect("frame").tensor;
-                    self.emit(t, Vec::new(), Kind::Input { slot });
+                    self.emit(t, 0, Kind::Input { slot });
                     continue;
                 }
             }
-            let srcs = top.srcs.as_ref().expect("operands read");
-            if top.next < srcs.len() {
-                let child = srcs[top.next].clone();
+            let first = top.kids.expect("operands read");
+            if top.next < top.count {
+                let child = &kids[first + top.next];
                 top.next += 1;
                 if !self.index.contains_key(&Arc::as_ptr(&child.node)) {
-                    stack.push(Frame { tensor: child, srcs: None, next: 0 });
+                    let tensor = child.clone();
+                    stack.push(Frame { tensor, kids: None, count: 0, next: 0 });
                 }
                 continue;
             }
             let frame = stack.pop().expect("frame");
-            let srcs = frame.srcs.expect("operands read");
-            let ids: Vec<u32> = srcs.iter().map(|s| self.index[&Arc::as_ptr(&s.node)]).collect();
+            for k in &kids[first..first + frame.count] {
+                let id = self.index[&Arc::as_ptr(&k.node)];
+                self.src_ids.push(id);
+            }
+            kids.truncate(first);
             let kind = match frame.tensor.node.rng {
                 Some(key) => {
                     self.rng.push(key);
@@ -134,13 +147,16 @@ impl Walk {
                 }
                 None => Kind::Op,
             };
-            self.emit(frame.tensor, ids, kind);
+            self.emit(frame.tensor, frame.count, kind);
         }
         self.index[&Arc::as_ptr(&root.node)]
     }
 
-    fn emit(&mut self, tensor: Tensor, srcs: Vec<u32>, kind: Kind) {
+    /// Records a node whose `nsrcs` operand ids are the last ones pushed on `src_ids`.
+    fn emit(&mut self, tensor: Tensor, nsrcs: usize, kind: Kind) {
         let node = &tensor.node;
+        let srcs_at = self.src_ids.len() - nsrcs;
+        let srcs = &self.src_ids[srcs_at..];
         let sig = &mut self.signature;
         match &kind {
             Kind::Input { slot } => Op::Input { slot: *slot }.encode(sig),
@@ -157,7 +173,7 @@ impl Walk {
         sig.extend(srcs.iter().map(|&s| s as u64));
         let id = self.nodes.len() as u32;
         self.index.insert(Arc::as_ptr(node), id);
-        self.nodes.push(Walked { tensor, srcs, kind });
+        self.nodes.push(Walked { tensor, srcs: srcs_at..srcs_at + nsrcs, kind });
     }
 
     /// The petgraph copy of the walked graph (built on a cache miss only).
@@ -171,7 +187,7 @@ impl Walk {
                 (Kind::Rand { slot }, Op::Rand { dist, .. }) => Op::Rand { dist: *dist, slot: *slot },
                 (_, op) => op.clone(),
             };
-            let srcs: Vec<NodeIndex> = w.srcs.iter().map(|&s| ids[s as usize]).collect();
+            let srcs: Vec<NodeIndex> = self.src_ids[w.srcs.clone()].iter().map(|&s| ids[s as usize]).collect();
             ids.push(g.add(NodeData { op, shape: n.shape.clone(), dtype: n.dtype }, &srcs));
         }
         g.outputs = outputs.iter().map(|&o| ids[o as usize]).collect();
