@@ -10,8 +10,8 @@
 //! by 1 along the vectorized loop are vector loads, by 0 are splats, otherwise gathers. Bools are 0/1 bytes in
 //! memory and scalar code, all-ones/zero lane masks in vector code.
 //!
-//! Transcendentals are calls to `Libcall`s, which the backend binds to Rust functions (correctly rounded to the
-//! accuracy of Rust's `std`); vectorized versions replace them where `clif_math` provides one.
+//! exp, log, sin, cos and tanh are inlined polynomials from `clif_math` (1-3 ulp, documented there); `pow`, random
+//! numbers and out-of-range trig arguments are calls to `Libcall`s, which the backend binds to Rust functions.
 //!
 //! Semantics are those of `kernel::eval` (the executable spec): ints wrap, integer division by zero gives 0,
 //! float -> int casts saturate through i64 then wrap, max/min propagate NaN, comparisons with NaN are false except
@@ -20,6 +20,7 @@
 use crate::dtype::{DType, Scalar};
 use crate::kernel::{IExpr, Inst, InstOp, KernelIr, Valid};
 use crate::op::{BinaryOp, RandDist, ReduceOp, UnaryOp};
+use crate::render::clif_math;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
     AbiParam, Endianness, ExtFuncData, ExternalName, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type,
@@ -892,7 +893,7 @@ impl Emitter<'_> {
 
     fn unary(&mut self, u: UnaryOp, d: DType, lanes: usize, a: Value) -> Value {
         if let Some(l) = Libcall::unary(u, d) {
-            return self.per_lane(&[a], d, d, lanes, |s, x| s.libcall(l, x));
+            return self.transcendental(u, l, d, lanes, a);
         }
         let ins = self.b.ins();
         match (u, d.is_float()) {
@@ -909,6 +910,41 @@ impl Emitter<'_> {
             (UnaryOp::Not, _) => ins.bnot(a),
             (op, _) => unreachable!("unary {op:?} on {d}"),
         }
+    }
+
+    /// exp/log/sin/cos/tanh inline from `clif_math` (the same polynomial in vector and scalar code, so an element's
+    /// value does not depend on whether it fell in a vector body or a tail). sin/cos beyond the range where the
+    /// reduction is accurate branch to the libcall for the whole vector; that branch is never taken in practice.
+    fn transcendental(&mut self, u: UnaryOp, l: Libcall, d: DType, lanes: usize, a: Value) -> Value {
+        let t = self.b.func.dfg.value_type(a);
+        let f = match u {
+            UnaryOp::Exp => clif_math::exp,
+            UnaryOp::Log => clif_math::log,
+            UnaryOp::Sin => clif_math::sin,
+            UnaryOp::Cos => clif_math::cos,
+            UnaryOp::Tanh => clif_math::tanh,
+            _ => unreachable!("{u:?} is not transcendental"),
+        };
+        let fast = f(&mut self.b, a, t);
+        if !matches!(u, UnaryOp::Sin | UnaryOp::Cos) {
+            return fast;
+        }
+        let max = if d == DType::F64 { clif_math::F64_TRIG_MAX_ARG } else { clif_math::F32_TRIG_MAX_ARG };
+        let limit = self.konst(Scalar::Float(max), d, lanes);
+        let abs = self.b.ins().fabs(a);
+        let big = self.b.ins().fcmp(FloatCC::GreaterThan, abs, limit);
+        let any = if lanes > 1 { self.b.ins().vany_true(big) } else { big };
+        let slow_block = self.b.create_block();
+        let merge = self.b.create_block();
+        let result = self.b.append_block_param(merge, t);
+        self.b.ins().brif(any, slow_block, &[], merge, &[fast.into()]);
+        self.b.switch_to_block(slow_block);
+        self.b.seal_block(slow_block);
+        let slow = self.per_lane(&[a], d, d, lanes, |s, x| s.libcall(l, x));
+        self.b.ins().jump(merge, &[slow.into()]);
+        self.b.switch_to_block(merge);
+        self.b.seal_block(merge);
+        result
     }
 
     /// `op` on operands of dtype `d` (the result is bool for comparisons).
