@@ -7,7 +7,7 @@
 //!
 //! | group | kiln | baseline |
 //! |---|---|---|
-//! | `chain_16M` | `a * b + c`: build + realize (cache hit + kernel), bytes = 16/elem | STREAM triad in Rust, in place (12 B/elem); the same into a fresh Vec |
+//! | `chain_16M` | `a * b + c`: build + realize (cache hit + kernel), bytes = 16/elem | STREAM triad in Rust, in place (12 B/elem); the same into a fresh Vec; `a * b + c` in Rust |
 //! | `sin_chain_16M` | `sin(a)^2 * b + c`, same unit | Rust `f32::sin` loop (torch.compile's 34.6 ms is a fixed reference) |
 //! | `replay_50_nodes` | `realize()` of an already built 50-node graph (cache hit) | building that graph |
 //! | `compile_fused_kernel` | `realize()` of a 6-op graph that misses the plan and kernel caches | the same graph on a hit |
@@ -77,6 +77,17 @@ fn streaming(c: &mut Criterion) {
         b.iter_custom(|iters| {
             let t = realize_loop(iters, || chain(&inp.a, &inp.b, &inp.c), Some("drop"));
             record("chain", t, iters);
+            t
+        })
+    });
+    g.bench_function("rust_a*b+c", |b| {
+        b.iter_custom(|iters| {
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                st.chain();
+            }
+            let t = t0.elapsed();
+            record("chain_rust", t, iters);
             t
         })
     });
@@ -260,6 +271,7 @@ fn main() {
         chain_s: measured("chain", n),
         triad_s: measured("triad", n),
         triad_fresh_s: measured("triad_fresh", n),
+        chain_rust_s: measured("chain_rust", n),
         drop_s: measured("drop", usize::MAX),
         sin_s: measured("sin", n),
         sin_rust_s: measured("sin_rust", n),

@@ -33,7 +33,7 @@ fn main() {
         let inp = Inputs::new(N);
         let mut st = Stream::new(N, threads);
         let (mut chain_s, mut sin_s, mut drop_s) = (vec![], vec![], vec![]);
-        let (mut triad_s, mut fresh_s, mut sin_rust_s) = (vec![], vec![], vec![]);
+        let (mut triad_s, mut fresh_s, mut sin_rust_s, mut chain_rust_s) = (vec![], vec![], vec![], vec![]);
         for i in 0..=runs {
             let (t, y) = timed_realize(|| chain(&inp.a, &inp.b, &inp.c));
             let t0 = Instant::now();
@@ -51,6 +51,9 @@ fn main() {
             let t0 = Instant::now();
             st.sin_chain();
             let tr = t0.elapsed();
+            let t0 = Instant::now();
+            st.chain();
+            let tc = t0.elapsed();
             if i > 0 {
                 // run 0 is warm-up (first compile, first touch of the baselines' pages)
                 chain_s.push(t.as_secs_f64());
@@ -59,6 +62,7 @@ fn main() {
                 triad_s.push(tt.as_secs_f64());
                 fresh_s.push(tf.as_secs_f64());
                 sin_rust_s.push(tr.as_secs_f64());
+                chain_rust_s.push(tc.as_secs_f64());
             }
         }
         r.chain_s = Some(median(&chain_s));
@@ -67,6 +71,7 @@ fn main() {
         r.triad_s = Some(median(&triad_s));
         r.triad_fresh_s = Some(median(&fresh_s));
         r.sin_rust_s = Some(median(&sin_rust_s));
+        r.chain_rust_s = Some(median(&chain_rust_s));
     }
 
     // Replay of a cached graph.

@@ -185,9 +185,14 @@ mod bench {
                 last_start.fetch_max(epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
             started.fetch_add(1, Ordering::SeqCst);
-            let deadline = Instant::now() + Duration::from_millis(50);
-            while started.load(Ordering::SeqCst) < threads && Instant::now() < deadline {
-                std::hint::spin_loop();
+            // Spin, then yield: a woken worker may have been queued on this thread's core.
+            let t = Instant::now();
+            while started.load(Ordering::SeqCst) < threads && t.elapsed() < Duration::from_millis(50) {
+                if t.elapsed() < Duration::from_micros(20) {
+                    std::hint::spin_loop();
+                } else {
+                    thread::yield_now();
+                }
             }
         };
         let forced = |start_lat: &mut Vec<f64>, round_trip: &mut Vec<f64>| {
@@ -222,7 +227,24 @@ mod bench {
         row("after idle: round trip", &idle_round_trip);
         row("after idle: empty call", &idle_empty);
 
-        // 4. Crossover for a memory-bound loop (y += a * x, f32), back-to-back launches.
+        // 4. Gap sweep: the caller busy for `gap` between launches (e.g. running small kernels inline). Within the
+        //    spin time the workers are still spinning and the launch is hot; beyond it they have parked.
+        println!("\n== launch round trip after the caller was busy for a gap (spin = {:?})", pool.spin());
+        println!("{:>10} {:>10} {:>10}  (ns)", "gap us", "median", "p90");
+        for gap_us in [0u64, 10, 50, 100, 150, 180, 250, 400, 1000, 5000] {
+            let gap = Duration::from_micros(gap_us);
+            let (mut lat, mut trip) = (Vec::new(), Vec::new());
+            for _ in 0..(if gap_us >= 1000 { 100 } else { 400 }) {
+                let t = Instant::now();
+                while t.elapsed() < gap {
+                    std::hint::spin_loop();
+                }
+                forced(&mut lat, &mut trip);
+            }
+            println!("{gap_us:>10} {:>10.0} {:>10.0}", median(trip.clone()), percentile(trip, 0.9));
+        }
+
+        // 5. Crossover for a memory-bound loop (y += a * x, f32), back-to-back launches.
         println!("\n== y[i] += a * x[i] (f32), back-to-back launches: inline vs parallel_for, best ns per launch");
         println!("{:>10} {:>12} {:>12} {:>8}", "elements", "inline", "parallel", "speedup");
         let max = 1 << 24;

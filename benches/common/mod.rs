@@ -133,13 +133,27 @@ pub struct Stream {
     pub a: Vec<f32>,
     pub b: Vec<f32>,
     pub c: Vec<f32>,
+    /// Output of `chain`, so that its three inputs are left as they are.
+    pub d: Vec<f32>,
     pub threads: usize,
 }
 
 impl Stream {
     pub fn new(n: usize, threads: usize) -> Stream {
         let (a, b, c) = host_inputs(n);
-        Stream { a, b, c, threads }
+        Stream { a, b, c, d: vec![1.0; n], threads }
+    }
+
+    /// kiln's first workload in plain Rust: `d = a * b + c` into an existing buffer (16 B/elem, like kiln's).
+    pub fn chain(&mut self) {
+        let (a, b, c) = (&self.a, &self.b, &self.c);
+        par_chunks(&mut self.d, self.threads, |off, out| {
+            let r = off..off + out.len();
+            for (((o, &x), &y), &z) in out.iter_mut().zip(&a[r.clone()]).zip(&b[r.clone()]).zip(&c[r]) {
+                *o = x * y + z;
+            }
+        });
+        black_box(&mut self.d);
     }
 
     /// STREAM triad in place: `a[i] = b[i] + s * c[i]`.
@@ -414,6 +428,8 @@ pub struct Results {
     pub chain_s: Option<f64>,
     pub triad_s: Option<f64>,
     pub triad_fresh_s: Option<f64>,
+    /// `d = a * b + c` in plain Rust, into an existing buffer.
+    pub chain_rust_s: Option<f64>,
     /// Dropping the realized 64 MiB output of the chain (not part of `chain_s`).
     pub drop_s: Option<f64>,
     pub sin_s: Option<f64>,
@@ -469,6 +485,20 @@ impl Results {
                 );
             }
             _ => row(&mut t, [s("`a * b + c`, 16M f32"), s(NA), s(NA), s(NA), s(">= 85 %"), s(NA)]),
+        }
+        if let (Some(k), Some(c)) = (self.chain_s, self.chain_rust_s) {
+            let (kg, cg) = (gbs(CHAIN_BYTES_PER_ELEM, k), gbs(CHAIN_BYTES_PER_ELEM, c));
+            row(
+                &mut t,
+                [
+                    s("(info) same op in plain Rust, existing output"),
+                    format!("{kg:.1} GB/s"),
+                    format!("Rust `d = a * b + c`, {th}T: {cg:.1} GB/s ({:.1} ms)", c * 1e3),
+                    format!("{:.0} %", kg / cg * 100.0),
+                    s("-"),
+                    s("-"),
+                ],
+            );
         }
         if let (Some(f), Some(b)) = (self.triad_fresh_s, self.triad_s) {
             let (fg, bg) = (gbs(TRIAD_BYTES_PER_ELEM, f), gbs(TRIAD_BYTES_PER_ELEM, b));

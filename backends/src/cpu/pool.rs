@@ -3,27 +3,36 @@
 //! A JIT kernel processes rows `start..end` of its outermost loop, so a launch is "call `f(start, end)` for a set of
 //! contiguous chunks covering `0..n`". [`Pool::parallel_for`] does exactly that: the calling thread takes the first
 //! chunk itself, each worker takes one of the others, and the call returns once every chunk is done.
+//! [`Pool::parallel_for_work`] does the same but decides from the launch's total work whether to split at all and
+//! over how many threads (see [`min_parallel_work`]).
 //!
 //! # Design
 //!
-//! * **No allocation, no boxing, no contended lock per launch.** The job (a lifetime-erased pointer to the caller's
-//!   `&dyn Fn` plus `n`) lives in one slot inside the pool. The caller publishes it by storing a new value of a single
-//!   atomic word (generation counter in the high bits, number of participating workers in the low bits); workers
-//!   count themselves done on one atomic counter. The hot path is one uncontended compare-exchange (the busy flag),
-//!   a handful of atomic stores/loads and the calls to `f`.
+//! * **No allocation, no boxing, no lock per launch.** The job (a lifetime-erased pointer to the caller's `&dyn Fn`
+//!   plus `n`) lives in one slot inside the pool. The caller publishes it by storing one atomic word (generation in
+//!   the high bits, chunk count in the low bits); each chunk `c >= 1` has its own claim slot, and finished chunks are
+//!   counted down on one atomic counter. The hot path is one uncontended compare-exchange (the busy flag), a few
+//!   atomic stores/loads/RMWs on separate cache lines, and the calls to `f`.
+//! * **The caller steals.** Chunk `c >= 1` belongs to worker `c - 1`, which claims it when it sees the launch. Once
+//!   the caller has finished chunk 0 it claims and runs every chunk whose worker has not started yet (still waking
+//!   up, or descheduled). A tiny launch therefore costs about as much as running it inline (the caller has
+//!   finished before a worker notices), and a launch after idle, or on an overloaded machine, is never slower than
+//!   inline by more than the wake-up syscalls. It also means completion never depends on a wake-up arriving.
 //! * **Spin, then park.** After a chunk (or at start) a worker spins on the word for [`Pool::spin`] (default
-//!   [`DEFAULT_SPIN`], env `KILN_POOL_SPIN_US`) before parking with `std::thread::park`. Back-to-back launches of a
-//!   training step therefore never make a syscall; a launch after a longer idle pays one `unpark` per needed worker.
-//!   Lost wake-ups are excluded by a Dekker-style handshake (worker: set `sleeping`, re-check the word; caller: store
-//!   the word, check `sleeping`; all `SeqCst`). Only the workers a launch needs are woken: a launch with `n` rows
-//!   uses `min(n, threads)` chunks. The caller waits for the workers the same way (spin, then park until the last
-//!   worker unparks it), so a long kernel does not burn the caller's core.
+//!   [`DEFAULT_SPIN`] = 200 us, env `KILN_POOL_SPIN_US`), then parks with `std::thread::park`. The first 10 us are a
+//!   pure `spin_loop` spin, the rest yields the core between checks (`sched_yield`) so that a spinner does not starve
+//!   a thread of the pool that shares its core on an overloaded machine; a pool with more threads than cores yields
+//!   from the start. Back-to-back launches of a training step thus make no syscall at all. A launch after a longer
+//!   idle wakes the sleepers through a binary tree: the caller unparks the workers of chunks 1 and 2, the worker of
+//!   chunk `c` those of `2c + 1` and `2c + 2`, so the caller pays at most two `unpark`s whatever the thread count.
+//!   Lost wake-ups are excluded by a Dekker-style handshake on `SeqCst` operations (`Shared::wake_children`). The
+//!   caller waits for the last chunks the same way (spin, then park until the last worker unparks it).
 //! * **Concurrent and nested callers run inline.** The pool runs one launch at a time. A caller that finds it busy
 //!   (another thread's launch, or a `parallel_for` issued from inside `f`) does not wait: it runs `f(0, n)` on its own
 //!   thread. This never blocks and cannot deadlock; with several user threads each one still makes progress on its
 //!   own core, and the first one gets the pool.
 //! * **Panics.** Every chunk runs under `catch_unwind`. After all chunks have finished, the caller re-raises the
-//!   first panic (its own chunk's first, otherwise a worker's) with `resume_unwind`. The pool keeps no poisoned
+//!   first panic (its own chunks' first, otherwise a worker's) with `resume_unwind`. The pool keeps no poisoned
 //!   state: the next launch works normally. With `panic = "abort"` a panic aborts as usual.
 //! * **Thread count.** [`global`] starts `std::thread::available_parallelism()` threads in total (the caller counts
 //!   as one, so `threads - 1` workers), overridable with env `KILN_NUM_THREADS`. `KILN_NUM_THREADS=1` disables
@@ -31,14 +40,7 @@
 //!
 //! # Measurements
 //!
-//! Produced by `cargo run --release -p kiln-backends --example pool_overhead` on the development machine (2-core AMD
-//! EPYC (Zen 4) KVM guest, so the pool has 1 worker):
-//!
 //! MEASUREMENTS_PLACEHOLDER
-//!
-//! [`min_parallel_work`] is set from the crossover above (`KILN_MIN_PARALLEL_WORK` overrides it). On machines with
-//! more cores the per-launch overhead grows (more workers to publish to and wait for) while the gain grows too; the
-//! constant is a conservative default, and a launcher should compare `rows * work_per_row` against it.
 
 use std::any::Any;
 use std::cell::UnsafeCell;
@@ -59,7 +61,7 @@ pub type Task<'a> = dyn Fn(usize, usize) + Sync + 'a;
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 
 /// Work (element-operations) below which running a launch inline beats splitting it; measured, see the module doc.
-pub const DEFAULT_MIN_PARALLEL_WORK: usize = 1 << 15;
+pub const DEFAULT_MIN_PARALLEL_WORK: usize = 1 << 13;
 
 /// Upper bound on the thread count of a pool (the low bits of the published word hold the chunk count).
 pub const MAX_THREADS: usize = 1 << 12;
@@ -69,7 +71,7 @@ const CHUNK_MASK: u64 = (1 << CHUNK_BITS) - 1;
 const _: () = assert!(MAX_THREADS as u64 <= CHUNK_MASK);
 
 /// How long a spinner spins without yielding its core (when the pool has no more threads than cores).
-const PURE_SPIN: Duration = Duration::from_micros(50);
+const PURE_SPIN: Duration = Duration::from_micros(10);
 
 /// How many `spin_loop` hints between two clock reads while spinning.
 const SPINS_PER_CLOCK_READ: u32 = 64;
@@ -294,11 +296,25 @@ impl Pool {
     /// If any chunk panics, the remaining chunks still run to completion, and then the first panic is re-raised on
     /// the calling thread; the pool stays usable.
     pub fn parallel_for(&self, n: usize, f: &Task<'_>) {
-        let chunks = n.min(self.threads());
-        if chunks == 0 {
+        self.launch(n, n.min(self.threads()), f);
+    }
+
+    /// Like [`Pool::parallel_for`] for a launch whose `n` rows cost `work` element-operations in all: inline when
+    /// `work < min_parallel_work()`, otherwise over as many threads as keep at least `min_parallel_work() / 2` work
+    /// per chunk (at most `min(n, threads)`), so a medium launch on a many-core machine does not pay for
+    /// synchronizing threads it cannot feed.
+    pub fn parallel_for_work(&self, n: usize, work: usize, f: &Task<'_>) {
+        let per_chunk = (min_parallel_work() / 2).max(1);
+        self.launch(n, (work / per_chunk).min(n).min(self.threads()), f);
+    }
+
+    /// Runs `f` over `0..n` split into `chunks <= min(n, threads)` chunks.
+    fn launch(&self, n: usize, chunks: usize, f: &Task<'_>) {
+        debug_assert!(chunks <= n.min(self.threads()));
+        if n == 0 {
             return;
         }
-        if chunks == 1 {
+        if chunks <= 1 {
             return f(0, n);
         }
         let shared = &*self.shared;
@@ -488,10 +504,11 @@ fn worker(shared: &Shared, idx: usize) {
         }
         // SeqCst: releases our reads of `job` and the panic state to the caller, and pairs with the caller's
         // `caller_parked` store (Dekker handshake in `wait_done`).
-        if shared.remaining.fetch_sub(1, Ordering::SeqCst) == 1 && shared.caller_parked.load(Ordering::SeqCst) {
-            if let Some(caller) = shared.caller.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
-                caller.unpark();
-            }
+        if shared.remaining.fetch_sub(1, Ordering::SeqCst) == 1
+            && shared.caller_parked.load(Ordering::SeqCst)
+            && let Some(caller) = shared.caller.lock().unwrap_or_else(PoisonError::into_inner).as_ref()
+        {
+            caller.unpark();
         }
     }
 }
@@ -545,6 +562,32 @@ mod tests {
     }
 
     #[test]
+    fn parallel_for_work_picks_the_chunk_count() {
+        let pool = Pool::new(4);
+        let min = min_parallel_work();
+        let calls = |n: usize, work: usize| {
+            let calls = AtomicUsize::new(0);
+            let covered = AtomicUsize::new(0);
+            pool.parallel_for_work(n, work, &|start, end| {
+                calls.fetch_add(1, Ordering::Relaxed);
+                covered.fetch_add(end - start, Ordering::Relaxed);
+            });
+            assert_eq!(covered.load(Ordering::Relaxed), n);
+            calls.load(Ordering::Relaxed)
+        };
+        assert_eq!(calls(1000, 0), 1);
+        if min >= 4 && min % 4 == 0 {
+            // (Holds for the default; `KILN_MIN_PARALLEL_WORK` may set an odd value.)
+            assert_eq!(calls(1000, min - 1), 1);
+            assert_eq!(calls(1000, min), 2);
+            assert_eq!(calls(1000, 3 * min / 2), 3);
+        }
+        assert_eq!(calls(1000, usize::MAX), 4);
+        assert_eq!(calls(3, usize::MAX), 3);
+        assert_eq!(calls(0, usize::MAX), 0);
+    }
+
+    #[test]
     fn zero_and_one_rows() {
         let pool = Pool::new(4);
         let calls = AtomicUsize::new(0);
@@ -560,24 +603,29 @@ mod tests {
     }
 
     #[test]
-    fn chunks_run_on_several_threads() {
-        let pool = Pool::new(3);
-        let caller = thread::current().id();
-        let ids = Mutex::new(Vec::new());
-        // Each chunk waits for the others to start, so the caller cannot steal them: every worker runs its own.
-        let started = AtomicUsize::new(0);
-        pool.parallel_for(3, &|_, _| {
-            ids.lock().unwrap().push(thread::current().id());
-            started.fetch_add(1, Ordering::SeqCst);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while started.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
-                thread::yield_now();
+    fn every_chunk_on_its_own_thread_through_the_wake_up_tree() {
+        // Workers parked (spin 0) or spinning; each chunk waits for all others to start, so the caller cannot steal
+        // them: every worker must be woken (by the caller or through the tree) and run its own chunk.
+        for (threads, spin) in [(3, DEFAULT_SPIN), (8, DEFAULT_SPIN), (8, Duration::ZERO), (13, Duration::ZERO)] {
+            let pool = Pool::with_spin(threads, spin);
+            for _ in 0..3 {
+                thread::sleep(Duration::from_millis(2));
+                let ids = Mutex::new(Vec::new());
+                let started = AtomicUsize::new(0);
+                pool.parallel_for(threads, &|_, _| {
+                    ids.lock().unwrap().push(thread::current().id());
+                    started.fetch_add(1, Ordering::SeqCst);
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while started.load(Ordering::SeqCst) < threads && Instant::now() < deadline {
+                        thread::yield_now();
+                    }
+                });
+                let ids = ids.into_inner().unwrap();
+                assert_eq!(ids.len(), threads);
+                assert!(ids.contains(&thread::current().id()));
+                assert!(ids.iter().all(|id| ids.iter().filter(|other| *other == id).count() == 1), "{ids:?}");
             }
-        });
-        let ids = ids.into_inner().unwrap();
-        assert_eq!(ids.len(), 3);
-        assert!(ids.contains(&caller));
-        assert!(ids.iter().all(|id| ids.iter().filter(|other| *other == id).count() == 1), "{ids:?}");
+        }
     }
 
     #[test]

@@ -15,8 +15,10 @@
 //! Deliberately not done yet: multi-output kernels (two reductions of the same input run as two kernels), and
 //! splitting a reduction across threads (a full reduction to one value runs on one core).
 
+use crate::dtype::Scalar;
 use crate::graph::Graph;
-use crate::kernel::ir::{BufParam, KernelIr};
+use crate::kernel::index::IExpr;
+use crate::kernel::ir::{BufParam, Inst, InstOp, KernelIr};
 use crate::kernel::lower::lower;
 use crate::op::{Op, UnaryOp};
 use petgraph::stable_graph::NodeIndex;
@@ -212,5 +214,28 @@ pub fn schedule(graph: &Graph) -> KernelPlan {
         }
         launches.push(Launch { kernel, inputs, output });
     }
+    // A graph may list one node as several outputs (`kiln::capture(&[&t, &t])`). Its kernel writes the first of
+    // them; each later one is a copy, so that every output is written (the CPU backend allocates them uninitialized).
+    for (i, &o) in graph.outputs.iter().enumerate() {
+        let first = graph.outputs.iter().position(|&p| p == o).expect("listed");
+        if first != i && !matches!(graph.node(o).op, Op::Input { .. }) {
+            launches.push(Launch { kernel: copy(&outputs[i]), inputs: vec![Slot::Output(first)], output: Slot::Output(i) });
+        }
+    }
     KernelPlan { launches, temps, outputs, passthrough }
+}
+
+/// A kernel that copies a buffer.
+fn copy(b: &BufParam) -> KernelIr {
+    let load = InstOp::Load { buf: 0, index: IExpr::Var(0), valid: None, fill: Scalar::Int(0) };
+    KernelIr {
+        name: format!("E_copy_{}", b.len),
+        inputs: vec![b.clone()],
+        output: b.clone(),
+        out_extents: vec![b.len],
+        reduce: None,
+        outer: vec![Inst { op: load, dtype: b.dtype }],
+        result: 0,
+        flops_per_elem: 0,
+    }
 }

@@ -419,6 +419,9 @@ impl Emitter<'_> {
         let var = self.vars[self.k.out_rank() - 1];
         self.b.def_var(var, lo);
         if self.vec_ok {
+            // Two vectors per iteration give the out-of-order core two independent dependency chains (a
+            // polynomial exp or sin is one long chain per vector).
+            self.counted_loop(var, hi, (TILE_VECS * LANES) as i64, |s| s.tile(rows, TILE_VECS, LANES));
             self.counted_loop(var, hi, LANES as i64, |s| s.tile(rows, 1, LANES));
         }
         self.counted_loop(var, hi, 1, |s| s.tile(rows, 1, 1));
@@ -900,6 +903,7 @@ impl Emitter<'_> {
             (UnaryOp::Neg, true) => ins.fneg(a),
             (UnaryOp::Neg, false) => ins.ineg(a),
             (UnaryOp::Abs, true) => ins.fabs(a),
+            (UnaryOp::Abs, false) if matches!(d, DType::U8 | DType::Bool) => a, // unsigned: iabs would read i8
             (UnaryOp::Abs, false) => ins.iabs(a),
             (UnaryOp::Sqrt, _) => ins.sqrt(a),
             (UnaryOp::Recip, _) => {
