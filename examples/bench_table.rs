@@ -1,7 +1,9 @@
 //! kiln's CPU benchmark suite in a few seconds: the workloads of `benches/cpu.rs` (same code, from
 //! `benches/common`), each with its same-run baseline, as medians of a few runs, printed as one markdown table.
 //!
-//! `cargo run --release --example bench_table [-- --runs N]`
+//! `cargo run --release --example bench_table [-- --runs N] [--json]`
+//!
+//! `--json` adds one last line holding the medians as JSON (what `benches/compare/torch_cpu.py` reads).
 //!
 //! The machine this runs on may be shared and noisy: read the ratios (kiln against a baseline measured in the same
 //! run, interleaved with it) rather than absolute figures, and rerun when the load average printed above the table is
@@ -142,4 +144,7 @@ fn main() {
     );
     println!();
     print!("{}", r.table());
+    if std::env::args().any(|a| a == "--json") {
+        println!("{}", r.to_json());
+    }
 }

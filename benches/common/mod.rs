@@ -457,6 +457,36 @@ fn yes(ok: bool) -> &'static str {
 const NA: &str = "n/a";
 
 impl Results {
+    /// The medians as one line of JSON (seconds per call; `null` where not measured), for scripts such as
+    /// `benches/compare/torch_cpu.py`.
+    pub fn to_json(&self) -> String {
+        let f = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:e}"));
+        format!(
+            "{{\"threads\": {}, \"n\": {N}, \"chain_s\": {}, \"triad_s\": {}, \"triad_fresh_s\": {}, \
+             \"chain_rust_s\": {}, \"drop_s\": {}, \"sin_s\": {}, \"sin_rust_s\": {}, \"replay_realize_s\": {}, \
+             \"replay_build_s\": {}, \"replay_nodes\": {}, \"compile_s\": {}, \"compile_hit_s\": {}, \
+             \"compiles\": {}, \"compile_calls\": {}, \"matmul_s\": {}, \"matmul_n\": {MATMUL_N}, \
+             \"fma_gflops\": {}}}",
+            self.threads,
+            f(self.chain_s),
+            f(self.triad_s),
+            f(self.triad_fresh_s),
+            f(self.chain_rust_s),
+            f(self.drop_s),
+            f(self.sin_s),
+            f(self.sin_rust_s),
+            f(self.replay_realize_s),
+            f(self.replay_build_s),
+            self.replay_nodes,
+            f(self.compile_s),
+            f(self.compile_hit_s),
+            self.compiles,
+            self.compile_calls,
+            f(self.matmul_s),
+            f(self.fma_gflops),
+        )
+    }
+
     /// One markdown table: benchmark | kiln | baseline | ratio | target | met?
     pub fn table(&self) -> String {
         let mut t = String::new();

@@ -72,6 +72,16 @@ impl DType {
         }
     }
 
+    /// Wraps an integer to this dtype's width as C does (bool: non-zero is 1), returned as i64.
+    pub fn wrap_int(self, x: i64) -> i64 {
+        match self {
+            DType::Bool => (x != 0) as i64,
+            DType::U8 => x as u8 as i64,
+            DType::I32 => x as i32 as i64,
+            _ => x,
+        }
+    }
+
     /// A stable small number for signatures and cache keys. Never reorder: keys on disk depend on it.
     pub fn code(self) -> u64 {
         match self {

@@ -60,23 +60,15 @@ fn round_f(d: DType, x: f64) -> f64 {
     if d == DType::F32 { x as f32 as f64 } else { x }
 }
 
-fn wrap_i(d: DType, x: i64) -> i64 {
-    match d {
-        DType::Bool => (x != 0) as i64,
-        DType::U8 => x as u8 as i64,
-        DType::I32 => x as i32 as i64,
-        _ => x,
-    }
-}
 
 /// Rounds or wraps every value to `d`, converting between float and int representation as a cast does.
 fn normalize(d: DType, v: Vals) -> Vals {
     match (d.is_float(), v) {
         (true, Vals::F(v)) => Vals::F(v.into_iter().map(|x| round_f(d, x)).collect()),
         (true, Vals::I(v)) => Vals::F(v.into_iter().map(|x| round_f(d, x as f64)).collect()),
-        (false, Vals::I(v)) => Vals::I(v.into_iter().map(|x| wrap_i(d, x)).collect()),
+        (false, Vals::I(v)) => Vals::I(v.into_iter().map(|x| d.wrap_int(x)).collect()),
         (false, Vals::F(v)) if d == DType::Bool => Vals::I(v.into_iter().map(|x| (x != 0.0) as i64).collect()),
-        (false, Vals::F(v)) => Vals::I(v.into_iter().map(|x| wrap_i(d, x as i64)).collect()),
+        (false, Vals::F(v)) => Vals::I(v.into_iter().map(|x| d.wrap_int(x as i64)).collect()),
     }
 }
 
@@ -140,7 +132,7 @@ fn eval(
             if d.is_float() {
                 Vals::F(vec![round_f(d, s.as_f64()); n])
             } else {
-                Vals::I(vec![wrap_i(d, s.as_i64()); n])
+                Vals::I(vec![d.wrap_int(s.as_i64()); n])
             }
         }
         Op::Iota { start, step } => {
@@ -149,7 +141,7 @@ fn eval(
                 Vals::F((0..n).map(|i| round_f(d, a + i as f64 * b)).collect())
             } else {
                 let (a, b) = (start.as_i64(), step.as_i64());
-                Vals::I((0..n as i64).map(|i| wrap_i(d, a.wrapping_add(i.wrapping_mul(b)))).collect())
+                Vals::I((0..n as i64).map(|i| d.wrap_int(a.wrapping_add(i.wrapping_mul(b)))).collect())
             }
         }
         Op::Rand { dist, slot } => {
@@ -212,7 +204,7 @@ fn eval(
                 }
                 Some(flat)
             });
-            args[0].gather(n, (round_f(d, value.as_f64()), wrap_i(d, value.as_i64())), |i| map[i])
+            args[0].gather(n, (round_f(d, value.as_f64()), d.wrap_int(value.as_i64())), |i| map[i])
         }
         Op::Matmul => matmul(d, &srcs[0].shape.0, &srcs[1].shape.0, args[0], args[1])?,
     })
@@ -249,7 +241,7 @@ fn unary(u: UnaryOp, d: DType, a: &Vals) -> Result<Vals, String> {
                 UnaryOp::Not => |x| (x == 0) as i64,
                 _ => return Err(format!("{u:?} on an integer")),
             };
-            Vals::I(v.iter().map(|&x| wrap_i(d, f(x))).collect())
+            Vals::I(v.iter().map(|&x| d.wrap_int(f(x))).collect())
         }
     })
 }
@@ -329,7 +321,7 @@ fn binary(op: BinaryOp, operand_dtype: DType, a: &Vals, b: &Vals) -> Result<Vals
                 Or => |x, y| (x != 0 || y != 0) as i64,
             };
             let out = if op.is_comparison() { DType::Bool } else { d };
-            Vals::I(a.iter().zip(b).map(|(&x, &y)| wrap_i(out, f(x, y))).collect())
+            Vals::I(a.iter().zip(b).map(|(&x, &y)| out.wrap_int(f(x, y))).collect())
         }
         _ => return Err("operands of different kinds".into()),
     })
@@ -378,7 +370,7 @@ fn reduce(op: ReduceOp, d: DType, src: &[usize], axes: &[usize], a: &Vals) -> Va
             for (&t, &x) in target.iter().zip(v) {
                 acc[t] = f(acc[t], x);
             }
-            Vals::I(acc.into_iter().map(|x| wrap_i(d, x)).collect())
+            Vals::I(acc.into_iter().map(|x| d.wrap_int(x)).collect())
         }
     }
 }
@@ -408,7 +400,7 @@ fn matmul(d: DType, a_dims: &[usize], b_dims: &[usize], a: &Vals, b: &Vals) -> R
                 for i in 0..m {
                     for j in 0..n {
                         let acc = (0..k).fold(0i64, |acc, p| acc.wrapping_add(a[i * k + p].wrapping_mul(b[p * n + j])));
-                        out[bi * m * n + i * n + j] = wrap_i(d, acc);
+                        out[bi * m * n + i * n + j] = d.wrap_int(acc);
                     }
                 }
             }

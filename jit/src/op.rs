@@ -59,6 +59,20 @@ pub enum ReduceOp {
     Min,
 }
 
+impl ReduceOp {
+    /// The accumulator's starting value for dtype `d` (what an empty reduction gives).
+    pub fn identity(self, d: crate::dtype::DType) -> Scalar {
+        match (self, d.is_float()) {
+            (ReduceOp::Sum, _) => Scalar::Int(0),
+            (ReduceOp::Prod, _) => Scalar::Int(1),
+            (ReduceOp::Max, true) => Scalar::Float(f64::NEG_INFINITY),
+            (ReduceOp::Min, true) => Scalar::Float(f64::INFINITY),
+            (ReduceOp::Max, false) => Scalar::Int(d.int_range().0),
+            (ReduceOp::Min, false) => Scalar::Int(d.int_range().1),
+        }
+    }
+}
+
 /// Counter-based random distributions (see `rng`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RandDist {

@@ -20,20 +20,11 @@ enum V {
     I(i64),
 }
 
-fn wrap(d: DType, x: i64) -> i64 {
-    match d {
-        DType::Bool => (x != 0) as i64,
-        DType::U8 => x as u8 as i64,
-        DType::I32 => x as i32 as i64,
-        _ => x,
-    }
-}
-
 fn scalar(d: DType, s: Scalar) -> V {
     match d {
         DType::F32 => V::F32(s.as_f64() as f32),
         DType::F64 => V::F64(s.as_f64()),
-        _ => V::I(wrap(d, s.as_i64())),
+        _ => V::I(d.wrap_int(s.as_i64())),
     }
 }
 
@@ -47,9 +38,9 @@ fn cast(d: DType, v: V) -> V {
         (DType::F64, V::I(x)) => V::F64(x as f64),
         (DType::Bool, V::F32(x)) => V::I((x != 0.0) as i64),
         (DType::Bool, V::F64(x)) => V::I((x != 0.0) as i64),
-        (_, V::F32(x)) => V::I(wrap(d, x as i64)),
-        (_, V::F64(x)) => V::I(wrap(d, x as i64)),
-        (_, V::I(x)) => V::I(wrap(d, x)),
+        (_, V::F32(x)) => V::I(d.wrap_int(x as i64)),
+        (_, V::F64(x)) => V::I(d.wrap_int(x as i64)),
+        (_, V::I(x)) => V::I(d.wrap_int(x)),
     }
 }
 
@@ -82,9 +73,7 @@ fn unary(u: UnaryOp, d: DType, a: V) -> V {
     match a {
         V::F32(x) => float!(x, f32, F32),
         V::F64(x) => float!(x, f64, F64),
-        V::I(x) => V::I(wrap(
-            d,
-            match u {
+        V::I(x) => V::I(d.wrap_int(match u {
                 UnaryOp::Neg => x.wrapping_neg(),
                 UnaryOp::Abs => x.wrapping_abs(),
                 UnaryOp::Not => (x == 0) as i64,
@@ -118,9 +107,7 @@ fn binary(op: BinaryOp, d: DType, a: V, b: V) -> V {
     match (a, b) {
         (V::F32(x), V::F32(y)) => float!(x, y, F32),
         (V::F64(x), V::F64(y)) => float!(x, y, F64),
-        (V::I(x), V::I(y)) => V::I(wrap(
-            d,
-            match op {
+        (V::I(x), V::I(y)) => V::I(d.wrap_int(match op {
                 Add => x.wrapping_add(y),
                 Sub => x.wrapping_sub(y),
                 Mul => x.wrapping_mul(y),
@@ -190,15 +177,7 @@ fn run_insts(insts: &[Inst], vars: &[i64], inputs: &[&HostBuffer], rng: &[RngKey
 }
 
 fn init(op: ReduceOp, d: DType) -> V {
-    let s = match (op, d.is_float()) {
-        (ReduceOp::Sum, _) => Scalar::Int(0),
-        (ReduceOp::Prod, _) => Scalar::Int(1),
-        (ReduceOp::Max, true) => Scalar::Float(f64::NEG_INFINITY),
-        (ReduceOp::Min, true) => Scalar::Float(f64::INFINITY),
-        (ReduceOp::Max, false) => Scalar::Int(d.int_range().0),
-        (ReduceOp::Min, false) => Scalar::Int(d.int_range().1),
-    };
-    scalar(d, s)
+    scalar(d, op.identity(d))
 }
 
 fn fold(op: ReduceOp, d: DType, acc: V, x: V) -> V {

@@ -554,15 +554,7 @@ impl Emitter<'_> {
     }
 
     fn init(&mut self, op: ReduceOp, d: DType, lanes: usize) -> Value {
-        let s = match (op, d.is_float()) {
-            (ReduceOp::Sum, _) => Scalar::Int(0),
-            (ReduceOp::Prod, _) => Scalar::Int(1),
-            (ReduceOp::Max, true) => Scalar::Float(f64::NEG_INFINITY),
-            (ReduceOp::Min, true) => Scalar::Float(f64::INFINITY),
-            (ReduceOp::Max, false) => Scalar::Int(d.int_range().0),
-            (ReduceOp::Min, false) => Scalar::Int(d.int_range().1),
-        };
-        self.konst(s, d, lanes)
+        self.konst(op.identity(d), d, lanes)
     }
 
     fn fold(&mut self, op: ReduceOp, d: DType, lanes: usize, acc: Value, x: Value) -> Value {
