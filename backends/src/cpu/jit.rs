@@ -137,7 +137,8 @@ struct CompiledLaunch {
     output: Slot,
     /// Extent of output loop 0 (1 for a zero-dim output): the range the kernel splits over threads.
     rows: usize,
-    parallel: bool,
+    /// Element-operations of the whole launch, for the pool's inline-or-split decision.
+    work: usize,
 }
 
 pub(crate) struct JitPlan {
@@ -164,8 +165,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                 d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
             }
             let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
-            let parallel = rows >= 2 && l.kernel.work() >= pool::min_parallel_work();
-            launches.push(CompiledLaunch { f, inputs: l.inputs.clone(), output: l.output, rows, parallel });
+            launches.push(CompiledLaunch { f, inputs: l.inputs.clone(), output: l.output, rows, work: l.kernel.work() });
         }
     }
     Ok(JitPlan {
@@ -274,11 +274,7 @@ impl Executable for JitPlan {
             }
             let a = LaunchArgs { f: l.f, args: ptrs.as_ptr(), rng: rng_words.as_ptr() };
             let call = |start: usize, end: usize| a.call(start, end);
-            if l.parallel {
-                pool::global().parallel_for(l.rows, &call);
-            } else {
-                call(0, l.rows);
-            }
+            pool::global().parallel_for_work(l.rows, l.work, &call);
         }
         for (o, (b, &(_, len))) in outputs.iter_mut().zip(&self.outputs).enumerate() {
             if !self.passthrough.iter().any(|&(p, _)| p == o) {

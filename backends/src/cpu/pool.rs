@@ -49,32 +49,39 @@
 //! Machine: the 2-vCPU development VM (AMD EPYC Zen 4, KVM), so the pool has 2 threads (1 worker). The VM was
 //! shared with other builds (load average ~4), so the example was run at raised priority to measure the pool rather
 //! than the neighbours: `setsid sh -c 'echo -20 > /proc/self/autogroup; exec nice -n -20 target/release/examples/
-//! pool_overhead'`. Three runs; medians unless noted, ranges over the runs.
+//! pool_overhead'`. Eight runs; medians unless noted, ranges over the runs.
 //!
 //! | what | result |
 //! |---|---|
-//! | empty `parallel_for(2, f)`, hot (back-to-back, best batch) | 9.3 ns/call (inline call of `f`: 1.4 ns) [1] |
-//! | hot, each chunk forced onto its own thread: publish -> worker starts | 115-135 ns (p90 <= 175 ns) |
-//! | hot, forced, full round trip | 240-300 ns (p90 <= 340 ns) |
-//! | after idle (workers parked): publish -> worker starts | 28-33 us |
-//! | after idle, forced, full round trip | 41-43 us |
-//! | after idle, empty launch (caller steals; pays the `unpark`) | 4.5-10.7 us |
+//! | empty `parallel_for(2, f)`, hot (back-to-back, best batch) | 9.0-9.4 ns/call (2 runs: 44-47 ns) [1] |
+//! | inline call of the same `f` | 1.4 ns |
+//! | hot, each chunk forced onto its own thread: publish -> worker starts | 115-140 ns (A) / 276-316 ns (B) |
+//! | hot, forced, full round trip | 240-360 ns (A) / 680-770 ns (B) |
+//! | after idle (workers parked): publish -> worker starts | 27-37 us |
+//! | after idle, forced, full round trip | 38-44 us |
+//! | after idle, empty launch (caller steals; pays the `unpark`) | 3.9-12.8 us |
 //! | caller busy for a gap, then forced round trip: gap 0-180 us (< spin) | 0.3-1.1 us [2] |
-//! | same, gap 250 us / 1 ms / 5 ms (workers parked) | 14 us / 25-29 us / 31-34 us |
-//! | `y[i] += a * x[i]` (f32), back-to-back: parallel faster from | **3072 elements** (315 vs 262 ns) |
-//! | same, speedup at 8192 / 32768 / 128K-2M / 16M elements | 1.75x / 1.84x / ~2.0x / ~1.5x (DRAM-bound) |
+//! | same, gap 250 us / 1 ms / 5 ms (workers parked) | 13-27 us / 25-34 us / 31-52 us |
+//! | `y[i] += a * x[i]` (f32), back-to-back: parallel faster from | 3072-4096 elements (A) / 16384-24576 (B) |
+//! | same, speedup at 8192 elements | 1.6-1.8x (A) / 0.8-0.9x (B) |
+//! | same, speedup at 32768 / 128K / 16M elements | 1.3-1.9x / 1.9-2.2x / 1.5-1.9x |
 //!
-//! [1] The caller ran ~91% of the worker's chunks itself: it finished chunk 0 and stole chunk 1 before the worker
+//! (A) and (B): the runs fell into two groups by how fast the two vCPUs talk to each other (a cache line from the
+//! other core in ~120 ns vs ~300 ns), presumably depending on where the hypervisor placed them (same core complex
+//! or not); group B also had more DRAM bandwidth (16M elements: 1.8-1.9x vs 1.5x).
+//!
+//! [1] The caller ran 89-100% of the worker's chunks itself: it finished chunk 0 and stole chunk 1 before the worker
 //! had noticed the launch.
 //! [2] In runs where the worker had a core of its own; see the last point below for the runs where it had not.
 //!
 //! Decisions from these numbers:
-//! * [`DEFAULT_SPIN`] = 200 us: a parked worker costs ~30 us to start (and the caller ~5-10 us of `unpark`), while a
-//!   spinning one starts in ~0.13 us; every gap shorter than the spin stays hot (gap sweep above), which covers the
+//! * [`DEFAULT_SPIN`] = 200 us: a parked worker costs ~30 us to start (and the caller ~4-13 us of `unpark`), while a
+//!   spinning one starts in 0.1-0.3 us; every gap shorter than the spin stays hot (gap sweep above), which covers the
 //!   launches of a training step, and an idle pool stops burning its cores 0.2 ms after the last launch.
-//! * [`DEFAULT_MIN_PARALLEL_WORK`] = 8192 element-operations: ~2.7x the measured crossover (1.75x speedup there when
-//!   hot), leaving margin for machines with more threads to synchronize and for launches that find the workers
-//!   parked (a stolen launch then costs at most the ~5-10 us of `unpark` over inline).
+//! * [`DEFAULT_MIN_PARALLEL_WORK`] = 32768 element-operations: the smallest tested size at which splitting won in
+//!   every run, (A) and (B) alike (1.3-1.9x there); below ~16K elements it lost by up to 2x in the (B) runs. Machines
+//!   with more threads have more to synchronize per launch, and a launch that finds the workers parked costs up to
+//!   the ~4-13 us of `unpark` over inline (the caller steals the chunks of workers not yet awake).
 //! * Under external overload the scheduler sometimes put the worker on the caller's core; a forced round trip then
 //!   took ~34 us (the pure-spin windows of the two threads) until the load balancer separated them. Real launches
 //!   are not held up by this: the caller steals the chunks of a worker that cannot run. The 10 us pure-spin window
@@ -99,7 +106,7 @@ pub type Task<'a> = dyn Fn(usize, usize) + Sync + 'a;
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 
 /// Work (element-operations) below which running a launch inline beats splitting it; measured, see the module doc.
-pub const DEFAULT_MIN_PARALLEL_WORK: usize = 1 << 13;
+pub const DEFAULT_MIN_PARALLEL_WORK: usize = 1 << 15;
 
 /// Upper bound on the thread count of a pool (the low bits of the published word hold the chunk count).
 pub const MAX_THREADS: usize = 1 << 12;
@@ -122,8 +129,8 @@ pub fn global() -> &'static Pool {
 }
 
 /// Work (in element-operations, e.g. `rows * elements_per_row`) below which a launch should run inline on the
-/// calling thread rather than through [`Pool::parallel_for`]. Measured on the development machine (module doc);
-/// env `KILN_MIN_PARALLEL_WORK` overrides it.
+/// calling thread rather than through [`Pool::parallel_for`]; [`Pool::parallel_for_work`] applies it. Set from a
+/// measurement on the development machine (module doc); env `KILN_MIN_PARALLEL_WORK` overrides it.
 pub fn min_parallel_work() -> usize {
     static MIN: OnceLock<usize> = OnceLock::new();
     *MIN.get_or_init(|| env_usize("KILN_MIN_PARALLEL_WORK").unwrap_or(DEFAULT_MIN_PARALLEL_WORK))
@@ -197,7 +204,7 @@ struct Shared {
 
 // SAFETY: every field but `published.job` is `Sync` on its own. `job` is written only by the thread holding `busy`
 // and only while no other thread may read it: before the `SeqCst` store of the word that publishes it (a worker reads
-// it after an `Acquire` load of that word) and after `remaining` has been observed 0 with `Acquire` (every reader
+// it after a `SeqCst` load of that word) and after `remaining` has been observed 0 with `Acquire` (every reader
 // has finished: a worker reads `job` only between a successful `claim` and its `fetch_sub` of `remaining`, and no
 // claim of an older generation can succeed, see `claim`). The `Task` behind the pointer is `Sync`, so calling it
 // from workers is allowed.
@@ -243,7 +250,7 @@ impl Shared {
     /// Does not touch `remaining`.
     #[inline]
     fn run_chunk(&self, chunks: usize, c: usize) -> Result<(), Box<dyn Any + Send>> {
-        // SAFETY: the caller of `run_chunk` claimed chunk `c` of the generation it loaded (with Acquire, or published
+        // SAFETY: the caller of `run_chunk` claimed chunk `c` of the generation it loaded (with SeqCst, or published
         // itself), so the job was written before that word was published and stays unchanged until this chunk is
         // counted done in `remaining`.
         let job = unsafe { *self.published.job.get() };
@@ -283,7 +290,7 @@ impl Pool {
         let wanted = threads.clamp(1, MAX_THREADS) - 1;
         // More threads than cores: a spinner may hold the core a thread it waits for needs, so yield from the start.
         let cores = thread::available_parallelism().map_or(1, |n| n.get());
-        let yield_after = if wanted + 1 > cores { Duration::ZERO } else { spin.min(PURE_SPIN) };
+        let pure = if wanted + 1 > cores { Duration::ZERO } else { spin.min(PURE_SPIN) };
         let padded_flags = |len| (0..len).map(|_| CachePadded(AtomicBool::new(false))).collect();
         let shared = Arc::new(Shared {
             published: CachePadded(Published { word: AtomicU64::new(0), job: UnsafeCell::new(Job { f: None, n: 0 }) }),
@@ -297,7 +304,7 @@ impl Pool {
             panicked: AtomicBool::new(false),
             payload: Mutex::new(None),
             shutdown: AtomicBool::new(false),
-            spin: Spin { limit: spin, yield_after },
+            spin: Spin { limit: spin, pure },
         });
         let mut handles = Vec::with_capacity(wanted);
         for idx in 0..wanted {
@@ -415,10 +422,17 @@ impl Pool {
     /// us. Returns with `remaining == 0` observed with (at least) Acquire ordering.
     fn wait_done(&self) {
         let shared = &*self.shared;
-        if spin_until(shared.spin, || shared.remaining.load(Ordering::Acquire) == 0) {
+        if spin_until(shared.spin.limit, shared.spin.pure, || shared.remaining.load(Ordering::Acquire) == 0) {
             return;
         }
-        *shared.caller.lock().unwrap_or_else(PoisonError::into_inner) = Some(thread::current());
+        // `thread::current` must not unwind out of here while workers may still use `f`.
+        let Ok(me) = panic::catch_unwind(thread::current) else {
+            while shared.remaining.load(Ordering::Acquire) != 0 {
+                thread::yield_now();
+            }
+            return;
+        };
+        *shared.caller.lock().unwrap_or_else(PoisonError::into_inner) = Some(me);
         // SeqCst pairs with the worker's `fetch_sub` + `caller_parked` load: either we see 0 or it sees us parked.
         shared.caller_parked.store(true, Ordering::SeqCst);
         while shared.remaining.load(Ordering::SeqCst) != 0 {
@@ -475,17 +489,19 @@ fn chunk_bounds(n: usize, chunks: usize, i: usize) -> (usize, usize) {
     (start, start + base + usize::from(i < extra))
 }
 
-/// How long to spin: `limit` in all, with `sched_yield` between checks after `yield_after` (so a spinner gives its
-/// core to a runnable thread it may be waiting for when cores are oversubscribed).
+/// How long to spin before parking (`limit`), and for how long of that without yielding the core (`pure`).
 #[derive(Clone, Copy, Debug)]
 struct Spin {
     limit: Duration,
-    yield_after: Duration,
+    /// [`PURE_SPIN`] (at most `limit`), or zero for a pool with more threads than cores.
+    pure: Duration,
 }
 
-/// Spins (with `spin_loop` hints) until `done()` or `spin.limit` has passed; returns whether `done()` became true.
+/// Spins (with `spin_loop` hints) until `done()` or `limit` has passed; returns whether `done()` became true. After
+/// `yield_after` it calls `sched_yield` between checks, so that a spinner gives its core to a runnable thread (that
+/// it may be waiting for) when cores are oversubscribed.
 #[inline]
-fn spin_until(spin: Spin, mut done: impl FnMut() -> bool) -> bool {
+fn spin_until(limit: Duration, yield_after: Duration, mut done: impl FnMut() -> bool) -> bool {
     if done() {
         return true;
     }
@@ -498,10 +514,10 @@ fn spin_until(spin: Spin, mut done: impl FnMut() -> bool) -> bool {
             }
         }
         let elapsed = start.elapsed();
-        if elapsed >= spin.limit {
+        if elapsed >= limit {
             return false;
         }
-        if elapsed >= spin.yield_after {
+        if elapsed >= yield_after {
             thread::yield_now();
         }
     }
@@ -514,7 +530,7 @@ fn worker(shared: &Shared, idx: usize) {
         // SeqCst loads (plain loads on x86): the wake-up tree relies on them, see `wake_children`.
         let mut word = word_cell.load(Ordering::SeqCst);
         if word == seen
-            && !spin_until(shared.spin, || {
+            && !spin_until(shared.spin.limit, shared.spin.pure, || {
                 word = word_cell.load(Ordering::SeqCst);
                 word != seen
             })
@@ -649,7 +665,7 @@ mod tests {
             calls.load(Ordering::Relaxed)
         };
         assert_eq!(calls(1000, 0), 1);
-        if min >= 4 && min % 4 == 0 {
+        if min >= 4 && min.is_multiple_of(4) {
             // (Holds for the default; `KILN_MIN_PARALLEL_WORK` may set an odd value.)
             assert_eq!(calls(1000, min - 1), 1);
             assert_eq!(calls(1000, min), 2);
