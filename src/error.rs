@@ -13,6 +13,8 @@ pub enum Error {
     DType { op: &'static str, actual: DType, requested: DType },
     #[error("item: the tensor has shape {shape:?} ({numel} elements); item() needs exactly one element")]
     NotOneElement { shape: Vec<usize>, numel: usize },
+    #[error("backward: {0}")]
+    Autograd(String),
     #[error(transparent)]
     Backend(#[from] kiln_backends::BackendError),
 }

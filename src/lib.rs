@@ -23,6 +23,7 @@
 compile_error!("kiln needs its default `cpu` feature: the CPU is the device every other one is checked against");
 
 mod args;
+mod autograd;
 mod device;
 mod error;
 mod ops;
@@ -31,6 +32,7 @@ mod realize;
 mod tensor;
 
 pub use args::{Dims, ShapeSpec};
+pub use autograd::{Gradients, is_grad_enabled, no_grad};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape};

@@ -14,7 +14,7 @@ use kiln_jit::{DType, Element, HostBuffer, Op, RngKey, Scalar, Shape};
 use parking_lot::Mutex;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 pub(crate) static LIVE_NODES: AtomicUsize = AtomicUsize::new(0);
 
@@ -31,21 +31,35 @@ pub(crate) struct Node {
     /// The run-time key of a `Rand` node.
     pub rng: Option<RngKey>,
     pub state: Mutex<State>,
+    /// A leaf whose gradient the user asked for (`requires_grad`).
+    pub leaf_grad: AtomicBool,
+    /// For a node computed from tensors that require gradients: its operands, kept for `backward` even after the
+    /// node is realized and its lazy history dropped. `backward` empties it (the graph is freed, as in PyTorch).
+    pub grad_srcs: Option<Mutex<Vec<Tensor>>>,
+}
+
+impl Node {
+    /// Operands this node's drop would release: lazy history and autograd operands.
+    fn take_links(&mut self) -> Vec<Tensor> {
+        let mut out = match std::mem::replace(self.state.get_mut(), State::Lazy(Vec::new())) {
+            State::Lazy(srcs) => srcs,
+            State::Realized(_) => Vec::new(),
+        };
+        if let Some(g) = &mut self.grad_srcs {
+            out.append(g.get_mut());
+        }
+        out
+    }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
         LIVE_NODES.fetch_sub(1, Ordering::Relaxed);
-        let State::Lazy(srcs) = std::mem::replace(self.state.get_mut(), State::Lazy(Vec::new())) else {
-            return;
-        };
         // Unlink operands we hold the last reference to before they drop, so each drop below is shallow.
-        let mut stack = srcs;
+        let mut stack = self.take_links();
         while let Some(t) = stack.pop() {
-            if let Ok(mut node) = Arc::try_unwrap(t.node)
-                && let State::Lazy(more) = std::mem::replace(node.state.get_mut(), State::Lazy(Vec::new()))
-            {
-                stack.extend(more);
+            if let Ok(mut node) = Arc::try_unwrap(t.node) {
+                stack.append(&mut node.take_links());
             }
         }
     }
@@ -82,11 +96,25 @@ impl Tensor {
             );
         }
         debug_assert_eq!(srcs.len(), op.arity());
+        let grad_srcs = (crate::autograd::is_grad_enabled() && srcs.iter().any(|s| s.is_requires_grad()))
+            .then(|| Mutex::new(srcs.clone()));
         LIVE_NODES.fetch_add(1, Ordering::Relaxed);
-        Tensor { node: Arc::new(Node { op, shape, dtype, device, rng, state: Mutex::new(State::Lazy(srcs)) }) }
+        Tensor {
+            node: Arc::new(Node {
+                op,
+                shape,
+                dtype,
+                device,
+                rng,
+                state: Mutex::new(State::Lazy(srcs)),
+                leaf_grad: AtomicBool::new(false),
+                grad_srcs,
+            }),
+        }
     }
 
-    fn from_buffer(buffer: Buffer, shape: Shape, device: Device) -> Tensor {
+    /// A realized leaf over `buffer`.
+    pub(crate) fn from_buffer(buffer: Arc<Buffer>, shape: Shape, device: Device) -> Tensor {
         LIVE_NODES.fetch_add(1, Ordering::Relaxed);
         let dtype = buffer.dtype();
         Tensor {
@@ -96,7 +124,9 @@ impl Tensor {
                 dtype,
                 device,
                 rng: None,
-                state: Mutex::new(State::Realized(Arc::new(buffer))),
+                state: Mutex::new(State::Realized(buffer)),
+                leaf_grad: AtomicBool::new(false),
+                grad_srcs: None,
             }),
         }
     }
@@ -121,7 +151,7 @@ impl Tensor {
             return Err(Error::DataLength { op, len: data.len(), expected: shape.numel(), shape: shape.0 });
         }
         let buffer = device.backend().upload(data)?;
-        Ok(Self::from_buffer(buffer, shape, *device))
+        Ok(Self::from_buffer(Arc::new(buffer), shape, *device))
     }
 
     /// A zero-dim tensor holding `value` as `dtype`.

@@ -1,0 +1,309 @@
+//! Reverse-mode automatic differentiation on the lazy graph.
+//!
+//! A tensor marked `requires_grad` is a leaf. Every op built (outside `no_grad`) from a tensor that requires
+//! gradients keeps its operands in `Node::grad_srcs`, even after it is realized, so `backward` can walk back from a
+//! scalar loss. `backward` builds the gradients as ordinary lazy tensors with one vector-Jacobian product (VJP) per
+//! primitive op, each a composition of public ops. Nothing is computed: forward, backward and an optimizer update
+//! are realized later as one graph, fused and compiled into one plan. After `backward` the autograd links it
+//! walked are emptied, freeing the forward graph (PyTorch's default `retain_graph=False`).
+//!
+//! Gradient conventions follow PyTorch: a tie in `maximum`/`minimum` sends half the gradient to each side; `max`
+//! and `min` reductions share the gradient equally among tied extremes; `prod`'s gradient is `g * y / x` (not
+//! defined where an input is 0); `abs` has gradient 0 at 0; comparisons, casts to non-float, and integer tensors
+//! carry no gradient.
+
+use crate::error::{Error, Result};
+use crate::tensor::{Node, Tensor};
+use kiln_jit::{BinaryOp, DType, Op, ReduceOp, UnaryOp};
+use rustc_hash::FxHashMap;
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether ops on this thread record autograd links.
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(Cell::get)
+}
+
+/// Runs `f` with gradient recording off on this thread (`torch.no_grad()`).
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAD_ENABLED.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GRAD_ENABLED.with(|g| g.replace(false)));
+    f()
+}
+
+/// Gradients of one `backward` call, looked up by the leaf tensor they belong to.
+#[derive(Default)]
+pub struct Gradients {
+    /// Leaf node address -> (the leaf, keeping the address valid; its gradient).
+    map: FxHashMap<*const Node, (Tensor, Tensor)>,
+}
+
+// SAFETY: the raw pointers are only used as identities of nodes that the map itself keeps alive (the `Tensor` next
+// to each key); they are never dereferenced.
+unsafe impl Send for Gradients {}
+// SAFETY: as above; shared access only reads the map.
+unsafe impl Sync for Gradients {}
+
+impl Gradients {
+    /// The gradient of the loss with respect to `leaf`, if `leaf` requires gradients and the loss depends on it.
+    pub fn get(&self, leaf: &Tensor) -> Option<&Tensor> {
+        self.map.get(&Arc::as_ptr(&leaf.node)).map(|(_, g)| g)
+    }
+
+    /// Every (leaf, gradient) pair.
+    pub fn iter(&self) -> impl Iterator<Item = (&Tensor, &Tensor)> {
+        self.map.values().map(|(l, g)| (l, g))
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+impl Tensor {
+    /// Marks this tensor as a leaf whose gradient `backward` reports, and returns it. Only float tensors can.
+    #[track_caller]
+    pub fn requires_grad(self) -> Tensor {
+        if !self.dtype().is_float() {
+            crate::args::fail!("requires_grad", "only float tensors have gradients, not {}", self.dtype());
+        }
+        self.node.leaf_grad.store(true, Ordering::Relaxed);
+        self
+    }
+
+    /// Whether gradients flow to or through this tensor.
+    pub fn is_requires_grad(&self) -> bool {
+        self.node.leaf_grad.load(Ordering::Relaxed) || self.node.grad_srcs.is_some()
+    }
+
+    /// The same values with no autograd history: gradients do not flow through the result. A realized tensor
+    /// shares its buffer; a lazy one becomes an identity node outside autograd.
+    pub fn detach(&self) -> Tensor {
+        if let crate::tensor::State::Realized(b) = &*self.node.state.lock() {
+            return Tensor::from_buffer(b.clone(), self.shape().clone(), self.device());
+        }
+        no_grad(|| Tensor::from_op(Op::Reshape, vec![self.clone()], self.shape().clone(), self.dtype()))
+    }
+
+    /// Gradients of this scalar with respect to every leaf it depends on that requires gradients, as lazy
+    /// tensors. Frees the autograd graph it walks: a second `backward` through the same nodes finds no history.
+    pub fn backward(&self) -> Result<Gradients> {
+        if self.numel() != 1 {
+            return Err(Error::Autograd(format!(
+                "backward needs a one-element loss, got shape {:?}; reduce it first (e.g. sum_all())",
+                self.dims()
+            )));
+        }
+        if !self.is_requires_grad() {
+            return Err(Error::Autograd(
+                "the loss does not depend on any tensor that requires gradients (mark parameters with requires_grad())"
+                    .into(),
+            ));
+        }
+        no_grad(|| self.backward_inner())
+    }
+
+    fn backward_inner(&self) -> Result<Gradients> {
+        // Post-order over autograd links (operands before users), iteratively.
+        let mut order: Vec<(Tensor, Vec<Tensor>)> = Vec::new();
+        let mut seen: FxHashMap<*const Node, ()> = FxHashMap::default();
+        let mut stack: Vec<(Tensor, Option<Vec<Tensor>>, usize)> = vec![(self.clone(), None, 0)];
+        seen.insert(Arc::as_ptr(&self.node), ());
+        while let Some((t, srcs, next)) = stack.last_mut() {
+            if srcs.is_none() {
+                *srcs = Some(t.node.grad_srcs.as_ref().map_or(Vec::new(), |g| g.lock().clone()));
+            }
+            let s = srcs.as_ref().expect("read");
+            if *next < s.len() {
+                let child = s[*next].clone();
+                *next += 1;
+                if child.is_requires_grad() && seen.insert(Arc::as_ptr(&child.node), ()).is_none() {
+                    stack.push((child, None, 0));
+                }
+                continue;
+            }
+            let (t, srcs, _) = stack.pop().expect("frame");
+            order.push((t, srcs.expect("read")));
+        }
+
+        let mut grads: FxHashMap<*const Node, Tensor> = FxHashMap::default();
+        grads.insert(Arc::as_ptr(&self.node), self.ones_like());
+        let mut out = Gradients::default();
+        for (t, srcs) in order.iter().rev() {
+            let Some(g) = grads.remove(&Arc::as_ptr(&t.node)) else { continue };
+            if t.node.leaf_grad.load(Ordering::Relaxed) {
+                out.map.insert(Arc::as_ptr(&t.node), (t.clone(), g.clone()));
+            }
+            if srcs.is_empty() {
+                continue;
+            }
+            for (i, src) in srcs.iter().enumerate() {
+                if !src.is_requires_grad() || !src.dtype().is_float() {
+                    continue;
+                }
+                let Some(gi) = vjp(t, srcs, i, &g) else { continue };
+                debug_assert_eq!(gi.dims(), src.dims(), "vjp of {} operand {i}", t.node.op);
+                let key = Arc::as_ptr(&src.node);
+                let acc = match grads.remove(&key) {
+                    Some(prev) => prev.add(&gi),
+                    None => gi,
+                };
+                grads.insert(key, acc);
+            }
+        }
+        // Free the forward graph (the nodes' lazy history is unaffected).
+        for (t, _) in &order {
+            if let Some(g) = &t.node.grad_srcs {
+                g.lock().clear();
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `x` converted to `d` if it is not already (masks built from comparisons are bool).
+fn as_dtype(x: Tensor, d: DType) -> Tensor {
+    x.to_dtype(d)
+}
+
+/// The gradient flowing to operand `i` of `y` given the gradient `g` of `y`.
+fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
+    let d = y.dtype();
+    let x = &srcs[i];
+    Some(match &y.node.op {
+        Op::Input { .. } | Op::Const(_) | Op::Iota { .. } | Op::Rand { .. } => return None,
+        Op::Unary(u) => match u {
+            UnaryOp::Neg => g.neg(),
+            UnaryOp::Exp => g.mul(y),
+            UnaryOp::Log => g.div(x),
+            UnaryOp::Sin => g.mul(x.cos()),
+            UnaryOp::Cos => g.mul(x.sin()).neg(),
+            UnaryOp::Tanh => g.mul(y.square().rsub(1.0)),
+            UnaryOp::Sqrt => g.mul(0.5).div(y),
+            UnaryOp::Recip => g.mul(y.square()).neg(),
+            UnaryOp::Abs => g.mul(as_dtype(x.gt(0.0), d).sub(as_dtype(x.lt(0.0), d))),
+            UnaryOp::Not => return None,
+        },
+        Op::Binary(b) => {
+            let (a, c) = (&srcs[0], &srcs[1]);
+            match (b, i) {
+                (BinaryOp::Add, _) => g.clone(),
+                (BinaryOp::Sub, 0) => g.clone(),
+                (BinaryOp::Sub, _) => g.neg(),
+                (BinaryOp::Mul, 0) => g.mul(c),
+                (BinaryOp::Mul, _) => g.mul(a),
+                (BinaryOp::Div, 0) => g.div(c),
+                (BinaryOp::Div, _) => g.mul(y).div(c).neg(),
+                (BinaryOp::Max | BinaryOp::Min, _) => {
+                    let (me, other) = if i == 0 { (a, c) } else { (c, a) };
+                    let wins = if *b == BinaryOp::Max { me.gt(other) } else { me.lt(other) };
+                    let share = as_dtype(wins, d).add(as_dtype(me.eq(other), d).mul(0.5));
+                    g.mul(share)
+                }
+                (BinaryOp::Pow, 0) => g.mul(c).mul(a.pow(c.sub(1.0))),
+                (BinaryOp::Pow, _) => g.mul(y).mul(a.log()),
+                _ => return None, // comparisons and logical ops
+            }
+        }
+        Op::Where => match i {
+            0 => return None,
+            1 => srcs[0].where_(g, 0.0),
+            _ => srcs[0].where_(0.0, g),
+        },
+        Op::Cast => g.to_dtype(x.dtype()),
+        Op::Contiguous => g.clone(),
+        Op::Reshape => g.reshape(x.dims().to_vec()),
+        Op::Permute(p) => {
+            let mut inverse = vec![0usize; p.len()];
+            for (k, &pk) in p.iter().enumerate() {
+                inverse[pk] = k;
+            }
+            g.permute(inverse)
+        }
+        Op::Expand => {
+            let axes: Vec<usize> = (0..x.rank()).filter(|&a| x.dims()[a] == 1 && y.dims()[a] != 1).collect();
+            if axes.is_empty() { g.clone() } else { g.sum(axes, true) }
+        }
+        Op::Reduce { op, axes } => {
+            let ge = g.expand_to("backward", x.dims());
+            match op {
+                ReduceOp::Sum => ge,
+                ReduceOp::Prod => ge.mul(y.expand_to("backward", x.dims())).div(x),
+                ReduceOp::Max | ReduceOp::Min => {
+                    let mask = as_dtype(x.eq(y.expand_to("backward", x.dims())), d);
+                    let count = mask.sum(axes.clone(), true).expand_to("backward", x.dims());
+                    ge.mul(mask).div(count)
+                }
+            }
+        }
+        Op::Slice(spec) => slice_vjp(g, x.dims(), spec),
+        Op::Pad { pads, .. } => {
+            let mut out = g.clone();
+            for (a, (&(before, _), &n)) in pads.iter().zip(x.dims()).enumerate() {
+                out = out.narrow(a as isize, before, n);
+            }
+            out
+        }
+        Op::Matmul => {
+            let (a, b) = (&srcs[0], &srcs[1]);
+            if i == 0 { g.matmul(&b.transpose(-1, -2)) } else { a.transpose(-1, -2).matmul(g) }
+        }
+    })
+}
+
+/// Scatters `g` (the gradient of a strided slice) back into a zero tensor of the source's shape.
+fn slice_vjp(g: &Tensor, src: &[usize], spec: &[(usize, isize)]) -> Tensor {
+    let mut out = g.clone();
+    for (a, (&(start, step), &n)) in spec.iter().zip(src).enumerate() {
+        let m = out.dims()[a];
+        if m == n && start == 0 && step == 1 {
+            continue;
+        }
+        if m == 0 {
+            let mut dims = out.dims().to_vec();
+            dims[a] = n;
+            out = Tensor::zeros(dims, out.dtype(), &out.device());
+            continue;
+        }
+        // Element j of this dim came from source index start + j * step. Make the step positive first.
+        let (first, s) = if step < 0 {
+            out = out.flip(a as isize);
+            (start as isize + step * (m as isize - 1), (-step) as usize)
+        } else {
+            (start as isize, step as usize)
+        };
+        let first = first as usize;
+        if s > 1 {
+            // Interleave s - 1 zeros after each element: [.., m, ..] -> [.., m, s, ..] -> [.., m * s, ..].
+            let widened = out.unsqueeze(a as isize + 1);
+            let mut pads = vec![(0, 0); widened.rank()];
+            pads[a + 1] = (0, s - 1);
+            let mut dims = out.dims().to_vec();
+            dims[a] = m * s;
+            out = widened.pad_prim(pads, kiln_jit::Scalar::Float(0.0)).reshape(dims);
+        }
+        let have = out.dims()[a];
+        let want = n - first;
+        if have > want {
+            out = out.narrow(a as isize, 0, want);
+        }
+        let mut pads = vec![(0, 0); out.rank()];
+        pads[a] = (first, want - out.dims()[a].min(want));
+        out = out.pad_prim(pads, kiln_jit::Scalar::Float(0.0));
+    }
+    out
+}
