@@ -29,7 +29,10 @@ pub(crate) struct Plan {
     exec: Box<dyn Executable>,
 }
 
-static PLANS: LazyLock<DashMap<(Device, Vec<u64>), Arc<Plan>>> = LazyLock::new(DashMap::new);
+/// Plans by (device, signature). FxHash rather than SipHash: the key is not attacker-chosen, and hashing a
+/// few hundred words per realize is on the replay path.
+type PlanCache = DashMap<(Device, Vec<u64>), Arc<Plan>, rustc_hash::FxBuildHasher>;
+static PLANS: LazyLock<PlanCache> = LazyLock::new(PlanCache::default);
 static HITS: AtomicU64 = AtomicU64::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
 static COMPILES: AtomicU64 = AtomicU64::new(0);

@@ -60,7 +60,6 @@ fn round_f(d: DType, x: f64) -> f64 {
     if d == DType::F32 { x as f32 as f64 } else { x }
 }
 
-
 /// Rounds or wraps every value to `d`, converting between float and int representation as a cast does.
 fn normalize(d: DType, v: Vals) -> Vals {
     match (d.is_float(), v) {

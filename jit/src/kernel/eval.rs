@@ -74,12 +74,11 @@ fn unary(u: UnaryOp, d: DType, a: V) -> V {
         V::F32(x) => float!(x, f32, F32),
         V::F64(x) => float!(x, f64, F64),
         V::I(x) => V::I(d.wrap_int(match u {
-                UnaryOp::Neg => x.wrapping_neg(),
-                UnaryOp::Abs => x.wrapping_abs(),
-                UnaryOp::Not => (x == 0) as i64,
-                _ => unreachable!("float op {u:?} on an integer"),
-            },
-        )),
+            UnaryOp::Neg => x.wrapping_neg(),
+            UnaryOp::Abs => x.wrapping_abs(),
+            UnaryOp::Not => (x == 0) as i64,
+            _ => unreachable!("float op {u:?} on an integer"),
+        })),
     }
 }
 
@@ -108,27 +107,26 @@ fn binary(op: BinaryOp, d: DType, a: V, b: V) -> V {
         (V::F32(x), V::F32(y)) => float!(x, y, F32),
         (V::F64(x), V::F64(y)) => float!(x, y, F64),
         (V::I(x), V::I(y)) => V::I(d.wrap_int(match op {
-                Add => x.wrapping_add(y),
-                Sub => x.wrapping_sub(y),
-                Mul => x.wrapping_mul(y),
-                Div => {
-                    if y == 0 {
-                        0
-                    } else {
-                        x.wrapping_div(y)
-                    }
+            Add => x.wrapping_add(y),
+            Sub => x.wrapping_sub(y),
+            Mul => x.wrapping_mul(y),
+            Div => {
+                if y == 0 {
+                    0
+                } else {
+                    x.wrapping_div(y)
                 }
-                Max => x.max(y),
-                Min => x.min(y),
-                Pow => crate::interp::int_pow(x, y),
-                Lt => (x < y) as i64,
-                Le => (x <= y) as i64,
-                Eq => (x == y) as i64,
-                Ne => (x != y) as i64,
-                And => (x != 0 && y != 0) as i64,
-                Or => (x != 0 || y != 0) as i64,
-            },
-        )),
+            }
+            Max => x.max(y),
+            Min => x.min(y),
+            Pow => crate::interp::int_pow(x, y),
+            Lt => (x < y) as i64,
+            Le => (x <= y) as i64,
+            Eq => (x == y) as i64,
+            Ne => (x != y) as i64,
+            And => (x != 0 && y != 0) as i64,
+            Or => (x != 0 || y != 0) as i64,
+        })),
         _ => unreachable!("binary operands of different kinds"),
     }
 }

@@ -219,7 +219,11 @@ pub fn schedule(graph: &Graph) -> KernelPlan {
     for (i, &o) in graph.outputs.iter().enumerate() {
         let first = graph.outputs.iter().position(|&p| p == o).expect("listed");
         if first != i && !matches!(graph.node(o).op, Op::Input { .. }) {
-            launches.push(Launch { kernel: copy(&outputs[i]), inputs: vec![Slot::Output(first)], output: Slot::Output(i) });
+            launches.push(Launch {
+                kernel: copy(&outputs[i]),
+                inputs: vec![Slot::Output(first)],
+                output: Slot::Output(i),
+            });
         }
     }
     KernelPlan { launches, temps, outputs, passthrough }

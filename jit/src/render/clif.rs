@@ -238,7 +238,10 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
     let strides = crate::shape::contiguous_strides(&k.out_extents);
     let out_index =
         IExpr::from_affine(&(0..nvars).map(|v| if v < rank { strides[v] as i64 } else { 0 }).collect::<Vec<_>>(), 0);
-    let vec_ok = opts.vectorize && vectorizable(k);
+    // A vector body only pays when the innermost loop has at least one full vector; rendering it for a smaller
+    // extent would only cost compile time (a polynomial sin is hundreds of instructions).
+    let innermost = k.out_extents.last().copied().unwrap_or(0);
+    let vec_ok = opts.vectorize && vectorizable(k) && innermost >= LANES;
     let tiled = vec_ok && rank >= 2 && k.reduce.is_some();
     let mut em = Emitter {
         b,
@@ -382,7 +385,7 @@ impl Emitter<'_> {
         let zero = self.b.ins().iconst(types::I64, 0);
         let cols = self.b.ins().iconst(types::I64, self.k.out_extents[rank - 1] as i64);
         self.b.def_var(col, zero);
-        for (step, vecs, lanes) in [(TILE_VECS * LANES, TILE_VECS, LANES), (LANES, 1, LANES), (1, 1, 1)] {
+        for (step, vecs, lanes) in self.col_steps() {
             self.counted_loop(col, cols, step as i64, |s| {
                 s.b.def_var(row, first);
                 s.counted_loop(row, last, TILE_ROWS as i64, |s| s.tile(TILE_ROWS, vecs, lanes));
@@ -414,17 +417,29 @@ impl Emitter<'_> {
         self.b.seal_block(exit);
     }
 
-    /// The innermost output loop over `lo..hi`, for `rows` rows at once: single vectors, then a scalar tail.
+    /// The steps of the innermost loop as (columns per step, vectors, lanes): two vectors at a time (two
+    /// independent dependency chains for the out-of-order core; in a GEMM, a 4 x 8 register tile), one vector,
+    /// then scalars. Bodies that can never run for this extent are not rendered.
+    fn col_steps(&self) -> Vec<(usize, usize, usize)> {
+        let innermost = self.k.out_extents.last().copied().unwrap_or(0);
+        let mut steps = Vec::with_capacity(3);
+        if self.vec_ok && innermost >= TILE_VECS * LANES {
+            steps.push((TILE_VECS * LANES, TILE_VECS, LANES));
+        }
+        if self.vec_ok {
+            steps.push((LANES, 1, LANES));
+        }
+        steps.push((1, 1, 1));
+        steps
+    }
+
+    /// The innermost output loop over `lo..hi`, for `rows` rows at once.
     fn col_loops(&mut self, lo: Value, hi: Value, rows: usize) {
         let var = self.vars[self.k.out_rank() - 1];
         self.b.def_var(var, lo);
-        if self.vec_ok {
-            // Two vectors per iteration give the out-of-order core two independent dependency chains (a
-            // polynomial exp or sin is one long chain per vector).
-            self.counted_loop(var, hi, (TILE_VECS * LANES) as i64, |s| s.tile(rows, TILE_VECS, LANES));
-            self.counted_loop(var, hi, LANES as i64, |s| s.tile(rows, 1, LANES));
+        for (step, vecs, lanes) in self.col_steps() {
+            self.counted_loop(var, hi, step as i64, |s| s.tile(rows, vecs, lanes));
         }
-        self.counted_loop(var, hi, 1, |s| s.tile(rows, 1, 1));
     }
 
     /// `while var + step <= hi { body; var += step }`, continuing from `var`'s current value.
