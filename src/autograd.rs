@@ -207,7 +207,7 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
                 (BinaryOp::Mul, 0) => g.mul(c),
                 (BinaryOp::Mul, _) => g.mul(a),
                 (BinaryOp::Div, 0) => g.div(c),
-                (BinaryOp::Div, _) => g.mul(y).div(c).neg(),
+                (BinaryOp::Div, _) => g.mul(y).div(c),
                 (BinaryOp::Max | BinaryOp::Min, _) => {
                     let (me, other) = if i == 0 { (a, c) } else { (c, a) };
                     let wins = if *b == BinaryOp::Max { me.gt(other) } else { me.lt(other) };

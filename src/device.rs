@@ -16,6 +16,13 @@ impl Device {
         Device::Cpu
     }
 
+    /// A stable code for signatures and cache keys.
+    pub(crate) fn code(self) -> u64 {
+        match self {
+            Device::Cpu => 1,
+        }
+    }
+
     pub(crate) fn backend(self) -> &'static dyn Backend {
         match self {
             Device::Cpu => {

@@ -31,7 +31,7 @@ pub(crate) struct Plan {
 
 /// Plans by (device, signature). FxHash rather than SipHash: the key is not attacker-chosen, and hashing a
 /// few hundred words per realize is on the replay path.
-type PlanCache = DashMap<(Device, Vec<u64>), Arc<Plan>, rustc_hash::FxBuildHasher>;
+type PlanCache = DashMap<Vec<u64>, Arc<Plan>, rustc_hash::FxBuildHasher>;
 static PLANS: LazyLock<PlanCache> = LazyLock::new(PlanCache::default);
 static HITS: AtomicU64 = AtomicU64::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
@@ -90,6 +90,32 @@ struct Walk {
     signature: Vec<u64>,
     /// Operand ids of every walked node, back to back (see `Walked::srcs`).
     src_ids: Vec<u32>,
+    /// Operands of the open DFS frames.
+    kids: Vec<Tensor>,
+}
+
+thread_local! {
+    /// A walk's buffers, kept between realizations on this thread so the replay path allocates nothing for them.
+    static SCRATCH: std::cell::RefCell<Option<Walk>> = const { std::cell::RefCell::new(None) };
+}
+
+impl Walk {
+    /// This thread's scratch walk (or a new one), empty.
+    fn take() -> Walk {
+        SCRATCH.with(|s| s.borrow_mut().take()).unwrap_or_default()
+    }
+
+    /// Empties the walk (dropping its tensor references) and keeps its buffers for the next one.
+    fn recycle(mut self) {
+        self.index.clear();
+        self.nodes.clear();
+        self.inputs.clear();
+        self.rng.clear();
+        self.signature.clear();
+        self.src_ids.clear();
+        self.kids.clear();
+        SCRATCH.with(|s| *s.borrow_mut() = Some(self));
+    }
 }
 
 impl Walk {
@@ -106,7 +132,7 @@ impl Walk {
         if let Some(&i) = self.index.get(&Arc::as_ptr(&root.node)) {
             return i;
         }
-        let mut kids: Vec<Tensor> = Vec::new();
+        let mut kids = std::mem::take(&mut self.kids);
         let mut stack = vec![Frame { tensor: root.clone(), kids: None, count: 0, next: 0 }];
         while let Some(top) = stack.last_mut() {
             if top.kids.is_none() {
@@ -152,6 +178,7 @@ impl Walk {
             };
             self.emit(frame.tensor, frame.count, kind);
         }
+        self.kids = kids;
         self.index[&Arc::as_ptr(&root.node)]
     }
 
@@ -213,7 +240,14 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
 }
 
 fn realize_on(device: Device, targets: &[&Tensor]) -> Result<()> {
-    let mut walk = Walk::default();
+    let mut walk = Walk::take();
+    let result = realize_walk(&mut walk, device, targets);
+    walk.recycle();
+    result
+}
+
+fn realize_walk(walk: &mut Walk, device: Device, targets: &[&Tensor]) -> Result<()> {
+    walk.signature.push(device.code());
     let mut outputs: Vec<u32> = Vec::with_capacity(targets.len());
     for t in targets {
         let id = walk.visit(t);
@@ -227,8 +261,7 @@ fn realize_on(device: Device, targets: &[&Tensor]) -> Result<()> {
     walk.signature.push(u64::MAX);
     walk.signature.extend(outputs.iter().map(|&o| o as u64));
 
-    let key = (device, std::mem::take(&mut walk.signature));
-    let cached = PLANS.get(&key).map(|p| p.clone());
+    let cached = PLANS.get(walk.signature.as_slice()).map(|p| p.clone());
     let plan = match cached {
         Some(p) => {
             HITS.fetch_add(1, Ordering::Relaxed);
@@ -239,7 +272,7 @@ fn realize_on(device: Device, targets: &[&Tensor]) -> Result<()> {
             let graph = walk.to_graph(&outputs);
             let exec = device.backend().compile(&graph)?;
             COMPILES.fetch_add(1, Ordering::Relaxed);
-            PLANS.entry(key).or_insert_with(|| Arc::new(Plan { exec })).clone()
+            PLANS.entry(walk.signature.clone()).or_insert_with(|| Arc::new(Plan { exec })).clone()
         }
     };
 
