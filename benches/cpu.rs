@@ -285,6 +285,11 @@ fn main() {
         matmul_s: measured("matmul", n),
         fma_gflops: fma_s.filter(|_| has_fma).map(|s| fma_flops(threads, FMA_ITERS / 4) / s / 1e9),
     };
-    println!("\nkiln CPU benchmarks (criterion medians of the measurement samples), load average now {}:\n", loadavg());
+    let how = if std::env::args().any(|a| a == "--test") {
+        "--test mode: one un-warmed call each, not a measurement"
+    } else {
+        "criterion medians of the measurement samples"
+    };
+    println!("\nkiln CPU benchmarks ({how}), load average now {}:\n", loadavg());
     print!("{}", r.table());
 }

@@ -96,7 +96,7 @@ impl Tensor {
         if let crate::tensor::State::Realized(b) = &*self.node.state.lock() {
             return Tensor::from_buffer(b.clone(), self.shape().clone(), self.device());
         }
-        no_grad(|| Tensor::from_op(Op::Reshape, vec![self.clone()], self.shape().clone(), self.dtype()))
+        no_grad(|| Tensor::from_op(Op::Reshape, smallvec::smallvec![self.clone()], self.shape().clone(), self.dtype()))
     }
 
     /// Gradients of this scalar with respect to every leaf it depends on that requires gradients, as lazy
@@ -125,7 +125,7 @@ impl Tensor {
         seen.insert(Arc::as_ptr(&self.node), ());
         while let Some((t, srcs, next)) = stack.last_mut() {
             if srcs.is_none() {
-                *srcs = Some(t.node.grad_srcs.as_ref().map_or(Vec::new(), |g| g.lock().clone()));
+                *srcs = Some(t.node.grad_srcs.as_ref().map_or(Vec::new(), |g| g.lock().to_vec()));
             }
             let s = srcs.as_ref().expect("read");
             if *next < s.len() {
@@ -207,7 +207,7 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
                 (BinaryOp::Mul, 0) => g.mul(c),
                 (BinaryOp::Mul, _) => g.mul(a),
                 (BinaryOp::Div, 0) => g.div(c),
-                (BinaryOp::Div, _) => g.mul(y).div(c),
+                (BinaryOp::Div, _) => g.mul(y).div(c).neg(),
                 (BinaryOp::Max | BinaryOp::Min, _) => {
                     let (me, other) = if i == 0 { (a, c) } else { (c, a) };
                     let wins = if *b == BinaryOp::Max { me.gt(other) } else { me.lt(other) };

@@ -227,6 +227,12 @@ impl Walk {
 
 /// Computes the values of `tensors` as one graph per device (already realized tensors are skipped).
 pub fn realize(tensors: &[&Tensor]) -> Result<()> {
+    // The common case, one device: the walk itself skips tensors that are already realized.
+    if let Some(first) = tensors.first()
+        && tensors.iter().all(|t| t.device() == first.device())
+    {
+        return realize_on(first.device(), tensors);
+    }
     let mut devices: Vec<Device> = tensors.iter().map(|t| t.device()).collect();
     devices.dedup();
     for device in devices {

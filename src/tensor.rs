@@ -18,8 +18,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 pub(crate) static LIVE_NODES: AtomicUsize = AtomicUsize::new(0);
 
+/// A node's operands (at most three), stored inline.
+pub(crate) type Srcs = smallvec::SmallVec<[Tensor; 3]>;
+
 pub(crate) enum State {
-    Lazy(Vec<Tensor>),
+    Lazy(Srcs),
     Realized(Arc<Buffer>),
 }
 
@@ -35,20 +38,18 @@ pub(crate) struct Node {
     pub leaf_grad: AtomicBool,
     /// For a node computed from tensors that require gradients: its operands, kept for `backward` even after the
     /// node is realized and its lazy history dropped. `backward` empties it (the graph is freed, as in PyTorch).
-    pub grad_srcs: Option<Mutex<Vec<Tensor>>>,
+    pub grad_srcs: Option<Mutex<Srcs>>,
 }
 
 impl Node {
-    /// Operands this node's drop would release: lazy history and autograd operands.
-    fn take_links(&mut self) -> Vec<Tensor> {
-        let mut out = match std::mem::replace(self.state.get_mut(), State::Lazy(Vec::new())) {
-            State::Lazy(srcs) => srcs,
-            State::Realized(_) => Vec::new(),
-        };
-        if let Some(g) = &mut self.grad_srcs {
-            out.append(g.get_mut());
+    /// Moves the operands this node's drop would release (lazy history, autograd operands) onto `out`.
+    fn take_links(&mut self, out: &mut Vec<Tensor>) {
+        if let State::Lazy(srcs) = std::mem::replace(self.state.get_mut(), State::Lazy(Srcs::new())) {
+            out.extend(srcs);
         }
-        out
+        if let Some(g) = &mut self.grad_srcs {
+            out.extend(g.get_mut().drain(..));
+        }
     }
 }
 
@@ -56,10 +57,11 @@ impl Drop for Node {
     fn drop(&mut self) {
         LIVE_NODES.fetch_sub(1, Ordering::Relaxed);
         // Unlink operands we hold the last reference to before they drop, so each drop below is shallow.
-        let mut stack = self.take_links();
+        let mut stack = Vec::new();
+        self.take_links(&mut stack);
         while let Some(t) = stack.pop() {
             if let Ok(mut node) = Arc::try_unwrap(t.node) {
-                stack.append(&mut node.take_links());
+                node.take_links(&mut stack);
             }
         }
     }
@@ -74,7 +76,7 @@ pub struct Tensor {
 impl Tensor {
     /// Records a node. Callers have checked shapes and dtypes; this checks that all operands share a device.
     #[track_caller]
-    pub(crate) fn from_op(op: Op, srcs: Vec<Tensor>, shape: Shape, dtype: DType) -> Tensor {
+    pub(crate) fn from_op(op: Op, srcs: Srcs, shape: Shape, dtype: DType) -> Tensor {
         let device = srcs.first().map_or(Device::Cpu, |s| s.device());
         Self::on_device(op, srcs, shape, dtype, device, None)
     }
@@ -82,7 +84,7 @@ impl Tensor {
     #[track_caller]
     pub(crate) fn on_device(
         op: Op,
-        srcs: Vec<Tensor>,
+        srcs: Srcs,
         shape: Shape,
         dtype: DType,
         device: Device,
@@ -156,7 +158,7 @@ impl Tensor {
 
     /// A zero-dim tensor holding `value` as `dtype`.
     pub fn scalar(value: impl Into<Scalar>, dtype: DType, device: &Device) -> Tensor {
-        Tensor::on_device(Op::Const(value.into()), Vec::new(), Shape::scalar(), dtype, *device, None)
+        Tensor::on_device(Op::Const(value.into()), crate::tensor::Srcs::new(), Shape::scalar(), dtype, *device, None)
     }
 
     pub fn shape(&self) -> &Shape {

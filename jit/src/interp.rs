@@ -64,7 +64,10 @@ fn round_f(d: DType, x: f64) -> f64 {
 fn normalize(d: DType, v: Vals) -> Vals {
     match (d.is_float(), v) {
         (true, Vals::F(v)) => Vals::F(v.into_iter().map(|x| round_f(d, x)).collect()),
-        (true, Vals::I(v)) => Vals::F(v.into_iter().map(|x| round_f(d, x as f64)).collect()),
+        // Straight from i64 to the float width: via f64 first would round twice above 2^53.
+        (true, Vals::I(v)) => {
+            Vals::F(v.into_iter().map(|x| if d == DType::F32 { x as f32 as f64 } else { x as f64 }).collect())
+        }
         (false, Vals::I(v)) => Vals::I(v.into_iter().map(|x| d.wrap_int(x)).collect()),
         (false, Vals::F(v)) if d == DType::Bool => Vals::I(v.into_iter().map(|x| (x != 0.0) as i64).collect()),
         (false, Vals::F(v)) => Vals::I(v.into_iter().map(|x| d.wrap_int(x as i64)).collect()),
@@ -385,7 +388,8 @@ fn matmul(d: DType, a_dims: &[usize], b_dims: &[usize], a: &Vals, b: &Vals) -> R
                 let (a, b) = (&a[bi * m * k..], &b[bi * k * n..]);
                 for i in 0..m {
                     for j in 0..n {
-                        let acc: f64 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+                        // fold from +0.0: `Iterator::sum` starts at -0.0, which an empty (k = 0) product would return.
+                        let acc: f64 = (0..k).fold(0.0, |acc, p| acc + a[i * k + p] * b[p * n + j]);
                         out[bi * m * n + i * n + j] = round_f(d, acc);
                     }
                 }

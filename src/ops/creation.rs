@@ -13,7 +13,7 @@ use kiln_jit::{DType, Op, RandDist, Scalar, Shape};
 impl Tensor {
     /// `value` everywhere.
     pub fn full(shape: impl Into<Shape>, value: impl Into<Scalar>, dtype: DType, device: &Device) -> Tensor {
-        Tensor::on_device(Op::Const(value.into()), Vec::new(), shape.into(), dtype, *device, None)
+        Tensor::on_device(Op::Const(value.into()), crate::tensor::Srcs::new(), shape.into(), dtype, *device, None)
     }
 
     pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Tensor {
@@ -38,7 +38,7 @@ impl Tensor {
 
     /// `start + i * step` for `i` in `0..n`, as `dtype`.
     pub(crate) fn iota(start: Scalar, step: Scalar, n: usize, dtype: DType, device: &Device) -> Tensor {
-        Tensor::on_device(Op::Iota { start, step }, Vec::new(), Shape::new([n]), dtype, *device, None)
+        Tensor::on_device(Op::Iota { start, step }, crate::tensor::Srcs::new(), Shape::new([n]), dtype, *device, None)
     }
 
     /// Values from `start` up to (not including) `end` by `step` (`torch.arange`). The dtype is i64 if all three
@@ -93,7 +93,7 @@ impl Tensor {
             fail!(name, "dtype must be float, not {dtype}");
         }
         let key = random::take(shape.numel());
-        Tensor::on_device(Op::Rand { dist, slot: 0 }, Vec::new(), shape, dtype, *device, Some(key))
+        Tensor::on_device(Op::Rand { dist, slot: 0 }, crate::tensor::Srcs::new(), shape, dtype, *device, Some(key))
     }
 
     /// Uniform in [0, 1), from the stream seeded by `kiln::manual_seed`.

@@ -23,7 +23,7 @@ enum Out {
 impl Tensor {
     #[track_caller]
     fn unary_prim(&self, u: UnaryOp) -> Tensor {
-        Tensor::from_op(Op::Unary(u), vec![self.clone()], self.shape().clone(), self.dtype())
+        Tensor::from_op(Op::Unary(u), smallvec::smallvec![self.clone()], self.shape().clone(), self.dtype())
     }
 
     /// A float-only unary function: bool and int inputs are promoted to f32 first.
@@ -71,7 +71,7 @@ impl Tensor {
         let a = a.materialize(name, dtype, &dims, self);
         let b = b.materialize(name, dtype, &dims, self);
         let out_dtype = if out == Out::Bool { DType::Bool } else { dtype };
-        Tensor::from_op(Op::Binary(op), vec![a, b], Shape::new(dims), out_dtype)
+        Tensor::from_op(Op::Binary(op), smallvec::smallvec![a, b], Shape::new(dims), out_dtype)
     }
 
     /// `self + rhs` (logical or on bool).
@@ -309,7 +309,7 @@ impl Tensor {
         let cond = self.expand_to("where_", &dims);
         let a = a.materialize("where_", dtype, &dims, self);
         let b = b.materialize("where_", dtype, &dims, self);
-        Tensor::from_op(Op::Where, vec![cond, a, b], Shape::new(dims), dtype)
+        Tensor::from_op(Op::Where, smallvec::smallvec![cond, a, b], Shape::new(dims), dtype)
     }
 
     /// Converts to `dtype` (a no-op if already there). Float -> int truncates toward zero to an i64 (saturating at
@@ -319,7 +319,7 @@ impl Tensor {
         if self.dtype() == dtype {
             return self.clone();
         }
-        Tensor::from_op(Op::Cast, vec![self.clone()], self.shape().clone(), dtype)
+        Tensor::from_op(Op::Cast, smallvec::smallvec![self.clone()], self.shape().clone(), dtype)
     }
 }
 

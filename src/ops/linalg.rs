@@ -41,7 +41,7 @@ impl Tensor {
         let with = |tail: [usize; 2]| -> Vec<usize> { batch.iter().copied().chain(tail).collect() };
         let a = a.to_dtype(dtype).expand_to("matmul", &with([m, k]));
         let b = b.to_dtype(dtype).expand_to("matmul", &with([k, n]));
-        let out = Tensor::from_op(Op::Matmul, vec![a, b], Shape::new(with([m, n])), dtype);
+        let out = Tensor::from_op(Op::Matmul, smallvec::smallvec![a, b], Shape::new(with([m, n])), dtype);
         match (ra, rb) {
             (1, 1) => out.reshape_prim(Vec::new()),
             (1, _) => out.squeeze(-2),

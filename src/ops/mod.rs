@@ -63,9 +63,14 @@ impl Operand {
     fn materialize(&self, op: &str, dtype: DType, dims: &[usize], like: &Tensor) -> Tensor {
         match self {
             Operand::Tensor(t) => t.to_dtype(dtype).expand_to(op, dims),
-            Operand::Scalar(s) => {
-                Tensor::on_device(Op::Const(*s), Vec::new(), Shape::new(dims), dtype, like.device(), None)
-            }
+            Operand::Scalar(s) => Tensor::on_device(
+                Op::Const(*s),
+                crate::tensor::Srcs::new(),
+                Shape::new(dims),
+                dtype,
+                like.device(),
+                None,
+            ),
         }
     }
 }
@@ -89,7 +94,7 @@ impl Tensor {
             }
         }
         let reshaped = if padded.len() == src.len() { self.clone() } else { self.reshape_prim(padded) };
-        Tensor::from_op(Op::Expand, vec![reshaped], Shape::new(dims), self.dtype())
+        Tensor::from_op(Op::Expand, smallvec::smallvec![reshaped], Shape::new(dims), self.dtype())
     }
 
     /// A `Reshape` primitive (no checks beyond the element count, which callers guarantee).
@@ -98,11 +103,18 @@ impl Tensor {
             return self.clone();
         }
         debug_assert_eq!(self.numel(), dims.iter().product::<usize>());
-        Tensor::from_op(Op::Reshape, vec![self.clone()], Shape::new(dims), self.dtype())
+        Tensor::from_op(Op::Reshape, smallvec::smallvec![self.clone()], Shape::new(dims), self.dtype())
     }
 
     /// A constant of this tensor's device, broadcast to `dims`.
     pub(crate) fn const_like(&self, value: impl Into<Scalar>, dtype: DType, dims: &[usize]) -> Tensor {
-        Tensor::on_device(Op::Const(value.into()), Vec::new(), Shape::new(dims), dtype, self.device(), None)
+        Tensor::on_device(
+            Op::Const(value.into()),
+            crate::tensor::Srcs::new(),
+            Shape::new(dims),
+            dtype,
+            self.device(),
+            None,
+        )
     }
 }

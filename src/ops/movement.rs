@@ -55,7 +55,7 @@ impl Tensor {
             return self.clone();
         }
         let dims: Vec<usize> = perm.iter().map(|&p| self.dims()[p]).collect();
-        Tensor::from_op(Op::Permute(perm), vec![self.clone()], Shape::new(dims), self.dtype())
+        Tensor::from_op(Op::Permute(perm), smallvec::smallvec![self.clone()], Shape::new(dims), self.dtype())
     }
 
     /// Swaps two dims.
@@ -175,7 +175,7 @@ impl Tensor {
         spec[dim] = (if len == 0 { 0 } else { start }, step);
         let mut dims = self.dims().to_vec();
         dims[dim] = len;
-        Tensor::from_op(Op::Slice(spec), vec![self.clone()], Shape::new(dims), self.dtype())
+        Tensor::from_op(Op::Slice(spec), smallvec::smallvec![self.clone()], Shape::new(dims), self.dtype())
     }
 
     /// Reverses the order of elements along `dims`.
@@ -189,7 +189,7 @@ impl Tensor {
         }
         let spec =
             (0..self.rank()).map(|a| if axes.contains(&a) { (self.dims()[a] - 1, -1) } else { (0, 1) }).collect();
-        Tensor::from_op(Op::Slice(spec), vec![self.clone()], self.shape().clone(), self.dtype())
+        Tensor::from_op(Op::Slice(spec), smallvec::smallvec![self.clone()], self.shape().clone(), self.dtype())
     }
 
     /// Pads with `value` (`torch.nn.functional.pad`, constant mode): `pads[0]` is (before, after) for the last
@@ -211,7 +211,12 @@ impl Tensor {
             return self.clone();
         }
         let dims: Vec<usize> = self.dims().iter().zip(&per_dim).map(|(d, (b, a))| d + b + a).collect();
-        Tensor::from_op(Op::Pad { pads: per_dim, value }, vec![self.clone()], Shape::new(dims), self.dtype())
+        Tensor::from_op(
+            Op::Pad { pads: per_dim, value },
+            smallvec::smallvec![self.clone()],
+            Shape::new(dims),
+            self.dtype(),
+        )
     }
 
     /// Concatenates along `dim` (`torch.cat`); dtypes promote, all other dims must match.
@@ -279,7 +284,7 @@ impl Tensor {
 
     /// A copy laid out contiguously: materializes permuted, expanded or sliced views when realized.
     pub fn contiguous(&self) -> Tensor {
-        Tensor::from_op(Op::Contiguous, vec![self.clone()], self.shape().clone(), self.dtype())
+        Tensor::from_op(Op::Contiguous, smallvec::smallvec![self.clone()], self.shape().clone(), self.dtype())
     }
 }
 
@@ -294,7 +299,7 @@ fn infer_shape(op: &str, spec: &[i64], src: &[usize]) -> Vec<usize> {
     let known: usize = spec.iter().filter(|&&s| s >= 0).map(|&s| s as usize).product();
     let mut dims: Vec<usize> = spec.iter().map(|&s| s.max(0) as usize).collect();
     if let Some(&i) = infer.first() {
-        if known == 0 || numel % known != 0 {
+        if known == 0 || !numel.is_multiple_of(known) {
             fail!(op, "cannot reshape shape {:?} ({numel} elements) into {:?}", src, spec);
         }
         dims[i] = numel / known;

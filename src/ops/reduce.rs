@@ -36,8 +36,12 @@ impl Tensor {
             kept[a] = 1;
         }
         let dtype = src.dtype();
-        let reduced =
-            Tensor::from_op(Op::Reduce { op, axes: axes.clone() }, vec![src], Shape::new(kept.clone()), dtype);
+        let reduced = Tensor::from_op(
+            Op::Reduce { op, axes: axes.clone() },
+            smallvec::smallvec![src],
+            Shape::new(kept.clone()),
+            dtype,
+        );
         if keepdim {
             return reduced;
         }

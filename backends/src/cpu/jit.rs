@@ -147,8 +147,19 @@ pub(crate) struct JitPlan {
     outputs: Vec<(DType, usize)>,
     passthrough: Vec<(usize, usize)>,
     /// Scratch reused by the next run if no other thread holds it.
-    arena: Mutex<Vec<Vec<u64>>>,
+    arena: Mutex<Arena>,
 }
+
+/// Per-run scratch: intermediate buffers, the pointer table of the current launch, the rng words.
+#[derive(Default)]
+struct Arena {
+    temps: Vec<Vec<u64>>,
+    ptrs: Vec<*mut u8>,
+    rng_words: Vec<u64>,
+}
+
+// SAFETY: the raw pointers in `ptrs` are scratch, rewritten before every launch and never read across runs.
+unsafe impl Send for Arena {}
 
 /// Compiles every kernel of `graph`'s schedule.
 pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
@@ -165,7 +176,13 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                 d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
             }
             let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
-            launches.push(CompiledLaunch { f, inputs: l.inputs.clone(), output: l.output, rows, work: l.kernel.work() });
+            launches.push(CompiledLaunch {
+                f,
+                inputs: l.inputs.clone(),
+                output: l.output,
+                rows,
+                work: l.kernel.work(),
+            });
         }
     }
     Ok(JitPlan {
@@ -173,7 +190,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
         temps: plan.temps.clone(),
         outputs: plan.outputs.iter().map(|b| (b.dtype, b.len)).collect(),
         passthrough: plan.passthrough.clone(),
-        arena: Mutex::new(Vec::new()),
+        arena: Mutex::new(Arena::default()),
     })
 }
 
@@ -241,34 +258,34 @@ unsafe impl Sync for LaunchArgs {}
 
 impl Executable for JitPlan {
     fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
-        let inputs: Vec<&HostBuffer> = inputs
-            .iter()
-            .map(|b| match b {
+        let host = |i: usize| -> &HostBuffer {
+            match inputs[i] {
                 Buffer::Host(h) => h,
-            })
-            .collect();
+            }
+        };
         let mut outputs: Vec<HostBuffer> = self.outputs.iter().map(|&(d, n)| crate::host_pool::take(d, n)).collect();
         for &(o, i) in &self.passthrough {
-            outputs[o] = inputs[i].clone();
+            outputs[o] = host(i).clone();
         }
         let out_ptrs: Vec<*mut u8> = outputs.iter_mut().map(write_ptr).collect();
         let mut guard = self.arena.try_lock();
-        let mut own = Vec::new();
-        let arena: &mut Vec<Vec<u64>> = match guard.as_deref_mut() {
+        let mut own = Arena::default();
+        let arena: &mut Arena = match guard.as_deref_mut() {
             Some(a) => a,
             None => &mut own,
         };
-        if arena.len() != self.temps.len() {
-            *arena = self.temps.iter().map(|&bytes| vec![0u64; bytes.div_ceil(8)]).collect();
+        if arena.temps.len() != self.temps.len() {
+            arena.temps = self.temps.iter().map(|&bytes| vec![0u64; bytes.div_ceil(8)]).collect();
         }
-        let rng_words: Vec<u64> = rng.iter().flat_map(|k| [k.seed, k.offset]).collect();
-        let mut ptrs: Vec<*mut u8> = Vec::with_capacity(8);
+        let Arena { temps, ptrs, rng_words } = arena;
+        rng_words.clear();
+        rng_words.extend(rng.iter().flat_map(|k| [k.seed, k.offset]));
         for l in &self.launches {
             ptrs.clear();
             for s in l.inputs.iter().chain([&l.output]) {
                 ptrs.push(match *s {
-                    Slot::Input(i) => read_ptr(inputs[i]),
-                    Slot::Temp(t) => arena[t].as_mut_ptr() as *mut u8,
+                    Slot::Input(i) => read_ptr(host(i)),
+                    Slot::Temp(t) => temps[t].as_mut_ptr() as *mut u8,
                     Slot::Output(o) => out_ptrs[o],
                 });
             }

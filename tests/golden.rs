@@ -1,0 +1,96 @@
+//! Golden files for one rendered kernel: the fused `(a * b + c).relu().sum(1, false)` as kernel IR text
+//! (`KernelIr::to_text`) and as CLIF (`render::clif::render`, vectorized, displayed), compared with
+//! `tests/golden/mul_add_relu_sum.kernel.txt` and `tests/golden/mul_add_relu_sum.clif.txt`.
+//!
+//! A change to fusion, lowering or the CLIF renderer that changes the output fails here with the first differing
+//! line. If the change is intended, rewrite the files and review their diff:
+//!
+//! ```text
+//! KILN_BLESS=1 cargo test --test golden
+//! ```
+//!
+//! The CLIF is rendered for the host ISA from `cranelift_native`, with the calling convention pinned to SystemV:
+//! the signature line would otherwise differ between Linux, macOS and Windows, and the renderer reads nothing else
+//! from the ISA (64-bit pointers are assumed). The text must not depend on anything but the kernel: it is rendered
+//! twice and the two must be equal.
+
+use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
+use cranelift_codegen::settings::{self, Configurable};
+use kiln::{DType, Device, Tensor};
+use kiln_jit::kernel::{KernelIr, schedule};
+use kiln_jit::render::clif;
+use std::path::PathBuf;
+
+fn golden_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden").join(name)
+}
+
+/// Compares `actual` with the golden file `name`, or rewrites the file when `KILN_BLESS=1`.
+fn check_golden(name: &str, actual: &str) {
+    let path = golden_path(name);
+    if std::env::var("KILN_BLESS").is_ok_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().expect("a parent dir")).expect("create tests/golden");
+        std::fs::write(&path, actual).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        eprintln!("blessed {}", path.display());
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e} (create it with KILN_BLESS=1)", path.display()));
+    if actual == expected {
+        return;
+    }
+    let (a, e): (Vec<&str>, Vec<&str>) = (actual.lines().collect(), expected.lines().collect());
+    let line = a.iter().zip(&e).position(|(x, y)| x != y).unwrap_or(a.len().min(e.len()));
+    panic!(
+        "{} differs from the rendered text at line {} ({} lines rendered, {} in the file):\n  file:     {}\n  \
+         rendered: {}\nIf the change is intended: KILN_BLESS=1 cargo test --test golden, then review the diff.\n\
+         Rendered text:\n{actual}",
+        path.display(),
+        line + 1,
+        a.len(),
+        e.len(),
+        e.get(line).unwrap_or(&"<end of file>"),
+        a.get(line).unwrap_or(&"<end of text>"),
+    );
+}
+
+/// The one kernel of `(a * b + c).relu().sum(1, false)` with a, b: f32[8, 13] and c: f32[13].
+fn kernel() -> KernelIr {
+    let dev = Device::cpu();
+    let data = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
+    let a = Tensor::from_vec(data(8 * 13, 0.7), [8, 13], &dev).expect("a");
+    let b = Tensor::from_vec(data(8 * 13, 1.3), [8, 13], &dev).expect("b");
+    let c = Tensor::from_vec(data(13, 0.3), [13], &dev).expect("c");
+    let y = (&a * &b + &c).relu().sum(1, false);
+    assert_eq!((y.dtype(), y.dims()), (DType::F32, &[8usize][..]));
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let plan = schedule(&cap.graph);
+    let names: Vec<&str> = plan.launches.iter().map(|l| l.kernel.name.as_str()).collect();
+    assert_eq!(plan.launches.len(), 1, "expected one fused kernel, got {names:?}");
+    plan.launches.into_iter().next().expect("one launch").kernel
+}
+
+fn target() -> TargetFrontendConfig {
+    let mut flags = settings::builder();
+    flags.set("opt_level", "speed").expect("opt_level");
+    let isa = cranelift_native::builder()
+        .expect("host ISA supported by Cranelift")
+        .finish(settings::Flags::new(flags))
+        .expect("host ISA");
+    TargetFrontendConfig { default_call_conv: CallConv::SystemV, ..isa.frontend_config() }
+}
+
+#[test]
+fn mul_add_relu_sum_kernel_ir() {
+    check_golden("mul_add_relu_sum.kernel.txt", &kernel().to_text());
+}
+
+#[test]
+fn mul_add_relu_sum_clif() {
+    let k = kernel();
+    let render = || clif::render(&k, 0, target(), true).display().to_string();
+    let text = render();
+    assert_eq!(text, render(), "rendering the same kernel twice gave different CLIF");
+    assert_eq!(text, clif::render(&kernel(), 0, target(), true).display().to_string(), "CLIF of a rebuilt kernel");
+    check_golden("mul_add_relu_sum.clif.txt", &text);
+}
