@@ -100,7 +100,8 @@ impl Tensor {
     }
 
     /// Gradients of this scalar with respect to every leaf it depends on that requires gradients, as lazy
-    /// tensors. Frees the autograd graph it walks: a second `backward` through the same nodes finds no history.
+    /// tensors. Frees the autograd graph it walks: a second `backward` through the same nodes is an error (as
+    /// PyTorch's without `retain_graph`).
     pub fn backward(&self) -> Result<Gradients> {
         if self.numel() != 1 {
             return Err(Error::Autograd(format!(
@@ -125,7 +126,14 @@ impl Tensor {
         seen.insert(Arc::as_ptr(&self.node), ());
         while let Some((t, srcs, next)) = stack.last_mut() {
             if srcs.is_none() {
-                *srcs = Some(t.node.grad_srcs.as_ref().map_or(Vec::new(), |g| g.lock().to_vec()));
+                let links = t.node.grad_srcs.as_ref().map_or(Vec::new(), |g| g.lock().to_vec());
+                if t.node.grad_srcs.is_some() && links.is_empty() && t.node.op.arity() > 0 {
+                    return Err(Error::Autograd(format!(
+                        "the graph through this {} node was freed by an earlier backward; build the forward again",
+                        t.node.op
+                    )));
+                }
+                *srcs = Some(links);
             }
             let s = srcs.as_ref().expect("read");
             if *next < s.len() {

@@ -60,7 +60,7 @@ fn add_with_incompatible_shapes() {
     assert_op_panic(panic_of!(&b - &a), "sub", &["[4]", "[2, 3]"]);
     assert_op_panic(panic_of!(a.maximum(&b)), "maximum", &["[2, 3]", "[4]"]);
     // A composite op reports at the user's call, not at the primitive inside it.
-    assert_op_panic(panic_of!(a.clamp(&b, 1.0)), "maximum", &["[2, 3]", "[4]"]);
+    assert_op_panic(panic_of!(a.clamp(&b, 1.0)), "clamp", &["[2, 3]", "[4]"]);
 }
 
 #[test]

@@ -13,8 +13,8 @@ code both allocate; kiln recycles freed buffers through its pool), median of N r
 call (compile time, with a fresh empty Inductor cache) is reported separately.
 
 PyTorch is not a dependency of kiln. Install it with `pip install torch` (PyPI; only PyPI is reachable from the
-machines this was written on, so the CPU-only index cannot be used: the default wheel is the CUDA build, ~540 MB plus
-~4.5 GB of nvidia-* wheels; it runs fine on the CPU). torch.compile also needs a C++ compiler (g++) on PATH.
+machines this was written on, so PyTorch's own CPU-only wheel index cannot be used: the default wheel is the CUDA
+build, ~540 MB plus ~4.5 GB of nvidia-* wheels; it runs fine on the CPU). torch.compile also needs a C++ compiler (g++) on PATH.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ PyTorch is not installed in this Python ({exe}).
 Install it from PyPI (a virtual environment is recommended):
     python3 -m venv .venv-torch && .venv-torch/bin/pip install torch numpy
     .venv-torch/bin/python benches/compare/torch_cpu.py
-`pip install torch --index-url https://download.pytorch.org/whl/cpu` would fetch the small CPU-only build, but that
-index may be unreachable (it was where this script was written): the PyPI wheel is the CUDA build (~540 MB + ~4.5 GB
+PyTorch's own CPU-only wheel index would give a small build, but it may be unreachable (it was where this script was
+written): the PyPI wheel is the CUDA build (~540 MB + ~4.5 GB
 of nvidia-* wheels, ~2 minutes to install there) and works on the CPU. torch.compile also needs g++ on PATH.
 Use --skip-torch to print kiln's figures only.
 """

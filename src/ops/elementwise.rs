@@ -255,7 +255,9 @@ impl Tensor {
         if self.dtype() == DType::Bool {
             fail!("relu", "relu is not supported on bool tensors");
         }
-        self.maximum(0)
+        // where(x <= 0, 0, x) rather than maximum(x, 0): the same values (NaN stays NaN), and the gradient at 0 is
+        // 0 as in PyTorch (a maximum tie would send it half).
+        self.le(0).where_(0, self)
     }
 
     /// `self * self`. Bool squares to i64: PyTorch's `square` is `pow(self, 2)`, and bool ** int promotes to i64.
@@ -271,19 +273,23 @@ impl Tensor {
     /// Clamps into `[min, max]` (`torch.clamp`); NaN stays NaN. Bounds promote like any other operand.
     #[track_caller]
     pub fn clamp(&self, min: impl Into<Operand>, max: impl Into<Operand>) -> Tensor {
-        self.maximum(min).minimum(max)
+        self.clamp_min(min).clamp_max(max)
     }
 
     /// `max(self, min)` elementwise (`torch.clamp(min=...)`).
     #[track_caller]
     pub fn clamp_min(&self, min: impl Into<Operand>) -> Tensor {
-        self.maximum(min)
+        // A select, not `maximum`: the gradient reaches `self` wherever it is inside the bound, bound included,
+        // and the bound where it is below it, as PyTorch's clamp does.
+        let min = min.into();
+        self.binary("clamp", min.clone(), BinaryOp::Lt, Out::Bool, false).where_(min, self)
     }
 
     /// `min(self, max)` elementwise (`torch.clamp(max=...)`).
     #[track_caller]
     pub fn clamp_max(&self, max: impl Into<Operand>) -> Tensor {
-        self.minimum(max)
+        let max = max.into();
+        self.binary("clamp", max.clone(), BinaryOp::Lt, Out::Bool, true).where_(max, self)
     }
 
     /// `torch.where(self, on_true, on_false)`: `self` is the bool condition; all three broadcast together and the

@@ -123,24 +123,37 @@ pub fn schedule(graph: &Graph) -> KernelPlan {
         if !matches!(graph.node(r).op, Op::Reduce { .. } | Op::Matmul) {
             continue;
         }
+        // The region fed by r: every node reached from r through its consumers must be an elementwise op or a
+        // reshape of r's element count (so it can be evaluated at the output element's index), and every path
+        // must end in the same materialized node, which becomes the kernel (relu's `where(x <= 0, 0, x)` reads
+        // x twice: a diamond, still one kernel).
         let numel = graph.node(r).shape.numel();
-        let mut cur = r;
-        let target = loop {
-            if cur != r && mat[cur.index()] {
-                break Some(cur);
-            }
-            if is_output(cur) && cur != r {
-                break None;
-            }
-            let [next] = consumers[cur.index()][..] else { break None };
-            let next_op = &graph.node(next).op;
-            let passes = matches!(next_op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reshape)
-                && graph.node(next).shape.numel() == numel;
-            if !passes {
-                break None;
-            }
-            cur = next;
+        let fusable = |n: NodeIndex| {
+            matches!(graph.node(n).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reshape)
+                && graph.node(n).shape.numel() == numel
         };
+        let mut target: Option<NodeIndex> = None;
+        let mut ok = !is_output(r) && !consumers[r.index()].is_empty();
+        let (mut stack, mut seen) = (vec![r], vec![r]);
+        'walk: while let Some(cur) = stack.pop() {
+            for &next in &consumers[cur.index()] {
+                if !ok || !fusable(next) {
+                    ok = false;
+                    break 'walk;
+                }
+                if mat[next.index()] {
+                    if target.is_some_and(|t| t != next) {
+                        ok = false;
+                        break 'walk;
+                    }
+                    target = Some(next);
+                } else if !seen.contains(&next) {
+                    seen.push(next);
+                    stack.push(next);
+                }
+            }
+        }
+        let target = if ok { target } else { None };
         if is_output(r) {
             stage[r.index()] = Some(r);
             continue;

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The seed's MLP training step in PyTorch eager, in torch.compile and in kiln, in one session, one table.
+
+Model 784 -> 256 -> 128 -> 10, no bias, leaky_relu(0.01) after layers 1 and 2, Kaiming-normal init; loss
+((out - t)^2).sum(); SGD lr 1e-3; f32; the same x (B x 784) and t (B x 10, scaled by 0.1) every step. A step is
+zero_grad + forward + loss + backward + optimizer step. Timing: 10 warm-up steps, then the median of 100 steps;
+"first step" is the first call (torch.compile compiles there, with a fresh Inductor cache). kiln runs
+`cargo run --release --example train_mlp -- --batch B` and its printed line is parsed.
+
+    python3 benches/compare/mlp_torch.py [--threads T] [--batches 1,32,1024] [--skip-kiln]
+
+Threads: T, else env KILN_NUM_THREADS, else all cores: torch.set_num_threads(T), and kiln runs with
+KILN_NUM_THREADS=T. See README.md in this folder for installing PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BATCHES = [1, 32, 128, 256, 512, 1024]
+WARMUP, STEPS = 10, 100
+
+
+def torch_step_times(torch, batch: int, compiled: bool) -> tuple[float, float]:
+    """(median seconds per step, seconds of the first step)."""
+    torch.manual_seed(0)
+    w = [torch.empty(o, i) for i, o in [(784, 256), (256, 128), (128, 10)]]
+    for p in w:
+        torch.nn.init.kaiming_normal_(p)
+    params = [p.requires_grad_() for p in w]
+    x = torch.randn(batch, 784)
+    t = torch.randn(batch, 10) * 0.1
+    opt = torch.optim.SGD(params, lr=1e-3)
+    F = torch.nn.functional
+
+    def loss_fn(x, t):
+        h = F.leaky_relu(x @ params[0].T, 0.01)
+        h = F.leaky_relu(h @ params[1].T, 0.01)
+        return ((h @ params[2].T - t) ** 2).sum()
+
+    fn = torch.compile(loss_fn) if compiled else loss_fn
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = fn(x, t)
+        loss.backward()
+        opt.step()
+        return loss
+
+    t0 = time.perf_counter()
+    step()
+    first = time.perf_counter() - t0
+    for _ in range(WARMUP - 1):
+        step()
+    times = []
+    for _ in range(STEPS):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), first
+
+
+def kiln_step_times(batch: int, threads: int) -> tuple[float, float]:
+    env = dict(os.environ, KILN_NUM_THREADS=str(threads))
+    out = subprocess.run(
+        ["cargo", "run", "--quiet", "--release", "--example", "train_mlp", "--", "--batch", str(batch)],
+        cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+    ).stdout
+    m = re.search(r"batch (\d+): ([\d.]+) µs/step .*first step ([\d.]+) ms", out)
+    if not m:
+        sys.exit(f"could not parse train_mlp output:\n{out}")
+    return float(m.group(2)) * 1e-6, float(m.group(3)) * 1e-3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("KILN_NUM_THREADS", os.cpu_count() or 1)))
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--skip-kiln", action="store_true")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    try:
+        import torch
+    except ImportError:
+        sys.exit(f"PyTorch is not installed in {sys.executable}; see benches/compare/README.md")
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-"))
+    if not args.skip_kiln:
+        subprocess.run(["cargo", "build", "--quiet", "--release", "--example", "train_mlp"], cwd=ROOT, check=True)
+
+    print(f"threads: {args.threads}; torch {torch.__version__}; median of {STEPS} steps after {WARMUP} warm-up\n")
+    print("| batch | kiln µs/step | torch eager µs | torch.compile µs | kiln vs eager | kiln vs compile "
+          "| kiln first step | torch.compile first step |")
+    print("|---|---|---|---|---|---|---|---|")
+    for b in batches:
+        eager, _ = torch_step_times(torch, b, compiled=False)
+        comp, comp_first = torch_step_times(torch, b, compiled=True)
+        if args.skip_kiln:
+            print(f"| {b} | - | {eager * 1e6:.0f} | {comp * 1e6:.0f} | - | - | - | {comp_first:.2f} s |")
+            continue
+        kiln, kiln_first = kiln_step_times(b, args.threads)
+        print(f"| {b} | {kiln * 1e6:.0f} | {eager * 1e6:.0f} | {comp * 1e6:.0f} | {eager / kiln:.1f}x "
+              f"| {comp / kiln:.1f}x | {kiln_first * 1e3:.1f} ms | {comp_first:.2f} s |")
+
+
+if __name__ == "__main__":
+    main()

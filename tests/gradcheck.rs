@@ -1,0 +1,937 @@
+//! Gradient checks: for every differentiable op of the public API (the op table's list), the gradients that
+//! `backward` builds are compared with central finite differences of the same forward, in f64.
+//!
+//! Each check takes a few f64 leaves and a forward `f`, forms the scalar loss `L = sum(f(inputs) * R)` with a fixed
+//! random weight tensor `R` (magnitudes in [0.5, 1.5], random signs, so every output element matters and no two
+//! carry the same weight), and compares, for every input element `x_j`:
+//!
+//! * analytic: `backward()`'s gradient, realized by kiln, both when the loss is left lazy (forward and backward
+//!   fuse into one graph) and when the loss is realized before `backward` (a training loop that logs its loss);
+//! * numeric: `(L(x_j + EPS) - L(x_j - EPS)) / (2 EPS)`, each loss a fresh graph realized by kiln.
+//!
+//! Inputs are drawn away from the points where an op is not differentiable (0 for abs/relu/recip, ties for
+//! maximum/minimum/max/min, bounds for clamp), and kept small (<= 24 elements) so the whole file runs in seconds.
+//! The tests at the end cover autograd's semantics: ties, accumulation, which leaves get gradients, detach,
+//! no_grad, errors, graph freeing and memory.
+
+mod common;
+
+use common::{Kind, Nd, Rng, Tol, tol, values};
+use kiln::{DType, Device, Tensor};
+use std::panic::AssertUnwindSafe;
+use std::sync::{RwLock, RwLockReadGuard};
+
+use DType::{F32, F64, I64};
+
+/// Central-difference step.
+const EPS: f64 = 1e-6;
+
+/// THE gradient tolerance: `|analytic - numeric| <= 1e-6 * (1 + |numeric|)`. A central difference errs by
+/// O(EPS^2 * |f'''| / 6) from truncation (~1e-12 * |f'''|, at most ~1e-10 for the steepest inputs here) plus
+/// O(ulp(L) / EPS) from rounding the two losses (L sums <= ~100 terms of size ~1: a few 1e-15 each, divided by
+/// 2 EPS: ~1e-9). The largest f64 error observed over all checks here is ~2e-9, so 1e-6 leaves a wide margin,
+/// while a wrong VJP (a missing factor, sign, or broadcast sum) is off by O(|gradient|).
+const GRAD_TOL: Tol = Tol { rel: 1e-6, abs: 1e-6 };
+
+/// `live_nodes` is process-wide and tests run on parallel threads: every test that builds tensors holds this
+/// shared, the live-node test holds it exclusively.
+static NODES: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    NODES.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn dev() -> Device {
+    Device::cpu()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Inputs
+// ---------------------------------------------------------------------------------------------------------------
+
+/// One input of a check: shape, values (exactly representable in `dtype`), and the leaf dtype.
+#[derive(Clone, Debug)]
+struct In {
+    shape: Vec<usize>,
+    vals: Vec<f64>,
+    dtype: DType,
+}
+
+impl In {
+    fn nd(&self) -> Nd {
+        Nd::new(&self.shape, self.vals.clone())
+    }
+
+    /// The same values as an f32 leaf (rounded to f32).
+    fn f32(mut self) -> In {
+        self.vals = self.vals.iter().map(|&x| x as f32 as f64).collect();
+        self.dtype = F32;
+        self
+    }
+
+    /// Moves every value within `gap` of one of `points` to `2 gap` away from it (keeping its side).
+    fn away_from(mut self, points: &[f64], gap: f64) -> In {
+        for v in &mut self.vals {
+            for &p in points {
+                if (*v - p).abs() < gap {
+                    *v = if *v >= p { p + 2.0 * gap } else { p - 2.0 * gap };
+                }
+            }
+        }
+        self
+    }
+
+    fn tensor(&self, dtype: DType) -> Tensor {
+        let t = match dtype {
+            F64 => Tensor::from_vec(self.vals.clone(), self.shape.clone(), &dev()),
+            F32 => Tensor::from_vec(self.vals.iter().map(|&x| x as f32).collect(), self.shape.clone(), &dev()),
+            d => unreachable!("test bug: leaf dtype {d}"),
+        };
+        t.expect("from_vec")
+    }
+}
+
+/// Deterministic test data (SplitMix64 from `common`), one stream per test.
+struct Gen(Rng);
+
+impl Gen {
+    fn new(name: &str) -> Gen {
+        // FNV-1a of the name: every test draws different numbers.
+        let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        Gen(Rng(h))
+    }
+
+    fn make(&mut self, shape: &[usize], mut f: impl FnMut(&mut Rng) -> f64) -> In {
+        let n = shape.iter().product();
+        In { shape: shape.to_vec(), vals: (0..n).map(|_| f(&mut self.0)).collect(), dtype: F64 }
+    }
+
+    /// Uniform in [lo, hi).
+    fn uniform(&mut self, shape: &[usize], lo: f64, hi: f64) -> In {
+        self.make(shape, |r| lo + r.unit() * (hi - lo))
+    }
+
+    /// Magnitude uniform in [lo, hi), random sign: away from 0.
+    fn signed(&mut self, shape: &[usize], lo: f64, hi: f64) -> In {
+        self.make(shape, |r| {
+            let m = lo + r.unit() * (hi - lo);
+            if r.unit() < 0.5 { -m } else { m }
+        })
+    }
+
+    /// Values in [-2, 2] at least `2 / n` apart (a jittered random permutation of a grid): no ties for max/min.
+    fn distinct(&mut self, shape: &[usize]) -> In {
+        let n: usize = shape.iter().product();
+        let mut perm: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            perm.swap(i, (self.0.next_u64() % (i as u64 + 1)) as usize);
+        }
+        let step = 4.0 / n as f64;
+        let vals = perm.iter().map(|&k| -2.0 + (k as f64 + 0.25 + 0.5 * self.0.unit()) * step).collect();
+        In { shape: shape.to_vec(), vals, dtype: F64 }
+    }
+}
+
+/// Asserts (a test bug otherwise) that `a` and `b` differ by more than `gap` wherever they meet by broadcasting.
+fn assert_apart(a: &In, b: &In, gap: f64) {
+    let d = a.nd().zip(&b.nd(), |x, y| (x - y).abs());
+    let min = d.v.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!(min > gap, "test bug: inputs {:?} and {:?} come within {min} of each other", a.shape, b.shape);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The checker
+// ---------------------------------------------------------------------------------------------------------------
+
+type Forward<'a> = &'a dyn Fn(&[Tensor]) -> Tensor;
+
+/// Collects failures of many checks and reports them together.
+struct Suite {
+    name: &'static str,
+    checks: usize,
+    failures: Vec<String>,
+    _guard: RwLockReadGuard<'static, ()>,
+}
+
+impl Suite {
+    fn new(name: &'static str) -> Suite {
+        Suite { name, checks: 0, failures: Vec::new(), _guard: shared() }
+    }
+
+    /// Gradient check of `f` against central differences of `f` itself, in f64.
+    fn check(&mut self, what: &str, ins: &[In], f: impl Fn(&[Tensor]) -> Tensor) {
+        self.check_with(what, ins, &f, &f, GRAD_TOL);
+    }
+
+    /// Gradient check of `f` (leaves of each input's dtype) against central differences of `f_ref` evaluated on f64
+    /// leaves, within `tol`. `f_ref` computes the same function as `f` without the lower precision `f` may use.
+    fn check_with(&mut self, what: &str, ins: &[In], f: Forward, f_ref: Forward, tol: Tol) {
+        self.checks += 1;
+        let seed = self.checks as u64;
+        let res = std::panic::catch_unwind(AssertUnwindSafe(|| gradcheck(ins, f, f_ref, tol, seed)));
+        let err = match res {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "non-string panic".into());
+                format!("panicked: {msg}")
+            }
+        };
+        let shapes: Vec<_> = ins.iter().map(|i| (&i.shape, i.dtype.name())).collect();
+        self.failures.push(format!("{what} {shapes:?}: {err}"));
+    }
+
+    fn finish(self) {
+        assert!(
+            self.failures.is_empty(),
+            "{}: {} of {} gradient checks failed:\n  {}",
+            self.name,
+            self.failures.len(),
+            self.checks,
+            self.failures.join("\n  ")
+        );
+    }
+}
+
+/// The weight tensor `R`: magnitudes in [0.5, 1.5] with random signs.
+fn weights(dims: &[usize], seed: u64) -> Tensor {
+    let mut r = Rng(0x5EED ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let n = dims.iter().product();
+    let v: Vec<f64> = (0..n)
+        .map(|_| {
+            let m = 0.5 + r.unit();
+            if r.unit() < 0.5 { -m } else { m }
+        })
+        .collect();
+    Tensor::from_vec(v, dims.to_vec(), &dev()).expect("weights")
+}
+
+fn loss_of(out: &Tensor, r: &Tensor) -> Result<Tensor, String> {
+    if out.dtype() != F64 {
+        return Err(format!("test bug: the forward gives {}, not f64", out.dtype()));
+    }
+    if out.dims() != r.dims() {
+        return Err(format!("forward shape {:?} changed to {:?}", r.dims(), out.dims()));
+    }
+    Ok(out.mul(r).sum_all())
+}
+
+/// The analytic gradients of `f` at `ins`, realizing the loss before `backward` if `loss_first`.
+fn analytic(ins: &[In], f: Forward, r: &Tensor, loss_first: bool) -> Result<Vec<Vec<f64>>, String> {
+    let leaves: Vec<Tensor> = ins.iter().map(|i| i.tensor(i.dtype).requires_grad()).collect();
+    let loss = loss_of(&f(&leaves), r)?;
+    if loss_first {
+        loss.item::<f64>().map_err(|e| format!("forward: {e}"))?;
+    }
+    let grads = loss.backward().map_err(|e| format!("backward: {e}"))?;
+    let mut gs = Vec::new();
+    for (k, leaf) in leaves.iter().enumerate() {
+        let g = grads.get(leaf).ok_or_else(|| format!("input {k} got no gradient"))?;
+        if g.dims() != leaf.dims() || g.dtype() != leaf.dtype() {
+            return Err(format!(
+                "gradient {k} is {}{:?}, its leaf {}{:?}",
+                g.dtype(),
+                g.dims(),
+                leaf.dtype(),
+                leaf.dims()
+            ));
+        }
+        gs.push(g.clone());
+    }
+    kiln::realize(&gs.iter().collect::<Vec<_>>()).map_err(|e| format!("realizing gradients: {e}"))?;
+    gs.iter().map(|g| Ok(values(&g.to_host().map_err(|e| e.to_string())?))).collect()
+}
+
+fn gradcheck(ins: &[In], f: Forward, f_ref: Forward, tol: Tol, seed: u64) -> Result<(), String> {
+    let out_dims = kiln::no_grad(|| f(&ins.iter().map(|i| i.tensor(i.dtype)).collect::<Vec<_>>())).dims().to_vec();
+    let r = weights(&out_dims, seed);
+    let lazy = analytic(ins, f, &r, false)?;
+    let eager = analytic(ins, f, &r, true)?;
+
+    let loss_at = |vals: &[Vec<f64>]| -> Result<f64, String> {
+        let leaves: Vec<Tensor> = ins
+            .iter()
+            .zip(vals)
+            .map(|(i, v)| Tensor::from_vec(v.clone(), i.shape.clone(), &dev()).expect("from_vec"))
+            .collect();
+        loss_of(&f_ref(&leaves), &r)?.item::<f64>().map_err(|e| format!("forward: {e}"))
+    };
+    let mut vals: Vec<Vec<f64>> = ins.iter().map(|i| i.vals.clone()).collect();
+    let mut bad = Vec::new();
+    let mut count = 0;
+    for k in 0..ins.len() {
+        for j in 0..vals[k].len() {
+            let x = vals[k][j];
+            // Divide by the step actually taken: x +- EPS are rounded.
+            let (xp, xm) = (x + EPS, x - EPS);
+            vals[k][j] = xp;
+            let plus = loss_at(&vals)?;
+            vals[k][j] = xm;
+            let minus = loss_at(&vals)?;
+            vals[k][j] = x;
+            let numeric = (plus - minus) / (xp - xm);
+            for (path, a) in [("lazy", lazy[k][j]), ("loss realized first", eager[k][j])] {
+                // Written so that a NaN on either side fails.
+                let ok = (a - numeric).abs() <= tol.abs + tol.rel * numeric.abs();
+                if !ok {
+                    count += 1;
+                    if bad.len() < 6 {
+                        bad.push(format!("input {k}[{j}] ({path}): analytic {a:.9}, numeric {numeric:.9}"));
+                    }
+                }
+            }
+        }
+    }
+    if bad.is_empty() { Ok(()) } else { Err(format!("{count} mismatches (tol {tol:?}): {}", bad.join("; "))) }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Elementwise unary
+// ---------------------------------------------------------------------------------------------------------------
+
+#[test]
+fn unary_ops() {
+    let mut s = Suite::new("unary");
+    let mut g = Gen::new("unary");
+    type U = fn(&Tensor) -> Tensor;
+    // (name, op, input domain)
+    let ops: Vec<(&str, U, In)> = vec![
+        ("neg", |x| x.neg(), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("neg operator", |x| -x, g.uniform(&[3, 4], -2.0, 2.0)),
+        ("abs", |x| x.abs(), g.signed(&[3, 4], 0.1, 2.0)),
+        ("exp", |x| x.exp(), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("log", |x| x.log(), g.uniform(&[3, 4], 0.2, 3.0)),
+        ("sin", |x| x.sin(), g.uniform(&[3, 4], -3.0, 3.0)),
+        ("cos", |x| x.cos(), g.uniform(&[3, 4], -3.0, 3.0)),
+        ("tanh", |x| x.tanh(), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("sqrt", |x| x.sqrt(), g.uniform(&[3, 4], 0.2, 3.0)),
+        ("recip", |x| x.recip(), g.signed(&[3, 4], 0.3, 2.0)),
+        ("rsqrt", |x| x.rsqrt(), g.uniform(&[3, 4], 0.2, 3.0)),
+        ("sigmoid", |x| x.sigmoid(), g.uniform(&[3, 4], -3.0, 3.0)),
+        ("relu", |x| x.relu(), g.signed(&[3, 4], 0.1, 2.0)),
+        ("square", |x| x.square(), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("powf 2.5", |x| x.powf(2.5), g.uniform(&[3, 4], 0.3, 2.0)),
+        ("powf -0.5", |x| x.powf(-0.5), g.uniform(&[3, 4], 0.3, 2.0)),
+        ("powf 3 (negative base)", |x| x.powf(3.0), g.signed(&[3, 4], 0.3, 2.0)),
+        ("clamp", |x| x.clamp(-0.7, 0.9), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-0.7, 0.9], 0.01)),
+        ("clamp_min", |x| x.clamp_min(0.3), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[0.3], 0.01)),
+        ("clamp_max", |x| x.clamp_max(-0.2), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-0.2], 0.01)),
+    ];
+    for (name, op, x) in ops {
+        s.check(name, std::slice::from_ref(&x), |t| op(&t[0]));
+        // The same op on a transposed (non-contiguous) view, followed by a reduction.
+        s.check(&format!("{name} of a transposed view"), &[x], |t| op(&t[0].t()).sum(1, false));
+    }
+    s.finish();
+}
+
+#[test]
+fn clamp_with_tensor_bounds() {
+    let mut s = Suite::new("clamp with tensor bounds");
+    let mut g = Gen::new("clamp tensor bounds");
+    let x = g.uniform(&[3, 4], -2.0, 2.0);
+    let lo = g.uniform(&[3, 1], -1.5, -0.3);
+    let hi = g.uniform(&[4], 0.3, 1.5);
+    assert_apart(&x, &lo, 1e-3);
+    assert_apart(&x, &hi, 1e-3);
+    s.check("clamp(x, lo, hi)", &[x.clone(), lo, hi.clone()], |t| t[0].clamp(&t[1], &t[2]));
+    s.check("clamp_max(x, hi)", &[x, hi], |t| t[0].clamp_max(&t[1]));
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Elementwise binary
+// ---------------------------------------------------------------------------------------------------------------
+
+#[test]
+fn binary_ops() {
+    let mut s = Suite::new("binary");
+    let mut g = Gen::new("binary");
+    type B = fn(&Tensor, &Tensor) -> Tensor;
+    /// An input domain (lo, hi, signed): "signed" draws magnitudes in [lo, hi) with both signs.
+    type D = (f64, f64, bool);
+    // (name, op, lhs domain, rhs domain)
+    let ops: Vec<(&str, B, D, D)> = vec![
+        ("add", |a, b| a.add(b), (-2.0, 2.0, false), (-2.0, 2.0, false)),
+        ("add operator", |a, b| a + b, (-2.0, 2.0, false), (-2.0, 2.0, false)),
+        ("sub", |a, b| a.sub(b), (-2.0, 2.0, false), (-2.0, 2.0, false)),
+        ("sub operator", |a, b| a - b, (-2.0, 2.0, false), (-2.0, 2.0, false)),
+        ("mul", |a, b| a.mul(b), (-2.0, 2.0, false), (-2.0, 2.0, false)),
+        ("mul operator", |a, b| a * b, (-2.0, 2.0, false), (-2.0, 2.0, false)),
+        ("div", |a, b| a.div(b), (-2.0, 2.0, false), (0.4, 2.0, true)),
+        ("div operator", |a, b| a / b, (-2.0, 2.0, false), (0.4, 2.0, true)),
+        ("maximum", |a, b| a.maximum(b), (-2.0, 2.0, false), (-2.0, 2.0, false)),
+        ("minimum", |a, b| a.minimum(b), (-2.0, 2.0, false), (-2.0, 2.0, false)),
+        ("pow", |a, b| a.pow(b), (0.4, 2.0, false), (-1.5, 1.5, false)),
+    ];
+    let draw = |g: &mut Gen, shape: &[usize], (lo, hi, signed): D| {
+        if signed { g.signed(shape, lo, hi) } else { g.uniform(shape, lo, hi) }
+    };
+    // Broadcasting on both sides, a 0-dim tensor on either side, equal shapes with a transposed operand.
+    let shapes: [(&[usize], &[usize]); 4] =
+        [(&[2, 1, 3], &[4, 1]), (&[4, 1], &[2, 1, 3]), (&[2, 3], &[]), (&[], &[2, 3])];
+    for &(name, op, da, db) in &ops {
+        for (sa, sb) in shapes {
+            let (a, b) = (draw(&mut g, sa, da), draw(&mut g, sb, db));
+            if name.starts_with("max") || name.starts_with("min") {
+                assert_apart(&a, &b, 1e-3);
+            }
+            s.check(&format!("{name} {sa:?} {sb:?}"), &[a, b], |t| op(&t[0], &t[1]));
+        }
+        let (a, b) = (draw(&mut g, &[3, 4], da), draw(&mut g, &[4, 3], db));
+        if name.starts_with("max") || name.starts_with("min") {
+            assert_apart(&a, &b.nd().permute(&[1, 0]).into_in(), 1e-3);
+        }
+        s.check(&format!("{name} with a transposed rhs"), &[a, b], |t| op(&t[0], &t[1].t()));
+    }
+    s.finish();
+}
+
+trait IntoIn {
+    fn into_in(self) -> In;
+}
+
+impl IntoIn for Nd {
+    fn into_in(self) -> In {
+        In { shape: self.shape, vals: self.v, dtype: F64 }
+    }
+}
+
+#[test]
+fn binary_with_scalars() {
+    let mut s = Suite::new("binary with scalars");
+    let mut g = Gen::new("binary scalars");
+    let x = g.uniform(&[2, 3], -2.0, 2.0);
+    let nz = g.signed(&[2, 3], 0.4, 2.0);
+    let pos = g.uniform(&[2, 3], 0.4, 2.0);
+    let one = |x: &In| std::slice::from_ref(x).to_vec();
+    s.check("x + 1.5", &one(&x), |t| t[0].add(1.5));
+    s.check("1.5 + x", &one(&x), |t| 1.5 + &t[0]);
+    s.check("x - 1.5", &one(&x), |t| t[0].sub(1.5));
+    s.check("1.5 - x", &one(&x), |t| 1.5 - &t[0]);
+    s.check("x * -2.5", &one(&x), |t| t[0].mul(-2.5));
+    s.check("-2.5 * x", &one(&x), |t| -2.5 * &t[0]);
+    s.check("x / 3", &one(&x), |t| t[0].div(3.0));
+    s.check("3 / x", &one(&nz), |t| 3.0 / &t[0]);
+    s.check("x * 2 (int scalar)", &one(&x), |t| t[0].mul(2i64));
+    s.check("maximum(x, 0.25)", &[x.clone().away_from(&[0.25], 0.01)], |t| t[0].maximum(0.25));
+    s.check("minimum(x, 0.25)", &[x.clone().away_from(&[0.25], 0.01)], |t| t[0].minimum(0.25));
+    s.check("pow(x, 1.7)", &one(&pos), |t| t[0].pow(1.7));
+    s.check("pow(x, 2) (int scalar, both signs)", &one(&nz), |t| t[0].pow(2i64));
+    s.finish();
+}
+
+#[test]
+fn where_both_branches() {
+    let mut s = Suite::new("where_");
+    let mut g = Gen::new("where");
+    let cond_vals = [true, false, false, true, true, false, true, true];
+    let cond = || Tensor::from_vec(cond_vals.to_vec(), [2, 1, 4], &dev()).expect("cond");
+    let a = g.uniform(&[3, 4], -2.0, 2.0);
+    let b = g.uniform(&[2, 1, 1], -2.0, 2.0);
+    s.check("where_(cond, a, b) broadcasting", &[a.clone(), b.clone()], |t| cond().where_(&t[0], &t[1]));
+    s.check("where_(cond, a, 0.5)", std::slice::from_ref(&a), |t| cond().where_(&t[0], 0.5));
+    s.check("where_(cond, 1.0, b)", std::slice::from_ref(&b), |t| cond().where_(1.0, &t[0]));
+    s.check("where_(cond, a, a * b) (a on both sides)", &[a.clone(), b], |t| cond().where_(&t[0], t[0].mul(&t[1])));
+    // A condition computed from a leaf: no gradient flows into the comparison.
+    let x = g.signed(&[3, 4], 0.1, 2.0);
+    s.check("where_(x > 0, x.exp(), x.sin())", &[x], |t| t[0].gt(0.0).where_(t[0].exp(), t[0].sin()));
+    s.finish();
+}
+
+#[test]
+fn dtype_round_trips() {
+    let mut s = Suite::new("to_dtype");
+    let mut g = Gen::new("casts");
+    let f32_tol = tol(F32, Kind::Elementwise);
+    let x = g.uniform(&[2, 3], -2.0, 2.0);
+    // f64 -> f32 -> f64: the gradient crosses both casts and is computed partly in f32; the reference is the same
+    // function in f64 (finite differences through f32 rounding would measure the rounding).
+    s.check_with(
+        "f64 -> f32 -> f64 around sin(2x)",
+        std::slice::from_ref(&x),
+        &|t| t[0].to_dtype(F32).mul(2.0).sin().to_dtype(F64),
+        &|t| t[0].mul(2.0).sin(),
+        f32_tol,
+    );
+    s.check_with(
+        "f64 -> f32 -> f64 (identity)",
+        std::slice::from_ref(&x),
+        &|t| t[0].to_dtype(F32).to_dtype(F64),
+        &|t| t[0].clone(),
+        f32_tol,
+    );
+    // An f32 leaf: its gradient comes back as f32.
+    s.check_with("f32 leaf -> f64 exp", &[x.clone().f32()], &|t| t[0].to_dtype(F64).exp(), &|t| t[0].exp(), f32_tol);
+    // An f32 leaf promoted by a binary op with an f64 leaf.
+    let y = g.uniform(&[3], -2.0, 2.0);
+    s.check_with(
+        "f64 leaf * f32 leaf (promotion)",
+        &[x.clone(), y.f32()],
+        &|t| t[0].mul(&t[1]),
+        &|t| t[0].mul(&t[1]),
+        f32_tol,
+    );
+    // Through an int cast no gradient flows: d/dx (trunc(x) * x) = trunc(x) away from integers.
+    let xi = x.away_from(&[-2.0, -1.0, 0.0, 1.0, 2.0], 0.01);
+    s.check("trunc(x) * x through an i64 cast", &[xi], |t| t[0].to_dtype(I64).to_dtype(F64).mul(&t[0]));
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Reductions
+// ---------------------------------------------------------------------------------------------------------------
+
+#[test]
+fn reductions() {
+    let mut s = Suite::new("reductions");
+    let mut g = Gen::new("reductions");
+    let x = g.uniform(&[2, 3, 4], -2.0, 2.0);
+    let nz = g.signed(&[2, 3, 4], 0.5, 1.5);
+    let dx = g.distinct(&[2, 3, 4]);
+    type R = fn(&Tensor, Vec<isize>, bool) -> Tensor;
+    type A = fn(&Tensor) -> Tensor;
+    let ops: Vec<(&str, R, A, &In)> = vec![
+        ("sum", |t, d, k| t.sum(d, k), |t| t.sum_all(), &x),
+        ("mean", |t, d, k| t.mean(d, k), |t| t.mean_all(), &x),
+        ("prod", |t, d, k| t.prod(d, k), |t| t.prod_all(), &nz),
+        ("max", |t, d, k| t.max(d, k), |t| t.max_all(), &dx),
+        ("min", |t, d, k| t.min(d, k), |t| t.min_all(), &dx),
+    ];
+    let dim_sets: [Vec<isize>; 5] = [vec![1], vec![-1], vec![0, 2], vec![0, 1, 2], vec![]];
+    for (name, op, all, input) in ops {
+        for dims in &dim_sets {
+            for keepdim in [false, true] {
+                s.check(&format!("{name}({dims:?}, keepdim={keepdim})"), std::slice::from_ref(input), |t| {
+                    op(&t[0], dims.clone(), keepdim)
+                });
+            }
+        }
+        s.check(&format!("{name}_all"), std::slice::from_ref(input), |t| all(&t[0]));
+        // Over a permuted view, and composed with elementwise work after the reduction.
+        s.check(&format!("{name} of a permuted view"), std::slice::from_ref(input), |t| {
+            op(&t[0].permute([2, 0, 1]), vec![1], false).exp()
+        });
+    }
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Movement
+// ---------------------------------------------------------------------------------------------------------------
+
+#[test]
+fn movement_ops() {
+    let mut s = Suite::new("movement");
+    let mut g = Gen::new("movement");
+    let x = g.uniform(&[2, 3, 4], -2.0, 2.0);
+    let m = g.uniform(&[4, 6], -2.0, 2.0);
+    let c = g.uniform(&[3, 1], -2.0, 2.0);
+    let one = |x: &In| std::slice::from_ref(x).to_vec();
+    // A position-dependent factor after the op so a gradient routed to the wrong element shows.
+    s.check("reshape", &one(&x), |t| t[0].reshape([6, 4]).sin());
+    s.check("reshape -1", &one(&x), |t| t[0].reshape([-1, 2]).sin());
+    s.check("view", &one(&x), |t| t[0].view([4, 6]).sin());
+    s.check("flatten", &one(&x), |t| t[0].flatten().sin());
+    s.check("permute", &one(&x), |t| t[0].permute([2, 0, 1]).sin());
+    s.check("permute negative dims", &one(&x), |t| t[0].permute([-1, -3, -2]).sin());
+    s.check("transpose(0, 2)", &one(&x), |t| t[0].transpose(0, 2).sin());
+    s.check("transpose(-1, -2)", &one(&x), |t| t[0].transpose(-1, -2).sin());
+    s.check("t", &one(&m), |t| t[0].t().sin());
+    s.check("expand", &one(&c), |t| t[0].expand([2, 3, 4]).sin());
+    s.check("expand -1", &one(&c), |t| t[0].expand([2, -1, 4]));
+    s.check("broadcast_to", &one(&c), |t| t[0].broadcast_to([4, 3, 2]));
+    s.check("unsqueeze", &one(&x), |t| t[0].unsqueeze(1).sin());
+    s.check("unsqueeze -1", &one(&x), |t| t[0].unsqueeze(-1).expand([2, 3, 4, 2]));
+    s.check("squeeze", &one(&c), |t| t[0].squeeze(1).sin());
+    s.check("squeeze_all", &one(&c), |t| t[0].unsqueeze(0).squeeze_all().sin());
+    s.check("narrow", &one(&x), |t| t[0].narrow(1, 1, 2).sin());
+    s.check("narrow last dim", &one(&x), |t| t[0].narrow(-1, 2, 2).sin());
+    for (dim, start, end, step) in [
+        (1, 1, 5, 1),
+        (1, 0, 6, 2),
+        (1, 1, 6, 2),
+        (1, 0, 6, 3),
+        (1, 1, 6, 3),
+        (1, 2, 100, 3),
+        (0, -3, 4, 2),
+        (0, 0, 4, 3),
+        (-1, -5, -1, 1),
+    ] {
+        s.check(&format!("slice({dim}, {start}, {end}, {step})"), &one(&m), |t| {
+            t[0].slice(dim, start, end, step).sin()
+        });
+    }
+    s.check("slice on both dims", &one(&m), |t| t[0].slice(0, 1, 4, 2).slice(1, 0, 6, 3).sin());
+    s.check("slice of a transposed view", &one(&m), |t| t[0].t().slice(0, 1, 6, 2).sin());
+    s.check("flip 0", &one(&m), |t| t[0].flip(0).sin());
+    s.check("flip [0, 1]", &one(&m), |t| t[0].flip([0, 1]).sin());
+    s.check("flip -1 then slice step 2", &one(&m), |t| t[0].flip(-1).slice(1, 1, 6, 2).sin());
+    s.check("pad last dim", &one(&m), |t| t[0].pad(&[(1, 2)], 0.0).sin());
+    s.check("pad two dims, value 1.5", &one(&m), |t| t[0].pad(&[(1, 0), (0, 2)], 1.5).sin());
+    s.check("contiguous of a permuted view", &one(&x), |t| t[0].permute([1, 2, 0]).contiguous().sin());
+    s.finish();
+}
+
+#[test]
+fn cat_and_stack() {
+    let mut s = Suite::new("cat and stack");
+    let mut g = Gen::new("cat");
+    let a = g.uniform(&[2, 3], -2.0, 2.0);
+    let b = g.uniform(&[1, 3], -2.0, 2.0);
+    let c = g.uniform(&[3, 3], -2.0, 2.0);
+    let d = g.uniform(&[2, 4], -2.0, 2.0);
+    let abc = [a.clone(), b.clone(), c.clone()];
+    s.check("cat dim 0", &abc, |t| Tensor::cat(&[&t[0], &t[1], &t[2]], 0).sin());
+    s.check("cat dim -1", &[a.clone(), d.clone()], |t| Tensor::cat(&[&t[0], &t[1]], -1).sin());
+    s.check("cat of a transposed view", &[a.clone(), c.clone()], |t| Tensor::cat(&[&t[0].t(), &t[1]], 1).sin());
+    s.check("cat of one tensor twice", std::slice::from_ref(&a), |t| Tensor::cat(&[&t[0], &t[0]], 0).sin());
+    let e = g.uniform(&[2, 3], -2.0, 2.0);
+    for dim in [0, 1, 2, -1] {
+        s.check(&format!("stack dim {dim}"), &[a.clone(), e.clone()], |t| Tensor::stack(&[&t[0], &t[1]], dim).sin());
+    }
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Linear algebra and softmax
+// ---------------------------------------------------------------------------------------------------------------
+
+#[test]
+fn matmul_cases() {
+    let mut s = Suite::new("matmul");
+    let mut g = Gen::new("matmul");
+    let cases: [(&[usize], &[usize]); 10] = [
+        (&[3, 4], &[4, 2]),
+        (&[2, 3, 4], &[2, 4, 2]),
+        (&[2, 1, 3, 2], &[3, 2, 2]),
+        (&[3, 2], &[2, 2, 2, 3]),
+        (&[4], &[4]),
+        (&[3], &[3, 4]),
+        (&[3, 4], &[4]),
+        (&[3], &[2, 3, 2]),
+        (&[2, 2, 3], &[3]),
+        (&[1, 4], &[4, 1]),
+    ];
+    for (sa, sb) in cases {
+        let (a, b) = (g.uniform(sa, -2.0, 2.0), g.uniform(sb, -2.0, 2.0));
+        s.check(&format!("matmul {sa:?} x {sb:?}"), &[a, b], |t| t[0].matmul(&t[1]));
+    }
+    let (a, b) = (g.uniform(&[4, 3], -2.0, 2.0), g.uniform(&[2, 4], -2.0, 2.0));
+    s.check("matmul of transposed views", &[a, b], |t| t[0].t().matmul(&t[1].t()));
+    let a = g.uniform(&[3, 3], -2.0, 2.0);
+    s.check("x @ x.t()", &[a], |t| t[0].matmul(&t[0].t()));
+    s.finish();
+}
+
+#[test]
+fn softmax_family() {
+    let mut s = Suite::new("softmax");
+    let mut g = Gen::new("softmax");
+    let x = g.uniform(&[3, 4], -2.0, 2.0);
+    let y = g.uniform(&[2, 3, 4], -2.0, 2.0);
+    for dim in [-1, 0] {
+        s.check(&format!("softmax {dim}"), std::slice::from_ref(&x), |t| t[0].softmax(dim));
+        s.check(&format!("log_softmax {dim}"), std::slice::from_ref(&x), |t| t[0].log_softmax(dim));
+    }
+    s.check("softmax 1 of 3-D", std::slice::from_ref(&y), |t| t[0].softmax(1));
+    s.check("log_softmax 1 of 3-D", std::slice::from_ref(&y), |t| t[0].log_softmax(1));
+    s.check("softmax of a transposed view", std::slice::from_ref(&x), |t| t[0].t().softmax(-1));
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Compositions
+// ---------------------------------------------------------------------------------------------------------------
+
+#[test]
+fn compositions() {
+    let mut s = Suite::new("compositions");
+    let mut g = Gen::new("compositions");
+    let x = g.uniform(&[4, 3], -2.0, 2.0);
+    let w = g.uniform(&[3, 2], -1.0, 1.0);
+    let b = g.uniform(&[2], -1.0, 1.0);
+    s.check("mlp: softmax(tanh(x @ w + b))", &[x.clone(), w.clone(), b.clone()], |t| {
+        (t[0].matmul(&t[1]) + &t[2]).tanh().softmax(-1)
+    });
+    let labels = || Tensor::from_vec(vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0], [4, 2], &dev()).expect("labels");
+    s.check("cross-entropy: -mean(labels * log_softmax(relu(x @ w) + b))", &[x.clone(), w, b], |t| {
+        labels().mul((t[0].matmul(&t[1]).relu() + &t[2]).log_softmax(-1)).sum(-1, false).mean_all().neg()
+    });
+    let v = g.uniform(&[2, 3, 4], -2.0, 2.0);
+    let gamma = g.uniform(&[4], 0.5, 1.5);
+    s.check("layer norm over the last dim", &[v.clone(), gamma], |t| {
+        let mu = t[0].mean(-1, true);
+        let centered = t[0].sub(&mu);
+        let var = centered.square().mean(-1, true);
+        centered.mul((var + 1e-5).rsqrt()).mul(&t[1])
+    });
+    s.check("x * sin(x) + exp(x) (x used three times)", std::slice::from_ref(&x), |t| {
+        t[0].mul(t[0].sin()).add(t[0].exp())
+    });
+    s.check("x * x.t() (x used twice, once transposed)", &[g.uniform(&[3, 3], -2.0, 2.0)], |t| t[0].mul(t[0].t()));
+    s.check("diamond: a = exp(x); a * sin(a)", std::slice::from_ref(&x), |t| {
+        let a = t[0].mul(0.5).exp();
+        a.mul(a.sin())
+    });
+    s.check("slice, flip, pad, exp of a transposed view", std::slice::from_ref(&v), |t| {
+        t[0].transpose(0, 2).slice(0, 0, 4, 3).flip(1).pad(&[(1, 1)], 0.0).exp()
+    });
+    s.check("expand, permute, reduce, mul", &[g.uniform(&[3, 1], -2.0, 2.0), g.uniform(&[4, 3], -2.0, 2.0)], |t| {
+        t[0].expand([3, 4]).t().mul(&t[1]).sum(0, true).sigmoid()
+    });
+    s.check("cat of slices, then matmul", &[g.uniform(&[4, 4], -2.0, 2.0), g.uniform(&[4, 2], -2.0, 2.0)], |t| {
+        let top = t[0].slice(0, 0, 4, 2);
+        let bottom = t[0].slice(0, 1, 4, 2).flip(1);
+        Tensor::cat(&[&top, &bottom], 0).matmul(&t[1]).tanh()
+    });
+    s.check(
+        "pow, div, max, stack",
+        &[g.uniform(&[2, 3], 0.5, 2.0), g.uniform(&[3], -1.0, 1.0), g.signed(&[2, 1], 0.5, 1.5)],
+        |t| {
+            let p = t[0].pow(&t[1]).div(&t[2]);
+            Tensor::stack(&[&p, &p.max(1, true).expand([2, 3])], 0).log_softmax(0)
+        },
+    );
+    s.check("sigmoid(x) * log(y) + where", &[g.uniform(&[2, 3], -2.0, 2.0), g.uniform(&[3], 0.3, 2.0)], |t| {
+        let p = t[0].sigmoid().mul(t[1].log());
+        p.gt(0.0).where_(p.clone(), p.square())
+    });
+    s.finish();
+}
+
+#[test]
+fn non_differentiable_ops_pass_no_gradient() {
+    let mut s = Suite::new("non-differentiable ops");
+    let mut g = Gen::new("non-differentiable");
+    // Step functions: their finite differences are 0 away from the steps, so only the smooth paths contribute.
+    let x = g.distinct(&[3, 4]).away_from(&[-1.0, 0.3], 0.01);
+    let y = g.uniform(&[4], -2.0, 2.0);
+    assert_apart(&x, &y, 1e-3);
+    s.check("comparisons, logical ops, argmax/argmin and int casts", &[x, y], |t| {
+        let (x, y) = (&t[0], &t[1]);
+        let mask = x.lt(y).logical_and(x.gt(-1.0)).logical_or(x.ge(0.3).logical_not()).to_dtype(F64);
+        let idx = x.argmax(1, true).add(x.argmin(0, false)).add(x.argmax_all()).to_dtype(F64);
+        mask.mul(y).add(x.ge(0.3).to_dtype(F64).mul(x)).add(idx).add(x.eq(y).to_dtype(F64)).add(x.ne(0.3).to_dtype(F64))
+    });
+    // Constants made from a leaf carry no gradient.
+    let z = g.uniform(&[2, 3], -2.0, 2.0);
+    s.check("ones_like(x) * x + full_like(x, 2) + zeros_like(x)", &[z], |t| {
+        t[0].ones_like().mul(&t[0]).add(t[0].full_like(2.0)).add(t[0].zeros_like())
+    });
+    s.finish();
+}
+
+#[test]
+fn zero_dim_and_empty() {
+    let mut s = Suite::new("zero-dim and empty");
+    let mut g = Gen::new("zero-dim");
+    let x = g.uniform(&[], 0.5, 2.0);
+    let v = g.uniform(&[3], -2.0, 2.0);
+    let one = |x: &In| std::slice::from_ref(x).to_vec();
+    s.check("exp of a zero-dim tensor", &one(&x), |t| t[0].exp().log().sqrt());
+    s.check("sum(0) / mean_all / max_all / prod(-1) of a zero-dim tensor", &one(&x), |t| {
+        t[0].sum(0, false).add(t[0].mean_all()).mul(t[0].max_all()).mul(t[0].prod(-1, true))
+    });
+    s.check("unsqueeze and expand a zero-dim tensor", &[x.clone(), v.clone()], |t| {
+        t[0].unsqueeze(0).expand([2, 3]).mul(&t[1]).softmax(0)
+    });
+    s.check("a zero-dim tensor times a vector, summed", &[x, v.clone()], |t| t[1].mul(&t[0]).sum_all());
+    s.check("reductions over a dim of size 1", &[g.distinct(&[3, 1, 2])], |t| {
+        t[0].max(1, false).add(t[0].min(1, true).squeeze(1)).add(t[0].prod(1, false)).add(t[0].mean(1, false))
+    });
+    s.check("cat with an empty slice", &[g.uniform(&[2, 3], -2.0, 2.0), v], |t| {
+        let empty = t[0].slice(1, 1, 1, 1);
+        Tensor::cat(&[&empty, &t[1].unsqueeze(0).expand([2, 3]), &t[0].narrow(1, 1, 2)], 1).sin()
+    });
+    s.finish();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Autograd semantics
+// ---------------------------------------------------------------------------------------------------------------
+
+fn t64(v: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape.to_vec(), &dev()).expect("from_vec")
+}
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_vec::<f64>().expect("realize")
+}
+
+#[test]
+fn ties_share_the_gradient() {
+    let _g = shared();
+    // maximum/minimum: each side of a tie gets half (PyTorch's maximum/minimum).
+    let x = t64(&[1.0, 2.0, 3.0, -1.0], &[4]).requires_grad();
+    let y = t64(&[1.0, 0.0, 3.0, 5.0], &[4]).requires_grad();
+    let r = t64(&[1.0, 10.0, 100.0, 1000.0], &[4]);
+    let grads = x.maximum(&y).mul(&r).sum_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&x).unwrap()), [0.5, 10.0, 50.0, 0.0]);
+    assert_eq!(vals(grads.get(&y).unwrap()), [0.5, 0.0, 50.0, 1000.0]);
+    let grads = x.minimum(&y).mul(&r).sum_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&x).unwrap()), [0.5, 0.0, 50.0, 1000.0]);
+    assert_eq!(vals(grads.get(&y).unwrap()), [0.5, 10.0, 50.0, 0.0]);
+    // relu and clamp are selects, not maximum/minimum, so at 0 and at a bound they follow PyTorch: relu's gradient
+    // is 0 at 0, clamp's is 1 at (and inside) its bounds.
+    let z = t64(&[0.0, 1.0, -1.0], &[3]).requires_grad();
+    let grads = z.relu().sum_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&z).unwrap()), [0.0, 1.0, 0.0]);
+    let grads = z.clamp(-1.0, 0.0).sum_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&z).unwrap()), [1.0, 0.0, 1.0]);
+    // max/min reductions: tied extremes share the gradient equally (PyTorch's amax/amin).
+    let m = t64(&[1.0, 3.0, 3.0, 0.0, 2.0, 2.0, 2.0, 5.0], &[2, 4]).requires_grad();
+    let grads = m.max(1, false).mul(t64(&[6.0, 12.0], &[2])).sum_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&m).unwrap()), [0.0, 3.0, 3.0, 0.0, 0.0, 0.0, 0.0, 12.0]);
+    let grads = m.min_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&m).unwrap()), [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
+    let grads = m.min(1, true).sum_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&m).unwrap()), [0.0, 0.0, 0.0, 1.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0, 0.0]);
+    // abs at 0: gradient 0.
+    let a = t64(&[0.0, -2.0, 2.0], &[3]).requires_grad();
+    let grads = a.abs().sum_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&a).unwrap()), [0.0, -1.0, 1.0]);
+}
+
+#[test]
+fn gradients_accumulate_over_uses() {
+    let _g = shared();
+    let x = t64(&[1.0, -2.0, 0.5], &[3]).requires_grad();
+    // x * x + x + x.sum(): d/dx_i = 2 x_i + 1 + 3 (the sum feeds all three outputs).
+    let loss = x.mul(&x).add(&x).add(x.sum_all()).sum_all();
+    let grads = loss.backward().unwrap();
+    assert_eq!(grads.len(), 1);
+    assert_eq!(vals(grads.get(&x).unwrap()), [6.0, 0.0, 5.0]);
+    // The same leaf on both sides of one op, and again through a separate branch.
+    let y = t64(&[3.0, -1.0], &[2]).requires_grad();
+    let grads = y.mul(&y).mul(&y).sub(y.mul(2.0)).sum_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&y).unwrap()), [25.0, 1.0]); // 3 y^2 - 2
+}
+
+#[test]
+fn only_leaves_that_require_grad_get_gradients() {
+    let _g = shared();
+    let a = t64(&[1.0, 2.0], &[2]).requires_grad();
+    let b = t64(&[3.0, 4.0], &[2]);
+    let n = Tensor::from_vec(vec![2i64, 3], [2], &dev()).unwrap();
+    let hidden = a.mul(&b);
+    assert!(hidden.is_requires_grad() && !b.is_requires_grad());
+    let loss = hidden.add(b.exp()).mul(&n).sum_all();
+    let grads = loss.backward().unwrap();
+    assert_eq!(grads.len(), 1, "only `a` requires grad");
+    assert!(grads.get(&b).is_none());
+    assert!(grads.get(&n).is_none());
+    assert!(grads.get(&hidden).is_none(), "intermediate results are not leaves");
+    assert!(grads.get(&loss).is_none());
+    assert_eq!(vals(grads.get(&a).unwrap()), [6.0, 12.0]);
+    let (leaf, g) = grads.iter().next().unwrap();
+    assert_eq!(vals(leaf), [1.0, 2.0]);
+    assert_eq!(vals(g), [6.0, 12.0]);
+    // A leaf the loss does not depend on gets no entry.
+    let c = t64(&[5.0], &[1]).requires_grad();
+    let grads = a.sum_all().backward().unwrap();
+    assert!(grads.get(&c).is_none());
+    // The loss itself a leaf: its gradient is 1.
+    let s = Tensor::from_vec(vec![2.5], [], &dev()).unwrap().requires_grad();
+    assert_eq!(vals(s.backward().unwrap().get(&s).unwrap()), [1.0]);
+}
+
+#[test]
+fn detach_stops_the_flow() {
+    let _g = shared();
+    let x = t64(&[1.0, -2.0, 3.0], &[3]).requires_grad();
+    // Lazy detach: (x.detach() * x) has gradient x, not 2x.
+    let e = x.exp();
+    let grads = e.detach().mul(&x).sum_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&x).unwrap()), vals(&x.detach().exp()));
+    assert!(!e.detach().is_requires_grad());
+    // Detach of a realized tensor shares its buffer and carries no history either.
+    let y = x.mul(2.0);
+    y.realize().unwrap();
+    let yd = y.detach();
+    assert!(!yd.is_requires_grad());
+    let grads = yd.mul(&x).sum_all().backward().unwrap();
+    assert_eq!(vals(grads.get(&x).unwrap()), [2.0, -4.0, 6.0]);
+    // A loss built only from detached values has nothing to differentiate.
+    assert!(x.detach().sum_all().backward().is_err());
+}
+
+#[test]
+fn no_grad_records_no_history() {
+    let _g = shared();
+    let x = t64(&[1.0, 2.0], &[2]).requires_grad();
+    assert!(kiln::is_grad_enabled());
+    let loss = kiln::no_grad(|| {
+        assert!(!kiln::is_grad_enabled());
+        x.mul(&x).sum_all()
+    });
+    assert!(kiln::is_grad_enabled(), "no_grad restores recording");
+    assert!(!loss.is_requires_grad());
+    let err = loss.backward().err().expect("backward without history is an error");
+    assert!(matches!(err, kiln::Error::Autograd(_)), "{err}");
+    assert_eq!(loss.item::<f64>().unwrap(), 5.0, "no_grad still computes");
+    // Recording resumes after the closure, also after a panic inside it.
+    let caught = std::panic::catch_unwind(|| kiln::no_grad(|| panic!("inside no_grad")));
+    assert!(caught.is_err());
+    assert!(kiln::is_grad_enabled());
+    assert!(x.mul(&x).sum_all().backward().is_ok());
+}
+
+#[test]
+fn backward_needs_a_one_element_loss() {
+    let _g = shared();
+    let x = t64(&[1.0, 2.0, 3.0, 4.0], &[2, 2]).requires_grad();
+    let err = x.mul(2.0).backward().err().expect("a [2, 2] loss is rejected");
+    assert!(matches!(err, kiln::Error::Autograd(_)), "{err}");
+    assert!(x.sum(0, false).backward().is_err(), "a [2] loss is rejected");
+    // One element of any rank is fine.
+    let grads = x.sum([0, 1], true).backward().unwrap();
+    assert_eq!(vals(grads.get(&x).unwrap()), [1.0; 4]);
+}
+
+/// A second `backward` through a graph whose links the first one freed is an error, as in PyTorch.
+#[test]
+fn second_backward_is_an_error() {
+    let _g = shared();
+    let x = t64(&[1.0, 2.0], &[2]).requires_grad();
+    let hidden = x.exp();
+    let loss = hidden.sum_all();
+    let first = loss.backward().unwrap();
+    assert_eq!(vals(first.get(&x).unwrap()), vals(&x.detach().exp()));
+    let err = loss.backward().err().expect("a second backward fails");
+    assert!(err.to_string().contains("freed by an earlier backward"), "{err}");
+    // So does a new loss built on the freed intermediate.
+    assert!(hidden.mul(2.0).sum_all().backward().is_err());
+    // A fresh forward from the same leaf works as before.
+    let fresh = x.exp().sum_all().backward().unwrap();
+    assert_eq!(vals(fresh.get(&x).unwrap()), vals(&x.detach().exp()));
+}
+
+#[test]
+fn repeated_backward_does_not_grow_live_nodes() {
+    let _exclusive = NODES.write().unwrap_or_else(|e| e.into_inner());
+    let w = t64(&[0.5, -1.0, 1.5, 2.0, -0.5, 1.0], &[3, 2]).requires_grad();
+    let x = t64(&[1.0, 2.0, -1.0, 0.5, 0.0, 3.0], &[2, 3]);
+    let step = || {
+        let loss = x.matmul(&w).tanh().softmax(-1).log().mean_all();
+        let grads = loss.backward().unwrap();
+        let g = grads.get(&w).unwrap().clone();
+        kiln::realize(&[&loss, &g]).unwrap();
+        g.to_vec::<f64>().unwrap()
+    };
+    let first = step(); // compiles the plan and warms caches
+    let before = kiln::stats().live_nodes;
+    let mut peak = before;
+    for i in 0..1000 {
+        let g = step();
+        assert_eq!(g, first, "step {i} differs");
+        peak = peak.max(kiln::stats().live_nodes);
+    }
+    let after = kiln::stats().live_nodes;
+    assert_eq!(after, before, "live nodes grew from {before} to {after} over 1000 backward calls");
+    assert_eq!(peak, before, "live nodes between steps peaked at {peak} (baseline {before})");
+}
