@@ -15,6 +15,31 @@ pub enum Error {
     NotOneElement { shape: Vec<usize>, numel: usize },
     #[error("backward: {0}")]
     Autograd(String),
+    /// A file could not be read or written (weights: `load_safetensors`, `save_safetensors`).
+    #[error("{op}: {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file is not valid safetensors (bad header, offsets that do not match shapes and dtypes, truncated data),
+    /// or the data could not be serialized.
+    #[error("{op}: {}: not a valid safetensors file: {message}", path.display())]
+    SafeTensors { op: &'static str, path: std::path::PathBuf, message: String },
+    /// A safetensors tensor has a dtype kiln has no equivalent for (F16, BF16, I8, ...).
+    #[error(
+        "load_safetensors: {}: tensor `{name}` has dtype {dtype}, which kiln does not support (it reads F32, F64, \
+         I32, I64, U8 and BOOL; convert it before saving, e.g. `t.float()` in PyTorch)",
+        path.display()
+    )]
+    UnsupportedDType { path: std::path::PathBuf, name: String, dtype: String },
+    /// `save_safetensors` was given one name twice.
+    #[error("save_safetensors: the name `{0}` is given more than once")]
+    DuplicateName(String),
+    /// A weights file does not fit a module: missing or unexpected names, or shapes that differ (all listed).
+    #[error("load_module: {} does not fit the module: {}", path.display(), problems.join("; "))]
+    StateDict { path: std::path::PathBuf, problems: Vec<String> },
     #[error(transparent)]
     Backend(#[from] kiln_backends::BackendError),
 }

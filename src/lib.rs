@@ -26,7 +26,10 @@ mod args;
 mod autograd;
 mod device;
 mod error;
+mod io;
+pub mod nn;
 mod ops;
+pub mod optim;
 mod random;
 mod realize;
 mod tensor;
@@ -35,11 +38,17 @@ pub use args::{Dims, ShapeSpec};
 pub use autograd::{Gradients, is_grad_enabled, no_grad};
 pub use device::Device;
 pub use error::{Error, Result};
+pub use io::{load_module, load_safetensors, save_module, save_safetensors};
 pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape};
 pub use ops::Operand;
 pub use random::manual_seed;
 pub use realize::{Captured, Stats, capture, stats};
 pub use tensor::Tensor;
+
+/// With `KILN_PROFILE=1`: the time spent in each kernel so far, heaviest first (empty otherwise).
+pub fn profile_report() -> String {
+    kiln_backends::cpu::profile_report()
+}
 
 /// Computes several tensors as one graph (shared work is done once).
 pub fn realize(tensors: &[&Tensor]) -> Result<()> {

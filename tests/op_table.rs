@@ -1389,9 +1389,11 @@ const REDUCE_CASES: [(&[usize], &[isize], bool); 19] = [
 ];
 
 type Red = fn(&Tensor, Vec<isize>, bool) -> Tensor;
+/// (name, op, dtypes, identity, fold, float-only)
+type RedCase = (&'static str, Red, &'static [DType], f64, Fold, bool);
 
 fn reduce(t: &mut Table) {
-    let ops: [(&str, Red, &[DType], f64, Fold, bool); 5] = [
+    let ops: [RedCase; 5] = [
         ("sum", |x, d, k| x.sum(d, k), &ALL_DTYPES, 0.0, |a, b| a + b, false),
         ("prod", |x, d, k| x.prod(d, k), &ALL_DTYPES, 1.0, |a, b| a * b, false),
         ("max", |x, d, k| x.max(d, k), &ALL_DTYPES, -INF, f64::max, true),

@@ -132,6 +132,7 @@ fn tracing_note(msg: &str) {
 }
 
 struct CompiledLaunch {
+    name: String,
     f: KernelFn,
     inputs: Vec<Slot>,
     output: Slot,
@@ -177,6 +178,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
             }
             let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
             launches.push(CompiledLaunch {
+                name: l.kernel.name.clone(),
                 f,
                 inputs: l.inputs.clone(),
                 output: l.output,
@@ -291,7 +293,11 @@ impl Executable for JitPlan {
             }
             let a = LaunchArgs { f: l.f, args: ptrs.as_ptr(), rng: rng_words.as_ptr() };
             let call = |start: usize, end: usize| a.call(start, end);
+            let t0 = profiling().then(std::time::Instant::now);
             pool::global().parallel_for_work(l.rows, l.work, &call);
+            if let Some(t0) = t0 {
+                record(&l.name, t0.elapsed());
+            }
         }
         for (o, (b, &(_, len))) in outputs.iter_mut().zip(&self.outputs).enumerate() {
             if !self.passthrough.iter().any(|&(p, _)| p == o) {
@@ -303,4 +309,33 @@ impl Executable for JitPlan {
         }
         Ok(outputs.into_iter().map(Buffer::Host).collect())
     }
+}
+
+/// `KILN_PROFILE=1`: time every launch (one clock read before and after; off by default).
+fn profiling() -> bool {
+    static ON: LazyLock<bool> = LazyLock::new(|| std::env::var_os("KILN_PROFILE").is_some_and(|v| v != "0"));
+    *ON
+}
+
+static PROFILE: Mutex<Option<HashMap<String, (u64, std::time::Duration)>>> = Mutex::new(None);
+
+fn record(name: &str, t: std::time::Duration) {
+    let mut p = PROFILE.lock();
+    let e = p.get_or_insert_with(HashMap::new).entry(name.to_string()).or_default();
+    e.0 += 1;
+    e.1 += t;
+}
+
+/// One line per kernel run since the process started (with `KILN_PROFILE=1`): launches, total and mean time,
+/// heaviest first. Empty when profiling is off.
+pub fn profile_report() -> String {
+    let p = PROFILE.lock();
+    let Some(map) = p.as_ref() else { return String::new() };
+    let mut rows: Vec<_> = map.iter().collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1.1));
+    let mut s = String::from("kernel profile (KILN_PROFILE): total ms | launches | mean µs | kernel\n");
+    for (name, (n, t)) in rows {
+        s += &format!("{:10.2} | {n:8} | {:9.2} | {name}\n", t.as_secs_f64() * 1e3, t.as_secs_f64() * 1e6 / *n as f64);
+    }
+    s
 }

@@ -2,6 +2,7 @@
 //! (`pool`). `KILN_CPU_ENGINE=interp` runs the reference interpreter instead, to bisect a suspected codegen bug.
 
 mod jit;
+pub use jit::profile_report;
 mod libcalls;
 pub mod pool;
 

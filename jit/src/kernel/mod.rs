@@ -6,6 +6,7 @@ pub mod index;
 pub mod ir;
 mod lower;
 pub mod schedule;
+pub mod simplify;
 
 pub use index::IExpr;
 pub use ir::{BufParam, Inst, InstOp, KernelIr, Reduce, Valid, ValueId};

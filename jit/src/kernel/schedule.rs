@@ -27,6 +27,26 @@ use petgraph::visit::NodeIndexable;
 /// Recompute a multi-use value instead of storing it when it costs at most this many ALU ops per element.
 const CHEAP_OPS: usize = 3;
 
+/// Rows of A from which a transposed B is copied to contiguous memory before the GEMM (rule 2b).
+const TRANSPOSE_COPY_MIN_ROWS: usize = 8;
+
+/// Whether `n` is, through expands and reshapes, a permutation that swaps the last two dims of a materialized node.
+fn is_transposed_view(graph: &Graph, n: NodeIndex, mat: &[bool]) -> bool {
+    let mut cur = n;
+    loop {
+        match &graph.node(cur).op {
+            Op::Expand | Op::Reshape => cur = graph.srcs(cur)[0],
+            Op::Permute(p) => {
+                let r = p.len();
+                let swaps_last = r >= 2 && p[r - 1] == r - 2 && p[r - 2] == r - 1;
+                let src = graph.srcs(cur)[0];
+                return swaps_last && (mat[src.index()] || matches!(graph.node(src).op, Op::Input { .. }));
+            }
+            _ => return false,
+        }
+    }
+}
+
 /// Longest chain of inlined nodes in one kernel. Past it a node is materialized: this bounds kernel size (and so
 /// compile time) and the recursion depth of lowering, whatever the user's graph.
 const MAX_FUSED_DEPTH: usize = 128;
@@ -75,6 +95,9 @@ fn alu_cost(op: &Op) -> usize {
 
 /// Decides materialization and reduce stages, lowers every kernel and plans memory.
 pub fn schedule(graph: &Graph) -> KernelPlan {
+    let mut simplified = graph.clone();
+    crate::kernel::simplify::simplify(&mut simplified);
+    let graph = &simplified;
     let order = graph.topo_order();
     let bound = graph.g.node_bound();
     let mut consumers: Vec<Vec<NodeIndex>> = vec![Vec::new(); bound];
@@ -115,6 +138,21 @@ pub fn schedule(graph: &Graph) -> KernelPlan {
         cost[n.index()] = alu_cost(op) + inlined.iter().map(|s| cost[s.index()]).sum::<usize>();
         expensive[n.index()] = is_transcendental(op) || inlined.iter().any(|s| expensive[s.index()]);
         depth[n.index()] = 1 + inlined.iter().map(|s| depth[s.index()]).max().unwrap_or(0);
+    }
+
+    // Rule 2b: a matmul whose right operand is a transposed view (`x.matmul(&w.t())`, every linear layer) would read
+    // B across its rows. With enough rows of A to amortize it, store the transposed B once (a copy of K x N) so the
+    // GEMM reads it contiguously; with fewer, the renderer's dot-product form (vectorized along K) is cheaper.
+    for &n in &order {
+        if !matches!(graph.node(n).op, Op::Matmul) {
+            continue;
+        }
+        let srcs = graph.srcs(n);
+        let (a, b) = (graph.node(srcs[0]), srcs[1]);
+        let m = a.shape.0[a.shape.rank() - 2];
+        if m >= TRANSPOSE_COPY_MIN_ROWS && !mat[b.index()] && is_transposed_view(graph, b, &mat) {
+            mat[b.index()] = true;
+        }
     }
 
     // Rule 3: pull reductions into the materialized node they flow into.

@@ -176,8 +176,31 @@ pub fn kernel_signature(call_conv: CallConv) -> Signature {
 /// Lanes of the vectorized innermost loop.
 const LANES: usize = 4;
 
-/// Whether every value of the kernel fits the f32x4 / i32x4 / mask lane model.
+/// Whether every value of the kernel fits the f32x4 / i32x4 / mask lane model and it has an output loop to
+/// vectorize.
 pub fn vectorizable(k: &KernelIr) -> bool {
+    !k.out_extents.is_empty() && vectorizable_values(k)
+}
+
+/// Whether every value that varies along the vectorized (innermost output) loop fits the f32x4 / i32x4 / mask lane
+/// model. Values that do not vary along it (a learning rate read from an f64 scalar, an iota over another dim) are
+/// computed once per vector as scalars, whatever their dtype, and splatted where a vector op reads them.
+fn vectorizable_values(k: &KernelIr) -> bool {
+    let rank = k.out_rank();
+    let lane_ok = |d: DType| matches!(d, DType::F32 | DType::I32 | DType::Bool);
+    let ok = |insts: &[Inst]| {
+        let deps = deps(insts, rank);
+        insts
+            .iter()
+            .zip(&deps)
+            .all(|(i, &(_, varies))| !varies || (lane_ok(i.dtype) && !matches!(i.op, InstOp::Rand { .. })))
+    };
+    let inner_ok = k.reduce.as_ref().is_none_or(|r| lane_ok(r.dtype) && ok(&r.inner));
+    lane_ok(k.output.dtype) && ok(&k.outer) && inner_ok
+}
+
+/// The strict form, for vectorizing along a reduce loop: every value in the lane model.
+fn all_values_vectorizable(k: &KernelIr) -> bool {
     let ok_inst = |i: &Inst| {
         matches!(i.dtype, DType::F32 | DType::I32 | DType::Bool)
             && !matches!(i.op, InstOp::Index(_) | InstOp::Rand { .. })
@@ -186,8 +209,7 @@ pub fn vectorizable(k: &KernelIr) -> bool {
         .reduce
         .as_ref()
         .is_none_or(|r| matches!(r.dtype, DType::F32 | DType::I32 | DType::Bool) && r.inner.iter().all(ok_inst));
-    !k.out_extents.is_empty()
-        && k.inputs.iter().chain([&k.output]).all(|b| matches!(b.dtype, DType::F32 | DType::I32 | DType::Bool))
+    k.inputs.iter().chain([&k.output]).all(|b| matches!(b.dtype, DType::F32 | DType::I32 | DType::Bool))
         && k.outer.iter().all(ok_inst)
         && inner_ok
 }
@@ -209,6 +231,38 @@ const TILE_VECS: usize = 2;
 
 /// Rows per block of a register-tiled kernel: 64 rows of A at K = 1024 f32 are 256 KiB, which stays in L2.
 const BLOCK_ROWS: usize = 64;
+
+/// Whether a reduce kernel should run its innermost reduce loop 4 lanes at a time (partial results per lane,
+/// folded across lanes at the end) rather than its innermost output loop. That is the better choice when its
+/// inputs are contiguous along the reduction and not along the output: a sum over the last axis, or a matmul with
+/// a transposed right operand (`x.matmul(&w.t())`, every linear layer), which vectorized over the output would load
+/// every lane separately.
+pub fn reduce_vectorizable(k: &KernelIr) -> bool {
+    let Some(r) = &k.reduce else { return false };
+    let rank = k.out_rank();
+    let nvars = rank + r.extents.len();
+    let last = nvars - 1;
+    if r.dtype != DType::F32 || r.extents.last().copied().unwrap_or(0) < LANES || !all_values_vectorizable(k) {
+        return false;
+    }
+    let mut contiguous_reduce = false;
+    let mut output_gather = false;
+    for inst in &r.inner {
+        if let InstOp::Load { index, .. } = &inst.op {
+            let Some((coef, _)) = index.affine(nvars) else { return false };
+            match coef[last] {
+                0 => {}
+                1 => contiguous_reduce = true,
+                _ => return false,
+            }
+            if rank > 0 && !matches!(coef[rank - 1], 0 | 1) {
+                output_gather = true;
+            }
+        }
+    }
+    let narrow_output = k.out_extents.last().is_none_or(|&e| e < LANES);
+    contiguous_reduce && (output_gather || narrow_output)
+}
 
 /// Renders `k` as a CLIF function named `user1:index`, vectorized where possible, without FMA.
 pub fn render(k: &KernelIr, index: u32, target: TargetFrontendConfig, vectorize: bool) -> Function {
@@ -241,7 +295,8 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
     // A vector body only pays when the innermost loop has at least one full vector; rendering it for a smaller
     // extent would only cost compile time (a polynomial sin is hundreds of instructions).
     let innermost = k.out_extents.last().copied().unwrap_or(0);
-    let vec_ok = opts.vectorize && vectorizable(k) && innermost >= LANES;
+    let reduce_vec = opts.vectorize && reduce_vectorizable(k);
+    let vec_ok = !reduce_vec && opts.vectorize && vectorizable(k) && innermost >= LANES;
     let tiled = vec_ok && rank >= 2 && k.reduce.is_some();
     let mut em = Emitter {
         b,
@@ -258,6 +313,7 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
         out_index,
         vec_ok,
         tiled,
+        reduce_vec,
         fma: opts.fma,
         inner_deps: k.reduce.as_ref().map_or(Vec::new(), |r| deps(&r.inner, rank)),
         outer_deps: deps(&k.outer, rank),
@@ -325,6 +381,8 @@ struct Emitter<'a> {
     out_index: IExpr,
     vec_ok: bool,
     tiled: bool,
+    /// Vectorize the innermost reduce loop instead of the output loop (see `reduce_vectorizable`).
+    reduce_vec: bool,
     fma: bool,
     inner_deps: Vec<(bool, bool)>,
     outer_deps: Vec<(bool, bool)>,
@@ -473,6 +531,24 @@ impl Emitter<'_> {
         let k = self.k;
         let n = rows * vecs;
         let accs: Vec<Value> = match &k.reduce {
+            Some(r) if self.reduce_vec => {
+                debug_assert_eq!((rows, vecs, lanes), (1, 1, 1));
+                let saved = self.col_dim;
+                self.col_dim = Some(k.out_rank() + r.extents.len() - 1);
+                let vacc = self.b.declare_var(ty(r.dtype, LANES));
+                let sacc = self.b.declare_var(ty(r.dtype, 1));
+                let (vinit, sinit) = (self.init(r.op, r.dtype, LANES), self.init(r.op, r.dtype, 1));
+                self.b.def_var(vacc, vinit);
+                self.b.def_var(sacc, sinit);
+                self.reduce_loops_vec(0, vacc, sacc);
+                self.col_dim = saved;
+                let (v, mut s) = (self.b.use_var(vacc), self.b.use_var(sacc));
+                for l in 0..LANES {
+                    let x = self.b.ins().extractlane(v, l as u8);
+                    s = self.fold(r.op, r.dtype, 1, s, x);
+                }
+                vec![s]
+            }
             Some(r) => {
                 let vars: Vec<Variable> = (0..n).map(|_| self.b.declare_var(ty(r.dtype, lanes))).collect();
                 for &v in &vars {
@@ -493,6 +569,7 @@ impl Emitter<'_> {
             self.at = ((e / vecs) as i64, ((e % vecs) * lanes) as i64);
             let out_index = self.out_index.clone();
             let o = self.iexpr(&out_index, 0);
+            let v = self.vector_of(v, k.output.dtype, lanes);
             self.store(o, v, lanes);
         }
         self.at = (0, 0);
@@ -539,6 +616,29 @@ impl Emitter<'_> {
         Some(if lanes > 1 { self.lanes_from_scalars(&[v], d, lanes) } else { v })
     }
 
+    /// Reduce loops whose innermost loop runs 4 lanes at a time into `vacc`, then a scalar tail into `sacc`.
+    fn reduce_loops_vec(&mut self, level: usize, vacc: Variable, sacc: Variable) {
+        let r = self.k.reduce.as_ref().expect("reduce kernel");
+        let var = self.vars[self.k.out_rank() + level];
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let n = self.b.ins().iconst(types::I64, r.extents[level] as i64);
+        self.b.def_var(var, zero);
+        if level + 1 < r.extents.len() {
+            self.counted_loop(var, n, 1, |s| s.reduce_loops_vec(level + 1, vacc, sacc));
+            return;
+        }
+        let deps = std::mem::take(&mut self.inner_deps);
+        for (lanes, acc) in [(LANES, vacc), (1, sacc)] {
+            self.counted_loop(var, n, lanes as i64, |s| {
+                let vals = s.tile_insts(&r.inner, &deps, 1, 1, lanes, &[]);
+                let a = s.b.use_var(acc);
+                let folded = s.fold(r.op, r.dtype, lanes, a, vals[r.value][0]);
+                s.b.def_var(acc, folded);
+            });
+        }
+        self.inner_deps = deps;
+    }
+
     fn reduce_loops(&mut self, level: usize, accs: &[Variable], rows: usize, vecs: usize, lanes: usize) {
         let r = self.k.reduce.as_ref().expect("reduce kernel");
         if level == r.extents.len() {
@@ -554,8 +654,15 @@ impl Emitter<'_> {
             for (e, &acc) in accs.iter().enumerate() {
                 let a = self.b.use_var(acc);
                 let folded = match fma_operands {
-                    Some((x, y)) => self.b.ins().fma(vals[x][e], vals[y][e], a),
-                    None => self.fold(r.op, r.dtype, lanes, a, vals[r.value][e]),
+                    Some((x, y)) => {
+                        let (x, y) =
+                            (self.vector_of(vals[x][e], r.dtype, lanes), self.vector_of(vals[y][e], r.dtype, lanes));
+                        self.b.ins().fma(x, y, a)
+                    }
+                    None => {
+                        let x = self.vector_of(vals[r.value][e], r.dtype, lanes);
+                        self.fold(r.op, r.dtype, lanes, a, x)
+                    }
                 };
                 self.b.def_var(acc, folded);
             }
@@ -715,6 +822,15 @@ impl Emitter<'_> {
         }
     }
 
+    /// `v` as a `lanes`-wide value: unchanged if it already is one, else splatted (a uniform scalar).
+    fn vector_of(&mut self, v: Value, d: DType, lanes: usize) -> Value {
+        if lanes == 1 || self.b.func.dfg.value_type(v).is_vector() {
+            v
+        } else {
+            self.lanes_from_scalars(&[v], d, lanes)
+        }
+    }
+
     /// Builds a vector from one scalar (splat) or one scalar per lane; bool bytes become lane masks.
     fn lanes_from_scalars(&mut self, scalars: &[Value], d: DType, lanes: usize) -> Value {
         let conv = |s: &mut Self, v: Value| -> Value {
@@ -834,9 +950,11 @@ impl Emitter<'_> {
                     continue;
                 }
                 self.at = (r as i64, (c * lanes) as i64);
-                let v = match self.hoisted_load(i, inst.dtype, lanes) {
+                // A value that does not vary along the vector lanes is computed once, as a scalar.
+                let l = if lanes > 1 && !self.reduce_vec && !dc { 1 } else { lanes };
+                let v = match self.hoisted_load(i, inst.dtype, l) {
                     Some(v) if matches!(inst.op, InstOp::Load { .. }) => v,
-                    _ => self.inst(inst, insts, &vals, e, lanes, accs.get(e).copied()),
+                    _ => self.inst(inst, insts, &vals, e, l, accs.get(e).copied()),
                 };
                 per.push(v);
             }
@@ -857,7 +975,18 @@ impl Emitter<'_> {
         acc: Option<Value>,
     ) -> Value {
         let d = inst.dtype;
-        let val = |i: usize| vals[i][e];
+        let operands: Vec<usize> = match &inst.op {
+            InstOp::Unary(_, a) | InstOp::Cast(a) => vec![*a],
+            InstOp::Binary(_, x, y) => vec![*x, *y],
+            InstOp::Where(c, a, b) => vec![*c, *a, *b],
+            _ => Vec::new(),
+        };
+        let mut ready: Vec<(usize, Value)> = Vec::with_capacity(operands.len());
+        for &i in &operands {
+            let v = self.vector_of(vals[i][e], insts[i].dtype, lanes);
+            ready.push((i, v));
+        }
+        let val = |i: usize| ready.iter().find(|(j, _)| *j == i).map_or(vals[i][e], |&(_, v)| v);
         match &inst.op {
             InstOp::Const(s) => self.konst(*s, d, lanes),
             InstOp::Index(x) => {

@@ -1,0 +1,206 @@
+//! Weights on disk in the safetensors format (Hugging Face's; what `safetensors.torch.save_file` writes): an 8-byte
+//! little-endian header length, a JSON header naming each tensor's dtype, shape and byte range, then the raw data,
+//! little-endian and row-major. kiln reads and writes F32, F64, I32, I64, U8 and BOOL, which map one to one onto
+//! its dtypes; anything else (F16, BF16, I8, ...) is refused with `Error::UnsupportedDType`, never converted
+//! silently. Files kiln writes carry the metadata `{"format": "pt"}`, as PyTorch-side tools expect.
+//!
+//! `save_module` / `load_module` store a `Module`'s `named_params` under their paths (`0.weight`, `fc1.bias`), the
+//! keys of a PyTorch `state_dict`, so a `Sequential` of `Linear`s reads a file saved from the same PyTorch model.
+//! `load_module` checks the whole file against the module before changing anything: missing or (when strict)
+//! unexpected names and shape mismatches are all reported in one `Error::StateDict`, and the module is untouched.
+//!
+//! Writes go to a temporary file in the target's folder and are renamed into place (the `safetensors` crate does
+//! this), so a failed save never leaves a truncated file behind.
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::nn::Module;
+use crate::tensor::Tensor;
+use kiln_jit::{DType, HostBuffer};
+use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, View};
+use std::borrow::{Borrow, Cow};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// One tensor's bytes for the serializer.
+struct Blob {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for &Blob {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn to_safetensors_dtype(d: DType) -> Dtype {
+    match d {
+        DType::Bool => Dtype::BOOL,
+        DType::U8 => Dtype::U8,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+    }
+}
+
+/// Little-endian bytes of a host buffer.
+fn to_le_bytes(b: &HostBuffer) -> Vec<u8> {
+    match b {
+        HostBuffer::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+        HostBuffer::U8(v) => v.clone(),
+        HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// A host buffer from little-endian bytes of a supported dtype (`None` for any other dtype).
+fn from_le_bytes(dtype: Dtype, data: &[u8]) -> Option<HostBuffer> {
+    fn words<const N: usize, T>(data: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+        data.chunks_exact(N).map(|c| f(c.try_into().expect("chunk of N bytes"))).collect()
+    }
+    Some(match dtype {
+        Dtype::BOOL => HostBuffer::Bool(data.iter().map(|&x| x != 0).collect()),
+        Dtype::U8 => HostBuffer::U8(data.to_vec()),
+        Dtype::I32 => HostBuffer::I32(words(data, i32::from_le_bytes)),
+        Dtype::I64 => HostBuffer::I64(words(data, i64::from_le_bytes)),
+        Dtype::F32 => HostBuffer::F32(words(data, f32::from_le_bytes)),
+        Dtype::F64 => HostBuffer::F64(words(data, f64::from_le_bytes)),
+        _ => return None,
+    })
+}
+
+fn st_error(op: &'static str, path: &Path, e: SafeTensorError) -> Error {
+    match e {
+        SafeTensorError::IoError(source) => Error::Io { op, path: path.to_path_buf(), source },
+        other => Error::SafeTensors { op, path: path.to_path_buf(), message: other.to_string() },
+    }
+}
+
+/// Writes named tensors to a safetensors file at `path` (replacing it). The tensors are realized together first.
+/// Names must be distinct. `tensors` may hold `(&str, &Tensor)`, `(String, Tensor)`, ...
+pub fn save_safetensors<S: AsRef<str>, T: Borrow<Tensor>>(path: impl AsRef<Path>, tensors: &[(S, T)]) -> Result<()> {
+    let path = path.as_ref();
+    let mut seen: HashMap<&str, ()> = HashMap::with_capacity(tensors.len());
+    for (name, _) in tensors {
+        if seen.insert(name.as_ref(), ()).is_some() {
+            return Err(Error::DuplicateName(name.as_ref().to_string()));
+        }
+    }
+    let refs: Vec<&Tensor> = tensors.iter().map(|(_, t)| t.borrow()).collect();
+    crate::realize(&refs)?;
+    let mut blobs = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let t: &Tensor = t.borrow();
+        let host = t.to_host()?;
+        let blob = Blob { dtype: to_safetensors_dtype(t.dtype()), shape: t.dims().to_vec(), data: to_le_bytes(&host) };
+        blobs.push((name.as_ref().to_string(), blob));
+    }
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let views = blobs.iter().map(|(n, b)| (n.as_str(), b));
+    safetensors::tensor::serialize_to_file(views, Some(metadata), path)
+        .map_err(|e| st_error("save_safetensors", path, e))
+}
+
+/// A tensor read from a file, on the host.
+struct Loaded {
+    name: String,
+    shape: Vec<usize>,
+    data: HostBuffer,
+}
+
+/// Reads and checks every tensor of a safetensors file, in the file's order.
+fn read_all(path: &Path) -> Result<Vec<Loaded>> {
+    const OP: &str = "load_safetensors";
+    let bytes = std::fs::read(path).map_err(|source| Error::Io { op: OP, path: path.to_path_buf(), source })?;
+    let (_, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| st_error(OP, path, e))?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| st_error(OP, path, e))?;
+    let mut out = Vec::new();
+    for name in metadata.offset_keys() {
+        let view = file.tensor(&name).map_err(|e| st_error(OP, path, e))?;
+        let Some(data) = from_le_bytes(view.dtype(), view.data()) else {
+            return Err(Error::UnsupportedDType { path: path.to_path_buf(), name, dtype: view.dtype().to_string() });
+        };
+        let shape = view.shape().to_vec();
+        if data.len() != shape.iter().product::<usize>() {
+            let message = format!("tensor `{name}` of shape {shape:?} holds {} elements", data.len());
+            return Err(Error::SafeTensors { op: OP, path: path.to_path_buf(), message });
+        }
+        out.push(Loaded { name, shape, data });
+    }
+    Ok(out)
+}
+
+/// Reads every tensor of a safetensors file onto `device`, in the file's order, as `(name, tensor)`.
+pub fn load_safetensors(path: impl AsRef<Path>, device: &Device) -> Result<Vec<(String, Tensor)>> {
+    read_all(path.as_ref())?.into_iter().map(|l| Ok((l.name, Tensor::from_host(l.data, l.shape, device)?))).collect()
+}
+
+/// Saves a module's parameters (`named_params`) to a safetensors file.
+pub fn save_module(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
+    let named: Vec<(String, Tensor)> = module.named_params().into_iter().map(|(n, p)| (n, p.get())).collect();
+    save_safetensors(path, &named)
+}
+
+/// Loads a module's parameters from a safetensors file (`load_state_dict`). Every parameter must be in the file
+/// with its shape; with `strict`, the file must hold nothing else. A tensor of another dtype is converted to the
+/// parameter's (as PyTorch's `copy_` does). Nothing changes unless everything fits.
+pub fn load_module(module: &dyn Module, path: impl AsRef<Path>, strict: bool) -> Result<()> {
+    let path = path.as_ref();
+    let mut file: HashMap<String, Loaded> = read_all(path)?.into_iter().map(|l| (l.name.clone(), l)).collect();
+    let named = module.named_params();
+    let mut problems = Vec::new();
+    let mut values = Vec::with_capacity(named.len());
+    for (name, param) in &named {
+        let Some(l) = file.remove(name) else {
+            problems.push(format!("missing `{name}`"));
+            continue;
+        };
+        let want = param.get();
+        if l.shape != want.dims() {
+            problems.push(format!(
+                "size mismatch for `{name}`: the file has {:?}, the module {:?}",
+                l.shape,
+                want.dims()
+            ));
+            continue;
+        }
+        let data = if l.data.dtype() == want.dtype() {
+            l.data
+        } else if want.dtype().is_float() {
+            HostBuffer::from_f64(want.dtype(), &l.data.to_f64())
+        } else {
+            HostBuffer::from_i64(want.dtype(), &l.data.to_i64())
+        };
+        values.push((param.clone(), data, l.shape, want.device()));
+    }
+    if strict && !file.is_empty() {
+        let mut extra: Vec<&String> = file.keys().collect();
+        extra.sort();
+        problems.push(format!("unexpected {}", extra.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")));
+    }
+    if !problems.is_empty() {
+        return Err(Error::StateDict { path: path.to_path_buf(), problems });
+    }
+    let mut uploaded = Vec::with_capacity(values.len());
+    for (param, data, shape, device) in values {
+        uploaded.push((param, Tensor::from_host(data, shape, &device)?));
+    }
+    for (param, t) in uploaded {
+        param.set(t);
+    }
+    Ok(())
+}

@@ -1,0 +1,318 @@
+//! Activations and losses as functions (`torch.nn.functional`), each a composition of kiln's ops, so autograd
+//! differentiates them and the fuser sees one elementwise chain.
+//!
+//! Choices that match PyTorch where a naive composition would not:
+//! - `relu` is `Tensor::relu`, a select `where(x <= 0, 0, x)`: its gradient at 0 is 0 (as PyTorch's), where
+//!   `maximum`'s tie rule would give 1/2; NaN still propagates (`NaN <= 0` is false).
+//! - `leaky_relu` is `where(x > 0, x, slope * x)`, so the gradient at 0 is `slope`, as in PyTorch.
+//! - `cross_entropy` picks the target's log-probability with a one-hot mask (`arange(C) == target`) and `where`,
+//!   not a multiply: kiln has no gather primitive, and `0 * -inf` would be NaN where a log-probability underflows.
+//!
+//! `erf` is not a kiln primitive. `gelu` (exact) and `erf` use the Chebyshev fit of erfc from Numerical Recipes
+//! (Press et al., 2nd ed., §6.2, `erfcc`): `erfc(z) = t exp(-z² + P(t))`, `t = 1 / (1 + z/2)`, with a fractional
+//! (relative) error below 1.2e-7 for every z >= 0, tails included. That is f32 accuracy; for f64 inputs it is
+//! still 1.2e-7 relative, not f64 accuracy (a primitive erf in the op set would fix that). Because the error is
+//! relative to erfc, `gelu(x) = x/2 * erfc(-x/√2)` stays accurate for very negative x, where `x/2 * (1 + erf)`
+//! would cancel. `erf` itself uses the odd Taylor series below |x| < 0.5 so small arguments keep their relative
+//! accuracy too.
+//!
+//! Not done: `ignore_index`, class weights and label smoothing in `cross_entropy`; out-of-range class indices are
+//! not detected (finding them needs the data on the host): such a row's mask is empty and it adds `0 - 0` to the
+//! loss, where PyTorch raises an error.
+
+use crate::args::fail;
+use crate::tensor::Tensor;
+use kiln_jit::{DType, Scalar};
+
+/// How a loss reduces its per-element values (PyTorch's `reduction=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reduction {
+    /// One value per element (`'none'`).
+    None,
+    /// The mean (`'mean'`, the default).
+    #[default]
+    Mean,
+    /// The sum (`'sum'`).
+    Sum,
+}
+
+impl Reduction {
+    fn apply(self, per_element: Tensor) -> Tensor {
+        match self {
+            Reduction::None => per_element,
+            Reduction::Mean => per_element.mean_all(),
+            Reduction::Sum => per_element.sum_all(),
+        }
+    }
+}
+
+/// Which GELU (PyTorch's `approximate=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Approximate {
+    /// The exact `x Φ(x)` (`'none'`, the default), through the erfc approximation described in the module docs.
+    #[default]
+    None,
+    /// `x/2 (1 + tanh(√(2/π) (x + 0.044715 x³)))` (`'tanh'`).
+    Tanh,
+}
+
+/// `max(x, 0)` with PyTorch's gradient (0 at 0); NaN propagates.
+#[track_caller]
+pub fn relu(x: &Tensor) -> Tensor {
+    x.relu()
+}
+
+/// `x` where `x > 0`, else `negative_slope * x` (gradient `negative_slope` at 0, as in PyTorch).
+#[track_caller]
+pub fn leaky_relu(x: &Tensor, negative_slope: f64) -> Tensor {
+    float_only("leaky_relu", x);
+    x.gt(0).where_(x, x.mul(negative_slope))
+}
+
+/// GELU, exact (`Approximate::None`) or the tanh approximation.
+#[track_caller]
+pub fn gelu(x: &Tensor, approximate: Approximate) -> Tensor {
+    float_only("gelu", x);
+    match approximate {
+        // Φ(x) = erfc(-x/√2) / 2, computed from the erfc of |x|/√2 so the negative tail has relative accuracy.
+        Approximate::None => {
+            let e = erfc_nonneg(&x.abs().mul(std::f64::consts::FRAC_1_SQRT_2));
+            let two_phi = x.lt(0).where_(&e, e.rsub(2.0));
+            x.mul(0.5).mul(two_phi)
+        }
+        Approximate::Tanh => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            let inner = x.add(x.mul(x).mul(x).mul(0.044715)).mul(k);
+            x.mul(0.5).mul(inner.tanh().add(1.0))
+        }
+    }
+}
+
+/// `x * sigmoid(x)` (also known as swish).
+#[track_caller]
+pub fn silu(x: &Tensor) -> Tensor {
+    float_only("silu", x);
+    x.mul(x.sigmoid())
+}
+
+/// `tanh(x)`.
+#[track_caller]
+pub fn tanh(x: &Tensor) -> Tensor {
+    x.tanh()
+}
+
+/// `1 / (1 + exp(-x))`.
+#[track_caller]
+pub fn sigmoid(x: &Tensor) -> Tensor {
+    x.sigmoid()
+}
+
+/// Softmax along `dim`.
+#[track_caller]
+pub fn softmax(x: &Tensor, dim: isize) -> Tensor {
+    x.softmax(dim)
+}
+
+/// Log-softmax along `dim`.
+#[track_caller]
+pub fn log_softmax(x: &Tensor, dim: isize) -> Tensor {
+    x.log_softmax(dim)
+}
+
+/// The error function, to about 1.2e-7 relative (see the module docs); float input only.
+#[track_caller]
+pub fn erf(x: &Tensor) -> Tensor {
+    float_only("erf", x);
+    let a = x.abs();
+    // |x| >= 0.5: sign(x) (1 - erfc(|x|)), where erfc <= 0.48 so the subtraction loses nothing.
+    let big = erfc_nonneg(&a).rsub(1.0);
+    let big = x.lt(0).where_(big.neg(), &big);
+    // |x| < 0.5: erf(x) = 2/√π Σ (-1)^n x^(2n+1) / (n! (2n+1)); ten terms leave < 2e-14 relative at |x| = 0.5.
+    // The series is evaluated on min(|x|, 0.5) times sign so that the branch not taken stays finite and its
+    // (masked) gradient is 0, not NaN.
+    let s = x.clamp(-0.5, 0.5);
+    let s2 = s.mul(&s);
+    let mut poly = s2.full_like(series_coeff(9));
+    for n in (0..9).rev() {
+        poly = poly.mul(&s2).add(series_coeff(n));
+    }
+    let small = s.mul(poly).mul(2.0 / std::f64::consts::PI.sqrt());
+    a.lt(0.5).where_(small, big)
+}
+
+/// `(-1)^n / (n! (2n + 1))`, the Maclaurin coefficients of erf without the 2/√π.
+fn series_coeff(n: u32) -> f64 {
+    let fact: f64 = (1..=n).map(f64::from).product();
+    let sign = if n.is_multiple_of(2) { 1.0 } else { -1.0 };
+    sign / (fact * f64::from(2 * n + 1))
+}
+
+/// The complementary error function, to about 1.2e-7 relative (see the module docs); float input only.
+#[track_caller]
+pub fn erfc(x: &Tensor) -> Tensor {
+    float_only("erfc", x);
+    let e = erfc_nonneg(&x.abs());
+    x.lt(0).where_(e.rsub(2.0), &e)
+}
+
+/// Numerical Recipes' `erfcc` for `z >= 0`: fractional error < 1.2e-7.
+fn erfc_nonneg(z: &Tensor) -> Tensor {
+    const C: [f64; 10] = [
+        -1.26551223,
+        1.00002368,
+        0.37409196,
+        0.09678418,
+        -0.18628806,
+        0.27886807,
+        -1.13520398,
+        1.48851587,
+        -0.82215223,
+        0.17087277,
+    ];
+    let t = z.mul(0.5).add(1.0).recip();
+    // Horner: C0 + t (C1 + t (C2 + ... + t C9)).
+    let mut p = t.mul(C[9]);
+    for &c in C[1..9].iter().rev() {
+        p = p.add(c).mul(&t);
+    }
+    let p = p.add(C[0]);
+    t.mul(p.sub(z.mul(z)).exp())
+}
+
+/// Mean squared error between `input` and `target` (broadcast together).
+#[track_caller]
+pub fn mse_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
+    float_only("mse_loss", input);
+    reduction.apply(input.sub(target).square())
+}
+
+/// `one_hot(indices, num_classes)` as i64 (`torch.nn.functional.one_hot`): a new last dim of `num_classes`, 1
+/// where it equals the index. An index outside `0..num_classes` gives a row of zeros (PyTorch raises an error).
+#[track_caller]
+pub fn one_hot(indices: &Tensor, num_classes: usize) -> Tensor {
+    one_hot_mask("one_hot", indices, num_classes, -1).to_dtype(DType::I64)
+}
+
+/// The bool mask `arange(num_classes) == indices`, with the class dim inserted at `class_dim` of the result.
+#[track_caller]
+fn one_hot_mask(name: &str, indices: &Tensor, num_classes: usize, class_dim: isize) -> Tensor {
+    if !indices.dtype().is_int() {
+        fail!(name, "class indices must be an integer tensor (i64 as in PyTorch), not {}", indices.dtype());
+    }
+    let rank = indices.rank() + 1;
+    let d = if class_dim < 0 { (class_dim + rank as isize) as usize } else { class_dim as usize };
+    let mut shape = vec![1usize; rank];
+    shape[d] = num_classes;
+    let classes = Tensor::iota(Scalar::Int(0), Scalar::Int(1), num_classes, DType::I64, &indices.device());
+    indices.unsqueeze(d as isize).to_dtype(DType::I64).eq(classes.reshape(shape))
+}
+
+/// Cross-entropy between `input` logits and `target` (`torch.nn.functional.cross_entropy`).
+///
+/// `input` is `[C]`, `[N, C]` or `[N, C, d1, ..]` (classes on dim 1, or dim 0 unbatched). `target` is either
+/// class indices (an integer tensor shaped like `input` without the class dim) or class probabilities (a float
+/// tensor shaped like `input`). The loss per sample is `-log_softmax(input)[target]` (resp.
+/// `-Σ_c target_c log_softmax(input)_c`), then reduced.
+#[track_caller]
+pub fn cross_entropy(input: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
+    float_only("cross_entropy", input);
+    if input.rank() == 0 {
+        fail!("cross_entropy", "the input needs a class dim, got a zero-dim tensor");
+    }
+    let c = if input.rank() == 1 { 0 } else { 1 };
+    let logp = input.log_softmax(c as isize);
+    let per_sample = if target.dtype().is_float() {
+        if target.dims() != input.dims() {
+            fail!(
+                "cross_entropy",
+                "probability targets must have the input's shape {:?}, got {:?}",
+                input.dims(),
+                target.dims()
+            );
+        }
+        logp.mul(target).sum(c, false).neg()
+    } else {
+        let mut expected = input.dims().to_vec();
+        let classes = expected.remove(c);
+        if target.dims() != expected.as_slice() {
+            fail!(
+                "cross_entropy",
+                "class-index targets must have shape {:?} (the input {:?} without its class dim {c}), got {:?}",
+                expected,
+                input.dims(),
+                target.dims()
+            );
+        }
+        let mask = one_hot_mask("cross_entropy", target, classes, c as isize);
+        mask.where_(&logp, 0.0).sum(c, false).neg()
+    };
+    reduction.apply(per_sample)
+}
+
+/// Layer normalization over the last `normalized_shape.len()` dims (`torch.nn.functional.layer_norm`): the mean
+/// and biased variance of those dims, `(x - mean) / sqrt(var + eps)`, then `* weight + bias` if given.
+#[track_caller]
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Tensor {
+    float_only("layer_norm", x);
+    let k = normalized_shape.len();
+    if k == 0 || x.rank() < k || &x.dims()[x.rank() - k..] != normalized_shape {
+        fail!(
+            "layer_norm",
+            "the input's trailing dims must be normalized_shape {:?}, got an input of shape {:?}",
+            normalized_shape,
+            x.dims()
+        );
+    }
+    for (what, p) in [("weight", weight), ("bias", bias)] {
+        if let Some(p) = p
+            && p.dims() != normalized_shape
+        {
+            fail!("layer_norm", "{what} has shape {:?}, expected normalized_shape {:?}", p.dims(), normalized_shape);
+        }
+    }
+    let axes: Vec<isize> = (1..=k as isize).map(|i| -i).collect();
+    let mean = x.mean(axes.clone(), true);
+    let centered = x.sub(&mean);
+    let var = centered.square().mean(axes, true);
+    let mut y = centered.mul(var.add(eps).rsqrt());
+    if let Some(w) = weight {
+        y = y.mul(w);
+    }
+    if let Some(b) = bias {
+        y = y.add(b);
+    }
+    y
+}
+
+/// Dropout (`torch.nn.functional.dropout`): in training, each element is zeroed with probability `p` and the rest
+/// are scaled by `1 / (1 - p)`; otherwise the identity. The mask comes from kiln's counter-based `rand`, so it is
+/// reproducible under `kiln::manual_seed`, and drawing a new mask each step does not recompile (the random key is a
+/// run-time input of the plan).
+#[track_caller]
+pub fn dropout(x: &Tensor, p: f64, training: bool) -> Tensor {
+    if !(0.0..=1.0).contains(&p) {
+        fail!("dropout", "probability has to be between 0 and 1, but got {p}");
+    }
+    float_only("dropout", x);
+    if !training || p == 0.0 {
+        return x.clone();
+    }
+    if p == 1.0 {
+        return x.mul(0.0);
+    }
+    // rand is uniform in [0, 1): P(u >= p) = 1 - p.
+    x.rand_like().ge(p).where_(x.mul(1.0 / (1.0 - p)), 0.0)
+}
+
+#[track_caller]
+fn float_only(name: &str, x: &Tensor) {
+    if !x.dtype().is_float() {
+        fail!(name, "the input must be a float tensor, not {} (convert with to_dtype)", x.dtype());
+    }
+}

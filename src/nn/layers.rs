@@ -1,0 +1,288 @@
+//! Layers other than `Linear`: `LayerNorm`, `Dropout`, `Embedding`, activation modules for `Sequential`, and
+//! `Func` (any function as a module).
+
+use super::functional::{self, Approximate};
+use super::{Module, Param, init};
+use crate::args::fail;
+use crate::device::Device;
+use crate::tensor::Tensor;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Layer normalization over the trailing `normalized_shape` dims (`torch.nn.LayerNorm`), with an elementwise
+/// affine weight (init 1) and bias (init 0).
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    normalized_shape: Vec<usize>,
+    weight: Option<Param>,
+    bias: Option<Param>,
+    eps: f64,
+}
+
+impl LayerNorm {
+    /// `LayerNorm(normalized_shape, eps=1e-5)` with weight (ones) and bias (zeros), f32.
+    pub fn new(normalized_shape: impl Into<Vec<usize>>, device: &Device) -> LayerNorm {
+        let shape: Vec<usize> = normalized_shape.into();
+        LayerNorm::from_params(init::ones(shape.clone(), device), Some(init::zeros(shape, device)), 1e-5)
+    }
+
+    /// `LayerNorm(normalized_shape, elementwise_affine=False)`: no parameters.
+    #[track_caller]
+    pub fn no_affine(normalized_shape: impl Into<Vec<usize>>, eps: f64) -> LayerNorm {
+        let normalized_shape = normalized_shape.into();
+        if normalized_shape.is_empty() {
+            fail!("LayerNorm", "normalized_shape must name at least one dim");
+        }
+        LayerNorm { normalized_shape, weight: None, bias: None, eps }
+    }
+
+    /// A layer norm with the given float weight (its shape is `normalized_shape`), optional bias of the same
+    /// shape and dtype, and `eps`.
+    #[track_caller]
+    pub fn from_params(weight: Tensor, bias: Option<Tensor>, eps: f64) -> LayerNorm {
+        if weight.rank() == 0 || !weight.dtype().is_float() {
+            fail!(
+                "LayerNorm",
+                "the weight must be a float tensor of at least one dim, got {}{:?}",
+                weight.dtype(),
+                weight.dims()
+            );
+        }
+        if let Some(b) = &bias
+            && (weight.dims() != b.dims() || weight.dtype() != b.dtype())
+        {
+            fail!(
+                "LayerNorm",
+                "weight {}{:?} and bias {}{:?} differ",
+                weight.dtype(),
+                weight.dims(),
+                b.dtype(),
+                b.dims()
+            );
+        }
+        LayerNorm {
+            normalized_shape: weight.dims().to_vec(),
+            weight: Some(Param::new("weight", weight)),
+            bias: bias.map(|b| Param::new("bias", b)),
+            eps,
+        }
+    }
+
+    /// Sets `eps` (builder style).
+    pub fn eps(mut self, eps: f64) -> LayerNorm {
+        self.eps = eps;
+        self
+    }
+
+    pub fn normalized_shape(&self) -> &[usize] {
+        &self.normalized_shape
+    }
+
+    pub fn weight(&self) -> Option<&Param> {
+        self.weight.as_ref()
+    }
+
+    pub fn bias(&self) -> Option<&Param> {
+        self.bias.as_ref()
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let w = self.weight.as_ref().map(Param::get);
+        let b = self.bias.as_ref().map(Param::get);
+        functional::layer_norm(x, &self.normalized_shape, w.as_ref(), b.as_ref(), self.eps)
+    }
+
+    fn named_params(&self) -> Vec<(String, Param)> {
+        let mut out = Vec::new();
+        if let Some(w) = &self.weight {
+            out.push(("weight".to_string(), w.clone()));
+        }
+        if let Some(b) = &self.bias {
+            out.push(("bias".to_string(), b.clone()));
+        }
+        out
+    }
+}
+
+/// Dropout (`torch.nn.Dropout`): in training mode zeroes each element with probability `p` and scales the rest by
+/// `1 / (1 - p)`; in evaluation mode the identity. Starts in training mode. See `functional::dropout`.
+#[derive(Debug)]
+pub struct Dropout {
+    p: f64,
+    training: AtomicBool,
+}
+
+impl Dropout {
+    #[track_caller]
+    pub fn new(p: f64) -> Dropout {
+        if !(0.0..=1.0).contains(&p) {
+            fail!("Dropout", "probability has to be between 0 and 1, but got {p}");
+        }
+        Dropout { p, training: AtomicBool::new(true) }
+    }
+
+    pub fn p(&self) -> f64 {
+        self.p
+    }
+
+    pub fn is_training(&self) -> bool {
+        self.training.load(Ordering::Relaxed)
+    }
+}
+
+impl Module for Dropout {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        functional::dropout(x, self.p, self.is_training())
+    }
+
+    fn named_params(&self) -> Vec<(String, Param)> {
+        Vec::new()
+    }
+
+    fn train(&self, mode: bool) {
+        self.training.store(mode, Ordering::Relaxed);
+    }
+}
+
+/// A lookup table of `num_embeddings` vectors of size `embedding_dim` (`torch.nn.Embedding`), initialized
+/// standard normal. The input is an integer tensor of indices `[...]`; the output is `[..., embedding_dim]`.
+///
+/// kiln has no gather primitive, so the lookup is `one_hot(indices) @ weight`: it costs O(B·V·D) work and
+/// O(B·V) memory for B indices, a vocabulary of V and dim D, where a gather costs O(B·D). Fine for small
+/// vocabularies; a gather primitive (and its scatter-add gradient) would replace it. An index outside
+/// `0..num_embeddings` gives a zero vector (PyTorch raises an error).
+#[derive(Clone, Debug)]
+pub struct Embedding {
+    weight: Param,
+}
+
+impl Embedding {
+    /// `Embedding(num_embeddings, embedding_dim)` with weight ~ N(0, 1) (f32).
+    pub fn new(num_embeddings: usize, embedding_dim: usize, device: &Device) -> Embedding {
+        Embedding::from_weight(init::normal([num_embeddings, embedding_dim], 0.0, 1.0, device))
+    }
+
+    /// An embedding with the given float weight `[num_embeddings, embedding_dim]` (`Embedding.from_pretrained`,
+    /// but trainable).
+    #[track_caller]
+    pub fn from_weight(weight: Tensor) -> Embedding {
+        if weight.rank() != 2 || !weight.dtype().is_float() {
+            fail!(
+                "Embedding",
+                "the weight must be a 2-d float tensor [num, dim], got {}{:?}",
+                weight.dtype(),
+                weight.dims()
+            );
+        }
+        Embedding { weight: Param::new("weight", weight) }
+    }
+
+    pub fn weight(&self) -> &Param {
+        &self.weight
+    }
+}
+
+impl Module for Embedding {
+    fn forward(&self, indices: &Tensor) -> Tensor {
+        let w = self.weight.get();
+        let n = w.dims()[0];
+        functional::one_hot(indices, n).to_dtype(w.dtype()).matmul(&w)
+    }
+
+    fn named_params(&self) -> Vec<(String, Param)> {
+        vec![("weight".to_string(), self.weight.clone())]
+    }
+}
+
+/// Any function of one tensor as a parameterless module: `Sequential::new().add(Func::new(|x| x.relu()))`.
+pub struct Func {
+    f: Box<dyn Fn(&Tensor) -> Tensor + Send + Sync>,
+}
+
+impl Func {
+    pub fn new(f: impl Fn(&Tensor) -> Tensor + Send + Sync + 'static) -> Func {
+        Func { f: Box::new(f) }
+    }
+}
+
+impl Module for Func {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        (self.f)(x)
+    }
+
+    fn named_params(&self) -> Vec<(String, Param)> {
+        Vec::new()
+    }
+}
+
+macro_rules! activation {
+    ($(#[$doc:meta])* $name:ident, |$s:ident, $x:ident| $body:expr) => {
+        $(#[$doc])*
+        impl Module for $name {
+            #[allow(unused_variables)]
+            fn forward(&self, $x: &Tensor) -> Tensor {
+                let $s = self;
+                $body
+            }
+
+            fn named_params(&self) -> Vec<(String, Param)> {
+                Vec::new()
+            }
+        }
+    };
+}
+
+/// `functional::relu` as a module (`torch.nn.ReLU`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReLU;
+activation!(ReLU, |s, x| functional::relu(x));
+
+/// `functional::leaky_relu` as a module (`torch.nn.LeakyReLU`; `LeakyReLU::default()` has slope 0.01).
+#[derive(Clone, Copy, Debug)]
+pub struct LeakyReLU {
+    pub negative_slope: f64,
+}
+impl Default for LeakyReLU {
+    fn default() -> Self {
+        LeakyReLU { negative_slope: 0.01 }
+    }
+}
+activation!(LeakyReLU, |s, x| functional::leaky_relu(x, s.negative_slope));
+
+/// `functional::gelu` as a module (`torch.nn.GELU`; the default is exact).
+#[allow(clippy::upper_case_acronyms)] // PyTorch's name
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GELU {
+    pub approximate: Approximate,
+}
+activation!(GELU, |s, x| functional::gelu(x, s.approximate));
+
+/// `functional::silu` as a module (`torch.nn.SiLU`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SiLU;
+activation!(SiLU, |s, x| functional::silu(x));
+
+/// `tanh` as a module (`torch.nn.Tanh`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tanh;
+activation!(Tanh, |s, x| x.tanh());
+
+/// `sigmoid` as a module (`torch.nn.Sigmoid`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sigmoid;
+activation!(Sigmoid, |s, x| x.sigmoid());
+
+/// Softmax along `dim` as a module (`torch.nn.Softmax(dim)`).
+#[derive(Clone, Copy, Debug)]
+pub struct Softmax {
+    pub dim: isize,
+}
+activation!(Softmax, |s, x| x.softmax(s.dim));
+
+/// Log-softmax along `dim` as a module (`torch.nn.LogSoftmax(dim)`).
+#[derive(Clone, Copy, Debug)]
+pub struct LogSoftmax {
+    pub dim: isize,
+}
+activation!(LogSoftmax, |s, x| x.log_softmax(s.dim));

@@ -1,0 +1,233 @@
+//! Neural-network building blocks with PyTorch's names and semantics: `Param`, the `Module` trait, `Sequential`,
+//! layers (`Linear`, `LayerNorm`, `Dropout`, `Embedding`, activation modules), `functional` (activations and
+//! losses) and `init`.
+//!
+//! Everything here is a composition of kiln's public ops, so a model's forward, its backward and an optimizer's
+//! update are one lazy graph that `optim` realizes, compiles once and replays.
+//!
+//! - A `Param` is a shared handle (`Arc<RwLock<Tensor>>`) to a leaf that requires gradients. Modules read it on
+//!   every `forward`; an optimizer swaps in the next value with `set`. Cloning a `Param` shares it (weight tying is
+//!   two modules holding the same `Param`).
+//! - Initial values are lazy (e.g. `rand * 2b - b`): they are computed as part of the first graph that needs them.
+//!   An optimizer's first `step` realizes any still-lazy parameter in a realize of its own first, so the training
+//!   step's graph is the same from the first step on; `Module::realize_params` does it up front.
+//! - Modules take `&self`: train/eval mode (only `Dropout` has one) is an atomic flag, so a model can be shared
+//!   between threads.
+//!
+//! Deliberately not done: parameter groups, buffers (running statistics, as BatchNorm needs), hooks, `padding_idx`
+//! / `max_norm` for `Embedding`, `ignore_index` / class weights / label smoothing for `cross_entropy`, and a
+//! dtype/device `to` for whole modules (build the module on the device and dtype it should live on).
+
+pub mod functional;
+pub mod init;
+mod layers;
+mod linear;
+
+pub use functional::{Approximate, Reduction};
+pub use layers::{
+    Dropout, Embedding, Func, GELU, LayerNorm, LeakyReLU, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax, Tanh,
+};
+pub use linear::Linear;
+
+use crate::error::Result;
+use crate::tensor::Tensor;
+use parking_lot::RwLock;
+use std::fmt;
+use std::sync::Arc;
+
+/// A shared handle to a trainable tensor (`torch.nn.Parameter`): a name and the current leaf, which requires
+/// gradients. Cloning is cheap and shares the parameter.
+#[derive(Clone)]
+pub struct Param {
+    inner: Arc<ParamInner>,
+}
+
+struct ParamInner {
+    name: String,
+    value: RwLock<Tensor>,
+}
+
+/// `t` as a leaf that requires gradients: `t` itself (marked) unless it carries autograd history, in which case a
+/// detached copy, so gradients stop at the parameter as they do at a `torch.nn.Parameter`.
+#[track_caller]
+fn as_leaf(t: Tensor) -> Tensor {
+    let t = if t.node.grad_srcs.is_some() { t.detach() } else { t };
+    t.requires_grad()
+}
+
+impl Param {
+    /// A parameter named `name` holding `tensor`, marked `requires_grad`. The tensor must be float.
+    #[track_caller]
+    pub fn new(name: impl Into<String>, tensor: Tensor) -> Param {
+        Param { inner: Arc::new(ParamInner { name: name.into(), value: RwLock::new(as_leaf(tensor)) }) }
+    }
+
+    /// The name given at construction (a module's `named_params` gives the qualified path, e.g. `0.weight`).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The current value: the leaf to use in a forward pass and to look gradients up with (`grads.get(&p.get())`).
+    pub fn get(&self) -> Tensor {
+        self.inner.value.read().clone()
+    }
+
+    /// Replaces the value (as `param.data = value` in PyTorch; optimizers use this). The new value becomes a leaf
+    /// that requires gradients. Its shape and dtype must be the current ones: a module's shapes are fixed.
+    #[track_caller]
+    pub fn set(&self, value: Tensor) {
+        let mut slot = self.inner.value.write();
+        if value.dims() != slot.dims() || value.dtype() != slot.dtype() {
+            crate::args::fail!(
+                "Param::set",
+                "parameter `{}` is {}{:?}; cannot set it to {}{:?}",
+                self.inner.name,
+                slot.dtype(),
+                slot.dims(),
+                value.dtype(),
+                value.dims()
+            );
+        }
+        *slot = as_leaf(value);
+    }
+
+    /// The parameter's shape.
+    pub fn dims(&self) -> Vec<usize> {
+        self.inner.value.read().dims().to_vec()
+    }
+
+    /// Whether two handles share one parameter.
+    pub fn ptr_eq(&self, other: &Param) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl fmt::Debug for Param {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Param({}: {:?})", self.inner.name, *self.inner.value.read())
+    }
+}
+
+/// A layer or model (`torch.nn.Module`). Implement `forward` and `named_params`; the rest has defaults.
+///
+/// A composite module lists its children's parameters under their names, e.g.
+/// ```
+/// use kiln::nn::{Linear, Module, Param};
+/// use kiln::{Device, Tensor};
+/// struct Mlp { fc1: Linear, fc2: Linear }
+/// impl Module for Mlp {
+///     fn forward(&self, x: &Tensor) -> Tensor { self.fc2.forward(&self.fc1.forward(x).relu()) }
+///     fn named_params(&self) -> Vec<(String, Param)> {
+///         let mut p = self.fc1.named_params_prefixed("fc1");
+///         p.extend(self.fc2.named_params_prefixed("fc2"));
+///         p
+///     }
+/// }
+/// let dev = Device::cpu();
+/// let mlp = Mlp { fc1: Linear::new(4, 8, true, &dev), fc2: Linear::new(8, 2, true, &dev) };
+/// assert_eq!(mlp.named_params()[2].0, "fc2.weight");
+/// assert_eq!(mlp.forward(&Tensor::ones([3, 4], kiln::DType::F32, &dev)).dims(), &[3, 2]);
+/// ```
+pub trait Module: Send + Sync {
+    /// The output for input `x` (lazy, like every op).
+    fn forward(&self, x: &Tensor) -> Tensor;
+
+    /// Every parameter with its path (`weight`, `0.bias`, `fc1.weight`): the keys of a PyTorch `state_dict`.
+    fn named_params(&self) -> Vec<(String, Param)>;
+
+    /// Every parameter, in `named_params` order.
+    fn params(&self) -> Vec<Param> {
+        self.named_params().into_iter().map(|(_, p)| p).collect()
+    }
+
+    /// `named_params` with `prefix.` in front of each name, for a parent module listing a child's parameters.
+    fn named_params_prefixed(&self, prefix: &str) -> Vec<(String, Param)> {
+        self.named_params().into_iter().map(|(n, p)| (format!("{prefix}.{n}"), p)).collect()
+    }
+
+    /// Sets training mode (`true`) or evaluation mode (`false`) here and in every child (`module.train(mode)`).
+    /// Only `Dropout` behaves differently; modules start in training mode, as in PyTorch. A composite module that
+    /// holds a `Dropout` must forward this call to it.
+    fn train(&self, mode: bool) {
+        let _ = mode;
+    }
+
+    /// Evaluation mode (`module.eval()`): `train(false)`.
+    fn eval(&self) {
+        self.train(false);
+    }
+
+    /// Computes every parameter that is still lazy (e.g. a fresh random initialization), all in one graph.
+    /// Optional: an optimizer's first step does this too. Afterwards the first training step builds the same graph
+    /// as every later one.
+    fn realize_params(&self) -> Result<()> {
+        let values: Vec<Tensor> = self.params().iter().map(Param::get).collect();
+        let refs: Vec<&Tensor> = values.iter().collect();
+        crate::realize(&refs)
+    }
+}
+
+/// Modules applied in order (`torch.nn.Sequential`). Parameter names are prefixed with the layer's index
+/// (`0.weight`, `2.bias`), as in PyTorch, so a `Sequential`'s safetensors file matches PyTorch's `state_dict`.
+#[derive(Default)]
+pub struct Sequential {
+    layers: Vec<Box<dyn Module>>,
+}
+
+impl Sequential {
+    pub fn new() -> Sequential {
+        Sequential { layers: Vec::new() }
+    }
+
+    /// Appends `module` (builder style): `Sequential::new().add(Linear::new(..)).add(ReLU)`.
+    #[allow(clippy::should_implement_trait)] // `add` is torch's `add_module`, not arithmetic
+    pub fn add(mut self, module: impl Module + 'static) -> Sequential {
+        self.layers.push(Box::new(module));
+        self
+    }
+
+    /// Appends `module`.
+    pub fn push(&mut self, module: impl Module + 'static) {
+        self.layers.push(Box::new(module));
+    }
+
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// The `i`th layer.
+    pub fn get(&self, i: usize) -> Option<&dyn Module> {
+        self.layers.get(i).map(|m| &**m)
+    }
+}
+
+impl Module for Sequential {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let mut y = x.clone();
+        for layer in &self.layers {
+            y = layer.forward(&y);
+        }
+        y
+    }
+
+    fn named_params(&self) -> Vec<(String, Param)> {
+        self.layers.iter().enumerate().flat_map(|(i, m)| m.named_params_prefixed(&i.to_string())).collect()
+    }
+
+    fn train(&self, mode: bool) {
+        for layer in &self.layers {
+            layer.train(mode);
+        }
+    }
+}
+
+impl fmt::Debug for Sequential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<String> = self.named_params().into_iter().map(|(n, _)| n).collect();
+        write!(f, "Sequential({} layers; params {:?})", self.layers.len(), names)
+    }
+}

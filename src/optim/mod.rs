@@ -1,0 +1,135 @@
+//! Optimizers (`torch.optim`): `Sgd` (momentum, dampening, Nesterov, weight decay), `Adam` (L2 weight decay,
+//! AMSGrad) and `AdamW` (decoupled weight decay), with PyTorch's update formulas.
+//!
+//! How a step runs, and why it replays one compiled plan:
+//! 1. `step(&grads, &[&loss])` builds every parameter's new value and new optimizer state (momentum buffers, Adam
+//!    moments) as LAZY tensors, under `no_grad`, from the lazy gradients `backward` returned.
+//! 2. It realizes all of them together with `also_realize` (typically the loss) in ONE `kiln::realize` call, so
+//!    the forward pass, the backward pass and the update are one graph: one plan, compiled on the first step and
+//!    replayed after.
+//! 3. Each `Param` is `set` to its realized new value, a fresh leaf that holds the new buffer and no history; the
+//!    state likewise. Nothing from step `t` stays reachable from step `t + 1`, so memory stays flat.
+//!
+//! Keeping the graph identical from step to step: values that change every step (the learning rate, which a
+//! scheduler may change, and Adam's bias corrections `1 - β^t`) enter the graph as realized 0-dim f64 tensors, not
+//! constants, because constants are part of a plan's signature. A 0-dim operand does not widen a tensor's dtype
+//! (PyTorch's promotion), so the same scalars serve f32 and f64 parameters. Fixed hyperparameters (betas, eps,
+//! momentum, weight decay) are constants. State starts as zeros uploaded from the host (not a lazy `zeros`), and
+//! a parameter that is still lazy on the first step (a fresh random init) is realized on its own first, so the
+//! first step's graph is already the steady-state one.
+//!
+//! A parameter without a gradient (the loss does not depend on it) is left unchanged, and so is its state (as in
+//! PyTorch, where such a parameter is skipped and its step count does not advance). If realizing fails, no
+//! parameter or state changes. There is no `zero_grad`: gradients are values returned by `backward`, never
+//! accumulated into the parameters.
+//!
+//! Deliberately not done: parameter groups (one set of hyperparameters per optimizer), `state_dict` for optimizer
+//! state, sparse gradients, and the fused/foreach variants (the whole update is one fused graph already).
+
+mod adam;
+mod sgd;
+
+pub use adam::{Adam, AdamW};
+pub use sgd::Sgd;
+
+use crate::autograd::Gradients;
+use crate::device::Device;
+use crate::error::Result;
+use crate::nn::Param;
+use crate::tensor::Tensor;
+use kiln_jit::{HostBuffer, Shape};
+
+/// Updates parameters from the gradients of one `backward` call.
+pub trait Optimizer {
+    /// One update of every parameter that has a gradient in `grads`, realized in one graph together with
+    /// `also_realize` (pass the loss so it is computed by the same plan instead of another pass).
+    fn step(&mut self, grads: &Gradients, also_realize: &[&Tensor]) -> Result<()>;
+
+    /// The parameters, in the order given (duplicates removed).
+    fn params(&self) -> &[Param];
+
+    /// The learning rate.
+    fn lr(&self) -> f64;
+
+    /// Sets the learning rate (for a schedule). It is a run-time input of the plan, so changing it does not
+    /// recompile.
+    fn set_lr(&mut self, lr: f64);
+}
+
+/// Removes repeated handles to the same parameter (a tied weight listed twice would be updated twice).
+fn dedup(params: Vec<Param>) -> Vec<Param> {
+    let mut out: Vec<Param> = Vec::with_capacity(params.len());
+    for p in params {
+        if !out.iter().any(|q| q.ptr_eq(&p)) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Realizes the parameters that are still lazy (e.g. a random init) in one graph of their own.
+fn realize_lazy(params: &[Param]) -> Result<()> {
+    let lazy: Vec<Tensor> = params.iter().map(Param::get).filter(|t| !t.is_realized()).collect();
+    if lazy.is_empty() {
+        return Ok(());
+    }
+    let refs: Vec<&Tensor> = lazy.iter().collect();
+    crate::realize(&refs)
+}
+
+/// Zeros shaped like `t`, uploaded (a realized input, so the first step's graph matches later ones).
+fn zeros_input(t: &Tensor) -> Result<Tensor> {
+    let host = HostBuffer::from_f64(t.dtype(), &vec![0.0; t.numel()]);
+    Tensor::from_host(host, t.shape().clone(), &t.device())
+}
+
+/// Per-step scalars as realized 0-dim f64 inputs, uploaded once per step for each (role, device, key). Keys are
+/// structural (a role and, e.g., a step count), never the value itself: two roles that happen to hold equal
+/// values must stay two inputs, or the graph's signature would change.
+#[derive(Default)]
+struct Scalars {
+    made: Vec<((&'static str, Device, u64), Tensor)>,
+}
+
+impl Scalars {
+    fn get(&mut self, role: &'static str, device: Device, key: u64, value: f64) -> Result<Tensor> {
+        if let Some((_, t)) = self.made.iter().find(|(k, _)| *k == (role, device, key)) {
+            return Ok(t.clone());
+        }
+        let t = Tensor::from_vec(vec![value], Shape::scalar(), &device)?;
+        self.made.push(((role, device, key), t.clone()));
+        Ok(t)
+    }
+}
+
+/// One parameter's update: its new value and new state tensors (lazy until `commit`).
+struct Update {
+    param: usize,
+    value: Tensor,
+    state: Vec<Tensor>,
+}
+
+/// Realizes every update together with `also_realize` in one call. On success the caller installs the values.
+fn realize_all(updates: &[Update], also_realize: &[&Tensor]) -> Result<()> {
+    let mut targets: Vec<&Tensor> = Vec::with_capacity(also_realize.len() + updates.len() * 3);
+    for u in updates {
+        targets.push(&u.value);
+        targets.extend(u.state.iter());
+    }
+    targets.extend_from_slice(also_realize);
+    crate::realize(&targets)
+}
+
+/// The gradient of `p` in `grads`, if any.
+fn grad_of(grads: &Gradients, p: &Tensor) -> Option<Tensor> {
+    let g = grads.get(p)?;
+    debug_assert_eq!(g.dims(), p.dims(), "gradient shape");
+    Some(g.clone())
+}
+
+#[track_caller]
+fn check_hyper(name: &str, what: &str, v: f64, ok: bool) {
+    if !ok {
+        crate::args::fail!(name, "invalid {what}: {v}");
+    }
+}

@@ -1,0 +1,166 @@
+//! Stochastic gradient descent (`torch.optim.SGD`).
+//!
+//! The update, as PyTorch's `_single_tensor_sgd` computes it (the docs' pseudo-code, with `maximize` applied to
+//! the gradient first as the implementation does):
+//! ```text
+//! g ← ∇θ f(θ)                       (−∇θ f(θ) if maximize)
+//! if λ ≠ 0:  g ← g + λ θ             (weight decay)
+//! if μ ≠ 0:
+//!     b ← g                          on this parameter's first step
+//!     b ← μ b + (1 − τ) g            after                          (τ: dampening)
+//!     g ← g + μ b   if nesterov  else  g ← b
+//! θ ← θ − γ g                        (γ: lr)
+//! ```
+//! kiln starts `b` at zero, so the first step's `μ·0 + 1·g` is exactly `g` and every step has the same graph;
+//! with dampening the factor `1` vs `1 − τ` is a run-time scalar for the same reason.
+
+use super::{Optimizer, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy, zeros_input};
+use crate::autograd::{Gradients, no_grad};
+use crate::error::Result;
+use crate::nn::Param;
+use crate::tensor::Tensor;
+
+/// SGD with optional momentum, dampening, Nesterov momentum and weight decay.
+/// `Sgd::new(model.params(), 0.1).momentum(0.9).weight_decay(1e-4)`.
+pub struct Sgd {
+    params: Vec<Param>,
+    lr: f64,
+    momentum: f64,
+    dampening: f64,
+    weight_decay: f64,
+    nesterov: bool,
+    maximize: bool,
+    /// Momentum buffers, created on a parameter's first step with a gradient.
+    bufs: Vec<Option<Tensor>>,
+}
+
+impl Sgd {
+    /// Plain SGD with learning rate `lr` over `params` (repeated handles to one parameter count once).
+    #[track_caller]
+    pub fn new(params: Vec<Param>, lr: f64) -> Sgd {
+        check_hyper("Sgd", "learning rate", lr, lr >= 0.0);
+        let params = dedup(params);
+        let n = params.len();
+        Sgd {
+            params,
+            lr,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            maximize: false,
+            bufs: vec![None; n],
+        }
+    }
+
+    /// Momentum factor μ (default 0).
+    #[track_caller]
+    pub fn momentum(mut self, momentum: f64) -> Sgd {
+        check_hyper("Sgd", "momentum value", momentum, momentum >= 0.0);
+        self.momentum = momentum;
+        self
+    }
+
+    /// Dampening τ for momentum (default 0).
+    #[track_caller]
+    pub fn dampening(mut self, dampening: f64) -> Sgd {
+        check_hyper("Sgd", "dampening", dampening, dampening.is_finite());
+        self.dampening = dampening;
+        self
+    }
+
+    /// L2 penalty λ added to the gradient (default 0).
+    #[track_caller]
+    pub fn weight_decay(mut self, weight_decay: f64) -> Sgd {
+        check_hyper("Sgd", "weight_decay value", weight_decay, weight_decay >= 0.0);
+        self.weight_decay = weight_decay;
+        self
+    }
+
+    /// Nesterov momentum (default off); needs a momentum and zero dampening, checked at the first step.
+    pub fn nesterov(mut self, nesterov: bool) -> Sgd {
+        self.nesterov = nesterov;
+        self
+    }
+
+    /// Maximize the objective instead of minimizing it (default off).
+    pub fn maximize(mut self, maximize: bool) -> Sgd {
+        self.maximize = maximize;
+        self
+    }
+
+    /// The momentum buffer of parameter `i` (in `params()` order), once it has one.
+    pub fn momentum_buffer(&self, i: usize) -> Option<&Tensor> {
+        self.bufs.get(i).and_then(Option::as_ref)
+    }
+}
+
+impl Optimizer for Sgd {
+    #[track_caller]
+    fn step(&mut self, grads: &Gradients, also_realize: &[&Tensor]) -> Result<()> {
+        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
+            crate::args::fail!("Sgd", "Nesterov momentum requires a momentum and zero dampening");
+        }
+        realize_lazy(&self.params)?;
+        let mut scalars = Scalars::default();
+        let mut updates = Vec::new();
+        for (i, param) in self.params.iter().enumerate() {
+            let p = param.get();
+            let Some(g) = grad_of(grads, &p) else { continue };
+            let dev = p.device();
+            let lr = scalars.get("lr", dev, 0, self.lr)?;
+            let first = self.bufs[i].is_none();
+            let buf = match &self.bufs[i] {
+                Some(b) if self.momentum != 0.0 => Some(b.clone()),
+                _ if self.momentum != 0.0 => Some(zeros_input(&p)?),
+                _ => None,
+            };
+            let damp = if self.momentum != 0.0 && self.dampening != 0.0 {
+                let value = if first { 1.0 } else { 1.0 - self.dampening };
+                Some(scalars.get("dampening", dev, first as u64, value)?)
+            } else {
+                None
+            };
+            let update = no_grad(|| {
+                let mut g = if self.maximize { g.neg() } else { g };
+                if self.weight_decay != 0.0 {
+                    g = g.add(p.mul(self.weight_decay));
+                }
+                let mut state = Vec::new();
+                if let Some(b) = buf {
+                    let scaled = match &damp {
+                        Some(c) => g.mul(c),
+                        None => g.clone(),
+                    };
+                    let b = b.mul(self.momentum).add(scaled);
+                    g = if self.nesterov { g.add(b.mul(self.momentum)) } else { b.clone() };
+                    state.push(b);
+                }
+                Update { param: i, value: p.sub(g.mul(&lr)), state }
+            });
+            updates.push(update);
+        }
+        realize_all(&updates, also_realize)?;
+        for u in updates {
+            self.params[u.param].set(u.value);
+            if let Some(b) = u.state.into_iter().next() {
+                self.bufs[u.param] = Some(b);
+            }
+        }
+        Ok(())
+    }
+
+    fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    #[track_caller]
+    fn set_lr(&mut self, lr: f64) {
+        check_hyper("Sgd", "learning rate", lr, lr >= 0.0);
+        self.lr = lr;
+    }
+}

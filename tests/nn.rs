@@ -1,0 +1,484 @@
+//! `kiln::nn`: every module's and function's forward against hand-computed values or a plain-Rust reference in
+//! f64, the gradients where PyTorch's convention differs from a naive composition, and Dropout's randomness.
+//!
+//! Tests that draw from kiln's global random stream (`Linear::new`, `Dropout`, `manual_seed`) hold `RANDOM`, so
+//! a `manual_seed` in one test cannot shift another test's draws.
+
+mod common;
+
+use common::*;
+use kiln::nn::functional::{self as F, Approximate, Reduction};
+use kiln::nn::{
+    Dropout, Embedding, Func, GELU, LayerNorm, LeakyReLU, Linear, Module, Param, ReLU, Sequential, SiLU, Tanh,
+};
+use kiln::{DType, Device, Tensor};
+use std::sync::{Mutex, MutexGuard};
+
+static RANDOM: Mutex<()> = Mutex::new(());
+
+fn random_lock() -> MutexGuard<'static, ()> {
+    RANDOM.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn dev() -> Device {
+    Device::cpu()
+}
+
+/// A tensor of `dtype` holding `v` (rounded to `dtype`).
+fn tensor(dtype: DType, v: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_host(buffer(dtype, v), shape.to_vec(), &dev()).unwrap()
+}
+
+/// The tensor's elements as f64.
+fn vals(t: &Tensor) -> Vec<f64> {
+    values(&t.to_host().unwrap())
+}
+
+/// `t` has `shape` and values within `kind`'s tolerance of `want` (computed in f64, rounded once to t's dtype).
+#[track_caller]
+fn check(t: &Tensor, shape: &[usize], want: &[f64], kind: Kind) {
+    if let Err(e) = check_tensor(t, shape, &buffer(t.dtype(), want), kind) {
+        panic!("{e}");
+    }
+}
+
+/// `|got - want| <= abs + rel |want|` elementwise, for results whose error budget is not the table's (the erf
+/// approximation).
+#[track_caller]
+fn close(got: &[f64], want: &[f64], rel: f64, abs: f64) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= abs + rel * w.abs(), "[{i}] got {g:e}, want {w:e} (rel {rel:e}, abs {abs:e})");
+    }
+}
+
+/// Naive `x @ w^T + b` for `x` [n, k], `w` [m, k].
+fn linear_ref(x: &[f64], w: &[f64], b: Option<&[f64]>, n: usize, k: usize, m: usize) -> Vec<f64> {
+    let mut out = vec![0.0; n * m];
+    for i in 0..n {
+        for j in 0..m {
+            let dot: f64 = (0..k).map(|p| x[i * k + p] * w[j * k + p]).sum();
+            out[i * m + j] = dot + b.map_or(0.0, |b| b[j]);
+        }
+    }
+    out
+}
+
+#[test]
+fn linear_forward_matches_reference_with_and_without_bias() {
+    for dtype in FLOATS {
+        let (n, k, m) = (5, 4, 3);
+        let x = data(dtype, n * k, 1, Dom::Cont(-2.0, 2.0));
+        let w = data(dtype, m * k, 2, Dom::Cont(-1.0, 1.0));
+        let b = data(dtype, m, 3, Dom::Cont(-1.0, 1.0));
+        let xt = tensor(dtype, &x, &[n, k]);
+        let with_bias = Linear::from_weight(tensor(dtype, &w, &[m, k]), Some(tensor(dtype, &b, &[m])));
+        check(&with_bias.forward(&xt), &[n, m], &linear_ref(&x, &w, Some(&b), n, k, m), Kind::Accumulate);
+        let no_bias = Linear::from_weight(tensor(dtype, &w, &[m, k]), None);
+        check(&no_bias.forward(&xt), &[n, m], &linear_ref(&x, &w, None, n, k, m), Kind::Accumulate);
+        assert_eq!(no_bias.named_params().len(), 1);
+        assert_eq!((with_bias.in_features(), with_bias.out_features()), (k, m));
+        // Leading batch dims: [2, n, k] -> [2, n, m], each batch row as the 2-d case.
+        let x3 = tensor(dtype, &[x.clone(), x.clone()].concat(), &[2, n, k]);
+        let want = linear_ref(&x, &w, Some(&b), n, k, m);
+        check(&with_bias.forward(&x3), &[2, n, m], &[want.clone(), want].concat(), Kind::Accumulate);
+    }
+}
+
+#[test]
+fn linear_default_init_is_uniform_in_one_over_sqrt_fan_in() {
+    let _r = random_lock();
+    let (k, m) = (16, 32);
+    let lin = Linear::new(k, m, true, &dev());
+    let names: Vec<String> = lin.named_params().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["weight", "bias"]);
+    let w = lin.weight().get();
+    let b = lin.bias().unwrap().get();
+    assert_eq!((w.dims(), b.dims(), w.dtype()), (&[m, k][..], &[m][..], DType::F32));
+    assert!(w.is_requires_grad() && b.is_requires_grad());
+    let bound = 1.0 / (k as f64).sqrt();
+    let wv = vals(&w);
+    for v in wv.iter().chain(&vals(&b)) {
+        assert!(-bound <= *v && *v < bound, "{v} outside [-{bound}, {bound})");
+    }
+    // 512 uniform draws: mean 0 with sd bound/sqrt(3*512) ~ 0.0064; variance bound^2/3 within 15%.
+    let mean = wv.iter().sum::<f64>() / wv.len() as f64;
+    let var = wv.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / wv.len() as f64;
+    assert!(mean.abs() < 0.03, "mean {mean}");
+    assert!((var / (bound * bound / 3.0) - 1.0).abs() < 0.15, "var {var}");
+}
+
+#[test]
+fn init_helpers_have_the_stated_distributions() {
+    let _r = random_lock();
+    kiln::manual_seed(11);
+    let fan_in = 50;
+    let n = 20_000;
+    let kn = vals(&kiln::nn::init::kaiming_normal([n], fan_in, &dev()));
+    let var = kn.iter().map(|v| v * v).sum::<f64>() / n as f64;
+    assert!((var / (2.0 / fan_in as f64) - 1.0).abs() < 0.05, "kaiming_normal var {var}");
+    let ku = vals(&kiln::nn::init::kaiming_uniform([n], fan_in, &dev()));
+    let bound = (6.0 / fan_in as f64).sqrt();
+    assert!(ku.iter().all(|v| v.abs() <= bound));
+    let var = ku.iter().map(|v| v * v).sum::<f64>() / n as f64;
+    assert!((var / (2.0 / fan_in as f64) - 1.0).abs() < 0.05, "kaiming_uniform var {var}");
+    assert_eq!(vals(&kiln::nn::init::zeros([3], &dev())), [0.0; 3]);
+    assert_eq!(vals(&kiln::nn::init::ones([2], &dev())), [1.0; 2]);
+    // Reproducible: the same seed gives the same init.
+    kiln::manual_seed(5);
+    let a = vals(&kiln::nn::init::kaiming_normal([4, 3], 3, &dev()));
+    kiln::manual_seed(5);
+    assert_eq!(a, vals(&kiln::nn::init::kaiming_normal([4, 3], 3, &dev())));
+}
+
+#[test]
+fn activations_match_their_formulas() {
+    let xs = [-3.0, -1.5, -0.25, 0.0, 0.25, 1.0, 2.5];
+    let n = xs.len();
+    for dtype in FLOATS {
+        let x = tensor(dtype, &xs, &[n]);
+        let x64: Vec<f64> = vals(&x);
+        let map = |f: &dyn Fn(f64) -> f64| x64.iter().map(|&v| f(v)).collect::<Vec<_>>();
+        check(&F::relu(&x), &[n], &map(&|v| v.max(0.0)), Kind::Exact);
+        check(&F::leaky_relu(&x, 0.1), &[n], &map(&|v| if v > 0.0 { v } else { 0.1 * v }), Kind::Elementwise);
+        let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+        check(&F::sigmoid(&x), &[n], &map(&sig), Kind::Elementwise);
+        check(&F::silu(&x), &[n], &map(&|v| v * sig(v)), Kind::Elementwise);
+        check(&F::tanh(&x), &[n], &map(&f64::tanh), Kind::Elementwise);
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        let gelu_tanh = |v: f64| 0.5 * v * (1.0 + (k * (v + 0.044715 * v * v * v)).tanh());
+        check(&F::gelu(&x, Approximate::Tanh), &[n], &map(&gelu_tanh), Kind::Elementwise);
+        // Modules are the same functions.
+        check(&ReLU.forward(&x), &[n], &map(&|v| v.max(0.0)), Kind::Exact);
+        check(
+            &LeakyReLU::default().forward(&x),
+            &[n],
+            &map(&|v| if v > 0.0 { v } else { 0.01 * v }),
+            Kind::Elementwise,
+        );
+        check(&SiLU.forward(&x), &[n], &map(&|v| v * sig(v)), Kind::Elementwise);
+        check(&Tanh.forward(&x), &[n], &map(&f64::tanh), Kind::Elementwise);
+        let sm = F::softmax(&x, 0);
+        let total: f64 = x64.iter().map(|v| v.exp()).sum();
+        check(&sm, &[n], &map(&|v| v.exp() / total), Kind::Accumulate);
+        check(&F::log_softmax(&x, 0), &[n], &map(&|v| v - total.ln()), Kind::Accumulate);
+    }
+    // relu keeps NaN, as PyTorch's.
+    let nan = tensor(DType::F32, &[f64::NAN, -1.0], &[2]);
+    assert!(vals(&F::relu(&nan))[0].is_nan());
+}
+
+/// Reference values of Φ-based GELU, erf and erfc from Python's `math.erf`/`math.erfc` (correctly rounded to a
+/// few ulp in f64).
+const GELU_X: [f64; 13] = [-6.0, -3.5, -2.0, -1.0, -0.5, -0.1, 0.0, 0.1, 0.5, 1.0, 2.0, 3.5, 6.0];
+const GELU_WANT: [f64; 13] = [
+    -5.919525870226207e-09,
+    -0.0008142017766243376,
+    -0.04550026389635844,
+    -0.15865525393145707,
+    -0.15426876936299344,
+    -0.0460172162722971,
+    0.0,
+    0.053982783727702904,
+    0.34573123063700656,
+    0.8413447460685429,
+    1.9544997361036416,
+    3.4991857982233756,
+    5.999999994080474,
+];
+const ERF_X: [f64; 14] = [-4.0, -2.5, -1.0, -0.6, -0.3, -1e-3, 0.0, 1e-4, 0.2, 0.49, 0.51, 1.5, 3.0, 5.0];
+const ERF_WANT: [f64; 14] = [
+    -0.9999999845827421,
+    -0.999593047982555,
+    -0.8427007929497149,
+    -0.6038560908479259,
+    -0.3286267594591274,
+    -0.0011283787909692365,
+    0.0,
+    0.00011283791633342487,
+    0.22270258921047847,
+    0.511668261188523,
+    0.5292436198411704,
+    0.9661051464753108,
+    0.9999779095030014,
+    0.9999999999984626,
+];
+const ERFC_WANT: [f64; 14] = [
+    1.999999984582742,
+    1.999593047982555,
+    1.842700792949715,
+    1.603856090847926,
+    1.3286267594591274,
+    1.0011283787909693,
+    1.0,
+    0.9998871620836666,
+    0.7772974107895215,
+    0.4883317388114769,
+    0.4707563801588296,
+    0.033894853524689274,
+    2.2090496998585438e-05,
+    1.5374597944280351e-12,
+];
+
+#[test]
+fn exact_gelu_erf_and_erfc_are_within_the_documented_accuracy() {
+    // In f64 the only error is the approximation: erfc's relative error < 1.2e-7 (Numerical Recipes' bound);
+    // GELU inherits it relatively in both tails; erf's small-argument series is far more accurate.
+    let x = tensor(DType::F64, &GELU_X, &[13]);
+    close(&vals(&F::gelu(&x, Approximate::None)), &GELU_WANT, 1.3e-7, 1e-300);
+    close(&vals(&GELU::default().forward(&x)), &GELU_WANT, 1.3e-7, 1e-300);
+    let x = tensor(DType::F64, &ERF_X, &[14]);
+    close(&vals(&F::erf(&x)), &ERF_WANT, 1.3e-7, 1e-300);
+    close(&vals(&F::erfc(&x)), &ERFC_WANT, 1.3e-7, 1e-300);
+    // Near 0 the series branch is exact to f64 rounding, not merely 1e-7.
+    close(&vals(&F::erf(&x))[5..8], &ERF_WANT[5..8], 1e-14, 0.0);
+    // f32: the same plus a few f32 roundings; in the far negative tail exp(-z²) also sees the rounding of z²
+    // (relative error ~ z² eps), which stays far below 1e-9 absolute (PyTorch's f32 `1 + erf` cancels to 0 there).
+    let x = tensor(DType::F32, &GELU_X, &[13]);
+    close(&vals(&F::gelu(&x, Approximate::None)), &GELU_WANT, 5e-7, 1e-9);
+}
+
+#[test]
+fn relu_and_leaky_relu_gradients_at_zero_follow_pytorch() {
+    let x = Tensor::from_vec(vec![-1.0f32, 0.0, 2.0], [3], &dev()).unwrap().requires_grad();
+    let g = F::relu(&x).sum_all().backward().unwrap();
+    assert_eq!(g.get(&x).unwrap().to_vec::<f32>().unwrap(), [0.0, 0.0, 1.0]);
+    let x = Tensor::from_vec(vec![-1.0f32, 0.0, 2.0], [3], &dev()).unwrap().requires_grad();
+    let g = F::leaky_relu(&x, 0.2).sum_all().backward().unwrap();
+    assert_eq!(g.get(&x).unwrap().to_vec::<f32>().unwrap(), [0.2, 0.2, 1.0]);
+    // gelu'(0) = 1/2 exactly for both forms (Φ(0) = 1/2).
+    for approx in [Approximate::None, Approximate::Tanh] {
+        let x = Tensor::from_vec(vec![0.0f64], [1], &dev()).unwrap().requires_grad();
+        let g = F::gelu(&x, approx).sum_all().backward().unwrap();
+        close(&vals(g.get(&x).unwrap()), &[0.5], 1e-7, 0.0);
+    }
+}
+
+#[test]
+fn mse_loss_reductions_match_the_formula() {
+    let a = [1.0, -2.0, 3.5, 0.25, 4.0, -1.0];
+    let b = [0.5, -2.0, 1.0, 1.25, 0.0, 2.0];
+    let sq: Vec<f64> = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).collect();
+    for dtype in FLOATS {
+        let (x, y) = (tensor(dtype, &a, &[2, 3]), tensor(dtype, &b, &[2, 3]));
+        check(&F::mse_loss(&x, &y, Reduction::None), &[2, 3], &sq, Kind::Elementwise);
+        check(&F::mse_loss(&x, &y, Reduction::Sum), &[], &[sq.iter().sum()], Kind::Accumulate);
+        check(&F::mse_loss(&x, &y, Reduction::Mean), &[], &[sq.iter().sum::<f64>() / 6.0], Kind::Accumulate);
+    }
+}
+
+/// Per-sample cross-entropy `logsumexp(z) - z[t]` in f64, for rows of `c` logits.
+fn ce_ref(z: &[f64], t: &[i64], c: usize) -> Vec<f64> {
+    t.iter()
+        .enumerate()
+        .map(|(i, &ti)| {
+            let row = &z[i * c..(i + 1) * c];
+            let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            lse - row[ti as usize]
+        })
+        .collect()
+}
+
+#[test]
+fn cross_entropy_with_class_indices_matches_the_formula() {
+    let (n, c) = (4, 5);
+    for dtype in FLOATS {
+        let z = data(dtype, n * c, 7, Dom::Cont(-3.0, 3.0));
+        let t = [3i64, 0, 4, 1];
+        let logits = tensor(dtype, &z, &[n, c]);
+        let targets = Tensor::from_vec(t.to_vec(), [n], &dev()).unwrap();
+        let per = ce_ref(&z, &t, c);
+        check(&F::cross_entropy(&logits, &targets, Reduction::None), &[n], &per, Kind::Accumulate);
+        check(&F::cross_entropy(&logits, &targets, Reduction::Sum), &[], &[per.iter().sum()], Kind::Accumulate);
+        let mean = per.iter().sum::<f64>() / n as f64;
+        check(&F::cross_entropy(&logits, &targets, Reduction::Mean), &[], &[mean], Kind::Accumulate);
+        // i32 targets work too; an unbatched [C] input takes a zero-dim target.
+        let t32 = Tensor::from_vec(t.iter().map(|&v| v as i32).collect::<Vec<_>>(), [n], &dev()).unwrap();
+        check(&F::cross_entropy(&logits, &t32, Reduction::Mean), &[], &[mean], Kind::Accumulate);
+        let row = tensor(dtype, &z[..c], &[c]);
+        let t0 = Tensor::from_vec(vec![3i64], [], &dev()).unwrap();
+        check(&F::cross_entropy(&row, &t0, Reduction::Mean), &[], &per[..1], Kind::Accumulate);
+    }
+}
+
+#[test]
+fn cross_entropy_gradient_is_softmax_minus_one_hot_over_n() {
+    let (n, c) = (3, 4);
+    let z = data(DType::F64, n * c, 9, Dom::Cont(-2.0, 2.0));
+    let t = [1i64, 3, 0];
+    let logits = tensor(DType::F64, &z, &[n, c]).requires_grad();
+    let targets = Tensor::from_vec(t.to_vec(), [n], &dev()).unwrap();
+    let grads = F::cross_entropy(&logits, &targets, Reduction::Mean).backward().unwrap();
+    let mut want = vec![0.0; n * c];
+    for i in 0..n {
+        let row = &z[i * c..(i + 1) * c];
+        let s: f64 = row.iter().map(|v| v.exp()).sum();
+        for j in 0..c {
+            want[i * c + j] = (row[j].exp() / s - if j as i64 == t[i] { 1.0 } else { 0.0 }) / n as f64;
+        }
+    }
+    check(grads.get(&logits).unwrap(), &[n, c], &want, Kind::Accumulate);
+}
+
+#[test]
+fn cross_entropy_with_class_probabilities_and_spatial_dims() {
+    // Soft targets: -sum_c p_c log_softmax(z)_c per sample, then the mean.
+    let (n, c) = (2, 3);
+    let z = [0.5, -1.0, 2.0, 0.0, 0.0, 1.0];
+    let p = [0.2, 0.3, 0.5, 1.0, 0.0, 0.0];
+    let mut want = 0.0;
+    for i in 0..n {
+        let row = &z[i * c..(i + 1) * c];
+        let lse = row.iter().map(|v: &f64| v.exp()).sum::<f64>().ln();
+        want -= (0..c).map(|j| p[i * c + j] * (row[j] - lse)).sum::<f64>();
+    }
+    let loss = F::cross_entropy(&tensor(DType::F64, &z, &[n, c]), &tensor(DType::F64, &p, &[n, c]), Reduction::Mean);
+    check(&loss, &[], &[want / n as f64], Kind::Accumulate);
+    // [N, C, L] logits with [N, L] targets: classes on dim 1.
+    let (n, c, l) = (2, 3, 2);
+    let z = data(DType::F64, n * c * l, 4, Dom::Cont(-2.0, 2.0));
+    let t = [2i64, 0, 1, 1];
+    let mut want = Vec::new();
+    for i in 0..n {
+        for s in 0..l {
+            let row: Vec<f64> = (0..c).map(|j| z[(i * c + j) * l + s]).collect();
+            want.extend(ce_ref(&row, &t[i * l + s..i * l + s + 1], c));
+        }
+    }
+    let got = F::cross_entropy(
+        &tensor(DType::F64, &z, &[n, c, l]),
+        &Tensor::from_vec(t.to_vec(), [n, l], &dev()).unwrap(),
+        Reduction::None,
+    );
+    check(&got, &[n, l], &want, Kind::Accumulate);
+}
+
+/// Naive layer norm over the last `k` elements of each row.
+fn layer_norm_ref(x: &[f64], k: usize, w: &[f64], b: &[f64], eps: f64) -> Vec<f64> {
+    x.chunks(k)
+        .flat_map(|row| {
+            let mean = row.iter().sum::<f64>() / k as f64;
+            let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / k as f64;
+            row.iter().enumerate().map(move |(j, v)| (v - mean) / (var + eps).sqrt() * w[j] + b[j]).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn layer_norm_matches_a_naive_implementation() {
+    for dtype in FLOATS {
+        let x = data(dtype, 2 * 3 * 4, 21, Dom::Cont(-3.0, 3.0));
+        let xt = tensor(dtype, &x, &[2, 3, 4]);
+        // Over the last dim, with a learned affine.
+        let w = data(dtype, 4, 22, Dom::Cont(0.5, 1.5));
+        let b = data(dtype, 4, 23, Dom::Cont(-0.5, 0.5));
+        let ln = LayerNorm::from_params(tensor(dtype, &w, &[4]), Some(tensor(dtype, &b, &[4])), 1e-5);
+        check(&ln.forward(&xt), &[2, 3, 4], &layer_norm_ref(&x, 4, &w, &b, 1e-5), Kind::Accumulate);
+        // Over the last two dims, default init (weight 1, bias 0), another eps.
+        let ln = LayerNorm::new(vec![3, 4], &dev()).eps(1e-3);
+        let got = if dtype == DType::F32 { ln.forward(&xt) } else { ln.forward(&xt.to_dtype(DType::F32)) };
+        let x32 = values(&buffer(DType::F32, &x));
+        check(&got, &[2, 3, 4], &layer_norm_ref(&x32, 12, &[1.0; 12], &[0.0; 12], 1e-3), Kind::Accumulate);
+        assert_eq!(ln.named_params().len(), 2);
+        // Without affine parameters.
+        let ln = LayerNorm::no_affine(vec![4], 1e-5);
+        check(&ln.forward(&xt), &[2, 3, 4], &layer_norm_ref(&x, 4, &[1.0; 4], &[0.0; 4], 1e-5), Kind::Accumulate);
+        assert!(ln.named_params().is_empty());
+    }
+}
+
+#[test]
+fn dropout_is_reproducible_under_manual_seed_and_preserves_the_mean() {
+    let _r = random_lock();
+    let x = Tensor::ones([20_000], DType::F32, &dev());
+    let p = 0.3;
+    let drop = Dropout::new(p);
+    kiln::manual_seed(123);
+    let a = vals(&drop.forward(&x));
+    kiln::manual_seed(123);
+    let b = vals(&drop.forward(&x));
+    assert_eq!(a, b, "same seed, same mask");
+    let c = vals(&drop.forward(&x));
+    assert_ne!(a, c, "the next draw is a new mask");
+    // Kept elements are scaled by 1/(1-p); about p of them are dropped; the mean stays 1.
+    let scale = (1.0 / (1.0 - p)) as f32 as f64;
+    assert!(a.iter().all(|&v| v == 0.0 || v == scale), "values other than 0 and 1/(1-p)");
+    let dropped = a.iter().filter(|&&v| v == 0.0).count() as f64 / a.len() as f64;
+    // Binomial sd of the fraction: sqrt(p(1-p)/n) ~ 0.0032; 5 sd.
+    assert!((dropped - p).abs() < 0.017, "dropped fraction {dropped}");
+    let mean = a.iter().sum::<f64>() / a.len() as f64;
+    assert!((mean - 1.0).abs() < 0.025, "mean {mean}");
+    // Evaluation mode (and p = 0) is the identity.
+    drop.eval();
+    assert!(!drop.is_training());
+    assert!(vals(&drop.forward(&x)).iter().all(|&v| v == 1.0));
+    drop.train(true);
+    assert!(drop.is_training());
+    assert!(vals(&Dropout::new(0.0).forward(&x)).iter().all(|&v| v == 1.0));
+    assert!(vals(&Dropout::new(1.0).forward(&x)).iter().all(|&v| v == 0.0));
+    // The gradient is the same mask, scaled.
+    kiln::manual_seed(9);
+    let xg = Tensor::ones([1000], DType::F64, &dev()).requires_grad();
+    let y = drop.forward(&xg);
+    let g = y.sum_all().backward().unwrap();
+    assert_eq!(vals(g.get(&xg).unwrap()), vals(&y));
+}
+
+#[test]
+fn embedding_looks_rows_up_and_accumulates_their_gradient() {
+    let w = [0.0, 1.0, 10.0, 11.0, 20.0, 21.0, 30.0, 31.0];
+    let emb = Embedding::from_weight(tensor(DType::F32, &w, &[4, 2]));
+    let idx = Tensor::from_vec(vec![2i64, 0, 2, 3], [2, 2], &dev()).unwrap();
+    let out = emb.forward(&idx);
+    check(&out, &[2, 2, 2], &[20.0, 21.0, 0.0, 1.0, 20.0, 21.0, 30.0, 31.0], Kind::Exact);
+    let weight = emb.weight().get();
+    let g = out.sum_all().backward().unwrap();
+    // Row 2 is used twice, rows 0 and 3 once, row 1 never.
+    check(g.get(&weight).unwrap(), &[4, 2], &[1.0, 1.0, 0.0, 0.0, 2.0, 2.0, 1.0, 1.0], Kind::Exact);
+    let one_hot = F::one_hot(&Tensor::from_vec(vec![1i64, 0], [2], &dev()).unwrap(), 3);
+    assert_eq!(one_hot.to_vec::<i64>().unwrap(), [0, 1, 0, 1, 0, 0]);
+}
+
+#[test]
+fn sequential_composes_names_and_propagates_train_mode() {
+    let _r = random_lock();
+    let model = Sequential::new()
+        .add(Linear::new(3, 4, true, &dev()))
+        .add(ReLU)
+        .add(Dropout::new(0.5))
+        .add(Func::new(|x| x.mul(2.0)))
+        .add(Linear::new(4, 2, false, &dev()));
+    let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["0.weight", "0.bias", "4.weight"]);
+    assert_eq!(model.params().len(), 3);
+    assert_eq!(model.len(), 5);
+    model.eval();
+    let x = tensor(DType::F32, &data(DType::F32, 6, 31, Dom::Cont(-1.0, 1.0)), &[2, 3]);
+    let l0 = model.get(0).unwrap();
+    let l4 = model.get(4).unwrap();
+    let want = l4.forward(&F::relu(&l0.forward(&x)).mul(2.0));
+    check(&model.forward(&x), &[2, 2], &vals(&want), Kind::Accumulate);
+    // Nested: a Sequential inside a Sequential gets a two-level prefix.
+    let outer = Sequential::new().add(Linear::new(2, 2, true, &dev())).add(model);
+    let names: Vec<String> = outer.named_params().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["0.weight", "0.bias", "1.0.weight", "1.0.bias", "1.4.weight"]);
+}
+
+#[test]
+fn params_are_shared_handles_and_set_keeps_shape_and_dtype() {
+    let p = Param::new("w", Tensor::zeros([2, 2], DType::F32, &dev()));
+    let q = p.clone();
+    assert!(p.ptr_eq(&q) && p.name() == "w");
+    q.set(Tensor::ones([2, 2], DType::F32, &dev()));
+    assert_eq!(p.get().to_vec::<f32>().unwrap(), [1.0; 4]);
+    assert!(p.get().is_requires_grad());
+    // A value with autograd history is detached: gradients stop at the parameter.
+    let src = Tensor::ones([2, 2], DType::F32, &dev()).requires_grad();
+    let r = Param::new("r", src.mul(3.0));
+    let g = r.get().sum_all().backward().unwrap();
+    assert!(g.get(&r.get()).is_some() && g.get(&src).is_none());
+    let bad = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.set(Tensor::ones([3], DType::F32, &dev()))));
+    let msg = *bad.unwrap_err().downcast::<String>().unwrap();
+    assert!(msg.contains("Param::set") && msg.contains("[2, 2]") && msg.contains("[3]"), "{msg}");
+}
