@@ -155,6 +155,23 @@ pub fn schedule(graph: &Graph) -> KernelPlan {
         }
     }
 
+    // Rule 2c: a matmul operand computed by ALU ops (a relu derivative times an upstream gradient, say) would be
+    // recomputed for every register tile that reads it (N / 8 times for A, M / 4 times for B): store it once.
+    for &n in &order {
+        if !matches!(graph.node(n).op, Op::Matmul) {
+            continue;
+        }
+        for src in graph.srcs(n) {
+            let mut cur = src;
+            while matches!(graph.node(cur).op, Op::Permute(_) | Op::Reshape | Op::Expand) && !mat[cur.index()] {
+                cur = graph.srcs(cur)[0];
+            }
+            if !mat[cur.index()] && cost[cur.index()] > 0 {
+                mat[cur.index()] = true;
+            }
+        }
+    }
+
     // Rule 3: pull reductions into the materialized node they flow into.
     let mut stage: Vec<Option<NodeIndex>> = vec![None; bound];
     for &r in &order {
