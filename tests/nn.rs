@@ -24,16 +24,6 @@ fn dev() -> Device {
     Device::cpu()
 }
 
-/// A tensor of `dtype` holding `v` (rounded to `dtype`).
-fn tensor(dtype: DType, v: &[f64], shape: &[usize]) -> Tensor {
-    Tensor::from_host(buffer(dtype, v), shape.to_vec(), &dev()).unwrap()
-}
-
-/// The tensor's elements as f64.
-fn vals(t: &Tensor) -> Vec<f64> {
-    values(&t.to_host().unwrap())
-}
-
 /// `t` has `shape` and values within `kind`'s tolerance of `want` (computed in f64, rounded once to t's dtype).
 #[track_caller]
 fn check(t: &Tensor, shape: &[usize], want: &[f64], kind: Kind) {

@@ -24,14 +24,6 @@ fn dev() -> Device {
     Device::cpu()
 }
 
-fn tensor(dtype: DType, v: &[f64], shape: &[usize]) -> Tensor {
-    Tensor::from_host(buffer(dtype, v), shape.to_vec(), &dev()).unwrap()
-}
-
-fn vals(t: &Tensor) -> Vec<f64> {
-    values(&t.to_host().unwrap())
-}
-
 #[track_caller]
 fn close(got: &[f64], want: &[f64], tol: Tol, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");

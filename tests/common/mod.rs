@@ -448,3 +448,13 @@ impl Nd {
         })
     }
 }
+
+/// A CPU tensor of `dtype` holding `v` (rounded to `dtype` as `buffer` does).
+pub fn tensor(dtype: DType, v: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_host(buffer(dtype, v), shape.to_vec(), &Device::cpu()).unwrap()
+}
+
+/// A tensor's elements as f64 (realizing it).
+pub fn vals(t: &Tensor) -> Vec<f64> {
+    values(&t.to_host().unwrap())
+}
