@@ -107,7 +107,7 @@ impl Compiler {
     ) -> Result<(KernelFn, Option<(String, String)>), String> {
         let index = self.next;
         self.next += 1;
-        let opts = clif::RenderOptions { vectorize, fma: self.fma };
+        let opts = clif::RenderOptions { vectorize, fma: self.fma, tile: clif::TileConfig::default() };
         let func = clif::render_with(k, index, self.isa.frontend_config(), opts);
         let clif_text = dump.then(|| func.display().to_string());
         let id = self.module.declare_anonymous_function(&func.signature).map_err(|e| e.to_string())?;

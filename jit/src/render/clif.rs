@@ -214,7 +214,7 @@ fn all_values_vectorizable(k: &KernelIr) -> bool {
         && inner_ok
 }
 
-/// Code generation choices that depend on the host, not on the kernel.
+/// Code generation choices that depend on the host (and, for tiles, on a tuner), not on the kernel's meaning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RenderOptions {
     /// Run the innermost output loop 4 lanes at a time where the kernel allows it (`vectorizable`).
@@ -222,15 +222,29 @@ pub struct RenderOptions {
     /// Fold `acc + x * y` reductions (matmul) with a fused multiply-add. Only when the host has FMA: otherwise
     /// Cranelift would turn it into a libcall. It rounds once instead of twice, within the matmul tolerance.
     pub fma: bool,
+    /// Register tiling and cache blocking of reduce kernels (the GEMM micro-kernel): the seam the autotuner
+    /// drives. Any value renders a correct kernel; the tile only changes speed.
+    pub tile: TileConfig,
 }
 
-/// Rows and 4-lane column vectors in one register tile of a reduce kernel (a GEMM micro-kernel): 4 x 2 f32x4
-/// accumulators + 2 column loads + 1 broadcast = 11 of the 16 xmm registers.
-const TILE_ROWS: usize = 4;
-const TILE_VECS: usize = 2;
+/// The register tile and row blocking of a reduce kernel's output loops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TileConfig {
+    /// Output rows per register tile.
+    pub rows: usize,
+    /// 4-lane column vectors per register tile.
+    pub vecs: usize,
+    /// Rows per cache block (a block of A is reused from L2 across all column tiles).
+    pub block_rows: usize,
+}
 
-/// Rows per block of a register-tiled kernel: 64 rows of A at K = 1024 f32 are 256 KiB, which stays in L2.
-const BLOCK_ROWS: usize = 64;
+impl Default for TileConfig {
+    /// 4 x 2 f32x4 accumulators + 2 column loads + 1 broadcast = 11 of the 16 xmm registers; 64 rows of A at
+    /// K = 1024 f32 are 256 KiB, which stays in L2.
+    fn default() -> Self {
+        TileConfig { rows: 4, vecs: 2, block_rows: 64 }
+    }
+}
 
 /// Whether a reduce kernel should run its innermost reduce loop 4 lanes at a time (partial results per lane,
 /// folded across lanes at the end) rather than its innermost output loop. That is the better choice when its
@@ -266,7 +280,7 @@ pub fn reduce_vectorizable(k: &KernelIr) -> bool {
 
 /// Renders `k` as a CLIF function named `user1:index`, vectorized where possible, without FMA.
 pub fn render(k: &KernelIr, index: u32, target: TargetFrontendConfig, vectorize: bool) -> Function {
-    render_with(k, index, target, RenderOptions { vectorize, fma: false })
+    render_with(k, index, target, RenderOptions { vectorize, fma: false, tile: TileConfig::default() })
 }
 
 /// Renders `k` with explicit options.
@@ -315,6 +329,7 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
         tiled,
         reduce_vec,
         fma: opts.fma,
+        tile_cfg: opts.tile,
         inner_deps: k.reduce.as_ref().map_or(Vec::new(), |r| deps(&r.inner, rank)),
         outer_deps: deps(&k.outer, rank),
         hoisted: HashMap::new(),
@@ -384,6 +399,7 @@ struct Emitter<'a> {
     /// Vectorize the innermost reduce loop instead of the output loop (see `reduce_vectorizable`).
     reduce_vec: bool,
     fma: bool,
+    tile_cfg: TileConfig,
     inner_deps: Vec<(bool, bool)>,
     outer_deps: Vec<(bool, bool)>,
     /// Inner-code loads whose address is split into a loop-invariant base (computed once per tile, before the
@@ -413,7 +429,7 @@ fn vector_flags() -> MemFlagsData {
 
 impl Emitter<'_> {
     /// Output loops from `dim` inward. A register-tiled kernel walks its last two output dims as a GEMM does:
-    /// blocks of `BLOCK_ROWS` rows (a block of A stays in L2), and within a block, column tiles outer and row tiles
+    /// blocks of `TileConfig::block_rows` rows (a block of A stays in L2), and within a block, column tiles outer and row tiles
     /// inner (a column panel of B stays in L1 while every row tile of the block uses it).
     fn loops(&mut self, dim: usize, lo: Value, hi: Value) {
         let rank = self.k.out_rank();
@@ -425,7 +441,9 @@ impl Emitter<'_> {
         if self.tiled && dim + 2 == rank {
             let block = self.b.declare_var(types::I64);
             self.b.def_var(block, lo);
-            self.step_loop(block, hi, BLOCK_ROWS as i64, |s, first, last| s.row_block(first, last));
+            self.step_loop(block, hi, self.tile_cfg.block_rows.max(1) as i64, |s, first, last| {
+                s.row_block(first, last)
+            });
             return;
         }
         let inner_extent = self.k.out_extents[dim + 1] as i64;
@@ -446,7 +464,8 @@ impl Emitter<'_> {
         for (step, vecs, lanes) in self.col_steps() {
             self.counted_loop(col, cols, step as i64, |s| {
                 s.b.def_var(row, first);
-                s.counted_loop(row, last, TILE_ROWS as i64, |s| s.tile(TILE_ROWS, vecs, lanes));
+                let rows = s.tile_cfg.rows.max(1);
+                s.counted_loop(row, last, rows as i64, |s| s.tile(rows, vecs, lanes));
                 s.counted_loop(row, last, 1, |s| s.tile(1, vecs, lanes));
             });
         }
@@ -481,8 +500,9 @@ impl Emitter<'_> {
     fn col_steps(&self) -> Vec<(usize, usize, usize)> {
         let innermost = self.k.out_extents.last().copied().unwrap_or(0);
         let mut steps = Vec::with_capacity(3);
-        if self.vec_ok && innermost >= TILE_VECS * LANES {
-            steps.push((TILE_VECS * LANES, TILE_VECS, LANES));
+        let vecs = self.tile_cfg.vecs.max(1);
+        if self.vec_ok && vecs > 1 && innermost >= vecs * LANES {
+            steps.push((vecs * LANES, vecs, LANES));
         }
         if self.vec_ok {
             steps.push((LANES, 1, LANES));
