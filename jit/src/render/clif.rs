@@ -1078,14 +1078,14 @@ impl Emitter<'_> {
     fn transcendental(&mut self, u: UnaryOp, l: Libcall, d: DType, lanes: usize, a: Value) -> Value {
         let t = self.b.func.dfg.value_type(a);
         let f = match u {
-            UnaryOp::Exp => clif_math::exp,
-            UnaryOp::Log => clif_math::log,
-            UnaryOp::Sin => clif_math::sin,
-            UnaryOp::Cos => clif_math::cos,
-            UnaryOp::Tanh => clif_math::tanh,
+            UnaryOp::Exp => clif_math::MathFn::Exp,
+            UnaryOp::Log => clif_math::MathFn::Log,
+            UnaryOp::Sin => clif_math::MathFn::Sin,
+            UnaryOp::Cos => clif_math::MathFn::Cos,
+            UnaryOp::Tanh => clif_math::MathFn::Tanh,
             _ => unreachable!("{u:?} is not transcendental"),
         };
-        let fast = f(&mut self.b, a, t);
+        let fast = clif_math::emit(f, &mut self.b, a, t, self.fma);
         if !matches!(u, UnaryOp::Sin | UnaryOp::Cos) {
             return fast;
         }
