@@ -59,7 +59,7 @@ impl Compiler {
             .map_err(|e| e.to_string())?;
         let mut jb = JITBuilder::with_isa(isa.clone(), cranelift_module::default_libcall_names());
         for l in Libcall::ALL {
-            jb.symbol(l.name(), libcalls::address(l));
+            jb.symbol(l.name(), libcalls::address(*l));
         }
         let mut module = JITModule::new(jb);
         let call_conv = isa.default_call_conv();

@@ -30,87 +30,59 @@ use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use std::collections::HashMap;
 
-/// Host functions a kernel may call. The backend declares them first, in this order, so that a libcall's index
-/// is its function id in the module.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Libcall {
-    ExpF32,
-    LogF32,
-    SinF32,
-    CosF32,
-    TanhF32,
-    PowF32,
-    ExpF64,
-    LogF64,
-    SinF64,
-    CosF64,
-    TanhF64,
-    PowF64,
+/// Defines `Libcall` from one table: variant, symbol, parameter types, return type.
+macro_rules! libcalls {
+    ($($(#[$doc:meta])* $v:ident => $name:literal, ($($p:ident),*) -> $r:ident;)*) => {
+        /// Host functions a kernel may call. The backend declares them first, in this order, so that a libcall's
+        /// index is its function id in the module.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Libcall {
+            $($(#[$doc])* $v,)*
+        }
+
+        impl Libcall {
+            pub const ALL: &'static [Libcall] = &[$(Libcall::$v,)*];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Libcall::$v => $name,)*
+                }
+            }
+
+            /// (parameter types, return type).
+            pub fn types(self) -> (&'static [Type], Type) {
+                match self {
+                    $(Libcall::$v => (&[$(types::$p),*], types::$r),)*
+                }
+            }
+        }
+    };
+}
+
+libcalls! {
+    ExpF32 => "kiln_exp_f32", (F32) -> F32;
+    LogF32 => "kiln_log_f32", (F32) -> F32;
+    SinF32 => "kiln_sin_f32", (F32) -> F32;
+    CosF32 => "kiln_cos_f32", (F32) -> F32;
+    TanhF32 => "kiln_tanh_f32", (F32) -> F32;
+    PowF32 => "kiln_pow_f32", (F32, F32) -> F32;
+    ExpF64 => "kiln_exp_f64", (F64) -> F64;
+    LogF64 => "kiln_log_f64", (F64) -> F64;
+    SinF64 => "kiln_sin_f64", (F64) -> F64;
+    CosF64 => "kiln_cos_f64", (F64) -> F64;
+    TanhF64 => "kiln_tanh_f64", (F64) -> F64;
+    PowF64 => "kiln_pow_f64", (F64, F64) -> F64;
     /// `(i64, i64) -> i64` wrapping integer power (see `interp::int_pow`).
-    PowI64,
+    PowI64 => "kiln_pow_i64", (I64, I64) -> I64;
     /// `(seed, index) -> f32` uniform in [0, 1).
-    UniformF32,
+    UniformF32 => "kiln_uniform_f32", (I64, I64) -> F32;
     /// `(seed, index) -> f64` uniform in [0, 1).
-    UniformF64,
+    UniformF64 => "kiln_uniform_f64", (I64, I64) -> F64;
     /// `(seed, index) -> f64` standard normal.
-    NormalF64,
+    NormalF64 => "kiln_normal_f64", (I64, I64) -> F64;
 }
 
 impl Libcall {
-    pub const ALL: [Libcall; 16] = [
-        Libcall::ExpF32,
-        Libcall::LogF32,
-        Libcall::SinF32,
-        Libcall::CosF32,
-        Libcall::TanhF32,
-        Libcall::PowF32,
-        Libcall::ExpF64,
-        Libcall::LogF64,
-        Libcall::SinF64,
-        Libcall::CosF64,
-        Libcall::TanhF64,
-        Libcall::PowF64,
-        Libcall::PowI64,
-        Libcall::UniformF32,
-        Libcall::UniformF64,
-        Libcall::NormalF64,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Libcall::ExpF32 => "kiln_exp_f32",
-            Libcall::LogF32 => "kiln_log_f32",
-            Libcall::SinF32 => "kiln_sin_f32",
-            Libcall::CosF32 => "kiln_cos_f32",
-            Libcall::TanhF32 => "kiln_tanh_f32",
-            Libcall::PowF32 => "kiln_pow_f32",
-            Libcall::ExpF64 => "kiln_exp_f64",
-            Libcall::LogF64 => "kiln_log_f64",
-            Libcall::SinF64 => "kiln_sin_f64",
-            Libcall::CosF64 => "kiln_cos_f64",
-            Libcall::TanhF64 => "kiln_tanh_f64",
-            Libcall::PowF64 => "kiln_pow_f64",
-            Libcall::PowI64 => "kiln_pow_i64",
-            Libcall::UniformF32 => "kiln_uniform_f32",
-            Libcall::UniformF64 => "kiln_uniform_f64",
-            Libcall::NormalF64 => "kiln_normal_f64",
-        }
-    }
-
-    /// (parameter types, return type).
-    pub fn types(self) -> (&'static [Type], Type) {
-        use Libcall::*;
-        match self {
-            ExpF32 | LogF32 | SinF32 | CosF32 | TanhF32 => (&[types::F32], types::F32),
-            PowF32 => (&[types::F32, types::F32], types::F32),
-            ExpF64 | LogF64 | SinF64 | CosF64 | TanhF64 => (&[types::F64], types::F64),
-            PowF64 => (&[types::F64, types::F64], types::F64),
-            PowI64 => (&[types::I64, types::I64], types::I64),
-            UniformF32 => (&[types::I64, types::I64], types::F32),
-            UniformF64 | NormalF64 => (&[types::I64, types::I64], types::F64),
-        }
-    }
-
     pub fn signature(self, call_conv: CallConv) -> Signature {
         let (params, ret) = self.types();
         let mut sig = Signature::new(call_conv);
