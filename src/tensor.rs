@@ -43,9 +43,9 @@ pub(crate) struct Node {
 
 impl Node {
     /// Moves the operands this node's drop would release (lazy history, autograd operands) onto `out`.
-    fn take_links(&mut self, out: &mut Vec<Tensor>) {
-        if let State::Lazy(srcs) = std::mem::replace(self.state.get_mut(), State::Lazy(Srcs::new())) {
-            out.extend(srcs);
+    fn take_links(&mut self, out: &mut smallvec::SmallVec<[Tensor; 8]>) {
+        if let State::Lazy(srcs) = self.state.get_mut() {
+            out.extend(srcs.drain(..));
         }
         if let Some(g) = &mut self.grad_srcs {
             out.extend(g.get_mut().drain(..));
@@ -56,11 +56,13 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         LIVE_NODES.fetch_sub(1, Ordering::Relaxed);
-        // Unlink operands we hold the last reference to before they drop, so each drop below is shallow.
-        let mut stack = Vec::new();
+        // Unlink operands we hold the last reference to before they drop, so each drop below is shallow. The
+        // stack lives inline for shallow drops (the common case on the replay path): no allocation per node.
+        let mut stack = smallvec::SmallVec::<[Tensor; 8]>::new();
         self.take_links(&mut stack);
-        while let Some(t) = stack.pop() {
-            if let Ok(mut node) = Arc::try_unwrap(t.node) {
+        while let Some(mut t) = stack.pop() {
+            // In place (no move of the node out of its allocation); `t`'s own drop then finds no links.
+            if let Some(node) = Arc::get_mut(&mut t.node) {
                 node.take_links(&mut stack);
             }
         }
