@@ -92,6 +92,8 @@ struct Walk {
     src_ids: Vec<u32>,
     /// Operands of the open DFS frames.
     kids: Vec<Tensor>,
+    /// Ids of finished operands whose consumer has not finished yet.
+    pending: Vec<u32>,
 }
 
 thread_local! {
@@ -114,6 +116,7 @@ impl Walk {
         self.signature.clear();
         self.src_ids.clear();
         self.kids.clear();
+        self.pending.clear();
         SCRATCH.with(|s| *s.borrow_mut() = Some(self));
     }
 }
@@ -128,12 +131,16 @@ impl Walk {
             kids: Option<usize>,
             count: usize,
             next: usize,
+            /// Reachable through one edge only, so it needs no entry in the dedup index (see below).
+            unique: bool,
         }
         if let Some(&i) = self.index.get(&Arc::as_ptr(&root.node)) {
             return i;
         }
         let mut kids = std::mem::take(&mut self.kids);
-        let mut stack = vec![Frame { tensor: root.clone(), kids: None, count: 0, next: 0 }];
+        // Ids of finished operands, waiting for their consumer to finish.
+        let mut pending = std::mem::take(&mut self.pending);
+        let mut stack = vec![Frame { tensor: root.clone(), kids: None, count: 0, next: 0, unique: false }];
         while let Some(top) = stack.last_mut() {
             if top.kids.is_none() {
                 let buffer = match &*top.tensor.node.state.lock() {
@@ -148,8 +155,9 @@ impl Walk {
                 if let Some(b) = buffer {
                     let slot = self.inputs.len();
                     self.inputs.push(b);
-                    let t = stack.pop().expect("frame").tensor;
-                    self.emit(t, 0, Kind::Input { slot });
+                    let frame = stack.pop().expect("frame");
+                    let id = self.emit(frame.tensor, 0, Kind::Input { slot }, !frame.unique);
+                    pending.push(id);
                     continue;
                 }
             }
@@ -157,17 +165,20 @@ impl Walk {
             if top.next < top.count {
                 let child = &kids[first + top.next];
                 top.next += 1;
-                if !self.index.contains_key(&Arc::as_ptr(&child.node)) {
-                    let tensor = child.clone();
-                    stack.push(Frame { tensor, kids: None, count: 0, next: 0 });
+                // Two references, the consumer's operand list and our copy on `kids`, mean no other path in this
+                // graph reaches the node (nodes are immutable, so none can appear while we walk): skip the index.
+                // A racing clone elsewhere only makes it look shared, which is merely slower.
+                let unique = Arc::strong_count(&child.node) == 2;
+                if !unique && let Some(&id) = self.index.get(&Arc::as_ptr(&child.node)) {
+                    pending.push(id);
+                    continue;
                 }
+                let tensor = child.clone();
+                stack.push(Frame { tensor, kids: None, count: 0, next: 0, unique });
                 continue;
             }
             let frame = stack.pop().expect("frame");
-            for k in &kids[first..first + frame.count] {
-                let id = self.index[&Arc::as_ptr(&k.node)];
-                self.src_ids.push(id);
-            }
+            self.src_ids.extend(pending.drain(pending.len() - frame.count..));
             kids.truncate(first);
             let kind = match frame.tensor.node.rng {
                 Some(key) => {
@@ -176,14 +187,18 @@ impl Walk {
                 }
                 None => Kind::Op,
             };
-            self.emit(frame.tensor, frame.count, kind);
+            let id = self.emit(frame.tensor, frame.count, kind, !frame.unique);
+            pending.push(id);
         }
         self.kids = kids;
-        self.index[&Arc::as_ptr(&root.node)]
+        let root_id = pending.pop().expect("the root's id");
+        self.pending = pending;
+        root_id
     }
 
-    /// Records a node whose `nsrcs` operand ids are the last ones pushed on `src_ids`.
-    fn emit(&mut self, tensor: Tensor, nsrcs: usize, kind: Kind) {
+    /// Records a node whose `nsrcs` operand ids are the last ones pushed on `src_ids`; returns its id. `register`
+    /// adds it to the dedup index (nodes reachable by one edge only need not be).
+    fn emit(&mut self, tensor: Tensor, nsrcs: usize, kind: Kind, register: bool) -> u32 {
         let node = &tensor.node;
         let srcs_at = self.src_ids.len() - nsrcs;
         let srcs = &self.src_ids[srcs_at..];
@@ -202,8 +217,11 @@ impl Walk {
         sig.push(srcs.len() as u64);
         sig.extend(srcs.iter().map(|&s| s as u64));
         let id = self.nodes.len() as u32;
-        self.index.insert(Arc::as_ptr(node), id);
+        if register {
+            self.index.insert(Arc::as_ptr(node), id);
+        }
         self.nodes.push(Walked { tensor, srcs: srcs_at..srcs_at + nsrcs, kind });
+        id
     }
 
     /// The petgraph copy of the walked graph (built on a cache miss only).
