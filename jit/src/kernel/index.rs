@@ -187,6 +187,18 @@ impl IExpr {
         }
     }
 
+    /// The expression with every variable replaced by `f(var)`.
+    pub fn map_vars(&self, f: &impl Fn(usize) -> IExpr) -> IExpr {
+        match self {
+            IExpr::Var(v) => f(*v),
+            IExpr::Const(c) => IExpr::Const(*c),
+            IExpr::Add(ts) => IExpr::Add(ts.iter().map(|t| t.map_vars(f)).collect()),
+            IExpr::Mul(x, k) => IExpr::Mul(Box::new(x.map_vars(f)), *k),
+            IExpr::Div(x, k) => IExpr::Div(Box::new(x.map_vars(f)), *k),
+            IExpr::Mod(x, k) => IExpr::Mod(Box::new(x.map_vars(f)), *k),
+        }
+    }
+
     /// Evaluates the expression for given loop variable values.
     pub fn eval(&self, vars: &[i64]) -> i64 {
         match self {

@@ -117,6 +117,50 @@ impl KernelIr {
         out * (inner + self.outer.len())
     }
 
+    /// The same kernel without loops of extent 1 (their variable is always 0). The output's row-major order is
+    /// unchanged, and loop 0, the one split over threads, becomes the first loop with real work: a `[1, 256]` GEMM
+    /// output (a batch-1 linear layer) runs 256 rows in parallel instead of one.
+    pub fn without_unit_loops(mut self) -> KernelIr {
+        let extents = self.extents();
+        if !extents.contains(&1) {
+            return self;
+        }
+        let mut renumber = Vec::with_capacity(extents.len());
+        let mut next = 0;
+        for &e in &extents {
+            renumber.push((e != 1).then(|| {
+                next += 1;
+                next - 1
+            }));
+        }
+        let kept: Vec<usize> = extents.iter().copied().filter(|&e| e != 1).collect();
+        let map = |v: usize| renumber[v].map_or(IExpr::Const(0), IExpr::Var);
+        let fix = |e: &IExpr| e.map_vars(&map).simplify(&kept);
+        let fix_insts = |insts: &mut Vec<Inst>| {
+            for inst in insts.iter_mut() {
+                match &mut inst.op {
+                    InstOp::Index(e) | InstOp::Rand { index: e, .. } => *e = fix(e),
+                    InstOp::Load { index, valid, .. } => {
+                        *index = fix(index);
+                        if let Some(Valid(ranges)) = valid {
+                            for (e, _, _) in ranges.iter_mut() {
+                                *e = fix(e);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        };
+        fix_insts(&mut self.outer);
+        if let Some(r) = &mut self.reduce {
+            fix_insts(&mut r.inner);
+            r.extents.retain(|&e| e != 1);
+        }
+        self.out_extents.retain(|&e| e != 1);
+        self
+    }
+
     /// A readable listing, for dumps and golden tests.
     pub fn to_text(&self) -> String {
         let mut s = String::new();

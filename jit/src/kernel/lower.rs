@@ -335,5 +335,5 @@ pub(crate) fn lower(
         result,
         flops_per_elem,
     };
-    (ir, lw.reads)
+    (ir.without_unit_loops(), lw.reads)
 }
