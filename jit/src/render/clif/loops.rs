@@ -1,0 +1,293 @@
+//! Loop nests of a kernel: output loops (split over threads on loop 0), register tiles, row blocks, and the
+//! reduction loops inside each tile, scalar or vectorized along K.
+
+use super::*;
+
+impl Emitter<'_> {
+    /// Output loops from `dim` inward. A register-tiled kernel walks its last two output dims as a GEMM does:
+    /// blocks of `TileConfig::block_rows` rows (a block of A stays in L2), and within a block, column tiles outer and row tiles
+    /// inner (a column panel of B stays in L1 while every row tile of the block uses it).
+    pub(super) fn loops(&mut self, dim: usize, lo: Value, hi: Value) {
+        let rank = self.k.out_rank();
+        if dim + 1 == rank {
+            self.col_loops(lo, hi, 1);
+            return;
+        }
+        let var = self.vars[dim];
+        if self.tiled && dim + 2 == rank {
+            let block = self.b.declare_var(types::I64);
+            self.b.def_var(block, lo);
+            self.step_loop(block, hi, self.tile_cfg.block_rows.max(1) as i64, |s, first, last| {
+                s.row_block(first, last)
+            });
+            return;
+        }
+        let inner_extent = self.k.out_extents[dim + 1] as i64;
+        self.b.def_var(var, lo);
+        self.counted_loop(var, hi, 1, |s| {
+            let (zero, n) = (s.b.ins().iconst(types::I64, 0), s.b.ins().iconst(types::I64, inner_extent));
+            s.loops(dim + 1, zero, n);
+        });
+    }
+
+    /// Rows `first..last` of a tiled kernel: for each column step (tiles, single vectors, scalars), all row tiles.
+    pub(super) fn row_block(&mut self, first: Value, last: Value) {
+        let rank = self.k.out_rank();
+        let (row, col) = (self.vars[rank - 2], self.vars[rank - 1]);
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let cols = self.b.ins().iconst(types::I64, self.k.out_extents[rank - 1] as i64);
+        self.b.def_var(col, zero);
+        for (step, vecs, lanes) in self.col_steps() {
+            self.counted_loop(col, cols, step as i64, |s| {
+                s.b.def_var(row, first);
+                let rows = s.tile_cfg.rows.max(1);
+                s.counted_loop(row, last, rows as i64, |s| s.tile(rows, vecs, lanes));
+                s.counted_loop(row, last, 1, |s| s.tile(1, vecs, lanes));
+            });
+        }
+    }
+
+    /// `while var < hi { body(var, min(var + step, hi)); var += step }`.
+    pub(super) fn step_loop(
+        &mut self,
+        var: Variable,
+        hi: Value,
+        step: i64,
+        body: impl FnOnce(&mut Self, Value, Value),
+    ) {
+        let header = self.b.create_block();
+        let body_block = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let v = self.b.use_var(var);
+        let go = self.b.ins().icmp(IntCC::SignedLessThan, v, hi);
+        self.b.ins().brif(go, body_block, &[], exit, &[]);
+        self.b.switch_to_block(body_block);
+        self.b.seal_block(body_block);
+        let v = self.b.use_var(var);
+        let end = self.b.ins().iadd_imm_s(v, step);
+        let end = self.b.ins().smin(end, hi);
+        body(self, v, end);
+        self.b.def_var(var, end);
+        self.b.ins().jump(header, &[]);
+        self.b.seal_block(header);
+        self.b.switch_to_block(exit);
+        self.b.seal_block(exit);
+    }
+
+    /// The steps of the innermost loop as (columns per step, vectors, lanes): two vectors at a time (two
+    /// independent dependency chains for the out-of-order core; in a GEMM, a 4 x 8 register tile), one vector,
+    /// then scalars. Bodies that can never run for this extent are not rendered.
+    pub(super) fn col_steps(&self) -> Vec<(usize, usize, usize)> {
+        let innermost = self.k.out_extents.last().copied().unwrap_or(0);
+        let mut steps = Vec::with_capacity(3);
+        let vecs = if self.k.reduce.is_some() { self.tile_cfg.vecs } else { self.tile_cfg.elementwise_vecs }.max(1);
+        if self.vec_ok && vecs > 1 && innermost >= vecs * LANES {
+            steps.push((vecs * LANES, vecs, LANES));
+        }
+        if self.vec_ok {
+            steps.push((LANES, 1, LANES));
+        }
+        steps.push((1, 1, 1));
+        steps
+    }
+
+    /// The innermost output loop over `lo..hi`, for `rows` rows at once.
+    pub(super) fn col_loops(&mut self, lo: Value, hi: Value, rows: usize) {
+        let var = self.vars[self.k.out_rank() - 1];
+        self.b.def_var(var, lo);
+        for (step, vecs, lanes) in self.col_steps() {
+            self.counted_loop(var, hi, step as i64, |s| s.tile(rows, vecs, lanes));
+        }
+    }
+
+    /// `while var + step <= hi { body; var += step }`, continuing from `var`'s current value.
+    pub(super) fn counted_loop(&mut self, var: Variable, hi: Value, step: i64, body: impl FnOnce(&mut Self)) {
+        let header = self.b.create_block();
+        let body_block = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let v = self.b.use_var(var);
+        let next = self.b.ins().iadd_imm_s(v, step);
+        let go = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, hi);
+        self.b.ins().brif(go, body_block, &[], exit, &[]);
+        self.b.switch_to_block(body_block);
+        self.b.seal_block(body_block);
+        body(self);
+        let v = self.b.use_var(var);
+        let next = self.b.ins().iadd_imm_s(v, step);
+        self.b.def_var(var, next);
+        self.b.ins().jump(header, &[]);
+        self.b.seal_block(header);
+        self.b.switch_to_block(exit);
+        self.b.seal_block(exit);
+    }
+
+    /// A `rows` x `vecs` tile of output elements, each `lanes` wide, at the current loop variables: the reduction
+    /// (instructions that do not depend on the row or the column are emitted once for the tile, so a GEMM loads
+    /// each B vector once per k for all rows and each A element once for all columns), then the outer code and
+    /// the store of each element.
+    pub(super) fn tile(&mut self, rows: usize, vecs: usize, lanes: usize) {
+        let k = self.k;
+        let n = rows * vecs;
+        let accs: Vec<Value> = match &k.reduce {
+            Some(r) if self.reduce_vec => {
+                debug_assert_eq!((rows, vecs, lanes), (1, 1, 1));
+                let saved = self.col_dim;
+                self.col_dim = Some(k.out_rank() + r.extents.len() - 1);
+                let vacc = self.b.declare_var(ty(r.dtype, LANES));
+                let sacc = self.b.declare_var(ty(r.dtype, 1));
+                let (vinit, sinit) = (self.init(r.op, r.dtype, LANES), self.init(r.op, r.dtype, 1));
+                self.b.def_var(vacc, vinit);
+                self.b.def_var(sacc, sinit);
+                self.reduce_loops_vec(0, vacc, sacc);
+                self.col_dim = saved;
+                let (v, mut s) = (self.b.use_var(vacc), self.b.use_var(sacc));
+                for l in 0..LANES {
+                    let x = self.b.ins().extractlane(v, l as u8);
+                    s = self.fold(r.op, r.dtype, 1, s, x);
+                }
+                vec![s]
+            }
+            Some(r) => {
+                let vars: Vec<Variable> = (0..n).map(|_| self.b.declare_var(ty(r.dtype, lanes))).collect();
+                for &v in &vars {
+                    let init = self.init(r.op, r.dtype, lanes);
+                    self.b.def_var(v, init);
+                }
+                self.hoist_loads(&r.inner, lanes);
+                self.reduce_loops(0, &vars, rows, vecs, lanes);
+                self.hoisted.clear();
+                vars.iter().map(|&v| self.b.use_var(v)).collect()
+            }
+            None => Vec::new(),
+        };
+        let deps = std::mem::take(&mut self.outer_deps);
+        let vals = self.tile_insts(&k.outer, &deps, rows, vecs, lanes, &accs);
+        self.outer_deps = deps;
+        for (e, &v) in vals[k.result].iter().enumerate() {
+            self.at = ((e / vecs) as i64, ((e % vecs) * lanes) as i64);
+            let out_index = self.out_index.clone();
+            let o = self.iexpr(&out_index, 0);
+            let v = self.vector_of(v, k.output.dtype, lanes);
+            self.store(o, v, lanes);
+        }
+        self.at = (0, 0);
+    }
+
+    /// Precomputes, for each unmasked affine load of the inner code, the part of its address that the reduction
+    /// loops do not change, so the loop body adds only the reduce-variable part (strength reduction that
+    /// Cranelift does not do across our nested loops).
+    pub(super) fn hoist_loads(&mut self, inner: &[Inst], lanes: usize) {
+        let rank = self.k.out_rank();
+        let nvars = self.vars.len();
+        for (i, inst) in inner.iter().enumerate() {
+            let InstOp::Load { buf, index, valid: None, .. } = &inst.op else { continue };
+            if self.k.inputs[*buf].len == 0 {
+                continue;
+            }
+            let Some((coef, c)) = index.affine(nvars) else { continue };
+            let col = self.col_dim.map_or(0, |d| coef[d]);
+            if lanes > 1 && !(col == 0 || (col == 1 && matches!(inst.dtype, DType::F32 | DType::I32))) {
+                continue; // gathers keep the general path
+            }
+            let outer: Vec<i64> = (0..nvars).map(|v| if v < rank { coef[v] } else { 0 }).collect();
+            let reduce: Vec<i64> = (0..nvars).map(|v| if v < rank { 0 } else { coef[v] }).collect();
+            let p = self.iexpr(&IExpr::from_affine(&outer, c), 0);
+            let bytes = self.b.ins().imul_imm_s(p, inst.dtype.size_of() as i64);
+            let base = self.b.ins().iadd(self.bases[*buf], bytes);
+            self.hoisted.insert(i, (base, IExpr::from_affine(&reduce, 0), coef));
+        }
+    }
+
+    /// A hoisted load at the current tile offset.
+    pub(super) fn hoisted_load(&mut self, i: usize, d: DType, lanes: usize) -> Option<Value> {
+        let (base, reduce, coef) = self.hoisted.get(&i).cloned()?;
+        let col = self.col_dim.map_or(0, |c| coef[c]);
+        let row = self.row_dim.map_or(0, |r| coef[r]);
+        let offset = (row * self.at.0 + col * self.at.1) * d.size_of() as i64;
+        let r = self.iexpr(&reduce, 0);
+        let r = self.b.ins().imul_imm_s(r, d.size_of() as i64);
+        let addr = self.b.ins().iadd(base, r);
+        if lanes > 1 && col == 1 {
+            return Some(self.b.ins().load(ty(d, lanes), vector_flags(), addr, offset as i32));
+        }
+        let v = self.b.ins().load(ty(d, 1), MemFlagsData::trusted(), addr, offset as i32);
+        Some(if lanes > 1 { self.lanes_from_scalars(&[v], d, lanes) } else { v })
+    }
+
+    /// Reduce loops whose innermost loop runs 4 lanes at a time into `vacc`, then a scalar tail into `sacc`.
+    pub(super) fn reduce_loops_vec(&mut self, level: usize, vacc: Variable, sacc: Variable) {
+        let r = self.k.reduce.as_ref().expect("reduce kernel");
+        let var = self.vars[self.k.out_rank() + level];
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let n = self.b.ins().iconst(types::I64, r.extents[level] as i64);
+        self.b.def_var(var, zero);
+        if level + 1 < r.extents.len() {
+            self.counted_loop(var, n, 1, |s| s.reduce_loops_vec(level + 1, vacc, sacc));
+            return;
+        }
+        let deps = std::mem::take(&mut self.inner_deps);
+        for (lanes, acc) in [(LANES, vacc), (1, sacc)] {
+            self.counted_loop(var, n, lanes as i64, |s| {
+                let vals = s.tile_insts(&r.inner, &deps, 1, 1, lanes, &[]);
+                let a = s.b.use_var(acc);
+                let folded = s.fold(r.op, r.dtype, lanes, a, vals[r.value][0]);
+                s.b.def_var(acc, folded);
+            });
+        }
+        self.inner_deps = deps;
+    }
+
+    pub(super) fn reduce_loops(&mut self, level: usize, accs: &[Variable], rows: usize, vecs: usize, lanes: usize) {
+        let r = self.k.reduce.as_ref().expect("reduce kernel");
+        if level == r.extents.len() {
+            let deps = std::mem::take(&mut self.inner_deps);
+            let vals = self.tile_insts(&r.inner, &deps, rows, vecs, lanes, &[]);
+            self.inner_deps = deps;
+            let fma_operands = match r.inner[r.value].op {
+                InstOp::Binary(BinaryOp::Mul, x, y) if self.fma && r.op == ReduceOp::Sum && r.dtype.is_float() => {
+                    Some((x, y))
+                }
+                _ => None,
+            };
+            for (e, &acc) in accs.iter().enumerate() {
+                let a = self.b.use_var(acc);
+                let folded = match fma_operands {
+                    Some((x, y)) => {
+                        let (x, y) =
+                            (self.vector_of(vals[x][e], r.dtype, lanes), self.vector_of(vals[y][e], r.dtype, lanes));
+                        self.b.ins().fma(x, y, a)
+                    }
+                    None => {
+                        let x = self.vector_of(vals[r.value][e], r.dtype, lanes);
+                        self.fold(r.op, r.dtype, lanes, a, x)
+                    }
+                };
+                self.b.def_var(acc, folded);
+            }
+            return;
+        }
+        let var = self.vars[self.k.out_rank() + level];
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let n = self.b.ins().iconst(types::I64, r.extents[level] as i64);
+        self.b.def_var(var, zero);
+        self.counted_loop(var, n, 1, |s| s.reduce_loops(level + 1, accs, rows, vecs, lanes));
+    }
+
+    pub(super) fn init(&mut self, op: ReduceOp, d: DType, lanes: usize) -> Value {
+        self.konst(op.identity(d), d, lanes)
+    }
+
+    pub(super) fn fold(&mut self, op: ReduceOp, d: DType, lanes: usize, acc: Value, x: Value) -> Value {
+        let b = match op {
+            ReduceOp::Sum => BinaryOp::Add,
+            ReduceOp::Prod => BinaryOp::Mul,
+            ReduceOp::Max => BinaryOp::Max,
+            ReduceOp::Min => BinaryOp::Min,
+        };
+        self.binary(b, d, lanes, acc, x)
+    }
+}

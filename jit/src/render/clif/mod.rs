@@ -1,0 +1,302 @@
+//! Kernel IR -> Cranelift IR (CLIF), for the CPU backend.
+//!
+//! Every kernel becomes `fn(args: *const *mut u8, rng: *const u64, start: i64, end: i64)`: `args` holds the
+//! input pointers then the output pointer, `rng` holds (seed, offset) pairs, and the function computes rows
+//! `start..end` of output loop 0 (all of it for a zero-dim output), so the backend can split rows over threads.
+//!
+//! Code for each instruction comes from one place, `Emitter::op`, which is written once for any lane count:
+//! a kernel whose values are all f32, i32 or bool runs its innermost output loop 4 lanes at a time (f32x4, the
+//! widest vector Cranelift emits on x86-64), with a scalar tail; other kernels run scalar. Loads whose index moves
+//! by 1 along the vectorized loop are vector loads, by 0 are splats, otherwise gathers. Bools are 0/1 bytes in
+//! memory and scalar code, all-ones/zero lane masks in vector code.
+//!
+//! exp, log, sin, cos and tanh are inlined polynomials from `clif_math` (1-3 ulp, documented there); `pow`, random
+//! numbers and out-of-range trig arguments are calls to `Libcall`s, which the backend binds to Rust functions.
+//!
+//! Semantics are those of `kernel::eval` (the executable spec): ints wrap, integer division by zero gives 0,
+//! float -> int casts saturate through i64 then wrap, max/min propagate NaN, comparisons with NaN are false except
+//! `!=`.
+
+use crate::dtype::{DType, Scalar};
+use crate::kernel::{IExpr, Inst, InstOp, KernelIr, Valid};
+use crate::op::{BinaryOp, RandDist, ReduceOp, UnaryOp};
+use crate::render::clif_math;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    AbiParam, Endianness, ExtFuncData, ExternalName, FuncRef, Function, InstBuilder, MemFlagsData, Signature, Type,
+    UserExternalName, UserFuncName, Value, types,
+};
+use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use std::collections::HashMap;
+
+mod libcall;
+mod loops;
+mod values;
+
+pub use libcall::Libcall;
+
+/// The kernel entry signature.
+pub fn kernel_signature(call_conv: CallConv) -> Signature {
+    let mut sig = Signature::new(call_conv);
+    sig.params.extend([types::I64; 4].map(AbiParam::new));
+    sig
+}
+
+/// Lanes of the vectorized innermost loop.
+const LANES: usize = 4;
+
+/// Whether every value of the kernel fits the f32x4 / i32x4 / mask lane model and it has an output loop to
+/// vectorize.
+pub fn vectorizable(k: &KernelIr) -> bool {
+    !k.out_extents.is_empty() && vectorizable_values(k)
+}
+
+/// Whether every value that varies along the vectorized (innermost output) loop fits the f32x4 / i32x4 / mask lane
+/// model. Values that do not vary along it (a learning rate read from an f64 scalar, an iota over another dim) are
+/// computed once per vector as scalars, whatever their dtype, and splatted where a vector op reads them.
+fn vectorizable_values(k: &KernelIr) -> bool {
+    let rank = k.out_rank();
+    let lane_ok = |d: DType| matches!(d, DType::F32 | DType::I32 | DType::Bool);
+    let ok = |insts: &[Inst]| {
+        let deps = deps(insts, rank);
+        insts
+            .iter()
+            .zip(&deps)
+            .all(|(i, &(_, varies))| !varies || (lane_ok(i.dtype) && !matches!(i.op, InstOp::Rand { .. })))
+    };
+    let inner_ok = k.reduce.as_ref().is_none_or(|r| lane_ok(r.dtype) && ok(&r.inner));
+    lane_ok(k.output.dtype) && ok(&k.outer) && inner_ok
+}
+
+/// The strict form, for vectorizing along a reduce loop: every value in the lane model.
+fn all_values_vectorizable(k: &KernelIr) -> bool {
+    let ok_inst = |i: &Inst| {
+        matches!(i.dtype, DType::F32 | DType::I32 | DType::Bool)
+            && !matches!(i.op, InstOp::Index(_) | InstOp::Rand { .. })
+    };
+    let inner_ok = k
+        .reduce
+        .as_ref()
+        .is_none_or(|r| matches!(r.dtype, DType::F32 | DType::I32 | DType::Bool) && r.inner.iter().all(ok_inst));
+    k.inputs.iter().chain([&k.output]).all(|b| matches!(b.dtype, DType::F32 | DType::I32 | DType::Bool))
+        && k.outer.iter().all(ok_inst)
+        && inner_ok
+}
+
+/// Code generation choices that depend on the host (and, for tiles, on a tuner), not on the kernel's meaning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// Run the innermost output loop 4 lanes at a time where the kernel allows it (`vectorizable`).
+    pub vectorize: bool,
+    /// Fold `acc + x * y` reductions (matmul) with a fused multiply-add. Only when the host has FMA: otherwise
+    /// Cranelift would turn it into a libcall. It rounds once instead of twice, within the matmul tolerance.
+    pub fma: bool,
+    /// Register tiling and cache blocking of reduce kernels (the GEMM micro-kernel): the seam the autotuner
+    /// drives. Any value renders a correct kernel; the tile only changes speed.
+    pub tile: TileConfig,
+}
+
+/// The register tile and row blocking of a reduce kernel's output loops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TileConfig {
+    /// Output rows per register tile.
+    pub rows: usize,
+    /// 4-lane column vectors per register tile.
+    pub vecs: usize,
+    /// Rows per cache block (a block of A is reused from L2 across all column tiles).
+    pub block_rows: usize,
+    /// Vectors per iteration of a kernel without a reduction: independent dependency chains for the out-of-order
+    /// core (a polynomial sin is one long chain per vector).
+    pub elementwise_vecs: usize,
+}
+
+impl Default for TileConfig {
+    /// 4 x 2 f32x4 accumulators + 2 column loads + 1 broadcast = 11 of the 16 xmm registers; 64 rows of A at
+    /// K = 1024 f32 are 256 KiB, which stays in L2. Six vectors per elementwise iteration: measured on
+    /// `sin(a)^2 * b + c` over 16M f32 (bench_table), 2 -> 19.2 ms, 4 -> 18.0, 6 -> 17.4, 8 -> 17.1-18.6.
+    fn default() -> Self {
+        TileConfig { rows: 4, vecs: 2, block_rows: 64, elementwise_vecs: 6 }
+    }
+}
+
+/// Whether a reduce kernel should run its innermost reduce loop 4 lanes at a time (partial results per lane,
+/// folded across lanes at the end) rather than its innermost output loop. That is the better choice when its
+/// inputs are contiguous along the reduction and not along the output: a sum over the last axis, or a matmul with
+/// a transposed right operand (`x.matmul(&w.t())`, every linear layer), which vectorized over the output would load
+/// every lane separately.
+pub fn reduce_vectorizable(k: &KernelIr) -> bool {
+    let Some(r) = &k.reduce else { return false };
+    let rank = k.out_rank();
+    let nvars = rank + r.extents.len();
+    let last = nvars - 1;
+    if r.dtype != DType::F32 || r.extents.last().copied().unwrap_or(0) < LANES || !all_values_vectorizable(k) {
+        return false;
+    }
+    let mut contiguous_reduce = false;
+    let mut output_gather = false;
+    for inst in &r.inner {
+        if let InstOp::Load { index, .. } = &inst.op {
+            let Some((coef, _)) = index.affine(nvars) else { return false };
+            match coef[last] {
+                0 => {}
+                1 => contiguous_reduce = true,
+                _ => return false,
+            }
+            if rank > 0 && !matches!(coef[rank - 1], 0 | 1) {
+                output_gather = true;
+            }
+        }
+    }
+    let narrow_output = k.out_extents.last().is_none_or(|&e| e < LANES);
+    contiguous_reduce && (output_gather || narrow_output)
+}
+
+/// Renders `k` as a CLIF function named `user1:index`, vectorized where possible, without FMA.
+pub fn render(k: &KernelIr, index: u32, target: TargetFrontendConfig, vectorize: bool) -> Function {
+    render_with(k, index, target, RenderOptions { vectorize, fma: false, tile: TileConfig::default() })
+}
+
+/// Renders `k` with explicit options.
+pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts: RenderOptions) -> Function {
+    let call_conv = target.default_call_conv;
+    let mut func = Function::with_name_signature(UserFuncName::user(1, index), kernel_signature(call_conv));
+    let mut ctx = FunctionBuilderContext::new();
+    let mut b = FunctionBuilder::new(&mut func, &mut ctx);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    b.seal_block(entry);
+    let [args, rng, start, end] = b.block_params(entry).try_into().expect("four params");
+    let trusted = MemFlagsData::trusted().with_readonly();
+    let mut bases = Vec::with_capacity(k.inputs.len() + 1);
+    for i in 0..=k.inputs.len() {
+        bases.push(b.ins().load(types::I64, trusted, args, (i * 8) as i32));
+    }
+    let out_ptr = bases.pop().expect("output pointer");
+    let nvars = k.extents().len();
+    let vars: Vec<Variable> = (0..nvars).map(|_| b.declare_var(types::I64)).collect();
+    let rank = k.out_rank();
+    let strides = crate::shape::contiguous_strides(&k.out_extents);
+    let out_index =
+        IExpr::from_affine(&(0..nvars).map(|v| if v < rank { strides[v] as i64 } else { 0 }).collect::<Vec<_>>(), 0);
+    // A vector body only pays when the innermost loop has at least one full vector; rendering it for a smaller
+    // extent would only cost compile time (a polynomial sin is hundreds of instructions).
+    let innermost = k.out_extents.last().copied().unwrap_or(0);
+    let reduce_vec = opts.vectorize && reduce_vectorizable(k);
+    let vec_ok = !reduce_vec && opts.vectorize && vectorizable(k) && innermost >= LANES;
+    let tiled = vec_ok && rank >= 2 && k.reduce.is_some();
+    let mut em = Emitter {
+        b,
+        k,
+        bases,
+        out_ptr,
+        rng,
+        vars,
+        call_conv,
+        libcalls: HashMap::new(),
+        row_dim: (rank >= 2).then(|| rank - 2),
+        col_dim: rank.checked_sub(1),
+        at: (0, 0),
+        out_index,
+        vec_ok,
+        tiled,
+        reduce_vec,
+        fma: opts.fma,
+        tile_cfg: opts.tile,
+        inner_deps: k.reduce.as_ref().map_or(Vec::new(), |r| deps(&r.inner, rank)),
+        outer_deps: deps(&k.outer, rank),
+        hoisted: HashMap::new(),
+    };
+    if rank == 0 {
+        em.tile(1, 1, 1);
+    } else {
+        em.loops(0, start, end);
+    }
+    em.b.ins().return_(&[]);
+    em.b.finalize(target);
+    func
+}
+
+/// For each instruction: does it depend on the tile's row variable, on its column variable?
+fn deps(insts: &[Inst], rank: usize) -> Vec<(bool, bool)> {
+    let (row, col) = (rank.checked_sub(2), rank.checked_sub(1));
+    let mentions = |e: &IExpr, v: Option<usize>| v.is_some_and(|v| mentions_var(e, v));
+    let mut out: Vec<(bool, bool)> = Vec::with_capacity(insts.len());
+    for inst in insts {
+        let d = match &inst.op {
+            InstOp::Const(_) => (false, false),
+            InstOp::Acc => (true, true),
+            InstOp::Index(e) | InstOp::Rand { index: e, .. } => (mentions(e, row), mentions(e, col)),
+            InstOp::Load { index, valid, .. } => {
+                let ranges: Vec<&IExpr> = valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)).collect();
+                let any = |v| mentions(index, v) || ranges.iter().any(|e| mentions(e, v));
+                (any(row), any(col))
+            }
+            InstOp::Unary(_, a) | InstOp::Cast(a) => out[*a],
+            InstOp::Binary(_, a, b) => (out[*a].0 || out[*b].0, out[*a].1 || out[*b].1),
+            InstOp::Where(c, a, b) => (out[*c].0 || out[*a].0 || out[*b].0, out[*c].1 || out[*a].1 || out[*b].1),
+        };
+        out.push(d);
+    }
+    out
+}
+
+fn mentions_var(e: &IExpr, v: usize) -> bool {
+    match e {
+        IExpr::Var(x) => *x == v,
+        IExpr::Const(_) => false,
+        IExpr::Add(ts) => ts.iter().any(|t| mentions_var(t, v)),
+        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) => mentions_var(x, v),
+    }
+}
+
+struct Emitter<'a> {
+    b: FunctionBuilder<'a>,
+    k: &'a KernelIr,
+    bases: Vec<Value>,
+    out_ptr: Value,
+    rng: Value,
+    vars: Vec<Variable>,
+    call_conv: CallConv,
+    libcalls: HashMap<Libcall, FuncRef>,
+    /// The output loop a register tile spans several rows of (second innermost), and the one it spans lanes and
+    /// vectors of (innermost).
+    row_dim: Option<usize>,
+    col_dim: Option<usize>,
+    /// Offsets of the element being emitted within its tile: (rows, columns).
+    at: (i64, i64),
+    /// Row-major output offset of the loop variables.
+    out_index: IExpr,
+    vec_ok: bool,
+    tiled: bool,
+    /// Vectorize the innermost reduce loop instead of the output loop (see `reduce_vectorizable`).
+    reduce_vec: bool,
+    fma: bool,
+    tile_cfg: TileConfig,
+    inner_deps: Vec<(bool, bool)>,
+    outer_deps: Vec<(bool, bool)>,
+    /// Inner-code loads whose address is split into a loop-invariant base (computed once per tile, before the
+    /// reduction loops) and a part that depends only on reduce variables: inst index -> (base pointer of tile
+    /// element 0, reduce part of the index, index coefficients).
+    hoisted: HashMap<usize, (Value, IExpr, Vec<i64>)>,
+}
+
+/// CLIF type of a dtype: bools and u8 are bytes in scalar code; in vector code bools are i32 lane masks.
+fn ty(d: DType, lanes: usize) -> Type {
+    match (d, lanes) {
+        (DType::Bool | DType::U8, 1) => types::I8,
+        (DType::I32, 1) => types::I32,
+        (DType::I64, 1) => types::I64,
+        (DType::F32, 1) => types::F32,
+        (DType::F64, 1) => types::F64,
+        (DType::F32, _) => types::F32X4,
+        (DType::I32 | DType::Bool, _) => types::I32X4,
+        (d, l) => unreachable!("{d} has no {l}-lane form"),
+    }
+}
+
+/// Vector loads and stores: in bounds but not necessarily 16-byte aligned.
+fn vector_flags() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}

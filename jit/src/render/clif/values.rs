@@ -1,0 +1,567 @@
+//! The code of each kernel IR instruction, written once for any lane count: constants, index arithmetic, loads
+//! and stores, libcalls, and the unary / binary / cast table.
+
+use super::*;
+
+impl Emitter<'_> {
+    pub(super) fn konst(&mut self, s: Scalar, d: DType, lanes: usize) -> Value {
+        let scalar = match d {
+            DType::F32 => self.b.ins().f32const(s.as_f64() as f32),
+            DType::F64 => self.b.ins().f64const(s.as_f64()),
+            DType::Bool if lanes > 1 => self.b.ins().iconst(types::I32, if s.as_f64() != 0.0 { -1 } else { 0 }),
+            DType::Bool => self.b.ins().iconst(types::I8, (s.as_f64() != 0.0) as i64),
+            DType::U8 => self.b.ins().iconst(types::I8, s.as_i64() as u8 as i64),
+            DType::I32 => self.b.ins().iconst(types::I32, s.as_i64() as i32 as i64),
+            DType::I64 => self.b.ins().iconst(types::I64, s.as_i64()),
+        };
+        if lanes > 1 { self.b.ins().splat(ty(d, lanes), scalar) } else { scalar }
+    }
+
+    /// The scalar value of an index expression at the current tile offset, with the column advanced by `lane`.
+    pub(super) fn iexpr(&mut self, e: &IExpr, lane: i64) -> Value {
+        match e {
+            IExpr::Var(v) => {
+                let x = self.b.use_var(self.vars[*v]);
+                let mut off = 0;
+                if Some(*v) == self.row_dim {
+                    off += self.at.0;
+                }
+                if Some(*v) == self.col_dim {
+                    off += self.at.1 + lane;
+                }
+                if off != 0 { self.b.ins().iadd_imm_s(x, off) } else { x }
+            }
+            IExpr::Const(c) => self.b.ins().iconst(types::I64, *c),
+            IExpr::Add(ts) => {
+                let mut acc: Option<Value> = None;
+                for t in ts {
+                    let v = self.iexpr(t, lane);
+                    acc = Some(match acc {
+                        None => v,
+                        Some(a) => self.b.ins().iadd(a, v),
+                    });
+                }
+                acc.unwrap_or_else(|| self.b.ins().iconst(types::I64, 0))
+            }
+            IExpr::Mul(x, k) => {
+                let x = self.iexpr(x, lane);
+                self.b.ins().imul_imm_s(x, *k)
+            }
+            // Index values are non-negative by construction, so unsigned division is floor division.
+            IExpr::Div(x, k) => {
+                let x = self.iexpr(x, lane);
+                self.b.ins().udiv_imm_u(x, *k)
+            }
+            IExpr::Mod(x, k) => {
+                let x = self.iexpr(x, lane);
+                self.b.ins().urem_imm_u(x, *k)
+            }
+        }
+    }
+
+    /// A bool (i8 0/1) saying whether every range of `valid` holds at `lane`.
+    pub(super) fn valid(&mut self, valid: &Valid, lane: i64) -> Value {
+        let mut ok = self.b.ins().iconst(types::I8, 1);
+        for (e, lo, hi) in &valid.0 {
+            let x = self.iexpr(e, lane);
+            let a = self.b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, x, *lo);
+            let c = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, x, *hi);
+            let both = self.b.ins().band(a, c);
+            ok = self.b.ins().band(ok, both);
+        }
+        ok
+    }
+
+    /// A scalar element load of `buf[index]` at `lane`, honouring `valid` (the index is clamped to 0 and the
+    /// value replaced by `fill` where invalid, so no load ever leaves the buffer).
+    pub(super) fn load_scalar(
+        &mut self,
+        buf: usize,
+        index: &IExpr,
+        valid: &Option<Valid>,
+        fill: Scalar,
+        d: DType,
+        lane: i64,
+    ) -> Value {
+        let mut i = self.iexpr(index, lane);
+        let ok = valid.as_ref().map(|v| self.valid(v, lane));
+        if let Some(ok) = ok {
+            let zero = self.b.ins().iconst(types::I64, 0);
+            i = self.b.ins().select(ok, i, zero);
+        }
+        let addr = self.b.ins().imul_imm_s(i, d.size_of() as i64);
+        let addr = self.b.ins().iadd(self.bases[buf], addr);
+        let v = self.b.ins().load(ty(d, 1), MemFlagsData::trusted(), addr, 0);
+        match ok {
+            Some(ok) => {
+                let f = self.konst(fill, d, 1);
+                self.b.ins().select(ok, v, f)
+            }
+            None => v,
+        }
+    }
+
+    pub(super) fn load(
+        &mut self,
+        buf: usize,
+        index: &IExpr,
+        valid: &Option<Valid>,
+        fill: Scalar,
+        d: DType,
+        lanes: usize,
+    ) -> Value {
+        if self.k.inputs[buf].len == 0 {
+            return self.konst(fill, d, lanes); // an empty buffer is never read; its pointer may dangle
+        }
+        if lanes == 1 {
+            return self.load_scalar(buf, index, valid, fill, d, 0);
+        }
+        let col = self.col_dim.expect("vector code has a column dim");
+        let coef = index.affine(self.vars.len()).map(|(c, _)| c[col]);
+        match (coef, valid, d) {
+            (Some(0), None, _) => {
+                let s = self.load_scalar(buf, index, valid, fill, d, 0);
+                self.lanes_from_scalars(&[s], d, lanes)
+            }
+            (Some(1), None, DType::F32 | DType::I32) => {
+                let i = self.iexpr(index, 0);
+                let addr = self.b.ins().imul_imm_s(i, 4);
+                let addr = self.b.ins().iadd(self.bases[buf], addr);
+                self.b.ins().load(ty(d, lanes), vector_flags(), addr, 0)
+            }
+            _ => {
+                let scalars: Vec<Value> =
+                    (0..lanes as i64).map(|l| self.load_scalar(buf, index, valid, fill, d, l)).collect();
+                self.lanes_from_scalars(&scalars, d, lanes)
+            }
+        }
+    }
+
+    /// `v` as a `lanes`-wide value: unchanged if it already is one, else splatted (a uniform scalar).
+    pub(super) fn vector_of(&mut self, v: Value, d: DType, lanes: usize) -> Value {
+        if lanes == 1 || self.b.func.dfg.value_type(v).is_vector() {
+            v
+        } else {
+            self.lanes_from_scalars(&[v], d, lanes)
+        }
+    }
+
+    /// Builds a vector from one scalar (splat) or one scalar per lane; bool bytes become lane masks.
+    pub(super) fn lanes_from_scalars(&mut self, scalars: &[Value], d: DType, lanes: usize) -> Value {
+        let conv = |s: &mut Self, v: Value| -> Value {
+            if d == DType::Bool {
+                let w = s.b.ins().uextend(types::I32, v);
+                s.b.ins().ineg(w)
+            } else {
+                v
+            }
+        };
+        let vt = ty(d, lanes);
+        if let [one] = scalars {
+            let v = conv(self, *one);
+            return self.b.ins().splat(vt, v);
+        }
+        let first = conv(self, scalars[0]);
+        let mut vec = self.b.ins().splat(vt, first);
+        for (l, &s) in scalars.iter().enumerate().skip(1) {
+            let v = conv(self, s);
+            vec = self.b.ins().insertlane(vec, v, l as u8);
+        }
+        vec
+    }
+
+    pub(super) fn store(&mut self, o: Value, v: Value, lanes: usize) {
+        let d = self.k.output.dtype;
+        let addr = self.b.ins().imul_imm_s(o, d.size_of() as i64);
+        let addr = self.b.ins().iadd(self.out_ptr, addr);
+        match (d, lanes) {
+            (_, 1) => {
+                self.b.ins().store(MemFlagsData::trusted(), v, addr, 0);
+            }
+            (DType::Bool, _) => {
+                for l in 0..lanes {
+                    let x = self.b.ins().extractlane(v, l as u8);
+                    let x = self.b.ins().band_imm_s(x, 1);
+                    self.b.ins().istore8(MemFlagsData::trusted(), x, addr, l as i32);
+                }
+            }
+            _ => {
+                self.b.ins().store(vector_flags(), v, addr, 0);
+            }
+        }
+    }
+
+    pub(super) fn libcall(&mut self, l: Libcall, args: &[Value]) -> Value {
+        let f = match self.libcalls.get(&l) {
+            Some(&f) => f,
+            None => {
+                let sig = self.b.import_signature(l.signature(self.call_conv));
+                let name = self.b.func.declare_imported_user_function(UserExternalName::new(0, l.index()));
+                let f = self.b.import_function(ExtFuncData {
+                    name: ExternalName::user(name),
+                    signature: sig,
+                    colocated: false,
+                    patchable: false,
+                });
+                self.libcalls.insert(l, f);
+                f
+            }
+        };
+        let call = self.b.ins().call(f, args);
+        self.b.inst_results(call)[0]
+    }
+
+    /// Applies a scalar operation lane by lane (for ops with no vector instruction).
+    pub(super) fn per_lane(
+        &mut self,
+        args: &[Value],
+        arg_d: DType,
+        out_d: DType,
+        lanes: usize,
+        f: impl Fn(&mut Self, &[Value]) -> Value,
+    ) -> Value {
+        if lanes == 1 {
+            return f(self, args);
+        }
+        let mut out = Vec::with_capacity(lanes);
+        for l in 0..lanes {
+            let xs: Vec<Value> = args
+                .iter()
+                .map(|&a| {
+                    let x = self.b.ins().extractlane(a, l as u8);
+                    if arg_d == DType::Bool { self.b.ins().ireduce(types::I8, x) } else { x }
+                })
+                .collect();
+            out.push(f(self, &xs));
+        }
+        let out: Vec<Value> =
+            out.into_iter().map(|v| if out_d == DType::Bool { self.b.ins().band_imm_s(v, 1) } else { v }).collect();
+        self.lanes_from_scalars(&out, out_d, lanes)
+    }
+
+    /// Emits `insts` for every element of a `rows` x `vecs` tile. Returns, per instruction, its value for each
+    /// element (row-major in the tile). An instruction that does not depend on the row (or column) is emitted once
+    /// and its value shared along that axis. `accs` holds each element's finished reduction.
+    pub(super) fn tile_insts(
+        &mut self,
+        insts: &[Inst],
+        deps: &[(bool, bool)],
+        rows: usize,
+        vecs: usize,
+        lanes: usize,
+        accs: &[Value],
+    ) -> Vec<Vec<Value>> {
+        let n = rows * vecs;
+        let mut vals: Vec<Vec<Value>> = Vec::with_capacity(insts.len());
+        for (i, inst) in insts.iter().enumerate() {
+            let (dr, dc) = deps[i];
+            let mut per: Vec<Value> = Vec::with_capacity(n);
+            for e in 0..n {
+                let (r, c) = (e / vecs, e % vecs);
+                // The element whose value this one shares (itself if it depends on both axes).
+                let owner = if dr { r } else { 0 } * vecs + if dc { c } else { 0 };
+                if owner != e {
+                    per.push(per[owner]);
+                    continue;
+                }
+                self.at = (r as i64, (c * lanes) as i64);
+                // A value that does not vary along the vector lanes is computed once, as a scalar.
+                let l = if lanes > 1 && !self.reduce_vec && !dc { 1 } else { lanes };
+                let v = match self.hoisted_load(i, inst.dtype, l) {
+                    Some(v) if matches!(inst.op, InstOp::Load { .. }) => v,
+                    _ => self.inst(inst, insts, &vals, e, l, accs.get(e).copied()),
+                };
+                per.push(v);
+            }
+            vals.push(per);
+        }
+        self.at = (0, 0);
+        vals
+    }
+
+    /// One instruction for tile element `e` (at `self.at`); operands come from `vals[..][e]`.
+    pub(super) fn inst(
+        &mut self,
+        inst: &Inst,
+        insts: &[Inst],
+        vals: &[Vec<Value>],
+        e: usize,
+        lanes: usize,
+        acc: Option<Value>,
+    ) -> Value {
+        let d = inst.dtype;
+        let operands: Vec<usize> = match &inst.op {
+            InstOp::Unary(_, a) | InstOp::Cast(a) => vec![*a],
+            InstOp::Binary(_, x, y) => vec![*x, *y],
+            InstOp::Where(c, a, b) => vec![*c, *a, *b],
+            _ => Vec::new(),
+        };
+        let mut ready: Vec<(usize, Value)> = Vec::with_capacity(operands.len());
+        for &i in &operands {
+            let v = self.vector_of(vals[i][e], insts[i].dtype, lanes);
+            ready.push((i, v));
+        }
+        let val = |i: usize| ready.iter().find(|(j, _)| *j == i).map_or(vals[i][e], |&(_, v)| v);
+        match &inst.op {
+            InstOp::Const(s) => self.konst(*s, d, lanes),
+            InstOp::Index(x) => {
+                debug_assert_eq!(lanes, 1, "index values are scalar-only");
+                let x = self.iexpr(x, 0);
+                self.int_resize(x, DType::I64, d)
+            }
+            InstOp::Load { buf, index, valid, fill } => self.load(*buf, index, valid, *fill, d, lanes),
+            InstOp::Rand { dist, slot, index } => {
+                let i = self.iexpr(index, 0);
+                let seed = self.b.ins().load(types::I64, MemFlagsData::trusted(), self.rng, (*slot * 16) as i32);
+                let off = self.b.ins().load(types::I64, MemFlagsData::trusted(), self.rng, (*slot * 16 + 8) as i32);
+                let i = self.b.ins().iadd(off, i);
+                match (dist, d) {
+                    (RandDist::Uniform, DType::F32) => self.libcall(Libcall::UniformF32, &[seed, i]),
+                    (RandDist::Uniform, _) => self.libcall(Libcall::UniformF64, &[seed, i]),
+                    (RandDist::Normal, DType::F32) => {
+                        let x = self.libcall(Libcall::NormalF64, &[seed, i]);
+                        self.b.ins().fdemote(types::F32, x)
+                    }
+                    (RandDist::Normal, _) => self.libcall(Libcall::NormalF64, &[seed, i]),
+                }
+            }
+            InstOp::Unary(u, a) => self.unary(*u, d, lanes, val(*a)),
+            InstOp::Binary(op, x, y) => self.binary(*op, insts[*x].dtype, lanes, val(*x), val(*y)),
+            InstOp::Where(c, a, b) => {
+                if lanes == 1 {
+                    self.b.ins().select(val(*c), val(*a), val(*b))
+                } else {
+                    let mask = if d == DType::F32 {
+                        let little = MemFlagsData::new().with_endianness(Endianness::Little);
+                        self.b.ins().bitcast(types::F32X4, little, val(*c))
+                    } else {
+                        val(*c)
+                    };
+                    self.b.ins().bitselect(mask, val(*a), val(*b))
+                }
+            }
+            InstOp::Cast(a) => self.cast(insts[*a].dtype, d, lanes, val(*a)),
+            InstOp::Acc => acc.expect("acc only in reduce kernels"),
+        }
+    }
+
+    pub(super) fn unary(&mut self, u: UnaryOp, d: DType, lanes: usize, a: Value) -> Value {
+        if let Some(l) = Libcall::unary(u, d) {
+            return self.transcendental(u, l, d, lanes, a);
+        }
+        let ins = self.b.ins();
+        match (u, d.is_float()) {
+            (UnaryOp::Neg, true) => ins.fneg(a),
+            (UnaryOp::Neg, false) => ins.ineg(a),
+            (UnaryOp::Abs, true) => ins.fabs(a),
+            (UnaryOp::Abs, false) if matches!(d, DType::U8 | DType::Bool) => a, // unsigned: iabs would read i8
+            (UnaryOp::Abs, false) => ins.iabs(a),
+            (UnaryOp::Sqrt, _) => ins.sqrt(a),
+            (UnaryOp::Recip, _) => {
+                let one = self.konst(Scalar::Float(1.0), d, lanes);
+                self.b.ins().fdiv(one, a)
+            }
+            (UnaryOp::Not, _) if lanes == 1 => ins.bxor_imm_s(a, 1),
+            (UnaryOp::Not, _) => ins.bnot(a),
+            (op, _) => unreachable!("unary {op:?} on {d}"),
+        }
+    }
+
+    /// exp/log/sin/cos/tanh inline from `clif_math` (the same polynomial in vector and scalar code, so an element's
+    /// value does not depend on whether it fell in a vector body or a tail). sin/cos beyond the range where the
+    /// reduction is accurate branch to the libcall for the whole vector; that branch is never taken in practice.
+    pub(super) fn transcendental(&mut self, u: UnaryOp, l: Libcall, d: DType, lanes: usize, a: Value) -> Value {
+        let t = self.b.func.dfg.value_type(a);
+        let f = match u {
+            UnaryOp::Exp => clif_math::MathFn::Exp,
+            UnaryOp::Log => clif_math::MathFn::Log,
+            UnaryOp::Sin => clif_math::MathFn::Sin,
+            UnaryOp::Cos => clif_math::MathFn::Cos,
+            UnaryOp::Tanh => clif_math::MathFn::Tanh,
+            _ => unreachable!("{u:?} is not transcendental"),
+        };
+        let fast = clif_math::emit(f, &mut self.b, a, t, self.fma);
+        if !matches!(u, UnaryOp::Sin | UnaryOp::Cos) {
+            return fast;
+        }
+        let max = if d == DType::F64 { clif_math::F64_TRIG_MAX_ARG } else { clif_math::F32_TRIG_MAX_ARG };
+        let limit = self.konst(Scalar::Float(max), d, lanes);
+        let abs = self.b.ins().fabs(a);
+        let big = self.b.ins().fcmp(FloatCC::GreaterThan, abs, limit);
+        let any = if lanes > 1 { self.b.ins().vany_true(big) } else { big };
+        let slow_block = self.b.create_block();
+        let merge = self.b.create_block();
+        let result = self.b.append_block_param(merge, t);
+        self.b.ins().brif(any, slow_block, &[], merge, &[fast.into()]);
+        self.b.switch_to_block(slow_block);
+        self.b.seal_block(slow_block);
+        let slow = self.per_lane(&[a], d, d, lanes, |s, x| s.libcall(l, x));
+        self.b.ins().jump(merge, &[slow.into()]);
+        self.b.switch_to_block(merge);
+        self.b.seal_block(merge);
+        result
+    }
+
+    /// `op` on operands of dtype `d` (the result is bool for comparisons).
+    pub(super) fn binary(&mut self, op: BinaryOp, d: DType, lanes: usize, x: Value, y: Value) -> Value {
+        use BinaryOp::*;
+        let unsigned = matches!(d, DType::U8 | DType::Bool);
+        if d.is_float() {
+            let cmp = |cc| -> Option<FloatCC> { Some(cc) };
+            let cc = match op {
+                Lt => cmp(FloatCC::LessThan),
+                Le => cmp(FloatCC::LessThanOrEqual),
+                Eq => cmp(FloatCC::Equal),
+                Ne => cmp(FloatCC::NotEqual),
+                _ => None,
+            };
+            if let Some(cc) = cc {
+                return self.b.ins().fcmp(cc, x, y);
+            }
+            return match op {
+                Add => self.b.ins().fadd(x, y),
+                Sub => self.b.ins().fsub(x, y),
+                Mul => self.b.ins().fmul(x, y),
+                Div => self.b.ins().fdiv(x, y),
+                Max => self.b.ins().fmax(x, y),
+                Min => self.b.ins().fmin(x, y),
+                Pow => {
+                    let l = if d == DType::F64 { Libcall::PowF64 } else { Libcall::PowF32 };
+                    self.per_lane(&[x, y], d, d, lanes, |s, a| s.libcall(l, a))
+                }
+                And | Or | Lt | Le | Eq | Ne => unreachable!("{op:?} on floats"),
+            };
+        }
+        let cc = match op {
+            Lt if unsigned => Some(IntCC::UnsignedLessThan),
+            Le if unsigned => Some(IntCC::UnsignedLessThanOrEqual),
+            Lt => Some(IntCC::SignedLessThan),
+            Le => Some(IntCC::SignedLessThanOrEqual),
+            Eq => Some(IntCC::Equal),
+            Ne => Some(IntCC::NotEqual),
+            _ => None,
+        };
+        if let Some(cc) = cc {
+            // Vector compares give lane masks, scalar compares 0/1 bytes: both are this backend's bools.
+            return self.b.ins().icmp(cc, x, y);
+        }
+        let is_bool = d == DType::Bool;
+        match op {
+            Add | Or if is_bool => self.b.ins().bor(x, y),
+            Mul | And if is_bool => self.b.ins().band(x, y),
+            Max if is_bool => self.b.ins().bor(x, y),
+            Min if is_bool => self.b.ins().band(x, y),
+            Add => self.b.ins().iadd(x, y),
+            Sub => self.b.ins().isub(x, y),
+            Mul => self.b.ins().imul(x, y),
+            Max if unsigned => self.b.ins().umax(x, y),
+            Min if unsigned => self.b.ins().umin(x, y),
+            Max => self.b.ins().smax(x, y),
+            Min => self.b.ins().smin(x, y),
+            Div => self.per_lane(&[x, y], d, d, lanes, |s, a| s.safe_div(a[0], a[1], unsigned)),
+            Pow => self.per_lane(&[x, y], d, d, lanes, |s, a| {
+                let wide = [s.int_resize(a[0], d, DType::I64), s.int_resize(a[1], d, DType::I64)];
+                let r = s.libcall(Libcall::PowI64, &wide);
+                s.int_resize(r, DType::I64, d)
+            }),
+            And | Or | Lt | Le | Eq | Ne => unreachable!("{op:?} on {d}"),
+        }
+    }
+
+    /// Integer division that never traps: x / 0 == 0 and MIN / -1 wraps to MIN.
+    pub(super) fn safe_div(&mut self, x: Value, y: Value, unsigned: bool) -> Value {
+        let t = self.b.func.dfg.value_type(x);
+        let zero = self.b.ins().iconst(t, 0);
+        let one = self.b.ins().iconst(t, 1);
+        let is_zero = self.b.ins().icmp(IntCC::Equal, y, zero);
+        let safe = self.b.ins().select(is_zero, one, y);
+        if unsigned {
+            let q = self.b.ins().udiv(x, safe);
+            return self.b.ins().select(is_zero, zero, q);
+        }
+        let is_neg_one = self.b.ins().icmp_imm_s(IntCC::Equal, y, -1);
+        let safe = self.b.ins().select(is_neg_one, one, safe);
+        let q = self.b.ins().sdiv(x, safe);
+        let neg = self.b.ins().ineg(x);
+        let q = self.b.ins().select(is_neg_one, neg, q);
+        self.b.ins().select(is_zero, zero, q)
+    }
+
+    /// Converts a scalar integer between int dtypes (wrapping when narrowing; bool means != 0).
+    pub(super) fn int_resize(&mut self, v: Value, from: DType, to: DType) -> Value {
+        if from == to {
+            return v;
+        }
+        if to == DType::Bool {
+            return self.b.ins().icmp_imm_s(IntCC::NotEqual, v, 0);
+        }
+        let (ft, tt) = (ty(from, 1), ty(to, 1));
+        if ft.bits() == tt.bits() {
+            v
+        } else if ft.bits() > tt.bits() {
+            self.b.ins().ireduce(tt, v)
+        } else if matches!(from, DType::U8 | DType::Bool) {
+            self.b.ins().uextend(tt, v)
+        } else {
+            self.b.ins().sextend(tt, v)
+        }
+    }
+
+    pub(super) fn cast(&mut self, from: DType, to: DType, lanes: usize, v: Value) -> Value {
+        if from == to {
+            return v;
+        }
+        if lanes > 1 {
+            return match (from, to) {
+                (DType::I32, DType::F32) => self.b.ins().fcvt_from_sint(types::F32X4, v),
+                (DType::Bool, DType::F32) => {
+                    let (one, zero) =
+                        (self.konst(Scalar::Float(1.0), to, lanes), self.konst(Scalar::Float(0.0), to, lanes));
+                    let m =
+                        self.b.ins().bitcast(types::F32X4, MemFlagsData::new().with_endianness(Endianness::Little), v);
+                    self.b.ins().bitselect(m, one, zero)
+                }
+                (DType::Bool, DType::I32) => {
+                    let one = self.konst(Scalar::Int(1), to, lanes);
+                    self.b.ins().band(v, one)
+                }
+                (DType::F32, DType::Bool) => {
+                    let zero = self.konst(Scalar::Float(0.0), from, lanes);
+                    self.b.ins().fcmp(FloatCC::NotEqual, v, zero)
+                }
+                (DType::I32, DType::Bool) => {
+                    let zero = self.konst(Scalar::Int(0), from, lanes);
+                    self.b.ins().icmp(IntCC::NotEqual, v, zero)
+                }
+                // float -> int saturates through i64 then wraps; do it lane by lane to match the spec exactly.
+                _ => self.per_lane(&[v], from, to, lanes, |s, x| s.cast(from, to, 1, x[0])),
+            };
+        }
+        match (from.is_float(), to.is_float()) {
+            (true, true) => {
+                if to == DType::F64 {
+                    self.b.ins().fpromote(types::F64, v)
+                } else {
+                    self.b.ins().fdemote(types::F32, v)
+                }
+            }
+            (true, false) if to == DType::Bool => {
+                let zero = self.konst(Scalar::Float(0.0), from, 1);
+                self.b.ins().fcmp(FloatCC::NotEqual, v, zero)
+            }
+            (true, false) => {
+                let wide = self.b.ins().fcvt_to_sint_sat(types::I64, v);
+                self.int_resize(wide, DType::I64, to)
+            }
+            (false, true) => {
+                let t = ty(to, 1);
+                if matches!(from, DType::U8 | DType::Bool) {
+                    self.b.ins().fcvt_from_uint(t, v)
+                } else {
+                    self.b.ins().fcvt_from_sint(t, v)
+                }
+            }
+            (false, false) => self.int_resize(v, from, to),
+        }
+    }
+}
