@@ -4,11 +4,18 @@
 //! input pointers then the output pointer, `rng` holds (seed, offset) pairs, and the function computes rows
 //! `start..end` of output loop 0 (all of it for a zero-dim output), so the backend can split rows over threads.
 //!
-//! Code for each instruction comes from one place, `Emitter::op`, which is written once for any lane count:
-//! a kernel whose values are all f32, i32 or bool runs its innermost output loop 4 lanes at a time (f32x4, the
-//! widest vector Cranelift emits on x86-64), with a scalar tail; other kernels run scalar. Loads whose index moves
-//! by 1 along the vectorized loop are vector loads, by 0 are splats, otherwise gathers. Bools are 0/1 bytes in
-//! memory and scalar code, all-ones/zero lane masks in vector code.
+//! Files: this one decides per kernel (which loop to vectorize, whether to register-tile) and holds the emitter;
+//! `loops.rs` writes the loop nests, tiles and reductions; `values.rs` is the one table of code per instruction,
+//! written once for any lane count; `libcall.rs` lists the host functions a kernel may call.
+//!
+//! Vectorization is 4 lanes (f32x4, the widest Cranelift emits on x86-64) with scalar tails, along one of:
+//! - the innermost output loop, when every value varying along it is f32, i32 or bool (uniform values of other
+//!   dtypes stay scalar and are splatted); elementwise kernels run several vectors per iteration, and reduce kernels
+//!   with two or more output dims are register-tiled like a GEMM micro-kernel (`TileConfig`);
+//! - the innermost reduce loop, when inputs are contiguous along it but not along the output (`reduce_vectorizable`).
+//!
+//! Loads whose index moves by 1 along the vectorized loop are vector loads, by 0 are splats, otherwise gathers. Bools
+//! are 0/1 bytes in memory and scalar code, all-ones/zero lane masks in vector code.
 //!
 //! exp, log, sin, cos and tanh are inlined polynomials from `clif_math` (1-3 ulp, documented there); `pow`, random
 //! numbers and out-of-range trig arguments are calls to `Libcall`s, which the backend binds to Rust functions.
