@@ -55,25 +55,16 @@ impl Emitter<'_> {
         step: i64,
         body: impl FnOnce(&mut Self, Value, Value),
     ) {
-        let header = self.b.create_block();
-        let body_block = self.b.create_block();
-        let exit = self.b.create_block();
-        self.b.ins().jump(header, &[]);
-        self.b.switch_to_block(header);
-        let v = self.b.use_var(var);
-        let go = self.b.ins().icmp(IntCC::SignedLessThan, v, hi);
-        self.b.ins().brif(go, body_block, &[], exit, &[]);
-        self.b.switch_to_block(body_block);
-        self.b.seal_block(body_block);
-        let v = self.b.use_var(var);
-        let end = self.b.ins().iadd_imm_s(v, step);
-        let end = self.b.ins().smin(end, hi);
-        body(self, v, end);
-        self.b.def_var(var, end);
-        self.b.ins().jump(header, &[]);
-        self.b.seal_block(header);
-        self.b.switch_to_block(exit);
-        self.b.seal_block(exit);
+        self.loop_while(
+            var,
+            |s, v| s.b.ins().icmp(IntCC::SignedLessThan, v, hi),
+            |s, v| {
+                let end = s.b.ins().iadd_imm_s(v, step);
+                let end = s.b.ins().smin(end, hi);
+                body(s, v, end);
+                end
+            },
+        );
     }
 
     /// The steps of the innermost loop as (columns per step, vectors, lanes): two vectors at a time (two
@@ -104,20 +95,40 @@ impl Emitter<'_> {
 
     /// `while var + step <= hi { body; var += step }`, continuing from `var`'s current value.
     pub(super) fn counted_loop(&mut self, var: Variable, hi: Value, step: i64, body: impl FnOnce(&mut Self)) {
+        self.loop_while(
+            var,
+            |s, v| {
+                let next = s.b.ins().iadd_imm_s(v, step);
+                s.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, hi)
+            },
+            |s, _| {
+                body(s);
+                let v = s.b.use_var(var);
+                s.b.ins().iadd_imm_s(v, step)
+            },
+        );
+    }
+
+    /// The one loop skeleton: `while test(var) { var = body(var) }`. `body` gets `var`'s value on entry and
+    /// returns its next value.
+    fn loop_while(
+        &mut self,
+        var: Variable,
+        test: impl FnOnce(&mut Self, Value) -> Value,
+        body: impl FnOnce(&mut Self, Value) -> Value,
+    ) {
         let header = self.b.create_block();
         let body_block = self.b.create_block();
         let exit = self.b.create_block();
         self.b.ins().jump(header, &[]);
         self.b.switch_to_block(header);
         let v = self.b.use_var(var);
-        let next = self.b.ins().iadd_imm_s(v, step);
-        let go = self.b.ins().icmp(IntCC::SignedLessThanOrEqual, next, hi);
+        let go = test(self, v);
         self.b.ins().brif(go, body_block, &[], exit, &[]);
         self.b.switch_to_block(body_block);
         self.b.seal_block(body_block);
-        body(self);
         let v = self.b.use_var(var);
-        let next = self.b.ins().iadd_imm_s(v, step);
+        let next = body(self, v);
         self.b.def_var(var, next);
         self.b.ins().jump(header, &[]);
         self.b.seal_block(header);
