@@ -118,6 +118,15 @@ fn int_values(b: &HostBuffer) -> Vec<i64> {
     }
 }
 
+/// An f32 GEMM over `k` products of operands in [-1, 1] against the exact (f64) reference. A device sums in an
+/// order of its own (K blocks, FMA, lanes), so the bound is that of recursive summation, `k * eps * sum|a_i b_i|`
+/// <= `k^2 * eps` in the worst case; random signs keep the observed error near `sqrt(k) * eps * sqrt(k)`. The
+/// absolute term `4 * k * eps` (about 5e-7 per product) covers that with margin for k <= 512, without admitting a
+/// wrong element (a missing product is >= 1e-3 here, whatever k). Relative 1e-5 as for `Accumulate`.
+pub fn gemm_tol(k: usize) -> Tol {
+    Tol { rel: 1e-5, abs: 4.0 * k as f64 * f32::EPSILON as f64 }
+}
+
 /// Compares two buffers of the same dtype: ints and bool exactly, floats within `tol` (bit-exact for
 /// `Tol::EXACT`). NaN matches NaN; an infinite expected value needs the same infinity.
 pub fn compare(got: &HostBuffer, want: &HostBuffer, tol: Tol) -> Result<(), String> {

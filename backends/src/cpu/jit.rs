@@ -124,6 +124,86 @@ impl Compiler {
     }
 }
 
+/// GEMMs smaller than this (M*N*K) stay Cranelift kernels: the blocked driver's fixed costs would dominate.
+const GEMM_MIN_VOLUME: usize = 4096;
+
+/// The generated-GEMM form of `k` if it is a GEMM worth it on this host, with its configuration chosen by the
+/// tuner (`gemm::tune`), and its epilogue pass compiled when the epilogue is not in registers.
+fn gemm_for(
+    c: &mut Compiler,
+    k: &KernelIr,
+    dump: Option<&crate::dump::Dump>,
+) -> Result<Option<super::gemm::CompiledGemm>, String> {
+    use super::gemm::{self, asm};
+    if !asm::host_supported() || std::env::var("KILN_GEMM").is_ok_and(|v| v == "clif") {
+        return Ok(None);
+    }
+    let Some(view) = kiln_jit::kernel::gemm::GemmView::of(k) else { return Ok(None) };
+    if view.m * view.n * view.k < GEMM_MIN_VOLUME {
+        return Ok(None);
+    }
+    let threads = pool::global().threads();
+    let Some(imp) = gemm::tune::analytic_best(&view, threads) else { return Ok(None) };
+    build_gemm(c, k, view, imp, threads, dump).map(Some)
+}
+
+fn build_gemm(
+    c: &mut Compiler,
+    k: &KernelIr,
+    view: kiln_jit::kernel::gemm::GemmView,
+    imp: super::gemm::config::GemmImpl,
+    threads: usize,
+    dump: Option<&crate::dump::Dump>,
+) -> Result<super::gemm::CompiledGemm, String> {
+    let mut g = super::gemm::CompiledGemm::build(k, view, imp, threads)?;
+    if g.uses_pass {
+        let pass = super::gemm::epilogue_pass_kernel(k);
+        let (f, text) = c.kernel(&pass, dump.is_some())?;
+        if let (Some(d), Some((clif_text, disasm))) = (dump, text) {
+            d.kernel_files(&pass, "clif", &clif_text, &disasm);
+        }
+        g.pass = Some(f);
+    }
+    Ok(g)
+}
+
+/// Runs kernel `k` as a GEMM with the given configuration on host buffers (tests force every candidate through
+/// this and compare with the kernel IR evaluator). Errors when `k` is not a GEMM or the host cannot run it.
+pub fn run_gemm_with(
+    k: &KernelIr,
+    imp: super::gemm::config::GemmImpl,
+    inputs: &[&HostBuffer],
+) -> Result<HostBuffer, String> {
+    if !super::gemm::asm::host_supported() {
+        return Err("this host has no AVX2+FMA".into());
+    }
+    let view = kiln_jit::kernel::gemm::GemmView::of(k).ok_or("not a GEMM")?;
+    let compiler = COMPILER.as_ref().map_err(|e| e.clone())?;
+    let g = build_gemm(&mut compiler.lock(), k, view, imp, pool::global().threads(), None)?;
+    let mut out = crate::host_pool::take(k.output.dtype, k.output.len);
+    let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| read_ptr(b)).collect();
+    ptrs.push(write_ptr(&mut out));
+    // SAFETY: the caller's buffers are checked against the kernel's declared inputs below before running.
+    for (b, p) in inputs.iter().zip(&k.inputs) {
+        if b.dtype() != p.dtype || b.len() < p.len {
+            return Err(format!(
+                "input {} is {}[{}], the kernel wants {}[{}]",
+                p.len,
+                b.dtype(),
+                b.len(),
+                p.dtype,
+                p.len
+            ));
+        }
+    }
+    // SAFETY: inputs were checked above; the output was allocated with the kernel's length.
+    unsafe {
+        g.run(&ptrs);
+        finish_output(&mut out, k.output.len);
+    }
+    Ok(out)
+}
+
 /// Diagnostics that are not errors go to stderr only when `KILN_LOG` is set (the tracing layer comes later).
 fn tracing_note(msg: &str) {
     if std::env::var_os("KILN_LOG").is_some() {
@@ -131,9 +211,15 @@ fn tracing_note(msg: &str) {
     }
 }
 
+/// How a launch runs: a Cranelift kernel split by rows, or the generated-GEMM driver (which splits itself).
+enum Exec {
+    Clif(KernelFn),
+    Gemm(Box<super::gemm::CompiledGemm>),
+}
+
 struct CompiledLaunch {
     name: String,
-    f: KernelFn,
+    exec: Exec,
     inputs: Vec<Slot>,
     output: Slot,
     /// Extent of output loop 0 (1 for a zero-dim output): the range the kernel splits over threads.
@@ -172,14 +258,20 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     {
         let mut c = compiler.lock();
         for l in &plan.launches {
-            let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
-            if let (Some(d), Some((clif_text, disasm))) = (&dump, text) {
-                d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
-            }
+            let exec = match gemm_for(&mut c, &l.kernel, dump.as_ref()).map_err(err)? {
+                Some(g) => Exec::Gemm(Box::new(g)),
+                None => {
+                    let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
+                    if let (Some(d), Some((clif_text, disasm))) = (&dump, text) {
+                        d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
+                    }
+                    Exec::Clif(f)
+                }
+            };
             let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
             launches.push(CompiledLaunch {
                 name: l.kernel.name.clone(),
-                f,
+                exec,
                 inputs: l.inputs.clone(),
                 output: l.output,
                 rows,
@@ -291,10 +383,17 @@ impl Executable for JitPlan {
                     Slot::Output(o) => out_ptrs[o],
                 });
             }
-            let a = LaunchArgs { f: l.f, args: ptrs.as_ptr(), rng: rng_words.as_ptr() };
-            let call = |start: usize, end: usize| a.call(start, end);
             let t0 = profiling().then(std::time::Instant::now);
-            pool::global().parallel_for_work(l.rows, l.work, &call);
+            match &l.exec {
+                Exec::Clif(f) => {
+                    let a = LaunchArgs { f: *f, args: ptrs.as_ptr(), rng: rng_words.as_ptr() };
+                    let call = |start: usize, end: usize| a.call(start, end);
+                    pool::global().parallel_for_work(l.rows, l.work, &call);
+                }
+                // SAFETY: `ptrs` holds the launch's input buffers then its output, sized as its kernel IR declares
+                // (the same contract as a Cranelift kernel), and the schedule never makes an output an input.
+                Exec::Gemm(g) => unsafe { g.run(ptrs) },
+            }
             if let Some(t0) = t0 {
                 record(&l.name, t0.elapsed());
             }

@@ -2,7 +2,8 @@
 //! (`pool`). `KILN_CPU_ENGINE=interp` runs the reference interpreter instead, to bisect a suspected codegen bug.
 
 mod jit;
-pub use jit::profile_report;
+pub mod gemm;
+pub use jit::{profile_report, run_gemm_with};
 mod libcalls;
 pub mod pool;
 

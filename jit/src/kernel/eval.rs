@@ -246,3 +246,79 @@ pub fn run_plan(plan: &KernelPlan, inputs: &[&HostBuffer], rng: &[RngKey]) -> Ve
     }
     outputs.into_iter().map(|o| o.expect("every output written")).collect()
 }
+
+/// Evaluates the instructions of `insts` marked in `uniform` (they read no loop variable and no accumulator; their
+/// loads have constant indices) with `load(buf, index, dtype)` supplying memory, and returns each marked value as a
+/// `Scalar` (floats widened to f64 exactly, bools as `Bool`). Unmarked entries are `None`. A GEMM epilogue uses this
+/// to compute per launch, on the host, the values it then splats into registers (a learning rate read from a
+/// buffer and cast, a constant).
+pub fn eval_uniform(
+    insts: &[Inst],
+    uniform: &[bool],
+    load: &mut dyn FnMut(usize, usize, DType) -> Scalar,
+) -> Vec<Option<Scalar>> {
+    let mut vals: Vec<V> = Vec::with_capacity(insts.len());
+    let mut out = Vec::with_capacity(insts.len());
+    for (i, inst) in insts.iter().enumerate() {
+        let d = inst.dtype;
+        let v = if !uniform[i] {
+            V::I(0)
+        } else {
+            match &inst.op {
+                InstOp::Const(s) => scalar(d, *s),
+                InstOp::Load { buf, index, .. } => scalar(d, load(*buf, index.eval(&[0; 32]).max(0) as usize, d)),
+                InstOp::Unary(u, a) => unary(*u, d, vals[*a]),
+                InstOp::Binary(b, x, y) => binary(*b, d, vals[*x], vals[*y]),
+                InstOp::Where(c, a, b) => {
+                    if vals[*c] == V::I(0) {
+                        vals[*b]
+                    } else {
+                        vals[*a]
+                    }
+                }
+                InstOp::Cast(a) => cast(d, vals[*a]),
+                InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc => V::I(0),
+            }
+        };
+        out.push(uniform[i].then_some(match (d, v) {
+            (DType::Bool, V::I(x)) => Scalar::Bool(x != 0),
+            (_, V::F32(x)) => Scalar::Float(x as f64),
+            (_, V::F64(x)) => Scalar::Float(x),
+            (_, V::I(x)) => Scalar::Int(x),
+        }));
+        vals.push(v);
+    }
+    out
+}
+
+/// Evaluates `kernel` at the given output positions only (each a full index into `out_extents`), for checking a
+/// large kernel's output on a sample: the reference a GEMM candidate is verified against while tuning.
+pub fn run_at(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey], positions: &[Vec<usize>]) -> Vec<f64> {
+    let out_rank = kernel.out_rank();
+    let mut vals = Vec::new();
+    let mut vars = vec![0i64; kernel.extents().len()];
+    let mut out = Vec::with_capacity(positions.len());
+    for o in positions {
+        for (v, &i) in vars.iter_mut().zip(o) {
+            *v = i as i64;
+        }
+        let acc = kernel.reduce.as_ref().map(|r| {
+            let mut acc = init(r.op, r.dtype);
+            for_each_index(&r.extents, |ri| {
+                for (v, &i) in vars[out_rank..].iter_mut().zip(ri) {
+                    *v = i as i64;
+                }
+                run_insts(&r.inner, &vars, inputs, rng, None, &mut vals);
+                acc = fold(r.op, r.dtype, acc, vals[r.value]);
+            });
+            acc
+        });
+        run_insts(&kernel.outer, &vars, inputs, rng, acc, &mut vals);
+        out.push(match vals[kernel.result] {
+            V::F32(x) => x as f64,
+            V::F64(x) => x,
+            V::I(x) => x as f64,
+        });
+    }
+    out
+}

@@ -2,6 +2,7 @@
 //! `ir`, `index`), and a host evaluator of that IR (`eval`), which is the reference every renderer is held to.
 
 pub mod eval;
+pub mod gemm;
 pub mod index;
 pub mod ir;
 mod lower;

@@ -1,0 +1,194 @@
+//! The CPU GEMM search space: every legal configuration for a problem, and the analytic score that ranks them
+//! before any is timed.
+//!
+//! A configuration is the register tile (MR x 8*NV), the cache blocking (KC x MC of A in L2, KC x NC of B in L3, one
+//! KC x NR micro-panel of B in L1), whether A and B are packed into panels or read in place, and how the threads
+//! split the output (by columns or by rows). The library GEMM (`gemm` crate) is one more candidate.
+//!
+//! The score is a roofline estimate in GFLOP/s, not a promise; its job is to put the few worth timing on top:
+//! - compute: this core's FMA peak (measured 100 GFLOP/s per core here) times the tile's efficiency (FMA latency
+//!   needs >= 10 independent accumulators on Zen 3 / Skylake, and loads per FMA must stay under 1.5) times the
+//!   fraction of lanes and rows that do useful work at the edges;
+//! - memory: bytes of packing, C traffic per K block and re-streamed unpacked operands, at a per-thread
+//!   bandwidth of 12 GB/s;
+//! - fit: a B micro-panel over half of L1, an A block over half of L2 or a B block over a thread's share of L3 cost
+//!   20% each;
+//! - parallel balance: the largest thread's share of tiles.
+
+use kiln_jit::kernel::gemm::GemmView;
+
+/// One candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmImpl {
+    Asm(GemmConfig),
+    /// The `gemm` crate; its epilogue runs as a separate pass.
+    Library,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmConfig {
+    pub mr: usize,
+    pub nv: usize,
+    pub kc: usize,
+    pub mc: usize,
+    pub nc: usize,
+    pub pack_a: bool,
+    pub pack_b: bool,
+    /// Threads split the rows (M) rather than the columns (N).
+    pub split_m: bool,
+    pub unroll: usize,
+}
+
+impl GemmConfig {
+    pub fn nr(&self) -> usize {
+        8 * self.nv
+    }
+}
+
+impl GemmImpl {
+    /// A stable name: the tuning record stores it, and `parse` must read it back.
+    pub fn name(&self) -> String {
+        match self {
+            GemmImpl::Library => "lib:gemm".to_string(),
+            GemmImpl::Asm(c) => format!(
+                "avx2:{}x{}:kc{}:mc{}:nc{}:{}{}:{}:u{}",
+                c.mr,
+                c.nr(),
+                c.kc,
+                c.mc,
+                c.nc,
+                if c.pack_a { "pA" } else { "rA" },
+                if c.pack_b { "pB" } else { "rB" },
+                if c.split_m { "sM" } else { "sN" },
+                c.unroll
+            ),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<GemmImpl> {
+        if s == "lib:gemm" {
+            return Some(GemmImpl::Library);
+        }
+        let f: Vec<&str> = s.split(':').collect();
+        if f.len() != 8 || f[0] != "avx2" {
+            return None;
+        }
+        let (mr, nr) = f[1].split_once('x')?;
+        let num = |p: &str, pre: &str| p.strip_prefix(pre)?.parse::<usize>().ok();
+        let c = GemmConfig {
+            mr: mr.parse().ok()?,
+            nv: nr.parse::<usize>().ok()? / 8,
+            kc: num(f[2], "kc")?,
+            mc: num(f[3], "mc")?,
+            nc: num(f[4], "nc")?,
+            pack_a: f[5].starts_with("pA"),
+            pack_b: f[5].ends_with("pB"),
+            split_m: f[6] == "sM",
+            unroll: num(f[7], "u")?,
+        };
+        (GemmImpl::Asm(c).name() == s).then_some(GemmImpl::Asm(c))
+    }
+}
+
+/// Rows at or below which a GEMM is "skinny" (a GEMV-like layer at small batch): B is streamed in place rather than
+/// packed, and short tiles compete.
+pub const SKINNY_M: usize = 16;
+
+/// Every legal candidate for `v`, in a fixed order (the order is part of the candidate-set checksum).
+pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
+    let mut out = Vec::new();
+    let b_inplace_ok = v.b.cols == 1;
+    let skinny = v.m <= SKINNY_M;
+    let tiles: &[(usize, usize)] =
+        if skinny { &[(1, 4), (1, 8), (2, 4), (4, 2), (4, 3), (6, 2)] } else { &[(6, 2), (4, 3)] };
+    for &(mr, nv) in tiles {
+        for kc in [256, 384] {
+            for mc_mult in [12, 24] {
+                for nc in [1024, 4096] {
+                    for pack_b in [true, false] {
+                        if !(pack_b || b_inplace_ok && skinny) {
+                            continue;
+                        }
+                        for split_m in [false, true] {
+                            if split_m && skinny {
+                                continue;
+                            }
+                            let c = GemmConfig {
+                                mr,
+                                nv,
+                                kc,
+                                mc: mr * mc_mult,
+                                nc,
+                                pack_a: !skinny,
+                                pack_b,
+                                split_m,
+                                unroll: 4,
+                            };
+                            if legal(v, &c) {
+                                out.push(GemmImpl::Asm(c));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if library && v.batch.is_empty() {
+        out.push(GemmImpl::Library);
+    }
+    out
+}
+
+/// Whether every displacement the kernels need fits an i32 (a stride of a huge matrix might not).
+pub fn legal(v: &GemmView, c: &GemmConfig) -> bool {
+    let fit = |x: i64| x.unsigned_abs() < (1 << 30);
+    let ldc = v.n as i64 * 4;
+    let a_ok = c.pack_a || (fit(v.a.cols * 4 * c.unroll as i64) && fit(v.a.rows * 4 * c.mr as i64));
+    let b_ok = c.pack_b || (v.b.cols == 1 && fit(v.b.rows * 4 * c.unroll as i64));
+    super::asm::fits(c.mr, c.nv) && a_ok && b_ok && fit(ldc * c.mr as i64) && c.mc.is_multiple_of(c.mr) && c.nc.is_multiple_of(c.nr())
+}
+
+/// Estimated GFLOP/s of `c` on `v` with `threads` threads (see the module doc).
+pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
+    const PEAK: f64 = 100.0; // GFLOP/s per core, measured FMA peak here
+    const BW: f64 = 12.0; // GB/s per thread, a mix of cache and DRAM
+    let c = match imp {
+        // Good but generic, and its epilogue is a second pass over C: ranks below a well-fitted tile.
+        GemmImpl::Library => return 0.8 * PEAK * threads as f64 * 0.75,
+        GemmImpl::Asm(c) => c,
+    };
+    let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);
+    let (mr, nr) = (c.mr as f64, c.nr() as f64);
+    let accs = (c.mr * c.nv) as f64;
+    let latency_eff = (accs / 10.0).min(1.0);
+    let loads = if c.mr == 1 { c.nv as f64 + 1.0 } else { c.nv as f64 + mr };
+    let load_eff = ((accs / 2.0) / (loads / 3.0)).min(1.0);
+    let edge = (m / ((m / mr).ceil() * mr)) * (n / ((n / 8.0).ceil() * 8.0));
+    let mut eff = latency_eff * load_eff * edge;
+    let kc = c.kc.min(v.k) as f64;
+    if kc * nr * 4.0 > 16.0 * 1024.0 {
+        eff *= 0.8;
+    }
+    if c.pack_a && c.mc as f64 * kc * 4.0 > 256.0 * 1024.0 {
+        eff *= 0.8;
+    }
+    if c.pack_b && kc * c.nc as f64 * 4.0 > 8.0 * 1024.0 * 1024.0 / threads as f64 {
+        eff *= 0.8;
+    }
+    // Parallel split: tiles per thread along the split dimension.
+    let (units, t) = if c.split_m { ((m / mr).ceil(), threads as f64) } else { ((n / nr).ceil(), threads as f64) };
+    let used = t.min(units).max(1.0);
+    let balance = (units / used) / (units / used).ceil();
+    let batch = v.batch_count() as f64;
+    let flops = 2.0 * m * n * k * batch;
+    let compute_s = flops / (PEAK * 1e9 * used * eff * balance.max(0.05));
+    // Bytes per thread.
+    let kblocks = (k / kc).ceil();
+    let n_part = if c.split_m { n } else { n / used };
+    let m_part = if c.split_m { m / used } else { m };
+    let mut bytes = m_part * n_part * 4.0 * (2.0 * kblocks - 1.0);
+    bytes += if c.pack_b { 8.0 * k * n_part } else { 4.0 * k * n_part * (m_part / c.mc as f64).ceil() };
+    bytes += if c.pack_a { 8.0 * k * m_part * (n_part / c.nc as f64).ceil() } else { 4.0 * k * m_part };
+    let mem_s = batch * bytes / (BW * 1e9);
+    flops / (compute_s + mem_s) / 1e9
+}

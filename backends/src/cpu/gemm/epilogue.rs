@@ -1,0 +1,202 @@
+//! A GEMM kernel's epilogue (its outer code in the kernel IR) translated into a register program for the
+//! generated micro-kernels: loads of M x N, per-column and per-row operands become vector loads at the tile, values
+//! uniform over the launch (constants, a learning rate read from a buffer and cast) are computed on the host per
+//! launch and splatted, and the arithmetic becomes AVX ops.
+//!
+//! What translates: f32 `+ - * /`, `sqrt`, `neg`, `abs`, comparisons (`< <= == !=`, NaN semantics of the spec), `where`,
+//! bool `and`/`or`/`not`. Anything else (a transcendental, max/min with their NaN rule, an int value, a gather)
+//! returns `None`, and the backend applies the epilogue as a separate compiled pass over C instead: slower, never
+//! wrong.
+
+use super::asm::{EpInst, EpProgram, VBin, pred};
+use kiln_jit::DType;
+use kiln_jit::kernel::gemm::{GemmView, Role};
+use kiln_jit::kernel::{InstOp, KernelIr};
+use kiln_jit::op::{BinaryOp, UnaryOp};
+
+/// Where an epilogue operand's tile pointer comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum OperandKind {
+    Mat { ld: i64 },
+    Row,
+    Col { stride: i64 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EpOperand {
+    pub buf: usize,
+    pub offset: i64,
+    pub batch: Vec<i64>,
+    pub kind: OperandKind,
+}
+
+/// The value of one uniform slot.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UniformSrc {
+    /// The outer instruction with this index, evaluated on the host per launch.
+    Inst(usize),
+    /// A fixed bit pattern (sign masks).
+    Bits(u32),
+}
+
+#[derive(Clone, Debug)]
+pub struct Epilogue {
+    pub program: EpProgram,
+    pub operands: Vec<EpOperand>,
+    pub uniforms: Vec<UniformSrc>,
+    /// Which outer instructions are uniform (the host evaluates these).
+    pub uniform_insts: Vec<bool>,
+}
+
+/// Most operands a program may read (their pointers travel in a small per-tile table).
+pub const MAX_OPERANDS: usize = 6;
+
+/// Translates `k`'s outer code, or `None` when it cannot run in registers (see the module doc).
+pub fn translate(k: &KernelIr, view: &GemmView) -> Option<Epilogue> {
+    let n = k.outer.len();
+    // Only what the result depends on.
+    let mut needed = vec![false; n];
+    needed[k.result] = true;
+    for i in (0..n).rev() {
+        if !needed[i] {
+            continue;
+        }
+        match &k.outer[i].op {
+            InstOp::Unary(_, a) | InstOp::Cast(a) => needed[*a] = true,
+            InstOp::Binary(_, a, b) => {
+                needed[*a] = true;
+                needed[*b] = true;
+            }
+            InstOp::Where(c, a, b) => {
+                needed[*c] = true;
+                needed[*a] = true;
+                needed[*b] = true;
+            }
+            _ => {}
+        }
+    }
+    let uniform_insts: Vec<bool> = view.roles.iter().map(|r| matches!(r, Role::Uniform)).collect();
+    let mut ep = Epilogue { program: EpProgram::default(), operands: Vec::new(), uniforms: Vec::new(), uniform_insts };
+    let mut val: Vec<Option<usize>> = vec![None; n];
+    for i in 0..n {
+        if !needed[i] {
+            continue;
+        }
+        let inst = &k.outer[i];
+        let push = |ep: &mut Epilogue, e: EpInst| {
+            ep.program.insts.push(e);
+            ep.program.insts.len() - 1
+        };
+        let v = match &view.roles[i] {
+            Role::Other => return None,
+            Role::Uniform => {
+                if !matches!(inst.dtype, DType::F32 | DType::Bool) {
+                    // Only feeds other uniform values (a cast), or an unsupported use caught below.
+                    continue;
+                }
+                ep.uniforms.push(UniformSrc::Inst(i));
+                let slot = ep.uniforms.len() - 1;
+                push(&mut ep, EpInst::Uniform(slot))
+            }
+            Role::Mat { buf, offset, batch, ld } => {
+                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Mat { ld: *ld })?;
+                push(&mut ep, EpInst::Mat { op: o, ld: i32::try_from(*ld * 4).ok()? })
+            }
+            Role::Row { buf, offset, batch } => {
+                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Row)?;
+                push(&mut ep, EpInst::Row { op: o })
+            }
+            Role::Col { buf, offset, batch, stride } => {
+                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Col { stride: *stride })?;
+                push(&mut ep, EpInst::Col { op: o, stride: i32::try_from(*stride * 4).ok()? })
+            }
+            Role::Computed => {
+                let get = |j: usize| val[j];
+                let f32_of = |j: usize| (k.outer[j].dtype == DType::F32).then(|| val[j]).flatten();
+                let bool_of = |j: usize| (k.outer[j].dtype == DType::Bool).then(|| val[j]).flatten();
+                match (&inst.op, inst.dtype) {
+                    (InstOp::Acc, DType::F32) => push(&mut ep, EpInst::Acc),
+                    (InstOp::Binary(op, a, b), DType::F32) => {
+                        let (x, y) = (f32_of(*a)?, f32_of(*b)?);
+                        let op = match op {
+                            BinaryOp::Add => VBin::Add,
+                            BinaryOp::Sub => VBin::Sub,
+                            BinaryOp::Mul => VBin::Mul,
+                            BinaryOp::Div => VBin::Div,
+                            _ => return None,
+                        };
+                        push(&mut ep, EpInst::Bin(op, x, y))
+                    }
+                    (InstOp::Binary(op, a, b), DType::Bool) if k.outer[*a].dtype == DType::F32 => {
+                        let (x, y) = (f32_of(*a)?, f32_of(*b)?);
+                        let p = match op {
+                            BinaryOp::Lt => pred::LT_OQ,
+                            BinaryOp::Le => pred::LE_OQ,
+                            BinaryOp::Eq => pred::EQ_OQ,
+                            BinaryOp::Ne => pred::NEQ_UQ,
+                            _ => return None,
+                        };
+                        push(&mut ep, EpInst::Cmp(p, x, y))
+                    }
+                    (InstOp::Binary(op, a, b), DType::Bool) => {
+                        let (x, y) = (bool_of(*a)?, bool_of(*b)?);
+                        let op = match op {
+                            BinaryOp::And => VBin::And,
+                            BinaryOp::Or => VBin::Or,
+                            _ => return None,
+                        };
+                        push(&mut ep, EpInst::Bin(op, x, y))
+                    }
+                    (InstOp::Where(c, a, b), DType::F32) => {
+                        let (m, t, f) = (bool_of(*c)?, f32_of(*a)?, f32_of(*b)?);
+                        push(&mut ep, EpInst::Select { mask: m, t, f })
+                    }
+                    (InstOp::Unary(u, a), DType::F32) => {
+                        let x = f32_of(*a)?;
+                        let bits = |ep: &mut Epilogue, b: u32| {
+                            ep.uniforms.push(UniformSrc::Bits(b));
+                            ep.program.insts.push(EpInst::Uniform(ep.uniforms.len() - 1));
+                            ep.program.insts.len() - 1
+                        };
+                        match u {
+                            UnaryOp::Sqrt => push(&mut ep, EpInst::Sqrt(x)),
+                            UnaryOp::Neg => {
+                                let s = bits(&mut ep, 0x8000_0000);
+                                push(&mut ep, EpInst::Bin(VBin::Xor, x, s))
+                            }
+                            UnaryOp::Abs => {
+                                let s = bits(&mut ep, 0x7fff_ffff);
+                                push(&mut ep, EpInst::Bin(VBin::And, x, s))
+                            }
+                            _ => return None,
+                        }
+                    }
+                    (InstOp::Unary(UnaryOp::Not, a), DType::Bool) => {
+                        let x = bool_of(*a)?;
+                        ep.uniforms.push(UniformSrc::Bits(u32::MAX));
+                        let slot = ep.uniforms.len() - 1;
+                        let s = push(&mut ep, EpInst::Uniform(slot));
+                        push(&mut ep, EpInst::Bin(VBin::Xor, x, s))
+                    }
+                    (InstOp::Cast(a), DType::F32) if k.outer[*a].dtype == DType::F32 => get(*a)?,
+                    _ => return None,
+                }
+            }
+        };
+        val[i] = Some(v);
+    }
+    ep.program.result = val[k.result]?;
+    Some(ep)
+}
+
+fn operand(ep: &mut Epilogue, buf: usize, offset: i64, batch: &[i64], kind: OperandKind) -> Option<usize> {
+    let o = EpOperand { buf, offset, batch: batch.to_vec(), kind };
+    if let Some(i) = ep.operands.iter().position(|x| *x == o) {
+        return Some(i);
+    }
+    if ep.operands.len() == MAX_OPERANDS {
+        return None;
+    }
+    ep.operands.push(o);
+    Some(ep.operands.len() - 1)
+}

@@ -1,0 +1,491 @@
+//! The CPU GEMM: a kernel the scheduler produced as `G_...` (a reduce kernel that [`GemmView`] recognizes) runs as
+//! a blocked GEMM around generated AVX2 micro-kernels (`asm`), in the configuration the tuner picked (`config`,
+//! `tune`), with its epilogue in registers (`epilogue`) or, when that cannot express it, as a compiled pass over C.
+//!
+//! Loop nest per thread (BLIS order): columns by NC, K by KC (pack a KC x NC block of B into NR-wide panels), rows by
+//! MC (pack an MC x KC block of A into MR-tall panels), then NR x MR tiles, each one micro-kernel call. The first K
+//! block stores C, later ones add to it, the last applies the epilogue: all in the micro-kernel. Skinny problems
+//! (M <= 16) read A and B in place, which saves a full copy of the weights per call; a ragged last column panel is
+//! still copied (zero-padded), so no kernel reads past a buffer.
+//!
+//! Threads take disjoint rectangles of C (column or row strips, per batch element), each with its own pack buffers,
+//! so results do not depend on timing. Deliberately not done: packing shared between threads, and AVX-512.
+
+pub mod asm;
+pub mod config;
+pub mod epilogue;
+mod pack;
+pub mod tune;
+
+use super::pool;
+use asm::{KernelSet, MicroFn, MicroSpec, Mode};
+use config::{GemmConfig, GemmImpl};
+use epilogue::{Epilogue, OperandKind, UniformSrc};
+use kiln_jit::DType;
+use kiln_jit::dtype::Scalar;
+use kiln_jit::kernel::gemm::GemmView;
+use kiln_jit::kernel::{Inst, KernelIr};
+use std::cell::RefCell;
+
+/// The epilogue pass of a GEMM whose epilogue does not fit in registers: a compiled elementwise kernel over C,
+/// reading C as its last input (see [`epilogue_pass_kernel`]).
+pub type PassFn = super::jit::KernelFn;
+
+fn mode_index(m: Mode) -> usize {
+    match m {
+        Mode::First => 0,
+        Mode::Middle => 1,
+        Mode::Last => 2,
+        Mode::Single => 3,
+    }
+}
+
+/// A GEMM launch ready to run.
+pub struct CompiledGemm {
+    pub view: GemmView,
+    pub imp: GemmImpl,
+    set: Option<KernelSet>,
+    /// Micro-kernels by `(rows - 1) * 8 + tail * 4 + mode`.
+    table: Vec<Option<MicroFn>>,
+    /// The in-register epilogue, or `None` when `pass` applies it.
+    epilogue: Option<Epilogue>,
+    /// The outer code (for the host-evaluated uniform values).
+    outer: Vec<Inst>,
+    input_dtypes: Vec<DType>,
+    mask: [i32; 8],
+    /// Output rectangles per batch element (column or row strips).
+    parts: usize,
+    /// Set by the backend when the epilogue is not in registers.
+    pub pass: Option<PassFn>,
+    pub uses_pass: bool,
+}
+
+// SAFETY: the micro-kernel pointers point into `set`'s immutable executable mapping, owned here; the pass function
+// is immutable code owned by the process-wide JIT module.
+unsafe impl Send for CompiledGemm {}
+// SAFETY: as for Send; running only reads `self`.
+unsafe impl Sync for CompiledGemm {}
+
+/// A copy of `k` that applies only its epilogue to an already computed C: the reduction is gone and `Acc` reads
+/// element `out[row-major]` of an extra last input (C itself, updated in place).
+pub fn epilogue_pass_kernel(k: &KernelIr) -> KernelIr {
+    use kiln_jit::kernel::{IExpr, InstOp};
+    let mut e = k.clone();
+    e.reduce = None;
+    let c_in = e.inputs.len();
+    e.inputs.push(e.output.clone());
+    let strides = kiln_jit::shape::contiguous_strides(&e.out_extents);
+    let coef: Vec<i64> = strides.iter().map(|&s| s as i64).collect();
+    let index = IExpr::from_affine(&coef, 0);
+    for inst in &mut e.outer {
+        if matches!(inst.op, InstOp::Acc) {
+            inst.op = InstOp::Load { buf: c_in, index: index.clone(), valid: None, fill: Scalar::Float(0.0) };
+        }
+    }
+    e.name = format!("{}_epilogue", k.name);
+    e.flops_per_elem = e.outer.len();
+    e
+}
+
+impl CompiledGemm {
+    /// Generates the micro-kernels of `imp` for the GEMM `k` (recognized as `view`).
+    pub fn build(k: &KernelIr, view: GemmView, imp: GemmImpl, threads: usize) -> Result<CompiledGemm, String> {
+        let epilogue = epilogue::translate(k, &view);
+        let mut g = CompiledGemm {
+            table: Vec::new(),
+            set: None,
+            epilogue: None,
+            outer: k.outer.clone(),
+            input_dtypes: k.inputs.iter().map(|b| b.dtype).collect(),
+            mask: [0; 8],
+            parts: 1,
+            pass: None,
+            uses_pass: false,
+            view,
+            imp,
+        };
+        let GemmImpl::Asm(c) = imp else {
+            g.uses_pass = !is_identity(k);
+            return Ok(g);
+        };
+        let program = g.epilogue_program(k, &epilogue);
+        let v = &g.view;
+        if !config::legal(v, &c) {
+            return Err(format!("{} is not legal for this GEMM", imp.name()));
+        }
+        let tail_cols = v.n % c.nr();
+        for (l, m) in g.mask.iter_mut().enumerate() {
+            *m = if l < tail_cols % 8 || tail_cols.is_multiple_of(8) { -1 } else { 0 };
+        }
+        let units = if c.split_m { v.m.div_ceil(c.mr) } else { v.n.div_ceil(c.nr()) };
+        g.parts = threads.clamp(1, units.max(1));
+        let mut specs = Vec::new();
+        let mut slots = Vec::new();
+        let row_counts: Vec<usize> = [c.mr, v.m % c.mr].into_iter().filter(|&r| r > 0 && r <= v.m).collect();
+        let modes: Vec<Mode> =
+            if v.k <= c.kc { vec![Mode::Single] } else { vec![Mode::First, Mode::Middle, Mode::Last] };
+        for &rows in &row_counts {
+            for tail in [false, true] {
+                if tail && tail_cols == 0 {
+                    continue;
+                }
+                if !tail && v.n < c.nr() {
+                    continue;
+                }
+                let nv = if tail { tail_cols.div_ceil(8) } else { c.nv };
+                let packed_b = c.pack_b || tail;
+                for &mode in &modes {
+                    specs.push(MicroSpec {
+                        mr: rows,
+                        nv,
+                        a_ks: if c.pack_a { (c.mr * 4) as i32 } else { (v.a.cols * 4) as i32 },
+                        a_rs: if c.pack_a { 4 } else { (v.a.rows * 4) as i32 },
+                        b_ks: if packed_b { (c.nr() * 4) as i32 } else { (v.b.rows * 4) as i32 },
+                        ldc: (v.n * 4) as i32,
+                        mode,
+                        masked: tail && !tail_cols.is_multiple_of(8),
+                        unroll: c.unroll,
+                    });
+                    slots.push((rows - 1) * 8 + tail as usize * 4 + mode_index(mode));
+                }
+            }
+        }
+        let set = match KernelSet::build(&specs, &program) {
+            Ok(s) => s,
+            Err(_) if g.epilogue.is_some() => {
+                // The program did not fit the registers this tile leaves: apply it as a pass instead.
+                g.epilogue = None;
+                g.uses_pass = !is_identity(k);
+                KernelSet::build(&specs, &asm::EpProgram::identity())?
+            }
+            Err(e) => return Err(e),
+        };
+        g.table = vec![None; c.mr * 8];
+        for (&slot, &f) in slots.iter().zip(&set.fns) {
+            g.table[slot] = Some(f);
+        }
+        g.set = Some(set);
+        Ok(g)
+    }
+
+    /// Chooses between the register epilogue and the pass; returns the program to generate.
+    fn epilogue_program(&mut self, k: &KernelIr, ep: &Option<Epilogue>) -> asm::EpProgram {
+        match ep {
+            Some(e) => {
+                self.epilogue = Some(e.clone());
+                e.program.clone()
+            }
+            None => {
+                self.uses_pass = !is_identity(k);
+                asm::EpProgram::identity()
+            }
+        }
+    }
+
+    /// The generated code, for dumps and caches.
+    pub fn code_bytes(&self) -> &[u8] {
+        self.set.as_ref().map_or(&[], |s| &s.bytes)
+    }
+
+    /// Runs the GEMM: `ptrs` holds the kernel's input pointers, then the output pointer.
+    ///
+    /// # Safety
+    /// Every pointer must be valid for the buffer the kernel IR declares at that position (its dtype and length),
+    /// and the output must not alias an input.
+    pub unsafe fn run(&self, ptrs: &[*mut u8]) {
+        let n_in = self.input_dtypes.len();
+        let mut uniforms = [[0f32; 8]; 16];
+        let mut n_uniforms = 0;
+        if let Some(ep) = &self.epilogue {
+            if ep.uniforms.len() > uniforms.len() {
+                unreachable!("translate keeps uniforms within the table");
+            }
+            let any_inst = ep.uniforms.iter().any(|u| matches!(u, UniformSrc::Inst(_)));
+            let vals = if any_inst {
+                let mut load = |buf: usize, i: usize, d: DType| read_scalar(ptrs[buf], i, d);
+                kiln_jit::kernel::eval::eval_uniform(&self.outer, &ep.uniform_insts, &mut load)
+            } else {
+                Vec::new()
+            };
+            for (slot, u) in ep.uniforms.iter().enumerate() {
+                let bits = match *u {
+                    UniformSrc::Bits(b) => b,
+                    UniformSrc::Inst(i) => match vals[i] {
+                        Some(Scalar::Bool(true)) => u32::MAX,
+                        Some(Scalar::Bool(false)) => 0,
+                        Some(Scalar::Float(x)) => (x as f32).to_bits(),
+                        Some(Scalar::Int(x)) => (x as f32).to_bits(),
+                        None => 0,
+                    },
+                };
+                uniforms[slot] = [f32::from_bits(bits); 8];
+            }
+            n_uniforms = ep.uniforms.len();
+        }
+        let cx = Ctx {
+            a: ptrs[self.view.a.buf] as *const f32,
+            b: ptrs[self.view.b.buf] as *const f32,
+            c: ptrs[n_in] as *mut f32,
+            uniforms: uniforms[..n_uniforms.max(1)].as_ptr() as *const u8,
+            ptrs,
+        };
+        match self.imp {
+            GemmImpl::Asm(c) => {
+                let items = self.view.batch_count() * self.parts;
+                let work = (self.view.flops() / 2.0) as usize;
+                let f = |s: usize, e: usize| {
+                    for item in s..e {
+                        // SAFETY: the caller's pointer contract; items cover disjoint rectangles of C.
+                        unsafe { self.run_item(&c, &cx, item) };
+                    }
+                };
+                pool::global().parallel_for_work(items, work, &f);
+            }
+            // SAFETY: the caller's pointer contract.
+            GemmImpl::Library => unsafe { tune::library_gemm(&self.view, &cx) },
+        }
+        if self.uses_pass
+            && let Some(pass) = self.pass
+        {
+            let mut args: Vec<*mut u8> = ptrs[..n_in].to_vec();
+            args.push(ptrs[n_in]);
+            args.push(ptrs[n_in]);
+            let rows = if self.view.batch.is_empty() {
+                if self.view.m == 1 { self.view.n } else { self.view.m }
+            } else {
+                self.view.batch[0]
+            };
+            let work = self.view.batch_count() * self.view.m * self.view.n * self.outer.len();
+            let a = PassArgs(args.as_ptr());
+            let call = |s: usize, e: usize| {
+                let a = &a;
+                // SAFETY: the pass kernel was compiled from `epilogue_pass_kernel` of this GEMM's kernel, whose
+                // inputs are this kernel's inputs plus C, and `s..e` lies within its output loop 0.
+                unsafe { pass(a.0, std::ptr::null(), s as i64, e as i64) }
+            };
+            pool::global().parallel_for_work(rows, work, &call);
+        }
+    }
+
+    /// One rectangle of C: batch element and column/row strip `item`.
+    unsafe fn run_item(&self, c: &GemmConfig, cx: &Ctx, item: usize) {
+        let v = &self.view;
+        let (bidx, part) = (item / self.parts, item % self.parts);
+        let (unit, total) = if c.split_m { (c.mr, v.m) } else { (c.nr(), v.n) };
+        let units = total.div_ceil(unit);
+        let lo = (part * units / self.parts * unit).min(total);
+        let hi = ((part + 1) * units / self.parts * unit).min(total);
+        let (m0, m1, n0, n1) = if c.split_m { (lo, hi, 0, v.n) } else { (0, v.m, lo, hi) };
+        let bo = self.batch_offsets(bidx);
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            // SAFETY: the caller's pointer contract.
+            unsafe { self.rect(c, cx, &bo, m0, m1, n0, n1, &mut s) }
+        });
+    }
+
+    /// Element offsets of batch element `bidx`: A, B, C, then each epilogue operand.
+    fn batch_offsets(&self, bidx: usize) -> BatchOffsets {
+        let v = &self.view;
+        let mut idx = [0i64; 8];
+        let mut rem = bidx;
+        for (d, &e) in v.batch.iter().enumerate().rev() {
+            if d < idx.len() {
+                idx[d] = (rem % e) as i64;
+            }
+            rem /= e;
+        }
+        let dot = |s: &[i64]| s.iter().zip(&idx).map(|(a, b)| a * b).sum::<i64>();
+        let mut ops = [0i64; epilogue::MAX_OPERANDS];
+        if let Some(ep) = &self.epilogue {
+            for (o, op) in ep.operands.iter().enumerate() {
+                ops[o] = op.offset + dot(&op.batch);
+            }
+        }
+        BatchOffsets {
+            a: v.a.offset + dot(&v.a.batch),
+            b: v.b.offset + dot(&v.b.batch),
+            c: (bidx * v.m * v.n) as i64,
+            ops,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rect(
+        &self,
+        c: &GemmConfig,
+        cx: &Ctx,
+        bo: &BatchOffsets,
+        m0: usize,
+        m1: usize,
+        n0: usize,
+        n1: usize,
+        s: &mut Scratch,
+    ) {
+        let v = &self.view;
+        let (mr, nr) = (c.mr, c.nr());
+        let mut ep: [*const u8; 2 + epilogue::MAX_OPERANDS] = [std::ptr::null(); 2 + epilogue::MAX_OPERANDS];
+        ep[0] = self.mask.as_ptr() as *const u8;
+        ep[1] = cx.uniforms;
+        let ops = self.epilogue.as_ref().map_or(&[][..], |e| &e.operands[..]);
+        let mut jc = n0;
+        while jc < n1 {
+            let nb = (n1 - jc).min(c.nc);
+            let panels = nb.div_ceil(nr);
+            let mut pc = 0;
+            while pc < v.k {
+                let kb = (v.k - pc).min(c.kc);
+                let mode = match (pc == 0, pc + kb == v.k) {
+                    (true, true) => Mode::Single,
+                    (true, false) => Mode::First,
+                    (false, true) => Mode::Last,
+                    (false, false) => Mode::Middle,
+                };
+                // SAFETY (all pack calls and pointer arithmetic below): the GEMM view was recognized from the
+                // kernel IR, whose affine indices stay within each declared buffer for every (b, m, n, k) in range;
+                // every index formed here is such an index.
+                let bsrc = unsafe { cx.b.offset((bo.b + pc as i64 * v.b.rows) as isize) };
+                let bpack = if c.pack_b {
+                    let dst = s.b(panels * nr * kb);
+                    unsafe { pack::pack_b(dst, bsrc, v.b.rows, v.b.cols, jc, nb, kb, nr) };
+                    dst as *const f32
+                } else if !nb.is_multiple_of(nr) {
+                    let dst = s.b(nr * kb);
+                    let last = (panels - 1) * nr;
+                    unsafe { pack::pack_b(dst, bsrc, v.b.rows, v.b.cols, jc + last, nb - last, kb, nr) };
+                    dst as *const f32
+                } else {
+                    std::ptr::null()
+                };
+                let mut ic = m0;
+                while ic < m1 {
+                    let mb = (m1 - ic).min(c.mc);
+                    let asrc = unsafe { cx.a.offset((bo.a + pc as i64 * v.a.cols) as isize) };
+                    let apack = if c.pack_a {
+                        let dst = s.a(mb.div_ceil(mr) * mr * kb);
+                        unsafe { pack::pack_a(dst, asrc, v.a.rows, v.a.cols, ic, mb, kb, mr) };
+                        dst as *const f32
+                    } else {
+                        std::ptr::null()
+                    };
+                    for q in 0..panels {
+                        let jr = q * nr;
+                        let tail = nb - jr < nr;
+                        let bptr = if c.pack_b {
+                            unsafe { bpack.add(q * kb * nr) }
+                        } else if tail {
+                            bpack
+                        } else {
+                            unsafe { bsrc.offset(((jc + jr) as i64 * v.b.cols) as isize) }
+                        };
+                        let n_at = jc + jr;
+                        let mut ir = 0;
+                        while ir < mb {
+                            let rows = (mb - ir).min(mr);
+                            let m_at = ic + ir;
+                            let aptr = if c.pack_a {
+                                unsafe { apack.add(ir / mr * mr * kb) }
+                            } else {
+                                unsafe { asrc.offset((m_at as i64 * v.a.rows) as isize) }
+                            };
+                            let cptr = unsafe { cx.c.offset((bo.c + (m_at * v.n + n_at) as i64) as isize) };
+                            for (o, op) in ops.iter().enumerate() {
+                                let e = bo.ops[o]
+                                    + match op.kind {
+                                        OperandKind::Mat { ld } => m_at as i64 * ld + n_at as i64,
+                                        OperandKind::Row => n_at as i64,
+                                        OperandKind::Col { stride } => m_at as i64 * stride,
+                                    };
+                                ep[2 + o] = cx.ptrs[op.buf].wrapping_offset((e * 4) as isize) as *const u8;
+                            }
+                            let f = self.table[(rows - 1) * 8 + tail as usize * 4 + mode_index(mode)]
+                                .unwrap_or_else(|| unreachable!("kernel {rows} rows, tail {tail}, {mode:?} generated"));
+                            // SAFETY: the micro-kernel reads `kb` steps of A and B panels laid out as generated
+                            // (packed here or in place with the view's strides), writes a rows x NR tile of C
+                            // (masked at a ragged edge), and reads epilogue operands at the tile.
+                            unsafe { f(aptr, bptr, cptr, kb, ep.as_ptr()) };
+                            ir += rows;
+                        }
+                    }
+                    ic += mb;
+                }
+                pc += kb;
+            }
+            jc += nb;
+        }
+    }
+}
+
+fn is_identity(k: &KernelIr) -> bool {
+    matches!(k.outer.get(k.result).map(|i| &i.op), Some(kiln_jit::kernel::InstOp::Acc))
+}
+
+/// Reads element `i` of a buffer of dtype `d` as a scalar (for host-evaluated uniforms).
+fn read_scalar(p: *mut u8, i: usize, d: DType) -> Scalar {
+    // SAFETY: `p` is the kernel's buffer of dtype `d`, and `i` is a constant index the kernel IR reads.
+    unsafe {
+        match d {
+            DType::Bool => Scalar::Bool(*p.add(i) != 0),
+            DType::U8 => Scalar::Int(*p.add(i) as i64),
+            DType::I32 => Scalar::Int(*(p as *const i32).add(i) as i64),
+            DType::I64 => Scalar::Int(*(p as *const i64).add(i)),
+            DType::F32 => Scalar::Float(*(p as *const f32).add(i) as f64),
+            DType::F64 => Scalar::Float(*(p as *const f64).add(i)),
+        }
+    }
+}
+
+/// Base pointers of one run.
+pub struct Ctx<'a> {
+    pub a: *const f32,
+    pub b: *const f32,
+    pub c: *mut f32,
+    uniforms: *const u8,
+    ptrs: &'a [*mut u8],
+}
+
+// SAFETY: read-only pointer bundle shared by the pool's threads for the duration of one run; the threads write
+// disjoint rectangles of C.
+unsafe impl Sync for Ctx<'_> {}
+
+struct PassArgs(*const *mut u8);
+
+// SAFETY: the pointer table outlives the pass launch, which only reads it; chunks write disjoint rows of C.
+unsafe impl Sync for PassArgs {}
+
+struct BatchOffsets {
+    a: i64,
+    b: i64,
+    c: i64,
+    ops: [i64; epilogue::MAX_OPERANDS],
+}
+
+/// Per-thread pack buffers, 64-byte aligned, grown on demand and kept.
+#[derive(Default)]
+struct Scratch {
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl Scratch {
+    fn a(&mut self, len: usize) -> *mut f32 {
+        aligned(&mut self.a, len)
+    }
+    fn b(&mut self, len: usize) -> *mut f32 {
+        aligned(&mut self.b, len)
+    }
+}
+
+fn aligned(v: &mut Vec<f32>, len: usize) -> *mut f32 {
+    if v.len() < len + 16 {
+        v.resize(len + 16, 0.0);
+    }
+    let p = v.as_mut_ptr();
+    let skip = (p as usize).next_multiple_of(64) - p as usize;
+    // SAFETY: `skip` is at most 60 bytes (15 floats) and the vector has 16 spare floats past `len`.
+    unsafe { p.add(skip / 4) }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}

@@ -1,0 +1,177 @@
+//! Recognizing a GEMM in a kernel: which reduce kernels are `C[b, m, n] = epilogue(sum_k A[b, m, k] * B[b, k, n])`,
+//! with the strides of A and B and the role of every value the epilogue reads. Target-neutral: the CPU backend's
+//! generated AVX2 kernels and a GPU's tiled GEMM both start from a [`GemmView`]; the tuner keys on it.
+//!
+//! A kernel qualifies when its reduction is an f32 sum over one variable of exactly `load * load` (no masks, affine
+//! indices), and its output is `[batch.., m, n]`, `[m, n]` or `[n]` (a batch-1 layer, whose unit M loop was
+//! dropped). Anything else (a padded operand, a cast inside the sum, an int matmul) stays on the generic path.
+//!
+//! The epilogue is the kernel's outer code; each value is classified by what it varies with ([`Role`]), which is what
+//! a renderer needs to place it in registers.
+
+use crate::dtype::DType;
+use crate::kernel::ir::{InstOp, KernelIr};
+
+/// One GEMM operand: element `(b, i, j)` is at `offset + sum(batch[d] * b_d) + i * rows + j * cols` in input `buf`.
+/// For A, `i` is m and `j` is k; for B, `i` is k and `j` is n.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GemmOperand {
+    pub buf: usize,
+    pub offset: i64,
+    pub batch: Vec<i64>,
+    pub rows: i64,
+    pub cols: i64,
+}
+
+/// What an epilogue value varies with.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The same for the whole launch (constants, a learning rate read from a buffer, ...).
+    Uniform,
+    /// An f32 load varying with m and n: `(b, m, n)` at `offset + batch.b + m * ld + n` (n contiguous).
+    Mat { buf: usize, offset: i64, batch: Vec<i64>, ld: i64 },
+    /// An f32 load varying with n only (a bias over columns), n contiguous.
+    Row { buf: usize, offset: i64, batch: Vec<i64> },
+    /// An f32 load varying with m only (a per-row scale or bias).
+    Col { buf: usize, offset: i64, batch: Vec<i64>, stride: i64 },
+    /// The accumulator, or a value computed from it and loads (per element).
+    Computed,
+    /// Something the register epilogue cannot express (a gather, an iota, a masked load).
+    Other,
+}
+
+/// A kernel seen as a (batched) GEMM.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GemmView {
+    pub batch: Vec<usize>,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: GemmOperand,
+    pub b: GemmOperand,
+    /// Per outer instruction.
+    pub roles: Vec<Role>,
+}
+
+impl GemmView {
+    pub fn batch_count(&self) -> usize {
+        self.batch.iter().product()
+    }
+
+    pub fn flops(&self) -> f64 {
+        2.0 * self.batch_count() as f64 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+
+    /// Recognizes `k` as a GEMM; `None` when it is not one (see the module doc).
+    pub fn of(k: &KernelIr) -> Option<GemmView> {
+        let r = k.reduce.as_ref()?;
+        if r.op != crate::op::ReduceOp::Sum || r.dtype != DType::F32 || r.extents.len() != 1 || r.inner.len() != 3 {
+            return None;
+        }
+        if k.output.dtype != DType::F32 || k.out_extents.is_empty() || k.out_extents.contains(&0) || r.extents[0] == 0 {
+            return None;
+        }
+        let rank = k.out_rank();
+        let nvars = rank + 1;
+        let kvar = rank;
+        let load = |i: usize| -> Option<(usize, Vec<i64>, i64)> {
+            let inst = &r.inner[i];
+            match &inst.op {
+                InstOp::Load { buf, index, valid: None, .. } if inst.dtype == DType::F32 => {
+                    let (coef, c) = index.affine(nvars)?;
+                    Some((*buf, coef, c))
+                }
+                _ => None,
+            }
+        };
+        let (x, y) = match r.inner[2].op {
+            InstOp::Binary(crate::op::BinaryOp::Mul, 0, 1) | InstOp::Binary(crate::op::BinaryOp::Mul, 1, 0) => {
+                (load(0)?, load(1)?)
+            }
+            _ => return None,
+        };
+        if r.value != 2 {
+            return None;
+        }
+        let (batch_rank, mvar, nvar) = if rank == 1 { (0, None, 0) } else { (rank - 2, Some(rank - 2), rank - 1) };
+        let coef_m = |c: &[i64]| mvar.map_or(0, |m| c[m]);
+        // A does not move with n, B does not move with m.
+        let (a, b) = if x.1[nvar] == 0 && coef_m(&y.1) == 0 {
+            (x, y)
+        } else if y.1[nvar] == 0 && coef_m(&x.1) == 0 {
+            (y, x)
+        } else {
+            return None;
+        };
+        let operand = |(buf, coef, c): (usize, Vec<i64>, i64), i: i64, j: i64| GemmOperand {
+            buf,
+            offset: c,
+            batch: coef[..batch_rank].to_vec(),
+            rows: i,
+            cols: j,
+        };
+        let a = {
+            let (am, ak) = (coef_m(&a.1), a.1[kvar]);
+            operand(a, am, ak)
+        };
+        let b = {
+            let (bk, bn) = (b.1[kvar], b.1[nvar]);
+            operand(b, bk, bn)
+        };
+        let m = mvar.map_or(1, |v| k.out_extents[v]);
+        let view = GemmView {
+            batch: k.out_extents[..batch_rank].to_vec(),
+            m,
+            n: k.out_extents[nvar],
+            k: r.extents[0],
+            a,
+            b,
+            roles: roles(k, batch_rank, mvar, nvar),
+        };
+        Some(view)
+    }
+}
+
+/// Classifies every outer instruction (see [`Role`]).
+fn roles(k: &KernelIr, batch_rank: usize, mvar: Option<usize>, nvar: usize) -> Vec<Role> {
+    let nvars = k.out_rank();
+    let mut out: Vec<Role> = Vec::with_capacity(k.outer.len());
+    for inst in &k.outer {
+        let role = match &inst.op {
+            InstOp::Const(_) => Role::Uniform,
+            InstOp::Acc => Role::Computed,
+            InstOp::Index(_) | InstOp::Rand { .. } => Role::Other,
+            InstOp::Load { buf, index, valid, .. } => match index.affine(nvars) {
+                Some((coef, c)) if valid.is_none() => {
+                    let cm = mvar.map_or(0, |v| coef[v]);
+                    let cn = coef[nvar];
+                    let batch = coef[..batch_rank].to_vec();
+                    let f32 = inst.dtype == DType::F32;
+                    match (cm, cn) {
+                        (0, 0) if batch.iter().all(|&b| b == 0) => Role::Uniform,
+                        (_, 1) if f32 && cm != 0 => Role::Mat { buf: *buf, offset: c, batch, ld: cm },
+                        (0, 1) if f32 => Role::Row { buf: *buf, offset: c, batch },
+                        (_, 0) if f32 && cm != 0 => Role::Col { buf: *buf, offset: c, batch, stride: cm },
+                        _ => Role::Other,
+                    }
+                }
+                _ => Role::Other,
+            },
+            InstOp::Unary(_, a) | InstOp::Cast(a) => combine(&[&out[*a]]),
+            InstOp::Binary(_, a, b) => combine(&[&out[*a], &out[*b]]),
+            InstOp::Where(c, a, b) => combine(&[&out[*c], &out[*a], &out[*b]]),
+        };
+        out.push(role);
+    }
+    out
+}
+
+fn combine(srcs: &[&Role]) -> Role {
+    if srcs.iter().any(|r| matches!(r, Role::Other)) {
+        Role::Other
+    } else if srcs.iter().all(|r| matches!(r, Role::Uniform)) {
+        Role::Uniform
+    } else {
+        Role::Computed
+    }
+}

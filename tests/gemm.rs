@@ -1,0 +1,149 @@
+//! The generated GEMM: every candidate configuration the tuner may pick is forced once on GEMMs with ragged edges,
+//! several K blocks, transposed and batched operands and every epilogue kind (in registers or as a pass), and
+//! checked against the reference interpreter. A tuner that can pick a wrong kernel is the worst bug this area has.
+
+mod common;
+
+use common::{Dom, compare, data, gemm_tol, tensor};
+use kiln::{DType, Tensor};
+use kiln_backends::cpu::gemm::config::{self, GemmImpl};
+use kiln_backends::cpu::run_gemm_with;
+use kiln_jit::kernel::gemm::GemmView;
+use kiln_jit::kernel::{Slot, eval, schedule};
+
+fn rand(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    tensor(DType::F32, &data(DType::F32, n, seed, Dom::Cont(-1.0, 1.0)), shape)
+}
+
+/// Schedules `out`, runs launches before its GEMM with the kernel evaluator, then forces every candidate on the
+/// GEMM and compares the result with the interpreter's value of the whole graph. Returns the candidates run.
+fn check_all_candidates(name: &str, out: &Tensor) -> usize {
+    let cap = kiln::capture(&[out]).unwrap();
+    let want = cap.reference().unwrap().remove(0);
+    let plan = schedule(&cap.graph);
+    let inputs: Vec<&kiln::HostBuffer> = cap.inputs.iter().collect();
+    let mut temps: Vec<Option<kiln::HostBuffer>> = vec![None; plan.temps.len()];
+    let mut checked = 0;
+    for (li, l) in plan.launches.iter().enumerate() {
+        let args: Vec<&kiln::HostBuffer> = l
+            .inputs
+            .iter()
+            .map(|s| match *s {
+                Slot::Input(i) => inputs[i],
+                Slot::Temp(t) => temps[t].as_ref().unwrap(),
+                Slot::Output(_) => unreachable!("single-output test graphs"),
+            })
+            .collect();
+        let last = li + 1 == plan.launches.len();
+        if let (Some(view), true) = (GemmView::of(&l.kernel), last) {
+            let k = view.k;
+            let mut cands = config::candidates(&view, view.batch.is_empty());
+            // Each tile shape also unblocked (one K block) and with a tiny KC (many K blocks, middle mode).
+            let extra: Vec<GemmImpl> = cands
+                .iter()
+                .filter_map(|c| match c {
+                    GemmImpl::Asm(c) => {
+                        Some(GemmImpl::Asm(config::GemmConfig { kc: 16, mc: c.mr * 2, nc: c.nr() * 2, ..*c }))
+                    }
+                    GemmImpl::Library => None,
+                })
+                .collect();
+            cands.extend(extra);
+            for imp in cands {
+                let got =
+                    run_gemm_with(&l.kernel, imp, &args).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
+                if let Err(e) = compare(&got, &want, gemm_tol(k)) {
+                    panic!("{name}: candidate {} is wrong: {e}\n{}", imp.name(), l.kernel);
+                }
+                checked += 1;
+            }
+            assert_eq!(l.output, Slot::Output(0));
+            return checked;
+        }
+        let out = eval::run(&l.kernel, &args, &cap.rng);
+        match l.output {
+            Slot::Temp(t) => temps[t] = Some(out),
+            _ => panic!("{name}: the GEMM is not the last launch:\n{}", l.kernel),
+        }
+    }
+    panic!("{name}: no GEMM kernel in the plan")
+}
+
+fn skip_without_avx2() -> bool {
+    let no = !kiln_backends::cpu::gemm::asm::host_supported();
+    if no {
+        eprintln!("skipping: this host has no AVX2+FMA, so kiln's generated GEMM never runs here");
+    }
+    no
+}
+
+#[test]
+fn every_candidate_on_ragged_and_blocked_shapes() {
+    if skip_without_avx2() {
+        return;
+    }
+    for (m, n, k) in [(13, 45, 70), (64, 64, 300), (6, 16, 2), (1, 37, 19), (30, 100, 33), (200, 24, 40)] {
+        let c = rand(&[m, k], 1).matmul(&rand(&[k, n], 2));
+        assert!(check_all_candidates(&format!("{m}x{n}x{k}"), &c) > 0);
+    }
+}
+
+#[test]
+fn every_candidate_on_transposed_and_batched_operands() {
+    if skip_without_avx2() {
+        return;
+    }
+    let cases: Vec<(&str, Tensor)> = vec![
+        ("a.t() @ b", rand(&[50, 20], 3).t().matmul(&rand(&[50, 33], 4))),
+        ("a @ b.t() (linear)", rand(&[5, 40], 5).matmul(&rand(&[27, 40], 6).t())),
+        ("a @ b.t(), M=12", rand(&[12, 40], 5).matmul(&rand(&[27, 40], 6).t())),
+        ("batched", rand(&[3, 17, 20], 7).matmul(&rand(&[3, 20, 33], 8))),
+        ("batch-1 vector", rand(&[1, 64], 9).matmul(&rand(&[64, 70], 10))),
+    ];
+    for (name, c) in cases {
+        assert!(check_all_candidates(name, &c) > 0);
+        // The register epilogue must cover the common kinds; the others go through the pass.
+        let cap = kiln::capture(&[&c]).unwrap();
+        let plan = schedule(&cap.graph);
+        let k = &plan.launches.last().unwrap().kernel;
+        let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap()).is_some();
+        assert_eq!(in_registers, !name.contains("(a pass)"), "{name}: epilogue in registers = {in_registers}");
+    }
+}
+
+#[test]
+fn every_candidate_with_each_epilogue() {
+    if skip_without_avx2() {
+        return;
+    }
+    let (m, n, k) = (14, 41, 37);
+    let a = rand(&[m, k], 11);
+    let w = rand(&[k, n], 12);
+    let mm = || a.matmul(&w);
+    let bias = rand(&[n], 13);
+    let col = rand(&[m, 1], 14);
+    let res = rand(&[m, n], 15);
+    let lr = tensor(DType::F64, &[0.125], &[]);
+    let cases: Vec<(&str, Tensor)> = vec![
+        ("bias + relu", (mm() + &bias).relu()),
+        ("scale", mm() * 0.5),
+        ("per-row bias", mm() + &col),
+        ("residual", mm() + &res),
+        ("sgd update", res.sub(&mm().mul(&lr.to_dtype(DType::F32)))),
+        ("leaky relu backward", res.gt(0.0).where_(mm(), mm() * 0.01)),
+        ("neg abs sqrt", (-mm()).abs().sqrt()),
+        ("div", mm() / (res.abs() + 1.0)),
+        ("gelu (a pass)", kiln::nn::functional::gelu(&mm(), kiln::nn::functional::Approximate::Tanh)),
+        ("max (a pass)", mm().maximum(&res)),
+    ];
+    for (name, c) in cases {
+        assert!(check_all_candidates(name, &c) > 0);
+        // The register epilogue must cover the common kinds; the others go through the pass.
+        let cap = kiln::capture(&[&c]).unwrap();
+        let plan = schedule(&cap.graph);
+        let k = &plan.launches.last().unwrap().kernel;
+        let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap()).is_some();
+        assert_eq!(in_registers, !name.contains("(a pass)"), "{name}: epilogue in registers = {in_registers}");
+    }
+}
