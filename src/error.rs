@@ -42,4 +42,7 @@ pub enum Error {
     StateDict { path: std::path::PathBuf, problems: Vec<String> },
     #[error(transparent)]
     Backend(#[from] kiln_backends::BackendError),
+    /// The tuning and kernel cache could not be read or written, or a bundle was refused (another CPU or version).
+    #[error(transparent)]
+    Cache(#[from] kiln_autotune::StoreError),
 }

@@ -33,6 +33,7 @@ pub mod optim;
 mod random;
 mod realize;
 mod tensor;
+pub mod tune;
 
 pub use args::{Dims, ShapeSpec};
 pub use autograd::{Gradients, is_grad_enabled, no_grad};

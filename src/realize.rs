@@ -53,10 +53,19 @@ pub struct Stats {
     pub cached_plans: usize,
     /// Tensor nodes alive now (lazy or realized).
     pub live_nodes: usize,
+    /// GEMM autotuning searches run (a tuning-cache miss with `KILN_AUTOTUNE` fast or full).
+    pub tunings: u64,
+    /// GEMM tuning records reused (from memory, the disk cache or an imported bundle).
+    pub tune_hits: u64,
+    /// Tuned GEMM kernels generated (code generation ran).
+    pub tuned_kernel_compiles: u64,
+    /// Tuned GEMM kernels mapped from cached machine code (no code generation).
+    pub tuned_kernel_loads: u64,
 }
 
 /// The runtime's counters now.
 pub fn stats() -> Stats {
+    let g = kiln_backends::cpu::gemm::stats();
     Stats {
         plan_hits: HITS.load(Ordering::Relaxed),
         plan_misses: MISSES.load(Ordering::Relaxed),
@@ -64,6 +73,10 @@ pub fn stats() -> Stats {
         realizes: REALIZES.load(Ordering::Relaxed),
         cached_plans: PLANS.len(),
         live_nodes: LIVE_NODES.load(Ordering::Relaxed),
+        tunings: g.tunings,
+        tune_hits: g.tune_hits,
+        tuned_kernel_compiles: g.kernel_compiles,
+        tuned_kernel_loads: g.kernel_loads,
     }
 }
 

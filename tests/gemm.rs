@@ -130,7 +130,7 @@ fn every_candidate_with_each_epilogue() {
         ("scale", mm() * 0.5),
         ("per-row bias", mm() + &col),
         ("residual", mm() + &res),
-        ("sgd update", res.sub(&mm().mul(&lr.to_dtype(DType::F32)))),
+        ("sgd update", res.sub(mm().mul(lr.to_dtype(DType::F32)))),
         ("leaky relu backward", res.gt(0.0).where_(mm(), mm() * 0.01)),
         ("neg abs sqrt", (-mm()).abs().sqrt()),
         ("div", mm() / (res.abs() + 1.0)),

@@ -1,7 +1,31 @@
-//! `kiln-autotune`: GEMM autotuning (search spaces, analytic cost model, timing harness, tuning records,
-//! persistent store, bundles).
+//! `kiln-autotune`: the device-neutral half of kiln's autotuner. It knows how to search, remember and ship tuning
+//! results; it does not know what a GEMM is.
 //!
-//! Must not know: the user-facing `Tensor` API.
+//! - [`search()`]: sort candidates by a model's score, verify and time the best few within a budget
+//!   ([`Mode`]: `KILN_AUTOTUNE=off|fast|full`), and return a [`TuneRecord`] naming the winner with every trial.
+//! - [`TuneKey`]: what a result is valid for (op, bucketed dims, dtypes, layout, epilogue, [`DeviceFingerprint`]
+//!   id, checksum of the candidate set); [`bucket`] rounds a dim up to its power-of-two bucket.
+//! - [`Store`]: records and opaque compiled artifacts in memory and under `KILN_CACHE_DIR`, namespaced by version
+//!   and device, written atomically, checksummed, and never used when anything about an entry is off; bundles
+//!   export and import a whole namespace as one file.
 //!
-//! Deliberately empty: the tuner arrives with the CPU JIT's GEMM seam (see DESIGN.md, "Autotuning"). The crate
-//! exists now so the workspace layout is the one every later change fills in.
+//! Must not know: the user-facing `Tensor` API, any other kiln crate, or a particular device or kernel. The
+//! GEMM candidates, cost model, reference check and timing closures are the backends' (see DESIGN.md,
+//! "Autotuning" and "Caches").
+#![forbid(unsafe_code)]
+
+mod envelope;
+mod fingerprint;
+mod fsio;
+mod hash;
+mod key;
+mod record;
+mod search;
+mod store;
+
+pub use envelope::EntryKind;
+pub use fingerprint::DeviceFingerprint;
+pub use key::{TuneKey, bucket, checksum_of};
+pub use record::{Trial, TuneRecord};
+pub use search::{Budget, Candidate, Mode, search, search_with_budget};
+pub use store::{BundleSummary, EntryInfo, Store, StoreError, StoreStats, VERSION};

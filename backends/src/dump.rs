@@ -55,6 +55,21 @@ impl Dump {
         }
     }
 
+    /// Dumps one generated GEMM: its IR, its configuration and autotune table (every candidate: score, time,
+    /// verified, winner), and its machine code (`objdump -D -b binary -mi386:x86-64 <file>` disassembles it).
+    pub fn gemm_files(&self, k: &KernelIr, config: &str, code: &[u8], autotune_table: &str) {
+        let n = self.kernels.fetch_add(1, Ordering::Relaxed);
+        let stem = format!("k{n}.{}", k.name);
+        self.write(&format!("{stem}.kir"), &k.to_text());
+        self.write(&format!("{stem}.autotune.txt"), &format!("config: {config}\n\n{autotune_table}"));
+        if let Some(d) = &self.dir {
+            let name = format!("plan{}.{stem}.gemm.bin", self.plan);
+            if let Err(e) = std::fs::write(d.join(&name), code) {
+                eprintln!("kiln: KILN_DUMP: cannot write {name}: {e}");
+            }
+        }
+    }
+
     fn write(&self, what: &str, text: &str) {
         let name = format!("plan{}.{what}", self.plan);
         match &self.dir {

@@ -127,15 +127,46 @@ impl Compiler {
 /// GEMMs smaller than this (M*N*K) stay Cranelift kernels: the blocked driver's fixed costs would dominate.
 const GEMM_MIN_VOLUME: usize = 4096;
 
-/// The generated-GEMM form of `k` if it is a GEMM worth it on this host, with its configuration chosen by the
-/// tuner (`gemm::tune`), and its epilogue pass compiled when the epilogue is not in registers.
+/// Whether GEMMs run as generated AVX2 code: the host has AVX2+FMA and `KILN_GEMM=clif` (Cranelift kernels only, to
+/// bisect) is not set.
+fn generated_gemm_enabled() -> bool {
+    static ON: LazyLock<bool> = LazyLock::new(|| {
+        super::gemm::asm::host_supported() && std::env::var("KILN_GEMM").map_or(true, |v| v != "clif")
+    });
+    *ON
+}
+
+/// `KILN_AUTOTUNE` (read once), unless [`set_autotune_mode`] overrides it.
+fn tune_mode() -> kiln_autotune::Mode {
+    static MODE: LazyLock<kiln_autotune::Mode> = LazyLock::new(kiln_autotune::Mode::from_env);
+    MODE_OVERRIDE.lock().unwrap_or(*MODE)
+}
+
+static LAST_RECORD: Mutex<Option<kiln_autotune::TuneRecord>> = Mutex::new(None);
+
+/// Takes the tuning record of the GEMM compiled last (searched or reused) since the previous call, for
+/// `kiln tune`'s report.
+pub fn take_last_tune_record() -> Option<kiln_autotune::TuneRecord> {
+    LAST_RECORD.lock().take()
+}
+
+static MODE_OVERRIDE: Mutex<Option<kiln_autotune::Mode>> = Mutex::new(None);
+
+/// Overrides `KILN_AUTOTUNE` for GEMMs compiled from now on (`None` restores it): `kiln tune` searches with `full`
+/// whatever the environment says.
+pub fn set_autotune_mode(mode: Option<kiln_autotune::Mode>) {
+    *MODE_OVERRIDE.lock() = mode;
+}
+
+/// The generated-GEMM form of `k` if it is a GEMM worth it on this host, in the configuration the tuning cache
+/// holds for its key, or the one a search picks now (`KILN_AUTOTUNE`), with its epilogue pass compiled when the
+/// epilogue is not in registers.
 fn gemm_for(
     c: &mut Compiler,
     k: &KernelIr,
     dump: Option<&crate::dump::Dump>,
 ) -> Result<Option<super::gemm::CompiledGemm>, String> {
-    use super::gemm::{self, asm};
-    if !asm::host_supported() || std::env::var("KILN_GEMM").is_ok_and(|v| v == "clif") {
+    if !generated_gemm_enabled() {
         return Ok(None);
     }
     let Some(view) = kiln_jit::kernel::gemm::GemmView::of(k) else { return Ok(None) };
@@ -143,8 +174,93 @@ fn gemm_for(
         return Ok(None);
     }
     let threads = pool::global().threads();
-    let Some(imp) = gemm::tune::analytic_best(&view, threads) else { return Ok(None) };
-    build_gemm(c, k, view, imp, threads, dump).map(Some)
+    let store = kiln_autotune::Store::global();
+    let (imp, record) = choose_gemm(c, k, &view, threads, store, tune_mode())?;
+    let g = build_gemm(c, k, view, imp, threads, Some(store), dump)?;
+    if let Some(d) = dump {
+        let table = record.map_or_else(|| "not tuned (analytic choice)\n".to_string(), |r| r.table());
+        d.gemm_files(k, &imp.name(), g.code_bytes(), &table);
+    }
+    Ok(Some(g))
+}
+
+/// The configuration for GEMM `k`: a cached record's winner (never re-raced), else a search on the canonical
+/// problem of its key (or, with `KILN_AUTOTUNE=off`, the best analytic score), recorded in `store`.
+fn choose_gemm(
+    c: &mut Compiler,
+    k: &KernelIr,
+    view: &kiln_jit::kernel::gemm::GemmView,
+    threads: usize,
+    store: &kiln_autotune::Store,
+    mode: kiln_autotune::Mode,
+) -> Result<(super::gemm::config::GemmImpl, Option<kiln_autotune::TuneRecord>), String> {
+    use super::gemm::{self, config, config::GemmImpl, tune};
+    use std::sync::atomic::Ordering;
+    let problem = tune::problem(k, view, threads, &store.fingerprint().id());
+    let legal_here = |imp: &GemmImpl| match imp {
+        GemmImpl::Asm(cfg) => config::legal(view, cfg),
+        GemmImpl::Library => view.batch.is_empty(),
+    };
+    if let Some(rec) = store.get_record(&problem.key)
+        && let Some(imp) = GemmImpl::parse(&rec.winner).filter(legal_here)
+    {
+        gemm::TUNE_HITS.fetch_add(1, Ordering::Relaxed);
+        *LAST_RECORD.lock() = Some(rec.clone());
+        return Ok((imp, Some(rec)));
+    }
+    let cands = config::candidates(&problem.view, problem.view.batch.is_empty());
+    let scored: Vec<kiln_autotune::Candidate<'_, GemmImpl>> = cands
+        .iter()
+        .map(|imp| kiln_autotune::Candidate {
+            config: imp,
+            name: imp.name(),
+            score: config::score(&problem.view, imp, threads),
+        })
+        .collect();
+    // The epilogue pass (when the epilogue is not in registers) is the same for every candidate: compile it once.
+    let pass = {
+        let pk = gemm::epilogue_pass_kernel(&problem.kernel);
+        c.kernel(&pk, false)?.0
+    };
+    let run = |imp: &GemmImpl| -> Result<(HostBuffer, std::time::Duration), String> {
+        let mut g = gemm::CompiledGemm::build(&problem.kernel, problem.view.clone(), *imp, threads, None)?;
+        g.pass = Some(pass);
+        let mut out = crate::host_pool::take(DType::F32, problem.kernel.output.len);
+        let mut ptrs: Vec<*mut u8> = problem.inputs.iter().map(read_ptr).collect();
+        ptrs.push(write_ptr(&mut out));
+        let t0 = std::time::Instant::now();
+        // SAFETY: the canonical problem's inputs were made with exactly the lengths and dtypes its kernel declares,
+        // and the output was allocated with its length.
+        unsafe {
+            g.run(&ptrs);
+            finish_output(&mut out, problem.kernel.output.len);
+        }
+        Ok((out, t0.elapsed()))
+    };
+    let record = kiln_autotune::search(
+        &problem.key,
+        problem.dims.clone(),
+        scored,
+        mode,
+        |imp| run(imp).and_then(|(out, _)| tune::verify(&problem, &out)),
+        |imp| run(imp).map(|(_, t)| t),
+    )?;
+    let imp = GemmImpl::parse(&record.winner).ok_or_else(|| format!("unparsable winner {}", record.winner))?;
+    if mode != kiln_autotune::Mode::Off {
+        gemm::TUNINGS.fetch_add(1, Ordering::Relaxed);
+    }
+    *LAST_RECORD.lock() = Some(record.clone());
+    if let Err(e) = store.put_record(&record) {
+        eprintln!("kiln: could not save the tuning record ({e}); the choice holds for this process");
+    }
+    // A winner tuned at the bucket's bound may not be legal at this exact shape (an i32 stride); the analytic
+    // best for this shape is.
+    let imp = if legal_here(&imp) {
+        imp
+    } else {
+        super::gemm::tune::analytic_best(view, threads).ok_or("no legal GEMM config")?
+    };
+    Ok((imp, Some(record)))
 }
 
 fn build_gemm(
@@ -153,9 +269,10 @@ fn build_gemm(
     view: kiln_jit::kernel::gemm::GemmView,
     imp: super::gemm::config::GemmImpl,
     threads: usize,
+    cache: Option<&kiln_autotune::Store>,
     dump: Option<&crate::dump::Dump>,
 ) -> Result<super::gemm::CompiledGemm, String> {
-    let mut g = super::gemm::CompiledGemm::build(k, view, imp, threads)?;
+    let mut g = super::gemm::CompiledGemm::build(k, view, imp, threads, cache)?;
     if g.uses_pass {
         let pass = super::gemm::epilogue_pass_kernel(k);
         let (f, text) = c.kernel(&pass, dump.is_some())?;
@@ -179,7 +296,7 @@ pub fn run_gemm_with(
     }
     let view = kiln_jit::kernel::gemm::GemmView::of(k).ok_or("not a GEMM")?;
     let compiler = COMPILER.as_ref().map_err(|e| e.clone())?;
-    let g = build_gemm(&mut compiler.lock(), k, view, imp, pool::global().threads(), None)?;
+    let g = build_gemm(&mut compiler.lock(), k, view, imp, pool::global().threads(), None, None)?;
     let mut out = crate::host_pool::take(k.output.dtype, k.output.len);
     let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| read_ptr(b)).collect();
     ptrs.push(write_ptr(&mut out));
@@ -251,7 +368,9 @@ unsafe impl Send for Arena {}
 /// Compiles every kernel of `graph`'s schedule.
 pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     let err = |reason: String| BackendError::Compile { device: NAME, reason };
-    let plan: KernelPlan = kiln_jit::kernel::schedule(graph);
+    // The generated GEMM packs operands of any layout, so a transposed weight is not copied first.
+    let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !generated_gemm_enabled() };
+    let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
     let dump = crate::dump::Dump::start(graph, &plan);
     let compiler = COMPILER.as_ref().map_err(|e| err(e.clone()))?;
     let mut launches = Vec::with_capacity(plan.launches.len());

@@ -11,4 +11,4 @@ pub mod simplify;
 
 pub use index::IExpr;
 pub use ir::{BufParam, Inst, InstOp, KernelIr, Reduce, Valid, ValueId};
-pub use schedule::{KernelPlan, Launch, Slot, schedule};
+pub use schedule::{KernelPlan, Launch, ScheduleOptions, Slot, schedule, schedule_with};

@@ -93,8 +93,28 @@ fn alu_cost(op: &Op) -> usize {
     }
 }
 
+/// Choices a backend makes about scheduling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleOptions {
+    /// Rule 2b: copy a transposed right operand to contiguous memory before a GEMM with M >= 8. A backend whose
+    /// GEMM packs its operands (the CPU's generated GEMM reads any strides while packing) turns it off: the copy
+    /// would be a second pass over the weights every step.
+    pub transpose_copy: bool,
+}
+
+impl Default for ScheduleOptions {
+    fn default() -> Self {
+        ScheduleOptions { transpose_copy: true }
+    }
+}
+
 /// Decides materialization and reduce stages, lowers every kernel and plans memory.
 pub fn schedule(graph: &Graph) -> KernelPlan {
+    schedule_with(graph, ScheduleOptions::default())
+}
+
+/// [`schedule`] with explicit options.
+pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     let mut simplified = graph.clone();
     crate::kernel::simplify::simplify(&mut simplified);
     let graph = &simplified;
@@ -150,7 +170,8 @@ pub fn schedule(graph: &Graph) -> KernelPlan {
         let srcs = graph.srcs(n);
         let (a, b) = (graph.node(srcs[0]), srcs[1]);
         let m = a.shape.0[a.shape.rank() - 2];
-        if m >= TRANSPOSE_COPY_MIN_ROWS && !mat[b.index()] && is_transposed_view(graph, b, &mat) {
+        if opts.transpose_copy && m >= TRANSPOSE_COPY_MIN_ROWS && !mat[b.index()] && is_transposed_view(graph, b, &mat)
+        {
             mat[b.index()] = true;
         }
     }

@@ -410,7 +410,11 @@ pub struct KernelSet {
     pub fns: Vec<MicroFn>,
     /// The code bytes, position independent (relative jumps, register addressing only): what a cache stores.
     pub bytes: Vec<u8>,
+    offsets: Vec<usize>,
 }
+
+/// Magic of a serialized kernel set (`to_artifact`): format version 1.
+const ARTIFACT_MAGIC: &[u8; 8] = b"KGEMMv1\n";
 
 impl KernelSet {
     /// Assembles every spec (all sharing `ep`) into one mapping.
@@ -418,19 +422,60 @@ impl KernelSet {
         let mut ops = Assembler::new().map_err(|e| e.to_string())?;
         let mut offsets = Vec::with_capacity(specs.len());
         for s in specs {
-            offsets.push(emit(&mut ops, s, ep)?);
+            offsets.push(emit(&mut ops, s, ep)?.0);
         }
         let code = ops.finalize().map_err(|_| "finalizing the GEMM kernels failed".to_string())?;
         let bytes = code.to_vec();
+        Ok(Self::from_code(code, bytes, offsets))
+    }
+
+    fn from_code(code: ExecutableBuffer, bytes: Vec<u8>, offsets: Vec<usize>) -> KernelSet {
         let fns = offsets
             .iter()
             .map(|&o| {
-                // SAFETY: `o` is the start of a function emitted above with `MicroFn`'s sysv64 signature, and
-                // `code` (kept in the returned set) keeps it mapped executable.
-                unsafe { std::mem::transmute::<*const u8, MicroFn>(code.ptr(o)) }
+                // SAFETY: `o` is the start of a function emitted with `MicroFn`'s sysv64 signature (by `build`, or by
+                // a `build` whose bytes `from_artifact` validated), and `code` (kept in the returned set) keeps it
+                // mapped executable.
+                unsafe { std::mem::transmute::<*const u8, MicroFn>(code.ptr(AssemblyOffset(o))) }
             })
             .collect();
-        Ok(KernelSet { _code: code, fns, bytes })
+        KernelSet { _code: code, fns, bytes, offsets }
+    }
+
+    /// The set as bytes for a cache: magic, kernel count, offsets, code.
+    pub fn to_artifact(&self) -> Vec<u8> {
+        let mut out = ARTIFACT_MAGIC.to_vec();
+        out.extend((self.offsets.len() as u32).to_le_bytes());
+        for &o in &self.offsets {
+            out.extend((o as u32).to_le_bytes());
+        }
+        out.extend(&self.bytes);
+        out
+    }
+
+    /// Maps a cached set back (no code generation). The cache entry was checksummed and keyed by the exact specs,
+    /// program, kiln version and CPU fingerprint; this checks only its framing (`expected` kernels, offsets inside
+    /// the code).
+    pub fn from_artifact(a: &[u8], expected: usize) -> Result<KernelSet, String> {
+        let bad = || "malformed GEMM code artifact".to_string();
+        let rest = a.strip_prefix(&ARTIFACT_MAGIC[..]).ok_or_else(bad)?;
+        let word = |i: usize| -> Option<usize> {
+            Some(u32::from_le_bytes(rest.get(4 * i..4 * i + 4)?.try_into().ok()?) as usize)
+        };
+        let n = word(0).ok_or_else(bad)?;
+        if n != expected {
+            return Err(bad());
+        }
+        let offsets: Vec<usize> = (1..=n).map(word).collect::<Option<_>>().ok_or_else(bad)?;
+        let code_bytes = rest.get(4 * (n + 1)..).ok_or_else(bad)?;
+        if code_bytes.is_empty() || offsets.iter().any(|&o| o >= code_bytes.len()) {
+            return Err(bad());
+        }
+        let mut buf = dynasmrt::mmap::MutableBuffer::new(code_bytes.len()).map_err(|e| e.to_string())?;
+        buf.set_len(code_bytes.len());
+        buf[..].copy_from_slice(code_bytes);
+        let code = buf.make_exec().map_err(|e| e.to_string())?;
+        Ok(Self::from_code(code, code_bytes.to_vec(), offsets))
     }
 }
 

@@ -26,6 +26,7 @@ use kiln_jit::dtype::Scalar;
 use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::kernel::{Inst, KernelIr};
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The epilogue pass of a GEMM whose epilogue does not fit in registers: a compiled elementwise kernel over C,
 /// reading C as its last input (see [`epilogue_pass_kernel`]).
@@ -89,7 +90,14 @@ pub fn epilogue_pass_kernel(k: &KernelIr) -> KernelIr {
 
 impl CompiledGemm {
     /// Generates the micro-kernels of `imp` for the GEMM `k` (recognized as `view`).
-    pub fn build(k: &KernelIr, view: GemmView, imp: GemmImpl, threads: usize) -> Result<CompiledGemm, String> {
+    /// `cache`: where generated code is looked up and stored (`None` while tuning: candidates are not kept).
+    pub fn build(
+        k: &KernelIr,
+        view: GemmView,
+        imp: GemmImpl,
+        threads: usize,
+        cache: Option<&kiln_autotune::Store>,
+    ) -> Result<CompiledGemm, String> {
         let epilogue = epilogue::translate(k, &view);
         let mut g = CompiledGemm {
             table: Vec::new(),
@@ -150,13 +158,13 @@ impl CompiledGemm {
                 }
             }
         }
-        let set = match KernelSet::build(&specs, &program) {
+        let set = match kernel_set(&specs, &program, cache) {
             Ok(s) => s,
             Err(_) if g.epilogue.is_some() => {
                 // The program did not fit the registers this tile leaves: apply it as a pass instead.
                 g.epilogue = None;
                 g.uses_pass = !is_identity(k);
-                KernelSet::build(&specs, &asm::EpProgram::identity())?
+                kernel_set(&specs, &asm::EpProgram::identity(), cache)?
             }
             Err(e) => return Err(e),
         };
@@ -414,6 +422,56 @@ impl CompiledGemm {
             jc += nb;
         }
     }
+}
+
+/// Counters of the GEMM path since the process started (surfaced by `kiln::stats()`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GemmStats {
+    /// Searches run (a tuning-cache miss with `KILN_AUTOTUNE` fast or full).
+    pub tunings: u64,
+    /// Tuning records reused from memory, disk or an imported bundle.
+    pub tune_hits: u64,
+    /// Kernel sets generated for plans (code generation ran).
+    pub kernel_compiles: u64,
+    /// Kernel sets mapped from cached code (no code generation).
+    pub kernel_loads: u64,
+}
+
+pub(crate) static TUNINGS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static TUNE_HITS: AtomicU64 = AtomicU64::new(0);
+static KERNEL_COMPILES: AtomicU64 = AtomicU64::new(0);
+static KERNEL_LOADS: AtomicU64 = AtomicU64::new(0);
+
+pub fn stats() -> GemmStats {
+    GemmStats {
+        tunings: TUNINGS.load(Ordering::Relaxed),
+        tune_hits: TUNE_HITS.load(Ordering::Relaxed),
+        kernel_compiles: KERNEL_COMPILES.load(Ordering::Relaxed),
+        kernel_loads: KERNEL_LOADS.load(Ordering::Relaxed),
+    }
+}
+
+/// The kernel set for `specs`, from `cache` when it holds this exact code (keyed by specs and program; the store
+/// namespaces by kiln version and CPU fingerprint), else generated (and stored).
+fn kernel_set(
+    specs: &[MicroSpec],
+    program: &asm::EpProgram,
+    cache: Option<&kiln_autotune::Store>,
+) -> Result<KernelSet, String> {
+    let Some(store) = cache else { return KernelSet::build(specs, program) };
+    let name = format!("gemm-avx2-{:016x}", kiln_autotune::checksum_of([format!("{specs:?}|{program:?}")]));
+    if let Some(bytes) = store.get_artifact(&name)
+        && let Ok(set) = KernelSet::from_artifact(&bytes, specs.len())
+    {
+        KERNEL_LOADS.fetch_add(1, Ordering::Relaxed);
+        return Ok(set);
+    }
+    let set = KernelSet::build(specs, program)?;
+    KERNEL_COMPILES.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = store.put_artifact(&name, &set.to_artifact()) {
+        eprintln!("kiln: could not cache GEMM code ({e}); it will be generated again next time");
+    }
+    Ok(set)
 }
 
 fn is_identity(k: &KernelIr) -> bool {

@@ -17,6 +17,16 @@ pub unsafe fn pack_a(dst: *mut f32, src: *const f32, rs: i64, ks: i64, m0: usize
         if rows < mr {
             out.fill(0.0);
         }
+        if rs == 1 && ks != 1 {
+            // A stored transposed (a gradient's `x.t()`): the panel's rows are contiguous for each k.
+            let base = (m0 + p * mr) as i64;
+            for k in 0..kb {
+                // SAFETY: rows base..base + rows are in range at this k, contiguous, per the caller.
+                let col = unsafe { std::slice::from_raw_parts(src.offset((base + k as i64 * ks) as isize), rows) };
+                out[k * mr..k * mr + rows].copy_from_slice(col);
+            }
+            continue;
+        }
         for r in 0..rows {
             let m = (m0 + p * mr + r) as i64;
             // SAFETY: (m, k) is in range for every k < kb, per the caller.
@@ -49,6 +59,21 @@ pub unsafe fn pack_b(dst: *mut f32, src: *const f32, ks: i64, ns: i64, n0: usize
         let out = unsafe { std::slice::from_raw_parts_mut(dst.add(p * nr * kb), nr * kb) };
         let cols = (nb - p * nr).min(nr);
         let col0 = (n0 + p * nr) as i64;
+        if ks == 1 && ns != 1 {
+            // B stored transposed (a linear layer's weight): read each column contiguously along k, write strided
+            // into the panel (which stays in L1), instead of gathering across rows.
+            if cols < nr {
+                out.fill(0.0);
+            }
+            for j in 0..cols {
+                // SAFETY: column col0 + j is in range for k < kb, contiguous along k, per the caller.
+                let col = unsafe { std::slice::from_raw_parts(src.offset(((col0 + j as i64) * ns) as isize), kb) };
+                for (k, &x) in col.iter().enumerate() {
+                    out[k * nr + j] = x;
+                }
+            }
+            continue;
+        }
         for k in 0..kb {
             let o = &mut out[k * nr..(k + 1) * nr];
             // SAFETY: (k, col0 + j) is in range for j < cols, per the caller.

@@ -1,0 +1,191 @@
+//! The search loop with fake verify/time closures: ordering, budgets, verification, Off mode, errors.
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use kiln_autotune::{Budget, Candidate, Mode, TuneKey, checksum_of, search, search_with_budget};
+
+struct Cfg {
+    name: &'static str,
+    score: f64,
+    /// What the fake clock says one run takes.
+    time: Duration,
+    correct: bool,
+}
+
+fn cfg(name: &'static str, score: f64, micros: u64, correct: bool) -> Cfg {
+    Cfg { name, score, time: Duration::from_micros(micros), correct }
+}
+
+fn key(cfgs: &[Cfg]) -> TuneKey {
+    TuneKey {
+        op: "gemm".into(),
+        dims: vec![("m".into(), 64), ("n".into(), 64), ("k".into(), 64)],
+        dtypes: "f32".into(),
+        layout: "row,row".into(),
+        epilogue: "none".into(),
+        device: "0123456789abcdef".into(),
+        candidates: checksum_of(cfgs.iter().map(|c| c.name)),
+    }
+}
+
+fn candidates(cfgs: &[Cfg]) -> Vec<Candidate<'_, Cfg>> {
+    cfgs.iter().map(|c| Candidate { config: c, name: c.name.to_string(), score: c.score }).collect()
+}
+
+fn verify(c: &Cfg) -> Result<(), String> {
+    if c.correct { Ok(()) } else { Err(format!("{} disagrees with the reference", c.name)) }
+}
+
+fn tuned(cfgs: &[Cfg]) -> Vec<(String, u64)> {
+    key(cfgs).dims
+}
+
+#[test]
+fn trials_are_sorted_by_score_with_stable_ties() {
+    let cfgs =
+        [cfg("b", 1.0, 10, true), cfg("a", 3.0, 10, true), cfg("c", 1.0, 10, true), cfg("nan", f64::NAN, 1, true)];
+    let rec = search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Full, verify, |c: &Cfg| Ok(c.time))
+        .expect("all verify");
+    let order: Vec<&str> = rec.trials.iter().map(|t| t.config.as_str()).collect();
+    assert_eq!(order, ["a", "b", "c", "nan"]);
+    // All take 10 µs except NaN-scored (fastest, but ranked last yet inside top 5, so it is timed and wins).
+    assert_eq!(rec.winner, "nan");
+    assert_eq!(rec.mode, "full");
+    assert_eq!(rec.tuned_dims, tuned(&cfgs));
+}
+
+#[test]
+fn equal_times_go_to_the_better_score() {
+    let cfgs = [cfg("low", 1.0, 10, true), cfg("high", 2.0, 10, true)];
+    let rec = search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Fast, verify, |c: &Cfg| Ok(c.time))
+        .expect("both verify");
+    assert_eq!(rec.winner, "high");
+}
+
+#[test]
+fn off_mode_runs_nothing_and_trusts_the_best_score() {
+    let cfgs = [cfg("slow", 1.0, 100, true), cfg("best", 9.0, 1000, false)];
+    let rec = search(
+        &key(&cfgs),
+        tuned(&cfgs),
+        candidates(&cfgs),
+        Mode::Off,
+        |_: &Cfg| panic!("Off must not verify"),
+        |_: &Cfg| -> Result<Duration, String> { panic!("Off must not time") },
+    )
+    .expect("Off always has a winner");
+    assert_eq!(rec.winner, "best");
+    assert_eq!(rec.mode, "off");
+    assert!(rec.trials.iter().all(|t| t.time_ns.is_none() && t.verified.is_none()));
+    assert_eq!(rec.trials.len(), 2);
+}
+
+#[test]
+fn a_failing_fast_candidate_never_wins() {
+    // "wrong" has the best score and the best time; it must still lose to the slower correct one.
+    let cfgs = [cfg("wrong", 10.0, 1, false), cfg("right", 5.0, 50, true), cfg("third", 1.0, 100, true)];
+    for mode in [Mode::Fast, Mode::Full] {
+        let rec = search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), mode, verify, |c: &Cfg| Ok(c.time))
+            .expect("one candidate verifies");
+        assert_eq!(rec.winner, "right", "{mode:?}");
+        let wrong = &rec.trials[0];
+        assert_eq!((wrong.config.as_str(), wrong.verified, wrong.time_ns), ("wrong", Some(false), None));
+        assert!(wrong.note.as_deref().is_some_and(|n| n.contains("disagrees with the reference")), "{wrong:?}");
+        assert_eq!(rec.trials[1].time_ns, Some(50_000));
+    }
+}
+
+#[test]
+fn only_top_k_are_timed_and_every_candidate_is_recorded() {
+    let cfgs: Vec<Cfg> = ["c0", "c1", "c2", "c3", "c4", "c5", "c6"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| cfg(name, 10.0 - i as f64, 1, true))
+        .collect();
+    let timed = RefCell::new(Vec::new());
+    let rec = search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Fast, verify, |c: &Cfg| {
+        timed.borrow_mut().push(c.name);
+        Ok(c.time)
+    })
+    .expect("all verify");
+    assert_eq!(rec.trials.len(), 7);
+    // Fast: top 2, one warm-up + three reps each (1 µs runs never reach the 20 ms budget).
+    assert_eq!(*timed.borrow(), ["c0"; 4].into_iter().chain(["c1"; 4]).collect::<Vec<_>>());
+    for t in &rec.trials[2..] {
+        assert_eq!(t.note.as_deref(), Some("not timed: outside top 2"));
+        assert_eq!(t.time_ns, None);
+    }
+    assert_eq!(rec.trials[0].note.as_deref(), Some("3 timed reps"));
+}
+
+#[test]
+fn an_exhausted_budget_skips_later_candidates_but_each_timed_one_gets_a_rep() {
+    // Fast: 20 ms. "first": warm-up 15 ms + one rep 15 ms = 30 ms, over budget after its first rep.
+    let cfgs = [cfg("first", 3.0, 15_000, true), cfg("second", 2.0, 1, true)];
+    let calls = RefCell::new(0);
+    let rec = search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Fast, verify, |c: &Cfg| {
+        *calls.borrow_mut() += 1;
+        Ok(c.time)
+    })
+    .expect("first verifies");
+    assert_eq!(*calls.borrow(), 2, "warm-up + exactly one timed rep");
+    assert_eq!(rec.winner, "first");
+    assert_eq!(rec.trials[0].note.as_deref(), Some("1 timed rep"));
+    assert_eq!(rec.trials[1].note.as_deref(), Some("not timed: budget"));
+    assert_eq!(rec.trials[1].time_ns, None);
+}
+
+#[test]
+fn the_budget_does_not_skip_while_nothing_has_verified() {
+    let cfgs = [cfg("slow_wrong", 3.0, 30_000, false), cfg("right", 2.0, 30_000, true)];
+    let budget = Budget { top_k: 2, warmup: 1, max_reps: 3, time_budget: Duration::ZERO };
+    let rec =
+        search_with_budget(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Fast, budget, verify, |c: &Cfg| {
+            Ok(c.time)
+        })
+        .expect("right is still tried");
+    assert_eq!(rec.winner, "right");
+}
+
+#[test]
+fn full_mode_takes_the_median_of_up_to_fifteen_reps() {
+    let cfgs = [cfg("only", 1.0, 0, true)];
+    let mut n = 0u64;
+    // Warm-up 1000 µs (discarded), then 1, 2, ..., 15 µs: the median is 8 µs.
+    let rec = search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Full, verify, |_: &Cfg| {
+        let t = if n == 0 { 1000 } else { n };
+        n += 1;
+        Ok(Duration::from_micros(t))
+    })
+    .expect("verifies");
+    assert_eq!(n, 16);
+    assert_eq!(rec.trials[0].time_ns, Some(8_000));
+}
+
+#[test]
+fn errors_name_every_failure() {
+    let cfgs = [cfg("a", 2.0, 1, false), cfg("b", 1.0, 1, true)];
+    let err = search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Fast, verify, |c: &Cfg| {
+        if c.name == "b" { Err("device lost".to_string()) } else { Ok(c.time) }
+    })
+    .expect_err("nothing both verified and timed");
+    assert!(
+        err.contains("a: verification failed: a disagrees") && err.contains("b: timing failed: device lost"),
+        "{err}"
+    );
+
+    let none: [Cfg; 0] = [];
+    assert!(search(&key(&none), vec![], candidates(&none), Mode::Fast, verify, |c: &Cfg| Ok(c.time)).is_err());
+    let dup = [cfg("same", 1.0, 1, true), cfg("same", 2.0, 1, true)];
+    let err = search(&key(&dup), vec![], candidates(&dup), Mode::Fast, verify, |c: &Cfg| Ok(c.time))
+        .expect_err("duplicate names are ambiguous");
+    assert!(err.contains("\"same\""), "{err}");
+}
+
+#[test]
+fn deterministic_given_the_closures() {
+    let cfgs = [cfg("x", 1.0, 7, true), cfg("y", 2.0, 9, true), cfg("z", 0.5, 3, false)];
+    let run = || search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Full, verify, |c: &Cfg| Ok(c.time));
+    assert_eq!(run(), run());
+}

@@ -1,0 +1,67 @@
+//! Warm before deploy: tune and compile GEMMs ahead of time, and move the results between machines as one file.
+//!
+//! A service should never tune or generate code on its first request. On a build machine of the same CPU, run
+//! the model at its batch sizes (or [`tune_gemm`] / `kiln tune` for given shapes and batch hints), then
+//! [`export_bundle`]; at start-up the service calls [`import_bundle`], and its first step reuses every tuning record
+//! and maps the GEMMs' machine code instead of generating it (`stats().tunings == 0`, `tuned_kernel_compiles == 0`).
+//!
+//! Results live in the process-wide store (`KILN_CACHE_DIR`, default the user's cache dir, `off` for memory only),
+//! namespaced by kiln version and CPU fingerprint: a bundle from another CPU or version is refused, never used.
+
+use crate::{DType, Device, Result, Tensor};
+pub use kiln_autotune::{BundleSummary, Mode, TuneRecord};
+
+/// What follows the GEMM in the tuned graph (the epilogue is part of the tuning key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Epilogue {
+    None,
+    Bias,
+    BiasRelu,
+}
+
+/// One GEMM to tune: `x[m, k] @ w` with `w` stored `[k, n]`, or `[n, k]` and transposed (`transposed_w`, the
+/// layout of `nn::Linear`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmShape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub transposed_w: bool,
+    pub epilogue: Epilogue,
+}
+
+/// Tunes (with `mode`, whatever `KILN_AUTOTUNE` says) and compiles one GEMM on the CPU, and returns its tuning
+/// record. A shape whose key is already in the store is not searched again.
+pub fn tune_gemm(shape: &GemmShape, mode: Mode) -> Result<Option<TuneRecord>> {
+    let dev = Device::cpu();
+    let x = Tensor::zeros([shape.m, shape.k], DType::F32, &dev);
+    let w = if shape.transposed_w {
+        Tensor::zeros([shape.n, shape.k], DType::F32, &dev).t()
+    } else {
+        Tensor::zeros([shape.k, shape.n], DType::F32, &dev)
+    };
+    let mut y = x.matmul(&w);
+    if shape.epilogue != Epilogue::None {
+        y = y + Tensor::zeros([shape.n], DType::F32, &dev);
+    }
+    if shape.epilogue == Epilogue::BiasRelu {
+        y = y.relu();
+    }
+    kiln_backends::cpu::take_last_tune_record();
+    kiln_backends::cpu::set_autotune_mode(Some(mode));
+    let realized = crate::realize(&[&y]);
+    kiln_backends::cpu::set_autotune_mode(None);
+    realized?;
+    // `None`: this process had compiled the same graph already (its record is in the store).
+    Ok(kiln_backends::cpu::take_last_tune_record())
+}
+
+/// Writes every tuning record and cached GEMM kernel of this machine's namespace to one file.
+pub fn export_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary> {
+    Ok(kiln_autotune::Store::global().export_bundle(path.as_ref())?)
+}
+
+/// Loads a bundle written by [`export_bundle`] on a machine with the same CPU fingerprint and kiln version.
+pub fn import_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary> {
+    Ok(kiln_autotune::Store::global().import_bundle(path.as_ref())?)
+}

@@ -1,0 +1,125 @@
+//! The `kiln` binary's cache commands against a temporary KILN_CACHE_DIR: entries made through the library are
+//! listed, exported, cleared, imported back, verified; a corrupt entry fails verify; a foreign bundle is refused.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use kiln_autotune::{DeviceFingerprint, Store, Trial, TuneKey, TuneRecord, checksum_of};
+use tempfile::TempDir;
+
+fn kiln(root: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .env("KILN_CACHE_DIR", root)
+        .output()
+        .expect("the kiln binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs and asserts success; returns stdout.
+fn ok(root: &Path, args: &[&str]) -> String {
+    let out = kiln(root, args);
+    assert!(out.status.success(), "kiln {args:?} failed\nstdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+    text(&out.stdout)
+}
+
+fn record(m: u64, device: &DeviceFingerprint) -> TuneRecord {
+    let key = TuneKey {
+        op: "gemm".into(),
+        dims: vec![("m".into(), m), ("n".into(), 64), ("k".into(), 64)],
+        dtypes: "f32".into(),
+        layout: "row,row".into(),
+        epilogue: "none".into(),
+        device: device.id(),
+        candidates: checksum_of(["mr4_nr8", "mr8_nr8"]),
+    };
+    TuneRecord {
+        tuned_dims: key.dims.clone(),
+        key,
+        winner: "mr8_nr8".into(),
+        mode: "full".into(),
+        trials: vec![
+            Trial { config: "mr8_nr8".into(), score: 2.0, time_ns: Some(900), verified: Some(true), note: None },
+            Trial { config: "mr4_nr8".into(), score: 1.5, time_ns: Some(1400), verified: Some(true), note: None },
+        ],
+    }
+}
+
+#[test]
+fn cache_commands_round_trip() {
+    let (cache, other, out) =
+        (TempDir::new().expect("cache"), TempDir::new().expect("other"), TempDir::new().expect("out"));
+    let host = DeviceFingerprint::host_cpu();
+    let store = Store::open(cache.path().to_path_buf(), &host);
+    store.put_record(&record(64, &host)).expect("write");
+    store.put_record(&record(128, &host)).expect("write");
+    store.put_artifact("G_gemm_f32_64x64x64", b"\xc3").expect("write");
+
+    let listed = ok(cache.path(), &["cache", "ls"]);
+    assert_eq!(listed.lines().count(), 3, "{listed}");
+    assert!(listed.contains("G_gemm_f32_64x64x64") && listed.contains("dims=m:128"), "{listed}");
+    let verbose = ok(cache.path(), &["cache", "ls", "-v"]);
+    assert!(verbose.contains("median µs") && verbose.contains("* mr8_nr8"), "{verbose}");
+    let stats = ok(cache.path(), &["cache", "stats"]);
+    assert!(
+        stats.contains("records:    2") && stats.contains("artifacts:  1") && stats.contains(&host.id()),
+        "{stats}"
+    );
+    assert!(ok(cache.path(), &["cache", "verify"]).contains("3 entries checked, 0 bad"));
+
+    let bundle = out.path().join("model.kiln");
+    let bundle_arg = bundle.to_str().expect("UTF-8 temp path");
+    assert!(ok(cache.path(), &["cache", "export", bundle_arg]).contains("exported 2 records and 1 artifacts"));
+    assert!(ok(cache.path(), &["cache", "clear"]).contains("removed 3 entries"));
+    assert!(ok(cache.path(), &["cache", "ls"]).contains("no cache entries"));
+    assert!(ok(cache.path(), &["cache", "import", bundle_arg]).contains("imported 2 records and 1 artifacts"));
+    assert_eq!(ok(cache.path(), &["cache", "ls"]), listed, "import restores exactly what was exported");
+    let fresh = Store::open(cache.path().to_path_buf(), &host);
+    assert_eq!(fresh.get_record(&record(64, &host).key), Some(record(64, &host)));
+
+    // A corrupt entry: verify names it and exits 1.
+    let victim = fresh.namespace_files().into_iter().next().expect("an entry file");
+    let mut bytes = fs::read(&victim).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    fs::write(&victim, bytes).expect("corrupt");
+    let bad = kiln(cache.path(), &["cache", "verify"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        text(&bad.stdout).contains("checksum mismatch") && text(&bad.stdout).contains("1 bad"),
+        "{}",
+        text(&bad.stdout)
+    );
+
+    // A bundle from another device is refused with a message, and nothing is imported.
+    let foreign =
+        DeviceFingerprint { arch: "x86_64".into(), model: "Elsewhere".into(), features: vec!["avx512f".into()] };
+    let foreign_store = Store::open(other.path().to_path_buf(), &foreign);
+    foreign_store.put_record(&record(256, &foreign)).expect("write");
+    let foreign_bundle = out.path().join("foreign.kiln");
+    foreign_store.export_bundle(&foreign_bundle).expect("export");
+    let refused = kiln(cache.path(), &["cache", "import", foreign_bundle.to_str().expect("UTF-8")]);
+    assert!(!refused.status.success());
+    let err = text(&refused.stderr);
+    assert!(err.starts_with("kiln: ") && err.contains("refusing") && err.contains(&foreign.id()), "{err}");
+    assert!(!ok(cache.path(), &["cache", "ls"]).contains("dims=m:256"));
+}
+
+#[test]
+fn errors_are_one_line_and_non_zero() {
+    let cache = TempDir::new().expect("cache");
+    let missing = cache.path().join("missing.kiln");
+    let out = kiln(cache.path(), &["cache", "import", missing.to_str().expect("UTF-8")]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).starts_with("kiln: cannot read bundle"), "{}", text(&out.stderr));
+    let off = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["cache", "stats"])
+        .env("KILN_CACHE_DIR", "off")
+        .output()
+        .expect("runs");
+    assert!(off.status.success() && text(&off.stdout).contains("memory only"), "{}", text(&off.stdout));
+}
