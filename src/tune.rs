@@ -8,7 +8,7 @@
 //! Results live in the process-wide store (`KILN_CACHE_DIR`, default the user's cache dir, `off` for memory only),
 //! namespaced by kiln version and CPU fingerprint: a bundle from another CPU or version is refused, never used.
 
-use crate::{DType, Device, Result, Tensor};
+use crate::{Device, Result, Tensor};
 pub use kiln_autotune::{BundleSummary, Mode, TuneRecord};
 
 /// What follows the GEMM in the tuned graph (the epilogue is part of the tuning key).
@@ -34,15 +34,13 @@ pub struct GemmShape {
 /// record. A shape whose key is already in the store is not searched again.
 pub fn tune_gemm(shape: &GemmShape, mode: Mode) -> Result<Option<TuneRecord>> {
     let dev = Device::cpu();
-    let x = Tensor::zeros([shape.m, shape.k], DType::F32, &dev);
-    let w = if shape.transposed_w {
-        Tensor::zeros([shape.n, shape.k], DType::F32, &dev).t()
-    } else {
-        Tensor::zeros([shape.k, shape.n], DType::F32, &dev)
-    };
+    // Buffers, not constants: a GEMM of constant operands would be a different graph from the model's.
+    let buffer = |dims: &[usize]| Tensor::from_vec(vec![0f32; dims.iter().product()], dims.to_vec(), &dev);
+    let x = buffer(&[shape.m, shape.k])?;
+    let w = if shape.transposed_w { buffer(&[shape.n, shape.k])?.t() } else { buffer(&[shape.k, shape.n])? };
     let mut y = x.matmul(&w);
     if shape.epilogue != Epilogue::None {
-        y = y + Tensor::zeros([shape.n], DType::F32, &dev);
+        y = y + buffer(&[shape.n])?;
     }
     if shape.epilogue == Epilogue::BiasRelu {
         y = y.relu();

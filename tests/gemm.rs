@@ -9,7 +9,12 @@ use kiln::{DType, Tensor};
 use kiln_backends::cpu::gemm::config::{self, GemmImpl};
 use kiln_backends::cpu::run_gemm_with;
 use kiln_jit::kernel::gemm::GemmView;
-use kiln_jit::kernel::{Slot, eval, schedule};
+use kiln_jit::kernel::{KernelPlan, ScheduleOptions, Slot, eval, schedule_with};
+
+/// Scheduled as the CPU backend does with its generated GEMM (transposed operands are packed, not copied).
+fn schedule(g: &kiln_jit::Graph) -> KernelPlan {
+    schedule_with(g, ScheduleOptions { transpose_copy: false })
+}
 
 fn rand(shape: &[usize], seed: u64) -> Tensor {
     let n: usize = shape.iter().product();
@@ -146,4 +151,33 @@ fn every_candidate_with_each_epilogue() {
         let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap()).is_some();
         assert_eq!(in_registers, !name.contains("(a pass)"), "{name}: epilogue in registers = {in_registers}");
     }
+}
+
+/// The GEMM kernel of `out`'s plan (the last launch).
+fn gemm_kernel(out: &Tensor) -> kiln_jit::kernel::KernelIr {
+    let cap = kiln::capture(&[out]).unwrap();
+    schedule(&cap.graph).launches.pop().unwrap().kernel
+}
+
+#[test]
+fn tuning_keys_bucket_shapes_and_separate_what_changes_the_kernel() {
+    use kiln_backends::cpu::gemm::tune::problem;
+    let key = |t: &Tensor, device: &str| {
+        let k = gemm_kernel(t);
+        problem(&k, &GemmView::of(&k).unwrap(), 2, device).key
+    };
+    let mm = |m: usize, n: usize, k: usize| rand(&[m, k], 1).matmul(&rand(&[k, n], 2));
+    let base = key(&mm(1000, 300, 200), "cpu-a");
+    // Same buckets (M 1000 -> 1024, N 300 -> 512, K 200 -> 256): the same key, tuned at the bucket's bound.
+    assert_eq!(base, key(&mm(1024, 512, 256), "cpu-a"));
+    assert_eq!(base, key(&mm(600, 260, 130), "cpu-a"));
+    assert!(base.dims.contains(&("m".to_string(), 1024)));
+    // Another bucket, device, layout or epilogue: another key.
+    assert_ne!(base, key(&mm(1025, 300, 200), "cpu-a"));
+    assert_ne!(base, key(&mm(1000, 300, 200), "cpu-b"));
+    assert_ne!(base, key(&rand(&[1000, 200], 1).matmul(&rand(&[300, 200], 2).t()), "cpu-a"));
+    assert_ne!(base, key(&mm(1000, 300, 200).relu(), "cpu-a"));
+    assert_ne!(key(&mm(1000, 300, 200).relu(), "cpu-a"), key(&(mm(1000, 300, 200) * 2.0).relu(), "cpu-a"));
+    // The candidate set is part of the key (skinny problems have another set).
+    assert_ne!(key(&mm(8, 300, 200), "cpu-a").candidates, base.candidates);
 }

@@ -1,9 +1,10 @@
-//! `kiln`: the command line. Today it inspects and ships the tuning and compile cache (`kiln cache ...`).
+//! `kiln`: the command line. It tunes GEMMs ahead of time (`kiln tune`) and inspects and ships the tuning and
+//! compile cache (`kiln cache ...`).
 //!
 //! Owns: argument parsing and how results are shown. Deliberately not: any cache logic (all of it is
 //! `kiln_autotune::Store`, so the binary and the library can never disagree about what an entry is) nor tuning
-//! (`kiln tune` needs a backend and is added beside `Cache`). Every command works on `Store::global()`, so it
-//! sees the cache a program run with the same `KILN_CACHE_DIR` sees.
+//! logic (`kiln::tune`). Every command works on `Store::global()`, so it sees the cache a program run with the
+//! same `KILN_CACHE_DIR` sees.
 
 use std::io::{self, Write as _};
 use std::path::PathBuf;
@@ -25,6 +26,32 @@ enum Command {
     /// Inspect and ship the cache of tuning records and compiled artifacts (root: KILN_CACHE_DIR).
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Tune and compile GEMMs ahead of time (results go to the cache; `kiln cache export` ships them).
+    ///
+    /// Example: `kiln tune --gemm 1024x1024x1024 --layer 256x784 --batch 1,32,128 --transposed-w`.
+    Tune(TuneArgs),
+}
+
+#[derive(clap::Args)]
+struct TuneArgs {
+    /// A GEMM `MxNxK` (x[M,K] @ w[K,N]); repeatable.
+    #[arg(long = "gemm", value_name = "MxNxK")]
+    gemms: Vec<String>,
+    /// A layer `NxK` (out x in features) tuned at every `--batch` hint as M; repeatable.
+    #[arg(long = "layer", value_name = "NxK")]
+    layers: Vec<String>,
+    /// Batch hints for `--layer`, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,32,128,1024")]
+    batch: Vec<usize>,
+    /// The weight is stored [N, K] and transposed, as in `nn::Linear`.
+    #[arg(long)]
+    transposed_w: bool,
+    /// What follows the GEMM: none, bias or bias-relu (part of the tuning key).
+    #[arg(long, default_value = "none")]
+    epilogue: String,
+    /// Search effort: off (model only), fast, or full.
+    #[arg(long, default_value = "full")]
+    mode: String,
 }
 
 #[derive(Subcommand)]
@@ -51,6 +78,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Cache(command) => cache(command, Store::global()),
+        Command::Tune(args) => tune(args),
     };
     match result {
         Ok(code) => code,
@@ -87,6 +115,71 @@ fn cache(command: CacheCommand, store: &Store) -> Result<ExitCode, String> {
         }
         CacheCommand::Verify => verify(store),
     }
+}
+
+fn dims(text: &str, n: usize) -> Result<Vec<usize>, String> {
+    let parts: Vec<&str> = text.split('x').collect();
+    let v: Vec<usize> = parts.iter().filter_map(|p| p.trim().parse().ok()).filter(|&x| x > 0).collect();
+    if v.len() != n || parts.len() != n {
+        return Err(format!("`{text}`: expected {n} positive sizes separated by `x`"));
+    }
+    Ok(v)
+}
+
+fn tune(args: TuneArgs) -> Result<ExitCode, String> {
+    use kiln::tune::{Epilogue, GemmShape, Mode};
+    let mode = Mode::parse(&args.mode).ok_or_else(|| format!("--mode {}: expected off, fast or full", args.mode))?;
+    let epilogue = match args.epilogue.as_str() {
+        "none" => Epilogue::None,
+        "bias" => Epilogue::Bias,
+        "bias-relu" => Epilogue::BiasRelu,
+        e => return Err(format!("--epilogue {e}: expected none, bias or bias-relu")),
+    };
+    let mut shapes = Vec::new();
+    for g in &args.gemms {
+        let d = dims(g, 3)?;
+        shapes.push(GemmShape { m: d[0], n: d[1], k: d[2], transposed_w: args.transposed_w, epilogue });
+    }
+    for l in &args.layers {
+        let d = dims(l, 2)?;
+        for &m in &args.batch {
+            shapes.push(GemmShape { m, n: d[0], k: d[1], transposed_w: args.transposed_w, epilogue });
+        }
+    }
+    if shapes.is_empty() {
+        return Err("nothing to tune: give --gemm MxNxK or --layer NxK (see kiln tune --help)".into());
+    }
+    let bar = ProgressBar::new(shapes.len() as u64);
+    if let Ok(style) = ProgressStyle::with_template("tuning {bar:30} {pos}/{len} {wide_msg}") {
+        bar.set_style(style);
+    }
+    let mut out = String::new();
+    for s in &shapes {
+        let what = format!("{}x{}x{}", s.m, s.n, s.k);
+        bar.set_message(what.clone());
+        let line = match kiln::tune::tune_gemm(s, mode).map_err(|e| e.to_string())? {
+            Some(rec) => {
+                let t = rec.winner_trial().and_then(|t| t.time_ns).map_or("-".to_string(), |ns| {
+                    let gflops = 2.0 * s.m as f64 * s.n as f64 * s.k as f64 / ns as f64;
+                    format!("{:.1} µs, {gflops:.1} GFLOP/s", ns as f64 / 1e3)
+                });
+                let tuned: Vec<String> = rec.tuned_dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
+                format!("{what}: {} ({t}; tuned at {})\n", rec.winner, tuned.join(" "))
+            }
+            None => format!("{what}: not a generated GEMM on this host (too small, or no AVX2+FMA)\n"),
+        };
+        out.push_str(&line);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let s = kiln::stats();
+    out.push_str(&format!(
+        "{} searched, {} reused from the cache ({})\n",
+        s.tunings,
+        s.tune_hits,
+        where_(Store::global())
+    ));
+    emit(&out)
 }
 
 fn ls(store: &Store, verbose: bool) -> Result<ExitCode, String> {

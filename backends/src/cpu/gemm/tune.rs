@@ -115,7 +115,7 @@ pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str) -> Tune
     let var = |name: char| -> Option<usize> {
         match name {
             'b' => (bb > 1).then_some(0),
-            'm' => (mm > 1).then_some(rank - 2),
+            'm' => (mm > 1).then(|| rank - 2),
             'n' => Some(rank - 1),
             _ => Some(rank),
         }

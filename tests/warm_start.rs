@@ -1,0 +1,92 @@
+//! Warm before deploy, end to end across processes: a cold process tunes and generates its GEMMs and persists
+//! them; a bundle exported from its cache and imported by a fresh process (empty cache dir) lets that process run
+//! the same step with zero tunings and zero GEMM code generations; and a process on the warm disk cache reuses the
+//! persisted winners instead of racing them again.
+//!
+//! The child processes are this test binary itself, re-run with `KILN_WARM_CHILD` set (see `child_step`).
+
+use kiln::{Device, Tensor};
+use std::path::Path;
+use std::process::Command;
+
+/// One training-style step: two linear layers with bias and relu, forward and backward (GEMMs with epilogues in
+/// both layouts).
+fn step() -> kiln::Stats {
+    let dev = Device::cpu();
+    let data = |n: usize, s: f32| (0..n).map(|i| (i as f32 * 0.37 + s).sin()).collect::<Vec<f32>>();
+    let x = Tensor::from_vec(data(64 * 96, 0.1), [64, 96], &dev).unwrap();
+    let w1 = Tensor::from_vec(data(80 * 96, 0.2), [80, 96], &dev).unwrap().requires_grad();
+    let w2 = Tensor::from_vec(data(48 * 80, 0.3), [48, 80], &dev).unwrap().requires_grad();
+    let b1 = Tensor::from_vec(data(80, 0.4), [80], &dev).unwrap();
+    let h = (x.matmul(&w1.t()) + &b1).relu();
+    let loss = h.matmul(&w2.t()).square().sum(Vec::<isize>::new(), false);
+    let grads = loss.backward().unwrap();
+    let gw1 = grads.get(&w1).unwrap();
+    let gw2 = grads.get(&w2).unwrap();
+    kiln::realize(&[&loss, gw1, gw2]).unwrap();
+    assert!(loss.item::<f32>().unwrap().is_finite());
+    kiln::stats()
+}
+
+#[test]
+fn child_step() {
+    let Ok(role) = std::env::var("KILN_WARM_CHILD") else { return };
+    if let Ok(bundle) = std::env::var("KILN_WARM_BUNDLE") {
+        kiln::tune::import_bundle(bundle).unwrap();
+    }
+    let s = step();
+    println!(
+        "STATS role={role} tunings={} tune_hits={} compiles={} loads={}",
+        s.tunings, s.tune_hits, s.tuned_kernel_compiles, s.tuned_kernel_loads
+    );
+}
+
+/// Runs `child_step` in a new process with these cache settings; returns (tunings, hits, compiles, loads).
+fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64) {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(exe);
+    cmd.args(["--exact", "child_step", "--nocapture", "--test-threads=1"])
+        .env("KILN_WARM_CHILD", role)
+        .env("KILN_CACHE_DIR", cache)
+        .env("KILN_AUTOTUNE", "fast")
+        .env_remove("KILN_WARM_BUNDLE");
+    if let Some(b) = bundle {
+        cmd.env("KILN_WARM_BUNDLE", b);
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{role} child failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line =
+        text.lines().find_map(|l| l.find("STATS").map(|i| &l[i..])).unwrap_or_else(|| panic!("no STATS line:\n{text}"));
+    let field = |name: &str| -> u64 {
+        let f = line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}=")));
+        f.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} missing in {line}"))
+    };
+    (field("tunings"), field("tune_hits"), field("compiles"), field("loads"))
+}
+
+#[test]
+fn imported_bundle_means_no_tuning_and_no_code_generation() {
+    if std::env::var_os("KILN_WARM_CHILD").is_some() || !kiln_backends::cpu::gemm::asm::host_supported() {
+        return;
+    }
+    let build = tempfile::tempdir().unwrap();
+    let deploy = tempfile::tempdir().unwrap();
+    let (tunings, _, compiles, _) = child("cold", build.path(), None);
+    assert!(tunings >= 1 && compiles >= 1, "the cold process tuned {tunings} and generated {compiles} GEMMs");
+
+    // The same machine again: the persisted winners are reused, never raced again.
+    let (tunings, hits, compiles, loads) = child("warm-disk", build.path(), None);
+    assert_eq!((tunings, compiles), (0, 0), "warm disk: {hits} hits, {loads} loads");
+    assert!(hits >= 1 && loads >= 1);
+
+    // Ship: export from the build machine's cache, import into an empty one.
+    let fp = kiln_autotune::DeviceFingerprint::host_cpu();
+    let bundle = build.path().join("model.kiln");
+    let summary = kiln_autotune::Store::open(build.path().to_path_buf(), &fp).export_bundle(&bundle).unwrap();
+    assert!(summary.records >= 1 && summary.artifacts >= 1);
+    let (tunings, hits, compiles, loads) = child("imported", deploy.path(), Some(&bundle));
+    eprintln!("imported: tunings {tunings} hits {hits} compiles {compiles} loads {loads}");
+    assert_eq!((tunings, compiles), (0, 0), "after import: {hits} hits, {loads} loads");
+    assert!(hits >= 1 && loads >= 1);
+}
