@@ -222,9 +222,20 @@ fn choose_gemm(
         let pk = gemm::epilogue_pass_kernel(&problem.kernel);
         c.kernel(&pk, false)?.0
     };
+    // Each candidate is generated once and kept for its verification and timed runs.
+    let built: std::cell::RefCell<HashMap<GemmImpl, std::rc::Rc<gemm::CompiledGemm>>> = Default::default();
     let run = |imp: &GemmImpl| -> Result<(HostBuffer, std::time::Duration), String> {
-        let mut g = gemm::CompiledGemm::build(&problem.kernel, problem.view.clone(), *imp, threads, None)?;
-        g.pass = Some(pass);
+        let existing = built.borrow().get(imp).cloned();
+        let g = match existing {
+            Some(g) => g,
+            None => {
+                let mut g = gemm::CompiledGemm::build(&problem.kernel, problem.view.clone(), *imp, threads, None)?;
+                g.pass = Some(pass);
+                let g = std::rc::Rc::new(g);
+                built.borrow_mut().insert(*imp, g.clone());
+                g
+            }
+        };
         let mut out = crate::host_pool::take(DType::F32, problem.kernel.output.len);
         let mut ptrs: Vec<*mut u8> = problem.inputs.iter().map(read_ptr).collect();
         ptrs.push(write_ptr(&mut out));
@@ -284,41 +295,56 @@ fn build_gemm(
     Ok(g)
 }
 
-/// Runs kernel `k` as a GEMM with the given configuration on host buffers (tests force every candidate through
-/// this and compare with the kernel IR evaluator). Errors when `k` is not a GEMM or the host cannot run it.
+/// A GEMM kernel built in one configuration, to run many times on host buffers (tests force every candidate
+/// through this and compare with the kernel IR evaluator; benchmarks time configurations against each other).
+pub struct PreparedGemm {
+    kernel: KernelIr,
+    gemm: super::gemm::CompiledGemm,
+}
+
+impl PreparedGemm {
+    /// Builds `k` as a GEMM with configuration `imp`. Errors when `k` is not a GEMM, the configuration is not
+    /// legal for it, or the host cannot run generated code.
+    pub fn new(k: &KernelIr, imp: super::gemm::config::GemmImpl) -> Result<PreparedGemm, String> {
+        if !super::gemm::asm::host_supported() {
+            return Err("this host has no AVX2+FMA".into());
+        }
+        let view = kiln_jit::kernel::gemm::GemmView::of(k).ok_or("not a GEMM")?;
+        let compiler = COMPILER.as_ref().map_err(|e| e.clone())?;
+        let gemm = build_gemm(&mut compiler.lock(), k, view, imp, pool::global().threads(), None, None)?;
+        Ok(PreparedGemm { kernel: k.clone(), gemm })
+    }
+
+    /// Runs on `inputs` (checked against the kernel's declared buffers) and returns the output.
+    pub fn run(&self, inputs: &[&HostBuffer]) -> Result<HostBuffer, String> {
+        let k = &self.kernel;
+        if inputs.len() != k.inputs.len() {
+            return Err(format!("{} inputs given, the kernel reads {}", inputs.len(), k.inputs.len()));
+        }
+        for (b, p) in inputs.iter().zip(&k.inputs) {
+            if b.dtype() != p.dtype || b.len() < p.len {
+                return Err(format!("an input is {}[{}], the kernel wants {}[{}]", b.dtype(), b.len(), p.dtype, p.len));
+            }
+        }
+        let mut out = crate::host_pool::take(k.output.dtype, k.output.len);
+        let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| read_ptr(b)).collect();
+        ptrs.push(write_ptr(&mut out));
+        // SAFETY: inputs were checked against the kernel's buffers above; the output was allocated with its length.
+        unsafe {
+            self.gemm.run(&ptrs);
+            finish_output(&mut out, k.output.len);
+        }
+        Ok(out)
+    }
+}
+
+/// Builds and runs `k` once as a GEMM in configuration `imp` (see [`PreparedGemm`]).
 pub fn run_gemm_with(
     k: &KernelIr,
     imp: super::gemm::config::GemmImpl,
     inputs: &[&HostBuffer],
 ) -> Result<HostBuffer, String> {
-    if !super::gemm::asm::host_supported() {
-        return Err("this host has no AVX2+FMA".into());
-    }
-    let view = kiln_jit::kernel::gemm::GemmView::of(k).ok_or("not a GEMM")?;
-    let compiler = COMPILER.as_ref().map_err(|e| e.clone())?;
-    let g = build_gemm(&mut compiler.lock(), k, view, imp, pool::global().threads(), None, None)?;
-    let mut out = crate::host_pool::take(k.output.dtype, k.output.len);
-    let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| read_ptr(b)).collect();
-    ptrs.push(write_ptr(&mut out));
-    // SAFETY: the caller's buffers are checked against the kernel's declared inputs below before running.
-    for (b, p) in inputs.iter().zip(&k.inputs) {
-        if b.dtype() != p.dtype || b.len() < p.len {
-            return Err(format!(
-                "input {} is {}[{}], the kernel wants {}[{}]",
-                p.len,
-                b.dtype(),
-                b.len(),
-                p.dtype,
-                p.len
-            ));
-        }
-    }
-    // SAFETY: inputs were checked above; the output was allocated with the kernel's length.
-    unsafe {
-        g.run(&ptrs);
-        finish_output(&mut out, k.output.len);
-    }
-    Ok(out)
+    PreparedGemm::new(k, imp)?.run(inputs)
 }
 
 /// Diagnostics that are not errors go to stderr only when `KILN_LOG` is set (the tracing layer comes later).

@@ -3,7 +3,7 @@
 
 pub mod gemm;
 mod jit;
-pub use jit::{profile_report, run_gemm_with, set_autotune_mode, take_last_tune_record};
+pub use jit::{PreparedGemm, profile_report, run_gemm_with, set_autotune_mode, take_last_tune_record};
 mod libcalls;
 pub mod pool;
 

@@ -101,12 +101,17 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
     let skinny = v.m <= SKINNY_M;
     let tiles: &[(usize, usize)] =
         if skinny { &[(1, 4), (1, 8), (2, 4), (4, 2), (4, 3), (6, 2)] } else { &[(6, 2), (4, 3)] };
+    // Skinny problems stream B from memory: short K blocks keep the rows a tile sweep touches few enough for the
+    // hardware prefetchers (a 4096-wide row is read in one pass per block instead of in 64 separate strips).
+    let kcs: &[usize] = if skinny { &[8, 32, 128, 384] } else { &[256, 384] };
     for &(mr, nv) in tiles {
-        for kc in [256, 384] {
+        for &kc in kcs {
             for mc_mult in [12, 24] {
                 for nc in [1024, 4096] {
                     for pack_b in [true, false] {
-                        if !(pack_b || b_inplace_ok && skinny) {
+                        // B in place needs its rows contiguous (kn); it saves packing a weight that is read by
+                        // few row blocks (skinny, or M within one MC block).
+                        if !(pack_b || b_inplace_ok && (skinny || v.m <= mr * mc_mult)) {
                             continue;
                         }
                         for split_m in [false, true] {
@@ -173,6 +178,12 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     let edge = (m / ((m / mr).ceil() * mr)) * (n / ((n / 8.0).ceil() * 8.0));
     let mut eff = latency_eff * load_eff * edge;
     let kc = c.kc.min(v.k) as f64;
+    if !c.pack_b && v.m <= 4 && kc > 32.0 {
+        // B streamed in place: a tile sweep reads `kc` rows at once, one prefetch stream each; past a few dozen
+        // streams the hardware prefetchers give up (measured at M = 1, K = N = 4096: kc 384 reads the weights at
+        // about 40% of the read bandwidth).
+        eff *= 0.5;
+    }
     if kc * nr * 4.0 > 16.0 * 1024.0 {
         eff *= 0.8;
     }

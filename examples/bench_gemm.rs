@@ -1,0 +1,218 @@
+//! Issue 5's GEMM benchmarks in one table: square and skinny GEMMs, the fused epilogue, tuned against untuned,
+//! and a warm process's first step against a cold one's, each with a baseline measured in the same run.
+//!
+//! `cargo run --release --example bench_gemm [-- --runs N] [--json]`
+//!
+//! The first run on a machine tunes each shape (the cache lives under `KILN_CACHE_DIR`); later runs reuse the
+//! winners. PyTorch's figures come from `benches/compare/gemm_torch.py`, which runs this with `--json`. Read the
+//! ratios, not the absolute figures, on a shared machine; the load average is printed with the table.
+
+#[path = "../benches/gemm_common/mod.rs"]
+mod gemm_common;
+
+use gemm_common::*;
+use std::process::Command;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+fn gflops(m: usize, n: usize, k: usize, s: f64) -> f64 {
+    2.0 * (m * n * k) as f64 / s / 1e9
+}
+
+/// Runs this example as a child that measures one first step; returns its seconds.
+fn child_first_step(cache: &std::path::Path, bundle: Option<&std::path::Path>) -> f64 {
+    let mut cmd = Command::new(std::env::current_exe().expect("own path"));
+    cmd.arg("--child-first-step").env("KILN_CACHE_DIR", cache).env("KILN_AUTOTUNE", "fast");
+    if let Some(b) = bundle {
+        cmd.arg("--import").arg(b);
+    }
+    let out = cmd.output().expect("spawn child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("FIRST_STEP_S ").and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("child failed: {text}{}", String::from_utf8_lossy(&out.stderr)))
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--child-first-step") {
+        if let Some(b) = arg("--import") {
+            kiln::tune::import_bundle(b).expect("import");
+        }
+        println!("FIRST_STEP_S {}", mlp_first_step(128).as_secs_f64());
+        return;
+    }
+    let runs: usize = arg("--runs").and_then(|s| s.parse().ok()).unwrap_or(11).max(3);
+    let threads = threads();
+    let load = loadavg();
+    let mut rows: Vec<String> = Vec::new();
+    let mut json: Vec<String> = Vec::new();
+
+    // Square GEMMs against the gemm crate on the same threads.
+    for n in [1024usize, 2048] {
+        let reps = if n == 2048 { runs.div_ceil(2) } else { runs };
+        let (a, b) = (tensor(n, n, 1), tensor(n, n, 2));
+        let _ = timed(|| a.matmul(&b)); // compile (and tune, on a cold cache)
+        let kiln_s = median(&(0..reps).map(|_| timed(|| a.matmul(&b))).collect::<Vec<_>>());
+        let (ha, hb) = (values(n * n, 1), values(n * n, 2));
+        let mut hc = vec![0f32; n * n];
+        let lib_s = median(
+            &(0..reps)
+                .map(|_| {
+                    let t0 = std::time::Instant::now();
+                    library_gemm(&ha, &hb, &mut hc, n, n, n, threads);
+                    t0.elapsed().as_secs_f64()
+                })
+                .collect::<Vec<_>>(),
+        );
+        let (kg, lg) = (gflops(n, n, n, kiln_s), gflops(n, n, n, lib_s));
+        rows.push(format!(
+            "| f32 GEMM {n}^3 | {kg:.1} GFLOP/s ({:.2} ms) | gemm crate: {lg:.1} GFLOP/s | {:.2}x | >= 0.95x PyTorch (compare script) |",
+            kiln_s * 1e3,
+            kg / lg
+        ));
+        json.push(format!("\"gemm{n}_gflops\": {kg:.2}"));
+    }
+
+    // Skinny GEMMs with weights cycled from DRAM, against the read bandwidth of the same weights.
+    let weights: Vec<kiln::Tensor> = (0..SKINNY_WEIGHTS).map(|i| tensor(SKINNY_K, SKINNY_N, 10 + i)).collect();
+    let host_w: Vec<Vec<f32>> = (0..SKINNY_WEIGHTS).map(|i| values(SKINNY_K * SKINNY_N, 10 + i)).collect();
+    let mut i = 0;
+    let read_s = median(
+        &(0..runs)
+            .map(|_| {
+                i += 1;
+                read_once(&host_w[i % SKINNY_WEIGHTS], threads)
+            })
+            .collect::<Vec<_>>(),
+    );
+    let w_bytes = (SKINNY_K * SKINNY_N * 4) as f64;
+    let read_gbs = w_bytes / read_s / 1e9;
+    for m in [1usize, 8, 64] {
+        let x = tensor(m, SKINNY_K, 3);
+        for w in &weights {
+            let _ = timed(|| x.matmul(w));
+        }
+        let mut j = 0;
+        let s = median(
+            &(0..runs.max(8))
+                .map(|_| {
+                    j += 1;
+                    timed(|| x.matmul(&weights[j % SKINNY_WEIGHTS]))
+                })
+                .collect::<Vec<_>>(),
+        );
+        let gbs = w_bytes / s / 1e9;
+        rows.push(format!(
+            "| M = {m}, K = N = 4096, weights from DRAM | {:.1} GFLOP/s, weights at {gbs:.1} GB/s ({:.2} ms) | read bandwidth: {read_gbs:.1} GB/s | {:.0} % of read BW | >= 1.0x PyTorch{} |",
+            gflops(m, SKINNY_N, SKINNY_K, s),
+            s * 1e3,
+            100.0 * gbs / read_gbs,
+            if m == 1 { "; >= 90 % of read BW" } else { "" }
+        ));
+        json.push(format!("\"skinny{m}_gflops\": {:.2}", gflops(m, SKINNY_N, SKINNY_K, s)));
+    }
+    drop(weights);
+    drop(host_w);
+
+    // GEMM + bias + relu: one fused kernel against the same ops realized one at a time.
+    let n = 1024;
+    let (a, b) = (tensor(n, n, 1), tensor(n, n, 2));
+    let bias = kiln::Tensor::from_vec(values(n, 5), [n], &kiln::Device::cpu()).expect("bias");
+    let fused = || timed(|| (a.matmul(&b) + &bias).relu());
+    let unfused = || {
+        let t0 = std::time::Instant::now();
+        let y = a.matmul(&b);
+        y.realize().expect("mm");
+        let y = &y + &bias;
+        y.realize().expect("add");
+        let y = y.relu();
+        y.realize().expect("relu");
+        t0.elapsed().as_secs_f64()
+    };
+    let _ = (fused(), unfused());
+    let (f, u) = (
+        median(&(0..runs).map(|_| fused()).collect::<Vec<_>>()),
+        median(&(0..runs).map(|_| unfused()).collect::<Vec<_>>()),
+    );
+    rows.push(format!(
+        "| GEMM + bias + relu 1024^3, fused | {:.2} ms | matmul, add, relu realized one by one in kiln: {:.2} ms | {:.2}x | >= 1.1x PyTorch matmul + add + relu |",
+        f * 1e3,
+        u * 1e3,
+        u / f
+    ));
+    json.push(format!("\"fused1024_ms\": {:.3}", f * 1e3));
+
+    // Tuned winner against the untuned default (best analytic score), on the kernels of this process's plans.
+    for (m, n, k) in [(1024usize, 1024usize, 1024usize), (32, 256, 784), (1, 4096, 4096)] {
+        let (x, w) = (tensor(m, k, 1), tensor(k, n, 2));
+        let y = x.matmul(&w);
+        let cap = kiln::capture(&[&y]).expect("capture");
+        let plan = kiln_jit::kernel::schedule_with(&cap.graph, kiln_jit::kernel::ScheduleOptions { transpose_copy: false });
+        let kernel = &plan.launches.last().expect("a launch").kernel;
+        let view = kiln_jit::kernel::gemm::GemmView::of(kernel).expect("a GEMM");
+        y.realize().expect("realize (tunes on a cold cache)");
+        let store = kiln_autotune::Store::global();
+        let key = kiln_backends::cpu::gemm::tune::problem(kernel, &view, threads, &store.fingerprint().id()).key;
+        let tuned = store
+            .get_record(&key)
+            .and_then(|r| kiln_backends::cpu::gemm::config::GemmImpl::parse(&r.winner))
+            .expect("a tuning record");
+        let default = kiln_backends::cpu::gemm::tune::analytic_best(&view, threads).expect("a default");
+        let inputs: Vec<&kiln::HostBuffer> = cap.inputs.iter().collect();
+        let time = |imp| {
+            let g = kiln_backends::cpu::PreparedGemm::new(kernel, imp).expect("build");
+            let _ = g.run(&inputs);
+            median(
+                &(0..runs)
+                    .map(|_| {
+                        let t0 = std::time::Instant::now();
+                        let out = g.run(&inputs).expect("run");
+                        let s = t0.elapsed().as_secs_f64();
+                        drop(out);
+                        s
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let (ts, ds) = (time(tuned), time(default));
+        rows.push(format!(
+            "| tuned vs default {m}x{n}x{k} | {} {:.1} GFLOP/s | default {} {:.1} GFLOP/s | {:.2}x | never slower beyond noise |",
+            tuned.name(),
+            gflops(m, n, k, ts),
+            default.name(),
+            gflops(m, n, k, ds),
+            ds / ts
+        ));
+    }
+
+    // A warm process (imported bundle) against a cold one with tuning on, first training step.
+    let cold_dir = std::env::temp_dir().join(format!("kiln-bench-cold-{}", std::process::id()));
+    let warm_dir = std::env::temp_dir().join(format!("kiln-bench-warm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cold_dir);
+    let _ = std::fs::remove_dir_all(&warm_dir);
+    let cold = child_first_step(&cold_dir, None);
+    let fp = kiln_autotune::DeviceFingerprint::host_cpu();
+    let bundle = cold_dir.join("mlp.kiln");
+    kiln_autotune::Store::open(cold_dir.clone(), &fp).export_bundle(&bundle).expect("export");
+    let warm = child_first_step(&warm_dir, Some(&bundle));
+    rows.push(format!(
+        "| first step, MLP batch 128: warm process (imported bundle) | {:.2} ms | cold process, empty cache, KILN_AUTOTUNE=fast: {:.2} ms | {:.1}x faster | >= 20x |",
+        warm * 1e3,
+        cold * 1e3,
+        cold / warm
+    ));
+    let _ = std::fs::remove_dir_all(&cold_dir);
+    let _ = std::fs::remove_dir_all(&warm_dir);
+
+    println!("kiln GEMM benchmarks: {threads} threads, medians of {runs} runs; load average {load} before, {} after\n", loadavg());
+    println!("| benchmark | kiln | baseline (same run) | ratio | target |\n|---|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    if std::env::args().any(|a| a == "--json") {
+        println!("{{{}}}", json.join(", "));
+    }
+}
