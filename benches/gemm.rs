@@ -129,7 +129,12 @@ fn bench(c: &mut Criterion) {
     println!("\n| benchmark | kiln | baseline | ratio |\n|---|---|---|---|");
     for n in [1024usize, 2048] {
         if let (Some(k), Some(l)) = (med(&format!("kiln {n}")), med(&format!("gemm crate {n}"))) {
-            println!("| {n}^3 | {:.1} GFLOP/s | gemm crate {:.1} GFLOP/s | {:.2}x |", flops(n, n, n, k), flops(n, n, n, l), l / k);
+            println!(
+                "| {n}^3 | {:.1} GFLOP/s | gemm crate {:.1} GFLOP/s | {:.2}x |",
+                flops(n, n, n, k),
+                flops(n, n, n, l),
+                l / k
+            );
         }
     }
     let bytes = (SKINNY_K * SKINNY_N * 4) as f64;

@@ -41,7 +41,18 @@ fn main() {
         if let Some(b) = arg("--import") {
             kiln::tune::import_bundle(b).expect("import");
         }
-        println!("FIRST_STEP_S {}", mlp_first_step(128).as_secs_f64());
+        let t = mlp_first_step(128).as_secs_f64();
+        let s = kiln::stats();
+        println!("FIRST_STEP_S {t}");
+        eprintln!(
+            "first step {:.2} ms: {} tunings, {} GEMM generations, {} GEMM loads, {} compiles, {} kernel loads",
+            t * 1e3,
+            s.tunings,
+            s.tuned_kernel_compiles,
+            s.tuned_kernel_loads,
+            s.kernel_compiles,
+            s.kernel_loads
+        );
         return;
     }
     let runs: usize = arg("--runs").and_then(|s| s.parse().ok()).unwrap_or(11).max(3);
@@ -150,7 +161,8 @@ fn main() {
         let (x, w) = (tensor(m, k, 1), tensor(k, n, 2));
         let y = x.matmul(&w);
         let cap = kiln::capture(&[&y]).expect("capture");
-        let plan = kiln_jit::kernel::schedule_with(&cap.graph, kiln_jit::kernel::ScheduleOptions { transpose_copy: false });
+        let plan =
+            kiln_jit::kernel::schedule_with(&cap.graph, kiln_jit::kernel::ScheduleOptions { transpose_copy: false });
         let kernel = &plan.launches.last().expect("a launch").kernel;
         let view = kiln_jit::kernel::gemm::GemmView::of(kernel).expect("a GEMM");
         y.realize().expect("realize (tunes on a cold cache)");
@@ -207,7 +219,10 @@ fn main() {
     let _ = std::fs::remove_dir_all(&cold_dir);
     let _ = std::fs::remove_dir_all(&warm_dir);
 
-    println!("kiln GEMM benchmarks: {threads} threads, medians of {runs} runs; load average {load} before, {} after\n", loadavg());
+    println!(
+        "kiln GEMM benchmarks: {threads} threads, medians of {runs} runs; load average {load} before, {} after\n",
+        loadavg()
+    );
     println!("| benchmark | kiln | baseline (same run) | ratio | target |\n|---|---|---|---|---|");
     for r in rows {
         println!("{r}");

@@ -61,6 +61,10 @@ pub struct Stats {
     pub tuned_kernel_compiles: u64,
     /// Tuned GEMM kernels mapped from cached machine code (no code generation).
     pub tuned_kernel_loads: u64,
+    /// Kernels compiled by Cranelift.
+    pub kernel_compiles: u64,
+    /// Cranelift kernels mapped from the kernel cache (disk or an imported bundle) instead of compiled.
+    pub kernel_loads: u64,
 }
 
 /// The runtime's counters now.
@@ -77,6 +81,8 @@ pub fn stats() -> Stats {
         tune_hits: g.tune_hits,
         tuned_kernel_compiles: g.kernel_compiles,
         tuned_kernel_loads: g.kernel_loads,
+        kernel_compiles: g.clif_compiles,
+        kernel_loads: g.clif_loads,
     }
 }
 

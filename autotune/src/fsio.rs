@@ -16,9 +16,14 @@ pub(crate) fn is_temp_name(file_name: &str) -> bool {
 }
 
 /// Writes `bytes` to `path` atomically: a unique temp file in the same directory (same filesystem, so the rename
-/// is atomic), fsync, rename over the target, then fsync the directory so the rename itself survives a power cut.
-/// Creates missing parent directories.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// is atomic), rename over the target. Creates missing parent directories.
+///
+/// `durable`: also fsync the file before the rename and the directory after it, so the new content survives a power
+/// cut. Bundles (a file the user asked for) are durable; cache entries are not, on purpose: an fsync costs ~8 ms on
+/// this machine's disk, paid on a compile's critical path, while a cache entry needs no durability to be safe. A
+/// crash can leave a renamed entry with missing or zeroed content, and its checksum then rejects it (it is
+/// rebuilt); a reader never sees a half-written file either way, because of the rename.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
     let name = path
@@ -32,7 +37,9 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         // create_new: a stale temp of a dead process with a recycled pid must not be appended to or raced.
         let mut file = fs::OpenOptions::new().write(true).create_new(true).open(&temp)?;
         file.write_all(bytes)?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
         drop(file);
         fs::rename(&temp, path)
     })();
@@ -41,7 +48,9 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         let _ = fs::remove_file(&temp);
         return result;
     }
-    sync_dir(dir);
+    if durable {
+        sync_dir(dir);
+    }
     Ok(())
 }
 
@@ -64,8 +73,8 @@ mod tests {
     fn writes_replace_and_leave_no_temp_files() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("a/b/x.rec");
-        write_atomic(&path, b"one").expect("first write");
-        write_atomic(&path, b"two").expect("second write");
+        write_atomic(&path, b"one", true).expect("first write");
+        write_atomic(&path, b"two", false).expect("second write");
         assert_eq!(fs::read(&path).expect("read back"), b"two");
         let names: Vec<_> =
             fs::read_dir(dir.path().join("a/b")).expect("list").flatten().map(|e| e.file_name()).collect();

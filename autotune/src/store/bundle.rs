@@ -96,7 +96,7 @@ impl Store {
             out.extend_from_slice(payload);
         }
         out.extend_from_slice(&fnv1a64(&out).to_le_bytes());
-        crate::fsio::write_atomic(path, &out).map_err(|source| StoreError::Io {
+        crate::fsio::write_atomic(path, &out, true).map_err(|source| StoreError::Io {
             action: "write bundle",
             path: path.to_path_buf(),
             source,

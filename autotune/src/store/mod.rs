@@ -300,7 +300,7 @@ impl Store {
     fn write_entry(&self, kind: EntryKind, key_text: &str, payload: &[u8], path: &Path) -> Result<(), StoreError> {
         self.describe_namespace();
         let entry = Entry { kind, version: &self.version, fingerprint: &self.fp_id, key: key_text, payload };
-        crate::fsio::write_atomic(path, &envelope::encode(&entry)).map_err(|source| StoreError::Io {
+        crate::fsio::write_atomic(path, &envelope::encode(&entry), false).map_err(|source| StoreError::Io {
             action: "write",
             path: path.to_path_buf(),
             source,
@@ -328,7 +328,7 @@ impl Store {
                 fp.features.join(" "),
                 self.fp_id
             );
-            let _ = crate::fsio::write_atomic(&path, text.as_bytes());
+            let _ = crate::fsio::write_atomic(&path, text.as_bytes(), false);
         }
     }
 }

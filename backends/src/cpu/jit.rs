@@ -12,17 +12,15 @@
 //!
 //! Deliberately not done yet: pooling output buffers across runs, and a per-kernel profile line.
 
-use super::{libcalls, pool};
+use super::pool;
 use crate::{BackendError, Buffer, Executable};
 use cranelift_codegen::Context;
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
-use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{Linkage, Module};
 use kiln_jit::buffer::HostBuffer;
 use kiln_jit::dtype::DType;
 use kiln_jit::kernel::{KernelIr, KernelPlan, Slot};
-use kiln_jit::render::clif::{self, Libcall};
+use kiln_jit::render::clif;
 use kiln_jit::{Graph, RngKey};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -34,17 +32,22 @@ const NAME: &str = "cpu";
 pub type KernelFn = unsafe extern "C" fn(*const *mut u8, *const u64, i64, i64);
 
 struct Compiler {
-    module: JITModule,
     isa: OwnedTargetIsa,
     /// Whether the host has FMA (cranelift-native enabled `has_fma`), so `fma` lowers to an instruction.
     fma: bool,
     kernels: HashMap<(String, bool), KernelFn>,
+    /// The mappings every handed-out `KernelFn` points into, kept for the life of the process.
+    code: Vec<dynasmrt::ExecutableBuffer>,
     next: u32,
 }
 
-// SAFETY: the JITModule owns raw code pointers and is only touched under the COMPILER mutex; the finalized code
-// it hands out is immutable and callable from any thread.
+// SAFETY: the code mappings are immutable once made executable, and the compiler is only touched under the
+// COMPILER mutex; the kernels it hands out are callable from any thread.
 unsafe impl Send for Compiler {}
+
+/// Cranelift kernels compiled, and loaded from the kernel cache instead of compiled, since the process started.
+pub(crate) static CLIF_COMPILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub(crate) static CLIF_LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 static COMPILER: LazyLock<Result<Mutex<Compiler>, String>> = LazyLock::new(|| Compiler::new().map(Mutex::new));
 
@@ -57,23 +60,8 @@ impl Compiler {
             .map_err(|e| format!("host ISA not supported by Cranelift: {e}"))?
             .finish(settings::Flags::new(flags))
             .map_err(|e| e.to_string())?;
-        let mut jb = JITBuilder::with_isa(isa.clone(), cranelift_module::default_libcall_names());
-        for l in Libcall::ALL {
-            jb.symbol(l.name(), libcalls::address(*l));
-        }
-        let mut module = JITModule::new(jb);
-        let call_conv = isa.default_call_conv();
-        for (i, l) in Libcall::ALL.iter().enumerate() {
-            let id = module
-                .declare_function(l.name(), Linkage::Import, &l.signature(call_conv))
-                .map_err(|e| e.to_string())?;
-            // The renderer names libcall i as user function (0, i); that is only right if ids match positions.
-            if id.as_u32() as usize != i {
-                return Err(format!("libcall {} declared as function {}", l.name(), id.as_u32()));
-            }
-        }
         let fma = isa.isa_flags().iter().any(|f| f.name == "has_fma" && f.as_bool() == Some(true));
-        Ok(Compiler { module, isa, fma, kernels: HashMap::new(), next: 0 })
+        Ok(Compiler { isa, fma, kernels: HashMap::new(), code: Vec::new(), next: 0 })
     }
 
     /// Compiles `k` (or finds it), returning the entry point and, for dumps, the CLIF and disassembly.
@@ -99,28 +87,74 @@ impl Compiler {
         unreachable!("the scalar form either compiles or errors")
     }
 
+    /// Compiles `k` with Cranelift, or maps its machine code from the kernel cache (keyed by everything that
+    /// determines the code: the kernel IR text and the render options; the store's namespace adds the kiln version,
+    /// which pins the Cranelift version, and the CPU fingerprint). With `dump`, it always compiles (for the text).
     fn compile(
         &mut self,
         k: &KernelIr,
         vectorize: bool,
         dump: bool,
     ) -> Result<(KernelFn, Option<(String, String)>), String> {
+        use std::sync::atomic::Ordering;
         let index = self.next;
         self.next += 1;
         let opts = clif::RenderOptions { vectorize, fma: self.fma, tile: clif::TileConfig::default() };
+        let store = kiln_autotune::Store::global();
+        let key = format!("{}|{opts:?}", k.to_text());
+        let name = format!(
+            "clif-{:016x}-{:016x}",
+            kiln_autotune::checksum_of([key.as_str()]),
+            kiln_autotune::checksum_of([key.as_str(), "kiln"])
+        );
+        if !dump
+            && let Some(bytes) = store.get_artifact(&name)
+            && let Ok(code) = super::code::RelocatableCode::from_artifact(&bytes)
+            && let Ok(f) = self.map(&code)
+        {
+            CLIF_LOADS.fetch_add(1, Ordering::Relaxed);
+            return Ok((f, None));
+        }
         let func = clif::render_with(k, index, self.isa.frontend_config(), opts);
         let clif_text = dump.then(|| func.display().to_string());
-        let id = self.module.declare_anonymous_function(&func.signature).map_err(|e| e.to_string())?;
         let mut ctx = Context::for_function(func);
         ctx.set_disasm(dump);
-        self.module.define_function(id, &mut ctx).map_err(|e| format!("{}: {e:?}", k.name))?;
-        let disasm = ctx.compiled_code().and_then(|c| c.vcode.clone()).unwrap_or_default();
-        self.module.finalize_definitions().map_err(|e| e.to_string())?;
-        let ptr = self.module.get_finalized_function(id);
-        // SAFETY: the function was compiled from `kernel_signature`, which is exactly `KernelFn`'s ABI, and its
-        // code stays mapped for the life of the module (the process).
-        let f = unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) };
+        let mut ctrl = cranelift_codegen::control::ControlPlane::default();
+        let (bytes, raw_relocs, disasm) = {
+            let c = ctx.compile(&*self.isa, &mut ctrl).map_err(|e| format!("{}: {:?}", k.name, e.inner))?;
+            (c.code_buffer().to_vec(), c.buffer.relocs().to_vec(), c.vcode.clone().unwrap_or_default())
+        };
+        let mut relocs = Vec::with_capacity(raw_relocs.len());
+        for r in raw_relocs {
+            use cranelift_codegen::FinalizedRelocTarget;
+            use cranelift_codegen::binemit::Reloc;
+            use cranelift_codegen::ir::ExternalName;
+            match (r.kind, &r.target) {
+                (Reloc::Abs8, FinalizedRelocTarget::ExternalName(ExternalName::User(u))) => {
+                    let callee = &ctx.func.params.user_named_funcs()[*u];
+                    relocs.push((r.offset, callee.index, r.addend));
+                }
+                (kind, target) => return Err(format!("{}: unexpected relocation {kind:?} to {target:?}", k.name)),
+            }
+        }
+        let code = super::code::RelocatableCode { code: bytes, relocs };
+        let f = self.map(&code)?;
+        CLIF_COMPILES.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = store.put_artifact(&name, &code.to_artifact()) {
+            tracing_note(&format!("{}: not cached ({e})", k.name));
+        }
         Ok((f, clif_text.map(|c| (c, disasm))))
+    }
+
+    /// Maps relocatable code and returns its entry point (the code starts with the function).
+    fn map(&mut self, code: &super::code::RelocatableCode) -> Result<KernelFn, String> {
+        let buf = code.load()?;
+        // SAFETY: the code is a function compiled from `kernel_signature`, which is exactly `KernelFn`'s ABI, starting
+        // at offset 0, with its libcall addresses patched for this process; `buf` is kept in `self.code` for the life
+        // of the process, so the pointer stays valid.
+        let f = unsafe { std::mem::transmute::<*const u8, KernelFn>(buf.ptr(dynasmrt::AssemblyOffset(0))) };
+        self.code.push(buf);
+        Ok(f)
     }
 }
 
@@ -208,6 +242,7 @@ fn choose_gemm(
         *LAST_RECORD.lock() = Some(rec.clone());
         return Ok((imp, Some(rec)));
     }
+    let inputs = problem.inputs();
     let cands = config::candidates(&problem.view, problem.view.batch.is_empty());
     let scored: Vec<kiln_autotune::Candidate<'_, GemmImpl>> = cands
         .iter()
@@ -237,7 +272,7 @@ fn choose_gemm(
             }
         };
         let mut out = crate::host_pool::take(DType::F32, problem.kernel.output.len);
-        let mut ptrs: Vec<*mut u8> = problem.inputs.iter().map(read_ptr).collect();
+        let mut ptrs: Vec<*mut u8> = inputs.iter().map(read_ptr).collect();
         ptrs.push(write_ptr(&mut out));
         let t0 = std::time::Instant::now();
         // SAFETY: the canonical problem's inputs were made with exactly the lengths and dtypes its kernel declares,
@@ -253,7 +288,7 @@ fn choose_gemm(
         problem.dims.clone(),
         scored,
         mode,
-        |imp| run(imp).and_then(|(out, _)| tune::verify(&problem, &out)),
+        |imp| run(imp).and_then(|(out, _)| tune::verify(&problem, &inputs, &out)),
         |imp| run(imp).map(|(_, t)| t),
     )?;
     let imp = GemmImpl::parse(&record.winner).ok_or_else(|| format!("unparsable winner {}", record.winner))?;

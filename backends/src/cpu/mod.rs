@@ -1,6 +1,7 @@
 //! The CPU device: graphs are fused and JIT-compiled with Cranelift (`jit`), kernels run on a thread pool
 //! (`pool`). `KILN_CPU_ENGINE=interp` runs the reference interpreter instead, to bisect a suspected codegen bug.
 
+mod code;
 pub mod gemm;
 mod jit;
 pub use jit::{PreparedGemm, profile_report, run_gemm_with, set_autotune_mode, take_last_tune_record};

@@ -435,6 +435,10 @@ pub struct GemmStats {
     pub kernel_compiles: u64,
     /// Kernel sets mapped from cached code (no code generation).
     pub kernel_loads: u64,
+    /// Cranelift kernels compiled.
+    pub clif_compiles: u64,
+    /// Cranelift kernels mapped from the kernel cache (no compilation).
+    pub clif_loads: u64,
 }
 
 pub(crate) static TUNINGS: AtomicU64 = AtomicU64::new(0);
@@ -448,6 +452,8 @@ pub fn stats() -> GemmStats {
         tune_hits: TUNE_HITS.load(Ordering::Relaxed),
         kernel_compiles: KERNEL_COMPILES.load(Ordering::Relaxed),
         kernel_loads: KERNEL_LOADS.load(Ordering::Relaxed),
+        clif_compiles: super::jit::CLIF_COMPILES.load(Ordering::Relaxed),
+        clif_loads: super::jit::CLIF_LOADS.load(Ordering::Relaxed),
     }
 }
 

@@ -74,7 +74,14 @@ pub struct TuneProblem {
     /// The canonical kernel (same epilogue, canonical strides, bucketed dims).
     pub kernel: KernelIr,
     pub view: GemmView,
-    pub inputs: Vec<HostBuffer>,
+}
+
+impl TuneProblem {
+    /// Deterministic data for the canonical problem (made only when a search runs: it is megabytes for a large
+    /// GEMM, and a cache hit needs only the key).
+    pub fn inputs(&self) -> Vec<HostBuffer> {
+        self.kernel.inputs.iter().enumerate().map(|(i, b)| synthetic(b, i as u64)).collect()
+    }
 }
 
 fn layout(rows: i64, cols: i64, contiguous_cols: &str, contiguous_rows: &str) -> &'static str {
@@ -193,8 +200,7 @@ pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str) -> Tune
         device: device.to_string(),
         candidates: checksum_of(&names),
     };
-    let inputs = canonical.inputs.iter().enumerate().map(|(i, b)| synthetic(b, i as u64)).collect();
-    TuneProblem { key, dims, kernel: canonical, view, inputs }
+    TuneProblem { key, dims, kernel: canonical, view }
 }
 
 /// Deterministic data for input `seed`: floats in [-1, 1), ints in 0..4, bools alternating.
@@ -241,9 +247,9 @@ pub fn sample_positions(extents: &[usize]) -> Vec<Vec<usize>> {
 /// Checks a candidate's output on the canonical problem against the kernel IR evaluator at sampled positions.
 /// Tolerance: the summation-order bound of `tests/common::gemm_tol` (relative 1e-5 plus 4*k*eps), doubled because
 /// the evaluator's own f32 sum errs too; a wrong tile, block or epilogue is off by orders of magnitude more.
-pub fn verify(p: &TuneProblem, got: &HostBuffer) -> Result<(), String> {
+pub fn verify(p: &TuneProblem, inputs: &[HostBuffer], got: &HostBuffer) -> Result<(), String> {
     let positions = sample_positions(&p.kernel.out_extents);
-    let refs: Vec<&HostBuffer> = p.inputs.iter().collect();
+    let refs: Vec<&HostBuffer> = inputs.iter().collect();
     let want = kiln_jit::kernel::eval::run_at(&p.kernel, &refs, &[], &positions);
     let HostBuffer::F32(got) = got else { return Err("the GEMM output is not f32".into()) };
     let strides = kiln_jit::shape::contiguous_strides(&p.kernel.out_extents);
