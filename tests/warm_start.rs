@@ -1,7 +1,7 @@
-//! Warm before deploy, end to end across processes: a cold process tunes and generates its GEMMs and persists
-//! them; a bundle exported from its cache and imported by a fresh process (empty cache dir) lets that process run
-//! the same step with zero tunings and zero GEMM code generations; and a process on the warm disk cache reuses the
-//! persisted winners instead of racing them again.
+//! Warm before deploy, end to end across processes: a cold process tunes and generates its GEMMs, compiles its
+//! other kernels, and persists all of it; a bundle exported from its cache and imported by a fresh process (empty
+//! cache dir) lets that process run the same step with zero tunings, zero GEMM code generations and zero Cranelift
+//! compiles; and a process on the warm disk cache reuses the persisted winners instead of racing them again.
 //!
 //! The child processes are this test binary itself, re-run with `KILN_WARM_CHILD` set (see `child_step`).
 
@@ -36,13 +36,14 @@ fn child_step() {
     }
     let s = step();
     println!(
-        "STATS role={role} tunings={} tune_hits={} compiles={} loads={}",
-        s.tunings, s.tune_hits, s.tuned_kernel_compiles, s.tuned_kernel_loads
+        "STATS role={role} tunings={} tune_hits={} compiles={} loads={} clif_compiles={}",
+        s.tunings, s.tune_hits, s.tuned_kernel_compiles, s.tuned_kernel_loads, s.kernel_compiles
     );
 }
 
-/// Runs `child_step` in a new process with these cache settings; returns (tunings, hits, compiles, loads).
-fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64) {
+/// Runs `child_step` in a new process with these cache settings; returns (tunings, hits, GEMM code generations,
+/// GEMM code loads, Cranelift compiles).
+fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64, u64) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", "child_step", "--nocapture", "--test-threads=1"])
@@ -62,7 +63,7 @@ fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64
         let f = line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}=")));
         f.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} missing in {line}"))
     };
-    (field("tunings"), field("tune_hits"), field("compiles"), field("loads"))
+    (field("tunings"), field("tune_hits"), field("compiles"), field("loads"), field("clif_compiles"))
 }
 
 #[test]
@@ -72,12 +73,12 @@ fn imported_bundle_means_no_tuning_and_no_code_generation() {
     }
     let build = tempfile::tempdir().unwrap();
     let deploy = tempfile::tempdir().unwrap();
-    let (tunings, _, compiles, _) = child("cold", build.path(), None);
-    assert!(tunings >= 1 && compiles >= 1, "the cold process tuned {tunings} and generated {compiles} GEMMs");
+    let (tunings, _, compiles, _, clif) = child("cold", build.path(), None);
+    assert!(tunings >= 1 && compiles >= 1 && clif >= 1, "cold: tuned {tunings}, generated {compiles}, compiled {clif}");
 
     // The same machine again: the persisted winners are reused, never raced again.
-    let (tunings, hits, compiles, loads) = child("warm-disk", build.path(), None);
-    assert_eq!((tunings, compiles), (0, 0), "warm disk: {hits} hits, {loads} loads");
+    let (tunings, hits, compiles, loads, clif) = child("warm-disk", build.path(), None);
+    assert_eq!((tunings, compiles, clif), (0, 0, 0), "warm disk: {hits} hits, {loads} loads");
     assert!(hits >= 1 && loads >= 1);
 
     // Ship: export from the build machine's cache, import into an empty one.
@@ -85,8 +86,8 @@ fn imported_bundle_means_no_tuning_and_no_code_generation() {
     let bundle = build.path().join("model.kiln");
     let summary = kiln_autotune::Store::open(build.path().to_path_buf(), &fp).export_bundle(&bundle).unwrap();
     assert!(summary.records >= 1 && summary.artifacts >= 1);
-    let (tunings, hits, compiles, loads) = child("imported", deploy.path(), Some(&bundle));
-    eprintln!("imported: tunings {tunings} hits {hits} compiles {compiles} loads {loads}");
-    assert_eq!((tunings, compiles), (0, 0), "after import: {hits} hits, {loads} loads");
+    let (tunings, hits, compiles, loads, clif) = child("imported", deploy.path(), Some(&bundle));
+    eprintln!("imported: tunings {tunings} hits {hits} GEMM generations {compiles} loads {loads} compiles {clif}");
+    assert_eq!((tunings, compiles, clif), (0, 0, 0), "after import: {hits} hits, {loads} loads");
     assert!(hits >= 1 && loads >= 1);
 }
