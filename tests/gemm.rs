@@ -141,6 +141,11 @@ fn every_candidate_with_each_epilogue() {
         ("div", mm() / (res.abs() + 1.0)),
         ("gelu (a pass)", kiln::nn::functional::gelu(&mm(), kiln::nn::functional::Approximate::Tanh)),
         ("max (a pass)", mm().maximum(&res)),
+        ("batch-1 layer, bias + relu", (rand(&[1, k], 16).matmul(&w) + &bias).relu()),
+        ("batched, residual and per-batch bias", {
+            let (a3, w3) = (rand(&[3, m, k], 17), rand(&[3, k, n], 18));
+            a3.matmul(&w3) + rand(&[3, m, n], 19) + rand(&[3, 1, n], 20)
+        }),
     ];
     for (name, c) in cases {
         assert!(check_all_candidates(name, &c) > 0);

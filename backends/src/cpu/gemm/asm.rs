@@ -171,6 +171,9 @@ pub struct MicroSpec {
     pub masked: bool,
     /// K-loop unroll (a power of two).
     pub unroll: usize,
+    /// Prefetch B this many k-steps ahead (0: none). For B read in place from memory (skinny GEMMs), where a tile
+    /// sweep interleaves many rows and the hardware prefetchers lose track.
+    pub prefetch: i32,
 }
 
 /// Accumulator register of tile element (r, v).
@@ -215,6 +218,12 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
     let step = |ops: &mut Assembler, u: usize| {
         let bk = u as i32 * s.b_ks;
         let ak = u as i32 * s.a_ks;
+        if s.prefetch > 0 {
+            for line in 0..(nv * 32).div_ceil(64) {
+                let d = bk + s.prefetch * s.b_ks + 64 * line as i32;
+                dynasm!(ops ; .arch x64 ; prefetcht0 [rsi + d]);
+            }
+        }
         if mr == 1 {
             dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(areg), DWORD [rdi + ak]);
             for v in 0..nv {

@@ -37,6 +37,8 @@ pub struct GemmConfig {
     /// Threads split the rows (M) rather than the columns (N).
     pub split_m: bool,
     pub unroll: usize,
+    /// Software prefetch distance for B read in place, in k-steps (0: none).
+    pub prefetch: usize,
 }
 
 impl GemmConfig {
@@ -51,7 +53,7 @@ impl GemmImpl {
         match self {
             GemmImpl::Library => "lib:gemm".to_string(),
             GemmImpl::Asm(c) => format!(
-                "avx2:{}x{}:kc{}:mc{}:nc{}:{}{}:{}:u{}",
+                "avx2:{}x{}:kc{}:mc{}:nc{}:{}{}:{}:u{}:pf{}",
                 c.mr,
                 c.nr(),
                 c.kc,
@@ -60,7 +62,8 @@ impl GemmImpl {
                 if c.pack_a { "pA" } else { "rA" },
                 if c.pack_b { "pB" } else { "rB" },
                 if c.split_m { "sM" } else { "sN" },
-                c.unroll
+                c.unroll,
+                c.prefetch
             ),
         }
     }
@@ -70,7 +73,7 @@ impl GemmImpl {
             return Some(GemmImpl::Library);
         }
         let f: Vec<&str> = s.split(':').collect();
-        if f.len() != 8 || f[0] != "avx2" {
+        if f.len() != 9 || f[0] != "avx2" {
             return None;
         }
         let (mr, nr) = f[1].split_once('x')?;
@@ -85,6 +88,7 @@ impl GemmImpl {
             pack_b: f[5].ends_with("pB"),
             split_m: f[6] == "sM",
             unroll: num(f[7], "u")?,
+            prefetch: num(f[8], "pf")?,
         };
         (GemmImpl::Asm(c).name() == s).then_some(GemmImpl::Asm(c))
     }
@@ -114,8 +118,8 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
                         if !(pack_b || b_inplace_ok && (skinny || v.m <= mr * mc_mult)) {
                             continue;
                         }
-                        for split_m in [false, true] {
-                            if split_m && skinny {
+                        for (split_m, prefetch) in [(false, 0), (true, 0), (false, 8)] {
+                            if split_m && skinny || prefetch > 0 && (pack_b || !skinny) {
                                 continue;
                             }
                             // Blocks larger than the problem behave like the problem's size: clamp, then drop
@@ -130,6 +134,7 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
                                 pack_b,
                                 split_m,
                                 unroll: 4,
+                                prefetch,
                             };
                             if legal(v, &c) && !out.contains(&GemmImpl::Asm(c)) {
                                 out.push(GemmImpl::Asm(c));

@@ -153,6 +153,7 @@ impl CompiledGemm {
                         mode,
                         masked: tail && !tail_cols.is_multiple_of(8),
                         unroll: c.unroll,
+                        prefetch: if packed_b { 0 } else { c.prefetch as i32 },
                     });
                     slots.push((rows - 1) * 8 + tail as usize * 4 + mode_index(mode));
                 }
