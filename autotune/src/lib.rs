@@ -9,11 +9,14 @@
 //!   and device, written atomically, checksummed, and never used when anything about an entry is off; bundles
 //!   export and import a whole namespace as one file.
 //!
-//! Must not know: the user-facing `Tensor` API, any other kiln crate, or a particular device or kernel. The
-//! GEMM candidates, cost model, reference check and timing closures are the backends' (see DESIGN.md,
-//! "Autotuning" and "Caches").
+//! - [`cpu_gemm`]: the CPU GEMM search space (register tiles, cache blocking, packing, thread split, the library
+//!   candidate) and its analytic cost model, over a `kiln_jit` `GemmView`.
+//!
+//! Must not know: the user-facing `Tensor` API, or how a kernel is generated and run: the GEMM kernels, the
+//! reference check and the timing closures are the backends' (see DESIGN.md, "Autotuning" and "Caches").
 #![forbid(unsafe_code)]
 
+pub mod cpu_gemm;
 mod envelope;
 mod fingerprint;
 mod fsio;

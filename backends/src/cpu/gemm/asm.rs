@@ -181,11 +181,7 @@ fn acc(nv: usize, r: usize, v: usize) -> u8 {
     (r * nv + v) as u8
 }
 
-/// Whether `spec` fits the 16 ymm registers.
-pub fn fits(mr: usize, nv: usize) -> bool {
-    let b_regs = if mr == 1 { 0 } else { nv };
-    mr >= 1 && nv >= 1 && mr * nv + b_regs < 16
-}
+pub use kiln_autotune::cpu_gemm::fits;
 
 /// Emits one kernel at the assembler's current offset and returns that offset.
 pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<AssemblyOffset, String> {

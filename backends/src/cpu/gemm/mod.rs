@@ -12,7 +12,8 @@
 //! so results do not depend on timing. Deliberately not done: packing shared between threads, and AVX-512.
 
 pub mod asm;
-pub mod config;
+/// The search space and cost model live in the autotuner crate.
+pub use kiln_autotune::cpu_gemm as config;
 pub mod epilogue;
 mod pack;
 pub mod tune;

@@ -1,5 +1,6 @@
-//! The CPU GEMM search space: every legal configuration for a problem, and the analytic score that ranks them
-//! before any is timed.
+//! The CPU GEMM search space (x86-64 AVX2 + FMA): every legal configuration for a problem, and the analytic score
+//! that ranks them before any is timed. The kernels themselves are `kiln-backends`' (`cpu/gemm`): this file only
+//! knows what a configuration is, which ones fit the machine, and what each should cost.
 //!
 //! A configuration is the register tile (MR x 8*NV), the cache blocking (KC x MC of A in L2, KC x NC of B in L3, one
 //! KC x NR micro-panel of B in L1), whether A and B are packed into panels or read in place, and how the threads
@@ -151,13 +152,20 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
     out
 }
 
+/// Whether an `mr x 8*nv` register tile fits the 16 ymm registers: `mr * nv` accumulators, `nv` B vectors (none
+/// for one row, whose FMAs read B from memory) and one broadcast register.
+pub fn fits(mr: usize, nv: usize) -> bool {
+    let b_regs = if mr == 1 { 0 } else { nv };
+    mr >= 1 && nv >= 1 && mr * nv + b_regs < 16
+}
+
 /// Whether every displacement the kernels need fits an i32 (a stride of a huge matrix might not).
 pub fn legal(v: &GemmView, c: &GemmConfig) -> bool {
     let fit = |x: i64| x.unsigned_abs() < (1 << 30);
     let ldc = v.n as i64 * 4;
     let a_ok = c.pack_a || (fit(v.a.cols * 4 * c.unroll as i64) && fit(v.a.rows * 4 * c.mr as i64));
     let b_ok = c.pack_b || (v.b.cols == 1 && fit(v.b.rows * 4 * c.unroll as i64));
-    super::asm::fits(c.mr, c.nv)
+    fits(c.mr, c.nv)
         && a_ok
         && b_ok
         && fit(ldc * c.mr as i64)
@@ -214,4 +222,34 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     bytes += if c.pack_a { 8.0 * k * m_part * (n_part / c.nc as f64).ceil() } else { 4.0 * k * m_part };
     let mem_s = batch * bytes / (BW * 1e9);
     flops / (compute_s + mem_s) / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_jit::kernel::gemm::GemmOperand;
+
+    fn view(m: usize, n: usize, k: usize) -> GemmView {
+        let op = |rows: i64, cols: i64| GemmOperand { buf: 0, offset: 0, batch: vec![], rows, cols };
+        GemmView { batch: vec![], m, n, k, a: op(k as i64, 1), b: op(n as i64, 1), roles: vec![] }
+    }
+
+    #[test]
+    fn every_candidate_is_legal_distinct_and_named_reversibly() {
+        for (m, n, k) in [(1, 4096, 4096), (8, 300, 77), (64, 64, 64), (1024, 1024, 1024), (1000, 17, 3)] {
+            let v = view(m, n, k);
+            let cands = candidates(&v, true);
+            assert!(!cands.is_empty());
+            for (i, c) in cands.iter().enumerate() {
+                assert_eq!(GemmImpl::parse(&c.name()), Some(*c), "{}", c.name());
+                assert!(!cands[..i].contains(c), "duplicate {}", c.name());
+                if let GemmImpl::Asm(cfg) = c {
+                    assert!(legal(&v, cfg) && fits(cfg.mr, cfg.nv));
+                }
+                assert!(score(&v, c, 2).is_finite());
+            }
+        }
+        assert_eq!(GemmImpl::parse("avx2:6x16:kc256"), None);
+        assert!(!fits(3, 4) && fits(6, 2) && fits(1, 15));
+    }
 }
