@@ -69,6 +69,20 @@ impl GemmImpl {
         }
     }
 
+    /// The structural family (what the cost model may mis-rank as a whole): the library, or the generated kernel
+    /// by how A and B are read (packed or in place).
+    pub fn family(&self) -> &'static str {
+        match self {
+            GemmImpl::Library => "library",
+            GemmImpl::Asm(c) => match (c.pack_a, c.pack_b) {
+                (true, true) => "packed A, packed B",
+                (true, false) => "packed A, B in place",
+                (false, true) => "A in place, packed B",
+                (false, false) => "A and B in place",
+            },
+        }
+    }
+
     pub fn parse(s: &str) -> Option<GemmImpl> {
         if s == "lib:gemm" {
             return Some(GemmImpl::Library);
@@ -120,7 +134,7 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
                             continue;
                         }
                         for (split_m, prefetch) in [(false, 0), (true, 0), (false, 8)] {
-                            if split_m && skinny || prefetch > 0 && (pack_b || !skinny) {
+                            if split_m && skinny || prefetch > 0 && pack_b {
                                 continue;
                             }
                             // Blocks larger than the problem behave like the problem's size: clamp, then drop

@@ -87,6 +87,10 @@ pub struct Candidate<'a, C> {
     pub config: &'a C,
     pub name: String,
     pub score: f64,
+    /// Candidates of one family share a structure the cost model may rank wrongly as a whole (packed or in-place
+    /// operands, a library); the timed set takes the best of each family first, so one mis-modelled family cannot
+    /// crowd the others out. Empty: no family.
+    pub family: String,
 }
 
 /// Tunes one key with `mode`'s budget. See [`search_with_budget`].
@@ -159,12 +163,31 @@ pub fn search_with_budget<C>(
 
     let top_k = budget.top_k.max(1);
     let max_reps = budget.max_reps.max(1);
+    // The timed set: the best of each family (in score order), then the best remaining scores, `top_k` in all.
+    let mut in_set = vec![false; candidates.len()];
+    let mut families: Vec<&str> = Vec::new();
+    for (i, c) in candidates.iter().enumerate() {
+        if families.len() < top_k && !c.family.is_empty() && !families.contains(&c.family.as_str()) {
+            families.push(&c.family);
+            in_set[i] = true;
+        }
+    }
+    let mut taken = families.len();
+    for flag in in_set.iter_mut() {
+        if taken >= top_k {
+            break;
+        }
+        if !*flag {
+            *flag = true;
+            taken += 1;
+        }
+    }
     let mut spent = Duration::ZERO;
     let mut best: Option<(Duration, usize)> = None;
     let mut failures = Vec::new();
     let mut trials = Vec::with_capacity(candidates.len());
     for (i, c) in candidates.iter().enumerate() {
-        if i >= top_k {
+        if !in_set[i] {
             trials.push(untimed(c, format!("not timed: outside top {top_k}")));
             continue;
         }

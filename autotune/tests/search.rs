@@ -30,7 +30,9 @@ fn key(cfgs: &[Cfg]) -> TuneKey {
 }
 
 fn candidates(cfgs: &[Cfg]) -> Vec<Candidate<'_, Cfg>> {
-    cfgs.iter().map(|c| Candidate { config: c, name: c.name.to_string(), score: c.score }).collect()
+    cfgs.iter()
+        .map(|c| Candidate { config: c, name: c.name.to_string(), score: c.score, family: String::new() })
+        .collect()
 }
 
 fn verify(c: &Cfg) -> Result<(), String> {
@@ -188,4 +190,42 @@ fn deterministic_given_the_closures() {
     let cfgs = [cfg("x", 1.0, 7, true), cfg("y", 2.0, 9, true), cfg("z", 0.5, 3, false)];
     let run = || search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Full, verify, |c: &Cfg| Ok(c.time));
     assert_eq!(run(), run());
+}
+
+#[test]
+fn the_timed_set_takes_the_best_of_each_family_first() {
+    let names = ["a1", "a2", "a3", "b1", "c1"];
+    let scores = [10.0, 9.0, 8.0, 1.0, 0.5];
+    let fams = ["a", "a", "a", "b", "c"];
+    let cands: Vec<Candidate<'_, &str>> = names
+        .iter()
+        .zip(scores)
+        .zip(fams)
+        .map(|((n, s), f)| Candidate { config: n, name: n.to_string(), score: s, family: f.to_string() })
+        .collect();
+    let key = kiln_autotune::TuneKey {
+        op: "t".into(),
+        dims: vec![],
+        dtypes: String::new(),
+        layout: String::new(),
+        epilogue: String::new(),
+        device: "d".into(),
+        candidates: 0,
+    };
+    let mut timed = Vec::new();
+    let rec = kiln_autotune::search(
+        &key,
+        vec![],
+        cands,
+        kiln_autotune::Mode::Fast,
+        |_| Ok(()),
+        |c: &&str| {
+            timed.push(c.to_string());
+            Ok(std::time::Duration::from_nanos(if *c == "b1" { 1 } else { 100 }))
+        },
+    )
+    .unwrap();
+    // Fast times two: the best of family a and the best of family b, not a1 and a2.
+    assert!(timed.iter().all(|c| c == "a1" || c == "b1"), "{timed:?}");
+    assert_eq!(rec.winner, "b1");
 }

@@ -250,6 +250,7 @@ fn choose_gemm(
             config: imp,
             name: imp.name(),
             score: config::score(&problem.view, imp, threads),
+            family: imp.family().to_string(),
         })
         .collect();
     // The epilogue pass (when the epilogue is not in registers) is the same for every candidate: compile it once.
