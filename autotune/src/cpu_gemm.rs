@@ -122,7 +122,7 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
         if skinny { &[(1, 4), (1, 8), (2, 4), (4, 2), (4, 3), (6, 2)] } else { &[(6, 2), (4, 3)] };
     // Skinny problems stream B from memory: short K blocks keep the rows a tile sweep touches few enough for the
     // hardware prefetchers (a 4096-wide row is read in one pass per block instead of in 64 separate strips).
-    let kcs: &[usize] = if skinny { &[8, 32, 128, 384] } else { &[256, 384] };
+    let kcs: &[usize] = if skinny { &[4, 8, 32, 128, 384] } else { &[256, 384] };
     for &(mr, nv) in tiles {
         for &kc in kcs {
             for mc_mult in [12, 24] {
@@ -205,11 +205,11 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     let edge = (m / ((m / mr).ceil() * mr)) * (n / ((n / 8.0).ceil() * 8.0));
     let mut eff = latency_eff * load_eff * edge;
     let kc = c.kc.min(v.k) as f64;
-    if !c.pack_b && v.m <= 4 && kc > 32.0 {
-        // B streamed in place: a tile sweep reads `kc` rows at once, one prefetch stream each; past a few dozen
-        // streams the hardware prefetchers give up (measured at M = 1, K = N = 4096: kc 384 reads the weights at
-        // about 40% of the read bandwidth).
-        eff *= 0.5;
+    if !c.pack_b && v.m <= 4 && kc > 8.0 {
+        // B streamed in place: a tile sweep reads `kc` rows at once, one prefetch stream each, and the hardware
+        // prefetchers keep up with only a few (measured at M = 1, K = N = 4096, 2 threads, weights from DRAM: kc 4
+        // reads them at up to 30 GB/s, kc 32 at 25, kc 128-384 at 10-25, noisy).
+        eff *= if kc > 32.0 { 0.5 } else { 0.8 };
     }
     if kc * nr * 4.0 > 16.0 * 1024.0 {
         eff *= 0.8;
