@@ -109,9 +109,7 @@ fn every_candidate_on_transposed_and_batched_operands() {
     for (name, c) in cases {
         assert!(check_all_candidates(name, &c) > 0);
         // The register epilogue must cover the common kinds; the others go through the pass.
-        let cap = kiln::capture(&[&c]).unwrap();
-        let plan = schedule(&cap.graph);
-        let k = &plan.launches.last().unwrap().kernel;
+        let k = &gemm_kernel(&c);
         let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap()).is_some();
         assert_eq!(in_registers, !name.contains("(a pass)"), "{name}: epilogue in registers = {in_registers}");
     }
@@ -150,9 +148,7 @@ fn every_candidate_with_each_epilogue() {
     for (name, c) in cases {
         assert!(check_all_candidates(name, &c) > 0);
         // The register epilogue must cover the common kinds; the others go through the pass.
-        let cap = kiln::capture(&[&c]).unwrap();
-        let plan = schedule(&cap.graph);
-        let k = &plan.launches.last().unwrap().kernel;
+        let k = &gemm_kernel(&c);
         let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap()).is_some();
         assert_eq!(in_registers, !name.contains("(a pass)"), "{name}: epilogue in registers = {in_registers}");
     }

@@ -21,22 +21,11 @@ pub const SKINNY_N: usize = 4096;
 /// Weights cycled by the skinny workloads: 4 x 64 MiB, far beyond any cache here (32 MiB L3).
 pub const SKINNY_WEIGHTS: usize = 4;
 
-pub fn threads() -> usize {
-    kiln_backends::cpu::pool::default_threads()
-}
-
-pub fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".into())
-}
-
-pub fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+#[path = "../common/mod.rs"]
+mod common;
+// Each includer uses a subset (as with the rest of this file).
+#[allow(unused_imports)]
+pub use common::{loadavg, median, threads};
 
 /// Deterministic values in [-1, 1).
 pub fn values(n: usize, seed: usize) -> Vec<f32> {

@@ -188,30 +188,40 @@ fn fold(op: ReduceOp, d: DType, acc: V, x: V) -> V {
     binary(b, d, acc, x)
 }
 
+/// The value of output element `o` (an index into `out_extents`): its reduction in loop order, then the outer code.
+fn element(
+    kernel: &KernelIr,
+    o: &[usize],
+    inputs: &[&HostBuffer],
+    rng: &[RngKey],
+    vars: &mut [i64],
+    vals: &mut Vec<V>,
+) -> V {
+    let out_rank = kernel.out_rank();
+    for (v, &i) in vars.iter_mut().zip(o) {
+        *v = i as i64;
+    }
+    let acc = kernel.reduce.as_ref().map(|r| {
+        let mut acc = init(r.op, r.dtype);
+        for_each_index(&r.extents, |ri| {
+            for (v, &i) in vars[out_rank..].iter_mut().zip(ri) {
+                *v = i as i64;
+            }
+            run_insts(&r.inner, vars, inputs, rng, None, vals);
+            acc = fold(r.op, r.dtype, acc, vals[r.value]);
+        });
+        acc
+    });
+    run_insts(&kernel.outer, vars, inputs, rng, acc, vals);
+    vals[kernel.result]
+}
+
 /// Runs `kernel` over `inputs` and returns its output buffer.
 pub fn run(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey]) -> HostBuffer {
-    let out_rank = kernel.out_rank();
     let mut out: Vec<V> = Vec::with_capacity(kernel.output.len);
     let mut vals = Vec::new();
     let mut vars = vec![0i64; kernel.extents().len()];
-    for_each_index(&kernel.out_extents, |o| {
-        for (v, &i) in vars.iter_mut().zip(o) {
-            *v = i as i64;
-        }
-        let acc = kernel.reduce.as_ref().map(|r| {
-            let mut acc = init(r.op, r.dtype);
-            for_each_index(&r.extents, |ri| {
-                for (v, &i) in vars[out_rank..].iter_mut().zip(ri) {
-                    *v = i as i64;
-                }
-                run_insts(&r.inner, &vars, inputs, rng, None, &mut vals);
-                acc = fold(r.op, r.dtype, acc, vals[r.value]);
-            });
-            acc
-        });
-        run_insts(&kernel.outer, &vars, inputs, rng, acc, &mut vals);
-        out.push(vals[kernel.result]);
-    });
+    for_each_index(&kernel.out_extents, |o| out.push(element(kernel, o, inputs, rng, &mut vars, &mut vals)));
     let d = kernel.output.dtype;
     match d {
         DType::F32 => HostBuffer::F32(out.into_iter().map(|v| if let V::F32(x) = v { x } else { 0.0 }).collect()),
@@ -294,31 +304,14 @@ pub fn eval_uniform(
 /// Evaluates `kernel` at the given output positions only (each a full index into `out_extents`), for checking a
 /// large kernel's output on a sample: the reference a GEMM candidate is verified against while tuning.
 pub fn run_at(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey], positions: &[Vec<usize>]) -> Vec<f64> {
-    let out_rank = kernel.out_rank();
     let mut vals = Vec::new();
     let mut vars = vec![0i64; kernel.extents().len()];
-    let mut out = Vec::with_capacity(positions.len());
-    for o in positions {
-        for (v, &i) in vars.iter_mut().zip(o) {
-            *v = i as i64;
-        }
-        let acc = kernel.reduce.as_ref().map(|r| {
-            let mut acc = init(r.op, r.dtype);
-            for_each_index(&r.extents, |ri| {
-                for (v, &i) in vars[out_rank..].iter_mut().zip(ri) {
-                    *v = i as i64;
-                }
-                run_insts(&r.inner, &vars, inputs, rng, None, &mut vals);
-                acc = fold(r.op, r.dtype, acc, vals[r.value]);
-            });
-            acc
-        });
-        run_insts(&kernel.outer, &vars, inputs, rng, acc, &mut vals);
-        out.push(match vals[kernel.result] {
+    positions
+        .iter()
+        .map(|o| match element(kernel, o, inputs, rng, &mut vars, &mut vals) {
             V::F32(x) => x as f64,
             V::F64(x) => x,
             V::I(x) => x as f64,
-        });
-    }
-    out
+        })
+        .collect()
 }
