@@ -141,7 +141,7 @@ impl Compiler {
         let f = self.map(&code)?;
         CLIF_COMPILES.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = store.put_artifact(&name, &code.to_artifact()) {
-            tracing_note(&format!("{}: not cached ({e})", k.name));
+            cache_write_failed(&format!("kernel {}", k.name), &e);
         }
         Ok((f, clif_text.map(|c| (c, disasm))))
     }
@@ -298,7 +298,7 @@ fn choose_gemm(
     }
     *LAST_RECORD.lock() = Some(record.clone());
     if let Err(e) = store.put_record(&record) {
-        eprintln!("kiln: could not save the tuning record ({e}); the choice holds for this process");
+        cache_write_failed("a GEMM tuning record", &e);
     }
     // A winner tuned at the bucket's bound may not be legal at this exact shape (an i32 stride); the analytic
     // best for this shape is.
@@ -381,6 +381,20 @@ pub fn run_gemm_with(
     inputs: &[&HostBuffer],
 ) -> Result<HostBuffer, String> {
     PreparedGemm::new(k, imp)?.run(inputs)
+}
+
+/// A cache entry could not be written (a read-only or full cache dir): the result still holds for this process.
+/// Said once per process on stderr, not once per kernel; `KILN_LOG` shows every one.
+pub(crate) fn cache_write_failed(what: &str, e: &dyn std::fmt::Display) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "kiln: cannot write to the kernel and tuning cache ({e}); results hold for this process only \
+             (set KILN_CACHE_DIR to a writable dir, or to `off`)"
+        );
+    } else {
+        tracing_note(&format!("{what} not cached: {e}"));
+    }
 }
 
 /// Diagnostics that are not errors go to stderr only when `KILN_LOG` is set (the tracing layer comes later).

@@ -477,7 +477,7 @@ fn kernel_set(
     let set = KernelSet::build(specs, program)?;
     KERNEL_COMPILES.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = store.put_artifact(&name, &set.to_artifact()) {
-        eprintln!("kiln: could not cache GEMM code ({e}); it will be generated again next time");
+        super::jit::cache_write_failed("GEMM code", &e);
     }
     Ok(set)
 }
