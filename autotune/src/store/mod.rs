@@ -248,14 +248,10 @@ impl Store {
     /// Reads and validates the entry for `key_text`; `None` when absent or rejected. Returns its payload.
     fn load(&self, kind: EntryKind, key_text: &str) -> Option<(PathBuf, Vec<u8>)> {
         let path = self.entry_path(kind, key_text)?;
-        let data = match fs::read(&path) {
-            Ok(data) => data,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                self.reject(&path, &format!("cannot read it ({e})"));
-                return None;
-            }
-        };
+        // A file that cannot be read (absent, or the cache dir is not a usable directory) is a miss, not a bad
+        // entry: no warning per lookup (a write failure is reported once by the caller). Only content that was
+        // read and is wrong is rejected with a warning.
+        let Ok(data) = fs::read(&path) else { return None };
         match self.validate(&data, kind, Some(key_text)) {
             Ok(entry) => Some((path, entry.payload.to_vec())),
             Err(reason) => {
