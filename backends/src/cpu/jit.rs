@@ -31,7 +31,7 @@ const NAME: &str = "cpu";
 /// `fn(args, rng, start, end)`: see `kiln_jit::render::clif`.
 pub type KernelFn = unsafe extern "C" fn(*const *mut u8, *const u64, i64, i64);
 
-struct Compiler {
+pub(crate) struct Compiler {
     isa: OwnedTargetIsa,
     /// Whether the host has FMA (cranelift-native enabled `has_fma`), so `fma` lowers to an instruction.
     fma: bool,
@@ -49,7 +49,8 @@ unsafe impl Send for Compiler {}
 pub(crate) static CLIF_COMPILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 pub(crate) static CLIF_LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-static COMPILER: LazyLock<Result<Mutex<Compiler>, String>> = LazyLock::new(|| Compiler::new().map(Mutex::new));
+pub(crate) static COMPILER: LazyLock<Result<Mutex<Compiler>, String>> =
+    LazyLock::new(|| Compiler::new().map(Mutex::new));
 
 impl Compiler {
     fn new() -> Result<Compiler, String> {
@@ -65,7 +66,7 @@ impl Compiler {
     }
 
     /// Compiles `k` (or finds it), returning the entry point and, for dumps, the CLIF and disassembly.
-    fn kernel(&mut self, k: &KernelIr, dump: bool) -> Result<(KernelFn, Option<(String, String)>), String> {
+    pub(crate) fn kernel(&mut self, k: &KernelIr, dump: bool) -> Result<(KernelFn, Option<(String, String)>), String> {
         let text = k.to_text();
         for vectorize in [true, false] {
             if vectorize && !clif::vectorizable(k) {
@@ -158,231 +159,6 @@ impl Compiler {
     }
 }
 
-/// GEMMs smaller than this (M*N*K) stay Cranelift kernels: the blocked driver's fixed costs would dominate.
-const GEMM_MIN_VOLUME: usize = 4096;
-
-/// Whether GEMMs run as generated AVX2 code: the host has AVX2+FMA and `KILN_GEMM=clif` (Cranelift kernels only, to
-/// bisect) is not set.
-fn generated_gemm_enabled() -> bool {
-    static ON: LazyLock<bool> = LazyLock::new(|| {
-        super::gemm::asm::host_supported() && std::env::var("KILN_GEMM").map_or(true, |v| v != "clif")
-    });
-    *ON
-}
-
-/// `KILN_AUTOTUNE` (read once), unless [`set_autotune_mode`] overrides it.
-fn tune_mode() -> kiln_autotune::Mode {
-    static MODE: LazyLock<kiln_autotune::Mode> = LazyLock::new(kiln_autotune::Mode::from_env);
-    MODE_OVERRIDE.lock().unwrap_or(*MODE)
-}
-
-static LAST_RECORD: Mutex<Option<kiln_autotune::TuneRecord>> = Mutex::new(None);
-
-/// Takes the tuning record of the GEMM compiled last (searched or reused) since the previous call, for
-/// `kiln tune`'s report.
-pub fn take_last_tune_record() -> Option<kiln_autotune::TuneRecord> {
-    LAST_RECORD.lock().take()
-}
-
-static MODE_OVERRIDE: Mutex<Option<kiln_autotune::Mode>> = Mutex::new(None);
-
-/// Overrides `KILN_AUTOTUNE` for GEMMs compiled from now on (`None` restores it): `kiln tune` searches with `full`
-/// whatever the environment says.
-pub fn set_autotune_mode(mode: Option<kiln_autotune::Mode>) {
-    *MODE_OVERRIDE.lock() = mode;
-}
-
-/// The generated-GEMM form of `k` if it is a GEMM worth it on this host, in the configuration the tuning cache
-/// holds for its key, or the one a search picks now (`KILN_AUTOTUNE`), with its epilogue pass compiled when the
-/// epilogue is not in registers.
-fn gemm_for(
-    c: &mut Compiler,
-    k: &KernelIr,
-    dump: Option<&crate::dump::Dump>,
-) -> Result<Option<super::gemm::CompiledGemm>, String> {
-    if !generated_gemm_enabled() {
-        return Ok(None);
-    }
-    let Some(view) = kiln_jit::kernel::gemm::GemmView::of(k) else { return Ok(None) };
-    if view.m * view.n * view.k < GEMM_MIN_VOLUME {
-        return Ok(None);
-    }
-    let threads = pool::global().threads();
-    let store = kiln_autotune::Store::global();
-    let (imp, record) = choose_gemm(c, k, &view, threads, store, tune_mode())?;
-    let g = build_gemm(c, k, view, imp, threads, Some(store), dump)?;
-    if let Some(d) = dump {
-        let table = record.map_or_else(|| "not tuned (analytic choice)\n".to_string(), |r| r.table());
-        d.gemm_files(k, &imp.name(), g.code_bytes(), &table);
-    }
-    Ok(Some(g))
-}
-
-/// The configuration for GEMM `k`: a cached record's winner (never re-raced), else a search on the canonical
-/// problem of its key (or, with `KILN_AUTOTUNE=off`, the best analytic score), recorded in `store`.
-fn choose_gemm(
-    c: &mut Compiler,
-    k: &KernelIr,
-    view: &kiln_jit::kernel::gemm::GemmView,
-    threads: usize,
-    store: &kiln_autotune::Store,
-    mode: kiln_autotune::Mode,
-) -> Result<(super::gemm::config::GemmImpl, Option<kiln_autotune::TuneRecord>), String> {
-    use super::gemm::{self, config, config::GemmImpl, tune};
-    use std::sync::atomic::Ordering;
-    let problem = tune::problem(k, view, threads, &store.fingerprint().id());
-    let legal_here = |imp: &GemmImpl| match imp {
-        GemmImpl::Asm(cfg) => config::legal(view, cfg),
-        GemmImpl::Library => view.batch.is_empty(),
-    };
-    if let Some(rec) = store.get_record(&problem.key)
-        && let Some(imp) = GemmImpl::parse(&rec.winner).filter(legal_here)
-    {
-        gemm::TUNE_HITS.fetch_add(1, Ordering::Relaxed);
-        *LAST_RECORD.lock() = Some(rec.clone());
-        return Ok((imp, Some(rec)));
-    }
-    let inputs = problem.inputs();
-    let cands = config::candidates(&problem.view, problem.view.batch.is_empty());
-    let scored: Vec<kiln_autotune::Candidate<'_, GemmImpl>> = cands
-        .iter()
-        .map(|imp| kiln_autotune::Candidate {
-            config: imp,
-            name: imp.name(),
-            score: config::score(&problem.view, imp, threads),
-            family: imp.family().to_string(),
-        })
-        .collect();
-    // The epilogue pass (when the epilogue is not in registers) is the same for every candidate: compile it once.
-    let pass = {
-        let pk = gemm::epilogue_pass_kernel(&problem.kernel);
-        c.kernel(&pk, false)?.0
-    };
-    // Each candidate is generated once and kept for its verification and timed runs.
-    let built: std::cell::RefCell<HashMap<GemmImpl, std::rc::Rc<gemm::CompiledGemm>>> = Default::default();
-    let run = |imp: &GemmImpl| -> Result<(HostBuffer, std::time::Duration), String> {
-        let existing = built.borrow().get(imp).cloned();
-        let g = match existing {
-            Some(g) => g,
-            None => {
-                let mut g = gemm::CompiledGemm::build(&problem.kernel, problem.view.clone(), *imp, threads, None)?;
-                g.pass = Some(pass);
-                let g = std::rc::Rc::new(g);
-                built.borrow_mut().insert(*imp, g.clone());
-                g
-            }
-        };
-        let mut out = crate::host_pool::take(DType::F32, problem.kernel.output.len);
-        let mut ptrs: Vec<*mut u8> = inputs.iter().map(read_ptr).collect();
-        ptrs.push(write_ptr(&mut out));
-        let t0 = std::time::Instant::now();
-        // SAFETY: the canonical problem's inputs were made with exactly the lengths and dtypes its kernel declares,
-        // and the output was allocated with its length.
-        unsafe {
-            g.run(&ptrs);
-            finish_output(&mut out, problem.kernel.output.len);
-        }
-        Ok((out, t0.elapsed()))
-    };
-    let record = kiln_autotune::search(
-        &problem.key,
-        problem.dims.clone(),
-        scored,
-        mode,
-        |imp| run(imp).and_then(|(out, _)| tune::verify(&problem, &inputs, &out)),
-        |imp| run(imp).map(|(_, t)| t),
-    )?;
-    let imp = GemmImpl::parse(&record.winner).ok_or_else(|| format!("unparsable winner {}", record.winner))?;
-    if mode != kiln_autotune::Mode::Off {
-        gemm::TUNINGS.fetch_add(1, Ordering::Relaxed);
-    }
-    *LAST_RECORD.lock() = Some(record.clone());
-    if let Err(e) = store.put_record(&record) {
-        cache_write_failed("a GEMM tuning record", &e);
-    }
-    // A winner tuned at the bucket's bound may not be legal at this exact shape (an i32 stride); the analytic
-    // best for this shape is.
-    let imp = if legal_here(&imp) {
-        imp
-    } else {
-        super::gemm::tune::analytic_best(view, threads).ok_or("no legal GEMM config")?
-    };
-    Ok((imp, Some(record)))
-}
-
-fn build_gemm(
-    c: &mut Compiler,
-    k: &KernelIr,
-    view: kiln_jit::kernel::gemm::GemmView,
-    imp: super::gemm::config::GemmImpl,
-    threads: usize,
-    cache: Option<&kiln_autotune::Store>,
-    dump: Option<&crate::dump::Dump>,
-) -> Result<super::gemm::CompiledGemm, String> {
-    let mut g = super::gemm::CompiledGemm::build(k, view, imp, threads, cache)?;
-    if g.uses_pass {
-        let pass = super::gemm::epilogue_pass_kernel(k);
-        let (f, text) = c.kernel(&pass, dump.is_some())?;
-        if let (Some(d), Some((clif_text, disasm))) = (dump, text) {
-            d.kernel_files(&pass, "clif", &clif_text, &disasm);
-        }
-        g.pass = Some(f);
-    }
-    Ok(g)
-}
-
-/// A GEMM kernel built in one configuration, to run many times on host buffers (tests force every candidate
-/// through this and compare with the kernel IR evaluator; benchmarks time configurations against each other).
-pub struct PreparedGemm {
-    kernel: KernelIr,
-    gemm: super::gemm::CompiledGemm,
-}
-
-impl PreparedGemm {
-    /// Builds `k` as a GEMM with configuration `imp`. Errors when `k` is not a GEMM, the configuration is not
-    /// legal for it, or the host cannot run generated code.
-    pub fn new(k: &KernelIr, imp: super::gemm::config::GemmImpl) -> Result<PreparedGemm, String> {
-        if !super::gemm::asm::host_supported() {
-            return Err("this host has no AVX2+FMA".into());
-        }
-        let view = kiln_jit::kernel::gemm::GemmView::of(k).ok_or("not a GEMM")?;
-        let compiler = COMPILER.as_ref().map_err(|e| e.clone())?;
-        let gemm = build_gemm(&mut compiler.lock(), k, view, imp, pool::global().threads(), None, None)?;
-        Ok(PreparedGemm { kernel: k.clone(), gemm })
-    }
-
-    /// Runs on `inputs` (checked against the kernel's declared buffers) and returns the output.
-    pub fn run(&self, inputs: &[&HostBuffer]) -> Result<HostBuffer, String> {
-        let k = &self.kernel;
-        if inputs.len() != k.inputs.len() {
-            return Err(format!("{} inputs given, the kernel reads {}", inputs.len(), k.inputs.len()));
-        }
-        for (b, p) in inputs.iter().zip(&k.inputs) {
-            if b.dtype() != p.dtype || b.len() < p.len {
-                return Err(format!("an input is {}[{}], the kernel wants {}[{}]", b.dtype(), b.len(), p.dtype, p.len));
-            }
-        }
-        let mut out = crate::host_pool::take(k.output.dtype, k.output.len);
-        let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| read_ptr(b)).collect();
-        ptrs.push(write_ptr(&mut out));
-        // SAFETY: inputs were checked against the kernel's buffers above; the output was allocated with its length.
-        unsafe {
-            self.gemm.run(&ptrs);
-            finish_output(&mut out, k.output.len);
-        }
-        Ok(out)
-    }
-}
-
-/// Builds and runs `k` once as a GEMM in configuration `imp` (see [`PreparedGemm`]).
-pub fn run_gemm_with(
-    k: &KernelIr,
-    imp: super::gemm::config::GemmImpl,
-    inputs: &[&HostBuffer],
-) -> Result<HostBuffer, String> {
-    PreparedGemm::new(k, imp)?.run(inputs)
-}
-
 /// A cache entry could not be written (a read-only or full cache dir): the result still holds for this process.
 /// Said once per process on stderr, not once per kernel; `KILN_LOG` shows every one.
 pub(crate) fn cache_write_failed(what: &str, e: &dyn std::fmt::Display) {
@@ -398,7 +174,7 @@ pub(crate) fn cache_write_failed(what: &str, e: &dyn std::fmt::Display) {
 }
 
 /// Diagnostics that are not errors go to stderr only when `KILN_LOG` is set (the tracing layer comes later).
-fn tracing_note(msg: &str) {
+pub(crate) fn tracing_note(msg: &str) {
     if std::env::var_os("KILN_LOG").is_some() {
         eprintln!("kiln: {msg}");
     }
@@ -445,7 +221,7 @@ unsafe impl Send for Arena {}
 pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     let err = |reason: String| BackendError::Compile { device: NAME, reason };
     // The generated GEMM packs operands of any layout, so a transposed weight is not copied first.
-    let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !generated_gemm_enabled() };
+    let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !super::gemm::select::generated_gemm_enabled() };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
     let dump = crate::dump::Dump::start(graph, &plan);
     let compiler = COMPILER.as_ref().map_err(|e| err(e.clone()))?;
@@ -453,7 +229,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     {
         let mut c = compiler.lock();
         for l in &plan.launches {
-            let exec = match gemm_for(&mut c, &l.kernel, dump.as_ref()).map_err(err)? {
+            let exec = match super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref()).map_err(err)? {
                 Some(g) => Exec::Gemm(Box::new(g)),
                 None => {
                     let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
@@ -487,7 +263,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
 ///
 /// # Safety
 /// The plan's launches must have written all `len` elements, each with a valid value of the element type.
-unsafe fn finish_output(b: &mut HostBuffer, len: usize) {
+pub(crate) unsafe fn finish_output(b: &mut HostBuffer, len: usize) {
     // SAFETY: the caller guarantees all `len` elements were written; capacity is `len` (output_with_capacity).
     unsafe {
         match b {
@@ -502,7 +278,7 @@ unsafe fn finish_output(b: &mut HostBuffer, len: usize) {
 }
 
 /// A pointer kernels only read through.
-fn read_ptr(b: &HostBuffer) -> *mut u8 {
+pub(crate) fn read_ptr(b: &HostBuffer) -> *mut u8 {
     match b {
         HostBuffer::Bool(v) => v.as_ptr() as *mut u8,
         HostBuffer::U8(v) => v.as_ptr() as *mut u8,
@@ -514,7 +290,7 @@ fn read_ptr(b: &HostBuffer) -> *mut u8 {
 }
 
 /// A pointer kernels write through.
-fn write_ptr(b: &mut HostBuffer) -> *mut u8 {
+pub(crate) fn write_ptr(b: &mut HostBuffer) -> *mut u8 {
     match b {
         HostBuffer::Bool(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::U8(v) => v.as_mut_ptr(),

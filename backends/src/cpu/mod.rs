@@ -4,7 +4,8 @@
 mod code;
 pub mod gemm;
 mod jit;
-pub use jit::{PreparedGemm, profile_report, run_gemm_with, set_autotune_mode, take_last_tune_record};
+pub use gemm::select::{PreparedGemm, run_gemm_with, set_autotune_mode, take_last_tune_record};
+pub use jit::profile_report;
 mod libcalls;
 pub mod pool;
 

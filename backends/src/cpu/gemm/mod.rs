@@ -16,6 +16,7 @@ pub mod asm;
 pub use kiln_autotune::cpu_gemm as config;
 pub mod epilogue;
 mod pack;
+pub(crate) mod select;
 pub mod tune;
 
 use super::pool;

@@ -4,7 +4,7 @@ use super::Ctx;
 use super::config::{self, GemmImpl};
 use kiln_autotune::{TuneKey, bucket, checksum_of};
 use kiln_jit::dtype::Scalar;
-use kiln_jit::kernel::gemm::{GemmView, Role};
+use kiln_jit::kernel::gemm::{GemmOperand, GemmView, Role};
 use kiln_jit::kernel::{BufParam, IExpr, Inst, InstOp, KernelIr, Reduce};
 use kiln_jit::op::{BinaryOp, ReduceOp};
 use kiln_jit::{DType, HostBuffer};
@@ -84,21 +84,10 @@ impl TuneProblem {
     }
 }
 
-fn layout(rows: i64, cols: i64, contiguous_cols: &str, contiguous_rows: &str) -> &'static str {
-    match (cols, rows) {
-        (1, _) => leak(contiguous_cols),
-        (_, 1) => leak(contiguous_rows),
-        _ => leak(contiguous_cols),
-    }
-}
-
-fn leak(s: &str) -> &'static str {
-    match s {
-        "mk" => "mk",
-        "km" => "km",
-        "kn" => "kn",
-        _ => "nk",
-    }
+/// An operand's layout class: `contiguous` when its rows are contiguous (unit stride along its second index), else
+/// `transposed` when its columns are; any other strides are tuned as if contiguous.
+fn layout(op: &GemmOperand, contiguous: &'static str, transposed: &'static str) -> &'static str {
+    if op.cols != 1 && op.rows == 1 { transposed } else { contiguous }
 }
 
 /// Builds the tuning key and canonical problem of GEMM kernel `k` (recognized as `v`) for `threads` threads.
@@ -106,8 +95,8 @@ pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str) -> Tune
     let bb = if v.batch.is_empty() { 1 } else { bucket(v.batch_count() as u64) as usize };
     let mm = if v.m == 1 { 1 } else { bucket(v.m as u64) as usize };
     let (nn, kk) = (bucket(v.n as u64) as usize, bucket(v.k as u64) as usize);
-    let a_layout = layout(v.a.rows, v.a.cols, "mk", "km");
-    let b_layout = layout(v.b.rows, v.b.cols, "kn", "nk");
+    let a_layout = layout(&v.a, "mk", "km");
+    let b_layout = layout(&v.b, "kn", "nk");
     // Output dims and loop variables of the canonical kernel: [b?, m?, n], then k.
     let mut out_extents = Vec::new();
     if bb > 1 {
