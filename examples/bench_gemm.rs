@@ -87,6 +87,21 @@ fn main() {
         json.push(format!("\"gemm{n}_gflops\": {kg:.2}"));
     }
 
+    // Why the kernels are AVX2: the FMA peak with 8-lane and 16-lane FMAs, same threads.
+    let avx2 = median(&(0..3).map(|_| fma_peak_gflops(threads, FMA_ITERS / 4).unwrap_or(0.0)).collect::<Vec<_>>());
+    match fma_peak_avx512_gflops(threads, FMA_ITERS / 8) {
+        Some(_) => {
+            let avx512 = median(
+                &(0..3).map(|_| fma_peak_avx512_gflops(threads, FMA_ITERS / 8).unwrap_or(0.0)).collect::<Vec<_>>(),
+            );
+            rows.push(format!(
+                "| (info) FMA peak, AVX2 vs AVX-512 | AVX2: {avx2:.1} GFLOP/s | AVX-512: {avx512:.1} GFLOP/s | {:.2}x | AVX-512 kernels only where they are faster |",
+                avx512 / avx2
+            ));
+        }
+        None => rows.push(format!("| (info) FMA peak, AVX2 | {avx2:.1} GFLOP/s | no AVX-512 here | - | - |")),
+    }
+
     // Skinny GEMMs with weights cycled from DRAM, against the read bandwidth of the same weights.
     let weights: Vec<kiln::Tensor> = (0..SKINNY_WEIGHTS).map(|i| tensor(SKINNY_K, SKINNY_N, 10 + i)).collect();
     let host_w: Vec<Vec<f32>> = (0..SKINNY_WEIGHTS).map(|i| values(SKINNY_K * SKINNY_N, 10 + i)).collect();

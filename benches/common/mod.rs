@@ -247,6 +247,50 @@ fn fma_chains(iters: u64) -> f32 {
     lanes.iter().sum()
 }
 
+/// Like [`fma_peak_gflops`] with 16-lane AVX-512 FMAs (12 chains), or `None` where the CPU lacks AVX-512F. On a
+/// CPU that splits 512-bit FMAs into two 256-bit halves (AMD Zen 4, this machine) it equals the AVX2 figure: that
+/// is why kiln generates AVX2 GEMM kernels only.
+pub fn fma_peak_avx512_gflops(threads: usize, iters: u64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !is_x86_feature_detected!("avx512f") {
+            return None;
+        }
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                // SAFETY: AVX-512F was detected above.
+                s.spawn(move || black_box(unsafe { fma_chains_512(black_box(iters)) }));
+            }
+        });
+        Some(2.0 * fma_flops(threads, iters) / t0.elapsed().as_secs_f64() / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (threads, iters);
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn fma_chains_512(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let m = _mm512_set1_ps(0.999_999);
+    let k = _mm512_set1_ps(1e-7);
+    let mut acc = [_mm512_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = _mm512_fmadd_ps(*a, m, k);
+        }
+    }
+    let mut sum = _mm512_setzero_ps();
+    for a in acc {
+        sum = _mm512_add_ps(sum, a);
+    }
+    _mm512_reduce_add_ps(sum)
+}
+
 /// FMA rounds per call of `fma_peak_gflops` that take about 0.1 s per thread at ~3 GHz.
 pub const FMA_ITERS: u64 = 25_000_000;
 

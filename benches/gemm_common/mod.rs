@@ -25,7 +25,7 @@ pub const SKINNY_WEIGHTS: usize = 4;
 mod common;
 // Each includer uses a subset (as with the rest of this file).
 #[allow(unused_imports)]
-pub use common::{loadavg, median, threads};
+pub use common::{FMA_ITERS, fma_peak_avx512_gflops, fma_peak_gflops, loadavg, median, threads};
 
 /// Deterministic values in [-1, 1).
 pub fn values(n: usize, seed: usize) -> Vec<f32> {
