@@ -11,7 +11,32 @@ use kiln::{DType, Device, HostBuffer, Tensor};
 /// missing must not make a test pass by skipping: CI says which backends are required, and a missing required one
 /// fails there.
 pub fn devices() -> Vec<Device> {
-    vec![Device::cpu()]
+    let mut v = vec![Device::cpu()];
+    v.extend(wgpu_device());
+    v
+}
+
+/// The wgpu device if this machine has an adapter. Without one: a panic when `KILN_REQUIRE_WGPU=1` (CI sets it, so
+/// a missing driver fails there), else one line on stderr per test binary saying what to install, and `None`.
+pub fn wgpu_device() -> Option<Device> {
+    static DEV: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
+    static SAID: std::sync::Once = std::sync::Once::new();
+    match DEV.get_or_init(|| Device::wgpu().map_err(|e| e.to_string())) {
+        Ok(d) => Some(*d),
+        Err(e) if std::env::var("KILN_REQUIRE_WGPU").is_ok_and(|v| v == "1") => {
+            panic!("KILN_REQUIRE_WGPU=1 but the wgpu device is missing: {e}")
+        }
+        Err(_) => {
+            SAID.call_once(|| eprintln!("skipping wgpu: no adapter (apt-get install mesa-vulkan-drivers libvulkan1)"));
+            None
+        }
+    }
+}
+
+/// Whether every dtype in `dtypes` can live on `dev` (f64 and i64 cannot on wgpu: WGSL has no 64-bit types). Test
+/// bodies skip such cases on such devices explicitly, and `errors.rs` checks that trying gives a clear error.
+pub fn runs_on(dev: &Device, dtypes: &[DType]) -> bool {
+    dtypes.iter().all(|&d| dev.supports(d))
 }
 
 pub const ALL_DTYPES: [DType; 6] = [DType::Bool, DType::U8, DType::I32, DType::I64, DType::F32, DType::F64];
