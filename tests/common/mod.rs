@@ -194,6 +194,27 @@ pub fn compare(got: &HostBuffer, want: &HostBuffer, tol: Tol) -> Result<(), Stri
     Err(format!("{n} of {} elements differ (tol {tol:?}): {}", want.len(), bad.join(", ")))
 }
 
+/// Whether `dev` computes the sign of a zero result as IEEE says. WGSL does not promise it (the spec lets an
+/// implementation ignore the sign of zero, and lavapipe's LLVM compiles with no-signed-zeros: `sqrt` of a `where`
+/// that selects +0.0 came back -0.0), so on wgpu a zero matches a zero of either sign; every other bit must match.
+pub fn zero_sign_defined(dev: &Device) -> bool {
+    *dev == Device::cpu()
+}
+
+/// `compare` for a result computed on `dev`: `got` and `want` with every -0.0 made +0.0 first where the device
+/// does not define the sign of zero (`zero_sign_defined`).
+pub fn compare_on(dev: &Device, got: &HostBuffer, want: &HostBuffer, tol: Tol) -> Result<(), String> {
+    if zero_sign_defined(dev) {
+        return compare(got, want, tol);
+    }
+    let unsign = |b: &HostBuffer| match b {
+        HostBuffer::F32(v) => HostBuffer::F32(v.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect()),
+        HostBuffer::F64(v) => HostBuffer::F64(v.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect()),
+        other => other.clone(),
+    };
+    compare(&unsign(got), &unsign(want), tol)
+}
+
 /// Checks a tensor's dtype, shape and values against an expected buffer.
 pub fn check_tensor(t: &Tensor, shape: &[usize], want: &HostBuffer, kind: Kind) -> Result<(), String> {
     if t.dtype() != want.dtype() {
@@ -203,7 +224,7 @@ pub fn check_tensor(t: &Tensor, shape: &[usize], want: &HostBuffer, kind: Kind) 
         return Err(format!("shape {:?} (want {shape:?})", t.dims()));
     }
     let got = t.to_host().map_err(|e| format!("realize failed: {e}"))?;
-    compare(&got, want, tol(want.dtype(), kind))
+    compare_on(&t.device(), &got, want, tol(want.dtype(), kind))
 }
 
 // ---------------------------------------------------------------------------------------------------------------

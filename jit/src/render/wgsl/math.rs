@@ -12,6 +12,8 @@ pub(crate) enum Helper {
     Normal,
     /// `kiln_isnan` on the bits, and `kiln_lt` / `kiln_le` / `kiln_eq` / `kiln_ne` with IEEE NaN semantics.
     FloatCmp,
+    /// `kiln_div(x, y)`: IEEE division with the zero divisor handled on the bits.
+    DivF32,
     /// `kiln_max` / `kiln_min`: NaN-propagating.
     MaxF32,
     MinF32,
@@ -72,6 +74,17 @@ fn kiln_lt(x: f32, y: f32) -> bool { return !kiln_unordered(x, y) && x < y; }
 fn kiln_le(x: f32, y: f32) -> bool { return !kiln_unordered(x, y) && x <= y; }
 fn kiln_eq(x: f32, y: f32) -> bool { return !kiln_unordered(x, y) && x == y; }
 fn kiln_ne(x: f32, y: f32) -> bool { return kiln_unordered(x, y) || !(x == y); }
+"#;
+
+const DIV_F32: &str = r#"
+// x / y with y == +-0 spelled out: NaN for 0/0 and NaN/0, else an infinity with the sign of x * y.
+fn kiln_div(x: f32, y: f32) -> f32 {
+    let yb = bitcast<u32>(y);
+    if ((yb & 0x7fffffffu) != 0u) { return x / y; }
+    let xb = bitcast<u32>(x);
+    if ((xb & 0x7fffffffu) == 0u || kiln_isnan(x)) { return bitcast<f32>(0x7fc00000u); }
+    return bitcast<f32>(((xb ^ yb) & 0x80000000u) | 0x7f800000u);
+}
 "#;
 
 const MAX_F32: &str = r#"
@@ -160,13 +173,14 @@ pub(crate) fn write_helper(s: &mut String, h: Helper, done: &mut BTreeSet<Helper
         return;
     }
     // Helpers that test for NaN need the comparisons.
-    if matches!(h, Helper::MaxF32 | Helper::MinF32 | Helper::PowF32 | Helper::F32ToInt) {
+    if matches!(h, Helper::MaxF32 | Helper::MinF32 | Helper::PowF32 | Helper::F32ToInt | Helper::DivF32) {
         write_helper(s, Helper::FloatCmp, done);
     }
     s.push_str(match h {
         Helper::Philox => PHILOX,
         Helper::Normal => NORMAL,
         Helper::FloatCmp => FLOAT_CMP,
+        Helper::DivF32 => DIV_F32,
         Helper::MaxF32 => MAX_F32,
         Helper::MinF32 => MIN_F32,
         Helper::PowF32 => POW_F32,

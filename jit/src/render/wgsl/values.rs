@@ -133,7 +133,7 @@ impl Emitter<'_> {
             (UnaryOp::Cos, DType::F32) => format!("cos({a})"),
             (UnaryOp::Tanh, DType::F32) => format!("tanh({a})"),
             (UnaryOp::Sqrt, DType::F32) => format!("sqrt({a})"),
-            (UnaryOp::Recip, DType::F32) => format!("(1.0f / {a})"),
+            (UnaryOp::Recip, DType::F32) => self.helper(Helper::DivF32, format!("kiln_div(1.0f, {a})")),
             (UnaryOp::Not, DType::Bool) => format!("(!{a})"),
             (UnaryOp::Not, DType::F32) => {
                 self.helper(Helper::FloatCmp, format!("select(0.0f, 1.0f, kiln_eq({a}, 0.0f))"))
@@ -163,7 +163,9 @@ impl Emitter<'_> {
                 Add => format!("({x} + {y})"),
                 Sub => format!("({x} - {y})"),
                 Mul => format!("({x} * {y})"),
-                Div => format!("({x} / {y})"),
+                // A divisor the compiler sees as constant zero is folded without IEEE care on lavapipe (x / 0.0 gave
+                // 0.0): the helper makes the zero case explicit on the bits.
+                Div => self.helper(Helper::DivF32, format!("kiln_div({x}, {y})")),
                 Lt | Le | Eq | Ne => unreachable!("comparisons are above"),
                 // WGSL's max/min may return either operand for NaN; eval propagates it.
                 Max => self.helper(Helper::MaxF32, format!("kiln_max({x}, {y})")),
