@@ -1,7 +1,12 @@
 //! Devices as the user names them, and the backend that serves each. A tensor lives on one device; moving it is a
-//! call the user writes, and no op ever runs on a device other than its operands'.
+//! call the user writes (`Tensor::to_device`), and no op ever runs on a device other than its operands'.
+//!
+//! `Device::cpu()` needs nothing installed. `Device::wgpu()` (cargo feature `wgpu`, on by default) opens the
+//! process's wgpu device on first call and returns an error naming what to install when there is no adapter. The
+//! `Wgpu` variant is only handed out by `Device::wgpu()`, so a `Device` value always names a device that exists.
 
-use kiln_backends::Backend;
+use kiln_backends::{Backend, BackendError};
+use kiln_jit::DType;
 use std::fmt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -9,26 +14,80 @@ pub enum Device {
     /// The host CPU: the default device, needing nothing installed.
     #[default]
     Cpu,
+    /// The wgpu device (WGSL compute shaders through Vulkan or GL): obtain it with `Device::wgpu()`.
+    #[cfg(feature = "wgpu")]
+    Wgpu(WgpuDevice),
 }
+
+/// Proof that the wgpu device was opened (only `Device::wgpu()` makes one).
+#[cfg(feature = "wgpu")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WgpuDevice(());
 
 impl Device {
     pub fn cpu() -> Device {
         Device::Cpu
     }
 
+    /// The wgpu device, opening it on first call (Vulkan first, then GL; `WGPU_BACKEND` overrides). Without an
+    /// adapter this is an error that says what to install (`mesa-vulkan-drivers libvulkan1` gives a CPU Vulkan
+    /// device). Tensors of f64 or i64 cannot live there: WGSL has no 64-bit types.
+    #[cfg(feature = "wgpu")]
+    pub fn wgpu() -> crate::Result<Device> {
+        kiln_backends::wgpu::backend()?;
+        Ok(Device::Wgpu(WgpuDevice(())))
+    }
+
+    /// The adapter behind this device, in words (`"cpu"` for the CPU).
+    pub fn describe(&self) -> String {
+        match self {
+            Device::Cpu => "cpu".into(),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(_) => kiln_backends::wgpu::backend().map_or_else(|e| e.to_string(), |b| b.adapter()),
+        }
+    }
+
+    /// Whether tensors of `dtype` can live on this device.
+    pub fn supports(&self, dtype: DType) -> bool {
+        match self {
+            Device::Cpu => true,
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(_) => kiln_jit::render::wgsl::supports(dtype),
+        }
+    }
+
+    /// The integer dtype of indices computed inside composed ops (`eye`, `one_hot`): i64 as in PyTorch where the
+    /// device has it, i32 elsewhere (the values are positions, far below 2^31).
+    pub(crate) fn index_dtype(&self) -> DType {
+        if self.supports(DType::I64) { DType::I64 } else { DType::I32 }
+    }
+
+    /// Why `dtype` cannot live here (`None` if it can).
+    pub(crate) fn dtype_error(&self, dtype: DType) -> Option<String> {
+        match self {
+            Device::Cpu => None,
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(_) => (!self.supports(dtype)).then(|| kiln_backends::wgpu::unsupported(dtype).to_string()),
+        }
+    }
+
     /// A stable code for signatures and cache keys.
     pub(crate) fn code(self) -> u64 {
         match self {
             Device::Cpu => 1,
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(_) => 2,
         }
     }
 
-    pub(crate) fn backend(self) -> &'static dyn Backend {
+    pub(crate) fn backend(self) -> Result<&'static dyn Backend, BackendError> {
         match self {
             Device::Cpu => {
                 static CPU: kiln_backends::cpu::CpuBackend = kiln_backends::cpu::CpuBackend;
-                &CPU
+                Ok(&CPU)
             }
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(_) => Ok(kiln_backends::wgpu::backend()?),
         }
     }
 }
@@ -37,6 +96,22 @@ impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Device::Cpu => f.write_str("cpu"),
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(_) => f.write_str("wgpu"),
+        }
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = crate::Error;
+
+    /// `"cpu"` or `"wgpu"` (for command-line flags such as the examples' `--device`).
+    fn from_str(s: &str) -> crate::Result<Device> {
+        match s {
+            "cpu" => Ok(Device::cpu()),
+            #[cfg(feature = "wgpu")]
+            "wgpu" => Device::wgpu(),
+            other => Err(crate::Error::UnknownDevice(other.to_string())),
         }
     }
 }

@@ -42,6 +42,9 @@ pub enum Error {
     StateDict { path: std::path::PathBuf, problems: Vec<String> },
     #[error(transparent)]
     Backend(#[from] kiln_backends::BackendError),
+    /// A device name that is not `cpu` (or `wgpu` when built with it).
+    #[error("unknown device `{0}` (this build knows: {known})", known = if cfg!(feature = "wgpu") { "cpu, wgpu" } else { "cpu" })]
+    UnknownDevice(String),
     /// The tuning and kernel cache could not be read or written, or a bundle was refused (another CPU or version).
     #[error(transparent)]
     Cache(#[from] kiln_autotune::StoreError),

@@ -38,6 +38,8 @@ pub mod tune;
 pub use args::{Dims, ShapeSpec};
 pub use autograd::{Gradients, is_grad_enabled, no_grad};
 pub use device::Device;
+#[cfg(feature = "wgpu")]
+pub use device::WgpuDevice;
 pub use error::{Error, Result};
 pub use io::{load_module, load_safetensors, save_module, save_safetensors};
 pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape};

@@ -313,7 +313,7 @@ fn realize_walk(walk: &mut Walk, device: Device, targets: &[&Tensor]) -> Result<
         None => {
             MISSES.fetch_add(1, Ordering::Relaxed);
             let graph = walk.to_graph(&outputs);
-            let exec = device.backend().compile(&graph)?;
+            let exec = device.backend()?.compile(&graph)?;
             COMPILES.fetch_add(1, Ordering::Relaxed);
             PLANS.entry(walk.signature.clone()).or_insert_with(|| Arc::new(Plan { exec })).clone()
         }
@@ -354,7 +354,7 @@ pub fn capture(tensors: &[&Tensor]) -> Result<Captured> {
     let graph = walk.to_graph(&outputs);
     let mut inputs = Vec::with_capacity(walk.inputs.len());
     for (buffer, w) in walk.inputs.iter().zip(walk.nodes.iter().filter(|w| matches!(w.kind, Kind::Input { .. }))) {
-        inputs.push(w.tensor.device().backend().download(buffer)?);
+        inputs.push(w.tensor.device().backend()?.download(buffer)?);
     }
     Ok(Captured { graph, inputs, rng: walk.rng })
 }

@@ -99,6 +99,9 @@ impl Tensor {
                 other.device()
             );
         }
+        if let Some(why) = device.dtype_error(dtype) {
+            fail!(&op.name(), "a {dtype} result cannot live on {device}: {why}");
+        }
         debug_assert_eq!(srcs.len(), op.arity());
         let grad_srcs = (crate::autograd::is_grad_enabled() && srcs.iter().any(|s| s.is_requires_grad()))
             .then(|| Mutex::new(srcs.clone()));
@@ -154,7 +157,7 @@ impl Tensor {
         if data.len() != shape.numel() {
             return Err(Error::DataLength { op, len: data.len(), expected: shape.numel(), shape: shape.0 });
         }
-        let buffer = device.backend().upload(data)?;
+        let buffer = device.backend()?.upload(data)?;
         Ok(Self::from_buffer(Arc::new(buffer), shape, *device))
     }
 
@@ -210,7 +213,7 @@ impl Tensor {
     /// The host copy of this tensor's data, row-major.
     pub fn to_host(&self) -> Result<HostBuffer> {
         let buffer = self.buffer()?;
-        Ok(self.device().backend().download(&buffer)?)
+        Ok(self.device().backend()?.download(&buffer)?)
     }
 
     /// The elements, row-major. `T` must be this tensor's dtype (no silent conversion).
@@ -220,6 +223,16 @@ impl Tensor {
         }
         let host = self.to_host()?;
         Ok(T::from_buffer(&host).expect("buffer dtype matches node dtype").to_vec())
+    }
+
+    /// This tensor on `device`: the same tensor if it is already there, else a copy through host memory (realizing
+    /// this one first). The only way data crosses devices.
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if self.device() == *device {
+            return Ok(self.clone());
+        }
+        let host = self.to_host()?;
+        Self::upload("to_device", host, self.shape().clone(), device)
     }
 
     /// The single element of a one-element tensor.

@@ -41,9 +41,22 @@ fn shared() -> RwLockReadGuard<'static, ()> {
     NODES.read().unwrap_or_else(|e| e.into_inner())
 }
 
-fn dev() -> Device {
-    Device::cpu()
+thread_local! {
+    /// The device the current check builds its tensors on: the CPU, or another device during `on_other_devices`.
+    static DEV: std::cell::Cell<Device> = const { std::cell::Cell::new(Device::Cpu) };
 }
+
+fn dev() -> Device {
+    DEV.with(|d| d.get())
+}
+
+/// The gradient tolerance on a device without f64, where a check compares backward's f32 gradients with the CPU's
+/// f64 gradients (which `gradcheck` has just held to finite differences): `1e-4 * (1 + |g|)`. The forwards here are
+/// a few ops over <= 24 elements of magnitude ~1; each f32 op errs by <= 0.6e-7 relative (a driver's
+/// transcendentals by a few ulp, `/` and `sqrt` by 2.5 ulp in WGSL), and forward plus backward chain a few dozen of
+/// them, with sums of <= 24 terms: ~1e-5 in the worst compositions (pow, softmax, log_softmax). 1e-4 leaves a
+/// margin, while a wrong VJP on the device is off by O(|gradient|).
+const GRAD_TOL_F32: Tol = Tol { rel: 1e-4, abs: 1e-4 };
 
 // ---------------------------------------------------------------------------------------------------------------
 // Inputs
@@ -186,6 +199,14 @@ impl Suite {
     }
 
     fn finish(self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        eprintln!(
+            "{}: {} checks; on other devices so far (all suites): {} run, {} needing f64/i64 inside not run",
+            self.name,
+            self.checks,
+            RAN_ON_DEVICES.load(Relaxed),
+            SKIPPED_ON_DEVICES.load(Relaxed)
+        );
         assert!(
             self.failures.is_empty(),
             "{}: {} of {} gradient checks failed:\n  {}",
@@ -211,8 +232,8 @@ fn weights(dims: &[usize], seed: u64) -> Tensor {
 }
 
 fn loss_of(out: &Tensor, r: &Tensor) -> Result<Tensor, String> {
-    if out.dtype() != F64 {
-        return Err(format!("test bug: the forward gives {}, not f64", out.dtype()));
+    if out.dtype() != r.dtype() {
+        return Err(format!("test bug: the forward gives {}, not {}", out.dtype(), r.dtype()));
     }
     if out.dims() != r.dims() {
         return Err(format!("forward shape {:?} changed to {:?}", r.dims(), out.dims()));
@@ -286,8 +307,56 @@ fn gradcheck(ins: &[In], f: Forward, f_ref: Forward, tol: Tol, seed: u64) -> Res
             }
         }
     }
-    if bad.is_empty() { Ok(()) } else { Err(format!("{count} mismatches (tol {tol:?}): {}", bad.join("; "))) }
+    if !bad.is_empty() {
+        return Err(format!("{count} mismatches (tol {tol:?}): {}", bad.join("; ")));
+    }
+    on_other_devices(ins, f, &r, &lazy)
 }
+
+/// Whether `dev` holds the check's forward: it builds there (an f64 or i64 value inside, or a CPU tensor the
+/// closure captured, makes building panic).
+fn forward_builds_on(ins: &[In], f: Forward) -> bool {
+    let leaves = || ins.iter().map(|i| i.tensor(F32)).collect::<Vec<_>>();
+    std::panic::catch_unwind(AssertUnwindSafe(|| kiln::no_grad(|| f(&leaves())))).is_ok()
+}
+
+/// Backward on every device of `common::devices()` other than the CPU, with f32 leaves there, held to the CPU's
+/// f64 gradients `want` (already checked against finite differences) within `GRAD_TOL_F32`. A forward that does
+/// not build on a device (it needs f64 or i64 inside) is counted in `SKIPPED_ON_DEVICES`.
+fn on_other_devices(ins: &[In], f: Forward, r: &Tensor, want: &[Vec<f64>]) -> Result<(), String> {
+    let others: Vec<Device> = common::devices().into_iter().filter(|d| *d != Device::cpu()).collect();
+    for d in others {
+        let prev = DEV.with(|c| c.replace(d));
+        let res = (|| {
+            if !forward_builds_on(ins, f) {
+                SKIPPED_ON_DEVICES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Ok(());
+            }
+            RAN_ON_DEVICES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let r32 = r.to_dtype(F32).to_device(&d).map_err(|e| e.to_string())?;
+            let leaves: Vec<Tensor> = ins.iter().map(|i| i.tensor(F32).requires_grad()).collect();
+            let loss = loss_of(&f(&leaves), &r32)?;
+            let grads = loss.backward().map_err(|e| format!("[{d}] backward: {e}"))?;
+            let mut bad = Vec::new();
+            for (k, leaf) in leaves.iter().enumerate() {
+                let g = grads.get(leaf).ok_or_else(|| format!("[{d}] input {k} got no gradient"))?;
+                let got = values(&g.to_host().map_err(|e| format!("[{d}] {e}"))?);
+                for (j, (&a, &w)) in got.iter().zip(&want[k]).enumerate() {
+                    if !((a - w).abs() <= GRAD_TOL_F32.abs + GRAD_TOL_F32.rel * w.abs()) && bad.len() < 6 {
+                        bad.push(format!("input {k}[{j}]: {d} {a:.7}, cpu f64 {w:.9}"));
+                    }
+                }
+            }
+            if bad.is_empty() { Ok(()) } else { Err(format!("[{d}] (tol {GRAD_TOL_F32:?}): {}", bad.join("; "))) }
+        })();
+        DEV.with(|c| c.set(prev));
+        res?;
+    }
+    Ok(())
+}
+
+static RAN_ON_DEVICES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static SKIPPED_ON_DEVICES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Elementwise unary

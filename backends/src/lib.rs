@@ -12,6 +12,8 @@
 pub mod cpu;
 pub mod dump;
 pub mod host_pool;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 use kiln_jit::{Graph, HostBuffer, RngKey};
 
@@ -20,12 +22,17 @@ use kiln_jit::{Graph, HostBuffer, RngKey};
 pub enum Buffer {
     /// Host memory (the CPU backend's buffers).
     Host(HostBuffer),
+    /// Memory on the wgpu device (returned to its pool on drop).
+    #[cfg(feature = "wgpu")]
+    Wgpu(wgpu::DeviceBuffer),
 }
 
 impl Drop for Buffer {
     fn drop(&mut self) {
         match self {
             Buffer::Host(h) => host_pool::give(std::mem::replace(h, HostBuffer::U8(Vec::new()))),
+            #[cfg(feature = "wgpu")]
+            Buffer::Wgpu(_) => {} // the device buffer returns itself to its pool
         }
     }
 }
@@ -34,12 +41,16 @@ impl Buffer {
     pub fn dtype(&self) -> kiln_jit::DType {
         match self {
             Buffer::Host(h) => h.dtype(),
+            #[cfg(feature = "wgpu")]
+            Buffer::Wgpu(d) => d.dtype(),
         }
     }
 
     pub fn len(&self) -> usize {
         match self {
             Buffer::Host(h) => h.len(),
+            #[cfg(feature = "wgpu")]
+            Buffer::Wgpu(d) => d.len(),
         }
     }
 
@@ -56,6 +67,12 @@ pub enum BackendError {
     Execute { device: &'static str, reason: String },
     #[error("{device}: buffer belongs to another device")]
     ForeignBuffer { device: &'static str },
+    /// The device cannot hold or run something (a dtype it has no type for).
+    #[error("{device}: {reason}")]
+    Unsupported { device: &'static str, reason: String },
+    /// The device is not there (no adapter, no driver); the reason says what to install.
+    #[error("{device} is unavailable: {reason}")]
+    Unavailable { device: &'static str, reason: String },
 }
 
 /// A compiled graph, ready to run many times.

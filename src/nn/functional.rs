@@ -203,8 +203,9 @@ fn one_hot_mask(name: &str, indices: &Tensor, num_classes: usize, class_dim: isi
     let d = if class_dim < 0 { (class_dim + rank as isize) as usize } else { class_dim as usize };
     let mut shape = vec![1usize; rank];
     shape[d] = num_classes;
-    let classes = Tensor::iota(Scalar::Int(0), Scalar::Int(1), num_classes, DType::I64, &indices.device());
-    indices.unsqueeze(d as isize).to_dtype(DType::I64).eq(classes.reshape(shape))
+    let idx = indices.device().index_dtype();
+    let classes = Tensor::iota(Scalar::Int(0), Scalar::Int(1), num_classes, idx, &indices.device());
+    indices.unsqueeze(d as isize).to_dtype(idx).eq(classes.reshape(shape))
 }
 
 /// Cross-entropy between `input` logits and `target` (`torch.nn.functional.cross_entropy`).

@@ -83,7 +83,7 @@ impl Tensor {
 
     /// The `n x n` identity matrix.
     pub fn eye(n: usize, dtype: DType, device: &Device) -> Tensor {
-        let i = Tensor::iota(Scalar::Int(0), Scalar::Int(1), n, DType::I64, device);
+        let i = Tensor::iota(Scalar::Int(0), Scalar::Int(1), n, device.index_dtype(), device);
         i.reshape_prim(vec![n, 1]).eq(i.reshape_prim(vec![1, n])).to_dtype(dtype)
     }
 

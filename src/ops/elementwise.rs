@@ -45,6 +45,18 @@ impl Tensor {
         if out == Out::Float && !dtype.is_float() {
             dtype = DType::F32;
         }
+        // A comparison of a bool tensor with an int scalar computes in i64 (PyTorch's promotion); on a device
+        // without i64 it computes in i32 when the scalar fits, which gives the same bools.
+        if out == Out::Bool
+            && dtype == DType::I64
+            && !self.device().supports(dtype)
+            && [a, b].iter().all(|o| match o {
+                Operand::Scalar(s) => i32::try_from(s.as_i64()).is_ok(),
+                Operand::Tensor(_) => true,
+            })
+        {
+            dtype = DType::I32;
+        }
         if let (Operand::Tensor(x), Operand::Tensor(y)) = (a, b)
             && x.device() != y.device()
         {

@@ -83,7 +83,7 @@ fn zeros_input(t: &Tensor) -> Result<Tensor> {
     Tensor::from_host(host, t.shape().clone(), &t.device())
 }
 
-/// Per-step scalars as realized 0-dim f64 inputs, uploaded once per step for each (role, device, key). Keys are
+/// Per-step scalars as realized 0-dim f64 inputs (f32 on a device without f64), uploaded once per step for each (role, device, key). Keys are
 /// structural (a role and, e.g., a step count), never the value itself: two roles that happen to hold equal
 /// values must stay two inputs, or the graph's signature would change.
 #[derive(Default)]
@@ -96,7 +96,13 @@ impl Scalars {
         if let Some((_, t)) = self.made.iter().find(|(k, _)| *k == (role, device, key)) {
             return Ok(t.clone());
         }
-        let t = Tensor::from_vec(vec![value], Shape::scalar(), &device)?;
+        // On a device without f64 the scalar is f32: the same value an f32 parameter's update reads after the
+        // cast a 0-dim f64 operand gets.
+        let t = if device.supports(kiln_jit::DType::F64) {
+            Tensor::from_vec(vec![value], Shape::scalar(), &device)?
+        } else {
+            Tensor::from_vec(vec![value as f32], Shape::scalar(), &device)?
+        };
         self.made.push(((role, device, key), t.clone()));
         Ok(t)
     }

@@ -11,7 +11,32 @@ use kiln::{DType, Device, HostBuffer, Tensor};
 /// missing must not make a test pass by skipping: CI says which backends are required, and a missing required one
 /// fails there.
 pub fn devices() -> Vec<Device> {
-    vec![Device::cpu()]
+    let mut v = vec![Device::cpu()];
+    v.extend(wgpu_device());
+    v
+}
+
+/// The wgpu device if this machine has an adapter. Without one: a panic when `KILN_REQUIRE_WGPU=1` (CI sets it, so
+/// a missing driver fails there), else one line on stderr per test binary saying what to install, and `None`.
+pub fn wgpu_device() -> Option<Device> {
+    static DEV: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
+    static SAID: std::sync::Once = std::sync::Once::new();
+    match DEV.get_or_init(|| Device::wgpu().map_err(|e| e.to_string())) {
+        Ok(d) => Some(*d),
+        Err(e) if std::env::var("KILN_REQUIRE_WGPU").is_ok_and(|v| v == "1") => {
+            panic!("KILN_REQUIRE_WGPU=1 but the wgpu device is missing: {e}")
+        }
+        Err(_) => {
+            SAID.call_once(|| eprintln!("skipping wgpu: no adapter (apt-get install mesa-vulkan-drivers libvulkan1)"));
+            None
+        }
+    }
+}
+
+/// Whether every dtype in `dtypes` can live on `dev` (f64 and i64 cannot on wgpu: WGSL has no 64-bit types). Test
+/// bodies skip such cases on such devices explicitly, and `errors.rs` checks that trying gives a clear error.
+pub fn runs_on(dev: &Device, dtypes: &[DType]) -> bool {
+    dtypes.iter().all(|&d| dev.supports(d))
 }
 
 pub const ALL_DTYPES: [DType; 6] = [DType::Bool, DType::U8, DType::I32, DType::I64, DType::F32, DType::F64];
@@ -169,6 +194,27 @@ pub fn compare(got: &HostBuffer, want: &HostBuffer, tol: Tol) -> Result<(), Stri
     Err(format!("{n} of {} elements differ (tol {tol:?}): {}", want.len(), bad.join(", ")))
 }
 
+/// Whether `dev` computes the sign of a zero result as IEEE says. WGSL does not promise it (the spec lets an
+/// implementation ignore the sign of zero, and lavapipe's LLVM compiles with no-signed-zeros: `sqrt` of a `where`
+/// that selects +0.0 came back -0.0), so on wgpu a zero matches a zero of either sign; every other bit must match.
+pub fn zero_sign_defined(dev: &Device) -> bool {
+    *dev == Device::cpu()
+}
+
+/// `compare` for a result computed on `dev`: `got` and `want` with every -0.0 made +0.0 first where the device
+/// does not define the sign of zero (`zero_sign_defined`).
+pub fn compare_on(dev: &Device, got: &HostBuffer, want: &HostBuffer, tol: Tol) -> Result<(), String> {
+    if zero_sign_defined(dev) {
+        return compare(got, want, tol);
+    }
+    let unsign = |b: &HostBuffer| match b {
+        HostBuffer::F32(v) => HostBuffer::F32(v.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect()),
+        HostBuffer::F64(v) => HostBuffer::F64(v.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect()),
+        other => other.clone(),
+    };
+    compare(&unsign(got), &unsign(want), tol)
+}
+
 /// Checks a tensor's dtype, shape and values against an expected buffer.
 pub fn check_tensor(t: &Tensor, shape: &[usize], want: &HostBuffer, kind: Kind) -> Result<(), String> {
     if t.dtype() != want.dtype() {
@@ -178,7 +224,7 @@ pub fn check_tensor(t: &Tensor, shape: &[usize], want: &HostBuffer, kind: Kind) 
         return Err(format!("shape {:?} (want {shape:?})", t.dims()));
     }
     let got = t.to_host().map_err(|e| format!("realize failed: {e}"))?;
-    compare(&got, want, tol(want.dtype(), kind))
+    compare_on(&t.device(), &got, want, tol(want.dtype(), kind))
 }
 
 // ---------------------------------------------------------------------------------------------------------------

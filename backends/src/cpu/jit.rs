@@ -323,11 +323,8 @@ unsafe impl Sync for LaunchArgs {}
 
 impl Executable for JitPlan {
     fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
-        let host = |i: usize| -> &HostBuffer {
-            match inputs[i] {
-                Buffer::Host(h) => h,
-            }
-        };
+        let hosts = super::host_inputs(inputs)?;
+        let host = |i: usize| -> &HostBuffer { hosts[i] };
         let mut outputs: Vec<HostBuffer> = self.outputs.iter().map(|&(d, n)| crate::host_pool::take(d, n)).collect();
         for &(o, i) in &self.passthrough {
             outputs[o] = host(i).clone();

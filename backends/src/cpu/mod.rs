@@ -23,16 +23,23 @@ struct Interpreted {
 
 impl Executable for Interpreted {
     fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
-        let host: Vec<&HostBuffer> = inputs
-            .iter()
-            .map(|b| match b {
-                Buffer::Host(h) => h,
-            })
-            .collect();
+        let host = host_inputs(inputs)?;
         let out =
             interp::run(&self.graph, &host, rng).map_err(|reason| BackendError::Execute { device: NAME, reason })?;
         Ok(out.into_iter().map(Buffer::Host).collect())
     }
+}
+
+/// The host buffers of a run's inputs, or an error if one lives on another device.
+pub(crate) fn host_inputs<'a>(inputs: &[&'a Buffer]) -> Result<Vec<&'a HostBuffer>, BackendError> {
+    inputs
+        .iter()
+        .map(|b| match b {
+            Buffer::Host(h) => Ok(h),
+            #[allow(unreachable_patterns)] // only with another device's feature on
+            _ => Err(BackendError::ForeignBuffer { device: NAME }),
+        })
+        .collect()
 }
 
 impl Backend for CpuBackend {
@@ -55,6 +62,8 @@ impl Backend for CpuBackend {
     fn download(&self, buffer: &Buffer) -> Result<HostBuffer, BackendError> {
         match buffer {
             Buffer::Host(h) => Ok(h.clone()),
+            #[allow(unreachable_patterns)] // only with another device's feature on
+            _ => Err(BackendError::ForeignBuffer { device: NAME }),
         }
     }
 }

@@ -2,3 +2,4 @@
 
 pub mod clif;
 pub mod clif_math;
+pub mod wgsl;

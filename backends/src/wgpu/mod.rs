@@ -1,0 +1,512 @@
+//! The wgpu device: graphs are fused and scheduled exactly as for the CPU, every kernel is rendered to WGSL
+//! (`kiln_jit::render::wgsl`), compiled by wgpu into a compute pipeline, and a plan's launches are recorded into one
+//! command encoder per run. Vulkan is preferred; wgpu falls back to GL where Vulkan is absent (`WGPU_BACKEND=gl`
+//! forces it). On a machine without a GPU, Mesa's lavapipe (`apt-get install mesa-vulkan-drivers libvulkan1`) gives
+//! a Vulkan device on the CPU: that is what CI runs.
+//!
+//! Memory: `DeviceBuffer`s come from a pool of wgpu buffers bucketed by size (powers of two up to 1 MiB, then whole
+//! MiB), returned to it on drop. Every element is one 32-bit word (bool and u8 widened on upload, narrowed on
+//! download); f64 and i64 are refused at upload and at compile with an error naming the dtype. Data crosses between
+//! host and device only in `upload` and `download`, which `kiln` calls for `from_vec`, `to_vec`, `to_device` and
+//! friends: a run never reads back, and nothing runs on the CPU behind the user's back.
+//!
+//! Pipelines are cached by rendered source (the map hashes the text and compares it whole, so two kernels can never
+//! share a pipeline by collision); bind group layouts by (inputs, rng). Shader compile errors are caught with an
+//! error scope and returned with the WGSL source.
+//!
+//! A run allocates its outputs and temps from the pool, writes the rng keys (when the plan draws random numbers),
+//! records every launch in one compute pass and submits. The queue orders runs, so a temp returned to the pool at
+//! the end of `run` is only reused by work submitted later.
+//!
+//! Deliberately not done yet: bind groups are created per launch per run (a cache keyed by buffer identities would
+//! save them on replay); `KILN_PROFILE` does not time wgpu launches (it would need timestamp queries).
+
+use crate::{Backend, BackendError, Buffer, Executable};
+use kiln_jit::kernel::{KernelPlan, Slot};
+use kiln_jit::render::wgsl::{self, WgslKernel};
+use kiln_jit::{DType, Graph, HostBuffer, RngKey};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+const NAME: &str = "wgpu";
+
+/// What to install when no adapter is found.
+pub const INSTALL_HINT: &str = "no wgpu adapter (Vulkan or GL) found; on Debian/Ubuntu without a GPU: apt-get install mesa-vulkan-drivers libvulkan1";
+
+/// The process's wgpu device, created on first use.
+pub struct WgpuBackend {
+    ctx: Arc<Ctx>,
+}
+
+pub(crate) struct Ctx {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+    pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+    pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
+    layouts: Mutex<HashMap<(usize, bool), Arc<Layout>>>,
+}
+
+pub(crate) struct Layout {
+    bind: wgpu::BindGroupLayout,
+    pipeline: wgpu::PipelineLayout,
+}
+
+pub(crate) struct Pipeline {
+    pub(crate) pipeline: wgpu::ComputePipeline,
+    pub(crate) layout: Arc<Layout>,
+}
+
+static BACKEND: OnceLock<Result<WgpuBackend, String>> = OnceLock::new();
+
+/// The wgpu backend, initializing the device on first call. Errors (no adapter, device request refused) are
+/// remembered: a process asks the driver once.
+pub fn backend() -> Result<&'static WgpuBackend, BackendError> {
+    BACKEND
+        .get_or_init(init)
+        .as_ref()
+        .map_err(|reason| BackendError::Unavailable { device: NAME, reason: reason.clone() })
+}
+
+fn init() -> Result<WgpuBackend, String> {
+    // Vulkan first, GL only where Vulkan has no adapter (probing GL first would print EGL noise on headless
+    // machines); `WGPU_BACKEND=vulkan|gl|...` chooses instead.
+    let tries = match wgpu::Backends::from_env() {
+        Some(b) => vec![b],
+        None => vec![wgpu::Backends::VULKAN, wgpu::Backends::GL],
+    };
+    let mut errors = Vec::new();
+    let mut found = None;
+    for backends in tries {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends;
+        let instance = wgpu::Instance::new(desc);
+        match pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            force_fallback_adapter: false,
+            compatible_surface: None,
+            apply_limit_buckets: false,
+        })) {
+            Ok(a) => {
+                found = Some(a);
+                break;
+            }
+            Err(e) => errors.push(format!("{backends:?}: {e}")),
+        }
+    }
+    let adapter = found.ok_or_else(|| format!("{INSTALL_HINT} ({})", errors.join("; ")))?;
+    let info = adapter.get_info();
+    // Everything the adapter offers: kernels bind one storage buffer per input, and big tensors need big bindings.
+    let limits = adapter.limits();
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("kiln"),
+        required_features: wgpu::Features::empty(),
+        required_limits: limits.clone(),
+        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    }))
+    .map_err(|e| format!("the {} adapter {} refused a device: {e}", info.backend, info.name))?;
+    // Errors outside an error scope (none are expected: compile catches its own) go to stderr, not to a panic.
+    device.on_uncaptured_error(Arc::new(|e| eprintln!("kiln: wgpu error: {e}")));
+    let ctx = Ctx {
+        device,
+        queue,
+        info,
+        limits,
+        pool: Mutex::new(HashMap::new()),
+        pipelines: Mutex::new(HashMap::new()),
+        layouts: Mutex::new(HashMap::new()),
+    };
+    Ok(WgpuBackend { ctx: Arc::new(ctx) })
+}
+
+impl WgpuBackend {
+    /// The adapter, for logs and cache keys: `name (backend, driver info)`.
+    pub fn adapter(&self) -> String {
+        let i = &self.ctx.info;
+        format!("{} ({:?}, {} {})", i.name, i.backend, i.driver, i.driver_info)
+    }
+}
+
+/// Pool bucket (bytes) for a buffer of `bytes`: powers of two up to 1 MiB, then whole MiB; at least 256.
+fn bucket(bytes: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    if bytes <= MIB { bytes.max(256).next_power_of_two() } else { bytes.div_ceil(MIB) * MIB }
+}
+
+/// A buffer on the wgpu device: `len` elements of `dtype`, one 32-bit word each.
+pub struct DeviceBuffer {
+    buf: Option<wgpu::Buffer>,
+    dtype: DType,
+    len: usize,
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({}[{}] on wgpu)", self.dtype, self.len)
+    }
+}
+
+impl DeviceBuffer {
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
+        self.buf.as_ref().expect("a live DeviceBuffer holds its buffer until drop")
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            self.ctx.pool.lock().entry(b.size()).or_default().push(b);
+        }
+    }
+}
+
+impl Ctx {
+    /// A pooled buffer for `len` elements of `dtype` (contents undefined).
+    pub(crate) fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<DeviceBuffer, BackendError> {
+        let bytes = bucket((len * wgsl::WORD) as u64);
+        let max = self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size);
+        if bytes > max {
+            return Err(BackendError::Execute {
+                device: NAME,
+                reason: format!(
+                    "a buffer of {len} x {dtype} ({bytes} bytes) exceeds this adapter's limit of {max} bytes"
+                ),
+            });
+        }
+        let pooled = self.pool.lock().get_mut(&bytes).and_then(Vec::pop);
+        let buf = pooled.unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        Ok(DeviceBuffer { buf: Some(buf), dtype, len, ctx: self.clone() })
+    }
+
+    fn layout(&self, inputs: usize, rng: bool) -> Arc<Layout> {
+        let mut layouts = self.layouts.lock();
+        layouts
+            .entry((inputs, rng))
+            .or_insert_with(|| {
+                let entry = |binding: usize, read_only: bool| wgpu::BindGroupLayoutEntry {
+                    binding: binding as u32,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                };
+                let mut entries: Vec<_> = (0..inputs).map(|i| entry(i, true)).collect();
+                entries.push(entry(inputs, false));
+                if rng {
+                    entries.push(entry(inputs + 1, true));
+                }
+                let bind = self
+                    .device
+                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries });
+                let pipeline = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: None,
+                    bind_group_layouts: &[Some(&bind)],
+                    immediate_size: 0,
+                });
+                Arc::new(Layout { bind, pipeline })
+            })
+            .clone()
+    }
+
+    /// The pipeline for a rendered kernel (cached by source), or the shader compiler's error with the source.
+    pub(crate) fn pipeline(&self, k: &WgslKernel) -> Result<Arc<Pipeline>, String> {
+        if let Some(p) = self.pipelines.lock().get(&k.source) {
+            return Ok(p.clone());
+        }
+        let bindings = k.inputs + 1 + k.uses_rng as usize;
+        let max = self.limits.max_storage_buffers_per_shader_stage as usize;
+        if bindings > max {
+            return Err(format!(
+                "kernel {} binds {bindings} storage buffers; this adapter allows {max} per shader stage",
+                k.name
+            ));
+        }
+        let layout = self.layout(k.inputs, k.uses_rng);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&k.name),
+            source: wgpu::ShaderSource::Wgsl(k.source.as_str().into()),
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&k.name),
+            layout: Some(&layout.pipeline),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(format!("kernel {}: the WGSL did not compile: {e}\n{}", k.name, k.source));
+        }
+        let p = Arc::new(Pipeline { pipeline, layout });
+        self.pipelines.lock().insert(k.source.clone(), p.clone());
+        Ok(p)
+    }
+
+    /// Binds `buffers` (inputs, output, then rng if any) and records one dispatch.
+    pub(crate) fn dispatch(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        p: &Pipeline,
+        buffers: &[&wgpu::Buffer],
+        groups: (u32, u32),
+    ) {
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+            .collect();
+        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &p.layout.bind,
+            entries: &entries,
+        });
+        pass.set_pipeline(&p.pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(groups.0, groups.1, 1);
+    }
+
+    /// Copies `len` words of `src` into host memory (blocking).
+    pub(crate) fn read_words(&self, src: &wgpu::Buffer, len: usize) -> Result<Vec<u8>, BackendError> {
+        let bytes = (len * wgsl::WORD) as u64;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        enc.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
+        self.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        let exec = |reason: String| BackendError::Execute { device: NAME, reason };
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map_err(|e| exec(format!("waiting for the device: {e}")))?;
+        rx.recv()
+            .map_err(|_| exec("the readback was dropped".into()))?
+            .map_err(|e| exec(format!("mapping the readback buffer: {e}")))?;
+        let data =
+            staging.get_mapped_range(..).map_err(|e| exec(format!("reading the readback buffer: {e}")))?.to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+}
+
+/// The words a host buffer becomes on the device, or an error for dtypes WGSL cannot hold.
+fn to_words(data: &HostBuffer) -> Result<Vec<u8>, BackendError> {
+    let words: Vec<u8> = match data {
+        HostBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::U8(v) => v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect(),
+        HostBuffer::Bool(v) => v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect(),
+        HostBuffer::I64(_) | HostBuffer::F64(_) => return Err(unsupported(data.dtype())),
+    };
+    Ok(words)
+}
+
+/// The error for a dtype the device cannot hold.
+pub fn unsupported(d: DType) -> BackendError {
+    BackendError::Unsupported {
+        device: NAME,
+        reason: format!(
+            "{d} is not supported (WGSL has no 64-bit types); keep {d} tensors on Device::cpu() or convert them to {} first",
+            if d.is_float() { "f32" } else { "i32" }
+        ),
+    }
+}
+
+fn from_words(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
+    let words = bytes.chunks_exact(4).take(len).map(|c| [c[0], c[1], c[2], c[3]]);
+    match dtype {
+        DType::F32 => HostBuffer::F32(words.map(f32::from_le_bytes).collect()),
+        DType::I32 => HostBuffer::I32(words.map(i32::from_le_bytes).collect()),
+        DType::U8 => HostBuffer::U8(words.map(|w| u32::from_le_bytes(w) as u8).collect()),
+        DType::Bool => HostBuffer::Bool(words.map(|w| u32::from_le_bytes(w) != 0).collect()),
+        DType::I64 | DType::F64 => unreachable!("never allocated on wgpu"),
+    }
+}
+
+/// How one launch runs.
+struct CompiledLaunch {
+    pipeline: Arc<Pipeline>,
+    groups: (u32, u32),
+    inputs: Vec<Slot>,
+    output: Slot,
+    uses_rng: bool,
+}
+
+struct WgpuPlan {
+    ctx: Arc<Ctx>,
+    launches: Vec<CompiledLaunch>,
+    /// Elements of each temp slot (the largest kernel output placed there).
+    temps: Vec<usize>,
+    outputs: Vec<(DType, usize)>,
+    passthrough: Vec<(usize, usize)>,
+    uses_rng: bool,
+}
+
+impl Backend for WgpuBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn compile(&self, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
+        let err = |reason: String| BackendError::Compile { device: NAME, reason };
+        graph.verify().map_err(err)?;
+        // 64-bit values are refused at op construction already; this catches graphs built any other way.
+        for n in graph.topo_order() {
+            let node = graph.node(n);
+            if !wgsl::supports(node.dtype) {
+                return Err(err(format!("node {} is {}: {}", node.op.name(), node.dtype, unsupported(node.dtype))));
+            }
+        }
+        let plan: KernelPlan = kiln_jit::kernel::schedule(graph);
+        if let Some(b) = plan.outputs.iter().find(|b| !wgsl::supports(b.dtype)) {
+            return Err(unsupported(b.dtype));
+        }
+        let dump = crate::dump::Dump::start(graph, &plan);
+        let mut launches = Vec::with_capacity(plan.launches.len());
+        let mut temps = vec![0usize; plan.temps.len()];
+        for l in &plan.launches {
+            let k = wgsl::render(&l.kernel).map_err(err)?;
+            if let Some(d) = &dump {
+                d.kernel_files(&l.kernel, "wgsl", &k.source, "");
+            }
+            let pipeline = self.ctx.pipeline(&k).map_err(err)?;
+            if let Slot::Temp(t) = l.output {
+                temps[t] = temps[t].max(l.kernel.output.len);
+            }
+            launches.push(CompiledLaunch {
+                pipeline,
+                groups: k.groups,
+                inputs: l.inputs.clone(),
+                output: l.output,
+                uses_rng: k.uses_rng,
+            });
+        }
+        Ok(Box::new(WgpuPlan {
+            ctx: self.ctx.clone(),
+            uses_rng: launches.iter().any(|l| l.uses_rng),
+            launches,
+            temps,
+            outputs: plan.outputs.iter().map(|b| (b.dtype, b.len)).collect(),
+            passthrough: plan.passthrough.clone(),
+        }))
+    }
+
+    fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {
+        let words = to_words(&data)?;
+        let b = self.ctx.alloc(data.dtype(), data.len())?;
+        if !words.is_empty() {
+            self.ctx.queue.write_buffer(b.raw(), 0, &words);
+        }
+        Ok(Buffer::Wgpu(b))
+    }
+
+    fn download(&self, buffer: &Buffer) -> Result<HostBuffer, BackendError> {
+        let Buffer::Wgpu(b) = buffer else { return Err(BackendError::ForeignBuffer { device: NAME }) };
+        if b.len == 0 {
+            return Ok(from_words(b.dtype, &[], 0));
+        }
+        let bytes = self.ctx.read_words(b.raw(), b.len)?;
+        Ok(from_words(b.dtype, &bytes, b.len))
+    }
+}
+
+impl Executable for WgpuPlan {
+    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
+        let ctx = &self.ctx;
+        let ins: Vec<&DeviceBuffer> = inputs
+            .iter()
+            .map(|b| match b {
+                Buffer::Wgpu(d) => Ok(d),
+                _ => Err(BackendError::ForeignBuffer { device: NAME }),
+            })
+            .collect::<Result<_, _>>()?;
+        let outputs: Vec<DeviceBuffer> =
+            self.outputs.iter().map(|&(d, n)| ctx.alloc(d, n)).collect::<Result<_, _>>()?;
+        let temps: Vec<DeviceBuffer> =
+            self.temps.iter().map(|&n| ctx.alloc(DType::F32, n)).collect::<Result<_, _>>()?;
+        let rng_buf = if self.uses_rng && !rng.is_empty() {
+            let words: Vec<u8> = rng
+                .iter()
+                .flat_map(|k| [k.seed as u32, (k.seed >> 32) as u32, k.offset as u32, (k.offset >> 32) as u32])
+                .flat_map(u32::to_le_bytes)
+                .collect();
+            let b = ctx.alloc(DType::I32, words.len() / 4)?;
+            ctx.queue.write_buffer(b.raw(), 0, &words);
+            Some(b)
+        } else {
+            None
+        };
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
+        for &(o, i) in &self.passthrough {
+            let bytes = (ins[i].len * wgsl::WORD) as u64;
+            if bytes > 0 {
+                enc.copy_buffer_to_buffer(ins[i].raw(), 0, outputs[o].raw(), 0, bytes);
+            }
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            let slot = |s: Slot| -> &wgpu::Buffer {
+                match s {
+                    Slot::Input(i) => ins[i].raw(),
+                    Slot::Temp(t) => temps[t].raw(),
+                    Slot::Output(o) => outputs[o].raw(),
+                }
+            };
+            let mut bufs: Vec<&wgpu::Buffer> = Vec::new();
+            for l in &self.launches {
+                if l.groups.0 == 0 {
+                    continue; // an empty output: nothing to compute
+                }
+                bufs.clear();
+                bufs.extend(l.inputs.iter().map(|&s| slot(s)));
+                bufs.push(slot(l.output));
+                if l.uses_rng {
+                    let Some(r) = &rng_buf else {
+                        return Err(BackendError::Execute {
+                            device: NAME,
+                            reason: "random kernel without rng keys".into(),
+                        });
+                    };
+                    bufs.push(r.raw());
+                }
+                ctx.dispatch(&mut pass, &l.pipeline, &bufs, l.groups);
+            }
+        }
+        ctx.queue.submit([enc.finish()]);
+        Ok(outputs.into_iter().map(Buffer::Wgpu).collect())
+    }
+}

@@ -1,0 +1,190 @@
+//! WGSL helper functions that table entries call where a builtin does not have `kernel::eval`'s semantics, and the
+//! counter-based random numbers (Philox-4x32-10 in u32 arithmetic, bit-exact with `crate::rng`). A shader contains
+//! only the helpers its instructions use.
+
+use std::collections::BTreeSet;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Helper {
+    /// `kiln_rand_words(slot, index)` and `kiln_uniform(words)`; reads the `rng` binding.
+    Philox,
+    /// `kiln_normal(words)`: Box-Muller from words 2 and 3, as `rng::normal_f64` (computed in f32).
+    Normal,
+    /// `kiln_isnan` on the bits, and `kiln_lt` / `kiln_le` / `kiln_eq` / `kiln_ne` with IEEE NaN semantics.
+    FloatCmp,
+    /// `kiln_div(x, y)`: IEEE division with the zero divisor handled on the bits.
+    DivF32,
+    /// `kiln_max` / `kiln_min`: NaN-propagating.
+    MaxF32,
+    MinF32,
+    /// `kiln_pow(x, y)`: IEEE `pow` special cases, negative bases with integer exponents.
+    PowF32,
+    /// `kiln_pow_i32(x, y)`: `interp::int_pow` with i32 wrapping.
+    PowI32,
+    /// `kiln_f32_low_bits(x)`: the low 32 bits of `x as i64` (Rust's saturating conversion, NaN -> 0).
+    F32ToInt,
+}
+
+const PHILOX: &str = r#"
+// Philox-4x32-10 (crate::rng): (hi, lo) of a 32 x 32 -> 64-bit product from 16-bit halves.
+fn kiln_mulhilo(a: u32, b: u32) -> vec2<u32> {
+    let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
+    let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0; let p11 = a1 * b1;
+    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+    return vec2<u32>(p11 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u), a * b);
+}
+fn kiln_philox(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    var c = counter;
+    var k = key;
+    for (var round = 0; round < 10; round++) {
+        if (round > 0) { k = k + vec2<u32>(0x9E3779B9u, 0xBB67AE85u); }
+        let p0 = kiln_mulhilo(0xD2511F53u, c.x);
+        let p1 = kiln_mulhilo(0xCD9E8D57u, c.z);
+        c = vec4<u32>(p1.x ^ c.y ^ k.x, p1.y, p0.x ^ c.w ^ k.y, p0.y);
+    }
+    return c;
+}
+// The words for element `index` of rng slot `slot`: counter = offset + index (64-bit), key = seed.
+fn kiln_rand_words(slot: u32, index: i32) -> vec4<u32> {
+    let base = slot * 4u;
+    let lo = rng[base + 2u] + u32(index);
+    let hi = rng[base + 3u] + select(0u, 1u, lo < u32(index));
+    return kiln_philox(vec4<u32>(lo, hi, 0u, 0u), vec2<u32>(rng[base], rng[base + 1u]));
+}
+// Uniform in [0, 1) with 24 bits: exact, as rng::uniform_f32.
+fn kiln_uniform(w: vec4<u32>) -> f32 {
+    return f32(w.x >> 8u) * (1.0f / 16777216.0f);
+}
+"#;
+
+const NORMAL: &str = r#"
+// Box-Muller from words 2 and 3 (rng::normal_f64, in f32): u1 in (0, 1], so the log is finite.
+fn kiln_normal(w: vec4<u32>) -> f32 {
+    let u1 = (f32(w.z >> 8u) + 1.0f) * (1.0f / 16777216.0f);
+    let u2 = f32(w.w >> 8u) * (1.0f / 16777216.0f);
+    return sqrt(-2.0f * log(u1)) * cos(6.2831855f * u2);
+}
+"#;
+
+const FLOAT_CMP: &str = r#"
+// NaN tests on the bits: WGSL lets a compiler assume floats are never NaN, so `x != x` may fold to false.
+fn kiln_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn kiln_unordered(x: f32, y: f32) -> bool { return kiln_isnan(x) || kiln_isnan(y); }
+fn kiln_lt(x: f32, y: f32) -> bool { return !kiln_unordered(x, y) && x < y; }
+fn kiln_le(x: f32, y: f32) -> bool { return !kiln_unordered(x, y) && x <= y; }
+fn kiln_eq(x: f32, y: f32) -> bool { return !kiln_unordered(x, y) && x == y; }
+fn kiln_ne(x: f32, y: f32) -> bool { return kiln_unordered(x, y) || !(x == y); }
+"#;
+
+const DIV_F32: &str = r#"
+// x / y with y == +-0 spelled out: NaN for 0/0 and NaN/0, else an infinity with the sign of x * y.
+fn kiln_div(x: f32, y: f32) -> f32 {
+    let yb = bitcast<u32>(y);
+    if ((yb & 0x7fffffffu) != 0u) { return x / y; }
+    let xb = bitcast<u32>(x);
+    if ((xb & 0x7fffffffu) == 0u || kiln_isnan(x)) { return bitcast<f32>(0x7fc00000u); }
+    return bitcast<f32>(((xb ^ yb) & 0x80000000u) | 0x7f800000u);
+}
+"#;
+
+const MAX_F32: &str = r#"
+fn kiln_max(x: f32, y: f32) -> f32 {
+    if (kiln_unordered(x, y)) { return bitcast<f32>(0x7fc00000u); }
+    return max(x, y);
+}
+"#;
+
+const MIN_F32: &str = r#"
+fn kiln_min(x: f32, y: f32) -> f32 {
+    if (kiln_unordered(x, y)) { return bitcast<f32>(0x7fc00000u); }
+    return min(x, y);
+}
+"#;
+
+const POW_F32: &str = r#"
+// IEEE pow (what eval's powf does): zeros, infinities and negative bases by case, the rest as exp2(y * log2(|x|)).
+fn kiln_pow(x: f32, y: f32) -> f32 {
+    if ((!kiln_isnan(y) && y == 0.0f) || (!kiln_isnan(x) && x == 1.0f)) { return 1.0f; }
+    if (kiln_unordered(x, y)) { return bitcast<f32>(0x7fc00000u); }
+    let inf = bitcast<f32>(0x7f800000u);
+    let ax = abs(x);
+    let ay = abs(y);
+    let y_int = ay == inf || floor(y) == y;
+    // Integers from 2^24 up are even.
+    let y_odd = ay < 16777216.0f && floor(y) == y && (i32(y) & 1) != 0;
+    let flip = (bitcast<u32>(x) >> 31u) == 1u && y_odd;
+    if (ay == inf) {
+        if (ax == 1.0f) { return 1.0f; }
+        return select(0.0f, inf, (ax > 1.0f) == (y > 0.0f));
+    }
+    if (ax == 0.0f || ax == inf) {
+        let r = select(0.0f, inf, (ax == 0.0f) == (y < 0.0f));
+        return select(r, -r, flip);
+    }
+    if (x < 0.0f && !y_int) { return bitcast<f32>(0x7fc00000u); }
+    if (ax == 1.0f) { return select(1.0f, -1.0f, flip); }
+    let r = exp2(y * log2(ax));
+    return select(r, -r, flip);
+}
+"#;
+
+const POW_I32: &str = r#"
+// interp::int_pow, wrapping in i32 (the low 32 bits of the i64 result).
+fn kiln_pow_i32(x: i32, y: i32) -> i32 {
+    if (y < 0) {
+        if (x == 1) { return 1; }
+        if (x == -1) { return select(-1, 1, (y & 1) == 0); }
+        return 0;
+    }
+    var acc = 1i;
+    var b = x;
+    var e = u32(y);
+    while (e > 0u) {
+        if ((e & 1u) == 1u) { acc = acc * b; }
+        b = b * b;
+        e = e >> 1u;
+    }
+    return acc;
+}
+"#;
+
+const F32_TO_INT: &str = r#"
+// The low 32 bits of Rust's `x as i64` (saturating, NaN -> 0): WGSL's i32(x) would clamp to the i32 range instead.
+fn kiln_f32_low_bits(x: f32) -> u32 {
+    if (kiln_isnan(x)) { return 0u; }
+    let ax = abs(x);
+    if (ax >= 9223372036854775808.0f) { return select(0xffffffffu, 0u, x < 0.0f); }
+    var low: u32;
+    if (ax < 2147483648.0f) {
+        low = u32(i32(ax));
+    } else {
+        // ax is an integer m * 2^e with a 24-bit m and e >= 8.
+        let bits = bitcast<u32>(ax);
+        let e = i32((bits >> 23u) & 0xffu) - 150;
+        let m = (bits & 0x7fffffu) | 0x800000u;
+        low = select(m << u32(min(e, 31)), 0u, e >= 32);
+    }
+    return select(low, 0u - low, x < 0.0f);
+}
+"#;
+
+pub(crate) fn write_helper(s: &mut String, h: Helper, done: &mut BTreeSet<Helper>) {
+    if !done.insert(h) {
+        return;
+    }
+    // Helpers that test for NaN need the comparisons.
+    if matches!(h, Helper::MaxF32 | Helper::MinF32 | Helper::PowF32 | Helper::F32ToInt | Helper::DivF32) {
+        write_helper(s, Helper::FloatCmp, done);
+    }
+    s.push_str(match h {
+        Helper::Philox => PHILOX,
+        Helper::Normal => NORMAL,
+        Helper::FloatCmp => FLOAT_CMP,
+        Helper::DivF32 => DIV_F32,
+        Helper::MaxF32 => MAX_F32,
+        Helper::MinF32 => MIN_F32,
+        Helper::PowF32 => POW_F32,
+        Helper::PowI32 => POW_I32,
+        Helper::F32ToInt => F32_TO_INT,
+    });
+}

@@ -1,0 +1,375 @@
+//! Kernel IR -> WGSL compute shaders, for the wgpu backend.
+//!
+//! One kernel becomes one compute shader: `@group(0)` binds the inputs as read-only storage arrays (bindings
+//! `0..n`), the output as a read-write storage array (binding `n`), and, when the kernel draws random numbers, the
+//! plan's rng keys as a read-only `array<u32>` (binding `n + 1`: seed lo, seed hi, offset lo, offset hi per slot).
+//! Invocation `t` computes output elements `t, t + T, t + 2T, ..` (`per_thread` of them, `T` threads in all), each
+//! with the whole reduction inside; elements are in row-major output order, so neighbouring invocations write
+//! neighbouring words. A GEMM the `kernel::gemm` recognizer accepts renders instead as a tiled shader (`gemm.rs`).
+//!
+//! Files: this one decides the launch shape and writes the shader skeleton; `values.rs` is the one table of code per
+//! instruction (constants, index math, loads, unary / binary / cast); `math.rs` holds the helper functions a table
+//! entry may call (Philox, `pow`, NaN-propagating max/min, the float -> int conversion of the spec); `gemm.rs` the
+//! tiled GEMM template and its configurations.
+//!
+//! Types: f32 and i32 are themselves; u8 travels as `u32` (masked to 8 bits after arithmetic that can leave the
+//! range) and bool as `bool`, both stored as one `u32` per element in device buffers (WGSL has no 8-bit storage;
+//! the backend converts on upload and download). f64 and i64 have no WGSL type: `render` refuses them, naming the
+//! dtype. Index math is i32: a kernel whose index expressions leave the i32 range is refused too.
+//!
+//! Semantics are those of `kernel::eval` (the executable spec): ints wrap, integer division by zero gives 0,
+//! float -> int casts saturate through i64 then wrap, max/min propagate NaN, comparisons with NaN are false except
+//! `!=`. Where WGSL differs it is overridden here: WGSL's `x / 0` is `x` (we select 0), its float -> int conversion
+//! clamps to the target type (we compute the low 32 bits of the saturated i64 in `math.rs`), its `max`/`min` do not
+//! promise NaN propagation (we test for NaN), and its `pow` is undefined for negative bases (we handle the cases).
+//! What cannot be matched bit for bit is the accuracy of the driver's `exp`, `log`, `sin`, `cos`, `tanh`, `sqrt`
+//! (Vulkan allows a few ulp); the tests hold them to `tests/common::tol`.
+
+mod math;
+mod values;
+
+use crate::dtype::DType;
+use crate::kernel::{IExpr, Inst, InstOp, KernelIr};
+use math::Helper;
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+/// Whether WGSL can hold values of `d` (f64 and i64 have no WGSL type).
+pub fn supports(d: DType) -> bool {
+    !matches!(d, DType::F64 | DType::I64)
+}
+
+/// Bytes per element of `d` in a device buffer: every supported dtype is one 32-bit word.
+pub const WORD: usize = 4;
+
+/// The launch shape of a generic kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WgslOptions {
+    /// Invocations per workgroup.
+    pub workgroup: u32,
+    /// Output elements per invocation.
+    pub per_thread: u32,
+}
+
+impl WgslOptions {
+    /// The choice for `k`: 64-wide workgroups and one element per invocation for reductions (each invocation runs
+    /// a whole reduce loop, and fewer threads per group keep more groups in flight); 256-wide groups for
+    /// elementwise kernels, with 4 elements per invocation once there are more than 2^18 elements (fewer, fatter
+    /// invocations amortize the index decomposition and, on a CPU driver such as lavapipe, the per-invocation cost).
+    pub fn choose(k: &KernelIr) -> WgslOptions {
+        let total: usize = k.out_extents.iter().product();
+        if k.reduce.is_some() {
+            WgslOptions { workgroup: 64, per_thread: 1 }
+        } else if total > 1 << 18 {
+            WgslOptions { workgroup: 256, per_thread: 4 }
+        } else {
+            WgslOptions { workgroup: 256, per_thread: 1 }
+        }
+    }
+}
+
+/// A rendered kernel and how to launch it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WgslKernel {
+    pub name: String,
+    pub source: String,
+    /// Invocations per workgroup (the shader's `@workgroup_size`).
+    pub workgroup: u32,
+    /// Workgroups to dispatch as (x, y); (0, 0) for an empty output (nothing to launch).
+    pub groups: (u32, u32),
+    /// Number of input bindings (the output is binding `inputs`, the rng keys `inputs + 1`).
+    pub inputs: usize,
+    /// Whether the shader binds the rng keys.
+    pub uses_rng: bool,
+}
+
+/// The most workgroups along one dispatch dimension (WebGPU's `maxComputeWorkgroupsPerDimension` default).
+pub const MAX_GROUPS_PER_DIM: u32 = 65_535;
+
+/// Workgroups for `threads` invocations: `x` up to `MAX_GROUPS_PER_DIM`, the rest along `y`. The shader
+/// linearizes `(x, y)` and drops invocations past `threads`.
+pub fn groups_for(threads: u64, workgroup: u32) -> Result<(u32, u32), String> {
+    let groups = threads.div_ceil(workgroup as u64);
+    if groups == 0 {
+        return Ok((0, 0));
+    }
+    let x = groups.min(MAX_GROUPS_PER_DIM as u64);
+    let y = groups.div_ceil(x);
+    if y > MAX_GROUPS_PER_DIM as u64 {
+        return Err(format!("{threads} invocations exceed the dispatch limits"));
+    }
+    Ok((x as u32, y as u32))
+}
+
+/// Checks that WGSL can run `k`: every buffer and accumulator dtype has a WGSL type, every 64-bit constant fits its
+/// narrowed type, and every index expression stays in i32.
+///
+/// 64-bit *instructions* are allowed and computed in 32 bits: a device without 64-bit types refuses 64-bit graph
+/// values at op construction and at compile (the wgpu backend checks every node), so the only ones left are the
+/// lowering's own widened index and iota arithmetic (`Index` values, pad bounds, `start + i * step`): exact in i32
+/// for indices (proved below), within one f32 rounding for a float iota.
+pub fn check(k: &KernelIr) -> Result<(), String> {
+    let insts = k.outer.iter().chain(k.reduce.iter().flat_map(|r| r.inner.iter()));
+    let dtypes = k.inputs.iter().map(|b| b.dtype).chain([k.output.dtype]).chain(k.reduce.iter().map(|r| r.dtype));
+    for d in dtypes {
+        if !supports(d) {
+            return Err(format!(
+                "kernel {} uses {d}, which WGSL cannot hold (no 64-bit types); run it on Device::cpu() or use {}",
+                k.name,
+                if d.is_float() { "f32" } else { "i32" }
+            ));
+        }
+    }
+    for inst in insts.clone() {
+        if let (InstOp::Const(c), DType::I64) = (&inst.op, inst.dtype)
+            && i32::try_from(c.as_i64()).is_err()
+        {
+            return Err(format!("kernel {}: the index constant {c} leaves the i32 range", k.name));
+        }
+    }
+    let extents = k.extents();
+    let total: usize = k.out_extents.iter().product();
+    if total > i32::MAX as usize || k.inputs.iter().chain([&k.output]).any(|b| b.len > i32::MAX as usize) {
+        return Err(format!("kernel {}: buffers of more than 2^31 elements", k.name));
+    }
+    for inst in insts {
+        let exprs: Vec<&IExpr> = match &inst.op {
+            InstOp::Index(e) | InstOp::Rand { index: e, .. } => vec![e],
+            InstOp::Load { index, valid, .. } => {
+                let mut v = vec![index];
+                v.extend(valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)));
+                v
+            }
+            _ => vec![],
+        };
+        for e in exprs {
+            if !fits_i32(e, &extents) {
+                return Err(format!("kernel {}: index expression {e} leaves the i32 range", k.name));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `e` and every sub-expression stay within i32 over the loop ranges.
+fn fits_i32(e: &IExpr, extents: &[usize]) -> bool {
+    let (lo, hi) = e.bounds(extents);
+    let ok = lo >= i32::MIN as i64 && hi <= i32::MAX as i64;
+    ok && match e {
+        IExpr::Var(_) | IExpr::Const(_) => true,
+        IExpr::Add(ts) => ts.iter().all(|t| fits_i32(t, extents)),
+        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) => fits_i32(x, extents),
+    }
+}
+
+/// Renders `k` with the launch shape `WgslOptions::choose` picks.
+pub fn render(k: &KernelIr) -> Result<WgslKernel, String> {
+    render_with(k, WgslOptions::choose(k))
+}
+
+/// Renders `k` as a generic kernel with an explicit launch shape.
+pub fn render_with(k: &KernelIr, opts: WgslOptions) -> Result<WgslKernel, String> {
+    check(k)?;
+    let total: u64 = k.out_extents.iter().product::<usize>() as u64;
+    let per_thread = opts.per_thread.max(1) as u64;
+    let threads = total.div_ceil(per_thread);
+    let groups = groups_for(threads, opts.workgroup)?;
+    let mut em = Emitter::new(k);
+    if total == 0 {
+        // Nothing to compute (a size-0 dim): a valid shader that is never dispatched.
+        let s = em.header() + "\n@compute @workgroup_size(1)\nfn main() {}\n";
+        return Ok(WgslKernel {
+            name: k.name.clone(),
+            source: s,
+            workgroup: 1,
+            groups,
+            inputs: k.inputs.len(),
+            uses_rng: false,
+        });
+    }
+    let body = em.element_fn();
+    let mut s = em.header();
+    s.push_str(&body);
+    let _ = write!(
+        s,
+        "\n@compute @workgroup_size({wg})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>, \
+         @builtin(num_workgroups) nwg: vec3<u32>) {{\n    let t = gid.x + gid.y * nwg.x * {wg}u;\n    \
+         if (t >= {threads}u) {{ return; }}\n",
+        wg = opts.workgroup
+    );
+    if per_thread == 1 {
+        s.push_str("    element(i32(t));\n}\n");
+    } else {
+        let _ = write!(
+            s,
+            "    for (var j = 0u; j < {per_thread}u; j++) {{\n        let e = t + j * {threads}u;\n        \
+             if (e >= {total}u) {{ return; }}\n        element(i32(e));\n    }}\n}}\n"
+        );
+    }
+    Ok(WgslKernel {
+        name: k.name.clone(),
+        source: s,
+        workgroup: opts.workgroup,
+        groups,
+        inputs: k.inputs.len(),
+        uses_rng: em.uses_rng,
+    })
+}
+
+/// The dtype a value of `d` is computed in: 64-bit intermediates narrowed (see `check`).
+pub(crate) fn narrow(d: DType) -> DType {
+    match d {
+        DType::F64 => DType::F32,
+        DType::I64 => DType::I32,
+        d => d,
+    }
+}
+
+/// WGSL type of a value of `d` in registers.
+pub(crate) fn ty(d: DType) -> &'static str {
+    match narrow(d) {
+        DType::F32 => "f32",
+        DType::I32 => "i32",
+        DType::U8 => "u32",
+        _ => "bool",
+    }
+}
+
+/// WGSL element type of a device buffer of `d`.
+pub(crate) fn storage_ty(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::I32 => "i32",
+        DType::U8 | DType::Bool => "u32",
+        DType::F64 | DType::I64 => unreachable!("{d} is refused by check"),
+    }
+}
+
+pub(crate) struct Emitter<'a> {
+    pub(crate) k: &'a KernelIr,
+    pub(crate) helpers: BTreeSet<Helper>,
+    pub(crate) uses_rng: bool,
+}
+
+impl<'a> Emitter<'a> {
+    pub(crate) fn new(k: &'a KernelIr) -> Emitter<'a> {
+        Emitter { k, helpers: BTreeSet::new(), uses_rng: false }
+    }
+
+    /// Bindings and the helper functions the body used (call after rendering the body).
+    pub(crate) fn header(&self) -> String {
+        let k = self.k;
+        let mut s = format!("// kiln kernel {}\n", k.name);
+        for (i, b) in k.inputs.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "@group(0) @binding({i}) var<storage, read> in{i}: array<{}>; // {}[{}]",
+                storage_ty(b.dtype),
+                b.dtype,
+                b.len
+            );
+        }
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({}) var<storage, read_write> out: array<{}>; // {}[{}]",
+            k.inputs.len(),
+            storage_ty(k.output.dtype),
+            k.output.dtype,
+            k.output.len
+        );
+        if self.uses_rng {
+            let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> rng: array<u32>;", k.inputs.len() + 1);
+        }
+        let mut done = BTreeSet::new();
+        for h in &self.helpers {
+            math::write_helper(&mut s, *h, &mut done);
+        }
+        s
+    }
+
+    /// `fn element(flat: i32)`: computes and stores output element `flat`.
+    fn element_fn(&mut self) -> String {
+        let k = self.k;
+        let mut s = String::from("\nfn element(flat: i32) {\n");
+        let rank = k.out_rank();
+        let strides = crate::shape::contiguous_strides(&k.out_extents);
+        for v in 0..rank {
+            let used = self.mentions(v);
+            if !used {
+                continue;
+            }
+            let e = k.out_extents[v];
+            let st = strides[v];
+            let expr = match (v, st) {
+                (0, st) => format!("flat / {st}"),
+                (_, 1) => format!("flat % {e}"),
+                _ => format!("(flat / {st}) % {e}"),
+            };
+            let _ = writeln!(s, "    let i{v} = {expr};");
+        }
+        if let Some(r) = &k.reduce {
+            let _ = writeln!(s, "    var acc: {} = {};", ty(r.dtype), values::konst(r.op.identity(r.dtype), r.dtype));
+            let mut indent = String::from("    ");
+            for (j, e) in r.extents.iter().enumerate() {
+                let v = rank + j;
+                let _ = writeln!(s, "{indent}for (var i{v} = 0; i{v} < {e}; i{v}++) {{");
+                indent.push_str("    ");
+            }
+            self.insts(&mut s, &r.inner, "r", &indent);
+            let fold_op = match r.op {
+                crate::op::ReduceOp::Sum => crate::op::BinaryOp::Add,
+                crate::op::ReduceOp::Prod => crate::op::BinaryOp::Mul,
+                crate::op::ReduceOp::Max => crate::op::BinaryOp::Max,
+                crate::op::ReduceOp::Min => crate::op::BinaryOp::Min,
+            };
+            let folded = self.binary(fold_op, r.dtype, "acc", &format!("r{}", r.value));
+            let _ = writeln!(s, "{indent}acc = {folded};");
+            for _ in &r.extents {
+                indent.truncate(indent.len() - 4);
+                let _ = writeln!(s, "{indent}}}");
+            }
+        }
+        self.insts(&mut s, &k.outer, "v", "    ");
+        let stored = values::store(k.output.dtype, &format!("v{}", k.result));
+        let _ = writeln!(s, "    out[flat] = {stored};\n}}");
+        s
+    }
+
+    /// Whether any instruction reads loop variable `v` (output variables only decomposed when used).
+    fn mentions(&self, v: usize) -> bool {
+        let k = self.k;
+        let insts = k.outer.iter().chain(k.reduce.iter().flat_map(|r| r.inner.iter()));
+        let mut any = false;
+        for inst in insts {
+            let mut check = |e: &IExpr| any |= mentions_var(e, v);
+            match &inst.op {
+                InstOp::Index(e) | InstOp::Rand { index: e, .. } => check(e),
+                InstOp::Load { index, valid, .. } => {
+                    check(index);
+                    for (e, _, _) in valid.iter().flat_map(|v| v.0.iter()) {
+                        check(e);
+                    }
+                }
+                _ => {}
+            }
+        }
+        any
+    }
+
+    /// One `let` per instruction, named `<prefix><index>`.
+    pub(crate) fn insts(&mut self, s: &mut String, insts: &[Inst], prefix: &str, indent: &str) {
+        for (i, inst) in insts.iter().enumerate() {
+            let e = self.inst(inst, insts, prefix);
+            let _ = writeln!(s, "{indent}let {prefix}{i}: {} = {e};", ty(inst.dtype));
+        }
+    }
+}
+
+pub(crate) fn mentions_var(e: &IExpr, v: usize) -> bool {
+    match e {
+        IExpr::Var(x) => *x == v,
+        IExpr::Const(_) => false,
+        IExpr::Add(ts) => ts.iter().any(|t| mentions_var(t, v)),
+        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) => mentions_var(x, v),
+    }
+}
