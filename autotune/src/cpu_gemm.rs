@@ -231,7 +231,11 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     let kblocks = (k / kc).ceil();
     let n_part = if c.split_m { n } else { n / used };
     let m_part = if c.split_m { m / used } else { m };
-    let mut bytes = m_part * n_part * 4.0 * (2.0 * kblocks - 1.0);
+    // C is read and written once per K block; a thread's C block that stays in L2 costs about an eighth of DRAM
+    // traffic (a skinny GEMM's C row, re-read every few k-steps, is such a block).
+    let c_block = m_part * n_part * 4.0;
+    let c_weight = if c_block <= 256.0 * 1024.0 { 0.125 } else { 1.0 };
+    let mut bytes = c_weight * c_block * (2.0 * kblocks - 1.0);
     bytes += if c.pack_b { 8.0 * k * n_part } else { 4.0 * k * n_part * (m_part / c.mc as f64).ceil() };
     bytes += if c.pack_a { 8.0 * k * m_part * (n_part / c.nc as f64).ceil() } else { 4.0 * k * m_part };
     let mem_s = batch * bytes / (BW * 1e9);
