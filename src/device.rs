@@ -47,6 +47,12 @@ impl Device {
         }
     }
 
+    /// Waits until everything submitted to this device has finished. Results never need it (reading a value
+    /// waits for it); timing does, on a device whose queue runs ahead of the host.
+    pub fn synchronize(&self) -> crate::Result<()> {
+        Ok(self.backend()?.synchronize()?)
+    }
+
     /// Whether tensors of `dtype` can live on this device.
     pub fn supports(&self, dtype: DType) -> bool {
         match self {
