@@ -293,14 +293,12 @@ impl<'a> Emitter<'a> {
         let mut s = String::from("\nfn element(flat: i32) {\n");
         let rank = k.out_rank();
         let strides = crate::shape::contiguous_strides(&k.out_extents);
-        for v in 0..rank {
-            let used = self.mentions(v);
-            if !used {
+        for (v, (&e, &st)) in k.out_extents.iter().zip(&strides).enumerate() {
+            if !self.mentions(v) {
                 continue;
             }
-            let e = k.out_extents[v];
-            let st = strides[v];
             let expr = match (v, st) {
+                (0, 1) => "flat".to_string(),
                 (0, st) => format!("flat / {st}"),
                 (_, 1) => format!("flat % {e}"),
                 _ => format!("(flat / {st}) % {e}"),
