@@ -5,12 +5,12 @@
 //! plan's rng keys as a read-only `array<u32>` (binding `n + 1`: seed lo, seed hi, offset lo, offset hi per slot).
 //! Invocation `t` computes output elements `t, t + T, t + 2T, ..` (`per_thread` of them, `T` threads in all), each
 //! with the whole reduction inside; elements are in row-major output order, so neighbouring invocations write
-//! neighbouring words. A GEMM the `kernel::gemm` recognizer accepts renders instead as a tiled shader (`gemm.rs`).
+//! neighbouring words. GEMMs render the same way for now (one invocation per output element, K loop inside); a tiled
+//! template for what `kernel::gemm::GemmView` recognizes is the next step.
 //!
 //! Files: this one decides the launch shape and writes the shader skeleton; `values.rs` is the one table of code per
 //! instruction (constants, index math, loads, unary / binary / cast); `math.rs` holds the helper functions a table
-//! entry may call (Philox, `pow`, NaN-propagating max/min, the float -> int conversion of the spec); `gemm.rs` the
-//! tiled GEMM template and its configurations.
+//! entry may call (Philox, `pow`, NaN tests on the bits, division by zero, the float -> int conversion of the spec).
 //!
 //! Types: f32 and i32 are themselves; u8 travels as `u32` (masked to 8 bits after arithmetic that can leave the
 //! range) and bool as `bool`, both stored as one `u32` per element in device buffers (WGSL has no 8-bit storage;
