@@ -14,8 +14,9 @@
 //!
 //! Types: f32 and i32 are themselves; u8 travels as `u32` (masked to 8 bits after arithmetic that can leave the
 //! range) and bool as `bool`, both stored as one `u32` per element in device buffers (WGSL has no 8-bit storage;
-//! the backend converts on upload and download). f64 and i64 have no WGSL type: `render` refuses them, naming the
-//! dtype. Index math is i32: a kernel whose index expressions leave the i32 range is refused too.
+//! the backend converts on upload and download). f64 and i64 have no WGSL type: `render` refuses them in buffers and
+//! accumulators, naming the dtype; the lowering's own 64-bit index and iota arithmetic is computed in 32 bits (see
+//! `check`). Index math is i32: a kernel whose index expressions leave the i32 range is refused too.
 //!
 //! Semantics are those of `kernel::eval` (the executable spec): ints wrap, integer division by zero gives 0,
 //! float -> int casts saturate through i64 then wrap, max/min propagate NaN, comparisons with NaN are false except
