@@ -224,3 +224,49 @@ fn kiln_is_usable_after_a_caught_panic() {
     let total = std::thread::spawn(move || b2.square().sum_all().item::<f32>().unwrap()).join().unwrap();
     assert_eq!(total, 14.0);
 }
+
+/// The wgpu device, if this machine has an adapter (`KILN_REQUIRE_WGPU=1` makes a missing one fail, as in CI).
+fn wgpu() -> Option<Device> {
+    match "wgpu".parse::<Device>() {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("KILN_REQUIRE_WGPU").is_ok_and(|v| v == "1") => panic!("KILN_REQUIRE_WGPU=1: {e}"),
+        Err(_) => {
+            eprintln!("skipping wgpu: no adapter (apt-get install mesa-vulkan-drivers libvulkan1)");
+            None
+        }
+    }
+}
+
+/// On wgpu, 64-bit dtypes are refused clearly: an op whose result would be f64 or i64 panics at the op (naming the
+/// dtype and the device, at the user's line), and data of those dtypes is an `Err` at upload.
+#[test]
+fn wgpu_refuses_64_bit_dtypes_at_the_op_and_at_upload() {
+    let Some(w) = wgpu() else { return };
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], &w).unwrap();
+    assert_op_panic(panic_of!(x.to_dtype(DType::F64)), "cast", &["f64", "wgpu", "no 64-bit types", "Device::cpu()"]);
+    assert_op_panic(panic_of!(x.argmax(0, false)), "iota(3,-1)", &["i64", "wgpu"]);
+    assert_op_panic(panic_of!(Tensor::zeros([2], DType::I64, &w)), "const(0)", &["i64", "wgpu"]);
+    let e = Tensor::from_vec(vec![1.0f64], [1], &w).unwrap_err().to_string();
+    assert!(e.contains("f64") && e.contains("wgpu") && e.contains("Device::cpu()"), "{e}");
+    let e = Tensor::from_vec(vec![1i64], [1], &Device::cpu()).unwrap().to_device(&w).unwrap_err().to_string();
+    assert!(e.contains("i64") && e.contains("wgpu"), "{e}");
+    // f32, i32, u8 and bool round-trip, and moving back to the CPU is the only way data comes back.
+    let b = Tensor::from_vec(vec![true, false], [2], &w).unwrap();
+    assert_eq!(b.logical_not().to_device(&Device::cpu()).unwrap().to_vec::<bool>().unwrap(), vec![false, true]);
+}
+
+/// Operands on two devices are a programmer error at the op, naming both devices.
+#[test]
+fn ops_across_devices_panic_naming_both() {
+    let Some(w) = wgpu() else { return };
+    let a = Tensor::from_vec(vec![1.0f32], [1], &w).unwrap();
+    let c = f32s(&[1]);
+    assert_op_panic(panic_of!(a.add(&c)), "add", &["wgpu", "cpu", "to_device"]);
+}
+
+/// An unknown device name is an error listing the devices this build knows.
+#[test]
+fn unknown_device_name_is_an_error() {
+    let e = "tpu".parse::<Device>().unwrap_err().to_string();
+    assert!(e.contains("tpu") && e.contains("cpu"), "{e}");
+}

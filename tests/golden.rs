@@ -1,6 +1,6 @@
 //! Golden files for one rendered kernel: the fused `(a * b + c).relu().sum(1, false)` as kernel IR text
-//! (`KernelIr::to_text`) and as CLIF (`render::clif::render`, vectorized, displayed), compared with
-//! `tests/golden/mul_add_relu_sum.kernel.txt` and `tests/golden/mul_add_relu_sum.clif.txt`.
+//! (`KernelIr::to_text`), as CLIF (`render::clif::render`, vectorized, displayed) and as WGSL
+//! (`render::wgsl::render`), compared with `tests/golden/mul_add_relu_sum.{kernel,clif,wgsl}.txt`.
 //!
 //! A change to fusion, lowering or the CLIF renderer that changes the output fails here with the first differing
 //! line. If the change is intended, rewrite the files and review their diff:
@@ -93,4 +93,13 @@ fn mul_add_relu_sum_clif() {
     assert_eq!(text, render(), "rendering the same kernel twice gave different CLIF");
     assert_eq!(text, clif::render(&kernel(), 0, target(), true).display().to_string(), "CLIF of a rebuilt kernel");
     check_golden("mul_add_relu_sum.clif.txt", &text);
+}
+
+/// WGSL is a pure function of the kernel too: no device needed.
+#[test]
+fn mul_add_relu_sum_wgsl() {
+    let k = kernel();
+    let text = kiln_jit::render::wgsl::render(&k).expect("renders").source;
+    assert_eq!(text, kiln_jit::render::wgsl::render(&kernel()).expect("renders").source, "WGSL of a rebuilt kernel");
+    check_golden("mul_add_relu_sum.wgsl.txt", &text);
 }

@@ -342,7 +342,9 @@ fn on_other_devices(ins: &[In], f: Forward, r: &Tensor, want: &[Vec<f64>]) -> Re
                 let g = grads.get(leaf).ok_or_else(|| format!("[{d}] input {k} got no gradient"))?;
                 let got = values(&g.to_host().map_err(|e| format!("[{d}] {e}"))?);
                 for (j, (&a, &w)) in got.iter().zip(&want[k]).enumerate() {
-                    if !((a - w).abs() <= GRAD_TOL_F32.abs + GRAD_TOL_F32.rel * w.abs()) && bad.len() < 6 {
+                    // Written so that a NaN on either side fails.
+                    let ok = (a - w).abs() <= GRAD_TOL_F32.abs + GRAD_TOL_F32.rel * w.abs();
+                    if !ok && bad.len() < 6 {
                         bad.push(format!("input {k}[{j}]: {d} {a:.7}, cpu f64 {w:.9}"));
                     }
                 }

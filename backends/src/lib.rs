@@ -88,4 +88,8 @@ pub trait Backend: Send + Sync {
     fn compile(&self, graph: &Graph) -> Result<Box<dyn Executable>, BackendError>;
     fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError>;
     fn download(&self, buffer: &Buffer) -> Result<HostBuffer, BackendError>;
+    /// Waits until all work submitted so far has finished (a no-op where runs are synchronous, as on the CPU).
+    fn synchronize(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }

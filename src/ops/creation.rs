@@ -12,31 +12,38 @@ use kiln_jit::{DType, Op, RandDist, Scalar, Shape};
 
 impl Tensor {
     /// `value` everywhere.
+    #[track_caller]
     pub fn full(shape: impl Into<Shape>, value: impl Into<Scalar>, dtype: DType, device: &Device) -> Tensor {
         Tensor::on_device(Op::Const(value.into()), crate::tensor::Srcs::new(), shape.into(), dtype, *device, None)
     }
 
+    #[track_caller]
     pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Tensor {
         Tensor::full(shape, 0, dtype, device)
     }
 
+    #[track_caller]
     pub fn ones(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Tensor {
         Tensor::full(shape, 1, dtype, device)
     }
 
+    #[track_caller]
     pub fn full_like(&self, value: impl Into<Scalar>) -> Tensor {
         Tensor::full(self.shape().clone(), value, self.dtype(), &self.device())
     }
 
+    #[track_caller]
     pub fn zeros_like(&self) -> Tensor {
         self.full_like(0)
     }
 
+    #[track_caller]
     pub fn ones_like(&self) -> Tensor {
         self.full_like(1)
     }
 
     /// `start + i * step` for `i` in `0..n`, as `dtype`.
+    #[track_caller]
     pub(crate) fn iota(start: Scalar, step: Scalar, n: usize, dtype: DType, device: &Device) -> Tensor {
         Tensor::on_device(Op::Iota { start, step }, crate::tensor::Srcs::new(), Shape::new([n]), dtype, *device, None)
     }

@@ -333,6 +333,7 @@ impl Tensor {
     /// Converts to `dtype` (a no-op if already there). Float -> int truncates toward zero to an i64 (saturating at
     /// the i64 range, NaN -> 0) and then wraps to the target width, the way a C cast through int64 does:
     /// `-1.5 -> u8` is 255 and `3e9 -> i32` is -1294967296. Values in the target's range convert exactly.
+    #[track_caller]
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         if self.dtype() == dtype {
             return self.clone();

@@ -425,6 +425,14 @@ impl Backend for WgpuBackend {
         }))
     }
 
+    fn synchronize(&self) -> Result<(), BackendError> {
+        self.ctx
+            .device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map(|_| ())
+            .map_err(|e| BackendError::Execute { device: NAME, reason: format!("waiting for the device: {e}") })
+    }
+
     fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {
         let words = to_words(&data)?;
         let b = self.ctx.alloc(data.dtype(), data.len())?;

@@ -5,17 +5,18 @@
 //! plan's rng keys as a read-only `array<u32>` (binding `n + 1`: seed lo, seed hi, offset lo, offset hi per slot).
 //! Invocation `t` computes output elements `t, t + T, t + 2T, ..` (`per_thread` of them, `T` threads in all), each
 //! with the whole reduction inside; elements are in row-major output order, so neighbouring invocations write
-//! neighbouring words. A GEMM the `kernel::gemm` recognizer accepts renders instead as a tiled shader (`gemm.rs`).
+//! neighbouring words. GEMMs render the same way for now (one invocation per output element, K loop inside); a tiled
+//! template for what `kernel::gemm::GemmView` recognizes is the next step.
 //!
 //! Files: this one decides the launch shape and writes the shader skeleton; `values.rs` is the one table of code per
 //! instruction (constants, index math, loads, unary / binary / cast); `math.rs` holds the helper functions a table
-//! entry may call (Philox, `pow`, NaN-propagating max/min, the float -> int conversion of the spec); `gemm.rs` the
-//! tiled GEMM template and its configurations.
+//! entry may call (Philox, `pow`, NaN tests on the bits, division by zero, the float -> int conversion of the spec).
 //!
 //! Types: f32 and i32 are themselves; u8 travels as `u32` (masked to 8 bits after arithmetic that can leave the
 //! range) and bool as `bool`, both stored as one `u32` per element in device buffers (WGSL has no 8-bit storage;
-//! the backend converts on upload and download). f64 and i64 have no WGSL type: `render` refuses them, naming the
-//! dtype. Index math is i32: a kernel whose index expressions leave the i32 range is refused too.
+//! the backend converts on upload and download). f64 and i64 have no WGSL type: `render` refuses them in buffers and
+//! accumulators, naming the dtype; the lowering's own 64-bit index and iota arithmetic is computed in 32 bits (see
+//! `check`). Index math is i32: a kernel whose index expressions leave the i32 range is refused too.
 //!
 //! Semantics are those of `kernel::eval` (the executable spec): ints wrap, integer division by zero gives 0,
 //! float -> int casts saturate through i64 then wrap, max/min propagate NaN, comparisons with NaN are false except
@@ -293,14 +294,12 @@ impl<'a> Emitter<'a> {
         let mut s = String::from("\nfn element(flat: i32) {\n");
         let rank = k.out_rank();
         let strides = crate::shape::contiguous_strides(&k.out_extents);
-        for v in 0..rank {
-            let used = self.mentions(v);
-            if !used {
+        for (v, (&e, &st)) in k.out_extents.iter().zip(&strides).enumerate() {
+            if !self.mentions(v) {
                 continue;
             }
-            let e = k.out_extents[v];
-            let st = strides[v];
             let expr = match (v, st) {
+                (0, 1) => "flat".to_string(),
                 (0, st) => format!("flat / {st}"),
                 (_, 1) => format!("flat % {e}"),
                 _ => format!("(flat / {st}) % {e}"),
