@@ -131,6 +131,23 @@ fn binary(op: BinaryOp, d: DType, a: V, b: V) -> V {
     }
 }
 
+/// The value of an ALU instruction (unary, binary, where, cast) from the values before it; `None` for the others.
+fn alu(op: &InstOp, d: DType, vals: &[V]) -> Option<V> {
+    Some(match op {
+        InstOp::Unary(u, a) => unary(*u, d, vals[*a]),
+        InstOp::Binary(b, x, y) => binary(*b, d, vals[*x], vals[*y]),
+        InstOp::Where(c, a, b) => {
+            if vals[*c] == V::I(0) {
+                vals[*b]
+            } else {
+                vals[*a]
+            }
+        }
+        InstOp::Cast(a) => cast(d, vals[*a]),
+        _ => return None,
+    })
+}
+
 fn valid(v: &Option<Valid>, vars: &[i64]) -> bool {
     v.as_ref().is_none_or(|Valid(rs)| rs.iter().all(|(e, lo, hi)| (*lo..*hi).contains(&e.eval(vars))))
 }
@@ -158,17 +175,8 @@ fn run_insts(insts: &[Inst], vars: &[i64], inputs: &[&HostBuffer], rng: &[RngKey
                     (RandDist::Normal, _) => cast(d, V::F64(rng::normal_f64(w))),
                 }
             }
-            InstOp::Unary(u, a) => unary(*u, d, vals[*a]),
-            InstOp::Binary(b, x, y) => binary(*b, d, vals[*x], vals[*y]),
-            InstOp::Where(c, a, b) => {
-                if vals[*c] == V::I(0) {
-                    vals[*b]
-                } else {
-                    vals[*a]
-                }
-            }
-            InstOp::Cast(a) => cast(d, vals[*a]),
             InstOp::Acc => acc.expect("acc read outside a reduce kernel"),
+            op => alu(op, d, vals).unwrap_or_else(|| unreachable!("every other op is ALU")),
         };
         vals.push(v);
     }
@@ -277,17 +285,8 @@ pub fn eval_uniform(
             match &inst.op {
                 InstOp::Const(s) => scalar(d, *s),
                 InstOp::Load { buf, index, .. } => scalar(d, load(*buf, index.eval(&[0; 32]).max(0) as usize, d)),
-                InstOp::Unary(u, a) => unary(*u, d, vals[*a]),
-                InstOp::Binary(b, x, y) => binary(*b, d, vals[*x], vals[*y]),
-                InstOp::Where(c, a, b) => {
-                    if vals[*c] == V::I(0) {
-                        vals[*b]
-                    } else {
-                        vals[*a]
-                    }
-                }
-                InstOp::Cast(a) => cast(d, vals[*a]),
                 InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc => V::I(0),
+                op => alu(op, d, &vals).unwrap_or(V::I(0)),
             }
         };
         out.push(uniform[i].then_some(match (d, v) {
