@@ -18,8 +18,14 @@
 //! records every launch in one compute pass and submits. The queue orders runs, so a temp returned to the pool at
 //! the end of `run` is only reused by work submitted later.
 //!
+//! GEMM kernels (`kernel::gemm::GemmView`) run as the tiled WGSL template in a tile the autotuner picks (`gemm.rs`).
+//!
 //! Deliberately not done yet: bind groups are created per launch per run (a cache keyed by buffer identities would
 //! save them on replay); `KILN_PROFILE` does not time wgpu launches (it would need timestamp queries).
+
+mod gemm;
+
+pub use gemm::{gemm_candidates, run_gemm_with};
 
 use crate::{Backend, BackendError, Buffer, Executable};
 use kiln_jit::kernel::{KernelPlan, Slot};
@@ -399,7 +405,10 @@ impl Backend for WgpuBackend {
         let mut launches = Vec::with_capacity(plan.launches.len());
         let mut temps = vec![0usize; plan.temps.len()];
         for l in &plan.launches {
-            let k = wgsl::render(&l.kernel).map_err(err)?;
+            let k = match gemm::gemm_kernel(&self.ctx, &l.kernel).map_err(err)? {
+                Some(k) => k,
+                None => wgsl::render(&l.kernel).map_err(err)?,
+            };
             if let Some(d) = &dump {
                 d.kernel_files(&l.kernel, "wgsl", &k.source, "");
             }
