@@ -26,6 +26,13 @@ use std::time::{Duration, Instant};
 /// GEMMs smaller than this (M*N*K) stay generic kernels: a workgroup tile would be mostly padding.
 const MIN_VOLUME: usize = 4096;
 
+/// Whether GEMMs run as the tiled template: `KILN_WGSL_GEMM=generic` (read once) keeps them generic kernels, to
+/// bisect and to measure the template against the generic path.
+pub(crate) fn tiled_enabled() -> bool {
+    static ON: LazyLock<bool> = LazyLock::new(|| std::env::var("KILN_WGSL_GEMM").map_or(true, |v| v != "generic"));
+    *ON
+}
+
 /// `KILN_AUTOTUNE`, read once.
 fn mode() -> Mode {
     static MODE: LazyLock<Mode> = LazyLock::new(Mode::from_env);
@@ -55,14 +62,33 @@ impl Ctx {
 
 /// The tiled form of `k` when it is a GEMM worth tiling, in the tile the store or a search picks; `None` to render
 /// it as a generic kernel.
-pub(crate) fn gemm_kernel(ctx: &Arc<Ctx>, k: &KernelIr) -> Result<Option<WgslKernel>, String> {
-    let Some(view) = GemmView::of(k) else { return Ok(None) };
-    if view.batch_count().max(1) * view.m * view.n * view.k < MIN_VOLUME || wgsl::check(k).is_err() {
-        return Ok(None);
+pub(crate) fn gemm_kernel(ctx: &Arc<Ctx>, k: &KernelIr) -> Option<WgslKernel> {
+    if !tiled_enabled() {
+        return None;
     }
-    let tile = choose(ctx, k, &view, Store::global(), mode())?;
-    // A grid past the dispatch limits is the template's only refusal: the generic kernel takes it.
-    Ok(wgsl::render_gemm(k, &view, tile).ok())
+    let view = GemmView::of(k)?;
+    if view.batch_count().max(1) * view.m * view.n * view.k < MIN_VOLUME || wgsl::check(k).is_err() {
+        return None;
+    }
+    // Tiles whose grid passes the dispatch limits (the template's only refusal) are not candidates; with none
+    // left, the generic kernel takes the GEMM.
+    let lim = ctx.tile_limits();
+    let cands: Vec<GemmTile> =
+        wgsl_gemm::candidates(&lim).into_iter().filter(|t| wgsl::render_gemm(k, &view, *t).is_ok()).collect();
+    if cands.is_empty() {
+        return None;
+    }
+    let tile = match choose(ctx, k, &view, &cands, Store::global(), mode()) {
+        Ok(t) => t,
+        Err(e) => {
+            // No tile verified (or the search could not run): the generic kernel is correct and slower; a graph
+            // that ran before the template existed must still run. Said once, so the cause is not lost.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| eprintln!("kiln: wgpu GEMM {} stays a generic kernel: {e}", k.name));
+            return None;
+        }
+    };
+    wgsl::render_gemm(k, &view, tile).ok()
 }
 
 /// `mk`/`km` (A) or `kn`/`nk` (B): which index of the operand is contiguous.
@@ -88,13 +114,18 @@ fn tuned_dims(v: &GemmView) -> Vec<(String, u64)> {
     vec![d("batch", v.batch_count().max(1)), d("m", v.m), d("n", v.n), d("k", v.k)]
 }
 
-/// The tile for `k`: a stored record's winner (never re-raced), else a search recorded in `store`.
-fn choose(ctx: &Arc<Ctx>, k: &KernelIr, v: &GemmView, store: &Store, mode: Mode) -> Result<GemmTile, String> {
-    let lim = ctx.tile_limits();
-    let cands = wgsl_gemm::candidates(&lim);
-    let key = key(ctx, k, v, &cands);
+/// The tile for `k` among `cands`: a stored record's winner (never re-raced), else a search recorded in `store`.
+fn choose(
+    ctx: &Arc<Ctx>,
+    k: &KernelIr,
+    v: &GemmView,
+    cands: &[GemmTile],
+    store: &Store,
+    mode: Mode,
+) -> Result<GemmTile, String> {
+    let key = key(ctx, k, v, cands);
     if let Some(rec) = store.get_record(&key)
-        && let Some(t) = GemmTile::parse(&rec.winner).filter(|t| wgsl_gemm::legal(t, &lim))
+        && let Some(t) = GemmTile::parse(&rec.winner).filter(|t| cands.contains(t))
     {
         return Ok(t);
     }
@@ -112,7 +143,8 @@ fn choose(ctx: &Arc<Ctx>, k: &KernelIr, v: &GemmView, store: &Store, mode: Mode)
     // `Mode::Off` never runs a candidate: nothing to upload.
     let dev = if mode == Mode::Off { Vec::new() } else { upload_all(ctx, &host.iter().collect::<Vec<_>>())? };
     let out = ctx.alloc(DType::F32, k.output.len).map_err(exec)?;
-    let built: RefCell<HashMap<GemmTile, (Arc<Pipeline>, (u32, u32))>> = RefCell::default();
+    // Each candidate's pipeline and grid, built once for its verification and timed runs.
+    let built: RefCell<HashMap<GemmTile, Built>> = RefCell::default();
     let launch = |t: &GemmTile| -> Result<Duration, String> {
         let existing = built.borrow().get(t).cloned();
         let (p, groups) = match existing {
@@ -158,6 +190,9 @@ fn upload_all(ctx: &Arc<Ctx>, host: &[&HostBuffer]) -> Result<Vec<super::DeviceB
         })
         .collect()
 }
+
+/// A candidate's pipeline and workgroup grid.
+type Built = (Arc<Pipeline>, (u32, u32));
 
 /// Records one dispatch, submits it and waits for the device.
 fn dispatch_and_wait(ctx: &Ctx, p: &Pipeline, bufs: &[&wgpu::Buffer], groups: (u32, u32)) -> Result<(), String> {

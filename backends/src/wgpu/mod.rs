@@ -397,7 +397,10 @@ impl Backend for WgpuBackend {
                 return Err(err(format!("node {} is {}: {}", node.op.name(), node.dtype, unsupported(node.dtype))));
             }
         }
-        let plan: KernelPlan = kiln_jit::kernel::schedule(graph);
+        // The tiled GEMM stages any operand strides through workgroup memory, so a transposed weight is read in
+        // place rather than copied every step.
+        let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !gemm::tiled_enabled() };
+        let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
         if let Some(b) = plan.outputs.iter().find(|b| !wgsl::supports(b.dtype)) {
             return Err(unsupported(b.dtype));
         }
@@ -405,7 +408,7 @@ impl Backend for WgpuBackend {
         let mut launches = Vec::with_capacity(plan.launches.len());
         let mut temps = vec![0usize; plan.temps.len()];
         for l in &plan.launches {
-            let k = match gemm::gemm_kernel(&self.ctx, &l.kernel).map_err(err)? {
+            let k = match gemm::gemm_kernel(&self.ctx, &l.kernel) {
                 Some(k) => k,
                 None => wgsl::render(&l.kernel).map_err(err)?,
             };

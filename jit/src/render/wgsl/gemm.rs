@@ -50,7 +50,7 @@ impl GemmTile {
     /// Whether the sub-tile divides the tile (the template's only structural requirement).
     pub fn well_formed(&self) -> bool {
         let pos = self.tm > 0 && self.tn > 0 && self.rm > 0 && self.rn > 0 && self.kt > 0;
-        pos && self.tm % self.rm == 0 && self.tn % self.rn == 0
+        pos && self.tm.is_multiple_of(self.rm) && self.tn.is_multiple_of(self.rn)
     }
 
     /// A stable name, e.g. `wgsl:64x64:r4x4:k16`: tuning records store it and [`GemmTile::parse`] reads it back.
