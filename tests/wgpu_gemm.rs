@@ -123,4 +123,16 @@ fn tuned_gemms_through_the_device_match_the_reference() {
     let on = |t: &Tensor| t.to_device(&dev).unwrap();
     let got = (on(&x).matmul(&on(&w1)) + on(&b1)).relu().matmul(&on(&w2).t()).to_host().unwrap();
     compare(&got, &want, gemm_tol(70 * 50)).unwrap();
+    // The last GEMM's tile came from a record keyed on this adapter, naming a legal tile that (when searched in
+    // this process) passed verification.
+    let rec = kiln_backends::wgpu::take_last_tune_record().expect("a GEMM tile was chosen");
+    assert_eq!(rec.key.op, "wgsl-gemm");
+    assert_eq!(rec.key.device, kiln_backends::wgpu::fingerprint().unwrap().id());
+    let tile = kiln_autotune::wgsl_gemm::GemmTile::parse(&rec.winner).expect("the winner is a tile name");
+    assert!(gemm_candidates().unwrap().contains(&tile), "{} is not a candidate here", rec.winner);
+    if rec.mode != "off" {
+        let won = rec.trials.iter().find(|t| t.config == rec.winner).expect("the winner is a trial");
+        assert_eq!(won.verified, Some(true), "{}", rec.table());
+        assert!(won.time_ns.is_some(), "{}", rec.table());
+    }
 }

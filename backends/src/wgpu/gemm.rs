@@ -13,7 +13,7 @@
 
 use super::{Ctx, Pipeline};
 use kiln_autotune::wgsl_gemm::{self, GemmTile, TileLimits};
-use kiln_autotune::{DeviceFingerprint, Mode, Store, TuneKey, checksum_of};
+use kiln_autotune::{DeviceFingerprint, Mode, Store, TuneKey, TuneRecord, checksum_of};
 use kiln_jit::kernel::gemm::{GemmOperand, GemmView};
 use kiln_jit::kernel::{BufParam, KernelIr, eval};
 use kiln_jit::render::wgsl::{self, WgslKernel};
@@ -127,6 +127,7 @@ fn choose(
     if let Some(rec) = store.get_record(&key)
         && let Some(t) = GemmTile::parse(&rec.winner).filter(|t| cands.contains(t))
     {
+        *LAST_RECORD.lock() = Some(rec);
         return Ok(t);
     }
     let scored: Vec<kiln_autotune::Candidate<'_, GemmTile>> = cands
@@ -174,7 +175,22 @@ fn choose(
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| eprintln!("kiln: could not write a wgpu GEMM tuning record: {e}"));
     }
-    GemmTile::parse(&record.winner).ok_or_else(|| format!("unparsable winner {}", record.winner))
+    let t = GemmTile::parse(&record.winner).ok_or_else(|| format!("unparsable winner {}", record.winner))?;
+    *LAST_RECORD.lock() = Some(record);
+    Ok(t)
+}
+
+static LAST_RECORD: parking_lot::Mutex<Option<TuneRecord>> = parking_lot::Mutex::new(None);
+
+/// Takes the tuning record (searched or reused from the store) of the GEMM tile chosen last, since the previous
+/// call: for reports and for the tests that check what the search decided.
+pub fn take_last_tune_record() -> Option<TuneRecord> {
+    LAST_RECORD.lock().take()
+}
+
+/// This process's adapter as the tuning keys see it.
+pub fn fingerprint() -> Result<DeviceFingerprint, String> {
+    Ok(super::backend().map_err(|e| e.to_string())?.ctx.fingerprint())
 }
 
 /// Device copies of `host`.

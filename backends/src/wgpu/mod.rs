@@ -25,7 +25,7 @@
 
 mod gemm;
 
-pub use gemm::{gemm_candidates, run_gemm_with};
+pub use gemm::{fingerprint, gemm_candidates, run_gemm_with, take_last_tune_record};
 
 use crate::{Backend, BackendError, Buffer, Executable};
 use kiln_jit::kernel::{KernelPlan, Slot};
