@@ -75,6 +75,8 @@ fn every_tile_on_transposed_and_batched_operands() {
         ("x @ w.t()", rand(&[12, 40], 5).matmul(&rand(&[27, 40], 6).t())),
         ("a.t() @ b", rand(&[50, 20], 3).t().matmul(&rand(&[50, 33], 4))),
         ("batched", rand(&[3, 17, 20], 7).matmul(&rand(&[3, 20, 33], 8))),
+        ("batched @ broadcast weight", rand(&[3, 17, 20], 7).matmul(&rand(&[20, 33], 8))),
+        ("broadcast @ batched", rand(&[17, 20], 7).matmul(&rand(&[2, 20, 33], 8))),
         ("batch-1 vector", rand(&[1, 64], 9).matmul(&rand(&[64, 70], 10))),
     ];
     for (name, c) in cases {
