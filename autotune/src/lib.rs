@@ -11,6 +11,8 @@
 //!
 //! - [`cpu_gemm`]: the CPU GEMM search space (register tiles, cache blocking, packing, thread split, the library
 //!   candidate) and its analytic cost model, over a `kiln_jit` `GemmView`.
+//! - [`wgsl_gemm`]: the WGSL GEMM search space (workgroup and register tiles, K slice), adapter legality, and its
+//!   analytic score.
 //!
 //! Must not know: the user-facing `Tensor` API, or how a kernel is generated and run: the GEMM kernels, the
 //! reference check and the timing closures are the backends' (see DESIGN.md, "Autotuning" and "Caches").
@@ -25,6 +27,7 @@ mod key;
 mod record;
 mod search;
 mod store;
+pub mod wgsl_gemm;
 
 pub use envelope::EntryKind;
 pub use fingerprint::DeviceFingerprint;

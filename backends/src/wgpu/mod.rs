@@ -18,8 +18,14 @@
 //! records every launch in one compute pass and submits. The queue orders runs, so a temp returned to the pool at
 //! the end of `run` is only reused by work submitted later.
 //!
+//! GEMM kernels (`kernel::gemm::GemmView`) run as the tiled WGSL template in a tile the autotuner picks (`gemm.rs`).
+//!
 //! Deliberately not done yet: bind groups are created per launch per run (a cache keyed by buffer identities would
 //! save them on replay); `KILN_PROFILE` does not time wgpu launches (it would need timestamp queries).
+
+mod gemm;
+
+pub use gemm::{fingerprint, gemm_candidates, run_gemm_with, take_last_tune_record};
 
 use crate::{Backend, BackendError, Buffer, Executable};
 use kiln_jit::kernel::{KernelPlan, Slot};
@@ -391,7 +397,10 @@ impl Backend for WgpuBackend {
                 return Err(err(format!("node {} is {}: {}", node.op.name(), node.dtype, unsupported(node.dtype))));
             }
         }
-        let plan: KernelPlan = kiln_jit::kernel::schedule(graph);
+        // The tiled GEMM stages any operand strides through workgroup memory, so a transposed weight is read in
+        // place rather than copied every step.
+        let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !gemm::tiled_enabled() };
+        let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
         if let Some(b) = plan.outputs.iter().find(|b| !wgsl::supports(b.dtype)) {
             return Err(unsupported(b.dtype));
         }
@@ -399,7 +408,10 @@ impl Backend for WgpuBackend {
         let mut launches = Vec::with_capacity(plan.launches.len());
         let mut temps = vec![0usize; plan.temps.len()];
         for l in &plan.launches {
-            let k = wgsl::render(&l.kernel).map_err(err)?;
+            let k = match gemm::gemm_kernel(&self.ctx, &l.kernel) {
+                Some(k) => k,
+                None => wgsl::render(&l.kernel).map_err(err)?,
+            };
             if let Some(d) = &dump {
                 d.kernel_files(&l.kernel, "wgsl", &k.source, "");
             }

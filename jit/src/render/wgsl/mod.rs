@@ -5,12 +5,13 @@
 //! plan's rng keys as a read-only `array<u32>` (binding `n + 1`: seed lo, seed hi, offset lo, offset hi per slot).
 //! Invocation `t` computes output elements `t, t + T, t + 2T, ..` (`per_thread` of them, `T` threads in all), each
 //! with the whole reduction inside; elements are in row-major output order, so neighbouring invocations write
-//! neighbouring words. GEMMs render the same way for now (one invocation per output element, K loop inside); a tiled
-//! template for what `kernel::gemm::GemmView` recognizes is the next step.
+//! neighbouring words. What `kernel::gemm::GemmView` recognizes can instead be rendered by the tiled template in
+//! `gemm.rs` (`render_gemm`, one configuration per call; the wgpu backend chooses it).
 //!
 //! Files: this one decides the launch shape and writes the shader skeleton; `values.rs` is the one table of code per
 //! instruction (constants, index math, loads, unary / binary / cast); `math.rs` holds the helper functions a table
-//! entry may call (Philox, `pow`, NaN tests on the bits, division by zero, the float -> int conversion of the spec).
+//! entry may call (Philox, `pow`, NaN tests on the bits, division by zero, the float -> int conversion of the spec);
+//! `gemm.rs` is the tiled GEMM template.
 //!
 //! Types: f32 and i32 are themselves; u8 travels as `u32` (masked to 8 bits after arithmetic that can leave the
 //! range) and bool as `bool`, both stored as one `u32` per element in device buffers (WGSL has no 8-bit storage;
@@ -26,8 +27,11 @@
 //! What cannot be matched bit for bit is the accuracy of the driver's `exp`, `log`, `sin`, `cos`, `tanh`, `sqrt`
 //! (Vulkan allows a few ulp); the tests hold them to `tests/common::tol`.
 
+mod gemm;
 mod math;
 mod values;
+
+pub use gemm::{GemmTile, render_gemm};
 
 use crate::dtype::DType;
 use crate::kernel::{IExpr, Inst, InstOp, KernelIr};
