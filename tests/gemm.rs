@@ -4,75 +4,39 @@
 
 mod common;
 
-use common::{Dom, compare, data, gemm_tol, tensor};
+use common::{compare, gemm_tol, tensor};
 use kiln::{DType, Tensor};
 use kiln_backends::cpu::gemm::config::{self, GemmImpl};
 use kiln_backends::cpu::run_gemm_with;
 use kiln_jit::kernel::gemm::GemmView;
-use kiln_jit::kernel::{KernelPlan, ScheduleOptions, Slot, eval, schedule_with};
+use kiln_jit::kernel::{ScheduleOptions, schedule_with};
 
-/// Scheduled as the CPU backend does with its generated GEMM (transposed operands are packed, not copied).
-fn schedule(g: &kiln_jit::Graph) -> KernelPlan {
-    schedule_with(g, ScheduleOptions { transpose_copy: false })
-}
+use common::rand_f32 as rand;
 
-fn rand(shape: &[usize], seed: u64) -> Tensor {
-    let n: usize = shape.iter().product();
-    tensor(DType::F32, &data(DType::F32, n, seed, Dom::Cont(-1.0, 1.0)), shape)
-}
-
-/// Schedules `out`, runs launches before its GEMM with the kernel evaluator, then forces every candidate on the
-/// GEMM and compares the result with the interpreter's value of the whole graph. Returns the candidates run.
+/// Forces every candidate (and each tile with tiny blocks, for the middle K mode and edge tiles) on the GEMM of
+/// `out` and compares with the interpreter's value of the graph. Returns the candidates run.
 fn check_all_candidates(name: &str, out: &Tensor) -> usize {
-    let cap = kiln::capture(&[out]).unwrap();
-    let want = cap.reference().unwrap().remove(0);
-    let plan = schedule(&cap.graph);
-    let inputs: Vec<&kiln::HostBuffer> = cap.inputs.iter().collect();
-    let mut temps: Vec<Option<kiln::HostBuffer>> = vec![None; plan.temps.len()];
-    let mut checked = 0;
-    for (li, l) in plan.launches.iter().enumerate() {
-        let args: Vec<&kiln::HostBuffer> = l
-            .inputs
+    common::with_last_gemm(name, out, |kernel, args, want| {
+        let view = GemmView::of(kernel).unwrap();
+        let mut cands = config::candidates(&view, view.batch.is_empty());
+        let extra: Vec<GemmImpl> = cands
             .iter()
-            .map(|s| match *s {
-                Slot::Input(i) => inputs[i],
-                Slot::Temp(t) => temps[t].as_ref().unwrap(),
-                Slot::Output(_) => unreachable!("single-output test graphs"),
+            .filter_map(|c| match c {
+                GemmImpl::Asm(c) => {
+                    Some(GemmImpl::Asm(config::GemmConfig { kc: 16, mc: c.mr * 2, nc: c.nr() * 2, ..*c }))
+                }
+                GemmImpl::Library => None,
             })
             .collect();
-        let last = li + 1 == plan.launches.len();
-        if let (Some(view), true) = (GemmView::of(&l.kernel), last) {
-            let k = view.k;
-            let mut cands = config::candidates(&view, view.batch.is_empty());
-            // Each tile shape also unblocked (one K block) and with a tiny KC (many K blocks, middle mode).
-            let extra: Vec<GemmImpl> = cands
-                .iter()
-                .filter_map(|c| match c {
-                    GemmImpl::Asm(c) => {
-                        Some(GemmImpl::Asm(config::GemmConfig { kc: 16, mc: c.mr * 2, nc: c.nr() * 2, ..*c }))
-                    }
-                    GemmImpl::Library => None,
-                })
-                .collect();
-            cands.extend(extra);
-            for imp in cands {
-                let got =
-                    run_gemm_with(&l.kernel, imp, &args).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
-                if let Err(e) = compare(&got, &want, gemm_tol(k)) {
-                    panic!("{name}: candidate {} is wrong: {e}\n{}", imp.name(), l.kernel);
-                }
-                checked += 1;
+        cands.extend(extra);
+        for imp in &cands {
+            let got = run_gemm_with(kernel, *imp, args).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
+            if let Err(e) = compare(&got, want, gemm_tol(view.k)) {
+                panic!("{name}: candidate {} is wrong: {e}\n{kernel}", imp.name());
             }
-            assert_eq!(l.output, Slot::Output(0));
-            return checked;
         }
-        let out = eval::run(&l.kernel, &args, &cap.rng);
-        match l.output {
-            Slot::Temp(t) => temps[t] = Some(out),
-            _ => panic!("{name}: the GEMM is not the last launch:\n{}", l.kernel),
-        }
-    }
-    panic!("{name}: no GEMM kernel in the plan")
+        cands.len()
+    })
 }
 
 fn skip_without_avx2() -> bool {
@@ -157,7 +121,7 @@ fn every_candidate_with_each_epilogue() {
 /// The GEMM kernel of `out`'s plan (the last launch).
 fn gemm_kernel(out: &Tensor) -> kiln_jit::kernel::KernelIr {
     let cap = kiln::capture(&[out]).unwrap();
-    schedule(&cap.graph).launches.pop().unwrap().kernel
+    schedule_with(&cap.graph, ScheduleOptions { transpose_copy: false }).launches.pop().unwrap().kernel
 }
 
 #[test]

@@ -5,54 +5,27 @@
 
 mod common;
 
-use common::{Dom, compare, data, gemm_tol, tensor};
-use kiln::{DType, Tensor};
+use common::{compare, gemm_tol};
+use kiln::Tensor;
 use kiln_backends::wgpu::{gemm_candidates, run_gemm_with};
 use kiln_jit::kernel::gemm::GemmView;
-use kiln_jit::kernel::{ScheduleOptions, Slot, eval, schedule_with};
 
-fn rand(shape: &[usize], seed: u64) -> Tensor {
-    let n: usize = shape.iter().product();
-    tensor(DType::F32, &data(DType::F32, n, seed, Dom::Cont(-1.0, 1.0)), shape)
-}
+use common::rand_f32 as rand;
 
-/// Schedules `out` (transposed operands read in place, not copied), runs the launches before its GEMM with the
-/// kernel evaluator, then forces every tile on the GEMM and compares with the interpreter's value of the graph.
+/// Forces every tile on the GEMM of `out` and compares with the interpreter's value of the graph.
 fn check_all_tiles(name: &str, out: &Tensor) -> usize {
-    let cap = kiln::capture(&[out]).unwrap();
-    let want = cap.reference().unwrap().remove(0);
-    let plan = schedule_with(&cap.graph, ScheduleOptions { transpose_copy: false });
-    let inputs: Vec<&kiln::HostBuffer> = cap.inputs.iter().collect();
-    let mut temps: Vec<Option<kiln::HostBuffer>> = vec![None; plan.temps.len()];
-    for (li, l) in plan.launches.iter().enumerate() {
-        let args: Vec<&kiln::HostBuffer> = l
-            .inputs
-            .iter()
-            .map(|s| match *s {
-                Slot::Input(i) => inputs[i],
-                Slot::Temp(t) => temps[t].as_ref().unwrap(),
-                Slot::Output(_) => unreachable!("single-output test graphs"),
-            })
-            .collect();
-        if li + 1 == plan.launches.len() {
-            let view = GemmView::of(&l.kernel).unwrap_or_else(|| panic!("{name}: not a GEMM:\n{}", l.kernel));
-            let tiles = gemm_candidates().unwrap();
-            assert!(!tiles.is_empty());
-            for t in &tiles {
-                let got = run_gemm_with(&l.kernel, *t, &args).unwrap_or_else(|e| panic!("{name}: {}: {e}", t.name()));
-                if let Err(e) = compare(&got, &want, gemm_tol(view.k)) {
-                    panic!("{name}: tile {} is wrong: {e}\n{}", t.name(), l.kernel);
-                }
+    common::with_last_gemm(name, out, |kernel, args, want| {
+        let view = GemmView::of(kernel).unwrap();
+        let tiles = gemm_candidates().unwrap();
+        assert!(!tiles.is_empty());
+        for t in &tiles {
+            let got = run_gemm_with(kernel, *t, args).unwrap_or_else(|e| panic!("{name}: {}: {e}", t.name()));
+            if let Err(e) = compare(&got, want, gemm_tol(view.k)) {
+                panic!("{name}: tile {} is wrong: {e}\n{kernel}", t.name());
             }
-            return tiles.len();
         }
-        let out = eval::run(&l.kernel, &args, &cap.rng);
-        match l.output {
-            Slot::Temp(t) => temps[t] = Some(out),
-            _ => panic!("{name}: the GEMM is not the last launch:\n{}", l.kernel),
-        }
-    }
-    panic!("{name}: no launches")
+        tiles.len()
+    })
 }
 
 #[test]

@@ -518,3 +518,51 @@ pub fn tensor(dtype: DType, v: &[f64], shape: &[usize]) -> Tensor {
 pub fn vals(t: &Tensor) -> Vec<f64> {
     values(&t.to_host().unwrap())
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// GEMM candidates: one harness for every device's forced-configuration tests
+// ---------------------------------------------------------------------------------------------------------------
+
+/// An f32 tensor of `shape` with values in [-1, 1).
+pub fn rand_f32(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    tensor(DType::F32, &data(DType::F32, n, seed, Dom::Cont(-1.0, 1.0)), shape)
+}
+
+/// Schedules `out` as a backend with a packing GEMM does (transposed operands read in place, not copied), runs the
+/// launches before its last one (the GEMM) with the kernel evaluator, and calls `check(kernel, inputs, want)` with
+/// the GEMM kernel, its input buffers and the interpreter's value of the whole graph. Returns what `check` returns.
+pub fn with_last_gemm<R>(
+    name: &str,
+    out: &Tensor,
+    check: impl FnOnce(&kiln_jit::kernel::KernelIr, &[&HostBuffer], &HostBuffer) -> R,
+) -> R {
+    use kiln_jit::kernel::{ScheduleOptions, Slot, eval, schedule_with};
+    let cap = kiln::capture(&[out]).unwrap();
+    let want = cap.reference().unwrap().remove(0);
+    let plan = schedule_with(&cap.graph, ScheduleOptions { transpose_copy: false });
+    let inputs: Vec<&HostBuffer> = cap.inputs.iter().collect();
+    let mut temps: Vec<Option<HostBuffer>> = vec![None; plan.temps.len()];
+    for (li, l) in plan.launches.iter().enumerate() {
+        let args: Vec<&HostBuffer> = l
+            .inputs
+            .iter()
+            .map(|s| match *s {
+                Slot::Input(i) => inputs[i],
+                Slot::Temp(t) => temps[t].as_ref().unwrap(),
+                Slot::Output(_) => unreachable!("single-output test graphs"),
+            })
+            .collect();
+        if li + 1 == plan.launches.len() {
+            assert!(kiln_jit::kernel::gemm::GemmView::of(&l.kernel).is_some(), "{name}: not a GEMM:\n{}", l.kernel);
+            assert_eq!(l.output, Slot::Output(0));
+            return check(&l.kernel, &args, &want);
+        }
+        let out = eval::run(&l.kernel, &args, &cap.rng);
+        match l.output {
+            Slot::Temp(t) => temps[t] = Some(out),
+            _ => panic!("{name}: the GEMM is not the last launch:\n{}", l.kernel),
+        }
+    }
+    panic!("{name}: no launches")
+}
