@@ -50,6 +50,9 @@ fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64
         .env("KILN_WARM_CHILD", role)
         .env("KILN_CACHE_DIR", cache)
         .env("KILN_AUTOTUNE", "fast")
+        // The children test the cache, whatever engine knobs the parent run was given.
+        .env_remove("KILN_GEMM")
+        .env_remove("KILN_CPU_ENGINE")
         .env_remove("KILN_WARM_BUNDLE");
     if let Some(b) = bundle {
         cmd.env("KILN_WARM_BUNDLE", b);
