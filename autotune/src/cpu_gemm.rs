@@ -70,15 +70,19 @@ impl GemmImpl {
     }
 
     /// The structural family (what the cost model may mis-rank as a whole): the library, or the generated kernel
-    /// by how A and B are read (packed or in place).
+    /// by how A and B are read (packed or in place) and, for B streamed in place, whether its K blocks are short
+    /// (a few rows streamed at once) or long: which of those wins depends on the memory system more than the model
+    /// knows (measured at M = 1: 4-8-row blocks from 25 to 42 GB/s, 32-row blocks 24-27, in different sessions).
     pub fn family(&self) -> &'static str {
         match self {
             GemmImpl::Library => "library",
-            GemmImpl::Asm(c) => match (c.pack_a, c.pack_b) {
-                (true, true) => "packed A, packed B",
-                (true, false) => "packed A, B in place",
-                (false, true) => "A in place, packed B",
-                (false, false) => "A and B in place",
+            GemmImpl::Asm(c) => match (c.pack_a, c.pack_b, c.kc <= 8) {
+                (true, true, _) => "packed A, packed B",
+                (true, false, true) => "packed A, B in place, short K blocks",
+                (true, false, false) => "packed A, B in place",
+                (false, true, _) => "A in place, packed B",
+                (false, false, true) => "A and B in place, short K blocks",
+                (false, false, false) => "A and B in place",
             },
         }
     }
