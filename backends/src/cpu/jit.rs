@@ -323,8 +323,12 @@ unsafe impl Sync for LaunchArgs {}
 
 impl Executable for JitPlan {
     fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
-        let hosts = super::host_inputs(inputs)?;
-        let host = |i: usize| -> &HostBuffer { hosts[i] };
+        // Checked once up front instead of collected into a Vec: replay allocates nothing it does not hand back.
+        for b in inputs {
+            super::as_host(b)?;
+        }
+        let host =
+            |i: usize| -> &HostBuffer { super::as_host(inputs[i]).unwrap_or_else(|_| unreachable!("checked above")) };
         let mut outputs: Vec<HostBuffer> = self.outputs.iter().map(|&(d, n)| crate::host_pool::take(d, n)).collect();
         for &(o, i) in &self.passthrough {
             outputs[o] = host(i).clone();

@@ -30,16 +30,18 @@ impl Executable for Interpreted {
     }
 }
 
+/// A buffer's host memory, or an error if it lives on another device.
+pub(crate) fn as_host(b: &Buffer) -> Result<&HostBuffer, BackendError> {
+    match b {
+        Buffer::Host(h) => Ok(h),
+        #[allow(unreachable_patterns)] // only with another device's feature on
+        _ => Err(BackendError::ForeignBuffer { device: NAME }),
+    }
+}
+
 /// The host buffers of a run's inputs, or an error if one lives on another device.
 pub(crate) fn host_inputs<'a>(inputs: &[&'a Buffer]) -> Result<Vec<&'a HostBuffer>, BackendError> {
-    inputs
-        .iter()
-        .map(|b| match b {
-            Buffer::Host(h) => Ok(h),
-            #[allow(unreachable_patterns)] // only with another device's feature on
-            _ => Err(BackendError::ForeignBuffer { device: NAME }),
-        })
-        .collect()
+    inputs.iter().map(|b| as_host(b)).collect()
 }
 
 impl Backend for CpuBackend {
