@@ -9,6 +9,7 @@
 //! Every property runs 256 cases by default; `PROPTEST_CASES` overrides. Failures print the op chain in kiln's
 //! terms, e.g. `start f32[2, 0, 3]; permute([2, -3, 1]); cat(dim 1, 3 parts, sizes [0, 2, 1])`.
 
+mod common;
 mod common_props;
 
 use common_props::{catch_panic, first_difference, normalize, tensor_of, values_of};
@@ -244,16 +245,17 @@ const DTYPES: [DType; 6] = [DType::F64, DType::F32, DType::I64, DType::I32, DTyp
 const MAX_RANK: usize = 6;
 const MAX_NUMEL: usize = 2048;
 
-/// SplitMix64: derives an op's parameters from one seed, so proptest only has to generate (kind, seed) pairs.
-struct Rng(u64);
+/// Derives an op's parameters from one seed (the tests' SplitMix64, `common::Rng`), so proptest only has to
+/// generate (kind, seed) pairs.
+struct Rng(common::Rng);
 
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(common::Rng(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (`n > 0`).
@@ -445,7 +447,7 @@ impl Chain {
     /// Applies one op with parameters drawn from `seed` to both sides; ops that do not fit the current shape (or
     /// would grow it past the caps) are logged as skipped.
     fn apply(&mut self, mv: Move, seed: u64) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let dims = self.dims();
         let rank = dims.len();
         let numel = self.naive.numel();
@@ -849,7 +851,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let dev = Device::cpu();
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let (sa, sb) = (operand_shape(&mut rng, &out), operand_shape(&mut rng, &out));
         let (ta, na) = operand(&mut rng, da, &sa, &dev);
         let (tb, nb) = operand(&mut rng, db, &sb, &dev);
@@ -871,7 +873,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let dev = Device::cpu();
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let (sc, sa, sb) = (operand_shape(&mut rng, &out), operand_shape(&mut rng, &out), operand_shape(&mut rng, &out));
         let (tc, nc) = operand(&mut rng, DType::Bool, &sc, &dev);
         let (ta, na) = operand(&mut rng, da, &sa, &dev);
@@ -891,7 +893,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let dev = Device::cpu();
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let axis = rng.below(out.len());
         let (mut sa, mut sb) = (out.clone(), out.clone());
         sa[axis] = sizes[0];
@@ -949,7 +951,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let dev = Device::cpu();
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let (t, n) = operand(&mut rng, dtype, &dims, &dev);
         let rank = dims.len();
         let mut given: Vec<isize> = Vec::new();
