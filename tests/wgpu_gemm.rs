@@ -1,7 +1,9 @@
 //! The tiled WGSL GEMM: every tile configuration the tuner may pick is forced once on GEMMs with ragged edges,
 //! several K slices, a transposed operand, a batch and the common epilogues, and checked against the reference
 //! interpreter; then a whole graph through `Device::wgpu` (tuned choice) against the same reference. Skips with one
-//! line without an adapter (fails under `KILN_REQUIRE_WGPU=1`, see `common::wgpu_device`).
+//! line without an adapter (fails under `KILN_REQUIRE_WGPU=1`, see `common::wgpu_device`). Built only with the
+//! `wgpu` feature (on by default).
+#![cfg(feature = "wgpu")]
 
 mod common;
 
