@@ -105,19 +105,29 @@ pub fn search<C>(
     search_with_budget(key, tuned_dims, candidates, mode, mode.budget(), verify, time_once)
 }
 
+/// Timed medians within this fraction of the fastest are a tie, which the better score wins: run-to-run noise on
+/// a shared host is a few per cent, and a "winner" by less is as likely noise as signal. Ties going to the model
+/// keep the default (best-scored) config unless a challenger is measurably faster.
+pub const TIE_MARGIN: f64 = 0.03;
+
 /// Tunes one key with an explicit budget (e.g. `kiln tune` with a larger one).
 ///
 /// Candidates are sorted by score, best first (stable: ties keep input order; NaN counts as worst). With
-/// [`Mode::Off`] the best score wins and no closure is called. Otherwise each of the first `top_k` is verified
-/// (a failure or error is recorded and it can never win), then run `warmup` times untimed, then timed until
-/// `max_reps` or the budget is spent, and its median kept. The winner is the verified candidate with the lowest
-/// median (ties: the better score). Every candidate appears in the record's trials.
+/// [`Mode::Off`] the best score wins and no closure is called. Otherwise the timed set is the first `top_k` (the
+/// best of each family first); each is verified (a failure or error is recorded and it can never win), then run
+/// `warmup` times untimed, then the survivors are timed **round-robin**: one rep of each per round, the order
+/// rotated every round, until `max_reps` rounds or the budget is spent. Interleaving is the point: timing one
+/// candidate's reps back to back lets a burst of host noise (a neighbour's job, two vCPUs put on one core) land on
+/// one candidate alone and crown the wrong one; interleaved, the noise hits all of them alike. The best score is
+/// always in the set, so the untuned default is measured beside every challenger in the same rounds.
 ///
-/// Budget: it is charged with the durations `time_once` reports, warm-up runs included (not wall-clock, so the
-/// result is deterministic given the closures; verification is not charged). Every timed candidate gets its
-/// warm-up plus at least one timed rep. Once the budget is spent, later candidates are skipped ("not timed:
-/// budget") — but only when a verified, timed candidate already exists, so an exhausted budget alone never makes a
-/// key fail. `top_k` and `max_reps` below 1 are taken as 1 outside `Off`.
+/// The winner is, among the verified and timed candidates whose median is within [`TIE_MARGIN`] of the lowest, the
+/// one with the best score. Every candidate appears in the record's trials.
+///
+/// Budget: it is charged with the durations `time_once` reports, warm-ups included (not wall-clock, so the result
+/// is deterministic given the closures; verification is not charged), and checked after each full round, so every
+/// timed candidate gets the same number of reps, at least one. `top_k` and `max_reps` below 1 are taken as 1
+/// outside `Off`.
 ///
 /// Errors: no candidates, duplicate names (the winner is named by its config name), or no candidate verified and
 /// timed (the message lists every failure).
@@ -141,13 +151,10 @@ pub fn search_with_budget<C>(
     let rank = |c: &Candidate<'_, C>| if c.score.is_nan() { f64::NEG_INFINITY } else { c.score };
     candidates.sort_by(|a, b| rank(b).total_cmp(&rank(a)));
 
-    let untimed = |c: &Candidate<'_, C>, note: String| Trial {
-        config: c.name.clone(),
-        score: c.score,
-        time_ns: None,
-        verified: None,
-        note: Some(note),
-    };
+    let mut trials: Vec<Trial> = candidates
+        .iter()
+        .map(|c| Trial { config: c.name.clone(), score: c.score, time_ns: None, verified: None, note: None })
+        .collect();
     let record = |winner: String, trials: Vec<Trial>| TuneRecord {
         key: key.clone(),
         winner,
@@ -157,13 +164,76 @@ pub fn search_with_budget<C>(
     };
 
     if mode == Mode::Off {
-        let trials = candidates.iter().map(|c| untimed(c, "not run: KILN_AUTOTUNE=off".to_string())).collect();
+        for t in &mut trials {
+            t.note = Some("not run: KILN_AUTOTUNE=off".to_string());
+        }
         return Ok(record(candidates[0].name.clone(), trials));
     }
 
     let top_k = budget.top_k.max(1);
-    let max_reps = budget.max_reps.max(1);
-    // The timed set: the best of each family (in score order), then the best remaining scores, `top_k` in all.
+    let in_set = timed_set(&candidates, top_k);
+    let mut failures = Vec::new();
+    let mut spent = Duration::ZERO;
+    // Verify, then warm up, each member of the timed set (score order); the survivors are raced.
+    let mut racers: Vec<usize> = Vec::new();
+    for (i, c) in candidates.iter().enumerate() {
+        if !in_set[i] {
+            trials[i].note = Some(format!("not timed: outside top {top_k}"));
+            continue;
+        }
+        if let Err(msg) = verify(c.config) {
+            trials[i].verified = Some(false);
+            trials[i].note = Some(format!("verification failed: {msg}"));
+            failures.push(format!("{}: verification failed: {msg}", c.name));
+            continue;
+        }
+        trials[i].verified = Some(true);
+        let warm: Result<(), String> = (0..budget.warmup).try_for_each(|_| {
+            spent += time_once(c.config)?;
+            Ok(())
+        });
+        match warm {
+            Ok(()) => racers.push(i),
+            Err(msg) => {
+                trials[i].note = Some(format!("timing failed: {msg}"));
+                failures.push(format!("{}: timing failed: {msg}", c.name));
+            }
+        }
+    }
+    let times = race(&racers, budget, &mut spent, |i| time_once(candidates[i].config));
+    let mut medians: Vec<(usize, Duration)> = Vec::new();
+    for (&i, result) in racers.iter().zip(times) {
+        match result {
+            Ok(reps) => {
+                let m = median(reps.clone());
+                trials[i].time_ns = Some(u64::try_from(m.as_nanos()).unwrap_or(u64::MAX));
+                let n = reps.len();
+                trials[i].note = Some(format!("{n} timed rep{}, interleaved", if n == 1 { "" } else { "s" }));
+                medians.push((i, m));
+            }
+            Err(msg) => {
+                trials[i].note = Some(format!("timing failed: {msg}"));
+                failures.push(format!("{}: timing failed: {msg}", candidates[i].name));
+            }
+        }
+    }
+    let Some(fastest) = medians.iter().map(|&(_, m)| m).min() else {
+        return Err(format!("{what}: no candidate passed verification and timing ({})", failures.join("; ")));
+    };
+    // `medians` is in score order: the first within the margin has the best score among the ties.
+    let bound = fastest.as_secs_f64() * (1.0 + TIE_MARGIN);
+    let (winner, winner_median) =
+        medians.iter().copied().find(|&(_, m)| m.as_secs_f64() <= bound).unwrap_or(medians[0]);
+    if winner_median > fastest {
+        let note = trials[winner].note.take().unwrap_or_default();
+        let pct = TIE_MARGIN * 100.0;
+        trials[winner].note = Some(format!("{note}; within {pct:.0}% of the fastest: the better score wins the tie"));
+    }
+    Ok(record(candidates[winner].name.clone(), trials))
+}
+
+/// The timed set: the best of each family (in score order), then the best remaining scores, `top_k` in all.
+fn timed_set<C>(candidates: &[Candidate<'_, C>], top_k: usize) -> Vec<bool> {
     let mut in_set = vec![false; candidates.len()];
     let mut families: Vec<&str> = Vec::new();
     for (i, c) in candidates.iter().enumerate() {
@@ -182,75 +252,45 @@ pub fn search_with_budget<C>(
             taken += 1;
         }
     }
-    let mut spent = Duration::ZERO;
-    let mut best: Option<(Duration, usize)> = None;
-    let mut failures = Vec::new();
-    let mut trials = Vec::with_capacity(candidates.len());
-    for (i, c) in candidates.iter().enumerate() {
-        if !in_set[i] {
-            trials.push(untimed(c, format!("not timed: outside top {top_k}")));
-            continue;
-        }
-        if best.is_some() && spent >= budget.time_budget {
-            trials.push(untimed(c, "not timed: budget".to_string()));
-            continue;
-        }
-        let mut trial = untimed(c, String::new());
-        if let Err(msg) = verify(c.config) {
-            trial.verified = Some(false);
-            trial.note = Some(format!("verification failed: {msg}"));
-            failures.push(format!("{}: verification failed: {msg}", c.name));
-            trials.push(trial);
-            continue;
-        }
-        trial.verified = Some(true);
-        match time_candidate(c.config, budget.warmup, max_reps, budget.time_budget, &mut spent, &mut time_once) {
-            Ok((median, reps)) => {
-                trial.time_ns = Some(u64::try_from(median.as_nanos()).unwrap_or(u64::MAX));
-                trial.note = Some(format!("{reps} timed rep{}", if reps == 1 { "" } else { "s" }));
-                if best.is_none_or(|(t, _)| median < t) {
-                    best = Some((median, i));
-                }
-            }
-            Err(msg) => {
-                trial.note = Some(format!("timing failed: {msg}"));
-                failures.push(format!("{}: timing failed: {msg}", c.name));
-            }
-        }
-        trials.push(trial);
-    }
-    match best {
-        Some((_, i)) => Ok(record(candidates[i].name.clone(), trials)),
-        None => Err(format!("{what}: no candidate passed verification and timing ({})", failures.join("; "))),
-    }
+    in_set
 }
 
-/// Warm-up, then timed reps until `max_reps` or the budget; returns the median (mean of the middle two for an
-/// even count) and the number of timed reps. Charges every run to `spent`.
-fn time_candidate<C>(
-    config: &C,
-    warmup: usize,
-    max_reps: usize,
-    time_budget: Duration,
+/// Times `racers` round-robin: each round runs every still-healthy racer once, starting one further along each
+/// round; stops after `max_reps` rounds or at the end of the round that spends the budget. A racer whose timing
+/// fails drops out with its error; the others go on. Returns each racer's reps (or error), in `racers` order.
+fn race(
+    racers: &[usize],
+    budget: Budget,
     spent: &mut Duration,
-    time_once: &mut impl FnMut(&C) -> Result<Duration, String>,
-) -> Result<(Duration, usize), String> {
-    for _ in 0..warmup {
-        *spent += time_once(config)?;
-    }
-    let mut times = Vec::with_capacity(max_reps);
-    while times.len() < max_reps {
-        let t = time_once(config)?;
-        *spent += t;
-        times.push(t);
-        if *spent >= time_budget {
+    mut time_once: impl FnMut(usize) -> Result<Duration, String>,
+) -> Vec<Result<Vec<Duration>, String>> {
+    let n = racers.len();
+    let max_reps = budget.max_reps.max(1);
+    let mut out: Vec<Result<Vec<Duration>, String>> = vec![Ok(Vec::with_capacity(max_reps)); n];
+    for round in 0..max_reps {
+        for step in 0..n {
+            let slot = (round + step) % n;
+            let Ok(reps) = &mut out[slot] else { continue };
+            match time_once(racers[slot]) {
+                Ok(t) => {
+                    *spent += t;
+                    reps.push(t);
+                }
+                Err(msg) => out[slot] = Err(msg),
+            }
+        }
+        if *spent >= budget.time_budget {
             break;
         }
     }
+    out
+}
+
+/// The median (mean of the middle two for an even count) of a non-empty set of times.
+fn median(mut times: Vec<Duration>) -> Duration {
     times.sort_unstable();
     let mid = times.len() / 2;
-    let median = if times.len() % 2 == 1 { times[mid] } else { (times[mid - 1] + times[mid]) / 2 };
-    Ok((median, times.len()))
+    if times.len() % 2 == 1 { times[mid] } else { (times[mid - 1] + times[mid]) / 2 }
 }
 
 #[cfg(test)]
@@ -270,14 +310,23 @@ mod tests {
 
     #[test]
     fn median_of_even_and_odd_counts() {
+        let d = |v: &[u64]| v.iter().map(|&x| Duration::from_nanos(x)).collect::<Vec<_>>();
+        assert_eq!(median(d(&[5, 1, 3])), Duration::from_nanos(3));
+        assert_eq!(median(d(&[5, 1, 3, 100])), Duration::from_nanos(4));
+        assert_eq!(median(d(&[7])), Duration::from_nanos(7));
+    }
+
+    #[test]
+    fn rounds_rotate_and_stop_at_the_budget_after_a_full_round() {
+        let budget = Budget { top_k: 3, warmup: 0, max_reps: 10, time_budget: Duration::from_nanos(25) };
+        let mut order = Vec::new();
         let mut spent = Duration::ZERO;
-        let mut times = [5u64, 1, 3, 100].into_iter().map(Duration::from_nanos);
-        let mut next = |_: &()| times.next().ok_or_else(|| "out of fake times".to_string());
-        let m = time_candidate(&(), 0, 3, Duration::from_secs(1), &mut spent, &mut next);
-        assert_eq!(m, Ok((Duration::from_nanos(3), 3)));
-        assert_eq!(spent, Duration::from_nanos(9));
-        let m =
-            time_candidate(&(), 0, 2, Duration::from_secs(1), &mut spent, &mut |_: &()| Ok(Duration::from_nanos(10)));
-        assert_eq!(m, Ok((Duration::from_nanos(10), 2)));
+        let out = race(&[0, 1, 2], budget, &mut spent, |i| {
+            order.push(i);
+            Ok(Duration::from_nanos(5))
+        });
+        // Round 0: 0 1 2 (15 ns), round 1: 1 2 0 (30 ns >= 25: stop after the round).
+        assert_eq!(order, [0, 1, 2, 1, 2, 0]);
+        assert!(out.iter().all(|r| r.as_ref().is_ok_and(|v| v.len() == 2)));
     }
 }

@@ -112,30 +112,60 @@ fn only_top_k_are_timed_and_every_candidate_is_recorded() {
     })
     .expect("all verify");
     assert_eq!(rec.trials.len(), 7);
-    // Fast: top 2, one warm-up + three reps each (1 µs runs never reach the 20 ms budget).
-    assert_eq!(*timed.borrow(), ["c0"; 4].into_iter().chain(["c1"; 4]).collect::<Vec<_>>());
+    // Fast: top 2, one warm-up each, then three interleaved rounds, rotated (1 µs runs never reach the 20 ms budget).
+    assert_eq!(*timed.borrow(), ["c0", "c1", "c0", "c1", "c1", "c0", "c0", "c1"]);
     for t in &rec.trials[2..] {
         assert_eq!(t.note.as_deref(), Some("not timed: outside top 2"));
         assert_eq!(t.time_ns, None);
     }
-    assert_eq!(rec.trials[0].note.as_deref(), Some("3 timed reps"));
+    assert_eq!(rec.trials[0].note.as_deref(), Some("3 timed reps, interleaved"));
 }
 
 #[test]
-fn an_exhausted_budget_skips_later_candidates_but_each_timed_one_gets_a_rep() {
-    // Fast: 20 ms. "first": warm-up 15 ms + one rep 15 ms = 30 ms, over budget after its first rep.
+fn an_exhausted_budget_stops_after_a_full_round_so_every_racer_gets_a_rep() {
+    // Fast: 20 ms. Warm-ups 15 ms + 1 µs, then round one (15 ms + 1 µs) spends the budget: one rep each.
     let cfgs = [cfg("first", 3.0, 15_000, true), cfg("second", 2.0, 1, true)];
     let calls = RefCell::new(0);
     let rec = search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Fast, verify, |c: &Cfg| {
         *calls.borrow_mut() += 1;
         Ok(c.time)
     })
-    .expect("first verifies");
-    assert_eq!(*calls.borrow(), 2, "warm-up + exactly one timed rep");
-    assert_eq!(rec.winner, "first");
-    assert_eq!(rec.trials[0].note.as_deref(), Some("1 timed rep"));
-    assert_eq!(rec.trials[1].note.as_deref(), Some("not timed: budget"));
-    assert_eq!(rec.trials[1].time_ns, None);
+    .expect("both verify");
+    assert_eq!(*calls.borrow(), 4, "a warm-up and exactly one timed rep each");
+    assert_eq!(rec.winner, "second");
+    for t in &rec.trials {
+        assert_eq!(t.note.as_deref(), Some("1 timed rep, interleaved"), "{t:?}");
+    }
+}
+
+#[test]
+fn a_challenger_must_beat_the_best_score_by_more_than_the_tie_margin() {
+    // 2% faster is a tie (noise): the better score keeps it. 5% faster wins.
+    for (challenger_micros, winner) in [(98, "default"), (95, "challenger")] {
+        let cfgs = [cfg("default", 2.0, 100, true), cfg("challenger", 1.0, challenger_micros, true)];
+        let rec = search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Full, verify, |c: &Cfg| Ok(c.time))
+            .expect("both verify");
+        assert_eq!(rec.winner, winner, "challenger at {challenger_micros} µs");
+        let note = rec.trials[0].note.as_deref().unwrap_or_default();
+        assert_eq!(note.contains("wins the tie"), winner == "default", "{note}");
+    }
+}
+
+#[test]
+fn a_noise_burst_hits_every_racer_alike() {
+    // "fast" (90 µs, best score) and "slow" (100 µs). The host is noisy for the first four timed calls (x3).
+    // Timed back to back, "fast" would take all four slow reps (median 270) and lose; interleaved, both take two.
+    let cfgs = [cfg("fast", 2.0, 90, true), cfg("slow", 1.0, 100, true)];
+    let budget = Budget { top_k: 2, warmup: 0, max_reps: 5, time_budget: Duration::from_secs(1) };
+    let mut calls = 0;
+    let rec =
+        search_with_budget(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Full, budget, verify, |c: &Cfg| {
+            calls += 1;
+            Ok(if calls <= 4 { c.time * 3 } else { c.time })
+        })
+        .expect("both verify");
+    assert_eq!(rec.winner, "fast");
+    assert_eq!((rec.trials[0].time_ns, rec.trials[1].time_ns), (Some(90_000), Some(100_000)));
 }
 
 #[test]
