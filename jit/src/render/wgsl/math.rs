@@ -10,7 +10,8 @@ pub(crate) enum Helper {
     Philox,
     /// `kiln_normal(words)`: Box-Muller from words 2 and 3, as `rng::normal_f64` (computed in f32).
     Normal,
-    /// `kiln_isnan` on the bits, and `kiln_lt` / `kiln_le` / `kiln_eq` / `kiln_ne` with IEEE NaN semantics.
+    /// `kiln_isnan` and `kiln_nonzero` on the bits, and `kiln_lt` / `kiln_le` / `kiln_eq` / `kiln_ne` with IEEE NaN
+    /// semantics.
     FloatCmp,
     /// `kiln_div(x, y)`: IEEE division with the zero divisor handled on the bits.
     DivF32,
@@ -74,6 +75,9 @@ fn kiln_lt(x: f32, y: f32) -> bool { return !kiln_unordered(x, y) && x < y; }
 fn kiln_le(x: f32, y: f32) -> bool { return !kiln_unordered(x, y) && x <= y; }
 fn kiln_eq(x: f32, y: f32) -> bool { return !kiln_unordered(x, y) && x == y; }
 fn kiln_ne(x: f32, y: f32) -> bool { return kiln_unordered(x, y) || !(x == y); }
+// Truth of a float on the bits: WGSL lets a device flush subnormals to zero (NVIDIA's Vulkan driver does), so
+// `x != 0.0` is false for 1e-40 there; every bit but the sign set is true (NaN included), as in eval.
+fn kiln_nonzero(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) != 0u; }
 "#;
 
 const DIV_F32: &str = r#"

@@ -136,7 +136,7 @@ impl Emitter<'_> {
             (UnaryOp::Recip, DType::F32) => self.helper(Helper::DivF32, format!("kiln_div(1.0f, {a})")),
             (UnaryOp::Not, DType::Bool) => format!("(!{a})"),
             (UnaryOp::Not, DType::F32) => {
-                self.helper(Helper::FloatCmp, format!("select(0.0f, 1.0f, kiln_eq({a}, 0.0f))"))
+                self.helper(Helper::FloatCmp, format!("select(1.0f, 0.0f, kiln_nonzero({a}))"))
             }
             (UnaryOp::Not, DType::I32) => format!("select(0i, 1i, {a} == 0i)"),
             (UnaryOp::Not, DType::U8) => format!("select(0u, 1u, {a} == 0u)"),
@@ -221,7 +221,7 @@ impl Emitter<'_> {
         use DType::*;
         match (narrow(from), narrow(to)) {
             (a, b) if a == b => v.to_string(),
-            (F32, Bool) => self.helper(Helper::FloatCmp, format!("kiln_ne({v}, 0.0f)")), // NaN is true
+            (F32, Bool) => self.helper(Helper::FloatCmp, format!("kiln_nonzero({v})")), // NaN and subnormals are true
             (I32, Bool) => format!("({v} != 0i)"),
             (U8, Bool) => format!("({v} != 0u)"),
             (Bool, F32) => format!("select(0.0f, 1.0f, {v})"),
