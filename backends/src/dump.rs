@@ -55,6 +55,16 @@ impl Dump {
         }
     }
 
+    /// Dumps one kernel whose configuration the autotuner chose (a WGSL GEMM tile): its IR, its rendered code, and
+    /// its configuration with the autotune table (every candidate: score, time, verified, winner).
+    pub fn tuned_kernel_files(&self, k: &KernelIr, ext: &str, code: &str, config: &str, autotune_table: &str) {
+        let n = self.kernels.fetch_add(1, Ordering::Relaxed);
+        let stem = format!("k{n}.{}", k.name);
+        self.write(&format!("{stem}.kir"), &k.to_text());
+        self.write(&format!("{stem}.{ext}"), code);
+        self.write(&format!("{stem}.autotune.txt"), &format!("config: {config}\n\n{autotune_table}"));
+    }
+
     /// Dumps one generated GEMM: its IR, its configuration and autotune table (every candidate: score, time,
     /// verified, winner), and its machine code (`objdump -D -b binary -mi386:x86-64 <file>` disassembles it).
     pub fn gemm_files(&self, k: &KernelIr, config: &str, code: &[u8], autotune_table: &str) {

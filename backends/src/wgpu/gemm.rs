@@ -60,9 +60,9 @@ impl Ctx {
     }
 }
 
-/// The tiled form of `k` when it is a GEMM worth tiling, in the tile the store or a search picks; `None` to render
-/// it as a generic kernel.
-pub(crate) fn gemm_kernel(ctx: &Arc<Ctx>, k: &KernelIr) -> Option<WgslKernel> {
+/// The tiled form of `k` when it is a GEMM worth tiling, in the tile the store or a search picks, with the tuning
+/// record that picked it (for `KILN_DUMP`); `None` to render it as a generic kernel.
+pub(crate) fn gemm_kernel(ctx: &Arc<Ctx>, k: &KernelIr) -> Option<(WgslKernel, TuneRecord)> {
     if !tiled_enabled() {
         return None;
     }
@@ -78,8 +78,8 @@ pub(crate) fn gemm_kernel(ctx: &Arc<Ctx>, k: &KernelIr) -> Option<WgslKernel> {
     if cands.is_empty() {
         return None;
     }
-    let tile = match choose(ctx, k, &view, &cands, Store::global(), mode()) {
-        Ok(t) => t,
+    let (tile, record) = match choose(ctx, k, &view, &cands, Store::global(), mode()) {
+        Ok(x) => x,
         Err(e) => {
             // No tile verified (or the search could not run): the generic kernel is correct and slower; a graph
             // that ran before the template existed must still run. Said once, so the cause is not lost.
@@ -88,7 +88,7 @@ pub(crate) fn gemm_kernel(ctx: &Arc<Ctx>, k: &KernelIr) -> Option<WgslKernel> {
             return None;
         }
     };
-    wgsl::render_gemm(k, &view, tile).ok()
+    wgsl::render_gemm(k, &view, tile).ok().map(|w| (w, record))
 }
 
 /// `mk`/`km` (A) or `kn`/`nk` (B): which index of the operand is contiguous.
@@ -122,13 +122,13 @@ fn choose(
     cands: &[GemmTile],
     store: &Store,
     mode: Mode,
-) -> Result<GemmTile, String> {
+) -> Result<(GemmTile, TuneRecord), String> {
     let key = key(ctx, k, v, cands);
     if let Some(rec) = store.get_record(&key)
         && let Some(t) = GemmTile::parse(&rec.winner).filter(|t| cands.contains(t))
     {
-        *LAST_RECORD.lock() = Some(rec);
-        return Ok(t);
+        *LAST_RECORD.lock() = Some(rec.clone());
+        return Ok((t, rec));
     }
     let scored: Vec<kiln_autotune::Candidate<'_, GemmTile>> = cands
         .iter()
@@ -176,8 +176,8 @@ fn choose(
         SAID.call_once(|| eprintln!("kiln: could not write a wgpu GEMM tuning record: {e}"));
     }
     let t = GemmTile::parse(&record.winner).ok_or_else(|| format!("unparsable winner {}", record.winner))?;
-    *LAST_RECORD.lock() = Some(record);
-    Ok(t)
+    *LAST_RECORD.lock() = Some(record.clone());
+    Ok((t, record))
 }
 
 static LAST_RECORD: parking_lot::Mutex<Option<TuneRecord>> = parking_lot::Mutex::new(None);

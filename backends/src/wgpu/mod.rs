@@ -408,12 +408,15 @@ impl Backend for WgpuBackend {
         let mut launches = Vec::with_capacity(plan.launches.len());
         let mut temps = vec![0usize; plan.temps.len()];
         for l in &plan.launches {
-            let k = match gemm::gemm_kernel(&self.ctx, &l.kernel) {
-                Some(k) => k,
-                None => wgsl::render(&l.kernel).map_err(err)?,
+            let (k, record) = match gemm::gemm_kernel(&self.ctx, &l.kernel) {
+                Some((k, record)) => (k, Some(record)),
+                None => (wgsl::render(&l.kernel).map_err(err)?, None),
             };
             if let Some(d) = &dump {
-                d.kernel_files(&l.kernel, "wgsl", &k.source, "");
+                match &record {
+                    Some(r) => d.tuned_kernel_files(&l.kernel, "wgsl", &k.source, &r.winner, &r.table()),
+                    None => d.kernel_files(&l.kernel, "wgsl", &k.source, ""),
+                }
             }
             let pipeline = self.ctx.pipeline(&k).map_err(err)?;
             if let Slot::Temp(t) = l.output {

@@ -1,0 +1,111 @@
+//! `KILN_DUMP=<dir>`: what a compiled plan leaves for people to read. A child process (this test binary re-run with
+//! `KILN_DUMP` set, since the variable is read per compile and tests share a process) realizes a layer with a GEMM
+//! and a fused epilogue plus a reduction, on every device; the parent checks the files: the graph before and after
+//! fusion as text and Graphviz DOT, the cache keys, every kernel's IR and rendered code (CLIF with its disassembly
+//! on the CPU, WGSL on wgpu), and for each tuned GEMM the autotune table naming every candidate and the winner.
+
+mod common;
+
+use kiln::Tensor;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+/// Not a test on its own (ignored, so it never counts as a pass): the body of the child process.
+#[test]
+#[ignore = "the child process of dump_writes_graphs_kernels_keys_and_autotune_tables"]
+fn dump_child() {
+    if std::env::var_os("KILN_DUMP").is_none() {
+        return;
+    }
+    for dev in common::devices() {
+        let data = |n: usize, s: f32| (0..n).map(|i| (i as f32 * 0.37 + s).sin()).collect::<Vec<f32>>();
+        let x = Tensor::from_vec(data(64 * 96, 0.1), [64, 96], &dev).unwrap();
+        let w = Tensor::from_vec(data(80 * 96, 0.2), [80, 96], &dev).unwrap();
+        let b = Tensor::from_vec(data(80, 0.3), [80], &dev).unwrap();
+        let y = (x.matmul(&w.t()) + &b).relu().sum(vec![1], false);
+        y.realize().unwrap();
+        println!("DEVICE {dev}");
+    }
+}
+
+/// The dump directory's files, as `name -> contents` (binary files as their length).
+fn files(dir: &Path) -> BTreeMap<String, String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read(&p).unwrap();
+            (name, String::from_utf8(text.clone()).unwrap_or_else(|_| format!("{} bytes", text.len())))
+        })
+        .collect()
+}
+
+#[test]
+fn dump_writes_graphs_kernels_keys_and_autotune_tables() {
+    if std::env::var_os("KILN_DUMP").is_some() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "dump_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("KILN_DUMP", dir.path())
+        .env("KILN_CACHE_DIR", "off")
+        .env("KILN_AUTOTUNE", "fast")
+        .env_remove("KILN_GEMM")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let devices = stdout.matches("DEVICE ").count();
+    assert_eq!(devices, common::devices().len(), "{stdout}");
+    let f = files(dir.path());
+    let with = |suffix: &str| f.iter().filter(move |(n, _)| n.ends_with(suffix)).collect::<Vec<_>>();
+
+    // One set of graph files per plan (one plan per device here).
+    for (what, must) in [
+        ("graph.txt", "matmul"),
+        ("graph.dot", "digraph"),
+        ("fused.txt", "G_"),
+        ("fused.dot", "digraph"),
+        ("keys.txt", "kernel cache keys"),
+    ] {
+        let found = with(&format!(".{what}"));
+        assert_eq!(found.len(), devices, "{what}: {:?}", f.keys());
+        for (name, text) in found {
+            assert!(text.contains(must), "{name} lacks {must:?}:\n{text}");
+        }
+    }
+    // Every kernel has its IR; the CPU's are rendered to CLIF with a disassembly, wgpu's to WGSL.
+    assert!(with(".kir").len() >= 2 * devices, "{:?}", f.keys());
+    let clif = with(".clif");
+    assert!(!clif.is_empty() && clif.iter().all(|(_, t)| t.contains("function")), "{:?}", f.keys());
+    assert!(!with(".s").is_empty(), "no disassembly: {:?}", f.keys());
+    if common::wgpu_device().is_some() {
+        let wgsl = with(".wgsl");
+        assert!(!wgsl.is_empty() && wgsl.iter().all(|(_, t)| t.contains("@compute")), "{:?}", f.keys());
+    }
+    // Each tuned GEMM: its configuration and the autotune table (every candidate, the winner starred).
+    let tables = with(".autotune.txt");
+    let mut tuned_cpu = 0;
+    let mut tuned_wgpu = 0;
+    for (name, text) in &tables {
+        assert!(
+            text.starts_with("config: ") && text.contains("winner") && text.contains("verified"),
+            "{name}:\n{text}"
+        );
+        let winner = text.lines().next().unwrap().trim_start_matches("config: ");
+        assert!(text.lines().any(|l| l.trim_start().starts_with(&format!("* {winner}"))), "{name}:\n{text}");
+        if winner.starts_with("wgsl:") {
+            tuned_wgpu += 1;
+        } else {
+            tuned_cpu += 1;
+        }
+    }
+    if kiln_backends::cpu::gemm::asm::host_supported() {
+        assert_eq!(tuned_cpu, 1, "{:?}", f.keys());
+        assert!(with(".gemm.bin").iter().all(|(_, t)| !t.is_empty()), "{:?}", f.keys());
+    }
+    assert_eq!(tuned_wgpu, usize::from(common::wgpu_device().is_some()), "{:?}", f.keys());
+}
