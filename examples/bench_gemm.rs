@@ -189,22 +189,23 @@ fn main() {
             .expect("a tuning record");
         let default = kiln_backends::cpu::gemm::tune::analytic_best(&view, threads).expect("a default");
         let inputs: Vec<&kiln::HostBuffer> = cap.inputs.iter().collect();
-        let time = |imp| {
-            let g = kiln_backends::cpu::PreparedGemm::new(kernel, imp).expect("build");
+        // Interleaved reps (the order alternating), as the tuner times candidates: a burst of host noise then hits
+        // both alike instead of deciding the ratio.
+        let build = |imp| kiln_backends::cpu::PreparedGemm::new(kernel, imp).expect("build");
+        let gs = [build(tuned), build(default)];
+        let mut times = [Vec::new(), Vec::new()];
+        for g in &gs {
             let _ = g.run(&inputs);
-            median(
-                &(0..runs)
-                    .map(|_| {
-                        let t0 = std::time::Instant::now();
-                        let out = g.run(&inputs).expect("run");
-                        let s = t0.elapsed().as_secs_f64();
-                        drop(out);
-                        s
-                    })
-                    .collect::<Vec<_>>(),
-            )
-        };
-        let (ts, ds) = (time(tuned), time(default));
+        }
+        for r in 0..runs {
+            for i in [r % 2, 1 - r % 2] {
+                let t0 = std::time::Instant::now();
+                let out = gs[i].run(&inputs).expect("run");
+                times[i].push(t0.elapsed().as_secs_f64());
+                drop(out);
+            }
+        }
+        let (ts, ds) = (median(&times[0]), median(&times[1]));
         rows.push(format!(
             "| tuned vs default {m}x{n}x{k} | {} {:.1} GFLOP/s | default {} {:.1} GFLOP/s | {:.2}x | never slower beyond noise |",
             tuned.name(),
