@@ -16,7 +16,9 @@ use crate::record::{Trial, TuneRecord};
 pub enum Mode {
     /// Trust the cost model: the best score wins, nothing runs.
     Off,
-    /// Time the top 2 within 20 ms: a cold shape never blocks for long. The default.
+    /// Time the top 2 within 20 ms: a cold shape never blocks for long. The default. No warm-up run: each
+    /// candidate's verification, a full run on the same buffers just before the race, already pays its first-run
+    /// costs (page faults, lazy code mapping), and a cold first step is what this mode is for.
     Fast,
     /// Time the top 5 within 1 s: for `kiln tune` and builds that ship a bundle.
     Full,
@@ -63,7 +65,7 @@ impl Mode {
     pub fn budget(self) -> Budget {
         match self {
             Mode::Off => Budget { top_k: 1, warmup: 0, max_reps: 0, time_budget: Duration::ZERO },
-            Mode::Fast => Budget { top_k: 2, warmup: 1, max_reps: 3, time_budget: Duration::from_millis(20) },
+            Mode::Fast => Budget { top_k: 2, warmup: 0, max_reps: 3, time_budget: Duration::from_millis(20) },
             Mode::Full => Budget { top_k: 5, warmup: 1, max_reps: 15, time_budget: Duration::from_secs(1) },
         }
     }

@@ -112,8 +112,9 @@ fn only_top_k_are_timed_and_every_candidate_is_recorded() {
     })
     .expect("all verify");
     assert_eq!(rec.trials.len(), 7);
-    // Fast: top 2, one warm-up each, then three interleaved rounds, rotated (1 µs runs never reach the 20 ms budget).
-    assert_eq!(*timed.borrow(), ["c0", "c1", "c0", "c1", "c1", "c0", "c0", "c1"]);
+    // Fast: top 2, no warm-up (verification is the first run), three interleaved rounds, rotated (1 µs runs never
+    // reach the 20 ms budget).
+    assert_eq!(*timed.borrow(), ["c0", "c1", "c1", "c0", "c0", "c1"]);
     for t in &rec.trials[2..] {
         assert_eq!(t.note.as_deref(), Some("not timed: outside top 2"));
         assert_eq!(t.time_ns, None);
@@ -123,14 +124,16 @@ fn only_top_k_are_timed_and_every_candidate_is_recorded() {
 
 #[test]
 fn an_exhausted_budget_stops_after_a_full_round_so_every_racer_gets_a_rep() {
-    // Fast: 20 ms. Warm-ups 15 ms + 1 µs, then round one (15 ms + 1 µs) spends the budget: one rep each.
+    // 20 ms, charged with the warm-ups (15 ms + 1 µs); round one (15 ms + 1 µs) spends it: one rep each.
     let cfgs = [cfg("first", 3.0, 15_000, true), cfg("second", 2.0, 1, true)];
+    let budget = Budget { top_k: 2, warmup: 1, max_reps: 3, time_budget: Duration::from_millis(20) };
     let calls = RefCell::new(0);
-    let rec = search(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Fast, verify, |c: &Cfg| {
-        *calls.borrow_mut() += 1;
-        Ok(c.time)
-    })
-    .expect("both verify");
+    let rec =
+        search_with_budget(&key(&cfgs), tuned(&cfgs), candidates(&cfgs), Mode::Fast, budget, verify, |c: &Cfg| {
+            *calls.borrow_mut() += 1;
+            Ok(c.time)
+        })
+        .expect("both verify");
     assert_eq!(*calls.borrow(), 4, "a warm-up and exactly one timed rep each");
     assert_eq!(rec.winner, "second");
     for t in &rec.trials {
