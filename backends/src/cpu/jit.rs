@@ -89,8 +89,9 @@ impl Compiler {
     }
 
     /// Compiles `k` with Cranelift, or maps its machine code from the kernel cache (keyed by everything that
-    /// determines the code: the kernel IR text and the render options; the store's namespace adds the kiln version,
-    /// which pins the Cranelift version, and the CPU fingerprint). With `dump`, it always compiles (for the text).
+    /// determines the code: the kernel IR text, the render options and the renderer's revision; the store's
+    /// namespace adds the kiln version, which pins the Cranelift version, and the CPU fingerprint). With `dump`, it
+    /// always compiles (for the text).
     fn compile(
         &mut self,
         k: &KernelIr,
@@ -102,7 +103,7 @@ impl Compiler {
         self.next += 1;
         let opts = clif::RenderOptions { vectorize, fma: self.fma, tile: clif::TileConfig::default() };
         let store = kiln_autotune::Store::global();
-        let key = format!("{}|{opts:?}", k.to_text());
+        let key = format!("{}|{opts:?}|r{}", k.to_text(), clif::REVISION);
         let name = format!(
             "clif-{:016x}-{:016x}",
             kiln_autotune::checksum_of([key.as_str()]),
