@@ -100,6 +100,17 @@ struct Walked {
     kind: Kind,
 }
 
+/// An open node of the DFS in `Walk::visit`.
+struct Frame {
+    tensor: Tensor,
+    /// Position of this frame's operands on `kids`, once read.
+    kids: Option<usize>,
+    count: usize,
+    next: usize,
+    /// Reachable through one edge only, so it needs no entry in the dedup index (see `visit`).
+    unique: bool,
+}
+
 #[derive(Default)]
 struct Walk {
     index: FxHashMap<*const Node, u32>,
@@ -109,10 +120,14 @@ struct Walk {
     signature: Vec<u64>,
     /// Operand ids of every walked node, back to back (see `Walked::srcs`).
     src_ids: Vec<u32>,
-    /// Operands of the open DFS frames.
-    kids: Vec<Tensor>,
+    /// Operands of the open DFS frames (cloned under the node's lock; moved out when the walk descends into one).
+    kids: Vec<Option<Tensor>>,
     /// Ids of finished operands whose consumer has not finished yet.
     pending: Vec<u32>,
+    /// The DFS stack (empty between visits; kept for its allocation).
+    frames: Vec<Frame>,
+    /// Ids of the nodes to realize, in the order of the plan's outputs.
+    outputs: Vec<u32>,
 }
 
 thread_local! {
@@ -136,6 +151,8 @@ impl Walk {
         self.src_ids.clear();
         self.kids.clear();
         self.pending.clear();
+        self.frames.clear();
+        self.outputs.clear();
         SCRATCH.with(|s| *s.borrow_mut() = Some(self));
     }
 }
@@ -144,22 +161,14 @@ impl Walk {
     /// Visits `root` and everything it needs; returns its local index. Iterative post-order DFS; the operands of
     /// every open frame live on one shared stack, so visiting a node allocates nothing of its own.
     fn visit(&mut self, root: &Tensor) -> u32 {
-        struct Frame {
-            tensor: Tensor,
-            /// Position of this frame's operands on `kids`, once read.
-            kids: Option<usize>,
-            count: usize,
-            next: usize,
-            /// Reachable through one edge only, so it needs no entry in the dedup index (see below).
-            unique: bool,
-        }
         if let Some(&i) = self.index.get(&Arc::as_ptr(&root.node)) {
             return i;
         }
         let mut kids = std::mem::take(&mut self.kids);
         // Ids of finished operands, waiting for their consumer to finish.
         let mut pending = std::mem::take(&mut self.pending);
-        let mut stack = vec![Frame { tensor: root.clone(), kids: None, count: 0, next: 0, unique: false }];
+        let mut stack = std::mem::take(&mut self.frames);
+        stack.push(Frame { tensor: root.clone(), kids: None, count: 0, next: 0, unique: false });
         while let Some(top) = stack.last_mut() {
             if top.kids.is_none() {
                 let buffer = match &*top.tensor.node.state.lock() {
@@ -167,7 +176,7 @@ impl Walk {
                     State::Lazy(srcs) => {
                         top.kids = Some(kids.len());
                         top.count = srcs.len();
-                        kids.extend(srcs.iter().cloned());
+                        kids.extend(srcs.iter().map(|t| Some(t.clone())));
                         None
                     }
                 };
@@ -182,8 +191,9 @@ impl Walk {
             }
             let first = top.kids.expect("operands read");
             if top.next < top.count {
-                let child = &kids[first + top.next];
+                let slot = &mut kids[first + top.next];
                 top.next += 1;
+                let child = slot.as_ref().expect("each operand is visited once");
                 // Two references, the consumer's operand list and our copy on `kids`, mean no other path in this
                 // graph reaches the node (nodes are immutable, so none can appear while we walk): skip the index.
                 // A racing clone elsewhere only makes it look shared, which is merely slower.
@@ -192,7 +202,8 @@ impl Walk {
                     pending.push(id);
                     continue;
                 }
-                let tensor = child.clone();
+                // Moved, not cloned: the copy on `kids` is not needed once the walk descends into it.
+                let tensor = slot.take().expect("checked above");
                 stack.push(Frame { tensor, kids: None, count: 0, next: 0, unique });
                 continue;
             }
@@ -210,6 +221,7 @@ impl Walk {
             pending.push(id);
         }
         self.kids = kids;
+        self.frames = stack;
         let root_id = pending.pop().expect("the root's id");
         self.pending = pending;
         root_id
@@ -291,16 +303,24 @@ fn realize_on(device: Device, targets: &[&Tensor]) -> Result<()> {
 
 fn realize_walk(walk: &mut Walk, device: Device, targets: &[&Tensor]) -> Result<()> {
     walk.signature.push(device.code());
-    let mut outputs: Vec<u32> = Vec::with_capacity(targets.len());
+    let mut outputs = std::mem::take(&mut walk.outputs);
     for t in targets {
         let id = walk.visit(t);
         if !outputs.contains(&id) && matches!(walk.nodes[id as usize].kind, Kind::Op | Kind::Rand { .. }) {
             outputs.push(id);
         }
     }
-    if outputs.is_empty() {
-        return Ok(()); // realized by another thread meanwhile
-    }
+    let result = if outputs.is_empty() {
+        Ok(()) // realized by another thread meanwhile
+    } else {
+        run_walk(walk, device, &outputs)
+    };
+    walk.outputs = outputs;
+    result
+}
+
+/// Finds (or compiles) the plan of a finished walk, runs it, and gives each output node its buffer.
+fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32]) -> Result<()> {
     walk.signature.push(u64::MAX);
     walk.signature.extend(outputs.iter().map(|&o| o as u64));
 
@@ -312,14 +332,15 @@ fn realize_walk(walk: &mut Walk, device: Device, targets: &[&Tensor]) -> Result<
         }
         None => {
             MISSES.fetch_add(1, Ordering::Relaxed);
-            let graph = walk.to_graph(&outputs);
+            let graph = walk.to_graph(outputs);
             let exec = device.backend()?.compile(&graph)?;
             COMPILES.fetch_add(1, Ordering::Relaxed);
             PLANS.entry(walk.signature.clone()).or_insert_with(|| Arc::new(Plan { exec })).clone()
         }
     };
 
-    let inputs: Vec<&Buffer> = walk.inputs.iter().map(|b| &**b).collect();
+    // Inline for the common input counts: no allocation of its own on the replay path.
+    let inputs: smallvec::SmallVec<[&Buffer; 16]> = walk.inputs.iter().map(|b| &**b).collect();
     let results = plan.exec.run(&inputs, &walk.rng)?;
     REALIZES.fetch_add(1, Ordering::Relaxed);
     for (&o, buffer) in outputs.iter().zip(results) {

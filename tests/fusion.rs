@@ -58,6 +58,32 @@ fn twenty_op_chain_is_one_kernel() {
     assert!(k[0].starts_with("E_"), "{k:?}");
 }
 
+/// A matmul with K = 1 (the outer product of an SGD update at batch 1) is lowered to elementwise code, with no
+/// reduce loop left, and through the CPU JIT gives the interpreter's bits: `-0.0 * x` sums to `+0.0` in both.
+#[test]
+fn k1_matmul_is_elementwise_and_bit_exact() {
+    let dev = Device::cpu();
+    let a = Tensor::from_vec(vec![1.0f32, -0.0, 2.0, -3.0, 0.5, 0.0], [6, 1], &dev).unwrap();
+    let bv: Vec<f32> = (0..37).map(|i| if i == 3 { -0.0 } else { i as f32 * 0.25 - 4.0 }).collect();
+    let b = Tensor::from_vec(bv, [1, 37], &dev).unwrap();
+    let w = rand(&[6, 37]);
+    kiln::realize(&[&w]).unwrap();
+    let update = &w - a.matmul(&b) * 0.01;
+    let cap = kiln::capture(&[&update]).expect("capture");
+    let plan = schedule(&cap.graph);
+    for l in &plan.launches {
+        assert!(l.kernel.reduce.is_none(), "a K = 1 matmul kept its reduction:\n{}", l.kernel);
+    }
+    kernels(&update);
+    for t in [a.matmul(&b), update] {
+        let want = kiln::capture(&[&t]).unwrap().reference().unwrap()[0].to_f64();
+        let got: Vec<f32> = t.to_vec().unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), (*w as f32).to_bits(), "element {i}: {g} vs {w}");
+        }
+    }
+}
+
 #[test]
 fn matmul_bias_relu_is_one_gemm_kernel() {
     let (x, w, b) = (rand(&[16, 8]), rand(&[16, 12]), rand(&[12]));

@@ -7,7 +7,7 @@
 //! process's plan cache, which has no eviction either.
 //!
 //! Replay (`JitPlan::run`) does no hashing and takes no lock per kernel: launches are a flat list with pre-bound
-//! slots; the only allocations are the output buffers handed to the caller and one pointer table per run. A
+//! slots; the only allocations are the output buffers handed to the caller and the Vec holding them. A
 //! launch runs split over the thread pool when its work passes `pool::min_parallel_work()`, else inline.
 //!
 //! Deliberately not done yet: pooling output buffers across runs, and a per-kernel profile line.
@@ -89,8 +89,9 @@ impl Compiler {
     }
 
     /// Compiles `k` with Cranelift, or maps its machine code from the kernel cache (keyed by everything that
-    /// determines the code: the kernel IR text and the render options; the store's namespace adds the kiln version,
-    /// which pins the Cranelift version, and the CPU fingerprint). With `dump`, it always compiles (for the text).
+    /// determines the code: the kernel IR text, the render options and the renderer's revision; the store's
+    /// namespace adds the kiln version, which pins the Cranelift version, and the CPU fingerprint). With `dump`, it
+    /// always compiles (for the text).
     fn compile(
         &mut self,
         k: &KernelIr,
@@ -102,7 +103,7 @@ impl Compiler {
         self.next += 1;
         let opts = clif::RenderOptions { vectorize, fma: self.fma, tile: clif::TileConfig::default() };
         let store = kiln_autotune::Store::global();
-        let key = format!("{}|{opts:?}", k.to_text());
+        let key = format!("{}|{opts:?}|r{}", k.to_text(), clif::REVISION);
         let name = format!(
             "clif-{:016x}-{:016x}",
             kiln_autotune::checksum_of([key.as_str()]),
@@ -206,15 +207,18 @@ pub(crate) struct JitPlan {
     arena: Mutex<Arena>,
 }
 
-/// Per-run scratch: intermediate buffers, the pointer table of the current launch, the rng words.
+/// Per-run scratch: intermediate buffers, the pointer table of the current launch, the rng words, the outputs'
+/// data pointers.
 #[derive(Default)]
 struct Arena {
     temps: Vec<Vec<u64>>,
     ptrs: Vec<*mut u8>,
     rng_words: Vec<u64>,
+    out_ptrs: Vec<*mut u8>,
 }
 
-// SAFETY: the raw pointers in `ptrs` are scratch, rewritten before every launch and never read across runs.
+// SAFETY: the raw pointers in `ptrs` and `out_ptrs` are scratch, rewritten in every run before they are read and
+// never read across runs.
 unsafe impl Send for Arena {}
 
 /// Compiles every kernel of `graph`'s schedule.
@@ -329,11 +333,12 @@ impl Executable for JitPlan {
         }
         let host =
             |i: usize| -> &HostBuffer { super::as_host(inputs[i]).unwrap_or_else(|_| unreachable!("checked above")) };
-        let mut outputs: Vec<HostBuffer> = self.outputs.iter().map(|&(d, n)| crate::host_pool::take(d, n)).collect();
+        // Built as the `Buffer`s handed back, so the run allocates one Vec for them and nothing else of its own.
+        let mut outputs: Vec<Buffer> =
+            self.outputs.iter().map(|&(d, n)| Buffer::Host(crate::host_pool::take(d, n))).collect();
         for &(o, i) in &self.passthrough {
-            outputs[o] = host(i).clone();
+            outputs[o] = Buffer::Host(host(i).clone());
         }
-        let out_ptrs: Vec<*mut u8> = outputs.iter_mut().map(write_ptr).collect();
         let mut guard = self.arena.try_lock();
         let mut own = Arena::default();
         let arena: &mut Arena = match guard.as_deref_mut() {
@@ -343,7 +348,13 @@ impl Executable for JitPlan {
         if arena.temps.len() != self.temps.len() {
             arena.temps = self.temps.iter().map(|&bytes| vec![0u64; bytes.div_ceil(8)]).collect();
         }
-        let Arena { temps, ptrs, rng_words } = arena;
+        let Arena { temps, ptrs, rng_words, out_ptrs } = arena;
+        out_ptrs.clear();
+        out_ptrs.extend(outputs.iter_mut().map(|b| match b {
+            Buffer::Host(h) => write_ptr(h),
+            #[allow(unreachable_patterns)] // only with another device's feature on
+            _ => unreachable!("outputs are host buffers"),
+        }));
         rng_words.clear();
         rng_words.extend(rng.iter().flat_map(|k| [k.seed, k.offset]));
         for l in &self.launches {
@@ -371,14 +382,16 @@ impl Executable for JitPlan {
             }
         }
         for (o, (b, &(_, len))) in outputs.iter_mut().zip(&self.outputs).enumerate() {
-            if !self.passthrough.iter().any(|&(p, _)| p == o) {
+            if let Buffer::Host(b) = b
+                && !self.passthrough.iter().any(|&(p, _)| p == o)
+            {
                 // SAFETY: the schedule makes exactly one launch write each non-passthrough output, and a kernel
                 // stores every element of its row-major output range (all rows were launched above); stored
                 // values are valid for the element type (bools as 0 or 1).
                 unsafe { finish_output(b, len) };
             }
         }
-        Ok(outputs.into_iter().map(Buffer::Host).collect())
+        Ok(outputs)
     }
 }
 

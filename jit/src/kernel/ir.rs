@@ -158,6 +158,58 @@ impl KernelIr {
             r.extents.retain(|&e| e != 1);
         }
         self.out_extents.retain(|&e| e != 1);
+        self.without_single_reductions()
+    }
+
+    /// A reduction over one element (a matmul with K = 1: the outer product of an SGD update at batch 1) becomes
+    /// plain outer code. As a reduce kernel it would be rendered as a register-tiled GEMM with no K loop, which
+    /// costs several times an elementwise pass over the same output (see the `train_mlp --batch 1` note in the README);
+    /// as elementwise code it streams rows with vector loads. The value is the interpreter's `identity ⊕ v`:
+    /// exactly `v` for prod, max and min, and `v + 0` for a float sum (which turns -0.0 into +0.0, as the fold
+    /// does), so results are bit-identical to the reduce form.
+    fn without_single_reductions(mut self) -> KernelIr {
+        let Some(r) = self.reduce.take_if(|r| r.extents.is_empty()) else { return self };
+        let mut outer = r.inner;
+        let mut acc = r.value;
+        if outer[acc].dtype != r.dtype {
+            outer.push(Inst { op: InstOp::Cast(acc), dtype: r.dtype });
+            acc = outer.len() - 1;
+        }
+        if r.op == ReduceOp::Sum && r.dtype.is_float() {
+            outer.push(Inst { op: InstOp::Const(Scalar::Float(0.0)), dtype: r.dtype });
+            outer.push(Inst { op: InstOp::Binary(BinaryOp::Add, acc, outer.len() - 1), dtype: r.dtype });
+            acc = outer.len() - 1;
+        }
+        // Outer values follow the inner ones in order, without the `Acc`, whose readers now read the folded value.
+        let mut ids: Vec<ValueId> = Vec::with_capacity(self.outer.len());
+        let mut next = outer.len();
+        for inst in &self.outer {
+            if inst.op == InstOp::Acc {
+                ids.push(acc);
+            } else {
+                ids.push(next);
+                next += 1;
+            }
+        }
+        for mut inst in std::mem::take(&mut self.outer) {
+            match &mut inst.op {
+                InstOp::Acc => continue,
+                InstOp::Unary(_, a) | InstOp::Cast(a) => *a = ids[*a],
+                InstOp::Binary(_, a, b) => {
+                    *a = ids[*a];
+                    *b = ids[*b];
+                }
+                InstOp::Where(c, a, b) => {
+                    *c = ids[*c];
+                    *a = ids[*a];
+                    *b = ids[*b];
+                }
+                InstOp::Const(_) | InstOp::Index(_) | InstOp::Load { .. } | InstOp::Rand { .. } => {}
+            }
+            outer.push(inst);
+        }
+        self.result = ids[self.result];
+        self.outer = outer;
         self
     }
 

@@ -181,9 +181,11 @@ impl Emitter<'_> {
         for (e, &v) in vals[k.result].iter().enumerate() {
             self.at = ((e / vecs) as i64, ((e % vecs) * lanes) as i64);
             let out_index = self.out_index.clone();
-            let o = self.iexpr(&out_index, 0);
+            // The output is row-major, so its index moves by 1 along the column dim (when there is one).
+            let (o, col) =
+                if self.col_dim.is_some() { self.iexpr_tile_col0(&out_index) } else { (self.iexpr(&out_index, 0), 0) };
             let v = self.vector_of(v, k.output.dtype, lanes);
-            self.store(o, v, lanes);
+            self.store(o, col, v, lanes);
         }
         self.at = (0, 0);
     }

@@ -43,6 +43,11 @@ mod values;
 
 pub use libcall::Libcall;
 
+/// The renderer's revision, part of every compiled-kernel cache key: bump it when a renderer change alters the code
+/// of an unchanged kernel IR, so kernels cached on disk by an earlier build of the same kiln version are not mapped
+/// in place of the new code. 2: a tile's column offset is the load/store displacement.
+pub const REVISION: u32 = 2;
+
 /// The kernel entry signature.
 pub fn kernel_signature(call_conv: CallConv) -> Signature {
     let mut sig = Signature::new(call_conv);

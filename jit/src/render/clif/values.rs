@@ -59,6 +59,18 @@ impl Emitter<'_> {
         }
     }
 
+    /// An index expression whose coefficient along the column dim is 1, split into its value at the tile's first
+    /// column and the tile's column offset. Folding the offset into the load or store instruction's displacement
+    /// makes every vector of a tile row share one address computation (Cranelift's GVN merges them), instead of
+    /// an add and a scaled index per vector.
+    pub(super) fn iexpr_tile_col0(&mut self, e: &IExpr) -> (Value, i64) {
+        let col = self.at.1;
+        self.at.1 = 0;
+        let v = self.iexpr(e, 0);
+        self.at.1 = col;
+        (v, col)
+    }
+
     /// A bool (i8 0/1) saying whether every range of `valid` holds at `lane`.
     pub(super) fn valid(&mut self, valid: &Valid, lane: i64) -> Value {
         let mut ok = self.b.ins().iconst(types::I8, 1);
@@ -124,10 +136,10 @@ impl Emitter<'_> {
                 self.lanes_from_scalars(&[s], d, lanes)
             }
             (Some(1), None, DType::F32 | DType::I32) => {
-                let i = self.iexpr(index, 0);
+                let (i, col) = self.iexpr_tile_col0(index);
                 let addr = self.b.ins().imul_imm_s(i, 4);
                 let addr = self.b.ins().iadd(self.bases[buf], addr);
-                self.b.ins().load(ty(d, lanes), vector_flags(), addr, 0)
+                self.b.ins().load(ty(d, lanes), vector_flags(), addr, (col * 4) as i32)
             }
             _ => {
                 let scalars: Vec<Value> =
@@ -170,23 +182,25 @@ impl Emitter<'_> {
         vec
     }
 
-    pub(super) fn store(&mut self, o: Value, v: Value, lanes: usize) {
+    /// Stores `v` at output element `o + col` (`col`: a constant offset in elements, see `iexpr_tile_col0`).
+    pub(super) fn store(&mut self, o: Value, col: i64, v: Value, lanes: usize) {
         let d = self.k.output.dtype;
         let addr = self.b.ins().imul_imm_s(o, d.size_of() as i64);
         let addr = self.b.ins().iadd(self.out_ptr, addr);
+        let at = (col * d.size_of() as i64) as i32;
         match (d, lanes) {
             (_, 1) => {
-                self.b.ins().store(MemFlagsData::trusted(), v, addr, 0);
+                self.b.ins().store(MemFlagsData::trusted(), v, addr, at);
             }
             (DType::Bool, _) => {
                 for l in 0..lanes {
                     let x = self.b.ins().extractlane(v, l as u8);
                     let x = self.b.ins().band_imm_s(x, 1);
-                    self.b.ins().istore8(MemFlagsData::trusted(), x, addr, l as i32);
+                    self.b.ins().istore8(MemFlagsData::trusted(), x, addr, at + l as i32);
                 }
             }
             _ => {
-                self.b.ins().store(vector_flags(), v, addr, 0);
+                self.b.ins().store(vector_flags(), v, addr, at);
             }
         }
     }
