@@ -59,7 +59,11 @@ pub fn export_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary>
     Ok(kiln_autotune::Store::global().export_bundle(path.as_ref())?)
 }
 
-/// Loads a bundle written by [`export_bundle`] on a machine with the same CPU fingerprint and kiln version.
+/// Loads a bundle written by [`export_bundle`] on a machine with the same CPU fingerprint and kiln version, and
+/// pays the process's one-time GEMM start-up costs (the thread pool, the library candidate's cache probing) here
+/// rather than in the first step.
 pub fn import_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary> {
-    Ok(kiln_autotune::Store::global().import_bundle(path.as_ref())?)
+    let summary = kiln_autotune::Store::global().import_bundle(path.as_ref())?;
+    kiln_backends::cpu::warm_runtime();
+    Ok(summary)
 }
