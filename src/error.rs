@@ -30,7 +30,7 @@ pub enum Error {
     /// A safetensors tensor has a dtype kiln has no equivalent for (F16, BF16, I8, ...).
     #[error(
         "load_safetensors: {}: tensor `{name}` has dtype {dtype}, which kiln does not support (it reads F32, F64, \
-         I32, I64, U8 and BOOL; convert it before saving, e.g. `t.float()` in PyTorch)",
+         I32, I64, U32, U8 and BOOL; convert it before saving, e.g. `t.float()` in PyTorch)",
         path.display()
     )]
     UnsupportedDType { path: std::path::PathBuf, name: String, dtype: String },

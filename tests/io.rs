@@ -61,6 +61,7 @@ fn every_dtype_round_trips() {
     let i32s = Tensor::from_vec(vec![i32::MIN, -1, 0, i32::MAX], [2, 1, 2], &dev()).unwrap();
     let i64s = Tensor::from_vec(vec![i64::MIN, 42, i64::MAX], [3, 1], &dev()).unwrap();
     let u8s = Tensor::from_vec(vec![0u8, 127, 255], [3], &dev()).unwrap();
+    let u32s = Tensor::from_vec(vec![0u32, 1 << 31, u32::MAX, 7], [2, 2], &dev()).unwrap();
     let bools = Tensor::from_vec(vec![true, false, false, true], [4], &dev()).unwrap();
     let scalar = Tensor::from_vec(vec![2.5f32], [], &dev()).unwrap();
     let empty = Tensor::from_vec(Vec::<f32>::new(), [0, 3], &dev()).unwrap();
@@ -71,6 +72,7 @@ fn every_dtype_round_trips() {
         ("i32", &i32s),
         ("i64", &i64s),
         ("u8", &u8s),
+        ("u32", &u32s),
         ("bool", &bools),
         ("scalar", &scalar),
         ("empty", &empty),
@@ -129,15 +131,17 @@ fn a_file_written_the_way_pytorch_writes_it_loads() {
         ("idx", "I32", &[2, 2], i32s),
         ("mask", "BOOL", &[3], vec![1, 0, 1]),
         ("bytes", "U8", &[2], vec![9, 200]),
+        ("counts", "U32", &[2], [3_000_000_000u32, 5].iter().flat_map(|v| v.to_le_bytes()).collect()),
     ]);
     std::fs::write(&path, file).unwrap();
     let loaded = load_safetensors(&path, &dev()).unwrap();
     let names: Vec<&str> = loaded.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["layer.bias", "idx", "mask", "bytes"], "the file's order");
+    assert_eq!(names, ["layer.bias", "idx", "mask", "bytes", "counts"], "the file's order");
     assert_eq!(loaded[0].1.to_vec::<f64>().unwrap(), [0.5, -2.0]);
     assert_eq!((loaded[1].1.dims(), loaded[1].1.to_vec::<i32>().unwrap()), (&[2, 2][..], vec![3, -4, 5, -6]));
     assert_eq!(loaded[2].1.to_vec::<bool>().unwrap(), [true, false, true]);
     assert_eq!(loaded[3].1.to_vec::<u8>().unwrap(), [9, 200]);
+    assert_eq!((loaded[4].1.dtype(), loaded[4].1.to_vec::<u32>().unwrap()), (DType::U32, vec![3_000_000_000, 5]));
 }
 
 #[test]

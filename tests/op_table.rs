@@ -17,7 +17,7 @@ use kiln::{DType, Device, HostBuffer, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 
-use DType::{Bool, F32, F64, I32, I64, U8};
+use DType::{Bool, F32, F64, I32, I64, U8, U32};
 
 const INF: f64 = f64::INFINITY;
 const NAN: f64 = f64::NAN;
@@ -221,7 +221,10 @@ fn build(group: Group) -> Vec<Case> {
         Group::Creation => creation(&mut t),
         Group::Unary => unary(&mut t),
         Group::Binary => binary(&mut t),
-        Group::Promotion => promotion(&mut t),
+        Group::Promotion => {
+            promotion(&mut t);
+            unsigned32(&mut t);
+        }
         Group::Cast => cast(&mut t),
         Group::Reduce => reduce(&mut t),
         Group::Movement => movement(&mut t),
@@ -405,6 +408,7 @@ fn roundtrip<T: kiln::Element>(t: &mut Table, data: Vec<T>) {
 fn creation(t: &mut Table) {
     roundtrip(t, vec![true, false, false, true, true, false]);
     roundtrip(t, vec![0u8, 1, 127, 128, 254, 255]);
+    roundtrip(t, vec![0u32, 1, 65_535, 1 << 31, u32::MAX - 1, u32::MAX]);
     roundtrip(t, vec![i32::MIN, -1, 0, 1, 7, i32::MAX]);
     roundtrip(t, vec![i64::MIN, -1, 0, 1, 1 << 40, i64::MAX]);
     roundtrip(t, vec![-0.0f32, 1.5, -2.25, f32::INFINITY, f32::NAN, 1e-40]);
@@ -1062,6 +1066,61 @@ fn binary(t: &mut Table) {
 // Promotion: mixed dtypes, zero-dim tensors, Rust scalars, and the operators
 // ---------------------------------------------------------------------------------------------------------------
 
+/// u32: C-like wrapping, and unsigned compares, min/max, power and conversions on values above 2^31 (where a
+/// signed instruction would read them as negative), and PyTorch's promotion with signed ints (u32 + i32 -> i64).
+fn unsigned32(t: &mut Table) {
+    const M: f64 = u32::MAX as f64;
+    const H: f64 = 2_147_483_648.0; // 2^31
+    let rows: [Row2; 12] = [
+        ("add", |a, b| a.add(b), v(U32, &[M, 5.0, H]), v(U32, &[1.0, 3.0, H]), U32, &[0.0, 8.0, 0.0]),
+        ("sub", |a, b| a.sub(b), v(U32, &[0.0, 5.0, 1.0]), v(U32, &[1.0, 3.0, M]), U32, &[M, 2.0, 2.0]),
+        ("mul", |a, b| a.mul(b), v(U32, &[65_536.0, 3.0, M]), v(U32, &[65_536.0, 5.0, M]), U32, &[0.0, 15.0, 1.0]),
+        ("maximum", |a, b| a.maximum(b), v(U32, &[H, 1.0, 7.0]), v(U32, &[1.0, M, 7.0]), U32, &[H, M, 7.0]),
+        ("minimum", |a, b| a.minimum(b), v(U32, &[H, 1.0, 7.0]), v(U32, &[1.0, M, 7.0]), U32, &[1.0, 1.0, 7.0]),
+        ("lt", |a, b| a.lt(b), v(U32, &[3e9, 1.0, H]), v(U32, &[1.0, 3e9, H]), Bool, &[0.0, 1.0, 0.0]),
+        ("le", |a, b| a.le(b), v(U32, &[3e9, 1.0, H]), v(U32, &[1.0, 3e9, H]), Bool, &[0.0, 1.0, 1.0]),
+        ("pow", |a, b| a.pow(b), v(U32, &[2.0, 3.0, M]), v(U32, &[32.0, 2.0, 3e9]), U32, &[0.0, 9.0, 1.0]),
+        ("div", |a, b| a.div(b), v(U32, &[3e9, 7.0, M]), v(U32, &[2.0, 2.0, 1.0]), F32, &[1.5e9, 3.5, M]),
+        ("add", |a, b| a.add(b), v(U32, &[M, 0.0]), v(I32, &[1.0, -1.0]), I64, &[M + 1.0, -1.0]),
+        ("sub", |a, b| a.sub(b), v(U32, &[0.0, M]), v(I64, &[1.0, -1.0]), I64, &[-1.0, M + 1.0]),
+        ("add", |a, b| a.add(b), v(U32, &[M, 1.0]), v(U8, &[1.0, 255.0]), U32, &[0.0, 256.0]),
+    ];
+    for (op, f, a, b, d, want) in rows {
+        let shape = a.shape.clone();
+        t.check(op, "u32", vec![a, b], move |x| f(&x[0], &x[1]), Want::new(d, &shape, want, Kind::Exact));
+    }
+    let scalars: [Row1; 8] = [
+        // Eight elements: the 4-lane vector loop, where bools are lane masks, not 0/1 bytes.
+        (
+            "to_dtype",
+            "bool -> u32, vectorized",
+            |a| a.to_dtype(U32),
+            v(Bool, &[1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0]),
+            U32,
+            &[1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0],
+        ),
+        ("add", "u32 + (-1) wraps in u32", |a| a.add(-1), v(U32, &[0.0, 5.0]), U32, &[M, 4.0]),
+        ("gt", "u32 > 2^31 - 1", |a| a.gt(2_147_483_647i64), v(U32, &[H, 5.0]), Bool, &[1.0, 0.0]),
+        ("neg", "-(u32) wraps", |a| a.neg(), v(U32, &[1.0, 0.0, H]), U32, &[M, 0.0, H]),
+        ("abs", "abs(u32) is the identity", |a| a.abs(), v(U32, &[M, H]), U32, &[M, H]),
+        ("to_dtype", "u32 -> f32 above 2^31", |a| a.to_dtype(F32), v(U32, &[3e9, M]), F32, &[3e9, 4_294_967_296.0]),
+        ("to_dtype", "u32 -> i32 wraps", |a| a.to_dtype(I32), v(U32, &[M, H]), I32, &[-1.0, -H]),
+        ("max_all", "unsigned", |a| a.max_all(), v(U32, &[1.0, 3e9, H]), U32, &[3e9]),
+    ];
+    for (op, note, f, a, d, want) in scalars {
+        let shape = if op == "max_all" { vec![] } else { a.shape.clone() };
+        t.check(op, note, vec![a], move |x| f(&x[0]), Want::new(d, &shape, want, Kind::Exact));
+    }
+    // Sums of u32 are i64, as in PyTorch (no wrapping at 2^32).
+    t.check(
+        "sum_all",
+        "u32 -> i64",
+        vec![v(U32, &[M, M, 2.0])],
+        |x| x[0].sum_all(),
+        Want::new(I64, &[], &[2.0 * M + 2.0], Kind::Exact),
+    );
+}
+
 fn promotion(t: &mut Table) {
     // Tensor op tensor, both dimensioned: torch.promote_types.
     let pairs: [Row2; 14] = [
@@ -1283,6 +1342,7 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
     let ints: Option<Vec<i64>> = match src {
         HostBuffer::Bool(v) => Some(v.iter().map(|&x| x as i64).collect()),
         HostBuffer::U8(v) => Some(v.iter().map(|&x| x as i64).collect()),
+        HostBuffer::U32(v) => Some(v.iter().map(|&x| x as i64).collect()),
         HostBuffer::I32(v) => Some(v.iter().map(|&x| x as i64).collect()),
         HostBuffer::I64(v) => Some(v.clone()),
         _ => None,
@@ -1291,6 +1351,7 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
         return match dst {
             Bool => HostBuffer::Bool(v.iter().map(|&x| x != 0).collect()),
             U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
+            U32 => HostBuffer::U32(v.iter().map(|&x| x as u32).collect()),
             I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
             I64 => HostBuffer::I64(v),
             F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
@@ -1301,6 +1362,7 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
     match dst {
         Bool => HostBuffer::Bool(v.iter().map(|&x| x != 0.0).collect()),
         U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
+        U32 => HostBuffer::U32(v.iter().map(|&x| x as u32).collect()),
         I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
         I64 => HostBuffer::I64(v.iter().map(|&x| x as i64).collect()),
         F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
@@ -1312,8 +1374,11 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
 /// PyTorch, and kiln's engines and docs disagree there, see the report in `cast`).
 fn float_cast_values(src: DType, dst: DType) -> Vec<f64> {
     let mut v = vec![0.0, -0.0, 0.4, 1.5, 2.7, 100.9, 255.99];
-    if dst != U8 {
+    if !dst.is_unsigned() {
         v.extend([-0.4, -2.7, -100.9, 1e5, -1e5]);
+    }
+    if dst == U32 {
+        v.extend([1e5, 65535.5, 2_147_483_648.0, 4_000_000_000.0, 4_294_967_040.0]);
     }
     if dst.is_float() || dst == Bool {
         v.extend([INF, -INF, NAN, 0.1, 1e-40, 16_777_217.0, 3.4e38]);
@@ -1325,9 +1390,11 @@ fn float_cast_values(src: DType, dst: DType) -> Vec<f64> {
 }
 
 fn cast(t: &mut Table) {
-    let int_sources: [HostBuffer; 4] = [
+    let int_sources: [HostBuffer; 5] = [
         HostBuffer::Bool(vec![true, false, true]),
         HostBuffer::U8(vec![0, 1, 7, 128, 200, 255]),
+        // Above 2^31 (negative as i32) and above 2^24 (rounded as f32), to catch signed conversions.
+        HostBuffer::U32(vec![0, 1, 7, 255, 256, 65_535, 16_777_217, 1 << 31, 3_000_000_001, u32::MAX]),
         HostBuffer::I32(vec![0, 1, -1, 7, 300, -300, 100_000, i32::MIN, i32::MAX]),
         HostBuffer::I64(vec![0, 1, -1, 300, -3, (1 << 33) + 5, 16_777_217, i64::MIN, i64::MAX]),
     ];
@@ -1368,7 +1435,7 @@ fn cast(t: &mut Table) {
     // Out-of-range floats to u8/i32 are not asserted: to_dtype's doc says "saturates", but the interpreter and the
     // CPU JIT both go through i64 and wrap (3e9 -> i32 is -1294967296), so the spec itself is unsettled.
     for src in FLOATS {
-        for dst in [U8, I32, I64] {
+        for dst in [U8, U32, I32, I64] {
             let x: &[f64] = if dst == I64 { &[NAN, INF, -INF, 1e19, -1e19, -1.5] } else { &[NAN, -0.0, 0.99] };
             let b = buffer(src, x);
             let want = cast_ref(&b, dst);

@@ -25,6 +25,7 @@ fn capacity(b: &HostBuffer) -> usize {
     match b {
         HostBuffer::Bool(v) => v.capacity(),
         HostBuffer::U8(v) => v.capacity(),
+        HostBuffer::U32(v) => v.capacity(),
         HostBuffer::I32(v) => v.capacity(),
         HostBuffer::I64(v) => v.capacity(),
         HostBuffer::F32(v) => v.capacity(),
@@ -36,6 +37,7 @@ fn clear(b: &mut HostBuffer) {
     match b {
         HostBuffer::Bool(v) => v.clear(),
         HostBuffer::U8(v) => v.clear(),
+        HostBuffer::U32(v) => v.clear(),
         HostBuffer::I32(v) => v.clear(),
         HostBuffer::I64(v) => v.clear(),
         HostBuffer::F32(v) => v.clear(),
@@ -55,6 +57,7 @@ pub fn take(dtype: DType, len: usize) -> HostBuffer {
     match dtype {
         DType::Bool => HostBuffer::Bool(Vec::with_capacity(len)),
         DType::U8 => HostBuffer::U8(Vec::with_capacity(len)),
+        DType::U32 => HostBuffer::U32(Vec::with_capacity(len)),
         DType::I32 => HostBuffer::I32(Vec::with_capacity(len)),
         DType::I64 => HostBuffer::I64(Vec::with_capacity(len)),
         DType::F32 => HostBuffer::F32(Vec::with_capacity(len)),

@@ -7,6 +7,7 @@ use crate::dtype::{DType, Scalar};
 pub enum HostBuffer {
     Bool(Vec<bool>),
     U8(Vec<u8>),
+    U32(Vec<u32>),
     I32(Vec<i32>),
     I64(Vec<i64>),
     F32(Vec<f32>),
@@ -33,13 +34,14 @@ macro_rules! element {
         }
     )*};
 }
-element!(bool => Bool, u8 => U8, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
+element!(bool => Bool, u8 => U8, u32 => U32, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
 
 impl HostBuffer {
     pub fn dtype(&self) -> DType {
         match self {
             HostBuffer::Bool(_) => DType::Bool,
             HostBuffer::U8(_) => DType::U8,
+            HostBuffer::U32(_) => DType::U32,
             HostBuffer::I32(_) => DType::I32,
             HostBuffer::I64(_) => DType::I64,
             HostBuffer::F32(_) => DType::F32,
@@ -51,6 +53,7 @@ impl HostBuffer {
         match self {
             HostBuffer::Bool(v) => v.len(),
             HostBuffer::U8(v) => v.len(),
+            HostBuffer::U32(v) => v.len(),
             HostBuffer::I32(v) => v.len(),
             HostBuffer::I64(v) => v.len(),
             HostBuffer::F32(v) => v.len(),
@@ -71,6 +74,7 @@ impl HostBuffer {
         match self {
             HostBuffer::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
             HostBuffer::U8(v) => v.iter().map(|&x| x as f64).collect(),
+            HostBuffer::U32(v) => v.iter().map(|&x| x as f64).collect(),
             HostBuffer::I32(v) => v.iter().map(|&x| x as f64).collect(),
             HostBuffer::I64(v) => v.iter().map(|&x| x as f64).collect(),
             HostBuffer::F32(v) => v.iter().map(|&x| x as f64).collect(),
@@ -83,6 +87,7 @@ impl HostBuffer {
         match self {
             HostBuffer::Bool(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            HostBuffer::U32(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::I32(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::I64(v) => v.clone(),
             HostBuffer::F32(v) => v.iter().map(|&x| x as i64).collect(),
@@ -95,6 +100,7 @@ impl HostBuffer {
         match dtype {
             DType::Bool => HostBuffer::Bool(v.iter().map(|&x| x != 0.0).collect()),
             DType::U8 => HostBuffer::U8(v.iter().map(|&x| x as i64 as u8).collect()),
+            DType::U32 => HostBuffer::U32(v.iter().map(|&x| x as i64 as u32).collect()),
             DType::I32 => HostBuffer::I32(v.iter().map(|&x| x as i64 as i32).collect()),
             DType::I64 => HostBuffer::I64(v.iter().map(|&x| x as i64).collect()),
             DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
@@ -107,6 +113,7 @@ impl HostBuffer {
         match dtype {
             DType::Bool => HostBuffer::Bool(v.iter().map(|&x| x != 0).collect()),
             DType::U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
+            DType::U32 => HostBuffer::U32(v.iter().map(|&x| x as u32).collect()),
             DType::I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
             DType::I64 => HostBuffer::I64(v.to_vec()),
             DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
@@ -119,6 +126,7 @@ impl HostBuffer {
         match self {
             HostBuffer::Bool(v) => Scalar::Bool(v[i]),
             HostBuffer::U8(v) => Scalar::Int(v[i] as i64),
+            HostBuffer::U32(v) => Scalar::Int(v[i] as i64),
             HostBuffer::I32(v) => Scalar::Int(v[i] as i64),
             HostBuffer::I64(v) => Scalar::Int(v[i]),
             HostBuffer::F32(v) => Scalar::Float(v[i] as f64),

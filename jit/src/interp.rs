@@ -3,8 +3,8 @@
 //! It is the oracle every backend is tested against, so it is written to be obviously right, not fast:
 //! - every float is computed in f64 and rounded to the node's dtype after each op (so each op is correctly rounded
 //!   up to the f64 library's accuracy); sums, products and matmul accumulate in f64 and round once at the end;
-//! - every integer and bool is held as i64 and wrapped to the node's dtype after each op (u8 and i32 wrap as C
-//!   would; bool is 0 or 1);
+//! - every integer and bool is held as i64 and wrapped to the node's dtype after each op (u8, u32 and
+//!   i32 wrap as C would; bool is 0 or 1);
 //! - movement ops are gathers through explicit index maps: no strides are shared with any backend's code.
 //!
 //! Deliberate choices where C or PyTorch is undefined or raises: integer division by zero gives 0; float -> int

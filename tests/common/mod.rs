@@ -44,8 +44,8 @@ pub fn runs_on(dev: &Device, dtypes: &[DType]) -> bool {
     dtypes.iter().all(|&d| dev.supports(d))
 }
 
-pub const ALL_DTYPES: [DType; 6] = [DType::Bool, DType::U8, DType::I32, DType::I64, DType::F32, DType::F64];
-pub const NON_BOOL: [DType; 5] = [DType::U8, DType::I32, DType::I64, DType::F32, DType::F64];
+pub const ALL_DTYPES: [DType; 7] = [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F32, DType::F64];
+pub const NON_BOOL: [DType; 6] = [DType::U8, DType::U32, DType::I32, DType::I64, DType::F32, DType::F64];
 pub const FLOATS: [DType; 2] = [DType::F32, DType::F64];
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -111,6 +111,7 @@ pub fn buffer(dtype: DType, vals: &[f64]) -> HostBuffer {
     match dtype {
         DType::Bool => HostBuffer::Bool(vals.iter().map(|&x| x != 0.0).collect()),
         DType::U8 => HostBuffer::U8(vals.iter().map(|&x| int(x) as u8).collect()),
+        DType::U32 => HostBuffer::U32(vals.iter().map(|&x| int(x) as u32).collect()),
         DType::I32 => HostBuffer::I32(vals.iter().map(|&x| int(x) as i32).collect()),
         DType::I64 => HostBuffer::I64(vals.iter().map(|&x| int(x)).collect()),
         DType::F32 => HostBuffer::F32(vals.iter().map(|&x| x as f32).collect()),
@@ -123,6 +124,7 @@ pub fn values(b: &HostBuffer) -> Vec<f64> {
     match b {
         HostBuffer::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
         HostBuffer::U8(v) => v.iter().map(|&x| x as f64).collect(),
+        HostBuffer::U32(v) => v.iter().map(|&x| x as f64).collect(),
         HostBuffer::I32(v) => v.iter().map(|&x| x as f64).collect(),
         HostBuffer::I64(v) => v.iter().map(|&x| x as f64).collect(),
         HostBuffer::F32(v) => v.iter().map(|&x| x as f64).collect(),
@@ -142,6 +144,7 @@ fn int_values(b: &HostBuffer) -> Vec<i64> {
     match b {
         HostBuffer::Bool(v) => v.iter().map(|&x| x as i64).collect(),
         HostBuffer::U8(v) => v.iter().map(|&x| x as i64).collect(),
+        HostBuffer::U32(v) => v.iter().map(|&x| x as i64).collect(),
         HostBuffer::I32(v) => v.iter().map(|&x| x as i64).collect(),
         HostBuffer::I64(v) => v.clone(),
         HostBuffer::F32(_) | HostBuffer::F64(_) => unreachable!("int_values on a float buffer"),
@@ -272,6 +275,7 @@ pub fn data(dtype: DType, n: usize, seed: u64, dom: Dom) -> Vec<f64> {
     let (lo, hi) = match dtype {
         DType::Bool => (0.0, 1.0),
         DType::U8 => (lo.max(0.0), hi.min(255.0)),
+        DType::U32 => (lo.max(0.0), hi.min(u32::MAX as f64)),
         _ => (lo, hi),
     };
     let v: Vec<f64> = (0..n)

@@ -64,6 +64,7 @@ pub fn normalize(dtype: DType, x: f64) -> f64 {
     match dtype {
         DType::Bool => (x != 0.0) as u8 as f64,
         DType::U8 => x as i64 as u8 as f64,
+        DType::U32 => x as i64 as u32 as f64,
         DType::I32 => x as i64 as i32 as f64,
         DType::I64 => x as i64 as f64,
         DType::F32 => x as f32 as f64,
@@ -77,6 +78,7 @@ pub fn tensor_of(dtype: DType, data: &[f64], dims: &[usize], dev: &Device) -> Te
     let t = match dtype {
         DType::Bool => Tensor::from_vec(data.iter().map(|&x| x != 0.0).collect::<Vec<_>>(), dims, dev),
         DType::U8 => Tensor::from_vec(data.iter().map(|&x| x as u8).collect::<Vec<_>>(), dims, dev),
+        DType::U32 => Tensor::from_vec(data.iter().map(|&x| x as u32).collect::<Vec<_>>(), dims, dev),
         DType::I32 => Tensor::from_vec(data.iter().map(|&x| x as i32).collect::<Vec<_>>(), dims, dev),
         DType::I64 => Tensor::from_vec(data.iter().map(|&x| x as i64).collect::<Vec<_>>(), dims, dev),
         DType::F32 => Tensor::from_vec(data.iter().map(|&x| x as f32).collect::<Vec<_>>(), dims, dev),
@@ -90,6 +92,7 @@ pub fn values_of(t: &Tensor) -> Vec<f64> {
     let v = match t.dtype() {
         DType::Bool => t.to_vec::<bool>().map(|v| v.into_iter().map(|x| x as u8 as f64).collect()),
         DType::U8 => t.to_vec::<u8>().map(|v| v.into_iter().map(f64::from).collect()),
+        DType::U32 => t.to_vec::<u32>().map(|v| v.into_iter().map(f64::from).collect()),
         DType::I32 => t.to_vec::<i32>().map(|v| v.into_iter().map(f64::from).collect()),
         DType::I64 => t.to_vec::<i64>().map(|v| v.into_iter().map(|x| x as f64).collect()),
         DType::F32 => t.to_vec::<f32>().map(|v| v.into_iter().map(f64::from).collect()),

@@ -334,6 +334,7 @@ fn to_words(data: &HostBuffer) -> Result<Vec<u8>, BackendError> {
     let words: Vec<u8> = match data {
         HostBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::U8(v) => v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect(),
         HostBuffer::Bool(v) => v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect(),
         HostBuffer::I64(_) | HostBuffer::F64(_) => return Err(unsupported(data.dtype())),
@@ -357,6 +358,7 @@ fn from_words(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
     match dtype {
         DType::F32 => HostBuffer::F32(words.map(f32::from_le_bytes).collect()),
         DType::I32 => HostBuffer::I32(words.map(i32::from_le_bytes).collect()),
+        DType::U32 => HostBuffer::U32(words.map(u32::from_le_bytes).collect()),
         DType::U8 => HostBuffer::U8(words.map(|w| u32::from_le_bytes(w) as u8).collect()),
         DType::Bool => HostBuffer::Bool(words.map(|w| u32::from_le_bytes(w) != 0).collect()),
         DType::I64 | DType::F64 => unreachable!("never allocated on wgpu"),

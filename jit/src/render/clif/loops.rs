@@ -201,7 +201,7 @@ impl Emitter<'_> {
             }
             let Some((coef, c)) = index.affine(nvars) else { continue };
             let col = self.col_dim.map_or(0, |d| coef[d]);
-            if lanes > 1 && !(col == 0 || (col == 1 && matches!(inst.dtype, DType::F32 | DType::I32))) {
+            if lanes > 1 && !(col == 0 || (col == 1 && matches!(inst.dtype, DType::F32 | DType::I32 | DType::U32))) {
                 continue; // gathers keep the general path
             }
             let outer: Vec<i64> = (0..nvars).map(|v| if v < rank { coef[v] } else { 0 }).collect();

@@ -64,7 +64,7 @@ pub fn vectorizable(k: &KernelIr) -> bool {
 /// computed once per vector as scalars, whatever their dtype, and splatted where a vector op reads them.
 fn vectorizable_values(k: &KernelIr) -> bool {
     let rank = k.out_rank();
-    let lane_ok = |d: DType| matches!(d, DType::F32 | DType::I32 | DType::Bool);
+    let lane_ok = |d: DType| matches!(d, DType::F32 | DType::I32 | DType::U32 | DType::Bool);
     let ok = |insts: &[Inst]| {
         let deps = deps(insts, rank);
         insts
@@ -79,14 +79,13 @@ fn vectorizable_values(k: &KernelIr) -> bool {
 /// The strict form, for vectorizing along a reduce loop: every value in the lane model.
 fn all_values_vectorizable(k: &KernelIr) -> bool {
     let ok_inst = |i: &Inst| {
-        matches!(i.dtype, DType::F32 | DType::I32 | DType::Bool)
+        matches!(i.dtype, DType::F32 | DType::I32 | DType::U32 | DType::Bool)
             && !matches!(i.op, InstOp::Index(_) | InstOp::Rand { .. })
     };
-    let inner_ok = k
-        .reduce
-        .as_ref()
-        .is_none_or(|r| matches!(r.dtype, DType::F32 | DType::I32 | DType::Bool) && r.inner.iter().all(ok_inst));
-    k.inputs.iter().chain([&k.output]).all(|b| matches!(b.dtype, DType::F32 | DType::I32 | DType::Bool))
+    let inner_ok = k.reduce.as_ref().is_none_or(|r| {
+        matches!(r.dtype, DType::F32 | DType::I32 | DType::U32 | DType::Bool) && r.inner.iter().all(ok_inst)
+    });
+    k.inputs.iter().chain([&k.output]).all(|b| matches!(b.dtype, DType::F32 | DType::I32 | DType::U32 | DType::Bool))
         && k.outer.iter().all(ok_inst)
         && inner_ok
 }
@@ -293,12 +292,12 @@ struct Emitter<'a> {
 fn ty(d: DType, lanes: usize) -> Type {
     match (d, lanes) {
         (DType::Bool | DType::U8, 1) => types::I8,
-        (DType::I32, 1) => types::I32,
+        (DType::I32 | DType::U32, 1) => types::I32,
         (DType::I64, 1) => types::I64,
         (DType::F32, 1) => types::F32,
         (DType::F64, 1) => types::F64,
         (DType::F32, _) => types::F32X4,
-        (DType::I32 | DType::Bool, _) => types::I32X4,
+        (DType::I32 | DType::U32 | DType::Bool, _) => types::I32X4,
         (d, l) => unreachable!("{d} has no {l}-lane form"),
     }
 }

@@ -12,6 +12,7 @@ impl Emitter<'_> {
             DType::Bool => self.b.ins().iconst(types::I8, (s.as_f64() != 0.0) as i64),
             DType::U8 => self.b.ins().iconst(types::I8, s.as_i64() as u8 as i64),
             DType::I32 => self.b.ins().iconst(types::I32, s.as_i64() as i32 as i64),
+            DType::U32 => self.b.ins().iconst(types::I32, s.as_i64() as u32 as i64),
             DType::I64 => self.b.ins().iconst(types::I64, s.as_i64()),
         };
         if lanes > 1 { self.b.ins().splat(ty(d, lanes), scalar) } else { scalar }
@@ -123,7 +124,7 @@ impl Emitter<'_> {
                 let s = self.load_scalar(buf, index, valid, fill, d, 0);
                 self.lanes_from_scalars(&[s], d, lanes)
             }
-            (Some(1), None, DType::F32 | DType::I32) => {
+            (Some(1), None, DType::F32 | DType::I32 | DType::U32) => {
                 let i = self.iexpr(index, 0);
                 let addr = self.b.ins().imul_imm_s(i, 4);
                 let addr = self.b.ins().iadd(self.bases[buf], addr);
@@ -229,7 +230,13 @@ impl Emitter<'_> {
                 .iter()
                 .map(|&a| {
                     let x = self.b.ins().extractlane(a, l as u8);
-                    if arg_d == DType::Bool { self.b.ins().ireduce(types::I8, x) } else { x }
+                    if arg_d == DType::Bool {
+                        // A lane mask (all ones or zero) becomes this backend's scalar bool (1 or 0).
+                        let b = self.b.ins().ireduce(types::I8, x);
+                        self.b.ins().band_imm_s(b, 1)
+                    } else {
+                        x
+                    }
                 })
                 .collect();
             out.push(f(self, &xs));
@@ -354,7 +361,7 @@ impl Emitter<'_> {
             (UnaryOp::Neg, true) => ins.fneg(a),
             (UnaryOp::Neg, false) => ins.ineg(a),
             (UnaryOp::Abs, true) => ins.fabs(a),
-            (UnaryOp::Abs, false) if matches!(d, DType::U8 | DType::Bool) => a, // unsigned: iabs would read i8
+            (UnaryOp::Abs, false) if d.is_unsigned() => a, // iabs would read the bits as signed
             (UnaryOp::Abs, false) => ins.iabs(a),
             (UnaryOp::Sqrt, _) => ins.sqrt(a),
             (UnaryOp::Recip, _) => {
@@ -405,7 +412,7 @@ impl Emitter<'_> {
     /// `op` on operands of dtype `d` (the result is bool for comparisons).
     pub(super) fn binary(&mut self, op: BinaryOp, d: DType, lanes: usize, x: Value, y: Value) -> Value {
         use BinaryOp::*;
-        let unsigned = matches!(d, DType::U8 | DType::Bool);
+        let unsigned = d.is_unsigned();
         if d.is_float() {
             let cmp = |cc| -> Option<FloatCC> { Some(cc) };
             let cc = match op {
@@ -500,7 +507,7 @@ impl Emitter<'_> {
             v
         } else if ft.bits() > tt.bits() {
             self.b.ins().ireduce(tt, v)
-        } else if matches!(from, DType::U8 | DType::Bool) {
+        } else if from.is_unsigned() {
             self.b.ins().uextend(tt, v)
         } else {
             self.b.ins().sextend(tt, v)
@@ -521,15 +528,17 @@ impl Emitter<'_> {
                         self.b.ins().bitcast(types::F32X4, MemFlagsData::new().with_endianness(Endianness::Little), v);
                     self.b.ins().bitselect(m, one, zero)
                 }
-                (DType::Bool, DType::I32) => {
+                (DType::Bool, DType::I32 | DType::U32) => {
                     let one = self.konst(Scalar::Int(1), to, lanes);
                     self.b.ins().band(v, one)
                 }
+                // Same lane width, same bits: the wrapping conversion of eval.
+                (DType::I32, DType::U32) | (DType::U32, DType::I32) => v,
                 (DType::F32, DType::Bool) => {
                     let zero = self.konst(Scalar::Float(0.0), from, lanes);
                     self.b.ins().fcmp(FloatCC::NotEqual, v, zero)
                 }
-                (DType::I32, DType::Bool) => {
+                (DType::I32 | DType::U32, DType::Bool) => {
                     let zero = self.konst(Scalar::Int(0), from, lanes);
                     self.b.ins().icmp(IntCC::NotEqual, v, zero)
                 }
@@ -555,11 +564,7 @@ impl Emitter<'_> {
             }
             (false, true) => {
                 let t = ty(to, 1);
-                if matches!(from, DType::U8 | DType::Bool) {
-                    self.b.ins().fcvt_from_uint(t, v)
-                } else {
-                    self.b.ins().fcvt_from_sint(t, v)
-                }
+                if from.is_unsigned() { self.b.ins().fcvt_from_uint(t, v) } else { self.b.ins().fcvt_from_sint(t, v) }
             }
             (false, false) => self.int_resize(v, from, to),
         }

@@ -21,6 +21,8 @@ pub(crate) enum Helper {
     PowF32,
     /// `kiln_pow_i32(x, y)`: `interp::int_pow` with i32 wrapping.
     PowI32,
+    /// `kiln_pow_u32(x, y)`: `interp::int_pow` for u32 (the exponent is never negative), wrapping.
+    PowU32,
     /// `kiln_f32_low_bits(x)`: the low 32 bits of `x as i64` (Rust's saturating conversion, NaN -> 0).
     F32ToInt,
 }
@@ -148,6 +150,21 @@ fn kiln_pow_i32(x: i32, y: i32) -> i32 {
 }
 "#;
 
+const POW_U32: &str = r#"
+// interp::int_pow on u32 operands, wrapping in u32.
+fn kiln_pow_u32(x: u32, y: u32) -> u32 {
+    var acc = 1u;
+    var b = x;
+    var e = y;
+    while (e > 0u) {
+        if ((e & 1u) == 1u) { acc = acc * b; }
+        b = b * b;
+        e = e >> 1u;
+    }
+    return acc;
+}
+"#;
+
 const F32_TO_INT: &str = r#"
 // The low 32 bits of Rust's `x as i64` (saturating, NaN -> 0): WGSL's i32(x) would clamp to the i32 range instead.
 fn kiln_f32_low_bits(x: f32) -> u32 {
@@ -185,6 +202,7 @@ pub(crate) fn write_helper(s: &mut String, h: Helper, done: &mut BTreeSet<Helper
         Helper::MinF32 => MIN_F32,
         Helper::PowF32 => POW_F32,
         Helper::PowI32 => POW_I32,
+        Helper::PowU32 => POW_U32,
         Helper::F32ToInt => F32_TO_INT,
     });
 }

@@ -13,7 +13,7 @@
 //! entry may call (Philox, `pow`, NaN tests on the bits, division by zero, the float -> int conversion of the spec);
 //! `gemm.rs` is the tiled GEMM template.
 //!
-//! Types: f32 and i32 are themselves; u8 travels as `u32` (masked to 8 bits after arithmetic that can leave the
+//! Types: f32, i32 and u32 are themselves; u8 travels as `u32` (masked to 8 bits after arithmetic that can leave the
 //! range) and bool as `bool`, both stored as one `u32` per element in device buffers (WGSL has no 8-bit storage;
 //! the backend converts on upload and download). f64 and i64 have no WGSL type: `render` refuses them in buffers and
 //! accumulators, naming the dtype; the lowering's own 64-bit index and iota arithmetic is computed in 32 bits (see
@@ -235,7 +235,7 @@ pub(crate) fn ty(d: DType) -> &'static str {
     match narrow(d) {
         DType::F32 => "f32",
         DType::I32 => "i32",
-        DType::U8 => "u32",
+        DType::U8 | DType::U32 => "u32",
         _ => "bool",
     }
 }
@@ -245,7 +245,7 @@ pub(crate) fn storage_ty(d: DType) -> &'static str {
     match d {
         DType::F32 => "f32",
         DType::I32 => "i32",
-        DType::U8 | DType::Bool => "u32",
+        DType::U32 | DType::U8 | DType::Bool => "u32",
         DType::F64 | DType::I64 => unreachable!("{d} is refused by check"),
     }
 }

@@ -30,6 +30,7 @@ pub(crate) fn konst(s: Scalar, d: DType) -> String {
         DType::F32 => f32_lit(s.as_f64() as f32),
         DType::I32 => i32_lit(s.as_i64() as i32),
         DType::U8 => format!("{}u", s.as_i64() as u8),
+        DType::U32 => format!("{}u", s.as_i64() as u32),
         _ => (s.as_f64() != 0.0).to_string(),
     }
 }
@@ -124,8 +125,9 @@ impl Emitter<'_> {
         match (u, narrow(d)) {
             (UnaryOp::Neg, DType::F32 | DType::I32) => format!("(-{a})"), // WGSL i32 negation wraps
             (UnaryOp::Neg, DType::U8) => format!("((0u - {a}) & 0xffu)"),
+            (UnaryOp::Neg, DType::U32) => format!("(0u - {a})"),
             (UnaryOp::Neg | UnaryOp::Abs, DType::Bool) => a.to_string(), // -1 and 1 are both true
-            (UnaryOp::Abs, DType::U8) => a.to_string(),
+            (UnaryOp::Abs, DType::U8 | DType::U32) => a.to_string(),
             (UnaryOp::Abs, _) => format!("abs({a})"), // abs(i32::MIN) wraps to itself, as in eval
             (UnaryOp::Exp, DType::F32) => format!("exp({a})"),
             (UnaryOp::Log, DType::F32) => format!("log({a})"),
@@ -139,7 +141,7 @@ impl Emitter<'_> {
                 self.helper(Helper::FloatCmp, format!("select(0.0f, 1.0f, kiln_eq({a}, 0.0f))"))
             }
             (UnaryOp::Not, DType::I32) => format!("select(0i, 1i, {a} == 0i)"),
-            (UnaryOp::Not, DType::U8) => format!("select(0u, 1u, {a} == 0u)"),
+            (UnaryOp::Not, DType::U8 | DType::U32) => format!("select(0u, 1u, {a} == 0u)"),
             (op, d) => unreachable!("unary {op:?} on {d}"),
         }
     }
@@ -174,7 +176,8 @@ impl Emitter<'_> {
                 Pow => self.helper(Helper::PowF32, format!("kiln_pow({x}, {y})")),
                 And | Or => unreachable!("{op:?} on floats"),
             },
-            DType::I32 | DType::U8 => {
+            // u32 arithmetic, division, comparisons and max/min are WGSL's unsigned ones on `u32`.
+            DType::I32 | DType::U8 | DType::U32 => {
                 let s = if d == DType::I32 { "i" } else { "u" };
                 let wrap = |e: String| if d == DType::U8 { format!("(({e}) & 0xffu)") } else { e };
                 match op {
@@ -186,6 +189,7 @@ impl Emitter<'_> {
                     Max => format!("max({x}, {y})"),
                     Min => format!("min({x}, {y})"),
                     Pow if d == DType::I32 => self.helper(Helper::PowI32, format!("kiln_pow_i32({x}, {y})")),
+                    Pow if d == DType::U32 => self.helper(Helper::PowU32, format!("kiln_pow_u32({x}, {y})")),
                     Pow => self.helper(Helper::PowI32, format!("(u32(kiln_pow_i32(i32({x}), i32({y}))) & 0xffu)")),
                     Lt => format!("({x} < {y})"),
                     Le => format!("({x} <= {y})"),
@@ -223,17 +227,22 @@ impl Emitter<'_> {
             (a, b) if a == b => v.to_string(),
             (F32, Bool) => self.helper(Helper::FloatCmp, format!("kiln_ne({v}, 0.0f)")), // NaN is true
             (I32, Bool) => format!("({v} != 0i)"),
-            (U8, Bool) => format!("({v} != 0u)"),
+            (U8 | U32, Bool) => format!("({v} != 0u)"),
             (Bool, F32) => format!("select(0.0f, 1.0f, {v})"),
             (Bool, I32) => format!("select(0i, 1i, {v})"),
-            (Bool, U8) => format!("select(0u, 1u, {v})"),
-            (I32 | U8, F32) => format!("f32({v})"),
-            (U8, I32) => format!("i32({v})"),
+            (Bool, U8 | U32) => format!("select(0u, 1u, {v})"),
+            (I32 | U8 | U32, F32) => format!("f32({v})"),
+            // WGSL's i32(u32) and u32(i32) keep the bits: the wrapped conversions of eval.
+            (U8 | U32, I32) => format!("i32({v})"),
+            (I32, U32) => format!("u32({v})"),
+            (U8, U32) => v.to_string(),
+            (U32, U8) => format!("({v} & 0xffu)"),
             // WGSL's u32(i32) keeps the bits: the low 8 of them are the wrapped u8.
             (I32, U8) => format!("(u32({v}) & 0xffu)"),
             // WGSL's f32 -> int conversion clamps to the target type; eval saturates to i64 and wraps.
             (F32, I32) => self.helper(Helper::F32ToInt, format!("bitcast<i32>(kiln_f32_low_bits({v}))")),
             (F32, U8) => self.helper(Helper::F32ToInt, format!("(kiln_f32_low_bits({v}) & 0xffu)")),
+            (F32, U32) => self.helper(Helper::F32ToInt, format!("kiln_f32_low_bits({v})")),
             (a, b) => unreachable!("cast {a} -> {b} is refused by check"),
         }
     }
