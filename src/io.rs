@@ -1,7 +1,7 @@
 //! Weights on disk in the safetensors format (Hugging Face's; what `safetensors.torch.save_file` writes): an 8-byte
 //! little-endian header length, a JSON header naming each tensor's dtype, shape and byte range, then the raw data,
-//! little-endian and row-major. kiln reads and writes F32, F64, I32, I64, U32, U8 and BOOL, which map one to one onto
-//! its dtypes; anything else (F16, BF16, I8, ...) is refused with `Error::UnsupportedDType`, never converted
+//! little-endian and row-major. kiln reads and writes F16, F32, F64, I32, I64, U32, U8 and BOOL, which map one to one
+//! onto its dtypes; anything else (BF16, I8, ...) is refused with `Error::UnsupportedDType`, never converted
 //! silently. Files kiln writes carry the metadata `{"format": "pt"}`, as PyTorch-side tools expect.
 //!
 //! `save_module` / `load_module` store a `Module`'s `named_params` under their paths (`0.weight`, `fc1.bias`), the
@@ -51,6 +51,7 @@ fn to_safetensors_dtype(d: DType) -> Dtype {
         DType::U32 => Dtype::U32,
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
+        DType::F16 => Dtype::F16,
         DType::F32 => Dtype::F32,
         DType::F64 => Dtype::F64,
     }
@@ -64,6 +65,7 @@ fn to_le_bytes(b: &HostBuffer) -> Vec<u8> {
         HostBuffer::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     }
@@ -80,6 +82,7 @@ fn from_le_bytes(dtype: Dtype, data: &[u8]) -> Option<HostBuffer> {
         Dtype::U32 => HostBuffer::U32(words(data, u32::from_le_bytes)),
         Dtype::I32 => HostBuffer::I32(words(data, i32::from_le_bytes)),
         Dtype::I64 => HostBuffer::I64(words(data, i64::from_le_bytes)),
+        Dtype::F16 => HostBuffer::F16(words(data, kiln_jit::f16::from_le_bytes)),
         Dtype::F32 => HostBuffer::F32(words(data, f32::from_le_bytes)),
         Dtype::F64 => HostBuffer::F64(words(data, f64::from_le_bytes)),
         _ => return None,

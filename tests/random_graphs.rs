@@ -563,7 +563,11 @@ impl fmt::Debug for Info {
 
 /// Unit roundoff-ish: one ulp at 1.0.
 fn ulp(d: DType) -> f64 {
-    if d == DType::F64 { f64::EPSILON } else { f32::EPSILON as f64 }
+    match d {
+        DType::F64 => f64::EPSILON,
+        DType::F16 => 2f64.powi(-10),
+        _ => f32::EPSILON as f64,
+    }
 }
 
 /// The tolerance a value is compared with.
@@ -571,7 +575,8 @@ fn tolerance(dtype: DType, m: &Meta) -> Tol {
     if !dtype.is_float() || m.bit {
         return tol(dtype, Kind::Exact);
     }
-    let class = if m.coarse { DType::F32 } else { dtype };
+    // An f16 value is held to f16's tolerance whatever its history (it is the coarsest class).
+    let class = if m.coarse && dtype != DType::F16 { DType::F32 } else { dtype };
     tol(class, if m.acc { Kind::Accumulate } else { Kind::Elementwise })
 }
 
@@ -619,7 +624,8 @@ fn cast_meta(from: DType, to: DType, m: &Meta) -> Option<Meta> {
             return None;
         }
         let mut out = *m;
-        if from == DType::F64 && to == DType::F32 && !m.val {
+        // Narrowing an approximate value: the two sides may round it differently.
+        if from.is_float() && to.size_of() < from.size_of() && !m.val {
             out = out.approx(to, m.ea, m.er + ulp(to) / 2.0);
         }
         return Some(out);
@@ -842,8 +848,18 @@ fn unary_meta(u: Un, d: DType, a: &Meta) -> Option<Meta> {
 type Raw = (u8, [u16; 5]);
 
 const DIMS: [usize; 16] = [1, 2, 3, 4, 5, 7, 9, 1, 2, 8, 0, 3, 13, 6, 17, 11];
-const DTYPES: [DType; 9] =
-    [DType::F32, DType::F32, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool, DType::F32, DType::U32];
+const DTYPES: [DType; 10] = [
+    DType::F32,
+    DType::F32,
+    DType::F64,
+    DType::I32,
+    DType::I64,
+    DType::U8,
+    DType::Bool,
+    DType::F32,
+    DType::U32,
+    DType::F16,
+];
 const MAX_NUMEL: usize = 256;
 
 fn float_sc(r: u16) -> Sc {
@@ -1819,6 +1835,7 @@ fn priority(dims: &[usize]) -> Priority {
 fn stored(d: DType, s: Sc) -> f64 {
     let x = s.scalar();
     match d {
+        DType::F16 => kiln::f16::from_f64(x.as_f64()).to_f64(),
         DType::F32 => x.as_f64() as f32 as f64,
         DType::F64 => x.as_f64(),
         DType::Bool => (x.as_i64() != 0) as u8 as f64,
@@ -2033,6 +2050,7 @@ fn input_on(dev: &Device, dtype: DType, dims: &[usize], data: Data, seed: u64) -
         HostBuffer::U32(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::I32(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::I64(v) => Tensor::from_vec(v, dims, dev),
+        HostBuffer::F16(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::F32(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::F64(v) => Tensor::from_vec(v, dims, dev),
     }
@@ -2144,6 +2162,7 @@ fn via_to_vec(t: &Tensor) -> kiln::Result<HostBuffer> {
         DType::U32 => HostBuffer::U32(t.to_vec()?),
         DType::I32 => HostBuffer::I32(t.to_vec()?),
         DType::I64 => HostBuffer::I64(t.to_vec()?),
+        DType::F16 => HostBuffer::F16(t.to_vec()?),
         DType::F32 => HostBuffer::F32(t.to_vec()?),
         DType::F64 => HostBuffer::F64(t.to_vec()?),
     })

@@ -28,6 +28,7 @@ fn capacity(b: &HostBuffer) -> usize {
         HostBuffer::U32(v) => v.capacity(),
         HostBuffer::I32(v) => v.capacity(),
         HostBuffer::I64(v) => v.capacity(),
+        HostBuffer::F16(v) => v.capacity(),
         HostBuffer::F32(v) => v.capacity(),
         HostBuffer::F64(v) => v.capacity(),
     }
@@ -40,6 +41,7 @@ fn clear(b: &mut HostBuffer) {
         HostBuffer::U32(v) => v.clear(),
         HostBuffer::I32(v) => v.clear(),
         HostBuffer::I64(v) => v.clear(),
+        HostBuffer::F16(v) => v.clear(),
         HostBuffer::F32(v) => v.clear(),
         HostBuffer::F64(v) => v.clear(),
     }
@@ -60,6 +62,7 @@ pub fn take(dtype: DType, len: usize) -> HostBuffer {
         DType::U32 => HostBuffer::U32(Vec::with_capacity(len)),
         DType::I32 => HostBuffer::I32(Vec::with_capacity(len)),
         DType::I64 => HostBuffer::I64(Vec::with_capacity(len)),
+        DType::F16 => HostBuffer::F16(Vec::with_capacity(len)),
         DType::F32 => HostBuffer::F32(Vec::with_capacity(len)),
         DType::F64 => HostBuffer::F64(Vec::with_capacity(len)),
     }

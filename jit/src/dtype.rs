@@ -16,6 +16,9 @@ pub enum DType {
     U32,
     I32,
     I64,
+    /// IEEE binary16. Every op's result is rounded to f16; reductions and matmuls accumulate in f32 (as PyTorch
+    /// does) and round once.
+    F16,
     F32,
     F64,
 }
@@ -29,11 +32,13 @@ pub enum Category {
 }
 
 impl DType {
-    pub const ALL: [DType; 7] = [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F32, DType::F64];
+    pub const ALL: [DType; 8] =
+        [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::F32, DType::F64];
 
     pub fn size_of(self) -> usize {
         match self {
             DType::Bool | DType::U8 => 1,
+            DType::F16 => 2,
             DType::U32 | DType::I32 | DType::F32 => 4,
             DType::I64 | DType::F64 => 8,
         }
@@ -43,7 +48,7 @@ impl DType {
         match self {
             DType::Bool => Category::Bool,
             DType::U8 | DType::U32 | DType::I32 | DType::I64 => Category::Int,
-            DType::F32 | DType::F64 => Category::Float,
+            DType::F16 | DType::F32 | DType::F64 => Category::Float,
         }
     }
 
@@ -103,6 +108,7 @@ impl DType {
             DType::F32 => 5,
             DType::F64 => 6,
             DType::U32 => 7,
+            DType::F16 => 8,
         }
     }
 
@@ -113,6 +119,7 @@ impl DType {
             DType::U32 => "u32",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::F16 => "f16",
             DType::F32 => "f32",
             DType::F64 => "f64",
         }
@@ -143,7 +150,8 @@ pub fn promote(a: DType, b: DType) -> DType {
         // signed type that holds both, which is PyTorch's rule: u8 + i32 -> i32, u32 + i32 -> i64, u32 + i64 -> i64
         // (there is no i8/i16 here, so no u8 + i8 -> i16 case).
         _ => match (a, b) {
-            (F32, F64) | (F64, F32) => F64,
+            (F32, F64) | (F64, F32) | (F16, F64) | (F64, F16) => F64,
+            (F16, F32) | (F32, F16) => F32,
             (U8, x) | (x, U8) => x,
             (U32, I32) | (I32, U32) | (U32, I64) | (I64, U32) => I64,
             (I32, I64) | (I64, I32) => I64,
@@ -252,6 +260,11 @@ macro_rules! scalar_from {
 }
 scalar_from!(f64 => Float as f64, f32 => Float as f64, i64 => Int as i64, i32 => Int as i64, u8 => Int as i64,
     u32 => Int as i64, usize => Int as i64);
+impl From<half::f16> for Scalar {
+    fn from(x: half::f16) -> Self {
+        Scalar::Float(x.to_f64())
+    }
+}
 impl From<bool> for Scalar {
     fn from(b: bool) -> Self {
         Scalar::Bool(b)
@@ -281,6 +294,14 @@ mod tests {
         assert_eq!(result_type(&[(U32, Priority::Tensor), (I64, Priority::Scalar)]), U32);
         assert_eq!(result_type(&[(U32, Priority::Tensor), (I32, Priority::ZeroDim)]), U32);
         assert_eq!(result_type(&[(U32, Priority::Tensor), (F32, Priority::Scalar)]), F32);
+        // f16: the wider float wins; an f16 tensor keeps its dtype with a Python float, an int tensor, or a
+        // 0-dim f32.
+        assert_eq!(promote(F16, F32), F32);
+        assert_eq!(promote(F64, F16), F64);
+        assert_eq!(promote(I64, F16), F16);
+        assert_eq!(result_type(&[(F16, Priority::Tensor), (F32, Priority::Scalar)]), F16);
+        assert_eq!(result_type(&[(F16, Priority::Tensor), (F32, Priority::ZeroDim)]), F16);
+        assert_eq!(result_type(&[(I32, Priority::Tensor), (F16, Priority::ZeroDim)]), F16);
         // torch.ones(2, dtype=int32) + 2.5 -> float32; bool + 1 -> int64; u8 + 1000 stays u8.
         assert_eq!(result_type(&[(I32, Priority::Tensor), (F32, Priority::Scalar)]), F32);
         assert_eq!(result_type(&[(Bool, Priority::Tensor), (I64, Priority::Scalar)]), I64);

@@ -272,6 +272,7 @@ pub(crate) unsafe fn finish_output(b: &mut HostBuffer, len: usize) {
             HostBuffer::U32(v) => v.set_len(len),
             HostBuffer::I32(v) => v.set_len(len),
             HostBuffer::I64(v) => v.set_len(len),
+            HostBuffer::F16(v) => v.set_len(len),
             HostBuffer::F32(v) => v.set_len(len),
             HostBuffer::F64(v) => v.set_len(len),
         }
@@ -286,6 +287,7 @@ pub(crate) fn read_ptr(b: &HostBuffer) -> *mut u8 {
         HostBuffer::U32(v) => v.as_ptr() as *mut u8,
         HostBuffer::I32(v) => v.as_ptr() as *mut u8,
         HostBuffer::I64(v) => v.as_ptr() as *mut u8,
+        HostBuffer::F16(v) => v.as_ptr() as *mut u8,
         HostBuffer::F32(v) => v.as_ptr() as *mut u8,
         HostBuffer::F64(v) => v.as_ptr() as *mut u8,
     }
@@ -299,6 +301,7 @@ pub(crate) fn write_ptr(b: &mut HostBuffer) -> *mut u8 {
         HostBuffer::U32(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::I32(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::I64(v) => v.as_mut_ptr() as *mut u8,
+        HostBuffer::F16(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::F32(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::F64(v) => v.as_mut_ptr() as *mut u8,
     }

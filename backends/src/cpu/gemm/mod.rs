@@ -497,6 +497,7 @@ fn read_scalar(p: *mut u8, i: usize, d: DType) -> Scalar {
             DType::U32 => Scalar::Int(*(p as *const u32).add(i) as i64),
             DType::I32 => Scalar::Int(*(p as *const i32).add(i) as i64),
             DType::I64 => Scalar::Int(*(p as *const i64).add(i)),
+            DType::F16 => Scalar::Float((*(p as *const kiln_jit::f16).add(i)).to_f64()),
             DType::F32 => Scalar::Float(*(p as *const f32).add(i) as f64),
             DType::F64 => Scalar::Float(*(p as *const f64).add(i)),
         }

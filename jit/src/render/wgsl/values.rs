@@ -28,6 +28,7 @@ pub(crate) fn i32_lit(x: i32) -> String {
 pub(crate) fn konst(s: Scalar, d: DType) -> String {
     match narrow(d) {
         DType::F32 => f32_lit(s.as_f64() as f32),
+        DType::F16 => f32_lit(half::f16::from_f64(s.as_f64()).to_f32()),
         DType::I32 => i32_lit(s.as_i64() as i32),
         DType::U8 => format!("{}u", s.as_i64() as u8),
         DType::U32 => format!("{}u", s.as_i64() as u32),
@@ -67,6 +68,7 @@ fn valid_expr(v: &Valid) -> String {
 pub(crate) fn from_storage(d: DType, word: &str) -> String {
     match d {
         DType::Bool => format!("({word} != 0u)"),
+        DType::F16 => format!("f32({word})"),
         _ => word.to_string(),
     }
 }
@@ -75,6 +77,8 @@ pub(crate) fn from_storage(d: DType, word: &str) -> String {
 pub(crate) fn store(d: DType, v: &str) -> String {
     match d {
         DType::Bool => format!("select(0u, 1u, {v})"),
+        // Exact: `v` holds an f16 value.
+        DType::F16 => format!("f16({v})"),
         _ => v.to_string(),
     }
 }
@@ -105,11 +109,13 @@ impl Emitter<'_> {
                 self.uses_rng = true;
                 self.helpers.insert(Helper::Philox);
                 let words = format!("kiln_rand_words({slot}u, {})", iexpr(index));
-                match dist {
-                    RandDist::Uniform => format!("kiln_uniform({words})"),
-                    RandDist::Normal => {
+                match (dist, d) {
+                    (RandDist::Uniform, DType::F16) => format!("kiln_uniform_f16({words})"),
+                    (RandDist::Uniform, _) => format!("kiln_uniform({words})"),
+                    (RandDist::Normal, _) => {
                         self.helpers.insert(Helper::Normal);
-                        format!("kiln_normal({words})")
+                        let n = format!("kiln_normal({words})");
+                        if d == DType::F16 { self.helper(Helper::F16, format!("kiln_round_f16({n})")) } else { n }
                     }
                 }
             }
@@ -122,6 +128,11 @@ impl Emitter<'_> {
     }
 
     pub(crate) fn unary(&mut self, u: UnaryOp, d: DType, a: &str) -> String {
+        if d == DType::F16 {
+            // Computed in f32, rounded to f16 (negation and abs are exact).
+            let r = self.unary(u, DType::F32, a);
+            return if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { self.round_f16(r) };
+        }
         match (u, narrow(d)) {
             (UnaryOp::Neg, DType::F32 | DType::I32) => format!("(-{a})"), // WGSL i32 negation wraps
             (UnaryOp::Neg, DType::U8) => format!("((0u - {a}) & 0xffu)"),
@@ -150,6 +161,11 @@ impl Emitter<'_> {
     pub(crate) fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
         use BinaryOp::*;
         let d = narrow(d);
+        if d == DType::F16 {
+            // Computed in f32, rounded to f16 (comparisons, max and min are exact).
+            let r = self.binary(op, DType::F32, x, y);
+            return if op.is_comparison() || matches!(op, Max | Min) { r } else { self.round_f16(r) };
+        }
         match d {
             // Comparisons test for NaN on the bits: a driver may compile float compares assuming no NaN.
             DType::F32 if op.is_comparison() => {
@@ -215,6 +231,11 @@ impl Emitter<'_> {
         }
     }
 
+    /// `e` (an f32 expression) rounded to the nearest f16 value.
+    fn round_f16(&mut self, e: String) -> String {
+        self.helper(Helper::F16, format!("kiln_round_f16({e})"))
+    }
+
     fn helper(&mut self, h: Helper, e: String) -> String {
         self.helpers.insert(h);
         e
@@ -225,6 +246,14 @@ impl Emitter<'_> {
         use DType::*;
         match (narrow(from), narrow(to)) {
             (a, b) if a == b => v.to_string(),
+            // f16 is an f32 in registers: widening is free, narrowing is a rounding. An int converts to f32 first:
+            // exact below 2^24, and anything larger is inf in f16 either way.
+            (F16, F32) => v.to_string(),
+            (F16, b) => self.cast(F32, b, v),
+            (a, F16) => {
+                let f = self.cast(a, F32, v);
+                self.round_f16(f)
+            }
             (F32, Bool) => self.helper(Helper::FloatCmp, format!("kiln_ne({v}, 0.0f)")), // NaN is true
             (I32, Bool) => format!("({v} != 0i)"),
             (U8 | U32, Bool) => format!("({v} != 0u)"),
