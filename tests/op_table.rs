@@ -940,8 +940,8 @@ fn binary(t: &mut Table) {
         Want::new(U8, &[3], &[254.0, 251.0, 255.0], Kind::Exact),
     );
     // True division of ints: f32, with x/0 = +-inf and 0/0 = NaN.
-    for d in [U8, I32, I64] {
-        let (a, w): (&[f64], &[f64]) = if d == U8 {
+    for d in [U8, U32, I32, I64] {
+        let (a, w): (&[f64], &[f64]) = if d.is_unsigned() {
             (&[7.0, 255.0, 0.0, 1.0], &[3.5, 127.5, NAN, INF])
         } else {
             (&[7.0, -7.0, 0.0, 1.0], &[3.5, -3.5, NAN, INF])
@@ -1727,7 +1727,7 @@ fn reduce(t: &mut Table) {
                 Want::new(I64, &[], &[1.0], Kind::Exact),
             );
         }
-        for d in [U8, I32, I64, F32, F64] {
+        for d in [U8, U32, I32, I64, F16, F32, F64] {
             let x = v(d, &[3.0, 1.0, 3.0, 1.0, 2.0, 3.0]);
             let w = if is_max { 0.0 } else { 1.0 };
             t.check(
@@ -2170,7 +2170,7 @@ fn linalg(t: &mut Table) {
         (&[3, 8], &[8, 3]),
         (&[2, 2, 3], &[2, 3, 2]),
     ];
-    for d in [U8, I32, I64, F32, F64] {
+    for d in [U8, U32, I32, I64, F16, F32, F64] {
         let dom = if d.is_float() { Dom::Cont(-2.0, 2.0) } else { Dom::Cont(-5.0, 20.0) };
         for (sa, sb) in shapes {
             let a = In::random(d, sa, seed(&[&"matmul a", &d, &sa, &sb]), dom);
@@ -2458,7 +2458,7 @@ const REQUIRED: &[(&str, &[DType])] = &[
     ("stack", &ALL_DTYPES),
     ("contiguous", &ALL_DTYPES),
     // linalg
-    ("matmul", &[U8, I32, I64, F32, F64]),
+    ("matmul", &[U8, U32, I32, I64, F16, F32, F64]),
     ("softmax", &FLOATS),
     ("log_softmax", &FLOATS),
 ];
