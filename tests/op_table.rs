@@ -262,7 +262,8 @@ fn run_group(group: Group) {
         }
         if skipped > 0 {
             eprintln!(
-                "{group:?} on {dev}: {skipped} cases whose inputs or result {dev} cannot hold (f64, i64; f16 without SHADER_F16) not run"
+                "{group:?} on {dev}: {skipped} cases whose inputs or result {dev} cannot hold (f64, i64; f16 without \
+                 SHADER_F16) not run"
             );
         }
     }

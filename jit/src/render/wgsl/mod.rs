@@ -15,11 +15,12 @@
 //!
 //! Types: f32, i32 and u32 are themselves; f16 is stored as `f16` (the shader says `enable f16;`, so the device
 //! needs `SHADER_F16`; the backend checks) and computed as f32, each result rounded to f16 by `kiln_round_f16`
-//! (u32 arithmetic: WGSL leaves the rounding of `f16(x)` to the implementation); u8 travels as `u32` (masked to 8 bits after arithmetic that can leave the
-//! range) and bool as `bool`, both stored as one `u32` per element in device buffers (WGSL has no 8-bit storage;
-//! the backend converts on upload and download). f64 and i64 have no WGSL type: `render` refuses them in buffers and
-//! accumulators, naming the dtype; the lowering's own 64-bit index and iota arithmetic is computed in 32 bits (see
-//! `check`). Index math is i32: a kernel whose index expressions leave the i32 range is refused too.
+//! (u32 arithmetic: WGSL leaves the rounding of `f16(x)` to the implementation); u8 travels as `u32` (masked to
+//! 8 bits after arithmetic that can leave the range) and bool as `bool`, both stored as one `u32` per element in
+//! device buffers (WGSL has no 8-bit storage; the backend converts on upload and download). f64 and i64 have no
+//! WGSL type: `render` refuses them in buffers and accumulators, naming the dtype; the lowering's own 64-bit index
+//! and iota arithmetic is computed in 32 bits (see `check`). Index math is i32: a kernel whose index expressions
+//! leave the i32 range is refused too.
 //!
 //! Semantics are those of `kernel::eval` (the executable spec): ints wrap, integer division by zero gives 0,
 //! float -> int casts saturate through i64 then wrap, max/min propagate NaN, comparisons with NaN are false except
