@@ -31,7 +31,8 @@ impl Device {
 
     /// The wgpu device, opening it on first call (Vulkan first, then GL; `WGPU_BACKEND` overrides). Without an
     /// adapter this is an error that says what to install (`mesa-vulkan-drivers libvulkan1` gives a CPU Vulkan
-    /// device). Tensors of f64 or i64 cannot live there: WGSL has no 64-bit types.
+    /// device). Tensors of f64 or i64 cannot live there: WGSL has no 64-bit types; f16 only where the adapter
+    /// has `SHADER_F16` (`supports` says).
     #[cfg(feature = "wgpu")]
     pub fn wgpu() -> crate::Result<Device> {
         kiln_backends::wgpu::backend()?;
@@ -59,7 +60,7 @@ impl Device {
         match self {
             Device::Cpu => true,
             #[cfg(feature = "wgpu")]
-            Device::Wgpu(_) => kiln_jit::render::wgsl::supports(dtype),
+            Device::Wgpu(_) => kiln_backends::wgpu::backend().is_ok_and(|b| b.supports(dtype)),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Weights on disk in the safetensors format (Hugging Face's; what `safetensors.torch.save_file` writes): an 8-byte
 //! little-endian header length, a JSON header naming each tensor's dtype, shape and byte range, then the raw data,
-//! little-endian and row-major. kiln reads and writes F32, F64, I32, I64, U8 and BOOL, which map one to one onto
-//! its dtypes; anything else (F16, BF16, I8, ...) is refused with `Error::UnsupportedDType`, never converted
+//! little-endian and row-major. kiln reads and writes F16, F32, F64, I32, I64, U32, U8 and BOOL, which map one to one
+//! onto its dtypes; anything else (BF16, I8, ...) is refused with `Error::UnsupportedDType`, never converted
 //! silently. Files kiln writes carry the metadata `{"format": "pt"}`, as PyTorch-side tools expect.
 //!
 //! `save_module` / `load_module` store a `Module`'s `named_params` under their paths (`0.weight`, `fc1.bias`), the
@@ -48,8 +48,10 @@ fn to_safetensors_dtype(d: DType) -> Dtype {
     match d {
         DType::Bool => Dtype::BOOL,
         DType::U8 => Dtype::U8,
+        DType::U32 => Dtype::U32,
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
+        DType::F16 => Dtype::F16,
         DType::F32 => Dtype::F32,
         DType::F64 => Dtype::F64,
     }
@@ -60,8 +62,10 @@ fn to_le_bytes(b: &HostBuffer) -> Vec<u8> {
     match b {
         HostBuffer::Bool(v) => v.iter().map(|&x| x as u8).collect(),
         HostBuffer::U8(v) => v.clone(),
+        HostBuffer::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     }
@@ -75,8 +79,10 @@ fn from_le_bytes(dtype: Dtype, data: &[u8]) -> Option<HostBuffer> {
     Some(match dtype {
         Dtype::BOOL => HostBuffer::Bool(data.iter().map(|&x| x != 0).collect()),
         Dtype::U8 => HostBuffer::U8(data.to_vec()),
+        Dtype::U32 => HostBuffer::U32(words(data, u32::from_le_bytes)),
         Dtype::I32 => HostBuffer::I32(words(data, i32::from_le_bytes)),
         Dtype::I64 => HostBuffer::I64(words(data, i64::from_le_bytes)),
+        Dtype::F16 => HostBuffer::F16(words(data, kiln_jit::f16::from_le_bytes)),
         Dtype::F32 => HostBuffer::F32(words(data, f32::from_le_bytes)),
         Dtype::F64 => HostBuffer::F64(words(data, f64::from_le_bytes)),
         _ => return None,

@@ -42,7 +42,7 @@ pub use device::Device;
 pub use device::WgpuDevice;
 pub use error::{Error, Result};
 pub use io::{load_module, load_safetensors, save_module, save_safetensors};
-pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape};
+pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape, f16};
 pub use ops::Operand;
 pub use random::manual_seed;
 pub use realize::{Captured, Stats, capture, stats};

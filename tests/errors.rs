@@ -270,3 +270,47 @@ fn unknown_device_name_is_an_error() {
     let e = "tpu".parse::<Device>().unwrap_err().to_string();
     assert!(e.contains("tpu") && e.contains("cpu"), "{e}");
 }
+
+/// Not a test on its own (ignored, so it never counts as a pass): the body of the child process of
+/// `wgpu_without_shader_f16_refuses_f16_naming_the_feature`, which runs with the feature declined.
+#[test]
+#[ignore = "the child process of wgpu_without_shader_f16_refuses_f16_naming_the_feature"]
+fn f16_refusal_child() {
+    if std::env::var("KILN_WGPU_F16").as_deref() != Ok("off") {
+        return;
+    }
+    let Some(w) = wgpu() else { return };
+    assert!(!w.supports(DType::F16), "KILN_WGPU_F16=off still gave f16");
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], &w).unwrap();
+    assert_op_panic(panic_of!(x.to_dtype(DType::F16)), "cast", &["f16", "wgpu", "SHADER_F16", "Device::cpu()"]);
+    assert_op_panic(panic_of!(Tensor::zeros([2], DType::F16, &w)), "const(0)", &["f16", "SHADER_F16"]);
+    let h = vec![kiln::f16::ONE; 3];
+    let e = Tensor::from_vec(h.clone(), [3], &w).unwrap_err().to_string();
+    assert!(e.contains("f16") && e.contains("SHADER_F16") && e.contains("KILN_WGPU_F16=off"), "{e}");
+    let e = Tensor::from_vec(h, [3], &Device::cpu()).unwrap().to_device(&w).unwrap_err().to_string();
+    assert!(e.contains("SHADER_F16"), "{e}");
+    // Everything else still runs there.
+    assert_eq!(x.mul(2.0).to_vec::<f32>().unwrap(), [2.0, 4.0, 6.0]);
+    println!("F16_REFUSED_OK");
+}
+
+/// On a wgpu device without `SHADER_F16` (simulated by declining it, `KILN_WGPU_F16=off`, in a child process: the
+/// device is opened once per process), f16 is refused at the op and at upload, naming the missing feature; nothing
+/// falls back to the CPU.
+#[test]
+fn wgpu_without_shader_f16_refuses_f16_naming_the_feature() {
+    if wgpu().is_none() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "f16_refusal_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("KILN_WGPU_F16", "off")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("F16_REFUSED_OK"),
+        "child failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

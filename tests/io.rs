@@ -2,7 +2,7 @@
 //! and writes (checked by hand-parsing and hand-building files), module save/load, and every error case.
 
 use kiln::nn::{Linear, Module, ReLU, Sequential};
-use kiln::{DType, Device, Error, Tensor, load_module, load_safetensors, save_module, save_safetensors};
+use kiln::{DType, Device, Error, Tensor, f16, load_module, load_safetensors, save_module, save_safetensors};
 use std::path::PathBuf;
 
 fn dev() -> Device {
@@ -61,6 +61,9 @@ fn every_dtype_round_trips() {
     let i32s = Tensor::from_vec(vec![i32::MIN, -1, 0, i32::MAX], [2, 1, 2], &dev()).unwrap();
     let i64s = Tensor::from_vec(vec![i64::MIN, 42, i64::MAX], [3, 1], &dev()).unwrap();
     let u8s = Tensor::from_vec(vec![0u8, 127, 255], [3], &dev()).unwrap();
+    let u32s = Tensor::from_vec(vec![0u32, 1 << 31, u32::MAX, 7], [2, 2], &dev()).unwrap();
+    let f16s =
+        Tensor::from_vec([-0.0f32, 65504.0, 6e-8, f32::NEG_INFINITY].map(f16::from_f32).to_vec(), [4], &dev()).unwrap();
     let bools = Tensor::from_vec(vec![true, false, false, true], [4], &dev()).unwrap();
     let scalar = Tensor::from_vec(vec![2.5f32], [], &dev()).unwrap();
     let empty = Tensor::from_vec(Vec::<f32>::new(), [0, 3], &dev()).unwrap();
@@ -71,6 +74,8 @@ fn every_dtype_round_trips() {
         ("i32", &i32s),
         ("i64", &i64s),
         ("u8", &u8s),
+        ("u32", &u32s),
+        ("f16", &f16s),
         ("bool", &bools),
         ("scalar", &scalar),
         ("empty", &empty),
@@ -129,15 +134,20 @@ fn a_file_written_the_way_pytorch_writes_it_loads() {
         ("idx", "I32", &[2, 2], i32s),
         ("mask", "BOOL", &[3], vec![1, 0, 1]),
         ("bytes", "U8", &[2], vec![9, 200]),
+        ("counts", "U32", &[2], [3_000_000_000u32, 5].iter().flat_map(|v| v.to_le_bytes()).collect()),
+        // PyTorch's half: 1.0 and -2.0.
+        ("h", "F16", &[2], vec![0x00, 0x3c, 0x00, 0xc0]),
     ]);
     std::fs::write(&path, file).unwrap();
     let loaded = load_safetensors(&path, &dev()).unwrap();
     let names: Vec<&str> = loaded.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["layer.bias", "idx", "mask", "bytes"], "the file's order");
+    assert_eq!(names, ["layer.bias", "idx", "mask", "bytes", "counts", "h"], "the file's order");
     assert_eq!(loaded[0].1.to_vec::<f64>().unwrap(), [0.5, -2.0]);
     assert_eq!((loaded[1].1.dims(), loaded[1].1.to_vec::<i32>().unwrap()), (&[2, 2][..], vec![3, -4, 5, -6]));
     assert_eq!(loaded[2].1.to_vec::<bool>().unwrap(), [true, false, true]);
     assert_eq!(loaded[3].1.to_vec::<u8>().unwrap(), [9, 200]);
+    assert_eq!((loaded[4].1.dtype(), loaded[4].1.to_vec::<u32>().unwrap()), (DType::U32, vec![3_000_000_000, 5]));
+    assert_eq!(loaded[5].1.to_vec::<f16>().unwrap(), [f16::ONE, f16::from_f32(-2.0)]);
 }
 
 #[test]
@@ -161,11 +171,11 @@ fn errors_name_the_file_and_the_problem() {
     // Too short to hold a header length.
     std::fs::write(&path, b"abc").unwrap();
     assert!(matches!(load_safetensors(&path, &dev()), Err(Error::SafeTensors { .. })));
-    // An unsupported dtype (PyTorch's half) is refused by name, not converted.
-    std::fs::write(&path, handmade(&[("h", "F16", &[2], vec![0, 60, 0, 188])])).unwrap();
+    // An unsupported dtype (bfloat16) is refused by name, not converted.
+    std::fs::write(&path, handmade(&[("h", "BF16", &[2], vec![0x80, 0x3f, 0, 0xc0])])).unwrap();
     let err = load_safetensors(&path, &dev()).unwrap_err();
-    assert!(matches!(&err, Error::UnsupportedDType { name, dtype, .. } if name == "h" && dtype == "F16"), "{err:?}");
-    assert!(err.to_string().contains("F16") && err.to_string().contains("`h`"), "{err}");
+    assert!(matches!(&err, Error::UnsupportedDType { name, dtype, .. } if name == "h" && dtype == "BF16"), "{err:?}");
+    assert!(err.to_string().contains("BF16") && err.to_string().contains("`h`"), "{err}");
     // Shape and byte range disagree: 3 f32 declared, 8 bytes given.
     std::fs::write(&path, handmade(&[("w", "F32", &[3], vec![0; 8])])).unwrap();
     assert!(matches!(load_safetensors(&path, &dev()), Err(Error::SafeTensors { .. })));

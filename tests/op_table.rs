@@ -13,11 +13,11 @@
 mod common;
 
 use common::*;
-use kiln::{DType, Device, HostBuffer, Tensor};
+use kiln::{DType, Device, HostBuffer, Tensor, f16};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 
-use DType::{Bool, F32, F64, I32, I64, U8};
+use DType::{Bool, F16, F32, F64, I32, I64, U8, U32};
 
 const INF: f64 = f64::INFINITY;
 const NAN: f64 = f64::NAN;
@@ -221,7 +221,10 @@ fn build(group: Group) -> Vec<Case> {
         Group::Creation => creation(&mut t),
         Group::Unary => unary(&mut t),
         Group::Binary => binary(&mut t),
-        Group::Promotion => promotion(&mut t),
+        Group::Promotion => {
+            promotion(&mut t);
+            unsigned32(&mut t);
+        }
         Group::Cast => cast(&mut t),
         Group::Reduce => reduce(&mut t),
         Group::Movement => movement(&mut t),
@@ -259,7 +262,8 @@ fn run_group(group: Group) {
         }
         if skipped > 0 {
             eprintln!(
-                "{group:?} on {dev}: {skipped} cases whose inputs or result {dev} cannot hold (f64, i64) not run"
+                "{group:?} on {dev}: {skipped} cases whose inputs or result {dev} cannot hold (f64, i64; f16 without \
+                 SHADER_F16) not run"
             );
         }
     }
@@ -405,9 +409,11 @@ fn roundtrip<T: kiln::Element>(t: &mut Table, data: Vec<T>) {
 fn creation(t: &mut Table) {
     roundtrip(t, vec![true, false, false, true, true, false]);
     roundtrip(t, vec![0u8, 1, 127, 128, 254, 255]);
+    roundtrip(t, vec![0u32, 1, 65_535, 1 << 31, u32::MAX - 1, u32::MAX]);
     roundtrip(t, vec![i32::MIN, -1, 0, 1, 7, i32::MAX]);
     roundtrip(t, vec![i64::MIN, -1, 0, 1, 1 << 40, i64::MAX]);
     roundtrip(t, vec![-0.0f32, 1.5, -2.25, f32::INFINITY, f32::NAN, 1e-40]);
+    roundtrip(t, [-0.0f32, 1.5, -65504.0, f32::INFINITY, f32::NAN, 6e-8].map(f16::from_f32).to_vec());
     roundtrip(t, vec![-0.0f64, 0.1, -1e300, f64::NEG_INFINITY, f64::NAN, 5e-324]);
 
     for d in ALL_DTYPES {
@@ -498,6 +504,7 @@ fn creation(t: &mut Table) {
         [(0.0, 1.0, 5, F32), (1.0, -1.0, 3, F64), (0.0, 1.0, 0, F32), (2.0, 3.0, 1, F64), (0.0, 1.0, 7, F32)]
             .into_iter()
             .chain([(-3.5, 10.0, 100, F64), (-3.5, 10.0, 100, F32), (0.1, 0.7, 4, F32)])
+            .chain([(0.0, 1.0, 5, F16), (-3.5, 10.0, 100, F16)])
     {
         let v: Vec<f64> = (0..n).map(|i| if n == 1 { a } else { a + (b - a) * i as f64 / (n - 1) as f64 }).collect();
         t.build(
@@ -934,8 +941,8 @@ fn binary(t: &mut Table) {
         Want::new(U8, &[3], &[254.0, 251.0, 255.0], Kind::Exact),
     );
     // True division of ints: f32, with x/0 = +-inf and 0/0 = NaN.
-    for d in [U8, I32, I64] {
-        let (a, w): (&[f64], &[f64]) = if d == U8 {
+    for d in [U8, U32, I32, I64] {
+        let (a, w): (&[f64], &[f64]) = if d.is_unsigned() {
             (&[7.0, 255.0, 0.0, 1.0], &[3.5, 127.5, NAN, INF])
         } else {
             (&[7.0, -7.0, 0.0, 1.0], &[3.5, -3.5, NAN, INF])
@@ -1061,6 +1068,61 @@ fn binary(t: &mut Table) {
 // ---------------------------------------------------------------------------------------------------------------
 // Promotion: mixed dtypes, zero-dim tensors, Rust scalars, and the operators
 // ---------------------------------------------------------------------------------------------------------------
+
+/// u32: C-like wrapping, and unsigned compares, min/max, power and conversions on values above 2^31 (where a
+/// signed instruction would read them as negative), and PyTorch's promotion with signed ints (u32 + i32 -> i64).
+fn unsigned32(t: &mut Table) {
+    const M: f64 = u32::MAX as f64;
+    const H: f64 = 2_147_483_648.0; // 2^31
+    let rows: [Row2; 12] = [
+        ("add", |a, b| a.add(b), v(U32, &[M, 5.0, H]), v(U32, &[1.0, 3.0, H]), U32, &[0.0, 8.0, 0.0]),
+        ("sub", |a, b| a.sub(b), v(U32, &[0.0, 5.0, 1.0]), v(U32, &[1.0, 3.0, M]), U32, &[M, 2.0, 2.0]),
+        ("mul", |a, b| a.mul(b), v(U32, &[65_536.0, 3.0, M]), v(U32, &[65_536.0, 5.0, M]), U32, &[0.0, 15.0, 1.0]),
+        ("maximum", |a, b| a.maximum(b), v(U32, &[H, 1.0, 7.0]), v(U32, &[1.0, M, 7.0]), U32, &[H, M, 7.0]),
+        ("minimum", |a, b| a.minimum(b), v(U32, &[H, 1.0, 7.0]), v(U32, &[1.0, M, 7.0]), U32, &[1.0, 1.0, 7.0]),
+        ("lt", |a, b| a.lt(b), v(U32, &[3e9, 1.0, H]), v(U32, &[1.0, 3e9, H]), Bool, &[0.0, 1.0, 0.0]),
+        ("le", |a, b| a.le(b), v(U32, &[3e9, 1.0, H]), v(U32, &[1.0, 3e9, H]), Bool, &[0.0, 1.0, 1.0]),
+        ("pow", |a, b| a.pow(b), v(U32, &[2.0, 3.0, M]), v(U32, &[32.0, 2.0, 3e9]), U32, &[0.0, 9.0, 1.0]),
+        ("div", |a, b| a.div(b), v(U32, &[3e9, 7.0, M]), v(U32, &[2.0, 2.0, 1.0]), F32, &[1.5e9, 3.5, M]),
+        ("add", |a, b| a.add(b), v(U32, &[M, 0.0]), v(I32, &[1.0, -1.0]), I64, &[M + 1.0, -1.0]),
+        ("sub", |a, b| a.sub(b), v(U32, &[0.0, M]), v(I64, &[1.0, -1.0]), I64, &[-1.0, M + 1.0]),
+        ("add", |a, b| a.add(b), v(U32, &[M, 1.0]), v(U8, &[1.0, 255.0]), U32, &[0.0, 256.0]),
+    ];
+    for (op, f, a, b, d, want) in rows {
+        let shape = a.shape.clone();
+        t.check(op, "u32", vec![a, b], move |x| f(&x[0], &x[1]), Want::new(d, &shape, want, Kind::Exact));
+    }
+    let scalars: [Row1; 8] = [
+        // Eight elements: the 4-lane vector loop, where bools are lane masks, not 0/1 bytes.
+        (
+            "to_dtype",
+            "bool -> u32, vectorized",
+            |a| a.to_dtype(U32),
+            v(Bool, &[1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0]),
+            U32,
+            &[1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0],
+        ),
+        ("add", "u32 + (-1) wraps in u32", |a| a.add(-1), v(U32, &[0.0, 5.0]), U32, &[M, 4.0]),
+        ("gt", "u32 > 2^31 - 1", |a| a.gt(2_147_483_647i64), v(U32, &[H, 5.0]), Bool, &[1.0, 0.0]),
+        ("neg", "-(u32) wraps", |a| a.neg(), v(U32, &[1.0, 0.0, H]), U32, &[M, 0.0, H]),
+        ("abs", "abs(u32) is the identity", |a| a.abs(), v(U32, &[M, H]), U32, &[M, H]),
+        ("to_dtype", "u32 -> f32 above 2^31", |a| a.to_dtype(F32), v(U32, &[3e9, M]), F32, &[3e9, 4_294_967_296.0]),
+        ("to_dtype", "u32 -> i32 wraps", |a| a.to_dtype(I32), v(U32, &[M, H]), I32, &[-1.0, -H]),
+        ("max_all", "unsigned", |a| a.max_all(), v(U32, &[1.0, 3e9, H]), U32, &[3e9]),
+    ];
+    for (op, note, f, a, d, want) in scalars {
+        let shape = if op == "max_all" { vec![] } else { a.shape.clone() };
+        t.check(op, note, vec![a], move |x| f(&x[0]), Want::new(d, &shape, want, Kind::Exact));
+    }
+    // Sums of u32 are i64, as in PyTorch (no wrapping at 2^32).
+    t.check(
+        "sum_all",
+        "u32 -> i64",
+        vec![v(U32, &[M, M, 2.0])],
+        |x| x[0].sum_all(),
+        Want::new(I64, &[], &[2.0 * M + 2.0], Kind::Exact),
+    );
+}
 
 fn promotion(t: &mut Table) {
     // Tensor op tensor, both dimensioned: torch.promote_types.
@@ -1283,6 +1345,7 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
     let ints: Option<Vec<i64>> = match src {
         HostBuffer::Bool(v) => Some(v.iter().map(|&x| x as i64).collect()),
         HostBuffer::U8(v) => Some(v.iter().map(|&x| x as i64).collect()),
+        HostBuffer::U32(v) => Some(v.iter().map(|&x| x as i64).collect()),
         HostBuffer::I32(v) => Some(v.iter().map(|&x| x as i64).collect()),
         HostBuffer::I64(v) => Some(v.clone()),
         _ => None,
@@ -1291,8 +1354,10 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
         return match dst {
             Bool => HostBuffer::Bool(v.iter().map(|&x| x != 0).collect()),
             U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
+            U32 => HostBuffer::U32(v.iter().map(|&x| x as u32).collect()),
             I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
             I64 => HostBuffer::I64(v),
+            F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x as f64)).collect()),
             F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
             F64 => HostBuffer::F64(v.iter().map(|&x| x as f64).collect()),
         };
@@ -1301,8 +1366,10 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
     match dst {
         Bool => HostBuffer::Bool(v.iter().map(|&x| x != 0.0).collect()),
         U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
+        U32 => HostBuffer::U32(v.iter().map(|&x| x as u32).collect()),
         I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
         I64 => HostBuffer::I64(v.iter().map(|&x| x as i64).collect()),
+        F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
         F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
         F64 => HostBuffer::F64(v),
     }
@@ -1312,8 +1379,21 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
 /// PyTorch, and kiln's engines and docs disagree there, see the report in `cast`).
 fn float_cast_values(src: DType, dst: DType) -> Vec<f64> {
     let mut v = vec![0.0, -0.0, 0.4, 1.5, 2.7, 100.9, 255.99];
-    if dst != U8 {
+    if !dst.is_unsigned() {
         v.extend([-0.4, -2.7, -100.9, 1e5, -1e5]);
+    }
+    if dst == U32 {
+        v.extend([1e5, 65535.5, 2_147_483_648.0, 4_000_000_000.0, 4_294_967_040.0]);
+    }
+    if src == F16 && dst.is_int() {
+        // In f16, 255.99 is 256 and 1e5 is inf: outside the target's range once the input is rounded.
+        let (lo, hi) = match dst {
+            U8 => (0.0, 255.0),
+            U32 => (0.0, u32::MAX as f64),
+            I32 => (i32::MIN as f64, i32::MAX as f64),
+            _ => (f64::MIN, f64::MAX),
+        };
+        v.retain(|&x| (lo..=hi).contains(&f16::from_f64(x).to_f64()));
     }
     if dst.is_float() || dst == Bool {
         v.extend([INF, -INF, NAN, 0.1, 1e-40, 16_777_217.0, 3.4e38]);
@@ -1325,16 +1405,18 @@ fn float_cast_values(src: DType, dst: DType) -> Vec<f64> {
 }
 
 fn cast(t: &mut Table) {
-    let int_sources: [HostBuffer; 4] = [
+    let int_sources: [HostBuffer; 5] = [
         HostBuffer::Bool(vec![true, false, true]),
         HostBuffer::U8(vec![0, 1, 7, 128, 200, 255]),
+        // Above 2^31 (negative as i32) and above 2^24 (rounded as f32), to catch signed conversions.
+        HostBuffer::U32(vec![0, 1, 7, 255, 256, 65_535, 16_777_217, 1 << 31, 3_000_000_001, u32::MAX]),
         HostBuffer::I32(vec![0, 1, -1, 7, 300, -300, 100_000, i32::MIN, i32::MAX]),
         HostBuffer::I64(vec![0, 1, -1, 300, -3, (1 << 33) + 5, 16_777_217, i64::MIN, i64::MAX]),
     ];
     for src_dtype in ALL_DTYPES {
         for dst in ALL_DTYPES {
             let src = match src_dtype {
-                F32 | F64 => buffer(src_dtype, &float_cast_values(src_dtype, dst)),
+                F16 | F32 | F64 => buffer(src_dtype, &float_cast_values(src_dtype, dst)),
                 d => int_sources.iter().find(|b| b.dtype() == d).expect("an int source").clone(),
             };
             let n = src.len();
@@ -1368,7 +1450,7 @@ fn cast(t: &mut Table) {
     // Out-of-range floats to u8/i32 are not asserted: to_dtype's doc says "saturates", but the interpreter and the
     // CPU JIT both go through i64 and wrap (3e9 -> i32 is -1294967296), so the spec itself is unsettled.
     for src in FLOATS {
-        for dst in [U8, I32, I64] {
+        for dst in [U8, U32, I32, I64] {
             let x: &[f64] = if dst == I64 { &[NAN, INF, -INF, 1e19, -1e19, -1.5] } else { &[NAN, -0.0, 0.99] };
             let b = buffer(src, x);
             let want = cast_ref(&b, dst);
@@ -1646,7 +1728,7 @@ fn reduce(t: &mut Table) {
                 Want::new(I64, &[], &[1.0], Kind::Exact),
             );
         }
-        for d in [U8, I32, I64, F32, F64] {
+        for d in [U8, U32, I32, I64, F16, F32, F64] {
             let x = v(d, &[3.0, 1.0, 3.0, 1.0, 2.0, 3.0]);
             let w = if is_max { 0.0 } else { 1.0 };
             t.check(
@@ -2089,7 +2171,7 @@ fn linalg(t: &mut Table) {
         (&[3, 8], &[8, 3]),
         (&[2, 2, 3], &[2, 3, 2]),
     ];
-    for d in [U8, I32, I64, F32, F64] {
+    for d in [U8, U32, I32, I64, F16, F32, F64] {
         let dom = if d.is_float() { Dom::Cont(-2.0, 2.0) } else { Dom::Cont(-5.0, 20.0) };
         for (sa, sb) in shapes {
             let a = In::random(d, sa, seed(&[&"matmul a", &d, &sa, &sb]), dom);
@@ -2377,7 +2459,7 @@ const REQUIRED: &[(&str, &[DType])] = &[
     ("stack", &ALL_DTYPES),
     ("contiguous", &ALL_DTYPES),
     // linalg
-    ("matmul", &[U8, I32, I64, F32, F64]),
+    ("matmul", &[U8, U32, I32, I64, F16, F32, F64]),
     ("softmax", &FLOATS),
     ("log_softmax", &FLOATS),
 ];

@@ -563,7 +563,11 @@ impl fmt::Debug for Info {
 
 /// Unit roundoff-ish: one ulp at 1.0.
 fn ulp(d: DType) -> f64 {
-    if d == DType::F64 { f64::EPSILON } else { f32::EPSILON as f64 }
+    match d {
+        DType::F64 => f64::EPSILON,
+        DType::F16 => 2f64.powi(-10),
+        _ => f32::EPSILON as f64,
+    }
 }
 
 /// The tolerance a value is compared with.
@@ -571,7 +575,8 @@ fn tolerance(dtype: DType, m: &Meta) -> Tol {
     if !dtype.is_float() || m.bit {
         return tol(dtype, Kind::Exact);
     }
-    let class = if m.coarse { DType::F32 } else { dtype };
+    // An f16 value is held to f16's tolerance whatever its history (it is the coarsest class).
+    let class = if m.coarse && dtype != DType::F16 { DType::F32 } else { dtype };
     tol(class, if m.acc { Kind::Accumulate } else { Kind::Elementwise })
 }
 
@@ -588,6 +593,7 @@ fn int_range(d: DType) -> (f64, f64) {
     match d {
         DType::Bool => (0.0, 1.0),
         DType::U8 => (0.0, 255.0),
+        DType::U32 => (0.0, u32::MAX as f64),
         DType::I32 => (i32::MIN as f64, i32::MAX as f64),
         DType::I64 => (i64::MIN as f64, i64::MAX as f64),
         _ => (f64::NEG_INFINITY, f64::INFINITY),
@@ -618,7 +624,8 @@ fn cast_meta(from: DType, to: DType, m: &Meta) -> Option<Meta> {
             return None;
         }
         let mut out = *m;
-        if from == DType::F64 && to == DType::F32 && !m.val {
+        // Narrowing an approximate value: the two sides may round it differently.
+        if from.is_float() && to.size_of() < from.size_of() && !m.val {
             out = out.approx(to, m.ea, m.er + ulp(to) / 2.0);
         }
         return Some(out);
@@ -841,8 +848,18 @@ fn unary_meta(u: Un, d: DType, a: &Meta) -> Option<Meta> {
 type Raw = (u8, [u16; 5]);
 
 const DIMS: [usize; 16] = [1, 2, 3, 4, 5, 7, 9, 1, 2, 8, 0, 3, 13, 6, 17, 11];
-const DTYPES: [DType; 8] =
-    [DType::F32, DType::F32, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool, DType::F32];
+const DTYPES: [DType; 10] = [
+    DType::F32,
+    DType::F32,
+    DType::F64,
+    DType::I32,
+    DType::I64,
+    DType::U8,
+    DType::Bool,
+    DType::F32,
+    DType::U32,
+    DType::F16,
+];
 const MAX_NUMEL: usize = 256;
 
 fn float_sc(r: u16) -> Sc {
@@ -953,13 +970,15 @@ impl Decoder {
                     (true, 3) => Data::Cont(0.25, 2.0),
                     (true, _) => Data::Specials,
                     (false, 4) if dtype == DType::U8 => Data::Cont(0.0, 255.0),
+                    // Large u32 values: wrapping arithmetic, unsigned compares and conversions above 2^31.
+                    (false, 4) if dtype == DType::U32 => Data::Cont(0.0, 4_294_967_295.0),
                     (false, 3) => Data::Cont(0.0, 9.0),
                     (false, _) => Data::Cont(-5.0, 5.0),
                 };
                 let meta = match (data, dtype) {
                     (Data::Specials, _) => Meta::exact(-2.0, 2.0, true),
                     (_, DType::Bool) => Meta::exact(0.0, 1.0, false),
-                    (Data::Cont(a, b) | Data::Grid(a, b), DType::U8) => Meta::exact(a.max(0.0), b, false),
+                    (Data::Cont(a, b) | Data::Grid(a, b), DType::U8 | DType::U32) => Meta::exact(a.max(0.0), b, false),
                     (Data::Cont(a, b) | Data::Grid(a, b), _) => Meta::exact(a, b, false),
                 };
                 self.push(Step::Input { dtype, dims: dims.clone(), data, seed: s as u64 }, dtype, dims, meta)
@@ -1028,7 +1047,7 @@ impl Decoder {
             .0;
         match kind {
             0 => {
-                let dtype = DTYPES[p[0] as usize % 8];
+                let dtype = DTYPES[p[0] as usize % DTYPES.len()];
                 let rank = [1, 2, 0, 3, 4][p[1] as usize % 5];
                 self.leaf(dtype, dims_from(rank, p[2]), p[3], p[4]);
             }
@@ -1252,7 +1271,7 @@ impl Decoder {
     /// A second operand for `v`: an earlier value whose shape broadcasts with it, or a new leaf.
     fn partner(&mut self, v: usize, p: [u16; 3], same_dtype: bool) -> usize {
         let (dims, dtype) = (self.var(v).dims.clone(), self.var(v).dtype);
-        let dt = if same_dtype || !p[2].is_multiple_of(3) { dtype } else { DTYPES[(p[2] as usize / 3) % 8] };
+        let dt = if same_dtype || !p[2].is_multiple_of(3) { dtype } else { DTYPES[(p[2] as usize / 3) % DTYPES.len()] };
         match p[0] % 4 {
             0 | 1 => {
                 let found = self.pick(p[1], |x| {
@@ -1383,9 +1402,9 @@ impl Decoder {
     fn cast(&mut self, p: [u16; 5]) {
         let v = self.pick(p[0], |_| true).expect("a value");
         let from = self.var(v).dtype;
-        let mut to = DTYPES[p[1] as usize % 8];
+        let mut to = DTYPES[p[1] as usize % DTYPES.len()];
         if to == from {
-            to = DTYPES[(p[1] as usize + 3) % 8];
+            to = DTYPES[(p[1] as usize + 3) % DTYPES.len()];
         }
         if to == from {
             return;
@@ -1683,7 +1702,7 @@ impl Decoder {
             if !stack {
                 d[a] = [0, 1, 2, 3, 5][(q as usize / 3) % 5];
             }
-            let dt = if q % 5 == 1 { DTYPES[(q as usize / 5) % 8] } else { dtype };
+            let dt = if q % 5 == 1 { DTYPES[(q as usize / 5) % DTYPES.len()] } else { dtype };
             parts.push(self.leaf(dt, d, q, q >> 2));
         }
         let out_dims = if stack {
@@ -1743,7 +1762,7 @@ impl Decoder {
                 vec![batch, k, n]
             }
         };
-        let dt = if p[4].is_multiple_of(3) { DTYPES[(p[4] as usize / 3) % 8] } else { self.var(a).dtype };
+        let dt = if p[4].is_multiple_of(3) { DTYPES[(p[4] as usize / 3) % DTYPES.len()] } else { self.var(a).dtype };
         let found = self.pick(p[3], |x| x.dims == bd);
         let b = match found {
             Some(b) if p[4].is_multiple_of(2) => b,
@@ -1816,10 +1835,12 @@ fn priority(dims: &[usize]) -> Priority {
 fn stored(d: DType, s: Sc) -> f64 {
     let x = s.scalar();
     match d {
+        DType::F16 => kiln::f16::from_f64(x.as_f64()).to_f64(),
         DType::F32 => x.as_f64() as f32 as f64,
         DType::F64 => x.as_f64(),
         DType::Bool => (x.as_i64() != 0) as u8 as f64,
         DType::U8 => x.as_i64() as u8 as f64,
+        DType::U32 => x.as_i64() as u32 as f64,
         DType::I32 => x.as_i64() as i32 as f64,
         _ => x.as_i64() as f64,
     }
@@ -1935,7 +1956,7 @@ fn softmax_meta(d: DType, a: &Meta, k: usize, log: bool) -> Option<Meta> {
 fn decode(leaves: Vec<Raw>, raw: Vec<Raw>, outs: Vec<u16>, together: bool, seed: u16) -> Prog {
     let mut dec = Decoder { steps: Vec::new(), vars: Vec::new(), infos: Vec::new() };
     for (sel, p) in leaves {
-        let dtype = DTYPES[sel as usize % 8];
+        let dtype = DTYPES[sel as usize % DTYPES.len()];
         let rank = [1, 2, 0, 3, 4][p[0] as usize % 5];
         dec.leaf(dtype, dims_from(rank, p[1]), p[2], p[3]);
     }
@@ -2026,8 +2047,10 @@ fn input_on(dev: &Device, dtype: DType, dims: &[usize], data: Data, seed: u64) -
     match common::buffer(dtype, &vals) {
         HostBuffer::Bool(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::U8(v) => Tensor::from_vec(v, dims, dev),
+        HostBuffer::U32(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::I32(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::I64(v) => Tensor::from_vec(v, dims, dev),
+        HostBuffer::F16(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::F32(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::F64(v) => Tensor::from_vec(v, dims, dev),
     }
@@ -2136,8 +2159,10 @@ fn via_to_vec(t: &Tensor) -> kiln::Result<HostBuffer> {
     Ok(match t.dtype() {
         DType::Bool => HostBuffer::Bool(t.to_vec()?),
         DType::U8 => HostBuffer::U8(t.to_vec()?),
+        DType::U32 => HostBuffer::U32(t.to_vec()?),
         DType::I32 => HostBuffer::I32(t.to_vec()?),
         DType::I64 => HostBuffer::I64(t.to_vec()?),
+        DType::F16 => HostBuffer::F16(t.to_vec()?),
         DType::F32 => HostBuffer::F32(t.to_vec()?),
         DType::F64 => HostBuffer::F64(t.to_vec()?),
     })

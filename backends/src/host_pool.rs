@@ -25,8 +25,10 @@ fn capacity(b: &HostBuffer) -> usize {
     match b {
         HostBuffer::Bool(v) => v.capacity(),
         HostBuffer::U8(v) => v.capacity(),
+        HostBuffer::U32(v) => v.capacity(),
         HostBuffer::I32(v) => v.capacity(),
         HostBuffer::I64(v) => v.capacity(),
+        HostBuffer::F16(v) => v.capacity(),
         HostBuffer::F32(v) => v.capacity(),
         HostBuffer::F64(v) => v.capacity(),
     }
@@ -36,8 +38,10 @@ fn clear(b: &mut HostBuffer) {
     match b {
         HostBuffer::Bool(v) => v.clear(),
         HostBuffer::U8(v) => v.clear(),
+        HostBuffer::U32(v) => v.clear(),
         HostBuffer::I32(v) => v.clear(),
         HostBuffer::I64(v) => v.clear(),
+        HostBuffer::F16(v) => v.clear(),
         HostBuffer::F32(v) => v.clear(),
         HostBuffer::F64(v) => v.clear(),
     }
@@ -55,8 +59,10 @@ pub fn take(dtype: DType, len: usize) -> HostBuffer {
     match dtype {
         DType::Bool => HostBuffer::Bool(Vec::with_capacity(len)),
         DType::U8 => HostBuffer::U8(Vec::with_capacity(len)),
+        DType::U32 => HostBuffer::U32(Vec::with_capacity(len)),
         DType::I32 => HostBuffer::I32(Vec::with_capacity(len)),
         DType::I64 => HostBuffer::I64(Vec::with_capacity(len)),
+        DType::F16 => HostBuffer::F16(Vec::with_capacity(len)),
         DType::F32 => HostBuffer::F32(Vec::with_capacity(len)),
         DType::F64 => HostBuffer::F64(Vec::with_capacity(len)),
     }

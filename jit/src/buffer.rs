@@ -1,14 +1,17 @@
 //! Host-side typed storage: what users hand in and get back, and what the interpreter reads and writes.
 
 use crate::dtype::{DType, Scalar};
+use half::f16;
 
 /// A contiguous, row-major host buffer of one dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostBuffer {
     Bool(Vec<bool>),
     U8(Vec<u8>),
+    U32(Vec<u32>),
     I32(Vec<i32>),
     I64(Vec<i64>),
+    F16(Vec<f16>),
     F32(Vec<f32>),
     F64(Vec<f64>),
 }
@@ -33,15 +36,17 @@ macro_rules! element {
         }
     )*};
 }
-element!(bool => Bool, u8 => U8, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
+element!(bool => Bool, u8 => U8, u32 => U32, i32 => I32, i64 => I64, f16 => F16, f32 => F32, f64 => F64);
 
 impl HostBuffer {
     pub fn dtype(&self) -> DType {
         match self {
             HostBuffer::Bool(_) => DType::Bool,
             HostBuffer::U8(_) => DType::U8,
+            HostBuffer::U32(_) => DType::U32,
             HostBuffer::I32(_) => DType::I32,
             HostBuffer::I64(_) => DType::I64,
+            HostBuffer::F16(_) => DType::F16,
             HostBuffer::F32(_) => DType::F32,
             HostBuffer::F64(_) => DType::F64,
         }
@@ -51,8 +56,10 @@ impl HostBuffer {
         match self {
             HostBuffer::Bool(v) => v.len(),
             HostBuffer::U8(v) => v.len(),
+            HostBuffer::U32(v) => v.len(),
             HostBuffer::I32(v) => v.len(),
             HostBuffer::I64(v) => v.len(),
+            HostBuffer::F16(v) => v.len(),
             HostBuffer::F32(v) => v.len(),
             HostBuffer::F64(v) => v.len(),
         }
@@ -71,8 +78,10 @@ impl HostBuffer {
         match self {
             HostBuffer::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
             HostBuffer::U8(v) => v.iter().map(|&x| x as f64).collect(),
+            HostBuffer::U32(v) => v.iter().map(|&x| x as f64).collect(),
             HostBuffer::I32(v) => v.iter().map(|&x| x as f64).collect(),
             HostBuffer::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            HostBuffer::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
             HostBuffer::F32(v) => v.iter().map(|&x| x as f64).collect(),
             HostBuffer::F64(v) => v.clone(),
         }
@@ -83,8 +92,10 @@ impl HostBuffer {
         match self {
             HostBuffer::Bool(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            HostBuffer::U32(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::I32(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::I64(v) => v.clone(),
+            HostBuffer::F16(v) => v.iter().map(|&x| x.to_f64() as i64).collect(),
             HostBuffer::F32(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::F64(v) => v.iter().map(|&x| x as i64).collect(),
         }
@@ -95,8 +106,10 @@ impl HostBuffer {
         match dtype {
             DType::Bool => HostBuffer::Bool(v.iter().map(|&x| x != 0.0).collect()),
             DType::U8 => HostBuffer::U8(v.iter().map(|&x| x as i64 as u8).collect()),
+            DType::U32 => HostBuffer::U32(v.iter().map(|&x| x as i64 as u32).collect()),
             DType::I32 => HostBuffer::I32(v.iter().map(|&x| x as i64 as i32).collect()),
             DType::I64 => HostBuffer::I64(v.iter().map(|&x| x as i64).collect()),
+            DType::F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
             DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
             DType::F64 => HostBuffer::F64(v.to_vec()),
         }
@@ -107,8 +120,11 @@ impl HostBuffer {
         match dtype {
             DType::Bool => HostBuffer::Bool(v.iter().map(|&x| x != 0).collect()),
             DType::U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
+            DType::U32 => HostBuffer::U32(v.iter().map(|&x| x as u32).collect()),
             DType::I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
             DType::I64 => HostBuffer::I64(v.to_vec()),
+            // Through f64: exact below 2^53, and anything larger is inf in f16 either way.
+            DType::F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x as f64)).collect()),
             DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
             DType::F64 => HostBuffer::F64(v.iter().map(|&x| x as f64).collect()),
         }
@@ -119,8 +135,10 @@ impl HostBuffer {
         match self {
             HostBuffer::Bool(v) => Scalar::Bool(v[i]),
             HostBuffer::U8(v) => Scalar::Int(v[i] as i64),
+            HostBuffer::U32(v) => Scalar::Int(v[i] as i64),
             HostBuffer::I32(v) => Scalar::Int(v[i] as i64),
             HostBuffer::I64(v) => Scalar::Int(v[i]),
+            HostBuffer::F16(v) => Scalar::Float(v[i].to_f64()),
             HostBuffer::F32(v) => Scalar::Float(v[i] as f64),
             HostBuffer::F64(v) => Scalar::Float(v[i]),
         }

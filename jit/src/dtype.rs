@@ -1,8 +1,8 @@
 //! Element types, scalars and PyTorch's type-promotion rules.
 //!
-//! `DType` is the closed set of element types the graph IR knows. f16/bf16 are not here yet; adding them means a
-//! variant, a `size_of`, a category, a row in `promote` and a storage variant in `HostBuffer` (the interpreter
-//! computes every float in f64 and rounds per op, so it needs only a rounding function per dtype).
+//! `DType` is the closed set of element types the graph IR knows. bf16 is not here yet; adding it means a variant,
+//! a `size_of`, a category, a row in `promote` and a storage variant in `HostBuffer` (the interpreter computes every
+//! float in f64 and rounds per op, so it needs only a rounding function per dtype).
 
 use std::fmt;
 
@@ -11,8 +11,14 @@ use std::fmt;
 pub enum DType {
     Bool,
     U8,
+    /// Unsigned 32-bit: C-like wrapping arithmetic; division, remainder, comparisons, min/max and conversions to
+    /// and from floats are unsigned.
+    U32,
     I32,
     I64,
+    /// IEEE binary16. Every op's result is rounded to f16; reductions and matmuls accumulate in f32 (as PyTorch
+    /// does) and round once.
+    F16,
     F32,
     F64,
 }
@@ -26,12 +32,14 @@ pub enum Category {
 }
 
 impl DType {
-    pub const ALL: [DType; 6] = [DType::Bool, DType::U8, DType::I32, DType::I64, DType::F32, DType::F64];
+    pub const ALL: [DType; 8] =
+        [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::F32, DType::F64];
 
     pub fn size_of(self) -> usize {
         match self {
             DType::Bool | DType::U8 => 1,
-            DType::I32 | DType::F32 => 4,
+            DType::F16 => 2,
+            DType::U32 | DType::I32 | DType::F32 => 4,
             DType::I64 | DType::F64 => 8,
         }
     }
@@ -39,8 +47,8 @@ impl DType {
     pub fn category(self) -> Category {
         match self {
             DType::Bool => Category::Bool,
-            DType::U8 | DType::I32 | DType::I64 => Category::Int,
-            DType::F32 | DType::F64 => Category::Float,
+            DType::U8 | DType::U32 | DType::I32 | DType::I64 => Category::Int,
+            DType::F16 | DType::F32 | DType::F64 => Category::Float,
         }
     }
 
@@ -50,6 +58,12 @@ impl DType {
 
     pub fn is_int(self) -> bool {
         self.category() == Category::Int
+    }
+
+    /// Whether comparisons, division, min/max and float conversions of this dtype are unsigned (bool counts: it
+    /// is 0 or 1).
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, DType::Bool | DType::U8 | DType::U32)
     }
 
     /// The dtype PyTorch picks for a Python scalar of this category when it must widen a tensor's category
@@ -67,6 +81,7 @@ impl DType {
         match self {
             DType::Bool => (0, 1),
             DType::U8 => (0, u8::MAX as i64),
+            DType::U32 => (0, u32::MAX as i64),
             DType::I32 => (i32::MIN as i64, i32::MAX as i64),
             _ => (i64::MIN, i64::MAX),
         }
@@ -77,6 +92,7 @@ impl DType {
         match self {
             DType::Bool => (x != 0) as i64,
             DType::U8 => x as u8 as i64,
+            DType::U32 => x as u32 as i64,
             DType::I32 => x as i32 as i64,
             _ => x,
         }
@@ -91,6 +107,8 @@ impl DType {
             DType::I64 => 4,
             DType::F32 => 5,
             DType::F64 => 6,
+            DType::U32 => 7,
+            DType::F16 => 8,
         }
     }
 
@@ -98,8 +116,10 @@ impl DType {
         match self {
             DType::Bool => "bool",
             DType::U8 => "u8",
+            DType::U32 => "u32",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::F16 => "f16",
             DType::F32 => "f32",
             DType::F64 => "f64",
         }
@@ -126,11 +146,14 @@ pub fn promote(a: DType, b: DType) -> DType {
                 b
             }
         }
-        // Same category, different types: the wider one. u8 with a signed int widens to the signed one, which
-        // is PyTorch's rule for u8 vs i32/i64 (there is no i8/i16 here, so no u8+i8 -> i16 case).
+        // Same category, different types: the wider one. An unsigned int with a signed one widens to the smallest
+        // signed type that holds both, which is PyTorch's rule: u8 + i32 -> i32, u32 + i32 -> i64, u32 + i64 -> i64
+        // (there is no i8/i16 here, so no u8 + i8 -> i16 case).
         _ => match (a, b) {
-            (F32, F64) | (F64, F32) => F64,
+            (F32, F64) | (F64, F32) | (F16, F64) | (F64, F16) => F64,
+            (F16, F32) | (F32, F16) => F32,
             (U8, x) | (x, U8) => x,
+            (U32, I32) | (I32, U32) | (U32, I64) | (I64, U32) => I64,
             (I32, I64) | (I64, I32) => I64,
             _ => unreachable!("promote: {a} {b}"),
         },
@@ -236,7 +259,12 @@ macro_rules! scalar_from {
     )*};
 }
 scalar_from!(f64 => Float as f64, f32 => Float as f64, i64 => Int as i64, i32 => Int as i64, u8 => Int as i64,
-    usize => Int as i64);
+    u32 => Int as i64, usize => Int as i64);
+impl From<half::f16> for Scalar {
+    fn from(x: half::f16) -> Self {
+        Scalar::Float(x.to_f64())
+    }
+}
 impl From<bool> for Scalar {
     fn from(b: bool) -> Self {
         Scalar::Bool(b)
@@ -254,6 +282,26 @@ mod tests {
         assert_eq!(promote(Bool, U8), U8);
         assert_eq!(promote(I64, F32), F32);
         assert_eq!(promote(F32, F64), F64);
+        // torch.promote_types: uint32 with int32 or int64 -> int64; with uint8 or bool -> uint32; with a float ->
+        // the float.
+        assert_eq!(promote(U32, I32), I64);
+        assert_eq!(promote(I32, U32), I64);
+        assert_eq!(promote(U32, I64), I64);
+        assert_eq!(promote(U8, U32), U32);
+        assert_eq!(promote(Bool, U32), U32);
+        assert_eq!(promote(U32, F32), F32);
+        // u32 tensor + int scalar stays u32; i32 0-dim with a u32 tensor: same category, the tensor wins.
+        assert_eq!(result_type(&[(U32, Priority::Tensor), (I64, Priority::Scalar)]), U32);
+        assert_eq!(result_type(&[(U32, Priority::Tensor), (I32, Priority::ZeroDim)]), U32);
+        assert_eq!(result_type(&[(U32, Priority::Tensor), (F32, Priority::Scalar)]), F32);
+        // f16: the wider float wins; an f16 tensor keeps its dtype with a Python float, an int tensor, or a
+        // 0-dim f32.
+        assert_eq!(promote(F16, F32), F32);
+        assert_eq!(promote(F64, F16), F64);
+        assert_eq!(promote(I64, F16), F16);
+        assert_eq!(result_type(&[(F16, Priority::Tensor), (F32, Priority::Scalar)]), F16);
+        assert_eq!(result_type(&[(F16, Priority::Tensor), (F32, Priority::ZeroDim)]), F16);
+        assert_eq!(result_type(&[(I32, Priority::Tensor), (F16, Priority::ZeroDim)]), F16);
         // torch.ones(2, dtype=int32) + 2.5 -> float32; bool + 1 -> int64; u8 + 1000 stays u8.
         assert_eq!(result_type(&[(I32, Priority::Tensor), (F32, Priority::Scalar)]), F32);
         assert_eq!(result_type(&[(Bool, Priority::Tensor), (I64, Priority::Scalar)]), I64);

@@ -2,9 +2,10 @@
 //!
 //! It is the oracle every backend is tested against, so it is written to be obviously right, not fast:
 //! - every float is computed in f64 and rounded to the node's dtype after each op (so each op is correctly rounded
-//!   up to the f64 library's accuracy); sums, products and matmul accumulate in f64 and round once at the end;
-//! - every integer and bool is held as i64 and wrapped to the node's dtype after each op (u8 and i32 wrap as C
-//!   would; bool is 0 or 1);
+//!   up to the f64 library's accuracy, f16 included: rounded straight from f64); sums, products and matmul
+//!   accumulate in f64 and round once at the end;
+//! - every integer and bool is held as i64 and wrapped to the node's dtype after each op (u8, u32 and
+//!   i32 wrap as C would; bool is 0 or 1);
 //! - movement ops are gathers through explicit index maps: no strides are shared with any backend's code.
 //!
 //! Deliberate choices where C or PyTorch is undefined or raises: integer division by zero gives 0; float -> int
@@ -57,7 +58,12 @@ impl Vals {
 }
 
 fn round_f(d: DType, x: f64) -> f64 {
-    if d == DType::F32 { x as f32 as f64 } else { x }
+    match d {
+        DType::F32 => x as f32 as f64,
+        // Straight from f64 (correctly rounded, ties to even): via f32 would round twice.
+        DType::F16 => half::f16::from_f64(x).to_f64(),
+        _ => x,
+    }
 }
 
 /// Rounds or wraps every value to `d`, converting between float and int representation as a cast does.
@@ -65,9 +71,16 @@ fn normalize(d: DType, v: Vals) -> Vals {
     match (d.is_float(), v) {
         (true, Vals::F(v)) => Vals::F(v.into_iter().map(|x| round_f(d, x)).collect()),
         // Straight from i64 to the float width: via f64 first would round twice above 2^53.
-        (true, Vals::I(v)) => {
-            Vals::F(v.into_iter().map(|x| if d == DType::F32 { x as f32 as f64 } else { x as f64 }).collect())
-        }
+        (true, Vals::I(v)) => Vals::F(
+            v.into_iter()
+                .map(|x| match d {
+                    DType::F32 => x as f32 as f64,
+                    // Exact in f64 below 2^53; anything larger is inf in f16 either way.
+                    DType::F16 => round_f(d, x as f64),
+                    _ => x as f64,
+                })
+                .collect(),
+        ),
         (false, Vals::I(v)) => Vals::I(v.into_iter().map(|x| d.wrap_int(x)).collect()),
         (false, Vals::F(v)) if d == DType::Bool => Vals::I(v.into_iter().map(|x| (x != 0.0) as i64).collect()),
         (false, Vals::F(v)) => Vals::I(v.into_iter().map(|x| d.wrap_int(x as i64)).collect()),
@@ -151,6 +164,7 @@ fn eval(
             let w = |i: usize| rng::words(key.seed, key.offset.wrapping_add(i as u64));
             Vals::F(match (dist, d) {
                 (RandDist::Uniform, DType::F32) => (0..n).map(|i| rng::uniform_f32(w(i)) as f64).collect(),
+                (RandDist::Uniform, DType::F16) => (0..n).map(|i| rng::uniform_f16(w(i)) as f64).collect(),
                 (RandDist::Uniform, _) => (0..n).map(|i| rng::uniform_f64(w(i))).collect(),
                 (RandDist::Normal, _) => (0..n).map(|i| round_f(d, rng::normal_f64(w(i)))).collect(),
             })

@@ -39,6 +39,26 @@ impl Tensor {
             fail!("matmul", "batch dims of {:?} and {:?} cannot be broadcast together", self.dims(), rhs.dims());
         };
         let with = |tail: [usize; 2]| -> Vec<usize> { batch.iter().copied().chain(tail).collect() };
+        if dtype == DType::F16 {
+            // f16 operands, f32 accumulation, one rounding (PyTorch's half matmul): operands converted to f32 and
+            // materialized, so the f32 GEMM (generated AVX2 code, the tiled WGSL template) runs unchanged; its f32
+            // result is materialized too, since a GEMM kernel stores f32, then rounded once to f16. The copies cost
+            // O(MK + KN + MN) against the GEMM's O(MNK).
+            let f32s = |t: &Tensor, tail| t.to_dtype(DType::F32).expand_to("matmul", &with(tail)).contiguous();
+            let prod = Tensor::from_op(
+                Op::Matmul,
+                smallvec::smallvec![f32s(&a, [m, k]), f32s(&b, [k, n])],
+                Shape::new(with([m, n])),
+                DType::F32,
+            );
+            let out = prod.contiguous().to_dtype(DType::F16);
+            return match (ra, rb) {
+                (1, 1) => out.reshape_prim(Vec::new()),
+                (1, _) => out.squeeze(-2),
+                (_, 1) => out.squeeze(-1),
+                _ => out,
+            };
+        }
         let a = a.to_dtype(dtype).expand_to("matmul", &with([m, k]));
         let b = b.to_dtype(dtype).expand_to("matmul", &with([k, n]));
         let out = Tensor::from_op(Op::Matmul, smallvec::smallvec![a, b], Shape::new(with([m, n])), dtype);

@@ -39,7 +39,7 @@ macro_rules! operand_from_scalar {
         }
     )*};
 }
-operand_from_scalar!(f64, f32, i64, i32, u8, bool);
+operand_from_scalar!(f64, f32, i64, i32, u32, u8, bool);
 
 impl Operand {
     /// (dtype, priority) for `kiln_jit::dtype::result_type`.

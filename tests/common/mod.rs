@@ -5,7 +5,7 @@
 //! Every test crate that says `mod common;` compiles its own copy and uses a subset of it, hence `dead_code`.
 #![allow(dead_code)]
 
-use kiln::{DType, Device, HostBuffer, Tensor};
+use kiln::{DType, Device, HostBuffer, Tensor, f16};
 
 /// Every device the device-generic test bodies run on. Adding a backend is one line here. A backend that is
 /// missing must not make a test pass by skipping: CI says which backends are required, and a missing required one
@@ -38,15 +38,25 @@ pub fn wgpu_device() -> Option<Device> {
     }
 }
 
-/// Whether every dtype in `dtypes` can live on `dev` (f64 and i64 cannot on wgpu: WGSL has no 64-bit types). Test
-/// bodies skip such cases on such devices explicitly, and `errors.rs` checks that trying gives a clear error.
+/// Whether every dtype in `dtypes` can live on `dev` (f64 and i64 cannot on wgpu: WGSL has no 64-bit types; f16
+/// needs the adapter feature SHADER_F16). Test bodies skip such cases on such devices explicitly, and `errors.rs`
+/// checks that trying gives a clear error. A wgpu device without f16 says so once per test binary; with
+/// `KILN_REQUIRE_WGPU_F16=1` (for a machine whose GPU is known to have it) that is a failure instead.
 pub fn runs_on(dev: &Device, dtypes: &[DType]) -> bool {
+    if dtypes.contains(&DType::F16) && *dev != Device::cpu() && !dev.supports(DType::F16) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        if std::env::var("KILN_REQUIRE_WGPU_F16").is_ok_and(|v| v == "1") {
+            panic!("KILN_REQUIRE_WGPU_F16=1 but {} has no SHADER_F16", dev.describe());
+        }
+        SAID.call_once(|| eprintln!("skipping f16 on wgpu: {} has no SHADER_F16", dev.describe()));
+    }
     dtypes.iter().all(|&d| dev.supports(d))
 }
 
-pub const ALL_DTYPES: [DType; 6] = [DType::Bool, DType::U8, DType::I32, DType::I64, DType::F32, DType::F64];
-pub const NON_BOOL: [DType; 5] = [DType::U8, DType::I32, DType::I64, DType::F32, DType::F64];
-pub const FLOATS: [DType; 2] = [DType::F32, DType::F64];
+pub const ALL_DTYPES: [DType; 8] =
+    [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::F32, DType::F64];
+pub const NON_BOOL: [DType; 7] = [DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::F32, DType::F64];
+pub const FLOATS: [DType; 3] = [DType::F16, DType::F32, DType::F64];
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tolerances
@@ -96,6 +106,16 @@ pub fn tol(dtype: DType, kind: Kind) -> Tol {
         // f64 eps is 2.2e-16: the same reasoning, with the libm's few ulp and short compositions well inside 1e-13.
         (DType::F64, Kind::Elementwise) => Tol { rel: 1e-13, abs: 1e-13 },
         (DType::F64, Kind::Accumulate) => Tol { rel: 1e-12, abs: 1e-12 },
+        // f16 has 11 significant bits: eps is 2^-10 = 9.8e-4, one rounding 2^-11 = 4.9e-4 relative. kiln computes
+        // each op in f32 and rounds it to f16, which for + - * / sqrt is the correctly rounded result (f32 has
+        // 2 * 11 + 2 bits), but an expected value here is computed in f64 and rounded once, while kiln rounds
+        // every step of a composition (sigmoid: three roundings), and an f32 transcendental's few-ulp error can
+        // move an f16 rounding by one step. Four f16 ulps, 3.9e-3, bound that; the abs term is ~1 ulp at 1.0,
+        // for results near 0 by cancellation, as for f32.
+        (DType::F16, Kind::Elementwise) => Tol { rel: 4e-3, abs: 1e-3 },
+        // Reductions and matmuls accumulate in f32 and round once (exact to ~2^-11 then), but compositions over
+        // them (mean, softmax, log_softmax) round every step and the table's sums reach |x| <= 2 * 64: 8 ulps.
+        (DType::F16, Kind::Accumulate) => Tol { rel: 8e-3, abs: 8e-3 },
         (d, k) => unreachable!("no tolerance for {d} {k:?}"),
     }
 }
@@ -111,8 +131,10 @@ pub fn buffer(dtype: DType, vals: &[f64]) -> HostBuffer {
     match dtype {
         DType::Bool => HostBuffer::Bool(vals.iter().map(|&x| x != 0.0).collect()),
         DType::U8 => HostBuffer::U8(vals.iter().map(|&x| int(x) as u8).collect()),
+        DType::U32 => HostBuffer::U32(vals.iter().map(|&x| int(x) as u32).collect()),
         DType::I32 => HostBuffer::I32(vals.iter().map(|&x| int(x) as i32).collect()),
         DType::I64 => HostBuffer::I64(vals.iter().map(|&x| int(x)).collect()),
+        DType::F16 => HostBuffer::F16(vals.iter().map(|&x| f16::from_f64(x)).collect()),
         DType::F32 => HostBuffer::F32(vals.iter().map(|&x| x as f32).collect()),
         DType::F64 => HostBuffer::F64(vals.to_vec()),
     }
@@ -123,8 +145,10 @@ pub fn values(b: &HostBuffer) -> Vec<f64> {
     match b {
         HostBuffer::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
         HostBuffer::U8(v) => v.iter().map(|&x| x as f64).collect(),
+        HostBuffer::U32(v) => v.iter().map(|&x| x as f64).collect(),
         HostBuffer::I32(v) => v.iter().map(|&x| x as f64).collect(),
         HostBuffer::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        HostBuffer::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
         HostBuffer::F32(v) => v.iter().map(|&x| x as f64).collect(),
         HostBuffer::F64(v) => v.clone(),
     }
@@ -132,6 +156,7 @@ pub fn values(b: &HostBuffer) -> Vec<f64> {
 
 fn float_bits(b: &HostBuffer) -> Option<Vec<u64>> {
     match b {
+        HostBuffer::F16(v) => Some(v.iter().map(|x| x.to_bits() as u64).collect()),
         HostBuffer::F32(v) => Some(v.iter().map(|x| x.to_bits() as u64).collect()),
         HostBuffer::F64(v) => Some(v.iter().map(|x| x.to_bits()).collect()),
         _ => None,
@@ -142,9 +167,10 @@ fn int_values(b: &HostBuffer) -> Vec<i64> {
     match b {
         HostBuffer::Bool(v) => v.iter().map(|&x| x as i64).collect(),
         HostBuffer::U8(v) => v.iter().map(|&x| x as i64).collect(),
+        HostBuffer::U32(v) => v.iter().map(|&x| x as i64).collect(),
         HostBuffer::I32(v) => v.iter().map(|&x| x as i64).collect(),
         HostBuffer::I64(v) => v.clone(),
-        HostBuffer::F32(_) | HostBuffer::F64(_) => unreachable!("int_values on a float buffer"),
+        HostBuffer::F16(_) | HostBuffer::F32(_) | HostBuffer::F64(_) => unreachable!("int_values on a float buffer"),
     }
 }
 
@@ -213,6 +239,7 @@ pub fn compare_on(dev: &Device, got: &HostBuffer, want: &HostBuffer, tol: Tol) -
         return compare(got, want, tol);
     }
     let unsign = |b: &HostBuffer| match b {
+        HostBuffer::F16(v) => HostBuffer::F16(v.iter().map(|&x| if x == f16::ZERO { f16::ZERO } else { x }).collect()),
         HostBuffer::F32(v) => HostBuffer::F32(v.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect()),
         HostBuffer::F64(v) => HostBuffer::F64(v.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect()),
         other => other.clone(),
@@ -272,6 +299,7 @@ pub fn data(dtype: DType, n: usize, seed: u64, dom: Dom) -> Vec<f64> {
     let (lo, hi) = match dtype {
         DType::Bool => (0.0, 1.0),
         DType::U8 => (lo.max(0.0), hi.min(255.0)),
+        DType::U32 => (lo.max(0.0), hi.min(u32::MAX as f64)),
         _ => (lo, hi),
     };
     let v: Vec<f64> = (0..n)

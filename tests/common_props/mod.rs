@@ -64,8 +64,10 @@ pub fn normalize(dtype: DType, x: f64) -> f64 {
     match dtype {
         DType::Bool => (x != 0.0) as u8 as f64,
         DType::U8 => x as i64 as u8 as f64,
+        DType::U32 => x as i64 as u32 as f64,
         DType::I32 => x as i64 as i32 as f64,
         DType::I64 => x as i64 as f64,
+        DType::F16 => kiln::f16::from_f64(x).to_f64(),
         DType::F32 => x as f32 as f64,
         DType::F64 => x,
     }
@@ -77,8 +79,10 @@ pub fn tensor_of(dtype: DType, data: &[f64], dims: &[usize], dev: &Device) -> Te
     let t = match dtype {
         DType::Bool => Tensor::from_vec(data.iter().map(|&x| x != 0.0).collect::<Vec<_>>(), dims, dev),
         DType::U8 => Tensor::from_vec(data.iter().map(|&x| x as u8).collect::<Vec<_>>(), dims, dev),
+        DType::U32 => Tensor::from_vec(data.iter().map(|&x| x as u32).collect::<Vec<_>>(), dims, dev),
         DType::I32 => Tensor::from_vec(data.iter().map(|&x| x as i32).collect::<Vec<_>>(), dims, dev),
         DType::I64 => Tensor::from_vec(data.iter().map(|&x| x as i64).collect::<Vec<_>>(), dims, dev),
+        DType::F16 => Tensor::from_vec(data.iter().map(|&x| kiln::f16::from_f64(x)).collect::<Vec<_>>(), dims, dev),
         DType::F32 => Tensor::from_vec(data.iter().map(|&x| x as f32).collect::<Vec<_>>(), dims, dev),
         DType::F64 => Tensor::from_vec(data.to_vec(), dims, dev),
     };
@@ -90,8 +94,10 @@ pub fn values_of(t: &Tensor) -> Vec<f64> {
     let v = match t.dtype() {
         DType::Bool => t.to_vec::<bool>().map(|v| v.into_iter().map(|x| x as u8 as f64).collect()),
         DType::U8 => t.to_vec::<u8>().map(|v| v.into_iter().map(f64::from).collect()),
+        DType::U32 => t.to_vec::<u32>().map(|v| v.into_iter().map(f64::from).collect()),
         DType::I32 => t.to_vec::<i32>().map(|v| v.into_iter().map(f64::from).collect()),
         DType::I64 => t.to_vec::<i64>().map(|v| v.into_iter().map(|x| x as f64).collect()),
+        DType::F16 => t.to_vec::<kiln::f16>().map(|v| v.into_iter().map(|x| x.to_f64()).collect()),
         DType::F32 => t.to_vec::<f32>().map(|v| v.into_iter().map(f64::from).collect()),
         DType::F64 => t.to_vec::<f64>(),
     };

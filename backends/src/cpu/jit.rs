@@ -273,8 +273,10 @@ pub(crate) unsafe fn finish_output(b: &mut HostBuffer, len: usize) {
         match b {
             HostBuffer::Bool(v) => v.set_len(len),
             HostBuffer::U8(v) => v.set_len(len),
+            HostBuffer::U32(v) => v.set_len(len),
             HostBuffer::I32(v) => v.set_len(len),
             HostBuffer::I64(v) => v.set_len(len),
+            HostBuffer::F16(v) => v.set_len(len),
             HostBuffer::F32(v) => v.set_len(len),
             HostBuffer::F64(v) => v.set_len(len),
         }
@@ -286,8 +288,10 @@ pub(crate) fn read_ptr(b: &HostBuffer) -> *mut u8 {
     match b {
         HostBuffer::Bool(v) => v.as_ptr() as *mut u8,
         HostBuffer::U8(v) => v.as_ptr() as *mut u8,
+        HostBuffer::U32(v) => v.as_ptr() as *mut u8,
         HostBuffer::I32(v) => v.as_ptr() as *mut u8,
         HostBuffer::I64(v) => v.as_ptr() as *mut u8,
+        HostBuffer::F16(v) => v.as_ptr() as *mut u8,
         HostBuffer::F32(v) => v.as_ptr() as *mut u8,
         HostBuffer::F64(v) => v.as_ptr() as *mut u8,
     }
@@ -298,8 +302,10 @@ pub(crate) fn write_ptr(b: &mut HostBuffer) -> *mut u8 {
     match b {
         HostBuffer::Bool(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::U8(v) => v.as_mut_ptr(),
+        HostBuffer::U32(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::I32(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::I64(v) => v.as_mut_ptr() as *mut u8,
+        HostBuffer::F16(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::F32(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::F64(v) => v.as_mut_ptr() as *mut u8,
     }

@@ -36,4 +36,7 @@ shims! {
     UniformF32: fn uniform_f32(seed: u64, index: u64) -> f32 { rng::uniform_f32(rng::words(seed, index)) }
     UniformF64: fn uniform_f64(seed: u64, index: u64) -> f64 { rng::uniform_f64(rng::words(seed, index)) }
     NormalF64: fn normal_f64(seed: u64, index: u64) -> f64 { rng::normal_f64(rng::words(seed, index)) }
+    UniformF16: fn uniform_f16(seed: u64, index: u64) -> f32 { rng::uniform_f16(rng::words(seed, index)) }
+    NormalF16: fn normal_f16(seed: u64, index: u64) -> f32 { f64_to_f16(rng::normal_f64(rng::words(seed, index))) }
+    F64ToF16: fn f64_to_f16(x: f64) -> f32 { kiln_jit::f16::from_f64(x).to_f32() }
 }

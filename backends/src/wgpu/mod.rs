@@ -6,7 +6,14 @@
 //!
 //! Memory: `DeviceBuffer`s come from a pool of wgpu buffers bucketed by size (powers of two up to 1 MiB, then whole
 //! MiB), returned to it on drop. Every element is one 32-bit word (bool and u8 widened on upload, narrowed on
-//! download); f64 and i64 are refused at upload and at compile with an error naming the dtype. Data crosses between
+//! download) except f16, which is two bytes (buffers are still sized at 4 bytes per element: the bucket and the
+//! 4-byte copy granularity need no special case); f64 and i64 are refused at upload and at compile with an error
+//! naming the dtype.
+//!
+//! f16 needs the adapter feature `SHADER_F16` (WGSL `enable f16;`, 16-bit storage): it is requested at device
+//! creation when the adapter offers it (`KILN_WGPU_F16=off` declines it, to test the other path). Without it, f16
+//! is refused like the 64-bit dtypes, naming the missing feature: at op construction, upload and compile, never run
+//! elsewhere. Data crosses between
 //! host and device only in `upload` and `download`, which `kiln` calls for `from_vec`, `to_vec`, `to_device` and
 //! friends: a run never reads back, and nothing runs on the CPU behind the user's back.
 //!
@@ -50,6 +57,8 @@ pub(crate) struct Ctx {
     pub(crate) queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     limits: wgpu::Limits,
+    /// The device was created with `SHADER_F16`: f16 buffers and arithmetic are available.
+    f16: bool,
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
     layouts: Mutex<HashMap<(usize, bool), Arc<Layout>>>,
@@ -106,9 +115,12 @@ fn init() -> Result<WgpuBackend, String> {
     let info = adapter.get_info();
     // Everything the adapter offers: kernels bind one storage buffer per input, and big tensors need big bindings.
     let limits = adapter.limits();
+    let f16 = adapter.features().contains(wgpu::Features::SHADER_F16)
+        && !std::env::var("KILN_WGPU_F16").is_ok_and(|v| v == "off" || v == "0");
+    let features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("kiln"),
-        required_features: wgpu::Features::empty(),
+        required_features: features,
         required_limits: limits.clone(),
         experimental_features: wgpu::ExperimentalFeatures::disabled(),
         memory_hints: wgpu::MemoryHints::Performance,
@@ -122,6 +134,7 @@ fn init() -> Result<WgpuBackend, String> {
         queue,
         info,
         limits,
+        f16,
         pool: Mutex::new(HashMap::new()),
         pipelines: Mutex::new(HashMap::new()),
         layouts: Mutex::new(HashMap::new()),
@@ -134,6 +147,11 @@ impl WgpuBackend {
     pub fn adapter(&self) -> String {
         let i = &self.ctx.info;
         format!("{} ({:?}, {} {})", i.name, i.backend, i.driver, i.driver_info)
+    }
+
+    /// Whether tensors of `d` can live here: not the 64-bit types (no WGSL type), and f16 only with `SHADER_F16`.
+    pub fn supports(&self, d: DType) -> bool {
+        wgsl::supports(d) && (d != DType::F16 || self.ctx.f16)
     }
 }
 
@@ -334,6 +352,13 @@ fn to_words(data: &HostBuffer) -> Result<Vec<u8>, BackendError> {
     let words: Vec<u8> = match data {
         HostBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::F16(v) => {
+            // Two bytes each, padded to whole 4-byte words (wgpu copies in multiples of 4).
+            let mut b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            b.resize(b.len().next_multiple_of(4), 0);
+            b
+        }
         HostBuffer::U8(v) => v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect(),
         HostBuffer::Bool(v) => v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect(),
         HostBuffer::I64(_) | HostBuffer::F64(_) => return Err(unsupported(data.dtype())),
@@ -343,6 +368,21 @@ fn to_words(data: &HostBuffer) -> Result<Vec<u8>, BackendError> {
 
 /// The error for a dtype the device cannot hold.
 pub fn unsupported(d: DType) -> BackendError {
+    if d == DType::F16 {
+        let adapter = backend().map_or_else(|_| "this adapter".to_string(), |b| b.ctx.info.name.clone());
+        return BackendError::Unsupported {
+            device: NAME,
+            reason: format!(
+                "f16 needs the wgpu feature SHADER_F16, which {adapter} does not offer{}; keep f16 tensors on \
+                 Device::cpu() or convert them to f32 first",
+                if std::env::var("KILN_WGPU_F16").is_ok_and(|v| v == "off" || v == "0") {
+                    " (declined: KILN_WGPU_F16=off)"
+                } else {
+                    ""
+                }
+            ),
+        };
+    }
     BackendError::Unsupported {
         device: NAME,
         reason: format!(
@@ -353,13 +393,18 @@ pub fn unsupported(d: DType) -> BackendError {
 }
 
 fn from_words(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
+    if dtype == DType::F16 {
+        let halves = bytes.chunks_exact(2).take(len);
+        return HostBuffer::F16(halves.map(|c| kiln_jit::f16::from_le_bytes([c[0], c[1]])).collect());
+    }
     let words = bytes.chunks_exact(4).take(len).map(|c| [c[0], c[1], c[2], c[3]]);
     match dtype {
         DType::F32 => HostBuffer::F32(words.map(f32::from_le_bytes).collect()),
         DType::I32 => HostBuffer::I32(words.map(i32::from_le_bytes).collect()),
+        DType::U32 => HostBuffer::U32(words.map(u32::from_le_bytes).collect()),
         DType::U8 => HostBuffer::U8(words.map(|w| u32::from_le_bytes(w) as u8).collect()),
         DType::Bool => HostBuffer::Bool(words.map(|w| u32::from_le_bytes(w) != 0).collect()),
-        DType::I64 | DType::F64 => unreachable!("never allocated on wgpu"),
+        DType::I64 | DType::F64 | DType::F16 => unreachable!("never allocated on wgpu, or read above"),
     }
 }
 
@@ -393,7 +438,7 @@ impl Backend for WgpuBackend {
         // 64-bit values are refused at op construction already; this catches graphs built any other way.
         for n in graph.topo_order() {
             let node = graph.node(n);
-            if !wgsl::supports(node.dtype) {
+            if !self.supports(node.dtype) {
                 return Err(err(format!("node {} is {}: {}", node.op.name(), node.dtype, unsupported(node.dtype))));
             }
         }
@@ -401,7 +446,7 @@ impl Backend for WgpuBackend {
         // place rather than copied every step.
         let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !gemm::tiled_enabled() };
         let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
-        if let Some(b) = plan.outputs.iter().find(|b| !wgsl::supports(b.dtype)) {
+        if let Some(b) = plan.outputs.iter().find(|b| !self.supports(b.dtype)) {
             return Err(unsupported(b.dtype));
         }
         let dump = crate::dump::Dump::start(graph, &plan);
@@ -449,6 +494,9 @@ impl Backend for WgpuBackend {
     }
 
     fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {
+        if !self.supports(data.dtype()) {
+            return Err(unsupported(data.dtype()));
+        }
         let words = to_words(&data)?;
         let b = self.ctx.alloc(data.dtype(), data.len())?;
         if !words.is_empty() {

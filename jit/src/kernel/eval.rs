@@ -3,6 +3,10 @@
 //! Unlike the graph interpreter (f64 everywhere, rounded per op), this computes each instruction in its own dtype,
 //! as generated code does, and folds reductions in loop order into an accumulator of the reduce dtype. Comparing
 //! it with the graph interpreter checks fusion and lowering; comparing a backend with it checks the renderer.
+//!
+//! f16 instructions compute in f32 and round the result to f16 (`half`, ties to even), which is what every renderer
+//! emits: for `+ - * /` and `sqrt` that equals the correctly rounded f16 result (f32 has at least 2 * 11 + 2
+//! significant bits, so the double rounding is innocuous); transcendentals carry f32's error plus one f16 rounding.
 
 use crate::buffer::HostBuffer;
 use crate::dtype::{DType, Scalar};
@@ -11,10 +15,12 @@ use crate::kernel::schedule::{KernelPlan, Slot};
 use crate::op::{BinaryOp, RandDist, ReduceOp, RngKey, UnaryOp};
 use crate::rng;
 use crate::shape::for_each_index;
+use half::f16;
 
 /// One scalar value: floats in their own width, ints and bools as i64 wrapped to their dtype.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum V {
+    F16(f16),
     F32(f32),
     F64(f64),
     I(i64),
@@ -22,6 +28,7 @@ enum V {
 
 fn scalar(d: DType, s: Scalar) -> V {
     match d {
+        DType::F16 => V::F16(f16::from_f64(s.as_f64())),
         DType::F32 => V::F32(s.as_f64() as f32),
         DType::F64 => V::F64(s.as_f64()),
         _ => V::I(d.wrap_int(s.as_i64())),
@@ -30,6 +37,12 @@ fn scalar(d: DType, s: Scalar) -> V {
 
 fn cast(d: DType, v: V) -> V {
     match (d, v) {
+        (DType::F16, V::F16(x)) => V::F16(x),
+        (DType::F16, V::F32(x)) => V::F16(f16::from_f32(x)),
+        (DType::F16, V::F64(x)) => V::F16(f16::from_f64(x)),
+        // Exact in f64 below 2^53; anything larger is inf in f16 either way.
+        (DType::F16, V::I(x)) => V::F16(f16::from_f64(x as f64)),
+        (_, V::F16(x)) => cast(d, V::F32(x.to_f32())),
         (DType::F32, V::F32(x)) => V::F32(x),
         (DType::F32, V::F64(x)) => V::F32(x as f32),
         (DType::F32, V::I(x)) => V::F32(x as f32),
@@ -46,6 +59,7 @@ fn cast(d: DType, v: V) -> V {
 
 fn load(b: &HostBuffer, i: usize) -> V {
     match b {
+        HostBuffer::F16(v) => V::F16(v[i]),
         HostBuffer::F32(v) => V::F32(v[i]),
         HostBuffer::F64(v) => V::F64(v[i]),
         other => V::I(other.get(i).as_i64()),
@@ -71,6 +85,10 @@ fn unary(u: UnaryOp, d: DType, a: V) -> V {
         }};
     }
     match a {
+        V::F16(x) => match unary(u, DType::F32, V::F32(x.to_f32())) {
+            V::F32(y) => V::F16(f16::from_f32(y)),
+            other => other,
+        },
         V::F32(x) => float!(x, f32, F32),
         V::F64(x) => float!(x, f64, F64),
         V::I(x) => V::I(d.wrap_int(match u {
@@ -104,6 +122,10 @@ fn binary(op: BinaryOp, d: DType, a: V, b: V) -> V {
         }};
     }
     match (a, b) {
+        (V::F16(x), V::F16(y)) => match binary(op, DType::F32, V::F32(x.to_f32()), V::F32(y.to_f32())) {
+            V::F32(z) => V::F16(f16::from_f32(z)),
+            other => other, // a comparison's bool
+        },
         (V::F32(x), V::F32(y)) => float!(x, y, F32),
         (V::F64(x), V::F64(y)) => float!(x, y, F64),
         (V::I(x), V::I(y)) => V::I(d.wrap_int(match op {
@@ -171,6 +193,7 @@ fn run_insts(insts: &[Inst], vars: &[i64], inputs: &[&HostBuffer], rng: &[RngKey
                 let w = rng::words(key.seed, key.offset.wrapping_add(index.eval(vars) as u64));
                 match (dist, d) {
                     (RandDist::Uniform, DType::F32) => V::F32(rng::uniform_f32(w)),
+                    (RandDist::Uniform, DType::F16) => V::F16(f16::from_f32(rng::uniform_f16(w))),
                     (RandDist::Uniform, _) => V::F64(rng::uniform_f64(w)),
                     (RandDist::Normal, _) => cast(d, V::F64(rng::normal_f64(w))),
                 }
@@ -232,6 +255,7 @@ pub fn run(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey]) -> HostBuf
     for_each_index(&kernel.out_extents, |o| out.push(element(kernel, o, inputs, rng, &mut vars, &mut vals)));
     let d = kernel.output.dtype;
     match d {
+        DType::F16 => HostBuffer::F16(out.into_iter().map(|v| if let V::F16(x) = v { x } else { f16::ZERO }).collect()),
         DType::F32 => HostBuffer::F32(out.into_iter().map(|v| if let V::F32(x) = v { x } else { 0.0 }).collect()),
         DType::F64 => HostBuffer::F64(out.into_iter().map(|v| if let V::F64(x) = v { x } else { 0.0 }).collect()),
         _ => HostBuffer::from_i64(d, &out.into_iter().map(|v| if let V::I(x) = v { x } else { 0 }).collect::<Vec<_>>()),
@@ -291,6 +315,7 @@ pub fn eval_uniform(
         };
         out.push(uniform[i].then_some(match (d, v) {
             (DType::Bool, V::I(x)) => Scalar::Bool(x != 0),
+            (_, V::F16(x)) => Scalar::Float(x.to_f64()),
             (_, V::F32(x)) => Scalar::Float(x as f64),
             (_, V::F64(x)) => Scalar::Float(x),
             (_, V::I(x)) => Scalar::Int(x),
@@ -308,6 +333,7 @@ pub fn run_at(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey], positio
     positions
         .iter()
         .map(|o| match element(kernel, o, inputs, rng, &mut vars, &mut vals) {
+            V::F16(x) => x.to_f64(),
             V::F32(x) => x as f64,
             V::F64(x) => x,
             V::I(x) => x as f64,

@@ -5,6 +5,10 @@
 //! materialized node becomes a load at the row-major offset of its index. `Pad` evaluates its source under a
 //! validity range (loads outside it are skipped) and selects the pad value there. Values are memoized per (node,
 //! index, validity), so a node read twice at the same place is computed once.
+//!
+//! An f16 reduction or matmul accumulates in f32 (as PyTorch does): its inner value is converted to f32 (a matmul's
+//! operands before the product, which is exact in f32), the accumulator is f32, and reading it converts to f16,
+//! the one rounding. Per-step f16 rounding would lose a bit of the sum at every addition.
 
 use crate::dtype::{DType, Scalar};
 use crate::graph::Graph;
@@ -28,6 +32,11 @@ struct Lowerer<'a> {
     names: Vec<String>,
     /// Set while building the outer code, where the stage node's value is the accumulator.
     acc_enabled: bool,
+}
+
+/// The accumulator dtype of a reduction or matmul producing `d`: f32 for f16, else `d`.
+fn acc_dtype(d: DType) -> DType {
+    if d == DType::F16 { DType::F32 } else { d }
 }
 
 /// Row-major offset of `idx` in `dims`, simplified.
@@ -101,7 +110,8 @@ impl Lowerer<'_> {
         let node = g.node(n);
         let d = node.dtype;
         if Some(n) == self.stage && self.acc_enabled {
-            return self.push(InstOp::Acc, d);
+            let acc = self.push(InstOp::Acc, acc_dtype(d));
+            return if acc_dtype(d) == d { acc } else { self.push(InstOp::Cast(acc), d) };
         }
         if n != self.root && self.mat[n.index()] {
             let buf = self.buffer(n);
@@ -270,8 +280,10 @@ pub(crate) fn lower(
                 })
                 .collect();
             let value = lw.value(src, &src_idx);
+            let acc = acc_dtype(graph.node(r).dtype);
+            let value = if acc == graph.node(src).dtype { value } else { lw.push(InstOp::Cast(value), acc) };
             lw.note(format!("{op:?}").to_lowercase());
-            let reduce = Reduce { op: *op, extents: red, dtype: graph.node(r).dtype, inner: Vec::new(), value };
+            let reduce = Reduce { op: *op, extents: red, dtype: acc, inner: Vec::new(), value };
             ("R", kept, Some(reduce))
         }
         Some((r, Op::Matmul)) => {
@@ -285,7 +297,12 @@ pub(crate) fn lower(
             let ib: Vec<IExpr> = batch.iter().cloned().chain([var(nb + 2), var(nb + 1)]).collect();
             let x = lw.value(srcs[0], &ia);
             let y = lw.value(srcs[1], &ib);
-            let d = graph.node(r).dtype;
+            let d = acc_dtype(graph.node(r).dtype);
+            let (x, y) = if d == graph.node(r).dtype {
+                (x, y)
+            } else {
+                (lw.push(InstOp::Cast(x), d), lw.push(InstOp::Cast(y), d))
+            };
             let value = lw.push(InstOp::Binary(BinaryOp::Mul, x, y), d);
             lw.note("matmul".into());
             let reduce = Reduce { op: ReduceOp::Sum, extents: vec![k], dtype: d, inner: Vec::new(), value };

@@ -494,8 +494,10 @@ fn read_scalar(p: *mut u8, i: usize, d: DType) -> Scalar {
         match d {
             DType::Bool => Scalar::Bool(*p.add(i) != 0),
             DType::U8 => Scalar::Int(*p.add(i) as i64),
+            DType::U32 => Scalar::Int(*(p as *const u32).add(i) as i64),
             DType::I32 => Scalar::Int(*(p as *const i32).add(i) as i64),
             DType::I64 => Scalar::Int(*(p as *const i64).add(i)),
+            DType::F16 => Scalar::Float((*(p as *const kiln_jit::f16).add(i)).to_f64()),
             DType::F32 => Scalar::Float(*(p as *const f32).add(i) as f64),
             DType::F64 => Scalar::Float(*(p as *const f64).add(i)),
         }

@@ -52,6 +52,12 @@ libcalls! {
     UniformF64 => "kiln_uniform_f64", (I64, I64) -> F64;
     /// `(seed, index) -> f64` standard normal.
     NormalF64 => "kiln_normal_f64", (I64, I64) -> F64;
+    /// `(seed, index) -> f32` uniform in [0, 1) with 11 bits (exact in f16).
+    UniformF16 => "kiln_uniform_f16", (I64, I64) -> F32;
+    /// `(seed, index) -> f32`: the standard normal of `NormalF64` rounded to f16 (once, from f64).
+    NormalF16 => "kiln_normal_f16", (I64, I64) -> F32;
+    /// `f64 -> f32` holding the nearest f16 (ties to even): one rounding, where f64 -> f32 -> f16 would round twice.
+    F64ToF16 => "kiln_f64_to_f16", (F64) -> F32;
 }
 
 impl Libcall {

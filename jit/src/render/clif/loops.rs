@@ -203,7 +203,9 @@ impl Emitter<'_> {
             }
             let Some((coef, c)) = index.affine(nvars) else { continue };
             let col = self.col_dim.map_or(0, |d| coef[d]);
-            if lanes > 1 && !(col == 0 || (col == 1 && matches!(inst.dtype, DType::F32 | DType::I32))) {
+            if lanes > 1
+                && !(col == 0 || (col == 1 && matches!(inst.dtype, DType::F16 | DType::F32 | DType::I32 | DType::U32)))
+            {
                 continue; // gathers keep the general path
             }
             let outer: Vec<i64> = (0..nvars).map(|v| if v < rank { coef[v] } else { 0 }).collect();
@@ -225,9 +227,16 @@ impl Emitter<'_> {
         let r = self.b.ins().imul_imm_s(r, d.size_of() as i64);
         let addr = self.b.ins().iadd(base, r);
         if lanes > 1 && col == 1 {
+            if d == DType::F16 {
+                return Some(self.load_f16x4(addr, offset as i32));
+            }
             return Some(self.b.ins().load(ty(d, lanes), vector_flags(), addr, offset as i32));
         }
-        let v = self.b.ins().load(ty(d, 1), MemFlagsData::trusted(), addr, offset as i32);
+        let v = if d == DType::F16 {
+            self.load_f16(addr, offset as i32)
+        } else {
+            self.b.ins().load(ty(d, 1), MemFlagsData::trusted(), addr, offset as i32)
+        };
         Some(if lanes > 1 { self.lanes_from_scalars(&[v], d, lanes) } else { v })
     }
 

@@ -9,13 +9,14 @@
 //! written once for any lane count; `libcall.rs` lists the host functions a kernel may call.
 //!
 //! Vectorization is 4 lanes (f32x4, the widest Cranelift emits on x86-64) with scalar tails, along one of:
-//! - the innermost output loop, when every value varying along it is f32, i32 or bool (uniform values of other
-//!   dtypes stay scalar and are splatted); elementwise kernels run several vectors per iteration, and reduce kernels
-//!   with two or more output dims are register-tiled like a GEMM micro-kernel (`TileConfig`);
+//! - the innermost output loop, when every value varying along it is f16, f32, i32, u32 or bool (uniform values of
+//!   other dtypes stay scalar and are splatted); elementwise kernels run several vectors per iteration, and reduce
+//!   kernels with two or more output dims are register-tiled like a GEMM micro-kernel (`TileConfig`);
 //! - the innermost reduce loop, when inputs are contiguous along it but not along the output (`reduce_vectorizable`).
 //!
 //! Loads whose index moves by 1 along the vectorized loop are vector loads, by 0 are splats, otherwise gathers. Bools
-//! are 0/1 bytes in memory and scalar code, all-ones/zero lane masks in vector code.
+//! are 0/1 bytes in memory and scalar code, all-ones/zero lane masks in vector code. f16 values are 16-bit words in
+//! memory and f32 in registers, rounded to f16 after every op (`half.rs`).
 //!
 //! exp, log, sin, cos and tanh are inlined polynomials from `clif_math` (1-3 ulp, documented there); `pow`, random
 //! numbers and out-of-range trig arguments are calls to `Libcall`s, which the backend binds to Rust functions.
@@ -37,6 +38,7 @@ use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use std::collections::HashMap;
 
+mod half;
 mod libcall;
 mod loops;
 mod values;
@@ -45,8 +47,9 @@ pub use libcall::Libcall;
 
 /// The renderer's revision, part of every compiled-kernel cache key: bump it when a renderer change alters the code
 /// of an unchanged kernel IR, so kernels cached on disk by an earlier build of the same kiln version are not mapped
-/// in place of the new code. 2: a tile's column offset is the load/store displacement.
-pub const REVISION: u32 = 2;
+/// in place of the new code. 2: a tile's column offset is the load/store displacement. 3: u32 and f16, and bool
+/// lanes built from per-lane code are 0/1 (they were 0/0xFF).
+pub const REVISION: u32 = 3;
 
 /// The kernel entry signature.
 pub fn kernel_signature(call_conv: CallConv) -> Signature {
@@ -69,7 +72,7 @@ pub fn vectorizable(k: &KernelIr) -> bool {
 /// computed once per vector as scalars, whatever their dtype, and splatted where a vector op reads them.
 fn vectorizable_values(k: &KernelIr) -> bool {
     let rank = k.out_rank();
-    let lane_ok = |d: DType| matches!(d, DType::F32 | DType::I32 | DType::Bool);
+    let lane_ok = |d: DType| matches!(d, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool);
     let ok = |insts: &[Inst]| {
         let deps = deps(insts, rank);
         insts
@@ -84,14 +87,16 @@ fn vectorizable_values(k: &KernelIr) -> bool {
 /// The strict form, for vectorizing along a reduce loop: every value in the lane model.
 fn all_values_vectorizable(k: &KernelIr) -> bool {
     let ok_inst = |i: &Inst| {
-        matches!(i.dtype, DType::F32 | DType::I32 | DType::Bool)
+        matches!(i.dtype, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool)
             && !matches!(i.op, InstOp::Index(_) | InstOp::Rand { .. })
     };
-    let inner_ok = k
-        .reduce
-        .as_ref()
-        .is_none_or(|r| matches!(r.dtype, DType::F32 | DType::I32 | DType::Bool) && r.inner.iter().all(ok_inst));
-    k.inputs.iter().chain([&k.output]).all(|b| matches!(b.dtype, DType::F32 | DType::I32 | DType::Bool))
+    let inner_ok = k.reduce.as_ref().is_none_or(|r| {
+        matches!(r.dtype, DType::F32 | DType::I32 | DType::U32 | DType::Bool) && r.inner.iter().all(ok_inst)
+    });
+    k.inputs
+        .iter()
+        .chain([&k.output])
+        .all(|b| matches!(b.dtype, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool))
         && k.outer.iter().all(ok_inst)
         && inner_ok
 }
@@ -298,12 +303,13 @@ struct Emitter<'a> {
 fn ty(d: DType, lanes: usize) -> Type {
     match (d, lanes) {
         (DType::Bool | DType::U8, 1) => types::I8,
-        (DType::I32, 1) => types::I32,
+        (DType::I32 | DType::U32, 1) => types::I32,
         (DType::I64, 1) => types::I64,
-        (DType::F32, 1) => types::F32,
+        // f16 values are computed as f32 (see `half.rs`).
+        (DType::F16 | DType::F32, 1) => types::F32,
         (DType::F64, 1) => types::F64,
-        (DType::F32, _) => types::F32X4,
-        (DType::I32 | DType::Bool, _) => types::I32X4,
+        (DType::F16 | DType::F32, _) => types::F32X4,
+        (DType::I32 | DType::U32 | DType::Bool, _) => types::I32X4,
         (d, l) => unreachable!("{d} has no {l}-lane form"),
     }
 }

@@ -7,11 +7,13 @@ impl Emitter<'_> {
     pub(super) fn konst(&mut self, s: Scalar, d: DType, lanes: usize) -> Value {
         let scalar = match d {
             DType::F32 => self.b.ins().f32const(s.as_f64() as f32),
+            DType::F16 => self.b.ins().f32const(::half::f16::from_f64(s.as_f64()).to_f32()),
             DType::F64 => self.b.ins().f64const(s.as_f64()),
             DType::Bool if lanes > 1 => self.b.ins().iconst(types::I32, if s.as_f64() != 0.0 { -1 } else { 0 }),
             DType::Bool => self.b.ins().iconst(types::I8, (s.as_f64() != 0.0) as i64),
             DType::U8 => self.b.ins().iconst(types::I8, s.as_i64() as u8 as i64),
             DType::I32 => self.b.ins().iconst(types::I32, s.as_i64() as i32 as i64),
+            DType::U32 => self.b.ins().iconst(types::I32, s.as_i64() as u32 as i64),
             DType::I64 => self.b.ins().iconst(types::I64, s.as_i64()),
         };
         if lanes > 1 { self.b.ins().splat(ty(d, lanes), scalar) } else { scalar }
@@ -103,7 +105,11 @@ impl Emitter<'_> {
         }
         let addr = self.b.ins().imul_imm_s(i, d.size_of() as i64);
         let addr = self.b.ins().iadd(self.bases[buf], addr);
-        let v = self.b.ins().load(ty(d, 1), MemFlagsData::trusted(), addr, 0);
+        let v = if d == DType::F16 {
+            self.load_f16(addr, 0)
+        } else {
+            self.b.ins().load(ty(d, 1), MemFlagsData::trusted(), addr, 0)
+        };
         match ok {
             Some(ok) => {
                 let f = self.konst(fill, d, 1);
@@ -135,7 +141,13 @@ impl Emitter<'_> {
                 let s = self.load_scalar(buf, index, valid, fill, d, 0);
                 self.lanes_from_scalars(&[s], d, lanes)
             }
-            (Some(1), None, DType::F32 | DType::I32) => {
+            (Some(1), None, DType::F16) => {
+                let i = self.iexpr(index, 0);
+                let addr = self.b.ins().imul_imm_s(i, 2);
+                let addr = self.b.ins().iadd(self.bases[buf], addr);
+                self.load_f16x4(addr, 0)
+            }
+            (Some(1), None, DType::F32 | DType::I32 | DType::U32) => {
                 let (i, col) = self.iexpr_tile_col0(index);
                 let addr = self.b.ins().imul_imm_s(i, 4);
                 let addr = self.b.ins().iadd(self.bases[buf], addr);
@@ -189,6 +201,7 @@ impl Emitter<'_> {
         let addr = self.b.ins().iadd(self.out_ptr, addr);
         let at = (col * d.size_of() as i64) as i32;
         match (d, lanes) {
+            (DType::F16, _) => self.store_f16(v, addr, at, lanes),
             (_, 1) => {
                 self.b.ins().store(MemFlagsData::trusted(), v, addr, at);
             }
@@ -243,7 +256,13 @@ impl Emitter<'_> {
                 .iter()
                 .map(|&a| {
                     let x = self.b.ins().extractlane(a, l as u8);
-                    if arg_d == DType::Bool { self.b.ins().ireduce(types::I8, x) } else { x }
+                    if arg_d == DType::Bool {
+                        // A lane mask (all ones or zero) becomes this backend's scalar bool (1 or 0).
+                        let b = self.b.ins().ireduce(types::I8, x);
+                        self.b.ins().band_imm_s(b, 1)
+                    } else {
+                        x
+                    }
                 })
                 .collect();
             out.push(f(self, &xs));
@@ -331,6 +350,8 @@ impl Emitter<'_> {
                 let i = self.b.ins().iadd(off, i);
                 match (dist, d) {
                     (RandDist::Uniform, DType::F32) => self.libcall(Libcall::UniformF32, &[seed, i]),
+                    (RandDist::Uniform, DType::F16) => self.libcall(Libcall::UniformF16, &[seed, i]),
+                    (RandDist::Normal, DType::F16) => self.libcall(Libcall::NormalF16, &[seed, i]),
                     (RandDist::Uniform, _) => self.libcall(Libcall::UniformF64, &[seed, i]),
                     (RandDist::Normal, DType::F32) => {
                         let x = self.libcall(Libcall::NormalF64, &[seed, i]);
@@ -345,7 +366,7 @@ impl Emitter<'_> {
                 if lanes == 1 {
                     self.b.ins().select(val(*c), val(*a), val(*b))
                 } else {
-                    let mask = if d == DType::F32 {
+                    let mask = if ty(d, lanes) == types::F32X4 {
                         let little = MemFlagsData::new().with_endianness(Endianness::Little);
                         self.b.ins().bitcast(types::F32X4, little, val(*c))
                     } else {
@@ -360,6 +381,11 @@ impl Emitter<'_> {
     }
 
     pub(super) fn unary(&mut self, u: UnaryOp, d: DType, lanes: usize, a: Value) -> Value {
+        if d == DType::F16 {
+            // Computed in f32, rounded to f16 (negation and abs are exact).
+            let r = self.unary(u, DType::F32, lanes, a);
+            return if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { self.round_f16(r, lanes) };
+        }
         if let Some(l) = Libcall::unary(u, d) {
             return self.transcendental(u, l, d, lanes, a);
         }
@@ -368,7 +394,7 @@ impl Emitter<'_> {
             (UnaryOp::Neg, true) => ins.fneg(a),
             (UnaryOp::Neg, false) => ins.ineg(a),
             (UnaryOp::Abs, true) => ins.fabs(a),
-            (UnaryOp::Abs, false) if matches!(d, DType::U8 | DType::Bool) => a, // unsigned: iabs would read i8
+            (UnaryOp::Abs, false) if d.is_unsigned() => a, // iabs would read the bits as signed
             (UnaryOp::Abs, false) => ins.iabs(a),
             (UnaryOp::Sqrt, _) => ins.sqrt(a),
             (UnaryOp::Recip, _) => {
@@ -419,7 +445,12 @@ impl Emitter<'_> {
     /// `op` on operands of dtype `d` (the result is bool for comparisons).
     pub(super) fn binary(&mut self, op: BinaryOp, d: DType, lanes: usize, x: Value, y: Value) -> Value {
         use BinaryOp::*;
-        let unsigned = matches!(d, DType::U8 | DType::Bool);
+        if d == DType::F16 {
+            // Computed in f32, rounded to f16 (comparisons, max and min are exact).
+            let r = self.binary(op, DType::F32, lanes, x, y);
+            return if op.is_comparison() || matches!(op, Max | Min) { r } else { self.round_f16(r, lanes) };
+        }
+        let unsigned = d.is_unsigned();
         if d.is_float() {
             let cmp = |cc| -> Option<FloatCC> { Some(cc) };
             let cc = match op {
@@ -514,7 +545,7 @@ impl Emitter<'_> {
             v
         } else if ft.bits() > tt.bits() {
             self.b.ins().ireduce(tt, v)
-        } else if matches!(from, DType::U8 | DType::Bool) {
+        } else if from.is_unsigned() {
             self.b.ins().uextend(tt, v)
         } else {
             self.b.ins().sextend(tt, v)
@@ -524,6 +555,20 @@ impl Emitter<'_> {
     pub(super) fn cast(&mut self, from: DType, to: DType, lanes: usize, v: Value) -> Value {
         if from == to {
             return v;
+        }
+        // f16 is an f32 in registers: widening is free, narrowing is a rounding. An int converts to f32 first:
+        // exact below 2^24, and anything larger is inf in f16 either way, so the double rounding is innocuous.
+        match (from, to) {
+            (DType::F16, DType::F32) => return v,
+            (DType::F16, _) => return self.cast(DType::F32, to, lanes, v),
+            (DType::F64, DType::F16) => {
+                return self.per_lane(&[v], from, to, lanes, |s, x| s.libcall(Libcall::F64ToF16, x));
+            }
+            (_, DType::F16) => {
+                let f = self.cast(from, DType::F32, lanes, v);
+                return self.round_f16(f, lanes);
+            }
+            _ => {}
         }
         if lanes > 1 {
             return match (from, to) {
@@ -535,15 +580,17 @@ impl Emitter<'_> {
                         self.b.ins().bitcast(types::F32X4, MemFlagsData::new().with_endianness(Endianness::Little), v);
                     self.b.ins().bitselect(m, one, zero)
                 }
-                (DType::Bool, DType::I32) => {
+                (DType::Bool, DType::I32 | DType::U32) => {
                     let one = self.konst(Scalar::Int(1), to, lanes);
                     self.b.ins().band(v, one)
                 }
+                // Same lane width, same bits: the wrapping conversion of eval.
+                (DType::I32, DType::U32) | (DType::U32, DType::I32) => v,
                 (DType::F32, DType::Bool) => {
                     let zero = self.konst(Scalar::Float(0.0), from, lanes);
                     self.b.ins().fcmp(FloatCC::NotEqual, v, zero)
                 }
-                (DType::I32, DType::Bool) => {
+                (DType::I32 | DType::U32, DType::Bool) => {
                     let zero = self.konst(Scalar::Int(0), from, lanes);
                     self.b.ins().icmp(IntCC::NotEqual, v, zero)
                 }
@@ -569,11 +616,7 @@ impl Emitter<'_> {
             }
             (false, true) => {
                 let t = ty(to, 1);
-                if matches!(from, DType::U8 | DType::Bool) {
-                    self.b.ins().fcvt_from_uint(t, v)
-                } else {
-                    self.b.ins().fcvt_from_sint(t, v)
-                }
+                if from.is_unsigned() { self.b.ins().fcvt_from_uint(t, v) } else { self.b.ins().fcvt_from_sint(t, v) }
             }
             (false, false) => self.int_resize(v, from, to),
         }

@@ -22,6 +22,12 @@ pub(crate) enum Helper {
     PowF32,
     /// `kiln_pow_i32(x, y)`: `interp::int_pow` with i32 wrapping.
     PowI32,
+    /// `kiln_pow_u32(x, y)`: `interp::int_pow` for u32 (the exponent is never negative), wrapping.
+    PowU32,
+    /// `kiln_f16_bits(x)` (the f16 nearest to an f32, ties to even), `kiln_f16_value(h)` (exact widening) and
+    /// `kiln_round_f16(x)`: in u32 arithmetic, because WGSL leaves the rounding of `f16(x)` to the implementation
+    /// and may flush f32 subnormals.
+    F16,
     /// `kiln_f32_low_bits(x)`: the low 32 bits of `x as i64` (Rust's saturating conversion, NaN -> 0).
     F32ToInt,
 }
@@ -55,6 +61,10 @@ fn kiln_rand_words(slot: u32, index: i32) -> vec4<u32> {
 // Uniform in [0, 1) with 24 bits: exact, as rng::uniform_f32.
 fn kiln_uniform(w: vec4<u32>) -> f32 {
     return f32(w.x >> 8u) * (1.0f / 16777216.0f);
+}
+// Uniform in [0, 1) with 11 bits: exact in f16, as rng::uniform_f16.
+fn kiln_uniform_f16(w: vec4<u32>) -> f32 {
+    return f32(w.x >> 21u) * (1.0f / 2048.0f);
 }
 "#;
 
@@ -152,6 +162,63 @@ fn kiln_pow_i32(x: i32, y: i32) -> i32 {
 }
 "#;
 
+const POW_U32: &str = r#"
+// interp::int_pow on u32 operands, wrapping in u32.
+fn kiln_pow_u32(x: u32, y: u32) -> u32 {
+    var acc = 1u;
+    var b = x;
+    var e = y;
+    while (e > 0u) {
+        if ((e & 1u) == 1u) { acc = acc * b; }
+        b = b * b;
+        e = e >> 1u;
+    }
+    return acc;
+}
+"#;
+
+const F16: &str = r#"
+// The f16 bits nearest to x, ties to even (as `half`): NaN stays NaN (quiet, top payload bits kept), |x| >= 65520
+// is inf, subnormal results are rounded in integer arithmetic (no f32 subnormal is read as a float).
+fn kiln_f16_bits(x: f32) -> u32 {
+    let u = bitcast<u32>(x);
+    let sign = (u >> 16u) & 0x8000u;
+    let a = u & 0x7fffffffu;
+    if (a >= 0x47800000u) {
+        if (a > 0x7f800000u) { return sign | 0x7e00u | ((a >> 13u) & 0x3ffu); }
+        return sign | 0x7c00u;
+    }
+    if (a >= 0x38800000u) {
+        // Normal: rebias, round to nearest even by adding 0xfff plus the lowest kept bit; a carry reaches inf.
+        return sign | ((a + 0xc8000fffu + ((a >> 13u) & 1u)) >> 13u);
+    }
+    let e = a >> 23u;
+    if (e < 102u) { return sign; } // below 2^-25: rounds to zero
+    // m * 2^(e - 150) in units of 2^-24 is m >> (126 - e), rounded to nearest even.
+    let m = (a & 0x7fffffu) | 0x800000u;
+    let s = 126u - e;
+    let q = m >> s;
+    let r = m & ((1u << s) - 1u);
+    let h = 1u << (s - 1u);
+    return sign | (q + select(0u, 1u, r > h || (r == h && (q & 1u) == 1u)));
+}
+// The f32 value of f16 bits (exact; subnormals as m * 2^-24, a normal f32).
+fn kiln_f16_value(h: u32) -> f32 {
+    let em = h & 0x7fffu;
+    let sign = (h & 0x8000u) << 16u;
+    var bits: u32;
+    if (em >= 0x7c00u) {
+        bits = (em << 13u) | 0x7f800000u;
+    } else if (em >= 0x400u) {
+        bits = (em << 13u) + 0x38000000u;
+    } else {
+        bits = bitcast<u32>(f32(em) * bitcast<f32>(0x33800000u));
+    }
+    return bitcast<f32>(bits | sign);
+}
+fn kiln_round_f16(x: f32) -> f32 { return kiln_f16_value(kiln_f16_bits(x)); }
+"#;
+
 const F32_TO_INT: &str = r#"
 // The low 32 bits of Rust's `x as i64` (saturating, NaN -> 0): WGSL's i32(x) would clamp to the i32 range instead.
 fn kiln_f32_low_bits(x: f32) -> u32 {
@@ -189,6 +256,8 @@ pub(crate) fn write_helper(s: &mut String, h: Helper, done: &mut BTreeSet<Helper
         Helper::MinF32 => MIN_F32,
         Helper::PowF32 => POW_F32,
         Helper::PowI32 => POW_I32,
+        Helper::PowU32 => POW_U32,
+        Helper::F16 => F16,
         Helper::F32ToInt => F32_TO_INT,
     });
 }

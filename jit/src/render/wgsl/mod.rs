@@ -13,11 +13,14 @@
 //! entry may call (Philox, `pow`, NaN tests on the bits, division by zero, the float -> int conversion of the spec);
 //! `gemm.rs` is the tiled GEMM template.
 //!
-//! Types: f32 and i32 are themselves; u8 travels as `u32` (masked to 8 bits after arithmetic that can leave the
-//! range) and bool as `bool`, both stored as one `u32` per element in device buffers (WGSL has no 8-bit storage;
-//! the backend converts on upload and download). f64 and i64 have no WGSL type: `render` refuses them in buffers and
-//! accumulators, naming the dtype; the lowering's own 64-bit index and iota arithmetic is computed in 32 bits (see
-//! `check`). Index math is i32: a kernel whose index expressions leave the i32 range is refused too.
+//! Types: f32, i32 and u32 are themselves; f16 is stored as `f16` (the shader says `enable f16;`, so the device
+//! needs `SHADER_F16`; the backend checks) and computed as f32, each result rounded to f16 by `kiln_round_f16`
+//! (u32 arithmetic: WGSL leaves the rounding of `f16(x)` to the implementation); u8 travels as `u32` (masked to
+//! 8 bits after arithmetic that can leave the range) and bool as `bool`, both stored as one `u32` per element in
+//! device buffers (WGSL has no 8-bit storage; the backend converts on upload and download). f64 and i64 have no
+//! WGSL type: `render` refuses them in buffers and accumulators, naming the dtype; the lowering's own 64-bit index
+//! and iota arithmetic is computed in 32 bits (see `check`). Index math is i32: a kernel whose index expressions
+//! leave the i32 range is refused too.
 //!
 //! Semantics are those of `kernel::eval` (the executable spec): ints wrap, integer division by zero gives 0,
 //! float -> int casts saturate through i64 then wrap, max/min propagate NaN, comparisons with NaN are false except
@@ -233,9 +236,9 @@ pub(crate) fn narrow(d: DType) -> DType {
 /// WGSL type of a value of `d` in registers.
 pub(crate) fn ty(d: DType) -> &'static str {
     match narrow(d) {
-        DType::F32 => "f32",
+        DType::F16 | DType::F32 => "f32",
         DType::I32 => "i32",
-        DType::U8 => "u32",
+        DType::U8 | DType::U32 => "u32",
         _ => "bool",
     }
 }
@@ -245,7 +248,8 @@ pub(crate) fn storage_ty(d: DType) -> &'static str {
     match d {
         DType::F32 => "f32",
         DType::I32 => "i32",
-        DType::U8 | DType::Bool => "u32",
+        DType::U32 | DType::U8 | DType::Bool => "u32",
+        DType::F16 => "f16",
         DType::F64 | DType::I64 => unreachable!("{d} is refused by check"),
     }
 }
@@ -265,6 +269,9 @@ impl<'a> Emitter<'a> {
     pub(crate) fn header(&self) -> String {
         let k = self.k;
         let mut s = format!("// kiln kernel {}\n", k.name);
+        if k.inputs.iter().chain([&k.output]).any(|b| b.dtype == DType::F16) {
+            s.push_str("enable f16;\n");
+        }
         for (i, b) in k.inputs.iter().enumerate() {
             let _ = writeln!(
                 s,

@@ -28,8 +28,10 @@ pub(crate) fn i32_lit(x: i32) -> String {
 pub(crate) fn konst(s: Scalar, d: DType) -> String {
     match narrow(d) {
         DType::F32 => f32_lit(s.as_f64() as f32),
+        DType::F16 => f32_lit(half::f16::from_f64(s.as_f64()).to_f32()),
         DType::I32 => i32_lit(s.as_i64() as i32),
         DType::U8 => format!("{}u", s.as_i64() as u8),
+        DType::U32 => format!("{}u", s.as_i64() as u32),
         _ => (s.as_f64() != 0.0).to_string(),
     }
 }
@@ -66,6 +68,7 @@ fn valid_expr(v: &Valid) -> String {
 pub(crate) fn from_storage(d: DType, word: &str) -> String {
     match d {
         DType::Bool => format!("({word} != 0u)"),
+        DType::F16 => format!("f32({word})"),
         _ => word.to_string(),
     }
 }
@@ -74,6 +77,8 @@ pub(crate) fn from_storage(d: DType, word: &str) -> String {
 pub(crate) fn store(d: DType, v: &str) -> String {
     match d {
         DType::Bool => format!("select(0u, 1u, {v})"),
+        // Exact: `v` holds an f16 value.
+        DType::F16 => format!("f16({v})"),
         _ => v.to_string(),
     }
 }
@@ -104,11 +109,13 @@ impl Emitter<'_> {
                 self.uses_rng = true;
                 self.helpers.insert(Helper::Philox);
                 let words = format!("kiln_rand_words({slot}u, {})", iexpr(index));
-                match dist {
-                    RandDist::Uniform => format!("kiln_uniform({words})"),
-                    RandDist::Normal => {
+                match (dist, d) {
+                    (RandDist::Uniform, DType::F16) => format!("kiln_uniform_f16({words})"),
+                    (RandDist::Uniform, _) => format!("kiln_uniform({words})"),
+                    (RandDist::Normal, _) => {
                         self.helpers.insert(Helper::Normal);
-                        format!("kiln_normal({words})")
+                        let n = format!("kiln_normal({words})");
+                        if d == DType::F16 { self.helper(Helper::F16, format!("kiln_round_f16({n})")) } else { n }
                     }
                 }
             }
@@ -121,11 +128,17 @@ impl Emitter<'_> {
     }
 
     pub(crate) fn unary(&mut self, u: UnaryOp, d: DType, a: &str) -> String {
+        if d == DType::F16 {
+            // Computed in f32, rounded to f16 (negation and abs are exact).
+            let r = self.unary(u, DType::F32, a);
+            return if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { self.round_f16(r) };
+        }
         match (u, narrow(d)) {
             (UnaryOp::Neg, DType::F32 | DType::I32) => format!("(-{a})"), // WGSL i32 negation wraps
             (UnaryOp::Neg, DType::U8) => format!("((0u - {a}) & 0xffu)"),
+            (UnaryOp::Neg, DType::U32) => format!("(0u - {a})"),
             (UnaryOp::Neg | UnaryOp::Abs, DType::Bool) => a.to_string(), // -1 and 1 are both true
-            (UnaryOp::Abs, DType::U8) => a.to_string(),
+            (UnaryOp::Abs, DType::U8 | DType::U32) => a.to_string(),
             (UnaryOp::Abs, _) => format!("abs({a})"), // abs(i32::MIN) wraps to itself, as in eval
             (UnaryOp::Exp, DType::F32) => format!("exp({a})"),
             (UnaryOp::Log, DType::F32) => format!("log({a})"),
@@ -139,7 +152,7 @@ impl Emitter<'_> {
                 self.helper(Helper::FloatCmp, format!("select(1.0f, 0.0f, kiln_nonzero({a}))"))
             }
             (UnaryOp::Not, DType::I32) => format!("select(0i, 1i, {a} == 0i)"),
-            (UnaryOp::Not, DType::U8) => format!("select(0u, 1u, {a} == 0u)"),
+            (UnaryOp::Not, DType::U8 | DType::U32) => format!("select(0u, 1u, {a} == 0u)"),
             (op, d) => unreachable!("unary {op:?} on {d}"),
         }
     }
@@ -148,6 +161,11 @@ impl Emitter<'_> {
     pub(crate) fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
         use BinaryOp::*;
         let d = narrow(d);
+        if d == DType::F16 {
+            // Computed in f32, rounded to f16 (comparisons, max and min are exact).
+            let r = self.binary(op, DType::F32, x, y);
+            return if op.is_comparison() || matches!(op, Max | Min) { r } else { self.round_f16(r) };
+        }
         match d {
             // Comparisons test for NaN on the bits: a driver may compile float compares assuming no NaN.
             DType::F32 if op.is_comparison() => {
@@ -174,7 +192,8 @@ impl Emitter<'_> {
                 Pow => self.helper(Helper::PowF32, format!("kiln_pow({x}, {y})")),
                 And | Or => unreachable!("{op:?} on floats"),
             },
-            DType::I32 | DType::U8 => {
+            // u32 arithmetic, division, comparisons and max/min are WGSL's unsigned ones on `u32`.
+            DType::I32 | DType::U8 | DType::U32 => {
                 let s = if d == DType::I32 { "i" } else { "u" };
                 let wrap = |e: String| if d == DType::U8 { format!("(({e}) & 0xffu)") } else { e };
                 match op {
@@ -186,6 +205,7 @@ impl Emitter<'_> {
                     Max => format!("max({x}, {y})"),
                     Min => format!("min({x}, {y})"),
                     Pow if d == DType::I32 => self.helper(Helper::PowI32, format!("kiln_pow_i32({x}, {y})")),
+                    Pow if d == DType::U32 => self.helper(Helper::PowU32, format!("kiln_pow_u32({x}, {y})")),
                     Pow => self.helper(Helper::PowI32, format!("(u32(kiln_pow_i32(i32({x}), i32({y}))) & 0xffu)")),
                     Lt => format!("({x} < {y})"),
                     Le => format!("({x} <= {y})"),
@@ -211,6 +231,11 @@ impl Emitter<'_> {
         }
     }
 
+    /// `e` (an f32 expression) rounded to the nearest f16 value.
+    fn round_f16(&mut self, e: String) -> String {
+        self.helper(Helper::F16, format!("kiln_round_f16({e})"))
+    }
+
     fn helper(&mut self, h: Helper, e: String) -> String {
         self.helpers.insert(h);
         e
@@ -221,19 +246,32 @@ impl Emitter<'_> {
         use DType::*;
         match (narrow(from), narrow(to)) {
             (a, b) if a == b => v.to_string(),
+            // f16 is an f32 in registers: widening is free, narrowing is a rounding. An int converts to f32 first:
+            // exact below 2^24, and anything larger is inf in f16 either way.
+            (F16, F32) => v.to_string(),
+            (F16, b) => self.cast(F32, b, v),
+            (a, F16) => {
+                let f = self.cast(a, F32, v);
+                self.round_f16(f)
+            }
             (F32, Bool) => self.helper(Helper::FloatCmp, format!("kiln_nonzero({v})")), // NaN and subnormals are true
             (I32, Bool) => format!("({v} != 0i)"),
-            (U8, Bool) => format!("({v} != 0u)"),
+            (U8 | U32, Bool) => format!("({v} != 0u)"),
             (Bool, F32) => format!("select(0.0f, 1.0f, {v})"),
             (Bool, I32) => format!("select(0i, 1i, {v})"),
-            (Bool, U8) => format!("select(0u, 1u, {v})"),
-            (I32 | U8, F32) => format!("f32({v})"),
-            (U8, I32) => format!("i32({v})"),
+            (Bool, U8 | U32) => format!("select(0u, 1u, {v})"),
+            (I32 | U8 | U32, F32) => format!("f32({v})"),
+            // WGSL's i32(u32) and u32(i32) keep the bits: the wrapped conversions of eval.
+            (U8 | U32, I32) => format!("i32({v})"),
+            (I32, U32) => format!("u32({v})"),
+            (U8, U32) => v.to_string(),
+            (U32, U8) => format!("({v} & 0xffu)"),
             // WGSL's u32(i32) keeps the bits: the low 8 of them are the wrapped u8.
             (I32, U8) => format!("(u32({v}) & 0xffu)"),
             // WGSL's f32 -> int conversion clamps to the target type; eval saturates to i64 and wraps.
             (F32, I32) => self.helper(Helper::F32ToInt, format!("bitcast<i32>(kiln_f32_low_bits({v}))")),
             (F32, U8) => self.helper(Helper::F32ToInt, format!("(kiln_f32_low_bits({v}) & 0xffu)")),
+            (F32, U32) => self.helper(Helper::F32ToInt, format!("kiln_f32_low_bits({v})")),
             (a, b) => unreachable!("cast {a} -> {b} is refused by check"),
         }
     }
