@@ -72,7 +72,8 @@ impl Dump {
         let stem = format!("k{n}.{}", k.name);
         self.write(&format!("{stem}.kir"), &k.to_text());
         self.write(&format!("{stem}.autotune.txt"), &format!("config: {config}\n\n{autotune_table}"));
-        if let Some(d) = &self.dir {
+        // The library candidate has no generated code to write.
+        if let Some(d) = self.dir.as_ref().filter(|_| !code.is_empty()) {
             let name = format!("plan{}.{stem}.gemm.bin", self.plan);
             if let Err(e) = std::fs::write(d.join(&name), code) {
                 eprintln!("kiln: KILN_DUMP: cannot write {name}: {e}");

@@ -30,6 +30,8 @@ pub(crate) enum Helper {
     F16,
     /// `kiln_f32_low_bits(x)`: the low 32 bits of `x as i64` (Rust's saturating conversion, NaN -> 0).
     F32ToInt,
+    /// `kiln_sin(x)` / `kiln_cos(x)`: the builtins on an argument reduced to [-pi, pi] first.
+    Trig,
 }
 
 const PHILOX: &str = r#"
@@ -239,6 +241,20 @@ fn kiln_f32_low_bits(x: f32) -> u32 {
 }
 "#;
 
+const TRIG: &str = r#"
+// sin/cos with the argument reduced to [-pi, pi] first (Cody-Waite: 2 pi = C1 + C2 + C3, C1 with 8 significant
+// bits, so k * C1 is exact for |k| < 2^15). WGSL promises the builtins' accuracy only inside [-pi, pi], and NVIDIA's
+// hardware sine loses it beyond about 100 pi (1.2e-5 absolute at x = 500 on an H200). Arguments already inside are
+// passed unchanged, which keeps sin(-0) = -0; NaN and inf reduce to NaN.
+fn kiln_reduce_2pi(x: f32) -> f32 {
+    let k = round(x * 0.15915494f);
+    let r = ((x - k * 6.28125f) - k * bitcast<f32>(0x3afdaa22u)) - k * bitcast<f32>(0x2d346000u);
+    return select(x, r, !(abs(x) <= 3.1415927f));
+}
+fn kiln_sin(x: f32) -> f32 { return sin(kiln_reduce_2pi(x)); }
+fn kiln_cos(x: f32) -> f32 { return cos(kiln_reduce_2pi(x)); }
+"#;
+
 pub(crate) fn write_helper(s: &mut String, h: Helper, done: &mut BTreeSet<Helper>) {
     if !done.insert(h) {
         return;
@@ -259,5 +275,6 @@ pub(crate) fn write_helper(s: &mut String, h: Helper, done: &mut BTreeSet<Helper
         Helper::PowU32 => POW_U32,
         Helper::F16 => F16,
         Helper::F32ToInt => F32_TO_INT,
+        Helper::Trig => TRIG,
     });
 }

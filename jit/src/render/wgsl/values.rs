@@ -142,8 +142,8 @@ impl Emitter<'_> {
             (UnaryOp::Abs, _) => format!("abs({a})"), // abs(i32::MIN) wraps to itself, as in eval
             (UnaryOp::Exp, DType::F32) => format!("exp({a})"),
             (UnaryOp::Log, DType::F32) => format!("log({a})"),
-            (UnaryOp::Sin, DType::F32) => format!("sin({a})"),
-            (UnaryOp::Cos, DType::F32) => format!("cos({a})"),
+            (UnaryOp::Sin, DType::F32) => self.helper(Helper::Trig, format!("kiln_sin({a})")),
+            (UnaryOp::Cos, DType::F32) => self.helper(Helper::Trig, format!("kiln_cos({a})")),
             (UnaryOp::Tanh, DType::F32) => format!("tanh({a})"),
             (UnaryOp::Sqrt, DType::F32) => format!("sqrt({a})"),
             (UnaryOp::Recip, DType::F32) => self.helper(Helper::DivF32, format!("kiln_div(1.0f, {a})")),
