@@ -25,33 +25,55 @@ pub unsafe fn library_gemm(v: &GemmView, cx: &Ctx) {
                 continue;
             }
             // SAFETY: A, B and C cover every (m, k), (k, n), (m, n) with the view's strides (caller's contract);
-            // strips write disjoint columns of C, which is written, not read (`read_dst` false).
+            // strips write disjoint columns of C, which is written, not read.
             unsafe {
-                gemm::gemm(
-                    v.m,
-                    n1 - n0,
-                    v.k,
-                    cx.c.add(n0),
-                    1,
-                    v.n as isize,
-                    false,
-                    cx.a.offset(v.a.offset as isize),
-                    v.a.cols as isize,
-                    v.a.rows as isize,
-                    cx.b.offset((v.b.offset + n0 as i64 * v.b.cols) as isize),
-                    v.b.cols as isize,
-                    v.b.rows as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
+                gemm_f32(
+                    (v.m, n1 - n0, v.k),
+                    (cx.c.add(n0), v.n as isize),
+                    (cx.a.offset(v.a.offset as isize), v.a.cols as isize, v.a.rows as isize),
+                    (cx.b.offset((v.b.offset + n0 as i64 * v.b.cols) as isize), v.b.cols as isize, v.b.rows as isize),
                 )
             }
         }
     };
     super::pool::global().parallel_for_work(strips, (v.flops() / 2.0) as usize, &run);
+}
+
+/// `C = A @ B` through the `gemm` crate on the calling thread (C overwritten, not accumulated): dims (m, n, k),
+/// C with its row stride, A and B each with their column and row strides.
+///
+/// # Safety
+/// Every element those strides address for the given dims must lie in its buffer; C must not overlap A or B.
+unsafe fn gemm_f32(
+    (m, n, k): (usize, usize, usize),
+    (c, ldc): (*mut f32, isize),
+    (a, a_cs, a_rs): (*const f32, isize, isize),
+    (b, b_cs, b_rs): (*const f32, isize, isize),
+) {
+    // SAFETY: the caller's contract; `read_dst` is false, so C's old contents are never read.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            ldc,
+            false,
+            a,
+            a_cs,
+            a_rs,
+            b,
+            b_cs,
+            b_rs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
 }
 
 /// Pays now the one-time costs a process would otherwise pay inside its first library GEMM: the `gemm` crate reads
@@ -64,29 +86,7 @@ pub fn warm_runtime() {
         let _ = super::pool::global();
         let (a, b, mut c) = ([1f32; 16], [1f32; 16], [0f32; 16]);
         // SAFETY: 4x4 row-major matrices with leading dimension 4, all 16 elements long; C is written only.
-        unsafe {
-            gemm::gemm(
-                4,
-                4,
-                4,
-                c.as_mut_ptr(),
-                1,
-                4,
-                false,
-                a.as_ptr(),
-                1,
-                4,
-                b.as_ptr(),
-                1,
-                4,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            )
-        };
+        unsafe { gemm_f32((4, 4, 4), (c.as_mut_ptr(), 4), (a.as_ptr(), 1, 4), (b.as_ptr(), 1, 4)) };
     });
 }
 
