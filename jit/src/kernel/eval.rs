@@ -298,9 +298,11 @@ pub fn eval_uniform(
     insts: &[Inst],
     uniform: &[bool],
     load: &mut dyn FnMut(usize, usize, DType) -> Scalar,
-) -> Vec<Option<Scalar>> {
-    let mut vals: Vec<V> = Vec::with_capacity(insts.len());
-    let mut out = Vec::with_capacity(insts.len());
+) -> smallvec::SmallVec<[Option<Scalar>; 16]> {
+    // Inline for the usual epilogue lengths: this runs on every launch of a GEMM whose epilogue reads a uniform
+    // (the learning rate of an SGD update), so it must not allocate.
+    let mut vals: smallvec::SmallVec<[V; 16]> = smallvec::SmallVec::with_capacity(insts.len());
+    let mut out = smallvec::SmallVec::with_capacity(insts.len());
     for (i, inst) in insts.iter().enumerate() {
         let d = inst.dtype;
         let v = if !uniform[i] {

@@ -216,7 +216,7 @@ impl CompiledGemm {
                 let mut load = |buf: usize, i: usize, d: DType| read_scalar(ptrs[buf], i, d);
                 kiln_jit::kernel::eval::eval_uniform(&self.outer, &ep.uniform_insts, &mut load)
             } else {
-                Vec::new()
+                smallvec::SmallVec::new()
             };
             for (slot, u) in ep.uniforms.iter().enumerate() {
                 let bits = match *u {
@@ -258,7 +258,8 @@ impl CompiledGemm {
         if self.uses_pass
             && let Some(pass) = self.pass
         {
-            let mut args: Vec<*mut u8> = ptrs[..n_in].to_vec();
+            // Inline for up to 16 buffers: no allocation per launch on the replay path.
+            let mut args: smallvec::SmallVec<[*mut u8; 16]> = ptrs[..n_in].iter().copied().collect();
             args.push(ptrs[n_in]);
             args.push(ptrs[n_in]);
             let rows = if self.view.batch.is_empty() {
