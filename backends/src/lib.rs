@@ -11,6 +11,7 @@
 #[cfg(feature = "cpu")]
 pub mod cpu;
 pub mod dump;
+pub mod gemm_check;
 pub mod host_pool;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;

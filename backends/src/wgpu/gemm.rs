@@ -14,8 +14,8 @@
 use super::{Ctx, Pipeline};
 use kiln_autotune::wgsl_gemm::{self, GemmTile, TileLimits};
 use kiln_autotune::{DeviceFingerprint, Mode, Store, TuneKey, TuneRecord, checksum_of};
+use kiln_jit::kernel::KernelIr;
 use kiln_jit::kernel::gemm::{GemmOperand, GemmView};
-use kiln_jit::kernel::{BufParam, KernelIr, eval};
 use kiln_jit::render::wgsl::{self, WgslKernel};
 use kiln_jit::{DType, HostBuffer};
 use std::cell::RefCell;
@@ -139,7 +139,7 @@ fn choose(
             family: format!("{}x{} workgroup tile", t.tm, t.tn),
         })
         .collect();
-    let host: Vec<HostBuffer> = k.inputs.iter().enumerate().map(|(i, b)| synthetic(b, i as u64)).collect();
+    let host: Vec<HostBuffer> = crate::gemm_check::synthetic_inputs(k);
     let exec = |e: crate::BackendError| e.to_string();
     // `Mode::Off` never runs a candidate: nothing to upload.
     let dev = if mode == Mode::Off { Vec::new() } else { upload_all(ctx, &host.iter().collect::<Vec<_>>())? };
@@ -168,7 +168,7 @@ fn choose(
         let bytes = ctx.read_words(out.raw(), k.output.len).map_err(exec)?;
         let got: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let refs: Vec<&HostBuffer> = host.iter().collect();
-        check_sampled(k, v, &refs, &got)
+        crate::gemm_check::check_sampled(k, v.k, &refs, &got)
     };
     let record = kiln_autotune::search(&key, tuned_dims(v), scored, mode, verify, launch)?;
     if let Err(e) = store.put_record(&record) {
@@ -222,53 +222,6 @@ fn dispatch_and_wait(ctx: &Ctx, p: &Pipeline, bufs: &[&wgpu::Buffer], groups: (u
         .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
         .map(|_| ())
         .map_err(|e| format!("waiting for the device: {e}"))
-}
-
-/// Compares `got` with the kernel evaluator at the corners and a spread of positions, within the f32 GEMM bound
-/// of recursive summation (`8 k eps` absolute on operands in [-1, 1], plus 2e-5 relative).
-fn check_sampled(k: &KernelIr, v: &GemmView, inputs: &[&HostBuffer], got: &[f32]) -> Result<(), String> {
-    let ext = &k.out_extents;
-    let total: usize = ext.iter().product();
-    let strides = kiln_jit::shape::contiguous_strides(ext);
-    let unflat = |mut f: usize| -> Vec<usize> {
-        let mut idx = vec![0; ext.len()];
-        for d in (0..ext.len()).rev() {
-            idx[d] = f % ext[d];
-            f /= ext[d];
-        }
-        idx
-    };
-    let step = (total / 40).max(1) | 1;
-    let mut positions: Vec<Vec<usize>> = (0..40).map(|i| unflat((7 + i * step) % total)).collect();
-    positions.push(unflat(0));
-    positions.push(unflat(total - 1));
-    let want = eval::run_at(k, inputs, &[], &positions);
-    let abs = 8.0 * v.k as f64 * f32::EPSILON as f64;
-    for (pos, w) in positions.iter().zip(want) {
-        let flat: usize = pos.iter().zip(&strides).map(|(i, s)| i * s).sum();
-        let g = got[flat] as f64;
-        if !((g.is_nan() && w.is_nan()) || (g - w).abs() <= abs + 2e-5 * w.abs()) {
-            return Err(format!("element {pos:?}: got {g}, want {w}"));
-        }
-    }
-    Ok(())
-}
-
-/// Deterministic data in [-1, 1] (floats) or {0, 1, 2, 3} (integers) for input `b`.
-fn synthetic(b: &BufParam, seed: u64) -> HostBuffer {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let vals: Vec<f64> = (0..b.len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-        })
-        .collect();
-    match b.dtype {
-        DType::F32 => HostBuffer::F32(vals.iter().map(|&x| x as f32).collect()),
-        d => HostBuffer::from_i64(d, &vals.iter().map(|&x| ((x + 1.0) * 2.0) as i64).collect::<Vec<_>>()),
-    }
 }
 
 /// The tiles legal on this process's adapter, in the search's order.

@@ -116,7 +116,7 @@ impl TuneProblem {
     /// Deterministic data for the canonical problem (made only when a search runs: it is megabytes for a large
     /// GEMM, and a cache hit needs only the key).
     pub fn inputs(&self) -> Vec<HostBuffer> {
-        self.kernel.inputs.iter().enumerate().map(|(i, b)| synthetic(b, i as u64)).collect()
+        crate::gemm_check::synthetic_inputs(&self.kernel)
     }
 }
 
@@ -228,64 +228,10 @@ pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str) -> Tune
     TuneProblem { key, dims, kernel: canonical, view }
 }
 
-/// Deterministic data for input `seed`: floats in [-1, 1), ints in 0..4, bools alternating.
-fn synthetic(b: &BufParam, seed: u64) -> HostBuffer {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 11) as f64 / (1u64 << 53) as f64
-    };
-    let vals: Vec<f64> = (0..b.len).map(|_| next() * 2.0 - 1.0).collect();
-    match b.dtype {
-        DType::F32 => HostBuffer::F32(vals.iter().map(|&x| x as f32).collect()),
-        DType::F64 => HostBuffer::F64(vals),
-        d => HostBuffer::from_i64(d, &vals.iter().map(|&x| ((x + 1.0) * 2.0) as i64).collect::<Vec<_>>()),
-    }
-}
-
-/// Positions checked against the reference: the four corners, the last row and column, and a spread in between.
-pub fn sample_positions(extents: &[usize]) -> Vec<Vec<usize>> {
-    let mut out = Vec::new();
-    let r = extents.len();
-    let corners = 1usize << r;
-    for c in 0..corners {
-        out.push((0..r).map(|d| if c >> d & 1 == 1 { extents[d] - 1 } else { 0 }).collect());
-    }
-    let total: usize = extents.iter().product();
-    let step = (total / 40).max(1) | 1;
-    let mut flat = 7 % total.max(1);
-    for _ in 0..40 {
-        let mut rem = flat;
-        let mut idx = vec![0; r];
-        for d in (0..r).rev() {
-            idx[d] = rem % extents[d];
-            rem /= extents[d];
-        }
-        out.push(idx);
-        flat = (flat + step) % total;
-    }
-    out
-}
-
-/// Checks a candidate's output on the canonical problem against the kernel IR evaluator at sampled positions.
-/// Tolerance: the summation-order bound of `tests/common::gemm_tol` (relative 1e-5 plus 4*k*eps), doubled because
-/// the evaluator's own f32 sum errs too; a wrong tile, block or epilogue is off by orders of magnitude more.
+/// Checks a candidate's output on the canonical problem against the kernel IR evaluator (see
+/// [`crate::gemm_check::check_sampled`]).
 pub fn verify(p: &TuneProblem, inputs: &[HostBuffer], got: &HostBuffer) -> Result<(), String> {
-    let positions = sample_positions(&p.kernel.out_extents);
-    let refs: Vec<&HostBuffer> = inputs.iter().collect();
-    let want = kiln_jit::kernel::eval::run_at(&p.kernel, &refs, &[], &positions);
     let HostBuffer::F32(got) = got else { return Err("the GEMM output is not f32".into()) };
-    let strides = kiln_jit::shape::contiguous_strides(&p.kernel.out_extents);
-    let abs = 8.0 * p.view.k as f64 * f32::EPSILON as f64;
-    for (pos, w) in positions.iter().zip(want) {
-        let flat: usize = pos.iter().zip(&strides).map(|(i, s)| i * s).sum();
-        let g = got[flat] as f64;
-        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= abs + 2e-5 * w.abs();
-        if !ok {
-            return Err(format!("element {pos:?}: got {g}, want {w}"));
-        }
-    }
-    Ok(())
+    let refs: Vec<&HostBuffer> = inputs.iter().collect();
+    crate::gemm_check::check_sampled(&p.kernel, p.view.k, &refs, got)
 }
