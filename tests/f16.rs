@@ -98,9 +98,13 @@ fn every_f16_widens_exactly() {
 
 #[test]
 fn f32_edges_round_to_nearest_even() {
-    let xs = f32_edges();
+    rounds_like_half("f32 -> f16 at the edges", f32_edges());
+}
+
+/// `to_dtype(F16)` of `xs` on every device gives `half`'s f16 for each, bit for bit.
+fn rounds_like_half(what: &str, xs: Vec<f32>) {
     let want: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
-    on_devices("f32 -> f16 at the edges", |dev| {
+    on_devices(what, |dev| {
         let x = Tensor::from_vec(xs.clone(), [xs.len()], dev).map_err(|e| e.to_string())?;
         same_f16(&x.to_dtype(DType::F16).to_vec::<f16>().map_err(|e| e.to_string())?, &want)
     });
@@ -111,12 +115,7 @@ fn random_f32_round_to_nearest_even() {
     let mut r = Rng(0xf16);
     // Random bits: every exponent equally likely, so about a third of them land in f16's range or its rounding
     // boundaries, the rest overflow to inf or round to zero.
-    let xs: Vec<f32> = (0..1 << 16).map(|_| f32::from_bits(r.next_u64() as u32)).collect();
-    let want: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
-    on_devices("f32 -> f16 on random bits", |dev| {
-        let x = Tensor::from_vec(xs.clone(), [xs.len()], dev).map_err(|e| e.to_string())?;
-        same_f16(&x.to_dtype(DType::F16).to_vec::<f16>().map_err(|e| e.to_string())?, &want)
-    });
+    rounds_like_half("f32 -> f16 on random bits", (0..1 << 16).map(|_| f32::from_bits(r.next_u64() as u32)).collect());
 }
 
 #[test]
