@@ -9,8 +9,10 @@
 //! (see [`supports`]; any other type panics). Scalars run the very same algorithm with scalar instructions.
 //!
 //! `emit(f, b, x, ty, fma)` is the same with polynomials evaluated by fused multiply-adds, for hosts with FMA (the
-//! CPU backend uses it there): ~7% faster on a sin-heavy kernel, different low bits, the same ulp bounds in the
-//! sampled test `clif_math_fma_forms` (the exhaustive f32 check below was run on the non-FMA form). Without `fma`:
+//! CPU backend uses it there): different low bits, the same ulp bounds in the sampled test `clif_math_fma_forms`.
+//! f32 `sin`/`cos` are a different algorithm there (reduction modulo pi by FMA, one odd polynomial instead of a
+//! sine and a cosine polynomial and a select; about half the instructions), checked exhaustively in its own rows of
+//! the table below. Without `fma`:
 //!
 //! What the emitted code does and does not use, so callers need not care about ISA flags:
 //! * no `fma` (so no libcall to register, and bit-identical results whether or not the host has FMA),
@@ -35,6 +37,8 @@
 //! | sin      | f32  | \|x\| <= 51471 (2^15 pi/2)             | 3 ulp     | exhaustive |
 //! | cos      | f32  | \|x\| <= 51471                         | 3 ulp     | exhaustive |
 //! | tanh     | f32  | all `f32`                              | 1 ulp     | exhaustive |
+//! | sin, FMA | f32  | \|x\| <= 51471                         | 2 ulp     | exhaustive |
+//! | cos, FMA | f32  | \|x\| <= 51471                         | 2 ulp     | exhaustive |
 //! | exp      | f64  | [-746, 710], and 2^-1074..1 patterns   | 1 ulp     | sampled    |
 //! | log      | f64  | all positive `f64` (incl. subnormals)  | 1 ulp     | sampled    |
 //! | sin      | f64  | \|x\| <= 1.6e6 (2^20 pi/2)             | 1 ulp     | sampled    |
@@ -57,8 +61,9 @@
 //! * `sin`/`cos`: `sin(±0) = ±0`, `cos(±0) = 1`, NaN and ±inf give NaN. Beyond the ranges in the table the
 //!   Cody-Waite reduction loses accuracy (the products `n * (pi/2)_i` stop being exact). Measured absolute error:
 //!   f32 < 2e-6 up to |x| = 2^17, 5e-3 at 2^17..2^18, 0.2 at 2^21..2^22; f64 1 ulp up to 2^22, < 2e-9 at
-//!   2^24..2^25, < 1e-6 up to 2^34, 0.05 at 2^48..2^49. From |x| ~ 2^22 (f32) / 2^51 (f64) on the results are
-//!   meaningless, but they stay finite and within [-1, 1] for every finite input. The accurate limits are exported
+//!   2^24..2^25, < 1e-6 up to 2^34, 0.05 at 2^48..2^49 (the f32 FMA form was not measured beyond 51471). From
+//!   |x| ~ 2^22 (f32) / 2^51 (f64) on the results are meaningless, but they stay finite and within [-1, 1] for
+//!   every finite input. The accurate limits are exported
 //!   as [`F32_TRIG_MAX_ARG`] and [`F64_TRIG_MAX_ARG`] for callers that want a fallback (e.g. a libcall) there.
 //! * `tanh`: `tanh(±0) = ±0`, `tanh(±inf) = ±1`, NaN gives NaN; saturates to exactly ±1 for large |x|.
 
@@ -172,6 +177,17 @@ const LOG_LG: [f64; 7] = [
 const SINF_P: [f32; 3] = [-1.951_529_6e-4, 8.332_161e-3, -1.666_665_5e-1];
 /// Cephes `cosf`: cos(r) ~ 1 - r^2/2 + r^4 * P(r^2).
 const COSF_P: [f32; 3] = [2.443_315_7e-5, -1.388_731_6e-3, 4.166_664_6e-2];
+/// sin(r) ~ r + r^3 * P(r^2) on |r| <= pi/2 + 0.006 (the FMA form's pi reduction): our fit, minimizing the relative
+/// error with the coefficients rounded to f32 one at a time (lowest degree first, the rest refitted), which leaves
+/// 0.11 * 2^-24 relative error before evaluation. Highest degree first.
+const SINF_PI_P: [f32; 4] = [
+    f32::from_bits(0x362e_d98f),
+    f32::from_bits(0xb94f_b7de),
+    f32::from_bits(0x3c08_876b),
+    f32::from_bits(0xbe2a_aaa6),
+];
+/// pi = sum of these for the f32 FMA reduction: three full-precision f32 parts (~72 bits of pi).
+const PI_F32: [f32; 3] = [f32::from_bits(0x4049_0fdb), f32::from_bits(0xb3bb_bd2e), f32::from_bits(0xa777_2ced)];
 /// fdlibm `__kernel_sin` S6..S1.
 const SIN_S: [f64; 6] = [
     1.589_690_995_211_55e-10,
@@ -541,6 +557,9 @@ impl<'a, 'f> Em<'a, 'f> {
     // -- sin / cos --
 
     fn sincos(&mut self, x: Value, cos: bool) -> Value {
+        if self.fma && !self.wide {
+            return self.sincos_f32_fma(x, cos);
+        }
         // Work on |x| (sin is odd, cos even); this also keeps sin(-0) = -0.
         let a = self.b.ins().fabs(x);
         let y = self.mulk(a, std::f64::consts::FRAC_2_PI);
@@ -637,6 +656,75 @@ impl<'a, 'f> Em<'a, 'f> {
         let ri = self.ibits(res);
         let ri = self.b.ins().bxor(ri, sign);
         self.fbits(ri)
+    }
+
+    /// f32 `sin`/`cos` on hosts with FMA: reduce modulo pi (not pi/2) and evaluate one odd polynomial, so each
+    /// lane needs one polynomial instead of a sine and a cosine polynomial plus a select. About half the
+    /// instructions of the two-polynomial form (the sin chain benchmark is bound by them).
+    ///
+    /// sin: `j = round(|x| / pi)`, `r = |x| - j pi` in [-pi/2, pi/2], `sin(|x|) = (-1)^j sin(r)`.
+    /// cos: `q = 2 round(|x| / pi - 1/2) + 1` (odd), `r = |x| - q pi/2`, `cos(|x|) = -(-1)^((q-1)/2) sin(r)`.
+    ///
+    /// The reduction subtracts `j * PI_F32[i]` with one fused multiply-add each: the product is exact inside the
+    /// FMA, and the first step is exact as a whole (both `|x|` and `j * PI_F32[0]` are multiples of
+    /// min(ulp(|x|), 2^-23) and the difference is below 2), so `r` carries two roundings. Without FMA the products
+    /// would need short parts (as `PIO2_F32`), which is why the non-FMA form keeps Cephes' pi/2 reduction.
+    fn sincos_f32_fma(&mut self, x: Value, cos: bool) -> Value {
+        let a = self.b.ins().fabs(x);
+        let inv_pi = self.c(std::f64::consts::FRAC_1_PI);
+        let y = if cos {
+            let half = self.c(-0.5);
+            self.b.ins().fma(a, inv_pi, half)
+        } else {
+            self.mul(a, inv_pi)
+        };
+        let (t, magic) = self.round_magic(y);
+        let j = self.addk(t, -magic);
+        // The multiple of pi/2 to subtract: j (in units of pi) for sin, q = 2j + 1 (in units of pi/2) for cos.
+        let (m, parts) = if cos {
+            let two = self.c(2.0);
+            let one = self.c(1.0);
+            (self.b.ins().fma(j, two, one), PI_F32.map(|p| p * 0.5))
+        } else {
+            (j, PI_F32)
+        };
+        let m = self.b.ins().fneg(m);
+        let mut r = a;
+        for p in parts {
+            let p = self.c(f64::from(p));
+            r = self.b.ins().fma(m, p, r);
+        }
+        // In the accurate range |r| <= pi/2 + 0.0052: |x| / pi carries two roundings (1/pi in f32, the product),
+        // up to 1.6e-3 at |x| = 51471, so j may be off by one within that distance of a half-integer. The clamp
+        // only bounds the garbage far beyond the range; the polynomial stays below 1 in magnitude up to it.
+        let r = self.max_keep_nan(r, -1.5768);
+        let r = self.min_keep_nan(r, 1.5768);
+        let z = self.mul(r, r);
+        let p = self.horner32(z, &SINF_PI_P);
+        let rz = self.mul(r, z);
+        let s = self.b.ins().fma(rz, p, r);
+        // Near r = +-pi/2 the evaluation can round one ulp past 1 (cos(3e-6) gave 1.0000001): clamp, so that
+        // |sin|, |cos| <= 1 always holds.
+        let s = self.max_keep_nan(s, -1.0);
+        let s = self.min_keep_nan(s, 1.0);
+        // Sign: the parity of j (the low bit of t's pattern) flips it; for sin so does x's sign, for cos an even
+        // j does.
+        let mut q = self.ibits(t);
+        if cos {
+            let one = self.ic(1);
+            q = self.b.ins().iadd(q, one);
+        }
+        let sh = self.lane_bits() - 1;
+        let mut sign = self.b.ins().ishl_imm_u(q, sh);
+        if !cos {
+            let xi = self.ibits(x);
+            let sm = self.ic(self.sign_mask());
+            let xs = self.b.ins().band(xi, sm);
+            sign = self.b.ins().bxor(sign, xs);
+        }
+        let si = self.ibits(s);
+        let si = self.b.ins().bxor(si, sign);
+        self.fbits(si)
     }
 
     // -- tanh --
@@ -852,6 +940,10 @@ mod tests {
     const SIN: Case = Case { name: "sin", emit: sin, reference: f64::sin, bound32: 3 };
     const COS: Case = Case { name: "cos", emit: cos, reference: f64::cos, bound32: 3 };
     const TANH: Case = Case { name: "tanh", emit: tanh, reference: f64::tanh, bound32: 1 };
+    // The f32 FMA forms of sin/cos are a different algorithm (pi reduction, one polynomial); their special values
+    // and range behaviour are checked like the plain forms'.
+    const SIN_FMA: Case = Case { name: "sin/fma", emit: sin_fma, reference: f64::sin, bound32: 2 };
+    const COS_FMA: Case = Case { name: "cos/fma", emit: cos_fma, reference: f64::cos, bound32: 2 };
 
     // The FMA forms (`emit(.., fma: true)`), which the CPU backend uses on hosts with FMA.
     fn exp_fma(b: &mut FunctionBuilder, x: Value, ty: Type) -> Value {
@@ -876,8 +968,8 @@ mod tests {
         let cases = [
             Case { name: "exp/fma", emit: exp_fma, reference: f64::exp, bound32: 1 },
             Case { name: "log/fma", emit: log_fma, reference: f64::ln, bound32: 1 },
-            Case { name: "sin/fma", emit: sin_fma, reference: f64::sin, bound32: 3 },
-            Case { name: "cos/fma", emit: cos_fma, reference: f64::cos, bound32: 3 },
+            SIN_FMA,
+            COS_FMA,
             Case { name: "tanh/fma", emit: tanh_fma, reference: f64::tanh, bound32: 1 },
         ];
         let ranges = [(-104.0, 89.0), (1e-30, 1e30), (-F32_TRIG_MAX_ARG, F32_TRIG_MAX_ARG), (-4.0, 4.0), (-10.0, 10.0)];
@@ -885,8 +977,8 @@ mod tests {
             check32(case, "sampled", &uniform32(40 + i as u64, N / 2, lo, hi), case.bound32);
             check64(case, "sampled", &uniform64(50 + i as u64, N / 4, lo, hi), if i == 4 { 2 } else { 1 });
         }
-        check32(&cases[2], "near multiples of pi/2", &hard_trig32(), 3);
-        check32(&cases[3], "near multiples of pi/2", &hard_trig32(), 3);
+        check32(&cases[2], "near multiples of pi/2", &hard_trig32(), 2);
+        check32(&cases[3], "near multiples of pi/2", &hard_trig32(), 2);
     }
     const ALL: [Case; 5] = [EXP, LOG, SIN, COS, TANH];
 
@@ -1064,11 +1156,13 @@ mod tests {
         let tiny32 = f64::from(f32::from_bits(1)); // smallest f32 subnormal
         let tiny64 = f64::from_bits(1);
         #[rustfmt::skip]
-        let cases: [(&Case, &[(f64, f64)]); 5] = [
+        let cases: [(&Case, &[(f64, f64)]); 7] = [
             (&EXP, &[(0.0, 1.0), (-0.0, 1.0), (inf, inf), (-inf, 0.0), (nan, nan), (1000.0, inf), (-1000.0, 0.0)]),
             (&LOG, &[(1.0, 0.0), (0.0, -inf), (-0.0, -inf), (inf, inf), (-inf, nan), (-1.0, nan), (nan, nan)]),
             (&SIN, &[(0.0, 0.0), (-0.0, -0.0), (inf, nan), (-inf, nan), (nan, nan)]),
             (&COS, &[(0.0, 1.0), (-0.0, 1.0), (inf, nan), (-inf, nan), (nan, nan)]),
+            (&SIN_FMA, &[(0.0, 0.0), (-0.0, -0.0), (inf, nan), (-inf, nan), (nan, nan)]),
+            (&COS_FMA, &[(0.0, 1.0), (-0.0, 1.0), (inf, nan), (-inf, nan), (nan, nan)]),
             (&TANH, &[(0.0, 0.0), (-0.0, -0.0), (inf, 1.0), (-inf, -1.0), (nan, nan), (30.0, 1.0), (-30.0, -1.0)]),
         ];
         for (case, pairs) in cases {
@@ -1095,14 +1189,17 @@ mod tests {
         check64(&LOG, "subnormals", &[tiny64, 1e-310, 3e-320, f64::MIN_POSITIVE], 1);
         check32(&EXP, "subnormal results", &uniform32(41, 4096, -103.9, -87.0), 1);
         check64(&EXP, "subnormal results", &uniform64(42, 4096, -745.1, -708.0), 1);
-        for case in [&SIN, &TANH] {
+        for case in [&SIN, &SIN_FMA, &TANH] {
             check32(case, "subnormals", &[tiny32 as f32, -1e-40, 1e-30, -1e-20], 0);
             check64(case, "subnormals", &[tiny64, -1e-310, 1e-200, -1e-100], 0);
         }
         // Far beyond the accurate range sin/cos are inaccurate but stay in [-1, 1].
-        for case in [&SIN, &COS] {
+        for case in [&SIN, &COS, &SIN_FMA, &COS_FMA] {
             let xs = bits32(43, 1 << 14, f32::MAX, true);
-            assert!(Kernel::new(case.emit, types::F32X4).run(&xs).iter().all(|y| y.abs() <= 1.0), "{}", case.name);
+            let ys = Kernel::new(case.emit, types::F32X4).run(&xs);
+            if let Some((x, y)) = xs.iter().zip(&ys).find(|(_, y)| y.abs() > 1.0 || y.is_nan()) {
+                panic!("{}({x:e}) = {y:e}, outside [-1, 1]", case.name);
+            }
             let xs = bits64(44, 1 << 14, f64::MAX, true);
             assert!(Kernel::new(case.emit, types::F64X2).run(&xs).iter().all(|y| y.abs() <= 1.0), "{}", case.name);
         }
@@ -1120,8 +1217,13 @@ mod tests {
     #[ignore]
     fn clif_math_exhaustive_f32() {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-        for case in &ALL {
-            let trig = case.name == "sin" || case.name == "cos";
+        // KILN_EXHAUSTIVE=sin/fma,cos/fma runs only those cases.
+        let only = std::env::var("KILN_EXHAUSTIVE").ok();
+        for case in ALL.iter().chain([&SIN_FMA, &COS_FMA]) {
+            if only.as_deref().is_some_and(|o| !o.split(',').any(|n| n == case.name)) {
+                continue;
+            }
+            let trig = case.name.starts_with("sin") || case.name.starts_with("cos");
             let max_bits = if trig { (F32_TRIG_MAX_ARG as f32).to_bits() } else { 0x7f80_0000 };
             let results: Vec<(u64, f32)> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..threads)

@@ -48,8 +48,8 @@ pub use libcall::Libcall;
 /// The renderer's revision, part of every compiled-kernel cache key: bump it when a renderer change alters the code
 /// of an unchanged kernel IR, so kernels cached on disk by an earlier build of the same kiln version are not mapped
 /// in place of the new code. 2: a tile's column offset is the load/store displacement. 3: u32 and f16, and bool
-/// lanes built from per-lane code are 0/1 (they were 0/0xFF).
-pub const REVISION: u32 = 3;
+/// lanes built from per-lane code are 0/1 (they were 0/0xFF). 4: f32 sin/cos with FMA reduce modulo pi.
+pub const REVISION: u32 = 4;
 
 /// The kernel entry signature.
 pub fn kernel_signature(call_conv: CallConv) -> Signature {
