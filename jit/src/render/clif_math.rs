@@ -1291,7 +1291,7 @@ mod tests {
             }
             (n * reps) as f64 / t.elapsed().as_secs_f64() / 1e6
         };
-        for case in &ALL {
+        for case in ALL.iter().chain([&SIN_FMA, &COS_FMA]) {
             let mut line = format!("{:>5}:", case.name);
             for ty in [types::F32X4, types::F32, types::F64X2, types::F64] {
                 let k = Kernel::new(case.emit, ty);
@@ -1305,8 +1305,8 @@ mod tests {
             let std32: fn(f32) -> f32 = match case.name {
                 "exp" => f32::exp,
                 "log" => f32::ln,
-                "sin" => f32::sin,
-                "cos" => f32::cos,
+                "sin" | "sin/fma" => f32::sin,
+                "cos" | "cos/fma" => f32::cos,
                 _ => f32::tanh,
             };
             let r = rate(&mut || {
