@@ -1,7 +1,8 @@
 //! Warm before deploy, end to end across processes: a cold process tunes and generates its GEMMs, compiles its
 //! other kernels, and persists all of it; a bundle exported from its cache and imported by a fresh process (empty
 //! cache dir) lets that process run the same step with zero tunings, zero GEMM code generations and zero Cranelift
-//! compiles; and a process on the warm disk cache reuses the persisted winners instead of racing them again.
+//! compiles and zero fresh host buffers (the bundle's buffer profile filled the pool at import); and a process on the
+//! warm disk cache reuses the persisted winners instead of racing them again.
 //!
 //! The child processes are this test binary itself, re-run with `KILN_WARM_CHILD` set (see `child_step`).
 
@@ -10,14 +11,15 @@ use std::path::Path;
 use std::process::Command;
 
 /// One training-style step: two linear layers with bias and relu, forward and backward (GEMMs with epilogues in
-/// both layouts).
+/// both layouts). The hidden layer and the first weight's gradient are 64 KiB and more, so they come from the
+/// buffer pool.
 fn step() -> kiln::Stats {
     let dev = Device::cpu();
     let data = |n: usize, s: f32| (0..n).map(|i| (i as f32 * 0.37 + s).sin()).collect::<Vec<f32>>();
     let x = Tensor::from_vec(data(64 * 96, 0.1), [64, 96], &dev).unwrap();
-    let w1 = Tensor::from_vec(data(80 * 96, 0.2), [80, 96], &dev).unwrap().requires_grad();
-    let w2 = Tensor::from_vec(data(48 * 80, 0.3), [48, 80], &dev).unwrap().requires_grad();
-    let b1 = Tensor::from_vec(data(80, 0.4), [80], &dev).unwrap();
+    let w1 = Tensor::from_vec(data(256 * 96, 0.2), [256, 96], &dev).unwrap().requires_grad();
+    let w2 = Tensor::from_vec(data(48 * 256, 0.3), [48, 256], &dev).unwrap().requires_grad();
+    let b1 = Tensor::from_vec(data(256, 0.4), [256], &dev).unwrap();
     let h = (x.matmul(&w1.t()) + &b1).relu();
     let loss = h.matmul(&w2.t()).square().sum(Vec::<isize>::new(), false);
     let grads = loss.backward().unwrap();
@@ -36,16 +38,22 @@ fn child_step() {
     if let Ok(bundle) = std::env::var("KILN_WARM_BUNDLE") {
         kiln::tune::import_bundle(bundle).unwrap();
     }
+    let before = kiln::stats().fresh_host_buffers;
     let s = step();
     println!(
-        "STATS role={role} tunings={} tune_hits={} compiles={} loads={} clif_compiles={}",
-        s.tunings, s.tune_hits, s.tuned_kernel_compiles, s.tuned_kernel_loads, s.kernel_compiles
+        "STATS role={role} tunings={} tune_hits={} compiles={} loads={} clif_compiles={} fresh={}",
+        s.tunings,
+        s.tune_hits,
+        s.tuned_kernel_compiles,
+        s.tuned_kernel_loads,
+        s.kernel_compiles,
+        s.fresh_host_buffers - before
     );
 }
 
 /// Runs `child_step` in a new process with these cache settings; returns (tunings, hits, GEMM code generations,
-/// GEMM code loads, Cranelift compiles).
-fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64, u64) {
+/// GEMM code loads, Cranelift compiles, fresh host buffers of the step).
+fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64, u64, u64) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", "child_step", "--ignored", "--nocapture", "--test-threads=1"])
@@ -68,7 +76,7 @@ fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64
         let f = line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}=")));
         f.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} missing in {line}"))
     };
-    (field("tunings"), field("tune_hits"), field("compiles"), field("loads"), field("clif_compiles"))
+    (field("tunings"), field("tune_hits"), field("compiles"), field("loads"), field("clif_compiles"), field("fresh"))
 }
 
 #[test]
@@ -78,11 +86,12 @@ fn imported_bundle_means_no_tuning_and_no_code_generation() {
     }
     let build = tempfile::tempdir().unwrap();
     let deploy = tempfile::tempdir().unwrap();
-    let (tunings, _, compiles, _, clif) = child("cold", build.path(), None);
+    let (tunings, _, compiles, _, clif, fresh) = child("cold", build.path(), None);
     assert!(tunings >= 1 && compiles >= 1 && clif >= 1, "cold: tuned {tunings}, generated {compiles}, compiled {clif}");
+    assert!(fresh >= 2, "the cold step allocates its large buffers fresh ({fresh})");
 
     // The same machine again: the persisted winners are reused, never raced again.
-    let (tunings, hits, compiles, loads, clif) = child("warm-disk", build.path(), None);
+    let (tunings, hits, compiles, loads, clif, _) = child("warm-disk", build.path(), None);
     assert_eq!((tunings, compiles, clif), (0, 0, 0), "warm disk: {hits} hits, {loads} loads");
     assert!(hits >= 1 && loads >= 1);
 
@@ -91,8 +100,11 @@ fn imported_bundle_means_no_tuning_and_no_code_generation() {
     let bundle = build.path().join("model.kiln");
     let summary = kiln_autotune::Store::open(build.path().to_path_buf(), &fp).export_bundle(&bundle).unwrap();
     assert!(summary.records >= 1 && summary.artifacts >= 1);
-    let (tunings, hits, compiles, loads, clif) = child("imported", deploy.path(), Some(&bundle));
-    eprintln!("imported: tunings {tunings} hits {hits} GEMM generations {compiles} loads {loads} compiles {clif}");
-    assert_eq!((tunings, compiles, clif), (0, 0, 0), "after import: {hits} hits, {loads} loads");
+    let (tunings, hits, compiles, loads, clif, fresh) = child("imported", deploy.path(), Some(&bundle));
+    eprintln!(
+        "imported: tunings {tunings} hits {hits} GEMM generations {compiles} loads {loads} compiles {clif} \
+         fresh buffers {fresh}"
+    );
+    assert_eq!((tunings, compiles, clif, fresh), (0, 0, 0, 0), "after import: {hits} hits, {loads} loads");
     assert!(hits >= 1 && loads >= 1);
 }

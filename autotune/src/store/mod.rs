@@ -198,6 +198,11 @@ impl Store {
         }
     }
 
+    /// Every record held in memory (imported, tuned or read from disk by this process), in no particular order.
+    pub fn records(&self) -> Vec<TuneRecord> {
+        self.records.iter().map(|e| e.value().clone()).collect()
+    }
+
     /// Keeps `rec` in memory, then writes it to disk. A disk failure is returned (memory still holds it).
     pub fn put_record(&self, rec: &TuneRecord) -> Result<(), StoreError> {
         self.records.insert(rec.key.clone(), rec.clone());

@@ -211,10 +211,21 @@ pub(crate) struct JitPlan {
 /// data pointers.
 #[derive(Default)]
 struct Arena {
-    temps: Vec<Vec<u64>>,
+    /// One buffer per plan temp (`i64` elements, for 8-byte alignment), from the host pool and given back to it
+    /// when the arena is dropped. A temp is written by its producing launch before any launch reads it, so its
+    /// initial contents do not matter.
+    temps: Vec<HostBuffer>,
     ptrs: Vec<*mut u8>,
     rng_words: Vec<u64>,
     out_ptrs: Vec<*mut u8>,
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        for t in self.temps.drain(..) {
+            crate::host_pool::give(t);
+        }
+    }
 }
 
 // SAFETY: the raw pointers in `ptrs` and `out_ptrs` are scratch, rewritten in every run before they are read and
@@ -254,6 +265,10 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
             });
         }
     }
+    // What every run of this plan takes from the host pool, for the buffer profile a warm process pre-allocates.
+    let pooled =
+        plan.outputs.iter().map(|b| (b.dtype, b.len)).chain(plan.temps.iter().map(|&t| (DType::I64, temp_words(t))));
+    crate::host_pool::remember_plan_buffers(pooled);
     Ok(JitPlan {
         launches,
         temps: plan.temps.clone(),
@@ -261,6 +276,11 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
         passthrough: plan.passthrough.clone(),
         arena: Mutex::new(Arena::default()),
     })
+}
+
+/// `i64` elements of a plan temp of `bytes` bytes.
+fn temp_words(bytes: usize) -> usize {
+    bytes.div_ceil(8)
 }
 
 /// Marks `len` elements of an output written.
@@ -352,7 +372,8 @@ impl Executable for JitPlan {
             None => &mut own,
         };
         if arena.temps.len() != self.temps.len() {
-            arena.temps = self.temps.iter().map(|&bytes| vec![0u64; bytes.div_ceil(8)]).collect();
+            arena.temps =
+                self.temps.iter().map(|&bytes| crate::host_pool::take(DType::I64, temp_words(bytes))).collect();
         }
         let Arena { temps, ptrs, rng_words, out_ptrs } = arena;
         out_ptrs.clear();
@@ -368,7 +389,7 @@ impl Executable for JitPlan {
             for s in l.inputs.iter().chain([&l.output]) {
                 ptrs.push(match *s {
                     Slot::Input(i) => read_ptr(host(i)),
-                    Slot::Temp(t) => temps[t].as_mut_ptr() as *mut u8,
+                    Slot::Temp(t) => write_ptr(&mut temps[t]),
                     Slot::Output(o) => out_ptrs[o],
                 });
             }

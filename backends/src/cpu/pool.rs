@@ -357,6 +357,27 @@ impl Pool {
         self.launch(n, (work / per_chunk).min(n).min(self.threads()), f);
     }
 
+    /// Runs `f` once on every thread of the pool (the caller included), for per-thread set-up such as growing a
+    /// thread-local buffer before it is needed. Each chunk waits (up to `wait`) until every chunk has started, so
+    /// the caller cannot steal a worker's chunk; a worker that has not started by then has its chunk run by the
+    /// caller, so `f` may then run twice on the calling thread and not at all on that worker. Inline when the pool
+    /// is busy or has one thread.
+    pub fn on_each_thread(&self, wait: Duration, f: &(dyn Fn() + Sync)) {
+        let n = self.threads();
+        let arrived = AtomicUsize::new(0);
+        let task = |s: usize, e: usize| {
+            for _ in s..e {
+                f();
+                arrived.fetch_add(1, Ordering::AcqRel);
+                let deadline = Instant::now() + wait;
+                while arrived.load(Ordering::Acquire) < n && Instant::now() < deadline {
+                    thread::yield_now();
+                }
+            }
+        };
+        self.launch(n, n, &task);
+    }
+
     /// Runs `f` over `0..n` split into `chunks <= min(n, threads)` chunks.
     fn launch(&self, n: usize, chunks: usize, f: &Task<'_>) {
         debug_assert!(chunks <= n.min(self.threads()));
@@ -601,6 +622,22 @@ mod tests {
             assert_eq!(h.load(Ordering::Relaxed), 1, "index {i} of {n} with {} threads", pool.threads());
         }
         assert_eq!(calls.load(Ordering::Relaxed), n.min(pool.threads()));
+    }
+
+    #[test]
+    fn on_each_thread_reaches_every_thread() {
+        for threads in [1, 2, 3, 5] {
+            let pool = Pool::new(threads);
+            let seen = Mutex::new(Vec::new());
+            pool.on_each_thread(Duration::from_secs(10), &|| {
+                seen.lock().unwrap_or_else(PoisonError::into_inner).push(thread::current().id())
+            });
+            let mut seen = seen.into_inner().unwrap_or_else(PoisonError::into_inner);
+            assert_eq!(seen.len(), threads, "one call per thread");
+            seen.sort_by_key(|id| format!("{id:?}"));
+            seen.dedup();
+            assert_eq!(seen.len(), threads, "{threads} distinct threads");
+        }
     }
 
     #[test]
