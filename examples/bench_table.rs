@@ -3,6 +3,9 @@
 //!
 //! `cargo run --release --example bench_table [-- --runs N] [--json]`
 //!
+//! Unless `KILN_CACHE_DIR` is set, the run keeps no persistent cache (the compile row must compile, not map a previous
+//! run's kernels from disk).
+//!
 //! `--json` adds one last line holding the medians as JSON (what `benches/compare/torch_cpu.py` reads).
 //!
 //! The machine this runs on may be shared and noisy: read the ratios (kiln against a baseline measured in the same
@@ -17,6 +20,7 @@ use common::*;
 use std::time::Instant;
 
 fn main() {
+    memory_only_cache_unless_chosen();
     let runs: usize = std::env::args()
         .skip_while(|a| a != "--runs")
         .nth(1)
@@ -96,7 +100,7 @@ fn main() {
         let cp = Compile::new();
         cp.fresh().realize().expect("warm-up compile");
         let (mut miss, mut hit) = (vec![], vec![]);
-        let before = kiln::stats().compiles;
+        let before = kiln::stats().kernel_compiles;
         let calls = (runs * 10).max(50);
         for _ in 0..calls {
             let g = cp.fresh();
@@ -104,7 +108,7 @@ fn main() {
             g.realize().expect("realize");
             miss.push(t0.elapsed().as_secs_f64());
         }
-        r.compiles = kiln::stats().compiles - before;
+        r.compiles = kiln::stats().kernel_compiles - before;
         r.compile_calls = calls as u64;
         cp.same().realize().expect("warm-up hit");
         for _ in 0..calls {

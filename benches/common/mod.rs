@@ -357,6 +357,17 @@ impl Default for Replay {
 // Compile time
 // ---------------------------------------------------------------------------------------------------------------
 
+/// Benchmarks time compilation, so they must not find a previous run's kernels in the persistent kernel cache
+/// (the constants of [`Compile::fresh`] restart at 2 in every process): unless the user chose a cache dir, the
+/// process runs with `KILN_CACHE_DIR=off` (memory only; GEMMs are tuned in process, outside the timed calls). Call
+/// first thing in `main`.
+pub fn memory_only_cache_unless_chosen() {
+    if std::env::var_os("KILN_CACHE_DIR").is_none() {
+        // SAFETY: called at the start of `main`, before this process starts any other thread.
+        unsafe { std::env::set_var("KILN_CACHE_DIR", "off") };
+    }
+}
+
 /// Distinct constants across the whole process, so no two compile measurements share a signature or a kernel.
 static NEXT_CONSTANT: AtomicU64 = AtomicU64::new(0);
 
@@ -483,7 +494,8 @@ pub struct Results {
     pub replay_nodes: usize,
     pub compile_s: Option<f64>,
     pub compile_hit_s: Option<f64>,
-    /// `kiln::stats().compiles` added by the compile measurements, and how many realizations they timed.
+    /// Cranelift compiles (`kiln::stats().kernel_compiles`) the compile measurements caused, and how many
+    /// realizations they timed (equal when every timed realize compiled its kernel).
     pub compiles: u64,
     pub compile_calls: u64,
     pub matmul_s: Option<f64>,
@@ -656,7 +668,7 @@ impl Results {
                     [
                         s("compile one fused kernel (6 ops, 1-elem, cache miss)"),
                         format!(
-                            "median {:.2} ms ({} compiles in {} realizes)",
+                            "median {:.2} ms ({} Cranelift compiles in {} realizes)",
                             c * 1e3,
                             self.compiles,
                             self.compile_calls
