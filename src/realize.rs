@@ -244,7 +244,7 @@ impl Walk {
         }
         sig.push(node.dtype.code());
         sig.push(node.shape.rank() as u64);
-        sig.extend(node.shape.0.iter().map(|&d| d as u64));
+        sig.extend(node.shape.dims().iter().map(|&d| d as u64));
         sig.push(srcs.len() as u64);
         sig.extend(srcs.iter().map(|&s| s as u64));
         let id = self.nodes.len() as u32;

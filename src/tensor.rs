@@ -163,7 +163,7 @@ impl Tensor {
 
     fn upload(op: &'static str, data: HostBuffer, shape: Shape, device: &Device) -> Result<Tensor> {
         if data.len() != shape.numel() {
-            return Err(Error::DataLength { op, len: data.len(), expected: shape.numel(), shape: shape.0 });
+            return Err(Error::DataLength { op, len: data.len(), expected: shape.numel(), shape: shape.to_vec() });
         }
         let buffer = device.backend()?.upload(data)?;
         Ok(Self::from_buffer(Arc::new(buffer), shape, *device))
@@ -180,7 +180,7 @@ impl Tensor {
 
     /// The dims as a slice (`shape().dims()`).
     pub fn dims(&self) -> &[usize] {
-        &self.node.shape.0
+        self.node.shape.dims()
     }
 
     pub fn rank(&self) -> usize {
