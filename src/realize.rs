@@ -179,6 +179,7 @@ impl Walk {
                         kids.extend(srcs.iter().map(|t| Some(t.clone())));
                         None
                     }
+                    State::Spare => unreachable!("a node a tensor refers to is never spare"),
                 };
                 if let Some(b) = buffer {
                     let slot = self.inputs.len();
