@@ -91,12 +91,12 @@ spec_impl!(i32, i64, isize, usize);
 
 impl ShapeSpec for kiln_jit::Shape {
     fn to_spec(&self) -> Vec<i64> {
-        self.0.iter().map(|&d| d as i64).collect()
+        self.dims().iter().map(|&d| d as i64).collect()
     }
 }
 
 impl ShapeSpec for &kiln_jit::Shape {
     fn to_spec(&self) -> Vec<i64> {
-        self.0.iter().map(|&d| d as i64).collect()
+        self.dims().iter().map(|&d| d as i64).collect()
     }
 }

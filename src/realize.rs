@@ -183,6 +183,7 @@ impl Walk {
                         kids.extend(srcs.iter().map(|t| Some(t.clone())));
                         None
                     }
+                    State::Spare => unreachable!("a node a tensor refers to is never spare"),
                 };
                 if let Some(b) = buffer {
                     let slot = self.inputs.len();
@@ -246,11 +247,14 @@ impl Walk {
             },
             Kind::Op => node.op.encode(sig),
         }
-        sig.push(node.dtype.code());
-        sig.push(node.shape.rank() as u64);
-        sig.extend(node.shape.0.iter().map(|&d| d as u64));
-        sig.push(srcs.len() as u64);
-        sig.extend(srcs.iter().map(|&s| s as u64));
+        // Packed, since every cache hit writes, hashes and compares the whole signature: one word for the dtype
+        // (code < 2^8), the operand count (<= 3) and the rank (bits 16..: a rank of 2^48 could not be held in
+        // memory), then the dims, then the operand ids (u32) two to a word. The header says how many words follow,
+        // so the encoding stays unambiguous.
+        let dims = node.shape.dims();
+        sig.push(node.dtype.code() | (srcs.len() as u64) << 8 | (dims.len() as u64) << 16);
+        sig.extend(dims.iter().map(|&d| d as u64));
+        sig.extend(srcs.chunks(2).map(|p| p[0] as u64 | (p.get(1).map_or(0, |&s| s as u64) << 32)));
         let id = self.nodes.len() as u32;
         if register {
             self.index.insert(Arc::as_ptr(node), id);

@@ -172,11 +172,11 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
         }
         Op::Reduce { axes, .. } => {
             let s = &srcs[0].shape;
-            let mut want = s.0.clone();
+            let mut want = s.to_vec();
             for &a in axes {
                 *want.get_mut(a).ok_or("reduce axis out of range")? = 1;
             }
-            if want != d.shape.0 {
+            if want != d.shape.dims() {
                 return Err(format!("reduce of {s} over {axes:?} gives {:?}, node has {}", want, d.shape));
             }
         }
@@ -190,24 +190,24 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
             if seen != (0..p.len()).collect::<Vec<_>>() || p.len() != srcs[0].shape.rank() {
                 return Err(format!("bad permutation {p:?}"));
             }
-            let want: Vec<usize> = p.iter().map(|&i| srcs[0].shape.0[i]).collect();
-            if want != d.shape.0 {
+            let want: Vec<usize> = p.iter().map(|&i| srcs[0].shape.dims()[i]).collect();
+            if want != d.shape.dims() {
                 return Err(format!("permute gives {want:?}, node has {}", d.shape));
             }
         }
         Op::Expand => {
-            if broadcast_shapes(&srcs[0].shape.0, &d.shape.0).as_deref() != Some(&d.shape.0[..])
+            if broadcast_shapes(srcs[0].shape.dims(), d.shape.dims()).as_deref() != Some(d.shape.dims())
                 || srcs[0].shape.rank() != d.shape.rank()
             {
                 return Err(format!("cannot expand {} to {}", srcs[0].shape, d.shape));
             }
         }
         Op::Slice(sl) => {
-            let s = &srcs[0].shape.0;
+            let s = srcs[0].shape.dims();
             if sl.len() != s.len() {
                 return Err("slice rank".into());
             }
-            for (i, (&(start, step), &out)) in sl.iter().zip(&d.shape.0).enumerate() {
+            for (i, (&(start, step), &out)) in sl.iter().zip(d.shape.dims()).enumerate() {
                 let last = start as isize + step * (out as isize - 1);
                 if step == 0 || (out > 0 && (start >= s[i] || last < 0 || last >= s[i] as isize)) {
                     return Err(format!("slice dim {i} reads outside 0..{}", s[i]));
@@ -215,20 +215,20 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
             }
         }
         Op::Pad { pads, .. } => {
-            let want: Vec<usize> = srcs[0].shape.0.iter().zip(pads).map(|(s, (b, a))| s + b + a).collect();
-            if want != d.shape.0 || pads.len() != d.shape.rank() {
+            let want: Vec<usize> = srcs[0].shape.dims().iter().zip(pads).map(|(s, (b, a))| s + b + a).collect();
+            if want != d.shape.dims() || pads.len() != d.shape.rank() {
                 return Err(format!("pad gives {want:?}, node has {}", d.shape));
             }
         }
         Op::Matmul => {
-            let (a, b) = (&srcs[0].shape.0, &srcs[1].shape.0);
+            let (a, b) = (srcs[0].shape.dims(), srcs[1].shape.dims());
             let r = a.len();
             if r < 2 || b.len() != r || a[..r - 2] != b[..r - 2] || a[r - 1] != b[r - 2] {
                 return Err(format!("matmul {:?} x {:?}", a, b));
             }
-            let mut want = a.clone();
+            let mut want = a.to_vec();
             want[r - 1] = b[r - 1];
-            if want != d.shape.0 || srcs[0].dtype != d.dtype || srcs[1].dtype != d.dtype {
+            if want != d.shape.dims() || srcs[0].dtype != d.dtype || srcs[1].dtype != d.dtype {
                 return Err("matmul result".into());
             }
         }

@@ -134,7 +134,7 @@ fn eval(
 ) -> Result<Vals, String> {
     let d = node.dtype;
     let n = node.shape.numel();
-    let out_dims = &node.shape.0;
+    let out_dims = node.shape.dims();
     Ok(match &node.op {
         Op::Input { slot } => {
             let b = inputs.get(*slot).ok_or(format!("no input bound to slot {slot}"))?;
@@ -182,14 +182,14 @@ fn eval(
         },
         Op::Cast => normalize(d, args[0].clone()),
         Op::Contiguous | Op::Reshape => args[0].clone(),
-        Op::Reduce { op, axes } => reduce(*op, d, &srcs[0].shape.0, axes, args[0]),
+        Op::Reduce { op, axes } => reduce(*op, d, srcs[0].shape.dims(), axes, args[0]),
         Op::Permute(perm) => {
-            let src_strides = contiguous_strides(&srcs[0].shape.0);
+            let src_strides = contiguous_strides(srcs[0].shape.dims());
             let map = index_map(out_dims, |j| Some(j.iter().zip(perm).map(|(&j, &p)| j * src_strides[p]).sum()));
             args[0].gather(n, (0.0, 0), |i| map[i])
         }
         Op::Expand => {
-            let src = &srcs[0].shape.0;
+            let src = srcs[0].shape.dims();
             let st = contiguous_strides(src);
             let map = index_map(out_dims, |j| {
                 Some(j.iter().enumerate().map(|(a, &j)| if src[a] == 1 { 0 } else { j * st[a] }).sum())
@@ -197,7 +197,7 @@ fn eval(
             args[0].gather(n, (0.0, 0), |i| map[i])
         }
         Op::Slice(sl) => {
-            let st = contiguous_strides(&srcs[0].shape.0);
+            let st = contiguous_strides(srcs[0].shape.dims());
             let map = index_map(out_dims, |j| {
                 Some(
                     j.iter()
@@ -210,7 +210,7 @@ fn eval(
             args[0].gather(n, (0.0, 0), |i| map[i])
         }
         Op::Pad { pads, value } => {
-            let src = &srcs[0].shape.0;
+            let src = srcs[0].shape.dims();
             let st = contiguous_strides(src);
             let map = index_map(out_dims, |j| {
                 let mut flat = 0;
@@ -222,7 +222,7 @@ fn eval(
             });
             args[0].gather(n, (round_f(d, value.as_f64()), d.wrap_int(value.as_i64())), |i| map[i])
         }
-        Op::Matmul => matmul(d, &srcs[0].shape.0, &srcs[1].shape.0, args[0], args[1])?,
+        Op::Matmul => matmul(d, srcs[0].shape.dims(), srcs[1].shape.dims(), args[0], args[1])?,
     })
 }
 

@@ -3,26 +3,45 @@
 use std::fmt;
 
 /// The dims of a tensor, outermost first. A zero-dim shape (`[]`) holds one element.
+///
+/// Up to `INLINE_RANK` dims are stored inline: every lazy node holds a shape, and a separate heap block per node
+/// cost a malloc when the op is recorded and a free when its history is dropped (measured ~15 ns a node when a
+/// replayed step frees its graph).
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
-pub struct Shape(pub Vec<usize>);
+pub struct Shape(Dims);
+
+/// Rank up to which a `Shape` needs no heap allocation (NCHW fits).
+pub const INLINE_RANK: usize = 4;
+
+type Dims = smallvec::SmallVec<[usize; INLINE_RANK]>;
 
 impl Shape {
-    pub fn new(dims: impl Into<Vec<usize>>) -> Self {
-        Shape(dims.into())
+    #[inline]
+    pub fn new(dims: impl AsRef<[usize]>) -> Self {
+        Shape(Dims::from_slice(dims.as_ref()))
     }
 
+    #[inline]
     pub fn scalar() -> Self {
-        Shape(Vec::new())
+        Shape(Dims::new())
     }
 
+    #[inline]
     pub fn dims(&self) -> &[usize] {
         &self.0
     }
 
+    /// The dims as a `Vec` (for callers that edit them).
+    pub fn to_vec(&self) -> Vec<usize> {
+        self.0.to_vec()
+    }
+
+    #[inline]
     pub fn rank(&self) -> usize {
         self.0.len()
     }
 
+    #[inline]
     pub fn numel(&self) -> usize {
         self.0.iter().product()
     }
@@ -35,31 +54,31 @@ impl Shape {
 
 impl fmt::Debug for Shape {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.0)
+        write!(f, "{:?}", &self.0[..])
     }
 }
 
 impl fmt::Display for Shape {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.0)
+        write!(f, "{:?}", &self.0[..])
     }
 }
 
 impl From<&[usize]> for Shape {
     fn from(d: &[usize]) -> Self {
-        Shape(d.to_vec())
+        Shape::new(d)
     }
 }
 
 impl From<Vec<usize>> for Shape {
     fn from(d: Vec<usize>) -> Self {
-        Shape(d)
+        Shape(Dims::from_vec(d))
     }
 }
 
 impl<const N: usize> From<[usize; N]> for Shape {
     fn from(d: [usize; N]) -> Self {
-        Shape(d.to_vec())
+        Shape::new(d)
     }
 }
 
@@ -75,8 +94,13 @@ pub fn contiguous_strides(dims: &[usize]) -> Vec<usize> {
 
 /// The broadcast of two shapes (dims aligned from the right; a dim of 1 stretches), or `None` if they clash.
 pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    broadcast_shape(a, b).map(|s| s.to_vec())
+}
+
+/// `broadcast_shapes` as a `Shape` (no heap allocation up to `INLINE_RANK` dims: op constructors call it).
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> Option<Shape> {
     let rank = a.len().max(b.len());
-    let mut out = vec![0; rank];
+    let mut out = Dims::from_elem(0, rank);
     for i in 0..rank {
         let da = if i < rank - a.len() { 1 } else { a[i - (rank - a.len())] };
         let db = if i < rank - b.len() { 1 } else { b[i - (rank - b.len())] };
@@ -87,7 +111,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
             _ => return None,
         };
     }
-    Some(out)
+    Some(Shape(out))
 }
 
 /// Calls `f` with every multi-index of `dims` in row-major order. Used by the interpreter: simple, not fast.

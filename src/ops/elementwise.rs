@@ -8,7 +8,7 @@ use super::Operand;
 use crate::args::fail;
 use crate::tensor::Tensor;
 use kiln_jit::dtype::result_type;
-use kiln_jit::shape::broadcast_shapes;
+use kiln_jit::shape::{broadcast_shape, broadcast_shapes};
 use kiln_jit::{BinaryOp, DType, Op, Scalar, Shape, UnaryOp};
 
 /// What a binary op's result dtype is, given the promoted operand dtype.
@@ -77,13 +77,13 @@ impl Tensor {
             (BinaryOp::Div, DType::Bool) => unreachable!("division promotes to float"),
             _ => {}
         }
-        let Some(dims) = broadcast_shapes(a.dims(), b.dims()) else {
+        let Some(shape) = broadcast_shape(a.dims(), b.dims()) else {
             fail!(name, "shapes {:?} and {:?} cannot be broadcast together", a.dims(), b.dims());
         };
-        let a = a.materialize(name, dtype, &dims, self);
-        let b = b.materialize(name, dtype, &dims, self);
+        let a = a.materialize(name, dtype, shape.dims(), self);
+        let b = b.materialize(name, dtype, shape.dims(), self);
         let out_dtype = if out == Out::Bool { DType::Bool } else { dtype };
-        Tensor::from_op(Op::Binary(op), smallvec::smallvec![a, b], Shape::new(dims), out_dtype)
+        Tensor::from_op(Op::Binary(op), smallvec::smallvec![a, b], shape, out_dtype)
     }
 
     /// `self + rhs` (logical or on bool).

@@ -115,12 +115,12 @@ impl Lowerer<'_> {
         }
         if n != self.root && self.mat[n.index()] {
             let buf = self.buffer(n);
-            let index = linear(idx, &node.shape.0, &self.extents);
+            let index = linear(idx, node.shape.dims(), &self.extents);
             let fill = Scalar::Int(0);
             return self.push(InstOp::Load { buf, index, valid: self.valid.clone(), fill }, d);
         }
         let srcs = g.srcs(n);
-        let src_dims = |i: usize| g.node(srcs[i]).shape.0.clone();
+        let src_dims = |i: usize| g.node(srcs[i]).shape.to_vec();
         match &node.op {
             Op::Input { .. } => unreachable!("inputs are materialized"),
             Op::Reduce { .. } | Op::Matmul => unreachable!("a reduction is materialized or a reduce stage"),
@@ -138,7 +138,7 @@ impl Lowerer<'_> {
             }
             Op::Rand { dist, slot } => {
                 self.note("rand".into());
-                let index = linear(idx, &node.shape.0, &self.extents);
+                let index = linear(idx, node.shape.dims(), &self.extents);
                 self.push(InstOp::Rand { dist: *dist, slot: *slot, index }, d)
             }
             Op::Unary(u) => {
@@ -166,7 +166,7 @@ impl Lowerer<'_> {
             }
             Op::Contiguous => self.value(srcs[0], idx),
             Op::Reshape => {
-                let flat = linear(idx, &node.shape.0, &self.extents);
+                let flat = linear(idx, node.shape.dims(), &self.extents);
                 let src_idx = unflatten(&flat, &src_dims(0), &self.extents);
                 self.value(srcs[0], &src_idx)
             }
@@ -182,7 +182,7 @@ impl Lowerer<'_> {
                 let src_idx: Vec<IExpr> = sd
                     .iter()
                     .zip(idx)
-                    .zip(&node.shape.0)
+                    .zip(node.shape.dims())
                     .map(|((&s, e), &o)| if s == 1 && o != 1 { IExpr::Const(0) } else { e.clone() })
                     .collect();
                 self.value(srcs[0], &src_idx)
@@ -261,13 +261,13 @@ pub(crate) fn lower(
         names: Vec::new(),
         acc_enabled: false,
     };
-    let root_dims = graph.node(root).shape.0.clone();
+    let root_dims = graph.node(root).shape.to_vec();
     let var = IExpr::Var;
     let (kind, out_extents, reduce) = match stage.map(|r| (r, &graph.node(r).op)) {
         None => ("E", root_dims.clone(), None),
         Some((r, Op::Reduce { op, axes })) => {
             let src = graph.srcs(r)[0];
-            let sd = graph.node(src).shape.0.clone();
+            let sd = graph.node(src).shape.to_vec();
             let kept: Vec<usize> = (0..sd.len()).filter(|a| !axes.contains(a)).map(|a| sd[a]).collect();
             let red: Vec<usize> = axes.iter().map(|&a| sd[a]).collect();
             lw.extents = kept.iter().chain(&red).copied().collect();
@@ -288,9 +288,9 @@ pub(crate) fn lower(
         }
         Some((r, Op::Matmul)) => {
             let srcs = graph.srcs(r);
-            let out = graph.node(r).shape.0.clone();
+            let out = graph.node(r).shape.to_vec();
             let nb = out.len() - 2;
-            let k = graph.node(srcs[0]).shape.0[nb + 1];
+            let k = graph.node(srcs[0]).shape.dims()[nb + 1];
             lw.extents = out.iter().copied().chain([k]).collect();
             let batch: Vec<IExpr> = (0..nb).map(var).collect();
             let ia: Vec<IExpr> = batch.iter().cloned().chain([var(nb), var(nb + 2)]).collect();

@@ -169,7 +169,7 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         }
         let srcs = graph.srcs(n);
         let (a, b) = (graph.node(srcs[0]), srcs[1]);
-        let m = a.shape.0[a.shape.rank() - 2];
+        let m = a.shape.dims()[a.shape.rank() - 2];
         if opts.transpose_copy && m >= TRANSPOSE_COPY_MIN_ROWS && !mat[b.index()] && is_transposed_view(graph, b, &mat)
         {
             mat[b.index()] = true;

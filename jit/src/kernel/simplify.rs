@@ -23,7 +23,7 @@ fn transposed(g: &mut Graph, n: NodeIndex) -> NodeIndex {
     let r = d.shape.rank();
     let mut perm: Vec<usize> = (0..r).collect();
     perm.swap(r - 2, r - 1);
-    let mut dims = d.shape.0.clone();
+    let mut dims = d.shape.to_vec();
     dims.swap(r - 2, r - 1);
     g.add(NodeData { op: Op::Permute(perm), shape: dims.into(), dtype: d.dtype }, &[n])
 }
