@@ -35,7 +35,7 @@ pub(crate) struct Compiler {
     isa: OwnedTargetIsa,
     /// Whether the host has FMA (cranelift-native enabled `has_fma`), so `fma` lowers to an instruction.
     fma: bool,
-    kernels: HashMap<(String, bool), KernelFn>,
+    kernels: rustc_hash::FxHashMap<(String, bool), KernelFn>,
     /// The mappings every handed-out `KernelFn` points into, kept for the life of the process.
     code: Vec<dynasmrt::ExecutableBuffer>,
     next: u32,
@@ -62,7 +62,7 @@ impl Compiler {
             .finish(settings::Flags::new(flags))
             .map_err(|e| e.to_string())?;
         let fma = isa.isa_flags().iter().any(|f| f.name == "has_fma" && f.as_bool() == Some(true));
-        Ok(Compiler { isa, fma, kernels: HashMap::new(), code: Vec::new(), next: 0 })
+        Ok(Compiler { isa, fma, kernels: Default::default(), code: Vec::new(), next: 0 })
     }
 
     /// Compiles `k` (or finds it), returning the entry point and, for dumps, the CLIF and disassembly.
