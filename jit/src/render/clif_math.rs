@@ -646,16 +646,22 @@ impl<'a, 'f> Em<'a, 'f> {
         let two = self.ic(2);
         let neg = self.b.ins().band(q, two);
         let sh = self.lane_bits() - 2;
-        let mut sign = self.b.ins().ishl_imm_u(neg, sh);
-        if !cos {
+        let flip = self.b.ins().ishl_imm_u(neg, sh);
+        self.flip_sign(res, flip, x, !cos)
+    }
+
+    /// `v` with its sign bit flipped by the sign bit of the integer lanes `flip`, and, for an odd function
+    /// (`odd`), by the sign of its argument `x` as well.
+    fn flip_sign(&mut self, v: Value, mut flip: Value, x: Value, odd: bool) -> Value {
+        if odd {
             let xi = self.ibits(x);
             let sm = self.ic(self.sign_mask());
             let xs = self.b.ins().band(xi, sm);
-            sign = self.b.ins().bxor(sign, xs);
+            flip = self.b.ins().bxor(flip, xs);
         }
-        let ri = self.ibits(res);
-        let ri = self.b.ins().bxor(ri, sign);
-        self.fbits(ri)
+        let vi = self.ibits(v);
+        let vi = self.b.ins().bxor(vi, flip);
+        self.fbits(vi)
     }
 
     /// f32 `sin`/`cos` on hosts with FMA: reduce modulo pi (not pi/2) and evaluate one odd polynomial, so each
@@ -715,16 +721,8 @@ impl<'a, 'f> Em<'a, 'f> {
             q = self.b.ins().iadd(q, one);
         }
         let sh = self.lane_bits() - 1;
-        let mut sign = self.b.ins().ishl_imm_u(q, sh);
-        if !cos {
-            let xi = self.ibits(x);
-            let sm = self.ic(self.sign_mask());
-            let xs = self.b.ins().band(xi, sm);
-            sign = self.b.ins().bxor(sign, xs);
-        }
-        let si = self.ibits(s);
-        let si = self.b.ins().bxor(si, sign);
-        self.fbits(si)
+        let flip = self.b.ins().ishl_imm_u(q, sh);
+        self.flip_sign(s, flip, x, !cos)
     }
 
     // -- tanh --
