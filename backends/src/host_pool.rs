@@ -38,11 +38,6 @@ pub fn fresh_allocations() -> u64 {
     FRESH.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Bytes of free buffers the pool holds now.
-pub fn pooled_bytes() -> usize {
-    POOL.lock().as_ref().map_or(0, |p| p.bytes)
-}
-
 fn capacity(b: &HostBuffer) -> usize {
     match b {
         HostBuffer::Bool(v) => v.capacity(),
@@ -194,7 +189,8 @@ fn encode(p: &Profile) -> String {
     p.iter().map(|(&(d, n), c)| format!("{d} {n} {c}\n")).collect()
 }
 
-/// Lines that do not parse are skipped (the store checksums artifacts; this only guards against a format change).
+/// Lines that do not parse are skipped (the store checksums artifacts; this only guards against a format change),
+/// as are sizes the pool would never hold; counts are capped at 64.
 fn decode(text: &str) -> Profile {
     let mut p = Profile::new();
     for line in text.lines() {
@@ -202,6 +198,7 @@ fn decode(text: &str) -> Profile {
         if let [d, n, c] = f[..]
             && let Some(d) = DType::ALL.into_iter().find(|t| t.name() == d)
             && let (Ok(n), Ok(c)) = (n.parse::<usize>(), c.parse::<usize>())
+            && n.checked_mul(d.size_of()).is_some_and(|b| (MIN_BYTES..=MAX_BYTES).contains(&b))
             && p.len() < PROFILE_MAX_ENTRIES
         {
             p.insert((d, n), c.min(64));
@@ -238,9 +235,14 @@ mod tests {
         p.insert((DType::I64, 16_384), 2);
         assert_eq!(decode(&encode(&p)), p);
         assert_eq!(encode(&p), "i64 16384 2\nf32 200704 1\n");
-        let odd = "f32 100000 1\nbf16 5 1\nf32 x 1\nf64 70000\n\nu8 65536 1000\n";
+        let odd =
+            "f32 100000 1\nbf16 5 1\nf32 x 1\nf64 70000\n\nu8 65536 1000\nf64 1000 1\nf32 4611686018427387904 1\n";
         let want: Profile = [((DType::F32, 100_000), 1), ((DType::U8, 65_536), 64)].into_iter().collect();
-        assert_eq!(decode(odd), want, "unknown dtypes and malformed lines are skipped; counts are capped");
+        assert_eq!(
+            decode(odd),
+            want,
+            "unknown dtypes, malformed lines and impossible sizes are skipped; counts capped"
+        );
     }
 
     #[test]

@@ -358,18 +358,18 @@ impl Pool {
     }
 
     /// Runs `f` once on every thread of the pool (the caller included), for per-thread set-up such as growing a
-    /// thread-local buffer before it is needed. Each chunk waits (up to `wait`) until every chunk has started, so
-    /// the caller cannot steal a worker's chunk; a worker that has not started by then has its chunk run by the
-    /// caller, so `f` may then run twice on the calling thread and not at all on that worker. Inline when the pool
-    /// is busy or has one thread.
+    /// thread-local buffer before it is needed. Each chunk waits until every chunk has started, so the caller cannot
+    /// steal a worker's chunk, but never past `wait` from the call: a worker that has not started by then has its
+    /// chunk run by the caller (so `f` may run twice on the calling thread and not at all on that worker), and the
+    /// call as a whole waits at most `wait`. Inline when the pool is busy or has one thread.
     pub fn on_each_thread(&self, wait: Duration, f: &(dyn Fn() + Sync)) {
         let n = self.threads();
         let arrived = AtomicUsize::new(0);
+        let deadline = Instant::now() + wait;
         let task = |s: usize, e: usize| {
             for _ in s..e {
                 f();
                 arrived.fetch_add(1, Ordering::AcqRel);
-                let deadline = Instant::now() + wait;
                 while arrived.load(Ordering::Acquire) < n && Instant::now() < deadline {
                     thread::yield_now();
                 }
@@ -638,6 +638,22 @@ mod tests {
             seen.dedup();
             assert_eq!(seen.len(), threads, "{threads} distinct threads");
         }
+        // A busy pool (a call from inside a launch) runs every chunk inline on the calling thread.
+        let pool = Pool::new(3);
+        let calls = AtomicUsize::new(0);
+        let threads_seen = Mutex::new(Vec::new());
+        pool.parallel_for(2, &|s, _| {
+            if s == 0 {
+                pool.on_each_thread(Duration::from_millis(1), &|| {
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    threads_seen.lock().unwrap_or_else(PoisonError::into_inner).push(thread::current().id());
+                })
+            }
+        });
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+        let mut seen = threads_seen.into_inner().unwrap_or_else(PoisonError::into_inner);
+        seen.dedup();
+        assert_eq!(seen.len(), 1, "all inline, on the thread that called it");
     }
 
     #[test]
