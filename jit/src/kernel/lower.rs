@@ -17,7 +17,6 @@ use crate::kernel::ir::{BufParam, Inst, InstOp, KernelIr, Reduce, Valid, ValueId
 use crate::op::{BinaryOp, Op, ReduceOp};
 use crate::shape::contiguous_strides;
 use petgraph::stable_graph::NodeIndex;
-use std::collections::HashMap;
 
 struct Lowerer<'a> {
     graph: &'a Graph,
@@ -27,7 +26,7 @@ struct Lowerer<'a> {
     extents: Vec<usize>,
     reads: Vec<NodeIndex>,
     insts: Vec<Inst>,
-    memo: HashMap<(NodeIndex, Vec<IExpr>, Option<Valid>), ValueId>,
+    memo: rustc_hash::FxHashMap<(NodeIndex, Vec<IExpr>, Option<Valid>), ValueId>,
     valid: Option<Valid>,
     names: Vec<String>,
     /// Set while building the outer code, where the stage node's value is the accumulator.
@@ -256,7 +255,7 @@ pub(crate) fn lower(
         extents: Vec::new(),
         reads: Vec::new(),
         insts: Vec::new(),
-        memo: HashMap::new(),
+        memo: Default::default(),
         valid: None,
         names: Vec::new(),
         acc_enabled: false,
