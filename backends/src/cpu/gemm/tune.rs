@@ -143,7 +143,14 @@ pub fn warm_runtime() {
         super::reserve_scratch(a, b);
     }
     // The library's first call at a size allocates its packing memory on each thread (and the allocator adapts its
-    // thresholds to it), ~0.3 ms for the MLP's 128x256x784 layer here: run each library winner's shape once.
+    // thresholds to it), ~0.3 ms for the MLP's 128x256x784 layer here: run each library winner's shape once. Dims
+    // are capped at `LIBRARY_WARM_DIM` (its packing blocks are smaller), so a huge stored shape costs an import at
+    // most ~2 GFLOP and 12 MiB, not the real problem.
+    const LIBRARY_WARM_DIM: usize = 1024;
+    let mut library: Vec<(usize, usize, usize)> = library
+        .into_iter()
+        .map(|(m, n, k)| (m.min(LIBRARY_WARM_DIM), n.min(LIBRARY_WARM_DIM), k.min(LIBRARY_WARM_DIM)))
+        .collect();
     library.sort_unstable();
     library.dedup();
     for (m, n, k) in library {
