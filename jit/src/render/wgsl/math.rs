@@ -152,15 +152,8 @@ fn kiln_pow_i32(x: i32, y: i32) -> i32 {
         if (x == -1) { return select(-1, 1, (y & 1) == 0); }
         return 0;
     }
-    var acc = 1i;
-    var b = x;
-    var e = u32(y);
-    while (e > 0u) {
-        if ((e & 1u) == 1u) { acc = acc * b; }
-        b = b * b;
-        e = e >> 1u;
-    }
-    return acc;
+    // Wrapping products have the same bits in i32 and u32 (two's complement), so the u32 loop serves both.
+    return bitcast<i32>(kiln_pow_u32(bitcast<u32>(x), u32(y)));
 }
 "#;
 
@@ -262,6 +255,9 @@ pub(crate) fn write_helper(s: &mut String, h: Helper, done: &mut BTreeSet<Helper
     // Helpers that test for NaN need the comparisons.
     if matches!(h, Helper::MaxF32 | Helper::MinF32 | Helper::PowF32 | Helper::F32ToInt | Helper::DivF32) {
         write_helper(s, Helper::FloatCmp, done);
+    }
+    if h == Helper::PowI32 {
+        write_helper(s, Helper::PowU32, done);
     }
     s.push_str(match h {
         Helper::Philox => PHILOX,
