@@ -200,6 +200,7 @@ struct CompiledLaunch {
 
 pub(crate) struct JitPlan {
     launches: Vec<CompiledLaunch>,
+    /// Each temp's length in `i64` elements (8-byte aligned, whatever dtype the kernels store in it).
     temps: Vec<usize>,
     outputs: Vec<(DType, usize)>,
     passthrough: Vec<(usize, usize)>,
@@ -265,22 +266,11 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
             });
         }
     }
+    let temps: Vec<usize> = plan.temps.iter().map(|&bytes| bytes.div_ceil(8)).collect();
+    let outputs: Vec<(DType, usize)> = plan.outputs.iter().map(|b| (b.dtype, b.len)).collect();
     // What every run of this plan takes from the host pool, for the buffer profile a warm process pre-allocates.
-    let pooled =
-        plan.outputs.iter().map(|b| (b.dtype, b.len)).chain(plan.temps.iter().map(|&t| (DType::I64, temp_words(t))));
-    crate::host_pool::remember_plan_buffers(pooled);
-    Ok(JitPlan {
-        launches,
-        temps: plan.temps.clone(),
-        outputs: plan.outputs.iter().map(|b| (b.dtype, b.len)).collect(),
-        passthrough: plan.passthrough.clone(),
-        arena: Mutex::new(Arena::default()),
-    })
-}
-
-/// `i64` elements of a plan temp of `bytes` bytes.
-fn temp_words(bytes: usize) -> usize {
-    bytes.div_ceil(8)
+    crate::host_pool::remember_plan_buffers(outputs.iter().copied().chain(temps.iter().map(|&w| (DType::I64, w))));
+    Ok(JitPlan { launches, temps, outputs, passthrough: plan.passthrough.clone(), arena: Mutex::new(Arena::default()) })
 }
 
 /// Marks `len` elements of an output written.
@@ -372,8 +362,7 @@ impl Executable for JitPlan {
             None => &mut own,
         };
         if arena.temps.len() != self.temps.len() {
-            arena.temps =
-                self.temps.iter().map(|&bytes| crate::host_pool::take(DType::I64, temp_words(bytes))).collect();
+            arena.temps = self.temps.iter().map(|&words| crate::host_pool::take(DType::I64, words)).collect();
         }
         let Arena { temps, ptrs, rng_words, out_ptrs } = arena;
         out_ptrs.clear();

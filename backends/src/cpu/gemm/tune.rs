@@ -111,14 +111,12 @@ unsafe fn gemm_f32(
     }
 }
 
-/// Pays now the one-time costs a process would otherwise pay inside its first GEMMs and its first plan runs: the
-/// thread pool's start, the `gemm` crate's reading of the cache hierarchy from sysfs on its first call (0.9 ms
-/// measured on this VM, against ~75 µs for a 128x128x256 product) and its first call at each stored winner's size,
-/// growing every thread's pack buffers to what the stored winners need, and the host pool's buffers of the stored
-/// profile (page faults: ~0.9 µs per 4 KiB page here; see `host_pool`). Warm-before-deploy calls it
-/// (`kiln::tune::import_bundle`) so a service's first step does not; the cost moves to start-up, it does not
-/// vanish. The first two happen once per process; the rest again for what later records add.
-pub fn warm_runtime() {
+/// Pays now the one-time costs a process would otherwise pay inside its first GEMMs: the thread pool's start, the
+/// `gemm` crate's reading of the cache hierarchy from sysfs on its first call (0.9 ms measured on this VM, against
+/// ~75 µs for a 128x128x256 product) and its first call at each stored library winner's size, and growing every
+/// thread's pack buffers to what the stored generated winners need (page faults: ~0.9 µs per 4 KiB page here). The
+/// first two happen once per process; the rest again for what later records add.
+pub fn warm_gemms() {
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
         let _ = super::pool::global();
@@ -126,10 +124,17 @@ pub fn warm_runtime() {
         // SAFETY: 4x4 row-major matrices with leading dimension 4, all 16 elements long; C is written only.
         unsafe { gemm_f32((4, 4, 4), (c.as_mut_ptr(), 4), (a.as_ptr(), 1, 4), (b.as_ptr(), 1, 4)) };
     });
+    // The library's first call at a size allocates its packing memory on each thread (and the allocator adapts its
+    // thresholds to it), ~0.3 ms for the MLP's 128x256x784 layer here: run each library winner's shape once. Dims
+    // are capped at `LIBRARY_WARM_DIM` (its packing blocks are smaller), so a huge stored shape costs an import at
+    // most ~2 GFLOP and 12 MiB, not the real problem.
+    const LIBRARY_WARM_DIM: usize = 1024;
     let (mut a, mut b) = (0, 0);
     let mut library = Vec::new();
     for rec in kiln_autotune::Store::global().records() {
-        let dim = |name: &str| rec.key.dims.iter().find(|(n, _)| n == name).map_or(1, |&(_, v)| v as usize);
+        let dim = |name: &str| {
+            rec.key.dims.iter().find(|(n, _)| n == name).map_or(1, |&(_, v)| v as usize).min(LIBRARY_WARM_DIM)
+        };
         match GemmImpl::parse(&rec.winner) {
             Some(GemmImpl::Asm(c)) if rec.key.op == "gemm" => {
                 let (ca, cb) = super::pack_lens(&c);
@@ -142,15 +147,6 @@ pub fn warm_runtime() {
     if a + b > 0 {
         super::reserve_scratch(a, b);
     }
-    // The library's first call at a size allocates its packing memory on each thread (and the allocator adapts its
-    // thresholds to it), ~0.3 ms for the MLP's 128x256x784 layer here: run each library winner's shape once. Dims
-    // are capped at `LIBRARY_WARM_DIM` (its packing blocks are smaller), so a huge stored shape costs an import at
-    // most ~2 GFLOP and 12 MiB, not the real problem.
-    const LIBRARY_WARM_DIM: usize = 1024;
-    let mut library: Vec<(usize, usize, usize)> = library
-        .into_iter()
-        .map(|(m, n, k)| (m.min(LIBRARY_WARM_DIM), n.min(LIBRARY_WARM_DIM), k.min(LIBRARY_WARM_DIM)))
-        .collect();
     library.sort_unstable();
     library.dedup();
     for (m, n, k) in library {
@@ -158,7 +154,6 @@ pub fn warm_runtime() {
         // SAFETY: x is m x k, w is k x n and y is m x n, all row-major and dense.
         unsafe { library_strips((m, n, k), y.as_mut_ptr(), (x.as_ptr(), 1, k as isize), (w.as_ptr(), 1, n as isize)) };
     }
-    crate::host_pool::warm_from_profile();
 }
 
 /// The analytic winner: the best-scored candidate, without running anything (`KILN_AUTOTUNE=off`).
