@@ -9,6 +9,7 @@
 //! cargo run --release --example train_mlp                 # batches 1, 32, 128, 256, 512, 1024
 //! cargo run --release --example train_mlp -- --batch 32   # one batch size
 //! cargo run --release --example train_mlp -- --device wgpu --batch 32   # on the wgpu device
+//! cargo run --release --example train_mlp -- --batch 1 --steps 20000   # a longer run, for `perf record`
 //! ```
 //! Prints, per batch: `batch N: X µs/step (median of 100 after 10 warm-up), first step Y ms`, then the loss.
 
@@ -18,6 +19,7 @@ use kiln::{DType, Device, Tensor};
 use std::time::Instant;
 
 const WARMUP: usize = 10;
+/// Timed steps per batch size unless `--steps N` says otherwise (more steps for a profiler run).
 const STEPS: usize = 100;
 
 /// The benchmark model: three bias-free linear layers with leaky_relu(0.01) between them.
@@ -49,7 +51,7 @@ fn arg(name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
 
-fn run(batch: usize, dev: &Device) -> kiln::Result<()> {
+fn run(batch: usize, steps: usize, dev: &Device) -> kiln::Result<()> {
     kiln::manual_seed(0);
     let model = Mlp::new(dev);
     let x = Tensor::randn([batch, 784], DType::F32, dev);
@@ -71,20 +73,20 @@ fn run(batch: usize, dev: &Device) -> kiln::Result<()> {
     for _ in 1..WARMUP {
         step()?;
     }
-    let mut times = Vec::with_capacity(STEPS);
+    let mut times = Vec::with_capacity(steps);
     let mut last = first_loss.clone();
-    for _ in 0..STEPS {
+    for _ in 0..steps {
         let t0 = Instant::now();
         last = step()?;
         times.push(t0.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
     println!(
-        "batch {batch}: {:.1} µs/step (median of {STEPS} after {WARMUP} warm-up), first step {:.2} ms",
-        times[STEPS / 2] * 1e6,
+        "batch {batch}: {:.1} µs/step (median of {steps} after {WARMUP} warm-up), first step {:.2} ms",
+        times[steps / 2] * 1e6,
         first.as_secs_f64() * 1e3
     );
-    println!("  loss {:.4} -> {:.4} over {} steps", first_loss.item::<f32>()?, last.item::<f32>()?, WARMUP + STEPS);
+    println!("  loss {:.4} -> {:.4} over {} steps", first_loss.item::<f32>()?, last.item::<f32>()?, WARMUP + steps);
     Ok(())
 }
 
@@ -101,8 +103,16 @@ fn main() -> kiln::Result<()> {
         Some(b) => vec![b.parse().unwrap_or_else(|_| panic!("--batch expects a number, got {b:?}"))],
         None => vec![1, 32, 128, 256, 512, 1024],
     };
+    let steps = match arg("--steps").map(|s| s.parse::<usize>()) {
+        None => STEPS,
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => {
+            eprintln!("--steps expects a positive number");
+            std::process::exit(2);
+        }
+    };
     for b in batches {
-        run(b, &dev)?;
+        run(b, steps, &dev)?;
     }
     let s = kiln::stats();
     println!("plans compiled: {}, cache hits: {}", s.compiles, s.plan_hits);

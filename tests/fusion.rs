@@ -58,8 +58,9 @@ fn twenty_op_chain_is_one_kernel() {
     assert!(k[0].starts_with("E_"), "{k:?}");
 }
 
-/// A matmul with K = 1 (the outer product of an SGD update at batch 1) is lowered to elementwise code, with no
-/// reduce loop left, and through the CPU JIT gives the interpreter's bits: `-0.0 * x` sums to `+0.0` in both.
+/// A matmul with K = 1 (the outer product of an SGD update at batch 1) is recorded as a broadcast product, lowered
+/// to elementwise code with no reduce loop left, and through the CPU JIT gives the interpreter's bits. A one-term
+/// sum is its term, so a `-0.0` product stays `-0.0` (IEEE; a `+0.0`-started fold would turn it into `+0.0`).
 #[test]
 fn k1_matmul_is_elementwise_and_bit_exact() {
     let dev = Device::cpu();
@@ -75,6 +76,8 @@ fn k1_matmul_is_elementwise_and_bit_exact() {
         assert!(l.kernel.reduce.is_none(), "a K = 1 matmul kept its reduction:\n{}", l.kernel);
     }
     kernels(&update);
+    let outer: Vec<f32> = a.matmul(&b).to_vec().unwrap();
+    assert_eq!(outer[37 + 20].to_bits(), (-0.0f32).to_bits(), "-0.0 * 1.0 must stay -0.0");
     for t in [a.matmul(&b), update] {
         let want = kiln::capture(&[&t]).unwrap().reference().unwrap()[0].to_f64();
         let got: Vec<f32> = t.to_vec().unwrap();

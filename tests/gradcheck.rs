@@ -676,8 +676,12 @@ fn cat_and_stack() {
 fn matmul_cases() {
     let mut s = Suite::new("matmul");
     let mut g = Gen::new("matmul");
-    let cases: [(&[usize], &[usize]); 10] = [
+    let cases: [(&[usize], &[usize]); 13] = [
         (&[3, 4], &[4, 2]),
+        // K = 1: recorded as a broadcast product, so its gradients come from `mul`'s rules.
+        (&[3, 1], &[1, 4]),
+        (&[2, 3, 1], &[1, 1, 4]),
+        (&[1], &[1, 3]),
         (&[2, 3, 4], &[2, 4, 2]),
         (&[2, 1, 3, 2], &[3, 2, 2]),
         (&[3, 2], &[2, 2, 2, 3]),

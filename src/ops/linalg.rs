@@ -61,7 +61,15 @@ impl Tensor {
         }
         let a = a.to_dtype(dtype).expand_to("matmul", &with([m, k]));
         let b = b.to_dtype(dtype).expand_to("matmul", &with([k, n]));
-        let out = Tensor::from_op(Op::Matmul, smallvec::smallvec![a, b], Shape::new(with([m, n])), dtype);
+        let out = if k == 1 {
+            // An outer product: `a[.., i, 0] * b[.., 0, j]`, recorded as the broadcast product it is. As a
+            // one-term sum it would cost a reduction loop per element and an add of the sum's +0.0 start (kept
+            // for the sign of a zero product), which the batch-1 training step's weight updates
+            // (`W - lr * g^T x`) paid on every weight. IEEE's exact one-term sum is the product itself.
+            a.mul(&b)
+        } else {
+            Tensor::from_op(Op::Matmul, smallvec::smallvec![a, b], Shape::new(with([m, n])), dtype)
+        };
         match (ra, rb) {
             (1, 1) => out.reshape_prim(Vec::new()),
             (1, _) => out.squeeze(-2),

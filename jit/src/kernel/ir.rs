@@ -161,10 +161,10 @@ impl KernelIr {
         self.without_single_reductions()
     }
 
-    /// A reduction over one element (a matmul with K = 1: the outer product of an SGD update at batch 1) becomes
-    /// plain outer code. As a reduce kernel it would be rendered as a register-tiled GEMM with no K loop, which
-    /// costs several times an elementwise pass over the same output (see the `train_mlp --batch 1` note in the README);
-    /// as elementwise code it streams rows with vector loads. The value is the interpreter's `identity ⊕ v`:
+    /// A reduction over one element (a sum over a size-1 dim; a matmul with K = 1 is recorded as a broadcast
+    /// product already, see `Tensor::matmul`) becomes plain outer code. As a reduce kernel it would be rendered as
+    /// a register-tiled GEMM with no K loop, which costs several times an elementwise pass over the same output; as
+    /// elementwise code it streams rows with vector loads. The value is the interpreter's `identity ⊕ v`:
     /// exactly `v` for prod, max and min, and `v + 0` for a float sum (which turns -0.0 into +0.0, as the fold
     /// does), so results are bit-identical to the reduce form.
     fn without_single_reductions(mut self) -> KernelIr {
