@@ -121,8 +121,9 @@ pub const SKINNY_M: usize = 16;
 pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
     let mut out = Vec::new();
     // Clamping makes many configs equal on small problems; a set keeps the dedup linear (it was the bulk of a
-    // warm process's first GEMM lookup: ~50 µs for 97 candidates with `Vec::contains`).
-    let mut seen = std::collections::HashSet::new();
+    // warm process's first GEMM lookup: ~50 µs for 97 candidates with `Vec::contains`, still 46 µs for the 720
+    // configs a skinny problem walks with std's SipHash set; Fx hashing is enough for a dedup).
+    let mut seen = rustc_hash::FxHashSet::default();
     let b_inplace_ok = v.b.cols == 1;
     let skinny = v.m <= SKINNY_M;
     let tiles: &[(usize, usize)] =
