@@ -65,6 +65,9 @@ pub struct Stats {
     pub kernel_compiles: u64,
     /// Cranelift kernels mapped from the kernel cache (disk or an imported bundle) instead of compiled.
     pub kernel_loads: u64,
+    /// Executable mappings made for compiled code: one per kernel compiled or loaded on its own, one per batch of
+    /// cached kernels mapped together at a bundle import. A first step after an import makes none.
+    pub code_mappings: u64,
     /// Host buffers of 64 KiB or more allocated fresh (page faults to come) because the buffer pool had none of
     /// their size; a replayed step allocates none, and neither does a first step after a bundle import.
     pub fresh_host_buffers: u64,
@@ -86,6 +89,7 @@ pub fn stats() -> Stats {
         tuned_kernel_loads: g.kernel_loads,
         kernel_compiles: g.clif_compiles,
         kernel_loads: g.clif_loads,
+        code_mappings: g.code_mappings,
         fresh_host_buffers: kiln_backends::host_pool::fresh_allocations(),
     }
 }

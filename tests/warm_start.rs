@@ -1,8 +1,9 @@
 //! Warm before deploy, end to end across processes: a cold process tunes and generates its GEMMs, compiles its
 //! other kernels, and persists all of it; a bundle exported from its cache and imported by a fresh process (empty
 //! cache dir) lets that process run the same step with zero tunings, zero GEMM code generations and zero Cranelift
-//! compiles and zero fresh host buffers (the bundle's buffer profile filled the pool at import); and a process on the
-//! warm disk cache reuses the persisted winners instead of racing them again.
+//! compiles and zero fresh host buffers (the bundle's buffer profile filled the pool at import) and zero executable
+//! mappings (the bundle's code was mapped at import, all of it at once); and a process on the warm disk cache
+//! reuses the persisted winners instead of racing them again.
 //!
 //! The child processes are this test binary itself, re-run with `KILN_WARM_CHILD` set (see `child_step`).
 
@@ -11,13 +12,21 @@ use std::path::Path;
 use std::process::Command;
 
 /// One training-style step: two linear layers with bias and relu, forward and backward (GEMMs with epilogues in
-/// both layouts). The hidden layer and the first weight's gradient are 64 KiB and more, so they come from the
-/// buffer pool.
-fn step() -> kiln::Stats {
+/// both layouts), and an SGD update of the first weight. The hidden layer, the first weight's gradient and its
+/// update are 64 KiB and more, so they come from the buffer pool. That weight is made by a plan of its own before
+/// the step (as a model's initialization would), so the step needs a second buffer of its size while the first is
+/// still alive: the buffer profile must count a plan's inputs, not only what it allocates.
+///
+/// Returns the stats before and after the step itself.
+fn step() -> (kiln::Stats, kiln::Stats) {
     let dev = Device::cpu();
     let data = |n: usize, s: f32| (0..n).map(|i| (i as f32 * 0.37 + s).sin()).collect::<Vec<f32>>();
     let x = Tensor::from_vec(data(64 * 96, 0.1), [64, 96], &dev).unwrap();
-    let w1 = Tensor::from_vec(data(256 * 96, 0.2), [256, 96], &dev).unwrap().requires_grad();
+    // From a plan with no input of its size (a host vector of that size would be given to the pool when dropped).
+    kiln::manual_seed(7);
+    let w1 = (Tensor::randn([256, 96], kiln::DType::F32, &dev) * 0.1).requires_grad();
+    kiln::realize(&[&w1]).unwrap();
+    let before = kiln::stats();
     let w2 = Tensor::from_vec(data(48 * 256, 0.3), [48, 256], &dev).unwrap().requires_grad();
     let b1 = Tensor::from_vec(data(256, 0.4), [256], &dev).unwrap();
     let h = (x.matmul(&w1.t()) + &b1).relu();
@@ -25,9 +34,11 @@ fn step() -> kiln::Stats {
     let grads = loss.backward().unwrap();
     let gw1 = grads.get(&w1).unwrap();
     let gw2 = grads.get(&w2).unwrap();
-    kiln::realize(&[&loss, gw1, gw2]).unwrap();
+    let w1_next = w1.detach() - gw1 * 1e-3;
+    kiln::realize(&[&loss, gw1, gw2, &w1_next]).unwrap();
+    let after = kiln::stats();
     assert!(loss.item::<f32>().unwrap().is_finite());
-    kiln::stats()
+    (before, after)
 }
 
 /// Not a test on its own (ignored, so it never counts as a pass): the body of the child processes.
@@ -38,22 +49,22 @@ fn child_step() {
     if let Ok(bundle) = std::env::var("KILN_WARM_BUNDLE") {
         kiln::tune::import_bundle(bundle).unwrap();
     }
-    let before = kiln::stats().fresh_host_buffers;
-    let s = step();
+    let (before, s) = step();
     println!(
-        "STATS role={role} tunings={} tune_hits={} compiles={} loads={} clif_compiles={} fresh={}",
+        "STATS role={role} tunings={} tune_hits={} compiles={} loads={} clif_compiles={} fresh={} mappings={}",
         s.tunings,
         s.tune_hits,
         s.tuned_kernel_compiles,
         s.tuned_kernel_loads,
         s.kernel_compiles,
-        s.fresh_host_buffers - before
+        s.fresh_host_buffers - before.fresh_host_buffers,
+        s.code_mappings - before.code_mappings
     );
 }
 
 /// Runs `child_step` in a new process with these cache settings; returns (tunings, hits, GEMM code generations,
-/// GEMM code loads, Cranelift compiles, fresh host buffers of the step).
-fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64, u64, u64) {
+/// GEMM code loads, Cranelift compiles, fresh host buffers of the step, executable mappings of the step).
+fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64, u64, u64, u64) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", "child_step", "--ignored", "--nocapture", "--test-threads=1"])
@@ -76,7 +87,8 @@ fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64
         let f = line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}=")));
         f.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} missing in {line}"))
     };
-    (field("tunings"), field("tune_hits"), field("compiles"), field("loads"), field("clif_compiles"), field("fresh"))
+    let f = field;
+    (f("tunings"), f("tune_hits"), f("compiles"), f("loads"), f("clif_compiles"), f("fresh"), f("mappings"))
 }
 
 #[test]
@@ -86,25 +98,27 @@ fn imported_bundle_means_no_tuning_and_no_code_generation() {
     }
     let build = tempfile::tempdir().unwrap();
     let deploy = tempfile::tempdir().unwrap();
-    let (tunings, _, compiles, _, clif, fresh) = child("cold", build.path(), None);
+    let (tunings, _, compiles, _, clif, fresh, _) = child("cold", build.path(), None);
     assert!(tunings >= 1 && compiles >= 1 && clif >= 1, "cold: tuned {tunings}, generated {compiles}, compiled {clif}");
     assert!(fresh >= 2, "the cold step allocates its large buffers fresh ({fresh})");
 
     // The same machine again: the persisted winners are reused, never raced again.
-    let (tunings, hits, compiles, loads, clif, _) = child("warm-disk", build.path(), None);
+    let (tunings, hits, compiles, loads, clif, _, mappings) = child("warm-disk", build.path(), None);
     assert_eq!((tunings, compiles, clif), (0, 0, 0), "warm disk: {hits} hits, {loads} loads");
     assert!(hits >= 1 && loads >= 1);
+    // Without an import, cached code is mapped when a plan first needs it.
+    assert!(mappings >= 1, "warm disk: {mappings} mappings");
 
     // Ship: export from the build machine's cache, import into an empty one.
     let fp = kiln_autotune::DeviceFingerprint::host_cpu();
     let bundle = build.path().join("model.kiln");
     let summary = kiln_autotune::Store::open(build.path().to_path_buf(), &fp).export_bundle(&bundle).unwrap();
     assert!(summary.records >= 1 && summary.artifacts >= 1);
-    let (tunings, hits, compiles, loads, clif, fresh) = child("imported", deploy.path(), Some(&bundle));
+    let (tunings, hits, compiles, loads, clif, fresh, mappings) = child("imported", deploy.path(), Some(&bundle));
     eprintln!(
         "imported: tunings {tunings} hits {hits} GEMM generations {compiles} loads {loads} compiles {clif} \
-         fresh buffers {fresh}"
+         fresh buffers {fresh} mappings {mappings}"
     );
-    assert_eq!((tunings, compiles, clif, fresh), (0, 0, 0, 0), "after import: {hits} hits, {loads} loads");
+    assert_eq!((tunings, compiles, clif, fresh, mappings), (0, 0, 0, 0, 0), "after import: {hits} hits, {loads} loads");
     assert!(hits >= 1 && loads >= 1);
 }

@@ -234,6 +234,15 @@ impl Store {
         }
     }
 
+    /// The artifacts held in memory (put in this process, loaded, or imported) whose names start with `prefix`.
+    pub fn artifacts_with_prefix(&self, prefix: &str) -> Vec<(String, Vec<u8>)> {
+        self.artifacts
+            .iter()
+            .filter(|e| e.key().starts_with(prefix))
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect()
+    }
+
     /// Keeps `bytes` in memory under `name`, then writes them to disk. A disk failure is returned (memory still
     /// holds them).
     pub fn put_artifact(&self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {

@@ -38,6 +38,8 @@ pub(crate) struct Compiler {
     kernels: rustc_hash::FxHashMap<(String, bool), KernelFn>,
     /// The mappings every handed-out `KernelFn` points into, kept for the life of the process.
     code: Vec<dynasmrt::ExecutableBuffer>,
+    /// Cached kernels mapped ahead of use ([`premap_cached_kernels`]), by artifact name.
+    premapped: rustc_hash::FxHashMap<String, KernelFn>,
     next: u32,
 }
 
@@ -62,7 +64,7 @@ impl Compiler {
             .finish(settings::Flags::new(flags))
             .map_err(|e| e.to_string())?;
         let fma = isa.isa_flags().iter().any(|f| f.name == "has_fma" && f.as_bool() == Some(true));
-        Ok(Compiler { isa, fma, kernels: Default::default(), code: Vec::new(), next: 0 })
+        Ok(Compiler { isa, fma, kernels: Default::default(), code: Vec::new(), premapped: Default::default(), next: 0 })
     }
 
     /// Compiles `k` (or finds it), returning the entry point and, for dumps, the CLIF and disassembly.
@@ -105,10 +107,14 @@ impl Compiler {
         let store = kiln_autotune::Store::global();
         let key = format!("{}|{opts:?}|r{}", k.to_text(), clif::REVISION);
         let name = format!(
-            "clif-{:016x}-{:016x}",
+            "{CLIF_ARTIFACT_PREFIX}{:016x}-{:016x}",
             kiln_autotune::checksum_of([key.as_str()]),
             kiln_autotune::checksum_of([key.as_str(), "kiln"])
         );
+        if !dump && let Some(&f) = self.premapped.get(&name) {
+            CLIF_LOADS.fetch_add(1, Ordering::Relaxed);
+            return Ok((f, None));
+        }
         if !dump
             && let Some(bytes) = store.get_artifact(&name)
             && let Ok(code) = super::code::RelocatableCode::from_artifact(&bytes)
@@ -159,6 +165,49 @@ impl Compiler {
         Ok(f)
     }
 }
+
+/// Maps every cached Cranelift kernel the store holds in memory (after `import_bundle`: the bundle's) into one
+/// executable mapping, so that the plans of a warm process find their kernels mapped already instead of paying a
+/// mapping each (see `code`'s module doc). Kernels mapped before are skipped; a failure only logs (`KILN_LOG`):
+/// the kernels then map one by one when used, as without this.
+pub(crate) fn premap_cached_kernels(store: &kiln_autotune::Store) {
+    let Ok(compiler) = COMPILER.as_ref() else { return };
+    let mut c = compiler.lock();
+    let mut names = Vec::new();
+    let mut blobs = Vec::new();
+    for (name, bytes) in store.artifacts_with_prefix(CLIF_ARTIFACT_PREFIX) {
+        if c.premapped.contains_key(&name) {
+            continue;
+        }
+        match super::code::RelocatableCode::from_artifact(&bytes).and_then(|code| code.patched()) {
+            Ok(code) => {
+                names.push(name);
+                blobs.push(code);
+            }
+            Err(e) => tracing_note(&format!("cached kernel {name} not premapped: {e}")),
+        }
+    }
+    if blobs.is_empty() {
+        return;
+    }
+    let slices: Vec<&[u8]> = blobs.iter().map(|b| b.as_slice()).collect();
+    match super::code::map_together(&slices) {
+        Ok((buf, offsets)) => {
+            for (name, off) in names.into_iter().zip(offsets) {
+                // SAFETY: as in `Compiler::map`: each blob is a kernel compiled from `kernel_signature` (`KernelFn`'s
+                // ABI) starting at its offset, patched for this process; `buf` is kept in `code` for the life of the
+                // process.
+                let f = unsafe { std::mem::transmute::<*const u8, KernelFn>(buf.ptr(dynasmrt::AssemblyOffset(off))) };
+                c.premapped.insert(name, f);
+            }
+            c.code.push(buf);
+        }
+        Err(e) => tracing_note(&format!("cached kernels not premapped: {e}")),
+    }
+}
+
+/// Names of cached Cranelift kernels in the store start with this.
+const CLIF_ARTIFACT_PREFIX: &str = "clif-";
 
 /// A cache entry could not be written (a read-only or full cache dir): the result still holds for this process.
 /// Said once per process on stderr, not once per kernel; `KILN_LOG` shows every one.
@@ -268,8 +317,17 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     }
     let temps: Vec<usize> = plan.temps.iter().map(|&bytes| bytes.div_ceil(8)).collect();
     let outputs: Vec<(DType, usize)> = plan.outputs.iter().map(|b| (b.dtype, b.len)).collect();
-    // What every run of this plan takes from the host pool, for the buffer profile a warm process pre-allocates.
-    crate::host_pool::remember_plan_buffers(outputs.iter().copied().chain(temps.iter().map(|&w| (DType::I64, w))));
+    // The buffers live while this plan runs (what it takes from the host pool, and its inputs, which a training
+    // step replaces with its outputs, so each parameter's size is needed twice), for the buffer profile a warm
+    // process pre-allocates.
+    let inputs = graph.g.node_weights().filter(|n| matches!(n.op, kiln_jit::Op::Input { .. }));
+    crate::host_pool::remember_plan_buffers(
+        outputs
+            .iter()
+            .copied()
+            .chain(temps.iter().map(|&w| (DType::I64, w)))
+            .chain(inputs.map(|n| (n.dtype, n.shape.numel()))),
+    );
     Ok(JitPlan { launches, temps, outputs, passthrough: plan.passthrough.clone(), arena: Mutex::new(Arena::default()) })
 }
 

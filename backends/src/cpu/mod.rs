@@ -12,8 +12,13 @@ pub mod pool;
 /// Pays now what a process would otherwise pay in its first plan runs (warm before deploy: `kiln::tune::
 /// import_bundle` calls it after storing a bundle): the GEMM runtime's one-time costs for the stored winners
 /// ([`gemm::tune::warm_gemms`]) and the host pool's buffers of the stored profile
-/// ([`crate::host_pool::warm_from_profile`]). The cost moves to start-up, it does not vanish.
+/// ([`crate::host_pool::warm_from_profile`]), and the mapping of the stored compiled code: every cached Cranelift
+/// kernel in one executable mapping, every cached GEMM kernel set in another, instead of one mapping per kernel at
+/// first use. The cost moves to start-up, it does not vanish.
 pub fn warm_runtime() {
+    let store = kiln_autotune::Store::global();
+    jit::premap_cached_kernels(store);
+    gemm::premap_cached_sets(store);
     gemm::tune::warm_gemms();
     crate::host_pool::warm_from_profile();
 }

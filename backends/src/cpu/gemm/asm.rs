@@ -415,9 +415,11 @@ fn emit_program(
 }
 
 /// A finalized set of kernels (one mapping) and their entry points.
+#[derive(Clone)]
 pub struct KernelSet {
-    /// Keeps the code mapped for as long as the entry points are used.
-    _code: ExecutableBuffer,
+    /// Keeps the code mapped for as long as the entry points are used (shared when several sets were mapped
+    /// together, see [`KernelSet::map_artifacts`]).
+    _code: std::sync::Arc<ExecutableBuffer>,
     pub fns: Vec<MicroFn>,
     /// The code bytes, position independent (relative jumps, register addressing only): what a cache stores.
     pub bytes: Vec<u8>,
@@ -436,18 +438,25 @@ impl KernelSet {
             offsets.push(emit(&mut ops, s, ep)?.0);
         }
         let code = ops.finalize().map_err(|_| "finalizing the GEMM kernels failed".to_string())?;
+        crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let bytes = code.to_vec();
-        Ok(Self::from_code(code, bytes, offsets))
+        Ok(Self::from_code(std::sync::Arc::new(code), 0, bytes, offsets))
     }
 
-    fn from_code(code: ExecutableBuffer, bytes: Vec<u8>, offsets: Vec<usize>) -> KernelSet {
+    /// The set whose code starts at byte `base` of `code`.
+    fn from_code(
+        code: std::sync::Arc<ExecutableBuffer>,
+        base: usize,
+        bytes: Vec<u8>,
+        offsets: Vec<usize>,
+    ) -> KernelSet {
         let fns = offsets
             .iter()
             .map(|&o| {
-                // SAFETY: `o` is the start of a function emitted with `MicroFn`'s sysv64 signature (by `build`, or by
-                // a `build` whose bytes `from_artifact` validated), and `code` (kept in the returned set) keeps it
-                // mapped executable.
-                unsafe { std::mem::transmute::<*const u8, MicroFn>(code.ptr(AssemblyOffset(o))) }
+                // SAFETY: `base + o` is the start of a function emitted with `MicroFn`'s sysv64 signature (by `build`,
+                // or by a `build` whose bytes `parse_artifact` validated, copied to `base`), and `code` (kept in the
+                // returned set) keeps it mapped executable.
+                unsafe { std::mem::transmute::<*const u8, MicroFn>(code.ptr(AssemblyOffset(base + o))) }
             })
             .collect();
         KernelSet { _code: code, fns, bytes, offsets }
@@ -468,26 +477,46 @@ impl KernelSet {
     /// program, kiln version and CPU fingerprint; this checks only its framing (`expected` kernels, offsets inside
     /// the code).
     pub fn from_artifact(a: &[u8], expected: usize) -> Result<KernelSet, String> {
-        let bad = || "malformed GEMM code artifact".to_string();
-        let rest = a.strip_prefix(&ARTIFACT_MAGIC[..]).ok_or_else(bad)?;
-        let word = |i: usize| -> Option<usize> {
-            Some(u32::from_le_bytes(rest.get(4 * i..4 * i + 4)?.try_into().ok()?) as usize)
-        };
-        let n = word(0).ok_or_else(bad)?;
-        if n != expected {
-            return Err(bad());
+        let (offsets, code_bytes) = parse_artifact(a)?;
+        if offsets.len() != expected {
+            return Err("malformed GEMM code artifact".into());
         }
-        let offsets: Vec<usize> = (1..=n).map(word).collect::<Option<_>>().ok_or_else(bad)?;
-        let code_bytes = rest.get(4 * (n + 1)..).ok_or_else(bad)?;
-        if code_bytes.is_empty() || offsets.iter().any(|&o| o >= code_bytes.len()) {
-            return Err(bad());
-        }
-        let mut buf = dynasmrt::mmap::MutableBuffer::new(code_bytes.len()).map_err(|e| e.to_string())?;
-        buf.set_len(code_bytes.len());
-        buf[..].copy_from_slice(code_bytes);
-        let code = buf.make_exec().map_err(|e| e.to_string())?;
-        Ok(Self::from_code(code, code_bytes.to_vec(), offsets))
+        let (code, _) = crate::cpu::code::map_together(&[code_bytes])?;
+        Ok(Self::from_code(std::sync::Arc::new(code), 0, code_bytes.to_vec(), offsets))
     }
+
+    /// Maps several cached sets into one executable mapping (one `mmap` and `mprotect` for all: see the CPU
+    /// backend's `code` module). A malformed artifact is left out, not an error.
+    pub fn map_artifacts(artifacts: &[&[u8]]) -> Result<Vec<Option<KernelSet>>, String> {
+        let parsed: Vec<Option<(Vec<usize>, &[u8])>> = artifacts.iter().map(|a| parse_artifact(a).ok()).collect();
+        let blobs: Vec<&[u8]> = parsed.iter().flatten().map(|(_, code)| *code).collect();
+        let (code, bases) = crate::cpu::code::map_together(&blobs)?;
+        let code = std::sync::Arc::new(code);
+        let mut bases = bases.into_iter();
+        Ok(parsed
+            .into_iter()
+            .map(|p| {
+                let (offsets, bytes) = p?;
+                let base = bases.next()?;
+                Some(Self::from_code(code.clone(), base, bytes.to_vec(), offsets))
+            })
+            .collect())
+    }
+}
+
+/// The framing of a kernel-set artifact: magic, kernel count, offsets (inside the code), code.
+fn parse_artifact(a: &[u8]) -> Result<(Vec<usize>, &[u8]), String> {
+    let bad = || "malformed GEMM code artifact".to_string();
+    let rest = a.strip_prefix(&ARTIFACT_MAGIC[..]).ok_or_else(bad)?;
+    let word =
+        |i: usize| -> Option<usize> { Some(u32::from_le_bytes(rest.get(4 * i..4 * i + 4)?.try_into().ok()?) as usize) };
+    let n = word(0).ok_or_else(bad)?;
+    let offsets: Vec<usize> = (1..=n).map(word).collect::<Option<_>>().ok_or_else(bad)?;
+    let code_bytes = rest.get(4 * (n + 1)..).ok_or_else(bad)?;
+    if code_bytes.is_empty() || offsets.iter().any(|&o| o >= code_bytes.len()) {
+        return Err(bad());
+    }
+    Ok((offsets, code_bytes))
 }
 
 /// Whether this host can run the generated kernels.

@@ -443,6 +443,8 @@ pub struct GemmStats {
     pub clif_compiles: u64,
     /// Cranelift kernels mapped from the kernel cache (no compilation).
     pub clif_loads: u64,
+    /// Executable mappings made for compiled code (see `kiln::Stats::code_mappings`).
+    pub code_mappings: u64,
 }
 
 pub(crate) static TUNINGS: AtomicU64 = AtomicU64::new(0);
@@ -458,6 +460,7 @@ pub fn stats() -> GemmStats {
         kernel_loads: KERNEL_LOADS.load(Ordering::Relaxed),
         clif_compiles: super::jit::CLIF_COMPILES.load(Ordering::Relaxed),
         clif_loads: super::jit::CLIF_LOADS.load(Ordering::Relaxed),
+        code_mappings: super::code::MAPPINGS.load(Ordering::Relaxed),
     }
 }
 
@@ -469,7 +472,12 @@ fn kernel_set(
     cache: Option<&kiln_autotune::Store>,
 ) -> Result<KernelSet, String> {
     let Some(store) = cache else { return KernelSet::build(specs, program) };
-    let name = format!("gemm-avx2-{:016x}", kiln_autotune::checksum_of([format!("{specs:?}|{program:?}")]));
+    let name = format!("{GEMM_ARTIFACT_PREFIX}{:016x}", kiln_autotune::checksum_of([format!("{specs:?}|{program:?}")]));
+    let premapped = PREMAPPED.lock().as_ref().and_then(|m| m.get(&name).cloned());
+    if let Some(set) = premapped.filter(|s| s.fns.len() == specs.len()) {
+        KERNEL_LOADS.fetch_add(1, Ordering::Relaxed);
+        return Ok(set);
+    }
     if let Some(bytes) = store.get_artifact(&name)
         && let Ok(set) = KernelSet::from_artifact(&bytes, specs.len())
     {
@@ -482,6 +490,39 @@ fn kernel_set(
         super::jit::cache_write_failed("GEMM code", &e);
     }
     Ok(set)
+}
+
+/// Names of cached GEMM kernel sets in the store start with this.
+const GEMM_ARTIFACT_PREFIX: &str = "gemm-avx2-";
+
+/// Cached kernel sets mapped ahead of use, by artifact name ([`premap_cached_sets`]).
+static PREMAPPED: parking_lot::Mutex<Option<rustc_hash::FxHashMap<String, KernelSet>>> = parking_lot::Mutex::new(None);
+
+/// Maps every cached GEMM kernel set the store holds in memory (after `import_bundle`: the bundle's) into one
+/// executable mapping, so that a warm process's plans find them mapped (see the CPU backend's `code` module).
+/// Sets mapped before are skipped; a failure only logs (`KILN_LOG`): the sets then map one by one when used.
+pub(crate) fn premap_cached_sets(store: &kiln_autotune::Store) {
+    let mut premapped = PREMAPPED.lock();
+    let map = premapped.get_or_insert_with(Default::default);
+    let todo: Vec<(String, Vec<u8>)> =
+        store.artifacts_with_prefix(GEMM_ARTIFACT_PREFIX).into_iter().filter(|(n, _)| !map.contains_key(n)).collect();
+    if todo.is_empty() {
+        return;
+    }
+    let blobs: Vec<&[u8]> = todo.iter().map(|(_, b)| b.as_slice()).collect();
+    match KernelSet::map_artifacts(&blobs) {
+        Ok(sets) => {
+            for ((name, _), set) in todo.into_iter().zip(sets) {
+                match set {
+                    Some(set) => {
+                        map.insert(name, set);
+                    }
+                    None => super::jit::tracing_note(&format!("cached GEMM code {name} not premapped: malformed")),
+                }
+            }
+        }
+        Err(e) => super::jit::tracing_note(&format!("cached GEMM code not premapped: {e}")),
+    }
 }
 
 fn is_identity(k: &KernelIr) -> bool {
