@@ -5,7 +5,7 @@
 mod common;
 
 use common::{compare, gemm_tol, tensor};
-use kiln::{DType, Tensor};
+use kiln::{DType, HostBuffer, Tensor};
 use kiln_backends::cpu::gemm::config::{self, GemmImpl};
 use kiln_backends::cpu::run_gemm_with;
 use kiln_jit::kernel::gemm::GemmView;
@@ -145,4 +145,27 @@ fn tuning_keys_bucket_shapes_and_separate_what_changes_the_kernel() {
     assert_ne!(key(&mm(1000, 300, 200).relu(), "cpu-a"), key(&(mm(1000, 300, 200) * 2.0).relu(), "cpu-a"));
     // The candidate set is part of the key (skinny problems have another set).
     assert_ne!(key(&mm(8, 300, 200), "cpu-a").candidates, base.candidates);
+}
+
+/// The tuner's check (`gemm_check::Reference`, evaluated once per search and shared by every candidate) accepts the
+/// interpreter's output of a GEMM with an epilogue and rejects it with one sampled element off by a wrong tile's
+/// error (a missing product), and rejects a short output instead of reading past it.
+#[test]
+fn tuner_reference_accepts_the_right_output_and_rejects_a_wrong_one() {
+    use kiln_backends::gemm_check::{Reference, sample_positions};
+    let (m, n, k) = (21, 37, 50);
+    let out = (rand(&[m, k], 3).matmul(&rand(&[k, n], 4)) + &rand(&[n], 5)).relu();
+    common::with_last_gemm("reference", &out, |kernel, args, want| {
+        let reference = Reference::of(kernel, k, args);
+        let HostBuffer::F32(good) = want.clone() else { panic!("f32 GEMM") };
+        reference.check(&good).unwrap();
+        // The last sampled position is in the middle of the output (a corner could be a relu zero).
+        let pos = sample_positions(&kernel.out_extents).pop().unwrap();
+        let flat = pos[0] * n + pos[1];
+        let mut bad = good.clone();
+        bad[flat] += 1e-3 + bad[flat].abs() * 1e-3;
+        let e = reference.check(&bad).unwrap_err();
+        assert!(e.contains(&format!("{pos:?}")), "{e}");
+        assert!(reference.check(&good[..good.len() - 1]).is_err());
+    });
 }

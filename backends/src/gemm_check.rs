@@ -11,20 +11,21 @@ pub fn synthetic_inputs(k: &KernelIr) -> Vec<HostBuffer> {
     k.inputs.iter().enumerate().map(|(i, b)| synthetic(b, i as u64)).collect()
 }
 
-/// Deterministic data for input `seed`: floats in [-1, 1), ints in 0..4, bools alternating.
+/// Deterministic data for input `seed`: floats in [-1, 1), ints in 0..4, bools alternating. Generated straight
+/// into the buffer's type (an f64 copy of every input first cost a tuning search ~10 ms of its ~45 on a 1024 x 1024
+/// operand, mostly page faults of the copy).
 fn synthetic(b: &BufParam, seed: u64) -> HostBuffer {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move || {
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
-        (s >> 11) as f64 / (1u64 << 53) as f64
+        (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
     };
-    let vals: Vec<f64> = (0..b.len).map(|_| next() * 2.0 - 1.0).collect();
     match b.dtype {
-        DType::F32 => HostBuffer::F32(vals.iter().map(|&x| x as f32).collect()),
-        DType::F64 => HostBuffer::F64(vals),
-        d => HostBuffer::from_i64(d, &vals.iter().map(|&x| ((x + 1.0) * 2.0) as i64).collect::<Vec<_>>()),
+        DType::F32 => HostBuffer::F32((0..b.len).map(|_| next() as f32).collect()),
+        DType::F64 => HostBuffer::F64((0..b.len).map(|_| next()).collect()),
+        d => HostBuffer::from_i64(d, &(0..b.len).map(|_| ((next() + 1.0) * 2.0) as i64).collect::<Vec<_>>()),
     }
 }
 
@@ -52,22 +53,41 @@ pub fn sample_positions(extents: &[usize]) -> Vec<Vec<usize>> {
     out
 }
 
-/// Checks `got`, the f32 output of GEMM kernel `k` (reduction length `k_len`) on `inputs`, against the kernel IR
-/// evaluator at [`sample_positions`]. Tolerance: the summation-order bound of `tests/common::gemm_tol` (relative
-/// 1e-5 plus 4*k*eps), doubled because the evaluator's own f32 sum errs too; a wrong tile, block or epilogue is off
-/// by orders of magnitude more. NaN matches NaN.
-pub fn check_sampled(k: &KernelIr, k_len: usize, inputs: &[&HostBuffer], got: &[f32]) -> Result<(), String> {
-    let positions = sample_positions(&k.out_extents);
-    let want = kiln_jit::kernel::eval::run_at(k, inputs, &[], &positions);
-    let strides = kiln_jit::shape::contiguous_strides(&k.out_extents);
-    let abs = 8.0 * k_len as f64 * f32::EPSILON as f64;
-    for (pos, w) in positions.iter().zip(want) {
-        let flat: usize = pos.iter().zip(&strides).map(|(i, s)| i * s).sum();
-        let g = got[flat] as f64;
-        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= abs + 2e-5 * w.abs();
-        if !ok {
-            return Err(format!("element {pos:?}: got {g}, want {w}"));
-        }
+/// The kernel IR evaluator's values of GEMM kernel `k` at [`sample_positions`], computed once per tuning search
+/// and compared with every candidate's output (the evaluator is slow: 44 positions of a K = 1024 reduction took
+/// ~2.5 ms, which a search paid once per candidate before).
+pub struct Reference {
+    /// Flat output index and expected value of each sampled position.
+    samples: Vec<(usize, Vec<usize>, f64)>,
+    /// Absolute tolerance for this reduction length.
+    abs: f64,
+}
+
+impl Reference {
+    /// Evaluates `k` (reduction length `k_len`) on `inputs` at the sampled positions.
+    pub fn of(k: &KernelIr, k_len: usize, inputs: &[&HostBuffer]) -> Reference {
+        let positions = sample_positions(&k.out_extents);
+        let want = kiln_jit::kernel::eval::run_at(k, inputs, &[], &positions);
+        let strides = kiln_jit::shape::contiguous_strides(&k.out_extents);
+        let samples = positions
+            .into_iter()
+            .zip(want)
+            .map(|(pos, w)| (pos.iter().zip(&strides).map(|(i, s)| i * s).sum(), pos, w))
+            .collect();
+        Reference { samples, abs: 8.0 * k_len as f64 * f32::EPSILON as f64 }
     }
-    Ok(())
+
+    /// Checks `got`, a candidate's f32 output on the same inputs. Tolerance: the summation-order bound of
+    /// `tests/common::gemm_tol` (relative 1e-5 plus 4*k*eps), doubled because the evaluator's own f32 sum errs too; a
+    /// wrong tile, block or epilogue is off by orders of magnitude more. NaN matches NaN.
+    pub fn check(&self, got: &[f32]) -> Result<(), String> {
+        for (flat, pos, w) in &self.samples {
+            let g = got.get(*flat).copied().ok_or_else(|| format!("output has {} elements", got.len()))? as f64;
+            let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= self.abs + 2e-5 * w.abs();
+            if !ok {
+                return Err(format!("element {pos:?}: got {g}, want {w}"));
+            }
+        }
+        Ok(())
+    }
 }

@@ -96,6 +96,8 @@ fn choose_gemm(
         return Ok((imp, Some(rec)));
     }
     let inputs = problem.inputs();
+    // Evaluated once, at the first verification (never with `KILN_AUTOTUNE=off`, which verifies nothing).
+    let reference = std::cell::OnceCell::new();
     let cands = config::candidates(&problem.view, problem.view.batch.is_empty());
     let scored: Vec<kiln_autotune::Candidate<'_, GemmImpl>> = cands
         .iter()
@@ -142,7 +144,10 @@ fn choose_gemm(
         problem.dims.clone(),
         scored,
         mode,
-        |imp| run(imp).and_then(|(out, _)| tune::verify(&problem, &inputs, &out)),
+        |imp| {
+            let reference = reference.get_or_init(|| tune::reference(&problem, &inputs));
+            run(imp).and_then(|(out, _)| tune::verify(reference, &out))
+        },
         |imp| run(imp).map(|(_, t)| t),
     )?;
     let imp = GemmImpl::parse(&record.winner).ok_or_else(|| format!("unparsable winner {}", record.winner))?;

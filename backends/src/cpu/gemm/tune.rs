@@ -294,10 +294,15 @@ pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str) -> Tune
     TuneProblem { key, dims, kernel: canonical, view }
 }
 
-/// Checks a candidate's output on the canonical problem against the kernel IR evaluator (see
-/// [`crate::gemm_check::check_sampled`]).
-pub fn verify(p: &TuneProblem, inputs: &[HostBuffer], got: &HostBuffer) -> Result<(), String> {
-    let HostBuffer::F32(got) = got else { return Err("the GEMM output is not f32".into()) };
+/// The kernel IR evaluator's values of the canonical problem on `inputs` at the sampled positions, to check every
+/// candidate's output against (see [`crate::gemm_check::Reference`]).
+pub fn reference(p: &TuneProblem, inputs: &[HostBuffer]) -> crate::gemm_check::Reference {
     let refs: Vec<&HostBuffer> = inputs.iter().collect();
-    crate::gemm_check::check_sampled(&p.kernel, p.view.k, &refs, got)
+    crate::gemm_check::Reference::of(&p.kernel, p.view.k, &refs)
+}
+
+/// Checks a candidate's output on the canonical problem against `reference`.
+pub fn verify(reference: &crate::gemm_check::Reference, got: &HostBuffer) -> Result<(), String> {
+    let HostBuffer::F32(got) = got else { return Err("the GEMM output is not f32".into()) };
+    reference.check(got)
 }
