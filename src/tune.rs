@@ -61,8 +61,10 @@ pub fn export_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary>
 
 /// Loads a bundle written by [`export_bundle`] on a machine with the same CPU fingerprint and kiln version, and
 /// pays here rather than in the first step what the first step would otherwise pay once: the GEMM runtime's start-up
-/// (thread pool, the library candidate's cache probing and first calls, pack buffers) and the buffers the bundle's
-/// plans take, allocated and faulted in (`stats().fresh_host_buffers` stays 0 in that first step).
+/// (thread pool, the library candidate's cache probing and first calls, pack buffers), the buffers the bundle's
+/// plans keep live, allocated and faulted in (`stats().fresh_host_buffers` stays unchanged in that first step), and
+/// the mapping of the bundle's compiled kernels, all in two executable mappings (`stats().code_mappings` stays
+/// unchanged in that first step).
 pub fn import_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary> {
     let summary = kiln_autotune::Store::global().import_bundle(path.as_ref())?;
     kiln_backends::cpu::warm_runtime();
