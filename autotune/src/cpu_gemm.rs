@@ -51,9 +51,19 @@ impl GemmConfig {
 impl GemmImpl {
     /// A stable name: the tuning record stores it, and `parse` must read it back.
     pub fn name(&self) -> String {
-        match self {
-            GemmImpl::Library => "lib:gemm".to_string(),
-            GemmImpl::Asm(c) => format!(
+        let mut s = String::new();
+        self.write_name(&mut s);
+        s
+    }
+
+    /// Appends [`GemmImpl::name`] to `out` (a key's candidate checksum writes ~100 names into one buffer).
+    pub fn write_name(&self, out: &mut String) {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = match self {
+            GemmImpl::Library => out.write_str("lib:gemm"),
+            GemmImpl::Asm(c) => write!(
+                out,
                 "avx2:{}x{}:kc{}:mc{}:nc{}:{}{}:{}:u{}:pf{}",
                 c.mr,
                 c.nr(),
@@ -66,7 +76,7 @@ impl GemmImpl {
                 c.unroll,
                 c.prefetch
             ),
-        }
+        };
     }
 
     /// The structural family (what the cost model may mis-rank as a whole): the library, or the generated kernel

@@ -175,6 +175,16 @@ impl Store {
         self.rejections.lock().clone()
     }
 
+    /// The winner of the record for `key`, as [`Store::get_record`] finds it, without copying the record's trials
+    /// (a plan compile needs only the winner; a record may hold a hundred trials).
+    pub fn get_winner(&self, key: &TuneKey) -> Option<String> {
+        if let Some(rec) = self.records.get(key) {
+            bump(&self.counters.record_hits);
+            return Some(rec.winner.clone());
+        }
+        self.get_record(key).map(|r| r.winner)
+    }
+
     /// Memory first, then disk (a disk hit is kept in memory).
     pub fn get_record(&self, key: &TuneKey) -> Option<TuneRecord> {
         if let Some(rec) = self.records.get(key) {

@@ -29,12 +29,14 @@ fn tune_mode() -> kiln_autotune::Mode {
     MODE_OVERRIDE.lock().unwrap_or(*MODE)
 }
 
-static LAST_RECORD: Mutex<Option<kiln_autotune::TuneRecord>> = Mutex::new(None);
+/// The key of the GEMM compiled last; its record is in the store (memory at least).
+static LAST_KEY: Mutex<Option<kiln_autotune::TuneKey>> = Mutex::new(None);
 
 /// Takes the tuning record of the GEMM compiled last (searched or reused) since the previous call, for
 /// `kiln tune`'s report.
 pub fn take_last_tune_record() -> Option<kiln_autotune::TuneRecord> {
-    LAST_RECORD.lock().take()
+    let key = LAST_KEY.lock().take()?;
+    kiln_autotune::Store::global().get_record(&key)
 }
 
 static MODE_OVERRIDE: Mutex<Option<kiln_autotune::Mode>> = Mutex::new(None);
@@ -62,17 +64,18 @@ pub(crate) fn gemm_for(
     }
     let threads = pool::global().threads();
     let store = kiln_autotune::Store::global();
-    let (imp, record) = choose_gemm(c, k, &view, threads, store, tune_mode())?;
+    let (imp, key) = choose_gemm(c, k, &view, threads, store, tune_mode())?;
     let g = build_gemm(c, k, view, imp, threads, Some(store), dump)?;
     if let Some(d) = dump {
-        let table = record.map_or_else(|| "not tuned (analytic choice)\n".to_string(), |r| r.table());
+        let table = store.get_record(&key).map_or_else(|| "not tuned (analytic choice)\n".to_string(), |r| r.table());
         d.gemm_files(k, &imp.name(), g.code_bytes(), &table);
     }
     Ok(Some(g))
 }
 
 /// The configuration for GEMM `k`: a cached record's winner (never re-raced), else a search on the canonical
-/// problem of its key (or, with `KILN_AUTOTUNE=off`, the best analytic score), recorded in `store`.
+/// problem of its key (or, with `KILN_AUTOTUNE=off`, the best analytic score), recorded in `store`. Also returns
+/// the key that record is stored under.
 fn choose_gemm(
     c: &mut Compiler,
     k: &KernelIr,
@@ -80,7 +83,7 @@ fn choose_gemm(
     threads: usize,
     store: &kiln_autotune::Store,
     mode: kiln_autotune::Mode,
-) -> Result<(super::config::GemmImpl, Option<kiln_autotune::TuneRecord>), String> {
+) -> Result<(super::config::GemmImpl, kiln_autotune::TuneKey), String> {
     use super::{self as gemm, config, config::GemmImpl, tune};
     use std::sync::atomic::Ordering;
     let problem = tune::problem(k, view, threads, &store.fingerprint().id());
@@ -88,12 +91,14 @@ fn choose_gemm(
         GemmImpl::Asm(cfg) => config::legal(view, cfg),
         GemmImpl::Library => view.batch.is_empty(),
     };
-    if let Some(rec) = store.get_record(&problem.key)
-        && let Some(imp) = GemmImpl::parse(&rec.winner).filter(legal_here)
+    // Only the winner: a plan compile of a warm process does this once per GEMM, and a record's hundred trials
+    // are only wanted by a dump or `kiln tune` (fetched by key then).
+    if let Some(winner) = store.get_winner(&problem.key)
+        && let Some(imp) = GemmImpl::parse(&winner).filter(legal_here)
     {
         gemm::TUNE_HITS.fetch_add(1, Ordering::Relaxed);
-        *LAST_RECORD.lock() = Some(rec.clone());
-        return Ok((imp, Some(rec)));
+        *LAST_KEY.lock() = Some(problem.key.clone());
+        return Ok((imp, problem.key));
     }
     let inputs = problem.inputs();
     // Evaluated once, at the first verification (never with `KILN_AUTOTUNE=off`, which verifies nothing).
@@ -154,7 +159,7 @@ fn choose_gemm(
     if mode != kiln_autotune::Mode::Off {
         gemm::TUNINGS.fetch_add(1, Ordering::Relaxed);
     }
-    *LAST_RECORD.lock() = Some(record.clone());
+    *LAST_KEY.lock() = Some(problem.key.clone());
     if let Err(e) = store.put_record(&record) {
         cache_write_failed("a GEMM tuning record", &e);
     }
@@ -162,7 +167,7 @@ fn choose_gemm(
     // best for this shape is.
     let imp =
         if legal_here(&imp) { imp } else { super::tune::analytic_best(view, threads).ok_or("no legal GEMM config")? };
-    Ok((imp, Some(record)))
+    Ok((imp, problem.key))
 }
 
 fn build_gemm(

@@ -2,7 +2,7 @@
 
 use super::Ctx;
 use super::config::{self, GemmImpl};
-use kiln_autotune::{TuneKey, bucket, checksum_of};
+use kiln_autotune::{TuneKey, bucket, checksum_of_each};
 use kiln_jit::dtype::Scalar;
 use kiln_jit::kernel::gemm::{GemmOperand, GemmView, Role};
 use kiln_jit::kernel::{BufParam, IExpr, Inst, InstOp, KernelIr, Reduce};
@@ -281,7 +281,7 @@ pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str) -> Tune
         .iter()
         .map(|&(n, x)| (n.to_string(), x as u64))
         .collect();
-    let names: Vec<String> = config::candidates(&view, view.batch.is_empty()).iter().map(|c| c.name()).collect();
+    let candidates = config::candidates(&view, view.batch.is_empty());
     let key = TuneKey {
         op: "gemm".into(),
         dims: dims.clone(),
@@ -289,7 +289,7 @@ pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str) -> Tune
         layout: format!("{a_layout},{b_layout}"),
         epilogue: epilogue.join(";"),
         device: device.to_string(),
-        candidates: checksum_of(&names),
+        candidates: checksum_of_each(&candidates, |c, out| c.write_name(out)),
     };
     TuneProblem { key, dims, kernel: canonical, view }
 }
