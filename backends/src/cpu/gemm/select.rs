@@ -100,9 +100,14 @@ fn choose_gemm(
         *LAST_KEY.lock() = Some(problem.key.clone());
         return Ok((imp, problem.key));
     }
-    let inputs = problem.inputs();
-    // Evaluated once, at the first verification (never with `KILN_AUTOTUNE=off`, which verifies nothing).
+    // Made at the first candidate run, so `KILN_AUTOTUNE=off` (no run) pays for none of them: synthetic inputs of
+    // the canonical problem (~5 ms at 1024 x 1024), the evaluator's reference values, and the epilogue pass kernel
+    // (one Cranelift compile, needed only by candidates whose epilogue is not in registers). With `off`, a 512-batch
+    // MLP step's plan spent ~9 of its ~20 ms compile on these.
+    let inputs: std::cell::OnceCell<Vec<HostBuffer>> = std::cell::OnceCell::new();
     let reference = std::cell::OnceCell::new();
+    let pass: std::cell::OnceCell<gemm::PassFn> = std::cell::OnceCell::new();
+    let compiler = std::cell::RefCell::new(c);
     let cands = config::candidates(&problem.view, problem.view.batch.is_empty());
     let scored: Vec<kiln_autotune::Candidate<'_, GemmImpl>> = cands
         .iter()
@@ -113,11 +118,6 @@ fn choose_gemm(
             family: imp.family().to_string(),
         })
         .collect();
-    // The epilogue pass (when the epilogue is not in registers) is the same for every candidate: compile it once.
-    let pass = {
-        let pk = gemm::epilogue_pass_kernel(&problem.kernel);
-        c.kernel(&pk, false)?.0
-    };
     // Each candidate is generated once and kept for its verification and timed runs.
     let built: std::cell::RefCell<HashMap<GemmImpl, std::rc::Rc<gemm::CompiledGemm>>> = Default::default();
     let run = |imp: &GemmImpl| -> Result<(HostBuffer, std::time::Duration), String> {
@@ -126,14 +126,25 @@ fn choose_gemm(
             Some(g) => g,
             None => {
                 let mut g = gemm::CompiledGemm::build(&problem.kernel, problem.view.clone(), *imp, threads, None)?;
-                g.pass = Some(pass);
+                if g.uses_pass {
+                    // The same pass for every candidate: compiled once.
+                    let f = match pass.get() {
+                        Some(&f) => f,
+                        None => {
+                            let pk = gemm::epilogue_pass_kernel(&problem.kernel);
+                            let f = compiler.borrow_mut().kernel(&pk, false)?.0;
+                            *pass.get_or_init(|| f)
+                        }
+                    };
+                    g.pass = Some(f);
+                }
                 let g = std::rc::Rc::new(g);
                 built.borrow_mut().insert(*imp, g.clone());
                 g
             }
         };
         let mut out = crate::host_pool::take(DType::F32, problem.kernel.output.len);
-        let mut ptrs: Vec<*mut u8> = inputs.iter().map(read_ptr).collect();
+        let mut ptrs: Vec<*mut u8> = inputs.get_or_init(|| problem.inputs()).iter().map(read_ptr).collect();
         ptrs.push(write_ptr(&mut out));
         let t0 = std::time::Instant::now();
         // SAFETY: the canonical problem's inputs were made with exactly the lengths and dtypes its kernel declares,
@@ -150,7 +161,8 @@ fn choose_gemm(
         scored,
         mode,
         |imp| {
-            let reference = reference.get_or_init(|| tune::reference(&problem, &inputs));
+            let inputs = inputs.get_or_init(|| problem.inputs());
+            let reference = reference.get_or_init(|| tune::reference(&problem, inputs));
             run(imp).and_then(|(out, _)| tune::verify(reference, &out))
         },
         |imp| run(imp).map(|(_, t)| t),
