@@ -473,7 +473,7 @@ fn kernel_set(
 ) -> Result<KernelSet, String> {
     let Some(store) = cache else { return KernelSet::build(specs, program) };
     let name = format!("{GEMM_ARTIFACT_PREFIX}{:016x}", kiln_autotune::checksum_of([format!("{specs:?}|{program:?}")]));
-    let premapped = PREMAPPED.lock().as_ref().and_then(|m| m.get(&name).cloned());
+    let premapped = PREMAPPED.lock().get(&name).cloned();
     if let Some(set) = premapped.filter(|s| s.fns.len() == specs.len()) {
         KERNEL_LOADS.fetch_add(1, Ordering::Relaxed);
         return Ok(set);
@@ -496,14 +496,14 @@ fn kernel_set(
 const GEMM_ARTIFACT_PREFIX: &str = "gemm-avx2-";
 
 /// Cached kernel sets mapped ahead of use, by artifact name ([`premap_cached_sets`]).
-static PREMAPPED: parking_lot::Mutex<Option<rustc_hash::FxHashMap<String, KernelSet>>> = parking_lot::Mutex::new(None);
+static PREMAPPED: parking_lot::Mutex<rustc_hash::FxHashMap<String, KernelSet>> =
+    parking_lot::Mutex::new(rustc_hash::FxHashMap::with_hasher(rustc_hash::FxBuildHasher));
 
 /// Maps every cached GEMM kernel set the store holds in memory (after `import_bundle`: the bundle's) into one
 /// executable mapping, so that a warm process's plans find them mapped (see the CPU backend's `code` module).
 /// Sets mapped before are skipped; a failure only logs (`KILN_LOG`): the sets then map one by one when used.
 pub(crate) fn premap_cached_sets(store: &kiln_autotune::Store) {
-    let mut premapped = PREMAPPED.lock();
-    let map = premapped.get_or_insert_with(Default::default);
+    let mut map = PREMAPPED.lock();
     let todo: Vec<(String, Vec<u8>)> =
         store.artifacts_with_prefix(GEMM_ARTIFACT_PREFIX).into_iter().filter(|(n, _)| !map.contains_key(n)).collect();
     if todo.is_empty() {
