@@ -31,7 +31,8 @@ pub struct GemmShape {
 }
 
 /// Tunes (with `mode`, whatever `KILN_AUTOTUNE` says) and compiles one GEMM on the CPU, and returns its tuning
-/// record. A shape whose key is already in the store is not searched again.
+/// record. A shape whose key is already in the store is not searched again, unless its record was made by a lighter
+/// mode than `mode` (`off` or `fast` records are re-tuned by `full`: `TuneRecord::serves`).
 pub fn tune_gemm(shape: &GemmShape, mode: Mode) -> Result<Option<TuneRecord>> {
     let dev = Device::cpu();
     // Buffers, not constants: a GEMM of constant operands would be a different graph from the model's.

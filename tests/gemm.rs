@@ -169,3 +169,37 @@ fn tuner_reference_accepts_the_right_output_and_rejects_a_wrong_one() {
         assert!(reference.check(&good[..good.len() - 1]).is_err());
     });
 }
+
+/// `KILN_AUTOTUNE=fast` times a cut-down problem of the same key when one canonical run would be expensive: batch
+/// first, then the larger of M and N, never K, never below 256, and never N of a GEMM with few rows (bound by
+/// streaming B, whose size must stay). The proxy is itself a GEMM with the key's layouts and epilogue.
+#[test]
+fn fast_mode_times_a_smaller_problem_of_the_same_key() {
+    use kiln_backends::cpu::gemm::tune::{FAST_TIMED_FLOPS, fast_proxy, problem};
+    let dims = |p: &kiln_backends::cpu::gemm::tune::TuneProblem| {
+        ["batch", "m", "n", "k"].map(|d| p.dims.iter().find(|(n, _)| n == d).map_or(0, |&(_, x)| x))
+    };
+    let proxy_of = |t: &Tensor| {
+        let k = gemm_kernel(t);
+        let v = GemmView::of(&k).unwrap();
+        let full = problem(&k, &v, 2, "cpu-a");
+        fast_proxy(&k, &v, &full, 2, "cpu-a").map(|p| (full, p))
+    };
+    let mm = |m: usize, n: usize, k: usize| (rand(&[m, k], 1).matmul(&rand(&[n, k], 2).t()) + &rand(&[n], 3)).relu();
+    // The MLP's first layer at batch 1024 (K 784 -> 1024): M is cut to 256.
+    let (full, p) = proxy_of(&mm(1024, 256, 784)).expect("a 1024 x 256 x 1024 run is over the budget");
+    assert_eq!((dims(&full), dims(&p)), ([1, 1024, 256, 1024], [1, 256, 256, 1024]));
+    assert_eq!(p.key, full.key, "the record is the full problem's");
+    let pv = &p.view;
+    assert_eq!((pv.m, pv.n, pv.k, pv.roles.len()), (256, 256, 1024, full.view.roles.len()), "same epilogue");
+    assert_eq!(p.kernel.outer, full.kernel.outer);
+    const { assert!(2 * 256 * 256 * 1024 <= FAST_TIMED_FLOPS) };
+    // N is cut when it is the larger one.
+    assert_eq!(dims(&proxy_of(&mm(300, 2000, 1000)).unwrap().1), [1, 256, 256, 1024]);
+    // Batched: the batch goes first, down to 2.
+    let b = rand(&[64, 256, 256], 4).matmul(&rand(&[64, 256, 256], 5));
+    assert_eq!(dims(&proxy_of(&b).unwrap().1), [4, 256, 256, 256]);
+    // Cheap problems, and few-row GEMMs that stream a large B, are timed as they are.
+    assert!(proxy_of(&mm(128, 256, 1000)).is_none());
+    assert!(proxy_of(&mm(64, 4096, 4096)).is_none());
+}

@@ -65,12 +65,17 @@ fn child_step() {
 /// Runs `child_step` in a new process with these cache settings; returns (tunings, hits, GEMM code generations,
 /// GEMM code loads, Cranelift compiles, fresh host buffers of the step, executable mappings of the step).
 fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64, u64, u64, u64) {
+    child_in_mode(role, cache, bundle, "fast")
+}
+
+/// [`child`] with `KILN_AUTOTUNE=mode`.
+fn child_in_mode(role: &str, cache: &Path, bundle: Option<&Path>, mode: &str) -> (u64, u64, u64, u64, u64, u64, u64) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", "child_step", "--ignored", "--nocapture", "--test-threads=1"])
         .env("KILN_WARM_CHILD", role)
         .env("KILN_CACHE_DIR", cache)
-        .env("KILN_AUTOTUNE", "fast")
+        .env("KILN_AUTOTUNE", mode)
         // The children test the cache, whatever engine knobs the parent run was given.
         .env_remove("KILN_GEMM")
         .env_remove("KILN_CPU_ENGINE")
@@ -121,4 +126,27 @@ fn imported_bundle_means_no_tuning_and_no_code_generation() {
     );
     assert_eq!((tunings, compiles, clif, fresh, mappings), (0, 0, 0, 0, 0), "after import: {hits} hits, {loads} loads");
     assert!(hits >= 1 && loads >= 1);
+}
+
+/// A record serves its own mode and lighter ones; a more thorough mode searches the key again and replaces it. So a
+/// quick `KILN_AUTOTUNE=off` run does not stop the next `fast` one from tuning, `kiln tune` (full) re-tunes what a
+/// `fast` run recorded, and once a key is tuned no run of that mode or a lighter one races it again.
+#[test]
+fn a_more_thorough_mode_searches_a_lighter_modes_record_again() {
+    if std::env::var_os("KILN_WARM_CHILD").is_some() || !kiln_backends::cpu::gemm::asm::host_supported() {
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let run = |mode: &str| {
+        let (tunings, hits, ..) = child_in_mode(mode, cache.path(), None, mode);
+        (tunings > 0, hits > 0)
+    };
+    // (searched, reused a record) in each process, in order, on one cache.
+    assert_eq!(run("off"), (false, false), "off: the model's picks, recorded as off");
+    assert_eq!(run("off"), (false, true), "off reuses them");
+    assert_eq!(run("fast"), (true, false), "fast searches what off recorded");
+    assert_eq!(run("fast"), (false, true), "fast reuses its own records");
+    assert_eq!(run("off"), (false, true), "off reuses fast records");
+    assert_eq!(run("full"), (true, false), "full searches what fast recorded");
+    assert_eq!(run("fast"), (false, true), "fast reuses full records");
 }

@@ -41,6 +41,15 @@ pub struct TuneRecord {
 }
 
 impl TuneRecord {
+    /// Whether this record answers a lookup made in `mode`: it was tuned in that mode or a more thorough one. A
+    /// record from `off` (the model's pick, nothing timed) is searched again by `fast`, and one from `fast` by
+    /// `full` (`kiln tune`), so a quick run never stops a later, more careful one from tuning; a record is never
+    /// re-raced by its own mode or a lighter one, so warm starts stay deterministic. An unknown mode serves
+    /// nothing but `off`.
+    pub fn serves(&self, mode: crate::Mode) -> bool {
+        mode == crate::Mode::Off || crate::Mode::parse(&self.mode).is_some_and(|m| m >= mode)
+    }
+
     /// The winner's trial, if the record names one that it lists.
     pub fn winner_trial(&self) -> Option<&Trial> {
         self.trials.iter().find(|t| t.config == self.winner)
@@ -152,6 +161,7 @@ mod any_f64 {
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
 
     fn record() -> TuneRecord {
@@ -211,5 +221,19 @@ mod tests {
         let back: TuneRecord = serde_json::from_str(&text).expect("and reads back");
         assert!(back.trials[0].score.is_nan());
         assert_eq!(back.winner_trial().map(|t| t.time_ns), Some(Some(123_456)));
+    }
+
+    #[test]
+    fn a_record_serves_its_own_mode_and_lighter_ones() {
+        use crate::Mode;
+        let mut r = record();
+        for (made, off, fast, full) in
+            [("off", true, false, false), ("fast", true, true, false), ("full", true, true, true)]
+        {
+            r.mode = made.into();
+            assert_eq!([r.serves(Mode::Off), r.serves(Mode::Fast), r.serves(Mode::Full)], [off, fast, full], "{made}");
+        }
+        r.mode = "turbo".into();
+        assert!(r.serves(Mode::Off) && !r.serves(Mode::Fast));
     }
 }

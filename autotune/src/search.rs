@@ -11,14 +11,18 @@ use std::time::Duration;
 use crate::key::TuneKey;
 use crate::record::{Trial, TuneRecord};
 
-/// How hard a cold key is tuned (`KILN_AUTOTUNE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// How hard a cold key is tuned (`KILN_AUTOTUNE`). Ordered by thoroughness (`Off < Fast < Full`): a stored record
+/// serves a lookup in its own mode or a lighter one, and a more thorough mode searches the key again and replaces
+/// the record ([`TuneRecord::serves`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mode {
     /// Trust the cost model: the best score wins, nothing runs.
     Off,
     /// Time the top 2 within 20 ms: a cold shape never blocks for long. The default. No warm-up run: each
     /// candidate's verification, a full run on the same buffers just before the race, already pays its first-run
-    /// costs (page faults, lazy code mapping), and a cold first step is what this mode is for.
+    /// costs (page faults, lazy code mapping), and a cold first step is what this mode is for. A backend may time
+    /// a smaller problem of the same key here (the CPU GEMM does when one run of the canonical problem would
+    /// cost more than ~1 ms: see `kiln-backends`' `cpu/gemm/tune.rs`); the record's `tuned_dims` say so.
     Fast,
     /// Time the top 5 within 1 s: for `kiln tune` and builds that ship a bundle.
     Full,

@@ -175,37 +175,37 @@ impl Store {
         self.rejections.lock().clone()
     }
 
-    /// The winner of the record for `key`, as [`Store::get_record`] finds it, without copying the record's trials
-    /// (a plan compile needs only the winner; a record may hold a hundred trials).
-    pub fn get_winner(&self, key: &TuneKey) -> Option<String> {
-        if let Some(rec) = self.records.get(key) {
-            bump(&self.counters.record_hits);
-            return Some(rec.winner.clone());
-        }
-        self.get_record(key).map(|r| r.winner)
+    /// The winner of the record for `key` if that record serves a lookup in `mode` ([`TuneRecord::serves`]: tuned
+    /// in `mode` or a more thorough one), found as [`Store::get_record`] finds it, without copying the record's
+    /// trials (a plan compile needs only the winner; a record may hold a hundred trials). A record made by a
+    /// lighter mode counts as a miss: the caller searches again and replaces it.
+    pub fn get_winner(&self, key: &TuneKey, mode: crate::Mode) -> Option<String> {
+        let found = match self.records.get(key) {
+            Some(rec) => rec.serves(mode).then(|| rec.winner.clone()),
+            None => self.read_record(key).filter(|r| r.serves(mode)).map(|r| r.winner),
+        };
+        bump(if found.is_some() { &self.counters.record_hits } else { &self.counters.record_misses });
+        found
     }
 
     /// Memory first, then disk (a disk hit is kept in memory).
     pub fn get_record(&self, key: &TuneKey) -> Option<TuneRecord> {
-        if let Some(rec) = self.records.get(key) {
-            bump(&self.counters.record_hits);
-            return Some(rec.clone());
-        }
+        let found = match self.records.get(key) {
+            Some(rec) => Some(rec.clone()),
+            None => self.read_record(key),
+        };
+        bump(if found.is_some() { &self.counters.record_hits } else { &self.counters.record_misses });
+        found
+    }
+
+    /// The record for `key` from disk, kept in memory when found; a bad entry is rejected (with a warning).
+    fn read_record(&self, key: &TuneKey) -> Option<TuneRecord> {
         let key_text = key.canonical();
-        let found = self.load(EntryKind::Record, &key_text).and_then(|(path, payload)| {
+        let rec = self.load(EntryKind::Record, &key_text).and_then(|(path, payload)| {
             parse_record(&payload, &key_text).map_err(|reason| self.reject(&path, &reason)).ok()
-        });
-        match found {
-            Some(rec) => {
-                self.records.insert(key.clone(), rec.clone());
-                bump(&self.counters.record_hits);
-                Some(rec)
-            }
-            None => {
-                bump(&self.counters.record_misses);
-                None
-            }
-        }
+        })?;
+        self.records.insert(key.clone(), rec.clone());
+        Some(rec)
     }
 
     /// Every record held in memory (imported, tuned or read from disk by this process), in no particular order.

@@ -114,7 +114,8 @@ fn tuned_dims(v: &GemmView) -> Vec<(String, u64)> {
     vec![d("batch", v.batch_count().max(1)), d("m", v.m), d("n", v.n), d("k", v.k)]
 }
 
-/// The tile for `k` among `cands`: a stored record's winner (never re-raced), else a search recorded in `store`.
+/// The tile for `k` among `cands`: a stored record's winner (never re-raced by its own mode or a lighter one), else
+/// a search recorded in `store`.
 fn choose(
     ctx: &Arc<Ctx>,
     k: &KernelIr,
@@ -124,7 +125,7 @@ fn choose(
     mode: Mode,
 ) -> Result<(GemmTile, TuneRecord), String> {
     let key = key(ctx, k, v, cands);
-    if let Some(rec) = store.get_record(&key)
+    if let Some(rec) = store.get_record(&key).filter(|r| r.serves(mode))
         && let Some(t) = GemmTile::parse(&rec.winner).filter(|t| cands.contains(t))
     {
         *LAST_RECORD.lock() = Some(rec.clone());

@@ -92,14 +92,23 @@ fn choose_gemm(
         GemmImpl::Library => view.batch.is_empty(),
     };
     // Only the winner: a plan compile of a warm process does this once per GEMM, and a record's hundred trials
-    // are only wanted by a dump or `kiln tune` (fetched by key then).
-    if let Some(winner) = store.get_winner(&problem.key)
+    // are only wanted by a dump or `kiln tune` (fetched by key then). A record of a lighter mode than this one is
+    // not reused: `kiln tune` (full) replaces what a `fast` run recorded.
+    if let Some(winner) = store.get_winner(&problem.key, mode)
         && let Some(imp) = GemmImpl::parse(&winner).filter(legal_here)
     {
         gemm::TUNE_HITS.fetch_add(1, Ordering::Relaxed);
         *LAST_KEY.lock() = Some(problem.key.clone());
         return Ok((imp, problem.key));
     }
+    // Candidates and scores are the canonical problem's (the key's); the runs may be on a smaller proxy of it
+    // (`KILN_AUTOTUNE=fast`, see `tune::fast_proxy`).
+    let proxy = if mode == kiln_autotune::Mode::Fast {
+        tune::fast_proxy(k, view, &problem, threads, &store.fingerprint().id())
+    } else {
+        None
+    };
+    let timed = proxy.as_ref().unwrap_or(&problem);
     // Made at the first candidate run, so `KILN_AUTOTUNE=off` (no run) pays for none of them: synthetic inputs of
     // the canonical problem (~5 ms at 1024 x 1024), the evaluator's reference values, and the epilogue pass kernel
     // (one Cranelift compile, needed only by candidates whose epilogue is not in registers). With `off`, a 512-batch
@@ -125,13 +134,13 @@ fn choose_gemm(
         let g = match existing {
             Some(g) => g,
             None => {
-                let mut g = gemm::CompiledGemm::build(&problem.kernel, problem.view.clone(), *imp, threads, None)?;
+                let mut g = gemm::CompiledGemm::build(&timed.kernel, timed.view.clone(), *imp, threads, None)?;
                 if g.uses_pass {
                     // The same pass for every candidate: compiled once.
                     let f = match pass.get() {
                         Some(&f) => f,
                         None => {
-                            let pk = gemm::epilogue_pass_kernel(&problem.kernel);
+                            let pk = gemm::epilogue_pass_kernel(&timed.kernel);
                             let f = compiler.borrow_mut().kernel(&pk, false)?.0;
                             *pass.get_or_init(|| f)
                         }
@@ -143,26 +152,26 @@ fn choose_gemm(
                 g
             }
         };
-        let mut out = crate::host_pool::take(DType::F32, problem.kernel.output.len);
-        let mut ptrs: Vec<*mut u8> = inputs.get_or_init(|| problem.inputs()).iter().map(read_ptr).collect();
+        let mut out = crate::host_pool::take(DType::F32, timed.kernel.output.len);
+        let mut ptrs: Vec<*mut u8> = inputs.get_or_init(|| timed.inputs()).iter().map(read_ptr).collect();
         ptrs.push(write_ptr(&mut out));
         let t0 = std::time::Instant::now();
-        // SAFETY: the canonical problem's inputs were made with exactly the lengths and dtypes its kernel declares,
+        // SAFETY: the timed problem's inputs were made with exactly the lengths and dtypes its kernel declares,
         // and the output was allocated with its length.
         unsafe {
             g.run(&ptrs);
-            finish_output(&mut out, problem.kernel.output.len);
+            finish_output(&mut out, timed.kernel.output.len);
         }
         Ok((out, t0.elapsed()))
     };
     let record = kiln_autotune::search(
         &problem.key,
-        problem.dims.clone(),
+        timed.dims.clone(),
         scored,
         mode,
         |imp| {
-            let inputs = inputs.get_or_init(|| problem.inputs());
-            let reference = reference.get_or_init(|| tune::reference(&problem, inputs));
+            let inputs = inputs.get_or_init(|| timed.inputs());
+            let reference = reference.get_or_init(|| tune::reference(timed, inputs));
             run(imp).and_then(|(out, _)| tune::verify(reference, &out))
         },
         |imp| run(imp).map(|(_, t)| t),

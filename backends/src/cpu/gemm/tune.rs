@@ -197,6 +197,54 @@ pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str) -> Tune
     let bb = if v.batch.is_empty() { 1 } else { bucket(v.batch_count() as u64) as usize };
     let mm = if v.m == 1 { 1 } else { bucket(v.m as u64) as usize };
     let (nn, kk) = (bucket(v.n as u64) as usize, bucket(v.k as u64) as usize);
+    build(k, v, [bb, mm, nn, kk], threads, device)
+}
+
+/// `KILN_AUTOTUNE=fast` times a smaller problem than the canonical one when one run of that would cost more than
+/// this many flops (~0.8 ms at the ~170 GFLOP/s two threads reach here): a first training step at batch 1024 tuned
+/// eight GEMM keys in ~90 ms, 55 ms of it in the two keys whose canonical runs take 3-3.5 ms (1024 x 256 x 1024 and
+/// 256 x 1024 x 1024; a race is two verification runs and three timed rounds of two).
+pub const FAST_TIMED_FLOPS: usize = 1 << 27;
+
+/// The smallest M or N (a power of two) a fast-mode proxy cuts to: a few MC blocks and NC panels per thread, so the
+/// configs' blocking and thread split still show (at 128 rows, one 144-row MC block would cover them all).
+pub const FAST_MIN_DIM: usize = 256;
+
+/// The problem `KILN_AUTOTUNE=fast` times for `full` (the canonical problem of `k`, recognized as `v`), when that one
+/// is larger than [`FAST_TIMED_FLOPS`]: the same key, layouts and epilogue with the batch halved down to 2, then
+/// the larger of M and N halved down to [`FAST_MIN_DIM`] (N only where M is at least that: a GEMM with few rows is
+/// bound by streaming B, and a B that fits the caches would rank its configs wrongly). K is kept: it decides the K
+/// blocking and the packing the configs differ in. Time per run scales with what is cut; the ranking is what
+/// matters, and `full` (`kiln tune`) measures the canonical problem itself. The record's `tuned_dims` are the
+/// proxy's. `None` when the canonical problem is cheap enough (or cannot be cut).
+pub fn fast_proxy(k: &KernelIr, v: &GemmView, full: &TuneProblem, threads: usize, device: &str) -> Option<TuneProblem> {
+    let dim = |name: &str| full.dims.iter().find(|(n, _)| n == name).map_or(1, |&(_, x)| x as usize);
+    let [mut bb, mut mm, mut nn, kk] = [dim("batch"), dim("m"), dim("n"), dim("k")];
+    let flops = |bb: usize, mm: usize, nn: usize| 2 * bb * mm * nn * kk;
+    let original = (bb, mm, nn);
+    while flops(bb, mm, nn) > FAST_TIMED_FLOPS {
+        if bb > 2 {
+            bb /= 2;
+        } else if mm > FAST_MIN_DIM && mm >= nn {
+            mm /= 2;
+        } else if nn > FAST_MIN_DIM && mm >= FAST_MIN_DIM {
+            nn /= 2;
+        } else if mm > FAST_MIN_DIM {
+            mm /= 2;
+        } else {
+            break;
+        }
+    }
+    if (bb, mm, nn) == original {
+        return None;
+    }
+    let mut proxy = build(k, v, [bb, mm, nn, kk], threads, device);
+    proxy.key = full.key.clone();
+    Some(proxy)
+}
+
+/// The tuning problem of `k` (recognized as `v`) at dims `[batch, m, n, k]` (batch 1: unbatched; m 1: a GEMV).
+fn build(k: &KernelIr, v: &GemmView, [bb, mm, nn, kk]: [usize; 4], threads: usize, device: &str) -> TuneProblem {
     let a_layout = layout(&v.a, "mk", "km");
     let b_layout = layout(&v.b, "kn", "nk");
     // Output dims and loop variables of the canonical kernel: [b?, m?, n], then k.
