@@ -15,6 +15,13 @@ pub const INLINE_RANK: usize = 4;
 
 type Dims = smallvec::SmallVec<[usize; INLINE_RANK]>;
 
+impl FromIterator<usize> for Shape {
+    /// Collects dims without a heap block up to `INLINE_RANK` (op constructors build shapes this way).
+    fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Self {
+        Shape(iter.into_iter().collect())
+    }
+}
+
 impl Shape {
     #[inline]
     pub fn new(dims: impl AsRef<[usize]>) -> Self {

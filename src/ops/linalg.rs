@@ -3,7 +3,7 @@
 use crate::args::{fail, resolve_dim};
 use crate::tensor::Tensor;
 use kiln_jit::dtype::result_type;
-use kiln_jit::shape::broadcast_shapes;
+use kiln_jit::shape::broadcast_shape;
 use kiln_jit::{DType, Op, Priority, Shape};
 
 impl Tensor {
@@ -35,20 +35,21 @@ impl Tensor {
                 n
             );
         }
-        let Some(batch) = broadcast_shapes(&ad[..ad.len() - 2], &bd[..bd.len() - 2]) else {
+        let Some(batch) = broadcast_shape(&ad[..ad.len() - 2], &bd[..bd.len() - 2]) else {
             fail!("matmul", "batch dims of {:?} and {:?} cannot be broadcast together", self.dims(), rhs.dims());
         };
-        let with = |tail: [usize; 2]| -> Vec<usize> { batch.iter().copied().chain(tail).collect() };
+        // Shapes, not `Vec`s: inline up to rank 4, so recording a matmul allocates only its nodes.
+        let with = |tail: [usize; 2]| -> Shape { batch.dims().iter().copied().chain(tail).collect() };
         if dtype == DType::F16 {
             // f16 operands, f32 accumulation, one rounding (PyTorch's half matmul): operands converted to f32 and
             // materialized, so the f32 GEMM (generated AVX2 code, the tiled WGSL template) runs unchanged; its f32
             // result is materialized too, since a GEMM kernel stores f32, then rounded once to f16. The copies cost
             // O(MK + KN + MN) against the GEMM's O(MNK).
-            let f32s = |t: &Tensor, tail| t.to_dtype(DType::F32).expand_to("matmul", &with(tail)).contiguous();
+            let f32s = |t: &Tensor, tail| t.to_dtype(DType::F32).expand_to("matmul", with(tail).dims()).contiguous();
             let prod = Tensor::from_op(
                 Op::Matmul,
                 smallvec::smallvec![f32s(&a, [m, k]), f32s(&b, [k, n])],
-                Shape::new(with([m, n])),
+                with([m, n]),
                 DType::F32,
             );
             let out = prod.contiguous().to_dtype(DType::F16);
@@ -59,8 +60,8 @@ impl Tensor {
                 _ => out,
             };
         }
-        let a = a.to_dtype(dtype).expand_to("matmul", &with([m, k]));
-        let b = b.to_dtype(dtype).expand_to("matmul", &with([k, n]));
+        let a = a.to_dtype(dtype).expand_to("matmul", with([m, k]).dims());
+        let b = b.to_dtype(dtype).expand_to("matmul", with([k, n]).dims());
         let out = if k == 1 {
             // An outer product: `a[.., i, 0] * b[.., 0, j]`, recorded as the broadcast product it is. As a
             // one-term sum it would cost a reduction loop per element and an add of the sum's +0.0 start (kept
@@ -68,7 +69,7 @@ impl Tensor {
             // (`W - lr * g^T x`) paid on every weight. IEEE's exact one-term sum is the product itself.
             a.mul(&b)
         } else {
-            Tensor::from_op(Op::Matmul, smallvec::smallvec![a, b], Shape::new(with([m, n])), dtype)
+            Tensor::from_op(Op::Matmul, smallvec::smallvec![a, b], with([m, n]), dtype)
         };
         match (ra, rb) {
             (1, 1) => out.reshape_prim(Vec::new()),

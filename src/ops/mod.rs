@@ -86,14 +86,14 @@ impl Tensor {
         if src.len() > dims.len() {
             fail!(op, "cannot broadcast shape {:?} to {:?} (the target has fewer dims)", src, dims);
         }
-        let mut padded = vec![1; dims.len() - src.len()];
+        let mut padded: smallvec::SmallVec<[usize; 4]> = smallvec::smallvec![1; dims.len() - src.len()];
         padded.extend_from_slice(src);
         for (i, (&s, &d)) in padded.iter().zip(dims).enumerate() {
             if s != d && s != 1 {
                 fail!(op, "cannot broadcast shape {:?} to {:?}: dim {i} is {s}, not 1 or {d}", src, dims);
             }
         }
-        let reshaped = if padded.len() == src.len() { self.clone() } else { self.reshape_prim(padded) };
+        let reshaped = if padded.len() == src.len() { self.clone() } else { self.reshape_prim(padded.to_vec()) };
         Tensor::from_op(Op::Expand, smallvec::smallvec![reshaped], Shape::new(dims), self.dtype())
     }
 

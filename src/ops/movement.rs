@@ -45,17 +45,24 @@ impl Tensor {
         for &d in &given {
             perm.push(resolve_dim("permute", d, self.rank()));
         }
-        let mut seen = perm.clone();
-        seen.sort_unstable();
-        seen.dedup();
-        if seen.len() != perm.len() {
-            fail!("permute", "dims {:?} repeat a dim", given);
+        self.permute_resolved(perm, &given)
+    }
+
+    /// `permute` with resolved dims (`given`: the caller's spelling, for the error message). Allocates only the
+    /// permutation the node keeps: a training step records a dozen transposes (weights, their gradients).
+    #[track_caller]
+    pub(crate) fn permute_resolved(&self, perm: Vec<usize>, given: &[isize]) -> Tensor {
+        let mut seen = smallvec::SmallVec::<[bool; 8]>::from_elem(false, perm.len());
+        for &p in &perm {
+            if std::mem::replace(&mut seen[p], true) {
+                fail!("permute", "dims {:?} repeat a dim", given);
+            }
         }
         if perm.iter().enumerate().all(|(i, &p)| i == p) {
             return self.clone();
         }
-        let dims: Vec<usize> = perm.iter().map(|&p| self.dims()[p]).collect();
-        Tensor::from_op(Op::Permute(perm), smallvec::smallvec![self.clone()], Shape::new(dims), self.dtype())
+        let shape = Shape::from_iter(perm.iter().map(|&p| self.dims()[p]));
+        Tensor::from_op(Op::Permute(perm), smallvec::smallvec![self.clone()], shape, self.dtype())
     }
 
     /// Swaps two dims.
@@ -68,9 +75,12 @@ impl Tensor {
             return self.clone();
         }
         let (a, b) = (resolve_dim("transpose", dim0, rank), resolve_dim("transpose", dim1, rank));
+        if a == b {
+            return self.clone();
+        }
         let mut perm: Vec<usize> = (0..rank).collect();
         perm.swap(a, b);
-        self.permute(perm)
+        self.permute_resolved(perm, &[])
     }
 
     /// Transpose of a tensor with at most 2 dims (`torch.t`): 0-D and 1-D tensors are returned as they are.
