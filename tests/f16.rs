@@ -219,3 +219,23 @@ fn f16_matmul_is_an_f32_gemm() {
         common::compare_on(dev, &got, &want, common::tol(DType::F16, common::Kind::Accumulate))
     });
 }
+
+/// An f16 matmul with K = 1 is the broadcast product, as in f32: no GEMM, no reduction, and each element is the
+/// product rounded once (exact in f32, so what the f32-accumulating GEMM would give), a `-0.0` product included.
+#[test]
+fn f16_k1_matmul_is_the_rounded_product() {
+    let av = [1.5f32, -0.0, 3.0e-3, -2.0, 7.0];
+    let bv = [0.333f32, -1.0, 0.0, 65504.0, -6.1e-5, 2.5];
+    let a: Vec<f16> = av.iter().map(|&x| f16::from_f32(x)).collect();
+    let b: Vec<f16> = bv.iter().map(|&x| f16::from_f32(x)).collect();
+    let want: Vec<f16> = a.iter().flat_map(|x| b.iter().map(move |y| f16::from_f32(x.to_f32() * y.to_f32()))).collect();
+    let at = Tensor::from_vec(a.clone(), [5, 1], &Device::cpu()).unwrap();
+    let bt = Tensor::from_vec(b.clone(), [1, 6], &Device::cpu()).unwrap();
+    let plan = kiln_jit::kernel::schedule(&kiln::capture(&[&at.matmul(&bt)]).unwrap().graph);
+    assert!(plan.launches.iter().all(|l| l.kernel.reduce.is_none()), "a K = 1 f16 matmul kept a reduction");
+    on_devices("f16 K = 1 matmul", |dev| {
+        let out = at.to_device(dev).unwrap().matmul(&bt.to_device(dev).unwrap());
+        let got: Vec<f16> = out.to_vec().map_err(|e| e.to_string())?;
+        same_f16(&got, &want)
+    });
+}

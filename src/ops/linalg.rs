@@ -40,7 +40,16 @@ impl Tensor {
         };
         // Shapes, not `Vec`s: inline up to rank 4, so recording a matmul allocates only its nodes.
         let with = |tail: [usize; 2]| -> Shape { batch.dims().iter().copied().chain(tail).collect() };
-        if dtype == DType::F16 {
+        let operand = |t: &Tensor, tail| t.to_dtype(dtype).expand_to("matmul", with(tail).dims());
+        let out = if k == 1 {
+            // An outer product: `a[.., i, 0] * b[.., 0, j]`, recorded as the broadcast product it is. As a
+            // one-term sum it would cost a reduction loop per element and an add of the sum's +0.0 start (kept
+            // for the sign of a zero product), which the batch-1 training step's weight updates
+            // (`W - lr * g^T x`) paid on every weight. IEEE's exact one-term sum is the product itself. In f16
+            // too: the product of two f16 values is exact in f32, so rounding it once to f16 (what an f16 `mul`
+            // computes) is what the f32-accumulating GEMM below would return, bar the sign of a zero.
+            operand(&a, [m, k]).mul(operand(&b, [k, n]))
+        } else if dtype == DType::F16 {
             // f16 operands, f32 accumulation, one rounding (PyTorch's half matmul): operands converted to f32 and
             // materialized, so the f32 GEMM (generated AVX2 code, the tiled WGSL template) runs unchanged; its f32
             // result is materialized too, since a GEMM kernel stores f32, then rounded once to f16. The copies cost
@@ -52,24 +61,14 @@ impl Tensor {
                 with([m, n]),
                 DType::F32,
             );
-            let out = prod.contiguous().to_dtype(DType::F16);
-            return match (ra, rb) {
-                (1, 1) => out.reshape_prim(Vec::new()),
-                (1, _) => out.squeeze(-2),
-                (_, 1) => out.squeeze(-1),
-                _ => out,
-            };
-        }
-        let a = a.to_dtype(dtype).expand_to("matmul", with([m, k]).dims());
-        let b = b.to_dtype(dtype).expand_to("matmul", with([k, n]).dims());
-        let out = if k == 1 {
-            // An outer product: `a[.., i, 0] * b[.., 0, j]`, recorded as the broadcast product it is. As a
-            // one-term sum it would cost a reduction loop per element and an add of the sum's +0.0 start (kept
-            // for the sign of a zero product), which the batch-1 training step's weight updates
-            // (`W - lr * g^T x`) paid on every weight. IEEE's exact one-term sum is the product itself.
-            a.mul(&b)
+            prod.contiguous().to_dtype(DType::F16)
         } else {
-            Tensor::from_op(Op::Matmul, smallvec::smallvec![a, b], with([m, n]), dtype)
+            Tensor::from_op(
+                Op::Matmul,
+                smallvec::smallvec![operand(&a, [m, k]), operand(&b, [k, n])],
+                with([m, n]),
+                dtype,
+            )
         };
         match (ra, rb) {
             (1, 1) => out.reshape_prim(Vec::new()),
