@@ -8,8 +8,8 @@ use super::Operand;
 use crate::args::fail;
 use crate::tensor::Tensor;
 use kiln_jit::dtype::result_type;
-use kiln_jit::shape::{broadcast_shape, broadcast_shapes};
-use kiln_jit::{BinaryOp, DType, Op, Scalar, Shape, UnaryOp};
+use kiln_jit::shape::broadcast_shape;
+use kiln_jit::{BinaryOp, DType, Op, Scalar, UnaryOp};
 
 /// What a binary op's result dtype is, given the promoted operand dtype.
 #[derive(Clone, Copy, PartialEq)]
@@ -320,14 +320,14 @@ impl Tensor {
             }
         }
         let dtype = result_type(&[a.promotion_key(), b.promotion_key()]);
-        let dims = broadcast_shapes(self.dims(), a.dims()).and_then(|d| broadcast_shapes(&d, b.dims()));
-        let Some(dims) = dims else {
+        let shape = broadcast_shape(self.dims(), a.dims()).and_then(|d| broadcast_shape(d.dims(), b.dims()));
+        let Some(shape) = shape else {
             fail!("where_", "shapes {:?}, {:?} and {:?} cannot be broadcast together", self.dims(), a.dims(), b.dims());
         };
-        let cond = self.expand_to("where_", &dims);
-        let a = a.materialize("where_", dtype, &dims, self);
-        let b = b.materialize("where_", dtype, &dims, self);
-        Tensor::from_op(Op::Where, smallvec::smallvec![cond, a, b], Shape::new(dims), dtype)
+        let cond = self.expand_to("where_", shape.dims());
+        let a = a.materialize("where_", dtype, shape.dims(), self);
+        let b = b.materialize("where_", dtype, shape.dims(), self);
+        Tensor::from_op(Op::Where, smallvec::smallvec![cond, a, b], shape, dtype)
     }
 
     /// Converts to `dtype` (a no-op if already there). Float -> int truncates toward zero to an i64 (saturating at
