@@ -48,8 +48,9 @@ pub use libcall::Libcall;
 /// The renderer's revision, part of every compiled-kernel cache key: bump it when a renderer change alters the code
 /// of an unchanged kernel IR, so kernels cached on disk by an earlier build of the same kiln version are not mapped
 /// in place of the new code. 2: a tile's column offset is the load/store displacement. 3: u32 and f16, and bool
-/// lanes built from per-lane code are 0/1 (they were 0/0xFF). 4: f32 sin/cos with FMA reduce modulo pi.
-pub const REVISION: u32 = 4;
+/// lanes built from per-lane code are 0/1 (they were 0/0xFF). 4: f32 sin/cos with FMA reduce modulo pi. 5: what
+/// depends on no loop variable is computed once, before the loops.
+pub const REVISION: u32 = 5;
 
 /// The kernel entry signature.
 pub fn kernel_signature(call_conv: CallConv) -> Signature {
@@ -224,7 +225,11 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
         inner_deps: k.reduce.as_ref().map_or(Vec::new(), |r| deps(&r.inner, rank)),
         outer_deps: deps(&k.outer, rank),
         hoisted: HashMap::new(),
+        uniform_loads: HashMap::new(),
+        uniform_insts: HashMap::new(),
+        splats: HashMap::new(),
     };
+    em.compute_uniforms();
     if rank == 0 {
         em.tile(1, 1, 1);
     } else {
@@ -297,6 +302,60 @@ struct Emitter<'a> {
     /// reduction loops) and a part that depends only on reduce variables: inst index -> (base pointer of tile
     /// element 0, reduce part of the index, index coefficients).
     hoisted: HashMap<usize, (Value, IExpr, Vec<i64>)>,
+    /// Loads at a constant index (a scalar operand: a learning rate, a scale), read once in the entry block:
+    /// (buffer, index) -> value.
+    uniform_loads: HashMap<(usize, i64), Value>,
+    /// Outer instructions that depend on no loop variable (constant-index loads and the ops on them), computed once
+    /// in the entry block, keyed by the instruction's address in `k.outer`.
+    uniform_insts: HashMap<*const Inst, Value>,
+    /// The vector splat of each uniform value, made in the entry block too: (scalar, lanes) -> vector.
+    splats: HashMap<(Value, usize), Value>,
+}
+
+impl Emitter<'_> {
+    /// Computes, before any loop, what does not change inside them: every constant-index unmasked load (outer and
+    /// inner code), every outer instruction computed only from those and constants, and the splats vector code
+    /// uses. Cranelift neither moves loads out of loops nor, in this version, the pure ops on them: an SGD update
+    /// loaded its f64 learning rate, converted it to f32 and splatted it once per 4-lane vector. Empty buffers are
+    /// never read (their pointer may dangle).
+    fn compute_uniforms(&mut self) {
+        let k = self.k;
+        let inner = k.reduce.as_ref().map_or(&[][..], |r| &r.inner[..]);
+        for inst in k.outer.iter().chain(inner) {
+            let InstOp::Load { buf, index: IExpr::Const(c), valid: None, fill } = &inst.op else { continue };
+            if k.inputs[*buf].len == 0 || self.uniform_loads.contains_key(&(*buf, *c)) {
+                continue;
+            }
+            let v = self.load_scalar(*buf, &IExpr::Const(*c), &None, *fill, inst.dtype, 0);
+            self.uniform_loads.insert((*buf, *c), v);
+        }
+        let mut uniform = vec![false; k.outer.len()];
+        let mut vals: Vec<Vec<Value>> = Vec::with_capacity(k.outer.len());
+        for (i, inst) in k.outer.iter().enumerate() {
+            uniform[i] = match &inst.op {
+                InstOp::Load { buf, index: IExpr::Const(c), valid: None, .. } => {
+                    self.uniform_loads.contains_key(&(*buf, *c))
+                }
+                InstOp::Unary(_, a) | InstOp::Cast(a) => uniform[*a],
+                InstOp::Binary(_, a, b) => uniform[*a] && uniform[*b],
+                InstOp::Where(c, a, b) => uniform[*c] && uniform[*a] && uniform[*b],
+                // Constants are rendered where used (an immediate); everything else depends on a loop variable.
+                _ => false,
+            };
+            // A uniform instruction with a constant operand reads it from `vals`, so constants get a value here too.
+            let computed = uniform[i] || matches!(inst.op, InstOp::Const(_));
+            let v = if computed { Some(self.inst(inst, &k.outer, &vals, 0, 1, None)) } else { None };
+            if let (true, Some(v)) = (uniform[i], v) {
+                self.uniform_insts.insert(inst as *const Inst, v);
+                let has_lanes = matches!(inst.dtype, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool);
+                if (self.vec_ok || self.tiled) && has_lanes {
+                    let splat = self.vector_of(v, inst.dtype, LANES);
+                    self.splats.insert((v, LANES), splat);
+                }
+            }
+            vals.push(v.into_iter().collect());
+        }
+    }
 }
 
 /// CLIF type of a dtype: bools and u8 are bytes in scalar code; in vector code bools are i32 lane masks.

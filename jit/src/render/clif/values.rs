@@ -131,6 +131,12 @@ impl Emitter<'_> {
         if self.k.inputs[buf].len == 0 {
             return self.konst(fill, d, lanes); // an empty buffer is never read; its pointer may dangle
         }
+        if valid.is_none()
+            && let IExpr::Const(c) = index
+            && let Some(&v) = self.uniform_loads.get(&(buf, *c))
+        {
+            return self.vector_of(v, d, lanes);
+        }
         if lanes == 1 {
             return self.load_scalar(buf, index, valid, fill, d, 0);
         }
@@ -165,6 +171,8 @@ impl Emitter<'_> {
     pub(super) fn vector_of(&mut self, v: Value, d: DType, lanes: usize) -> Value {
         if lanes == 1 || self.b.func.dfg.value_type(v).is_vector() {
             v
+        } else if let Some(&splat) = self.splats.get(&(v, lanes)) {
+            splat
         } else {
             self.lanes_from_scalars(&[v], d, lanes)
         }
@@ -300,9 +308,13 @@ impl Emitter<'_> {
                 self.at = (r as i64, (c * lanes) as i64);
                 // A value that does not vary along the vector lanes is computed once, as a scalar.
                 let l = if lanes > 1 && !self.reduce_vec && !dc { 1 } else { lanes };
-                let v = match self.hoisted_load(i, inst.dtype, l) {
-                    Some(v) if matches!(inst.op, InstOp::Load { .. }) => v,
-                    _ => self.inst(inst, insts, &vals, e, l, accs.get(e).copied()),
+                let v = if let Some(&u) = self.uniform_insts.get(&(inst as *const Inst)) {
+                    u
+                } else {
+                    match self.hoisted_load(i, inst.dtype, l) {
+                        Some(v) if matches!(inst.op, InstOp::Load { .. }) => v,
+                        _ => self.inst(inst, insts, &vals, e, l, accs.get(e).copied()),
+                    }
                 };
                 per.push(v);
             }
