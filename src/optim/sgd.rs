@@ -107,8 +107,7 @@ impl Optimizer for Sgd {
         for (i, param) in self.params.iter().enumerate() {
             let p = param.get();
             let Some(g) = grad_of(grads, &p) else { continue };
-            let dev = p.device();
-            let lr = scalars.get("lr", dev, 0, self.lr)?;
+            let lr = scalars.get_for("lr", &p, 0, self.lr)?;
             let first = self.bufs[i].is_none();
             let buf = match &self.bufs[i] {
                 Some(b) if self.momentum != 0.0 => Some(b.clone()),
@@ -117,7 +116,7 @@ impl Optimizer for Sgd {
             };
             let damp = if self.momentum != 0.0 && self.dampening != 0.0 {
                 let value = if first { 1.0 } else { 1.0 - self.dampening };
-                Some(scalars.get("dampening", dev, first as u64, value)?)
+                Some(scalars.get_for("dampening", &p, first as u64, value)?)
             } else {
                 None
             };
