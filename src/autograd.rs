@@ -161,11 +161,15 @@ impl Tensor {
             if srcs.is_empty() {
                 continue;
             }
+            // `x * x` (`square`): one gradient `(g * x) * 2` for the operand both sides share, bit for bit the sum
+            // `g * x + g * x` of the two operands' rules (doubling is exact), one node less and one op less.
+            let squared = matches!(t.node.op, Op::Binary(BinaryOp::Mul)) && Arc::ptr_eq(&srcs[0].node, &srcs[1].node);
             for (i, src) in srcs.iter().enumerate() {
-                if !src.is_requires_grad() || !src.dtype().is_float() {
+                if !src.is_requires_grad() || !src.dtype().is_float() || squared && i == 1 {
                     continue;
                 }
-                let Some(gi) = vjp(t, srcs, i, &g) else { continue };
+                let gi = if squared { Some(g.mul(src).mul(2.0)) } else { vjp(t, srcs, i, &g) };
+                let Some(gi) = gi else { continue };
                 debug_assert_eq!(gi.dims(), src.dims(), "vjp of {} operand {i}", t.node.op);
                 let key = Arc::as_ptr(&src.node);
                 let acc = match grads.remove(&key) {

@@ -363,6 +363,24 @@ fn the_first_step_realizes_a_lazy_init_separately_and_set_lr_does_not_recompile(
     }
 }
 
+/// SGD keeps its learning-rate input across steps and uploads a new one only when the value changes: each step
+/// uses the learning rate set before it, back to an earlier value included.
+#[test]
+fn sgd_uses_the_learning_rate_of_each_step() {
+    let _s = serial();
+    let p = Param::new("p", tensor(DType::F32, &[1.0], &[1]));
+    let mut opt = Sgd::new(vec![p.clone()], 0.1);
+    let mut want = 1.0f32;
+    for lr in [0.1, 0.1, 0.01, 0.1, 0.25] {
+        opt.set_lr(lr);
+        let loss = p.get().mul(3.0).sum_all(); // gradient 3
+        let grads = loss.backward().unwrap();
+        opt.step(&grads, &[&loss]).unwrap();
+        want -= 3.0f32 * lr as f32;
+        assert_eq!(p.get().to_vec::<f32>().unwrap(), [want], "after a step with lr {lr}");
+    }
+}
+
 #[test]
 fn a_step_with_no_gradients_only_realizes_what_it_is_given() {
     let _s = serial();

@@ -88,7 +88,8 @@ fn zeros_input(t: &Tensor) -> Result<Tensor> {
 /// values must stay two inputs, or the graph's signature would change.
 #[derive(Default)]
 struct Scalars {
-    made: Vec<(ScalarKey, Tensor)>,
+    /// (key, the value's bits, its tensor).
+    made: Vec<(ScalarKey, u64, Tensor)>,
 }
 
 /// (role, device, stored as f32, structural key).
@@ -106,9 +107,15 @@ impl Scalars {
         self.make(role, param.device(), param.dtype() == kiln_jit::DType::F32, key, value)
     }
 
+    /// The tensor of `key` holding `value`: the one made before if it holds that value (an optimizer that keeps
+    /// its `Scalars` across steps uploads a constant learning rate once), else a new upload replacing it.
     fn make(&mut self, role: &'static str, device: Device, as_f32: bool, key: u64, value: f64) -> Result<Tensor> {
-        if let Some((_, t)) = self.made.iter().find(|(k, _)| *k == (role, device, as_f32, key)) {
-            return Ok(t.clone());
+        let key = (role, device, as_f32, key);
+        let slot = self.made.iter().position(|(k, _, _)| *k == key);
+        if let Some(i) = slot
+            && self.made[i].1 == value.to_bits()
+        {
+            return Ok(self.made[i].2.clone());
         }
         // On a device without f64 the scalar is f32: the same value an f32 parameter's update reads after the
         // cast a 0-dim f64 operand gets.
@@ -117,7 +124,10 @@ impl Scalars {
         } else {
             Tensor::from_vec(vec![value as f32], Shape::scalar(), &device)?
         };
-        self.made.push(((role, device, as_f32, key), t.clone()));
+        match slot {
+            Some(i) => self.made[i] = (key, value.to_bits(), t.clone()),
+            None => self.made.push((key, value.to_bits(), t.clone())),
+        }
         Ok(t)
     }
 }

@@ -32,6 +32,9 @@ pub struct Sgd {
     maximize: bool,
     /// Momentum buffers, created on a parameter's first step with a gradient.
     bufs: Vec<Option<Tensor>>,
+    /// The run-time scalars, kept across steps: a step whose learning rate is unchanged reuses last step's
+    /// uploaded tensor instead of uploading the same value again.
+    scalars: Scalars,
 }
 
 impl Sgd {
@@ -50,6 +53,7 @@ impl Sgd {
             nesterov: false,
             maximize: false,
             bufs: vec![None; n],
+            scalars: Scalars::default(),
         }
     }
 
@@ -102,7 +106,7 @@ impl Optimizer for Sgd {
             crate::args::fail!("Sgd", "Nesterov momentum requires a momentum and zero dampening");
         }
         realize_lazy(&self.params)?;
-        let mut scalars = Scalars::default();
+        let scalars = &mut self.scalars;
         let mut updates = Vec::new();
         for (i, param) in self.params.iter().enumerate() {
             let p = param.get();
