@@ -25,7 +25,7 @@ fn check_all_candidates(name: &str, out: &Tensor) -> usize {
                 GemmImpl::Asm(c) => {
                     Some(GemmImpl::Asm(config::GemmConfig { kc: 16, mc: c.mr * 2, nc: c.nr() * 2, ..*c }))
                 }
-                GemmImpl::Library => None,
+                GemmImpl::Library | GemmImpl::Dot => None,
             })
             .collect();
         cands.extend(extra);
@@ -56,6 +56,41 @@ fn every_candidate_on_ragged_and_blocked_shapes() {
         let c = rand(&[m, k], 1).matmul(&rand(&[k, n], 2));
         assert!(check_all_candidates(&format!("{m}x{n}x{k}"), &c) > 0);
     }
+}
+
+/// The dot-product candidate (`x @ W^T` at a few rows) on the shapes its loops split: K below, at and between its 8-
+/// and 16-float steps, N not a multiple of its 4-column blocks (and below one block), every M it is offered for, and
+/// A read from a slice whose rows are further apart than K; with an epilogue (its pass). Each is forced through
+/// `check_all_candidates` like every other candidate, which is asserted to include it.
+#[test]
+fn dot_candidate_on_ragged_linear_shapes() {
+    if skip_without_avx2() {
+        return;
+    }
+    let dot_runs = |name: &str, c: &Tensor| {
+        let k = gemm_kernel(c);
+        let cands = config::candidates(&GemmView::of(&k).unwrap(), true);
+        assert!(cands.contains(&GemmImpl::Dot), "{name}: the dot candidate is not offered");
+        assert!(check_all_candidates(name, c) > 0);
+    };
+    for (m, n, k) in [(1, 3, 5), (1, 4, 8), (2, 9, 16), (3, 13, 23), (8, 37, 40), (5, 64, 130), (1, 256, 784)] {
+        let c = rand(&[m, k], 11).matmul(&rand(&[n, k], 12).t());
+        dot_runs(&format!("dot {m}x{n}x{k}"), &c);
+    }
+    let wide = rand(&[4, 50], 13);
+    let sliced = wide.narrow(1, 5, 30); // rows 50 floats apart, 30 long
+    dot_runs("dot, A a slice", &sliced.matmul(&rand(&[21, 30], 14).t()));
+    let with_epilogue = nn_leaky(&rand(&[2, 33], 15).matmul(&rand(&[19, 33], 16).t()));
+    dot_runs("dot with an epilogue", &with_epilogue);
+    // Not offered past its row limit or for a B whose columns are not contiguous.
+    let k = gemm_kernel(&rand(&[9, 16], 17).matmul(&rand(&[8, 16], 18).t()));
+    assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));
+    let k = gemm_kernel(&rand(&[2, 16], 17).matmul(&rand(&[16, 8], 18)));
+    assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));
+}
+
+fn nn_leaky(t: &Tensor) -> Tensor {
+    kiln::nn::functional::leaky_relu(t, 0.01)
 }
 
 #[test]

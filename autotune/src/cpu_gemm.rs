@@ -4,7 +4,9 @@
 //!
 //! A configuration is the register tile (MR x 8*NV), the cache blocking (KC x MC of A in L2, KC x NC of B in L3, one
 //! KC x NR micro-panel of B in L1), whether A and B are packed into panels or read in place, and how the threads
-//! split the output (by columns or by rows). The library GEMM (`gemm` crate) is one more candidate.
+//! split the output (by columns or by rows). The library GEMM (`gemm` crate) is one more candidate, and so is a
+//! dot-product GEMV (`Dot`) for a few rows of A against a B whose columns are contiguous (`x @ W^T`, every linear
+//! layer's forward at a small batch), which no packed or broadcast kernel serves well.
 //!
 //! The score is a roofline estimate in GFLOP/s, not a promise; its job is to put the few worth timing on top:
 //! - compute: this core's FMA peak (measured 100 GFLOP/s per core here) times the tile's efficiency (FMA latency
@@ -24,6 +26,9 @@ pub enum GemmImpl {
     Asm(GemmConfig),
     /// The `gemm` crate; its epilogue runs as a separate pass.
     Library,
+    /// Each output a dot product of a row of A and a column of B, both contiguous along K, 8-lane FMAs over four
+    /// columns at once (`kiln-backends`' `cpu/gemm/dot.rs`); its epilogue runs as a separate pass.
+    Dot,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,6 +67,7 @@ impl GemmImpl {
         // Writing to a String cannot fail.
         let _ = match self {
             GemmImpl::Library => out.write_str("lib:gemm"),
+            GemmImpl::Dot => out.write_str("dot:avx2"),
             GemmImpl::Asm(c) => write!(
                 out,
                 "avx2:{}x{}:kc{}:mc{}:nc{}:{}{}:{}:u{}:pf{}",
@@ -86,6 +92,7 @@ impl GemmImpl {
     pub fn family(&self) -> &'static str {
         match self {
             GemmImpl::Library => "library",
+            GemmImpl::Dot => "dot products",
             GemmImpl::Asm(c) => match (c.pack_a, c.pack_b, c.kc <= 8) {
                 (true, true, _) => "packed A, packed B",
                 (true, false, true) => "packed A, B in place, short K blocks",
@@ -100,6 +107,9 @@ impl GemmImpl {
     pub fn parse(s: &str) -> Option<GemmImpl> {
         if s == "lib:gemm" {
             return Some(GemmImpl::Library);
+        }
+        if s == "dot:avx2" {
+            return Some(GemmImpl::Dot);
         }
         let f: Vec<&str> = s.split(':').collect();
         if f.len() != 9 || f[0] != "avx2" {
@@ -181,7 +191,19 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
     if library && v.batch.is_empty() {
         out.push(GemmImpl::Library);
     }
+    if dot_legal(v) {
+        out.push(GemmImpl::Dot);
+    }
     out
+}
+
+/// Rows of A up to which the dot-product candidate is offered: it reads all of B once per row of A.
+pub const DOT_MAX_M: usize = 8;
+
+/// Whether the dot-product candidate can run `v`: unbatched, at most [`DOT_MAX_M`] rows, and A's rows and B's
+/// columns contiguous along K (B stored N x K: `x @ W^T`).
+pub fn dot_legal(v: &GemmView) -> bool {
+    v.batch.is_empty() && v.m <= DOT_MAX_M && v.a.cols == 1 && v.b.rows == 1 && v.k > 0
 }
 
 /// Whether an `mr x 8*nv` register tile fits the 16 ymm registers: `mr * nv` accumulators, `nv` B vectors (none
@@ -212,6 +234,9 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     let c = match imp {
         // Measured here at 1024^3 on 2 threads: 120 GFLOP/s, 60% of peak; its epilogue is a second pass over C.
         GemmImpl::Library => return 0.6 * PEAK * threads.min(v.n.div_ceil(16)) as f64,
+        // Bound by reading B, once per row of A, at ~25 GB/s a thread from L2/L3 (measured here: a 256 x 784 weight
+        // in 8.2 µs on one thread): 2 flops per 4 bytes.
+        GemmImpl::Dot => return 0.5 * 25.0 * threads.min(v.n.div_ceil(4)) as f64 / v.m.max(1) as f64,
         GemmImpl::Asm(c) => c,
     };
     let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);
@@ -285,6 +310,15 @@ mod tests {
                 assert!(score(&v, c, 2).is_finite());
             }
         }
+        // B stored N x K (a linear layer): the dot-product candidate joins at a few rows, named reversibly.
+        let mut linear = view(4, 300, 77);
+        linear.b = GemmOperand { buf: 0, offset: 0, batch: vec![], rows: 1, cols: 77 };
+        let cands = candidates(&linear, true);
+        assert!(cands.contains(&GemmImpl::Dot) && dot_legal(&linear));
+        assert_eq!(GemmImpl::parse(&GemmImpl::Dot.name()), Some(GemmImpl::Dot));
+        assert!(score(&linear, &GemmImpl::Dot, 2).is_finite());
+        linear.m = DOT_MAX_M + 1;
+        assert!(!candidates(&linear, true).contains(&GemmImpl::Dot));
         assert_eq!(GemmImpl::parse("avx2:6x16:kc256"), None);
         assert!(!fits(3, 4) && fits(6, 2) && fits(1, 15));
     }

@@ -10,8 +10,12 @@
 //!
 //! Threads take disjoint rectangles of C (column or row strips, per batch element), each with its own pack buffers,
 //! so results do not depend on timing. Deliberately not done: packing shared between threads, and AVX-512.
+//!
+//! Two more candidates race the generated kernels: the `gemm` crate (`tune::library_gemm`) and, for a few rows
+//! against a weight stored N x K, dot products (`dot`); both leave their epilogue to the pass.
 
 pub mod asm;
+mod dot;
 /// The search space and cost model live in the autotuner crate.
 pub use kiln_autotune::cpu_gemm as config;
 pub mod epilogue;
@@ -115,6 +119,9 @@ impl CompiledGemm {
             imp,
         };
         let GemmImpl::Asm(c) = imp else {
+            if imp == GemmImpl::Dot && !config::dot_legal(&g.view) {
+                return Err(format!("{} is not legal for this GEMM", imp.name()));
+            }
             g.uses_pass = !is_identity(k);
             return Ok(g);
         };
@@ -254,6 +261,9 @@ impl CompiledGemm {
             }
             // SAFETY: the caller's pointer contract.
             GemmImpl::Library => unsafe { tune::library_gemm(&self.view, &cx) },
+            // SAFETY: the caller's pointer contract; `build` accepted the view (`dot_legal`), and generated GEMMs
+            // (this candidate among them) run only on hosts with AVX2 and FMA.
+            GemmImpl::Dot => unsafe { dot::dot_gemm(&self.view, &cx) },
         }
         if self.uses_pass
             && let Some(pass) = self.pass

@@ -90,6 +90,7 @@ fn choose_gemm(
     let legal_here = |imp: &GemmImpl| match imp {
         GemmImpl::Asm(cfg) => config::legal(view, cfg),
         GemmImpl::Library => view.batch.is_empty(),
+        GemmImpl::Dot => config::dot_legal(view),
     };
     // Only the winner: a plan compile of a warm process does this once per GEMM, and a record's hundred trials
     // are only wanted by a dump or `kiln tune` (fetched by key then). A record of a lighter mode than this one is

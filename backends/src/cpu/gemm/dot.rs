@@ -1,0 +1,166 @@
+//! The dot-product GEMM candidate (`dot:avx2`): each output `C[m, n]` is the dot product of row `m` of A and column
+//! `n` of B, both contiguous along K. That is the layout of a linear layer's forward at a small batch (`x @ W^T`, W
+//! stored N x K), where the generated micro-kernels would pack all of W on every call (B's columns are its rows)
+//! and the library's GEMV kernel reached ~12.3 µs for a 256 x 784 weight on one thread against ~8.2 µs for these
+//! loops (`cargo run --release` of a scratch benchmark of both, interleaved; the weight in L2).
+//!
+//! Four columns of B at a time, two 8-lane accumulators each (eight independent FMA chains), x's K-vector loaded
+//! once per step for all four; a row of A is read four times less than B. Threads take strips of columns. The
+//! epilogue runs as the backend's pass over C, as for the library candidate. Written with `std::arch` intrinsics:
+//! the loop is fixed (nothing to specialize at run time that the tuner could choose), so rustc's code is as good as
+//! generated code would be, and is checked like every candidate (`tests/gemm.rs` forces it on every shape).
+
+use super::Ctx;
+use kiln_jit::kernel::gemm::GemmView;
+use std::arch::x86_64::*;
+
+/// `C = A @ B` for `v` (unbatched, A's rows and B's columns contiguous along K: `config::dot_legal`), in column
+/// strips over the pool's threads.
+///
+/// # Safety
+/// As [`super::CompiledGemm::run`], and the host has AVX2 and FMA (`asm::host_supported`).
+pub unsafe fn dot_gemm(v: &GemmView, cx: &Ctx) {
+    debug_assert!(super::config::dot_legal(v));
+    // SAFETY: the offsets are within A and B (the view was read from the kernel's index math).
+    let (a, b) = unsafe {
+        (Ptr(cx.a.offset(v.a.offset as isize) as *mut f32), Ptr(cx.b.offset(v.b.offset as isize) as *mut f32))
+    };
+    let c = Ptr(cx.c);
+    let (m, n, k) = (v.m, v.n, v.k);
+    let (a_rs, b_ns) = (v.a.rows as isize, v.b.cols as isize);
+    let strips = super::pool::global().threads().min(n.div_ceil(4)).max(1);
+    let run = |s: usize, e: usize| {
+        for strip in s..e {
+            // Strip bounds on multiples of 4 columns, so every strip but the last runs whole blocks.
+            let blocks = n.div_ceil(4);
+            let (j0, j1) = ((strip * blocks / strips * 4).min(n), ((strip + 1) * blocks / strips * 4).min(n));
+            // SAFETY: the caller's contract: every (row, k) of A and (k, column) of B lies in its buffer, C is
+            // M x N dense and written here only, each strip its own columns.
+            unsafe { strip_cols(a.get(), a_rs, b.get(), b_ns, c.get(), (m, n, k), j0, j1) };
+        }
+    };
+    super::pool::global().parallel_for_work(strips, m * n * k, &run);
+}
+
+/// Columns `j0..j1` of C, every row.
+///
+/// # Safety
+/// As [`dot_gemm`].
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn strip_cols(
+    a: *const f32,
+    a_rs: isize,
+    b: *const f32,
+    b_ns: isize,
+    c: *mut f32,
+    (m, n, k): (usize, usize, usize),
+    j0: usize,
+    j1: usize,
+) {
+    let mut j = j0;
+    while j < j1 {
+        let cols = (j1 - j).min(4);
+        for row in 0..m {
+            // SAFETY: row < m and j + cols <= n: in bounds by the caller's contract.
+            unsafe {
+                let x = a.offset(row as isize * a_rs);
+                let out = c.add(row * n + j);
+                if cols == 4 {
+                    let w = [0, 1, 2, 3].map(|q| b.offset((j + q) as isize * b_ns));
+                    let s = dot4(x, w, k);
+                    std::ptr::copy_nonoverlapping(s.as_ptr(), out, 4);
+                } else {
+                    for q in 0..cols {
+                        *out.add(q) = dot1(x, b.offset((j + q) as isize * b_ns), k);
+                    }
+                }
+            }
+        }
+        j += cols;
+    }
+}
+
+/// Four dot products of `x` with `w[0..4]`, each `k` long.
+///
+/// # Safety
+/// `x` and each `w[q]` point at `k` readable floats; AVX2 and FMA present.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot4(x: *const f32, w: [*const f32; 4], k: usize) -> [f32; 4] {
+    // SAFETY: every load below reads within the first `k` floats of `x` or `w[q]`.
+    unsafe {
+        let mut lo = [_mm256_setzero_ps(); 4];
+        let mut hi = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 16 <= k {
+            let (x0, x1) = (_mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(x.add(i + 8)));
+            for q in 0..4 {
+                lo[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q].add(i)), x0, lo[q]);
+                hi[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q].add(i + 8)), x1, hi[q]);
+            }
+            i += 16;
+        }
+        if i + 8 <= k {
+            let x0 = _mm256_loadu_ps(x.add(i));
+            for q in 0..4 {
+                lo[q] = _mm256_fmadd_ps(_mm256_loadu_ps(w[q].add(i)), x0, lo[q]);
+            }
+            i += 8;
+        }
+        let mut out = [0f32; 4];
+        for q in 0..4 {
+            out[q] = hsum(_mm256_add_ps(lo[q], hi[q]));
+            for t in i..k {
+                out[q] = (*w[q].add(t)).mul_add(*x.add(t), out[q]);
+            }
+        }
+        out
+    }
+}
+
+/// One dot product (the columns left after blocks of four).
+///
+/// # Safety
+/// As [`dot4`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot1(x: *const f32, w: *const f32, k: usize) -> f32 {
+    // SAFETY: every load below reads within the first `k` floats of `x` or `w`.
+    unsafe {
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i + 16 <= k {
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(i)), _mm256_loadu_ps(x.add(i)), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(i + 8)), _mm256_loadu_ps(x.add(i + 8)), hi);
+            i += 16;
+        }
+        let mut s = hsum(_mm256_add_ps(lo, hi));
+        for t in i..k {
+            s = (*w.add(t)).mul_add(*x.add(t), s);
+        }
+        s
+    }
+}
+
+/// The sum of the eight lanes of `v`.
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// A pointer the strips share (each writes its own columns of C; A and B are read only).
+#[derive(Clone, Copy)]
+struct Ptr(*mut f32);
+
+impl Ptr {
+    /// Through a method, so closures capture the `Sync` wrapper rather than the raw pointer field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+// SAFETY: used only inside `dot_gemm`, whose callers keep the buffers valid for the call; strips write disjoint
+// columns of C.
+unsafe impl Sync for Ptr {}
