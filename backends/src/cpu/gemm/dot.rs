@@ -11,6 +11,7 @@
 //! generated code would be, and is checked like every candidate (`tests/gemm.rs` forces it on every shape).
 
 use super::Ctx;
+use super::tune::SendPtr as Ptr;
 use kiln_jit::kernel::gemm::GemmView;
 use std::arch::x86_64::*;
 
@@ -149,18 +150,3 @@ fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
     _mm_cvtss_f32(s)
 }
-
-/// A pointer the strips share (each writes its own columns of C; A and B are read only).
-#[derive(Clone, Copy)]
-struct Ptr(*mut f32);
-
-impl Ptr {
-    /// Through a method, so closures capture the `Sync` wrapper rather than the raw pointer field.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
-// SAFETY: used only inside `dot_gemm`, whose callers keep the buffers valid for the call; strips write disjoint
-// columns of C.
-unsafe impl Sync for Ptr {}

@@ -60,18 +60,19 @@ unsafe fn library_strips(
     super::pool::global().parallel_for_work(strips, m * n * k, &run);
 }
 
-/// A pointer the strips of one library GEMM share (each writes its own columns).
+/// A pointer the strips of one library or dot-product GEMM share (each writes its own columns of C; A and B are
+/// only read).
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(super) struct SendPtr(pub(super) *mut f32);
 
 impl SendPtr {
     /// Through a method, so closures capture the `Sync` wrapper rather than the raw pointer field.
-    fn get(self) -> *mut f32 {
+    pub(super) fn get(self) -> *mut f32 {
         self.0
     }
 }
-// SAFETY: used only inside `library_strips`, whose callers guarantee the pointers stay valid for the call and whose
-// strips touch disjoint parts of C.
+// SAFETY: used only inside `library_strips` and `dot::dot_gemm`, whose callers guarantee the pointers stay valid
+// for the call and whose strips write disjoint columns of C.
 unsafe impl Sync for SendPtr {}
 
 /// `C = A @ B` through the `gemm` crate on the calling thread (C overwritten, not accumulated): dims (m, n, k),
