@@ -70,16 +70,28 @@ fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64
 
 /// [`child`] with `KILN_AUTOTUNE=mode`.
 fn child_in_mode(role: &str, cache: &Path, bundle: Option<&Path>, mode: &str) -> (u64, u64, u64, u64, u64, u64, u64) {
+    child_with(role, cache, bundle, &[("KILN_AUTOTUNE", mode)])
+}
+
+/// [`child`] with these environment variables set.
+fn child_with(
+    role: &str,
+    cache: &Path,
+    bundle: Option<&Path>,
+    envs: &[(&str, &str)],
+) -> (u64, u64, u64, u64, u64, u64, u64) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", "child_step", "--ignored", "--nocapture", "--test-threads=1"])
         .env("KILN_WARM_CHILD", role)
         .env("KILN_CACHE_DIR", cache)
-        .env("KILN_AUTOTUNE", mode)
+        .env("KILN_AUTOTUNE", "fast")
         // The children test the cache, whatever engine knobs the parent run was given.
         .env_remove("KILN_GEMM")
         .env_remove("KILN_CPU_ENGINE")
-        .env_remove("KILN_WARM_BUNDLE");
+        .env_remove("KILN_TUNE_BUDGET_MS")
+        .env_remove("KILN_WARM_BUNDLE")
+        .envs(envs.iter().copied());
     if let Some(b) = bundle {
         cmd.env("KILN_WARM_BUNDLE", b);
     }
@@ -149,4 +161,25 @@ fn a_more_thorough_mode_searches_a_lighter_modes_record_again() {
     assert_eq!(run("off"), (false, true), "off reuses fast records");
     assert_eq!(run("full"), (true, false), "full searches what fast recorded");
     assert_eq!(run("fast"), (false, true), "fast reuses full records");
+}
+
+/// A fast-mode compile searches GEMM keys only within its budget (`KILN_TUNE_BUDGET_MS`); a key past it gets the cost
+/// model's choice, recorded as untuned, and the next compile that meets it searches it.
+#[test]
+fn keys_past_the_tuning_budget_are_searched_by_a_later_compile() {
+    if std::env::var_os("KILN_WARM_CHILD").is_some() || !kiln_backends::cpu::gemm::asm::host_supported() {
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let (tunings, hits, ..) = child_with("no budget", cache.path(), None, &[("KILN_TUNE_BUDGET_MS", "0")]);
+    assert_eq!((tunings, hits), (0, 0), "with a zero budget nothing is searched");
+    let recorded =
+        kiln_autotune::Store::open(cache.path().to_path_buf(), &kiln_autotune::DeviceFingerprint::host_cpu())
+            .entries()
+            .len();
+    assert!(recorded >= 1, "the model's choices are recorded");
+    let (tunings, hits, ..) = child_with("default budget", cache.path(), None, &[]);
+    assert!(tunings >= 1 && hits == 0, "the next compile searches them: {tunings} tunings, {hits} hits");
+    let (tunings, hits, ..) = child_with("again", cache.path(), None, &[]);
+    assert!(tunings == 0 && hits >= 1, "then they are tuned: {tunings} tunings, {hits} hits");
 }

@@ -291,19 +291,21 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     let dump = crate::dump::Dump::start(graph, &plan);
     let compiler = COMPILER.as_ref().map_err(|e| err(e.clone()))?;
     let mut launches = Vec::with_capacity(plan.launches.len());
+    let mut budget = super::gemm::select::TuneBudget::for_compile();
     {
         let mut c = compiler.lock();
         for l in &plan.launches {
-            let exec = match super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref()).map_err(err)? {
-                Some(g) => Exec::Gemm(Box::new(g)),
-                None => {
-                    let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
-                    if let (Some(d), Some((clif_text, disasm))) = (&dump, text) {
-                        d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
+            let exec =
+                match super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget).map_err(err)? {
+                    Some(g) => Exec::Gemm(Box::new(g)),
+                    None => {
+                        let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
+                        if let (Some(d), Some((clif_text, disasm))) = (&dump, text) {
+                            d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
+                        }
+                        Exec::Clif(f)
                     }
-                    Exec::Clif(f)
-                }
-            };
+                };
             let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
             launches.push(CompiledLaunch {
                 name: l.kernel.name.clone(),

@@ -29,6 +29,47 @@ fn tune_mode() -> kiln_autotune::Mode {
     MODE_OVERRIDE.lock().unwrap_or(*MODE)
 }
 
+/// How much searching one plan compile may do with `KILN_AUTOTUNE=fast` (`KILN_TUNE_BUDGET_MS`, default
+/// [`DEFAULT_TUNE_BUDGET`]): a GEMM key whose search would, by its estimate, take the compile's searches past it
+/// takes the cost model's choice instead, recorded as untuned (mode `off`), so the next compile that meets the key,
+/// in this process or a later one, searches it (a `fast` lookup does not accept an `off` record). A first step
+/// thus never waits on more than about the budget of searching, and a cache warms up over a few starts; `kiln
+/// tune` and `full` have no budget.
+///
+/// Why: a batch-1024 MLP step meets eight GEMM keys; searching all of them took ~40 ms of its first step (~55-85 ms
+/// in all on this 2-core VM, against ~13 ms for compiling with `off`).
+pub(crate) struct TuneBudget {
+    limit: std::time::Duration,
+    spent: std::time::Duration,
+}
+
+/// The default of `KILN_TUNE_BUDGET_MS`.
+pub const DEFAULT_TUNE_BUDGET: std::time::Duration = std::time::Duration::from_millis(30);
+
+impl TuneBudget {
+    /// The budget of one plan compile (`KILN_TUNE_BUDGET_MS`, read once).
+    pub(crate) fn for_compile() -> TuneBudget {
+        static LIMIT: LazyLock<std::time::Duration> = LazyLock::new(|| {
+            std::env::var("KILN_TUNE_BUDGET_MS")
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(DEFAULT_TUNE_BUDGET, std::time::Duration::from_millis)
+        });
+        TuneBudget { limit: *LIMIT, spent: std::time::Duration::ZERO }
+    }
+}
+
+/// What a fast-mode search of `timed` should cost: its verification and timed runs (`Mode::Fast`'s budget) at a
+/// conservative 100 GFLOP/s plus ~20 µs of set-up each, and the reference values (44 sampled outputs, ~60 ns per
+/// reduction step of the interpreter, split over the threads).
+fn search_estimate(timed: &super::tune::TuneProblem, threads: usize) -> std::time::Duration {
+    let b = kiln_autotune::Mode::Fast.budget();
+    let runs = (b.top_k * (1 + b.warmup + b.max_reps)) as f64;
+    let per_run = timed.view.flops() / 100e9 + 20e-6;
+    let reference = 44.0 * timed.view.k as f64 * 60e-9 / threads.max(1) as f64;
+    std::time::Duration::from_secs_f64(runs * per_run + reference)
+}
+
 /// The key of the GEMM compiled last; its record is in the store (memory at least).
 static LAST_KEY: Mutex<Option<kiln_autotune::TuneKey>> = Mutex::new(None);
 
@@ -54,6 +95,7 @@ pub(crate) fn gemm_for(
     c: &mut Compiler,
     k: &KernelIr,
     dump: Option<&crate::dump::Dump>,
+    budget: &mut TuneBudget,
 ) -> Result<Option<super::CompiledGemm>, String> {
     if !generated_gemm_enabled() {
         return Ok(None);
@@ -64,7 +106,7 @@ pub(crate) fn gemm_for(
     }
     let threads = pool::global().threads();
     let store = kiln_autotune::Store::global();
-    let (imp, key) = choose_gemm(c, k, &view, threads, store, tune_mode())?;
+    let (imp, key) = choose_gemm(c, k, &view, threads, store, tune_mode(), budget)?;
     let g = build_gemm(c, k, view, imp, threads, Some(store), dump)?;
     if let Some(d) = dump {
         let table = store.get_record(&key).map_or_else(|| "not tuned (analytic choice)\n".to_string(), |r| r.table());
@@ -83,6 +125,7 @@ fn choose_gemm(
     threads: usize,
     store: &kiln_autotune::Store,
     mode: kiln_autotune::Mode,
+    budget: &mut TuneBudget,
 ) -> Result<(super::config::GemmImpl, kiln_autotune::TuneKey), String> {
     use super::{self as gemm, config, config::GemmImpl, tune};
     use std::sync::atomic::Ordering;
@@ -165,11 +208,15 @@ fn choose_gemm(
         }
         Ok((out, t0.elapsed()))
     };
-    let record = kiln_autotune::search(
+    let estimate = search_estimate(timed, threads);
+    let over_budget = mode == kiln_autotune::Mode::Fast && budget.spent.saturating_add(estimate) > budget.limit;
+    let run_mode = if over_budget { kiln_autotune::Mode::Off } else { mode };
+    let searched_at = std::time::Instant::now();
+    let mut record = kiln_autotune::search(
         &problem.key,
         timed.dims.clone(),
         scored,
-        mode,
+        run_mode,
         |imp| {
             let inputs = inputs.get_or_init(|| timed.inputs());
             let reference = reference.get_or_init(|| tune::reference(timed, inputs));
@@ -177,8 +224,21 @@ fn choose_gemm(
         },
         |imp| run(imp).map(|(_, t)| t),
     )?;
+    budget.spent += searched_at.elapsed();
+    if over_budget {
+        let why = format!(
+            "not run: this compile's fast-tuning budget ({} ms, KILN_TUNE_BUDGET_MS) would be passed (~{:.1} ms \
+             spent, ~{:.1} ms estimated for this key); a later compile searches it",
+            budget.limit.as_millis(),
+            budget.spent.as_secs_f64() * 1e3,
+            estimate.as_secs_f64() * 1e3
+        );
+        for t in &mut record.trials {
+            t.note = Some(why.clone());
+        }
+    }
     let imp = GemmImpl::parse(&record.winner).ok_or_else(|| format!("unparsable winner {}", record.winner))?;
-    if mode != kiln_autotune::Mode::Off {
+    if run_mode != kiln_autotune::Mode::Off {
         gemm::TUNINGS.fetch_add(1, Ordering::Relaxed);
     }
     *LAST_KEY.lock() = Some(problem.key.clone());
