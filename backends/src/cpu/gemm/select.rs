@@ -214,7 +214,8 @@ fn choose_gemm(
     let searched_at = std::time::Instant::now();
     let mut record = kiln_autotune::search(
         &problem.key,
-        timed.dims.clone(),
+        // Nothing is measured when the budget is spent: the record names the canonical dims then.
+        if over_budget { problem.dims.clone() } else { timed.dims.clone() },
         scored,
         run_mode,
         |imp| {
