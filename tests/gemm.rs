@@ -80,17 +80,13 @@ fn dot_candidate_on_ragged_linear_shapes() {
     let wide = rand(&[4, 50], 13);
     let sliced = wide.narrow(1, 5, 30); // rows 50 floats apart, 30 long
     dot_runs("dot, A a slice", &sliced.matmul(&rand(&[21, 30], 14).t()));
-    let with_epilogue = nn_leaky(&rand(&[2, 33], 15).matmul(&rand(&[19, 33], 16).t()));
+    let with_epilogue = kiln::nn::functional::leaky_relu(&rand(&[2, 33], 15).matmul(&rand(&[19, 33], 16).t()), 0.01);
     dot_runs("dot with an epilogue", &with_epilogue);
     // Not offered past its row limit or for a B whose columns are not contiguous.
     let k = gemm_kernel(&rand(&[9, 16], 17).matmul(&rand(&[8, 16], 18).t()));
     assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));
     let k = gemm_kernel(&rand(&[2, 16], 17).matmul(&rand(&[16, 8], 18)));
     assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));
-}
-
-fn nn_leaky(t: &Tensor) -> Tensor {
-    kiln::nn::functional::leaky_relu(t, 0.01)
 }
 
 #[test]
@@ -211,9 +207,7 @@ fn tuner_reference_accepts_the_right_output_and_rejects_a_wrong_one() {
 #[test]
 fn fast_mode_times_a_smaller_problem_of_the_same_key() {
     use kiln_backends::cpu::gemm::tune::{FAST_TIMED_FLOPS, fast_proxy, problem};
-    let dims = |p: &kiln_backends::cpu::gemm::tune::TuneProblem| {
-        ["batch", "m", "n", "k"].map(|d| p.dims.iter().find(|(n, _)| n == d).map_or(0, |&(_, x)| x))
-    };
+    let dims = |p: &kiln_backends::cpu::gemm::tune::TuneProblem| ["batch", "m", "n", "k"].map(|d| p.dim(d));
     let proxy_of = |t: &Tensor| {
         let k = gemm_kernel(t);
         let v = GemmView::of(&k).unwrap();

@@ -28,6 +28,11 @@ pub struct TuneKey {
     pub candidates: u64,
 }
 
+/// The value of the dim named `name` in a `(name, value)` list such as [`TuneKey::dims`].
+pub fn dim_named(dims: &[(String, u64)], name: &str) -> Option<u64> {
+    dims.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+}
+
 impl TuneKey {
     /// A deterministic one-line text of every field, e.g.
     /// `op=gemm;dims=m:1024,n:512;dtypes=f32;layout=row,row;epilogue=none;device=0123456789abcdef;candidates=...`.

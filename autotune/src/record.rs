@@ -161,7 +161,6 @@ mod any_f64 {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
 
     fn record() -> TuneRecord {

@@ -29,18 +29,27 @@ fn synthetic(b: &BufParam, seed: u64) -> HostBuffer {
     }
 }
 
-/// Positions checked against the reference: the four corners, the last row and column, and a spread in between.
+/// Positions checked against the reference besides the corners.
+const SPREAD_SAMPLES: usize = 40;
+
+/// How many positions [`sample_positions`] gives for an output of `rank` dims (what a reference costs to compute).
+pub fn sample_count(rank: usize) -> usize {
+    (1 << rank) + SPREAD_SAMPLES
+}
+
+/// Positions checked against the reference: the corners (which cover the last row and column), and a spread in
+/// between; [`sample_count`] of them.
 pub fn sample_positions(extents: &[usize]) -> Vec<Vec<usize>> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(sample_count(extents.len()));
     let r = extents.len();
     let corners = 1usize << r;
     for c in 0..corners {
         out.push((0..r).map(|d| if c >> d & 1 == 1 { extents[d] - 1 } else { 0 }).collect());
     }
     let total: usize = extents.iter().product();
-    let step = (total / 40).max(1) | 1;
+    let step = (total / SPREAD_SAMPLES).max(1) | 1;
     let mut flat = 7 % total.max(1);
-    for _ in 0..40 {
+    for _ in 0..SPREAD_SAMPLES {
         let mut rem = flat;
         let mut idx = vec![0; r];
         for d in (0..r).rev() {
@@ -65,7 +74,7 @@ pub struct Reference {
 
 impl Reference {
     /// Evaluates `k` (reduction length `k_len`) on `inputs` at the sampled positions, the positions split over the
-    /// CPU pool's threads: the interpreter takes ~80 ns per reduction step, so 44 samples of a K = 1024 problem
+    /// CPU pool's threads: the interpreter takes ~80 ns per reduction step, so the 44 samples of a K = 1024 GEMM
     /// cost ~3.6 ms on one thread, and a first training step at batch 1024 verified eight keys (~16 ms).
     pub fn of(k: &KernelIr, k_len: usize, inputs: &[&HostBuffer]) -> Reference {
         let positions = sample_positions(&k.out_extents);

@@ -9,11 +9,11 @@
 //! **Buffer profile.** A plan's first run still takes fresh memory, and its page faults are most of what a warm
 //! process's first training step spends beyond a steady step (MLP batch 128: ~0.6 ms of a ~2.5 ms first step; 0.9
 //! µs per 4 KiB page on this VM). So each compiled CPU plan records the poolable buffers live while it runs, its
-//! inputs included ([`remember_plan_buffers`]: dtype, length and how many at once) in the kernel and tuning store, as one small
-//! artifact that travels in bundles; [`warm_from_profile`] (called on bundle import) allocates them, touches every
-//! page, and puts them in the pool, so the first step finds faulted-in memory. The profile is a hint: a stale or
-//! missing one only costs the faults back; it is capped at `PROFILE_MAX_ENTRIES` sizes and the warm-up at half the
-//! pool's limit.
+//! inputs included ([`remember_plan_buffers`]: dtype, length and how many at once) in the kernel and tuning store,
+//! as one small artifact that travels in bundles; [`warm_from_profile`] (called on bundle import) allocates them,
+//! touches every page, and puts them in the pool, so the first step finds faulted-in memory. The profile is a hint:
+//! a stale or missing one only costs the faults back; it is capped at `PROFILE_MAX_ENTRIES` sizes and the warm-up
+//! at half the pool's limit.
 
 use kiln_jit::{DType, HostBuffer};
 use parking_lot::Mutex;

@@ -83,9 +83,11 @@ fn zeros_input(t: &Tensor) -> Result<Tensor> {
     Tensor::from_host(host, t.shape().clone(), &t.device())
 }
 
-/// Per-step scalars as realized 0-dim f64 inputs (f32 on a device without f64), uploaded once per step for each (role, device, key). Keys are
-/// structural (a role and, e.g., a step count), never the value itself: two roles that happen to hold equal
-/// values must stay two inputs, or the graph's signature would change.
+/// Run-time scalars of an optimizer step as realized 0-dim inputs: f64 (f32 on a device without f64, or for an f32
+/// parameter through `get_for`), one per (role, device, dtype, key). Keys are structural (a role and, e.g., a step
+/// count), never the value itself: two roles that happen to hold equal values must stay two inputs, or the graph's
+/// signature would change. An optimizer may keep its `Scalars` across steps (SGD does): a key whose value is
+/// unchanged then reuses its uploaded tensor.
 #[derive(Default)]
 struct Scalars {
     /// (key, the value's bits, its tensor).

@@ -60,13 +60,14 @@ impl TuneBudget {
 }
 
 /// What a fast-mode search of `timed` should cost: its verification and timed runs (`Mode::Fast`'s budget) at a
-/// conservative 100 GFLOP/s plus ~20 µs of set-up each, and the reference values (44 sampled outputs, ~60 ns per
-/// reduction step of the interpreter, split over the threads).
+/// conservative 100 GFLOP/s plus ~20 µs of set-up each, and the reference values (`gemm_check::sample_count`
+/// sampled outputs, ~60 ns per reduction step of the interpreter, split over the threads).
 fn search_estimate(timed: &super::tune::TuneProblem, threads: usize) -> std::time::Duration {
     let b = kiln_autotune::Mode::Fast.budget();
     let runs = (b.top_k * (1 + b.warmup + b.max_reps)) as f64;
     let per_run = timed.view.flops() / 100e9 + 20e-6;
-    let reference = 44.0 * timed.view.k as f64 * 60e-9 / threads.max(1) as f64;
+    let samples = crate::gemm_check::sample_count(timed.kernel.out_extents.len()) as f64;
+    let reference = samples * timed.view.k as f64 * 60e-9 / threads.max(1) as f64;
     std::time::Duration::from_secs_f64(runs * per_run + reference)
 }
 

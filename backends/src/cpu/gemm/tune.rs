@@ -2,7 +2,7 @@
 
 use super::Ctx;
 use super::config::{self, GemmImpl};
-use kiln_autotune::{TuneKey, bucket, checksum_of_each};
+use kiln_autotune::{TuneKey, bucket, checksum_of_each, dim_named};
 use kiln_jit::dtype::Scalar;
 use kiln_jit::kernel::gemm::{GemmOperand, GemmView, Role};
 use kiln_jit::kernel::{BufParam, IExpr, Inst, InstOp, KernelIr, Reduce};
@@ -133,9 +133,7 @@ pub fn warm_gemms() {
     let (mut a, mut b) = (0, 0);
     let mut library = Vec::new();
     for rec in kiln_autotune::Store::global().records() {
-        let dim = |name: &str| {
-            rec.key.dims.iter().find(|(n, _)| n == name).map_or(1, |&(_, v)| v as usize).min(LIBRARY_WARM_DIM)
-        };
+        let dim = |name: &str| (dim_named(&rec.key.dims, name).unwrap_or(1) as usize).min(LIBRARY_WARM_DIM);
         match GemmImpl::parse(&rec.winner) {
             Some(GemmImpl::Asm(c)) if rec.key.op == "gemm" => {
                 let (ca, cb) = super::pack_lens(&c);
@@ -180,6 +178,11 @@ pub struct TuneProblem {
 }
 
 impl TuneProblem {
+    /// The size of dim `name` (`batch`, `m`, `n`, `k`) this problem is built at; 1 for one it does not name.
+    pub fn dim(&self, name: &str) -> usize {
+        dim_named(&self.dims, name).unwrap_or(1) as usize
+    }
+
     /// Deterministic data for the canonical problem (made only when a search runs: it is megabytes for a large
     /// GEMM, and a cache hit needs only the key).
     pub fn inputs(&self) -> Vec<HostBuffer> {
@@ -219,8 +222,7 @@ pub const FAST_MIN_DIM: usize = 256;
 /// matters, and `full` (`kiln tune`) measures the canonical problem itself. The record's `tuned_dims` are the
 /// proxy's. `None` when the canonical problem is cheap enough (or cannot be cut).
 pub fn fast_proxy(k: &KernelIr, v: &GemmView, full: &TuneProblem, threads: usize, device: &str) -> Option<TuneProblem> {
-    let dim = |name: &str| full.dims.iter().find(|(n, _)| n == name).map_or(1, |&(_, x)| x as usize);
-    let [mut bb, mut mm, mut nn, kk] = [dim("batch"), dim("m"), dim("n"), dim("k")];
+    let [mut bb, mut mm, mut nn, kk] = ["batch", "m", "n", "k"].map(|d| full.dim(d));
     let flops = |bb: usize, mm: usize, nn: usize| 2 * bb * mm * nn * kk;
     let original = (bb, mm, nn);
     while flops(bb, mm, nn) > FAST_TIMED_FLOPS {
