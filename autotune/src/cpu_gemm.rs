@@ -88,6 +88,16 @@ impl GemmImpl {
         push_num(out, c.prefetch);
     }
 
+    /// Whether this candidate can run `v`: [`legal`] for a generated config, an unbatched view for the library,
+    /// [`dot_legal`] for the dot products. The one check a tuner's pick and a forced build both go through.
+    pub fn legal_for(&self, v: &GemmView) -> bool {
+        match self {
+            GemmImpl::Asm(c) => legal(v, c),
+            GemmImpl::Library => v.batch.is_empty(),
+            GemmImpl::Dot => dot_legal(v),
+        }
+    }
+
     /// The structural family (what the cost model may mis-rank as a whole): the library, or the generated kernel
     /// by how A and B are read (packed or in place) and, for B streamed in place, whether its K blocks are short
     /// (a few rows streamed at once) or long: which of those wins depends on the memory system more than the model

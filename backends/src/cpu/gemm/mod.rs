@@ -118,18 +118,15 @@ impl CompiledGemm {
             view,
             imp,
         };
+        if !imp.legal_for(&g.view) {
+            return Err(format!("{} is not legal for this GEMM", imp.name()));
+        }
         let GemmImpl::Asm(c) = imp else {
-            if imp == GemmImpl::Dot && !config::dot_legal(&g.view) {
-                return Err(format!("{} is not legal for this GEMM", imp.name()));
-            }
             g.uses_pass = !is_identity(k);
             return Ok(g);
         };
         let program = g.epilogue_program(k, &epilogue);
         let v = &g.view;
-        if !config::legal(v, &c) {
-            return Err(format!("{} is not legal for this GEMM", imp.name()));
-        }
         let tail_cols = v.n % c.nr();
         for (l, m) in g.mask.iter_mut().enumerate() {
             *m = if l < tail_cols % 8 || tail_cols.is_multiple_of(8) { -1 } else { 0 };
@@ -261,7 +258,7 @@ impl CompiledGemm {
             }
             // SAFETY: the caller's pointer contract.
             GemmImpl::Library => unsafe { tune::library_gemm(&self.view, &cx) },
-            // SAFETY: the caller's pointer contract; `build` accepted the view (`dot_legal`), and generated GEMMs
+            // SAFETY: the caller's pointer contract; `build` accepted the view (`legal_for`), and generated GEMMs
             // (this candidate among them) run only on hosts with AVX2 and FMA.
             GemmImpl::Dot => unsafe { dot::dot_gemm(&self.view, &cx) },
         }

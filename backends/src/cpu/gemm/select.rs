@@ -131,11 +131,7 @@ fn choose_gemm(
     use super::{self as gemm, config, config::GemmImpl, tune};
     use std::sync::atomic::Ordering;
     let problem = tune::problem(k, view, threads, &store.fingerprint().id());
-    let legal_here = |imp: &GemmImpl| match imp {
-        GemmImpl::Asm(cfg) => config::legal(view, cfg),
-        GemmImpl::Library => view.batch.is_empty(),
-        GemmImpl::Dot => config::dot_legal(view),
-    };
+    let legal_here = |imp: &GemmImpl| imp.legal_for(view);
     // Only the winner: a plan compile of a warm process does this once per GEMM, and a record's hundred trials
     // are only wanted by a dump or `kiln tune` (fetched by key then). A record of a lighter mode than this one is
     // not reused: `kiln tune` (full) replaces what a `fast` run recorded.
