@@ -112,6 +112,11 @@ impl DType {
         }
     }
 
+    /// The dtype of a [`DType::code`] (`None` for a code no dtype has).
+    pub fn from_code(code: u64) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.code() == code)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             DType::Bool => "bool",
@@ -237,6 +242,16 @@ impl Scalar {
             Scalar::Bool(b) => [1, b as u64],
             Scalar::Int(i) => [2, i as u64],
             Scalar::Float(f) => [3, f.to_bits()],
+        }
+    }
+
+    /// The scalar of a [`Scalar::key`] (`None` for a kind no scalar has).
+    pub fn from_key([kind, bits]: [u64; 2]) -> Option<Scalar> {
+        match kind {
+            1 if bits <= 1 => Some(Scalar::Bool(bits == 1)),
+            2 => Some(Scalar::Int(bits as i64)),
+            3 => Some(Scalar::Float(f64::from_bits(bits))),
+            _ => None,
         }
     }
 }

@@ -208,14 +208,17 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
                 return Err("slice rank".into());
             }
             for (i, (&(start, step), &out)) in sl.iter().zip(d.shape.dims()).enumerate() {
-                let last = start as isize + step * (out as isize - 1);
-                if step == 0 || (out > 0 && (start >= s[i] || last < 0 || last >= s[i] as isize)) {
+                // In i128: a graph read back from bytes (a persisted plan) may hold any values, and must not overflow.
+                let last = start as i128 + step as i128 * (out as i128 - 1);
+                if step == 0 || (out > 0 && (start >= s[i] || last < 0 || last >= s[i] as i128)) {
                     return Err(format!("slice dim {i} reads outside 0..{}", s[i]));
                 }
             }
         }
         Op::Pad { pads, .. } => {
-            let want: Vec<usize> = srcs[0].shape.dims().iter().zip(pads).map(|(s, (b, a))| s + b + a).collect();
+            let want: Option<Vec<usize>> =
+                srcs[0].shape.dims().iter().zip(pads).map(|(s, (b, a))| s.checked_add(*b)?.checked_add(*a)).collect();
+            let want = want.ok_or("pad overflows")?;
             if want != d.shape.dims() || pads.len() != d.shape.rank() {
                 return Err(format!("pad gives {want:?}, node has {}", d.shape));
             }

@@ -44,7 +44,40 @@ pub enum BinaryOp {
     Or,
 }
 
+impl UnaryOp {
+    /// Every unary op, in declaration order (so `ALL[op as usize] == op`, which [`Op::decode`] relies on).
+    pub const ALL: [UnaryOp; 10] = [
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Sqrt,
+        UnaryOp::Recip,
+        UnaryOp::Abs,
+        UnaryOp::Not,
+    ];
+}
+
 impl BinaryOp {
+    /// Every binary op, in declaration order (`ALL[op as usize] == op`).
+    pub const ALL: [BinaryOp; 13] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Pow,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::And,
+        BinaryOp::Or,
+    ];
+
     pub fn is_comparison(self) -> bool {
         matches!(self, BinaryOp::Lt | BinaryOp::Le | BinaryOp::Eq | BinaryOp::Ne)
     }
@@ -60,6 +93,9 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
+    /// Every reduction, in declaration order (`ALL[op as usize] == op`).
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min];
+
     /// The accumulator's starting value for dtype `d` (what an empty reduction gives).
     pub fn identity(self, d: crate::dtype::DType) -> Scalar {
         match (self, d.is_float()) {
@@ -80,6 +116,11 @@ pub enum RandDist {
     Uniform,
     /// Standard normal (Box-Muller).
     Normal,
+}
+
+impl RandDist {
+    /// Every distribution, in declaration order (`ALL[dist as usize] == dist`).
+    pub const ALL: [RandDist; 2] = [RandDist::Uniform, RandDist::Normal];
 }
 
 /// One primitive. Operands are the node's sources, in order.
@@ -208,6 +249,36 @@ impl Op {
         }
     }
 
+    /// Reads one op written by [`Op::encode`] from the start of `words`; returns it and the number of words it
+    /// took. `None` when the words are not an encoding (unknown kind or parameter, or cut short): a persisted
+    /// signature is checked by its store, and this is the guard against a format change, so it never panics.
+    pub fn decode(words: &[u64]) -> Option<(Op, usize)> {
+        let mut r = Words { words, at: 0 };
+        let op = match r.next()? {
+            1 => Op::Input { slot: r.index()? },
+            2 => Op::Const(r.scalar()?),
+            3 => Op::Iota { start: r.scalar()?, step: r.scalar()? },
+            4 => Op::Rand { dist: r.pick(&RandDist::ALL)?, slot: r.index()? },
+            5 => Op::Unary(r.pick(&UnaryOp::ALL)?),
+            6 => Op::Binary(r.pick(&BinaryOp::ALL)?),
+            7 => Op::Where,
+            8 => Op::Cast,
+            9 => Op::Reduce { op: r.pick(&ReduceOp::ALL)?, axes: r.list(1)?.map(|a| a[0] as usize).collect() },
+            10 => Op::Reshape,
+            11 => Op::Permute(r.list(1)?.map(|a| a[0] as usize).collect()),
+            12 => Op::Expand,
+            13 => Op::Slice(r.list(2)?.map(|p| (p[0] as usize, p[1] as i64 as isize)).collect()),
+            14 => {
+                let value = r.scalar()?;
+                Op::Pad { pads: r.list(2)?.map(|p| (p[0] as usize, p[1] as usize)).collect(), value }
+            }
+            15 => Op::Matmul,
+            16 => Op::Contiguous,
+            _ => return None,
+        };
+        Some((op, r.at))
+    }
+
     /// Number of sources this op takes.
     pub fn arity(&self) -> usize {
         match self {
@@ -223,6 +294,41 @@ impl Op {
     }
 }
 
+/// A cursor over encoded words, for [`Op::decode`].
+struct Words<'a> {
+    words: &'a [u64],
+    at: usize,
+}
+
+impl<'a> Words<'a> {
+    fn next(&mut self) -> Option<u64> {
+        let w = self.words.get(self.at).copied();
+        self.at += 1;
+        w
+    }
+
+    fn index(&mut self) -> Option<usize> {
+        usize::try_from(self.next()?).ok()
+    }
+
+    fn scalar(&mut self) -> Option<Scalar> {
+        Scalar::from_key([self.next()?, self.next()?])
+    }
+
+    /// The enum value whose discriminant is the next word.
+    fn pick<T: Copy>(&mut self, all: &[T]) -> Option<T> {
+        all.get(self.index()?).copied()
+    }
+
+    /// A length-prefixed list of `width`-word elements, as `encode` writes them (the prefix counts words).
+    fn list(&mut self, width: usize) -> Option<std::slice::ChunksExact<'a, u64>> {
+        let n = self.index()?;
+        let items = self.words.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        (n % width == 0).then(|| items.chunks_exact(width))
+    }
+}
+
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name())
@@ -234,4 +340,55 @@ impl fmt::Display for Op {
 pub struct RngKey {
     pub seed: u64,
     pub offset: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_op_decodes_to_itself() {
+        // `ALL[x as usize] == x` is what decoding a discriminant relies on.
+        assert!(UnaryOp::ALL.iter().enumerate().all(|(i, &u)| u as usize == i));
+        assert!(BinaryOp::ALL.iter().enumerate().all(|(i, &b)| b as usize == i));
+        assert!(ReduceOp::ALL.iter().enumerate().all(|(i, &r)| r as usize == i));
+        assert!(RandDist::ALL.iter().enumerate().all(|(i, &d)| d as usize == i));
+        let mut ops = vec![
+            Op::Input { slot: 3 },
+            Op::Const(Scalar::Float(-0.0)),
+            Op::Const(Scalar::Float(f64::NAN)),
+            Op::Const(Scalar::Int(-7)),
+            Op::Const(Scalar::Bool(true)),
+            Op::Iota { start: Scalar::Int(2), step: Scalar::Float(0.5) },
+            Op::Where,
+            Op::Cast,
+            Op::Reshape,
+            Op::Permute(vec![2, 0, 1]),
+            Op::Expand,
+            Op::Slice(vec![(0, 1), (9, -1), (2, 3)]),
+            Op::Pad { pads: vec![(1, 2), (0, 0)], value: Scalar::Float(-1.5) },
+            Op::Matmul,
+            Op::Contiguous,
+        ];
+        ops.extend(RandDist::ALL.map(|dist| Op::Rand { dist, slot: 1 }));
+        ops.extend(UnaryOp::ALL.map(Op::Unary));
+        ops.extend(BinaryOp::ALL.map(Op::Binary));
+        ops.extend(ReduceOp::ALL.map(|op| Op::Reduce { op, axes: vec![0, 2] }));
+        for op in ops {
+            let mut words = vec![];
+            op.encode(&mut words);
+            words.push(99); // what follows the op is not read
+            let (back, used) = Op::decode(&words).unwrap_or_else(|| panic!("{op:?} did not decode"));
+            // Debug, since a NaN constant is not equal to itself.
+            assert_eq!((format!("{back:?}"), used), (format!("{op:?}"), words.len() - 1));
+            // Cut short anywhere: refused, not a panic.
+            for cut in 0..used {
+                assert_eq!(Op::decode(&words[..cut]), None, "{op:?} cut at {cut}");
+            }
+        }
+        // Unknown kinds and parameters.
+        for bad in [&[0u64][..], &[17], &[5, 10], &[6, 13], &[9, 4, 0], &[4, 2, 0], &[2, 1, 2], &[2, 9, 0]] {
+            assert_eq!(Op::decode(bad), None, "{bad:?}");
+        }
+    }
 }
