@@ -38,20 +38,26 @@ fn child_first_step(cache: &std::path::Path, bundle: Option<&std::path::Path>) -
 
 fn main() {
     if std::env::args().any(|a| a == "--child-first-step") {
+        let t0 = std::time::Instant::now();
         if let Some(b) = arg("--import") {
             kiln::tune::import_bundle(b).expect("import");
         }
+        let import = t0.elapsed().as_secs_f64();
+        let before = kiln::stats();
         let t = mlp_first_step(128).as_secs_f64();
         let s = kiln::stats();
         println!("FIRST_STEP_S {t}");
         eprintln!(
-            "first step {:.2} ms: {} tunings, {} GEMM generations, {} GEMM loads, {} compiles, {} kernel loads",
+            "first step {:.2} ms (import {:.1} ms): {} tunings, {} GEMM generations, {} GEMM loads, {} compiles, {} kernel \
+             loads, {} plan misses",
             t * 1e3,
+            import * 1e3,
             s.tunings,
             s.tuned_kernel_compiles,
             s.tuned_kernel_loads,
             s.kernel_compiles,
-            s.kernel_loads
+            s.kernel_loads,
+            s.plan_misses - before.plan_misses
         );
         return;
     }

@@ -30,8 +30,10 @@ mod io;
 pub mod nn;
 mod ops;
 pub mod optim;
+mod plan_store;
 mod random;
 mod realize;
+mod signature;
 mod tensor;
 pub mod tune;
 

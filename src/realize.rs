@@ -10,6 +10,9 @@
 //!    petgraph `StableGraph` that passes and backends read: the hit path builds no graph.
 //! 4. Run the plan, then give each target its buffer and drop its history.
 //!
+//! A CPU plan's signature is also persisted (`plan_store`): a bundle carries the plans its model ran, and an import
+//! compiles them, so a deployed process's first step is a cache hit. The encoding lives in `signature.rs`.
+//!
 //! Deliberately not done yet: constant values are part of the signature (a changing learning rate recompiles;
 //! pass it as a tensor to avoid that), and there is no eviction from the plan cache.
 
@@ -251,20 +254,27 @@ impl Walk {
             },
             Kind::Op => node.op.encode(sig),
         }
-        // Packed, since every cache hit writes, hashes and compares the whole signature: one word for the dtype
-        // (code < 2^8), the operand count (<= 3) and the rank (bits 16..: a rank of 2^48 could not be held in
-        // memory), then the dims, then the operand ids (u32) two to a word. The header says how many words follow,
-        // so the encoding stays unambiguous.
-        let dims = node.shape.dims();
-        sig.push(node.dtype.code() | (srcs.len() as u64) << 8 | (dims.len() as u64) << 16);
-        sig.extend(dims.iter().map(|&d| d as u64));
-        sig.extend(srcs.chunks(2).map(|p| p[0] as u64 | (p.get(1).map_or(0, |&s| s as u64) << 32)));
+        crate::signature::push_node(sig, node.dtype, node.shape.dims(), srcs);
         let id = self.nodes.len() as u32;
         if register {
             self.index.insert(Arc::as_ptr(node), id);
         }
         self.nodes.push(Walked { tensor, srcs: srcs_at..srcs_at + nsrcs, kind });
         id
+    }
+
+    /// Walks `targets` for `device` and writes the whole signature; `outputs` gets the ids of the targets that are
+    /// not realized yet (empty: nothing to do).
+    fn sign(&mut self, device: Device, targets: &[&Tensor], outputs: &mut Vec<u32>) {
+        self.signature.push(device.code());
+        for t in targets {
+            let id = self.visit(t);
+            if !outputs.contains(&id) && matches!(self.nodes[id as usize].kind, Kind::Op | Kind::Rand { .. }) {
+                outputs.push(id);
+            }
+        }
+        self.signature.push(crate::signature::END_OF_NODES);
+        self.signature.extend(outputs.iter().map(|&o| o as u64));
     }
 
     /// The petgraph copy of the walked graph (built on a cache miss only).
@@ -314,14 +324,8 @@ fn realize_on(device: Device, targets: &[&Tensor]) -> Result<()> {
 }
 
 fn realize_walk(walk: &mut Walk, device: Device, targets: &[&Tensor]) -> Result<()> {
-    walk.signature.push(device.code());
     let mut outputs = std::mem::take(&mut walk.outputs);
-    for t in targets {
-        let id = walk.visit(t);
-        if !outputs.contains(&id) && matches!(walk.nodes[id as usize].kind, Kind::Op | Kind::Rand { .. }) {
-            outputs.push(id);
-        }
-    }
+    walk.sign(device, targets, &mut outputs);
     let result = if outputs.is_empty() {
         Ok(()) // realized by another thread meanwhile
     } else {
@@ -331,11 +335,27 @@ fn realize_walk(walk: &mut Walk, device: Device, targets: &[&Tensor]) -> Result<
     result
 }
 
+/// Compiles `graph` (the graph `signature` encodes) for `device` and caches the plan; a plan compiled for the CPU
+/// is also persisted (`plan_store`). When two threads race, the first plan cached is the one both use.
+fn compile_plan(signature: &[u64], graph: &Graph, device: Device) -> Result<Arc<Plan>> {
+    let exec = device.backend()?.compile(graph)?;
+    COMPILES.fetch_add(1, Ordering::Relaxed);
+    if device == Device::Cpu {
+        crate::plan_store::remember(signature);
+    }
+    Ok(PLANS.entry(signature.to_vec()).or_insert_with(|| Arc::new(Plan { exec })).clone())
+}
+
+/// Compiles and caches the plan of a persisted signature ahead of its first use; `false` when it is cached already.
+pub(crate) fn prebuild(signature: &[u64], graph: &Graph, device: Device) -> Result<bool> {
+    if PLANS.contains_key(signature) {
+        return Ok(false);
+    }
+    compile_plan(signature, graph, device).map(|_| true)
+}
+
 /// Finds (or compiles) the plan of a finished walk, runs it, and gives each output node its buffer.
 fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32]) -> Result<()> {
-    walk.signature.push(u64::MAX);
-    walk.signature.extend(outputs.iter().map(|&o| o as u64));
-
     let cached = PLANS.get(walk.signature.as_slice()).map(|p| p.clone());
     let plan = match cached {
         Some(p) => {
@@ -344,10 +364,7 @@ fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32]) -> Result<()> {
         }
         None => {
             MISSES.fetch_add(1, Ordering::Relaxed);
-            let graph = walk.to_graph(outputs);
-            let exec = device.backend()?.compile(&graph)?;
-            COMPILES.fetch_add(1, Ordering::Relaxed);
-            PLANS.entry(walk.signature.clone()).or_insert_with(|| Arc::new(Plan { exec })).clone()
+            compile_plan(&walk.signature, &walk.to_graph(outputs), device)?
         }
     };
 
@@ -361,6 +378,15 @@ fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32]) -> Result<()> {
         drop(history); // outside the lock: dropping history may free a long chain
     }
     Ok(())
+}
+
+/// The signature `realize` would look `targets` up by, and the graph it would compile on a miss (nothing runs).
+#[cfg(test)]
+pub(crate) fn signature_and_graph(device: Device, targets: &[&Tensor]) -> (Vec<u64>, Graph) {
+    let mut walk = Walk::default();
+    let mut outputs = Vec::new();
+    walk.sign(device, targets, &mut outputs);
+    (walk.signature.clone(), walk.to_graph(&outputs))
 }
 
 /// The graph IR of some tensors together with the data it reads: what a backend would be given to compute them.

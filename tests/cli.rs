@@ -73,10 +73,14 @@ fn cache_commands_round_trip() {
 
     let bundle = out.path().join("model.kiln");
     let bundle_arg = bundle.to_str().expect("UTF-8 temp path");
-    assert!(ok(cache.path(), &["cache", "export", bundle_arg]).contains("exported 2 records and 1 artifacts"));
+    assert!(
+        ok(cache.path(), &["cache", "export", bundle_arg]).contains("exported 2 records and 1 artifacts (0 plans;")
+    );
     assert!(ok(cache.path(), &["cache", "clear"]).contains("removed 3 entries"));
     assert!(ok(cache.path(), &["cache", "ls"]).contains("no cache entries"));
-    assert!(ok(cache.path(), &["cache", "import", bundle_arg]).contains("imported 2 records and 1 artifacts"));
+    assert!(
+        ok(cache.path(), &["cache", "import", bundle_arg]).contains("imported 2 records and 1 artifacts (0 plans)")
+    );
     assert_eq!(ok(cache.path(), &["cache", "ls"]), listed, "import restores exactly what was exported");
     let fresh = Store::open(cache.path().to_path_buf(), &host);
     assert_eq!(fresh.get_record(&record(64, &host).key), Some(record(64, &host)));
@@ -122,4 +126,20 @@ fn errors_are_one_line_and_non_zero() {
         .output()
         .expect("runs");
     assert!(off.status.success() && text(&off.stdout).contains("memory only"), "{}", text(&off.stdout));
+}
+
+/// `kiln tune` leaves tuning records and GEMM kernels, but not the plans of the synthetic graphs it realizes to tune
+/// them: those are no model's, and a bundle's plans are compiled by every process that imports it.
+#[test]
+fn tune_stores_winners_and_kernels_but_no_plans() {
+    if !kiln_backends::cpu::gemm::asm::host_supported() {
+        return;
+    }
+    let cache = TempDir::new().expect("cache");
+    ok(cache.path(), &["tune", "--gemm", "96x256x200", "--mode", "off"]);
+    let entries = Store::open(cache.path().to_path_buf(), &DeviceFingerprint::host_cpu()).entries();
+    let kinds = |kind| entries.iter().filter(|e| e.kind == kind).count();
+    let (records, artifacts) = (kinds(kiln_autotune::EntryKind::Record), kinds(kiln_autotune::EntryKind::Artifact));
+    assert!(records == 1 && artifacts >= 1, "{entries:?}");
+    assert!(!entries.iter().any(|e| e.key.starts_with(kiln_autotune::PLAN_ARTIFACT_PREFIX)), "{entries:?}");
 }

@@ -2,8 +2,9 @@
 //! other kernels, and persists all of it; a bundle exported from its cache and imported by a fresh process (empty
 //! cache dir) lets that process run the same step with zero tunings, zero GEMM code generations and zero Cranelift
 //! compiles and zero fresh host buffers (the bundle's buffer profile filled the pool at import) and zero executable
-//! mappings (the bundle's code was mapped at import, all of it at once); and a process on the warm disk cache
-//! reuses the persisted winners instead of racing them again.
+//! mappings (the bundle's code was mapped at import, all of it at once) and zero plan compiles (the bundle's
+//! plans were compiled at import); and a process on the warm disk cache reuses the persisted winners instead of
+//! racing them again.
 //!
 //! The child processes are this test binary itself, re-run with `KILN_WARM_CHILD` set (see `child_step`).
 
@@ -51,35 +52,51 @@ fn child_step() {
     }
     let (before, s) = step();
     println!(
-        "STATS role={role} tunings={} tune_hits={} compiles={} loads={} clif_compiles={} fresh={} mappings={}",
+        "STATS role={role} tunings={} tune_hits={} compiles={} loads={} clif_compiles={} fresh={} mappings={} \
+         plan_misses={}",
         s.tunings,
         s.tune_hits,
         s.tuned_kernel_compiles,
         s.tuned_kernel_loads,
         s.kernel_compiles,
         s.fresh_host_buffers - before.fresh_host_buffers,
-        s.code_mappings - before.code_mappings
+        s.code_mappings - before.code_mappings,
+        s.plan_misses - before.plan_misses
     );
 }
 
-/// Runs `child_step` in a new process with these cache settings; returns (tunings, hits, GEMM code generations,
-/// GEMM code loads, Cranelift compiles, fresh host buffers of the step, executable mappings of the step).
-fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> (u64, u64, u64, u64, u64, u64, u64) {
+/// What a child process reports: counts over the whole process unless noted.
+#[derive(Debug)]
+struct Child {
+    tunings: u64,
+    /// Tuning records reused.
+    hits: u64,
+    /// GEMM code generations.
+    generations: u64,
+    /// GEMM code loaded from the cache.
+    loads: u64,
+    /// Cranelift compiles.
+    clif: u64,
+    /// Fresh host buffers of the step.
+    fresh: u64,
+    /// Executable mappings of the step.
+    mappings: u64,
+    /// Realizations of the step that did not find their plan cached.
+    plan_misses: u64,
+}
+
+/// Runs `child_step` in a new process with these cache settings.
+fn child(role: &str, cache: &Path, bundle: Option<&Path>) -> Child {
     child_in_mode(role, cache, bundle, "fast")
 }
 
 /// [`child`] with `KILN_AUTOTUNE=mode`.
-fn child_in_mode(role: &str, cache: &Path, bundle: Option<&Path>, mode: &str) -> (u64, u64, u64, u64, u64, u64, u64) {
+fn child_in_mode(role: &str, cache: &Path, bundle: Option<&Path>, mode: &str) -> Child {
     child_with(role, cache, bundle, &[("KILN_AUTOTUNE", mode)])
 }
 
 /// [`child`] with these environment variables set.
-fn child_with(
-    role: &str,
-    cache: &Path,
-    bundle: Option<&Path>,
-    envs: &[(&str, &str)],
-) -> (u64, u64, u64, u64, u64, u64, u64) {
+fn child_with(role: &str, cache: &Path, bundle: Option<&Path>, envs: &[(&str, &str)]) -> Child {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
     cmd.args(["--exact", "child_step", "--ignored", "--nocapture", "--test-threads=1"])
@@ -104,8 +121,16 @@ fn child_with(
         let f = line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}=")));
         f.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} missing in {line}"))
     };
-    let f = field;
-    (f("tunings"), f("tune_hits"), f("compiles"), f("loads"), f("clif_compiles"), f("fresh"), f("mappings"))
+    Child {
+        tunings: field("tunings"),
+        hits: field("tune_hits"),
+        generations: field("compiles"),
+        loads: field("loads"),
+        clif: field("clif_compiles"),
+        fresh: field("fresh"),
+        mappings: field("mappings"),
+        plan_misses: field("plan_misses"),
+    }
 }
 
 #[test]
@@ -115,29 +140,29 @@ fn imported_bundle_means_no_tuning_and_no_code_generation() {
     }
     let build = tempfile::tempdir().unwrap();
     let deploy = tempfile::tempdir().unwrap();
-    let (tunings, _, compiles, _, clif, fresh, _) = child("cold", build.path(), None);
-    assert!(tunings >= 1 && compiles >= 1 && clif >= 1, "cold: tuned {tunings}, generated {compiles}, compiled {clif}");
-    assert!(fresh >= 2, "the cold step allocates its large buffers fresh ({fresh})");
+    let cold = child("cold", build.path(), None);
+    assert!(cold.tunings >= 1 && cold.generations >= 1 && cold.clif >= 1, "cold: {cold:?}");
+    assert!(cold.fresh >= 2, "the cold step allocates its large buffers fresh: {cold:?}");
+    assert!(cold.plan_misses >= 1, "the cold step compiles its plan: {cold:?}");
 
     // The same machine again: the persisted winners are reused, never raced again.
-    let (tunings, hits, compiles, loads, clif, _, mappings) = child("warm-disk", build.path(), None);
-    assert_eq!((tunings, compiles, clif), (0, 0, 0), "warm disk: {hits} hits, {loads} loads");
-    assert!(hits >= 1 && loads >= 1);
-    // Without an import, cached code is mapped when a plan first needs it.
-    assert!(mappings >= 1, "warm disk: {mappings} mappings");
+    let warm = child("warm-disk", build.path(), None);
+    assert_eq!((warm.tunings, warm.generations, warm.clif), (0, 0, 0), "warm disk: {warm:?}");
+    assert!(warm.hits >= 1 && warm.loads >= 1, "warm disk: {warm:?}");
+    // Without an import, cached code is mapped and plans are compiled when a step first needs them.
+    assert!(warm.mappings >= 1 && warm.plan_misses >= 1, "warm disk: {warm:?}");
 
     // Ship: export from the build machine's cache, import into an empty one.
     let fp = kiln_autotune::DeviceFingerprint::host_cpu();
     let bundle = build.path().join("model.kiln");
     let summary = kiln_autotune::Store::open(build.path().to_path_buf(), &fp).export_bundle(&bundle).unwrap();
-    assert!(summary.records >= 1 && summary.artifacts >= 1);
-    let (tunings, hits, compiles, loads, clif, fresh, mappings) = child("imported", deploy.path(), Some(&bundle));
-    eprintln!(
-        "imported: tunings {tunings} hits {hits} GEMM generations {compiles} loads {loads} compiles {clif} \
-         fresh buffers {fresh} mappings {mappings}"
-    );
-    assert_eq!((tunings, compiles, clif, fresh, mappings), (0, 0, 0, 0, 0), "after import: {hits} hits, {loads} loads");
-    assert!(hits >= 1 && loads >= 1);
+    // The plans: the first weight's initialization and the step.
+    assert!(summary.records >= 1 && summary.artifacts >= 1 && summary.plans >= 2, "{summary:?}");
+    let imported = child("imported", deploy.path(), Some(&bundle));
+    eprintln!("imported: {imported:?}");
+    let Child { tunings, generations, clif, fresh, mappings, plan_misses, .. } = imported;
+    assert_eq!((tunings, generations, clif, fresh, mappings, plan_misses), (0, 0, 0, 0, 0, 0), "{imported:?}");
+    assert!(imported.hits >= 1 && imported.loads >= 1, "{imported:?}");
 }
 
 /// A record serves its own mode and lighter ones; a more thorough mode searches the key again and replaces it. So a
@@ -150,8 +175,8 @@ fn a_more_thorough_mode_searches_a_lighter_modes_record_again() {
     }
     let cache = tempfile::tempdir().unwrap();
     let run = |mode: &str| {
-        let (tunings, hits, ..) = child_in_mode(mode, cache.path(), None, mode);
-        (tunings > 0, hits > 0)
+        let c = child_in_mode(mode, cache.path(), None, mode);
+        (c.tunings > 0, c.hits > 0)
     };
     // (searched, reused a record) in each process, in order, on one cache.
     assert_eq!(run("off"), (false, false), "off: the model's picks, recorded as off");
@@ -171,8 +196,8 @@ fn keys_past_the_tuning_budget_are_searched_by_a_later_compile() {
         return;
     }
     let cache = tempfile::tempdir().unwrap();
-    let (tunings, hits, ..) = child_with("no budget", cache.path(), None, &[("KILN_TUNE_BUDGET_MS", "0")]);
-    assert_eq!((tunings, hits), (0, 0), "with a zero budget nothing is searched");
+    let c = child_with("no budget", cache.path(), None, &[("KILN_TUNE_BUDGET_MS", "0")]);
+    assert_eq!((c.tunings, c.hits), (0, 0), "with a zero budget nothing is searched");
     let store = kiln_autotune::Store::open(cache.path().to_path_buf(), &kiln_autotune::DeviceFingerprint::host_cpu());
     let modes: Vec<String> = store
         .entries()
@@ -181,8 +206,8 @@ fn keys_past_the_tuning_budget_are_searched_by_a_later_compile() {
         .map(|e| kiln_autotune::Store::read_record_file(e.path.as_ref().unwrap()).unwrap().mode)
         .collect();
     assert!(!modes.is_empty() && modes.iter().all(|m| m == "off"), "the model's choices, recorded as off: {modes:?}");
-    let (tunings, hits, ..) = child_with("default budget", cache.path(), None, &[]);
-    assert!(tunings >= 1 && hits == 0, "the next compile searches them: {tunings} tunings, {hits} hits");
-    let (tunings, hits, ..) = child_with("again", cache.path(), None, &[]);
-    assert!(tunings == 0 && hits >= 1, "then they are tuned: {tunings} tunings, {hits} hits");
+    let c = child_with("default budget", cache.path(), None, &[]);
+    assert!(c.tunings >= 1 && c.hits == 0, "the next compile searches them: {c:?}");
+    let c = child_with("again", cache.path(), None, &[]);
+    assert!(c.tunings == 0 && c.hits >= 1, "then they are tuned: {c:?}");
 }

@@ -34,4 +34,13 @@ pub use fingerprint::DeviceFingerprint;
 pub use key::{TuneKey, bucket, checksum_of, checksum_of_each, dim_named};
 pub use record::{Trial, TuneRecord};
 pub use search::{Budget, Candidate, Mode, search, search_with_budget};
+/// Names of the artifacts that hold a persisted plan (a graph signature the `kiln` crate writes when it compiles a
+/// CPU plan, and compiles again when a bundle is imported) start with this; the store keeps them as opaque bytes.
+pub const PLAN_ARTIFACT_PREFIX: &str = "plan-";
+
+/// A stable 16-hex-digit digest of `bytes` (FNV-1a 64), for naming content-addressed artifacts.
+pub fn content_digest(bytes: &[u8]) -> String {
+    hash::hex16(hash::fnv1a64(bytes))
+}
+
 pub use store::{BundleSummary, EntryInfo, Store, StoreError, StoreStats, VERSION};

@@ -101,9 +101,10 @@ fn cache(command: CacheCommand, store: &Store) -> Result<ExitCode, String> {
         CacheCommand::Export { file } => {
             let s = store.export_bundle(&file).map_err(|e| e.to_string())?;
             let text = format!(
-                "exported {} records and {} artifacts ({}) to {}\n",
+                "exported {} records and {} artifacts ({} plans; {}) to {}\n",
                 s.records,
                 s.artifacts,
+                s.plans,
                 HumanBytes(s.bytes),
                 file.display()
             );
@@ -111,7 +112,9 @@ fn cache(command: CacheCommand, store: &Store) -> Result<ExitCode, String> {
         }
         CacheCommand::Import { file } => {
             let s = store.import_bundle(&file).map_err(|e| e.to_string())?;
-            emit(&format!("imported {} records and {} artifacts from {}\n", s.records, s.artifacts, file.display()))
+            // The plans are compiled by the process that imports the bundle itself (`kiln::tune::import_bundle`).
+            let (r, a, p) = (s.records, s.artifacts, s.plans);
+            emit(&format!("imported {r} records and {a} artifacts ({p} plans) from {}\n", file.display()))
         }
         CacheCommand::Verify => verify(store),
     }

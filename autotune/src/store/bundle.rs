@@ -35,6 +35,8 @@ const BUNDLE_FORMAT: u32 = 1;
 pub struct BundleSummary {
     pub records: usize,
     pub artifacts: usize,
+    /// How many of the artifacts are persisted plans (named with [`crate::PLAN_ARTIFACT_PREFIX`]).
+    pub plans: usize,
     /// The bundle file's size.
     pub bytes: u64,
     /// The kiln-autotune version of the bundle.
@@ -105,6 +107,7 @@ impl Store {
         Ok(BundleSummary {
             records,
             artifacts: entries.len() - records,
+            plans: entries.keys().filter(|(k, name)| *k == EntryKind::Artifact && is_plan(name)).count(),
             bytes: out.len() as u64,
             version: self.version.clone(),
             fingerprint: self.fp_id.clone(),
@@ -151,11 +154,16 @@ impl Store {
         Ok(BundleSummary {
             records: records.len(),
             artifacts: artifacts.len(),
+            plans: artifacts.iter().filter(|(name, _)| is_plan(name)).count(),
             bytes: data.len() as u64,
             version: parsed.version.to_string(),
             fingerprint: parsed.fingerprint.to_string(),
         })
     }
+}
+
+fn is_plan(artifact_name: &str) -> bool {
+    artifact_name.starts_with(crate::PLAN_ARTIFACT_PREFIX)
 }
 
 fn parse(data: &[u8]) -> Result<Parsed<'_>, String> {

@@ -211,7 +211,7 @@ const CLIF_ARTIFACT_PREFIX: &str = "clif-";
 
 /// A cache entry could not be written (a read-only or full cache dir): the result still holds for this process.
 /// Said once per process on stderr, not once per kernel; `KILN_LOG` shows every one.
-pub(crate) fn cache_write_failed(what: &str, e: &dyn std::fmt::Display) {
+pub fn cache_write_failed(what: &str, e: &dyn std::fmt::Display) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
         eprintln!(

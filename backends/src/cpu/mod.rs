@@ -5,7 +5,7 @@ mod code;
 pub mod gemm;
 mod jit;
 pub use gemm::select::{PreparedGemm, run_gemm_with, set_autotune_mode, take_last_tune_record};
-pub use jit::profile_report;
+pub use jit::{cache_write_failed, profile_report};
 mod libcalls;
 pub mod pool;
 
