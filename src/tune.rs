@@ -62,6 +62,28 @@ pub fn export_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary>
     Ok(kiln_autotune::Store::global().export_bundle(path.as_ref())?)
 }
 
+/// What [`warm_from_cache`] found in the cache dir and prepared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Warmed {
+    /// Tuning records read into memory.
+    pub records: usize,
+    /// Artifacts (compiled kernels, plans, the buffer profile) read into memory.
+    pub artifacts: usize,
+    /// Plans compiled ahead of their first use.
+    pub plans: usize,
+}
+
+/// For a process that starts on a warm cache dir (`KILN_CACHE_DIR`, filled by earlier runs or by `kiln cache
+/// import`) rather than importing a bundle itself: reads every entry of this machine's namespace into memory, then
+/// prepares what [`import_bundle`] prepares (mapped kernels, pool buffers, the GEMM runtime, the compiled plans),
+/// so the first step is as warm as after an import. Bad entries are rejected with a warning, as at any lookup.
+pub fn warm_from_cache() -> Warmed {
+    let (records, artifacts) = kiln_autotune::Store::global().load_all();
+    kiln_backends::cpu::warm_runtime();
+    let plans = crate::plan_store::build_persisted();
+    Warmed { records, artifacts, plans }
+}
+
 /// Loads a bundle written by [`export_bundle`] on a machine with the same CPU fingerprint and kiln version, and
 /// pays here rather than in the first step what the first step would otherwise pay once: the GEMM runtime's start-up
 /// (thread pool, the library candidate's cache probing and first calls, pack buffers), the buffers the bundle's

@@ -4,7 +4,7 @@
 //! compiles and zero fresh host buffers (the bundle's buffer profile filled the pool at import) and zero executable
 //! mappings (the bundle's code was mapped at import, all of it at once) and zero plan compiles (the bundle's
 //! plans were compiled at import); and a process on the warm disk cache reuses the persisted winners instead of
-//! racing them again.
+//! racing them again, and after `kiln::tune::warm_from_cache` is as warm as after an import.
 //!
 //! The child processes are this test binary itself, re-run with `KILN_WARM_CHILD` set (see `child_step`).
 
@@ -49,6 +49,10 @@ fn child_step() {
     let Ok(role) = std::env::var("KILN_WARM_CHILD") else { return };
     if let Ok(bundle) = std::env::var("KILN_WARM_BUNDLE") {
         kiln::tune::import_bundle(bundle).unwrap();
+    }
+    if std::env::var_os("KILN_WARM_FROM_CACHE").is_some() {
+        let warmed = kiln::tune::warm_from_cache();
+        assert!(warmed.records >= 1 && warmed.artifacts >= 1 && warmed.plans >= 2, "{warmed:?}");
     }
     let (before, s) = step();
     println!(
@@ -108,6 +112,7 @@ fn child_with(role: &str, cache: &Path, bundle: Option<&Path>, envs: &[(&str, &s
         .env_remove("KILN_CPU_ENGINE")
         .env_remove("KILN_TUNE_BUDGET_MS")
         .env_remove("KILN_WARM_BUNDLE")
+        .env_remove("KILN_WARM_FROM_CACHE")
         .envs(envs.iter().copied());
     if let Some(b) = bundle {
         cmd.env("KILN_WARM_BUNDLE", b);
@@ -151,6 +156,11 @@ fn imported_bundle_means_no_tuning_and_no_code_generation() {
     assert!(warm.hits >= 1 && warm.loads >= 1, "warm disk: {warm:?}");
     // Without an import, cached code is mapped and plans are compiled when a step first needs them.
     assert!(warm.mappings >= 1 && warm.plan_misses >= 1, "warm disk: {warm:?}");
+
+    // The same cache, prepared at start-up (`warm_from_cache`): as warm as after an import.
+    let prepared = child_with("warm-disk-prepared", build.path(), None, &[("KILN_WARM_FROM_CACHE", "1")]);
+    let Child { tunings, generations, clif, fresh, mappings, plan_misses, .. } = prepared;
+    assert_eq!((tunings, generations, clif, fresh, mappings, plan_misses), (0, 0, 0, 0, 0, 0), "{prepared:?}");
 
     // Ship: export from the build machine's cache, import into an empty one.
     let fp = kiln_autotune::DeviceFingerprint::host_cpu();
