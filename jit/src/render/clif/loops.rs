@@ -10,7 +10,12 @@ impl Emitter<'_> {
     pub(super) fn loops(&mut self, dim: usize, lo: Value, hi: Value) {
         let rank = self.k.out_rank();
         if dim + 1 == rank {
+            // In the body of the loop around the innermost one (a row), what is the same for the whole row.
+            let per_row = rank >= 2 && !self.tiled && self.compute_row_invariants();
             self.col_loops(lo, hi, 1);
+            if per_row {
+                self.row_insts.clear();
+            }
             return;
         }
         let var = self.vars[dim];

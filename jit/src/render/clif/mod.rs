@@ -49,8 +49,9 @@ pub use libcall::Libcall;
 /// of an unchanged kernel IR, so kernels cached on disk by an earlier build of the same kiln version are not mapped
 /// in place of the new code. 2: a tile's column offset is the load/store displacement. 3: u32 and f16, and bool
 /// lanes built from per-lane code are 0/1 (they were 0/0xFF). 4: f32 sin/cos with FMA reduce modulo pi. 5: what
-/// depends on no loop variable is computed once, before the loops.
-pub const REVISION: u32 = 5;
+/// depends on no loop variable is computed once, before the loops. 6: what depends only on outer loops is computed
+/// once per row of an untiled kernel.
+pub const REVISION: u32 = 6;
 
 /// The kernel entry signature.
 pub fn kernel_signature(call_conv: CallConv) -> Signature {
@@ -228,6 +229,7 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
         uniform_loads: HashMap::new(),
         uniform_insts: HashMap::new(),
         splats: HashMap::new(),
+        row_insts: HashMap::new(),
     };
     em.compute_uniforms();
     if rank == 0 {
@@ -310,6 +312,10 @@ struct Emitter<'a> {
     uniform_insts: HashMap<*const Inst, Value>,
     /// The vector splat of each uniform value, made in the entry block too: (scalar, lanes) -> vector.
     splats: HashMap<(Value, usize), Value>,
+    /// Outer instructions of an untiled kernel that depend on no loop variable but outer ones (a per-row operand
+    /// of a broadcast, and the ops on it): computed once per row, before the innermost loop, keyed as
+    /// `uniform_insts` (their splats go to `splats`). Empty outside a row's body.
+    row_insts: HashMap<*const Inst, Value>,
 }
 
 impl Emitter<'_> {
@@ -355,6 +361,43 @@ impl Emitter<'_> {
             }
             vals.push(v.into_iter().collect());
         }
+    }
+}
+
+impl Emitter<'_> {
+    /// Computes, at the current point (the body of the loop around the innermost output loop), every outer
+    /// instruction that does not depend on the innermost variable and is not uniform, and the splats vector code
+    /// uses; returns whether there was any. An SGD update of a linear layer at batch 1, `W - lr * (g x^T)`, loaded
+    /// and splatted `g[row]` once per vector of 24 elements, since Cranelift does not hoist it out of the column
+    /// loop. Values are exactly those the loop would compute (the same instructions, evaluated earlier).
+    fn compute_row_invariants(&mut self) -> bool {
+        let k = self.k;
+        let mut any = false;
+        let mut vals: Vec<Vec<Value>> = Vec::with_capacity(k.outer.len());
+        for (i, inst) in k.outer.iter().enumerate() {
+            let key = inst as *const Inst;
+            let v = if let Some(&u) = self.uniform_insts.get(&key) {
+                Some(u)
+            } else if matches!(inst.op, InstOp::Const(_)) {
+                // Operands of the instructions below (a constant is otherwise an immediate where used).
+                Some(self.inst(inst, &k.outer, &vals, 0, 1, None))
+            } else if !self.outer_deps[i].1 && !matches!(inst.op, InstOp::Acc) {
+                // Not depending on the column means no operand does either: each has a value here.
+                let v = self.inst(inst, &k.outer, &vals, 0, 1, None);
+                self.row_insts.insert(key, v);
+                let has_lanes = matches!(inst.dtype, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool);
+                if self.vec_ok && has_lanes {
+                    let splat = self.vector_of(v, inst.dtype, LANES);
+                    self.splats.insert((v, LANES), splat);
+                }
+                any = true;
+                Some(v)
+            } else {
+                None
+            };
+            vals.push(v.into_iter().collect());
+        }
+        any
     }
 }
 

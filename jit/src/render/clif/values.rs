@@ -308,7 +308,8 @@ impl Emitter<'_> {
                 self.at = (r as i64, (c * lanes) as i64);
                 // A value that does not vary along the vector lanes is computed once, as a scalar.
                 let l = if lanes > 1 && !self.reduce_vec && !dc { 1 } else { lanes };
-                let v = if let Some(&u) = self.uniform_insts.get(&(inst as *const Inst)) {
+                let key = inst as *const Inst;
+                let v = if let Some(&u) = self.uniform_insts.get(&key).or_else(|| self.row_insts.get(&key)) {
                     u
                 } else {
                     match self.hoisted_load(i, inst.dtype, l) {
