@@ -6,8 +6,8 @@ mod common;
 
 use common::{compare, gemm_tol, tensor};
 use kiln::{DType, HostBuffer, Tensor};
+use kiln_backends::cpu::PreparedGemm;
 use kiln_backends::cpu::gemm::config::{self, GemmImpl};
-use kiln_backends::cpu::run_gemm_with;
 use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::kernel::{ScheduleOptions, schedule_with};
 
@@ -30,13 +30,23 @@ fn check_all_candidates(name: &str, out: &Tensor) -> usize {
             .collect();
         cands.extend(extra);
         for imp in &cands {
-            let got = run_gemm_with(kernel, *imp, args).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
+            let gemm = PreparedGemm::new(kernel, *imp).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
+            poison_recycled_memory(kernel.output.len);
+            let got = gemm.run(args).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
             if let Err(e) = compare(&got, want, gemm_tol(view.k)) {
                 panic!("{name}: candidate {} is wrong: {e}\n{kernel}", imp.name());
             }
         }
         cands.len()
     })
+}
+
+/// Leaves NaNs where the next output buffer of `len` f32 will likely come from (the host pool from 64 KiB, the
+/// allocator's free list below), so that an element a candidate fails to write reads as wrong: otherwise it would
+/// often hold the previous candidate's value, which is right.
+fn poison_recycled_memory(len: usize) {
+    kiln_backends::host_pool::give(HostBuffer::F32(vec![f32::NAN; len]));
+    drop(std::hint::black_box(vec![f32::NAN; len]));
 }
 
 fn skip_without_avx2() -> bool {
@@ -58,10 +68,11 @@ fn every_candidate_on_ragged_and_blocked_shapes() {
     }
 }
 
-/// The dot-product candidate (`x @ W^T` at a few rows) on the shapes its loops split: K below, at and between its 8-
-/// and 16-float steps, N not a multiple of its 4-column blocks (and below one block), every M it is offered for, and
-/// A read from a slice whose rows are further apart than K; with an epilogue (its pass). Each is forced through
-/// `check_all_candidates` like every other candidate, which is asserted to include it.
+/// The dot-product candidate (`x @ W^T`) on the shapes its loops split: K below, at and between its 8- and 16-float
+/// steps, N not a multiple of its 4-column blocks (and below one block), M below, at and past its 3-row tiles with
+/// rows left over, rows in blocks (A over 1 MiB), and A read from a slice whose rows are further apart than K; with an
+/// epilogue (its pass). Each is forced through `check_all_candidates` like every other candidate, which is asserted
+/// to include it.
 #[test]
 fn dot_candidate_on_ragged_linear_shapes() {
     if skip_without_avx2() {
@@ -73,7 +84,10 @@ fn dot_candidate_on_ragged_linear_shapes() {
         assert!(cands.contains(&GemmImpl::Dot), "{name}: the dot candidate is not offered");
         assert!(check_all_candidates(name, c) > 0);
     };
-    for (m, n, k) in [(1, 3, 5), (1, 4, 8), (2, 9, 16), (3, 13, 23), (8, 37, 40), (5, 64, 130), (1, 256, 784)] {
+    // Tiles of three rows and four columns with rows, columns and K left over; rows in blocks (A over 1 MiB).
+    let shapes = [(1, 3, 5), (1, 4, 8), (2, 9, 16), (3, 13, 23), (8, 37, 40), (5, 64, 130), (1, 256, 784)];
+    let tiled = [(7, 9, 17), (50, 21, 33), (32, 64, 100), (100, 6, 3001)];
+    for (m, n, k) in shapes.into_iter().chain(tiled) {
         let c = rand(&[m, k], 11).matmul(&rand(&[n, k], 12).t());
         dot_runs(&format!("dot {m}x{n}x{k}"), &c);
     }
@@ -83,7 +97,8 @@ fn dot_candidate_on_ragged_linear_shapes() {
     let with_epilogue = kiln::nn::functional::leaky_relu(&rand(&[2, 33], 15).matmul(&rand(&[19, 33], 16).t()), 0.01);
     dot_runs("dot with an epilogue", &with_epilogue);
     // Not offered past its row limit or for a B whose columns are not contiguous.
-    let k = gemm_kernel(&rand(&[9, 16], 17).matmul(&rand(&[8, 16], 18).t()));
+    let rows = config::DOT_MAX_M + 1;
+    let k = gemm_kernel(&rand(&[rows, 16], 17).matmul(&rand(&[8, 16], 18).t()));
     assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));
     let k = gemm_kernel(&rand(&[2, 16], 17).matmul(&rand(&[16, 8], 18)));
     assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));

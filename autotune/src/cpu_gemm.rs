@@ -227,12 +227,28 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
 }
 
 /// Rows of A up to which the dot-product candidate is offered: it reads all of B once per row of A.
-pub const DOT_MAX_M: usize = 8;
+pub const DOT_MAX_M: usize = 256;
 
 /// Whether the dot-product candidate can run `v`: unbatched, at most [`DOT_MAX_M`] rows, and A's rows and B's
 /// columns contiguous along K (B stored N x K: `x @ W^T`).
 pub fn dot_legal(v: &GemmView) -> bool {
     v.batch.is_empty() && v.m <= DOT_MAX_M && v.a.cols == 1 && v.b.rows == 1 && v.k > 0
+}
+
+/// The dot-product candidate's estimate. One or two rows are bound by reading B, once per row, at ~25 GB/s a thread
+/// from L2/L3 (a 256 x 784 weight in 8.2 µs on one thread): 2 flops per 4 bytes. From three rows, tiles of 3 x 4
+/// dot products are bound by the FMA units at ~90 % of `peak`, less the horizontal sums that end every dot product
+/// (~48 FMAs' worth per tile and K) and the rows left over (half speed). Near its row limit it scores above the
+/// packing kernels while measured speeds are within a few per cent of each other (256 x 256 x 784: 190-206 GFLOP/s
+/// against 157-201); fast mode races the two best-scored candidates, so the timing decides.
+fn dot_score(v: &GemmView, threads: usize, peak: f64) -> f64 {
+    let t = threads.min(v.n.div_ceil(4)) as f64;
+    if v.m < 3 {
+        return 0.5 * 25.0 * t / v.m.max(1) as f64;
+    }
+    let tiled = (v.m / 3 * 3) as f64 / v.m as f64;
+    let k = v.k as f64;
+    0.9 * peak * t * (tiled + (1.0 - tiled) * 0.5) * (k / (k + 48.0))
 }
 
 /// Whether an `mr x 8*nv` register tile fits the 16 ymm registers: `mr * nv` accumulators, `nv` B vectors (none
@@ -263,9 +279,7 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     let c = match imp {
         // Measured here at 1024^3 on 2 threads: 120 GFLOP/s, 60% of peak; its epilogue is a second pass over C.
         GemmImpl::Library => return 0.6 * PEAK * threads.min(v.n.div_ceil(16)) as f64,
-        // Bound by reading B, once per row of A, at ~25 GB/s a thread from L2/L3 (measured here: a 256 x 784 weight
-        // in 8.2 µs on one thread): 2 flops per 4 bytes.
-        GemmImpl::Dot => return 0.5 * 25.0 * threads.min(v.n.div_ceil(4)) as f64 / v.m.max(1) as f64,
+        GemmImpl::Dot => return dot_score(v, threads, PEAK),
         GemmImpl::Asm(c) => c,
     };
     let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);
