@@ -5,11 +5,10 @@
 //! loops (`cargo run --release` of a scratch benchmark of both, interleaved; the weight in L2).
 //!
 //! Four columns of B at a time against three rows of A: twelve 8-lane accumulators, seven loads per twelve FMAs, so
-//! the loop is bound by the FMA units, not by loads (a row alone: two accumulators per column, eight FMA chains).
-//! Rows come in blocks that stay in L2 while the columns pass. Threads take strips of columns. The epilogue runs as
-//! the backend's pass over C, as for the library candidate. No packing: at 32 x 256 x 784 (an MLP's first layer at
-//! batch 32) the packing candidates spent half their time copying W and reached ~100 GFLOP/s on two threads, this
-//! loop ~200 (`examples`-style scratch timing of every candidate on the real kernel, interleaved, 30 rounds). Written with `std::arch` intrinsics:
+//! the loop is bound by the FMA units, not by loads (a row alone: two accumulators per column, eight FMA chains):
+//! 8 x 256 x 784 went from ~108 to ~164 GFLOP/s on two threads with the tiles (a scratch timing of every candidate
+//! on the real kernel, interleaved, 30 rounds). Threads take strips of columns. The epilogue runs as the backend's
+//! pass over C, as for the library candidate. Why it stops at a few rows: `config::DOT_MAX_M`. Written with `std::arch` intrinsics:
 //! the loop is fixed (nothing to specialize at run time that the tuner could choose), so rustc's code is as good as
 //! generated code would be, and is checked like every candidate (`tests/gemm.rs` forces it on every shape).
 
@@ -46,15 +45,8 @@ pub unsafe fn dot_gemm(v: &GemmView, cx: &Ctx) {
     super::pool::global().parallel_for_work(strips, m * n * k, &run);
 }
 
-/// Bytes of A a row block holds when A is larger than [`UNBLOCKED_A_BYTES`]: the block's rows stay in the caches
-/// while every column of the strip passes over them, so each column of B (four at a time, in L1) is read once per
-/// block. Blocking a smaller A only multiplies the reads of B: 64 x 4096 x 4096 (B from DRAM) ran at 149 GFLOP/s
-/// unblocked, 131-135 in blocks of 30 rows, 98 in blocks of 6; 256 x 256 x 784 at 160-200 unblocked, 205 blocked.
-const ROW_BLOCK_BYTES: usize = 512 << 10;
-const UNBLOCKED_A_BYTES: usize = 1 << 20;
-
-/// Columns `j0..j1` of C, every row: blocks of rows, and in each block, four columns at a time for three rows at a
-/// time (the rows left over one by one, as are the columns left after blocks of four).
+/// Columns `j0..j1` of C, every row: four columns at a time for three rows at a time (the rows left over one by one,
+/// as are the columns left after blocks of four).
 ///
 /// # Safety
 /// As [`dot_gemm`].
@@ -70,44 +62,39 @@ unsafe fn strip_cols(
     j0: usize,
     j1: usize,
 ) {
-    let block =
-        if m * k * 4 <= UNBLOCKED_A_BYTES { m.max(1) } else { (ROW_BLOCK_BYTES / (4 * k.max(1)) / 3 * 3).max(3) };
-    for r0 in (0..m).step_by(block) {
-        let r1 = (r0 + block).min(m);
-        let mut j = j0;
-        while j < j1 {
-            let cols = (j1 - j).min(4);
-            // Twelve accumulators, seven loads per twelve FMAs.
-            let tiled = if cols == 4 { r0 + (r1 - r0) / 3 * 3 } else { r0 };
-            for row in (r0..tiled).step_by(3) {
-                // SAFETY: row + 2 < m and j + 4 <= n: in bounds by the caller's contract.
-                unsafe {
-                    let x = [0, 1, 2].map(|r| a.offset((row + r) as isize * a_rs));
-                    let w = [0, 1, 2, 3].map(|q| b.offset((j + q) as isize * b_ns));
-                    let s = dot3x4(x, w, k);
-                    for (r, sums) in s.iter().enumerate() {
-                        std::ptr::copy_nonoverlapping(sums.as_ptr(), c.add((row + r) * n + j), 4);
-                    }
+    let mut j = j0;
+    while j < j1 {
+        let cols = (j1 - j).min(4);
+        // Twelve accumulators, seven loads per twelve FMAs.
+        let tiled = if cols == 4 { m / 3 * 3 } else { 0 };
+        for row in (0..tiled).step_by(3) {
+            // SAFETY: row + 2 < m and j + 4 <= n: in bounds by the caller's contract.
+            unsafe {
+                let x = [0, 1, 2].map(|r| a.offset((row + r) as isize * a_rs));
+                let w = [0, 1, 2, 3].map(|q| b.offset((j + q) as isize * b_ns));
+                let s = dot3x4(x, w, k);
+                for (r, sums) in s.iter().enumerate() {
+                    std::ptr::copy_nonoverlapping(sums.as_ptr(), c.add((row + r) * n + j), 4);
                 }
             }
-            for row in tiled..r1 {
-                // SAFETY: row < m and j + cols <= n: in bounds by the caller's contract.
-                unsafe {
-                    let x = a.offset(row as isize * a_rs);
-                    let out = c.add(row * n + j);
-                    if cols == 4 {
-                        let w = [0, 1, 2, 3].map(|q| b.offset((j + q) as isize * b_ns));
-                        let s = dot4(x, w, k);
-                        std::ptr::copy_nonoverlapping(s.as_ptr(), out, 4);
-                    } else {
-                        for q in 0..cols {
-                            *out.add(q) = dot1(x, b.offset((j + q) as isize * b_ns), k);
-                        }
-                    }
-                }
-            }
-            j += cols;
         }
+        for row in tiled..m {
+            // SAFETY: row < m and j + cols <= n: in bounds by the caller's contract.
+            unsafe {
+                let x = a.offset(row as isize * a_rs);
+                let out = c.add(row * n + j);
+                if cols == 4 {
+                    let w = [0, 1, 2, 3].map(|q| b.offset((j + q) as isize * b_ns));
+                    let s = dot4(x, w, k);
+                    std::ptr::copy_nonoverlapping(s.as_ptr(), out, 4);
+                } else {
+                    for q in 0..cols {
+                        *out.add(q) = dot1(x, b.offset((j + q) as isize * b_ns), k);
+                    }
+                }
+            }
+        }
+        j += cols;
     }
 }
 

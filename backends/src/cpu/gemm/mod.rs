@@ -351,9 +351,12 @@ impl CompiledGemm {
         while jc < n1 {
             let nb = (n1 - jc).min(c.nc);
             let panels = nb.div_ceil(nr);
+            // K blocks of equal depth, at most `kc`: 784 in blocks of 256 left a last block of 16, a whole pass of
+            // loads and stores of C for 16 k-steps (3 blocks of 262 would pass `kc`; 4 of 196 do not).
+            let kc = v.k.div_ceil(v.k.div_ceil(c.kc)).max(1);
             let mut pc = 0;
             while pc < v.k {
-                let kb = (v.k - pc).min(c.kc);
+                let kb = (v.k - pc).min(kc);
                 let mode = match (pc == 0, pc + kb == v.k) {
                     (true, true) => Mode::Single,
                     (true, false) => Mode::First,
