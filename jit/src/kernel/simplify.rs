@@ -5,9 +5,16 @@
 //!   linear layer's weight gradient (the gradient of `w.t()` is a transposed product); rewritten, the GEMM writes
 //!   the gradient in the weight's own layout, so the optimizer update reads it contiguously and can fuse into the
 //!   GEMM's epilogue.
+//! - A leaky ReLU's mask read from its output: `y = x * m` with `m = where(0 < x, 1, s)`, `s >= 0` (kiln's
+//!   `leaky_relu`, and `relu` as `s = 0`), whose mask is also read elsewhere (autograd's `g * m`): those other readers
+//!   get `where(0 < y, 1, s)`, the same bits (`x > 0` gives `y = x * 1 = x > 0`; otherwise `y = x * s` is `<= 0`,
+//!   a zero or NaN, so `0 < y` is false as `0 < x` was). Then `x` (a linear layer's GEMM output) is read only to
+//!   make `y`, so the activation runs in the GEMM's epilogue and `x` is never stored: one kernel and one buffer less
+//!   per layer of a training step (PyTorch's relu backward reads the output for the same reason). Done only where it
+//!   leaves `x` read by nothing else.
 
 use crate::graph::{Graph, NodeData};
-use crate::op::Op;
+use crate::op::{BinaryOp, Op};
 use petgraph::Direction;
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::EdgeRef;
@@ -30,6 +37,70 @@ fn transposed(g: &mut Graph, n: NodeIndex) -> NodeIndex {
 
 /// Applies the rewrites in place.
 pub fn simplify(g: &mut Graph) {
+    transpose_products(g);
+    masks_from_outputs(g);
+}
+
+/// Whether `n` is a constant whose every element is exactly `want(value)`.
+fn constant(g: &Graph, n: NodeIndex, want: impl Fn(f64) -> bool) -> bool {
+    matches!(g.node(n).op, Op::Const(c) if want(c.as_f64()))
+}
+
+/// The readers of `n` (each once, whatever the operand position).
+fn readers(g: &Graph, n: NodeIndex) -> Vec<NodeIndex> {
+    let mut r: Vec<NodeIndex> = g.g.edges_directed(n, Direction::Outgoing).map(|e| e.target()).collect();
+    r.sort_unstable();
+    r.dedup();
+    r
+}
+
+/// The leaky-ReLU mask rewrite (see the module doc).
+fn masks_from_outputs(g: &mut Graph) {
+    for w in g.topo_order() {
+        if !matches!(g.node(w).op, Op::Where) || !g.node(w).dtype.is_float() {
+            continue;
+        }
+        let [cond, one, slope] = g.srcs(w)[..] else { continue };
+        if !matches!(g.node(cond).op, Op::Binary(BinaryOp::Lt)) {
+            continue;
+        }
+        let [zero, x] = g.srcs(cond)[..] else { continue };
+        // The slope test is false for NaN; `-0.0 >= 0.0` holds, and `x * -0.0` for `x < 0` is `+0.0`: fine.
+        if !constant(g, zero, |z| z == 0.0) || !constant(g, one, |o| o == 1.0) || !constant(g, slope, |s| s >= 0.0) {
+            continue;
+        }
+        let w_readers = readers(g, w);
+        let y = w_readers.iter().copied().find(|&r| {
+            matches!(g.node(r).op, Op::Binary(BinaryOp::Mul))
+                && g.node(r).shape == g.node(x).shape
+                && matches!(g.srcs(r)[..], [a, b] if (a, b) == (x, w) || (a, b) == (w, x))
+        });
+        let Some(y) = y else { continue };
+        let others: Vec<NodeIndex> = w_readers.into_iter().filter(|&r| r != y).collect();
+        // Worth it only if `x` is then read by the mask's comparison and `y` alone, and the mask has other readers.
+        let x_alone = readers(g, x).iter().all(|&r| r == cond || r == y) && !g.outputs.contains(&x);
+        if others.is_empty() || !x_alone || g.outputs.contains(&w) {
+            continue;
+        }
+        let (cd, wd) = (g.node(cond).clone(), g.node(w).clone());
+        let cond_y = g.add(NodeData { op: cd.op, shape: cd.shape, dtype: cd.dtype }, &[zero, y]);
+        let w_y = g.add(NodeData { op: wd.op, shape: wd.shape, dtype: wd.dtype }, &[cond_y, one, slope]);
+        for r in others {
+            let edges: Vec<(petgraph::stable_graph::EdgeIndex, usize)> =
+                g.g.edges_directed(w, Direction::Outgoing)
+                    .filter(|e| e.target() == r)
+                    .map(|e| (e.id(), *e.weight()))
+                    .collect();
+            for (e, pos) in edges {
+                g.g.remove_edge(e);
+                g.g.add_edge(w_y, r, pos);
+            }
+        }
+    }
+}
+
+/// The `(A @ B)^T -> B^T @ A^T` rewrite (see the module doc).
+fn transpose_products(g: &mut Graph) {
     for p in g.topo_order() {
         let Op::Permute(perm) = &g.node(p).op else { continue };
         if !swaps_last_two(perm) {
@@ -50,5 +121,81 @@ pub fn simplify(g: &mut Graph) {
         g.g.add_edge(bt, p, 0);
         g.g.add_edge(at, p, 1);
         g.g.remove_node(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::{DType, Scalar};
+    use crate::{HostBuffer, interp};
+
+    /// `y = x * where(0 < x, one, slope)` and a second reader of the mask (`g * m`, as autograd makes); returns the
+    /// graph and the mask, the product and x.
+    fn leaky(one: f64, slope: f64, x_read_elsewhere: bool) -> (Graph, NodeIndex, NodeIndex, NodeIndex) {
+        let mut g = Graph::new();
+        let f32 = |op: Op, dims: &[usize]| NodeData { op, shape: dims.into(), dtype: DType::F32 };
+        let x = g.add(f32(Op::Input { slot: 0 }, &[2, 4]), &[]);
+        let gr = g.add(f32(Op::Input { slot: 1 }, &[2, 4]), &[]);
+        let zero = g.add(f32(Op::Const(Scalar::Int(0)), &[2, 4]), &[]);
+        let one = g.add(f32(Op::Const(Scalar::Float(one)), &[2, 4]), &[]);
+        let slope = g.add(f32(Op::Const(Scalar::Float(slope)), &[2, 4]), &[]);
+        let cond =
+            g.add(NodeData { op: Op::Binary(BinaryOp::Lt), shape: [2, 4].into(), dtype: DType::Bool }, &[zero, x]);
+        let m = g.add(f32(Op::Where, &[2, 4]), &[cond, one, slope]);
+        let y = g.add(f32(Op::Binary(BinaryOp::Mul), &[2, 4]), &[x, m]);
+        let back = g.add(f32(Op::Binary(BinaryOp::Mul), &[2, 4]), &[gr, m]);
+        g.outputs = vec![y, back];
+        if x_read_elsewhere {
+            let e = g.add(f32(Op::Unary(crate::op::UnaryOp::Exp), &[2, 4]), &[x]);
+            g.outputs.push(e);
+        }
+        (g, m, y, x)
+    }
+
+    /// The values the rewrite must keep bit for bit: signed zeros, infinities, NaN, subnormals, both signs.
+    fn run(g: &Graph) -> Vec<u32> {
+        let x = HostBuffer::F32(vec![-0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -1e-40, 0.0, -3.0]);
+        let gr = HostBuffer::F32((0..8).map(|i| i as f32 - 3.5).collect());
+        let out = interp::run(g, &[&x, &gr], &[]).expect("runs");
+        out.iter()
+            .flat_map(|o| match o {
+                HostBuffer::F32(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(),
+                other => panic!("f32 outputs, got {:?}", other.dtype()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_leaky_relu_mask_is_read_from_its_output_bit_for_bit() {
+        for slope in [0.01, 0.0, -0.0, 0.2] {
+            let (mut g, m, y, x) = leaky(1.0, slope, false);
+            let before = run(&g);
+            simplify(&mut g);
+            g.verify().expect("a valid graph");
+            assert_eq!(run(&g), before, "slope {slope}: the same bits");
+            // The mask now feeds only the product; x only the comparison and the product.
+            assert_eq!(readers(&g, m), vec![y], "slope {slope}");
+            assert_eq!(readers(&g, x).len(), 2);
+            let back = g.outputs[1];
+            let new_mask = g.srcs(back)[1];
+            assert_ne!(new_mask, m);
+            assert_eq!(g.srcs(g.srcs(new_mask)[0])[1], y, "the backward's mask compares the output");
+        }
+    }
+
+    #[test]
+    fn the_mask_rewrite_leaves_what_it_cannot_prove_alone() {
+        // A negative slope (y > 0 for x < 0), a first branch other than 1, and an x read elsewhere (nothing to gain).
+        for (one, slope, elsewhere) in
+            [(1.0, -0.01, false), (2.0, 0.01, false), (1.0, f64::NAN, false), (1.0, 0.01, true)]
+        {
+            let (mut g, m, y, _) = leaky(one, slope, elsewhere);
+            let n = g.g.node_count();
+            simplify(&mut g);
+            assert_eq!(g.g.node_count(), n, "({one}, {slope}, {elsewhere}): unchanged");
+            assert_eq!(readers(&g, m).len(), 2);
+            assert!(readers(&g, m).contains(&y));
+        }
     }
 }
