@@ -28,9 +28,9 @@ pub unsafe fn pack_a(dst: *mut f32, src: *const f32, rs: i64, ks: i64, m0: usize
             }
             continue;
         }
-        // A row-major (contiguous along k): four rows by eight k-steps at a time, transposed in registers (as B
-        // stored transposed, below); the rows and k-steps left over one by one.
-        let (quad_rows, full_k) = if ks == 1 { (rows / 4 * 4, kb / 8 * 8) } else { (0, 0) };
+        // A row-major (contiguous along k): four rows (then two) by eight k-steps at a time, transposed in registers
+        // (as B stored transposed, below); the row and k-steps left over one by one.
+        let (quad_rows, full_k) = if ks == 1 { (rows / 2 * 2, kb / 8 * 8) } else { (0, 0) };
         let first = (m0 + p * mr) as i64;
         // SAFETY: rows first..first + quad_rows are in range for k < kb (the caller's contract), every position
         // written is within `out`; A packing only runs for the generated kernels, which need AVX2.
@@ -160,16 +160,37 @@ unsafe fn transpose_8x8_blocks(out: *mut f32, nr: usize, src: *const f32, col0: 
     }
 }
 
-/// Packs rows `0..rows` (a multiple of 4) and k-steps `0..kb` (a multiple of 8) of a row-major A (row `r` at
+/// Packs rows `0..rows` (a multiple of 2) and k-steps `0..kb` (a multiple of 8) of a row-major A (row `r` at
 /// `src + r * rs`, contiguous along k) into a panel of height `mr` at `out` (element (r, k) at `out[k * mr + r]`), as
-/// 4 x 8 blocks transposed in registers.
+/// 4 x 8 blocks transposed in registers, and a 2 x 8 block per k-block for the last two rows of a 6-row panel.
 ///
 /// # Safety
 /// Every row read must be valid for `kb` floats and `out` for `kb * mr` floats, with `rows <= mr`; AVX2 present.
 #[target_feature(enable = "avx2")]
 unsafe fn transpose_4x8_blocks(out: *mut f32, mr: usize, src: *const f32, rs: i64, rows: usize, kb: usize) {
     use std::arch::x86_64::*;
-    for r0 in (0..rows).step_by(4) {
+    if rows % 4 == 2 {
+        let r0 = rows - 2;
+        // SAFETY: rows r0 and r0 + 1 are in range, per the caller.
+        let (p0, p1) = unsafe { (src.offset((r0 as i64 * rs) as isize), src.offset(((r0 + 1) as i64 * rs) as isize)) };
+        for k in (0..kb).step_by(8) {
+            // SAFETY: k + 8 <= kb floats of both rows, and panel rows k..k + 8 at positions r0, r0 + 1.
+            unsafe {
+                let (a, b) = (_mm256_loadu_ps(p0.add(k)), _mm256_loadu_ps(p1.add(k)));
+                // Pairs (row r0, row r0 + 1) for k = 0, 1 | 4, 5 and k = 2, 3 | 6, 7 of this block.
+                let (lo, hi) = (_mm256_castps_pd(_mm256_unpacklo_ps(a, b)), _mm256_castps_pd(_mm256_unpackhi_ps(a, b)));
+                for (v, first) in [(lo, 0), (hi, 2)] {
+                    let (l, h) = (_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
+                    let at = |kk: usize| out.add((k + kk) * mr + r0) as *mut f64;
+                    _mm_storel_pd(at(first), l);
+                    _mm_storeh_pd(at(first + 1), l);
+                    _mm_storel_pd(at(first + 4), h);
+                    _mm_storeh_pd(at(first + 5), h);
+                }
+            }
+        }
+    }
+    for r0 in (0..rows / 4 * 4).step_by(4) {
         // SAFETY: rows r0..r0 + 4 are in range (r0 + 4 <= rows), per the caller.
         let rp = [0, 1, 2, 3].map(|q| unsafe { src.offset(((r0 + q) as i64 * rs) as isize) });
         for k in (0..kb).step_by(8) {
