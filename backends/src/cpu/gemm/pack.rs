@@ -126,31 +126,18 @@ unsafe fn transpose_8x8_blocks(out: *mut f32, nr: usize, src: *const f32, col0: 
             // SAFETY: k + 8 <= kb floats of each column, and rows k..k + 8 of the panel at columns j..j + 8.
             unsafe {
                 let r = cs.map(|c| _mm256_loadu_ps(c.add(k)));
-                let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-                let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-                let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-                let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-                let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-                let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-                let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-                let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-                let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-                let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-                let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-                let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-                let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-                let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-                let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-                let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                let u = quad_lanes([r[0], r[1], r[2], r[3]]);
+                let v = quad_lanes([r[4], r[5], r[6], r[7]]);
+                // Row kk of the block: k = kk of the first quad's lanes beside k = kk of the second's.
                 let rows = [
-                    _mm256_permute2f128_ps::<0x20>(u0, u4),
-                    _mm256_permute2f128_ps::<0x20>(u1, u5),
-                    _mm256_permute2f128_ps::<0x20>(u2, u6),
-                    _mm256_permute2f128_ps::<0x20>(u3, u7),
-                    _mm256_permute2f128_ps::<0x31>(u0, u4),
-                    _mm256_permute2f128_ps::<0x31>(u1, u5),
-                    _mm256_permute2f128_ps::<0x31>(u2, u6),
-                    _mm256_permute2f128_ps::<0x31>(u3, u7),
+                    _mm256_permute2f128_ps::<0x20>(u[0], v[0]),
+                    _mm256_permute2f128_ps::<0x20>(u[1], v[1]),
+                    _mm256_permute2f128_ps::<0x20>(u[2], v[2]),
+                    _mm256_permute2f128_ps::<0x20>(u[3], v[3]),
+                    _mm256_permute2f128_ps::<0x31>(u[0], v[0]),
+                    _mm256_permute2f128_ps::<0x31>(u[1], v[1]),
+                    _mm256_permute2f128_ps::<0x31>(u[2], v[2]),
+                    _mm256_permute2f128_ps::<0x31>(u[3], v[3]),
                 ];
                 for (kk, row) in rows.into_iter().enumerate() {
                     _mm256_storeu_ps(out.add((k + kk) * nr + j), row);
@@ -196,18 +183,7 @@ unsafe fn transpose_4x8_blocks(out: *mut f32, mr: usize, src: *const f32, rs: i6
         for k in (0..kb).step_by(8) {
             // SAFETY: k + 8 <= kb floats of each row, and panel rows k..k + 8 at positions r0..r0 + 4.
             unsafe {
-                let r = rp.map(|p| _mm256_loadu_ps(p.add(k)));
-                let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-                let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-                let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-                let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-                // Lanes [k | k + 4] of the four rows for k = 0, 1, 2, 3 of this block.
-                let u = [
-                    _mm256_shuffle_ps::<0x44>(t0, t2),
-                    _mm256_shuffle_ps::<0xEE>(t0, t2),
-                    _mm256_shuffle_ps::<0x44>(t1, t3),
-                    _mm256_shuffle_ps::<0xEE>(t1, t3),
-                ];
+                let u = quad_lanes(rp.map(|p| _mm256_loadu_ps(p.add(k))));
                 for (kk, v) in u.into_iter().enumerate() {
                     _mm_storeu_ps(out.add((k + kk) * mr + r0), _mm256_castps256_ps128(v));
                     _mm_storeu_ps(out.add((k + kk + 4) * mr + r0), _mm256_extractf128_ps::<1>(v));
@@ -215,4 +191,21 @@ unsafe fn transpose_4x8_blocks(out: *mut f32, mr: usize, src: *const f32, rs: i6
             }
         }
     }
+}
+
+/// Four 8-float vectors `r[q]` (element k of line q) regrouped by k: vector i holds the four lines' elements k = i
+/// in its low half and k = i + 4 in its high half.
+#[target_feature(enable = "avx2")]
+fn quad_lanes(r: [std::arch::x86_64::__m256; 4]) -> [std::arch::x86_64::__m256; 4] {
+    use std::arch::x86_64::*;
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    [
+        _mm256_shuffle_ps::<0x44>(t0, t2),
+        _mm256_shuffle_ps::<0xEE>(t0, t2),
+        _mm256_shuffle_ps::<0x44>(t1, t3),
+        _mm256_shuffle_ps::<0xEE>(t1, t3),
+    ]
 }
