@@ -31,7 +31,13 @@ fn key(cfgs: &[Cfg]) -> TuneKey {
 
 fn candidates(cfgs: &[Cfg]) -> Vec<Candidate<'_, Cfg>> {
     cfgs.iter()
-        .map(|c| Candidate { config: c, name: c.name.to_string(), score: c.score, family: String::new() })
+        .map(|c| Candidate {
+            config: c,
+            name: c.name.to_string(),
+            score: c.score,
+            family: String::new(),
+            shape: String::new(),
+        })
         .collect()
 }
 
@@ -234,7 +240,13 @@ fn the_timed_set_takes_the_best_of_each_family_first() {
         .iter()
         .zip(scores)
         .zip(fams)
-        .map(|((n, s), f)| Candidate { config: n, name: n.to_string(), score: s, family: f.to_string() })
+        .map(|((n, s), f)| Candidate {
+            config: n,
+            name: n.to_string(),
+            score: s,
+            family: f.to_string(),
+            shape: String::new(),
+        })
         .collect();
     let key = kiln_autotune::TuneKey {
         op: "t".into(),
@@ -261,4 +273,52 @@ fn the_timed_set_takes_the_best_of_each_family_first() {
     // Fast times two: the best of family a and the best of family b, not a1 and a2.
     assert!(timed.iter().all(|c| c == "a1" || c == "b1"), "{timed:?}");
     assert_eq!(rec.winner, "b1");
+}
+
+#[test]
+fn slots_the_families_leave_take_the_best_of_each_shape_first() {
+    // One family with two shapes; the second shape scores below three variants of the first.
+    let names = ["p1", "p2", "p3", "q1", "lib"];
+    let scores = [10.0, 9.9, 9.8, 5.0, 1.0];
+    let fams = ["packed", "packed", "packed", "packed", "library"];
+    let shapes = ["6x16", "6x16", "6x16", "4x24", ""];
+    let cands: Vec<Candidate<'_, &str>> = (0..names.len())
+        .map(|i| Candidate {
+            config: &names[i],
+            name: names[i].to_string(),
+            score: scores[i],
+            family: fams[i].to_string(),
+            shape: shapes[i].to_string(),
+        })
+        .collect();
+    let key = kiln_autotune::TuneKey {
+        op: "t".into(),
+        dims: vec![],
+        dtypes: String::new(),
+        layout: String::new(),
+        epilogue: String::new(),
+        device: "d".into(),
+        candidates: 0,
+    };
+    let budget =
+        kiln_autotune::Budget { top_k: 3, warmup: 0, max_reps: 1, time_budget: std::time::Duration::from_secs(1) };
+    let mut timed = Vec::new();
+    let rec = kiln_autotune::search_with_budget(
+        &key,
+        vec![],
+        cands,
+        kiln_autotune::Mode::Full,
+        budget,
+        |_| Ok(()),
+        |c: &&str| {
+            timed.push(c.to_string());
+            Ok(std::time::Duration::from_nanos(if *c == "q1" { 1 } else { 100 }))
+        },
+    )
+    .unwrap();
+    // Three slots: the two families' best (p1, lib), then the best of the unseen shape (q1), not p2.
+    timed.sort();
+    timed.dedup();
+    assert_eq!(timed, ["lib", "p1", "q1"]);
+    assert_eq!(rec.winner, "q1");
 }

@@ -138,6 +138,7 @@ fn choose(
             name: t.name(),
             score: wgsl_gemm::score(v, t),
             family: format!("{}x{} workgroup tile", t.tm, t.tn),
+            shape: String::new(),
         })
         .collect();
     let host: Vec<HostBuffer> = crate::gemm_check::synthetic_inputs(k);

@@ -166,6 +166,10 @@ fn choose_gemm(
             name: imp.name(),
             score: config::score(&problem.view, imp, threads),
             family: imp.family().to_string(),
+            shape: match imp {
+                GemmImpl::Asm(c) => format!("{}x{}", c.mr, c.nr()),
+                GemmImpl::Library | GemmImpl::Dot => String::new(),
+            },
         })
         .collect();
     // Each candidate is generated once and kept for its verification and timed runs.
