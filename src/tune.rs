@@ -5,7 +5,8 @@
 //! [`export_bundle`]; at start-up the service calls [`import_bundle`], and its first step reuses every tuning record
 //! and maps the GEMMs' machine code instead of generating it (`stats().tunings == 0`, `tuned_kernel_compiles == 0`);
 //! the plans the build machine compiled are compiled again at import, so that first step is a plan-cache hit
-//! (`stats().plan_misses` unchanged by it).
+//! (`stats().plan_misses` unchanged by it). A service that starts on a cache dir filled ahead of time (by earlier
+//! runs, or `kiln cache import`) calls [`warm_from_cache`] instead, for the same effect.
 //!
 //! Results live in the process-wide store (`KILN_CACHE_DIR`, default the user's cache dir, `off` for memory only),
 //! namespaced by kiln version and CPU fingerprint: a bundle from another CPU or version is refused, never used.
