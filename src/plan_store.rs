@@ -25,12 +25,16 @@ thread_local! {
     static PERSIST: Cell<bool> = const { Cell::new(true) };
 }
 
-/// Runs `f` without persisting the plans it compiles.
+/// Runs `f` without persisting the plans it compiles (restored on the way out, a panic included).
 pub(crate) fn without_persisting<R>(f: impl FnOnce() -> R) -> R {
-    let before = PERSIST.with(|p| p.replace(false));
-    let out = f();
-    PERSIST.with(|p| p.set(before));
-    out
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PERSIST.with(|p| p.set(self.0));
+        }
+    }
+    let _restore = Restore(PERSIST.with(|p| p.replace(false)));
+    f()
 }
 
 /// Keeps the signature of a plan just compiled for the CPU in the store (memory, and disk unless
