@@ -31,14 +31,7 @@ pub fn is_grad_enabled() -> bool {
 
 /// Runs `f` with gradient recording off on this thread (`torch.no_grad()`).
 pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            GRAD_ENABLED.with(|g| g.set(self.0));
-        }
-    }
-    let _restore = Restore(GRAD_ENABLED.with(|g| g.replace(false)));
-    f()
+    crate::thread_flag::with_flag(&GRAD_ENABLED, false, f)
 }
 
 /// Gradients of one `backward` call, looked up by the leaf tensor they belong to.

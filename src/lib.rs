@@ -35,6 +35,7 @@ mod random;
 mod realize;
 mod signature;
 mod tensor;
+mod thread_flag;
 pub mod tune;
 
 pub use args::{Dims, ShapeSpec};

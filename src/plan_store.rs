@@ -27,14 +27,7 @@ thread_local! {
 
 /// Runs `f` without persisting the plans it compiles (restored on the way out, a panic included).
 pub(crate) fn without_persisting<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            PERSIST.with(|p| p.set(self.0));
-        }
-    }
-    let _restore = Restore(PERSIST.with(|p| p.replace(false)));
-    f()
+    crate::thread_flag::with_flag(&PERSIST, false, f)
 }
 
 /// Keeps the signature of a plan just compiled for the CPU in the store (memory, and disk unless

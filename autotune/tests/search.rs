@@ -29,6 +29,19 @@ fn key(cfgs: &[Cfg]) -> TuneKey {
     }
 }
 
+/// A key for tests of which candidates are timed (its fields do not matter there).
+fn bare_key() -> TuneKey {
+    TuneKey {
+        op: "t".into(),
+        dims: vec![],
+        dtypes: String::new(),
+        layout: String::new(),
+        epilogue: String::new(),
+        device: "d".into(),
+        candidates: 0,
+    }
+}
+
 fn candidates(cfgs: &[Cfg]) -> Vec<Candidate<'_, Cfg>> {
     cfgs.iter()
         .map(|c| Candidate {
@@ -231,57 +244,16 @@ fn deterministic_given_the_closures() {
     assert_eq!(run(), run());
 }
 
-#[test]
-fn the_timed_set_takes_the_best_of_each_family_first() {
-    let names = ["a1", "a2", "a3", "b1", "c1"];
-    let scores = [10.0, 9.0, 8.0, 1.0, 0.5];
-    let fams = ["a", "a", "a", "b", "c"];
-    let cands: Vec<Candidate<'_, &str>> = names
-        .iter()
-        .zip(scores)
-        .zip(fams)
-        .map(|((n, s), f)| Candidate {
-            config: n,
-            name: n.to_string(),
-            score: s,
-            family: f.to_string(),
-            shape: String::new(),
-        })
-        .collect();
-    let key = kiln_autotune::TuneKey {
-        op: "t".into(),
-        dims: vec![],
-        dtypes: String::new(),
-        layout: String::new(),
-        epilogue: String::new(),
-        device: "d".into(),
-        candidates: 0,
-    };
-    let mut timed = Vec::new();
-    let rec = kiln_autotune::search(
-        &key,
-        vec![],
-        cands,
-        kiln_autotune::Mode::Fast,
-        |_| Ok(()),
-        |c: &&str| {
-            timed.push(c.to_string());
-            Ok(std::time::Duration::from_nanos(if *c == "b1" { 1 } else { 100 }))
-        },
-    )
-    .unwrap();
-    // Fast times two: the best of family a and the best of family b, not a1 and a2.
-    assert!(timed.iter().all(|c| c == "a1" || c == "b1"), "{timed:?}");
-    assert_eq!(rec.winner, "b1");
-}
-
-#[test]
-fn slots_the_families_leave_take_the_best_of_each_shape_first() {
-    // One family with two shapes; the second shape scores below three variants of the first.
-    let names = ["p1", "p2", "p3", "q1", "lib"];
-    let scores = [10.0, 9.9, 9.8, 5.0, 1.0];
-    let fams = ["packed", "packed", "packed", "packed", "library"];
-    let shapes = ["6x16", "6x16", "6x16", "4x24", ""];
+/// Candidates named `names` with these scores, families and shapes, raced with `budget` on closures where `fastest`
+/// takes 1 ns and every other 100 ns; returns the names timed (sorted, once each) and the winner.
+fn race_named(
+    names: &[&str],
+    scores: &[f64],
+    fams: &[&str],
+    shapes: &[&str],
+    budget: kiln_autotune::Budget,
+    fastest: &str,
+) -> (Vec<String>, String) {
     let cands: Vec<Candidate<'_, &str>> = (0..names.len())
         .map(|i| Candidate {
             config: &names[i],
@@ -291,20 +263,9 @@ fn slots_the_families_leave_take_the_best_of_each_shape_first() {
             shape: shapes[i].to_string(),
         })
         .collect();
-    let key = kiln_autotune::TuneKey {
-        op: "t".into(),
-        dims: vec![],
-        dtypes: String::new(),
-        layout: String::new(),
-        epilogue: String::new(),
-        device: "d".into(),
-        candidates: 0,
-    };
-    let budget =
-        kiln_autotune::Budget { top_k: 3, warmup: 0, max_reps: 1, time_budget: std::time::Duration::from_secs(1) };
     let mut timed = Vec::new();
     let rec = kiln_autotune::search_with_budget(
-        &key,
+        &bare_key(),
         vec![],
         cands,
         kiln_autotune::Mode::Full,
@@ -312,13 +273,44 @@ fn slots_the_families_leave_take_the_best_of_each_shape_first() {
         |_| Ok(()),
         |c: &&str| {
             timed.push(c.to_string());
-            Ok(std::time::Duration::from_nanos(if *c == "q1" { 1 } else { 100 }))
+            Ok(std::time::Duration::from_nanos(if *c == fastest { 1 } else { 100 }))
         },
     )
     .unwrap();
-    // Three slots: the two families' best (p1, lib), then the best of the unseen shape (q1), not p2.
     timed.sort();
     timed.dedup();
+    (timed, rec.winner)
+}
+
+#[test]
+fn the_timed_set_takes_the_best_of_each_family_first() {
+    // Two slots (fast mode's): the best of family a and the best of family b, not a1 and a2.
+    let (timed, winner) = race_named(
+        &["a1", "a2", "a3", "b1", "c1"],
+        &[10.0, 9.0, 8.0, 1.0, 0.5],
+        &["a", "a", "a", "b", "c"],
+        &[""; 5],
+        kiln_autotune::Mode::Fast.budget(),
+        "b1",
+    );
+    assert_eq!(timed, ["a1", "b1"]);
+    assert_eq!(winner, "b1");
+}
+
+#[test]
+fn slots_the_families_leave_take_the_best_of_each_shape_first() {
+    // One family with two shapes; the second shape scores below three variants of the first. Three slots: the two
+    // families' best (p1, lib), then the best of the unseen shape (q1), not p2.
+    let budget =
+        kiln_autotune::Budget { top_k: 3, warmup: 0, max_reps: 1, time_budget: std::time::Duration::from_secs(1) };
+    let (timed, winner) = race_named(
+        &["p1", "p2", "p3", "q1", "lib"],
+        &[10.0, 9.9, 9.8, 5.0, 1.0],
+        &["packed", "packed", "packed", "packed", "library"],
+        &["6x16", "6x16", "6x16", "4x24", ""],
+        budget,
+        "q1",
+    );
     assert_eq!(timed, ["lib", "p1", "q1"]);
-    assert_eq!(rec.winner, "q1");
+    assert_eq!(winner, "q1");
 }
