@@ -74,33 +74,24 @@ pub fn vectorizable(k: &KernelIr) -> bool {
 /// computed once per vector as scalars, whatever their dtype, and splatted where a vector op reads them.
 fn vectorizable_values(k: &KernelIr) -> bool {
     let rank = k.out_rank();
-    let lane_ok = |d: DType| matches!(d, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool);
     let ok = |insts: &[Inst]| {
         let deps = deps(insts, rank);
         insts
             .iter()
             .zip(&deps)
-            .all(|(i, &(_, varies))| !varies || (lane_ok(i.dtype) && !matches!(i.op, InstOp::Rand { .. })))
+            .all(|(i, &(_, varies))| !varies || (has_lanes(i.dtype) && !matches!(i.op, InstOp::Rand { .. })))
     };
-    let inner_ok = k.reduce.as_ref().is_none_or(|r| lane_ok(r.dtype) && ok(&r.inner));
-    lane_ok(k.output.dtype) && ok(&k.outer) && inner_ok
+    let inner_ok = k.reduce.as_ref().is_none_or(|r| has_lanes(r.dtype) && ok(&r.inner));
+    has_lanes(k.output.dtype) && ok(&k.outer) && inner_ok
 }
 
 /// The strict form, for vectorizing along a reduce loop: every value in the lane model.
 fn all_values_vectorizable(k: &KernelIr) -> bool {
-    let ok_inst = |i: &Inst| {
-        matches!(i.dtype, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool)
-            && !matches!(i.op, InstOp::Index(_) | InstOp::Rand { .. })
-    };
+    let ok_inst = |i: &Inst| has_lanes(i.dtype) && !matches!(i.op, InstOp::Index(_) | InstOp::Rand { .. });
     let inner_ok = k.reduce.as_ref().is_none_or(|r| {
         matches!(r.dtype, DType::F32 | DType::I32 | DType::U32 | DType::Bool) && r.inner.iter().all(ok_inst)
     });
-    k.inputs
-        .iter()
-        .chain([&k.output])
-        .all(|b| matches!(b.dtype, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool))
-        && k.outer.iter().all(ok_inst)
-        && inner_ok
+    k.inputs.iter().chain([&k.output]).all(|b| has_lanes(b.dtype)) && k.outer.iter().all(ok_inst) && inner_ok
 }
 
 /// Code generation choices that depend on the host (and, for tiles, on a tuner), not on the kernel's meaning.
@@ -353,11 +344,7 @@ impl Emitter<'_> {
             let v = if computed { Some(self.inst(inst, &k.outer, &vals, 0, 1, None)) } else { None };
             if let (true, Some(v)) = (uniform[i], v) {
                 self.uniform_insts.insert(inst as *const Inst, v);
-                let has_lanes = matches!(inst.dtype, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool);
-                if (self.vec_ok || self.tiled) && has_lanes {
-                    let splat = self.vector_of(v, inst.dtype, LANES);
-                    self.splats.insert((v, LANES), splat);
-                }
+                self.presplat(v, inst.dtype);
             }
             vals.push(v.into_iter().collect());
         }
@@ -365,6 +352,15 @@ impl Emitter<'_> {
 }
 
 impl Emitter<'_> {
+    /// Makes, at the current point, the vector splat of a scalar computed ahead of the loops that vector code will
+    /// read, so `vector_of` finds it instead of splatting once per vector.
+    fn presplat(&mut self, v: Value, d: DType) {
+        if (self.vec_ok || self.tiled) && has_lanes(d) {
+            let splat = self.vector_of(v, d, LANES);
+            self.splats.insert((v, LANES), splat);
+        }
+    }
+
     /// Computes, at the current point (the body of the loop around the innermost output loop), every outer
     /// instruction that does not depend on the innermost variable and is not uniform, and the splats vector code
     /// uses; returns whether there was any. An SGD update of a linear layer at batch 1, `W - lr * (g x^T)`, loaded
@@ -385,11 +381,7 @@ impl Emitter<'_> {
                 // Not depending on the column means no operand does either: each has a value here.
                 let v = self.inst(inst, &k.outer, &vals, 0, 1, None);
                 self.row_insts.insert(key, v);
-                let has_lanes = matches!(inst.dtype, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool);
-                if self.vec_ok && has_lanes {
-                    let splat = self.vector_of(v, inst.dtype, LANES);
-                    self.splats.insert((v, LANES), splat);
-                }
+                self.presplat(v, inst.dtype);
                 any = true;
                 Some(v)
             } else {
@@ -399,6 +391,11 @@ impl Emitter<'_> {
         }
         any
     }
+}
+
+/// Whether values of `d` have a 4-lane vector form (f16 and f32 as f32x4, i32 and u32 as i32x4, bool as i32 masks).
+fn has_lanes(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool)
 }
 
 /// CLIF type of a dtype: bools and u8 are bytes in scalar code; in vector code bools are i32 lane masks.
