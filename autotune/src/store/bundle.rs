@@ -21,7 +21,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
-use super::inventory::entry_files;
 use super::{Store, StoreError, parse_record};
 use crate::envelope::{EntryKind, Reader, put_str};
 use crate::fingerprint::DeviceFingerprint;
@@ -57,20 +56,8 @@ impl Store {
     /// entries met on the way are rejected as a lookup would reject them, and left out.
     pub fn export_bundle(&self, path: &Path) -> Result<BundleSummary, StoreError> {
         // Sorted, so the same contents give the same bytes.
-        let mut entries: BTreeMap<(EntryKind, String), Vec<u8>> = BTreeMap::new();
-        if let Some(ns) = self.namespace_dir() {
-            for (kind, file) in entry_files(&ns) {
-                let checked = fs::read(&file)
-                    .map_err(|e| format!("cannot read it ({e})"))
-                    .and_then(|data| self.check_file(&file, kind, &data));
-                match checked {
-                    Ok((key, payload)) => {
-                        entries.insert((kind, key), payload);
-                    }
-                    Err(reason) => self.reject(&file, &reason),
-                }
-            }
-        }
+        let mut entries: BTreeMap<(EntryKind, String), Vec<u8>> =
+            self.good_disk_entries().into_iter().map(|(kind, key, payload)| ((kind, key), payload)).collect();
         // Memory wins over disk: it is at least as new.
         for rec in self.records.iter() {
             let key = rec.key().canonical();

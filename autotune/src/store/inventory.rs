@@ -135,30 +135,40 @@ impl Store {
         Ok((entry.key.to_string(), entry.payload.to_vec()))
     }
 
-    /// Reads every good entry of this namespace on disk into memory (what is in memory already is kept: it is at
-    /// least as new), rejecting bad ones as a lookup would; returns how many records and artifacts were read. A
-    /// process that starts on a warm cache dir calls this (through `kiln::tune::warm_from_cache`) to do at start-up
-    /// what its first step would otherwise do entry by entry, as an imported bundle's entries are.
-    pub fn load_all(&self) -> (usize, usize) {
-        let Some(ns) = self.namespace_dir() else { return (0, 0) };
-        let (mut records, mut artifacts) = (0, 0);
+    /// Every good entry of this namespace on disk as (kind, key text, payload), in file order; a bad one is rejected
+    /// as a lookup would reject it (one warning, deleted) and left out. Bundle export and [`Store::load_all`] read the
+    /// disk through this.
+    pub(super) fn good_disk_entries(&self) -> Vec<(EntryKind, String, Vec<u8>)> {
+        let Some(ns) = self.namespace_dir() else { return Vec::new() };
+        let mut out = Vec::new();
         for (kind, path) in entry_files(&ns) {
             let checked = fs::read(&path)
                 .map_err(|e| format!("cannot read it ({e})"))
                 .and_then(|data| self.check_file(&path, kind, &data));
             match checked {
-                Ok((key, payload)) if kind == EntryKind::Record => {
-                    // Checked by check_file; parsed again here rather than returned from there for every caller.
-                    if let Ok(rec) = parse_record(&payload, &key) {
-                        self.records.entry(rec.key.clone()).or_insert(rec);
-                        records += 1;
-                    }
-                }
-                Ok((key, payload)) => {
-                    self.artifacts.entry(key).or_insert(payload);
-                    artifacts += 1;
-                }
+                Ok((key, payload)) => out.push((kind, key, payload)),
                 Err(reason) => self.reject(&path, &reason),
+            }
+        }
+        out
+    }
+
+    /// Reads every good entry of this namespace on disk into memory (what is in memory already is kept: it is at
+    /// least as new); returns how many records and artifacts were read. A process that starts on a warm cache dir
+    /// calls this (through `kiln::tune::warm_from_cache`) to do at start-up what its first step would otherwise do
+    /// entry by entry, as an imported bundle's entries are.
+    pub fn load_all(&self) -> (usize, usize) {
+        let (mut records, mut artifacts) = (0, 0);
+        for (kind, key, payload) in self.good_disk_entries() {
+            if kind == EntryKind::Record {
+                // `check_file` parsed it already; parsing is what turns the payload into a record.
+                if let Ok(rec) = parse_record(&payload, &key) {
+                    self.records.entry(rec.key.clone()).or_insert(rec);
+                    records += 1;
+                }
+            } else {
+                self.artifacts.entry(key).or_insert(payload);
+                artifacts += 1;
             }
         }
         (records, artifacts)
