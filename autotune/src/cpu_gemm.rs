@@ -26,8 +26,8 @@ pub enum GemmImpl {
     Asm(GemmConfig),
     /// The `gemm` crate; its epilogue runs as a separate pass.
     Library,
-    /// Each output a dot product of a row of A and a column of B, both contiguous along K, 8-lane FMAs over four
-    /// columns at once (`kiln-backends`' `cpu/gemm/dot.rs`); its epilogue runs as a separate pass.
+    /// Each output a dot product of a row of A and a column of B, both contiguous along K, in tiles of three rows by
+    /// four columns of 8-lane FMAs (`kiln-backends`' `cpu/gemm/dot.rs`); its epilogue runs as a separate pass.
     Dot,
 }
 
@@ -114,6 +114,15 @@ impl GemmImpl {
                 (false, false, true) => "A and B in place, short K blocks",
                 (false, false, false) => "A and B in place",
             },
+        }
+    }
+
+    /// The register tile (`6x16`) of a generated kernel, the search's second axis of diversity within a family
+    /// (`Candidate::shape`); empty for the library and the dot products.
+    pub fn shape(&self) -> String {
+        match self {
+            GemmImpl::Asm(c) => format!("{}x{}", c.mr, c.nr()),
+            GemmImpl::Library | GemmImpl::Dot => String::new(),
         }
     }
 
@@ -244,9 +253,8 @@ pub fn dot_legal(v: &GemmView) -> bool {
 /// The dot-product candidate's estimate. One or two rows are bound by reading B, once per row, at ~25 GB/s a thread
 /// from L2/L3 (a 256 x 784 weight in 8.2 µs on one thread): 2 flops per 4 bytes. From three rows, tiles of 3 x 4
 /// dot products are bound by the FMA units at ~90 % of `peak`, less the horizontal sums that end every dot product
-/// (~48 FMAs' worth per tile and K) and the rows left over (half speed). Near its row limit it scores above the
-/// packing kernels while measured speeds are within a few per cent of each other (256 x 256 x 784: 190-206 GFLOP/s
-/// against 157-201); fast mode races the two best-scored candidates, so the timing decides.
+/// (~48 FMAs' worth per tile and K) and the rows left over (half speed). At its 8-row limit that is far above the
+/// packing kernels, which copy all of B per call (8 x 256 x 784: ~164 GFLOP/s measured against ~55).
 fn dot_score(v: &GemmView, threads: usize, peak: f64) -> f64 {
     let t = threads.min(v.n.div_ceil(4)) as f64;
     if v.m < 3 {

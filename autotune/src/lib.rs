@@ -34,6 +34,8 @@ pub use fingerprint::DeviceFingerprint;
 pub use key::{TuneKey, bucket, checksum_of, checksum_of_each, dim_named};
 pub use record::{Trial, TuneRecord};
 pub use search::{Budget, Candidate, Mode, search, search_with_budget};
+pub use store::{BundleSummary, EntryInfo, Store, StoreError, StoreStats, VERSION};
+
 /// Names of the artifacts that hold a persisted plan (a graph signature the `kiln` crate writes when it compiles a
 /// CPU plan, and compiles again when a bundle is imported) start with this; the store keeps them as opaque bytes.
 pub const PLAN_ARTIFACT_PREFIX: &str = "plan-";
@@ -42,5 +44,3 @@ pub const PLAN_ARTIFACT_PREFIX: &str = "plan-";
 pub fn content_digest(bytes: &[u8]) -> String {
     hash::hex16(hash::fnv1a64(bytes))
 }
-
-pub use store::{BundleSummary, EntryInfo, Store, StoreError, StoreStats, VERSION};

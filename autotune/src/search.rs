@@ -244,7 +244,7 @@ pub fn search_with_budget<C>(
 /// The timed set: the best of each family (in score order), then the best of each shape not yet in the set, then
 /// the best remaining scores, `top_k` in all. Shapes only fill slots the families leave: `KILN_AUTOTUNE=full` (five
 /// slots) at 1024^3 timed four variants of one 6 x 16 tile and the library, while the 4 x 24 tile, scored 15 % lower,
-/// ran 4-5 % faster once the packing was vectorized.
+/// ran 1-5 % faster once the packing was vectorized.
 fn timed_set<C>(candidates: &[Candidate<'_, C>], top_k: usize) -> Vec<bool> {
     let mut in_set = vec![false; candidates.len()];
     let mut families: Vec<&str> = Vec::new();

@@ -6,7 +6,8 @@
 //!   the gradient in the weight's own layout, so the optimizer update reads it contiguously and can fuse into the
 //!   GEMM's epilogue.
 //! - A leaky ReLU's mask read from its output: `y = x * m` with `m = where(0 < x, 1, s)`, `s >= 0` (kiln's
-//!   `leaky_relu`, and `relu` as `s = 0`), whose mask is also read elsewhere (autograd's `g * m`): those other readers
+//!   `leaky_relu`, any slope `>= 0`; `relu` is recorded as `where(x <= 0, 0, x)` and is not matched), whose mask is
+//!   also read elsewhere (autograd's `g * m`): those other readers
 //!   get `where(0 < y, 1, s)`, the same bits (`x > 0` gives `y = x * 1 = x > 0`; otherwise `y = x * s` is `<= 0`,
 //!   a zero or NaN, so `0 < y` is false as `0 < x` was). Then `x` (a linear layer's GEMM output) is read only to
 //!   make `y`, so the activation runs in the GEMM's epilogue and `x` is never stored: one kernel and one buffer less

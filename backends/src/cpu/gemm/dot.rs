@@ -8,9 +8,11 @@
 //! the loop is bound by the FMA units, not by loads (a row alone: two accumulators per column, eight FMA chains):
 //! 8 x 256 x 784 went from ~108 to ~164 GFLOP/s on two threads with the tiles (a scratch timing of every candidate
 //! on the real kernel, interleaved, 30 rounds). Threads take strips of columns. The epilogue runs as the backend's
-//! pass over C, as for the library candidate. Why it stops at a few rows: `config::DOT_MAX_M`. Written with `std::arch` intrinsics:
-//! the loop is fixed (nothing to specialize at run time that the tuner could choose), so rustc's code is as good as
-//! generated code would be, and is checked like every candidate (`tests/gemm.rs` forces it on every shape).
+//! pass over C, as for the library candidate. Why it stops at a few rows: `config::DOT_MAX_M`.
+//!
+//! Written with `std::arch` intrinsics: the loop is fixed (nothing to specialize at run time that the tuner could
+//! choose), so rustc's code is as good as generated code would be, and is checked like every candidate
+//! (`tests/gemm.rs` forces it on every shape).
 
 use super::Ctx;
 use super::tune::SendPtr as Ptr;
@@ -31,11 +33,11 @@ pub unsafe fn dot_gemm(v: &GemmView, cx: &Ctx) {
     let c = Ptr(cx.c);
     let (m, n, k) = (v.m, v.n, v.k);
     let (a_rs, b_ns) = (v.a.rows as isize, v.b.cols as isize);
-    let strips = super::pool::global().threads().min(n.div_ceil(4)).max(1);
+    let blocks = n.div_ceil(4);
+    let strips = super::pool::global().threads().min(blocks).max(1);
     let run = |s: usize, e: usize| {
         for strip in s..e {
             // Strip bounds on multiples of 4 columns, so every strip but the last runs whole blocks.
-            let blocks = n.div_ceil(4);
             let (j0, j1) = ((strip * blocks / strips * 4).min(n), ((strip + 1) * blocks / strips * 4).min(n));
             // SAFETY: the caller's contract: every (row, k) of A and (k, column) of B lies in its buffer, C is
             // M x N dense and written here only, each strip its own columns.

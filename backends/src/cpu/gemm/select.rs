@@ -166,10 +166,7 @@ fn choose_gemm(
             name: imp.name(),
             score: config::score(&problem.view, imp, threads),
             family: imp.family().to_string(),
-            shape: match imp {
-                GemmImpl::Asm(c) => format!("{}x{}", c.mr, c.nr()),
-                GemmImpl::Library | GemmImpl::Dot => String::new(),
-            },
+            shape: imp.shape(),
         })
         .collect();
     // Each candidate is generated once and kept for its verification and timed runs.
