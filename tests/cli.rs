@@ -1,6 +1,8 @@
 //! The `kiln` binary's cache commands against a temporary KILN_CACHE_DIR: entries made through the library are
 //! listed, exported, cleared, imported back, verified; a corrupt entry fails verify; a foreign bundle is refused.
 
+mod common;
+
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -132,7 +134,7 @@ fn errors_are_one_line_and_non_zero() {
 /// them: those are no model's, and a bundle's plans are compiled by every process that imports it.
 #[test]
 fn tune_stores_winners_and_kernels_but_no_plans() {
-    if !kiln_backends::cpu::gemm::asm::host_supported() {
+    if common::skip_without_avx2() {
         return;
     }
     let cache = TempDir::new().expect("cache");

@@ -49,17 +49,9 @@ fn poison_recycled_memory(len: usize) {
     drop(std::hint::black_box(vec![f32::NAN; len]));
 }
 
-fn skip_without_avx2() -> bool {
-    let no = !kiln_backends::cpu::gemm::asm::host_supported();
-    if no {
-        eprintln!("skipping: this host has no AVX2+FMA, so kiln's generated GEMM never runs here");
-    }
-    no
-}
-
 #[test]
 fn every_candidate_on_ragged_and_blocked_shapes() {
-    if skip_without_avx2() {
+    if common::skip_without_avx2() {
         return;
     }
     for (m, n, k) in [(13, 45, 70), (64, 64, 300), (6, 16, 2), (1, 37, 19), (30, 100, 33), (200, 24, 40)] {
@@ -74,7 +66,7 @@ fn every_candidate_on_ragged_and_blocked_shapes() {
 /// to include it.
 #[test]
 fn dot_candidate_on_ragged_linear_shapes() {
-    if skip_without_avx2() {
+    if common::skip_without_avx2() {
         return;
     }
     let dot_runs = |name: &str, c: &Tensor| {
@@ -105,7 +97,7 @@ fn dot_candidate_on_ragged_linear_shapes() {
 
 #[test]
 fn every_candidate_on_transposed_and_batched_operands() {
-    if skip_without_avx2() {
+    if common::skip_without_avx2() {
         return;
     }
     let cases: Vec<(&str, Tensor)> = vec![
@@ -126,7 +118,7 @@ fn every_candidate_on_transposed_and_batched_operands() {
 
 #[test]
 fn every_candidate_with_each_epilogue() {
-    if skip_without_avx2() {
+    if common::skip_without_avx2() {
         return;
     }
     let (m, n, k) = (14, 41, 37);

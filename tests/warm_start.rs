@@ -8,6 +8,8 @@
 //!
 //! The child processes are this test binary itself, re-run with `KILN_WARM_CHILD` set (see `child_step`).
 
+mod common;
+
 use kiln::{Device, Tensor};
 use std::path::Path;
 use std::process::Command;
@@ -140,7 +142,7 @@ fn child_with(role: &str, cache: &Path, bundle: Option<&Path>, envs: &[(&str, &s
 
 #[test]
 fn imported_bundle_means_no_tuning_and_no_code_generation() {
-    if std::env::var_os("KILN_WARM_CHILD").is_some() || !kiln_backends::cpu::gemm::asm::host_supported() {
+    if std::env::var_os("KILN_WARM_CHILD").is_some() || common::skip_without_avx2() {
         return;
     }
     let build = tempfile::tempdir().unwrap();
@@ -180,7 +182,7 @@ fn imported_bundle_means_no_tuning_and_no_code_generation() {
 /// `fast` run recorded, and once a key is tuned no run of that mode or a lighter one races it again.
 #[test]
 fn a_more_thorough_mode_searches_a_lighter_modes_record_again() {
-    if std::env::var_os("KILN_WARM_CHILD").is_some() || !kiln_backends::cpu::gemm::asm::host_supported() {
+    if std::env::var_os("KILN_WARM_CHILD").is_some() || common::skip_without_avx2() {
         return;
     }
     let cache = tempfile::tempdir().unwrap();
@@ -202,7 +204,7 @@ fn a_more_thorough_mode_searches_a_lighter_modes_record_again() {
 /// model's choice, recorded as untuned, and the next compile that meets it searches it.
 #[test]
 fn keys_past_the_tuning_budget_are_searched_by_a_later_compile() {
-    if std::env::var_os("KILN_WARM_CHILD").is_some() || !kiln_backends::cpu::gemm::asm::host_supported() {
+    if std::env::var_os("KILN_WARM_CHILD").is_some() || common::skip_without_avx2() {
         return;
     }
     let cache = tempfile::tempdir().unwrap();

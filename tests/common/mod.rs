@@ -16,6 +16,16 @@ pub fn devices() -> Vec<Device> {
     v
 }
 
+/// Whether this host lacks AVX2+FMA, where kiln's generated GEMM (and with it GEMM tuning) never runs: says so on
+/// stderr in the one-line form CI's log is searched for, so a test that returns early is never a silent pass.
+pub fn skip_without_avx2() -> bool {
+    let no = !kiln_backends::cpu::gemm::asm::host_supported();
+    if no {
+        eprintln!("skipping: this host has no AVX2+FMA, so kiln's generated GEMM never runs here");
+    }
+    no
+}
+
 /// The wgpu device if this build has it and this machine has an adapter. Without: a panic when `KILN_REQUIRE_WGPU=1`
 /// (CI sets it, so a missing driver fails there), else one line on stderr per test binary saying what is missing,
 /// and `None`.
