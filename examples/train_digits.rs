@@ -14,7 +14,7 @@
 //!   (1,437 = 44 x 32 + 29 with the default 32) and is kept: a batch of another shape is another graph signature,
 //!   so it compiles a second training plan once (in the first epoch) and replays it after. Compiles in all: the
 //!   initial weights, the full-batch step, the partial-batch step and the evaluation pass; none after epoch 1.
-//! - A step is forward + backward + Adam update, realized with the loss as one plan (`opt.step(&grads, &[&loss])`).
+//! - A step is forward + backward + Adam update, realized with the loss as one plan (`opt.step(grads, &[&loss])`).
 //!
 //! ```text
 //! cargo run --release --example train_digits
@@ -333,7 +333,7 @@ pub fn train(
             let (x, y) = train_set.batch(idx, dev)?;
             let loss = F::cross_entropy(&model.forward(&x), &y, Reduction::Mean);
             let grads = loss.backward()?;
-            opt.step(&grads, &[&loss])?;
+            opt.step(grads, &[&loss])?;
             loss_sum += f64::from(loss.item::<f32>()?) * idx.len() as f64;
             times.push(t0.elapsed());
         }

@@ -62,7 +62,7 @@ fn run(batch: usize, steps: usize, dev: &Device) -> kiln::Result<()> {
     let mut step = || -> kiln::Result<Tensor> {
         let loss = (model.forward(&x) - &t).square().sum_all();
         let grads = loss.backward()?;
-        opt.step(&grads, &[&loss])?;
+        opt.step(grads, &[&loss])?;
         // A GPU queue runs ahead of the host: wait, so a step's time is its whole run.
         dev.synchronize()?;
         Ok(loss)
@@ -115,7 +115,10 @@ fn main() -> kiln::Result<()> {
         run(b, steps, &dev)?;
     }
     let s = kiln::stats();
-    println!("plans compiled: {}, cache hits: {}", s.compiles, s.plan_hits);
+    println!(
+        "plans compiled: {}, cache hits: {}, parameter buffers updated in place: {}",
+        s.compiles, s.plan_hits, s.donated_buffers
+    );
     print!("{}", kiln::profile_report());
     Ok(())
 }

@@ -27,6 +27,8 @@ pub(crate) enum State {
     Lazy(Srcs),
     Realized(Arc<Buffer>),
     /// A dead node's allocation kept on this thread's `SPARE` list for the next node: no tensor refers to it.
+    /// Also, while its plan runs, an input whose buffer was donated to an output (`realize/donate.rs`): no one
+    /// outside that realize can reach it then.
     Spare,
 }
 
@@ -254,6 +256,11 @@ impl Tensor {
 
     pub fn device(&self) -> Device {
         self.node.device
+    }
+
+    /// The node's address: its identity while the node is alive (never dereferenced through this).
+    pub(crate) fn node_ptr(&self) -> *const Node {
+        Arc::as_ptr(&self.node)
     }
 
     /// Whether this tensor's value has been computed (it then holds a buffer and no history).

@@ -68,7 +68,7 @@ impl Quadratic {
             .map(|_| {
                 let loss = self.loss(&param.get());
                 let grads = loss.backward().unwrap();
-                opt.step(&grads, &[&loss]).unwrap();
+                opt.step(grads, &[&loss]).unwrap();
                 assert!(loss.is_realized(), "the loss is realized by the step");
                 let p = param.get();
                 assert!(p.is_realized() && p.is_requires_grad(), "the new value is a realized leaf");
@@ -271,7 +271,7 @@ fn parameters_without_a_gradient_are_left_unchanged() {
     for _ in 0..2 {
         let loss = used.get().square().sum_all();
         let grads = loss.backward().unwrap();
-        opt.step(&grads, &[&loss]).unwrap();
+        opt.step(grads, &[&loss]).unwrap();
     }
     assert_eq!(opt.step_count(0), 2);
     assert_eq!(opt.step_count(1), 0, "no gradient, no step: the state does not advance");
@@ -325,7 +325,7 @@ fn one_hundred_training_steps_compile_one_plan_and_keep_memory_flat() {
         {
             let loss = F::cross_entropy(&model.forward(&x), &y, Reduction::Mean);
             let grads = loss.backward().unwrap();
-            opt.step(&grads, &[&loss]).unwrap();
+            opt.step(grads, &[&loss]).unwrap();
             losses.push(loss.item::<f32>().unwrap());
         }
         live_after_step.push(kiln::stats().live_nodes);
@@ -353,7 +353,7 @@ fn the_first_step_realizes_a_lazy_init_separately_and_set_lr_does_not_recompile(
         let loss = F::cross_entropy(&model.forward(&x), &y, Reduction::Mean);
         let grads = loss.backward().unwrap();
         opt.set_lr(0.05 / (1.0 + step as f64)); // a schedule: the learning rate is an input, not a constant
-        opt.step(&grads, &[&loss]).unwrap();
+        opt.step(grads, &[&loss]).unwrap();
     }
     // One plan for the random init (realized on its own by the first step), one for the training step.
     assert_eq!(delta(before, kiln::stats()), (2, 2, 9, 11), "compiles, misses, hits, realizes");
@@ -375,7 +375,7 @@ fn sgd_uses_the_learning_rate_of_each_step() {
         opt.set_lr(lr);
         let loss = p.get().mul(3.0).sum_all(); // gradient 3
         let grads = loss.backward().unwrap();
-        opt.step(&grads, &[&loss]).unwrap();
+        opt.step(grads, &[&loss]).unwrap();
         want -= 3.0f32 * lr as f32;
         assert_eq!(p.get().to_vec::<f32>().unwrap(), [want], "after a step with lr {lr}");
     }
@@ -389,7 +389,7 @@ fn a_step_with_no_gradients_only_realizes_what_it_is_given() {
     let other = Tensor::from_vec(vec![2.0f32], [1], &dev()).unwrap().requires_grad();
     let loss = other.mul(3.0).sum_all();
     let grads = loss.backward().unwrap();
-    opt.step(&grads, &[&loss]).unwrap();
+    opt.step(grads, &[&loss]).unwrap();
     assert_eq!(loss.item::<f32>().unwrap(), 6.0);
     assert_eq!(p.get().to_vec::<f32>().unwrap(), [1.0]);
 }
@@ -401,7 +401,7 @@ fn nesterov_without_momentum_is_refused() {
     let p = Param::new("p", Tensor::from_vec(vec![1.0f32], [1], &dev()).unwrap());
     let loss = p.get().sum_all();
     let grads = loss.backward().unwrap();
-    let _ = Sgd::new(vec![p], 0.1).nesterov(true).step(&grads, &[]);
+    let _ = Sgd::new(vec![p], 0.1).nesterov(true).step(grads, &[]);
 }
 
 #[test]
@@ -434,7 +434,7 @@ fn sgd_on_the_benchmark_mlp_matches_a_recorded_pytorch_run() {
             let h = F::leaky_relu(&layers[1].forward(&h), 0.01);
             let loss = layers[2].forward(&h).sub(t).square().sum_all();
             let grads = loss.backward().unwrap();
-            opt.step(&grads, &[&loss]).unwrap();
+            opt.step(grads, &[&loss]).unwrap();
             got.push(loss.item::<f32>().unwrap() as f64);
         }
         // Summation order differs from PyTorch's (f32 GEMMs of K = 784), and the run passes through a loss spike

@@ -16,6 +16,7 @@ pub mod host_pool;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
+use kiln_jit::kernel::Donation;
 use kiln_jit::{Graph, HostBuffer, RngKey};
 
 /// Memory owned by one device.
@@ -81,6 +82,28 @@ pub trait Executable: Send + Sync {
     /// Runs with `inputs[slot]` bound to `Input { slot }` and `rng[slot]` to `Rand { slot }`; returns the graph's
     /// outputs in order.
     fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError>;
+
+    /// The outputs this plan can write over an input's buffer (`kiln_jit::kernel::Donation`: the plan computes
+    /// the same values either way). Empty where the backend does not donate.
+    fn donations(&self) -> &[Donation] {
+        &[]
+    }
+
+    /// `run`, given by value the buffers of the input slots the caller will never read again: `donated[slot]`
+    /// (`inputs[slot]` is then a placeholder and is not read). Only slots named in `donations()` may be given;
+    /// each one given is taken and becomes its output's buffer, and one not taken (an error before any launch)
+    /// is left in `donated` for the caller to restore.
+    fn run_donating(
+        &self,
+        inputs: &[&Buffer],
+        donated: &mut [Option<Buffer>],
+        rng: &[RngKey],
+    ) -> Result<Vec<Buffer>, BackendError> {
+        if donated.iter().any(Option::is_some) {
+            return Err(BackendError::Execute { device: "?", reason: "this plan takes no donated buffers".into() });
+        }
+        self.run(inputs, rng)
+    }
 }
 
 /// One device.

@@ -136,6 +136,6 @@ pub fn mlp_first_step(batch: usize) -> Duration {
     let h = nn::functional::leaky_relu(&h.matmul(&w[1].get().t()), 0.01);
     let loss = (h.matmul(&w[2].get().t()) - &t).square().sum_all();
     let grads = loss.backward().expect("backward");
-    opt.step(&grads, &[&loss]).expect("step");
+    opt.step(grads, &[&loss]).expect("step");
     t0.elapsed()
 }

@@ -67,14 +67,19 @@ impl Core {
         }
     }
 
-    fn step(&mut self, grads: &Gradients, also_realize: &[&Tensor]) -> Result<()> {
+    fn step(&mut self, grads: Gradients, also_realize: &[&Tensor]) -> Result<()> {
         realize_lazy(&self.params)?;
         let mut scalars = Scalars::default();
         let mut updates = Vec::new();
         let mut steps = Vec::new();
+        let mut replaced = Vec::new();
         for (i, param) in self.params.iter().enumerate() {
             let p = param.get();
-            let Some(g) = grad_of(grads, &p) else { continue };
+            let Some(g) = grad_of(&grads, &p) else { continue };
+            replaced.push(p.node_ptr());
+            if let Some(s) = &self.state[i] {
+                replaced.extend([&s.exp_avg, &s.exp_avg_sq].into_iter().chain(&s.max_exp_avg_sq).map(Tensor::node_ptr));
+            }
             let dev = p.device();
             let (t, m, v, vmax) = match &self.state[i] {
                 Some(s) => (s.step + 1, s.exp_avg.clone(), s.exp_avg_sq.clone(), s.max_exp_avg_sq.clone()),
@@ -120,7 +125,8 @@ impl Core {
             updates.push(update);
             steps.push(t);
         }
-        realize_all(&updates, also_realize)?;
+        drop(grads);
+        realize_all(&updates, also_realize, &replaced)?;
         for (u, t) in updates.into_iter().zip(steps) {
             self.params[u.param].set(u.value);
             let mut s = u.state.into_iter();
@@ -195,7 +201,7 @@ macro_rules! adam_type {
         }
 
         impl Optimizer for $name {
-            fn step(&mut self, grads: &Gradients, also_realize: &[&Tensor]) -> Result<()> {
+            fn step(&mut self, grads: Gradients, also_realize: &[&Tensor]) -> Result<()> {
                 self.core.step(grads, also_realize)
             }
 

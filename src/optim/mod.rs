@@ -9,6 +9,11 @@
 //!    replayed after.
 //! 3. Each `Param` is `set` to its realized new value, a fresh leaf that holds the new buffer and no history; the
 //!    state likewise. Nothing from step `t` stays reachable from step `t + 1`, so memory stays flat.
+//! 4. The new buffer is the old one wherever nothing else can read the old value (buffer donation, decided by
+//!    reference counts in `realize/donate.rs`; `step` consumes the gradients so that they do not hold the old
+//!    values): the update kernel writes each element over the one it read, and a step needs one buffer per
+//!    parameter and state tensor, not two. Where something does hold the old value, the step writes new buffers
+//!    and the values are the same (`tests/donation.rs`).
 //!
 //! Keeping the graph identical from step to step: values that change every step (the learning rate, which a
 //! scheduler may change, and Adam's bias corrections `1 - β^t`) enter the graph as realized 0-dim f64 tensors, not
@@ -36,14 +41,21 @@ use crate::autograd::Gradients;
 use crate::device::Device;
 use crate::error::Result;
 use crate::nn::Param;
-use crate::tensor::Tensor;
+use crate::tensor::{Node, Tensor};
 use kiln_jit::{HostBuffer, Shape};
 
 /// Updates parameters from the gradients of one `backward` call.
 pub trait Optimizer {
     /// One update of every parameter that has a gradient in `grads`, realized in one graph together with
     /// `also_realize` (pass the loss so it is computed by the same plan instead of another pass).
-    fn step(&mut self, grads: &Gradients, also_realize: &[&Tensor]) -> Result<()>;
+    ///
+    /// The step consumes the gradients: with them gone, nothing can read a parameter's old value after the step,
+    /// so the new value is written into the old buffer (buffer donation) wherever the plan allows it, and training
+    /// holds one buffer per parameter and state tensor instead of two. Anything still holding the old values (a
+    /// clone of the gradients, an old parameter tensor, a lazy value computed from one) keeps them intact: the
+    /// update then writes new buffers instead. To read a gradient or a prediction of this step, pass it in
+    /// `also_realize`.
+    fn step(&mut self, grads: Gradients, also_realize: &[&Tensor]) -> Result<()>;
 
     /// The parameters, in the order given (duplicates removed).
     fn params(&self) -> &[Param];
@@ -142,14 +154,17 @@ struct Update {
 }
 
 /// Realizes every update together with `also_realize` in one call. On success the caller installs the values.
-fn realize_all(updates: &[Update], also_realize: &[&Tensor]) -> Result<()> {
+/// `replaced`: the parameters and state tensors the caller overwrites with the new values (each held once, by the
+/// optimizer or its `Param`), whose buffers the new values may then be written into (buffer donation; the caller
+/// must hold no other handle to them, and must have dropped the `Gradients`, which hold the parameters).
+fn realize_all(updates: &[Update], also_realize: &[&Tensor], replaced: &[*const Node]) -> Result<()> {
     let mut targets: Vec<&Tensor> = Vec::with_capacity(also_realize.len() + updates.len() * 3);
     for u in updates {
         targets.push(&u.value);
         targets.extend(u.state.iter());
     }
     targets.extend_from_slice(also_realize);
-    crate::realize(&targets)
+    crate::realize::realize_replacing(&targets, replaced)
 }
 
 /// The gradient of `p` in `grads`, if any.

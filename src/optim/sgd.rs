@@ -101,16 +101,19 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     #[track_caller]
-    fn step(&mut self, grads: &Gradients, also_realize: &[&Tensor]) -> Result<()> {
+    fn step(&mut self, grads: Gradients, also_realize: &[&Tensor]) -> Result<()> {
         if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
             crate::args::fail!("Sgd", "Nesterov momentum requires a momentum and zero dampening");
         }
         realize_lazy(&self.params)?;
         let scalars = &mut self.scalars;
         let mut updates = Vec::new();
+        let mut replaced = Vec::new();
         for (i, param) in self.params.iter().enumerate() {
             let p = param.get();
-            let Some(g) = grad_of(grads, &p) else { continue };
+            let Some(g) = grad_of(&grads, &p) else { continue };
+            replaced.push(p.node_ptr());
+            replaced.extend(self.bufs[i].as_ref().map(Tensor::node_ptr));
             let lr = scalars.get_for("lr", &p, 0, self.lr)?;
             let first = self.bufs[i].is_none();
             let buf = match &self.bufs[i] {
@@ -143,7 +146,8 @@ impl Optimizer for Sgd {
             });
             updates.push(update);
         }
-        realize_all(&updates, also_realize)?;
+        drop(grads);
+        realize_all(&updates, also_realize, &replaced)?;
         for u in updates {
             self.params[u.param].set(u.value);
             if let Some(b) = u.state.into_iter().next() {

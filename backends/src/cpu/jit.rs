@@ -19,7 +19,7 @@ use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use kiln_jit::buffer::HostBuffer;
 use kiln_jit::dtype::DType;
-use kiln_jit::kernel::{KernelIr, KernelPlan, Slot};
+use kiln_jit::kernel::{Donation, KernelIr, KernelPlan, Slot};
 use kiln_jit::render::clif;
 use kiln_jit::{Graph, RngKey};
 use parking_lot::Mutex;
@@ -253,6 +253,8 @@ pub(crate) struct JitPlan {
     temps: Vec<usize>,
     outputs: Vec<(DType, usize)>,
     passthrough: Vec<(usize, usize)>,
+    /// The schedule's donation candidates whose launch loads each element before storing it (see `compile`).
+    donations: Vec<Donation>,
     /// Scratch reused by the next run if no other thread holds it.
     arena: Mutex<Arena>,
 }
@@ -330,7 +332,25 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
             .chain(temps.iter().map(|&w| (DType::I64, w)))
             .chain(inputs.map(|n| (n.dtype, n.shape.numel()))),
     );
-    Ok(JitPlan { launches, temps, outputs, passthrough: plan.passthrough.clone(), arena: Mutex::new(Arena::default()) })
+    // A Cranelift kernel loads an element's operands before it stores the element; a GEMM does so only with one K
+    // block and its epilogue in registers (otherwise C holds partial sums, or the GEMM's result before the
+    // epilogue pass reads the operand).
+    let donations = plan
+        .donation_candidates()
+        .into_iter()
+        .filter(|d| match &launches[d.launch].exec {
+            Exec::Clif(_) => true,
+            Exec::Gemm(g) => g.reads_epilogue_before_store(),
+        })
+        .collect();
+    Ok(JitPlan {
+        launches,
+        temps,
+        outputs,
+        passthrough: plan.passthrough.clone(),
+        donations,
+        arena: Mutex::new(Arena::default()),
+    })
 }
 
 /// Marks `len` elements of an output written.
@@ -403,15 +423,52 @@ unsafe impl Sync for LaunchArgs {}
 
 impl Executable for JitPlan {
     fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
+        self.run_donating(inputs, &mut [], rng)
+    }
+
+    fn donations(&self) -> &[Donation] {
+        &self.donations
+    }
+
+    fn run_donating(
+        &self,
+        inputs: &[&Buffer],
+        donated: &mut [Option<Buffer>],
+        rng: &[RngKey],
+    ) -> Result<Vec<Buffer>, BackendError> {
         // Checked once up front instead of collected into a Vec: replay allocates nothing it does not hand back.
         for b in inputs {
             super::as_host(b)?;
         }
+        let given = |slot: usize| donated.get(slot).is_some_and(Option::is_some);
+        for (slot, d) in donated.iter().enumerate() {
+            match d {
+                Some(Buffer::Host(_)) if self.donations.iter().any(|d| d.input == slot) => {}
+                None => {}
+                _ => {
+                    return Err(BackendError::Execute {
+                        device: NAME,
+                        reason: format!("input {slot} cannot be donated"),
+                    });
+                }
+            }
+        }
         let host =
             |i: usize| -> &HostBuffer { super::as_host(inputs[i]).unwrap_or_else(|_| unreachable!("checked above")) };
-        // Built as the `Buffer`s handed back, so the run allocates one Vec for them and nothing else of its own.
-        let mut outputs: Vec<Buffer> =
-            self.outputs.iter().map(|&(d, n)| Buffer::Host(crate::host_pool::take(d, n))).collect();
+        // Built as the `Buffer`s handed back, so the run allocates one Vec for them and nothing else of its own. A
+        // donated input becomes its output, and its launches read it there.
+        let mut donor_of_output: smallvec::SmallVec<[(usize, usize); 8]> = smallvec::SmallVec::new();
+        for d in &self.donations {
+            if given(d.input) {
+                donor_of_output.push((d.output, d.input));
+            }
+        }
+        let mut outputs: Vec<Buffer> = Vec::with_capacity(self.outputs.len());
+        for (o, &(d, n)) in self.outputs.iter().enumerate() {
+            let donor = donor_of_output.iter().find(|&&(out, _)| out == o).and_then(|&(_, s)| donated[s].take());
+            outputs.push(donor.unwrap_or_else(|| Buffer::Host(crate::host_pool::take(d, n))));
+        }
+        let output_of_input = |i: usize| donor_of_output.iter().find(|&&(_, s)| s == i).map(|&(o, _)| o);
         for &(o, i) in &self.passthrough {
             outputs[o] = Buffer::Host(host(i).clone());
         }
@@ -437,7 +494,10 @@ impl Executable for JitPlan {
             ptrs.clear();
             for s in l.inputs.iter().chain([&l.output]) {
                 ptrs.push(match *s {
-                    Slot::Input(i) => read_ptr(host(i)),
+                    Slot::Input(i) => match output_of_input(i) {
+                        Some(o) => out_ptrs[o],
+                        None => read_ptr(host(i)),
+                    },
                     Slot::Temp(t) => write_ptr(&mut temps[t]),
                     Slot::Output(o) => out_ptrs[o],
                 });
@@ -450,7 +510,8 @@ impl Executable for JitPlan {
                     pool::global().parallel_for_work(l.rows, l.work, &call);
                 }
                 // SAFETY: `ptrs` holds the launch's input buffers then its output, sized as its kernel IR declares
-                // (the same contract as a Cranelift kernel), and the schedule never makes an output an input.
+                // (the same contract as a Cranelift kernel). An output is an input of its own launch only as a
+                // donation, which `compile` kept for this GEMM because it loads each element before storing it.
                 Exec::Gemm(g) => unsafe { g.run(ptrs) },
             }
             if let Some(t0) = t0 {

@@ -1,6 +1,7 @@
 //! From graph to kernels: fusion and scheduling (`schedule`), lowering to the target-neutral kernel IR (`lower`,
 //! `ir`, `index`), and a host evaluator of that IR (`eval`), which is the reference every renderer is held to.
 
+mod donate;
 pub mod eval;
 pub mod gemm;
 pub mod index;
@@ -9,6 +10,7 @@ mod lower;
 pub mod schedule;
 pub mod simplify;
 
+pub use donate::Donation;
 pub use index::IExpr;
 pub use ir::{BufParam, Inst, InstOp, KernelIr, Reduce, Valid, ValueId};
 pub use schedule::{KernelPlan, Launch, ScheduleOptions, Slot, schedule, schedule_with};

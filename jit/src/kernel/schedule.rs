@@ -12,6 +12,8 @@
 //!    as an epilogue (`(a * b + c).relu().sum(1)` and `x.matmul(&w) + b` then relu are one kernel each).
 //! 4. Kernels run in topological order. Intermediate buffers live from the launch that writes them to the last
 //!    launch that reads them, and share arena slots when their lifetimes do not overlap.
+//! 5. Except that a kernel replacing an input (a parameter update) runs last, so its output may take the input's
+//!    buffer (`donate.rs`).
 //!
 //! Deliberately not done yet: multi-output kernels (two reductions of the same input run as two kernels), and
 //! splitting a reduction across threads (a full reduction to one value runs on one core).
@@ -269,14 +271,35 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     // Rule 4: kernels in order, then slots.
     let kernels: Vec<NodeIndex> =
         order.iter().copied().filter(|&n| mat[n.index()] && !matches!(graph.node(n).op, Op::Input { .. })).collect();
+    let mut launches_raw: Vec<_> = kernels
+        .iter()
+        .map(|&k| {
+            let (ir, reads) = lower(graph, k, stage[k.index()], &mat);
+            (k, ir, reads)
+        })
+        .collect();
+    // Rule 5: a replacement of an input (an output nothing reads, computed from an input of its dtype and size: a
+    // parameter's update) runs after every other kernel, so no later kernel reads the input it replaces and the
+    // output may be written over it (`donate.rs`; the batch-1 MLP step updated W2 before its backward GEMV read
+    // W2). Moving a kernel nothing reads to the end never breaks a dependency.
+    let replaces_input = |k: NodeIndex, reads: &[NodeIndex]| {
+        let d = graph.node(k);
+        is_output(k)
+            && consumers[k.index()].is_empty()
+            && reads.iter().any(|&r| {
+                let i = graph.node(r);
+                matches!(i.op, Op::Input { .. }) && i.dtype == d.dtype && i.shape.numel() == d.shape.numel()
+            })
+    };
+    let (mut early, late): (Vec<_>, Vec<_>) =
+        launches_raw.drain(..).partition(|(k, _, reads)| !replaces_input(*k, reads));
+    early.extend(late);
+    let launches_raw = early;
     let mut last_read = vec![0usize; bound];
-    let mut launches_raw = Vec::with_capacity(kernels.len());
-    for (step, &k) in kernels.iter().enumerate() {
-        let (ir, reads) = lower(graph, k, stage[k.index()], &mat);
-        for &r in &reads {
+    for (step, (_, _, reads)) in launches_raw.iter().enumerate() {
+        for &r in reads {
             last_read[r.index()] = step;
         }
-        launches_raw.push((k, ir, reads));
     }
 
     let mut slot_of: Vec<Option<Slot>> = vec![None; bound];

@@ -183,6 +183,14 @@ impl CompiledGemm {
         Ok(g)
     }
 
+    /// Whether every element of C is stored only after the epilogue read its operands at that element, so C may
+    /// be written over one of them (a donated input, see `kiln_jit::kernel::Donation`): one K block with the
+    /// epilogue in registers. With several K blocks C holds partial sums first; the library and dot-product
+    /// candidates, and a register tile that left its epilogue to a pass, store the product before the pass reads.
+    pub fn reads_epilogue_before_store(&self) -> bool {
+        matches!(self.imp, GemmImpl::Asm(c) if self.view.k <= c.kc) && !self.uses_pass
+    }
+
     /// Chooses between the register epilogue and the pass; returns the program to generate.
     fn epilogue_program(&mut self, k: &KernelIr, ep: &Option<Epilogue>) -> asm::EpProgram {
         match ep {
@@ -206,7 +214,8 @@ impl CompiledGemm {
     ///
     /// # Safety
     /// Every pointer must be valid for the buffer the kernel IR declares at that position (its dtype and length),
-    /// and the output must not alias an input.
+    /// and the output must not alias an input, except an epilogue operand read at the output's own element when
+    /// [`Self::reads_epilogue_before_store`] holds.
     pub unsafe fn run(&self, ptrs: &[*mut u8]) {
         let n_in = self.input_dtypes.len();
         let mut uniforms = [[0f32; 8]; 16];

@@ -16,6 +16,8 @@
 //! Deliberately not done yet: constant values are part of the signature (a changing learning rate recompiles;
 //! pass it as a tensor to avoid that), and there is no eviction from the plan cache.
 
+mod donate;
+
 use crate::device::Device;
 use crate::error::Result;
 use crate::tensor::{LIVE_NODES, Node, State, Tensor};
@@ -40,6 +42,7 @@ static HITS: AtomicU64 = AtomicU64::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
 static COMPILES: AtomicU64 = AtomicU64::new(0);
 static REALIZES: AtomicU64 = AtomicU64::new(0);
+static DONATIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Counters of the runtime, process-wide.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,6 +57,9 @@ pub struct Stats {
     pub realizes: u64,
     /// Plans held in the cache now.
     pub cached_plans: usize,
+    /// Outputs written into the buffer of an input nothing else could read any more (buffer donation: an
+    /// optimizer step's parameters and state, see `Optimizer::step`), instead of into a new buffer.
+    pub donated_buffers: u64,
     /// Tensor nodes alive now (lazy or realized).
     pub live_nodes: usize,
     /// GEMM autotuning searches run (a tuning-cache miss with `KILN_AUTOTUNE` fast or full).
@@ -85,6 +91,7 @@ pub fn stats() -> Stats {
         compiles: COMPILES.load(Ordering::Relaxed),
         realizes: REALIZES.load(Ordering::Relaxed),
         cached_plans: PLANS.len(),
+        donated_buffers: DONATIONS.load(Ordering::Relaxed),
         live_nodes: LIVE_NODES.load(Ordering::Relaxed),
         tunings: g.tunings,
         tune_hits: g.tune_hits,
@@ -298,11 +305,18 @@ impl Walk {
 
 /// Computes the values of `tensors` as one graph per device (already realized tensors are skipped).
 pub fn realize(tensors: &[&Tensor]) -> Result<()> {
+    realize_replacing(tensors, &[])
+}
+
+/// [`realize`], told that each node in `replaced` has one handle outside the graph that the caller overwrites
+/// right after (an optimizer's parameter slot): that handle does not keep the node's buffer from being donated to
+/// an output (`donate.rs`).
+pub(crate) fn realize_replacing(tensors: &[&Tensor], replaced: &[*const Node]) -> Result<()> {
     // The common case, one device: the walk itself skips tensors that are already realized.
     if let Some(first) = tensors.first()
         && tensors.iter().all(|t| t.device() == first.device())
     {
-        return realize_on(first.device(), tensors);
+        return realize_on(first.device(), tensors, replaced);
     }
     let mut devices: Vec<Device> = tensors.iter().map(|t| t.device()).collect();
     devices.dedup();
@@ -310,26 +324,26 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
         let targets: Vec<&Tensor> =
             tensors.iter().copied().filter(|t| t.device() == device && !t.is_realized()).collect();
         if !targets.is_empty() {
-            realize_on(device, &targets)?;
+            realize_on(device, &targets, replaced)?;
         }
     }
     Ok(())
 }
 
-fn realize_on(device: Device, targets: &[&Tensor]) -> Result<()> {
+fn realize_on(device: Device, targets: &[&Tensor], replaced: &[*const Node]) -> Result<()> {
     let mut walk = Walk::take();
-    let result = realize_walk(&mut walk, device, targets);
+    let result = realize_walk(&mut walk, device, targets, replaced);
     walk.recycle();
     result
 }
 
-fn realize_walk(walk: &mut Walk, device: Device, targets: &[&Tensor]) -> Result<()> {
+fn realize_walk(walk: &mut Walk, device: Device, targets: &[&Tensor], replaced: &[*const Node]) -> Result<()> {
     let mut outputs = std::mem::take(&mut walk.outputs);
     walk.sign(device, targets, &mut outputs);
     let result = if outputs.is_empty() {
         Ok(()) // realized by another thread meanwhile
     } else {
-        run_walk(walk, device, &outputs)
+        run_walk(walk, device, &outputs, replaced)
     };
     walk.outputs = outputs;
     result
@@ -354,8 +368,9 @@ pub(crate) fn prebuild(signature: &[u64], graph: &Graph, device: Device) -> Resu
     compile_plan(signature, graph, device).map(|_| true)
 }
 
-/// Finds (or compiles) the plan of a finished walk, runs it, and gives each output node its buffer.
-fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32]) -> Result<()> {
+/// Finds (or compiles) the plan of a finished walk, runs it (donating the inputs it may, `donate.rs`), and gives
+/// each output node its buffer.
+fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32], replaced: &[*const Node]) -> Result<()> {
     let cached = PLANS.get(walk.signature.as_slice()).map(|p| p.clone());
     let plan = match cached {
         Some(p) => {
@@ -368,13 +383,32 @@ fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32]) -> Result<()> {
         }
     };
 
+    let mut donated: Vec<Option<Buffer>> = Vec::new();
+    let donations = plan.exec.donations();
+    let taken = if donations.is_empty() {
+        smallvec::SmallVec::new()
+    } else {
+        walk.take_donations(donations, outputs, replaced, &mut donated)
+    };
     // Inline for the common input counts: no allocation of its own on the replay path.
     let inputs: smallvec::SmallVec<[&Buffer; 16]> = walk.inputs.iter().map(|b| &**b).collect();
-    let results = plan.exec.run(&inputs, &walk.rng)?;
+    let results = match plan.exec.run_donating(&inputs, &mut donated, &walk.rng) {
+        Ok(r) => r,
+        Err(e) => {
+            drop(inputs);
+            walk.restore_donations(&taken, &mut donated);
+            return Err(e.into());
+        }
+    };
     REALIZES.fetch_add(1, Ordering::Relaxed);
+    if !taken.is_empty() {
+        DONATIONS.fetch_add(taken.len() as u64, Ordering::Relaxed);
+    }
+    let results: smallvec::SmallVec<[Arc<Buffer>; 8]> = results.into_iter().map(Arc::new).collect();
+    walk.finish_donations(&taken, &results);
     for (&o, buffer) in outputs.iter().zip(results) {
         let node = &walk.nodes[o as usize].tensor.node;
-        let history = std::mem::replace(&mut *node.state.lock(), State::Realized(Arc::new(buffer)));
+        let history = std::mem::replace(&mut *node.state.lock(), State::Realized(buffer));
         drop(history); // outside the lock: dropping history may free a long chain
     }
     Ok(())
