@@ -197,3 +197,29 @@ fn any_realize_may_write_over_an_input_nobody_else_holds() {
     assert_eq!(c.to_vec::<f32>().expect("download"), want);
     assert_eq!(c.dtype(), DType::F32);
 }
+
+#[test]
+fn a_thread_reading_a_parameter_during_steps_sees_whole_values_and_changes_none() {
+    let _s = serial();
+    let reference = Net::new(2);
+    train(&reference, 40, |_| ());
+    let net = Net::new(2);
+    let w = net.w[0].clone();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let v = w.get().to_vec::<f32>().expect("read during a step");
+                assert_eq!(v.len(), 24 * 16);
+                assert!(v.iter().all(|x| x.is_finite()));
+                reads += 1;
+            }
+            reads
+        });
+        train(&net, 40, |_| ());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(reader.join().expect("reader") > 0);
+    });
+    assert_eq!(net.weights(), reference.weights());
+}

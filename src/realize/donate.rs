@@ -18,42 +18,48 @@
 //! never changes a value. The donated node, which no one can read, ends up holding the new buffer (as a tensor
 //! updated in place does in PyTorch), so even a count this analysis got wrong could never expose freed memory.
 
-use super::{Kind, Walk};
+use super::{Kind, Walk, Walked};
 use crate::tensor::{Node, State};
 use kiln_backends::Buffer;
 use kiln_jit::HostBuffer;
 use kiln_jit::kernel::Donation;
+use parking_lot::MutexGuard;
 use std::sync::{Arc, LazyLock};
 
 /// What the walk passes for a donated slot's `&Buffer` (the plan reads the donated buffer itself).
 static PLACEHOLDER: LazyLock<Arc<Buffer>> = LazyLock::new(|| Arc::new(Buffer::Host(HostBuffer::F32(Vec::new()))));
 
-/// A donated input: its slot and the walked node it was taken from.
-pub(super) struct Taken {
-    pub slot: usize,
-    pub node: u32,
-    pub output: usize,
+/// A donated input: its slot, the output that takes its buffer, and its node's state, locked from the moment the
+/// buffer is taken until the node holds the output's buffer (or its own again): another thread that obtained a
+/// handle meanwhile (a `Param::get` racing the step) waits for the new value instead of finding no buffer.
+pub(super) struct Taken<'a> {
+    slot: usize,
+    output: usize,
+    state: MutexGuard<'a, State>,
 }
 
 impl Walk {
-    /// Takes, for each of `donations` this realize may use, the input's buffer into `donated[slot]`, leaving the
-    /// node without a buffer until [`Walk::finish_donations`] or [`Walk::restore_donations`]. `outputs` are the
-    /// plan's outputs (walked ids); `replaced` the nodes whose one outside handle the caller replaces right after.
-    pub(super) fn take_donations(
+    /// The donations of `donations` this realize may use (module docs), as (walked input id, donation). `outputs`
+    /// are the plan's outputs (walked ids); `replaced` the nodes whose one outside handle the caller replaces right
+    /// after.
+    pub(super) fn usable_donations(
         &mut self,
         donations: &[Donation],
         outputs: &[u32],
         replaced: &[*const Node],
-        donated: &mut Vec<Option<Buffer>>,
-    ) -> smallvec::SmallVec<[Taken; 4]> {
-        let mut taken = smallvec::SmallVec::new();
+    ) -> smallvec::SmallVec<[(u32, Donation); 4]> {
         let n = self.nodes.len();
-        let mut uses = vec![0u32; n];
+        // Kept in the walk between realizations: a replayed step allocates nothing here.
+        let mut uses = std::mem::take(&mut self.uses);
+        uses.clear();
+        uses.resize(n, 0);
         for &s in &self.src_ids {
             uses[s as usize] += 1;
         }
         // Bit j of `reach[id]`: node `id` depends on the input of candidate j (at most 64 candidates are tried).
-        let mut reach = vec![0u64; n];
+        let mut reach = std::mem::take(&mut self.reach);
+        reach.clear();
+        reach.resize(n, 0);
         let mut blocked = 0u64;
         let mut inputs_at: smallvec::SmallVec<[(u32, usize); 8]> = smallvec::SmallVec::new();
         for (id, w) in self.nodes.iter().enumerate() {
@@ -78,47 +84,60 @@ impl Walk {
                 blocked |= bits;
             }
         }
-        for (id, j) in inputs_at {
-            let d = donations[j];
-            if blocked & (1 << j) != 0 || Arc::strong_count(&self.inputs[d.input]) != 2 {
-                continue;
-            }
-            let mut state = self.nodes[id as usize].tensor.node.state.lock();
-            let State::Realized(buffer) = std::mem::replace(&mut *state, State::Spare) else {
-                unreachable!("an input node is realized");
-            };
-            self.inputs[d.input] = PLACEHOLDER.clone();
-            match Arc::try_unwrap(buffer) {
-                Ok(b) => {
-                    if donated.len() <= d.input {
-                        donated.resize_with(d.input + 1, || None);
-                    }
-                    donated[d.input] = Some(b);
-                    taken.push(Taken { slot: d.input, node: id, output: d.output });
-                }
-                Err(buffer) => {
-                    self.inputs[d.input] = buffer.clone();
-                    *state = State::Realized(buffer);
-                }
-            }
-        }
-        taken
+        self.uses = uses;
+        self.reach = reach;
+        inputs_at
+            .into_iter()
+            .filter(|&(_, j)| blocked & (1 << j) == 0 && Arc::strong_count(&self.inputs[donations[j].input]) == 2)
+            .map(|(id, j)| (id, donations[j]))
+            .collect()
     }
+}
 
-    /// After a successful run: each donated node holds its output's buffer (`results[output]`).
-    pub(super) fn finish_donations(&self, taken: &[Taken], results: &[Arc<Buffer>]) {
-        for t in taken {
-            *self.nodes[t.node as usize].tensor.node.state.lock() = State::Realized(results[t.output].clone());
+/// Takes the buffer of each of `usable` into `donated[slot]` (a placeholder stays in `inputs[slot]`), locking its
+/// node (see `Taken`). A buffer that turns out to be shared after all stays where it was.
+pub(super) fn take<'a>(
+    nodes: &'a [Walked],
+    inputs: &mut [Arc<Buffer>],
+    usable: &[(u32, Donation)],
+    donated: &mut smallvec::SmallVec<[Option<Buffer>; 8]>,
+) -> smallvec::SmallVec<[Taken<'a>; 4]> {
+    let mut taken = smallvec::SmallVec::new();
+    for &(id, d) in usable {
+        let mut state = nodes[id as usize].tensor.node.state.lock();
+        let State::Realized(buffer) = std::mem::replace(&mut *state, State::Spare) else {
+            unreachable!("an input node is realized");
+        };
+        inputs[d.input] = PLACEHOLDER.clone();
+        match Arc::try_unwrap(buffer) {
+            Ok(b) => {
+                if donated.len() <= d.input {
+                    donated.resize_with(d.input + 1, || None);
+                }
+                donated[d.input] = Some(b);
+                taken.push(Taken { slot: d.input, output: d.output, state });
+            }
+            Err(buffer) => {
+                inputs[d.input] = buffer.clone();
+                *state = State::Realized(buffer);
+            }
         }
     }
+    taken
+}
 
-    /// After a failed run: gives each donated node back the buffer the plan did not take (a plan takes donated
-    /// buffers only once it can no longer fail, so all of them are still there).
-    pub(super) fn restore_donations(&mut self, taken: &[Taken], donated: &mut [Option<Buffer>]) {
-        for t in taken {
-            let buffer = Arc::new(donated[t.slot].take().unwrap_or_else(|| unreachable!("a failed run takes none")));
-            self.inputs[t.slot] = buffer.clone();
-            *self.nodes[t.node as usize].tensor.node.state.lock() = State::Realized(buffer);
-        }
+/// After a successful run: each donated node holds its output's buffer (`results[output]`), and is unlocked.
+pub(super) fn finish(taken: smallvec::SmallVec<[Taken<'_>; 4]>, results: &[Arc<Buffer>]) {
+    for mut t in taken {
+        *t.state = State::Realized(results[t.output].clone());
+    }
+}
+
+/// After a failed run: gives each donated node back the buffer the plan did not take (a plan takes donated
+/// buffers only once it can no longer fail, so all of them are still there), and unlocks it.
+pub(super) fn restore(taken: smallvec::SmallVec<[Taken<'_>; 4]>, donated: &mut [Option<Buffer>]) {
+    for mut t in taken {
+        let buffer = donated[t.slot].take().unwrap_or_else(|| unreachable!("a failed run takes none"));
+        *t.state = State::Realized(Arc::new(buffer));
     }
 }

@@ -146,6 +146,9 @@ struct Walk {
     frames: Vec<Frame>,
     /// Ids of the nodes to realize, in the order of the plan's outputs.
     outputs: Vec<u32>,
+    /// Scratch of `take_donations`: uses of each node by the walked graph, and which donation candidates it reaches.
+    uses: Vec<u32>,
+    reach: Vec<u64>,
 }
 
 thread_local! {
@@ -383,20 +386,20 @@ fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32], replaced: &[*const
         }
     };
 
-    let mut donated: Vec<Option<Buffer>> = Vec::new();
+    let mut donated: smallvec::SmallVec<[Option<Buffer>; 8]> = smallvec::SmallVec::new();
     let donations = plan.exec.donations();
-    let taken = if donations.is_empty() {
+    let usable = if donations.is_empty() {
         smallvec::SmallVec::new()
     } else {
-        walk.take_donations(donations, outputs, replaced, &mut donated)
+        walk.usable_donations(donations, outputs, replaced)
     };
+    let taken = donate::take(&walk.nodes, &mut walk.inputs, &usable, &mut donated);
     // Inline for the common input counts: no allocation of its own on the replay path.
     let inputs: smallvec::SmallVec<[&Buffer; 16]> = walk.inputs.iter().map(|b| &**b).collect();
     let results = match plan.exec.run_donating(&inputs, &mut donated, &walk.rng) {
         Ok(r) => r,
         Err(e) => {
-            drop(inputs);
-            walk.restore_donations(&taken, &mut donated);
+            donate::restore(taken, &mut donated);
             return Err(e.into());
         }
     };
@@ -405,7 +408,7 @@ fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32], replaced: &[*const
         DONATIONS.fetch_add(taken.len() as u64, Ordering::Relaxed);
     }
     let results: smallvec::SmallVec<[Arc<Buffer>; 8]> = results.into_iter().map(Arc::new).collect();
-    walk.finish_donations(&taken, &results);
+    donate::finish(taken, &results);
     for (&o, buffer) in outputs.iter().zip(results) {
         let node = &walk.nodes[o as usize].tensor.node;
         let history = std::mem::replace(&mut *node.state.lock(), State::Realized(buffer));
