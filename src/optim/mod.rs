@@ -2,7 +2,7 @@
 //! AMSGrad) and `AdamW` (decoupled weight decay), with PyTorch's update formulas.
 //!
 //! How a step runs, and why it replays one compiled plan:
-//! 1. `step(&grads, &[&loss])` builds every parameter's new value and new optimizer state (momentum buffers, Adam
+//! 1. `step(grads, &[&loss])` builds every parameter's new value and new optimizer state (momentum buffers, Adam
 //!    moments) as LAZY tensors, under `no_grad`, from the lazy gradients `backward` returned.
 //! 2. It realizes all of them together with `also_realize` (typically the loss) in ONE `kiln::realize` call, so
 //!    the forward pass, the backward pass and the update are one graph: one plan, compiled on the first step and
