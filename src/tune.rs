@@ -80,9 +80,14 @@ pub struct Warmed {
 /// so the first step is as warm as after an import. Bad entries are rejected with a warning, as at any lookup.
 pub fn warm_from_cache() -> Warmed {
     let (records, artifacts) = kiln_autotune::Store::global().load_all();
+    Warmed { records, artifacts, plans: prepare_stored() }
+}
+
+/// What an import and a warm start both prepare once the store's memory holds the entries: the runtime's one-time
+/// costs (mapped kernels, pool buffers, the GEMM runtime), then the persisted plans. Returns the plans compiled.
+fn prepare_stored() -> usize {
     kiln_backends::cpu::warm_runtime();
-    let plans = crate::plan_store::build_persisted();
-    Warmed { records, artifacts, plans }
+    crate::plan_store::build_persisted()
 }
 
 /// Loads a bundle written by [`export_bundle`] on a machine with the same CPU fingerprint and kiln version, and
@@ -95,7 +100,6 @@ pub fn warm_from_cache() -> Warmed {
 /// cannot be compiled is skipped with a warning and compiled at its first use, as without a bundle).
 pub fn import_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary> {
     let summary = kiln_autotune::Store::global().import_bundle(path.as_ref())?;
-    kiln_backends::cpu::warm_runtime();
-    crate::plan_store::build_persisted();
+    prepare_stored();
     Ok(summary)
 }

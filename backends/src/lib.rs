@@ -100,7 +100,10 @@ pub trait Executable: Send + Sync {
         rng: &[RngKey],
     ) -> Result<Vec<Buffer>, BackendError> {
         if donated.iter().any(Option::is_some) {
-            return Err(BackendError::Execute { device: "?", reason: "this plan takes no donated buffers".into() });
+            return Err(BackendError::Unsupported {
+                device: "this backend",
+                reason: "its plans take no donated buffers".into(),
+            });
         }
         self.run(inputs, rng)
     }

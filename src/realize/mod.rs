@@ -8,7 +8,8 @@
 //! 3. The plan cache maps (device, signature) to a compiled `Plan`. The key is the whole signature, not a hash of
 //!    it, so a collision can never return the wrong plan. Only on a miss is the walked graph copied into the
 //!    petgraph `StableGraph` that passes and backends read: the hit path builds no graph.
-//! 4. Run the plan, then give each target its buffer and drop its history.
+//! 4. Run the plan, then give each target its buffer and drop its history. An output may be written over an input
+//!    that nothing can read after this realize (buffer donation: `donate.rs`), as a training step's parameters.
 //!
 //! A CPU plan's signature is also persisted (`plan_store`): a bundle carries the plans its model ran, and an import
 //! compiles them, so a deployed process's first step is a cache hit. The encoding lives in `signature.rs`.
@@ -146,7 +147,8 @@ struct Walk {
     frames: Vec<Frame>,
     /// Ids of the nodes to realize, in the order of the plan's outputs.
     outputs: Vec<u32>,
-    /// Scratch of `take_donations`: uses of each node by the walked graph, and which donation candidates it reaches.
+    /// Scratch of `usable_donations`: uses of each node by the walked graph, and which donation candidates it
+    /// reaches.
     uses: Vec<u32>,
     reach: Vec<u64>,
 }

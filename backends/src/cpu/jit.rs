@@ -321,9 +321,10 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     }
     let temps: Vec<usize> = plan.temps.iter().map(|&bytes| bytes.div_ceil(8)).collect();
     let outputs: Vec<(DType, usize)> = plan.outputs.iter().map(|b| (b.dtype, b.len)).collect();
-    // The buffers live while this plan runs (what it takes from the host pool, and its inputs, which a training
-    // step replaces with its outputs, so each parameter's size is needed twice), for the buffer profile a warm
-    // process pre-allocates.
+    // The buffers live while this plan runs (what it takes from the host pool, and its inputs), for the buffer
+    // profile a warm process pre-allocates. An output that will take a donated input's buffer is counted anyway:
+    // whether it does is decided per run (something may hold the old value), and a spare pooled buffer costs
+    // memory only, where a missing one costs page faults in the first step.
     let inputs = graph.g.node_weights().filter(|n| matches!(n.op, kiln_jit::Op::Input { .. }));
     crate::host_pool::remember_plan_buffers(
         outputs
@@ -440,29 +441,27 @@ impl Executable for JitPlan {
         for b in inputs {
             super::as_host(b)?;
         }
-        let given = |slot: usize| donated.get(slot).is_some_and(Option::is_some);
-        for (slot, d) in donated.iter().enumerate() {
-            match d {
-                Some(Buffer::Host(_)) if self.donations.iter().any(|d| d.input == slot) => {}
-                None => {}
-                _ => {
-                    return Err(BackendError::Execute {
-                        device: NAME,
-                        reason: format!("input {slot} cannot be donated"),
-                    });
-                }
+        // Every buffer given must be one this plan can take, of its output's dtype and length: checked before any
+        // is taken, so that on an error the caller still has them all.
+        for (slot, given) in donated.iter().enumerate() {
+            let fits = |d: &Donation| match given {
+                Some(Buffer::Host(h)) => d.input == slot && (h.dtype(), h.len()) == self.outputs[d.output],
+                _ => false,
+            };
+            if given.is_some() && !self.donations.iter().any(fits) {
+                return Err(BackendError::Execute { device: NAME, reason: format!("input {slot} cannot be donated") });
             }
         }
         let host =
             |i: usize| -> &HostBuffer { super::as_host(inputs[i]).unwrap_or_else(|_| unreachable!("checked above")) };
-        // Built as the `Buffer`s handed back, so the run allocates one Vec for them and nothing else of its own. A
-        // donated input becomes its output, and its launches read it there.
-        let mut donor_of_output: smallvec::SmallVec<[(usize, usize); 8]> = smallvec::SmallVec::new();
-        for d in &self.donations {
-            if given(d.input) {
-                donor_of_output.push((d.output, d.input));
-            }
-        }
+        // (output, input) of each donation given: that input's buffer becomes the output, and launches read it there.
+        let donor_of_output: smallvec::SmallVec<[(usize, usize); 8]> = self
+            .donations
+            .iter()
+            .filter(|d| donated.get(d.input).is_some_and(Option::is_some))
+            .map(|d| (d.output, d.input))
+            .collect();
+        // Built as the `Buffer`s handed back, so the run allocates one Vec for them and nothing else of its own.
         let mut outputs: Vec<Buffer> = Vec::with_capacity(self.outputs.len());
         for (o, &(d, n)) in self.outputs.iter().enumerate() {
             let donor = donor_of_output.iter().find(|&&(out, _)| out == o).and_then(|&(_, s)| donated[s].take());

@@ -271,13 +271,6 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     // Rule 4: kernels in order, then slots.
     let kernels: Vec<NodeIndex> =
         order.iter().copied().filter(|&n| mat[n.index()] && !matches!(graph.node(n).op, Op::Input { .. })).collect();
-    let mut launches_raw: Vec<_> = kernels
-        .iter()
-        .map(|&k| {
-            let (ir, reads) = lower(graph, k, stage[k.index()], &mat);
-            (k, ir, reads)
-        })
-        .collect();
     // Rule 5: a replacement of an input (an output nothing reads, computed from an input of its dtype and size: a
     // parameter's update) runs after every other kernel, so no later kernel reads the input it replaces and the
     // output may be written over it (`donate.rs`; the batch-1 MLP step updated W2 before its backward GEMV read
@@ -291,10 +284,14 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
                 matches!(i.op, Op::Input { .. }) && i.dtype == d.dtype && i.shape.numel() == d.shape.numel()
             })
     };
-    let (mut early, late): (Vec<_>, Vec<_>) =
-        launches_raw.drain(..).partition(|(k, _, reads)| !replaces_input(*k, reads));
-    early.extend(late);
-    let launches_raw = early;
+    let (mut launches_raw, last): (Vec<_>, Vec<_>) = kernels
+        .iter()
+        .map(|&k| {
+            let (ir, reads) = lower(graph, k, stage[k.index()], &mat);
+            (k, ir, reads)
+        })
+        .partition(|(k, _, reads)| !replaces_input(*k, reads));
+    launches_raw.extend(last);
     let mut last_read = vec![0usize; bound];
     for (step, (_, _, reads)) in launches_raw.iter().enumerate() {
         for &r in reads {
