@@ -40,6 +40,14 @@ pub enum Error {
     /// A weights file does not fit a module: missing or unexpected names, or shapes that differ (all listed).
     #[error("load_module: {} does not fit the module: {}", path.display(), problems.join("; "))]
     StateDict { path: std::path::PathBuf, problems: Vec<String> },
+    /// An optimizer state (`load_state_dict`, `load_optimizer`) does not fit the optimizer: another kind, another
+    /// number of parameters, a missing or invalid hyperparameter, state tensors missing or of another shape (all
+    /// listed). The optimizer is unchanged.
+    #[error("load_state_dict: the state does not fit this {kind}: {}", problems.join("; "))]
+    OptimizerState { kind: &'static str, problems: Vec<String> },
+    /// An optimizer file is not one `save_optimizer` wrote (its metadata or tensor names are not kiln's).
+    #[error("load_optimizer: {}: not a kiln optimizer file: {message}", path.display())]
+    OptimizerFile { path: std::path::PathBuf, message: String },
     #[error(transparent)]
     Backend(#[from] kiln_backends::BackendError),
     /// A device name that is not `cpu` (or `wgpu` when built with it).

@@ -9,12 +9,18 @@
 //! `load_module` checks the whole file against the module before changing anything: missing or (when strict)
 //! unexpected names and shape mismatches are all reported in one `Error::StateDict`, and the module is untouched.
 //!
+//! `save_optimizer` / `load_optimizer` store an optimizer's state (`Optimizer::state_dict`) in the same format:
+//! tensors named `state.{i}.{name}` (parameter `i` in the optimizer's order, PyTorch's names: `state.0.exp_avg`), and
+//! in the metadata `kiln.optimizer` (the kind), `kiln.params` (how many parameters), `kiln.hyper.{name}` (each
+//! hyperparameter, written so it reads back to the same bits) and `kiln.step.{i}` (each nonzero step count).
+//!
 //! Writes go to a temporary file in the target's folder and are renamed into place (the `safetensors` crate does
 //! this), so a failed save never leaves a truncated file behind.
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::nn::Module;
+use crate::optim::{Optimizer, OptimizerState, ParamState};
 use crate::tensor::Tensor;
 use kiln_jit::{DType, HostBuffer};
 use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, View};
@@ -99,7 +105,15 @@ fn st_error(op: &'static str, path: &Path, e: SafeTensorError) -> Error {
 /// Writes named tensors to a safetensors file at `path` (replacing it). The tensors are realized together first.
 /// Names must be distinct. `tensors` may hold `(&str, &Tensor)`, `(String, Tensor)`, ...
 pub fn save_safetensors<S: AsRef<str>, T: Borrow<Tensor>>(path: impl AsRef<Path>, tensors: &[(S, T)]) -> Result<()> {
-    let path = path.as_ref();
+    write(path.as_ref(), tensors, HashMap::new())
+}
+
+/// `save_safetensors` with more metadata entries.
+fn write<S: AsRef<str>, T: Borrow<Tensor>>(
+    path: &Path,
+    tensors: &[(S, T)],
+    mut metadata: HashMap<String, String>,
+) -> Result<()> {
     let mut seen: HashMap<&str, ()> = HashMap::with_capacity(tensors.len());
     for (name, _) in tensors {
         if seen.insert(name.as_ref(), ()).is_some() {
@@ -115,7 +129,7 @@ pub fn save_safetensors<S: AsRef<str>, T: Borrow<Tensor>>(path: impl AsRef<Path>
         let blob = Blob { dtype: to_safetensors_dtype(t.dtype()), shape: t.dims().to_vec(), data: to_le_bytes(&host) };
         blobs.push((name.as_ref().to_string(), blob));
     }
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    metadata.insert("format".to_string(), "pt".to_string());
     let views = blobs.iter().map(|(n, b)| (n.as_str(), b));
     safetensors::tensor::serialize_to_file(views, Some(metadata), path)
         .map_err(|e| st_error("save_safetensors", path, e))
@@ -130,9 +144,15 @@ struct Loaded {
 
 /// Reads and checks every tensor of a safetensors file, in the file's order.
 fn read_all(path: &Path) -> Result<Vec<Loaded>> {
+    Ok(read_with_metadata(path)?.0)
+}
+
+/// `read_all`, and the file's metadata entries.
+fn read_with_metadata(path: &Path) -> Result<(Vec<Loaded>, HashMap<String, String>)> {
     const OP: &str = "load_safetensors";
     let bytes = std::fs::read(path).map_err(|source| Error::Io { op: OP, path: path.to_path_buf(), source })?;
     let (_, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| st_error(OP, path, e))?;
+    let entries = metadata.metadata().clone().unwrap_or_default();
     let file = SafeTensors::deserialize(&bytes).map_err(|e| st_error(OP, path, e))?;
     let mut out = Vec::new();
     for name in metadata.offset_keys() {
@@ -147,7 +167,7 @@ fn read_all(path: &Path) -> Result<Vec<Loaded>> {
         }
         out.push(Loaded { name, shape, data });
     }
-    Ok(out)
+    Ok((out, entries))
 }
 
 /// Reads every tensor of a safetensors file onto `device`, in the file's order, as `(name, tensor)`.
@@ -209,4 +229,103 @@ pub fn load_module(module: &dyn Module, path: impl AsRef<Path>, strict: bool) ->
         param.set(t);
     }
     Ok(())
+}
+
+/// Saves an optimizer's state (`state_dict`: hyperparameters, step counts, state tensors) to a safetensors file.
+/// With `save_module` for the parameters (and `rng_state` where training draws random numbers), that is a
+/// checkpoint training resumes from exactly:
+/// ```
+/// use kiln::nn::{Linear, Module};
+/// use kiln::optim::{Adam, Optimizer};
+/// # fn main() -> kiln::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let (weights, state) = (dir.path().join("model.safetensors"), dir.path().join("optim.safetensors"));
+/// let dev = kiln::Device::cpu();
+/// let model = Linear::new(4, 2, true, &dev);
+/// let mut opt = Adam::new(model.params(), 1e-3);
+/// let x = kiln::Tensor::ones([8, 4], kiln::DType::F32, &dev);
+/// let loss = model.forward(&x).square().mean_all();
+/// opt.step(loss.backward()?, &[&loss])?;
+/// kiln::save_module(&model, &weights)?;
+/// kiln::save_optimizer(&opt, &state)?;
+///
+/// // Later, in another process: build the same model and optimizer, then load both.
+/// let resumed = Linear::new(4, 2, true, &dev);
+/// let mut opt = Adam::new(resumed.params(), 1e-3);
+/// kiln::load_module(&resumed, &weights, true)?;
+/// kiln::load_optimizer(&mut opt, &state)?;
+/// assert_eq!(opt.step_count(0), 1);
+/// # Ok(())
+/// # }
+/// ```
+pub fn save_optimizer(optimizer: &dyn Optimizer, path: impl AsRef<Path>) -> Result<()> {
+    let state = optimizer.state_dict();
+    let mut metadata = HashMap::from([
+        ("kiln.optimizer".to_string(), state.kind.clone()),
+        ("kiln.params".to_string(), state.params.len().to_string()),
+    ]);
+    // `Display` for f64 prints the shortest text that parses back to the same bits.
+    metadata.extend(state.hyper.iter().map(|(k, v)| (format!("kiln.hyper.{k}"), v.to_string())));
+    let mut tensors = Vec::new();
+    for (i, p) in state.params.iter().enumerate() {
+        if p.step != 0 {
+            metadata.insert(format!("kiln.step.{i}"), p.step.to_string());
+        }
+        tensors.extend(p.tensors.iter().map(|(name, t)| (format!("state.{i}.{name}"), t.clone())));
+    }
+    write(path.as_ref(), &tensors, metadata)
+}
+
+/// Loads an optimizer's state saved by `save_optimizer` (`load_state_dict`): the file must be of the same kind of
+/// optimizer over parameters of the same shapes. Nothing changes unless everything fits.
+pub fn load_optimizer(optimizer: &mut dyn Optimizer, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let (tensors, metadata) = read_with_metadata(path)?;
+    let state = optimizer_state(tensors, metadata, optimizer.params().len())
+        .map_err(|message| Error::OptimizerFile { path: path.to_path_buf(), message })?;
+    optimizer.load_state_dict(&state)
+}
+
+/// The `OptimizerState` a file's tensors and metadata describe (tensors on the CPU), or what is wrong. `expected`:
+/// the loading optimizer's parameter count (a file for another count is refused before anything is allocated).
+fn optimizer_state(
+    tensors: Vec<Loaded>,
+    metadata: HashMap<String, String>,
+    expected: usize,
+) -> std::result::Result<OptimizerState, String> {
+    let kind = metadata.get("kiln.optimizer").ok_or("no `kiln.optimizer` entry in its metadata")?.clone();
+    let count = metadata.get("kiln.params").ok_or("no `kiln.params` entry in its metadata")?;
+    let count: usize = count.parse().map_err(|_| format!("kiln.params = {count:?} is not a count"))?;
+    if count != expected {
+        return Err(format!("it holds the state of {count} parameters, the optimizer has {expected}"));
+    }
+    let mut params = vec![ParamState::default(); count];
+    // The parameter a `state.{i}.*` name or `kiln.step.{i}` key refers to.
+    let index = |i: &str, what: &str| match i.parse::<usize>() {
+        Ok(i) if i < count => Ok(i),
+        _ => Err(format!("{what} names parameter {i:?}, but the file has {count}")),
+    };
+    let mut hyper = std::collections::BTreeMap::new();
+    for (key, value) in &metadata {
+        if let Some(name) = key.strip_prefix("kiln.hyper.") {
+            let v: f64 = value.parse().map_err(|_| format!("{key} = {value:?} is not a number"))?;
+            hyper.insert(name.to_string(), v);
+        } else if let Some(i) = key.strip_prefix("kiln.step.") {
+            let step = value.parse().map_err(|_| format!("{key} = {value:?} is not a step count"))?;
+            params[index(i, key)?].step = step;
+        } else if key.starts_with("kiln.") && key != "kiln.optimizer" && key != "kiln.params" {
+            return Err(format!("unknown metadata entry `{key}`"));
+        }
+    }
+    let cpu = Device::cpu();
+    for l in tensors {
+        let parts = l.name.strip_prefix("state.").and_then(|rest| rest.split_once('.'));
+        let Some((i, name)) = parts else {
+            return Err(format!("tensor `{}` is not named state.<parameter>.<name>", l.name));
+        };
+        let i = index(i, &format!("tensor `{}`", l.name))?;
+        let t = Tensor::from_host(l.data, l.shape, &cpu).map_err(|e| e.to_string())?;
+        params[i].tensors.insert(name.to_string(), t);
+    }
+    Ok(OptimizerState { kind, hyper, params })
 }

@@ -44,10 +44,10 @@ pub use device::Device;
 #[cfg(feature = "wgpu")]
 pub use device::WgpuDevice;
 pub use error::{Error, Result};
-pub use io::{load_module, load_safetensors, save_module, save_safetensors};
+pub use io::{load_module, load_optimizer, load_safetensors, save_module, save_optimizer, save_safetensors};
 pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape, f16};
 pub use ops::Operand;
-pub use random::manual_seed;
+pub use random::{RngState, manual_seed, rng_state, set_rng_state};
 pub use realize::{Captured, Stats, capture, stats};
 pub use tensor::Tensor;
 

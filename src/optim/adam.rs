@@ -16,7 +16,11 @@
 //! `step_size`, `bc2_sqrt` and AdamW's `1 − γλ` change every step (or with the learning rate), so they are
 //! computed on the host in f64 and enter the graph as 0-dim inputs; the rest are constants.
 
-use super::{Optimizer, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy, zeros_input};
+use super::state::{Check, flag, upload};
+use super::{
+    Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
+    zeros_input,
+};
 use crate::autograd::{Gradients, no_grad};
 use crate::error::Result;
 use crate::nn::Param;
@@ -135,6 +139,73 @@ impl Core {
         }
         Ok(())
     }
+
+    fn state_dict(&self) -> OptimizerState {
+        let hyper = [
+            ("lr", self.lr),
+            ("beta1", self.beta1),
+            ("beta2", self.beta2),
+            ("eps", self.eps),
+            ("weight_decay", self.weight_decay),
+            ("amsgrad", flag(self.amsgrad)),
+            ("maximize", flag(self.maximize)),
+        ];
+        let params = self
+            .state
+            .iter()
+            .map(|s| match s {
+                None => ParamState::default(),
+                Some(s) => {
+                    let mut tensors = vec![("exp_avg", &s.exp_avg), ("exp_avg_sq", &s.exp_avg_sq)];
+                    tensors.extend(s.max_exp_avg_sq.iter().map(|t| ("max_exp_avg_sq", t)));
+                    ParamState {
+                        step: s.step,
+                        tensors: tensors.into_iter().map(|(n, t)| (n.to_string(), t.clone())).collect(),
+                    }
+                }
+            })
+            .collect();
+        OptimizerState {
+            kind: self.name.into(),
+            hyper: hyper.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            params,
+        }
+    }
+
+    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {
+        let mut check = Check::new(state, self.name, &self.params);
+        let lr = check.value("lr", ">= 0", |v| v >= 0.0);
+        let beta1 = check.value("beta1", "in [0, 1)", |v| (0.0..1.0).contains(&v));
+        let beta2 = check.value("beta2", "in [0, 1)", |v| (0.0..1.0).contains(&v));
+        let eps = check.value("eps", ">= 0", |v| v >= 0.0);
+        let weight_decay = check.value("weight_decay", ">= 0", |v| v >= 0.0);
+        let amsgrad = check.flag("amsgrad");
+        let maximize = check.flag("maximize");
+        let names: &[&str] =
+            if amsgrad { &["exp_avg", "exp_avg_sq", "max_exp_avg_sq"] } else { &["exp_avg", "exp_avg_sq"] };
+        let mut found = Vec::with_capacity(self.params.len());
+        for (i, param) in self.params.iter().enumerate() {
+            let p = param.get();
+            // Moments exist from a parameter's first step on.
+            let step = state.params.get(i).map_or(0, |s| s.step);
+            found.push(check.tensors(i, &p, names, step > 0, |_| true).map(|data| (p, step, data)));
+        }
+        check.finish()?;
+        let mut states = Vec::with_capacity(found.len());
+        for f in found {
+            let Some((p, step, data)) = f else {
+                states.push(None);
+                continue;
+            };
+            let mut t = data.into_iter().map(|d| upload(d, &p)).collect::<Result<Vec<_>>>()?.into_iter();
+            let (exp_avg, exp_avg_sq) = (t.next().expect("exp_avg"), t.next().expect("exp_avg_sq"));
+            states.push(Some(State { step, exp_avg, exp_avg_sq, max_exp_avg_sq: t.next() }));
+        }
+        (self.lr, self.beta1, self.beta2, self.eps, self.weight_decay) = (lr, beta1, beta2, eps, weight_decay);
+        (self.amsgrad, self.maximize) = (amsgrad, maximize);
+        self.state = states;
+        Ok(())
+    }
 }
 
 macro_rules! adam_type {
@@ -217,6 +288,14 @@ macro_rules! adam_type {
             fn set_lr(&mut self, lr: f64) {
                 check_hyper(self.core.name, "learning rate", lr, lr >= 0.0);
                 self.core.lr = lr;
+            }
+
+            fn state_dict(&self) -> OptimizerState {
+                self.core.state_dict()
+            }
+
+            fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {
+                self.core.load_state_dict(state)
             }
         }
     };

@@ -28,14 +28,20 @@
 //! parameter or state changes. There is no `zero_grad`: gradients are values returned by `backward`, never
 //! accumulated into the parameters.
 //!
-//! Deliberately not done: parameter groups (one set of hyperparameters per optimizer), `state_dict` for optimizer
-//! state, sparse gradients, and the fused/foreach variants (the whole update is one fused graph already).
+//! Checkpoints: `state_dict` / `load_state_dict` (and `kiln::save_optimizer` / `load_optimizer` for a file) carry
+//! the hyperparameters, step counts and state tensors, so that training resumed in a fresh process computes the same
+//! bits as training that never stopped (`state.rs`).
+//!
+//! Deliberately not done: parameter groups (one set of hyperparameters per optimizer), sparse gradients, and the
+//! fused/foreach variants (the whole update is one fused graph already).
 
 mod adam;
 mod sgd;
+mod state;
 
 pub use adam::{Adam, AdamW};
 pub use sgd::Sgd;
+pub use state::{OptimizerState, ParamState};
 
 use crate::autograd::Gradients;
 use crate::device::Device;
@@ -66,6 +72,14 @@ pub trait Optimizer {
     /// Sets the learning rate (for a schedule). It is a run-time input of the plan, so changing it does not
     /// recompile.
     fn set_lr(&mut self, lr: f64);
+
+    /// The whole state, for a checkpoint: hyperparameters, and per parameter its step count and state tensors.
+    fn state_dict(&self) -> OptimizerState;
+
+    /// Restores a state `state_dict` returned (of this kind of optimizer, over parameters of the same shapes, in
+    /// the same order): its hyperparameters replace this optimizer's, as in PyTorch. Everything is checked first;
+    /// on an error nothing changes.
+    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()>;
 }
 
 /// Removes repeated handles to the same parameter (a tied weight listed twice would be updated twice).

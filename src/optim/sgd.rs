@@ -14,7 +14,11 @@
 //! kiln starts `b` at zero, so the first step's `μ·0 + 1·g` is exactly `g` and every step has the same graph;
 //! with dampening the factor `1` vs `1 − τ` is a run-time scalar for the same reason.
 
-use super::{Optimizer, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy, zeros_input};
+use super::state::{Check, flag, upload};
+use super::{
+    Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
+    zeros_input,
+};
 use crate::autograd::{Gradients, no_grad};
 use crate::error::Result;
 use crate::nn::Param;
@@ -169,5 +173,60 @@ impl Optimizer for Sgd {
     fn set_lr(&mut self, lr: f64) {
         check_hyper("Sgd", "learning rate", lr, lr >= 0.0);
         self.lr = lr;
+    }
+
+    fn state_dict(&self) -> OptimizerState {
+        let hyper = [
+            ("lr", self.lr),
+            ("momentum", self.momentum),
+            ("dampening", self.dampening),
+            ("weight_decay", self.weight_decay),
+            ("nesterov", flag(self.nesterov)),
+            ("maximize", flag(self.maximize)),
+        ];
+        let params = self
+            .bufs
+            .iter()
+            .map(|b| ParamState {
+                step: 0,
+                tensors: b.iter().map(|b| ("momentum_buffer".to_string(), b.clone())).collect(),
+            })
+            .collect();
+        OptimizerState {
+            kind: "Sgd".into(),
+            hyper: hyper.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            params,
+        }
+    }
+
+    fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {
+        let mut check = Check::new(state, "Sgd", &self.params);
+        let lr = check.value("lr", ">= 0", |v| v >= 0.0);
+        let momentum = check.value("momentum", ">= 0", |v| v >= 0.0);
+        let dampening = check.value("dampening", "finite", f64::is_finite);
+        let weight_decay = check.value("weight_decay", ">= 0", |v| v >= 0.0);
+        let nesterov = check.flag("nesterov");
+        let maximize = check.flag("maximize");
+        if nesterov && (momentum <= 0.0 || dampening != 0.0) {
+            check.problem("nesterov = 1 needs a momentum and zero dampening".into());
+        }
+        let mut bufs = Vec::with_capacity(self.params.len());
+        for (i, param) in self.params.iter().enumerate() {
+            let p = param.get();
+            // A buffer exists once the parameter has stepped with momentum; without momentum there is none.
+            let present = momentum != 0.0 && state.params.get(i).is_some_and(|s| !s.tensors.is_empty());
+            bufs.push(
+                check.tensors(i, &p, &["momentum_buffer"], present, |step| step == 0).map(|mut b| (p, b.remove(0))),
+            );
+        }
+        check.finish()?;
+        let mut uploaded = Vec::with_capacity(bufs.len());
+        for b in bufs {
+            uploaded.push(b.map(|(p, data)| upload(data, &p)).transpose()?);
+        }
+        (self.lr, self.momentum, self.dampening, self.weight_decay) = (lr, momentum, dampening, weight_decay);
+        (self.nesterov, self.maximize) = (nesterov, maximize);
+        self.bufs = uploaded;
+        Ok(())
     }
 }

@@ -1,0 +1,172 @@
+//! An optimizer's state as a value (PyTorch's `optimizer.state_dict()`): what a checkpoint needs so that training
+//! resumed in a fresh process continues exactly where it stopped, bit for bit (`tests/optim_state.rs`).
+//!
+//! `Optimizer::state_dict` returns an [`OptimizerState`]: the optimizer's kind, its hyperparameters (the learning
+//! rate a schedule has moved included) and, per parameter, its step count and state tensors under PyTorch's names
+//! (`momentum_buffer`; `exp_avg`, `exp_avg_sq`, `max_exp_avg_sq`). `load_state_dict` takes one back. As in PyTorch
+//! the saved hyperparameters replace the optimizer's own; the parameters themselves are the module's business
+//! (`save_module` / `load_module`). `kiln::save_optimizer` / `load_optimizer` put the state in a safetensors file
+//! (`io.rs` describes the layout).
+//!
+//! Loading checks everything before it changes anything, like `load_module`: the kind, the number of parameters,
+//! every hyperparameter (present, in range, no unknown names), and every parameter's tensors (exactly the set its
+//! step count implies, each of the parameter's shape). All problems are reported in one `Error::OptimizerState`.
+//! A tensor of another dtype is converted to the parameter's, and every tensor is placed on its parameter's device.
+//!
+//! Deliberately not done: PyTorch's pickled `.pt` optimizer files (the state is the same; a script converting one
+//! to these names is a few lines of Python), and parameter groups (kiln's optimizers have one group).
+
+use crate::error::{Error, Result};
+use crate::nn::Param;
+use crate::tensor::Tensor;
+use kiln_jit::HostBuffer;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// An optimizer's complete state. Holding one keeps the optimizer's current state tensors alive, so the next step
+/// writes new buffers instead of updating them in place (with the same values): drop it once saved.
+#[derive(Clone, Debug)]
+pub struct OptimizerState {
+    /// Which optimizer wrote it: `Sgd`, `Adam` or `AdamW`. Loading into another kind is refused.
+    pub kind: String,
+    /// Hyperparameters under PyTorch's names (`lr`, `momentum`, `weight_decay`, ...; `betas` as `beta1` and
+    /// `beta2`); on/off settings (`nesterov`, `amsgrad`, `maximize`) as 0 or 1.
+    pub hyper: BTreeMap<String, f64>,
+    /// One entry per parameter, in the optimizer's `params()` order.
+    pub params: Vec<ParamState>,
+}
+
+/// One parameter's optimizer state.
+#[derive(Clone, Debug, Default)]
+pub struct ParamState {
+    /// Steps this parameter has taken (Adam's bias corrections depend on it; SGD keeps no count: 0).
+    pub step: u64,
+    /// State tensors by name; empty before the parameter's first step.
+    pub tensors: BTreeMap<String, Tensor>,
+}
+
+/// Checks an `OptimizerState` against the optimizer loading it, collecting every problem before anything changes.
+pub(super) struct Check<'a> {
+    state: &'a OptimizerState,
+    kind: &'static str,
+    read: BTreeSet<&'a str>,
+    problems: Vec<String>,
+}
+
+impl<'a> Check<'a> {
+    /// Starts a check: the kind and the number of parameters must match.
+    pub(super) fn new(state: &'a OptimizerState, kind: &'static str, params: &[Param]) -> Check<'a> {
+        let mut problems = Vec::new();
+        if state.kind != kind {
+            problems.push(format!("it is the state of {}, not of {kind}", state.kind));
+        }
+        if state.params.len() != params.len() {
+            problems.push(format!("it has {} parameters, the optimizer {}", state.params.len(), params.len()));
+        }
+        Check { state, kind, read: BTreeSet::new(), problems }
+    }
+
+    /// The hyperparameter `name`, which must satisfy `ok` (`what` says how, for the message). Missing or out of
+    /// range: a problem, and 0 is returned (never used: `finish` then fails).
+    pub(super) fn value(&mut self, name: &'static str, what: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        self.read.insert(name);
+        match self.state.hyper.get(name) {
+            Some(&v) if ok(v) => v,
+            Some(&v) => {
+                self.problems.push(format!("{name} = {v} is invalid ({what})"));
+                0.0
+            }
+            None => {
+                self.problems.push(format!("missing hyperparameter {name}"));
+                0.0
+            }
+        }
+    }
+
+    /// Records a problem the caller found (a combination of hyperparameters the optimizer refuses).
+    pub(super) fn problem(&mut self, message: String) {
+        self.problems.push(message);
+    }
+
+    /// An on/off hyperparameter: 0 or 1.
+    pub(super) fn flag(&mut self, name: &'static str) -> bool {
+        self.value(name, "0 or 1", |v| v == 0.0 || v == 1.0) == 1.0
+    }
+
+    /// The state tensors of parameter `i`, which must be exactly `names` (in that order in the result) when
+    /// `present`, and none otherwise, each shaped like the parameter. The step count must satisfy `step_ok`.
+    /// `None` when absent or on a problem.
+    pub(super) fn tensors(
+        &mut self,
+        i: usize,
+        param: &Tensor,
+        names: &[&str],
+        present: bool,
+        step_ok: impl Fn(u64) -> bool,
+    ) -> Option<Vec<HostBuffer>> {
+        let s = self.state.params.get(i)?;
+        if !step_ok(s.step) {
+            self.problems.push(format!("parameter {i}: step count {} does not fit its state", s.step));
+            return None;
+        }
+        let have: Vec<&str> = s.tensors.keys().map(String::as_str).collect();
+        let want: Vec<&str> = if present {
+            let mut w = names.to_vec();
+            w.sort_unstable();
+            w
+        } else {
+            Vec::new()
+        };
+        if have != want {
+            self.problems.push(format!("parameter {i}: state tensors {have:?}, expected {want:?}"));
+            return None;
+        }
+        if !present {
+            return None;
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let t = &s.tensors[*name];
+            if t.dims() != param.dims() {
+                self.problems.push(format!(
+                    "parameter {i}: `{name}` has shape {:?}, the parameter {:?}",
+                    t.dims(),
+                    param.dims()
+                ));
+                return None;
+            }
+            match t.to_host() {
+                Ok(host) if host.dtype() == param.dtype() => out.push(host),
+                Ok(host) if param.dtype().is_float() => out.push(HostBuffer::from_f64(param.dtype(), &host.to_f64())),
+                Ok(host) => out.push(HostBuffer::from_i64(param.dtype(), &host.to_i64())),
+                Err(e) => {
+                    self.problems.push(format!("parameter {i}: `{name}` could not be read: {e}"));
+                    return None;
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// Fails with every problem found, unknown hyperparameters included.
+    pub(super) fn finish(mut self) -> Result<()> {
+        let unknown: Vec<&String> = self.state.hyper.keys().filter(|k| !self.read.contains(k.as_str())).collect();
+        if !unknown.is_empty() {
+            self.problems.push(format!("unknown hyperparameters {unknown:?}"));
+        }
+        if self.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::OptimizerState { kind: self.kind, problems: self.problems })
+        }
+    }
+}
+
+/// Uploads `data` to `param`'s device, shaped like it.
+pub(super) fn upload(data: HostBuffer, param: &Tensor) -> Result<Tensor> {
+    Tensor::from_host(data, param.shape().clone(), &param.device())
+}
+
+/// 1 or 0, for an on/off hyperparameter.
+pub(super) fn flag(on: bool) -> f64 {
+    if on { 1.0 } else { 0.0 }
+}

@@ -1,0 +1,267 @@
+//! Checkpoints: `Optimizer::state_dict` / `load_state_dict`, `kiln::save_optimizer` / `load_optimizer` and
+//! `kiln::rng_state` / `set_rng_state`. The contract: training stopped after some steps, saved (module, optimizer,
+//! random stream), loaded into freshly built objects and continued computes the same bits as training that never
+//! stopped, on every device; and a state that does not fit is refused whole, leaving the optimizer as it was.
+
+mod common;
+
+use common::*;
+use kiln::nn::functional::{self as F, Reduction};
+use kiln::nn::{Dropout, Linear, Module, ReLU, Sequential};
+use kiln::optim::{Adam, AdamW, Optimizer, OptimizerState, Sgd};
+use kiln::{DType, Device, Error, Tensor};
+use std::path::Path;
+
+fn model(dev: &Device) -> Sequential {
+    Sequential::new()
+        .add(Linear::new(8, 16, true, dev))
+        .add(ReLU)
+        .add(Dropout::new(0.25))
+        .add(Linear::new(16, 4, false, dev))
+}
+
+/// The three optimizers, each with the settings that give it state (momentum, dampening; AMSGrad; weight decay).
+fn optimizer(which: usize, model: &Sequential) -> Box<dyn Optimizer> {
+    match which {
+        0 => Box::new(Sgd::new(model.params(), 0.05).momentum(0.9).dampening(0.1).weight_decay(1e-3)),
+        1 => Box::new(Adam::new(model.params(), 1e-2).amsgrad(true).weight_decay(1e-3)),
+        _ => Box::new(AdamW::new(model.params(), 1e-2).betas(0.8, 0.99)),
+    }
+}
+
+/// Training data: 32 samples of 8 features, 4 classes.
+fn batch(dev: &Device) -> (Tensor, Tensor) {
+    let x = tensor(DType::F32, &data(DType::F32, 32 * 8, 11, Dom::Cont(-1.0, 1.0)), &[32, 8]).to_device(dev).unwrap();
+    let y: Vec<i32> = (0..32).map(|i| i * 7 % 4).collect();
+    (x, Tensor::from_vec(y, [32], dev).unwrap())
+}
+
+/// Steps `from..to` of the run; the learning rate halves after step 2 (a schedule the checkpoint must carry).
+fn train(model: &Sequential, opt: &mut dyn Optimizer, dev: &Device, from: usize, to: usize) {
+    let (x, y) = batch(dev);
+    for step in from..to {
+        if step == 2 {
+            let lr = opt.lr();
+            opt.set_lr(lr * 0.5);
+        }
+        let loss = F::cross_entropy(&model.forward(&x), &y, Reduction::Mean);
+        opt.step(loss.backward().unwrap(), &[&loss]).unwrap();
+    }
+}
+
+fn bits(model: &Sequential) -> Vec<Vec<u64>> {
+    model.params().iter().map(|p| vals(&p.get()).iter().map(|v| v.to_bits()).collect()).collect()
+}
+
+#[test]
+fn training_resumed_from_a_checkpoint_computes_the_same_bits_as_training_that_never_stopped() {
+    for dev in devices() {
+        for which in 0..3 {
+            let what = format!("{dev:?}, optimizer {which}");
+            kiln::manual_seed(7);
+            let straight = model(&dev);
+            let mut opt = optimizer(which, &straight);
+            train(&straight, opt.as_mut(), &dev, 0, 6);
+            let want = bits(&straight);
+
+            kiln::manual_seed(7);
+            let first = model(&dev);
+            let mut opt = optimizer(which, &first);
+            train(&first, opt.as_mut(), &dev, 0, 3);
+            let dir = tempfile::tempdir().unwrap();
+            let (weights, state) = (dir.path().join("model.safetensors"), dir.path().join("optim.safetensors"));
+            kiln::save_module(&first, &weights).unwrap();
+            kiln::save_optimizer(opt.as_ref(), &state).unwrap();
+            let rng = kiln::rng_state();
+            drop((first, opt));
+
+            // A fresh process would build everything anew: another init (which draws random numbers too) and an
+            // optimizer built with other hyperparameters, which the file replaces.
+            kiln::manual_seed(99);
+            let resumed = model(&dev);
+            let mut opt: Box<dyn Optimizer> = match which {
+                0 => Box::new(Sgd::new(resumed.params(), 1.0)),
+                1 => Box::new(Adam::new(resumed.params(), 1.0)),
+                _ => Box::new(AdamW::new(resumed.params(), 1.0)),
+            };
+            kiln::load_module(&resumed, &weights, true).unwrap();
+            kiln::load_optimizer(opt.as_mut(), &state).unwrap();
+            kiln::set_rng_state(rng);
+            assert_eq!(opt.lr(), optimizer(which, &resumed).lr() * 0.5, "{what}: the scheduled learning rate");
+            train(&resumed, opt.as_mut(), &dev, 3, 6);
+            let got = bits(&resumed);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let first = g.iter().zip(w).position(|(a, b)| a != b);
+                assert!(first.is_none(), "{what}: parameter {i} differs first at element {first:?}");
+            }
+        }
+    }
+}
+
+/// An optimizer's state with its tensors read back: kind, hyperparameters (bits), per parameter the step count and
+/// the named tensors' values.
+type Snapshot = (String, Vec<(String, u64)>, Vec<(u64, Vec<(String, Vec<f64>)>)>);
+
+/// `state_dict` of `opt` with the tensors as values (for comparing two states).
+fn snapshot(opt: &dyn Optimizer) -> Snapshot {
+    let s = opt.state_dict();
+    let hyper = s.hyper.iter().map(|(k, v)| (k.clone(), v.to_bits())).collect();
+    let params = s.params.iter().map(|p| (p.step, p.tensors.iter().map(|(n, t)| (n.clone(), vals(t))).collect()));
+    (s.kind, hyper, params.collect())
+}
+
+#[test]
+fn state_dict_round_trips_through_load_state_dict_and_through_a_file() {
+    let dev = Device::cpu();
+    for which in 0..3 {
+        kiln::manual_seed(3);
+        let m = model(&dev);
+        let mut opt = optimizer(which, &m);
+        train(&m, opt.as_mut(), &dev, 0, 2);
+        let want = snapshot(opt.as_ref());
+        assert!(want.2.iter().all(|(_, t)| !t.is_empty()), "every parameter has state after two steps");
+
+        let mut other: Box<dyn Optimizer> = optimizer(which, &m);
+        other.load_state_dict(&opt.state_dict()).unwrap();
+        assert_eq!(snapshot(other.as_ref()), want, "optimizer {which}: in memory");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("optim.safetensors");
+        kiln::save_optimizer(opt.as_ref(), &path).unwrap();
+        let mut other = optimizer(which, &m);
+        kiln::load_optimizer(other.as_mut(), &path).unwrap();
+        assert_eq!(snapshot(other.as_ref()), want, "optimizer {which}: through a file");
+    }
+}
+
+#[test]
+fn state_of_f32_parameters_loads_into_f64_parameters() {
+    let dev = Device::cpu();
+    let p32 = kiln::nn::Param::new("p", tensor(DType::F32, &[0.5, -1.0, 2.0], &[3]));
+    let mut opt = Adam::new(vec![p32.clone()], 0.1);
+    let loss = p32.get().square().sum_all();
+    opt.step(loss.backward().unwrap(), &[]).unwrap();
+    let p64 = kiln::nn::Param::new("p", tensor(DType::F64, &[0.0; 3], &[3]));
+    let mut opt64 = Adam::new(vec![p64], 0.1);
+    opt64.load_state_dict(&opt.state_dict()).unwrap();
+    let (m, v) = opt64.moments(0).unwrap();
+    assert_eq!((m.dtype(), v.dtype(), m.device()), (DType::F64, DType::F64, dev));
+    assert_eq!(vals(m), vals(opt.moments(0).unwrap().0));
+    assert_eq!(opt64.step_count(0), 1);
+}
+
+/// Loads `state` into `opt`, expecting a refusal whose message contains `needle`, and `opt` unchanged.
+#[track_caller]
+fn refused(opt: &mut dyn Optimizer, state: &OptimizerState, needle: &str) {
+    let before = snapshot(opt);
+    let err = opt.load_state_dict(state).expect_err(needle);
+    assert!(matches!(err, Error::OptimizerState { .. }), "{err}");
+    assert!(err.to_string().contains(needle), "`{err}` does not say `{needle}`");
+    assert_eq!(snapshot(opt), before, "a refused load changed the optimizer ({needle})");
+}
+
+#[test]
+fn a_state_that_does_not_fit_is_refused_whole_and_changes_nothing() {
+    let dev = Device::cpu();
+    kiln::manual_seed(5);
+    let m = model(&dev);
+    let mut adam = optimizer(1, &m);
+    train(&m, adam.as_mut(), &dev, 0, 1);
+    let good = adam.state_dict();
+    let mut target = optimizer(1, &m);
+    train(&m, target.as_mut(), &dev, 0, 2);
+
+    let mut sgd = optimizer(0, &m);
+    refused(sgd.as_mut(), &good, "it is the state of Adam, not of Sgd");
+    let mut adamw = optimizer(2, &m);
+    refused(adamw.as_mut(), &good, "not of AdamW");
+
+    let edit = |f: &dyn Fn(&mut OptimizerState)| {
+        let mut s = good.clone();
+        f(&mut s);
+        s
+    };
+    let with = |key: &str, v: f64| {
+        edit(&|s| {
+            s.hyper.insert(key.into(), v);
+        })
+    };
+    let without = |key: &str| {
+        edit(&|s| {
+            s.hyper.remove(key);
+        })
+    };
+    let cases: Vec<(OptimizerState, &str)> = vec![
+        (edit(&|s| drop(s.params.pop())), "it has 2 parameters, the optimizer 3"),
+        (with("beta1", 1.5), "beta1 = 1.5 is invalid"),
+        (with("amsgrad", 2.0), "amsgrad = 2 is invalid (0 or 1)"),
+        (without("eps"), "missing hyperparameter eps"),
+        (with("momentum", 0.9), "unknown hyperparameters [\"momentum\"]"),
+        (edit(&|s| drop(s.params[1].tensors.remove("exp_avg"))), "parameter 1: state tensors"),
+        (edit(&|s| s.params[0].step = 0), "parameter 0: state tensors"),
+        // Without AMSGrad the running maximum is one tensor too many.
+        (with("amsgrad", 0.0), "expected [\"exp_avg\", \"exp_avg_sq\"]"),
+        (
+            edit(&|s| {
+                let t = Tensor::zeros([2, 2], DType::F32, &Device::cpu());
+                s.params[2].tensors.insert("exp_avg".into(), t);
+            }),
+            "parameter 2: `exp_avg` has shape [2, 2], the parameter [4, 16]",
+        ),
+    ];
+    for (state, needle) in &cases {
+        refused(target.as_mut(), state, needle);
+    }
+    // Every problem of one state is reported together.
+    let both = edit(&|s| {
+        s.hyper.remove("lr");
+        s.params[0].step = 0;
+    });
+    refused(target.as_mut(), &both, "missing hyperparameter lr; parameter 0");
+    // And the untouched state still loads.
+    target.load_state_dict(&good).unwrap();
+    assert_eq!(snapshot(target.as_ref()), snapshot(adam.as_ref()));
+}
+
+#[test]
+fn a_file_that_is_not_an_optimizer_checkpoint_is_refused() {
+    let dev = Device::cpu();
+    kiln::manual_seed(5);
+    let m = model(&dev);
+    let mut opt = optimizer(0, &m);
+    train(&m, opt.as_mut(), &dev, 0, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let load = |path: &Path, opt: &mut dyn Optimizer| {
+        let before = snapshot(opt);
+        let err = kiln::load_optimizer(opt, path).unwrap_err();
+        assert_eq!(snapshot(opt), before, "a refused file changed the optimizer");
+        err.to_string()
+    };
+
+    // Weights, not an optimizer state.
+    let weights = dir.path().join("weights.safetensors");
+    kiln::save_module(&m, &weights).unwrap();
+    assert!(load(&weights, opt.as_mut()).contains("no `kiln.optimizer` entry"));
+
+    // A checkpoint of another model (one parameter).
+    let small = kiln::nn::Param::new("small", tensor(DType::F32, &[1.0, 2.0], &[2]));
+    let mut small_opt = Sgd::new(vec![small], 0.1);
+    let other = dir.path().join("other.safetensors");
+    kiln::save_optimizer(&small_opt, &other).unwrap();
+    let msg = load(&other, opt.as_mut());
+    assert!(msg.contains("the state of 1 parameters, the optimizer has 3"), "{msg}");
+
+    // A truncated file.
+    let good = dir.path().join("good.safetensors");
+    kiln::save_optimizer(opt.as_ref(), &good).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    let cut = dir.path().join("cut.safetensors");
+    std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
+    assert!(load(&cut, opt.as_mut()).contains("not a valid safetensors file"));
+
+    // The good file loads (into an optimizer of the same model), and a one-parameter one into a one-parameter one.
+    let mut fresh = optimizer(0, &m);
+    kiln::load_optimizer(fresh.as_mut(), &good).unwrap();
+    assert_eq!(snapshot(fresh.as_ref()), snapshot(opt.as_ref()));
+    kiln::load_optimizer(&mut small_opt, &other).unwrap();
+}
