@@ -62,6 +62,13 @@ impl Gradients {
         self.map.len()
     }
 
+    /// Replaces the gradient of `leaf` (if it has one) by `f` of it: gradient clipping.
+    pub(crate) fn update(&mut self, leaf: &Tensor, f: impl FnOnce(&Tensor) -> Tensor) {
+        if let Some((_, g)) = self.map.get_mut(&Arc::as_ptr(&leaf.node)) {
+            *g = f(g);
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

@@ -1,6 +1,6 @@
 //! Neural-network building blocks with PyTorch's names and semantics: `Param`, the `Module` trait, `Sequential`,
 //! layers (`Linear`, `LayerNorm`, `Dropout`, `Embedding`, activation modules), `functional` (activations and
-//! losses) and `init`.
+//! losses), `init`, and gradient clipping (`clip_grad_norm`, `clip_grad_value`: `utils.rs`).
 //!
 //! Everything here is a composition of kiln's public ops, so a model's forward, its backward and an optimizer's
 //! update are one lazy graph that `optim` realizes, compiles once and replays.
@@ -22,12 +22,14 @@ pub mod functional;
 pub mod init;
 mod layers;
 mod linear;
+mod utils;
 
 pub use functional::{Approximate, Reduction};
 pub use layers::{
     Dropout, Embedding, Func, GELU, LayerNorm, LeakyReLU, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax, Tanh,
 };
 pub use linear::Linear;
+pub use utils::{clip_grad_norm, clip_grad_value};
 
 use crate::error::Result;
 use crate::tensor::Tensor;

@@ -1,0 +1,77 @@
+//! Gradient clipping (`torch.nn.utils.clip_grad_norm_` and `clip_grad_value_`), on the lazy gradients `backward`
+//! returned, before they go to `Optimizer::step`.
+//!
+//! Clipping is a few more lazy nodes: the norm, the scale factor and the scaled gradients join the step's graph, so
+//! forward, backward, clipping and update still compile into one plan, and nothing waits for the norm on the host
+//! (PyTorch's `error_if_nonfinite` would need exactly that wait, so it is not offered: pass the returned norm to
+//! `also_realize` and look at it after the step).
+//!
+//! The arithmetic is PyTorch's (`_clip_grads_with_norm_`): the 2-norm of each gradient, the 2-norm of those norms,
+//! `coef = max_norm / (total + 1e-6)` clamped to at most 1, every gradient times `coef`. So a gradient whose norm is
+//! already below `max_norm` is multiplied by exactly 1 and unchanged. One difference: the norms of f16 gradients are
+//! computed in f32 (PyTorch keeps f16, where the sum of squares overflows past a norm of 256).
+//!
+//! The parameters are passed, not taken from the `Gradients`, because their order fixes the order of the sum: a
+//! `Gradients` has no order, and a sum in another order is another graph (and another plan) every step.
+
+use crate::args::fail;
+use crate::autograd::{Gradients, no_grad};
+use crate::nn::Param;
+use crate::tensor::Tensor;
+use kiln_jit::DType;
+
+/// Scales the gradients of `params` in `grads` so that their total 2-norm is at most `max_norm`; returns that total
+/// norm before scaling, a lazy 0-dim tensor (f32, or f64 when a gradient is f64; 0 when no parameter has a
+/// gradient). Parameters without a gradient are skipped, gradients of other parameters are left alone.
+#[track_caller]
+pub fn clip_grad_norm(grads: &mut Gradients, params: &[Param], max_norm: f64) -> Tensor {
+    if max_norm.is_nan() || max_norm < 0.0 {
+        fail!("clip_grad_norm", "max_norm must be >= 0 (got {max_norm})");
+    }
+    let mut leaves: Vec<Tensor> = Vec::with_capacity(params.len());
+    for p in params.iter().map(Param::get) {
+        // A parameter listed twice (a tied weight) counts once, as in PyTorch's `parameters()`.
+        if grads.get(&p).is_some() && !leaves.iter().any(|l| l.node_ptr() == p.node_ptr()) {
+            leaves.push(p);
+        }
+    }
+    no_grad(|| {
+        let norms: Vec<Tensor> = leaves
+            .iter()
+            .filter_map(|p| grads.get(p))
+            .map(|g| {
+                let g = if g.dtype() == DType::F16 { g.to_dtype(DType::F32) } else { g.clone() };
+                g.square().sum_all().sqrt()
+            })
+            .collect();
+        if norms.is_empty() {
+            let dev = params.first().map_or_else(crate::Device::cpu, |p| p.get().device());
+            return Tensor::scalar(0.0, DType::F32, &dev);
+        }
+        let refs: Vec<&Tensor> = norms.iter().collect();
+        let total = Tensor::stack(&refs, 0).square().sum_all().sqrt();
+        let denom = total.add(1e-6);
+        let coef = Tensor::scalar(max_norm, denom.dtype(), &denom.device()).div(&denom).clamp_max(1.0);
+        for p in &leaves {
+            grads.update(p, |g| g.mul(&coef));
+        }
+        total
+    })
+}
+
+/// Clamps every gradient of `params` in `grads` to `[-clip_value, clip_value]` (`clip_grad_value_`).
+#[track_caller]
+pub fn clip_grad_value(grads: &mut Gradients, params: &[Param], clip_value: f64) {
+    if clip_value.is_nan() || clip_value < 0.0 {
+        fail!("clip_grad_value", "clip_value must be >= 0 (got {clip_value})");
+    }
+    let mut done = Vec::with_capacity(params.len());
+    no_grad(|| {
+        for p in params.iter().map(Param::get) {
+            if !done.contains(&p.node_ptr()) {
+                grads.update(&p, |g| g.clamp(-clip_value, clip_value));
+                done.push(p.node_ptr());
+            }
+        }
+    })
+}
