@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use kiln::nn::functional::{self as F, Reduction};
 use kiln::nn::{Dropout, Linear, Module, Param, ReLU, Sequential};
-use kiln::optim::{Adam, AdamW, Optimizer, Sgd};
+use kiln::optim::{Adam, AdamW, GroupOptions, Optimizer, Sgd};
 use kiln::{DType, Device, Stats, Tensor};
 use std::sync::{Mutex, MutexGuard};
 
@@ -259,6 +259,63 @@ fn adam_and_adamw_match_pytorch_formulas_over_three_steps() {
     let got = q.run(&param, &mut AdamW::new(vec![param.clone()], 0.1), 2);
     let want = adam_ref(&q, AdamCfg { decoupled: true, weight_decay: 0.01, ..base }, 2);
     close(&got[1], &want[1], tol_for(DType::F64), "AdamW default weight decay");
+}
+
+#[test]
+fn parameter_groups_follow_their_own_learning_rate_scale_and_weight_decay() {
+    let _s = serial();
+    let (q1, q2) = (Quadratic::new(400), Quadratic::new(403));
+    let options = GroupOptions { lr_scale: Some(0.5), weight_decay: Some(0.2) };
+    let sgd = SgdCfg { lr: 0.1, momentum: 0.9, weight_decay: 0.01, ..SgdCfg::default() };
+    let adam = AdamCfg { weight_decay: 0.05, ..AdamCfg::default() };
+    let adamw = AdamCfg { decoupled: true, ..adam };
+    for which in 0..3 {
+        let (p1, p2) = (
+            Param::new("p1", tensor(DType::F64, &q1.p0, &[2, 3])),
+            Param::new("p2", tensor(DType::F64, &q2.p0, &[2, 3])),
+        );
+        let (mut opt, want1, want2): (Box<dyn Optimizer>, _, _) = match which {
+            0 => {
+                let in_group = SgdCfg { lr: 0.05, weight_decay: 0.2, ..sgd };
+                (
+                    Box::new(sgd_from(vec![p1.clone()], sgd).group(vec![p2.clone()], options)),
+                    sgd_ref(&q1, sgd, 3),
+                    sgd_ref(&q2, in_group, 3),
+                )
+            }
+            _ => {
+                let c = if which == 1 { adam } else { adamw };
+                let in_group = AdamCfg { lr: c.lr * 0.5, weight_decay: 0.2, ..c };
+                let opt: Box<dyn Optimizer> = if which == 1 {
+                    Box::new(
+                        Adam::new(vec![p1.clone()], c.lr).weight_decay(c.weight_decay).group(vec![p2.clone()], options),
+                    )
+                } else {
+                    Box::new(
+                        AdamW::new(vec![p1.clone()], c.lr)
+                            .weight_decay(c.weight_decay)
+                            .group(vec![p2.clone()], options),
+                    )
+                };
+                (opt, adam_ref(&q1, c, 3), adam_ref(&q2, in_group, 3))
+            }
+        };
+        assert_eq!(opt.params().len(), 2);
+        for step in 0..3 {
+            let loss = q1.loss(&p1.get()).add(q2.loss(&p2.get()));
+            opt.step(loss.backward().unwrap(), &[]).unwrap();
+            let what = format!("optimizer {which} step {}", step + 1);
+            close(&vals(&p1.get()), &want1[step], tol_for(DType::F64), &format!("{what}: default group"));
+            close(&vals(&p2.get()), &want2[step], tol_for(DType::F64), &format!("{what}: second group"));
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "Sgd: parameter `p` appears in more than one parameter group")]
+fn a_parameter_in_two_groups_is_refused() {
+    let p = Param::new("p", tensor(DType::F32, &[1.0], &[1]));
+    let _ = Sgd::new(vec![p.clone()], 0.1).group(vec![p], GroupOptions::default());
 }
 
 #[test]

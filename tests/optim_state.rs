@@ -7,8 +7,8 @@ mod common;
 
 use common::*;
 use kiln::nn::functional::{self as F, Reduction};
-use kiln::nn::{Dropout, Linear, Module, ReLU, Sequential};
-use kiln::optim::{Adam, AdamW, Optimizer, OptimizerState, Sgd};
+use kiln::nn::{Dropout, Linear, Module, Param, ReLU, Sequential};
+use kiln::optim::{Adam, AdamW, GroupOptions, Optimizer, OptimizerState, Sgd};
 use kiln::{DType, Device, Error, Tensor};
 use std::path::Path;
 
@@ -20,13 +20,28 @@ fn model(dev: &Device) -> Sequential {
         .add(Linear::new(16, 4, false, dev))
 }
 
-/// The three optimizers, each with the settings that give it state (momentum, dampening; AMSGrad; weight decay).
-fn optimizer(which: usize, model: &Sequential) -> Box<dyn Optimizer> {
+/// The model's weights and its biases (the biases form a parameter group).
+fn split(model: &Sequential) -> (Vec<Param>, Vec<Param>) {
+    let (biases, weights): (Vec<_>, Vec<_>) = model.named_params().into_iter().partition(|(n, _)| n.ends_with("bias"));
+    let strip = |v: Vec<(String, Param)>| v.into_iter().map(|(_, p)| p).collect();
+    (strip(weights), strip(biases))
+}
+
+/// The three optimizers, each with the settings that give it state (momentum, dampening; AMSGrad; weight decay),
+/// SGD and AdamW with the biases in a group of their own. `group`: that group's options.
+fn optimizer_with(which: usize, model: &Sequential, group: GroupOptions) -> Box<dyn Optimizer> {
+    let (weights, biases) = split(model);
     match which {
-        0 => Box::new(Sgd::new(model.params(), 0.05).momentum(0.9).dampening(0.1).weight_decay(1e-3)),
+        0 => Box::new(Sgd::new(weights, 0.05).momentum(0.9).dampening(0.1).weight_decay(1e-3).group(biases, group)),
         1 => Box::new(Adam::new(model.params(), 1e-2).amsgrad(true).weight_decay(1e-3)),
-        _ => Box::new(AdamW::new(model.params(), 1e-2).betas(0.8, 0.99)),
+        _ => Box::new(AdamW::new(weights, 1e-2).betas(0.8, 0.99).group(biases, group)),
     }
+}
+
+const BIAS_GROUP: GroupOptions = GroupOptions { lr_scale: Some(2.0), weight_decay: Some(0.0) };
+
+fn optimizer(which: usize, model: &Sequential) -> Box<dyn Optimizer> {
+    optimizer_with(which, model, BIAS_GROUP)
 }
 
 /// Training data: 32 samples of 8 features, 4 classes.
@@ -79,10 +94,11 @@ fn training_resumed_from_a_checkpoint_computes_the_same_bits_as_training_that_ne
             // optimizer built with other hyperparameters, which the file replaces.
             kiln::manual_seed(99);
             let resumed = model(&dev);
+            let (ws, bs) = split(&resumed);
             let mut opt: Box<dyn Optimizer> = match which {
-                0 => Box::new(Sgd::new(resumed.params(), 1.0)),
+                0 => Box::new(Sgd::new(ws, 1.0).group(bs, GroupOptions::default())),
                 1 => Box::new(Adam::new(resumed.params(), 1.0)),
-                _ => Box::new(AdamW::new(resumed.params(), 1.0)),
+                _ => Box::new(AdamW::new(ws, 1.0).group(bs, GroupOptions::default())),
             };
             kiln::load_module(&resumed, &weights, true).unwrap();
             kiln::load_optimizer(opt.as_mut(), &state).unwrap();
@@ -137,11 +153,11 @@ fn state_dict_round_trips_through_load_state_dict_and_through_a_file() {
 #[test]
 fn state_of_f32_parameters_loads_into_f64_parameters() {
     let dev = Device::cpu();
-    let p32 = kiln::nn::Param::new("p", tensor(DType::F32, &[0.5, -1.0, 2.0], &[3]));
+    let p32 = Param::new("p", tensor(DType::F32, &[0.5, -1.0, 2.0], &[3]));
     let mut opt = Adam::new(vec![p32.clone()], 0.1);
     let loss = p32.get().square().sum_all();
     opt.step(loss.backward().unwrap(), &[]).unwrap();
-    let p64 = kiln::nn::Param::new("p", tensor(DType::F64, &[0.0; 3], &[3]));
+    let p64 = Param::new("p", tensor(DType::F64, &[0.0; 3], &[3]));
     let mut opt64 = Adam::new(vec![p64], 0.1);
     opt64.load_state_dict(&opt.state_dict()).unwrap();
     let (m, v) = opt64.moments(0).unwrap();
@@ -175,6 +191,20 @@ fn a_state_that_does_not_fit_is_refused_whole_and_changes_nothing() {
     refused(sgd.as_mut(), &good, "it is the state of Adam, not of Sgd");
     let mut adamw = optimizer(2, &m);
     refused(adamw.as_mut(), &good, "not of AdamW");
+    // The same kind with its parameters in two groups instead of one.
+    let mut grouped = optimizer(2, &m);
+    let mut two_groups = grouped.state_dict();
+    two_groups.kind = "Adam".into();
+    two_groups.hyper.insert("amsgrad".into(), 1.0);
+    let mut target_adam = optimizer(1, &m);
+    refused(target_adam.as_mut(), &two_groups, "groups = 2 is invalid (the optimizer's number of parameter groups)");
+    // A group's size and overrides are checked too.
+    let mut wrong_size = grouped.state_dict();
+    wrong_size.hyper.insert("group.1.params".into(), 2.0);
+    refused(grouped.as_mut(), &wrong_size, "group.1.params = 2 is invalid");
+    let mut bad_scale = grouped.state_dict();
+    bad_scale.hyper.insert("group.1.lr_scale".into(), -1.0);
+    refused(grouped.as_mut(), &bad_scale, "group.1.lr_scale = -1 is invalid");
 
     let edit = |f: &dyn Fn(&mut OptimizerState)| {
         let mut s = good.clone();
@@ -244,7 +274,7 @@ fn a_file_that_is_not_an_optimizer_checkpoint_is_refused() {
     assert!(load(&weights, opt.as_mut()).contains("no `kiln.optimizer` entry"));
 
     // A checkpoint of another model (one parameter).
-    let small = kiln::nn::Param::new("small", tensor(DType::F32, &[1.0, 2.0], &[2]));
+    let small = Param::new("small", tensor(DType::F32, &[1.0, 2.0], &[2]));
     let mut small_opt = Sgd::new(vec![small], 0.1);
     let other = dir.path().join("other.safetensors");
     kiln::save_optimizer(&small_opt, &other).unwrap();

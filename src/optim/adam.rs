@@ -16,6 +16,7 @@
 //! `step_size`, `bc2_sqrt` and AdamW's `1 − γλ` change every step (or with the learning rate), so they are
 //! computed on the host in f64 and enter the graph as 0-dim inputs; the rest are constants.
 
+use super::groups::{GroupOptions, Groups};
 use super::state::{Check, flag, upload};
 use super::{
     Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
@@ -47,6 +48,7 @@ struct Core {
     amsgrad: bool,
     maximize: bool,
     decoupled: bool,
+    groups: Groups,
     state: Vec<Option<State>>,
 }
 
@@ -67,6 +69,7 @@ impl Core {
             amsgrad: false,
             maximize: false,
             decoupled,
+            groups: Groups::new(n),
             state: vec![None; n],
         }
     }
@@ -96,20 +99,22 @@ impl Core {
             // `powf`, as Python's `beta ** step` (C `pow`), not `powi`'s repeated products.
             let bias_correction1 = 1.0 - b1.powf(t as f64);
             let bias_correction2 = 1.0 - b2.powf(t as f64);
-            let step_size = scalars.get("step_size", dev, t, self.lr / bias_correction1)?;
-            let bc2_sqrt = scalars.get("bias_correction2_sqrt", dev, t, bias_correction2.sqrt())?;
-            let decay = if self.decoupled && self.weight_decay != 0.0 {
-                Some(scalars.get("decay", dev, 0, 1.0 - self.lr * self.weight_decay)?)
+            let (group, lr) = (self.groups.of(i), self.groups.lr(i, self.lr));
+            let weight_decay = self.groups.weight_decay(i, self.weight_decay);
+            let step_size = scalars.get("step_size", dev, (group, t), lr / bias_correction1)?;
+            let bc2_sqrt = scalars.get("bias_correction2_sqrt", dev, (0, t), bias_correction2.sqrt())?;
+            let decay = if self.decoupled && weight_decay != 0.0 {
+                Some(scalars.get("decay", dev, (group, 0), 1.0 - lr * weight_decay)?)
             } else {
                 None
             };
             let update = no_grad(|| {
                 let mut g = if self.maximize { g.neg() } else { g };
                 let mut p = p;
-                if self.weight_decay != 0.0 {
+                if weight_decay != 0.0 {
                     match &decay {
                         Some(d) => p = p.mul(d),
-                        None => g = g.add(p.mul(self.weight_decay)),
+                        None => g = g.add(p.mul(weight_decay)),
                     }
                 }
                 let m = m.add(g.sub(&m).mul(1.0 - b1));
@@ -165,11 +170,9 @@ impl Core {
                 }
             })
             .collect();
-        OptimizerState {
-            kind: self.name.into(),
-            hyper: hyper.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-            params,
-        }
+        let mut hyper = hyper.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        self.groups.write(&mut hyper);
+        OptimizerState { kind: self.name.into(), hyper, params }
     }
 
     fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {
@@ -181,6 +184,7 @@ impl Core {
         let weight_decay = check.value("weight_decay", ">= 0", |v| v >= 0.0);
         let amsgrad = check.flag("amsgrad");
         let maximize = check.flag("maximize");
+        let groups = self.groups.read(&mut check);
         let names: &[&str] =
             if amsgrad { &["exp_avg", "exp_avg_sq", "max_exp_avg_sq"] } else { &["exp_avg", "exp_avg_sq"] };
         let mut found = Vec::with_capacity(self.params.len());
@@ -203,6 +207,7 @@ impl Core {
         }
         (self.lr, self.beta1, self.beta2, self.eps, self.weight_decay) = (lr, beta1, beta2, eps, weight_decay);
         (self.amsgrad, self.maximize) = (amsgrad, maximize);
+        self.groups = groups;
         self.state = states;
         Ok(())
     }
@@ -220,6 +225,16 @@ macro_rules! adam_type {
             #[track_caller]
             pub fn new(params: Vec<Param>, lr: f64) -> $name {
                 $name { core: Core::new(stringify!($name), params, lr, $default_wd, $decoupled) }
+            }
+
+            /// Adds a parameter group: `params` with their own learning-rate scale or weight decay (see
+            /// `GroupOptions`). They come after the parameters already given in `params()` order.
+            #[track_caller]
+            pub fn group(mut self, params: Vec<Param>, options: GroupOptions) -> $name {
+                let core = &mut self.core;
+                core.groups.add(core.name, &mut core.params, params, options);
+                core.state.resize(core.params.len(), None);
+                self
             }
 
             /// Coefficients (β1, β2) of the running averages of the gradient and its square.

@@ -32,14 +32,19 @@
 //! the hyperparameters, step counts and state tensors, so that training resumed in a fresh process computes the same
 //! bits as training that never stopped (`state.rs`).
 //!
-//! Deliberately not done: parameter groups (one set of hyperparameters per optimizer), sparse gradients, and the
-//! fused/foreach variants (the whole update is one fused graph already).
+//! Parameter groups (`.group(params, GroupOptions)`) give some parameters their own learning-rate scale or weight
+//! decay (`groups.rs`); every group steps in the same graph.
+//!
+//! Deliberately not done: sparse gradients, and the fused/foreach variants (the whole update is one fused graph
+//! already).
 
 mod adam;
+mod groups;
 mod sgd;
 mod state;
 
 pub use adam::{Adam, AdamW};
+pub use groups::GroupOptions;
 pub use sgd::Sgd;
 pub use state::{OptimizerState, ParamState};
 
@@ -110,7 +115,7 @@ fn zeros_input(t: &Tensor) -> Result<Tensor> {
 }
 
 /// Run-time scalars of an optimizer step as realized 0-dim inputs: f64 (f32 on a device without f64, or for an f32
-/// parameter through `get_for`), one per (role, device, dtype, key). Keys are structural (a role and, e.g., a step
+/// parameter through `get_for`), one per (role, device, dtype, parameter group, key). Keys are structural (a role and, e.g., a step
 /// count), never the value itself: two roles that happen to hold equal values must stay two inputs, or the graph's
 /// signature would change. An optimizer may keep its `Scalars` across steps (SGD does): a key whose value is
 /// unchanged then reuses its uploaded tensor.
@@ -120,25 +125,32 @@ struct Scalars {
     made: Vec<(ScalarKey, u64, Tensor)>,
 }
 
-/// (role, device, stored as f32, structural key).
-type ScalarKey = (&'static str, Device, bool, u64);
+/// (role, device, stored as f32, parameter group, structural key).
+type ScalarKey = (&'static str, Device, bool, usize, u64);
 
 impl Scalars {
-    fn get(&mut self, role: &'static str, device: Device, key: u64, value: f64) -> Result<Tensor> {
+    fn get(&mut self, role: &'static str, device: Device, key: (usize, u64), value: f64) -> Result<Tensor> {
         self.make(role, device, false, key, value)
     }
 
     /// Like `get`, for a scalar that only multiplies `param`-typed values: an f32 parameter gets it as f32, the
     /// value its update would read anyway (a 0-dim f64 operand is converted to the f32 operand's type), without a
     /// conversion in the update kernel (~1 µs of a batch-1 MLP step). Other dtypes get the f64 scalar.
-    fn get_for(&mut self, role: &'static str, param: &Tensor, key: u64, value: f64) -> Result<Tensor> {
+    fn get_for(&mut self, role: &'static str, param: &Tensor, key: (usize, u64), value: f64) -> Result<Tensor> {
         self.make(role, param.device(), param.dtype() == kiln_jit::DType::F32, key, value)
     }
 
     /// The tensor of `key` holding `value`: the one made before if it holds that value (an optimizer that keeps
     /// its `Scalars` across steps uploads a constant learning rate once), else a new upload replacing it.
-    fn make(&mut self, role: &'static str, device: Device, as_f32: bool, key: u64, value: f64) -> Result<Tensor> {
-        let key = (role, device, as_f32, key);
+    fn make(
+        &mut self,
+        role: &'static str,
+        device: Device,
+        as_f32: bool,
+        key: (usize, u64),
+        value: f64,
+    ) -> Result<Tensor> {
+        let key = (role, device, as_f32, key.0, key.1);
         let slot = self.made.iter().position(|(k, _, _)| *k == key);
         if let Some(i) = slot
             && self.made[i].1 == value.to_bits()

@@ -14,6 +14,7 @@
 //! kiln starts `b` at zero, so the first step's `μ·0 + 1·g` is exactly `g` and every step has the same graph;
 //! with dampening the factor `1` vs `1 − τ` is a run-time scalar for the same reason.
 
+use super::groups::{GroupOptions, Groups};
 use super::state::{Check, flag, upload};
 use super::{
     Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
@@ -34,6 +35,7 @@ pub struct Sgd {
     weight_decay: f64,
     nesterov: bool,
     maximize: bool,
+    groups: Groups,
     /// Momentum buffers, created on a parameter's first step with a gradient.
     bufs: Vec<Option<Tensor>>,
     /// The run-time scalars, kept across steps: a step whose learning rate is unchanged reuses last step's
@@ -56,6 +58,7 @@ impl Sgd {
             weight_decay: 0.0,
             nesterov: false,
             maximize: false,
+            groups: Groups::new(n),
             bufs: vec![None; n],
             scalars: Scalars::default(),
         }
@@ -97,6 +100,15 @@ impl Sgd {
         self
     }
 
+    /// Adds a parameter group: `params` with their own learning-rate scale or weight decay (see `GroupOptions`).
+    /// They come after the parameters already given in `params()` order.
+    #[track_caller]
+    pub fn group(mut self, params: Vec<Param>, options: GroupOptions) -> Sgd {
+        self.groups.add("Sgd", &mut self.params, params, options);
+        self.bufs.resize(self.params.len(), None);
+        self
+    }
+
     /// The momentum buffer of parameter `i` (in `params()` order), once it has one.
     pub fn momentum_buffer(&self, i: usize) -> Option<&Tensor> {
         self.bufs.get(i).and_then(Option::as_ref)
@@ -118,7 +130,9 @@ impl Optimizer for Sgd {
             let Some(g) = grad_of(&grads, &p) else { continue };
             replaced.push(p.node_ptr());
             replaced.extend(self.bufs[i].as_ref().map(Tensor::node_ptr));
-            let lr = scalars.get_for("lr", &p, 0, self.lr)?;
+            let group = self.groups.of(i);
+            let lr = scalars.get_for("lr", &p, (group, 0), self.groups.lr(i, self.lr))?;
+            let weight_decay = self.groups.weight_decay(i, self.weight_decay);
             let first = self.bufs[i].is_none();
             let buf = match &self.bufs[i] {
                 Some(b) if self.momentum != 0.0 => Some(b.clone()),
@@ -127,14 +141,14 @@ impl Optimizer for Sgd {
             };
             let damp = if self.momentum != 0.0 && self.dampening != 0.0 {
                 let value = if first { 1.0 } else { 1.0 - self.dampening };
-                Some(scalars.get_for("dampening", &p, first as u64, value)?)
+                Some(scalars.get_for("dampening", &p, (0, first as u64), value)?)
             } else {
                 None
             };
             let update = no_grad(|| {
                 let mut g = if self.maximize { g.neg() } else { g };
-                if self.weight_decay != 0.0 {
-                    g = g.add(p.mul(self.weight_decay));
+                if weight_decay != 0.0 {
+                    g = g.add(p.mul(weight_decay));
                 }
                 let mut state = Vec::new();
                 if let Some(b) = buf {
@@ -192,11 +206,9 @@ impl Optimizer for Sgd {
                 tensors: b.iter().map(|b| ("momentum_buffer".to_string(), b.clone())).collect(),
             })
             .collect();
-        OptimizerState {
-            kind: "Sgd".into(),
-            hyper: hyper.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-            params,
-        }
+        let mut hyper = hyper.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        self.groups.write(&mut hyper);
+        OptimizerState { kind: "Sgd".into(), hyper, params }
     }
 
     fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {
@@ -207,6 +219,7 @@ impl Optimizer for Sgd {
         let weight_decay = check.value("weight_decay", ">= 0", |v| v >= 0.0);
         let nesterov = check.flag("nesterov");
         let maximize = check.flag("maximize");
+        let groups = self.groups.read(&mut check);
         if nesterov && (momentum <= 0.0 || dampening != 0.0) {
             check.problem("nesterov = 1 needs a momentum and zero dampening".into());
         }
@@ -226,6 +239,7 @@ impl Optimizer for Sgd {
         }
         (self.lr, self.momentum, self.dampening, self.weight_decay) = (lr, momentum, dampening, weight_decay);
         (self.nesterov, self.maximize) = (nesterov, maximize);
+        self.groups = groups;
         self.bufs = uploaded;
         Ok(())
     }

@@ -13,8 +13,11 @@
 //! step count implies, each of the parameter's shape). All problems are reported in one `Error::OptimizerState`.
 //! A tensor of another dtype is converted to the parameter's, and every tensor is placed on its parameter's device.
 //!
+//! Parameter groups are part of the hyperparameters (`groups`, then `group.{g}.params` and each group's overrides):
+//! the grouping itself comes from how the optimizer was built and must match, the overrides are restored.
+//!
 //! Deliberately not done: PyTorch's pickled `.pt` optimizer files (the state is the same; a script converting one
-//! to these names is a few lines of Python), and parameter groups (kiln's optimizers have one group).
+//! to these names is a few lines of Python).
 
 use crate::error::{Error, Result};
 use crate::nn::Param;
@@ -48,7 +51,7 @@ pub struct ParamState {
 pub(super) struct Check<'a> {
     state: &'a OptimizerState,
     kind: &'static str,
-    read: BTreeSet<&'a str>,
+    read: BTreeSet<String>,
     problems: Vec<String>,
 }
 
@@ -67,8 +70,8 @@ impl<'a> Check<'a> {
 
     /// The hyperparameter `name`, which must satisfy `ok` (`what` says how, for the message). Missing or out of
     /// range: a problem, and 0 is returned (never used: `finish` then fails).
-    pub(super) fn value(&mut self, name: &'static str, what: &str, ok: impl Fn(f64) -> bool) -> f64 {
-        self.read.insert(name);
+    pub(super) fn value(&mut self, name: &str, what: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        self.read.insert(name.to_string());
         match self.state.hyper.get(name) {
             Some(&v) if ok(v) => v,
             Some(&v) => {
@@ -82,13 +85,18 @@ impl<'a> Check<'a> {
         }
     }
 
+    /// An optional hyperparameter: `None` when absent, else as `value`.
+    pub(super) fn optional(&mut self, name: &str, what: &str, ok: impl Fn(f64) -> bool) -> Option<f64> {
+        if self.state.hyper.contains_key(name) { Some(self.value(name, what, ok)) } else { None }
+    }
+
     /// Records a problem the caller found (a combination of hyperparameters the optimizer refuses).
     pub(super) fn problem(&mut self, message: String) {
         self.problems.push(message);
     }
 
     /// An on/off hyperparameter: 0 or 1.
-    pub(super) fn flag(&mut self, name: &'static str) -> bool {
+    pub(super) fn flag(&mut self, name: &str) -> bool {
         self.value(name, "0 or 1", |v| v == 0.0 || v == 1.0) == 1.0
     }
 
@@ -149,7 +157,7 @@ impl<'a> Check<'a> {
 
     /// Fails with every problem found, unknown hyperparameters included.
     pub(super) fn finish(mut self) -> Result<()> {
-        let unknown: Vec<&String> = self.state.hyper.keys().filter(|k| !self.read.contains(k.as_str())).collect();
+        let unknown: Vec<&String> = self.state.hyper.keys().filter(|k| !self.read.contains(*k)).collect();
         if !unknown.is_empty() {
             self.problems.push(format!("unknown hyperparameters {unknown:?}"));
         }
