@@ -5,6 +5,8 @@
 //! The "either way" half runs the same training twice, once with a holder that blocks donation, and compares
 //! every bit; the holders themselves must still read the old values.
 
+mod common;
+
 use kiln::nn::Param;
 use kiln::optim::{Adam, Optimizer, Sgd};
 use kiln::{Device, Tensor};
@@ -25,8 +27,8 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
     (0..n).map(|i| (((i as u64 * (2 * seed + 7) + seed) % 61) as f32 / 30.5 - 1.0) * 0.5).collect()
 }
 
-fn input(n: usize, dims: [usize; 2], seed: u64) -> Tensor {
-    Tensor::from_vec(values(n, seed), dims, &Device::cpu()).expect("upload")
+fn input(n: usize, dims: [usize; 2], seed: u64, dev: &Device) -> Tensor {
+    Tensor::from_vec(values(n, seed), dims, dev).expect("upload")
 }
 
 /// A two-layer MLP, `x @ w1^T -> leaky_relu -> @ w2^T`, with batch `b` and an MSE-sum loss.
@@ -38,10 +40,14 @@ struct Net {
 
 impl Net {
     fn new(b: usize) -> Net {
+        Net::on(b, &Device::cpu())
+    }
+
+    fn on(b: usize, dev: &Device) -> Net {
         Net {
-            w: [Param::new("w1", input(24 * 16, [24, 16], 1)), Param::new("w2", input(5 * 24, [5, 24], 2))],
-            x: input(b * 16, [b, 16], 3),
-            t: input(b * 5, [b, 5], 4),
+            w: [Param::new("w1", input(24 * 16, [24, 16], 1, dev)), Param::new("w2", input(5 * 24, [5, 24], 2, dev))],
+            x: input(b * 16, [b, 16], 3, dev),
+            t: input(b * 5, [b, 5], 4, dev),
         }
     }
 
@@ -96,6 +102,27 @@ fn an_optimizer_step_updates_parameters_and_state_in_place_with_the_same_values(
         assert_eq!(free.weights(), blocked.weights(), "batch {batch}");
         // The kept tensors still hold the values they had (the first ones: the initial weights).
         assert_eq!(kept[0][0].to_vec::<f32>().expect("download"), values(24 * 16, 1));
+    }
+}
+
+#[test]
+fn every_device_updates_in_place_with_the_values_of_a_step_that_does_not() {
+    let _s = serial();
+    for dev in common::devices() {
+        // Batch 1: every update is an elementwise kernel, which every backend donates.
+        let free = Net::on(1, &dev);
+        let (n, _) = train(&free, 5, |_| ());
+        assert_eq!(n, 2 * 5 + 2 * 5, "{dev:?}: weights and momentum buffers, every step");
+        let blocked = Net::on(1, &dev);
+        let (n, kept) = train(&blocked, 5, |net| net.w.iter().map(Param::get).collect::<Vec<_>>());
+        assert_eq!(n, 2 * 5, "{dev:?}: only the momentum buffers");
+        assert_eq!(free.weights(), blocked.weights(), "{dev:?}");
+        assert_eq!(kept[0][0].to_vec::<f32>().expect("download"), values(24 * 16, 1), "{dev:?}: the held weights");
+        // Batch 8: on wgpu the weight updates are GEMMs, which it never donates; the values still match.
+        let (free, blocked) = (Net::on(8, &dev), Net::on(8, &dev));
+        train(&free, 3, |_| ());
+        train(&blocked, 3, |net| net.w.iter().map(Param::get).collect::<Vec<_>>());
+        assert_eq!(free.weights(), blocked.weights(), "{dev:?}: batch 8");
     }
 }
 

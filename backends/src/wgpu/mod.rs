@@ -21,8 +21,9 @@
 //! share a pipeline by collision); bind group layouts by (inputs, rng). Shader compile errors are caught with an
 //! error scope and returned with the WGSL source.
 //!
-//! A run allocates its outputs and temps from the pool, writes the rng keys (when the plan draws random numbers),
-//! records every launch in one compute pass and submits. The queue orders runs, so a temp returned to the pool at
+//! A run (`plan.rs`) allocates its outputs and temps from the pool, writes the rng keys (when the plan draws random
+//! numbers), records every launch in one compute pass and submits. An output may take a donated input's buffer
+//! instead (an optimizer's update of an elementwise kind; `plan.rs` says how and which). The queue orders runs, so a temp returned to the pool at
 //! the end of `run` is only reused by work submitted later.
 //!
 //! GEMM kernels (`kernel::gemm::GemmView`) run as the tiled WGSL template in a tile the autotuner picks (`gemm.rs`).
@@ -31,13 +32,13 @@
 //! save them on replay); `KILN_PROFILE` does not time wgpu launches (it would need timestamp queries).
 
 mod gemm;
+mod plan;
 
 pub use gemm::{fingerprint, gemm_candidates, run_gemm_with, take_last_tune_record};
 
 use crate::{Backend, BackendError, Buffer, Executable};
-use kiln_jit::kernel::{KernelPlan, Slot};
 use kiln_jit::render::wgsl::{self, WgslKernel};
-use kiln_jit::{DType, Graph, HostBuffer, RngKey};
+use kiln_jit::{DType, Graph, HostBuffer};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -409,80 +410,13 @@ fn from_words(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
 }
 
 /// How one launch runs.
-struct CompiledLaunch {
-    pipeline: Arc<Pipeline>,
-    groups: (u32, u32),
-    inputs: Vec<Slot>,
-    output: Slot,
-    uses_rng: bool,
-}
-
-struct WgpuPlan {
-    ctx: Arc<Ctx>,
-    launches: Vec<CompiledLaunch>,
-    /// Elements of each temp slot (the largest kernel output placed there).
-    temps: Vec<usize>,
-    outputs: Vec<(DType, usize)>,
-    passthrough: Vec<(usize, usize)>,
-    uses_rng: bool,
-}
-
 impl Backend for WgpuBackend {
     fn name(&self) -> &'static str {
         NAME
     }
 
     fn compile(&self, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
-        let err = |reason: String| BackendError::Compile { device: NAME, reason };
-        graph.verify().map_err(err)?;
-        // 64-bit values are refused at op construction already; this catches graphs built any other way.
-        for n in graph.topo_order() {
-            let node = graph.node(n);
-            if !self.supports(node.dtype) {
-                return Err(err(format!("node {} is {}: {}", node.op.name(), node.dtype, unsupported(node.dtype))));
-            }
-        }
-        // The tiled GEMM stages any operand strides through workgroup memory, so a transposed weight is read in
-        // place rather than copied every step.
-        let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !gemm::tiled_enabled() };
-        let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
-        if let Some(b) = plan.outputs.iter().find(|b| !self.supports(b.dtype)) {
-            return Err(unsupported(b.dtype));
-        }
-        let dump = crate::dump::Dump::start(graph, &plan);
-        let mut launches = Vec::with_capacity(plan.launches.len());
-        let mut temps = vec![0usize; plan.temps.len()];
-        for l in &plan.launches {
-            let (k, record) = match gemm::gemm_kernel(&self.ctx, &l.kernel) {
-                Some((k, record)) => (k, Some(record)),
-                None => (wgsl::render(&l.kernel).map_err(err)?, None),
-            };
-            if let Some(d) = &dump {
-                match &record {
-                    Some(r) => d.tuned_kernel_files(&l.kernel, "wgsl", &k.source, &r.winner, &r.table()),
-                    None => d.kernel_files(&l.kernel, "wgsl", &k.source, ""),
-                }
-            }
-            let pipeline = self.ctx.pipeline(&k).map_err(err)?;
-            if let Slot::Temp(t) = l.output {
-                temps[t] = temps[t].max(l.kernel.output.len);
-            }
-            launches.push(CompiledLaunch {
-                pipeline,
-                groups: k.groups,
-                inputs: l.inputs.clone(),
-                output: l.output,
-                uses_rng: k.uses_rng,
-            });
-        }
-        Ok(Box::new(WgpuPlan {
-            ctx: self.ctx.clone(),
-            uses_rng: launches.iter().any(|l| l.uses_rng),
-            launches,
-            temps,
-            outputs: plan.outputs.iter().map(|b| (b.dtype, b.len)).collect(),
-            passthrough: plan.passthrough.clone(),
-        }))
+        plan::compile(self, graph)
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
@@ -512,72 +446,5 @@ impl Backend for WgpuBackend {
         }
         let bytes = self.ctx.read_words(b.raw(), b.len)?;
         Ok(from_words(b.dtype, &bytes, b.len))
-    }
-}
-
-impl Executable for WgpuPlan {
-    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
-        let ctx = &self.ctx;
-        let ins: Vec<&DeviceBuffer> = inputs
-            .iter()
-            .map(|b| match b {
-                Buffer::Wgpu(d) => Ok(d),
-                _ => Err(BackendError::ForeignBuffer { device: NAME }),
-            })
-            .collect::<Result<_, _>>()?;
-        let outputs: Vec<DeviceBuffer> =
-            self.outputs.iter().map(|&(d, n)| ctx.alloc(d, n)).collect::<Result<_, _>>()?;
-        let temps: Vec<DeviceBuffer> =
-            self.temps.iter().map(|&n| ctx.alloc(DType::F32, n)).collect::<Result<_, _>>()?;
-        let rng_buf = if self.uses_rng && !rng.is_empty() {
-            let words: Vec<u8> = rng
-                .iter()
-                .flat_map(|k| [k.seed as u32, (k.seed >> 32) as u32, k.offset as u32, (k.offset >> 32) as u32])
-                .flat_map(u32::to_le_bytes)
-                .collect();
-            let b = ctx.alloc(DType::I32, words.len() / 4)?;
-            ctx.queue.write_buffer(b.raw(), 0, &words);
-            Some(b)
-        } else {
-            None
-        };
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
-        for &(o, i) in &self.passthrough {
-            let bytes = (ins[i].len * wgsl::WORD) as u64;
-            if bytes > 0 {
-                enc.copy_buffer_to_buffer(ins[i].raw(), 0, outputs[o].raw(), 0, bytes);
-            }
-        }
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
-            let slot = |s: Slot| -> &wgpu::Buffer {
-                match s {
-                    Slot::Input(i) => ins[i].raw(),
-                    Slot::Temp(t) => temps[t].raw(),
-                    Slot::Output(o) => outputs[o].raw(),
-                }
-            };
-            let mut bufs: Vec<&wgpu::Buffer> = Vec::new();
-            for l in &self.launches {
-                if l.groups.0 == 0 {
-                    continue; // an empty output: nothing to compute
-                }
-                bufs.clear();
-                bufs.extend(l.inputs.iter().map(|&s| slot(s)));
-                bufs.push(slot(l.output));
-                if l.uses_rng {
-                    let Some(r) = &rng_buf else {
-                        return Err(BackendError::Execute {
-                            device: NAME,
-                            reason: "random kernel without rng keys".into(),
-                        });
-                    };
-                    bufs.push(r.raw());
-                }
-                ctx.dispatch(&mut pass, &l.pipeline, &bufs, l.groups);
-            }
-        }
-        ctx.queue.submit([enc.finish()]);
-        Ok(outputs.into_iter().map(Buffer::Wgpu).collect())
     }
 }

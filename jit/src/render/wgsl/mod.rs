@@ -177,12 +177,30 @@ pub fn render(k: &KernelIr) -> Result<WgslKernel, String> {
 
 /// Renders `k` as a generic kernel with an explicit launch shape.
 pub fn render_with(k: &KernelIr, opts: WgslOptions) -> Result<WgslKernel, String> {
+    render_full(k, opts, &[])
+}
+
+/// `render`, for a launch whose output is written over one of its inputs (buffer donation): the inputs at
+/// positions `aliased` are read from `out` instead of their own bindings, which stay declared (the bind group
+/// layout is the same) but are never used, so the caller binds any placeholder there. WebGPU refuses one buffer
+/// bound read-only and read-write in the same dispatch; this reads it through the one read-write binding. Correct
+/// only where each invocation reads an aliased input at the element it writes, before writing it (what
+/// `KernelPlan::donation_candidates` checks) and `aliased` holds inputs of the output's dtype and length.
+pub fn render_aliased(k: &KernelIr, aliased: &[usize]) -> Result<WgslKernel, String> {
+    if let Some(&i) = aliased.iter().find(|&&i| k.inputs.get(i).is_none_or(|b| *b != k.output)) {
+        return Err(format!("kernel {}: input {i} cannot be read through the output", k.name));
+    }
+    render_full(k, WgslOptions::choose(k), aliased)
+}
+
+fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<WgslKernel, String> {
     check(k)?;
     let total: u64 = k.out_extents.iter().product::<usize>() as u64;
     let per_thread = opts.per_thread.max(1) as u64;
     let threads = total.div_ceil(per_thread);
     let groups = groups_for(threads, opts.workgroup)?;
     let mut em = Emitter::new(k);
+    em.aliased = aliased.to_vec();
     if total == 0 {
         // Nothing to compute (a size-0 dim): a valid shader that is never dispatched.
         let s = em.header() + "\n@compute @workgroup_size(1)\nfn main() {}\n";
@@ -258,11 +276,13 @@ pub(crate) struct Emitter<'a> {
     pub(crate) k: &'a KernelIr,
     pub(crate) helpers: BTreeSet<Helper>,
     pub(crate) uses_rng: bool,
+    /// Inputs read through `out` (`render_aliased`).
+    pub(crate) aliased: Vec<usize>,
 }
 
 impl<'a> Emitter<'a> {
     pub(crate) fn new(k: &'a KernelIr) -> Emitter<'a> {
-        Emitter { k, helpers: BTreeSet::new(), uses_rng: false }
+        Emitter { k, helpers: BTreeSet::new(), uses_rng: false, aliased: Vec::new() }
     }
 
     /// Bindings and the helper functions the body used (call after rendering the body).

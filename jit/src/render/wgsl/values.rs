@@ -95,12 +95,13 @@ impl Emitter<'_> {
                 if self.k.inputs[*buf].len == 0 {
                     return konst(*fill, d); // an empty buffer is never read
                 }
+                let name = if self.aliased.contains(buf) { "out".to_string() } else { format!("in{buf}") };
                 match valid {
-                    None => from_storage(d, &format!("in{buf}[{}]", iexpr(index))),
+                    None => from_storage(d, &format!("{name}[{}]", iexpr(index))),
                     Some(va) => {
                         // The index is clamped to 0 where invalid, so no read ever leaves the buffer.
                         let ok = valid_expr(va);
-                        let word = format!("in{buf}[select(0i, {}, {ok})]", iexpr(index));
+                        let word = format!("{name}[select(0i, {}, {ok})]", iexpr(index));
                         format!("select({}, {}, {ok})", konst(*fill, d), from_storage(d, &word))
                     }
                 }

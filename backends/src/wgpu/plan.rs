@@ -1,0 +1,256 @@
+//! A compiled wgpu plan: one pipeline per launch, recorded into one compute pass per run.
+//!
+//! Buffer donation (`Executable::run_donating`): an output may be written over an input's buffer
+//! (`KernelPlan::donation_candidates`: every other reader of the input runs earlier, and the writing kernel reads
+//! the input only at the element it writes). WebGPU refuses one buffer bound read-only and read-write in the same
+//! dispatch, so a donating launch runs a second pipeline of its kernel that reads that input through its output
+//! binding (`wgsl::render_aliased`), with a one-word placeholder bound where the input was; launches before it read
+//! the input (the old values) from the same buffer. GEMM launches (the tiled template) do not donate: their
+//! epilogue reads are not checked to precede every write of a tile, so a GEMM output always gets a new buffer.
+
+use super::{Ctx, DeviceBuffer, NAME, Pipeline, WgpuBackend, gemm, unsupported};
+use crate::{BackendError, Buffer, Executable};
+use kiln_jit::kernel::{Donation, KernelPlan, Slot};
+use kiln_jit::render::wgsl;
+use kiln_jit::{DType, Graph, RngKey};
+use std::sync::Arc;
+
+struct CompiledLaunch {
+    pipeline: Arc<Pipeline>,
+    /// The pipeline reading the donated input through the output, where this launch writes a donation.
+    donating: Option<Arc<Pipeline>>,
+    groups: (u32, u32),
+    inputs: Vec<Slot>,
+    output: Slot,
+    uses_rng: bool,
+}
+
+struct WgpuPlan {
+    ctx: Arc<Ctx>,
+    launches: Vec<CompiledLaunch>,
+    /// Elements of each temp slot (the largest kernel output placed there).
+    temps: Vec<usize>,
+    outputs: Vec<(DType, usize)>,
+    passthrough: Vec<(usize, usize)>,
+    uses_rng: bool,
+    donations: Vec<Donation>,
+}
+
+pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
+    let ctx = &backend.ctx;
+    let err = |reason: String| BackendError::Compile { device: NAME, reason };
+    graph.verify().map_err(err)?;
+    // 64-bit values are refused at op construction already; this catches graphs built any other way.
+    for n in graph.topo_order() {
+        let node = graph.node(n);
+        if !backend.supports(node.dtype) {
+            return Err(err(format!("node {} is {}: {}", node.op.name(), node.dtype, unsupported(node.dtype))));
+        }
+    }
+    // The tiled GEMM stages any operand strides through workgroup memory, so a transposed weight is read in
+    // place rather than copied every step.
+    let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !gemm::tiled_enabled() };
+    let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
+    if let Some(b) = plan.outputs.iter().find(|b| !backend.supports(b.dtype)) {
+        return Err(unsupported(b.dtype));
+    }
+    let dump = crate::dump::Dump::start(graph, &plan);
+    let mut launches = Vec::with_capacity(plan.launches.len());
+    let mut temps = vec![0usize; plan.temps.len()];
+    // Whether each launch runs as a generic kernel (not the GEMM template): only those donate.
+    let mut generic = Vec::with_capacity(plan.launches.len());
+    for l in &plan.launches {
+        let (k, record) = match gemm::gemm_kernel(ctx, &l.kernel) {
+            Some((k, record)) => (k, Some(record)),
+            None => (wgsl::render(&l.kernel).map_err(err)?, None),
+        };
+        if let Some(d) = &dump {
+            match &record {
+                Some(r) => d.tuned_kernel_files(&l.kernel, "wgsl", &k.source, &r.winner, &r.table()),
+                None => d.kernel_files(&l.kernel, "wgsl", &k.source, ""),
+            }
+        }
+        let pipeline = ctx.pipeline(&k).map_err(err)?;
+        generic.push(record.is_none());
+        if let Slot::Temp(t) = l.output {
+            temps[t] = temps[t].max(l.kernel.output.len);
+        }
+        launches.push(CompiledLaunch {
+            pipeline,
+            donating: None,
+            groups: k.groups,
+            inputs: l.inputs.clone(),
+            output: l.output,
+            uses_rng: k.uses_rng,
+        });
+    }
+    let mut donations = Vec::new();
+    for d in plan.donation_candidates() {
+        let l = &plan.launches[d.launch];
+        if !generic[d.launch] {
+            continue;
+        }
+        let aliased: Vec<usize> = (0..l.inputs.len()).filter(|&i| l.inputs[i] == Slot::Input(d.input)).collect();
+        let k = wgsl::render_aliased(&l.kernel, &aliased).map_err(err)?;
+        launches[d.launch].donating = Some(ctx.pipeline(&k).map_err(err)?);
+        donations.push(d);
+    }
+    Ok(Box::new(WgpuPlan {
+        ctx: ctx.clone(),
+        uses_rng: launches.iter().any(|l| l.uses_rng),
+        launches,
+        temps,
+        outputs: plan.outputs.iter().map(|b| (b.dtype, b.len)).collect(),
+        passthrough: plan.passthrough.clone(),
+        donations,
+    }))
+}
+
+impl WgpuPlan {
+    /// `run_donating` and `run` (with nothing donated).
+    fn run_with(
+        &self,
+        inputs: &[&Buffer],
+        donated: &mut [Option<Buffer>],
+        rng: &[RngKey],
+    ) -> Result<Vec<Buffer>, BackendError> {
+        let ctx = &self.ctx;
+        // Every buffer given must be one this plan can take, of its output's dtype and length: checked before any
+        // is taken, so that on an error the caller still has them all.
+        for (slot, given) in donated.iter().enumerate() {
+            let fits = |d: &Donation| match given {
+                Some(Buffer::Wgpu(b)) => d.input == slot && (b.dtype, b.len) == self.outputs[d.output],
+                _ => false,
+            };
+            if given.is_some() && !self.donations.iter().any(fits) {
+                return Err(BackendError::Execute { device: NAME, reason: format!("input {slot} cannot be donated") });
+            }
+        }
+        let is_donated = |i: usize| donated.get(i).is_some_and(Option::is_some);
+        // A donated slot's `inputs` entry is a placeholder from the caller: never looked at.
+        let ins: Vec<Option<&DeviceBuffer>> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| match b {
+                _ if is_donated(i) => Ok(None),
+                Buffer::Wgpu(d) => Ok(Some(d)),
+                _ => Err(BackendError::ForeignBuffer { device: NAME }),
+            })
+            .collect::<Result<_, _>>()?;
+        // (output, input) of each donation given.
+        let donor_of_output: Vec<(usize, usize)> =
+            self.donations.iter().filter(|d| is_donated(d.input)).map(|d| (d.output, d.input)).collect();
+        // Built as the `Buffer`s handed back (a donated one is already one).
+        let mut outputs: Vec<Buffer> = Vec::with_capacity(self.outputs.len());
+        for (o, &(d, n)) in self.outputs.iter().enumerate() {
+            let donor = donor_of_output.iter().find(|&&(out, _)| out == o).and_then(|&(_, s)| donated[s].take());
+            outputs.push(match donor {
+                Some(b) => b,
+                None => Buffer::Wgpu(ctx.alloc(d, n)?),
+            });
+        }
+        let out = |o: usize| -> &wgpu::Buffer {
+            match &outputs[o] {
+                Buffer::Wgpu(b) => b.raw(),
+                _ => unreachable!("outputs are device buffers (donated ones checked above)"),
+            }
+        };
+        let output_of_input = |i: usize| donor_of_output.iter().find(|&&(_, s)| s == i).map(|&(o, _)| o);
+        let temps: Vec<DeviceBuffer> =
+            self.temps.iter().map(|&n| ctx.alloc(DType::F32, n)).collect::<Result<_, _>>()?;
+        let placeholder = if donor_of_output.is_empty() { None } else { Some(ctx.alloc(DType::F32, 1)?) };
+        let rng_buf = if self.uses_rng && !rng.is_empty() {
+            let words: Vec<u8> = rng
+                .iter()
+                .flat_map(|k| [k.seed as u32, (k.seed >> 32) as u32, k.offset as u32, (k.offset >> 32) as u32])
+                .flat_map(u32::to_le_bytes)
+                .collect();
+            let b = ctx.alloc(DType::I32, words.len() / 4)?;
+            ctx.queue.write_buffer(b.raw(), 0, &words);
+            Some(b)
+        } else {
+            None
+        };
+        let input = |i: usize| -> &wgpu::Buffer {
+            match (ins[i], output_of_input(i)) {
+                (Some(b), _) => b.raw(),
+                (None, Some(o)) => out(o),
+                (None, None) => unreachable!("a donated input has an output"),
+            }
+        };
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
+        for &(o, i) in &self.passthrough {
+            let bytes = (inputs_len(&ins, i) * wgsl::WORD) as u64;
+            if bytes > 0 {
+                enc.copy_buffer_to_buffer(input(i), 0, out(o), 0, bytes);
+            }
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            let slot = |s: Slot| -> &wgpu::Buffer {
+                match s {
+                    Slot::Input(i) => input(i),
+                    Slot::Temp(t) => temps[t].raw(),
+                    Slot::Output(o) => out(o),
+                }
+            };
+            let mut bufs: Vec<&wgpu::Buffer> = Vec::new();
+            for l in &self.launches {
+                if l.groups.0 == 0 {
+                    continue; // an empty output: nothing to compute
+                }
+                // This launch writes over a donated input: it reads it through its output binding.
+                let donating = match (l.output, &l.donating, &placeholder) {
+                    (Slot::Output(o), Some(p), Some(ph)) => donor_of_output
+                        .iter()
+                        .find(|&&(out, _)| out == o)
+                        .map(|&(_, input)| (p, Slot::Input(input), ph.raw())),
+                    _ => None,
+                };
+                bufs.clear();
+                bufs.extend(l.inputs.iter().map(|&s| match donating {
+                    Some((_, aliased, ph)) if s == aliased => ph,
+                    _ => slot(s),
+                }));
+                bufs.push(slot(l.output));
+                if l.uses_rng {
+                    let Some(r) = &rng_buf else {
+                        return Err(BackendError::Execute {
+                            device: NAME,
+                            reason: "random kernel without rng keys".into(),
+                        });
+                    };
+                    bufs.push(r.raw());
+                }
+                let pipeline = donating.map_or(&l.pipeline, |(p, _, _)| p);
+                ctx.dispatch(&mut pass, pipeline, &bufs, l.groups);
+            }
+        }
+        ctx.queue.submit([enc.finish()]);
+        Ok(outputs)
+    }
+}
+
+/// Elements of input `i` (a passed-through input is never donated, so it is always present).
+fn inputs_len(ins: &[Option<&DeviceBuffer>], i: usize) -> usize {
+    ins[i].map_or(0, |b| b.len)
+}
+
+impl Executable for WgpuPlan {
+    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
+        self.run_with(inputs, &mut [], rng)
+    }
+
+    fn donations(&self) -> &[Donation] {
+        &self.donations
+    }
+
+    fn run_donating(
+        &self,
+        inputs: &[&Buffer],
+        donated: &mut [Option<Buffer>],
+        rng: &[RngKey],
+    ) -> Result<Vec<Buffer>, BackendError> {
+        self.run_with(inputs, donated, rng)
+    }
+}
