@@ -1,6 +1,8 @@
 //! Golden files for one rendered kernel: the fused `(a * b + c).relu().sum(1, false)` as kernel IR text
 //! (`KernelIr::to_text`), as CLIF (`render::clif::render`, vectorized, displayed) and as WGSL
-//! (`render::wgsl::render`), compared with `tests/golden/mul_add_relu_sum.{kernel,clif,wgsl}.txt`.
+//! (`render::wgsl::render`), compared with `tests/golden/mul_add_relu_sum.{kernel,clif,wgsl}.txt`; and an SGD
+//! update `w - g * lr` rendered to read `w` through its output (`render::wgsl::render_aliased`, buffer donation on
+//! wgpu): `tests/golden/sgd_update_aliased.wgsl.txt`.
 //!
 //! A change to fusion, lowering or the CLIF renderer that changes the output fails here with the first differing
 //! line. If the change is intended, rewrite the files and review their diff:
@@ -102,4 +104,34 @@ fn mul_add_relu_sum_wgsl() {
     let text = kiln_jit::render::wgsl::render(&k).expect("renders").source;
     assert_eq!(text, kiln_jit::render::wgsl::render(&kernel()).expect("renders").source, "WGSL of a rebuilt kernel");
     check_golden("mul_add_relu_sum.wgsl.txt", &text);
+}
+
+/// The one kernel of `w - g * lr` (w, g: f32[8, 13], lr: a 0-dim f32), and the position of `w` among its inputs.
+fn update_kernel() -> (KernelIr, usize) {
+    let dev = Device::cpu();
+    let data = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).cos()).collect::<Vec<f32>>();
+    let w = Tensor::from_vec(data(8 * 13, 0.9), [8, 13], &dev).expect("w");
+    let g = Tensor::from_vec(data(8 * 13, 0.4), [8, 13], &dev).expect("g");
+    let lr = Tensor::from_vec(vec![0.1f32], kiln::Shape::scalar(), &dev).expect("lr");
+    let y = w.sub(g.mul(&lr));
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let plan = schedule(&cap.graph);
+    assert_eq!(plan.launches.len(), 1, "expected one fused kernel");
+    // Inputs are numbered in the order the walk met them: w first.
+    let launch = plan.launches.into_iter().next().expect("one launch");
+    let w_pos = launch.inputs.iter().position(|s| *s == kiln_jit::kernel::Slot::Input(0)).expect("w is read");
+    (launch.kernel, w_pos)
+}
+
+#[test]
+fn sgd_update_reading_its_weight_through_the_output_wgsl() {
+    let (k, w) = update_kernel();
+    let text = kiln_jit::render::wgsl::render_aliased(&k, &[w]).expect("renders").source;
+    assert!(!text.contains(&format!("in{w}[")), "the aliased input is never read:\n{text}");
+    assert!(text.contains(&format!("var<storage, read> in{w}:")), "its binding stays declared:\n{text}");
+    check_golden("sgd_update_aliased.wgsl.txt", &text);
+    // An input of another shape than the output cannot be read through it.
+    let other = kernel();
+    let err = kiln_jit::render::wgsl::render_aliased(&other, &[0]).expect_err("an [8, 13] input of an [8] output");
+    assert!(err.contains("cannot be read through the output"), "{err}");
 }
