@@ -441,17 +441,7 @@ impl Executable for JitPlan {
         for b in inputs {
             super::as_host(b)?;
         }
-        // Every buffer given must be one this plan can take, of its output's dtype and length: checked before any
-        // is taken, so that on an error the caller still has them all.
-        for (slot, given) in donated.iter().enumerate() {
-            let fits = |d: &Donation| match given {
-                Some(Buffer::Host(h)) => d.input == slot && (h.dtype(), h.len()) == self.outputs[d.output],
-                _ => false,
-            };
-            if given.is_some() && !self.donations.iter().any(fits) {
-                return Err(BackendError::Execute { device: NAME, reason: format!("input {slot} cannot be donated") });
-            }
-        }
+        crate::check_donated(NAME, &self.donations, &self.outputs, donated, |b| matches!(b, Buffer::Host(_)))?;
         let host =
             |i: usize| -> &HostBuffer { super::as_host(inputs[i]).unwrap_or_else(|_| unreachable!("checked above")) };
         // (output, input) of each donation given: that input's buffer becomes the output, and launches read it there.

@@ -106,26 +106,23 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
     }))
 }
 
-impl WgpuPlan {
-    /// `run_donating` and `run` (with nothing donated).
-    fn run_with(
+impl Executable for WgpuPlan {
+    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
+        self.run_donating(inputs, &mut [], rng)
+    }
+
+    fn donations(&self) -> &[Donation] {
+        &self.donations
+    }
+
+    fn run_donating(
         &self,
         inputs: &[&Buffer],
         donated: &mut [Option<Buffer>],
         rng: &[RngKey],
     ) -> Result<Vec<Buffer>, BackendError> {
         let ctx = &self.ctx;
-        // Every buffer given must be one this plan can take, of its output's dtype and length: checked before any
-        // is taken, so that on an error the caller still has them all.
-        for (slot, given) in donated.iter().enumerate() {
-            let fits = |d: &Donation| match given {
-                Some(Buffer::Wgpu(b)) => d.input == slot && (b.dtype, b.len) == self.outputs[d.output],
-                _ => false,
-            };
-            if given.is_some() && !self.donations.iter().any(fits) {
-                return Err(BackendError::Execute { device: NAME, reason: format!("input {slot} cannot be donated") });
-            }
-        }
+        crate::check_donated(NAME, &self.donations, &self.outputs, donated, |b| matches!(b, Buffer::Wgpu(_)))?;
         let is_donated = |i: usize| donated.get(i).is_some_and(Option::is_some);
         // A donated slot's `inputs` entry is a placeholder from the caller: never looked at.
         let ins: Vec<Option<&DeviceBuffer>> = inputs
@@ -234,23 +231,4 @@ impl WgpuPlan {
 /// Elements of input `i` (a passed-through input is never donated, so it is always present).
 fn inputs_len(ins: &[Option<&DeviceBuffer>], i: usize) -> usize {
     ins[i].map_or(0, |b| b.len)
-}
-
-impl Executable for WgpuPlan {
-    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
-        self.run_with(inputs, &mut [], rng)
-    }
-
-    fn donations(&self) -> &[Donation] {
-        &self.donations
-    }
-
-    fn run_donating(
-        &self,
-        inputs: &[&Buffer],
-        donated: &mut [Option<Buffer>],
-        rng: &[RngKey],
-    ) -> Result<Vec<Buffer>, BackendError> {
-        self.run_with(inputs, donated, rng)
-    }
 }
