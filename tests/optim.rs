@@ -501,3 +501,95 @@ fn sgd_on_the_benchmark_mlp_matches_a_recorded_pytorch_run() {
         close(&got, &want, Tol { rel: 1e-4, abs: 0.0 }, &format!("loss on {dev}"));
     }
 }
+
+#[test]
+fn learning_rate_schedules_match_pytorchs() {
+    use kiln::optim::schedule::{CosineAnnealingLr, ExponentialLr, LinearLr, LrSchedule, Sequential, StepLr};
+    // Printed by `tests/fixtures/lr_schedules.py` (torch 2.15), base rate 0.1, steps 0..10.
+    let torch: [(&str, Box<dyn LrSchedule>, [f64; 10]); 5] = [
+        ("step", Box::new(StepLr::new(0.1, 3, 0.5)), [0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.0125]),
+        (
+            "exponential",
+            Box::new(ExponentialLr::new(0.1, 0.9)),
+            [
+                0.1,
+                0.09000000000000001,
+                0.08100000000000002,
+                0.07290000000000002,
+                0.06561000000000002,
+                0.05904900000000002,
+                0.05314410000000002,
+                0.04782969000000002,
+                0.043046721000000024,
+                0.03874204890000002,
+            ],
+        ),
+        (
+            "cosine",
+            Box::new(CosineAnnealingLr::new(0.1, 6, 0.01)),
+            [
+                0.1,
+                0.09397114317029975,
+                0.07750000000000001,
+                0.055000000000000014,
+                0.032500000000000015,
+                0.01602885682970026,
+                0.01,
+                0.01602885682970026,
+                0.03250000000000001,
+                0.05500000000000004,
+            ],
+        ),
+        (
+            "linear",
+            Box::new(LinearLr::new(0.1, 0.25, 1.0, 4)),
+            [
+                0.025,
+                0.043750000000000004,
+                0.06250000000000001,
+                0.08125000000000002,
+                0.10000000000000002,
+                0.10000000000000002,
+                0.10000000000000002,
+                0.10000000000000002,
+                0.10000000000000002,
+                0.10000000000000002,
+            ],
+        ),
+        (
+            "warmup_cosine",
+            Box::new(Sequential::new(
+                vec![Box::new(LinearLr::new(0.1, 0.1, 1.0, 3)), Box::new(CosineAnnealingLr::new(0.1, 5, 0.0))],
+                vec![3],
+            )),
+            [
+                0.010000000000000002,
+                0.04,
+                0.07,
+                0.1,
+                0.09045084971874738,
+                0.06545084971874737,
+                0.03454915028125263,
+                0.009549150281252633,
+                0.0,
+                0.009549150281252628,
+            ],
+        ),
+    ];
+    for (name, schedule, want) in &torch {
+        let got: Vec<f64> = (0..10).map(|t| schedule.lr(t)).collect();
+        // Closed forms against PyTorch's chained updates: equal to a few ulps.
+        close(&got, want, Tol { rel: 1e-14, abs: 1e-17 }, name);
+    }
+    // A closure is a schedule too.
+    let half = |t: u64| 0.1 / (t + 1) as f64;
+    assert_eq!(half.lr(1), 0.05);
+}
+
+#[test]
+#[should_panic(expected = "Sequential: milestones must increase (got [5, 5])")]
+fn a_sequential_schedule_needs_increasing_milestones() {
+    use kiln::optim::schedule::{ExponentialLr, LrSchedule, Sequential};
+    let part = || Box::new(ExponentialLr::new(0.1, 0.9)) as Box<dyn LrSchedule>;
+    let _ = Sequential::new(vec![part(), part(), part()], vec![5, 5]);
+}

@@ -32,6 +32,9 @@
 //! the hyperparameters, step counts and state tensors, so that training resumed in a fresh process computes the same
 //! bits as training that never stopped (`state.rs`).
 //!
+//! Learning-rate schedules (`schedule`: step, exponential, cosine, linear warm-up, sequential) are functions of the
+//! step number: `opt.set_lr(s.lr(t))` before step `t`.
+//!
 //! Parameter groups (`.group(params, GroupOptions)`) give some parameters their own learning-rate scale or weight
 //! decay (`groups.rs`); every group steps in the same graph.
 //!
@@ -40,6 +43,7 @@
 
 mod adam;
 mod groups;
+pub mod schedule;
 mod sgd;
 mod state;
 
