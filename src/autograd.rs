@@ -62,6 +62,11 @@ impl Gradients {
         self.map.len()
     }
 
+    /// Sets the gradient of `leaf` (gradient accumulation builds its sums this way).
+    pub(crate) fn insert(&mut self, leaf: Tensor, grad: Tensor) {
+        self.map.insert(Arc::as_ptr(&leaf.node), (leaf, grad));
+    }
+
     /// Replaces the gradient of `leaf` (if it has one) by `f` of it: gradient clipping.
     pub(crate) fn update(&mut self, leaf: &Tensor, f: impl FnOnce(&Tensor) -> Tensor) {
         if let Some((_, g)) = self.map.get_mut(&Arc::as_ptr(&leaf.node)) {

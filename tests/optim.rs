@@ -593,3 +593,53 @@ fn a_sequential_schedule_needs_increasing_milestones() {
     let part = || Box::new(ExponentialLr::new(0.1, 0.9)) as Box<dyn LrSchedule>;
     let _ = Sequential::new(vec![part(), part(), part()], vec![5, 5]);
 }
+
+/// A linear layer 6 -> 3 in f64 (`w`, `b`) with fixed values, and 8 samples.
+fn accumulation_setup() -> ([Param; 2], Tensor, Tensor) {
+    let w = Param::new("w", tensor(DType::F64, &data(DType::F64, 18, 41, Dom::Cont(-1.0, 1.0)), &[3, 6]));
+    let b = Param::new("b", tensor(DType::F64, &data(DType::F64, 3, 42, Dom::Cont(-1.0, 1.0)), &[3]));
+    let x = tensor(DType::F64, &data(DType::F64, 8 * 6, 43, Dom::Cont(-1.0, 1.0)), &[8, 6]);
+    let t = tensor(DType::F64, &data(DType::F64, 8 * 3, 44, Dom::Cont(-1.0, 1.0)), &[8, 3]);
+    ([w, b], x, t)
+}
+
+#[test]
+fn accumulated_micro_batch_gradients_equal_the_full_batch_gradients_and_replay_their_plans() {
+    let _s = serial();
+    use kiln::optim::GradAccumulator;
+    let (params, x, t) = accumulation_setup();
+    let loss_of = |x: &Tensor, t: &Tensor| (x.matmul(&params[0].get().t()) + params[1].get() - t).square().sum_all();
+    let full = loss_of(&x, &t).backward().unwrap();
+    let want: Vec<Vec<f64>> = params.iter().map(|p| vals(full.get(&p.get()).unwrap())).collect();
+    drop(full);
+
+    let mut acc = GradAccumulator::new(params.to_vec());
+    let mut opt = Sgd::new(params.to_vec(), 0.05);
+    let before = kiln::stats();
+    for round in 0..3 {
+        let mut losses = 0.0;
+        for half in 0..2 {
+            let (xs, ts) = (x.slice(0, half * 4, half * 4 + 4, 1), t.slice(0, half * 4, half * 4 + 4, 1));
+            let loss = loss_of(&xs, &ts);
+            acc.add(loss.backward().unwrap(), &[&loss]).unwrap();
+            losses += loss.item::<f64>().unwrap();
+        }
+        let grads = acc.take();
+        if round == 0 {
+            // Summed over the two halves: the full batch's gradients, up to the order of the additions.
+            for (p, w) in params.iter().zip(&want) {
+                close(&vals(grads.get(&p.get()).unwrap()), w, Tol { rel: 1e-12, abs: 1e-14 }, p.name());
+            }
+            assert_eq!(acc.take().len(), 0, "take starts over");
+        }
+        opt.step(grads, &[]).unwrap();
+        assert!(losses.is_finite());
+    }
+    let after = kiln::stats();
+    // The first micro-step (gradients), the second (gradients + running sums) and the update: three plans,
+    // compiled in the first round and replayed in the next two; the second micro-step writes the sums in place.
+    assert_eq!(after.compiles - before.compiles, 3, "compiles");
+    assert_eq!(after.plan_hits - before.plan_hits, 6, "plan hits");
+    // Per round: the two running sums (second micro-step) and the two parameters (the update), in place.
+    assert_eq!(after.donated_buffers - before.donated_buffers, 3 * (2 + 2), "donations");
+}

@@ -32,6 +32,8 @@
 //! the hyperparameters, step counts and state tensors, so that training resumed in a fresh process computes the same
 //! bits as training that never stopped (`state.rs`).
 //!
+//! `GradAccumulator` sums the gradients of several micro-batches for one step (`accumulate.rs`).
+//!
 //! Learning-rate schedules (`schedule`: step, exponential, cosine, linear warm-up, sequential) are functions of the
 //! step number: `opt.set_lr(s.lr(t))` before step `t`.
 //!
@@ -41,12 +43,14 @@
 //! Deliberately not done: sparse gradients, and the fused/foreach variants (the whole update is one fused graph
 //! already).
 
+mod accumulate;
 mod adam;
 mod groups;
 pub mod schedule;
 mod sgd;
 mod state;
 
+pub use accumulate::GradAccumulator;
 pub use adam::{Adam, AdamW};
 pub use groups::GroupOptions;
 pub use sgd::Sgd;
