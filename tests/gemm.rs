@@ -25,7 +25,7 @@ fn check_all_candidates(name: &str, out: &Tensor) -> usize {
                 GemmImpl::Asm(c) => {
                     Some(GemmImpl::Asm(config::GemmConfig { kc: 16, mc: c.mr * 2, nc: c.nr() * 2, ..*c }))
                 }
-                GemmImpl::Library | GemmImpl::Dot => None,
+                GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK => None,
             })
             .collect();
         cands.extend(extra);
@@ -93,6 +93,57 @@ fn dot_candidate_on_ragged_linear_shapes() {
     assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));
     let k = gemm_kernel(&rand(&[2, 16], 17).matmul(&rand(&[16, 8], 18)));
     assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));
+}
+
+/// The split-K candidate (`dy @ W`, W stored K x N) on the shapes its loops split: N below, at and between its 96-,
+/// 64-, 32-, 16- and 8-column steps with columns left over, K not a multiple of the part count and at its 32-row
+/// minimum, up to its 8-row limit, A read from a slice and transposed (strided along K), with an epilogue (its pass).
+/// Forced through `check_all_candidates` like every other candidate, which is asserted to include it.
+#[test]
+fn splitk_candidate_on_ragged_input_gradient_shapes() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    let runs = |name: &str, c: &Tensor| {
+        let k = gemm_kernel(c);
+        let cands = config::candidates(&GemmView::of(&k).unwrap(), true);
+        assert!(cands.contains(&GemmImpl::SplitK), "{name}: the split-K candidate is not offered");
+        assert!(check_all_candidates(name, c) > 0);
+    };
+    let shapes = [(1, 3, 32), (1, 8, 33), (1, 100, 64), (2, 161, 77), (1, 256, 128), (3, 250, 40), (8, 97, 131)];
+    for (m, n, k) in shapes {
+        runs(&format!("splitk {m}x{n}x{k}"), &rand(&[m, k], 21).matmul(&rand(&[k, n], 22)));
+    }
+    let wide = rand(&[2, 90], 23);
+    runs("splitk, A a slice", &wide.narrow(1, 10, 70).matmul(&rand(&[70, 40], 24)));
+    runs("splitk, A transposed", &rand(&[50, 2], 25).t().matmul(&rand(&[50, 33], 26)));
+    let with_epilogue = kiln::nn::functional::leaky_relu(&rand(&[1, 64], 27).matmul(&rand(&[64, 45], 28)), 0.01);
+    runs("splitk with an epilogue", &with_epilogue);
+    // Not offered past its row limit, for K under two parts, or for a B whose rows are not contiguous.
+    for (a, b) in [
+        (rand(&[config::DOT_MAX_M + 1, 64], 29), rand(&[64, 16], 30)),
+        (rand(&[1, 31], 29), rand(&[31, 16], 30)),
+        (rand(&[1, 64], 29), rand(&[16, 64], 30).t()),
+    ] {
+        let k = gemm_kernel(&a.matmul(&b));
+        assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::SplitK));
+    }
+}
+
+/// Where the plan writes over B (a training step's weight), a small-M GEMM with B stored K x N runs split K, chosen
+/// rather than raced (`config::step_candidates`), under a key of its own.
+#[test]
+fn a_rewritten_weight_selects_split_k_under_its_own_key() {
+    use kiln_backends::cpu::gemm::tune::problem;
+    let k = gemm_kernel(&rand(&[1, 128], 31).matmul(&rand(&[128, 256], 32)));
+    let v = GemmView::of(&k).unwrap();
+    assert_eq!(config::step_candidates(&v, true, true), vec![GemmImpl::SplitK]);
+    assert_eq!(config::step_candidates(&v, true, false), config::candidates(&v, true));
+    assert_ne!(problem(&k, &v, 2, "cpu-a", true).key, problem(&k, &v, 2, "cpu-a", false).key);
+    // Where split K is not legal (B stored N x K), nothing changes.
+    let k = gemm_kernel(&rand(&[1, 128], 31).matmul(&rand(&[256, 128], 32).t()));
+    let v = GemmView::of(&k).unwrap();
+    assert_eq!(config::step_candidates(&v, true, true), config::candidates(&v, true));
 }
 
 #[test]
@@ -166,7 +217,7 @@ fn tuning_keys_bucket_shapes_and_separate_what_changes_the_kernel() {
     use kiln_backends::cpu::gemm::tune::problem;
     let key = |t: &Tensor, device: &str| {
         let k = gemm_kernel(t);
-        problem(&k, &GemmView::of(&k).unwrap(), 2, device).key
+        problem(&k, &GemmView::of(&k).unwrap(), 2, device, false).key
     };
     let mm = |m: usize, n: usize, k: usize| rand(&[m, k], 1).matmul(&rand(&[k, n], 2));
     let base = key(&mm(1000, 300, 200), "cpu-a");
@@ -217,7 +268,7 @@ fn fast_mode_times_a_smaller_problem_of_the_same_key() {
     let proxy_of = |t: &Tensor| {
         let k = gemm_kernel(t);
         let v = GemmView::of(&k).unwrap();
-        let full = problem(&k, &v, 2, "cpu-a");
+        let full = problem(&k, &v, 2, "cpu-a", false);
         fast_proxy(&k, &v, &full, 2, "cpu-a").map(|p| (full, p))
     };
     let mm = |m: usize, n: usize, k: usize| (rand(&[m, k], 1).matmul(&rand(&[n, k], 2).t()) + &rand(&[n], 3)).relu();

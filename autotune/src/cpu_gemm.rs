@@ -6,7 +6,9 @@
 //! KC x NR micro-panel of B in L1), whether A and B are packed into panels or read in place, and how the threads
 //! split the output (by columns or by rows). The library GEMM (`gemm` crate) is one more candidate, and so is a
 //! dot-product GEMV (`Dot`) for a few rows of A against a B whose columns are contiguous (`x @ W^T`, every linear
-//! layer's forward at a small batch), which no packed or broadcast kernel serves well.
+//! layer's forward at a small batch), which no packed or broadcast kernel serves well, and a split-K GEMV
+//! (`SplitK`) for a few rows of A against a B whose rows are contiguous (`dy @ W`, a linear layer's input gradient),
+//! whose threads take rows of B rather than columns of C.
 //!
 //! The score is a roofline estimate in GFLOP/s, not a promise; its job is to put the few worth timing on top:
 //! - compute: this core's FMA peak (measured 100 GFLOP/s per core here) times the tile's efficiency (FMA latency
@@ -29,6 +31,9 @@ pub enum GemmImpl {
     /// Each output a dot product of a row of A and a column of B, both contiguous along K, in tiles of three rows by
     /// four columns of 8-lane FMAs (`kiln-backends`' `cpu/gemm/dot.rs`); its epilogue runs as a separate pass.
     Dot,
+    /// Rows of A times a B whose rows are contiguous, the threads splitting K (`cpu/gemm/splitk.rs`: why); its
+    /// epilogue runs as a separate pass.
+    SplitK,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -68,6 +73,7 @@ impl GemmImpl {
         let c = match self {
             GemmImpl::Library => return out.push_str("lib:gemm"),
             GemmImpl::Dot => return out.push_str("dot:avx2"),
+            GemmImpl::SplitK => return out.push_str("splitk:avx2"),
             GemmImpl::Asm(c) => c,
         };
         out.push_str("avx2:");
@@ -95,6 +101,7 @@ impl GemmImpl {
             GemmImpl::Asm(c) => legal(v, c),
             GemmImpl::Library => v.batch.is_empty(),
             GemmImpl::Dot => dot_legal(v),
+            GemmImpl::SplitK => splitk_legal(v),
         }
     }
 
@@ -106,6 +113,7 @@ impl GemmImpl {
         match self {
             GemmImpl::Library => "library",
             GemmImpl::Dot => "dot products",
+            GemmImpl::SplitK => "split K",
             GemmImpl::Asm(c) => match (c.pack_a, c.pack_b, c.kc <= 8) {
                 (true, true, _) => "packed A, packed B",
                 (true, false, true) => "packed A, B in place, short K blocks",
@@ -122,7 +130,7 @@ impl GemmImpl {
     pub fn shape(&self) -> String {
         match self {
             GemmImpl::Asm(c) => format!("{}x{}", c.mr, c.nr()),
-            GemmImpl::Library | GemmImpl::Dot => String::new(),
+            GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK => String::new(),
         }
     }
 
@@ -132,6 +140,9 @@ impl GemmImpl {
         }
         if s == "dot:avx2" {
             return Some(GemmImpl::Dot);
+        }
+        if s == "splitk:avx2" {
+            return Some(GemmImpl::SplitK);
         }
         let f: Vec<&str> = s.split(':').collect();
         if f.len() != 9 || f[0] != "avx2" {
@@ -232,6 +243,9 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
     if dot_legal(v) {
         out.push(GemmImpl::Dot);
     }
+    if splitk_legal(v) {
+        out.push(GemmImpl::SplitK);
+    }
     out
 }
 
@@ -265,6 +279,32 @@ fn dot_score(v: &GemmView, threads: usize, peak: f64) -> f64 {
     0.9 * peak * t * (tiled + (1.0 - tiled) * 0.5) * (k / (k + 48.0))
 }
 
+/// Whether the split-K candidate can run `v`: unbatched, at most [`DOT_MAX_M`] rows (each row of A streams B once),
+/// B's rows contiguous along N (B stored K x N: `dy @ W`), and K long enough for two parts of 16 rows.
+pub fn splitk_legal(v: &GemmView) -> bool {
+    v.batch.is_empty() && v.m <= DOT_MAX_M && v.b.cols == 1 && v.k >= 32 && v.n > 0
+}
+
+/// The split-K candidate's estimate on its own: bound by reading B once per row of A, like the broadcast kernels
+/// that stream B in place, plus a reduction and the epilogue pass, so ranked a little under them (at 1 x 256 x 128
+/// on 2 threads, alone and warm: 1.81 µs against 1.54 for the best broadcast tile). Where it wins, in a training
+/// step, it is not ranked but chosen: [`step_candidates`].
+fn splitk_score(v: &GemmView, threads: usize) -> f64 {
+    let t = threads.min(v.k / 16).max(1) as f64;
+    0.4 * 25.0 * t / v.m.max(1) as f64
+}
+
+/// The candidates for a GEMM in a compiled plan: [`candidates`], except that when the plan rewrites B (a training
+/// step's input gradient `dy @ W`, whose W the optimizer's update writes over in the same plan) and split K is
+/// legal, split K alone. Timed alone, the broadcast kernels win by ~15 % (see [`splitk_score`]); in the step they
+/// make half of W's cache lines move between the cores twice (`kiln-backends`' `cpu/gemm/splitk.rs`): the batch-1
+/// benchmark MLP step took 34-42 µs with split K against 39-69 µs without (interleaved runs, fast and slow host
+/// phases). A race of isolated runs cannot see that, so it is not raced. The candidate set is part of the tuning
+/// key, so these records never mix with an isolated GEMM's.
+pub fn step_candidates(v: &GemmView, library: bool, b_rewritten: bool) -> Vec<GemmImpl> {
+    if b_rewritten && splitk_legal(v) { vec![GemmImpl::SplitK] } else { candidates(v, library) }
+}
+
 /// Whether an `mr x 8*nv` register tile fits the 16 ymm registers: `mr * nv` accumulators, `nv` B vectors (none
 /// for one row, whose FMAs read B from memory) and one broadcast register.
 pub fn fits(mr: usize, nv: usize) -> bool {
@@ -294,6 +334,7 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
         // Measured here at 1024^3 on 2 threads: 120 GFLOP/s, 60% of peak; its epilogue is a second pass over C.
         GemmImpl::Library => return 0.6 * PEAK * threads.min(v.n.div_ceil(16)) as f64,
         GemmImpl::Dot => return dot_score(v, threads, PEAK),
+        GemmImpl::SplitK => return splitk_score(v, threads),
         GemmImpl::Asm(c) => c,
     };
     let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);

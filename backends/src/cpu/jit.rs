@@ -294,20 +294,24 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     let compiler = COMPILER.as_ref().map_err(|e| err(e.clone()))?;
     let mut launches = Vec::with_capacity(plan.launches.len());
     let mut budget = super::gemm::select::TuneBudget::for_compile();
+    // Inputs the plan writes over (a training step's weights): a GEMM reading one as B is chosen for that.
+    let rewritten: Vec<usize> = plan.donation_candidates().iter().map(|d| d.input).collect();
     {
         let mut c = compiler.lock();
         for l in &plan.launches {
-            let exec =
-                match super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget).map_err(err)? {
-                    Some(g) => Exec::Gemm(Box::new(g)),
-                    None => {
-                        let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
-                        if let (Some(d), Some((clif_text, disasm))) = (&dump, text) {
-                            d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
-                        }
-                        Exec::Clif(f)
+            let b_rewritten = kiln_jit::kernel::gemm::GemmView::of(&l.kernel)
+                .is_some_and(|v| matches!(l.inputs.get(v.b.buf), Some(Slot::Input(i)) if rewritten.contains(i)));
+            let gemm = super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget, b_rewritten);
+            let exec = match gemm.map_err(err)? {
+                Some(g) => Exec::Gemm(Box::new(g)),
+                None => {
+                    let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
+                    if let (Some(d), Some((clif_text, disasm))) = (&dump, text) {
+                        d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
                     }
-                };
+                    Exec::Clif(f)
+                }
+            };
             let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
             launches.push(CompiledLaunch {
                 name: l.kernel.name.clone(),

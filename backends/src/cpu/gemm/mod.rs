@@ -11,8 +11,9 @@
 //! Threads take disjoint rectangles of C (column or row strips, per batch element), each with its own pack buffers,
 //! so results do not depend on timing. Deliberately not done: packing shared between threads, and AVX-512.
 //!
-//! Two more candidates race the generated kernels: the `gemm` crate (`tune::library_gemm`) and, for a few rows
-//! against a weight stored N x K, dot products (`dot`); both leave their epilogue to the pass.
+//! Three more candidates race the generated kernels: the `gemm` crate (`tune::library_gemm`), for a few rows against
+//! a weight stored N x K dot products (`dot`), and for a few rows against one stored K x N a split-K GEMV
+//! (`splitk`); all leave their epilogue to the pass.
 
 pub mod asm;
 mod dot;
@@ -21,6 +22,7 @@ pub use kiln_autotune::cpu_gemm as config;
 pub mod epilogue;
 mod pack;
 pub(crate) mod select;
+mod splitk;
 pub mod tune;
 
 use super::pool;
@@ -270,6 +272,8 @@ impl CompiledGemm {
             // SAFETY: the caller's pointer contract; `build` accepted the view (`legal_for`), and generated GEMMs
             // (this candidate among them) run only on hosts with AVX2 and FMA.
             GemmImpl::Dot => unsafe { dot::dot_gemm(&self.view, &cx) },
+            // SAFETY: as for the dot products (`legal_for` accepted the view: `splitk_legal`).
+            GemmImpl::SplitK => unsafe { splitk::splitk_gemm(&self.view, &cx) },
         }
         if self.uses_pass
             && let Some(pass) = self.pass

@@ -197,11 +197,12 @@ fn layout(op: &GemmOperand, contiguous: &'static str, transposed: &'static str) 
 }
 
 /// Builds the tuning key and canonical problem of GEMM kernel `k` (recognized as `v`) for `threads` threads.
-pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str) -> TuneProblem {
+/// `b_rewritten`: the plan running `k` writes over its B (`config::step_candidates`).
+pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str, b_rewritten: bool) -> TuneProblem {
     let bb = if v.batch.is_empty() { 1 } else { bucket(v.batch_count() as u64) as usize };
     let mm = if v.m == 1 { 1 } else { bucket(v.m as u64) as usize };
     let (nn, kk) = (bucket(v.n as u64) as usize, bucket(v.k as u64) as usize);
-    build(k, v, [bb, mm, nn, kk], threads, device)
+    build(k, v, [bb, mm, nn, kk], threads, device, b_rewritten)
 }
 
 /// `KILN_AUTOTUNE=fast` times a smaller problem than the canonical one when one run of that would cost more than
@@ -241,13 +242,21 @@ pub fn fast_proxy(k: &KernelIr, v: &GemmView, full: &TuneProblem, threads: usize
     if (bb, mm, nn) == original {
         return None;
     }
-    let mut proxy = build(k, v, [bb, mm, nn, kk], threads, device);
+    // The key is the full problem's (its candidate set included); the proxy only changes what is timed.
+    let mut proxy = build(k, v, [bb, mm, nn, kk], threads, device, false);
     proxy.key = full.key.clone();
     Some(proxy)
 }
 
 /// The tuning problem of `k` (recognized as `v`) at dims `[batch, m, n, k]` (batch 1: unbatched; m 1: a GEMV).
-fn build(k: &KernelIr, v: &GemmView, [bb, mm, nn, kk]: [usize; 4], threads: usize, device: &str) -> TuneProblem {
+fn build(
+    k: &KernelIr,
+    v: &GemmView,
+    [bb, mm, nn, kk]: [usize; 4],
+    threads: usize,
+    device: &str,
+    b_rewritten: bool,
+) -> TuneProblem {
     let a_layout = layout(&v.a, "mk", "km");
     let b_layout = layout(&v.b, "kn", "nk");
     // Output dims and loop variables of the canonical kernel: [b?, m?, n], then k.
@@ -332,7 +341,7 @@ fn build(k: &KernelIr, v: &GemmView, [bb, mm, nn, kk]: [usize; 4], threads: usiz
         .iter()
         .map(|&(n, x)| (n.to_string(), x as u64))
         .collect();
-    let candidates = config::candidates(&view, view.batch.is_empty());
+    let candidates = config::step_candidates(&view, view.batch.is_empty(), b_rewritten);
     let key = TuneKey {
         op: "gemm".into(),
         dims: dims.clone(),
