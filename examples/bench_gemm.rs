@@ -188,7 +188,14 @@ fn main() {
         let view = kiln_jit::kernel::gemm::GemmView::of(kernel).expect("a GEMM");
         y.realize().expect("realize (tunes on a cold cache)");
         let store = kiln_autotune::Store::global();
-        let key = kiln_backends::cpu::gemm::tune::problem(kernel, &view, threads, &store.fingerprint().id(), false).key;
+        let key = kiln_backends::cpu::gemm::tune::problem(
+            kernel,
+            &view,
+            threads,
+            &store.fingerprint().id(),
+            Default::default(),
+        )
+        .key;
         let tuned = store
             .get_record(&key)
             .and_then(|r| kiln_backends::cpu::gemm::config::GemmImpl::parse(&r.winner))

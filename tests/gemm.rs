@@ -134,16 +134,30 @@ fn splitk_candidate_on_ragged_input_gradient_shapes() {
 /// rather than raced (`config::step_candidates`), under a key of its own.
 #[test]
 fn a_rewritten_weight_selects_split_k_under_its_own_key() {
+    use config::StepContext;
     use kiln_backends::cpu::gemm::tune::problem;
+    let rewritten = StepContext { b_rewritten: true, ..Default::default() };
     let k = gemm_kernel(&rand(&[1, 128], 31).matmul(&rand(&[128, 256], 32)));
     let v = GemmView::of(&k).unwrap();
-    assert_eq!(config::step_candidates(&v, true, true), vec![GemmImpl::SplitK]);
-    assert_eq!(config::step_candidates(&v, true, false), config::candidates(&v, true));
-    assert_ne!(problem(&k, &v, 2, "cpu-a", true).key, problem(&k, &v, 2, "cpu-a", false).key);
+    assert_eq!(config::step_candidates(&v, true, rewritten), vec![GemmImpl::SplitK]);
+    assert_eq!(config::step_candidates(&v, true, StepContext::default()), config::candidates(&v, true));
+    assert_ne!(problem(&k, &v, 2, "cpu-a", rewritten).key, problem(&k, &v, 2, "cpu-a", StepContext::default()).key);
     // Where split K is not legal (B stored N x K), nothing changes.
     let k = gemm_kernel(&rand(&[1, 128], 31).matmul(&rand(&[256, 128], 32).t()));
     let v = GemmView::of(&k).unwrap();
-    assert_eq!(config::step_candidates(&v, true, true), config::candidates(&v, true));
+    assert_eq!(config::step_candidates(&v, true, rewritten), config::candidates(&v, true));
+    // A GEMM whose output replaces an input (a weight's update) keeps only the row-split generated kernels.
+    let update = StepContext { output_replaces_input: true, ..Default::default() };
+    let k = gemm_kernel(&rand(&[32, 256], 33).t().matmul(&rand(&[32, 784], 34)));
+    let v = GemmView::of(&k).unwrap();
+    let rows = config::step_candidates(&v, true, update);
+    assert!(!rows.is_empty() && rows.iter().all(|c| matches!(c, GemmImpl::Asm(c) if c.split_m)), "{rows:?}");
+    assert!(rows.len() < config::candidates(&v, true).len());
+    // Past `UPDATE_MAX_K` an update is bound by its FMAs: every candidate races.
+    let k =
+        gemm_kernel(&rand(&[config::UPDATE_MAX_K + 1, 64], 33).t().matmul(&rand(&[config::UPDATE_MAX_K + 1, 80], 34)));
+    let v = GemmView::of(&k).unwrap();
+    assert_eq!(config::step_candidates(&v, true, update), config::candidates(&v, true));
 }
 
 #[test]
@@ -217,7 +231,7 @@ fn tuning_keys_bucket_shapes_and_separate_what_changes_the_kernel() {
     use kiln_backends::cpu::gemm::tune::problem;
     let key = |t: &Tensor, device: &str| {
         let k = gemm_kernel(t);
-        problem(&k, &GemmView::of(&k).unwrap(), 2, device, false).key
+        problem(&k, &GemmView::of(&k).unwrap(), 2, device, Default::default()).key
     };
     let mm = |m: usize, n: usize, k: usize| rand(&[m, k], 1).matmul(&rand(&[k, n], 2));
     let base = key(&mm(1000, 300, 200), "cpu-a");
@@ -268,7 +282,7 @@ fn fast_mode_times_a_smaller_problem_of_the_same_key() {
     let proxy_of = |t: &Tensor| {
         let k = gemm_kernel(t);
         let v = GemmView::of(&k).unwrap();
-        let full = problem(&k, &v, 2, "cpu-a", false);
+        let full = problem(&k, &v, 2, "cpu-a", Default::default());
         fast_proxy(&k, &v, &full, 2, "cpu-a").map(|p| (full, p))
     };
     let mm = |m: usize, n: usize, k: usize| (rand(&[m, k], 1).matmul(&rand(&[n, k], 2).t()) + &rand(&[n], 3)).relu();

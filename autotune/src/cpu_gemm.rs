@@ -294,15 +294,44 @@ fn splitk_score(v: &GemmView, threads: usize) -> f64 {
     0.4 * 25.0 * t / v.m.max(1) as f64
 }
 
-/// The candidates for a GEMM in a compiled plan: [`candidates`], except that when the plan rewrites B (a training
-/// step's input gradient `dy @ W`, whose W the optimizer's update writes over in the same plan) and split K is
-/// legal, split K alone. Timed alone, the broadcast kernels win by ~15 % (see [`splitk_score`]); in the step they
-/// make half of W's cache lines move between the cores twice (`kiln-backends`' `cpu/gemm/splitk.rs`): the batch-1
-/// benchmark MLP step took 34-42 µs with split K against 39-69 µs without (interleaved runs, fast and slow host
-/// phases). A race of isolated runs cannot see that, so it is not raced. The candidate set is part of the tuning
-/// key, so these records never mix with an isolated GEMM's.
-pub fn step_candidates(v: &GemmView, library: bool, b_rewritten: bool) -> Vec<GemmImpl> {
-    if b_rewritten && splitk_legal(v) { vec![GemmImpl::SplitK] } else { candidates(v, library) }
+/// The largest K (a batch, for a weight's update `dy^T x`) at which the update is bound by reading and writing the
+/// weight rather than by its FMAs, so that where the weight's lines live decides its speed ([`step_candidates`]).
+/// At batch 256 (K = 256) restricting it to row splits cost ~1 %.
+pub const UPDATE_MAX_K: usize = 64;
+
+/// What a compiled plan does around one of its GEMMs, beyond the GEMM itself: whether it writes over the GEMM's B
+/// (a training step's weight, read here by an input gradient `dy @ W`) or writes the GEMM's output over one of its
+/// inputs (the weight's update `W - lr * dy^T x`). Timed alone, a GEMM cannot show what these cost: which core's
+/// cache holds the weight's lines when the next kernel reads or writes them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StepContext {
+    pub b_rewritten: bool,
+    pub output_replaces_input: bool,
+}
+
+/// The candidates for a GEMM in a compiled plan: [`candidates`], narrowed where the plan around it decides what is
+/// fast better than an isolated race can (`kiln-backends`' `cpu/gemm/splitk.rs` has the measurements):
+/// - B rewritten and split K legal: split K alone. Its threads take W's rows, as the forward GEMV and the update do;
+///   timed alone the broadcast kernels win by ~15 % (see [`splitk_score`]), in the step they make half of W's cache
+///   lines move between the cores twice (batch-1 benchmark MLP: 34-42 µs a step with split K, 39-69 without).
+/// - The output replaces an input (a weight's update) and K is at most [`UPDATE_MAX_K`]: only generated kernels
+///   whose threads split the rows (M), as the forward GEMM splits the weight's rows, where any exists (the library
+///   and column splits write lines the other core holds). The batch-32 benchmark MLP step (its two updates at K =
+///   32): 220.6-225.3 -> 212.1-216.2 µs, five interleaved pairs; batch 256 and 1024 unchanged within noise.
+///
+/// The candidate set is part of the tuning key, so these records never mix with an isolated GEMM's.
+pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<GemmImpl> {
+    if cx.b_rewritten && splitk_legal(v) {
+        return vec![GemmImpl::SplitK];
+    }
+    let all = candidates(v, library);
+    if cx.output_replaces_input && v.k <= UPDATE_MAX_K {
+        let rows: Vec<GemmImpl> = all.iter().copied().filter(|c| matches!(c, GemmImpl::Asm(c) if c.split_m)).collect();
+        if !rows.is_empty() {
+            return rows;
+        }
+    }
+    all
 }
 
 /// Whether an `mr x 8*nv` register tile fits the 16 ymm registers: `mr * nv` accumulators, `nv` B vectors (none

@@ -294,14 +294,19 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     let compiler = COMPILER.as_ref().map_err(|e| err(e.clone()))?;
     let mut launches = Vec::with_capacity(plan.launches.len());
     let mut budget = super::gemm::select::TuneBudget::for_compile();
-    // Inputs the plan writes over (a training step's weights): a GEMM reading one as B is chosen for that.
-    let rewritten: Vec<usize> = plan.donation_candidates().iter().map(|d| d.input).collect();
+    // Inputs the plan writes over (a training step's weights) and the launches that write them: a GEMM reading one
+    // as B, or writing one, is chosen for that (`config::step_candidates`).
+    let candidates = plan.donation_candidates();
     {
         let mut c = compiler.lock();
-        for l in &plan.launches {
-            let b_rewritten = kiln_jit::kernel::gemm::GemmView::of(&l.kernel)
-                .is_some_and(|v| matches!(l.inputs.get(v.b.buf), Some(Slot::Input(i)) if rewritten.contains(i)));
-            let gemm = super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget, b_rewritten);
+        for (index, l) in plan.launches.iter().enumerate() {
+            let cx = super::gemm::config::StepContext {
+                b_rewritten: kiln_jit::kernel::gemm::GemmView::of(&l.kernel).is_some_and(|v| {
+                    matches!(l.inputs.get(v.b.buf), Some(&Slot::Input(i)) if candidates.iter().any(|d| d.input == i))
+                }),
+                output_replaces_input: candidates.iter().any(|d| d.launch == index),
+            };
+            let gemm = super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget, cx);
             let exec = match gemm.map_err(err)? {
                 Some(g) => Exec::Gemm(Box::new(g)),
                 None => {

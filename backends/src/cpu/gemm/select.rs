@@ -91,13 +91,13 @@ pub fn set_autotune_mode(mode: Option<kiln_autotune::Mode>) {
 
 /// The generated-GEMM form of `k` if it is a GEMM worth it on this host, in the configuration the tuning cache
 /// holds for its key, or the one a search picks now (`KILN_AUTOTUNE`), with its epilogue pass compiled when the
-/// epilogue is not in registers. `b_rewritten`: the plan writes over the GEMM's B (`config::step_candidates`).
+/// epilogue is not in registers. `cx`: what the plan does around the GEMM (`config::step_candidates`).
 pub(crate) fn gemm_for(
     c: &mut Compiler,
     k: &KernelIr,
     dump: Option<&crate::dump::Dump>,
     budget: &mut TuneBudget,
-    b_rewritten: bool,
+    cx: super::config::StepContext,
 ) -> Result<Option<super::CompiledGemm>, String> {
     if !generated_gemm_enabled() {
         return Ok(None);
@@ -108,7 +108,7 @@ pub(crate) fn gemm_for(
     }
     let threads = pool::global().threads();
     let store = kiln_autotune::Store::global();
-    let (imp, key) = choose_gemm(c, k, &view, threads, store, budget, b_rewritten)?;
+    let (imp, key) = choose_gemm(c, k, &view, threads, store, budget, cx)?;
     let g = build_gemm(c, k, view, imp, threads, Some(store), dump)?;
     if let Some(d) = dump {
         let table = store.get_record(&key).map_or_else(|| "not tuned (analytic choice)\n".to_string(), |r| r.table());
@@ -127,12 +127,12 @@ fn choose_gemm(
     threads: usize,
     store: &kiln_autotune::Store,
     budget: &mut TuneBudget,
-    b_rewritten: bool,
+    cx: super::config::StepContext,
 ) -> Result<(super::config::GemmImpl, kiln_autotune::TuneKey), String> {
     let mode = tune_mode();
     use super::{self as gemm, config, config::GemmImpl, tune};
     use std::sync::atomic::Ordering;
-    let problem = tune::problem(k, view, threads, &store.fingerprint().id(), b_rewritten);
+    let problem = tune::problem(k, view, threads, &store.fingerprint().id(), cx);
     let legal_here = |imp: &GemmImpl| imp.legal_for(view);
     // Only the winner: a plan compile of a warm process does this once per GEMM, and a record's hundred trials
     // are only wanted by a dump or `kiln tune` (fetched by key then). A record of a lighter mode than this one is
@@ -160,7 +160,7 @@ fn choose_gemm(
     let reference = std::cell::OnceCell::new();
     let pass: std::cell::OnceCell<gemm::PassFn> = std::cell::OnceCell::new();
     let compiler = std::cell::RefCell::new(c);
-    let cands = config::step_candidates(&problem.view, problem.view.batch.is_empty(), b_rewritten);
+    let cands = config::step_candidates(&problem.view, problem.view.batch.is_empty(), cx);
     let scored: Vec<kiln_autotune::Candidate<'_, GemmImpl>> = cands
         .iter()
         .map(|imp| kiln_autotune::Candidate {

@@ -1,7 +1,7 @@
 //! Choosing a GEMM configuration: the library candidate's entry point, and (with `kiln-autotune`) the search.
 
 use super::Ctx;
-use super::config::{self, GemmImpl};
+use super::config::{self, GemmImpl, StepContext};
 use kiln_autotune::{TuneKey, bucket, checksum_of_each, dim_named};
 use kiln_jit::dtype::Scalar;
 use kiln_jit::kernel::gemm::{GemmOperand, GemmView, Role};
@@ -197,12 +197,12 @@ fn layout(op: &GemmOperand, contiguous: &'static str, transposed: &'static str) 
 }
 
 /// Builds the tuning key and canonical problem of GEMM kernel `k` (recognized as `v`) for `threads` threads.
-/// `b_rewritten`: the plan running `k` writes over its B (`config::step_candidates`).
-pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str, b_rewritten: bool) -> TuneProblem {
+/// `cx`: what the plan running `k` does around it (`config::step_candidates`).
+pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str, cx: StepContext) -> TuneProblem {
     let bb = if v.batch.is_empty() { 1 } else { bucket(v.batch_count() as u64) as usize };
     let mm = if v.m == 1 { 1 } else { bucket(v.m as u64) as usize };
     let (nn, kk) = (bucket(v.n as u64) as usize, bucket(v.k as u64) as usize);
-    build(k, v, [bb, mm, nn, kk], threads, device, b_rewritten)
+    build(k, v, [bb, mm, nn, kk], threads, device, cx)
 }
 
 /// `KILN_AUTOTUNE=fast` times a smaller problem than the canonical one when one run of that would cost more than
@@ -243,7 +243,7 @@ pub fn fast_proxy(k: &KernelIr, v: &GemmView, full: &TuneProblem, threads: usize
         return None;
     }
     // The key is the full problem's (its candidate set included); the proxy only changes what is timed.
-    let mut proxy = build(k, v, [bb, mm, nn, kk], threads, device, false);
+    let mut proxy = build(k, v, [bb, mm, nn, kk], threads, device, StepContext::default());
     proxy.key = full.key.clone();
     Some(proxy)
 }
@@ -255,7 +255,7 @@ fn build(
     [bb, mm, nn, kk]: [usize; 4],
     threads: usize,
     device: &str,
-    b_rewritten: bool,
+    cx: StepContext,
 ) -> TuneProblem {
     let a_layout = layout(&v.a, "mk", "km");
     let b_layout = layout(&v.b, "kn", "nk");
@@ -341,7 +341,7 @@ fn build(
         .iter()
         .map(|&(n, x)| (n.to_string(), x as u64))
         .collect();
-    let candidates = config::step_candidates(&view, view.batch.is_empty(), b_rewritten);
+    let candidates = config::step_candidates(&view, view.batch.is_empty(), cx);
     let key = TuneKey {
         op: "gemm".into(),
         dims: dims.clone(),
