@@ -60,6 +60,14 @@ fn every_candidate_on_ragged_and_blocked_shapes() {
     }
 }
 
+/// Asserts that `imp` is a candidate for the GEMM of `c`, then forces every candidate on it (`check_all_candidates`).
+fn offered_and_checked(imp: GemmImpl, name: &str, c: &Tensor) {
+    let k = gemm_kernel(c);
+    let cands = config::candidates(&GemmView::of(&k).unwrap(), true);
+    assert!(cands.contains(&imp), "{name}: {} is not offered", imp.name());
+    assert!(check_all_candidates(name, c) > 0);
+}
+
 /// The dot-product candidate (`x @ W^T`) on the shapes its loops split: K below, at and between its 8- and 16-float
 /// steps, N not a multiple of its 4-column blocks (and below one block), M below, at and past its 3-row tiles with
 /// rows left over, and A read from a slice whose rows are further apart than K; with an epilogue (its pass). Each is forced through `check_all_candidates` like every other candidate, which is asserted
@@ -69,12 +77,7 @@ fn dot_candidate_on_ragged_linear_shapes() {
     if common::skip_without_avx2() {
         return;
     }
-    let dot_runs = |name: &str, c: &Tensor| {
-        let k = gemm_kernel(c);
-        let cands = config::candidates(&GemmView::of(&k).unwrap(), true);
-        assert!(cands.contains(&GemmImpl::Dot), "{name}: the dot candidate is not offered");
-        assert!(check_all_candidates(name, c) > 0);
-    };
+    let dot_runs = |name: &str, c: &Tensor| offered_and_checked(GemmImpl::Dot, name, c);
     // Tiles of three rows and four columns with rows, columns and K left over.
     let shapes = [(1, 3, 5), (1, 4, 8), (2, 9, 16), (3, 13, 23), (8, 37, 40), (5, 64, 130), (1, 256, 784)];
     let tiled = [(7, 9, 17), (6, 21, 33), (8, 64, 100)];
@@ -104,12 +107,7 @@ fn splitk_candidate_on_ragged_input_gradient_shapes() {
     if common::skip_without_avx2() {
         return;
     }
-    let runs = |name: &str, c: &Tensor| {
-        let k = gemm_kernel(c);
-        let cands = config::candidates(&GemmView::of(&k).unwrap(), true);
-        assert!(cands.contains(&GemmImpl::SplitK), "{name}: the split-K candidate is not offered");
-        assert!(check_all_candidates(name, c) > 0);
-    };
+    let runs = |name: &str, c: &Tensor| offered_and_checked(GemmImpl::SplitK, name, c);
     let shapes = [(1, 3, 32), (1, 8, 33), (1, 100, 64), (2, 161, 77), (1, 256, 128), (3, 250, 40), (8, 97, 131)];
     for (m, n, k) in shapes {
         runs(&format!("splitk {m}x{n}x{k}"), &rand(&[m, k], 21).matmul(&rand(&[k, n], 22)));

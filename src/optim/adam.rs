@@ -17,7 +17,7 @@
 //! computed on the host in f64 and enter the graph as 0-dim inputs; the rest are constants.
 
 use super::groups::{GroupOptions, Groups};
-use super::state::{Check, flag, upload};
+use super::state::{Check, flag, state_of, upload};
 use super::{
     Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
     zeros_input,
@@ -170,9 +170,7 @@ impl Core {
                 }
             })
             .collect();
-        let mut hyper = hyper.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        self.groups.write(&mut hyper);
-        OptimizerState { kind: self.name.into(), hyper, params }
+        state_of(self.name, &hyper, &self.groups, params)
     }
 
     fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {

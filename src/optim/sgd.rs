@@ -15,7 +15,7 @@
 //! with dampening the factor `1` vs `1 − τ` is a run-time scalar for the same reason.
 
 use super::groups::{GroupOptions, Groups};
-use super::state::{Check, flag, upload};
+use super::state::{Check, flag, state_of, upload};
 use super::{
     Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
     zeros_input,
@@ -206,9 +206,7 @@ impl Optimizer for Sgd {
                 tensors: b.iter().map(|b| ("momentum_buffer".to_string(), b.clone())).collect(),
             })
             .collect();
-        let mut hyper = hyper.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        self.groups.write(&mut hyper);
-        OptimizerState { kind: "Sgd".into(), hyper, params }
+        state_of("Sgd", &hyper, &self.groups, params)
     }
 
     fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {

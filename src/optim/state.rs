@@ -169,6 +169,19 @@ impl<'a> Check<'a> {
     }
 }
 
+/// The state of an optimizer of `kind` with hyperparameters `hyper` (flags as [`flag`]), its `groups` and per
+/// parameter state `params`.
+pub(super) fn state_of(
+    kind: &str,
+    hyper: &[(&str, f64)],
+    groups: &super::groups::Groups,
+    params: Vec<ParamState>,
+) -> OptimizerState {
+    let mut hyper: BTreeMap<String, f64> = hyper.iter().map(|&(k, v)| (k.to_string(), v)).collect();
+    groups.write(&mut hyper);
+    OptimizerState { kind: kind.to_string(), hyper, params }
+}
+
 /// Uploads `data` to `param`'s device, shaped like it.
 pub(super) fn upload(data: HostBuffer, param: &Tensor) -> Result<Tensor> {
     Tensor::from_host(data, param.shape().clone(), &param.device())
