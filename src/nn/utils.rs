@@ -28,13 +28,7 @@ pub fn clip_grad_norm(grads: &mut Gradients, params: &[Param], max_norm: f64) ->
     if max_norm.is_nan() || max_norm < 0.0 {
         fail!("clip_grad_norm", "max_norm must be >= 0 (got {max_norm})");
     }
-    let mut leaves: Vec<Tensor> = Vec::with_capacity(params.len());
-    for p in params.iter().map(Param::get) {
-        // A parameter listed twice (a tied weight) counts once, as in PyTorch's `parameters()`.
-        if grads.get(&p).is_some() && !leaves.iter().any(|l| l.node_ptr() == p.node_ptr()) {
-            leaves.push(p);
-        }
-    }
+    let leaves = with_gradients(grads, params);
     no_grad(|| {
         let norms: Vec<Tensor> = leaves
             .iter()
@@ -65,13 +59,17 @@ pub fn clip_grad_value(grads: &mut Gradients, params: &[Param], clip_value: f64)
     if clip_value.is_nan() || clip_value < 0.0 {
         fail!("clip_grad_value", "clip_value must be >= 0 (got {clip_value})");
     }
-    let mut done = Vec::with_capacity(params.len());
+    let leaves = with_gradients(grads, params);
     no_grad(|| {
-        for p in params.iter().map(Param::get) {
-            if !done.contains(&p.node_ptr()) {
-                grads.update(&p, |g| g.clamp(-clip_value, clip_value));
-                done.push(p.node_ptr());
-            }
+        for p in &leaves {
+            grads.update(p, |g| g.clamp(-clip_value, clip_value));
         }
     })
+}
+
+/// The values of `params` that have a gradient in `grads`, in order, each once: a parameter listed twice (a tied
+/// weight) counts once, as in PyTorch's `parameters()`. Runs every step, so duplicates are found by hashing.
+fn with_gradients(grads: &Gradients, params: &[Param]) -> Vec<Tensor> {
+    let mut seen = rustc_hash::FxHashSet::default();
+    params.iter().map(Param::get).filter(|p| grads.get(p).is_some() && seen.insert(p.node_ptr())).collect()
 }

@@ -345,8 +345,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     // A Cranelift kernel loads an element's operands before it stores the element; a GEMM does so only with one K
     // block and its epilogue in registers (otherwise C holds partial sums, or the GEMM's result before the
     // epilogue pass reads the operand).
-    let donations = plan
-        .donation_candidates()
+    let donations = candidates
         .into_iter()
         .filter(|d| match &launches[d.launch].exec {
             Exec::Clif(_) => true,

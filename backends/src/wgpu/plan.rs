@@ -17,8 +17,9 @@ use std::sync::Arc;
 
 struct CompiledLaunch {
     pipeline: Arc<Pipeline>,
-    /// The pipeline reading the donated input through the output, where this launch writes a donation.
-    donating: Option<Arc<Pipeline>>,
+    /// Where this launch may write over an input (a donation): that input's slot, and the pipeline that reads it
+    /// through the output binding.
+    donating: Option<(usize, Arc<Pipeline>)>,
     groups: (u32, u32),
     inputs: Vec<Slot>,
     output: Slot,
@@ -92,7 +93,7 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
         }
         let aliased: Vec<usize> = (0..l.inputs.len()).filter(|&i| l.inputs[i] == Slot::Input(d.input)).collect();
         let k = wgsl::render_aliased(&l.kernel, &aliased).map_err(err)?;
-        launches[d.launch].donating = Some(ctx.pipeline(&k).map_err(err)?);
+        launches[d.launch].donating = Some((d.input, ctx.pipeline(&k).map_err(err)?));
         donations.push(d);
     }
     Ok(Box::new(WgpuPlan {
@@ -177,7 +178,7 @@ impl Executable for WgpuPlan {
         };
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
         for &(o, i) in &self.passthrough {
-            let bytes = (inputs_len(&ins, i) * wgsl::WORD) as u64;
+            let bytes = (self.outputs[o].1 * wgsl::WORD) as u64;
             if bytes > 0 {
                 enc.copy_buffer_to_buffer(input(i), 0, out(o), 0, bytes);
             }
@@ -197,11 +198,10 @@ impl Executable for WgpuPlan {
                     continue; // an empty output: nothing to compute
                 }
                 // This launch writes over a donated input: it reads it through its output binding.
-                let donating = match (l.output, &l.donating, &placeholder) {
-                    (Slot::Output(o), Some(p), Some(ph)) => donor_of_output
-                        .iter()
-                        .find(|&&(out, _)| out == o)
-                        .map(|&(_, input)| (p, Slot::Input(input), ph.raw())),
+                let donating = match (&l.donating, &placeholder) {
+                    (Some((input, p)), Some(ph)) if output_of_input(*input).is_some() => {
+                        Some((p, Slot::Input(*input), ph.raw()))
+                    }
                     _ => None,
                 };
                 bufs.clear();
@@ -226,9 +226,4 @@ impl Executable for WgpuPlan {
         ctx.queue.submit([enc.finish()]);
         Ok(outputs)
     }
-}
-
-/// Elements of input `i` (a passed-through input is never donated, so it is always present).
-fn inputs_len(ins: &[Option<&DeviceBuffer>], i: usize) -> usize {
-    ins[i].map_or(0, |b| b.len)
 }
