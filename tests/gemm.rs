@@ -174,7 +174,7 @@ fn every_candidate_on_transposed_and_batched_operands() {
         assert!(check_all_candidates(name, &c) > 0);
         // The register epilogue must cover the common kinds; the others go through the pass.
         let k = &gemm_kernel(&c);
-        let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap()).is_some();
+        let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap().roles).is_some();
         assert_eq!(in_registers, !name.contains("(a pass)"), "{name}: epilogue in registers = {in_registers}");
     }
 }
@@ -201,6 +201,11 @@ fn every_candidate_with_each_epilogue() {
         ("leaky relu backward", res.gt(0.0).where_(mm(), mm() * 0.01)),
         ("neg abs sqrt", (-mm()).abs().sqrt()),
         ("div", mm() / (res.abs() + 1.0)),
+        // One value read twice by one operation, then a load: the register must be released once, not twice.
+        ("square, then a residual", {
+            let t = mm() + &bias;
+            &(&t * &t) - &res
+        }),
         ("gelu (a pass)", kiln::nn::functional::gelu(&mm(), kiln::nn::functional::Approximate::Tanh)),
         ("max (a pass)", mm().maximum(&res)),
         ("batch-1 layer, bias + relu", (rand(&[1, k], 16).matmul(&w) + &bias).relu()),
@@ -213,7 +218,7 @@ fn every_candidate_with_each_epilogue() {
         assert!(check_all_candidates(name, &c) > 0);
         // The register epilogue must cover the common kinds; the others go through the pass.
         let k = &gemm_kernel(&c);
-        let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap()).is_some();
+        let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap().roles).is_some();
         assert_eq!(in_registers, !name.contains("(a pass)"), "{name}: epilogue in registers = {in_registers}");
     }
 }

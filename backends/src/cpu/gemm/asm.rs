@@ -116,28 +116,35 @@ impl EpProgram {
 
     /// Registers needed on top of the accumulators (so a caller can reject a program before generating).
     pub fn temps_needed(&self) -> usize {
+        self.temps_needed_besides(&|i| matches!(self.insts[i], EpInst::Acc))
+    }
+
+    /// Registers [`emit_insts`] takes from its free list when the values `fixed` marks are in registers already.
+    pub fn temps_needed_besides(&self, fixed: &dyn Fn(usize) -> bool) -> usize {
         let last = self.last_uses();
         let mut live = 0usize;
         let mut peak = 0usize;
         for (i, inst) in self.insts.iter().enumerate() {
+            if fixed(i) {
+                continue;
+            }
             for s in sources(inst) {
-                if last[s] == i && !matches!(self.insts[s], EpInst::Acc) {
+                if last[s] == i && !fixed(s) {
                     live -= 1;
                 }
             }
-            if !matches!(inst, EpInst::Acc) {
-                live += 1;
-                peak = peak.max(live);
-                if last[i] == usize::MAX {
-                    // Dead value: freed at once.
-                    live -= 1;
-                }
+            live += 1;
+            peak = peak.max(live);
+            if last[i] == usize::MAX {
+                // Dead value: freed at once.
+                live -= 1;
             }
         }
         peak
     }
 
-    fn last_uses(&self) -> Vec<usize> {
+    /// For each instruction, the index of its last reader (`insts.len()` for the result, `usize::MAX` if dead).
+    pub fn last_uses(&self) -> Vec<usize> {
         let mut last = vec![usize::MAX; self.insts.len()];
         for (i, inst) in self.insts.iter().enumerate() {
             for s in sources(inst) {
@@ -151,13 +158,17 @@ impl EpProgram {
     }
 }
 
+/// The distinct values `inst` reads (`x * x` reads one: its register is released once).
 fn sources(inst: &EpInst) -> Vec<usize> {
-    match *inst {
+    let mut v = match *inst {
         EpInst::Bin(_, a, b) | EpInst::Cmp(_, a, b) => vec![a, b],
         EpInst::Select { mask, t, f } => vec![mask, t, f],
         EpInst::Sqrt(a) => vec![a],
         _ => vec![],
-    }
+    };
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 /// The shape and addressing of one micro-kernel.
@@ -334,27 +345,14 @@ fn emit_program(
     masked: bool,
     mreg: u8,
 ) -> Result<u8, String> {
-    let mut pool: Vec<u8> = free.iter().rev().copied().collect();
-    let mut reg = vec![0u8; p.insts.len()];
     let vd = 32 * v as i32;
-    let ptr = |ops: &mut Assembler, slot: usize| {
-        let d = 8 * slot as i32;
-        dynasm!(ops ; .arch x64 ; mov r9, QWORD [r8 + d]);
-    };
-    for (i, inst) in p.insts.iter().enumerate() {
-        if matches!(inst, EpInst::Acc) {
-            reg[i] = acc_reg;
-            continue;
-        }
-        for s in sources(inst) {
-            if last[s] == i && !matches!(p.insts[s], EpInst::Acc) {
-                pool.push(reg[s]);
-            }
-        }
-        let d = pool.pop().ok_or("epilogue ran out of registers")?;
-        reg[i] = d;
+    let fixed = |i: usize| matches!(p.insts[i], EpInst::Acc).then_some(acc_reg);
+    let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
+        let ptr = |ops: &mut Assembler, slot: usize| {
+            let off = 8 * slot as i32;
+            dynasm!(ops ; .arch x64 ; mov r9, QWORD [r8 + off]);
+        };
         match *inst {
-            EpInst::Acc => {}
             EpInst::Mat { op, ld } => {
                 ptr(ops, 2 + op);
                 let off = r as i32 * ld + vd;
@@ -382,6 +380,41 @@ fn emit_program(
                 let off = 32 * slot as i32;
                 dynasm!(ops ; .arch x64 ; vmovups Ry(d), [r9 + off]);
             }
+            _ => unreachable!("only loads are passed to `load`"),
+        }
+    };
+    emit_insts(ops, p, last, free, &fixed, &mut load)
+}
+
+/// Emits the arithmetic of `p` and returns the register holding its result. `fixed(i)` names a register that
+/// holds instruction `i` already (the accumulator, a value the caller loaded before a loop): never emitted, never
+/// reused. Every other value takes a register from `free` (released after its last use, per `last`); loads
+/// (`Mat`, `Row`, `Col`, `Uniform`) are emitted by `load`, which knows where the operands are.
+pub(crate) fn emit_insts(
+    ops: &mut Assembler,
+    p: &EpProgram,
+    last: &[usize],
+    free: &[u8],
+    fixed: &dyn Fn(usize) -> Option<u8>,
+    load: &mut dyn FnMut(&mut Assembler, &EpInst, u8),
+) -> Result<u8, String> {
+    let mut pool: Vec<u8> = free.iter().rev().copied().collect();
+    let mut reg = vec![0u8; p.insts.len()];
+    for (i, inst) in p.insts.iter().enumerate() {
+        if let Some(r) = fixed(i) {
+            reg[i] = r;
+            continue;
+        }
+        for s in sources(inst) {
+            if last[s] == i && fixed(s).is_none() {
+                pool.push(reg[s]);
+            }
+        }
+        let d = pool.pop().ok_or("epilogue ran out of registers")?;
+        reg[i] = d;
+        match *inst {
+            EpInst::Acc => return Err("an accumulator without a register".into()),
+            EpInst::Mat { .. } | EpInst::Row { .. } | EpInst::Col { .. } | EpInst::Uniform(_) => load(ops, inst, d),
             EpInst::Bin(op, a, b) => {
                 let (x, y) = (reg[a], reg[b]);
                 match op {

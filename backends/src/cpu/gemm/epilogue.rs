@@ -10,7 +10,9 @@
 
 use super::asm::{EpInst, EpProgram, VBin, pred};
 use kiln_jit::DType;
-use kiln_jit::kernel::gemm::{GemmView, Role};
+use kiln_jit::dtype::Scalar;
+use kiln_jit::kernel::Inst;
+use kiln_jit::kernel::gemm::Role;
 use kiln_jit::kernel::{InstOp, KernelIr};
 use kiln_jit::op::{BinaryOp, UnaryOp};
 
@@ -51,8 +53,9 @@ pub struct Epilogue {
 /// Most operands a program may read (their pointers travel in a small per-tile table).
 pub const MAX_OPERANDS: usize = 6;
 
-/// Translates `k`'s outer code, or `None` when it cannot run in registers (see the module doc).
-pub fn translate(k: &KernelIr, view: &GemmView) -> Option<Epilogue> {
+/// Translates `k`'s outer code, each value's role given by `roles` (a `GemmView`'s, or an `ElementwiseView`'s), or
+/// `None` when it cannot run in registers (see the module doc).
+pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
     let n = k.outer.len();
     // Only what the result depends on.
     let mut needed = vec![false; n];
@@ -75,7 +78,7 @@ pub fn translate(k: &KernelIr, view: &GemmView) -> Option<Epilogue> {
             _ => {}
         }
     }
-    let uniform_insts: Vec<bool> = view.roles.iter().map(|r| matches!(r, Role::Uniform)).collect();
+    let uniform_insts: Vec<bool> = roles.iter().map(|r| matches!(r, Role::Uniform)).collect();
     let mut ep = Epilogue { program: EpProgram::default(), operands: Vec::new(), uniforms: Vec::new(), uniform_insts };
     let mut val: Vec<Option<usize>> = vec![None; n];
     for i in 0..n {
@@ -87,7 +90,7 @@ pub fn translate(k: &KernelIr, view: &GemmView) -> Option<Epilogue> {
             ep.program.insts.push(e);
             ep.program.insts.len() - 1
         };
-        let v = match &view.roles[i] {
+        let v = match &roles[i] {
             Role::Other => return None,
             Role::Uniform => {
                 if !matches!(inst.dtype, DType::F32 | DType::Bool) {
@@ -186,7 +189,7 @@ pub fn translate(k: &KernelIr, view: &GemmView) -> Option<Epilogue> {
         val[i] = Some(v);
     }
     ep.program.result = val[k.result]?;
-    Some(ep)
+    (ep.uniforms.len() <= MAX_UNIFORMS).then_some(ep)
 }
 
 fn operand(ep: &mut Epilogue, buf: usize, offset: i64, batch: &[i64], kind: OperandKind) -> Option<usize> {
@@ -199,4 +202,69 @@ fn operand(ep: &mut Epilogue, buf: usize, offset: i64, batch: &[i64], kind: Oper
     }
     ep.operands.push(o);
     Some(ep.operands.len() - 1)
+}
+
+/// The uniform values of one launch, each splatted to 8 lanes (the micro-kernels read slot `s` at `32 * s`).
+pub struct Uniforms {
+    vals: [[f32; 8]; MAX_UNIFORMS],
+}
+
+/// Most uniform slots a program may use.
+pub const MAX_UNIFORMS: usize = 16;
+
+impl Uniforms {
+    /// Fixed bit patterns as they are; outer instructions evaluated on the host from the launch's buffers.
+    ///
+    /// # Safety
+    /// `ptrs` holds the launch's input pointers, each valid for the buffer the kernel IR declares at its position.
+    pub unsafe fn for_launch(ep: Option<&Epilogue>, outer: &[Inst], ptrs: &[*mut u8]) -> Uniforms {
+        let mut u = Uniforms { vals: [[0f32; 8]; MAX_UNIFORMS] };
+        let Some(ep) = ep else { return u };
+        let any_inst = ep.uniforms.iter().any(|u| matches!(u, UniformSrc::Inst(_)));
+        let vals = if any_inst {
+            // SAFETY: the caller's contract; the indices are the constant ones the kernel IR reads.
+            let mut load = |buf: usize, i: usize, d: DType| unsafe { read_scalar(ptrs[buf], i, d) };
+            kiln_jit::kernel::eval::eval_uniform(outer, &ep.uniform_insts, &mut load)
+        } else {
+            smallvec::SmallVec::new()
+        };
+        for (slot, src) in ep.uniforms.iter().enumerate().take(MAX_UNIFORMS) {
+            let bits = match *src {
+                UniformSrc::Bits(b) => b,
+                UniformSrc::Inst(i) => match vals[i] {
+                    Some(Scalar::Bool(true)) => u32::MAX,
+                    Some(Scalar::Bool(false)) => 0,
+                    Some(Scalar::Float(x)) => (x as f32).to_bits(),
+                    Some(Scalar::Int(x)) => (x as f32).to_bits(),
+                    None => 0,
+                },
+            };
+            u.vals[slot] = [f32::from_bits(bits); 8];
+        }
+        u
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.vals.as_ptr() as *const u8
+    }
+}
+
+/// Reads element `i` of a buffer of dtype `d` as a scalar (for host-evaluated uniforms).
+///
+/// # Safety
+/// `p` must be valid for reading element `i` of dtype `d`.
+unsafe fn read_scalar(p: *mut u8, i: usize, d: DType) -> Scalar {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match d {
+            DType::Bool => Scalar::Bool(*p.add(i) != 0),
+            DType::U8 => Scalar::Int(*p.add(i) as i64),
+            DType::U32 => Scalar::Int(*(p as *const u32).add(i) as i64),
+            DType::I32 => Scalar::Int(*(p as *const i32).add(i) as i64),
+            DType::I64 => Scalar::Int(*(p as *const i64).add(i)),
+            DType::F16 => Scalar::Float((*(p as *const kiln_jit::f16).add(i)).to_f64()),
+            DType::F32 => Scalar::Float(*(p as *const f32).add(i) as f64),
+            DType::F64 => Scalar::Float(*(p as *const f64).add(i)),
+        }
+    }
 }

@@ -28,7 +28,7 @@ pub mod tune;
 use super::pool;
 use asm::{KernelSet, MicroFn, MicroSpec, Mode};
 use config::{GemmConfig, GemmImpl};
-use epilogue::{Epilogue, OperandKind, UniformSrc};
+use epilogue::{Epilogue, OperandKind};
 use kiln_jit::DType;
 use kiln_jit::dtype::Scalar;
 use kiln_jit::kernel::gemm::GemmView;
@@ -106,7 +106,7 @@ impl CompiledGemm {
         threads: usize,
         cache: Option<&kiln_autotune::Store>,
     ) -> Result<CompiledGemm, String> {
-        let epilogue = epilogue::translate(k, &view);
+        let epilogue = epilogue::translate(k, &view.roles);
         let mut g = CompiledGemm {
             table: Vec::new(),
             set: None,
@@ -220,39 +220,13 @@ impl CompiledGemm {
     /// [`Self::reads_epilogue_before_store`] holds.
     pub unsafe fn run(&self, ptrs: &[*mut u8]) {
         let n_in = self.input_dtypes.len();
-        let mut uniforms = [[0f32; 8]; 16];
-        let mut n_uniforms = 0;
-        if let Some(ep) = &self.epilogue {
-            if ep.uniforms.len() > uniforms.len() {
-                unreachable!("translate keeps uniforms within the table");
-            }
-            let any_inst = ep.uniforms.iter().any(|u| matches!(u, UniformSrc::Inst(_)));
-            let vals = if any_inst {
-                let mut load = |buf: usize, i: usize, d: DType| read_scalar(ptrs[buf], i, d);
-                kiln_jit::kernel::eval::eval_uniform(&self.outer, &ep.uniform_insts, &mut load)
-            } else {
-                smallvec::SmallVec::new()
-            };
-            for (slot, u) in ep.uniforms.iter().enumerate() {
-                let bits = match *u {
-                    UniformSrc::Bits(b) => b,
-                    UniformSrc::Inst(i) => match vals[i] {
-                        Some(Scalar::Bool(true)) => u32::MAX,
-                        Some(Scalar::Bool(false)) => 0,
-                        Some(Scalar::Float(x)) => (x as f32).to_bits(),
-                        Some(Scalar::Int(x)) => (x as f32).to_bits(),
-                        None => 0,
-                    },
-                };
-                uniforms[slot] = [f32::from_bits(bits); 8];
-            }
-            n_uniforms = ep.uniforms.len();
-        }
+        // SAFETY: the caller's pointer contract covers the buffers the uniform values are read from.
+        let uniforms = unsafe { epilogue::Uniforms::for_launch(self.epilogue.as_ref(), &self.outer, ptrs) };
         let cx = Ctx {
             a: ptrs[self.view.a.buf] as *const f32,
             b: ptrs[self.view.b.buf] as *const f32,
             c: ptrs[n_in] as *mut f32,
-            uniforms: uniforms[..n_uniforms.max(1)].as_ptr() as *const u8,
+            uniforms: uniforms.as_ptr(),
             ptrs,
         };
         match self.imp {
@@ -550,23 +524,6 @@ pub(crate) fn premap_cached_sets(store: &kiln_autotune::Store) {
 
 fn is_identity(k: &KernelIr) -> bool {
     matches!(k.outer.get(k.result).map(|i| &i.op), Some(kiln_jit::kernel::InstOp::Acc))
-}
-
-/// Reads element `i` of a buffer of dtype `d` as a scalar (for host-evaluated uniforms).
-fn read_scalar(p: *mut u8, i: usize, d: DType) -> Scalar {
-    // SAFETY: `p` is the kernel's buffer of dtype `d`, and `i` is a constant index the kernel IR reads.
-    unsafe {
-        match d {
-            DType::Bool => Scalar::Bool(*p.add(i) != 0),
-            DType::U8 => Scalar::Int(*p.add(i) as i64),
-            DType::U32 => Scalar::Int(*(p as *const u32).add(i) as i64),
-            DType::I32 => Scalar::Int(*(p as *const i32).add(i) as i64),
-            DType::I64 => Scalar::Int(*(p as *const i64).add(i)),
-            DType::F16 => Scalar::Float((*(p as *const kiln_jit::f16).add(i)).to_f64()),
-            DType::F32 => Scalar::Float(*(p as *const f32).add(i) as f64),
-            DType::F64 => Scalar::Float(*(p as *const f64).add(i)),
-        }
-    }
 }
 
 /// Base pointers of one run.
