@@ -2,7 +2,8 @@
 //! (`KernelIr::to_text`), as CLIF (`render::clif::render`, vectorized, displayed) and as WGSL
 //! (`render::wgsl::render`), compared with `tests/golden/mul_add_relu_sum.{kernel,clif,wgsl}.txt`; and an SGD
 //! update `w - g * lr` rendered to read `w` through its output (`render::wgsl::render_aliased`, buffer donation on
-//! wgpu): `tests/golden/sgd_update_aliased.wgsl.txt`.
+//! wgpu): `tests/golden/sgd_update_aliased.wgsl.txt`; and the batch-1 weight update `w - (dy ⊗ x) * lr` as the CPU's
+//! 8-lane elementwise kernel (register program, loop shape, code size): `tests/golden/outer_update.wide.txt`.
 //!
 //! A change to fusion, lowering or the CLIF renderer that changes the output fails here with the first differing
 //! line. If the change is intended, rewrite the files and review their diff:
@@ -134,4 +135,27 @@ fn sgd_update_reading_its_weight_through_the_output_wgsl() {
     let other = kernel();
     let err = kiln_jit::render::wgsl::render_aliased(&other, &[0]).expect_err("an [8, 13] input of an [8] output");
     assert!(err.contains("cannot be read through the output"), "{err}");
+}
+
+/// The batch-1 weight update of a 24 x 37 layer, `w - (dy ⊗ x) * lr`, as the 8-lane AVX2 kernel's listing: per-row,
+/// per-column and uniform operands, and the unroll its registers allow. Host-dependent only in whether it exists.
+#[test]
+fn outer_update_wide() {
+    if !kiln_backends::cpu::gemm::asm::host_supported() {
+        eprintln!("skipping: this host has no AVX2+FMA, so kiln's 8-lane elementwise kernels never run here");
+        return;
+    }
+    let dev = Device::cpu();
+    let data = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).cos()).collect::<Vec<f32>>();
+    let w = Tensor::from_vec(data(24 * 37, 0.9), [24, 37], &dev).expect("w");
+    let dy = Tensor::from_vec(data(24, 0.4), [24, 1], &dev).expect("dy");
+    let x = Tensor::from_vec(data(37, 0.7), [1, 37], &dev).expect("x");
+    let lr = Tensor::from_vec(vec![0.1f32], kiln::Shape::scalar(), &dev).expect("lr");
+    let y = w.sub(dy.matmul(&x).mul(&lr));
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let plan = schedule(&cap.graph);
+    assert_eq!(plan.launches.len(), 1, "expected one fused kernel");
+    let k = &plan.launches[0].kernel;
+    let listing = kiln_backends::cpu::wide_listing(k).expect("generates").expect("an 8-lane kernel");
+    check_golden("outer_update.wide.txt", &listing);
 }

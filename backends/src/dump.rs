@@ -73,8 +73,22 @@ impl Dump {
         self.write(&format!("{stem}.kir"), &k.to_text());
         self.write(&format!("{stem}.autotune.txt"), &format!("config: {config}\n\n{autotune_table}"));
         // The library candidate has no generated code to write.
+        self.write_bytes(&format!("{stem}.gemm.bin"), code);
+    }
+
+    /// Dumps one kernel generated as machine code without a tuner (an 8-lane elementwise kernel): its IR, its
+    /// listing (`ext` names the file) and the code, as for a GEMM.
+    pub fn generated_files(&self, k: &KernelIr, ext: &str, listing: &str, code: &[u8]) {
+        let n = self.kernels.fetch_add(1, Ordering::Relaxed);
+        let stem = format!("k{n}.{}", k.name);
+        self.write(&format!("{stem}.kir"), &k.to_text());
+        self.write(&format!("{stem}.{ext}"), listing);
+        self.write_bytes(&format!("{stem}.bin"), code);
+    }
+
+    fn write_bytes(&self, what: &str, code: &[u8]) {
         if let Some(d) = self.dir.as_ref().filter(|_| !code.is_empty()) {
-            let name = format!("plan{}.{stem}.gemm.bin", self.plan);
+            let name = format!("plan{}.{what}", self.plan);
             if let Err(e) = std::fs::write(d.join(&name), code) {
                 eprintln!("kiln: KILN_DUMP: cannot write {name}: {e}");
             }

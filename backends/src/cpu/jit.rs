@@ -230,10 +230,12 @@ pub(crate) fn tracing_note(msg: &str) {
     }
 }
 
-/// How a launch runs: a Cranelift kernel split by rows, or the generated-GEMM driver (which splits itself).
+/// How a launch runs: a Cranelift kernel split by rows, or a generated GEMM or 8-lane elementwise kernel (whose
+/// drivers split themselves).
 enum Exec {
     Clif(KernelFn),
     Gemm(Box<super::gemm::CompiledGemm>),
+    Wide(Box<super::wide::WideKernel>),
 }
 
 struct CompiledLaunch {
@@ -307,8 +309,18 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                 output_replaces_input: candidates.iter().any(|d| d.launch == index),
             };
             let gemm = super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget, cx);
+            let wide = || match super::wide::enabled() {
+                true => super::wide::WideKernel::build(&l.kernel),
+                false => Ok(None),
+            };
             let exec = match gemm.map_err(err)? {
                 Some(g) => Exec::Gemm(Box::new(g)),
+                None if let Some(w) = wide().map_err(err)? => {
+                    if let Some(d) = &dump {
+                        d.generated_files(&l.kernel, "wide.txt", &w.listing(), w.code_bytes());
+                    }
+                    Exec::Wide(Box::new(w))
+                }
                 None => {
                     let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
                     if let (Some(d), Some((clif_text, disasm))) = (&dump, text) {
@@ -342,13 +354,13 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
             .chain(temps.iter().map(|&w| (DType::I64, w)))
             .chain(inputs.map(|n| (n.dtype, n.shape.numel()))),
     );
-    // A Cranelift kernel loads an element's operands before it stores the element; a GEMM does so only with one K
+    // A Cranelift or wide kernel loads an element's operands before it stores the element; a GEMM does so only with one K
     // block and its epilogue in registers (otherwise C holds partial sums, or the GEMM's result before the
     // epilogue pass reads the operand).
     let donations = candidates
         .into_iter()
         .filter(|d| match &launches[d.launch].exec {
-            Exec::Clif(_) => true,
+            Exec::Clif(_) | Exec::Wide(_) => true,
             Exec::Gemm(g) => g.reads_epilogue_before_store(),
         })
         .collect();
@@ -510,6 +522,8 @@ impl Executable for JitPlan {
                 // (the same contract as a Cranelift kernel). An output is an input of its own launch only as a
                 // donation, which `compile` kept for this GEMM because it loads each element before storing it.
                 Exec::Gemm(g) => unsafe { g.run(ptrs) },
+                // SAFETY: as for a GEMM; the generated code loads each element before storing it (module doc).
+                Exec::Wide(w) => unsafe { w.run(ptrs) },
             }
             if let Some(t0) = t0 {
                 record(&l.name, t0.elapsed());

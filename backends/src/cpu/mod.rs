@@ -8,6 +8,13 @@ pub use gemm::select::{PreparedGemm, run_gemm_with, set_autotune_mode, take_last
 pub use jit::{cache_write_failed, profile_report};
 mod libcalls;
 pub mod pool;
+mod wide;
+
+/// The 8-lane elementwise kernel this host would generate for `k` (its register program, loop shape and code size,
+/// as `KILN_DUMP` writes it), or `None` where `k` stays a Cranelift kernel (not such a kernel, or no AVX2 here).
+pub fn wide_listing(k: &kiln_jit::kernel::KernelIr) -> Result<Option<String>, String> {
+    Ok(wide::WideKernel::build(k)?.map(|w| w.listing()))
+}
 
 /// Pays now what a process would otherwise pay in its first plan runs (warm before deploy: `kiln::tune::
 /// import_bundle` calls it after storing a bundle): the GEMM runtime's one-time costs for the stored winners

@@ -132,6 +132,32 @@ impl GemmView {
     }
 }
 
+/// An elementwise kernel (no reduction) over `[m, n]`, or `[n]` with `m = 1`, seen as a GEMM epilogue without an
+/// accumulator: every value classified by what it varies with, as for a GEMM's outer code. A CPU renderer that
+/// already places an epilogue in registers runs such a kernel with the same translation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ElementwiseView {
+    pub m: usize,
+    pub n: usize,
+    /// Per outer instruction.
+    pub roles: Vec<Role>,
+}
+
+impl ElementwiseView {
+    /// `None` for a reduce kernel, an output that is not f32, of rank 0 or above 2, or empty.
+    pub fn of(k: &KernelIr) -> Option<ElementwiseView> {
+        if k.reduce.is_some() || k.output.dtype != DType::F32 || k.out_extents.contains(&0) {
+            return None;
+        }
+        let (m, mvar, nvar) = match *k.out_extents.as_slice() {
+            [_] => (1, None, 0),
+            [m, _] => (m, Some(0), 1),
+            _ => return None,
+        };
+        Some(ElementwiseView { m, n: k.out_extents[nvar], roles: roles(k, 0, mvar, nvar) })
+    }
+}
+
 /// Classifies every outer instruction (see [`Role`]).
 fn roles(k: &KernelIr, batch_rank: usize, mvar: Option<usize>, nvar: usize) -> Vec<Role> {
     let nvars = k.out_rank();

@@ -442,6 +442,8 @@ pub struct GemmStats {
     pub clif_loads: u64,
     /// Executable mappings made for compiled code (see `kiln::Stats::code_mappings`).
     pub code_mappings: u64,
+    /// Elementwise kernels generated at 8 lanes instead of compiled by Cranelift (`cpu::wide`).
+    pub wide_builds: u64,
 }
 
 pub(crate) static TUNINGS: AtomicU64 = AtomicU64::new(0);
@@ -458,6 +460,7 @@ pub fn stats() -> GemmStats {
         clif_compiles: super::jit::CLIF_COMPILES.load(Ordering::Relaxed),
         clif_loads: super::jit::CLIF_LOADS.load(Ordering::Relaxed),
         code_mappings: super::code::MAPPINGS.load(Ordering::Relaxed),
+        wide_builds: super::wide::BUILDS.load(Ordering::Relaxed),
     }
 }
 

@@ -1,0 +1,397 @@
+//! Elementwise f32 kernels at full AVX2 width, generated at run time.
+//!
+//! Why: Cranelift 0.135 emits 128-bit vectors only on x86-64, so a Cranelift elementwise kernel issues twice the
+//! loads, stores and arithmetic instructions of an 8-lane one, and on this machine (Zen 4, one 256-bit store per
+//! cycle) a weight update that streams from L2 is bound by exactly those. The batch-1 training step's update of its
+//! 256 x 784 weight, `w - (dy ⊗ x) * lr`, took 10.9-12.3 µs as a Cranelift kernel (six 4-lane vectors per loop
+//! iteration, ~1.8 instructions per element) and takes 7.3-8.4 µs here (`KILN_PROFILE=1 train_mlp --batch 1`, three
+//! interleaved runs each; 8.1-9.2 µs without the aligned head below); the step went from 34 to 30 µs.
+//!
+//! What runs here: a kernel without a reduction over `[m, n]` or `[n]` (`ElementwiseView`) whose outer code the GEMM
+//! epilogue's register program can express (`gemm::epilogue::translate`: f32 `+ - * /`, `sqrt`, `neg`, `abs`,
+//! comparisons, `where`, bool `and`/`or`/`not`; loads that walk n contiguously, per element or per column, loads
+//! that stand still along a row, values uniform over the launch). It *is* an epilogue without an accumulator, so it
+//! is translated by the same code and its arithmetic emitted by the same emitter (`asm::emit_insts`); only the loop
+//! around it is this file's. Anything else (another dtype, a transcendental, max/min with their NaN rule, a gather,
+//! rank above 2) stays a Cranelift kernel. Results are bit-identical to the Cranelift kernel's and the
+//! interpreter's: the same correctly rounded IEEE operations, in the same order, never contracted into an FMA.
+//!
+//! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, uniforms, head mask, head bytes,
+//! operand 0, ..]`, every pointer at the first element of the chunk. Uniforms are loaded into registers once per
+//! call. Per row: values that stand still along it (per-row loads) are broadcast into registers once; a masked head
+//! (`vmaskmovps`) runs up to the output's first 32-byte boundary when every row starts at the same alignment (large
+//! buffers come from malloc 16 bytes into a page, and a store that straddles two cache lines costs about two); then
+//! `unroll` vectors per iteration, single vectors, and a masked tail, so nothing is read or written past a row; then
+//! every pointer steps one row. Operand pointers live in rcx, r8-r11 and rbx, the column offset in rax, so a load is
+//! one instruction with no address arithmetic. The caller splits rows over threads (the Cranelift kernels' split,
+//! so a weight's rows stay on the core that updates them), or for one row, 8-column chunks.
+//!
+//! Each element is loaded before it is stored, so a donated input may be the output (a weight updated in place).
+//! Deliberately not done: caching the code on disk (generating and mapping one took 14-23 µs in `train_mlp`, about
+//! what mapping a cached copy costs), and hoisting arithmetic on per-row values out of the column loop (the batch-1 update multiplies the
+//! per-row gradient by the row's inputs first, so nothing there would hoist).
+
+// `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
+#![allow(clippy::useless_conversion)]
+
+use super::gemm::asm::{self, EpInst, EpProgram};
+use super::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
+use super::pool;
+use dynasmrt::x64::Assembler;
+use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
+use kiln_jit::kernel::gemm::ElementwiseView;
+use kiln_jit::kernel::{Inst, KernelIr};
+use std::fmt::Write;
+use std::sync::LazyLock;
+
+/// `table, rows, cols`: see the module doc.
+/// Entries of the table before the operand pointers: output, tail mask, uniforms, head mask, head bytes.
+const TABLE_OPERANDS: usize = 5;
+type WideFn = unsafe extern "sysv64" fn(*const *const u8, usize, usize);
+
+/// GPRs holding operand pointers, by operand index (caller-saved ones first; rbx is pushed).
+const OPERAND_REGS: [u8; epilogue::MAX_OPERANDS] = [1, 8, 9, 10, 11, 3];
+/// The mask of a row's last, partial vector.
+const MASK_REG: u8 = 15;
+
+/// Whether elementwise kernels are generated here: AVX2 + FMA hosts, unless `KILN_ELEMENTWISE=clif` (for
+/// comparisons and bisecting; read once).
+pub(crate) fn enabled() -> bool {
+    static ON: LazyLock<bool> =
+        LazyLock::new(|| asm::host_supported() && std::env::var("KILN_ELEMENTWISE").map_or(true, |v| v != "clif"));
+    *ON
+}
+
+/// Kernels generated since the process started.
+pub(crate) static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A generated elementwise kernel, ready to launch.
+pub(crate) struct WideKernel {
+    m: usize,
+    n: usize,
+    ep: Epilogue,
+    /// The outer code (for the host-evaluated uniform values).
+    outer: Vec<Inst>,
+    n_inputs: usize,
+    /// Element-operations of one launch, for the pool's split decision.
+    work: usize,
+    /// Vectors per column-loop iteration.
+    unroll: usize,
+    code: ExecutableBuffer,
+    f: WideFn,
+}
+
+// SAFETY: `f` points into `code`, an immutable executable mapping owned here; running only reads `self`.
+unsafe impl Send for WideKernel {}
+// SAFETY: as for Send.
+unsafe impl Sync for WideKernel {}
+
+/// Lane masks by the number of columns they cover (a row's first or last vector).
+static MASKS: [[i32; 8]; 9] = {
+    let mut m = [[0i32; 8]; 9];
+    let mut rem = 0;
+    while rem < 9 {
+        let mut l = 0;
+        while l < rem {
+            m[rem][l] = -1;
+            l += 1;
+        }
+        rem += 1;
+    }
+    m
+};
+
+impl WideKernel {
+    /// Generates `k`, or `Ok(None)` when it is not such a kernel (see the module doc) or this host cannot run it.
+    pub(crate) fn build(k: &KernelIr) -> Result<Option<WideKernel>, String> {
+        if !asm::host_supported() {
+            return Ok(None);
+        }
+        let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
+        let Some(ep) = epilogue::translate(k, &view.roles) else { return Ok(None) };
+        let Some(layout) = Layout::plan(&ep.program, view.n) else { return Ok(None) };
+        // Row steps are instruction immediates.
+        let steps_fit = i32::try_from(4 * view.n).is_ok()
+            && ep.operands.iter().all(|o| match o.kind {
+                OperandKind::Mat { ld } => i32::try_from(4 * ld).is_ok(),
+                OperandKind::Col { stride } => i32::try_from(4 * stride).is_ok(),
+                OperandKind::Row => true,
+            });
+        if !steps_fit {
+            return Ok(None);
+        }
+        let code = emit(&ep, &layout, view.n)?;
+        crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the code at offset 0 is a function emitted by `emit` with `WideFn`'s sysv64 signature, and `code`
+        // (kept in the returned kernel) keeps it mapped executable.
+        let f = unsafe { std::mem::transmute::<*const u8, WideFn>(code.ptr(dynasmrt::AssemblyOffset(0))) };
+        Ok(Some(WideKernel {
+            m: view.m,
+            n: view.n,
+            ep,
+            outer: k.outer.clone(),
+            n_inputs: k.inputs.len(),
+            work: k.work(),
+            unroll: layout.unroll,
+            code,
+            f,
+        }))
+    }
+
+    /// The register program, its loop shape and the machine code's size, for `KILN_DUMP`.
+    pub(crate) fn listing(&self) -> String {
+        let mut s = format!("elementwise {} x {}, {} vectors per iteration\n", self.m, self.n, self.unroll);
+        for (i, o) in self.ep.operands.iter().enumerate() {
+            let _ = writeln!(s, "  op{i}: in{} + {}, {:?}", o.buf, o.offset, o.kind);
+        }
+        for (i, u) in self.ep.uniforms.iter().enumerate() {
+            let _ = writeln!(s, "  uniform{i}: {u:?}");
+        }
+        for (i, inst) in self.ep.program.insts.iter().enumerate() {
+            let _ = writeln!(s, "  v{i} = {inst:?}");
+        }
+        let _ = writeln!(s, "  out = v{}\n  ({} bytes of code)", self.ep.program.result, self.code.len());
+        s
+    }
+
+    /// The machine code (`objdump -D -b binary -mi386:x86-64` disassembles it).
+    pub(crate) fn code_bytes(&self) -> &[u8] {
+        &self.code
+    }
+
+    /// Runs the kernel: `ptrs` holds its input pointers, then the output pointer.
+    ///
+    /// # Safety
+    /// Every pointer must be valid for the buffer the kernel IR declares at that position (its dtype and length),
+    /// and the output must not alias an input other than one read at the output's own element (a donation).
+    pub(crate) unsafe fn run(&self, ptrs: &[*mut u8]) {
+        // SAFETY: the caller's pointer contract.
+        let uniforms = unsafe { Uniforms::for_launch(Some(&self.ep), &self.outer, ptrs) };
+        let args = Args { ptrs, uniforms: uniforms.as_ptr() };
+        if self.m == 1 {
+            // One row: chunks of whole vectors, the last one ragged.
+            let f = |s: usize, e: usize| {
+                let (c0, c1) = (8 * s, (8 * e).min(self.n));
+                // SAFETY: the caller's pointer contract; `c0..c1` lies within the row.
+                unsafe { self.call(&args, 0, 1, c0, c1 - c0) };
+            };
+            pool::global().parallel_for_work(self.n.div_ceil(8), self.work, &f);
+        } else {
+            let f = |s: usize, e: usize| {
+                // SAFETY: the caller's pointer contract; `s..e` lies within the rows.
+                unsafe { self.call(&args, s, e - s, 0, self.n) };
+            };
+            pool::global().parallel_for_work(self.m, self.work, &f);
+        }
+    }
+
+    /// Calls the code on `rows` rows from `r0`, columns `c0..c0 + cols`.
+    unsafe fn call(&self, a: &Args, r0: usize, rows: usize, c0: usize, cols: usize) {
+        let mut table = [std::ptr::null::<u8>(); TABLE_OPERANDS + epilogue::MAX_OPERANDS];
+        let (r0, c0) = (r0 as isize, c0 as isize);
+        // SAFETY (pointer arithmetic): every offset formed is that of an element the kernel IR's affine indices
+        // reach for some (row, column) in range, so it stays inside the buffer.
+        unsafe {
+            let out = (a.ptrs[self.n_inputs] as *const f32).offset(r0 * self.n as isize + c0);
+            // Columns before the output's first 32-byte boundary, when every row starts at the same alignment: a
+            // vector store that straddles two cache lines costs about two (the buffers come from malloc, 16 bytes
+            // into a page when large).
+            let head = if rows == 1 || (4 * self.n).is_multiple_of(32) {
+                (((32 - out as usize % 32) % 32) / 4).min(cols)
+            } else {
+                0
+            };
+            table[0] = out as *const u8;
+            table[1] = MASKS[(cols - head) % 8].as_ptr() as *const u8;
+            table[2] = a.uniforms;
+            table[3] = MASKS[head].as_ptr() as *const u8;
+            table[4] = std::ptr::without_provenance(4 * head);
+            for (i, o) in self.ep.operands.iter().enumerate() {
+                let at = match o.kind {
+                    OperandKind::Mat { ld } => o.offset as isize + r0 * ld as isize + c0,
+                    OperandKind::Row => o.offset as isize + c0,
+                    OperandKind::Col { stride } => o.offset as isize + r0 * stride as isize,
+                };
+                table[TABLE_OPERANDS + i] = (a.ptrs[o.buf] as *const f32).offset(at) as *const u8;
+            }
+            (self.f)(table.as_ptr(), rows, cols)
+        }
+    }
+}
+
+/// The launch's pointers, shared with the pool's threads.
+struct Args<'a> {
+    ptrs: &'a [*mut u8],
+    uniforms: *const u8,
+}
+
+// SAFETY: read-only for the duration of one launch; the threads write disjoint rows or columns of the output.
+unsafe impl Sync for Args<'_> {}
+
+/// Where each value lives: values that stand still along a row (per-row loads, uniforms) in registers of their own
+/// from 14 down, each unrolled copy's temporaries in its own block from 0 up, the tail mask in 15.
+struct Layout {
+    hoisted: Vec<Option<u8>>,
+    /// Registers per copy.
+    temps: usize,
+    unroll: usize,
+}
+
+impl Layout {
+    fn plan(p: &EpProgram, n: usize) -> Option<Layout> {
+        let mut hoisted = vec![None; p.insts.len()];
+        let mut next = MASK_REG;
+        for (i, inst) in p.insts.iter().enumerate() {
+            if matches!(inst, EpInst::Col { .. } | EpInst::Uniform(_)) {
+                next = next.checked_sub(1)?;
+                hoisted[i] = Some(next);
+            }
+            if matches!(inst, EpInst::Acc) {
+                return None;
+            }
+        }
+        let temps = p.temps_needed_besides(&|i| hoisted[i].is_some());
+        let room = next as usize;
+        // More vectors per iteration than the row has buys nothing; a program that does not fit once stays Cranelift's.
+        let unroll = [4, 2, 1].into_iter().find(|&u| u * temps <= room && (u == 1 || 8 * u <= n))?;
+        Some(Layout { hoisted, temps, unroll })
+    }
+
+    fn copy_regs(&self, copy: usize) -> Vec<u8> {
+        (copy * self.temps..(copy + 1) * self.temps).map(|r| r as u8).collect()
+    }
+}
+
+/// Assembles the kernel (see the module doc for its shape).
+fn emit(ep: &Epilogue, l: &Layout, n: usize) -> Result<ExecutableBuffer, String> {
+    let p = &ep.program;
+    let last = p.last_uses();
+    let mut ops = Assembler::new().map_err(|e| e.to_string())?;
+    let (row, main, single, tail, row_end, done) = (
+        ops.new_dynamic_label(),
+        ops.new_dynamic_label(),
+        ops.new_dynamic_label(),
+        ops.new_dynamic_label(),
+        ops.new_dynamic_label(),
+        ops.new_dynamic_label(),
+    );
+    dynasm!(ops ; .arch x64
+        ; push rbx
+        ; push r12
+        ; push r13
+        ; push r14
+        ; push r15
+        ; mov r15, QWORD [rdi + 8]
+        ; mov r14, QWORD [rdi + 24]
+        ; mov r13, QWORD [rdi + 32]
+        ; mov rax, QWORD [rdi + 16]
+    );
+    for (i, inst) in p.insts.iter().enumerate() {
+        if let (EpInst::Uniform(slot), Some(h)) = (inst, l.hoisted[i]) {
+            let off = 32 * *slot as i32;
+            dynasm!(ops ; .arch x64 ; vmovups Ry(h), [rax + off]);
+        }
+    }
+    for (o, &r) in OPERAND_REGS.iter().enumerate().take(ep.operands.len()) {
+        let off = 8 * (TABLE_OPERANDS + o) as i32;
+        dynasm!(ops ; .arch x64 ; mov Rq(r), QWORD [rdi + off]);
+    }
+    dynasm!(ops ; .arch x64
+        ; mov rdi, QWORD [rdi]
+        ; shl rdx, 2
+        ; test rsi, rsi
+        ; jz =>done
+        ; =>row
+    );
+    for (i, inst) in p.insts.iter().enumerate() {
+        if let (EpInst::Col { op, .. }, Some(h)) = (inst, l.hoisted[i]) {
+            let r = OPERAND_REGS[*op];
+            dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(h), DWORD [Rq(r)]);
+        }
+    }
+    let body = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64
+        ; xor eax, eax
+        ; test r13, r13
+        ; jz =>body
+        ; vmovups Ry(MASK_REG), [r14]
+    );
+    let copy = |ops: &mut Assembler, c: usize, masked: bool| -> Result<(), String> {
+        let disp = 32 * c as i32;
+        let fixed = |i: usize| l.hoisted[i];
+        let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
+            let (EpInst::Mat { op, .. } | EpInst::Row { op }) = *inst else {
+                unreachable!("per-row values and uniforms are hoisted")
+            };
+            let r = OPERAND_REGS[op];
+            if masked {
+                dynasm!(ops ; .arch x64 ; vmaskmovps Ry(d), Ry(MASK_REG), [Rq(r) + rax + disp]);
+            } else {
+                dynasm!(ops ; .arch x64 ; vmovups Ry(d), [Rq(r) + rax + disp]);
+            }
+        };
+        let res = asm::emit_insts(ops, p, &last, &l.copy_regs(c), &fixed, &mut load)?;
+        if masked {
+            dynasm!(ops ; .arch x64 ; vmaskmovps [rdi + rax + disp], Ry(MASK_REG), Ry(res));
+        } else {
+            dynasm!(ops ; .arch x64 ; vmovups [rdi + rax + disp], Ry(res));
+        }
+        Ok(())
+    };
+    copy(&mut ops, 0, true)?;
+    dynasm!(ops ; .arch x64 ; mov rax, r13 ; =>body);
+    if l.unroll > 1 {
+        let span = 32 * l.unroll as i32;
+        dynasm!(ops ; .arch x64
+            ; =>main
+            ; lea r12, [rax + span]
+            ; cmp r12, rdx
+            ; ja =>single
+        );
+        for c in 0..l.unroll {
+            copy(&mut ops, c, false)?;
+        }
+        dynasm!(ops ; .arch x64 ; mov rax, r12 ; jmp =>main);
+    }
+    dynasm!(ops ; .arch x64
+        ; =>single
+        ; lea r12, [rax + 32]
+        ; cmp r12, rdx
+        ; ja =>tail
+    );
+    copy(&mut ops, 0, false)?;
+    dynasm!(ops ; .arch x64
+        ; mov rax, r12
+        ; jmp =>single
+        ; =>tail
+        ; cmp rax, rdx
+        ; jae =>row_end
+        ; vmovups Ry(MASK_REG), [r15]
+    );
+    copy(&mut ops, 0, true)?;
+    let out_step = 4 * n as i32;
+    dynasm!(ops ; .arch x64 ; =>row_end ; add rdi, out_step);
+    for (o, operand) in ep.operands.iter().enumerate() {
+        let r = OPERAND_REGS[o];
+        let step = match operand.kind {
+            OperandKind::Mat { ld } => 4 * ld as i32,
+            OperandKind::Col { stride } => 4 * stride as i32,
+            OperandKind::Row => continue,
+        };
+        dynasm!(ops ; .arch x64 ; add Rq(r), step);
+    }
+    dynasm!(ops ; .arch x64
+        ; dec rsi
+        ; jnz =>row
+        ; =>done
+        ; vzeroupper
+        ; pop r15
+        ; pop r14
+        ; pop r13
+        ; pop r12
+        ; pop rbx
+        ; ret
+    );
+    ops.finalize().map_err(|_| "finalizing an elementwise kernel failed".to_string())
+}

@@ -1,0 +1,108 @@
+//! The 8-lane elementwise kernels (`backends/src/cpu/wide.rs`), held bit for bit to the reference interpreter: they
+//! compute the same correctly rounded f32 operations in the same order, so there is no tolerance to write down.
+//!
+//! Shapes walk every edge of the generated loop: one row split into 8-column chunks over the threads (a ragged last
+//! chunk), rows shorter than one vector, rows of whole vectors (where the output's first 32-byte boundary may start
+//! with a masked head) and ragged rows (a masked tail), row counts large enough to split over the threads. Values
+//! include NaN, infinities, signed zeros and subnormals. Each case asserts that its kernel is an `ElementwiseView`
+//! and that a wide kernel was generated for it, so the test cannot pass on Cranelift code.
+
+mod common;
+
+use common::{Dom, data, tensor};
+use kiln::{DType, HostBuffer, Tensor};
+use kiln_jit::kernel::gemm::ElementwiseView;
+use kiln_jit::kernel::{ScheduleOptions, schedule_with};
+
+/// f32 data in [-2, 2) with specials sprinkled in (at positions that move with the seed).
+fn special_f32(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut v = data(DType::F32, n, seed, Dom::Cont(-2.0, 2.0));
+    let specials = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0, 0.0, 1e-40, -3e-39];
+    for (i, s) in specials.iter().enumerate() {
+        let at = (seed as usize * 7 + i * 13) % n.max(1);
+        if n > 2 * specials.len() {
+            v[at] = *s;
+        }
+    }
+    tensor(DType::F32, &v, shape)
+}
+
+/// Realizes `out` on the CPU and compares every element with the interpreter's, bit for bit (any NaN matches any
+/// NaN: the IR does not define payloads). Asserts the kernel that writes the output is one the wide path accepts
+/// (a per-row operand computed from a broadcast may be its own kernel first).
+fn check(name: &str, out: &Tensor) {
+    let cap = kiln::capture(&[out]).unwrap();
+    let plan = schedule_with(&cap.graph, ScheduleOptions::default());
+    let k = &plan.launches.last().expect("a launch").kernel.clone().without_unit_loops();
+    assert!(ElementwiseView::of(k).is_some(), "{name}: not an elementwise view:\n{k}");
+    let want = cap.reference().unwrap().remove(0);
+    let before = kiln::stats().wide_kernel_builds;
+    let got = out.to_host().unwrap();
+    assert!(kiln::stats().wide_kernel_builds > before, "{name}: no wide kernel was generated:\n{k}");
+    let (HostBuffer::F32(g), HostBuffer::F32(w)) = (&got, &want) else { panic!("{name}: not f32") };
+    assert_eq!(g.len(), w.len());
+    for (i, (a, b)) in g.iter().zip(w).enumerate() {
+        assert!(
+            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+            "{name}: element {i}: got {a:e} ({:#010x}), interpreter {b:e} ({:#010x})\n{k}",
+            a.to_bits(),
+            b.to_bits()
+        );
+    }
+}
+
+/// Every expression on one `[m, n]` (or `[n]` when `m` is `None`) shape: an SGD update with an outer product (per
+/// row, per column and launch-uniform operands), arithmetic with constants, and a select over comparisons and
+/// boolean logic.
+fn all_expressions(m: Option<usize>, n: usize, seed: u64) {
+    let shape: Vec<usize> = m.into_iter().chain([n]).collect();
+    let name = format!("{shape:?}");
+    let a = special_f32(&shape, seed);
+    let b = special_f32(&shape, seed + 1);
+    let row = special_f32(&[n], seed + 2);
+    let col = match m {
+        Some(m) => special_f32(&[m, 1], seed + 3),
+        None => special_f32(&[1], seed + 3),
+    };
+    let lr = tensor(DType::F32, &[0.01], &[]);
+    // The batch-1 weight update: w - (dy ⊗ x) * lr, with lr read from a buffer.
+    check(&format!("{name} update"), &(&a - &(&(&row * &col) * &lr)));
+    check(&format!("{name} arithmetic"), &(&(&(&(&a + &b) * 0.5) - &row) / &(&col.abs() + 1.0)));
+    let mask = a.lt(&b).logical_and(a.eq(&row).logical_not()).logical_or(b.ne(&col));
+    check(&format!("{name} select"), &mask.where_(a.sqrt(), b.neg()));
+    // The same value used twice by one operation (one register for both operands).
+    let s = &a - &row;
+    check(&format!("{name} square"), &(&(&s * &s) - &b));
+}
+
+#[test]
+fn wide_kernels_match_the_interpreter_bit_for_bit() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    for (i, n) in [2, 5, 8, 13, 16, 37, 100, 20003].into_iter().enumerate() {
+        all_expressions(None, n, 10 * i as u64);
+    }
+    for (i, (m, n)) in
+        [(2, 1), (3, 7), (4, 8), (5, 9), (37, 33), (64, 100), (200, 64), (256, 784)].into_iter().enumerate()
+    {
+        all_expressions(Some(m), n, 100 + 10 * i as u64);
+    }
+}
+
+/// A view that starts inside a buffer: the output and the operands' rows start off the 32-byte grid by different
+/// amounts, and operand rows are further apart than the output's (`ld` > n).
+#[test]
+fn wide_kernels_on_offset_and_strided_operands() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    for (m, n, skip) in [(6, 16, 1), (9, 24, 3), (33, 40, 5), (3, 9, 2)] {
+        let big = special_f32(&[m, n + skip + 2], m as u64);
+        let a = big.slice(1, skip as isize, (skip + n) as isize, 1);
+        let b = special_f32(&[m, n], 7 + m as u64);
+        let row = special_f32(&[n], 9 + m as u64);
+        check(&format!("[{m}, {n}] slice at {skip}"), &(&(&a * &row) + &b));
+    }
+}
