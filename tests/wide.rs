@@ -106,3 +106,37 @@ fn wide_kernels_on_offset_and_strided_operands() {
         check(&format!("[{m}, {n}] slice at {skip}"), &(&(&a * &row) + &b));
     }
 }
+
+/// Kernels of rank 3 and 4: merged to `[m, n]` where every operand allows it (contiguous, a bias over the last dim,
+/// a value per row), batched where one does not (a row per batch element, a conv-style per-channel bias).
+#[test]
+fn wide_kernels_on_batched_shapes() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    let full = special_f32(&[3, 5, 17], 1);
+    check("[3, 5, 17] contiguous", &(&(&full * 3.0) - &special_f32(&[3, 5, 17], 2)));
+    let x = special_f32(&[4, 6, 20], 3);
+    check("[4, 6, 20] + bias [20]", &(&x + &special_f32(&[20], 4)));
+    check("[4, 6, 20] * per-row [4, 6, 1]", &(&x * &special_f32(&[4, 6, 1], 5)));
+    let y = special_f32(&[2, 3, 4, 9], 6);
+    check("[2, 3, 4, 9] - per-batch row [2, 1, 1, 9]", &(&y - &special_f32(&[2, 1, 1, 9], 7)));
+    let conv = special_f32(&[2, 3, 4, 5], 8);
+    let bias = special_f32(&[1, 3, 1, 1], 9);
+    let biased = &(&conv + &bias) / &(&bias.abs() + 0.5);
+    // The shapes the loops were merged to.
+    let shape_of = |t: &Tensor| {
+        let cap = kiln::capture(&[t]).unwrap();
+        let plan = schedule_with(&cap.graph, ScheduleOptions::default());
+        let k = &plan.launches.last().unwrap().kernel;
+        let listing = kiln_backends::cpu::wide_listing(k).unwrap().unwrap_or_else(|| panic!("not wide:\n{k}"));
+        listing.lines().next().unwrap().split(',').next().unwrap().to_string()
+    };
+    assert_eq!(shape_of(&biased), "elementwise 2 x 3 x 20");
+    check("[2, 3, 4, 5] conv bias [1, 3, 1, 1]", &biased);
+    assert_eq!(shape_of(&(&x + &special_f32(&[20], 4))), "elementwise 24 x 20");
+    assert_eq!(shape_of(&(&y - &special_f32(&[2, 1, 1, 9], 7))), "elementwise 2 x 12 x 9");
+    assert_eq!(shape_of(&(&full * 3.0)), "elementwise 1 x 255");
+    let big = special_f32(&[5, 40, 100], 10);
+    check("[5, 40, 100] - per-batch row [5, 1, 100]", &(&big - &special_f32(&[5, 1, 100], 11)));
+}

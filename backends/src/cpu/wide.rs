@@ -7,13 +7,15 @@
 //! iteration, ~1.8 instructions per element) and takes 7.3-8.4 µs here (`KILN_PROFILE=1 train_mlp --batch 1`, three
 //! interleaved runs each; 8.1-9.2 µs without the aligned head below); the step went from 34 to 30 µs.
 //!
-//! What runs here: a kernel without a reduction over `[m, n]` or `[n]` (`ElementwiseView`) whose outer code the GEMM
+//! What runs here: a kernel without a reduction, its loops merged where its indices allow
+//! (`KernelIr::with_merged_loops`), over `[batch.., m, n]` or `[n]` (`ElementwiseView`), whose outer code the GEMM
 //! epilogue's register program can express (`gemm::epilogue::translate`: f32 `+ - * /`, `sqrt`, `neg`, `abs`,
 //! comparisons, `where`, bool `and`/`or`/`not`; loads that walk n contiguously, per element or per column, loads
 //! that stand still along a row, values uniform over the launch). It *is* an epilogue without an accumulator, so it
 //! is translated by the same code and its arithmetic emitted by the same emitter (`asm::emit_insts`); only the loop
 //! around it is this file's. Anything else (another dtype, a transcendental, max/min with their NaN rule, a gather,
-//! rank above 2) stays a Cranelift kernel. Results are bit-identical to the Cranelift kernel's and the
+//! a value uniform per batch element only) stays a Cranelift kernel. Results are bit-identical to the Cranelift
+//! kernel's and the
 //! interpreter's: the same correctly rounded IEEE operations, in the same order, never contracted into an FMA.
 //!
 //! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, uniforms, head mask, head bytes,
@@ -24,7 +26,8 @@
 //! `unroll` vectors per iteration, single vectors, and a masked tail, so nothing is read or written past a row; then
 //! every pointer steps one row. Operand pointers live in rcx, r8-r11 and rbx, the column offset in rax, so a load is
 //! one instruction with no address arithmetic. The caller splits rows over threads (the Cranelift kernels' split,
-//! so a weight's rows stay on the core that updates them), or for one row, 8-column chunks.
+//! so a weight's rows stay on the core that updates them; rows of all batch elements form one range, a call never
+//! crosses a batch element), or for one row, 8-column chunks.
 //!
 //! Each element is loaded before it is stored, so a donated input may be the output (a weight updated in place).
 //! Deliberately not done: caching the code on disk (generating and mapping one took 14-23 µs in `train_mlp`, about
@@ -67,6 +70,7 @@ pub(crate) static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::Atom
 
 /// A generated elementwise kernel, ready to launch.
 pub(crate) struct WideKernel {
+    batch: Vec<usize>,
     m: usize,
     n: usize,
     ep: Epilogue,
@@ -107,6 +111,8 @@ impl WideKernel {
         if !asm::host_supported() {
             return Ok(None);
         }
+        let merged = k.with_merged_loops();
+        let k = &merged;
         let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
         let Some(ep) = epilogue::translate(k, &view.roles) else { return Ok(None) };
         let Some(layout) = Layout::plan(&ep.program, view.n) else { return Ok(None) };
@@ -127,6 +133,7 @@ impl WideKernel {
         // (kept in the returned kernel) keeps it mapped executable.
         let f = unsafe { std::mem::transmute::<*const u8, WideFn>(code.ptr(dynasmrt::AssemblyOffset(0))) };
         Ok(Some(WideKernel {
+            batch: view.batch,
             m: view.m,
             n: view.n,
             ep,
@@ -141,7 +148,8 @@ impl WideKernel {
 
     /// The register program, its loop shape and the machine code's size, for `KILN_DUMP`.
     pub(crate) fn listing(&self) -> String {
-        let mut s = format!("elementwise {} x {}, {} vectors per iteration\n", self.m, self.n, self.unroll);
+        let batch: String = self.batch.iter().map(|b| format!("{b} x ")).collect();
+        let mut s = format!("elementwise {batch}{} x {}, {} vectors per iteration\n", self.m, self.n, self.unroll);
         for (i, o) in self.ep.operands.iter().enumerate() {
             let _ = writeln!(s, "  op{i}: in{} + {}, {:?}", o.buf, o.offset, o.kind);
         }
@@ -169,31 +177,48 @@ impl WideKernel {
         // SAFETY: the caller's pointer contract.
         let uniforms = unsafe { Uniforms::for_launch(Some(&self.ep), &self.outer, ptrs) };
         let args = Args { ptrs, uniforms: uniforms.as_ptr() };
-        if self.m == 1 {
+        if self.batch.is_empty() && self.m == 1 {
             // One row: chunks of whole vectors, the last one ragged.
             let f = |s: usize, e: usize| {
                 let (c0, c1) = (8 * s, (8 * e).min(self.n));
                 // SAFETY: the caller's pointer contract; `c0..c1` lies within the row.
-                unsafe { self.call(&args, 0, 1, c0, c1 - c0) };
+                unsafe { self.call(&args, 0, 0, 1, c0, c1 - c0) };
             };
             pool::global().parallel_for_work(self.n.div_ceil(8), self.work, &f);
         } else {
+            // Rows of all batch elements in one range; a chunk is cut where a batch element ends.
             let f = |s: usize, e: usize| {
-                // SAFETY: the caller's pointer contract; `s..e` lies within the rows.
-                unsafe { self.call(&args, s, e - s, 0, self.n) };
+                let mut r = s;
+                while r < e {
+                    let (b, r0) = (r / self.m, r % self.m);
+                    let end = e.min((b + 1) * self.m);
+                    // SAFETY: the caller's pointer contract; rows `r0..r0 + end - r` of batch element `b` exist.
+                    unsafe { self.call(&args, b, r0, end - r, 0, self.n) };
+                    r = end;
+                }
             };
-            pool::global().parallel_for_work(self.m, self.work, &f);
+            pool::global().parallel_for_work(self.batch.iter().product::<usize>() * self.m, self.work, &f);
         }
     }
 
-    /// Calls the code on `rows` rows from `r0`, columns `c0..c0 + cols`.
-    unsafe fn call(&self, a: &Args, r0: usize, rows: usize, c0: usize, cols: usize) {
+    /// Calls the code on `rows` rows from `r0` of batch element `b` (row-major over `batch`), columns
+    /// `c0..c0 + cols`.
+    unsafe fn call(&self, a: &Args, b: usize, r0: usize, rows: usize, c0: usize, cols: usize) {
         let mut table = [std::ptr::null::<u8>(); TABLE_OPERANDS + epilogue::MAX_OPERANDS];
+        let batch_offset = |coef: &[i64]| {
+            let (mut rest, mut off) = (b, 0isize);
+            for (d, &e) in self.batch.iter().enumerate().rev() {
+                off += coef[d] as isize * (rest % e) as isize;
+                rest /= e;
+            }
+            off
+        };
+        let out_row = (b * self.m + r0) as isize;
         let (r0, c0) = (r0 as isize, c0 as isize);
         // SAFETY (pointer arithmetic): every offset formed is that of an element the kernel IR's affine indices
         // reach for some (row, column) in range, so it stays inside the buffer.
         unsafe {
-            let out = (a.ptrs[self.n_inputs] as *const f32).offset(r0 * self.n as isize + c0);
+            let out = (a.ptrs[self.n_inputs] as *const f32).offset(out_row * self.n as isize + c0);
             // Columns before the output's first 32-byte boundary, when every row starts at the same alignment: a
             // vector store that straddles two cache lines costs about two (the buffers come from malloc, 16 bytes
             // into a page when large).
@@ -208,11 +233,13 @@ impl WideKernel {
             table[3] = MASKS[head].as_ptr() as *const u8;
             table[4] = std::ptr::without_provenance(4 * head);
             for (i, o) in self.ep.operands.iter().enumerate() {
-                let at = match o.kind {
-                    OperandKind::Mat { ld } => o.offset as isize + r0 * ld as isize + c0,
-                    OperandKind::Row => o.offset as isize + c0,
-                    OperandKind::Col { stride } => o.offset as isize + r0 * stride as isize,
-                };
+                let at = o.offset as isize
+                    + batch_offset(&o.batch)
+                    + match o.kind {
+                        OperandKind::Mat { ld } => r0 * ld as isize + c0,
+                        OperandKind::Row => c0,
+                        OperandKind::Col { stride } => r0 * stride as isize,
+                    };
                 table[TABLE_OPERANDS + i] = (a.ptrs[o.buf] as *const f32).offset(at) as *const u8;
             }
             (self.f)(table.as_ptr(), rows, cols)

@@ -132,11 +132,13 @@ impl GemmView {
     }
 }
 
-/// An elementwise kernel (no reduction) over `[m, n]`, or `[n]` with `m = 1`, seen as a GEMM epilogue without an
-/// accumulator: every value classified by what it varies with, as for a GEMM's outer code. A CPU renderer that
-/// already places an epilogue in registers runs such a kernel with the same translation.
+/// An elementwise kernel (no reduction) over `[batch.., m, n]`, `[m, n]`, or `[n]` with `m = 1`, seen as a GEMM
+/// epilogue without an accumulator: every value classified by what it varies with, as for a GEMM's outer code. A CPU
+/// renderer that already places an epilogue in registers runs such a kernel with the same translation. Callers merge
+/// loops first (`KernelIr::with_merged_loops`) so that batch dims remain only where an operand needs them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ElementwiseView {
+    pub batch: Vec<usize>,
     pub m: usize,
     pub n: usize,
     /// Per outer instruction.
@@ -144,17 +146,23 @@ pub struct ElementwiseView {
 }
 
 impl ElementwiseView {
-    /// `None` for a reduce kernel, an output that is not f32, of rank 0 or above 2, or empty.
+    /// `None` for a reduce kernel, an output that is not f32, of rank 0, or empty.
     pub fn of(k: &KernelIr) -> Option<ElementwiseView> {
-        if k.reduce.is_some() || k.output.dtype != DType::F32 || k.out_extents.contains(&0) {
+        let rank = k.out_rank();
+        if k.reduce.is_some() || k.output.dtype != DType::F32 || rank == 0 || k.out_extents.contains(&0) {
             return None;
         }
-        let (m, mvar, nvar) = match *k.out_extents.as_slice() {
-            [_] => (1, None, 0),
-            [m, _] => (m, Some(0), 1),
-            _ => return None,
-        };
-        Some(ElementwiseView { m, n: k.out_extents[nvar], roles: roles(k, 0, mvar, nvar) })
+        let (batch_rank, mvar, nvar) = if rank == 1 { (0, None, 0) } else { (rank - 2, Some(rank - 2), rank - 1) };
+        Some(ElementwiseView {
+            batch: k.out_extents[..batch_rank].to_vec(),
+            m: mvar.map_or(1, |v| k.out_extents[v]),
+            n: k.out_extents[nvar],
+            roles: roles(k, batch_rank, mvar, nvar),
+        })
+    }
+
+    pub fn batch_count(&self) -> usize {
+        self.batch.iter().product()
     }
 }
 

@@ -161,6 +161,66 @@ impl KernelIr {
         self.without_single_reductions()
     }
 
+    /// The same elementwise kernel with adjacent output loops merged wherever every index moves as one row-major
+    /// counter across them (`coef[d] == coef[d + 1] * extent[d + 1]` for every index): a `[B, S, D]` kernel whose
+    /// operands are contiguous or broadcast over the leading dims becomes `[B * S, D]`. The output is row-major
+    /// either way, so the elements and their order are unchanged. Kernels with a reduction, a masked load or an
+    /// index that is not affine are returned as they are.
+    pub fn with_merged_loops(&self) -> KernelIr {
+        let rank = self.out_rank();
+        if self.reduce.is_some() || rank < 2 {
+            return self.clone();
+        }
+        let mut affine = Vec::new();
+        for inst in &self.outer {
+            let e = match &inst.op {
+                InstOp::Index(e) | InstOp::Rand { index: e, .. } => e,
+                InstOp::Load { index, valid: None, .. } => index,
+                InstOp::Load { .. } => return self.clone(),
+                _ => continue,
+            };
+            match e.affine(rank) {
+                Some(a) => affine.push(a),
+                None => return self.clone(),
+            }
+        }
+        let ext = &self.out_extents;
+        // group[d]: the merged loop dim d belongs to.
+        let mut group = vec![0usize; rank];
+        for d in 1..rank {
+            let joins = affine.iter().all(|(coef, _)| coef[d - 1] == coef[d] * ext[d] as i64);
+            group[d] = group[d - 1] + usize::from(!joins);
+        }
+        let merged = group[rank - 1] + 1;
+        if merged == rank {
+            return self.clone();
+        }
+        let mut extents = vec![1usize; merged];
+        for d in 0..rank {
+            extents[group[d]] *= ext[d];
+        }
+        // A merged loop's coefficient is that of its innermost dim.
+        let remap = |e: &IExpr| {
+            let (coef, c) = e.affine(rank).expect("checked affine above");
+            let mut out = vec![0i64; merged];
+            for d in 0..rank {
+                if d + 1 == rank || group[d + 1] != group[d] {
+                    out[group[d]] = coef[d];
+                }
+            }
+            IExpr::from_affine(&out, c)
+        };
+        let mut k = self.clone();
+        for inst in &mut k.outer {
+            match &mut inst.op {
+                InstOp::Index(e) | InstOp::Rand { index: e, .. } | InstOp::Load { index: e, .. } => *e = remap(e),
+                _ => {}
+            }
+        }
+        k.out_extents = extents;
+        k
+    }
+
     /// A reduction over one element (a sum over a size-1 dim; a matmul with K = 1 is recorded as a broadcast
     /// product already, see `Tensor::matmul`) becomes plain outer code. As a reduce kernel it would be rendered as
     /// a register-tiled GEMM with no K loop, which costs several times an elementwise pass over the same output; as
