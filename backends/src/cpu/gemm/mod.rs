@@ -36,9 +36,14 @@ use kiln_jit::kernel::{Inst, KernelIr};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The epilogue pass of a GEMM whose epilogue does not fit in registers: a compiled elementwise kernel over C,
-/// reading C as its last input (see [`epilogue_pass_kernel`]).
-pub type PassFn = super::jit::KernelFn;
+/// The epilogue pass of a GEMM whose epilogue is not in the micro-kernels' registers (a candidate that applies none,
+/// or an epilogue they cannot express): an elementwise kernel over C, reading C as its last input (see
+/// [`epilogue_pass_kernel`]); 8-lane generated code where it qualifies (`cpu::wide`), else a Cranelift kernel.
+#[derive(Clone)]
+pub(crate) enum Pass {
+    Clif(super::jit::KernelFn),
+    Wide(std::sync::Arc<super::wide::WideKernel>),
+}
 
 fn mode_index(m: Mode) -> usize {
     match m {
@@ -65,7 +70,7 @@ pub struct CompiledGemm {
     /// Output rectangles per batch element (column or row strips).
     parts: usize,
     /// Set by the backend when the epilogue is not in registers.
-    pub pass: Option<PassFn>,
+    pub(crate) pass: Option<Pass>,
     pub uses_pass: bool,
 }
 
@@ -250,26 +255,32 @@ impl CompiledGemm {
             GemmImpl::SplitK => unsafe { splitk::splitk_gemm(&self.view, &cx) },
         }
         if self.uses_pass
-            && let Some(pass) = self.pass
+            && let Some(pass) = &self.pass
         {
             // Inline for up to 16 buffers: no allocation per launch on the replay path.
             let mut args: smallvec::SmallVec<[*mut u8; 16]> = ptrs[..n_in].iter().copied().collect();
             args.push(ptrs[n_in]);
             args.push(ptrs[n_in]);
-            let rows = if self.view.batch.is_empty() {
-                if self.view.m == 1 { self.view.n } else { self.view.m }
-            } else {
-                self.view.batch[0]
-            };
-            let work = self.view.batch_count() * self.view.m * self.view.n * self.outer.len();
-            let a = PassArgs(args.as_ptr());
-            let call = |s: usize, e: usize| {
-                let a = &a;
-                // SAFETY: the pass kernel was compiled from `epilogue_pass_kernel` of this GEMM's kernel, whose
-                // inputs are this kernel's inputs plus C, and `s..e` lies within its output loop 0.
-                unsafe { pass(a.0, std::ptr::null(), s as i64, e as i64) }
-            };
-            pool::global().parallel_for_work(rows, work, &call);
+            match pass {
+                // SAFETY: the pass was built from `epilogue_pass_kernel` of this GEMM's kernel, whose inputs are this
+                // kernel's inputs plus C, and it loads each element of C before storing it.
+                Pass::Wide(w) => unsafe { w.run(&args) },
+                Pass::Clif(f) => {
+                    let rows = if self.view.batch.is_empty() {
+                        if self.view.m == 1 { self.view.n } else { self.view.m }
+                    } else {
+                        self.view.batch[0]
+                    };
+                    let work = self.view.batch_count() * self.view.m * self.view.n * self.outer.len();
+                    let a = PassArgs(args.as_ptr());
+                    let call = |s: usize, e: usize| {
+                        let a = &a;
+                        // SAFETY: as above, and `s..e` lies within the pass kernel's output loop 0.
+                        unsafe { f(a.0, std::ptr::null(), s as i64, e as i64) }
+                    };
+                    pool::global().parallel_for_work(rows, work, &call);
+                }
+            }
         }
     }
 

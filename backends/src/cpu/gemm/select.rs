@@ -158,7 +158,7 @@ fn choose_gemm(
     // MLP step's plan spent ~9 of its ~20 ms compile on these.
     let inputs: std::cell::OnceCell<Vec<HostBuffer>> = std::cell::OnceCell::new();
     let reference = std::cell::OnceCell::new();
-    let pass: std::cell::OnceCell<gemm::PassFn> = std::cell::OnceCell::new();
+    let pass: std::cell::OnceCell<gemm::Pass> = std::cell::OnceCell::new();
     let compiler = std::cell::RefCell::new(c);
     let cands = config::step_candidates(&problem.view, problem.view.batch.is_empty(), cx);
     let scored: Vec<kiln_autotune::Candidate<'_, GemmImpl>> = cands
@@ -182,11 +182,10 @@ fn choose_gemm(
                 if g.uses_pass {
                     // The same pass for every candidate: compiled once.
                     let f = match pass.get() {
-                        Some(&f) => f,
+                        Some(f) => f.clone(),
                         None => {
-                            let pk = gemm::epilogue_pass_kernel(&timed.kernel);
-                            let f = compiler.borrow_mut().kernel(&pk, false)?.0;
-                            *pass.get_or_init(|| f)
+                            let f = compile_pass(&mut compiler.borrow_mut(), &timed.kernel, None)?;
+                            pass.get_or_init(|| f).clone()
                         }
                     };
                     g.pass = Some(f);
@@ -264,14 +263,27 @@ fn build_gemm(
 ) -> Result<super::CompiledGemm, String> {
     let mut g = super::CompiledGemm::build(k, view, imp, threads, cache)?;
     if g.uses_pass {
-        let pass = super::epilogue_pass_kernel(k);
-        let (f, text) = c.kernel(&pass, dump.is_some())?;
-        if let (Some(d), Some((clif_text, disasm))) = (dump, text) {
-            d.kernel_files(&pass, "clif", &clif_text, &disasm);
-        }
-        g.pass = Some(f);
+        g.pass = Some(compile_pass(c, k, dump)?);
     }
     Ok(g)
+}
+
+/// The epilogue pass of GEMM `k`: 8-lane generated code where it qualifies, else a Cranelift kernel.
+fn compile_pass(c: &mut Compiler, k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<super::Pass, String> {
+    let pass = super::epilogue_pass_kernel(k);
+    if crate::cpu::wide::enabled()
+        && let Some(w) = crate::cpu::wide::WideKernel::build(&pass)?
+    {
+        if let Some(d) = dump {
+            d.generated_files(&pass, "wide.txt", &w.listing(), w.code_bytes());
+        }
+        return Ok(super::Pass::Wide(std::sync::Arc::new(w)));
+    }
+    let (f, text) = c.kernel(&pass, dump.is_some())?;
+    if let (Some(d), Some((clif_text, disasm))) = (dump, text) {
+        d.kernel_files(&pass, "clif", &clif_text, &disasm);
+    }
+    Ok(super::Pass::Clif(f))
 }
 
 /// A GEMM kernel built in one configuration, to run many times on host buffers (tests force every candidate
