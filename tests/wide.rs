@@ -92,7 +92,7 @@ fn wide_kernels_match_the_interpreter_bit_for_bit() {
 }
 
 /// A view that starts inside a buffer: the output and the operands' rows start off the 32-byte grid by different
-/// amounts, and operand rows are further apart than the output's (`ld` > n).
+/// amounts, and operand rows are further apart than the output's (`ld` > n); a view with its rows reversed.
 #[test]
 fn wide_kernels_on_offset_and_strided_operands() {
     if common::skip_without_avx2() {
@@ -104,6 +104,8 @@ fn wide_kernels_on_offset_and_strided_operands() {
         let b = special_f32(&[m, n], 7 + m as u64);
         let row = special_f32(&[n], 9 + m as u64);
         check(&format!("[{m}, {n}] slice at {skip}"), &(&(&a * &row) + &b));
+        // Rows read bottom-up: a negative row step.
+        check(&format!("[{m}, {n}] rows flipped"), &(&b.flip([0]) - &(&a * 2.0)));
     }
 }
 
