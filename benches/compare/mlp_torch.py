@@ -7,7 +7,14 @@ zero_grad + forward + loss + backward + optimizer step. Timing: 10 warm-up steps
 "first step" is the first call (torch.compile compiles there, with a fresh Inductor cache). kiln runs
 `cargo run --release --example train_mlp -- --batch B` and its printed line is parsed.
 
-    python3 benches/compare/mlp_torch.py [--threads T] [--batches 1,32,1024] [--skip-kiln]
+Rounds: the host this was written on alternates between fast and slow phases lasting tens of seconds, which hit
+kiln and PyTorch independently, so one pass over kiln and then over PyTorch can give either side the slow phase
+(one such pair of runs: 5.9x and 1.4x at batch 32). Each of `--rounds R` (default 3) runs kiln's batches, then
+PyTorch's, close in time; the table gives each side's median over the rounds, the ratio of those medians and, in
+brackets, the range of the per-round ratios. First steps are the first round's: kiln's cache and Inductor's start
+empty there (later rounds find both warm).
+
+    python3 benches/compare/mlp_torch.py [--threads T] [--batches 1,32,1024] [--rounds R] [--skip-kiln]
 
 Threads: T, else env KILN_NUM_THREADS, else all cores: torch.set_num_threads(T), and kiln runs with
 KILN_NUM_THREADS=T. See README.md in this folder for installing PyTorch.
@@ -85,6 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=int(os.environ.get("KILN_NUM_THREADS", os.cpu_count() or 1)))
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-kiln", action="store_true")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -97,21 +105,40 @@ def main() -> None:
     if not args.skip_kiln:
         subprocess.run(["cargo", "build", "--quiet", "--release", "--example", "train_mlp"], cwd=ROOT, check=True)
 
-    print(f"threads: {args.threads}; torch {torch.__version__}; median of {STEPS} steps after {WARMUP} warm-up\n")
+    rounds = []
+    for r in range(args.rounds):
+        # PyTorch's OpenMP threads keep spinning for a while after their work and would steal kiln's cores.
+        time.sleep(1.0)
+        kiln = {} if args.skip_kiln else {b: kiln_step_times(b, args.threads) for b in batches}
+        eager = {b: torch_step_times(torch, b, compiled=False) for b in batches}
+        comp = {b: torch_step_times(torch, b, compiled=True) for b in batches}
+        rounds.append((kiln, eager, comp))
+        print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
+
+    print(f"threads: {args.threads}; torch {torch.__version__}; median of {STEPS} steps after {WARMUP} warm-up; "
+          f"{args.rounds} rounds: medians over rounds, [range of per-round ratios]\n")
     print("| batch | kiln µs/step | torch eager µs | torch.compile µs | kiln vs eager | kiln vs compile "
           "| kiln first step | torch.compile first step |")
     print("|---|---|---|---|---|---|---|---|")
-    # kiln first: PyTorch's OpenMP threads keep spinning after their work, which would steal kiln's cores.
-    kiln = {} if args.skip_kiln else {b: kiln_step_times(b, args.threads) for b in batches}
+    med = statistics.median
     for b in batches:
-        eager, _ = torch_step_times(torch, b, compiled=False)
-        comp, comp_first = torch_step_times(torch, b, compiled=True)
-        if b not in kiln:
+        eager = med(e[b][0] for _, e, _ in rounds)
+        comp = med(c[b][0] for _, _, c in rounds)
+        comp_first = rounds[0][2][b][1]
+        if args.skip_kiln:
             print(f"| {b} | - | {eager * 1e6:.0f} | {comp * 1e6:.0f} | - | - | - | {comp_first:.2f} s |")
             continue
-        k, k_first = kiln[b]
-        print(f"| {b} | {k * 1e6:.0f} | {eager * 1e6:.0f} | {comp * 1e6:.0f} | {eager / k:.1f}x "
-              f"| {comp / k:.1f}x | {k_first * 1e3:.1f} ms | {comp_first:.2f} s |")
+        k = med(kl[b][0] for kl, _, _ in rounds)
+        k_first = rounds[0][0][b][1]
+
+        def ratio(med_ratio: float, per_round: list[float]) -> str:
+            return f"{med_ratio:.1f}x [{min(per_round):.1f}-{max(per_round):.1f}]"
+
+        vs_eager = ratio(eager / k, [e[b][0] / kl[b][0] for kl, e, _ in rounds])
+        vs_comp = ratio(comp / k, [c[b][0] / kl[b][0] for kl, _, c in rounds])
+        print(f"| {b} | {k * 1e6:.0f} | {eager * 1e6:.0f} | {comp * 1e6:.0f} | {vs_eager} | {vs_comp} "
+              f"| {k_first * 1e3:.1f} ms | {comp_first:.2f} s |")
+
 
 if __name__ == "__main__":
     main()
