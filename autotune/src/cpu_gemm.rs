@@ -182,6 +182,9 @@ fn push_num(out: &mut String, mut x: usize) {
     out.extend(digits[i..].iter().map(|&d| d as char));
 }
 
+/// GB/s per thread the cost model assumes for operands streamed from memory (a mix of cache and DRAM).
+const BW: f64 = 12.0;
+
 /// Rows at or below which a GEMM is "skinny" (a GEMV-like layer at small batch): B is streamed in place rather than
 /// packed, and short tiles compete.
 pub const SKINNY_M: usize = 16;
@@ -286,12 +289,20 @@ pub fn splitk_legal(v: &GemmView) -> bool {
 }
 
 /// The split-K candidate's estimate on its own: bound by reading B once per row of A, like the broadcast kernels
-/// that stream B in place, plus a reduction and the epilogue pass, so ranked a little under them (at 1 x 256 x 128
-/// on 2 threads, alone and warm: 1.81 µs against 1.54 for the best broadcast tile). Where it wins, in a training
-/// step, it is not ranked but chosen: [`step_candidates`].
+/// that stream B in place, plus a reduction and the epilogue pass, so ranked under them (at 1 x 256 x 128 on 2
+/// threads, alone and warm: 1.81 µs against 1.54 for the best broadcast tile; 1 x 4096 x 4096 with the weights from
+/// DRAM: 10.0 against 15.8 GFLOP/s in `bench_gemm`). Where it wins, in a training step, it is not ranked but chosen:
+/// [`step_candidates`].
 fn splitk_score(v: &GemmView, threads: usize) -> f64 {
-    let t = threads.min(v.k / 16).max(1) as f64;
-    0.4 * 25.0 * t / v.m.max(1) as f64
+    let t = threads.min(v.k / 16).max(1);
+    0.6 * streaming_b_score(v, t) / v.m.max(1) as f64
+}
+
+/// GFLOP/s of a skinny GEMM bound by reading B once per row of A from memory at the cost model's bandwidth, on `t`
+/// threads: what the broadcast kernels that stream B in place reach at best (before their tile's efficiency).
+fn streaming_b_score(v: &GemmView, t: usize) -> f64 {
+    // Flops per byte of B per row of A: 2 per 4-byte element.
+    BW * t as f64 * 0.5 * v.m.max(1) as f64
 }
 
 /// The largest K (a batch, for a weight's update `dy^T x`) at which the update is bound by reading and writing the
@@ -358,10 +369,15 @@ pub fn legal(v: &GemmView, c: &GemmConfig) -> bool {
 /// Estimated GFLOP/s of `c` on `v` with `threads` threads (see the module doc).
 pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     const PEAK: f64 = 100.0; // GFLOP/s per core, measured FMA peak here
-    const BW: f64 = 12.0; // GB/s per thread, a mix of cache and DRAM
     let c = match imp {
-        // Measured here at 1024^3 on 2 threads: 120 GFLOP/s, 60% of peak; its epilogue is a second pass over C.
-        GemmImpl::Library => return 0.6 * PEAK * threads.min(v.n.div_ceil(16)) as f64,
+        // Measured here at 1024^3 on 2 threads: 120 GFLOP/s, 60% of peak; its epilogue is a second pass over C. A
+        // skinny GEMM is bound by reading B, where its GEMV path trails the broadcast kernels (1 x 256 x 784 on one
+        // thread: 12.3 µs against 8.2 for the dot products); without that bound `KILN_AUTOTUNE=off` picked it for
+        // every batch-1 layer.
+        GemmImpl::Library => {
+            let compute = 0.6 * PEAK * threads.min(v.n.div_ceil(16)) as f64;
+            return if v.m <= SKINNY_M { compute.min(0.6 * streaming_b_score(v, threads)) } else { compute };
+        }
         GemmImpl::Dot => return dot_score(v, threads, PEAK),
         GemmImpl::SplitK => return splitk_score(v, threads),
         GemmImpl::Asm(c) => c,
@@ -420,6 +436,23 @@ mod tests {
     fn view(m: usize, n: usize, k: usize) -> GemmView {
         let op = |rows: i64, cols: i64| GemmOperand { buf: 0, offset: 0, batch: vec![], rows, cols };
         GemmView { batch: vec![], m, n, k, a: op(k as i64, 1), b: op(n as i64, 1), roles: vec![] }
+    }
+
+    /// The model's first choice for a batch-1 layer is a generated broadcast kernel, not the library or split K,
+    /// which were timed slower there (see `splitk_score` and `score`).
+    #[test]
+    fn skinny_gemms_rank_generated_kernels_first() {
+        for (m, n, k) in [(1, 4096, 4096), (1, 256, 128), (1, 128, 256), (2, 1024, 1024), (8, 4096, 4096)] {
+            let v = view(m, n, k);
+            let best = candidates(&v, true)
+                .into_iter()
+                .max_by(|a, b| score(&v, a, 2).total_cmp(&score(&v, b, 2)))
+                .expect("candidates");
+            assert!(matches!(best, GemmImpl::Asm(_)), "{m}x{n}x{k}: {}", best.name());
+        }
+        // Large problems keep their ranking: the library stays a contender at 1024^3.
+        let v = view(1024, 1024, 1024);
+        assert!(score(&v, &GemmImpl::Library, 2) > 100.0);
     }
 
     #[test]

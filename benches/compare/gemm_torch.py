@@ -8,7 +8,11 @@ Workloads (the same shapes and value patterns as `benches/gemm_common/mod.rs`):
 Every figure is a median of --runs calls after a warm-up. kiln's figures come from
 `cargo run --release --example bench_gemm -- --json` run in the same session (its table is printed after ours).
 
-    python3 benches/compare/gemm_torch.py [--threads T] [--runs N] [--skip-kiln]
+Rounds: the development host has slow phases of tens of seconds that hit kiln and PyTorch independently, so the
+comparison runs `--rounds R` times (default 3), PyTorch then kiln close in time in each; the table gives each
+side's median over the rounds, the ratio of those medians and, in brackets, the range of the per-round ratios.
+
+    python3 benches/compare/gemm_torch.py [--threads T] [--runs N] [--rounds R] [--skip-kiln]
 
 Threads: T, else env KILN_NUM_THREADS, else all cores (torch.set_num_threads and KILN_NUM_THREADS alike). See
 README.md in this folder for installing PyTorch.
@@ -76,6 +80,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=int(os.environ.get("KILN_NUM_THREADS", os.cpu_count() or 1)))
     ap.add_argument("--runs", type=int, default=11)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-kiln", action="store_true")
     args = ap.parse_args()
     try:
@@ -85,19 +90,40 @@ def main() -> int:
         return 2
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
-    t = torch_figures(torch, args.runs)
-    kiln, kiln_table = None, ""
-    if not args.skip_kiln:
-        env = dict(os.environ, KILN_NUM_THREADS=str(args.threads))
-        cmd = ["cargo", "run", "--release", "--quiet", "--example", "bench_gemm", "--", "--json", "--runs", str(args.runs)]
-        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        if res.returncode != 0:
-            print(res.stdout + res.stderr, file=sys.stderr)
-            return 1
-        lines = res.stdout.strip().splitlines()
-        kiln = json.loads(lines[-1])
-        kiln_table = "\n".join(lines[:-1])
-    print(f"PyTorch {torch.__version__} vs kiln, {args.threads} threads, medians of {args.runs}; load average {load:.2f}\n")
+    rounds = []
+    kiln_table = ""
+    for r in range(args.rounds):
+        t = torch_figures(torch, args.runs)
+        # PyTorch's OpenMP threads keep spinning for a while after their work and would steal kiln's cores.
+        time.sleep(1.0)
+        kiln = None
+        if not args.skip_kiln:
+            env = dict(os.environ, KILN_NUM_THREADS=str(args.threads))
+            cmd = ["cargo", "run", "--release", "--quiet", "--example", "bench_gemm", "--", "--json", "--runs",
+                   str(args.runs)]
+            res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+            if res.returncode != 0:
+                print(res.stdout + res.stderr, file=sys.stderr)
+                return 1
+            lines = res.stdout.strip().splitlines()
+            kiln = json.loads(lines[-1])
+            kiln_table = "\n".join(lines[:-1])
+        rounds.append((t, kiln))
+        print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
+    med = statistics.median
+
+    def torch_med(key: str) -> float:
+        return med(t[key] for t, _ in rounds)
+
+    def kiln_med(key: str) -> float | None:
+        return None if args.skip_kiln else med(k[key] for _, k in rounds)
+
+    def ratio(kiln_over_torch) -> str:
+        per_round = [kiln_over_torch(t, k) for t, k in rounds]
+        return f"[{min(per_round):.2f}-{max(per_round):.2f}]"
+
+    print(f"PyTorch {torch.__version__} vs kiln, {args.threads} threads, medians of {args.runs}, {args.rounds} rounds "
+          f"(medians over rounds, [range of per-round ratios]); load average {load:.2f} at the start\n")
     print("| benchmark | PyTorch | kiln | kiln / PyTorch | target |")
     print("|---|---|---|---|---|")
     rows = [
@@ -108,18 +134,21 @@ def main() -> int:
         ("M = 64, K = N = 4096, weights from DRAM", "skinny64_gflops", "GFLOP/s", ">= 1.0x"),
     ]
     for name, key, unit, target in rows:
-        k = kiln.get(key) if kiln else None
-        ratio = f"{k / t[key]:.2f}x" if k else "-"
-        ks = f"{k:.1f} {unit}" if k else "-"
-        print(f"| {name} | {t[key]:.1f} {unit} | {ks} | {ratio} | {target} |")
-    if kiln:
-        fused = kiln["fused1024_ms"]
+        tm, k = torch_med(key), kiln_med(key)
+        if k is None:
+            print(f"| {name} | {tm:.1f} {unit} | - | - | {target} |")
+            continue
+        spread = ratio(lambda t, kl, key=key: kl[key] / t[key])
+        print(f"| {name} | {tm:.1f} {unit} | {k:.1f} {unit} | {k / tm:.2f}x {spread} | {target} |")
+    if not args.skip_kiln:
+        fused, tf, tm = kiln_med("fused1024_ms"), torch_med("fused1024_ms"), torch_med("matmul1024_ms")
+        spread = ratio(lambda t, kl: t["fused1024_ms"] / kl["fused1024_ms"])
         print(
-            f"| GEMM + bias + relu 1024^3 | matmul + add + relu: {t['fused1024_ms']:.2f} ms (matmul alone "
-            f"{t['matmul1024_ms']:.2f} ms) | fused: {fused:.2f} ms | {t['fused1024_ms'] / fused:.2f}x faster | >= 1.1x |"
+            f"| GEMM + bias + relu 1024^3 | matmul + add + relu: {tf:.2f} ms (matmul alone {tm:.2f} ms) "
+            f"| fused: {fused:.2f} ms | {tf / fused:.2f}x faster {spread} | >= 1.1x |"
         )
     if kiln_table:
-        print("\nkiln's own table (same session):\n")
+        print("\nkiln's own table (same session, last round):\n")
         print(kiln_table)
     return 0
 
