@@ -15,8 +15,8 @@
 //! is translated by the same code and its arithmetic emitted by the same emitter (`asm::emit_insts`); only the loop
 //! around it is this file's. Anything else (another dtype, a transcendental, max/min with their NaN rule, a gather,
 //! a value uniform per batch element only) stays a Cranelift kernel. Results are bit-identical to the Cranelift
-//! kernel's and the
-//! interpreter's: the same correctly rounded IEEE operations, in the same order, never contracted into an FMA.
+//! kernel's and the interpreter's: the same correctly rounded IEEE operations, in the same order, never contracted
+//! into an FMA.
 //!
 //! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, uniforms, head mask, head bytes,
 //! operand 0, ..]`, every pointer at the first element of the chunk. Uniforms are loaded into registers once per
@@ -31,8 +31,9 @@
 //!
 //! Each element is loaded before it is stored, so a donated input may be the output (a weight updated in place).
 //! Deliberately not done: caching the code on disk (generating and mapping one took 14-23 µs in `train_mlp`, about
-//! what mapping a cached copy costs), and hoisting arithmetic on per-row values out of the column loop (the batch-1 update multiplies the
-//! per-row gradient by the row's inputs first, so nothing there would hoist).
+//! what mapping a cached copy costs); hoisting arithmetic on per-row values out of the column loop (the batch-1
+//! update multiplies the per-row gradient by the row's inputs first, so nothing there would hoist); unrolling past 4
+//! vectors (8 measured no faster on the update).
 
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
@@ -48,13 +49,14 @@ use std::fmt::Write;
 use std::sync::LazyLock;
 
 /// `table, rows, cols`: see the module doc.
+type WideFn = unsafe extern "sysv64" fn(*const *const u8, usize, usize);
+
 /// Entries of the table before the operand pointers: output, tail mask, uniforms, head mask, head bytes.
 const TABLE_OPERANDS: usize = 5;
-type WideFn = unsafe extern "sysv64" fn(*const *const u8, usize, usize);
 
 /// GPRs holding operand pointers, by operand index (caller-saved ones first; rbx is pushed).
 const OPERAND_REGS: [u8; epilogue::MAX_OPERANDS] = [1, 8, 9, 10, 11, 3];
-/// The mask of a row's last, partial vector.
+/// The mask of a row's partial first or last vector.
 const MASK_REG: u8 = 15;
 
 /// Whether elementwise kernels are generated here: AVX2 + FMA hosts, unless `KILN_ELEMENTWISE=clif` (for
@@ -215,8 +217,9 @@ impl WideKernel {
         };
         let out_row = (b * self.m + r0) as isize;
         let (r0, c0) = (r0 as isize, c0 as isize);
-        // SAFETY (pointer arithmetic): every offset formed is that of an element the kernel IR's affine indices
-        // reach for some (row, column) in range, so it stays inside the buffer.
+        // SAFETY: every offset formed is that of an element the kernel IR's affine indices reach for some (row,
+        // column) in range, so it stays inside its buffer (the caller's contract); the code reads and writes only
+        // the `rows` x `cols` elements from those pointers (masked at both ends), as `emit` generates it.
         unsafe {
             let out = (a.ptrs[self.n_inputs] as *const f32).offset(out_row * self.n as isize + c0);
             // Columns before the output's first 32-byte boundary, when every row starts at the same alignment: a
