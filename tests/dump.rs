@@ -114,8 +114,10 @@ fn dump_writes_graphs_kernels_keys_and_autotune_tables() {
     }
     if kiln_backends::cpu::gemm::asm::host_supported() {
         assert_eq!(tuned_cpu, 1, "{:?}", f.keys());
-        // Generated code is dumped for disassembly; the library candidate (`lib:gemm`) has none.
-        let generated = tables.iter().filter(|(_, t)| t.starts_with("config: avx2")).count();
+        // Generated code is dumped for disassembly (the transposed candidate's too); the library candidate
+        // (`lib:gemm`) has none.
+        let generated =
+            tables.iter().filter(|(_, t)| t.starts_with("config: avx2") || t.starts_with("config: tr:avx2")).count();
         let bins = with(".gemm.bin");
         assert_eq!(bins.len(), generated, "{:?}", f.keys());
         assert!(bins.iter().all(|(_, t)| !t.is_empty()), "{:?}", f.keys());

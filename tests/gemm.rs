@@ -25,6 +25,9 @@ fn check_all_candidates(name: &str, out: &Tensor) -> usize {
                 GemmImpl::Asm(c) => {
                     Some(GemmImpl::Asm(config::GemmConfig { kc: 16, mc: c.mr * 2, nc: c.nr() * 2, ..*c }))
                 }
+                GemmImpl::Transposed(c) => {
+                    Some(GemmImpl::Transposed(config::GemmConfig { kc: 16, mc: c.mr * 2, nc: c.nr() * 2, ..*c }))
+                }
                 GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK => None,
             })
             .collect();
@@ -96,6 +99,34 @@ fn dot_candidate_on_ragged_linear_shapes() {
     assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));
     let k = gemm_kernel(&rand(&[2, 16], 17).matmul(&rand(&[16, 8], 18)));
     assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));
+}
+
+/// The transposed candidate (`x @ W^T` computed as `(W x^T)^T`) on linear-layer shapes from just past the dot
+/// products' row limit to its own: rows, columns and K left over against its 6- and 4-row tiles and the 8 x 8
+/// transpose blocks, with and without an epilogue (its pass). Each is forced through `check_all_candidates`, which is
+/// asserted to include it; it is not offered past its row limit or for a weight stored K x N.
+#[test]
+fn transposed_candidate_on_linear_shapes() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    for (m, n, k) in [(9, 16, 40), (13, 37, 23), (32, 100, 70), (17, 64, 300), (64, 24, 33)] {
+        let c = rand(&[m, k], 11).matmul(&rand(&[n, k], 12).t());
+        let v = GemmView::of(&gemm_kernel(&c)).unwrap();
+        assert!(config::candidates(&v, true).iter().any(|c| matches!(c, GemmImpl::Transposed(_))), "{m}x{n}x{k}");
+        assert!(check_all_candidates(&format!("transposed {m}x{n}x{k}"), &c) > 0);
+    }
+    let layer = (rand(&[24, 33], 15).matmul(&rand(&[40, 33], 16).t()) + rand(&[40], 17)).relu();
+    let v = GemmView::of(&gemm_kernel(&layer)).unwrap();
+    assert!(config::candidates(&v, true).iter().any(|c| matches!(c, GemmImpl::Transposed(_))));
+    assert!(check_all_candidates("transposed with bias + relu", &layer) > 0);
+    for c in [
+        rand(&[config::TRANSPOSED_MAX_M + 1, 16], 3).matmul(&rand(&[16, 16], 4).t()),
+        rand(&[16, 16], 3).matmul(&rand(&[16, 16], 4)),
+    ] {
+        let v = GemmView::of(&gemm_kernel(&c)).unwrap();
+        assert!(!config::candidates(&v, true).iter().any(|c| matches!(c, GemmImpl::Transposed(_))));
+    }
 }
 
 /// The split-K candidate (`dy @ W`, W stored K x N) on the shapes its loops split: N below, at and between its 96-,

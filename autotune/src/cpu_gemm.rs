@@ -34,6 +34,11 @@ pub enum GemmImpl {
     /// Rows of A times a B whose rows are contiguous, the threads splitting K (`cpu/gemm/splitk.rs`: why); its
     /// epilogue runs as a separate pass.
     SplitK,
+    /// `C^T = B^T A^T` by the generated kernel in this configuration (on [`GemmView::transposed`]), into scratch,
+    /// then transposed into C; its epilogue runs as a separate pass. For a linear layer's forward at a few dozen
+    /// rows (`x @ W^T`, W stored N x K), where the direct kernels pack all of W on every call and this one reads W in
+    /// place and packs only x (`cpu/gemm/transposed.rs`: measurements). [`transposed_legal`] says where.
+    Transposed(GemmConfig),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,6 +80,10 @@ impl GemmImpl {
             GemmImpl::Dot => return out.push_str("dot:avx2"),
             GemmImpl::SplitK => return out.push_str("splitk:avx2"),
             GemmImpl::Asm(c) => c,
+            GemmImpl::Transposed(c) => {
+                out.push_str("tr:");
+                c
+            }
         };
         out.push_str("avx2:");
         push_num(out, c.mr);
@@ -102,6 +111,7 @@ impl GemmImpl {
             GemmImpl::Library => v.batch.is_empty(),
             GemmImpl::Dot => dot_legal(v),
             GemmImpl::SplitK => splitk_legal(v),
+            GemmImpl::Transposed(c) => transposed_legal(v) && legal(&v.transposed(), c),
         }
     }
 
@@ -114,6 +124,7 @@ impl GemmImpl {
             GemmImpl::Library => "library",
             GemmImpl::Dot => "dot products",
             GemmImpl::SplitK => "split K",
+            GemmImpl::Transposed(_) => "transposed, W in place",
             GemmImpl::Asm(c) => match (c.pack_a, c.pack_b, c.kc <= 8) {
                 (true, true, _) => "packed A, packed B",
                 (true, false, true) => "packed A, B in place, short K blocks",
@@ -129,7 +140,7 @@ impl GemmImpl {
     /// (`Candidate::shape`); empty for the library and the dot products.
     pub fn shape(&self) -> String {
         match self {
-            GemmImpl::Asm(c) => format!("{}x{}", c.mr, c.nr()),
+            GemmImpl::Asm(c) | GemmImpl::Transposed(c) => format!("{}x{}", c.mr, c.nr()),
             GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK => String::new(),
         }
     }
@@ -143,6 +154,12 @@ impl GemmImpl {
         }
         if s == "splitk:avx2" {
             return Some(GemmImpl::SplitK);
+        }
+        if let Some(rest) = s.strip_prefix("tr:") {
+            return match GemmImpl::parse(rest)? {
+                GemmImpl::Asm(c) => Some(GemmImpl::Transposed(c)),
+                _ => None,
+            };
         }
         let f: Vec<&str> = s.split(':').collect();
         if f.len() != 9 || f[0] != "avx2" {
@@ -249,7 +266,42 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
     if splitk_legal(v) {
         out.push(GemmImpl::SplitK);
     }
+    if transposed_legal(v) {
+        let t = v.transposed();
+        for (mr, nv) in [(6, 2), (4, 3)] {
+            for kc in [256, 384] {
+                // Threads split the transposed problem's rows: W's rows, as the forward's other candidates and the
+                // weight's update do.
+                let c = GemmConfig {
+                    mr,
+                    nv,
+                    kc: kc.min(t.k.next_multiple_of(16)),
+                    mc: (mr * 12).min(t.m.next_multiple_of(mr)),
+                    nc: t.n.next_multiple_of(8 * nv),
+                    pack_a: false,
+                    pack_b: true,
+                    split_m: true,
+                    unroll: 4,
+                    prefetch: 0,
+                };
+                if legal(&t, &c) && seen.insert(c) {
+                    out.push(GemmImpl::Transposed(c));
+                }
+            }
+        }
+    }
     out
+}
+
+/// Rows of A up to which the transposed candidate is offered: past that, packing A (x) costs as much as packing B
+/// (W) and the transpose is extra.
+pub const TRANSPOSED_MAX_M: usize = 64;
+
+/// Whether the transposed candidate can run `v`: unbatched, more rows than the dot products take and at most
+/// [`TRANSPOSED_MAX_M`], B's columns contiguous along K (W stored N x K: `x @ W^T`, so W is the transposed
+/// problem's A, read in place), and N at least a register tile.
+pub fn transposed_legal(v: &GemmView) -> bool {
+    v.batch.is_empty() && v.m > DOT_MAX_M && v.m <= TRANSPOSED_MAX_M && v.b.rows == 1 && v.n >= 16 && v.k > 0
 }
 
 /// Rows of A up to which the dot-product candidate is offered. Past that its speed would still win (32 x 256 x 784:
@@ -380,6 +432,8 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
         }
         GemmImpl::Dot => return dot_score(v, threads, PEAK),
         GemmImpl::SplitK => return splitk_score(v, threads),
+        // The transposed problem's own estimate, less the transpose and the epilogue pass over C.
+        GemmImpl::Transposed(c) => return 0.9 * score(&v.transposed(), &GemmImpl::Asm(*c), threads),
         GemmImpl::Asm(c) => c,
     };
     let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);

@@ -62,6 +62,21 @@ impl GemmView {
         2.0 * self.batch_count() as f64 * self.m as f64 * self.n as f64 * self.k as f64
     }
 
+    /// The GEMM that computes `C^T = B^T A^T`: M and N swapped, A^T read as its B and B^T as its A. Its epilogue is
+    /// the identity (the roles describe the original's, which a caller applies to C afterwards).
+    pub fn transposed(&self) -> GemmView {
+        let swap = |o: &GemmOperand| GemmOperand { rows: o.cols, cols: o.rows, ..o.clone() };
+        GemmView {
+            batch: self.batch.clone(),
+            m: self.n,
+            n: self.m,
+            k: self.k,
+            a: swap(&self.b),
+            b: swap(&self.a),
+            roles: Vec::new(),
+        }
+    }
+
     /// Recognizes `k` as a GEMM; `None` when it is not one (see the module doc).
     pub fn of(k: &KernelIr) -> Option<GemmView> {
         let r = k.reduce.as_ref()?;

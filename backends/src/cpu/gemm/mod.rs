@@ -23,6 +23,7 @@ pub mod epilogue;
 mod pack;
 pub(crate) mod select;
 mod splitk;
+mod transposed;
 pub mod tune;
 
 use super::pool;
@@ -69,6 +70,8 @@ pub struct CompiledGemm {
     mask: [i32; 8],
     /// Output rectangles per batch element (column or row strips).
     parts: usize,
+    /// The transposed candidate's GEMM (`C^T` into scratch, identity epilogue).
+    transposed: Option<Box<CompiledGemm>>,
     /// Set by the backend when the epilogue is not in registers.
     pub(crate) pass: Option<Pass>,
     pub uses_pass: bool,
@@ -120,6 +123,7 @@ impl CompiledGemm {
             input_dtypes: k.inputs.iter().map(|b| b.dtype).collect(),
             mask: [0; 8],
             parts: 1,
+            transposed: None,
             pass: None,
             uses_pass: false,
             view,
@@ -128,11 +132,69 @@ impl CompiledGemm {
         if !imp.legal_for(&g.view) {
             return Err(format!("{} is not legal for this GEMM", imp.name()));
         }
-        let GemmImpl::Asm(c) = imp else {
-            g.uses_pass = !is_identity(k);
-            return Ok(g);
+        let c = match imp {
+            GemmImpl::Asm(c) => c,
+            GemmImpl::Transposed(c) => {
+                let mut inner = CompiledGemm {
+                    view: g.view.transposed(),
+                    imp: GemmImpl::Asm(c),
+                    outer: Vec::new(),
+                    transposed: None,
+                    ..CompiledGemm::unbuilt(&g.input_dtypes)
+                };
+                inner.generate(c, &asm::EpProgram::identity(), threads, cache)?;
+                g.transposed = Some(Box::new(inner));
+                g.uses_pass = !is_identity(k);
+                return Ok(g);
+            }
+            GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK => {
+                g.uses_pass = !is_identity(k);
+                return Ok(g);
+            }
         };
         let program = g.epilogue_program(k, &epilogue);
+        match g.generate(c, &program, threads, cache) {
+            Ok(()) => {}
+            Err(_) if g.epilogue.is_some() => {
+                // The program did not fit the registers this tile leaves: apply it as a pass instead.
+                g.epilogue = None;
+                g.uses_pass = !is_identity(k);
+                g.generate(c, &asm::EpProgram::identity(), threads, cache)?;
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(g)
+    }
+
+    /// A GEMM of no candidate yet, over an empty view (fields to fill in).
+    fn unbuilt(input_dtypes: &[DType]) -> CompiledGemm {
+        let empty = kiln_jit::kernel::gemm::GemmOperand { buf: 0, offset: 0, batch: Vec::new(), rows: 0, cols: 0 };
+        CompiledGemm {
+            view: GemmView { batch: Vec::new(), m: 0, n: 0, k: 0, a: empty.clone(), b: empty, roles: Vec::new() },
+            imp: GemmImpl::Library,
+            set: None,
+            table: Vec::new(),
+            epilogue: None,
+            outer: Vec::new(),
+            input_dtypes: input_dtypes.to_vec(),
+            mask: [0; 8],
+            parts: 1,
+            transposed: None,
+            pass: None,
+            uses_pass: false,
+        }
+    }
+
+    /// Generates (or maps from `cache`) the micro-kernels of generated config `c` for `self.view`, with `program`
+    /// as the epilogue of their last K block.
+    fn generate(
+        &mut self,
+        c: GemmConfig,
+        program: &asm::EpProgram,
+        threads: usize,
+        cache: Option<&kiln_autotune::Store>,
+    ) -> Result<(), String> {
+        let g = self;
         let v = &g.view;
         let tail_cols = v.n % c.nr();
         for (l, m) in g.mask.iter_mut().enumerate() {
@@ -172,22 +234,13 @@ impl CompiledGemm {
                 }
             }
         }
-        let set = match kernel_set(&specs, &program, cache) {
-            Ok(s) => s,
-            Err(_) if g.epilogue.is_some() => {
-                // The program did not fit the registers this tile leaves: apply it as a pass instead.
-                g.epilogue = None;
-                g.uses_pass = !is_identity(k);
-                kernel_set(&specs, &asm::EpProgram::identity(), cache)?
-            }
-            Err(e) => return Err(e),
-        };
+        let set = kernel_set(&specs, program, cache)?;
         g.table = vec![None; c.mr * 8];
         for (&slot, &f) in slots.iter().zip(&set.fns) {
             g.table[slot] = Some(f);
         }
         g.set = Some(set);
-        Ok(g)
+        Ok(())
     }
 
     /// Whether every element of C is stored only after the epilogue read its operands at that element, so C may
@@ -214,7 +267,8 @@ impl CompiledGemm {
 
     /// The generated code, for dumps and caches.
     pub fn code_bytes(&self) -> &[u8] {
-        self.set.as_ref().map_or(&[], |s| &s.bytes)
+        let inner = self.transposed.as_ref().and_then(|t| t.set.as_ref());
+        self.set.as_ref().or(inner).map_or(&[], |s| &s.bytes)
     }
 
     /// Runs the GEMM: `ptrs` holds the kernel's input pointers, then the output pointer.
@@ -253,6 +307,11 @@ impl CompiledGemm {
             GemmImpl::Dot => unsafe { dot::dot_gemm(&self.view, &cx) },
             // SAFETY: as for the dot products (`legal_for` accepted the view: `splitk_legal`).
             GemmImpl::SplitK => unsafe { splitk::splitk_gemm(&self.view, &cx) },
+            GemmImpl::Transposed(_) => {
+                let inner = self.transposed.as_deref().unwrap_or_else(|| unreachable!("built with the candidate"));
+                // SAFETY: the caller's pointer contract; the inner GEMM reads the same inputs (A and B swapped).
+                unsafe { transposed::run(inner, &self.view, ptrs, n_in) }
+            }
         }
         if self.uses_pass
             && let Some(pass) = &self.pass

@@ -116,7 +116,15 @@ pub unsafe fn pack_b(dst: *mut f32, src: *const f32, ks: i64, ns: i64, n0: usize
 /// # Safety
 /// Every column read must be valid for `kb` floats and `out` for `kb * nr` floats, with `cols <= nr`; AVX2 present.
 #[target_feature(enable = "avx2")]
-unsafe fn transpose_8x8_blocks(out: *mut f32, nr: usize, src: *const f32, col0: i64, ns: i64, cols: usize, kb: usize) {
+pub(super) unsafe fn transpose_8x8_blocks(
+    out: *mut f32,
+    nr: usize,
+    src: *const f32,
+    col0: i64,
+    ns: i64,
+    cols: usize,
+    kb: usize,
+) {
     use std::arch::x86_64::*;
     for j in (0..cols).step_by(8) {
         // SAFETY: columns col0 + j .. + 8 are in range (j + 8 <= cols), per the caller.
