@@ -9,9 +9,9 @@ zero_grad + forward + loss + backward + optimizer step. Timing: 10 warm-up steps
 
 Rounds: the host this was written on alternates between fast and slow phases lasting tens of seconds, which hit
 kiln and PyTorch independently, so one pass over kiln and then over PyTorch can give either side the slow phase
-(one such pair of runs: 5.9x and 1.4x at batch 32). Each of `--rounds R` (default 3) runs kiln's batches, then
-PyTorch's, close in time; the table gives each side's median over the rounds, the ratio of those medians and, in
-brackets, the range of the per-round ratios. First steps are the first round's: kiln's cache and Inductor's start
+(one such pair of runs: 5.9x and 1.4x at batch 32). Each of `--rounds R` (default 3) runs, batch by batch, kiln's
+step and then PyTorch's, close in time; the table gives each side's median over the rounds, the ratio of those
+medians and, in brackets, the range of the per-round ratios. First steps are the first round's: kiln's cache and Inductor's start
 empty there (later rounds find both warm).
 
     python3 benches/compare/mlp_torch.py [--threads T] [--batches 1,32,1024] [--rounds R] [--skip-kiln]
@@ -107,11 +107,15 @@ def main() -> None:
 
     rounds = []
     for r in range(args.rounds):
-        # PyTorch's OpenMP threads keep spinning for a while after their work and would steal kiln's cores.
-        time.sleep(1.0)
-        kiln = {} if args.skip_kiln else {b: kiln_step_times(b, args.threads) for b in batches}
-        eager = {b: torch_step_times(torch, b, compiled=False) for b in batches}
-        comp = {b: torch_step_times(torch, b, compiled=True) for b in batches}
+        kiln, eager, comp = {}, {}, {}
+        # Per batch, kiln and PyTorch back to back, so both sides of a ratio see the same host phase. PyTorch's
+        # OpenMP threads keep spinning for a while after their work and would steal kiln's cores: a pause first.
+        for b in batches:
+            if not args.skip_kiln:
+                time.sleep(1.0)
+                kiln[b] = kiln_step_times(b, args.threads)
+            eager[b] = torch_step_times(torch, b, compiled=False)
+            comp[b] = torch_step_times(torch, b, compiled=True)
         rounds.append((kiln, eager, comp))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
 
