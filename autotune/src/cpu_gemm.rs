@@ -426,14 +426,24 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
         // skinny GEMM is bound by reading B, where its GEMV path trails the broadcast kernels (1 x 256 x 784 on one
         // thread: 12.3 µs against 8.2 for the dot products); without that bound `KILN_AUTOTUNE=off` picked it for
         // every batch-1 layer.
+        // A weight stored N x K (`x @ W^T`) at up to 128 rows is its weak case: 3-5x the generated kernels' time at
+        // 16, 32 and 64 x 256 x 784 (`kiln tune --mode full`), where a flat score made it `KILN_AUTOTUNE=off`'s pick.
         GemmImpl::Library => {
-            let compute = 0.6 * PEAK * threads.min(v.n.div_ceil(16)) as f64;
-            return if v.m <= SKINNY_M { compute.min(0.6 * streaming_b_score(v, threads)) } else { compute };
+            let mut s = 0.6 * PEAK * threads.min(v.n.div_ceil(16)) as f64;
+            if v.m <= SKINNY_M {
+                s = s.min(0.6 * streaming_b_score(v, threads));
+            }
+            if v.b.rows == 1 && v.b.cols != 1 && v.m <= 128 {
+                s *= 0.3;
+            }
+            return s;
         }
         GemmImpl::Dot => return dot_score(v, threads, PEAK),
         GemmImpl::SplitK => return splitk_score(v, threads),
-        // The transposed problem's own estimate, less the transpose and the epilogue pass over C.
-        GemmImpl::Transposed(c) => return 0.9 * score(&v.transposed(), &GemmImpl::Asm(*c), threads),
+        // The transposed problem's own estimate, less the transpose and the epilogue pass over C: 0.85 ranks it under
+        // the direct kernels at 64 rows, where it was timed 3-13 % slower (202 against 208-229 µs at 64 x 256 x 784,
+        // `kiln tune --mode full`), and over them at 16 and 32 rows, where it was 10-27 % faster.
+        GemmImpl::Transposed(c) => return 0.85 * score(&v.transposed(), &GemmImpl::Asm(*c), threads),
         GemmImpl::Asm(c) => c,
     };
     let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);
@@ -492,17 +502,25 @@ mod tests {
         GemmView { batch: vec![], m, n, k, a: op(k as i64, 1), b: op(n as i64, 1), roles: vec![] }
     }
 
-    /// The model's first choice for a batch-1 layer is a generated broadcast kernel, not the library or split K,
-    /// which were timed slower there (see `splitk_score` and `score`).
+    /// The model's first choice for a batch-1 layer, and for a linear layer (W stored N x K) at 16-64 rows, is a
+    /// generated kernel, not the library or split K, which were timed slower there (see `splitk_score` and `score`).
     #[test]
     fn skinny_gemms_rank_generated_kernels_first() {
-        for (m, n, k) in [(1, 4096, 4096), (1, 256, 128), (1, 128, 256), (2, 1024, 1024), (8, 4096, 4096)] {
-            let v = view(m, n, k);
+        let linear = |m: usize, n: usize, k: usize| GemmView {
+            b: GemmOperand { buf: 0, offset: 0, batch: vec![], rows: 1, cols: k as i64 },
+            ..view(m, n, k)
+        };
+        let kn = [(1, 4096, 4096), (1, 256, 128), (1, 128, 256), (2, 1024, 1024), (8, 4096, 4096)]
+            .map(|(m, n, k)| view(m, n, k));
+        let nk = [(16, 256, 784), (32, 256, 784), (64, 256, 784)].map(|(m, n, k)| linear(m, n, k));
+        for v in kn.iter().chain(&nk) {
+            let (m, n, k) = (v.m, v.n, v.k);
+            let v = v.clone();
             let best = candidates(&v, true)
                 .into_iter()
                 .max_by(|a, b| score(&v, a, 2).total_cmp(&score(&v, b, 2)))
                 .expect("candidates");
-            assert!(matches!(best, GemmImpl::Asm(_)), "{m}x{n}x{k}: {}", best.name());
+            assert!(matches!(best, GemmImpl::Asm(_) | GemmImpl::Transposed(_)), "{m}x{n}x{k}: {}", best.name());
         }
         // Large problems keep their ranking: the library stays a contender at 1024^3.
         let v = view(1024, 1024, 1024);
