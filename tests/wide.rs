@@ -28,6 +28,8 @@ fn special_f32(shape: &[usize], seed: u64) -> Tensor {
     tensor(DType::F32, &v, shape)
 }
 
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Realizes `out` on the CPU and compares every element with the interpreter's, bit for bit (any NaN matches any
 /// NaN: the IR does not define payloads). Asserts the kernel that writes the output is one the wide path accepts
 /// (a per-row operand computed from a broadcast may be its own kernel first).
@@ -37,9 +39,13 @@ fn check(name: &str, out: &Tensor) {
     let k = &plan.launches.last().expect("a launch").kernel.clone().without_unit_loops();
     assert!(ElementwiseView::of(k).is_some(), "{name}: not an elementwise view:\n{k}");
     let want = cap.reference().unwrap().remove(0);
+    // The build counter is process-wide and this file's tests run on parallel threads: one realize at a time, so
+    // the count moves only for this one.
+    let serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let before = kiln::stats().wide_kernel_builds;
     let got = out.to_host().unwrap();
     assert!(kiln::stats().wide_kernel_builds > before, "{name}: no wide kernel was generated:\n{k}");
+    drop(serial);
     let (HostBuffer::F32(g), HostBuffer::F32(w)) = (&got, &want) else { panic!("{name}: not f32") };
     assert_eq!(g.len(), w.len());
     for (i, (a, b)) in g.iter().zip(w).enumerate() {

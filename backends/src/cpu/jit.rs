@@ -309,16 +309,9 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                 output_replaces_input: candidates.iter().any(|d| d.launch == index),
             };
             let gemm = super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget, cx);
-            let wide = || match super::wide::enabled() {
-                true => super::wide::WideKernel::build(&l.kernel),
-                false => Ok(None),
-            };
             let exec = match gemm.map_err(err)? {
                 Some(g) => Exec::Gemm(Box::new(g)),
-                None if let Some(w) = wide().map_err(err)? => {
-                    if let Some(d) = &dump {
-                        d.generated_files(&l.kernel, "wide.txt", &w.listing(), w.code_bytes());
-                    }
+                None if let Some(w) = super::wide::for_plan(&l.kernel, dump.as_ref()).map_err(err)? => {
                     Exec::Wide(Box::new(w))
                 }
                 None => {

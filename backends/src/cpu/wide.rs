@@ -67,8 +67,23 @@ pub(crate) fn enabled() -> bool {
     *ON
 }
 
-/// Kernels generated since the process started.
+/// Kernels generated for plans (launches and GEMM epilogue passes) since the process started.
 pub(crate) static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The wide kernel a plan runs for `k` where generation is [`enabled`] and `k` qualifies (counted in [`BUILDS`],
+/// and written to the dump), else `Ok(None)`: the caller compiles it with Cranelift. The one entry point for plan
+/// launches and GEMM epilogue passes alike.
+pub(crate) fn for_plan(k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<Option<WideKernel>, String> {
+    if !enabled() {
+        return Ok(None);
+    }
+    let Some(w) = WideKernel::build(k)? else { return Ok(None) };
+    BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Some(d) = dump {
+        d.generated_files(k, "wide.txt", &w.listing(), w.code_bytes());
+    }
+    Ok(Some(w))
+}
 
 /// A generated elementwise kernel, ready to launch.
 pub(crate) struct WideKernel {
@@ -130,7 +145,6 @@ impl WideKernel {
         }
         let code = emit(&ep, &layout, view.n)?;
         crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the code at offset 0 is a function emitted by `emit` with `WideFn`'s sysv64 signature, and `code`
         // (kept in the returned kernel) keeps it mapped executable.
         let f = unsafe { std::mem::transmute::<*const u8, WideFn>(code.ptr(dynasmrt::AssemblyOffset(0))) };

@@ -115,33 +115,16 @@ impl CompiledGemm {
         cache: Option<&kiln_autotune::Store>,
     ) -> Result<CompiledGemm, String> {
         let epilogue = epilogue::translate(k, &view.roles);
-        let mut g = CompiledGemm {
-            table: Vec::new(),
-            set: None,
-            epilogue: None,
-            outer: k.outer.clone(),
-            input_dtypes: k.inputs.iter().map(|b| b.dtype).collect(),
-            mask: [0; 8],
-            parts: 1,
-            transposed: None,
-            pass: None,
-            uses_pass: false,
-            view,
-            imp,
-        };
+        let input_dtypes: Vec<DType> = k.inputs.iter().map(|b| b.dtype).collect();
+        let mut g = CompiledGemm::unbuilt(view, imp, k.outer.clone(), input_dtypes);
         if !imp.legal_for(&g.view) {
             return Err(format!("{} is not legal for this GEMM", imp.name()));
         }
         let c = match imp {
             GemmImpl::Asm(c) => c,
             GemmImpl::Transposed(c) => {
-                let mut inner = CompiledGemm {
-                    view: g.view.transposed(),
-                    imp: GemmImpl::Asm(c),
-                    outer: Vec::new(),
-                    transposed: None,
-                    ..CompiledGemm::unbuilt(&g.input_dtypes)
-                };
+                let view = g.view.transposed();
+                let mut inner = CompiledGemm::unbuilt(view, GemmImpl::Asm(c), Vec::new(), g.input_dtypes.clone());
                 inner.generate(c, &asm::EpProgram::identity(), threads, cache)?;
                 g.transposed = Some(Box::new(inner));
                 g.uses_pass = !is_identity(k);
@@ -166,17 +149,16 @@ impl CompiledGemm {
         Ok(g)
     }
 
-    /// A GEMM of no candidate yet, over an empty view (fields to fill in).
-    fn unbuilt(input_dtypes: &[DType]) -> CompiledGemm {
-        let empty = kiln_jit::kernel::gemm::GemmOperand { buf: 0, offset: 0, batch: Vec::new(), rows: 0, cols: 0 };
+    /// `imp` on `view`, with no code generated yet and no epilogue chosen.
+    fn unbuilt(view: GemmView, imp: GemmImpl, outer: Vec<Inst>, input_dtypes: Vec<DType>) -> CompiledGemm {
         CompiledGemm {
-            view: GemmView { batch: Vec::new(), m: 0, n: 0, k: 0, a: empty.clone(), b: empty, roles: Vec::new() },
-            imp: GemmImpl::Library,
+            view,
+            imp,
             set: None,
             table: Vec::new(),
             epilogue: None,
-            outer: Vec::new(),
-            input_dtypes: input_dtypes.to_vec(),
+            outer,
+            input_dtypes,
             mask: [0; 8],
             parts: 1,
             transposed: None,

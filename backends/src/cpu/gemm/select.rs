@@ -271,12 +271,7 @@ fn build_gemm(
 /// The epilogue pass of GEMM `k`: 8-lane generated code where it qualifies, else a Cranelift kernel.
 fn compile_pass(c: &mut Compiler, k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<super::Pass, String> {
     let pass = super::epilogue_pass_kernel(k);
-    if crate::cpu::wide::enabled()
-        && let Some(w) = crate::cpu::wide::WideKernel::build(&pass)?
-    {
-        if let Some(d) = dump {
-            d.generated_files(&pass, "wide.txt", &w.listing(), w.code_bytes());
-        }
+    if let Some(w) = crate::cpu::wide::for_plan(&pass, dump)? {
         return Ok(super::Pass::Wide(std::sync::Arc::new(w)));
     }
     let (f, text) = c.kernel(&pass, dump.is_some())?;
