@@ -50,8 +50,8 @@ pub use libcall::Libcall;
 /// in place of the new code. 2: a tile's column offset is the load/store displacement. 3: u32 and f16, and bool
 /// lanes built from per-lane code are 0/1 (they were 0/0xFF). 4: f32 sin/cos with FMA reduce modulo pi. 5: what
 /// depends on no loop variable is computed once, before the loops. 6: what depends only on outer loops is computed
-/// once per row of an untiled kernel.
-pub const REVISION: u32 = 6;
+/// once per row of an untiled kernel. 7: a reduction vectorized along its reduce loop keeps four accumulators.
+pub const REVISION: u32 = 7;
 
 /// The kernel entry signature.
 pub fn kernel_signature(call_conv: CallConv) -> Signature {
@@ -62,6 +62,9 @@ pub fn kernel_signature(call_conv: CallConv) -> Signature {
 
 /// Lanes of the vectorized innermost loop.
 const LANES: usize = 4;
+
+/// Independent vector accumulators of a reduction vectorized along its reduce loop (see `reduce_loops_vec`).
+const REDUCE_VECS: usize = 4;
 
 /// Whether every value of the kernel fits the f32x4 / i32x4 / mask lane model and it has an output loop to
 /// vectorize.
@@ -235,7 +238,11 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
 
 /// For each instruction: does it depend on the tile's row variable, on its column variable?
 fn deps(insts: &[Inst], rank: usize) -> Vec<(bool, bool)> {
-    let (row, col) = (rank.checked_sub(2), rank.checked_sub(1));
+    deps_on(insts, rank.checked_sub(2), rank.checked_sub(1))
+}
+
+/// For each instruction: does it depend on loop variable `row`, on `col`?
+fn deps_on(insts: &[Inst], row: Option<usize>, col: Option<usize>) -> Vec<(bool, bool)> {
     let mentions = |e: &IExpr, v: Option<usize>| v.is_some_and(|v| mentions_var(e, v));
     let mut out: Vec<(bool, bool)> = Vec::with_capacity(insts.len());
     for inst in insts {
