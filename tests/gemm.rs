@@ -237,7 +237,10 @@ fn every_candidate_with_each_epilogue() {
             let t = mm() + &bias;
             &(&t * &t) - &res
         }),
-        ("gelu (a pass)", kiln::nn::functional::gelu(&mm(), kiln::nn::functional::Approximate::Tanh)),
+        // e^x and tanh in registers where the tile leaves them the room (4 registers), else as an 8-lane pass.
+        ("bias + sigmoid", (mm() + &bias).sigmoid()),
+        ("exp", (mm() * 0.25).exp()),
+        ("gelu (tanh)", kiln::nn::functional::gelu(&mm(), kiln::nn::functional::Approximate::Tanh)),
         ("max (a pass)", mm().maximum(&res)),
         ("batch-1 layer, bias + relu", (rand(&[1, k], 16).matmul(&w) + &bias).relu()),
         ("batched, residual and per-batch bias", {

@@ -148,3 +148,118 @@ fn wide_kernels_on_batched_shapes() {
     let big = special_f32(&[5, 40, 100], 10);
     check("[5, 40, 100] - per-batch row [5, 1, 100]", &(&big - &special_f32(&[5, 1, 100], 11)));
 }
+
+/// Inputs across `exp`'s whole f32 domain: uniform over [-110, 95] (overflow past 88.72, subnormal results below
+/// -87.3, zero below -103.9), the clamp bounds and the edges of those ranges exactly, and NaN, infinities, signed
+/// zeros and subnormals.
+fn exp_domain(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut v = data(DType::F32, n, seed, Dom::Cont(-110.0, 95.0));
+    let edges = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1e-40,
+        -1e-40,
+        -104.0,
+        89.0,
+        88.72283,
+        88.72284,
+        -87.33655,
+        -103.97208,
+        -103.9721,
+        1e-7,
+        -1e-7,
+    ];
+    for (i, &e) in edges.iter().enumerate() {
+        v[(seed as usize * 31 + i * 97) % n] = e;
+    }
+    tensor(DType::F32, &v, shape)
+}
+
+/// The transcendental programs of `transcendental_kernels_match_cranelift_bit_for_bit`, in order.
+fn transcendental_cases() -> Vec<(&'static str, Tensor)> {
+    let x = exp_domain(&[37, 301], 1);
+    let col = special_f32(&[37, 1], 2);
+    let small = &special_f32(&[37, 301], 3) * 40.0;
+    vec![
+        ("exp", x.exp()),
+        ("sigmoid", x.sigmoid()),
+        ("exp(x - per-row)", (&x - &col).exp()),
+        ("recip", small.recip()),
+        ("exp of a long row", exp_domain(&[20011], 4).exp()),
+        // Both of tanh's branches (|x| below and above 0.625), its cap at 2|x| = 40, and the specials.
+        ("tanh", (&exp_domain(&[37, 301], 5) * 0.1).tanh()),
+        ("gelu (tanh)", kiln::nn::functional::gelu(&small, kiln::nn::functional::Approximate::Tanh)),
+    ]
+}
+
+/// Every element's bits, as hex words on one line per case (what the Cranelift child prints).
+fn case_bits(t: &Tensor) -> Vec<u32> {
+    match t.to_host().unwrap() {
+        HostBuffer::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+        other => panic!("not f32: {other:?}"),
+    }
+}
+
+/// `exp`, `tanh` and `recip` (and so `sigmoid`, `gelu`, `softmax`'s exponent) in 8-lane kernels compute the same
+/// sequence as the Cranelift kernels on a host with FMA (`clif_math`'s f32 functions with fused multiply-adds), so
+/// the two agree bit for bit: the child process runs the same cases with `KILN_ELEMENTWISE=clif` (asserting that it generated no wide
+/// kernel) and prints every element's bits. Against the interpreter (f64 `exp`, rounded once) the results stay
+/// within the tolerance table's f32 `Elementwise` entry.
+#[test]
+fn transcendental_kernels_match_cranelift_bit_for_bit() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    if std::env::var_os("KILN_WIDE_CHILD").is_some() {
+        for (name, t) in transcendental_cases() {
+            let words: Vec<String> = case_bits(&t).iter().map(|b| format!("{b:x}")).collect();
+            println!("case {name}: {}", words.join(" "));
+        }
+        assert_eq!(kiln::stats().wide_kernel_builds, 0, "the Cranelift run generated wide kernels");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "transcendental_kernels_match_cranelift_bit_for_bit", "--nocapture", "--test-threads=1"])
+        .env("KILN_WIDE_CHILD", "1")
+        .env("KILN_ELEMENTWISE", "clif")
+        .env("KILN_CACHE_DIR", "off")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    // A line may start with libtest's "test ... " (its name line has no newline under --nocapture).
+    let clif: Vec<Vec<u32>> = stdout
+        .lines()
+        .filter_map(|l| l.find("case ").and_then(|at| l[at..].split_once(": ")))
+        .map(|(_, w)| w.split(' ').map(|h| u32::from_str_radix(h, 16).unwrap()).collect())
+        .collect();
+    let cases = transcendental_cases();
+    assert_eq!(clif.len(), cases.len(), "child output lines: {}", stdout.lines().count());
+    for ((name, t), want) in cases.iter().zip(&clif) {
+        let serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = kiln::stats().wide_kernel_builds;
+        let got = case_bits(t);
+        assert!(kiln::stats().wide_kernel_builds > before, "{name}: no wide kernel was generated");
+        drop(serial);
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            let (gf, wf) = (f32::from_bits(g), f32::from_bits(w));
+            assert!(
+                g == w || gf.is_nan() && wf.is_nan(),
+                "{name}: element {i}: wide {gf:e} ({g:#010x}), Cranelift {wf:e} ({w:#010x})"
+            );
+        }
+        let cap = kiln::capture(&[t]).unwrap();
+        let reference = cap.reference().unwrap().remove(0);
+        let tol = common::tol(DType::F32, common::Kind::Elementwise);
+        if let Err(e) =
+            common::compare(&HostBuffer::F32(got.iter().map(|&b| f32::from_bits(b)).collect()), &reference, tol)
+        {
+            panic!("{name}: against the interpreter: {e}");
+        }
+    }
+}

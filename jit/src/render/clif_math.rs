@@ -134,9 +134,16 @@ pub fn emit(f: MathFn, b: &mut FunctionBuilder, x: Value, ty: Type, fma: bool) -
 
 // ---- constants ------------------------------------------------------------------------------------------------
 
+/// f32 `exp`'s input clamp: past these the result is +inf / +0 anyway, and the clamp keeps the exponent in the range
+/// of the two-step scaling. Public, with [`EXPF_LN2`] and [`EXPF_P`], for the CPU backend's 8-lane kernels, which
+/// compute the same sequence (`kiln-backends`' `cpu/gemm/epilogue.rs`).
+pub const EXPF_CLAMP: (f64, f64) = (-104.0, 89.0);
+/// ln 2 split for f32 `exp`'s Cody-Waite reduction (`n * hi` exact for the n that occur), each rounded to f32.
+pub const EXPF_LN2: (f64, f64) = (0.693_359_375, -2.121_944_4e-4);
+
 /// Cephes `expf` polynomial: e^r ~ 1 + r + r^2 * P(r) on |r| <= ln2/2 (highest degree first; Cephes' last
 /// coefficient 5.0000001201e-1 rounds to 0.5 in f32).
-const EXPF_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+pub const EXPF_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
 /// e^r ~ 1 + r + r^2 * Q(r) on |r| <= ln2/2 for f64: Chebyshev interpolant of (e^r - 1 - r) / r^2 of degree 9 on
 /// [-1.01 ln2/2, 1.01 ln2/2] (max relative error of the exact polynomial 2e-17), highest degree first.
 const EXP_Q: [f64; 10] = [
@@ -224,7 +231,7 @@ const PIO2_F64: [f64; 4] = [
     f64::from_bits(0x397b_839a_2520_49c1),
 ];
 /// Cephes `tanhf`: tanh(x) ~ x + x^3 * P(x^2) for |x| < 0.625.
-const TANHF_P: [f32; 5] = [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1];
+pub const TANHF_P: [f32; 5] = [-5.704_988_7e-3, 2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1];
 /// Cephes `tanh`: tanh(x) ~ x + x^3 * P(x^2) / Q(x^2) for |x| < 0.625 (Q monic).
 const TANH_P: [f64; 3] = [-9.643_991_794_250_523e-1, -9.928_772_310_019_186e1, -1.614_687_684_417_084_5e3];
 const TANH_Q: [f64; 4] = [1.0, 1.128_116_784_916_329_3e2, 2.235_488_390_601_004_6e3, 4.844_063_053_251_255e3];
@@ -437,7 +444,7 @@ impl<'a, 'f> Em<'a, 'f> {
         let (hi, lo) = if self.wide {
             (f64::from_bits(0x3fe6_2e42_fee0_0000), f64::from_bits(0x3dea_39ef_3579_3c76))
         } else {
-            (0.693_359_375, -2.121_944_4e-4)
+            EXPF_LN2
         };
         let h = self.mulk(nf, hi);
         let r = self.sub(x, h);
@@ -454,7 +461,7 @@ impl<'a, 'f> Em<'a, 'f> {
 
     fn exp(&mut self, x: Value) -> Value {
         // Past these the result is +inf / +0 anyway; clamping keeps n in the range of the two-step scale below.
-        let (lo, hi) = if self.wide { (-746.0, 710.0) } else { (-104.0, 89.0) };
+        let (lo, hi) = if self.wide { (-746.0, 710.0) } else { EXPF_CLAMP };
         let x = self.max_keep_nan(x, lo);
         let x = self.min_keep_nan(x, hi);
         let (p, n) = self.exp_reduced(x);

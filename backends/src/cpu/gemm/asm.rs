@@ -21,7 +21,9 @@
 //! Registers: accumulators are ymm0.. (mr*nv of them), then nv B registers (a 1-row kernel uses memory-operand FMAs
 //! instead), then one broadcast register; the epilogue allocates its temporaries from whatever the accumulators
 //! leave free. Scratch GPRs are rax, r9, r10, r11 (caller-saved in SysV, which is pinned: Win64 would need xmm6-15
-//! saved). Every kernel ends with `vzeroupper` (the host Rust is SSE code).
+//! saved). Every kernel ends with `vzeroupper` (the host Rust is SSE code). Constants an epilogue reads (`exp`'s
+//! polynomial) sit after the kernel's `ret` as 32-byte vectors, addressed relative to the instruction pointer
+//! (`ConstPool`), so the code stays position independent.
 //!
 //! Pitfall (dynasm 5.1): `vbroadcastss ymm, [mem]` silently encodes the 128-bit form; `vpbroadcastd` is used.
 
@@ -29,7 +31,7 @@
 #![allow(clippy::useless_conversion)]
 
 use dynasmrt::x64::Assembler;
-use dynasmrt::{AssemblyOffset, DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
+use dynasmrt::{AssemblyOffset, DynamicLabel, DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
 
 /// `a, b, c, k, ep`: see the module doc. `ep` points at `[mask, uniforms, operand 0, operand 1, ...]`.
 pub type MicroFn = unsafe extern "sysv64" fn(*const f32, *const f32, *mut f32, usize, *const *const u8);
@@ -57,6 +59,9 @@ pub enum VBin {
     And,
     Or,
     Xor,
+    /// 32-bit integer lanes (exponent arithmetic on float bit patterns).
+    IAdd,
+    ISub,
 }
 
 /// `vcmpps` predicates (ordered, quiet, so NaN compares false, except `NeqUq`).
@@ -99,6 +104,18 @@ pub enum EpInst {
         f: usize,
     },
     Sqrt(usize),
+    /// A constant (f32 bit pattern, or an integer for the integer ops) in every lane, from the code's constant pool.
+    Const(u32),
+    /// `a op k` for a constant `k` (read from the constant pool as a memory operand).
+    BinK(VBin, usize, u32),
+    /// `a * b + k` with one rounding (`vfmadd`).
+    FmaK(usize, usize, u32),
+    /// `a < k ? k : a` and `k < a ? k : a`: a bound that keeps NaN (one `vmaxps` / `vminps` with `k` first).
+    MaxK(usize, u32),
+    MinK(usize, u32),
+    /// 32-bit lanes shifted left, or right arithmetically, by an immediate.
+    Shl(usize, u8),
+    Sar(usize, u8),
 }
 
 /// An epilogue: instructions and the one stored.
@@ -128,13 +145,20 @@ impl EpProgram {
             if fixed(i) {
                 continue;
             }
+            let late = releases_late(inst);
+            if late {
+                live += 1;
+                peak = peak.max(live);
+            }
             for s in sources(inst) {
                 if last[s] == i && !fixed(s) {
                     live -= 1;
                 }
             }
-            live += 1;
-            peak = peak.max(live);
+            if !late {
+                live += 1;
+                peak = peak.max(live);
+            }
             if last[i] == usize::MAX {
                 // Dead value: freed at once.
                 live -= 1;
@@ -158,12 +182,19 @@ impl EpProgram {
     }
 }
 
+/// Whether `inst` needs its destination register apart from its operands' (it writes the destination before it
+/// has read them all), so the operands are released only after the destination is taken.
+fn releases_late(inst: &EpInst) -> bool {
+    matches!(inst, EpInst::MaxK(..) | EpInst::MinK(..))
+}
+
 /// The distinct values `inst` reads (`x * x` reads one: its register is released once).
 fn sources(inst: &EpInst) -> Vec<usize> {
     let mut v = match *inst {
-        EpInst::Bin(_, a, b) | EpInst::Cmp(_, a, b) => vec![a, b],
+        EpInst::Bin(_, a, b) | EpInst::Cmp(_, a, b) | EpInst::FmaK(a, b, _) => vec![a, b],
         EpInst::Select { mask, t, f } => vec![mask, t, f],
-        EpInst::Sqrt(a) => vec![a],
+        EpInst::Sqrt(a) | EpInst::BinK(_, a, _) | EpInst::Shl(a, _) | EpInst::Sar(a, _) => vec![a],
+        EpInst::MaxK(a, _) | EpInst::MinK(a, _) => vec![a],
         _ => vec![],
     };
     v.sort_unstable();
@@ -304,6 +335,7 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
     }
     let load_c = matches!(s.mode, Mode::Middle | Mode::Last);
     let last_uses = epi.last_uses();
+    let mut consts = ConstPool::default();
     for r in 0..mr {
         for v in 0..nv {
             let a = acc(nv, r, v);
@@ -317,7 +349,7 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
                     dynasm!(ops ; .arch x64 ; vaddps Ry(a), Ry(a), [rdx + cd]);
                 }
             }
-            let res = emit_program(ops, &epi, &last_uses, &free_regs, a, r, v, masked, mreg)?;
+            let res = emit_program(ops, &epi, &last_uses, &free_regs, (a, r, v), masked, mreg, &mut consts)?;
             if res != a {
                 dynasm!(ops ; .arch x64 ; vmovaps Ry(a), Ry(res));
             }
@@ -329,22 +361,24 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
         }
     }
     dynasm!(ops ; .arch x64 ; vzeroupper ; ret);
+    consts.emit(ops);
     Ok(start)
 }
 
-/// Emits the epilogue for tile element (r, v) and returns the register holding the result.
+/// Emits the epilogue for tile element (r, v) whose accumulator is `acc_reg` (`at` = (acc_reg, r, v)) and returns
+/// the register holding the result.
 #[allow(clippy::too_many_arguments)]
 fn emit_program(
     ops: &mut Assembler,
     p: &EpProgram,
     last: &[usize],
     free: &[u8],
-    acc_reg: u8,
-    r: usize,
-    v: usize,
+    at: (u8, usize, usize),
     masked: bool,
     mreg: u8,
+    consts: &mut ConstPool,
 ) -> Result<u8, String> {
+    let (acc_reg, r, v) = at;
     let vd = 32 * v as i32;
     let fixed = |i: usize| matches!(p.insts[i], EpInst::Acc).then_some(acc_reg);
     let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
@@ -383,13 +417,14 @@ fn emit_program(
             _ => unreachable!("only loads are passed to `load`"),
         }
     };
-    emit_insts(ops, p, last, free, &fixed, &mut load)
+    emit_insts(ops, p, last, free, &fixed, &mut load, consts)
 }
 
 /// Emits the arithmetic of `p` and returns the register holding its result. `fixed(i)` names a register that
 /// holds instruction `i` already (the accumulator, a value the caller loaded before a loop): never emitted, never
 /// reused. Every other value takes a register from `free` (released after its last use, per `last`); loads
 /// (`Mat`, `Row`, `Col`, `Uniform`) are emitted by `load`, which knows where the operands are.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn emit_insts(
     ops: &mut Assembler,
     p: &EpProgram,
@@ -397,6 +432,7 @@ pub(crate) fn emit_insts(
     free: &[u8],
     fixed: &dyn Fn(usize) -> Option<u8>,
     load: &mut dyn FnMut(&mut Assembler, &EpInst, u8),
+    consts: &mut ConstPool,
 ) -> Result<u8, String> {
     let mut pool: Vec<u8> = free.iter().rev().copied().collect();
     let mut reg = vec![0u8; p.insts.len()];
@@ -405,12 +441,14 @@ pub(crate) fn emit_insts(
             reg[i] = r;
             continue;
         }
+        let late = releases_late(inst);
+        let d = if late { pool.pop().ok_or("epilogue ran out of registers")? } else { 0 };
         for s in sources(inst) {
             if last[s] == i && fixed(s).is_none() {
                 pool.push(reg[s]);
             }
         }
-        let d = pool.pop().ok_or("epilogue ran out of registers")?;
+        let d = if late { d } else { pool.pop().ok_or("epilogue ran out of registers")? };
         reg[i] = d;
         match *inst {
             EpInst::Acc => return Err("an accumulator without a register".into()),
@@ -425,7 +463,58 @@ pub(crate) fn emit_insts(
                     VBin::And => dynasm!(ops ; .arch x64 ; vandps Ry(d), Ry(x), Ry(y)),
                     VBin::Or => dynasm!(ops ; .arch x64 ; vorps Ry(d), Ry(x), Ry(y)),
                     VBin::Xor => dynasm!(ops ; .arch x64 ; vxorps Ry(d), Ry(x), Ry(y)),
+                    VBin::IAdd => dynasm!(ops ; .arch x64 ; vpaddd Ry(d), Ry(x), Ry(y)),
+                    VBin::ISub => dynasm!(ops ; .arch x64 ; vpsubd Ry(d), Ry(x), Ry(y)),
                 }
+            }
+            EpInst::Const(k) => {
+                let at = consts.label(ops, k);
+                dynasm!(ops ; .arch x64 ; vmovaps Ry(d), [=>at]);
+            }
+            EpInst::BinK(op, a, k) => {
+                let (x, at) = (reg[a], consts.label(ops, k));
+                match op {
+                    VBin::Add => dynasm!(ops ; .arch x64 ; vaddps Ry(d), Ry(x), [=>at]),
+                    VBin::Sub => dynasm!(ops ; .arch x64 ; vsubps Ry(d), Ry(x), [=>at]),
+                    VBin::Mul => dynasm!(ops ; .arch x64 ; vmulps Ry(d), Ry(x), [=>at]),
+                    VBin::Div => dynasm!(ops ; .arch x64 ; vdivps Ry(d), Ry(x), [=>at]),
+                    VBin::And => dynasm!(ops ; .arch x64 ; vandps Ry(d), Ry(x), [=>at]),
+                    VBin::Or => dynasm!(ops ; .arch x64 ; vorps Ry(d), Ry(x), [=>at]),
+                    VBin::Xor => dynasm!(ops ; .arch x64 ; vxorps Ry(d), Ry(x), [=>at]),
+                    VBin::IAdd => dynasm!(ops ; .arch x64 ; vpaddd Ry(d), Ry(x), [=>at]),
+                    VBin::ISub => dynasm!(ops ; .arch x64 ; vpsubd Ry(d), Ry(x), [=>at]),
+                }
+            }
+            EpInst::FmaK(a, b, k) => {
+                // `vfmadd213ps d, s, m` is d = s * d + m; the product's operands commute (one rounding either way).
+                let (x, y, at) = (reg[a], reg[b], consts.label(ops, k));
+                if d == x {
+                    dynasm!(ops ; .arch x64 ; vfmadd213ps Ry(d), Ry(y), [=>at]);
+                } else if d == y {
+                    dynasm!(ops ; .arch x64 ; vfmadd213ps Ry(d), Ry(x), [=>at]);
+                } else {
+                    dynasm!(ops ; .arch x64 ; vmovaps Ry(d), Ry(x) ; vfmadd213ps Ry(d), Ry(y), [=>at]);
+                }
+            }
+            EpInst::MaxK(a, k) | EpInst::MinK(a, k) => {
+                // x86 max/min return their second operand when either is NaN and when neither is greater (less):
+                // with `k` first that is `a < k ? k : a` (`k < a ? k : a`), NaN in `a` kept. `d` is not `a`'s
+                // register (`releases_late`).
+                let (x, at) = (reg[a], consts.label(ops, k));
+                dynasm!(ops ; .arch x64 ; vmovaps Ry(d), [=>at]);
+                if matches!(inst, EpInst::MaxK(..)) {
+                    dynasm!(ops ; .arch x64 ; vmaxps Ry(d), Ry(d), Ry(x));
+                } else {
+                    dynasm!(ops ; .arch x64 ; vminps Ry(d), Ry(d), Ry(x));
+                }
+            }
+            EpInst::Shl(a, n) => {
+                let x = reg[a];
+                dynasm!(ops ; .arch x64 ; vpslld Ry(d), Ry(x), n as i8);
+            }
+            EpInst::Sar(a, n) => {
+                let x = reg[a];
+                dynasm!(ops ; .arch x64 ; vpsrad Ry(d), Ry(x), n as i8);
             }
             EpInst::Cmp(pr, a, b) => {
                 let (x, y) = (reg[a], reg[b]);
@@ -445,6 +534,40 @@ pub(crate) fn emit_insts(
         }
     }
     Ok(reg[p.result])
+}
+
+/// The constants a program reads from memory (`EpInst::Const`, `BinK`, ...): each a 32-byte vector of one value,
+/// placed after the code that reads it (`emit`, once that code's `ret` is written) and addressed relative to the
+/// instruction pointer, so the code stays position independent (what the kernel cache stores).
+#[derive(Default)]
+pub(crate) struct ConstPool {
+    entries: Vec<(u32, DynamicLabel)>,
+}
+
+impl ConstPool {
+    /// The label of constant `k` (added on first use).
+    fn label(&mut self, ops: &mut Assembler, k: u32) -> DynamicLabel {
+        if let Some(&(_, l)) = self.entries.iter().find(|(v, _)| *v == k) {
+            return l;
+        }
+        let l = ops.new_dynamic_label();
+        self.entries.push((k, l));
+        l
+    }
+
+    /// Writes the constants (32-byte aligned) at the current position, which must not be executed.
+    pub(crate) fn emit(self, ops: &mut Assembler) {
+        if self.entries.is_empty() {
+            return;
+        }
+        dynasm!(ops ; .arch x64 ; .align 32);
+        for (k, l) in self.entries {
+            dynasm!(ops ; .arch x64 ; =>l);
+            for _ in 0..8 {
+                dynasm!(ops ; .arch x64 ; .u32 k);
+            }
+        }
+    }
 }
 
 /// A finalized set of kernels (one mapping) and their entry points.

@@ -3,10 +3,14 @@
 //! uniform over the launch (constants, a learning rate read from a buffer and cast) are computed on the host per
 //! launch and splatted, and the arithmetic becomes AVX ops.
 //!
-//! What translates: f32 `+ - * /`, `sqrt`, `neg`, `abs`, comparisons (`< <= == !=`, NaN semantics of the spec), `where`,
-//! bool `and`/`or`/`not`. Anything else (a transcendental, max/min with their NaN rule, an int value, a gather)
-//! returns `None`, and the backend applies the epilogue as a separate compiled pass over C instead: slower, never
-//! wrong.
+//! What translates: f32 `+ - * /`, `sqrt`, `neg`, `abs`, `recip`, comparisons (`< <= == !=`, NaN semantics of the
+//! spec), `where`, bool `and`/`or`/`not`, and f32 `exp` and `tanh` (so sigmoid, silu, gelu and softmax's exponent).
+//! The two transcendentals expand into `clif_math`'s f32 sequences in their FMA form, operation for operation, with
+//! constants read from the code's constant pool: the Cranelift kernels compute exactly these sequences on the hosts
+//! that run generated code (they have FMA), so an element gets the same bits from either kernel
+//! (`tests/wide.rs` checks it against a Cranelift run). Anything else (log, sin/cos, max/min with their NaN rule, an
+//! int value, a gather) returns `None`, and the backend applies the epilogue as a separate compiled pass over C
+//! instead: slower, never wrong.
 
 use super::asm::{EpInst, EpProgram, VBin, pred};
 use kiln_jit::DType;
@@ -171,6 +175,13 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
                                 let s = bits(&mut ep, 0x7fff_ffff);
                                 push(&mut ep, EpInst::Bin(VBin::And, x, s))
                             }
+                            // 1 / x, as the Cranelift kernels compute it.
+                            UnaryOp::Recip => {
+                                let one = push(&mut ep, EpInst::Const(1f32.to_bits()));
+                                push(&mut ep, EpInst::Bin(VBin::Div, one, x))
+                            }
+                            UnaryOp::Exp => push_exp(&mut ep.program, x),
+                            UnaryOp::Tanh => push_tanh(&mut ep.program, x),
                             _ => return None,
                         }
                     }
@@ -190,6 +201,97 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
     }
     ep.program.result = val[k.result]?;
     (ep.uniforms.len() <= MAX_UNIFORMS).then_some(ep)
+}
+
+/// Appends f32 `e^x` and returns its value: `clif_math`'s f32 `exp` in its FMA form (the Cranelift kernels' form on
+/// the hosts these programs run on, which have FMA) operation for operation, so an element gets the same bits from
+/// either kernel: clamp, then [`push_exp_reduced`], then `p * 2^n1 * 2^n2` with `n1 = n >> 1`, `n2 = n - n1`
+/// (overflow and subnormal results rounded once, by the last multiply).
+fn push_exp(p: &mut EpProgram, x: usize) -> usize {
+    use kiln_jit::render::clif_math::EXPF_CLAMP;
+    let x = push_inst(p, EpInst::MaxK(x, f32_bits(EXPF_CLAMP.0)));
+    let x = push_inst(p, EpInst::MinK(x, f32_bits(EXPF_CLAMP.1)));
+    let (e, n) = push_exp_reduced(p, x);
+    let n1 = push_inst(p, EpInst::Sar(n, 1));
+    let n2 = push_inst(p, EpInst::Bin(VBin::ISub, n, n1));
+    let s1 = push_pow2(p, n1);
+    let s2 = push_pow2(p, n2);
+    let e = push_inst(p, EpInst::Bin(VBin::Mul, e, s1));
+    push_inst(p, EpInst::Bin(VBin::Mul, e, s2))
+}
+
+/// `(p, n)` with e^x = p * 2^n for a clamped `x` (`clif_math`'s `exp_reduced`, f32, FMA form): `n = round(x log2 e)`
+/// by the magic-number trick, Cody-Waite `r = x - n ln2`, `p = 1 + r + r^2 P(r)` with the Cephes polynomial by
+/// fused multiply-adds; `n` in integer lanes.
+fn push_exp_reduced(p: &mut EpProgram, x: usize) -> (usize, usize) {
+    use kiln_jit::render::clif_math::{EXPF_LN2, EXPF_P};
+    let magic = 1.5 * 2f64.powi(23);
+    let y = push_inst(p, EpInst::BinK(VBin::Mul, x, f32_bits(std::f64::consts::LOG2_E)));
+    let t = push_inst(p, EpInst::BinK(VBin::Add, y, f32_bits(magic)));
+    let nf = push_inst(p, EpInst::BinK(VBin::Add, t, f32_bits(-magic)));
+    // The integer n, from t's bits (computed here so that t is free during the polynomial).
+    let n = push_inst(p, EpInst::BinK(VBin::ISub, t, f32_bits(magic)));
+    let h = push_inst(p, EpInst::BinK(VBin::Mul, nf, f32_bits(EXPF_LN2.0)));
+    let r = push_inst(p, EpInst::Bin(VBin::Sub, x, h));
+    let l = push_inst(p, EpInst::BinK(VBin::Mul, nf, f32_bits(EXPF_LN2.1)));
+    let r = push_inst(p, EpInst::Bin(VBin::Sub, r, l));
+    let q = push_horner(p, r, &EXPF_P);
+    let r2 = push_inst(p, EpInst::Bin(VBin::Mul, r, r));
+    let e = push_inst(p, EpInst::Bin(VBin::Mul, q, r2));
+    let e = push_inst(p, EpInst::Bin(VBin::Add, e, r));
+    (push_inst(p, EpInst::BinK(VBin::Add, e, f32_bits(1.0))), n)
+}
+
+/// f32 `tanh(x)` as `clif_math` computes it (f32, FMA form): on `a = |x|`, `a + a^3 P(a^2)` below 0.625, else
+/// `1 - 2 / (e^(2a) + 1)` with `2a` capped at 40 (one 2^n scale), then x's sign.
+fn push_tanh(p: &mut EpProgram, x: usize) -> usize {
+    use kiln_jit::render::clif_math::TANHF_P;
+    let a = push_inst(p, EpInst::BinK(VBin::And, x, 0x7fff_ffff));
+    let bound = push_inst(p, EpInst::Const(f32_bits(0.625)));
+    let small = push_inst(p, EpInst::Cmp(pred::LT_OQ, a, bound));
+    let a2 = push_inst(p, EpInst::Bin(VBin::Add, a, a));
+    let u = push_inst(p, EpInst::MinK(a2, f32_bits(40.0)));
+    let (e, n) = push_exp_reduced(p, u);
+    let s = push_pow2(p, n);
+    let e = push_inst(p, EpInst::Bin(VBin::Mul, e, s));
+    let e1 = push_inst(p, EpInst::BinK(VBin::Add, e, f32_bits(1.0)));
+    let z = push_inst(p, EpInst::Bin(VBin::Mul, a, a));
+    let pz = push_horner(p, z, &TANHF_P);
+    let sm = push_inst(p, EpInst::Bin(VBin::Mul, pz, z));
+    let sm = push_inst(p, EpInst::Bin(VBin::Mul, sm, a));
+    let sm = push_inst(p, EpInst::Bin(VBin::Add, sm, a));
+    let two = push_inst(p, EpInst::Const(f32_bits(2.0)));
+    let q = push_inst(p, EpInst::Bin(VBin::Div, two, e1));
+    let one = push_inst(p, EpInst::Const(f32_bits(1.0)));
+    let bg = push_inst(p, EpInst::Bin(VBin::Sub, one, q));
+    let res = push_inst(p, EpInst::Select { mask: small, t: sm, f: bg });
+    let sign = push_inst(p, EpInst::BinK(VBin::And, x, 0x8000_0000));
+    push_inst(p, EpInst::Bin(VBin::Or, res, sign))
+}
+
+/// `cs[0]`, then `acc * x + c` by fused multiply-adds for each later coefficient (`clif_math`'s `horner32`).
+fn push_horner(p: &mut EpProgram, x: usize, cs: &[f32]) -> usize {
+    let mut q = push_inst(p, EpInst::Const(cs[0].to_bits()));
+    for c in &cs[1..] {
+        q = push_inst(p, EpInst::FmaK(q, x, c.to_bits()));
+    }
+    q
+}
+
+/// 2^n for integer lanes `n` in the normal range: `(n + 127) << 23`.
+fn push_pow2(p: &mut EpProgram, n: usize) -> usize {
+    let b = push_inst(p, EpInst::BinK(VBin::IAdd, n, 127));
+    push_inst(p, EpInst::Shl(b, 23))
+}
+
+fn push_inst(p: &mut EpProgram, i: EpInst) -> usize {
+    p.insts.push(i);
+    p.insts.len() - 1
+}
+
+/// An f64 constant rounded to f32, as `clif_math` rounds its constants.
+fn f32_bits(v: f64) -> u32 {
+    (v as f32).to_bits()
 }
 
 fn operand(ep: &mut Epilogue, buf: usize, offset: i64, batch: &[i64], kind: OperandKind) -> Option<usize> {
