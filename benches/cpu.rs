@@ -12,6 +12,7 @@
 //! | `replay_50_nodes` | `realize()` of an already built 50-node graph (cache hit) | building that graph |
 //! | `compile_fused_kernel` | `realize()` of a 6-op graph that misses the plan and kernel caches | the same graph on a hit |
 //! | `matmul_1024` | build + realize of `a.matmul(&b)` | peak f32 FMA throughput in Rust |
+//! | `rows_4096x1024` | softmax over rows; GELU (tanh form); bytes = 8/elem | the same in Rust with libm `exp`/`tanh` |
 //!
 //! Outputs of timed realizations are dropped outside the timed region. Thread count: `KILN_NUM_THREADS` (default
 //! all cores) for kiln and the baselines alike.
@@ -252,6 +253,39 @@ fn matmul(c: &mut Criterion) {
     g.finish();
 }
 
+fn rows(c: &mut Criterion) {
+    let x = rows_input();
+    let mut rust = RowsRust::new(threads());
+    let mut g = group(c, "rows_4096x1024", true);
+    g.throughput(Throughput::Bytes((8 * ROWS * COLS) as u64));
+    for (name, key, f) in [
+        ("kiln_softmax", "softmax", softmax_rows as fn(&kiln::Tensor) -> kiln::Tensor),
+        ("kiln_gelu_tanh", "gelu", gelu_tanh),
+    ] {
+        g.bench_function(name, |bch| {
+            bch.iter_custom(|iters| {
+                let t = realize_loop(iters, || f(&x), None);
+                record(key, t, iters);
+                t
+            })
+        });
+    }
+    for (name, key) in [("rust_softmax", "softmax_rust"), ("rust_gelu_tanh", "gelu_rust")] {
+        g.bench_function(name, |bch| {
+            bch.iter_custom(|iters| {
+                let t0 = Instant::now();
+                for _ in 0..iters {
+                    if key == "softmax_rust" { rust.softmax() } else { rust.gelu() }
+                }
+                let t = t0.elapsed();
+                record(key, t, iters);
+                t
+            })
+        });
+    }
+    g.finish();
+}
+
 fn main() {
     memory_only_cache_unless_chosen();
     verify();
@@ -260,6 +294,7 @@ fn main() {
     replay(&mut c);
     compile(&mut c);
     matmul(&mut c);
+    rows(&mut c);
     c.final_summary();
 
     let n = SAMPLE_SIZE;
@@ -285,6 +320,10 @@ fn main() {
         compile_calls,
         matmul_s: measured("matmul", n),
         fma_gflops: fma_s.filter(|_| has_fma).map(|s| fma_flops(threads, FMA_ITERS / 4) / s / 1e9),
+        softmax_s: measured("softmax", n),
+        softmax_rust_s: measured("softmax_rust", n),
+        gelu_s: measured("gelu", n),
+        gelu_rust_s: measured("gelu_rust", n),
     };
     let how = if std::env::args().any(|a| a == "--test") {
         "--test mode: one un-warmed call each, not a measurement"

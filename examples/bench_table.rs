@@ -140,6 +140,35 @@ fn main() {
         r.fma_gflops = (!peak.is_empty()).then(|| median(&peak));
     }
 
+    // Row workloads, interleaved with their Rust baselines.
+    {
+        let x = rows_input();
+        let mut rust = RowsRust::new(threads);
+        let (mut sm, mut smr, mut ge, mut ger) = (vec![], vec![], vec![], vec![]);
+        for i in 0..=runs {
+            let (t, y) = timed_realize(|| softmax_rows(&x));
+            drop(y);
+            let t0 = Instant::now();
+            rust.softmax();
+            let tr = t0.elapsed();
+            let (tg, y) = timed_realize(|| gelu_tanh(&x));
+            drop(y);
+            let t0 = Instant::now();
+            rust.gelu();
+            let tgr = t0.elapsed();
+            if i > 0 {
+                sm.push(t.as_secs_f64());
+                smr.push(tr.as_secs_f64());
+                ge.push(tg.as_secs_f64());
+                ger.push(tgr.as_secs_f64());
+            }
+        }
+        r.softmax_s = Some(median(&sm));
+        r.softmax_rust_s = Some(median(&smr));
+        r.gelu_s = Some(median(&ge));
+        r.gelu_rust_s = Some(median(&ger));
+    }
+
     println!(
         "kiln CPU benchmarks: {threads} threads, medians of {runs} runs; load average {load_before} before, {} after; \
          {:.1} s",

@@ -413,6 +413,82 @@ impl Default for Compile {
 // ---------------------------------------------------------------------------------------------------------------
 
 /// Two realized `MATMUL_N x MATMUL_N` f32 matrices with values in [-1, 1).
+/// Rows of the row-wise workloads: softmax over each row of 4096 x 1024 f32 (an attention score matrix's shape),
+/// and GELU (tanh form) over the same 4M elements.
+pub const ROWS: usize = 4096;
+pub const COLS: usize = 1024;
+
+/// Logit-like values in [-4, 4), the same in PyTorch's script (`benches/compare/torch_cpu.py`).
+pub fn rows_host() -> Vec<f32> {
+    (0..ROWS * COLS).map(|i| ((i * 7 + 3) % 97) as f32 / 12.0 - 4.0).collect()
+}
+
+pub fn rows_input() -> Tensor {
+    Tensor::from_vec(rows_host(), [ROWS, COLS], &Device::cpu()).expect("upload")
+}
+
+pub fn softmax_rows(x: &Tensor) -> Tensor {
+    x.softmax(-1)
+}
+
+pub fn gelu_tanh(x: &Tensor) -> Tensor {
+    kiln::nn::functional::gelu(x, kiln::nn::functional::Approximate::Tanh)
+}
+
+/// The row workloads in plain Rust (`f32::exp` / `f32::tanh` from the platform libm, scalar), rows split over the
+/// threads, into an existing buffer.
+pub struct RowsRust {
+    pub x: Vec<f32>,
+    pub out: Vec<f32>,
+    pub threads: usize,
+}
+
+impl RowsRust {
+    pub fn new(threads: usize) -> RowsRust {
+        RowsRust { x: rows_host(), out: vec![1.0; ROWS * COLS], threads }
+    }
+
+    /// Calls `f(first row, rows of out)` on whole rows, one block per thread.
+    fn par_rows(&mut self, f: impl Fn(&[f32], &mut [f32]) + Sync) {
+        let per = ROWS.div_ceil(self.threads.max(1)) * COLS;
+        let x = &self.x;
+        std::thread::scope(|s| {
+            for (i, out) in self.out.chunks_mut(per).enumerate() {
+                let f = &f;
+                let x = &x[i * per..i * per + out.len()];
+                s.spawn(move || f(x, out));
+            }
+        });
+    }
+
+    pub fn softmax(&mut self) {
+        self.par_rows(|x, out| {
+            for (xr, or) in x.chunks(COLS).zip(out.chunks_mut(COLS)) {
+                let m = xr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0;
+                for (o, &v) in or.iter_mut().zip(xr) {
+                    *o = (v - m).exp();
+                    sum += *o;
+                }
+                for o in or.iter_mut() {
+                    *o /= sum;
+                }
+            }
+        });
+        black_box(&mut self.out);
+    }
+
+    pub fn gelu(&mut self) {
+        const K: f32 = 0.797_884_6; // sqrt(2 / pi)
+        self.par_rows(|x, out| {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = 0.5 * v * (1.0 + (K * (v + 0.044_715 * v * v * v)).tanh());
+            }
+        });
+        black_box(&mut self.out);
+    }
+}
+
 pub fn matmul_inputs() -> (Tensor, Tensor) {
     let dev = Device::cpu();
     let n = MATMUL_N;
@@ -462,6 +538,22 @@ pub fn verify() {
         0,
     );
 
+    let x = rows_host();
+    let sm = softmax_rows(&rows_input()).to_vec::<f32>().expect("softmax");
+    let ge = gelu_tanh(&rows_input()).to_vec::<f32>().expect("gelu");
+    for r in [0, 1, 2047, ROWS - 1] {
+        let row = &x[r * COLS..(r + 1) * COLS];
+        let m = row.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64));
+        let z: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
+        for j in [0, 5, 500, COLS - 1] {
+            let i = r * COLS + j;
+            close(sm[i], (x[i] as f64 - m).exp() / z, 1e-6, "softmax", i);
+            let v = x[i] as f64;
+            let want = 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh());
+            close(ge[i], want, 1e-5, "gelu", i);
+        }
+    }
+
     let (a, b) = matmul_inputs();
     let m = MATMUL_N;
     let got = a.matmul(&b).to_vec::<f32>().expect("matmul");
@@ -500,6 +592,11 @@ pub struct Results {
     pub compile_calls: u64,
     pub matmul_s: Option<f64>,
     pub fma_gflops: Option<f64>,
+    /// Softmax over the rows of `ROWS x COLS`, and GELU (tanh) over as many elements: kiln, and plain Rust.
+    pub softmax_s: Option<f64>,
+    pub softmax_rust_s: Option<f64>,
+    pub gelu_s: Option<f64>,
+    pub gelu_rust_s: Option<f64>,
 }
 
 fn gbs(bytes_per_elem: usize, s: f64) -> f64 {
@@ -522,7 +619,8 @@ impl Results {
              \"chain_rust_s\": {}, \"drop_s\": {}, \"sin_s\": {}, \"sin_rust_s\": {}, \"replay_realize_s\": {}, \
              \"replay_build_s\": {}, \"replay_nodes\": {}, \"compile_s\": {}, \"compile_hit_s\": {}, \
              \"compiles\": {}, \"compile_calls\": {}, \"matmul_s\": {}, \"matmul_n\": {MATMUL_N}, \
-             \"fma_gflops\": {}}}",
+             \"fma_gflops\": {}, \"softmax_s\": {}, \"softmax_rust_s\": {}, \"gelu_s\": {}, \"gelu_rust_s\": {}, \
+             \"rows\": {ROWS}, \"cols\": {COLS}}}",
             self.threads,
             f(self.chain_s),
             f(self.triad_s),
@@ -540,6 +638,10 @@ impl Results {
             self.compile_calls,
             f(self.matmul_s),
             f(self.fma_gflops),
+            f(self.softmax_s),
+            f(self.softmax_rust_s),
+            f(self.gelu_s),
+            f(self.gelu_rust_s),
         )
     }
 
@@ -700,6 +802,27 @@ impl Results {
                 );
             }
             None => row(&mut t, [s("matmul 1024^3 f32"), s(NA), s(NA), s(NA), s("report"), s(NA)]),
+        }
+
+        let rows_gbs = |x: f64| (8 * ROWS * COLS) as f64 / x / 1e9;
+        for (label, k, b, what) in [
+            ("softmax over rows", self.softmax_s, self.softmax_rust_s, "max, exp, sum, divide per row"),
+            ("GELU (tanh form)", self.gelu_s, self.gelu_rust_s, "one pass"),
+        ] {
+            match (k, b) {
+                (Some(k), Some(b)) => row(
+                    &mut t,
+                    [
+                        format!("{label}, {ROWS} x {COLS} f32, {th}T"),
+                        format!("{:.2} ms ({:.1} GB/s read + written)", k * 1e3, rows_gbs(k)),
+                        format!("Rust libm, {th}T, {what}, existing output: {:.2} ms", b * 1e3),
+                        format!("{:.2}x faster", b / k),
+                        s("report (PyTorch: compare script)"),
+                        s("-"),
+                    ],
+                ),
+                _ => row(&mut t, [format!("{label}, {ROWS} x {COLS} f32"), s(NA), s(NA), s(NA), s("report"), s(NA)]),
+            }
         }
         t
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """kiln against PyTorch on the CPU, in one session, with the same thread count.
 
-Runs kiln's elementwise chain `a * b + c` and `sin(a)**2 * b + c` over 16M f32 and a 1024^3 f32 matmul in PyTorch
+Runs kiln's elementwise chain `a * b + c` and `sin(a)**2 * b + c` over 16M f32, a 1024^3 f32 matmul, and softmax
+over the rows of 4096 x 1024 f32 and GELU (tanh form) over the same elements in PyTorch
 eager and under torch.compile (Inductor), then `cargo run --release --example bench_table -- --json` for kiln's
 figures, and prints one markdown table with the ratios.
 
@@ -32,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 N = 16 << 20
 MATMUL_N = 1024
+ROWS, COLS = 4096, 1024
 INSTALL_HELP = """\
 PyTorch is not installed in this Python ({exe}).
 
@@ -81,12 +83,24 @@ def torch_figures(threads: int, runs: int) -> dict:
     def matmul(x, y):
         return x @ y
 
+    # The same data as kiln's benches/common `rows_host`.
+    r = torch.arange(ROWS * COLS, dtype=torch.int64)
+    x = (((r * 7 + 3) % 97).to(f32) / 12.0 - 4.0).reshape(ROWS, COLS)
+
+    def softmax(x):
+        return torch.softmax(x, -1)
+
+    def gelu(x):
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
     out = {"torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability()}
     with torch.no_grad():
         for name, fn, args in [
             ("chain", chain, (a, b, c)),
             ("sin", sin_chain, (a, b, c)),
             ("matmul", matmul, (ma, mb)),
+            ("softmax", softmax, (x,)),
+            ("gelu", gelu, (x,)),
         ]:
             out[f"{name}_eager_s"] = median_time(lambda: fn(*args), runs)
             compiled = torch.compile(fn, dynamic=False)
@@ -159,6 +173,8 @@ def main() -> None:
         ("`a * b + c`, 16M f32", "chain_s", "chain", gbs, None),
         ("`sin(a)**2 * b + c`, 16M f32", "sin_s", "sin", gbs, 2.0),
         (f"matmul {MATMUL_N}^3 f32", "matmul_s", "matmul", None, None),
+        (f"softmax over rows, {ROWS} x {COLS} f32", "softmax_s", "softmax", None, None),
+        (f"GELU (tanh form), {ROWS} x {COLS} f32", "gelu_s", "gelu", None, None),
     ]
     for label, kkey, tkey, extra, target in rows:
         ks, es, cs = k.get(kkey), t.get(f"{tkey}_eager_s"), t.get(f"{tkey}_compiled_s")
@@ -167,6 +183,10 @@ def main() -> None:
 
             def fmt(s):
                 return "n/a" if s is None else f"{s * 1e3:.1f} ms ({fl / s / 1e9:.1f} GFLOP/s)"
+        elif extra is None:
+
+            def fmt(s):
+                return "n/a" if s is None else f"{s * 1e3:.2f} ms"
         else:
 
             def fmt(s):
@@ -179,11 +199,11 @@ def main() -> None:
             met = "n/a" if ks is None or cs is None else ("yes" if cs / ks >= target else "**no**")
         print(f"| {label} | {fmt(ks)} | {fmt(es)} | {fmt(cs)} | {ratio(es, ks)} | {ratio(cs, ks)} | {tgt} | {met} |")
     if t:
-        first = ", ".join(f"{n} {t[f'{n}_compile_first_s']:.1f} s" for n in ("chain", "sin", "matmul"))
+        first = ", ".join(f"{n} {t[f'{n}_compile_first_s']:.1f} s" for n in ("chain", "sin", "matmul", "softmax", "gelu"))
         print()
         print(f"torch.compile first call (cold Inductor cache): {first}. "
               f"kiln compile (one fused kernel, median): {ms(k.get('compile_s'))}.")
-        errs = ", ".join(f"{n} {t[f'{n}_compiled_maxerr']:.1e}" for n in ("chain", "sin", "matmul"))
+        errs = ", ".join(f"{n} {t[f'{n}_compiled_maxerr']:.1e}" for n in ("chain", "sin", "matmul", "softmax", "gelu"))
         print(f"torch.compile max |compiled - eager|: {errs}.")
     if k:
         print()
