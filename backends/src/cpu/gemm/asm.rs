@@ -33,6 +33,13 @@
 use dynasmrt::x64::Assembler;
 use dynasmrt::{AssemblyOffset, DynamicLabel, DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
 
+/// The generator's revision, part of every cached kernel set's key (`kernel_set` in `mod.rs`): bump it when a change
+/// here alters the code emitted for an unchanged spec and program, so that code cached on disk by an earlier build
+/// of the same kiln version is not mapped in place of the new code (the key's other parts, the specs and the
+/// program, would not change). 2: a value read twice by one instruction is released once (a kernel cached before
+/// that fix could compute a wrong epilogue); constants in a pool after the code.
+pub const REVISION: u32 = 2;
+
 /// `a, b, c, k, ep`: see the module doc. `ep` points at `[mask, uniforms, operand 0, operand 1, ...]`.
 pub type MicroFn = unsafe extern "sysv64" fn(*const f32, *const f32, *mut f32, usize, *const *const u8);
 
@@ -577,7 +584,8 @@ pub struct KernelSet {
     /// together, see [`KernelSet::map_artifacts`]).
     _code: std::sync::Arc<ExecutableBuffer>,
     pub fns: Vec<MicroFn>,
-    /// The code bytes, position independent (relative jumps, register addressing only): what a cache stores.
+    /// The code bytes, position independent (relative jumps, register and RIP-relative addressing within the
+    /// bytes): what a cache stores.
     pub bytes: Vec<u8>,
     offsets: Vec<usize>,
 }

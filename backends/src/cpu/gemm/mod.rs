@@ -524,7 +524,8 @@ fn kernel_set(
     cache: Option<&kiln_autotune::Store>,
 ) -> Result<KernelSet, String> {
     let Some(store) = cache else { return KernelSet::build(specs, program) };
-    let name = format!("{GEMM_ARTIFACT_PREFIX}{:016x}", kiln_autotune::checksum_of([format!("{specs:?}|{program:?}")]));
+    let key = format!("{specs:?}|{program:?}|r{}", asm::REVISION);
+    let name = format!("{GEMM_ARTIFACT_PREFIX}{:016x}", kiln_autotune::checksum_of([key]));
     let premapped = PREMAPPED.lock().get(&name).cloned();
     if let Some(set) = premapped.filter(|s| s.fns.len() == specs.len()) {
         KERNEL_LOADS.fetch_add(1, Ordering::Relaxed);
