@@ -237,9 +237,10 @@ fn every_candidate_with_each_epilogue() {
             let t = mm() + &bias;
             &(&t * &t) - &res
         }),
-        // e^x and tanh in registers where the tile leaves them the room (4 registers), else as an 8-lane pass.
+        // exp, tanh and log in registers where the tile leaves them the room, else as an 8-lane pass.
         ("bias + sigmoid", (mm() + &bias).sigmoid()),
         ("exp", (mm() * 0.25).exp()),
+        ("log", (mm().abs() + 0.5).log()),
         ("gelu (tanh)", kiln::nn::functional::gelu(&mm(), kiln::nn::functional::Approximate::Tanh)),
         ("max (a pass)", mm().maximum(&res)),
         ("batch-1 layer, bias + relu", (rand(&[1, k], 16).matmul(&w) + &bias).relu()),

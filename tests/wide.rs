@@ -179,6 +179,34 @@ fn exp_domain(shape: &[usize], seed: u64) -> Tensor {
     tensor(DType::F32, &v, shape)
 }
 
+/// Inputs across `log`'s domain: positive values from the smallest subnormal to near f32::MAX (e^u for u uniform in
+/// [-103, 88]), exact powers of two and 1, and zeros of both signs, negative values, NaN and infinities.
+fn log_domain(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut v: Vec<f64> = data(DType::F64, n, seed, Dom::Cont(-103.0, 88.0)).iter().map(|u| u.exp()).collect();
+    let edges = [
+        0.0,
+        -0.0,
+        -1.0,
+        -1e-30,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e-45,
+        f32::MIN_POSITIVE as f64,
+        1.0,
+        2.0,
+        0.5,
+        f32::MAX as f64,
+        1.0000001,
+        0.99999994,
+    ];
+    for (i, &e) in edges.iter().enumerate() {
+        v[(seed as usize * 31 + i * 97) % n] = e;
+    }
+    tensor(DType::F32, &v, shape)
+}
+
 /// The transcendental programs of `transcendental_kernels_match_cranelift_bit_for_bit`, in order.
 fn transcendental_cases() -> Vec<(&'static str, Tensor)> {
     let x = exp_domain(&[37, 301], 1);
@@ -193,6 +221,8 @@ fn transcendental_cases() -> Vec<(&'static str, Tensor)> {
         // Both of tanh's branches (|x| below and above 0.625), its cap at 2|x| = 40, and the specials.
         ("tanh", (&exp_domain(&[37, 301], 5) * 0.1).tanh()),
         ("gelu (tanh)", kiln::nn::functional::gelu(&small, kiln::nn::functional::Approximate::Tanh)),
+        ("log", log_domain(&[37, 301], 6).log()),
+        ("softplus, log(e^x + 1)", (&(&x * 0.5).exp() + 1.0).log()),
     ]
 }
 
@@ -204,7 +234,7 @@ fn case_bits(t: &Tensor) -> Vec<u32> {
     }
 }
 
-/// `exp`, `tanh` and `recip` (and so `sigmoid`, `gelu`, `softmax`'s exponent) in 8-lane kernels compute the same
+/// `exp`, `tanh`, `log` and `recip` (and so `sigmoid`, `gelu`, `softmax`'s exponent) in 8-lane kernels compute the same
 /// sequence as the Cranelift kernels on a host with FMA (`clif_math`'s f32 functions with fused multiply-adds), so
 /// the two agree bit for bit: the child process runs the same cases with `KILN_ELEMENTWISE=clif` (asserting that it generated no wide
 /// kernel) and prints every element's bits. Against the interpreter (f64 `exp`, rounded once) the results stay

@@ -9,16 +9,16 @@
 //!
 //! What runs here: a kernel without a reduction, its loops merged where its indices allow
 //! (`KernelIr::with_merged_loops`), over `[batch.., m, n]` or `[n]` (`ElementwiseView`), whose outer code the GEMM
-//! epilogue's register program can express (`gemm::epilogue::translate`: f32 `+ - * /`, `sqrt`, `neg`, `abs`,
-//! `recip`, `exp`, `tanh`, comparisons, `where`, bool `and`/`or`/`not`; loads that walk n contiguously, per element
-//! or per column, loads that stand still along a row, values uniform over the launch). It *is* an epilogue without
-//! an accumulator, so it is translated by the same code and its arithmetic emitted by the same emitter
-//! (`asm::emit_insts`); only the loop around it is this file's. Anything else (another dtype, log or sin/cos,
-//! max/min with their NaN rule, a gather, a value uniform per batch element only) stays a Cranelift kernel. Results
-//! are bit-identical to the Cranelift kernel's: the same IEEE operations in the same order, never contracted into
-//! an FMA the Cranelift kernel does not use; for everything but `exp` and `tanh` (whose polynomials the interpreter
-//! does not share) that is also the interpreter's value. `exp` at 8 lanes: 4096 x 1024 f32 in 1.20 ms against
-//! 2.26 as a Cranelift kernel, a softmax over those rows 5.3 -> 2.7 ms, sigmoid 2.9 -> 1.3 ms (`KILN_PROFILE`).
+//! epilogue's register program can express (`gemm::epilogue::translate`: f32 `+ - * /`, `sqrt`, `neg`, `abs`, `recip`,
+//! `exp`, `tanh`, `log`, comparisons, `where`, bool `and`/`or`/`not`; loads that walk n contiguously, per element or
+//! per column, loads that stand still along a row, values uniform over the launch). It *is* an epilogue without an
+//! accumulator, so it is translated by the same code and its arithmetic emitted by the same emitter
+//! (`asm::emit_insts`); only the loop around it is this file's. Anything else (another dtype, sin/cos, max/min with
+//! their NaN rule, a gather, a value uniform per batch element only) stays a Cranelift kernel. Results are
+//! bit-identical to the Cranelift kernel's: the same IEEE operations in the same order, never contracted into an FMA
+//! the Cranelift kernel does not use; for everything but `exp`, `tanh` and `log` (whose polynomials the interpreter
+//! does not share) that is also the interpreter's value. `exp` at 8 lanes: 4096 x 1024 f32 in 1.20 ms against 2.26 as a
+//! Cranelift kernel, a softmax over those rows 5.3 -> 2.7 ms, sigmoid 2.9 -> 1.3 ms (`KILN_PROFILE`).
 //!
 //! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, uniforms, head mask, head bytes,
 //! operand 0, ..]`, every pointer at the first element of the chunk. Uniforms are loaded into registers once per

@@ -159,7 +159,7 @@ const EXP_Q: [f64; 10] = [
     f64::from_bits(0x3fe0_0000_0000_0001),
 ];
 /// Cephes `logf`: log(1+f) ~ f - f^2/2 + f^3 * P(f) on sqrt(1/2)-1 <= f < sqrt(2)-1.
-const LOGF_P: [f32; 9] = [
+pub const LOGF_P: [f32; 9] = [
     7.037_683_6e-2,
     -1.151_461e-1,
     1.167_699_9e-1,

@@ -77,6 +77,8 @@ pub mod pred {
     pub const LT_OQ: i8 = 0x11;
     pub const LE_OQ: i8 = 0x12;
     pub const NEQ_UQ: i8 = 0x04;
+    /// Not less than, or unordered: `x >= y` or either is NaN.
+    pub const NLT_UQ: i8 = 0x15;
 }
 
 /// One instruction of an epilogue program: SSA, operands are earlier instruction indices. Loads address the
@@ -120,9 +122,10 @@ pub enum EpInst {
     /// `a < k ? k : a` and `k < a ? k : a`: a bound that keeps NaN (one `vmaxps` / `vminps` with `k` first).
     MaxK(usize, u32),
     MinK(usize, u32),
-    /// 32-bit lanes shifted left, or right arithmetically, by an immediate.
+    /// 32-bit lanes shifted left, right arithmetically, or right logically, by an immediate.
     Shl(usize, u8),
     Sar(usize, u8),
+    Shr(usize, u8),
 }
 
 /// An epilogue: instructions and the one stored.
@@ -200,7 +203,9 @@ fn sources(inst: &EpInst) -> Vec<usize> {
     let mut v = match *inst {
         EpInst::Bin(_, a, b) | EpInst::Cmp(_, a, b) | EpInst::FmaK(a, b, _) => vec![a, b],
         EpInst::Select { mask, t, f } => vec![mask, t, f],
-        EpInst::Sqrt(a) | EpInst::BinK(_, a, _) | EpInst::Shl(a, _) | EpInst::Sar(a, _) => vec![a],
+        EpInst::Sqrt(a) | EpInst::BinK(_, a, _) | EpInst::Shl(a, _) | EpInst::Sar(a, _) | EpInst::Shr(a, _) => {
+            vec![a]
+        }
         EpInst::MaxK(a, _) | EpInst::MinK(a, _) => vec![a],
         _ => vec![],
     };
@@ -522,6 +527,10 @@ pub(crate) fn emit_insts(
             EpInst::Sar(a, n) => {
                 let x = reg[a];
                 dynasm!(ops ; .arch x64 ; vpsrad Ry(d), Ry(x), n as i8);
+            }
+            EpInst::Shr(a, n) => {
+                let x = reg[a];
+                dynasm!(ops ; .arch x64 ; vpsrld Ry(d), Ry(x), n as i8);
             }
             EpInst::Cmp(pr, a, b) => {
                 let (x, y) = (reg[a], reg[b]);

@@ -4,11 +4,12 @@
 //! launch and splatted, and the arithmetic becomes AVX ops.
 //!
 //! What translates: f32 `+ - * /`, `sqrt`, `neg`, `abs`, `recip`, comparisons (`< <= == !=`, NaN semantics of the
-//! spec), `where`, bool `and`/`or`/`not`, and f32 `exp` and `tanh` (so sigmoid, silu, gelu and softmax's exponent).
-//! The two transcendentals expand into `clif_math`'s f32 sequences in their FMA form, operation for operation, with
+//! spec), `where`, bool `and`/`or`/`not`, and f32 `exp`, `tanh` and `log` (so sigmoid, silu, gelu, softplus and
+//! softmax's exponent). The transcendentals expand into `clif_math`'s f32 sequences in their FMA form, operation for
+//! operation, with
 //! constants read from the code's constant pool: the Cranelift kernels compute exactly these sequences on the hosts
 //! that run generated code (they have FMA), so an element gets the same bits from either kernel
-//! (`tests/wide.rs` checks it against a Cranelift run). Anything else (log, sin/cos, max/min with their NaN rule, an
+//! (`tests/wide.rs` checks it against a Cranelift run). Anything else (sin/cos, max/min with their NaN rule, an
 //! int value, a gather) returns `None`, and the backend applies the epilogue as a separate compiled pass over C
 //! instead: slower, never wrong.
 
@@ -182,6 +183,7 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
                             }
                             UnaryOp::Exp => push_exp(&mut ep.program, x),
                             UnaryOp::Tanh => push_tanh(&mut ep.program, x),
+                            UnaryOp::Log => push_log(&mut ep.program, x),
                             _ => return None,
                         }
                     }
@@ -267,6 +269,53 @@ fn push_tanh(p: &mut EpProgram, x: usize) -> usize {
     let res = push_inst(p, EpInst::Select { mask: small, t: sm, f: bg });
     let sign = push_inst(p, EpInst::BinK(VBin::And, x, 0x8000_0000));
     push_inst(p, EpInst::Bin(VBin::Or, res, sign))
+}
+
+/// f32 `ln(x)` as `clif_math` computes it (Cephes `logf`, f32, FMA form): subnormals scaled by 2^23 first, `x = z *
+/// 2^k` with `z` in [sqrt(1/2), sqrt(2)) from the bit pattern, `f = z - 1`, `f - f^2/2 + f^3 P(f) + k ln2` (ln2
+/// split), then NaN and +inf as they are, negative -> NaN, ±0 -> -inf.
+fn push_log(p: &mut EpProgram, x: usize) -> usize {
+    use kiln_jit::render::clif_math::{EXPF_LN2, LOGF_P};
+    let two23 = 2f64.powi(23);
+    let min_normal = push_inst(p, EpInst::Const(f32::MIN_POSITIVE.to_bits()));
+    let den = push_inst(p, EpInst::Cmp(pred::LT_OQ, x, min_normal));
+    let scaled = push_inst(p, EpInst::BinK(VBin::Mul, x, f32_bits(two23)));
+    let xs = push_inst(p, EpInst::Select { mask: den, t: scaled, f: x });
+    // The bits of sqrt(1/2), and the same with the exponent field cleared to 0 (bias - 1 = 126 taken off), so the
+    // difference keeps a non-negative exponent field holding k + 126.
+    let off = 0x3f35_04f3_u32;
+    let tmp = push_inst(p, EpInst::BinK(VBin::ISub, xs, off - (126 << 23)));
+    let kb = push_inst(p, EpInst::Shr(tmp, 23));
+    let zb = push_inst(p, EpInst::BinK(VBin::And, tmp, (1 << 23) - 1));
+    let z = push_inst(p, EpInst::BinK(VBin::IAdd, zb, off));
+    // k as a float: or-ing the small non-negative kb into the mantissa of 2^23 is exact.
+    let kf = push_inst(p, EpInst::BinK(VBin::Or, kb, f32_bits(two23)));
+    let adj_normal = push_inst(p, EpInst::Const(f32_bits(two23 + 126.0)));
+    let adj_den = push_inst(p, EpInst::Const(f32_bits(two23 + 126.0 + 23.0)));
+    let adj = push_inst(p, EpInst::Select { mask: den, t: adj_den, f: adj_normal });
+    let k = push_inst(p, EpInst::Bin(VBin::Sub, kf, adj));
+    let f = push_inst(p, EpInst::BinK(VBin::Add, z, f32_bits(-1.0)));
+    let z2 = push_inst(p, EpInst::Bin(VBin::Mul, f, f));
+    let q = push_horner(p, f, &LOGF_P);
+    let y = push_inst(p, EpInst::Bin(VBin::Mul, q, f));
+    let y = push_inst(p, EpInst::Bin(VBin::Mul, y, z2));
+    let klo = push_inst(p, EpInst::BinK(VBin::Mul, k, f32_bits(EXPF_LN2.1)));
+    let y = push_inst(p, EpInst::Bin(VBin::Add, y, klo));
+    let hz = push_inst(p, EpInst::BinK(VBin::Mul, z2, f32_bits(0.5)));
+    let y = push_inst(p, EpInst::Bin(VBin::Sub, y, hz));
+    let r = push_inst(p, EpInst::Bin(VBin::Add, f, y));
+    let khi = push_inst(p, EpInst::BinK(VBin::Mul, k, f32_bits(EXPF_LN2.0)));
+    let res = push_inst(p, EpInst::Bin(VBin::Add, r, khi));
+    let inf = push_inst(p, EpInst::Const(f32::INFINITY.to_bits()));
+    let big = push_inst(p, EpInst::Cmp(pred::NLT_UQ, x, inf));
+    let res = push_inst(p, EpInst::Select { mask: big, t: x, f: res });
+    let zero = push_inst(p, EpInst::Const(0));
+    let neg = push_inst(p, EpInst::Cmp(pred::LT_OQ, x, zero));
+    let nan = push_inst(p, EpInst::Const(f32::NAN.to_bits()));
+    let res = push_inst(p, EpInst::Select { mask: neg, t: nan, f: res });
+    let is_zero = push_inst(p, EpInst::Cmp(pred::EQ_OQ, x, zero));
+    let minf = push_inst(p, EpInst::Const(f32::NEG_INFINITY.to_bits()));
+    push_inst(p, EpInst::Select { mask: is_zero, t: minf, f: res })
 }
 
 /// `cs[0]`, then `acc * x + c` by fused multiply-adds for each later coefficient (`clif_math`'s `horner32`).
