@@ -1,8 +1,9 @@
 //! `KILN_DUMP=<dir>`: what a compiled plan leaves for people to read. A child process (this test binary re-run with
 //! `KILN_DUMP` set, since the variable is read per compile and tests share a process) realizes a layer with a GEMM
-//! and a fused epilogue plus a reduction, on every device; the parent checks the files: the graph before and after
-//! fusion as text and Graphviz DOT, the cache keys, every kernel's IR and rendered code (CLIF with its disassembly
-//! on the CPU, WGSL on wgpu), and for each tuned GEMM the autotune table naming every candidate and the winner.
+//! and a fused epilogue plus two reductions, on every device; the parent checks the files: the graph before and
+//! after fusion as text and Graphviz DOT, the cache keys, every kernel's IR and rendered code (CLIF with its
+//! disassembly on the CPU, WGSL on wgpu), and for each tuned GEMM the autotune table naming every candidate and the
+//! winner.
 
 mod common;
 
@@ -23,8 +24,10 @@ fn dump_child() {
         let x = Tensor::from_vec(data(64 * 96, 0.1), [64, 96], &dev).unwrap();
         let w = Tensor::from_vec(data(80 * 96, 0.2), [80, 96], &dev).unwrap();
         let b = Tensor::from_vec(data(80, 0.3), [80], &dev).unwrap();
-        let y = (x.matmul(&w.t()) + &b).relu().sum(vec![1], false);
-        y.realize().unwrap();
+        // A row sum (an 8-lane kernel on AVX2 hosts) and a row max (a Cranelift kernel) of the fused layer.
+        let h = (x.matmul(&w.t()) + &b).relu();
+        let (sum, max) = (h.sum(vec![1], false), h.max(vec![1], false));
+        kiln::realize(&[&sum, &max]).unwrap();
         println!("DEVICE {dev}");
     }
     // The child ends here, without the C library's exit-time destructors. Once in a CI run (2026-11-30, not seen in

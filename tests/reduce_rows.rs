@@ -1,16 +1,20 @@
-//! Reductions along a contiguous last axis, which the CPU backend vectorizes along the reduce loop with several
-//! independent accumulators (groups of 4 vectors, then single vectors, then a scalar tail: see
-//! `jit/src/render/clif/loops.rs`, `reduce_loops_vec`), held to the reference interpreter on every row length from 1
-//! to 70 and a few long ones, so that each accumulator, each loop and each way of combining them is exercised.
+//! Reductions along a contiguous last axis, held to the reference interpreter on every row length from 1 to 70 and
+//! a few long ones. Two CPU paths run them: an f32 sum as an 8-lane row-sum kernel (`backends/src/cpu/wide.rs`,
+//! `RowSum`: groups of up to 4 vectors into their own accumulators, a masked last vector), and the rest (max, min,
+//! and everything with `KILN_ELEMENTWISE=clif`) as Cranelift kernels vectorized along the reduce loop with four
+//! accumulators (`jit/src/render/clif/loops.rs`, `reduce_loops_vec`). The same cases run in this process and, for
+//! the Cranelift path, in a child process with `KILN_ELEMENTWISE=clif`, so that each accumulator, each loop and
+//! each way of combining them is exercised on both.
 //!
 //! Exact comparisons, no tolerance: the data are small integers, so every partial sum is exact in f32 and every
 //! summation order gives the same bits, and max/min do not depend on the order at all. NaN and infinities sit at
 //! positions that move across the accumulators from row to row. Zeros are left out of the max/min rows: the sign
-//! of a tie between -0 and +0 is the one thing an order could change there.
+//! of a tie between -0 and +0 is the one thing an order could change there. A log-sum-exp (a row sum with `exp`
+//! inside and `log` after) is held to the table's f32 accumulation tolerance.
 
 mod common;
 
-use common::{Tol, compare, tensor};
+use common::{Kind, Tol, compare, tensor, tol};
 use kiln::{DType, Tensor};
 use kiln_jit::kernel::{ScheduleOptions, schedule_with};
 
@@ -44,10 +48,19 @@ fn rows(rows: usize, len: usize, seed: u64, zeros: bool) -> Tensor {
     tensor(DType::F32, &v, &[rows, len])
 }
 
-/// Realizes `out` on the CPU and compares it bit for bit with the interpreter. When the row is long enough for a
-/// vector, asserts that the reduction is one the backend vectorizes along its reduce loop (so the test checks that
-/// code, not a scalar loop).
-fn check(name: &str, out: &Tensor, len: usize) {
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Whether this process runs f32 row sums as 8-lane kernels (AVX2 + FMA, and not `KILN_ELEMENTWISE=clif`).
+fn wide_sums() -> bool {
+    kiln_backends::cpu::gemm::asm::host_supported() && std::env::var("KILN_ELEMENTWISE").map_or(true, |v| v != "clif")
+}
+
+/// Realizes `out` on the CPU and compares it with the interpreter (bit for bit under `Tol::EXACT`). When the row is
+/// long enough for a vector, asserts that the reduction is one Cranelift vectorizes along its reduce loop, and for a
+/// sum where row sums are generated, that an 8-lane kernel was built (so the test checks that code, not a scalar
+/// loop). `sum`: whether the kernel is a row sum (`None`: either way, as for a product summed over a row, which
+/// the GEMM path may take instead).
+fn check_with(name: &str, out: &Tensor, len: usize, sum: Option<bool>, tol: Tol) {
     let cap = kiln::capture(&[out]).unwrap();
     let plan = schedule_with(&cap.graph, ScheduleOptions::default());
     let k = plan.launches.last().expect("a launch").kernel.clone().without_unit_loops();
@@ -55,9 +68,69 @@ fn check(name: &str, out: &Tensor, len: usize) {
         assert!(kiln_jit::render::clif::reduce_vectorizable(&k), "{name}: not vectorized along its reduce loop:\n{k}");
     }
     let want = cap.reference().unwrap().remove(0);
+    // The build counter is process-wide and this file's tests run on parallel threads.
+    let serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let before = kiln::stats().wide_kernel_builds;
     let got = out.to_host().unwrap();
-    if let Err(e) = compare(&got, &want, Tol::EXACT) {
+    let built = kiln::stats().wide_kernel_builds > before;
+    drop(serial);
+    // A reduction of one element is a copy, whichever kernel runs it.
+    if let Some(sum) = sum
+        && len > 1
+    {
+        assert_eq!(built, sum && wide_sums(), "{name}: an 8-lane row sum was built: {built}\n{k}");
+    }
+    if let Err(e) = compare(&got, &want, tol) {
         panic!("{name}: {e}\n{k}");
+    }
+}
+
+fn check(name: &str, out: &Tensor, len: usize, sum: Option<bool>) {
+    check_with(name, out, len, sum, Tol::EXACT)
+}
+
+/// Runs `test` in a child process with `KILN_ELEMENTWISE=clif` (Cranelift kernels only).
+fn in_cranelift_child(test: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads=1"])
+        .env("KILN_ELEMENTWISE", "clif")
+        .env("KILN_CACHE_DIR", "off")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("1 passed"),
+        "{test} with KILN_ELEMENTWISE=clif:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn row_sums_maxima_and_minima_of_every_length_with_cranelift_kernels() {
+    if std::env::var("KILN_ELEMENTWISE").is_ok_and(|v| v == "clif") {
+        return; // already the Cranelift run
+    }
+    in_cranelift_child("row_sums_maxima_and_minima_of_every_length");
+    in_cranelift_child("log_sum_exp_rows");
+}
+
+/// `log(sum(exp(x - max)))` per row, as `log_softmax` computes it: one reduce kernel with `exp` inside and `log`
+/// after, a row sum in registers where row sums are generated.
+#[test]
+fn log_sum_exp_rows() {
+    for (i, len) in [1, 7, 8, 15, 16, 17, 33, 100, 1000, 1027].into_iter().enumerate() {
+        let x = &common::rand_f32(&[13, len], 7 + i as u64) * 4.0;
+        let max = x.max([-1], true);
+        {
+            // First (the checked plan is then the reduce kernel alone), under the lock that keeps the other test's
+            // build count to its own kernels.
+            let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            kiln::realize(&[&x, &max]).unwrap();
+        }
+        let lse = (&x - &max).exp().sum([-1], false).log();
+        check_with(&format!("log-sum-exp, len {len}"), &lse, len, Some(true), tol(DType::F32, Kind::Accumulate));
+        let mean = (&x * 0.5).mean([-1], false);
+        check_with(&format!("mean, len {len}"), &mean, len, Some(true), tol(DType::F32, Kind::Accumulate));
     }
 }
 
@@ -67,15 +140,15 @@ fn row_sums_maxima_and_minima_of_every_length() {
     for (i, &len) in lens.iter().enumerate() {
         let seed = 100 + i as u64;
         let x = rows(11, len, seed, true);
-        check(&format!("sum, len {len}"), &x.sum([-1], false), len);
+        check(&format!("sum, len {len}"), &x.sum([-1], false), len, Some(true));
         let nz = rows(11, len, seed + 1000, false);
-        check(&format!("max, len {len}"), &nz.max([-1], false), len);
-        check(&format!("min, len {len}"), &nz.min([-1], false), len);
+        check(&format!("max, len {len}"), &nz.max([-1], false), len, Some(false));
+        check(&format!("min, len {len}"), &nz.min([-1], false), len, Some(false));
         // A weight that varies along the reduction only, and a per-row scale that does not vary along it: the
         // first must be loaded for every vector of a group, the second may be shared by all of them.
         let w = rows(1, len, seed + 2000, true).reshape([len]);
         let s = rows(11, 1, seed + 3000, false);
-        check(&format!("weighted sum, len {len}"), &(&x * &w).sum([-1], false), len);
-        check(&format!("scaled max, len {len}"), &(&nz * &s).max([-1], true), len);
+        check(&format!("weighted sum, len {len}"), &(&x * &w).sum([-1], false), len, None);
+        check(&format!("scaled max, len {len}"), &(&nz * &s).max([-1], true), len, Some(false));
     }
 }

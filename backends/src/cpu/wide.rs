@@ -20,6 +20,12 @@
 //! does not share) that is also the interpreter's value. `exp` at 8 lanes: 4096 x 1024 f32 in 1.20 ms against 2.26 as a
 //! Cranelift kernel, a softmax over those rows 5.3 -> 2.7 ms, sigmoid 2.9 -> 1.3 ms (`KILN_PROFILE`).
 //!
+//! Row sums run here too (`RowSum`): a reduce kernel that sums f32 over its innermost loop, with the inner code as
+//! the register program over `[rows, k]` and the outer code (the sum and constants only, e.g. the `log` of a
+//! log-sum-exp) applied once per row; each copy of the unrolled loop accumulates into its own register. The
+//! log-sum-exp of `log_softmax` over 4096 x 1024 f32: 5.4-6.6 -> 2.3 ms in a slow host phase (`KILN_PROFILE`, three
+//! interleaved runs each with `KILN_ELEMENTWISE=clif`; the Cranelift kernel took 2.7 ms in a fast one).
+//!
 //! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, uniforms, head mask, head bytes,
 //! operand 0, ..]`, every pointer at the first element of the chunk. Uniforms are loaded into registers once per
 //! call. Per row: values that stand still along it (per-row loads) are broadcast into registers once; a masked head
@@ -100,8 +106,21 @@ pub(crate) struct WideKernel {
     work: usize,
     /// Vectors per column-loop iteration.
     unroll: usize,
+    /// A row sum (see [`RowSum`]): each call writes one value per row instead of a row.
+    row_sum: Option<RowSum>,
     code: ExecutableBuffer,
     f: WideFn,
+}
+
+/// A reduce kernel run here: `sum over k of inner(row, k)` per row, where the inner code is an elementwise program
+/// over `[rows, k]` (the reduce loop as its columns) and `outer` a register program of the sum alone (`Acc`) and
+/// constants, applied once per row (`log` for a log-sum-exp). Vectors accumulate into one register each of an
+/// unrolled iteration's copies (a row's last partial vector masked to +0 first), which are added pairwise, then
+/// across lanes: a different summation order from the Cranelift kernel's, so results agree within the f32
+/// accumulation tolerance, not bit for bit.
+#[derive(Clone, Debug)]
+struct RowSum {
+    outer: EpProgram,
 }
 
 // SAFETY: `f` points into `code`, an immutable executable mapping owned here; running only reads `self`.
@@ -130,11 +149,15 @@ impl WideKernel {
         if !asm::host_supported() {
             return Ok(None);
         }
-        let merged = k.with_merged_loops();
+        let merged = match row_sum_parts(k) {
+            Some((inner, _)) => inner,
+            None => k.with_merged_loops(),
+        };
+        let row_sum = row_sum_parts(k).map(|(_, outer)| RowSum { outer });
         let k = &merged;
         let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
         let Some(ep) = epilogue::translate(k, &view.roles) else { return Ok(None) };
-        let Some(layout) = Layout::plan(&ep.program, view.n) else { return Ok(None) };
+        let Some(layout) = Layout::plan(&ep.program, view.n, row_sum.as_ref()) else { return Ok(None) };
         // Row steps are instruction immediates.
         let steps_fit = i32::try_from(4 * view.n).is_ok()
             && ep.operands.iter().all(|o| match o.kind {
@@ -145,7 +168,7 @@ impl WideKernel {
         if !steps_fit {
             return Ok(None);
         }
-        let code = emit(&ep, &layout, view.n)?;
+        let code = emit(&ep, &layout, view.n, row_sum.as_ref())?;
         crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the code at offset 0 is a function emitted by `emit` with `WideFn`'s sysv64 signature, and `code`
         // (kept in the returned kernel) keeps it mapped executable.
@@ -159,6 +182,7 @@ impl WideKernel {
             n_inputs: k.inputs.len(),
             work: k.work(),
             unroll: layout.unroll,
+            row_sum,
             code,
             f,
         }))
@@ -167,7 +191,8 @@ impl WideKernel {
     /// The register program, its loop shape and the machine code's size, for `KILN_DUMP`.
     pub(crate) fn listing(&self) -> String {
         let batch: String = self.batch.iter().map(|b| format!("{b} x ")).collect();
-        let mut s = format!("elementwise {batch}{} x {}, {} vectors per iteration\n", self.m, self.n, self.unroll);
+        let what = if self.row_sum.is_some() { "row sums of" } else { "elementwise" };
+        let mut s = format!("{what} {batch}{} x {}, {} vectors per iteration\n", self.m, self.n, self.unroll);
         for (i, o) in self.ep.operands.iter().enumerate() {
             let _ = writeln!(s, "  op{i}: in{} + {}, {:?}", o.buf, o.offset, o.kind);
         }
@@ -177,7 +202,14 @@ impl WideKernel {
         for (i, inst) in self.ep.program.insts.iter().enumerate() {
             let _ = writeln!(s, "  v{i} = {inst:?}");
         }
-        let _ = writeln!(s, "  out = v{}\n  ({} bytes of code)", self.ep.program.result, self.code.len());
+        let _ = writeln!(s, "  out = v{}", self.ep.program.result);
+        if let Some(r) = &self.row_sum {
+            for (i, inst) in r.outer.insts.iter().enumerate() {
+                let _ = writeln!(s, "  row w{i} = {inst:?}");
+            }
+            let _ = writeln!(s, "  row out = w{}", r.outer.result);
+        }
+        let _ = writeln!(s, "  ({} bytes of code)", self.code.len());
         s
     }
 
@@ -195,7 +227,7 @@ impl WideKernel {
         // SAFETY: the caller's pointer contract.
         let uniforms = unsafe { Uniforms::for_launch(Some(&self.ep), &self.outer, ptrs) };
         let args = Args { ptrs, uniforms: uniforms.as_ptr() };
-        if self.batch.is_empty() && self.m == 1 {
+        if self.batch.is_empty() && self.m == 1 && self.row_sum.is_none() {
             // One row: chunks of whole vectors, the last one ragged.
             let f = |s: usize, e: usize| {
                 let (c0, c1) = (8 * s, (8 * e).min(self.n));
@@ -237,11 +269,15 @@ impl WideKernel {
         // column) in range, so it stays inside its buffer (the caller's contract); the code reads and writes only
         // the `rows` x `cols` elements from those pointers (masked at both ends), as `emit` generates it.
         unsafe {
-            let out = (a.ptrs[self.n_inputs] as *const f32).offset(out_row * self.n as isize + c0);
+            // A row sum writes one value per row.
+            let out_at = if self.row_sum.is_some() { out_row } else { out_row * self.n as isize + c0 };
+            let out = (a.ptrs[self.n_inputs] as *const f32).offset(out_at);
             // Columns before the output's first 32-byte boundary, when every row starts at the same alignment: a
             // vector store that straddles two cache lines costs about two (the buffers come from malloc, 16 bytes
-            // into a page when large).
-            let head = if rows == 1 || (4 * self.n).is_multiple_of(32) {
+            // into a page when large). A row sum stores no vectors.
+            let head = if self.row_sum.is_some() {
+                0
+            } else if rows == 1 || (4 * self.n).is_multiple_of(32) {
                 (((32 - out as usize % 32) % 32) / 4).min(cols)
             } else {
                 0
@@ -275,6 +311,36 @@ struct Args<'a> {
 // SAFETY: read-only for the duration of one launch; the threads write disjoint rows or columns of the output.
 unsafe impl Sync for Args<'_> {}
 
+/// For a reduce kernel this file runs as a row sum (see [`RowSum`]): its inner code as an elementwise kernel over
+/// `[rows, k]` (the reduce variable as the column), and its outer code as a register program of the sum. `None`
+/// for any other kernel: another reduction than an f32 sum over one innermost loop, an output of rank other than 1,
+/// outer code with loads or ops the register program lacks.
+fn row_sum_parts(k: &KernelIr) -> Option<(KernelIr, EpProgram)> {
+    let k = k.clone().without_unit_loops();
+    let r = k.reduce.as_ref()?;
+    if r.op != kiln_jit::ReduceOp::Sum
+        || r.dtype != kiln_jit::DType::F32
+        || r.extents.len() != 1
+        || k.out_rank() != 1
+        || k.output.dtype != kiln_jit::DType::F32
+    {
+        return None;
+    }
+    let (rows, cols) = (k.out_extents[0], r.extents[0]);
+    let outer = epilogue::translate_row_outer(&k.outer, k.result)?;
+    let inner = KernelIr {
+        name: format!("{}_inner", k.name),
+        inputs: k.inputs.clone(),
+        output: kiln_jit::kernel::BufParam { dtype: kiln_jit::DType::F32, len: rows * cols },
+        out_extents: vec![rows, cols],
+        reduce: None,
+        outer: r.inner.clone(),
+        result: r.value,
+        flops_per_elem: 0,
+    };
+    Some((inner, outer))
+}
+
 /// Where each value lives: values that stand still along a row (per-row loads, uniforms) in registers of their own
 /// from 14 down, each unrolled copy's temporaries in its own block from 0 up, the tail mask in 15.
 struct Layout {
@@ -282,10 +348,12 @@ struct Layout {
     /// Registers per copy.
     temps: usize,
     unroll: usize,
+    /// A row sum's accumulators, one per copy, just under the hoisted values.
+    accs: Vec<u8>,
 }
 
 impl Layout {
-    fn plan(p: &EpProgram, n: usize) -> Option<Layout> {
+    fn plan(p: &EpProgram, n: usize, row_sum: Option<&RowSum>) -> Option<Layout> {
         let mut hoisted = vec![None; p.insts.len()];
         let mut next = MASK_REG;
         for (i, inst) in p.insts.iter().enumerate() {
@@ -299,9 +367,17 @@ impl Layout {
         }
         let temps = p.temps_needed_besides(&|i| hoisted[i].is_some());
         let room = next as usize;
+        // A row sum takes one accumulator per copy, and at each row's end the broadcast sum (register 0) and its
+        // outer program's temporaries, from the registers below the accumulators.
+        let accs_per_copy = usize::from(row_sum.is_some());
+        let fits = |u: usize| {
+            u * (temps + accs_per_copy) <= room
+                && row_sum.is_none_or(|r| room >= u + 2 && r.outer.temps_needed() < room - u)
+        };
         // More vectors per iteration than the row has buys nothing; a program that does not fit once stays Cranelift's.
-        let unroll = [4, 2, 1].into_iter().find(|&u| u * temps <= room && (u == 1 || 8 * u <= n))?;
-        Some(Layout { hoisted, temps, unroll })
+        let unroll = [4, 2, 1].into_iter().find(|&u| fits(u) && (u == 1 || 8 * u <= n))?;
+        let accs = (0..unroll * accs_per_copy).map(|c| (room - 1 - c) as u8).collect();
+        Some(Layout { hoisted, temps, unroll, accs })
     }
 
     fn copy_regs(&self, copy: usize) -> Vec<u8> {
@@ -310,7 +386,7 @@ impl Layout {
 }
 
 /// Assembles the kernel (see the module doc for its shape).
-fn emit(ep: &Epilogue, l: &Layout, n: usize) -> Result<ExecutableBuffer, String> {
+fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result<ExecutableBuffer, String> {
     let p = &ep.program;
     let last = p.last_uses();
     let mut ops = Assembler::new().map_err(|e| e.to_string())?;
@@ -356,6 +432,9 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize) -> Result<ExecutableBuffer, String>
             dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(h), DWORD [Rq(r)]);
         }
     }
+    for &a in &l.accs {
+        dynasm!(ops ; .arch x64 ; vxorps Ry(a), Ry(a), Ry(a));
+    }
     let body = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64
         ; xor eax, eax
@@ -379,7 +458,14 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize) -> Result<ExecutableBuffer, String>
             }
         };
         let res = asm::emit_insts(ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
-        if masked {
+        if let Some(&acc) = l.accs.get(c) {
+            // A row sum: the lanes past the row's end hold the program's value of the masked loads' zeros, which
+            // may be anything (log(0) = -inf): cleared to +0 before they are added.
+            if masked {
+                dynasm!(ops ; .arch x64 ; vandps Ry(res), Ry(res), Ry(MASK_REG));
+            }
+            dynasm!(ops ; .arch x64 ; vaddps Ry(acc), Ry(acc), Ry(res));
+        } else if masked {
             dynasm!(ops ; .arch x64 ; vmaskmovps [rdi + rax + disp], Ry(MASK_REG), Ry(res));
         } else {
             dynasm!(ops ; .arch x64 ; vmovups [rdi + rax + disp], Ry(res));
@@ -417,8 +503,38 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize) -> Result<ExecutableBuffer, String>
         ; vmovups Ry(MASK_REG), [r15]
     );
     copy(&mut ops, 0, true)?;
-    let out_step = 4 * n as i32;
-    dynasm!(ops ; .arch x64 ; =>row_end ; add rdi, out_step);
+    dynasm!(ops ; .arch x64 ; =>row_end);
+    let out_step = if let Some(r) = row_sum {
+        // Pairwise (a0 + a1) + (a2 + a3), then the eight lanes, into lane 0 of register 0, broadcast; then the
+        // outer program; lane 0 stored.
+        let a = &l.accs;
+        if a.len() == 4 {
+            dynasm!(ops ; .arch x64 ; vaddps Ry(a[0]), Ry(a[0]), Ry(a[1]) ; vaddps Ry(a[2]), Ry(a[2]), Ry(a[3]));
+            dynasm!(ops ; .arch x64 ; vaddps Ry(a[0]), Ry(a[0]), Ry(a[2]));
+        } else if a.len() == 2 {
+            dynasm!(ops ; .arch x64 ; vaddps Ry(a[0]), Ry(a[0]), Ry(a[1]));
+        }
+        dynasm!(ops ; .arch x64
+            ; vextractf128 xmm0, Ry(a[0]), 1
+            ; vaddps xmm0, xmm0, Rx(a[0])
+            ; vmovhlps xmm1, xmm1, xmm0
+            ; vaddps xmm0, xmm0, xmm1
+            ; vmovshdup xmm1, xmm0
+            ; vaddss xmm0, xmm0, xmm1
+            ; vbroadcastss ymm0, xmm0
+        );
+        let outer_last = r.outer.last_uses();
+        let free: Vec<u8> = (1..a[a.len() - 1]).collect();
+        let acc_fixed = |i: usize| matches!(r.outer.insts[i], EpInst::Acc).then_some(0u8);
+        let mut no_load =
+            |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a row sum's outer program loads nothing");
+        let res = asm::emit_insts(&mut ops, &r.outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
+        dynasm!(ops ; .arch x64 ; vmovss DWORD [rdi], Rx(res));
+        4
+    } else {
+        4 * n as i32
+    };
+    dynasm!(ops ; .arch x64 ; add rdi, out_step);
     for (o, operand) in ep.operands.iter().enumerate() {
         let r = OPERAND_REGS[o];
         let step = match operand.kind {

@@ -343,6 +343,64 @@ fn f32_bits(v: f64) -> u32 {
     (v as f32).to_bits()
 }
 
+/// A reduce kernel's outer code as a register program of its accumulator and constants alone (a row sum's
+/// epilogue in `cpu/wide.rs`: `log` of a sum of exponentials, a scale): f32 `Acc`, constants, `+ - * /`, `sqrt`,
+/// `neg`, `abs`, `recip`, `exp`, `tanh`, `log`, and f32-to-f32 casts. `None` for anything else (a load, another
+/// dtype).
+pub fn translate_row_outer(outer: &[Inst], result: usize) -> Option<EpProgram> {
+    let mut p = EpProgram::default();
+    let mut val: Vec<Option<usize>> = vec![None; outer.len()];
+    for (i, inst) in outer.iter().enumerate() {
+        if inst.dtype != DType::F32 {
+            return None;
+        }
+        let f32_of = |j: usize| (outer[j].dtype == DType::F32).then(|| val[j]).flatten();
+        let v = match &inst.op {
+            InstOp::Acc => push_inst(&mut p, EpInst::Acc),
+            InstOp::Const(c) => {
+                let x = match *c {
+                    Scalar::Float(x) => x,
+                    Scalar::Int(x) => x as f64,
+                    Scalar::Bool(_) => return None,
+                };
+                push_inst(&mut p, EpInst::Const(f32_bits(x)))
+            }
+            InstOp::Cast(a) => f32_of(*a)?,
+            InstOp::Binary(op, a, b) => {
+                let (x, y) = (f32_of(*a)?, f32_of(*b)?);
+                let op = match op {
+                    BinaryOp::Add => VBin::Add,
+                    BinaryOp::Sub => VBin::Sub,
+                    BinaryOp::Mul => VBin::Mul,
+                    BinaryOp::Div => VBin::Div,
+                    _ => return None,
+                };
+                push_inst(&mut p, EpInst::Bin(op, x, y))
+            }
+            InstOp::Unary(u, a) => {
+                let x = f32_of(*a)?;
+                match u {
+                    UnaryOp::Sqrt => push_inst(&mut p, EpInst::Sqrt(x)),
+                    UnaryOp::Neg => push_inst(&mut p, EpInst::BinK(VBin::Xor, x, 0x8000_0000)),
+                    UnaryOp::Abs => push_inst(&mut p, EpInst::BinK(VBin::And, x, 0x7fff_ffff)),
+                    UnaryOp::Recip => {
+                        let one = push_inst(&mut p, EpInst::Const(f32_bits(1.0)));
+                        push_inst(&mut p, EpInst::Bin(VBin::Div, one, x))
+                    }
+                    UnaryOp::Exp => push_exp(&mut p, x),
+                    UnaryOp::Tanh => push_tanh(&mut p, x),
+                    UnaryOp::Log => push_log(&mut p, x),
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        };
+        val[i] = Some(v);
+    }
+    p.result = val.get(result).copied().flatten()?;
+    Some(p)
+}
+
 fn operand(ep: &mut Epilogue, buf: usize, offset: i64, batch: &[i64], kind: OperandKind) -> Option<usize> {
     let o = EpOperand { buf, offset, batch: batch.to_vec(), kind };
     if let Some(i) = ep.operands.iter().position(|x| *x == o) {
