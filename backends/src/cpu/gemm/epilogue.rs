@@ -126,14 +126,7 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
                     (InstOp::Acc, DType::F32) => push(&mut ep, EpInst::Acc),
                     (InstOp::Binary(op, a, b), DType::F32) => {
                         let (x, y) = (f32_of(*a)?, f32_of(*b)?);
-                        let op = match op {
-                            BinaryOp::Add => VBin::Add,
-                            BinaryOp::Sub => VBin::Sub,
-                            BinaryOp::Mul => VBin::Mul,
-                            BinaryOp::Div => VBin::Div,
-                            _ => return None,
-                        };
-                        push(&mut ep, EpInst::Bin(op, x, y))
+                        push(&mut ep, EpInst::Bin(float_bin(*op)?, x, y))
                     }
                     (InstOp::Binary(op, a, b), DType::Bool) if k.outer[*a].dtype == DType::F32 => {
                         let (x, y) = (f32_of(*a)?, f32_of(*b)?);
@@ -159,34 +152,7 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
                         let (m, t, f) = (bool_of(*c)?, f32_of(*a)?, f32_of(*b)?);
                         push(&mut ep, EpInst::Select { mask: m, t, f })
                     }
-                    (InstOp::Unary(u, a), DType::F32) => {
-                        let x = f32_of(*a)?;
-                        let bits = |ep: &mut Epilogue, b: u32| {
-                            ep.uniforms.push(UniformSrc::Bits(b));
-                            ep.program.insts.push(EpInst::Uniform(ep.uniforms.len() - 1));
-                            ep.program.insts.len() - 1
-                        };
-                        match u {
-                            UnaryOp::Sqrt => push(&mut ep, EpInst::Sqrt(x)),
-                            UnaryOp::Neg => {
-                                let s = bits(&mut ep, 0x8000_0000);
-                                push(&mut ep, EpInst::Bin(VBin::Xor, x, s))
-                            }
-                            UnaryOp::Abs => {
-                                let s = bits(&mut ep, 0x7fff_ffff);
-                                push(&mut ep, EpInst::Bin(VBin::And, x, s))
-                            }
-                            // 1 / x, as the Cranelift kernels compute it.
-                            UnaryOp::Recip => {
-                                let one = push(&mut ep, EpInst::Const(1f32.to_bits()));
-                                push(&mut ep, EpInst::Bin(VBin::Div, one, x))
-                            }
-                            UnaryOp::Exp => push_exp(&mut ep.program, x),
-                            UnaryOp::Tanh => push_tanh(&mut ep.program, x),
-                            UnaryOp::Log => push_log(&mut ep.program, x),
-                            _ => return None,
-                        }
-                    }
+                    (InstOp::Unary(u, a), DType::F32) => push_float_unary(&mut ep.program, *u, f32_of(*a)?)?,
                     (InstOp::Unary(UnaryOp::Not, a), DType::Bool) => {
                         let x = bool_of(*a)?;
                         ep.uniforms.push(UniformSrc::Bits(u32::MAX));
@@ -203,6 +169,36 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
     }
     ep.program.result = val[k.result]?;
     (ep.uniforms.len() <= MAX_UNIFORMS).then_some(ep)
+}
+
+/// The vector op of an f32 arithmetic binary op (comparisons and logic are translated apart).
+fn float_bin(op: BinaryOp) -> Option<VBin> {
+    Some(match op {
+        BinaryOp::Add => VBin::Add,
+        BinaryOp::Sub => VBin::Sub,
+        BinaryOp::Mul => VBin::Mul,
+        BinaryOp::Div => VBin::Div,
+        _ => return None,
+    })
+}
+
+/// Appends f32 `u(x)` and returns its value, or `None` for an op the program lacks. Negation and absolute value
+/// flip or clear the sign bit (as Cranelift's `fneg`/`fabs`), `recip` is `1 / x` (as the Cranelift kernels compute
+/// it), the transcendentals follow `clif_math` (below).
+fn push_float_unary(p: &mut EpProgram, u: UnaryOp, x: usize) -> Option<usize> {
+    Some(match u {
+        UnaryOp::Sqrt => push_inst(p, EpInst::Sqrt(x)),
+        UnaryOp::Neg => push_inst(p, EpInst::BinK(VBin::Xor, x, 0x8000_0000)),
+        UnaryOp::Abs => push_inst(p, EpInst::BinK(VBin::And, x, 0x7fff_ffff)),
+        UnaryOp::Recip => {
+            let one = push_inst(p, EpInst::Const(f32_bits(1.0)));
+            push_inst(p, EpInst::Bin(VBin::Div, one, x))
+        }
+        UnaryOp::Exp => push_exp(p, x),
+        UnaryOp::Tanh => push_tanh(p, x),
+        UnaryOp::Log => push_log(p, x),
+        _ => return None,
+    })
 }
 
 /// Appends f32 `e^x` and returns its value: `clif_math`'s f32 `exp` in its FMA form (the Cranelift kernels' form on
@@ -368,31 +364,9 @@ pub fn translate_row_outer(outer: &[Inst], result: usize) -> Option<EpProgram> {
             InstOp::Cast(a) => f32_of(*a)?,
             InstOp::Binary(op, a, b) => {
                 let (x, y) = (f32_of(*a)?, f32_of(*b)?);
-                let op = match op {
-                    BinaryOp::Add => VBin::Add,
-                    BinaryOp::Sub => VBin::Sub,
-                    BinaryOp::Mul => VBin::Mul,
-                    BinaryOp::Div => VBin::Div,
-                    _ => return None,
-                };
-                push_inst(&mut p, EpInst::Bin(op, x, y))
+                push_inst(&mut p, EpInst::Bin(float_bin(*op)?, x, y))
             }
-            InstOp::Unary(u, a) => {
-                let x = f32_of(*a)?;
-                match u {
-                    UnaryOp::Sqrt => push_inst(&mut p, EpInst::Sqrt(x)),
-                    UnaryOp::Neg => push_inst(&mut p, EpInst::BinK(VBin::Xor, x, 0x8000_0000)),
-                    UnaryOp::Abs => push_inst(&mut p, EpInst::BinK(VBin::And, x, 0x7fff_ffff)),
-                    UnaryOp::Recip => {
-                        let one = push_inst(&mut p, EpInst::Const(f32_bits(1.0)));
-                        push_inst(&mut p, EpInst::Bin(VBin::Div, one, x))
-                    }
-                    UnaryOp::Exp => push_exp(&mut p, x),
-                    UnaryOp::Tanh => push_tanh(&mut p, x),
-                    UnaryOp::Log => push_log(&mut p, x),
-                    _ => return None,
-                }
-            }
+            InstOp::Unary(u, a) => push_float_unary(&mut p, *u, f32_of(*a)?)?,
             _ => return None,
         };
         val[i] = Some(v);
