@@ -149,11 +149,10 @@ impl WideKernel {
         if !asm::host_supported() {
             return Ok(None);
         }
-        let merged = match row_sum_parts(k) {
-            Some((inner, _)) => inner,
-            None => k.with_merged_loops(),
+        let (merged, row_sum) = match row_sum_parts(k) {
+            Some((inner, outer)) => (inner, Some(RowSum { outer })),
+            None => (k.with_merged_loops(), None),
         };
-        let row_sum = row_sum_parts(k).map(|(_, outer)| RowSum { outer });
         let k = &merged;
         let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
         let Some(ep) = epilogue::translate(k, &view.roles) else { return Ok(None) };
