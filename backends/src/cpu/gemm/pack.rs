@@ -13,12 +13,11 @@ pub unsafe fn pack_a(dst: *mut f32, src: *const f32, rs: i64, ks: i64, m0: usize
     let panels = mb.div_ceil(mr);
     let mut first = 0;
     if rs == 1 && ks != 1 && mb >= mr {
-        // A stored transposed (a weight gradient's `dy.t()`): the full panels k-step by k-step, each one contiguous
-        // read of `mb` floats. Panel by panel, `copy_from_slice` of 6 floats became a `memmove` call per k-step, and
-        // the same lines were fetched again for every panel (about 10 % of a batch-1024 MLP step's samples).
+        // A stored transposed (a weight gradient's `dy.t()`): the full panels k-step by k-step.
         first = mb / mr;
-        // SAFETY: rows m0 .. m0 + first * mr are in range for k < kb, per the caller; `dst` holds the panels.
-        unsafe { copy_transposed_panels(dst, mr, first, src.add(m0), ks, kb) };
+        // SAFETY: rows m0 .. m0 + first * mr are in range for k < kb, per the caller; `dst` holds the panels; A
+        // packing only runs for the generated kernels, which need AVX2.
+        unsafe { copy_lines_to_panels(dst, mr, first, src.add(m0), ks, kb) };
     }
     for p in first..panels {
         // SAFETY: within `dst`'s `panels * mr * kb` floats.
@@ -65,49 +64,6 @@ pub unsafe fn pack_a(dst: *mut f32, src: *const f32, rs: i64, ks: i64, m0: usize
     }
 }
 
-/// Packs `panels` full panels of height `mr` of an A stored transposed (k-step `k` of row `m` at
-/// `src + k * ks + m`) into `dst` (element (r, k) of panel `p` at `dst[(p * kb + k) * mr + r]`).
-///
-/// # Safety
-/// Every k-step read must be valid for `panels * mr` floats and `dst` for `panels * kb * mr`.
-unsafe fn copy_transposed_panels(dst: *mut f32, mr: usize, panels: usize, src: *const f32, ks: i64, kb: usize) {
-    /// One panel row as a fixed-size copy: inline moves (16 + 8 bytes for MR = 6), never a `memmove` call.
-    ///
-    /// # Safety
-    /// As for the caller, with `MR == mr`.
-    unsafe fn fixed<const MR: usize>(dst: *mut f32, panels: usize, src: *const f32, ks: i64, kb: usize) {
-        for k in 0..kb {
-            // SAFETY: k-step k holds `panels * MR` readable floats, and panel row k of each panel `MR` writable
-            // ones, per the caller; unaligned accesses, as the buffers are only f32-aligned.
-            unsafe {
-                let line = src.offset((k as i64 * ks) as isize);
-                for p in 0..panels {
-                    let v = (line.add(p * MR) as *const [f32; MR]).read_unaligned();
-                    (dst.add((p * kb + k) * MR) as *mut [f32; MR]).write_unaligned(v);
-                }
-            }
-        }
-    }
-    // SAFETY (each arm): the caller's contract, with the arm's MR equal to `mr`.
-    unsafe {
-        match mr {
-            1 => fixed::<1>(dst, panels, src, ks, kb),
-            2 => fixed::<2>(dst, panels, src, ks, kb),
-            4 => fixed::<4>(dst, panels, src, ks, kb),
-            6 => fixed::<6>(dst, panels, src, ks, kb),
-            8 => fixed::<8>(dst, panels, src, ks, kb),
-            _ => {
-                for k in 0..kb {
-                    let line = src.offset((k as i64 * ks) as isize);
-                    for p in 0..panels {
-                        std::ptr::copy_nonoverlapping(line.add(p * mr), dst.add((p * kb + k) * mr), mr);
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Packs columns `n0..n0 + nb` and `kb` k-steps of B (element (k, n) at `src + k*ks + n*ns`) into `dst`.
 ///
 /// # Safety
@@ -116,14 +72,12 @@ unsafe fn copy_transposed_panels(dst: *mut f32, mr: usize, panels: usize, src: *
 pub unsafe fn pack_b(dst: *mut f32, src: *const f32, ks: i64, ns: i64, n0: usize, nb: usize, kb: usize, nr: usize) {
     let panels = nb.div_ceil(nr);
     let mut first = 0;
-    if ns == 1 && nr.is_multiple_of(8) && nb >= nr {
-        // A row-major B: the full panels row by row, each k-step one contiguous read across all of them. Panel by
-        // panel, every 64-byte read came from another row (a page apart for wide matrices), and packing took 3.8 %
-        // of a 1024^3 GEMM's samples in `perf`, half of them in a `memmove` call per 16 floats.
+    if ns == 1 && nb >= nr {
+        // A row-major B: the full panels row by row.
         first = nb / nr;
         // SAFETY: (k, n0 .. n0 + first * nr) is in range for k < kb, per the caller; `dst` holds the panels; B
         // packing only runs for the generated kernels, which need AVX2.
-        unsafe { copy_panels_by_rows(dst, nr, first, src.add(n0), ks, kb) };
+        unsafe { copy_lines_to_panels(dst, nr, first, src.add(n0), ks, kb) };
     }
     for p in first..panels {
         // SAFETY: within `dst`'s `panels * nr * kb` floats.
@@ -171,22 +125,54 @@ pub unsafe fn pack_b(dst: *mut f32, src: *const f32, ks: i64, ns: i64, n0: usize
     }
 }
 
-/// Packs `panels` full panels of width `nr` (a multiple of 8) of a row-major B (row `k` at `src + k * ks`, panel
-/// `p`'s columns from `p * nr`) into `dst` (element (k, j) of panel `p` at `dst[(p * kb + k) * nr + j]`).
+/// Packs `panels` full panels of width `w` from `kb` lines (line `k` at `src + k * ks`, panel `p`'s elements at
+/// `p * w` along it) into `dst` (element `j` of line `k` of panel `p` at `dst[(p * kb + k) * w + j]`): A stored
+/// transposed (a line is a k-step across the rows, `w` = MR) and a row-major B (a line is a row of B, `w` = NR) both
+/// pack this way. Line by line, so each line is one contiguous read across every panel; each panel's part is a
+/// fixed-size copy (inline vector moves). Panel by panel with `copy_from_slice`, every 6 or 16 floats were a
+/// `memmove` call and every line was fetched again for each panel: about 10 % of a batch-1024 MLP step's samples,
+/// 3.8 % of a 1024^3 GEMM's.
 ///
 /// # Safety
-/// Every row read must be valid for `panels * nr` floats and `dst` for `panels * kb * nr`; AVX2 present.
+/// Every line must be valid for `panels * w` floats and `dst` for `panels * kb * w`; AVX2 present.
 #[target_feature(enable = "avx2")]
-unsafe fn copy_panels_by_rows(dst: *mut f32, nr: usize, panels: usize, src: *const f32, ks: i64, kb: usize) {
-    use std::arch::x86_64::*;
-    for k in 0..kb {
-        // SAFETY: row k holds `panels * nr` readable floats and each panel row k `nr` writable ones, per the caller.
-        unsafe {
-            let row = src.offset((k as i64 * ks) as isize);
-            for p in 0..panels {
-                let (from, to) = (row.add(p * nr), dst.add((p * kb + k) * nr));
-                for j in (0..nr).step_by(8) {
-                    _mm256_storeu_ps(to.add(j), _mm256_loadu_ps(from.add(j)));
+unsafe fn copy_lines_to_panels(dst: *mut f32, w: usize, panels: usize, src: *const f32, ks: i64, kb: usize) {
+    /// As the caller, with `W == w`.
+    ///
+    /// # Safety
+    /// As for the caller.
+    #[target_feature(enable = "avx2")]
+    unsafe fn fixed<const W: usize>(dst: *mut f32, panels: usize, src: *const f32, ks: i64, kb: usize) {
+        for k in 0..kb {
+            // SAFETY: line k holds `panels * W` readable floats, and line k of each panel `W` writable ones, per
+            // the caller; unaligned accesses, as the buffers are only f32-aligned.
+            unsafe {
+                let line = src.offset((k as i64 * ks) as isize);
+                for p in 0..panels {
+                    let v = (line.add(p * W) as *const [f32; W]).read_unaligned();
+                    (dst.add((p * kb + k) * W) as *mut [f32; W]).write_unaligned(v);
+                }
+            }
+        }
+    }
+    // SAFETY (each arm): the caller's contract, with the arm's W equal to `w`.
+    unsafe {
+        match w {
+            1 => fixed::<1>(dst, panels, src, ks, kb),
+            2 => fixed::<2>(dst, panels, src, ks, kb),
+            4 => fixed::<4>(dst, panels, src, ks, kb),
+            6 => fixed::<6>(dst, panels, src, ks, kb),
+            8 => fixed::<8>(dst, panels, src, ks, kb),
+            16 => fixed::<16>(dst, panels, src, ks, kb),
+            24 => fixed::<24>(dst, panels, src, ks, kb),
+            32 => fixed::<32>(dst, panels, src, ks, kb),
+            64 => fixed::<64>(dst, panels, src, ks, kb),
+            _ => {
+                for k in 0..kb {
+                    let line = src.offset((k as i64 * ks) as isize);
+                    for p in 0..panels {
+                        std::ptr::copy_nonoverlapping(line.add(p * w), dst.add((p * kb + k) * w), w);
+                    }
                 }
             }
         }
