@@ -195,8 +195,8 @@ impl WideKernel {
         for (i, o) in self.ep.operands.iter().enumerate() {
             let _ = writeln!(s, "  op{i}: in{} + {}, {:?}", o.buf, o.offset, o.kind);
         }
-        for (i, u) in self.ep.uniforms.iter().enumerate() {
-            let _ = writeln!(s, "  uniform{i}: {u:?}");
+        for (slot, i) in self.ep.uniforms.iter().enumerate() {
+            let _ = writeln!(s, "  uniform{slot}: outer v{i}");
         }
         for (i, inst) in self.ep.program.insts.iter().enumerate() {
             let _ = writeln!(s, "  v{i} = {inst:?}");

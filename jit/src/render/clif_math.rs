@@ -135,11 +135,12 @@ pub fn emit(f: MathFn, b: &mut FunctionBuilder, x: Value, ty: Type, fma: bool) -
 // ---- constants ------------------------------------------------------------------------------------------------
 
 /// f32 `exp`'s input clamp: past these the result is +inf / +0 anyway, and the clamp keeps the exponent in the range
-/// of the two-step scaling. Public, with [`EXPF_LN2`] and [`EXPF_P`], for the CPU backend's 8-lane kernels, which
-/// compute the same sequence (`kiln-backends`' `cpu/gemm/epilogue.rs`).
+/// of the two-step scaling. The f32 constants are public for the CPU backend's 8-lane kernels, which compute the same
+/// sequences (`kiln-backends`' `cpu/gemm/program_math.rs`).
 pub const EXPF_CLAMP: (f64, f64) = (-104.0, 89.0);
-/// ln 2 split for f32 `exp`'s Cody-Waite reduction (`n * hi` exact for the n that occur), each rounded to f32.
-pub const EXPF_LN2: (f64, f64) = (0.693_359_375, -2.121_944_4e-4);
+/// ln 2 split in two for f32 `exp`'s Cody-Waite reduction and `log`'s `k ln2` (`n * hi` exact for the n that
+/// occur), each rounded to f32.
+pub const F32_LN2_SPLIT: (f64, f64) = (0.693_359_375, -2.121_944_4e-4);
 
 /// Cephes `expf` polynomial: e^r ~ 1 + r + r^2 * P(r) on |r| <= ln2/2 (highest degree first; Cephes' last
 /// coefficient 5.0000001201e-1 rounds to 0.5 in f32).
@@ -444,7 +445,7 @@ impl<'a, 'f> Em<'a, 'f> {
         let (hi, lo) = if self.wide {
             (f64::from_bits(0x3fe6_2e42_fee0_0000), f64::from_bits(0x3dea_39ef_3579_3c76))
         } else {
-            EXPF_LN2
+            F32_LN2_SPLIT
         };
         let h = self.mulk(nf, hi);
         let r = self.sub(x, h);
@@ -541,12 +542,12 @@ impl<'a, 'f> Em<'a, 'f> {
             let p = self.horner32(f, &LOGF_P);
             let y = self.mul(p, f);
             let y = self.mul(y, z2);
-            let klo = self.mulk(k, -2.121_944_4e-4);
+            let klo = self.mulk(k, F32_LN2_SPLIT.1);
             let y = self.add(y, klo);
             let hz = self.mulk(z2, 0.5);
             let y = self.sub(y, hz);
             let r = self.add(f, y);
-            let khi = self.mulk(k, 0.693_359_375);
+            let khi = self.mulk(k, F32_LN2_SPLIT.0);
             self.add(r, khi)
         };
 

@@ -432,6 +432,24 @@ fn emit_program(
     emit_insts(ops, p, last, free, &fixed, &mut load, consts)
 }
 
+/// `d = x op src` for a [`VBin`], `src` a register (`Ry(y)`) or a memory operand (`[=>label]`): the one opcode
+/// table of both forms.
+macro_rules! vbin {
+    ($ops:expr, $op:expr, $d:expr, $x:expr, $($src:tt)+) => {
+        match $op {
+            VBin::Add => dynasm!($ops ; .arch x64 ; vaddps Ry($d), Ry($x), $($src)+),
+            VBin::Sub => dynasm!($ops ; .arch x64 ; vsubps Ry($d), Ry($x), $($src)+),
+            VBin::Mul => dynasm!($ops ; .arch x64 ; vmulps Ry($d), Ry($x), $($src)+),
+            VBin::Div => dynasm!($ops ; .arch x64 ; vdivps Ry($d), Ry($x), $($src)+),
+            VBin::And => dynasm!($ops ; .arch x64 ; vandps Ry($d), Ry($x), $($src)+),
+            VBin::Or => dynasm!($ops ; .arch x64 ; vorps Ry($d), Ry($x), $($src)+),
+            VBin::Xor => dynasm!($ops ; .arch x64 ; vxorps Ry($d), Ry($x), $($src)+),
+            VBin::IAdd => dynasm!($ops ; .arch x64 ; vpaddd Ry($d), Ry($x), $($src)+),
+            VBin::ISub => dynasm!($ops ; .arch x64 ; vpsubd Ry($d), Ry($x), $($src)+),
+        }
+    };
+}
+
 /// Emits the arithmetic of `p` and returns the register holding its result. `fixed(i)` names a register that
 /// holds instruction `i` already (the accumulator, a value the caller loaded before a loop): never emitted, never
 /// reused. Every other value takes a register from `free` (released after its last use, per `last`); loads
@@ -467,17 +485,7 @@ pub(crate) fn emit_insts(
             EpInst::Mat { .. } | EpInst::Row { .. } | EpInst::Col { .. } | EpInst::Uniform(_) => load(ops, inst, d),
             EpInst::Bin(op, a, b) => {
                 let (x, y) = (reg[a], reg[b]);
-                match op {
-                    VBin::Add => dynasm!(ops ; .arch x64 ; vaddps Ry(d), Ry(x), Ry(y)),
-                    VBin::Sub => dynasm!(ops ; .arch x64 ; vsubps Ry(d), Ry(x), Ry(y)),
-                    VBin::Mul => dynasm!(ops ; .arch x64 ; vmulps Ry(d), Ry(x), Ry(y)),
-                    VBin::Div => dynasm!(ops ; .arch x64 ; vdivps Ry(d), Ry(x), Ry(y)),
-                    VBin::And => dynasm!(ops ; .arch x64 ; vandps Ry(d), Ry(x), Ry(y)),
-                    VBin::Or => dynasm!(ops ; .arch x64 ; vorps Ry(d), Ry(x), Ry(y)),
-                    VBin::Xor => dynasm!(ops ; .arch x64 ; vxorps Ry(d), Ry(x), Ry(y)),
-                    VBin::IAdd => dynasm!(ops ; .arch x64 ; vpaddd Ry(d), Ry(x), Ry(y)),
-                    VBin::ISub => dynasm!(ops ; .arch x64 ; vpsubd Ry(d), Ry(x), Ry(y)),
-                }
+                vbin!(ops, op, d, x, Ry(y));
             }
             EpInst::Const(k) => {
                 let at = consts.label(ops, k);
@@ -485,17 +493,7 @@ pub(crate) fn emit_insts(
             }
             EpInst::BinK(op, a, k) => {
                 let (x, at) = (reg[a], consts.label(ops, k));
-                match op {
-                    VBin::Add => dynasm!(ops ; .arch x64 ; vaddps Ry(d), Ry(x), [=>at]),
-                    VBin::Sub => dynasm!(ops ; .arch x64 ; vsubps Ry(d), Ry(x), [=>at]),
-                    VBin::Mul => dynasm!(ops ; .arch x64 ; vmulps Ry(d), Ry(x), [=>at]),
-                    VBin::Div => dynasm!(ops ; .arch x64 ; vdivps Ry(d), Ry(x), [=>at]),
-                    VBin::And => dynasm!(ops ; .arch x64 ; vandps Ry(d), Ry(x), [=>at]),
-                    VBin::Or => dynasm!(ops ; .arch x64 ; vorps Ry(d), Ry(x), [=>at]),
-                    VBin::Xor => dynasm!(ops ; .arch x64 ; vxorps Ry(d), Ry(x), [=>at]),
-                    VBin::IAdd => dynasm!(ops ; .arch x64 ; vpaddd Ry(d), Ry(x), [=>at]),
-                    VBin::ISub => dynasm!(ops ; .arch x64 ; vpsubd Ry(d), Ry(x), [=>at]),
-                }
+                vbin!(ops, op, d, x, [=>at]);
             }
             EpInst::FmaK(a, b, k) => {
                 // `vfmadd213ps d, s, m` is d = s * d + m; the product's operands commute (one rounding either way).

@@ -5,15 +5,13 @@
 //!
 //! What translates: f32 `+ - * /`, `sqrt`, `neg`, `abs`, `recip`, comparisons (`< <= == !=`, NaN semantics of the
 //! spec), `where`, bool `and`/`or`/`not`, and f32 `exp`, `tanh` and `log` (so sigmoid, silu, gelu, softplus and
-//! softmax's exponent). The transcendentals expand into `clif_math`'s f32 sequences in their FMA form, operation for
-//! operation, with
-//! constants read from the code's constant pool: the Cranelift kernels compute exactly these sequences on the hosts
-//! that run generated code (they have FMA), so an element gets the same bits from either kernel
-//! (`tests/wide.rs` checks it against a Cranelift run). Anything else (sin/cos, max/min with their NaN rule, an
-//! int value, a gather) returns `None`, and the backend applies the epilogue as a separate compiled pass over C
-//! instead: slower, never wrong.
+//! softmax's exponent), which expand into the Cranelift kernels' own sequences (`program_math.rs`). Anything else
+//! (sin/cos, max/min with their NaN rule, an int value, a gather) returns `None`, and the backend applies the
+//! epilogue as a separate compiled pass over C instead: slower, never wrong. `translate_row_outer` does the same
+//! for a row sum's outer code (`cpu/wide.rs`).
 
 use super::asm::{EpInst, EpProgram, VBin, pred};
+use super::program_math::{f32_bits, push_exp, push_inst, push_log, push_tanh};
 use kiln_jit::DType;
 use kiln_jit::dtype::Scalar;
 use kiln_jit::kernel::Inst;
@@ -37,20 +35,13 @@ pub struct EpOperand {
     pub kind: OperandKind,
 }
 
-/// The value of one uniform slot.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum UniformSrc {
-    /// The outer instruction with this index, evaluated on the host per launch.
-    Inst(usize),
-    /// A fixed bit pattern (sign masks).
-    Bits(u32),
-}
-
 #[derive(Clone, Debug)]
 pub struct Epilogue {
     pub program: EpProgram,
     pub operands: Vec<EpOperand>,
-    pub uniforms: Vec<UniformSrc>,
+    /// Per uniform slot, the outer instruction it holds (evaluated on the host per launch). Fixed bit patterns
+    /// (sign masks, `not`'s all-ones) are constants of the program instead (`EpInst::BinK`).
+    pub uniforms: Vec<usize>,
     /// Which outer instructions are uniform (the host evaluates these).
     pub uniform_insts: Vec<bool>,
 }
@@ -102,7 +93,7 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
                     // Only feeds other uniform values (a cast), or an unsupported use caught below.
                     continue;
                 }
-                ep.uniforms.push(UniformSrc::Inst(i));
+                ep.uniforms.push(i);
                 let slot = ep.uniforms.len() - 1;
                 push(&mut ep, EpInst::Uniform(slot))
             }
@@ -154,11 +145,7 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
                     }
                     (InstOp::Unary(u, a), DType::F32) => push_float_unary(&mut ep.program, *u, f32_of(*a)?)?,
                     (InstOp::Unary(UnaryOp::Not, a), DType::Bool) => {
-                        let x = bool_of(*a)?;
-                        ep.uniforms.push(UniformSrc::Bits(u32::MAX));
-                        let slot = ep.uniforms.len() - 1;
-                        let s = push(&mut ep, EpInst::Uniform(slot));
-                        push(&mut ep, EpInst::Bin(VBin::Xor, x, s))
+                        push(&mut ep, EpInst::BinK(VBin::Xor, bool_of(*a)?, u32::MAX))
                     }
                     (InstOp::Cast(a), DType::F32) if k.outer[*a].dtype == DType::F32 => get(*a)?,
                     _ => return None,
@@ -199,144 +186,6 @@ fn push_float_unary(p: &mut EpProgram, u: UnaryOp, x: usize) -> Option<usize> {
         UnaryOp::Log => push_log(p, x),
         _ => return None,
     })
-}
-
-/// Appends f32 `e^x` and returns its value: `clif_math`'s f32 `exp` in its FMA form (the Cranelift kernels' form on
-/// the hosts these programs run on, which have FMA) operation for operation, so an element gets the same bits from
-/// either kernel: clamp, then [`push_exp_reduced`], then `p * 2^n1 * 2^n2` with `n1 = n >> 1`, `n2 = n - n1`
-/// (overflow and subnormal results rounded once, by the last multiply).
-fn push_exp(p: &mut EpProgram, x: usize) -> usize {
-    use kiln_jit::render::clif_math::EXPF_CLAMP;
-    let x = push_inst(p, EpInst::MaxK(x, f32_bits(EXPF_CLAMP.0)));
-    let x = push_inst(p, EpInst::MinK(x, f32_bits(EXPF_CLAMP.1)));
-    let (e, n) = push_exp_reduced(p, x);
-    let n1 = push_inst(p, EpInst::Sar(n, 1));
-    let n2 = push_inst(p, EpInst::Bin(VBin::ISub, n, n1));
-    let s1 = push_pow2(p, n1);
-    let s2 = push_pow2(p, n2);
-    let e = push_inst(p, EpInst::Bin(VBin::Mul, e, s1));
-    push_inst(p, EpInst::Bin(VBin::Mul, e, s2))
-}
-
-/// `(p, n)` with e^x = p * 2^n for a clamped `x` (`clif_math`'s `exp_reduced`, f32, FMA form): `n = round(x log2 e)`
-/// by the magic-number trick, Cody-Waite `r = x - n ln2`, `p = 1 + r + r^2 P(r)` with the Cephes polynomial by
-/// fused multiply-adds; `n` in integer lanes.
-fn push_exp_reduced(p: &mut EpProgram, x: usize) -> (usize, usize) {
-    use kiln_jit::render::clif_math::{EXPF_LN2, EXPF_P};
-    let magic = 1.5 * 2f64.powi(23);
-    let y = push_inst(p, EpInst::BinK(VBin::Mul, x, f32_bits(std::f64::consts::LOG2_E)));
-    let t = push_inst(p, EpInst::BinK(VBin::Add, y, f32_bits(magic)));
-    let nf = push_inst(p, EpInst::BinK(VBin::Add, t, f32_bits(-magic)));
-    // The integer n, from t's bits (computed here so that t is free during the polynomial).
-    let n = push_inst(p, EpInst::BinK(VBin::ISub, t, f32_bits(magic)));
-    let h = push_inst(p, EpInst::BinK(VBin::Mul, nf, f32_bits(EXPF_LN2.0)));
-    let r = push_inst(p, EpInst::Bin(VBin::Sub, x, h));
-    let l = push_inst(p, EpInst::BinK(VBin::Mul, nf, f32_bits(EXPF_LN2.1)));
-    let r = push_inst(p, EpInst::Bin(VBin::Sub, r, l));
-    let q = push_horner(p, r, &EXPF_P);
-    let r2 = push_inst(p, EpInst::Bin(VBin::Mul, r, r));
-    let e = push_inst(p, EpInst::Bin(VBin::Mul, q, r2));
-    let e = push_inst(p, EpInst::Bin(VBin::Add, e, r));
-    (push_inst(p, EpInst::BinK(VBin::Add, e, f32_bits(1.0))), n)
-}
-
-/// f32 `tanh(x)` as `clif_math` computes it (f32, FMA form): on `a = |x|`, `a + a^3 P(a^2)` below 0.625, else
-/// `1 - 2 / (e^(2a) + 1)` with `2a` capped at 40 (one 2^n scale), then x's sign.
-fn push_tanh(p: &mut EpProgram, x: usize) -> usize {
-    use kiln_jit::render::clif_math::TANHF_P;
-    let a = push_inst(p, EpInst::BinK(VBin::And, x, 0x7fff_ffff));
-    let bound = push_inst(p, EpInst::Const(f32_bits(0.625)));
-    let small = push_inst(p, EpInst::Cmp(pred::LT_OQ, a, bound));
-    let a2 = push_inst(p, EpInst::Bin(VBin::Add, a, a));
-    let u = push_inst(p, EpInst::MinK(a2, f32_bits(40.0)));
-    let (e, n) = push_exp_reduced(p, u);
-    let s = push_pow2(p, n);
-    let e = push_inst(p, EpInst::Bin(VBin::Mul, e, s));
-    let e1 = push_inst(p, EpInst::BinK(VBin::Add, e, f32_bits(1.0)));
-    let z = push_inst(p, EpInst::Bin(VBin::Mul, a, a));
-    let pz = push_horner(p, z, &TANHF_P);
-    let sm = push_inst(p, EpInst::Bin(VBin::Mul, pz, z));
-    let sm = push_inst(p, EpInst::Bin(VBin::Mul, sm, a));
-    let sm = push_inst(p, EpInst::Bin(VBin::Add, sm, a));
-    let two = push_inst(p, EpInst::Const(f32_bits(2.0)));
-    let q = push_inst(p, EpInst::Bin(VBin::Div, two, e1));
-    let one = push_inst(p, EpInst::Const(f32_bits(1.0)));
-    let bg = push_inst(p, EpInst::Bin(VBin::Sub, one, q));
-    let res = push_inst(p, EpInst::Select { mask: small, t: sm, f: bg });
-    let sign = push_inst(p, EpInst::BinK(VBin::And, x, 0x8000_0000));
-    push_inst(p, EpInst::Bin(VBin::Or, res, sign))
-}
-
-/// f32 `ln(x)` as `clif_math` computes it (Cephes `logf`, f32, FMA form): subnormals scaled by 2^23 first, `x = z *
-/// 2^k` with `z` in [sqrt(1/2), sqrt(2)) from the bit pattern, `f = z - 1`, `f - f^2/2 + f^3 P(f) + k ln2` (ln2
-/// split), then NaN and +inf as they are, negative -> NaN, ±0 -> -inf.
-fn push_log(p: &mut EpProgram, x: usize) -> usize {
-    use kiln_jit::render::clif_math::{EXPF_LN2, LOGF_P};
-    let two23 = 2f64.powi(23);
-    let min_normal = push_inst(p, EpInst::Const(f32::MIN_POSITIVE.to_bits()));
-    let den = push_inst(p, EpInst::Cmp(pred::LT_OQ, x, min_normal));
-    let scaled = push_inst(p, EpInst::BinK(VBin::Mul, x, f32_bits(two23)));
-    let xs = push_inst(p, EpInst::Select { mask: den, t: scaled, f: x });
-    // The bits of sqrt(1/2), and the same with the exponent field cleared to 0 (bias - 1 = 126 taken off), so the
-    // difference keeps a non-negative exponent field holding k + 126.
-    let off = 0x3f35_04f3_u32;
-    let tmp = push_inst(p, EpInst::BinK(VBin::ISub, xs, off - (126 << 23)));
-    let kb = push_inst(p, EpInst::Shr(tmp, 23));
-    let zb = push_inst(p, EpInst::BinK(VBin::And, tmp, (1 << 23) - 1));
-    let z = push_inst(p, EpInst::BinK(VBin::IAdd, zb, off));
-    // k as a float: or-ing the small non-negative kb into the mantissa of 2^23 is exact.
-    let kf = push_inst(p, EpInst::BinK(VBin::Or, kb, f32_bits(two23)));
-    let adj_normal = push_inst(p, EpInst::Const(f32_bits(two23 + 126.0)));
-    let adj_den = push_inst(p, EpInst::Const(f32_bits(two23 + 126.0 + 23.0)));
-    let adj = push_inst(p, EpInst::Select { mask: den, t: adj_den, f: adj_normal });
-    let k = push_inst(p, EpInst::Bin(VBin::Sub, kf, adj));
-    let f = push_inst(p, EpInst::BinK(VBin::Add, z, f32_bits(-1.0)));
-    let z2 = push_inst(p, EpInst::Bin(VBin::Mul, f, f));
-    let q = push_horner(p, f, &LOGF_P);
-    let y = push_inst(p, EpInst::Bin(VBin::Mul, q, f));
-    let y = push_inst(p, EpInst::Bin(VBin::Mul, y, z2));
-    let klo = push_inst(p, EpInst::BinK(VBin::Mul, k, f32_bits(EXPF_LN2.1)));
-    let y = push_inst(p, EpInst::Bin(VBin::Add, y, klo));
-    let hz = push_inst(p, EpInst::BinK(VBin::Mul, z2, f32_bits(0.5)));
-    let y = push_inst(p, EpInst::Bin(VBin::Sub, y, hz));
-    let r = push_inst(p, EpInst::Bin(VBin::Add, f, y));
-    let khi = push_inst(p, EpInst::BinK(VBin::Mul, k, f32_bits(EXPF_LN2.0)));
-    let res = push_inst(p, EpInst::Bin(VBin::Add, r, khi));
-    let inf = push_inst(p, EpInst::Const(f32::INFINITY.to_bits()));
-    let big = push_inst(p, EpInst::Cmp(pred::NLT_UQ, x, inf));
-    let res = push_inst(p, EpInst::Select { mask: big, t: x, f: res });
-    let zero = push_inst(p, EpInst::Const(0));
-    let neg = push_inst(p, EpInst::Cmp(pred::LT_OQ, x, zero));
-    let nan = push_inst(p, EpInst::Const(f32::NAN.to_bits()));
-    let res = push_inst(p, EpInst::Select { mask: neg, t: nan, f: res });
-    let is_zero = push_inst(p, EpInst::Cmp(pred::EQ_OQ, x, zero));
-    let minf = push_inst(p, EpInst::Const(f32::NEG_INFINITY.to_bits()));
-    push_inst(p, EpInst::Select { mask: is_zero, t: minf, f: res })
-}
-
-/// `cs[0]`, then `acc * x + c` by fused multiply-adds for each later coefficient (`clif_math`'s `horner32`).
-fn push_horner(p: &mut EpProgram, x: usize, cs: &[f32]) -> usize {
-    let mut q = push_inst(p, EpInst::Const(cs[0].to_bits()));
-    for c in &cs[1..] {
-        q = push_inst(p, EpInst::FmaK(q, x, c.to_bits()));
-    }
-    q
-}
-
-/// 2^n for integer lanes `n` in the normal range: `(n + 127) << 23`.
-fn push_pow2(p: &mut EpProgram, n: usize) -> usize {
-    let b = push_inst(p, EpInst::BinK(VBin::IAdd, n, 127));
-    push_inst(p, EpInst::Shl(b, 23))
-}
-
-fn push_inst(p: &mut EpProgram, i: EpInst) -> usize {
-    p.insts.push(i);
-    p.insts.len() - 1
-}
-
-/// An f64 constant rounded to f32, as `clif_math` rounds its constants.
-fn f32_bits(v: f64) -> u32 {
-    (v as f32).to_bits()
 }
 
 /// A reduce kernel's outer code as a register program of its accumulator and constants alone (a row sum's
@@ -396,31 +245,23 @@ pub struct Uniforms {
 pub const MAX_UNIFORMS: usize = 16;
 
 impl Uniforms {
-    /// Fixed bit patterns as they are; outer instructions evaluated on the host from the launch's buffers.
+    /// The uniform outer instructions, evaluated on the host from the launch's buffers.
     ///
     /// # Safety
     /// `ptrs` holds the launch's input pointers, each valid for the buffer the kernel IR declares at its position.
     pub unsafe fn for_launch(ep: Option<&Epilogue>, outer: &[Inst], ptrs: &[*mut u8]) -> Uniforms {
         let mut u = Uniforms { vals: [[0f32; 8]; MAX_UNIFORMS] };
-        let Some(ep) = ep else { return u };
-        let any_inst = ep.uniforms.iter().any(|u| matches!(u, UniformSrc::Inst(_)));
-        let vals = if any_inst {
-            // SAFETY: the caller's contract; the indices are the constant ones the kernel IR reads.
-            let mut load = |buf: usize, i: usize, d: DType| unsafe { read_scalar(ptrs[buf], i, d) };
-            kiln_jit::kernel::eval::eval_uniform(outer, &ep.uniform_insts, &mut load)
-        } else {
-            smallvec::SmallVec::new()
-        };
-        for (slot, src) in ep.uniforms.iter().enumerate().take(MAX_UNIFORMS) {
-            let bits = match *src {
-                UniformSrc::Bits(b) => b,
-                UniformSrc::Inst(i) => match vals[i] {
-                    Some(Scalar::Bool(true)) => u32::MAX,
-                    Some(Scalar::Bool(false)) => 0,
-                    Some(Scalar::Float(x)) => (x as f32).to_bits(),
-                    Some(Scalar::Int(x)) => (x as f32).to_bits(),
-                    None => 0,
-                },
+        let Some(ep) = ep.filter(|ep| !ep.uniforms.is_empty()) else { return u };
+        // SAFETY: the caller's contract; the indices are the constant ones the kernel IR reads.
+        let mut load = |buf: usize, i: usize, d: DType| unsafe { read_scalar(ptrs[buf], i, d) };
+        let vals = kiln_jit::kernel::eval::eval_uniform(outer, &ep.uniform_insts, &mut load);
+        for (slot, &i) in ep.uniforms.iter().enumerate().take(MAX_UNIFORMS) {
+            let bits = match vals[i] {
+                Some(Scalar::Bool(true)) => u32::MAX,
+                Some(Scalar::Bool(false)) => 0,
+                Some(Scalar::Float(x)) => (x as f32).to_bits(),
+                Some(Scalar::Int(x)) => (x as f32).to_bits(),
+                None => 0,
             };
             u.vals[slot] = [f32::from_bits(bits); 8];
         }

@@ -21,6 +21,7 @@ mod dot;
 pub use kiln_autotune::cpu_gemm as config;
 pub mod epilogue;
 mod pack;
+mod program_math;
 pub(crate) mod select;
 mod splitk;
 mod transposed;
