@@ -224,7 +224,19 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
         for &kc in kcs {
             for mc_mult in [12, 24] {
                 for nc in [1024, 4096] {
-                    for pack_b in [true, false] {
+                    // A skinny problem reads A (a few rows) in place. A larger one packs A, or reads it in
+                    // place with B packed: the kernel then broadcasts from MR row streams instead of one packed
+                    // panel, and no thread spends time transposing A into panels. Measured (`kiln tune --mode
+                    // full`, 2 threads, each shape's best of either): 1024 x 128 x 256 310-313 -> 294 µs, 1024 x
+                    // 256 x 128 310-314 -> 297-300, 128 x 256 x 784 331-351 -> 317-322, 1024 x 256 x 1024 (W
+                    // stored N x K) 2501-2516 -> 2462, 1024^3 10070 -> 9865; 2048^3 and A stored transposed (a
+                    // weight gradient's `dy.t()`) within noise either way. The races decide per shape.
+                    let reads: &[(bool, bool)] = if skinny {
+                        &[(false, true), (false, false)]
+                    } else {
+                        &[(true, true), (true, false), (false, true)]
+                    };
+                    for &(pack_a, pack_b) in reads {
                         // B in place needs its rows contiguous (kn); it saves packing a weight that is read by
                         // few row blocks (skinny, or M within one MC block).
                         if !(pack_b || b_inplace_ok && (skinny || v.m <= mr * mc_mult)) {
@@ -242,7 +254,7 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
                                 kc: kc.min(v.k.next_multiple_of(16)),
                                 mc: (mr * mc_mult).min(v.m.next_multiple_of(mr)),
                                 nc: nc.min(v.n.next_multiple_of(8 * nv)),
-                                pack_a: !skinny,
+                                pack_a,
                                 pack_b,
                                 split_m,
                                 unroll: 4,
@@ -525,6 +537,30 @@ mod tests {
         // Large problems keep their ranking: the library stays a contender at 1024^3.
         let v = view(1024, 1024, 1024);
         assert!(score(&v, &GemmImpl::Library, 2) > 100.0);
+    }
+
+    /// A problem past the skinny rows offers each register tile with A packed and with A read in place (B
+    /// packed), as two families, so fast mode's two timed slots race one of each (`search::timed_set` takes the
+    /// best of each family first); a skinny one never packs A.
+    #[test]
+    fn larger_problems_offer_a_packed_and_in_place() {
+        for (m, n, k) in [(1024, 1024, 1024), (1024, 128, 256), (17, 300, 77)] {
+            let cands = candidates(&view(m, n, k), true);
+            for (mr, nv) in [(6, 2), (4, 3)] {
+                for pack_a in [true, false] {
+                    assert!(
+                        cands.iter().any(|c| matches!(c, GemmImpl::Asm(c)
+                            if c.mr == mr && c.nv == nv && c.pack_a == pack_a && c.pack_b)),
+                        "{m}x{n}x{k}: no {mr}x{} candidate with pack_a = {pack_a}",
+                        8 * nv
+                    );
+                }
+            }
+            let families: std::collections::BTreeSet<&str> = cands.iter().map(|c| c.family()).collect();
+            assert!(families.contains("packed A, packed B") && families.contains("A in place, packed B"));
+        }
+        let skinny = candidates(&view(SKINNY_M, 300, 77), true);
+        assert!(!skinny.iter().any(|c| matches!(c, GemmImpl::Asm(c) if c.pack_a)));
     }
 
     #[test]
