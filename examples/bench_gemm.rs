@@ -111,31 +111,22 @@ fn main() {
     // Skinny GEMMs with weights cycled from DRAM, against the read bandwidth of the same weights.
     let weights: Vec<kiln::Tensor> = (0..SKINNY_WEIGHTS).map(|i| tensor(SKINNY_K, SKINNY_N, 10 + i)).collect();
     let host_w: Vec<Vec<f32>> = (0..SKINNY_WEIGHTS).map(|i| values(SKINNY_K * SKINNY_N, 10 + i)).collect();
-    let mut i = 0;
-    let read_s = median(
-        &(0..runs)
-            .map(|_| {
-                i += 1;
-                read_once(&host_w[i % SKINNY_WEIGHTS], threads)
-            })
-            .collect::<Vec<_>>(),
-    );
     let w_bytes = (SKINNY_K * SKINNY_N * 4) as f64;
-    let read_gbs = w_bytes / read_s / 1e9;
     for m in [1usize, 8, 64] {
         let x = tensor(m, SKINNY_K, 3);
         for w in &weights {
             let _ = timed(|| x.matmul(w));
         }
-        let mut j = 0;
-        let s = median(
-            &(0..runs.max(8))
-                .map(|_| {
-                    j += 1;
-                    timed(|| x.matmul(&weights[j % SKINNY_WEIGHTS]))
-                })
-                .collect::<Vec<_>>(),
-        );
+        // The read baseline interleaved with the GEMM, call by call: this host's DRAM bandwidth moves by 1.5x
+        // within minutes (27 and 45 GB/s in one session), so a baseline measured before the GEMMs compared them
+        // with another moment's memory system.
+        let (mut reads, mut gemms) = (Vec::new(), Vec::new());
+        for j in 0..runs.max(8) {
+            reads.push(read_once(&host_w[j % SKINNY_WEIGHTS], threads));
+            gemms.push(timed(|| x.matmul(&weights[(j + 1) % SKINNY_WEIGHTS])));
+        }
+        let (read_s, s) = (median(&reads), median(&gemms));
+        let read_gbs = w_bytes / read_s / 1e9;
         let gbs = w_bytes / s / 1e9;
         rows.push(format!(
             "| M = {m}, K = N = 4096, weights from DRAM | {:.1} GFLOP/s, weights at {gbs:.1} GB/s ({:.2} ms) | read bandwidth: {read_gbs:.1} GB/s | {:.0} % of read BW | >= 1.0x PyTorch{} |",
