@@ -352,14 +352,22 @@ pub fn splitk_legal(v: &GemmView) -> bool {
     v.batch.is_empty() && v.m <= DOT_MAX_M && v.b.cols == 1 && v.k >= 32 && v.n > 0
 }
 
+/// Bytes of B in one split-K part (its rows of B) above which they come from memory rather than a core's L2 (512 KiB
+/// on Zen 3, 1 MiB on Zen 4): the split-K GEMV then reads them a few rows at a time (`kiln-backends`'
+/// `cpu/gemm/splitk.rs`), front to back.
+pub const SPLITK_STREAMED_PART_BYTES: usize = 512 * 1024;
+
 /// The split-K candidate's estimate on its own: bound by reading B once per row of A, like the broadcast kernels
-/// that stream B in place, plus a reduction and the epilogue pass, so ranked under them (at 1 x 256 x 128 on 2
-/// threads, alone and warm: 1.81 µs against 1.54 for the best broadcast tile; 1 x 4096 x 4096 with the weights from
-/// DRAM: 10.0 against 15.8 GFLOP/s in `bench_gemm`). Where it wins, in a training step, it is not ranked but chosen:
-/// [`step_candidates`].
+/// that stream B in place. With B in cache, plus a reduction and the epilogue pass, it is ranked under them (at 1 x
+/// 256 x 128 on 2 threads, alone and warm: 1.81 µs against 1.54 for the best broadcast tile); where it wins in a
+/// training step, it is not ranked but chosen ([`step_candidates`]). With B streamed from memory each thread reads
+/// its contiguous half of B front to back, which beat every column split: 1 x 4096 x 4096, four weights cycled from
+/// DRAM, interleaved with a plain read, four runs: 104-113 % of the read bandwidth against 95-108 % for the best
+/// generated kernel (a scratch timing of each on the real kernel), so it is ranked over them there.
 fn splitk_score(v: &GemmView, threads: usize) -> f64 {
     let t = threads.min(v.k / 16).max(1);
-    0.6 * streaming_b_score(v, t) / v.m.max(1) as f64
+    let streamed = v.k / t * v.n * 4 > SPLITK_STREAMED_PART_BYTES;
+    (if streamed { 1.1 } else { 0.6 }) * streaming_b_score(v, t) / v.m.max(1) as f64
 }
 
 /// GFLOP/s of a skinny GEMM bound by reading B once per row of A from memory at the cost model's bandwidth, on `t`
@@ -526,15 +534,15 @@ mod tests {
     }
 
     /// The model's first choice for a batch-1 layer, and for a linear layer (W stored N x K) at 16-64 rows, is a
-    /// generated kernel, not the library or split K, which were timed slower there (see `splitk_score` and `score`).
+    /// generated kernel, not the library or split K, which were timed slower there (see `splitk_score` and `score`);
+    /// for one row times a B streamed from memory, split K, which read it faster than the generated kernels.
     #[test]
     fn skinny_gemms_rank_generated_kernels_first() {
         let linear = |m: usize, n: usize, k: usize| GemmView {
             b: GemmOperand { buf: 0, offset: 0, batch: vec![], rows: 1, cols: k as i64 },
             ..view(m, n, k)
         };
-        let kn = [(1, 4096, 4096), (1, 256, 128), (1, 128, 256), (2, 1024, 1024), (8, 4096, 4096)]
-            .map(|(m, n, k)| view(m, n, k));
+        let kn = [(1, 256, 128), (1, 128, 256), (2, 1024, 1024), (8, 4096, 4096)].map(|(m, n, k)| view(m, n, k));
         let nk = [(16, 256, 784), (32, 256, 784), (64, 256, 784)].map(|(m, n, k)| linear(m, n, k));
         for v in kn.iter().chain(&nk) {
             let (m, n, k) = (v.m, v.n, v.k);
@@ -544,6 +552,11 @@ mod tests {
                 .max_by(|a, b| score(&v, a, 2).total_cmp(&score(&v, b, 2)))
                 .expect("candidates");
             assert!(matches!(best, GemmImpl::Asm(_) | GemmImpl::Transposed(_)), "{m}x{n}x{k}: {}", best.name());
+        }
+        for (n, k) in [(4096, 4096), (2048, 8192)] {
+            let v = view(1, n, k);
+            let best = candidates(&v, true).into_iter().max_by(|a, b| score(&v, a, 2).total_cmp(&score(&v, b, 2)));
+            assert_eq!(best, Some(GemmImpl::SplitK), "1x{n}x{k}");
         }
         // Large problems keep their ranking: the library stays a contender at 1024^3.
         let v = view(1024, 1024, 1024);
@@ -557,8 +570,9 @@ mod tests {
         for (m, n) in [(1, 4096), (4, 4096), (1, 2000)] {
             let v = view(m, n, 4096);
             let cands = candidates(&v, true);
-            // The first of the best scores, as the search ranks them (a stable sort: ties keep candidate order).
-            let mut ranked: Vec<&GemmImpl> = cands.iter().collect();
+            // The first of the best scores among the generated kernels, as the search ranks them (a stable sort:
+            // ties keep candidate order).
+            let mut ranked: Vec<&GemmImpl> = cands.iter().filter(|c| matches!(c, GemmImpl::Asm(_))).collect();
             ranked.sort_by(|a, b| score(&v, b, 2).total_cmp(&score(&v, a, 2)));
             let best = ranked[0];
             match best {
