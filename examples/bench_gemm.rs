@@ -118,7 +118,7 @@ fn main() {
             let _ = timed(|| x.matmul(w));
         }
         // The read baseline interleaved with the GEMM, call by call: this host's DRAM bandwidth moves by 1.5x
-        // within minutes (27 and 45 GB/s in one session), so a baseline measured before the GEMMs compared them
+        // within minutes (27 to 54 GB/s in one session), so a baseline measured before the GEMMs compared them
         // with another moment's memory system.
         let (mut reads, mut gemms) = (Vec::new(), Vec::new());
         for j in 0..runs.max(8) {

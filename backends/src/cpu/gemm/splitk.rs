@@ -14,11 +14,15 @@
 //! partials are then added into C in part order, so results do not depend on timing. The epilogue runs as the
 //! backend's pass over C, as for the library and dot candidates.
 //!
+//! A part whose rows of B do not fit a core's cache (a GEMV over a large weight in memory) reads them front to back,
+//! [`STREAM_ROWS`] rows at a time, each thread one contiguous half of B: the best order for DRAM (see there).
+//!
 //! Deliberately not done: register tiles over several rows of A (each row streams the part's rows of B once: right
 //! for the one or two rows it is for; at eight rows the packing kernels are faster and win the race).
 
 use super::Ctx;
 use super::tune::SendPtr as Ptr;
+use kiln_autotune::cpu_gemm::SPLITK_STREAMED_PART_BYTES;
 use kiln_jit::kernel::gemm::GemmView;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -104,10 +108,6 @@ pub unsafe fn splitk_gemm(v: &GemmView, cx: &Ctx) {
     });
 }
 
-// A part's rows of B above this many bytes come from memory rather than a core's L2: they are read in blocks of
-// `STREAM_ROWS` rows (the cost model ranks the candidate by the same bound).
-use kiln_autotune::cpu_gemm::SPLITK_STREAMED_PART_BYTES as CACHED_PART_BYTES;
-
 /// Rows of B read together when B streams from memory. The column strips then sweep each block's rows side by side,
 /// so a part reads its rows of B front to back, a few rows at a time, instead of one strip of every row per sweep
 /// (the order for a B in cache: the accumulators stay in registers across all of K). Measured at 1 x 4096 x 4096, 2
@@ -134,7 +134,8 @@ unsafe fn rows_times_b(
     n: usize,
     out: *mut f32,
 ) {
-    let block = if (k1 - k0) * n * 4 > CACHED_PART_BYTES { STREAM_ROWS } else { k1 - k0 };
+    // The cost model ranks the candidate by the same bound (`splitk_score`).
+    let block = if (k1 - k0) * n * 4 > SPLITK_STREAMED_PART_BYTES { STREAM_ROWS } else { k1 - k0 };
     let mut t0 = k0;
     while t0 < k1 {
         let rows = (t0, (t0 + block).min(k1));
