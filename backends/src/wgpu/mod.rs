@@ -150,6 +150,14 @@ impl WgpuBackend {
         format!("{} ({:?}, {} {})", i.name, i.backend, i.driver, i.driver_info)
     }
 
+    /// The most trips this adapter's driver runs of one shader loop in one invocation, where it caps them: Mesa's
+    /// llvmpipe (lavapipe, what CI and GPU-less machines run) stops every loop after 65535 trips, counted over the
+    /// invocation, and drops that invocation's stores (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`): a sum over 65536
+    /// elements read 0.0 there, with no error. `None` for drivers without such a cap.
+    pub(crate) fn loop_trip_cap(&self) -> Option<usize> {
+        self.ctx.info.name.contains("llvmpipe").then_some(65_535)
+    }
+
     /// Whether tensors of `d` can live here: not the 64-bit types (no WGSL type), and f16 only with `SHADER_F16`.
     pub fn supports(&self, d: DType) -> bool {
         wgsl::supports(d) && (d != DType::F16 || self.ctx.f16)

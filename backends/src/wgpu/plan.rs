@@ -65,6 +65,18 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
             Some((k, record)) => (k, Some(record)),
             None => (wgsl::render(&l.kernel).map_err(err)?, None),
         };
+        // A reduction runs its whole reduce loop nest in each invocation (the GEMM template: its K loop).
+        let trips = l.kernel.reduce.as_ref().map_or(0, |r| r.extents.iter().product::<usize>());
+        if let Some(cap) = backend.loop_trip_cap()
+            && trips > cap
+        {
+            return Err(err(format!(
+                "kernel {} folds {trips} elements in each shader invocation; this adapter ({}) stops a shader loop \
+                 after {cap} trips and would return wrong values. Run it on Device::cpu(), or on a GPU driver",
+                l.kernel.name,
+                backend.adapter()
+            )));
+        }
         if let Some(d) = &dump {
             match &record {
                 Some(r) => d.tuned_kernel_files(&l.kernel, "wgsl", &k.source, &r.winner, &r.table()),

@@ -184,32 +184,8 @@ impl KernelIr {
                 None => return self.clone(),
             }
         }
-        let ext = &self.out_extents;
-        // group[d]: the merged loop dim d belongs to.
-        let mut group = vec![0usize; rank];
-        for d in 1..rank {
-            let joins = affine.iter().all(|(coef, _)| coef[d - 1] == coef[d] * ext[d] as i64);
-            group[d] = group[d - 1] + usize::from(!joins);
-        }
-        let merged = group[rank - 1] + 1;
-        if merged == rank {
-            return self.clone();
-        }
-        let mut extents = vec![1usize; merged];
-        for d in 0..rank {
-            extents[group[d]] *= ext[d];
-        }
-        // A merged loop's coefficient is that of its innermost dim.
-        let remap = |e: &IExpr| {
-            let (coef, c) = e.affine(rank).expect("checked affine above");
-            let mut out = vec![0i64; merged];
-            for d in 0..rank {
-                if d + 1 == rank || group[d + 1] != group[d] {
-                    out[group[d]] = coef[d];
-                }
-            }
-            IExpr::from_affine(&out, c)
-        };
+        let Some((extents, group)) = row_major_groups(&self.out_extents, &affine) else { return self.clone() };
+        let remap = |e: &IExpr| regroup(e, &group, extents.len());
         let mut k = self.clone();
         for inst in &mut k.outer {
             match &mut inst.op {
@@ -296,6 +272,41 @@ impl KernelIr {
         let _ = writeln!(s, "  }}");
         s
     }
+}
+
+/// Adjacent loops of `ext` that every affine index (`(coef, constant)` over those loops) walks as one row-major
+/// counter (`coef[d] == coef[d + 1] * ext[d + 1]`), merged: the merged extents and, for each loop, the merged loop it
+/// joins. `None` when no two loops merge.
+pub(crate) fn row_major_groups(ext: &[usize], affine: &[(Vec<i64>, i64)]) -> Option<(Vec<usize>, Vec<usize>)> {
+    let rank = ext.len();
+    let mut group = vec![0usize; rank];
+    for d in 1..rank {
+        let joins = affine.iter().all(|(coef, _)| coef[d - 1] == coef[d] * ext[d] as i64);
+        group[d] = group[d - 1] + usize::from(!joins);
+    }
+    let merged = group.last().map_or(0, |g| g + 1);
+    if merged == rank {
+        return None;
+    }
+    let mut extents = vec![1usize; merged];
+    for d in 0..rank {
+        extents[group[d]] *= ext[d];
+    }
+    Some((extents, group))
+}
+
+/// An affine index over the loops that `group` (from [`row_major_groups`]) merges, over the merged loops: a merged
+/// loop's coefficient is that of its innermost loop.
+pub(crate) fn regroup(e: &IExpr, group: &[usize], merged: usize) -> IExpr {
+    let rank = group.len();
+    let (coef, c) = e.affine(rank).expect("grouped from affine indices");
+    let mut out = vec![0i64; merged];
+    for d in 0..rank {
+        if d + 1 == rank || group[d + 1] != group[d] {
+            out[group[d]] = coef[d];
+        }
+    }
+    IExpr::from_affine(&out, c)
 }
 
 fn write_insts(s: &mut String, prefix: &str, insts: &[Inst]) {

@@ -1,5 +1,6 @@
 //! From graph to kernels: fusion and scheduling (`schedule`), lowering to the target-neutral kernel IR (`lower`,
-//! `ir`, `index`), and a host evaluator of that IR (`eval`), which is the reference every renderer is held to.
+//! `ir`, `index`), splitting a large reduction to one value over the cores (`split`), and a host evaluator of that IR
+//! (`eval`), which is the reference every renderer is held to.
 
 mod donate;
 pub mod eval;
@@ -9,6 +10,7 @@ pub mod ir;
 mod lower;
 pub mod schedule;
 pub mod simplify;
+pub mod split;
 
 pub use donate::Donation;
 pub use index::IExpr;

@@ -14,15 +14,18 @@
 //!    launch that reads them, and share arena slots when their lifetimes do not overlap.
 //! 5. Except that a kernel replacing an input (a parameter update) runs last, so its output may take the input's
 //!    buffer (`donate.rs`).
+//! 6. A reduction to one value folds adjacent reduce loops that its indices walk as one into one loop, and a large
+//!    one runs as two kernels, partial results over all cores and then their fold (`split.rs`); the partials take
+//!    an arena slot between the two launches.
 //!
-//! Deliberately not done yet: multi-output kernels (two reductions of the same input run as two kernels), and
-//! splitting a reduction across threads (a full reduction to one value runs on one core).
+//! Deliberately not done yet: multi-output kernels (two reductions of the same input run as two kernels).
 
 use crate::dtype::Scalar;
 use crate::graph::Graph;
 use crate::kernel::index::IExpr;
 use crate::kernel::ir::{BufParam, Inst, InstOp, KernelIr};
 use crate::kernel::lower::lower;
+use crate::kernel::split::{split_full_reduction, with_merged_reduce_loops};
 use crate::op::{Op, UnaryOp};
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::NodeIndexable;
@@ -288,12 +291,16 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         .iter()
         .map(|&k| {
             let (ir, reads) = lower(graph, k, stage[k.index()], &mat);
-            (k, ir, reads)
+            // Rule 6 (reductions only: a GEMM's reduce loop is its K, which its own kernels split).
+            let reduces = stage[k.index()].is_some_and(|r| matches!(graph.node(r).op, Op::Reduce { .. }));
+            let ir = if reduces { with_merged_reduce_loops(&ir) } else { ir };
+            let split = if reduces { split_full_reduction(&ir) } else { None };
+            (k, ir, reads, split)
         })
-        .partition(|(k, _, reads)| !replaces_input(*k, reads));
+        .partition(|(k, _, reads, _)| !replaces_input(*k, reads));
     launches_raw.extend(last);
     let mut last_read = vec![0usize; bound];
-    for (step, (_, _, reads)) in launches_raw.iter().enumerate() {
+    for (step, (_, _, reads, _)) in launches_raw.iter().enumerate() {
         for &r in reads {
             last_read[r.index()] = step;
         }
@@ -317,25 +324,24 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     let mut temps: Vec<usize> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
     let mut launches = Vec::with_capacity(launches_raw.len());
-    for (step, (k, kernel, reads)) in launches_raw.into_iter().enumerate() {
+    for (step, (k, kernel, reads, split)) in launches_raw.into_iter().enumerate() {
+        let mut inputs: Vec<Slot> = reads.iter().map(|r| slot_of[r.index()].expect("read after write")).collect();
+        let (kernel, partials) = match split {
+            Some((partial, combine)) => {
+                let slot = take_slot(&mut temps, &mut free, &partial.output);
+                launches.push(Launch { kernel: partial, inputs: inputs.clone(), output: Slot::Temp(slot) });
+                inputs.push(Slot::Temp(slot));
+                (combine, Some(slot))
+            }
+            None => (kernel, None),
+        };
         let output = match graph.outputs.iter().position(|&o| o == k) {
             Some(i) => Slot::Output(i),
-            None => {
-                let bytes = kernel.output.len * kernel.output.dtype.size_of();
-                // Best fit among free slots, growing the largest if none fits.
-                let pick = free.iter().enumerate().filter(|&(_, &s)| temps[s] >= bytes).min_by_key(|&(_, &s)| temps[s]);
-                let slot = match pick {
-                    Some((i, _)) => free.swap_remove(i),
-                    None => {
-                        temps.push(bytes);
-                        temps.len() - 1
-                    }
-                };
-                Slot::Temp(slot)
-            }
+            None => Slot::Temp(take_slot(&mut temps, &mut free, &kernel.output)),
         };
+        // The partials are read by the combining kernel only: free after it (not before its output is placed).
+        free.extend(partials);
         slot_of[k.index()] = Some(output);
-        let inputs: Vec<Slot> = reads.iter().map(|r| slot_of[r.index()].expect("read after write")).collect();
         for r in &reads {
             if last_read[r.index()] == step
                 && let Some(Slot::Temp(t)) = slot_of[r.index()]
@@ -359,6 +365,19 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         }
     }
     KernelPlan { launches, temps, outputs, passthrough }
+}
+
+/// An arena slot for `b`: the best fit among the `free` slots, or a new one.
+fn take_slot(temps: &mut Vec<usize>, free: &mut Vec<usize>, b: &BufParam) -> usize {
+    let bytes = b.len * b.dtype.size_of();
+    let pick = free.iter().enumerate().filter(|&(_, &s)| temps[s] >= bytes).min_by_key(|&(_, &s)| temps[s]);
+    match pick {
+        Some((i, _)) => free.swap_remove(i),
+        None => {
+            temps.push(bytes);
+            temps.len() - 1
+        }
+    }
 }
 
 /// A kernel that copies a buffer.
