@@ -472,3 +472,171 @@ fn params_are_shared_handles_and_set_keeps_shape_and_dtype() {
     let msg = *bad.unwrap_err().downcast::<String>().unwrap();
     assert!(msg.contains("Param::set") && msg.contains("[2, 2]") && msg.contains("[3]"), "{msg}");
 }
+
+/// `cross_entropy_with`'s options against values PyTorch 2.15 printed for the same f64 inputs
+/// (`tests/fixtures/cross_entropy_options.py`): `ignore_index` (the default -100, and a valid class), class
+/// weights, label smoothing, and all together, for every reduction; probability targets with weights and smoothing.
+#[test]
+fn cross_entropy_options_match_pytorch() {
+    use F::CrossEntropyOptions as O;
+    let z = [
+        0.5, -1.25, 2.0, 0.125, 1.5, 0.25, -0.75, 3.0, -2.0, 0.0, 0.5, 1.0, 0.75, 0.75, -0.5, 2.5, 1.0, -0.5, 0.25,
+        -1.5,
+    ];
+    let logits = tensor(DType::F64, &z, &[5, 4]);
+    let w = Some(tensor(DType::F64, &[0.5, 1.0, 2.0, 0.25], &[4]));
+    let padded = Tensor::from_vec(vec![2i64, -100, 0, 3, 1], [5], &dev()).unwrap();
+    let plain = Tensor::from_vec(vec![2i64, 1, 0, 3, 1], [5], &dev()).unwrap();
+    let cases: [(&Tensor, O, [f64; 5], f64, f64); 6] = [
+        (
+            &padded,
+            O::default(),
+            [0.3473127897970557, 0.0, 3.705173162318934, 0.33456681908618446, 2.0752538515477292],
+            6.462306622749904,
+            1.615576655687476,
+        ),
+        (
+            &padded,
+            O { weight: w.clone(), ..O::default() },
+            [0.6946255795941114, 0.0, 1.852586581159467, 0.08364170477154612, 2.0752538515477292],
+            4.706107717072854,
+            1.2549620578860943,
+        ),
+        (
+            &padded,
+            O { label_smoothing: 0.1, ..O::default() },
+            [0.5129377897970557, 0.0, 3.517673162318934, 0.49706681908618444, 2.0440038515477292],
+            6.571681622749904,
+            1.642920405687476,
+        ),
+        (
+            &padded,
+            O { weight: w.clone(), label_smoothing: 0.1, ..O::default() },
+            [0.7694423456781743, 0.0, 1.8209379070109204, 0.3222681735837213, 2.012283514975556],
+            4.924931941248372,
+            1.3133151843328992,
+        ),
+        (
+            &plain,
+            O { ignore_index: Some(3), ..O::default() },
+            [0.3473127897970557, 3.0204665576088487, 3.705173162318934, 0.0, 2.0752538515477292],
+            9.148206361272567,
+            2.287051590318142,
+        ),
+        (
+            &plain,
+            O { ignore_index: Some(3), weight: w.clone(), label_smoothing: 0.2, ..O::default() },
+            [0.8442591117622371, 3.0170857256387382, 1.789289232862374, 0.0, 1.9493131784033826],
+            7.599947248666732,
+            1.6888771663703848,
+        ),
+    ];
+    for (t, o, none, sum, mean) in cases {
+        for (r, want) in [(Reduction::None, &none[..]), (Reduction::Sum, &[sum][..]), (Reduction::Mean, &[mean][..])] {
+            let got = F::cross_entropy_with(&logits, t, &O { reduction: r, ..o.clone() });
+            let got = got.to_host().unwrap().to_f64();
+            close(&got, want, 1e-14, 1e-15);
+        }
+    }
+    // Probability targets: -Σ_c w_c p'_c log q_c with p' = (1 - ε) p + ε / C; the mean divides by the samples.
+    let p: Vec<f64> = (1..=5)
+        .flat_map(|k| {
+            let e: Vec<f64> = [0.1, 0.2, 0.3, 0.4].iter().map(|v: &f64| (v * k as f64).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.into_iter().map(move |v| v / s)
+        })
+        .collect();
+    let p = tensor(DType::F64, &p, &[5, 4]);
+    let prob: [(O, [f64; 5], f64, f64); 3] = [
+        (
+            O { weight: w.clone(), ..O::default() },
+            [1.389450530468563, 3.0157657450538475, 1.3541082967479383, 2.397793297311135, 1.458016116765302],
+            9.615133986346786,
+            1.923026797269357,
+        ),
+        (
+            O { label_smoothing: 0.1, ..O::default() },
+            [1.979977396784749, 2.1700675844573256, 1.531654728333856, 1.7329742497170457, 2.1301756918782537],
+            9.54484965117123,
+            1.908969930234246,
+        ),
+        (
+            O { weight: w.clone(), label_smoothing: 0.1, ..O::default() },
+            [1.3947848014651805, 3.014545410324293, 1.3723074510405444, 2.405004606869351, 1.4567695536713716],
+            9.643411823370743,
+            1.9286823646741484,
+        ),
+    ];
+    for (o, none, sum, mean) in prob {
+        for (r, want) in [(Reduction::None, &none[..]), (Reduction::Sum, &[sum][..]), (Reduction::Mean, &[mean][..])] {
+            let got = F::cross_entropy_with(&logits, &p, &O { reduction: r, ..o.clone() }).to_host().unwrap();
+            close(&got.to_f64(), want, 1e-14, 1e-15);
+        }
+    }
+}
+
+/// A class index that is neither in `0..C` nor ignored makes its sample's loss NaN, and so the sum and the mean
+/// (PyTorch raises an error; kiln's graph is lazy, and a silent 0 was the alternative). Only that sample's: the
+/// others keep their values. Every target ignored gives a mean of 0 / 0, NaN, as PyTorch's.
+#[test]
+fn cross_entropy_out_of_range_targets_are_nan_not_silent() {
+    let z = data(DType::F64, 12, 3, Dom::Cont(-2.0, 2.0));
+    let logits = tensor(DType::F64, &z, &[3, 4]);
+    for bad in [4i64, -1, -7] {
+        let t = Tensor::from_vec(vec![1i64, bad, 3], [3], &dev()).unwrap();
+        let per = F::cross_entropy(&logits, &t, Reduction::None).to_host().unwrap().to_f64();
+        let want = ce_ref(&z, &[1, 0, 3], 4);
+        assert!(per[1].is_nan(), "target {bad}: {per:?}");
+        close(&[per[0], per[2]], &[want[0], want[2]], 1e-12, 1e-12);
+        for r in [Reduction::Sum, Reduction::Mean] {
+            assert!(F::cross_entropy(&logits, &t, r).item::<f64>().unwrap().is_nan(), "target {bad}, {r:?}");
+        }
+    }
+    let all_ignored = Tensor::from_vec(vec![-100i64; 3], [3], &dev()).unwrap();
+    assert!(F::cross_entropy(&logits, &all_ignored, Reduction::Mean).item::<f64>().unwrap().is_nan());
+    assert_eq!(F::cross_entropy(&logits, &all_ignored, Reduction::Sum).item::<f64>().unwrap(), 0.0);
+}
+
+/// The gradient with every option on (weights, smoothing, an ignored sample) against central differences of the
+/// loss itself, in f64: ignored samples get none.
+#[test]
+fn cross_entropy_options_gradient_matches_finite_differences() {
+    let (n, c) = (4, 3);
+    let z = data(DType::F64, n * c, 11, Dom::Cont(-2.0, 2.0));
+    let t = Tensor::from_vec(vec![2i64, -100, 0, 1], [n], &dev()).unwrap();
+    let opts = F::CrossEntropyOptions {
+        weight: Some(tensor(DType::F64, &[0.5, 2.0, 1.25], &[c])),
+        label_smoothing: 0.15,
+        ..Default::default()
+    };
+    let loss = |z: &[f64]| F::cross_entropy_with(&tensor(DType::F64, z, &[n, c]), &t, &opts).item::<f64>().unwrap();
+    let logits = tensor(DType::F64, &z, &[n, c]).requires_grad();
+    let g = F::cross_entropy_with(&logits, &t, &opts).backward().unwrap();
+    let got = g.get(&logits).unwrap().to_host().unwrap().to_f64();
+    let h = 1e-6;
+    for i in 0..n * c {
+        let (mut up, mut down) = (z.clone(), z.clone());
+        up[i] += h;
+        down[i] -= h;
+        let numeric = (loss(&up) - loss(&down)) / (2.0 * h);
+        assert!((got[i] - numeric).abs() <= 1e-6 * (1.0 + numeric.abs()), "[{i}] {} vs {numeric}", got[i]);
+    }
+    assert!(got[c..2 * c].iter().all(|&v| v == 0.0), "the ignored sample has no gradient: {got:?}");
+}
+
+#[test]
+#[should_panic(expected = "label_smoothing must be in [0, 1], got 1.5")]
+fn cross_entropy_refuses_label_smoothing_outside_0_1() {
+    let logits = tensor(DType::F32, &[0.0; 6], &[2, 3]);
+    let t = Tensor::from_vec(vec![0i64, 2], [2], &dev()).unwrap();
+    let _ = F::cross_entropy_with(&logits, &t, &F::CrossEntropyOptions { label_smoothing: 1.5, ..Default::default() });
+}
+
+#[test]
+#[should_panic(expected = "weight must be a [3] f32 tensor (one per class), got [2] f32")]
+fn cross_entropy_refuses_a_weight_per_class_of_the_wrong_shape() {
+    let logits = tensor(DType::F32, &[0.0; 6], &[2, 3]);
+    let t = Tensor::from_vec(vec![0i64, 2], [2], &dev()).unwrap();
+    let weight = Some(tensor(DType::F32, &[1.0, 2.0], &[2]));
+    let _ = F::cross_entropy_with(&logits, &t, &F::CrossEntropyOptions { weight, ..Default::default() });
+}

@@ -5,8 +5,8 @@
 //! - `relu` is `Tensor::relu`, a select `where(x <= 0, 0, x)`: its gradient at 0 is 0 (as PyTorch's), where
 //!   `maximum`'s tie rule would give 1/2; NaN still propagates (`NaN <= 0` is false).
 //! - `leaky_relu` is `where(x > 0, x, slope * x)`, so the gradient at 0 is `slope`, as in PyTorch.
-//! - `cross_entropy` picks the target's log-probability with a one-hot mask (`arange(C) == target`) and `where`,
-//!   not a multiply: kiln has no gather primitive, and `0 * -inf` would be NaN where a log-probability underflows.
+//! - `cross_entropy` (`cross_entropy.rs`, with PyTorch's `ignore_index`, `weight` and `label_smoothing`) picks the
+//!   target's log-probability with a one-hot mask and `where`, not a multiply (see there).
 //!
 //! `erf` is not a kiln primitive. `gelu` (exact) and `erf` use the Chebyshev fit of erfc from Numerical Recipes
 //! (Press et al., 2nd ed., §6.2, `erfcc`): `erfc(z) = t exp(-z² + P(t))`, `t = 1 / (1 + z/2)`, with a fractional
@@ -16,9 +16,10 @@
 //! would cancel. `erf` itself uses the odd Taylor series below |x| < 0.5 so small arguments keep their relative
 //! accuracy too.
 //!
-//! Not done: `ignore_index`, class weights and label smoothing in `cross_entropy`; out-of-range class indices are
-//! not detected (finding them needs the data on the host): such a row's mask is empty and it adds `0 - 0` to the
-//! loss, where PyTorch raises an error.
+
+mod cross_entropy;
+
+pub use cross_entropy::{CrossEntropyOptions, cross_entropy, cross_entropy_with};
 
 use crate::args::fail;
 use crate::tensor::Tensor;
@@ -211,48 +212,6 @@ fn one_hot_mask(name: &str, indices: &Tensor, num_classes: usize, class_dim: isi
     let idx = indices.device().index_dtype();
     let classes = Tensor::iota(Scalar::Int(0), Scalar::Int(1), num_classes, idx, &indices.device());
     indices.unsqueeze(d as isize).to_dtype(idx).eq(classes.reshape(shape))
-}
-
-/// Cross-entropy between `input` logits and `target` (`torch.nn.functional.cross_entropy`).
-///
-/// `input` is `[C]`, `[N, C]` or `[N, C, d1, ..]` (classes on dim 1, or dim 0 unbatched). `target` is either
-/// class indices (an integer tensor shaped like `input` without the class dim) or class probabilities (a float
-/// tensor shaped like `input`). The loss per sample is `-log_softmax(input)[target]` (resp.
-/// `-Σ_c target_c log_softmax(input)_c`), then reduced.
-#[track_caller]
-pub fn cross_entropy(input: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
-    float_only("cross_entropy", input);
-    if input.rank() == 0 {
-        fail!("cross_entropy", "the input needs a class dim, got a zero-dim tensor");
-    }
-    let c = if input.rank() == 1 { 0 } else { 1 };
-    let logp = input.log_softmax(c as isize);
-    let per_sample = if target.dtype().is_float() {
-        if target.dims() != input.dims() {
-            fail!(
-                "cross_entropy",
-                "probability targets must have the input's shape {:?}, got {:?}",
-                input.dims(),
-                target.dims()
-            );
-        }
-        logp.mul(target).sum(c, false).neg()
-    } else {
-        let mut expected = input.dims().to_vec();
-        let classes = expected.remove(c);
-        if target.dims() != expected.as_slice() {
-            fail!(
-                "cross_entropy",
-                "class-index targets must have shape {:?} (the input {:?} without its class dim {c}), got {:?}",
-                expected,
-                input.dims(),
-                target.dims()
-            );
-        }
-        let mask = one_hot_mask("cross_entropy", target, classes, c as isize);
-        mask.where_(&logp, 0.0).sum(c, false).neg()
-    };
-    reduction.apply(per_sample)
 }
 
 /// Layer normalization over the last `normalized_shape.len()` dims (`torch.nn.functional.layer_norm`): the mean

@@ -15,8 +15,9 @@
 //!   between threads.
 //!
 //! Deliberately not done: parameter groups, buffers (running statistics, as BatchNorm needs), hooks, `padding_idx`
-//! / `max_norm` for `Embedding`, `ignore_index` / class weights / label smoothing for `cross_entropy`, and a
-//! dtype/device `to` for whole modules (build the module on the device and dtype it should live on).
+//! / `max_norm` for `Embedding`, and a dtype/device `to` for whole modules (build the module on the device and dtype
+//! it should live on). `Embedding` is a one-hot matrix times the table (kiln has no gather primitive): its cost grows
+//! with the vocabulary, fine for small tables, not for a language model's.
 
 pub mod functional;
 pub mod init;
