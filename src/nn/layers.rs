@@ -151,7 +151,8 @@ impl Module for Dropout {
 /// kiln has no gather primitive, so the lookup is `one_hot(indices) @ weight`: it costs O(B·V·D) work and
 /// O(B·V) memory for B indices, a vocabulary of V and dim D, where a gather costs O(B·D). Fine for small
 /// vocabularies; a gather primitive (and its scatter-add gradient) would replace it. An index outside
-/// `0..num_embeddings` gives a zero vector (PyTorch raises an error).
+/// `0..num_embeddings` gives a vector of NaN (PyTorch raises an error; kiln cannot read lazy indices), never a
+/// silent zero vector.
 #[derive(Clone, Debug)]
 pub struct Embedding {
     weight: Param,
@@ -187,7 +188,12 @@ impl Module for Embedding {
     fn forward(&self, indices: &Tensor) -> Tensor {
         let w = self.weight.get();
         let n = w.dims()[0];
-        functional::one_hot(indices, n).to_dtype(w.dtype()).matmul(&w)
+        let rows = functional::one_hot(indices, n).to_dtype(w.dtype()).matmul(&w);
+        // NaN for an index out of range, added as a constant (no gradient, so nothing reads the mask again).
+        let idx = indices.device().index_dtype();
+        let i = indices.to_dtype(idx);
+        let ok = i.ge(0i64).logical_and(i.lt(n as i64));
+        rows.add(ok.where_(0.0, f64::NAN).to_dtype(w.dtype()).unsqueeze(-1))
     }
 
     fn named_params(&self) -> Vec<(String, Param)> {
