@@ -209,7 +209,11 @@ fn one_hot_mask(name: &str, indices: &Tensor, num_classes: usize, class_dim: isi
     let d = if class_dim < 0 { (class_dim + rank as isize) as usize } else { class_dim as usize };
     let mut shape = vec![1usize; rank];
     shape[d] = num_classes;
-    let idx = indices.device().index_dtype();
+    // Compared in the indices' own dtype when it is 32-bit (and the class count fits), else the device's index dtype.
+    let idx = match indices.dtype() {
+        DType::I32 if num_classes <= i32::MAX as usize => DType::I32,
+        _ => indices.device().index_dtype(),
+    };
     let classes = Tensor::iota(Scalar::Int(0), Scalar::Int(1), num_classes, idx, &indices.device());
     indices.unsqueeze(d as isize).to_dtype(idx).eq(classes.reshape(shape))
 }
