@@ -109,10 +109,10 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
     let t = target.to_dtype(idx);
     let ignored = opts.ignore_index.map(|i| t.eq(Tensor::scalar(Scalar::Int(i), idx, &t.device())));
     // Each sample's target class; none for an ignored sample (PyTorch's default, -100, is outside the classes: only
-    // an ignored index that is a class needs masking out).
-    // Compared in i32 (a class count fits): the 64-bit compare ran 2 lanes to a 128-bit vector, and this pass took as
-    // long as the whole log_softmax (2 ms at 4096 x 1024). A target past i32 wraps and may match a class, but its
-    // sample is NaN anyway (the range check below reads the target's own value).
+    // an ignored index that is a class needs masking out). Compared in i32 (a class count fits): the 64-bit compare
+    // ran 2 lanes to a 128-bit vector, and this pass took as long as the whole log_softmax (2 ms at 4096 x 1024). A
+    // target past i32 wraps and may match a class, but its sample is NaN anyway (the range check below reads the
+    // target's own value).
     let narrow = if classes <= i32::MAX as usize { target.to_dtype(DType::I32) } else { target.clone() };
     let mut mask = super::one_hot_mask("cross_entropy", &narrow, classes, c as isize);
     if let (Some(ig), Some(i)) = (&ignored, opts.ignore_index)
