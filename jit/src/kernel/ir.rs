@@ -66,6 +66,24 @@ pub struct Inst {
     pub dtype: DType,
 }
 
+impl Inst {
+    /// Rewrites every index expression this instruction reads (a load's validity ranges included).
+    pub(crate) fn map_indices(&mut self, f: &impl Fn(&IExpr) -> IExpr) {
+        match &mut self.op {
+            InstOp::Index(e) | InstOp::Rand { index: e, .. } => *e = f(e),
+            InstOp::Load { index, valid, .. } => {
+                *index = f(index);
+                if let Some(Valid(ranges)) = valid {
+                    for (e, _, _) in ranges.iter_mut() {
+                        *e = f(e);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reduce {
     pub op: ReduceOp,
@@ -138,18 +156,7 @@ impl KernelIr {
         let fix = |e: &IExpr| e.map_vars(&map).simplify(&kept);
         let fix_insts = |insts: &mut Vec<Inst>| {
             for inst in insts.iter_mut() {
-                match &mut inst.op {
-                    InstOp::Index(e) | InstOp::Rand { index: e, .. } => *e = fix(e),
-                    InstOp::Load { index, valid, .. } => {
-                        *index = fix(index);
-                        if let Some(Valid(ranges)) = valid {
-                            for (e, _, _) in ranges.iter_mut() {
-                                *e = fix(e);
-                            }
-                        }
-                    }
-                    _ => {}
-                }
+                inst.map_indices(&fix);
             }
         };
         fix_insts(&mut self.outer);
@@ -171,27 +178,12 @@ impl KernelIr {
         if self.reduce.is_some() || rank < 2 {
             return self.clone();
         }
-        let mut affine = Vec::new();
-        for inst in &self.outer {
-            let e = match &inst.op {
-                InstOp::Index(e) | InstOp::Rand { index: e, .. } => e,
-                InstOp::Load { index, valid: None, .. } => index,
-                InstOp::Load { .. } => return self.clone(),
-                _ => continue,
-            };
-            match e.affine(rank) {
-                Some(a) => affine.push(a),
-                None => return self.clone(),
-            }
-        }
+        let Some(affine) = affine_indices(&self.outer, rank) else { return self.clone() };
         let Some((extents, group)) = row_major_groups(&self.out_extents, &affine) else { return self.clone() };
         let remap = |e: &IExpr| regroup(e, &group, extents.len());
         let mut k = self.clone();
         for inst in &mut k.outer {
-            match &mut inst.op {
-                InstOp::Index(e) | InstOp::Rand { index: e, .. } | InstOp::Load { index: e, .. } => *e = remap(e),
-                _ => {}
-            }
+            inst.map_indices(&remap);
         }
         k.out_extents = extents;
         k
@@ -272,6 +264,21 @@ impl KernelIr {
         let _ = writeln!(s, "  }}");
         s
     }
+}
+
+/// The affine form (`(coef, constant)` over `nvars` loop variables) of every index `insts` read; `None` when one is
+/// masked or not affine.
+pub(crate) fn affine_indices(insts: &[Inst], nvars: usize) -> Option<Vec<(Vec<i64>, i64)>> {
+    let mut out = Vec::new();
+    for inst in insts {
+        let e = match &inst.op {
+            InstOp::Index(e) | InstOp::Rand { index: e, .. } | InstOp::Load { index: e, valid: None, .. } => e,
+            InstOp::Load { .. } => return None,
+            _ => continue,
+        };
+        out.push(e.affine(nvars)?);
+    }
+    Some(out)
 }
 
 /// Adjacent loops of `ext` that every affine index (`(coef, constant)` over those loops) walks as one row-major

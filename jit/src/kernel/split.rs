@@ -21,7 +21,7 @@
 
 use crate::dtype::Scalar;
 use crate::kernel::index::IExpr;
-use crate::kernel::ir::{BufParam, Inst, InstOp, KernelIr, Reduce, Valid, regroup, row_major_groups};
+use crate::kernel::ir::{BufParam, Inst, InstOp, KernelIr, Reduce, affine_indices, regroup, row_major_groups};
 
 /// Reductions of fewer elements stay one kernel: a second launch would cost more than the other cores save. (Two
 /// parts also buy the partial kernel an output loop, along which renderers vectorize a reduction: the Cranelift
@@ -81,7 +81,7 @@ pub fn split_full_reduction(k: &KernelIr) -> Option<(KernelIr, KernelIr)> {
     all.extend(&extents);
     let mut inner = r.inner.clone();
     for inst in &mut inner {
-        map_indices(inst, &|e| split(e).simplify(&all));
+        inst.map_indices(&|e| split(e).simplify(&all));
     }
     let acc = BufParam { dtype: r.dtype, len: parts };
     let partial = KernelIr {
@@ -122,40 +122,12 @@ pub fn with_merged_reduce_loops(k: &KernelIr) -> KernelIr {
 
 /// `r` merged as [`with_merged_reduce_loops`] says (its loops are the kernel's only variables).
 fn merged_reduce_loops(r: &Reduce) -> Reduce {
-    let rank = r.extents.len();
-    let mut affine = Vec::new();
-    for inst in &r.inner {
-        let e = match &inst.op {
-            InstOp::Index(e) | InstOp::Rand { index: e, .. } | InstOp::Load { index: e, valid: None, .. } => e,
-            InstOp::Load { .. } => return r.clone(),
-            _ => continue,
-        };
-        match e.affine(rank) {
-            Some(a) => affine.push(a),
-            None => return r.clone(),
-        }
-    }
+    let Some(affine) = affine_indices(&r.inner, r.extents.len()) else { return r.clone() };
     let Some((extents, group)) = row_major_groups(&r.extents, &affine) else { return r.clone() };
     let mut out = r.clone();
     for inst in &mut out.inner {
-        map_indices(inst, &|e| regroup(e, &group, extents.len()));
+        inst.map_indices(&|e| regroup(e, &group, extents.len()));
     }
     out.extents = extents;
     out
-}
-
-/// Rewrites every index expression `inst` reads (its load's validity ranges included).
-fn map_indices(inst: &mut Inst, f: &impl Fn(&IExpr) -> IExpr) {
-    match &mut inst.op {
-        InstOp::Index(e) | InstOp::Rand { index: e, .. } => *e = f(e),
-        InstOp::Load { index, valid, .. } => {
-            *index = f(index);
-            if let Some(Valid(ranges)) = valid {
-                for (e, _, _) in ranges.iter_mut() {
-                    *e = f(e);
-                }
-            }
-        }
-        _ => {}
-    }
 }
