@@ -152,3 +152,23 @@ fn row_sums_maxima_and_minima_of_every_length() {
         check(&format!("scaled max, len {len}"), &(&nz * &s).max([-1], true), len, Some(false));
     }
 }
+
+/// A value uniform over the launch, summed per row (a lazy constant): the 8-lane kernel holds it in one register for
+/// every row, and clearing a masked head's or tail's lanes in place cleared them for the rows after (rows of 100
+/// ones summed to 100, then 52). Every row length with a tail, against the interpreter, exactly.
+#[test]
+fn row_sums_of_a_value_uniform_over_the_launch() {
+    for len in (2..=70).chain([100, 127, 1027]) {
+        let out = Tensor::full([11, len], 0.5, DType::F32, &kiln::Device::cpu()).sum([-1], false);
+        let want = kiln::capture(&[&out]).unwrap().reference().unwrap().remove(0);
+        let serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = kiln::stats().wide_kernel_builds;
+        let got = out.to_host().unwrap();
+        let built = kiln::stats().wide_kernel_builds > before;
+        drop(serial);
+        assert_eq!(built, wide_sums(), "len {len}: an 8-lane row sum was built: {built}");
+        if let Err(e) = compare(&got, &want, Tol::EXACT) {
+            panic!("len {len}: {e}");
+        }
+    }
+}

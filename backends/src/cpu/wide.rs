@@ -459,11 +459,19 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
         let res = asm::emit_insts(ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
         if let Some(&acc) = l.accs.get(c) {
             // A row sum: the lanes past the row's end hold the program's value of the masked loads' zeros, which
-            // may be anything (log(0) = -inf): cleared to +0 before they are added.
-            if masked {
-                dynasm!(ops ; .arch x64 ; vandps Ry(res), Ry(res), Ry(MASK_REG));
-            }
-            dynasm!(ops ; .arch x64 ; vaddps Ry(acc), Ry(acc), Ry(res));
+            // may be anything (log(0) = -inf): cleared to +0 before they are added. Not in place when the result
+            // is a hoisted register (a value uniform over the launch, summed): that would clear its lanes for every
+            // later row. Then into the copy's first temporary, or register 0, which a program without temporaries
+            // leaves free (`Layout::plan` keeps registers 0 and 1 under the accumulators).
+            let cleared = if masked {
+                let dst =
+                    if l.hoisted.contains(&Some(res)) { l.copy_regs(c).first().copied().unwrap_or(0) } else { res };
+                dynasm!(ops ; .arch x64 ; vandps Ry(dst), Ry(res), Ry(MASK_REG));
+                dst
+            } else {
+                res
+            };
+            dynasm!(ops ; .arch x64 ; vaddps Ry(acc), Ry(acc), Ry(cleared));
         } else if masked {
             dynasm!(ops ; .arch x64 ; vmaskmovps [rdi + rax + disp], Ry(MASK_REG), Ry(res));
         } else {
