@@ -239,3 +239,27 @@ fn f16_k1_matmul_is_the_rounded_product() {
         same_f16(&got, &want)
     });
 }
+
+/// Sums and means of f16 accumulate in f32, as PyTorch's: a sum past 65504 overflows only when rounded to f16 (inf),
+/// and a mean is divided in f32 before its one rounding (the mean of 100000 ones was NaN: the count was an f16 inf).
+/// Values PyTorch 2.15 printed: `torch.ones(n, dtype=torch.float16).sum()` 1000 / 10000 / inf,
+/// `.mean()` 1.0 for each n; `torch.full((70000,), 0.1, dtype=torch.float16).mean()` 0.0999755859375.
+#[test]
+fn sums_and_means_accumulate_in_f32() {
+    on_devices("sums and means of f16", |dev| {
+        for (n, sum) in [(1000usize, 1000.0f32), (10000, 10000.0), (100000, f32::INFINITY)] {
+            let x = Tensor::ones([n], DType::F16, dev);
+            let got = x.sum_all().to_host().map_err(|e| e.to_string())?.to_f64()[0] as f32;
+            let mean = x.mean_all().to_host().map_err(|e| e.to_string())?.to_f64()[0];
+            if got != sum || mean != 1.0 {
+                return Err(format!("{n} ones: sum {got} (want {sum}), mean {mean} (want 1)"));
+            }
+        }
+        let x = Tensor::full([70000], 0.1, DType::F16, dev);
+        let mean = x.mean([0], false).to_host().map_err(|e| e.to_string())?.to_f64()[0];
+        if mean != 0.0999755859375 {
+            return Err(format!("mean of 70000 x f16(0.1): {mean}, want 0.0999755859375"));
+        }
+        Ok(())
+    });
+}
