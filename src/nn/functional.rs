@@ -79,7 +79,7 @@ pub fn leaky_relu(x: &Tensor, negative_slope: f64) -> Tensor {
 #[track_caller]
 pub fn gelu(x: &Tensor, approximate: Approximate) -> Tensor {
     float_only("gelu", x);
-    match approximate {
+    x.in_f32(|x| match approximate {
         // Φ(x) = erfc(-x/√2) / 2, computed from the erfc of |x|/√2 so the negative tail has relative accuracy.
         Approximate::None => {
             let e = erfc_nonneg(&x.abs().mul(std::f64::consts::FRAC_1_SQRT_2));
@@ -91,14 +91,14 @@ pub fn gelu(x: &Tensor, approximate: Approximate) -> Tensor {
             let inner = x.add(x.mul(x).mul(x).mul(0.044715)).mul(k);
             x.mul(0.5).mul(inner.tanh().add(1.0))
         }
-    }
+    })
 }
 
 /// `x * sigmoid(x)` (also known as swish).
 #[track_caller]
 pub fn silu(x: &Tensor) -> Tensor {
     float_only("silu", x);
-    x.mul(x.sigmoid())
+    x.in_f32(|x| x.mul(x.sigmoid()))
 }
 
 /// `tanh(x)`.
@@ -246,17 +246,19 @@ pub fn layer_norm(
         }
     }
     let axes: Vec<isize> = (1..=k as isize).map(|i| -i).collect();
-    let mean = x.mean(axes.clone(), true);
-    let centered = x.sub(&mean);
-    let var = centered.square().mean(axes, true);
-    let mut y = centered.mul(var.add(eps).rsqrt());
-    if let Some(w) = weight {
-        y = y.mul(w);
-    }
-    if let Some(b) = bias {
-        y = y.add(b);
-    }
-    y
+    x.in_f32(|x| {
+        let mean = x.mean(axes.clone(), true);
+        let centered = x.sub(&mean);
+        let var = centered.square().mean(axes, true);
+        let mut y = centered.mul(var.add(eps).rsqrt());
+        if let Some(w) = weight {
+            y = y.mul(w);
+        }
+        if let Some(b) = bias {
+            y = y.add(b);
+        }
+        y
+    })
 }
 
 /// Dropout (`torch.nn.functional.dropout`): in training, each element is zeroed with probability `p` and the rest

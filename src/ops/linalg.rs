@@ -85,8 +85,10 @@ impl Tensor {
         if self.numel() == 0 {
             return self.clone(); // nothing to normalize; the max below would reject an empty dim (PyTorch returns [])
         }
-        let e = self.sub(self.max(d, true)).exp();
-        e.div(e.sum(d, true))
+        self.in_f32(|x| {
+            let e = x.sub(x.max(d, true)).exp();
+            e.div(e.sum(d, true))
+        })
     }
 
     /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`. Float input only.
@@ -96,8 +98,10 @@ impl Tensor {
         if self.numel() == 0 {
             return self.clone(); // as in softmax
         }
-        let shifted = self.sub(self.max(d, true));
-        shifted.sub(shifted.exp().sum(d, true).log())
+        self.in_f32(|x| {
+            let shifted = x.sub(x.max(d, true));
+            shifted.sub(shifted.exp().sum(d, true).log())
+        })
     }
 
     #[track_caller]
