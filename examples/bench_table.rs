@@ -42,24 +42,14 @@ fn main() {
         let (mut triad_s, mut fresh_s, mut sin_rust_s, mut chain_rust_s) = (vec![], vec![], vec![], vec![]);
         for i in 0..=runs {
             let (t, y) = timed_realize(|| chain(&inp.a, &inp.b, &inp.c));
-            let t0 = Instant::now();
-            drop(y);
-            let d = t0.elapsed();
+            let (d, ()) = timed(|| drop(y));
             let (ts, y) = timed_realize(|| sin_chain(&inp.a, &inp.b, &inp.c));
             drop(y);
-            let t0 = Instant::now();
-            st.triad();
-            let tt = t0.elapsed();
-            let t0 = Instant::now();
-            let out = st.triad_fresh();
-            let tf = t0.elapsed();
+            let (tt, ()) = timed(|| st.triad());
+            let (tf, out) = timed(|| st.triad_fresh());
             drop(out);
-            let t0 = Instant::now();
-            st.sin_chain();
-            let tr = t0.elapsed();
-            let t0 = Instant::now();
-            st.chain();
-            let tc = t0.elapsed();
+            let (tr, ()) = timed(|| st.sin_chain());
+            let (tc, ()) = timed(|| st.chain());
             if i > 0 {
                 // run 0 is warm-up (first compile, first touch of the baselines' pages)
                 chain_s.push(t.as_secs_f64());
@@ -148,14 +138,10 @@ fn main() {
         for i in 0..=runs {
             let (t, y) = timed_realize(|| softmax_rows(&x));
             drop(y);
-            let t0 = Instant::now();
-            rust.softmax();
-            let tr = t0.elapsed();
+            let (tr, ()) = timed(|| rust.softmax());
             let (tg, y) = timed_realize(|| gelu_tanh(&x));
             drop(y);
-            let t0 = Instant::now();
-            rust.gelu();
-            let tgr = t0.elapsed();
+            let (tgr, ()) = timed(|| rust.gelu());
             if i > 0 {
                 sm.push(t.as_secs_f64());
                 smr.push(tr.as_secs_f64());

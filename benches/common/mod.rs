@@ -102,9 +102,17 @@ pub fn sin_chain(a: &Tensor, b: &Tensor, c: &Tensor) -> Tensor {
 /// Builds a graph with `build` and realizes it; returns the time of both together and the realized tensor (for
 /// the caller to drop outside the timed region).
 pub fn timed_realize(build: impl FnOnce() -> Tensor) -> (Duration, Tensor) {
+    timed(|| {
+        let y = build();
+        y.realize().expect("realize");
+        y
+    })
+}
+
+/// How long `f` took, and its result (dropped by the caller, after the clock stopped).
+pub fn timed<T>(f: impl FnOnce() -> T) -> (Duration, T) {
     let t0 = Instant::now();
-    let y = build();
-    y.realize().expect("realize");
+    let y = f();
     (t0.elapsed(), y)
 }
 

@@ -189,11 +189,7 @@ impl Module for Embedding {
         let w = self.weight.get();
         let n = w.dims()[0];
         let rows = functional::one_hot(indices, n).to_dtype(w.dtype()).matmul(&w);
-        // NaN for an index out of range, added as a constant (no gradient, so nothing reads the mask again).
-        let idx = indices.device().index_dtype();
-        let i = indices.to_dtype(idx);
-        let ok = i.ge(0i64).logical_and(i.lt(n as i64));
-        rows.add(ok.where_(0.0, f64::NAN).to_dtype(w.dtype()).unsqueeze(-1))
+        rows.add(functional::nan_out_of_range(indices, n, None, w.dtype()).unsqueeze(-1))
     }
 
     fn named_params(&self) -> Vec<(String, Param)> {

@@ -77,7 +77,7 @@ impl Operand {
 
 impl Tensor {
     /// `f(self)` computed in f32 and rounded to f16 once when `self` is f16, as PyTorch computes its half-precision
-    /// composites (softmax, log_softmax, layer_norm, GELU, SiLU) with float accumulation: step by step in f16,
+    /// composites (mean, softmax, log_softmax, layer_norm, GELU, SiLU) with float accumulation: step by step in f16,
     /// layer_norm's mean and variance were each rounded, and its output's mean drifted by 6e-5 over 4096 values.
     /// Other dtypes: `f(self)`.
     pub(crate) fn in_f32(&self, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {

@@ -115,13 +115,9 @@ impl Tensor {
             axes = (0..self.rank()).collect();
         }
         let count: usize = axes.iter().map(|&a| self.dims()[a]).product();
-        if self.dtype() == DType::F16 {
-            // As PyTorch: the sum (accumulated in f32 either way) is divided in f32, then rounded to f16 once. In f16
-            // a count past 65504 is inf (the mean of 100000 ones read NaN) and the sum is rounded before dividing.
-            let mean = self.to_dtype(DType::F32).reduce("mean", ReduceOp::Sum, dims, keepdim).div(count as f64);
-            return mean.to_dtype(DType::F16);
-        }
-        self.reduce("mean", ReduceOp::Sum, dims, keepdim).div(count as f64)
+        // f16 in f32, as PyTorch: the sum (accumulated in f32 either way) divided in f32, then rounded to f16 once. In
+        // f16 a count past 65504 is inf (the mean of 100000 ones read NaN) and the sum is rounded before dividing.
+        self.in_f32(|x| x.reduce("mean", ReduceOp::Sum, dims, keepdim).div(count as f64))
     }
 
     /// Index of the maximum along `dim` (the first one; the first NaN if any), as i64.

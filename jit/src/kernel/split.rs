@@ -53,7 +53,8 @@ fn part_count(first: usize, total: usize) -> Option<usize> {
 }
 
 /// The partial and the combining kernel of `k` when it is a reduction to one value of at least [`MIN_SPLIT_ELEMS`]
-/// elements whose first (merged) reduce loop has a usable divisor; `None` otherwise. The partial kernel reads `k`'s
+/// elements whose first reduce loop has a usable divisor; `None` otherwise. The schedule passes `k` with its loops
+/// merged already ([`with_merged_reduce_loops`]), so the first loop is as long as the indices allow. The partial kernel reads `k`'s
 /// inputs and writes `P` values of the accumulator's dtype; the combining kernel reads `k`'s inputs followed by those
 /// partials and writes `k`'s output.
 pub fn split_full_reduction(k: &KernelIr) -> Option<(KernelIr, KernelIr)> {
@@ -62,8 +63,6 @@ pub fn split_full_reduction(k: &KernelIr) -> Option<(KernelIr, KernelIr)> {
     if !k.out_extents.is_empty() || total < MIN_SPLIT_ELEMS {
         return None;
     }
-    let k = with_merged_reduce_loops(k);
-    let r = k.reduce.as_ref()?;
     let parts = part_count(r.extents[0], total)?;
     let chunk = r.extents[0] / parts;
 

@@ -79,8 +79,11 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
         w.reshape(shape)
     });
     let logp = input.log_softmax(c as isize);
-    // `-Σ_c w_c p_c log q_c` for a distribution `p` over the classes (the weights where given).
-    let weighted = |x: Tensor| weight.as_ref().map_or(x.clone(), |w| x.mul(w));
+    // `x` times the class weights, where given.
+    let weighted = |x: Tensor| match &weight {
+        Some(w) => x.mul(w),
+        None => x,
+    };
     if target.dtype().is_float() {
         if target.dims() != input.dims() {
             fail!(
@@ -121,9 +124,10 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
         mask = mask.logical_and(ig.unsqueeze(c as isize).logical_not());
     }
     // -w_t log q_t (w = 1 without weights), 0 for an ignored sample.
-    let nll = mask.where_(weighted(logp.clone()), 0.0).sum(c, false).neg();
+    let wlogp = weighted(logp);
+    let nll = mask.where_(&wlogp, 0.0).sum(c, false).neg();
     let loss = if eps > 0.0 {
-        let smooth = weighted(logp.clone()).sum(c, false).neg();
+        let smooth = wlogp.sum(c, false).neg();
         let smooth = match &ignored {
             Some(ig) => ig.where_(0.0, &smooth),
             None => smooth,
@@ -132,14 +136,7 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
     } else {
         nll
     };
-    // Targets in range or ignored; the others' loss is made NaN by adding a constant, not by a select on the loss:
-    // the select's gradient would read this mask again, so it would be stored in a kernel of its own every step.
-    let in_range = t.ge(0i64).logical_and(t.lt(classes as i64));
-    let ok = match &ignored {
-        Some(ig) => in_range.logical_or(ig),
-        None => in_range,
-    };
-    let loss = loss.add(ok.where_(0.0, f64::NAN).to_dtype(loss.dtype()));
+    let loss = loss.add(super::nan_out_of_range(&t, classes, ignored.as_ref(), loss.dtype()));
     if opts.reduction != Reduction::Mean {
         return opts.reduction.apply(loss);
     }
