@@ -48,6 +48,9 @@ pub enum Error {
     /// An optimizer file is not one `save_optimizer` wrote (its metadata or tensor names are not kiln's).
     #[error("load_optimizer: {}: not a kiln optimizer file: {message}", path.display())]
     OptimizerFile { path: std::path::PathBuf, message: String },
+    /// A generator file is not one `save_generator` wrote.
+    #[error("load_generator: {}: not a kiln generator file: {message}", path.display())]
+    GeneratorFile { path: std::path::PathBuf, message: String },
     #[error(transparent)]
     Backend(#[from] kiln_backends::BackendError),
     /// A device name that is not `cpu` (or `wgpu` when built with it).

@@ -14,13 +14,18 @@
 //! in the metadata `kiln.optimizer` (the kind), `kiln.params` (how many parameters), `kiln.hyper.{name}` (each
 //! hyperparameter, written so it reads back to the same bits) and `kiln.step.{i}` (each nonzero step count).
 //!
-//! Writes go to a temporary file in the target's folder and are renamed into place (the `safetensors` crate does
-//! this), so a failed save never leaves a truncated file behind.
+//! `save_generator` / `load_generator` store a random generator's state (`kiln.generator.seed` and `.offset` in the
+//! metadata of a file without tensors), the third part of a checkpoint beside the module and the optimizer.
+//!
+//! Writes go to a temporary file in the target's folder and are renamed into place, so a failed save never leaves
+//! a truncated file behind, and the file gets the mode `File::create` would give it (an existing file's, else
+//! 0o666 less the umask); the `safetensors` crate's own writer makes 0600 files, a mode for secrets.
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::nn::Module;
 use crate::optim::{Optimizer, OptimizerState, ParamState};
+use crate::random::{Generator, RngState};
 use crate::tensor::Tensor;
 use kiln_jit::{DType, HostBuffer};
 use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, View};
@@ -114,6 +119,7 @@ fn write<S: AsRef<str>, T: Borrow<Tensor>>(
     tensors: &[(S, T)],
     mut metadata: HashMap<String, String>,
 ) -> Result<()> {
+    const OP: &str = "save_safetensors";
     let mut seen: HashMap<&str, ()> = HashMap::with_capacity(tensors.len());
     for (name, _) in tensors {
         if seen.insert(name.as_ref(), ()).is_some() {
@@ -131,8 +137,37 @@ fn write<S: AsRef<str>, T: Borrow<Tensor>>(
     }
     metadata.insert("format".to_string(), "pt".to_string());
     let views = blobs.iter().map(|(n, b)| (n.as_str(), b));
-    safetensors::tensor::serialize_to_file(views, Some(metadata), path)
-        .map_err(|e| st_error("save_safetensors", path, e))
+    let bytes = safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| st_error(OP, path, e))?;
+    drop(blobs);
+    write_replacing(path, &bytes).map_err(|source| Error::Io { op: OP, path: path.to_path_buf(), source })
+}
+
+/// Writes `bytes` to `path` through a sibling temporary file renamed into place: a failed write never leaves a
+/// truncated file, and a reader that mapped the old file keeps its bytes. The new file's mode is the old file's, or
+/// what `File::create` gives a new one (0o666 less the umask).
+fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static TEMPS: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path does not end in a file name"))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let n = TEMPS.fetch_add(1, Ordering::Relaxed);
+    let temp = dir.join(format!(".{}.{}-{n}.tmp", name.to_string_lossy(), std::process::id()));
+    let written = (|| {
+        // `create_new` opens with std's default mode (0o666, less the umask), as `File::create` does.
+        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temp)?;
+        if let Ok(old) = std::fs::metadata(path) {
+            file.set_permissions(old.permissions())?;
+        }
+        file.write_all(bytes)?;
+        std::fs::rename(&temp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
 }
 
 /// A tensor read from a file, on the host.
@@ -238,6 +273,7 @@ pub fn load_module(module: &dyn Module, path: impl AsRef<Path>, strict: bool) ->
 /// use kiln::nn::{Linear, Module};
 /// use kiln::optim::{Adam, Optimizer};
 /// # fn main() -> kiln::Result<()> {
+/// # kiln::tune::set_cache_dir(None).ok(); // doc tests keep off the user's cache
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let (weights, state) = (dir.path().join("model.safetensors"), dir.path().join("optim.safetensors"));
 /// let dev = kiln::Device::cpu();
@@ -328,4 +364,36 @@ fn optimizer_state(
         params[i].tensors.insert(name.to_string(), t);
     }
     Ok(OptimizerState { kind, hyper, params })
+}
+
+const GENERATOR_SEED: &str = "kiln.generator.seed";
+const GENERATOR_OFFSET: &str = "kiln.generator.offset";
+
+/// Saves a random generator's state (seed and offset) to a safetensors file with no tensors: with `save_module`
+/// and `save_optimizer`, training that draws random numbers (dropout, shuffles through kiln) resumes bit for bit.
+/// For the calling thread's default generator, pass `kiln::default_generator()`.
+pub fn save_generator(generator: &Generator, path: impl AsRef<Path>) -> Result<()> {
+    let RngState { seed, offset } = generator.state();
+    let metadata = HashMap::from([
+        (GENERATOR_SEED.to_string(), seed.to_string()),
+        (GENERATOR_OFFSET.to_string(), offset.to_string()),
+    ]);
+    write(path.as_ref(), &[] as &[(&str, &Tensor)], metadata)
+}
+
+/// Puts `generator` back in the state `save_generator` stored: its next draws repeat the ones that followed the
+/// save. The generator is unchanged unless the whole file reads.
+pub fn load_generator(generator: &Generator, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let (tensors, metadata) = read_with_metadata(path)?;
+    let bad = |message: String| Error::GeneratorFile { path: path.to_path_buf(), message };
+    if let Some(t) = tensors.first() {
+        return Err(bad(format!("it holds tensors (`{}`): a generator file has none", t.name)));
+    }
+    let number = |key: &str| -> Result<u64> {
+        let text = metadata.get(key).ok_or_else(|| bad(format!("no `{key}` entry in its metadata")))?;
+        text.parse().map_err(|_| bad(format!("{key} = {text:?} is not a whole number")))
+    };
+    generator.set_state(RngState { seed: number(GENERATOR_SEED)?, offset: number(GENERATOR_OFFSET)? });
+    Ok(())
 }

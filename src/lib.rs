@@ -4,6 +4,7 @@
 //! `realize`), the reachable graph is checked, compiled for its device (once per graph signature) and run.
 //!
 //! ```
+//! # kiln::tune::set_cache_dir(None).ok(); // doc tests keep off the user's cache
 //! use kiln::{DType, Device, Tensor};
 //! let dev = Device::cpu();
 //! let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, -4.0], [2, 2], &dev)?;
@@ -38,16 +39,23 @@ mod tensor;
 mod thread_flag;
 pub mod tune;
 
+#[cfg(test)]
+#[path = "../tests/test_cache/mod.rs"]
+mod test_cache;
+
 pub use args::{Dims, ShapeSpec};
 pub use autograd::{Gradients, is_grad_enabled, no_grad};
 pub use device::Device;
 #[cfg(feature = "wgpu")]
 pub use device::WgpuDevice;
 pub use error::{Error, Result};
-pub use io::{load_module, load_optimizer, load_safetensors, save_module, save_optimizer, save_safetensors};
+pub use io::{
+    load_generator, load_module, load_optimizer, load_safetensors, save_generator, save_module, save_optimizer,
+    save_safetensors,
+};
 pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape, f16};
 pub use ops::Operand;
-pub use random::{RngState, manual_seed, rng_state, set_rng_state};
+pub use random::{DEFAULT_SEED, Generator, RngState, default_generator, manual_seed, rng_state, set_rng_state};
 pub use realize::{Captured, Stats, capture, stats};
 pub use tensor::Tensor;
 

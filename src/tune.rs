@@ -14,6 +14,14 @@
 use crate::{Device, Result, Tensor};
 pub use kiln_autotune::{BundleSummary, Mode, TuneRecord};
 
+/// Puts the process-wide cache at `dir` (`None`: memory only, nothing written to disk) instead of where
+/// `KILN_CACHE_DIR` (or the user's cache dir) says, for a program that chooses it in code. Call it before the first
+/// realize or tune; later it returns an error and the cache stays where it opened.
+pub fn set_cache_dir(dir: Option<&std::path::Path>) -> Result<()> {
+    kiln_autotune::Store::set_global_root(dir.map(|d| d.to_path_buf()))?;
+    Ok(())
+}
+
 /// What follows the GEMM in the tuned graph (the epilogue is part of the tuning key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Epilogue {

@@ -4,6 +4,8 @@
 //! `SERIAL` lock first and asserts on differences of the counters before and after. Each test uses constants no
 //! other test uses, so a plan it expects to compile cannot already be cached by another test.
 
+mod test_cache;
+
 use kiln::{DType, Device, Stats, Tensor};
 use std::sync::{Barrier, Mutex, MutexGuard};
 

@@ -5,6 +5,8 @@
 //! Tolerance: f32 norms of at most 16 elements, relative 1e-6 (a sum of squares of n terms is within ~n ulp);
 //! f64, 1e-12. The plan-cache counters are process-wide, so every test here takes `SERIAL` first.
 
+mod test_cache;
+
 mod common;
 
 use common::*;

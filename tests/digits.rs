@@ -5,6 +5,8 @@
 //! Only `trains_to_95_percent` runs kiln (and seeds its global generator), so the plan-cache counters it reads
 //! are not disturbed by the other tests of this file running in parallel.
 
+mod test_cache;
+
 #[path = "../examples/train_digits.rs"]
 #[allow(dead_code)]
 mod train_digits;

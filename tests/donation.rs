@@ -5,6 +5,8 @@
 //! The "either way" half runs the same training twice, once with a holder that blocks donation, and compares
 //! every bit; the holders themselves must still read the old values.
 
+mod test_cache;
+
 mod common;
 
 use kiln::nn::Param;

@@ -5,6 +5,8 @@
 //! disassembly on the CPU, WGSL on wgpu), and for each tuned GEMM the autotune table naming every candidate and the
 //! winner.
 
+mod test_cache;
+
 mod common;
 
 use kiln::Tensor;

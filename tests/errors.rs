@@ -2,6 +2,8 @@
 //! involved and the *user's* file:line (this file's, never kiln's internals); errors that depend on data return
 //! `Err` with a message that says what was given and what was expected; and a caught panic leaves kiln usable.
 
+mod test_cache;
+
 mod common_props;
 
 use common_props::{Caught, catch_panic};

@@ -8,6 +8,8 @@
 //! 2^16 random f32 bit patterns spanning all exponents; f64 -> f16 where rounding through f32 would differ (CPU:
 //! wgpu has no f64); an op whose exact result is a tie (computed in f32, rounded to f16); int -> f16.
 
+mod test_cache;
+
 mod common;
 
 use common::{Rng, devices, runs_on};

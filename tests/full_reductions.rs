@@ -4,6 +4,8 @@
 //! interpreter bit for bit: the data are small integers (sums exact in any order) or powers of two (products exact),
 //! and max/min do not depend on the order; NaN and infinities sit in some of them.
 
+mod test_cache;
+
 mod common;
 
 use common::{Tol, compare_on, devices, runs_on, tensor};

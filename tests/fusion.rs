@@ -1,6 +1,8 @@
 //! Fusion: kernel counts for the shapes of graph DESIGN.md promises to fuse, and the fused plan (run by the kernel
 //! IR evaluator) against the reference interpreter.
 
+mod test_cache;
+
 mod common;
 
 use common::{Kind, tol};

@@ -2,6 +2,8 @@
 //! several K blocks, transposed and batched operands and every epilogue kind (in registers or as a pass), and
 //! checked against the reference interpreter. A tuner that can pick a wrong kernel is the worst bug this area has.
 
+mod test_cache;
+
 mod common;
 
 use common::{compare, gemm_tol, tensor};

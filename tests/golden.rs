@@ -17,6 +17,8 @@
 //! from the ISA (64-bit pointers are assumed). The text must not depend on anything but the kernel: it is rendered
 //! twice and the two must be equal.
 
+mod test_cache;
+
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_codegen::settings::{self, Configurable};
 use kiln::{DType, Device, Tensor};

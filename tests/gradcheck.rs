@@ -14,6 +14,8 @@
 //! The tests at the end cover autograd's semantics: ties, accumulation, which leaves get gradients, detach,
 //! no_grad, errors, graph freeing and memory.
 
+mod test_cache;
+
 mod common;
 
 use common::{Kind, Nd, Rng, Tol, tol, values};

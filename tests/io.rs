@@ -1,6 +1,8 @@
 //! Weights on disk: safetensors round trips for every dtype, the byte layout PyTorch's `safetensors.torch` reads
 //! and writes (checked by hand-parsing and hand-building files), module save/load, and every error case.
 
+mod test_cache;
+
 use kiln::nn::{Linear, Module, ReLU, Sequential};
 use kiln::{DType, Device, Error, Tensor, f16, load_module, load_safetensors, save_module, save_safetensors};
 use std::path::PathBuf;
@@ -253,4 +255,27 @@ fn a_file_that_does_not_fit_the_module_changes_nothing() {
     assert!(matches!(load_module(&first, &path, true), Err(Error::StateDict { .. })));
     load_module(&first, &path, false).unwrap();
     assert_eq!(first.weight().get().to_vec::<f32>().unwrap(), [0.0; 12]);
+}
+
+/// A saved file gets the mode `File::create` gives a new file under the process's umask (the serializer's own
+/// temporary file was 0600), an existing file keeps its mode, and no temporary file is left beside it.
+#[cfg(unix)]
+#[test]
+fn saved_files_get_the_usual_mode_and_an_overwritten_file_keeps_its_own() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let plain = dir.path().join("plain");
+    std::fs::File::create(&plain).unwrap();
+    let saved = dir.path().join("w.safetensors");
+    let t = Tensor::ones([3], DType::F32, &dev());
+    save_safetensors(&saved, &[("t", &t)]).unwrap();
+    assert_eq!(mode(&saved), mode(&plain), "a new file: File::create's mode");
+    std::fs::set_permissions(&saved, std::fs::Permissions::from_mode(0o640)).unwrap();
+    save_safetensors(&saved, &[("t", &t)]).unwrap();
+    assert_eq!(mode(&saved), 0o640, "an overwritten file keeps its mode");
+    let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["plain", "w.safetensors"], "no temporary file is left");
+    assert_eq!(load_safetensors(&saved, &dev()).unwrap()[0].1.to_vec::<f32>().unwrap(), vec![1.0; 3]);
 }

@@ -1,8 +1,10 @@
 //! `kiln::nn`: every module's and function's forward against hand-computed values or a plain-Rust reference in
 //! f64, the gradients where PyTorch's convention differs from a naive composition, and Dropout's randomness.
 //!
-//! Tests that draw from kiln's global random stream (`Linear::new`, `Dropout`, `manual_seed`) hold `RANDOM`, so
-//! a `manual_seed` in one test cannot shift another test's draws.
+//! Tests that draw random numbers (`Linear::new`, `Dropout`, `manual_seed`) need no lock: each test runs on its own
+//! thread, and each thread has its own default generator.
+
+mod test_cache;
 
 mod common;
 
@@ -12,13 +14,6 @@ use kiln::nn::{
     Dropout, Embedding, Func, GELU, LayerNorm, LeakyReLU, Linear, Module, Param, ReLU, Sequential, SiLU, Tanh,
 };
 use kiln::{DType, Device, Tensor};
-use std::sync::{Mutex, MutexGuard};
-
-static RANDOM: Mutex<()> = Mutex::new(());
-
-fn random_lock() -> MutexGuard<'static, ()> {
-    RANDOM.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn dev() -> Device {
     Device::cpu()
@@ -77,7 +72,6 @@ fn linear_forward_matches_reference_with_and_without_bias() {
 
 #[test]
 fn linear_default_init_is_uniform_in_one_over_sqrt_fan_in() {
-    let _r = random_lock();
     let (k, m) = (16, 32);
     let lin = Linear::new(k, m, true, &dev());
     let names: Vec<String> = lin.named_params().into_iter().map(|(n, _)| n).collect();
@@ -100,7 +94,6 @@ fn linear_default_init_is_uniform_in_one_over_sqrt_fan_in() {
 
 #[test]
 fn init_helpers_have_the_stated_distributions() {
-    let _r = random_lock();
     kiln::manual_seed(11);
     let fan_in = 50;
     let n = 20_000;
@@ -380,7 +373,6 @@ fn layer_norm_matches_a_naive_implementation() {
 
 #[test]
 fn dropout_is_reproducible_under_manual_seed_and_preserves_the_mean() {
-    let _r = random_lock();
     let x = Tensor::ones([20_000], DType::F32, &dev());
     let p = 0.3;
     let drop = Dropout::new(p);
@@ -438,7 +430,6 @@ fn embedding_looks_rows_up_and_accumulates_their_gradient() {
 
 #[test]
 fn sequential_composes_names_and_propagates_train_mode() {
-    let _r = random_lock();
     let model = Sequential::new()
         .add(Linear::new(3, 4, true, &dev()))
         .add(ReLU)

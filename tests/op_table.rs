@@ -10,6 +10,8 @@
 //! Where PyTorch raises or leaves a result undefined and kiln documents its own choice (int ** negative int,
 //! float -> int casts out of range or of NaN), the case says "kiln-defined" in its description.
 
+mod test_cache;
+
 mod common;
 
 use common::*;
@@ -314,7 +316,7 @@ fn linalg_ops() {
     run_group(Group::Linalg);
 }
 
-/// The only test that draws from kiln's global random stream, so `manual_seed` never races another test.
+/// The random ops: `manual_seed` and the draws act on this test thread's default generator.
 #[test]
 fn random_ops() {
     run_group(Group::Random);

@@ -5,6 +5,8 @@
 //! The plan-cache counters and the node count are process-wide, and the tests of this file run on parallel
 //! threads, so every test takes `SERIAL` first.
 
+mod test_cache;
+
 mod common;
 
 use common::*;

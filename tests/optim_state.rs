@@ -1,7 +1,9 @@
 //! Checkpoints: `Optimizer::state_dict` / `load_state_dict`, `kiln::save_optimizer` / `load_optimizer` and
-//! `kiln::rng_state` / `set_rng_state`. The contract: training stopped after some steps, saved (module, optimizer,
+//! `kiln::save_generator` / `load_generator`. The contract: training stopped after some steps, saved (module, optimizer,
 //! random stream), loaded into freshly built objects and continued computes the same bits as training that never
 //! stopped, on every device; and a state that does not fit is refused whole, leaving the optimizer as it was.
+
+mod test_cache;
 
 mod common;
 
@@ -68,50 +70,128 @@ fn bits(model: &Sequential) -> Vec<Vec<u64>> {
     model.params().iter().map(|p| vals(&p.get()).iter().map(|v| v.to_bits()).collect()).collect()
 }
 
+/// Trains six steps straight, and three, a checkpoint (module, optimizer, the default generator) and three more on
+/// freshly built objects; panics where the two runs' parameters differ in any bit.
+fn check_resume(dev: &Device, which: usize) {
+    let what = format!("{dev:?}, optimizer {which}");
+    kiln::manual_seed(7);
+    let straight = model(dev);
+    let mut opt = optimizer(which, &straight);
+    train(&straight, opt.as_mut(), dev, 0, 6);
+    let want = bits(&straight);
+
+    kiln::manual_seed(7);
+    let first = model(dev);
+    let mut opt = optimizer(which, &first);
+    train(&first, opt.as_mut(), dev, 0, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    kiln::save_module(&first, path("model.safetensors")).unwrap();
+    kiln::save_optimizer(opt.as_ref(), path("optim.safetensors")).unwrap();
+    kiln::save_generator(&kiln::default_generator(), path("rng.safetensors")).unwrap();
+    drop((first, opt));
+
+    // A fresh process would build everything anew: another init (which draws random numbers too) and an optimizer
+    // built with other hyperparameters, which the file replaces.
+    kiln::manual_seed(99);
+    let resumed = model(dev);
+    let (ws, bs) = split(&resumed);
+    let mut opt: Box<dyn Optimizer> = match which {
+        0 => Box::new(Sgd::new(ws, 1.0).group(bs, GroupOptions::default())),
+        1 => Box::new(Adam::new(resumed.params(), 1.0)),
+        _ => Box::new(AdamW::new(ws, 1.0).group(bs, GroupOptions::default())),
+    };
+    kiln::load_module(&resumed, path("model.safetensors"), true).unwrap();
+    kiln::load_optimizer(opt.as_mut(), path("optim.safetensors")).unwrap();
+    kiln::load_generator(&kiln::default_generator(), path("rng.safetensors")).unwrap();
+    assert_eq!(opt.lr(), optimizer(which, &resumed).lr() * 0.5, "{what}: the scheduled learning rate");
+    train(&resumed, opt.as_mut(), dev, 3, 6);
+    let got = bits(&resumed);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let first = g.iter().zip(w).position(|(a, b)| a != b);
+        assert!(first.is_none(), "{what}: parameter {i} differs first at element {first:?}");
+    }
+}
+
 #[test]
 fn training_resumed_from_a_checkpoint_computes_the_same_bits_as_training_that_never_stopped() {
     for dev in devices() {
         for which in 0..3 {
-            let what = format!("{dev:?}, optimizer {which}");
-            kiln::manual_seed(7);
-            let straight = model(&dev);
-            let mut opt = optimizer(which, &straight);
-            train(&straight, opt.as_mut(), &dev, 0, 6);
-            let want = bits(&straight);
-
-            kiln::manual_seed(7);
-            let first = model(&dev);
-            let mut opt = optimizer(which, &first);
-            train(&first, opt.as_mut(), &dev, 0, 3);
-            let dir = tempfile::tempdir().unwrap();
-            let (weights, state) = (dir.path().join("model.safetensors"), dir.path().join("optim.safetensors"));
-            kiln::save_module(&first, &weights).unwrap();
-            kiln::save_optimizer(opt.as_ref(), &state).unwrap();
-            let rng = kiln::rng_state();
-            drop((first, opt));
-
-            // A fresh process would build everything anew: another init (which draws random numbers too) and an
-            // optimizer built with other hyperparameters, which the file replaces.
-            kiln::manual_seed(99);
-            let resumed = model(&dev);
-            let (ws, bs) = split(&resumed);
-            let mut opt: Box<dyn Optimizer> = match which {
-                0 => Box::new(Sgd::new(ws, 1.0).group(bs, GroupOptions::default())),
-                1 => Box::new(Adam::new(resumed.params(), 1.0)),
-                _ => Box::new(AdamW::new(ws, 1.0).group(bs, GroupOptions::default())),
-            };
-            kiln::load_module(&resumed, &weights, true).unwrap();
-            kiln::load_optimizer(opt.as_mut(), &state).unwrap();
-            kiln::set_rng_state(rng);
-            assert_eq!(opt.lr(), optimizer(which, &resumed).lr() * 0.5, "{what}: the scheduled learning rate");
-            train(&resumed, opt.as_mut(), &dev, 3, 6);
-            let got = bits(&resumed);
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                let first = g.iter().zip(w).position(|(a, b)| a != b);
-                assert!(first.is_none(), "{what}: parameter {i} differs first at element {first:?}");
-            }
+            check_resume(&dev, which);
         }
     }
+}
+
+/// The random streams are per thread: other threads seeding and drawing random numbers all the while (random
+/// tensors, dropout, model inits, training of their own) never move this thread's stream. With one process-wide
+/// stream this failed about one run in five under load.
+#[test]
+fn a_resumed_run_reproduces_its_bits_200_times_while_other_threads_draw_random_numbers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    /// Stops the other threads when the checks end, a failed one included (the scope waits for them).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let stop = &stop;
+            s.spawn(move || {
+                let dev = Device::cpu();
+                while !stop.load(Ordering::Relaxed) {
+                    kiln::manual_seed(t);
+                    let _ = Tensor::randn([64], DType::F32, &dev).sum_all().item::<f32>();
+                    let m = model(&dev);
+                    let _ = F::dropout(&Tensor::ones([16], DType::F32, &dev), 0.5, true).to_vec::<f32>();
+                    if t == 0 {
+                        let mut opt = optimizer(1, &m);
+                        train(&m, opt.as_mut(), &dev, 0, 1);
+                    }
+                }
+            });
+        }
+        let _stop = StopOnDrop(&stop);
+        let dev = Device::cpu();
+        for run in 0..200 {
+            check_resume(&dev, run % 3);
+        }
+    });
+}
+
+#[test]
+fn an_explicit_generator_drives_inits_and_dropout_whichever_thread_runs_them() {
+    let dev = Device::cpu();
+    let run = |g: &kiln::Generator| {
+        let m = Sequential::new()
+            .add(Linear::new_with(8, 16, true, &dev, g))
+            .add(Dropout::with_generator(0.5, g.clone()))
+            .add(Linear::new_with(16, 4, false, &dev, g));
+        let mut opt = Sgd::new(m.params(), 0.1);
+        train(&m, &mut opt, &dev, 0, 3);
+        bits(&m)
+    };
+    let want = run(&kiln::Generator::new(21));
+    // The default generator is not touched: seeding it differently changes nothing.
+    kiln::manual_seed(1);
+    assert_eq!(run(&kiln::Generator::new(21)), want);
+    let g = kiln::Generator::new(21);
+    let got = std::thread::scope(|s| s.spawn(|| run(&g)).join().unwrap());
+    assert_eq!(got, want, "on another thread");
+    assert_ne!(run(&kiln::Generator::new(22)), want, "another seed, other numbers");
+    // A generator file round-trips its state, and a file of another kind is refused without a change.
+    let dir = tempfile::tempdir().unwrap();
+    let (file, weights) = (dir.path().join("g.safetensors"), dir.path().join("w.safetensors"));
+    kiln::save_generator(&g, &file).unwrap();
+    let h = kiln::Generator::new(0);
+    kiln::load_generator(&h, &file).unwrap();
+    assert_eq!(h.state(), g.state());
+    kiln::save_module(&Linear::new(2, 2, false, &dev), &weights).unwrap();
+    let err = kiln::load_generator(&h, &weights).unwrap_err().to_string();
+    assert!(err.contains("not a kiln generator file"), "{err}");
+    assert_eq!(h.state(), g.state());
 }
 
 /// An optimizer's state with its tensors read back: kind, hyperparameters (bits), per parameter the step count and

@@ -25,6 +25,8 @@
 //! helper for a realized input. Setting `KILN_CPU_ENGINE=interp` makes realize run the interpreter, which tells a
 //! JIT bug from a generator bug.
 
+mod test_cache;
+
 mod common;
 
 use common::{Kind, Tol, compare, tol};

@@ -8,6 +8,8 @@
 //!
 //! The child processes are this test binary itself, re-run with `KILN_WARM_CHILD` set (see `child_step`).
 
+mod test_cache;
+
 mod common;
 
 use kiln::{Device, Tensor};

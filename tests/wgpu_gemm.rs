@@ -3,7 +3,10 @@
 //! interpreter; then a whole graph through `Device::wgpu` (tuned choice) against the same reference. Skips with one
 //! line without an adapter (fails under `KILN_REQUIRE_WGPU=1`, see `common::wgpu_device`). Built only with the
 //! `wgpu` feature (on by default).
+
 #![cfg(feature = "wgpu")]
+
+mod test_cache;
 
 mod common;
 

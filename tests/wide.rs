@@ -7,6 +7,8 @@
 //! include NaN, infinities, signed zeros and subnormals. Each case asserts that its kernel is an `ElementwiseView`
 //! and that a wide kernel was generated for it, so the test cannot pass on Cranelift code.
 
+mod test_cache;
+
 mod common;
 
 use common::{Dom, data, tensor};

@@ -22,6 +22,7 @@ mod cross_entropy;
 pub use cross_entropy::{CrossEntropyOptions, cross_entropy, cross_entropy_with};
 
 use crate::args::fail;
+use crate::random::{Generator, default_generator};
 use crate::tensor::Tensor;
 use kiln_jit::{DType, Scalar};
 
@@ -276,11 +277,17 @@ pub fn layer_norm(
 }
 
 /// Dropout (`torch.nn.functional.dropout`): in training, each element is zeroed with probability `p` and the rest
-/// are scaled by `1 / (1 - p)`; otherwise the identity. The mask comes from kiln's counter-based `rand`, so it is
-/// reproducible under `kiln::manual_seed`, and drawing a new mask each step does not recompile (the random key is a
-/// run-time input of the plan).
+/// are scaled by `1 / (1 - p)`; otherwise the identity. The mask comes from kiln's counter-based `rand` on the
+/// calling thread's default generator, so it is reproducible under `kiln::manual_seed`, and drawing a new mask each
+/// step does not recompile (the random key is a run-time input of the plan).
 #[track_caller]
 pub fn dropout(x: &Tensor, p: f64, training: bool) -> Tensor {
+    dropout_with(x, p, training, &default_generator())
+}
+
+/// `dropout` drawing its mask from `generator`.
+#[track_caller]
+pub fn dropout_with(x: &Tensor, p: f64, training: bool, generator: &Generator) -> Tensor {
     if !(0.0..=1.0).contains(&p) {
         fail!("dropout", "probability has to be between 0 and 1, but got {p}");
     }
@@ -292,7 +299,7 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Tensor {
         return x.mul(0.0);
     }
     // rand is uniform in [0, 1): P(u >= p) = 1 - p.
-    x.rand_like().ge(p).where_(x.mul(1.0 / (1.0 - p)), 0.0)
+    x.rand_like_with(generator).ge(p).where_(x.mul(1.0 / (1.0 - p)), 0.0)
 }
 
 #[track_caller]

@@ -5,6 +5,7 @@ use super::functional::{self, Approximate};
 use super::{Module, Param, init};
 use crate::args::fail;
 use crate::device::Device;
+use crate::random::Generator;
 use crate::tensor::Tensor;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -111,15 +112,29 @@ impl Module for LayerNorm {
 pub struct Dropout {
     p: f64,
     training: AtomicBool,
+    /// `None`: the default generator of the thread that runs `forward`.
+    generator: Option<Generator>,
 }
 
 impl Dropout {
+    /// Dropout whose masks come from the default generator of the thread that calls `forward`.
     #[track_caller]
     pub fn new(p: f64) -> Dropout {
+        Dropout::checked(p, None)
+    }
+
+    /// Dropout whose masks come from `generator`, whichever thread runs it.
+    #[track_caller]
+    pub fn with_generator(p: f64, generator: Generator) -> Dropout {
+        Dropout::checked(p, Some(generator))
+    }
+
+    #[track_caller]
+    fn checked(p: f64, generator: Option<Generator>) -> Dropout {
         if !(0.0..=1.0).contains(&p) {
             fail!("Dropout", "probability has to be between 0 and 1, but got {p}");
         }
-        Dropout { p, training: AtomicBool::new(true) }
+        Dropout { p, training: AtomicBool::new(true), generator }
     }
 
     pub fn p(&self) -> f64 {
@@ -133,7 +148,10 @@ impl Dropout {
 
 impl Module for Dropout {
     fn forward(&self, x: &Tensor) -> Tensor {
-        functional::dropout(x, self.p, self.is_training())
+        match &self.generator {
+            Some(g) => functional::dropout_with(x, self.p, self.is_training(), g),
+            None => functional::dropout(x, self.p, self.is_training()),
+        }
     }
 
     fn named_params(&self) -> Vec<(String, Param)> {
@@ -162,6 +180,11 @@ impl Embedding {
     /// `Embedding(num_embeddings, embedding_dim)` with weight ~ N(0, 1) (f32).
     pub fn new(num_embeddings: usize, embedding_dim: usize, device: &Device) -> Embedding {
         Embedding::from_weight(init::normal([num_embeddings, embedding_dim], 0.0, 1.0, device))
+    }
+
+    /// `new`, drawing the initial weight from `generator`.
+    pub fn new_with(num_embeddings: usize, embedding_dim: usize, device: &Device, generator: &Generator) -> Embedding {
+        Embedding::from_weight(init::normal_with([num_embeddings, embedding_dim], 0.0, 1.0, device, generator))
     }
 
     /// An embedding with the given float weight `[num_embeddings, embedding_dim]` (`Embedding.from_pretrained`,

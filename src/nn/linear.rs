@@ -3,6 +3,7 @@
 use super::{Module, Param, init};
 use crate::args::fail;
 use crate::device::Device;
+use crate::random::{Generator, default_generator};
 use crate::tensor::Tensor;
 
 /// A fully connected layer: weight `[out_features, in_features]`, optional bias `[out_features]`. The input's last
@@ -18,10 +19,22 @@ impl Linear {
     /// uniform in `[-1/sqrt(in), 1/sqrt(in))`, and the bias uniform in the same range.
     #[track_caller]
     pub fn new(in_features: usize, out_features: usize, bias: bool, device: &Device) -> Linear {
+        Linear::new_with(in_features, out_features, bias, device, &default_generator())
+    }
+
+    /// `new`, drawing the initial weight and bias from `generator`.
+    #[track_caller]
+    pub fn new_with(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        device: &Device,
+        generator: &Generator,
+    ) -> Linear {
         // gain = sqrt(2 / (1 + a²)) = sqrt(1/3); bound = gain * sqrt(3 / fan_in) = 1 / sqrt(fan_in).
         let bound = if in_features > 0 { 1.0 / (in_features as f64).sqrt() } else { 0.0 };
-        let weight = init::uniform([out_features, in_features], -bound, bound, device);
-        let bias = bias.then(|| init::uniform([out_features], -bound, bound, device));
+        let weight = init::uniform_with([out_features, in_features], -bound, bound, device, generator);
+        let bias = bias.then(|| init::uniform_with([out_features], -bound, bound, device, generator));
         Linear::from_weight(weight, bias)
     }
 

@@ -6,7 +6,7 @@
 
 use crate::args::fail;
 use crate::device::Device;
-use crate::random;
+use crate::random::{Generator, default_generator};
 use crate::tensor::Tensor;
 use kiln_jit::{DType, Op, RandDist, Scalar, Shape};
 
@@ -95,33 +95,64 @@ impl Tensor {
     }
 
     #[track_caller]
-    fn random(name: &str, dist: RandDist, shape: Shape, dtype: DType, device: &Device) -> Tensor {
+    fn random(
+        name: &str,
+        dist: RandDist,
+        shape: Shape,
+        dtype: DType,
+        device: &Device,
+        generator: &Generator,
+    ) -> Tensor {
         if !dtype.is_float() {
             fail!(name, "dtype must be float, not {dtype}");
         }
-        let key = random::take(shape.numel());
+        let key = generator.take(shape.numel());
         Tensor::on_device(Op::Rand { dist, slot: 0 }, crate::tensor::Srcs::new(), shape, dtype, *device, Some(key))
     }
 
-    /// Uniform in [0, 1), from the stream seeded by `kiln::manual_seed`.
+    /// Uniform in [0, 1), from the calling thread's default generator (seeded by `kiln::manual_seed`).
     #[track_caller]
     pub fn rand(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Tensor {
-        Tensor::random("rand", RandDist::Uniform, shape.into(), dtype, device)
+        Tensor::rand_with(shape, dtype, device, &default_generator())
     }
 
-    /// Standard normal, from the stream seeded by `kiln::manual_seed`.
+    /// Standard normal, from the calling thread's default generator (seeded by `kiln::manual_seed`).
     #[track_caller]
     pub fn randn(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Tensor {
-        Tensor::random("randn", RandDist::Normal, shape.into(), dtype, device)
+        Tensor::randn_with(shape, dtype, device, &default_generator())
+    }
+
+    /// `rand` drawing from `generator` (`torch.rand(..., generator=g)`).
+    #[track_caller]
+    pub fn rand_with(shape: impl Into<Shape>, dtype: DType, device: &Device, generator: &Generator) -> Tensor {
+        Tensor::random("rand", RandDist::Uniform, shape.into(), dtype, device, generator)
+    }
+
+    /// `randn` drawing from `generator` (`torch.randn(..., generator=g)`).
+    #[track_caller]
+    pub fn randn_with(shape: impl Into<Shape>, dtype: DType, device: &Device, generator: &Generator) -> Tensor {
+        Tensor::random("randn", RandDist::Normal, shape.into(), dtype, device, generator)
     }
 
     #[track_caller]
     pub fn rand_like(&self) -> Tensor {
-        Tensor::random("rand_like", RandDist::Uniform, self.shape().clone(), self.dtype(), &self.device())
+        self.rand_like_with(&default_generator())
     }
 
     #[track_caller]
     pub fn randn_like(&self) -> Tensor {
-        Tensor::random("randn_like", RandDist::Normal, self.shape().clone(), self.dtype(), &self.device())
+        self.randn_like_with(&default_generator())
+    }
+
+    /// `rand_like` drawing from `generator`.
+    #[track_caller]
+    pub fn rand_like_with(&self, generator: &Generator) -> Tensor {
+        Tensor::random("rand_like", RandDist::Uniform, self.shape().clone(), self.dtype(), &self.device(), generator)
+    }
+
+    /// `randn_like` drawing from `generator`.
+    #[track_caller]
+    pub fn randn_like_with(&self, generator: &Generator) -> Tensor {
+        Tensor::random("randn_like", RandDist::Normal, self.shape().clone(), self.dtype(), &self.device(), generator)
     }
 }

@@ -5,6 +5,7 @@
 //! use kiln::nn::{Linear, Module};
 //! use kiln::optim::{GradAccumulator, Optimizer, Sgd};
 //! # fn main() -> kiln::Result<()> {
+//! # kiln::tune::set_cache_dir(None).ok(); // doc tests keep off the user's cache
 //! let dev = kiln::Device::cpu();
 //! let model = Linear::new(4, 1, true, &dev);
 //! let mut opt = Sgd::new(model.params(), 0.01);

@@ -61,6 +61,9 @@ pub enum StoreError {
     Bundle { path: PathBuf, reason: String },
     #[error("cannot encode {what}: {reason}")]
     Encode { what: String, reason: String },
+    /// `Store::set_global_root` after the process-wide store was opened.
+    #[error("the process-wide cache is already open at {}; choose its place before the first realize or tune", .0.as_deref().map_or("memory only".to_string(), |p| p.display().to_string()))]
+    AlreadyOpen(Option<PathBuf>),
 }
 
 /// Counters since the store was opened.
@@ -133,7 +136,6 @@ impl Store {
     /// The process-wide store for the host CPU. Root: `KILN_CACHE_DIR` when set and non-empty (`off`: memory
     /// only), else `<user cache dir>/kiln`, else (no cache dir known) memory only.
     pub fn global() -> &'static Store {
-        static GLOBAL: OnceLock<Store> = OnceLock::new();
         GLOBAL.get_or_init(|| {
             let fingerprint = DeviceFingerprint::host_cpu();
             match resolve_root(std::env::var_os("KILN_CACHE_DIR"), dirs::cache_dir()) {
@@ -141,6 +143,22 @@ impl Store {
                 None => Store::memory_only(&fingerprint),
             }
         })
+    }
+
+    /// Opens the process-wide store at `root` (`None`: memory only) instead of where `KILN_CACHE_DIR` points: for a
+    /// program that chooses its cache in code. Must come before anything uses the store; afterwards it is refused
+    /// and the store stays where it is.
+    pub fn set_global_root(root: Option<PathBuf>) -> Result<&'static Store, StoreError> {
+        let mut opened_here = false;
+        let store = GLOBAL.get_or_init(|| {
+            opened_here = true;
+            let fingerprint = DeviceFingerprint::host_cpu();
+            match &root {
+                Some(root) => Store::open(std::path::absolute(root).unwrap_or(root.clone()), &fingerprint),
+                None => Store::memory_only(&fingerprint),
+            }
+        });
+        if opened_here { Ok(store) } else { Err(StoreError::AlreadyOpen(store.root.clone())) }
     }
 
     pub fn fingerprint(&self) -> &DeviceFingerprint {
@@ -366,6 +384,8 @@ fn parse_record(payload: &[u8], key_text: &str) -> Result<TuneRecord, String> {
     }
     Ok(rec)
 }
+
+static GLOBAL: OnceLock<Store> = OnceLock::new();
 
 /// `KILN_CACHE_DIR` if set and non-empty (`off`, any case: no disk), else `<user cache dir>/kiln`.
 fn resolve_root(var: Option<OsString>, user_cache_dir: Option<PathBuf>) -> Option<PathBuf> {
