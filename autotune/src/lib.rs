@@ -15,7 +15,7 @@
 //!   analytic score.
 //!
 //! Must not know: the user-facing `Tensor` API, or how a kernel is generated and run: the GEMM kernels, the
-//! reference check and the timing closures are the backends' (see DESIGN.md, "Autotuning" and "Caches").
+//! reference check and the timing closures are the backends' (see docs/architecture.md, "Caches").
 #![forbid(unsafe_code)]
 
 pub mod cpu_gemm;

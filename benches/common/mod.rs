@@ -31,7 +31,7 @@ pub const TRIAD_BYTES_PER_ELEM: usize = 12;
 /// `sin(a)^2 * b + c`: counted like the chain.
 pub const SIN_BYTES_PER_ELEM: usize = 16;
 /// torch.compile (default mode, 2 threads, no THP) on `sin(a)**2 * b + c` over 16M f32 on this machine:
-/// /work/shared/reference/measured-baselines.md, table 4a. Not a same-run figure.
+/// 34.6 ms, a reference figure measured on an idle machine and recorded in docs/benchmarks.md. Not a same-run figure.
 pub const TORCH_COMPILE_SIN_MS: f64 = 34.6;
 /// Lazy nodes in the replay graph.
 pub const REPLAY_NODES: usize = 50;

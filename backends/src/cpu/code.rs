@@ -10,10 +10,8 @@
 //! A kernel compiled or loaded on demand gets a mapping of its own. The cached code a warm process will need (every
 //! kernel of an imported bundle) is mapped together instead, by [`map_together`]: one `mmap` and one `mprotect` for
 //! all of them. A mapping per kernel is two system calls and a page fault (and the `mprotect` of a process whose
-//! pool threads run shoots down their TLBs): with per-kernel timers in the first step of a warm `train_mlp`-like
-//! process (batch 128, 8 cached Cranelift kernels, 5 GEMM kernel sets), finding a cached Cranelift kernel took
-//! 12-17 µs mapped on demand and 6-8 µs premapped; the whole compile phase went from ~0.55-0.65 to ~0.43-0.47 ms
-//! together with a cheaper candidate-set checksum.
+//! pool threads run shoots down their TLBs), which about doubled the cost of finding a cached kernel in a warm
+//! process's first step.
 //!
 //! Deliberately not done: freeing code (kernels live as long as the process's plan cache, which has no eviction
 //! either).

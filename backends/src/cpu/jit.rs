@@ -7,10 +7,9 @@
 //! process's plan cache, which has no eviction either.
 //!
 //! Replay (`JitPlan::run`) does no hashing and takes no lock per kernel: launches are a flat list with pre-bound
-//! slots; the only allocations are the output buffers handed to the caller and the Vec holding them. A
-//! launch runs split over the thread pool when its work passes `pool::min_parallel_work()`, else inline.
-//!
-//! Deliberately not done yet: pooling output buffers across runs, and a per-kernel profile line.
+//! slots, and outputs and temps come from the host buffer pool (`host_pool`). A launch runs split over the thread
+//! pool when its work passes `pool::min_parallel_work()`, else inline. With `KILN_PROFILE=1` every launch is timed
+//! (`profile_report`).
 
 use super::pool;
 use crate::{BackendError, Buffer, Executable};

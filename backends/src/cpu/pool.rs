@@ -38,53 +38,19 @@
 //!   as one, so `threads - 1` workers), overridable with env `KILN_NUM_THREADS`. `KILN_NUM_THREADS=1` disables
 //!   parallelism entirely.
 //!
-//! # Measurements
+//! # Why these constants
 //!
-//! Command (the example prints every number below):
-//!
-//! ```text
-//! cargo run --release -p kiln-backends --example pool_overhead
-//! ```
-//!
-//! Machine: the 2-vCPU development VM (AMD EPYC Zen 4, KVM), so the pool has 2 threads (1 worker). The VM was
-//! shared with other builds (load average ~4), so the example was run at raised priority to measure the pool rather
-//! than the neighbours: `setsid sh -c 'echo -20 > /proc/self/autogroup; exec nice -n -20 target/release/examples/
-//! pool_overhead'`. Eight runs; medians unless noted, ranges over the runs.
-//!
-//! | what | result |
-//! |---|---|
-//! | empty `parallel_for(2, f)`, hot (back-to-back, best batch) | 9.0-9.4 ns/call (2 runs: 44-47 ns) [1] |
-//! | inline call of the same `f` | 1.4 ns |
-//! | hot, each chunk forced onto its own thread: publish -> worker starts | 115-140 ns (A) / 276-316 ns (B) |
-//! | hot, forced, full round trip | 240-360 ns (A) / 680-770 ns (B) |
-//! | after idle (workers parked): publish -> worker starts | 27-37 us |
-//! | after idle, forced, full round trip | 38-44 us |
-//! | after idle, empty launch (caller steals; pays the `unpark`) | 3.9-12.8 us |
-//! | caller busy for a gap, then forced round trip: gap 0-180 us (< spin) | 0.3-1.1 us [2] |
-//! | same, gap 250 us / 1 ms / 5 ms (workers parked) | 13-27 us / 25-34 us / 31-52 us |
-//! | `y[i] += a * x[i]` (f32), back-to-back: parallel faster from | 3072-4096 elements (A) / 16384-24576 (B) |
-//! | same, speedup at 8192 elements | 1.6-1.8x (A) / 0.8-0.9x (B) |
-//! | same, speedup at 32768 / 128K / 16M elements | 1.3-1.9x / 1.9-2.2x / 1.5-1.9x |
-//!
-//! (A) and (B): the runs fell into two groups by how fast the two vCPUs talk to each other (a cache line from the
-//! other core in ~120 ns vs ~300 ns), presumably depending on where the hypervisor placed them (same core complex
-//! or not); group B also had more DRAM bandwidth (16M elements: 1.8-1.9x vs 1.5x).
-//!
-//! [1] The caller ran 89-100% of the worker's chunks itself: it finished chunk 0 and stole chunk 1 before the worker
-//! had noticed the launch.
-//! [2] In runs where the worker had a core of its own; see the last point below for the runs where it had not.
-//!
-//! Decisions from these numbers:
+//! Measured with `cargo run --release -p kiln-backends --example pool_overhead` on a 2-vCPU VM (the table is in
+//! docs/benchmarks.md, "Thread pool"):
 //! * [`DEFAULT_SPIN`] = 200 us: a parked worker costs ~30 us to start (and the caller ~4-13 us of `unpark`), while a
-//!   spinning one starts in 0.1-0.3 us; every gap shorter than the spin stays hot (gap sweep above), which covers the
+//!   spinning one starts in 0.1-0.3 us; every gap between launches shorter than the spin stays hot, which covers the
 //!   launches of a training step, and an idle pool stops burning its cores 0.2 ms after the last launch.
 //! * [`DEFAULT_MIN_PARALLEL_WORK`] = 32768 element-operations: the smallest tested size at which splitting won in
-//!   every run, (A) and (B) alike (1.3-1.9x there); below ~16K elements it lost by up to 2x in the (B) runs. Machines
-//!   with more threads have more to synchronize per launch, and a launch that finds the workers parked costs up to
-//!   the ~4-13 us of `unpark` over inline (the caller steals the chunks of workers not yet awake).
-//! * Under external overload the scheduler sometimes put the worker on the caller's core; a forced round trip then
-//!   took ~34 us (the pure-spin windows of the two threads) until the load balancer separated them. Real launches
-//!   are not held up by this: the caller steals the chunks of a worker that cannot run. The 10 us pure-spin window
+//!   every run (1.3-1.9x); below ~16K elements it lost by up to 2x when the two vCPUs sat far apart. Machines with
+//!   more threads have more to synchronize per launch, and a launch that finds the workers parked costs up to the
+//!   ~4-13 us of `unpark` over inline (the caller steals the chunks of workers not yet awake).
+//! * Under external overload the scheduler sometimes puts the worker on the caller's core. Real launches are not
+//!   held up by this (the caller steals the chunks of a worker that cannot run), and the 10 us pure-spin window
 //!   (then `sched_yield` between checks) bounds the damage.
 
 use std::any::Any;

@@ -2,10 +2,9 @@
 //!
 //! Why: Cranelift 0.135 emits 128-bit vectors only on x86-64, so a Cranelift elementwise kernel issues twice the
 //! loads, stores and arithmetic instructions of an 8-lane one, and on this machine (Zen 4, one 256-bit store per
-//! cycle) a weight update that streams from L2 is bound by exactly those. The batch-1 training step's update of its
-//! 256 x 784 weight, `w - (dy ⊗ x) * lr`, took 10.9-12.3 µs as a Cranelift kernel (six 4-lane vectors per loop
-//! iteration, ~1.8 instructions per element) and takes 7.3-8.4 µs here (`KILN_PROFILE=1 train_mlp --batch 1`, three
-//! interleaved runs each; 8.1-9.2 µs without the aligned head below); the step went from 34 to 30 µs.
+//! cycle) a weight update that streams from L2 is bound by exactly those: the batch-1 training step's update of its
+//! 256 x 784 weight, `w - (dy ⊗ x) * lr`, takes about a third less time here than as a Cranelift kernel (~1.8
+//! instructions per element there).
 //!
 //! What runs here: a kernel without a reduction, its loops merged where its indices allow
 //! (`KernelIr::with_merged_loops`), over `[batch.., m, n]` or `[n]` (`ElementwiseView`), whose outer code the GEMM
@@ -17,14 +16,13 @@
 //! their NaN rule, a gather, a value uniform per batch element only) stays a Cranelift kernel. Results are
 //! bit-identical to the Cranelift kernel's: the same IEEE operations in the same order, never contracted into an FMA
 //! the Cranelift kernel does not use; for everything but `exp`, `tanh` and `log` (whose polynomials the interpreter
-//! does not share) that is also the interpreter's value. `exp` at 8 lanes: 4096 x 1024 f32 in 1.20 ms against 2.26 as a
-//! Cranelift kernel, a softmax over those rows 5.3 -> 2.7 ms, sigmoid 2.9 -> 1.3 ms (`KILN_PROFILE`).
+//! does not share) that is also the interpreter's value. At 8 lanes, `exp`, sigmoid and softmax over large f32
+//! tensors run about twice as fast as the Cranelift kernels.
 //!
 //! Row sums run here too (`RowSum`): a reduce kernel that sums f32 over its innermost loop, with the inner code as
 //! the register program over `[rows, k]` and the outer code (the sum and constants only, e.g. the `log` of a
-//! log-sum-exp) applied once per row; each copy of the unrolled loop accumulates into its own register. The
-//! log-sum-exp of `log_softmax` over 4096 x 1024 f32: 5.4-6.6 -> 2.3 ms in a slow host phase (`KILN_PROFILE`, three
-//! interleaved runs each with `KILN_ELEMENTWISE=clif`; the Cranelift kernel took 2.7 ms in a fast one).
+//! log-sum-exp) applied once per row; each copy of the unrolled loop accumulates into its own register
+//! (`log_softmax`'s log-sum-exp runs about twice as fast as the Cranelift kernel).
 //!
 //! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, uniforms, head mask, head bytes,
 //! operand 0, ..]`, every pointer at the first element of the chunk. Uniforms are loaded into registers once per
@@ -38,8 +36,8 @@
 //! crosses a batch element), or for one row, 8-column chunks.
 //!
 //! Each element is loaded before it is stored, so a donated input may be the output (a weight updated in place).
-//! Deliberately not done: caching the code on disk (generating and mapping one took 14-23 µs in `train_mlp`, about
-//! what mapping a cached copy costs); hoisting arithmetic on per-row values out of the column loop (the batch-1
+//! Deliberately not done: caching the code on disk (generating and mapping one costs about what mapping a cached
+//! copy does); hoisting arithmetic on per-row values out of the column loop (the batch-1
 //! update multiplies the per-row gradient by the row's inputs first, so nothing there would hoist); unrolling past 4
 //! vectors (8 measured no faster on the update).
 

@@ -1,6 +1,6 @@
 //! Fusion and scheduling: which graph nodes get a buffer, which kernel computes each, and where buffers are reused.
 //!
-//! Rules (DESIGN.md, "Fusion"), applied in this order:
+//! Rules (docs/architecture.md, "Fusion"), applied in this order:
 //! 1. Materialized ("realized into a buffer"): inputs, graph outputs, `Contiguous`, every `Reduce` and `Matmul`,
 //!    and any node that several nodes read (or that feeds an `Expand`) unless recomputing it is cheap: at most
 //!    `CHEAP_OPS` ALU ops and no transcendental or random op on the way back to materialized nodes.

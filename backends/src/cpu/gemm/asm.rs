@@ -3,8 +3,8 @@
 //! Why generate machine code: Cranelift 0.135 emits only 128-bit SIMD on x86-64, half the FMA width of an AVX2 core,
 //! so no Cranelift GEMM can pass ~50% of peak. `dynasmrt` assembles straight from Rust with run-time register
 //! numbers and displacements (a tile shape, a stride and an epilogue are just arguments), needs no toolchain at run
-//! time, and maps the code W^X. A 6x16 kernel reaches the measured FMA peak of this machine
-//! (`../shared/reference/jit-gemm-feasibility.md`).
+//! time, and maps the code W^X. A generated 6x16 kernel reaches the measured 2-core FMA peak of the development
+//! machine, which is what made generating code (rather than a better Cranelift kernel) worth it.
 //!
 //! AVX-512 is deliberately not generated. On this machine (AMD Zen 4, AVX-512F present) a 512-bit FMA executes as
 //! two 256-bit halves: `cargo run --release --example bench_gemm` measures the same FMA peak for 8 and 16 lanes,

@@ -1,14 +1,12 @@
 //! The dot-product GEMM candidate (`dot:avx2`): each output `C[m, n]` is the dot product of row `m` of A and column
 //! `n` of B, both contiguous along K. That is the layout of a linear layer's forward at a small batch (`x @ W^T`, W
 //! stored N x K), where the generated micro-kernels would pack all of W on every call (B's columns are its rows)
-//! and the library's GEMV kernel reached ~12.3 µs for a 256 x 784 weight on one thread against ~8.2 µs for these
-//! loops (`cargo run --release` of a scratch benchmark of both, interleaved; the weight in L2).
+//! and the library's GEMV kernel took about 1.5x as long as these loops (a 256 x 784 weight in L2, one thread).
 //!
 //! Four columns of B at a time against three rows of A: twelve 8-lane accumulators, seven loads per twelve FMAs, so
-//! the loop is bound by the FMA units, not by loads (a row alone: two accumulators per column, eight FMA chains):
-//! 8 x 256 x 784 went from ~108 to ~164 GFLOP/s on two threads with the tiles (a scratch timing of every candidate
-//! on the real kernel, interleaved, 30 rounds). Threads take strips of columns. The epilogue runs as the backend's
-//! pass over C, as for the library candidate. Why it stops at a few rows: `config::DOT_MAX_M`.
+//! the loop is bound by the FMA units, not by loads (a row alone: two accumulators per column, eight FMA chains;
+//! the 3 x 4 tiles made 8 x 256 x 784 about 1.5x faster). Threads take strips of columns. The epilogue runs as the
+//! backend's pass over C, as for the library candidate. Why it stops at a few rows: `config::DOT_MAX_M`.
 //!
 //! Written with `std::arch` intrinsics: the loop is fixed (nothing to specialize at run time that the tuner could
 //! choose), so rustc's code is as good as generated code would be, and is checked like every candidate

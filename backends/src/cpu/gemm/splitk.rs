@@ -5,10 +5,10 @@
 //! Why split K: in a training step the same weight is read by the forward GEMV (threads split its rows: `dot.rs`),
 //! read by this one, and rewritten by the optimizer's update (threads split its rows: elementwise chunks). A GEMV
 //! splitting C's columns has each thread read half of every row, so half the weight's cache lines move between the
-//! cores' L2 caches twice a step (read here by the other core, then written back by the update's owner). A scratch C
-//! program of exactly that sequence on this 2-core Zen 4 (a 128 x 256 weight, 2 threads): the update took 4.9-7.3 µs
-//! after a column-split GEMV and 0.8-1.0 µs after a K-split one. Splitting K keeps each thread on the rows it owns in
-//! the other two kernels (both take contiguous halves, caller first).
+//! cores' L2 caches twice a step (read here by the other core, then written back by the update's owner): on a
+//! 2-core Zen 4 with a 128 x 256 weight, the update was 5-9x slower after a column-split GEMV than after a K-split
+//! one. Splitting K keeps each thread on the rows it owns in the other two kernels (both take contiguous halves,
+//! caller first).
 //!
 //! Each part sums its rows of B into its own M x N partial (part 0 straight into C, the others into scratch); the
 //! partials are then added into C in part order, so results do not depend on timing. The epilogue runs as the

@@ -4,12 +4,10 @@
 //! Why: a linear layer's forward at a few dozen rows (`x @ W^T`, W stored N x K) has B = W^T contiguous along K,
 //! which the direct kernels must pack, all of W on every call (800 KB for the benchmark MLP's first layer at batch
 //! 32, as large as the multiply's own traffic). Transposed, W is the A operand, which the micro-kernels read in
-//! place by broadcasts, and only x is packed (100 KB). Measured with `kiln tune --mode full` on the bucketed problem
-//! (32 x 256 x 1024 and its transpose, two fresh caches each): the direct kernels' best 103.8-104.9 µs; the transposed
-//! problem's 103.6-106.9 µs when it packs W too, 79.1-80.5 µs reading W in place. The transpose of C^T (32 x 256)
-//! is 8 x 8 register blocks ([`super::pack`]'s), ~1-2 µs. In the batch-32 training step (`KILN_PROFILE=1
-//! train_mlp --batch 32`, same phase) the first layer's forward went from 88.7 to 69.4 µs and the second's from 16.0
-//! to 13.5; the step, five interleaved pairs with fresh caches in a fast phase: 213.3-215.8 -> 201.6-206.4 µs.
+//! place by broadcasts, and only x is packed (100 KB). On the bucketed 32 x 256 x 1024 problem that takes about a
+//! quarter less time than the direct kernels' best (the transposed problem gains nothing when it packs W too: the
+//! saving is the packing). The transpose of C^T (32 x 256) back into C is 8 x 8 register blocks
+//! ([`super::pack`]'s), a microsecond or two.
 //!
 //! Threads split the transposed problem's rows (W's rows), as the forward's other candidates and the weight's update
 //! do, so a weight's cache lines stay with the core that updates them. The scratch is per calling thread and kept.
