@@ -147,3 +147,21 @@ fn tune_stores_winners_and_kernels_but_no_plans() {
     assert!(records == 1 && artifacts >= 1, "{entries:?}");
     assert!(!entries.iter().any(|e| e.key.starts_with(kiln_autotune::PLAN_ARTIFACT_PREFIX)), "{entries:?}");
 }
+
+/// Exporting an empty cache is almost always the wrong `KILN_CACHE_DIR`: refused on stderr, non-zero, and nothing
+/// is written (not even the folders of the path); `--allow-empty` writes the empty bundle.
+#[test]
+fn exporting_an_empty_cache_is_refused_unless_asked_for() {
+    let (cache, out) = (TempDir::new().expect("cache"), TempDir::new().expect("out"));
+    let bundle = out.path().join("new/dir/x.kiln");
+    let bundle_arg = bundle.to_str().expect("UTF-8");
+    let refused = kiln(cache.path(), &["cache", "export", bundle_arg]);
+    assert!(!refused.status.success());
+    let err = text(&refused.stderr);
+    assert!(err.starts_with("kiln: nothing to export") && err.contains("--allow-empty"), "{err}");
+    assert!(text(&refused.stdout).is_empty());
+    assert!(!out.path().join("new").exists(), "nothing written");
+    let written = ok(cache.path(), &["cache", "export", "--allow-empty", bundle_arg]);
+    assert!(written.contains("exported 0 records and 0 artifacts"), "{written}");
+    assert!(bundle.exists());
+}

@@ -43,6 +43,12 @@ fn dump_child() {
     unsafe { libc::_exit(0) }
 }
 
+/// The process id in the child's one `KILN_DUMP: writing ... to <dir>/<program>-<pid>` line.
+fn out_pid(stderr: &str) -> String {
+    let line = stderr.lines().find(|l| l.contains("KILN_DUMP: writing")).expect("the child names its folder");
+    line.rsplit('-').next().unwrap().to_string()
+}
+
 /// The dump directory's files, as `name -> contents` (binary files as their length).
 fn files(dir: &Path) -> BTreeMap<String, String> {
     std::fs::read_dir(dir)
@@ -74,7 +80,15 @@ fn dump_writes_graphs_kernels_keys_and_autotune_tables() {
     assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let devices = stdout.matches("DEVICE ").count();
     assert_eq!(devices, common::devices().len(), "{stdout}");
-    let f = files(dir.path());
+    // The child wrote into a folder of its own, named on its stderr.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let folders: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(folders.len(), 1, "one folder per process: {folders:?}");
+    let own = &folders[0];
+    let name = own.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("dump-") && name.ends_with(&format!("-{}", out_pid(&stderr))), "{name}");
+    assert_eq!(stderr.matches("KILN_DUMP: writing").count(), 1, "{stderr}");
+    let f = files(own);
     let with = |suffix: &str| f.iter().filter(move |(n, _)| n.ends_with(suffix)).collect::<Vec<_>>();
 
     // One set of graph files per plan (one plan per device here).

@@ -316,3 +316,63 @@ fn wgpu_without_shader_f16_refuses_f16_naming_the_feature() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `WGPU_BACKEND` with a name wgpu does not know is an error naming the valid ones (wgpu skipped it silently, and
+/// the error then said to install a driver). Checked in a child: the wgpu device is opened once per process.
+#[cfg(feature = "wgpu")]
+#[test]
+fn an_unknown_wgpu_backend_name_is_refused_with_the_valid_ones() {
+    if std::env::var_os("KILN_TEST_CHILD").is_some() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "wgpu_backend_child", "--ignored", "--nocapture"])
+        .env("KILN_TEST_CHILD", "1")
+        .env("WGPU_BACKEND", "bogus")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("unknown backend \"bogus\"") && stdout.contains("vulkan, vk, gl"), "{stdout}");
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+#[ignore = "run by an_unknown_wgpu_backend_name_is_refused_with_the_valid_ones"]
+fn wgpu_backend_child() {
+    match Device::wgpu() {
+        Ok(_) => panic!("WGPU_BACKEND=bogus opened a device"),
+        Err(e) => println!("ERROR {e}"),
+    }
+}
+
+/// Opening wgpu without `XDG_RUNTIME_DIR` (root, containers, CI) prints nothing: kiln gives Mesa a private runtime
+/// dir, where Mesa printed `error: XDG_RUNTIME_DIR is invalid or not set` per device opened.
+#[cfg(feature = "wgpu")]
+#[test]
+fn opening_wgpu_without_a_runtime_dir_prints_no_driver_noise() {
+    if std::env::var_os("KILN_TEST_CHILD").is_some() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "wgpu_open_child", "--ignored", "--nocapture"])
+        .env("KILN_TEST_CHILD", "1")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("WGPU_BACKEND")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+#[ignore = "run by opening_wgpu_without_a_runtime_dir_prints_no_driver_noise"]
+fn wgpu_open_child() {
+    // Without an adapter the error is fine here: what matters is what the driver printed while looking.
+    if let Ok(dev) = Device::wgpu() {
+        assert_eq!(Tensor::ones([4], DType::F32, &dev).sum_all().item::<f32>().unwrap(), 4.0);
+    }
+    println!("OPENED");
+}

@@ -76,6 +76,10 @@ fn linear_default_init_is_uniform_in_one_over_sqrt_fan_in() {
     let lin = Linear::new(k, m, true, &dev());
     let names: Vec<String> = lin.named_params().into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["weight", "bias"]);
+    // PyTorch's names for the same lists.
+    let torch_names: Vec<String> = lin.named_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(torch_names, names);
+    assert!(lin.parameters().iter().zip(lin.params()).all(|(a, b)| a.ptr_eq(&b)));
     let w = lin.weight().get();
     let b = lin.bias().unwrap().get();
     assert_eq!((w.dims(), b.dims(), w.dtype()), (&[m, k][..], &[m][..], DType::F32));

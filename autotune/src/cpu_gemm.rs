@@ -395,7 +395,7 @@ pub struct StepContext {
 /// The candidates for a GEMM in a compiled plan: [`candidates`], narrowed where the plan around it decides what is
 /// fast better than an isolated race can (`kiln-backends`' `cpu/gemm/splitk.rs` has the measurements):
 /// - B rewritten and split K legal: split K alone. Its threads take W's rows, as the forward GEMV and the update do;
-///   timed alone the broadcast kernels win by ~15 % (see [`splitk_score`]), in the step they make half of W's cache
+///   timed alone the broadcast kernels win by ~15 % (see `splitk_score`), in the step they make half of W's cache
 ///   lines move between the cores twice (batch-1 benchmark MLP: 34-42 µs a step with split K, 39-69 without).
 /// - The output replaces an input (a weight's update) and K is at most [`UPDATE_MAX_K`]: only generated kernels
 ///   whose threads split the rows (M), as the forward GEMM splits the weight's rows, where any exists (the library

@@ -130,7 +130,7 @@ pub const TIE_MARGIN: f64 = 0.03;
 /// one candidate alone and crown the wrong one; interleaved, the noise hits all of them alike. The best score is
 /// always in the set, so the untuned default is measured beside every challenger in the same rounds.
 ///
-/// The winner is, among the verified and timed candidates whose median is within [`TIE_MARGIN`] of the lowest, the
+/// The winner is, among the verified and timed candidates whose median is within `TIE_MARGIN` of the lowest, the
 /// one with the best score. Every candidate appears in the record's trials.
 ///
 /// Budget: it is charged with the durations `time_once` reports, warm-ups included (not wall-clock, so the result

@@ -1,7 +1,9 @@
 //! `KILN_DUMP=<dir>|stderr`: what was generated, for people. Per compiled plan: the graph before fusion (text and
 //! Graphviz DOT), the kernels after fusion with their buffer slots, each kernel's kernel IR, its rendered code and
 //! its disassembly where the backend has one, and the cache keys. Files are named `plan<N>.<what>`; N counts plans
-//! compiled by this process. Failing to write a dump never fails a compile: it is reported once on stderr.
+//! compiled by this process. Each process writes into a folder of its own, `<dir>/<program>-<pid>`, named once on
+//! stderr: a reused `<dir>` would otherwise mix two runs' `plan0.*` files without a word. Failing to write a dump
+//! never fails a compile: it is reported once on stderr.
 
 use kiln_jit::Graph;
 use kiln_jit::kernel::{KernelIr, KernelPlan};
@@ -9,9 +11,33 @@ use std::collections::hash_map::DefaultHasher;
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 static PLANS: AtomicUsize = AtomicUsize::new(0);
+
+/// This process's folder under `root`, created (and named on stderr) on first use; `None` when it cannot be.
+fn process_dir(root: PathBuf) -> Option<PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let program = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "kiln".to_string());
+        let dir = root.join(format!("{program}-{}", std::process::id()));
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => {
+                eprintln!("kiln: KILN_DUMP: writing this process's plans to {}", dir.display());
+                Some(dir)
+            }
+            Err(e) => {
+                eprintln!("kiln: KILN_DUMP: cannot create {}: {e}", dir.display());
+                None
+            }
+        }
+    })
+    .clone()
+}
 
 pub struct Dump {
     /// `None` writes to stderr.
@@ -24,13 +50,10 @@ impl Dump {
     /// Starts the dump of one plan, if `KILN_DUMP` is set.
     pub fn start(graph: &Graph, plan: &KernelPlan) -> Option<Dump> {
         let target = std::env::var("KILN_DUMP").ok().filter(|s| !s.is_empty())?;
-        let dir = (target != "stderr").then(|| PathBuf::from(target));
-        if let Some(d) = &dir
-            && let Err(e) = std::fs::create_dir_all(d)
-        {
-            eprintln!("kiln: KILN_DUMP: cannot create {}: {e}", d.display());
-            return None;
-        }
+        let dir = match target.as_str() {
+            "stderr" => None,
+            _ => Some(process_dir(PathBuf::from(target))?),
+        };
         let dump = Dump { dir, plan: PLANS.fetch_add(1, Ordering::Relaxed), kernels: AtomicUsize::new(0) };
         dump.write("graph.txt", &graph.to_text());
         dump.write("graph.dot", &graph.to_dot());

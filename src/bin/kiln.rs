@@ -66,8 +66,13 @@ enum CacheCommand {
     Stats,
     /// Remove this kiln version's entries for this device (other versions and devices are kept).
     Clear,
-    /// Write every record and artifact of this namespace to one bundle file.
-    Export { file: PathBuf },
+    /// Write every record and artifact of this namespace to one bundle file (refused when there is none).
+    Export {
+        file: PathBuf,
+        /// Write the bundle even when the cache holds nothing for this kiln version and device.
+        #[arg(long)]
+        allow_empty: bool,
+    },
     /// Store every entry of a bundle made by this kiln version on this kind of device.
     Import { file: PathBuf },
     /// Check every entry of this namespace; exit code 1 if any is bad.
@@ -98,7 +103,16 @@ fn cache(command: CacheCommand, store: &Store) -> Result<ExitCode, String> {
             let place = store.namespace_dir().map_or_else(|| "memory".to_string(), |ns| ns.display().to_string());
             emit(&format!("removed {removed} entries from {place}\n"))
         }
-        CacheCommand::Export { file } => {
+        CacheCommand::Export { file, allow_empty } => {
+            // Exporting nothing is almost always the wrong cache (KILN_CACHE_DIR unset or pointing elsewhere).
+            if !allow_empty && !store.entries().iter().any(|e| !e.foreign && e.problem.is_none()) {
+                return Err(format!(
+                    "nothing to export: {} holds no entries for this kiln version and device (is KILN_CACHE_DIR \
+                     the cache your model ran with? run it, or `kiln tune`, first); pass --allow-empty to write an \
+                     empty bundle anyway",
+                    where_(store)
+                ));
+            }
             let s = store.export_bundle(&file).map_err(|e| e.to_string())?;
             let text = format!(
                 "exported {} records and {} artifacts ({} plans; {}) to {}\n",

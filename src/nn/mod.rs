@@ -144,6 +144,16 @@ pub trait Module: Send + Sync {
         self.named_params().into_iter().map(|(_, p)| p).collect()
     }
 
+    /// `params`, under PyTorch's name (`module.parameters()`).
+    fn parameters(&self) -> Vec<Param> {
+        self.params()
+    }
+
+    /// `named_params`, under PyTorch's name (`module.named_parameters()`).
+    fn named_parameters(&self) -> Vec<(String, Param)> {
+        self.named_params()
+    }
+
     /// `named_params` with `prefix.` in front of each name, for a parent module listing a child's parameters.
     fn named_params_prefixed(&self, prefix: &str) -> Vec<(String, Param)> {
         self.named_params().into_iter().map(|(n, p)| (format!("{prefix}.{n}"), p)).collect()

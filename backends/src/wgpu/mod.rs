@@ -89,9 +89,10 @@ pub fn backend() -> Result<&'static WgpuBackend, BackendError> {
 fn init() -> Result<WgpuBackend, String> {
     // Vulkan first, GL only where Vulkan has no adapter (probing GL first would print EGL noise on headless
     // machines); `WGPU_BACKEND=vulkan|gl|...` chooses instead.
-    let tries = match wgpu::Backends::from_env() {
-        Some(b) => vec![b],
-        None => vec![wgpu::Backends::VULKAN, wgpu::Backends::GL],
+    provide_runtime_dir();
+    let tries = match std::env::var("WGPU_BACKEND") {
+        Ok(list) => vec![parse_backends(&list)?],
+        Err(_) => vec![wgpu::Backends::VULKAN, wgpu::Backends::GL],
     };
     let mut errors = Vec::new();
     let mut found = None;
@@ -141,6 +142,66 @@ fn init() -> Result<WgpuBackend, String> {
         layouts: Mutex::new(HashMap::new()),
     };
     Ok(WgpuBackend { ctx: Arc::new(ctx) })
+}
+
+/// Mesa's window-system code looks for `XDG_RUNTIME_DIR` when a Vulkan or GL device is opened, even headless, and
+/// prints `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` per device where it is missing (as
+/// root, in containers, under CI). When it is unset, kiln points it at a private folder of its own,
+/// `<temp dir>/kiln-runtime-<uid>` (0700, owned by this user; reused by later processes), so users never see that
+/// noise. A folder of that name owned by someone else, or open to others, is left alone, and so is the variable.
+fn provide_runtime_dir() {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        if std::env::var_os("XDG_RUNTIME_DIR").is_some() {
+            return;
+        }
+        let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else { return };
+        let dir = std::env::temp_dir().join(format!("kiln-runtime-{uid}"));
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else { return };
+        if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
+            return;
+        }
+        // SAFETY: `set_var` races a C `getenv` on another thread. This runs once, inside the wgpu backend's
+        // `OnceLock` initialisation and before wgpu or Mesa start (they are the only C code here that reads the
+        // environment); Rust's own reads take std's environment lock.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
+    }
+}
+
+/// The names `WGPU_BACKEND` may list (comma-separated), as wgpu reads them. wgpu itself skips an unknown name with
+/// a log line nobody sees and then finds no adapter, so a typo read as "install a driver"; kiln refuses it instead.
+const BACKEND_NAMES: [(&str, wgpu::Backends); 10] = [
+    ("vulkan", wgpu::Backends::VULKAN),
+    ("vk", wgpu::Backends::VULKAN),
+    ("gl", wgpu::Backends::GL),
+    ("gles", wgpu::Backends::GL),
+    ("opengl", wgpu::Backends::GL),
+    ("metal", wgpu::Backends::METAL),
+    ("mtl", wgpu::Backends::METAL),
+    ("dx12", wgpu::Backends::DX12),
+    ("d3d12", wgpu::Backends::DX12),
+    ("webgpu", wgpu::Backends::BROWSER_WEBGPU),
+];
+
+/// The backends a `WGPU_BACKEND` value names, or an error naming the valid values.
+fn parse_backends(list: &str) -> Result<wgpu::Backends, String> {
+    let mut backends = wgpu::Backends::empty();
+    for name in list.split(',').map(|n| n.trim().to_ascii_lowercase()) {
+        match BACKEND_NAMES.iter().find(|(n, _)| *n == name) {
+            Some((_, b)) => backends |= *b,
+            None => {
+                let valid: Vec<&str> = BACKEND_NAMES.iter().map(|(n, _)| *n).collect();
+                return Err(format!(
+                    "WGPU_BACKEND={list:?}: unknown backend {name:?}; use one or more of {} (comma-separated), or \
+                     unset it to try Vulkan, then GL",
+                    valid.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(backends)
 }
 
 impl WgpuBackend {
@@ -454,5 +515,19 @@ impl Backend for WgpuBackend {
         }
         let bytes = self.ctx.read_words(b.raw(), b.len)?;
         Ok(from_words(b.dtype, &bytes, b.len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_backends;
+
+    #[test]
+    fn wgpu_backend_names_parse_and_an_unknown_one_is_refused_with_the_valid_ones() {
+        assert_eq!(parse_backends("vulkan"), Ok(wgpu::Backends::VULKAN));
+        assert_eq!(parse_backends(" GL , vk"), Ok(wgpu::Backends::GL | wgpu::Backends::VULKAN));
+        let err = parse_backends("vulkan,bogus").unwrap_err();
+        assert!(err.contains("unknown backend \"bogus\"") && err.contains("vulkan, vk, gl"), "{err}");
+        assert!(parse_backends("").is_err(), "an empty value names nothing");
     }
 }

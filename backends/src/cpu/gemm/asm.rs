@@ -146,7 +146,7 @@ impl EpProgram {
         self.temps_needed_besides(&|i| matches!(self.insts[i], EpInst::Acc))
     }
 
-    /// Registers [`emit_insts`] takes from its free list when the values `fixed` marks are in registers already.
+    /// Registers `emit_insts` takes from its free list when the values `fixed` marks are in registers already.
     pub fn temps_needed_besides(&self, fixed: &dyn Fn(usize) -> bool) -> usize {
         let last = self.last_uses();
         let mut live = 0usize;
