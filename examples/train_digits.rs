@@ -20,6 +20,7 @@
 //! cargo run --release --example train_digits
 //! cargo run --release --example train_digits -- --epochs 20 --batch 64 --lr 0.005 --hidden 256 --seed 7
 //! cargo run --release --example train_digits -- --split head --data path/to/digits.csv
+//! cargo run --release --example train_digits -- --device wgpu
 //! ```
 //! Prints per epoch the mean training loss, the test accuracy and the time per step (the median over the epoch's
 //! steps, so the first epoch's two compiling steps do not skew it; the epoch's total time shows them), then the
@@ -89,7 +90,8 @@ impl Digits {
         let mut y = Vec::with_capacity(idx.len());
         for &i in idx {
             x.extend_from_slice(&self.pixels[i * PIXELS..(i + 1) * PIXELS]);
-            y.push(self.labels[i]);
+            // i32 class indices: the wgpu device has no 64-bit integers, and cross_entropy compares in i32 anyway.
+            y.push(self.labels[i] as i32);
         }
         Ok((Tensor::from_vec(x, [idx.len(), PIXELS], dev)?, Tensor::from_vec(y, [idx.len()], dev)?))
     }
@@ -299,8 +301,9 @@ impl SplitMix64 {
 
 /// The fraction of `(x, y)` that `model` classifies correctly (one graph: forward, argmax, compare, count).
 pub fn accuracy(model: &impl Module, x: &Tensor, y: &Tensor) -> kiln::Result<f64> {
-    let correct = kiln::no_grad(|| model.forward(x).argmax(1, false).eq(y).to_dtype(DType::I64).sum_all());
-    Ok(correct.item::<i64>()? as f64 / y.numel() as f64)
+    // Counted in f32 (exact below 2^24 samples): the wgpu device has no 64-bit integers.
+    let correct = kiln::no_grad(|| model.forward(x).argmax(1, false).eq(y).to_dtype(DType::F32).sum_all());
+    Ok(f64::from(correct.item::<f32>()?) / y.numel() as f64)
 }
 
 /// Trains a fresh `Mlp` on `train_set` and evaluates it on `test_set` after every epoch; `on_epoch` sees each epoch's
@@ -357,50 +360,66 @@ pub fn train(
     Ok(Report { epochs, test_accuracy })
 }
 
-/// The value after `--name` on the command line, parsed; exits with a message if it does not parse.
-fn arg<T: std::str::FromStr<Err: fmt::Display>>(name: &str) -> Option<T> {
-    let args: Vec<String> = std::env::args().collect();
-    let value = args.iter().position(|a| a == name).map(|i| args.get(i + 1).cloned().unwrap_or_default())?;
-    match value.parse() {
-        Ok(v) => Some(v),
-        Err(e) => {
-            eprintln!("{name} {value:?}: {e}");
-            std::process::exit(2);
-        }
+/// Trains a 64 -> hidden -> 10 MLP (relu, Adam, cross-entropy) on the 8x8 hand-written digits and prints the loss,
+/// the test accuracy and the time per step of every epoch.
+#[derive(clap::Parser)]
+#[command(name = "train_digits")]
+struct Args {
+    /// Passes over the training set.
+    #[arg(long, default_value_t = Config::default().epochs)]
+    epochs: usize,
+    /// Samples per mini-batch.
+    #[arg(long, default_value_t = Config::default().batch, value_parser = positive)]
+    batch: usize,
+    /// Width of the hidden layer.
+    #[arg(long, default_value_t = Config::default().hidden, value_parser = positive)]
+    hidden: usize,
+    /// Adam's learning rate.
+    #[arg(long, default_value_t = Config::default().lr)]
+    lr: f64,
+    /// Seeds the initial weights and the shuffle.
+    #[arg(long, default_value_t = Config::default().seed)]
+    seed: u64,
+    /// The digits file (CSV: 64 pixels and the label per line).
+    #[arg(long, default_value_os_t = default_path())]
+    data: PathBuf,
+    /// `interleaved`: every fifth sample is a test sample; `head`: the last 360 are.
+    #[arg(long, default_value = "interleaved")]
+    split: Split,
+    /// `cpu` or `wgpu`.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
+}
+
+/// A count that must not be zero.
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be positive".to_string()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }
 
 fn main() {
-    if let Err(e) = run() {
+    let args = <Args as clap::Parser>::parse();
+    if let Err(e) = run(args) {
         eprintln!("train_digits: {e}");
         std::process::exit(1);
     }
 }
 
-fn run() -> Result<(), DigitsError> {
-    let d = Config::default();
-    let cfg = Config {
-        epochs: arg("--epochs").unwrap_or(d.epochs),
-        batch: arg("--batch").unwrap_or(d.batch),
-        hidden: arg("--hidden").unwrap_or(d.hidden),
-        lr: arg("--lr").unwrap_or(d.lr),
-        seed: arg("--seed").unwrap_or(d.seed),
-    };
-    if cfg.batch == 0 || cfg.hidden == 0 {
-        eprintln!("--batch and --hidden must be positive");
-        std::process::exit(2);
-    }
-    let path = arg::<PathBuf>("--data").unwrap_or_else(default_path);
+fn run(args: Args) -> Result<(), DigitsError> {
+    let cfg = Config { epochs: args.epochs, batch: args.batch, hidden: args.hidden, lr: args.lr, seed: args.seed };
+    let (path, split, dev) = (args.data, args.split, args.device);
     let t_start = Instant::now();
     let data = load_digits(&path)?;
-    let split: Split = arg("--split").unwrap_or_default();
     let (train_set, test_set) = data.split(split);
     println!("digits ({split:?} split): {} train, {} test samples", train_set.len(), test_set.len());
     println!(
-        "MLP {PIXELS} -> {} -> {CLASSES} (relu), Adam lr {}, batch {}, {} epochs, seed {}",
+        "MLP {PIXELS} -> {} -> {CLASSES} (relu), Adam lr {}, batch {}, {} epochs, seed {}, on {dev}",
         cfg.hidden, cfg.lr, cfg.batch, cfg.epochs, cfg.seed
     );
-    let report = train(&cfg, &train_set, &test_set, &Device::cpu(), |e| {
+    let report = train(&cfg, &train_set, &test_set, &dev, |e| {
         println!(
             "epoch {:2}: train loss {:.4}, test accuracy {:.2}%, {:.1} µs/step (median of {} steps), epoch {:.1} ms",
             e.epoch,

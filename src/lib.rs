@@ -26,6 +26,7 @@ compile_error!("kiln needs its default `cpu` feature: the CPU is the device ever
 mod args;
 mod autograd;
 mod device;
+mod display;
 mod error;
 mod io;
 pub mod nn;

@@ -246,7 +246,13 @@ fn wgpu_refuses_64_bit_dtypes_at_the_op_and_at_upload() {
     let Some(w) = wgpu() else { return };
     let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], &w).unwrap();
     assert_op_panic(panic_of!(x.to_dtype(DType::F64)), "cast", &["f64", "wgpu", "no 64-bit types", "Device::cpu()"]);
-    assert_op_panic(panic_of!(x.argmax(0, false)), "iota(3,-1)", &["i64", "wgpu"]);
+    // argmax and argmin give i32 indices there (i64 on the CPU, as PyTorch).
+    let y = Tensor::from_vec(vec![1.0f32, 5.0, 3.0, 7.0, -1.0, 2.0], [2, 3], &w).unwrap();
+    assert_eq!(y.argmax(1, false).dtype(), DType::I32);
+    assert_eq!(y.argmax(1, false).to_vec::<i32>().unwrap(), vec![1, 0]);
+    assert_eq!(y.argmin(0, false).to_vec::<i32>().unwrap(), vec![0, 1, 1]);
+    assert_eq!(y.argmax_all().to_vec::<i32>().unwrap(), vec![3]);
+    assert_op_panic(panic_of!(x.to_dtype(DType::I64)), "cast", &["i64", "wgpu"]);
     assert_op_panic(panic_of!(Tensor::zeros([2], DType::I64, &w)), "const(0)", &["i64", "wgpu"]);
     let e = Tensor::from_vec(vec![1.0f64], [1], &w).unwrap_err().to_string();
     assert!(e.contains("f64") && e.contains("wgpu") && e.contains("Device::cpu()"), "{e}");

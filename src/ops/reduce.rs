@@ -120,25 +120,26 @@ impl Tensor {
         self.in_f32(|x| x.reduce("mean", ReduceOp::Sum, dims, keepdim).div(count as f64))
     }
 
-    /// Index of the maximum along `dim` (the first one; the first NaN if any), as i64.
+    /// Index of the maximum along `dim` (the first one; the first NaN if any), as i64 (i32 on a device without
+    /// 64-bit integers, wgpu: the indices are far below 2^31).
     #[track_caller]
     pub fn argmax(&self, dim: isize, keepdim: bool) -> Tensor {
         self.arg_extreme("argmax", ReduceOp::Max, dim, keepdim)
     }
 
-    /// Index of the minimum along `dim` (the first one; the first NaN if any), as i64.
+    /// Index of the minimum along `dim` (the first one; the first NaN if any), as i64 (i32 on wgpu, as `argmax`).
     #[track_caller]
     pub fn argmin(&self, dim: isize, keepdim: bool) -> Tensor {
         self.arg_extreme("argmin", ReduceOp::Min, dim, keepdim)
     }
 
-    /// Flat index of the maximum over all elements, as a zero-dim i64 tensor.
+    /// Flat index of the maximum over all elements, as a zero-dim i64 tensor (i32 on wgpu, as `argmax`).
     #[track_caller]
     pub fn argmax_all(&self) -> Tensor {
         self.reshape([-1]).arg_extreme("argmax", ReduceOp::Max, 0, false)
     }
 
-    /// Flat index of the minimum over all elements, as a zero-dim i64 tensor.
+    /// Flat index of the minimum over all elements, as a zero-dim i64 tensor (i32 on wgpu, as `argmax`).
     #[track_caller]
     pub fn argmin_all(&self) -> Tensor {
         self.reshape([-1]).arg_extreme("argmin", ReduceOp::Min, 0, false)
@@ -148,7 +149,7 @@ impl Tensor {
     fn arg_extreme(&self, name: &str, op: ReduceOp, dim: isize, keepdim: bool) -> Tensor {
         if self.rank() == 0 {
             resolve_dim(name, dim, 0);
-            return self.const_like(0i64, DType::I64, &[]);
+            return self.const_like(0i64, self.device().index_dtype(), &[]);
         }
         let d = resolve_dim(name, dim, self.rank());
         let n = self.dims()[d];
@@ -163,7 +164,7 @@ impl Tensor {
         // Score n - i at hits, 0 elsewhere; the max score is n - (first hit).
         let mut iota_dims = vec![1; self.rank()];
         iota_dims[d] = n;
-        let iota = Tensor::iota(Scalar::Int(n as i64), Scalar::Int(-1), n, DType::I64, &self.device());
+        let iota = Tensor::iota(Scalar::Int(n as i64), Scalar::Int(-1), n, self.device().index_dtype(), &self.device());
         let score = hit.where_(iota.reshape_prim(iota_dims), 0i64);
         score.reduce(name, ReduceOp::Max, &(d as isize), keepdim).rsub(n as i64)
     }
