@@ -13,9 +13,23 @@ mod gemm_common;
 use gemm_common::*;
 use std::process::Command;
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+/// kiln's GEMM benchmark table: square and skinny GEMMs, the fused epilogue, tuned against untuned, and a warm
+/// process's first step against a cold one's, each against a baseline measured in the same run.
+#[derive(clap::Parser)]
+#[command(name = "bench_gemm")]
+struct Args {
+    /// Runs per row (the table gives medians; at least 3).
+    #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u32).range(3..))]
+    runs: u32,
+    /// Also print the medians as one JSON line (what benches/compare/gemm_torch.py reads).
+    #[arg(long)]
+    json: bool,
+    /// Internal: run as the child that times one first step.
+    #[arg(long, hide = true)]
+    child_first_step: bool,
+    /// Internal, with --child-first-step: import this bundle first.
+    #[arg(long, hide = true)]
+    import: Option<std::path::PathBuf>,
 }
 
 fn gflops(m: usize, n: usize, k: usize, s: f64) -> f64 {
@@ -37,9 +51,10 @@ fn child_first_step(cache: &std::path::Path, bundle: Option<&std::path::Path>) -
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--child-first-step") {
+    let args: Args = clap::Parser::parse();
+    if args.child_first_step {
         let t0 = std::time::Instant::now();
-        if let Some(b) = arg("--import") {
+        if let Some(b) = &args.import {
             kiln::tune::import_bundle(b).expect("import");
         }
         let import = t0.elapsed().as_secs_f64();
@@ -61,7 +76,7 @@ fn main() {
         );
         return;
     }
-    let runs: usize = arg("--runs").and_then(|s| s.parse().ok()).unwrap_or(11).max(3);
+    let runs = args.runs as usize;
     let threads = threads();
     let load = loadavg();
     let mut rows: Vec<String> = Vec::new();
@@ -258,7 +273,7 @@ fn main() {
     for r in rows {
         println!("{r}");
     }
-    if std::env::args().any(|a| a == "--json") {
+    if args.json {
         println!("{{{}}}", json.join(", "));
     }
 }

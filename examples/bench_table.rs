@@ -19,14 +19,22 @@ mod common;
 use common::*;
 use std::time::Instant;
 
+/// kiln's CPU benchmark table: each workload against a baseline measured in the same run.
+#[derive(clap::Parser)]
+#[command(name = "bench_table")]
+struct Args {
+    /// Runs per row (the table gives medians).
+    #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// Also print the medians as one JSON line (what benches/compare/torch_cpu.py reads).
+    #[arg(long)]
+    json: bool,
+}
+
 fn main() {
+    let args: Args = clap::Parser::parse();
     memory_only_cache_unless_chosen();
-    let runs: usize = std::env::args()
-        .skip_while(|a| a != "--runs")
-        .nth(1)
-        .map(|s| s.parse().unwrap_or_else(|_| panic!("--runs expects a number, got {s:?}")))
-        .unwrap_or(11)
-        .max(1);
+    let runs = args.runs as usize;
     let threads = threads();
     let load_before = loadavg();
     let t_start = Instant::now();
@@ -163,7 +171,7 @@ fn main() {
     );
     println!();
     print!("{}", r.table());
-    if std::env::args().any(|a| a == "--json") {
+    if args.json {
         println!("{}", r.to_json());
     }
 }

@@ -4,18 +4,25 @@
 //! `grad = 2/N * Xᵀ (X w - y)`. Every step builds the same graph, so only the first step compiles; the rest hit
 //! the plan cache. Prints the loss as it falls and the time per step.
 //!
-//! `cargo run --release --example train_linear [-- --steps N]`
+//! `cargo run --release --example train_linear [-- --steps N] [--device wgpu]`
 
 use kiln::{DType, Device, Tensor};
 use std::time::Instant;
 
+/// Fits a linear model with hand-written gradients and prints the loss as it falls and the time per step.
+#[derive(clap::Parser)]
+#[command(name = "train_linear")]
+struct Args {
+    /// Gradient-descent steps.
+    #[arg(long, default_value_t = 200)]
+    steps: usize,
+    /// `cpu` or `wgpu`.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
+}
+
 fn main() -> kiln::Result<()> {
-    let steps: usize = std::env::args()
-        .skip_while(|a| a != "--steps")
-        .nth(1)
-        .map(|s| s.parse().unwrap_or_else(|_| panic!("--steps expects a number, got {s:?}")))
-        .unwrap_or(200);
-    let dev = Device::cpu();
+    let Args { steps, device: dev } = clap::Parser::parse();
     let (n, d) = (1024, 16);
     kiln::manual_seed(42);
 

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! cargo run --release --example train_mlp                 # batches 1, 32, 128, 256, 512, 1024
-//! cargo run --release --example train_mlp -- --batch 32   # one batch size
+//! cargo run --release --example train_mlp -- --batch 32   # one batch size (or a list: --batch 1,32)
 //! cargo run --release --example train_mlp -- --device wgpu --batch 32   # on the wgpu device
 //! cargo run --release --example train_mlp -- --batch 1 --steps 20000   # a longer run, for `perf record`
 //! ```
@@ -46,12 +46,32 @@ impl Module for Mlp {
     }
 }
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+/// Trains the seed's 784 -> 256 -> 128 -> 10 MLP benchmark and prints the median time per step for each batch size.
+#[derive(clap::Parser)]
+#[command(name = "train_mlp")]
+struct Args {
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 32, 128, 256, 512, 1024], value_parser = positive)]
+    batch: Vec<usize>,
+    /// Timed steps per batch size (after 10 warm-up steps).
+    #[arg(long, default_value_t = STEPS, value_parser = positive)]
+    steps: usize,
+    /// `cpu` or `wgpu`.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
 }
 
-fn run(batch: usize, steps: usize, dev: &Device) -> kiln::Result<()> {
+/// A count that must not be zero.
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be positive".to_string()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The benchmark's fixed model, data and optimizer for `batch`, and a closure running one step.
+fn setup(batch: usize, dev: &Device) -> kiln::Result<impl FnMut() -> kiln::Result<Tensor>> {
     kiln::manual_seed(0);
     let model = Mlp::new(dev);
     let x = Tensor::randn([batch, 784], DType::F32, dev);
@@ -59,14 +79,31 @@ fn run(batch: usize, steps: usize, dev: &Device) -> kiln::Result<()> {
     kiln::realize(&[&x, &t])?;
     model.realize_params()?;
     let mut opt = Sgd::new(model.params(), 1e-3);
-    let mut step = || -> kiln::Result<Tensor> {
+    let dev = *dev;
+    Ok(move || -> kiln::Result<Tensor> {
         let loss = (model.forward(&x) - &t).square().sum_all();
         let grads = loss.backward()?;
         opt.step(grads, &[&loss])?;
         // A GPU queue runs ahead of the host: wait, so a step's time is its whole run.
         dev.synchronize()?;
         Ok(loss)
-    };
+    })
+}
+
+/// The first step (1-based) of `steps` whose loss is not finite, in a fresh untimed run (reading the loss every
+/// step would change what the timed run measures).
+fn first_non_finite_step(batch: usize, steps: usize, dev: &Device) -> kiln::Result<Option<usize>> {
+    let mut step = setup(batch, dev)?;
+    for i in 1..=steps {
+        if !step()?.item::<f32>()?.is_finite() {
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
+}
+
+fn run(batch: usize, steps: usize, dev: &Device) -> kiln::Result<()> {
+    let mut step = setup(batch, dev)?;
     let t0 = Instant::now();
     let first_loss = step()?;
     let first = t0.elapsed();
@@ -86,33 +123,28 @@ fn run(batch: usize, steps: usize, dev: &Device) -> kiln::Result<()> {
         times[steps / 2] * 1e6,
         first.as_secs_f64() * 1e3
     );
-    println!("  loss {:.4} -> {:.4} over {} steps", first_loss.item::<f32>()?, last.item::<f32>()?, WARMUP + steps);
+    let (first_loss, last_loss) = (first_loss.item::<f32>()?, last.item::<f32>()?);
+    let mut note = String::new();
+    if !last_loss.is_finite() {
+        // The benchmark's loss is a sum over the batch at a fixed lr 1e-3: past batch 32 the first steps overshoot
+        // and it blows up. PyTorch does the same (benches/compare/mlp_divergence.py: not finite from step 5 at
+        // batch 64, step 4 at 128 to 1024); the definition is kept, as the comparison needs it.
+        let at = first_non_finite_step(batch, WARMUP + steps, dev)?.map_or("?".to_string(), |s| s.to_string());
+        note = format!(
+            " (not finite from step {at}: this sum loss at lr 1e-3 diverges past batch 32 in PyTorch too, from step \
+             4-5; see benches/compare/mlp_divergence.py)"
+        );
+    }
+    println!("  loss {first_loss:.4} -> {last_loss:.4} over {} steps{note}", WARMUP + steps);
     Ok(())
 }
 
 fn main() -> kiln::Result<()> {
-    let dev: Device = match arg("--device").as_deref().unwrap_or("cpu").parse() {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("--device: {e}");
-            std::process::exit(2);
-        }
-    };
+    let args = <Args as clap::Parser>::parse();
+    let dev = args.device;
     println!("device: {}", dev.describe());
-    let batches: Vec<usize> = match arg("--batch") {
-        Some(b) => vec![b.parse().unwrap_or_else(|_| panic!("--batch expects a number, got {b:?}"))],
-        None => vec![1, 32, 128, 256, 512, 1024],
-    };
-    let steps = match arg("--steps").map(|s| s.parse::<usize>()) {
-        None => STEPS,
-        Some(Ok(n)) if n > 0 => n,
-        Some(_) => {
-            eprintln!("--steps expects a positive number");
-            std::process::exit(2);
-        }
-    };
-    for b in batches {
-        run(b, steps, &dev)?;
+    for b in args.batch {
+        run(b, args.steps, &dev)?;
     }
     let s = kiln::stats();
     println!(

@@ -351,3 +351,18 @@ fn fast_mode_times_a_smaller_problem_of_the_same_key() {
     assert!(proxy_of(&mm(128, 256, 1000)).is_none());
     assert!(proxy_of(&mm(64, 4096, 4096)).is_none());
 }
+
+/// A GEMM whose epilogue draws random numbers (`x @ w + rand(..) * 0.01`) runs on every device and matches the
+/// reference interpreter; tuning it indexed a random key the verification did not have, and panicked.
+#[test]
+fn a_gemm_with_a_random_epilogue_matches_the_interpreter() {
+    for dev in common::devices() {
+        let g = kiln::Generator::new(5);
+        let x = Tensor::rand_with([256, 64], DType::F32, &dev, &g);
+        let w = Tensor::rand_with([64, 8], DType::F32, &dev, &g);
+        kiln::realize(&[&x, &w]).unwrap();
+        let y = x.matmul(&w) + Tensor::rand_with([256, 8], DType::F32, &dev, &g) * 0.01;
+        let want = kiln::capture(&[&y]).unwrap().reference().unwrap().remove(0);
+        common::compare(&y.to_host().unwrap(), &want, common::gemm_tol(64)).unwrap_or_else(|e| panic!("{dev:?}: {e}"));
+    }
+}

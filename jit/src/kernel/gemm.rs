@@ -4,7 +4,9 @@
 //!
 //! A kernel qualifies when its reduction is an f32 sum over one variable of exactly `load * load` (no masks, affine
 //! indices), and its output is `[batch.., m, n]`, `[m, n]` or `[n]` (a batch-1 layer, whose unit M loop was
-//! dropped). Anything else (a padded operand, a cast inside the sum, an int matmul) stays on the generic path.
+//! dropped). Anything else (a padded operand, a cast inside the sum, an int matmul) stays on the generic path, and so
+//! does a GEMM whose epilogue draws random numbers (`x @ w + randn(..)`): the tuners verify candidates against the
+//! evaluator and launch them without random keys, and such an epilogue is rare enough not to need them.
 //!
 //! The epilogue is the kernel's outer code; each value is classified by what it varies with ([`Role`]), which is what
 //! a renderer needs to place it in registers.
@@ -84,6 +86,9 @@ impl GemmView {
             return None;
         }
         if k.output.dtype != DType::F32 || k.out_extents.is_empty() || k.out_extents.contains(&0) || r.extents[0] == 0 {
+            return None;
+        }
+        if k.outer.iter().any(|i| matches!(i.op, InstOp::Rand { .. })) {
             return None;
         }
         let rank = k.out_rank();
