@@ -34,6 +34,7 @@ use kiln::nn::{Linear, Module, Param};
 use kiln::optim::{Adam, Optimizer};
 use kiln::{DType, Device, Tensor};
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -369,11 +370,11 @@ struct Args {
     #[arg(long, default_value_t = Config::default().epochs)]
     epochs: usize,
     /// Samples per mini-batch.
-    #[arg(long, default_value_t = Config::default().batch, value_parser = positive)]
-    batch: usize,
+    #[arg(long, default_value_t = nonzero(Config::default().batch))]
+    batch: NonZeroUsize,
     /// Width of the hidden layer.
-    #[arg(long, default_value_t = Config::default().hidden, value_parser = positive)]
-    hidden: usize,
+    #[arg(long, default_value_t = nonzero(Config::default().hidden))]
+    hidden: NonZeroUsize,
     /// Adam's learning rate.
     #[arg(long, default_value_t = Config::default().lr)]
     lr: f64,
@@ -391,13 +392,9 @@ struct Args {
     device: Device,
 }
 
-/// A count that must not be zero.
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be positive".to_string()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
+/// A default count (positive by construction).
+fn nonzero(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).expect("a positive default")
 }
 
 fn main() {
@@ -409,7 +406,8 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<(), DigitsError> {
-    let cfg = Config { epochs: args.epochs, batch: args.batch, hidden: args.hidden, lr: args.lr, seed: args.seed };
+    let (batch, hidden) = (args.batch.get(), args.hidden.get());
+    let cfg = Config { epochs: args.epochs, batch, hidden, lr: args.lr, seed: args.seed };
     let (path, split, dev) = (args.data, args.split, args.device);
     let t_start = Instant::now();
     let data = load_digits(&path)?;

@@ -16,6 +16,7 @@
 use kiln::nn::{self, Module, Param};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::{DType, Device, Tensor};
+use std::num::NonZeroUsize;
 use std::time::Instant;
 
 const WARMUP: usize = 10;
@@ -51,23 +52,14 @@ impl Module for Mlp {
 #[command(name = "train_mlp")]
 struct Args {
     /// Batch sizes, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [1, 32, 128, 256, 512, 1024], value_parser = positive)]
-    batch: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1,32,128,256,512,1024")]
+    batch: Vec<NonZeroUsize>,
     /// Timed steps per batch size (after 10 warm-up steps).
-    #[arg(long, default_value_t = STEPS, value_parser = positive)]
-    steps: usize,
+    #[arg(long, default_value_t = NonZeroUsize::new(STEPS).expect("positive"))]
+    steps: NonZeroUsize,
     /// `cpu` or `wgpu`.
     #[arg(long, default_value = "cpu")]
     device: Device,
-}
-
-/// A count that must not be zero.
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be positive".to_string()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 /// The benchmark's fixed model, data and optimizer for `batch`, and a closure running one step.
@@ -144,7 +136,7 @@ fn main() -> kiln::Result<()> {
     let dev = args.device;
     println!("device: {}", dev.describe());
     for b in args.batch {
-        run(b, args.steps, &dev)?;
+        run(b.get(), args.steps.get(), &dev)?;
     }
     let s = kiln::stats();
     println!(

@@ -10,34 +10,26 @@ compare with this table.
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mlp_torch import benchmark_step  # noqa: E402
+
 
 def first_non_finite(batch: int, steps: int) -> tuple[float, float, int | None]:
-    torch.manual_seed(0)
-    w = [torch.empty(o, i) for i, o in [(784, 256), (256, 128), (128, 10)]]
-    for p in w:
-        torch.nn.init.kaiming_normal_(p)
-    params = [p.requires_grad_() for p in w]
-    x = torch.randn(batch, 784)
-    t = torch.randn(batch, 10) * 0.1
-    opt = torch.optim.SGD(params, lr=1e-3)
-    F = torch.nn.functional
+    step = benchmark_step(torch, batch)
     first = last = None
     diverged = None
-    for step in range(1, steps + 1):
-        opt.zero_grad(set_to_none=True)
-        h = F.leaky_relu(x @ params[0].T, 0.01)
-        h = F.leaky_relu(h @ params[1].T, 0.01)
-        loss = ((h @ params[2].T - t) ** 2).sum()
-        loss.backward()
-        opt.step()
+    for i in range(1, steps + 1):
+        loss = step()
         v = loss.item()
         first = v if first is None else first
         last = v
         if diverged is None and not torch.isfinite(loss):
-            diverged = step
+            diverged = i
     return first, last, diverged
 
 

@@ -37,8 +37,9 @@ BATCHES = [1, 32, 128, 256, 512, 1024]
 WARMUP, STEPS = 10, 100
 
 
-def torch_step_times(torch, batch: int, compiled: bool) -> tuple[float, float]:
-    """(median seconds per step, seconds of the first step)."""
+def benchmark_step(torch, batch: int, compiled: bool = False):
+    """The benchmark's model, data and optimizer for `batch` (seeded), as a function running one step and returning
+    its loss. `mlp_divergence.py` uses it too."""
     torch.manual_seed(0)
     w = [torch.empty(o, i) for i, o in [(784, 256), (256, 128), (128, 10)]]
     for p in w:
@@ -63,6 +64,12 @@ def torch_step_times(torch, batch: int, compiled: bool) -> tuple[float, float]:
         opt.step()
         return loss
 
+    return step
+
+
+def torch_step_times(torch, batch: int, compiled: bool) -> tuple[float, float]:
+    """(median seconds per step, seconds of the first step)."""
+    step = benchmark_step(torch, batch, compiled)
     t0 = time.perf_counter()
     step()
     first = time.perf_counter() - t0
