@@ -18,6 +18,7 @@ use crate::dtype::DType;
 use crate::graph::{Graph, NodeData};
 use crate::op::{BinaryOp, Op, RandDist, ReduceOp, RngKey, UnaryOp};
 use crate::rng;
+use crate::semantics;
 use crate::shape::{contiguous_strides, for_each_index};
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::NodeIndexable;
@@ -233,111 +234,43 @@ fn index_map(out_dims: &[usize], mut f: impl FnMut(&[usize]) -> Option<usize>) -
     map
 }
 
+// The scalar meaning of each op is `crate::semantics`'s (shared with the kernel evaluator); the interpreter applies
+// it in f64 / i64 over whole arrays and rounds each float result to its dtype.
 fn unary(u: UnaryOp, d: DType, a: &Vals) -> Result<Vals, String> {
     Ok(match a {
-        Vals::F(v) => {
-            let f: fn(f64) -> f64 = match u {
-                UnaryOp::Neg => |x| -x,
-                UnaryOp::Exp => f64::exp,
-                UnaryOp::Log => f64::ln,
-                UnaryOp::Sin => f64::sin,
-                UnaryOp::Cos => f64::cos,
-                UnaryOp::Tanh => f64::tanh,
-                UnaryOp::Sqrt => f64::sqrt,
-                UnaryOp::Recip => |x| 1.0 / x,
-                UnaryOp::Abs => f64::abs,
-                UnaryOp::Not => return Err("not on a float".into()),
-            };
-            Vals::F(v.iter().map(|&x| round_f(d, f(x))).collect())
-        }
+        Vals::F(_) if u == UnaryOp::Not => return Err("not on a float".into()),
+        Vals::F(v) => Vals::F(v.iter().map(|&x| round_f(d, semantics::float_unary(u, x))).collect()),
         Vals::I(v) => {
-            let f: fn(i64) -> i64 = match u {
-                UnaryOp::Neg => i64::wrapping_neg,
-                UnaryOp::Abs => i64::wrapping_abs,
-                UnaryOp::Not => |x| (x == 0) as i64,
-                _ => return Err(format!("{u:?} on an integer")),
-            };
-            Vals::I(v.iter().map(|&x| d.wrap_int(f(x))).collect())
+            let y: Option<Vec<i64>> = v.iter().map(|&x| semantics::int_unary(u, x).map(|y| d.wrap_int(y))).collect();
+            Vals::I(y.ok_or_else(|| format!("{u:?} on an integer"))?)
         }
     })
 }
 
-pub fn int_pow(base: i64, exp: i64) -> i64 {
-    if exp < 0 {
-        return match base {
-            1 => 1,
-            -1 => {
-                if exp % 2 == 0 {
-                    1
-                } else {
-                    -1
-                }
-            }
-            _ => 0,
-        };
-    }
-    let (mut acc, mut b, mut e) = (1i64, base, exp as u64);
-    while e > 0 {
-        if e & 1 == 1 {
-            acc = acc.wrapping_mul(b);
-        }
-        b = b.wrapping_mul(b);
-        e >>= 1;
-    }
-    acc
-}
-
 /// `operand_dtype` is the operands' dtype (the result is bool for comparisons).
 fn binary(op: BinaryOp, operand_dtype: DType, a: &Vals, b: &Vals) -> Result<Vals, String> {
-    use BinaryOp::*;
     let d = operand_dtype;
     Ok(match (a, b) {
         (Vals::F(a), Vals::F(b)) => {
-            let zip = a.iter().zip(b);
-            if op.is_comparison() {
-                let c: fn(f64, f64) -> bool = match op {
-                    Lt => |x, y| x < y,
-                    Le => |x, y| x <= y,
-                    Eq => |x, y| x == y,
-                    _ => |x, y| x != y,
-                };
-                return Ok(Vals::I(zip.map(|(&x, &y)| c(x, y) as i64).collect()));
+            if semantics::float_binary(op, 0.0f64, 0.0).is_none() {
+                return Err(format!("{op:?} on floats"));
             }
-            let f: fn(f64, f64) -> f64 = match op {
-                Add => |x, y| x + y,
-                Sub => |x, y| x - y,
-                Mul => |x, y| x * y,
-                Div => |x, y| x / y,
-                // NaN wins, as torch.maximum / torch.minimum.
-                Max => |x, y| {
-                    if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }
-                },
-                Min => |x, y| {
-                    if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }
-                },
-                Pow => f64::powf,
-                _ => return Err(format!("{op:?} on floats")),
-            };
-            Vals::F(zip.map(|(&x, &y)| round_f(d, f(x, y))).collect())
+            let r = a.iter().zip(b).map(|(&x, &y)| semantics::float_binary(op, x, y).expect("checked above"));
+            if op.is_comparison() {
+                Vals::I(r.map(|z| matches!(z, semantics::FloatResult::Bool(true)) as i64).collect())
+            } else {
+                Vals::F(
+                    r.map(|z| match z {
+                        semantics::FloatResult::Value(z) => round_f(d, z),
+                        semantics::FloatResult::Bool(c) => c as i64 as f64,
+                    })
+                    .collect(),
+                )
+            }
         }
         (Vals::I(a), Vals::I(b)) => {
-            let f: fn(i64, i64) -> i64 = match op {
-                Add => i64::wrapping_add,
-                Sub => i64::wrapping_sub,
-                Mul => i64::wrapping_mul,
-                Div => |x, y| if y == 0 { 0 } else { x.wrapping_div(y) },
-                Max => i64::max,
-                Min => i64::min,
-                Pow => int_pow,
-                Lt => |x, y| (x < y) as i64,
-                Le => |x, y| (x <= y) as i64,
-                Eq => |x, y| (x == y) as i64,
-                Ne => |x, y| (x != y) as i64,
-                And => |x, y| (x != 0 && y != 0) as i64,
-                Or => |x, y| (x != 0 || y != 0) as i64,
-            };
             let out = if op.is_comparison() { DType::Bool } else { d };
-            Vals::I(a.iter().zip(b).map(|(&x, &y)| out.wrap_int(f(x, y))).collect())
+            Vals::I(a.iter().zip(b).map(|(&x, &y)| out.wrap_int(semantics::int_binary(op, x, y))).collect())
         }
         _ => return Err("operands of different kinds".into()),
     })

@@ -1,7 +1,7 @@
 //! `kiln-jit`: the graph IR and everything that transforms or evaluates it without touching a device.
 //!
 //! Owns: element types and promotion (`dtype`), shapes and broadcasting (`shape`), the primitive op set (`op`),
-//! the graph IR on a petgraph `StableGraph` (`graph`), counter-based random numbers (`rng`), host buffers
+//! the graph IR on a petgraph `StableGraph` (`graph`), the scalar meaning of each elementwise op (`semantics`), counter-based random numbers (`rng`), host buffers
 //! (`buffer`) and the reference interpreter (`interp`), which is the oracle for every backend. Fusion, scheduling,
 //! the kernel IR and its renderers (CLIF, CUDA C, HIP C, WGSL) come here too, as pure functions of the graph.
 //!
@@ -15,6 +15,7 @@ pub mod kernel;
 pub mod op;
 pub mod render;
 pub mod rng;
+pub mod semantics;
 pub mod shape;
 
 pub use buffer::{Element, HostBuffer};

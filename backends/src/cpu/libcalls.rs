@@ -32,7 +32,7 @@ shims! {
     CosF64: fn cos_f64(x: f64) -> f64 { x.cos() }
     TanhF64: fn tanh_f64(x: f64) -> f64 { x.tanh() }
     PowF64: fn pow_f64(x: f64, y: f64) -> f64 { x.powf(y) }
-    PowI64: fn pow_i64(x: i64, y: i64) -> i64 { kiln_jit::interp::int_pow(x, y) }
+    PowI64: fn pow_i64(x: i64, y: i64) -> i64 { kiln_jit::semantics::int_pow(x, y) }
     UniformF32: fn uniform_f32(seed: u64, index: u64) -> f32 { rng::uniform_f32(rng::words(seed, index)) }
     UniformF64: fn uniform_f64(seed: u64, index: u64) -> f64 { rng::uniform_f64(rng::words(seed, index)) }
     NormalF64: fn normal_f64(seed: u64, index: u64) -> f64 { rng::normal_f64(rng::words(seed, index)) }

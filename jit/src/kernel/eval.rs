@@ -14,6 +14,7 @@ use crate::kernel::ir::{Inst, InstOp, KernelIr, Valid};
 use crate::kernel::schedule::{KernelPlan, Slot};
 use crate::op::{BinaryOp, RandDist, ReduceOp, RngKey, UnaryOp};
 use crate::rng;
+use crate::semantics;
 use crate::shape::for_each_index;
 use half::f16;
 
@@ -66,89 +67,32 @@ fn load(b: &HostBuffer, i: usize) -> V {
     }
 }
 
+// The scalar meaning of each op is `crate::semantics`'s (shared with the interpreter); this file only moves values
+// between the evaluator's representation and it. f16 computes in f32 and rounds once.
 fn unary(u: UnaryOp, d: DType, a: V) -> V {
-    macro_rules! float {
-        ($x:expr, $t:ident, $w:ident) => {{
-            let x = $x;
-            V::$w(match u {
-                UnaryOp::Neg => -x,
-                UnaryOp::Exp => x.exp(),
-                UnaryOp::Log => x.ln(),
-                UnaryOp::Sin => x.sin(),
-                UnaryOp::Cos => x.cos(),
-                UnaryOp::Tanh => x.tanh(),
-                UnaryOp::Sqrt => x.sqrt(),
-                UnaryOp::Recip => 1.0 / x,
-                UnaryOp::Abs => x.abs(),
-                UnaryOp::Not => (x == 0.0) as u8 as $t,
-            })
-        }};
-    }
     match a {
-        V::F16(x) => match unary(u, DType::F32, V::F32(x.to_f32())) {
-            V::F32(y) => V::F16(f16::from_f32(y)),
-            other => other,
-        },
-        V::F32(x) => float!(x, f32, F32),
-        V::F64(x) => float!(x, f64, F64),
-        V::I(x) => V::I(d.wrap_int(match u {
-            UnaryOp::Neg => x.wrapping_neg(),
-            UnaryOp::Abs => x.wrapping_abs(),
-            UnaryOp::Not => (x == 0) as i64,
-            _ => unreachable!("float op {u:?} on an integer"),
-        })),
+        V::F16(x) => V::F16(f16::from_f32(semantics::float_unary(u, x.to_f32()))),
+        V::F32(x) => V::F32(semantics::float_unary(u, x)),
+        V::F64(x) => V::F64(semantics::float_unary(u, x)),
+        V::I(x) => {
+            V::I(d.wrap_int(semantics::int_unary(u, x).unwrap_or_else(|| unreachable!("float op {u:?} on an integer"))))
+        }
     }
 }
 
 fn binary(op: BinaryOp, d: DType, a: V, b: V) -> V {
-    use BinaryOp::*;
-    macro_rules! float {
-        ($x:expr, $y:expr, $w:ident) => {{
-            let (x, y) = ($x, $y);
-            match op {
-                Lt => V::I((x < y) as i64),
-                Le => V::I((x <= y) as i64),
-                Eq => V::I((x == y) as i64),
-                Ne => V::I((x != y) as i64),
-                Add => V::$w(x + y),
-                Sub => V::$w(x - y),
-                Mul => V::$w(x * y),
-                Div => V::$w(x / y),
-                Max => V::$w(if x.is_nan() || y.is_nan() { x + y } else { x.max(y) }),
-                Min => V::$w(if x.is_nan() || y.is_nan() { x + y } else { x.min(y) }),
-                Pow => V::$w(x.powf(y)),
-                And | Or => unreachable!("logical op on floats"),
-            }
-        }};
+    fn float<F: semantics::Float>(op: BinaryOp, x: F, y: F, wrap: fn(F) -> V) -> V {
+        match semantics::float_binary(op, x, y) {
+            Some(semantics::FloatResult::Value(z)) => wrap(z),
+            Some(semantics::FloatResult::Bool(c)) => V::I(c as i64),
+            None => unreachable!("logical op {op:?} on floats"),
+        }
     }
     match (a, b) {
-        (V::F16(x), V::F16(y)) => match binary(op, DType::F32, V::F32(x.to_f32()), V::F32(y.to_f32())) {
-            V::F32(z) => V::F16(f16::from_f32(z)),
-            other => other, // a comparison's bool
-        },
-        (V::F32(x), V::F32(y)) => float!(x, y, F32),
-        (V::F64(x), V::F64(y)) => float!(x, y, F64),
-        (V::I(x), V::I(y)) => V::I(d.wrap_int(match op {
-            Add => x.wrapping_add(y),
-            Sub => x.wrapping_sub(y),
-            Mul => x.wrapping_mul(y),
-            Div => {
-                if y == 0 {
-                    0
-                } else {
-                    x.wrapping_div(y)
-                }
-            }
-            Max => x.max(y),
-            Min => x.min(y),
-            Pow => crate::interp::int_pow(x, y),
-            Lt => (x < y) as i64,
-            Le => (x <= y) as i64,
-            Eq => (x == y) as i64,
-            Ne => (x != y) as i64,
-            And => (x != 0 && y != 0) as i64,
-            Or => (x != 0 || y != 0) as i64,
-        })),
+        (V::F16(x), V::F16(y)) => float(op, x.to_f32(), y.to_f32(), |z| V::F16(f16::from_f32(z))),
+        (V::F32(x), V::F32(y)) => float(op, x, y, V::F32),
+        (V::F64(x), V::F64(y)) => float(op, x, y, V::F64),
+        (V::I(x), V::I(y)) => V::I(d.wrap_int(semantics::int_binary(op, x, y))),
         _ => unreachable!("binary operands of different kinds"),
     }
 }

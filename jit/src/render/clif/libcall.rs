@@ -44,7 +44,7 @@ libcalls! {
     CosF64 => "kiln_cos_f64", (F64) -> F64;
     TanhF64 => "kiln_tanh_f64", (F64) -> F64;
     PowF64 => "kiln_pow_f64", (F64, F64) -> F64;
-    /// `(i64, i64) -> i64` wrapping integer power (see `interp::int_pow`).
+    /// `(i64, i64) -> i64` wrapping integer power (see `semantics::int_pow`).
     PowI64 => "kiln_pow_i64", (I64, I64) -> I64;
     /// `(seed, index) -> f32` uniform in [0, 1).
     UniformF32 => "kiln_uniform_f32", (I64, I64) -> F32;

@@ -20,9 +20,9 @@ pub(crate) enum Helper {
     MinF32,
     /// `kiln_pow(x, y)`: IEEE `pow` special cases, negative bases with integer exponents.
     PowF32,
-    /// `kiln_pow_i32(x, y)`: `interp::int_pow` with i32 wrapping.
+    /// `kiln_pow_i32(x, y)`: `semantics::int_pow` with i32 wrapping.
     PowI32,
-    /// `kiln_pow_u32(x, y)`: `interp::int_pow` for u32 (the exponent is never negative), wrapping.
+    /// `kiln_pow_u32(x, y)`: `semantics::int_pow` for u32 (the exponent is never negative), wrapping.
     PowU32,
     /// `kiln_f16_bits(x)` (the f16 nearest to an f32, ties to even), `kiln_f16_value(h)` (exact widening) and
     /// `kiln_round_f16(x)`: in u32 arithmetic, because WGSL leaves the rounding of `f16(x)` to the implementation
@@ -145,7 +145,7 @@ fn kiln_pow(x: f32, y: f32) -> f32 {
 "#;
 
 const POW_I32: &str = r#"
-// interp::int_pow, wrapping in i32 (the low 32 bits of the i64 result).
+// semantics::int_pow, wrapping in i32 (the low 32 bits of the i64 result).
 fn kiln_pow_i32(x: i32, y: i32) -> i32 {
     if (y < 0) {
         if (x == 1) { return 1; }
@@ -158,7 +158,7 @@ fn kiln_pow_i32(x: i32, y: i32) -> i32 {
 "#;
 
 const POW_U32: &str = r#"
-// interp::int_pow on u32 operands, wrapping in u32.
+// semantics::int_pow on u32 operands, wrapping in u32.
 fn kiln_pow_u32(x: u32, y: u32) -> u32 {
     var acc = 1u;
     var b = x;
