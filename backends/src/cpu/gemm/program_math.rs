@@ -3,6 +3,13 @@
 //! host that runs generated code, which has FMA), operation for operation and constant for constant (the constants
 //! come from `clif_math`), so an element gets the same bits from either kind of kernel; `tests/wide.rs` checks that
 //! against a Cranelift run. Constants are `EpInst::Const`/`BinK` operands, read from the code's constant pool.
+//!
+//! Why the sequences are written twice (here and in `clif_math`) rather than emitted from one description: the two
+//! targets are different instruction sets with different register disciplines (Cranelift IR values in SSA, and an
+//! `EpProgram` of AVX2 operations whose registers `asm` allocates from a fixed file), and each sequence is ten to
+//! thirty operations; a shared emitter trait would have to model both allocators to save that. What must not drift,
+//! the constants and the order of the rounding operations, is shared: the constants are `clif_math`'s, and the
+//! bit-for-bit test against the Cranelift kernels fails on any reordering.
 
 use super::asm::{EpInst, EpProgram, VBin, pred};
 
