@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod dump;
 pub mod gemm_check;
 pub mod host_pool;
+mod plan_run;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 

@@ -12,6 +12,7 @@
 //! (`profile_report`).
 
 use super::pool;
+use crate::plan_run::{Place, Run};
 use crate::{BackendError, Buffer, Executable};
 use cranelift_codegen::Context;
 use cranelift_codegen::isa::OwnedTargetIsa;
@@ -453,23 +454,11 @@ impl Executable for JitPlan {
         for b in inputs {
             super::as_host(b)?;
         }
-        crate::check_donated(NAME, &self.donations, &self.outputs, donated, |b| matches!(b, Buffer::Host(_)))?;
+        let run = Run::start(NAME, &self.donations, &self.outputs, donated, |b| matches!(b, Buffer::Host(_)))?;
         let host =
             |i: usize| -> &HostBuffer { super::as_host(inputs[i]).unwrap_or_else(|_| unreachable!("checked above")) };
-        // (output, input) of each donation given: that input's buffer becomes the output, and launches read it there.
-        let donor_of_output: smallvec::SmallVec<[(usize, usize); 8]> = self
-            .donations
-            .iter()
-            .filter(|d| donated.get(d.input).is_some_and(Option::is_some))
-            .map(|d| (d.output, d.input))
-            .collect();
         // Built as the `Buffer`s handed back, so the run allocates one Vec for them and nothing else of its own.
-        let mut outputs: Vec<Buffer> = Vec::with_capacity(self.outputs.len());
-        for (o, &(d, n)) in self.outputs.iter().enumerate() {
-            let donor = donor_of_output.iter().find(|&&(out, _)| out == o).and_then(|&(_, s)| donated[s].take());
-            outputs.push(donor.unwrap_or_else(|| Buffer::Host(crate::host_pool::take(d, n))));
-        }
-        let output_of_input = |i: usize| donor_of_output.iter().find(|&&(_, s)| s == i).map(|&(o, _)| o);
+        let mut outputs = run.outputs(&self.outputs, donated, |d, n| Ok(Buffer::Host(crate::host_pool::take(d, n))))?;
         for &(o, i) in &self.passthrough {
             outputs[o] = Buffer::Host(host(i).clone());
         }
@@ -494,13 +483,10 @@ impl Executable for JitPlan {
         for l in &self.launches {
             ptrs.clear();
             for s in l.inputs.iter().chain([&l.output]) {
-                ptrs.push(match *s {
-                    Slot::Input(i) => match output_of_input(i) {
-                        Some(o) => out_ptrs[o],
-                        None => read_ptr(host(i)),
-                    },
-                    Slot::Temp(t) => write_ptr(&mut temps[t]),
-                    Slot::Output(o) => out_ptrs[o],
+                ptrs.push(match run.place(*s) {
+                    Place::Input(i) => read_ptr(host(i)),
+                    Place::Temp(t) => write_ptr(&mut temps[t]),
+                    Place::Output(o) => out_ptrs[o],
                 });
             }
             let t0 = profiling().then(std::time::Instant::now);

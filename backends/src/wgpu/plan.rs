@@ -9,6 +9,7 @@
 //! epilogue reads are not checked to precede every write of a tile, so a GEMM output always gets a new buffer.
 
 use super::{Ctx, DeviceBuffer, NAME, Pipeline, WgpuBackend, gemm, unsupported};
+use crate::plan_run::{Place, Run};
 use crate::{BackendError, Buffer, Executable};
 use kiln_jit::kernel::{Donation, KernelPlan, Slot};
 use kiln_jit::render::wgsl;
@@ -135,40 +136,27 @@ impl Executable for WgpuPlan {
         rng: &[RngKey],
     ) -> Result<Vec<Buffer>, BackendError> {
         let ctx = &self.ctx;
-        crate::check_donated(NAME, &self.donations, &self.outputs, donated, |b| matches!(b, Buffer::Wgpu(_)))?;
-        let is_donated = |i: usize| donated.get(i).is_some_and(Option::is_some);
+        let run = Run::start(NAME, &self.donations, &self.outputs, donated, |b| matches!(b, Buffer::Wgpu(_)))?;
         // A donated slot's `inputs` entry is a placeholder from the caller: never looked at.
         let ins: Vec<Option<&DeviceBuffer>> = inputs
             .iter()
             .enumerate()
             .map(|(i, b)| match b {
-                _ if is_donated(i) => Ok(None),
+                _ if run.is_donated(i) => Ok(None),
                 Buffer::Wgpu(d) => Ok(Some(d)),
                 _ => Err(BackendError::ForeignBuffer { device: NAME }),
             })
             .collect::<Result<_, _>>()?;
-        // (output, input) of each donation given.
-        let donor_of_output: Vec<(usize, usize)> =
-            self.donations.iter().filter(|d| is_donated(d.input)).map(|d| (d.output, d.input)).collect();
-        // Built as the `Buffer`s handed back (a donated one is already one).
-        let mut outputs: Vec<Buffer> = Vec::with_capacity(self.outputs.len());
-        for (o, &(d, n)) in self.outputs.iter().enumerate() {
-            let donor = donor_of_output.iter().find(|&&(out, _)| out == o).and_then(|&(_, s)| donated[s].take());
-            outputs.push(match donor {
-                Some(b) => b,
-                None => Buffer::Wgpu(ctx.alloc(d, n)?),
-            });
-        }
+        let outputs = run.outputs(&self.outputs, donated, |d, n| Ok(Buffer::Wgpu(ctx.alloc(d, n)?)))?;
         let out = |o: usize| -> &wgpu::Buffer {
             match &outputs[o] {
                 Buffer::Wgpu(b) => b.raw(),
                 _ => unreachable!("outputs are device buffers (donated ones checked above)"),
             }
         };
-        let output_of_input = |i: usize| donor_of_output.iter().find(|&&(_, s)| s == i).map(|&(o, _)| o);
         let temps: Vec<DeviceBuffer> =
             self.temps.iter().map(|&n| ctx.alloc(DType::F32, n)).collect::<Result<_, _>>()?;
-        let placeholder = if donor_of_output.is_empty() { None } else { Some(ctx.alloc(DType::F32, 1)?) };
+        let placeholder = if run.any_donated() { Some(ctx.alloc(DType::F32, 1)?) } else { None };
         let rng_buf = if self.uses_rng && !rng.is_empty() {
             let words: Vec<u8> = rng
                 .iter()
@@ -182,7 +170,7 @@ impl Executable for WgpuPlan {
             None
         };
         let input = |i: usize| -> &wgpu::Buffer {
-            match (ins[i], output_of_input(i)) {
+            match (ins[i], run.output_of_input(i)) {
                 (Some(b), _) => b.raw(),
                 (None, Some(o)) => out(o),
                 (None, None) => unreachable!("a donated input has an output"),
@@ -198,10 +186,10 @@ impl Executable for WgpuPlan {
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
             let slot = |s: Slot| -> &wgpu::Buffer {
-                match s {
-                    Slot::Input(i) => input(i),
-                    Slot::Temp(t) => temps[t].raw(),
-                    Slot::Output(o) => out(o),
+                match run.place(s) {
+                    Place::Input(i) => input(i),
+                    Place::Temp(t) => temps[t].raw(),
+                    Place::Output(o) => out(o),
                 }
             };
             let mut bufs: Vec<&wgpu::Buffer> = Vec::new();
@@ -211,9 +199,7 @@ impl Executable for WgpuPlan {
                 }
                 // This launch writes over a donated input: it reads it through its output binding.
                 let donating = match (&l.donating, &placeholder) {
-                    (Some((input, p)), Some(ph)) if output_of_input(*input).is_some() => {
-                        Some((p, Slot::Input(*input), ph.raw()))
-                    }
+                    (Some((input, p)), Some(ph)) if run.is_donated(*input) => Some((p, Slot::Input(*input), ph.raw())),
                     _ => None,
                 };
                 bufs.clear();
