@@ -110,26 +110,6 @@ pub trait Executable: Send + Sync {
     }
 }
 
-/// Checks the buffers given to `run_donating` before any is taken (so that on an error the caller still has them
-/// all): each must be for a slot `donations` names, of `device`'s kind (`ours`), and of its output's dtype and
-/// length.
-pub(crate) fn check_donated(
-    device: &'static str,
-    donations: &[Donation],
-    outputs: &[(kiln_jit::DType, usize)],
-    donated: &[Option<Buffer>],
-    ours: impl Fn(&Buffer) -> bool,
-) -> Result<(), BackendError> {
-    for (slot, given) in donated.iter().enumerate() {
-        let Some(b) = given else { continue };
-        let fits = |d: &Donation| d.input == slot && (b.dtype(), b.len()) == outputs[d.output];
-        if !ours(b) || !donations.iter().any(fits) {
-            return Err(BackendError::Execute { device, reason: format!("input {slot} cannot be donated") });
-        }
-    }
-    Ok(())
-}
-
 /// One device.
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;

@@ -29,7 +29,7 @@ pub(crate) struct Run {
 }
 
 impl Run {
-    /// Checks the donated buffers (see `check_donated`) and notes which are given. `ours`: whether a buffer is of
+    /// Checks the donated buffers (`check_donated`) and notes which are given. `ours`: whether a buffer is of
     /// this device's kind.
     pub(crate) fn start(
         device: &'static str,
@@ -38,7 +38,7 @@ impl Run {
         donated: &[Option<Buffer>],
         ours: impl Fn(&Buffer) -> bool,
     ) -> Result<Run, BackendError> {
-        crate::check_donated(device, donations, outputs, donated, ours)?;
+        check_donated(device, donations, outputs, donated, ours)?;
         let donor_of_output = donations
             .iter()
             .filter(|d| donated.get(d.input).is_some_and(Option::is_some))
@@ -88,4 +88,24 @@ impl Run {
             Slot::Output(o) => Place::Output(o),
         }
     }
+}
+
+/// Checks the buffers given to `run_donating` before any is taken (so that on an error the caller still has them
+/// all): each must be for a slot `donations` names, of `device`'s kind (`ours`), and of its output's dtype and
+/// length.
+fn check_donated(
+    device: &'static str,
+    donations: &[Donation],
+    outputs: &[(DType, usize)],
+    donated: &[Option<Buffer>],
+    ours: impl Fn(&Buffer) -> bool,
+) -> Result<(), BackendError> {
+    for (slot, given) in donated.iter().enumerate() {
+        let Some(b) = given else { continue };
+        let fits = |d: &Donation| d.input == slot && (b.dtype(), b.len()) == outputs[d.output];
+        if !ours(b) || !donations.iter().any(fits) {
+            return Err(BackendError::Execute { device, reason: format!("input {slot} cannot be donated") });
+        }
+    }
+    Ok(())
 }
