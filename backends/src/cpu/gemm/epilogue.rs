@@ -165,7 +165,17 @@ fn float_bin(op: BinaryOp) -> Option<VBin> {
         BinaryOp::Sub => VBin::Sub,
         BinaryOp::Mul => VBin::Mul,
         BinaryOp::Div => VBin::Div,
-        _ => return None,
+        // Named, not `_`: a new op does not build until it is decided here. Max/Min/Pow have no program form
+        // (the kernel stays on the Cranelift path); comparisons and logic are translated apart.
+        BinaryOp::Max
+        | BinaryOp::Min
+        | BinaryOp::Pow
+        | BinaryOp::Lt
+        | BinaryOp::Le
+        | BinaryOp::Eq
+        | BinaryOp::Ne
+        | BinaryOp::And
+        | BinaryOp::Or => return None,
     })
 }
 
@@ -184,7 +194,8 @@ fn push_float_unary(p: &mut EpProgram, u: UnaryOp, x: usize) -> Option<usize> {
         UnaryOp::Exp => push_exp(p, x),
         UnaryOp::Tanh => push_tanh(p, x),
         UnaryOp::Log => push_log(p, x),
-        _ => return None,
+        // No register-program form (the kernel stays on the Cranelift path); named so a new op must be decided.
+        UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Not => return None,
     })
 }
 

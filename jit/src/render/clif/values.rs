@@ -416,7 +416,10 @@ impl Emitter<'_> {
             }
             (UnaryOp::Not, _) if lanes == 1 => ins.bxor_imm_s(a, 1),
             (UnaryOp::Not, _) => ins.bnot(a),
-            (op, _) => unreachable!("unary {op:?} on {d}"),
+            // Transcendentals took the libcall path above (floats only; an integer one is refused at the op).
+            (op @ (UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh), _) => {
+                unreachable!("unary {op:?} on {d}")
+            }
         }
     }
 
@@ -431,7 +434,9 @@ impl Emitter<'_> {
             UnaryOp::Sin => clif_math::MathFn::Sin,
             UnaryOp::Cos => clif_math::MathFn::Cos,
             UnaryOp::Tanh => clif_math::MathFn::Tanh,
-            _ => unreachable!("{u:?} is not transcendental"),
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Recip | UnaryOp::Not => {
+                unreachable!("{u:?} is not transcendental")
+            }
         };
         let fast = clif_math::emit(f, &mut self.b, a, t, self.fma);
         if !matches!(u, UnaryOp::Sin | UnaryOp::Cos) {
@@ -471,7 +476,7 @@ impl Emitter<'_> {
                 Le => cmp(FloatCC::LessThanOrEqual),
                 Eq => cmp(FloatCC::Equal),
                 Ne => cmp(FloatCC::NotEqual),
-                _ => None,
+                Add | Sub | Mul | Div | Max | Min | Pow | And | Or => None,
             };
             if let Some(cc) = cc {
                 return self.b.ins().fcmp(cc, x, y);
@@ -497,7 +502,7 @@ impl Emitter<'_> {
             Le => Some(IntCC::SignedLessThanOrEqual),
             Eq => Some(IntCC::Equal),
             Ne => Some(IntCC::NotEqual),
-            _ => None,
+            Add | Sub | Mul | Div | Max | Min | Pow | And | Or => None,
         };
         if let Some(cc) = cc {
             // Vector compares give lane masks, scalar compares 0/1 bytes: both are this backend's bools.
