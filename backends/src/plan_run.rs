@@ -48,11 +48,13 @@ impl Run {
     }
 
     /// Whether any input was donated.
+    #[cfg(feature = "wgpu")]
     pub(crate) fn any_donated(&self) -> bool {
         !self.donor_of_output.is_empty()
     }
 
     /// Whether input `i` was donated (its `inputs` entry is a placeholder).
+    #[cfg(feature = "wgpu")]
     pub(crate) fn is_donated(&self, i: usize) -> bool {
         self.output_of_input(i).is_some()
     }

@@ -1,11 +1,15 @@
-//! The CPU device: graphs are fused and JIT-compiled with Cranelift (`jit`), kernels run on a thread pool
-//! (`pool`). `KILN_CPU_ENGINE=interp` runs the reference interpreter instead, to bisect a suspected codegen bug.
+//! The CPU device: a graph's schedule becomes a plan (`plan`) of generated GEMMs (`gemm`), 8-lane elementwise
+//! kernels (`wide`) and Cranelift kernels (`compiler`), run on a thread pool (`pool`). `KILN_CPU_ENGINE=interp` runs the reference interpreter instead, to bisect a suspected codegen bug.
 
+mod buffers;
 mod code;
+mod compiler;
 pub mod gemm;
-mod jit;
+mod plan;
+mod profile;
+pub use compiler::cache_write_failed;
 pub use gemm::select::{PreparedGemm, run_gemm_with, set_autotune_mode, take_last_tune_record};
-pub use jit::{cache_write_failed, profile_report};
+pub use profile::profile_report;
 mod libcalls;
 pub mod pool;
 mod wide;
@@ -24,7 +28,7 @@ pub fn wide_listing(k: &kiln_jit::kernel::KernelIr) -> Result<Option<String>, St
 /// first use. The cost moves to start-up, it does not vanish.
 pub fn warm_runtime() {
     let store = kiln_autotune::Store::global();
-    jit::premap_cached_kernels(store);
+    compiler::premap_cached_kernels(store);
     gemm::premap_cached_sets(store);
     gemm::tune::warm_gemms();
     crate::host_pool::warm_from_profile();
@@ -75,7 +79,7 @@ impl Backend for CpuBackend {
         if std::env::var("KILN_CPU_ENGINE").is_ok_and(|e| e == "interp") {
             return Ok(Box::new(Interpreted { graph: graph.clone() }));
         }
-        Ok(Box::new(jit::compile(graph)?))
+        Ok(Box::new(plan::compile(graph)?))
     }
 
     fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {

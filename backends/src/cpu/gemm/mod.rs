@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// [`epilogue_pass_kernel`]); 8-lane generated code where it qualifies (`cpu::wide`), else a Cranelift kernel.
 #[derive(Clone)]
 pub(crate) enum Pass {
-    Clif(super::jit::KernelFn),
+    Clif(super::compiler::KernelFn),
     Wide(std::sync::Arc<super::wide::WideKernel>),
 }
 
@@ -510,8 +510,8 @@ pub fn stats() -> GemmStats {
         tune_hits: TUNE_HITS.load(Ordering::Relaxed),
         kernel_compiles: KERNEL_COMPILES.load(Ordering::Relaxed),
         kernel_loads: KERNEL_LOADS.load(Ordering::Relaxed),
-        clif_compiles: super::jit::CLIF_COMPILES.load(Ordering::Relaxed),
-        clif_loads: super::jit::CLIF_LOADS.load(Ordering::Relaxed),
+        clif_compiles: super::compiler::CLIF_COMPILES.load(Ordering::Relaxed),
+        clif_loads: super::compiler::CLIF_LOADS.load(Ordering::Relaxed),
         code_mappings: super::code::MAPPINGS.load(Ordering::Relaxed),
         wide_builds: super::wide::BUILDS.load(Ordering::Relaxed),
     }
@@ -541,7 +541,7 @@ fn kernel_set(
     let set = KernelSet::build(specs, program)?;
     KERNEL_COMPILES.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = store.put_artifact(&name, &set.to_artifact()) {
-        super::jit::cache_write_failed("GEMM code", &e);
+        super::compiler::cache_write_failed("GEMM code", &e);
     }
     Ok(set)
 }
@@ -571,11 +571,11 @@ pub(crate) fn premap_cached_sets(store: &kiln_autotune::Store) {
                     Some(set) => {
                         map.insert(name, set);
                     }
-                    None => super::jit::tracing_note(&format!("cached GEMM code {name} not premapped: malformed")),
+                    None => super::compiler::tracing_note(&format!("cached GEMM code {name} not premapped: malformed")),
                 }
             }
         }
-        Err(e) => super::jit::tracing_note(&format!("cached GEMM code not premapped: {e}")),
+        Err(e) => super::compiler::tracing_note(&format!("cached GEMM code not premapped: {e}")),
     }
 }
 

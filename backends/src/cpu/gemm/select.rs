@@ -3,7 +3,8 @@
 //! the generated GEMM (`CompiledGemm`). Also the entry points that force a configuration (`PreparedGemm`, for the
 //! tests that check every candidate and for benchmarks) and the `kiln tune` hooks.
 
-use super::super::jit::{COMPILER, Compiler, cache_write_failed, finish_output, read_ptr, write_ptr};
+use super::super::buffers::{finish_output, read_ptr, write_ptr};
+use super::super::compiler::{COMPILER, Compiler, cache_write_failed};
 use super::super::pool;
 use kiln_jit::DType;
 use kiln_jit::HostBuffer;

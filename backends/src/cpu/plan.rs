@@ -1,0 +1,264 @@
+//! A compiled CPU plan: the graph's schedule with one executable per launch (a generated GEMM, an 8-lane
+//! elementwise kernel, or a Cranelift kernel from `compiler`), and its replay.
+//!
+//! Replay (`JitPlan::run`) does no hashing and takes no lock per kernel: launches are a flat list with pre-bound
+//! slots, and outputs and temps come from the host buffer pool (`host_pool`). A launch runs split over the thread
+//! pool when its work passes `pool::min_parallel_work()`, else inline. With `KILN_PROFILE=1` every launch is timed
+//! (`profile`).
+
+use super::buffers::{finish_output, read_ptr, write_ptr};
+use super::compiler::{COMPILER, KernelFn};
+use super::pool;
+use super::profile;
+use crate::plan_run::{Place, Run};
+use crate::{BackendError, Buffer, Executable};
+use kiln_jit::buffer::HostBuffer;
+use kiln_jit::dtype::DType;
+use kiln_jit::kernel::{Donation, KernelPlan, Slot};
+use kiln_jit::{Graph, RngKey};
+use parking_lot::Mutex;
+
+const NAME: &str = "cpu";
+
+/// How a launch runs: a Cranelift kernel split by rows, or a generated GEMM or 8-lane elementwise kernel (whose
+/// drivers split themselves).
+enum Exec {
+    Clif(KernelFn),
+    Gemm(Box<super::gemm::CompiledGemm>),
+    Wide(Box<super::wide::WideKernel>),
+}
+
+struct CompiledLaunch {
+    name: String,
+    exec: Exec,
+    inputs: Vec<Slot>,
+    output: Slot,
+    /// Extent of output loop 0 (1 for a zero-dim output): the range the kernel splits over threads.
+    rows: usize,
+    /// Element-operations of the whole launch, for the pool's inline-or-split decision.
+    work: usize,
+}
+
+pub(crate) struct JitPlan {
+    launches: Vec<CompiledLaunch>,
+    /// Each temp's length in `i64` elements (8-byte aligned, whatever dtype the kernels store in it).
+    temps: Vec<usize>,
+    outputs: Vec<(DType, usize)>,
+    passthrough: Vec<(usize, usize)>,
+    /// The schedule's donation candidates whose launch loads each element before storing it (see `compile`).
+    donations: Vec<Donation>,
+    /// Scratch reused by the next run if no other thread holds it.
+    arena: Mutex<Arena>,
+}
+
+/// Per-run scratch: intermediate buffers, the pointer table of the current launch, the rng words, the outputs'
+/// data pointers.
+#[derive(Default)]
+struct Arena {
+    /// One buffer per plan temp (`i64` elements, for 8-byte alignment), from the host pool and given back to it
+    /// when the arena is dropped. A temp is written by its producing launch before any launch reads it, so its
+    /// initial contents do not matter.
+    temps: Vec<HostBuffer>,
+    ptrs: Vec<*mut u8>,
+    rng_words: Vec<u64>,
+    out_ptrs: Vec<*mut u8>,
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        for t in self.temps.drain(..) {
+            crate::host_pool::give(t);
+        }
+    }
+}
+
+// SAFETY: the raw pointers in `ptrs` and `out_ptrs` are scratch, rewritten in every run before they are read and
+// never read across runs.
+unsafe impl Send for Arena {}
+
+/// Compiles every kernel of `graph`'s schedule.
+pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
+    let err = |reason: String| BackendError::Compile { device: NAME, reason };
+    // The generated GEMM packs operands of any layout, so a transposed weight is not copied first.
+    let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !super::gemm::select::generated_gemm_enabled() };
+    let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
+    let dump = crate::dump::Dump::start(graph, &plan);
+    let compiler = COMPILER.as_ref().map_err(|e| err(e.clone()))?;
+    let mut launches = Vec::with_capacity(plan.launches.len());
+    let mut budget = super::gemm::select::TuneBudget::for_compile();
+    // Inputs the plan writes over (a training step's weights) and the launches that write them: a GEMM reading one
+    // as B, or writing one, is chosen for that (`config::step_candidates`).
+    let candidates = plan.donation_candidates();
+    {
+        let mut c = compiler.lock();
+        for (index, l) in plan.launches.iter().enumerate() {
+            let cx = super::gemm::config::StepContext {
+                b_rewritten: kiln_jit::kernel::gemm::GemmView::of(&l.kernel).is_some_and(|v| {
+                    matches!(l.inputs.get(v.b.buf), Some(&Slot::Input(i)) if candidates.iter().any(|d| d.input == i))
+                }),
+                output_replaces_input: candidates.iter().any(|d| d.launch == index),
+            };
+            let gemm = super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget, cx);
+            let exec = match gemm.map_err(err)? {
+                Some(g) => Exec::Gemm(Box::new(g)),
+                None if let Some(w) = super::wide::for_plan(&l.kernel, dump.as_ref()).map_err(err)? => {
+                    Exec::Wide(Box::new(w))
+                }
+                None => {
+                    let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
+                    if let (Some(d), Some((clif_text, disasm))) = (&dump, text) {
+                        d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
+                    }
+                    Exec::Clif(f)
+                }
+            };
+            let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
+            launches.push(CompiledLaunch {
+                name: l.kernel.name.clone(),
+                exec,
+                inputs: l.inputs.clone(),
+                output: l.output,
+                rows,
+                work: l.kernel.work(),
+            });
+        }
+    }
+    let temps: Vec<usize> = plan.temps.iter().map(|&bytes| bytes.div_ceil(8)).collect();
+    let outputs: Vec<(DType, usize)> = plan.outputs.iter().map(|b| (b.dtype, b.len)).collect();
+    // The buffers live while this plan runs (what it takes from the host pool, and its inputs), for the buffer
+    // profile a warm process pre-allocates. An output that will take a donated input's buffer is counted anyway:
+    // whether it does is decided per run (something may hold the old value), and a spare pooled buffer costs
+    // memory only, where a missing one costs page faults in the first step.
+    let inputs = graph.g.node_weights().filter(|n| matches!(n.op, kiln_jit::Op::Input { .. }));
+    crate::host_pool::remember_plan_buffers(
+        outputs
+            .iter()
+            .copied()
+            .chain(temps.iter().map(|&w| (DType::I64, w)))
+            .chain(inputs.map(|n| (n.dtype, n.shape.numel()))),
+    );
+    // A Cranelift or wide kernel loads an element's operands before it stores the element; a GEMM does so only with one K
+    // block and its epilogue in registers (otherwise C holds partial sums, or the GEMM's result before the
+    // epilogue pass reads the operand).
+    let donations = candidates
+        .into_iter()
+        .filter(|d| match &launches[d.launch].exec {
+            Exec::Clif(_) | Exec::Wide(_) => true,
+            Exec::Gemm(g) => g.reads_epilogue_before_store(),
+        })
+        .collect();
+    Ok(JitPlan {
+        launches,
+        temps,
+        outputs,
+        passthrough: plan.passthrough.clone(),
+        donations,
+        arena: Mutex::new(Arena::default()),
+    })
+}
+
+/// Raw pointers shared with pool threads for one launch.
+struct LaunchArgs {
+    f: KernelFn,
+    args: *const *mut u8,
+    rng: *const u64,
+}
+
+impl LaunchArgs {
+    fn call(&self, start: usize, end: usize) {
+        // SAFETY: `args` holds one valid pointer per kernel buffer, each sized as the kernel IR says (inputs come
+        // from the graph's shapes, temps and outputs were sized by the plan), `rng` holds two words per rng slot,
+        // and `start..end` lies within output loop 0.
+        unsafe { (self.f)(self.args, self.rng, start as i64, end as i64) }
+    }
+}
+
+// SAFETY: the pointers are only read during `parallel_for`, which returns before the buffers they point into are
+// touched again; chunks write disjoint output rows.
+unsafe impl Sync for LaunchArgs {}
+
+impl Executable for JitPlan {
+    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
+        self.run_donating(inputs, &mut [], rng)
+    }
+
+    fn donations(&self) -> &[Donation] {
+        &self.donations
+    }
+
+    fn run_donating(
+        &self,
+        inputs: &[&Buffer],
+        donated: &mut [Option<Buffer>],
+        rng: &[RngKey],
+    ) -> Result<Vec<Buffer>, BackendError> {
+        // Checked once up front instead of collected into a Vec: replay allocates nothing it does not hand back.
+        for b in inputs {
+            super::as_host(b)?;
+        }
+        let run = Run::start(NAME, &self.donations, &self.outputs, donated, |b| matches!(b, Buffer::Host(_)))?;
+        let host =
+            |i: usize| -> &HostBuffer { super::as_host(inputs[i]).unwrap_or_else(|_| unreachable!("checked above")) };
+        // Built as the `Buffer`s handed back, so the run allocates one Vec for them and nothing else of its own.
+        let mut outputs = run.outputs(&self.outputs, donated, |d, n| Ok(Buffer::Host(crate::host_pool::take(d, n))))?;
+        for &(o, i) in &self.passthrough {
+            outputs[o] = Buffer::Host(host(i).clone());
+        }
+        let mut guard = self.arena.try_lock();
+        let mut own = Arena::default();
+        let arena: &mut Arena = match guard.as_deref_mut() {
+            Some(a) => a,
+            None => &mut own,
+        };
+        if arena.temps.len() != self.temps.len() {
+            arena.temps = self.temps.iter().map(|&words| crate::host_pool::take(DType::I64, words)).collect();
+        }
+        let Arena { temps, ptrs, rng_words, out_ptrs } = arena;
+        out_ptrs.clear();
+        out_ptrs.extend(outputs.iter_mut().map(|b| match b {
+            Buffer::Host(h) => write_ptr(h),
+            #[allow(unreachable_patterns)] // only with another device's feature on
+            _ => unreachable!("outputs are host buffers"),
+        }));
+        rng_words.clear();
+        rng_words.extend(rng.iter().flat_map(|k| [k.seed, k.offset]));
+        for l in &self.launches {
+            ptrs.clear();
+            for s in l.inputs.iter().chain([&l.output]) {
+                ptrs.push(match run.place(*s) {
+                    Place::Input(i) => read_ptr(host(i)),
+                    Place::Temp(t) => write_ptr(&mut temps[t]),
+                    Place::Output(o) => out_ptrs[o],
+                });
+            }
+            let t0 = profile::profiling().then(std::time::Instant::now);
+            match &l.exec {
+                Exec::Clif(f) => {
+                    let a = LaunchArgs { f: *f, args: ptrs.as_ptr(), rng: rng_words.as_ptr() };
+                    let call = |start: usize, end: usize| a.call(start, end);
+                    pool::global().parallel_for_work(l.rows, l.work, &call);
+                }
+                // SAFETY: `ptrs` holds the launch's input buffers then its output, sized as its kernel IR declares
+                // (the same contract as a Cranelift kernel). An output is an input of its own launch only as a
+                // donation, which `compile` kept for this GEMM because it loads each element before storing it.
+                Exec::Gemm(g) => unsafe { g.run(ptrs) },
+                // SAFETY: as for a GEMM; the generated code loads each element before storing it (module doc).
+                Exec::Wide(w) => unsafe { w.run(ptrs) },
+            }
+            if let Some(t0) = t0 {
+                profile::record(&l.name, t0.elapsed());
+            }
+        }
+        for (o, (b, &(_, len))) in outputs.iter_mut().zip(&self.outputs).enumerate() {
+            if let Buffer::Host(b) = b
+                && !self.passthrough.iter().any(|&(p, _)| p == o)
+            {
+                // SAFETY: the schedule makes exactly one launch write each non-passthrough output, and a kernel
+                // stores every element of its row-major output range (all rows were launched above); stored
+                // values are valid for the element type (bools as 0 or 1).
+                unsafe { finish_output(b, len) };
+            }
+        }
+        Ok(outputs)
+    }
+}
