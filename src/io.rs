@@ -17,9 +17,10 @@
 //! `save_generator` / `load_generator` store a random generator's state (`kiln.generator.seed` and `.offset` in the
 //! metadata of a file without tensors), the third part of a checkpoint beside the module and the optimizer.
 //!
-//! Writes go to a temporary file in the target's folder and are renamed into place, so a failed save never leaves
-//! a truncated file behind, and the file gets the mode `File::create` would give it (an existing file's, else
-//! 0o666 less the umask); the `safetensors` crate's own writer makes 0600 files, a mode for secrets.
+//! Writes go through `kiln_autotune::replace_file` (the cache's writer): a temporary file in the target's folder,
+//! synced and renamed into place, so a failed save never leaves a truncated file behind, and the file gets the mode
+//! `File::create` would give it (an existing file's, else 0o666 less the umask); the `safetensors` crate's own
+//! writer makes 0600 files, a mode for secrets.
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -139,35 +140,12 @@ fn write<S: AsRef<str>, T: Borrow<Tensor>>(
     let views = blobs.iter().map(|(n, b)| (n.as_str(), b));
     let bytes = safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| st_error(OP, path, e))?;
     drop(blobs);
-    write_replacing(path, &bytes).map_err(|source| Error::Io { op: OP, path: path.to_path_buf(), source })
-}
-
-/// Writes `bytes` to `path` through a sibling temporary file renamed into place: a failed write never leaves a
-/// truncated file, and a reader that mapped the old file keeps its bytes. The new file's mode is the old file's, or
-/// what `File::create` gives a new one (0o666 less the umask).
-fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static TEMPS: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path does not end in a file name"))?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let n = TEMPS.fetch_add(1, Ordering::Relaxed);
-    let temp = dir.join(format!(".{}.{}-{n}.tmp", name.to_string_lossy(), std::process::id()));
-    let written = (|| {
-        // `create_new` opens with std's default mode (0o666, less the umask), as `File::create` does.
-        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temp)?;
-        if let Ok(old) = std::fs::metadata(path) {
-            file.set_permissions(old.permissions())?;
-        }
-        file.write_all(bytes)?;
-        std::fs::rename(&temp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    written
+    // Durable, as any file the user asked for: a checkpoint must survive a power cut once the call returned.
+    kiln_autotune::replace_file(path, &bytes, true).map_err(|source| Error::Io {
+        op: OP,
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// A tensor read from a file, on the host.

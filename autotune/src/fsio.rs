@@ -15,27 +15,40 @@ pub(crate) fn is_temp_name(file_name: &str) -> bool {
     file_name.starts_with('.') && file_name.ends_with(".tmp")
 }
 
+/// Writes `bytes` to `path` atomically ([`replace_file`]), creating missing parent directories first (the store's
+/// namespace folders, a bundle's folder).
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir)?;
+    }
+    replace_file(path, bytes, durable)
+}
+
 /// Writes `bytes` to `path` atomically: a unique temp file in the same directory (same filesystem, so the rename
-/// is atomic), rename over the target. Creates missing parent directories.
+/// is atomic), renamed over the target. The directory must exist. The file gets the mode `File::create` would
+/// give it: the replaced file's, or 0o666 less the umask for a new one (a temp-file crate's 0600 is for secrets).
+/// kiln's own saves (`save_safetensors`) use it too.
 ///
 /// `durable`: also fsync the file before the rename and the directory after it, so the new content survives a power
-/// cut. Bundles (a file the user asked for) are durable; cache entries are not, on purpose: an fsync costs ~8 ms on
-/// this machine's disk, paid on a compile's critical path, while a cache entry needs no durability to be safe. A
-/// crash can leave a renamed entry with missing or zeroed content, and its checksum then rejects it (it is
-/// rebuilt); a reader never sees a half-written file either way, because of the rename.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+/// cut. Bundles and saved weights (files the user asked for) are durable; cache entries are not, on purpose: an
+/// fsync costs ~8 ms on a typical disk, paid on a compile's critical path, while a cache entry needs no durability
+/// to be safe. A crash can leave a renamed entry with missing or zeroed content, and its checksum then rejects it
+/// (it is rebuilt); a reader never sees a half-written file either way, because of the rename.
+pub fn replace_file(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
     let name = path
         .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no UTF-8 file name"))?;
-    fs::create_dir_all(dir)?;
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path does not end in a file name"))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let temp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let temp = dir.join(format!(".{}.{}.{n}.tmp", name.to_string_lossy(), std::process::id()));
     let result = (|| {
-        // create_new: a stale temp of a dead process with a recycled pid must not be appended to or raced.
+        // create_new: a stale temp of a dead process with a recycled pid must not be appended to or raced. It opens
+        // with std's default mode (0o666 less the umask), as `File::create` does.
         let mut file = fs::OpenOptions::new().write(true).create_new(true).open(&temp)?;
+        if let Ok(old) = fs::metadata(path) {
+            file.set_permissions(old.permissions())?;
+        }
         file.write_all(bytes)?;
         if durable {
             file.sync_all()?;

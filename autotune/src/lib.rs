@@ -31,6 +31,7 @@ pub mod wgsl_gemm;
 
 pub use envelope::EntryKind;
 pub use fingerprint::DeviceFingerprint;
+pub use fsio::replace_file;
 pub use key::{TuneKey, bucket, checksum_of, checksum_of_each, dim_named};
 pub use record::{Trial, TuneRecord};
 pub use search::{Budget, Candidate, Mode, search, search_with_budget};
