@@ -136,29 +136,30 @@ impl Store {
     /// The process-wide store for the host CPU. Root: `KILN_CACHE_DIR` when set and non-empty (`off`: memory
     /// only), else `<user cache dir>/kiln`, else (no cache dir known) memory only.
     pub fn global() -> &'static Store {
-        GLOBAL.get_or_init(|| {
-            let fingerprint = DeviceFingerprint::host_cpu();
-            match resolve_root(std::env::var_os("KILN_CACHE_DIR"), dirs::cache_dir()) {
-                Some(root) => Store::open(root, &fingerprint),
-                None => Store::memory_only(&fingerprint),
-            }
-        })
+        GLOBAL.get_or_init(|| Store::for_host(resolve_root(std::env::var_os("KILN_CACHE_DIR"), dirs::cache_dir())))
     }
 
     /// Opens the process-wide store at `root` (`None`: memory only) instead of where `KILN_CACHE_DIR` points: for a
     /// program that chooses its cache in code. Must come before anything uses the store; afterwards it is refused
     /// and the store stays where it is.
     pub fn set_global_root(root: Option<PathBuf>) -> Result<&'static Store, StoreError> {
+        // Absolute, as `resolve_root` makes `KILN_CACHE_DIR`, so messages name the real place.
+        let root = root.map(|r| std::path::absolute(&r).unwrap_or(r));
         let mut opened_here = false;
         let store = GLOBAL.get_or_init(|| {
             opened_here = true;
-            let fingerprint = DeviceFingerprint::host_cpu();
-            match &root {
-                Some(root) => Store::open(std::path::absolute(root).unwrap_or(root.clone()), &fingerprint),
-                None => Store::memory_only(&fingerprint),
-            }
+            Store::for_host(root)
         });
         if opened_here { Ok(store) } else { Err(StoreError::AlreadyOpen(store.root.clone())) }
+    }
+
+    /// The host CPU's store at `root`, or in memory only.
+    fn for_host(root: Option<PathBuf>) -> Store {
+        let fingerprint = DeviceFingerprint::host_cpu();
+        match root {
+            Some(root) => Store::open(root, &fingerprint),
+            None => Store::memory_only(&fingerprint),
+        }
     }
 
     pub fn fingerprint(&self) -> &DeviceFingerprint {
