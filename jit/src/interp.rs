@@ -252,19 +252,20 @@ fn binary(op: BinaryOp, operand_dtype: DType, a: &Vals, b: &Vals) -> Result<Vals
     let d = operand_dtype;
     Ok(match (a, b) {
         (Vals::F(a), Vals::F(b)) => {
-            if semantics::float_binary(op, 0.0f64, 0.0).is_none() {
-                return Err(format!("{op:?} on floats"));
-            }
-            let r = a.iter().zip(b).map(|(&x, &y)| semantics::float_binary(op, x, y).expect("checked above"));
+            use semantics::FloatResult;
+            let r: Option<Vec<FloatResult<f64>>> =
+                a.iter().zip(b).map(|(&x, &y)| semantics::float_binary(op, x, y)).collect();
+            let r = r.ok_or_else(|| format!("{op:?} on floats"))?;
             if op.is_comparison() {
-                Vals::I(r.map(|z| matches!(z, semantics::FloatResult::Bool(true)) as i64).collect())
+                Vals::I(r.into_iter().map(|z| (z == FloatResult::Bool(true)) as i64).collect())
             } else {
                 Vals::F(
-                    r.map(|z| match z {
-                        semantics::FloatResult::Value(z) => round_f(d, z),
-                        semantics::FloatResult::Bool(c) => c as i64 as f64,
-                    })
-                    .collect(),
+                    r.into_iter()
+                        .map(|z| match z {
+                            FloatResult::Value(z) => round_f(d, z),
+                            FloatResult::Bool(c) => c as i64 as f64,
+                        })
+                        .collect(),
                 )
             }
         }
