@@ -115,7 +115,6 @@ impl fmt::Debug for Param {
 ///
 /// A composite module lists its children's parameters under their names, e.g.
 /// ```
-/// # kiln::tune::set_cache_dir(None).ok(); // doc tests keep off the user's cache
 /// use kiln::nn::{Linear, Module, Param};
 /// use kiln::{Device, Tensor};
 /// struct Mlp { fc1: Linear, fc2: Linear }

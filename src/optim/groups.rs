@@ -1,7 +1,6 @@
 //! Parameter groups (PyTorch's `param_groups`): parameters of one optimizer that take their learning rate or
 //! weight decay from the group instead of the optimizer, e.g. AdamW without weight decay on biases and norms:
 //! ```
-//! # kiln::tune::set_cache_dir(None).ok(); // doc tests keep off the user's cache
 //! use kiln::nn::{Linear, Module};
 //! use kiln::optim::{AdamW, GroupOptions, Optimizer};
 //! let dev = kiln::Device::cpu();

@@ -132,7 +132,6 @@ impl LrSchedule for LinearLr {
 /// Schedules one after another (`SequentialLR`): schedule `i + 1` takes over at `milestones[i]` and counts its
 /// steps from there. Warm-up then cosine decay:
 /// ```
-/// # kiln::tune::set_cache_dir(None).ok(); // doc tests keep off the user's cache
 /// use kiln::optim::schedule::{CosineAnnealingLr, LinearLr, LrSchedule, Sequential};
 /// let s = Sequential::new(vec![Box::new(LinearLr::new(0.1, 0.1, 1.0, 3)), Box::new(CosineAnnealingLr::new(0.1, 5, 0.0))], vec![3]);
 /// assert_eq!(s.lr(3), 0.1);
