@@ -67,9 +67,8 @@ fn a_lazy_tensor_is_computed_for_display_and_not_for_debug() {
     let x = t(vec![1.0f32, 2.0], &[2]).exp().mul(0.0).add(1.0);
     let debug = format!("{x:?}");
     assert!(debug.contains("lazy"), "{debug}");
-    let before = kiln::stats().realizes;
-    let _ = format!("{x:?}");
-    assert_eq!(kiln::stats().realizes, before, "Debug realizes nothing");
+    // The tensor's own state, not the process-wide counters: the other tests here realize in parallel.
+    assert!(!x.is_realized(), "Debug realizes nothing");
     assert_eq!(format!("{x}"), "tensor([1., 1.])");
 }
 

@@ -116,20 +116,3 @@ fn tuned_gemms_through_the_device_match_the_reference() {
         assert!(won.time_ns.is_some(), "{}", rec.table());
     }
 }
-
-/// A GEMM whose epilogue draws random numbers (`x @ w + rand(..) * 0.01`, as `examples/train_linear.rs` builds its
-/// data) runs on the device and matches the CPU's values: the tuner's verification had no random keys to give the
-/// evaluator and panicked.
-#[test]
-fn a_gemm_with_a_random_epilogue_runs_and_matches_the_cpu() {
-    let Some(dev) = common::wgpu_device() else { return };
-    let (m, n, k) = (256, 8, 64);
-    let run = |d: &kiln::Device| {
-        let g = kiln::Generator::new(5);
-        let x = Tensor::rand_with([m, k], kiln::DType::F32, d, &g);
-        let w = Tensor::rand_with([k, n], kiln::DType::F32, d, &g);
-        kiln::realize(&[&x, &w]).unwrap(); // operands in memory: the GEMM's loads, the epilogue's draw
-        (x.matmul(&w) + Tensor::rand_with([m, n], kiln::DType::F32, d, &g) * 0.01).to_host().unwrap()
-    };
-    compare(&run(&dev), &run(&kiln::Device::cpu()), gemm_tol(k)).unwrap();
-}
