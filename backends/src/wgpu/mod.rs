@@ -90,9 +90,10 @@ fn init() -> Result<WgpuBackend, String> {
     // Vulkan first, GL only where Vulkan has no adapter (probing GL first would print EGL noise on headless
     // machines); `WGPU_BACKEND=vulkan|gl|...` chooses instead.
     provide_runtime_dir();
+    // Empty counts as unset, as for kiln's own variables (`KILN_DUMP=`, `KILN_CACHE_DIR=`).
     let tries = match std::env::var("WGPU_BACKEND") {
-        Ok(list) => vec![parse_backends(&list)?],
-        Err(_) => vec![wgpu::Backends::VULKAN, wgpu::Backends::GL],
+        Ok(list) if !list.trim().is_empty() => vec![parse_backends(&list)?],
+        _ => vec![wgpu::Backends::VULKAN, wgpu::Backends::GL],
     };
     let mut errors = Vec::new();
     let mut found = None;
@@ -528,6 +529,6 @@ mod tests {
         assert_eq!(parse_backends(" GL , vk"), Ok(wgpu::Backends::GL | wgpu::Backends::VULKAN));
         let err = parse_backends("vulkan,bogus").unwrap_err();
         assert!(err.contains("unknown backend \"bogus\"") && err.contains("vulkan, vk, gl"), "{err}");
-        assert!(parse_backends("").is_err(), "an empty value names nothing");
+        assert!(parse_backends("vulkan,").is_err(), "an empty name in a list names nothing");
     }
 }
