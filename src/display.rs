@@ -184,9 +184,14 @@ impl Format {
             f.width = shown.iter().map(|&v| f.text(v).len()).max().unwrap_or(1);
             return f;
         }
-        let finite: Vec<f64> =
-            shown.iter().filter_map(|v| if let Value::Float(x) = *v { Some(x) } else { None }).collect();
-        let finite: Vec<f64> = finite.into_iter().filter(|x| x.is_finite() && *x != 0.0).collect();
+        // The format is chosen from the nonzero finite values, as PyTorch's is.
+        let finite: Vec<f64> = shown
+            .iter()
+            .filter_map(|v| match *v {
+                Value::Float(x) if x.is_finite() && x != 0.0 => Some(x),
+                _ => None,
+            })
+            .collect();
         if finite.is_empty() {
             return Format { mode: Mode::Whole, width: 1 };
         }
@@ -200,7 +205,7 @@ impl Format {
             _ => Mode::Scientific,
         };
         let mut f = Format { mode, width: 1 };
-        // The width comes from the nonzero finite values, as PyTorch's does ('1.' is one longer than '1').
+        // So does the width ('1.' is one longer than '1').
         f.width = finite.iter().map(|&x| f.text(Value::Float(x)).len()).max().unwrap_or(1);
         f
     }
