@@ -82,7 +82,9 @@ pub enum BackendError {
 pub trait Executable: Send + Sync {
     /// Runs with `inputs[slot]` bound to `Input { slot }` and `rng[slot]` to `Rand { slot }`; returns the graph's
     /// outputs in order.
-    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError>;
+    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
+        self.run_donating(inputs, &mut [], rng)
+    }
 
     /// The outputs this plan can write over an input's buffer (`kiln_jit::kernel::Donation`: the plan computes
     /// the same values either way). Empty where the backend does not donate.
@@ -93,21 +95,13 @@ pub trait Executable: Send + Sync {
     /// `run`, given by value the buffers of the input slots the caller will never read again: `donated[slot]`
     /// (`inputs[slot]` is then a placeholder and is not read). Only slots named in `donations()` may be given;
     /// each one given is taken and becomes its output's buffer, and one not taken (an error before any launch)
-    /// is left in `donated` for the caller to restore.
+    /// is left in `donated` for the caller to restore. A plan that donates nothing refuses any buffer given.
     fn run_donating(
         &self,
         inputs: &[&Buffer],
         donated: &mut [Option<Buffer>],
         rng: &[RngKey],
-    ) -> Result<Vec<Buffer>, BackendError> {
-        if donated.iter().any(Option::is_some) {
-            return Err(BackendError::Unsupported {
-                device: "this backend",
-                reason: "its plans take no donated buffers".into(),
-            });
-        }
-        self.run(inputs, rng)
-    }
+    ) -> Result<Vec<Buffer>, BackendError>;
 }
 
 /// One device.

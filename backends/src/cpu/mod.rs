@@ -47,7 +47,18 @@ struct Interpreted {
 }
 
 impl Executable for Interpreted {
-    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
+    fn run_donating(
+        &self,
+        inputs: &[&Buffer],
+        donated: &mut [Option<Buffer>],
+        rng: &[RngKey],
+    ) -> Result<Vec<Buffer>, BackendError> {
+        if donated.iter().any(Option::is_some) {
+            return Err(BackendError::Unsupported {
+                device: NAME,
+                reason: "the reference interpreter's plans take no donated buffers".into(),
+            });
+        }
         let host = host_inputs(inputs)?;
         let out =
             interp::run(&self.graph, &host, rng).map_err(|reason| BackendError::Execute { device: NAME, reason })?;

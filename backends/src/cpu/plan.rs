@@ -178,10 +178,6 @@ impl LaunchArgs {
 unsafe impl Sync for LaunchArgs {}
 
 impl Executable for JitPlan {
-    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
-        self.run_donating(inputs, &mut [], rng)
-    }
-
     fn donations(&self) -> &[Donation] {
         &self.donations
     }

@@ -121,10 +121,6 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
 }
 
 impl Executable for WgpuPlan {
-    fn run(&self, inputs: &[&Buffer], rng: &[RngKey]) -> Result<Vec<Buffer>, BackendError> {
-        self.run_donating(inputs, &mut [], rng)
-    }
-
     fn donations(&self) -> &[Donation] {
         &self.donations
     }
