@@ -161,3 +161,58 @@ fn outer_update_wide() {
     let listing = kiln_backends::cpu::wide_listing(k).expect("generates").expect("an 8-lane kernel");
     check_golden("outer_update.wide.txt", &listing);
 }
+
+/// Every kernel of `outputs`' plan rendered as WGSL, one after the other.
+fn plan_wgsl(outputs: &[&Tensor]) -> String {
+    let cap = kiln::capture(outputs).expect("capture");
+    let plan = schedule(&cap.graph);
+    plan.launches.iter().map(|l| kiln_jit::render::wgsl::render(&l.kernel).expect("renders").source).collect()
+}
+
+/// A zoo of the per-instruction table's rows: f32 transcendental, division, pow and max with NaN care; i32, u32 and
+/// u8 wrapping arithmetic, division by zero and pow; bool logic and `where`; f16 arithmetic rounded per op; casts
+/// between every 32-bit dtype (float -> int through the saturating helper); padded loads; uniform and normal random
+/// numbers in f32 and f16. One golden file, so a change to the shared C-like table shows as a WGSL diff.
+#[test]
+fn table_zoo_wgsl() {
+    let dev = Device::cpu();
+    let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin() * 3.0).collect::<Vec<f32>>();
+    let a = Tensor::from_vec(f(24, 0.7), [4, 6], &dev).expect("a");
+    let b = Tensor::from_vec(f(24, 1.3), [4, 6], &dev).expect("b");
+    let floats = (a.sin().mul(b.cos()) + a.div(&b).pow(b.abs()).maximum(a.exp().log()).tanh()).sqrt().recip();
+    let i = a.to_dtype(DType::I32);
+    let j = b.to_dtype(DType::I32);
+    let ints = (i.mul(&j).sub(&i).div(&j).pow(j.abs()).minimum(i.neg())).to_dtype(DType::F32);
+    let u = a.to_dtype(DType::U32).add(b.to_dtype(DType::U32)).div(a.to_dtype(DType::U32)).pow(b.to_dtype(DType::U32));
+    let bytes = a.to_dtype(DType::U8).mul(b.to_dtype(DType::U8)).neg().pow(a.to_dtype(DType::U8));
+    let mask = a.lt(&b).logical_and(a.ne(&b)).logical_or(b.ge(&a).logical_not());
+    let picked = mask.where_(&a, &b).to_dtype(DType::F16);
+    let halves = (picked.mul(b.to_dtype(DType::F16)) + a.to_dtype(DType::F16).exp()).to_dtype(DType::I32);
+    let padded = a.pad(&[(1, 2), (0, 3)], 0.5);
+    let noise = Tensor::rand([4, 6], DType::F32, &dev) + Tensor::randn([4, 6], DType::F16, &dev).to_dtype(DType::F32);
+    let text = plan_wgsl(&[&floats, &ints, &u, &bytes, &mask, &halves, &padded, &noise]);
+    check_golden("table_zoo.wgsl.txt", &text);
+}
+
+/// The tiled GEMM template with a fused bias + relu epilogue, batched with a broadcast right operand and ragged
+/// M, N and K, in one tile configuration.
+#[test]
+fn gemm_template_wgsl() {
+    use kiln_jit::kernel::gemm::GemmView;
+    use kiln_jit::render::wgsl::{GemmTile, render_gemm};
+    let dev = Device::cpu();
+    let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
+    let x = Tensor::from_vec(f(2 * 5 * 7, 0.7), [2, 5, 7], &dev).expect("x");
+    let w = Tensor::from_vec(f(7 * 9, 1.3), [7, 9], &dev).expect("w");
+    let bias = Tensor::from_vec(f(9, 0.3), [9], &dev).expect("bias");
+    let y = (x.matmul(&w) + &bias).relu();
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let plan = schedule(&cap.graph);
+    assert_eq!(plan.launches.len(), 1, "expected one GEMM with its epilogue");
+    let k = &plan.launches[0].kernel;
+    let view = GemmView::of(k).expect("a GEMM");
+    let tile = GemmTile { tm: 16, tn: 32, rm: 2, rn: 4, kt: 8 };
+    let text = render_gemm(k, &view, tile).expect("renders").source;
+    assert_eq!(text, render_gemm(k, &view, tile).expect("renders").source, "rendering is deterministic");
+    check_golden("gemm_template.wgsl.txt", &text);
+}

@@ -107,6 +107,16 @@ impl ReduceOp {
             (ReduceOp::Min, false) => Scalar::Int(d.int_range().1),
         }
     }
+
+    /// The binary op that folds one more value into the accumulator.
+    pub fn fold(self) -> BinaryOp {
+        match self {
+            ReduceOp::Sum => BinaryOp::Add,
+            ReduceOp::Prod => BinaryOp::Mul,
+            ReduceOp::Max => BinaryOp::Max,
+            ReduceOp::Min => BinaryOp::Min,
+        }
+    }
 }
 
 /// Counter-based random distributions (see `rng`).

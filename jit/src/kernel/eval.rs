@@ -154,13 +154,7 @@ fn init(op: ReduceOp, d: DType) -> V {
 }
 
 fn fold(op: ReduceOp, d: DType, acc: V, x: V) -> V {
-    let b = match op {
-        ReduceOp::Sum => BinaryOp::Add,
-        ReduceOp::Prod => BinaryOp::Mul,
-        ReduceOp::Max => BinaryOp::Max,
-        ReduceOp::Min => BinaryOp::Min,
-    };
-    binary(b, d, acc, x)
+    binary(op.fold(), d, acc, x)
 }
 
 /// The value of output element `o` (an index into `out_extents`): its reduction in loop order, then the outer code.

@@ -336,12 +336,6 @@ impl Emitter<'_> {
     }
 
     pub(super) fn fold(&mut self, op: ReduceOp, d: DType, lanes: usize, acc: Value, x: Value) -> Value {
-        let b = match op {
-            ReduceOp::Sum => BinaryOp::Add,
-            ReduceOp::Prod => BinaryOp::Mul,
-            ReduceOp::Max => BinaryOp::Max,
-            ReduceOp::Min => BinaryOp::Min,
-        };
-        self.binary(b, d, lanes, acc, x)
+        self.binary(op.fold(), d, lanes, acc, x)
     }
 }

@@ -1,38 +1,9 @@
-//! WGSL helper functions that table entries call where a builtin does not have `kernel::eval`'s semantics, and the
-//! counter-based random numbers (Philox-4x32-10 in u32 arithmetic, bit-exact with `crate::rng`). A shader contains
-//! only the helpers its instructions use.
+//! The WGSL source of each shared helper (`render::cstyle::Helper`): what table entries call where a WGSL builtin does
+//! not have `kernel::eval`'s semantics, and the counter-based random numbers (Philox-4x32-10 in u32 arithmetic,
+//! bit-exact with `crate::rng`). f16 rounding is done in u32 arithmetic because WGSL leaves the rounding of
+//! `f16(x)` to the implementation and may flush f32 subnormals.
 
-use std::collections::BTreeSet;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Helper {
-    /// `kiln_rand_words(slot, index)` and `kiln_uniform(words)`; reads the `rng` binding.
-    Philox,
-    /// `kiln_normal(words)`: Box-Muller from words 2 and 3, as `rng::normal_f64` (computed in f32).
-    Normal,
-    /// `kiln_isnan` and `kiln_nonzero` on the bits, and `kiln_lt` / `kiln_le` / `kiln_eq` / `kiln_ne` with IEEE NaN
-    /// semantics.
-    FloatCmp,
-    /// `kiln_div(x, y)`: IEEE division with the zero divisor handled on the bits.
-    DivF32,
-    /// `kiln_max` / `kiln_min`: NaN-propagating.
-    MaxF32,
-    MinF32,
-    /// `kiln_pow(x, y)`: IEEE `pow` special cases, negative bases with integer exponents.
-    PowF32,
-    /// `kiln_pow_i32(x, y)`: `semantics::int_pow` with i32 wrapping.
-    PowI32,
-    /// `kiln_pow_u32(x, y)`: `semantics::int_pow` for u32 (the exponent is never negative), wrapping.
-    PowU32,
-    /// `kiln_f16_bits(x)` (the f16 nearest to an f32, ties to even), `kiln_f16_value(h)` (exact widening) and
-    /// `kiln_round_f16(x)`: in u32 arithmetic, because WGSL leaves the rounding of `f16(x)` to the implementation
-    /// and may flush f32 subnormals.
-    F16,
-    /// `kiln_f32_low_bits(x)`: the low 32 bits of `x as i64` (Rust's saturating conversion, NaN -> 0).
-    F32ToInt,
-    /// `kiln_sin(x)` / `kiln_cos(x)`: the builtins on an argument reduced to [-pi, pi] first.
-    Trig,
-}
+use crate::render::cstyle::Helper;
 
 const PHILOX: &str = r#"
 // Philox-4x32-10 (crate::rng): (hi, lo) of a 32 x 32 -> 64-bit product from 16-bit halves.
@@ -248,18 +219,9 @@ fn kiln_sin(x: f32) -> f32 { return sin(kiln_reduce_2pi(x)); }
 fn kiln_cos(x: f32) -> f32 { return cos(kiln_reduce_2pi(x)); }
 "#;
 
-pub(crate) fn write_helper(s: &mut String, h: Helper, done: &mut BTreeSet<Helper>) {
-    if !done.insert(h) {
-        return;
-    }
-    // Helpers that test for NaN need the comparisons.
-    if matches!(h, Helper::MaxF32 | Helper::MinF32 | Helper::PowF32 | Helper::F32ToInt | Helper::DivF32) {
-        write_helper(s, Helper::FloatCmp, done);
-    }
-    if h == Helper::PowI32 {
-        write_helper(s, Helper::PowU32, done);
-    }
-    s.push_str(match h {
+/// The WGSL source of `h` (its dependencies are written before it by the shared renderer).
+pub(crate) fn source(h: Helper) -> &'static str {
+    match h {
         Helper::Philox => PHILOX,
         Helper::Normal => NORMAL,
         Helper::FloatCmp => FLOAT_CMP,
@@ -272,5 +234,5 @@ pub(crate) fn write_helper(s: &mut String, h: Helper, done: &mut BTreeSet<Helper
         Helper::F16 => F16,
         Helper::F32ToInt => F32_TO_INT,
         Helper::Trig => TRIG,
-    });
+    }
 }

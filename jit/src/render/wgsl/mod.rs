@@ -8,10 +8,11 @@
 //! neighbouring words. What `kernel::gemm::GemmView` recognizes can instead be rendered by the tiled template in
 //! `gemm.rs` (`render_gemm`, one configuration per call; the wgpu backend chooses it).
 //!
-//! Files: this one decides the launch shape and writes the shader skeleton; `values.rs` is the one table of code per
-//! instruction (constants, index math, loads, unary / binary / cast); `math.rs` holds the helper functions a table
-//! entry may call (Philox, `pow`, NaN tests on the bits, division by zero, the float -> int conversion of the spec);
-//! `gemm.rs` is the tiled GEMM template.
+//! WGSL is a dialect of the shared C-like renderer (`render::cstyle`), which writes the element function and the
+//! per-instruction table. Files: this one decides the launch shape, checks what WGSL can hold and writes the shader
+//! around the element (bindings, helpers, entry point); `dialect.rs` is WGSL's spelling of types, literals,
+//! conversions, builtins and statements; `math.rs` the WGSL source of each helper (Philox, `pow`, NaN tests on the
+//! bits, division by zero, the float -> int conversion of the spec); `gemm.rs` the tiled GEMM template.
 //!
 //! Types: f32, i32 and u32 are themselves; f16 is stored as `f16` (the shader says `enable f16;`, so the device
 //! needs `SHADER_F16`; the backend checks) and computed as f32, each result rounded to f16 by `kiln_round_f16`
@@ -30,17 +31,21 @@
 //! What cannot be matched bit for bit is the accuracy of the driver's `exp`, `log`, `sin`, `cos`, `tanh`, `sqrt`
 //! (Vulkan allows a few ulp); the tests hold them to `tests/common::tol`.
 
+mod dialect;
 mod gemm;
 mod math;
-mod values;
 
+pub use dialect::Wgsl;
 pub use gemm::{GemmTile, render_gemm};
 
 use crate::dtype::DType;
-use crate::kernel::{IExpr, Inst, InstOp, KernelIr};
-use math::Helper;
-use std::collections::BTreeSet;
+use crate::kernel::{IExpr, InstOp, KernelIr};
+use crate::render::cstyle;
+use dialect::storage_ty;
 use std::fmt::Write;
+
+/// The shared emitter, writing WGSL.
+type Emitter<'a> = cstyle::Emitter<'a, Wgsl>;
 
 /// Whether WGSL can hold values of `d` (f64 and i64 have no WGSL type).
 pub fn supports(d: DType) -> bool {
@@ -148,7 +153,12 @@ pub fn check(k: &KernelIr) -> Result<(), String> {
                 v.extend(valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)));
                 v
             }
-            _ => vec![],
+            InstOp::Const(_)
+            | InstOp::Unary(..)
+            | InstOp::Binary(..)
+            | InstOp::Where(..)
+            | InstOp::Cast(_)
+            | InstOp::Acc => vec![],
         };
         for e in exprs {
             if !fits_i32(e, &extents) {
@@ -199,11 +209,11 @@ fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<Wgs
     let per_thread = opts.per_thread.max(1) as u64;
     let threads = total.div_ceil(per_thread);
     let groups = groups_for(threads, opts.workgroup)?;
-    let mut em = Emitter::new(k);
+    let mut em = Emitter::new(&Wgsl, k);
     em.aliased = aliased.to_vec();
     if total == 0 {
         // Nothing to compute (a size-0 dim): a valid shader that is never dispatched.
-        let s = em.header() + "\n@compute @workgroup_size(1)\nfn main() {}\n";
+        let s = header(&em) + "\n@compute @workgroup_size(1)\nfn main() {}\n";
         return Ok(WgslKernel {
             name: k.name.clone(),
             source: s,
@@ -214,7 +224,7 @@ fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<Wgs
         });
     }
     let body = em.element_fn();
-    let mut s = em.header();
+    let mut s = header(&em);
     s.push_str(&body);
     let _ = write!(
         s,
@@ -242,164 +252,34 @@ fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<Wgs
     })
 }
 
-/// The dtype a value of `d` is computed in: 64-bit intermediates narrowed (see `check`).
-pub(crate) fn narrow(d: DType) -> DType {
-    match d {
-        DType::F64 => DType::F32,
-        DType::I64 => DType::I32,
-        d => d,
+/// The comment line, `enable f16;` where a buffer holds f16, the bindings, and the helper functions the body used
+/// (call after rendering the body).
+fn header(em: &Emitter<'_>) -> String {
+    let k = em.k;
+    let mut s = format!("// kiln kernel {}\n", k.name);
+    if k.inputs.iter().chain([&k.output]).any(|b| b.dtype == DType::F16) {
+        s.push_str("enable f16;\n");
     }
-}
-
-/// WGSL type of a value of `d` in registers.
-pub(crate) fn ty(d: DType) -> &'static str {
-    match narrow(d) {
-        DType::F16 | DType::F32 => "f32",
-        DType::I32 => "i32",
-        DType::U8 | DType::U32 => "u32",
-        _ => "bool",
-    }
-}
-
-/// WGSL element type of a device buffer of `d`.
-pub(crate) fn storage_ty(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::I32 => "i32",
-        DType::U32 | DType::U8 | DType::Bool => "u32",
-        DType::F16 => "f16",
-        DType::F64 | DType::I64 => unreachable!("{d} is refused by check"),
-    }
-}
-
-pub(crate) struct Emitter<'a> {
-    pub(crate) k: &'a KernelIr,
-    pub(crate) helpers: BTreeSet<Helper>,
-    pub(crate) uses_rng: bool,
-    /// Inputs read through `out` (`render_aliased`).
-    pub(crate) aliased: Vec<usize>,
-}
-
-impl<'a> Emitter<'a> {
-    pub(crate) fn new(k: &'a KernelIr) -> Emitter<'a> {
-        Emitter { k, helpers: BTreeSet::new(), uses_rng: false, aliased: Vec::new() }
-    }
-
-    /// Bindings and the helper functions the body used (call after rendering the body).
-    pub(crate) fn header(&self) -> String {
-        let k = self.k;
-        let mut s = format!("// kiln kernel {}\n", k.name);
-        if k.inputs.iter().chain([&k.output]).any(|b| b.dtype == DType::F16) {
-            s.push_str("enable f16;\n");
-        }
-        for (i, b) in k.inputs.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "@group(0) @binding({i}) var<storage, read> in{i}: array<{}>; // {}[{}]",
-                storage_ty(b.dtype),
-                b.dtype,
-                b.len
-            );
-        }
+    for (i, b) in k.inputs.iter().enumerate() {
         let _ = writeln!(
             s,
-            "@group(0) @binding({}) var<storage, read_write> out: array<{}>; // {}[{}]",
-            k.inputs.len(),
-            storage_ty(k.output.dtype),
-            k.output.dtype,
-            k.output.len
+            "@group(0) @binding({i}) var<storage, read> in{i}: array<{}>; // {}[{}]",
+            storage_ty(b.dtype),
+            b.dtype,
+            b.len
         );
-        if self.uses_rng {
-            let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> rng: array<u32>;", k.inputs.len() + 1);
-        }
-        let mut done = BTreeSet::new();
-        for h in &self.helpers {
-            math::write_helper(&mut s, *h, &mut done);
-        }
-        s
     }
-
-    /// `fn element(flat: i32)`: computes and stores output element `flat`.
-    fn element_fn(&mut self) -> String {
-        let k = self.k;
-        let mut s = String::from("\nfn element(flat: i32) {\n");
-        let rank = k.out_rank();
-        let strides = crate::shape::contiguous_strides(&k.out_extents);
-        for (v, (&e, &st)) in k.out_extents.iter().zip(&strides).enumerate() {
-            if !self.mentions(v) {
-                continue;
-            }
-            let expr = match (v, st) {
-                (0, 1) => "flat".to_string(),
-                (0, st) => format!("flat / {st}"),
-                (_, 1) => format!("flat % {e}"),
-                _ => format!("(flat / {st}) % {e}"),
-            };
-            let _ = writeln!(s, "    let i{v} = {expr};");
-        }
-        if let Some(r) = &k.reduce {
-            let _ = writeln!(s, "    var acc: {} = {};", ty(r.dtype), values::konst(r.op.identity(r.dtype), r.dtype));
-            let mut indent = String::from("    ");
-            for (j, e) in r.extents.iter().enumerate() {
-                let v = rank + j;
-                let _ = writeln!(s, "{indent}for (var i{v} = 0; i{v} < {e}; i{v}++) {{");
-                indent.push_str("    ");
-            }
-            self.insts(&mut s, &r.inner, "r", &indent);
-            let fold_op = match r.op {
-                crate::op::ReduceOp::Sum => crate::op::BinaryOp::Add,
-                crate::op::ReduceOp::Prod => crate::op::BinaryOp::Mul,
-                crate::op::ReduceOp::Max => crate::op::BinaryOp::Max,
-                crate::op::ReduceOp::Min => crate::op::BinaryOp::Min,
-            };
-            let folded = self.binary(fold_op, r.dtype, "acc", &format!("r{}", r.value));
-            let _ = writeln!(s, "{indent}acc = {folded};");
-            for _ in &r.extents {
-                indent.truncate(indent.len() - 4);
-                let _ = writeln!(s, "{indent}}}");
-            }
-        }
-        self.insts(&mut s, &k.outer, "v", "    ");
-        let stored = values::store(k.output.dtype, &format!("v{}", k.result));
-        let _ = writeln!(s, "    out[flat] = {stored};\n}}");
-        s
+    let _ = writeln!(
+        s,
+        "@group(0) @binding({}) var<storage, read_write> out: array<{}>; // {}[{}]",
+        k.inputs.len(),
+        storage_ty(k.output.dtype),
+        k.output.dtype,
+        k.output.len
+    );
+    if em.uses_rng {
+        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> rng: array<u32>;", k.inputs.len() + 1);
     }
-
-    /// Whether any instruction reads loop variable `v` (output variables only decomposed when used).
-    fn mentions(&self, v: usize) -> bool {
-        let k = self.k;
-        let insts = k.outer.iter().chain(k.reduce.iter().flat_map(|r| r.inner.iter()));
-        let mut any = false;
-        for inst in insts {
-            let mut check = |e: &IExpr| any |= mentions_var(e, v);
-            match &inst.op {
-                InstOp::Index(e) | InstOp::Rand { index: e, .. } => check(e),
-                InstOp::Load { index, valid, .. } => {
-                    check(index);
-                    for (e, _, _) in valid.iter().flat_map(|v| v.0.iter()) {
-                        check(e);
-                    }
-                }
-                _ => {}
-            }
-        }
-        any
-    }
-
-    /// One `let` per instruction, named `<prefix><index>`.
-    pub(crate) fn insts(&mut self, s: &mut String, insts: &[Inst], prefix: &str, indent: &str) {
-        for (i, inst) in insts.iter().enumerate() {
-            let e = self.inst(inst, insts, prefix);
-            let _ = writeln!(s, "{indent}let {prefix}{i}: {} = {e};", ty(inst.dtype));
-        }
-    }
-}
-
-pub(crate) fn mentions_var(e: &IExpr, v: usize) -> bool {
-    match e {
-        IExpr::Var(x) => *x == v,
-        IExpr::Const(_) => false,
-        IExpr::Add(ts) => ts.iter().any(|t| mentions_var(t, v)),
-        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) => mentions_var(x, v),
-    }
+    s.push_str(&em.helpers_source());
+    s
 }

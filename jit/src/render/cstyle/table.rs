@@ -1,115 +1,83 @@
-//! The code of each kernel IR instruction as a WGSL expression: constants, index arithmetic, loads, stores, and the
-//! unary / binary / cast table. Where WGSL's builtin differs from `kernel::eval`, the entry calls a helper from
-//! `math.rs` instead (and says why).
+//! The code of each kernel IR instruction as an expression: constants, index arithmetic, guarded loads, random
+//! numbers, and the unary / binary / cast table with `kernel::eval`'s semantics. Where a target's builtin differs
+//! from them, the entry calls a helper (`helpers.rs`) instead and says why; the spelling of types, literals,
+//! conversions and builtins is the dialect's.
 
-use super::math::Helper;
-use super::{Emitter, narrow};
+use super::{Builtin, Dialect, Emitter, Helper};
 use crate::dtype::{DType, Scalar};
 use crate::kernel::{IExpr, Inst, InstOp, Valid};
 use crate::op::{BinaryOp, RandDist, UnaryOp};
 
-/// A WGSL f32 expression with exactly the value `x` rounded to f32 (non-finite and subnormal values as bit
-/// patterns: WGSL has no literal for them, and a compiler may flush subnormal literals).
-pub(crate) fn f32_lit(x: f32) -> String {
-    if x.is_finite() && (x == 0.0 || x.is_normal()) {
-        let s = format!("{x:?}");
-        if x.is_sign_negative() { format!("({s}f)") } else { format!("{s}f") }
-    } else {
-        format!("bitcast<f32>({:#010x}u)", x.to_bits())
+/// A constant of dtype `d`, in `d`'s computed dtype (an f16 constant is its f16 value as an f32).
+pub fn konst<D: Dialect>(dl: &D, s: Scalar, d: DType) -> String {
+    match dl.compute_dtype(d) {
+        c @ (DType::F32 | DType::F64) => dl.float_lit(s.as_f64(), c),
+        DType::F16 => dl.float_lit(half::f16::from_f64(s.as_f64()).to_f64(), DType::F32),
+        DType::Bool => dl.bool_lit(s.as_f64() != 0.0),
+        c @ (DType::U8 | DType::U32 | DType::I32 | DType::I64) => dl.int_lit(s.as_i64(), c),
     }
 }
 
-/// A WGSL i32 expression for `x` (i32::MIN has no literal: its magnitude overflows).
-pub(crate) fn i32_lit(x: i32) -> String {
-    if x == i32::MIN { "i32(-2147483647 - 1)".to_string() } else { format!("{x}i") }
-}
-
-/// A constant of dtype `d`.
-pub(crate) fn konst(s: Scalar, d: DType) -> String {
-    match narrow(d) {
-        DType::F32 => f32_lit(s.as_f64() as f32),
-        DType::F16 => f32_lit(half::f16::from_f64(s.as_f64()).to_f32()),
-        DType::I32 => i32_lit(s.as_i64() as i32),
-        DType::U8 => format!("{}u", s.as_i64() as u8),
-        DType::U32 => format!("{}u", s.as_i64() as u32),
-        _ => (s.as_f64() != 0.0).to_string(),
-    }
-}
-
-/// An index expression over the loop variables `i<n>` (i32; `check` proved every sub-expression fits).
-pub(crate) fn iexpr(e: &IExpr) -> String {
+/// An index expression over the loop variables `i<n>`, in the dialect's index dtype (the dialect's `check` proves
+/// every sub-expression fits it).
+pub fn iexpr<D: Dialect>(dl: &D, e: &IExpr) -> String {
+    let lit = |x: i64| dl.int_lit(x, dl.index_dtype());
     match e {
         IExpr::Var(v) => format!("i{v}"),
-        IExpr::Const(c) => i32_lit(*c as i32),
-        IExpr::Add(ts) if ts.is_empty() => "0i".to_string(),
-        IExpr::Add(ts) => format!("({})", ts.iter().map(iexpr).collect::<Vec<_>>().join(" + ")),
-        IExpr::Mul(x, k) => format!("({} * {})", iexpr(x), i32_lit(*k as i32)),
-        // Index values are non-negative where they are divided, so i32 truncating division is floor division.
-        IExpr::Div(x, k) => format!("({} / {})", iexpr(x), i32_lit(*k as i32)),
-        IExpr::Mod(x, k) => format!("({} % {})", iexpr(x), i32_lit(*k as i32)),
+        IExpr::Const(c) => lit(*c),
+        IExpr::Add(ts) if ts.is_empty() => lit(0),
+        IExpr::Add(ts) => format!("({})", ts.iter().map(|t| iexpr(dl, t)).collect::<Vec<_>>().join(" + ")),
+        IExpr::Mul(x, k) => format!("({} * {})", iexpr(dl, x), lit(*k)),
+        // Index values are non-negative where they are divided, so truncating division is floor division.
+        IExpr::Div(x, k) => format!("({} / {})", iexpr(dl, x), lit(*k)),
+        IExpr::Mod(x, k) => format!("({} % {})", iexpr(dl, x), lit(*k)),
     }
 }
 
 /// A bool expression: every range of `valid` holds.
-fn valid_expr(v: &Valid) -> String {
+fn valid_expr<D: Dialect>(dl: &D, v: &Valid) -> String {
     if v.0.is_empty() {
-        return "true".into();
+        return dl.bool_lit(true);
     }
+    let lit = |x: i64| dl.int_lit(x, dl.index_dtype());
     v.0.iter()
         .map(|(e, lo, hi)| {
-            let x = iexpr(e);
-            format!("({x} >= {} && {x} < {})", i32_lit(*lo as i32), i32_lit(*hi as i32))
+            let x = iexpr(dl, e);
+            format!("({x} >= {} && {x} < {})", lit(*lo), lit(*hi))
         })
         .collect::<Vec<_>>()
         .join(" && ")
 }
 
-/// Converts a storage word read from a buffer of `d` to its register type.
-pub(crate) fn from_storage(d: DType, word: &str) -> String {
-    match d {
-        DType::Bool => format!("({word} != 0u)"),
-        DType::F16 => format!("f32({word})"),
-        _ => word.to_string(),
-    }
-}
-
-/// The storage word for value `v` of dtype `d`.
-pub(crate) fn store(d: DType, v: &str) -> String {
-    match d {
-        DType::Bool => format!("select(0u, 1u, {v})"),
-        // Exact: `v` holds an f16 value.
-        DType::F16 => format!("f16({v})"),
-        _ => v.to_string(),
-    }
-}
-
-impl Emitter<'_> {
+impl<D: Dialect> Emitter<'_, D> {
     /// One instruction as an expression; operands are named `<prefix><index>`.
-    pub(crate) fn inst(&mut self, inst: &Inst, insts: &[Inst], prefix: &str) -> String {
-        let d = narrow(inst.dtype);
+    pub fn inst(&mut self, inst: &Inst, insts: &[Inst], prefix: &str) -> String {
+        let dl = self.d;
+        let d = dl.compute_dtype(inst.dtype);
         let v = |i: &usize| format!("{prefix}{i}");
         match &inst.op {
-            InstOp::Const(s) => konst(*s, d),
-            InstOp::Index(e) => self.cast(DType::I32, d, &iexpr(e)),
+            InstOp::Const(s) => konst(dl, *s, d),
+            InstOp::Index(e) => self.cast(dl.index_dtype(), d, &iexpr(dl, e)),
             InstOp::Load { buf, index, valid, fill } => {
                 if self.k.inputs[*buf].len == 0 {
-                    return konst(*fill, d); // an empty buffer is never read
+                    return konst(dl, *fill, d); // an empty buffer is never read
                 }
                 let name = if self.aliased.contains(buf) { "out".to_string() } else { format!("in{buf}") };
                 match valid {
-                    None => from_storage(d, &format!("{name}[{}]", iexpr(index))),
+                    None => dl.load_word(d, &format!("{name}[{}]", iexpr(dl, index))),
                     Some(va) => {
                         // The index is clamped to 0 where invalid, so no read ever leaves the buffer.
-                        let ok = valid_expr(va);
-                        let word = format!("{name}[select(0i, {}, {ok})]", iexpr(index));
-                        format!("select({}, {}, {ok})", konst(*fill, d), from_storage(d, &word))
+                        let ok = valid_expr(dl, va);
+                        let zero = dl.int_lit(0, dl.index_dtype());
+                        let word = format!("{name}[{}]", dl.select(&zero, &iexpr(dl, index), &ok));
+                        dl.select(&konst(dl, *fill, d), &dl.load_word(d, &word), &ok)
                     }
                 }
             }
             InstOp::Rand { dist, slot, index } => {
                 self.uses_rng = true;
                 self.helpers.insert(Helper::Philox);
-                let words = format!("kiln_rand_words({slot}u, {})", iexpr(index));
+                let words = dl.rand_words(*slot, &iexpr(dl, index));
                 match (dist, d) {
                     (RandDist::Uniform, DType::F16) => format!("kiln_uniform_f16({words})"),
                     (RandDist::Uniform, _) => format!("kiln_uniform({words})"),
@@ -122,38 +90,49 @@ impl Emitter<'_> {
             }
             InstOp::Unary(u, a) => self.unary(*u, d, &v(a)),
             InstOp::Binary(op, x, y) => self.binary(*op, insts[*x].dtype, &v(x), &v(y)),
-            InstOp::Where(c, a, b) => format!("select({}, {}, {})", v(b), v(a), v(c)),
+            InstOp::Where(c, a, b) => dl.select(&v(b), &v(a), &v(c)),
             InstOp::Cast(a) => self.cast(insts[*a].dtype, d, &v(a)),
             InstOp::Acc => "acc".into(),
         }
     }
 
-    pub(crate) fn unary(&mut self, u: UnaryOp, d: DType, a: &str) -> String {
+    /// `u` on a value of dtype `d`.
+    pub fn unary(&mut self, u: UnaryOp, d: DType, a: &str) -> String {
+        let dl = self.d;
         if d == DType::F16 {
             // Computed in f32, rounded to f16 (negation and abs are exact).
             let r = self.unary(u, DType::F32, a);
             return if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { self.round_f16(r) };
         }
-        match (u, narrow(d)) {
-            (UnaryOp::Neg, DType::F32 | DType::I32) => format!("(-{a})"), // WGSL i32 negation wraps
+        let d = dl.compute_dtype(d);
+        let call = |f: Builtin| format!("{}({a})", dl.builtin(f, d));
+        match (u, d) {
+            (UnaryOp::Neg, DType::F32 | DType::I32) => format!("(-{a})"), // i32 negation wraps on every target
             (UnaryOp::Neg, DType::U8) => format!("((0u - {a}) & 0xffu)"),
             (UnaryOp::Neg, DType::U32) => format!("(0u - {a})"),
             (UnaryOp::Neg | UnaryOp::Abs, DType::Bool) => a.to_string(), // -1 and 1 are both true
             (UnaryOp::Abs, DType::U8 | DType::U32) => a.to_string(),
-            (UnaryOp::Abs, _) => format!("abs({a})"), // abs(i32::MIN) wraps to itself, as in eval
-            (UnaryOp::Exp, DType::F32) => format!("exp({a})"),
-            (UnaryOp::Log, DType::F32) => format!("log({a})"),
+            (UnaryOp::Abs, _) => call(Builtin::Abs), // abs(i32::MIN) wraps to itself, as in eval
+            (UnaryOp::Exp, DType::F32) => call(Builtin::Exp),
+            (UnaryOp::Log, DType::F32) => call(Builtin::Log),
             (UnaryOp::Sin, DType::F32) => self.helper(Helper::Trig, format!("kiln_sin({a})")),
             (UnaryOp::Cos, DType::F32) => self.helper(Helper::Trig, format!("kiln_cos({a})")),
-            (UnaryOp::Tanh, DType::F32) => format!("tanh({a})"),
-            (UnaryOp::Sqrt, DType::F32) => format!("sqrt({a})"),
-            (UnaryOp::Recip, DType::F32) => self.helper(Helper::DivF32, format!("kiln_div(1.0f, {a})")),
+            (UnaryOp::Tanh, DType::F32) => call(Builtin::Tanh),
+            (UnaryOp::Sqrt, DType::F32) => call(Builtin::Sqrt),
+            (UnaryOp::Recip, DType::F32) => {
+                let one = dl.float_lit(1.0, DType::F32);
+                self.helper(Helper::DivF32, format!("kiln_div({one}, {a})"))
+            }
             (UnaryOp::Not, DType::Bool) => format!("(!{a})"),
             (UnaryOp::Not, DType::F32) => {
-                self.helper(Helper::FloatCmp, format!("select(1.0f, 0.0f, kiln_nonzero({a}))"))
+                let (one, zero) = (dl.float_lit(1.0, d), dl.float_lit(0.0, d));
+                let e = dl.select(&one, &zero, &format!("kiln_nonzero({a})"));
+                self.helper(Helper::FloatCmp, e)
             }
-            (UnaryOp::Not, DType::I32) => format!("select(0i, 1i, {a} == 0i)"),
-            (UnaryOp::Not, DType::U8 | DType::U32) => format!("select(0u, 1u, {a} == 0u)"),
+            (UnaryOp::Not, DType::I32 | DType::U8 | DType::U32) => {
+                let (zero, one) = (dl.int_lit(0, d), dl.int_lit(1, d));
+                dl.select(&zero, &one, &format!("{a} == {zero}"))
+            }
             // Every op but `Abs` (whose rows above cover every dtype) is named, not `_`: a new op does not build until
             // it has its rows.
             (
@@ -167,21 +146,22 @@ impl Emitter<'_> {
                 | UnaryOp::Recip
                 | UnaryOp::Not),
                 d,
-            ) => unreachable!("unary {op:?} on {d}: refused by check"),
+            ) => unreachable!("unary {op:?} on {d}: refused by the dialect's check"),
         }
     }
 
     /// `op` on operands of dtype `d` (the result is bool for comparisons).
-    pub(crate) fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
+    pub fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
         use BinaryOp::*;
-        let d = narrow(d);
+        let dl = self.d;
         if d == DType::F16 {
             // Computed in f32, rounded to f16 (comparisons, max and min are exact).
             let r = self.binary(op, DType::F32, x, y);
             return if op.is_comparison() || matches!(op, Max | Min) { r } else { self.round_f16(r) };
         }
+        let d = dl.compute_dtype(d);
         match d {
-            // Comparisons test for NaN on the bits: a driver may compile float compares assuming no NaN.
+            // Comparisons test for NaN on the bits: a compiler may fold float compares assuming no NaN.
             DType::F32 if op.is_comparison() => {
                 let f = match op {
                     Lt => "kiln_lt",
@@ -196,38 +176,44 @@ impl Emitter<'_> {
                 Add => format!("({x} + {y})"),
                 Sub => format!("({x} - {y})"),
                 Mul => format!("({x} * {y})"),
-                // A divisor the compiler sees as constant zero is folded without IEEE care on lavapipe (x / 0.0 gave
-                // 0.0): the helper makes the zero case explicit on the bits.
+                // A divisor the compiler sees as constant zero may be folded without IEEE care (lavapipe gave
+                // x / 0.0 = 0.0): the helper makes the zero case explicit on the bits.
                 Div => self.helper(Helper::DivF32, format!("kiln_div({x}, {y})")),
                 Lt | Le | Eq | Ne => unreachable!("comparisons are above"),
-                // WGSL's max/min may return either operand for NaN; eval propagates it.
+                // Builtin max/min may return either operand for NaN; eval propagates it.
                 Max => self.helper(Helper::MaxF32, format!("kiln_max({x}, {y})")),
                 Min => self.helper(Helper::MinF32, format!("kiln_min({x}, {y})")),
-                // WGSL's pow is exp2(y * log2(x)), undefined for x < 0; the helper handles signs and special cases.
+                // A builtin pow may be exp2(y * log2(x)), undefined for x < 0; the helper handles signs and special
+                // cases.
                 Pow => self.helper(Helper::PowF32, format!("kiln_pow({x}, {y})")),
                 And | Or => unreachable!("{op:?} on floats"),
             },
-            // u32 arithmetic, division, comparisons and max/min are WGSL's unsigned ones on `u32`.
+            // u32 arithmetic, division, comparisons and max/min are the unsigned ones on the unsigned type.
             DType::I32 | DType::U8 | DType::U32 => {
-                let s = if d == DType::I32 { "i" } else { "u" };
+                let zero = dl.int_lit(0, d);
                 let wrap = |e: String| if d == DType::U8 { format!("(({e}) & 0xffu)") } else { e };
                 match op {
                     Add => wrap(format!("{x} + {y}")),
                     Sub => wrap(format!("{x} - {y}")),
                     Mul => wrap(format!("{x} * {y}")),
-                    // WGSL's x / 0 is x (and i32::MIN / -1 is i32::MIN, as eval wraps); eval's x / 0 is 0.
-                    Div => format!("select({x} / {y}, 0{s}, {y} == 0{s})"),
-                    Max => format!("max({x}, {y})"),
-                    Min => format!("min({x}, {y})"),
+                    // A target's x / 0 is x or undefined (and i32::MIN / -1 is i32::MIN, as eval wraps); eval's x / 0
+                    // is 0.
+                    Div => dl.select(&format!("{x} / {y}"), &zero, &format!("{y} == {zero}")),
+                    Max => format!("{}({x}, {y})", dl.builtin(Builtin::Max, d)),
+                    Min => format!("{}({x}, {y})", dl.builtin(Builtin::Min, d)),
                     Pow if d == DType::I32 => self.helper(Helper::PowI32, format!("kiln_pow_i32({x}, {y})")),
                     Pow if d == DType::U32 => self.helper(Helper::PowU32, format!("kiln_pow_u32({x}, {y})")),
-                    Pow => self.helper(Helper::PowI32, format!("(u32(kiln_pow_i32(i32({x}), i32({y}))) & 0xffu)")),
+                    Pow => {
+                        let (xi, yi) = (dl.convert(DType::I32, x), dl.convert(DType::I32, y));
+                        let p = dl.convert(DType::U32, &format!("kiln_pow_i32({xi}, {yi})"));
+                        self.helper(Helper::PowI32, format!("({p} & 0xffu)"))
+                    }
                     Lt => format!("({x} < {y})"),
                     Le => format!("({x} <= {y})"),
                     Eq => format!("({x} == {y})"),
                     Ne => format!("({x} != {y})"),
-                    And => format!("({x} != 0{s} && {y} != 0{s})"),
-                    Or => format!("({x} != 0{s} || {y} != 0{s})"),
+                    And => format!("({x} != {zero} && {y} != {zero})"),
+                    Or => format!("({x} != {zero} || {y} != {zero})"),
                 }
             }
             DType::Bool => match op {
@@ -242,7 +228,7 @@ impl Emitter<'_> {
                 // eval: int_pow(x, y): 0^0 = 1, 0^1 = 0, 1^y = 1.
                 Pow => format!("({x} || !{y})"),
             },
-            _ => unreachable!("narrowed"),
+            d @ (DType::F16 | DType::F64 | DType::I64) => unreachable!("binary {op:?} on {d}: no rows yet"),
         }
     }
 
@@ -251,15 +237,11 @@ impl Emitter<'_> {
         self.helper(Helper::F16, format!("kiln_round_f16({e})"))
     }
 
-    fn helper(&mut self, h: Helper, e: String) -> String {
-        self.helpers.insert(h);
-        e
-    }
-
     /// Converts `v` from `from` to `to` with eval's rules.
-    pub(crate) fn cast(&mut self, from: DType, to: DType, v: &str) -> String {
+    pub fn cast(&mut self, from: DType, to: DType, v: &str) -> String {
         use DType::*;
-        match (narrow(from), narrow(to)) {
+        let dl = self.d;
+        match (dl.compute_dtype(from), dl.compute_dtype(to)) {
             (a, b) if a == b => v.to_string(),
             // f16 is an f32 in registers: widening is free, narrowing is a rounding. An int converts to f32 first:
             // exact below 2^24, and anything larger is inf in f16 either way.
@@ -270,24 +252,22 @@ impl Emitter<'_> {
                 self.round_f16(f)
             }
             (F32, Bool) => self.helper(Helper::FloatCmp, format!("kiln_nonzero({v})")), // NaN and subnormals are true
-            (I32, Bool) => format!("({v} != 0i)"),
-            (U8 | U32, Bool) => format!("({v} != 0u)"),
-            (Bool, F32) => format!("select(0.0f, 1.0f, {v})"),
-            (Bool, I32) => format!("select(0i, 1i, {v})"),
-            (Bool, U8 | U32) => format!("select(0u, 1u, {v})"),
-            (I32 | U8 | U32, F32) => format!("f32({v})"),
-            // WGSL's i32(u32) and u32(i32) keep the bits: the wrapped conversions of eval.
-            (U8 | U32, I32) => format!("i32({v})"),
-            (I32, U32) => format!("u32({v})"),
+            (b @ (I32 | U8 | U32), Bool) => format!("({v} != {})", dl.int_lit(0, b)),
+            (Bool, b @ F32) => dl.select(&dl.float_lit(0.0, b), &dl.float_lit(1.0, b), v),
+            (Bool, b @ (I32 | U8 | U32)) => dl.select(&dl.int_lit(0, b), &dl.int_lit(1, b), v),
+            (I32 | U8 | U32, F32) => dl.convert(F32, v),
+            // Conversions between ints keep the low bits: the wrapped conversions of eval.
+            (U8 | U32, I32) => dl.convert(I32, v),
+            (I32, U32) => dl.convert(U32, v),
             (U8, U32) => v.to_string(),
             (U32, U8) => format!("({v} & 0xffu)"),
-            // WGSL's u32(i32) keeps the bits: the low 8 of them are the wrapped u8.
-            (I32, U8) => format!("(u32({v}) & 0xffu)"),
-            // WGSL's f32 -> int conversion clamps to the target type; eval saturates to i64 and wraps.
-            (F32, I32) => self.helper(Helper::F32ToInt, format!("bitcast<i32>(kiln_f32_low_bits({v}))")),
+            (I32, U8) => format!("({} & 0xffu)", dl.convert(U32, v)),
+            // A target's f32 -> int conversion clamps to the target type (or is undefined out of range); eval
+            // saturates to i64 and wraps.
+            (F32, I32) => self.helper(Helper::F32ToInt, dl.bitcast(I32, &format!("kiln_f32_low_bits({v})"))),
             (F32, U8) => self.helper(Helper::F32ToInt, format!("(kiln_f32_low_bits({v}) & 0xffu)")),
             (F32, U32) => self.helper(Helper::F32ToInt, format!("kiln_f32_low_bits({v})")),
-            (a, b) => unreachable!("cast {a} -> {b} is refused by check"),
+            (a, b) => unreachable!("cast {a} -> {b}: refused by the dialect's check"),
         }
     }
 }

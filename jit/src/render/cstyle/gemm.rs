@@ -1,0 +1,256 @@
+//! The tiled GEMM template, written once for every C-like dialect: what `kernel::gemm::GemmView` recognizes, as
+//! one kernel in a given tile configuration ([`GemmTile`]).
+//!
+//! A workgroup (a CUDA block) computes a `tm x tn` tile of C (one batch entry); each invocation a `rm x rn`
+//! sub-tile held in registers, its rows and columns strided by the thread grid (row `ty + i * tm/rm`, column
+//! `tx + j * tn/rn`) so that neighbouring invocations read neighbouring shared words. K is stepped in `kt` slices:
+//! the workgroup loads a `tm x kt` slice of A and a `kt x tn` slice of B cooperatively into workgroup (shared)
+//! arrays (bounds-checked, zero outside, so ragged M, N and K need no special case), with a barrier before and
+//! after the slice is consumed. The load order follows the operand's contiguous dimension (from the view's
+//! strides), so transposed operands are read coalesced too.
+//!
+//! The epilogue is the kernel's outer code, rendered by the shared per-instruction table with `acc` bound to the
+//! element's accumulator and the output loop variables to its coordinates; loads in it index exactly as in the
+//! generic kernel.
+//!
+//! This file writes the epilogue function, the shared arrays and the entry point's body; the dialect's module
+//! writes the entry point's signature (which declares the group id and the local index this body reads) and
+//! places the pieces. Does not own: which tile to use (the backend's search space and score), or whether a kernel
+//! is a GEMM (`GemmView::of`).
+
+use super::{Dialect, Emitter};
+use crate::dtype::DType;
+use crate::kernel::gemm::{GemmOperand, GemmView};
+use std::fmt::Write;
+
+/// One tile configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmTile {
+    /// Rows of C per workgroup.
+    pub tm: u32,
+    /// Columns of C per workgroup.
+    pub tn: u32,
+    /// Rows of C per invocation.
+    pub rm: u32,
+    /// Columns of C per invocation.
+    pub rn: u32,
+    /// K per shared-memory stage.
+    pub kt: u32,
+}
+
+impl GemmTile {
+    /// Invocations per workgroup.
+    pub fn threads(&self) -> u32 {
+        (self.tm / self.rm.max(1)) * (self.tn / self.rn.max(1))
+    }
+
+    /// Bytes of workgroup memory (the A and B slices).
+    pub fn shared_bytes(&self) -> u32 {
+        (self.tm + self.tn) * self.kt * 4
+    }
+
+    /// Whether the sub-tile divides the tile (the template's only structural requirement).
+    pub fn well_formed(&self) -> bool {
+        let pos = self.tm > 0 && self.tn > 0 && self.rm > 0 && self.rn > 0 && self.kt > 0;
+        pos && self.tm.is_multiple_of(self.rm) && self.tn.is_multiple_of(self.rn)
+    }
+
+    /// A stable name in the WGSL search space, e.g. `wgsl:64x64:r4x4:k16`: tuning records store it and
+    /// [`GemmTile::parse`] reads it back.
+    pub fn name(&self) -> String {
+        format!("wgsl:{}x{}:r{}x{}:k{}", self.tm, self.tn, self.rm, self.rn, self.kt)
+    }
+
+    pub fn parse(s: &str) -> Option<GemmTile> {
+        let f: Vec<&str> = s.split(':').collect();
+        if f.len() != 4 || f[0] != "wgsl" {
+            return None;
+        }
+        let pair = |p: &str| -> Option<(u32, u32)> {
+            let (a, b) = p.split_once('x')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        };
+        let (tm, tn) = pair(f[1])?;
+        let (rm, rn) = pair(f[2].strip_prefix('r')?)?;
+        let kt = f[3].strip_prefix('k')?.parse().ok()?;
+        let t = GemmTile { tm, tn, rm, rn, kt };
+        (t.well_formed() && t.name() == s).then_some(t)
+    }
+}
+
+/// The pieces of a GEMM kernel, for the dialect to place.
+pub struct GemmParts {
+    /// `epilogue(bz, m, n, acc)`: the kernel's outer code for one output element.
+    pub epilogue: String,
+    /// The declarations of the two shared arrays, `sa` and `sb`.
+    pub shared: String,
+    /// The entry point's body, reading the dialect's `group_id` and `local_index`.
+    pub body: String,
+}
+
+/// Writes GEMM kernel `em.k` (recognized as `v`) in tile `t` (well-formed: the caller checks).
+pub fn gemm_parts<D: Dialect>(em: &mut Emitter<'_, D>, v: &GemmView, t: GemmTile) -> GemmParts {
+    let epilogue = epilogue_fn(em, v);
+    let d = em.d;
+    let GemmTile { tm, kt, tn, .. } = t;
+    let mut shared = String::new();
+    let _ = writeln!(shared, "\n{} // [kt][tm]", d.workgroup_array("sa", DType::F32, (tm * kt) as usize));
+    let _ = writeln!(shared, "{} // [kt][tn]", d.workgroup_array("sb", DType::F32, (kt * tn) as usize));
+    GemmParts { epilogue, shared, body: main_body(d, v, t) }
+}
+
+/// `epilogue(bz, m, n, acc)`: the kernel's outer code for output element (batch `bz`, row `m`, column `n`).
+fn epilogue_fn<D: Dialect>(em: &mut Emitter<'_, D>, v: &GemmView) -> String {
+    let (d, k) = (em.d, em.k);
+    let rank = k.out_rank();
+    let ix = d.index_dtype();
+    let params = [("bz", ix), ("m", ix), ("n", ix), ("acc", DType::F32)];
+    let mut s = format!("\n{}\n", d.fn_open("epilogue", &params));
+    // Output variables: batch dims decomposed from bz (row-major), then m (absent for a rank-1 output), then n.
+    let batch_rank = v.batch.len();
+    s.push_str(&batch_vars(d, &v.batch, "bz"));
+    if rank >= 2 {
+        let _ = writeln!(s, "    {}", d.let_index(&format!("i{}", rank - 2), "m"));
+    }
+    let _ = writeln!(s, "    {}", d.let_index(&format!("i{}", rank - 1), "n"));
+    debug_assert_eq!(rank, batch_rank + if rank >= 2 { 2 } else { 1 });
+    em.insts(&mut s, &k.outer, "v", "    ");
+    let stored = d.store_word(k.output.dtype, &format!("v{}", k.result));
+    let _ = writeln!(s, "    out[(bz * {} + m) * {} + n] = {stored};\n{}", v.m, v.n, d.fn_close());
+    s
+}
+
+/// `i<d> = ..` for each batch dim `d`, decomposed from the flat batch index `flat`.
+fn batch_vars<D: Dialect>(d: &D, batch: &[usize], flat: &str) -> String {
+    let mut stride = 1usize;
+    let mut lines = Vec::new();
+    for (i, &e) in batch.iter().enumerate().rev() {
+        lines.push(format!("    {}\n", d.let_index(&format!("i{i}"), &format!("({flat} / {stride}) % {e}"))));
+        stride *= e;
+    }
+    lines.into_iter().rev().collect()
+}
+
+/// `base + i * rows + j * cols` of an operand.
+fn at(op: &GemmOperand, base: &str, i: &str, j: &str) -> String {
+    format!("in{}[{base} + {i} * {} + {j} * {}]", op.buf, op.rows, op.cols)
+}
+
+/// The entry point's body: staging loop over K slices, register tile, then the epilogue per element in bounds.
+fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
+    let GemmTile { tm, tn, rm, rn, kt } = t;
+    let (ty_n, tx_n) = (tm / rm, tn / rn);
+    let wg = t.threads();
+    let (m, n, kk) = (v.m, v.n, v.k);
+    let tiles_m = m.div_ceil(tm as usize) as i64;
+    let (ix, u) = (d.index_dtype(), DType::U32);
+    let idx = |e: String| d.convert(ix, &e);
+    let mut s = String::new();
+    let line = |s: &mut String, indent: &str, stmt: String| {
+        let _ = writeln!(s, "{indent}{stmt}");
+    };
+    let (gx, gy) = (d.group_id(0), d.group_id(1));
+    line(&mut s, "    ", d.let_index("bz", &idx(format!("{gy} / {}", d.int_lit(tiles_m, u)))));
+    line(&mut s, "    ", d.let_index("m0", &format!("{} * {tm}", idx(format!("{gy} % {}", d.int_lit(tiles_m, u))))));
+    line(&mut s, "    ", d.let_index("n0", &format!("{} * {tn}", idx(gx.to_string()))));
+    line(&mut s, "    ", d.let_index("l", &idx(d.local_index().to_string())));
+    line(&mut s, "    ", d.let_index("tx", &format!("l % {tx_n}")));
+    line(&mut s, "    ", d.let_index("ty", &format!("l / {tx_n}")));
+    // Per-batch operand bases.
+    s.push_str(&batch_vars(d, &v.batch, "bz"));
+    for (name, op) in [("abase", &v.a), ("bbase", &v.b)] {
+        let mut e = format!("{}", op.offset);
+        for (var, st) in op.batch.iter().enumerate() {
+            if *st != 0 {
+                let _ = write!(e, " + i{var} * {st}");
+            }
+        }
+        line(&mut s, "    ", d.let_index(name, &e));
+    }
+    let zero = d.float_lit(0.0, DType::F32);
+    for i in 0..rm {
+        for j in 0..rn {
+            line(&mut s, "    ", d.var_value(&format!("c{i}_{j}"), DType::F32, &zero));
+        }
+    }
+    line(&mut s, "    ", d.for_step_open("k0", "0", &kk.to_string(), &kt.to_string()));
+    // A slice: coalesced along k when A's rows are contiguous in k, else along m; B's along n, else along k.
+    let split = |rows_major: bool, minor: u32, major: u32| {
+        let (r, c) = if rows_major {
+            (format!("e / {minor}"), format!("e % {minor}"))
+        } else {
+            (format!("e % {major}"), format!("e / {major}"))
+        };
+        format!("{} {}", d.let_index("r", &r), d.let_index("c", &c))
+    };
+    let stage = |s: &mut String, len: u32, split: String, (gr, gc): (&str, &str), cond: String, load: String, store| {
+        let mut line = |indent: &str, stmt: String| {
+            let _ = writeln!(s, "{indent}{stmt}");
+        };
+        line("        ", d.for_step_open("e", "l", &len.to_string(), &wg.to_string()));
+        line("            ", split);
+        line("            ", gr.to_string());
+        line("            ", gc.to_string());
+        line("            ", d.var_value("x", DType::F32, &zero));
+        line("            ", format!("if ({cond}) {{ x = {load}; }}"));
+        line("            ", store);
+        line("        ", "}".to_string());
+    };
+    let (gm, gk) = (d.let_index("gm", "m0 + r"), d.let_index("gk", "k0 + c"));
+    stage(
+        &mut s,
+        tm * kt,
+        split(v.a.cols == 1, kt, tm),
+        (&gm, &gk),
+        format!("gm < {m} && gk < {kk}"),
+        at(&v.a, "abase", "gm", "gk"),
+        format!("sa[c * {tm} + r] = x;"),
+    );
+    let (gk, gn) = (d.let_index("gk", "k0 + r"), d.let_index("gn", "n0 + c"));
+    stage(
+        &mut s,
+        kt * tn,
+        split(v.b.cols == 1, tn, kt),
+        (&gk, &gn),
+        format!("gk < {kk} && gn < {n}"),
+        at(&v.b, "bbase", "gk", "gn"),
+        format!("sb[r * {tn} + c] = x;"),
+    );
+    line(&mut s, "        ", d.barrier().to_string());
+    line(&mut s, "        ", d.for_open("q", kt as usize));
+    for i in 0..rm {
+        line(
+            &mut s,
+            "            ",
+            d.let_value(&format!("a{i}"), DType::F32, &format!("sa[q * {tm} + ty + {}]", i * ty_n)),
+        );
+    }
+    for j in 0..rn {
+        line(
+            &mut s,
+            "            ",
+            d.let_value(&format!("b{j}"), DType::F32, &format!("sb[q * {tn} + tx + {}]", j * tx_n)),
+        );
+    }
+    for i in 0..rm {
+        for j in 0..rn {
+            line(&mut s, "            ", format!("c{i}_{j} += a{i} * b{j};"));
+        }
+    }
+    line(&mut s, "        ", "}".to_string());
+    line(&mut s, "        ", d.barrier().to_string());
+    line(&mut s, "    ", "}".to_string());
+    for i in 0..rm {
+        for j in 0..rn {
+            let (mi, nj) = (i * ty_n, j * tx_n);
+            line(
+                &mut s,
+                "    ",
+                format!(
+                    "if (m0 + ty + {mi} < {m} && n0 + tx + {nj} < {n}) {{ epilogue(bz, m0 + ty + {mi}, n0 + tx + {nj}, c{i}_{j}); }}"
+                ),
+            );
+        }
+    }
+    s
+}

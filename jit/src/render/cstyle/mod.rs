@@ -1,0 +1,244 @@
+//! The C-like renderer: kernel IR -> the source text of a C-family shading or compute language, written once and
+//! lowered per target through a small [`Dialect`]. WGSL is its first dialect (`render::wgsl`); CUDA C and HIP C are
+//! meant to be two more of a few hundred lines each (the shape of tinygrad's `CStyleLanguage` and cubecl's shared
+//! C++ emitter).
+//!
+//! What is shared (this module): how a kernel's element is computed and stored ([`Emitter::element_fn`]: the
+//! decomposition of the flat output index, the reduce loop nest and its fold, the outer code, the store), the one
+//! table of code per instruction (`table.rs`: constants, index math, guarded loads, random numbers, every
+//! unary / binary op and cast with `kernel::eval`'s semantics), and which helper functions a kernel needs
+//! (`helpers.rs`, with their dependencies). What a target differs in is asked of its dialect.
+//!
+//! # What a dialect provides
+//! - **Types**: the dtype each value is computed in ([`Dialect::compute_dtype`]: WGSL narrows 64-bit values to
+//!   32 bits), the register type of each ([`Dialect::reg_ty`]; f16 values live in f32 registers everywhere and are
+//!   rounded after each op by the `kiln_round_f16` helper), and how a word read from or written to a buffer
+//!   converts to and from a register ([`Dialect::load_word`], [`Dialect::store_word`]: WGSL stores bool and u8 as
+//!   one `u32` per element).
+//! - **Literals** of every computed dtype ([`Dialect::float_lit`], [`Dialect::int_lit`], [`Dialect::bool_lit`]),
+//!   exact: non-finite and subnormal floats as bit patterns where the language has no literal for them.
+//! - **Expressions**: `select` ([`Dialect::select`], C's `?:`), numeric conversions ([`Dialect::convert`]: an int
+//!   to a float, and between ints keeping the low bits, as WGSL's `i32(u32)` and C's casts do), reinterpretation
+//!   ([`Dialect::bitcast`]) and the builtin names ([`Dialect::builtin`]: `exp` in WGSL, `expf` for an f32 in CUDA).
+//! - **Statements**: typed and index `let`s, a mutable accumulator, a counted `for` loop, a function header and
+//!   close ([`Dialect::fn_open`]: a WGSL `fn`; a C dialect can open a lambda inside its kernel so the function sees
+//!   the kernel's buffer parameters).
+//! - **Helpers**: the source of each [`Helper`] ([`Dialect::helper_source`]) where the builtin does not have
+//!   `kernel::eval`'s semantics (NaN-propagating max, division by zero, f16 rounding, Philox), and how a kernel
+//!   reaches the rng keys ([`Dialect::rand_words`]).
+//! - **The kernel around the element** stays in the dialect's module: buffer bindings or parameters, the entry
+//!   point with its thread and group indices, the launch shape, and what the target refuses (`wgsl::check`).
+//!   Templates that need workgroup memory and barriers (the tiled GEMM, `wgsl/gemm.rs`) use the same statements
+//!   plus the dialect's shared-array and barrier syntax.
+//!
+//! Text written here uses only syntax that WGSL and C share: parenthesized infix arithmetic, comparisons and logic,
+//! `u`-suffixed unsigned literals (`0u`, `0xffu`), array indexing, `acc = e;` and helper calls. Everything else goes
+//! through the dialect.
+//!
+//! Rows are per computed dtype; the 64-bit rows (f64, i64) are written with the first dialect that computes in
+//! them (WGSL has neither). Every per-op match names each `UnaryOp` and `BinaryOp` variant (no `_` arm), so an op
+//! added to `op.rs` does not build until this table has its rows.
+
+mod gemm;
+mod helpers;
+mod table;
+
+pub use gemm::{GemmParts, GemmTile, gemm_parts};
+pub use helpers::Helper;
+pub use table::{iexpr, konst};
+
+use crate::dtype::DType;
+use crate::kernel::{IExpr, Inst, InstOp, KernelIr};
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+/// A builtin function whose target spelling the dialect chooses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Builtin {
+    Abs,
+    Exp,
+    Log,
+    Tanh,
+    Sqrt,
+    Max,
+    Min,
+}
+
+/// What one C-like target differs in (see the module doc for each group).
+pub trait Dialect {
+    /// The dtype a value of `d` is computed in.
+    fn compute_dtype(&self, d: DType) -> DType;
+    /// The register type of a value of computed dtype `d`.
+    fn reg_ty(&self, d: DType) -> &'static str;
+    /// The dtype of index arithmetic: loop variables and `IExpr`s.
+    fn index_dtype(&self) -> DType;
+    /// The register value of `word`, read from a buffer of `d`.
+    fn load_word(&self, d: DType, word: &str) -> String;
+    /// The word to store for register value `v` of dtype `d`.
+    fn store_word(&self, d: DType, v: &str) -> String;
+
+    /// A float literal of computed dtype `d` with exactly the value `x` rounded to `d`.
+    fn float_lit(&self, x: f64, d: DType) -> String;
+    /// An integer literal of computed dtype `d` with the value `x` wrapped to `d`.
+    fn int_lit(&self, x: i64, d: DType) -> String;
+    fn bool_lit(&self, b: bool) -> String {
+        b.to_string()
+    }
+
+    /// `t` where `c` holds, else `f`.
+    fn select(&self, f: &str, t: &str, c: &str) -> String;
+    /// `v` converted to dtype `to`: ints to floats by value, between ints keeping the low bits.
+    fn convert(&self, to: DType, v: &str) -> String;
+    /// The bits of `v` read as dtype `to` (of the same width).
+    fn bitcast(&self, to: DType, v: &str) -> String;
+    /// The name of `f` on values of computed dtype `d`.
+    fn builtin(&self, f: Builtin, d: DType) -> &'static str;
+
+    /// `name = e`, immutable, of computed dtype `d`.
+    fn let_value(&self, name: &str, d: DType, e: &str) -> String;
+    /// `name = e`, immutable, of the index dtype.
+    fn let_index(&self, name: &str, e: &str) -> String;
+    /// `name = init`, mutable, of computed dtype `d`.
+    fn var_value(&self, name: &str, d: DType, init: &str) -> String;
+    /// Opens `for var in 0..extent` (the index dtype).
+    fn for_open(&self, var: &str, extent: usize) -> String;
+    /// Opens a function `name(params)` returning nothing, whose body may read and write the kernel's buffers.
+    fn fn_open(&self, name: &str, params: &[(&str, DType)]) -> String;
+    /// Closes what `fn_open` opened.
+    fn fn_close(&self) -> &'static str;
+    /// Opens `for (var = init; var < end; var += step)` (the index dtype).
+    fn for_step_open(&self, var: &str, init: &str, end: &str, step: &str) -> String;
+
+    /// Declares an array of `len` values of dtype `d` shared by a workgroup (a CUDA block).
+    fn workgroup_array(&self, name: &str, d: DType, len: usize) -> String;
+    /// Waits for every invocation of the workgroup, making their workgroup-memory writes visible.
+    fn barrier(&self) -> &'static str;
+    /// The workgroup's id along `axis` (0 = x, 1 = y), an unsigned value the entry point declares.
+    fn group_id(&self, axis: usize) -> &'static str;
+    /// The invocation's index inside its workgroup, an unsigned value the entry point declares.
+    fn local_index(&self) -> &'static str;
+
+    /// The source of helper `h` (without its dependencies, which `Helper::deps` names).
+    fn helper_source(&self, h: Helper) -> &'static str;
+    /// The four Philox words of element `index` (an index expression) of rng slot `slot`.
+    fn rand_words(&self, slot: usize, index: &str) -> String;
+}
+
+/// Renders one kernel's code in dialect `D`: what the table entries used (helpers, rng) is collected as they are
+/// written, for the dialect to declare.
+pub struct Emitter<'a, D: Dialect> {
+    pub d: &'a D,
+    pub k: &'a KernelIr,
+    pub helpers: BTreeSet<Helper>,
+    pub uses_rng: bool,
+    /// Inputs read through `out` (a donated input: see `wgsl::render_aliased`).
+    pub aliased: Vec<usize>,
+}
+
+impl<'a, D: Dialect> Emitter<'a, D> {
+    pub fn new(d: &'a D, k: &'a KernelIr) -> Self {
+        Emitter { d, k, helpers: BTreeSet::new(), uses_rng: false, aliased: Vec::new() }
+    }
+
+    /// The source of every helper used so far, dependencies first, each once (call after rendering the body).
+    pub fn helpers_source(&self) -> String {
+        let mut s = String::new();
+        let mut done = BTreeSet::new();
+        for h in &self.helpers {
+            helpers::write(self.d, &mut s, *h, &mut done);
+        }
+        s
+    }
+
+    /// `element(flat)`: computes and stores output element `flat` (row-major over the output loops), with the
+    /// whole reduction inside.
+    pub fn element_fn(&mut self) -> String {
+        let (d, k) = (self.d, self.k);
+        let mut s = format!("\n{}\n", d.fn_open("element", &[("flat", d.index_dtype())]));
+        let rank = k.out_rank();
+        let strides = crate::shape::contiguous_strides(&k.out_extents);
+        for (v, (&e, &st)) in k.out_extents.iter().zip(&strides).enumerate() {
+            if !self.mentions(v) {
+                continue;
+            }
+            let expr = match (v, st) {
+                (0, 1) => "flat".to_string(),
+                (0, st) => format!("flat / {st}"),
+                (_, 1) => format!("flat % {e}"),
+                _ => format!("(flat / {st}) % {e}"),
+            };
+            let _ = writeln!(s, "    {}", d.let_index(&format!("i{v}"), &expr));
+        }
+        if let Some(r) = &k.reduce {
+            let rd = d.compute_dtype(r.dtype);
+            let _ = writeln!(s, "    {}", d.var_value("acc", rd, &konst(d, r.op.identity(r.dtype), r.dtype)));
+            let mut indent = String::from("    ");
+            for (j, e) in r.extents.iter().enumerate() {
+                let _ = writeln!(s, "{indent}{}", d.for_open(&format!("i{}", rank + j), *e));
+                indent.push_str("    ");
+            }
+            self.insts(&mut s, &r.inner, "r", &indent);
+            let folded = self.binary(r.op.fold(), r.dtype, "acc", &format!("r{}", r.value));
+            let _ = writeln!(s, "{indent}acc = {folded};");
+            for _ in &r.extents {
+                indent.truncate(indent.len() - 4);
+                let _ = writeln!(s, "{indent}}}");
+            }
+        }
+        self.insts(&mut s, &k.outer, "v", "    ");
+        let stored = d.store_word(k.output.dtype, &format!("v{}", k.result));
+        let _ = writeln!(s, "    out[flat] = {stored};\n{}", d.fn_close());
+        s
+    }
+
+    /// Whether any instruction reads loop variable `v` (output variables only decomposed when used).
+    fn mentions(&self, v: usize) -> bool {
+        let k = self.k;
+        let insts = k.outer.iter().chain(k.reduce.iter().flat_map(|r| r.inner.iter()));
+        let mut any = false;
+        for inst in insts {
+            let mut check = |e: &IExpr| any |= mentions_var(e, v);
+            match &inst.op {
+                InstOp::Index(e) | InstOp::Rand { index: e, .. } => check(e),
+                InstOp::Load { index, valid, .. } => {
+                    check(index);
+                    for (e, _, _) in valid.iter().flat_map(|v| v.0.iter()) {
+                        check(e);
+                    }
+                }
+                InstOp::Const(_)
+                | InstOp::Unary(..)
+                | InstOp::Binary(..)
+                | InstOp::Where(..)
+                | InstOp::Cast(_)
+                | InstOp::Acc => {}
+            }
+        }
+        any
+    }
+
+    /// One `let` per instruction, named `<prefix><index>`.
+    pub fn insts(&mut self, s: &mut String, insts: &[Inst], prefix: &str, indent: &str) {
+        for (i, inst) in insts.iter().enumerate() {
+            let e = self.inst(inst, insts, prefix);
+            let line = self.d.let_value(&format!("{prefix}{i}"), self.d.compute_dtype(inst.dtype), &e);
+            let _ = writeln!(s, "{indent}{line}");
+        }
+    }
+
+    /// Notes that `h` is used; returns `e` (the call).
+    pub(crate) fn helper(&mut self, h: Helper, e: String) -> String {
+        self.helpers.insert(h);
+        e
+    }
+}
+
+/// Whether index expression `e` reads loop variable `v`.
+pub fn mentions_var(e: &IExpr, v: usize) -> bool {
+    match e {
+        IExpr::Var(x) => *x == v,
+        IExpr::Const(_) => false,
+        IExpr::Add(ts) => ts.iter().any(|t| mentions_var(t, v)),
+        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) => mentions_var(x, v),
+    }
+}
