@@ -1,15 +1,98 @@
-//! What every device's plan does the same way when it runs: check the donated buffers, build the outputs (a donated
-//! input's buffer, or a fresh one from the device), and say which buffer each kernel slot reads or writes. A backend
-//! brings allocation and the launches themselves; the bookkeeping of donation, passthrough and slots is here once.
+//! The one plan executor: what every device's plan does the same way when it runs. It checks the inputs and the
+//! donated buffers, builds the outputs (a donated input's buffer, or a fresh one from the device), walks the
+//! launches in order and says which buffer each kernel slot reads or writes ([`Place`]). A device brings what
+//! differs through [`DevicePlan`]: allocation, the per-run state (a CPU arena of temps and raw pointers; a wgpu
+//! command encoder and compute pass), one launch given its places, and the end of the run (marking host outputs
+//! written; submitting the recorded work). [`Planned`] makes any `DevicePlan` an [`Executable`].
 //!
 //! Donation: `Executable::run_donating` may hand over an input's buffer for an output the plan writes over it
 //! (`KernelPlan::donation_candidates`). That output then *is* the input's buffer, so every launch that reads the
 //! input reads it there ([`Place::Output`]), and the caller's `inputs` entry for it is a placeholder never touched.
 
-use crate::{BackendError, Buffer};
-use kiln_jit::DType;
+use crate::{BackendError, Buffer, Executable};
 use kiln_jit::kernel::{Donation, Slot};
+use kiln_jit::{DType, RngKey};
 use smallvec::SmallVec;
+
+/// What a compiled plan is, whatever the device: its launches' slots, outputs, passthroughs and donations.
+pub(crate) struct PlanShape {
+    /// Each launch's input slots and output slot, in run order.
+    pub(crate) launches: Vec<(Vec<Slot>, Slot)>,
+    /// Each output's dtype and length.
+    pub(crate) outputs: Vec<(DType, usize)>,
+    /// (output, input): outputs that are an input's value unchanged.
+    pub(crate) passthrough: Vec<(usize, usize)>,
+    /// The donations this plan accepts (a subset of the schedule's candidates the device can honour).
+    pub(crate) donations: Vec<Donation>,
+}
+
+/// A device's half of running a plan (see the module doc).
+pub(crate) trait DevicePlan: Send + Sync {
+    /// The device's name in errors.
+    const DEVICE: &'static str;
+    /// One run's state: the device's handles on the buffers launches bind, scratch, what launches are recorded into.
+    type State<'a>
+    where
+        Self: 'a;
+
+    fn shape(&self) -> &PlanShape;
+    /// Whether `b` lives on this device.
+    fn ours(b: &Buffer) -> bool;
+    /// A fresh output buffer.
+    fn alloc(&self, dtype: DType, len: usize) -> Result<Buffer, BackendError>;
+    /// Starts a run over `inputs` (a donated input's entry is a placeholder: read it at its output) and `outputs`
+    /// (allocated or donated), with the passthrough outputs filled from their inputs.
+    fn begin<'a>(
+        &'a self,
+        run: &Run,
+        inputs: &'a [&'a Buffer],
+        outputs: &mut [Buffer],
+        rng: &[RngKey],
+    ) -> Result<Self::State<'a>, BackendError>;
+    /// Runs (or records) launch `index`, whose slots are at `places`: its inputs, then its output.
+    fn launch(
+        &self,
+        state: &mut Self::State<'_>,
+        run: &Run,
+        index: usize,
+        places: &[Place],
+    ) -> Result<(), BackendError>;
+    /// Ends the run: every launch has been run or recorded.
+    fn finish(&self, state: Self::State<'_>, outputs: &mut [Buffer]) -> Result<(), BackendError>;
+}
+
+/// A device plan as an `Executable`.
+pub(crate) struct Planned<P>(pub(crate) P);
+
+impl<P: DevicePlan> Executable for Planned<P> {
+    fn donations(&self) -> &[Donation] {
+        &self.0.shape().donations
+    }
+
+    fn run_donating(
+        &self,
+        inputs: &[&Buffer],
+        donated: &mut [Option<Buffer>],
+        rng: &[RngKey],
+    ) -> Result<Vec<Buffer>, BackendError> {
+        let (plan, shape) = (&self.0, self.0.shape());
+        let run = Run::start(P::DEVICE, &shape.donations, &shape.outputs, donated, P::ours)?;
+        // A donated slot's `inputs` entry is a placeholder from the caller: never looked at.
+        if (0..inputs.len()).any(|i| run.output_of_input(i).is_none() && !P::ours(inputs[i])) {
+            return Err(BackendError::ForeignBuffer { device: P::DEVICE });
+        }
+        let mut outputs = run.outputs(&shape.outputs, donated, |d, n| plan.alloc(d, n))?;
+        let mut state = plan.begin(&run, inputs, &mut outputs, rng)?;
+        let mut places: SmallVec<[Place; 16]> = SmallVec::new();
+        for (index, (ins, out)) in shape.launches.iter().enumerate() {
+            places.clear();
+            places.extend(ins.iter().chain([out]).map(|s| run.place(*s)));
+            plan.launch(&mut state, &run, index, &places)?;
+        }
+        plan.finish(state, &mut outputs)?;
+        Ok(outputs)
+    }
+}
 
 /// Where a slot's buffer is in one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,12 +134,6 @@ impl Run {
     #[cfg(feature = "wgpu")]
     pub(crate) fn any_donated(&self) -> bool {
         !self.donor_of_output.is_empty()
-    }
-
-    /// Whether input `i` was donated (its `inputs` entry is a placeholder).
-    #[cfg(feature = "wgpu")]
-    pub(crate) fn is_donated(&self, i: usize) -> bool {
-        self.output_of_input(i).is_some()
     }
 
     /// The output that input `i`'s buffer became, if it was donated.

@@ -90,7 +90,7 @@ impl Backend for CpuBackend {
         if std::env::var("KILN_CPU_ENGINE").is_ok_and(|e| e == "interp") {
             return Ok(Box::new(Interpreted { graph: graph.clone() }));
         }
-        Ok(Box::new(plan::compile(graph)?))
+        Ok(Box::new(crate::plan_run::Planned(plan::compile(graph)?)))
     }
 
     fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {

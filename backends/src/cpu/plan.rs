@@ -1,8 +1,9 @@
 //! A compiled CPU plan: the graph's schedule with one executable per launch (a generated GEMM, an 8-lane
 //! elementwise kernel, or a Cranelift kernel from `compiler`), and its replay.
 //!
-//! Replay (`JitPlan::run`) does no hashing and takes no lock per kernel: launches are a flat list with pre-bound
-//! slots, and outputs and temps come from the host buffer pool (`host_pool`). A launch runs split over the thread
+//! Replay (the shared executor, `plan_run`, with this file's `DevicePlan` half) does no hashing and takes no lock per
+//! kernel: launches are a flat list with pre-bound slots, and outputs and temps come from the host buffer pool
+//! (`host_pool`). A launch runs split over the thread
 //! pool when its work passes `pool::min_parallel_work()`, else inline. With `KILN_PROFILE=1` every launch is timed
 //! (`profile`).
 
@@ -10,13 +11,13 @@ use super::buffers::{finish_output, read_ptr, write_ptr};
 use super::compiler::{COMPILER, KernelFn};
 use super::pool;
 use super::profile;
-use crate::plan_run::{Place, Run};
-use crate::{BackendError, Buffer, Executable};
+use crate::plan_run::{DevicePlan, Place, PlanShape, Run};
+use crate::{BackendError, Buffer};
 use kiln_jit::buffer::HostBuffer;
 use kiln_jit::dtype::DType;
-use kiln_jit::kernel::{Donation, KernelPlan, Slot};
+use kiln_jit::kernel::{KernelPlan, Slot};
 use kiln_jit::{Graph, RngKey};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 const NAME: &str = "cpu";
 
@@ -31,8 +32,6 @@ enum Exec {
 struct CompiledLaunch {
     name: String,
     exec: Exec,
-    inputs: Vec<Slot>,
-    output: Slot,
     /// Extent of output loop 0 (1 for a zero-dim output): the range the kernel splits over threads.
     rows: usize,
     /// Element-operations of the whole launch, for the pool's inline-or-split decision.
@@ -40,13 +39,12 @@ struct CompiledLaunch {
 }
 
 pub(crate) struct JitPlan {
+    /// Launch slots, outputs, passthroughs, and the schedule's donation candidates whose launch loads each element
+    /// before storing it (see `compile`).
+    shape: PlanShape,
     launches: Vec<CompiledLaunch>,
     /// Each temp's length in `i64` elements (8-byte aligned, whatever dtype the kernels store in it).
     temps: Vec<usize>,
-    outputs: Vec<(DType, usize)>,
-    passthrough: Vec<(usize, usize)>,
-    /// The schedule's donation candidates whose launch loads each element before storing it (see `compile`).
-    donations: Vec<Donation>,
     /// Scratch reused by the next run if no other thread holds it.
     arena: Mutex<Arena>,
 }
@@ -113,14 +111,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                 }
             };
             let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
-            launches.push(CompiledLaunch {
-                name: l.kernel.name.clone(),
-                exec,
-                inputs: l.inputs.clone(),
-                output: l.output,
-                rows,
-                work: l.kernel.work(),
-            });
+            launches.push(CompiledLaunch { name: l.kernel.name.clone(), exec, rows, work: l.kernel.work() });
         }
     }
     let temps: Vec<usize> = plan.temps.iter().map(|&bytes| bytes.div_ceil(8)).collect();
@@ -147,14 +138,9 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
             Exec::Gemm(g) => g.reads_epilogue_before_store(),
         })
         .collect();
-    Ok(JitPlan {
-        launches,
-        temps,
-        outputs,
-        passthrough: plan.passthrough.clone(),
-        donations,
-        arena: Mutex::new(Arena::default()),
-    })
+    let slots = plan.launches.iter().map(|l| (l.inputs.clone(), l.output)).collect();
+    let shape = PlanShape { launches: slots, outputs, passthrough: plan.passthrough.clone(), donations };
+    Ok(JitPlan { shape, launches, temps, arena: Mutex::new(Arena::default()) })
 }
 
 /// Raw pointers shared with pool threads for one launch.
@@ -177,84 +163,112 @@ impl LaunchArgs {
 // touched again; chunks write disjoint output rows.
 unsafe impl Sync for LaunchArgs {}
 
-impl Executable for JitPlan {
-    fn donations(&self) -> &[Donation] {
-        &self.donations
+/// One run's state: the plan's arena (or a private one while another thread replays the same plan) and the inputs.
+pub(crate) struct CpuRun<'a> {
+    guard: Option<MutexGuard<'a, Arena>>,
+    own: Arena,
+    inputs: &'a [&'a Buffer],
+}
+
+impl CpuRun<'_> {
+    fn arena(&mut self) -> &mut Arena {
+        match self.guard.as_deref_mut() {
+            Some(a) => a,
+            None => &mut self.own,
+        }
+    }
+}
+
+/// Host memory of a buffer the executor checked to be ours.
+fn host(b: &Buffer) -> &HostBuffer {
+    super::as_host(b).unwrap_or_else(|_| unreachable!("the executor checked every input"))
+}
+
+impl DevicePlan for JitPlan {
+    const DEVICE: &'static str = NAME;
+    type State<'a> = CpuRun<'a>;
+
+    fn shape(&self) -> &PlanShape {
+        &self.shape
     }
 
-    fn run_donating(
-        &self,
-        inputs: &[&Buffer],
-        donated: &mut [Option<Buffer>],
+    fn ours(b: &Buffer) -> bool {
+        matches!(b, Buffer::Host(_))
+    }
+
+    fn alloc(&self, dtype: DType, len: usize) -> Result<Buffer, BackendError> {
+        Ok(Buffer::Host(crate::host_pool::take(dtype, len)))
+    }
+
+    fn begin<'a>(
+        &'a self,
+        _run: &Run,
+        inputs: &'a [&'a Buffer],
+        outputs: &mut [Buffer],
         rng: &[RngKey],
-    ) -> Result<Vec<Buffer>, BackendError> {
-        // Checked once up front instead of collected into a Vec: replay allocates nothing it does not hand back.
-        for b in inputs {
-            super::as_host(b)?;
+    ) -> Result<CpuRun<'a>, BackendError> {
+        for &(o, i) in &self.shape.passthrough {
+            outputs[o] = Buffer::Host(host(inputs[i]).clone());
         }
-        let run = Run::start(NAME, &self.donations, &self.outputs, donated, |b| matches!(b, Buffer::Host(_)))?;
-        let host =
-            |i: usize| -> &HostBuffer { super::as_host(inputs[i]).unwrap_or_else(|_| unreachable!("checked above")) };
-        // Built as the `Buffer`s handed back, so the run allocates one Vec for them and nothing else of its own.
-        let mut outputs = run.outputs(&self.outputs, donated, |d, n| Ok(Buffer::Host(crate::host_pool::take(d, n))))?;
-        for &(o, i) in &self.passthrough {
-            outputs[o] = Buffer::Host(host(i).clone());
-        }
-        let mut guard = self.arena.try_lock();
-        let mut own = Arena::default();
-        let arena: &mut Arena = match guard.as_deref_mut() {
-            Some(a) => a,
-            None => &mut own,
-        };
+        let mut st = CpuRun { guard: self.arena.try_lock(), own: Arena::default(), inputs };
+        let arena = st.arena();
         if arena.temps.len() != self.temps.len() {
             arena.temps = self.temps.iter().map(|&words| crate::host_pool::take(DType::I64, words)).collect();
         }
-        let Arena { temps, ptrs, rng_words, out_ptrs } = arena;
-        out_ptrs.clear();
-        out_ptrs.extend(outputs.iter_mut().map(|b| match b {
+        arena.out_ptrs.clear();
+        arena.out_ptrs.extend(outputs.iter_mut().map(|b| match b {
             Buffer::Host(h) => write_ptr(h),
             #[allow(unreachable_patterns)] // only with another device's feature on
             _ => unreachable!("outputs are host buffers"),
         }));
-        rng_words.clear();
-        rng_words.extend(rng.iter().flat_map(|k| [k.seed, k.offset]));
-        for l in &self.launches {
-            ptrs.clear();
-            for s in l.inputs.iter().chain([&l.output]) {
-                ptrs.push(match run.place(*s) {
-                    Place::Input(i) => read_ptr(host(i)),
-                    Place::Temp(t) => write_ptr(&mut temps[t]),
-                    Place::Output(o) => out_ptrs[o],
-                });
-            }
-            let t0 = profile::profiling().then(std::time::Instant::now);
-            match &l.exec {
-                Exec::Clif(f) => {
-                    let a = LaunchArgs { f: *f, args: ptrs.as_ptr(), rng: rng_words.as_ptr() };
-                    let call = |start: usize, end: usize| a.call(start, end);
-                    pool::global().parallel_for_work(l.rows, l.work, &call);
-                }
-                // SAFETY: `ptrs` holds the launch's input buffers then its output, sized as its kernel IR declares
-                // (the same contract as a Cranelift kernel). An output is an input of its own launch only as a
-                // donation, which `compile` kept for this GEMM because it loads each element before storing it.
-                Exec::Gemm(g) => unsafe { g.run(ptrs) },
-                // SAFETY: as for a GEMM; the generated code loads each element before storing it (module doc).
-                Exec::Wide(w) => unsafe { w.run(ptrs) },
-            }
-            if let Some(t0) = t0 {
-                profile::record(&l.name, t0.elapsed());
-            }
+        arena.rng_words.clear();
+        arena.rng_words.extend(rng.iter().flat_map(|k| [k.seed, k.offset]));
+        Ok(st)
+    }
+
+    fn launch(&self, st: &mut CpuRun<'_>, _run: &Run, index: usize, places: &[Place]) -> Result<(), BackendError> {
+        let l = &self.launches[index];
+        let inputs = st.inputs;
+        let Arena { temps, ptrs, rng_words, out_ptrs } = st.arena();
+        ptrs.clear();
+        for p in places {
+            ptrs.push(match *p {
+                Place::Input(i) => read_ptr(host(inputs[i])),
+                Place::Temp(t) => write_ptr(&mut temps[t]),
+                Place::Output(o) => out_ptrs[o],
+            });
         }
-        for (o, (b, &(_, len))) in outputs.iter_mut().zip(&self.outputs).enumerate() {
+        let t0 = profile::profiling().then(std::time::Instant::now);
+        match &l.exec {
+            Exec::Clif(f) => {
+                let a = LaunchArgs { f: *f, args: ptrs.as_ptr(), rng: rng_words.as_ptr() };
+                let call = |start: usize, end: usize| a.call(start, end);
+                pool::global().parallel_for_work(l.rows, l.work, &call);
+            }
+            // SAFETY: `ptrs` holds the launch's input buffers then its output, sized as its kernel IR declares
+            // (the same contract as a Cranelift kernel). An output is an input of its own launch only as a
+            // donation, which `compile` kept for this GEMM because it loads each element before storing it.
+            Exec::Gemm(g) => unsafe { g.run(ptrs) },
+            // SAFETY: as for a GEMM; the generated code loads each element before storing it (module doc).
+            Exec::Wide(w) => unsafe { w.run(ptrs) },
+        }
+        if let Some(t0) = t0 {
+            profile::record(&l.name, t0.elapsed());
+        }
+        Ok(())
+    }
+
+    fn finish(&self, _st: CpuRun<'_>, outputs: &mut [Buffer]) -> Result<(), BackendError> {
+        for (o, (b, &(_, len))) in outputs.iter_mut().zip(&self.shape.outputs).enumerate() {
             if let Buffer::Host(b) = b
-                && !self.passthrough.iter().any(|&(p, _)| p == o)
+                && !self.shape.passthrough.iter().any(|&(p, _)| p == o)
             {
                 // SAFETY: the schedule makes exactly one launch write each non-passthrough output, and a kernel
-                // stores every element of its row-major output range (all rows were launched above); stored
-                // values are valid for the element type (bools as 0 or 1).
+                // stores every element of its row-major output range (all rows were launched before `finish`);
+                // stored values are valid for the element type (bools as 0 or 1).
                 unsafe { finish_output(b, len) };
             }
         }
-        Ok(outputs)
+        Ok(())
     }
 }

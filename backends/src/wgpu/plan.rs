@@ -9,9 +9,9 @@
 //! epilogue reads are not checked to precede every write of a tile, so a GEMM output always gets a new buffer.
 
 use super::{Ctx, DeviceBuffer, NAME, Pipeline, WgpuBackend, gemm, unsupported};
-use crate::plan_run::{Place, Run};
+use crate::plan_run::{DevicePlan, Place, PlanShape, Planned, Run};
 use crate::{BackendError, Buffer, Executable};
-use kiln_jit::kernel::{Donation, KernelPlan, Slot};
+use kiln_jit::kernel::{KernelPlan, Slot};
 use kiln_jit::render::wgsl;
 use kiln_jit::{DType, Graph, RngKey};
 use std::sync::Arc;
@@ -22,20 +22,17 @@ struct CompiledLaunch {
     /// through the output binding.
     donating: Option<(usize, Arc<Pipeline>)>,
     groups: (u32, u32),
-    inputs: Vec<Slot>,
-    output: Slot,
     uses_rng: bool,
 }
 
 struct WgpuPlan {
     ctx: Arc<Ctx>,
+    /// Launch slots, outputs, passthroughs and the donations of generic launches.
+    shape: PlanShape,
     launches: Vec<CompiledLaunch>,
     /// Elements of each temp slot (the largest kernel output placed there).
     temps: Vec<usize>,
-    outputs: Vec<(DType, usize)>,
-    passthrough: Vec<(usize, usize)>,
     uses_rng: bool,
-    donations: Vec<Donation>,
 }
 
 pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
@@ -89,14 +86,7 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
         if let Slot::Temp(t) = l.output {
             temps[t] = temps[t].max(l.kernel.output.len);
         }
-        launches.push(CompiledLaunch {
-            pipeline,
-            donating: None,
-            groups: k.groups,
-            inputs: l.inputs.clone(),
-            output: l.output,
-            uses_rng: k.uses_rng,
-        });
+        launches.push(CompiledLaunch { pipeline, donating: None, groups: k.groups, uses_rng: k.uses_rng });
     }
     let mut donations = Vec::new();
     for d in plan.donation_candidates() {
@@ -109,51 +99,77 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
         launches[d.launch].donating = Some((d.input, ctx.pipeline(&k).map_err(err)?));
         donations.push(d);
     }
-    Ok(Box::new(WgpuPlan {
-        ctx: ctx.clone(),
-        uses_rng: launches.iter().any(|l| l.uses_rng),
-        launches,
-        temps,
+    let shape = PlanShape {
+        launches: plan.launches.iter().map(|l| (l.inputs.clone(), l.output)).collect(),
         outputs: plan.outputs.iter().map(|b| (b.dtype, b.len)).collect(),
         passthrough: plan.passthrough.clone(),
         donations,
-    }))
+    };
+    Ok(Box::new(Planned(WgpuPlan {
+        ctx: ctx.clone(),
+        uses_rng: launches.iter().any(|l| l.uses_rng),
+        shape,
+        launches,
+        temps,
+    })))
 }
 
-impl Executable for WgpuPlan {
-    fn donations(&self) -> &[Donation] {
-        &self.donations
+/// One run: handles on every buffer a launch may bind, and the command encoder with the compute pass every launch
+/// is recorded into (submitted once, by `finish`).
+pub(super) struct WgpuRun {
+    /// Each input's buffer; a donated input's is its output's.
+    inputs: Vec<wgpu::Buffer>,
+    outputs: Vec<wgpu::Buffer>,
+    temps: Vec<DeviceBuffer>,
+    /// Bound where a donating launch's aliased input was (read through the output binding instead).
+    placeholder: Option<DeviceBuffer>,
+    rng: Option<DeviceBuffer>,
+    pass: Option<wgpu::ComputePass<'static>>,
+    enc: Option<wgpu::CommandEncoder>,
+}
+
+/// The wgpu buffer of a buffer the executor checked to be ours.
+fn raw(b: &Buffer) -> &wgpu::Buffer {
+    match b {
+        Buffer::Wgpu(d) => d.raw(),
+        _ => unreachable!("the executor checked every buffer"),
+    }
+}
+
+impl DevicePlan for WgpuPlan {
+    const DEVICE: &'static str = NAME;
+    type State<'a> = WgpuRun;
+
+    fn shape(&self) -> &PlanShape {
+        &self.shape
     }
 
-    fn run_donating(
-        &self,
-        inputs: &[&Buffer],
-        donated: &mut [Option<Buffer>],
+    fn ours(b: &Buffer) -> bool {
+        matches!(b, Buffer::Wgpu(_))
+    }
+
+    fn alloc(&self, dtype: DType, len: usize) -> Result<Buffer, BackendError> {
+        Ok(Buffer::Wgpu(self.ctx.alloc(dtype, len)?))
+    }
+
+    fn begin<'a>(
+        &'a self,
+        run: &Run,
+        inputs: &'a [&'a Buffer],
+        outputs: &mut [Buffer],
         rng: &[RngKey],
-    ) -> Result<Vec<Buffer>, BackendError> {
+    ) -> Result<WgpuRun, BackendError> {
         let ctx = &self.ctx;
-        let run = Run::start(NAME, &self.donations, &self.outputs, donated, |b| matches!(b, Buffer::Wgpu(_)))?;
-        // A donated slot's `inputs` entry is a placeholder from the caller: never looked at.
-        let ins: Vec<Option<&DeviceBuffer>> = inputs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| match b {
-                _ if run.is_donated(i) => Ok(None),
-                Buffer::Wgpu(d) => Ok(Some(d)),
-                _ => Err(BackendError::ForeignBuffer { device: NAME }),
+        let outputs: Vec<wgpu::Buffer> = outputs.iter().map(|b| raw(b).clone()).collect();
+        let inputs: Vec<wgpu::Buffer> = (0..inputs.len())
+            .map(|i| match run.output_of_input(i) {
+                Some(o) => outputs[o].clone(),
+                None => raw(inputs[i]).clone(),
             })
-            .collect::<Result<_, _>>()?;
-        let outputs = run.outputs(&self.outputs, donated, |d, n| Ok(Buffer::Wgpu(ctx.alloc(d, n)?)))?;
-        let out = |o: usize| -> &wgpu::Buffer {
-            match &outputs[o] {
-                Buffer::Wgpu(b) => b.raw(),
-                _ => unreachable!("outputs are device buffers (donated ones checked above)"),
-            }
-        };
-        let temps: Vec<DeviceBuffer> =
-            self.temps.iter().map(|&n| ctx.alloc(DType::F32, n)).collect::<Result<_, _>>()?;
+            .collect();
+        let temps = self.temps.iter().map(|&n| ctx.alloc(DType::F32, n)).collect::<Result<_, _>>()?;
         let placeholder = if run.any_donated() { Some(ctx.alloc(DType::F32, 1)?) } else { None };
-        let rng_buf = if self.uses_rng && !rng.is_empty() {
+        let rng = if self.uses_rng && !rng.is_empty() {
             let words: Vec<u8> = rng
                 .iter()
                 .flat_map(|k| [k.seed as u32, (k.seed >> 32) as u32, k.offset as u32, (k.offset >> 32) as u32])
@@ -165,59 +181,68 @@ impl Executable for WgpuPlan {
         } else {
             None
         };
-        let input = |i: usize| -> &wgpu::Buffer {
-            match (ins[i], run.output_of_input(i)) {
-                (Some(b), _) => b.raw(),
-                (None, Some(o)) => out(o),
-                (None, None) => unreachable!("a donated input has an output"),
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
+        for &(o, i) in &self.shape.passthrough {
+            let bytes = (self.shape.outputs[o].1 * wgsl::WORD) as u64;
+            if bytes > 0 {
+                enc.copy_buffer_to_buffer(&inputs[i], 0, &outputs[o], 0, bytes);
+            }
+        }
+        // The pass no longer borrows the encoder (`forget_lifetime`); `finish` ends it before finishing the encoder.
+        let pass = enc
+            .begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None })
+            .forget_lifetime();
+        Ok(WgpuRun { inputs, outputs, temps, placeholder, rng, pass: Some(pass), enc: Some(enc) })
+    }
+
+    fn launch(&self, st: &mut WgpuRun, run: &Run, index: usize, places: &[Place]) -> Result<(), BackendError> {
+        let l = &self.launches[index];
+        if l.groups.0 == 0 {
+            return Ok(()); // an empty output: nothing to compute
+        }
+        let WgpuRun { inputs, outputs, temps, placeholder, rng, pass, .. } = st;
+        let slot = |p: Place| -> &wgpu::Buffer {
+            match p {
+                Place::Input(i) => &inputs[i],
+                Place::Temp(t) => temps[t].raw(),
+                Place::Output(o) => &outputs[o],
             }
         };
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
-        for &(o, i) in &self.passthrough {
-            let bytes = (self.outputs[o].1 * wgsl::WORD) as u64;
-            if bytes > 0 {
-                enc.copy_buffer_to_buffer(input(i), 0, out(o), 0, bytes);
+        // This launch writes over a donated input: it reads it through its output binding, and a placeholder is
+        // bound where the input was.
+        let donating = match (&l.donating, placeholder) {
+            (Some((input, p)), Some(ph)) if run.output_of_input(*input).is_some() => {
+                Some((p, Slot::Input(*input), ph.raw()))
             }
-        }
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
-            let slot = |s: Slot| -> &wgpu::Buffer {
-                match run.place(s) {
-                    Place::Input(i) => input(i),
-                    Place::Temp(t) => temps[t].raw(),
-                    Place::Output(o) => out(o),
-                }
+            _ => None,
+        };
+        let (ins, out) = places.split_at(places.len() - 1);
+        let mut bufs: Vec<&wgpu::Buffer> = ins
+            .iter()
+            .zip(&self.shape.launches[index].0)
+            .map(|(&p, &s)| match donating {
+                Some((_, aliased, ph)) if s == aliased => ph,
+                _ => slot(p),
+            })
+            .collect();
+        bufs.push(slot(out[0]));
+        if l.uses_rng {
+            let Some(r) = rng else {
+                return Err(BackendError::Execute { device: NAME, reason: "random kernel without rng keys".into() });
             };
-            let mut bufs: Vec<&wgpu::Buffer> = Vec::new();
-            for l in &self.launches {
-                if l.groups.0 == 0 {
-                    continue; // an empty output: nothing to compute
-                }
-                // This launch writes over a donated input: it reads it through its output binding.
-                let donating = match (&l.donating, &placeholder) {
-                    (Some((input, p)), Some(ph)) if run.is_donated(*input) => Some((p, Slot::Input(*input), ph.raw())),
-                    _ => None,
-                };
-                bufs.clear();
-                bufs.extend(l.inputs.iter().map(|&s| match donating {
-                    Some((_, aliased, ph)) if s == aliased => ph,
-                    _ => slot(s),
-                }));
-                bufs.push(slot(l.output));
-                if l.uses_rng {
-                    let Some(r) = &rng_buf else {
-                        return Err(BackendError::Execute {
-                            device: NAME,
-                            reason: "random kernel without rng keys".into(),
-                        });
-                    };
-                    bufs.push(r.raw());
-                }
-                let pipeline = donating.map_or(&l.pipeline, |(p, _, _)| p);
-                ctx.dispatch(&mut pass, pipeline, &bufs, l.groups);
-            }
+            bufs.push(r.raw());
         }
-        ctx.queue.submit([enc.finish()]);
-        Ok(outputs)
+        let pipeline = donating.map_or(&l.pipeline, |(p, _, _)| p);
+        let pass = pass.as_mut().unwrap_or_else(|| unreachable!("the pass lives until finish"));
+        self.ctx.dispatch(pass, pipeline, &bufs, l.groups);
+        Ok(())
+    }
+
+    fn finish(&self, mut st: WgpuRun, _outputs: &mut [Buffer]) -> Result<(), BackendError> {
+        drop(st.pass.take());
+        if let Some(enc) = st.enc.take() {
+            self.ctx.queue.submit([enc.finish()]);
+        }
+        Ok(())
     }
 }
