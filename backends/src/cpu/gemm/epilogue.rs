@@ -126,7 +126,15 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
                             BinaryOp::Le => pred::LE_OQ,
                             BinaryOp::Eq => pred::EQ_OQ,
                             BinaryOp::Ne => pred::NEQ_UQ,
-                            _ => return None,
+                            BinaryOp::Add
+                            | BinaryOp::Sub
+                            | BinaryOp::Mul
+                            | BinaryOp::Div
+                            | BinaryOp::Max
+                            | BinaryOp::Min
+                            | BinaryOp::Pow
+                            | BinaryOp::And
+                            | BinaryOp::Or => return None,
                         };
                         push(&mut ep, EpInst::Cmp(p, x, y))
                     }
@@ -135,7 +143,18 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
                         let op = match op {
                             BinaryOp::And => VBin::And,
                             BinaryOp::Or => VBin::Or,
-                            _ => return None,
+                            // Bool arithmetic and comparisons stay in the compiled pass.
+                            BinaryOp::Add
+                            | BinaryOp::Sub
+                            | BinaryOp::Mul
+                            | BinaryOp::Div
+                            | BinaryOp::Max
+                            | BinaryOp::Min
+                            | BinaryOp::Pow
+                            | BinaryOp::Lt
+                            | BinaryOp::Le
+                            | BinaryOp::Eq
+                            | BinaryOp::Ne => return None,
                         };
                         push(&mut ep, EpInst::Bin(op, x, y))
                     }

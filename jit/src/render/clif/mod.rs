@@ -344,7 +344,7 @@ impl Emitter<'_> {
                 InstOp::Binary(_, a, b) => uniform[*a] && uniform[*b],
                 InstOp::Where(c, a, b) => uniform[*c] && uniform[*a] && uniform[*b],
                 // Constants are rendered where used (an immediate); everything else depends on a loop variable.
-                _ => false,
+                InstOp::Const(_) | InstOp::Index(_) | InstOp::Load { .. } | InstOp::Rand { .. } | InstOp::Acc => false,
             };
             // A uniform instruction with a constant operand reads it from `vals`, so constants get a value here too.
             let computed = uniform[i] || matches!(inst.op, InstOp::Const(_));

@@ -340,7 +340,7 @@ impl Emitter<'_> {
             InstOp::Unary(_, a) | InstOp::Cast(a) => vec![*a],
             InstOp::Binary(_, x, y) => vec![*x, *y],
             InstOp::Where(c, a, b) => vec![*c, *a, *b],
-            _ => Vec::new(),
+            InstOp::Const(_) | InstOp::Index(_) | InstOp::Load { .. } | InstOp::Rand { .. } | InstOp::Acc => Vec::new(),
         };
         let mut ready: Vec<(usize, Value)> = Vec::with_capacity(operands.len());
         for &i in &operands {
