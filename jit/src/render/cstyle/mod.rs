@@ -36,7 +36,9 @@
 //! through the dialect.
 //!
 //! Rows are per computed dtype; the 64-bit rows (f64, i64) are written with the first dialect that computes in
-//! them (WGSL has neither). Every per-op match names each `UnaryOp` and `BinaryOp` variant (no `_` arm), so an op
+//! them (WGSL has neither). Signed integer `+ - *` and negation are written infix and rely on two's-complement
+//! wrapping, which WGSL defines; in C it is undefined behaviour on paper, so a C dialect either checks that its
+//! compiler wraps (NVRTC and hiprtc do) or this table routes those rows through the unsigned type. Every per-op match names each `UnaryOp` and `BinaryOp` variant (no `_` arm), so an op
 //! added to `op.rs` does not build until this table has its rows.
 
 mod gemm;
