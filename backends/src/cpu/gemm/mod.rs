@@ -16,9 +16,8 @@
 //! (`splitk`); all leave their epilogue to the pass.
 
 pub mod asm;
+pub mod config;
 mod dot;
-/// The search space and cost model live in the autotuner crate.
-pub use kiln_autotune::cpu_gemm as config;
 pub mod epilogue;
 mod pack;
 mod program_math;
