@@ -91,10 +91,7 @@ impl Device {
 
     pub(crate) fn backend(self) -> Result<&'static dyn Backend, BackendError> {
         match self {
-            Device::Cpu => {
-                static CPU: kiln_backends::cpu::CpuBackend = kiln_backends::cpu::CpuBackend;
-                Ok(&CPU)
-            }
+            Device::Cpu => Ok(kiln_backends::cpu::backend()),
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => Ok(kiln_backends::wgpu::backend()?),
         }

@@ -62,7 +62,7 @@ pub use tensor::Tensor;
 
 /// With `KILN_PROFILE=1`: the time spent in each kernel so far, heaviest first (empty otherwise).
 pub fn profile_report() -> String {
-    kiln_backends::cpu::profile_report()
+    kiln_backends::runtime::profile_report()
 }
 
 /// Computes several tensors as one graph (shared work is done once).

@@ -57,13 +57,15 @@ pub fn tune_gemm(shape: &GemmShape, mode: Mode) -> Result<Option<TuneRecord>> {
     if shape.epilogue == Epilogue::BiasRelu {
         y = y.relu();
     }
-    kiln_backends::cpu::take_last_tune_record();
-    kiln_backends::cpu::set_autotune_mode(Some(mode));
+    let backend = dev.backend()?;
+    // An earlier compile's record must not pass for this one's.
+    backend.take_last_tune_record();
+    backend.set_autotune_mode(Some(mode));
     let realized = crate::plan_store::without_persisting(|| crate::realize(&[&y]));
-    kiln_backends::cpu::set_autotune_mode(None);
+    backend.set_autotune_mode(None);
     realized?;
     // `None`: this process had compiled the same graph already (its record is in the store).
-    Ok(kiln_backends::cpu::take_last_tune_record())
+    Ok(backend.take_last_tune_record())
 }
 
 /// Writes every tuning record and cached GEMM kernel of this machine's namespace to one file.
@@ -94,7 +96,7 @@ pub fn warm_from_cache() -> Warmed {
 /// What an import and a warm start both prepare once the store's memory holds the entries: the runtime's one-time
 /// costs (mapped kernels, pool buffers, the GEMM runtime), then the persisted plans. Returns the plans compiled.
 fn prepare_stored() -> usize {
-    kiln_backends::cpu::warm_runtime();
+    kiln_backends::runtime::warm_up();
     crate::plan_store::build_persisted()
 }
 

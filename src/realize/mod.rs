@@ -88,7 +88,7 @@ pub struct Stats {
 
 /// The runtime's counters now.
 pub fn stats() -> Stats {
-    let g = kiln_backends::cpu::gemm::stats();
+    let g = kiln_backends::runtime::stats();
     Stats {
         plan_hits: HITS.load(Ordering::Relaxed),
         plan_misses: MISSES.load(Ordering::Relaxed),

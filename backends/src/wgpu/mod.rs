@@ -519,6 +519,11 @@ impl Backend for WgpuBackend {
         let bytes = self.ctx.read_words(b.raw(), b.len)?;
         Ok(from_words(b.dtype, &bytes, b.len))
     }
+
+    // No `set_autotune_mode`: this device's GEMM searches follow `KILN_AUTOTUNE` (read once).
+    fn take_last_tune_record(&self) -> Option<kiln_autotune::TuneRecord> {
+        take_last_tune_record()
+    }
 }
 
 #[cfg(test)]
