@@ -1,17 +1,24 @@
 //! Devices as the user names them, and the backend that serves each. A tensor lives on one device; moving it is a
 //! call the user writes (`Tensor::to_device`), and no op ever runs on a device other than its operands'.
 //!
-//! `Device::cpu()` needs nothing installed. `Device::wgpu()` (cargo feature `wgpu`, on by default) opens the
-//! process's wgpu device on first call and returns an error naming what to install when there is no adapter. The
-//! `Wgpu` variant is only handed out by `Device::wgpu()`, so a `Device` value always names a device that exists.
+//! Each device is a cargo feature, both on by default, and either builds alone. `Device::cpu()` (feature `cpu`)
+//! needs nothing installed. `Device::wgpu()` (feature `wgpu`) opens the process's wgpu device on first call and
+//! returns an error naming what to install when there is no adapter. The `Wgpu` variant is only handed out by
+//! `Device::wgpu()`, so a `Device` value always names a device that exists; a build without `cpu` has no `Cpu`
+//! variant, and no default device.
+//!
+//! This is the one place the crate names a device's module: to get its `Backend`, and what only that device can
+//! say about itself (the wgpu adapter and its dtypes).
 
 use kiln_backends::{Backend, BackendError};
 use kiln_jit::DType;
 use std::fmt;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "cpu", derive(Default))]
 pub enum Device {
-    /// The host CPU: the default device, needing nothing installed.
+    /// The host CPU: the default device, needing nothing installed (cargo feature `cpu`).
+    #[cfg(feature = "cpu")]
     #[default]
     Cpu,
     /// The wgpu device (WGSL compute shaders through Vulkan or GL): obtain it with `Device::wgpu()`.
@@ -25,6 +32,8 @@ pub enum Device {
 pub struct WgpuDevice(());
 
 impl Device {
+    /// The host CPU (cargo feature `cpu`, on by default).
+    #[cfg(feature = "cpu")]
     pub fn cpu() -> Device {
         Device::Cpu
     }
@@ -42,6 +51,7 @@ impl Device {
     /// The adapter behind this device, in words (`"cpu"` for the CPU).
     pub fn describe(&self) -> String {
         match self {
+            #[cfg(feature = "cpu")]
             Device::Cpu => "cpu".into(),
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => kiln_backends::wgpu::backend().map_or_else(|e| e.to_string(), |b| b.adapter()),
@@ -58,6 +68,7 @@ impl Device {
     pub fn supports(&self, dtype: DType) -> bool {
         let _ = dtype; // every dtype, in a build with the CPU only
         match self {
+            #[cfg(feature = "cpu")]
             Device::Cpu => true,
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => kiln_backends::wgpu::backend().is_ok_and(|b| b.supports(dtype)),
@@ -74,6 +85,7 @@ impl Device {
     pub(crate) fn dtype_error(&self, dtype: DType) -> Option<String> {
         let _ = dtype;
         match self {
+            #[cfg(feature = "cpu")]
             Device::Cpu => None,
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => (!self.supports(dtype)).then(|| kiln_backends::wgpu::unsupported(dtype).to_string()),
@@ -83,6 +95,7 @@ impl Device {
     /// A stable code for signatures and cache keys.
     pub(crate) fn code(self) -> u64 {
         match self {
+            #[cfg(feature = "cpu")]
             Device::Cpu => 1,
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => 2,
@@ -91,10 +104,8 @@ impl Device {
 
     pub(crate) fn backend(self) -> Result<&'static dyn Backend, BackendError> {
         match self {
-            Device::Cpu => {
-                static CPU: kiln_backends::cpu::CpuBackend = kiln_backends::cpu::CpuBackend;
-                Ok(&CPU)
-            }
+            #[cfg(feature = "cpu")]
+            Device::Cpu => Ok(kiln_backends::cpu::backend()),
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => Ok(kiln_backends::wgpu::backend()?),
         }
@@ -104,6 +115,7 @@ impl Device {
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            #[cfg(feature = "cpu")]
             Device::Cpu => f.write_str("cpu"),
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => f.write_str("wgpu"),
@@ -114,9 +126,11 @@ impl fmt::Display for Device {
 impl std::str::FromStr for Device {
     type Err = crate::Error;
 
-    /// `"cpu"` or `"wgpu"` (for command-line flags such as the examples' `--device`).
+    /// `"cpu"` or `"wgpu"` (for command-line flags such as the examples' `--device`); a device this build does not
+    /// have is unknown.
     fn from_str(s: &str) -> crate::Result<Device> {
         match s {
+            #[cfg(feature = "cpu")]
             "cpu" => Ok(Device::cpu()),
             #[cfg(feature = "wgpu")]
             "wgpu" => Device::wgpu(),

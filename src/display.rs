@@ -31,7 +31,14 @@ impl fmt::Display for Tensor {
             Err(e) => return write!(f, "tensor(<not computed: {e}>)"),
         };
         let mut suffix = String::new();
-        if !matches!(self.device(), crate::Device::Cpu) {
+        // As PyTorch: the device is named unless it is the CPU.
+        let named = match self.device() {
+            #[cfg(feature = "cpu")]
+            crate::Device::Cpu => false,
+            #[cfg(feature = "wgpu")]
+            crate::Device::Wgpu(_) => true,
+        };
+        if named {
             suffix.push_str(&format!(", device={}", self.device()));
         }
         let dims = self.dims().to_vec();

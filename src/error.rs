@@ -5,6 +5,13 @@ use kiln_jit::DType;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The device names this build has (its device features), for `Error::UnknownDevice`.
+const KNOWN_DEVICES: &str = match (cfg!(feature = "cpu"), cfg!(feature = "wgpu")) {
+    (true, true) => "cpu, wgpu",
+    (true, false) => "cpu",
+    (false, _) => "wgpu",
+};
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{op}: {len} elements given, but shape {shape:?} holds {expected}")]
@@ -53,8 +60,8 @@ pub enum Error {
     GeneratorFile { path: std::path::PathBuf, message: String },
     #[error(transparent)]
     Backend(#[from] kiln_backends::BackendError),
-    /// A device name that is not `cpu` (or `wgpu` when built with it).
-    #[error("unknown device `{0}` (this build knows: {known})", known = if cfg!(feature = "wgpu") { "cpu, wgpu" } else { "cpu" })]
+    /// A device name that is not one this build has (`cpu`, `wgpu`: its cargo features).
+    #[error("unknown device `{0}` (this build knows: {KNOWN_DEVICES})")]
     UnknownDevice(String),
     /// The tuning and kernel cache could not be read or written, or a bundle was refused (another CPU or version).
     #[error(transparent)]

@@ -24,7 +24,7 @@
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::nn::Module;
+use crate::nn::{Module, Param};
 use crate::optim::{Optimizer, OptimizerState, ParamState};
 use crate::random::{Generator, RngState};
 use crate::tensor::Tensor;
@@ -254,6 +254,7 @@ pub fn load_module(module: &dyn Module, path: impl AsRef<Path>, strict: bool) ->
 /// # kiln::tune::set_cache_dir(None).ok(); // doc tests keep off the user's cache
 /// # let dir = tempfile::tempdir().unwrap();
 /// # let (weights, state) = (dir.path().join("model.safetensors"), dir.path().join("optim.safetensors"));
+/// # #[cfg(feature = "cpu")] {
 /// let dev = kiln::Device::cpu();
 /// let model = Linear::new(4, 2, true, &dev);
 /// let mut opt = Adam::new(model.params(), 1e-3);
@@ -269,6 +270,7 @@ pub fn load_module(module: &dyn Module, path: impl AsRef<Path>, strict: bool) ->
 /// kiln::load_module(&resumed, &weights, true)?;
 /// kiln::load_optimizer(&mut opt, &state)?;
 /// assert_eq!(opt.step_count(0), 1);
+/// # }
 /// # Ok(())
 /// # }
 /// ```
@@ -295,18 +297,20 @@ pub fn save_optimizer(optimizer: &dyn Optimizer, path: impl AsRef<Path>) -> Resu
 pub fn load_optimizer(optimizer: &mut dyn Optimizer, path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
     let (tensors, metadata) = read_with_metadata(path)?;
-    let state = optimizer_state(tensors, metadata, optimizer.params().len())
+    let state = optimizer_state(tensors, metadata, optimizer.params())
         .map_err(|message| Error::OptimizerFile { path: path.to_path_buf(), message })?;
     optimizer.load_state_dict(&state)
 }
 
-/// The `OptimizerState` a file's tensors and metadata describe (tensors on the CPU), or what is wrong. `expected`:
-/// the loading optimizer's parameter count (a file for another count is refused before anything is allocated).
+/// The `OptimizerState` a file's tensors and metadata describe (tensors on `staging_device`), or what is wrong.
+/// `loading`: the loading optimizer's parameters (a file for another count is refused before anything is
+/// allocated).
 fn optimizer_state(
     tensors: Vec<Loaded>,
     metadata: HashMap<String, String>,
-    expected: usize,
+    loading: &[Param],
 ) -> std::result::Result<OptimizerState, String> {
+    let expected = loading.len();
     let kind = metadata.get("kiln.optimizer").ok_or("no `kiln.optimizer` entry in its metadata")?.clone();
     let count = metadata.get("kiln.params").ok_or("no `kiln.params` entry in its metadata")?;
     let count: usize = count.parse().map_err(|_| format!("kiln.params = {count:?} is not a count"))?;
@@ -331,17 +335,30 @@ fn optimizer_state(
             return Err(format!("unknown metadata entry `{key}`"));
         }
     }
-    let cpu = Device::cpu();
     for l in tensors {
         let parts = l.name.strip_prefix("state.").and_then(|rest| rest.split_once('.'));
         let Some((i, name)) = parts else {
             return Err(format!("tensor `{}` is not named state.<parameter>.<name>", l.name));
         };
         let i = index(i, &format!("tensor `{}`", l.name))?;
-        let t = Tensor::from_host(l.data, l.shape, &cpu).map_err(|e| e.to_string())?;
+        let t = Tensor::from_host(l.data, l.shape, &staging_device(&loading[i])).map_err(|e| e.to_string())?;
         params[i].tensors.insert(name.to_string(), t);
     }
     Ok(OptimizerState { kind, hyper, params })
+}
+
+/// Where a loaded state tensor waits until the optimizer checks it (on the host) and uploads it to its parameter's
+/// device (`load_state_dict`): the CPU where the build has it, so no device memory is taken for it.
+#[cfg(feature = "cpu")]
+fn staging_device(_param: &Param) -> Device {
+    Device::cpu()
+}
+
+/// Where a loaded state tensor waits until the optimizer checks it: in a build without the CPU, its parameter's
+/// own device.
+#[cfg(not(feature = "cpu"))]
+fn staging_device(param: &Param) -> Device {
+    param.get().device()
 }
 
 const GENERATOR_SEED: &str = "kiln.generator.seed";

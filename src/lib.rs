@@ -5,23 +5,27 @@
 //!
 //! ```
 //! # kiln::tune::set_cache_dir(None).ok(); // doc tests keep off the user's cache
+//! # #[cfg(feature = "cpu")] {
 //! use kiln::{DType, Device, Tensor};
 //! let dev = Device::cpu();
 //! let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, -4.0], [2, 2], &dev)?;
 //! let w = Tensor::ones([2, 3], DType::F32, &dev);
 //! let y = (x.matmul(&w) + 1.0).relu().sum(1, false);
 //! assert_eq!(y.to_vec::<f32>()?, vec![0.0, 0.0]);
+//! # }
 //! # Ok::<(), kiln::Error>(())
 //! ```
 //!
 //! This crate owns the user API, op constructors, `realize` and the plan cache, and errors. It must not know how a
-//! kernel is written: that is `kiln-jit` (graph IR, passes, interpreter, renderers) and `kiln-backends` (devices).
+//! kernel is written: that is `kiln-jit` (graph IR, passes, interpreter, renderers) and `kiln-backends` (devices,
+//! reached through its `Backend` trait and `runtime` module; `device.rs` is the one place that names a device).
+//! Each device is a cargo feature (`cpu`, `wgpu`, both on by default); either builds alone.
 //!
 //! Errors: a misuse of an op (shapes that do not broadcast, a bad dim) panics at the op with the caller's
 //! file:line in the message; anything that depends on data or the outside world returns `Result<_, Error>`.
 
-#[cfg(not(feature = "cpu"))]
-compile_error!("kiln needs its default `cpu` feature: the CPU is the device every other one is checked against");
+#[cfg(not(any(feature = "cpu", feature = "wgpu")))]
+compile_error!("kiln needs a device: enable its `cpu` feature, its `wgpu` feature, or both (the default)");
 
 mod args;
 mod autograd;
@@ -32,6 +36,8 @@ mod io;
 pub mod nn;
 mod ops;
 pub mod optim;
+// Persisted plans are CPU plans (a wgpu plan is compiled against one adapter): `plan_store.rs` says why.
+#[cfg(feature = "cpu")]
 mod plan_store;
 mod random;
 mod realize;
@@ -62,7 +68,7 @@ pub use tensor::Tensor;
 
 /// With `KILN_PROFILE=1`: the time spent in each kernel so far, heaviest first (empty otherwise).
 pub fn profile_report() -> String {
-    kiln_backends::cpu::profile_report()
+    kiln_backends::runtime::profile_report()
 }
 
 /// Computes several tensors as one graph (shared work is done once).

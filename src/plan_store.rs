@@ -46,7 +46,7 @@ pub(crate) fn remember(signature: &[u64]) {
         return;
     }
     if let Err(e) = store.put_artifact(&name, &bytes) {
-        kiln_backends::cpu::cache_write_failed("a plan", &e);
+        kiln_backends::runtime::cache_write_failed("a plan", &e);
     }
 }
 

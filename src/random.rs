@@ -31,6 +31,7 @@ pub struct RngState {
 ///
 /// ```
 /// # kiln::tune::set_cache_dir(None).ok(); // doc tests keep off the user's cache
+/// # #[cfg(feature = "cpu")] {
 /// use kiln::{DType, Device, Generator, Tensor};
 /// let dev = Device::cpu();
 /// let g = Generator::new(42);
@@ -38,6 +39,7 @@ pub struct RngState {
 /// g.manual_seed(42); // rewinds the stream
 /// let b = Tensor::randn_with([3], DType::F32, &dev, &g).to_vec::<f32>()?;
 /// assert_eq!(a, b);
+/// # }
 /// # Ok::<(), kiln::Error>(())
 /// ```
 #[derive(Clone, Debug)]

@@ -9,7 +9,11 @@
 //! The encoding is the whole graph, never a hash of it: the plan cache compares it word for word, and [`decode`]
 //! gives back exactly the graph `realize` would build from the same walk (the same node order and indices).
 
-use kiln_jit::{DType, Graph, NodeData, Op, Shape};
+use kiln_jit::DType;
+// What `decode` builds (persisted plans, CPU only).
+#[cfg(feature = "cpu")]
+use kiln_jit::{Graph, NodeData, Op, Shape};
+#[cfg(feature = "cpu")]
 use petgraph::stable_graph::NodeIndex;
 
 /// Separates the nodes from the output ids.
@@ -26,7 +30,9 @@ pub(crate) fn push_node(sig: &mut Vec<u64>, dtype: DType, dims: &[usize], srcs: 
 }
 
 /// The device code and the graph a signature encodes. An `Err` (never a panic) names what is wrong when the words
-/// are not a well-formed signature of a valid graph (shapes and dtypes are checked as a new graph's are).
+/// are not a well-formed signature of a valid graph (shapes and dtypes are checked as a new graph's are). Only
+/// persisted plans are decoded, and those are CPU plans (`plan_store`).
+#[cfg(feature = "cpu")]
 pub(crate) fn decode(sig: &[u64]) -> Result<(u64, Graph), String> {
     let (&device, mut rest) = sig.split_first().ok_or("an empty signature")?;
     let mut g = Graph::new();
@@ -69,7 +75,8 @@ pub(crate) fn decode(sig: &[u64]) -> Result<(u64, Graph), String> {
     Ok((device, g))
 }
 
-#[cfg(test)]
+// On the CPU: the encoding does not depend on the device, and the CPU needs nothing installed.
+#[cfg(all(test, feature = "cpu"))]
 mod tests {
     use super::*;
     use crate::{Device, Tensor};

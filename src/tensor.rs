@@ -145,10 +145,12 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// Records a node. Callers have checked shapes and dtypes; this checks that all operands share a device.
+    /// Records a node on its operands' device (every caller passes at least one operand; a node without any, a
+    /// constant or a random draw, names its device through `on_device`). Callers have checked shapes and dtypes;
+    /// this checks that all operands share a device.
     #[track_caller]
     pub(crate) fn from_op(op: Op, srcs: Srcs, shape: Shape, dtype: DType) -> Tensor {
-        let device = srcs.first().map_or(Device::Cpu, |s| s.device());
+        let device = srcs[0].device();
         Self::on_device(op, srcs, shape, dtype, device, None)
     }
 
@@ -323,7 +325,7 @@ impl fmt::Debug for Tensor {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cpu"))]
 mod tests {
     use super::*;
 

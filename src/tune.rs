@@ -1,17 +1,19 @@
 //! Warm before deploy: tune and compile GEMMs ahead of time, and move the results between machines as one file.
 //!
 //! A service should never tune or generate code on its first request. On a build machine of the same CPU, run
-//! the model at its batch sizes (or [`tune_gemm`] / `kiln tune` for given shapes and batch hints), then
-//! [`export_bundle`]; at start-up the service calls [`import_bundle`], and its first step reuses every tuning record
-//! and maps the GEMMs' machine code instead of generating it (`stats().tunings == 0`, `tuned_kernel_compiles == 0`);
-//! the plans the build machine compiled are compiled again at import, so that first step is a plan-cache hit
-//! (`stats().plan_misses` unchanged by it). A service that starts on a cache dir filled ahead of time (by earlier
-//! runs, or `kiln cache import`) calls [`warm_from_cache`] instead, for the same effect.
+//! the model at its batch sizes (or, with the `cpu` feature, `tune_gemm` / `kiln tune` for given shapes and batch
+//! hints), then [`export_bundle`]; at start-up the service calls [`import_bundle`], and its first step reuses every
+//! tuning record and maps the GEMMs' machine code instead of generating it (`stats().tunings == 0`,
+//! `tuned_kernel_compiles == 0`); the plans the build machine compiled are compiled again at import, so that first
+//! step is a plan-cache hit (`stats().plan_misses` unchanged by it). A service that starts on a cache dir filled
+//! ahead of time (by earlier runs, or `kiln cache import`) calls [`warm_from_cache`] instead, for the same effect.
 //!
 //! Results live in the process-wide store (`KILN_CACHE_DIR`, default the user's cache dir, `off` for memory only),
 //! namespaced by kiln version and CPU fingerprint: a bundle from another CPU or version is refused, never used.
 
-use crate::{Device, Result, Tensor};
+use crate::Result;
+#[cfg(feature = "cpu")]
+use crate::{Device, Tensor};
 pub use kiln_autotune::{BundleSummary, Mode, TuneRecord};
 
 /// Puts the process-wide cache at `dir` (`None`: memory only, nothing written to disk) instead of where
@@ -23,6 +25,7 @@ pub fn set_cache_dir(dir: Option<&std::path::Path>) -> Result<()> {
 }
 
 /// What follows the GEMM in the tuned graph (the epilogue is part of the tuning key).
+#[cfg(feature = "cpu")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Epilogue {
     None,
@@ -32,6 +35,7 @@ pub enum Epilogue {
 
 /// One GEMM to tune: `x[m, k] @ w` with `w` stored `[k, n]`, or `[n, k]` and transposed (`transposed_w`, the
 /// layout of `nn::Linear`).
+#[cfg(feature = "cpu")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemmShape {
     pub m: usize,
@@ -43,7 +47,9 @@ pub struct GemmShape {
 
 /// Tunes (with `mode`, whatever `KILN_AUTOTUNE` says) and compiles one GEMM on the CPU, and returns its tuning
 /// record. A shape whose key is already in the store is not searched again, unless its record was made by a lighter
-/// mode than `mode` (`off` or `fast` records are re-tuned by `full`: `TuneRecord::serves`).
+/// mode than `mode` (`off` or `fast` records are re-tuned by `full`: `TuneRecord::serves`). CPU only (cargo feature
+/// `cpu`): the wgpu device tunes a GEMM when a plan first meets it, keyed by its adapter.
+#[cfg(feature = "cpu")]
 pub fn tune_gemm(shape: &GemmShape, mode: Mode) -> Result<Option<TuneRecord>> {
     let dev = Device::cpu();
     // Buffers, not constants: a GEMM of constant operands would be a different graph from the model's.
@@ -57,13 +63,15 @@ pub fn tune_gemm(shape: &GemmShape, mode: Mode) -> Result<Option<TuneRecord>> {
     if shape.epilogue == Epilogue::BiasRelu {
         y = y.relu();
     }
-    kiln_backends::cpu::take_last_tune_record();
-    kiln_backends::cpu::set_autotune_mode(Some(mode));
+    let backend = dev.backend()?;
+    // An earlier compile's record must not pass for this one's.
+    backend.take_last_tune_record();
+    backend.set_autotune_mode(Some(mode));
     let realized = crate::plan_store::without_persisting(|| crate::realize(&[&y]));
-    kiln_backends::cpu::set_autotune_mode(None);
+    backend.set_autotune_mode(None);
     realized?;
     // `None`: this process had compiled the same graph already (its record is in the store).
-    Ok(kiln_backends::cpu::take_last_tune_record())
+    Ok(backend.take_last_tune_record())
 }
 
 /// Writes every tuning record and cached GEMM kernel of this machine's namespace to one file.
@@ -94,8 +102,20 @@ pub fn warm_from_cache() -> Warmed {
 /// What an import and a warm start both prepare once the store's memory holds the entries: the runtime's one-time
 /// costs (mapped kernels, pool buffers, the GEMM runtime), then the persisted plans. Returns the plans compiled.
 fn prepare_stored() -> usize {
-    kiln_backends::cpu::warm_runtime();
+    kiln_backends::runtime::warm_up();
+    persisted_plans()
+}
+
+/// Compiles the persisted plans (`plan_store`); returns how many.
+#[cfg(feature = "cpu")]
+fn persisted_plans() -> usize {
     crate::plan_store::build_persisted()
+}
+
+/// Persisted plans are CPU plans: a build without the CPU compiles none (and an imported bundle's stay stored).
+#[cfg(not(feature = "cpu"))]
+fn persisted_plans() -> usize {
+    0
 }
 
 /// Loads a bundle written by [`export_bundle`] on a machine with the same CPU fingerprint and kiln version, and

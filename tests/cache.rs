@@ -4,6 +4,9 @@
 //! `SERIAL` lock first and asserts on differences of the counters before and after. Each test uses constants no
 //! other test uses, so a plan it expects to compile cannot already be cached by another test.
 
+// The plan cache is the same for every device; these tests drive it on the CPU (cargo feature `cpu`).
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 use kiln::{DType, Device, Stats, Tensor};

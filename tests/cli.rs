@@ -1,6 +1,9 @@
 //! The `kiln` binary's cache commands against a temporary KILN_CACHE_DIR: entries made through the library are
 //! listed, exported, cleared, imported back, verified; a corrupt entry fails verify; a foreign bundle is refused.
 
+// The `kiln` binary needs the `cpu` feature (its `required-features`).
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 mod common;

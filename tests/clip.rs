@@ -11,9 +11,13 @@ mod common;
 
 use common::*;
 use kiln::nn::{Param, clip_grad_norm, clip_grad_value};
-use kiln::optim::{Optimizer, Sgd};
-use kiln::{DType, Device, Tensor};
+use kiln::{DType, Device};
 use std::sync::{Mutex, MutexGuard};
+#[cfg(feature = "cpu")]
+use {
+    kiln::Tensor,
+    kiln::optim::{Optimizer, Sgd},
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -82,6 +86,7 @@ fn clip_grad_norm_scales_by_max_norm_over_the_total_norm_on_every_device() {
     }
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn only_the_listed_parameters_count_and_are_clipped() {
     let _s = serial();
@@ -100,6 +105,7 @@ fn only_the_listed_parameters_count_and_are_clipped() {
     assert_eq!(vals(&norm), vec![0.0]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn mixed_f32_and_f64_gradients_give_an_f64_norm() {
     let _s = serial();
@@ -128,6 +134,7 @@ fn clip_grad_value_clamps_each_element() {
     }
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn a_training_loop_that_clips_compiles_one_plan() {
     let _s = serial();
@@ -151,6 +158,7 @@ fn a_training_loop_that_clips_compiles_one_plan() {
     assert!(norms[9] < norms[0], "training makes progress: {norms:?}");
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 #[should_panic(expected = "clip_grad_norm: max_norm must be >= 0 (got -1)")]
 fn a_negative_max_norm_is_refused() {

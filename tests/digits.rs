@@ -5,6 +5,9 @@
 //! Only `trains_to_95_percent` runs kiln (and seeds its global generator), so the plan-cache counters it reads
 //! are not disturbed by the other tests of this file running in parallel.
 
+// Trains the example on the CPU (cargo feature `cpu`).
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 #[path = "../examples/train_digits.rs"]

@@ -8,12 +8,16 @@ mod test_cache;
 
 mod common;
 
-use kiln::{DType, Device, Tensor, f16};
+use kiln::{DType, Tensor};
+#[cfg(feature = "cpu")]
+use kiln::{Device, f16};
 
+#[cfg(feature = "cpu")]
 fn t<T: kiln::Element>(v: Vec<T>, dims: &[usize]) -> Tensor {
     Tensor::from_vec(v, dims.to_vec(), &Device::cpu()).unwrap()
 }
 
+#[cfg(feature = "cpu")]
 fn cases() -> Vec<(&'static str, Tensor)> {
     let range = |n: usize| (0..n).map(|i| i as f32).collect::<Vec<_>>();
     vec![
@@ -39,6 +43,7 @@ fn cases() -> Vec<(&'static str, Tensor)> {
     ]
 }
 
+#[cfg(feature = "cpu")]
 /// The fixture's `=== name` sections.
 fn expected() -> Vec<(String, String)> {
     let text = include_str!("fixtures/tensor_display.txt");
@@ -51,6 +56,7 @@ fn expected() -> Vec<(String, String)> {
         .collect()
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn tensors_print_as_pytorch_prints_them() {
     let want = expected();
@@ -62,6 +68,7 @@ fn tensors_print_as_pytorch_prints_them() {
     }
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn a_lazy_tensor_is_computed_for_display_and_not_for_debug() {
     let x = t(vec![1.0f32, 2.0], &[2]).exp().mul(0.0).add(1.0);

@@ -10,10 +10,14 @@ mod test_cache;
 mod common;
 
 use kiln::nn::Param;
-use kiln::optim::{Adam, Optimizer, Sgd};
+use kiln::optim::{Optimizer, Sgd};
 use kiln::{Device, Tensor};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+#[cfg(feature = "cpu")]
+use {
+    kiln::optim::Adam,
+    std::sync::atomic::{AtomicBool, AtomicUsize, Ordering},
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -41,6 +45,7 @@ struct Net {
 }
 
 impl Net {
+    #[cfg(feature = "cpu")]
     fn new(b: usize) -> Net {
         Net::on(b, &Device::cpu())
     }
@@ -82,6 +87,7 @@ fn train<H>(net: &Net, steps: usize, mut hold: impl FnMut(&Net) -> H) -> (u64, V
     (donated() - before, held)
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn an_optimizer_step_updates_parameters_and_state_in_place_with_the_same_values() {
     let _s = serial();
@@ -128,6 +134,7 @@ fn every_device_updates_in_place_with_the_values_of_a_step_that_does_not() {
     }
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn a_lazy_value_that_needs_the_old_weights_blocks_donation_and_reads_them() {
     let _s = serial();
@@ -140,6 +147,7 @@ fn a_lazy_value_that_needs_the_old_weights_blocks_donation_and_reads_them() {
     assert_eq!(preds[0].to_vec::<f32>().expect("realize after the step"), want);
 }
 
+#[cfg(feature = "cpu")]
 /// One SGD step of `Net::new(4)` whose loss is computed from a held prediction, realized by the step itself when
 /// `in_step`; returns the donations and the prediction, checked against the initial weights' prediction.
 fn step_holding_the_prediction(in_step: bool) -> u64 {
@@ -157,6 +165,7 @@ fn step_holding_the_prediction(in_step: bool) -> u64 {
     n
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn a_held_intermediate_of_the_step_blocks_donation_and_reads_the_old_weights() {
     let _s = serial();
@@ -165,12 +174,14 @@ fn a_held_intermediate_of_the_step_blocks_donation_and_reads_the_old_weights() {
     assert_eq!(step_holding_the_prediction(false), 0);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn a_value_realized_by_the_step_itself_does_not_block_donation() {
     let _s = serial();
     assert_eq!(step_holding_the_prediction(true), 2);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn a_detached_view_of_a_parameter_keeps_its_buffer() {
     let _s = serial();
@@ -181,6 +192,7 @@ fn a_detached_view_of_a_parameter_keeps_its_buffer() {
     assert_eq!(view.to_vec::<f32>().expect("download"), values(24 * 16, 1));
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn adam_donates_weights_and_both_moments() {
     let _s = serial();
@@ -202,6 +214,7 @@ fn adam_donates_weights_and_both_moments() {
     assert_eq!(m.to_vec::<f32>().expect("download"), m_before);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn any_realize_may_write_over_an_input_nobody_else_holds() {
     let _s = serial();
@@ -226,6 +239,7 @@ fn any_realize_may_write_over_an_input_nobody_else_holds() {
     assert_eq!(c.to_vec::<f32>().expect("download"), want);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn a_thread_reading_a_parameter_during_steps_sees_whole_values_and_changes_none() {
     let _s = serial();

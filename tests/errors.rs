@@ -6,11 +6,16 @@ mod test_cache;
 
 mod common_props;
 
+use kiln::{DType, Device, Tensor};
+// The op-misuse checks make their operands on the CPU.
+#[cfg(feature = "cpu")]
 use common_props::{Caught, catch_panic};
-use kiln::{DType, Device, Error, Tensor};
+#[cfg(feature = "cpu")]
+use kiln::Error;
 
 const THIS_FILE: &str = "tests/errors.rs";
 
+#[cfg(feature = "cpu")]
 /// Runs the expression, which must panic; gives what was caught and the line the macro was invoked on (the
 /// expression's tokens keep that line, so it is the line `#[track_caller]` must report).
 macro_rules! panic_of {
@@ -20,6 +25,7 @@ macro_rules! panic_of {
     }};
 }
 
+#[cfg(feature = "cpu")]
 /// Checks a caught op panic: `kiln: <op>: ...` naming every needle, located at `line` of this file both in the
 /// message and in the panic's own location.
 #[track_caller]
@@ -38,10 +44,12 @@ fn assert_op_panic((caught, line): (Caught, u32), op: &str, needles: &[&str]) {
     assert_eq!(c.to_string(), column, "message and panic location disagree on the column: {msg}");
 }
 
+#[cfg(feature = "cpu")]
 fn dev() -> Device {
     Device::cpu()
 }
 
+#[cfg(feature = "cpu")]
 fn f32s(dims: &[usize]) -> Tensor {
     let n = dims.iter().product::<usize>();
     Tensor::from_vec((0..n).map(|i| i as f32).collect::<Vec<_>>(), dims.to_vec(), &dev()).unwrap()
@@ -52,6 +60,7 @@ fn this_file_is_where_we_think() {
     assert_eq!(file!(), THIS_FILE);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn add_with_incompatible_shapes() {
     let (a, b) = (f32s(&[2, 3]), f32s(&[4]));
@@ -65,6 +74,7 @@ fn add_with_incompatible_shapes() {
     assert_op_panic(panic_of!(a.clamp(&b, 1.0)), "clamp", &["[2, 3]", "[4]"]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn matmul_inner_dim_mismatch() {
     let (a, b) = (f32s(&[2, 3]), f32s(&[4, 5]));
@@ -75,6 +85,7 @@ fn matmul_inner_dim_mismatch() {
     assert_op_panic(panic_of!(x.matmul(&y)), "matmul", &["[2, 2, 3]", "[3, 3, 4]", "batch"]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn reshape_to_a_wrong_element_count() {
     let a = f32s(&[2, 3]);
@@ -84,6 +95,7 @@ fn reshape_to_a_wrong_element_count() {
     assert_op_panic(panic_of!(a.view([7])), "view", &["[2, 3]", "[7]"]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn bad_dim_index() {
     let a = f32s(&[2, 3]);
@@ -101,6 +113,7 @@ fn bad_dim_index() {
     assert_op_panic(panic_of!(a.softmax(2)), "softmax", &["dim 2"]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn cat_and_stack_with_mismatched_shapes() {
     let (a, b) = (f32s(&[2, 3]), f32s(&[3, 4]));
@@ -114,6 +127,7 @@ fn cat_and_stack_with_mismatched_shapes() {
     assert_op_panic(panic_of!(Tensor::stack(&[&a, &b], 0)), "stack", &["[2, 3]", "[3, 4]"]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn where_with_a_non_bool_condition() {
     let (a, b) = (f32s(&[2, 3]), f32s(&[3]));
@@ -125,6 +139,7 @@ fn where_with_a_non_bool_condition() {
     assert_op_panic(panic_of!(cond.where_(&a, &b)), "where_", &["[4]", "[2, 3]", "[3]"]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn dtype_misuse() {
     let mask = f32s(&[3]).gt(0.5);
@@ -137,6 +152,7 @@ fn dtype_misuse() {
     assert_op_panic(panic_of!(mask.matmul(&mask)), "matmul", &["bool"]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn max_over_an_empty_dim() {
     let e = f32s(&[0, 3]);
@@ -149,6 +165,7 @@ fn max_over_an_empty_dim() {
     assert_eq!(e.sum(0, false).to_vec::<f32>().unwrap(), vec![0.0; 3]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn other_movement_misuse() {
     let a = f32s(&[2, 3]);
@@ -163,6 +180,7 @@ fn other_movement_misuse() {
     assert_op_panic(panic_of!(s.slice(0, 0, 1, 1)), "slice", &["zero-dim"]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn from_vec_with_a_wrong_length_is_an_err() {
     let err = Tensor::from_vec(vec![1.0f32; 5], [2, 3], &dev()).unwrap_err();
@@ -178,6 +196,7 @@ fn from_vec_with_a_wrong_length_is_an_err() {
     assert_eq!(Tensor::from_vec(Vec::<f64>::new(), [3, 0], &dev()).unwrap().dims(), &[3, 0]);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn to_vec_with_the_wrong_type_is_an_err() {
     let a = f32s(&[2]);
@@ -193,6 +212,7 @@ fn to_vec_with_the_wrong_type_is_an_err() {
     assert!(a.gt(0.0).to_vec::<u8>().is_err());
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn item_on_a_multi_element_tensor_is_an_err() {
     let a = f32s(&[2, 2]);
@@ -206,6 +226,7 @@ fn item_on_a_multi_element_tensor_is_an_err() {
     assert_eq!(f32s(&[1, 1]).add(7.0).item::<f32>().unwrap(), 7.0);
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn kiln_is_usable_after_a_caught_panic() {
     let (a, b) = (f32s(&[2, 3]), f32s(&[4]));
@@ -239,6 +260,7 @@ fn wgpu() -> Option<Device> {
     }
 }
 
+#[cfg(feature = "cpu")]
 /// On wgpu, 64-bit dtypes are refused clearly: an op whose result would be f64 or i64 panics at the op (naming the
 /// dtype and the device, at the user's line), and data of those dtypes is an `Err` at upload.
 #[test]
@@ -263,6 +285,7 @@ fn wgpu_refuses_64_bit_dtypes_at_the_op_and_at_upload() {
     assert_eq!(b.logical_not().to_device(&Device::cpu()).unwrap().to_vec::<bool>().unwrap(), vec![false, true]);
 }
 
+#[cfg(feature = "cpu")]
 /// Operands on two devices are a programmer error at the op, naming both devices.
 #[test]
 fn ops_across_devices_panic_naming_both() {
@@ -276,9 +299,11 @@ fn ops_across_devices_panic_naming_both() {
 #[test]
 fn unknown_device_name_is_an_error() {
     let e = "tpu".parse::<Device>().unwrap_err().to_string();
-    assert!(e.contains("tpu") && e.contains("cpu"), "{e}");
+    let known = if cfg!(feature = "cpu") { "cpu" } else { "wgpu" };
+    assert!(e.contains("tpu") && e.contains(known), "{e}");
 }
 
+#[cfg(feature = "cpu")]
 /// Not a test on its own (ignored, so it never counts as a pass): the body of the child process of
 /// `wgpu_without_shader_f16_refuses_f16_naming_the_feature`, which runs with the feature declined.
 #[test]
@@ -302,6 +327,7 @@ fn f16_refusal_child() {
     println!("F16_REFUSED_OK");
 }
 
+#[cfg(feature = "cpu")]
 /// On a wgpu device without `SHADER_F16` (simulated by declining it, `KILN_WGPU_F16=off`, in a child process: the
 /// device is opened once per process), f16 is refused at the op and at upload, naming the missing feature; nothing
 /// falls back to the CPU.

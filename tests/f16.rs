@@ -202,6 +202,7 @@ fn gradients_flow_through_f16() {
     });
 }
 
+#[cfg(feature = "cpu")]
 /// An f16 matmul runs as the f32 GEMM (operands converted and materialized, one rounding of the f32 result), so the
 /// generated GEMM and the tiled WGSL template serve it; and its value is the interpreter's.
 #[test]
@@ -222,6 +223,7 @@ fn f16_matmul_is_an_f32_gemm() {
     });
 }
 
+#[cfg(feature = "cpu")]
 /// An f16 matmul with K = 1 is the broadcast product, as in f32: no GEMM, no reduction, and each element is the
 /// product rounded once (exact in f32, so what the f32-accumulating GEMM would give), a `-0.0` product included.
 #[test]

@@ -8,9 +8,15 @@ mod test_cache;
 
 mod common;
 
-use common::{Tol, compare_on, devices, runs_on, tensor};
-use kiln::{DType, Tensor};
-use kiln_jit::kernel::{KernelIr, ScheduleOptions, schedule_with};
+use common::{Tol, compare_on, tensor};
+use kiln::DType;
+// The split checks schedule CPU data (`large_reductions_...`).
+#[cfg(feature = "cpu")]
+use {
+    common::{devices, runs_on},
+    kiln::Tensor,
+    kiln_jit::kernel::{KernelIr, ScheduleOptions, schedule_with},
+};
 
 /// `n` integers in -8..=8, with NaN and infinities at a few positions when `specials`.
 fn ints(n: usize, seed: u64, specials: bool) -> Vec<f64> {
@@ -24,12 +30,14 @@ fn ints(n: usize, seed: u64, specials: bool) -> Vec<f64> {
     v
 }
 
+#[cfg(feature = "cpu")]
 /// The kernels the plan of `out` launches, as a backend is given them.
 fn launches(out: &Tensor) -> Vec<KernelIr> {
     let cap = kiln::capture(&[out]).unwrap();
     schedule_with(&cap.graph, ScheduleOptions::default()).launches.into_iter().map(|l| l.kernel).collect()
 }
 
+#[cfg(feature = "cpu")]
 /// Checks how `out` (a reduction to one value of `x`) is scheduled, `parts` partial results (`None`: one kernel),
 /// then realizes it on every device `x`'s dtype lives on and compares with the interpreter bit for bit.
 fn check(name: &str, x: &Tensor, out: impl Fn(&Tensor) -> Tensor, parts: Option<usize>) {
@@ -59,6 +67,7 @@ fn check(name: &str, x: &Tensor, out: impl Fn(&Tensor) -> Tensor, parts: Option<
     }
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn large_reductions_to_one_value_split_and_match_the_interpreter() {
     let f32s =

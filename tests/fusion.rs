@@ -1,6 +1,9 @@
 //! Fusion: kernel counts for the shapes of graph DESIGN.md promises to fuse, and the fused plan (run by the kernel
 //! IR evaluator) against the reference interpreter.
 
+// The graphs are built on the CPU (cargo feature `cpu`); the kernel counts are the scheduler's, for every device.
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 mod common;

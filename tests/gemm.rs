@@ -1,20 +1,28 @@
 //! The generated GEMM: every candidate configuration the tuner may pick is forced once on GEMMs with ragged edges,
 //! several K blocks, transposed and batched operands and every epilogue kind (in registers or as a pass), and
 //! checked against the reference interpreter. A tuner that can pick a wrong kernel is the worst bug this area has.
+//! Those are the CPU's (cargo feature `cpu`); the last test runs on every device.
 
 mod test_cache;
 
 mod common;
 
-use common::{compare, gemm_tol, tensor};
-use kiln::{DType, HostBuffer, Tensor};
+use kiln::{DType, Tensor};
+
+#[cfg(feature = "cpu")]
+use common::{compare, gemm_tol, rand_f32 as rand, tensor};
+#[cfg(feature = "cpu")]
+use kiln::HostBuffer;
+#[cfg(feature = "cpu")]
 use kiln_backends::cpu::PreparedGemm;
+#[cfg(feature = "cpu")]
 use kiln_backends::cpu::gemm::config::{self, GemmImpl};
+#[cfg(feature = "cpu")]
 use kiln_jit::kernel::gemm::GemmView;
+#[cfg(feature = "cpu")]
 use kiln_jit::kernel::{ScheduleOptions, schedule_with};
 
-use common::rand_f32 as rand;
-
+#[cfg(feature = "cpu")]
 /// Forces every candidate (and each tile with tiny blocks, for the middle K mode and edge tiles) on the GEMM of
 /// `out` and compares with the interpreter's value of the graph. Returns the candidates run.
 fn check_all_candidates(name: &str, out: &Tensor) -> usize {
@@ -46,6 +54,7 @@ fn check_all_candidates(name: &str, out: &Tensor) -> usize {
     })
 }
 
+#[cfg(feature = "cpu")]
 /// Leaves NaNs where the next output buffer of `len` f32 will likely come from (the host pool from 64 KiB, the
 /// allocator's free list below), so that an element a candidate fails to write reads as wrong: otherwise it would
 /// often hold the previous candidate's value, which is right.
@@ -54,6 +63,7 @@ fn poison_recycled_memory(len: usize) {
     drop(std::hint::black_box(vec![f32::NAN; len]));
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn every_candidate_on_ragged_and_blocked_shapes() {
     if common::skip_without_avx2() {
@@ -65,6 +75,7 @@ fn every_candidate_on_ragged_and_blocked_shapes() {
     }
 }
 
+#[cfg(feature = "cpu")]
 /// Asserts that `imp` is a candidate for the GEMM of `c`, then forces every candidate on it (`check_all_candidates`).
 fn offered_and_checked(imp: GemmImpl, name: &str, c: &Tensor) {
     let k = gemm_kernel(c);
@@ -73,6 +84,7 @@ fn offered_and_checked(imp: GemmImpl, name: &str, c: &Tensor) {
     assert!(check_all_candidates(name, c) > 0);
 }
 
+#[cfg(feature = "cpu")]
 /// The dot-product candidate (`x @ W^T`) on the shapes its loops split: K below, at and between its 8- and 16-float
 /// steps, N not a multiple of its 4-column blocks (and below one block), M below, at and past its 3-row tiles with
 /// rows left over, and A read from a slice whose rows are further apart than K; with an epilogue (its pass). Each is forced through `check_all_candidates` like every other candidate, which is asserted
@@ -103,6 +115,7 @@ fn dot_candidate_on_ragged_linear_shapes() {
     assert!(!config::candidates(&GemmView::of(&k).unwrap(), true).contains(&GemmImpl::Dot));
 }
 
+#[cfg(feature = "cpu")]
 /// The transposed candidate (`x @ W^T` computed as `(W x^T)^T`) on linear-layer shapes from just past the dot
 /// products' row limit to its own: rows, columns and K left over against its 6- and 4-row tiles and the 8 x 8
 /// transpose blocks, with and without an epilogue (its pass). Each is forced through `check_all_candidates`, which is
@@ -131,6 +144,7 @@ fn transposed_candidate_on_linear_shapes() {
     }
 }
 
+#[cfg(feature = "cpu")]
 /// The split-K candidate (`dy @ W`, W stored K x N) on the shapes its loops split: N below, at and between its 96-,
 /// 64-, 32-, 16- and 8-column steps with columns left over, K not a multiple of the part count and at its 32-row
 /// minimum, up to its 8-row limit, A read from a slice and transposed (strided along K), with an epilogue (its pass);
@@ -169,6 +183,7 @@ fn splitk_candidate_on_ragged_input_gradient_shapes() {
     }
 }
 
+#[cfg(feature = "cpu")]
 /// Where the plan writes over B (a training step's weight), a small-M GEMM with B stored K x N runs split K, chosen
 /// rather than raced (`config::step_candidates`), under a key of its own.
 #[test]
@@ -199,6 +214,7 @@ fn a_rewritten_weight_selects_split_k_under_its_own_key() {
     assert_eq!(config::step_candidates(&v, true, update), config::candidates(&v, true));
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn every_candidate_on_transposed_and_batched_operands() {
     if common::skip_without_avx2() {
@@ -220,6 +236,7 @@ fn every_candidate_on_transposed_and_batched_operands() {
     }
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn every_candidate_with_each_epilogue() {
     if common::skip_without_avx2() {
@@ -268,12 +285,14 @@ fn every_candidate_with_each_epilogue() {
     }
 }
 
+#[cfg(feature = "cpu")]
 /// The GEMM kernel of `out`'s plan (the last launch).
 fn gemm_kernel(out: &Tensor) -> kiln_jit::kernel::KernelIr {
     let cap = kiln::capture(&[out]).unwrap();
     schedule_with(&cap.graph, ScheduleOptions { transpose_copy: false }).launches.pop().unwrap().kernel
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn tuning_keys_bucket_shapes_and_separate_what_changes_the_kernel() {
     use kiln_backends::cpu::gemm::tune::problem;
@@ -297,6 +316,7 @@ fn tuning_keys_bucket_shapes_and_separate_what_changes_the_kernel() {
     assert_ne!(key(&mm(8, 300, 200), "cpu-a").candidates, base.candidates);
 }
 
+#[cfg(feature = "cpu")]
 /// The tuner's check (`gemm_check::Reference`, evaluated once per search and shared by every candidate) accepts the
 /// interpreter's output of a GEMM with an epilogue and rejects it with one sampled element off by a wrong tile's
 /// error (a missing product), and rejects a short output instead of reading past it.
@@ -320,6 +340,7 @@ fn tuner_reference_accepts_the_right_output_and_rejects_a_wrong_one() {
     });
 }
 
+#[cfg(feature = "cpu")]
 /// `KILN_AUTOTUNE=fast` times a cut-down problem of the same key when one canonical run would be expensive: batch
 /// first, then the larger of M and N, never K, never below 256, and never N of a GEMM with few rows (bound by
 /// streaming B, whose size must stay). The proxy is itself a GEMM with the key's layouts and epilogue.

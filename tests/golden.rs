@@ -17,6 +17,9 @@
 //! from the ISA (64-bit pointers are assumed). The text must not depend on anything but the kernel: it is rendered
 //! twice and the two must be equal.
 
+// The graphs are built and run on the CPU (cargo feature `cpu`).
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};

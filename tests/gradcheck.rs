@@ -14,6 +14,9 @@
 //! The tests at the end cover autograd's semantics: ties, accumulation, which leaves get gradients, detach,
 //! no_grad, errors, graph freeing and memory.
 
+// Finite differences run on the CPU (cargo feature `cpu`), which other devices' gradients are held to.
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 mod common;

@@ -1,6 +1,9 @@
 //! Weights on disk: safetensors round trips for every dtype, the byte layout PyTorch's `safetensors.torch` reads
 //! and writes (checked by hand-parsing and hand-building files), module save/load, and every error case.
 
+// Weights are saved from and loaded to the CPU (cargo feature `cpu`).
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 use kiln::nn::{Linear, Module, ReLU, Sequential};

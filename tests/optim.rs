@@ -5,6 +5,9 @@
 //! The plan-cache counters and the node count are process-wide, and the tests of this file run on parallel
 //! threads, so every test takes `SERIAL` first.
 
+// Every body runs on the CPU (cargo feature `cpu`), the benchmark MLP's weights are read there.
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 mod common;

@@ -10,8 +10,11 @@ mod common;
 use common::*;
 use kiln::nn::functional::{self as F, Reduction};
 use kiln::nn::{Dropout, Linear, Module, Param, ReLU, Sequential};
-use kiln::optim::{Adam, AdamW, GroupOptions, Optimizer, OptimizerState, Sgd};
-use kiln::{DType, Device, Error, Tensor};
+use kiln::optim::{Adam, AdamW, GroupOptions, Optimizer, Sgd};
+use kiln::{DType, Device, Tensor};
+#[cfg(feature = "cpu")]
+use kiln::{Error, optim::OptimizerState};
+#[cfg(feature = "cpu")]
 use std::path::Path;
 
 fn model(dev: &Device) -> Sequential {
@@ -122,6 +125,7 @@ fn training_resumed_from_a_checkpoint_computes_the_same_bits_as_training_that_ne
     }
 }
 
+#[cfg(feature = "cpu")]
 /// The random streams are per thread: other threads seeding and drawing random numbers all the while (random
 /// tensors, dropout, model inits, training of their own) never move this thread's stream. With one process-wide
 /// stream this failed about one run in five under load.
@@ -161,6 +165,7 @@ fn a_resumed_run_reproduces_its_bits_200_times_while_other_threads_draw_random_n
     });
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn an_explicit_generator_drives_inits_and_dropout_whichever_thread_runs_them() {
     let dev = Device::cpu();
@@ -194,10 +199,12 @@ fn an_explicit_generator_drives_inits_and_dropout_whichever_thread_runs_them() {
     assert_eq!(h.state(), g.state());
 }
 
+#[cfg(feature = "cpu")]
 /// An optimizer's state with its tensors read back: kind, hyperparameters (bits), per parameter the step count and
 /// the named tensors' values.
 type Snapshot = (String, Vec<(String, u64)>, Vec<(u64, Vec<(String, Vec<f64>)>)>);
 
+#[cfg(feature = "cpu")]
 /// `state_dict` of `opt` with the tensors as values (for comparing two states).
 fn snapshot(opt: &dyn Optimizer) -> Snapshot {
     let s = opt.state_dict();
@@ -206,6 +213,7 @@ fn snapshot(opt: &dyn Optimizer) -> Snapshot {
     (s.kind, hyper, params.collect())
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn state_dict_round_trips_through_load_state_dict_and_through_a_file() {
     let dev = Device::cpu();
@@ -230,6 +238,7 @@ fn state_dict_round_trips_through_load_state_dict_and_through_a_file() {
     }
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn state_of_f32_parameters_loads_into_f64_parameters() {
     let dev = Device::cpu();
@@ -246,6 +255,7 @@ fn state_of_f32_parameters_loads_into_f64_parameters() {
     assert_eq!(opt64.step_count(0), 1);
 }
 
+#[cfg(feature = "cpu")]
 /// Loads `state` into `opt`, expecting a refusal whose message contains `needle`, and `opt` unchanged.
 #[track_caller]
 fn refused(opt: &mut dyn Optimizer, state: &OptimizerState, needle: &str) {
@@ -256,6 +266,7 @@ fn refused(opt: &mut dyn Optimizer, state: &OptimizerState, needle: &str) {
     assert_eq!(snapshot(opt), before, "a refused load changed the optimizer ({needle})");
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn a_state_that_does_not_fit_is_refused_whole_and_changes_nothing() {
     let dev = Device::cpu();
@@ -333,6 +344,7 @@ fn a_state_that_does_not_fit_is_refused_whole_and_changes_nothing() {
     assert_eq!(snapshot(target.as_ref()), snapshot(adam.as_ref()));
 }
 
+#[cfg(feature = "cpu")]
 #[test]
 fn a_file_that_is_not_an_optimizer_checkpoint_is_refused() {
     let dev = Device::cpu();

@@ -9,6 +9,9 @@
 //! Every property runs 256 cases by default; `PROPTEST_CASES` overrides. Failures print the op chain in kiln's
 //! terms, e.g. `start f32[2, 0, 3]; permute([2, -3, 1]); cat(dim 1, 3 parts, sizes [0, 2, 1])`.
 
+// Every property runs on the CPU (cargo feature `cpu`).
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 mod common;

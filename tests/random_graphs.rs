@@ -25,6 +25,9 @@
 //! helper for a realized input. Setting `KILN_CPU_ENGINE=interp` makes realize run the interpreter, which tells a
 //! JIT bug from a generator bug.
 
+// Programs run on the CPU (cargo feature `cpu`), which other devices are held to.
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 mod common;

@@ -1,6 +1,9 @@
 //! The README's quick start is `examples/quickstart.rs`, to the byte, and it runs as its comments say: the step's
 //! plan compiles once and replays. One test in this binary, so no other test moves the process-wide counters.
 
+// The quick start runs on the CPU (cargo feature `cpu`, the example's `required-features`).
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 mod quickstart {

@@ -12,6 +12,9 @@
 //! of a tie between -0 and +0 is the one thing an order could change there. A log-sum-exp (a row sum with `exp`
 //! inside and `log` after) is held to the table's f32 accumulation tolerance.
 
+// The CPU's row-reduction kernels (cargo feature `cpu`).
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 mod common;

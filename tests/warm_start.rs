@@ -8,6 +8,9 @@
 //!
 //! The child processes are this test binary itself, re-run with `KILN_WARM_CHILD` set (see `child_step`).
 
+// Bundles carry the CPU's GEMMs, kernels and plans (cargo feature `cpu`).
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 mod common;

@@ -108,7 +108,7 @@ fn tuned_gemms_through_the_device_match_the_reference() {
     let rec = kiln_backends::wgpu::take_last_tune_record().expect("a GEMM tile was chosen");
     assert_eq!(rec.key.op, "wgsl-gemm");
     assert_eq!(rec.key.device, kiln_backends::wgpu::fingerprint().unwrap().id());
-    let tile = kiln_autotune::wgsl_gemm::GemmTile::parse(&rec.winner).expect("the winner is a tile name");
+    let tile = kiln_backends::wgpu::tiles::GemmTile::parse(&rec.winner).expect("the winner is a tile name");
     assert!(gemm_candidates().unwrap().contains(&tile), "{} is not a candidate here", rec.winner);
     if rec.mode != "off" {
         let won = rec.trials.iter().find(|t| t.config == rec.winner).expect("the winner is a trial");

@@ -7,6 +7,9 @@
 //! include NaN, infinities, signed zeros and subnormals. Each case asserts that its kernel is an `ElementwiseView`
 //! and that a wide kernel was generated for it, so the test cannot pass on Cranelift code.
 
+// The CPU's 8-lane kernels (cargo feature `cpu`).
+#![cfg(feature = "cpu")]
+
 mod test_cache;
 
 mod common;

@@ -1,5 +1,6 @@
 //! `kiln-autotune`: the device-neutral half of kiln's autotuner. It knows how to search, remember and ship tuning
-//! results; it does not know what a GEMM is.
+//! results; it does not know what a GEMM is, nor any backend (the one machine it describes is the host it runs on,
+//! whose fingerprint namespaces the store).
 //!
 //! - [`search()`]: sort candidates by a model's score, verify and time the best few within a budget
 //!   ([`Mode`]: `KILN_AUTOTUNE=off|fast|full`), and return a [`TuneRecord`] naming the winner with every trial.
@@ -9,16 +10,13 @@
 //!   and device, written atomically, checksummed, and never used when anything about an entry is off; bundles
 //!   export and import a whole namespace as one file.
 //!
-//! - [`cpu_gemm`]: the CPU GEMM search space (register tiles, cache blocking, packing, thread split, the library
-//!   candidate) and its analytic cost model, over a `kiln_jit` `GemmView`.
-//! - [`wgsl_gemm`]: the WGSL GEMM search space (workgroup and register tiles, K slice), adapter legality, and its
-//!   analytic score.
-//!
-//! Must not know: the user-facing `Tensor` API, or how a kernel is generated and run: the GEMM kernels, the
-//! reference check and the timing closures are the backends' (see docs/architecture.md, "Caches").
+//! Must not know: the user-facing `Tensor` API, the kernel IR, or how a kernel is generated and run. A search space
+//! and its cost model belong to the backend whose kernels they describe (`kiln-backends`' `cpu/gemm/config.rs` and
+//! `wgpu/tiles.rs`), as do the kernels, the reference check and the timing closures (see docs/architecture.md,
+//! "Layers" and "Caches"). Hence no dependency on `kiln-jit`: candidates reach [`search()`] as names, scores and
+//! closures.
 #![forbid(unsafe_code)]
 
-pub mod cpu_gemm;
 mod envelope;
 mod fingerprint;
 mod fsio;
@@ -27,7 +25,6 @@ mod key;
 mod record;
 mod search;
 mod store;
-pub mod wgsl_gemm;
 
 pub use envelope::EntryKind;
 pub use fingerprint::DeviceFingerprint;

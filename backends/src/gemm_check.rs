@@ -74,12 +74,12 @@ pub struct Reference {
 
 impl Reference {
     /// Evaluates `k` (reduction length `k_len`) on `inputs` at the sampled positions, the positions split over the
-    /// CPU pool's threads: the interpreter takes ~80 ns per reduction step, so the 44 samples of a K = 1024 GEMM
-    /// cost ~3.6 ms on one thread, and a first training step at batch 1024 verified eight keys (~16 ms).
+    /// CPU pool's threads (`for_chunks`): the interpreter takes ~80 ns per reduction step, so the 44 samples of a
+    /// K = 1024 GEMM cost ~3.6 ms on one thread, and a first training step at batch 1024 verified eight keys.
     pub fn of(k: &KernelIr, k_len: usize, inputs: &[&HostBuffer]) -> Reference {
         let positions = sample_positions(&k.out_extents);
         let want = parking_lot::Mutex::new(vec![0.0; positions.len()]);
-        crate::cpu::pool::global().parallel_for(positions.len(), &|s, e| {
+        for_chunks(positions.len(), &|s, e| {
             let got = kiln_jit::kernel::eval::run_at(k, inputs, &[], &positions[s..e]);
             want.lock()[s..e].copy_from_slice(&got);
         });
@@ -106,4 +106,13 @@ impl Reference {
         }
         Ok(())
     }
+}
+
+/// Runs `f(start, end)` over chunks covering `0..n`: on the CPU backend's thread pool where the build has it, else
+/// as one chunk on this thread (a build with wgpu alone has no pool, and evaluates a search's samples serially).
+fn for_chunks(n: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    #[cfg(feature = "cpu")]
+    crate::cpu::pool::global().parallel_for(n, f);
+    #[cfg(not(feature = "cpu"))]
+    f(0, n);
 }

@@ -1,8 +1,11 @@
 //! `kiln-backends`: the devices kiln runs on, one module per device.
 //!
 //! Owns: device memory (`Buffer`), turning a graph (later: rendered kernels) into something runnable on a device
-//! (`Backend::compile` -> `Executable`), running it, host <-> device copies, and the device fingerprint that keys
-//! caches. Each device is a cargo feature; `cpu` is the default and needs nothing installed.
+//! (`Backend::compile` -> `Executable`), running it, host <-> device copies, the device fingerprint that keys
+//! caches, and each device's tuning (its search space, cost model and timed runs; `kiln-autotune` only searches and
+//! stores). Each device is a cargo feature; `cpu` is the default and needs nothing installed, and any one of them
+//! builds alone. What the `kiln` crate asks of one device goes through [`Backend`]; what it asks of all of them at
+//! once (counters, warm-up, the profile) through [`runtime`], so it never names a device's module for either.
 //!
 //! Must not know: the user-facing `Tensor` API, autograd, or how the plan cache is keyed.
 //!
@@ -14,16 +17,19 @@ pub mod dump;
 pub mod gemm_check;
 pub mod host_pool;
 mod plan_run;
+pub mod runtime;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
+use kiln_autotune::{Mode, TuneRecord};
 use kiln_jit::kernel::Donation;
 use kiln_jit::{Graph, HostBuffer, RngKey};
 
 /// Memory owned by one device.
 #[derive(Debug)]
 pub enum Buffer {
-    /// Host memory (the CPU backend's buffers).
+    /// Host memory: the CPU backend's buffers, and what every device's `upload` takes and `download` returns (so it
+    /// exists in every build, the CPU's feature on or not).
     Host(HostBuffer),
     /// Memory on the wgpu device (returned to its pool on drop).
     #[cfg(feature = "wgpu")]
@@ -113,5 +119,19 @@ pub trait Backend: Send + Sync {
     /// Waits until all work submitted so far has finished (a no-op where runs are synchronous, as on the CPU).
     fn synchronize(&self) -> Result<(), BackendError> {
         Ok(())
+    }
+
+    /// Overrides `KILN_AUTOTUNE` for the kernels this device tunes from now on (`None` restores it): `kiln tune`
+    /// searches in the mode it is given, whatever the environment says. A device without an override ignores it
+    /// (the default), and its searches follow `KILN_AUTOTUNE`.
+    fn set_autotune_mode(&self, mode: Option<Mode>) {
+        let _ = mode;
+    }
+
+    /// Takes the tuning record of the kernel this device chose last (searched, or reused from the store), since the
+    /// previous call: for `kiln tune`'s report. `None` when there is none (the default: a device that tunes
+    /// nothing).
+    fn take_last_tune_record(&self) -> Option<TuneRecord> {
+        None
     }
 }

@@ -115,6 +115,7 @@ impl fmt::Debug for Param {
 ///
 /// A composite module lists its children's parameters under their names, e.g.
 /// ```
+/// # #[cfg(feature = "cpu")] {
 /// use kiln::nn::{Linear, Module, Param};
 /// use kiln::{Device, Tensor};
 /// struct Mlp { fc1: Linear, fc2: Linear }
@@ -130,6 +131,7 @@ impl fmt::Debug for Param {
 /// let mlp = Mlp { fc1: Linear::new(4, 8, true, &dev), fc2: Linear::new(8, 2, true, &dev) };
 /// assert_eq!(mlp.named_params()[2].0, "fc2.weight");
 /// assert_eq!(mlp.forward(&Tensor::ones([3, 4], kiln::DType::F32, &dev)).dims(), &[3, 2]);
+/// # }
 /// ```
 pub trait Module: Send + Sync {
     /// The output for input `x` (lazy, like every op).

@@ -39,7 +39,10 @@ pub fn clip_grad_norm(grads: &mut Gradients, params: &[Param], max_norm: f64) ->
             })
             .collect();
         if norms.is_empty() {
-            let dev = params.first().map_or_else(crate::Device::cpu, |p| p.get().device());
+            let dev = match params.first() {
+                Some(p) => p.get().device(),
+                None => device_without_params(),
+            };
             return Tensor::scalar(0.0, DType::F32, &dev);
         }
         let refs: Vec<&Tensor> = norms.iter().collect();
@@ -51,6 +54,24 @@ pub fn clip_grad_norm(grads: &mut Gradients, params: &[Param], max_norm: f64) ->
         }
         total
     })
+}
+
+/// The device of the norm of no parameters at all (PyTorch's is a CPU 0): the CPU where the build has it, else the
+/// wgpu device.
+#[cfg(feature = "cpu")]
+fn device_without_params() -> crate::Device {
+    crate::Device::cpu()
+}
+
+/// The device of the norm of no parameters at all: in a build without the CPU, the wgpu device; without an adapter
+/// there is no device to hold it, which is refused as a misuse (with no parameters there is nothing to clip).
+#[cfg(not(feature = "cpu"))]
+#[track_caller]
+fn device_without_params() -> crate::Device {
+    match crate::Device::wgpu() {
+        Ok(d) => d,
+        Err(e) => fail!("clip_grad_norm", "no parameters given, and no device for their norm of 0: {e}"),
+    }
 }
 
 /// Clamps every gradient of `params` in `grads` to `[-clip_value, clip_value]` (`clip_grad_value_`).

@@ -6,6 +6,7 @@
 //! use kiln::optim::{GradAccumulator, Optimizer, Sgd};
 //! # fn main() -> kiln::Result<()> {
 //! # kiln::tune::set_cache_dir(None).ok(); // doc tests keep off the user's cache
+//! # #[cfg(feature = "cpu")] {
 //! let dev = kiln::Device::cpu();
 //! let model = Linear::new(4, 1, true, &dev);
 //! let mut opt = Sgd::new(model.params(), 0.01);
@@ -16,6 +17,7 @@
 //!     acc.add(loss.backward()?, &[&loss])?; // realizes this micro-batch's forward, backward and the running sum
 //! }
 //! opt.step(acc.take(), &[])?;
+//! # }
 //! # Ok(())
 //! # }
 //! ```

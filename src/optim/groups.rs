@@ -1,6 +1,7 @@
 //! Parameter groups (PyTorch's `param_groups`): parameters of one optimizer that take their learning rate or
 //! weight decay from the group instead of the optimizer, e.g. AdamW without weight decay on biases and norms:
 //! ```
+//! # #[cfg(feature = "cpu")] {
 //! use kiln::nn::{Linear, Module};
 //! use kiln::optim::{AdamW, GroupOptions, Optimizer};
 //! let dev = kiln::Device::cpu();
@@ -11,6 +12,7 @@
 //!     .weight_decay(0.05)
 //!     .group(strip(biases), GroupOptions { weight_decay: Some(0.0), ..Default::default() });
 //! assert_eq!(opt.params().len(), 2);
+//! # }
 //! ```
 //! All groups step together, in the one graph of `step`. A group scales the optimizer's learning rate
 //! (`lr_scale`) rather than fixing its own, so `set_lr` (a schedule) moves every group, as PyTorch's schedulers

@@ -88,7 +88,7 @@ pub struct Stats {
 
 /// The runtime's counters now.
 pub fn stats() -> Stats {
-    let g = kiln_backends::cpu::gemm::stats();
+    let g = kiln_backends::runtime::stats();
     Stats {
         plan_hits: HITS.load(Ordering::Relaxed),
         plan_misses: MISSES.load(Ordering::Relaxed),
@@ -363,6 +363,7 @@ fn realize_walk(walk: &mut Walk, device: Device, targets: &[&Tensor], replaced: 
 fn compile_plan(signature: &[u64], graph: &Graph, device: Device) -> Result<Arc<Plan>> {
     let exec = device.backend()?.compile(graph)?;
     COMPILES.fetch_add(1, Ordering::Relaxed);
+    #[cfg(feature = "cpu")]
     if device == Device::Cpu {
         crate::plan_store::remember(signature);
     }
@@ -370,6 +371,8 @@ fn compile_plan(signature: &[u64], graph: &Graph, device: Device) -> Result<Arc<
 }
 
 /// Compiles and caches the plan of a persisted signature ahead of its first use; `false` when it is cached already.
+/// Persisted plans are CPU plans (`plan_store`).
+#[cfg(feature = "cpu")]
 pub(crate) fn prebuild(signature: &[u64], graph: &Graph, device: Device) -> Result<bool> {
     if PLANS.contains_key(signature) {
         return Ok(false);
@@ -424,7 +427,7 @@ fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32], replaced: &[*const
 }
 
 /// The signature `realize` would look `targets` up by, and the graph it would compile on a miss (nothing runs).
-#[cfg(test)]
+#[cfg(all(test, feature = "cpu"))]
 pub(crate) fn signature_and_graph(device: Device, targets: &[&Tensor]) -> (Vec<u64>, Graph) {
     let mut walk = Walk::default();
     let mut outputs = Vec::new();

@@ -7,17 +7,30 @@
 
 use kiln::{DType, Device, HostBuffer, Tensor, f16};
 
-/// Every device the device-generic test bodies run on. Adding a backend is one line here. A backend that is
-/// missing must not make a test pass by skipping: CI says which backends are required, and a missing required one
-/// fails there.
+/// Every device the device-generic test bodies run on: those this build has (cargo features `cpu`, `wgpu`). Adding
+/// a backend is one line here. A backend that is missing must not make a test pass by skipping: CI says which
+/// backends are required, and a missing required one fails there.
 pub fn devices() -> Vec<Device> {
-    let mut v = vec![Device::cpu()];
+    let mut v = Vec::new();
+    #[cfg(feature = "cpu")]
+    v.push(Device::cpu());
     v.extend(wgpu_device());
     v
 }
 
+/// The device a test makes its data on when any device will do (a graph to capture, values to move to the device
+/// under test): the CPU where the build has it, else the wgpu device, `None` without an adapter (`wgpu_device` says
+/// so, and fails under `KILN_REQUIRE_WGPU=1`).
+pub fn data_device() -> Option<Device> {
+    #[cfg(feature = "cpu")]
+    return Some(Device::cpu());
+    #[cfg(not(feature = "cpu"))]
+    return wgpu_device();
+}
+
 /// Whether this host lacks AVX2+FMA, where kiln's generated GEMM (and with it GEMM tuning) never runs: says so on
 /// stderr in the one-line form CI's log is searched for, so a test that returns early is never a silent pass.
+#[cfg(feature = "cpu")]
 pub fn skip_without_avx2() -> bool {
     let no = !kiln_backends::cpu::gemm::asm::host_supported();
     if no {
@@ -53,7 +66,7 @@ pub fn wgpu_device() -> Option<Device> {
 /// checks that trying gives a clear error. A wgpu device without f16 says so once per test binary; with
 /// `KILN_REQUIRE_WGPU_F16=1` (for a machine whose GPU is known to have it) that is a failure instead.
 pub fn runs_on(dev: &Device, dtypes: &[DType]) -> bool {
-    if dtypes.contains(&DType::F16) && *dev != Device::cpu() && !dev.supports(DType::F16) {
+    if dtypes.contains(&DType::F16) && !dev.supports(DType::F16) {
         static SAID: std::sync::Once = std::sync::Once::new();
         if std::env::var("KILN_REQUIRE_WGPU_F16").is_ok_and(|v| v == "1") {
             panic!("KILN_REQUIRE_WGPU_F16=1 but {} has no SHADER_F16", dev.describe());
@@ -239,7 +252,12 @@ pub fn compare(got: &HostBuffer, want: &HostBuffer, tol: Tol) -> Result<(), Stri
 /// implementation ignore the sign of zero, and lavapipe's LLVM compiles with no-signed-zeros: `sqrt` of a `where`
 /// that selects +0.0 came back -0.0), so on wgpu a zero matches a zero of either sign; every other bit must match.
 pub fn zero_sign_defined(dev: &Device) -> bool {
-    *dev == Device::cpu()
+    match dev {
+        #[cfg(feature = "cpu")]
+        Device::Cpu => true,
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu(_) => false,
+    }
 }
 
 /// `compare` for a result computed on `dev`: `got` and `want` with every -0.0 made +0.0 first where the device
@@ -547,9 +565,11 @@ impl Nd {
     }
 }
 
-/// A CPU tensor of `dtype` holding `v` (rounded to `dtype` as `buffer` does).
+/// A tensor of `dtype` holding `v` (rounded to `dtype` as `buffer` does), on `data_device()`: the CPU where the
+/// build has it. A test that calls it in a build without the CPU returns early when `data_device()` is `None`.
 pub fn tensor(dtype: DType, v: &[f64], shape: &[usize]) -> Tensor {
-    Tensor::from_host(buffer(dtype, v), shape.to_vec(), &Device::cpu()).unwrap()
+    let dev = data_device().expect("a device to hold test data (a test without one returns before it asks)");
+    Tensor::from_host(buffer(dtype, v), shape.to_vec(), &dev).unwrap()
 }
 
 /// A tensor's elements as f64 (realizing it).

@@ -7,6 +7,7 @@
 //! process's plan cache, which has no eviction either. Compiled kernels also persist in the store (`clif-*`
 //! artifacts) and are mapped from there by later processes.
 
+use crate::runtime::{cache_write_failed, tracing_note};
 use cranelift_codegen::Context;
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -195,24 +196,3 @@ pub(crate) fn premap_cached_kernels(store: &kiln_autotune::Store) {
 
 /// Names of cached Cranelift kernels in the store start with this.
 const CLIF_ARTIFACT_PREFIX: &str = "clif-";
-
-/// A cache entry could not be written (a read-only or full cache dir): the result still holds for this process.
-/// Said once per process on stderr, not once per kernel; `KILN_LOG` shows every one.
-pub fn cache_write_failed(what: &str, e: &dyn std::fmt::Display) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        eprintln!(
-            "kiln: cannot write to the kernel and tuning cache ({e}); results hold for this process only \
-             (set KILN_CACHE_DIR to a writable dir, or to `off`)"
-        );
-    } else {
-        tracing_note(&format!("{what} not cached: {e}"));
-    }
-}
-
-/// Diagnostics that are not errors go to stderr only when `KILN_LOG` is set (the tracing layer comes later).
-pub(crate) fn tracing_note(msg: &str) {
-    if std::env::var_os("KILN_LOG").is_some() {
-        eprintln!("kiln: {msg}");
-    }
-}

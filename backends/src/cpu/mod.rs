@@ -7,7 +7,6 @@ mod compiler;
 pub mod gemm;
 mod plan;
 mod profile;
-pub use compiler::cache_write_failed;
 pub use gemm::select::{PreparedGemm, run_gemm_with, set_autotune_mode, take_last_tune_record};
 pub use profile::profile_report;
 mod libcalls;
@@ -41,6 +40,12 @@ const NAME: &str = "cpu";
 
 #[derive(Debug, Default)]
 pub struct CpuBackend;
+
+/// The CPU device (it needs no opening: every call returns the same one).
+pub fn backend() -> &'static CpuBackend {
+    static CPU: CpuBackend = CpuBackend;
+    &CPU
+}
 
 struct Interpreted {
     graph: Graph,
@@ -103,5 +108,13 @@ impl Backend for CpuBackend {
             #[allow(unreachable_patterns)] // only with another device's feature on
             _ => Err(BackendError::ForeignBuffer { device: NAME }),
         }
+    }
+
+    fn set_autotune_mode(&self, mode: Option<kiln_autotune::Mode>) {
+        set_autotune_mode(mode);
+    }
+
+    fn take_last_tune_record(&self) -> Option<kiln_autotune::TuneRecord> {
+        take_last_tune_record()
     }
 }

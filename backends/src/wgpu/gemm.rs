@@ -3,7 +3,7 @@
 //! ([`run_gemm_with`], for the tests that check every candidate).
 //!
 //! The choice: a record in `kiln_autotune::Store::global()` under this adapter's key, else
-//! `kiln_autotune::search` over the legal tiles (`kiln_autotune::wgsl_gemm`) in the `KILN_AUTOTUNE` mode: the
+//! `kiln_autotune::search` over the legal tiles (`tiles.rs`) in the `KILN_AUTOTUNE` mode: the
 //! best-scored few are verified against `kernel::eval::run_at` on sampled positions (a wrong tile can never win),
 //! then timed with device synchronization, and the record is stored. The tuning problem is the kernel itself, on
 //! synthetic data, so the key holds its exact dims (not buckets) and a checksum of its epilogue code.
@@ -11,8 +11,8 @@
 //! Not done here: rendering (kiln_jit), scheduling, or the generic kernels GEMMs fall back to when the template
 //! cannot take them (a grid past the dispatch limits) or they are too small to gain from tiling.
 
+use super::tiles::{self, GemmTile, TileLimits};
 use super::{Ctx, Pipeline};
-use kiln_autotune::wgsl_gemm::{self, GemmTile, TileLimits};
 use kiln_autotune::{DeviceFingerprint, Mode, Store, TuneKey, TuneRecord, checksum_of};
 use kiln_jit::kernel::KernelIr;
 use kiln_jit::kernel::gemm::{GemmOperand, GemmView};
@@ -74,7 +74,7 @@ pub(crate) fn gemm_kernel(ctx: &Arc<Ctx>, k: &KernelIr) -> Option<(WgslKernel, T
     // left, the generic kernel takes the GEMM.
     let lim = ctx.tile_limits();
     let cands: Vec<GemmTile> =
-        wgsl_gemm::candidates(&lim).into_iter().filter(|t| wgsl::render_gemm(k, &view, *t).is_ok()).collect();
+        tiles::candidates(&lim).into_iter().filter(|t| wgsl::render_gemm(k, &view, *t).is_ok()).collect();
     if cands.is_empty() {
         return None;
     }
@@ -136,7 +136,7 @@ fn choose(
         .map(|t| kiln_autotune::Candidate {
             config: t,
             name: t.name(),
-            score: wgsl_gemm::score(v, t),
+            score: tiles::score(v, t),
             family: format!("{}x{} workgroup tile", t.tm, t.tn),
             shape: String::new(),
         })
@@ -234,7 +234,7 @@ fn dispatch_and_wait(ctx: &Ctx, p: &Pipeline, bufs: &[&wgpu::Buffer], groups: (u
 /// The tiles legal on this process's adapter, in the search's order.
 pub fn gemm_candidates() -> Result<Vec<GemmTile>, String> {
     let b = super::backend().map_err(|e| e.to_string())?;
-    Ok(wgsl_gemm::candidates(&b.ctx.tile_limits()))
+    Ok(tiles::candidates(&b.ctx.tile_limits()))
 }
 
 /// Renders GEMM kernel `k` with tile `tile`, runs it once on `inputs` (checked against the kernel's buffers) and
@@ -243,7 +243,7 @@ pub fn run_gemm_with(k: &KernelIr, tile: GemmTile, inputs: &[&HostBuffer]) -> Re
     let b = super::backend().map_err(|e| e.to_string())?;
     let ctx = &b.ctx;
     let view = GemmView::of(k).ok_or("not a GEMM")?;
-    if !wgsl_gemm::legal(&tile, &ctx.tile_limits()) {
+    if !tiles::legal(&tile, &ctx.tile_limits()) {
         return Err(format!("tile {} is not legal on this adapter", tile.name()));
     }
     if inputs.len() != k.inputs.len() {

@@ -26,13 +26,15 @@
 //! instead (an optimizer's update of an elementwise kind; `plan.rs` says how and which). The queue orders runs, so a temp returned to the pool at
 //! the end of `run` is only reused by work submitted later.
 //!
-//! GEMM kernels (`kernel::gemm::GemmView`) run as the tiled WGSL template in a tile the autotuner picks (`gemm.rs`).
+//! GEMM kernels (`kernel::gemm::GemmView`) run as the tiled WGSL template in a tile the autotuner picks (`gemm.rs`)
+//! among those legal on the adapter (`tiles.rs`: the search space and its score).
 //!
 //! Deliberately not done yet: bind groups are created per launch per run (a cache keyed by buffer identities would
 //! save them on replay); `KILN_PROFILE` does not time wgpu launches (it would need timestamp queries).
 
 mod gemm;
 mod plan;
+pub mod tiles;
 
 pub use gemm::{fingerprint, gemm_candidates, run_gemm_with, take_last_tune_record};
 
@@ -516,6 +518,11 @@ impl Backend for WgpuBackend {
         }
         let bytes = self.ctx.read_words(b.raw(), b.len)?;
         Ok(from_words(b.dtype, &bytes, b.len))
+    }
+
+    // No `set_autotune_mode`: this device's GEMM searches follow `KILN_AUTOTUNE` (read once).
+    fn take_last_tune_record(&self) -> Option<kiln_autotune::TuneRecord> {
+        take_last_tune_record()
     }
 }
 

@@ -241,7 +241,7 @@ fn acc(nv: usize, r: usize, v: usize) -> u8 {
     (r * nv + v) as u8
 }
 
-pub use kiln_autotune::cpu_gemm::fits;
+pub use super::config::fits;
 
 /// Emits one kernel at the assembler's current offset and returns that offset.
 pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<AssemblyOffset, String> {

@@ -16,9 +16,8 @@
 //! (`splitk`); all leave their epilogue to the pass.
 
 pub mod asm;
+pub mod config;
 mod dot;
-/// The search space and cost model live in the autotuner crate.
-pub use kiln_autotune::cpu_gemm as config;
 pub mod epilogue;
 mod pack;
 mod program_math;
@@ -478,34 +477,14 @@ impl CompiledGemm {
     }
 }
 
-/// Counters of the GEMM path since the process started (surfaced by `kiln::stats()`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GemmStats {
-    /// Searches run (a tuning-cache miss with `KILN_AUTOTUNE` fast or full).
-    pub tunings: u64,
-    /// Tuning records reused from memory, disk or an imported bundle.
-    pub tune_hits: u64,
-    /// Kernel sets generated for plans (code generation ran).
-    pub kernel_compiles: u64,
-    /// Kernel sets mapped from cached code (no code generation).
-    pub kernel_loads: u64,
-    /// Cranelift kernels compiled.
-    pub clif_compiles: u64,
-    /// Cranelift kernels mapped from the kernel cache (no compilation).
-    pub clif_loads: u64,
-    /// Executable mappings made for compiled code (see `kiln::Stats::code_mappings`).
-    pub code_mappings: u64,
-    /// Elementwise kernels generated at 8 lanes instead of compiled by Cranelift (`cpu::wide`).
-    pub wide_builds: u64,
-}
-
 pub(crate) static TUNINGS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static TUNE_HITS: AtomicU64 = AtomicU64::new(0);
 static KERNEL_COMPILES: AtomicU64 = AtomicU64::new(0);
 static KERNEL_LOADS: AtomicU64 = AtomicU64::new(0);
 
-pub fn stats() -> GemmStats {
-    GemmStats {
+/// The CPU's compile counters (what `crate::runtime::stats` reports).
+pub fn stats() -> crate::runtime::CompileStats {
+    crate::runtime::CompileStats {
         tunings: TUNINGS.load(Ordering::Relaxed),
         tune_hits: TUNE_HITS.load(Ordering::Relaxed),
         kernel_compiles: KERNEL_COMPILES.load(Ordering::Relaxed),
@@ -541,7 +520,7 @@ fn kernel_set(
     let set = KernelSet::build(specs, program)?;
     KERNEL_COMPILES.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = store.put_artifact(&name, &set.to_artifact()) {
-        super::compiler::cache_write_failed("GEMM code", &e);
+        crate::runtime::cache_write_failed("GEMM code", &e);
     }
     Ok(set)
 }
@@ -571,11 +550,11 @@ pub(crate) fn premap_cached_sets(store: &kiln_autotune::Store) {
                     Some(set) => {
                         map.insert(name, set);
                     }
-                    None => super::compiler::tracing_note(&format!("cached GEMM code {name} not premapped: malformed")),
+                    None => crate::runtime::tracing_note(&format!("cached GEMM code {name} not premapped: malformed")),
                 }
             }
         }
-        Err(e) => super::compiler::tracing_note(&format!("cached GEMM code not premapped: {e}")),
+        Err(e) => crate::runtime::tracing_note(&format!("cached GEMM code not premapped: {e}")),
     }
 }
 

@@ -4,8 +4,9 @@
 //! tests that check every candidate and for benchmarks) and the `kiln tune` hooks.
 
 use super::super::buffers::{finish_output, read_ptr, write_ptr};
-use super::super::compiler::{COMPILER, Compiler, cache_write_failed};
+use super::super::compiler::{COMPILER, Compiler};
 use super::super::pool;
+use crate::runtime::cache_write_failed;
 use kiln_jit::DType;
 use kiln_jit::HostBuffer;
 use kiln_jit::kernel::KernelIr;

@@ -21,8 +21,8 @@
 //! for the one or two rows it is for; at eight rows the packing kernels are faster and win the race).
 
 use super::Ctx;
+use super::config::SPLITK_STREAMED_PART_BYTES;
 use super::tune::SendPtr as Ptr;
-use kiln_autotune::cpu_gemm::SPLITK_STREAMED_PART_BYTES;
 use kiln_jit::kernel::gemm::GemmView;
 use std::arch::x86_64::*;
 use std::cell::RefCell;

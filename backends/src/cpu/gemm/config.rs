@@ -1,6 +1,7 @@
 //! The CPU GEMM search space (x86-64 AVX2 + FMA): every legal configuration for a problem, and the analytic score
-//! that ranks them before any is timed. The kernels themselves are `kiln-backends`' (`cpu/gemm`): this file only
-//! knows what a configuration is, which ones fit the machine, and what each should cost.
+//! that ranks them before any is timed. The kernels are the rest of `cpu/gemm`, the search loop and the store
+//! `kiln_autotune`'s: this file only knows what a configuration is, which ones fit the machine, and what each should
+//! cost.
 //!
 //! A configuration is the register tile (MR x 8*NV), the cache blocking (KC x MC of A in L2, KC x NC of B in L3, one
 //! KC x NR micro-panel of B in L1), whether A and B are packed into panels or read in place, and how the threads
@@ -29,7 +30,7 @@ pub enum GemmImpl {
     /// The `gemm` crate; its epilogue runs as a separate pass.
     Library,
     /// Each output a dot product of a row of A and a column of B, both contiguous along K, in tiles of three rows by
-    /// four columns of 8-lane FMAs (`kiln-backends`' `cpu/gemm/dot.rs`); its epilogue runs as a separate pass.
+    /// four columns of 8-lane FMAs (`cpu/gemm/dot.rs`); its epilogue runs as a separate pass.
     Dot,
     /// Rows of A times a B whose rows are contiguous, the threads splitting K (`cpu/gemm/splitk.rs`: why); its
     /// epilogue runs as a separate pass.
@@ -353,8 +354,8 @@ pub fn splitk_legal(v: &GemmView) -> bool {
 }
 
 /// Bytes of B in one split-K part (its rows of B) above which they come from memory rather than a core's L2 (512 KiB
-/// on Zen 3, 1 MiB on Zen 4): the split-K GEMV then reads them a few rows at a time (`kiln-backends`'
-/// `cpu/gemm/splitk.rs`), front to back.
+/// on Zen 3, 1 MiB on Zen 4): the split-K GEMV then reads them a few rows at a time (`cpu/gemm/splitk.rs`), front
+/// to back.
 pub const SPLITK_STREAMED_PART_BYTES: usize = 512 * 1024;
 
 /// The split-K candidate's estimate on its own: bound by reading B once per row of A, like the broadcast kernels
@@ -393,7 +394,7 @@ pub struct StepContext {
 }
 
 /// The candidates for a GEMM in a compiled plan: [`candidates`], narrowed where the plan around it decides what is
-/// fast better than an isolated race can (`kiln-backends`' `cpu/gemm/splitk.rs` has the measurements):
+/// fast better than an isolated race can (`cpu/gemm/splitk.rs` has the measurements):
 /// - B rewritten and split K legal: split K alone. Its threads take W's rows, as the forward GEMV and the update do;
 ///   timed alone the broadcast kernels win by ~15 % (see `splitk_score`), in the step they make half of W's cache
 ///   lines move between the cores twice (batch-1 benchmark MLP: 34-42 µs a step with split K, 39-69 without).
@@ -585,8 +586,8 @@ mod tests {
     }
 
     /// A problem past the skinny rows offers each register tile with A packed and with A read in place (B
-    /// packed), as two families, so fast mode's two timed slots race one of each (`search::timed_set` takes the
-    /// best of each family first); a skinny one never packs A.
+    /// packed), as two families, so fast mode's two timed slots race one of each (`kiln_autotune`'s
+    /// `search::timed_set` takes the best of each family first); a skinny one never packs A.
     #[test]
     fn larger_problems_offer_a_packed_and_in_place() {
         for (m, n, k) in [(1024, 1024, 1024), (1024, 128, 256), (17, 300, 77)] {

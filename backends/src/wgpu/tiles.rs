@@ -1,7 +1,8 @@
 //! The WGSL GEMM search space: the tile configurations (`kiln_jit::render::wgsl::GemmTile`: workgroup tile,
 //! per-invocation register tile, K slice) legal on an adapter, and the analytic score that ranks them before any is
-//! timed. The shader template is `kiln_jit`'s (`render::wgsl::render_gemm`), the timing and verification the wgpu
-//! backend's: this file only knows which tiles exist, which fit the device, and what each should cost.
+//! timed. The shader template is `kiln_jit`'s (`render::wgsl::render_gemm`), the timing and verification `gemm.rs`'s,
+//! the search loop `kiln_autotune`'s: this file only knows which tiles exist, which fit the device, and what each
+//! should cost.
 //!
 //! The score is a relative estimate, not a promise; its job is to put the few worth timing on top:
 //! - reuse: a `tm x tn` tile reads `(tm + tn) * kt` words per `tm * tn * kt` multiply-adds, so shared-memory
