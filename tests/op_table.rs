@@ -2501,3 +2501,20 @@ fn coverage() {
     assert!(missing.is_empty(), "the op table misses required op x dtype pairs:\n  {}", missing.join("\n  "));
     assert!(unlisted.is_empty(), "ops in the table but not in REQUIRED (add them there): {unlisted:?}");
 }
+
+/// tanh near zero, in relative terms, and of NaN, on every device. The op table's f32 tolerance has an absolute term
+/// that hides a relative error at 1e-6 (WGSL's builtin read tanh(1e-6) as 1.0133e-6 on Vulkan drivers), and a
+/// driver may lose NaN (Mesa's GL driver gave -1). 0.125 is where the C-like renderer's series hands over to the
+/// builtin.
+#[test]
+fn tanh_is_relatively_accurate_near_zero_and_keeps_nan() {
+    let xs = [1e-6, -1e-6, 1e-4, 1e-3, -3e-3, 0.05, 0.1249, 0.125, -0.2, 1e-30, 0.0, f64::NAN];
+    let want = buffer(F32, &xs.iter().map(|&x| (x as f32 as f64).tanh()).collect::<Vec<_>>());
+    for dev in devices() {
+        let x = Tensor::from_vec(xs.iter().map(|&x| x as f32).collect::<Vec<_>>(), [xs.len()], &dev).expect("upload");
+        let got = x.tanh().to_host().expect("tanh");
+        if let Err(e) = compare_on(&dev, &got, &want, tol(F32, Kind::Relative)) {
+            panic!("[{dev}] tanh: {e}");
+        }
+    }
+}

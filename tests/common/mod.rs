@@ -95,6 +95,9 @@ pub enum Kind {
     Elementwise,
     /// Accumulates many terms: sum, prod, mean, matmul, softmax, log_softmax.
     Accumulate,
+    /// One elementwise op whose result is small because its input is (tanh(1e-6)), not by cancellation: relative
+    /// only, since `Elementwise`'s absolute term would accept any value below 1e-6.
+    Relative,
 }
 
 /// `|got - want| <= abs + rel * |want|`; `Tol::EXACT` compares bits (any NaN matches any NaN).
@@ -126,6 +129,8 @@ pub fn tol(dtype: DType, kind: Kind) -> Tol {
         // for random-sign terms of size sigma, i.e. ~5e-6 absolute at the table's largest reduction (k = 64,
         // |x| <= 2); 1e-5 relative + absolute covers that. Keep reductions in the table that small.
         (DType::F32, Kind::Accumulate) => Tol { rel: 1e-5, abs: 1e-5 },
+        // The same ~8 ulp as `Elementwise`, with no absolute term.
+        (DType::F32, Kind::Relative) => Tol { rel: 1e-6, abs: 0.0 },
         // f64 eps is 2.2e-16: the same reasoning, with the libm's few ulp and short compositions well inside 1e-13.
         (DType::F64, Kind::Elementwise) => Tol { rel: 1e-13, abs: 1e-13 },
         (DType::F64, Kind::Accumulate) => Tol { rel: 1e-12, abs: 1e-12 },

@@ -35,6 +35,9 @@ pub enum Helper {
     /// `kiln_sin(x)` / `kiln_cos(x)`: accurate over the whole f32 range (the builtins on a reduced argument where
     /// the target promises accuracy only near zero).
     Trig,
+    /// `kiln_tanh(x)`: NaN kept, and within an ulp or two relative near zero, where a builtin `tanh` may promise an
+    /// absolute error only.
+    Tanh,
 }
 
 impl Helper {
@@ -42,7 +45,9 @@ impl Helper {
     pub fn deps(self) -> &'static [Helper] {
         match self {
             // They test for NaN.
-            Helper::MaxF32 | Helper::MinF32 | Helper::PowF32 | Helper::F32ToInt | Helper::DivF32 => &[Helper::FloatCmp],
+            Helper::MaxF32 | Helper::MinF32 | Helper::PowF32 | Helper::F32ToInt | Helper::DivF32 | Helper::Tanh => {
+                &[Helper::FloatCmp]
+            }
             Helper::PowI32 => &[Helper::PowU32],
             Helper::Philox | Helper::Normal | Helper::FloatCmp | Helper::PowU32 | Helper::F16 | Helper::Trig => &[],
         }

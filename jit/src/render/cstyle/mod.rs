@@ -60,7 +60,6 @@ pub enum Builtin {
     Abs,
     Exp,
     Log,
-    Tanh,
     Sqrt,
     Max,
     Min,

@@ -117,7 +117,8 @@ impl<D: Dialect> Emitter<'_, D> {
             (UnaryOp::Log, DType::F32) => call(Builtin::Log),
             (UnaryOp::Sin, DType::F32) => self.helper(Helper::Trig, format!("kiln_sin({a})")),
             (UnaryOp::Cos, DType::F32) => self.helper(Helper::Trig, format!("kiln_cos({a})")),
-            (UnaryOp::Tanh, DType::F32) => call(Builtin::Tanh),
+            // A builtin tanh may lose NaN (Mesa's GL driver gave -1) and is accurate only in absolute terms near 0.
+            (UnaryOp::Tanh, DType::F32) => self.helper(Helper::Tanh, format!("kiln_tanh({a})")),
             (UnaryOp::Sqrt, DType::F32) => call(Builtin::Sqrt),
             (UnaryOp::Recip, DType::F32) => {
                 let one = dl.float_lit(1.0, DType::F32);

@@ -118,7 +118,6 @@ impl Dialect for Wgsl {
             Builtin::Abs => "abs",
             Builtin::Exp => "exp",
             Builtin::Log => "log",
-            Builtin::Tanh => "tanh",
             Builtin::Sqrt => "sqrt",
             Builtin::Max => "max",
             Builtin::Min => "min",
