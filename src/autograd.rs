@@ -216,6 +216,8 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
             UnaryOp::Recip => g.mul(y.square()).neg(),
             UnaryOp::Abs => g.mul(as_dtype(x.gt(0.0), d).sub(as_dtype(x.lt(0.0), d))),
             UnaryOp::Not => return None,
+            // Piecewise constant: zero wherever the derivative exists, as PyTorch's.
+            UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc => g.zeros_like(),
         },
         Op::Binary(b) => {
             let (a, c) = (&srcs[0], &srcs[1]);

@@ -396,6 +396,11 @@ fn unary_ops() {
         ("clamp", |x| x.clamp(-0.7, 0.9), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-0.7, 0.9], 0.01)),
         ("clamp_min", |x| x.clamp_min(0.3), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[0.3], 0.01)),
         ("clamp_max", |x| x.clamp_max(-0.2), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-0.2], 0.01)),
+        // Piecewise constant: zero gradients, checked away from the jumps (and times x, so the chain rule is seen).
+        ("floor * x", |x| x.floor().mul(x), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-1.0, 0.0, 1.0], 0.01)),
+        ("ceil * x", |x| x.ceil().mul(x), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-1.0, 0.0, 1.0], 0.01)),
+        ("round * x", |x| x.round().mul(x), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-1.5, -0.5, 0.5, 1.5], 0.01)),
+        ("trunc * x", |x| x.trunc().mul(x), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-1.0, 0.0, 1.0], 0.01)),
     ];
     for (name, op, x) in ops {
         s.check(name, std::slice::from_ref(&x), |t| op(&t[0]));

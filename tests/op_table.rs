@@ -600,6 +600,10 @@ fn unary(t: &mut Table) {
         un("square", Tensor::square, |x| x * x, &ALL_DTYPES, Dom::Cont(-100.0, 100.0), Out::Square, E),
         un("logical_not", Tensor::logical_not, |x| (x == 0.0) as u8 as f64, &ALL_DTYPES, Dom::Grid(-2.0, 2.0), B, X),
         un("operator -x", |x| -x, |x| -x, &NON_BOOL, Dom::Cont(-100.0, 100.0), S, X),
+        un("floor", Tensor::floor, f64::floor, &ALL_DTYPES, Dom::Cont(-20.0, 20.0), S, X),
+        un("ceil", Tensor::ceil, f64::ceil, &ALL_DTYPES, Dom::Cont(-20.0, 20.0), S, X),
+        un("round", Tensor::round, f64::round_ties_even, &ALL_DTYPES, Dom::Cont(-20.0, 20.0), S, X),
+        un("trunc", Tensor::trunc, f64::trunc, &ALL_DTYPES, Dom::Cont(-20.0, 20.0), S, X),
     ];
     for u in ops {
         for &d in u.dtypes {
@@ -615,7 +619,7 @@ fn unary(t: &mut Table) {
     }
 
     // IEEE special values, bit-exact (the sign of zero included).
-    let specials: [(&str, UnOp, &[f64], &[f64]); 14] = [
+    let specials: [(&str, UnOp, &[f64], &[f64]); 18] = [
         ("exp", Tensor::exp, &[-INF, INF, NAN, 0.0, -0.0], &[0.0, INF, NAN, 1.0, 1.0]),
         ("log", Tensor::log, &[0.0, -0.0, -1.0, INF, 1.0], &[-INF, -INF, NAN, INF, 0.0]),
         ("sin", Tensor::sin, &[0.0, -0.0, INF, NAN], &[0.0, -0.0, NAN, NAN]),
@@ -630,6 +634,10 @@ fn unary(t: &mut Table) {
         ("relu", Tensor::relu, &[-INF, INF, NAN, -3.0, 2.5], &[0.0, INF, NAN, 0.0, 2.5]),
         ("square", Tensor::square, &[INF, -INF, NAN, -0.0], &[INF, INF, NAN, 0.0]),
         ("logical_not", Tensor::logical_not, &[NAN, 0.0, -0.0, INF], &[0.0, 1.0, 1.0, 0.0]),
+        ("floor", Tensor::floor, &[-0.0, 0.5, -0.5, INF, NAN, -2.5], &[-0.0, 0.0, -1.0, INF, NAN, -3.0]),
+        ("ceil", Tensor::ceil, &[-0.5, 0.5, -0.0, -INF, NAN, 2.5], &[-0.0, 1.0, -0.0, -INF, NAN, 3.0]),
+        ("round", Tensor::round, &[0.5, 1.5, 2.5, -0.5, -2.5, NAN, INF], &[0.0, 2.0, 2.0, -0.0, -2.0, NAN, INF]),
+        ("trunc", Tensor::trunc, &[-0.7, 2.9, -INF, NAN, -0.0], &[-0.0, 2.0, -INF, NAN, -0.0]),
     ];
     for (op, f, x, want) in specials {
         for d in FLOATS {
@@ -2419,6 +2427,10 @@ const REQUIRED: &[(&str, &[DType])] = &[
     ("recip", &ALL_DTYPES),
     ("rsqrt", &ALL_DTYPES),
     ("sigmoid", &ALL_DTYPES),
+    ("floor", &ALL_DTYPES),
+    ("ceil", &ALL_DTYPES),
+    ("round", &ALL_DTYPES),
+    ("trunc", &ALL_DTYPES),
     ("relu", &NON_BOOL),
     ("square", &ALL_DTYPES),
     ("clamp", &NON_BOOL),

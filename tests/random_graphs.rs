@@ -151,6 +151,10 @@ enum Un {
     Relu,
     Square,
     LogicalNot,
+    Floor,
+    Ceil,
+    Round,
+    Trunc,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -849,6 +853,19 @@ fn unary_meta(u: Un, d: DType, a: &Meta) -> Option<Meta> {
                 return None;
             }
         }
+        // Monotone, exact, but discontinuous: equal inputs give equal outputs, an input off by an ulp may not.
+        Un::Floor | Un::Ceil | Un::Round | Un::Trunc => {
+            if !a.val {
+                return None;
+            }
+            let f = |x: f64| match u {
+                Un::Floor => x.floor(),
+                Un::Ceil => x.ceil(),
+                Un::Round => x.round_ties_even(),
+                _ => x.trunc(),
+            };
+            j(f(a.lo), f(a.hi))
+        }
         Un::Relu | Un::Square | Un::LogicalNot => unreachable!("composite {u:?}"),
     };
     Some(m)
@@ -1143,7 +1160,7 @@ impl Decoder {
     }
 
     fn unary(&mut self, p: [u16; 5]) {
-        const OPS: [Un; 14] = [
+        const OPS: [Un; 18] = [
             Un::Exp,
             Un::Neg,
             Un::Tanh,
@@ -1158,6 +1175,10 @@ impl Decoder {
             Un::Relu,
             Un::Square,
             Un::LogicalNot,
+            Un::Floor,
+            Un::Ceil,
+            Un::Round,
+            Un::Trunc,
         ];
         let v = self.pick(p[0], |_| true).expect("a value");
         let mut u = OPS[p[1] as usize % OPS.len()];
@@ -1191,6 +1212,11 @@ impl Decoder {
                     }
                     None => self.realize(v),
                 }
+            }
+            // An integer or bool tensor is integral already: the op returns it unchanged.
+            Un::Floor | Un::Ceil | Un::Round | Un::Trunc if !dtype.is_float() => {
+                let x = self.var(v).meta;
+                self.push(Step::Unary(u, v), dtype, dims, x);
             }
             Un::Neg | Un::Abs if !dtype.is_float() => {
                 let x = self.var(v).meta;
@@ -2104,6 +2130,10 @@ fn build(dev: &Device, step: &Step, t: &[Option<Tensor>]) -> Tensor {
                 Un::Relu => x.relu(),
                 Un::Square => x.square(),
                 Un::LogicalNot => x.logical_not(),
+                Un::Floor => x.floor(),
+                Un::Ceil => x.ceil(),
+                Un::Round => x.round(),
+                Un::Trunc => x.trunc(),
             }
         }
         Step::Binary(b, i, r) => {

@@ -21,6 +21,12 @@ pub enum UnaryOp {
     Abs,
     /// Logical not on bool.
     Not,
+    /// Rounding to an integral value (floats only): toward -inf, toward +inf, to nearest with ties to even (as
+    /// PyTorch's `round`), toward zero.
+    Floor,
+    Ceil,
+    Round,
+    Trunc,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,7 +52,7 @@ pub enum BinaryOp {
 
 impl UnaryOp {
     /// Every unary op, in declaration order (so `ALL[op as usize] == op`, which [`Op::decode`] relies on).
-    pub const ALL: [UnaryOp; 10] = [
+    pub const ALL: [UnaryOp; 14] = [
         UnaryOp::Neg,
         UnaryOp::Exp,
         UnaryOp::Log,
@@ -57,6 +63,10 @@ impl UnaryOp {
         UnaryOp::Recip,
         UnaryOp::Abs,
         UnaryOp::Not,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Round,
+        UnaryOp::Trunc,
     ];
 }
 
@@ -397,7 +407,10 @@ mod tests {
             }
         }
         // Unknown kinds and parameters.
-        for bad in [&[0u64][..], &[17], &[5, 10], &[6, 13], &[9, 4, 0], &[4, 2, 0], &[2, 1, 2], &[2, 9, 0]] {
+        let (unary_past, binary_past) = (UnaryOp::ALL.len() as u64, BinaryOp::ALL.len() as u64);
+        for bad in
+            [&[0u64][..], &[17], &[5, unary_past], &[6, binary_past], &[9, 4, 0], &[4, 2, 0], &[2, 1, 2], &[2, 9, 0]]
+        {
             assert_eq!(Op::decode(bad), None, "{bad:?}");
         }
     }

@@ -20,6 +20,10 @@ pub trait Float: Copy + PartialOrd + std::ops::Neg<Output = Self> + std::fmt::De
     fn cos(self) -> Self;
     fn tanh(self) -> Self;
     fn sqrt(self) -> Self;
+    fn floor(self) -> Self;
+    fn ceil(self) -> Self;
+    fn round_ties_even(self) -> Self;
+    fn trunc(self) -> Self;
     fn abs(self) -> Self;
     fn powf(self, e: Self) -> Self;
     fn max(self, y: Self) -> Self;
@@ -53,6 +57,18 @@ macro_rules! float_impl {
             }
             fn sqrt(self) -> $t {
                 <$t>::sqrt(self)
+            }
+            fn floor(self) -> $t {
+                <$t>::floor(self)
+            }
+            fn ceil(self) -> $t {
+                <$t>::ceil(self)
+            }
+            fn round_ties_even(self) -> $t {
+                <$t>::round_ties_even(self)
+            }
+            fn trunc(self) -> $t {
+                <$t>::trunc(self)
             }
             fn abs(self) -> $t {
                 <$t>::abs(self)
@@ -100,6 +116,10 @@ pub fn float_unary<F: Float>(u: UnaryOp, x: F) -> F {
         UnaryOp::Sqrt => x.sqrt(),
         UnaryOp::Recip => F::ONE.div(x),
         UnaryOp::Abs => x.abs(),
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        UnaryOp::Round => x.round_ties_even(),
+        UnaryOp::Trunc => x.trunc(),
         UnaryOp::Not => {
             if x == F::ZERO {
                 F::ONE
@@ -116,9 +136,18 @@ pub fn int_unary(u: UnaryOp, x: i64) -> Option<i64> {
         UnaryOp::Neg => Some(x.wrapping_neg()),
         UnaryOp::Abs => Some(x.wrapping_abs()),
         UnaryOp::Not => Some((x == 0) as i64),
-        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh | UnaryOp::Sqrt | UnaryOp::Recip => {
-            None
-        }
+        // Rounding an integer is the identity, which the `Tensor` API applies without recording an op.
+        UnaryOp::Exp
+        | UnaryOp::Log
+        | UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Tanh
+        | UnaryOp::Sqrt
+        | UnaryOp::Recip
+        | UnaryOp::Floor
+        | UnaryOp::Ceil
+        | UnaryOp::Round
+        | UnaryOp::Trunc => None,
     }
 }
 

@@ -243,6 +243,36 @@ impl Tensor {
         self.float_unary(UnaryOp::Sqrt)
     }
 
+    /// The largest integral value not above each element (an integer or bool tensor is returned unchanged, as
+    /// PyTorch's).
+    #[track_caller]
+    pub fn floor(&self) -> Tensor {
+        self.rounding(UnaryOp::Floor)
+    }
+
+    /// The smallest integral value not below each element.
+    #[track_caller]
+    pub fn ceil(&self) -> Tensor {
+        self.rounding(UnaryOp::Ceil)
+    }
+
+    /// The nearest integral value, ties to even (`round(2.5) == 2`, as PyTorch's `round`).
+    #[track_caller]
+    pub fn round(&self) -> Tensor {
+        self.rounding(UnaryOp::Round)
+    }
+
+    /// The integral part, rounding toward zero.
+    #[track_caller]
+    pub fn trunc(&self) -> Tensor {
+        self.rounding(UnaryOp::Trunc)
+    }
+
+    /// A rounding op on a float tensor; an integer or bool tensor is already integral, so it is the result.
+    fn rounding(&self, u: UnaryOp) -> Tensor {
+        if self.dtype().is_float() { self.unary_prim(u) } else { self.clone() }
+    }
+
     /// `1 / self`.
     #[track_caller]
     pub fn recip(&self) -> Tensor {

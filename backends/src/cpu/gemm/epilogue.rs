@@ -214,7 +214,13 @@ fn push_float_unary(p: &mut EpProgram, u: UnaryOp, x: usize) -> Option<usize> {
         UnaryOp::Tanh => push_tanh(p, x),
         UnaryOp::Log => push_log(p, x),
         // No register-program form (the kernel stays on the Cranelift path); named so a new op must be decided.
-        UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Not => return None,
+        UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Not
+        | UnaryOp::Floor
+        | UnaryOp::Ceil
+        | UnaryOp::Round
+        | UnaryOp::Trunc => return None,
     })
 }
 

@@ -410,6 +410,11 @@ impl Emitter<'_> {
             (UnaryOp::Abs, false) if d.is_unsigned() => a, // iabs would read the bits as signed
             (UnaryOp::Abs, false) => ins.iabs(a),
             (UnaryOp::Sqrt, _) => ins.sqrt(a),
+            // Floats only (the graph refuses them on ints); `nearest` rounds ties to even.
+            (UnaryOp::Floor, _) => ins.floor(a),
+            (UnaryOp::Ceil, _) => ins.ceil(a),
+            (UnaryOp::Round, _) => ins.nearest(a),
+            (UnaryOp::Trunc, _) => ins.trunc(a),
             (UnaryOp::Recip, _) => {
                 let one = self.konst(Scalar::Float(1.0), d, lanes);
                 self.b.ins().fdiv(one, a)
@@ -434,9 +439,15 @@ impl Emitter<'_> {
             UnaryOp::Sin => clif_math::MathFn::Sin,
             UnaryOp::Cos => clif_math::MathFn::Cos,
             UnaryOp::Tanh => clif_math::MathFn::Tanh,
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Recip | UnaryOp::Not => {
-                unreachable!("{u:?} is not transcendental")
-            }
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sqrt
+            | UnaryOp::Recip
+            | UnaryOp::Not
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Trunc => unreachable!("{u:?} is not transcendental"),
         };
         let fast = clif_math::emit(f, &mut self.b, a, t, self.fma);
         if !matches!(u, UnaryOp::Sin | UnaryOp::Cos) {

@@ -63,6 +63,11 @@ pub enum Builtin {
     Sqrt,
     Max,
     Min,
+    Floor,
+    Ceil,
+    /// To nearest, ties to even.
+    RoundEven,
+    Trunc,
 }
 
 /// What one C-like target differs in (see the module doc for each group).

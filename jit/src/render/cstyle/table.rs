@@ -120,6 +120,10 @@ impl<D: Dialect> Emitter<'_, D> {
             // A builtin tanh may lose NaN (Mesa's GL driver gave -1) and is accurate only in absolute terms near 0.
             (UnaryOp::Tanh, DType::F32) => self.helper(Helper::Tanh, format!("kiln_tanh({a})")),
             (UnaryOp::Sqrt, DType::F32) => call(Builtin::Sqrt),
+            (UnaryOp::Floor, DType::F32) => call(Builtin::Floor),
+            (UnaryOp::Ceil, DType::F32) => call(Builtin::Ceil),
+            (UnaryOp::Round, DType::F32) => call(Builtin::RoundEven),
+            (UnaryOp::Trunc, DType::F32) => call(Builtin::Trunc),
             (UnaryOp::Recip, DType::F32) => {
                 let one = dl.float_lit(1.0, DType::F32);
                 self.helper(Helper::DivF32, format!("kiln_div({one}, {a})"))
@@ -145,7 +149,11 @@ impl<D: Dialect> Emitter<'_, D> {
                 | UnaryOp::Tanh
                 | UnaryOp::Sqrt
                 | UnaryOp::Recip
-                | UnaryOp::Not),
+                | UnaryOp::Not
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+                | UnaryOp::Trunc),
                 d,
             ) => unreachable!("unary {op:?} on {d}: refused by the dialect's check"),
         }

@@ -121,6 +121,11 @@ impl Dialect for Wgsl {
             Builtin::Sqrt => "sqrt",
             Builtin::Max => "max",
             Builtin::Min => "min",
+            Builtin::Floor => "floor",
+            Builtin::Ceil => "ceil",
+            // WGSL's `round` rounds ties to even.
+            Builtin::RoundEven => "round",
+            Builtin::Trunc => "trunc",
         }
     }
 
