@@ -14,6 +14,7 @@ use crate::{BackendError, Buffer, Executable};
 use kiln_jit::kernel::{KernelPlan, Slot};
 use kiln_jit::render::wgsl;
 use kiln_jit::{DType, Graph, RngKey};
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 struct CompiledLaunch {
@@ -124,8 +125,8 @@ pub(super) struct WgpuRun {
     /// Bound where a donating launch's aliased input was (read through the output binding instead).
     placeholder: Option<DeviceBuffer>,
     rng: Option<DeviceBuffer>,
-    pass: Option<wgpu::ComputePass<'static>>,
-    enc: Option<wgpu::CommandEncoder>,
+    pass: wgpu::ComputePass<'static>,
+    enc: wgpu::CommandEncoder,
 }
 
 /// The wgpu buffer of a buffer the executor checked to be ours.
@@ -192,7 +193,7 @@ impl DevicePlan for WgpuPlan {
         let pass = enc
             .begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None })
             .forget_lifetime();
-        Ok(WgpuRun { inputs, outputs, temps, placeholder, rng, pass: Some(pass), enc: Some(enc) })
+        Ok(WgpuRun { inputs, outputs, temps, placeholder, rng, pass, enc })
     }
 
     fn launch(&self, st: &mut WgpuRun, run: &Run, index: usize, places: &[Place]) -> Result<(), BackendError> {
@@ -217,7 +218,7 @@ impl DevicePlan for WgpuPlan {
             _ => None,
         };
         let (ins, out) = places.split_at(places.len() - 1);
-        let mut bufs: Vec<&wgpu::Buffer> = ins
+        let mut bufs: SmallVec<[&wgpu::Buffer; 16]> = ins
             .iter()
             .zip(&self.shape.launches[index].0)
             .map(|(&p, &s)| match donating {
@@ -233,16 +234,14 @@ impl DevicePlan for WgpuPlan {
             bufs.push(r.raw());
         }
         let pipeline = donating.map_or(&l.pipeline, |(p, _, _)| p);
-        let pass = pass.as_mut().unwrap_or_else(|| unreachable!("the pass lives until finish"));
         self.ctx.dispatch(pass, pipeline, &bufs, l.groups);
         Ok(())
     }
 
-    fn finish(&self, mut st: WgpuRun, _outputs: &mut [Buffer]) -> Result<(), BackendError> {
-        drop(st.pass.take());
-        if let Some(enc) = st.enc.take() {
-            self.ctx.queue.submit([enc.finish()]);
-        }
+    fn finish(&self, st: WgpuRun, _outputs: &mut [Buffer]) -> Result<(), BackendError> {
+        let WgpuRun { pass, enc, .. } = st;
+        drop(pass); // the pass must end before its encoder finishes
+        self.ctx.queue.submit([enc.finish()]);
         Ok(())
     }
 }
