@@ -10,7 +10,7 @@
 //! input reads it there ([`Place::Output`]), and the caller's `inputs` entry for it is a placeholder never touched.
 
 use crate::{BackendError, Buffer, Executable};
-use kiln_jit::kernel::{Donation, Slot};
+use kiln_jit::kernel::{Donation, KernelPlan, Slot};
 use kiln_jit::{DType, RngKey};
 use smallvec::SmallVec;
 
@@ -24,6 +24,18 @@ pub(crate) struct PlanShape {
     pub(crate) passthrough: Vec<(usize, usize)>,
     /// The donations this plan accepts (a subset of the schedule's candidates the device can honour).
     pub(crate) donations: Vec<Donation>,
+}
+
+impl PlanShape {
+    /// The shape of schedule `plan`, accepting `donations`.
+    pub(crate) fn of(plan: &KernelPlan, donations: Vec<Donation>) -> PlanShape {
+        PlanShape {
+            launches: plan.launches.iter().map(|l| (l.inputs.clone(), l.output)).collect(),
+            outputs: plan.outputs.iter().map(|b| (b.dtype, b.len)).collect(),
+            passthrough: plan.passthrough.clone(),
+            donations,
+        }
+    }
 }
 
 /// A device's half of running a plan (see the module doc).

@@ -115,16 +115,15 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
         }
     }
     let temps: Vec<usize> = plan.temps.iter().map(|&bytes| bytes.div_ceil(8)).collect();
-    let outputs: Vec<(DType, usize)> = plan.outputs.iter().map(|b| (b.dtype, b.len)).collect();
     // The buffers live while this plan runs (what it takes from the host pool, and its inputs), for the buffer
     // profile a warm process pre-allocates. An output that will take a donated input's buffer is counted anyway:
     // whether it does is decided per run (something may hold the old value), and a spare pooled buffer costs
     // memory only, where a missing one costs page faults in the first step.
     let inputs = graph.g.node_weights().filter(|n| matches!(n.op, kiln_jit::Op::Input { .. }));
     crate::host_pool::remember_plan_buffers(
-        outputs
+        plan.outputs
             .iter()
-            .copied()
+            .map(|b| (b.dtype, b.len))
             .chain(temps.iter().map(|&w| (DType::I64, w)))
             .chain(inputs.map(|n| (n.dtype, n.shape.numel()))),
     );
@@ -138,9 +137,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
             Exec::Gemm(g) => g.reads_epilogue_before_store(),
         })
         .collect();
-    let slots = plan.launches.iter().map(|l| (l.inputs.clone(), l.output)).collect();
-    let shape = PlanShape { launches: slots, outputs, passthrough: plan.passthrough.clone(), donations };
-    Ok(JitPlan { shape, launches, temps, arena: Mutex::new(Arena::default()) })
+    Ok(JitPlan { shape: PlanShape::of(&plan, donations), launches, temps, arena: Mutex::new(Arena::default()) })
 }
 
 /// Raw pointers shared with pool threads for one launch.

@@ -100,16 +100,10 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
         launches[d.launch].donating = Some((d.input, ctx.pipeline(&k).map_err(err)?));
         donations.push(d);
     }
-    let shape = PlanShape {
-        launches: plan.launches.iter().map(|l| (l.inputs.clone(), l.output)).collect(),
-        outputs: plan.outputs.iter().map(|b| (b.dtype, b.len)).collect(),
-        passthrough: plan.passthrough.clone(),
-        donations,
-    };
     Ok(Box::new(Planned(WgpuPlan {
         ctx: ctx.clone(),
         uses_rng: launches.iter().any(|l| l.uses_rng),
-        shape,
+        shape: PlanShape::of(&plan, donations),
         launches,
         temps,
     })))
