@@ -18,6 +18,8 @@ use kiln_backends::cpu::PreparedGemm;
 #[cfg(feature = "cpu")]
 use kiln_backends::cpu::gemm::config::{self, GemmImpl};
 #[cfg(feature = "cpu")]
+use kiln_backends::cpu::isa::Isa;
+#[cfg(feature = "cpu")]
 use kiln_jit::kernel::gemm::GemmView;
 #[cfg(feature = "cpu")]
 use kiln_jit::kernel::{ScheduleOptions, schedule_with};
@@ -28,7 +30,8 @@ use kiln_jit::kernel::{ScheduleOptions, schedule_with};
 fn check_all_candidates(name: &str, out: &Tensor) -> usize {
     common::with_last_gemm(name, out, |kernel, args, want| {
         let view = GemmView::of(kernel).unwrap();
-        let mut cands = config::candidates(&view, view.batch.is_empty());
+        // Every family this CPU has, whatever `KILN_CPU_ISA` narrows the tuner to.
+        let mut cands = config::candidates_for(&view, view.batch.is_empty(), &present_isas());
         let extra: Vec<GemmImpl> = cands
             .iter()
             .filter_map(|c| match c {
@@ -52,6 +55,19 @@ fn check_all_candidates(name: &str, out: &Tensor) -> usize {
         }
         cands.len()
     })
+}
+
+#[cfg(feature = "cpu")]
+/// The instruction families of the generated kernels this host can run; says once which (the AVX-512 kernels are
+/// checked only where the CPU has AVX-512F).
+fn present_isas() -> Vec<Isa> {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.present()).collect();
+    SAID.call_once(|| {
+        let names: Vec<&str> = isas.iter().map(|i| i.name()).collect();
+        eprintln!("gemm: generated kernels checked for {names:?} (the families this CPU has)");
+    });
+    isas
 }
 
 #[cfg(feature = "cpu")]

@@ -5,6 +5,7 @@ mod buffers;
 mod code;
 mod compiler;
 pub mod gemm;
+pub mod isa;
 mod plan;
 mod profile;
 pub use gemm::select::{PreparedGemm, run_gemm_with, set_autotune_mode, take_last_tune_record};

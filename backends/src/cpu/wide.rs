@@ -454,7 +454,7 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
                 dynasm!(ops ; .arch x64 ; vmovups Ry(d), [Rq(r) + rax + disp]);
             }
         };
-        let res = asm::emit_insts(ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
+        let res = asm::emit_insts(&asm::Ymm, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
         if let Some(&acc) = l.accs.get(c) {
             // A row sum: the lanes past the row's end hold the program's value of the masked loads' zeros, which
             // may be anything (log(0) = -inf): cleared to +0 before they are added. Not in place when the result
@@ -533,7 +533,8 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
         let acc_fixed = |i: usize| matches!(r.outer.insts[i], EpInst::Acc).then_some(0u8);
         let mut no_load =
             |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a row sum's outer program loads nothing");
-        let res = asm::emit_insts(&mut ops, &r.outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
+        let res =
+            asm::emit_insts(&asm::Ymm, &mut ops, &r.outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
         dynasm!(ops ; .arch x64 ; vmovss DWORD [rdi], Rx(res));
         4
     } else {

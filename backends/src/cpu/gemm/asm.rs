@@ -30,6 +30,7 @@
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
 
+use crate::cpu::isa::Isa;
 use dynasmrt::x64::Assembler;
 use dynasmrt::{AssemblyOffset, DynamicLabel, DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
 
@@ -217,12 +218,14 @@ fn sources(inst: &EpInst) -> Vec<usize> {
 /// The shape and addressing of one micro-kernel.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MicroSpec {
+    /// The family the kernel is written for: this file's AVX2 kernels or `asm512`'s AVX-512 ones.
+    pub isa: Isa,
     pub mr: usize,
     pub nv: usize,
     /// Byte strides of A along k and along rows.
     pub a_ks: i32,
     pub a_rs: i32,
-    /// Byte stride of B along k (its 8-lane vectors are contiguous).
+    /// Byte stride of B along k (its vectors are contiguous).
     pub b_ks: i32,
     /// Byte stride of C rows.
     pub ldc: i32,
@@ -241,11 +244,9 @@ fn acc(nv: usize, r: usize, v: usize) -> u8 {
     (r * nv + v) as u8
 }
 
-pub use super::config::fits;
-
 /// Emits one kernel at the assembler's current offset and returns that offset.
 pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<AssemblyOffset, String> {
-    if !fits(s.mr, s.nv) || !s.unroll.is_power_of_two() {
+    if s.isa != Isa::Avx2 || !super::config::fits(Isa::Avx2, s.mr, s.nv) || !s.unroll.is_power_of_two() {
         return Err(format!("tile {}x{} (unroll {}) does not fit 16 registers", s.mr, 8 * s.nv, s.unroll));
     }
     let with_ep = matches!(s.mode, Mode::Last | Mode::Single);
@@ -429,7 +430,7 @@ fn emit_program(
             _ => unreachable!("only loads are passed to `load`"),
         }
     };
-    emit_insts(ops, p, last, free, &fixed, &mut load, consts)
+    emit_insts(&Ymm, ops, p, last, free, &fixed, &mut load, consts)
 }
 
 /// `d = x op src` for a [`VBin`], `src` a register (`Ry(y)`) or a memory operand (`[=>label]`): the one opcode
@@ -450,12 +451,99 @@ macro_rules! vbin {
     };
 }
 
+/// A constant of the pool: its label (RIP-relative addressing) and its 32-byte slot after the pool's base label.
+#[derive(Clone, Copy)]
+pub(crate) struct ConstRef {
+    label: DynamicLabel,
+    pub(crate) slot: usize,
+}
+
+/// Lane-wise shifts by an immediate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shift {
+    Left,
+    RightArith,
+    RightLogical,
+}
+
+/// The vector instructions of an epilogue program at one width: 8 lanes (`Ymm`, AVX2 through `dynasm!`) or 16
+/// (`asm512::Zmm`, AVX-512F through the EVEX encoder). [`emit_insts`] allocates registers and walks the program
+/// once for both; a width only spells instructions. Masks are all-ones/zero lanes in vector registers at both
+/// widths (AVX-512 compares into an opmask and widens it), so programs mean the same everywhere.
+pub(crate) trait VecIsa {
+    fn bin(&self, ops: &mut Assembler, op: VBin, d: u8, x: u8, y: u8);
+    fn bin_const(&self, ops: &mut Assembler, op: VBin, d: u8, x: u8, k: ConstRef);
+    /// `d = k` in every lane.
+    fn konst(&self, ops: &mut Assembler, d: u8, k: ConstRef);
+    /// `d = d * x + k`, one rounding.
+    fn fma_const(&self, ops: &mut Assembler, d: u8, x: u8, k: ConstRef);
+    fn mov(&self, ops: &mut Assembler, d: u8, x: u8);
+    /// `d = max(k, x)` (`min`), x86's rule: `x` where either is NaN. `d` is not `x`.
+    fn max_min_const(&self, ops: &mut Assembler, max: bool, d: u8, x: u8, k: ConstRef);
+    fn shift(&self, ops: &mut Assembler, kind: Shift, d: u8, x: u8, n: u8);
+    /// `d = x <pred> y` as lane masks ([`pred`]).
+    fn cmp(&self, ops: &mut Assembler, d: u8, x: u8, y: u8, p: i8);
+    /// `d = m ? t : f` per lane, `m` a lane mask.
+    fn select(&self, ops: &mut Assembler, d: u8, m: u8, t: u8, f: u8);
+    fn sqrt(&self, ops: &mut Assembler, d: u8, x: u8);
+}
+
+/// 8-lane AVX2 instructions (ymm0..15).
+pub(crate) struct Ymm;
+
+impl VecIsa for Ymm {
+    fn bin(&self, ops: &mut Assembler, op: VBin, d: u8, x: u8, y: u8) {
+        vbin!(ops, op, d, x, Ry(y));
+    }
+    fn bin_const(&self, ops: &mut Assembler, op: VBin, d: u8, x: u8, k: ConstRef) {
+        let at = k.label;
+        vbin!(ops, op, d, x, [=>at]);
+    }
+    fn konst(&self, ops: &mut Assembler, d: u8, k: ConstRef) {
+        let at = k.label;
+        dynasm!(ops ; .arch x64 ; vmovaps Ry(d), [=>at]);
+    }
+    fn fma_const(&self, ops: &mut Assembler, d: u8, x: u8, k: ConstRef) {
+        let at = k.label;
+        dynasm!(ops ; .arch x64 ; vfmadd213ps Ry(d), Ry(x), [=>at]);
+    }
+    fn mov(&self, ops: &mut Assembler, d: u8, x: u8) {
+        dynasm!(ops ; .arch x64 ; vmovaps Ry(d), Ry(x));
+    }
+    fn max_min_const(&self, ops: &mut Assembler, max: bool, d: u8, x: u8, k: ConstRef) {
+        let at = k.label;
+        dynasm!(ops ; .arch x64 ; vmovaps Ry(d), [=>at]);
+        if max {
+            dynasm!(ops ; .arch x64 ; vmaxps Ry(d), Ry(d), Ry(x));
+        } else {
+            dynasm!(ops ; .arch x64 ; vminps Ry(d), Ry(d), Ry(x));
+        }
+    }
+    fn shift(&self, ops: &mut Assembler, kind: Shift, d: u8, x: u8, n: u8) {
+        match kind {
+            Shift::Left => dynasm!(ops ; .arch x64 ; vpslld Ry(d), Ry(x), n as i8),
+            Shift::RightArith => dynasm!(ops ; .arch x64 ; vpsrad Ry(d), Ry(x), n as i8),
+            Shift::RightLogical => dynasm!(ops ; .arch x64 ; vpsrld Ry(d), Ry(x), n as i8),
+        }
+    }
+    fn cmp(&self, ops: &mut Assembler, d: u8, x: u8, y: u8, p: i8) {
+        cmp(ops, d, x, y, p);
+    }
+    fn select(&self, ops: &mut Assembler, d: u8, m: u8, t: u8, f: u8) {
+        dynasm!(ops ; .arch x64 ; vblendvps Ry(d), Ry(f), Ry(t), Ry(m));
+    }
+    fn sqrt(&self, ops: &mut Assembler, d: u8, x: u8) {
+        dynasm!(ops ; .arch x64 ; vsqrtps Ry(d), Ry(x));
+    }
+}
+
 /// Emits the arithmetic of `p` and returns the register holding its result. `fixed(i)` names a register that
 /// holds instruction `i` already (the accumulator, a value the caller loaded before a loop): never emitted, never
 /// reused. Every other value takes a register from `free` (released after its last use, per `last`); loads
 /// (`Mat`, `Row`, `Col`, `Uniform`) are emitted by `load`, which knows where the operands are.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn emit_insts(
+    isa: &dyn VecIsa,
     ops: &mut Assembler,
     p: &EpProgram,
     last: &[usize],
@@ -483,65 +571,40 @@ pub(crate) fn emit_insts(
         match *inst {
             EpInst::Acc => return Err("an accumulator without a register".into()),
             EpInst::Mat { .. } | EpInst::Row { .. } | EpInst::Col { .. } | EpInst::Uniform(_) => load(ops, inst, d),
-            EpInst::Bin(op, a, b) => {
-                let (x, y) = (reg[a], reg[b]);
-                vbin!(ops, op, d, x, Ry(y));
-            }
+            EpInst::Bin(op, a, b) => isa.bin(ops, op, d, reg[a], reg[b]),
             EpInst::Const(k) => {
-                let at = consts.label(ops, k);
-                dynasm!(ops ; .arch x64 ; vmovaps Ry(d), [=>at]);
+                let at = consts.get(ops, k);
+                isa.konst(ops, d, at);
             }
             EpInst::BinK(op, a, k) => {
-                let (x, at) = (reg[a], consts.label(ops, k));
-                vbin!(ops, op, d, x, [=>at]);
+                let at = consts.get(ops, k);
+                isa.bin_const(ops, op, d, reg[a], at);
             }
             EpInst::FmaK(a, b, k) => {
-                // `vfmadd213ps d, s, m` is d = s * d + m; the product's operands commute (one rounding either way).
-                let (x, y, at) = (reg[a], reg[b], consts.label(ops, k));
+                // `d = d * s + k`; the product's operands commute (one rounding either way).
+                let (x, y, at) = (reg[a], reg[b], consts.get(ops, k));
                 if d == x {
-                    dynasm!(ops ; .arch x64 ; vfmadd213ps Ry(d), Ry(y), [=>at]);
+                    isa.fma_const(ops, d, y, at);
                 } else if d == y {
-                    dynasm!(ops ; .arch x64 ; vfmadd213ps Ry(d), Ry(x), [=>at]);
+                    isa.fma_const(ops, d, x, at);
                 } else {
-                    dynasm!(ops ; .arch x64 ; vmovaps Ry(d), Ry(x) ; vfmadd213ps Ry(d), Ry(y), [=>at]);
+                    isa.mov(ops, d, x);
+                    isa.fma_const(ops, d, y, at);
                 }
             }
             EpInst::MaxK(a, k) | EpInst::MinK(a, k) => {
                 // x86 max/min return their second operand when either is NaN and when neither is greater (less):
                 // with `k` first that is `a < k ? k : a` (`k < a ? k : a`), NaN in `a` kept. `d` is not `a`'s
                 // register (`releases_late`).
-                let (x, at) = (reg[a], consts.label(ops, k));
-                dynasm!(ops ; .arch x64 ; vmovaps Ry(d), [=>at]);
-                if matches!(inst, EpInst::MaxK(..)) {
-                    dynasm!(ops ; .arch x64 ; vmaxps Ry(d), Ry(d), Ry(x));
-                } else {
-                    dynasm!(ops ; .arch x64 ; vminps Ry(d), Ry(d), Ry(x));
-                }
+                let at = consts.get(ops, k);
+                isa.max_min_const(ops, matches!(inst, EpInst::MaxK(..)), d, reg[a], at);
             }
-            EpInst::Shl(a, n) => {
-                let x = reg[a];
-                dynasm!(ops ; .arch x64 ; vpslld Ry(d), Ry(x), n as i8);
-            }
-            EpInst::Sar(a, n) => {
-                let x = reg[a];
-                dynasm!(ops ; .arch x64 ; vpsrad Ry(d), Ry(x), n as i8);
-            }
-            EpInst::Shr(a, n) => {
-                let x = reg[a];
-                dynasm!(ops ; .arch x64 ; vpsrld Ry(d), Ry(x), n as i8);
-            }
-            EpInst::Cmp(pr, a, b) => {
-                let (x, y) = (reg[a], reg[b]);
-                cmp(ops, d, x, y, pr);
-            }
-            EpInst::Select { mask, t, f } => {
-                let (m, x, y) = (reg[mask], reg[t], reg[f]);
-                dynasm!(ops ; .arch x64 ; vblendvps Ry(d), Ry(y), Ry(x), Ry(m));
-            }
-            EpInst::Sqrt(a) => {
-                let x = reg[a];
-                dynasm!(ops ; .arch x64 ; vsqrtps Ry(d), Ry(x));
-            }
+            EpInst::Shl(a, n) => isa.shift(ops, Shift::Left, d, reg[a], n),
+            EpInst::Sar(a, n) => isa.shift(ops, Shift::RightArith, d, reg[a], n),
+            EpInst::Shr(a, n) => isa.shift(ops, Shift::RightLogical, d, reg[a], n),
+            EpInst::Cmp(pr, a, b) => isa.cmp(ops, d, reg[a], reg[b], pr),
+            EpInst::Select { mask, t, f } => isa.select(ops, d, reg[mask], reg[t], reg[f]),
+            EpInst::Sqrt(a) => isa.sqrt(ops, d, reg[a]),
         }
         if last[i] == usize::MAX {
             pool.push(d);
@@ -551,30 +614,41 @@ pub(crate) fn emit_insts(
 }
 
 /// The constants a program reads from memory (`EpInst::Const`, `BinK`, ...): each a 32-byte vector of one value,
-/// placed after the code that reads it (`emit`, once that code's `ret` is written) and addressed relative to the
-/// instruction pointer, so the code stays position independent (what the kernel cache stores).
+/// placed after the code that reads it (`emit`, once that code's `ret` is written). 8-lane code addresses them
+/// relative to the instruction pointer; 16-lane code broadcasts a slot's first lane from a base register loaded
+/// with the pool's address (`base`). Either way the code stays position independent (what the kernel cache
+/// stores).
 #[derive(Default)]
 pub(crate) struct ConstPool {
     entries: Vec<(u32, DynamicLabel)>,
+    base: Option<DynamicLabel>,
 }
 
 impl ConstPool {
-    /// The label of constant `k` (added on first use).
-    fn label(&mut self, ops: &mut Assembler, k: u32) -> DynamicLabel {
-        if let Some(&(_, l)) = self.entries.iter().find(|(v, _)| *v == k) {
-            return l;
+    /// Constant `k` (added on first use).
+    pub(crate) fn get(&mut self, ops: &mut Assembler, k: u32) -> ConstRef {
+        if let Some(slot) = self.entries.iter().position(|(v, _)| *v == k) {
+            return ConstRef { label: self.entries[slot].1, slot };
         }
         let l = ops.new_dynamic_label();
         self.entries.push((k, l));
-        l
+        ConstRef { label: l, slot: self.entries.len() - 1 }
+    }
+
+    /// The label of the pool's first slot.
+    pub(crate) fn base(&mut self, ops: &mut Assembler) -> DynamicLabel {
+        *self.base.get_or_insert_with(|| ops.new_dynamic_label())
     }
 
     /// Writes the constants (32-byte aligned) at the current position, which must not be executed.
     pub(crate) fn emit(self, ops: &mut Assembler) {
-        if self.entries.is_empty() {
+        if self.entries.is_empty() && self.base.is_none() {
             return;
         }
         dynasm!(ops ; .arch x64 ; .align 32);
+        if let Some(b) = self.base {
+            dynasm!(ops ; .arch x64 ; =>b);
+        }
         for (k, l) in self.entries {
             dynasm!(ops ; .arch x64 ; =>l);
             for _ in 0..8 {
@@ -606,7 +680,11 @@ impl KernelSet {
         let mut ops = Assembler::new().map_err(|e| e.to_string())?;
         let mut offsets = Vec::with_capacity(specs.len());
         for s in specs {
-            offsets.push(emit(&mut ops, s, ep)?.0);
+            let at = match s.isa {
+                Isa::Avx2 => emit(&mut ops, s, ep)?,
+                Isa::Avx512 => super::asm512::emit(&mut ops, s, ep)?,
+            };
+            offsets.push(at.0);
         }
         let code = ops.finalize().map_err(|_| "finalizing the GEMM kernels failed".to_string())?;
         crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

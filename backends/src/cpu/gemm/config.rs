@@ -1,9 +1,9 @@
-//! The CPU GEMM search space (x86-64 AVX2 + FMA): every legal configuration for a problem, and the analytic score
-//! that ranks them before any is timed. The kernels are the rest of `cpu/gemm`, the search loop and the store
+//! The CPU GEMM search space (x86-64, AVX2 + FMA and AVX-512F register tiles): every legal configuration for a
+//! problem, and the analytic score that ranks them before any is timed. The kernels are the rest of `cpu/gemm`, the search loop and the store
 //! `kiln_autotune`'s: this file only knows what a configuration is, which ones fit the machine, and what each should
 //! cost.
 //!
-//! A configuration is the register tile (MR x 8*NV), the cache blocking (KC x MC of A in L2, KC x NC of B in L3, one
+//! A configuration is the instruction family (`cpu::isa`) and register tile (MR x lanes*NV), the cache blocking (KC x MC of A in L2, KC x NC of B in L3, one
 //! KC x NR micro-panel of B in L1), whether A and B are packed into panels or read in place, and how the threads
 //! split the output (by columns or by rows). The library GEMM (`gemm` crate) is one more candidate, and so is a
 //! dot-product GEMV (`Dot`) for a few rows of A against a B whose columns are contiguous (`x @ W^T`, every linear
@@ -12,7 +12,9 @@
 //! whose threads take rows of B rather than columns of C.
 //!
 //! The score is a roofline estimate in GFLOP/s, not a promise; its job is to put the few worth timing on top:
-//! - compute: this core's FMA peak (measured 100 GFLOP/s per core here) times the tile's efficiency (FMA latency
+//! - compute: this core's 8-lane FMA peak (100 GFLOP/s per core, the model's unit) times the family's measured
+//!   peak ratio (`isa::peak_ratio`: ~2 for AVX-512 on a core with two 512-bit FMA units, ~1 where they are
+//!   double-pumped) times the tile's efficiency (FMA latency
 //!   needs >= 10 independent accumulators on Zen 3 / Skylake, and loads per FMA must stay under 1.5) times the
 //!   fraction of lanes and rows that do useful work at the edges;
 //! - memory: bytes of packing, C traffic per K block and re-streamed unpacked operands, at a per-thread
@@ -21,6 +23,7 @@
 //!   20% each;
 //! - parallel balance: the largest thread's share of tiles.
 
+use crate::cpu::isa::{self, Isa};
 use kiln_jit::kernel::gemm::GemmView;
 
 /// One candidate.
@@ -44,6 +47,7 @@ pub enum GemmImpl {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmConfig {
+    pub isa: Isa,
     pub mr: usize,
     pub nv: usize,
     pub kc: usize,
@@ -60,7 +64,7 @@ pub struct GemmConfig {
 
 impl GemmConfig {
     pub fn nr(&self) -> usize {
-        8 * self.nv
+        self.isa.lanes() * self.nv
     }
 }
 
@@ -86,7 +90,8 @@ impl GemmImpl {
                 c
             }
         };
-        out.push_str("avx2:");
+        out.push_str(c.isa.name());
+        out.push(':');
         push_num(out, c.mr);
         out.push('x');
         push_num(out, c.nr());
@@ -108,11 +113,11 @@ impl GemmImpl {
     /// [`dot_legal`] for the dot products. The one check a tuner's pick and a forced build both go through.
     pub fn legal_for(&self, v: &GemmView) -> bool {
         match self {
-            GemmImpl::Asm(c) => legal(v, c),
+            GemmImpl::Asm(c) => c.isa.present() && legal(v, c),
             GemmImpl::Library => v.batch.is_empty(),
             GemmImpl::Dot => dot_legal(v),
             GemmImpl::SplitK => splitk_legal(v),
-            GemmImpl::Transposed(c) => transposed_legal(v) && legal(&v.transposed(), c),
+            GemmImpl::Transposed(c) => c.isa.present() && transposed_legal(v) && legal(&v.transposed(), c),
         }
     }
 
@@ -141,7 +146,7 @@ impl GemmImpl {
     /// (`Candidate::shape`); empty for the library and the dot products.
     pub fn shape(&self) -> String {
         match self {
-            GemmImpl::Asm(c) | GemmImpl::Transposed(c) => format!("{}x{}", c.mr, c.nr()),
+            GemmImpl::Asm(c) | GemmImpl::Transposed(c) => format!("{} {}x{}", c.isa.name(), c.mr, c.nr()),
             GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK => String::new(),
         }
     }
@@ -163,14 +168,16 @@ impl GemmImpl {
             };
         }
         let f: Vec<&str> = s.split(':').collect();
-        if f.len() != 9 || f[0] != "avx2" {
+        if f.len() != 9 {
             return None;
         }
+        let isa = Isa::parse(f[0])?;
         let (mr, nr) = f[1].split_once('x')?;
         let num = |p: &str, pre: &str| p.strip_prefix(pre)?.parse::<usize>().ok();
         let c = GemmConfig {
+            isa,
             mr: mr.parse().ok()?,
-            nv: nr.parse::<usize>().ok()? / 8,
+            nv: nr.parse::<usize>().ok()? / isa.lanes(),
             kc: num(f[2], "kc")?,
             mc: num(f[3], "mc")?,
             nc: num(f[4], "nc")?,
@@ -207,8 +214,35 @@ const BW: f64 = 12.0;
 /// packed, and short tiles compete.
 pub const SKINNY_M: usize = 16;
 
-/// Every legal candidate for `v`, in a fixed order (the order is part of the candidate-set checksum).
+/// Every legal candidate for `v` among the families `KILN_CPU_ISA` allows on this host ([`isa::allowed`]; none of
+/// the generated ones where that setting is an error, which `select` reports), in a fixed order (the order is part
+/// of the candidate-set checksum).
 pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
+    candidates_for(v, library, isa::allowed().unwrap_or(&[]))
+}
+
+/// The register tiles (MR, NV) a family offers: large problems, and skinny ones (a few rows streaming B).
+fn tiles(isa: Isa, skinny: bool) -> &'static [(usize, usize)] {
+    match (isa, skinny) {
+        (Isa::Avx2, false) => &[(6, 2), (4, 3)],
+        (Isa::Avx2, true) => &[(1, 4), (1, 8), (2, 4), (4, 2), (4, 3), (6, 2)],
+        // 14x32 has the most accumulators per B load, 6x64 the fewest broadcasts per FMA; 8x48 sits between.
+        (Isa::Avx512, false) => &[(14, 2), (8, 3), (6, 4)],
+        (Isa::Avx512, true) => &[(1, 2), (1, 4), (2, 4), (4, 3), (8, 2), (8, 3)],
+    }
+}
+
+/// K blocks a family offers for large problems: a KC x NR micro-panel of B should stay in L1, and AVX-512's wider
+/// panels (32-64 floats) need shorter blocks for that.
+fn large_kcs(isa: Isa) -> &'static [usize] {
+    match isa {
+        Isa::Avx2 => &[256, 384],
+        Isa::Avx512 => &[128, 256, 384],
+    }
+}
+
+/// [`candidates`] for an explicit list of families (tests force each).
+pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl> {
     let mut out = Vec::new();
     // Clamping makes many configs equal on small problems; a set keeps the dedup linear (it was the bulk of a
     // warm process's first GEMM lookup: ~50 µs for 97 candidates with `Vec::contains`, still 46 µs for the 720
@@ -216,53 +250,57 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
     let mut seen = rustc_hash::FxHashSet::default();
     let b_inplace_ok = v.b.cols == 1;
     let skinny = v.m <= SKINNY_M;
-    let tiles: &[(usize, usize)] =
-        if skinny { &[(1, 4), (1, 8), (2, 4), (4, 2), (4, 3), (6, 2)] } else { &[(6, 2), (4, 3)] };
-    // Skinny problems stream B from memory: short K blocks keep the rows a tile sweep touches few enough for the
-    // hardware prefetchers (a 4096-wide row is read in one pass per block instead of in 64 separate strips).
-    let kcs: &[usize] = if skinny { &[4, 8, 32, 128, 384] } else { &[256, 384] };
-    for &(mr, nv) in tiles {
-        for &kc in kcs {
-            for mc_mult in [12, 24] {
-                for nc in [1024, 4096] {
-                    // A skinny problem reads A (a few rows) in place. A larger one packs A, or reads it in
-                    // place with B packed: the kernel then broadcasts from MR row streams instead of one packed
-                    // panel, and no thread spends time transposing A into panels. Measured (`kiln tune --mode
-                    // full`, 2 threads, each shape's best of either): 1024 x 128 x 256 310-313 -> 294 µs, 1024 x
-                    // 256 x 128 310-314 -> 297-300, 128 x 256 x 784 331-351 -> 317-322, 1024 x 256 x 1024 (W
-                    // stored N x K) 2501-2516 -> 2462, 1024^3 10070 -> 9865; 2048^3 and A stored transposed (a
-                    // weight gradient's `dy.t()`) within noise either way. The races decide per shape.
-                    let reads: &[(bool, bool)] = if skinny {
-                        &[(false, true), (false, false)]
-                    } else {
-                        &[(true, true), (true, false), (false, true)]
-                    };
-                    for &(pack_a, pack_b) in reads {
-                        // B in place needs its rows contiguous (kn); it saves packing a weight that is read by
-                        // few row blocks (skinny, or M within one MC block).
-                        if !(pack_b || b_inplace_ok && (skinny || v.m <= mr * mc_mult)) {
-                            continue;
-                        }
-                        for (split_m, prefetch) in [(false, 0), (true, 0), (false, 8)] {
-                            if split_m && skinny || prefetch > 0 && pack_b {
+    for &isa in isas {
+        let lanes = isa.lanes();
+        // Skinny problems stream B from memory: short K blocks keep the rows a tile sweep touches few enough for
+        // the hardware prefetchers (a 4096-wide row is read in one pass per block instead of in 64 separate
+        // strips).
+        let kcs: &[usize] = if skinny { &[4, 8, 32, 128, 384] } else { large_kcs(isa) };
+        for &(mr, nv) in tiles(isa, skinny) {
+            for &kc in kcs {
+                for mc_mult in [12, 24] {
+                    for nc in [1024, 4096] {
+                        // A skinny problem reads A (a few rows) in place. A larger one packs A, or reads it in
+                        // place with B packed: the kernel then broadcasts from MR row streams instead of one
+                        // packed panel, and no thread spends time transposing A into panels. Measured (`kiln tune
+                        // --mode full`, 2 threads, AVX2, each shape's best of either): 1024 x 128 x 256 310-313 ->
+                        // 294 µs, 1024 x 256 x 128 310-314 -> 297-300, 128 x 256 x 784 331-351 -> 317-322, 1024 x
+                        // 256 x 1024 (W stored N x K) 2501-2516 -> 2462, 1024^3 10070 -> 9865; 2048^3 and A stored
+                        // transposed (a weight gradient's `dy.t()`) within noise either way. The races decide per
+                        // shape.
+                        let reads: &[(bool, bool)] = if skinny {
+                            &[(false, true), (false, false)]
+                        } else {
+                            &[(true, true), (true, false), (false, true)]
+                        };
+                        for &(pack_a, pack_b) in reads {
+                            // B in place needs its rows contiguous (kn); it saves packing a weight that is read by
+                            // few row blocks (skinny, or M within one MC block).
+                            if !(pack_b || b_inplace_ok && (skinny || v.m <= mr * mc_mult)) {
                                 continue;
                             }
-                            // Blocks larger than the problem behave like the problem's size: clamp, then drop
-                            // duplicates, so the configs timed first really differ.
-                            let c = GemmConfig {
-                                mr,
-                                nv,
-                                kc: kc.min(v.k.next_multiple_of(16)),
-                                mc: (mr * mc_mult).min(v.m.next_multiple_of(mr)),
-                                nc: nc.min(v.n.next_multiple_of(8 * nv)),
-                                pack_a,
-                                pack_b,
-                                split_m,
-                                unroll: 4,
-                                prefetch,
-                            };
-                            if legal(v, &c) && seen.insert(c) {
-                                out.push(GemmImpl::Asm(c));
+                            for (split_m, prefetch) in [(false, 0), (true, 0), (false, 8)] {
+                                if split_m && skinny || prefetch > 0 && pack_b {
+                                    continue;
+                                }
+                                // Blocks larger than the problem behave like the problem's size: clamp, then drop
+                                // duplicates, so the configs timed first really differ.
+                                let c = GemmConfig {
+                                    isa,
+                                    mr,
+                                    nv,
+                                    kc: kc.min(v.k.next_multiple_of(16)),
+                                    mc: (mr * mc_mult).min(v.m.next_multiple_of(mr)),
+                                    nc: nc.min(v.n.next_multiple_of(lanes * nv)),
+                                    pack_a,
+                                    pack_b,
+                                    split_m,
+                                    unroll: 4,
+                                    prefetch,
+                                };
+                                if legal(v, &c) && seen.insert(c) {
+                                    out.push(GemmImpl::Asm(c));
+                                }
                             }
                         }
                     }
@@ -281,24 +319,27 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
     }
     if transposed_legal(v) {
         let t = v.transposed();
-        for (mr, nv) in [(6, 2), (4, 3)] {
-            for kc in [256, 384] {
-                // Threads split the transposed problem's rows: W's rows, as the forward's other candidates and the
-                // weight's update do.
-                let c = GemmConfig {
-                    mr,
-                    nv,
-                    kc: kc.min(t.k.next_multiple_of(16)),
-                    mc: (mr * 12).min(t.m.next_multiple_of(mr)),
-                    nc: t.n.next_multiple_of(8 * nv),
-                    pack_a: false,
-                    pack_b: true,
-                    split_m: true,
-                    unroll: 4,
-                    prefetch: 0,
-                };
-                if legal(&t, &c) && seen.insert(c) {
-                    out.push(GemmImpl::Transposed(c));
+        for &isa in isas {
+            for &(mr, nv) in tiles(isa, false) {
+                for kc in [256, 384] {
+                    // Threads split the transposed problem's rows: W's rows, as the forward's other candidates and
+                    // the weight's update do.
+                    let c = GemmConfig {
+                        isa,
+                        mr,
+                        nv,
+                        kc: kc.min(t.k.next_multiple_of(16)),
+                        mc: (mr * 12).min(t.m.next_multiple_of(mr)),
+                        nc: t.n.next_multiple_of(isa.lanes() * nv),
+                        pack_a: false,
+                        pack_b: true,
+                        split_m: true,
+                        unroll: 4,
+                        prefetch: 0,
+                    };
+                    if legal(&t, &c) && seen.insert(c) {
+                        out.push(GemmImpl::Transposed(c));
+                    }
                 }
             }
         }
@@ -418,11 +459,11 @@ pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<Gemm
     all
 }
 
-/// Whether an `mr x 8*nv` register tile fits the 16 ymm registers: `mr * nv` accumulators, `nv` B vectors (none
-/// for one row, whose FMAs read B from memory) and one broadcast register.
-pub fn fits(mr: usize, nv: usize) -> bool {
+/// Whether an `mr x lanes*nv` register tile fits the family's registers (16 ymm, 32 zmm): `mr * nv` accumulators,
+/// `nv` B vectors (none for one row, whose FMAs read B from memory) and one broadcast register.
+pub fn fits(isa: Isa, mr: usize, nv: usize) -> bool {
     let b_regs = if mr == 1 { 0 } else { nv };
-    mr >= 1 && nv >= 1 && mr * nv + b_regs < 16
+    mr >= 1 && nv >= 1 && mr * nv + b_regs < isa.registers()
 }
 
 /// Whether every displacement the kernels need fits an i32 (a stride of a huge matrix might not).
@@ -431,7 +472,7 @@ pub fn legal(v: &GemmView, c: &GemmConfig) -> bool {
     let ldc = v.n as i64 * 4;
     let a_ok = c.pack_a || (fit(v.a.cols * 4 * c.unroll as i64) && fit(v.a.rows * 4 * c.mr as i64));
     let b_ok = c.pack_b || (v.b.cols == 1 && fit(v.b.rows * 4 * c.unroll as i64));
-    fits(c.mr, c.nv)
+    fits(c.isa, c.mr, c.nv)
         && a_ok
         && b_ok
         && fit(ldc * c.mr as i64)
@@ -470,10 +511,11 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);
     let (mr, nr) = (c.mr as f64, c.nr() as f64);
     let accs = (c.mr * c.nv) as f64;
+    let lanes = c.isa.lanes() as f64;
     let latency_eff = (accs / 10.0).min(1.0);
     let loads = if c.mr == 1 { c.nv as f64 + 1.0 } else { c.nv as f64 + mr };
     let load_eff = ((accs / 2.0) / (loads / 3.0)).min(1.0);
-    let edge = (m / ((m / mr).ceil() * mr)) * (n / ((n / 8.0).ceil() * 8.0));
+    let edge = (m / ((m / mr).ceil() * mr)) * (n / ((n / lanes).ceil() * lanes));
     let mut eff = latency_eff * load_eff * edge;
     let kc = c.kc.min(v.k) as f64;
     if !c.pack_b && v.m <= 4 && kc > 8.0 {
@@ -508,7 +550,8 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     let balance = (units / used) / (units / used).ceil();
     let batch = v.batch_count() as f64;
     let flops = 2.0 * m * n * k * batch;
-    let compute_s = flops / (PEAK * 1e9 * used * eff * balance.max(0.05));
+    let peak = PEAK * isa::peak_ratio(c.isa);
+    let compute_s = flops / (peak * 1e9 * used * eff * balance.max(0.05));
     // Bytes per thread.
     let kblocks = (k / kc).ceil();
     let n_part = if c.split_m { n } else { n / used };
@@ -619,7 +662,7 @@ mod tests {
                 assert_eq!(GemmImpl::parse(&c.name()), Some(*c), "{}", c.name());
                 assert!(!cands[..i].contains(c), "duplicate {}", c.name());
                 if let GemmImpl::Asm(cfg) = c {
-                    assert!(legal(&v, cfg) && fits(cfg.mr, cfg.nv));
+                    assert!(legal(&v, cfg) && fits(cfg.isa, cfg.mr, cfg.nv));
                 }
                 assert!(score(&v, c, 2).is_finite());
             }
@@ -636,6 +679,7 @@ mod tests {
         assert_eq!(GemmImpl::parse("avx2:6x16:kc256"), None);
         // The hand-written name is the format the records on disk hold.
         let c = GemmConfig {
+            isa: Isa::Avx2,
             mr: 6,
             nv: 2,
             kc: 256,
@@ -649,6 +693,7 @@ mod tests {
         };
         assert_eq!(GemmImpl::Asm(c).name(), "avx2:6x16:kc256:mc72:nc1024:pArB:sM:u4:pf0");
         let c = GemmConfig {
+            isa: Isa::Avx2,
             mr: 1,
             nv: 15,
             kc: 4,
@@ -661,6 +706,10 @@ mod tests {
             prefetch: 8,
         };
         assert_eq!(GemmImpl::Asm(c).name(), "avx2:1x120:kc4:mc1:nc120:rApB:sN:u10:pf8");
-        assert!(!fits(3, 4) && fits(6, 2) && fits(1, 15));
+        assert!(!fits(Isa::Avx2, 3, 4) && fits(Isa::Avx2, 6, 2) && fits(Isa::Avx2, 1, 15));
+        assert!(fits(Isa::Avx512, 14, 2) && fits(Isa::Avx512, 6, 4) && !fits(Isa::Avx512, 8, 4));
+        let wide = GemmConfig { isa: Isa::Avx512, mr: 14, nv: 2, ..c };
+        assert_eq!(GemmImpl::Asm(wide).name(), "avx512:14x32:kc4:mc1:nc120:rApB:sN:u10:pf8");
+        assert_eq!(GemmImpl::parse(&GemmImpl::Asm(wide).name()), Some(GemmImpl::Asm(wide)));
     }
 }

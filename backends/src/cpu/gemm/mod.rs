@@ -1,5 +1,5 @@
 //! The CPU GEMM: a kernel the scheduler produced as `G_...` (a reduce kernel that [`GemmView`] recognizes) runs as
-//! a blocked GEMM around generated AVX2 micro-kernels (`asm`), in the configuration the tuner picked (`config`,
+//! a blocked GEMM around generated micro-kernels (`asm` for AVX2, `asm512` for AVX-512F), in the configuration the tuner picked (`config`,
 //! `tune`), with its epilogue in registers (`epilogue`) or, when that cannot express it, as a compiled pass over C.
 //!
 //! Loop nest per thread (BLIS order): columns by NC, K by KC (pack a KC x NC block of B into NR-wide panels), rows by
@@ -9,16 +9,18 @@
 //! still copied (zero-padded), so no kernel reads past a buffer.
 //!
 //! Threads take disjoint rectangles of C (column or row strips, per batch element), each with its own pack buffers,
-//! so results do not depend on timing. Deliberately not done: packing shared between threads, and AVX-512.
+//! so results do not depend on timing. Deliberately not done: packing shared between threads.
 //!
 //! Three more candidates race the generated kernels: the `gemm` crate (`tune::library_gemm`), for a few rows against
 //! a weight stored N x K dot products (`dot`), and for a few rows against one stored K x N a split-K GEMV
 //! (`splitk`); all leave their epilogue to the pass.
 
 pub mod asm;
+mod asm512;
 pub mod config;
 mod dot;
 pub mod epilogue;
+mod evex;
 mod pack;
 mod program_math;
 pub(crate) mod select;
@@ -27,6 +29,7 @@ mod transposed;
 pub mod tune;
 
 use super::pool;
+use crate::cpu::isa::Isa;
 use asm::{KernelSet, MicroFn, MicroSpec, Mode};
 use config::{GemmConfig, GemmImpl};
 use epilogue::{Epilogue, OperandKind};
@@ -67,7 +70,9 @@ pub struct CompiledGemm {
     /// The outer code (for the host-evaluated uniform values).
     outer: Vec<Inst>,
     input_dtypes: Vec<DType>,
+    /// The lanes of a ragged last vector: as 8 lane masks for AVX2 (`vmaskmovps`), as opmask bits for AVX-512.
     mask: [i32; 8],
+    mask16: u16,
     /// Output rectangles per batch element (column or row strips).
     parts: usize,
     /// The transposed candidate's GEMM (`C^T` into scratch, identity epilogue).
@@ -160,6 +165,7 @@ impl CompiledGemm {
             outer,
             input_dtypes,
             mask: [0; 8],
+            mask16: 0,
             parts: 1,
             transposed: None,
             pass: None,
@@ -178,10 +184,13 @@ impl CompiledGemm {
     ) -> Result<(), String> {
         let g = self;
         let v = &g.view;
+        let lanes = c.isa.lanes();
         let tail_cols = v.n % c.nr();
+        let ragged = tail_cols % lanes;
         for (l, m) in g.mask.iter_mut().enumerate() {
-            *m = if l < tail_cols % 8 || tail_cols.is_multiple_of(8) { -1 } else { 0 };
+            *m = if l < ragged || ragged == 0 { -1 } else { 0 };
         }
+        g.mask16 = if ragged == 0 { u16::MAX } else { (1u16 << ragged) - 1 };
         let units = if c.split_m { v.m.div_ceil(c.mr) } else { v.n.div_ceil(c.nr()) };
         g.parts = threads.clamp(1, units.max(1));
         let mut specs = Vec::new();
@@ -197,10 +206,11 @@ impl CompiledGemm {
                 if !tail && v.n < c.nr() {
                     continue;
                 }
-                let nv = if tail { tail_cols.div_ceil(8) } else { c.nv };
+                let nv = if tail { tail_cols.div_ceil(lanes) } else { c.nv };
                 let packed_b = c.pack_b || tail;
                 for &mode in &modes {
                     specs.push(MicroSpec {
+                        isa: c.isa,
                         mr: rows,
                         nv,
                         a_ks: if c.pack_a { (c.mr * 4) as i32 } else { (v.a.cols * 4) as i32 },
@@ -208,7 +218,7 @@ impl CompiledGemm {
                         b_ks: if packed_b { (c.nr() * 4) as i32 } else { (v.b.rows * 4) as i32 },
                         ldc: (v.n * 4) as i32,
                         mode,
-                        masked: tail && !tail_cols.is_multiple_of(8),
+                        masked: tail && ragged != 0,
                         unroll: c.unroll,
                         prefetch: if packed_b { 0 } else { c.prefetch as i32 },
                     });
@@ -383,7 +393,10 @@ impl CompiledGemm {
         let v = &self.view;
         let (mr, nr) = (c.mr, c.nr());
         let mut ep: [*const u8; 2 + epilogue::MAX_OPERANDS] = [std::ptr::null(); 2 + epilogue::MAX_OPERANDS];
-        ep[0] = self.mask.as_ptr() as *const u8;
+        ep[0] = match c.isa {
+            Isa::Avx2 => self.mask.as_ptr() as *const u8,
+            Isa::Avx512 => &self.mask16 as *const u16 as *const u8,
+        };
         ep[1] = cx.uniforms;
         let ops = self.epilogue.as_ref().map_or(&[][..], |e| &e.operands[..]);
         let mut jc = n0;
@@ -526,7 +539,7 @@ fn kernel_set(
 }
 
 /// Names of cached GEMM kernel sets in the store start with this.
-const GEMM_ARTIFACT_PREFIX: &str = "gemm-avx2-";
+const GEMM_ARTIFACT_PREFIX: &str = "gemm-x86-";
 
 /// Cached kernel sets mapped ahead of use, by artifact name ([`premap_cached_sets`]).
 static PREMAPPED: parking_lot::Mutex<rustc_hash::FxHashMap<String, KernelSet>> =

@@ -104,6 +104,8 @@ pub(crate) fn gemm_for(
     if !generated_gemm_enabled() {
         return Ok(None);
     }
+    // A `KILN_CPU_ISA` this CPU cannot honour is the user's error to see, not a quiet fallback.
+    crate::cpu::isa::allowed()?;
     let Some(view) = kiln_jit::kernel::gemm::GemmView::of(k) else { return Ok(None) };
     if view.m * view.n * view.k < GEMM_MIN_VOLUME {
         return Ok(None);

@@ -1,0 +1,333 @@
+//! EVEX encodings of the few AVX-512F instructions the 16-lane kernels (`asm512`) use, written as bytes.
+//!
+//! Why by hand: `dynasmrt` assembles every x86 extension except AVX-512 (no EVEX prefix), and the generated kernels
+//! need run-time register numbers, displacements and epilogues, which ahead-of-time intrinsics cannot give (a fused
+//! epilogue would become an interpreter over spilled accumulators). EVEX is regular: a 4-byte prefix, the opcode,
+//! ModRM (+ SIB) and a displacement that is scaled by the memory operand's size (`disp8*N`). The legacy and VEX
+//! instructions around these (loops, GPR moves, prefetches, `vzeroupper`) still come from `dynasm!`; both write
+//! into the same assembler, so labels and offsets stay `dynasmrt`'s.
+//!
+//! Only AVX-512F is used (no DQ/BW/VL instructions): `vpandd`/`vpord`/`vpxord` instead of `vandps`..., a compare's
+//! lane mask materialised with `vpternlogd` under the compare's opmask, and a select's mask tested with `vptestmd`.
+//! The tests pin every form against GNU `as` output.
+
+/// A general-purpose register by its x86 number (rax 0 .. r15 15).
+pub(crate) type Gpr = u8;
+
+/// A memory operand: `[base + index*1 + disp]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mem {
+    pub base: Gpr,
+    pub index: Option<Gpr>,
+    pub disp: i32,
+}
+
+/// `[base + disp]`.
+pub(crate) fn mem(base: Gpr, disp: i32) -> Mem {
+    Mem { base, index: None, disp }
+}
+
+/// The register-or-memory operand (ModRM.rm) of an instruction.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Rm {
+    /// zmm0..31 (or an opmask for the k forms).
+    Reg(u8),
+    /// A full 64-byte vector in memory.
+    Full(Mem),
+    /// One dword broadcast to 16 lanes (`{1to16}`).
+    Bcst(Mem),
+    /// One dword, not broadcast by the prefix (`vbroadcastss`'s source: Tuple1 Scalar, disp scaled by 4).
+    Dword(Mem),
+}
+
+/// Opcode map (EVEX.mmm) and mandatory prefix (EVEX.pp) of an instruction, with its opcode byte.
+#[derive(Clone, Copy)]
+pub(crate) struct Opc {
+    map: u8,
+    pp: u8,
+    op: u8,
+}
+
+const fn ps(op: u8) -> Opc {
+    Opc { map: 1, pp: 0, op }
+}
+const fn pd66(op: u8) -> Opc {
+    Opc { map: 1, pp: 1, op }
+}
+const fn x38(op: u8) -> Opc {
+    Opc { map: 2, pp: 1, op }
+}
+const fn x3a(op: u8) -> Opc {
+    Opc { map: 3, pp: 1, op }
+}
+
+pub(crate) const VADDPS: Opc = ps(0x58);
+pub(crate) const VMULPS: Opc = ps(0x59);
+pub(crate) const VSUBPS: Opc = ps(0x5c);
+pub(crate) const VMINPS: Opc = ps(0x5d);
+pub(crate) const VDIVPS: Opc = ps(0x5e);
+pub(crate) const VMAXPS: Opc = ps(0x5f);
+pub(crate) const VPANDD: Opc = pd66(0xdb);
+pub(crate) const VPORD: Opc = pd66(0xeb);
+pub(crate) const VPXORD: Opc = pd66(0xef);
+pub(crate) const VPADDD: Opc = pd66(0xfe);
+pub(crate) const VPSUBD: Opc = pd66(0xfa);
+pub(crate) const VFMADD231PS: Opc = x38(0xb8);
+pub(crate) const VFMADD213PS: Opc = x38(0xa8);
+pub(crate) const VBLENDMPS: Opc = x38(0x65);
+const VSQRTPS: Opc = ps(0x51);
+const VMOVAPS: Opc = ps(0x28);
+const VMOVUPS_LOAD: Opc = ps(0x10);
+const VMOVUPS_STORE: Opc = ps(0x11);
+const VBROADCASTSS: Opc = x38(0x18);
+const VCMPPS: Opc = ps(0xc2);
+const VPTERNLOGD: Opc = x3a(0x25);
+const VPTESTMD: Opc = x38(0x27);
+const SHIFT_IMM: Opc = pd66(0x72);
+
+/// Bytes of EVEX instructions, appended to the assembler by the caller.
+#[derive(Default)]
+pub(crate) struct Enc {
+    pub bytes: Vec<u8>,
+}
+
+impl Enc {
+    /// One 512-bit instruction: `reg` is ModRM.reg (a zmm, an opmask or an opcode extension), `v` EVEX.vvvv (0 when
+    /// unused: its inverted encoding is all ones), `k` the opmask (0: none), `z` zeroing-masking.
+    #[allow(clippy::too_many_arguments)]
+    fn insn(&mut self, o: Opc, reg: u8, v: u8, rm: Rm, k: u8, z: bool, imm: Option<u8>) {
+        let (rm_low, x_bit, b_bit, bcst, mem, n) = match rm {
+            Rm::Reg(r) => (r & 7, (r >> 4) & 1, (r >> 3) & 1, false, None, 1),
+            Rm::Full(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), 64),
+            Rm::Bcst(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, true, Some(m), 4),
+            Rm::Dword(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), 4),
+        };
+        let r_bit = (reg >> 3) & 1;
+        let r2_bit = (reg >> 4) & 1;
+        let p0 = ((r_bit ^ 1) << 7) | ((x_bit ^ 1) << 6) | ((b_bit ^ 1) << 5) | ((r2_bit ^ 1) << 4) | o.map;
+        let p1 = (((!v) & 0xf) << 3) | 0x04 | o.pp; // W0
+        let p2 = ((z as u8) << 7) | (0b10 << 5) | ((bcst as u8) << 4) | ((((v >> 4) & 1) ^ 1) << 3) | (k & 7);
+        self.bytes.extend([0x62, p0, p1, p2, o.op]);
+        match mem {
+            None => self.bytes.push(0xc0 | ((reg & 7) << 3) | rm_low),
+            Some(m) => self.modrm_mem(reg, m, n),
+        }
+        if let Some(i) = imm {
+            self.bytes.push(i);
+        }
+    }
+
+    /// ModRM, SIB and displacement of a memory operand whose accesses are `n` bytes (EVEX's compressed `disp8*N`).
+    fn modrm_mem(&mut self, reg: u8, m: Mem, n: i32) {
+        let base = m.base & 7;
+        let needs_sib = m.index.is_some() || base == 4;
+        let disp8 = (m.disp % n == 0 && (-128..=127).contains(&(m.disp / n))).then_some((m.disp / n) as i8);
+        // [rbp]/[r13] with no displacement would mean RIP-relative (mod 00, rm 101): give it a zero disp8.
+        let md = if m.disp == 0 && base != 5 {
+            0
+        } else if disp8.is_some() {
+            1
+        } else {
+            2
+        };
+        let rm = if needs_sib { 4 } else { base };
+        self.bytes.push((md << 6) | ((reg & 7) << 3) | rm);
+        if needs_sib {
+            // Scale 1; index 100 (none) unless given.
+            let idx = m.index.map_or(4, |i| i & 7);
+            self.bytes.push((idx << 3) | base);
+        }
+        match md {
+            1 => self.bytes.push(disp8.unwrap_or(0) as u8),
+            2 => self.bytes.extend(m.disp.to_le_bytes()),
+            _ => {}
+        }
+    }
+
+    /// `d = x op src` for a two-operand arithmetic opcode (`VADDPS`, `VPANDD`, `VFMADD231PS`: `d += x * src`, ...).
+    pub(crate) fn op3(&mut self, o: Opc, d: u8, x: u8, src: Rm) {
+        self.insn(o, d, x, src, 0, false, None);
+    }
+
+    pub(crate) fn zero(&mut self, d: u8) {
+        self.op3(VPXORD, d, d, Rm::Reg(d));
+    }
+
+    pub(crate) fn sqrt(&mut self, d: u8, x: u8) {
+        self.insn(VSQRTPS, d, 0, Rm::Reg(x), 0, false, None);
+    }
+
+    pub(crate) fn mov(&mut self, d: u8, x: u8) {
+        self.insn(VMOVAPS, d, 0, Rm::Reg(x), 0, false, None);
+    }
+
+    /// `d = [m]`, or with opmask `k` (non-zero) the lanes of `k` and zeros elsewhere (masked-off lanes never fault).
+    pub(crate) fn load(&mut self, d: u8, m: Mem, k: u8) {
+        self.insn(VMOVUPS_LOAD, d, 0, Rm::Full(m), k, k != 0, None);
+    }
+
+    /// `[m] = x`, only the lanes of opmask `k` when non-zero.
+    pub(crate) fn store(&mut self, m: Mem, x: u8, k: u8) {
+        self.insn(VMOVUPS_STORE, x, 0, Rm::Full(m), k, false, None);
+    }
+
+    /// `d = [m]` in every lane (one dword).
+    pub(crate) fn broadcast(&mut self, d: u8, m: Mem) {
+        self.insn(VBROADCASTSS, d, 0, Rm::Dword(m), 0, false, None);
+    }
+
+    /// `k = x <pred> y` (a `vcmpps` predicate).
+    pub(crate) fn cmp(&mut self, k: u8, x: u8, y: u8, pred: u8) {
+        self.insn(VCMPPS, k, x, Rm::Reg(y), 0, false, Some(pred));
+    }
+
+    /// `d = k ? all ones : 0` per lane (`vpternlogd d{k}{z}, d, d, 0xff`).
+    pub(crate) fn mask_to_lanes(&mut self, d: u8, k: u8) {
+        self.insn(VPTERNLOGD, d, d, Rm::Reg(d), k, true, Some(0xff));
+    }
+
+    /// `k = (x & x) != 0` per lane.
+    pub(crate) fn lanes_to_mask(&mut self, k: u8, x: u8) {
+        self.insn(VPTESTMD, k, x, Rm::Reg(x), 0, false, None);
+    }
+
+    /// `d = k ? t : f` per lane.
+    pub(crate) fn blend(&mut self, d: u8, k: u8, f: u8, t: u8) {
+        self.insn(VBLENDMPS, d, f, Rm::Reg(t), k, false, None);
+    }
+
+    /// 32-bit lanes of `x` shifted by `n`: `ext` 6 left, 4 right arithmetic, 2 right logical.
+    pub(crate) fn shift(&mut self, ext: u8, d: u8, x: u8, n: u8) {
+        self.insn(SHIFT_IMM, ext, d, Rm::Reg(x), 0, false, Some(n));
+    }
+
+    /// `kmovw k, word [m]` (a VEX instruction; AVX-512F).
+    pub(crate) fn kmov_load(&mut self, k: u8, m: Mem) {
+        assert!(m.index.is_none(), "kmov_load takes a base register only");
+        let b_inv = ((m.base >> 3) & 1) ^ 1;
+        // 3-byte VEX: R̄ X̄ B̄ mmmmm (0F), W0 vvvv=1111 L0 pp=00.
+        self.bytes.extend([0xc4, 0xc0 | (b_inv << 5) | 0x01, 0x78, 0x90]);
+        // Legacy ModRM with uncompressed disp8.
+        let base = m.base & 7;
+        let md = if m.disp == 0 && base != 5 {
+            0
+        } else if (-128..=127).contains(&m.disp) {
+            1
+        } else {
+            2
+        };
+        self.bytes.push((md << 6) | ((k & 7) << 3) | if base == 4 { 4 } else { base });
+        if base == 4 {
+            self.bytes.push(0x24);
+        }
+        match md {
+            1 => self.bytes.push(m.disp as i8 as u8),
+            2 => self.bytes.extend(m.disp.to_le_bytes()),
+            _ => {}
+        }
+    }
+}
+
+/// GPR numbers used by the kernels.
+pub(crate) mod gpr {
+    pub const RDX: u8 = 2;
+    pub const RSI: u8 = 6;
+    pub const RDI: u8 = 7;
+    pub const R9: u8 = 9;
+    pub const R10: u8 = 10;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpr::*;
+    use super::*;
+
+    const RAX: u8 = 0;
+    const RSP: u8 = 4;
+    const R12: u8 = 12;
+    const R13: u8 = 13;
+
+    /// Every form the kernels emit, against `as` (GNU binutils 2.40, `-M intel`) on the same instructions.
+    #[test]
+    fn encodings_match_gnu_as() {
+        let mut e = Enc::default();
+        let mut want: Vec<u8> = Vec::new();
+        let mut check = |e: &mut Enc, bytes: &[u8], what: &str| {
+            assert_eq!(&e.bytes[..], bytes, "{what}");
+            want.extend(bytes);
+            e.bytes.clear();
+        };
+        e.op3(VFMADD231PS, 0, 24, Rm::Reg(31));
+        check(&mut e, &[0x62, 0x92, 0x3d, 0x40, 0xb8, 0xc7], "vfmadd231ps zmm0, zmm24, zmm31");
+        e.op3(VFMADD231PS, 17, 3, Rm::Bcst(mem(RDI, 8)));
+        check(&mut e, &[0x62, 0xe2, 0x65, 0x58, 0xb8, 0x4f, 0x02], "vfmadd231ps zmm17, zmm3, [rdi+8]{1to16}");
+        e.op3(VFMADD231PS, 5, 30, Rm::Full(mem(RSI, 128)));
+        check(&mut e, &[0x62, 0xf2, 0x0d, 0x40, 0xb8, 0x6e, 0x02], "vfmadd231ps zmm5, zmm30, [rsi+128]");
+        e.op3(VFMADD231PS, 5, 30, Rm::Full(mem(RSI, 100)));
+        check(&mut e, &[0x62, 0xf2, 0x0d, 0x40, 0xb8, 0xae, 0x64, 0, 0, 0], "vfmadd231ps zmm5, zmm30, [rsi+100]");
+        e.load(16, mem(RSI, 64), 0);
+        check(&mut e, &[0x62, 0xe1, 0x7c, 0x48, 0x10, 0x46, 0x01], "vmovups zmm16, [rsi+64]");
+        e.load(3, mem(RDX, 192), 1);
+        check(&mut e, &[0x62, 0xf1, 0x7c, 0xc9, 0x10, 0x5a, 0x03], "vmovups zmm3{k1}{z}, [rdx+192]");
+        e.store(mem(RDX, 4096), 29, 1);
+        check(&mut e, &[0x62, 0x61, 0x7c, 0x49, 0x11, 0x6a, 0x40], "vmovups [rdx+4096]{k1}, zmm29");
+        e.store(mem(R9, 0), 2, 0);
+        check(&mut e, &[0x62, 0xd1, 0x7c, 0x48, 0x11, 0x11], "vmovups [r9], zmm2");
+        e.broadcast(31, mem(RDI, 12));
+        check(&mut e, &[0x62, 0x62, 0x7d, 0x48, 0x18, 0x7f, 0x03], "vbroadcastss zmm31, [rdi+12]");
+        e.broadcast(7, mem(R9, -4));
+        check(&mut e, &[0x62, 0xd2, 0x7d, 0x48, 0x18, 0x79, 0xff], "vbroadcastss zmm7, [r9-4]");
+        e.zero(20);
+        check(&mut e, &[0x62, 0xa1, 0x5d, 0x40, 0xef, 0xe4], "vpxord zmm20, zmm20, zmm20");
+        e.op3(VADDPS, 1, 2, Rm::Reg(27));
+        check(&mut e, &[0x62, 0x91, 0x6c, 0x48, 0x58, 0xcb], "vaddps zmm1, zmm2, zmm27");
+        e.op3(VADDPS, 1, 1, Rm::Bcst(mem(R10, 32)));
+        check(&mut e, &[0x62, 0xd1, 0x74, 0x58, 0x58, 0x4a, 0x08], "vaddps zmm1, zmm1, [r10+32]{1to16}");
+        for (o, byte, p1) in [
+            (VSUBPS, 0x5c, 0x2c),
+            (VMULPS, 0x59, 0x2c),
+            (VDIVPS, 0x5e, 0x2c),
+            (VPANDD, 0xdb, 0x2d),
+            (VPORD, 0xeb, 0x2d),
+            (VPXORD, 0xef, 0x2d),
+            (VPADDD, 0xfe, 0x2d),
+            (VPSUBD, 0xfa, 0x2d),
+            (VMAXPS, 0x5f, 0x2c),
+            (VMINPS, 0x5d, 0x2c),
+        ] {
+            e.op3(o, 9, 10, Rm::Reg(11));
+            check(&mut e, &[0x62, 0x51, p1, 0x48, byte, 0xcb], &format!("opcode {byte:#x} zmm9, zmm10, zmm11"));
+        }
+        e.sqrt(19, 12);
+        check(&mut e, &[0x62, 0xc1, 0x7c, 0x48, 0x51, 0xdc], "vsqrtps zmm19, zmm12");
+        e.mov(19, 12);
+        check(&mut e, &[0x62, 0xc1, 0x7c, 0x48, 0x28, 0xdc], "vmovaps zmm19, zmm12");
+        e.op3(VFMADD213PS, 4, 18, Rm::Bcst(mem(R10, 64)));
+        check(&mut e, &[0x62, 0xd2, 0x6d, 0x50, 0xa8, 0x62, 0x10], "vfmadd213ps zmm4, zmm18, [r10+64]{1to16}");
+        e.shift(6, 4, 18, 23);
+        check(&mut e, &[0x62, 0xb1, 0x5d, 0x48, 0x72, 0xf2, 0x17], "vpslld zmm4, zmm18, 23");
+        e.shift(4, 21, 2, 1);
+        check(&mut e, &[0x62, 0xf1, 0x55, 0x40, 0x72, 0xe2, 0x01], "vpsrad zmm21, zmm2, 1");
+        e.shift(2, 4, 18, 9);
+        check(&mut e, &[0x62, 0xb1, 0x5d, 0x48, 0x72, 0xd2, 0x09], "vpsrld zmm4, zmm18, 9");
+        e.cmp(2, 3, 25, 0x11);
+        check(&mut e, &[0x62, 0x91, 0x64, 0x48, 0xc2, 0xd1, 0x11], "vcmplt_oqps k2, zmm3, zmm25");
+        e.mask_to_lanes(6, 2);
+        check(&mut e, &[0x62, 0xf3, 0x4d, 0xca, 0x25, 0xf6, 0xff], "vpternlogd zmm6{k2}{z}, zmm6, zmm6, 0xff");
+        e.lanes_to_mask(2, 22);
+        check(&mut e, &[0x62, 0xb2, 0x4d, 0x40, 0x27, 0xd6], "vptestmd k2, zmm22, zmm22");
+        e.blend(7, 2, 8, 26);
+        check(&mut e, &[0x62, 0x92, 0x3d, 0x4a, 0x65, 0xfa], "vblendmps zmm7{k2}, zmm8, zmm26");
+        e.kmov_load(1, mem(R9, 0));
+        check(&mut e, &[0xc4, 0xc1, 0x78, 0x90, 0x09], "kmovw k1, [r9]");
+        e.load(0, mem(RSP, 64), 0);
+        check(&mut e, &[0x62, 0xf1, 0x7c, 0x48, 0x10, 0x44, 0x24, 0x01], "vmovups zmm0, [rsp+64]");
+        e.load(0, mem(R13, 0), 0);
+        check(&mut e, &[0x62, 0xd1, 0x7c, 0x48, 0x10, 0x45, 0x00], "vmovups zmm0, [r13]");
+        e.load(0, mem(R12, -8), 0);
+        check(&mut e, &[0x62, 0xd1, 0x7c, 0x48, 0x10, 0x84, 0x24, 0xf8, 0xff, 0xff, 0xff], "vmovups zmm0, [r12-8]");
+        e.op3(VADDPS, 3, 3, Rm::Full(Mem { base: RDX, index: Some(RAX), disp: 64 }));
+        check(&mut e, &[0x62, 0xf1, 0x64, 0x48, 0x58, 0x5c, 0x02, 0x01], "vaddps zmm3, zmm3, [rdx+rax+64]");
+        assert!(!want.is_empty());
+    }
+}
