@@ -151,6 +151,58 @@ fn tune_stores_winners_and_kernels_but_no_plans() {
     assert!(!entries.iter().any(|e| e.key.starts_with(kiln_autotune::PLAN_ARTIFACT_PREFIX)), "{entries:?}");
 }
 
+/// `KILN_CPU_ISA` narrows the generated GEMM kernels the tuner considers to one instruction family: every
+/// generated candidate in the record `kiln tune` leaves is of that family (the 8-lane GEMVs and the library stay
+/// candidates under either). A family the CPU lacks, or a name that is none, is an error, never a quiet fallback.
+#[test]
+fn kiln_cpu_isa_forces_a_kernel_family() {
+    use kiln_backends::cpu::isa::Isa;
+    if common::skip_without_avx2() {
+        return;
+    }
+    for isa in Isa::ALL {
+        let cache = TempDir::new().expect("cache");
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["tune", "--gemm", "96x256x200", "--mode", "fast"])
+            .env("KILN_CACHE_DIR", cache.path())
+            .env("KILN_CPU_ISA", isa.name())
+            .output()
+            .expect("the kiln binary runs");
+        if !isa.present() {
+            assert!(!out.status.success(), "KILN_CPU_ISA={} accepted on a CPU without it", isa.name());
+            assert!(text(&out.stderr).contains("lacks"), "{}", text(&out.stderr));
+            eprintln!("KILN_CPU_ISA={}: refused, as this CPU lacks it", isa.name());
+            continue;
+        }
+        assert!(out.status.success(), "KILN_CPU_ISA={}: {}", isa.name(), text(&out.stderr));
+        let store = Store::open(cache.path().to_path_buf(), &DeviceFingerprint::host_cpu());
+        store.load_all();
+        let records = store.records();
+        let record = records.iter().find(|r| r.key.op == "gemm").expect("a GEMM record");
+        let generated: Vec<&str> = record
+            .trials
+            .iter()
+            .map(|t| t.config.as_str())
+            .filter(|c| Isa::ALL.iter().any(|i| c.starts_with(&format!("{}:", i.name())) || c.starts_with("tr:")))
+            .collect();
+        assert!(!generated.is_empty(), "KILN_CPU_ISA={}: no generated candidate in {:?}", isa.name(), record.trials);
+        let prefix = format!("{}:", isa.name());
+        for c in generated {
+            assert!(c.trim_start_matches("tr:").starts_with(&prefix), "KILN_CPU_ISA={}: candidate {c}", isa.name());
+        }
+        eprintln!("KILN_CPU_ISA={}: winner {}", isa.name(), record.winner);
+    }
+    let cache = TempDir::new().expect("cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["tune", "--gemm", "96x256x200", "--mode", "off"])
+        .env("KILN_CACHE_DIR", cache.path())
+        .env("KILN_CPU_ISA", "sse9")
+        .output()
+        .expect("the kiln binary runs");
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("KILN_CPU_ISA=sse9 is not one of auto, avx2, avx512"), "{}", text(&out.stderr));
+}
+
 /// Exporting an empty cache is almost always the wrong `KILN_CACHE_DIR`: refused on stderr, non-zero, and nothing
 /// is written (not even the folders of the path); `--allow-empty` writes the empty bundle.
 #[test]

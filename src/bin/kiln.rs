@@ -177,7 +177,9 @@ fn tune(args: TuneArgs) -> Result<ExitCode, String> {
         let line = match kiln::tune::tune_gemm(s, mode).map_err(|e| e.to_string())? {
             Some(rec) => {
                 let t = rec.winner_trial().and_then(|t| t.time_ns).map_or("-".to_string(), |ns| {
-                    let gflops = 2.0 * s.m as f64 * s.n as f64 * s.k as f64 / ns as f64;
+                    // The time is of the problem it was tuned at (fast mode tunes a smaller one of the same key).
+                    let dim = |name: &str| kiln_autotune::dim_named(&rec.tuned_dims, name).unwrap_or(1) as f64;
+                    let gflops = 2.0 * dim("batch") * dim("m") * dim("n") * dim("k") / ns as f64;
                     format!("{:.1} µs, {gflops:.1} GFLOP/s", ns as f64 / 1e3)
                 });
                 let tuned: Vec<String> = rec.tuned_dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
