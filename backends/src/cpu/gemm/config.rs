@@ -537,6 +537,13 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
             eff *= 0.9;
         }
     }
+    if !c.pack_b && v.m > SKINNY_M && v.b.rows * 4 >= 4096 && kc > 64.0 {
+        // B read in place with its rows a page or more apart: every micro-kernel call walks `kc` pages of B, for
+        // each of the block's row tiles, and the TLB misses cost more than packing saves. Measured at 64 x 4096 x
+        // 4096 on 2 threads (`kiln tune --mode full`): 6x64 and 14x32 with B in place at KC 384 took 25.2 and 32.1
+        // ms, packed B 14.7 ms; the model had ranked the in-place ones first.
+        eff *= 0.5;
+    }
     if kc * nr * 4.0 > 16.0 * 1024.0 {
         eff *= 0.8;
     }
