@@ -1,5 +1,7 @@
-//! The 8-lane elementwise kernels (`backends/src/cpu/wide.rs`), held bit for bit to the reference interpreter: they
-//! compute the same correctly rounded f32 operations in the same order, so there is no tolerance to write down.
+//! The generated elementwise kernels (`backends/src/cpu/wide.rs`), held bit for bit to the reference interpreter:
+//! they compute the same correctly rounded f32 operations in the same order, so there is no tolerance to write
+//! down. Each case runs as the realize path picks it and then at every width the host has (8 lanes with AVX2, 16
+//! with AVX-512F), forced.
 //!
 //! Shapes walk every edge of the generated loop: one row split into 8-column chunks over the threads (a ragged last
 //! chunk), rows shorter than one vector, rows of whole vectors (where the output's first 32-byte boundary may start
@@ -16,6 +18,7 @@ mod common;
 
 use common::{Dom, data, tensor};
 use kiln::{DType, HostBuffer, Tensor};
+use kiln_backends::cpu::isa::Isa;
 use kiln_jit::kernel::gemm::ElementwiseView;
 use kiln_jit::kernel::{ScheduleOptions, schedule_with};
 
@@ -44,6 +47,15 @@ fn check(name: &str, out: &Tensor) {
     let k = &plan.launches.last().expect("a launch").kernel.clone().without_unit_loops();
     assert!(ElementwiseView::of(k).is_some(), "{name}: not an elementwise view:\n{k}");
     let want = cap.reference().unwrap().remove(0);
+    // Each width this host has, forced (the realize below runs the one the host picks): the same bits again.
+    common::with_last_launch(name, out, ScheduleOptions::default(), |kernel, args, want| {
+        for isa in Isa::ALL.into_iter().filter(|i| i.present()) {
+            let got = kiln_backends::cpu::run_wide_at(kernel, isa, args)
+                .unwrap_or_else(|e| panic!("{name}: {}: {e}", isa.name()))
+                .unwrap_or_else(|| panic!("{name}: no {}-lane kernel:\n{kernel}", isa.lanes()));
+            same_bits(&format!("{name} at {} lanes", isa.lanes()), &got, want, kernel);
+        }
+    });
     // The build counter is process-wide and this file's tests run on parallel threads: one realize at a time, so
     // the count moves only for this one.
     let serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -51,7 +63,12 @@ fn check(name: &str, out: &Tensor) {
     let got = out.to_host().unwrap();
     assert!(kiln::stats().wide_kernel_builds > before, "{name}: no wide kernel was generated:\n{k}");
     drop(serial);
-    let (HostBuffer::F32(g), HostBuffer::F32(w)) = (&got, &want) else { panic!("{name}: not f32") };
+    same_bits(name, &got, &want, k);
+}
+
+/// Asserts `got` equals `want` bit for bit (any NaN matches any NaN).
+fn same_bits(name: &str, got: &HostBuffer, want: &HostBuffer, k: &kiln_jit::kernel::KernelIr) {
+    let (HostBuffer::F32(g), HostBuffer::F32(w)) = (got, want) else { panic!("{name}: not f32") };
     assert_eq!(g.len(), w.len());
     for (i, (a, b)) in g.iter().zip(w).enumerate() {
         assert!(

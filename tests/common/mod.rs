@@ -600,10 +600,25 @@ pub fn with_last_gemm<R>(
     out: &Tensor,
     check: impl FnOnce(&kiln_jit::kernel::KernelIr, &[&HostBuffer], &HostBuffer) -> R,
 ) -> R {
-    use kiln_jit::kernel::{ScheduleOptions, Slot, eval, schedule_with};
+    with_last_launch(name, out, kiln_jit::kernel::ScheduleOptions { transpose_copy: false }, |k, args, want| {
+        assert!(kiln_jit::kernel::gemm::GemmView::of(k).is_some(), "{name}: not a GEMM:\n{k}");
+        check(k, args, want)
+    })
+}
+
+/// Schedules `out` with `options`, runs the launches before its last one with the kernel evaluator, and calls
+/// `check(kernel, inputs, want)` with the last kernel (which writes `out`), its input buffers and the
+/// interpreter's value of the whole graph.
+pub fn with_last_launch<R>(
+    name: &str,
+    out: &Tensor,
+    options: kiln_jit::kernel::ScheduleOptions,
+    check: impl FnOnce(&kiln_jit::kernel::KernelIr, &[&HostBuffer], &HostBuffer) -> R,
+) -> R {
+    use kiln_jit::kernel::{Slot, eval, schedule_with};
     let cap = kiln::capture(&[out]).unwrap();
     let want = cap.reference().unwrap().remove(0);
-    let plan = schedule_with(&cap.graph, ScheduleOptions { transpose_copy: false });
+    let plan = schedule_with(&cap.graph, options);
     let inputs: Vec<&HostBuffer> = cap.inputs.iter().collect();
     let mut temps: Vec<Option<HostBuffer>> = vec![None; plan.temps.len()];
     for (li, l) in plan.launches.iter().enumerate() {
@@ -617,14 +632,13 @@ pub fn with_last_gemm<R>(
             })
             .collect();
         if li + 1 == plan.launches.len() {
-            assert!(kiln_jit::kernel::gemm::GemmView::of(&l.kernel).is_some(), "{name}: not a GEMM:\n{}", l.kernel);
             assert_eq!(l.output, Slot::Output(0));
             return check(&l.kernel, &args, &want);
         }
         let out = eval::run(&l.kernel, &args, &cap.rng);
         match l.output {
             Slot::Temp(t) => temps[t] = Some(out),
-            _ => panic!("{name}: the GEMM is not the last launch:\n{}", l.kernel),
+            _ => panic!("{name}: the output's kernel is not the last launch:\n{}", l.kernel),
         }
     }
     panic!("{name}: no launches")

@@ -1,4 +1,4 @@
-//! The CPU device: a graph's schedule becomes a plan (`plan`) of generated GEMMs (`gemm`), 8-lane elementwise
+//! The CPU device: a graph's schedule becomes a plan (`plan`) of generated GEMMs (`gemm`), 8- or 16-lane elementwise
 //! kernels (`wide`) and Cranelift kernels (`compiler`), run on a thread pool (`pool`). `KILN_CPU_ENGINE=interp` runs the reference interpreter instead, to bisect a suspected codegen bug.
 
 mod buffers;
@@ -14,10 +14,40 @@ mod libcalls;
 pub mod pool;
 mod wide;
 
-/// The 8-lane elementwise kernel this host would generate for `k` (its register program, loop shape and code size,
-/// as `KILN_DUMP` writes it), or `None` where `k` stays a Cranelift kernel (not such a kernel, or no AVX2 here).
+/// The 8-lane elementwise kernel generated for `k` (its register program, loop shape and code size, as `KILN_DUMP`
+/// writes it), or `None` where `k` stays a Cranelift kernel (not such a kernel, or no AVX2 here). Always the 8-lane
+/// form, so a golden listing reads the same on every host (a plan may run the 16-lane one: `wide`'s `width`).
 pub fn wide_listing(k: &kiln_jit::kernel::KernelIr) -> Result<Option<String>, String> {
-    Ok(wide::WideKernel::build(k)?.map(|w| w.listing()))
+    Ok(wide::WideKernel::build_for(k, isa::Isa::Avx2)?.map(|w| w.listing()))
+}
+
+/// Runs `k` once as the generated elementwise kernel of width `isa` on `inputs` (checked against the kernel's
+/// buffers), on the pool; `Ok(None)` where `k` is not such a kernel or this host lacks `isa`. For the tests that
+/// hold every width to the same results.
+pub fn run_wide_at(
+    k: &kiln_jit::kernel::KernelIr,
+    isa: isa::Isa,
+    inputs: &[&HostBuffer],
+) -> Result<Option<HostBuffer>, String> {
+    let Some(w) = wide::WideKernel::build_for(k, isa)? else { return Ok(None) };
+    if inputs.len() != k.inputs.len() {
+        return Err(format!("{} inputs given, the kernel reads {}", inputs.len(), k.inputs.len()));
+    }
+    for (b, p) in inputs.iter().zip(&k.inputs) {
+        if b.dtype() != p.dtype || b.len() < p.len {
+            return Err(format!("an input is {}[{}], the kernel wants {}[{}]", b.dtype(), b.len(), p.dtype, p.len));
+        }
+    }
+    let mut out = crate::host_pool::take(k.output.dtype, k.output.len);
+    let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| buffers::read_ptr(b)).collect();
+    ptrs.push(buffers::write_ptr(&mut out));
+    // SAFETY: the inputs were checked against the kernel's buffers above and the output allocated at its length;
+    // the output aliases no input.
+    unsafe {
+        w.run(&ptrs);
+        buffers::finish_output(&mut out, k.output.len);
+    }
+    Ok(Some(out))
 }
 
 /// Pays now what a process would otherwise pay in its first plan runs (warm before deploy: `kiln::tune::

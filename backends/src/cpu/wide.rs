@@ -44,8 +44,11 @@
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
 
-use super::gemm::asm::{self, EpInst, EpProgram};
+use super::gemm::asm::{self, EpInst, EpProgram, VecIsa};
+use super::gemm::asm512::Zmm;
 use super::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
+use super::gemm::evex::{Enc, Mem, gpr, mem};
+use super::isa::{self, Isa};
 use super::pool;
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
@@ -106,6 +109,8 @@ pub(crate) struct WideKernel {
     unroll: usize,
     /// A row sum (see [`RowSum`]): each call writes one value per row instead of a row.
     row_sum: Option<RowSum>,
+    /// 8 lanes (AVX2) or 16 (AVX-512F).
+    isa: Isa,
     code: ExecutableBuffer,
     f: WideFn,
 }
@@ -141,10 +146,39 @@ static MASKS: [[i32; 8]; 9] = {
     m
 };
 
+/// Opmasks of the first `n` lanes, for the 16-lane form.
+static MASKS16: [u16; 17] = {
+    let mut m = [0u16; 17];
+    let mut n = 1;
+    while n < 17 {
+        m[n] = ((1u32 << n) - 1) as u16;
+        n += 1;
+    }
+    m
+};
+
+/// The width elementwise kernels are generated at: 16 lanes where `KILN_CPU_ISA` allows AVX-512 and either asks for
+/// it alone or this core's measured 16-lane FMA peak is at least 1.5x its 8-lane one (`isa::peak_ratio`: a core
+/// that splits 512-bit operations gains nothing from them and keeps 8), else 8.
+fn width() -> Isa {
+    static WIDTH: LazyLock<Isa> = LazyLock::new(|| match isa::allowed() {
+        Ok([Isa::Avx512]) => Isa::Avx512,
+        Ok(all) if all.contains(&Isa::Avx512) && isa::peak_ratio(Isa::Avx512) >= 1.5 => Isa::Avx512,
+        _ => Isa::Avx2,
+    });
+    *WIDTH
+}
+
 impl WideKernel {
-    /// Generates `k`, or `Ok(None)` when it is not such a kernel (see the module doc) or this host cannot run it.
+    /// Generates `k` at this host's [`width`], or `Ok(None)` when it is not such a kernel (see the module doc) or
+    /// this host cannot run it.
     pub(crate) fn build(k: &KernelIr) -> Result<Option<WideKernel>, String> {
-        if !asm::host_supported() {
+        Self::build_for(k, width())
+    }
+
+    /// [`WideKernel::build`] at an explicit width (`Ok(None)` where the host lacks it).
+    pub(crate) fn build_for(k: &KernelIr, isa: Isa) -> Result<Option<WideKernel>, String> {
+        if !asm::host_supported() || !isa.present() {
             return Ok(None);
         }
         let (merged, row_sum) = match row_sum_parts(k) {
@@ -154,7 +188,7 @@ impl WideKernel {
         let k = &merged;
         let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
         let Some(ep) = epilogue::translate(k, &view.roles) else { return Ok(None) };
-        let Some(layout) = Layout::plan(&ep.program, view.n, row_sum.as_ref()) else { return Ok(None) };
+        let Some(layout) = Layout::plan(&ep.program, view.n, row_sum.as_ref(), isa) else { return Ok(None) };
         // Row steps are instruction immediates.
         let steps_fit = i32::try_from(4 * view.n).is_ok()
             && ep.operands.iter().all(|o| match o.kind {
@@ -165,7 +199,7 @@ impl WideKernel {
         if !steps_fit {
             return Ok(None);
         }
-        let code = emit(&ep, &layout, view.n, row_sum.as_ref())?;
+        let code = emit(&ep, &layout, view.n, row_sum.as_ref(), isa)?;
         crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the code at offset 0 is a function emitted by `emit` with `WideFn`'s sysv64 signature, and `code`
         // (kept in the returned kernel) keeps it mapped executable.
@@ -180,6 +214,7 @@ impl WideKernel {
             work: k.work(),
             unroll: layout.unroll,
             row_sum,
+            isa,
             code,
             f,
         }))
@@ -189,7 +224,13 @@ impl WideKernel {
     pub(crate) fn listing(&self) -> String {
         let batch: String = self.batch.iter().map(|b| format!("{b} x ")).collect();
         let what = if self.row_sum.is_some() { "row sums of" } else { "elementwise" };
-        let mut s = format!("{what} {batch}{} x {}, {} vectors per iteration\n", self.m, self.n, self.unroll);
+        let mut s = format!(
+            "{what} {batch}{} x {}, {} vectors of {} lanes per iteration\n",
+            self.m,
+            self.n,
+            self.unroll,
+            self.isa.lanes()
+        );
         for (i, o) in self.ep.operands.iter().enumerate() {
             let _ = writeln!(s, "  op{i}: in{} + {}, {:?}", o.buf, o.offset, o.kind);
         }
@@ -226,12 +267,13 @@ impl WideKernel {
         let args = Args { ptrs, uniforms: uniforms.as_ptr() };
         if self.batch.is_empty() && self.m == 1 && self.row_sum.is_none() {
             // One row: chunks of whole vectors, the last one ragged.
+            let lanes = self.isa.lanes();
             let f = |s: usize, e: usize| {
-                let (c0, c1) = (8 * s, (8 * e).min(self.n));
+                let (c0, c1) = (lanes * s, (lanes * e).min(self.n));
                 // SAFETY: the caller's pointer contract; `c0..c1` lies within the row.
                 unsafe { self.call(&args, 0, 0, 1, c0, c1 - c0) };
             };
-            pool::global().parallel_for_work(self.n.div_ceil(8), self.work, &f);
+            pool::global().parallel_for_work(self.n.div_ceil(lanes), self.work, &f);
         } else {
             // Rows of all batch elements in one range; a chunk is cut where a batch element ends.
             let f = |s: usize, e: usize| {
@@ -269,20 +311,25 @@ impl WideKernel {
             // A row sum writes one value per row.
             let out_at = if self.row_sum.is_some() { out_row } else { out_row * self.n as isize + c0 };
             let out = (a.ptrs[self.n_inputs] as *const f32).offset(out_at);
-            // Columns before the output's first 32-byte boundary, when every row starts at the same alignment: a
-            // vector store that straddles two cache lines costs about two (the buffers come from malloc, 16 bytes
-            // into a page when large). A row sum stores no vectors.
+            // Columns before the output's first vector-size boundary (32 or 64 bytes), when every row starts at the
+            // same alignment: a vector store that straddles two cache lines costs about two (the buffers come from
+            // malloc, 16 bytes into a page when large). A row sum stores no vectors.
+            let (lanes, vb) = (self.isa.lanes(), 4 * self.isa.lanes());
             let head = if self.row_sum.is_some() {
                 0
-            } else if rows == 1 || (4 * self.n).is_multiple_of(32) {
-                (((32 - out as usize % 32) % 32) / 4).min(cols)
+            } else if rows == 1 || (4 * self.n).is_multiple_of(vb) {
+                (((vb - out as usize % vb) % vb) / 4).min(cols)
             } else {
                 0
             };
+            let mask = |n: usize| match self.isa {
+                Isa::Avx2 => MASKS[n].as_ptr() as *const u8,
+                Isa::Avx512 => &MASKS16[n] as *const u16 as *const u8,
+            };
             table[0] = out as *const u8;
-            table[1] = MASKS[(cols - head) % 8].as_ptr() as *const u8;
+            table[1] = mask((cols - head) % lanes);
             table[2] = a.uniforms;
-            table[3] = MASKS[head].as_ptr() as *const u8;
+            table[3] = mask(head);
             table[4] = std::ptr::without_provenance(4 * head);
             for (i, o) in self.ep.operands.iter().enumerate() {
                 let at = o.offset as isize
@@ -339,7 +386,8 @@ fn row_sum_parts(k: &KernelIr) -> Option<(KernelIr, EpProgram)> {
 }
 
 /// Where each value lives: values that stand still along a row (per-row loads, uniforms) in registers of their own
-/// from 14 down, each unrolled copy's temporaries in its own block from 0 up, the tail mask in 15.
+/// from the top down (14 with 8 lanes, whose tail mask is in 15; 31 with 16, whose mask is in opmask k1), each
+/// unrolled copy's temporaries in its own block from 0 up.
 struct Layout {
     hoisted: Vec<Option<u8>>,
     /// Registers per copy.
@@ -350,9 +398,12 @@ struct Layout {
 }
 
 impl Layout {
-    fn plan(p: &EpProgram, n: usize, row_sum: Option<&RowSum>) -> Option<Layout> {
+    fn plan(p: &EpProgram, n: usize, row_sum: Option<&RowSum>, isa: Isa) -> Option<Layout> {
         let mut hoisted = vec![None; p.insts.len()];
-        let mut next = MASK_REG;
+        let mut next = match isa {
+            Isa::Avx2 => MASK_REG,
+            Isa::Avx512 => 32,
+        };
         for (i, inst) in p.insts.iter().enumerate() {
             if matches!(inst, EpInst::Col { .. } | EpInst::Uniform(_)) {
                 next = next.checked_sub(1)?;
@@ -372,7 +423,7 @@ impl Layout {
                 && row_sum.is_none_or(|r| room >= u + 2 && r.outer.temps_needed() < room - u)
         };
         // More vectors per iteration than the row has buys nothing; a program that does not fit once stays Cranelift's.
-        let unroll = [4, 2, 1].into_iter().find(|&u| fits(u) && (u == 1 || 8 * u <= n))?;
+        let unroll = [4, 2, 1].into_iter().find(|&u| fits(u) && (u == 1 || isa.lanes() * u <= n))?;
         let accs = (0..unroll * accs_per_copy).map(|c| (room - 1 - c) as u8).collect();
         Some(Layout { hoisted, temps, unroll, accs })
     }
@@ -382,10 +433,25 @@ impl Layout {
     }
 }
 
-/// Assembles the kernel (see the module doc for its shape).
-fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result<ExecutableBuffer, String> {
+/// Appends the EVEX bytes `f` encodes (the 16-lane form's vector instructions).
+fn put(ops: &mut Assembler, f: impl FnOnce(&mut Enc)) {
+    let mut e = Enc::default();
+    f(&mut e);
+    ops.extend(e.bytes);
+}
+
+/// The 16-lane form's tail and head mask.
+const KMASK: u8 = 1;
+
+/// Assembles the kernel (see the module doc for its shape) at `isa`'s width: the same loop either way, its vector
+/// moves spelled per width (8 lanes: `vmaskmovps` with a lane mask in ymm15; 16: opmask k1 and EVEX moves).
+fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa) -> Result<ExecutableBuffer, String> {
     let p = &ep.program;
     let last = p.last_uses();
+    let wide = isa == Isa::Avx512;
+    let zmm = Zmm { pool: gpr::RBP };
+    let vec_isa: &dyn VecIsa = if wide { &zmm } else { &asm::Ymm };
+    let vb = 4 * isa.lanes() as i32;
     let mut ops = Assembler::new().map_err(|e| e.to_string())?;
     let (row, main, single, tail, row_end, done) = (
         ops.new_dynamic_label(),
@@ -396,6 +462,7 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
         ops.new_dynamic_label(),
     );
     dynasm!(ops ; .arch x64
+        ; push rbp
         ; push rbx
         ; push r12
         ; push r13
@@ -408,13 +475,24 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
     );
     for (i, inst) in p.insts.iter().enumerate() {
         if let (EpInst::Uniform(slot), Some(h)) = (inst, l.hoisted[i]) {
+            // Uniforms are stored splatted over 8 lanes; 16 lanes broadcast the first.
             let off = 32 * *slot as i32;
-            dynasm!(ops ; .arch x64 ; vmovups Ry(h), [rax + off]);
+            if wide {
+                put(&mut ops, |e| e.broadcast(h, mem(gpr::RAX, off)));
+            } else {
+                dynasm!(ops ; .arch x64 ; vmovups Ry(h), [rax + off]);
+            }
         }
     }
     for (o, &r) in OPERAND_REGS.iter().enumerate().take(ep.operands.len()) {
         let off = 8 * (TABLE_OPERANDS + o) as i32;
         dynasm!(ops ; .arch x64 ; mov Rq(r), QWORD [rdi + off]);
+    }
+    let mut consts = asm::ConstPool::default();
+    if wide {
+        // The 16-lane constants are read through rbp, which nothing else here uses.
+        let base = consts.base(&mut ops);
+        dynasm!(ops ; .arch x64 ; lea rbp, [=>base]);
     }
     dynasm!(ops ; .arch x64
         ; mov rdi, QWORD [rdi]
@@ -426,35 +504,55 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
     for (i, inst) in p.insts.iter().enumerate() {
         if let (EpInst::Col { op, .. }, Some(h)) = (inst, l.hoisted[i]) {
             let r = OPERAND_REGS[*op];
-            dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(h), DWORD [Rq(r)]);
+            if wide {
+                put(&mut ops, |e| e.broadcast(h, mem(r, 0)));
+            } else {
+                dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(h), DWORD [Rq(r)]);
+            }
         }
     }
     for &a in &l.accs {
-        dynasm!(ops ; .arch x64 ; vxorps Ry(a), Ry(a), Ry(a));
+        if wide {
+            put(&mut ops, |e| e.zero(a));
+        } else {
+            dynasm!(ops ; .arch x64 ; vxorps Ry(a), Ry(a), Ry(a));
+        }
     }
     let body = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64
         ; xor eax, eax
         ; test r13, r13
         ; jz =>body
-        ; vmovups Ry(MASK_REG), [r14]
     );
-    let mut consts = asm::ConstPool::default();
+    let load_mask = |ops: &mut Assembler, from: u8| {
+        if wide {
+            put(ops, |e| e.kmov_load(KMASK, mem(from, 0)));
+        } else if from == gpr::R14 {
+            dynasm!(ops ; .arch x64 ; vmovups Ry(MASK_REG), [r14]);
+        } else {
+            dynasm!(ops ; .arch x64 ; vmovups Ry(MASK_REG), [r15]);
+        }
+    };
+    load_mask(&mut ops, gpr::R14);
     let mut copy = |ops: &mut Assembler, c: usize, masked: bool| -> Result<(), String> {
-        let disp = 32 * c as i32;
+        let disp = vb * c as i32;
+        let at = |base: u8| Mem { base, index: Some(gpr::RAX), disp };
+        let k = if masked { KMASK } else { 0 };
         let fixed = |i: usize| l.hoisted[i];
         let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
             let (EpInst::Mat { op, .. } | EpInst::Row { op }) = *inst else {
                 unreachable!("per-row values and uniforms are hoisted")
             };
             let r = OPERAND_REGS[op];
-            if masked {
+            if wide {
+                put(ops, |e| e.load(d, at(r), k));
+            } else if masked {
                 dynasm!(ops ; .arch x64 ; vmaskmovps Ry(d), Ry(MASK_REG), [Rq(r) + rax + disp]);
             } else {
                 dynasm!(ops ; .arch x64 ; vmovups Ry(d), [Rq(r) + rax + disp]);
             }
         };
-        let res = asm::emit_insts(&asm::Ymm, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
+        let res = asm::emit_insts(vec_isa, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
         if let Some(&acc) = l.accs.get(c) {
             // A row sum: the lanes past the row's end hold the program's value of the masked loads' zeros, which
             // may be anything (log(0) = -inf): cleared to +0 before they are added. Not in place when the result
@@ -464,12 +562,18 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
             let cleared = if masked {
                 let dst =
                     if l.hoisted.contains(&Some(res)) { l.copy_regs(c).first().copied().unwrap_or(0) } else { res };
-                dynasm!(ops ; .arch x64 ; vandps Ry(dst), Ry(res), Ry(MASK_REG));
+                if wide {
+                    put(ops, |e| e.mov_masked_zero(dst, KMASK, res));
+                } else {
+                    dynasm!(ops ; .arch x64 ; vandps Ry(dst), Ry(res), Ry(MASK_REG));
+                }
                 dst
             } else {
                 res
             };
-            dynasm!(ops ; .arch x64 ; vaddps Ry(acc), Ry(acc), Ry(cleared));
+            vec_isa.bin(ops, asm::VBin::Add, acc, acc, cleared);
+        } else if wide {
+            put(ops, |e| e.store(at(gpr::RDI), res, k));
         } else if masked {
             dynasm!(ops ; .arch x64 ; vmaskmovps [rdi + rax + disp], Ry(MASK_REG), Ry(res));
         } else {
@@ -480,7 +584,7 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
     copy(&mut ops, 0, true)?;
     dynasm!(ops ; .arch x64 ; mov rax, r13 ; =>body);
     if l.unroll > 1 {
-        let span = 32 * l.unroll as i32;
+        let span = vb * l.unroll as i32;
         dynasm!(ops ; .arch x64
             ; =>main
             ; lea r12, [rax + span]
@@ -494,7 +598,7 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
     }
     dynasm!(ops ; .arch x64
         ; =>single
-        ; lea r12, [rax + 32]
+        ; lea r12, [rax + vb]
         ; cmp r12, rdx
         ; ja =>tail
     );
@@ -505,36 +609,51 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
         ; =>tail
         ; cmp rax, rdx
         ; jae =>row_end
-        ; vmovups Ry(MASK_REG), [r15]
     );
+    load_mask(&mut ops, gpr::R15);
     copy(&mut ops, 0, true)?;
     dynasm!(ops ; .arch x64 ; =>row_end);
     let out_step = if let Some(r) = row_sum {
-        // Pairwise (a0 + a1) + (a2 + a3), then the eight lanes, into lane 0 of register 0, broadcast; then the
-        // outer program; lane 0 stored.
+        // Pairwise (a0 + a1) + (a2 + a3), then the lanes (16 folded to 8 first), into lane 0 of register 0,
+        // broadcast; then the outer program; lane 0 stored.
         let a = &l.accs;
         if a.len() == 4 {
-            dynasm!(ops ; .arch x64 ; vaddps Ry(a[0]), Ry(a[0]), Ry(a[1]) ; vaddps Ry(a[2]), Ry(a[2]), Ry(a[3]));
-            dynasm!(ops ; .arch x64 ; vaddps Ry(a[0]), Ry(a[0]), Ry(a[2]));
+            vec_isa.bin(&mut ops, asm::VBin::Add, a[0], a[0], a[1]);
+            vec_isa.bin(&mut ops, asm::VBin::Add, a[2], a[2], a[3]);
+            vec_isa.bin(&mut ops, asm::VBin::Add, a[0], a[0], a[2]);
         } else if a.len() == 2 {
-            dynasm!(ops ; .arch x64 ; vaddps Ry(a[0]), Ry(a[0]), Ry(a[1]));
+            vec_isa.bin(&mut ops, asm::VBin::Add, a[0], a[0], a[1]);
+        }
+        if wide {
+            put(&mut ops, |e| {
+                e.shuffle_quarters(1, a[0], a[0], 0x4e);
+                e.op3(super::gemm::evex::VADDPS, 0, a[0], super::gemm::evex::Rm::Reg(1));
+            });
+        } else {
+            let a0 = a[0];
+            dynasm!(ops ; .arch x64 ; vmovaps ymm0, Ry(a0));
         }
         dynasm!(ops ; .arch x64
-            ; vextractf128 xmm0, Ry(a[0]), 1
-            ; vaddps xmm0, xmm0, Rx(a[0])
+            ; vextractf128 xmm1, ymm0, 1
+            ; vaddps xmm0, xmm0, xmm1
             ; vmovhlps xmm1, xmm1, xmm0
             ; vaddps xmm0, xmm0, xmm1
             ; vmovshdup xmm1, xmm0
             ; vaddss xmm0, xmm0, xmm1
-            ; vbroadcastss ymm0, xmm0
         );
+        if wide {
+            put(&mut ops, |e| e.broadcast_lane0(0, 0));
+        } else {
+            dynasm!(ops ; .arch x64 ; vbroadcastss ymm0, xmm0);
+        }
         let outer_last = r.outer.last_uses();
-        let free: Vec<u8> = (1..a[a.len() - 1]).collect();
+        // Below the accumulators, and within xmm0-15, which the VEX store of the result can name.
+        let free: Vec<u8> = (1..a[a.len() - 1].min(16)).collect();
         let acc_fixed = |i: usize| matches!(r.outer.insts[i], EpInst::Acc).then_some(0u8);
         let mut no_load =
             |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a row sum's outer program loads nothing");
         let res =
-            asm::emit_insts(&asm::Ymm, &mut ops, &r.outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
+            asm::emit_insts(vec_isa, &mut ops, &r.outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
         dynasm!(ops ; .arch x64 ; vmovss DWORD [rdi], Rx(res));
         4
     } else {
@@ -560,6 +679,7 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>) -> Result
         ; pop r13
         ; pop r12
         ; pop rbx
+        ; pop rbp
         ; ret
     );
     consts.emit(&mut ops);

@@ -40,13 +40,18 @@ fn put(ops: &mut Assembler, f: impl FnOnce(&mut Enc)) {
     ops.extend(e.bytes);
 }
 
-/// Constant `k`'s slot as a broadcast memory operand (its first lane, from the pool's base in r10).
-fn konst(k: ConstRef) -> Rm {
-    Rm::Bcst(mem(POOL, 32 * k.slot as i32))
+/// 16-lane AVX-512F instructions (zmm0..31) for the shared epilogue emitter. Constants are read from the pool
+/// whose address the kernel keeps in GPR `pool` (r10 here; the elementwise kernels use another).
+pub(crate) struct Zmm {
+    pub pool: u8,
 }
 
-/// 16-lane AVX-512F instructions (zmm0..31) for the shared epilogue emitter.
-pub(crate) struct Zmm;
+impl Zmm {
+    /// Constant `k`'s slot as a broadcast memory operand (its first lane).
+    fn konst(&self, k: ConstRef) -> Rm {
+        Rm::Bcst(mem(self.pool, 32 * k.slot as i32))
+    }
+}
 
 fn opcode(op: VBin) -> evex::Opc {
     match op {
@@ -67,20 +72,20 @@ impl VecIsa for Zmm {
         put(ops, |e| e.op3(opcode(op), d, x, Rm::Reg(y)));
     }
     fn bin_const(&self, ops: &mut Assembler, op: VBin, d: u8, x: u8, k: ConstRef) {
-        put(ops, |e| e.op3(opcode(op), d, x, konst(k)));
+        put(ops, |e| e.op3(opcode(op), d, x, self.konst(k)));
     }
     fn konst(&self, ops: &mut Assembler, d: u8, k: ConstRef) {
-        put(ops, |e| e.broadcast(d, mem(POOL, 32 * k.slot as i32)));
+        put(ops, |e| e.broadcast(d, mem(self.pool, 32 * k.slot as i32)));
     }
     fn fma_const(&self, ops: &mut Assembler, d: u8, x: u8, k: ConstRef) {
-        put(ops, |e| e.op3(evex::VFMADD213PS, d, x, konst(k)));
+        put(ops, |e| e.op3(evex::VFMADD213PS, d, x, self.konst(k)));
     }
     fn mov(&self, ops: &mut Assembler, d: u8, x: u8) {
         put(ops, |e| e.mov(d, x));
     }
     fn max_min_const(&self, ops: &mut Assembler, max: bool, d: u8, x: u8, k: ConstRef) {
         put(ops, |e| {
-            e.broadcast(d, mem(POOL, 32 * k.slot as i32));
+            e.broadcast(d, mem(self.pool, 32 * k.slot as i32));
             e.op3(if max { evex::VMAXPS } else { evex::VMINPS }, d, d, Rm::Reg(x));
         });
     }
@@ -281,5 +286,5 @@ fn emit_program(
             _ => unreachable!("only loads are passed to `load`"),
         }
     };
-    emit_insts(&Zmm, ops, p, last, free, &fixed, &mut load, consts)
+    emit_insts(&Zmm { pool: POOL }, ops, p, last, free, &fixed, &mut load, consts)
 }

@@ -84,6 +84,7 @@ const VCMPPS: Opc = ps(0xc2);
 const VPTERNLOGD: Opc = x3a(0x25);
 const VPTESTMD: Opc = x38(0x27);
 const SHIFT_IMM: Opc = pd66(0x72);
+const VSHUFF32X4: Opc = x3a(0x23);
 
 /// Bytes of EVEX instructions, appended to the assembler by the caller.
 #[derive(Default)]
@@ -166,6 +167,22 @@ impl Enc {
         self.insn(VMOVUPS_LOAD, d, 0, Rm::Full(m), k, k != 0, None);
     }
 
+    /// `d = k ? x : 0` per lane (`vmovaps d{k}{z}, x`).
+    pub(crate) fn mov_masked_zero(&mut self, d: u8, k: u8, x: u8) {
+        self.insn(VMOVAPS, d, 0, Rm::Reg(x), k, true, None);
+    }
+
+    /// `d` = lane 0 of `x` in every lane.
+    pub(crate) fn broadcast_lane0(&mut self, d: u8, x: u8) {
+        self.insn(VBROADCASTSS, d, 0, Rm::Reg(x), 0, false, None);
+    }
+
+    /// `d` = the 128-bit quarters of `x` and `y` picked by `imm` (`vshuff32x4`; 0x4e swaps the 256-bit halves of
+    /// `x == y`).
+    pub(crate) fn shuffle_quarters(&mut self, d: u8, x: u8, y: u8, imm: u8) {
+        self.insn(VSHUFF32X4, d, x, Rm::Reg(y), 0, false, Some(imm));
+    }
+
     /// `[m] = x`, only the lanes of opmask `k` when non-zero.
     pub(crate) fn store(&mut self, m: Mem, x: u8, k: u8) {
         self.insn(VMOVUPS_STORE, x, 0, Rm::Full(m), k, false, None);
@@ -230,11 +247,15 @@ impl Enc {
 
 /// GPR numbers used by the kernels.
 pub(crate) mod gpr {
+    pub const RAX: u8 = 0;
     pub const RDX: u8 = 2;
+    pub const RBP: u8 = 5;
     pub const RSI: u8 = 6;
     pub const RDI: u8 = 7;
     pub const R9: u8 = 9;
     pub const R10: u8 = 10;
+    pub const R14: u8 = 14;
+    pub const R15: u8 = 15;
 }
 
 #[cfg(test)]
@@ -242,7 +263,6 @@ mod tests {
     use super::gpr::*;
     use super::*;
 
-    const RAX: u8 = 0;
     const RSP: u8 = 4;
     const R12: u8 = 12;
     const R13: u8 = 13;
@@ -328,6 +348,26 @@ mod tests {
         check(&mut e, &[0x62, 0xd1, 0x7c, 0x48, 0x10, 0x84, 0x24, 0xf8, 0xff, 0xff, 0xff], "vmovups zmm0, [r12-8]");
         e.op3(VADDPS, 3, 3, Rm::Full(Mem { base: RDX, index: Some(RAX), disp: 64 }));
         check(&mut e, &[0x62, 0xf1, 0x64, 0x48, 0x58, 0x5c, 0x02, 0x01], "vaddps zmm3, zmm3, [rdx+rax+64]");
+        e.mov_masked_zero(3, 1, 29);
+        check(&mut e, &[0x62, 0x91, 0x7c, 0xc9, 0x28, 0xdd], "vmovaps zmm3{k1}{z}, zmm29");
+        e.broadcast_lane0(0, 0);
+        check(&mut e, &[0x62, 0xf2, 0x7d, 0x48, 0x18, 0xc0], "vbroadcastss zmm0, xmm0");
+        e.broadcast_lane0(17, 9);
+        check(&mut e, &[0x62, 0xc2, 0x7d, 0x48, 0x18, 0xc9], "vbroadcastss zmm17, xmm9");
+        e.shuffle_quarters(1, 0, 0, 0x4e);
+        check(&mut e, &[0x62, 0xf3, 0x7d, 0x48, 0x23, 0xc8, 0x4e], "vshuff32x4 zmm1, zmm0, zmm0, 0x4e");
+        e.kmov_load(1, mem(R14, 0));
+        check(&mut e, &[0xc4, 0xc1, 0x78, 0x90, 0x0e], "kmovw k1, [r14]");
+        e.kmov_load(1, mem(R15, 0));
+        check(&mut e, &[0xc4, 0xc1, 0x78, 0x90, 0x0f], "kmovw k1, [r15]");
+        e.load(5, Mem { base: 11, index: Some(RAX), disp: 128 }, 1);
+        check(&mut e, &[0x62, 0xd1, 0x7c, 0xc9, 0x10, 0x6c, 0x03, 0x02], "vmovups zmm5{k1}{z}, [r11+rax+128]");
+        e.store(Mem { base: RDI, index: Some(RAX), disp: 64 }, 20, 1);
+        check(&mut e, &[0x62, 0xe1, 0x7c, 0x49, 0x11, 0x64, 0x07, 0x01], "vmovups [rdi+rax+64]{k1}, zmm20");
+        e.broadcast(30, mem(3, 0));
+        check(&mut e, &[0x62, 0x62, 0x7d, 0x48, 0x18, 0x33], "vbroadcastss zmm30, [rbx]");
+        e.broadcast(30, mem(RAX, 32));
+        check(&mut e, &[0x62, 0x62, 0x7d, 0x48, 0x18, 0x70, 0x08], "vbroadcastss zmm30, [rax+32]");
         assert!(!want.is_empty());
     }
 }

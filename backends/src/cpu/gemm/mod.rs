@@ -16,11 +16,11 @@
 //! (`splitk`); all leave their epilogue to the pass.
 
 pub mod asm;
-mod asm512;
+pub(crate) mod asm512;
 pub mod config;
 mod dot;
 pub mod epilogue;
-mod evex;
+pub(crate) mod evex;
 mod pack;
 mod program_math;
 pub(crate) mod select;
