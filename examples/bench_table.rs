@@ -126,7 +126,7 @@ fn main() {
         for i in 0..=runs.div_ceil(2).max(3) {
             let (t, y) = timed_realize(|| a.matmul(&b));
             drop(y);
-            let p = fma_peak_gflops(threads, FMA_ITERS / 4);
+            let p = kernel_fma_peak_gflops(threads, FMA_ITERS / 4);
             if i > 0 {
                 mm.push(t.as_secs_f64());
                 if let Some(p) = p {

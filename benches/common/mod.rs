@@ -256,8 +256,8 @@ fn fma_chains(iters: u64) -> f32 {
 }
 
 /// Like [`fma_peak_gflops`] with 16-lane AVX-512 FMAs (12 chains), or `None` where the CPU lacks AVX-512F. On a
-/// CPU that splits 512-bit FMAs into two 256-bit halves (AMD Zen 4, this machine) it equals the AVX2 figure: that
-/// is why kiln generates AVX2 GEMM kernels only.
+/// CPU that splits 512-bit FMAs into two 256-bit halves (AMD Zen 4) it equals the AVX2 figure; on one with two
+/// 512-bit FMA units (Intel Xeon) it is about twice that.
 pub fn fma_peak_avx512_gflops(threads: usize, iters: u64) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -297,6 +297,16 @@ fn fma_chains_512(iters: u64) -> f32 {
         sum = _mm512_add_ps(sum, a);
     }
     _mm512_reduce_add_ps(sum)
+}
+
+/// The FMA peak of the widest family kiln's kernels may use here: the AVX-512 figure where the CPU has it and
+/// `KILN_CPU_ISA` is not `avx2`, if higher, else the AVX2 one (`iters` 8-lane rounds' worth of time).
+pub fn kernel_fma_peak_gflops(threads: usize, iters: u64) -> Option<f64> {
+    let avx2 = fma_peak_gflops(threads, iters)?;
+    if std::env::var("KILN_CPU_ISA").is_ok_and(|v| v.trim() == "avx2") {
+        return Some(avx2);
+    }
+    Some(fma_peak_avx512_gflops(threads, iters / 2).map_or(avx2, |p| p.max(avx2)))
 }
 
 /// FMA rounds per call of `fma_peak_gflops` that take about 0.1 s per thread at ~3 GHz.
