@@ -69,6 +69,7 @@ fn values(host: &HostBuffer) -> Vec<Value> {
         HostBuffer::I32(v) => v.iter().map(|&x| Value::Int(x.into())).collect(),
         HostBuffer::I64(v) => v.iter().map(|&x| Value::Int(x.into())).collect(),
         HostBuffer::F16(v) => v.iter().map(|&x| Value::Float(x.to_f64())).collect(),
+        HostBuffer::BF16(v) => v.iter().map(|&x| Value::Float(x.to_f64())).collect(),
         HostBuffer::F32(v) => v.iter().map(|&x| Value::Float(x.into())).collect(),
         HostBuffer::F64(v) => v.iter().map(|&x| Value::Float(x)).collect(),
     }

@@ -34,10 +34,10 @@ pub enum Error {
     /// or the data could not be serialized.
     #[error("{op}: {}: not a valid safetensors file: {message}", path.display())]
     SafeTensors { op: &'static str, path: std::path::PathBuf, message: String },
-    /// A safetensors tensor has a dtype kiln has no equivalent for (BF16, I8, ...).
+    /// A safetensors tensor has a dtype kiln has no equivalent for (I8, F8, ...).
     #[error(
-        "load_safetensors: {}: tensor `{name}` has dtype {dtype}, which kiln does not support (it reads F16, F32, \
-         F64, I32, I64, U32, U8 and BOOL; convert it before saving, e.g. `t.float()` in PyTorch)",
+        "load_safetensors: {}: tensor `{name}` has dtype {dtype}, which kiln does not support (it reads BF16, F16, \
+         F32, F64, I32, I64, U32, U8 and BOOL; convert it before saving, e.g. `t.float()` in PyTorch)",
         path.display()
     )]
     UnsupportedDType { path: std::path::PathBuf, name: String, dtype: String },

@@ -1,8 +1,8 @@
 //! Weights on disk in the safetensors format (Hugging Face's; what `safetensors.torch.save_file` writes): an 8-byte
 //! little-endian header length, a JSON header naming each tensor's dtype, shape and byte range, then the raw data,
-//! little-endian and row-major. kiln reads and writes F16, F32, F64, I32, I64, U32, U8 and BOOL, which map one to one
-//! onto its dtypes; anything else (BF16, I8, ...) is refused with `Error::UnsupportedDType`, never converted
-//! silently. Files kiln writes carry the metadata `{"format": "pt"}`, as PyTorch-side tools expect.
+//! little-endian and row-major. kiln reads and writes BF16, F16, F32, F64, I32, I64, U32, U8 and BOOL, which map one
+//! to one onto its dtypes (bit for bit: a bf16 file `safetensors.torch` wrote reads back as the same bits); anything
+//! else (I8, F8, ...) is refused with `Error::UnsupportedDType`, never converted silently. Files kiln writes carry the metadata `{"format": "pt"}`, as PyTorch-side tools expect.
 //!
 //! `save_module` / `load_module` store a `Module`'s `named_params` under their paths (`0.weight`, `fc1.bias`), the
 //! keys of a PyTorch `state_dict`, so a `Sequential` of `Linear`s reads a file saved from the same PyTorch model.
@@ -66,6 +66,7 @@ fn to_safetensors_dtype(d: DType) -> Dtype {
         DType::F16 => Dtype::F16,
         DType::F32 => Dtype::F32,
         DType::F64 => Dtype::F64,
+        DType::BF16 => Dtype::BF16,
     }
 }
 
@@ -80,6 +81,7 @@ fn to_le_bytes(b: &HostBuffer) -> Vec<u8> {
         HostBuffer::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     }
 }
 
@@ -97,6 +99,7 @@ fn from_le_bytes(dtype: Dtype, data: &[u8]) -> Option<HostBuffer> {
         Dtype::F16 => HostBuffer::F16(words(data, kiln_jit::f16::from_le_bytes)),
         Dtype::F32 => HostBuffer::F32(words(data, f32::from_le_bytes)),
         Dtype::F64 => HostBuffer::F64(words(data, f64::from_le_bytes)),
+        Dtype::BF16 => HostBuffer::BF16(words(data, kiln_jit::bf16::from_le_bytes)),
         _ => return None,
     })
 }

@@ -60,7 +60,7 @@ pub use io::{
     load_generator, load_module, load_optimizer, load_safetensors, save_generator, save_module, save_optimizer,
     save_safetensors,
 };
-pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape, f16};
+pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape, bf16, f16};
 pub use ops::Operand;
 pub use random::{DEFAULT_SEED, Generator, RngState, default_generator, manual_seed, rng_state, set_rng_state};
 pub use realize::{Captured, Stats, capture, stats};

@@ -328,6 +328,23 @@ fn f16_refusal_child() {
 }
 
 #[cfg(feature = "cpu")]
+/// wgpu refuses bf16 (WGSL has no such type; kiln does not emulate it): at the op, at upload and at a move from the
+/// CPU, each naming bf16 and the way out; nothing falls back to the CPU.
+#[test]
+fn wgpu_refuses_bf16_at_the_op_and_at_upload() {
+    let Some(w) = wgpu() else { return };
+    assert!(!w.supports(DType::BF16));
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], [3], &w).unwrap();
+    assert_op_panic(panic_of!(x.to_dtype(DType::BF16)), "cast", &["bf16", "wgpu", "Device::cpu()"]);
+    assert_op_panic(panic_of!(Tensor::zeros([2], DType::BF16, &w)), "const(0)", &["bf16", "wgpu"]);
+    let h = vec![kiln::bf16::ONE; 3];
+    let e = Tensor::from_vec(h.clone(), [3], &w).unwrap_err().to_string();
+    assert!(e.contains("bf16") && e.contains("Device::cpu()"), "{e}");
+    let e = Tensor::from_vec(h, [3], &Device::cpu()).unwrap().to_device(&w).unwrap_err().to_string();
+    assert!(e.contains("bf16"), "{e}");
+}
+
+#[cfg(feature = "cpu")]
 /// On a wgpu device without `SHADER_F16` (simulated by declining it, `KILN_WGPU_F16=off`, in a child process: the
 /// device is opened once per process), f16 is refused at the op and at upload, naming the missing feature; nothing
 /// falls back to the CPU.

@@ -19,7 +19,7 @@ use kiln::{DType, Device, HostBuffer, Tensor, f16};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 
-use DType::{Bool, F16, F32, F64, I32, I64, U8, U32};
+use DType::{BF16, Bool, F16, F32, F64, I32, I64, U8, U32};
 
 const INF: f64 = f64::INFINITY;
 const NAN: f64 = f64::NAN;
@@ -264,7 +264,7 @@ fn run_group(group: Group) {
         }
         if skipped > 0 {
             eprintln!(
-                "{group:?} on {dev}: {skipped} cases whose inputs or result {dev} cannot hold (f64, i64; f16 without \
+                "{group:?} on {dev}: {skipped} cases whose inputs or result {dev} cannot hold (f64, i64, bf16; f16 without \
                  SHADER_F16) not run"
             );
         }
@@ -417,6 +417,7 @@ fn creation(t: &mut Table) {
     roundtrip(t, vec![-0.0f32, 1.5, -2.25, f32::INFINITY, f32::NAN, 1e-40]);
     roundtrip(t, [-0.0f32, 1.5, -65504.0, f32::INFINITY, f32::NAN, 6e-8].map(f16::from_f32).to_vec());
     roundtrip(t, vec![-0.0f64, 0.1, -1e300, f64::NEG_INFINITY, f64::NAN, 5e-324]);
+    roundtrip(t, [-0.0f32, 1.5, -3.3895314e38, f32::INFINITY, f32::NAN, 9.2e-41].map(kiln::bf16::from_f32).to_vec());
 
     for d in ALL_DTYPES {
         for shape in [vec![], vec![0], vec![2, 3], vec![2, 0, 3]] {
@@ -506,7 +507,7 @@ fn creation(t: &mut Table) {
         [(0.0, 1.0, 5, F32), (1.0, -1.0, 3, F64), (0.0, 1.0, 0, F32), (2.0, 3.0, 1, F64), (0.0, 1.0, 7, F32)]
             .into_iter()
             .chain([(-3.5, 10.0, 100, F64), (-3.5, 10.0, 100, F32), (0.1, 0.7, 4, F32)])
-            .chain([(0.0, 1.0, 5, F16), (-3.5, 10.0, 100, F16)])
+            .chain([(0.0, 1.0, 5, F16), (-3.5, 10.0, 100, F16), (0.0, 1.0, 5, BF16), (-3.5, 10.0, 100, BF16)])
     {
         let v: Vec<f64> = (0..n).map(|i| if n == 1 { a } else { a + (b - a) * i as f64 / (n - 1) as f64 }).collect();
         t.build(
@@ -1370,6 +1371,8 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
             F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x as f64)).collect()),
             F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
             F64 => HostBuffer::F64(v.iter().map(|&x| x as f64).collect()),
+            // PyTorch's int -> bf16: to f32 (nearest), then to bf16.
+            BF16 => HostBuffer::BF16(v.iter().map(|&x| kiln::bf16::from_f32(x as f32)).collect()),
         };
     }
     let v = values(src);
@@ -1382,6 +1385,7 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
         F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
         F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
         F64 => HostBuffer::F64(v),
+        BF16 => HostBuffer::BF16(v.iter().map(|&x| kiln_jit::dtype::bf16_from_f64(x)).collect()),
     }
 }
 
@@ -1395,15 +1399,18 @@ fn float_cast_values(src: DType, dst: DType) -> Vec<f64> {
     if dst == U32 {
         v.extend([1e5, 65535.5, 2_147_483_648.0, 4_000_000_000.0, 4_294_967_040.0]);
     }
-    if src == F16 && dst.is_int() {
-        // In f16, 255.99 is 256 and 1e5 is inf: outside the target's range once the input is rounded.
+    if src.is_half() && dst.is_int() {
+        // In f16, 255.99 is 256 and 1e5 is inf (in bf16, 255.99 is 256 too): outside the target's range once the
+        // input is rounded.
         let (lo, hi) = match dst {
             U8 => (0.0, 255.0),
             U32 => (0.0, u32::MAX as f64),
             I32 => (i32::MIN as f64, i32::MAX as f64),
             _ => (f64::MIN, f64::MAX),
         };
-        v.retain(|&x| (lo..=hi).contains(&f16::from_f64(x).to_f64()));
+        let rounded =
+            |x: f64| if src == F16 { f16::from_f64(x).to_f64() } else { kiln_jit::dtype::bf16_from_f64(x).to_f64() };
+        v.retain(|&x| (lo..=hi).contains(&rounded(x)));
     }
     if dst.is_float() || dst == Bool {
         v.extend([INF, -INF, NAN, 0.1, 1e-40, 16_777_217.0, 3.4e38]);
@@ -1426,7 +1433,7 @@ fn cast(t: &mut Table) {
     for src_dtype in ALL_DTYPES {
         for dst in ALL_DTYPES {
             let src = match src_dtype {
-                F16 | F32 | F64 => buffer(src_dtype, &float_cast_values(src_dtype, dst)),
+                F16 | BF16 | F32 | F64 => buffer(src_dtype, &float_cast_values(src_dtype, dst)),
                 d => int_sources.iter().find(|b| b.dtype() == d).expect("an int source").clone(),
             };
             let n = src.len();
@@ -2224,8 +2231,10 @@ fn linalg(t: &mut Table) {
                 );
             }
         }
-        // Stable for large inputs; -inf entries are masked out; NaN poisons its row only.
-        let x = In::new(d, &[3, 3], &[1000.0, 1001.0, 1002.0, -INF, 0.0, -INF, NAN, 1.0, 2.0]);
+        // Stable for large inputs (exp overflows f32 past 88.7); -inf entries are masked out; NaN poisons its row
+        // only. bf16 holds consecutive integers only up to 256.
+        let big = if d == BF16 { 128.0 } else { 1000.0 };
+        let x = In::new(d, &[3, 3], &[big, big + 1.0, big + 2.0, -INF, 0.0, -INF, NAN, 1.0, 2.0]);
         let e = [(-2f64).exp(), (-1f64).exp(), 1.0];
         let s: f64 = e.iter().sum();
         let soft = [e[0] / s, e[1] / s, e[2] / s, 0.0, 1.0, 0.0, NAN, NAN, NAN];

@@ -196,12 +196,13 @@ fn adam_from(params: Vec<Param>, c: AdamCfg) -> Box<dyn Optimizer> {
     }
 }
 
-/// f64 parameters follow the f64 reference to rounding; f32 ones to f32 rounding amplified over three steps; f16
-/// ones (every op of a step rounded to f16) to f16's accumulation tolerance.
+/// f64 parameters follow the f64 reference to rounding; f32 ones to f32 rounding amplified over three steps; f16 and
+/// bf16 ones (every op of a step rounded to the dtype) to the dtype's accumulation tolerance.
 fn tol_for(dtype: DType) -> Tol {
     match dtype {
         DType::F64 => tol(DType::F64, Kind::Accumulate),
         DType::F16 => tol(DType::F16, Kind::Accumulate),
+        DType::BF16 => tol(DType::BF16, Kind::Accumulate),
         _ => Tol { rel: 2e-5, abs: 2e-6 },
     }
 }

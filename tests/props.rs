@@ -246,8 +246,8 @@ fn the_reference_itself() {
 // Random data and parameters.
 // ---------------------------------------------------------------------------------------------------------------
 
-const DTYPES: [DType; 8] =
-    [DType::F64, DType::F32, DType::F16, DType::I64, DType::I32, DType::U32, DType::U8, DType::Bool];
+const DTYPES: [DType; 9] =
+    [DType::F64, DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U32, DType::U8, DType::Bool];
 const MAX_RANK: usize = 6;
 const MAX_NUMEL: usize = 2048;
 
@@ -314,11 +314,12 @@ fn fresh_value(dtype: DType, k: usize) -> f64 {
         // Spread over the whole range (above 2^31 too), distinct for the first 2^16 values.
         DType::U32 => (k as u64 * 65_537 % (1 << 32)) as f64,
         DType::I32 | DType::I64 => signed,
-        DType::F16 | DType::F32 | DType::F64 => match k % 13 {
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => match k % 13 {
             0 => -0.0,
             7 => f64::NAN,
-            // f16 holds x + 0.5 exactly only for |x| < 1024.
+            // f16 holds x + 0.5 exactly only for |x| < 1024, bf16 only for |x| < 128.
             _ if dtype == DType::F16 => (signed % 1021.0) + 0.5,
+            _ if dtype == DType::BF16 => (signed % 127.0) + 0.5,
             _ => signed + 0.5,
         },
     }
@@ -327,7 +328,9 @@ fn fresh_value(dtype: DType, k: usize) -> f64 {
 /// A pad value of `dtype`'s kind, as kiln takes it and as the reference sees it.
 fn pad_value(rng: &mut Rng, dtype: DType) -> (Scalar, f64) {
     let s = match dtype {
-        DType::F16 | DType::F32 | DType::F64 => Scalar::Float(rng.pick(&[0.0, -0.0, 2.5, -7.0, f64::NAN])),
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => {
+            Scalar::Float(rng.pick(&[0.0, -0.0, 2.5, -7.0, f64::NAN]))
+        }
         DType::U8 => Scalar::Int(rng.pick(&[0, 3, 200])),
         DType::U32 => Scalar::Int(rng.pick(&[0, 3, 4_000_000_000])),
         DType::I32 | DType::I64 => Scalar::Int(rng.pick(&[0, 3, -2])),
@@ -749,13 +752,17 @@ fn promote(a: DType, b: DType) -> DType {
         U32 => 2,
         I32 => 3,
         I64 => 4,
-        F16 => 5,
+        F16 | BF16 => 5,
         F32 => 6,
         F64 => 7,
     };
-    // An unsigned int with a signed one of no more width needs the next wider signed type.
+    // An unsigned int with a signed one of no more width needs the next wider signed type; f16 with bf16 (neither
+    // holds the other) needs f32.
     if matches!((a, b), (U32, I32) | (I32, U32)) {
         return I64;
+    }
+    if matches!((a, b), (F16, BF16) | (BF16, F16)) {
+        return F32;
     }
     if rank(a) >= rank(b) { a } else { b }
 }
@@ -766,7 +773,7 @@ fn result_type(a: (DType, usize), b: (DType, usize)) -> DType {
     let category = |d: DType| match d {
         DType::Bool => 0,
         DType::U8 | DType::U32 | DType::I32 | DType::I64 => 1,
-        DType::F16 | DType::F32 | DType::F64 => 2,
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => 2,
     };
     match (a.1 == 0, b.1 == 0) {
         (false, true) if category(b.0) <= category(a.0) => a.0,

@@ -584,6 +584,7 @@ fn ulp(d: DType) -> f64 {
     match d {
         DType::F64 => f64::EPSILON,
         DType::F16 => 2f64.powi(-10),
+        DType::BF16 => 2f64.powi(-7),
         _ => f32::EPSILON as f64,
     }
 }
@@ -1876,6 +1877,7 @@ fn stored(d: DType, s: Sc) -> f64 {
     let x = s.scalar();
     match d {
         DType::F16 => kiln::f16::from_f64(x.as_f64()).to_f64(),
+        DType::BF16 => kiln_jit::dtype::bf16_from_f64(x.as_f64()).to_f64(),
         DType::F32 => x.as_f64() as f32 as f64,
         DType::F64 => x.as_f64(),
         DType::Bool => (x.as_i64() != 0) as u8 as f64,
@@ -2093,6 +2095,7 @@ fn input_on(dev: &Device, dtype: DType, dims: &[usize], data: Data, seed: u64) -
         HostBuffer::F16(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::F32(v) => Tensor::from_vec(v, dims, dev),
         HostBuffer::F64(v) => Tensor::from_vec(v, dims, dev),
+        HostBuffer::BF16(v) => Tensor::from_vec(v, dims, dev),
     }
     .expect("input")
 }
@@ -2209,6 +2212,7 @@ fn via_to_vec(t: &Tensor) -> kiln::Result<HostBuffer> {
         DType::F16 => HostBuffer::F16(t.to_vec()?),
         DType::F32 => HostBuffer::F32(t.to_vec()?),
         DType::F64 => HostBuffer::F64(t.to_vec()?),
+        DType::BF16 => HostBuffer::BF16(t.to_vec()?),
     })
 }
 

@@ -46,6 +46,7 @@ fn capacity(b: &HostBuffer) -> usize {
         HostBuffer::I32(v) => v.capacity(),
         HostBuffer::I64(v) => v.capacity(),
         HostBuffer::F16(v) => v.capacity(),
+        HostBuffer::BF16(v) => v.capacity(),
         HostBuffer::F32(v) => v.capacity(),
         HostBuffer::F64(v) => v.capacity(),
     }
@@ -59,6 +60,7 @@ fn clear(b: &mut HostBuffer) {
         HostBuffer::I32(v) => v.clear(),
         HostBuffer::I64(v) => v.clear(),
         HostBuffer::F16(v) => v.clear(),
+        HostBuffer::BF16(v) => v.clear(),
         HostBuffer::F32(v) => v.clear(),
         HostBuffer::F64(v) => v.clear(),
     }
@@ -87,6 +89,7 @@ fn fresh(dtype: DType, len: usize) -> HostBuffer {
         DType::I32 => HostBuffer::I32(Vec::with_capacity(len)),
         DType::I64 => HostBuffer::I64(Vec::with_capacity(len)),
         DType::F16 => HostBuffer::F16(Vec::with_capacity(len)),
+        DType::BF16 => HostBuffer::BF16(Vec::with_capacity(len)),
         DType::F32 => HostBuffer::F32(Vec::with_capacity(len)),
         DType::F64 => HostBuffer::F64(Vec::with_capacity(len)),
     }
@@ -224,6 +227,7 @@ fn touch(b: &mut HostBuffer) {
         HostBuffer::I32(v) => zero(v),
         HostBuffer::I64(v) => zero(v),
         HostBuffer::F16(v) => zero(v),
+        HostBuffer::BF16(v) => zero(v),
         HostBuffer::F32(v) => zero(v),
         HostBuffer::F64(v) => zero(v),
     }

@@ -1,7 +1,7 @@
 //! Host-side typed storage: what users hand in and get back, and what the interpreter reads and writes.
 
 use crate::dtype::{DType, Scalar};
-use half::f16;
+use half::{bf16, f16};
 
 /// A contiguous, row-major host buffer of one dtype.
 #[derive(Clone, Debug, PartialEq)]
@@ -14,6 +14,7 @@ pub enum HostBuffer {
     F16(Vec<f16>),
     F32(Vec<f32>),
     F64(Vec<f64>),
+    BF16(Vec<bf16>),
 }
 
 /// A Rust type that can be a tensor element.
@@ -36,7 +37,8 @@ macro_rules! element {
         }
     )*};
 }
-element!(bool => Bool, u8 => U8, u32 => U32, i32 => I32, i64 => I64, f16 => F16, f32 => F32, f64 => F64);
+element!(bool => Bool, u8 => U8, u32 => U32, i32 => I32, i64 => I64, f16 => F16, f32 => F32, f64 => F64,
+    bf16 => BF16);
 
 impl HostBuffer {
     pub fn dtype(&self) -> DType {
@@ -49,6 +51,7 @@ impl HostBuffer {
             HostBuffer::F16(_) => DType::F16,
             HostBuffer::F32(_) => DType::F32,
             HostBuffer::F64(_) => DType::F64,
+            HostBuffer::BF16(_) => DType::BF16,
         }
     }
 
@@ -62,6 +65,7 @@ impl HostBuffer {
             HostBuffer::F16(v) => v.len(),
             HostBuffer::F32(v) => v.len(),
             HostBuffer::F64(v) => v.len(),
+            HostBuffer::BF16(v) => v.len(),
         }
     }
 
@@ -84,6 +88,7 @@ impl HostBuffer {
             HostBuffer::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
             HostBuffer::F32(v) => v.iter().map(|&x| x as f64).collect(),
             HostBuffer::F64(v) => v.clone(),
+            HostBuffer::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
         }
     }
 
@@ -98,6 +103,7 @@ impl HostBuffer {
             HostBuffer::F16(v) => v.iter().map(|&x| x.to_f64() as i64).collect(),
             HostBuffer::F32(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::F64(v) => v.iter().map(|&x| x as i64).collect(),
+            HostBuffer::BF16(v) => v.iter().map(|&x| x.to_f64() as i64).collect(),
         }
     }
 
@@ -112,6 +118,7 @@ impl HostBuffer {
             DType::F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
             DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
             DType::F64 => HostBuffer::F64(v.to_vec()),
+            DType::BF16 => HostBuffer::BF16(v.iter().map(|&x| crate::dtype::bf16_from_f64(x)).collect()),
         }
     }
 
@@ -127,6 +134,8 @@ impl HostBuffer {
             DType::F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x as f64)).collect()),
             DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
             DType::F64 => HostBuffer::F64(v.iter().map(|&x| x as f64).collect()),
+            // As PyTorch: through f32 (`x as f32` rounds to nearest), then to bf16.
+            DType::BF16 => HostBuffer::BF16(v.iter().map(|&x| bf16::from_f32(x as f32)).collect()),
         }
     }
 
@@ -141,6 +150,7 @@ impl HostBuffer {
             HostBuffer::F16(v) => Scalar::Float(v[i].to_f64()),
             HostBuffer::F32(v) => Scalar::Float(v[i] as f64),
             HostBuffer::F64(v) => Scalar::Float(v[i]),
+            HostBuffer::BF16(v) => Scalar::Float(v[i].to_f64()),
         }
     }
 }

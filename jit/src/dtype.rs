@@ -1,8 +1,8 @@
 //! Element types, scalars and PyTorch's type-promotion rules.
 //!
-//! `DType` is the closed set of element types the graph IR knows. bf16 is not here yet; adding it means a variant,
-//! a `size_of`, a category, a row in `promote` and a storage variant in `HostBuffer` (the interpreter computes every
-//! float in f64 and rounds per op, so it needs only a rounding function per dtype).
+//! `DType` is the closed set of element types the graph IR knows. The two 16-bit floats, f16 and bf16, are storage
+//! formats: every op computes in f32 and rounds its result once (reductions and matmuls accumulate in f32, as
+//! PyTorch does); the interpreter computes in f64 and rounds per op ([`bf16_from_f64`] for bf16).
 
 use std::fmt;
 
@@ -21,6 +21,9 @@ pub enum DType {
     F16,
     F32,
     F64,
+    /// bfloat16 (f32's exponent, 8 significant bits). As f16: results rounded to bf16 (ties to even, as PyTorch),
+    /// reductions and matmuls accumulated in f32. Promotes with f16 to f32, as `torch.promote_types`.
+    BF16,
 }
 
 /// The three promotion categories, ordered: a higher category always wins.
@@ -32,13 +35,13 @@ pub enum Category {
 }
 
 impl DType {
-    pub const ALL: [DType; 8] =
-        [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::F32, DType::F64];
+    pub const ALL: [DType; 9] =
+        [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::F32, DType::F64, DType::BF16];
 
     pub fn size_of(self) -> usize {
         match self {
             DType::Bool | DType::U8 => 1,
-            DType::F16 => 2,
+            DType::F16 | DType::BF16 => 2,
             DType::U32 | DType::I32 | DType::F32 => 4,
             DType::I64 | DType::F64 => 8,
         }
@@ -48,7 +51,7 @@ impl DType {
         match self {
             DType::Bool => Category::Bool,
             DType::U8 | DType::U32 | DType::I32 | DType::I64 => Category::Int,
-            DType::F16 | DType::F32 | DType::F64 => Category::Float,
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 => Category::Float,
         }
     }
 
@@ -58,6 +61,11 @@ impl DType {
 
     pub fn is_int(self) -> bool {
         self.category() == Category::Int
+    }
+
+    /// f16 or bf16: a 16-bit float stored as such and computed in f32, each result rounded once.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
     }
 
     /// Whether comparisons, division, min/max and float conversions of this dtype are unsigned (bool counts: it
@@ -109,6 +117,7 @@ impl DType {
             DType::F64 => 6,
             DType::U32 => 7,
             DType::F16 => 8,
+            DType::BF16 => 9,
         }
     }
 
@@ -127,6 +136,7 @@ impl DType {
             DType::F16 => "f16",
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::BF16 => "bf16",
         }
     }
 }
@@ -155,8 +165,9 @@ pub fn promote(a: DType, b: DType) -> DType {
         // signed type that holds both, which is PyTorch's rule: u8 + i32 -> i32, u32 + i32 -> i64, u32 + i64 -> i64
         // (there is no i8/i16 here, so no u8 + i8 -> i16 case).
         _ => match (a, b) {
-            (F32, F64) | (F64, F32) | (F16, F64) | (F64, F16) => F64,
-            (F16, F32) | (F32, F16) => F32,
+            (F32, F64) | (F64, F32) | (F16, F64) | (F64, F16) | (BF16, F64) | (F64, BF16) => F64,
+            // f16 and bf16 hold each other's values in neither direction: both widen to f32.
+            (F16, F32) | (F32, F16) | (BF16, F32) | (F32, BF16) | (F16, BF16) | (BF16, F16) => F32,
             (U8, x) | (x, U8) => x,
             (U32, I32) | (I32, U32) | (U32, I64) | (I64, U32) => I64,
             (I32, I64) | (I64, I32) => I64,
@@ -280,6 +291,21 @@ impl From<half::f16> for Scalar {
         Scalar::Float(x.to_f64())
     }
 }
+impl From<half::bf16> for Scalar {
+    fn from(x: half::bf16) -> Self {
+        Scalar::Float(x.to_f64())
+    }
+}
+
+/// `x` as bf16 the way PyTorch converts an f64: to f32 (nearest, ties to even), then to bf16 (nearest, ties to even;
+/// NaN stays NaN, overflow is infinity). Two roundings, so a value just past a bf16 tie can land on the tie and go
+/// to even (`1 + 2^-8 + 2^-52` becomes 1.0), which is what `torch.tensor(x, dtype=float64).to(bfloat16)` gives. For
+/// `+ - * /` and `sqrt` of bf16 operands the f64 result rounds to the same bf16 as the f32 one the kernels compute
+/// (f64 has more than 2 * 24 + 2 bits and f32 more than 2 * 8 + 2).
+pub fn bf16_from_f64(x: f64) -> half::bf16 {
+    half::bf16::from_f32(x as f32)
+}
+
 impl From<bool> for Scalar {
     fn from(b: bool) -> Self {
         Scalar::Bool(b)
@@ -290,6 +316,32 @@ impl From<bool> for Scalar {
 mod tests {
     use super::DType::*;
     use super::*;
+
+    /// f64 -> bf16 against `torch.tensor([x], dtype=torch.float64).to(torch.bfloat16)` printed as bits in
+    /// PyTorch 2.15.
+    #[test]
+    fn bf16_rounding_matches_pytorch() {
+        let cases: [(f64, u16); 14] = [
+            (1.0, 0x3f80),
+            (1.00390625, 0x3f80),         // exactly halfway 1 and 1 + 2^-7: ties to even (down)
+            (1.01171875, 0x3f82),         // halfway 1 + 2^-7 and 1 + 2^-6: ties to even (up)
+            (1.0039062500000002, 0x3f80), // just past a tie: f32 lands on it, then ties to even
+            (-1.0039062500000002, 0xbf80),
+            (3.3895313892515355e38, 0x7f7f), // bf16 max
+            (3.3961775292304547e38, 0x7f80), // past max + half an ulp: inf
+            (f64::INFINITY, 0x7f80),
+            (f64::NEG_INFINITY, 0xff80),
+            (-0.0, 0x8000),
+            (9.183549615799121e-41, 0x0001), // smallest bf16 subnormal
+            (4.591774807899561e-41, 0x0000), // half of it: ties to even, zero
+            (4.591774807899562e-41, 0x0000), // just past that tie: through f32, as above
+            (1e-50, 0x0000),
+        ];
+        for (x, bits) in cases {
+            assert_eq!(bf16_from_f64(x).to_bits(), bits, "{x:e}");
+        }
+        assert!(bf16_from_f64(f64::NAN).is_nan());
+    }
 
     #[test]
     fn promotion_matches_pytorch() {
@@ -317,6 +369,16 @@ mod tests {
         assert_eq!(result_type(&[(F16, Priority::Tensor), (F32, Priority::Scalar)]), F16);
         assert_eq!(result_type(&[(F16, Priority::Tensor), (F32, Priority::ZeroDim)]), F16);
         assert_eq!(result_type(&[(I32, Priority::Tensor), (F16, Priority::ZeroDim)]), F16);
+        // bf16: with f16 -> f32 (torch.promote_types(bfloat16, float16)), with f32 or f64 the wider, ints keep it.
+        assert_eq!(promote(BF16, F16), F32);
+        assert_eq!(promote(F16, BF16), F32);
+        assert_eq!(promote(BF16, F32), F32);
+        assert_eq!(promote(F64, BF16), F64);
+        assert_eq!(promote(I64, BF16), BF16);
+        assert_eq!(promote(Bool, BF16), BF16);
+        assert_eq!(result_type(&[(BF16, Priority::Tensor), (F32, Priority::Scalar)]), BF16);
+        assert_eq!(result_type(&[(BF16, Priority::Tensor), (F16, Priority::ZeroDim)]), BF16);
+        assert_eq!(result_type(&[(BF16, Priority::Tensor), (F16, Priority::Tensor)]), F32);
         // torch.ones(2, dtype=int32) + 2.5 -> float32; bool + 1 -> int64; u8 + 1000 stays u8.
         assert_eq!(result_type(&[(I32, Priority::Tensor), (F32, Priority::Scalar)]), F32);
         assert_eq!(result_type(&[(Bool, Priority::Tensor), (I64, Priority::Scalar)]), I64);

@@ -63,6 +63,8 @@ fn round_f(d: DType, x: f64) -> f64 {
         DType::F32 => x as f32 as f64,
         // Straight from f64 (correctly rounded, ties to even): via f32 would round twice.
         DType::F16 => half::f16::from_f64(x).to_f64(),
+        // Through f32, as PyTorch converts (see `bf16_from_f64`).
+        DType::BF16 => crate::dtype::bf16_from_f64(x).to_f64(),
         _ => x,
     }
 }
@@ -78,6 +80,8 @@ fn normalize(d: DType, v: Vals) -> Vals {
                     DType::F32 => x as f32 as f64,
                     // Exact in f64 below 2^53; anything larger is inf in f16 either way.
                     DType::F16 => round_f(d, x as f64),
+                    // As PyTorch: to f32 (nearest), then to bf16.
+                    DType::BF16 => half::bf16::from_f32(x as f32).to_f64(),
                     _ => x as f64,
                 })
                 .collect(),
@@ -166,6 +170,7 @@ fn eval(
             Vals::F(match (dist, d) {
                 (RandDist::Uniform, DType::F32) => (0..n).map(|i| rng::uniform_f32(w(i)) as f64).collect(),
                 (RandDist::Uniform, DType::F16) => (0..n).map(|i| rng::uniform_f16(w(i)) as f64).collect(),
+                (RandDist::Uniform, DType::BF16) => (0..n).map(|i| rng::uniform_bf16(w(i)) as f64).collect(),
                 (RandDist::Uniform, _) => (0..n).map(|i| rng::uniform_f64(w(i))).collect(),
                 (RandDist::Normal, _) => (0..n).map(|i| round_f(d, rng::normal_f64(w(i)))).collect(),
             })

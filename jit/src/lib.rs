@@ -22,6 +22,6 @@ pub use buffer::{Element, HostBuffer};
 pub use dtype::{Category, DType, Priority, Scalar};
 pub use graph::{Graph, NodeData};
 /// The f16 element type (`half::f16`), so users need not depend on `half` themselves.
-pub use half::f16;
+pub use half::{bf16, f16};
 pub use op::{BinaryOp, Op, RandDist, ReduceOp, RngKey, UnaryOp};
 pub use shape::Shape;

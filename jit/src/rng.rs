@@ -46,6 +46,12 @@ pub fn uniform_f16(w: [u32; 4]) -> f32 {
     (w[0] >> 21) as f32 * (1.0 / 2048.0)
 }
 
+/// Uniform in [0, 1) with 8 bits: exact in bf16 (rounding a wider uniform to bf16 could give 1.0). The same as
+/// `uniform_f32` truncated to 8 bits.
+pub fn uniform_bf16(w: [u32; 4]) -> f32 {
+    (w[0] >> 24) as f32 * (1.0 / 256.0)
+}
+
 /// Uniform in [0, 1) with 53 bits.
 pub fn uniform_f64(w: [u32; 4]) -> f64 {
     let bits = ((w[0] as u64) << 32 | w[1] as u64) >> 11;

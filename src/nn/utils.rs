@@ -34,7 +34,7 @@ pub fn clip_grad_norm(grads: &mut Gradients, params: &[Param], max_norm: f64) ->
             .iter()
             .filter_map(|p| grads.get(p))
             .map(|g| {
-                let g = if g.dtype() == DType::F16 { g.to_dtype(DType::F32) } else { g.clone() };
+                let g = if g.dtype().is_half() { g.to_dtype(DType::F32) } else { g.clone() };
                 g.square().sum_all().sqrt()
             })
             .collect();

@@ -49,8 +49,8 @@ impl Tensor {
             // too: the product of two f16 values is exact in f32, so rounding it once to f16 (what an f16 `mul`
             // computes) is what the f32-accumulating GEMM below would return, bar the sign of a zero.
             operand(&a, [m, k]).mul(operand(&b, [k, n]))
-        } else if dtype == DType::F16 {
-            // f16 operands, f32 accumulation, one rounding (PyTorch's half matmul): operands converted to f32 and
+        } else if dtype.is_half() {
+            // f16 or bf16 operands, f32 accumulation, one rounding (PyTorch's half matmul): operands converted to f32 and
             // materialized, so the f32 GEMM (generated AVX2 code, the tiled WGSL template) runs unchanged; its f32
             // result is materialized too, since a GEMM kernel stores f32, then rounded once to f16. The copies cost
             // O(MK + KN + MN) against the GEMM's O(MNK).
@@ -61,7 +61,7 @@ impl Tensor {
                 with([m, n]),
                 DType::F32,
             );
-            prod.contiguous().to_dtype(DType::F16)
+            prod.contiguous().to_dtype(dtype)
         } else {
             Tensor::from_op(
                 Op::Matmul,

@@ -76,12 +76,13 @@ impl Operand {
 }
 
 impl Tensor {
-    /// `f(self)` computed in f32 and rounded to f16 once when `self` is f16, as PyTorch computes its half-precision
+    /// `f(self)` computed in f32 and rounded once when `self` is f16 or bf16, as PyTorch computes its half-precision
     /// composites (mean, softmax, log_softmax, layer_norm, GELU, SiLU) with float accumulation: step by step in f16,
     /// layer_norm's mean and variance were each rounded, and its output's mean drifted by 6e-5 over 4096 values.
     /// Other dtypes: `f(self)`.
     pub(crate) fn in_f32(&self, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
-        if self.dtype() == DType::F16 { f(&self.to_dtype(DType::F32)).to_dtype(DType::F16) } else { f(self) }
+        let d = self.dtype();
+        if d.is_half() { f(&self.to_dtype(DType::F32)).to_dtype(d) } else { f(self) }
     }
 
     /// Broadcasts to `dims` (prepending dims of 1, then stretching dims of 1), recording nothing if already there.

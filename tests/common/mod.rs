@@ -76,10 +76,11 @@ pub fn runs_on(dev: &Device, dtypes: &[DType]) -> bool {
     dtypes.iter().all(|&d| dev.supports(d))
 }
 
-pub const ALL_DTYPES: [DType; 8] =
-    [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::F32, DType::F64];
-pub const NON_BOOL: [DType; 7] = [DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::F32, DType::F64];
-pub const FLOATS: [DType; 3] = [DType::F16, DType::F32, DType::F64];
+pub const ALL_DTYPES: [DType; 9] =
+    [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::F32, DType::F64, DType::BF16];
+pub const NON_BOOL: [DType; 8] =
+    [DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::F32, DType::F64, DType::BF16];
+pub const FLOATS: [DType; 4] = [DType::F16, DType::F32, DType::F64, DType::BF16];
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tolerances
@@ -144,6 +145,11 @@ pub fn tol(dtype: DType, kind: Kind) -> Tol {
         // Reductions and matmuls accumulate in f32 and round once (exact to ~2^-11 then), but compositions over
         // them (mean, softmax, log_softmax) round every step and the table's sums reach |x| <= 2 * 64: 8 ulps.
         (DType::F16, Kind::Accumulate) => Tol { rel: 8e-3, abs: 8e-3 },
+        // bf16 has 8 significant bits: eps is 2^-7 = 7.8e-3, one rounding 3.9e-3 relative. The same reasoning as
+        // f16's: four bf16 ulps (3.1e-2) for a composition rounded at every step, the abs term ~1 ulp at 1.0.
+        (DType::BF16, Kind::Elementwise) => Tol { rel: 3.2e-2, abs: 8e-3 },
+        // Sums accumulate in f32 and round once; compositions over them round every step: 8 ulps, as f16's.
+        (DType::BF16, Kind::Accumulate) => Tol { rel: 6.3e-2, abs: 6.3e-2 },
         (d, k) => unreachable!("no tolerance for {d} {k:?}"),
     }
 }
@@ -165,6 +171,7 @@ pub fn buffer(dtype: DType, vals: &[f64]) -> HostBuffer {
         DType::F16 => HostBuffer::F16(vals.iter().map(|&x| f16::from_f64(x)).collect()),
         DType::F32 => HostBuffer::F32(vals.iter().map(|&x| x as f32).collect()),
         DType::F64 => HostBuffer::F64(vals.to_vec()),
+        DType::BF16 => HostBuffer::BF16(vals.iter().map(|&x| kiln_jit::dtype::bf16_from_f64(x)).collect()),
     }
 }
 
@@ -179,12 +186,14 @@ pub fn values(b: &HostBuffer) -> Vec<f64> {
         HostBuffer::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
         HostBuffer::F32(v) => v.iter().map(|&x| x as f64).collect(),
         HostBuffer::F64(v) => v.clone(),
+        HostBuffer::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
     }
 }
 
 fn float_bits(b: &HostBuffer) -> Option<Vec<u64>> {
     match b {
         HostBuffer::F16(v) => Some(v.iter().map(|x| x.to_bits() as u64).collect()),
+        HostBuffer::BF16(v) => Some(v.iter().map(|x| x.to_bits() as u64).collect()),
         HostBuffer::F32(v) => Some(v.iter().map(|x| x.to_bits() as u64).collect()),
         HostBuffer::F64(v) => Some(v.iter().map(|x| x.to_bits()).collect()),
         _ => None,
@@ -198,7 +207,9 @@ fn int_values(b: &HostBuffer) -> Vec<i64> {
         HostBuffer::U32(v) => v.iter().map(|&x| x as i64).collect(),
         HostBuffer::I32(v) => v.iter().map(|&x| x as i64).collect(),
         HostBuffer::I64(v) => v.clone(),
-        HostBuffer::F16(_) | HostBuffer::F32(_) | HostBuffer::F64(_) => unreachable!("int_values on a float buffer"),
+        HostBuffer::F16(_) | HostBuffer::F32(_) | HostBuffer::F64(_) | HostBuffer::BF16(_) => {
+            unreachable!("int_values on a float buffer")
+        }
     }
 }
 
@@ -273,6 +284,9 @@ pub fn compare_on(dev: &Device, got: &HostBuffer, want: &HostBuffer, tol: Tol) -
     }
     let unsign = |b: &HostBuffer| match b {
         HostBuffer::F16(v) => HostBuffer::F16(v.iter().map(|&x| if x == f16::ZERO { f16::ZERO } else { x }).collect()),
+        HostBuffer::BF16(v) => {
+            HostBuffer::BF16(v.iter().map(|&x| if x == kiln::bf16::ZERO { kiln::bf16::ZERO } else { x }).collect())
+        }
         HostBuffer::F32(v) => HostBuffer::F32(v.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect()),
         HostBuffer::F64(v) => HostBuffer::F64(v.iter().map(|&x| if x == 0.0 { 0.0 } else { x }).collect()),
         other => other.clone(),

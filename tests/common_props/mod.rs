@@ -70,6 +70,7 @@ pub fn normalize(dtype: DType, x: f64) -> f64 {
         DType::F16 => kiln::f16::from_f64(x).to_f64(),
         DType::F32 => x as f32 as f64,
         DType::F64 => x,
+        DType::BF16 => kiln_jit::dtype::bf16_from_f64(x).to_f64(),
     }
 }
 
@@ -85,6 +86,9 @@ pub fn tensor_of(dtype: DType, data: &[f64], dims: &[usize], dev: &Device) -> Te
         DType::F16 => Tensor::from_vec(data.iter().map(|&x| kiln::f16::from_f64(x)).collect::<Vec<_>>(), dims, dev),
         DType::F32 => Tensor::from_vec(data.iter().map(|&x| x as f32).collect::<Vec<_>>(), dims, dev),
         DType::F64 => Tensor::from_vec(data.to_vec(), dims, dev),
+        DType::BF16 => {
+            Tensor::from_vec(data.iter().map(|&x| kiln_jit::dtype::bf16_from_f64(x)).collect::<Vec<_>>(), dims, dev)
+        }
     };
     t.expect("from_vec with a matching length")
 }
@@ -100,6 +104,7 @@ pub fn values_of(t: &Tensor) -> Vec<f64> {
         DType::F16 => t.to_vec::<kiln::f16>().map(|v| v.into_iter().map(|x| x.to_f64()).collect()),
         DType::F32 => t.to_vec::<f32>().map(|v| v.into_iter().map(f64::from).collect()),
         DType::F64 => t.to_vec::<f64>(),
+        DType::BF16 => t.to_vec::<kiln::bf16>().map(|v| v.into_iter().map(|x| x.to_f64()).collect()),
     };
     v.expect("realize and read back")
 }

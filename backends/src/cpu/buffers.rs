@@ -2,6 +2,21 @@
 //! output's elements written once a plan's launches have stored them.
 
 use kiln_jit::buffer::HostBuffer;
+use kiln_jit::kernel::KernelIr;
+
+/// Checks `inputs` against the buffers kernel `k` reads (count, dtype, at least the declared length): what a
+/// kernel run outside a plan (a forced GEMM or elementwise kernel in a test) must hold before its pointers are used.
+pub(crate) fn check_inputs(k: &KernelIr, inputs: &[&HostBuffer]) -> Result<(), String> {
+    if inputs.len() != k.inputs.len() {
+        return Err(format!("{} inputs given, the kernel reads {}", inputs.len(), k.inputs.len()));
+    }
+    for (b, p) in inputs.iter().zip(&k.inputs) {
+        if b.dtype() != p.dtype || b.len() < p.len {
+            return Err(format!("an input is {}[{}], the kernel wants {}[{}]", b.dtype(), b.len(), p.dtype, p.len));
+        }
+    }
+    Ok(())
+}
 
 /// Marks `len` elements of an output written.
 ///
@@ -17,6 +32,7 @@ pub(crate) unsafe fn finish_output(b: &mut HostBuffer, len: usize) {
             HostBuffer::I32(v) => v.set_len(len),
             HostBuffer::I64(v) => v.set_len(len),
             HostBuffer::F16(v) => v.set_len(len),
+            HostBuffer::BF16(v) => v.set_len(len),
             HostBuffer::F32(v) => v.set_len(len),
             HostBuffer::F64(v) => v.set_len(len),
         }
@@ -32,6 +48,7 @@ pub(crate) fn read_ptr(b: &HostBuffer) -> *mut u8 {
         HostBuffer::I32(v) => v.as_ptr() as *mut u8,
         HostBuffer::I64(v) => v.as_ptr() as *mut u8,
         HostBuffer::F16(v) => v.as_ptr() as *mut u8,
+        HostBuffer::BF16(v) => v.as_ptr() as *mut u8,
         HostBuffer::F32(v) => v.as_ptr() as *mut u8,
         HostBuffer::F64(v) => v.as_ptr() as *mut u8,
     }
@@ -46,6 +63,7 @@ pub(crate) fn write_ptr(b: &mut HostBuffer) -> *mut u8 {
         HostBuffer::I32(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::I64(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::F16(v) => v.as_mut_ptr() as *mut u8,
+        HostBuffer::BF16(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::F32(v) => v.as_mut_ptr() as *mut u8,
         HostBuffer::F64(v) => v.as_mut_ptr() as *mut u8,
     }

@@ -39,4 +39,5 @@ shims! {
     UniformF16: fn uniform_f16(seed: u64, index: u64) -> f32 { rng::uniform_f16(rng::words(seed, index)) }
     NormalF16: fn normal_f16(seed: u64, index: u64) -> f32 { f64_to_f16(rng::normal_f64(rng::words(seed, index))) }
     F64ToF16: fn f64_to_f16(x: f64) -> f32 { kiln_jit::f16::from_f64(x).to_f32() }
+    UniformBF16: fn uniform_bf16(seed: u64, index: u64) -> f32 { rng::uniform_bf16(rng::words(seed, index)) }
 }

@@ -30,14 +30,7 @@ pub fn run_wide_at(
     inputs: &[&HostBuffer],
 ) -> Result<Option<HostBuffer>, String> {
     let Some(w) = wide::WideKernel::build_for(k, isa)? else { return Ok(None) };
-    if inputs.len() != k.inputs.len() {
-        return Err(format!("{} inputs given, the kernel reads {}", inputs.len(), k.inputs.len()));
-    }
-    for (b, p) in inputs.iter().zip(&k.inputs) {
-        if b.dtype() != p.dtype || b.len() < p.len {
-            return Err(format!("an input is {}[{}], the kernel wants {}[{}]", b.dtype(), b.len(), p.dtype, p.len));
-        }
-    }
+    buffers::check_inputs(k, inputs)?;
     let mut out = crate::host_pool::take(k.output.dtype, k.output.len);
     let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| buffers::read_ptr(b)).collect();
     ptrs.push(buffers::write_ptr(&mut out));

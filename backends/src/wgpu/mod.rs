@@ -434,7 +434,7 @@ fn to_words(data: &HostBuffer) -> Result<Vec<u8>, BackendError> {
         }
         HostBuffer::U8(v) => v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect(),
         HostBuffer::Bool(v) => v.iter().flat_map(|&x| (x as u32).to_le_bytes()).collect(),
-        HostBuffer::I64(_) | HostBuffer::F64(_) => return Err(unsupported(data.dtype())),
+        HostBuffer::I64(_) | HostBuffer::F64(_) | HostBuffer::BF16(_) => return Err(unsupported(data.dtype())),
     };
     Ok(words)
 }
@@ -454,6 +454,14 @@ pub fn unsupported(d: DType) -> BackendError {
                     ""
                 }
             ),
+        };
+    }
+    if d == DType::BF16 {
+        return BackendError::Unsupported {
+            device: NAME,
+            reason: "bf16 is not supported on wgpu (WGSL has no bf16 type, and kiln does not emulate one); keep bf16 \
+                     tensors on Device::cpu() or convert them to f32 (or f16) first"
+                .to_string(),
         };
     }
     BackendError::Unsupported {
@@ -477,7 +485,7 @@ fn from_words(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
         DType::U32 => HostBuffer::U32(words.map(u32::from_le_bytes).collect()),
         DType::U8 => HostBuffer::U8(words.map(|w| u32::from_le_bytes(w) as u8).collect()),
         DType::Bool => HostBuffer::Bool(words.map(|w| u32::from_le_bytes(w) != 0).collect()),
-        DType::I64 | DType::F64 | DType::F16 => unreachable!("never allocated on wgpu, or read above"),
+        DType::I64 | DType::F64 | DType::F16 | DType::BF16 => unreachable!("never allocated on wgpu, or read above"),
     }
 }
 

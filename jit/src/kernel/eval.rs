@@ -4,9 +4,10 @@
 //! as generated code does, and folds reductions in loop order into an accumulator of the reduce dtype. Comparing
 //! it with the graph interpreter checks fusion and lowering; comparing a backend with it checks the renderer.
 //!
-//! f16 instructions compute in f32 and round the result to f16 (`half`, ties to even), which is what every renderer
-//! emits: for `+ - * /` and `sqrt` that equals the correctly rounded f16 result (f32 has at least 2 * 11 + 2
-//! significant bits, so the double rounding is innocuous); transcendentals carry f32's error plus one f16 rounding.
+//! f16 and bf16 instructions compute in f32 and round the result to their dtype (`half`, ties to even), which is
+//! what every renderer emits: for `+ - * /` and `sqrt` that equals the correctly rounded result (f32 has at least
+//! 2 * 11 + 2 significant bits, so the double rounding is innocuous); transcendentals carry f32's error plus one
+//! rounding.
 
 use crate::buffer::HostBuffer;
 use crate::dtype::{DType, Scalar};
@@ -16,12 +17,13 @@ use crate::op::{BinaryOp, RandDist, ReduceOp, RngKey, UnaryOp};
 use crate::rng;
 use crate::semantics;
 use crate::shape::for_each_index;
-use half::f16;
+use half::{bf16, f16};
 
 /// One scalar value: floats in their own width, ints and bools as i64 wrapped to their dtype.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum V {
     F16(f16),
+    BF16(bf16),
     F32(f32),
     F64(f64),
     I(i64),
@@ -30,6 +32,7 @@ enum V {
 fn scalar(d: DType, s: Scalar) -> V {
     match d {
         DType::F16 => V::F16(f16::from_f64(s.as_f64())),
+        DType::BF16 => V::BF16(crate::dtype::bf16_from_f64(s.as_f64())),
         DType::F32 => V::F32(s.as_f64() as f32),
         DType::F64 => V::F64(s.as_f64()),
         _ => V::I(d.wrap_int(s.as_i64())),
@@ -44,6 +47,12 @@ fn cast(d: DType, v: V) -> V {
         // Exact in f64 below 2^53; anything larger is inf in f16 either way.
         (DType::F16, V::I(x)) => V::F16(f16::from_f64(x as f64)),
         (_, V::F16(x)) => cast(d, V::F32(x.to_f32())),
+        (DType::BF16, V::BF16(x)) => V::BF16(x),
+        (DType::BF16, V::F32(x)) => V::BF16(bf16::from_f32(x)),
+        (DType::BF16, V::F64(x)) => V::BF16(crate::dtype::bf16_from_f64(x)),
+        // As PyTorch: to f32 (nearest), then to bf16.
+        (DType::BF16, V::I(x)) => V::BF16(bf16::from_f32(x as f32)),
+        (_, V::BF16(x)) => cast(d, V::F32(x.to_f32())),
         (DType::F32, V::F32(x)) => V::F32(x),
         (DType::F32, V::F64(x)) => V::F32(x as f32),
         (DType::F32, V::I(x)) => V::F32(x as f32),
@@ -61,6 +70,7 @@ fn cast(d: DType, v: V) -> V {
 fn load(b: &HostBuffer, i: usize) -> V {
     match b {
         HostBuffer::F16(v) => V::F16(v[i]),
+        HostBuffer::BF16(v) => V::BF16(v[i]),
         HostBuffer::F32(v) => V::F32(v[i]),
         HostBuffer::F64(v) => V::F64(v[i]),
         other => V::I(other.get(i).as_i64()),
@@ -68,10 +78,11 @@ fn load(b: &HostBuffer, i: usize) -> V {
 }
 
 // The scalar meaning of each op is `crate::semantics`'s (shared with the interpreter); this file only moves values
-// between the evaluator's representation and it. f16 computes in f32 and rounds once.
+// between the evaluator's representation and it. f16 and bf16 compute in f32 and round once.
 fn unary(u: UnaryOp, d: DType, a: V) -> V {
     match a {
         V::F16(x) => V::F16(f16::from_f32(semantics::float_unary(u, x.to_f32()))),
+        V::BF16(x) => V::BF16(bf16::from_f32(semantics::float_unary(u, x.to_f32()))),
         V::F32(x) => V::F32(semantics::float_unary(u, x)),
         V::F64(x) => V::F64(semantics::float_unary(u, x)),
         V::I(x) => {
@@ -90,6 +101,7 @@ fn binary(op: BinaryOp, d: DType, a: V, b: V) -> V {
     }
     match (a, b) {
         (V::F16(x), V::F16(y)) => float(op, x.to_f32(), y.to_f32(), |z| V::F16(f16::from_f32(z))),
+        (V::BF16(x), V::BF16(y)) => float(op, x.to_f32(), y.to_f32(), |z| V::BF16(bf16::from_f32(z))),
         (V::F32(x), V::F32(y)) => float(op, x, y, V::F32),
         (V::F64(x), V::F64(y)) => float(op, x, y, V::F64),
         (V::I(x), V::I(y)) => V::I(d.wrap_int(semantics::int_binary(op, x, y))),
@@ -138,6 +150,7 @@ fn run_insts(insts: &[Inst], vars: &[i64], inputs: &[&HostBuffer], rng: &[RngKey
                 match (dist, d) {
                     (RandDist::Uniform, DType::F32) => V::F32(rng::uniform_f32(w)),
                     (RandDist::Uniform, DType::F16) => V::F16(f16::from_f32(rng::uniform_f16(w))),
+                    (RandDist::Uniform, DType::BF16) => V::BF16(bf16::from_f32(rng::uniform_bf16(w))),
                     (RandDist::Uniform, _) => V::F64(rng::uniform_f64(w)),
                     (RandDist::Normal, _) => cast(d, V::F64(rng::normal_f64(w))),
                 }
@@ -194,6 +207,9 @@ pub fn run(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey]) -> HostBuf
     let d = kernel.output.dtype;
     match d {
         DType::F16 => HostBuffer::F16(out.into_iter().map(|v| if let V::F16(x) = v { x } else { f16::ZERO }).collect()),
+        DType::BF16 => {
+            HostBuffer::BF16(out.into_iter().map(|v| if let V::BF16(x) = v { x } else { bf16::ZERO }).collect())
+        }
         DType::F32 => HostBuffer::F32(out.into_iter().map(|v| if let V::F32(x) = v { x } else { 0.0 }).collect()),
         DType::F64 => HostBuffer::F64(out.into_iter().map(|v| if let V::F64(x) = v { x } else { 0.0 }).collect()),
         _ => HostBuffer::from_i64(d, &out.into_iter().map(|v| if let V::I(x) = v { x } else { 0 }).collect::<Vec<_>>()),
@@ -256,6 +272,7 @@ pub fn eval_uniform(
         out.push(uniform[i].then_some(match (d, v) {
             (DType::Bool, V::I(x)) => Scalar::Bool(x != 0),
             (_, V::F16(x)) => Scalar::Float(x.to_f64()),
+            (_, V::BF16(x)) => Scalar::Float(x.to_f64()),
             (_, V::F32(x)) => Scalar::Float(x as f64),
             (_, V::F64(x)) => Scalar::Float(x),
             (_, V::I(x)) => Scalar::Int(x),
@@ -274,6 +291,7 @@ pub fn run_at(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey], positio
         .iter()
         .map(|o| match element(kernel, o, inputs, rng, &mut vars, &mut vals) {
             V::F16(x) => x.to_f64(),
+            V::BF16(x) => x.to_f64(),
             V::F32(x) => x as f64,
             V::F64(x) => x,
             V::I(x) => x as f64,

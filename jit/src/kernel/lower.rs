@@ -33,9 +33,9 @@ struct Lowerer<'a> {
     acc_enabled: bool,
 }
 
-/// The accumulator dtype of a reduction or matmul producing `d`: f32 for f16, else `d`.
+/// The accumulator dtype of a reduction or matmul producing `d`: f32 for f16 and bf16, else `d`.
 fn acc_dtype(d: DType) -> DType {
-    if d == DType::F16 { DType::F32 } else { d }
+    if d.is_half() { DType::F32 } else { d }
 }
 
 /// Row-major offset of `idx` in `dims`, simplified.

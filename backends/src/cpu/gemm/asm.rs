@@ -305,42 +305,7 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
             }
         }
     };
-    // K loop, unrolled, then the remainder one step at a time.
-    let u = s.unroll;
-    let (main, main_end, rem, done) =
-        (ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label());
-    let (a_adv, b_adv) = (u as i32 * s.a_ks, u as i32 * s.b_ks);
-    let shift = u.trailing_zeros() as i8;
-    dynasm!(ops ; .arch x64
-        ; mov rax, rcx
-        ; shr rax, shift
-        ; test rax, rax
-        ; jz =>main_end
-        ; =>main
-    );
-    for i in 0..u {
-        step(ops, i);
-    }
-    dynasm!(ops ; .arch x64
-        ; add rdi, a_adv
-        ; add rsi, b_adv
-        ; dec rax
-        ; jnz =>main
-        ; =>main_end
-        ; mov rax, rcx
-        ; and rax, (u as i32) - 1
-        ; jz =>done
-        ; =>rem
-    );
-    step(ops, 0);
-    let (a1, b1) = (s.a_ks, s.b_ks);
-    dynasm!(ops ; .arch x64
-        ; add rdi, a1
-        ; add rsi, b1
-        ; dec rax
-        ; jnz =>rem
-        ; =>done
-    );
+    k_loop(ops, s, &step);
     // Finish: mask, C, epilogue, store.
     let mreg = 15u8;
     if s.masked {
@@ -376,6 +341,47 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
     dynasm!(ops ; .arch x64 ; vzeroupper ; ret);
     consts.emit(ops);
     Ok(start)
+}
+
+/// The K loop every micro-kernel runs (either family): `step(ops, u)` emits k-step `u` of an unrolled iteration,
+/// addressing A and B at `u` steps past rdi and rsi; the loop runs `k / unroll` such iterations (rcx = k), then the
+/// remainder one step at a time. Uses rax.
+pub(crate) fn k_loop(ops: &mut Assembler, s: &MicroSpec, step: &dyn Fn(&mut Assembler, usize)) {
+    let u = s.unroll;
+    let (main, main_end, rem, done) =
+        (ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label());
+    let (a_adv, b_adv) = (u as i32 * s.a_ks, u as i32 * s.b_ks);
+    let shift = u.trailing_zeros() as i8;
+    dynasm!(ops ; .arch x64
+        ; mov rax, rcx
+        ; shr rax, shift
+        ; test rax, rax
+        ; jz =>main_end
+        ; =>main
+    );
+    for i in 0..u {
+        step(ops, i);
+    }
+    dynasm!(ops ; .arch x64
+        ; add rdi, a_adv
+        ; add rsi, b_adv
+        ; dec rax
+        ; jnz =>main
+        ; =>main_end
+        ; mov rax, rcx
+        ; and rax, (u as i32) - 1
+        ; jz =>done
+        ; =>rem
+    );
+    step(ops, 0);
+    let (a1, b1) = (s.a_ks, s.b_ks);
+    dynasm!(ops ; .arch x64
+        ; add rdi, a1
+        ; add rsi, b1
+        ; dec rax
+        ; jnz =>rem
+        ; =>done
+    );
 }
 
 /// Emits the epilogue for tile element (r, v) whose accumulator is `acc_reg` (`at` = (acc_reg, r, v)) and returns

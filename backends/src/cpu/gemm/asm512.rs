@@ -18,7 +18,7 @@
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
 
-use super::asm::{ConstPool, ConstRef, EpInst, EpProgram, MicroSpec, Mode, Shift, VBin, VecIsa, emit_insts};
+use super::asm::{ConstPool, ConstRef, EpInst, EpProgram, MicroSpec, Mode, Shift, VBin, VecIsa, emit_insts, k_loop};
 use super::evex::{self, Enc, Rm, gpr, mem};
 use crate::cpu::isa::Isa;
 use dynasmrt::x64::Assembler;
@@ -170,42 +170,7 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
             }
         });
     };
-    // K loop, unrolled, then the remainder one step at a time (as `asm::emit`).
-    let u = s.unroll;
-    let (main, main_end, rem, done) =
-        (ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label());
-    let (a_adv, b_adv) = (u as i32 * s.a_ks, u as i32 * s.b_ks);
-    let shift = u.trailing_zeros() as i8;
-    dynasm!(ops ; .arch x64
-        ; mov rax, rcx
-        ; shr rax, shift
-        ; test rax, rax
-        ; jz =>main_end
-        ; =>main
-    );
-    for i in 0..u {
-        step(ops, i);
-    }
-    dynasm!(ops ; .arch x64
-        ; add rdi, a_adv
-        ; add rsi, b_adv
-        ; dec rax
-        ; jnz =>main
-        ; =>main_end
-        ; mov rax, rcx
-        ; and rax, (u as i32) - 1
-        ; jz =>done
-        ; =>rem
-    );
-    step(ops, 0);
-    let (a1, b1) = (s.a_ks, s.b_ks);
-    dynasm!(ops ; .arch x64
-        ; add rdi, a1
-        ; add rsi, b1
-        ; dec rax
-        ; jnz =>rem
-        ; =>done
-    );
+    k_loop(ops, s, &step);
     // Finish: mask, C, epilogue, store.
     if s.masked {
         dynasm!(ops ; .arch x64 ; mov r9, QWORD [r8]);

@@ -325,6 +325,7 @@ unsafe fn read_scalar(p: *mut u8, i: usize, d: DType) -> Scalar {
             DType::F16 => Scalar::Float((*(p as *const kiln_jit::f16).add(i)).to_f64()),
             DType::F32 => Scalar::Float(*(p as *const f32).add(i) as f64),
             DType::F64 => Scalar::Float(*(p as *const f64).add(i)),
+            DType::BF16 => Scalar::Float((*(p as *const kiln_jit::bf16).add(i)).to_f64()),
         }
     }
 }

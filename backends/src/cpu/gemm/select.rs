@@ -3,7 +3,7 @@
 //! the generated GEMM (`CompiledGemm`). Also the entry points that force a configuration (`PreparedGemm`, for the
 //! tests that check every candidate and for benchmarks) and the `kiln tune` hooks.
 
-use super::super::buffers::{finish_output, read_ptr, write_ptr};
+use super::super::buffers::{check_inputs, finish_output, read_ptr, write_ptr};
 use super::super::compiler::{COMPILER, Compiler};
 use super::super::pool;
 use crate::runtime::cache_write_failed;
@@ -308,14 +308,7 @@ impl PreparedGemm {
     /// Runs on `inputs` (checked against the kernel's declared buffers) and returns the output.
     pub fn run(&self, inputs: &[&HostBuffer]) -> Result<HostBuffer, String> {
         let k = &self.kernel;
-        if inputs.len() != k.inputs.len() {
-            return Err(format!("{} inputs given, the kernel reads {}", inputs.len(), k.inputs.len()));
-        }
-        for (b, p) in inputs.iter().zip(&k.inputs) {
-            if b.dtype() != p.dtype || b.len() < p.len {
-                return Err(format!("an input is {}[{}], the kernel wants {}[{}]", b.dtype(), b.len(), p.dtype, p.len));
-            }
-        }
+        check_inputs(k, inputs)?;
         let mut out = crate::host_pool::take(k.output.dtype, k.output.len);
         let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| read_ptr(b)).collect();
         ptrs.push(write_ptr(&mut out));

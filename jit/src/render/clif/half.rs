@@ -14,6 +14,11 @@
 //!
 //! f64 -> f16 is a libcall (`Libcall::F64ToF16`): narrowing through f32 would round twice. It is scalar-only, as
 //! every f64 value is.
+//!
+//! bf16 is f32's top half, so it is simpler: widening is a 16-bit shift (exact for every value), narrowing adds
+//! `0x7fff` plus the lowest kept bit (ties to even; the carry rounds the largest values to infinity) and shifts back,
+//! NaN kept NaN and quieted. f64 -> bf16 goes through f32 (PyTorch's conversion, two roundings: see
+//! `dtype::bf16_from_f64`).
 
 use super::*;
 
@@ -138,22 +143,60 @@ impl Emitter<'_> {
         self.f16_to_f32(h, lanes)
     }
 
-    /// Loads one f16 at `addr + offset` as its f32 value.
-    pub(super) fn load_f16(&mut self, addr: Value, offset: i32) -> Value {
+    /// The f32 value of bf16 bit patterns (`h`: i32 or i32x4 holding a u16 each). Exact.
+    pub(super) fn bf16_to_f32(&mut self, h: Value, lanes: usize) -> Value {
+        let w = self.shl(h, 16);
+        self.float_of(w, lanes)
+    }
+
+    /// The bf16 bit pattern (i32 or i32x4 holding a u16 each) nearest to `x` (f32 or f32x4), ties to even.
+    pub(super) fn f32_to_bf16(&mut self, x: Value, lanes: usize) -> Value {
+        let u = self.bits_of(x, lanes);
+        let odd = self.shr(u, 16);
+        let kone = self.ik(1, lanes);
+        let odd = self.b.ins().band(odd, kone);
+        let kbias = self.ik(0x7fff, lanes);
+        let n = self.b.ins().iadd(u, kbias);
+        let n = self.b.ins().iadd(n, odd);
+        let rounded = self.shr(n, 16);
+        // NaN: the top bits with the quiet bit set (the sign kept), as `half`.
+        let top = self.shr(u, 16);
+        let kquiet = self.ik(0x40, lanes);
+        let nan = self.b.ins().bor(top, kquiet);
+        let kabs = self.ik(0x7fff_ffff, lanes);
+        let a = self.b.ins().band(u, kabs);
+        let expmax = self.ik(0x7f80_0000, lanes);
+        let is_nan = self.b.ins().icmp(IntCC::SignedGreaterThan, a, expmax);
+        self.sel(is_nan, nan, rounded, lanes)
+    }
+
+    /// `x` (f32 or f32x4) rounded to the nearest value of the 16-bit float `d` (f16 or bf16), still as f32.
+    pub(super) fn round_half(&mut self, d: DType, x: Value, lanes: usize) -> Value {
+        match d {
+            DType::BF16 => {
+                let h = self.f32_to_bf16(x, lanes);
+                self.bf16_to_f32(h, lanes)
+            }
+            _ => self.round_f16(x, lanes),
+        }
+    }
+
+    /// Loads one 16-bit float of dtype `d` at `addr + offset` as its f32 value.
+    pub(super) fn load_half(&mut self, d: DType, addr: Value, offset: i32) -> Value {
         let h = self.b.ins().uload16(types::I32, MemFlagsData::trusted(), addr, offset);
-        self.f16_to_f32(h, 1)
+        if d == DType::BF16 { self.bf16_to_f32(h, 1) } else { self.f16_to_f32(h, 1) }
     }
 
-    /// Loads four consecutive f16 at `addr + offset` as an f32x4.
-    pub(super) fn load_f16x4(&mut self, addr: Value, offset: i32) -> Value {
+    /// Loads four consecutive 16-bit floats of dtype `d` at `addr + offset` as an f32x4.
+    pub(super) fn load_halfx4(&mut self, d: DType, addr: Value, offset: i32) -> Value {
         let h = self.b.ins().uload16x4(vector_flags(), addr, offset);
-        self.f16_to_f32(h, LANES)
+        if d == DType::BF16 { self.bf16_to_f32(h, LANES) } else { self.f16_to_f32(h, LANES) }
     }
 
-    /// Stores `v` (f32 or f32x4 of f16 values) as f16 words at `addr + at` bytes.
-    pub(super) fn store_f16(&mut self, v: Value, addr: Value, at: i32, lanes: usize) {
-        // `v` holds f16 values already, so this narrowing is exact; it is the same code as any rounding.
-        let h = self.f32_to_f16(v, lanes);
+    /// Stores `v` (f32 or f32x4 of values of the 16-bit float `d`) as 16-bit words at `addr + at` bytes.
+    pub(super) fn store_half(&mut self, d: DType, v: Value, addr: Value, at: i32, lanes: usize) {
+        // `v` holds values of `d` already, so this narrowing is exact; it is the same code as any rounding.
+        let h = if d == DType::BF16 { self.f32_to_bf16(v, lanes) } else { self.f32_to_f16(v, lanes) };
         if lanes == 1 {
             self.b.ins().istore16(MemFlagsData::trusted(), h, addr, at);
             return;

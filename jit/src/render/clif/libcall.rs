@@ -58,6 +58,8 @@ libcalls! {
     NormalF16 => "kiln_normal_f16", (I64, I64) -> F32;
     /// `f64 -> f32` holding the nearest f16 (ties to even): one rounding, where f64 -> f32 -> f16 would round twice.
     F64ToF16 => "kiln_f64_to_f16", (F64) -> F32;
+    /// Appended: cached code names libcalls by position. `(seed, index) -> f32` uniform in [0, 1) with 8 bits (exact in bf16).
+    UniformBF16 => "kiln_uniform_bf16", (I64, I64) -> F32;
 }
 
 impl Libcall {

@@ -222,7 +222,9 @@ impl Emitter<'_> {
             let Some((coef, c)) = index.affine(nvars) else { continue };
             let col = self.col_dim.map_or(0, |d| coef[d]);
             if lanes > 1
-                && !(col == 0 || (col == 1 && matches!(inst.dtype, DType::F16 | DType::F32 | DType::I32 | DType::U32)))
+                && !(col == 0
+                    || (col == 1
+                        && matches!(inst.dtype, DType::F16 | DType::BF16 | DType::F32 | DType::I32 | DType::U32)))
             {
                 continue; // gathers keep the general path
             }
@@ -245,13 +247,13 @@ impl Emitter<'_> {
         let r = self.b.ins().imul_imm_s(r, d.size_of() as i64);
         let addr = self.b.ins().iadd(base, r);
         if lanes > 1 && col == 1 {
-            if d == DType::F16 {
-                return Some(self.load_f16x4(addr, offset as i32));
+            if d.is_half() {
+                return Some(self.load_halfx4(d, addr, offset as i32));
             }
             return Some(self.b.ins().load(ty(d, lanes), vector_flags(), addr, offset as i32));
         }
-        let v = if d == DType::F16 {
-            self.load_f16(addr, offset as i32)
+        let v = if d.is_half() {
+            self.load_half(d, addr, offset as i32)
         } else {
             self.b.ins().load(ty(d, 1), MemFlagsData::trusted(), addr, offset as i32)
         };

@@ -400,9 +400,10 @@ impl Emitter<'_> {
     }
 }
 
-/// Whether values of `d` have a 4-lane vector form (f16 and f32 as f32x4, i32 and u32 as i32x4, bool as i32 masks).
+/// Whether values of `d` have a 4-lane vector form (f16, bf16 and f32 as f32x4, i32 and u32 as i32x4, bool as i32
+/// masks).
 fn has_lanes(d: DType) -> bool {
-    matches!(d, DType::F16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool)
+    matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::I32 | DType::U32 | DType::Bool)
 }
 
 /// CLIF type of a dtype: bools and u8 are bytes in scalar code; in vector code bools are i32 lane masks.
@@ -411,10 +412,10 @@ fn ty(d: DType, lanes: usize) -> Type {
         (DType::Bool | DType::U8, 1) => types::I8,
         (DType::I32 | DType::U32, 1) => types::I32,
         (DType::I64, 1) => types::I64,
-        // f16 values are computed as f32 (see `half.rs`).
-        (DType::F16 | DType::F32, 1) => types::F32,
+        // f16 and bf16 values are computed as f32 (see `half.rs`).
+        (DType::F16 | DType::BF16 | DType::F32, 1) => types::F32,
         (DType::F64, 1) => types::F64,
-        (DType::F16 | DType::F32, _) => types::F32X4,
+        (DType::F16 | DType::BF16 | DType::F32, _) => types::F32X4,
         (DType::I32 | DType::U32 | DType::Bool, _) => types::I32X4,
         (d, l) => unreachable!("{d} has no {l}-lane form"),
     }

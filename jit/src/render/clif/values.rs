@@ -8,6 +8,7 @@ impl Emitter<'_> {
         let scalar = match d {
             DType::F32 => self.b.ins().f32const(s.as_f64() as f32),
             DType::F16 => self.b.ins().f32const(::half::f16::from_f64(s.as_f64()).to_f32()),
+            DType::BF16 => self.b.ins().f32const(crate::dtype::bf16_from_f64(s.as_f64()).to_f32()),
             DType::F64 => self.b.ins().f64const(s.as_f64()),
             DType::Bool if lanes > 1 => self.b.ins().iconst(types::I32, if s.as_f64() != 0.0 { -1 } else { 0 }),
             DType::Bool => self.b.ins().iconst(types::I8, (s.as_f64() != 0.0) as i64),
@@ -105,8 +106,8 @@ impl Emitter<'_> {
         }
         let addr = self.b.ins().imul_imm_s(i, d.size_of() as i64);
         let addr = self.b.ins().iadd(self.bases[buf], addr);
-        let v = if d == DType::F16 {
-            self.load_f16(addr, 0)
+        let v = if d.is_half() {
+            self.load_half(d, addr, 0)
         } else {
             self.b.ins().load(ty(d, 1), MemFlagsData::trusted(), addr, 0)
         };
@@ -147,11 +148,11 @@ impl Emitter<'_> {
                 let s = self.load_scalar(buf, index, valid, fill, d, 0);
                 self.lanes_from_scalars(&[s], d, lanes)
             }
-            (Some(1), None, DType::F16) => {
+            (Some(1), None, DType::F16 | DType::BF16) => {
                 let i = self.iexpr(index, 0);
                 let addr = self.b.ins().imul_imm_s(i, 2);
                 let addr = self.b.ins().iadd(self.bases[buf], addr);
-                self.load_f16x4(addr, 0)
+                self.load_halfx4(d, addr, 0)
             }
             (Some(1), None, DType::F32 | DType::I32 | DType::U32) => {
                 let (i, col) = self.iexpr_tile_col0(index);
@@ -209,7 +210,7 @@ impl Emitter<'_> {
         let addr = self.b.ins().iadd(self.out_ptr, addr);
         let at = (col * d.size_of() as i64) as i32;
         match (d, lanes) {
-            (DType::F16, _) => self.store_f16(v, addr, at, lanes),
+            (DType::F16 | DType::BF16, _) => self.store_half(d, v, addr, at, lanes),
             (_, 1) => {
                 self.b.ins().store(MemFlagsData::trusted(), v, addr, at);
             }
@@ -365,6 +366,13 @@ impl Emitter<'_> {
                     (RandDist::Uniform, DType::F32) => self.libcall(Libcall::UniformF32, &[seed, i]),
                     (RandDist::Uniform, DType::F16) => self.libcall(Libcall::UniformF16, &[seed, i]),
                     (RandDist::Normal, DType::F16) => self.libcall(Libcall::NormalF16, &[seed, i]),
+                    (RandDist::Uniform, DType::BF16) => self.libcall(Libcall::UniformBF16, &[seed, i]),
+                    (RandDist::Normal, DType::BF16) => {
+                        // As the interpreter: the f64 normal through f32 to bf16 (`dtype::bf16_from_f64`).
+                        let x = self.libcall(Libcall::NormalF64, &[seed, i]);
+                        let x = self.b.ins().fdemote(types::F32, x);
+                        self.round_half(DType::BF16, x, 1)
+                    }
                     (RandDist::Uniform, _) => self.libcall(Libcall::UniformF64, &[seed, i]),
                     (RandDist::Normal, DType::F32) => {
                         let x = self.libcall(Libcall::NormalF64, &[seed, i]);
@@ -394,10 +402,10 @@ impl Emitter<'_> {
     }
 
     pub(super) fn unary(&mut self, u: UnaryOp, d: DType, lanes: usize, a: Value) -> Value {
-        if d == DType::F16 {
-            // Computed in f32, rounded to f16 (negation and abs are exact).
+        if d.is_half() {
+            // Computed in f32, rounded to f16 or bf16 (negation and abs are exact).
             let r = self.unary(u, DType::F32, lanes, a);
-            return if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { self.round_f16(r, lanes) };
+            return if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { self.round_half(d, r, lanes) };
         }
         if let Some(l) = Libcall::unary(u, d) {
             return self.transcendental(u, l, d, lanes, a);
@@ -474,10 +482,10 @@ impl Emitter<'_> {
     /// `op` on operands of dtype `d` (the result is bool for comparisons).
     pub(super) fn binary(&mut self, op: BinaryOp, d: DType, lanes: usize, x: Value, y: Value) -> Value {
         use BinaryOp::*;
-        if d == DType::F16 {
-            // Computed in f32, rounded to f16 (comparisons, max and min are exact).
+        if d.is_half() {
+            // Computed in f32, rounded to f16 or bf16 (comparisons, max and min are exact).
             let r = self.binary(op, DType::F32, lanes, x, y);
-            return if op.is_comparison() || matches!(op, Max | Min) { r } else { self.round_f16(r, lanes) };
+            return if op.is_comparison() || matches!(op, Max | Min) { r } else { self.round_half(d, r, lanes) };
         }
         let unsigned = d.is_unsigned();
         if d.is_float() {
@@ -585,8 +593,9 @@ impl Emitter<'_> {
         if from == to {
             return v;
         }
-        // f16 is an f32 in registers: widening is free, narrowing is a rounding. An int converts to f32 first:
-        // exact below 2^24, and anything larger is inf in f16 either way, so the double rounding is innocuous.
+        // f16 and bf16 are f32s in registers: widening is free, narrowing is a rounding. An int converts to f32
+        // first: exact below 2^24, and anything larger is inf in f16 either way, so the double rounding is
+        // innocuous there (for bf16 it is PyTorch's conversion).
         match (from, to) {
             (DType::F16, DType::F32) => return v,
             (DType::F16, _) => return self.cast(DType::F32, to, lanes, v),
@@ -595,7 +604,14 @@ impl Emitter<'_> {
             }
             (_, DType::F16) => {
                 let f = self.cast(from, DType::F32, lanes, v);
-                return self.round_f16(f, lanes);
+                return self.round_half(DType::F16, f, lanes);
+            }
+            // bf16 likewise; every source, f64 included, goes through f32 first, as PyTorch converts.
+            (DType::BF16, DType::F32) => return v,
+            (DType::BF16, _) => return self.cast(DType::F32, to, lanes, v),
+            (_, DType::BF16) => {
+                let f = self.cast(from, DType::F32, lanes, v);
+                return self.round_half(DType::BF16, f, lanes);
             }
             _ => {}
         }

@@ -26,7 +26,7 @@ pub(crate) fn storage_ty(d: DType) -> &'static str {
         DType::I32 => "i32",
         DType::U32 | DType::U8 | DType::Bool => "u32",
         DType::F16 => "f16",
-        DType::F64 | DType::I64 => unreachable!("{d} is refused by check"),
+        DType::F64 | DType::I64 | DType::BF16 => unreachable!("{d} is refused by check"),
     }
 }
 
@@ -54,6 +54,7 @@ fn ty(d: DType) -> &'static str {
         DType::U8 | DType::U32 => "u32",
         DType::Bool => "bool",
         DType::F64 | DType::I64 => unreachable!("narrowed"),
+        DType::BF16 => unreachable!("bf16 is refused by check"),
     }
 }
 
