@@ -453,6 +453,27 @@ pub fn gelu_tanh(x: &Tensor) -> Tensor {
     kiln::nn::functional::gelu(x, kiln::nn::functional::Approximate::Tanh)
 }
 
+/// `log_softmax` over the rows.
+pub fn log_softmax_rows(x: &Tensor) -> Tensor {
+    x.log_softmax(-1)
+}
+
+/// `layer_norm` over each row's 1024 values, no affine parameters, eps 1e-5 (PyTorch's default).
+pub fn layer_norm_rows(x: &Tensor) -> Tensor {
+    kiln::nn::functional::layer_norm(x, &[COLS], None, None, 1e-5)
+}
+
+/// The class of row `r` for the cross-entropy workload: `(7 * r) % COLS`, the same in `torch_cpu.py`.
+pub fn rows_targets() -> Tensor {
+    let t: Vec<i64> = (0..ROWS as i64).map(|r| 7 * r % COLS as i64).collect();
+    Tensor::from_vec(t, [ROWS], &Device::cpu()).expect("upload")
+}
+
+/// Mean cross-entropy of the rows as logits against [`rows_targets`].
+pub fn cross_entropy_rows(x: &Tensor, targets: &Tensor) -> Tensor {
+    kiln::nn::functional::cross_entropy(x, targets, kiln::nn::Reduction::Mean)
+}
+
 /// The row workloads in plain Rust (`f32::exp` / `f32::tanh` from the platform libm, scalar), rows split over the
 /// threads, into an existing buffer.
 pub struct RowsRust {
@@ -615,6 +636,11 @@ pub struct Results {
     pub softmax_rust_s: Option<f64>,
     pub gelu_s: Option<f64>,
     pub gelu_rust_s: Option<f64>,
+    /// log_softmax and layer_norm over the rows, and their mean cross-entropy against class indices: kiln only
+    /// (PyTorch's figures come from the compare script).
+    pub log_softmax_s: Option<f64>,
+    pub layer_norm_s: Option<f64>,
+    pub cross_entropy_s: Option<f64>,
 }
 
 fn gbs(bytes_per_elem: usize, s: f64) -> f64 {
@@ -638,7 +664,7 @@ impl Results {
              \"replay_build_s\": {}, \"replay_nodes\": {}, \"compile_s\": {}, \"compile_hit_s\": {}, \
              \"compiles\": {}, \"compile_calls\": {}, \"matmul_s\": {}, \"matmul_n\": {MATMUL_N}, \
              \"fma_gflops\": {}, \"softmax_s\": {}, \"softmax_rust_s\": {}, \"gelu_s\": {}, \"gelu_rust_s\": {}, \
-             \"rows\": {ROWS}, \"cols\": {COLS}}}",
+             \"log_softmax_s\": {}, \"layer_norm_s\": {}, \"cross_entropy_s\": {}, \"rows\": {ROWS}, \"cols\": {COLS}}}",
             self.threads,
             f(self.chain_s),
             f(self.triad_s),
@@ -660,6 +686,9 @@ impl Results {
             f(self.softmax_rust_s),
             f(self.gelu_s),
             f(self.gelu_rust_s),
+            f(self.log_softmax_s),
+            f(self.layer_norm_s),
+            f(self.cross_entropy_s),
         )
     }
 
@@ -841,6 +870,24 @@ impl Results {
                 ),
                 _ => row(&mut t, [format!("{label}, {ROWS} x {COLS} f32"), s(NA), s(NA), s(NA), s("report"), s(NA)]),
             }
+        }
+        for (label, k) in [
+            ("log_softmax over rows", self.log_softmax_s),
+            ("layer_norm over rows", self.layer_norm_s),
+            ("cross_entropy (mean, class indices)", self.cross_entropy_s),
+        ] {
+            let time = k.map_or(s(NA), |k| format!("{:.2} ms", k * 1e3));
+            row(
+                &mut t,
+                [
+                    format!("{label}, {ROWS} x {COLS} f32, {th}T"),
+                    time,
+                    s("-"),
+                    s("-"),
+                    s("report (PyTorch: compare script)"),
+                    s("-"),
+                ],
+            );
         }
         t
     }

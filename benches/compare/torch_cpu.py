@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """kiln against PyTorch on the CPU, in one session, with the same thread count.
 
-Runs kiln's elementwise chain `a * b + c` and `sin(a)**2 * b + c` over 16M f32, a 1024^3 f32 matmul, and softmax
-over the rows of 4096 x 1024 f32 and GELU (tanh form) over the same elements in PyTorch
+Runs kiln's elementwise chain `a * b + c` and `sin(a)**2 * b + c` over 16M f32, a 1024^3 f32 matmul, and softmax,
+log_softmax, layer_norm and mean cross-entropy over the rows of 4096 x 1024 f32 and GELU (tanh form) over the same
+elements in PyTorch
 eager and under torch.compile (Inductor), then `cargo run --release --example bench_table -- --json` for kiln's
 figures, and prints one markdown table with the ratios.
 
@@ -93,6 +94,18 @@ def torch_figures(threads: int, runs: int) -> dict:
     def gelu(x):
         return torch.nn.functional.gelu(x, approximate="tanh")
 
+    def log_softmax(x):
+        return torch.log_softmax(x, -1)
+
+    def layer_norm(x):
+        return torch.nn.functional.layer_norm(x, (COLS,), eps=1e-5)
+
+    # The same classes as kiln's `rows_targets`.
+    targets = (torch.arange(ROWS, dtype=torch.int64) * 7) % COLS
+
+    def cross_entropy(x, t):
+        return torch.nn.functional.cross_entropy(x, t)
+
     out = {"torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability()}
     with torch.no_grad():
         for name, fn, args in [
@@ -101,6 +114,9 @@ def torch_figures(threads: int, runs: int) -> dict:
             ("matmul", matmul, (ma, mb)),
             ("softmax", softmax, (x,)),
             ("gelu", gelu, (x,)),
+            ("log_softmax", log_softmax, (x,)),
+            ("layer_norm", layer_norm, (x,)),
+            ("cross_entropy", cross_entropy, (x, targets)),
         ]:
             out[f"{name}_eager_s"] = median_time(lambda: fn(*args), runs)
             compiled = torch.compile(fn, dynamic=False)
@@ -125,6 +141,9 @@ def kiln_figures(threads: int, runs: int) -> dict:
     figures = json.loads(lines[-1])
     figures["table"] = "\n".join(lines[:-1])
     return figures
+
+
+NAMES = ("chain", "sin", "matmul", "softmax", "gelu", "log_softmax", "layer_norm", "cross_entropy")
 
 
 def ms(s):
@@ -175,6 +194,9 @@ def main() -> None:
         (f"matmul {MATMUL_N}^3 f32", "matmul_s", "matmul", None, None),
         (f"softmax over rows, {ROWS} x {COLS} f32", "softmax_s", "softmax", None, None),
         (f"GELU (tanh form), {ROWS} x {COLS} f32", "gelu_s", "gelu", None, None),
+        (f"log_softmax over rows, {ROWS} x {COLS} f32", "log_softmax_s", "log_softmax", None, None),
+        (f"layer_norm over rows, {ROWS} x {COLS} f32", "layer_norm_s", "layer_norm", None, None),
+        (f"cross_entropy (mean, class indices), {ROWS} x {COLS} f32", "cross_entropy_s", "cross_entropy", None, None),
     ]
     for label, kkey, tkey, extra, target in rows:
         ks, es, cs = k.get(kkey), t.get(f"{tkey}_eager_s"), t.get(f"{tkey}_compiled_s")
@@ -199,11 +221,11 @@ def main() -> None:
             met = "n/a" if ks is None or cs is None else ("yes" if cs / ks >= target else "**no**")
         print(f"| {label} | {fmt(ks)} | {fmt(es)} | {fmt(cs)} | {ratio(es, ks)} | {ratio(cs, ks)} | {tgt} | {met} |")
     if t:
-        first = ", ".join(f"{n} {t[f'{n}_compile_first_s']:.1f} s" for n in ("chain", "sin", "matmul", "softmax", "gelu"))
+        first = ", ".join(f"{n} {t[f'{n}_compile_first_s']:.1f} s" for n in NAMES)
         print()
         print(f"torch.compile first call (cold Inductor cache): {first}. "
               f"kiln compile (one fused kernel, median): {ms(k.get('compile_s'))}.")
-        errs = ", ".join(f"{n} {t[f'{n}_compiled_maxerr']:.1e}" for n in ("chain", "sin", "matmul", "softmax", "gelu"))
+        errs = ", ".join(f"{n} {t[f'{n}_compiled_maxerr']:.1e}" for n in NAMES)
         print(f"torch.compile max |compiled - eager|: {errs}.")
     if k:
         print()
