@@ -261,6 +261,8 @@ fn rows(c: &mut Criterion) {
     for (name, key, f) in [
         ("kiln_softmax", "softmax", softmax_rows as fn(&kiln::Tensor) -> kiln::Tensor),
         ("kiln_gelu_tanh", "gelu", gelu_tanh),
+        ("kiln_log_softmax", "log_softmax", log_softmax_rows),
+        ("kiln_layer_norm", "layer_norm", layer_norm_rows),
     ] {
         g.bench_function(name, |bch| {
             bch.iter_custom(|iters| {
@@ -270,6 +272,14 @@ fn rows(c: &mut Criterion) {
             })
         });
     }
+    let targets = rows_targets();
+    g.bench_function("kiln_cross_entropy", |bch| {
+        bch.iter_custom(|iters| {
+            let t = realize_loop(iters, || cross_entropy_rows(&x, &targets), None);
+            record("cross_entropy", t, iters);
+            t
+        })
+    });
     for (name, key) in [("rust_softmax", "softmax_rust"), ("rust_gelu_tanh", "gelu_rust")] {
         g.bench_function(name, |bch| {
             bch.iter_custom(|iters| {
@@ -324,6 +334,9 @@ fn main() {
         softmax_rust_s: measured("softmax_rust", n),
         gelu_s: measured("gelu", n),
         gelu_rust_s: measured("gelu_rust", n),
+        log_softmax_s: measured("log_softmax", n),
+        layer_norm_s: measured("layer_norm", n),
+        cross_entropy_s: measured("cross_entropy", n),
     };
     let how = if std::env::args().any(|a| a == "--test") {
         "--test mode: one un-warmed call each, not a measurement"

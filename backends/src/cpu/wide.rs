@@ -1,7 +1,7 @@
-//! Elementwise f32 kernels at full AVX2 width, generated at run time.
+//! Elementwise f32 kernels at full vector width (8 lanes with AVX2, 16 with AVX-512F), generated at run time.
 //!
 //! Why: Cranelift 0.135 emits 128-bit vectors only on x86-64, so a Cranelift elementwise kernel issues twice the
-//! loads, stores and arithmetic instructions of an 8-lane one, and on this machine (Zen 4, one 256-bit store per
+//! loads, stores and arithmetic instructions of an 8-lane one (four times a 16-lane one's), and on this machine (Zen 4, one 256-bit store per
 //! cycle) a weight update that streams from L2 is bound by exactly those: the batch-1 training step's update of its
 //! 256 x 784 weight, `w - (dy ⊗ x) * lr`, takes about a third less time here than as a Cranelift kernel (~1.8
 //! instructions per element there).
@@ -27,13 +27,19 @@
 //! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, uniforms, head mask, head bytes,
 //! operand 0, ..]`, every pointer at the first element of the chunk. Uniforms are loaded into registers once per
 //! call. Per row: values that stand still along it (per-row loads) are broadcast into registers once; a masked head
-//! (`vmaskmovps`) runs up to the output's first 32-byte boundary when every row starts at the same alignment (large
+//! (`vmaskmovps`, or opmask k1 at 16 lanes) runs up to the output's first vector-size boundary (32 or 64 bytes)
+//! when every row starts at the same alignment (large
 //! buffers come from malloc 16 bytes into a page, and a store that straddles two cache lines costs about two); then
 //! `unroll` vectors per iteration, single vectors, and a masked tail, so nothing is read or written past a row; then
 //! every pointer steps one row. Operand pointers live in rcx, r8-r11 and rbx, the column offset in rax, so a load is
 //! one instruction with no address arithmetic. The caller splits rows over threads (the Cranelift kernels' split,
 //! so a weight's rows stay on the core that updates them; rows of all batch elements form one range, a call never
-//! crosses a batch element), or for one row, 8-column chunks.
+//! crosses a batch element), or for one row, chunks of one vector's columns.
+//!
+//! The width (`width`): 16 lanes where AVX-512 is allowed and its measured FMA peak is at least 1.5x the 8-lane one
+//! (`cpu::isa`), else 8. Both widths run the same loop and register program (`asm::VecIsa`); the 16-lane one's
+//! vector moves are EVEX (`gemm::evex`), its constants read through rbp. Elementwise results are bit-identical at
+//! both widths; a row sum's lanes are added in another order (within the row-sum tolerance).
 //!
 //! Each element is loaded before it is stored, so a donated input may be the output (a weight updated in place).
 //! Deliberately not done: caching the code on disk (generating and mapping one costs about what mapping a cached
