@@ -327,7 +327,7 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
                     dynasm!(ops ; .arch x64 ; vaddps Ry(a), Ry(a), [rdx + cd]);
                 }
             }
-            let res = emit_program(ops, &epi, &last_uses, &free_regs, (a, r, v), masked, mreg, &mut consts)?;
+            let res = emit_program(&Ymm, ops, &epi, &last_uses, &free_regs, (a, r, v), masked, &mut consts)?;
             if res != a {
                 dynasm!(ops ; .arch x64 ; vmovaps Ry(a), Ry(res));
             }
@@ -384,21 +384,23 @@ pub(crate) fn k_loop(ops: &mut Assembler, s: &MicroSpec, step: &dyn Fn(&mut Asse
     );
 }
 
-/// Emits the epilogue for tile element (r, v) whose accumulator is `acc_reg` (`at` = (acc_reg, r, v)) and returns
-/// the register holding the result.
+/// Emits the epilogue for tile element (r, v) whose accumulator is `acc_reg` (`at` = (acc_reg, r, v)) at `isa`'s
+/// width, operand loads masked to the ragged edge when `masked`, and returns the register holding the result. The
+/// operands' pointers are read from the table at r8 into r9 (see the module doc).
 #[allow(clippy::too_many_arguments)]
-fn emit_program(
+pub(crate) fn emit_program(
+    isa: &dyn VecIsa,
     ops: &mut Assembler,
     p: &EpProgram,
     last: &[usize],
     free: &[u8],
     at: (u8, usize, usize),
     masked: bool,
-    mreg: u8,
     consts: &mut ConstPool,
 ) -> Result<u8, String> {
+    const R9: u8 = 9;
     let (acc_reg, r, v) = at;
-    let vd = 32 * v as i32;
+    let vd = isa.vector_bytes() * v as i32;
     let fixed = |i: usize| matches!(p.insts[i], EpInst::Acc).then_some(acc_reg);
     let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
         let ptr = |ops: &mut Assembler, slot: usize| {
@@ -408,35 +410,24 @@ fn emit_program(
         match *inst {
             EpInst::Mat { op, ld } => {
                 ptr(ops, 2 + op);
-                let off = r as i32 * ld + vd;
-                if masked {
-                    dynasm!(ops ; .arch x64 ; vmaskmovps Ry(d), Ry(mreg), [r9 + off]);
-                } else {
-                    dynasm!(ops ; .arch x64 ; vmovups Ry(d), [r9 + off]);
-                }
+                isa.load(ops, d, R9, r as i32 * ld + vd, masked);
             }
             EpInst::Row { op } => {
                 ptr(ops, 2 + op);
-                if masked {
-                    dynasm!(ops ; .arch x64 ; vmaskmovps Ry(d), Ry(mreg), [r9 + vd]);
-                } else {
-                    dynasm!(ops ; .arch x64 ; vmovups Ry(d), [r9 + vd]);
-                }
+                isa.load(ops, d, R9, vd, masked);
             }
             EpInst::Col { op, stride } => {
                 ptr(ops, 2 + op);
-                let off = r as i32 * stride;
-                dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(d), DWORD [r9 + off]);
+                isa.broadcast(ops, d, R9, r as i32 * stride);
             }
             EpInst::Uniform(slot) => {
                 ptr(ops, 1);
-                let off = 32 * slot as i32;
-                dynasm!(ops ; .arch x64 ; vmovups Ry(d), [r9 + off]);
+                isa.uniform(ops, d, R9, 32 * slot as i32);
             }
             _ => unreachable!("only loads are passed to `load`"),
         }
     };
-    emit_insts(&Ymm, ops, p, last, free, &fixed, &mut load, consts)
+    emit_insts(isa, ops, p, last, free, &fixed, &mut load, consts)
 }
 
 /// `d = x op src` for a [`VBin`], `src` a register (`Ry(y)`) or a memory operand (`[=>label]`): the one opcode
@@ -477,6 +468,15 @@ pub(crate) enum Shift {
 /// once for both; a width only spells instructions. Masks are all-ones/zero lanes in vector registers at both
 /// widths (AVX-512 compares into an opmask and widens it), so programs mean the same everywhere.
 pub(crate) trait VecIsa {
+    /// Bytes of one vector (32 or 64).
+    fn vector_bytes(&self) -> i32;
+    /// `d = [gpr base + disp]`, or with `masked` only the lanes of the ragged-edge mask (the others zero, never
+    /// read): ymm15 at 8 lanes, opmask k1 at 16.
+    fn load(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32, masked: bool);
+    /// `d` = the f32 at `[gpr base + disp]`, in every lane.
+    fn broadcast(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32);
+    /// `d` = a launch-uniform value stored splatted over 8 lanes at `[gpr base + disp]`.
+    fn uniform(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32);
     fn bin(&self, ops: &mut Assembler, op: VBin, d: u8, x: u8, y: u8);
     fn bin_const(&self, ops: &mut Assembler, op: VBin, d: u8, x: u8, k: ConstRef);
     /// `d = k` in every lane.
@@ -498,6 +498,22 @@ pub(crate) trait VecIsa {
 pub(crate) struct Ymm;
 
 impl VecIsa for Ymm {
+    fn vector_bytes(&self) -> i32 {
+        32
+    }
+    fn load(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32, masked: bool) {
+        if masked {
+            dynasm!(ops ; .arch x64 ; vmaskmovps Ry(d), Ry(15), [Rq(base) + disp]);
+        } else {
+            dynasm!(ops ; .arch x64 ; vmovups Ry(d), [Rq(base) + disp]);
+        }
+    }
+    fn broadcast(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32) {
+        dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(d), DWORD [Rq(base) + disp]);
+    }
+    fn uniform(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32) {
+        self.load(ops, d, base, disp, false);
+    }
     fn bin(&self, ops: &mut Assembler, op: VBin, d: u8, x: u8, y: u8) {
         vbin!(ops, op, d, x, Ry(y));
     }

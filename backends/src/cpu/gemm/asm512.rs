@@ -18,7 +18,7 @@
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
 
-use super::asm::{ConstPool, ConstRef, EpInst, EpProgram, MicroSpec, Mode, Shift, VBin, VecIsa, emit_insts, k_loop};
+use super::asm::{ConstPool, ConstRef, EpProgram, MicroSpec, Mode, Shift, VBin, VecIsa, emit_program, k_loop};
 use super::evex::{self, Enc, Rm, gpr, mem};
 use crate::cpu::isa::Isa;
 use dynasmrt::x64::Assembler;
@@ -68,6 +68,19 @@ fn opcode(op: VBin) -> evex::Opc {
 }
 
 impl VecIsa for Zmm {
+    fn vector_bytes(&self) -> i32 {
+        64
+    }
+    fn load(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32, masked: bool) {
+        put(ops, |e| e.load(d, mem(base, disp), if masked { TAIL_MASK } else { 0 }));
+    }
+    fn broadcast(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32) {
+        put(ops, |e| e.broadcast(d, mem(base, disp)));
+    }
+    fn uniform(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32) {
+        // Stored splatted over 8 lanes: the first is broadcast.
+        self.broadcast(ops, d, base, disp);
+    }
     fn bin(&self, ops: &mut Assembler, op: VBin, d: u8, x: u8, y: u8) {
         put(ops, |e| e.op3(opcode(op), d, x, Rm::Reg(y)));
     }
@@ -197,7 +210,8 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
                     }
                 });
             }
-            let res = emit_program(ops, &epi, &last_uses, &free_regs, (a, r, v), k, &mut consts)?;
+            let res =
+                emit_program(&Zmm { pool: POOL }, ops, &epi, &last_uses, &free_regs, (a, r, v), k != 0, &mut consts)?;
             put(ops, |e| {
                 if res != a {
                     e.mov(a, res);
@@ -209,47 +223,4 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
     dynasm!(ops ; .arch x64 ; vzeroupper ; ret);
     consts.emit(ops);
     Ok(start)
-}
-
-/// Emits the epilogue for tile element (r, v) whose accumulator is `acc_reg` (`at` = (acc_reg, r, v)), operand
-/// loads masked by opmask `k` (0: none), and returns the register holding the result.
-fn emit_program(
-    ops: &mut Assembler,
-    p: &EpProgram,
-    last: &[usize],
-    free: &[u8],
-    at: (u8, usize, usize),
-    k: u8,
-    consts: &mut ConstPool,
-) -> Result<u8, String> {
-    let (acc_reg, r, v) = at;
-    let vd = 64 * v as i32;
-    let fixed = |i: usize| matches!(p.insts[i], EpInst::Acc).then_some(acc_reg);
-    let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
-        let ptr = |ops: &mut Assembler, slot: usize| {
-            let off = 8 * slot as i32;
-            dynasm!(ops ; .arch x64 ; mov r9, QWORD [r8 + off]);
-        };
-        match *inst {
-            EpInst::Mat { op, ld } => {
-                ptr(ops, 2 + op);
-                put(ops, |e| e.load(d, mem(gpr::R9, r as i32 * ld + vd), k));
-            }
-            EpInst::Row { op } => {
-                ptr(ops, 2 + op);
-                put(ops, |e| e.load(d, mem(gpr::R9, vd), k));
-            }
-            EpInst::Col { op, stride } => {
-                ptr(ops, 2 + op);
-                put(ops, |e| e.broadcast(d, mem(gpr::R9, r as i32 * stride)));
-            }
-            EpInst::Uniform(slot) => {
-                // Uniforms are stored splatted over 8 lanes; the first one is broadcast.
-                ptr(ops, 1);
-                put(ops, |e| e.broadcast(d, mem(gpr::R9, 32 * slot as i32)));
-            }
-            _ => unreachable!("only loads are passed to `load`"),
-        }
-    };
-    emit_insts(&Zmm { pool: POOL }, ops, p, last, free, &fixed, &mut load, consts)
 }
