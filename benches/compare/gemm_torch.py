@@ -50,40 +50,27 @@ def median_time(fn, runs: int) -> float:
 
 def torch_figures(torch, runs: int) -> dict:
     out = {}
-    for n in (1024, 2048):
-        a = values(torch, n * n, 1).reshape(n, n)
-        b = values(torch, n * n, 2).reshape(n, n)
-        s = median_time(lambda: a @ b, runs if n == 1024 else max(3, runs // 2))
-        out[f"gemm{n}_gflops"] = 2 * n**3 / s / 1e9
     k = nn = 4096
     weights = [values(torch, k * nn, 10 + i).reshape(k, nn) for i in range(4)]
-    for m in (1, 8, 64):
-        x = values(torch, m * k, 3).reshape(m, k)
-        state = {"j": 0}
+    # f32, then bf16 operands (PyTorch's bf16 matmul: oneDNN, AMX where the CPU exposes it).
+    for prefix, dtype, skinny_ms in (("", torch.float32, (1, 8, 64)), ("bf16_", torch.bfloat16, (8, 64))):
+        for n in (1024, 2048):
+            a = values(torch, n * n, 1).reshape(n, n).to(dtype)
+            b = values(torch, n * n, 2).reshape(n, n).to(dtype)
+            s = median_time(lambda: a @ b, runs if n == 1024 else max(3, runs // 2))
+            out[f"{prefix}gemm{n}_gflops"] = 2 * n**3 / s / 1e9
+        ws = [w.to(dtype) for w in weights]
+        for m in skinny_ms:
+            x = values(torch, m * k, 3).reshape(m, k).to(dtype)
+            state = {"j": 0}
 
-        def call():
-            state["j"] += 1
-            return x @ weights[state["j"] % 4]
+            def call():
+                state["j"] += 1
+                return x @ ws[state["j"] % 4]
 
-        s = median_time(call, max(runs, 8))
-        out[f"skinny{m}_gflops"] = 2 * m * nn * k / s / 1e9
-    # bf16 operands: PyTorch's bf16 matmul (oneDNN; AMX where the CPU exposes it).
-    for n in (1024, 2048):
-        a = values(torch, n * n, 1).reshape(n, n).to(torch.bfloat16)
-        b = values(torch, n * n, 2).reshape(n, n).to(torch.bfloat16)
-        s = median_time(lambda: a @ b, runs if n == 1024 else max(3, runs // 2))
-        out[f"bf16_gemm{n}_gflops"] = 2 * n**3 / s / 1e9
-    weights = [w.to(torch.bfloat16) for w in weights]
-    for m in (8, 64):
-        x = values(torch, m * k, 3).reshape(m, k).to(torch.bfloat16)
-        state = {"j": 0}
-
-        def call16():
-            state["j"] += 1
-            return x @ weights[state["j"] % 4]
-
-        s = median_time(call16, max(runs, 8))
-        out[f"bf16_skinny{m}_gflops"] = 2 * m * nn * k / s / 1e9
+            s = median_time(call, max(runs, 8))
+            out[f"{prefix}skinny{m}_gflops"] = 2 * m * nn * k / s / 1e9
+        del ws
     del weights
     n = 1024
     a = values(torch, n * n, 1).reshape(n, n)
