@@ -6,7 +6,7 @@
 //! bf16 tie. NaN payloads are not compared (PyTorch's vectorized conversion gives 0xffff for every NaN).
 //!
 //! Every device that holds bf16 runs each body; wgpu refuses bf16 (WGSL has no such type and kiln does not emulate
-//! it), and the last test checks that refusal.
+//! it), which `tests/errors.rs` checks at the op, at upload and at `to_device`.
 
 mod test_cache;
 
@@ -15,7 +15,7 @@ mod common;
 use common::devices;
 use kiln::{DType, Device, Tensor, bf16, f16};
 
-/// The devices that hold bf16: the CPU (wgpu refuses it, see `wgpu_refuses_bf16`).
+/// The devices that hold bf16: the CPU (wgpu refuses it, see `tests/errors.rs`).
 fn bf16_devices() -> Vec<Device> {
     devices().into_iter().filter(|d| d.supports(DType::BF16)).collect()
 }
@@ -239,13 +239,4 @@ fn safetensors_from_pytorch_load_bit_for_bit() {
     for (name, t) in &again {
         assert_eq!(raw(t), raw(get(name)), "{name}");
     }
-}
-
-/// wgpu refuses bf16 with an error that says so and names the way out.
-#[test]
-fn wgpu_refuses_bf16() {
-    let Some(w) = common::wgpu_device() else { return };
-    assert!(!w.supports(DType::BF16));
-    let err = Tensor::from_vec(vec![bf16::ONE; 4], [4], &w).unwrap_err().to_string();
-    assert!(err.contains("bf16") && err.contains("Device::cpu()"), "{err}");
 }

@@ -17,6 +17,7 @@
 #![allow(dead_code)]
 
 use kiln::{Device, Tensor};
+use kiln_backends::cpu::isa::{self, Isa};
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -204,99 +205,35 @@ impl Stream {
     }
 }
 
-/// Peak f32 multiply-add throughput of `threads` threads running `iters` rounds of 12 independent 8-lane FMA
-/// chains (AVX2 + FMA) each; returns GFLOP/s, or `None` where the CPU lacks AVX2/FMA.
+/// Peak f32 multiply-add throughput of `threads` threads each running `iters` rounds of the FMA chains kiln measures
+/// its own peaks with (`kiln_backends::cpu::isa::fma_chains`) at `isa`'s width; GFLOP/s, or `None` where the CPU
+/// lacks `isa`.
+fn fma_peak(isa: Isa, threads: usize, iters: u64) -> Option<f64> {
+    isa.present().then_some(())?;
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(move || black_box(isa::fma_chains(isa, black_box(iters))));
+        }
+    });
+    Some(threads as f64 * isa::fma_flops(isa, iters) / t0.elapsed().as_secs_f64() / 1e9)
+}
+
+/// [`fma_peak`] with 8-lane AVX2 FMAs (`None` where the CPU lacks AVX2/FMA).
 pub fn fma_peak_gflops(threads: usize, iters: u64) -> Option<f64> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-            return None;
-        }
-        let t0 = Instant::now();
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                // SAFETY: AVX2 and FMA were detected above.
-                s.spawn(move || black_box(unsafe { fma_chains(black_box(iters)) }));
-            }
-        });
-        Some(fma_flops(threads, iters) / t0.elapsed().as_secs_f64() / 1e9)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (threads, iters);
-        None
-    }
+    fma_peak(Isa::Avx2, threads, iters)
 }
 
-/// Flops of one `fma_peak_gflops(threads, iters)` call: 12 chains x 8 lanes x 2 flops per round and thread.
+/// Flops of one `fma_peak_gflops(threads, iters)` call.
 pub fn fma_flops(threads: usize, iters: u64) -> f64 {
-    threads as f64 * iters as f64 * 12.0 * 8.0 * 2.0
+    threads as f64 * isa::fma_flops(Isa::Avx2, iters)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn fma_chains(iters: u64) -> f32 {
-    use std::arch::x86_64::*;
-    let m = _mm256_set1_ps(0.999_999);
-    let k = _mm256_set1_ps(1e-7);
-    let mut acc = [_mm256_set1_ps(1.0); 12];
-    for _ in 0..iters {
-        for a in &mut acc {
-            *a = _mm256_fmadd_ps(*a, m, k);
-        }
-    }
-    let mut sum = _mm256_setzero_ps();
-    for a in acc {
-        sum = _mm256_add_ps(sum, a);
-    }
-    let mut lanes = [0.0f32; 8];
-    // SAFETY: `lanes` holds exactly 8 f32s; the store is unaligned.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
-    lanes.iter().sum()
-}
-
-/// Like [`fma_peak_gflops`] with 16-lane AVX-512 FMAs (12 chains), or `None` where the CPU lacks AVX-512F. On a
-/// CPU that splits 512-bit FMAs into two 256-bit halves (AMD Zen 4) it equals the AVX2 figure; on one with two
-/// 512-bit FMA units (Intel Xeon) it is about twice that.
+/// [`fma_peak`] with 16-lane AVX-512 FMAs, or `None` where the CPU lacks AVX-512F. On a CPU that splits 512-bit FMAs
+/// into two 256-bit halves (AMD Zen 4) it equals the AVX2 figure; on one with two 512-bit FMA units (Intel Xeon) it
+/// is about twice that.
 pub fn fma_peak_avx512_gflops(threads: usize, iters: u64) -> Option<f64> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if !is_x86_feature_detected!("avx512f") {
-            return None;
-        }
-        let t0 = Instant::now();
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                // SAFETY: AVX-512F was detected above.
-                s.spawn(move || black_box(unsafe { fma_chains_512(black_box(iters)) }));
-            }
-        });
-        Some(2.0 * fma_flops(threads, iters) / t0.elapsed().as_secs_f64() / 1e9)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (threads, iters);
-        None
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn fma_chains_512(iters: u64) -> f32 {
-    use std::arch::x86_64::*;
-    let m = _mm512_set1_ps(0.999_999);
-    let k = _mm512_set1_ps(1e-7);
-    let mut acc = [_mm512_set1_ps(1.0); 12];
-    for _ in 0..iters {
-        for a in &mut acc {
-            *a = _mm512_fmadd_ps(*a, m, k);
-        }
-    }
-    let mut sum = _mm512_setzero_ps();
-    for a in acc {
-        sum = _mm512_add_ps(sum, a);
-    }
-    _mm512_reduce_add_ps(sum)
+    fma_peak(Isa::Avx512, threads, iters)
 }
 
 /// The FMA peak of the widest family kiln's kernels may use here: the AVX-512 figure where the CPU has it and

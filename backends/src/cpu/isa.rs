@@ -99,6 +99,41 @@ fn resolve(setting: Option<&str>, present: impl Fn(Isa) -> bool) -> Result<Vec<I
     Ok(vec![isa])
 }
 
+/// Lane masks of the first `n` lanes of an 8-lane vector (`vmaskmovps` reads each lane's sign bit), `n` <= 8.
+static MASKS8: [[i32; 8]; 9] = {
+    let mut m = [[0i32; 8]; 9];
+    let mut n = 0;
+    while n < 9 {
+        let mut l = 0;
+        while l < n {
+            m[n][l] = -1;
+            l += 1;
+        }
+        n += 1;
+    }
+    m
+};
+
+/// Opmasks of the first `n` lanes of a 16-lane vector (`kmovw`), `n` <= 16.
+static MASKS16: [u16; 17] = {
+    let mut m = [0u16; 17];
+    let mut n = 1;
+    while n < 17 {
+        m[n] = ((1u32 << n) - 1) as u16;
+        n += 1;
+    }
+    m
+};
+
+/// Where the mask of a vector's first `n` lanes (`n` <= lanes) lies, in the form `isa`'s generated kernels load it
+/// (the GEMM's ragged column tail, an elementwise row's head and tail): static, so a launch builds none.
+pub(crate) fn lane_mask(isa: Isa, n: usize) -> *const u8 {
+    match isa {
+        Isa::Avx2 => MASKS8[n].as_ptr() as *const u8,
+        Isa::Avx512 => &MASKS16[n] as *const u16 as *const u8,
+    }
+}
+
 /// Measured single-core FMA peaks in GFLOP/s, by family (0 where absent).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Peaks {
@@ -168,32 +203,46 @@ fn measure_peaks() -> Peaks {
 const ROUNDS: u64 = 250_000;
 
 fn fma_gflops(isa: Isa) -> Option<f64> {
+    let t0 = std::time::Instant::now();
+    std::hint::black_box(fma_chains(isa, std::hint::black_box(ROUNDS))?);
+    Some(fma_flops(isa, ROUNDS) / t0.elapsed().as_secs_f64() / 1e9)
+}
+
+/// Independent FMA chains per round of [`fma_chains`]: enough to cover the FMA latency on two units.
+pub const FMA_CHAINS: usize = 12;
+
+/// Flops of one [`fma_chains`] call of `rounds` rounds.
+pub fn fma_flops(isa: Isa, rounds: u64) -> f64 {
+    rounds as f64 * FMA_CHAINS as f64 * isa.lanes() as f64 * 2.0
+}
+
+/// Runs `rounds` rounds of [`FMA_CHAINS`] independent FMA chains of `isa`'s width on the calling thread (what a
+/// peak measurement times; the benchmarks' FMA-peak rows run it on several threads), returning a value that
+/// depends on every FMA; `None` where the CPU lacks `isa`.
+pub fn fma_chains(isa: Isa, rounds: u64) -> Option<f32> {
     if !isa.present() {
         return None;
     }
-    let t0 = std::time::Instant::now();
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the family's features were detected above.
     let sink = unsafe {
         match isa {
-            Isa::Avx2 => chains_avx2(std::hint::black_box(ROUNDS)),
-            Isa::Avx512 => chains_avx512(std::hint::black_box(ROUNDS)),
+            Isa::Avx2 => chains_avx2(rounds),
+            Isa::Avx512 => chains_avx512(rounds),
         }
     };
     #[cfg(not(target_arch = "x86_64"))]
     let sink = 0.0f32;
-    std::hint::black_box(sink);
-    let flops = ROUNDS as f64 * 12.0 * isa.lanes() as f64 * 2.0;
-    Some(flops / t0.elapsed().as_secs_f64() / 1e9)
+    Some(sink)
 }
 
-/// 12 independent 8-lane FMA chains (enough to cover the FMA latency on two units).
+/// [`FMA_CHAINS`] independent 8-lane FMA chains.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn chains_avx2(rounds: u64) -> f32 {
     use std::arch::x86_64::*;
     let (m, k) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-    let mut acc = [_mm256_set1_ps(1.0); 12];
+    let mut acc = [_mm256_set1_ps(1.0); FMA_CHAINS];
     for _ in 0..rounds {
         for a in &mut acc {
             *a = _mm256_fmadd_ps(*a, m, k);
@@ -212,7 +261,7 @@ fn chains_avx2(rounds: u64) -> f32 {
 fn chains_avx512(rounds: u64) -> f32 {
     use std::arch::x86_64::*;
     let (m, k) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-    let mut acc = [_mm512_set1_ps(1.0); 12];
+    let mut acc = [_mm512_set1_ps(1.0); FMA_CHAINS];
     for _ in 0..rounds {
         for a in &mut acc {
             *a = _mm512_fmadd_ps(*a, m, k);

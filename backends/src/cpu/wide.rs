@@ -137,32 +137,6 @@ unsafe impl Send for WideKernel {}
 // SAFETY: as for Send.
 unsafe impl Sync for WideKernel {}
 
-/// Lane masks by the number of columns they cover (a row's first or last vector).
-static MASKS: [[i32; 8]; 9] = {
-    let mut m = [[0i32; 8]; 9];
-    let mut rem = 0;
-    while rem < 9 {
-        let mut l = 0;
-        while l < rem {
-            m[rem][l] = -1;
-            l += 1;
-        }
-        rem += 1;
-    }
-    m
-};
-
-/// Opmasks of the first `n` lanes, for the 16-lane form.
-static MASKS16: [u16; 17] = {
-    let mut m = [0u16; 17];
-    let mut n = 1;
-    while n < 17 {
-        m[n] = ((1u32 << n) - 1) as u16;
-        n += 1;
-    }
-    m
-};
-
 /// The width elementwise kernels are generated at: 16 lanes where `KILN_CPU_ISA` allows AVX-512 and either asks for
 /// it alone or this core's measured 16-lane FMA peak is at least 1.5x its 8-lane one (`isa::peak_ratio`: a core
 /// that splits 512-bit operations gains nothing from them and keeps 8), else 8.
@@ -328,10 +302,7 @@ impl WideKernel {
             } else {
                 0
             };
-            let mask = |n: usize| match self.isa {
-                Isa::Avx2 => MASKS[n].as_ptr() as *const u8,
-                Isa::Avx512 => &MASKS16[n] as *const u16 as *const u8,
-            };
+            let mask = |n: usize| isa::lane_mask(self.isa, n);
             table[0] = out as *const u8;
             table[1] = mask((cols - head) % lanes);
             table[2] = a.uniforms;

@@ -220,28 +220,11 @@ impl Enc {
 
     /// `kmovw k, word [m]` (a VEX instruction; AVX-512F).
     pub(crate) fn kmov_load(&mut self, k: u8, m: Mem) {
-        assert!(m.index.is_none(), "kmov_load takes a base register only");
+        let x_inv = m.index.map_or(1, |i| ((i >> 3) & 1) ^ 1);
         let b_inv = ((m.base >> 3) & 1) ^ 1;
-        // 3-byte VEX: R̄ X̄ B̄ mmmmm (0F), W0 vvvv=1111 L0 pp=00.
-        self.bytes.extend([0xc4, 0xc0 | (b_inv << 5) | 0x01, 0x78, 0x90]);
-        // Legacy ModRM with uncompressed disp8.
-        let base = m.base & 7;
-        let md = if m.disp == 0 && base != 5 {
-            0
-        } else if (-128..=127).contains(&m.disp) {
-            1
-        } else {
-            2
-        };
-        self.bytes.push((md << 6) | ((k & 7) << 3) | if base == 4 { 4 } else { base });
-        if base == 4 {
-            self.bytes.push(0x24);
-        }
-        match md {
-            1 => self.bytes.push(m.disp as i8 as u8),
-            2 => self.bytes.extend(m.disp.to_le_bytes()),
-            _ => {}
-        }
+        // 3-byte VEX: R̄ X̄ B̄ mmmmm (0F), W0 vvvv=1111 L0 pp=00; then ModRM with an uncompressed displacement.
+        self.bytes.extend([0xc4, 0x80 | (x_inv << 6) | (b_inv << 5) | 0x01, 0x78, 0x90]);
+        self.modrm_mem(k, m, 1);
     }
 }
 

@@ -29,7 +29,6 @@ mod transposed;
 pub mod tune;
 
 use super::pool;
-use crate::cpu::isa::Isa;
 use asm::{KernelSet, MicroFn, MicroSpec, Mode};
 use config::{GemmConfig, GemmImpl};
 use epilogue::{Epilogue, OperandKind};
@@ -70,9 +69,8 @@ pub struct CompiledGemm {
     /// The outer code (for the host-evaluated uniform values).
     outer: Vec<Inst>,
     input_dtypes: Vec<DType>,
-    /// The lanes of a ragged last vector: as 8 lane masks for AVX2 (`vmaskmovps`), as opmask bits for AVX-512.
-    mask: [i32; 8],
-    mask16: u16,
+    /// Columns in the ragged last vector of a row (0: none; `isa::lane_mask` is its mask).
+    ragged: usize,
     /// Output rectangles per batch element (column or row strips).
     parts: usize,
     /// The transposed candidate's GEMM (`C^T` into scratch, identity epilogue).
@@ -164,8 +162,7 @@ impl CompiledGemm {
             epilogue: None,
             outer,
             input_dtypes,
-            mask: [0; 8],
-            mask16: 0,
+            ragged: 0,
             parts: 1,
             transposed: None,
             pass: None,
@@ -187,10 +184,7 @@ impl CompiledGemm {
         let lanes = c.isa.lanes();
         let tail_cols = v.n % c.nr();
         let ragged = tail_cols % lanes;
-        for (l, m) in g.mask.iter_mut().enumerate() {
-            *m = if l < ragged || ragged == 0 { -1 } else { 0 };
-        }
-        g.mask16 = if ragged == 0 { u16::MAX } else { (1u16 << ragged) - 1 };
+        g.ragged = ragged;
         let units = if c.split_m { v.m.div_ceil(c.mr) } else { v.n.div_ceil(c.nr()) };
         g.parts = threads.clamp(1, units.max(1));
         let mut specs = Vec::new();
@@ -393,10 +387,8 @@ impl CompiledGemm {
         let v = &self.view;
         let (mr, nr) = (c.mr, c.nr());
         let mut ep: [*const u8; 2 + epilogue::MAX_OPERANDS] = [std::ptr::null(); 2 + epilogue::MAX_OPERANDS];
-        ep[0] = match c.isa {
-            Isa::Avx2 => self.mask.as_ptr() as *const u8,
-            Isa::Avx512 => &self.mask16 as *const u16 as *const u8,
-        };
+        // Read only by the kernels of a ragged tail (`MicroSpec::masked`).
+        ep[0] = crate::cpu::isa::lane_mask(c.isa, self.ragged);
         ep[1] = cx.uniforms;
         let ops = self.epilogue.as_ref().map_or(&[][..], |e| &e.operands[..]);
         let mut jc = n0;
