@@ -223,8 +223,10 @@ fn main() {
         let (x, w) = (tensor(m, k, 1), tensor(k, n, 2));
         let y = x.matmul(&w);
         let cap = kiln::capture(&[&y]).expect("capture");
-        let plan =
-            kiln_jit::kernel::schedule_with(&cap.graph, kiln_jit::kernel::ScheduleOptions { transpose_copy: false });
+        let plan = kiln_jit::kernel::schedule_with(
+            &cap.graph,
+            kiln_jit::kernel::ScheduleOptions { transpose_copy: false, ..Default::default() },
+        );
         let kernel = &plan.launches.last().expect("a launch").kernel;
         let view = kiln_jit::kernel::gemm::GemmView::of(kernel).expect("a GEMM");
         y.realize().expect("realize (tunes on a cold cache)");

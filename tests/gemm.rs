@@ -305,7 +305,11 @@ fn every_candidate_with_each_epilogue() {
 /// The GEMM kernel of `out`'s plan (the last launch).
 fn gemm_kernel(out: &Tensor) -> kiln_jit::kernel::KernelIr {
     let cap = kiln::capture(&[out]).unwrap();
-    schedule_with(&cap.graph, ScheduleOptions { transpose_copy: false }).launches.pop().unwrap().kernel
+    schedule_with(&cap.graph, ScheduleOptions { transpose_copy: false, ..Default::default() })
+        .launches
+        .pop()
+        .unwrap()
+        .kernel
 }
 
 #[cfg(feature = "cpu")]

@@ -78,7 +78,8 @@ impl Tensor {
         }
     }
 
-    /// `exp(x) / sum(exp(x))` along `dim`, computed stably (the max is subtracted first). Float input only.
+    /// `exp(x) / sum(exp(x))` along `dim`, computed stably (the max is subtracted first) and, as PyTorch does, as
+    /// `exp(x - max) * (1 / sum)`: one reciprocal per row, a product per element. Float input only.
     #[track_caller]
     pub fn softmax(&self, dim: isize) -> Tensor {
         let d = self.softmax_dim("softmax", dim);
@@ -87,7 +88,7 @@ impl Tensor {
         }
         self.in_f32(|x| {
             let e = x.sub(x.max(d, true)).exp();
-            e.div(e.sum(d, true))
+            e.mul(e.sum(d, true).recip())
         })
     }
 

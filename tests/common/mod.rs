@@ -614,10 +614,15 @@ pub fn with_last_gemm<R>(
     out: &Tensor,
     check: impl FnOnce(&kiln_jit::kernel::KernelIr, &[&HostBuffer], &HostBuffer) -> R,
 ) -> R {
-    with_last_launch(name, out, kiln_jit::kernel::ScheduleOptions { transpose_copy: false }, |k, args, want| {
-        assert!(kiln_jit::kernel::gemm::GemmView::of(k).is_some(), "{name}: not a GEMM:\n{k}");
-        check(k, args, want)
-    })
+    with_last_launch(
+        name,
+        out,
+        kiln_jit::kernel::ScheduleOptions { transpose_copy: false, ..Default::default() },
+        |k, args, want| {
+            assert!(kiln_jit::kernel::gemm::GemmView::of(k).is_some(), "{name}: not a GEMM:\n{k}");
+            check(k, args, want)
+        },
+    )
 }
 
 /// Schedules `out` with `options`, runs the launches before its last one with the kernel evaluator, and calls

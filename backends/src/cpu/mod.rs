@@ -13,6 +13,7 @@ pub use profile::profile_report;
 mod libcalls;
 pub mod pool;
 mod wide;
+mod wide_rows;
 
 /// The 8-lane elementwise kernel generated for `k` (its register program, loop shape and code size, as `KILN_DUMP`
 /// writes it), or `None` where `k` stays a Cranelift kernel (not such a kernel, or no AVX2 here). Always the 8-lane
@@ -21,7 +22,7 @@ pub fn wide_listing(k: &kiln_jit::kernel::KernelIr) -> Result<Option<String>, St
     Ok(wide::WideKernel::build_for(k, isa::Isa::Avx2)?.map(|w| w.listing()))
 }
 
-/// Runs `k` once as the generated elementwise kernel of width `isa` on `inputs` (checked against the kernel's
+/// Runs `k` once as the generated elementwise or row kernel of width `isa` on `inputs` (checked against the kernel's
 /// buffers), on the pool; `Ok(None)` where `k` is not such a kernel or this host lacks `isa`. For the tests that
 /// hold every width to the same results.
 pub fn run_wide_at(
@@ -29,7 +30,16 @@ pub fn run_wide_at(
     isa: isa::Isa,
     inputs: &[&HostBuffer],
 ) -> Result<Option<HostBuffer>, String> {
-    let Some(w) = wide::WideKernel::build_for(k, isa)? else { return Ok(None) };
+    enum Either {
+        Wide(wide::WideKernel),
+        Rows(wide_rows::RowKernel),
+    }
+    let w = if k.rows.is_empty() {
+        wide::WideKernel::build_for(k, isa)?.map(Either::Wide)
+    } else {
+        wide_rows::RowKernel::build_for(k, isa)?.map(Either::Rows)
+    };
+    let Some(w) = w else { return Ok(None) };
     buffers::check_inputs(k, inputs)?;
     let mut out = crate::host_pool::take(k.output.dtype, k.output.len);
     let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| buffers::read_ptr(b)).collect();
@@ -37,10 +47,37 @@ pub fn run_wide_at(
     // SAFETY: the inputs were checked against the kernel's buffers above and the output allocated at its length;
     // the output aliases no input.
     unsafe {
-        w.run(&ptrs);
+        match &w {
+            Either::Wide(w) => w.run(&ptrs),
+            Either::Rows(r) => r.run(&ptrs),
+        }
         buffers::finish_output(&mut out, k.output.len);
     }
     Ok(Some(out))
+}
+
+/// Runs `k` once as a Cranelift kernel (the code a plan runs where nothing generated takes a kernel) on `inputs`
+/// (checked against the kernel's buffers), on this thread. For the tests that hold the Cranelift rendering of
+/// kernels a plan on this host would generate (row kernels) to the interpreter. Random draws read zero keys.
+pub fn run_clif_at(k: &kiln_jit::kernel::KernelIr, inputs: &[&HostBuffer]) -> Result<HostBuffer, String> {
+    let f = {
+        let compiler = compiler::COMPILER.as_ref().map_err(|e| e.clone())?;
+        let mut c = compiler.lock();
+        c.kernel(k, false)?.0
+    };
+    buffers::check_inputs(k, inputs)?;
+    let mut out = crate::host_pool::take(k.output.dtype, k.output.len);
+    let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| buffers::read_ptr(b)).collect();
+    ptrs.push(buffers::write_ptr(&mut out));
+    let rng = vec![0u64; 64];
+    let rows = k.out_extents.first().copied().unwrap_or(1) as i64;
+    // SAFETY: the inputs were checked against the kernel's buffers above and the output allocated at its length;
+    // `rng` holds zero keys for up to 32 slots, and `0..rows` is output loop 0.
+    unsafe {
+        f(ptrs.as_ptr(), rng.as_ptr(), 0, rows);
+        buffers::finish_output(&mut out, k.output.len);
+    }
+    Ok(out)
 }
 
 /// Pays now what a process would otherwise pay in its first plan runs (warm before deploy: `kiln::tune::

@@ -27,6 +27,7 @@ enum Exec {
     Clif(KernelFn),
     Gemm(Box<super::gemm::CompiledGemm>),
     Wide(Box<super::wide::WideKernel>),
+    Rows(Box<super::wide_rows::RowKernel>),
 }
 
 struct CompiledLaunch {
@@ -78,7 +79,11 @@ unsafe impl Send for Arena {}
 pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     let err = |reason: String| BackendError::Compile { device: NAME, reason };
     // The generated GEMM packs operands of any layout, so a transposed weight is not copied first.
-    let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !super::gemm::select::generated_gemm_enabled() };
+    let opts = kiln_jit::kernel::ScheduleOptions {
+        transpose_copy: !super::gemm::select::generated_gemm_enabled(),
+        row_kernel_ok: Some(super::wide_rows::generates),
+        ..Default::default()
+    };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
     let dump = crate::dump::Dump::start(graph, &plan);
     let compiler = COMPILER.as_ref().map_err(|e| err(e.clone()))?;
@@ -101,6 +106,9 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                 Some(g) => Exec::Gemm(Box::new(g)),
                 None if let Some(w) = super::wide::for_plan(&l.kernel, dump.as_ref()).map_err(err)? => {
                     Exec::Wide(Box::new(w))
+                }
+                None if let Some(r) = super::wide_rows::for_plan(&l.kernel, dump.as_ref()).map_err(err)? => {
+                    Exec::Rows(Box::new(r))
                 }
                 None => {
                     let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
@@ -134,6 +142,8 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
         .into_iter()
         .filter(|d| match &launches[d.launch].exec {
             Exec::Clif(_) | Exec::Wide(_) => true,
+            // A row kernel reads its rows before writing them, but the schedule never offers it a donation.
+            Exec::Rows(_) => false,
             Exec::Gemm(g) => g.reads_epilogue_before_store(),
         })
         .collect();
@@ -248,6 +258,8 @@ impl DevicePlan for JitPlan {
             Exec::Gemm(g) => unsafe { g.run(ptrs) },
             // SAFETY: as for a GEMM; the generated code loads each element before storing it (module doc).
             Exec::Wide(w) => unsafe { w.run(ptrs) },
+            // SAFETY: as for a GEMM; a row kernel is never given a donated output (`compile`).
+            Exec::Rows(r) => unsafe { r.run(ptrs) },
         }
         if let Some(t0) = t0 {
             profile::record(&l.name, t0.elapsed());

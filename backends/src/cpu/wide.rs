@@ -70,9 +70,9 @@ type WideFn = unsafe extern "sysv64" fn(*const *const u8, usize, usize);
 const TABLE_OPERANDS: usize = 5;
 
 /// GPRs holding operand pointers, by operand index (caller-saved ones first; rbx is pushed).
-const OPERAND_REGS: [u8; epilogue::MAX_OPERANDS] = [1, 8, 9, 10, 11, 3];
+pub(super) const OPERAND_REGS: [u8; epilogue::MAX_OPERANDS] = [1, 8, 9, 10, 11, 3];
 /// The mask of a row's partial first or last vector.
-const MASK_REG: u8 = 15;
+pub(super) const MASK_REG: u8 = 15;
 
 /// Whether elementwise kernels are generated here: AVX2 + FMA hosts, unless `KILN_ELEMENTWISE=clif` (for
 /// comparisons and bisecting; read once).
@@ -140,7 +140,7 @@ unsafe impl Sync for WideKernel {}
 /// The width elementwise kernels are generated at: 16 lanes where `KILN_CPU_ISA` allows AVX-512 and either asks for
 /// it alone or this core's measured 16-lane FMA peak is at least 1.5x its 8-lane one (`isa::peak_ratio`: a core
 /// that splits 512-bit operations gains nothing from them and keeps 8), else 8.
-fn width() -> Isa {
+pub(super) fn width() -> Isa {
     static WIDTH: LazyLock<Isa> = LazyLock::new(|| match isa::allowed() {
         Ok([Isa::Avx512]) => Isa::Avx512,
         Ok(all) if all.contains(&Isa::Avx512) && isa::peak_ratio(Isa::Avx512) >= 1.5 => Isa::Avx512,
@@ -338,7 +338,7 @@ unsafe impl Sync for Args<'_> {}
 /// outer code with loads or ops the register program lacks.
 fn row_sum_parts(k: &KernelIr) -> Option<(KernelIr, EpProgram)> {
     let k = k.clone().without_unit_loops();
-    let r = k.reduce.as_ref()?;
+    let r = k.reduce.as_ref().filter(|_| k.rows.is_empty())?;
     if r.op != kiln_jit::ReduceOp::Sum
         || r.dtype != kiln_jit::DType::F32
         || r.extents.len() != 1
@@ -355,6 +355,8 @@ fn row_sum_parts(k: &KernelIr) -> Option<(KernelIr, EpProgram)> {
         output: kiln_jit::kernel::BufParam { dtype: kiln_jit::DType::F32, len: rows * cols },
         out_extents: vec![rows, cols],
         reduce: None,
+        rows: Vec::new(),
+        row_rank: 2,
         outer: r.inner.clone(),
         result: r.value,
         flops_per_elem: 0,
@@ -411,14 +413,14 @@ impl Layout {
 }
 
 /// Appends the EVEX bytes `f` encodes (the 16-lane form's vector instructions).
-fn put(ops: &mut Assembler, f: impl FnOnce(&mut Enc)) {
+pub(super) fn put(ops: &mut Assembler, f: impl FnOnce(&mut Enc)) {
     let mut e = Enc::default();
     f(&mut e);
     ops.extend(e.bytes);
 }
 
 /// The 16-lane form's tail and head mask.
-const KMASK: u8 = 1;
+pub(super) const KMASK: u8 = 1;
 
 /// Assembles the kernel (see the module doc for its shape) at `isa`'s width: the same loop either way, its vector
 /// moves spelled per width (8 lanes: `vmaskmovps` with a lane mask in ymm15; 16: opmask k1 and EVEX moves).

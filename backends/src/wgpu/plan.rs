@@ -49,7 +49,7 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
     }
     // The tiled GEMM stages any operand strides through workgroup memory, so a transposed weight is read in
     // place rather than copied every step.
-    let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !gemm::tiled_enabled() };
+    let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !gemm::tiled_enabled(), ..Default::default() };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
     if let Some(b) = plan.outputs.iter().find(|b| !backend.supports(b.dtype)) {
         return Err(unsupported(b.dtype));
@@ -64,8 +64,12 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
             Some((k, record)) => (k, Some(record)),
             None => (wgsl::render(&l.kernel).map_err(err)?, None),
         };
-        // A reduction runs its whole reduce loop nest in each invocation (the GEMM template: its K loop).
-        let trips = l.kernel.reduce.as_ref().map_or(0, |r| r.extents.iter().product::<usize>());
+        // A reduction runs its whole reduce loop nest in each invocation (the GEMM template: its K loop); a row
+        // kernel, each row reduction's and then one loop over the row's elements.
+        let kernel = &l.kernel;
+        let folds = kernel.reduce.iter().chain(&kernel.rows).map(|r| r.extents.iter().product::<usize>());
+        let row_elems = if kernel.rows.is_empty() { 0 } else { kernel.out_extents[kernel.row_rank..].iter().product() };
+        let trips = folds.chain([row_elems]).max().unwrap_or(0);
         if let Some(cap) = backend.loop_trip_cap()
             && trips > cap
         {

@@ -78,11 +78,11 @@ impl KernelPlan {
 }
 
 /// Condition 3: every load of a buffer bound to `slot` is in the outer code, unmasked, at the output's row-major
-/// index.
+/// index (not in a reduction: a row reduction reads its row before the row is written, but may read other rows).
 fn reads_only_own_element(k: &KernelIr, bound: &[Slot], slot: Slot) -> bool {
     let bufs: Vec<usize> = bound.iter().enumerate().filter(|(_, s)| **s == slot).map(|(b, _)| b).collect();
     let loads_it = |op: &InstOp| matches!(op, InstOp::Load { buf, .. } if bufs.contains(buf));
-    if k.reduce.as_ref().is_some_and(|r| r.inner.iter().any(|i| loads_it(&i.op))) {
+    if k.reduce.iter().chain(&k.rows).any(|r| r.inner.iter().any(|i| loads_it(&i.op))) {
         return false;
     }
     let rank = k.out_extents.len();

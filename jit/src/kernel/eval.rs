@@ -11,7 +11,7 @@
 
 use crate::buffer::HostBuffer;
 use crate::dtype::{DType, Scalar};
-use crate::kernel::ir::{Inst, InstOp, KernelIr, Valid};
+use crate::kernel::ir::{Inst, InstOp, KernelIr, Reduce, Valid};
 use crate::kernel::schedule::{KernelPlan, Slot};
 use crate::op::{BinaryOp, RandDist, ReduceOp, RngKey, UnaryOp};
 use crate::rng;
@@ -130,7 +130,16 @@ fn valid(v: &Option<Valid>, vars: &[i64]) -> bool {
     v.as_ref().is_none_or(|Valid(rs)| rs.iter().all(|(e, lo, hi)| (*lo..*hi).contains(&e.eval(vars))))
 }
 
-fn run_insts(insts: &[Inst], vars: &[i64], inputs: &[&HostBuffer], rng: &[RngKey], acc: Option<V>, vals: &mut Vec<V>) {
+/// What instructions read besides memory: the inputs, rng keys, the finished reduction, the row's reductions.
+struct Ctx<'a> {
+    inputs: &'a [&'a HostBuffer],
+    rng: &'a [RngKey],
+    acc: Option<V>,
+    rows: &'a [V],
+}
+
+fn run_insts(insts: &[Inst], vars: &[i64], cx: &Ctx, vals: &mut Vec<V>) {
+    let (inputs, rng) = (cx.inputs, cx.rng);
     vals.clear();
     for inst in insts {
         let d = inst.dtype;
@@ -155,7 +164,8 @@ fn run_insts(insts: &[Inst], vars: &[i64], inputs: &[&HostBuffer], rng: &[RngKey
                     (RandDist::Normal, _) => cast(d, V::F64(rng::normal_f64(w))),
                 }
             }
-            InstOp::Acc => acc.expect("acc read outside a reduce kernel"),
+            InstOp::Acc => cx.acc.expect("acc read outside a reduce kernel"),
+            InstOp::RowAcc(j) => cx.rows[*j],
             op => alu(op, d, vals).unwrap_or_else(|| unreachable!("every other op is ALU")),
         };
         vals.push(v);
@@ -170,40 +180,64 @@ fn fold(op: ReduceOp, d: DType, acc: V, x: V) -> V {
     binary(op.fold(), d, acc, x)
 }
 
-/// The value of output element `o` (an index into `out_extents`): its reduction in loop order, then the outer code.
-fn element(
-    kernel: &KernelIr,
-    o: &[usize],
-    inputs: &[&HostBuffer],
-    rng: &[RngKey],
-    vars: &mut [i64],
-    vals: &mut Vec<V>,
-) -> V {
+/// `r` folded in loop order at the output variables already in `vars`.
+fn fold_all(r: &Reduce, out_rank: usize, vars: &mut [i64], cx: &Ctx, vals: &mut Vec<V>) -> V {
+    let mut acc = init(r.op, r.dtype);
+    for_each_index(&r.extents, |ri| {
+        for (v, &i) in vars[out_rank..].iter_mut().zip(ri) {
+            *v = i as i64;
+        }
+        run_insts(&r.inner, vars, cx, vals);
+        acc = fold(r.op, r.dtype, acc, vals[r.value]);
+    });
+    acc
+}
+
+/// The row reductions of the row holding output element `o`, in order (`rows` is cleared first).
+fn row_values(kernel: &KernelIr, o: &[usize], cx: &Ctx, vars: &mut [i64], vals: &mut Vec<V>, rows: &mut Vec<V>) {
+    rows.clear();
+    for (v, &i) in vars.iter_mut().zip(o) {
+        *v = i as i64;
+    }
+    for r in &kernel.rows {
+        let cx = Ctx { rows: rows.as_slice(), ..*cx };
+        let v = fold_all(r, kernel.out_rank(), vars, &cx, vals);
+        rows.push(v);
+    }
+}
+
+/// The value of output element `o` (an index into `out_extents`): its reduction in loop order, then the outer code
+/// (`cx.rows` holds the row's reductions).
+fn element(kernel: &KernelIr, o: &[usize], cx: &Ctx, vars: &mut [i64], vals: &mut Vec<V>) -> V {
     let out_rank = kernel.out_rank();
     for (v, &i) in vars.iter_mut().zip(o) {
         *v = i as i64;
     }
-    let acc = kernel.reduce.as_ref().map(|r| {
-        let mut acc = init(r.op, r.dtype);
-        for_each_index(&r.extents, |ri| {
-            for (v, &i) in vars[out_rank..].iter_mut().zip(ri) {
-                *v = i as i64;
-            }
-            run_insts(&r.inner, vars, inputs, rng, None, vals);
-            acc = fold(r.op, r.dtype, acc, vals[r.value]);
-        });
-        acc
-    });
-    run_insts(&kernel.outer, vars, inputs, rng, acc, vals);
+    let acc = kernel.reduce.as_ref().map(|r| fold_all(r, out_rank, vars, cx, vals));
+    run_insts(&kernel.outer, vars, &Ctx { acc, ..*cx }, vals);
     vals[kernel.result]
+}
+
+/// Each output element in row-major order, with its row's reductions (computed once per row).
+fn for_each_element(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey], mut f: impl FnMut(V)) {
+    let mut vals = Vec::new();
+    let mut vars = vec![0i64; kernel.extents().len()];
+    let mut rows: Vec<V> = Vec::new();
+    let mut row: Option<Vec<usize>> = None;
+    for_each_index(&kernel.out_extents, |o| {
+        let base = Ctx { inputs, rng, acc: None, rows: &[] };
+        if !kernel.rows.is_empty() && row.as_deref() != Some(&o[..kernel.row_rank]) {
+            row_values(kernel, o, &base, &mut vars, &mut vals, &mut rows);
+            row = Some(o[..kernel.row_rank].to_vec());
+        }
+        f(element(kernel, o, &Ctx { rows: &rows, ..base }, &mut vars, &mut vals));
+    });
 }
 
 /// Runs `kernel` over `inputs` and returns its output buffer.
 pub fn run(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey]) -> HostBuffer {
     let mut out: Vec<V> = Vec::with_capacity(kernel.output.len);
-    let mut vals = Vec::new();
-    let mut vars = vec![0i64; kernel.extents().len()];
-    for_each_index(&kernel.out_extents, |o| out.push(element(kernel, o, inputs, rng, &mut vars, &mut vals)));
+    for_each_element(kernel, inputs, rng, |v| out.push(v));
     let d = kernel.output.dtype;
     match d {
         DType::F16 => HostBuffer::F16(out.into_iter().map(|v| if let V::F16(x) = v { x } else { f16::ZERO }).collect()),
@@ -265,7 +299,7 @@ pub fn eval_uniform(
             match &inst.op {
                 InstOp::Const(s) => scalar(d, *s),
                 InstOp::Load { buf, index, .. } => scalar(d, load(*buf, index.eval(&[0; 32]).max(0) as usize, d)),
-                InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc => V::I(0),
+                InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) => V::I(0),
                 op => alu(op, d, &vals).unwrap_or(V::I(0)),
             }
         };
@@ -287,9 +321,15 @@ pub fn eval_uniform(
 pub fn run_at(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey], positions: &[Vec<usize>]) -> Vec<f64> {
     let mut vals = Vec::new();
     let mut vars = vec![0i64; kernel.extents().len()];
+    let mut rows = Vec::new();
     positions
         .iter()
-        .map(|o| match element(kernel, o, inputs, rng, &mut vars, &mut vals) {
+        .map(|o| {
+            let base = Ctx { inputs, rng, acc: None, rows: &[] };
+            row_values(kernel, o, &base, &mut vars, &mut vals, &mut rows);
+            element(kernel, o, &Ctx { rows: &rows, ..base }, &mut vars, &mut vals)
+        })
+        .map(|v| match v {
             V::F16(x) => x.to_f64(),
             V::BF16(x) => x.to_f64(),
             V::F32(x) => x as f64,

@@ -81,7 +81,7 @@ impl GemmView {
 
     /// Recognizes `k` as a GEMM; `None` when it is not one (see the module doc).
     pub fn of(k: &KernelIr) -> Option<GemmView> {
-        let r = k.reduce.as_ref()?;
+        let r = k.reduce.as_ref().filter(|_| k.rows.is_empty())?;
         if r.op != crate::op::ReduceOp::Sum || r.dtype != DType::F32 || r.extents.len() != 1 || r.inner.len() != 3 {
             return None;
         }
@@ -169,7 +169,12 @@ impl ElementwiseView {
     /// `None` for a reduce kernel, an output that is not f32, of rank 0, or empty.
     pub fn of(k: &KernelIr) -> Option<ElementwiseView> {
         let rank = k.out_rank();
-        if k.reduce.is_some() || k.output.dtype != DType::F32 || rank == 0 || k.out_extents.contains(&0) {
+        if k.reduce.is_some()
+            || !k.rows.is_empty()
+            || k.output.dtype != DType::F32
+            || rank == 0
+            || k.out_extents.contains(&0)
+        {
             return None;
         }
         let (batch_rank, mvar, nvar) = if rank == 1 { (0, None, 0) } else { (rank - 2, Some(rank - 2), rank - 1) };
@@ -194,6 +199,7 @@ fn roles(k: &KernelIr, batch_rank: usize, mvar: Option<usize>, nvar: usize) -> V
         let role = match &inst.op {
             InstOp::Const(_) => Role::Uniform,
             InstOp::Acc => Role::Computed,
+            InstOp::RowAcc(_) => Role::Other,
             InstOp::Index(_) | InstOp::Rand { .. } => Role::Other,
             InstOp::Load { buf, index, valid, .. } => match index.affine(nvars) {
                 Some((coef, c)) if valid.is_none() => {

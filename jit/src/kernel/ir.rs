@@ -11,6 +11,18 @@
 //! ```
 //! Inner code may use all loop variables; outer code only the output ones. Each instruction has a dtype; ints
 //! and bools travel as the renderer's integer types, floats as floats.
+//!
+//! A *row kernel* (Inductor's persistent reduction) adds row reductions (`KernelIr::rows`) before all of that:
+//! ```text
+//! for o in output space:
+//!     once per row (a value of loops 0..row_rank):        // before the row's first element
+//!         for each row reduction j, in order:
+//!             row_j = fold over r in reduce space: <row code j>   // may read row_0 .. row_{j-1}
+//!     [acc = ...]                                           // as above; inner code may read every row_j
+//!     out[row-major(o)] = <outer code>                      // may read every row_j
+//! ```
+//! Softmax over rows is one such kernel: the row's max, the sum of `exp(x - max)`, then `exp(x - max) / sum` for
+//! each element, so the row comes from memory once and later passes find it in cache.
 
 use crate::dtype::{DType, Scalar};
 use crate::kernel::index::IExpr;
@@ -58,6 +70,9 @@ pub enum InstOp {
     Cast(ValueId),
     /// The finished reduction (outer code only).
     Acc,
+    /// The finished row reduction `j` of the current row (`KernelIr::rows`; read by later row reductions, the
+    /// reduce stage and the outer code).
+    RowAcc(usize),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -68,7 +83,7 @@ pub struct Inst {
 
 impl Inst {
     /// Rewrites every index expression this instruction reads (a load's validity ranges included).
-    pub(crate) fn map_indices(&mut self, f: &impl Fn(&IExpr) -> IExpr) {
+    pub fn map_indices(&mut self, f: &impl Fn(&IExpr) -> IExpr) {
         match &mut self.op {
             InstOp::Index(e) | InstOp::Rand { index: e, .. } => *e = f(e),
             InstOp::Load { index, valid, .. } => {
@@ -106,6 +121,14 @@ pub struct KernelIr {
     /// Extents of the output loop variables (row-major; the output buffer is written contiguously).
     pub out_extents: Vec<usize>,
     pub reduce: Option<Reduce>,
+    /// Row reductions (see the module doc), empty for every kernel but a row kernel. They loop over the same
+    /// reduce variables as `reduce` (numbered after the output variables; with `reduce` set, over the same
+    /// extents), and their code reads only the row's output variables (`0..row_rank`), reduce variables, and the
+    /// row reductions before them.
+    pub rows: Vec<Reduce>,
+    /// The output loops that index a row: `rows` is folded once per value of loops `0..row_rank`. The output
+    /// rank where `rows` is empty.
+    pub row_rank: usize,
     /// Outer code, evaluated once per output element.
     pub outer: Vec<Inst>,
     /// The value stored.
@@ -118,7 +141,7 @@ impl KernelIr {
     /// All loop extents: output variables, then reduce variables.
     pub fn extents(&self) -> Vec<usize> {
         let mut e = self.out_extents.clone();
-        if let Some(r) = &self.reduce {
+        if let Some(r) = self.reduce.as_ref().or(self.rows.first()) {
             e.extend(&r.extents);
         }
         e
@@ -132,7 +155,9 @@ impl KernelIr {
     pub fn work(&self) -> usize {
         let out: usize = self.out_extents.iter().product();
         let inner = self.reduce.as_ref().map_or(1, |r| r.extents.iter().product::<usize>().max(1) * (r.inner.len()));
-        out * (inner + self.outer.len())
+        let row_elems: usize = self.out_extents[self.row_rank..].iter().product();
+        let rows: usize = self.rows.iter().map(|r| r.extents.iter().product::<usize>().max(1) * r.inner.len()).sum();
+        out * (inner + self.outer.len()) + (out / row_elems.max(1)) * rows
     }
 
     /// The same kernel without loops of extent 1 (their variable is always 0). The output's row-major order is
@@ -160,10 +185,11 @@ impl KernelIr {
             }
         };
         fix_insts(&mut self.outer);
-        if let Some(r) = &mut self.reduce {
+        for r in self.reduce.iter_mut().chain(self.rows.iter_mut()) {
             fix_insts(&mut r.inner);
             r.extents.retain(|&e| e != 1);
         }
+        self.row_rank = self.out_extents[..self.row_rank].iter().filter(|&&e| e != 1).count();
         self.out_extents.retain(|&e| e != 1);
         self.without_single_reductions()
     }
@@ -175,7 +201,7 @@ impl KernelIr {
     /// index that is not affine are returned as they are.
     pub fn with_merged_loops(&self) -> KernelIr {
         let rank = self.out_rank();
-        if self.reduce.is_some() || rank < 2 {
+        if self.reduce.is_some() || !self.rows.is_empty() || rank < 2 {
             return self.clone();
         }
         let Some(affine) = affine_indices(&self.outer, rank) else { return self.clone() };
@@ -185,6 +211,7 @@ impl KernelIr {
         for inst in &mut k.outer {
             inst.map_indices(&remap);
         }
+        k.row_rank = extents.len();
         k.out_extents = extents;
         k
     }
@@ -196,7 +223,9 @@ impl KernelIr {
     /// exactly `v` for prod, max and min, and `v + 0` for a float sum (which turns -0.0 into +0.0, as the fold
     /// does), so results are bit-identical to the reduce form.
     fn without_single_reductions(mut self) -> KernelIr {
-        let Some(r) = self.reduce.take_if(|r| r.extents.is_empty()) else { return self };
+        // Row reductions share the reduce loops (so never over one element: the schedule makes row kernels of
+        // longer rows only).
+        let Some(r) = self.reduce.take_if(|r| r.extents.is_empty() && self.rows.is_empty()) else { return self };
         let mut outer = r.inner;
         let mut acc = r.value;
         if outer[acc].dtype != r.dtype {
@@ -232,7 +261,8 @@ impl KernelIr {
                     *a = ids[*a];
                     *b = ids[*b];
                 }
-                InstOp::Const(_) | InstOp::Index(_) | InstOp::Load { .. } | InstOp::Rand { .. } => {}
+                InstOp::Const(_) | InstOp::Index(_) | InstOp::Load { .. } | InstOp::Rand { .. } | InstOp::RowAcc(_) => {
+                }
             }
             outer.push(inst);
         }
@@ -251,10 +281,21 @@ impl KernelIr {
         let _ = writeln!(s, "  out: {}[{}]", self.output.dtype, self.output.len);
         let vars: Vec<String> = self.out_extents.iter().enumerate().map(|(v, e)| format!("i{v}<{e}")).collect();
         let _ = writeln!(s, "  for {} {{", if vars.is_empty() { "()".to_string() } else { vars.join(", ") });
-        if let Some(r) = &self.reduce {
-            let n = self.out_extents.len();
+        let n = self.out_extents.len();
+        let reduce_vars = |r: &Reduce| -> String {
             let rv: Vec<String> = r.extents.iter().enumerate().map(|(v, e)| format!("i{}<{e}", v + n)).collect();
-            let _ = writeln!(s, "    acc: {} = {:?} over {} {{", r.dtype, r.op, rv.join(", "));
+            rv.join(", ")
+        };
+        for (j, r) in self.rows.iter().enumerate() {
+            let per: Vec<String> = (0..self.row_rank).map(|v| format!("i{v}")).collect();
+            let per = if per.is_empty() { "()".to_string() } else { per.join(", ") };
+            let _ = writeln!(s, "    row{j}: {} = {:?} over {} once per {per} {{", r.dtype, r.op, reduce_vars(r));
+            write_insts(&mut s, "      p", &r.inner);
+            let _ = writeln!(s, "      fold p{}", r.value);
+            let _ = writeln!(s, "    }}");
+        }
+        if let Some(r) = &self.reduce {
+            let _ = writeln!(s, "    acc: {} = {:?} over {} {{", r.dtype, r.op, reduce_vars(r));
             write_insts(&mut s, "      r", &r.inner);
             let _ = writeln!(s, "      fold r{}", r.value);
             let _ = writeln!(s, "    }}");
@@ -336,6 +377,7 @@ fn write_insts(s: &mut String, prefix: &str, insts: &[Inst]) {
             InstOp::Where(c, a, b) => writeln!(s, "where {p}{c}, {p}{a}, {p}{b}"),
             InstOp::Cast(a) => writeln!(s, "cast {p}{a}"),
             InstOp::Acc => writeln!(s, "acc"),
+            InstOp::RowAcc(j) => writeln!(s, "row{j}"),
         };
     }
 }

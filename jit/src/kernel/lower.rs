@@ -6,6 +6,12 @@
 //! validity range (loads outside it are skipped) and selects the pad value there. Values are memoized per (node,
 //! index, validity), so a node read twice at the same place is computed once.
 //!
+//! A row kernel (`KernelIr::rows`) lowers each row reduction's source at (row, reduce variables) into its own
+//! instruction list, and a read of a row reduction's node becomes `RowAcc`. That read must be at the current row
+//! (the row's output variables, zeros along the reduced dims): a value read at another row (through a flip or a
+//! shift of the rows) is not the one this row folded, so lowering reports it and the schedule keeps the kernels
+//! apart.
+//!
 //! An f16 reduction or matmul accumulates in f32 (as PyTorch does): its inner value is converted to f32 (a matmul's
 //! operands before the product, which is exact in f32), the accumulator is f32, and reading it converts to f16,
 //! the one rounding. Per-step f16 rounding would lose a bit of the sum at every addition.
@@ -23,6 +29,12 @@ struct Lowerer<'a> {
     mat: &'a [bool],
     root: NodeIndex,
     stage: Option<NodeIndex>,
+    /// The row reductions' nodes, in fold order (`RowAcc` j reads `rows[j]`).
+    rows: &'a [NodeIndex],
+    /// Output loops of a row (see `KernelIr::row_rank`).
+    row_rank: usize,
+    /// Set when a row reduction is read off the current row: the kernel cannot be a row kernel.
+    off_row: bool,
     extents: Vec<usize>,
     reads: Vec<NodeIndex>,
     insts: Vec<Inst>,
@@ -110,6 +122,16 @@ impl Lowerer<'_> {
         let d = node.dtype;
         if Some(n) == self.stage && self.acc_enabled {
             let acc = self.push(InstOp::Acc, acc_dtype(d));
+            return if acc_dtype(d) == d { acc } else { self.push(InstOp::Cast(acc), d) };
+        }
+        if let Some(j) = self.rows.iter().position(|&r| r == n) {
+            let dims = node.shape.dims();
+            let at_row = idx.iter().enumerate().all(|(a, e)| {
+                *e == IExpr::Const(0) && (a >= self.row_rank || dims[a] == 1)
+                    || a < self.row_rank && *e == IExpr::Var(a)
+            });
+            self.off_row |= !at_row;
+            let acc = self.push(InstOp::RowAcc(j), acc_dtype(d));
             return if acc_dtype(d) == d { acc } else { self.push(InstOp::Cast(acc), d) };
         }
         if n != self.root && self.mat[n.index()] {
@@ -239,19 +261,24 @@ impl Lowerer<'_> {
     }
 }
 
-/// Lowers the kernel computing `root` (with `stage` as its reduction, if any). Returns the IR and the
-/// materialized nodes it reads, in input order.
+/// Lowers the kernel computing `root` (with `stage` as its reduction, if any, and `rows` as its row reductions, in
+/// fold order: each a `Reduce` node over trailing axes of a source shaped as the kernel's row space). Returns the IR
+/// and the materialized nodes it reads, in input order; `None` when a row reduction is read off the current row.
 pub(crate) fn lower(
     graph: &Graph,
     root: NodeIndex,
     stage: Option<NodeIndex>,
+    rows: &[NodeIndex],
     mat: &[bool],
-) -> (KernelIr, Vec<NodeIndex>) {
+) -> Option<(KernelIr, Vec<NodeIndex>)> {
     let mut lw = Lowerer {
         graph,
         mat,
         root,
         stage,
+        rows,
+        row_rank: 0,
+        off_row: false,
         extents: Vec::new(),
         reads: Vec::new(),
         insts: Vec::new(),
@@ -262,6 +289,22 @@ pub(crate) fn lower(
     };
     let root_dims = graph.node(root).shape.to_vec();
     let var = IExpr::Var;
+    // The reduced axes and their source's shape, of the reduce stage or the row reductions (which share them).
+    let reduce_axes = |r: NodeIndex| match &graph.node(r).op {
+        Op::Reduce { op, axes } => (*op, axes.clone(), graph.node(graph.srcs(r)[0]).shape.to_vec()),
+        op => unreachable!("row reduction {op} is not a reduction"),
+    };
+    // The index of a reduction's source: kept axes as output variables 0.., reduced ones as variables from `first`.
+    let source_index = |axes: &[usize], rank: usize, first: usize| -> Vec<IExpr> {
+        let (mut k, mut q) = (0, first);
+        (0..rank)
+            .map(|a| {
+                let v = if axes.contains(&a) { &mut q } else { &mut k };
+                *v += 1;
+                var(*v - 1)
+            })
+            .collect()
+    };
     let (kind, out_extents, reduce) = match stage.map(|r| (r, &graph.node(r).op)) {
         None => ("E", root_dims.clone(), None),
         Some((r, Op::Reduce { op, axes })) => {
@@ -270,19 +313,8 @@ pub(crate) fn lower(
             let kept: Vec<usize> = (0..sd.len()).filter(|a| !axes.contains(a)).map(|a| sd[a]).collect();
             let red: Vec<usize> = axes.iter().map(|&a| sd[a]).collect();
             lw.extents = kept.iter().chain(&red).copied().collect();
-            let (mut k, mut q) = (0, kept.len());
-            let src_idx: Vec<IExpr> = (0..sd.len())
-                .map(|a| {
-                    let v = if axes.contains(&a) { &mut q } else { &mut k };
-                    *v += 1;
-                    var(*v - 1)
-                })
-                .collect();
-            let value = lw.value(src, &src_idx);
-            let acc = acc_dtype(graph.node(r).dtype);
-            let value = if acc == graph.node(src).dtype { value } else { lw.push(InstOp::Cast(value), acc) };
-            lw.note(format!("{op:?}").to_lowercase());
-            let reduce = Reduce { op: *op, extents: red, dtype: acc, inner: Vec::new(), value };
+            let reduce =
+                Reduce { op: *op, extents: red, dtype: acc_dtype(graph.node(r).dtype), inner: Vec::new(), value: 0 };
             ("R", kept, Some(reduce))
         }
         Some((r, Op::Matmul)) => {
@@ -291,29 +323,78 @@ pub(crate) fn lower(
             let nb = out.len() - 2;
             let k = graph.node(srcs[0]).shape.dims()[nb + 1];
             lw.extents = out.iter().copied().chain([k]).collect();
-            let batch: Vec<IExpr> = (0..nb).map(var).collect();
-            let ia: Vec<IExpr> = batch.iter().cloned().chain([var(nb), var(nb + 2)]).collect();
-            let ib: Vec<IExpr> = batch.iter().cloned().chain([var(nb + 2), var(nb + 1)]).collect();
-            let x = lw.value(srcs[0], &ia);
-            let y = lw.value(srcs[1], &ib);
-            let d = acc_dtype(graph.node(r).dtype);
-            let (x, y) = if d == graph.node(r).dtype {
-                (x, y)
-            } else {
-                (lw.push(InstOp::Cast(x), d), lw.push(InstOp::Cast(y), d))
+            let reduce = Reduce {
+                op: ReduceOp::Sum,
+                extents: vec![k],
+                dtype: acc_dtype(graph.node(r).dtype),
+                inner: Vec::new(),
+                value: 0,
             };
-            let value = lw.push(InstOp::Binary(BinaryOp::Mul, x, y), d);
-            lw.note("matmul".into());
-            let reduce = Reduce { op: ReduceOp::Sum, extents: vec![k], dtype: d, inner: Vec::new(), value };
             ("G", out, Some(reduce))
         }
         Some((_, op)) => unreachable!("stage {op} is not a reduction"),
     };
-    let reduce = reduce.map(|mut r| {
-        r.inner = std::mem::take(&mut lw.insts);
-        r
+    let out_rank = out_extents.len();
+    // Row reductions, each into its own instruction list.
+    let mut row_reduces = Vec::with_capacity(rows.len());
+    if let Some(&first) = rows.first() {
+        let (_, axes, sd) = reduce_axes(first);
+        lw.row_rank = sd.len() - axes.len();
+        if reduce.is_none() {
+            lw.extents = out_extents.iter().chain(axes.iter().map(|&a| &sd[a])).copied().collect();
+        }
+    } else {
+        lw.row_rank = out_rank;
+    }
+    for &r in rows {
+        let (op, axes, sd) = reduce_axes(r);
+        let src = graph.srcs(r)[0];
+        lw.memo.clear();
+        let value = lw.value(src, &source_index(&axes, sd.len(), out_rank));
+        let acc = acc_dtype(graph.node(r).dtype);
+        let value = if acc == graph.node(src).dtype { value } else { lw.push(InstOp::Cast(value), acc) };
+        lw.note(format!("{op:?}").to_lowercase());
+        let inner = std::mem::take(&mut lw.insts);
+        row_reduces.push(Reduce { op, extents: axes.iter().map(|&a| sd[a]).collect(), dtype: acc, inner, value });
+    }
+    lw.memo.clear();
+    let reduce = reduce.map(|mut red| {
+        let r = stage.expect("a reduce stage");
+        let srcs = graph.srcs(r);
+        let value = match &graph.node(r).op {
+            Op::Reduce { axes, .. } => {
+                let src = srcs[0];
+                let sd = graph.node(src).shape.to_vec();
+                let value = lw.value(src, &source_index(axes, sd.len(), out_rank));
+                let op = red.op;
+                let value =
+                    if red.dtype == graph.node(src).dtype { value } else { lw.push(InstOp::Cast(value), red.dtype) };
+                lw.note(format!("{op:?}").to_lowercase());
+                value
+            }
+            _ => {
+                let nb = out_rank - 2;
+                let batch: Vec<IExpr> = (0..nb).map(var).collect();
+                let ia: Vec<IExpr> = batch.iter().cloned().chain([var(nb), var(nb + 2)]).collect();
+                let ib: Vec<IExpr> = batch.iter().cloned().chain([var(nb + 2), var(nb + 1)]).collect();
+                let x = lw.value(srcs[0], &ia);
+                let y = lw.value(srcs[1], &ib);
+                let d = red.dtype;
+                let (x, y) = if d == graph.node(r).dtype {
+                    (x, y)
+                } else {
+                    (lw.push(InstOp::Cast(x), d), lw.push(InstOp::Cast(y), d))
+                };
+                let value = lw.push(InstOp::Binary(BinaryOp::Mul, x, y), d);
+                lw.note("matmul".into());
+                value
+            }
+        };
+        red.inner = std::mem::take(&mut lw.insts);
+        red.value = value;
+        red
     });
-    if reduce.is_none() {
+    if reduce.is_none() && rows.is_empty() {
         lw.extents = out_extents.clone();
     }
     lw.memo.clear();
@@ -326,18 +407,25 @@ pub(crate) fn lower(
         out_vars
     };
     let result = lw.value(root, &root_idx);
+    if lw.off_row {
+        return None;
+    }
     let shape = |d: &[usize]| {
         if d.is_empty() { "1".to_string() } else { d.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x") }
     };
+    let kind = if rows.is_empty() { kind } else { "W" };
     let mut name = format!("{kind}_{}_{}", lw.names.join("_"), shape(&out_extents));
-    if let Some(r) = &reduce {
+    if let Some(r) = reduce.as_ref().or(row_reduces.first()) {
         name = format!("{name}_{}", shape(&r.extents));
     }
     let alu = |insts: &[Inst]| {
         insts.iter().filter(|i| matches!(i.op, InstOp::Unary(..) | InstOp::Binary(..) | InstOp::Where(..))).count()
     };
-    let flops_per_elem =
-        alu(&lw.insts) + reduce.as_ref().map_or(0, |r| (alu(&r.inner) + 1) * r.extents.iter().product::<usize>());
+    let folds = |r: &Reduce| (alu(&r.inner) + 1) * r.extents.iter().product::<usize>();
+    let row_elems: usize = out_extents[lw.row_rank..].iter().product();
+    let flops_per_elem = alu(&lw.insts)
+        + reduce.as_ref().map_or(0, folds)
+        + row_reduces.iter().map(folds).sum::<usize>().div_ceil(row_elems.max(1));
     let inputs =
         lw.reads.iter().map(|&n| BufParam { dtype: graph.node(n).dtype, len: graph.node(n).shape.numel() }).collect();
     let root_node = graph.node(root);
@@ -347,9 +435,11 @@ pub(crate) fn lower(
         output: BufParam { dtype: root_node.dtype, len: root_node.shape.numel() },
         out_extents,
         reduce,
+        rows: row_reduces,
+        row_rank: lw.row_rank,
         outer: lw.insts,
         result,
         flops_per_elem,
     };
-    (ir.without_unit_loops(), lw.reads)
+    Some((ir.without_unit_loops(), lw.reads))
 }

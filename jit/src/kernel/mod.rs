@@ -8,6 +8,7 @@ pub mod gemm;
 pub mod index;
 pub mod ir;
 mod lower;
+mod rows;
 pub mod schedule;
 pub mod simplify;
 pub mod split;

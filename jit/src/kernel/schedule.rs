@@ -10,6 +10,8 @@
 //! 3. A reduction (or matmul) whose value flows only through elementwise ops and reshapes into one materialized
 //!    node becomes that node's *reduce stage*: its buffer disappears and the ops after it run in the same kernel
 //!    as an epilogue (`(a * b + c).relu().sum(1)` and `x.matmul(&w) + b` then relu are one kernel each).
+//!    3b. A reduction over a row that only one kernel over the same rows reads becomes that kernel's row reduction
+//!    (a row kernel, `rows.rs`): softmax, log_softmax, layer norm and cross entropy run as one kernel each.
 //! 4. Kernels run in topological order. Intermediate buffers live from the launch that writes them to the last
 //!    launch that reads them, and share arena slots when their lifetimes do not overlap.
 //! 5. Except that a kernel replacing an input (a parameter update) runs last, so its output may take the input's
@@ -18,7 +20,8 @@
 //!    one runs as two kernels, partial results over all cores and then their fold (`split.rs`); the partials take
 //!    an arena slot between the two launches.
 //!
-//! Deliberately not done yet: multi-output kernels (two reductions of the same input run as two kernels).
+//! Deliberately not done yet: multi-output kernels (two reductions of the same input, both stored, run as two
+//! kernels).
 
 use crate::dtype::Scalar;
 use crate::graph::Graph;
@@ -100,17 +103,26 @@ fn alu_cost(op: &Op) -> usize {
 }
 
 /// Choices a backend makes about scheduling.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub struct ScheduleOptions {
     /// Rule 2b: copy a transposed right operand to contiguous memory before a GEMM with M >= 8. A backend whose
     /// GEMM packs its operands (the CPU's generated GEMM reads any strides while packing) turns it off: the copy
     /// would be a second pass over the weights every step.
     pub transpose_copy: bool,
+    /// Rule 3b: row kernels. On unless `KILN_ROW_KERNELS=off` (read once; to compare them with the kernels they
+    /// replace, and to bisect).
+    pub row_kernels: bool,
+    /// Which row kernels the backend takes (`None`: every one). The CPU takes those it generates at full vector
+    /// width: elsewhere its 4-lane Cranelift code, evaluating `exp` once per pass, costs more than the passes over
+    /// memory a row kernel saves, and the kernels stay apart.
+    pub row_kernel_ok: Option<fn(&KernelIr) -> bool>,
 }
 
 impl Default for ScheduleOptions {
     fn default() -> Self {
-        ScheduleOptions { transpose_copy: true }
+        static ROWS: std::sync::LazyLock<bool> =
+            std::sync::LazyLock::new(|| std::env::var("KILN_ROW_KERNELS").map_or(true, |v| v != "off"));
+        ScheduleOptions { transpose_copy: true, row_kernels: *ROWS, row_kernel_ok: None }
     }
 }
 
@@ -271,6 +283,20 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         }
     }
 
+    // Rule 3b: row kernels.
+    let rows_of = if opts.row_kernels {
+        let groups = crate::kernel::rows::Groups {
+            graph,
+            order: &order,
+            consumers: &consumers,
+            outputs: &graph.outputs,
+            accept: opts.row_kernel_ok,
+        };
+        groups.form(&mut mat, &stage)
+    } else {
+        vec![None; bound]
+    };
+
     // Rule 4: kernels in order, then slots.
     let kernels: Vec<NodeIndex> =
         order.iter().copied().filter(|&n| mat[n.index()] && !matches!(graph.node(n).op, Op::Input { .. })).collect();
@@ -290,7 +316,9 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     let (mut launches_raw, last): (Vec<_>, Vec<_>) = kernels
         .iter()
         .map(|&k| {
-            let (ir, reads) = lower(graph, k, stage[k.index()], &mat);
+            let rows = rows_of[k.index()].as_deref().unwrap_or(&[]);
+            let (ir, reads) =
+                lower(graph, k, stage[k.index()], rows, &mat).expect("row groups are formed where lowering takes them");
             // Rule 6 (reductions only: a GEMM's reduce loop is its K, which its own kernels split).
             let reduces = stage[k.index()].is_some_and(|r| matches!(graph.node(r).op, Op::Reduce { .. }));
             let ir = if reduces { with_merged_reduce_loops(&ir) } else { ir };
@@ -389,6 +417,8 @@ fn copy(b: &BufParam) -> KernelIr {
         output: b.clone(),
         out_extents: vec![b.len],
         reduce: None,
+        rows: Vec::new(),
+        row_rank: 1,
         outer: vec![Inst { op: load, dtype: b.dtype }],
         result: 0,
         flops_per_elem: 0,

@@ -58,7 +58,7 @@ fn part_count(first: usize, total: usize) -> Option<usize> {
 /// inputs and writes `P` values of the accumulator's dtype; the combining kernel reads `k`'s inputs followed by those
 /// partials and writes `k`'s output.
 pub fn split_full_reduction(k: &KernelIr) -> Option<(KernelIr, KernelIr)> {
-    let r = k.reduce.as_ref()?;
+    let r = k.reduce.as_ref().filter(|_| k.rows.is_empty())?;
     let total: usize = r.extents.iter().product();
     if !k.out_extents.is_empty() || total < MIN_SPLIT_ELEMS {
         return None;
@@ -89,6 +89,8 @@ pub fn split_full_reduction(k: &KernelIr) -> Option<(KernelIr, KernelIr)> {
         output: acc.clone(),
         out_extents: vec![parts],
         reduce: Some(Reduce { op: r.op, extents, dtype: r.dtype, inner, value: r.value }),
+        rows: Vec::new(),
+        row_rank: 1,
         outer: vec![Inst { op: InstOp::Acc, dtype: r.dtype }],
         result: 0,
         flops_per_elem: k.flops_per_elem.div_ceil(parts),
@@ -114,7 +116,9 @@ pub fn split_full_reduction(k: &KernelIr) -> Option<(KernelIr, KernelIr)> {
 /// same order). Other kernels, and those with a masked or non-affine index, are returned as they are.
 pub fn with_merged_reduce_loops(k: &KernelIr) -> KernelIr {
     match &k.reduce {
-        Some(r) if k.out_extents.is_empty() => KernelIr { reduce: Some(merged_reduce_loops(r)), ..k.clone() },
+        Some(r) if k.out_extents.is_empty() && k.rows.is_empty() => {
+            KernelIr { reduce: Some(merged_reduce_loops(r)), ..k.clone() }
+        }
         _ => k.clone(),
     }
 }

@@ -70,11 +70,15 @@ pub enum VBin {
     /// 32-bit integer lanes (exponent arithmetic on float bit patterns).
     IAdd,
     ISub,
+    /// `vmaxps` as the hardware does it: the second operand where either is NaN (row-kernel max folds track NaN
+    /// apart, `cpu::wide_rows`; the epilogue never emits it).
+    MaxRaw,
 }
 
 /// `vcmpps` predicates (ordered, quiet, so NaN compares false, except `NeqUq`).
 pub mod pred {
     pub const EQ_OQ: i8 = 0x00;
+    pub const UNORD_Q: i8 = 0x03;
     pub const LT_OQ: i8 = 0x11;
     pub const LE_OQ: i8 = 0x12;
     pub const NEQ_UQ: i8 = 0x04;
@@ -444,6 +448,7 @@ macro_rules! vbin {
             VBin::Xor => dynasm!($ops ; .arch x64 ; vxorps Ry($d), Ry($x), $($src)+),
             VBin::IAdd => dynasm!($ops ; .arch x64 ; vpaddd Ry($d), Ry($x), $($src)+),
             VBin::ISub => dynasm!($ops ; .arch x64 ; vpsubd Ry($d), Ry($x), $($src)+),
+            VBin::MaxRaw => dynasm!($ops ; .arch x64 ; vmaxps Ry($d), Ry($x), $($src)+),
         }
     };
 }

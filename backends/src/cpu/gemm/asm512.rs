@@ -64,6 +64,7 @@ fn opcode(op: VBin) -> evex::Opc {
         VBin::Xor => evex::VPXORD,
         VBin::IAdd => evex::VPADDD,
         VBin::ISub => evex::VPSUBD,
+        VBin::MaxRaw => evex::VMAXPS,
     }
 }
 

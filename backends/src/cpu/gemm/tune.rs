@@ -326,12 +326,15 @@ fn build(
         }
     }
     epilogue.push(format!("result v{}", k.result));
+    let row_rank = out_extents.len();
     let canonical = KernelIr {
         name: format!("tune_{}", k.name),
         inputs,
         output: f32buf(bb * mm * nn),
         out_extents,
         reduce: Some(Reduce { op: ReduceOp::Sum, extents: vec![kk], dtype: DType::F32, inner, value: 2 }),
+        rows: Vec::new(),
+        row_rank,
         outer,
         result: k.result,
         flops_per_elem: k.flops_per_elem,

@@ -8,6 +8,17 @@ impl Emitter<'_> {
     /// blocks of `TileConfig::block_rows` rows (a block of A stays in L2), and within a block, column tiles outer and row tiles
     /// inner (a column panel of B stays in L1 while every row tile of the block uses it).
     pub(super) fn loops(&mut self, dim: usize, lo: Value, hi: Value) {
+        if dim == self.k.row_rank && !self.k.rows.is_empty() {
+            // Every loop of a row is inside: fold the row reductions here, once per row.
+            self.fold_rows();
+            self.loops_from(dim, lo, hi);
+            self.row_accs.clear();
+        } else {
+            self.loops_from(dim, lo, hi);
+        }
+    }
+
+    fn loops_from(&mut self, dim: usize, lo: Value, hi: Value) {
         let rank = self.k.out_rank();
         if dim + 1 == rank {
             // In the body of the loop around the innermost one (a row), what is the same for the whole row.
@@ -147,6 +158,20 @@ impl Emitter<'_> {
     /// the store of each element.
     pub(super) fn tile(&mut self, rows: usize, vecs: usize, lanes: usize) {
         let k = self.k;
+        // A row kernel whose rows are its output elements (a reduction reading row reductions) folds them here.
+        let per_element_rows = !k.rows.is_empty() && k.row_rank == k.out_rank();
+        if per_element_rows {
+            debug_assert_eq!((rows, vecs, lanes), (1, 1, 1), "one row at a time");
+            self.fold_rows();
+        }
+        self.tile_body(rows, vecs, lanes);
+        if per_element_rows {
+            self.row_accs.clear();
+        }
+    }
+
+    fn tile_body(&mut self, rows: usize, vecs: usize, lanes: usize) {
+        let k = self.k;
         let n = rows * vecs;
         let accs: Vec<Value> = match &k.reduce {
             Some(r) if self.reduce_vec => {
@@ -163,22 +188,9 @@ impl Emitter<'_> {
                 }
                 let sinit = self.init(r.op, r.dtype, 1);
                 self.b.def_var(sacc, sinit);
-                self.reduce_loops_vec(0, &vaccs, sacc);
+                self.reduce_loops_vec(r, 0, &vaccs, sacc);
                 self.col_dim = saved;
-                // Pairwise, (a0 + a1) + (a2 + a3), then across the lanes.
-                let mut parts: Vec<Value> = vaccs.iter().map(|&a| self.b.use_var(a)).collect();
-                while parts.len() > 1 {
-                    parts = parts
-                        .chunks(2)
-                        .map(|p| if p.len() == 2 { self.fold(r.op, r.dtype, LANES, p[0], p[1]) } else { p[0] })
-                        .collect();
-                }
-                let (v, mut s) = (parts[0], self.b.use_var(sacc));
-                for l in 0..LANES {
-                    let x = self.b.ins().extractlane(v, l as u8);
-                    s = self.fold(r.op, r.dtype, 1, s, x);
-                }
-                vec![s]
+                vec![self.combine_lanes(r, &vaccs, sacc)]
             }
             Some(r) => {
                 let vars: Vec<Variable> = (0..n).map(|_| self.b.declare_var(ty(r.dtype, lanes))).collect();
@@ -187,7 +199,9 @@ impl Emitter<'_> {
                     self.b.def_var(v, init);
                 }
                 self.hoist_loads(&r.inner, lanes);
-                self.reduce_loops(0, &vars, rows, vecs, lanes);
+                let deps = std::mem::take(&mut self.inner_deps);
+                self.reduce_loops(r, &deps, 0, &vars, rows, vecs, lanes);
+                self.inner_deps = deps;
                 self.hoisted.clear();
                 vars.iter().map(|&v| self.b.use_var(v)).collect()
             }
@@ -267,21 +281,20 @@ impl Emitter<'_> {
     /// Several accumulators, because one is a single dependency chain: a float `max` is eight instructions in
     /// Cranelift's lowering (NaN and signed-zero rules) and each vector waited for the previous one, so a row max
     /// ran at ~10 cycles per 4 elements (1.55 ms for 4096 x 1024 on 2 threads, 3x a pass over memory).
-    pub(super) fn reduce_loops_vec(&mut self, level: usize, vaccs: &[Variable], sacc: Variable) {
-        let r = self.k.reduce.as_ref().expect("reduce kernel");
+    pub(super) fn reduce_loops_vec(&mut self, r: &Reduce, level: usize, vaccs: &[Variable], sacc: Variable) {
         let var = self.vars[self.k.out_rank() + level];
         let zero = self.b.ins().iconst(types::I64, 0);
         let n = self.b.ins().iconst(types::I64, r.extents[level] as i64);
         self.b.def_var(var, zero);
         if level + 1 < r.extents.len() {
-            self.counted_loop(var, n, 1, |s| s.reduce_loops_vec(level + 1, vaccs, sacc));
+            self.counted_loop(var, n, 1, |s| s.reduce_loops_vec(r, level + 1, vaccs, sacc));
             return;
         }
         // Which instructions vary along the reduce loop (the tile's column axis here), so that a value that does
         // not is computed once per group of vectors rather than once per vector.
         let rank = self.k.out_rank();
         let col = rank + r.extents.len() - 1;
-        let deps = deps_on(&r.inner, None, Some(col));
+        let deps = deps_on(&r.inner, None, Some(col), self.k.row_rank);
         let groups: &[(usize, usize)] =
             if vaccs.len() > 1 { &[(vaccs.len(), LANES), (1, LANES), (1, 1)] } else { &[(1, LANES), (1, 1)] };
         for &(vecs, lanes) in groups {
@@ -297,12 +310,19 @@ impl Emitter<'_> {
         }
     }
 
-    pub(super) fn reduce_loops(&mut self, level: usize, accs: &[Variable], rows: usize, vecs: usize, lanes: usize) {
-        let r = self.k.reduce.as_ref().expect("reduce kernel");
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reduce_loops(
+        &mut self,
+        r: &Reduce,
+        deps: &[(bool, bool)],
+        level: usize,
+        accs: &[Variable],
+        rows: usize,
+        vecs: usize,
+        lanes: usize,
+    ) {
         if level == r.extents.len() {
-            let deps = std::mem::take(&mut self.inner_deps);
-            let vals = self.tile_insts(&r.inner, &deps, rows, vecs, lanes, &[]);
-            self.inner_deps = deps;
+            let vals = self.tile_insts(&r.inner, deps, rows, vecs, lanes, &[]);
             let fma_operands = match r.inner[r.value].op {
                 InstOp::Binary(BinaryOp::Mul, x, y) if self.fma && r.op == ReduceOp::Sum && r.dtype.is_float() => {
                     Some((x, y))
@@ -330,7 +350,56 @@ impl Emitter<'_> {
         let zero = self.b.ins().iconst(types::I64, 0);
         let n = self.b.ins().iconst(types::I64, r.extents[level] as i64);
         self.b.def_var(var, zero);
-        self.counted_loop(var, n, 1, |s| s.reduce_loops(level + 1, accs, rows, vecs, lanes));
+        self.counted_loop(var, n, 1, |s| s.reduce_loops(r, deps, level + 1, accs, rows, vecs, lanes));
+    }
+
+    /// `vaccs` folded pairwise, (a0 + a1) + (a2 + a3), then across the lanes into the scalar `sacc`.
+    fn combine_lanes(&mut self, r: &Reduce, vaccs: &[Variable], sacc: Variable) -> Value {
+        let mut parts: Vec<Value> = vaccs.iter().map(|&a| self.b.use_var(a)).collect();
+        while parts.len() > 1 {
+            parts = parts
+                .chunks(2)
+                .map(|p| if p.len() == 2 { self.fold(r.op, r.dtype, LANES, p[0], p[1]) } else { p[0] })
+                .collect();
+        }
+        let (v, mut s) = (parts[0], self.b.use_var(sacc));
+        for l in 0..LANES {
+            let x = self.b.ins().extractlane(v, l as u8);
+            s = self.fold(r.op, r.dtype, 1, s, x);
+        }
+        s
+    }
+
+    /// Folds the current row's reductions (`KernelIr::rows`) in order into `row_accs`, each along its innermost
+    /// reduce loop 4 lanes at a time where its code fits the lane model (as `reduce_loops_vec`), else scalar.
+    pub(super) fn fold_rows(&mut self) {
+        let k = self.k;
+        let rank = k.out_rank();
+        for r in &k.rows {
+            let vector = self.vectorize && lanes_fold(r);
+            let sacc = self.b.declare_var(ty(r.dtype, 1));
+            let sinit = self.init(r.op, r.dtype, 1);
+            self.b.def_var(sacc, sinit);
+            let v = if vector {
+                let saved = (self.col_dim, self.reduce_vec);
+                self.col_dim = Some(rank + r.extents.len() - 1);
+                self.reduce_vec = true;
+                let groups = if r.extents.last().is_some_and(|&e| e >= REDUCE_VECS * LANES) { REDUCE_VECS } else { 1 };
+                let vaccs: Vec<Variable> = (0..groups).map(|_| self.b.declare_var(ty(r.dtype, LANES))).collect();
+                for &v in &vaccs {
+                    let init = self.init(r.op, r.dtype, LANES);
+                    self.b.def_var(v, init);
+                }
+                self.reduce_loops_vec(r, 0, &vaccs, sacc);
+                (self.col_dim, self.reduce_vec) = saved;
+                self.combine_lanes(r, &vaccs, sacc)
+            } else {
+                let deps = deps_on(&r.inner, None, None, k.row_rank);
+                self.reduce_loops(r, &deps, 0, &[sacc], 1, 1, 1);
+                self.b.use_var(sacc)
+            };
+            self.row_accs.push(v);
+        }
     }
 
     pub(super) fn init(&mut self, op: ReduceOp, d: DType, lanes: usize) -> Value {

@@ -26,7 +26,7 @@
 //! `!=`.
 
 use crate::dtype::{DType, Scalar};
-use crate::kernel::{IExpr, Inst, InstOp, KernelIr, Valid};
+use crate::kernel::{IExpr, Inst, InstOp, KernelIr, Reduce, Valid};
 use crate::op::{BinaryOp, RandDist, ReduceOp, UnaryOp};
 use crate::render::clif_math;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -78,7 +78,7 @@ pub fn vectorizable(k: &KernelIr) -> bool {
 fn vectorizable_values(k: &KernelIr) -> bool {
     let rank = k.out_rank();
     let ok = |insts: &[Inst]| {
-        let deps = deps(insts, rank);
+        let deps = deps(insts, rank, k.row_rank);
         insts
             .iter()
             .zip(&deps)
@@ -86,6 +86,15 @@ fn vectorizable_values(k: &KernelIr) -> bool {
     };
     let inner_ok = k.reduce.as_ref().is_none_or(|r| has_lanes(r.dtype) && ok(&r.inner));
     has_lanes(k.output.dtype) && ok(&k.outer) && inner_ok
+}
+
+/// Whether `r` folds 4 lanes at a time along its innermost reduce loop (`reduce_loops_vec`): an f32 or 32-bit int
+/// accumulator, every inner value in the lane model, and a loop of at least one vector.
+fn lanes_fold(r: &Reduce) -> bool {
+    let lanes_ok = |i: &Inst| has_lanes(i.dtype) && !matches!(i.op, InstOp::Index(_) | InstOp::Rand { .. });
+    matches!(r.dtype, DType::F32 | DType::I32 | DType::U32)
+        && r.inner.iter().all(lanes_ok)
+        && r.extents.last().is_some_and(|&e| e >= LANES)
 }
 
 /// The strict form, for vectorizing along a reduce loop: every value in the lane model.
@@ -196,9 +205,13 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
     // A vector body only pays when the innermost loop has at least one full vector; rendering it for a smaller
     // extent would only cost compile time (a polynomial sin is hundreds of instructions).
     let innermost = k.out_extents.last().copied().unwrap_or(0);
-    let reduce_vec = opts.vectorize && reduce_vectorizable(k);
-    let vec_ok = !reduce_vec && opts.vectorize && vectorizable(k) && innermost >= LANES;
-    let tiled = vec_ok && rank >= 2 && k.reduce.is_some();
+    // A row kernel's reduce stage (one output per row) folds along its reduce loop, as its row reductions do.
+    let reduce_vec = opts.vectorize
+        && (reduce_vectorizable(k) || k.reduce.as_ref().is_some_and(|r| !k.rows.is_empty() && lanes_fold(r)));
+    // A row kernel vectorizes along its row's elements only (a vector never spans two rows), and is not tiled.
+    let rows_apart = k.rows.is_empty() || k.row_rank < rank;
+    let vec_ok = !reduce_vec && opts.vectorize && vectorizable(k) && innermost >= LANES && rows_apart;
+    let tiled = vec_ok && rank >= 2 && k.reduce.is_some() && k.rows.is_empty();
     let mut em = Emitter {
         b,
         k,
@@ -217,8 +230,10 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
         reduce_vec,
         fma: opts.fma,
         tile_cfg: opts.tile,
-        inner_deps: k.reduce.as_ref().map_or(Vec::new(), |r| deps(&r.inner, rank)),
-        outer_deps: deps(&k.outer, rank),
+        inner_deps: k.reduce.as_ref().map_or(Vec::new(), |r| deps(&r.inner, rank, k.row_rank)),
+        outer_deps: deps(&k.outer, rank, k.row_rank),
+        vectorize: opts.vectorize,
+        row_accs: Vec::new(),
         hoisted: HashMap::new(),
         uniform_loads: HashMap::new(),
         uniform_insts: HashMap::new(),
@@ -237,18 +252,21 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
 }
 
 /// For each instruction: does it depend on the tile's row variable, on its column variable?
-fn deps(insts: &[Inst], rank: usize) -> Vec<(bool, bool)> {
-    deps_on(insts, rank.checked_sub(2), rank.checked_sub(1))
+fn deps(insts: &[Inst], rank: usize, row_rank: usize) -> Vec<(bool, bool)> {
+    deps_on(insts, rank.checked_sub(2), rank.checked_sub(1), row_rank)
 }
 
-/// For each instruction: does it depend on loop variable `row`, on `col`?
-fn deps_on(insts: &[Inst], row: Option<usize>, col: Option<usize>) -> Vec<(bool, bool)> {
+/// For each instruction: does it depend on loop variable `row`, on `col`? (A row reduction's value depends on the
+/// first `row_rank` output loops.)
+fn deps_on(insts: &[Inst], row: Option<usize>, col: Option<usize>, row_rank: usize) -> Vec<(bool, bool)> {
     let mentions = |e: &IExpr, v: Option<usize>| v.is_some_and(|v| mentions_var(e, v));
+    let of_row = |v: Option<usize>| v.is_some_and(|v| v < row_rank);
     let mut out: Vec<(bool, bool)> = Vec::with_capacity(insts.len());
     for inst in insts {
         let d = match &inst.op {
             InstOp::Const(_) => (false, false),
             InstOp::Acc => (true, true),
+            InstOp::RowAcc(_) => (of_row(row), of_row(col)),
             InstOp::Index(e) | InstOp::Rand { index: e, .. } => (mentions(e, row), mentions(e, col)),
             InstOp::Load { index, valid, .. } => {
                 let ranges: Vec<&IExpr> = valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)).collect();
@@ -314,6 +332,10 @@ struct Emitter<'a> {
     /// of a broadcast, and the ops on it): computed once per row, before the innermost loop, keyed as
     /// `uniform_insts` (their splats go to `splats`). Empty outside a row's body.
     row_insts: HashMap<*const Inst, Value>,
+    /// `RenderOptions::vectorize`.
+    vectorize: bool,
+    /// The current row's finished row reductions (scalars), while its code is emitted (see `fold_rows`).
+    row_accs: Vec<Value>,
 }
 
 impl Emitter<'_> {
@@ -344,7 +366,12 @@ impl Emitter<'_> {
                 InstOp::Binary(_, a, b) => uniform[*a] && uniform[*b],
                 InstOp::Where(c, a, b) => uniform[*c] && uniform[*a] && uniform[*b],
                 // Constants are rendered where used (an immediate); everything else depends on a loop variable.
-                InstOp::Const(_) | InstOp::Index(_) | InstOp::Load { .. } | InstOp::Rand { .. } | InstOp::Acc => false,
+                InstOp::Const(_)
+                | InstOp::Index(_)
+                | InstOp::Load { .. }
+                | InstOp::Rand { .. }
+                | InstOp::Acc
+                | InstOp::RowAcc(_) => false,
             };
             // A uniform instruction with a constant operand reads it from `vals`, so constants get a value here too.
             let computed = uniform[i] || matches!(inst.op, InstOp::Const(_));

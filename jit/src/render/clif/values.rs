@@ -341,7 +341,12 @@ impl Emitter<'_> {
             InstOp::Unary(_, a) | InstOp::Cast(a) => vec![*a],
             InstOp::Binary(_, x, y) => vec![*x, *y],
             InstOp::Where(c, a, b) => vec![*c, *a, *b],
-            InstOp::Const(_) | InstOp::Index(_) | InstOp::Load { .. } | InstOp::Rand { .. } | InstOp::Acc => Vec::new(),
+            InstOp::Const(_)
+            | InstOp::Index(_)
+            | InstOp::Load { .. }
+            | InstOp::Rand { .. }
+            | InstOp::Acc
+            | InstOp::RowAcc(_) => Vec::new(),
         };
         let mut ready: Vec<(usize, Value)> = Vec::with_capacity(operands.len());
         for &i in &operands {
@@ -398,6 +403,10 @@ impl Emitter<'_> {
             }
             InstOp::Cast(a) => self.cast(insts[*a].dtype, d, lanes, val(*a)),
             InstOp::Acc => acc.expect("acc only in reduce kernels"),
+            InstOp::RowAcc(j) => {
+                let v = self.row_accs[*j];
+                if lanes > 1 { self.vector_of(v, d, lanes) } else { v }
+            }
         }
     }
 

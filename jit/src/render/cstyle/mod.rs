@@ -157,39 +157,17 @@ impl<'a, D: Dialect> Emitter<'a, D> {
     }
 
     /// `element(flat)`: computes and stores output element `flat` (row-major over the output loops), with the
-    /// whole reduction inside.
+    /// whole reduction inside. A row kernel's element also takes its row's reductions (`row0`, `row1`, ..), which
+    /// [`Emitter::row_fn`] folds.
     pub fn element_fn(&mut self) -> String {
         let (d, k) = (self.d, self.k);
-        let mut s = format!("\n{}\n", d.fn_open("element", &[("flat", d.index_dtype())]));
-        let rank = k.out_rank();
-        let strides = crate::shape::contiguous_strides(&k.out_extents);
-        for (v, (&e, &st)) in k.out_extents.iter().zip(&strides).enumerate() {
-            if !self.mentions(v) {
-                continue;
-            }
-            let expr = match (v, st) {
-                (0, 1) => "flat".to_string(),
-                (0, st) => format!("flat / {st}"),
-                (_, 1) => format!("flat % {e}"),
-                _ => format!("(flat / {st}) % {e}"),
-            };
-            let _ = writeln!(s, "    {}", d.let_index(&format!("i{v}"), &expr));
-        }
+        let names: Vec<String> = (0..k.rows.len()).map(|j| format!("row{j}")).collect();
+        let mut params = vec![("flat", d.index_dtype())];
+        params.extend(names.iter().zip(&k.rows).map(|(n, r)| (n.as_str(), d.compute_dtype(r.dtype))));
+        let mut s = format!("\n{}\n", d.fn_open("element", &params));
+        self.decompose(&mut s, "flat", &k.out_extents);
         if let Some(r) = &k.reduce {
-            let rd = d.compute_dtype(r.dtype);
-            let _ = writeln!(s, "    {}", d.var_value("acc", rd, &konst(d, r.op.identity(r.dtype), r.dtype)));
-            let mut indent = String::from("    ");
-            for (j, e) in r.extents.iter().enumerate() {
-                let _ = writeln!(s, "{indent}{}", d.for_open(&format!("i{}", rank + j), *e));
-                indent.push_str("    ");
-            }
-            self.insts(&mut s, &r.inner, "r", &indent);
-            let folded = self.binary(r.op.fold(), r.dtype, "acc", &format!("r{}", r.value));
-            let _ = writeln!(s, "{indent}acc = {folded};");
-            for _ in &r.extents {
-                indent.truncate(indent.len() - 4);
-                let _ = writeln!(s, "{indent}}}");
-            }
+            self.fold_loop(&mut s, r, "acc", "r");
         }
         self.insts(&mut s, &k.outer, "v", "    ");
         let stored = d.store_word(k.output.dtype, &format!("v{}", k.result));
@@ -197,10 +175,65 @@ impl<'a, D: Dialect> Emitter<'a, D> {
         s
     }
 
+    /// `row(r)`, for a row kernel: folds row `r`'s reductions (row-major over the first `row_rank` output loops),
+    /// then computes each of its elements with [`Emitter::element_fn`]'s `element`.
+    pub fn row_fn(&mut self) -> String {
+        let (d, k) = (self.d, self.k);
+        let mut s = format!("\n{}\n", d.fn_open("row", &[("r", d.index_dtype())]));
+        self.decompose(&mut s, "r", &k.out_extents[..k.row_rank]);
+        for (j, r) in k.rows.iter().enumerate() {
+            self.fold_loop(&mut s, r, &format!("row{j}"), &format!("p{j}_"));
+        }
+        let per_row: usize = k.out_extents[k.row_rank..].iter().product();
+        let rows: Vec<String> = (0..k.rows.len()).map(|j| format!(", row{j}")).collect();
+        let _ = writeln!(s, "    {}", d.for_open("c", per_row));
+        let _ = writeln!(s, "        element(r * {per_row} + c{});", rows.concat());
+        let _ = writeln!(s, "    }}\n{}", d.fn_close());
+        s
+    }
+
+    /// `let`s of the loop variables of `extents` (output loops 0..) that any instruction reads, from their row-major
+    /// offset `flat`.
+    fn decompose(&self, s: &mut String, flat: &str, extents: &[usize]) {
+        let strides = crate::shape::contiguous_strides(extents);
+        for (v, (&e, &st)) in extents.iter().zip(&strides).enumerate() {
+            if !self.mentions(v) {
+                continue;
+            }
+            let expr = match (v, st) {
+                (0, 1) => flat.to_string(),
+                (0, st) => format!("{flat} / {st}"),
+                (_, 1) => format!("{flat} % {e}"),
+                _ => format!("({flat} / {st}) % {e}"),
+            };
+            let _ = writeln!(s, "    {}", self.d.let_index(&format!("i{v}"), &expr));
+        }
+    }
+
+    /// `var <acc> = identity;` and the loop nest folding `r`'s inner code (values named `<prefix><i>`) into it.
+    fn fold_loop(&mut self, s: &mut String, r: &crate::kernel::Reduce, acc: &str, prefix: &str) {
+        let d = self.d;
+        let rank = self.k.out_rank();
+        let rd = d.compute_dtype(r.dtype);
+        let _ = writeln!(s, "    {}", d.var_value(acc, rd, &konst(d, r.op.identity(r.dtype), r.dtype)));
+        let mut indent = String::from("    ");
+        for (j, e) in r.extents.iter().enumerate() {
+            let _ = writeln!(s, "{indent}{}", d.for_open(&format!("i{}", rank + j), *e));
+            indent.push_str("    ");
+        }
+        self.insts(s, &r.inner, prefix, &indent);
+        let folded = self.binary(r.op.fold(), r.dtype, acc, &format!("{prefix}{}", r.value));
+        let _ = writeln!(s, "{indent}{acc} = {folded};");
+        for _ in &r.extents {
+            indent.truncate(indent.len() - 4);
+            let _ = writeln!(s, "{indent}}}");
+        }
+    }
+
     /// Whether any instruction reads loop variable `v` (output variables only decomposed when used).
     fn mentions(&self, v: usize) -> bool {
         let k = self.k;
-        let insts = k.outer.iter().chain(k.reduce.iter().flat_map(|r| r.inner.iter()));
+        let insts = k.outer.iter().chain(k.reduce.iter().chain(&k.rows).flat_map(|r| r.inner.iter()));
         let mut any = false;
         for inst in insts {
             let mut check = |e: &IExpr| any |= mentions_var(e, v);
@@ -217,7 +250,8 @@ impl<'a, D: Dialect> Emitter<'a, D> {
                 | InstOp::Binary(..)
                 | InstOp::Where(..)
                 | InstOp::Cast(_)
-                | InstOp::Acc => {}
+                | InstOp::Acc
+                | InstOp::RowAcc(_) => {}
             }
         }
         any

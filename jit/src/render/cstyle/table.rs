@@ -94,6 +94,7 @@ impl<D: Dialect> Emitter<'_, D> {
             InstOp::Where(c, a, b) => dl.select(&v(b), &v(a), &v(c)),
             InstOp::Cast(a) => self.cast(insts[*a].dtype, d, &v(a)),
             InstOp::Acc => "acc".into(),
+            InstOp::RowAcc(j) => format!("row{j}"),
         }
     }
 

@@ -4,7 +4,7 @@
 //! `0..n`), the output as a read-write storage array (binding `n`), and, when the kernel draws random numbers, the
 //! plan's rng keys as a read-only `array<u32>` (binding `n + 1`: seed lo, seed hi, offset lo, offset hi per slot).
 //! Invocation `t` computes output elements `t, t + T, t + 2T, ..` (`per_thread` of them, `T` threads in all), each
-//! with the whole reduction inside; elements are in row-major output order, so neighbouring invocations write
+//! with the whole reduction inside (a row kernel: row `t`, its reductions and then its elements, `row_fn`); elements are in row-major output order, so neighbouring invocations write
 //! neighbouring words. What `kernel::gemm::GemmView` recognizes can instead be rendered by the tiled template in
 //! `gemm.rs` (`render_gemm`, one configuration per call; the wgpu backend chooses it).
 //!
@@ -72,7 +72,7 @@ impl WgslOptions {
     /// invocations amortize the index decomposition and, on a CPU driver such as lavapipe, the per-invocation cost).
     pub fn choose(k: &KernelIr) -> WgslOptions {
         let total: usize = k.out_extents.iter().product();
-        if k.reduce.is_some() {
+        if k.reduce.is_some() || !k.rows.is_empty() {
             WgslOptions { workgroup: 64, per_thread: 1 }
         } else if total > 1 << 18 {
             WgslOptions { workgroup: 256, per_thread: 4 }
@@ -123,8 +123,9 @@ pub fn groups_for(threads: u64, workgroup: u32) -> Result<(u32, u32), String> {
 /// lowering's own widened index and iota arithmetic (`Index` values, pad bounds, `start + i * step`): exact in i32
 /// for indices (proved below), within one f32 rounding for a float iota.
 pub fn check(k: &KernelIr) -> Result<(), String> {
-    let insts = k.outer.iter().chain(k.reduce.iter().flat_map(|r| r.inner.iter()));
-    let dtypes = k.inputs.iter().map(|b| b.dtype).chain([k.output.dtype]).chain(k.reduce.iter().map(|r| r.dtype));
+    let insts = k.outer.iter().chain(k.reduce.iter().chain(&k.rows).flat_map(|r| r.inner.iter()));
+    let dtypes =
+        k.inputs.iter().map(|b| b.dtype).chain([k.output.dtype]).chain(k.reduce.iter().chain(&k.rows).map(|r| r.dtype));
     for d in dtypes {
         if !supports(d) {
             return Err(format!(
@@ -159,7 +160,8 @@ pub fn check(k: &KernelIr) -> Result<(), String> {
             | InstOp::Binary(..)
             | InstOp::Where(..)
             | InstOp::Cast(_)
-            | InstOp::Acc => vec![],
+            | InstOp::Acc
+            | InstOp::RowAcc(_) => vec![],
         };
         for e in exprs {
             if !fits_i32(e, &extents) {
@@ -206,7 +208,9 @@ pub fn render_aliased(k: &KernelIr, aliased: &[usize]) -> Result<WgslKernel, Str
 
 fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<WgslKernel, String> {
     check(k)?;
-    let total: u64 = k.out_extents.iter().product::<usize>() as u64;
+    // A row kernel runs one invocation per row (its reductions, then its elements).
+    let total: u64 =
+        k.out_extents[..if k.rows.is_empty() { k.out_rank() } else { k.row_rank }].iter().product::<usize>() as u64;
     let per_thread = opts.per_thread.max(1) as u64;
     let threads = total.div_ceil(per_thread);
     let groups = groups_for(threads, opts.workgroup)?;
@@ -224,7 +228,11 @@ fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<Wgs
             uses_rng: false,
         });
     }
-    let body = em.element_fn();
+    let mut body = em.element_fn();
+    if !k.rows.is_empty() {
+        body.push_str(&em.row_fn());
+    }
+    let call = if k.rows.is_empty() { "element" } else { "row" };
     let mut s = header(&em);
     s.push_str(&body);
     let _ = write!(
@@ -235,12 +243,12 @@ fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<Wgs
         wg = opts.workgroup
     );
     if per_thread == 1 {
-        s.push_str("    element(i32(t));\n}\n");
+        let _ = write!(s, "    {call}(i32(t));\n}}\n");
     } else {
         let _ = write!(
             s,
             "    for (var j = 0u; j < {per_thread}u; j++) {{\n        let e = t + j * {threads}u;\n        \
-             if (e >= {total}u) {{ return; }}\n        element(i32(e));\n    }}\n}}\n"
+             if (e >= {total}u) {{ return; }}\n        {call}(i32(e));\n    }}\n}}\n"
         );
     }
     Ok(WgslKernel {

@@ -1,0 +1,770 @@
+//! Row kernels (`KernelIr::rows`: softmax, log_softmax, layer norm) at full vector width, generated at run time.
+//!
+//! Why: a row kernel reads each row from memory once and then runs two or three passes over it while it is in L1;
+//! those passes are arithmetic (softmax evaluates `exp` twice per element), which the Cranelift kernels do four
+//! lanes at a time. Here each pass is one register program (`gemm::epilogue::translate`, the elementwise kernels'
+//! own translation, `wide.rs`) in a column loop at 8 or 16 lanes (`wide::width`).
+//!
+//! What runs here: f32 row kernels with one row loop and one column loop (`[rows, cols]`), no reduce
+//! stage, at most [`MAX_PASSES`] - 1 row reductions, each a sum or a max over the row's columns, and code the
+//! register program expresses. Each pass is translated as an elementwise kernel over `[rows, cols]` in which a read
+//! of row reduction `j` (`RowAcc`) is a per-row value (`OperandKind::Col`) of a scratch buffer the kernel writes:
+//! the row's folded values, on the caller's stack.
+//!
+//! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, scratch, then per pass: uniforms,
+//! operand pointers ([`OPERANDS_PER_PASS`] slots)]`, pointers at the chunk's first row. Per row, per pass: the pass's
+//! uniforms and per-row values are broadcast into registers, its operand pointers loaded from the table; then
+//! `unroll` vectors per iteration, single vectors, and a masked tail. A reduction pass folds each vector into one
+//! accumulator per unrolled copy (a sum adds; a max takes `vmaxps` and keeps a NaN mask apart, so a NaN anywhere
+//! makes the row's max NaN, as the interpreter's fold does), masks the tail's lanes past the row to the fold's
+//! identity, combines the copies and the lanes, and stores the value to the scratch. The output pass stores its
+//! vectors. At the row's end the output pointer and every pass's operand pointers in the table step one row.
+//!
+//! Results agree with the interpreter within the f32 accumulation tolerance (a row's lanes are folded in another
+//! order); the output pass is the elementwise kernels' arithmetic. Deliberately not done: aligning the output's
+//! stores (the elementwise kernels' masked head), hoisting per-row arithmetic out of the column loop (a layer norm
+//! computes `1 / sqrt(var + eps)` per vector), several rows at a time.
+
+// `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
+#![allow(clippy::useless_conversion)]
+
+use super::gemm::asm::{self, EpInst, EpProgram, VBin, VecIsa, pred};
+use super::gemm::asm512::Zmm;
+use super::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
+use super::gemm::evex::{Mem, gpr, mem};
+use super::isa::{self, Isa};
+use super::pool;
+use super::wide::{KMASK, MASK_REG, OPERAND_REGS, put};
+use dynasmrt::x64::Assembler;
+use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
+use kiln_jit::kernel::gemm::ElementwiseView;
+use kiln_jit::kernel::{BufParam, IExpr, Inst, InstOp, KernelIr};
+use kiln_jit::{DType, ReduceOp, dtype::Scalar};
+use std::fmt::Write;
+
+/// `table, rows, cols`: see the module doc.
+type RowFn = unsafe extern "sysv64" fn(*const *const u8, usize, usize);
+
+/// Passes of one row: row reductions, per-row values, the output.
+const MAX_PASSES: usize = 12;
+/// Scratch slots of a row: the row reductions' values, then the per-row values.
+const SLOTS: usize = 16;
+/// Table slots of one pass: its uniforms, then its operand pointers.
+const OPERANDS_PER_PASS: usize = 1 + epilogue::MAX_OPERANDS;
+/// Table slots before the passes: output, tail mask, scratch.
+const TABLE_HEAD: usize = 3;
+const TABLE_LEN: usize = TABLE_HEAD + MAX_PASSES * OPERANDS_PER_PASS;
+
+/// The register holding the scratch (a row's folded values); r13 holds the table.
+const SCRATCH_REG: u8 = gpr::R14;
+
+/// The row kernel a plan runs for `k` where generation is enabled (`wide::enabled`) and `k` qualifies (counted in
+/// `wide::BUILDS`, written to the dump), at `wide::width`; else `Ok(None)`: the caller compiles it with Cranelift.
+pub(crate) fn for_plan(k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<Option<RowKernel>, String> {
+    if !super::wide::enabled() || k.rows.is_empty() {
+        return Ok(None);
+    }
+    let Some(r) = RowKernel::build_for(k, super::wide::width())? else { return Ok(None) };
+    super::wide::BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Some(d) = dump {
+        d.generated_files(k, "rows.txt", &r.listing(), r.code_bytes());
+    }
+    Ok(Some(r))
+}
+
+/// What a pass does with its program's value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PassKind {
+    /// Folds it over the row's columns into a scratch slot (row reduction `j` into slot `j`).
+    Fold(ReduceOp, usize),
+    /// Computes it once (it is the same along the row) into a scratch slot.
+    Finish(usize),
+    /// Stores it over the row's columns.
+    Output,
+}
+
+/// One pass over a row.
+struct Pass {
+    ep: Epilogue,
+    /// A row reduction's pass that also stores each vector it folds to the output, which the output pass reads
+    /// back instead of computing it again (softmax's `exp(x - max)`).
+    store_out: bool,
+    /// The pass's code as an elementwise kernel's outer code (for the host-evaluated uniforms).
+    outer: Vec<Inst>,
+    kind: PassKind,
+    /// The column loop's registers (none for `Finish`).
+    layout: Option<PassLayout>,
+}
+
+/// A generated row kernel, ready to launch.
+pub(crate) struct RowKernel {
+    rows: usize,
+    cols: usize,
+    passes: Vec<Pass>,
+    n_inputs: usize,
+    work: usize,
+    isa: Isa,
+    code: ExecutableBuffer,
+    f: RowFn,
+}
+
+// SAFETY: `f` points into `code`, an immutable executable mapping owned here; running only reads `self`.
+unsafe impl Send for RowKernel {}
+// SAFETY: as for Send.
+unsafe impl Sync for RowKernel {}
+
+impl RowKernel {
+    /// Generates `k` at `isa`'s width, or `Ok(None)` when it is not such a kernel (see the module doc) or this host
+    /// cannot run it.
+    pub(crate) fn build_for(k: &KernelIr, isa: Isa) -> Result<Option<RowKernel>, String> {
+        let Some(passes) = plan(k, isa) else { return Ok(None) };
+        let (rows, cols) = (k.out_extents[..k.row_rank].iter().product::<usize>(), k.out_extents[k.row_rank]);
+        let code = emit(&passes, k.inputs.len(), cols, isa)?;
+        super::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the code at offset 0 is a function emitted by `emit` with `RowFn`'s sysv64 signature, and `code`
+        // (kept in the returned kernel) keeps it mapped executable.
+        let f = unsafe { std::mem::transmute::<*const u8, RowFn>(code.ptr(dynasmrt::AssemblyOffset(0))) };
+        Ok(Some(RowKernel { rows, cols, passes, n_inputs: k.inputs.len(), work: k.work(), isa, code, f }))
+    }
+
+    /// The passes' register programs and the machine code's size, for `KILN_DUMP`.
+    pub(crate) fn listing(&self) -> String {
+        let mut s = format!("row kernel {} x {}, {} lanes\n", self.rows, self.cols, self.isa.lanes());
+        for (p, pass) in self.passes.iter().enumerate() {
+            let what = match pass.kind {
+                PassKind::Fold(op, slot) => format!("{op:?} over the row into slot {slot}"),
+                PassKind::Finish(slot) => format!("per-row value into slot {slot}"),
+                PassKind::Output => "output".to_string(),
+            };
+            let unroll =
+                pass.layout.as_ref().map_or(String::new(), |l| format!(", {} vectors per iteration", l.unroll));
+            let _ = writeln!(s, "  pass {p}: {what}{unroll}");
+            for (i, o) in pass.ep.operands.iter().enumerate() {
+                let src = if o.buf == self.n_inputs { "row values".to_string() } else { format!("in{}", o.buf) };
+                let _ = writeln!(s, "    op{i}: {src} + {}, {:?}", o.offset, o.kind);
+            }
+            for (i, inst) in pass.ep.program.insts.iter().enumerate() {
+                let _ = writeln!(s, "    v{i} = {inst:?}");
+            }
+            let _ = writeln!(s, "    result v{}", pass.ep.program.result);
+        }
+        let _ = writeln!(s, "  ({} bytes of code)", self.code.len());
+        s
+    }
+
+    pub(crate) fn code_bytes(&self) -> &[u8] {
+        &self.code
+    }
+
+    /// Runs the kernel: `ptrs` holds its input pointers, then the output pointer.
+    ///
+    /// # Safety
+    /// Every pointer must be valid for the buffer the kernel IR declares at that position (its dtype and length),
+    /// and the output must not alias an input.
+    pub(crate) unsafe fn run(&self, ptrs: &[*mut u8]) {
+        // The passes' inputs with the scratch, which holds no uniform, as a null pointer.
+        let mut all: Vec<*mut u8> = ptrs[..self.n_inputs].to_vec();
+        all.push(std::ptr::null_mut());
+        all.push(ptrs[self.n_inputs]);
+        // SAFETY: the caller's pointer contract; the scratch is never read for a uniform (its index varies by row).
+        let uniforms: Vec<Uniforms> =
+            self.passes.iter().map(|p| unsafe { Uniforms::for_launch(Some(&p.ep), &p.outer, &all) }).collect();
+        let args = &Args { ins: &all, out: ptrs[self.n_inputs] };
+        let f = move |s: usize, e: usize| {
+            let a: &Args = args;
+            // SAFETY: the caller's pointer contract; rows `s..e` exist.
+            unsafe { self.call(a.ins, a.out, &uniforms, s, e - s) };
+        };
+        pool::global().parallel_for_work(self.rows, self.work, &f);
+    }
+
+    /// Calls the code on `rows` rows from `r0`.
+    unsafe fn call(&self, ins: &[*mut u8], out: *mut u8, uniforms: &[Uniforms], r0: usize, rows: usize) {
+        let mut table = [std::ptr::null::<u8>(); TABLE_LEN];
+        let mut scratch = [0f32; SLOTS];
+        let lanes = self.isa.lanes();
+        // SAFETY: every offset formed is that of an element the kernel IR's affine indices reach for a row in range
+        // (the caller's contract), and the code reads and writes only `rows` rows from there (masked at the end).
+        unsafe {
+            table[0] = (out as *const f32).add(r0 * self.cols) as *const u8;
+            table[1] = isa::lane_mask(self.isa, self.cols % lanes);
+            table[2] = scratch.as_mut_ptr() as *const u8;
+            for (p, (pass, u)) in self.passes.iter().zip(uniforms).enumerate() {
+                let base = TABLE_HEAD + p * OPERANDS_PER_PASS;
+                table[base] = u.as_ptr();
+                for (i, o) in pass.ep.operands.iter().enumerate() {
+                    if o.buf == self.n_inputs {
+                        continue; // the scratch, addressed through its own register
+                    }
+                    let at = o.offset as isize
+                        + match o.kind {
+                            OperandKind::Mat { ld } => (r0 * ld as usize) as isize,
+                            OperandKind::Row => 0,
+                            OperandKind::Col { stride } => (r0 * stride as usize) as isize,
+                        };
+                    table[base + 1 + i] = (ins[o.buf] as *const f32).offset(at) as *const u8;
+                }
+            }
+            (self.f)(table.as_ptr(), rows, self.cols)
+        }
+    }
+}
+
+/// Whether the CPU runs row kernel `k` as generated code at this host's width (the schedule's
+/// `row_kernel_ok`): generation enabled, and `k` of a shape and code this file takes.
+pub(crate) fn generates(k: &KernelIr) -> bool {
+    super::wide::enabled() && plan(k, super::wide::width()).is_some()
+}
+
+/// `k`'s passes at `isa`'s width, or `None` where this file does not run it (see the module doc).
+fn plan(k: &KernelIr, isa: Isa) -> Option<Vec<Pass>> {
+    if !asm::host_supported() || !isa.present() || !shape_fits(k) {
+        return None;
+    }
+    let (rows, cols) = (k.out_extents[..k.row_rank].iter().product::<usize>(), k.out_extents[k.row_rank]);
+    let mut passes = Vec::with_capacity(k.rows.len() + 1);
+    let mut next_slot = k.rows.len();
+    // Each row reduction's code and folded value, for the output pass to reuse.
+    let mut folded: Vec<(usize, Vec<Inst>, usize)> = Vec::new();
+    let codes = k.rows.iter().map(|r| (&r.inner, r.value, Some(r.op))).chain([(&k.outer, k.result, None)]);
+    for (j, (insts, result, fold)) in codes.enumerate() {
+        let mut code = pass_code(k, insts, fold.is_some());
+        // Per-row arithmetic (a layer norm's `1 / sqrt(var + eps)`) once per row, into a scratch slot.
+        for f in row_invariants(&code, result, k.row_rank) {
+            if next_slot == SLOTS || passes.len() + 2 > MAX_PASSES {
+                break;
+            }
+            let Some(ep) = translated(k, code.clone(), f, rows, cols) else { continue };
+            if ep.operands.iter().any(|o| o.buf != k.inputs.len()) {
+                continue; // reads an input per row: stays in the column loop
+            }
+            let outer = code.clone();
+            passes.push(Pass { ep, outer, kind: PassKind::Finish(next_slot), layout: None, store_out: false });
+            code[f].op = scratch_load(k, next_slot);
+            next_slot += 1;
+        }
+        let mut reuse = None;
+        if fold.is_none() {
+            // The latest row reduction whose folded value the output computes again: read it back instead.
+            'find: for (pass, rcode, value) in folded.iter().rev() {
+                for i in 0..code.len() {
+                    if varies(&code, i, k.row_rank) && same(&code, i, rcode, *value) {
+                        code[i].op = out_load(k);
+                        reuse = Some(*pass);
+                        break 'find;
+                    }
+                }
+            }
+        }
+        let ep = translated(k, code.clone(), result, rows, cols)?;
+        if let Some(p) = reuse {
+            passes[p].store_out = true;
+        }
+        if fold.is_some() {
+            folded.push((passes.len(), code.clone(), result));
+        }
+        let steps_fit = ep.operands.iter().all(|o| match o.kind {
+            OperandKind::Mat { ld } => i32::try_from(4 * ld).is_ok(),
+            OperandKind::Col { stride } => i32::try_from(4 * stride).is_ok(),
+            OperandKind::Row => true,
+        });
+        let layout = PassLayout::plan(&ep.program, cols, fold, isa).filter(|_| steps_fit)?;
+        let kind = fold.map_or(PassKind::Output, |op| PassKind::Fold(op, j));
+        passes.push(Pass { ep, outer: code, kind, layout: Some(layout), store_out: false });
+    }
+    (passes.len() <= MAX_PASSES).then_some(passes)
+}
+
+/// The launch's pointers, shared with the pool's threads.
+struct Args<'a> {
+    ins: &'a [*mut u8],
+    out: *mut u8,
+}
+
+// SAFETY: read-only for the duration of one launch; the threads write disjoint rows of the output.
+unsafe impl Sync for Args<'_> {}
+
+/// Whether `k` has the shape this file runs: f32 throughout, one column loop over the reduce loop's extent, sum or
+/// max row reductions, no reduce stage.
+fn shape_fits(k: &KernelIr) -> bool {
+    let rank = k.out_rank();
+    !k.rows.is_empty()
+        && k.rows.len() < MAX_PASSES
+        && k.rows.len() < SLOTS
+        && k.reduce.is_none()
+        && k.row_rank + 1 == rank
+        && k.output.dtype == DType::F32
+        && k.rows.iter().all(|r| {
+            matches!(r.op, ReduceOp::Sum | ReduceOp::Max)
+                && r.dtype == DType::F32
+                && r.extents == [k.out_extents[k.row_rank]]
+        })
+}
+
+/// A load of scratch slot `slot` of the current row, as the pass kernels read it (a per-row operand).
+fn scratch_load(k: &KernelIr, slot: usize) -> InstOp {
+    let strides = kiln_jit::shape::contiguous_strides(&k.out_extents[..k.row_rank]);
+    let row_flat: Vec<i64> =
+        (0..k.out_rank()).map(|v| if v < k.row_rank { (strides[v] * SLOTS) as i64 } else { 0 }).collect();
+    InstOp::Load {
+        buf: k.inputs.len(),
+        index: IExpr::from_affine(&row_flat, slot as i64),
+        valid: None,
+        fill: Scalar::Int(0),
+    }
+}
+
+/// One pass's code over the kernel's output loops: a row reduction's reduce variable becomes the column variable,
+/// and `RowAcc(j)` a load of scratch slot `j`.
+fn pass_code(k: &KernelIr, insts: &[Inst], reduction: bool) -> Vec<Inst> {
+    let (rank, row_rank) = (k.out_rank(), k.row_rank);
+    let mut code = insts.to_vec();
+    for inst in &mut code {
+        if reduction {
+            inst.map_indices(&|e| e.map_vars(&|v| IExpr::Var(if v == rank { row_rank } else { v })));
+        }
+        if let InstOp::RowAcc(j) = inst.op {
+            inst.op = scratch_load(k, j);
+        }
+    }
+    code
+}
+
+/// The values of `code` worth computing once per row: computed (not a load or a constant), the same along the
+/// row (no load reads the column variable `col`), and read by a value that is not, or the result itself.
+fn row_invariants(code: &[Inst], result: usize, col: usize) -> Vec<usize> {
+    let mut inv = vec![false; code.len()];
+    for (i, inst) in code.iter().enumerate() {
+        inv[i] = match &inst.op {
+            InstOp::Const(_) => true,
+            InstOp::Load { index, valid: None, .. } => !kiln_jit::render::cstyle::mentions_var(index, col),
+            InstOp::Unary(_, a) | InstOp::Cast(a) => inv[*a],
+            InstOp::Binary(_, a, b) => inv[*a] && inv[*b],
+            InstOp::Where(c, a, b) => inv[*c] && inv[*a] && inv[*b],
+            InstOp::Load { .. } | InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) => false,
+        };
+    }
+    let computed =
+        |i: usize| matches!(code[i].op, InstOp::Unary(..) | InstOp::Binary(..) | InstOp::Where(..) | InstOp::Cast(_));
+    let mut frontier = Vec::new();
+    let mut note = |i: usize| {
+        if inv[i] && computed(i) && code[i].dtype == DType::F32 && !frontier.contains(&i) {
+            frontier.push(i);
+        }
+    };
+    for (i, inst) in code.iter().enumerate() {
+        if inv[i] {
+            continue;
+        }
+        match &inst.op {
+            InstOp::Unary(_, a) | InstOp::Cast(a) => note(*a),
+            InstOp::Binary(_, a, b) => {
+                note(*a);
+                note(*b);
+            }
+            InstOp::Where(c, a, b) => {
+                note(*c);
+                note(*a);
+                note(*b);
+            }
+            _ => {}
+        }
+    }
+    note(result);
+    frontier.sort_unstable();
+    frontier
+}
+
+/// A load of the output at the element being computed (the output as an input after the scratch).
+fn out_load(k: &KernelIr) -> InstOp {
+    let strides = kiln_jit::shape::contiguous_strides(&k.out_extents);
+    let coef: Vec<i64> = strides.iter().map(|&s| s as i64).collect();
+    InstOp::Load { buf: k.inputs.len() + 1, index: IExpr::from_affine(&coef, 0), valid: None, fill: Scalar::Int(0) }
+}
+
+/// Whether value `i` of `code` reads the column variable `col` (through a load).
+fn varies(code: &[Inst], i: usize, col: usize) -> bool {
+    match &code[i].op {
+        InstOp::Load { index, .. } => kiln_jit::render::cstyle::mentions_var(index, col),
+        InstOp::Unary(_, a) | InstOp::Cast(a) => varies(code, *a, col),
+        InstOp::Binary(_, a, b) => varies(code, *a, col) || varies(code, *b, col),
+        InstOp::Where(c, a, b) => varies(code, *c, col) || varies(code, *a, col) || varies(code, *b, col),
+        InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) | InstOp::Const(_) => false,
+    }
+}
+
+/// Whether value `i` of `a` and value `j` of `b` compute the same thing the same way (every operation, operand
+/// and index equal), so one may stand for the other bit for bit.
+fn same(a: &[Inst], i: usize, b: &[Inst], j: usize) -> bool {
+    let (x, y) = (&a[i], &b[j]);
+    x.dtype == y.dtype
+        && match (&x.op, &y.op) {
+            (InstOp::Unary(u, p), InstOp::Unary(v, q)) => u == v && same(a, *p, b, *q),
+            (InstOp::Cast(p), InstOp::Cast(q)) => same(a, *p, b, *q),
+            (InstOp::Binary(o, p, r), InstOp::Binary(w, q, s)) => o == w && same(a, *p, b, *q) && same(a, *r, b, *s),
+            (InstOp::Where(c, p, r), InstOp::Where(d, q, s)) => {
+                same(a, *c, b, *d) && same(a, *p, b, *q) && same(a, *r, b, *s)
+            }
+            (InstOp::Load { .. } | InstOp::Const(_), _) => x.op == y.op,
+            _ => false,
+        }
+}
+
+/// `code` (value `result`) as an elementwise kernel over `[rows, cols]` reading the scratch as an extra input,
+/// translated into a register program; `None` where it does not translate.
+fn translated(k: &KernelIr, code: Vec<Inst>, result: usize, rows: usize, cols: usize) -> Option<Epilogue> {
+    let mut inputs = k.inputs.clone();
+    inputs.push(BufParam { dtype: DType::F32, len: rows * SLOTS });
+    inputs.push(k.output.clone());
+    let pass = KernelIr {
+        name: format!("{}_pass", k.name),
+        inputs,
+        output: BufParam { dtype: DType::F32, len: k.output.len },
+        out_extents: k.out_extents.clone(),
+        reduce: None,
+        rows: Vec::new(),
+        row_rank: k.out_rank(),
+        outer: code,
+        result,
+        flops_per_elem: 0,
+    };
+    if pass.out_rank() != 2 {
+        return None;
+    }
+    let view = ElementwiseView::of(&pass).filter(|v| v.batch.is_empty() && (v.m, v.n) == (rows, cols))?;
+    epilogue::translate(&pass, &view.roles)
+}
+
+/// Where one pass's values live: per-row values and uniforms in registers of their own from the top down (as
+/// `wide.rs`), each unrolled copy's temporaries from 0 up, a reduction's accumulators (and a max's NaN masks) just
+/// under the hoisted values, and two spare registers under those (the tail's masked value, a NaN test).
+struct PassLayout {
+    hoisted: Vec<Option<u8>>,
+    temps: usize,
+    unroll: usize,
+    accs: Vec<u8>,
+    nans: Vec<u8>,
+    spare: [u8; 2],
+}
+
+impl PassLayout {
+    fn plan(p: &EpProgram, n: usize, fold: Option<ReduceOp>, isa: Isa) -> Option<PassLayout> {
+        let mut hoisted = vec![None; p.insts.len()];
+        let mut next = match isa {
+            Isa::Avx2 => MASK_REG,
+            Isa::Avx512 => 32,
+        };
+        for (i, inst) in p.insts.iter().enumerate() {
+            match inst {
+                EpInst::Col { .. } | EpInst::Uniform(_) => {
+                    next = next.checked_sub(1)?;
+                    hoisted[i] = Some(next);
+                }
+                EpInst::Acc => return None,
+                _ => {}
+            }
+        }
+        let temps = p.temps_needed_besides(&|i| hoisted[i].is_some());
+        let per_copy = match fold {
+            None => 0,
+            Some(ReduceOp::Max) => 2,
+            Some(_) => 1,
+        };
+        let room = next as usize;
+        // The lane combine at a reduction's end uses registers 0-3: the accumulators stay above them.
+        let fits = |u: usize| u * temps + u * per_copy + 2 <= room && (per_copy == 0 || room >= u * per_copy + 2 + 4);
+        let unroll = [4, 2, 1].into_iter().find(|&u| fits(u) && (u == 1 || isa.lanes() * u <= n))?;
+        let top = room - 1;
+        let accs: Vec<u8> = (0..unroll).filter(|_| per_copy > 0).map(|c| (top - c) as u8).collect();
+        let nans: Vec<u8> = (0..unroll).filter(|_| per_copy == 2).map(|c| (top - unroll - c) as u8).collect();
+        let below = top - unroll * per_copy;
+        Some(PassLayout { hoisted, temps, unroll, accs, nans, spare: [below as u8, (below - 1) as u8] })
+    }
+
+    fn copy_regs(&self, copy: usize) -> Vec<u8> {
+        (copy * self.temps..(copy + 1) * self.temps).map(|r| r as u8).collect()
+    }
+}
+
+/// -inf, a max's identity.
+const NEG_INF: u32 = 0xff80_0000;
+
+/// Assembles the kernel (see the module doc) at `isa`'s width.
+fn emit(passes: &[Pass], scratch: usize, cols: usize, isa: Isa) -> Result<ExecutableBuffer, String> {
+    let wide = isa == Isa::Avx512;
+    let zmm = Zmm { pool: gpr::RBP };
+    let vi: &dyn VecIsa = if wide { &zmm } else { &asm::Ymm };
+    let mut ops = Assembler::new().map_err(|e| e.to_string())?;
+    let mut consts = asm::ConstPool::default();
+    let (row, done) = (ops.new_dynamic_label(), ops.new_dynamic_label());
+    dynasm!(ops ; .arch x64
+        ; push rbp
+        ; push rbx
+        ; push r12
+        ; push r13
+        ; push r14
+        ; push r15
+        ; mov r13, rdi
+        ; mov r15, QWORD [r13 + 8]
+        ; mov r14, QWORD [r13 + 16]
+        ; mov rdi, QWORD [r13]
+        ; shl rdx, 2
+    );
+    if wide {
+        let base = consts.base(&mut ops);
+        dynasm!(ops ; .arch x64 ; lea rbp, [=>base]);
+        put(&mut ops, |e| e.kmov_load(KMASK, mem(gpr::R15, 0)));
+    } else {
+        dynasm!(ops ; .arch x64 ; vmovups Ry(MASK_REG), [r15]);
+    }
+    dynasm!(ops ; .arch x64 ; test rsi, rsi ; jz =>done ; =>row);
+    for (pi, pass) in passes.iter().enumerate() {
+        match pass.kind {
+            PassKind::Finish(slot) => emit_finish(&mut ops, vi, pass, pi, slot, &mut consts)?,
+            _ => emit_pass(&mut ops, vi, pass, pi, scratch, isa, &mut consts)?,
+        }
+    }
+    dynasm!(ops ; .arch x64 ; add rdi, 4 * cols as i32);
+    for (pi, pass) in passes.iter().enumerate() {
+        for (o, operand) in pass.ep.operands.iter().enumerate() {
+            let step = match operand.kind {
+                _ if operand.buf == scratch => continue,
+                OperandKind::Mat { ld } => 4 * ld as i32,
+                OperandKind::Col { stride } => 4 * stride as i32,
+                OperandKind::Row => continue,
+            };
+            let off = 8 * (TABLE_HEAD + pi * OPERANDS_PER_PASS + 1 + o) as i32;
+            dynasm!(ops ; .arch x64 ; add QWORD [r13 + off], step);
+        }
+    }
+    dynasm!(ops ; .arch x64
+        ; dec rsi
+        ; jnz =>row
+        ; =>done
+        ; vzeroupper
+        ; pop r15
+        ; pop r14
+        ; pop r13
+        ; pop r12
+        ; pop rbx
+        ; pop rbp
+        ; ret
+    );
+    consts.emit(&mut ops);
+    ops.finalize().map_err(|_| "finalizing a row kernel failed".to_string())
+}
+
+/// A per-row value: its program once, on broadcast scratch slots and uniforms, lane 0 stored to its slot.
+fn emit_finish(
+    ops: &mut Assembler,
+    vi: &dyn VecIsa,
+    pass: &Pass,
+    pi: usize,
+    slot: usize,
+    consts: &mut asm::ConstPool,
+) -> Result<(), String> {
+    let p = &pass.ep.program;
+    let uoff = 8 * (TABLE_HEAD + pi * OPERANDS_PER_PASS) as i32;
+    dynasm!(ops ; .arch x64 ; mov rax, QWORD [r13 + uoff]);
+    let operands = &pass.ep.operands;
+    let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| match *inst {
+        EpInst::Col { op, .. } => vi.broadcast(ops, d, SCRATCH_REG, 4 * operands[op].offset as i32),
+        EpInst::Uniform(u) => vi.uniform(ops, d, gpr::RAX, 32 * u as i32),
+        _ => unreachable!("a per-row value reads only the scratch and uniforms"),
+    };
+    // xmm0-14: the VEX store names the result, and ymm15 holds the tail mask.
+    let free: Vec<u8> = (0..MASK_REG).collect();
+    let res = asm::emit_insts(vi, ops, p, &p.last_uses(), &free, &|_| None, &mut load, consts)?;
+    let off = 4 * slot as i32;
+    dynasm!(ops ; .arch x64 ; vmovss DWORD [r14 + off], Rx(res));
+    Ok(())
+}
+
+/// One pass over the current row (see the module doc).
+fn emit_pass(
+    ops: &mut Assembler,
+    vi: &dyn VecIsa,
+    pass: &Pass,
+    pi: usize,
+    scratch: usize,
+    isa: Isa,
+    consts: &mut asm::ConstPool,
+) -> Result<(), String> {
+    let (p, l) = (&pass.ep.program, pass.layout.as_ref().expect("a column loop's layout"));
+    let fold = match pass.kind {
+        PassKind::Fold(op, slot) => Some((op, slot)),
+        _ => None,
+    };
+    let wide = isa == Isa::Avx512;
+    let vb = 4 * isa.lanes() as i32;
+    let base = TABLE_HEAD + pi * OPERANDS_PER_PASS;
+    // Uniforms, then the operand pointers, then the per-row values.
+    let uoff = 8 * base as i32;
+    dynasm!(ops ; .arch x64 ; mov rax, QWORD [r13 + uoff]);
+    for (i, inst) in p.insts.iter().enumerate() {
+        if let (EpInst::Uniform(slot), Some(h)) = (inst, l.hoisted[i]) {
+            vi.uniform(ops, h, gpr::RAX, 32 * *slot as i32);
+        }
+    }
+    for (o, operand) in pass.ep.operands.iter().enumerate() {
+        if operand.buf != scratch {
+            let (r, off) = (OPERAND_REGS[o], 8 * (base + 1 + o) as i32);
+            dynasm!(ops ; .arch x64 ; mov Rq(r), QWORD [r13 + off]);
+        }
+    }
+    for (i, inst) in p.insts.iter().enumerate() {
+        if let (EpInst::Col { op, .. }, Some(h)) = (inst, l.hoisted[i]) {
+            let o = &pass.ep.operands[*op];
+            let (r, disp) = if o.buf == scratch { (SCRATCH_REG, 4 * o.offset as i32) } else { (OPERAND_REGS[*op], 0) };
+            vi.broadcast(ops, h, r, disp);
+        }
+    }
+    for &a in &l.accs {
+        match fold.map(|f| f.0) {
+            Some(ReduceOp::Max) => {
+                let at = consts.get(ops, NEG_INF);
+                vi.konst(ops, a, at);
+            }
+            _ => vi.bin(ops, VBin::Xor, a, a, a),
+        }
+    }
+    for &n in &l.nans {
+        vi.bin(ops, VBin::Xor, n, n, n);
+    }
+    let last = p.last_uses();
+    let mut copy = |ops: &mut Assembler, c: usize, masked: bool| -> Result<(), String> {
+        let disp = vb * c as i32;
+        let at = |b: u8| Mem { base: b, index: Some(gpr::RAX), disp };
+        let fixed = |i: usize| l.hoisted[i];
+        let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
+            let (EpInst::Mat { op, .. } | EpInst::Row { op }) = *inst else {
+                unreachable!("per-row values and uniforms are hoisted")
+            };
+            let r = OPERAND_REGS[op];
+            if wide {
+                put(ops, |e| e.load(d, at(r), if masked { KMASK } else { 0 }));
+            } else if masked {
+                dynasm!(ops ; .arch x64 ; vmaskmovps Ry(d), Ry(MASK_REG), [Rq(r) + rax + disp]);
+            } else {
+                dynasm!(ops ; .arch x64 ; vmovups Ry(d), [Rq(r) + rax + disp]);
+            }
+        };
+        let res = asm::emit_insts(vi, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, consts)?;
+        if fold.is_none() || pass.store_out {
+            if wide {
+                put(ops, |e| e.store(at(gpr::RDI), res, if masked { KMASK } else { 0 }));
+            } else if masked {
+                dynasm!(ops ; .arch x64 ; vmaskmovps [rdi + rax + disp], Ry(MASK_REG), Ry(res));
+            } else {
+                dynasm!(ops ; .arch x64 ; vmovups [rdi + rax + disp], Ry(res));
+            }
+        }
+        let Some((op, _)) = fold else { return Ok(()) };
+        // Lanes past the row's end hold the program's value of the masked loads' zeros: the fold's identity there.
+        let v = if masked {
+            let s = l.spare[0];
+            match op {
+                ReduceOp::Max => {
+                    let ninf = consts.get(ops, NEG_INF);
+                    vi.konst(ops, s, ninf);
+                    if wide {
+                        put(ops, |e| e.blend(s, KMASK, s, res));
+                    } else {
+                        dynasm!(ops ; .arch x64 ; vblendvps Ry(s), Ry(s), Ry(res), Ry(MASK_REG));
+                    }
+                }
+                _ if wide => put(ops, |e| e.mov_masked_zero(s, KMASK, res)),
+                _ => dynasm!(ops ; .arch x64 ; vandps Ry(s), Ry(res), Ry(MASK_REG)),
+            }
+            s
+        } else {
+            res
+        };
+        let acc = l.accs[c];
+        match op {
+            ReduceOp::Max => {
+                let t = l.spare[1];
+                vi.cmp(ops, t, v, v, pred::UNORD_Q);
+                vi.bin(ops, VBin::Or, l.nans[c], l.nans[c], t);
+                vi.bin(ops, VBin::MaxRaw, acc, v, acc);
+            }
+            _ => vi.bin(ops, VBin::Add, acc, acc, v),
+        }
+        Ok(())
+    };
+    let (main, single, tail, end) =
+        (ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label());
+    dynasm!(ops ; .arch x64 ; xor eax, eax);
+    if l.unroll > 1 {
+        let span = vb * l.unroll as i32;
+        dynasm!(ops ; .arch x64 ; =>main ; lea r12, [rax + span] ; cmp r12, rdx ; ja =>single);
+        for c in 0..l.unroll {
+            copy(ops, c, false)?;
+        }
+        dynasm!(ops ; .arch x64 ; mov rax, r12 ; jmp =>main);
+    }
+    dynasm!(ops ; .arch x64 ; =>single ; lea r12, [rax + vb] ; cmp r12, rdx ; ja =>tail);
+    copy(ops, 0, false)?;
+    dynasm!(ops ; .arch x64 ; mov rax, r12 ; jmp =>single ; =>tail ; cmp rax, rdx ; jae =>end);
+    copy(ops, 0, true)?;
+    dynasm!(ops ; .arch x64 ; =>end);
+    if let Some((op, slot)) = fold {
+        fold_lanes(ops, vi, l, op, wide);
+        let off = 4 * slot as i32;
+        dynasm!(ops ; .arch x64 ; vmovss DWORD [r14 + off], xmm0);
+    }
+    Ok(())
+}
+
+/// A reduction pass's accumulators folded into lane 0 of register 0: a max's NaN masks first (all-ones lanes are
+/// NaN), then the copies pairwise, then the lanes (16 folded to 8 first).
+fn fold_lanes(ops: &mut Assembler, vi: &dyn VecIsa, l: &PassLayout, op: ReduceOp, wide: bool) {
+    let max = op == ReduceOp::Max;
+    // `x = x op y` on registers, NaN kept for a max: the raw max returns `x` where either is NaN, and `y`'s NaN
+    // lanes are ORed in as all-ones.
+    let fold = |ops: &mut Assembler, x: u8, y: u8| {
+        if max {
+            vi.cmp(ops, 3, y, y, pred::UNORD_Q);
+            vi.bin(ops, VBin::MaxRaw, x, y, x);
+            vi.bin(ops, VBin::Or, x, x, 3);
+        } else {
+            vi.bin(ops, VBin::Add, x, x, y);
+        }
+    };
+    for (&a, &n) in l.accs.iter().zip(&l.nans) {
+        vi.bin(ops, VBin::Or, a, a, n);
+    }
+    let a = &l.accs;
+    if a.len() == 4 {
+        fold(ops, a[0], a[1]);
+        fold(ops, a[2], a[3]);
+        fold(ops, a[0], a[2]);
+    } else if a.len() == 2 {
+        fold(ops, a[0], a[1]);
+    }
+    vi.mov(ops, 0, a[0]);
+    if wide {
+        put(ops, |e| e.shuffle_quarters(1, 0, 0, 0x4e));
+        fold(ops, 0, 1);
+    }
+    // 8 lanes in ymm0: halves, pairs, then lanes 0 and 1 (VEX; the fold on xmm registers).
+    dynasm!(ops ; .arch x64 ; vextractf128 xmm1, ymm0, 1);
+    fold_xmm(ops, max);
+    dynasm!(ops ; .arch x64 ; vmovhlps xmm1, xmm1, xmm0);
+    fold_xmm(ops, max);
+    dynasm!(ops ; .arch x64 ; vmovshdup xmm1, xmm0);
+    fold_xmm(ops, max);
+}
+
+/// `xmm0 = xmm0 op xmm1` (lanes 0-3), NaN kept for a max as in `fold_lanes`.
+fn fold_xmm(ops: &mut Assembler, max: bool) {
+    if max {
+        dynasm!(ops ; .arch x64
+            ; vcmpps xmm3, xmm1, xmm1, 3
+            ; vmaxps xmm0, xmm1, xmm0
+            ; vorps xmm0, xmm0, xmm3
+        );
+    } else {
+        dynasm!(ops ; .arch x64 ; vaddps xmm0, xmm0, xmm1);
+    }
+}
