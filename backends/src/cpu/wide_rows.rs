@@ -632,8 +632,29 @@ fn emit_pass(
         vi.bin(ops, VBin::Xor, n, n, n);
     }
     let last = p.last_uses();
+    // Passes after the first fetch the next row's inputs into cache while they work on this one (the first pass
+    // reads the row from memory; without this it would wait for it, every row).
+    let prefetch: Vec<(u8, i32)> = if pi == 0 {
+        Vec::new()
+    } else {
+        pass.ep
+            .operands
+            .iter()
+            .enumerate()
+            .filter_map(|(o, operand)| match operand.kind {
+                OperandKind::Mat { ld } if operand.buf < scratch => Some((OPERAND_REGS[o], 4 * ld as i32)),
+                _ => None,
+            })
+            .collect()
+    };
     let mut copy = |ops: &mut Assembler, c: usize, masked: bool| -> Result<(), String> {
         let disp = vb * c as i32;
+        if !masked {
+            for &(r, step) in &prefetch {
+                let at = disp + step;
+                dynasm!(ops ; .arch x64 ; prefetcht0 [Rq(r) + rax + at]);
+            }
+        }
         let at = |b: u8| Mem { base: b, index: Some(gpr::RAX), disp };
         let fixed = |i: usize| l.hoisted[i];
         let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
