@@ -11,9 +11,9 @@ use kiln::nn::functional::{self as F, Reduction};
 use kiln::{DType, Device, HostBuffer, Tensor};
 use kiln_jit::kernel::{ScheduleOptions, eval, schedule, schedule_with};
 
-/// The row ops under test, on `x` of shape `[rows, cols]` (and class targets `t`).
+/// The row ops under test, on `x` of shape `[.., cols]` (and class targets `t`, for a `[rows, cols]` `x`).
 fn row_ops(x: &Tensor, t: &Tensor) -> Vec<(&'static str, Tensor)> {
-    let cols = x.dims()[1];
+    let cols = x.dims()[x.rank() - 1];
     let w: Vec<f64> = (0..cols).map(|c| 1.0 + 0.25 * (c % 5) as f64).collect();
     let b: Vec<f64> = w.iter().map(|v| 0.5 - v).collect();
     let w = tensor(x.dtype(), &w, &[cols]).to_device(&x.device()).unwrap();
@@ -26,7 +26,7 @@ fn row_ops(x: &Tensor, t: &Tensor) -> Vec<(&'static str, Tensor)> {
         ("layer_norm", F::layer_norm(x, &[cols], None, None, 1e-5)),
         ("layer_norm_affine", F::layer_norm(x, &[cols], Some(&w), Some(&b), 1e-5)),
         ("rms_norm", rms(x)),
-        ("cross_entropy", F::cross_entropy(x, t, Reduction::None)),
+        ("cross_entropy", if x.rank() == 2 { F::cross_entropy(x, t, Reduction::None) } else { x.clone() }),
         ("minus_row_max", x.sub(x.max(-1, true))),
     ]
 }
@@ -295,8 +295,11 @@ fn every_vector_width_of_the_generated_row_kernel_matches_the_interpreter() {
         return;
     }
     let mut ran = Vec::new();
-    for &(rows, cols) in &[(3usize, 7usize), (5, 37), (9, 200), (64, 1024), (17, 16), (2, 65)] {
-        let x = common::rand_f32(&[rows, cols], 7 + cols as u64);
+    // Rows over two loops (a layer norm over [batch, seq, dim]) merge into one.
+    let shapes: [&[usize]; 7] = [&[3, 7], &[5, 37], &[9, 200], &[64, 1024], &[17, 16], &[2, 65], &[4, 6, 24]];
+    for shape in shapes {
+        let (rows, cols) = (shape[..shape.len() - 1].iter().product::<usize>(), shape[shape.len() - 1]);
+        let x = common::rand_f32(shape, 7 + cols as u64);
         let t = targets(rows, cols, &Device::cpu());
         kiln::realize(&[&x, &t]).unwrap();
         for (name, y) in row_ops(&x, &t) {

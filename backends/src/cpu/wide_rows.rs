@@ -5,7 +5,8 @@
 //! lanes at a time. Here each pass is one register program (`gemm::epilogue::translate`, the elementwise kernels'
 //! own translation, `wide.rs`) in a column loop at 8 or 16 lanes (`wide::width`).
 //!
-//! What runs here: f32 row kernels with one row loop and one column loop (`[rows, cols]`), no reduce
+//! What runs here: f32 row kernels with one row loop (after `KernelIr::with_merged_row_loops`) and one column loop
+//! (`[rows, cols]`), no reduce
 //! stage, at most [`MAX_PASSES`] - 1 row reductions, each a sum or a max over the row's columns, and code the
 //! register program expresses. Each pass is translated as an elementwise kernel over `[rows, cols]` in which a read
 //! of row reduction `j` (`RowAcc`) is a per-row value (`OperandKind::Col`) of a scratch buffer the kernel writes:
@@ -117,6 +118,7 @@ impl RowKernel {
     /// Generates `k` at `isa`'s width, or `Ok(None)` when it is not such a kernel (see the module doc) or this host
     /// cannot run it.
     pub(crate) fn build_for(k: &KernelIr, isa: Isa) -> Result<Option<RowKernel>, String> {
+        let k = &k.with_merged_row_loops();
         let Some(passes) = plan(k, isa) else { return Ok(None) };
         let (rows, cols) = (k.out_extents[..k.row_rank].iter().product::<usize>(), k.out_extents[k.row_rank]);
         let code = emit(&passes, k.inputs.len(), cols, isa)?;
@@ -213,7 +215,7 @@ impl RowKernel {
 /// Whether the CPU runs row kernel `k` as generated code at this host's width (the schedule's
 /// `row_kernel_ok`): generation enabled, and `k` of a shape and code this file takes.
 pub(crate) fn generates(k: &KernelIr) -> bool {
-    super::wide::enabled() && plan(k, super::wide::width()).is_some()
+    super::wide::enabled() && plan(&k.with_merged_row_loops(), super::wide::width()).is_some()
 }
 
 /// `k`'s passes at `isa`'s width, or `None` where this file does not run it (see the module doc).

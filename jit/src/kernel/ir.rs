@@ -216,6 +216,40 @@ impl KernelIr {
         k
     }
 
+    /// A row kernel with its row loops merged into one where every index walks them as one row-major counter (a
+    /// layer norm over `[batch, seq, dim]` becomes `batch * seq` rows of `dim`); other kernels, and those whose
+    /// indices do not allow it, as they are. Rows and their elements keep their order.
+    pub fn with_merged_row_loops(&self) -> KernelIr {
+        let rr = self.row_rank;
+        if self.rows.is_empty() || rr < 2 {
+            return self.clone();
+        }
+        let ext = self.extents();
+        let nvars = ext.len();
+        let code: Vec<Inst> = self
+            .outer
+            .iter()
+            .chain(self.rows.iter().chain(&self.reduce).flat_map(|r| r.inner.iter()))
+            .cloned()
+            .collect();
+        let Some(affine) = affine_indices(&code, nvars) else { return self.clone() };
+        if !(1..rr).all(|d| affine.iter().all(|(coef, _)| coef[d - 1] == coef[d] * ext[d] as i64)) {
+            return self.clone();
+        }
+        let group: Vec<usize> = (0..nvars).map(|v| if v < rr { 0 } else { v + 1 - rr }).collect();
+        let remap = |e: &IExpr| regroup(e, &group, nvars + 1 - rr);
+        let mut k = self.clone();
+        for inst in
+            k.outer.iter_mut().chain(k.rows.iter_mut().chain(k.reduce.iter_mut()).flat_map(|r| r.inner.iter_mut()))
+        {
+            inst.map_indices(&remap);
+        }
+        let rows: usize = self.out_extents[..rr].iter().product();
+        k.out_extents = [rows].into_iter().chain(self.out_extents[rr..].iter().copied()).collect();
+        k.row_rank = 1;
+        k
+    }
+
     /// A reduction over one element (a sum over a size-1 dim; a matmul with K = 1 is recorded as a broadcast
     /// product already, see `Tensor::matmul`) becomes plain outer code. As a reduce kernel it would be rendered as
     /// a register-tiled GEMM with no K loop, which costs several times an elementwise pass over the same output; as
