@@ -17,6 +17,7 @@
 //! computed on the host in f64 and enter the graph as 0-dim inputs; the rest are constants.
 
 use super::groups::{GroupOptions, Groups};
+use super::master::{MASTER, Masters, split};
 use super::state::{Check, flag, state_of, upload};
 use super::{
     Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
@@ -50,6 +51,8 @@ struct Core {
     decoupled: bool,
     groups: Groups,
     state: Vec<Option<State>>,
+    /// f32 master copies of f16 and bf16 parameters (`master_weights`).
+    masters: Masters,
 }
 
 impl Core {
@@ -58,6 +61,8 @@ impl Core {
         check_hyper(name, "learning rate", lr, lr >= 0.0);
         let params = dedup(params);
         let n = params.len();
+        let mut masters = Masters::default();
+        masters.resize(n);
         Core {
             name,
             params,
@@ -71,11 +76,13 @@ impl Core {
             decoupled,
             groups: Groups::new(n),
             state: vec![None; n],
+            masters,
         }
     }
 
     fn step(&mut self, grads: Gradients, also_realize: &[&Tensor]) -> Result<()> {
         realize_lazy(&self.params)?;
+        self.masters.ensure(&self.params)?;
         let mut scalars = Scalars::default();
         let mut updates = Vec::new();
         let mut steps = Vec::new();
@@ -83,7 +90,12 @@ impl Core {
         for (i, param) in self.params.iter().enumerate() {
             let p = param.get();
             let Some(g) = grad_of(&grads, &p) else { continue };
+            // The value the update reads and writes: the f32 master, or the parameter.
+            let w = self.masters.working(i, &p);
             replaced.push(p.node_ptr());
+            if w.dtype() != p.dtype() {
+                replaced.push(w.node_ptr());
+            }
             if let Some(s) = &self.state[i] {
                 replaced.extend([&s.exp_avg, &s.exp_avg_sq].into_iter().chain(&s.max_exp_avg_sq).map(Tensor::node_ptr));
             }
@@ -91,8 +103,8 @@ impl Core {
             let (t, m, v, vmax) = match &self.state[i] {
                 Some(s) => (s.step + 1, s.exp_avg.clone(), s.exp_avg_sq.clone(), s.max_exp_avg_sq.clone()),
                 None => {
-                    let vmax = if self.amsgrad { Some(zeros_input(&p)?) } else { None };
-                    (1, zeros_input(&p)?, zeros_input(&p)?, vmax)
+                    let vmax = if self.amsgrad { Some(zeros_input(&w)?) } else { None };
+                    (1, zeros_input(&w)?, zeros_input(&w)?, vmax)
                 }
             };
             let (b1, b2) = (self.beta1, self.beta2);
@@ -109,12 +121,13 @@ impl Core {
                 None
             };
             let update = no_grad(|| {
+                let g = if g.dtype() == w.dtype() { g } else { g.to_dtype(w.dtype()) };
                 let mut g = if self.maximize { g.neg() } else { g };
-                let mut p = p;
+                let mut x = w.clone();
                 if weight_decay != 0.0 {
                     match &decay {
-                        Some(d) => p = p.mul(d),
-                        None => g = g.add(p.mul(weight_decay)),
+                        Some(d) => x = x.mul(d),
+                        None => g = g.add(x.mul(weight_decay)),
                     }
                 }
                 let m = m.add(g.sub(&m).mul(1.0 - b1));
@@ -129,7 +142,8 @@ impl Core {
                     None => v,
                 };
                 let denom = second.sqrt().div(&bc2_sqrt).add(self.eps);
-                Update { param: i, value: p.sub(m.div(denom).mul(&step_size)), state }
+                let (value, master) = split(&p, &w, x.sub(m.div(denom).mul(&step_size)));
+                Update { param: i, value, state, master }
             });
             updates.push(update);
             steps.push(t);
@@ -138,6 +152,9 @@ impl Core {
         realize_all(&updates, also_realize, &replaced)?;
         for (u, t) in updates.into_iter().zip(steps) {
             self.params[u.param].set(u.value);
+            if u.master.is_some() {
+                self.masters.set(u.param, u.master);
+            }
             let mut s = u.state.into_iter();
             let (exp_avg, exp_avg_sq) = (s.next().expect("m"), s.next().expect("v"));
             self.state[u.param] = Some(State { step: t, exp_avg, exp_avg_sq, max_exp_avg_sq: s.next() });
@@ -155,14 +172,18 @@ impl Core {
             ("amsgrad", flag(self.amsgrad)),
             ("maximize", flag(self.maximize)),
         ];
+        let masters = self.masters.on.then_some(("master_weights", 1.0));
+        let hyper: Vec<(&str, f64)> = hyper.into_iter().chain(masters).collect();
         let params = self
             .state
             .iter()
-            .map(|s| match s {
+            .enumerate()
+            .map(|(i, s)| match s {
                 None => ParamState::default(),
                 Some(s) => {
                     let mut tensors = vec![("exp_avg", &s.exp_avg), ("exp_avg_sq", &s.exp_avg_sq)];
                     tensors.extend(s.max_exp_avg_sq.iter().map(|t| ("max_exp_avg_sq", t)));
+                    tensors.extend(self.masters.get(i).map(|m| (MASTER, m)));
                     ParamState {
                         step: s.step,
                         tensors: tensors.into_iter().map(|(n, t)| (n.to_string(), t.clone())).collect(),
@@ -182,6 +203,8 @@ impl Core {
         let weight_decay = check.value("weight_decay", ">= 0", |v| v >= 0.0);
         let amsgrad = check.flag("amsgrad");
         let maximize = check.flag("maximize");
+        let mut masters = self.masters.clone();
+        masters.on = check.optional("master_weights", "0 or 1", |v| v == 0.0 || v == 1.0) == Some(1.0);
         let groups = self.groups.read(&mut check);
         let names: &[&str] =
             if amsgrad { &["exp_avg", "exp_avg_sq", "max_exp_avg_sq"] } else { &["exp_avg", "exp_avg_sq"] };
@@ -190,12 +213,16 @@ impl Core {
             let p = param.get();
             // Moments exist from a parameter's first step on.
             let step = state.params.get(i).map_or(0, |s| s.step);
-            found.push(check.tensors(i, &p, names, step > 0, |_| true).map(|data| (p, step, data)));
+            let dtype = masters.state_dtype(&p);
+            let master = check.master(i, &p, masters.wants(&p));
+            found.push((check.tensors(i, &p, dtype, names, step > 0, |_| true).map(|data| (step, data)), master));
         }
         check.finish()?;
         let mut states = Vec::with_capacity(found.len());
-        for f in found {
-            let Some((p, step, data)) = f else {
+        for (i, (f, master)) in found.into_iter().enumerate() {
+            let p = self.params[i].get();
+            masters.set(i, master.map(|data| upload(data, &p)).transpose()?);
+            let Some((step, data)) = f else {
                 states.push(None);
                 continue;
             };
@@ -207,6 +234,7 @@ impl Core {
         (self.amsgrad, self.maximize) = (amsgrad, maximize);
         self.groups = groups;
         self.state = states;
+        self.masters = masters;
         Ok(())
     }
 }
@@ -232,6 +260,14 @@ macro_rules! adam_type {
                 let core = &mut self.core;
                 core.groups.add(core.name, &mut core.params, params, options);
                 core.state.resize(core.params.len(), None);
+                core.masters.resize(core.params.len());
+                self
+            }
+
+            /// Keeps f16 and bf16 parameters' values and moments in f32 and sets each parameter to its master
+            /// copy rounded once per step (mixed precision; see `optim::master`). Default off.
+            pub fn master_weights(mut self, on: bool) -> $name {
+                self.core.masters.on = on;
                 self
             }
 

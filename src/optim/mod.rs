@@ -34,6 +34,9 @@
 //!
 //! `GradAccumulator` sums the gradients of several micro-batches for one step (`accumulate.rs`).
 //!
+//! Mixed precision: `.master_weights(true)` keeps f16 and bf16 parameters' values and state in f32 and rounds each
+//! parameter from its master once per step (`master.rs`).
+//!
 //! Learning-rate schedules (`schedule`: step, exponential, cosine, linear warm-up, sequential) are functions of the
 //! step number: `opt.set_lr(s.lr(t))` before step `t`.
 //!
@@ -46,6 +49,7 @@
 mod accumulate;
 mod adam;
 mod groups;
+mod master;
 pub mod schedule;
 mod sgd;
 mod state;
@@ -180,11 +184,12 @@ impl Scalars {
     }
 }
 
-/// One parameter's update: its new value and new state tensors (lazy until `commit`).
+/// One parameter's update: its new value, new state tensors and new master copy (lazy until `commit`).
 struct Update {
     param: usize,
     value: Tensor,
     state: Vec<Tensor>,
+    master: Option<Tensor>,
 }
 
 /// Realizes every update together with `also_realize` in one call. On success the caller installs the values.
@@ -195,7 +200,7 @@ fn realize_all(updates: &[Update], also_realize: &[&Tensor], replaced: &[*const 
     let mut targets: Vec<&Tensor> = Vec::with_capacity(also_realize.len() + updates.len() * 3);
     for u in updates {
         targets.push(&u.value);
-        targets.extend(u.state.iter());
+        targets.extend(u.state.iter().chain(&u.master));
     }
     targets.extend_from_slice(also_realize);
     crate::realize::realize_replacing(&targets, replaced)

@@ -15,6 +15,7 @@
 //! with dampening the factor `1` vs `1 − τ` is a run-time scalar for the same reason.
 
 use super::groups::{GroupOptions, Groups};
+use super::master::{MASTER, Masters, split};
 use super::state::{Check, flag, state_of, upload};
 use super::{
     Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
@@ -38,6 +39,8 @@ pub struct Sgd {
     groups: Groups,
     /// Momentum buffers, created on a parameter's first step with a gradient.
     bufs: Vec<Option<Tensor>>,
+    /// f32 master copies of f16 and bf16 parameters (`master_weights`).
+    masters: Masters,
     /// The run-time scalars, kept across steps: a step whose learning rate is unchanged reuses last step's
     /// uploaded tensor instead of uploading the same value again.
     scalars: Scalars,
@@ -50,6 +53,8 @@ impl Sgd {
         check_hyper("Sgd", "learning rate", lr, lr >= 0.0);
         let params = dedup(params);
         let n = params.len();
+        let mut masters = Masters::default();
+        masters.resize(n);
         Sgd {
             params,
             lr,
@@ -60,8 +65,16 @@ impl Sgd {
             maximize: false,
             groups: Groups::new(n),
             bufs: vec![None; n],
+            masters,
             scalars: Scalars::default(),
         }
+    }
+
+    /// Keeps f16 and bf16 parameters' values and momentum in f32 and sets each parameter to its master copy
+    /// rounded once per step (mixed precision; see `optim::master`). Default off.
+    pub fn master_weights(mut self, on: bool) -> Sgd {
+        self.masters.on = on;
+        self
     }
 
     /// Momentum factor μ (default 0).
@@ -106,6 +119,7 @@ impl Sgd {
     pub fn group(mut self, params: Vec<Param>, options: GroupOptions) -> Sgd {
         self.groups.add("Sgd", &mut self.params, params, options);
         self.bufs.resize(self.params.len(), None);
+        self.masters.resize(self.params.len());
         self
     }
 
@@ -122,33 +136,40 @@ impl Optimizer for Sgd {
             crate::args::fail!("Sgd", "Nesterov momentum requires a momentum and zero dampening");
         }
         realize_lazy(&self.params)?;
+        self.masters.ensure(&self.params)?;
         let scalars = &mut self.scalars;
         let mut updates = Vec::new();
         let mut replaced = Vec::new();
         for (i, param) in self.params.iter().enumerate() {
             let p = param.get();
             let Some(g) = grad_of(&grads, &p) else { continue };
+            // The value the update reads and writes: the f32 master, or the parameter.
+            let w = self.masters.working(i, &p);
             replaced.push(p.node_ptr());
+            if w.dtype() != p.dtype() {
+                replaced.push(w.node_ptr());
+            }
             replaced.extend(self.bufs[i].as_ref().map(Tensor::node_ptr));
             let group = self.groups.of(i);
-            let lr = scalars.get_for("lr", &p, (group, 0), self.groups.lr(i, self.lr))?;
+            let lr = scalars.get_for("lr", &w, (group, 0), self.groups.lr(i, self.lr))?;
             let weight_decay = self.groups.weight_decay(i, self.weight_decay);
             let first = self.bufs[i].is_none();
             let buf = match &self.bufs[i] {
                 Some(b) if self.momentum != 0.0 => Some(b.clone()),
-                _ if self.momentum != 0.0 => Some(zeros_input(&p)?),
+                _ if self.momentum != 0.0 => Some(zeros_input(&w)?),
                 _ => None,
             };
             let damp = if self.momentum != 0.0 && self.dampening != 0.0 {
                 let value = if first { 1.0 } else { 1.0 - self.dampening };
-                Some(scalars.get_for("dampening", &p, (0, first as u64), value)?)
+                Some(scalars.get_for("dampening", &w, (0, first as u64), value)?)
             } else {
                 None
             };
             let update = no_grad(|| {
+                let g = if g.dtype() == w.dtype() { g } else { g.to_dtype(w.dtype()) };
                 let mut g = if self.maximize { g.neg() } else { g };
                 if weight_decay != 0.0 {
-                    g = g.add(p.mul(weight_decay));
+                    g = g.add(w.mul(weight_decay));
                 }
                 let mut state = Vec::new();
                 if let Some(b) = buf {
@@ -160,7 +181,8 @@ impl Optimizer for Sgd {
                     g = if self.nesterov { g.add(b.mul(self.momentum)) } else { b.clone() };
                     state.push(b);
                 }
-                Update { param: i, value: p.sub(g.mul(&lr)), state }
+                let (value, master) = split(&p, &w, w.sub(g.mul(&lr)));
+                Update { param: i, value, state, master }
             });
             updates.push(update);
         }
@@ -168,6 +190,9 @@ impl Optimizer for Sgd {
         realize_all(&updates, also_realize, &replaced)?;
         for u in updates {
             self.params[u.param].set(u.value);
+            if u.master.is_some() {
+                self.masters.set(u.param, u.master);
+            }
             if let Some(b) = u.state.into_iter().next() {
                 self.bufs[u.param] = Some(b);
             }
@@ -198,12 +223,16 @@ impl Optimizer for Sgd {
             ("nesterov", flag(self.nesterov)),
             ("maximize", flag(self.maximize)),
         ];
+        let masters = self.masters.on.then_some(("master_weights", 1.0));
+        let hyper: Vec<(&str, f64)> = hyper.into_iter().chain(masters).collect();
         let params = self
             .bufs
             .iter()
-            .map(|b| ParamState {
-                step: 0,
-                tensors: b.iter().map(|b| ("momentum_buffer".to_string(), b.clone())).collect(),
+            .enumerate()
+            .map(|(i, b)| {
+                let bufs = b.iter().map(|b| ("momentum_buffer".to_string(), b.clone()));
+                let master = self.masters.get(i).map(|m| (MASTER.to_string(), m.clone()));
+                ParamState { step: 0, tensors: bufs.chain(master).collect() }
             })
             .collect();
         state_of("Sgd", &hyper, &self.groups, params)
@@ -217,24 +246,32 @@ impl Optimizer for Sgd {
         let weight_decay = check.value("weight_decay", ">= 0", |v| v >= 0.0);
         let nesterov = check.flag("nesterov");
         let maximize = check.flag("maximize");
+        let mut masters = self.masters.clone();
+        masters.on = check.optional("master_weights", "0 or 1", |v| v == 0.0 || v == 1.0) == Some(1.0);
         let groups = self.groups.read(&mut check);
         if nesterov && (momentum <= 0.0 || dampening != 0.0) {
             check.problem("nesterov = 1 needs a momentum and zero dampening".into());
         }
         let mut bufs = Vec::with_capacity(self.params.len());
+        let mut master_data = Vec::with_capacity(self.params.len());
         for (i, param) in self.params.iter().enumerate() {
             let p = param.get();
             // A buffer exists once the parameter has stepped with momentum; without momentum there is none.
-            let present = momentum != 0.0 && state.params.get(i).is_some_and(|s| !s.tensors.is_empty());
-            bufs.push(
-                check.tensors(i, &p, &["momentum_buffer"], present, |step| step == 0).map(|mut b| (p, b.remove(0))),
-            );
+            let present = momentum != 0.0
+                && state.params.get(i).is_some_and(|s| s.tensors.keys().any(|k| k == "momentum_buffer"));
+            let dtype = masters.state_dtype(&p);
+            let names = ["momentum_buffer"];
+            bufs.push(check.tensors(i, &p, dtype, &names, present, |step| step == 0).map(|mut b| b.remove(0)));
+            master_data.push(check.master(i, &p, masters.wants(&p)));
         }
         check.finish()?;
         let mut uploaded = Vec::with_capacity(bufs.len());
-        for b in bufs {
-            uploaded.push(b.map(|(p, data)| upload(data, &p)).transpose()?);
+        for (i, (b, m)) in bufs.into_iter().zip(master_data).enumerate() {
+            let p = self.params[i].get();
+            uploaded.push(b.map(|data| upload(data, &p)).transpose()?);
+            masters.set(i, m.map(|data| upload(data, &p)).transpose()?);
         }
+        self.masters = masters;
         (self.lr, self.momentum, self.dampening, self.weight_decay) = (lr, momentum, dampening, weight_decay);
         (self.nesterov, self.maximize) = (nesterov, maximize);
         self.groups = groups;

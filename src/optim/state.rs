@@ -43,7 +43,8 @@ pub struct OptimizerState {
 pub struct ParamState {
     /// Steps this parameter has taken (Adam's bias corrections depend on it; SGD keeps no count: 0).
     pub step: u64,
-    /// State tensors by name; empty before the parameter's first step.
+    /// State tensors by name (with `master_param`, the f32 value of a parameter with a master copy); empty before
+    /// the parameter's first step.
     pub tensors: BTreeMap<String, Tensor>,
 }
 
@@ -101,12 +102,14 @@ impl<'a> Check<'a> {
     }
 
     /// The state tensors of parameter `i`, which must be exactly `names` (in that order in the result) when
-    /// `present`, and none otherwise, each shaped like the parameter. The step count must satisfy `step_ok`.
-    /// `None` when absent or on a problem.
+    /// `present`, and none otherwise, each shaped like the parameter, converted to `dtype` (the parameter's, or f32
+    /// for a parameter with a master copy). The step count must satisfy `step_ok`. `None` when absent or on a
+    /// problem. A master copy (`master_param`) is read apart, by [`Check::master`].
     pub(super) fn tensors(
         &mut self,
         i: usize,
         param: &Tensor,
+        dtype: kiln_jit::DType,
         names: &[&str],
         present: bool,
         step_ok: impl Fn(u64) -> bool,
@@ -116,7 +119,7 @@ impl<'a> Check<'a> {
             self.problems.push(format!("parameter {i}: step count {} does not fit its state", s.step));
             return None;
         }
-        let have: Vec<&str> = s.tensors.keys().map(String::as_str).collect();
+        let have: Vec<&str> = s.tensors.keys().map(String::as_str).filter(|&n| n != super::master::MASTER).collect();
         let want: Vec<&str> = if present {
             let mut w = names.to_vec();
             w.sort_unstable();
@@ -133,26 +136,49 @@ impl<'a> Check<'a> {
         }
         let mut out = Vec::with_capacity(names.len());
         for name in names {
-            let t = &s.tensors[*name];
-            if t.dims() != param.dims() {
-                self.problems.push(format!(
-                    "parameter {i}: `{name}` has shape {:?}, the parameter {:?}",
-                    t.dims(),
-                    param.dims()
-                ));
-                return None;
-            }
-            match t.to_host() {
-                Ok(host) if host.dtype() == param.dtype() => out.push(host),
-                Ok(host) if param.dtype().is_float() => out.push(HostBuffer::from_f64(param.dtype(), &host.to_f64())),
-                Ok(host) => out.push(HostBuffer::from_i64(param.dtype(), &host.to_i64())),
-                Err(e) => {
-                    self.problems.push(format!("parameter {i}: `{name}` could not be read: {e}"));
-                    return None;
-                }
-            }
+            out.push(self.read_tensor(i, name, &s.tensors[*name], param, dtype)?);
         }
         Some(out)
+    }
+
+    /// Parameter `i`'s master copy (`master_param`, f32, shaped like the parameter) if the state has one and
+    /// `wanted` (the optimizer keeps masters and the parameter is f16 or bf16); one it does not want is a problem.
+    pub(super) fn master(&mut self, i: usize, param: &Tensor, wanted: bool) -> Option<HostBuffer> {
+        let t = self.state.params.get(i)?.tensors.get(super::master::MASTER)?;
+        if !wanted {
+            let why = "the optimizer keeps no master copy for it (master_weights off, or not an f16/bf16 parameter)";
+            self.problems.push(format!("parameter {i}: `{}`: {why}", super::master::MASTER));
+            return None;
+        }
+        self.read_tensor(i, super::master::MASTER, t, param, kiln_jit::DType::F32)
+    }
+
+    /// State tensor `name` of parameter `i`, checked against the parameter's shape and converted to `dtype`.
+    fn read_tensor(
+        &mut self,
+        i: usize,
+        name: &str,
+        t: &Tensor,
+        param: &Tensor,
+        dtype: kiln_jit::DType,
+    ) -> Option<HostBuffer> {
+        if t.dims() != param.dims() {
+            self.problems.push(format!(
+                "parameter {i}: `{name}` has shape {:?}, the parameter {:?}",
+                t.dims(),
+                param.dims()
+            ));
+            return None;
+        }
+        match t.to_host() {
+            Ok(host) if host.dtype() == dtype => Some(host),
+            Ok(host) if dtype.is_float() => Some(HostBuffer::from_f64(dtype, &host.to_f64())),
+            Ok(host) => Some(HostBuffer::from_i64(dtype, &host.to_i64())),
+            Err(e) => {
+                self.problems.push(format!("parameter {i}: `{name}` could not be read: {e}"));
+                None
+            }
+        }
     }
 
     /// Fails with every problem found, unknown hyperparameters included.
