@@ -440,13 +440,8 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa)
         ops.new_dynamic_label(),
         ops.new_dynamic_label(),
     );
+    save_registers(&mut ops);
     dynasm!(ops ; .arch x64
-        ; push rbp
-        ; push rbx
-        ; push r12
-        ; push r13
-        ; push r14
-        ; push r15
         ; mov r15, QWORD [rdi + 8]
         ; mov r14, QWORD [rdi + 24]
         ; mov r13, QWORD [rdi + 32]
@@ -515,21 +510,12 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa)
     load_mask(&mut ops, gpr::R14);
     let mut copy = |ops: &mut Assembler, c: usize, masked: bool| -> Result<(), String> {
         let disp = vb * c as i32;
-        let at = |base: u8| Mem { base, index: Some(gpr::RAX), disp };
-        let k = if masked { KMASK } else { 0 };
         let fixed = |i: usize| l.hoisted[i];
         let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
             let (EpInst::Mat { op, .. } | EpInst::Row { op }) = *inst else {
                 unreachable!("per-row values and uniforms are hoisted")
             };
-            let r = OPERAND_REGS[op];
-            if wide {
-                put(ops, |e| e.load(d, at(r), k));
-            } else if masked {
-                dynasm!(ops ; .arch x64 ; vmaskmovps Ry(d), Ry(MASK_REG), [Rq(r) + rax + disp]);
-            } else {
-                dynasm!(ops ; .arch x64 ; vmovups Ry(d), [Rq(r) + rax + disp]);
-            }
+            load_vector(ops, isa, d, OPERAND_REGS[op], disp, masked);
         };
         let res = asm::emit_insts(vec_isa, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
         if let Some(&acc) = l.accs.get(c) {
@@ -551,12 +537,8 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa)
                 res
             };
             vec_isa.bin(ops, asm::VBin::Add, acc, acc, cleared);
-        } else if wide {
-            put(ops, |e| e.store(at(gpr::RDI), res, k));
-        } else if masked {
-            dynasm!(ops ; .arch x64 ; vmaskmovps [rdi + rax + disp], Ry(MASK_REG), Ry(res));
         } else {
-            dynasm!(ops ; .arch x64 ; vmovups [rdi + rax + disp], Ry(res));
+            store_vector(ops, isa, res, disp, masked);
         }
         Ok(())
     };
@@ -648,19 +630,40 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa)
         };
         dynasm!(ops ; .arch x64 ; add Rq(r), step);
     }
-    dynasm!(ops ; .arch x64
-        ; dec rsi
-        ; jnz =>row
-        ; =>done
-        ; vzeroupper
-        ; pop r15
-        ; pop r14
-        ; pop r13
-        ; pop r12
-        ; pop rbx
-        ; pop rbp
-        ; ret
-    );
+    dynasm!(ops ; .arch x64 ; dec rsi ; jnz =>row ; =>done);
+    restore_registers_and_return(&mut ops);
     consts.emit(&mut ops);
     ops.finalize().map_err(|_| "finalizing an elementwise kernel failed".to_string())
+}
+
+/// `d` = the vector at `[base + rax + disp]`, lanes past the mask zero when `masked` (ymm15 at 8 lanes, k1 at 16).
+pub(super) fn load_vector(ops: &mut Assembler, isa: Isa, d: u8, base: u8, disp: i32, masked: bool) {
+    if isa == Isa::Avx512 {
+        put(ops, |e| e.load(d, Mem { base, index: Some(gpr::RAX), disp }, if masked { KMASK } else { 0 }));
+    } else if masked {
+        dynasm!(ops ; .arch x64 ; vmaskmovps Ry(d), Ry(MASK_REG), [Rq(base) + rax + disp]);
+    } else {
+        dynasm!(ops ; .arch x64 ; vmovups Ry(d), [Rq(base) + rax + disp]);
+    }
+}
+
+/// Stores `x` at `[rdi + rax + disp]` (the output), only the mask's lanes when `masked`.
+pub(super) fn store_vector(ops: &mut Assembler, isa: Isa, x: u8, disp: i32, masked: bool) {
+    if isa == Isa::Avx512 {
+        put(ops, |e| e.store(Mem { base: gpr::RDI, index: Some(gpr::RAX), disp }, x, if masked { KMASK } else { 0 }));
+    } else if masked {
+        dynasm!(ops ; .arch x64 ; vmaskmovps [rdi + rax + disp], Ry(MASK_REG), Ry(x));
+    } else {
+        dynasm!(ops ; .arch x64 ; vmovups [rdi + rax + disp], Ry(x));
+    }
+}
+
+/// Pushes the callee-saved registers the generated loops use (rbp, rbx, r12-r15).
+pub(super) fn save_registers(ops: &mut Assembler) {
+    dynasm!(ops ; .arch x64 ; push rbp ; push rbx ; push r12 ; push r13 ; push r14 ; push r15);
+}
+
+/// Clears the upper vector halves, pops what [`save_registers`] pushed, and returns.
+pub(super) fn restore_registers_and_return(ops: &mut Assembler) {
+    dynasm!(ops ; .arch x64 ; vzeroupper ; pop r15 ; pop r14 ; pop r13 ; pop r12 ; pop rbx ; pop rbp ; ret);
 }

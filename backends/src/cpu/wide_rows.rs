@@ -32,10 +32,12 @@
 use super::gemm::asm::{self, EpInst, EpProgram, VBin, VecIsa, pred};
 use super::gemm::asm512::Zmm;
 use super::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
-use super::gemm::evex::{Mem, gpr, mem};
+use super::gemm::evex::{gpr, mem};
 use super::isa::{self, Isa};
 use super::pool;
-use super::wide::{KMASK, MASK_REG, OPERAND_REGS, put};
+use super::wide::{
+    KMASK, MASK_REG, OPERAND_REGS, load_vector, put, restore_registers_and_return, save_registers, store_vector,
+};
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
 use kiln_jit::kernel::gemm::ElementwiseView;
@@ -499,13 +501,8 @@ fn emit(passes: &[Pass], scratch: usize, cols: usize, isa: Isa) -> Result<Execut
     let mut ops = Assembler::new().map_err(|e| e.to_string())?;
     let mut consts = asm::ConstPool::default();
     let (row, done) = (ops.new_dynamic_label(), ops.new_dynamic_label());
+    save_registers(&mut ops);
     dynasm!(ops ; .arch x64
-        ; push rbp
-        ; push rbx
-        ; push r12
-        ; push r13
-        ; push r14
-        ; push r15
         ; mov r13, rdi
         ; mov r15, QWORD [r13 + 8]
         ; mov r14, QWORD [r13 + 16]
@@ -539,19 +536,8 @@ fn emit(passes: &[Pass], scratch: usize, cols: usize, isa: Isa) -> Result<Execut
             dynasm!(ops ; .arch x64 ; add QWORD [r13 + off], step);
         }
     }
-    dynasm!(ops ; .arch x64
-        ; dec rsi
-        ; jnz =>row
-        ; =>done
-        ; vzeroupper
-        ; pop r15
-        ; pop r14
-        ; pop r13
-        ; pop r12
-        ; pop rbx
-        ; pop rbp
-        ; ret
-    );
+    dynasm!(ops ; .arch x64 ; dec rsi ; jnz =>row ; =>done);
+    restore_registers_and_return(&mut ops);
     consts.emit(&mut ops);
     ops.finalize().map_err(|_| "finalizing a row kernel failed".to_string())
 }
@@ -657,30 +643,16 @@ fn emit_pass(
                 dynasm!(ops ; .arch x64 ; prefetcht0 [Rq(r) + rax + at]);
             }
         }
-        let at = |b: u8| Mem { base: b, index: Some(gpr::RAX), disp };
         let fixed = |i: usize| l.hoisted[i];
         let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
             let (EpInst::Mat { op, .. } | EpInst::Row { op }) = *inst else {
                 unreachable!("per-row values and uniforms are hoisted")
             };
-            let r = OPERAND_REGS[op];
-            if wide {
-                put(ops, |e| e.load(d, at(r), if masked { KMASK } else { 0 }));
-            } else if masked {
-                dynasm!(ops ; .arch x64 ; vmaskmovps Ry(d), Ry(MASK_REG), [Rq(r) + rax + disp]);
-            } else {
-                dynasm!(ops ; .arch x64 ; vmovups Ry(d), [Rq(r) + rax + disp]);
-            }
+            load_vector(ops, isa, d, OPERAND_REGS[op], disp, masked);
         };
         let res = asm::emit_insts(vi, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, consts)?;
         if fold.is_none() || pass.store_out {
-            if wide {
-                put(ops, |e| e.store(at(gpr::RDI), res, if masked { KMASK } else { 0 }));
-            } else if masked {
-                dynasm!(ops ; .arch x64 ; vmaskmovps [rdi + rax + disp], Ry(MASK_REG), Ry(res));
-            } else {
-                dynasm!(ops ; .arch x64 ; vmovups [rdi + rax + disp], Ry(res));
-            }
+            store_vector(ops, isa, res, disp, masked);
         }
         let Some((op, _)) = fold else { return Ok(()) };
         // Lanes past the row's end hold the program's value of the masked loads' zeros: the fold's identity there.
