@@ -66,6 +66,8 @@ fn present_isas() -> Vec<Isa> {
     SAID.call_once(|| {
         let names: Vec<&str> = isas.iter().map(|i| i.name()).collect();
         eprintln!("gemm: generated kernels checked for {names:?} (the families this CPU has)");
+        let bf16 = kiln_backends::cpu::isa::bf16_units();
+        eprintln!("gemm: bf16 units present {bf16:?}; no kernel uses them yet (bf16 runs the f32 GEMM)");
     });
     isas
 }

@@ -70,6 +70,32 @@ impl Isa {
     }
 }
 
+/// The bf16 dot-product units this host has (detected, not yet used: no generated kernel is written for them, so
+/// a bf16 matmul runs the f32 GEMM on converted operands).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bf16Units {
+    /// AVX512-BF16 (`vdpbf16ps`: pairs of bf16 products summed into f32 lanes).
+    pub avx512_bf16: bool,
+    /// AMX-BF16 with AMX-TILE in CPUID (`tdpbf16ps` on 16 x 32 tiles). Using them also needs the kernel's
+    /// permission per process (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), not asked here.
+    pub amx_bf16: bool,
+}
+
+/// What [`Bf16Units`] this host has (CPUID).
+pub fn bf16_units() -> Bf16Units {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Leaf 7 (a CPU without it returns zeros for it: no features).
+        let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+        let (amx_bf16, amx_tile) = (leaf7.edx >> 22 & 1 == 1, leaf7.edx >> 24 & 1 == 1);
+        Bf16Units { avx512_bf16: std::arch::is_x86_feature_detected!("avx512bf16"), amx_bf16: amx_bf16 && amx_tile }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Bf16Units { avx512_bf16: false, amx_bf16: false }
+    }
+}
+
 /// The families the generated GEMM may use: those present, narrowed by `KILN_CPU_ISA` (read once), or why the
 /// setting cannot be honoured.
 pub fn allowed() -> Result<&'static [Isa], String> {
@@ -295,6 +321,17 @@ mod tests {
         assert_eq!(parse_peaks(b"avx2 nan\navx512 1\n"), None);
         assert_eq!(parse_peaks(b"avx2 1\n"), None);
         assert_eq!(parse_peaks(b"\xff"), None);
+    }
+
+    /// CPUID agrees with the flags Linux lists in /proc/cpuinfo.
+    #[test]
+    fn bf16_units_match_the_kernels_cpu_flags() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else { return };
+        let Some(flags) = info.lines().find(|l| l.starts_with("flags")) else { return };
+        let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+        let u = bf16_units();
+        assert_eq!(u.avx512_bf16, has("avx512_bf16"), "{u:?}");
+        assert_eq!(u.amx_bf16, has("amx_bf16") && has("amx_tile"), "{u:?}");
     }
 
     /// The measurement itself: positive for each family present, zero for one absent.
