@@ -1,16 +1,21 @@
 //! Row kernels (`KernelIr::rows`: softmax, log_softmax, layer norm) at full vector width, generated at run time.
 //!
 //! Why: a row kernel reads each row from memory once and then runs two or three passes over it while it is in L1;
-//! those passes are arithmetic (softmax evaluates `exp` twice per element), which the Cranelift kernels do four
-//! lanes at a time. Here each pass is one register program (`gemm::epilogue::translate`, the elementwise kernels'
-//! own translation, `wide.rs`) in a column loop at 8 or 16 lanes (`wide::width`).
+//! those passes are arithmetic, which the Cranelift kernels do four lanes at a time. Here each pass is one register
+//! program (`gemm::epilogue::translate`, the elementwise kernels' own translation, `wide.rs`) in a column loop at 8
+//! or 16 lanes (`wide::width`). The schedule makes a row kernel on the CPU only where this file takes it
+//! ([`generates`], the schedule's `row_kernel_ok`).
 //!
 //! What runs here: f32 row kernels with one row loop (after `KernelIr::with_merged_row_loops`) and one column loop
-//! (`[rows, cols]`), no reduce
-//! stage, at most [`MAX_PASSES`] - 1 row reductions, each a sum or a max over the row's columns, and code the
-//! register program expresses. Each pass is translated as an elementwise kernel over `[rows, cols]` in which a read
-//! of row reduction `j` (`RowAcc`) is a per-row value (`OperandKind::Col`) of a scratch buffer the kernel writes:
-//! the row's folded values, on the caller's stack.
+//! (`[rows, cols]`), no reduce stage, sum or max row reductions over the row's columns, and code the register
+//! program expresses. Each pass is translated as an elementwise kernel over `[rows, cols]` in which a read of row
+//! reduction `j` (`RowAcc`) is a per-row value (`OperandKind::Col`) of a scratch the kernel writes: the row's
+//! folded values, on the caller's stack. Three things keep the passes cheap:
+//! - per-row arithmetic (layer norm's `1 / sqrt(var + eps)`, log_softmax's `log(sum)`) is a pass of its own
+//!   (`PassKind::Finish`) that computes it once per row into a scratch slot, instead of once per vector;
+//! - a sum pass whose value the output computes again (softmax's `exp(x - max)`) stores each vector to the output
+//!   as it folds it, and the output pass reads it back (`Pass::store_out`): one `exp` per element, not two;
+//! - every pass after the first prefetches the next row's inputs, which the first pass would otherwise wait for.
 //!
 //! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, scratch, then per pass: uniforms,
 //! operand pointers ([`OPERANDS_PER_PASS`] slots)]`, pointers at the chunk's first row. Per row, per pass: the pass's
@@ -23,8 +28,7 @@
 //!
 //! Results agree with the interpreter within the f32 accumulation tolerance (a row's lanes are folded in another
 //! order); the output pass is the elementwise kernels' arithmetic. Deliberately not done: aligning the output's
-//! stores (the elementwise kernels' masked head), hoisting per-row arithmetic out of the column loop (a layer norm
-//! computes `1 / sqrt(var + eps)` per vector), several rows at a time.
+//! stores (the elementwise kernels' masked head), several rows at a time, f16 and bf16 rows (they stay apart).
 
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]

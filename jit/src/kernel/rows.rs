@@ -1,7 +1,7 @@
 //! Row kernels (rule 3b of the schedule): reductions over a row whose only readers are one kernel's code over the
-//! same rows join that kernel as its row reductions (`KernelIr::rows`), so softmax, log_softmax, layer norm and
-//! cross entropy each run as one kernel that reads a row from memory once, where they were three to four kernels
-//! and as many passes over memory.
+//! same rows join that kernel as its row reductions (`KernelIr::rows`), so softmax, log_softmax, layer norm and an
+//! RMS norm each run as one kernel that reads a row from memory once, where they were three or four kernels and as
+//! many passes over memory.
 //!
 //! The group of a kernel (its *root*) grows from the materialized values its code reads, until nothing more joins:
 //! - a reduction kernel over the trailing axes of a source shaped as the group's rows (`[rows.., reduced..]`), with
@@ -11,9 +11,11 @@
 //!   by the division), of the row space's shape or of one value per row: it is recomputed where read instead;
 //!
 //! each only when every node that reads it is inlined into the group's kernels and no other kernel's. The root is
-//! an elementwise kernel over the row space or a reduction over the same trailing axes (cross entropy's per-sample
-//! sum). A group with no reduction is left as it was. Lowering then checks that every read of a row reduction is
-//! at the current row (not through a flip or shift of the rows); where one is not, the group is dropped.
+//! an elementwise kernel over the row space or a reduction over the same trailing axes (a log-sum-exp's sum after
+//! the row's max). A group with no reduction is left as it was. Lowering then checks that every read of a row
+//! reduction is at the current row (not through a flip or shift of the rows); where one is not, the group is
+//! dropped. Last, the backend may decline a row kernel (`ScheduleOptions::row_kernel_ok`: the CPU takes those it
+//! generates at full width), and its kernels stay apart.
 //!
 //! What it costs: a recomputed value is computed once per reader (softmax computes `exp` twice per element, unless
 //! the backend keeps the first pass's value, as the CPU's generated row kernels do); what it saves: every pass
@@ -21,8 +23,8 @@
 //!
 //! Code that reads an element's position (an iota: cross entropy's `class == target` mask) joins no group: the
 //! CPU computes positions one lane at a time, so such a kernel folding a row several times costs more than the
-//! pass over memory it saves. Cross entropy's log-sum-exp is a row kernel; its pick of the target's logit stays a
-//! reduction of its own.
+//! pass over memory it saves. Cross entropy therefore keeps its kernels: its pick of the target's logit reads the
+//! row max too, so the max does not join the log-sum-exp either.
 
 use crate::graph::Graph;
 use crate::kernel::lower::lower;
