@@ -148,9 +148,19 @@ impl Lowerer<'_> {
             Op::Const(s) => self.konst(*s, d),
             Op::Iota { start, step } => {
                 self.note("iota".into());
-                let wide = if d.is_float() { DType::F64 } else { DType::I64 };
-                let i = self.push(InstOp::Index(idx[0].clone()), DType::I64);
-                let i = if wide == DType::I64 { i } else { self.push(InstOp::Cast(i), wide) };
+                // A 32-bit int iota is computed in its own type: `start + i * step` wraps to the same low 32 bits
+                // as in i64, and 32-bit lanes vectorize (an `iota == target` mask folded along a row).
+                let narrow = matches!(d, DType::I32 | DType::U32);
+                let wide = if d.is_float() {
+                    DType::F64
+                } else if narrow {
+                    d
+                } else {
+                    DType::I64
+                };
+                let index = if narrow { d } else { DType::I64 };
+                let i = self.push(InstOp::Index(idx[0].clone()), index);
+                let i = if wide == index { i } else { self.push(InstOp::Cast(i), wide) };
                 let step = self.konst(*step, wide);
                 let start = self.konst(*start, wide);
                 let prod = self.push(InstOp::Binary(BinaryOp::Mul, i, step), wide);

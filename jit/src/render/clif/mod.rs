@@ -91,7 +91,7 @@ fn vectorizable_values(k: &KernelIr) -> bool {
 /// Whether `r` folds 4 lanes at a time along its innermost reduce loop (`reduce_loops_vec`): an f32 or 32-bit int
 /// accumulator, every inner value in the lane model, and a loop of at least one vector.
 fn lanes_fold(r: &Reduce) -> bool {
-    let lanes_ok = |i: &Inst| has_lanes(i.dtype) && !matches!(i.op, InstOp::Index(_) | InstOp::Rand { .. });
+    let lanes_ok = |i: &Inst| has_lanes(i.dtype) && !matches!(i.op, InstOp::Rand { .. });
     matches!(r.dtype, DType::F32 | DType::I32 | DType::U32)
         && r.inner.iter().all(lanes_ok)
         && r.extents.last().is_some_and(|&e| e >= LANES)
@@ -99,7 +99,7 @@ fn lanes_fold(r: &Reduce) -> bool {
 
 /// The strict form, for vectorizing along a reduce loop: every value in the lane model.
 fn all_values_vectorizable(k: &KernelIr) -> bool {
-    let ok_inst = |i: &Inst| has_lanes(i.dtype) && !matches!(i.op, InstOp::Index(_) | InstOp::Rand { .. });
+    let ok_inst = |i: &Inst| has_lanes(i.dtype) && !matches!(i.op, InstOp::Rand { .. });
     let inner_ok = k.reduce.as_ref().is_none_or(|r| {
         matches!(r.dtype, DType::F32 | DType::I32 | DType::U32 | DType::Bool) && r.inner.iter().all(ok_inst)
     });

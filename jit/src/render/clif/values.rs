@@ -357,9 +357,25 @@ impl Emitter<'_> {
         match &inst.op {
             InstOp::Const(s) => self.konst(*s, d, lanes),
             InstOp::Index(x) => {
-                debug_assert_eq!(lanes, 1, "index values are scalar-only");
-                let x = self.iexpr(x, 0);
-                self.int_resize(x, DType::I64, d)
+                // A 32-bit index has lanes (an iota along a vectorized loop): lane 0's value plus the lane times
+                // its step where it is affine in the vectorized variable, else one scalar per lane.
+                let affine = x.affine(self.vars.len()).zip(self.col_dim).map(|((coef, _), col)| coef[col]);
+                if let (true, Some(step)) = (lanes > 1, affine) {
+                    let v0 = self.iexpr(x, 0);
+                    let v0 = self.int_resize(v0, DType::I64, d);
+                    let base = self.b.ins().splat(ty(d, lanes), v0);
+                    let bytes: Vec<u8> = (0..lanes as i64).flat_map(|l| ((step * l) as i32).to_le_bytes()).collect();
+                    let offsets = self.b.func.dfg.constants.insert(bytes.into());
+                    let offsets = self.b.ins().vconst(ty(d, lanes), offsets);
+                    return self.b.ins().iadd(base, offsets);
+                }
+                let scalars: Vec<Value> = (0..lanes as i64)
+                    .map(|l| {
+                        let v = self.iexpr(x, l);
+                        self.int_resize(v, DType::I64, d)
+                    })
+                    .collect();
+                if lanes == 1 { scalars[0] } else { self.lanes_from_scalars(&scalars, d, lanes) }
             }
             InstOp::Load { buf, index, valid, fill } => self.load(*buf, index, valid, *fill, d, lanes),
             InstOp::Rand { dist, slot, index } => {
