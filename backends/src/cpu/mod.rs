@@ -56,6 +56,12 @@ pub fn run_wide_at(
     Ok(Some(out))
 }
 
+/// Whether a CPU plan takes row kernel `k` (the schedule's `row_kernel_ok` here): it generates it at this host's
+/// width. For the tests that check softmax and its kin do run as one generated kernel.
+pub fn takes_row_kernel(k: &kiln_jit::kernel::KernelIr) -> bool {
+    wide_rows::generates(k)
+}
+
 /// Runs `k` once as a Cranelift kernel (the code a plan runs where nothing generated takes a kernel) on `inputs`
 /// (checked against the kernel's buffers), on this thread. For the tests that hold the Cranelift rendering of
 /// kernels a plan on this host would generate (row kernels) to the interpreter. Random draws read zero keys.

@@ -170,14 +170,18 @@ impl RowKernel {
     /// Every pointer must be valid for the buffer the kernel IR declares at that position (its dtype and length),
     /// and the output must not alias an input.
     pub(crate) unsafe fn run(&self, ptrs: &[*mut u8]) {
-        // The passes' inputs with the scratch, which holds no uniform, as a null pointer.
-        let mut all: Vec<*mut u8> = ptrs[..self.n_inputs].to_vec();
+        // The passes' inputs: the kernel's, the scratch (never read for a uniform: its index varies by row) as a null
+        // pointer, and the output. Inline, as the uniforms: a replayed launch allocates nothing.
+        let mut all: smallvec::SmallVec<[*mut u8; 16]> = ptrs[..self.n_inputs].iter().copied().collect();
         all.push(std::ptr::null_mut());
         all.push(ptrs[self.n_inputs]);
-        // SAFETY: the caller's pointer contract; the scratch is never read for a uniform (its index varies by row).
-        let uniforms: Vec<Uniforms> =
-            self.passes.iter().map(|p| unsafe { Uniforms::for_launch(Some(&p.ep), &p.outer, &all) }).collect();
-        let args = &Args { ins: &all, out: ptrs[self.n_inputs] };
+        let all = &all[..];
+        let uniforms: [Uniforms; MAX_PASSES] = std::array::from_fn(|p| {
+            let pass = self.passes.get(p);
+            // SAFETY: the caller's pointer contract.
+            unsafe { Uniforms::for_launch(pass.map(|p| &p.ep), pass.map_or(&[], |p| &p.outer), all) }
+        });
+        let args = &Args { ins: all, out: ptrs[self.n_inputs] };
         let f = move |s: usize, e: usize| {
             let a: &Args = args;
             // SAFETY: the caller's pointer contract; rows `s..e` exist.
@@ -254,9 +258,11 @@ fn plan(k: &KernelIr, isa: Isa) -> Option<Vec<Pass>> {
         let mut reuse = None;
         if fold.is_none() {
             // The latest row reduction whose folded value the output computes again: read it back instead.
+            let varies = column_varying(&code, k.row_rank);
             'find: for (pass, rcode, value) in folded.iter().rev() {
+                let mut memo = std::collections::HashMap::new();
                 for i in 0..code.len() {
-                    if varies(&code, i, k.row_rank) && same(&code, i, rcode, *value) {
+                    if varies[i] && same(&code, i, rcode, *value, &mut memo) {
                         code[i].op = out_load(k);
                         reuse = Some(*pass);
                         break 'find;
@@ -390,32 +396,51 @@ fn out_load(k: &KernelIr) -> InstOp {
     InstOp::Load { buf: k.inputs.len() + 1, index: IExpr::from_affine(&coef, 0), valid: None, fill: Scalar::Int(0) }
 }
 
-/// Whether value `i` of `code` reads the column variable `col` (through a load).
-fn varies(code: &[Inst], i: usize, col: usize) -> bool {
-    match &code[i].op {
-        InstOp::Load { index, .. } => kiln_jit::render::cstyle::mentions_var(index, col),
-        InstOp::Unary(_, a) | InstOp::Cast(a) => varies(code, *a, col),
-        InstOp::Binary(_, a, b) => varies(code, *a, col) || varies(code, *b, col),
-        InstOp::Where(c, a, b) => varies(code, *c, col) || varies(code, *a, col) || varies(code, *b, col),
-        InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) | InstOp::Const(_) => false,
+/// For each value of `code`: whether it reads the column variable `col` (through a load).
+fn column_varying(code: &[Inst], col: usize) -> Vec<bool> {
+    let mut varies = Vec::with_capacity(code.len());
+    for inst in code {
+        let v = match &inst.op {
+            InstOp::Load { index, .. } => kiln_jit::render::cstyle::mentions_var(index, col),
+            InstOp::Unary(_, a) | InstOp::Cast(a) => varies[*a],
+            InstOp::Binary(_, a, b) => varies[*a] || varies[*b],
+            InstOp::Where(c, a, b) => varies[*c] || varies[*a] || varies[*b],
+            InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) | InstOp::Const(_) => false,
+        };
+        varies.push(v);
     }
+    varies
 }
 
 /// Whether value `i` of `a` and value `j` of `b` compute the same thing the same way (every operation, operand
-/// and index equal), so one may stand for the other bit for bit.
-fn same(a: &[Inst], i: usize, b: &[Inst], j: usize) -> bool {
+/// and index equal), so one may stand for the other bit for bit. `memo` holds the pairs compared already (the
+/// code is a DAG: without it a value read twice would be compared twice, at every level).
+fn same(
+    a: &[Inst],
+    i: usize,
+    b: &[Inst],
+    j: usize,
+    memo: &mut std::collections::HashMap<(usize, usize), bool>,
+) -> bool {
+    if let Some(&s) = memo.get(&(i, j)) {
+        return s;
+    }
     let (x, y) = (&a[i], &b[j]);
-    x.dtype == y.dtype
+    let s = x.dtype == y.dtype
         && match (&x.op, &y.op) {
-            (InstOp::Unary(u, p), InstOp::Unary(v, q)) => u == v && same(a, *p, b, *q),
-            (InstOp::Cast(p), InstOp::Cast(q)) => same(a, *p, b, *q),
-            (InstOp::Binary(o, p, r), InstOp::Binary(w, q, s)) => o == w && same(a, *p, b, *q) && same(a, *r, b, *s),
+            (InstOp::Unary(u, p), InstOp::Unary(v, q)) => u == v && same(a, *p, b, *q, memo),
+            (InstOp::Cast(p), InstOp::Cast(q)) => same(a, *p, b, *q, memo),
+            (InstOp::Binary(o, p, r), InstOp::Binary(w, q, s)) => {
+                o == w && same(a, *p, b, *q, memo) && same(a, *r, b, *s, memo)
+            }
             (InstOp::Where(c, p, r), InstOp::Where(d, q, s)) => {
-                same(a, *c, b, *d) && same(a, *p, b, *q) && same(a, *r, b, *s)
+                same(a, *c, b, *d, memo) && same(a, *p, b, *q, memo) && same(a, *r, b, *s, memo)
             }
             (InstOp::Load { .. } | InstOp::Const(_), _) => x.op == y.op,
             _ => false,
-        }
+        };
+    memo.insert((i, j), s);
+    s
 }
 
 /// `code` (value `result`) as an elementwise kernel over `[rows, cols]` reading the scratch as an extra input,

@@ -105,6 +105,29 @@ impl Lowerer<'_> {
         }
     }
 
+    /// The value folded by `Reduce` node `r`: its source at kept axes as output variables `0..` and reduced axes as
+    /// variables from `first`, converted to the accumulator's dtype. Returns the op, the reduced extents, the
+    /// accumulator dtype and the value.
+    fn reduce_source(&mut self, r: NodeIndex, first: usize) -> (ReduceOp, Vec<usize>, DType, ValueId) {
+        let g = self.graph;
+        let Op::Reduce { op, axes } = &g.node(r).op else { unreachable!("{} is not a reduction", g.node(r).op) };
+        let src = g.srcs(r)[0];
+        let sd = g.node(src).shape.to_vec();
+        let (mut k, mut q) = (0, first);
+        let idx: Vec<IExpr> = (0..sd.len())
+            .map(|a| {
+                let v = if axes.contains(&a) { &mut q } else { &mut k };
+                *v += 1;
+                IExpr::Var(*v - 1)
+            })
+            .collect();
+        let value = self.value(src, &idx);
+        let acc = acc_dtype(g.node(r).dtype);
+        let value = if acc == g.node(src).dtype { value } else { self.push(InstOp::Cast(value), acc) };
+        self.note(format!("{op:?}").to_lowercase());
+        (*op, axes.iter().map(|&a| sd[a]).collect(), acc, value)
+    }
+
     /// The value of node `n` at multi-index `idx`.
     fn value(&mut self, n: NodeIndex, idx: &[IExpr]) -> ValueId {
         let key = (n, idx.to_vec(), self.valid.clone());
@@ -299,22 +322,6 @@ pub(crate) fn lower(
     };
     let root_dims = graph.node(root).shape.to_vec();
     let var = IExpr::Var;
-    // The reduced axes and their source's shape, of the reduce stage or the row reductions (which share them).
-    let reduce_axes = |r: NodeIndex| match &graph.node(r).op {
-        Op::Reduce { op, axes } => (*op, axes.clone(), graph.node(graph.srcs(r)[0]).shape.to_vec()),
-        op => unreachable!("row reduction {op} is not a reduction"),
-    };
-    // The index of a reduction's source: kept axes as output variables 0.., reduced ones as variables from `first`.
-    let source_index = |axes: &[usize], rank: usize, first: usize| -> Vec<IExpr> {
-        let (mut k, mut q) = (0, first);
-        (0..rank)
-            .map(|a| {
-                let v = if axes.contains(&a) { &mut q } else { &mut k };
-                *v += 1;
-                var(*v - 1)
-            })
-            .collect()
-    };
     let (kind, out_extents, reduce) = match stage.map(|r| (r, &graph.node(r).op)) {
         None => ("E", root_dims.clone(), None),
         Some((r, Op::Reduce { op, axes })) => {
@@ -347,41 +354,28 @@ pub(crate) fn lower(
     let out_rank = out_extents.len();
     // Row reductions, each into its own instruction list.
     let mut row_reduces = Vec::with_capacity(rows.len());
+    lw.row_rank = out_rank;
     if let Some(&first) = rows.first() {
-        let (_, axes, sd) = reduce_axes(first);
+        // Every row reduction folds the same trailing axes of the same row space.
+        let Op::Reduce { axes, .. } = &graph.node(first).op else { unreachable!("row reductions are reductions") };
+        let sd = graph.node(graph.srcs(first)[0]).shape.to_vec();
         lw.row_rank = sd.len() - axes.len();
         if reduce.is_none() {
             lw.extents = out_extents.iter().chain(axes.iter().map(|&a| &sd[a])).copied().collect();
         }
-    } else {
-        lw.row_rank = out_rank;
     }
     for &r in rows {
-        let (op, axes, sd) = reduce_axes(r);
-        let src = graph.srcs(r)[0];
         lw.memo.clear();
-        let value = lw.value(src, &source_index(&axes, sd.len(), out_rank));
-        let acc = acc_dtype(graph.node(r).dtype);
-        let value = if acc == graph.node(src).dtype { value } else { lw.push(InstOp::Cast(value), acc) };
-        lw.note(format!("{op:?}").to_lowercase());
+        let (op, extents, dtype, value) = lw.reduce_source(r, out_rank);
         let inner = std::mem::take(&mut lw.insts);
-        row_reduces.push(Reduce { op, extents: axes.iter().map(|&a| sd[a]).collect(), dtype: acc, inner, value });
+        row_reduces.push(Reduce { op, extents, dtype, inner, value });
     }
     lw.memo.clear();
     let reduce = reduce.map(|mut red| {
         let r = stage.expect("a reduce stage");
         let srcs = graph.srcs(r);
         let value = match &graph.node(r).op {
-            Op::Reduce { axes, .. } => {
-                let src = srcs[0];
-                let sd = graph.node(src).shape.to_vec();
-                let value = lw.value(src, &source_index(axes, sd.len(), out_rank));
-                let op = red.op;
-                let value =
-                    if red.dtype == graph.node(src).dtype { value } else { lw.push(InstOp::Cast(value), red.dtype) };
-                lw.note(format!("{op:?}").to_lowercase());
-                value
-            }
+            Op::Reduce { .. } => lw.reduce_source(r, out_rank).3,
             _ => {
                 let nb = out_rank - 2;
                 let batch: Vec<IExpr> = (0..nb).map(var).collect();

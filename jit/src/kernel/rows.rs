@@ -137,7 +137,8 @@ impl Groups<'_> {
                     let only_ours = self.consumers[f.index()]
                         .iter()
                         .all(|c| region.contains(c) && owners[c.index()].iter().all(|o| members.contains(o)));
-                    if !only_ours {
+                    let joining = self.region(f, mat);
+                    if !only_ours || self.reads_a_position(&joining) {
                         continue;
                     }
                     let reduction = match stage[f.index()] {
@@ -159,12 +160,9 @@ impl Groups<'_> {
                             None
                         }
                     };
-                    if self.reads_a_position(&self.region(f, mat)) {
-                        continue;
-                    }
                     members.push(f);
                     reductions.extend(reduction);
-                    for n in self.region(f, mat) {
+                    for n in joining {
                         if !region.contains(&n) {
                             region.push(n);
                         }

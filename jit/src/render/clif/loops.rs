@@ -176,21 +176,7 @@ impl Emitter<'_> {
         let accs: Vec<Value> = match &k.reduce {
             Some(r) if self.reduce_vec => {
                 debug_assert_eq!((rows, vecs, lanes), (1, 1, 1));
-                let saved = self.col_dim;
-                self.col_dim = Some(k.out_rank() + r.extents.len() - 1);
-                // One accumulator where the reduce loop is too short for a group of vectors (less code to compile).
-                let groups = if r.extents.last().is_some_and(|&e| e >= REDUCE_VECS * LANES) { REDUCE_VECS } else { 1 };
-                let vaccs: Vec<Variable> = (0..groups).map(|_| self.b.declare_var(ty(r.dtype, LANES))).collect();
-                let sacc = self.b.declare_var(ty(r.dtype, 1));
-                for &v in &vaccs {
-                    let init = self.init(r.op, r.dtype, LANES);
-                    self.b.def_var(v, init);
-                }
-                let sinit = self.init(r.op, r.dtype, 1);
-                self.b.def_var(sacc, sinit);
-                self.reduce_loops_vec(r, 0, &vaccs, sacc);
-                self.col_dim = saved;
-                vec![self.combine_lanes(r, &vaccs, sacc)]
+                vec![self.fold_vectorized(r)]
             }
             Some(r) => {
                 let vars: Vec<Variable> = (0..n).map(|_| self.b.declare_var(ty(r.dtype, lanes))).collect();
@@ -374,32 +360,40 @@ impl Emitter<'_> {
     /// reduce loop 4 lanes at a time where its code fits the lane model (as `reduce_loops_vec`), else scalar.
     pub(super) fn fold_rows(&mut self) {
         let k = self.k;
-        let rank = k.out_rank();
         for r in &k.rows {
-            let vector = self.vectorize && lanes_fold(r);
-            let sacc = self.b.declare_var(ty(r.dtype, 1));
-            let sinit = self.init(r.op, r.dtype, 1);
-            self.b.def_var(sacc, sinit);
-            let v = if vector {
-                let saved = (self.col_dim, self.reduce_vec);
-                self.col_dim = Some(rank + r.extents.len() - 1);
-                self.reduce_vec = true;
-                let groups = if r.extents.last().is_some_and(|&e| e >= REDUCE_VECS * LANES) { REDUCE_VECS } else { 1 };
-                let vaccs: Vec<Variable> = (0..groups).map(|_| self.b.declare_var(ty(r.dtype, LANES))).collect();
-                for &v in &vaccs {
-                    let init = self.init(r.op, r.dtype, LANES);
-                    self.b.def_var(v, init);
-                }
-                self.reduce_loops_vec(r, 0, &vaccs, sacc);
-                (self.col_dim, self.reduce_vec) = saved;
-                self.combine_lanes(r, &vaccs, sacc)
+            let v = if self.vectorize && lanes_fold(r) {
+                self.fold_vectorized(r)
             } else {
+                let sacc = self.b.declare_var(ty(r.dtype, 1));
+                let sinit = self.init(r.op, r.dtype, 1);
+                self.b.def_var(sacc, sinit);
                 let deps = deps_on(&r.inner, None, None, k.row_rank);
                 self.reduce_loops(r, &deps, 0, &[sacc], 1, 1, 1);
                 self.b.use_var(sacc)
             };
             self.row_accs.push(v);
         }
+    }
+
+    /// `r` folded at the current output position along its innermost reduce loop, 4 lanes at a time into
+    /// [`REDUCE_VECS`] accumulators (one where the loop is too short for a group: less code to compile), the
+    /// remainder scalar; combined into one scalar.
+    fn fold_vectorized(&mut self, r: &Reduce) -> Value {
+        let saved = (self.col_dim, self.reduce_vec);
+        self.col_dim = Some(self.k.out_rank() + r.extents.len() - 1);
+        self.reduce_vec = true;
+        let groups = if r.extents.last().is_some_and(|&e| e >= REDUCE_VECS * LANES) { REDUCE_VECS } else { 1 };
+        let vaccs: Vec<Variable> = (0..groups).map(|_| self.b.declare_var(ty(r.dtype, LANES))).collect();
+        for &v in &vaccs {
+            let init = self.init(r.op, r.dtype, LANES);
+            self.b.def_var(v, init);
+        }
+        let sacc = self.b.declare_var(ty(r.dtype, 1));
+        let sinit = self.init(r.op, r.dtype, 1);
+        self.b.def_var(sacc, sinit);
+        self.reduce_loops_vec(r, 0, &vaccs, sacc);
+        (self.col_dim, self.reduce_vec) = saved;
+        self.combine_lanes(r, &vaccs, sacc)
     }
 
     pub(super) fn init(&mut self, op: ReduceOp, d: DType, lanes: usize) -> Value {
