@@ -41,7 +41,7 @@ fn check_all_candidates(name: &str, out: &Tensor) -> usize {
                 GemmImpl::Transposed(c) => {
                     Some(GemmImpl::Transposed(config::GemmConfig { kc: 16, mc: c.mr * 2, nc: c.nr() * 2, ..*c }))
                 }
-                GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK => None,
+                GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK | GemmImpl::Amx(_) => None,
             })
             .collect();
         cands.extend(extra);
@@ -67,7 +67,7 @@ fn present_isas() -> Vec<Isa> {
         let names: Vec<&str> = isas.iter().map(|i| i.name()).collect();
         eprintln!("gemm: generated kernels checked for {names:?} (the families this CPU has)");
         let bf16 = kiln_backends::cpu::isa::bf16_units();
-        eprintln!("gemm: bf16 units present {bf16:?}; no kernel uses them yet (bf16 runs the f32 GEMM)");
+        eprintln!("gemm: bf16 units present {bf16:?} (tests/bf16_gemm.rs checks the kernels that use them)");
     });
     isas
 }
@@ -350,15 +350,15 @@ fn tuner_reference_accepts_the_right_output_and_rejects_a_wrong_one() {
     common::with_last_gemm("reference", &out, |kernel, args, want| {
         let reference = Reference::of(kernel, k, args);
         let HostBuffer::F32(good) = want.clone() else { panic!("f32 GEMM") };
-        reference.check(&good).unwrap();
+        reference.check(&good, 0.0).unwrap();
         // The last sampled position is in the middle of the output (a corner could be a relu zero).
         let pos = sample_positions(&kernel.out_extents).pop().unwrap();
         let flat = pos[0] * n + pos[1];
         let mut bad = good.clone();
         bad[flat] += 1e-3 + bad[flat].abs() * 1e-3;
-        let e = reference.check(&bad).unwrap_err();
+        let e = reference.check(&bad, 0.0).unwrap_err();
         assert!(e.contains(&format!("{pos:?}")), "{e}");
-        assert!(reference.check(&good[..good.len() - 1]).is_err());
+        assert!(reference.check(&good[..good.len() - 1], 0.0).is_err());
     });
 }
 

@@ -93,13 +93,14 @@ impl Reference {
         Reference { samples, abs: 8.0 * k_len as f64 * f32::EPSILON as f64 }
     }
 
-    /// Checks `got`, a candidate's f32 output on the same inputs. Tolerance: the summation-order bound of
-    /// `tests/common::gemm_tol` (relative 1e-5 plus 4*k*eps), doubled because the evaluator's own f32 sum errs too; a
-    /// wrong tile, block or epilogue is off by orders of magnitude more. NaN matches NaN.
-    pub fn check(&self, got: &[f32]) -> Result<(), String> {
+    /// Checks `got`, a candidate's output on the same inputs (widened to f32). Tolerance: the summation-order bound
+    /// of `tests/common::gemm_tol` (relative 1e-5 plus 4*k*eps), doubled because the evaluator's own f32 sum errs
+    /// too, plus `rounded` relative for an output rounded to a narrower type; a wrong tile, block or epilogue is off
+    /// by orders of magnitude more. NaN matches NaN.
+    pub fn check(&self, got: &[f32], rounded: f64) -> Result<(), String> {
         for (flat, pos, w) in &self.samples {
             let g = got.get(*flat).copied().ok_or_else(|| format!("output has {} elements", got.len()))? as f64;
-            let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= self.abs + 2e-5 * w.abs();
+            let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= self.abs + (2e-5 + rounded) * w.abs();
             if !ok {
                 return Err(format!("element {pos:?}: got {g}, want {w}"));
             }

@@ -50,18 +50,19 @@ impl Tensor {
             // computes) is what the f32-accumulating GEMM below would return, bar the sign of a zero.
             operand(&a, [m, k]).mul(operand(&b, [k, n]))
         } else if dtype.is_half() {
-            // f16 or bf16 operands, f32 accumulation, one rounding (PyTorch's half matmul): operands converted to f32 and
-            // materialized, so the f32 GEMM (generated AVX2 code, the tiled WGSL template) runs unchanged; its f32
-            // result is materialized too, since a GEMM kernel stores f32, then rounded once to f16. The copies cost
-            // O(MK + KN + MN) against the GEMM's O(MNK).
-            let f32s = |t: &Tensor, tail| t.to_dtype(DType::F32).expand_to("matmul", with(tail).dims()).contiguous();
+            // f16 or bf16 operands, f32 accumulation, one rounding (PyTorch's half matmul), recorded as what it
+            // computes: the product of the operands widened to f32, rounded back. How it runs is the schedule's
+            // choice: a backend with a bf16 GEMM reads bf16 operands in place and rounds in its epilogue (rule
+            // 2e); elsewhere the widened operands are stored in f32 for the f32 GEMM (rule 2c) and its f32 result is
+            // rounded by an elementwise kernel. The copies cost O(MK + KN + MN) against the GEMM's O(MNK).
+            let f32s = |t: &Tensor, tail| t.to_dtype(DType::F32).expand_to("matmul", with(tail).dims());
             let prod = Tensor::from_op(
                 Op::Matmul,
                 smallvec::smallvec![f32s(&a, [m, k]), f32s(&b, [k, n])],
                 with([m, n]),
                 DType::F32,
             );
-            prod.contiguous().to_dtype(dtype)
+            prod.to_dtype(dtype)
         } else {
             Tensor::from_op(
                 Op::Matmul,

@@ -82,6 +82,8 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     let opts = kiln_jit::kernel::ScheduleOptions {
         transpose_copy: !super::gemm::select::generated_gemm_enabled(),
         row_kernel_ok: Some(super::wide_rows::generates),
+        // bf16 matmuls read their operands in bf16 where a bf16 GEMM family runs here (`gemm::amx`).
+        bf16_gemm: super::gemm::select::generated_gemm_enabled() && super::gemm::amx::ready(),
         ..Default::default()
     };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);

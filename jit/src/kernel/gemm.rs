@@ -4,9 +4,13 @@
 //!
 //! A kernel qualifies when its reduction is an f32 sum over one variable of exactly `load * load` (no masks, affine
 //! indices), and its output is `[batch.., m, n]`, `[m, n]` or `[n]` (a batch-1 layer, whose unit M loop was
-//! dropped). Anything else (a padded operand, a cast inside the sum, an int matmul) stays on the generic path, and so
-//! does a GEMM whose epilogue draws random numbers (`x @ w + randn(..)`): the tuners verify candidates against the
-//! evaluator and launch them without random keys, and such an epilogue is rare enough not to need them.
+//! dropped). Anything else (a padded operand, an int matmul) stays on the generic path, and so does a GEMM whose
+//! epilogue draws random numbers (`x @ w + randn(..)`): the tuners verify candidates against the evaluator and
+//! launch them without random keys, and such an epilogue is rare enough not to need them.
+//!
+//! A bf16 GEMM is the one mixed form: `f32(load bf16) * f32(load bf16)` summed in f32 ([`GemmView::operands`] is
+//! bf16), its output f32 or rounded once to bf16 by a last `cast` of the outer code ([`GemmView::out`]). The
+//! scheduler leaves the casts in the GEMM's loads only where the backend asked (`ScheduleOptions::bf16_gemm`).
 //!
 //! The epilogue is the kernel's outer code; each value is classified by what it varies with ([`Role`]), which is what
 //! a renderer needs to place it in registers.
@@ -24,6 +28,9 @@ pub struct GemmOperand {
     pub rows: i64,
     pub cols: i64,
 }
+
+/// A load's buffer and affine index (coefficients per loop variable, constant).
+type AffineLoad = (usize, Vec<i64>, i64);
 
 /// What an epilogue value varies with.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -53,6 +60,11 @@ pub struct GemmView {
     pub b: GemmOperand,
     /// Per outer instruction.
     pub roles: Vec<Role>,
+    /// The dtype A and B are stored in: f32, or bf16 (each element widened to f32 exactly before the product).
+    pub operands: DType,
+    /// The output's dtype: f32, or bf16 (only with bf16 operands; the outer code's result is then a cast of an
+    /// f32 value, which a renderer applies at the store).
+    pub out: DType,
 }
 
 impl GemmView {
@@ -76,16 +88,18 @@ impl GemmView {
             a: swap(&self.b),
             b: swap(&self.a),
             roles: Vec::new(),
+            operands: self.operands,
+            out: DType::F32,
         }
     }
 
     /// Recognizes `k` as a GEMM; `None` when it is not one (see the module doc).
     pub fn of(k: &KernelIr) -> Option<GemmView> {
         let r = k.reduce.as_ref().filter(|_| k.rows.is_empty())?;
-        if r.op != crate::op::ReduceOp::Sum || r.dtype != DType::F32 || r.extents.len() != 1 || r.inner.len() != 3 {
+        if r.op != crate::op::ReduceOp::Sum || r.dtype != DType::F32 || r.extents.len() != 1 {
             return None;
         }
-        if k.output.dtype != DType::F32 || k.out_extents.is_empty() || k.out_extents.contains(&0) || r.extents[0] == 0 {
+        if k.out_extents.is_empty() || k.out_extents.contains(&0) || r.extents[0] == 0 {
             return None;
         }
         if k.outer.iter().any(|i| matches!(i.op, InstOp::Rand { .. })) {
@@ -94,25 +108,47 @@ impl GemmView {
         let rank = k.out_rank();
         let nvars = rank + 1;
         let kvar = rank;
-        let load = |i: usize| -> Option<(usize, Vec<i64>, i64)> {
-            let inst = &r.inner[i];
+        let inner = &r.inner;
+        // Operand `i`: an f32 load, or a bf16 load widened by a cast; its dtype, buffer and affine index.
+        let operand_of = |i: usize| -> Option<(DType, AffineLoad)> {
+            let (dtype, inst) = match inner[i].op {
+                InstOp::Cast(j) if inner[i].dtype == DType::F32 && inner[j].dtype == DType::BF16 => {
+                    (DType::BF16, &inner[j])
+                }
+                _ if inner[i].dtype == DType::F32 => (DType::F32, &inner[i]),
+                _ => return None,
+            };
             match &inst.op {
-                InstOp::Load { buf, index, valid: None, .. } if inst.dtype == DType::F32 => {
+                InstOp::Load { buf, index, valid: None, .. } => {
                     let (coef, c) = index.affine(nvars)?;
-                    Some((*buf, coef, c))
+                    Some((dtype, (*buf, coef, c)))
                 }
                 _ => None,
             }
         };
-        let (x, y) = match r.inner[2].op {
-            InstOp::Binary(crate::op::BinaryOp::Mul, 0, 1) | InstOp::Binary(crate::op::BinaryOp::Mul, 1, 0) => {
-                (load(0)?, load(1)?)
-            }
+        let (x, y) = match inner.get(r.value).map(|i| &i.op) {
+            Some(&InstOp::Binary(crate::op::BinaryOp::Mul, p, q)) if p != q => (operand_of(p)?, operand_of(q)?),
             _ => return None,
         };
-        if r.value != 2 {
+        // Nothing but the two operands and their product: [load, load, mul] or [load, cast, load, cast, mul].
+        let operands = x.0;
+        let expected = if operands == DType::BF16 { 5 } else { 3 };
+        if y.0 != operands || inner.len() != expected || r.value != expected - 1 {
             return None;
         }
+        let out = k.output.dtype;
+        let out_ok = match out {
+            DType::F32 => true,
+            DType::BF16 => {
+                operands == DType::BF16
+                    && matches!(k.outer[k.result].op, InstOp::Cast(s) if k.outer[s].dtype == DType::F32)
+            }
+            _ => false,
+        };
+        if !out_ok {
+            return None;
+        }
+        let (x, y) = (x.1, y.1);
         let (batch_rank, mvar, nvar) = if rank == 1 { (0, None, 0) } else { (rank - 2, Some(rank - 2), rank - 1) };
         let coef_m = |c: &[i64]| mvar.map_or(0, |m| c[m]);
         // A does not move with n, B does not move with m.
@@ -147,6 +183,8 @@ impl GemmView {
             a,
             b,
             roles: roles(k, batch_rank, mvar, nvar),
+            operands,
+            out,
         };
         Some(view)
     }

@@ -7,6 +7,7 @@
 //! 2. Everything else is inlined into each kernel that reads it: elementwise chains fuse, elementwise ops fuse into
 //!    a reduction's input, and movement ops become index math (no copies).
 //!    A value a broadcast fans out (a vector expanded over a matrix) is stored if it costs any ALU op (rule 2d).
+//!    A matmul of bf16 values widened to f32 reads them in bf16 where the backend has a bf16 GEMM (rule 2e).
 //! 3. A reduction (or matmul) whose value flows only through elementwise ops and reshapes into one materialized
 //!    node becomes that node's *reduce stage*: its buffer disappears and the ops after it run in the same kernel
 //!    as an epilogue (`(a * b + c).relu().sum(1)` and `x.matmul(&w) + b` then relu are one kernel each).
@@ -102,6 +103,34 @@ fn alu_cost(op: &Op) -> usize {
     }
 }
 
+/// Rule 2e: where matmul `n` multiplies two bf16 values widened to f32 (`cast` to f32 of a bf16 node, through
+/// movement ops on either side of the cast), the bf16 nodes the GEMM then reads, which must be stored (those not
+/// stored yet: a computed bf16 operand is stored once, in bf16); `None` where an operand is anything else.
+fn bf16_gemm_operands(graph: &Graph, n: NodeIndex, mat: &[bool]) -> Option<Vec<NodeIndex>> {
+    let movement = |cur: NodeIndex| matches!(graph.node(cur).op, Op::Permute(_) | Op::Reshape | Op::Expand);
+    let mut stored = Vec::new();
+    for src in graph.srcs(n) {
+        let mut cur = src;
+        while movement(cur) && !mat[cur.index()] {
+            cur = graph.srcs(cur)[0];
+        }
+        if mat[cur.index()] || !matches!(graph.node(cur).op, Op::Cast) || graph.node(cur).dtype != crate::DType::F32 {
+            return None;
+        }
+        let mut from = graph.srcs(cur)[0];
+        if graph.node(from).dtype != crate::DType::BF16 {
+            return None;
+        }
+        while movement(from) && !mat[from.index()] {
+            from = graph.srcs(from)[0];
+        }
+        if !mat[from.index()] {
+            stored.push(from);
+        }
+    }
+    Some(stored)
+}
+
 /// Choices a backend makes about scheduling.
 #[derive(Clone, Copy, Debug)]
 pub struct ScheduleOptions {
@@ -116,13 +145,17 @@ pub struct ScheduleOptions {
     /// width: elsewhere its 4-lane Cranelift code, evaluating `exp` once per pass, costs more than the passes over
     /// memory a row kernel saves, and the kernels stay apart.
     pub row_kernel_ok: Option<fn(&KernelIr) -> bool>,
+    /// Rule 2e: the backend runs GEMMs on bf16 operands (`GemmView::operands`), so a matmul of two bf16 values
+    /// widened to f32 reads them where they are stored instead of storing f32 copies, and a cast of its result
+    /// to bf16 joins it as the epilogue's store. Without it, the matmul's result is stored in f32 first.
+    pub bf16_gemm: bool,
 }
 
 impl Default for ScheduleOptions {
     fn default() -> Self {
         static ROWS: std::sync::LazyLock<bool> =
             std::sync::LazyLock::new(|| std::env::var("KILN_ROW_KERNELS").map_or(true, |v| v != "off"));
-        ScheduleOptions { transpose_copy: true, row_kernels: *ROWS, row_kernel_ok: None }
+        ScheduleOptions { transpose_copy: true, row_kernels: *ROWS, row_kernel_ok: None, bf16_gemm: false }
     }
 }
 
@@ -178,11 +211,26 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         depth[n.index()] = 1 + inlined.iter().map(|s| depth[s.index()]).max().unwrap_or(0);
     }
 
+    // Rule 2e (before 2b and 2c, which would store the operands in f32): a bf16 GEMM reads its operands in bf16.
+    let mut bf16_operands = vec![false; bound];
+    if opts.bf16_gemm {
+        for &n in &order {
+            if matches!(graph.node(n).op, Op::Matmul)
+                && let Some(stored) = bf16_gemm_operands(graph, n, &mat)
+            {
+                for s in stored {
+                    mat[s.index()] = true;
+                }
+                bf16_operands[n.index()] = true;
+            }
+        }
+    }
+
     // Rule 2b: a matmul whose right operand is a transposed view (`x.matmul(&w.t())`, every linear layer) would read
     // B across its rows. With enough rows of A to amortize it, store the transposed B once (a copy of K x N) so the
     // GEMM reads it contiguously; with fewer, the renderer's dot-product form (vectorized along K) is cheaper.
     for &n in &order {
-        if !matches!(graph.node(n).op, Op::Matmul) {
+        if !matches!(graph.node(n).op, Op::Matmul) || bf16_operands[n.index()] {
             continue;
         }
         let srcs = graph.srcs(n);
@@ -197,7 +245,7 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     // Rule 2c: a matmul operand computed by ALU ops (a relu derivative times an upstream gradient, say) would be
     // recomputed for every register tile that reads it (N / 8 times for A, M / 4 times for B): store it once.
     for &n in &order {
-        if !matches!(graph.node(n).op, Op::Matmul) {
+        if !matches!(graph.node(n).op, Op::Matmul) || bf16_operands[n.index()] {
             continue;
         }
         for src in graph.srcs(n) {
@@ -274,8 +322,22 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
             stage[r.index()] = Some(r);
             continue;
         }
+        // A GEMM's epilogue computes in f32 and stores f32, or, where its operands are bf16 (rule 2e), rounds its
+        // result to bf16 at the store: a bare cast. Ops after that cast compute in bf16, rounding each result,
+        // which the register epilogues do not model: the product is stored in f32 and they run elementwise.
+        let half_out = |m: NodeIndex| {
+            let rounding_store = bf16_operands[r.index()]
+                && graph.node(m).dtype == crate::DType::BF16
+                && matches!(graph.node(m).op, Op::Cast)
+                && graph.srcs(m)[0] == r;
+            matches!(graph.node(r).op, Op::Matmul) && graph.node(m).dtype != graph.node(r).dtype && !rounding_store
+        };
         match target {
-            Some(m) if stage[m.index()].is_none() && !matches!(graph.node(m).op, Op::Reduce { .. } | Op::Matmul) => {
+            Some(m)
+                if stage[m.index()].is_none()
+                    && !matches!(graph.node(m).op, Op::Reduce { .. } | Op::Matmul)
+                    && !half_out(m) =>
+            {
                 stage[m.index()] = Some(r);
                 mat[r.index()] = false;
             }

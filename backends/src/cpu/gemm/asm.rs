@@ -704,14 +704,21 @@ const ARTIFACT_MAGIC: &[u8; 8] = b"KGEMMv1\n";
 impl KernelSet {
     /// Assembles every spec (all sharing `ep`) into one mapping.
     pub fn build(specs: &[MicroSpec], ep: &EpProgram) -> Result<KernelSet, String> {
+        Self::assemble(specs.len(), |ops, i| match specs[i].isa {
+            Isa::Avx2 => emit(ops, &specs[i], ep),
+            Isa::Avx512 => super::asm512::emit(ops, &specs[i], ep),
+        })
+    }
+
+    /// Assembles `count` kernels, kernel `i` emitted by `emit(ops, i)` (returning its entry), into one mapping.
+    pub fn assemble(
+        count: usize,
+        mut emit: impl FnMut(&mut Assembler, usize) -> Result<AssemblyOffset, String>,
+    ) -> Result<KernelSet, String> {
         let mut ops = Assembler::new().map_err(|e| e.to_string())?;
-        let mut offsets = Vec::with_capacity(specs.len());
-        for s in specs {
-            let at = match s.isa {
-                Isa::Avx2 => emit(&mut ops, s, ep)?,
-                Isa::Avx512 => super::asm512::emit(&mut ops, s, ep)?,
-            };
-            offsets.push(at.0);
+        let mut offsets = Vec::with_capacity(count);
+        for i in 0..count {
+            offsets.push(emit(&mut ops, i)?.0);
         }
         let code = ops.finalize().map_err(|_| "finalizing the GEMM kernels failed".to_string())?;
         crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -9,7 +9,8 @@
 //! dot-product GEMV (`Dot`) for a few rows of A against a B whose columns are contiguous (`x @ W^T`, every linear
 //! layer's forward at a small batch), which no packed or broadcast kernel serves well, and a split-K GEMV
 //! (`SplitK`) for a few rows of A against a B whose rows are contiguous (`dy @ W`, a linear layer's input gradient),
-//! whose threads take rows of B rather than columns of C.
+//! whose threads take rows of B rather than columns of C. A GEMM of bf16 operands has only the AMX configurations
+//! (`AmxConfig`: block of C per kernel, B block width, thread split), scored by tile throughput and reuse.
 //!
 //! The score is a roofline estimate in GFLOP/s, not a promise; its job is to put the few worth timing on top:
 //! - compute: this core's 8-lane FMA peak (100 GFLOP/s per core, the model's unit) times the family's measured
@@ -43,6 +44,30 @@ pub enum GemmImpl {
     /// rows (`x @ W^T`, W stored N x K), where the direct kernels pack all of W on every call and this one reads W in
     /// place and packs only x (`cpu/gemm/transposed.rs`: measurements). [`transposed_legal`] says where.
     Transposed(GemmConfig),
+    /// bf16 operands on AMX tiles (`cpu/gemm/amx.rs`), epilogue in registers.
+    Amx(AmxConfig),
+}
+
+/// An AMX configuration: the block of C one kernel computes (`16 * mt` x `16 * nt`), the columns of B packed at
+/// once, and how the threads split C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AmxConfig {
+    pub mt: usize,
+    pub nt: usize,
+    /// Columns per packed block of B (a multiple of `16 * nt`): its K x NC bf16 panels stay in L2 while every row
+    /// block of the thread's rectangle passes over them.
+    pub nc: usize,
+    /// Threads split the rows (M) rather than the columns (N).
+    pub split_m: bool,
+}
+
+impl AmxConfig {
+    pub fn mr(&self) -> usize {
+        16 * self.mt
+    }
+    pub fn nr(&self) -> usize {
+        16 * self.nt
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,6 +106,15 @@ impl GemmImpl {
     /// ~0.1 ms of a warm process's first step).
     pub fn write_name(&self, out: &mut String) {
         let c = match self {
+            GemmImpl::Amx(a) => {
+                out.push_str("amx:");
+                push_num(out, a.mr());
+                out.push('x');
+                push_num(out, a.nr());
+                out.push_str(":nc");
+                push_num(out, a.nc);
+                return out.push_str(if a.split_m { ":sM" } else { ":sN" });
+            }
             GemmImpl::Library => return out.push_str("lib:gemm"),
             GemmImpl::Dot => return out.push_str("dot:avx2"),
             GemmImpl::SplitK => return out.push_str("splitk:avx2"),
@@ -112,7 +146,15 @@ impl GemmImpl {
     /// Whether this candidate can run `v`: [`legal`] for a generated config, an unbatched view for the library,
     /// [`dot_legal`] for the dot products. The one check a tuner's pick and a forced build both go through.
     pub fn legal_for(&self, v: &GemmView) -> bool {
+        let f32s = v.operands == kiln_jit::DType::F32 && v.out == kiln_jit::DType::F32;
+        if let GemmImpl::Amx(a) = self {
+            return v.operands == kiln_jit::DType::BF16 && super::amx::ready() && amx_legal(v, a);
+        }
+        if !f32s {
+            return false;
+        }
         match self {
+            GemmImpl::Amx(_) => false,
             GemmImpl::Asm(c) => c.isa.present() && legal(v, c),
             GemmImpl::Library => v.batch.is_empty(),
             GemmImpl::Dot => dot_legal(v),
@@ -127,6 +169,7 @@ impl GemmImpl {
     /// knows (measured at M = 1: 4-8-row blocks from 25 to 42 GB/s, 32-row blocks 24-27, in different sessions).
     pub fn family(&self) -> &'static str {
         match self {
+            GemmImpl::Amx(_) => "AMX tiles",
             GemmImpl::Library => "library",
             GemmImpl::Dot => "dot products",
             GemmImpl::SplitK => "split K",
@@ -147,6 +190,7 @@ impl GemmImpl {
     pub fn shape(&self) -> String {
         match self {
             GemmImpl::Asm(c) | GemmImpl::Transposed(c) => format!("{} {}x{}", c.isa.name(), c.mr, c.nr()),
+            GemmImpl::Amx(a) => format!("amx {}x{}", a.mr(), a.nr()),
             GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK => String::new(),
         }
     }
@@ -160,6 +204,20 @@ impl GemmImpl {
         }
         if s == "splitk:avx2" {
             return Some(GemmImpl::SplitK);
+        }
+        if let Some(rest) = s.strip_prefix("amx:") {
+            let f: Vec<&str> = rest.split(':').collect();
+            let [tile, nc, split] = f[..] else { return None };
+            let (mr, nr) = tile.split_once('x')?;
+            let (mr, nr): (usize, usize) = (mr.parse().ok()?, nr.parse().ok()?);
+            let a = AmxConfig {
+                mt: mr / 16,
+                nt: nr / 16,
+                nc: nc.strip_prefix("nc")?.parse().ok()?,
+                split_m: split == "sM",
+            };
+            let imp = GemmImpl::Amx(a);
+            return (imp.name() == s).then_some(imp);
         }
         if let Some(rest) = s.strip_prefix("tr:") {
             return match GemmImpl::parse(rest)? {
@@ -243,9 +301,50 @@ fn large_kcs(isa: Isa) -> &'static [usize] {
     }
 }
 
+/// Whether AMX configuration `a` can run `v` (bf16 operands, checked by the caller): tiles of 16 rows and
+/// columns, B blocks of whole panels, and strides that fit the kernels' 32-bit displacements.
+pub fn amx_legal(v: &GemmView, a: &AmxConfig) -> bool {
+    let fit = |x: i64| x.unsigned_abs() < (1 << 30);
+    let elem = if v.out == kiln_jit::DType::BF16 { 2 } else { 4 };
+    (1..=2).contains(&a.mt)
+        && (1..=2).contains(&a.nt)
+        && a.nc > 0
+        && a.nc.is_multiple_of(a.nr())
+        && fit(v.a.rows * 2 * 16)
+        && fit(v.k.next_multiple_of(super::amx::KSTEP) as i64 * 2 * 16)
+        && fit(v.n as i64 * elem * a.mr() as i64)
+}
+
+/// The AMX candidates for a bf16 GEMM: 32 x 32 blocks (four accumulator tiles, each A and B tile read twice) and the
+/// narrower ones for a few rows or columns, B blocks of 256 columns or the thread's whole strip (as wide as L2
+/// holds: 1 MiB of packed B), threads splitting columns or rows.
+fn amx_candidates(v: &GemmView, out: &mut Vec<GemmImpl>) {
+    let strip_cap = ((1usize << 20) / (v.k.next_multiple_of(super::amx::KSTEP) * 2)).max(32);
+    for (mt, nt) in [(2, 2), (1, 2), (2, 1)] {
+        if mt == 2 && v.m <= 16 || nt == 2 && v.n <= 16 {
+            continue;
+        }
+        for nc in [256, strip_cap.next_multiple_of(16 * nt)] {
+            for split_m in [false, true] {
+                let a = AmxConfig { mt, nt, nc: nc.min(v.n.next_multiple_of(16 * nt)), split_m };
+                let imp = GemmImpl::Amx(a);
+                if amx_legal(v, &a) && !out.contains(&imp) {
+                    out.push(imp);
+                }
+            }
+        }
+    }
+}
+
 /// [`candidates`] for an explicit list of families (tests force each).
 pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl> {
     let mut out = Vec::new();
+    if v.operands == kiln_jit::DType::BF16 {
+        if super::amx::ready() {
+            amx_candidates(v, &mut out);
+        }
+        return out;
+    }
     // Clamping makes many configs equal on small problems; a set keeps the dedup linear (it was the bulk of a
     // warm process's first GEMM lookup: ~50 µs for 97 candidates with `Vec::contains`, still 46 µs for the 720
     // configs a skinny problem walks with std's SipHash set; Fx hashing is enough for a dedup).
@@ -508,6 +607,7 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
         // the direct kernels at 64 rows, where it was timed 3-13 % slower (202 against 208-229 µs at 64 x 256 x 784,
         // `kiln tune --mode full`), and over them at 16 and 32 rows, where it was 10-27 % faster.
         GemmImpl::Transposed(c) => return 0.85 * score(&v.transposed(), &GemmImpl::Asm(*c), threads),
+        GemmImpl::Amx(a) => return amx_score(v, a, threads),
         GemmImpl::Asm(c) => c,
     };
     let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);
@@ -576,6 +676,25 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     flops / (compute_s + mem_s) / 1e9
 }
 
+/// The AMX estimate: tile throughput (a 16 x 16 x 32 `tdpbf16ps` per 16 cycles, 1024 flops a cycle a core, taken
+/// as 8x the model's 8-lane FMA unit) scaled by the useful fraction of each padded block and by how often each
+/// loaded tile is reused (a 2 x 2 block loads 4 tiles for 4 products, a 1 x 2 one 3 for 2), the threads' balance, and
+/// the packing of B (read and written once per row split).
+fn amx_score(v: &GemmView, a: &AmxConfig, threads: usize) -> f64 {
+    const PEAK: f64 = 800.0;
+    let (mr, nr) = (a.mr(), a.nr());
+    let useful = |x: usize, t: usize| x as f64 / x.next_multiple_of(t) as f64;
+    let reuse = (a.mt * a.nt) as f64 / (a.mt + a.nt) as f64;
+    let units = if a.split_m { v.m.div_ceil(mr) } else { v.n.div_ceil(nr) };
+    let workers = threads.min(units).max(1);
+    let balance = units as f64 / (units.div_ceil(workers) * workers) as f64;
+    let compute = PEAK * workers as f64 * balance * useful(v.m, mr) * useful(v.n, nr) * reuse;
+    let flops = v.flops();
+    let pack_bytes = 4.0 * (v.k * v.n) as f64 * if a.split_m { workers as f64 } else { 1.0 };
+    let seconds = flops / (compute * 1e9) + pack_bytes / (BW * workers as f64 * 1e9);
+    flops / seconds / 1e9
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -583,7 +702,17 @@ mod tests {
 
     fn view(m: usize, n: usize, k: usize) -> GemmView {
         let op = |rows: i64, cols: i64| GemmOperand { buf: 0, offset: 0, batch: vec![], rows, cols };
-        GemmView { batch: vec![], m, n, k, a: op(k as i64, 1), b: op(n as i64, 1), roles: vec![] }
+        GemmView {
+            batch: vec![],
+            m,
+            n,
+            k,
+            a: op(k as i64, 1),
+            b: op(n as i64, 1),
+            roles: vec![],
+            operands: kiln_jit::DType::F32,
+            out: kiln_jit::DType::F32,
+        }
     }
 
     /// The model's first choice for a batch-1 layer, and for a linear layer (W stored N x K) at 16-64 rows, is a

@@ -7,7 +7,9 @@
 //! instructions around these (loops, GPR moves, prefetches, `vzeroupper`) still come from `dynasm!`; both write
 //! into the same assembler, so labels and offsets stay `dynasmrt`'s.
 //!
-//! Only AVX-512F is used (no DQ/BW/VL instructions): `vpandd`/`vpord`/`vpxord` instead of `vandps`..., a compare's
+//! The 16-lane kernels use AVX-512F only (no DQ/BW/VL instructions); the AMX kernels' bf16 store adds
+//! `vcvtneps2bf16` (AVX512-BF16) and a 256-bit `vmovdqu16` (AVX-512BW/VL), which is why `Enc` also takes EVEX.W
+//! and the vector length. `vpandd`/`vpord`/`vpxord` stand in for `vandps`..., a compare's
 //! lane mask materialised with `vpternlogd` under the compare's opmask, and a select's mask tested with `vptestmd`.
 //! The tests pin every form against GNU `as` output.
 
@@ -85,6 +87,8 @@ const VPTERNLOGD: Opc = x3a(0x25);
 const VPTESTMD: Opc = x38(0x27);
 const SHIFT_IMM: Opc = pd66(0x72);
 const VSHUFF32X4: Opc = x3a(0x23);
+const VCVTNEPS2BF16: Opc = Opc { map: 2, pp: 2, op: 0x72 };
+const VMOVDQU16_STORE: Opc = Opc { map: 1, pp: 3, op: 0x7f };
 
 /// Bytes of EVEX instructions, appended to the assembler by the caller.
 #[derive(Default)]
@@ -97,17 +101,25 @@ impl Enc {
     /// unused: its inverted encoding is all ones), `k` the opmask (0: none), `z` zeroing-masking.
     #[allow(clippy::too_many_arguments)]
     fn insn(&mut self, o: Opc, reg: u8, v: u8, rm: Rm, k: u8, z: bool, imm: Option<u8>) {
+        self.insn_wl(o, false, 0b10, reg, v, rm, k, z, imm);
+    }
+
+    /// [`Enc::insn`] with EVEX.W (`w`) and vector length (`ll`: 0b01 256 bits, 0b10 512) given; a full memory
+    /// operand then spans the vector length (its compressed displacement's N).
+    #[allow(clippy::too_many_arguments)]
+    fn insn_wl(&mut self, o: Opc, w: bool, ll: u8, reg: u8, v: u8, rm: Rm, k: u8, z: bool, imm: Option<u8>) {
+        let full = if ll == 0b01 { 32 } else { 64 };
         let (rm_low, x_bit, b_bit, bcst, mem, n) = match rm {
             Rm::Reg(r) => (r & 7, (r >> 4) & 1, (r >> 3) & 1, false, None, 1),
-            Rm::Full(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), 64),
+            Rm::Full(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), full),
             Rm::Bcst(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, true, Some(m), 4),
             Rm::Dword(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), 4),
         };
         let r_bit = (reg >> 3) & 1;
         let r2_bit = (reg >> 4) & 1;
         let p0 = ((r_bit ^ 1) << 7) | ((x_bit ^ 1) << 6) | ((b_bit ^ 1) << 5) | ((r2_bit ^ 1) << 4) | o.map;
-        let p1 = (((!v) & 0xf) << 3) | 0x04 | o.pp; // W0
-        let p2 = ((z as u8) << 7) | (0b10 << 5) | ((bcst as u8) << 4) | ((((v >> 4) & 1) ^ 1) << 3) | (k & 7);
+        let p1 = ((w as u8) << 7) | (((!v) & 0xf) << 3) | 0x04 | o.pp;
+        let p2 = ((z as u8) << 7) | (ll << 5) | ((bcst as u8) << 4) | ((((v >> 4) & 1) ^ 1) << 3) | (k & 7);
         self.bytes.extend([0x62, p0, p1, p2, o.op]);
         match mem {
             None => self.bytes.push(0xc0 | ((reg & 7) << 3) | rm_low),
@@ -188,6 +200,16 @@ impl Enc {
         self.insn(VMOVUPS_STORE, x, 0, Rm::Full(m), k, false, None);
     }
 
+    /// `ymm d` = the 16 f32 lanes of zmm `x` rounded to bf16, nearest even (`vcvtneps2bf16`, AVX512-BF16).
+    pub(crate) fn round_to_bf16(&mut self, d: u8, x: u8) {
+        self.insn(VCVTNEPS2BF16, d, 0, Rm::Reg(x), 0, false, None);
+    }
+
+    /// `[m]` = the 16 words of ymm `x`, only those of opmask `k` when non-zero (`vmovdqu16`, AVX512-BW/VL).
+    pub(crate) fn store_words(&mut self, m: Mem, x: u8, k: u8) {
+        self.insn_wl(VMOVDQU16_STORE, true, 0b01, x, 0, Rm::Full(m), k, false, None);
+    }
+
     /// `d = [m]` in every lane (one dword).
     pub(crate) fn broadcast(&mut self, d: u8, m: Mem) {
         self.insn(VBROADCASTSS, d, 0, Rm::Dword(m), 0, false, None);
@@ -232,11 +254,13 @@ impl Enc {
 pub(crate) mod gpr {
     pub const RAX: u8 = 0;
     pub const RDX: u8 = 2;
+    pub const RSP: u8 = 4;
     pub const RBP: u8 = 5;
     pub const RSI: u8 = 6;
     pub const RDI: u8 = 7;
     pub const R9: u8 = 9;
     pub const R10: u8 = 10;
+    pub const R11: u8 = 11;
     pub const R14: u8 = 14;
     pub const R15: u8 = 15;
 }
@@ -246,7 +270,6 @@ mod tests {
     use super::gpr::*;
     use super::*;
 
-    const RSP: u8 = 4;
     const R12: u8 = 12;
     const R13: u8 = 13;
 
@@ -351,6 +374,10 @@ mod tests {
         check(&mut e, &[0x62, 0x62, 0x7d, 0x48, 0x18, 0x33], "vbroadcastss zmm30, [rbx]");
         e.broadcast(30, mem(RAX, 32));
         check(&mut e, &[0x62, 0x62, 0x7d, 0x48, 0x18, 0x70, 0x08], "vbroadcastss zmm30, [rax+32]");
+        e.round_to_bf16(2, 1);
+        check(&mut e, &[0x62, 0xf2, 0x7e, 0x48, 0x72, 0xd1], "vcvtneps2bf16 ymm2, zmm1");
+        e.store_words(mem(RDX, 64), 2, 1);
+        check(&mut e, &[0x62, 0xf1, 0xff, 0x29, 0x7f, 0x52, 0x02], "vmovdqu16 [rdx+64]{k1}, ymm2");
         assert!(!want.is_empty());
     }
 }

@@ -14,7 +14,12 @@
 //! Three more candidates race the generated kernels: the `gemm` crate (`tune::library_gemm`), for a few rows against
 //! a weight stored N x K dot products (`dot`), and for a few rows against one stored K x N a split-K GEMV
 //! (`splitk`); all leave their epilogue to the pass.
+//!
+//! A GEMM of bf16 operands (`GemmView::operands`) has its own family: AMX tile kernels (`amx`), driven by
+//! `run_amx_item` (B packed per block of columns, every row block of the thread's rectangle over it, the sums in
+//! tile registers over the whole K, so each element of C is stored once, after its epilogue).
 
+pub mod amx;
 pub mod asm;
 pub(crate) mod asm512;
 pub mod config;
@@ -30,7 +35,7 @@ pub mod tune;
 
 use super::pool;
 use asm::{KernelSet, MicroFn, MicroSpec, Mode};
-use config::{GemmConfig, GemmImpl};
+use config::{AmxConfig, GemmConfig, GemmImpl};
 use epilogue::{Epilogue, OperandKind};
 use kiln_jit::DType;
 use kiln_jit::dtype::Scalar;
@@ -124,6 +129,10 @@ impl CompiledGemm {
             return Err(format!("{} is not legal for this GEMM", imp.name()));
         }
         let c = match imp {
+            GemmImpl::Amx(a) => {
+                g.generate_amx(k, a, threads, cache)?;
+                return Ok(g);
+            }
             GemmImpl::Asm(c) => c,
             GemmImpl::Transposed(c) => {
                 let view = g.view.transposed();
@@ -229,12 +238,82 @@ impl CompiledGemm {
         Ok(())
     }
 
+    /// Generates (or maps from `cache`) the AMX kernels of `a` for `self.view` (bf16 operands), the epilogue of `k`
+    /// in their registers; where it cannot be, an f32 C takes it as a pass and a bf16 C is refused.
+    fn generate_amx(
+        &mut self,
+        k: &KernelIr,
+        a: AmxConfig,
+        threads: usize,
+        cache: Option<&kiln_autotune::Store>,
+    ) -> Result<(), String> {
+        let v = &self.view;
+        let out_bf16 = v.out == DType::BF16;
+        // A bf16 C: the program computes the f32 value the outer code's last cast rounds, and the store rounds it.
+        let ep = if out_bf16 {
+            let mut f32_result = k.clone();
+            if let kiln_jit::kernel::InstOp::Cast(src) = k.outer[k.result].op {
+                f32_result.result = src;
+            }
+            f32_result.output.dtype = DType::F32;
+            epilogue::translate(&f32_result, &v.roles)
+        } else {
+            epilogue::translate(k, &v.roles)
+        };
+        let program = match &ep {
+            Some(e) => e.program.clone(),
+            None if !out_bf16 => {
+                self.uses_pass = !is_identity(k);
+                asm::EpProgram::identity()
+            }
+            None => return Err("this epilogue cannot run in registers, and a bf16 output has no pass".into()),
+        };
+        self.epilogue = ep;
+        let steps = v.k.div_ceil(amx::KSTEP);
+        let packed_lda = (steps * 64) as i32;
+        let full_lda = if amx_a_in_place(v) { (v.a.rows * 2) as i32 } else { packed_lda };
+        let ldc = (v.n * if out_bf16 { 2 } else { 4 }) as i32;
+        let (mr, nr) = (a.mr(), a.nr());
+        let tail_cols = v.n % nr;
+        self.ragged = tail_cols % amx::TILE;
+        let units = if a.split_m { v.m.div_ceil(mr) } else { v.n.div_ceil(nr) };
+        self.parts = threads.clamp(1, units.max(1));
+        let mut specs = Vec::new();
+        let mut slots = Vec::new();
+        for (ri, rows, lda) in [(0, mr, full_lda), (1, v.m % mr, packed_lda)] {
+            if rows == 0 || rows > v.m || ri == 0 && v.m < mr {
+                continue;
+            }
+            for tail in [false, true] {
+                if tail && tail_cols == 0 || !tail && v.n < nr {
+                    continue;
+                }
+                let nv = if tail { tail_cols.div_ceil(amx::TILE) } else { a.nt };
+                let masked = tail && self.ragged != 0;
+                specs.push(amx::AmxSpec { mt: a.mt, nt: a.nt, rows, nv, masked, lda, ldc, out_bf16 });
+                slots.push(ri * 2 + tail as usize);
+            }
+        }
+        let key = format!("amx|{specs:?}|{program:?}|r{}", asm::REVISION);
+        let set = kernel_set_with(key, specs.len(), cache, || {
+            KernelSet::assemble(specs.len(), |ops, i| amx::emit(ops, &specs[i], &program))
+        })?;
+        self.table = vec![None; 4];
+        for (&slot, &f) in slots.iter().zip(&set.fns) {
+            self.table[slot] = Some(f);
+        }
+        self.set = Some(set);
+        Ok(())
+    }
+
     /// Whether every element of C is stored only after the epilogue read its operands at that element, so C may
     /// be written over one of them (a donated input, see `kiln_jit::kernel::Donation`): one K block with the
     /// epilogue in registers. With several K blocks C holds partial sums first; the library and dot-product
     /// candidates, and a register tile that left its epilogue to a pass, store the product before the pass reads.
     pub fn reads_epilogue_before_store(&self) -> bool {
-        matches!(self.imp, GemmImpl::Asm(c) if self.view.k <= c.kc) && !self.uses_pass
+        // An AMX kernel keeps its sums in tiles over the whole K and stores each element once, after its epilogue.
+        (matches!(self.imp, GemmImpl::Asm(c) if self.view.k <= c.kc) || matches!(self.imp, GemmImpl::Amx(_)))
+            && !self.uses_pass
     }
 
     /// Chooses between the register epilogue and the pass; returns the program to generate.
@@ -282,6 +361,17 @@ impl CompiledGemm {
                     for item in s..e {
                         // SAFETY: the caller's pointer contract; items cover disjoint rectangles of C.
                         unsafe { self.run_item(&c, &cx, item) };
+                    }
+                };
+                pool::global().parallel_for_work(items, work, &f);
+            }
+            GemmImpl::Amx(a) => {
+                let items = self.view.batch_count() * self.parts;
+                let work = (self.view.flops() / 16.0) as usize;
+                let f = |s: usize, e: usize| {
+                    for item in s..e {
+                        // SAFETY: the caller's pointer contract; items cover disjoint rectangles of C.
+                        unsafe { self.run_amx_item(&a, &cx, item) };
                     }
                 };
                 pool::global().parallel_for_work(items, work, &f);
@@ -346,6 +436,93 @@ impl CompiledGemm {
         });
     }
 
+    /// One rectangle of C on AMX tiles: batch element and column/row strip `item`. Per block of `nc` columns: B
+    /// packed into tile pairs (`amx::pack_b`), then every row block of 16 * mt, its A read in place (full blocks,
+    /// K a multiple of 32) or packed with zeros, one kernel call per panel.
+    unsafe fn run_amx_item(&self, a: &AmxConfig, cx: &Ctx, item: usize) {
+        let v = &self.view;
+        let (bidx, part) = (item / self.parts, item % self.parts);
+        let (mr, nr) = (a.mr(), a.nr());
+        let (unit, total) = if a.split_m { (mr, v.m) } else { (nr, v.n) };
+        let units = total.div_ceil(unit);
+        let lo = (part * units / self.parts * unit).min(total);
+        let hi = ((part + 1) * units / self.parts * unit).min(total);
+        let (m0, m1, n0, n1) = if a.split_m { (lo, hi, 0, v.n) } else { (0, v.m, lo, hi) };
+        let bo = self.batch_offsets(bidx);
+        let steps = v.k.div_ceil(amx::KSTEP);
+        let esz = if v.out == DType::BF16 { 2 } else { 4 };
+        let in_place = amx_a_in_place(v);
+        let (abase, bbase) = (cx.a as *const u16, cx.b as *const u16);
+        let mut ep: [*const u8; 2 + epilogue::MAX_OPERANDS] = [std::ptr::null(); 2 + epilogue::MAX_OPERANDS];
+        ep[0] = crate::cpu::isa::lane_mask(crate::cpu::isa::Isa::Avx512, self.ragged);
+        ep[1] = cx.uniforms;
+        let panel_words = steps * a.nt * amx::TILE * 32;
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            let mut jc = n0;
+            while jc < n1 {
+                let nb = (n1 - jc).min(a.nc);
+                let panels = nb.div_ceil(nr);
+                // Scratch is sized in f32s: two bf16 each.
+                let bpack = s.b((panels * panel_words).div_ceil(2)) as *mut u16;
+                // SAFETY (packing, pointer arithmetic, calls): the view was recognized from the kernel IR, whose
+                // affine indices stay within each buffer for every (b, m, n, k) in range; the pack areas are sized
+                // as `amx::pack_b`/`pack_a` require; the kernels read `steps` steps of A rows (16 * mt of them, at
+                // the spec's stride) and of the panel, and write a rows x nv tile of C.
+                unsafe {
+                    amx::pack_b(bpack, bbase.offset(bo.b as isize), v.b.rows, v.b.cols, jc, nb, v.k, a.nt);
+                }
+                let mut ic = m0;
+                while ic < m1 {
+                    let rows = (m1 - ic).min(mr);
+                    let asrc = unsafe { abase.offset((bo.a + ic as i64 * v.a.rows) as isize) };
+                    let aptr = if in_place && rows == mr {
+                        asrc
+                    } else {
+                        let dst = s.a((mr * steps * amx::KSTEP).div_ceil(2)) as *mut u16;
+                        unsafe { amx::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mt) };
+                        dst as *const u16
+                    };
+                    let ri = usize::from(rows != mr);
+                    for q in 0..panels {
+                        let n_at = jc + q * nr;
+                        let tail = nb - q * nr < nr;
+                        self.epilogue_operands_in(cx, &bo, ic, n_at, &mut ep);
+                        let f = self.table[ri * 2 + tail as usize]
+                            .unwrap_or_else(|| unreachable!("AMX kernel {rows} rows, tail {tail} generated"));
+                        let cptr =
+                            unsafe { (cx.c as *mut u8).offset((bo.c + (ic * v.n + n_at) as i64) as isize * esz) };
+                        unsafe {
+                            f(
+                                aptr as *const f32,
+                                bpack.add(q * panel_words) as *const f32,
+                                cptr as *mut f32,
+                                steps,
+                                ep.as_ptr(),
+                            )
+                        };
+                    }
+                    ic += rows;
+                }
+                jc += nb;
+            }
+        });
+    }
+
+    /// Points `ep[2..]` at each epilogue operand's element (m_at, n_at) of the batch element at `bo`.
+    fn epilogue_operands_in(&self, cx: &Ctx, bo: &BatchOffsets, m_at: usize, n_at: usize, ep: &mut [*const u8]) {
+        let ops = self.epilogue.as_ref().map_or(&[][..], |e| &e.operands[..]);
+        for (o, op) in ops.iter().enumerate() {
+            let e = bo.ops[o]
+                + match op.kind {
+                    OperandKind::Mat { ld } => m_at as i64 * ld + n_at as i64,
+                    OperandKind::Row => n_at as i64,
+                    OperandKind::Col { stride } => m_at as i64 * stride,
+                };
+            ep[2 + o] = cx.ptrs[op.buf].wrapping_offset((e * 4) as isize) as *const u8;
+        }
+    }
+
     /// Element offsets of batch element `bidx`: A, B, C, then each epilogue operand.
     fn batch_offsets(&self, bidx: usize) -> BatchOffsets {
         let v = &self.view;
@@ -390,7 +567,6 @@ impl CompiledGemm {
         // Read only by the kernels of a ragged tail (`MicroSpec::masked`).
         ep[0] = crate::cpu::isa::lane_mask(c.isa, self.ragged);
         ep[1] = cx.uniforms;
-        let ops = self.epilogue.as_ref().map_or(&[][..], |e| &e.operands[..]);
         let mut jc = n0;
         while jc < n1 {
             let nb = (n1 - jc).min(c.nc);
@@ -455,15 +631,7 @@ impl CompiledGemm {
                                 unsafe { asrc.offset((m_at as i64 * v.a.rows) as isize) }
                             };
                             let cptr = unsafe { cx.c.offset((bo.c + (m_at * v.n + n_at) as i64) as isize) };
-                            for (o, op) in ops.iter().enumerate() {
-                                let e = bo.ops[o]
-                                    + match op.kind {
-                                        OperandKind::Mat { ld } => m_at as i64 * ld + n_at as i64,
-                                        OperandKind::Row => n_at as i64,
-                                        OperandKind::Col { stride } => m_at as i64 * stride,
-                                    };
-                                ep[2 + o] = cx.ptrs[op.buf].wrapping_offset((e * 4) as isize) as *const u8;
-                            }
+                            self.epilogue_operands_in(cx, bo, m_at, n_at, &mut ep);
                             let f = self.table[(rows - 1) * 8 + tail as usize * 4 + mode_index(mode)]
                                 .unwrap_or_else(|| unreachable!("kernel {rows} rows, tail {tail}, {mode:?} generated"));
                             // SAFETY: the micro-kernel reads `kb` steps of A and B panels laid out as generated
@@ -508,21 +676,31 @@ fn kernel_set(
     program: &asm::EpProgram,
     cache: Option<&kiln_autotune::Store>,
 ) -> Result<KernelSet, String> {
-    let Some(store) = cache else { return KernelSet::build(specs, program) };
     let key = format!("{specs:?}|{program:?}|r{}", asm::REVISION);
+    kernel_set_with(key, specs.len(), cache, || KernelSet::build(specs, program))
+}
+
+/// The kernel set of `count` kernels whose code `key` fixes: from `cache`, else `build` (and stored).
+fn kernel_set_with(
+    key: String,
+    count: usize,
+    cache: Option<&kiln_autotune::Store>,
+    build: impl FnOnce() -> Result<KernelSet, String>,
+) -> Result<KernelSet, String> {
+    let Some(store) = cache else { return build() };
     let name = format!("{GEMM_ARTIFACT_PREFIX}{:016x}", kiln_autotune::checksum_of([key]));
     let premapped = PREMAPPED.lock().get(&name).cloned();
-    if let Some(set) = premapped.filter(|s| s.fns.len() == specs.len()) {
+    if let Some(set) = premapped.filter(|s| s.fns.len() == count) {
         KERNEL_LOADS.fetch_add(1, Ordering::Relaxed);
         return Ok(set);
     }
     if let Some(bytes) = store.get_artifact(&name)
-        && let Ok(set) = KernelSet::from_artifact(&bytes, specs.len())
+        && let Ok(set) = KernelSet::from_artifact(&bytes, count)
     {
         KERNEL_LOADS.fetch_add(1, Ordering::Relaxed);
         return Ok(set);
     }
-    let set = KernelSet::build(specs, program)?;
+    let set = build()?;
     KERNEL_COMPILES.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = store.put_artifact(&name, &set.to_artifact()) {
         crate::runtime::cache_write_failed("GEMM code", &e);
@@ -561,6 +739,12 @@ pub(crate) fn premap_cached_sets(store: &kiln_autotune::Store) {
         }
         Err(e) => crate::runtime::tracing_note(&format!("cached GEMM code not premapped: {e}")),
     }
+}
+
+/// Whether the AMX kernels read A where it is: rows contiguous along K, and K whole steps of 32 (a tile row
+/// must not run into the next row's elements). Full row blocks only; a ragged last block is packed.
+fn amx_a_in_place(v: &GemmView) -> bool {
+    v.a.cols == 1 && v.k.is_multiple_of(amx::KSTEP)
 }
 
 fn is_identity(k: &KernelIr) -> bool {

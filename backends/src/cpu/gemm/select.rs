@@ -7,7 +7,6 @@ use super::super::buffers::{check_inputs, finish_output, read_ptr, write_ptr};
 use super::super::compiler::{COMPILER, Compiler};
 use super::super::pool;
 use crate::runtime::cache_write_failed;
-use kiln_jit::DType;
 use kiln_jit::HostBuffer;
 use kiln_jit::kernel::KernelIr;
 use parking_lot::Mutex;
@@ -112,8 +111,20 @@ pub(crate) fn gemm_for(
     }
     let threads = pool::global().threads();
     let store = kiln_autotune::Store::global();
+    // A bf16 GEMM has only its own families; with none here, or none that can express its epilogue, the generic
+    // kernel computes it (the schedule keeps bf16 operands out of GEMMs where no family runs: this is the rare case).
+    let bf16 = view.operands == kiln_jit::DType::BF16;
+    if bf16 && super::config::candidates(&view, false).is_empty() {
+        return Ok(None);
+    }
     let (imp, key) = choose_gemm(c, k, &view, threads, store, budget, cx)?;
-    let g = build_gemm(c, k, view, imp, threads, Some(store), dump)?;
+    let g = match build_gemm(c, k, view, imp, threads, Some(store), dump) {
+        Err(e) if bf16 => {
+            crate::runtime::tracing_note(&format!("bf16 GEMM {} runs as a generic kernel: {e}", k.name));
+            return Ok(None);
+        }
+        g => g?,
+    };
     if let Some(d) = dump {
         let table = store.get_record(&key).map_or_else(|| "not tuned (analytic choice)\n".to_string(), |r| r.table());
         d.gemm_files(k, &imp.name(), g.code_bytes(), &table);
@@ -199,7 +210,7 @@ fn choose_gemm(
                 g
             }
         };
-        let mut out = crate::host_pool::take(DType::F32, timed.kernel.output.len);
+        let mut out = crate::host_pool::take(timed.kernel.output.dtype, timed.kernel.output.len);
         let mut ptrs: Vec<*mut u8> = inputs.get_or_init(|| timed.inputs()).iter().map(read_ptr).collect();
         ptrs.push(write_ptr(&mut out));
         let t0 = std::time::Instant::now();

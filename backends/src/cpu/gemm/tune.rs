@@ -288,8 +288,8 @@ fn build(
         }
         IExpr::from_affine(&coef, 0)
     };
-    let f32buf = |len: usize| BufParam { dtype: DType::F32, len };
-    let mut inputs = vec![f32buf(bb * mm * kk), f32buf(bb * kk * nn)];
+    let operand = |len: usize| BufParam { dtype: v.operands, len };
+    let mut inputs = vec![operand(bb * mm * kk), operand(bb * kk * nn)];
     let a_index = if a_layout == "mk" {
         index(&[('b', mm * kk), ('m', kk), ('k', 1)])
     } else {
@@ -302,10 +302,22 @@ fn build(
     };
     let load = |buf: usize, index: IExpr| Inst {
         op: InstOp::Load { buf, index, valid: None, fill: Scalar::Float(0.0) },
-        dtype: DType::F32,
+        dtype: v.operands,
     };
-    let inner =
-        vec![load(0, a_index), load(1, b_index), Inst { op: InstOp::Binary(BinaryOp::Mul, 0, 1), dtype: DType::F32 }];
+    let f32inst = |op: InstOp| Inst { op, dtype: DType::F32 };
+    // The kernel IR `GemmView::of` recognizes: bf16 operands are widened by a cast each.
+    let inner = if v.operands == DType::F32 {
+        vec![load(0, a_index), load(1, b_index), f32inst(InstOp::Binary(BinaryOp::Mul, 0, 1))]
+    } else {
+        vec![
+            load(0, a_index),
+            f32inst(InstOp::Cast(0)),
+            load(1, b_index),
+            f32inst(InstOp::Cast(2)),
+            f32inst(InstOp::Binary(BinaryOp::Mul, 1, 3)),
+        ]
+    };
+    let value = inner.len() - 1;
     let mut outer = k.outer.clone();
     let mut epilogue = Vec::with_capacity(outer.len());
     for (inst, role) in outer.iter_mut().zip(&v.roles) {
@@ -330,9 +342,9 @@ fn build(
     let canonical = KernelIr {
         name: format!("tune_{}", k.name),
         inputs,
-        output: f32buf(bb * mm * nn),
+        output: BufParam { dtype: v.out, len: bb * mm * nn },
         out_extents,
-        reduce: Some(Reduce { op: ReduceOp::Sum, extents: vec![kk], dtype: DType::F32, inner, value: 2 }),
+        reduce: Some(Reduce { op: ReduceOp::Sum, extents: vec![kk], dtype: DType::F32, inner, value }),
         rows: Vec::new(),
         row_rank,
         outer,
@@ -348,7 +360,7 @@ fn build(
     let key = TuneKey {
         op: "gemm".into(),
         dims: dims.clone(),
-        dtypes: "f32,f32->f32".into(),
+        dtypes: format!("{0},{0}->{1}", v.operands, v.out),
         layout: format!("{a_layout},{b_layout}"),
         epilogue: epilogue.join(";"),
         device: device.to_string(),
@@ -366,6 +378,14 @@ pub fn reference(p: &TuneProblem, inputs: &[HostBuffer]) -> crate::gemm_check::R
 
 /// Checks a candidate's output on the canonical problem against `reference`.
 pub fn verify(reference: &crate::gemm_check::Reference, got: &HostBuffer) -> Result<(), String> {
-    let HostBuffer::F32(got) = got else { return Err("the GEMM output is not f32".into()) };
-    reference.check(got)
+    match got {
+        HostBuffer::F32(got) => reference.check(got, 0.0),
+        // Rounded once to bf16 by both: they may differ by one bf16 step (2^-8 of the value) where the f32 sums,
+        // added in different orders, fall on either side of a rounding boundary.
+        HostBuffer::BF16(got) => {
+            let wide: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
+            reference.check(&wide, 1.0 / 128.0)
+        }
+        _ => Err("the GEMM output is neither f32 nor bf16".into()),
+    }
 }

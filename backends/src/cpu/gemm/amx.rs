@@ -1,0 +1,459 @@
+//! bf16 GEMM on AMX tiles (`tdpbf16ps`): micro-kernels generated at run time, B packed into the tiles' pair layout,
+//! f32 accumulation in the tile registers over the whole K, and the epilogue (bias, activation, the rounding to bf16)
+//! in zmm registers before the one store.
+//!
+//! A kernel computes a `16*mt x 16*nt` block of C (`mt`, `nt` in 1..=2) with `mt * nt` accumulator tiles (tmm0..3),
+//! `mt` A tiles (tmm4, tmm5: 16 rows of 32 bf16, read at A's row stride) and `nt` B tiles (tmm6, tmm7: 16 rows of 16
+//! column pairs, `(B[2p, j], B[2p+1, j])` in dword `j` of row `p`, packed by [`pack_b`]). Each of `k` steps of 32
+//! loads the tiles and issues `mt * nt` `tdpbf16ps` (16 x 16 x 32 products each). Then the accumulators go to a
+//! 64-byte-aligned stack area (`tilestored`), and each row of 16 f32 is loaded into a zmm, finished by the shared
+//! epilogue emitter (`asm::emit_program` with `asm512`'s instructions) and stored as f32 or rounded to bf16
+//! (`vcvtneps2bf16`, nearest even as PyTorch), masked at a ragged last vector. The contract is `asm::MicroFn`'s:
+//! `(a, b, c, k, ep)`, `k` counting steps of 32.
+//!
+//! The tile configuration (palette 1, every tile 16 rows of 64 bytes) sits after the code and is loaded by
+//! `ldtilecfg` at each call; `tilerelease` ends it, so no tile state outlives a call. Edges are zeros rather than
+//! smaller tiles: a ragged K or M is packed with zero padding (A is read in place only in full row blocks with K a
+//! multiple of 32), a ragged N is a zero-padded B panel and a masked store.
+//!
+//! Why generated, as the AVX kernels are: the epilogue is part of the kernel. Why not `core::arch`: the AMX
+//! intrinsics are not stable Rust. `dynasmrt` encodes neither AMX nor EVEX: the VEX forms of the six tile
+//! instructions are written here as bytes ([`Tile`]), pinned against GNU `as` by the tests.
+//!
+//! Linux hands out AMX's 8 KiB of tile state only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+//! XFEATURE_XTILEDATA)`, once per process: [`ready`]); without it the first tile instruction faults. A host without
+//! AMX-BF16, AVX512-BF16 and AVX-512BW, or where that request fails, or where `KILN_CPU_ISA` rules out AVX-512, has
+//! no AMX candidate.
+
+// `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
+#![allow(clippy::useless_conversion)]
+
+use super::asm::{ConstPool, EpProgram, emit_program};
+use super::asm512::Zmm;
+use super::evex::{Enc, gpr, mem};
+use dynasmrt::x64::Assembler;
+use dynasmrt::{AssemblyOffset, DynasmApi, DynasmLabelApi, dynasm};
+
+/// Rows of a tile, and bf16 pairs (f32 columns) per tile row.
+pub const TILE: usize = 16;
+/// bf16 elements of K per step (one A tile row: 64 bytes).
+pub const KSTEP: usize = 32;
+/// Bytes of one packed B tile.
+const B_TILE_BYTES: usize = TILE * 64;
+
+/// One AMX micro-kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AmxSpec {
+    /// A tiles (16 rows each) and B tiles (16 columns each).
+    pub mt: usize,
+    pub nt: usize,
+    /// Rows of C stored (`<= 16 * mt`).
+    pub rows: usize,
+    /// 16-column vectors stored per row (`<= nt`).
+    pub nv: usize,
+    /// The last vector of a row is masked (ragged N): the mask is `ep[0]`.
+    pub masked: bool,
+    /// Byte stride of A's rows.
+    pub lda: i32,
+    /// Byte stride of C's rows.
+    pub ldc: i32,
+    /// C is bf16 (rounded at the store), else f32.
+    pub out_bf16: bool,
+}
+
+/// VEX encodings of the AMX instructions used (all `VEX.128.0F38.W0`).
+struct Tile<'a>(&'a mut Vec<u8>);
+
+impl Tile<'_> {
+    /// The 3-byte VEX prefix: extension bits of ModRM.reg, SIB.index and ModRM.rm/SIB.base, EVEX-style inverted;
+    /// `vvvv` (a tile register, or none) inverted; pp 0 none, 1 66, 2 F3, 3 F2.
+    fn vex(&mut self, r: u8, x: u8, b: u8, vvvv: Option<u8>, pp: u8) {
+        let inv = |bit: u8| (bit & 1) ^ 1;
+        let v = vvvv.map_or(0xf, |v| !v & 0xf);
+        self.0.extend([0xc4, inv(r) << 7 | inv(x) << 6 | inv(b) << 5 | 0x02, v << 3 | pp]);
+    }
+
+    /// `op tmm, [base + index + disp]` (SIB addressing, as the tile loads and stores require).
+    fn sib(&mut self, pp: u8, op: u8, tmm: u8, base: u8, index: u8, disp: i32) {
+        self.vex(0, index >> 3, base >> 3, None, pp);
+        let md = if disp == 0 && base & 7 != 5 {
+            0
+        } else if (-128..=127).contains(&disp) {
+            1
+        } else {
+            2
+        };
+        self.0.extend([op, md << 6 | (tmm & 7) << 3 | 4, (index & 7) << 3 | (base & 7)]);
+        match md {
+            1 => self.0.push(disp as i8 as u8),
+            2 => self.0.extend(disp.to_le_bytes()),
+            _ => {}
+        }
+    }
+
+    /// `tileloadd tmm, [base + index + disp]`: 16 rows of 64 bytes at a stride of `index`.
+    fn load(&mut self, tmm: u8, base: u8, index: u8, disp: i32) {
+        self.sib(3, 0x4b, tmm, base, index, disp);
+    }
+
+    /// `tilestored [base + index + disp], tmm`.
+    fn store(&mut self, tmm: u8, base: u8, index: u8, disp: i32) {
+        self.sib(2, 0x4b, tmm, base, index, disp);
+    }
+
+    /// `tdpbf16ps c, a, b`: `c[i][j] += a[i][2p] * b[p][2j] + a[i][2p+1] * b[p][2j+1]` summed over p.
+    fn dp(&mut self, c: u8, a: u8, b: u8) {
+        self.vex(0, 0, 0, Some(b), 2);
+        self.0.extend([0x5c, 0xc0 | (c & 7) << 3 | (a & 7)]);
+    }
+
+    fn zero(&mut self, tmm: u8) {
+        self.vex(0, 0, 0, None, 3);
+        self.0.extend([0x49, 0xc0 | (tmm & 7) << 3]);
+    }
+
+    /// `ldtilecfg [base]` (a base other than rsp, rbp, r12 and r13: no SIB, no displacement).
+    fn config(&mut self, base: u8) {
+        self.vex(0, 0, base >> 3, None, 0);
+        self.0.extend([0x49, base & 7]);
+    }
+
+    fn release(&mut self) {
+        self.0.extend([0xc4, 0xe2, 0x78, 0x49, 0xc0]);
+    }
+}
+
+fn tiles(ops: &mut Assembler, f: impl FnOnce(&mut Tile)) {
+    let mut bytes = Vec::new();
+    f(&mut Tile(&mut bytes));
+    ops.extend(bytes);
+}
+
+fn put(ops: &mut Assembler, f: impl FnOnce(&mut Enc)) {
+    let mut e = Enc::default();
+    f(&mut e);
+    ops.extend(e.bytes);
+}
+
+/// Tile registers: accumulators 0.., A tiles 4 and 5, B tiles 6 and 7.
+const A_TILE: u8 = 4;
+const B_TILE: u8 = 6;
+/// The opmask of a ragged last vector.
+const TAIL_MASK: u8 = 1;
+
+/// Emits one kernel at the assembler's current offset and returns that offset.
+pub fn emit(ops: &mut Assembler, s: &AmxSpec, ep: &EpProgram) -> Result<AssemblyOffset, String> {
+    let (mt, nt) = (s.mt, s.nt);
+    if !(1..=2).contains(&mt) || !(1..=2).contains(&nt) || s.rows == 0 || s.rows > TILE * mt || s.nv == 0 || s.nv > nt {
+        return Err(format!("AMX tile {}x{} storing {} rows of {} vectors", TILE * mt, TILE * nt, s.rows, s.nv));
+    }
+    // The accumulator lives in zmm0; the program takes its temporaries from the rest.
+    let free_regs: Vec<u8> = (1..32).collect();
+    if ep.temps_needed() > free_regs.len() {
+        return Err(format!("epilogue needs {} registers", ep.temps_needed()));
+    }
+    let start = ops.offset();
+    let cfg = ops.new_dynamic_label();
+    let scratch = (mt * nt * B_TILE_BYTES) as i32;
+    let lda = s.lda;
+    dynasm!(ops ; .arch x64
+        ; push rbp
+        ; mov rbp, rsp
+        ; sub rsp, scratch
+        ; and rsp, -64
+        ; lea r10, [=>cfg]
+    );
+    tiles(ops, |t| t.config(gpr::R10));
+    dynasm!(ops ; .arch x64
+        ; mov r11, lda
+        ; mov r9, 64
+    );
+    if mt == 2 {
+        let second = 16 * lda;
+        dynasm!(ops ; .arch x64 ; lea rax, [rdi + second]);
+    }
+    tiles(ops, |t| (0..(mt * nt) as u8).for_each(|c| t.zero(c)));
+    let top = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64 ; =>top);
+    tiles(ops, |t| {
+        t.load(A_TILE, gpr::RDI, gpr::R11, 0);
+        if mt == 2 {
+            t.load(A_TILE + 1, gpr::RAX, gpr::R11, 0);
+        }
+        for j in 0..nt {
+            t.load(B_TILE + j as u8, gpr::RSI, gpr::R9, (j * B_TILE_BYTES) as i32);
+        }
+        for i in 0..mt {
+            for j in 0..nt {
+                t.dp((i * nt + j) as u8, A_TILE + i as u8, B_TILE + j as u8);
+            }
+        }
+    });
+    let b_step = (nt * B_TILE_BYTES) as i32;
+    dynasm!(ops ; .arch x64
+        ; add rdi, 64
+        ; add rax, 64
+        ; add rsi, b_step
+        ; dec rcx
+        ; jnz =>top
+    );
+    tiles(ops, |t| {
+        for c in 0..(mt * nt) as u8 {
+            t.store(c, gpr::RSP, gpr::R9, c as i32 * B_TILE_BYTES as i32);
+        }
+        t.release();
+    });
+    if s.masked {
+        dynasm!(ops ; .arch x64 ; mov r9, QWORD [r8]);
+        put(ops, |e| e.kmov_load(TAIL_MASK, mem(gpr::R9, 0)));
+    }
+    let mut consts = ConstPool::default();
+    let pool = consts.base(ops);
+    dynasm!(ops ; .arch x64 ; lea r10, [=>pool]);
+    let last_uses = ep.last_uses();
+    let zmm = Zmm { pool: gpr::R10 };
+    for r in 0..s.rows {
+        for v in 0..s.nv {
+            let tile = (r / TILE * nt + v) as i32;
+            put(ops, |e| e.load(0, mem(gpr::RSP, tile * B_TILE_BYTES as i32 + (r % TILE) as i32 * 64), 0));
+            let k = if s.masked && v == s.nv - 1 { TAIL_MASK } else { 0 };
+            let res = emit_program(&zmm, ops, ep, &last_uses, &free_regs, (0, r, v), k != 0, &mut consts)?;
+            let row = r as i32 * s.ldc;
+            put(ops, |e| {
+                if s.out_bf16 {
+                    e.round_to_bf16(res, res);
+                    e.store_words(mem(gpr::RDX, row + 32 * v as i32), res, k);
+                } else {
+                    e.store(mem(gpr::RDX, row + 64 * v as i32), res, k);
+                }
+            });
+        }
+    }
+    dynasm!(ops ; .arch x64
+        ; mov rsp, rbp
+        ; pop rbp
+        ; vzeroupper
+        ; ret
+    );
+    consts.emit(ops);
+    // Palette 1; every tile 16 rows of 64 bytes (bytes 16.. : colsb per tile as u16; 48.. : rows per tile).
+    let mut config = [0u8; 64];
+    config[0] = 1;
+    for t in 0..8 {
+        config[16 + 2 * t] = 64;
+        config[48 + t] = TILE as u8;
+    }
+    dynasm!(ops ; .arch x64 ; .align 64 ; =>cfg);
+    ops.extend(config);
+    Ok(start)
+}
+
+/// Packs columns `n0..n0 + cols` of bf16 matrix B (element `(k, n)` at `b[k * rs + n * cs]`, `k < depth`) into
+/// panels of `16 * nt` columns, each `steps` steps of `nt` tiles ([`B_TILE_BYTES`] each: row `p` holds the pairs
+/// `(B[32s + 2p, j], B[32s + 2p + 1, j])` of the tile's 16 columns), zeros past `depth` and past `cols`.
+///
+/// # Safety
+/// `dst` must hold `cols.div_ceil(16 * nt) * steps * nt * 512` u16, and every `(k, n)` in range must be in `b`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn pack_b(dst: *mut u16, b: *const u16, rs: i64, cs: i64, n0: usize, cols: usize, depth: usize, nt: usize) {
+    let steps = depth.div_ceil(KSTEP);
+    let panel_cols = TILE * nt;
+    let tile_words = B_TILE_BYTES / 2;
+    for q in 0..cols.div_ceil(panel_cols) {
+        for s in 0..steps {
+            for j in 0..nt {
+                let c0 = q * panel_cols + j * TILE;
+                // SAFETY: within the panel area the caller sized.
+                let t = unsafe { dst.add(((q * steps + s) * nt + j) * tile_words) };
+                let width = cols.saturating_sub(c0).min(TILE);
+                let rows = depth - s * KSTEP;
+                // SAFETY: the caller's bounds; `width` columns from `c0` and `rows` rows from `32 s` exist.
+                unsafe {
+                    if cs == 1 && width == TILE && rows >= KSTEP && ready() {
+                        pair_rows_avx512(t, b.offset(((s * KSTEP) as i64 * rs + (n0 + c0) as i64) as isize), rs);
+                    } else {
+                        pair_rows_scalar(t, b, rs, cs, s * KSTEP, n0 + c0, width, rows.min(KSTEP));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One B tile from any strides: `width` columns and `rows` rows (of 32) present, zeros elsewhere.
+#[allow(clippy::too_many_arguments)]
+unsafe fn pair_rows_scalar(
+    t: *mut u16,
+    b: *const u16,
+    rs: i64,
+    cs: i64,
+    k0: usize,
+    n0: usize,
+    width: usize,
+    rows: usize,
+) {
+    for p in 0..TILE {
+        for j in 0..TILE {
+            for h in 0..2 {
+                let k = 2 * p + h;
+                let x = if j < width && k < rows {
+                    // SAFETY: (k0 + k, n0 + j) is in range (the caller's bounds).
+                    unsafe { *b.offset(((k0 + k) as i64 * rs + (n0 + j) as i64 * cs) as isize) }
+                } else {
+                    0
+                };
+                // SAFETY: the tile holds 512 words.
+                unsafe { *t.add(p * 32 + 2 * j + h) = x };
+            }
+        }
+    }
+}
+
+/// One full B tile from row-major B: rows `2p` and `2p + 1` (16 words each) interleaved word by word.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pair_rows_avx512(t: *mut u16, b: *const u16, rs: i64) {
+    use std::arch::x86_64::*;
+    // Word i of the result: word i/2 of the even row (i even) or of the odd row (index 32 + i/2).
+    let idx: [u16; 32] = std::array::from_fn(|i| (i / 2 + if i % 2 == 1 { 32 } else { 0 }) as u16);
+    // SAFETY: `idx` is 64 bytes.
+    let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
+    for p in 0..TILE {
+        // SAFETY: rows 2p and 2p + 1 hold 16 words each at `b` (the caller's bounds); the tile row is 64 bytes.
+        unsafe {
+            let even = _mm512_castsi256_si512(_mm256_loadu_si256(b.offset((2 * p) as isize * rs as isize) as *const _));
+            let odd =
+                _mm512_castsi256_si512(_mm256_loadu_si256(b.offset((2 * p + 1) as isize * rs as isize) as *const _));
+            _mm512_storeu_si512(t.add(p * 32) as *mut _, _mm512_permutex2var_epi16(even, idx, odd));
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn pair_rows_avx512(_: *mut u16, _: *const u16, _: i64) {
+    unreachable!("AMX kernels run only on x86-64")
+}
+
+/// Copies `rows` rows of bf16 matrix A (element `(m, k)` at `a[m * rs + k * cs]`, `k < depth`) into `dst`, rows of
+/// `steps * 32` words, zeros past `depth` and past `rows` up to `16 * mt` rows.
+///
+/// # Safety
+/// `dst` must hold `16 * mt * depth.div_ceil(32) * 32` u16; every `(m, k)` in range must be in `a`.
+pub unsafe fn pack_a(dst: *mut u16, a: *const u16, rs: i64, cs: i64, rows: usize, depth: usize, mt: usize) {
+    let width = depth.div_ceil(KSTEP) * KSTEP;
+    for m in 0..TILE * mt {
+        // SAFETY: row m of `dst` holds `width` words (the caller's size).
+        let row = unsafe { std::slice::from_raw_parts_mut(dst.add(m * width), width) };
+        if m >= rows {
+            row.fill(0);
+            continue;
+        }
+        for (k, x) in row.iter_mut().enumerate() {
+            // SAFETY: (m, k) is in range for k < depth (the caller's bounds).
+            *x = if k < depth { unsafe { *a.offset((m as i64 * rs + k as i64 * cs) as isize) } } else { 0 };
+        }
+    }
+}
+
+/// Whether this host may run AMX kernels: AMX-BF16 and AMX-TILE, AVX512-BF16 and AVX-512BW (the epilogue and the
+/// packing), `KILN_CPU_ISA` allowing AVX-512, and the kernel's permission for the tile data, asked once.
+pub fn ready() -> bool {
+    static READY: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+        let u = super::super::isa::bf16_units();
+        let avx512 = super::super::isa::allowed().is_ok_and(|a| a.contains(&super::super::isa::Isa::Avx512));
+        #[cfg(target_arch = "x86_64")]
+        let bw = std::arch::is_x86_feature_detected!("avx512bw");
+        #[cfg(not(target_arch = "x86_64"))]
+        let bw = false;
+        u.amx_bf16 && u.avx512_bf16 && bw && avx512 && request_tile_data()
+    });
+    *READY
+}
+
+/// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: permission for this process's threads to use the tile
+/// registers; `false` (with a note) when the kernel refuses.
+fn request_tile_data() -> bool {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a plain syscall with integer arguments; it changes only which state the kernel saves for us.
+        let rc = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
+        if rc != 0 {
+            crate::runtime::tracing_note(&format!(
+                "AMX present but the kernel refused its tile state (arch_prctl: {}): no AMX GEMM",
+                std::io::Error::last_os_error()
+            ));
+        }
+        rc == 0
+    }
+    #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tile instructions against GNU `as` 2.40 on the same instructions (AT&T source, listed here in Intel
+    /// order).
+    #[test]
+    fn tile_encodings_match_gnu_as() {
+        let mut b = Vec::new();
+        let mut t = Tile(&mut b);
+        t.dp(0, 5, 3);
+        t.load(4, gpr::RDI, gpr::R11, 0);
+        t.load(5, gpr::RAX, gpr::R11, 64);
+        t.store(1, gpr::RSP, gpr::R9, 0);
+        t.config(gpr::R10);
+        t.release();
+        t.zero(2);
+        t.store(3, gpr::RSP, gpr::R9, 3072);
+        let want: &[u8] = &[
+            0xc4, 0xe2, 0x62, 0x5c, 0xc5, // tdpbf16ps tmm0, tmm5, tmm3
+            0xc4, 0xa2, 0x7b, 0x4b, 0x24, 0x1f, // tileloadd tmm4, [rdi + r11]
+            0xc4, 0xa2, 0x7b, 0x4b, 0x6c, 0x18, 0x40, // tileloadd tmm5, [rax + r11 + 64]
+            0xc4, 0xa2, 0x7a, 0x4b, 0x0c, 0x0c, // tilestored [rsp + r9], tmm1
+            0xc4, 0xc2, 0x78, 0x49, 0x02, // ldtilecfg [r10]
+            0xc4, 0xe2, 0x78, 0x49, 0xc0, // tilerelease
+            0xc4, 0xe2, 0x7b, 0x49, 0xd0, // tilezero tmm2
+            0xc4, 0xa2, 0x7a, 0x4b, 0x9c, 0x0c, 0x00, 0x0c, 0x00, 0x00, // tilestored [rsp + r9 + 3072], tmm3
+        ];
+        assert_eq!(&b[..], want);
+    }
+
+    /// Packing puts `B[32s + 2p + h, j]` at word `32p + 2j + h` of tile (s, j/16), zeros outside, in both paths.
+    #[test]
+    fn packed_b_is_the_pair_layout() {
+        let (k, n) = (70usize, 40usize);
+        let b: Vec<u16> = (0..k * n).map(|i| i as u16 + 1).collect();
+        for (nt, cs_rs) in [(2usize, false), (1, false), (2, true)] {
+            // cs_rs: B stored n-major (a transposed weight), read through the strides.
+            let bt: Vec<u16> = (0..k * n).map(|i| b[(i % k) * n + i / k]).collect();
+            let (src, rs, cs) = if cs_rs { (&bt, 1i64, k as i64) } else { (&b, n as i64, 1i64) };
+            let steps = k.div_ceil(KSTEP);
+            let panels = n.div_ceil(16 * nt);
+            let mut dst = vec![0xffffu16; panels * steps * nt * 512];
+            // SAFETY: sized as documented; every (k, n) below the bounds is in `src`.
+            unsafe { pack_b(dst.as_mut_ptr(), src.as_ptr(), rs, cs, 0, n, k, nt) };
+            for q in 0..panels {
+                for s in 0..steps {
+                    for j in 0..nt {
+                        for p in 0..16 {
+                            for c in 0..16 {
+                                for h in 0..2 {
+                                    let (kk, nn) = (s * 32 + 2 * p + h, q * 16 * nt + j * 16 + c);
+                                    let want = if kk < k && nn < n { b[kk * n + nn] } else { 0 };
+                                    let at = ((q * steps + s) * nt + j) * 512 + p * 32 + 2 * c + h;
+                                    assert_eq!(dst[at], want, "nt {nt} transposed {cs_rs} k {kk} n {nn}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

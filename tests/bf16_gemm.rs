@@ -1,0 +1,176 @@
+//! bf16 GEMMs: the schedule reads bf16 operands in place where the backend asks (`ScheduleOptions::bf16_gemm`),
+//! every AMX candidate is forced and compared with the interpreter (ragged M, N and K, a transposed weight, a batch,
+//! an epilogue in registers, f32 and bf16 outputs), and a bf16 matmul through the CPU device agrees with the
+//! interpreter whatever this host runs it on.
+//!
+//! Tolerance: the f32 sums of the interpreter and of a kernel differ by the summation-order bound `gemm_tol(k)`
+//! (bf16 products are exact in f32, so the sums see the same terms); a bf16 output is then rounded once by each,
+//! which may land on neighbouring bf16 values: one bf16 step, 2^-7 of the value at most, on top.
+
+mod test_cache;
+
+mod common;
+
+#[cfg(feature = "cpu")]
+use common::{compare, gemm_tol, rand_f32};
+#[cfg(feature = "cpu")]
+use kiln::{DType, Device, HostBuffer, Tensor};
+#[cfg(feature = "cpu")]
+use kiln_backends::cpu::PreparedGemm;
+#[cfg(feature = "cpu")]
+use kiln_backends::cpu::gemm::config::{self, AmxConfig, GemmImpl};
+#[cfg(feature = "cpu")]
+use kiln_jit::kernel::gemm::GemmView;
+#[cfg(feature = "cpu")]
+use kiln_jit::kernel::{ScheduleOptions, schedule_with};
+
+#[cfg(feature = "cpu")]
+/// A realized bf16 tensor (an input of the graphs built from it, as a model's weights and activations are).
+fn bf16_rand(shape: &[usize], seed: u64) -> Tensor {
+    let t = rand_f32(shape, seed).to_dtype(DType::BF16);
+    t.realize().expect("bf16 values");
+    t
+}
+
+#[cfg(feature = "cpu")]
+fn tol(k: usize, out: DType) -> common::Tol {
+    let t = gemm_tol(k);
+    if out == DType::BF16 { common::Tol { rel: t.rel + 1.0 / 128.0, ..t } } else { t }
+}
+
+#[cfg(feature = "cpu")]
+/// Whether this host runs AMX kernels; says once which bf16 kernels these tests run.
+fn amx() -> bool {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let ready = kiln_backends::cpu::gemm::amx::ready();
+    SAID.call_once(|| {
+        let units = kiln_backends::cpu::isa::bf16_units();
+        if ready {
+            eprintln!("bf16_gemm: AMX kernels forced and checked ({units:?})");
+        } else {
+            eprintln!("bf16_gemm: no AMX here ({units:?}): only the schedule and the f32 path are checked");
+        }
+    });
+    ready
+}
+
+#[cfg(feature = "cpu")]
+/// Forces every AMX candidate of `out`'s GEMM, plus narrow B blocks (several blocks per thread), and compares each
+/// with the interpreter. Returns how many ran (0 without AMX).
+fn check_amx_candidates(name: &str, out: &Tensor) -> usize {
+    let options = ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
+    common::with_last_launch(name, out, options, |kernel, args, want| {
+        let view = GemmView::of(kernel).unwrap_or_else(|| panic!("{name}: not a GEMM:\n{kernel}"));
+        assert_eq!(view.operands, DType::BF16, "{name}: operands\n{kernel}");
+        if !amx() {
+            return 0;
+        }
+        let mut cands = config::candidates(&view, false);
+        assert!(!cands.is_empty(), "{name}: no AMX candidate");
+        let narrow: Vec<GemmImpl> = cands
+            .iter()
+            .filter_map(|c| match c {
+                GemmImpl::Amx(a) => Some(GemmImpl::Amx(AmxConfig { nc: a.nr(), ..*a })),
+                _ => None,
+            })
+            .collect();
+        cands.extend(narrow);
+        for imp in &cands {
+            assert!(matches!(imp, GemmImpl::Amx(_)), "{name}: {} offered for bf16 operands", imp.name());
+            let gemm = PreparedGemm::new(kernel, *imp).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
+            let got = gemm.run(args).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
+            if let Err(e) = compare(&got, want, tol(view.k, view.out)) {
+                panic!("{name}: candidate {} is wrong: {e}\n{kernel}", imp.name());
+            }
+        }
+        cands.len()
+    })
+}
+
+#[cfg(feature = "cpu")]
+#[test]
+fn every_amx_candidate_matches_the_interpreter() {
+    // (m, n, k): whole tiles, ragged everything, one row, K under one step, N under one tile.
+    for (m, n, k) in [(64, 64, 64), (37, 45, 70), (1, 50, 33), (33, 17, 5), (20, 8, 100), (96, 130, 257)] {
+        let (a, b) = (bf16_rand(&[m, k], 1), bf16_rand(&[k, n], 2));
+        check_amx_candidates(&format!("{m}x{n}x{k}"), &a.matmul(&b));
+    }
+}
+
+#[cfg(feature = "cpu")]
+#[test]
+fn amx_epilogues_layouts_and_batches_match_the_interpreter() {
+    let (m, n, k) = (40, 70, 96);
+    let x = bf16_rand(&[m, k], 3);
+    let w = bf16_rand(&[n, k], 4);
+    let bias = bf16_rand(&[n], 5);
+    // A linear layer's product: the weight stored N x K, B read through its strides.
+    check_amx_candidates("linear", &x.matmul(&w.t()));
+    // f32 operands widened from bf16: the same kernels with an f32 output and an f32 epilogue in registers (a bf16
+    // epilogue rounds after every op, so it runs elementwise after a product stored in f32: see the next test).
+    let wide = |t: &Tensor| t.to_dtype(DType::F32);
+    let f32_out = (wide(&x).matmul(&wide(&w.t())) * 0.5 + &wide(&bias)).relu();
+    assert_eq!(check_amx_candidates("f32 out", &f32_out) > 0, amx());
+    // A batch of 3 and A stored transposed (packed, never read in place).
+    let a = bf16_rand(&[3, m, k], 6);
+    let b = bf16_rand(&[3, k, n], 7);
+    check_amx_candidates("batched", &a.matmul(&b));
+    check_amx_candidates("A transposed", &bf16_rand(&[k, m], 8).t().matmul(&bf16_rand(&[k, n], 9)));
+}
+
+#[cfg(feature = "cpu")]
+/// With `bf16_gemm` a bf16 matmul is one kernel reading both operands in bf16 and rounding at its store; without
+/// it, the operands are stored in f32 for the f32 GEMM and its result rounded by an elementwise kernel.
+#[test]
+fn the_schedule_reads_bf16_operands_only_where_asked() {
+    let (a, b) = (bf16_rand(&[24, 40], 1), bf16_rand(&[40, 56], 2));
+    let y = a.matmul(&b.t().contiguous().t());
+    let cap = kiln::capture(&[&y]).unwrap();
+    let with = schedule_with(&cap.graph, ScheduleOptions { bf16_gemm: true, ..Default::default() });
+    let names: Vec<&str> = with.launches.iter().map(|l| l.kernel.name.as_str()).collect();
+    assert_eq!(with.launches.iter().filter(|l| l.kernel.reduce.is_some()).count(), 1, "{names:?}");
+    let gemm = with.launches.last().unwrap();
+    let view = GemmView::of(&gemm.kernel).unwrap_or_else(|| panic!("{}", gemm.kernel));
+    assert_eq!((view.operands, view.out), (DType::BF16, DType::BF16), "{}", gemm.kernel);
+    let without = schedule_with(&cap.graph, ScheduleOptions { bf16_gemm: false, ..Default::default() });
+    let f32_gemms: Vec<GemmView> = without.launches.iter().filter_map(|l| GemmView::of(&l.kernel)).collect();
+    assert_eq!(f32_gemms.len(), 1, "{:?}", without.launches.iter().map(|l| &l.kernel.name).collect::<Vec<_>>());
+    assert_eq!((f32_gemms[0].operands, f32_gemms[0].out), (DType::F32, DType::F32));
+    assert_eq!(without.launches.last().unwrap().kernel.output.dtype, DType::BF16);
+    // A bf16 bias and relu after the rounding: the product is stored in f32 by the bf16 GEMM, then one kernel.
+    let layer = (a.matmul(&bf16_rand(&[40, 56], 4)) + &bf16_rand(&[56], 3)).relu();
+    let cap = kiln::capture(&[&layer]).unwrap();
+    let plan = schedule_with(&cap.graph, ScheduleOptions { bf16_gemm: true, ..Default::default() });
+    let views: Vec<GemmView> = plan.launches.iter().filter_map(|l| GemmView::of(&l.kernel)).collect();
+    assert_eq!(views.len(), 1);
+    assert_eq!((views[0].operands, views[0].out), (DType::BF16, DType::F32));
+    assert_eq!(plan.launches.len(), 2);
+}
+
+#[cfg(feature = "cpu")]
+/// Through the device (the plan, the tuner's race and the store): a bf16 linear layer and a square product agree
+/// with the interpreter, on AMX where this host has it and on the f32 GEMM elsewhere.
+#[test]
+fn bf16_matmuls_on_the_cpu_device_match_the_interpreter() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    amx();
+    let (m, n, k) = (67, 96, 160);
+    let x = bf16_rand(&[m, k], 11);
+    let w = bf16_rand(&[n, k], 12);
+    let bias = bf16_rand(&[n], 13);
+    let square = bf16_rand(&[130, 130], 14);
+    for (name, y, depth) in [
+        ("linear", (x.matmul(&w.t()) + &bias).relu(), k),
+        ("square", square.matmul(&square), 130),
+        ("vector", bf16_rand(&[k], 15).matmul(&w.t()), k),
+    ] {
+        let cap = kiln::capture(&[&y]).unwrap();
+        let want = cap.reference().unwrap().remove(0);
+        let got: HostBuffer = y.to_device(&Device::cpu()).unwrap().to_host().unwrap();
+        if let Err(e) = compare(&got, &want, tol(depth, DType::BF16)) {
+            panic!("{name}: {e}");
+        }
+    }
+}
