@@ -18,7 +18,7 @@
 //!
 //! Why generated, as the AVX kernels are: the epilogue is part of the kernel. Why not `core::arch`: the AMX
 //! intrinsics are not stable Rust. `dynasmrt` encodes neither AMX nor EVEX: the VEX forms of the six tile
-//! instructions are written here as bytes ([`Tile`]), pinned against GNU `as` by the tests.
+//! instructions are written here as bytes (`Tile`), pinned against GNU `as` by the tests.
 //!
 //! Linux hands out AMX's 8 KiB of tile state only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM,
 //! XFEATURE_XTILEDATA)`, once per process: [`ready`]); without it the first tile instruction faults. A host without
@@ -249,7 +249,7 @@ pub fn emit(ops: &mut Assembler, s: &AmxSpec, ep: &EpProgram) -> Result<Assembly
 }
 
 /// Packs columns `n0..n0 + cols` of bf16 matrix B (element `(k, n)` at `b[k * rs + n * cs]`, `k < depth`) into
-/// panels of `16 * nt` columns, each `steps` steps of `nt` tiles ([`B_TILE_BYTES`] each: row `p` holds the pairs
+/// panels of `16 * nt` columns, each `steps` steps of `nt` tiles (1 KiB each: row `p` holds the pairs
 /// `(B[32s + 2p, j], B[32s + 2p + 1, j])` of the tile's 16 columns), zeros past `depth` and past `cols`.
 ///
 /// # Safety
