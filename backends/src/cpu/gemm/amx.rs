@@ -38,6 +38,8 @@ use dynasmrt::{AssemblyOffset, DynasmApi, DynasmLabelApi, dynasm};
 pub const TILE: usize = 16;
 /// bf16 elements of K per step (one A tile row: 64 bytes).
 pub const KSTEP: usize = 32;
+/// Rows of B that packing prefetches ahead of the pair it reads.
+const PREFETCH_ROWS: i64 = 8;
 /// Bytes of one packed B tile.
 const B_TILE_BYTES: usize = TILE * 64;
 
@@ -252,85 +254,99 @@ pub fn emit(ops: &mut Assembler, s: &AmxSpec, ep: &EpProgram) -> Result<Assembly
 /// panels of `16 * nt` columns, each `steps` steps of `nt` tiles (1 KiB each: row `p` holds the pairs
 /// `(B[32s + 2p, j], B[32s + 2p + 1, j])` of the tile's 16 columns), zeros past `depth` and past `cols`.
 ///
+/// B is walked two rows at a time across the whole block: each row is read front to back (a K x N weight then
+/// streams from memory), and each pair of rows fills one row of every tile of the step.
+///
 /// # Safety
 /// `dst` must hold `cols.div_ceil(16 * nt) * steps * nt * 512` u16, and every `(k, n)` in range must be in `b`.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn pack_b(dst: *mut u16, b: *const u16, rs: i64, cs: i64, n0: usize, cols: usize, depth: usize, nt: usize) {
     let steps = depth.div_ceil(KSTEP);
-    let panel_cols = TILE * nt;
     let tile_words = B_TILE_BYTES / 2;
-    for q in 0..cols.div_ceil(panel_cols) {
-        for s in 0..steps {
-            for j in 0..nt {
-                let c0 = q * panel_cols + j * TILE;
-                // SAFETY: within the panel area the caller sized.
-                let t = unsafe { dst.add(((q * steps + s) * nt + j) * tile_words) };
-                let width = cols.saturating_sub(c0).min(TILE);
-                let rows = depth - s * KSTEP;
-                // SAFETY: the caller's bounds; `width` columns from `c0` and `rows` rows from `32 s` exist.
-                unsafe {
-                    if cs == 1 && width == TILE && rows >= KSTEP && ready() {
-                        pair_rows_avx512(t, b.offset(((s * KSTEP) as i64 * rs + (n0 + c0) as i64) as isize), rs);
-                    } else {
-                        pair_rows_scalar(t, b, rs, cs, s * KSTEP, n0 + c0, width, rows.min(KSTEP));
-                    }
-                }
+    // Tile t of a row (t = panel * nt + j) is at this many words from tile 0 of the same step and row.
+    let tile_at = |t: usize| (t / nt * steps * nt + t % nt) * tile_words;
+    // Every tile of the last panel, also those wholly past `cols` (zeros).
+    let tiles = cols.div_ceil(TILE * nt) * nt;
+    let fast = cs == 1 && ready();
+    for s in 0..steps {
+        for p in 0..TILE {
+            let k = s * KSTEP + 2 * p;
+            // SAFETY: within the area the caller sized (step s, row p of every tile).
+            let row0 = unsafe { dst.add(s * nt * tile_words + p * 32) };
+            let full = if fast && k + 1 < depth { cols / TILE } else { 0 };
+            if full > 0 {
+                // SAFETY: rows k and k + 1 hold `cols` elements from column n0 (the caller's bounds).
+                unsafe { pair_rows_avx512(row0, steps, nt, full, b.offset((k as i64 * rs + n0 as i64) as isize), rs) };
+            }
+            for t in full..tiles {
+                let width = cols.saturating_sub(t * TILE).min(TILE);
+                // SAFETY: as above; the scalar path reads only (k', n) with k' < depth and n < n0 + cols.
+                unsafe { pair_row_scalar(row0.add(tile_at(t)), b, rs, cs, k, depth, n0 + t * TILE, width) };
             }
         }
     }
 }
 
-/// One B tile from any strides: `width` columns and `rows` rows (of 32) present, zeros elsewhere.
+/// One tile row from any strides: the pairs of rows `k`, `k + 1` (zeros from `depth`) over `width` columns from
+/// `n`, zeros past them.
 #[allow(clippy::too_many_arguments)]
-unsafe fn pair_rows_scalar(
+unsafe fn pair_row_scalar(
     t: *mut u16,
     b: *const u16,
     rs: i64,
     cs: i64,
-    k0: usize,
-    n0: usize,
+    k: usize,
+    depth: usize,
+    n: usize,
     width: usize,
-    rows: usize,
 ) {
-    for p in 0..TILE {
-        for j in 0..TILE {
-            for h in 0..2 {
-                let k = 2 * p + h;
-                let x = if j < width && k < rows {
-                    // SAFETY: (k0 + k, n0 + j) is in range (the caller's bounds).
-                    unsafe { *b.offset(((k0 + k) as i64 * rs + (n0 + j) as i64 * cs) as isize) }
-                } else {
-                    0
-                };
-                // SAFETY: the tile holds 512 words.
-                unsafe { *t.add(p * 32 + 2 * j + h) = x };
-            }
+    for j in 0..TILE {
+        for h in 0..2 {
+            let x = if j < width && k + h < depth {
+                // SAFETY: (k + h, n + j) is in range (the caller's bounds).
+                unsafe { *b.offset(((k + h) as i64 * rs + (n + j) as i64 * cs) as isize) }
+            } else {
+                0
+            };
+            // SAFETY: a tile row holds 32 words.
+            unsafe { *t.add(2 * j + h) = x };
         }
     }
 }
 
-/// One full B tile from row-major B: rows `2p` and `2p + 1` (16 words each) interleaved word by word.
+/// Row `p` of the first `tiles` full tiles of a step from row-major B (`src` at row 2p, column 0 of the block):
+/// rows `2p` and `2p + 1` interleaved word by word, 16 columns per tile.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn pair_rows_avx512(t: *mut u16, b: *const u16, rs: i64) {
+unsafe fn pair_rows_avx512(row0: *mut u16, steps: usize, nt: usize, tiles: usize, src: *const u16, rs: i64) {
     use std::arch::x86_64::*;
     // Word i of the result: word i/2 of the even row (i even) or of the odd row (index 32 + i/2).
     let idx: [u16; 32] = std::array::from_fn(|i| (i / 2 + if i % 2 == 1 { 32 } else { 0 }) as u16);
     // SAFETY: `idx` is 64 bytes.
     let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
-    for p in 0..TILE {
-        // SAFETY: rows 2p and 2p + 1 hold 16 words each at `b` (the caller's bounds); the tile row is 64 bytes.
+    for t in 0..tiles {
+        let at = (t / nt * steps * nt + t % nt) * (B_TILE_BYTES / 2);
+        if t % 2 == 0 {
+            // The rows PREFETCH_ROWS ahead, one cache line (two tiles' columns) at a time: B's rows are a page or
+            // more apart, where the hardware prefetchers do not follow, and each pair of rows is a short run.
+            let ahead = src.wrapping_offset((PREFETCH_ROWS * rs) as isize).wrapping_add(16 * t);
+            // SAFETY: prefetches do not fault, whatever the address.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_offset(rs as isize) as *const i8);
+            }
+        }
+        // SAFETY: both rows hold 16 words at column 16 t (the caller's bounds); the tile row is 64 bytes.
         unsafe {
-            let even = _mm512_castsi256_si512(_mm256_loadu_si256(b.offset((2 * p) as isize * rs as isize) as *const _));
-            let odd =
-                _mm512_castsi256_si512(_mm256_loadu_si256(b.offset((2 * p + 1) as isize * rs as isize) as *const _));
-            _mm512_storeu_si512(t.add(p * 32) as *mut _, _mm512_permutex2var_epi16(even, idx, odd));
+            let even = _mm512_castsi256_si512(_mm256_loadu_si256(src.add(16 * t) as *const _));
+            let odd = _mm512_castsi256_si512(_mm256_loadu_si256(src.offset(rs as isize).add(16 * t) as *const _));
+            _mm512_storeu_si512(row0.add(at) as *mut _, _mm512_permutex2var_epi16(even, idx, odd));
         }
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn pair_rows_avx512(_: *mut u16, _: *const u16, _: i64) {
+unsafe fn pair_rows_avx512(_: *mut u16, _: usize, _: usize, _: usize, _: *const u16, _: i64) {
     unreachable!("AMX kernels run only on x86-64")
 }
 

@@ -316,15 +316,19 @@ pub fn amx_legal(v: &GemmView, a: &AmxConfig) -> bool {
 }
 
 /// The AMX candidates for a bf16 GEMM: 32 x 32 blocks (four accumulator tiles, each A and B tile read twice) and the
-/// narrower ones for a few rows or columns, B blocks of 256 columns or the thread's whole strip (as wide as L2
-/// holds: 1 MiB of packed B), threads splitting columns or rows.
+/// narrower ones for a few rows or columns, B blocks as wide as L2 holds (1 MiB of packed B), of 1024 columns or the
+/// whole width, threads splitting columns or rows.
 fn amx_candidates(v: &GemmView, out: &mut Vec<GemmImpl>) {
     let strip_cap = ((1usize << 20) / (v.k.next_multiple_of(super::amx::KSTEP) * 2)).max(32);
     for (mt, nt) in [(2, 2), (1, 2), (2, 1)] {
         if mt == 2 && v.m <= 16 || nt == 2 && v.n <= 16 {
             continue;
         }
-        for nc in [256, strip_cap.next_multiple_of(16 * nt)] {
+        // Wider blocks too: a few rows use each packed panel once or twice, and a wide block reads each of B's rows
+        // in a longer run (with B from memory at M = 8 and 64, K = N = 4096: 1024 columns 2.43 / 3.74 ms, 128
+        // columns 2.74 / 3.69, 64 columns 4.29 / 5.44; the tuner's race runs on operands in cache and does not see
+        // this, so the set is what keeps a bad width out).
+        for nc in [strip_cap.next_multiple_of(16 * nt), 1024, v.n.next_multiple_of(16 * nt)] {
             for split_m in [false, true] {
                 let a = AmxConfig { mt, nt, nc: nc.min(v.n.next_multiple_of(16 * nt)), split_m };
                 let imp = GemmImpl::Amx(a);
