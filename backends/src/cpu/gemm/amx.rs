@@ -330,11 +330,9 @@ unsafe fn pair_rows_avx512(row0: *mut u16, steps: usize, nt: usize, tiles: usize
             // The rows PREFETCH_ROWS ahead, one cache line (two tiles' columns) at a time: B's rows are a page or
             // more apart, where the hardware prefetchers do not follow, and each pair of rows is a short run.
             let ahead = src.wrapping_offset((PREFETCH_ROWS * rs) as isize).wrapping_add(16 * t);
-            // SAFETY: prefetches do not fault, whatever the address.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_offset(rs as isize) as *const i8);
-            }
+            // A prefetch does not fault, whatever the address (safe to call inside this function's features).
+            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_offset(rs as isize) as *const i8);
         }
         // SAFETY: both rows hold 16 words at column 16 t (the caller's bounds); the tile row is 64 bytes.
         unsafe {
