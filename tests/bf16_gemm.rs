@@ -18,7 +18,7 @@ use kiln::{DType, Device, HostBuffer, Tensor};
 #[cfg(feature = "cpu")]
 use kiln_backends::cpu::PreparedGemm;
 #[cfg(feature = "cpu")]
-use kiln_backends::cpu::gemm::config::{self, AmxConfig, GemmImpl};
+use kiln_backends::cpu::gemm::config::{self, AmxConfig, AmxSplit, GemmImpl};
 #[cfg(feature = "cpu")]
 use kiln_jit::kernel::gemm::GemmView;
 #[cfg(feature = "cpu")]
@@ -56,14 +56,14 @@ fn amx() -> bool {
 
 #[cfg(feature = "cpu")]
 /// Forces every AMX candidate of `out`'s GEMM, plus narrow B blocks (several blocks per thread), and compares each
-/// with the interpreter. Returns how many ran (0 without AMX).
-fn check_amx_candidates(name: &str, out: &Tensor) -> usize {
+/// with the interpreter. Returns how many ran (0 without AMX) and whether one split K between the threads.
+fn check_amx_candidates(name: &str, out: &Tensor) -> (usize, bool) {
     let options = ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
     common::with_last_launch(name, out, options, |kernel, args, want| {
         let view = GemmView::of(kernel).unwrap_or_else(|| panic!("{name}: not a GEMM:\n{kernel}"));
         assert_eq!(view.operands, DType::BF16, "{name}: operands\n{kernel}");
         if !amx() {
-            return 0;
+            return (0, false);
         }
         let mut cands = config::candidates(&view, false);
         assert!(!cands.is_empty(), "{name}: no AMX candidate");
@@ -83,7 +83,8 @@ fn check_amx_candidates(name: &str, out: &Tensor) -> usize {
                 panic!("{name}: candidate {} is wrong: {e}\n{kernel}", imp.name());
             }
         }
-        cands.len()
+        let split_k = cands.iter().any(|c| matches!(c, GemmImpl::Amx(a) if a.split == AmxSplit::Depth));
+        (cands.len(), split_k)
     })
 }
 
@@ -91,9 +92,21 @@ fn check_amx_candidates(name: &str, out: &Tensor) -> usize {
 #[test]
 fn every_amx_candidate_matches_the_interpreter() {
     // (m, n, k): whole tiles, ragged everything, one row, K under one step, N under one tile.
-    for (m, n, k) in [(64, 64, 64), (37, 45, 70), (1, 50, 33), (33, 17, 5), (20, 8, 100), (96, 130, 257)] {
+    // The last three split K between the threads (at most 16 rows, K of 4 steps or more), one of them ragged.
+    for (m, n, k) in [
+        (64, 64, 64),
+        (37, 45, 70),
+        (1, 50, 33),
+        (33, 17, 5),
+        (20, 8, 100),
+        (96, 130, 257),
+        (5, 70, 300),
+        (16, 40, 129),
+        (1, 64, 1024),
+    ] {
         let (a, b) = (bf16_rand(&[m, k], 1), bf16_rand(&[k, n], 2));
-        check_amx_candidates(&format!("{m}x{n}x{k}"), &a.matmul(&b));
+        let (ran, split_k) = check_amx_candidates(&format!("{m}x{n}x{k}"), &a.matmul(&b));
+        assert_eq!(split_k, ran > 0 && m <= 16 && k >= 128, "{m}x{n}x{k}: K-split candidates");
     }
 }
 
@@ -110,7 +123,9 @@ fn amx_epilogues_layouts_and_batches_match_the_interpreter() {
     // epilogue rounds after every op, so it runs elementwise after a product stored in f32: see the next test).
     let wide = |t: &Tensor| t.to_dtype(DType::F32);
     let f32_out = (wide(&x).matmul(&wide(&w.t())) * 0.5 + &wide(&bias)).relu();
-    assert_eq!(check_amx_candidates("f32 out", &f32_out) > 0, amx());
+    assert_eq!(check_amx_candidates("f32 out", &f32_out).0 > 0, amx());
+    let few_rows = wide(&bf16_rand(&[5, 300], 10)).matmul(&wide(&bf16_rand(&[300, 40], 11)));
+    assert_eq!(check_amx_candidates("f32 out, K split", &few_rows).1, amx());
     // A batch of 3 and A stored transposed (packed, never read in place).
     let a = bf16_rand(&[3, m, k], 6);
     let b = bf16_rand(&[3, k, n], 7);

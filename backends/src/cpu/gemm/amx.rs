@@ -175,30 +175,7 @@ pub fn emit(ops: &mut Assembler, s: &AmxSpec, ep: &EpProgram) -> Result<Assembly
         dynasm!(ops ; .arch x64 ; lea rax, [rdi + second]);
     }
     tiles(ops, |t| (0..(mt * nt) as u8).for_each(|c| t.zero(c)));
-    let top = ops.new_dynamic_label();
-    dynasm!(ops ; .arch x64 ; =>top);
-    tiles(ops, |t| {
-        t.load(A_TILE, gpr::RDI, gpr::R11, 0);
-        if mt == 2 {
-            t.load(A_TILE + 1, gpr::RAX, gpr::R11, 0);
-        }
-        for j in 0..nt {
-            t.load(B_TILE + j as u8, gpr::RSI, gpr::R9, (j * B_TILE_BYTES) as i32);
-        }
-        for i in 0..mt {
-            for j in 0..nt {
-                t.dp((i * nt + j) as u8, A_TILE + i as u8, B_TILE + j as u8);
-            }
-        }
-    });
-    let b_step = (nt * B_TILE_BYTES) as i32;
-    dynasm!(ops ; .arch x64
-        ; add rdi, 64
-        ; add rax, 64
-        ; add rsi, b_step
-        ; dec rcx
-        ; jnz =>top
-    );
+    emit_k_loop(ops, mt, nt);
     tiles(ops, |t| {
         for c in 0..(mt * nt) as u8 {
             t.store(c, gpr::RSP, gpr::R9, c as i32 * B_TILE_BYTES as i32);
@@ -238,7 +215,99 @@ pub fn emit(ops: &mut Assembler, s: &AmxSpec, ep: &EpProgram) -> Result<Assembly
         ; ret
     );
     consts.emit(ops);
-    // Palette 1; every tile 16 rows of 64 bytes (bytes 16.. : colsb per tile as u16; 48.. : rows per tile).
+    emit_config(ops, cfg);
+    Ok(start)
+}
+
+/// A kernel of the K-split GEMM (`AmxSplit::Depth`): the `16 * mt x 16 * nt` block of a thread's f32 partial sums
+/// (rows of `ldc` bytes, padded to whole tiles) is zeroed (`first`) or loaded, the `k` steps added, and the block
+/// stored back; no epilogue, no edges.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PartialSpec {
+    pub mt: usize,
+    pub nt: usize,
+    pub lda: i32,
+    pub ldc: i32,
+    pub first: bool,
+}
+
+/// Emits one [`PartialSpec`] kernel (`asm::MicroFn`'s contract; `ep` is not read) and returns its offset.
+pub fn emit_partial(ops: &mut Assembler, s: &PartialSpec) -> Result<AssemblyOffset, String> {
+    let (mt, nt) = (s.mt, s.nt);
+    if !(1..=2).contains(&mt) || !(1..=2).contains(&nt) {
+        return Err(format!("AMX tile {}x{}", TILE * mt, TILE * nt));
+    }
+    let start = ops.offset();
+    let cfg = ops.new_dynamic_label();
+    let (lda, ldc) = (s.lda, s.ldc);
+    dynasm!(ops ; .arch x64
+        ; lea r10, [=>cfg]
+    );
+    tiles(ops, |t| t.config(gpr::R10));
+    dynasm!(ops ; .arch x64
+        ; mov r11, lda
+        ; mov r9, 64
+        ; mov r8, ldc
+    );
+    if mt == 2 {
+        let second = 16 * lda;
+        dynasm!(ops ; .arch x64 ; lea rax, [rdi + second]);
+    }
+    let c_at = |i: usize, j: usize| (i * TILE) as i32 * ldc + (j * 64) as i32;
+    tiles(ops, |t| {
+        for i in 0..mt {
+            for j in 0..nt {
+                let c = (i * nt + j) as u8;
+                if s.first { t.zero(c) } else { t.load(c, gpr::RDX, gpr::R8, c_at(i, j)) }
+            }
+        }
+    });
+    emit_k_loop(ops, mt, nt);
+    tiles(ops, |t| {
+        for i in 0..mt {
+            for j in 0..nt {
+                t.store((i * nt + j) as u8, gpr::RDX, gpr::R8, c_at(i, j));
+            }
+        }
+        t.release();
+    });
+    dynasm!(ops ; .arch x64 ; ret);
+    emit_config(ops, cfg);
+    Ok(start)
+}
+
+/// The K loop both kernels share: `rcx` steps of A tiles at rdi (and rax), stride r11, and B tiles at rsi, stride
+/// r9 (64).
+fn emit_k_loop(ops: &mut Assembler, mt: usize, nt: usize) {
+    let top = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64 ; =>top);
+    tiles(ops, |t| {
+        t.load(A_TILE, gpr::RDI, gpr::R11, 0);
+        if mt == 2 {
+            t.load(A_TILE + 1, gpr::RAX, gpr::R11, 0);
+        }
+        for j in 0..nt {
+            t.load(B_TILE + j as u8, gpr::RSI, gpr::R9, (j * B_TILE_BYTES) as i32);
+        }
+        for i in 0..mt {
+            for j in 0..nt {
+                t.dp((i * nt + j) as u8, A_TILE + i as u8, B_TILE + j as u8);
+            }
+        }
+    });
+    let b_step = (nt * B_TILE_BYTES) as i32;
+    dynasm!(ops ; .arch x64
+        ; add rdi, 64
+        ; add rax, 64
+        ; add rsi, b_step
+        ; dec rcx
+        ; jnz =>top
+    );
+}
+
+/// The tile configuration at label `cfg`: palette 1, every tile 16 rows of 64 bytes (bytes 16.. : bytes per row of
+/// each tile as u16; 48.. : rows of each tile).
+fn emit_config(ops: &mut Assembler, cfg: dynasmrt::DynamicLabel) {
     let mut config = [0u8; 64];
     config[0] = 1;
     for t in 0..8 {
@@ -247,7 +316,6 @@ pub fn emit(ops: &mut Assembler, s: &AmxSpec, ep: &EpProgram) -> Result<Assembly
     }
     dynasm!(ops ; .arch x64 ; .align 64 ; =>cfg);
     ops.extend(config);
-    Ok(start)
 }
 
 /// Packs columns `n0..n0 + cols` of bf16 matrix B (element `(k, n)` at `b[k * rs + n * cs]`, `k < depth`) into
@@ -324,8 +392,16 @@ unsafe fn pair_rows_avx512(row0: *mut u16, steps: usize, nt: usize, tiles: usize
     let idx: [u16; 32] = std::array::from_fn(|i| (i / 2 + if i % 2 == 1 { 32 } else { 0 }) as u16);
     // SAFETY: `idx` is 64 bytes.
     let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
+    // Tile t = panel * nt + j sits at panel * steps * nt + j tiles from tile 0, walked without a division.
+    let panel_words = steps * nt * (B_TILE_BYTES / 2);
+    let (mut panel_at, mut j) = (0usize, 0usize);
     for t in 0..tiles {
-        let at = (t / nt * steps * nt + t % nt) * (B_TILE_BYTES / 2);
+        let at = panel_at + j * (B_TILE_BYTES / 2);
+        j += 1;
+        if j == nt {
+            j = 0;
+            panel_at += panel_words;
+        }
         if t % 2 == 0 {
             // The rows PREFETCH_ROWS ahead, one cache line (two tiles' columns) at a time: B's rows are a page or
             // more apart, where the hardware prefetchers do not follow, and each pair of rows is a short run.
@@ -349,12 +425,21 @@ unsafe fn pair_rows_avx512(_: *mut u16, _: usize, _: usize, _: usize, _: *const 
 }
 
 /// Copies `rows` rows of bf16 matrix A (element `(m, k)` at `a[m * rs + k * cs]`, `k < depth`) into `dst`, rows of
-/// `steps * 32` words, zeros past `depth` and past `rows` up to `16 * mt` rows.
+/// `width` words (at least `depth` rounded up to 32), zeros past `depth` and past `rows` up to `16 * mt` rows.
 ///
 /// # Safety
-/// `dst` must hold `16 * mt * depth.div_ceil(32) * 32` u16; every `(m, k)` in range must be in `a`.
-pub unsafe fn pack_a(dst: *mut u16, a: *const u16, rs: i64, cs: i64, rows: usize, depth: usize, mt: usize) {
-    let width = depth.div_ceil(KSTEP) * KSTEP;
+/// `dst` must hold `16 * mt * width` u16; every `(m, k)` in range must be in `a`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn pack_a(
+    dst: *mut u16,
+    a: *const u16,
+    rs: i64,
+    cs: i64,
+    rows: usize,
+    depth: usize,
+    mt: usize,
+    width: usize,
+) {
     for m in 0..TILE * mt {
         // SAFETY: row m of `dst` holds `width` words (the caller's size).
         let row = unsafe { std::slice::from_raw_parts_mut(dst.add(m * width), width) };

@@ -258,6 +258,7 @@ pub(crate) mod gpr {
     pub const RBP: u8 = 5;
     pub const RSI: u8 = 6;
     pub const RDI: u8 = 7;
+    pub const R8: u8 = 8;
     pub const R9: u8 = 9;
     pub const R10: u8 = 10;
     pub const R11: u8 = 11;

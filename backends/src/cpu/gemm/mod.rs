@@ -35,7 +35,7 @@ pub mod tune;
 
 use super::pool;
 use asm::{KernelSet, MicroFn, MicroSpec, Mode};
-use config::{AmxConfig, GemmConfig, GemmImpl};
+use config::{AmxConfig, AmxSplit, GemmConfig, GemmImpl};
 use epilogue::{Epilogue, OperandKind};
 use kiln_jit::DType;
 use kiln_jit::dtype::Scalar;
@@ -80,6 +80,8 @@ pub struct CompiledGemm {
     parts: usize,
     /// The transposed candidate's GEMM (`C^T` into scratch, identity epilogue).
     transposed: Option<Box<CompiledGemm>>,
+    /// The K-split AMX GEMM's f32 partial sums, one padded M x N block per thread (allocated when built).
+    partials: parking_lot::Mutex<Vec<f32>>,
     /// Set by the backend when the epilogue is not in registers.
     pub(crate) pass: Option<Pass>,
     pub uses_pass: bool,
@@ -174,6 +176,7 @@ impl CompiledGemm {
             ragged: 0,
             parts: 1,
             transposed: None,
+            partials: parking_lot::Mutex::new(Vec::new()),
             pass: None,
             uses_pass: false,
         }
@@ -247,6 +250,9 @@ impl CompiledGemm {
         threads: usize,
         cache: Option<&kiln_autotune::Store>,
     ) -> Result<(), String> {
+        if a.split == AmxSplit::Depth {
+            return self.generate_amx_partial(a, threads, cache);
+        }
         let v = &self.view;
         let out_bf16 = v.out == DType::BF16;
         // A bf16 C: the program computes the f32 value the outer code's last cast rounds, and the store rounds it.
@@ -276,7 +282,7 @@ impl CompiledGemm {
         let (mr, nr) = (a.mr(), a.nr());
         let tail_cols = v.n % nr;
         self.ragged = tail_cols % amx::TILE;
-        let units = if a.split_m { v.m.div_ceil(mr) } else { v.n.div_ceil(nr) };
+        let units = if a.split == AmxSplit::Rows { v.m.div_ceil(mr) } else { v.n.div_ceil(nr) };
         self.parts = threads.clamp(1, units.max(1));
         let mut specs = Vec::new();
         let mut slots = Vec::new();
@@ -303,6 +309,38 @@ impl CompiledGemm {
             self.table[slot] = Some(f);
         }
         self.set = Some(set);
+        Ok(())
+    }
+
+    /// The K-split form of AMX config `a` (`AmxSplit::Depth`): the two partial-sum kernels (first block of K, and
+    /// the later ones) and the partial buffers. Its epilogue is the identity or a rounding to bf16 (`config`'s
+    /// legality check), applied by the pass that adds the partials.
+    fn generate_amx_partial(
+        &mut self,
+        a: AmxConfig,
+        threads: usize,
+        cache: Option<&kiln_autotune::Store>,
+    ) -> Result<(), String> {
+        let v = &self.view;
+        let (mp, np) = (v.m.next_multiple_of(a.mr()), v.n.next_multiple_of(a.nr()));
+        self.parts = threads.clamp(1, v.k.div_ceil(amx::KSTEP));
+        let chunk = amx_depth_chunk(np);
+        let specs: Vec<amx::PartialSpec> = [true, false]
+            .map(|first| amx::PartialSpec {
+                mt: a.mt,
+                nt: a.nt,
+                lda: (chunk * amx::KSTEP * 2) as i32,
+                ldc: (np * 4) as i32,
+                first,
+            })
+            .to_vec();
+        let key = format!("amx-partial|{specs:?}|r{}", asm::REVISION);
+        let set = kernel_set_with(key, specs.len(), cache, || {
+            KernelSet::assemble(specs.len(), |ops, i| amx::emit_partial(ops, &specs[i]))
+        })?;
+        self.table = set.fns.iter().map(|&f| Some(f)).collect();
+        self.set = Some(set);
+        *self.partials.get_mut() = vec![0.0; self.parts * mp * np];
         Ok(())
     }
 
@@ -365,6 +403,8 @@ impl CompiledGemm {
                 };
                 pool::global().parallel_for_work(items, work, &f);
             }
+            // SAFETY: the caller's pointer contract.
+            GemmImpl::Amx(a) if a.split == AmxSplit::Depth => unsafe { self.run_amx_depth(&a, &cx) },
             GemmImpl::Amx(a) => {
                 let items = self.view.batch_count() * self.parts;
                 let work = (self.view.flops() / 16.0) as usize;
@@ -443,11 +483,12 @@ impl CompiledGemm {
         let v = &self.view;
         let (bidx, part) = (item / self.parts, item % self.parts);
         let (mr, nr) = (a.mr(), a.nr());
-        let (unit, total) = if a.split_m { (mr, v.m) } else { (nr, v.n) };
+        let rows = a.split == AmxSplit::Rows;
+        let (unit, total) = if rows { (mr, v.m) } else { (nr, v.n) };
         let units = total.div_ceil(unit);
         let lo = (part * units / self.parts * unit).min(total);
         let hi = ((part + 1) * units / self.parts * unit).min(total);
-        let (m0, m1, n0, n1) = if a.split_m { (lo, hi, 0, v.n) } else { (0, v.m, lo, hi) };
+        let (m0, m1, n0, n1) = if rows { (lo, hi, 0, v.n) } else { (0, v.m, lo, hi) };
         let bo = self.batch_offsets(bidx);
         let steps = v.k.div_ceil(amx::KSTEP);
         let esz = if v.out == DType::BF16 { 2 } else { 4 };
@@ -480,7 +521,7 @@ impl CompiledGemm {
                         asrc
                     } else {
                         let dst = s.a((mr * steps * amx::KSTEP).div_ceil(2)) as *mut u16;
-                        unsafe { amx::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mt) };
+                        unsafe { amx::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mt, steps * amx::KSTEP) };
                         dst as *const u16
                     };
                     let ri = usize::from(rows != mr);
@@ -507,6 +548,105 @@ impl CompiledGemm {
                 jc += nb;
             }
         });
+    }
+
+    /// The K-split AMX GEMM: thread `t` adds its share of K's steps for all of C into its partial block, packing B
+    /// one chunk of rows at a time across the whole width (read front to back), then the partials are added and
+    /// rounded into C.
+    unsafe fn run_amx_depth(&self, a: &AmxConfig, cx: &Ctx) {
+        let v = &self.view;
+        let (mr, nr) = (a.mr(), a.nr());
+        let (mp, np) = (v.m.next_multiple_of(mr), v.n.next_multiple_of(nr));
+        let steps = v.k.div_ceil(amx::KSTEP);
+        let chunk = amx_depth_chunk(np);
+        let mut partials = self.partials.lock();
+        let base = PartialsPtr(partials.as_mut_ptr());
+        let (first, next) = match self.table[..] {
+            [Some(f), Some(n)] => (f, n),
+            _ => unreachable!("both partial kernels generated"),
+        };
+        let parts = self.parts;
+        let work = (v.flops() / 16.0) as usize;
+        let sum = |lo: usize, hi: usize| {
+            let base = &base;
+            let (abase, bbase) = (cx.a as *const u16, cx.b as *const u16);
+            for t in lo..hi {
+                let (s0, s1) = (t * steps / parts, (t + 1) * steps / parts);
+                // SAFETY: thread t's block of the buffer sized parts x mp x np.
+                let part = unsafe { base.0.add(t * mp * np) };
+                SCRATCH.with(|s| {
+                    let mut s = s.borrow_mut();
+                    let bpack = s.b((np * chunk * amx::KSTEP).div_ceil(2)) as *mut u16;
+                    let apack = s.a((mr * chunk * amx::KSTEP).div_ceil(2)) as *mut u16;
+                    let mut c0 = s0;
+                    while c0 < s1 {
+                        let c1 = (c0 + chunk).min(s1);
+                        let k0 = c0 * amx::KSTEP;
+                        let depth = (c1 * amx::KSTEP).min(v.k) - k0;
+                        let panel_words = (c1 - c0) * a.nt * amx::TILE * 32;
+                        let f = if c0 == s0 { first } else { next };
+                        // SAFETY (packing, pointer arithmetic, calls): the view's indices stay in each buffer for
+                        // every (m, n, k) in range; the pack areas hold what `pack_b`/`pack_a` write (np columns and
+                        // mr rows of at most `chunk` steps); each kernel reads `c1 - c0` steps of its A rows and B
+                        // panel and writes a whole tile block of the padded partials.
+                        unsafe {
+                            amx::pack_b(
+                                bpack,
+                                bbase.offset(k0 as isize * v.b.rows as isize),
+                                v.b.rows,
+                                v.b.cols,
+                                0,
+                                v.n,
+                                depth,
+                                a.nt,
+                            );
+                            for ib in 0..mp / mr {
+                                let rows = (v.m - ib * mr).min(mr);
+                                let asrc = abase
+                                    .offset((ib * mr) as isize * v.a.rows as isize + k0 as isize * v.a.cols as isize);
+                                amx::pack_a(apack, asrc, v.a.rows, v.a.cols, rows, depth, a.mt, chunk * amx::KSTEP);
+                                for q in 0..np / nr {
+                                    let c = part.add(ib * mr * np + q * nr);
+                                    f(
+                                        apack as *const f32,
+                                        bpack.add(q * panel_words) as *const f32,
+                                        c,
+                                        c1 - c0,
+                                        std::ptr::null(),
+                                    );
+                                }
+                            }
+                        }
+                        c0 = c1;
+                    }
+                });
+            }
+        };
+        pool::global().parallel_for_work(parts, work, &sum);
+        // Add the partials and round: rows of C split over the threads.
+        let out = PartialsPtr(cx.c);
+        let bf16 = v.out == DType::BF16;
+        let add = |lo: usize, hi: usize| {
+            let (base, out) = (&base, &out);
+            for m in lo..hi {
+                for n in 0..v.n {
+                    // SAFETY: (t, m, n) lies in the partials; (m, n) in C (of the view's M x N).
+                    unsafe {
+                        let mut x = *base.0.add(m * np + n);
+                        for t in 1..parts {
+                            x += *base.0.add(t * mp * np + m * np + n);
+                        }
+                        if bf16 {
+                            *(out.0 as *mut u16).add(m * v.n + n) = kiln_jit::bf16::from_f32(x).to_bits();
+                        } else {
+                            *out.0.add(m * v.n + n) = x;
+                        }
+                    }
+                }
+            }
+        };
+        pool::global().parallel_for_work(v.m, v.m * v.n * parts, &add);
+        drop(partials);
     }
 
     /// Points `ep[2..]` at each epilogue operand's element (m_at, n_at) of the batch element at `bo`.
@@ -740,6 +880,18 @@ pub(crate) fn premap_cached_sets(store: &kiln_autotune::Store) {
         Err(e) => crate::runtime::tracing_note(&format!("cached GEMM code not premapped: {e}")),
     }
 }
+
+/// Steps of 32 of K per packed chunk of the K-split AMX GEMM: as many as keep the chunk's B (all `np` columns) within
+/// 1 MiB, at least one.
+fn amx_depth_chunk(np: usize) -> usize {
+    ((1 << 20) / (np * 2 * amx::KSTEP)).max(1)
+}
+
+/// The partial buffers' base (or C's), shared by the threads of one run, which touch disjoint parts of it.
+struct PartialsPtr(*mut f32);
+
+// SAFETY: see the type's doc: each thread writes its own block (or rows), and the run holds the buffer's lock.
+unsafe impl Sync for PartialsPtr {}
 
 /// Whether the AMX kernels read A where it is: rows contiguous along K, and K whole steps of 32 (a tile row
 /// must not run into the next row's elements). Full row blocks only; a ragged last block is packed.
