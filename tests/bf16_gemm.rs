@@ -1,5 +1,6 @@
 //! bf16 GEMMs: the schedule reads bf16 operands in place where the backend asks (`ScheduleOptions::bf16_gemm`),
-//! every AMX candidate is forced and compared with the interpreter (ragged M, N and K, a transposed weight, a batch,
+//! every candidate of each bf16 unit this host has (AMX tiles, AVX512-BF16 dot products) is forced and compared
+//! with the interpreter (ragged M, N and K, a transposed weight, a batch,
 //! an epilogue in registers, f32 and bf16 outputs), and a bf16 matmul through the CPU device agrees with the
 //! interpreter whatever this host runs it on.
 //!
@@ -18,7 +19,7 @@ use kiln::{DType, Device, HostBuffer, Tensor};
 #[cfg(feature = "cpu")]
 use kiln_backends::cpu::PreparedGemm;
 #[cfg(feature = "cpu")]
-use kiln_backends::cpu::gemm::config::{self, AmxConfig, AmxSplit, GemmImpl};
+use kiln_backends::cpu::gemm::config::{self, Bf16Config, Bf16Split, Bf16Unit, GemmImpl};
 #[cfg(feature = "cpu")]
 use kiln_jit::kernel::gemm::GemmView;
 #[cfg(feature = "cpu")]
@@ -39,58 +40,69 @@ fn tol(k: usize, out: DType) -> common::Tol {
 }
 
 #[cfg(feature = "cpu")]
-/// Whether this host runs AMX kernels; says once which bf16 kernels these tests run.
-fn amx() -> bool {
+/// The bf16 units whose kernels this host runs (AMX, AVX512-BF16); says once which these tests force.
+fn units() -> (bool, bool) {
+    use kiln_backends::cpu::gemm::{amx::unit_ready, config::Bf16Unit};
     static SAID: std::sync::Once = std::sync::Once::new();
-    let ready = kiln_backends::cpu::gemm::amx::ready();
+    let ready = (unit_ready(Bf16Unit::Amx), unit_ready(Bf16Unit::Avx512Bf16));
     SAID.call_once(|| {
         let units = kiln_backends::cpu::isa::bf16_units();
-        if ready {
-            eprintln!("bf16_gemm: AMX kernels forced and checked ({units:?})");
-        } else {
-            eprintln!("bf16_gemm: no AMX here ({units:?}): only the schedule and the f32 path are checked");
-        }
+        eprintln!(
+            "bf16_gemm: kernels forced and checked: AMX {}, AVX512-BF16 {} ({units:?}); with neither, only the \
+             schedule and the f32 path are checked",
+            ready.0, ready.1
+        );
     });
     ready
 }
 
 #[cfg(feature = "cpu")]
-/// Forces every AMX candidate of `out`'s GEMM, plus narrow B blocks (several blocks per thread), and compares each
-/// with the interpreter. Returns how many ran (0 without AMX) and whether one split K between the threads.
-fn check_amx_candidates(name: &str, out: &Tensor) -> (usize, bool) {
+fn any_unit() -> bool {
+    let (amx, dot) = units();
+    amx || dot
+}
+
+#[cfg(feature = "cpu")]
+/// Forces every bf16 candidate of `out`'s GEMM (each unit present), plus narrow B blocks (several blocks per
+/// thread), and compares each with the interpreter. Returns how many ran (0 without a unit) and whether one split K
+/// between the threads.
+fn check_bf16_candidates(name: &str, out: &Tensor) -> (usize, bool) {
     let options = ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
     common::with_last_launch(name, out, options, |kernel, args, want| {
         let view = GemmView::of(kernel).unwrap_or_else(|| panic!("{name}: not a GEMM:\n{kernel}"));
         assert_eq!(view.operands, DType::BF16, "{name}: operands\n{kernel}");
-        if !amx() {
+        if !any_unit() {
             return (0, false);
         }
         let mut cands = config::candidates(&view, false);
-        assert!(!cands.is_empty(), "{name}: no AMX candidate");
+        for (present, unit) in [(units().0, Bf16Unit::Amx), (units().1, Bf16Unit::Avx512Bf16)] {
+            let offered = cands.iter().any(|c| matches!(c, GemmImpl::Bf16(a) if a.unit == unit));
+            assert_eq!(offered, present, "{name}: {unit:?} candidates");
+        }
         let narrow: Vec<GemmImpl> = cands
             .iter()
             .filter_map(|c| match c {
-                GemmImpl::Amx(a) => Some(GemmImpl::Amx(AmxConfig { nc: a.nr(), ..*a })),
+                GemmImpl::Bf16(a) => Some(GemmImpl::Bf16(Bf16Config { nc: a.nr(), ..*a })),
                 _ => None,
             })
             .collect();
         cands.extend(narrow);
         for imp in &cands {
-            assert!(matches!(imp, GemmImpl::Amx(_)), "{name}: {} offered for bf16 operands", imp.name());
+            assert!(matches!(imp, GemmImpl::Bf16(_)), "{name}: {} offered for bf16 operands", imp.name());
             let gemm = PreparedGemm::new(kernel, *imp).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
             let got = gemm.run(args).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
             if let Err(e) = compare(&got, want, tol(view.k, view.out)) {
                 panic!("{name}: candidate {} is wrong: {e}\n{kernel}", imp.name());
             }
         }
-        let split_k = cands.iter().any(|c| matches!(c, GemmImpl::Amx(a) if a.split == AmxSplit::Depth));
+        let split_k = cands.iter().any(|c| matches!(c, GemmImpl::Bf16(a) if a.split == Bf16Split::Depth));
         (cands.len(), split_k)
     })
 }
 
 #[cfg(feature = "cpu")]
 #[test]
-fn every_amx_candidate_matches_the_interpreter() {
+fn every_bf16_candidate_matches_the_interpreter() {
     // (m, n, k): whole tiles, ragged everything, one row, K under one step, N under one tile.
     // The last three split K between the threads (at most 16 rows, K of 4 steps or more), one of them ragged.
     for (m, n, k) in [
@@ -105,32 +117,32 @@ fn every_amx_candidate_matches_the_interpreter() {
         (1, 64, 1024),
     ] {
         let (a, b) = (bf16_rand(&[m, k], 1), bf16_rand(&[k, n], 2));
-        let (ran, split_k) = check_amx_candidates(&format!("{m}x{n}x{k}"), &a.matmul(&b));
-        assert_eq!(split_k, ran > 0 && m <= 16 && k >= 128, "{m}x{n}x{k}: K-split candidates");
+        let (ran, split_k) = check_bf16_candidates(&format!("{m}x{n}x{k}"), &a.matmul(&b));
+        assert_eq!(split_k, units().0 && ran > 0 && m <= 16 && k >= 128, "{m}x{n}x{k}: K-split candidates");
     }
 }
 
 #[cfg(feature = "cpu")]
 #[test]
-fn amx_epilogues_layouts_and_batches_match_the_interpreter() {
+fn bf16_epilogues_layouts_and_batches_match_the_interpreter() {
     let (m, n, k) = (40, 70, 96);
     let x = bf16_rand(&[m, k], 3);
     let w = bf16_rand(&[n, k], 4);
     let bias = bf16_rand(&[n], 5);
     // A linear layer's product: the weight stored N x K, B read through its strides.
-    check_amx_candidates("linear", &x.matmul(&w.t()));
+    check_bf16_candidates("linear", &x.matmul(&w.t()));
     // f32 operands widened from bf16: the same kernels with an f32 output and an f32 epilogue in registers (a bf16
     // epilogue rounds after every op, so it runs elementwise after a product stored in f32: see the next test).
     let wide = |t: &Tensor| t.to_dtype(DType::F32);
     let f32_out = (wide(&x).matmul(&wide(&w.t())) * 0.5 + &wide(&bias)).relu();
-    assert_eq!(check_amx_candidates("f32 out", &f32_out).0 > 0, amx());
+    assert_eq!(check_bf16_candidates("f32 out", &f32_out).0 > 0, any_unit());
     let few_rows = wide(&bf16_rand(&[5, 300], 10)).matmul(&wide(&bf16_rand(&[300, 40], 11)));
-    assert_eq!(check_amx_candidates("f32 out, K split", &few_rows).1, amx());
+    assert_eq!(check_bf16_candidates("f32 out, K split", &few_rows).1, units().0);
     // A batch of 3 and A stored transposed (packed, never read in place).
     let a = bf16_rand(&[3, m, k], 6);
     let b = bf16_rand(&[3, k, n], 7);
-    check_amx_candidates("batched", &a.matmul(&b));
-    check_amx_candidates("A transposed", &bf16_rand(&[k, m], 8).t().matmul(&bf16_rand(&[k, n], 9)));
+    check_bf16_candidates("batched", &a.matmul(&b));
+    check_bf16_candidates("A transposed", &bf16_rand(&[k, m], 8).t().matmul(&bf16_rand(&[k, n], 9)));
 }
 
 #[cfg(feature = "cpu")]
@@ -170,7 +182,7 @@ fn bf16_matmuls_on_the_cpu_device_match_the_interpreter() {
     if common::skip_without_avx2() {
         return;
     }
-    amx();
+    units();
     let (m, n, k) = (67, 96, 160);
     let x = bf16_rand(&[m, k], 11);
     let w = bf16_rand(&[n, k], 12);

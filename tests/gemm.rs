@@ -41,7 +41,7 @@ fn check_all_candidates(name: &str, out: &Tensor) -> usize {
                 GemmImpl::Transposed(c) => {
                     Some(GemmImpl::Transposed(config::GemmConfig { kc: 16, mc: c.mr * 2, nc: c.nr() * 2, ..*c }))
                 }
-                GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK | GemmImpl::Amx(_) => None,
+                GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK | GemmImpl::Bf16(_) => None,
             })
             .collect();
         cands.extend(extra);

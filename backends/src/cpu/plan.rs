@@ -77,13 +77,15 @@ unsafe impl Send for Arena {}
 
 /// Compiles every kernel of `graph`'s schedule.
 pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
+    use super::gemm::config::Bf16Unit;
     let err = |reason: String| BackendError::Compile { device: NAME, reason };
     // The generated GEMM packs operands of any layout, so a transposed weight is not copied first.
     let opts = kiln_jit::kernel::ScheduleOptions {
         transpose_copy: !super::gemm::select::generated_gemm_enabled(),
         row_kernel_ok: Some(super::wide_rows::generates),
         // bf16 matmuls read their operands in bf16 where a bf16 GEMM family runs here (`gemm::amx`).
-        bf16_gemm: super::gemm::select::generated_gemm_enabled() && super::gemm::amx::ready(),
+        bf16_gemm: super::gemm::select::generated_gemm_enabled()
+            && [Bf16Unit::Amx, Bf16Unit::Avx512Bf16].into_iter().any(super::gemm::amx::unit_ready),
         ..Default::default()
     };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);

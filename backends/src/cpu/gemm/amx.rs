@@ -30,7 +30,8 @@
 
 use super::asm::{ConstPool, EpProgram, emit_program};
 use super::asm512::Zmm;
-use super::evex::{Enc, gpr, mem};
+use super::config::Bf16Unit;
+use super::evex::{Enc, Rm, gpr, mem};
 use dynasmrt::x64::Assembler;
 use dynasmrt::{AssemblyOffset, DynasmApi, DynasmLabelApi, dynasm};
 
@@ -43,13 +44,14 @@ const PREFETCH_ROWS: i64 = 8;
 /// Bytes of one packed B tile.
 const B_TILE_BYTES: usize = TILE * 64;
 
-/// One AMX micro-kernel.
+/// One bf16 micro-kernel (either unit).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct AmxSpec {
-    /// A tiles (16 rows each) and B tiles (16 columns each).
-    pub mt: usize,
+pub struct Bf16Spec {
+    pub unit: Bf16Unit,
+    /// Rows of the block (AMX: 16 or 32, whole A tiles) and 16-column B tiles.
+    pub mr: usize,
     pub nt: usize,
-    /// Rows of C stored (`<= 16 * mt`).
+    /// Rows of C stored (`<= mr`).
     pub rows: usize,
     /// 16-column vectors stored per row (`<= nt`).
     pub nv: usize,
@@ -144,10 +146,20 @@ const B_TILE: u8 = 6;
 const TAIL_MASK: u8 = 1;
 
 /// Emits one kernel at the assembler's current offset and returns that offset.
-pub fn emit(ops: &mut Assembler, s: &AmxSpec, ep: &EpProgram) -> Result<AssemblyOffset, String> {
-    let (mt, nt) = (s.mt, s.nt);
-    if !(1..=2).contains(&mt) || !(1..=2).contains(&nt) || s.rows == 0 || s.rows > TILE * mt || s.nv == 0 || s.nv > nt {
-        return Err(format!("AMX tile {}x{} storing {} rows of {} vectors", TILE * mt, TILE * nt, s.rows, s.nv));
+pub fn emit(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<AssemblyOffset, String> {
+    if s.unit == Bf16Unit::Avx512Bf16 {
+        return emit_dot(ops, s, ep);
+    }
+    let (mt, nt) = (s.mr / TILE, s.nt);
+    if !(1..=2).contains(&mt)
+        || mt * TILE != s.mr
+        || !(1..=2).contains(&nt)
+        || s.rows == 0
+        || s.rows > s.mr
+        || s.nv == 0
+        || s.nv > nt
+    {
+        return Err(format!("AMX tile {}x{} storing {} rows of {} vectors", s.mr, TILE * nt, s.rows, s.nv));
     }
     // The accumulator lives in zmm0; the program takes its temporaries from the rest.
     let free_regs: Vec<u8> = (1..32).collect();
@@ -182,21 +194,49 @@ pub fn emit(ops: &mut Assembler, s: &AmxSpec, ep: &EpProgram) -> Result<Assembly
         }
         t.release();
     });
+    let mut consts = ConstPool::default();
+    // Each row of 16 f32 comes back from the stack into zmm0.
+    let fetch = |ops: &mut Assembler, r: usize, v: usize| {
+        let tile = (r / TILE * nt + v) as i32;
+        put(ops, |e| e.load(0, mem(gpr::RSP, tile * B_TILE_BYTES as i32 + (r % TILE) as i32 * 64), 0));
+        0
+    };
+    emit_stores(ops, s, ep, &free_regs, &mut consts, fetch)?;
+    dynasm!(ops ; .arch x64
+        ; mov rsp, rbp
+        ; pop rbp
+        ; vzeroupper
+        ; ret
+    );
+    consts.emit(ops);
+    emit_config(ops, cfg);
+    Ok(start)
+}
+
+/// The end both units share: for each stored row and vector, `fetch` puts the finished sum in a register (and
+/// returns it), the epilogue program runs on it, and it is stored as f32 or rounded to bf16, the last vector masked
+/// at a ragged edge (the mask loaded from `ep[0]` into k1 first).
+fn emit_stores(
+    ops: &mut Assembler,
+    s: &Bf16Spec,
+    ep: &EpProgram,
+    free_regs: &[u8],
+    consts: &mut ConstPool,
+    mut fetch: impl FnMut(&mut Assembler, usize, usize) -> u8,
+) -> Result<(), String> {
     if s.masked {
         dynasm!(ops ; .arch x64 ; mov r9, QWORD [r8]);
         put(ops, |e| e.kmov_load(TAIL_MASK, mem(gpr::R9, 0)));
     }
-    let mut consts = ConstPool::default();
     let pool = consts.base(ops);
     dynasm!(ops ; .arch x64 ; lea r10, [=>pool]);
     let last_uses = ep.last_uses();
     let zmm = Zmm { pool: gpr::R10 };
     for r in 0..s.rows {
         for v in 0..s.nv {
-            let tile = (r / TILE * nt + v) as i32;
-            put(ops, |e| e.load(0, mem(gpr::RSP, tile * B_TILE_BYTES as i32 + (r % TILE) as i32 * 64), 0));
+            let acc = fetch(ops, r, v);
             let k = if s.masked && v == s.nv - 1 { TAIL_MASK } else { 0 };
-            let res = emit_program(&zmm, ops, ep, &last_uses, &free_regs, (0, r, v), k != 0, &mut consts)?;
+            let res = emit_program(&zmm, ops, ep, &last_uses, free_regs, (acc, r, v), k != 0, consts)?;
             let row = r as i32 * s.ldc;
             put(ops, |e| {
                 if s.out_bf16 {
@@ -208,14 +248,54 @@ pub fn emit(ops: &mut Assembler, s: &AmxSpec, ep: &EpProgram) -> Result<Assembly
             });
         }
     }
+    Ok(())
+}
+
+/// The AVX512-BF16 kernel over the same operands as the AMX one (A rows at stride `lda`, B panels in the tiles' pair
+/// layout, `k` steps of 32): `mr x nt` zmm accumulators, and per pair of K (16 a step) `nt` B vectors (one row of
+/// each tile) and, per row, a broadcast of A's pair (a dword) into zmm31, then `vdpbf16ps`. The sums never leave the
+/// registers: the epilogue runs on them in place.
+fn emit_dot(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<AssemblyOffset, String> {
+    let (mr, nt) = (s.mr, s.nt);
+    let nacc = mr * nt;
+    if mr == 0 || nt == 0 || nacc + nt >= 32 || s.rows == 0 || s.rows > mr || s.nv == 0 || s.nv > nt {
+        return Err(format!("AVX512-BF16 tile {mr}x{} storing {} rows of {} vectors", TILE * nt, s.rows, s.nv));
+    }
+    const A_REG: u8 = 31;
+    let acc = |r: usize, v: usize| (r * nt + v) as u8;
+    let b0 = nacc as u8;
+    let free_regs: Vec<u8> = (nacc as u8..32).collect();
+    if ep.temps_needed() > free_regs.len() {
+        return Err(format!("epilogue needs {} registers, {} free", ep.temps_needed(), free_regs.len()));
+    }
+    let start = ops.offset();
+    put(ops, |e| (0..nacc as u8).for_each(|i| e.zero(i)));
+    let top = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64 ; =>top);
+    put(ops, |e| {
+        for p in 0..TILE as i32 {
+            for v in 0..nt {
+                e.load(b0 + v as u8, mem(gpr::RSI, v as i32 * B_TILE_BYTES as i32 + 64 * p), 0);
+            }
+            for r in 0..mr {
+                e.broadcast(A_REG, mem(gpr::RDI, r as i32 * s.lda + 4 * p));
+                for v in 0..nt {
+                    e.dot_bf16(acc(r, v), b0 + v as u8, Rm::Reg(A_REG));
+                }
+            }
+        }
+    });
+    let b_step = (nt * B_TILE_BYTES) as i32;
     dynasm!(ops ; .arch x64
-        ; mov rsp, rbp
-        ; pop rbp
-        ; vzeroupper
-        ; ret
+        ; add rdi, 64
+        ; add rsi, b_step
+        ; dec rcx
+        ; jnz =>top
     );
+    let mut consts = ConstPool::default();
+    emit_stores(ops, s, ep, &free_regs, &mut consts, |_, r, v| acc(r, v))?;
+    dynasm!(ops ; .arch x64 ; vzeroupper ; ret);
     consts.emit(ops);
-    emit_config(ops, cfg);
     Ok(start)
 }
 
@@ -335,7 +415,7 @@ pub unsafe fn pack_b(dst: *mut u16, b: *const u16, rs: i64, cs: i64, n0: usize, 
     let tile_at = |t: usize| (t / nt * steps * nt + t % nt) * tile_words;
     // Every tile of the last panel, also those wholly past `cols` (zeros).
     let tiles = cols.div_ceil(TILE * nt) * nt;
-    let fast = cs == 1 && ready();
+    let fast = cs == 1 && unit_ready(Bf16Unit::Avx512Bf16);
     for s in 0..steps {
         for p in 0..TILE {
             let k = s * KSTEP + 2 * p;
@@ -425,10 +505,10 @@ unsafe fn pair_rows_avx512(_: *mut u16, _: usize, _: usize, _: usize, _: *const 
 }
 
 /// Copies `rows` rows of bf16 matrix A (element `(m, k)` at `a[m * rs + k * cs]`, `k < depth`) into `dst`, rows of
-/// `width` words (at least `depth` rounded up to 32), zeros past `depth` and past `rows` up to `16 * mt` rows.
+/// `width` words (at least `depth` rounded up to 32), zeros past `depth` and past `rows` up to `mr` rows.
 ///
 /// # Safety
-/// `dst` must hold `16 * mt * width` u16; every `(m, k)` in range must be in `a`.
+/// `dst` must hold `mr * width` u16; every `(m, k)` in range must be in `a`.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn pack_a(
     dst: *mut u16,
@@ -437,10 +517,10 @@ pub unsafe fn pack_a(
     cs: i64,
     rows: usize,
     depth: usize,
-    mt: usize,
+    mr: usize,
     width: usize,
 ) {
-    for m in 0..TILE * mt {
+    for m in 0..mr {
         // SAFETY: row m of `dst` holds `width` words (the caller's size).
         let row = unsafe { std::slice::from_raw_parts_mut(dst.add(m * width), width) };
         if m >= rows {
@@ -450,6 +530,25 @@ pub unsafe fn pack_a(
         for (k, x) in row.iter_mut().enumerate() {
             // SAFETY: (m, k) is in range for k < depth (the caller's bounds).
             *x = if k < depth { unsafe { *a.offset((m as i64 * rs + k as i64 * cs) as isize) } } else { 0 };
+        }
+    }
+}
+
+/// Whether this host may run `unit`'s kernels ([`ready`] for AMX; AVX512-BF16 needs it and AVX-512BW, and
+/// `KILN_CPU_ISA` allowing AVX-512).
+pub fn unit_ready(unit: Bf16Unit) -> bool {
+    match unit {
+        Bf16Unit::Amx => ready(),
+        Bf16Unit::Avx512Bf16 => {
+            static DOT: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+                let avx512 = super::super::isa::allowed().is_ok_and(|a| a.contains(&super::super::isa::Isa::Avx512));
+                #[cfg(target_arch = "x86_64")]
+                let bw = std::arch::is_x86_feature_detected!("avx512bw");
+                #[cfg(not(target_arch = "x86_64"))]
+                let bw = false;
+                super::super::isa::bf16_units().avx512_bf16 && bw && avx512
+            });
+            *DOT
         }
     }
 }

@@ -10,7 +10,8 @@
 //! layer's forward at a small batch), which no packed or broadcast kernel serves well, and a split-K GEMV
 //! (`SplitK`) for a few rows of A against a B whose rows are contiguous (`dy @ W`, a linear layer's input gradient),
 //! whose threads take rows of B rather than columns of C. A GEMM of bf16 operands has only the AMX configurations
-//! (`AmxConfig`: block of C per kernel, B block width, thread split), scored by tile throughput and reuse.
+//! (`Bf16Config`: AMX tiles or AVX512-BF16 dot products, block of C per kernel, B block width, thread split),
+//! scored by the unit's throughput and reuse.
 //!
 //! The score is a roofline estimate in GFLOP/s, not a promise; its job is to put the few worth timing on top:
 //! - compute: this core's 8-lane FMA peak (100 GFLOP/s per core, the model's unit) times the family's measured
@@ -44,26 +45,37 @@ pub enum GemmImpl {
     /// rows (`x @ W^T`, W stored N x K), where the direct kernels pack all of W on every call and this one reads W in
     /// place and packs only x (`cpu/gemm/transposed.rs`: measurements). [`transposed_legal`] says where.
     Transposed(GemmConfig),
-    /// bf16 operands on AMX tiles (`cpu/gemm/amx.rs`), epilogue in registers.
-    Amx(AmxConfig),
+    /// bf16 operands on AMX tiles or AVX512-BF16 dot products (`cpu/gemm/amx.rs`), epilogue in registers.
+    Bf16(Bf16Config),
 }
 
-/// An AMX configuration: the block of C one kernel computes (`16 * mt` x `16 * nt`), the columns of B packed at
-/// once, and how the threads split C.
+/// The bf16 unit a [`Bf16Config`]'s kernels use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct AmxConfig {
-    pub mt: usize,
+pub enum Bf16Unit {
+    /// AMX tiles (`tdpbf16ps`): blocks of 16 or 32 rows.
+    Amx,
+    /// AVX512-BF16 `vdpbf16ps` on zmm accumulators: any rows that fit the registers. A host with AVX512-BF16 but no
+    /// AMX (AMD Zen 4, Intel Cooper Lake) runs bf16 GEMMs on these.
+    Avx512Bf16,
+}
+
+/// A bf16 GEMM configuration: the unit, the block of C one kernel computes (`mr` x `16 * nt`), the columns of B
+/// packed at once, and how the threads split the work. Both units read B packed in the same pair layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Bf16Config {
+    pub unit: Bf16Unit,
+    pub mr: usize,
     pub nt: usize,
     /// Columns per packed block of B (a multiple of `16 * nt`): its K x NC bf16 panels stay in L2 while every row
     /// block of the thread's rectangle passes over them.
     pub nc: usize,
     /// How the threads share the work.
-    pub split: AmxSplit,
+    pub split: Bf16Split,
 }
 
-/// How the threads of an AMX GEMM share it.
+/// How the threads of a bf16 GEMM share it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AmxSplit {
+pub enum Bf16Split {
     /// Column strips of C.
     Cols,
     /// Row strips of C.
@@ -71,14 +83,11 @@ pub enum AmxSplit {
     /// K: each thread sums its share of K for all of C into f32 partials (B's rows, packed whole, are then read
     /// front to back), and a last pass adds the partials and rounds. For up to 16 rows against a weight from
     /// memory, where reading B is the cost and column strips read it in short runs a page apart; identity
-    /// epilogues only (`depth_split_legal`).
+    /// epilogues only (`depth_split_legal`), AMX only.
     Depth,
 }
 
-impl AmxConfig {
-    pub fn mr(&self) -> usize {
-        16 * self.mt
-    }
+impl Bf16Config {
     pub fn nr(&self) -> usize {
         16 * self.nt
     }
@@ -120,17 +129,20 @@ impl GemmImpl {
     /// ~0.1 ms of a warm process's first step).
     pub fn write_name(&self, out: &mut String) {
         let c = match self {
-            GemmImpl::Amx(a) => {
-                out.push_str("amx:");
-                push_num(out, a.mr());
+            GemmImpl::Bf16(a) => {
+                out.push_str(match a.unit {
+                    Bf16Unit::Amx => "amx:",
+                    Bf16Unit::Avx512Bf16 => "dpbf16:",
+                });
+                push_num(out, a.mr);
                 out.push('x');
                 push_num(out, a.nr());
                 out.push_str(":nc");
                 push_num(out, a.nc);
                 return out.push_str(match a.split {
-                    AmxSplit::Cols => ":sN",
-                    AmxSplit::Rows => ":sM",
-                    AmxSplit::Depth => ":sK",
+                    Bf16Split::Cols => ":sN",
+                    Bf16Split::Rows => ":sM",
+                    Bf16Split::Depth => ":sK",
                 });
             }
             GemmImpl::Library => return out.push_str("lib:gemm"),
@@ -165,14 +177,14 @@ impl GemmImpl {
     /// [`dot_legal`] for the dot products. The one check a tuner's pick and a forced build both go through.
     pub fn legal_for(&self, v: &GemmView) -> bool {
         let f32s = v.operands == kiln_jit::DType::F32 && v.out == kiln_jit::DType::F32;
-        if let GemmImpl::Amx(a) = self {
-            return v.operands == kiln_jit::DType::BF16 && super::amx::ready() && amx_legal(v, a);
+        if let GemmImpl::Bf16(a) = self {
+            return v.operands == kiln_jit::DType::BF16 && super::amx::unit_ready(a.unit) && bf16_legal(v, a);
         }
         if !f32s {
             return false;
         }
         match self {
-            GemmImpl::Amx(_) => false,
+            GemmImpl::Bf16(_) => false,
             GemmImpl::Asm(c) => c.isa.present() && legal(v, c),
             GemmImpl::Library => v.batch.is_empty(),
             GemmImpl::Dot => dot_legal(v),
@@ -187,7 +199,10 @@ impl GemmImpl {
     /// knows (measured at M = 1: 4-8-row blocks from 25 to 42 GB/s, 32-row blocks 24-27, in different sessions).
     pub fn family(&self) -> &'static str {
         match self {
-            GemmImpl::Amx(_) => "AMX tiles",
+            GemmImpl::Bf16(a) => match a.unit {
+                Bf16Unit::Amx => "AMX tiles",
+                Bf16Unit::Avx512Bf16 => "AVX512-BF16 dot products",
+            },
             GemmImpl::Library => "library",
             GemmImpl::Dot => "dot products",
             GemmImpl::SplitK => "split K",
@@ -208,7 +223,7 @@ impl GemmImpl {
     pub fn shape(&self) -> String {
         match self {
             GemmImpl::Asm(c) | GemmImpl::Transposed(c) => format!("{} {}x{}", c.isa.name(), c.mr, c.nr()),
-            GemmImpl::Amx(a) => format!("amx {}x{}", a.mr(), a.nr()),
+            GemmImpl::Bf16(a) => format!("{:?} {}x{}", a.unit, a.mr, a.nr()),
             GemmImpl::Library | GemmImpl::Dot | GemmImpl::SplitK => String::new(),
         }
     }
@@ -223,23 +238,24 @@ impl GemmImpl {
         if s == "splitk:avx2" {
             return Some(GemmImpl::SplitK);
         }
-        if let Some(rest) = s.strip_prefix("amx:") {
+        let bf16 = s.strip_prefix("amx:").map(|r| (Bf16Unit::Amx, r));
+        if let Some((unit, rest)) = bf16.or_else(|| s.strip_prefix("dpbf16:").map(|r| (Bf16Unit::Avx512Bf16, r))) {
             let f: Vec<&str> = rest.split(':').collect();
             let [tile, nc, split] = f[..] else { return None };
             let (mr, nr) = tile.split_once('x')?;
-            let (mr, nr): (usize, usize) = (mr.parse().ok()?, nr.parse().ok()?);
-            let a = AmxConfig {
-                mt: mr / 16,
-                nt: nr / 16,
+            let a = Bf16Config {
+                unit,
+                mr: mr.parse().ok()?,
+                nt: nr.parse::<usize>().ok()? / 16,
                 nc: nc.strip_prefix("nc")?.parse().ok()?,
                 split: match split {
-                    "sN" => AmxSplit::Cols,
-                    "sM" => AmxSplit::Rows,
-                    "sK" => AmxSplit::Depth,
+                    "sN" => Bf16Split::Cols,
+                    "sM" => Bf16Split::Rows,
+                    "sK" => Bf16Split::Depth,
                     _ => return None,
                 },
             };
-            let imp = GemmImpl::Amx(a);
+            let imp = GemmImpl::Bf16(a);
             return (imp.name() == s).then_some(imp);
         }
         if let Some(rest) = s.strip_prefix("tr:") {
@@ -324,19 +340,23 @@ fn large_kcs(isa: Isa) -> &'static [usize] {
     }
 }
 
-/// Whether AMX configuration `a` can run `v` (bf16 operands, checked by the caller): tiles of 16 rows and
-/// columns, B blocks of whole panels, and strides that fit the kernels' 32-bit displacements.
-pub fn amx_legal(v: &GemmView, a: &AmxConfig) -> bool {
+/// Whether bf16 configuration `a` can run `v` (bf16 operands, checked by the caller): a block its unit holds
+/// (AMX: 16 or 32 rows, 1 or 2 tiles of columns; AVX512-BF16: `mr * nt` accumulators, `nt` B vectors and a
+/// broadcast in 32 registers), B blocks of whole panels, and strides that fit the kernels' 32-bit displacements.
+pub fn bf16_legal(v: &GemmView, a: &Bf16Config) -> bool {
     let fit = |x: i64| x.unsigned_abs() < (1 << 30);
     let elem = if v.out == kiln_jit::DType::BF16 { 2 } else { 4 };
-    (1..=2).contains(&a.mt)
-        && (1..=2).contains(&a.nt)
+    let block = match a.unit {
+        Bf16Unit::Amx => (a.mr == 16 || a.mr == 32) && (1..=2).contains(&a.nt),
+        Bf16Unit::Avx512Bf16 => a.mr >= 1 && a.nt >= 1 && a.mr * a.nt + a.nt < 32,
+    };
+    block
         && a.nc > 0
         && a.nc.is_multiple_of(a.nr())
-        && fit(v.a.rows * 2 * 16)
-        && fit(v.k.next_multiple_of(super::amx::KSTEP) as i64 * 2 * 16)
-        && fit(v.n as i64 * elem * a.mr() as i64)
-        && (a.split != AmxSplit::Depth || depth_split_legal(v))
+        && fit(v.a.rows * 2 * a.mr as i64)
+        && fit(v.k.next_multiple_of(super::amx::KSTEP) as i64 * 2 * a.mr as i64)
+        && fit(v.n as i64 * elem * a.mr as i64)
+        && (a.split != Bf16Split::Depth || a.unit == Bf16Unit::Amx && depth_split_legal(v))
 }
 
 /// Whether K may be split between threads: an unbatched GEMM of one row tile (at most 16 rows: the partials, M x N
@@ -349,25 +369,33 @@ fn depth_split_legal(v: &GemmView) -> bool {
     v.batch.is_empty() && v.m <= 16 && v.k >= 4 * super::amx::KSTEP && identity
 }
 
-/// The AMX candidates for a bf16 GEMM: 32 x 32 blocks (four accumulator tiles, each A and B tile read twice) and the
-/// narrower ones for a few rows or columns, B blocks as wide as L2 holds (1 MiB of packed B), of 1024 columns or the
-/// whole width, threads splitting columns or rows.
-fn amx_candidates(v: &GemmView, out: &mut Vec<GemmImpl>) {
+/// The candidates for a bf16 GEMM, for each unit this host has. AMX: 32 x 32 blocks (four accumulator tiles, each A
+/// and B tile read twice) and the narrower ones for a few rows or columns. AVX512-BF16: register tiles as the
+/// AVX-512 f32 family's (14 x 32, 6 x 64), 1 x 64 and 4 x 48 for a few rows. B blocks as wide as L2 holds (1 MiB of
+/// packed B), of 1024 columns or the whole width; threads splitting columns, rows or (AMX, a few rows) K.
+fn bf16_candidates(v: &GemmView, out: &mut Vec<GemmImpl>) {
     let strip_cap = ((1usize << 20) / (v.k.next_multiple_of(super::amx::KSTEP) * 2)).max(32);
-    for (mt, nt) in [(2, 2), (1, 2), (2, 1)] {
-        if mt == 2 && v.m <= 16 || nt == 2 && v.n <= 16 {
+    let amx: &[(usize, usize)] = &[(32, 2), (16, 2), (32, 1)];
+    let dot: &[(usize, usize)] = if v.m <= 16 { &[(1, 4), (4, 3), (8, 2)] } else { &[(14, 2), (6, 4), (8, 3)] };
+    for (unit, blocks) in [(Bf16Unit::Amx, amx), (Bf16Unit::Avx512Bf16, dot)] {
+        if !super::amx::unit_ready(unit) {
             continue;
         }
-        // Wider blocks too: a few rows use each packed panel once or twice, and a wide block reads each of B's rows
-        // in a longer run (with B from memory at M = 8 and 64, K = N = 4096: 1024 columns 2.43 / 3.74 ms, 128
-        // columns 2.74 / 3.69, 64 columns 4.29 / 5.44; the tuner's race runs on operands in cache and does not see
-        // this, so the set is what keeps a bad width out).
-        for nc in [strip_cap.next_multiple_of(16 * nt), 1024, v.n.next_multiple_of(16 * nt)] {
-            for split in [AmxSplit::Cols, AmxSplit::Rows, AmxSplit::Depth] {
-                let a = AmxConfig { mt, nt, nc: nc.min(v.n.next_multiple_of(16 * nt)), split };
-                let imp = GemmImpl::Amx(a);
-                if amx_legal(v, &a) && !out.contains(&imp) {
-                    out.push(imp);
+        for &(mr, nt) in blocks {
+            if unit == Bf16Unit::Amx && (mr == 32 && v.m <= 16 || nt == 2 && v.n <= 16) {
+                continue;
+            }
+            // Wider blocks too: a few rows use each packed panel once or twice, and a wide block reads each of B's
+            // rows in a longer run (AMX, B from memory at M = 8 and 64, K = N = 4096: 1024 columns 2.43 / 3.74 ms,
+            // 128 columns 2.74 / 3.69, 64 columns 4.29 / 5.44; the tuner's race runs on operands in cache and does
+            // not see this, so the set is what keeps a bad width out).
+            for nc in [strip_cap.next_multiple_of(16 * nt), 1024, v.n.next_multiple_of(16 * nt)] {
+                for split in [Bf16Split::Cols, Bf16Split::Rows, Bf16Split::Depth] {
+                    let a = Bf16Config { unit, mr, nt, nc: nc.min(v.n.next_multiple_of(16 * nt)), split };
+                    let imp = GemmImpl::Bf16(a);
+                    if bf16_legal(v, &a) && !out.contains(&imp) {
+                        out.push(imp);
+                    }
                 }
             }
         }
@@ -378,9 +406,7 @@ fn amx_candidates(v: &GemmView, out: &mut Vec<GemmImpl>) {
 pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl> {
     let mut out = Vec::new();
     if v.operands == kiln_jit::DType::BF16 {
-        if super::amx::ready() {
-            amx_candidates(v, &mut out);
-        }
+        bf16_candidates(v, &mut out);
         return out;
     }
     // Clamping makes many configs equal on small problems; a set keeps the dedup linear (it was the bulk of a
@@ -645,7 +671,7 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
         // the direct kernels at 64 rows, where it was timed 3-13 % slower (202 against 208-229 µs at 64 x 256 x 784,
         // `kiln tune --mode full`), and over them at 16 and 32 rows, where it was 10-27 % faster.
         GemmImpl::Transposed(c) => return 0.85 * score(&v.transposed(), &GemmImpl::Asm(*c), threads),
-        GemmImpl::Amx(a) => return amx_score(v, a, threads),
+        GemmImpl::Bf16(a) => return bf16_score(v, a, threads),
         GemmImpl::Asm(c) => c,
     };
     let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);
@@ -714,30 +740,40 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     flops / (compute_s + mem_s) / 1e9
 }
 
-/// The AMX estimate: tile throughput (a 16 x 16 x 32 `tdpbf16ps` per 16 cycles, 1024 flops a cycle a core, taken
-/// as 8x the model's 8-lane FMA unit) scaled by the useful fraction of each padded block and by how often each
-/// loaded tile is reused (a 2 x 2 block loads 4 tiles for 4 products, a 1 x 2 one 3 for 2), the threads' balance, and
-/// the packing of B (read and written once per row split).
-fn amx_score(v: &GemmView, a: &AmxConfig, threads: usize) -> f64 {
-    const PEAK: f64 = 800.0;
-    let (mr, nr) = (a.mr(), a.nr());
+/// The bf16 estimate: AMX tile throughput (a 16 x 16 x 32 `tdpbf16ps` per 16 cycles, 1024 flops a cycle a core,
+/// taken as 8x the model's 8-lane FMA unit) or `vdpbf16ps`'s (twice an f32 FMA's flops), scaled by the useful
+/// fraction of each padded block and by how often each load is reused (AMX: a 2 x 2 block loads 4 tiles for 4
+/// products, a 1 x 2 one 3 for 2; the dot products: the f32 family's tile efficiency), the threads' balance, and the
+/// packing of B (read and written once per row split).
+fn bf16_score(v: &GemmView, a: &Bf16Config, threads: usize) -> f64 {
+    let (mr, nr) = (a.mr, a.nr());
+    let (peak, reuse) = match a.unit {
+        Bf16Unit::Amx => {
+            let mt = (mr / 16).max(1);
+            (800.0, (mt * a.nt) as f64 / (mt + a.nt) as f64)
+        }
+        Bf16Unit::Avx512Bf16 => {
+            // As the f32 kernels: enough accumulators to hide the latency, few loads per product.
+            let accs = (mr * a.nt) as f64;
+            (4.0 * 100.0 * isa::peak_ratio(Isa::Avx512), (accs / 12.0).min(1.0) * 0.9)
+        }
+    };
     let useful = |x: usize, t: usize| x as f64 / x.next_multiple_of(t) as f64;
-    let reuse = (a.mt * a.nt) as f64 / (a.mt + a.nt) as f64;
     let units = match a.split {
-        AmxSplit::Cols => v.n.div_ceil(nr),
-        AmxSplit::Rows => v.m.div_ceil(mr),
-        AmxSplit::Depth => v.k.div_ceil(super::amx::KSTEP),
+        Bf16Split::Cols => v.n.div_ceil(nr),
+        Bf16Split::Rows => v.m.div_ceil(mr),
+        Bf16Split::Depth => v.k.div_ceil(super::amx::KSTEP),
     };
     let workers = threads.min(units).max(1);
     let balance = units as f64 / (units.div_ceil(workers) * workers) as f64;
-    let compute = PEAK * workers as f64 * balance * useful(v.m, mr) * useful(v.n, nr) * reuse;
+    let compute = peak * workers as f64 * balance * useful(v.m, mr) * useful(v.n, nr) * reuse;
     let flops = v.flops();
     // Packing reads and writes B once per row strip; split by K it reads B's rows front to back (counted at twice
     // the bandwidth of the strided walk), and the partials of every thread are added once more.
     let (pack_bytes, bw) = match a.split {
-        AmxSplit::Cols => (4.0 * (v.k * v.n) as f64, BW),
-        AmxSplit::Rows => (4.0 * (v.k * v.n) as f64 * workers as f64, BW),
-        AmxSplit::Depth => (4.0 * (v.k * v.n) as f64 + 8.0 * (v.m * v.n * workers) as f64, 2.0 * BW),
+        Bf16Split::Cols => (4.0 * (v.k * v.n) as f64, BW),
+        Bf16Split::Rows => (4.0 * (v.k * v.n) as f64 * workers as f64, BW),
+        Bf16Split::Depth => (4.0 * (v.k * v.n) as f64 + 8.0 * (v.m * v.n * workers) as f64, 2.0 * BW),
     };
     let seconds = flops / (compute * 1e9) + pack_bytes / (bw * workers as f64 * 1e9);
     flops / seconds / 1e9

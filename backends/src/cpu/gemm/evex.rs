@@ -88,6 +88,7 @@ const VPTESTMD: Opc = x38(0x27);
 const SHIFT_IMM: Opc = pd66(0x72);
 const VSHUFF32X4: Opc = x3a(0x23);
 const VCVTNEPS2BF16: Opc = Opc { map: 2, pp: 2, op: 0x72 };
+const VDPBF16PS: Opc = Opc { map: 2, pp: 2, op: 0x52 };
 const VMOVDQU16_STORE: Opc = Opc { map: 1, pp: 3, op: 0x7f };
 
 /// Bytes of EVEX instructions, appended to the assembler by the caller.
@@ -208,6 +209,11 @@ impl Enc {
     /// `[m]` = the 16 words of ymm `x`, only those of opmask `k` when non-zero (`vmovdqu16`, AVX512-BW/VL).
     pub(crate) fn store_words(&mut self, m: Mem, x: u8, k: u8) {
         self.insn_wl(VMOVDQU16_STORE, true, 0b01, x, 0, Rm::Full(m), k, false, None);
+    }
+
+    /// `d += x . src`: each f32 lane adds the two products of its pair of bf16 (`vdpbf16ps`, AVX512-BF16).
+    pub(crate) fn dot_bf16(&mut self, d: u8, x: u8, src: Rm) {
+        self.insn(VDPBF16PS, d, x, src, 0, false, None);
     }
 
     /// `d = [m]` in every lane (one dword).
@@ -379,6 +385,8 @@ mod tests {
         check(&mut e, &[0x62, 0xf2, 0x7e, 0x48, 0x72, 0xd1], "vcvtneps2bf16 ymm2, zmm1");
         e.store_words(mem(RDX, 64), 2, 1);
         check(&mut e, &[0x62, 0xf1, 0xff, 0x29, 0x7f, 0x52, 0x02], "vmovdqu16 [rdx+64]{k1}, ymm2");
+        e.dot_bf16(1, 2, Rm::Reg(3));
+        check(&mut e, &[0x62, 0xf2, 0x6e, 0x48, 0x52, 0xcb], "vdpbf16ps zmm1, zmm2, zmm3");
         assert!(!want.is_empty());
     }
 }

@@ -35,7 +35,7 @@ pub mod tune;
 
 use super::pool;
 use asm::{KernelSet, MicroFn, MicroSpec, Mode};
-use config::{AmxConfig, AmxSplit, GemmConfig, GemmImpl};
+use config::{Bf16Config, Bf16Split, GemmConfig, GemmImpl};
 use epilogue::{Epilogue, OperandKind};
 use kiln_jit::DType;
 use kiln_jit::dtype::Scalar;
@@ -131,7 +131,7 @@ impl CompiledGemm {
             return Err(format!("{} is not legal for this GEMM", imp.name()));
         }
         let c = match imp {
-            GemmImpl::Amx(a) => {
+            GemmImpl::Bf16(a) => {
                 g.generate_amx(k, a, threads, cache)?;
                 return Ok(g);
             }
@@ -246,11 +246,11 @@ impl CompiledGemm {
     fn generate_amx(
         &mut self,
         k: &KernelIr,
-        a: AmxConfig,
+        a: Bf16Config,
         threads: usize,
         cache: Option<&kiln_autotune::Store>,
     ) -> Result<(), String> {
-        if a.split == AmxSplit::Depth {
+        if a.split == Bf16Split::Depth {
             return self.generate_amx_partial(a, threads, cache);
         }
         let v = &self.view;
@@ -279,10 +279,10 @@ impl CompiledGemm {
         let packed_lda = (steps * 64) as i32;
         let full_lda = if amx_a_in_place(v) { (v.a.rows * 2) as i32 } else { packed_lda };
         let ldc = (v.n * if out_bf16 { 2 } else { 4 }) as i32;
-        let (mr, nr) = (a.mr(), a.nr());
+        let (mr, nr) = (a.mr, a.nr());
         let tail_cols = v.n % nr;
         self.ragged = tail_cols % amx::TILE;
-        let units = if a.split == AmxSplit::Rows { v.m.div_ceil(mr) } else { v.n.div_ceil(nr) };
+        let units = if a.split == Bf16Split::Rows { v.m.div_ceil(mr) } else { v.n.div_ceil(nr) };
         self.parts = threads.clamp(1, units.max(1));
         let mut specs = Vec::new();
         let mut slots = Vec::new();
@@ -296,11 +296,11 @@ impl CompiledGemm {
                 }
                 let nv = if tail { tail_cols.div_ceil(amx::TILE) } else { a.nt };
                 let masked = tail && self.ragged != 0;
-                specs.push(amx::AmxSpec { mt: a.mt, nt: a.nt, rows, nv, masked, lda, ldc, out_bf16 });
+                specs.push(amx::Bf16Spec { unit: a.unit, mr: a.mr, nt: a.nt, rows, nv, masked, lda, ldc, out_bf16 });
                 slots.push(ri * 2 + tail as usize);
             }
         }
-        let key = format!("amx|{specs:?}|{program:?}|r{}", asm::REVISION);
+        let key = format!("bf16|{specs:?}|{program:?}|r{}", asm::REVISION);
         let set = kernel_set_with(key, specs.len(), cache, || {
             KernelSet::assemble(specs.len(), |ops, i| amx::emit(ops, &specs[i], &program))
         })?;
@@ -312,22 +312,22 @@ impl CompiledGemm {
         Ok(())
     }
 
-    /// The K-split form of AMX config `a` (`AmxSplit::Depth`): the two partial-sum kernels (first block of K, and
+    /// The K-split form of AMX config `a` (`Bf16Split::Depth`): the two partial-sum kernels (first block of K, and
     /// the later ones) and the partial buffers. Its epilogue is the identity or a rounding to bf16 (`config`'s
     /// legality check), applied by the pass that adds the partials.
     fn generate_amx_partial(
         &mut self,
-        a: AmxConfig,
+        a: Bf16Config,
         threads: usize,
         cache: Option<&kiln_autotune::Store>,
     ) -> Result<(), String> {
         let v = &self.view;
-        let (mp, np) = (v.m.next_multiple_of(a.mr()), v.n.next_multiple_of(a.nr()));
+        let (mp, np) = (v.m.next_multiple_of(a.mr), v.n.next_multiple_of(a.nr()));
         self.parts = threads.clamp(1, v.k.div_ceil(amx::KSTEP));
         let chunk = amx_depth_chunk(np);
         let specs: Vec<amx::PartialSpec> = [true, false]
             .map(|first| amx::PartialSpec {
-                mt: a.mt,
+                mt: a.mr / amx::TILE,
                 nt: a.nt,
                 lda: (chunk * amx::KSTEP * 2) as i32,
                 ldc: (np * 4) as i32,
@@ -350,7 +350,7 @@ impl CompiledGemm {
     /// candidates, and a register tile that left its epilogue to a pass, store the product before the pass reads.
     pub fn reads_epilogue_before_store(&self) -> bool {
         // An AMX kernel keeps its sums in tiles over the whole K and stores each element once, after its epilogue.
-        (matches!(self.imp, GemmImpl::Asm(c) if self.view.k <= c.kc) || matches!(self.imp, GemmImpl::Amx(_)))
+        (matches!(self.imp, GemmImpl::Asm(c) if self.view.k <= c.kc) || matches!(self.imp, GemmImpl::Bf16(_)))
             && !self.uses_pass
     }
 
@@ -404,8 +404,8 @@ impl CompiledGemm {
                 pool::global().parallel_for_work(items, work, &f);
             }
             // SAFETY: the caller's pointer contract.
-            GemmImpl::Amx(a) if a.split == AmxSplit::Depth => unsafe { self.run_amx_depth(&a, &cx) },
-            GemmImpl::Amx(a) => {
+            GemmImpl::Bf16(a) if a.split == Bf16Split::Depth => unsafe { self.run_amx_depth(&a, &cx) },
+            GemmImpl::Bf16(a) => {
                 let items = self.view.batch_count() * self.parts;
                 let work = (self.view.flops() / 16.0) as usize;
                 let f = |s: usize, e: usize| {
@@ -479,11 +479,11 @@ impl CompiledGemm {
     /// One rectangle of C on AMX tiles: batch element and column/row strip `item`. Per block of `nc` columns: B
     /// packed into tile pairs (`amx::pack_b`), then every row block of 16 * mt, its A read in place (full blocks,
     /// K a multiple of 32) or packed with zeros, one kernel call per panel.
-    unsafe fn run_amx_item(&self, a: &AmxConfig, cx: &Ctx, item: usize) {
+    unsafe fn run_amx_item(&self, a: &Bf16Config, cx: &Ctx, item: usize) {
         let v = &self.view;
         let (bidx, part) = (item / self.parts, item % self.parts);
-        let (mr, nr) = (a.mr(), a.nr());
-        let rows = a.split == AmxSplit::Rows;
+        let (mr, nr) = (a.mr, a.nr());
+        let rows = a.split == Bf16Split::Rows;
         let (unit, total) = if rows { (mr, v.m) } else { (nr, v.n) };
         let units = total.div_ceil(unit);
         let lo = (part * units / self.parts * unit).min(total);
@@ -521,7 +521,7 @@ impl CompiledGemm {
                         asrc
                     } else {
                         let dst = s.a((mr * steps * amx::KSTEP).div_ceil(2)) as *mut u16;
-                        unsafe { amx::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mt, steps * amx::KSTEP) };
+                        unsafe { amx::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mr, steps * amx::KSTEP) };
                         dst as *const u16
                     };
                     let ri = usize::from(rows != mr);
@@ -553,9 +553,9 @@ impl CompiledGemm {
     /// The K-split AMX GEMM: thread `t` adds its share of K's steps for all of C into its partial block, packing B
     /// one chunk of rows at a time across the whole width (read front to back), then the partials are added and
     /// rounded into C.
-    unsafe fn run_amx_depth(&self, a: &AmxConfig, cx: &Ctx) {
+    unsafe fn run_amx_depth(&self, a: &Bf16Config, cx: &Ctx) {
         let v = &self.view;
-        let (mr, nr) = (a.mr(), a.nr());
+        let (mr, nr) = (a.mr, a.nr());
         let (mp, np) = (v.m.next_multiple_of(mr), v.n.next_multiple_of(nr));
         let steps = v.k.div_ceil(amx::KSTEP);
         let chunk = amx_depth_chunk(np);
@@ -604,7 +604,7 @@ impl CompiledGemm {
                                 let rows = (v.m - ib * mr).min(mr);
                                 let asrc = abase
                                     .offset((ib * mr) as isize * v.a.rows as isize + k0 as isize * v.a.cols as isize);
-                                amx::pack_a(apack, asrc, v.a.rows, v.a.cols, rows, depth, a.mt, chunk * amx::KSTEP);
+                                amx::pack_a(apack, asrc, v.a.rows, v.a.cols, rows, depth, a.mr, chunk * amx::KSTEP);
                                 for q in 0..np / nr {
                                     let c = part.add(ib * mr * np + q * nr);
                                     f(
