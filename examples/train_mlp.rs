@@ -10,7 +10,11 @@
 //! cargo run --release --example train_mlp -- --batch 32   # one batch size (or a list: --batch 1,32)
 //! cargo run --release --example train_mlp -- --device wgpu --batch 32   # on the wgpu device
 //! cargo run --release --example train_mlp -- --batch 1 --steps 20000   # a longer run, for `perf record`
+//! cargo run --release --example train_mlp -- --dtype bf16   # weights, data and the step in bf16
 //! ```
+//! With `--dtype bf16` the weights, x and t are bf16 and every op of the step computes in f32 and rounds to bf16,
+//! as PyTorch does with bf16 tensors (`mlp_torch.py --dtype bf16` runs that); SGD updates the bf16 weights in place
+//! (no f32 master copy, as `torch.optim.SGD` on bf16 parameters).
 //! Prints, per batch: `batch N: X µs/step (median of 100 after 10 warm-up), first step Y ms`, then the loss.
 
 use kiln::nn::{self, Module, Param};
@@ -29,8 +33,9 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn new(dev: &Device) -> Mlp {
-        let layer = |name: &str, i: usize, o: usize| Param::new(name, nn::init::kaiming_normal([o, i], i, dev));
+    fn new(dev: &Device, dtype: DType) -> Mlp {
+        let layer =
+            |name: &str, i: usize, o: usize| Param::new(name, nn::init::kaiming_normal([o, i], i, dev).to_dtype(dtype));
         Mlp { w: [layer("w1", 784, 256), layer("w2", 256, 128), layer("w3", 128, 10)] }
     }
 }
@@ -60,14 +65,25 @@ struct Args {
     /// `cpu` or `wgpu`.
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// `f32` or `bf16`: the dtype of the weights, the data and the step.
+    #[arg(long, default_value = "f32", value_parser = float_dtype)]
+    dtype: DType,
+}
+
+fn float_dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::BF16),
+        _ => Err(format!("{s}: the step runs in f32 or bf16")),
+    }
 }
 
 /// The benchmark's fixed model, data and optimizer for `batch`, and a closure running one step.
-fn setup(batch: usize, dev: &Device) -> kiln::Result<impl FnMut() -> kiln::Result<Tensor>> {
+fn setup(batch: usize, dev: &Device, dtype: DType) -> kiln::Result<impl FnMut() -> kiln::Result<Tensor>> {
     kiln::manual_seed(0);
-    let model = Mlp::new(dev);
-    let x = Tensor::randn([batch, 784], DType::F32, dev);
-    let t = Tensor::randn([batch, 10], DType::F32, dev) * 0.1;
+    let model = Mlp::new(dev, dtype);
+    let x = Tensor::randn([batch, 784], DType::F32, dev).to_dtype(dtype);
+    let t = (Tensor::randn([batch, 10], DType::F32, dev) * 0.1).to_dtype(dtype);
     kiln::realize(&[&x, &t])?;
     model.realize_params()?;
     let mut opt = Sgd::new(model.params(), 1e-3);
@@ -84,18 +100,18 @@ fn setup(batch: usize, dev: &Device) -> kiln::Result<impl FnMut() -> kiln::Resul
 
 /// The first step (1-based) of `steps` whose loss is not finite, in a fresh untimed run (reading the loss every
 /// step would change what the timed run measures).
-fn first_non_finite_step(batch: usize, steps: usize, dev: &Device) -> kiln::Result<Option<usize>> {
-    let mut step = setup(batch, dev)?;
+fn first_non_finite_step(batch: usize, steps: usize, dev: &Device, dtype: DType) -> kiln::Result<Option<usize>> {
+    let mut step = setup(batch, dev, dtype)?;
     for i in 1..=steps {
-        if !step()?.item::<f32>()?.is_finite() {
+        if !step()?.to_dtype(DType::F32).item::<f32>()?.is_finite() {
             return Ok(Some(i));
         }
     }
     Ok(None)
 }
 
-fn run(batch: usize, steps: usize, dev: &Device) -> kiln::Result<()> {
-    let mut step = setup(batch, dev)?;
+fn run(batch: usize, steps: usize, dev: &Device, dtype: DType) -> kiln::Result<()> {
+    let mut step = setup(batch, dev, dtype)?;
     let t0 = Instant::now();
     let first_loss = step()?;
     let first = t0.elapsed();
@@ -115,13 +131,14 @@ fn run(batch: usize, steps: usize, dev: &Device) -> kiln::Result<()> {
         times[steps / 2] * 1e6,
         first.as_secs_f64() * 1e3
     );
-    let (first_loss, last_loss) = (first_loss.item::<f32>()?, last.item::<f32>()?);
+    let wide = |t: &Tensor| t.to_dtype(DType::F32).item::<f32>();
+    let (first_loss, last_loss) = (wide(&first_loss)?, wide(&last)?);
     let mut note = String::new();
     if !last_loss.is_finite() {
         // The benchmark's loss is a sum over the batch at a fixed lr 1e-3: past batch 32 the first steps overshoot
         // and it blows up. PyTorch does the same (benches/compare/mlp_divergence.py: not finite from step 5 at
         // batch 64, step 4 at 128 to 1024); the definition is kept, as the comparison needs it.
-        let at = first_non_finite_step(batch, WARMUP + steps, dev)?.map_or("?".to_string(), |s| s.to_string());
+        let at = first_non_finite_step(batch, WARMUP + steps, dev, dtype)?.map_or("?".to_string(), |s| s.to_string());
         note = format!(
             " (not finite from step {at}: the benchmark's sum loss at lr 1e-3 diverges here in PyTorch too; \
              benches/compare/mlp_divergence.py prints its step)"
@@ -134,9 +151,9 @@ fn run(batch: usize, steps: usize, dev: &Device) -> kiln::Result<()> {
 fn main() -> kiln::Result<()> {
     let args = <Args as clap::Parser>::parse();
     let dev = args.device;
-    println!("device: {}", dev.describe());
+    println!("device: {}, {}", dev.describe(), args.dtype);
     for b in args.batch {
-        run(b.get(), args.steps.get(), &dev)?;
+        run(b.get(), args.steps.get(), &dev, args.dtype)?;
     }
     let s = kiln::stats();
     println!(

@@ -14,7 +14,10 @@ step and then PyTorch's, close in time; the table gives each side's median over 
 medians and, in brackets, the range of the per-round ratios. First steps are the first round's: kiln's cache and Inductor's start
 empty there (later rounds find both warm).
 
-    python3 benches/compare/mlp_torch.py [--threads T] [--batches 1,32,1024] [--rounds R] [--skip-kiln]
+    python3 benches/compare/mlp_torch.py [--threads T] [--batches 1,32,1024] [--rounds R] [--dtype f32|bf16] [--skip-kiln]
+
+--dtype bf16: weights, x and t in bf16 on both sides, every op rounding to bf16 (PyTorch's bf16 tensors; kiln's
+`train_mlp --dtype bf16`), SGD on the bf16 weights.
 
 Threads: T, else env KILN_NUM_THREADS, else all cores: torch.set_num_threads(T), and kiln runs with
 KILN_NUM_THREADS=T. See README.md in this folder for installing PyTorch.
@@ -37,16 +40,17 @@ BATCHES = [1, 32, 128, 256, 512, 1024]
 WARMUP, STEPS = 10, 100
 
 
-def benchmark_step(torch, batch: int, compiled: bool = False):
+def benchmark_step(torch, batch: int, compiled: bool = False, dtype=None):
     """The benchmark's model, data and optimizer for `batch` (seeded), as a function running one step and returning
-    its loss. `mlp_divergence.py` uses it too."""
+    its loss, in `dtype` (default f32). `mlp_divergence.py` uses it too."""
+    dtype = dtype or torch.float32
     torch.manual_seed(0)
     w = [torch.empty(o, i) for i, o in [(784, 256), (256, 128), (128, 10)]]
     for p in w:
         torch.nn.init.kaiming_normal_(p)
-    params = [p.requires_grad_() for p in w]
-    x = torch.randn(batch, 784)
-    t = torch.randn(batch, 10) * 0.1
+    params = [p.to(dtype).requires_grad_() for p in w]
+    x = torch.randn(batch, 784).to(dtype)
+    t = (torch.randn(batch, 10) * 0.1).to(dtype)
     opt = torch.optim.SGD(params, lr=1e-3)
     F = torch.nn.functional
 
@@ -67,9 +71,9 @@ def benchmark_step(torch, batch: int, compiled: bool = False):
     return step
 
 
-def torch_step_times(torch, batch: int, compiled: bool) -> tuple[float, float]:
+def torch_step_times(torch, batch: int, compiled: bool, dtype) -> tuple[float, float]:
     """(median seconds per step, seconds of the first step)."""
-    step = benchmark_step(torch, batch, compiled)
+    step = benchmark_step(torch, batch, compiled, dtype)
     t0 = time.perf_counter()
     step()
     first = time.perf_counter() - t0
@@ -83,10 +87,11 @@ def torch_step_times(torch, batch: int, compiled: bool) -> tuple[float, float]:
     return statistics.median(times), first
 
 
-def kiln_step_times(batch: int, threads: int) -> tuple[float, float]:
+def kiln_step_times(batch: int, threads: int, dtype: str) -> tuple[float, float]:
     env = dict(os.environ, KILN_NUM_THREADS=str(threads))
     out = subprocess.run(
-        ["cargo", "run", "--quiet", "--release", "--example", "train_mlp", "--", "--batch", str(batch)],
+        ["cargo", "run", "--quiet", "--release", "--example", "train_mlp", "--", "--batch", str(batch), "--dtype",
+         dtype],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True,
     ).stdout
     m = re.search(r"batch (\d+): ([\d.]+) µs/step .*first step ([\d.]+) ms", out)
@@ -100,6 +105,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("KILN_NUM_THREADS", os.cpu_count() or 1)))
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     ap.add_argument("--skip-kiln", action="store_true")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -108,6 +114,7 @@ def main() -> None:
     except ImportError:
         sys.exit(f"PyTorch is not installed in {sys.executable}; see benches/compare/README.md")
     torch.set_num_threads(args.threads)
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-"))
     if not args.skip_kiln:
         subprocess.run(["cargo", "build", "--quiet", "--release", "--example", "train_mlp"], cwd=ROOT, check=True)
@@ -120,13 +127,13 @@ def main() -> None:
         for b in batches:
             if not args.skip_kiln:
                 time.sleep(1.0)
-                kiln[b] = kiln_step_times(b, args.threads)
-            eager[b] = torch_step_times(torch, b, compiled=False)
-            comp[b] = torch_step_times(torch, b, compiled=True)
+                kiln[b] = kiln_step_times(b, args.threads, args.dtype)
+            eager[b] = torch_step_times(torch, b, compiled=False, dtype=dtype)
+            comp[b] = torch_step_times(torch, b, compiled=True, dtype=dtype)
         rounds.append((kiln, eager, comp))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
 
-    print(f"threads: {args.threads}; torch {torch.__version__}; median of {STEPS} steps after {WARMUP} warm-up; "
+    print(f"{args.dtype}; threads: {args.threads}; torch {torch.__version__}; median of {STEPS} steps after {WARMUP} warm-up; "
           f"{args.rounds} rounds: medians over rounds, [range of per-round ratios]\n")
     print("| batch | kiln µs/step | torch eager µs | torch.compile µs | kiln vs eager | kiln vs compile "
           "| kiln first step | torch.compile first step |")

@@ -415,16 +415,27 @@ pub unsafe fn pack_b(dst: *mut u16, b: *const u16, rs: i64, cs: i64, n0: usize, 
     let tile_at = |t: usize| (t / nt * steps * nt + t % nt) * tile_words;
     // Every tile of the last panel, also those wholly past `cols` (zeros).
     let tiles = cols.div_ceil(TILE * nt) * nt;
-    let fast = cs == 1 && unit_ready(Bf16Unit::Avx512Bf16);
+    let vector = unit_ready(Bf16Unit::Avx512Bf16);
+    // Row-major B: two rows interleaved; B stored N x K (a linear layer's weight): each pair is a dword of a row of
+    // B^T, gathered across 16 of them.
+    let (by_rows, by_cols) = (vector && cs == 1, vector && rs == 1 && cs < (1 << 26));
     for s in 0..steps {
         for p in 0..TILE {
             let k = s * KSTEP + 2 * p;
             // SAFETY: within the area the caller sized (step s, row p of every tile).
             let row0 = unsafe { dst.add(s * nt * tile_words + p * 32) };
-            let full = if fast && k + 1 < depth { cols / TILE } else { 0 };
+            let full = if (by_rows || by_cols) && k + 1 < depth { cols / TILE } else { 0 };
             if full > 0 {
                 // SAFETY: rows k and k + 1 hold `cols` elements from column n0 (the caller's bounds).
-                unsafe { pair_rows_avx512(row0, steps, nt, full, b.offset((k as i64 * rs + n0 as i64) as isize), rs) };
+                let src = unsafe { b.offset((k as i64 * rs + n0 as i64 * cs) as isize) };
+                // SAFETY: as above (the columns' pairs at k lie in B).
+                unsafe {
+                    if by_rows {
+                        pair_rows_avx512(row0, steps, nt, full, src, rs)
+                    } else {
+                        pair_cols_avx512(row0, steps, nt, full, src, cs)
+                    }
+                };
             }
             for t in full..tiles {
                 let width = cols.saturating_sub(t * TILE).min(TILE);
@@ -504,6 +515,38 @@ unsafe fn pair_rows_avx512(_: *mut u16, _: usize, _: usize, _: usize, _: *const 
     unreachable!("AMX kernels run only on x86-64")
 }
 
+/// As [`pair_rows_avx512`] for B stored N x K (`src` at row k of column 0 of the block, columns `cs` words apart,
+/// pairs contiguous): each tile row is 16 dwords gathered across 16 columns.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pair_cols_avx512(row0: *mut u16, steps: usize, nt: usize, tiles: usize, src: *const u16, cs: i64) {
+    use std::arch::x86_64::*;
+    let offsets: [i32; 16] = std::array::from_fn(|j| j as i32 * cs as i32 * 2);
+    // SAFETY: `offsets` is 64 bytes.
+    let vindex = unsafe { _mm512_loadu_si512(offsets.as_ptr() as *const _) };
+    let panel_words = steps * nt * (B_TILE_BYTES / 2);
+    let (mut panel_at, mut j) = (0usize, 0usize);
+    for t in 0..tiles {
+        let at = panel_at + j * (B_TILE_BYTES / 2);
+        j += 1;
+        if j == nt {
+            j = 0;
+            panel_at += panel_words;
+        }
+        // SAFETY: the 16 columns from 16 t hold the pair at k (the caller's bounds); the tile row is 64 bytes.
+        unsafe {
+            let base = src.offset((16 * t) as isize * cs as isize) as *const u8;
+            let pairs = _mm512_i32gather_epi32::<1>(vindex, base as *const _);
+            _mm512_storeu_si512(row0.add(at) as *mut _, pairs);
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn pair_cols_avx512(_: *mut u16, _: usize, _: usize, _: usize, _: *const u16, _: i64) {
+    unreachable!("AMX kernels run only on x86-64")
+}
+
 /// Copies `rows` rows of bf16 matrix A (element `(m, k)` at `a[m * rs + k * cs]`, `k < depth`) into `dst`, rows of
 /// `width` words (at least `depth` rounded up to 32), zeros past `depth` and past `rows` up to `mr` rows.
 ///
@@ -520,11 +563,26 @@ pub unsafe fn pack_a(
     mr: usize,
     width: usize,
 ) {
-    for m in 0..mr {
+    // A stored K x M (a weight gradient's `x^T`): 16 rows at a time, each pair of K's rows interleaved and scattered
+    // into the 16 rows' dwords.
+    let by_cols = rs == 1 && unit_ready(Bf16Unit::Avx512Bf16) && width < (1 << 25);
+    let groups = if by_cols { rows / TILE } else { 0 };
+    for g in 0..groups {
+        // SAFETY: rows 16 g.. of `dst` and of A (the caller's bounds).
+        unsafe { pair_rows_scattered(dst.add(g * TILE * width), a.add(g * TILE), cs, depth, width) };
+    }
+    for m in groups * TILE..mr {
         // SAFETY: row m of `dst` holds `width` words (the caller's size).
         let row = unsafe { std::slice::from_raw_parts_mut(dst.add(m * width), width) };
         if m >= rows {
             row.fill(0);
+            continue;
+        }
+        if cs == 1 {
+            // SAFETY: row m holds `depth` contiguous elements (the caller's bounds).
+            row[..depth]
+                .copy_from_slice(unsafe { std::slice::from_raw_parts(a.offset((m as i64 * rs) as isize), depth) });
+            row[depth..].fill(0);
             continue;
         }
         for (k, x) in row.iter_mut().enumerate() {
@@ -532,6 +590,41 @@ pub unsafe fn pack_a(
             *x = if k < depth { unsafe { *a.offset((m as i64 * rs + k as i64 * cs) as isize) } } else { 0 };
         }
     }
+}
+
+/// 16 rows of packed A from A stored K x M (`a` at row 0 of the 16, element `(m, k)` at `a[m + k * cs]`): for each
+/// pair of K, rows k and k + 1 (16 contiguous words each) interleaved into 16 dwords, one per row of `dst` (rows of
+/// `width` words), zeros past `depth`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pair_rows_scattered(dst: *mut u16, a: *const u16, cs: i64, depth: usize, width: usize) {
+    use std::arch::x86_64::*;
+    let idx: [u16; 32] = std::array::from_fn(|i| (i / 2 + if i % 2 == 1 { 32 } else { 0 }) as u16);
+    let offsets: [i32; 16] = std::array::from_fn(|m| (m * width * 2) as i32);
+    // SAFETY: both arrays are 64 bytes.
+    let (idx, vindex) =
+        unsafe { (_mm512_loadu_si512(idx.as_ptr() as *const _), _mm512_loadu_si512(offsets.as_ptr() as *const _)) };
+    for p in 0..width / 2 {
+        let k = 2 * p;
+        // SAFETY: rows k and k + 1 (when below `depth`) hold 16 words (the caller's bounds); dword p of each of the
+        // 16 rows of `dst` lies within its `width` words.
+        unsafe {
+            let row = |k: usize| {
+                if k < depth {
+                    _mm512_castsi256_si512(_mm256_loadu_si256(a.offset(k as isize * cs as isize) as *const _))
+                } else {
+                    _mm512_setzero_si512()
+                }
+            };
+            let pairs = _mm512_permutex2var_epi16(row(k), idx, row(k + 1));
+            _mm512_i32scatter_epi32::<1>(dst.add(k) as *mut _, vindex, pairs);
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn pair_rows_scattered(_: *mut u16, _: *const u16, _: i64, _: usize, _: usize) {
+    unreachable!("AMX kernels run only on x86-64")
 }
 
 /// Whether this host may run `unit`'s kernels ([`ready`] for AMX; AVX512-BF16 needs it and AVX-512BW, and
@@ -620,6 +713,25 @@ mod tests {
             0xc4, 0xa2, 0x7a, 0x4b, 0x9c, 0x0c, 0x00, 0x0c, 0x00, 0x00, // tilestored [rsp + r9 + 3072], tmm3
         ];
         assert_eq!(&b[..], want);
+    }
+
+    /// Packed A holds row m's K elements then zeros, `mr` rows (zeros past `rows`), from A stored M x K or K x M.
+    #[test]
+    fn packed_a_is_rows_of_k() {
+        let (m, k, mr, width) = (37usize, 70usize, 48usize, 96usize);
+        let a: Vec<u16> = (0..m * k).map(|i| i as u16 + 1).collect();
+        let at: Vec<u16> = (0..m * k).map(|i| a[(i % m) * k + i / m]).collect();
+        for (src, rs, cs) in [(&a, k as i64, 1i64), (&at, 1, m as i64)] {
+            let mut dst = vec![0xffffu16; mr * width];
+            // SAFETY: sized as documented; every (m, k) below the bounds is in `src`.
+            unsafe { pack_a(dst.as_mut_ptr(), src.as_ptr(), rs, cs, m, k, mr, width) };
+            for r in 0..mr {
+                for c in 0..width {
+                    let want = if r < m && c < k { a[r * k + c] } else { 0 };
+                    assert_eq!(dst[r * width + c], want, "rs {rs}: row {r} k {c}");
+                }
+            }
+        }
     }
 
     /// Packing puts `B[32s + 2p + h, j]` at word `32p + 2j + h` of tile (s, j/16), zeros outside, in both paths.
