@@ -1,15 +1,21 @@
-//! bf16 GEMM on AMX tiles (`tdpbf16ps`): micro-kernels generated at run time, B packed into the tiles' pair layout,
-//! f32 accumulation in the tile registers over the whole K, and the epilogue (bias, activation, the rounding to bf16)
-//! in zmm registers before the one store.
+//! bf16 GEMM kernels, generated at run time, for the two bf16 units of current x86 cores: AMX tiles (`tdpbf16ps`)
+//! and AVX512-BF16 (`vdpbf16ps`). Both read the same packed operands (B in the tiles' pair layout, A in rows), sum
+//! in f32, and finish with the same epilogue (bias, activation, the rounding to bf16) in zmm registers before the
+//! one store; `cpu/gemm/mod.rs` drives them (`run_amx_item`, `run_amx_depth`).
 //!
-//! A kernel computes a `16*mt x 16*nt` block of C (`mt`, `nt` in 1..=2) with `mt * nt` accumulator tiles (tmm0..3),
-//! `mt` A tiles (tmm4, tmm5: 16 rows of 32 bf16, read at A's row stride) and `nt` B tiles (tmm6, tmm7: 16 rows of 16
-//! column pairs, `(B[2p, j], B[2p+1, j])` in dword `j` of row `p`, packed by [`pack_b`]). Each of `k` steps of 32
-//! loads the tiles and issues `mt * nt` `tdpbf16ps` (16 x 16 x 32 products each). Then the accumulators go to a
-//! 64-byte-aligned stack area (`tilestored`), and each row of 16 f32 is loaded into a zmm, finished by the shared
-//! epilogue emitter (`asm::emit_program` with `asm512`'s instructions) and stored as f32 or rounded to bf16
-//! (`vcvtneps2bf16`, nearest even as PyTorch), masked at a ragged last vector. The contract is `asm::MicroFn`'s:
-//! `(a, b, c, k, ep)`, `k` counting steps of 32.
+//! AMX: a kernel computes a `16*mt x 16*nt` block of C (`mt`, `nt` in 1..=2) with `mt * nt` accumulator tiles
+//! (tmm0..3), `mt` A tiles (tmm4, tmm5: 16 rows of 32 bf16, read at A's row stride) and `nt` B tiles (tmm6, tmm7: 16
+//! rows of 16 column pairs, `(B[2p, j], B[2p+1, j])` in dword `j` of row `p`, packed by [`pack_b`]). Each of `k`
+//! steps of 32 loads the tiles and issues `mt * nt` `tdpbf16ps` (16 x 16 x 32 products each); the sums stay in the
+//! tiles over the whole K. Then they go to a 64-byte-aligned stack area (`tilestored`), and each row of 16 f32 is
+//! loaded into a zmm, finished by the shared epilogue emitter (`asm::emit_program` with `asm512`'s instructions)
+//! and stored as f32 or rounded to bf16 (`vcvtneps2bf16`, nearest even as PyTorch), masked at a ragged last vector.
+//! The contract is `asm::MicroFn`'s: `(a, b, c, k, ep)`, `k` counting steps of 32. The K-split form
+//! ([`emit_partial`]) loads, adds to and stores back a thread's f32 partial sums instead, with no epilogue.
+//!
+//! AVX512-BF16 ([`emit_dot`]): `mr x nt` zmm accumulators over the same steps, per pair of K one row of each B
+//! tile and a broadcast of each row's A pair, `vdpbf16ps`; the sums never leave the registers. It is the bf16 unit
+//! of a host without AMX (AMD Zen 4, Intel Cooper Lake); where both exist the tuner races them.
 //!
 //! The tile configuration (palette 1, every tile 16 rows of 64 bytes) sits after the code and is loaded by
 //! `ldtilecfg` at each call; `tilerelease` ends it, so no tile state outlives a call. Edges are zeros rather than
@@ -18,12 +24,14 @@
 //!
 //! Why generated, as the AVX kernels are: the epilogue is part of the kernel. Why not `core::arch`: the AMX
 //! intrinsics are not stable Rust. `dynasmrt` encodes neither AMX nor EVEX: the VEX forms of the six tile
-//! instructions are written here as bytes (`Tile`), pinned against GNU `as` by the tests.
+//! instructions are written here as bytes (`Tile`), pinned against GNU `as` by the tests. Packing is Rust with
+//! AVX-512 intrinsics (a row-major B's pairs interleaved two rows at a time, a transposed one's gathered, a
+//! transposed A's scattered).
 //!
 //! Linux hands out AMX's 8 KiB of tile state only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM,
 //! XFEATURE_XTILEDATA)`, once per process: [`ready`]); without it the first tile instruction faults. A host without
 //! AMX-BF16, AVX512-BF16 and AVX-512BW, or where that request fails, or where `KILN_CPU_ISA` rules out AVX-512, has
-//! no AMX candidate.
+//! no AMX candidate ([`unit_ready`] for either unit).
 
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
@@ -255,7 +263,7 @@ fn emit_stores(
 /// layout, `k` steps of 32): `mr x nt` zmm accumulators, and per pair of K (16 a step) `nt` B vectors (one row of
 /// each tile) and, per row, a broadcast of A's pair (a dword) into zmm31, then `vdpbf16ps`. The sums never leave the
 /// registers: the epilogue runs on them in place.
-fn emit_dot(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<AssemblyOffset, String> {
+pub fn emit_dot(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<AssemblyOffset, String> {
     let (mr, nt) = (s.mr, s.nt);
     let nacc = mr * nt;
     if mr == 0 || nt == 0 || nacc + nt >= 32 || s.rows == 0 || s.rows > mr || s.nv == 0 || s.nv > nt {
