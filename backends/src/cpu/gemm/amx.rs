@@ -369,17 +369,19 @@ pub fn emit_partial(ops: &mut Assembler, s: &PartialSpec) -> Result<AssemblyOffs
 fn emit_k_loop(ops: &mut Assembler, mt: usize, nt: usize) {
     let top = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64 ; =>top);
+    // Each tile loaded just before its first product, so a step's loads overlap the previous products instead of
+    // all four waiting for the tiles they overwrite (bf16 1024^3, 2 threads: 1.31-1.33 ms against 1.54-1.60 with
+    // the four loads first; 2048^3 within noise).
     tiles(ops, |t| {
         t.load(A_TILE, gpr::RDI, gpr::R11, 0);
-        if mt == 2 {
-            t.load(A_TILE + 1, gpr::RAX, gpr::R11, 0);
-        }
         for j in 0..nt {
             t.load(B_TILE + j as u8, gpr::RSI, gpr::R9, (j * B_TILE_BYTES) as i32);
+            t.dp(j as u8, A_TILE, B_TILE + j as u8);
         }
-        for i in 0..mt {
+        if mt == 2 {
+            t.load(A_TILE + 1, gpr::RAX, gpr::R11, 0);
             for j in 0..nt {
-                t.dp((i * nt + j) as u8, A_TILE + i as u8, B_TILE + j as u8);
+                t.dp((nt + j) as u8, A_TILE + 1, B_TILE + j as u8);
             }
         }
     });

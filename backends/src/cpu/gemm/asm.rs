@@ -38,8 +38,9 @@ use dynasmrt::{AssemblyOffset, DynamicLabel, DynasmApi, DynasmLabelApi, Executab
 /// here alters the code emitted for an unchanged spec and program, so that code cached on disk by an earlier build
 /// of the same kiln version is not mapped in place of the new code (the key's other parts, the specs and the
 /// program, would not change). 2: a value read twice by one instruction is released once (a kernel cached before
-/// that fix could compute a wrong epilogue); constants in a pool after the code.
-pub const REVISION: u32 = 2;
+/// that fix could compute a wrong epilogue); constants in a pool after the code. 3: the bf16 kernels (`amx`) load
+/// each tile just before its first product.
+pub const REVISION: u32 = 3;
 
 /// `a, b, c, k, ep`: see the module doc. `ep` points at `[mask, uniforms, operand 0, operand 1, ...]`.
 pub type MicroFn = unsafe extern "sysv64" fn(*const f32, *const f32, *mut f32, usize, *const *const u8);
