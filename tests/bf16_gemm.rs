@@ -6,7 +6,8 @@
 //!
 //! Tolerance: the f32 sums of the interpreter and of a kernel differ by the summation-order bound `gemm_tol(k)`
 //! (bf16 products are exact in f32, so the sums see the same terms); a bf16 output is then rounded once by each,
-//! which may land on neighbouring bf16 values: one bf16 step, 2^-7 of the value at most, on top.
+//! which may land on neighbouring bf16 values: one bf16 step, 2^-7 of the value at most, on top. The inputs here keep
+//! every sum far from f32's subnormal range, which the bf16 units flush to zero (`cpu/gemm/amx.rs`).
 
 mod test_cache;
 
