@@ -70,8 +70,10 @@ pub struct Bf16Spec {
     pub nv: usize,
     /// The last vector of a row is masked (ragged N): the mask is `ep[0]`.
     pub masked: bool,
-    /// Byte stride of A's rows.
+    /// Byte stride of A's rows, and bytes A advances per step of 32: A read in place has rows `lda` apart and moves
+    /// 64 bytes a step; packed A ([`pack_a`]) has 64-byte rows, one step's tiles contiguous (`a_step` = 64 * mr).
     pub lda: i32,
+    pub a_step: i32,
     /// Byte stride of C's rows.
     pub ldc: i32,
     /// C is bf16 (rounded at the store), else f32.
@@ -200,7 +202,7 @@ pub fn emit(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<Assembl
         dynasm!(ops ; .arch x64 ; lea rax, [rdi + second]);
     }
     tiles(ops, |t| (0..(mt * nt) as u8).for_each(|c| t.zero(c)));
-    emit_k_loop(ops, mt, nt);
+    emit_k_loop(ops, mt, nt, s.a_step);
     tiles(ops, |t| {
         for c in 0..(mt * nt) as u8 {
             t.store(c, gpr::RSP, gpr::R9, c as i32 * B_TILE_BYTES as i32);
@@ -298,9 +300,9 @@ pub fn emit_dot(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<Ass
             }
         }
     });
-    let b_step = (nt * B_TILE_BYTES) as i32;
+    let (b_step, a_step) = ((nt * B_TILE_BYTES) as i32, s.a_step);
     dynasm!(ops ; .arch x64
-        ; add rdi, 64
+        ; add rdi, a_step
         ; add rsi, b_step
         ; dec rcx
         ; jnz =>top
@@ -320,6 +322,7 @@ pub struct PartialSpec {
     pub mt: usize,
     pub nt: usize,
     pub lda: i32,
+    pub a_step: i32,
     pub ldc: i32,
     pub first: bool,
 }
@@ -355,7 +358,7 @@ pub fn emit_partial(ops: &mut Assembler, s: &PartialSpec) -> Result<AssemblyOffs
             }
         }
     });
-    emit_k_loop(ops, mt, nt);
+    emit_k_loop(ops, mt, nt, s.a_step);
     tiles(ops, |t| {
         for i in 0..mt {
             for j in 0..nt {
@@ -371,7 +374,7 @@ pub fn emit_partial(ops: &mut Assembler, s: &PartialSpec) -> Result<AssemblyOffs
 
 /// The K loop both kernels share: `rcx` steps of A tiles at rdi (and rax), stride r11, and B tiles at rsi, stride
 /// r9 (64).
-fn emit_k_loop(ops: &mut Assembler, mt: usize, nt: usize) {
+fn emit_k_loop(ops: &mut Assembler, mt: usize, nt: usize, a_step: i32) {
     let top = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64 ; =>top);
     // Each tile loaded just before its first product, so a step's loads overlap the previous products instead of
@@ -392,8 +395,8 @@ fn emit_k_loop(ops: &mut Assembler, mt: usize, nt: usize) {
     });
     let b_step = (nt * B_TILE_BYTES) as i32;
     dynasm!(ops ; .arch x64
-        ; add rdi, 64
-        ; add rax, 64
+        ; add rdi, a_step
+        ; add rax, a_step
         ; add rsi, b_step
         ; dec rcx
         ; jnz =>top
@@ -562,11 +565,13 @@ unsafe fn pair_cols_avx512(_: *mut u16, _: usize, _: usize, _: usize, _: *const 
     unreachable!("AMX kernels run only on x86-64")
 }
 
-/// Copies `rows` rows of bf16 matrix A (element `(m, k)` at `a[m * rs + k * cs]`, `k < depth`) into `dst`, rows of
-/// `width` words (at least `depth` rounded up to 32), zeros past `depth` and past `rows` up to `mr` rows.
+/// Packs `rows` rows of bf16 matrix A (element `(m, k)` at `a[m * rs + k * cs]`, `k < depth`) for the kernels,
+/// `mr` rows (zeros past `rows`) by `steps` steps of 32 (zeros past `depth`), step by step: step `s` holds row `m`'s
+/// 32 elements at words `(s * mr + m) * 32`, so a tile is 1 KiB of contiguous 64-byte rows (`lda` 64, `a_step` 64 *
+/// mr). Rows read in place a power of two apart share cache sets; packed ones do not.
 ///
 /// # Safety
-/// `dst` must hold `mr * width` u16; every `(m, k)` in range must be in `a`.
+/// `dst` must hold `mr * steps * 32` u16; every `(m, k)` in range must be in `a`.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn pack_a(
     dst: *mut u16,
@@ -576,69 +581,76 @@ pub unsafe fn pack_a(
     rows: usize,
     depth: usize,
     mr: usize,
-    width: usize,
+    steps: usize,
 ) {
+    // SAFETY: the caller sized `dst`.
+    let out = unsafe { std::slice::from_raw_parts_mut(dst, mr * steps * KSTEP) };
     // A stored K x M (a weight gradient's `x^T`): 16 rows at a time, each pair of K's rows interleaved and scattered
     // into the 16 rows' dwords.
-    let by_cols = rs == 1 && unit_ready(Bf16Unit::Avx512Bf16) && width < (1 << 25);
+    let by_cols = rs == 1 && unit_ready(Bf16Unit::Avx512Bf16);
     let groups = if by_cols { rows / TILE } else { 0 };
     for g in 0..groups {
         // SAFETY: rows 16 g.. of `dst` and of A (the caller's bounds).
-        unsafe { pair_rows_scattered(dst.add(g * TILE * width), a.add(g * TILE), cs, depth, width) };
+        unsafe { pair_rows_scattered(dst.add(g * TILE * KSTEP), a.add(g * TILE), cs, depth, mr, steps) };
     }
     for m in groups * TILE..mr {
-        // SAFETY: row m of `dst` holds `width` words (the caller's size).
-        let row = unsafe { std::slice::from_raw_parts_mut(dst.add(m * width), width) };
-        if m >= rows {
-            row.fill(0);
-            continue;
-        }
-        if cs == 1 {
-            // SAFETY: row m holds `depth` contiguous elements (the caller's bounds).
-            row[..depth]
-                .copy_from_slice(unsafe { std::slice::from_raw_parts(a.offset((m as i64 * rs) as isize), depth) });
-            row[depth..].fill(0);
-            continue;
-        }
-        for (k, x) in row.iter_mut().enumerate() {
-            // SAFETY: (m, k) is in range for k < depth (the caller's bounds).
-            *x = if k < depth { unsafe { *a.offset((m as i64 * rs + k as i64 * cs) as isize) } } else { 0 };
+        for s in 0..steps {
+            let row = &mut out[(s * mr + m) * KSTEP..][..KSTEP];
+            let k0 = s * KSTEP;
+            if m >= rows || k0 >= depth {
+                row.fill(0);
+                continue;
+            }
+            let n = (depth - k0).min(KSTEP);
+            if cs == 1 {
+                // SAFETY: row m holds `depth` contiguous elements (the caller's bounds).
+                let src = unsafe { std::slice::from_raw_parts(a.offset((m as i64 * rs + k0 as i64) as isize), n) };
+                row[..n].copy_from_slice(src);
+            } else {
+                for (kk, x) in row[..n].iter_mut().enumerate() {
+                    // SAFETY: (m, k0 + kk) is in range (the caller's bounds).
+                    *x = unsafe { *a.offset((m as i64 * rs + (k0 + kk) as i64 * cs) as isize) };
+                }
+            }
+            row[n..].fill(0);
         }
     }
 }
 
-/// 16 rows of packed A from A stored K x M (`a` at row 0 of the 16, element `(m, k)` at `a[m + k * cs]`): for each
-/// pair of K, rows k and k + 1 (16 contiguous words each) interleaved into 16 dwords, one per row of `dst` (rows of
-/// `width` words), zeros past `depth`.
+/// 16 rows of packed A (`dst` at row 0 of the 16 in the step-major layout of [`pack_a`], `mr` rows a step) from A
+/// stored K x M (`a` at row 0 of the 16, element `(m, k)` at `a[m + k * cs]`): for each pair of K, rows k and k + 1
+/// (16 contiguous words each) interleaved into 16 dwords, one per row, zeros past `depth`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn pair_rows_scattered(dst: *mut u16, a: *const u16, cs: i64, depth: usize, width: usize) {
+unsafe fn pair_rows_scattered(dst: *mut u16, a: *const u16, cs: i64, depth: usize, mr: usize, steps: usize) {
     use std::arch::x86_64::*;
     let idx: [u16; 32] = std::array::from_fn(|i| (i / 2 + if i % 2 == 1 { 32 } else { 0 }) as u16);
-    let offsets: [i32; 16] = std::array::from_fn(|m| (m * width * 2) as i32);
+    let offsets: [i32; 16] = std::array::from_fn(|m| (m * KSTEP * 2) as i32);
     // SAFETY: both arrays are 64 bytes.
     let (idx, vindex) =
         unsafe { (_mm512_loadu_si512(idx.as_ptr() as *const _), _mm512_loadu_si512(offsets.as_ptr() as *const _)) };
-    for p in 0..width / 2 {
-        let k = 2 * p;
-        // SAFETY: rows k and k + 1 (when below `depth`) hold 16 words (the caller's bounds); dword p of each of the
-        // 16 rows of `dst` lies within its `width` words.
-        unsafe {
-            let row = |k: usize| {
-                if k < depth {
-                    _mm512_castsi256_si512(_mm256_loadu_si256(a.offset(k as isize * cs as isize) as *const _))
-                } else {
-                    _mm512_setzero_si512()
-                }
-            };
-            let pairs = _mm512_permutex2var_epi16(row(k), idx, row(k + 1));
-            _mm512_i32scatter_epi32::<1>(dst.add(k) as *mut _, vindex, pairs);
+    for s in 0..steps {
+        for p in 0..TILE {
+            let k = s * KSTEP + 2 * p;
+            // SAFETY: rows k and k + 1 (when below `depth`) hold 16 words (the caller's bounds); dword p of each of
+            // the 16 rows of step s lies within `dst`'s `mr * steps * 32` words.
+            unsafe {
+                let row = |k: usize| {
+                    if k < depth {
+                        _mm512_castsi256_si512(_mm256_loadu_si256(a.offset(k as isize * cs as isize) as *const _))
+                    } else {
+                        _mm512_setzero_si512()
+                    }
+                };
+                let pairs = _mm512_permutex2var_epi16(row(k), idx, row(k + 1));
+                _mm512_i32scatter_epi32::<1>(dst.add(s * mr * KSTEP + 2 * p) as *mut _, vindex, pairs);
+            }
         }
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn pair_rows_scattered(_: *mut u16, _: *const u16, _: i64, _: usize, _: usize) {
+unsafe fn pair_rows_scattered(_: *mut u16, _: *const u16, _: i64, _: usize, _: usize, _: usize) {
     unreachable!("AMX kernels run only on x86-64")
 }
 
@@ -730,20 +742,21 @@ mod tests {
         assert_eq!(&b[..], want);
     }
 
-    /// Packed A holds row m's K elements then zeros, `mr` rows (zeros past `rows`), from A stored M x K or K x M.
+    /// Packed A holds row m's K elements step by step, then zeros, `mr` rows (zeros past `rows`), from A stored M x K
+    /// or K x M.
     #[test]
     fn packed_a_is_rows_of_k() {
-        let (m, k, mr, width) = (37usize, 70usize, 48usize, 96usize);
+        let (m, k, mr, steps) = (37usize, 70usize, 48usize, 3usize);
         let a: Vec<u16> = (0..m * k).map(|i| i as u16 + 1).collect();
         let at: Vec<u16> = (0..m * k).map(|i| a[(i % m) * k + i / m]).collect();
         for (src, rs, cs) in [(&a, k as i64, 1i64), (&at, 1, m as i64)] {
-            let mut dst = vec![0xffffu16; mr * width];
+            let mut dst = vec![0xffffu16; mr * steps * 32];
             // SAFETY: sized as documented; every (m, k) below the bounds is in `src`.
-            unsafe { pack_a(dst.as_mut_ptr(), src.as_ptr(), rs, cs, m, k, mr, width) };
+            unsafe { pack_a(dst.as_mut_ptr(), src.as_ptr(), rs, cs, m, k, mr, steps) };
             for r in 0..mr {
-                for c in 0..width {
+                for c in 0..steps * 32 {
                     let want = if r < m && c < k { a[r * k + c] } else { 0 };
-                    assert_eq!(dst[r * width + c], want, "rs {rs}: row {r} k {c}");
+                    assert_eq!(dst[(c / 32 * mr + r) * 32 + c % 32], want, "rs {rs}: row {r} k {c}");
                 }
             }
         }

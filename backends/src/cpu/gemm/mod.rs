@@ -275,9 +275,8 @@ impl CompiledGemm {
             None => return Err("this epilogue cannot run in registers, and a bf16 output has no pass".into()),
         };
         self.epilogue = ep;
-        let steps = v.k.div_ceil(amx::KSTEP);
-        let packed_lda = (steps * 64) as i32;
-        let full_lda = if amx_a_in_place(v) { (v.a.rows * 2) as i32 } else { packed_lda };
+        // A packed step by step (`amx::pack_a`): 64-byte rows, a step's tiles contiguous.
+        let (lda, a_step) = (64, (64 * a.mr) as i32);
         let ldc = (v.n * if out_bf16 { 2 } else { 4 }) as i32;
         let (mr, nr) = (a.mr, a.nr());
         let tail_cols = v.n % nr;
@@ -286,7 +285,7 @@ impl CompiledGemm {
         self.parts = threads.clamp(1, units.max(1));
         let mut specs = Vec::new();
         let mut slots = Vec::new();
-        for (ri, rows, lda) in [(0, mr, full_lda), (1, v.m % mr, packed_lda)] {
+        for (ri, rows) in [(0, mr), (1, v.m % mr)] {
             if rows == 0 || rows > v.m || ri == 0 && v.m < mr {
                 continue;
             }
@@ -296,7 +295,18 @@ impl CompiledGemm {
                 }
                 let nv = if tail { tail_cols.div_ceil(amx::TILE) } else { a.nt };
                 let masked = tail && self.ragged != 0;
-                specs.push(amx::Bf16Spec { unit: a.unit, mr: a.mr, nt: a.nt, rows, nv, masked, lda, ldc, out_bf16 });
+                specs.push(amx::Bf16Spec {
+                    unit: a.unit,
+                    mr: a.mr,
+                    nt: a.nt,
+                    rows,
+                    nv,
+                    masked,
+                    lda,
+                    a_step,
+                    ldc,
+                    out_bf16,
+                });
                 slots.push(ri * 2 + tail as usize);
             }
         }
@@ -324,12 +334,12 @@ impl CompiledGemm {
         let v = &self.view;
         let (mp, np) = (v.m.next_multiple_of(a.mr), v.n.next_multiple_of(a.nr()));
         self.parts = threads.clamp(1, v.k.div_ceil(amx::KSTEP));
-        let chunk = amx_depth_chunk(np);
         let specs: Vec<amx::PartialSpec> = [true, false]
             .map(|first| amx::PartialSpec {
                 mt: a.mr / amx::TILE,
                 nt: a.nt,
-                lda: (chunk * amx::KSTEP * 2) as i32,
+                lda: 64,
+                a_step: (64 * a.mr) as i32,
                 ldc: (np * 4) as i32,
                 first,
             })
@@ -492,14 +502,35 @@ impl CompiledGemm {
         let bo = self.batch_offsets(bidx);
         let steps = v.k.div_ceil(amx::KSTEP);
         let esz = if v.out == DType::BF16 { 2 } else { 4 };
-        let in_place = amx_a_in_place(v);
         let (abase, bbase) = (cx.a as *const u16, cx.b as *const u16);
         let mut ep: [*const u8; 2 + epilogue::MAX_OPERANDS] = [std::ptr::null(); 2 + epilogue::MAX_OPERANDS];
         ep[0] = crate::cpu::isa::lane_mask(crate::cpu::isa::Isa::Avx512, self.ragged);
         ep[1] = cx.uniforms;
         let panel_words = steps * a.nt * amx::TILE * 32;
+        let block_words = mr * steps * amx::KSTEP;
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
+            // A is packed (`amx::pack_a`): its rows read in place, a power of two apart, share cache sets (bf16
+            // 2048^3, 2 threads: 7.9-8.5 ms packed against 9.8-9.9 in place). Every row block once, here, for every
+            // block of B's columns, unless that passes `AMX_A_BYTES`: then one block at a time, repacked per
+            // block of columns.
+            let blocks = (m1 - m0).div_ceil(mr);
+            let once = (blocks * block_words * 2) as u64 <= AMX_A_BYTES.load(Ordering::Relaxed);
+            let apack = s.a((if once { blocks } else { 1 } * block_words).div_ceil(2)) as *mut u16;
+            let pack = |blk: usize, dst: *mut u16| {
+                let (ic, rows) = (m0 + blk * mr, (m1 - m0 - blk * mr).min(mr));
+                // SAFETY: as below; `dst` holds one block.
+                unsafe {
+                    let asrc = abase.offset((bo.a + ic as i64 * v.a.rows) as isize);
+                    amx::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mr, steps);
+                }
+            };
+            if once {
+                for blk in 0..blocks {
+                    // SAFETY: block `blk` of the area sized for `blocks`.
+                    pack(blk, unsafe { apack.add(blk * block_words) });
+                }
+            }
             let mut jc = n0;
             while jc < n1 {
                 let nb = (n1 - jc).min(a.nc);
@@ -516,13 +547,12 @@ impl CompiledGemm {
                 let mut ic = m0;
                 while ic < m1 {
                     let rows = (m1 - ic).min(mr);
-                    let asrc = unsafe { abase.offset((bo.a + ic as i64 * v.a.rows) as isize) };
-                    let aptr = if in_place && rows == mr {
-                        asrc
+                    let blk = (ic - m0) / mr;
+                    let aptr = if once {
+                        unsafe { apack.add(blk * block_words) as *const u16 }
                     } else {
-                        let dst = s.a((mr * steps * amx::KSTEP).div_ceil(2)) as *mut u16;
-                        unsafe { amx::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mr, steps * amx::KSTEP) };
-                        dst as *const u16
+                        pack(blk, apack);
+                        apack as *const u16
                     };
                     let ri = usize::from(rows != mr);
                     for q in 0..panels {
@@ -604,7 +634,7 @@ impl CompiledGemm {
                                 let rows = (v.m - ib * mr).min(mr);
                                 let asrc = abase
                                     .offset((ib * mr) as isize * v.a.rows as isize + k0 as isize * v.a.cols as isize);
-                                amx::pack_a(apack, asrc, v.a.rows, v.a.cols, rows, depth, a.mr, chunk * amx::KSTEP);
+                                amx::pack_a(apack, asrc, v.a.rows, v.a.cols, rows, depth, a.mr, c1 - c0);
                                 for q in 0..np / nr {
                                     let c = part.add(ib * mr * np + q * nr);
                                     f(
@@ -893,10 +923,15 @@ struct PartialsPtr(*mut f32);
 // SAFETY: see the type's doc: each thread writes its own block (or rows), and the run holds the buffer's lock.
 unsafe impl Sync for PartialsPtr {}
 
-/// Whether the AMX kernels read A where it is: rows contiguous along K, and K whole steps of 32 (a tile row
-/// must not run into the next row's elements). Full row blocks only; a ragged last block is packed.
-fn amx_a_in_place(v: &GemmView) -> bool {
-    v.a.cols == 1 && v.k.is_multiple_of(amx::KSTEP)
+/// Bytes of packed A per thread above which `run_amx_item` packs one row block at a time (again for every block of
+/// B's columns) rather than all of the thread's rows once: 32 MiB, lowered by [`set_amx_a_limit`].
+static AMX_A_BYTES: AtomicU64 = AtomicU64::new(32 << 20);
+
+/// Sets the packed-A limit of the bf16 GEMMs (tests lower it to run the one-block-at-a-time path on small
+/// problems; both paths compute the same values).
+#[doc(hidden)]
+pub fn set_amx_a_limit(bytes: u64) {
+    AMX_A_BYTES.store(bytes, Ordering::Relaxed);
 }
 
 fn is_identity(k: &KernelIr) -> bool {
