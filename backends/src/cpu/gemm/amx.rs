@@ -429,8 +429,6 @@ fn emit_config(ops: &mut Assembler, cfg: dynasmrt::DynamicLabel) {
 pub unsafe fn pack_b(dst: *mut u16, b: *const u16, rs: i64, cs: i64, n0: usize, cols: usize, depth: usize, nt: usize) {
     let steps = depth.div_ceil(KSTEP);
     let tile_words = B_TILE_BYTES / 2;
-    // Tile t of a row (t = panel * nt + j) is at this many words from tile 0 of the same step and row.
-    let tile_at = |t: usize| (t / nt * steps * nt + t % nt) * tile_words;
     // Every tile of the last panel, also those wholly past `cols` (zeros).
     let tiles = cols.div_ceil(TILE * nt) * nt;
     let vector = unit_ready(Bf16Unit::Avx512Bf16);
@@ -458,10 +456,33 @@ pub unsafe fn pack_b(dst: *mut u16, b: *const u16, rs: i64, cs: i64, n0: usize, 
             for t in full..tiles {
                 let width = cols.saturating_sub(t * TILE).min(TILE);
                 // SAFETY: as above; the scalar path reads only (k', n) with k' < depth and n < n0 + cols.
-                unsafe { pair_row_scalar(row0.add(tile_at(t)), b, rs, cs, k, depth, n0 + t * TILE, width) };
+                unsafe { pair_row_scalar(row0.add(tile_at(t, steps, nt)), b, rs, cs, k, depth, n0 + t * TILE, width) };
             }
         }
     }
+}
+
+/// The `vpermt2w` indices that interleave two vectors of 16 words (`a`, then `b` as words 32..): word i of the
+/// result is word i/2 of `a` (i even) or of `b` (i odd): the pairs of two rows of K.
+const PAIR_WORDS: [u16; 32] = {
+    let mut w = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        w[i] = (i / 2 + if i % 2 == 1 { 32 } else { 0 }) as u16;
+        i += 1;
+    }
+    w
+};
+
+/// Words from tile 0 of a step's row to tile `t` (t = panel * nt + j) of the same step and row: panel * steps * nt
+/// + j tiles.
+fn tile_at(t: usize, steps: usize, nt: usize) -> usize {
+    (t / nt * steps * nt + t % nt) * (B_TILE_BYTES / 2)
+}
+
+/// `(t, tile_at(t))` for the first `tiles` tiles of a row.
+fn tile_rows(steps: usize, nt: usize, tiles: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..tiles).map(move |t| (t, tile_at(t, steps, nt)))
 }
 
 /// One tile row from any strides: the pairs of rows `k`, `k + 1` (zeros from `depth`) over `width` columns from
@@ -497,20 +518,9 @@ unsafe fn pair_row_scalar(
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn pair_rows_avx512(row0: *mut u16, steps: usize, nt: usize, tiles: usize, src: *const u16, rs: i64) {
     use std::arch::x86_64::*;
-    // Word i of the result: word i/2 of the even row (i even) or of the odd row (index 32 + i/2).
-    let idx: [u16; 32] = std::array::from_fn(|i| (i / 2 + if i % 2 == 1 { 32 } else { 0 }) as u16);
-    // SAFETY: `idx` is 64 bytes.
-    let idx = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) };
-    // Tile t = panel * nt + j sits at panel * steps * nt + j tiles from tile 0, walked without a division.
-    let panel_words = steps * nt * (B_TILE_BYTES / 2);
-    let (mut panel_at, mut j) = (0usize, 0usize);
-    for t in 0..tiles {
-        let at = panel_at + j * (B_TILE_BYTES / 2);
-        j += 1;
-        if j == nt {
-            j = 0;
-            panel_at += panel_words;
-        }
+    // SAFETY: `PAIR_WORDS` is 64 bytes.
+    let idx = unsafe { _mm512_loadu_si512(PAIR_WORDS.as_ptr() as *const _) };
+    for (t, at) in tile_rows(steps, nt, tiles) {
         if t % 2 == 0 {
             // The rows PREFETCH_ROWS ahead, one cache line (two tiles' columns) at a time: B's rows are a page or
             // more apart, where the hardware prefetchers do not follow, and each pair of rows is a short run.
@@ -542,15 +552,7 @@ unsafe fn pair_cols_avx512(row0: *mut u16, steps: usize, nt: usize, tiles: usize
     let offsets: [i32; 16] = std::array::from_fn(|j| j as i32 * cs as i32 * 2);
     // SAFETY: `offsets` is 64 bytes.
     let vindex = unsafe { _mm512_loadu_si512(offsets.as_ptr() as *const _) };
-    let panel_words = steps * nt * (B_TILE_BYTES / 2);
-    let (mut panel_at, mut j) = (0usize, 0usize);
-    for t in 0..tiles {
-        let at = panel_at + j * (B_TILE_BYTES / 2);
-        j += 1;
-        if j == nt {
-            j = 0;
-            panel_at += panel_words;
-        }
+    for (t, at) in tile_rows(steps, nt, tiles) {
         // SAFETY: the 16 columns from 16 t hold the pair at k (the caller's bounds); the tile row is 64 bytes.
         unsafe {
             let base = src.offset((16 * t) as isize * cs as isize) as *const u8;
@@ -624,11 +626,11 @@ pub unsafe fn pack_a(
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn pair_rows_scattered(dst: *mut u16, a: *const u16, cs: i64, depth: usize, mr: usize, steps: usize) {
     use std::arch::x86_64::*;
-    let idx: [u16; 32] = std::array::from_fn(|i| (i / 2 + if i % 2 == 1 { 32 } else { 0 }) as u16);
     let offsets: [i32; 16] = std::array::from_fn(|m| (m * KSTEP * 2) as i32);
     // SAFETY: both arrays are 64 bytes.
-    let (idx, vindex) =
-        unsafe { (_mm512_loadu_si512(idx.as_ptr() as *const _), _mm512_loadu_si512(offsets.as_ptr() as *const _)) };
+    let (idx, vindex) = unsafe {
+        (_mm512_loadu_si512(PAIR_WORDS.as_ptr() as *const _), _mm512_loadu_si512(offsets.as_ptr() as *const _))
+    };
     for s in 0..steps {
         for p in 0..TILE {
             let k = s * KSTEP + 2 * p;
