@@ -480,9 +480,19 @@ fn tile_at(t: usize, steps: usize, nt: usize) -> usize {
     (t / nt * steps * nt + t % nt) * (B_TILE_BYTES / 2)
 }
 
-/// `(t, tile_at(t))` for the first `tiles` tiles of a row.
+/// `(t, tile_at(t))` for the first `tiles` tiles of a row, walked without a division (it sits in packing's inner
+/// loop).
 fn tile_rows(steps: usize, nt: usize, tiles: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..tiles).map(move |t| (t, tile_at(t, steps, nt)))
+    let (tile_words, panel_words) = (B_TILE_BYTES / 2, steps * nt * (B_TILE_BYTES / 2));
+    (0..tiles).scan((0usize, 0usize), move |(panel_at, j), t| {
+        let at = *panel_at + *j * tile_words;
+        *j += 1;
+        if *j == nt {
+            *j = 0;
+            *panel_at += panel_words;
+        }
+        Some((t, at))
+    })
 }
 
 /// One tile row from any strides: the pairs of rows `k`, `k + 1` (zeros from `depth`) over `width` columns from
