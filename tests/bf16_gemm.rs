@@ -7,7 +7,7 @@
 //! Tolerance: the f32 sums of the interpreter and of a kernel differ by the summation-order bound `gemm_tol(k)`
 //! (bf16 products are exact in f32, so the sums see the same terms); a bf16 output is then rounded once by each,
 //! which may land on neighbouring bf16 values: one bf16 step, 2^-7 of the value at most, on top. The inputs here keep
-//! every sum far from f32's subnormal range, which the bf16 units flush to zero (`cpu/gemm/amx.rs`).
+//! every sum far from f32's subnormal range, which the bf16 units flush to zero (`cpu/gemm/bf16.rs`).
 
 mod test_cache;
 
@@ -43,7 +43,7 @@ fn tol(k: usize, out: DType) -> common::Tol {
 #[cfg(feature = "cpu")]
 /// The bf16 units whose kernels this host runs (AMX, AVX512-BF16); says once which these tests force.
 fn units() -> (bool, bool) {
-    use kiln_backends::cpu::gemm::{amx::unit_ready, config::Bf16Unit};
+    use kiln_backends::cpu::gemm::{bf16::unit_ready, config::Bf16Unit};
     static SAID: std::sync::Once = std::sync::Once::new();
     let ready = (unit_ready(Bf16Unit::Amx), unit_ready(Bf16Unit::Avx512Bf16));
     SAID.call_once(|| {
@@ -144,9 +144,9 @@ fn bf16_epilogues_layouts_and_batches_match_the_interpreter() {
     let b = bf16_rand(&[3, k, n], 7);
     check_bf16_candidates("batched", &a.matmul(&b));
     // A packed one row block at a time (a problem past the packed-A limit), here on a small one.
-    kiln_backends::cpu::gemm::set_amx_a_limit(1);
+    kiln_backends::cpu::gemm::set_bf16_a_limit(1);
     check_bf16_candidates("A per block", &a.matmul(&b));
-    kiln_backends::cpu::gemm::set_amx_a_limit(32 << 20);
+    kiln_backends::cpu::gemm::set_bf16_a_limit(32 << 20);
     check_bf16_candidates("A transposed", &bf16_rand(&[k, m], 8).t().matmul(&bf16_rand(&[k, n], 9)));
 }
 

@@ -70,8 +70,8 @@ impl Isa {
     }
 }
 
-/// The bf16 dot-product units this host has (CPUID). AMX runs bf16 GEMMs (`gemm::amx`, which also asks for the
-/// tile state); where it is absent a bf16 matmul runs the f32 GEMM on operands converted to f32.
+/// The bf16 dot-product units this host has (CPUID). Both run bf16 GEMMs (`gemm::bf16`, which also asks for AMX's
+/// tile state); where neither is present a bf16 matmul runs the f32 GEMM on operands converted to f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bf16Units {
     /// AVX512-BF16 (`vdpbf16ps`: pairs of bf16 products summed into f32 lanes).

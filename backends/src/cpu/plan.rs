@@ -83,9 +83,9 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     let opts = kiln_jit::kernel::ScheduleOptions {
         transpose_copy: !super::gemm::select::generated_gemm_enabled(),
         row_kernel_ok: Some(super::wide_rows::generates),
-        // bf16 matmuls read their operands in bf16 where a bf16 GEMM family runs here (`gemm::amx`).
+        // bf16 matmuls read their operands in bf16 where a bf16 GEMM family runs here (`gemm::bf16`).
         bf16_gemm: super::gemm::select::generated_gemm_enabled()
-            && [Bf16Unit::Amx, Bf16Unit::Avx512Bf16].into_iter().any(super::gemm::amx::unit_ready),
+            && [Bf16Unit::Amx, Bf16Unit::Avx512Bf16].into_iter().any(super::gemm::bf16::unit_ready),
         ..Default::default()
     };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);

@@ -45,7 +45,7 @@ pub enum GemmImpl {
     /// rows (`x @ W^T`, W stored N x K), where the direct kernels pack all of W on every call and this one reads W in
     /// place and packs only x (`cpu/gemm/transposed.rs`: measurements). [`transposed_legal`] says where.
     Transposed(GemmConfig),
-    /// bf16 operands on AMX tiles or AVX512-BF16 dot products (`cpu/gemm/amx.rs`), epilogue in registers.
+    /// bf16 operands on AMX tiles or AVX512-BF16 dot products (`cpu/gemm/bf16.rs`), epilogue in registers.
     Bf16(Bf16Config),
 }
 
@@ -178,7 +178,7 @@ impl GemmImpl {
     pub fn legal_for(&self, v: &GemmView) -> bool {
         let f32s = v.operands == kiln_jit::DType::F32 && v.out == kiln_jit::DType::F32;
         if let GemmImpl::Bf16(a) = self {
-            return v.operands == kiln_jit::DType::BF16 && super::amx::unit_ready(a.unit) && bf16_legal(v, a);
+            return v.operands == kiln_jit::DType::BF16 && super::bf16::unit_ready(a.unit) && bf16_legal(v, a);
         }
         if !f32s {
             return false;
@@ -354,7 +354,7 @@ pub fn bf16_legal(v: &GemmView, a: &Bf16Config) -> bool {
         && a.nc > 0
         && a.nc.is_multiple_of(a.nr())
         && fit(v.a.rows * 2 * a.mr as i64)
-        && fit(v.k.next_multiple_of(super::amx::KSTEP) as i64 * 2 * a.mr as i64)
+        && fit(v.k.next_multiple_of(super::bf16::KSTEP) as i64 * 2 * a.mr as i64)
         && fit(v.n as i64 * elem * a.mr as i64)
         && (a.split != Bf16Split::Depth || a.unit == Bf16Unit::Amx && depth_split_legal(v))
 }
@@ -366,7 +366,7 @@ pub fn bf16_legal(v: &GemmView, a: &Bf16Config) -> bool {
 /// / 3.16 against 2.95 / 3.08, M = 64 5.11 / 4.72 against 3.68 / 3.74.
 fn depth_split_legal(v: &GemmView) -> bool {
     let identity = v.roles.len() == if v.out == kiln_jit::DType::BF16 { 2 } else { 1 };
-    v.batch.is_empty() && v.m <= 16 && v.k >= 4 * super::amx::KSTEP && identity
+    v.batch.is_empty() && v.m <= 16 && v.k >= 4 * super::bf16::KSTEP && identity
 }
 
 /// The candidates for a bf16 GEMM, for each unit this host has. AMX: 32 x 32 blocks (four accumulator tiles, each A
@@ -374,11 +374,11 @@ fn depth_split_legal(v: &GemmView) -> bool {
 /// AVX-512 f32 family's (14 x 32, 6 x 64), 1 x 64 and 4 x 48 for a few rows. B blocks as wide as L2 holds (1 MiB of
 /// packed B), of 1024 columns or the whole width; threads splitting columns, rows or (AMX, a few rows) K.
 fn bf16_candidates(v: &GemmView, out: &mut Vec<GemmImpl>) {
-    let strip_cap = ((1usize << 20) / (v.k.next_multiple_of(super::amx::KSTEP) * 2)).max(32);
+    let strip_cap = ((1usize << 20) / (v.k.next_multiple_of(super::bf16::KSTEP) * 2)).max(32);
     let amx: &[(usize, usize)] = &[(32, 2), (16, 2), (32, 1)];
     let dot: &[(usize, usize)] = if v.m <= 16 { &[(1, 4), (4, 3), (8, 2)] } else { &[(14, 2), (6, 4), (8, 3)] };
     for (unit, blocks) in [(Bf16Unit::Amx, amx), (Bf16Unit::Avx512Bf16, dot)] {
-        if !super::amx::unit_ready(unit) {
+        if !super::bf16::unit_ready(unit) {
             continue;
         }
         for &(mr, nt) in blocks {
@@ -762,7 +762,7 @@ fn bf16_score(v: &GemmView, a: &Bf16Config, threads: usize) -> f64 {
     let units = match a.split {
         Bf16Split::Cols => v.n.div_ceil(nr),
         Bf16Split::Rows => v.m.div_ceil(mr),
-        Bf16Split::Depth => v.k.div_ceil(super::amx::KSTEP),
+        Bf16Split::Depth => v.k.div_ceil(super::bf16::KSTEP),
     };
     let workers = threads.min(units).max(1);
     let balance = units as f64 / (units.div_ceil(workers) * workers) as f64;

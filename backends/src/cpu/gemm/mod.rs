@@ -15,13 +15,14 @@
 //! a weight stored N x K dot products (`dot`), and for a few rows against one stored K x N a split-K GEMV
 //! (`splitk`); all leave their epilogue to the pass.
 //!
-//! A GEMM of bf16 operands (`GemmView::operands`) has its own family: AMX tile kernels (`amx`), driven by
-//! `run_amx_item` (B packed per block of columns, every row block of the thread's rectangle over it, the sums in
-//! tile registers over the whole K, so each element of C is stored once, after its epilogue).
+//! A GEMM of bf16 operands (`GemmView::operands`) has its own family: AMX tile and AVX512-BF16 kernels (`bf16`),
+//! driven by `run_bf16_item` (A packed once per thread, B packed per block of columns, every row block of the
+//! thread's rectangle over it, the sums in registers over the whole K, so each element of C is stored once, after
+//! its epilogue) or, for a few rows, `run_bf16_depth` (the threads split K).
 
-pub mod amx;
 pub mod asm;
 pub(crate) mod asm512;
+pub mod bf16;
 pub mod config;
 mod dot;
 pub mod epilogue;
@@ -132,7 +133,7 @@ impl CompiledGemm {
         }
         let c = match imp {
             GemmImpl::Bf16(a) => {
-                g.generate_amx(k, a, threads, cache)?;
+                g.generate_bf16(k, a, threads, cache)?;
                 return Ok(g);
             }
             GemmImpl::Asm(c) => c,
@@ -243,7 +244,7 @@ impl CompiledGemm {
 
     /// Generates (or maps from `cache`) the AMX kernels of `a` for `self.view` (bf16 operands), the epilogue of `k`
     /// in their registers; where it cannot be, an f32 C takes it as a pass and a bf16 C is refused.
-    fn generate_amx(
+    fn generate_bf16(
         &mut self,
         k: &KernelIr,
         a: Bf16Config,
@@ -251,7 +252,7 @@ impl CompiledGemm {
         cache: Option<&kiln_autotune::Store>,
     ) -> Result<(), String> {
         if a.split == Bf16Split::Depth {
-            return self.generate_amx_partial(a, threads, cache);
+            return self.generate_bf16_partial(a, threads, cache);
         }
         let v = &self.view;
         let out_bf16 = v.out == DType::BF16;
@@ -275,12 +276,12 @@ impl CompiledGemm {
             None => return Err("this epilogue cannot run in registers, and a bf16 output has no pass".into()),
         };
         self.epilogue = ep;
-        // A packed step by step (`amx::pack_a`): 64-byte rows, a step's tiles contiguous.
+        // A packed step by step (`bf16::pack_a`): 64-byte rows, a step's tiles contiguous.
         let (lda, a_step) = (64, (64 * a.mr) as i32);
         let ldc = (v.n * if out_bf16 { 2 } else { 4 }) as i32;
         let (mr, nr) = (a.mr, a.nr());
         let tail_cols = v.n % nr;
-        self.ragged = tail_cols % amx::TILE;
+        self.ragged = tail_cols % bf16::TILE;
         let units = if a.split == Bf16Split::Rows { v.m.div_ceil(mr) } else { v.n.div_ceil(nr) };
         self.parts = threads.clamp(1, units.max(1));
         let mut specs = Vec::new();
@@ -293,9 +294,9 @@ impl CompiledGemm {
                 if tail && tail_cols == 0 || !tail && v.n < nr {
                     continue;
                 }
-                let nv = if tail { tail_cols.div_ceil(amx::TILE) } else { a.nt };
+                let nv = if tail { tail_cols.div_ceil(bf16::TILE) } else { a.nt };
                 let masked = tail && self.ragged != 0;
-                specs.push(amx::Bf16Spec {
+                specs.push(bf16::Bf16Spec {
                     unit: a.unit,
                     mr: a.mr,
                     nt: a.nt,
@@ -312,7 +313,7 @@ impl CompiledGemm {
         }
         let key = format!("bf16|{specs:?}|{program:?}|r{}", asm::REVISION);
         let set = kernel_set_with(key, specs.len(), cache, || {
-            KernelSet::assemble(specs.len(), |ops, i| amx::emit(ops, &specs[i], &program))
+            KernelSet::assemble(specs.len(), |ops, i| bf16::emit(ops, &specs[i], &program))
         })?;
         self.table = vec![None; 4];
         for (&slot, &f) in slots.iter().zip(&set.fns) {
@@ -325,7 +326,7 @@ impl CompiledGemm {
     /// The K-split form of AMX config `a` (`Bf16Split::Depth`): the two partial-sum kernels (first block of K, and
     /// the later ones) and the partial buffers. Its epilogue is the identity or a rounding to bf16 (`config`'s
     /// legality check), applied by the pass that adds the partials.
-    fn generate_amx_partial(
+    fn generate_bf16_partial(
         &mut self,
         a: Bf16Config,
         threads: usize,
@@ -333,10 +334,10 @@ impl CompiledGemm {
     ) -> Result<(), String> {
         let v = &self.view;
         let (mp, np) = (v.m.next_multiple_of(a.mr), v.n.next_multiple_of(a.nr()));
-        self.parts = threads.clamp(1, v.k.div_ceil(amx::KSTEP));
-        let specs: Vec<amx::PartialSpec> = [true, false]
-            .map(|first| amx::PartialSpec {
-                mt: a.mr / amx::TILE,
+        self.parts = threads.clamp(1, v.k.div_ceil(bf16::KSTEP));
+        let specs: Vec<bf16::PartialSpec> = [true, false]
+            .map(|first| bf16::PartialSpec {
+                mt: a.mr / bf16::TILE,
                 nt: a.nt,
                 lda: 64,
                 a_step: (64 * a.mr) as i32,
@@ -344,9 +345,9 @@ impl CompiledGemm {
                 first,
             })
             .to_vec();
-        let key = format!("amx-partial|{specs:?}|r{}", asm::REVISION);
+        let key = format!("bf16-partial|{specs:?}|r{}", asm::REVISION);
         let set = kernel_set_with(key, specs.len(), cache, || {
-            KernelSet::assemble(specs.len(), |ops, i| amx::emit_partial(ops, &specs[i]))
+            KernelSet::assemble(specs.len(), |ops, i| bf16::emit_partial(ops, &specs[i]))
         })?;
         self.table = set.fns.iter().map(|&f| Some(f)).collect();
         self.set = Some(set);
@@ -414,14 +415,14 @@ impl CompiledGemm {
                 pool::global().parallel_for_work(items, work, &f);
             }
             // SAFETY: the caller's pointer contract.
-            GemmImpl::Bf16(a) if a.split == Bf16Split::Depth => unsafe { self.run_amx_depth(&a, &cx) },
+            GemmImpl::Bf16(a) if a.split == Bf16Split::Depth => unsafe { self.run_bf16_depth(&a, &cx) },
             GemmImpl::Bf16(a) => {
                 let items = self.view.batch_count() * self.parts;
                 let work = (self.view.flops() / 16.0) as usize;
                 let f = |s: usize, e: usize| {
                     for item in s..e {
                         // SAFETY: the caller's pointer contract; items cover disjoint rectangles of C.
-                        unsafe { self.run_amx_item(&a, &cx, item) };
+                        unsafe { self.run_bf16_item(&a, &cx, item) };
                     }
                 };
                 pool::global().parallel_for_work(items, work, &f);
@@ -487,9 +488,9 @@ impl CompiledGemm {
     }
 
     /// One rectangle of C on AMX tiles: batch element and column/row strip `item`. Per block of `nc` columns: B
-    /// packed into tile pairs (`amx::pack_b`), then every row block of 16 * mt, its A read in place (full blocks,
+    /// packed into tile pairs (`bf16::pack_b`), then every row block of 16 * mt, its A read in place (full blocks,
     /// K a multiple of 32) or packed with zeros, one kernel call per panel.
-    unsafe fn run_amx_item(&self, a: &Bf16Config, cx: &Ctx, item: usize) {
+    unsafe fn run_bf16_item(&self, a: &Bf16Config, cx: &Ctx, item: usize) {
         let v = &self.view;
         let (bidx, part) = (item / self.parts, item % self.parts);
         let (mr, nr) = (a.mr, a.nr());
@@ -500,29 +501,29 @@ impl CompiledGemm {
         let hi = ((part + 1) * units / self.parts * unit).min(total);
         let (m0, m1, n0, n1) = if rows { (lo, hi, 0, v.n) } else { (0, v.m, lo, hi) };
         let bo = self.batch_offsets(bidx);
-        let steps = v.k.div_ceil(amx::KSTEP);
+        let steps = v.k.div_ceil(bf16::KSTEP);
         let esz = if v.out == DType::BF16 { 2 } else { 4 };
         let (abase, bbase) = (cx.a as *const u16, cx.b as *const u16);
         let mut ep: [*const u8; 2 + epilogue::MAX_OPERANDS] = [std::ptr::null(); 2 + epilogue::MAX_OPERANDS];
         ep[0] = crate::cpu::isa::lane_mask(crate::cpu::isa::Isa::Avx512, self.ragged);
         ep[1] = cx.uniforms;
-        let panel_words = steps * a.nt * amx::TILE * 32;
-        let block_words = mr * steps * amx::KSTEP;
+        let panel_words = steps * a.nt * bf16::TILE * 32;
+        let block_words = mr * steps * bf16::KSTEP;
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            // A is packed (`amx::pack_a`): its rows read in place, a power of two apart, share cache sets (bf16
+            // A is packed (`bf16::pack_a`): its rows read in place, a power of two apart, share cache sets (bf16
             // 2048^3, 2 threads: 7.9-8.5 ms packed against 9.8-9.9 in place). Every row block once, here, for every
-            // block of B's columns, unless that passes `AMX_A_BYTES`: then one block at a time, repacked per
+            // block of B's columns, unless that passes `BF16_A_BYTES`: then one block at a time, repacked per
             // block of columns.
             let blocks = (m1 - m0).div_ceil(mr);
-            let once = (blocks * block_words * 2) as u64 <= AMX_A_BYTES.load(Ordering::Relaxed);
+            let once = (blocks * block_words * 2) as u64 <= BF16_A_BYTES.load(Ordering::Relaxed);
             let apack = s.a((if once { blocks } else { 1 } * block_words).div_ceil(2)) as *mut u16;
             let pack = |blk: usize, dst: *mut u16| {
                 let (ic, rows) = (m0 + blk * mr, (m1 - m0 - blk * mr).min(mr));
                 // SAFETY: as below; `dst` holds one block.
                 unsafe {
                     let asrc = abase.offset((bo.a + ic as i64 * v.a.rows) as isize);
-                    amx::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mr, steps);
+                    bf16::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mr, steps);
                 }
             };
             if once {
@@ -539,10 +540,10 @@ impl CompiledGemm {
                 let bpack = s.b((panels * panel_words).div_ceil(2)) as *mut u16;
                 // SAFETY (packing, pointer arithmetic, calls): the view was recognized from the kernel IR, whose
                 // affine indices stay within each buffer for every (b, m, n, k) in range; the pack areas are sized
-                // as `amx::pack_b`/`pack_a` require; the kernels read `steps` steps of A rows (16 * mt of them, at
+                // as `bf16::pack_b`/`pack_a` require; the kernels read `steps` steps of A rows (16 * mt of them, at
                 // the spec's stride) and of the panel, and write a rows x nv tile of C.
                 unsafe {
-                    amx::pack_b(bpack, bbase.offset(bo.b as isize), v.b.rows, v.b.cols, jc, nb, v.k, a.nt);
+                    bf16::pack_b(bpack, bbase.offset(bo.b as isize), v.b.rows, v.b.cols, jc, nb, v.k, a.nt);
                 }
                 let mut ic = m0;
                 while ic < m1 {
@@ -583,12 +584,12 @@ impl CompiledGemm {
     /// The K-split AMX GEMM: thread `t` adds its share of K's steps for all of C into its partial block, packing B
     /// one chunk of rows at a time across the whole width (read front to back), then the partials are added and
     /// rounded into C.
-    unsafe fn run_amx_depth(&self, a: &Bf16Config, cx: &Ctx) {
+    unsafe fn run_bf16_depth(&self, a: &Bf16Config, cx: &Ctx) {
         let v = &self.view;
         let (mr, nr) = (a.mr, a.nr());
         let (mp, np) = (v.m.next_multiple_of(mr), v.n.next_multiple_of(nr));
-        let steps = v.k.div_ceil(amx::KSTEP);
-        let chunk = amx_depth_chunk(np);
+        let steps = v.k.div_ceil(bf16::KSTEP);
+        let chunk = depth_chunk(np);
         let mut partials = self.partials.lock();
         let base = PartialsPtr(partials.as_mut_ptr());
         let (first, next) = match self.table[..] {
@@ -606,21 +607,21 @@ impl CompiledGemm {
                 let part = unsafe { base.0.add(t * mp * np) };
                 SCRATCH.with(|s| {
                     let mut s = s.borrow_mut();
-                    let bpack = s.b((np * chunk * amx::KSTEP).div_ceil(2)) as *mut u16;
-                    let apack = s.a((mr * chunk * amx::KSTEP).div_ceil(2)) as *mut u16;
+                    let bpack = s.b((np * chunk * bf16::KSTEP).div_ceil(2)) as *mut u16;
+                    let apack = s.a((mr * chunk * bf16::KSTEP).div_ceil(2)) as *mut u16;
                     let mut c0 = s0;
                     while c0 < s1 {
                         let c1 = (c0 + chunk).min(s1);
-                        let k0 = c0 * amx::KSTEP;
-                        let depth = (c1 * amx::KSTEP).min(v.k) - k0;
-                        let panel_words = (c1 - c0) * a.nt * amx::TILE * 32;
+                        let k0 = c0 * bf16::KSTEP;
+                        let depth = (c1 * bf16::KSTEP).min(v.k) - k0;
+                        let panel_words = (c1 - c0) * a.nt * bf16::TILE * 32;
                         let f = if c0 == s0 { first } else { next };
                         // SAFETY (packing, pointer arithmetic, calls): the view's indices stay in each buffer for
                         // every (m, n, k) in range; the pack areas hold what `pack_b`/`pack_a` write (np columns and
                         // mr rows of at most `chunk` steps); each kernel reads `c1 - c0` steps of its A rows and B
                         // panel and writes a whole tile block of the padded partials.
                         unsafe {
-                            amx::pack_b(
+                            bf16::pack_b(
                                 bpack,
                                 bbase.offset(k0 as isize * v.b.rows as isize),
                                 v.b.rows,
@@ -634,7 +635,7 @@ impl CompiledGemm {
                                 let rows = (v.m - ib * mr).min(mr);
                                 let asrc = abase
                                     .offset((ib * mr) as isize * v.a.rows as isize + k0 as isize * v.a.cols as isize);
-                                amx::pack_a(apack, asrc, v.a.rows, v.a.cols, rows, depth, a.mr, c1 - c0);
+                                bf16::pack_a(apack, asrc, v.a.rows, v.a.cols, rows, depth, a.mr, c1 - c0);
                                 for q in 0..np / nr {
                                     let c = part.add(ib * mr * np + q * nr);
                                     f(
@@ -913,8 +914,8 @@ pub(crate) fn premap_cached_sets(store: &kiln_autotune::Store) {
 
 /// Steps of 32 of K per packed chunk of the K-split AMX GEMM: as many as keep the chunk's B (all `np` columns) within
 /// 1 MiB, at least one.
-fn amx_depth_chunk(np: usize) -> usize {
-    ((1 << 20) / (np * 2 * amx::KSTEP)).max(1)
+fn depth_chunk(np: usize) -> usize {
+    ((1 << 20) / (np * 2 * bf16::KSTEP)).max(1)
 }
 
 /// The partial buffers' base (or C's), shared by the threads of one run, which touch disjoint parts of it.
@@ -923,15 +924,15 @@ struct PartialsPtr(*mut f32);
 // SAFETY: see the type's doc: each thread writes its own block (or rows), and the run holds the buffer's lock.
 unsafe impl Sync for PartialsPtr {}
 
-/// Bytes of packed A per thread above which `run_amx_item` packs one row block at a time (again for every block of
-/// B's columns) rather than all of the thread's rows once: 32 MiB, lowered by [`set_amx_a_limit`].
-static AMX_A_BYTES: AtomicU64 = AtomicU64::new(32 << 20);
+/// Bytes of packed A per thread above which `run_bf16_item` packs one row block at a time (again for every block of
+/// B's columns) rather than all of the thread's rows once: 32 MiB, lowered by [`set_bf16_a_limit`].
+static BF16_A_BYTES: AtomicU64 = AtomicU64::new(32 << 20);
 
 /// Sets the packed-A limit of the bf16 GEMMs (tests lower it to run the one-block-at-a-time path on small
 /// problems; both paths compute the same values).
 #[doc(hidden)]
-pub fn set_amx_a_limit(bytes: u64) {
-    AMX_A_BYTES.store(bytes, Ordering::Relaxed);
+pub fn set_bf16_a_limit(bytes: u64) {
+    BF16_A_BYTES.store(bytes, Ordering::Relaxed);
 }
 
 fn is_identity(k: &KernelIr) -> bool {

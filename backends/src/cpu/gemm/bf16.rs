@@ -1,7 +1,7 @@
 //! bf16 GEMM kernels, generated at run time, for the two bf16 units of current x86 cores: AMX tiles (`tdpbf16ps`)
 //! and AVX512-BF16 (`vdpbf16ps`). Both read the same packed operands (B in the tiles' pair layout, A in rows), sum
 //! in f32, and finish with the same epilogue (bias, activation, the rounding to bf16) in zmm registers before the
-//! one store; `cpu/gemm/mod.rs` drives them (`run_amx_item`, `run_amx_depth`).
+//! one store; `cpu/gemm/mod.rs` drives them (`run_bf16_item`, `run_bf16_depth`).
 //!
 //! AMX: a kernel computes a `16*mt x 16*nt` block of C (`mt`, `nt` in 1..=2) with `mt * nt` accumulator tiles
 //! (tmm0..3), `mt` A tiles (tmm4, tmm5: 16 rows of 32 bf16, read at A's row stride) and `nt` B tiles (tmm6, tmm7: 16
@@ -34,7 +34,7 @@
 //! transposed A's scattered).
 //!
 //! Linux hands out AMX's 8 KiB of tile state only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM,
-//! XFEATURE_XTILEDATA)`, once per process: [`ready`]); without it the first tile instruction faults. A host without
+//! XFEATURE_XTILEDATA)`, once per process: [`amx_ready`]); without it the first tile instruction faults. A host without
 //! AMX-BF16, AVX512-BF16 and AVX-512BW, or where that request fails, or where `KILN_CPU_ISA` rules out AVX-512, has
 //! no AMX candidate ([`unit_ready`] for either unit).
 
@@ -666,11 +666,11 @@ unsafe fn pair_rows_scattered(_: *mut u16, _: *const u16, _: i64, _: usize, _: u
     unreachable!("AMX kernels run only on x86-64")
 }
 
-/// Whether this host may run `unit`'s kernels ([`ready`] for AMX; AVX512-BF16 needs it and AVX-512BW, and
+/// Whether this host may run `unit`'s kernels ([`amx_ready`] for AMX; AVX512-BF16 needs it and AVX-512BW, and
 /// `KILN_CPU_ISA` allowing AVX-512).
 pub fn unit_ready(unit: Bf16Unit) -> bool {
     match unit {
-        Bf16Unit::Amx => ready(),
+        Bf16Unit::Amx => amx_ready(),
         Bf16Unit::Avx512Bf16 => {
             static DOT: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
                 let avx512 = super::super::isa::allowed().is_ok_and(|a| a.contains(&super::super::isa::Isa::Avx512));
@@ -687,7 +687,7 @@ pub fn unit_ready(unit: Bf16Unit) -> bool {
 
 /// Whether this host may run AMX kernels: AMX-BF16 and AMX-TILE, AVX512-BF16 and AVX-512BW (the epilogue and the
 /// packing), `KILN_CPU_ISA` allowing AVX-512, and the kernel's permission for the tile data, asked once.
-pub fn ready() -> bool {
+pub fn amx_ready() -> bool {
     static READY: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
         let u = super::super::isa::bf16_units();
         let avx512 = super::super::isa::allowed().is_ok_and(|a| a.contains(&super::super::isa::Isa::Avx512));
