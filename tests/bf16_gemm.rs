@@ -151,6 +151,82 @@ fn bf16_epilogues_layouts_and_batches_match_the_interpreter() {
 }
 
 #[cfg(feature = "cpu")]
+/// Epilogues computing in bf16 after the rounding (each op rounded in the register program, as the Cranelift
+/// kernels and the interpreter round it): an activation, a scale and `exp`, and a scale into bf16's subnormal range,
+/// which the program's integer rounding keeps (`vcvtneps2bf16` would flush it to zero). Tolerance: the sums'
+/// order, then a bf16 step for the product's rounding and one for each rounding after it.
+#[test]
+fn bf16_epilogues_round_each_op_as_the_interpreter() {
+    let (m, n, k) = (37, 70, 96);
+    let x = bf16_rand(&[m, k], 21);
+    let w = bf16_rand(&[n, k], 22);
+    let y = x.matmul(&w.t());
+    let two_steps = common::Tol { rel: gemm_tol(k).rel + 2.0 / 128.0, abs: gemm_tol(k).abs };
+    for (name, out) in [
+        ("leaky_relu", kiln::nn::functional::leaky_relu(&y, 0.01)),
+        ("scale, exp", (y.clone() * 0.25).exp()),
+        ("subnormal scale", y.clone() * 1e-39),
+    ] {
+        let options = ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
+        common::with_last_launch(name, &out, options, |kernel, args, want| {
+            let view = GemmView::of(kernel).unwrap_or_else(|| panic!("{name}: not one GEMM kernel:\n{kernel}"));
+            assert_eq!((view.operands, view.out), (DType::BF16, DType::BF16), "{name}");
+            if !any_unit() {
+                return;
+            }
+            for imp in config::candidates(&view, false) {
+                let got = PreparedGemm::new(kernel, imp).and_then(|g| g.run(args));
+                let got = got.unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
+                let tol = if name == "subnormal scale" {
+                    // Every value is a bf16 subnormal: one step of 2^-133 on top.
+                    common::Tol { abs: two_steps.abs + 1e-40, ..two_steps }
+                } else {
+                    two_steps
+                };
+                if let Err(e) = compare(&got, want, tol) {
+                    panic!("{name}: {} is wrong: {e}\n{kernel}", imp.name());
+                }
+                if name == "subnormal scale" {
+                    let kept = common::values(&got).iter().filter(|v| **v != 0.0).count();
+                    assert!(kept > got.len() / 2, "{name}: {}: subnormals flushed ({kept} kept)", imp.name());
+                }
+            }
+        });
+    }
+}
+
+#[cfg(feature = "cpu")]
+/// Where the sums are exact (small integers), a bf16 epilogue of `+ - *` and a select matches the interpreter bit
+/// for bit: every rounding in the program is the interpreter's.
+#[test]
+fn bf16_epilogue_roundings_are_the_interpreters() {
+    let ints = |shape: [usize; 2], seed: usize| {
+        let n = shape[0] * shape[1];
+        // Hashed indices, so that rows and columns differ (the sums vary).
+        let hash = |i: usize| ((i + 1000 * seed) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59;
+        let v: Vec<f32> = (0..n).map(|i| (hash(i) % 5) as f32 - 2.0).collect();
+        let t = Tensor::from_vec(v, shape, &Device::cpu()).unwrap().to_dtype(DType::BF16);
+        t.realize().unwrap();
+        t
+    };
+    let y = ints([33, 40], 1).matmul(&ints([40, 50], 2));
+    let out = kiln::nn::functional::leaky_relu(&(y * 0.1 + 0.3), 0.01);
+    let options = ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
+    common::with_last_launch("exact sums", &out, options, |kernel, args, want| {
+        let view = GemmView::of(kernel).unwrap_or_else(|| panic!("not one GEMM kernel:\n{kernel}"));
+        let distinct: std::collections::HashSet<u64> = common::values(want).iter().map(|v| v.to_bits()).collect();
+        assert!(distinct.len() > 20, "the sums vary: {} distinct outputs", distinct.len());
+        for imp in config::candidates(&view, false) {
+            let got = PreparedGemm::new(kernel, imp).and_then(|g| g.run(args));
+            let got = got.unwrap_or_else(|e| panic!("{}: {e}", imp.name()));
+            if let Err(e) = compare(&got, want, common::Tol::EXACT) {
+                panic!("{} is not the interpreter's rounding: {e}\n{kernel}", imp.name());
+            }
+        }
+    });
+}
+
+#[cfg(feature = "cpu")]
 /// With `bf16_gemm` a bf16 matmul is one kernel reading both operands in bf16 and rounding at its store; without
 /// it, the operands are stored in f32 for the f32 GEMM and its result rounded by an elementwise kernel.
 #[test]
@@ -169,6 +245,24 @@ fn the_schedule_reads_bf16_operands_only_where_asked() {
     assert_eq!(f32_gemms.len(), 1, "{:?}", without.launches.iter().map(|l| &l.kernel.name).collect::<Vec<_>>());
     assert_eq!((f32_gemms[0].operands, f32_gemms[0].out), (DType::F32, DType::F32));
     assert_eq!(without.launches.last().unwrap().kernel.output.dtype, DType::BF16);
+    // An activation in bf16 after the rounding, reading no other tensor, joins the GEMM.
+    let act = kiln::nn::functional::leaky_relu(&a.matmul(&bf16_rand(&[40, 56], 4)), 0.01);
+    let cap = kiln::capture(&[&act]).unwrap();
+    let plan = schedule_with(&cap.graph, ScheduleOptions { bf16_gemm: true, ..Default::default() });
+    assert_eq!(plan.launches.len(), 1, "{:?}", plan.launches.iter().map(|l| &l.kernel.name).collect::<Vec<_>>());
+    let view = GemmView::of(&plan.launches[0].kernel).unwrap_or_else(|| panic!("{}", plan.launches[0].kernel));
+    assert_eq!((view.operands, view.out), (DType::BF16, DType::BF16));
+    // A widened operand shared with an f32 matmul (a training step's weight gradient reads the same activation):
+    // the f32 matmul stores it in f32, and the bf16 one then runs as an f32 GEMM, not a generic kernel.
+    let (x, w, g) = (bf16_rand(&[40, 24], 5), bf16_rand(&[24, 56], 6), rand_f32(&[40, 8], 7));
+    let xf = x.to_dtype(DType::F32);
+    let fwd = kiln::nn::functional::leaky_relu(&xf.matmul(&w.to_dtype(DType::F32)).to_dtype(DType::BF16), 0.01);
+    let grad = xf.t().matmul(&g);
+    let cap = kiln::capture(&[&fwd, &grad]).unwrap();
+    let plan = schedule_with(&cap.graph, ScheduleOptions { bf16_gemm: true, ..Default::default() });
+    for l in plan.launches.iter().filter(|l| l.kernel.reduce.is_some()) {
+        assert!(GemmView::of(&l.kernel).is_some(), "a matmul left to the generic kernel:\n{}", l.kernel);
+    }
     // A bf16 bias and relu after the rounding: the product is stored in f32 by the bf16 GEMM, then one kernel.
     let layer = (a.matmul(&bf16_rand(&[40, 56], 4)) + &bf16_rand(&[56], 3)).relu();
     let cap = kiln::capture(&[&layer]).unwrap();

@@ -62,8 +62,8 @@ pub struct GemmView {
     pub roles: Vec<Role>,
     /// The dtype A and B are stored in: f32, or bf16 (each element widened to f32 exactly before the product).
     pub operands: DType,
-    /// The output's dtype: f32, or bf16 (only with bf16 operands; the outer code's result is then a cast of an
-    /// f32 value, which a renderer applies at the store).
+    /// The output's dtype: f32, or bf16 (only with bf16 operands: the outer code rounds the f32 sum to bf16, and
+    /// what follows computes in bf16).
     pub out: DType,
 }
 
@@ -139,10 +139,8 @@ impl GemmView {
         let out = k.output.dtype;
         let out_ok = match out {
             DType::F32 => true,
-            DType::BF16 => {
-                operands == DType::BF16
-                    && matches!(k.outer[k.result].op, InstOp::Cast(s) if k.outer[s].dtype == DType::F32)
-            }
+            // Its outer code rounds the f32 product to bf16 (a cast), and may compute on in bf16.
+            DType::BF16 => operands == DType::BF16,
             _ => false,
         };
         if !out_ok {

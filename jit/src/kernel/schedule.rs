@@ -131,6 +131,33 @@ fn bf16_gemm_operands(graph: &Graph, n: NodeIndex, mat: &[bool]) -> Option<Vec<N
     Some(stored)
 }
 
+/// The ops a bf16 GEMM's epilogue computes after the rounding of its product (rule 2e): arithmetic, comparisons,
+/// selects, and the unary ops with a register form on every backend that sets `bf16_gemm` (the CPU's
+/// `gemm::epilogue`). Anything else (max/min with their NaN rule, sin, a floor) keeps the product stored in f32.
+fn bf16_epilogue_op(op: &Op) -> bool {
+    use crate::op::BinaryOp as B;
+    match op {
+        Op::Cast | Op::Reshape | Op::Where => true,
+        Op::Binary(b) => {
+            matches!(b, B::Add | B::Sub | B::Mul | B::Div | B::Lt | B::Le | B::Eq | B::Ne | B::And | B::Or)
+        }
+        Op::Unary(u) => matches!(
+            u,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Recip | UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Log
+        ),
+        _ => false,
+    }
+}
+
+/// Whether `n` is a constant, through the movement ops that broadcast it.
+fn constant(graph: &Graph, n: NodeIndex) -> bool {
+    let mut cur = n;
+    while matches!(graph.node(cur).op, Op::Expand | Op::Reshape) {
+        cur = graph.srcs(cur)[0];
+    }
+    matches!(graph.node(cur).op, Op::Const(_))
+}
+
 /// Choices a backend makes about scheduling.
 #[derive(Clone, Copy, Debug)]
 pub struct ScheduleOptions {
@@ -244,10 +271,7 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
 
     // Rule 2c: a matmul operand computed by ALU ops (a relu derivative times an upstream gradient, say) would be
     // recomputed for every register tile that reads it (N / 8 times for A, M / 4 times for B): store it once.
-    for &n in &order {
-        if !matches!(graph.node(n).op, Op::Matmul) || bf16_operands[n.index()] {
-            continue;
-        }
+    let store_computed_operands = |n: NodeIndex, mat: &mut Vec<bool>| {
         for src in graph.srcs(n) {
             let mut cur = src;
             while matches!(graph.node(cur).op, Op::Permute(_) | Op::Reshape | Op::Expand) && !mat[cur.index()] {
@@ -256,6 +280,11 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
             if !mat[cur.index()] && cost[cur.index()] > 0 {
                 mat[cur.index()] = true;
             }
+        }
+    };
+    for &n in &order {
+        if matches!(graph.node(n).op, Op::Matmul) && !bf16_operands[n.index()] {
+            store_computed_operands(n, &mut mat);
         }
     }
 
@@ -278,6 +307,16 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         }
         if !mat[cur.index()] && cost[cur.index()] > 0 {
             mat[cur.index()] = true;
+        }
+    }
+
+    // Rule 2e, settled: rules 2b-2d may have stored an operand's cast to f32 that another matmul shares (a weight
+    // gradient with an f32 operand reads the same widened activation); a matmul that now reads it in f32 is an f32
+    // GEMM, its other operand stored in f32 too (rule 2c).
+    for &n in &order {
+        if bf16_operands[n.index()] && bf16_gemm_operands(graph, n, &mat).is_none_or(|s| !s.is_empty()) {
+            bf16_operands[n.index()] = false;
+            store_computed_operands(n, &mut mat);
         }
     }
 
@@ -322,15 +361,19 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
             stage[r.index()] = Some(r);
             continue;
         }
-        // A GEMM's epilogue computes in f32 and stores f32, or, where its operands are bf16 (rule 2e), rounds its
-        // result to bf16 at the store: a bare cast. Ops after that cast compute in bf16, rounding each result,
-        // which the register epilogues do not model: the product is stored in f32 and they run elementwise.
+        // A GEMM's epilogue computes in f32 and stores f32, or, where its operands are bf16 (rule 2e), may round
+        // its result to bf16 and compute on in bf16 (an activation), rounding each op's result, before its store.
+        // Reading another tensor in bf16 there (a bf16 bias) is not taken: the product is stored in f32 and the
+        // rest runs elementwise.
         let half_out = |m: NodeIndex| {
-            let rounding_store = bf16_operands[r.index()]
+            let bf16_epilogue = bf16_operands[r.index()]
                 && graph.node(m).dtype == crate::DType::BF16
-                && matches!(graph.node(m).op, Op::Cast)
-                && graph.srcs(m)[0] == r;
-            matches!(graph.node(r).op, Op::Matmul) && graph.node(m).dtype != graph.node(r).dtype && !rounding_store
+                && seen.iter().chain([&m]).all(|&n| {
+                    n == r
+                        || bf16_epilogue_op(&graph.node(n).op)
+                            && graph.srcs(n).iter().all(|&s| s == r || seen.contains(&s) || constant(graph, s))
+                });
+            matches!(graph.node(r).op, Op::Matmul) && graph.node(m).dtype != graph.node(r).dtype && !bf16_epilogue
         };
         match target {
             Some(m)

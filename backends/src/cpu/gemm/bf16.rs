@@ -9,7 +9,8 @@
 //! steps of 32 loads the tiles and issues `mt * nt` `tdpbf16ps` (16 x 16 x 32 products each); the sums stay in the
 //! tiles over the whole K. Then they go to a 64-byte-aligned stack area (`tilestored`), and each row of 16 f32 is
 //! loaded into a zmm, finished by the shared epilogue emitter (`asm::emit_program` with `asm512`'s instructions)
-//! and stored as f32 or rounded to bf16 (`vcvtneps2bf16`, nearest even as PyTorch), masked at a ragged last vector.
+//! and stored as f32 or as bf16 (the program rounds each bf16 value, nearest even as PyTorch, so the store keeps the
+//! top half), masked at a ragged last vector.
 //! The contract is `asm::MicroFn`'s: `(a, b, c, k, ep)`, `k` counting steps of 32. The K-split form
 //! ([`emit_partial`]) loads, adds to and stores back a thread's f32 partial sums instead, with no epilogue.
 //!
@@ -18,8 +19,8 @@
 //! of a host without AMX (AMD Zen 4, Intel Cooper Lake); where both exist the tuner races them.
 //!
 //! Subnormals: both units treat subnormal inputs as zero and flush subnormal results to zero whatever MXCSR says
-//! (`tdpbf16ps`, `vdpbf16ps` and `vcvtneps2bf16` are specified so), so a sum below f32's smallest normal (1.2e-38)
-//! comes out 0 where the f32 GEMM and the interpreter keep it (measured: 64 products of 1e-20 gave 0 against
+//! (`tdpbf16ps` and `vdpbf16ps` are specified so), so a sum below f32's smallest normal (1.2e-38) comes out 0 where
+//! the f32 GEMM and the interpreter keep it (measured: 64 products of 1e-20 gave 0 against
 //! 6.4e-39). oneDNN's bf16 kernels behind PyTorch run on the same instructions.
 //!
 //! The tile configuration (palette 1, every tile 16 rows of 64 bytes) sits after the code and is loaded by
@@ -255,8 +256,9 @@ fn emit_stores(
             let row = r as i32 * s.ldc;
             put(ops, |e| {
                 if s.out_bf16 {
-                    e.round_to_bf16(res, res);
-                    e.store_words(mem(gpr::RDX, row + 32 * v as i32), res, k);
+                    // The program's result is a bf16 value (`epilogue::translate_with`): its top half, exactly.
+                    e.shift(2, res, res, 16);
+                    e.store_low_words(mem(gpr::RDX, row + 32 * v as i32), res, k);
                 } else {
                     e.store(mem(gpr::RDX, row + 64 * v as i32), res, k);
                 }

@@ -11,7 +11,7 @@
 //! for a row sum's outer code (`cpu/wide.rs`).
 
 use super::asm::{EpInst, EpProgram, VBin, pred};
-use super::program_math::{f32_bits, push_exp, push_inst, push_log, push_tanh};
+use super::program_math::{f32_bits, push_exp, push_inst, push_log, push_round_bf16, push_tanh};
 use kiln_jit::DType;
 use kiln_jit::dtype::Scalar;
 use kiln_jit::kernel::Inst;
@@ -52,6 +52,16 @@ pub const MAX_OPERANDS: usize = 6;
 /// Translates `k`'s outer code, each value's role given by `roles` (a `GemmView`'s, or an `ElementwiseView`'s), or
 /// `None` when it cannot run in registers (see the module doc).
 pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
+    translate_with(k, roles, false)
+}
+
+/// [`translate`], and where `bf16` holds, values of dtype bf16 too (a bf16 GEMM's epilogue after the rounding of its
+/// product): each kept in a register as its exact f32 value, each bf16 result of arithmetic rounded to bf16 in the
+/// program (`program_math::push_round_bf16`, the Cranelift kernels' integer rounding), so the program's result is
+/// exactly the value the store writes. bf16 loads are not translated (their roles are `Other`).
+pub fn translate_with(k: &KernelIr, roles: &[Role], bf16: bool) -> Option<Epilogue> {
+    // A value held as f32 in a register: f32, or bf16 where allowed.
+    let floaty = |d: DType| d == DType::F32 || bf16 && d == DType::BF16;
     let n = k.outer.len();
     // Only what the result depends on.
     let mut needed = vec![false; n];
@@ -89,7 +99,7 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
         let v = match &roles[i] {
             Role::Other => return None,
             Role::Uniform => {
-                if !matches!(inst.dtype, DType::F32 | DType::Bool) {
+                if !(floaty(inst.dtype) || inst.dtype == DType::Bool) {
                     // Only feeds other uniform values (a cast), or an unsupported use caught below.
                     continue;
                 }
@@ -111,15 +121,20 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
             }
             Role::Computed => {
                 let get = |j: usize| val[j];
-                let f32_of = |j: usize| (k.outer[j].dtype == DType::F32).then(|| val[j]).flatten();
+                let f32_of = |j: usize| floaty(k.outer[j].dtype).then(|| val[j]).flatten();
                 let bool_of = |j: usize| (k.outer[j].dtype == DType::Bool).then(|| val[j]).flatten();
+                // A bf16 result is rounded where the op's f32 result may not be a bf16 value.
+                let rounded = |ep: &mut Epilogue, x: usize| {
+                    if inst.dtype == DType::BF16 { push_round_bf16(&mut ep.program, x) } else { x }
+                };
                 match (&inst.op, inst.dtype) {
                     (InstOp::Acc, DType::F32) => push(&mut ep, EpInst::Acc),
-                    (InstOp::Binary(op, a, b), DType::F32) => {
+                    (InstOp::Binary(op, a, b), d) if floaty(d) => {
                         let (x, y) = (f32_of(*a)?, f32_of(*b)?);
-                        push(&mut ep, EpInst::Bin(float_bin(*op)?, x, y))
+                        let r = push(&mut ep, EpInst::Bin(float_bin(*op)?, x, y));
+                        rounded(&mut ep, r)
                     }
-                    (InstOp::Binary(op, a, b), DType::Bool) if k.outer[*a].dtype == DType::F32 => {
+                    (InstOp::Binary(op, a, b), DType::Bool) if floaty(k.outer[*a].dtype) => {
                         let (x, y) = (f32_of(*a)?, f32_of(*b)?);
                         let p = match op {
                             BinaryOp::Lt => pred::LT_OQ,
@@ -158,15 +173,23 @@ pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
                         };
                         push(&mut ep, EpInst::Bin(op, x, y))
                     }
-                    (InstOp::Where(c, a, b), DType::F32) => {
+                    (InstOp::Where(c, a, b), d) if floaty(d) => {
                         let (m, t, f) = (bool_of(*c)?, f32_of(*a)?, f32_of(*b)?);
                         push(&mut ep, EpInst::Select { mask: m, t, f })
                     }
-                    (InstOp::Unary(u, a), DType::F32) => push_float_unary(&mut ep.program, *u, f32_of(*a)?)?,
+                    (InstOp::Unary(u, a), d) if floaty(d) => {
+                        let r = push_float_unary(&mut ep.program, *u, f32_of(*a)?)?;
+                        // Negation and absolute value of a bf16 value are bf16 values.
+                        if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { rounded(&mut ep, r) }
+                    }
                     (InstOp::Unary(UnaryOp::Not, a), DType::Bool) => {
                         push(&mut ep, EpInst::BinK(VBin::Xor, bool_of(*a)?, u32::MAX))
                     }
-                    (InstOp::Cast(a), DType::F32) if k.outer[*a].dtype == DType::F32 => get(*a)?,
+                    (InstOp::Cast(a), d) if floaty(d) && floaty(k.outer[*a].dtype) => {
+                        // Widening bf16 is exact; narrowing to bf16 rounds.
+                        let x = get(*a)?;
+                        if k.outer[*a].dtype == DType::F32 { rounded(&mut ep, x) } else { x }
+                    }
                     _ => return None,
                 }
             }

@@ -7,9 +7,8 @@
 //! instructions around these (loops, GPR moves, prefetches, `vzeroupper`) still come from `dynasm!`; both write
 //! into the same assembler, so labels and offsets stay `dynasmrt`'s.
 //!
-//! The 16-lane kernels use AVX-512F only (no DQ/BW/VL instructions); the AMX kernels' bf16 store adds
-//! `vcvtneps2bf16` (AVX512-BF16) and a 256-bit `vmovdqu16` (AVX-512BW/VL), which is why `Enc` also takes EVEX.W
-//! and the vector length. `vpandd`/`vpord`/`vpxord` stand in for `vandps`..., a compare's
+//! AVX-512F only (no DQ/BW/VL instructions); the bf16 kernels add `vdpbf16ps` (AVX512-BF16), and their bf16 store
+//! `vpmovdw` (`Enc` also takes EVEX.W and the vector length for forms that need them). `vpandd`/`vpord`/`vpxord` stand in for `vandps`..., a compare's
 //! lane mask materialised with `vpternlogd` under the compare's opmask, and a select's mask tested with `vptestmd`.
 //! The tests pin every form against GNU `as` output.
 
@@ -40,6 +39,8 @@ pub(crate) enum Rm {
     Bcst(Mem),
     /// One dword, not broadcast by the prefix (`vbroadcastss`'s source: Tuple1 Scalar, disp scaled by 4).
     Dword(Mem),
+    /// Half a 512-bit vector in memory (a narrowing store's destination: disp scaled by 32).
+    Half(Mem),
 }
 
 /// Opcode map (EVEX.mmm) and mandatory prefix (EVEX.pp) of an instruction, with its opcode byte.
@@ -87,9 +88,8 @@ const VPTERNLOGD: Opc = x3a(0x25);
 const VPTESTMD: Opc = x38(0x27);
 const SHIFT_IMM: Opc = pd66(0x72);
 const VSHUFF32X4: Opc = x3a(0x23);
-const VCVTNEPS2BF16: Opc = Opc { map: 2, pp: 2, op: 0x72 };
+const VPMOVDW: Opc = Opc { map: 2, pp: 2, op: 0x33 };
 const VDPBF16PS: Opc = Opc { map: 2, pp: 2, op: 0x52 };
-const VMOVDQU16_STORE: Opc = Opc { map: 1, pp: 3, op: 0x7f };
 
 /// Bytes of EVEX instructions, appended to the assembler by the caller.
 #[derive(Default)]
@@ -115,6 +115,7 @@ impl Enc {
             Rm::Full(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), full),
             Rm::Bcst(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, true, Some(m), 4),
             Rm::Dword(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), 4),
+            Rm::Half(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), 32),
         };
         let r_bit = (reg >> 3) & 1;
         let r2_bit = (reg >> 4) & 1;
@@ -201,14 +202,9 @@ impl Enc {
         self.insn(VMOVUPS_STORE, x, 0, Rm::Full(m), k, false, None);
     }
 
-    /// `ymm d` = the 16 f32 lanes of zmm `x` rounded to bf16, nearest even (`vcvtneps2bf16`, AVX512-BF16).
-    pub(crate) fn round_to_bf16(&mut self, d: u8, x: u8) {
-        self.insn(VCVTNEPS2BF16, d, 0, Rm::Reg(x), 0, false, None);
-    }
-
-    /// `[m]` = the 16 words of ymm `x`, only those of opmask `k` when non-zero (`vmovdqu16`, AVX512-BW/VL).
-    pub(crate) fn store_words(&mut self, m: Mem, x: u8, k: u8) {
-        self.insn_wl(VMOVDQU16_STORE, true, 0b01, x, 0, Rm::Full(m), k, false, None);
+    /// `[m]` = the low word of each of zmm `x`'s 16 dwords, only those of opmask `k` when non-zero (`vpmovdw`).
+    pub(crate) fn store_low_words(&mut self, m: Mem, x: u8, k: u8) {
+        self.insn(VPMOVDW, x, 0, Rm::Half(m), k, false, None);
     }
 
     /// `d += x . src`: each f32 lane adds the two products of its pair of bf16 (`vdpbf16ps`, AVX512-BF16).
@@ -381,10 +377,8 @@ mod tests {
         check(&mut e, &[0x62, 0x62, 0x7d, 0x48, 0x18, 0x33], "vbroadcastss zmm30, [rbx]");
         e.broadcast(30, mem(RAX, 32));
         check(&mut e, &[0x62, 0x62, 0x7d, 0x48, 0x18, 0x70, 0x08], "vbroadcastss zmm30, [rax+32]");
-        e.round_to_bf16(2, 1);
-        check(&mut e, &[0x62, 0xf2, 0x7e, 0x48, 0x72, 0xd1], "vcvtneps2bf16 ymm2, zmm1");
-        e.store_words(mem(RDX, 64), 2, 1);
-        check(&mut e, &[0x62, 0xf1, 0xff, 0x29, 0x7f, 0x52, 0x02], "vmovdqu16 [rdx+64]{k1}, ymm2");
+        e.store_low_words(mem(RDX, 64), 4, 1);
+        check(&mut e, &[0x62, 0xf2, 0x7e, 0x49, 0x33, 0x62, 0x02], "vpmovdw [rdx+64]{k1}, zmm4");
         e.dot_bf16(1, 2, Rm::Reg(3));
         check(&mut e, &[0x62, 0xf2, 0x6e, 0x48, 0x52, 0xcb], "vdpbf16ps zmm1, zmm2, zmm3");
         assert!(!want.is_empty());

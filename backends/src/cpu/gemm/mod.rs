@@ -256,17 +256,9 @@ impl CompiledGemm {
         }
         let v = &self.view;
         let out_bf16 = v.out == DType::BF16;
-        // A bf16 C: the program computes the f32 value the outer code's last cast rounds, and the store rounds it.
-        let ep = if out_bf16 {
-            let mut f32_result = k.clone();
-            if let kiln_jit::kernel::InstOp::Cast(src) = k.outer[k.result].op {
-                f32_result.result = src;
-            }
-            f32_result.output.dtype = DType::F32;
-            epilogue::translate(&f32_result, &v.roles)
-        } else {
-            epilogue::translate(k, &v.roles)
-        };
+        // bf16 values in the outer code are rounded in the program, so a bf16 C's last value is a bf16 value, which
+        // the store narrows exactly.
+        let ep = epilogue::translate_with(k, &v.roles, true);
         let program = match &ep {
             Some(e) => e.program.clone(),
             None if !out_bf16 => {

@@ -150,3 +150,19 @@ pub(super) fn push_inst(p: &mut EpProgram, i: EpInst) -> usize {
 pub(super) fn f32_bits(v: f64) -> u32 {
     (v as f32).to_bits()
 }
+
+/// Appends the rounding of f32 `x` to the nearest bf16 value, ties to even, and returns it as an f32 (its low 16 bits
+/// zero): the Cranelift kernels' integer rounding (`render/clif/half.rs`), bit for bit: add `0x7fff` plus the lowest
+/// kept bit and clear the low half (the carry rounds the largest values to infinity); a NaN keeps its top bits with
+/// the quiet bit set. Integer ops only, so subnormals round as any value (`vcvtneps2bf16` would flush them).
+pub(super) fn push_round_bf16(p: &mut EpProgram, x: usize) -> usize {
+    let top = push_inst(p, EpInst::Shr(x, 16));
+    let odd = push_inst(p, EpInst::BinK(VBin::And, top, 1));
+    let n = push_inst(p, EpInst::Bin(VBin::IAdd, x, odd));
+    let n = push_inst(p, EpInst::BinK(VBin::IAdd, n, 0x7fff));
+    let rounded = push_inst(p, EpInst::BinK(VBin::And, n, 0xffff_0000));
+    let nan = push_inst(p, EpInst::Cmp(pred::UNORD_Q, x, x));
+    let quiet = push_inst(p, EpInst::BinK(VBin::Or, x, 0x0040_0000));
+    let quiet = push_inst(p, EpInst::BinK(VBin::And, quiet, 0xffff_0000));
+    push_inst(p, EpInst::Select { mask: nan, t: quiet, f: rounded })
+}
