@@ -78,7 +78,8 @@ fn check_bf16_candidates(name: &str, out: &Tensor) -> (usize, bool) {
         let mut cands = config::candidates(&view, false);
         for (present, unit) in [(units().0, Bf16Unit::Amx), (units().1, Bf16Unit::Avx512Bf16)] {
             let offered = cands.iter().any(|c| matches!(c, GemmImpl::Bf16(a) if a.unit == unit));
-            assert_eq!(offered, present, "{name}: {unit:?} candidates");
+            // One row is left to the generic kernel (`config::bf16_candidates`).
+            assert_eq!(offered, present && view.m > 1, "{name}: {unit:?} candidates");
         }
         let narrow: Vec<GemmImpl> = cands
             .iter()
@@ -105,7 +106,8 @@ fn check_bf16_candidates(name: &str, out: &Tensor) -> (usize, bool) {
 #[test]
 fn every_bf16_candidate_matches_the_interpreter() {
     // (m, n, k): whole tiles, ragged everything, one row, K under one step, N under one tile.
-    // The last three split K between the threads (at most 16 rows, K of 4 steps or more), one of them ragged.
+    // The last three split K between the threads (at most 16 rows, K of 4 steps or more), one of them ragged; one
+    // row has no bf16 candidates (the generic kernel reads the weight in place), which the device test runs.
     for (m, n, k) in [
         (64, 64, 64),
         (37, 45, 70),

@@ -305,7 +305,13 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         while matches!(graph.node(cur).op, Op::Permute(_) | Op::Reshape) && !mat[cur.index()] {
             cur = graph.srcs(cur)[0];
         }
-        if !mat[cur.index()] && cost[cur.index()] > 0 {
+        // Not a bare widening that a bf16 GEMM reads in place (the batch-1 step's input, also broadcast by its
+        // weight's outer-product gradient): storing it in f32 would make that GEMM an f32 one, which stores its
+        // weight in f32 on every step (59 µs of the bf16 batch-1 step's 300).
+        let widening_for_bf16_gemm = matches!(graph.node(cur).op, Op::Cast)
+            && graph.node(graph.srcs(cur)[0]).dtype == crate::DType::BF16
+            && consumers[cur.index()].iter().any(|c| bf16_operands[c.index()]);
+        if !mat[cur.index()] && cost[cur.index()] > 0 && !widening_for_bf16_gemm {
             mat[cur.index()] = true;
         }
     }
