@@ -8,7 +8,8 @@
 //! softmax's exponent), which expand into the Cranelift kernels' own sequences (`program_math.rs`). Anything else
 //! (sin/cos, max/min with their NaN rule, an int value, a gather) returns `None`, and the backend applies the
 //! epilogue as a separate compiled pass over C instead: slower, never wrong. `translate_row_outer` does the same
-//! for a row sum's outer code (`cpu/wide.rs`).
+//! for a row sum's outer code (`cpu/wide.rs`). A bf16 GEMM's epilogue (`translate_with`) may also compute in bf16:
+//! each bf16 result is rounded in the program, with integer ops, exactly as the Cranelift kernels round it.
 
 use super::asm::{EpInst, EpProgram, VBin, pred};
 use super::program_math::{f32_bits, push_exp, push_inst, push_log, push_round_bf16, push_tanh};
