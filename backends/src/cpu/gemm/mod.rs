@@ -532,8 +532,8 @@ impl CompiledGemm {
                 let bpack = s.b((panels * panel_words).div_ceil(2)) as *mut u16;
                 // SAFETY (packing, pointer arithmetic, calls): the view was recognized from the kernel IR, whose
                 // affine indices stay within each buffer for every (b, m, n, k) in range; the pack areas are sized
-                // as `bf16::pack_b`/`pack_a` require; the kernels read `steps` steps of A rows (16 * mt of them, at
-                // the spec's stride) and of the panel, and write a rows x nv tile of C.
+                // as `bf16::pack_b`/`pack_a` require; the kernels read `steps` steps of a packed A block (mr rows of
+                // 64 bytes a step) and of the panel, and write a rows x nv tile of C.
                 unsafe {
                     bf16::pack_b(bpack, bbase.offset(bo.b as isize), v.b.rows, v.b.cols, jc, nb, v.k, a.nt);
                 }
@@ -553,7 +553,7 @@ impl CompiledGemm {
                         let tail = nb - q * nr < nr;
                         self.epilogue_operands_in(cx, &bo, ic, n_at, &mut ep);
                         let f = self.table[ri * 2 + tail as usize]
-                            .unwrap_or_else(|| unreachable!("AMX kernel {rows} rows, tail {tail} generated"));
+                            .unwrap_or_else(|| unreachable!("bf16 kernel {rows} rows, tail {tail} generated"));
                         let cptr =
                             unsafe { (cx.c as *mut u8).offset((bo.c + (ic * v.n + n_at) as i64) as isize * esz) };
                         unsafe {
