@@ -141,6 +141,10 @@ fn bf16_epilogues_layouts_and_batches_match_the_interpreter() {
     assert_eq!(check_bf16_candidates("f32 out", &f32_out).0 > 0, any_unit());
     let few_rows = wide(&bf16_rand(&[5, 300], 10)).matmul(&wide(&bf16_rand(&[300, 40], 11)));
     assert_eq!(check_bf16_candidates("f32 out, K split", &few_rows).1, units().0);
+    // Operands narrowed out of larger tensors (the schedule stores such a view in bf16 before the GEMM), K split too.
+    let (big_a, big_b) = (bf16_rand(&[9, 300], 12), bf16_rand(&[300, 50], 13));
+    let narrowed = big_a.narrow(0, 3, 5).matmul(&big_b.narrow(1, 7, 40));
+    assert_eq!(check_bf16_candidates("narrowed, K split", &narrowed).1, units().0);
     // A batch of 3 and A stored transposed (packed, never read in place).
     let a = bf16_rand(&[3, m, k], 6);
     let b = bf16_rand(&[3, k, n], 7);

@@ -590,9 +590,13 @@ impl CompiledGemm {
         };
         let parts = self.parts;
         let work = (v.flops() / 16.0) as usize;
+        // Unbatched (`config::depth_split_legal`), but A and B may start inside their buffers (a narrowed view).
+        let bo = self.batch_offsets(0);
         let sum = |lo: usize, hi: usize| {
             let base = &base;
-            let (abase, bbase) = (cx.a as *const u16, cx.b as *const u16);
+            // SAFETY: the operands' first elements (the view's offsets lie within their buffers).
+            let (abase, bbase) =
+                unsafe { ((cx.a as *const u16).offset(bo.a as isize), (cx.b as *const u16).offset(bo.b as isize)) };
             for t in lo..hi {
                 let (s0, s1) = (t * steps / parts, (t + 1) * steps / parts);
                 // SAFETY: thread t's block of the buffer sized parts x mp x np.
