@@ -89,17 +89,40 @@ fn check_bf16_candidates(name: &str, out: &Tensor) -> (usize, bool) {
             })
             .collect();
         cands.extend(narrow);
-        for imp in &cands {
-            assert!(matches!(imp, GemmImpl::Bf16(_)), "{name}: {} offered for bf16 operands", imp.name());
-            let gemm = PreparedGemm::new(kernel, *imp).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
-            let got = gemm.run(args).unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
+        run_candidates(name, kernel, args, &cands, |imp, got| {
             if let Err(e) = compare(&got, want, tol(view.k, view.out)) {
                 panic!("{name}: candidate {} is wrong: {e}\n{kernel}", imp.name());
             }
-        }
+        });
         let split_k = cands.iter().any(|c| matches!(c, GemmImpl::Bf16(a) if a.split == Bf16Split::Depth));
         (cands.len(), split_k)
     })
+}
+
+#[cfg(feature = "cpu")]
+/// Builds and runs each of `cands` (all bf16 configurations) on GEMM `kernel`'s `args`, handing each output to
+/// `check`.
+fn run_candidates(
+    name: &str,
+    kernel: &kiln_jit::kernel::KernelIr,
+    args: &[&HostBuffer],
+    cands: &[GemmImpl],
+    mut check: impl FnMut(&GemmImpl, HostBuffer),
+) {
+    for imp in cands {
+        assert!(matches!(imp, GemmImpl::Bf16(_)), "{name}: {} offered for bf16 operands", imp.name());
+        let got = PreparedGemm::new(kernel, *imp).and_then(|g| g.run(args));
+        check(imp, got.unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name())));
+    }
+}
+
+#[cfg(feature = "cpu")]
+/// The bf16 candidates of a GEMM of several rows: one family per unit present (so none, and a check of nothing,
+/// only on a host without either).
+fn bf16_candidates_of(name: &str, view: &GemmView) -> Vec<GemmImpl> {
+    let cands = config::candidates(view, false);
+    assert_eq!(!cands.is_empty(), any_unit(), "{name}: candidates {:?}", cands.len());
+    cands
 }
 
 #[cfg(feature = "cpu")]
@@ -177,12 +200,7 @@ fn bf16_epilogues_round_each_op_as_the_interpreter() {
         common::with_last_launch(name, &out, options, |kernel, args, want| {
             let view = GemmView::of(kernel).unwrap_or_else(|| panic!("{name}: not one GEMM kernel:\n{kernel}"));
             assert_eq!((view.operands, view.out), (DType::BF16, DType::BF16), "{name}");
-            if !any_unit() {
-                return;
-            }
-            for imp in config::candidates(&view, false) {
-                let got = PreparedGemm::new(kernel, imp).and_then(|g| g.run(args));
-                let got = got.unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name()));
+            run_candidates(name, kernel, args, &bf16_candidates_of(name, &view), |imp, got| {
                 let tol = if name == "subnormal scale" {
                     // Every value is a bf16 subnormal: one step of 2^-133 on top.
                     common::Tol { abs: two_steps.abs + 1e-40, ..two_steps }
@@ -196,7 +214,7 @@ fn bf16_epilogues_round_each_op_as_the_interpreter() {
                     let kept = common::values(&got).iter().filter(|v| **v != 0.0).count();
                     assert!(kept > got.len() / 2, "{name}: {}: subnormals flushed ({kept} kept)", imp.name());
                 }
-            }
+            });
         });
     }
 }
@@ -222,13 +240,11 @@ fn bf16_epilogue_roundings_are_the_interpreters() {
         let view = GemmView::of(kernel).unwrap_or_else(|| panic!("not one GEMM kernel:\n{kernel}"));
         let distinct: std::collections::HashSet<u64> = common::values(want).iter().map(|v| v.to_bits()).collect();
         assert!(distinct.len() > 20, "the sums vary: {} distinct outputs", distinct.len());
-        for imp in config::candidates(&view, false) {
-            let got = PreparedGemm::new(kernel, imp).and_then(|g| g.run(args));
-            let got = got.unwrap_or_else(|e| panic!("{}: {e}", imp.name()));
+        run_candidates("exact sums", kernel, args, &bf16_candidates_of("exact sums", &view), |imp, got| {
             if let Err(e) = compare(&got, want, common::Tol::EXACT) {
                 panic!("{} is not the interpreter's rounding: {e}\n{kernel}", imp.name());
             }
-        }
+        });
     });
 }
 

@@ -71,10 +71,6 @@ pub struct Bf16Spec {
     pub nv: usize,
     /// The last vector of a row is masked (ragged N): the mask is `ep[0]`.
     pub masked: bool,
-    /// Byte stride of A's rows, and bytes A advances per step of 32: A read in place has rows `lda` apart and moves
-    /// 64 bytes a step; packed A ([`pack_a`]) has 64-byte rows, one step's tiles contiguous (`a_step` = 64 * mr).
-    pub lda: i32,
-    pub a_step: i32,
     /// Byte stride of C's rows.
     pub ldc: i32,
     /// C is bf16 (rounded at the store), else f32.
@@ -183,27 +179,16 @@ pub fn emit(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<Assembl
         return Err(format!("epilogue needs {} registers", ep.temps_needed()));
     }
     let start = ops.offset();
-    let cfg = ops.new_dynamic_label();
     let scratch = (mt * nt * B_TILE_BYTES) as i32;
-    let lda = s.lda;
     dynasm!(ops ; .arch x64
         ; push rbp
         ; mov rbp, rsp
         ; sub rsp, scratch
         ; and rsp, -64
-        ; lea r10, [=>cfg]
     );
-    tiles(ops, |t| t.config(gpr::R10));
-    dynasm!(ops ; .arch x64
-        ; mov r11, lda
-        ; mov r9, 64
-    );
-    if mt == 2 {
-        let second = 16 * lda;
-        dynasm!(ops ; .arch x64 ; lea rax, [rdi + second]);
-    }
+    let cfg = emit_tile_setup(ops, mt);
     tiles(ops, |t| (0..(mt * nt) as u8).for_each(|c| t.zero(c)));
-    emit_k_loop(ops, mt, nt, s.a_step);
+    emit_k_loop(ops, mt, nt);
     tiles(ops, |t| {
         for c in 0..(mt * nt) as u8 {
             t.store(c, gpr::RSP, gpr::R9, c as i32 * B_TILE_BYTES as i32);
@@ -230,7 +215,8 @@ pub fn emit(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<Assembl
 }
 
 /// The end both units share: for each stored row and vector, `fetch` puts the finished sum in a register (and
-/// returns it), the epilogue program runs on it, and it is stored as f32 or rounded to bf16, the last vector masked
+/// returns it), the epilogue program runs on it (rounding bf16 values itself), and it is stored as f32 or bf16, the
+/// last vector masked
 /// at a ragged edge (the mask loaded from `ep[0]` into k1 first).
 fn emit_stores(
     ops: &mut Assembler,
@@ -268,8 +254,8 @@ fn emit_stores(
     Ok(())
 }
 
-/// The AVX512-BF16 kernel over the same operands as the AMX one (A rows at stride `lda`, B panels in the tiles' pair
-/// layout, `k` steps of 32): `mr x nt` zmm accumulators, and per pair of K (16 a step) `nt` B vectors (one row of
+/// The AVX512-BF16 kernel over the same operands as the AMX one (A packed by [`pack_a`], B panels in the tiles'
+/// pair layout, `k` steps of 32): `mr x nt` zmm accumulators, and per pair of K (16 a step) `nt` B vectors (one row of
 /// each tile) and, per row, a broadcast of A's pair (a dword) into zmm31, then `vdpbf16ps`. The sums never leave the
 /// registers: the epilogue runs on them in place.
 pub fn emit_dot(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<AssemblyOffset, String> {
@@ -295,14 +281,14 @@ pub fn emit_dot(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<Ass
                 e.load(b0 + v as u8, mem(gpr::RSI, v as i32 * B_TILE_BYTES as i32 + 64 * p), 0);
             }
             for r in 0..mr {
-                e.broadcast(A_REG, mem(gpr::RDI, r as i32 * s.lda + 4 * p));
+                e.broadcast(A_REG, mem(gpr::RDI, r as i32 * A_ROW_BYTES + 4 * p));
                 for v in 0..nt {
                     e.dot_bf16(acc(r, v), b0 + v as u8, Rm::Reg(A_REG));
                 }
             }
         }
     });
-    let (b_step, a_step) = ((nt * B_TILE_BYTES) as i32, s.a_step);
+    let (b_step, a_step) = ((nt * B_TILE_BYTES) as i32, A_ROW_BYTES * mr as i32);
     dynasm!(ops ; .arch x64
         ; add rdi, a_step
         ; add rsi, b_step
@@ -316,15 +302,13 @@ pub fn emit_dot(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<Ass
     Ok(start)
 }
 
-/// A kernel of the K-split GEMM (`AmxSplit::Depth`): the `16 * mt x 16 * nt` block of a thread's f32 partial sums
+/// A kernel of the K-split GEMM (`Bf16Split::Depth`): the `16 * mt x 16 * nt` block of a thread's f32 partial sums
 /// (rows of `ldc` bytes, padded to whole tiles) is zeroed (`first`) or loaded, the `k` steps added, and the block
 /// stored back; no epilogue, no edges.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PartialSpec {
     pub mt: usize,
     pub nt: usize,
-    pub lda: i32,
-    pub a_step: i32,
     pub ldc: i32,
     pub first: bool,
 }
@@ -336,21 +320,9 @@ pub fn emit_partial(ops: &mut Assembler, s: &PartialSpec) -> Result<AssemblyOffs
         return Err(format!("AMX tile {}x{}", TILE * mt, TILE * nt));
     }
     let start = ops.offset();
-    let cfg = ops.new_dynamic_label();
-    let (lda, ldc) = (s.lda, s.ldc);
-    dynasm!(ops ; .arch x64
-        ; lea r10, [=>cfg]
-    );
-    tiles(ops, |t| t.config(gpr::R10));
-    dynasm!(ops ; .arch x64
-        ; mov r11, lda
-        ; mov r9, 64
-        ; mov r8, ldc
-    );
-    if mt == 2 {
-        let second = 16 * lda;
-        dynasm!(ops ; .arch x64 ; lea rax, [rdi + second]);
-    }
+    let cfg = emit_tile_setup(ops, mt);
+    let ldc = s.ldc;
+    dynasm!(ops ; .arch x64 ; mov r8, ldc);
     let c_at = |i: usize, j: usize| (i * TILE) as i32 * ldc + (j * 64) as i32;
     tiles(ops, |t| {
         for i in 0..mt {
@@ -360,7 +332,7 @@ pub fn emit_partial(ops: &mut Assembler, s: &PartialSpec) -> Result<AssemblyOffs
             }
         }
     });
-    emit_k_loop(ops, mt, nt, s.a_step);
+    emit_k_loop(ops, mt, nt);
     tiles(ops, |t| {
         for i in 0..mt {
             for j in 0..nt {
@@ -374,9 +346,31 @@ pub fn emit_partial(ops: &mut Assembler, s: &PartialSpec) -> Result<AssemblyOffs
     Ok(start)
 }
 
-/// The K loop both kernels share: `rcx` steps of A tiles at rdi (and rax), stride r11, and B tiles at rsi, stride
-/// r9 (64).
-fn emit_k_loop(ops: &mut Assembler, mt: usize, nt: usize, a_step: i32) {
+/// Packed A ([`pack_a`]): rows of 64 bytes, a step's `mr` rows contiguous, so a tile is 1 KiB and A advances
+/// `64 * mr` bytes a step.
+const A_ROW_BYTES: i32 = 64;
+
+/// The set-up both AMX kernels share: the tile configuration loaded (from the label returned, which the caller
+/// places with [`emit_config`]), A's row stride in r11 and the second A tile's address in rax, B's in r9.
+fn emit_tile_setup(ops: &mut Assembler, mt: usize) -> dynasmrt::DynamicLabel {
+    let cfg = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64 ; lea r10, [=>cfg]);
+    tiles(ops, |t| t.config(gpr::R10));
+    dynasm!(ops ; .arch x64
+        ; mov r11, A_ROW_BYTES
+        ; mov r9, 64
+    );
+    if mt == 2 {
+        let second = 16 * A_ROW_BYTES;
+        dynasm!(ops ; .arch x64 ; lea rax, [rdi + second]);
+    }
+    cfg
+}
+
+/// The K loop both AMX kernels share: `rcx` steps of A tiles at rdi (and rax), stride r11, and B tiles at rsi,
+/// stride r9 (64).
+fn emit_k_loop(ops: &mut Assembler, mt: usize, nt: usize) {
+    let a_step = A_ROW_BYTES * (TILE * mt) as i32;
     let top = ops.new_dynamic_label();
     dynasm!(ops ; .arch x64 ; =>top);
     // Each tile loaded just before its first product, so a step's loads overlap the previous products instead of
@@ -581,7 +575,7 @@ unsafe fn pair_cols_avx512(_: *mut u16, _: usize, _: usize, _: usize, _: *const 
 
 /// Packs `rows` rows of bf16 matrix A (element `(m, k)` at `a[m * rs + k * cs]`, `k < depth`) for the kernels,
 /// `mr` rows (zeros past `rows`) by `steps` steps of 32 (zeros past `depth`), step by step: step `s` holds row `m`'s
-/// 32 elements at words `(s * mr + m) * 32`, so a tile is 1 KiB of contiguous 64-byte rows (`lda` 64, `a_step` 64 *
+/// 32 elements at words `(s * mr + m) * 32`, so a tile is 1 KiB of contiguous 64-byte rows (`A_ROW_BYTES` 64, a step 64 *
 /// mr). Rows read in place a power of two apart share cache sets; packed ones do not.
 ///
 /// # Safety

@@ -177,14 +177,12 @@ impl GemmImpl {
     /// [`dot_legal`] for the dot products. The one check a tuner's pick and a forced build both go through.
     pub fn legal_for(&self, v: &GemmView) -> bool {
         let f32s = v.operands == kiln_jit::DType::F32 && v.out == kiln_jit::DType::F32;
-        if let GemmImpl::Bf16(a) = self {
-            return v.operands == kiln_jit::DType::BF16 && super::bf16::unit_ready(a.unit) && bf16_legal(v, a);
-        }
-        if !f32s {
-            return false;
-        }
         match self {
-            GemmImpl::Bf16(_) => false,
+            GemmImpl::Bf16(a) => {
+                v.operands == kiln_jit::DType::BF16 && super::bf16::unit_ready(a.unit) && bf16_legal(v, a)
+            }
+            // Every other candidate reads and writes f32.
+            _ if !f32s => false,
             GemmImpl::Asm(c) => c.isa.present() && legal(v, c),
             GemmImpl::Library => v.batch.is_empty(),
             GemmImpl::Dot => dot_legal(v),
@@ -342,7 +340,8 @@ fn large_kcs(isa: Isa) -> &'static [usize] {
 
 /// Whether bf16 configuration `a` can run `v` (bf16 operands, checked by the caller): a block its unit holds
 /// (AMX: 16 or 32 rows, 1 or 2 tiles of columns; AVX512-BF16: `mr * nt` accumulators, `nt` B vectors and a
-/// broadcast in 32 registers), B blocks of whole panels, and strides that fit the kernels' 32-bit displacements.
+/// broadcast in 32 registers), B blocks of whole panels, and C's row stride times a block's rows within the
+/// kernels' 32-bit displacements (A is always packed, its strides fixed).
 pub fn bf16_legal(v: &GemmView, a: &Bf16Config) -> bool {
     let fit = |x: i64| x.unsigned_abs() < (1 << 30);
     let elem = if v.out == kiln_jit::DType::BF16 { 2 } else { 4 };
@@ -353,8 +352,6 @@ pub fn bf16_legal(v: &GemmView, a: &Bf16Config) -> bool {
     block
         && a.nc > 0
         && a.nc.is_multiple_of(a.nr())
-        && fit(v.a.rows * 2 * a.mr as i64)
-        && fit(v.k.next_multiple_of(super::bf16::KSTEP) as i64 * 2 * a.mr as i64)
         && fit(v.n as i64 * elem * a.mr as i64)
         && (a.split != Bf16Split::Depth || a.unit == Bf16Unit::Amx && depth_split_legal(v))
 }

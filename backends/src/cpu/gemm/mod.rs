@@ -242,7 +242,7 @@ impl CompiledGemm {
         Ok(())
     }
 
-    /// Generates (or maps from `cache`) the AMX kernels of `a` for `self.view` (bf16 operands), the epilogue of `k`
+    /// Generates (or maps from `cache`) the bf16 kernels of `a` for `self.view` (bf16 operands), the epilogue of `k`
     /// in their registers; where it cannot be, an f32 C takes it as a pass and a bf16 C is refused.
     fn generate_bf16(
         &mut self,
@@ -268,8 +268,6 @@ impl CompiledGemm {
             None => return Err("this epilogue cannot run in registers, and a bf16 output has no pass".into()),
         };
         self.epilogue = ep;
-        // A packed step by step (`bf16::pack_a`): 64-byte rows, a step's tiles contiguous.
-        let (lda, a_step) = (64, (64 * a.mr) as i32);
         let ldc = (v.n * if out_bf16 { 2 } else { 4 }) as i32;
         let (mr, nr) = (a.mr, a.nr());
         let tail_cols = v.n % nr;
@@ -288,18 +286,7 @@ impl CompiledGemm {
                 }
                 let nv = if tail { tail_cols.div_ceil(bf16::TILE) } else { a.nt };
                 let masked = tail && self.ragged != 0;
-                specs.push(bf16::Bf16Spec {
-                    unit: a.unit,
-                    mr: a.mr,
-                    nt: a.nt,
-                    rows,
-                    nv,
-                    masked,
-                    lda,
-                    a_step,
-                    ldc,
-                    out_bf16,
-                });
+                specs.push(bf16::Bf16Spec { unit: a.unit, mr: a.mr, nt: a.nt, rows, nv, masked, ldc, out_bf16 });
                 slots.push(ri * 2 + tail as usize);
             }
         }
@@ -328,14 +315,7 @@ impl CompiledGemm {
         let (mp, np) = (v.m.next_multiple_of(a.mr), v.n.next_multiple_of(a.nr()));
         self.parts = threads.clamp(1, v.k.div_ceil(bf16::KSTEP));
         let specs: Vec<bf16::PartialSpec> = [true, false]
-            .map(|first| bf16::PartialSpec {
-                mt: a.mr / bf16::TILE,
-                nt: a.nt,
-                lda: 64,
-                a_step: (64 * a.mr) as i32,
-                ldc: (np * 4) as i32,
-                first,
-            })
+            .map(|first| bf16::PartialSpec { mt: a.mr / bf16::TILE, nt: a.nt, ldc: (np * 4) as i32, first })
             .to_vec();
         let key = format!("bf16-partial|{specs:?}|r{}", asm::REVISION);
         let set = kernel_set_with(key, specs.len(), cache, || {
@@ -464,13 +444,7 @@ impl CompiledGemm {
 
     /// One rectangle of C: batch element and column/row strip `item`.
     unsafe fn run_item(&self, c: &GemmConfig, cx: &Ctx, item: usize) {
-        let v = &self.view;
-        let (bidx, part) = (item / self.parts, item % self.parts);
-        let (unit, total) = if c.split_m { (c.mr, v.m) } else { (c.nr(), v.n) };
-        let units = total.div_ceil(unit);
-        let lo = (part * units / self.parts * unit).min(total);
-        let hi = ((part + 1) * units / self.parts * unit).min(total);
-        let (m0, m1, n0, n1) = if c.split_m { (lo, hi, 0, v.n) } else { (0, v.m, lo, hi) };
+        let (bidx, [m0, m1, n0, n1]) = self.item_rect(item, c.split_m, c.mr, c.nr());
         let bo = self.batch_offsets(bidx);
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
@@ -479,19 +453,13 @@ impl CompiledGemm {
         });
     }
 
-    /// One rectangle of C on AMX tiles: batch element and column/row strip `item`. Per block of `nc` columns: B
-    /// packed into tile pairs (`bf16::pack_b`), then every row block of 16 * mt, its A read in place (full blocks,
-    /// K a multiple of 32) or packed with zeros, one kernel call per panel.
+    /// One rectangle of C on the bf16 kernels: batch element and column/row strip `item`. A's row blocks packed
+    /// (`bf16::pack_a`); per block of `nc` columns, B packed into tile pairs (`bf16::pack_b`), then every row block
+    /// of `mr`, one kernel call per panel.
     unsafe fn run_bf16_item(&self, a: &Bf16Config, cx: &Ctx, item: usize) {
         let v = &self.view;
-        let (bidx, part) = (item / self.parts, item % self.parts);
         let (mr, nr) = (a.mr, a.nr());
-        let rows = a.split == Bf16Split::Rows;
-        let (unit, total) = if rows { (mr, v.m) } else { (nr, v.n) };
-        let units = total.div_ceil(unit);
-        let lo = (part * units / self.parts * unit).min(total);
-        let hi = ((part + 1) * units / self.parts * unit).min(total);
-        let (m0, m1, n0, n1) = if rows { (lo, hi, 0, v.n) } else { (0, v.m, lo, hi) };
+        let (bidx, [m0, m1, n0, n1]) = self.item_rect(item, a.split == Bf16Split::Rows, mr, nr);
         let bo = self.batch_offsets(bidx);
         let steps = v.k.div_ceil(bf16::KSTEP);
         let esz = if v.out == DType::BF16 { 2 } else { 4 };
@@ -688,6 +656,18 @@ impl CompiledGemm {
                 };
             ep[2 + o] = cx.ptrs[op.buf].wrapping_offset((e * 4) as isize) as *const u8;
         }
+    }
+
+    /// Work item `item`'s batch element and rectangle `[m0, m1, n0, n1]` of C: part `item % parts` of the rows (in
+    /// whole blocks of `mr`) where `split_rows`, else of the columns (blocks of `nr`).
+    fn item_rect(&self, item: usize, split_rows: bool, mr: usize, nr: usize) -> (usize, [usize; 4]) {
+        let v = &self.view;
+        let (bidx, part) = (item / self.parts, item % self.parts);
+        let (unit, total) = if split_rows { (mr, v.m) } else { (nr, v.n) };
+        let units = total.div_ceil(unit);
+        let lo = (part * units / self.parts * unit).min(total);
+        let hi = ((part + 1) * units / self.parts * unit).min(total);
+        (bidx, if split_rows { [lo, hi, 0, v.n] } else { [0, v.m, lo, hi] })
     }
 
     /// Element offsets of batch element `bidx`: A, B, C, then each epilogue operand.

@@ -380,8 +380,8 @@ pub fn reference(p: &TuneProblem, inputs: &[HostBuffer]) -> crate::gemm_check::R
 pub fn verify(reference: &crate::gemm_check::Reference, got: &HostBuffer) -> Result<(), String> {
     match got {
         HostBuffer::F32(got) => reference.check(got, 0.0),
-        // Rounded once to bf16 by both: they may differ by one bf16 step (2^-8 of the value) where the f32 sums,
-        // added in different orders, fall on either side of a rounding boundary.
+        // Rounded once to bf16 by both: they may differ by one bf16 step (2^-8 to 2^-7 of the value) where the f32
+        // sums, added in different orders, fall on either side of a rounding boundary.
         HostBuffer::BF16(got) => {
             let wide: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
             reference.check(&wide, 1.0 / 128.0)
