@@ -608,6 +608,24 @@ fn fits(dtype: DType, m: &Meta) -> bool {
     m.ea <= t.abs / 2.0 && m.er <= t.rel / 2.0 && m.mag() < 1e6
 }
 
+/// `m` stored in float dtype `d`: bounds past the largest finite value round to an infinity there (an exact u32
+/// of 4e9 cast to f16 is inf, and inf times 0 is NaN), so such a value may hold one, and its finite elements lie
+/// within the finite range.
+fn overflowed(d: DType, mut m: Meta) -> Meta {
+    let max = match d {
+        DType::F16 => 65504.0,
+        DType::BF16 => f64::from(f32::from_bits(0x7f7f_0000)),
+        DType::F32 => f64::from(f32::MAX),
+        _ => return m,
+    };
+    if m.mag() > max {
+        m.special = true;
+        m.lo = m.lo.max(-max);
+        m.hi = m.hi.min(max);
+    }
+    m
+}
+
 fn int_range(d: DType) -> (f64, f64) {
     match d {
         DType::Bool => (0.0, 1.0),
@@ -935,6 +953,7 @@ impl Decoder {
 
     fn push(&mut self, step: Step, dtype: DType, dims: Vec<usize>, meta: Meta) -> usize {
         debug_assert!(fits(dtype, &meta), "generator admitted {} with {meta:?}", step.code());
+        let meta = overflowed(dtype, meta);
         let realized = matches!(step, Step::Input { .. });
         self.steps.push(step);
         self.infos.push(Info { dtype, dims: dims.clone(), meta });
