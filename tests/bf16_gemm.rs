@@ -111,7 +111,7 @@ fn run_candidates(
 ) {
     for imp in cands {
         assert!(matches!(imp, GemmImpl::Bf16(_)), "{name}: {} offered for bf16 operands", imp.name());
-        let got = PreparedGemm::new(kernel, *imp).and_then(|g| g.run(args));
+        let got = PreparedGemm::new(kernel, *imp).and_then(|g| g.run_guarded(args));
         check(imp, got.unwrap_or_else(|e| panic!("{name}: {}: {e}", imp.name())));
     }
 }

@@ -332,6 +332,43 @@ impl PreparedGemm {
     }
 }
 
+impl PreparedGemm {
+    /// Like [`PreparedGemm::run`], but the output starts as all-ones bytes (NaN in every float dtype, so an element
+    /// the kernel does not write fails a comparison) and is followed by a guard as long as itself (at least 4096
+    /// elements) of the same bytes, checked after the run: a kernel that writes past its output (a ragged edge
+    /// stored whole, a wrong stride) is an `Err` here, where the tests that force every candidate see it, instead of
+    /// a corrupted heap somewhere later.
+    pub fn run_guarded(&self, inputs: &[&HostBuffer]) -> Result<HostBuffer, String> {
+        const PATTERN: u8 = 0xff;
+        let k = &self.kernel;
+        check_inputs(k, inputs)?;
+        let (len, size) = (k.output.len, k.output.dtype.size_of());
+        let total = len + len.max(4096);
+        let mut out = crate::host_pool::take(k.output.dtype, total);
+        let base = write_ptr(&mut out);
+        // SAFETY: `take` allocated `total` elements; the whole of them is filled before it becomes the length.
+        unsafe {
+            std::ptr::write_bytes(base, PATTERN, total * size);
+            finish_output(&mut out, total);
+        }
+        let mut ptrs: Vec<*mut u8> = inputs.iter().map(|b| read_ptr(b)).collect();
+        ptrs.push(base);
+        // SAFETY: inputs were checked against the kernel's buffers above; the output holds `len` elements and more.
+        unsafe { self.gemm.run(&ptrs) };
+        // SAFETY: the `total * size` bytes from `base` are the buffer's initialized elements.
+        let bytes = unsafe { std::slice::from_raw_parts(base, total * size) };
+        if let Some(i) = bytes[len * size..].iter().position(|&b| b != PATTERN) {
+            return Err(format!(
+                "wrote past its output: byte {} after the end of {len} {} elements changed",
+                i, k.output.dtype
+            ));
+        }
+        // SAFETY: shrinking to the `len` elements the kernel wrote.
+        unsafe { finish_output(&mut out, len) };
+        Ok(out)
+    }
+}
+
 /// Builds and runs `k` once as a GEMM in configuration `imp` (see [`PreparedGemm`]).
 pub fn run_gemm_with(k: &KernelIr, imp: super::config::GemmImpl, inputs: &[&HostBuffer]) -> Result<HostBuffer, String> {
     PreparedGemm::new(k, imp)?.run(inputs)
