@@ -102,6 +102,19 @@ fn all_expressions(m: Option<usize>, n: usize, seed: u64) {
     // The same value used twice by one operation (one register for both operands).
     let s = &a - &row;
     check(&format!("{name} square"), &(&(&s * &s) - &b));
+    // i32 operands (per element, per column, per row) compared for equality: the integer compare, 32-bit lanes.
+    let small = |shape: &[usize], seed: u64| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f64> = (0..n).map(|i| ((i as u64 * 7 + seed * 3) % 4) as f64 - 1.0).collect();
+        tensor(DType::I32, &v, shape)
+    };
+    let (ia, irow) = (small(&shape, seed), small(&[n], seed + 1));
+    let icol = match m {
+        Some(m) => small(&[m, 1], seed + 2),
+        None => small(&[1], seed + 2),
+    };
+    let mask = ia.eq(&irow).logical_or(ia.ne(&icol).logical_and(irow.eq(&icol)));
+    check(&format!("{name} int select"), &mask.where_(&a, &b));
 }
 
 #[test]

@@ -9,8 +9,8 @@
 //! What runs here: a kernel without a reduction, its loops merged where its indices allow
 //! (`KernelIr::with_merged_loops`), over `[batch.., m, n]` or `[n]` (`ElementwiseView`), whose outer code the GEMM
 //! epilogue's register program can express (`gemm::epilogue::translate`: f32 `+ - * /`, `sqrt`, `neg`, `abs`, `recip`,
-//! `exp`, `tanh`, `log`, comparisons, `where`, bool `and`/`or`/`not`; loads that walk n contiguously, per element or
-//! per column, loads that stand still along a row, values uniform over the launch). It *is* an epilogue without an
+//! `exp`, `tanh`, `log`, comparisons, `where`, bool `and`/`or`/`not`, i32 `==`/`!=`; loads that walk n contiguously,
+//! per element or per column, loads that stand still along a row, values uniform over the launch). It *is* an epilogue without an
 //! accumulator, so it is translated by the same code and its arithmetic emitted by the same emitter
 //! (`asm::emit_insts`); only the loop around it is this file's. Anything else (another dtype, sin/cos, max/min with
 //! their NaN rule, a gather, a value uniform per batch element only) stays a Cranelift kernel. Results are

@@ -37,12 +37,14 @@ type AffineLoad = (usize, Vec<i64>, i64);
 pub enum Role {
     /// The same for the whole launch (constants, a learning rate read from a buffer, ...).
     Uniform,
-    /// An f32 load varying with m and n: `(b, m, n)` at `offset + batch.b + m * ld + n` (n contiguous).
+    /// An f32 (or i32) load varying with m and n: `(b, m, n)` at `offset + batch.b + m * ld + n` (n contiguous).
     Mat { buf: usize, offset: i64, batch: Vec<i64>, ld: i64 },
-    /// An f32 load varying with n only (a bias over columns), n contiguous.
+    /// An f32 (or i32) load varying with n only (a bias over columns), n contiguous.
     Row { buf: usize, offset: i64, batch: Vec<i64> },
-    /// An f32 load varying with m only (a per-row scale or bias).
+    /// An f32 (or i32) load varying with m only (a per-row scale or bias, a class index per row).
     Col { buf: usize, offset: i64, batch: Vec<i64>, stride: i64 },
+    /// An i32 position along n: `n + offset` (an `arange(C) == target` mask's `arange`).
+    Position { offset: i64 },
     /// The accumulator, or a value computed from it and loads (per element).
     Computed,
     /// Something the register epilogue cannot express (a gather, an iota, a masked load).
@@ -236,13 +238,24 @@ fn roles(k: &KernelIr, batch_rank: usize, mvar: Option<usize>, nvar: usize) -> V
             InstOp::Const(_) => Role::Uniform,
             InstOp::Acc => Role::Computed,
             InstOp::RowAcc(_) => Role::Other,
-            InstOp::Index(_) | InstOp::Rand { .. } => Role::Other,
+            InstOp::Index(e) => match e.affine(nvars) {
+                Some((coef, c))
+                    if inst.dtype == DType::I32
+                        && coef.iter().enumerate().all(|(v, &x)| x == i64::from(v == nvar))
+                        && i32::try_from(c).is_ok() =>
+                {
+                    Role::Position { offset: c }
+                }
+                _ => Role::Other,
+            },
+            InstOp::Rand { .. } => Role::Other,
             InstOp::Load { buf, index, valid, .. } => match index.affine(nvars) {
                 Some((coef, c)) if valid.is_none() => {
                     let cm = mvar.map_or(0, |v| coef[v]);
                     let cn = coef[nvar];
                     let batch = coef[..batch_rank].to_vec();
-                    let f32 = inst.dtype == DType::F32;
+                    // 32-bit lanes either way; an i32 value translates only where an int op reads it.
+                    let f32 = matches!(inst.dtype, DType::F32 | DType::I32);
                     match (cm, cn) {
                         (0, 0) if batch.iter().all(|&b| b == 0) => Role::Uniform,
                         (_, 1) if f32 && cm != 0 => Role::Mat { buf: *buf, offset: c, batch, ld: cm },

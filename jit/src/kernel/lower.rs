@@ -184,10 +184,21 @@ impl Lowerer<'_> {
                 let index = if narrow { d } else { DType::I64 };
                 let i = self.push(InstOp::Index(idx[0].clone()), index);
                 let i = if wide == index { i } else { self.push(InstOp::Cast(i), wide) };
-                let step = self.konst(*step, wide);
-                let start = self.konst(*start, wide);
-                let prod = self.push(InstOp::Binary(BinaryOp::Mul, i, step), wide);
-                let v = self.push(InstOp::Binary(BinaryOp::Add, prod, start), wide);
+                // An int iota's `* 1` and `+ 0` are left out (exact in wrapping arithmetic): `arange(C) == target`
+                // is then a plain position, which the CPU's generated row kernels compute a vector at a time.
+                let int = !d.is_float();
+                let prod = if int && step.as_f64() == 1.0 {
+                    i
+                } else {
+                    let step = self.konst(*step, wide);
+                    self.push(InstOp::Binary(BinaryOp::Mul, i, step), wide)
+                };
+                let v = if int && start.as_f64() == 0.0 {
+                    prod
+                } else {
+                    let start = self.konst(*start, wide);
+                    self.push(InstOp::Binary(BinaryOp::Add, prod, start), wide)
+                };
                 if wide == d { v } else { self.push(InstOp::Cast(v), d) }
             }
             Op::Rand { dist, slot } => {

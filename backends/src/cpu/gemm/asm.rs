@@ -112,6 +112,11 @@ pub enum EpInst {
     Bin(VBin, usize, usize),
     /// `vcmpps` with a predicate from [`pred`]: an all-ones/zero lane mask.
     Cmp(i8, usize, usize),
+    /// 32-bit integer lanes equal (`vpcmpeqd`): an all-ones/zero lane mask.
+    ICmpEq(usize, usize),
+    /// Each lane's column (i32) plus a constant: `n + offset` for the vector being computed. Emitted by the
+    /// caller's `load`, which knows which columns that vector holds (only the row kernels emit it).
+    Position(i32),
     /// `mask ? t : f`.
     Select {
         mask: usize,
@@ -207,7 +212,7 @@ fn releases_late(inst: &EpInst) -> bool {
 /// The distinct values `inst` reads (`x * x` reads one: its register is released once).
 fn sources(inst: &EpInst) -> Vec<usize> {
     let mut v = match *inst {
-        EpInst::Bin(_, a, b) | EpInst::Cmp(_, a, b) | EpInst::FmaK(a, b, _) => vec![a, b],
+        EpInst::Bin(_, a, b) | EpInst::Cmp(_, a, b) | EpInst::ICmpEq(a, b) | EpInst::FmaK(a, b, _) => vec![a, b],
         EpInst::Select { mask, t, f } => vec![mask, t, f],
         EpInst::Sqrt(a) | EpInst::BinK(_, a, _) | EpInst::Shl(a, _) | EpInst::Sar(a, _) | EpInst::Shr(a, _) => {
             vec![a]
@@ -429,6 +434,7 @@ pub(crate) fn emit_program(
                 ptr(ops, 1);
                 isa.uniform(ops, d, R9, 32 * slot as i32);
             }
+            // A GEMM's epilogue is translated without positions (`epilogue::Allow`).
             _ => unreachable!("only loads are passed to `load`"),
         }
     };
@@ -495,6 +501,11 @@ pub(crate) trait VecIsa {
     fn shift(&self, ops: &mut Assembler, kind: Shift, d: u8, x: u8, n: u8);
     /// `d = x <pred> y` as lane masks ([`pred`]).
     fn cmp(&self, ops: &mut Assembler, d: u8, x: u8, y: u8, p: i8);
+    /// `d = x == y` on 32-bit integer lanes, as lane masks.
+    fn icmp_eq(&self, ops: &mut Assembler, d: u8, x: u8, y: u8);
+    /// `d = (gpr >> 2) + lanes` on 32-bit integer lanes: the column of each lane of a vector at byte offset `gpr`
+    /// (f32 elements) plus a lane constant ([`ConstPool::lanes`]).
+    fn positions(&self, ops: &mut Assembler, d: u8, gpr: u8, lanes: ConstRef);
     /// `d = m ? t : f` per lane, `m` a lane mask.
     fn select(&self, ops: &mut Assembler, d: u8, m: u8, t: u8, f: u8);
     fn sqrt(&self, ops: &mut Assembler, d: u8, x: u8);
@@ -557,6 +568,18 @@ impl VecIsa for Ymm {
     fn cmp(&self, ops: &mut Assembler, d: u8, x: u8, y: u8, p: i8) {
         cmp(ops, d, x, y, p);
     }
+    fn icmp_eq(&self, ops: &mut Assembler, d: u8, x: u8, y: u8) {
+        dynasm!(ops ; .arch x64 ; vpcmpeqd Ry(d), Ry(x), Ry(y));
+    }
+    fn positions(&self, ops: &mut Assembler, d: u8, gpr: u8, lanes: ConstRef) {
+        let at = lanes.label;
+        dynasm!(ops ; .arch x64
+            ; vmovd Rx(d), Rd(gpr)
+            ; vpbroadcastd Ry(d), Rx(d)
+            ; vpsrld Ry(d), Ry(d), 2
+            ; vpaddd Ry(d), Ry(d), [=>at]
+        );
+    }
     fn select(&self, ops: &mut Assembler, d: u8, m: u8, t: u8, f: u8) {
         dynasm!(ops ; .arch x64 ; vblendvps Ry(d), Ry(f), Ry(t), Ry(m));
     }
@@ -598,7 +621,9 @@ pub(crate) fn emit_insts(
         reg[i] = d;
         match *inst {
             EpInst::Acc => return Err("an accumulator without a register".into()),
-            EpInst::Mat { .. } | EpInst::Row { .. } | EpInst::Col { .. } | EpInst::Uniform(_) => load(ops, inst, d),
+            EpInst::Mat { .. } | EpInst::Row { .. } | EpInst::Col { .. } | EpInst::Uniform(_) | EpInst::Position(_) => {
+                load(ops, inst, d)
+            }
             EpInst::Bin(op, a, b) => isa.bin(ops, op, d, reg[a], reg[b]),
             EpInst::Const(k) => {
                 let at = consts.get(ops, k);
@@ -631,6 +656,7 @@ pub(crate) fn emit_insts(
             EpInst::Sar(a, n) => isa.shift(ops, Shift::RightArith, d, reg[a], n),
             EpInst::Shr(a, n) => isa.shift(ops, Shift::RightLogical, d, reg[a], n),
             EpInst::Cmp(pr, a, b) => isa.cmp(ops, d, reg[a], reg[b], pr),
+            EpInst::ICmpEq(a, b) => isa.icmp_eq(ops, d, reg[a], reg[b]),
             EpInst::Select { mask, t, f } => isa.select(ops, d, reg[mask], reg[t], reg[f]),
             EpInst::Sqrt(a) => isa.sqrt(ops, d, reg[a]),
         }
@@ -641,26 +667,48 @@ pub(crate) fn emit_insts(
     Ok(reg[p.result])
 }
 
-/// The constants a program reads from memory (`EpInst::Const`, `BinK`, ...): each a 32-byte vector of one value,
-/// placed after the code that reads it (`emit`, once that code's `ret` is written). 8-lane code addresses them
+/// The constants a program reads from memory (`EpInst::Const`, `BinK`, ...): each a 32-byte vector of one value
+/// (and the 64-byte lane constants of `EpInst::Position`), placed after the code that reads it (`emit`, once that code's `ret` is written). 8-lane code addresses them
 /// relative to the instruction pointer; 16-lane code broadcasts a slot's first lane from a base register loaded
 /// with the pool's address (`base`). Either way the code stays position independent (what the kernel cache
 /// stores).
 #[derive(Default)]
 pub(crate) struct ConstPool {
-    entries: Vec<(u32, DynamicLabel)>,
+    /// Each entry's 16 lanes (a splat for [`ConstPool::get`]), its label and first 32-byte slot.
+    entries: Vec<([u32; 16], DynamicLabel, usize)>,
+    /// Slots taken: one per splat (32 bytes: 16-lane code broadcasts its first lane), two per lane constant.
+    slots: usize,
     base: Option<DynamicLabel>,
 }
 
 impl ConstPool {
-    /// Constant `k` (added on first use).
+    /// Constant `k` in every lane (added on first use).
     pub(crate) fn get(&mut self, ops: &mut Assembler, k: u32) -> ConstRef {
-        if let Some(slot) = self.entries.iter().position(|(v, _)| *v == k) {
-            return ConstRef { label: self.entries[slot].1, slot };
+        self.entry(ops, [k; 16], false)
+    }
+
+    /// A vector of 16 lanes, each its own value (64 bytes; 8-lane code reads the first 8): what
+    /// [`VecIsa::positions`] adds.
+    pub(crate) fn lanes(&mut self, ops: &mut Assembler, lanes: [u32; 16]) -> ConstRef {
+        self.entry(ops, lanes, true)
+    }
+
+    fn entry(&mut self, ops: &mut Assembler, lanes: [u32; 16], wide: bool) -> ConstRef {
+        let found = self.entries.iter().find(|(v, _, slot)| *v == lanes && (!wide || self.is_wide(*slot)));
+        if let Some(&(_, label, slot)) = found {
+            return ConstRef { label, slot };
         }
-        let l = ops.new_dynamic_label();
-        self.entries.push((k, l));
-        ConstRef { label: l, slot: self.entries.len() - 1 }
+        let label = ops.new_dynamic_label();
+        let slot = self.slots;
+        self.entries.push((lanes, label, slot));
+        self.slots += if wide { 2 } else { 1 };
+        ConstRef { label, slot }
+    }
+
+    /// Whether the entry at `slot` spans two slots (its 16 lanes are all written).
+    fn is_wide(&self, slot: usize) -> bool {
+        let next = self.entries.iter().map(|e| e.2).filter(|&s| s > slot).min().unwrap_or(self.slots);
+        next - slot == 2
     }
 
     /// The label of the pool's first slot.
@@ -677,11 +725,15 @@ impl ConstPool {
         if let Some(b) = self.base {
             dynasm!(ops ; .arch x64 ; =>b);
         }
-        for (k, l) in self.entries {
-            dynasm!(ops ; .arch x64 ; =>l);
-            for _ in 0..8 {
+        let mut at = 0;
+        for (i, (lanes, l, slot)) in self.entries.iter().enumerate() {
+            debug_assert_eq!(*slot, at);
+            let next = self.entries.get(i + 1).map_or(self.slots, |e| e.2);
+            dynasm!(ops ; .arch x64 ; =>*l);
+            for &k in &lanes[..8 * (next - slot)] {
                 dynasm!(ops ; .arch x64 ; .u32 k);
             }
+            at = next;
         }
     }
 }

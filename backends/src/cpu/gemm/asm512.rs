@@ -117,6 +117,19 @@ impl VecIsa for Zmm {
             e.mask_to_lanes(d, TEMP_MASK);
         });
     }
+    fn icmp_eq(&self, ops: &mut Assembler, d: u8, x: u8, y: u8) {
+        put(ops, |e| {
+            e.icmp_eq(TEMP_MASK, x, y);
+            e.mask_to_lanes(d, TEMP_MASK);
+        });
+    }
+    fn positions(&self, ops: &mut Assembler, d: u8, gpr: u8, lanes: ConstRef) {
+        put(ops, |e| {
+            e.broadcast_gpr(d, gpr);
+            e.shift(2, d, d, 2);
+            e.op3(evex::VPADDD, d, d, Rm::Full(mem(self.pool, 32 * lanes.slot as i32)));
+        });
+    }
     fn select(&self, ops: &mut Assembler, d: u8, m: u8, t: u8, f: u8) {
         put(ops, |e| {
             e.lanes_to_mask(TEMP_MASK, m);

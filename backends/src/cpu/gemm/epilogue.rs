@@ -5,8 +5,9 @@
 //!
 //! What translates: f32 `+ - * /`, `sqrt`, `neg`, `abs`, `recip`, comparisons (`< <= == !=`, NaN semantics of the
 //! spec), `where`, bool `and`/`or`/`not`, and f32 `exp`, `tanh` and `log` (so sigmoid, silu, gelu, softplus and
-//! softmax's exponent), which expand into the Cranelift kernels' own sequences (`program_math.rs`). Anything else
-//! (sin/cos, max/min with their NaN rule, an int value, a gather) returns `None`, and the backend applies the
+//! softmax's exponent), which expand into the Cranelift kernels' own sequences (`program_math.rs`), and i32 `==`/`!=`
+//! of 32-bit int loads and, where the caller allows it, positions along n (`arange(C) == target`). Anything else
+//! (sin/cos, max/min with their NaN rule, int arithmetic, a gather) returns `None`, and the backend applies the
 //! epilogue as a separate compiled pass over C instead: slower, never wrong. `translate_row_outer` does the same
 //! for a row sum's outer code (`cpu/wide.rs`). A bf16 GEMM's epilogue (`translate_with`) may also compute in bf16:
 //! each bf16 result is rounded in the program, with integer ops, exactly as the Cranelift kernels round it.
@@ -50,17 +51,29 @@ pub struct Epilogue {
 /// Most operands a program may read (their pointers travel in a small per-tile table).
 pub const MAX_OPERANDS: usize = 6;
 
+/// What a translation may use beyond f32 (see [`translate_with`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Allow {
+    /// Values of dtype bf16 (a bf16 GEMM's epilogue after the rounding of its product): each kept in a register as
+    /// its exact f32 value, each bf16 result of arithmetic rounded to bf16 in the program
+    /// (`program_math::push_round_bf16`, the Cranelift kernels' integer rounding), so the program's result is
+    /// exactly the value the store writes. bf16 loads are not translated (their roles are `Other`).
+    pub bf16: bool,
+    /// Positions along n (`Role::Position`, `EpInst::Position`): only a caller whose loop knows the column of each
+    /// vector emits them (the row kernels, `cpu/wide_rows.rs`); a GEMM tile or an elementwise chunk does not.
+    pub positions: bool,
+}
+
 /// Translates `k`'s outer code, each value's role given by `roles` (a `GemmView`'s, or an `ElementwiseView`'s), or
 /// `None` when it cannot run in registers (see the module doc).
 pub fn translate(k: &KernelIr, roles: &[Role]) -> Option<Epilogue> {
-    translate_with(k, roles, false)
+    translate_with(k, roles, Allow::default())
 }
 
-/// [`translate`], and where `bf16` holds, values of dtype bf16 too (a bf16 GEMM's epilogue after the rounding of its
-/// product): each kept in a register as its exact f32 value, each bf16 result of arithmetic rounded to bf16 in the
-/// program (`program_math::push_round_bf16`, the Cranelift kernels' integer rounding), so the program's result is
-/// exactly the value the store writes. bf16 loads are not translated (their roles are `Other`).
-pub fn translate_with(k: &KernelIr, roles: &[Role], bf16: bool) -> Option<Epilogue> {
+/// [`translate`], with what `allow` permits besides. i32 values (loads, positions) are held as their bits and only
+/// compared for equality (`EpInst::ICmpEq`); any other use of one leaves the code untranslated.
+pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epilogue> {
+    let bf16 = allow.bf16;
     // A value held as f32 in a register: f32, or bf16 where allowed.
     let floaty = |d: DType| d == DType::F32 || bf16 && d == DType::BF16;
     let n = k.outer.len();
@@ -120,6 +133,10 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], bf16: bool) -> Option<Epilog
                 let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Col { stride: *stride })?;
                 push(&mut ep, EpInst::Col { op: o, stride: i32::try_from(*stride * 4).ok()? })
             }
+            Role::Position { offset } if allow.positions => {
+                push(&mut ep, EpInst::Position(i32::try_from(*offset).ok()?))
+            }
+            Role::Position { .. } => return None,
             Role::Computed => {
                 let get = |j: usize| val[j];
                 let f32_of = |j: usize| floaty(k.outer[j].dtype).then(|| val[j]).flatten();
@@ -153,6 +170,14 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], bf16: bool) -> Option<Epilog
                             | BinaryOp::Or => return None,
                         };
                         push(&mut ep, EpInst::Cmp(p, x, y))
+                    }
+                    (InstOp::Binary(op @ (BinaryOp::Eq | BinaryOp::Ne), a, b), DType::Bool)
+                        if k.outer[*a].dtype == DType::I32 =>
+                    {
+                        let x = int_operand(&mut ep, &mut val, k, roles, *a)?;
+                        let y = int_operand(&mut ep, &mut val, k, roles, *b)?;
+                        let eq = push(&mut ep, EpInst::ICmpEq(x, y));
+                        if *op == BinaryOp::Ne { push(&mut ep, EpInst::BinK(VBin::Xor, eq, u32::MAX)) } else { eq }
                     }
                     (InstOp::Binary(op, a, b), DType::Bool) => {
                         let (x, y) = (bool_of(*a)?, bool_of(*b)?);
@@ -199,6 +224,21 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], bf16: bool) -> Option<Epilog
     }
     ep.program.result = val[k.result]?;
     (ep.uniforms.len() <= MAX_UNIFORMS).then_some(ep)
+}
+
+/// The register of i32 value `j` for an int op: its load or position, or a launch-uniform i32 (a class index read
+/// from a one-element buffer), given a uniform slot here on first use (only int ops read one, so an int uniform
+/// that feeds a cast alone takes no slot).
+fn int_operand(ep: &mut Epilogue, val: &mut [Option<usize>], k: &KernelIr, roles: &[Role], j: usize) -> Option<usize> {
+    if k.outer[j].dtype != DType::I32 {
+        return None;
+    }
+    if val[j].is_none() && matches!(roles[j], Role::Uniform) {
+        ep.uniforms.push(j);
+        ep.program.insts.push(EpInst::Uniform(ep.uniforms.len() - 1));
+        val[j] = Some(ep.program.insts.len() - 1);
+    }
+    val[j]
 }
 
 /// The vector op of an f32 arithmetic binary op (comparisons and logic are translated apart).
@@ -320,6 +360,8 @@ impl Uniforms {
                 Some(Scalar::Bool(true)) => u32::MAX,
                 Some(Scalar::Bool(false)) => 0,
                 Some(Scalar::Float(x)) => (x as f32).to_bits(),
+                // An i32 value is held as its bits (`int_operand`).
+                Some(Scalar::Int(x)) if outer[i].dtype == DType::I32 => x as i32 as u32,
                 Some(Scalar::Int(x)) => (x as f32).to_bits(),
                 None => 0,
             };

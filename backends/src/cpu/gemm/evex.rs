@@ -84,6 +84,8 @@ const VMOVUPS_LOAD: Opc = ps(0x10);
 const VMOVUPS_STORE: Opc = ps(0x11);
 const VBROADCASTSS: Opc = x38(0x18);
 const VCMPPS: Opc = ps(0xc2);
+const VPCMPEQD: Opc = pd66(0x76);
+const VPBROADCASTD_GPR: Opc = x38(0x7c);
 const VPTERNLOGD: Opc = x3a(0x25);
 const VPTESTMD: Opc = x38(0x27);
 const SHIFT_IMM: Opc = pd66(0x72);
@@ -220,6 +222,17 @@ impl Enc {
     /// `k = x <pred> y` (a `vcmpps` predicate).
     pub(crate) fn cmp(&mut self, k: u8, x: u8, y: u8, pred: u8) {
         self.insn(VCMPPS, k, x, Rm::Reg(y), 0, false, Some(pred));
+    }
+
+    /// `k = x == y` on 32-bit integer lanes (`vpcmpeqd`).
+    pub(crate) fn icmp_eq(&mut self, k: u8, x: u8, y: u8) {
+        self.insn(VPCMPEQD, k, x, Rm::Reg(y), 0, false, None);
+    }
+
+    /// `d` = the low dword of general register `r` in every lane (`vpbroadcastd zmm, r32`).
+    pub(crate) fn broadcast_gpr(&mut self, d: u8, r: u8) {
+        // ModRM.rm names the GPR (B from bit 3); EVEX.X, which would extend a vector register, stays clear.
+        self.insn(VPBROADCASTD_GPR, d, 0, Rm::Reg(r & 15), 0, false, None);
     }
 
     /// `d = k ? all ones : 0` per lane (`vpternlogd d{k}{z}, d, d, 0xff`).
@@ -381,6 +394,14 @@ mod tests {
         check(&mut e, &[0x62, 0xf2, 0x7e, 0x49, 0x33, 0x62, 0x02], "vpmovdw [rdx+64]{k1}, zmm4");
         e.dot_bf16(1, 2, Rm::Reg(3));
         check(&mut e, &[0x62, 0xf2, 0x6e, 0x48, 0x52, 0xcb], "vdpbf16ps zmm1, zmm2, zmm3");
+        e.icmp_eq(2, 3, 25);
+        check(&mut e, &[0x62, 0x91, 0x65, 0x48, 0x76, 0xd1], "vpcmpeqd k2, zmm3, zmm25");
+        e.broadcast_gpr(17, RAX);
+        check(&mut e, &[0x62, 0xe2, 0x7d, 0x48, 0x7c, 0xc8], "vpbroadcastd zmm17, eax");
+        e.broadcast_gpr(4, 12);
+        check(&mut e, &[0x62, 0xd2, 0x7d, 0x48, 0x7c, 0xe4], "vpbroadcastd zmm4, r12d");
+        e.op3(VPADDD, 5, 5, Rm::Full(mem(RBP, 96)));
+        check(&mut e, &[0x62, 0xf1, 0x55, 0x48, 0xfe, 0xad, 0x60, 0, 0, 0], "vpaddd zmm5, zmm5, [rbp+96]");
         assert!(!want.is_empty());
     }
 }

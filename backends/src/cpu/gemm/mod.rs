@@ -258,7 +258,7 @@ impl CompiledGemm {
         let out_bf16 = v.out == DType::BF16;
         // bf16 values in the outer code are rounded in the program, so a bf16 C's last value is a bf16 value, which
         // the store narrows exactly.
-        let ep = epilogue::translate_with(k, &v.roles, true);
+        let ep = epilogue::translate_with(k, &v.roles, epilogue::Allow { bf16: true, positions: false });
         let program = match &ep {
             Some(e) => e.program.clone(),
             None if !out_bf16 => {
