@@ -1,15 +1,16 @@
 //! Row kernels (persistent reductions, `jit/src/kernel/rows.rs`): softmax, log_softmax, layer norm and an RMS norm
-//! each schedule as one kernel over their rows; with cross entropy (whose class mask keeps its pick apart), on
-//! every device they match the interpreter, the kernels they replace (`KILN_ROW_KERNELS=off`'s schedule) and
-//! values PyTorch printed; a value read off its row keeps the kernels apart; on the CPU every vector width of the
-//! generated row kernel, and the Cranelift rendering of every row kernel, match the interpreter.
+//! each schedule as one kernel over their rows, and cross entropy's pick of the target (a fold over the row that
+//! reads each class's position) as one kernel with its row max and log-sum-exp; on every device they match the
+//! interpreter, the kernels they replace (`KILN_ROW_KERNELS=off`'s schedule) and values PyTorch printed; a value
+//! read off its row keeps the kernels apart; on the CPU every vector width of the generated row kernel, and the
+//! Cranelift rendering of every row kernel, match the interpreter.
 
 mod common;
 
 use common::{Kind, data, devices, runs_on, tensor, tol, vals};
 use kiln::nn::functional::{self as F, Reduction};
 use kiln::{DType, Device, HostBuffer, Tensor};
-use kiln_jit::kernel::{ScheduleOptions, eval, schedule, schedule_with};
+use kiln_jit::kernel::{KernelIr, ScheduleOptions, eval, schedule, schedule_with};
 
 /// The row ops under test, on `x` of shape `[.., cols]` (and class targets `t`, for a `[rows, cols]` `x`).
 fn row_ops(x: &Tensor, t: &Tensor) -> Vec<(&'static str, Tensor)> {
@@ -57,10 +58,11 @@ fn each_row_op_is_one_kernel() {
     let t = targets(6, 16, &dev);
     kiln::realize(&[&x, &t]).unwrap();
     for (name, y) in row_ops(&x, &t) {
-        if name == "cross_entropy" {
-            continue; // its pick of the target reads positions (see `rows.rs`): no row kernel
-        }
         let cap = kiln::capture(&[&y]).unwrap();
+        if name == "cross_entropy" {
+            cross_entropy_is_one_row_kernel(&cap.graph);
+            continue;
+        }
         let plan = schedule(&cap.graph);
         let names: Vec<String> = plan.launches.iter().map(|l| l.kernel.name.clone()).collect();
         assert_eq!(names.len(), 1, "{name}: {names:?}");
@@ -78,6 +80,70 @@ fn each_row_op_is_one_kernel() {
         let before = schedule_with(&cap.graph, off).launches.len();
         assert!(before > names.len(), "{name}: {before} kernels without row kernels");
     }
+}
+
+/// Cross entropy (per sample) schedules one row kernel: the pick of the target's log-probability, folding the row
+/// with the row max and the log-sum-exp inside; the class targets' narrowing and the per-sample range check are
+/// kernels of their own (with the default schedule the check runs after the fold in the row kernel; the CPU, whose
+/// generated code does not compare i64, keeps it apart, and must then take the row kernel).
+fn cross_entropy_is_one_row_kernel(graph: &kiln_jit::graph::Graph) {
+    let row_kernels = |opts: ScheduleOptions| {
+        let plan = schedule_with(graph, opts);
+        let rows: Vec<KernelIr> =
+            plan.launches.iter().filter(|l| !l.kernel.rows.is_empty()).map(|l| l.kernel.clone()).collect();
+        (rows, plan.launches.len())
+    };
+    let (rows, n) = row_kernels(ScheduleOptions::default());
+    assert_eq!(rows.len(), 1, "cross_entropy: row kernels {:?}", rows.iter().map(|k| &k.name).collect::<Vec<_>>());
+    assert_eq!(rows[0].rows.len(), 2, "cross_entropy: the max and the log-sum-exp join the pick\n{}", rows[0]);
+    let apart = schedule_with(graph, ScheduleOptions { row_kernels: false, ..Default::default() }).launches.len();
+    assert!(apart > n, "cross_entropy: {apart} kernels apart, {n} with row kernels");
+    #[cfg(feature = "cpu")]
+    if kiln_backends::cpu::gemm::asm::host_supported()
+        && std::env::var("KILN_ELEMENTWISE").map_or(true, |v| v != "clif")
+    {
+        let cpu = ScheduleOptions { row_kernel_ok: Some(kiln_backends::cpu::takes_row_kernel), ..Default::default() };
+        let (rows, _) = row_kernels(cpu);
+        assert_eq!(rows.len(), 1, "cross_entropy on the CPU");
+        assert_eq!(rows[0].rows.len(), 2, "cross_entropy on the CPU\n{}", rows[0]);
+        assert!(kiln_backends::cpu::takes_row_kernel(&rows[0]), "cross_entropy: the CPU declines\n{}", rows[0]);
+    }
+}
+
+/// Schedules `out` with `options`, runs its launches with the kernel evaluator up to the first row kernel, and calls
+/// `check(kernel, inputs, want)` with that kernel, its input buffers and the evaluator's value of it.
+#[cfg(feature = "cpu")]
+fn with_row_launch(
+    name: &str,
+    out: &Tensor,
+    options: ScheduleOptions,
+    check: impl FnOnce(&KernelIr, &[&HostBuffer], &HostBuffer),
+) {
+    use kiln_jit::kernel::Slot;
+    let cap = kiln::capture(&[out]).unwrap();
+    let plan = schedule_with(&cap.graph, options);
+    let inputs: Vec<&HostBuffer> = cap.inputs.iter().collect();
+    let mut temps: Vec<Option<HostBuffer>> = vec![None; plan.temps.len()];
+    for l in &plan.launches {
+        let args: Vec<&HostBuffer> = l
+            .inputs
+            .iter()
+            .map(|s| match *s {
+                Slot::Input(i) => inputs[i],
+                Slot::Temp(t) => temps[t].as_ref().unwrap(),
+                Slot::Output(_) => unreachable!("single-output test graphs"),
+            })
+            .collect();
+        let value = eval::run(&l.kernel, &args, &cap.rng);
+        if !l.kernel.rows.is_empty() {
+            return check(&l.kernel, &args, &value);
+        }
+        match l.output {
+            Slot::Temp(t) => temps[t] = Some(value),
+            _ => break,
+        }
+    }
+    panic!("{name}: no row kernel");
 }
 
 #[test]
@@ -296,8 +362,10 @@ fn torch_values() -> Vec<(&'static str, Vec<f64>)> {
     ]
 }
 
-/// The CPU's generated row kernel at every vector width the host has, forced: the interpreter's values within the
-/// f32 accumulate tolerance, and the same bits at each width for the output pass's arithmetic where the folds agree.
+/// The CPU's generated row kernel at every vector width the host has, forced, and its Cranelift rendering: the
+/// kernel evaluator's values (held to the interpreter above) within the f32 accumulate tolerance. Cross entropy's
+/// pick compares each lane's class with the target: positions across unrolled copies, single vectors and ragged
+/// tails.
 #[cfg(feature = "cpu")]
 #[test]
 fn every_vector_width_of_the_generated_row_kernel_matches_the_interpreter() {
@@ -314,10 +382,13 @@ fn every_vector_width_of_the_generated_row_kernel_matches_the_interpreter() {
         let t = targets(rows, cols, &Device::cpu());
         kiln::realize(&[&x, &t]).unwrap();
         for (name, y) in row_ops(&x, &t) {
-            if name == "cross_entropy" {
-                continue; // a reduce stage: a Cranelift kernel
+            if name == "cross_entropy" && shape.len() != 2 {
+                continue; // `row_ops` has none over more than one row dim
             }
-            common::with_last_launch(name, &y, ScheduleOptions::default(), |k, args, want| {
+            // The CPU's schedule: cross entropy's range check is a kernel after the row kernel (the pick).
+            let cpu =
+                ScheduleOptions { row_kernel_ok: Some(kiln_backends::cpu::takes_row_kernel), ..Default::default() };
+            with_row_launch(name, &y, cpu, |k, args, want| {
                 assert!(!k.rows.is_empty(), "{name}: not a row kernel:\n{k}");
                 let clif = kiln_backends::cpu::run_clif_at(k, args).unwrap_or_else(|e| panic!("{name}: {e}"));
                 let what = format!("{name} {rows}x{cols} as a Cranelift kernel");

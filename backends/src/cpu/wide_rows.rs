@@ -7,10 +7,16 @@
 //! ([`generates`], the schedule's `row_kernel_ok`).
 //!
 //! What runs here: f32 row kernels with one row loop (after `KernelIr::with_merged_row_loops`) and one column loop
-//! (`[rows, cols]`), no reduce stage, sum or max row reductions over the row's columns, and code the register
-//! program expresses. Each pass is translated as an elementwise kernel over `[rows, cols]` in which a read of row
-//! reduction `j` (`RowAcc`) is a per-row value (`OperandKind::Col`) of a scratch the kernel writes: the row's
-//! folded values, on the caller's stack. Three things keep the passes cheap:
+//! (`[rows, cols]`), sum or max row reductions over the row's columns, and code the register program expresses.
+//! The root either stores over `[rows, cols]` (softmax) or folds the row itself, a sum or max after the row
+//! reductions, into one output per row (cross entropy's pick of the target's log-probability: its fold is one more
+//! pass into a scratch slot, and the code after it a per-row pass, [`PassKind::RowOut`], that reads only the
+//! scratch; per-row code that reads an input, such as cross entropy's range check on its i64 targets, is declined,
+//! and the schedule then keeps it in a kernel of its own). Each pass is translated as an elementwise kernel over
+//! `[rows, cols]` in which a read of row reduction `j` (`RowAcc`) is a per-row value (`OperandKind::Col`) of a
+//! scratch the kernel writes: the row's folded values, on the caller's stack. A pass may read each lane's column
+//! (`EpInst::Position`: `arange(C) == target`), computed from the column offset in rax and a lane constant per
+//! unrolled copy, and compare i32 values. Three things keep the passes cheap:
 //! - per-row arithmetic (layer norm's `1 / sqrt(var + eps)`, log_softmax's `log(sum)`) is a pass of its own
 //!   (`PassKind::Finish`) that computes it once per row into a scratch slot, instead of once per vector;
 //! - a sum pass whose value the output computes again (softmax's `exp(x - max)`) stores each vector to the output
@@ -88,6 +94,8 @@ enum PassKind {
     Finish(usize),
     /// Stores it over the row's columns.
     Output,
+    /// Computes it once per row and stores it as the row's output (a kernel whose root folds the row too).
+    RowOut,
 }
 
 /// One pass over a row.
@@ -107,6 +115,8 @@ struct Pass {
 pub(crate) struct RowKernel {
     rows: usize,
     cols: usize,
+    /// One output per row (the root folds the row too), not one per element.
+    per_row: bool,
     passes: Vec<Pass>,
     n_inputs: usize,
     work: usize,
@@ -126,13 +136,14 @@ impl RowKernel {
     pub(crate) fn build_for(k: &KernelIr, isa: Isa) -> Result<Option<RowKernel>, String> {
         let k = &k.with_merged_row_loops();
         let Some(passes) = plan(k, isa) else { return Ok(None) };
-        let (rows, cols) = (k.out_extents[..k.row_rank].iter().product::<usize>(), k.out_extents[k.row_rank]);
-        let code = emit(&passes, k.inputs.len(), cols, isa)?;
+        let Some(Space { rows, cols, root }) = space(k) else { return Ok(None) };
+        let per_row = root.is_some();
+        let code = emit(&passes, k.inputs.len(), cols, per_row, isa)?;
         super::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the code at offset 0 is a function emitted by `emit` with `RowFn`'s sysv64 signature, and `code`
         // (kept in the returned kernel) keeps it mapped executable.
         let f = unsafe { std::mem::transmute::<*const u8, RowFn>(code.ptr(dynasmrt::AssemblyOffset(0))) };
-        Ok(Some(RowKernel { rows, cols, passes, n_inputs: k.inputs.len(), work: k.work(), isa, code, f }))
+        Ok(Some(RowKernel { rows, cols, per_row, passes, n_inputs: k.inputs.len(), work: k.work(), isa, code, f }))
     }
 
     /// The passes' register programs and the machine code's size, for `KILN_DUMP`.
@@ -143,6 +154,7 @@ impl RowKernel {
                 PassKind::Fold(op, slot) => format!("{op:?} over the row into slot {slot}"),
                 PassKind::Finish(slot) => format!("per-row value into slot {slot}"),
                 PassKind::Output => "output".to_string(),
+                PassKind::RowOut => "per-row output".to_string(),
             };
             let unroll =
                 pass.layout.as_ref().map_or(String::new(), |l| format!(", {} vectors per iteration", l.unroll));
@@ -198,7 +210,7 @@ impl RowKernel {
         // SAFETY: every offset formed is that of an element the kernel IR's affine indices reach for a row in range
         // (the caller's contract), and the code reads and writes only `rows` rows from there (masked at the end).
         unsafe {
-            table[0] = (out as *const f32).add(r0 * self.cols) as *const u8;
+            table[0] = (out as *const f32).add(r0 * if self.per_row { 1 } else { self.cols }) as *const u8;
             table[1] = isa::lane_mask(self.isa, self.cols % lanes);
             table[2] = scratch.as_mut_ptr() as *const u8;
             for (p, (pass, u)) in self.passes.iter().zip(uniforms).enumerate() {
@@ -230,17 +242,32 @@ pub(crate) fn generates(k: &KernelIr) -> bool {
 
 /// `k`'s passes at `isa`'s width, or `None` where this file does not run it (see the module doc).
 fn plan(k: &KernelIr, isa: Isa) -> Option<Vec<Pass>> {
-    if !asm::host_supported() || !isa.present() || !shape_fits(k) {
+    if !asm::host_supported() || !isa.present() {
         return None;
     }
-    let (rows, cols) = (k.out_extents[..k.row_rank].iter().product::<usize>(), k.out_extents[k.row_rank]);
-    let mut passes = Vec::with_capacity(k.rows.len() + 1);
-    let mut next_slot = k.rows.len();
+    let Space { rows, cols, root } = space(k)?;
+    // The root's own fold (a kernel of per-row outputs) takes the slot after the row reductions'.
+    let root_slot = k.rows.len();
+    let mut passes = Vec::with_capacity(k.rows.len() + 2);
+    let mut next_slot = k.rows.len() + usize::from(root.is_some());
     // Each row reduction's code and folded value, for the output pass to reuse.
     let mut folded: Vec<(usize, Vec<Inst>, usize)> = Vec::new();
-    let codes = k.rows.iter().map(|r| (&r.inner, r.value, Some(r.op))).chain([(&k.outer, k.result, None)]);
+    let root_fold = k.reduce.as_ref().filter(|_| root.is_some()).map(|r| (&r.inner, r.value, Some(r.op)));
+    let codes =
+        k.rows.iter().map(|r| (&r.inner, r.value, Some(r.op))).chain(root_fold).chain([(&k.outer, k.result, None)]);
     for (j, (insts, result, fold)) in codes.enumerate() {
-        let mut code = pass_code(k, insts, fold.is_some());
+        let last = j == k.rows.len() + usize::from(root.is_some());
+        let mut code = pass_code(k, insts, fold.is_some(), root.map(|_| root_slot));
+        if last && root.is_some() {
+            // Per-row code only (the root's fold and the row reductions, read from the scratch): once per row,
+            // straight to the output.
+            let ep = translated(k, code.clone(), result, rows, cols)?;
+            if ep.operands.iter().any(|o| o.buf != k.inputs.len()) {
+                return None; // reads an input per row, which the per-row code does not load
+            }
+            passes.push(Pass { ep, outer: code, kind: PassKind::RowOut, layout: None, store_out: false });
+            break;
+        }
         // Per-row arithmetic (a layer norm's `1 / sqrt(var + eps)`) once per row, into a scratch slot.
         for f in row_invariants(&code, result, k.row_rank) {
             if next_slot == SLOTS || passes.len() + 2 > MAX_PASSES {
@@ -300,26 +327,38 @@ unsafe impl Sync for Args<'_> {}
 
 /// Whether `k` has the shape this file runs: f32 throughout, one column loop over the reduce loop's extent, sum or
 /// max row reductions, no reduce stage.
-fn shape_fits(k: &KernelIr) -> bool {
-    let rank = k.out_rank();
-    !k.rows.is_empty()
-        && k.rows.len() < MAX_PASSES
-        && k.rows.len() < SLOTS
-        && k.reduce.is_none()
-        && k.row_rank + 1 == rank
+/// The rows and columns of a row kernel this file takes, and how its root computes: elementwise over
+/// `[rows, cols]` (`root: None`: softmax, layer norm), or folding the row itself into one output per row (`root`:
+/// its fold; cross entropy's pick of the target's log-probability). `None` for any other kernel (see the module doc).
+struct Space {
+    rows: usize,
+    cols: usize,
+    root: Option<ReduceOp>,
+}
+
+fn space(k: &KernelIr) -> Option<Space> {
+    let folds = |op: ReduceOp, dtype: DType| matches!(op, ReduceOp::Sum | ReduceOp::Max) && dtype == DType::F32;
+    let rows: usize = k.out_extents[..k.row_rank.min(k.out_rank())].iter().product();
+    let (cols, root) = match &k.reduce {
+        None if k.out_rank() == k.row_rank + 1 => (k.out_extents[k.row_rank], None),
+        Some(r) if k.out_rank() == k.row_rank && r.extents.len() == 1 && folds(r.op, r.dtype) => {
+            (r.extents[0], Some(r.op))
+        }
+        _ => return None,
+    };
+    let fits = !k.rows.is_empty()
+        && k.rows.len() + 2 < MAX_PASSES
+        && k.rows.len() + 1 < SLOTS
         && k.output.dtype == DType::F32
-        && k.rows.iter().all(|r| {
-            matches!(r.op, ReduceOp::Sum | ReduceOp::Max)
-                && r.dtype == DType::F32
-                && r.extents == [k.out_extents[k.row_rank]]
-        })
+        && k.rows.iter().all(|r| folds(r.op, r.dtype) && r.extents == [cols]);
+    fits.then_some(Space { rows, cols, root })
 }
 
 /// A load of scratch slot `slot` of the current row, as the pass kernels read it (a per-row operand).
 fn scratch_load(k: &KernelIr, slot: usize) -> InstOp {
     let strides = kiln_jit::shape::contiguous_strides(&k.out_extents[..k.row_rank]);
     let row_flat: Vec<i64> =
-        (0..k.out_rank()).map(|v| if v < k.row_rank { (strides[v] * SLOTS) as i64 } else { 0 }).collect();
+        (0..=k.row_rank).map(|v| if v < k.row_rank { (strides[v] * SLOTS) as i64 } else { 0 }).collect();
     InstOp::Load {
         buf: k.inputs.len(),
         index: IExpr::from_affine(&row_flat, slot as i64),
@@ -330,15 +369,17 @@ fn scratch_load(k: &KernelIr, slot: usize) -> InstOp {
 
 /// One pass's code over the kernel's output loops: a row reduction's reduce variable becomes the column variable,
 /// and `RowAcc(j)` a load of scratch slot `j`.
-fn pass_code(k: &KernelIr, insts: &[Inst], reduction: bool) -> Vec<Inst> {
+fn pass_code(k: &KernelIr, insts: &[Inst], reduction: bool, acc_slot: Option<usize>) -> Vec<Inst> {
     let (rank, row_rank) = (k.out_rank(), k.row_rank);
     let mut code = insts.to_vec();
     for inst in &mut code {
         if reduction {
             inst.map_indices(&|e| e.map_vars(&|v| IExpr::Var(if v == rank { row_rank } else { v })));
         }
-        if let InstOp::RowAcc(j) = inst.op {
-            inst.op = scratch_load(k, j);
+        match (&inst.op, acc_slot) {
+            (InstOp::RowAcc(j), _) => inst.op = scratch_load(k, *j),
+            (InstOp::Acc, Some(slot)) => inst.op = scratch_load(k, slot),
+            _ => {}
         }
     }
     code
@@ -401,11 +442,11 @@ fn column_varying(code: &[Inst], col: usize) -> Vec<bool> {
     let mut varies = Vec::with_capacity(code.len());
     for inst in code {
         let v = match &inst.op {
-            InstOp::Load { index, .. } => kiln_jit::render::cstyle::mentions_var(index, col),
+            InstOp::Load { index, .. } | InstOp::Index(index) => kiln_jit::render::cstyle::mentions_var(index, col),
             InstOp::Unary(_, a) | InstOp::Cast(a) => varies[*a],
             InstOp::Binary(_, a, b) => varies[*a] || varies[*b],
             InstOp::Where(c, a, b) => varies[*c] || varies[*a] || varies[*b],
-            InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) | InstOp::Const(_) => false,
+            InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) | InstOp::Const(_) => false,
         };
         varies.push(v);
     }
@@ -453,10 +494,10 @@ fn translated(k: &KernelIr, code: Vec<Inst>, result: usize, rows: usize, cols: u
         name: format!("{}_pass", k.name),
         inputs,
         output: BufParam { dtype: DType::F32, len: k.output.len },
-        out_extents: k.out_extents.clone(),
+        out_extents: k.out_extents[..k.row_rank].iter().copied().chain([cols]).collect(),
         reduce: None,
         rows: Vec::new(),
-        row_rank: k.out_rank(),
+        row_rank: k.row_rank + 1,
         outer: code,
         result,
         flops_per_elem: 0,
@@ -465,7 +506,7 @@ fn translated(k: &KernelIr, code: Vec<Inst>, result: usize, rows: usize, cols: u
         return None;
     }
     let view = ElementwiseView::of(&pass).filter(|v| v.batch.is_empty() && (v.m, v.n) == (rows, cols))?;
-    epilogue::translate(&pass, &view.roles)
+    epilogue::translate_with(&pass, &view.roles, epilogue::Allow { bf16: false, positions: true })
 }
 
 /// Where one pass's values live: per-row values and uniforms in registers of their own from the top down (as
@@ -523,7 +564,7 @@ impl PassLayout {
 const NEG_INF: u32 = 0xff80_0000;
 
 /// Assembles the kernel (see the module doc) at `isa`'s width.
-fn emit(passes: &[Pass], scratch: usize, cols: usize, isa: Isa) -> Result<ExecutableBuffer, String> {
+fn emit(passes: &[Pass], scratch: usize, cols: usize, per_row: bool, isa: Isa) -> Result<ExecutableBuffer, String> {
     let wide = isa == Isa::Avx512;
     let zmm = Zmm { pool: gpr::RBP };
     let vi: &dyn VecIsa = if wide { &zmm } else { &asm::Ymm };
@@ -548,11 +589,13 @@ fn emit(passes: &[Pass], scratch: usize, cols: usize, isa: Isa) -> Result<Execut
     dynasm!(ops ; .arch x64 ; test rsi, rsi ; jz =>done ; =>row);
     for (pi, pass) in passes.iter().enumerate() {
         match pass.kind {
-            PassKind::Finish(slot) => emit_finish(&mut ops, vi, pass, pi, slot, &mut consts)?,
+            PassKind::Finish(slot) => emit_finish(&mut ops, vi, pass, pi, Some(slot), &mut consts)?,
+            PassKind::RowOut => emit_finish(&mut ops, vi, pass, pi, None, &mut consts)?,
             _ => emit_pass(&mut ops, vi, pass, pi, scratch, isa, &mut consts)?,
         }
     }
-    dynasm!(ops ; .arch x64 ; add rdi, 4 * cols as i32);
+    let out_step = if per_row { 4 } else { 4 * cols as i32 };
+    dynasm!(ops ; .arch x64 ; add rdi, out_step);
     for (pi, pass) in passes.iter().enumerate() {
         for (o, operand) in pass.ep.operands.iter().enumerate() {
             let step = match operand.kind {
@@ -571,13 +614,14 @@ fn emit(passes: &[Pass], scratch: usize, cols: usize, isa: Isa) -> Result<Execut
     ops.finalize().map_err(|_| "finalizing a row kernel failed".to_string())
 }
 
-/// A per-row value: its program once, on broadcast scratch slots and uniforms, lane 0 stored to its slot.
+/// A per-row value: its program once, on broadcast scratch slots and uniforms, lane 0 stored to its slot, or
+/// (`slot: None`) to the row's output element.
 fn emit_finish(
     ops: &mut Assembler,
     vi: &dyn VecIsa,
     pass: &Pass,
     pi: usize,
-    slot: usize,
+    slot: Option<usize>,
     consts: &mut asm::ConstPool,
 ) -> Result<(), String> {
     let p = &pass.ep.program;
@@ -592,8 +636,13 @@ fn emit_finish(
     // xmm0-14: the VEX store names the result, and ymm15 holds the tail mask.
     let free: Vec<u8> = (0..MASK_REG).collect();
     let res = asm::emit_insts(vi, ops, p, &p.last_uses(), &free, &|_| None, &mut load, consts)?;
-    let off = 4 * slot as i32;
-    dynasm!(ops ; .arch x64 ; vmovss DWORD [r14 + off], Rx(res));
+    match slot {
+        Some(slot) => {
+            let off = 4 * slot as i32;
+            dynasm!(ops ; .arch x64 ; vmovss DWORD [r14 + off], Rx(res));
+        }
+        None => dynasm!(ops ; .arch x64 ; vmovss DWORD [rdi], Rx(res)),
+    }
     Ok(())
 }
 
@@ -673,11 +722,23 @@ fn emit_pass(
             }
         }
         let fixed = |i: usize| l.hoisted[i];
-        let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
-            let (EpInst::Mat { op, .. } | EpInst::Row { op }) = *inst else {
-                unreachable!("per-row values and uniforms are hoisted")
-            };
-            load_vector(ops, isa, d, OPERAND_REGS[op], disp, masked);
+        // The columns of this copy's lanes, per position offset the program reads: `rax / 4 + lanes * c + lane`.
+        let positions: Vec<(i32, asm::ConstRef)> = p
+            .insts
+            .iter()
+            .filter_map(|inst| if let EpInst::Position(off) = *inst { Some(off) } else { None })
+            .map(|off| {
+                let base = off + (isa.lanes() * c) as i32;
+                (off, consts.lanes(ops, std::array::from_fn(|lane| (base + lane as i32) as u32)))
+            })
+            .collect();
+        let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| match *inst {
+            EpInst::Mat { op, .. } | EpInst::Row { op } => load_vector(ops, isa, d, OPERAND_REGS[op], disp, masked),
+            EpInst::Position(off) => {
+                let lanes = positions.iter().find(|p| p.0 == off).map(|p| p.1);
+                vi.positions(ops, d, gpr::RAX, lanes.unwrap_or_else(|| unreachable!("collected above")));
+            }
+            _ => unreachable!("per-row values and uniforms are hoisted"),
         };
         let res = asm::emit_insts(vi, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, consts)?;
         if fold.is_none() || pass.store_out {

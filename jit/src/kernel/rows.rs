@@ -21,10 +21,11 @@
 //! the backend keeps the first pass's value, as the CPU's generated row kernels do); what it saves: every pass
 //! over memory but the first read and the last write.
 //!
-//! Code that reads an element's position (an iota: cross entropy's `class == target` mask) joins no group: the
-//! CPU computes positions one lane at a time, so such a kernel folding a row several times costs more than the
-//! pass over memory it saves. Cross entropy therefore keeps its kernels: its pick of the target's logit reads the
-//! row max too, so the max does not join the log-sum-exp either.
+//! Code that reads an element's position (an iota: cross entropy's `class == target` mask) joins like any other,
+//! so cross entropy's pick of the target's log-probability is the root of a group holding the row max and the
+//! log-sum-exp: one kernel. The backend's say still decides: the CPU generates positions a vector at a time
+//! (`cpu/wide_rows.rs`), and a kernel it does not generate would compute them a lane at a time, which is why it
+//! declines the ones it cannot generate.
 
 use crate::graph::Graph;
 use crate::kernel::lower::lower;
@@ -75,134 +76,156 @@ impl RowSpace {
 
 impl Groups<'_> {
     /// Forms the row groups: for each root that gets one, its row reductions in fold order. Members leave `mat`
-    /// (they are inlined into the root's kernel now).
-    pub(crate) fn form(&self, mat: &mut [bool], stage: &[Option<NodeIndex>]) -> Vec<Option<Vec<NodeIndex>>> {
+    /// (they are inlined into the root's kernel now). A reduction root whose code after the fold the backend
+    /// declines (cross entropy's per-sample range check on i64 targets) is tried without that code: the fold is
+    /// then materialized as the group's root (`stage` updated) and the code after it stays a kernel of its own.
+    pub(crate) fn form(&self, mat: &mut [bool], stage: &mut [Option<NodeIndex>]) -> Vec<Option<Vec<NodeIndex>>> {
         let g = self.graph;
-        let bound = mat.len();
-        let mut rows_of: Vec<Option<Vec<NodeIndex>>> = vec![None; bound];
-        // Which kernels each node is inlined into (a shared cheap value may be in several).
-        let kernels: Vec<NodeIndex> = self
-            .order
-            .iter()
-            .copied()
-            .filter(|&n| mat[n.index()] && !matches!(g.node(n).op, Op::Input { .. }))
-            .collect();
-        let mut owners: Vec<Vec<NodeIndex>> = vec![Vec::new(); bound];
-        for &k in &kernels {
-            for n in self.region(k, mat) {
-                owners[n.index()].push(k);
-            }
-        }
-        let mut absorbed = vec![false; bound];
+        let mut rows_of: Vec<Option<Vec<NodeIndex>>> = vec![None; mat.len()];
+        let kernels = self.kernels(mat);
+        let owners = self.owners(mat);
+        let mut absorbed = vec![false; mat.len()];
         // Sinks first, so that a group forms at the last kernel of a chain.
         for &root in kernels.iter().rev() {
             if absorbed[root.index()] {
                 continue;
             }
-            let root_space = match stage[root.index()] {
-                Some(r) => match RowSpace::of_reduce(g, r) {
-                    Some(s) => Some(s),
-                    None => continue,
-                },
-                None if matches!(g.node(root).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast) => None,
-                None => continue,
-            };
-            let mut space = root_space.clone();
-            let mut members: Vec<NodeIndex> = vec![root];
-            let mut region = self.region(root, mat);
-            if self.reads_a_position(&region) {
-                continue;
+            let mut found = self.grow(root, stage[root.index()], stage, mat, &owners).map(|f| (root, f));
+            if found.is_none()
+                && let Some(r) = stage[root.index()]
+                && r != root
+                && matches!(g.node(r).op, Op::Reduce { .. })
+            {
+                let mut trial = mat.to_vec();
+                trial[r.index()] = true;
+                found = self.grow(r, Some(r), stage, &trial, &self.owners(&trial)).map(|f| (r, f));
             }
-            let mut reductions: Vec<NodeIndex> = Vec::new();
-            loop {
-                let mut joined = false;
-                let frontier: Vec<NodeIndex> = {
-                    let mut f: Vec<NodeIndex> = region
-                        .iter()
-                        .flat_map(|&n| g.srcs(n))
-                        .filter(|s| mat[s.index()] && !members.contains(s))
-                        .collect();
-                    f.sort();
-                    f.dedup();
-                    f
-                };
-                for f in frontier {
-                    let node = g.node(f);
-                    if self.outputs.contains(&f)
-                        || !matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reduce { .. })
-                    {
-                        continue;
-                    }
-                    // Every reader inlined into this group's kernels only.
-                    let only_ours = self.consumers[f.index()]
-                        .iter()
-                        .all(|c| region.contains(c) && owners[c.index()].iter().all(|o| members.contains(o)));
-                    let joining = self.region(f, mat);
-                    if !only_ours || self.reads_a_position(&joining) {
-                        continue;
-                    }
-                    let reduction = match stage[f.index()] {
-                        Some(r) => {
-                            let Some(s) = RowSpace::of_reduce(g, r) else { continue };
-                            if space.as_ref().is_some_and(|sp| *sp != s) {
-                                continue;
-                            }
-                            space = Some(s);
-                            Some(r)
-                        }
-                        None => {
-                            // A stored value recomputed where read: of the row space's shape or one per row.
-                            let Some(sp) = &space else { continue };
-                            let dims = node.shape.dims();
-                            if dims != sp.shape.as_slice() && dims != sp.per_row().as_slice() {
-                                continue;
-                            }
-                            None
-                        }
-                    };
-                    members.push(f);
-                    reductions.extend(reduction);
-                    for n in joining {
-                        if !region.contains(&n) {
-                            region.push(n);
-                        }
-                    }
-                    joined = true;
-                }
-                if !joined {
-                    break;
-                }
-            }
-            let Some(space) = space else { continue };
-            if reductions.is_empty() {
-                continue;
-            }
-            // The root computes over the row space: elementwise over all of it, or reducing its trailing axes.
-            if root_space.is_none() && g.node(root).shape.dims() != space.shape.as_slice() {
-                continue;
-            }
-            // Fold order: the graph's (a reduction read by another comes first).
-            reductions.sort_by_key(|r| self.order.iter().position(|o| o == r));
-            let mut trial = mat.to_vec();
-            for &m in &members[1..] {
-                trial[m.index()] = false;
-            }
-            match lower(g, root, stage[root.index()], &reductions, &trial) {
-                Some((ir, _)) if self.accept.is_none_or(|ok| ok(&ir)) => {}
-                _ => continue,
+            let Some((at, (members, reductions))) = found else { continue };
+            if at != root {
+                mat[at.index()] = true;
+                stage[at.index()] = Some(at);
+                stage[root.index()] = None;
             }
             for &m in &members[1..] {
                 mat[m.index()] = false;
                 absorbed[m.index()] = true;
             }
-            rows_of[root.index()] = Some(reductions);
+            rows_of[at.index()] = Some(reductions);
         }
         rows_of
     }
 
-    /// Whether any of `nodes` is an iota (see the module doc).
-    fn reads_a_position(&self, nodes: &[NodeIndex]) -> bool {
-        nodes.iter().any(|&n| matches!(self.graph.node(n).op, Op::Iota { .. }))
+    /// The kernels of `mat`: materialized nodes other than inputs, in graph order.
+    fn kernels(&self, mat: &[bool]) -> Vec<NodeIndex> {
+        let g = self.graph;
+        self.order.iter().copied().filter(|&n| mat[n.index()] && !matches!(g.node(n).op, Op::Input { .. })).collect()
+    }
+
+    /// Which kernels of `mat` each node is inlined into (a shared cheap value may be in several).
+    fn owners(&self, mat: &[bool]) -> Vec<Vec<NodeIndex>> {
+        let mut owners: Vec<Vec<NodeIndex>> = vec![Vec::new(); mat.len()];
+        for k in self.kernels(mat) {
+            for n in self.region(k, mat) {
+                owners[n.index()].push(k);
+            }
+        }
+        owners
+    }
+
+    /// The group rooted at kernel `root` (reduce stage `root_stage`) under `mat`: its members (`root` first) and
+    /// row reductions in fold order, where one forms, lowers and the backend takes it.
+    fn grow(
+        &self,
+        root: NodeIndex,
+        root_stage: Option<NodeIndex>,
+        stage: &[Option<NodeIndex>],
+        mat: &[bool],
+        owners: &[Vec<NodeIndex>],
+    ) -> Option<(Vec<NodeIndex>, Vec<NodeIndex>)> {
+        let g = self.graph;
+        let root_space = match root_stage {
+            Some(r) => Some(RowSpace::of_reduce(g, r)?),
+            None if matches!(g.node(root).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast) => None,
+            None => return None,
+        };
+        let mut space = root_space.clone();
+        let mut members: Vec<NodeIndex> = vec![root];
+        let mut region = self.region(root, mat);
+        let mut reductions: Vec<NodeIndex> = Vec::new();
+        loop {
+            let mut joined = false;
+            let frontier: Vec<NodeIndex> = {
+                let mut f: Vec<NodeIndex> =
+                    region.iter().flat_map(|&n| g.srcs(n)).filter(|s| mat[s.index()] && !members.contains(s)).collect();
+                f.sort();
+                f.dedup();
+                f
+            };
+            for f in frontier {
+                let node = g.node(f);
+                if self.outputs.contains(&f)
+                    || !matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reduce { .. })
+                {
+                    continue;
+                }
+                // Every reader inlined into this group's kernels only.
+                let only_ours = self.consumers[f.index()]
+                    .iter()
+                    .all(|c| region.contains(c) && owners[c.index()].iter().all(|o| members.contains(o)));
+                if !only_ours {
+                    continue;
+                }
+                let joining = self.region(f, mat);
+                let reduction = match stage[f.index()] {
+                    Some(r) => {
+                        let Some(s) = RowSpace::of_reduce(g, r) else { continue };
+                        if space.as_ref().is_some_and(|sp| *sp != s) {
+                            continue;
+                        }
+                        space = Some(s);
+                        Some(r)
+                    }
+                    None => {
+                        // A stored value recomputed where read: of the row space's shape or one per row.
+                        let Some(sp) = &space else { continue };
+                        let dims = node.shape.dims();
+                        if dims != sp.shape.as_slice() && dims != sp.per_row().as_slice() {
+                            continue;
+                        }
+                        None
+                    }
+                };
+                members.push(f);
+                reductions.extend(reduction);
+                for n in joining {
+                    if !region.contains(&n) {
+                        region.push(n);
+                    }
+                }
+                joined = true;
+            }
+            if !joined {
+                break;
+            }
+        }
+        let space = space?;
+        if reductions.is_empty() {
+            return None;
+        }
+        // The root computes over the row space: elementwise over all of it, or reducing its trailing axes.
+        if root_space.is_none() && g.node(root).shape.dims() != space.shape.as_slice() {
+            return None;
+        }
+        // Fold order: the graph's (a reduction read by another comes first).
+        reductions.sort_by_key(|r| self.order.iter().position(|o| o == r));
+        let mut trial = mat.to_vec();
+        for &m in &members[1..] {
+            trial[m.index()] = false;
+        }
+        match lower(g, root, root_stage, &reductions, &trial) {
+            Some((ir, _)) if self.accept.is_none_or(|ok| ok(&ir)) => Some((members, reductions)),
+            _ => None,
+        }
     }
 
     /// The nodes inlined into kernel `k`'s code (with `k` itself): everything reached from it through sources that

@@ -403,7 +403,7 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
             outputs: &graph.outputs,
             accept: opts.row_kernel_ok,
         };
-        groups.form(&mut mat, &stage)
+        groups.form(&mut mat, &mut stage)
     } else {
         vec![None; bound]
     };
