@@ -218,6 +218,8 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
             UnaryOp::Not => return None,
             // Piecewise constant: zero wherever the derivative exists, as PyTorch's.
             UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Trunc => g.zeros_like(),
+            UnaryOp::Log1p => g.div(x.add(1.0)),
+            UnaryOp::Expm1 => g.mul(y.add(1.0)),
         },
         Op::Binary(b) => {
             let (a, c) = (&srcs[0], &srcs[1]);

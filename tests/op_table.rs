@@ -605,6 +605,17 @@ fn unary(t: &mut Table) {
         un("ceil", Tensor::ceil, f64::ceil, &ALL_DTYPES, Dom::Cont(-20.0, 20.0), S, X),
         un("round", Tensor::round, f64::round_ties_even, &ALL_DTYPES, Dom::Cont(-20.0, 20.0), S, X),
         un("trunc", Tensor::trunc, f64::trunc, &ALL_DTYPES, Dom::Cont(-20.0, 20.0), S, X),
+        un("log1p", Tensor::log1p, f64::ln_1p, &ALL_DTYPES, Dom::Cont(-0.9, 20.0), Fl, E),
+        un("expm1", Tensor::expm1, f64::exp_m1, &ALL_DTYPES, Dom::Cont(-4.0, 4.0), Fl, E),
+        un(
+            "sign",
+            Tensor::sign,
+            |x| (x > 0.0) as u8 as f64 - (x < 0.0) as u8 as f64,
+            &ALL_DTYPES,
+            Dom::Grid(-2.0, 2.0),
+            S,
+            X,
+        ),
     ];
     for u in ops {
         for &d in u.dtypes {
@@ -620,7 +631,7 @@ fn unary(t: &mut Table) {
     }
 
     // IEEE special values, bit-exact (the sign of zero included).
-    let specials: [(&str, UnOp, &[f64], &[f64]); 18] = [
+    let specials: [(&str, UnOp, &[f64], &[f64]); 21] = [
         ("exp", Tensor::exp, &[-INF, INF, NAN, 0.0, -0.0], &[0.0, INF, NAN, 1.0, 1.0]),
         ("log", Tensor::log, &[0.0, -0.0, -1.0, INF, 1.0], &[-INF, -INF, NAN, INF, 0.0]),
         ("sin", Tensor::sin, &[0.0, -0.0, INF, NAN], &[0.0, -0.0, NAN, NAN]),
@@ -639,6 +650,10 @@ fn unary(t: &mut Table) {
         ("ceil", Tensor::ceil, &[-0.5, 0.5, -0.0, -INF, NAN, 2.5], &[-0.0, 1.0, -0.0, -INF, NAN, 3.0]),
         ("round", Tensor::round, &[0.5, 1.5, 2.5, -0.5, -2.5, NAN, INF], &[0.0, 2.0, 2.0, -0.0, -2.0, NAN, INF]),
         ("trunc", Tensor::trunc, &[-0.7, 2.9, -INF, NAN, -0.0], &[-0.0, 2.0, -INF, NAN, -0.0]),
+        ("log1p", Tensor::log1p, &[-1.0, -0.0, INF, -2.0, NAN, 0.0], &[-INF, -0.0, INF, NAN, NAN, 0.0]),
+        ("expm1", Tensor::expm1, &[-0.0, -INF, INF, NAN, 0.0], &[-0.0, -1.0, INF, NAN, 0.0]),
+        // PyTorch's sign: 0 for NaN and for -0.0 (a +0.0).
+        ("sign", Tensor::sign, &[-0.0, NAN, -INF, INF, 0.0, -2.5], &[0.0, 0.0, -1.0, 1.0, 0.0, -1.0]),
     ];
     for (op, f, x, want) in specials {
         for d in FLOATS {
@@ -650,6 +665,22 @@ fn unary(t: &mut Table) {
                 vec![In::new(d, &[n], x)],
                 move |a| f(&a[0]),
                 Want::new(od, &[n], want, Kind::Exact),
+            );
+        }
+    }
+    // log1p and expm1 near 0, where log(1 + x) and exp(x) - 1 keep no digit of x: relative accuracy.
+    for d in [F32, F64] {
+        let x = [1e-10f64, -1e-7, 3e-5, -2e-3, 0.1, -0.12, 0.13];
+        for (op, f, r) in
+            [("log1p", Tensor::log1p as UnOp, f64::ln_1p as fn(f64) -> f64), ("expm1", Tensor::expm1, f64::exp_m1)]
+        {
+            let want: Vec<f64> = x.iter().map(|&v| r(v)).collect();
+            t.check(
+                op,
+                "near 0, relative",
+                vec![In::new(d, &[7], &x)],
+                move |a| f(&a[0]),
+                Want::new(d, &[7], &want, Kind::Relative),
             );
         }
     }
@@ -2436,6 +2467,9 @@ const REQUIRED: &[(&str, &[DType])] = &[
     ("recip", &ALL_DTYPES),
     ("rsqrt", &ALL_DTYPES),
     ("sigmoid", &ALL_DTYPES),
+    ("log1p", &ALL_DTYPES),
+    ("expm1", &ALL_DTYPES),
+    ("sign", &ALL_DTYPES),
     ("floor", &ALL_DTYPES),
     ("ceil", &ALL_DTYPES),
     ("round", &ALL_DTYPES),

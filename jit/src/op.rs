@@ -27,6 +27,10 @@ pub enum UnaryOp {
     Ceil,
     Round,
     Trunc,
+    /// `log(1 + x)` and `exp(x) - 1` (floats only), accurate where `x` is near 0 (where the composed forms lose
+    /// every digit to the rounding of `1 + x` or of `exp(x)`).
+    Log1p,
+    Expm1,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -52,7 +56,7 @@ pub enum BinaryOp {
 
 impl UnaryOp {
     /// Every unary op, in declaration order (so `ALL[op as usize] == op`, which [`Op::decode`] relies on).
-    pub const ALL: [UnaryOp; 14] = [
+    pub const ALL: [UnaryOp; 16] = [
         UnaryOp::Neg,
         UnaryOp::Exp,
         UnaryOp::Log,
@@ -67,6 +71,8 @@ impl UnaryOp {
         UnaryOp::Ceil,
         UnaryOp::Round,
         UnaryOp::Trunc,
+        UnaryOp::Log1p,
+        UnaryOp::Expm1,
     ];
 }
 

@@ -16,6 +16,8 @@ pub trait Float: Copy + PartialOrd + std::ops::Neg<Output = Self> + std::fmt::De
     const ONE: Self;
     fn exp(self) -> Self;
     fn ln(self) -> Self;
+    fn ln_1p(self) -> Self;
+    fn exp_m1(self) -> Self;
     fn sin(self) -> Self;
     fn cos(self) -> Self;
     fn tanh(self) -> Self;
@@ -45,6 +47,12 @@ macro_rules! float_impl {
             }
             fn ln(self) -> $t {
                 <$t>::ln(self)
+            }
+            fn ln_1p(self) -> $t {
+                <$t>::ln_1p(self)
+            }
+            fn exp_m1(self) -> $t {
+                <$t>::exp_m1(self)
             }
             fn sin(self) -> $t {
                 <$t>::sin(self)
@@ -120,6 +128,8 @@ pub fn float_unary<F: Float>(u: UnaryOp, x: F) -> F {
         UnaryOp::Ceil => x.ceil(),
         UnaryOp::Round => x.round_ties_even(),
         UnaryOp::Trunc => x.trunc(),
+        UnaryOp::Log1p => x.ln_1p(),
+        UnaryOp::Expm1 => x.exp_m1(),
         UnaryOp::Not => {
             if x == F::ZERO {
                 F::ONE
@@ -147,7 +157,9 @@ pub fn int_unary(u: UnaryOp, x: i64) -> Option<i64> {
         | UnaryOp::Floor
         | UnaryOp::Ceil
         | UnaryOp::Round
-        | UnaryOp::Trunc => None,
+        | UnaryOp::Trunc
+        | UnaryOp::Log1p
+        | UnaryOp::Expm1 => None,
     }
 }
 

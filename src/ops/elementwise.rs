@@ -268,6 +268,30 @@ impl Tensor {
         self.rounding(UnaryOp::Trunc)
     }
 
+    /// `log(1 + x)`, accurate where `x` is near 0 (where `(1 + x).log()` rounds `1 + x` first and keeps no digit
+    /// of a tiny `x`). Bool and int inputs become f32, as PyTorch's `log1p`.
+    #[track_caller]
+    pub fn log1p(&self) -> Tensor {
+        self.float_unary(UnaryOp::Log1p)
+    }
+
+    /// `exp(x) - 1`, accurate where `x` is near 0 (PyTorch's `expm1`).
+    #[track_caller]
+    pub fn expm1(&self) -> Tensor {
+        self.float_unary(UnaryOp::Expm1)
+    }
+
+    /// -1, 0 or 1 by the sign of each element, in the tensor's dtype (PyTorch's `sign`: 0 for both zeros and for
+    /// NaN); a bool tensor is returned as it is. No gradient flows through it (PyTorch's is zero).
+    #[track_caller]
+    pub fn sign(&self) -> Tensor {
+        let d = self.dtype();
+        if d == DType::Bool {
+            return self.clone();
+        }
+        self.gt(0).to_dtype(d).sub(self.lt(0).to_dtype(d))
+    }
+
     /// A rounding op on a float tensor; an integer or bool tensor is already integral, so it is the result.
     fn rounding(&self, u: UnaryOp) -> Tensor {
         if self.dtype().is_float() { self.unary_prim(u) } else { self.clone() }

@@ -40,4 +40,8 @@ shims! {
     NormalF16: fn normal_f16(seed: u64, index: u64) -> f32 { f64_to_f16(rng::normal_f64(rng::words(seed, index))) }
     F64ToF16: fn f64_to_f16(x: f64) -> f32 { kiln_jit::f16::from_f64(x).to_f32() }
     UniformBF16: fn uniform_bf16(seed: u64, index: u64) -> f32 { rng::uniform_bf16(rng::words(seed, index)) }
+    Log1pF32: fn log1p_f32(x: f32) -> f32 { x.ln_1p() }
+    Expm1F32: fn expm1_f32(x: f32) -> f32 { x.exp_m1() }
+    Log1pF64: fn log1p_f64(x: f64) -> f64 { x.ln_1p() }
+    Expm1F64: fn expm1_f64(x: f64) -> f64 { x.exp_m1() }
 }

@@ -284,7 +284,9 @@ fn push_float_unary(p: &mut EpProgram, u: UnaryOp, x: usize) -> Option<usize> {
         | UnaryOp::Floor
         | UnaryOp::Ceil
         | UnaryOp::Round
-        | UnaryOp::Trunc => return None,
+        | UnaryOp::Trunc
+        | UnaryOp::Log1p
+        | UnaryOp::Expm1 => return None,
     })
 }
 

@@ -60,6 +60,11 @@ libcalls! {
     F64ToF16 => "kiln_f64_to_f16", (F64) -> F32;
     /// Appended: cached code names libcalls by position. `(seed, index) -> f32` uniform in [0, 1) with 8 bits (exact in bf16).
     UniformBF16 => "kiln_uniform_bf16", (I64, I64) -> F32;
+    /// Appended, as above: `log(1 + x)` and `exp(x) - 1`, libm's, per lane.
+    Log1pF32 => "kiln_log1p_f32", (F32) -> F32;
+    Expm1F32 => "kiln_expm1_f32", (F32) -> F32;
+    Log1pF64 => "kiln_log1p_f64", (F64) -> F64;
+    Expm1F64 => "kiln_expm1_f64", (F64) -> F64;
 }
 
 impl Libcall {
@@ -113,6 +118,10 @@ impl Libcall {
                     Libcall::TanhF32
                 }
             }
+            UnaryOp::Log1p if f64 => Libcall::Log1pF64,
+            UnaryOp::Log1p => Libcall::Log1pF32,
+            UnaryOp::Expm1 if f64 => Libcall::Expm1F64,
+            UnaryOp::Expm1 => Libcall::Expm1F32,
             _ => return None,
         })
     }

@@ -433,6 +433,10 @@ impl Emitter<'_> {
             return if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { self.round_half(d, r, lanes) };
         }
         if let Some(l) = Libcall::unary(u, d) {
+            if matches!(u, UnaryOp::Log1p | UnaryOp::Expm1) {
+                // No vector form: libm's, a lane at a time (the evaluator's value, bit for bit).
+                return self.per_lane(&[a], d, d, lanes, |s, x| s.libcall(l, x));
+            }
             return self.transcendental(u, l, d, lanes, a);
         }
         let ins = self.b.ins();
@@ -455,7 +459,16 @@ impl Emitter<'_> {
             (UnaryOp::Not, _) if lanes == 1 => ins.bxor_imm_s(a, 1),
             (UnaryOp::Not, _) => ins.bnot(a),
             // Transcendentals took the libcall path above (floats only; an integer one is refused at the op).
-            (op @ (UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Tanh), _) => {
+            (
+                op @ (UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Tanh
+                | UnaryOp::Log1p
+                | UnaryOp::Expm1),
+                _,
+            ) => {
                 unreachable!("unary {op:?} on {d}")
             }
         }
@@ -480,7 +493,9 @@ impl Emitter<'_> {
             | UnaryOp::Floor
             | UnaryOp::Ceil
             | UnaryOp::Round
-            | UnaryOp::Trunc => unreachable!("{u:?} is not transcendental"),
+            | UnaryOp::Trunc
+            | UnaryOp::Log1p
+            | UnaryOp::Expm1 => unreachable!("{u:?} is not one of clif_math's"),
         };
         let fast = clif_math::emit(f, &mut self.b, a, t, self.fma);
         if !matches!(u, UnaryOp::Sin | UnaryOp::Cos) {

@@ -38,6 +38,10 @@ pub enum Helper {
     /// `kiln_tanh(x)`: NaN kept, and within an ulp or two relative near zero, where a builtin `tanh` may promise an
     /// absolute error only.
     Tanh,
+    /// `kiln_log1p(x)` / `kiln_expm1(x)`: NaN kept, and relative accuracy near zero (a series there; the builtins
+    /// `log(1 + x)` and `exp(x) - 1` elsewhere).
+    Log1p,
+    Expm1,
 }
 
 impl Helper {
@@ -45,9 +49,14 @@ impl Helper {
     pub fn deps(self) -> &'static [Helper] {
         match self {
             // They test for NaN.
-            Helper::MaxF32 | Helper::MinF32 | Helper::PowF32 | Helper::F32ToInt | Helper::DivF32 | Helper::Tanh => {
-                &[Helper::FloatCmp]
-            }
+            Helper::MaxF32
+            | Helper::MinF32
+            | Helper::PowF32
+            | Helper::F32ToInt
+            | Helper::DivF32
+            | Helper::Tanh
+            | Helper::Log1p
+            | Helper::Expm1 => &[Helper::FloatCmp],
             Helper::PowI32 => &[Helper::PowU32],
             Helper::Philox | Helper::Normal | Helper::FloatCmp | Helper::PowU32 | Helper::F16 | Helper::Trig => &[],
         }

@@ -121,6 +121,8 @@ impl<D: Dialect> Emitter<'_, D> {
             (UnaryOp::Cos, DType::F32) => self.helper(Helper::Trig, format!("kiln_cos({a})")),
             // A builtin tanh may lose NaN (Mesa's GL driver gave -1) and is accurate only in absolute terms near 0.
             (UnaryOp::Tanh, DType::F32) => self.helper(Helper::Tanh, format!("kiln_tanh({a})")),
+            (UnaryOp::Log1p, DType::F32) => self.helper(Helper::Log1p, format!("kiln_log1p({a})")),
+            (UnaryOp::Expm1, DType::F32) => self.helper(Helper::Expm1, format!("kiln_expm1({a})")),
             (UnaryOp::Sqrt, DType::F32) => call(Builtin::Sqrt),
             (UnaryOp::Floor, DType::F32) => call(Builtin::Floor),
             (UnaryOp::Ceil, DType::F32) => call(Builtin::Ceil),
@@ -155,7 +157,9 @@ impl<D: Dialect> Emitter<'_, D> {
                 | UnaryOp::Floor
                 | UnaryOp::Ceil
                 | UnaryOp::Round
-                | UnaryOp::Trunc),
+                | UnaryOp::Trunc
+                | UnaryOp::Log1p
+                | UnaryOp::Expm1),
                 d,
             ) => unreachable!("unary {op:?} on {d}: refused by the dialect's check"),
         }

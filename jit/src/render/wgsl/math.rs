@@ -234,6 +234,32 @@ fn kiln_tanh(x: f32) -> f32 {
 }
 "#;
 
+const LOG1P: &str = r#"
+// log(1 + x) and exp(x) - 1 lose every digit near 0 (WGSL's `log` promises 2^-21 absolute on [0.5, 2]). Below
+// |x| = 0.125 a series: log1p as 2 atanh(s), s = x / (2 + x) <= 0.059, to s^9 (the next term is under 1e-10
+// relative); expm1 as its Taylor series to x^7 (the next, x^8 / 8!, is under 1e-11 relative). Both keep -0.
+fn kiln_log1p(x: f32) -> f32 {
+    if (kiln_isnan(x)) { return x; }
+    if (abs(x) < 0.125f) {
+        let s = x / (2.0f + x);
+        let s2 = s * s;
+        return 2.0f * s * (1.0f + s2 * (0.33333334f + s2 * (0.2f + s2 * (0.14285715f + s2 * 0.11111111f))));
+    }
+    return log(1.0f + x);
+}
+"#;
+
+const EXPM1: &str = r#"
+fn kiln_expm1(x: f32) -> f32 {
+    if (kiln_isnan(x)) { return x; }
+    if (abs(x) < 0.125f) {
+        return x * (1.0f + x * (0.5f + x * (0.16666667f + x * (0.041666668f + x * (0.008333334f
+            + x * (0.0013888889f + x * 0.0001984127f))))));
+    }
+    return exp(x) - 1.0f;
+}
+"#;
+
 /// The WGSL source of `h` (its dependencies are written before it by the shared renderer).
 pub(crate) fn source(h: Helper) -> &'static str {
     match h {
@@ -250,5 +276,7 @@ pub(crate) fn source(h: Helper) -> &'static str {
         Helper::F32ToInt => F32_TO_INT,
         Helper::Trig => TRIG,
         Helper::Tanh => TANH,
+        Helper::Log1p => LOG1P,
+        Helper::Expm1 => EXPM1,
     }
 }
