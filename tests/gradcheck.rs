@@ -22,6 +22,7 @@ mod test_cache;
 mod common;
 
 use common::{Kind, Nd, Rng, Tol, tol, values};
+use kiln::nn::functional as F;
 use kiln::{DType, Device, Tensor};
 use std::panic::AssertUnwindSafe;
 use std::sync::{RwLock, RwLockReadGuard};
@@ -401,6 +402,21 @@ fn unary_ops() {
         ("ceil * x", |x| x.ceil().mul(x), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-1.0, 0.0, 1.0], 0.01)),
         ("round * x", |x| x.round().mul(x), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-1.5, -0.5, 0.5, 1.5], 0.01)),
         ("trunc * x", |x| x.trunc().mul(x), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-1.0, 0.0, 1.0], 0.01)),
+        ("sign * x", |x| x.sign().mul(x), g.signed(&[3, 4], 0.1, 2.0)),
+        ("log1p", |x| x.log1p(), g.uniform(&[3, 4], -0.8, 3.0)),
+        ("expm1", |x| x.expm1(), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("softplus", |x| F::softplus(x, 1.0, 20.0), g.uniform(&[3, 4], -3.0, 3.0)),
+        (
+            "softplus beta 2 threshold 1",
+            |x| F::softplus(x, 2.0, 1.0),
+            g.uniform(&[3, 4], -2.0, 2.0).away_from(&[0.5], 0.01),
+        ),
+        ("elu", |x| F::elu(x, 0.7), g.signed(&[3, 4], 0.05, 2.0)),
+        ("selu", F::selu, g.signed(&[3, 4], 0.05, 2.0)),
+        ("celu", |x| F::celu(x, 0.5), g.signed(&[3, 4], 0.05, 2.0)),
+        ("mish", F::mish, g.uniform(&[3, 4], -3.0, 3.0)),
+        ("hardsigmoid", F::hardsigmoid, g.uniform(&[3, 4], -4.0, 4.0).away_from(&[-3.0, 3.0], 0.01)),
+        ("hardswish", F::hardswish, g.uniform(&[3, 4], -4.0, 4.0).away_from(&[-3.0, 3.0], 0.01)),
     ];
     for (name, op, x) in ops {
         s.check(name, std::slice::from_ref(&x), |t| op(&t[0]));

@@ -158,6 +158,283 @@ fn activations_match_their_formulas() {
     assert!(vals(&F::relu(&nan))[0].is_nan());
 }
 
+/// Inputs of `more_activations_match_pytorch`: both tails (past softplus's threshold), both zeros, the kinks of the
+/// hard activations, the specials.
+const ACT_X: [f64; 18] =
+    [-30.0, -4.0, -3.0, -1.5, -0.25, -0.0, 0.0, 0.0001, 0.25, 1.0, 2.9, 3.0, 4.0, 19.9, 20.5, INF, -INF, NAN];
+const INF: f64 = f64::INFINITY;
+const NAN: f64 = f64::NAN;
+
+/// An activation as a function of its input.
+type Act = fn(&Tensor) -> Tensor;
+
+/// What PyTorch 2.15 printed for `ACT_X` in f32 (`torch.nn.functional`, defaults unless named).
+fn activation_values() -> Vec<(&'static str, Act, [f64; 18])> {
+    vec![
+        (
+            "softplus",
+            |x| F::softplus(x, 1.0, 20.0),
+            [
+                9.357622912219837e-14,
+                0.018149929121136665,
+                0.04858735203742981,
+                0.20141328871250153,
+                0.575939416885376,
+                0.6931471824645996,
+                0.6931471824645996,
+                0.6931971907615662,
+                0.825939416885376,
+                1.31326162815094,
+                2.9535627365112305,
+                3.0485873222351074,
+                4.0181498527526855,
+                19.899999618530273,
+                20.5,
+                INF,
+                0.0,
+                NAN,
+            ],
+        ),
+        (
+            "softplus beta 2 threshold 5",
+            |x| F::softplus(x, 2.0, 5.0),
+            [
+                4.37825544636038e-27,
+                0.00016770318325143307,
+                0.0012378426035866141,
+                0.024293676018714905,
+                0.2370384931564331,
+                0.3465735912322998,
+                0.3465735912322998,
+                0.34662359952926636,
+                0.4870384931564331,
+                1.0634640455245972,
+                2.9000000953674316,
+                3.0,
+                4.0,
+                19.899999618530273,
+                20.5,
+                INF,
+                0.0,
+                NAN,
+            ],
+        ),
+        (
+            "elu",
+            |x| F::elu(x, 1.0),
+            [
+                -1.0,
+                -0.9816843867301941,
+                -0.9502129554748535,
+                -0.7768698334693909,
+                -0.22119921445846558,
+                -0.0,
+                0.0,
+                9.999999747378752e-05,
+                0.25,
+                1.0,
+                2.9000000953674316,
+                3.0,
+                4.0,
+                19.899999618530273,
+                20.5,
+                INF,
+                -1.0,
+                NAN,
+            ],
+        ),
+        (
+            "elu alpha 0.5",
+            |x| F::elu(x, 0.5),
+            [
+                -0.5,
+                -0.49084219336509705,
+                -0.47510647773742676,
+                -0.38843491673469543,
+                -0.11059960722923279,
+                -0.0,
+                0.0,
+                9.999999747378752e-05,
+                0.25,
+                1.0,
+                2.9000000953674316,
+                3.0,
+                4.0,
+                19.899999618530273,
+                20.5,
+                INF,
+                -0.5,
+                NAN,
+            ],
+        ),
+        (
+            "selu",
+            F::selu,
+            [
+                -1.7580993175506592,
+                -1.7258986234664917,
+                -1.6705687046051025,
+                -1.3658143281936646,
+                -0.38889017701148987,
+                -0.0,
+                0.0,
+                0.00010507010301807895,
+                0.2626752555370331,
+                1.0507010221481323,
+                3.0470330715179443,
+                3.1521029472351074,
+                4.202804088592529,
+                20.908950805664062,
+                21.539371490478516,
+                INF,
+                -1.7580993175506592,
+                NAN,
+            ],
+        ),
+        (
+            "celu alpha 0.5",
+            |x| F::celu(x, 0.5),
+            [
+                -0.5,
+                -0.49983227252960205,
+                -0.4987606108188629,
+                -0.47510647773742676,
+                -0.19673466682434082,
+                -0.0,
+                0.0,
+                9.999999747378752e-05,
+                0.25,
+                1.0,
+                2.9000000953674316,
+                3.0,
+                4.0,
+                19.899999618530273,
+                20.5,
+                INF,
+                -0.5,
+                NAN,
+            ],
+        ),
+        (
+            "mish",
+            F::mish,
+            [
+                -2.807286954981114e-12,
+                -0.07259175181388855,
+                -0.14564746618270874,
+                -0.2980997562408447,
+                -0.12992696464061737,
+                -0.0,
+                0.0,
+                6.000319990562275e-05,
+                0.1695723980665207,
+                0.8650983572006226,
+                2.8842668533325195,
+                2.98653507232666,
+                3.997412919998169,
+                19.899999618530273,
+                20.5,
+                INF,
+                NAN,
+                NAN,
+            ],
+        ),
+        (
+            "hardsigmoid",
+            F::hardsigmoid,
+            [
+                0.0,
+                0.0,
+                0.0,
+                0.25,
+                0.4583333432674408,
+                0.5,
+                0.5,
+                0.5000166296958923,
+                0.5416666865348816,
+                0.6666666865348816,
+                0.9833333492279053,
+                1.0,
+                1.0,
+                1.0,
+                1.0,
+                1.0,
+                0.0,
+                NAN,
+            ],
+        ),
+        (
+            "hardswish",
+            F::hardswish,
+            [
+                -0.0,
+                -0.0,
+                -0.0,
+                -0.375,
+                -0.1145833358168602,
+                -0.0,
+                0.0,
+                5.00016612932086e-05,
+                0.1354166716337204,
+                0.6666666865348816,
+                2.8516666889190674,
+                3.0,
+                4.0,
+                19.899999618530273,
+                20.5,
+                INF,
+                NAN,
+                NAN,
+            ],
+        ),
+    ]
+}
+
+/// softplus, elu, selu, celu, mish, hardsigmoid and hardswish against values PyTorch printed in f32, on every
+/// device and float dtype: f64 within f32's tolerance of them, f16 and bf16 (computed in f32, rounded once) within
+/// theirs.
+#[test]
+fn more_activations_match_pytorch() {
+    let n = ACT_X.len();
+    for dev in devices() {
+        for dtype in FLOATS {
+            if !runs_on(&dev, &[dtype]) {
+                continue;
+            }
+            let x = tensor(dtype, &ACT_X, &[n]).to_device(&dev).unwrap();
+            for (name, f, want) in activation_values() {
+                // f64 is held to f32's tolerance of PyTorch's f32 values; f16 and bf16 to theirs, of the values
+                // rounded to them.
+                let (got, class) =
+                    if dtype == DType::F64 { (f(&x).to_dtype(DType::F32), DType::F32) } else { (f(&x), dtype) };
+                if let Err(e) = check_tensor(&got, &[n], &buffer(class, &want), Kind::Elementwise) {
+                    panic!("{name} ({dtype} on {}): {e}", dev.describe());
+                }
+            }
+        }
+    }
+}
+
+/// In the tails, where one branch of an activation's select overflows, the gradient is the other branch's (1 or
+/// 0), never `0 * inf = NaN`.
+#[test]
+fn activation_gradients_stay_finite_in_the_tails() {
+    let x = Tensor::from_vec(vec![-200.0f32, -90.0, 90.0, 200.0], [4], &Device::cpu()).unwrap().requires_grad();
+    let cases: [(&str, Act, [f64; 4]); 4] = [
+        ("softplus", |x| F::softplus(x, 1.0, 20.0), [0.0, 0.0, 1.0, 1.0]),
+        ("elu", |x| F::elu(x, 1.0), [0.0, 0.0, 1.0, 1.0]),
+        ("celu", |x| F::celu(x, 0.5), [0.0, 0.0, 1.0, 1.0]),
+        ("mish", F::mish, [0.0, 0.0, 1.0, 1.0]),
+    ];
+    for (name, f, want) in cases {
+        let grads = f(&x).sum_all().backward().unwrap();
+        let g = vals(grads.get(&x).unwrap());
+        for (i, (&got, &w)) in g.iter().zip(&want).enumerate() {
+            assert!((got - w).abs() <= 1e-6, "{name}: d/dx at {} is {got}, want {w}", [-200.0, -90.0, 90.0, 200.0][i]);
+        }
+    }
+}
+
 /// Reference values of Φ-based GELU, erf and erfc from Python's `math.erf`/`math.erfc` (correctly rounded to a
 /// few ulp in f64).
 const GELU_X: [f64; 13] = [-6.0, -3.5, -2.0, -1.0, -0.5, -0.1, 0.0, 0.1, 0.5, 1.0, 2.0, 3.5, 6.0];

@@ -17,8 +17,10 @@
 //! accuracy too.
 //!
 
+mod activations;
 mod cross_entropy;
 
+pub use activations::{celu, elu, hardsigmoid, hardswish, mish, selu, softplus};
 pub use cross_entropy::{CrossEntropyOptions, cross_entropy, cross_entropy_with};
 
 use crate::args::fail;

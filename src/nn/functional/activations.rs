@@ -1,0 +1,79 @@
+//! The smooth and piecewise activations PyTorch users reach for beyond relu/gelu/silu: `softplus`, `elu`, `selu`,
+//! `celu`, `mish`, `hardsigmoid`, `hardswish`, each PyTorch's formula (`torch.nn.functional`), composed from kiln's
+//! ops so autograd differentiates them and the fuser sees one elementwise chain. Half inputs compute in f32 and round
+//! once.
+//!
+//! Where one branch of a select would overflow on the elements the other branch takes (`exp(x)` for a large `x` in
+//! `softplus`'s and `elu`'s formula branches), that branch reads its argument clamped to where it is taken: the
+//! unused value stays finite, so its masked-off gradient is 0 and not `0 * inf = NaN`. The clamp is a select too,
+//! so the gradient reaches `x` in full up to the bound.
+
+use super::float_only;
+use crate::tensor::Tensor;
+
+/// `log(1 + exp(beta x)) / beta`, and `x` itself where `beta x > threshold` (PyTorch's `softplus`; its defaults
+/// are `beta = 1`, `threshold = 20`).
+#[track_caller]
+pub fn softplus(x: &Tensor, beta: f64, threshold: f64) -> Tensor {
+    float_only("softplus", x);
+    x.in_f32(|x| {
+        let bx = x.mul(beta);
+        let linear = bx.gt(threshold);
+        let soft = linear.where_(threshold, &bx).exp().log1p().div(beta);
+        linear.where_(x, soft)
+    })
+}
+
+/// `x` where `x > 0`, else `alpha (exp(x) - 1)` (PyTorch's `elu`, default `alpha = 1`).
+#[track_caller]
+pub fn elu(x: &Tensor, alpha: f64) -> Tensor {
+    float_only("elu", x);
+    x.in_f32(|x| elu_f(x, alpha, 1.0, 1.0))
+}
+
+/// `scale * elu(x, alpha)` with PyTorch's constants (self-normalizing networks, Klambauer et al. 2017).
+#[track_caller]
+pub fn selu(x: &Tensor) -> Tensor {
+    const ALPHA: f64 = 1.673_263_242_354_377_3;
+    const SCALE: f64 = 1.050_700_987_355_480_5;
+    float_only("selu", x);
+    x.in_f32(|x| elu_f(x, ALPHA * SCALE, SCALE, 1.0))
+}
+
+/// `x` where `x > 0`, else `alpha (exp(x / alpha) - 1)` (PyTorch's `celu`, default `alpha = 1`).
+#[track_caller]
+pub fn celu(x: &Tensor, alpha: f64) -> Tensor {
+    float_only("celu", x);
+    x.in_f32(|x| elu_f(x, alpha, 1.0, 1.0 / alpha))
+}
+
+/// `x > 0 ? x * pos : expm1(x * inner) * neg` (PyTorch's elu kernel, its coefficients folded as there), the
+/// exponential reading `min(x, 0)` (see the module doc).
+fn elu_f(x: &Tensor, neg: f64, pos: f64, inner: f64) -> Tensor {
+    let positive = x.gt(0);
+    let below = positive.where_(0.0, x);
+    let below = if inner == 1.0 { below } else { below.mul(inner) };
+    let above = if pos == 1.0 { x.clone() } else { x.mul(pos) };
+    positive.where_(above, below.expm1().mul(neg))
+}
+
+/// `x tanh(softplus(x))` (PyTorch's `mish`).
+#[track_caller]
+pub fn mish(x: &Tensor) -> Tensor {
+    float_only("mish", x);
+    x.in_f32(|x| x.mul(softplus(x, 1.0, 20.0).tanh()))
+}
+
+/// `min(max(x + 3, 0), 6) / 6` (PyTorch's `hardsigmoid`, in its order of operations).
+#[track_caller]
+pub fn hardsigmoid(x: &Tensor) -> Tensor {
+    float_only("hardsigmoid", x);
+    x.in_f32(|x| x.add(3.0).clamp(0.0, 6.0).div(6.0))
+}
+
+/// `x min(max(x + 3, 0), 6) / 6` (PyTorch's `hardswish`, in its order of operations).
+#[track_caller]
+pub fn hardswish(x: &Tensor) -> Tensor {
+    float_only("hardswish", x);
+    x.in_f32(|x| x.mul(x.add(3.0).clamp(0.0, 6.0)).div(6.0))
+}
