@@ -598,6 +598,11 @@ fn reductions() {
         ("prod", |t, d, k| t.prod(d, k), |t| t.prod_all(), &nz),
         ("max", |t, d, k| t.max(d, k), |t| t.max_all(), &dx),
         ("min", |t, d, k| t.min(d, k), |t| t.min_all(), &dx),
+        ("logsumexp", |t, d, k| t.logsumexp(d, k), |t| t.logsumexp(Vec::<isize>::new(), false), &x),
+        ("var", |t, d, k| t.var(d, 1.0, k), |t| t.var(Vec::<isize>::new(), 0.0, false), &x),
+        ("std", |t, d, k| t.std(d, 1.0, k), |t| t.std(Vec::<isize>::new(), 1.0, false), &x),
+        ("norm 2", |t, d, k| t.norm(2.0, d, k), |t| t.norm(2.0, Vec::<isize>::new(), false), &x),
+        ("norm 3", |t, d, k| t.norm(3.0, d, k), |t| t.norm(3.0, Vec::<isize>::new(), false), &nz),
     ];
     let dim_sets: [Vec<isize>; 5] = [vec![1], vec![-1], vec![0, 2], vec![0, 1, 2], vec![]];
     for (name, op, all, input) in ops {
@@ -671,6 +676,14 @@ fn movement_ops() {
     s.check("pad last dim", &one(&m), |t| t[0].pad(&[(1, 2)], 0.0).sin());
     s.check("pad two dims, value 1.5", &one(&m), |t| t[0].pad(&[(1, 0), (0, 2)], 1.5).sin());
     s.check("contiguous of a permuted view", &one(&x), |t| t[0].permute([1, 2, 0]).contiguous().sin());
+    s.check("tril", &one(&x), |t| t[0].tril(0).sin());
+    s.check("triu -1", &one(&m), |t| t[0].triu(-1).sin());
+    s.check("roll", &one(&x), |t| t[0].roll(&[1, -2], &[0, 2]).sin());
+    s.check("roll flat", &one(&m), |t| t[0].roll(&[5], &[]).sin());
+    s.check("repeat", &one(&c), |t| t[0].repeat(&[2, 1, 3]).sin());
+    s.check("tile", &one(&m), |t| t[0].tile(&[2]).sin());
+    s.check("chunk", &one(&x), |t| t[0].chunk(2, 2)[1].sin());
+    s.check("split_sizes", &one(&m), |t| t[0].split_sizes(&[1, 3], 0)[1].sin());
     s.finish();
 }
 
@@ -850,6 +863,24 @@ fn zero_dim_and_empty() {
         Tensor::cat(&[&empty, &t[1].unsqueeze(0).expand([2, 3]), &t[0].narrow(1, 1, 2)], 1).sin()
     });
     s.finish();
+}
+
+/// At a zero vector the 2-norm's gradient is 0, as PyTorch's, not the 0 * inf = NaN of `sqrt` at 0; the
+/// log-sum-exp's gradient is the softmax (its shift by the maximum carries none).
+#[test]
+fn norm_at_zero_and_logsumexp_have_their_defined_gradients() {
+    let _guard = shared();
+    let x = t64(&[0.0, 0.0, 0.0, 3.0, 4.0, 0.0], &[2, 3]).requires_grad();
+    let g = x.norm(2.0, 1, false).sum_all().backward().unwrap();
+    let got = vals(g.get(&x).unwrap());
+    assert_eq!(got[..3], [0.0, 0.0, 0.0], "the zero row");
+    assert!((got[3] - 0.6).abs() < 1e-15 && (got[4] - 0.8).abs() < 1e-15 && got[5] == 0.0, "{got:?}");
+    let y = t64(&[1.0, 2.0, 3.0], &[3]).requires_grad();
+    let g = y.logsumexp(0, false).backward().unwrap();
+    let want: Vec<f64> = [1f64, 2.0, 3.0].iter().map(|v| v.exp() / (1f64.exp() + 2f64.exp() + 3f64.exp())).collect();
+    for (a, b) in vals(g.get(&y).unwrap()).iter().zip(&want) {
+        assert!((a - b).abs() < 1e-15, "logsumexp gradient {a} vs softmax {b}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

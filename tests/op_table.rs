@@ -1541,6 +1541,102 @@ const REDUCE_CASES: [(&[usize], &[isize], bool); 19] = [
     (&[2, 0, 3], &[], false),
 ];
 
+/// logsumexp, var, std and norm over `REDUCE_CASES`, against the naive reference in f64: `log Σ exp`, the
+/// two-pass variance with PyTorch's `correction` (NaN or inf where `N - correction <= 0`), the p-norms.
+fn statistics(t: &mut Table) {
+    for d in FLOATS {
+        for (shape, dims, keepdim) in REDUCE_CASES {
+            let axes = resolve_all(dims, shape.len());
+            let n: usize = axes.iter().map(|&a| shape[a]).product();
+            let x = In::random(d, shape, seed(&[&"statistics", &d, &shape, &dims, &keepdim]), Dom::Cont(-2.0, 2.0));
+            let nd = x.nd();
+            let dv = dims.to_vec();
+            let what = format!("dims {dims:?} keepdim {keepdim}");
+            let lse = nd.map(f64::exp).reduce(&axes, keepdim, 0.0, |a, b| a + b).map(f64::ln);
+            let dl = dv.clone();
+            t.check(
+                "logsumexp",
+                &what,
+                vec![x.clone()],
+                move |a| a[0].logsumexp(dl.clone(), keepdim),
+                Want::nd(d, &lse, Kind::Accumulate),
+            );
+            let mean = nd.reduce(&axes, true, 0.0, |a, b| a + b).map(|s| s / n as f64);
+            let sq =
+                nd.zip(&mean.broadcast_to(&nd.shape), |v, m| (v - m) * (v - m))
+                    .reduce(&axes, keepdim, 0.0, |a, b| a + b);
+            for correction in [0.0, 1.0] {
+                let var = sq.map(|s| s / (n as f64 - correction).max(0.0));
+                let std = var.map(f64::sqrt);
+                let (dvar, dstd) = (dv.clone(), dv.clone());
+                let what = format!("{what} correction {correction}");
+                t.check(
+                    "var",
+                    &what,
+                    vec![x.clone()],
+                    move |a| a[0].var(dvar.clone(), correction, keepdim),
+                    Want::nd(d, &var, Kind::Accumulate),
+                );
+                t.check(
+                    "std",
+                    &what,
+                    vec![x.clone()],
+                    move |a| a[0].std(dstd.clone(), correction, keepdim),
+                    Want::nd(d, &std, Kind::Accumulate),
+                );
+            }
+            for p in [2.0, 1.0, 3.0, 0.0, INF, -INF] {
+                if p.is_infinite() && n == 0 {
+                    continue; // the max or min over an empty dim is an error, as for `max` (and in PyTorch)
+                }
+                let norm = match p {
+                    INF => nd.map(f64::abs).reduce(&axes, keepdim, 0.0, f64::max),
+                    _ if p == -INF => nd.map(f64::abs).reduce(&axes, keepdim, INF, f64::min),
+                    0.0 => nd.map(|v| (v != 0.0) as u8 as f64).reduce(&axes, keepdim, 0.0, |a, b| a + b),
+                    _ => nd.map(|v| v.abs().powf(p)).reduce(&axes, keepdim, 0.0, |a, b| a + b).map(|s| s.powf(1.0 / p)),
+                };
+                let dn = dv.clone();
+                t.check(
+                    "norm",
+                    &format!("{what} p {p}"),
+                    vec![x.clone()],
+                    move |a| a[0].norm(p, dn.clone(), keepdim),
+                    Want::nd(d, &norm, Kind::Accumulate),
+                );
+            }
+        }
+    }
+    // PyTorch's logsumexp where the maximum is infinite: a row of -inf gives -inf, a +inf gives +inf; NaN stays.
+    for d in FLOATS {
+        let x = In::new(d, &[4, 3], &[-INF, -INF, -INF, INF, 1.0, 2.0, 1.0, 2.0, 3.0, NAN, 0.0, 1.0]);
+        let want = [-INF, INF, (1f64.exp() + 2f64.exp() + 3f64.exp()).ln(), NAN];
+        t.check(
+            "logsumexp",
+            "infinite maxima",
+            vec![x],
+            |a| a[0].logsumexp(1, false),
+            Want::new(d, &[4], &want, Kind::Accumulate),
+        );
+    }
+    // Int input: logsumexp in f32 (PyTorch); var of one element with Bessel's correction is NaN (0 / 0).
+    let ints = In::new(I32, &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    let want = [(1f64.exp() + 2f64.exp()).ln(), (3f64.exp() + 4f64.exp()).ln()];
+    t.check(
+        "logsumexp",
+        "i32 input",
+        vec![ints],
+        |a| a[0].logsumexp(1, false),
+        Want::new(F32, &[2], &want, Kind::Accumulate),
+    );
+    t.check(
+        "var",
+        "one element",
+        vec![In::new(F32, &[1], &[3.0])],
+        |a| a[0].var(0, 1.0, false),
+        Want::new(F32, &[], &[NAN], Kind::Exact),
+    );
+}
+
 type Red = fn(&Tensor, Vec<isize>, bool) -> Tensor;
 /// (name, op, dtypes, identity, fold, float-only)
 type RedCase = (&'static str, Red, &'static [DType], f64, Fold, bool);
@@ -1587,6 +1683,7 @@ fn reduce(t: &mut Table) {
             }
         }
     }
+    statistics(t);
     // The *_all forms: a zero-dim result.
     let alls: [(&str, UnOp, &[DType], f64, Fold); 5] = [
         ("sum_all", Tensor::sum_all, &ALL_DTYPES, 0.0, |a, b| a + b),
@@ -2049,6 +2146,119 @@ fn movement(t: &mut Table) {
                 Box::new(move |x| x.pad(&per_dim, 1.0)),
             );
         }
+        for (shape, k) in
+            [(&[3, 4][..], 0i64), (&[3, 4], -1), (&[4, 3], 1), (&[2, 3, 4], 2), (&[2, 3, 3], -5), (&[0, 3], 0)]
+        {
+            let keep = |lower: bool, k: i64| {
+                move |x: &Nd| {
+                    let r = x.shape.len();
+                    Nd::from_fn(&x.shape, |i| {
+                        let off = i[r - 1] as i64 - i[r - 2] as i64;
+                        if (lower && off <= k) || (!lower && off >= k) { x.at(i) } else { 0.0 }
+                    })
+                }
+            };
+            add("tril", shape, format!("diagonal {k}"), Box::new(move |x| x.tril(k)), Box::new(keep(true, k)));
+            add("triu", shape, format!("diagonal {k}"), Box::new(move |x| x.triu(k)), Box::new(keep(false, k)));
+        }
+        for (shape, shifts, dims) in [
+            (&[2, 3][..], &[1i64][..], &[][..]),
+            (&[2, 3], &[1, -1], &[0isize, 1]),
+            (&[5], &[7], &[0]),
+            (&[4, 5], &[-12], &[-1]),
+            (&[3, 0], &[2], &[0]),
+            (&[2, 3, 4], &[1, 2], &[0, 2]),
+        ] {
+            let (sh, dm) = (shifts.to_vec(), dims.to_vec());
+            let (rsh, rdm) = (shifts.to_vec(), dims.to_vec());
+            add(
+                "roll",
+                shape,
+                format!("shifts {shifts:?} dims {dims:?}"),
+                Box::new(move |x| x.roll(&sh, &dm)),
+                Box::new(move |x| {
+                    if rdm.is_empty() {
+                        // Rolled as if flat.
+                        let n = x.numel() as i64;
+                        let flat = x.reshape(&[x.numel()]);
+                        let rolled =
+                            Nd::from_fn(&[x.numel()], |i| flat.at(&[(i[0] as i64 - rsh[0]).rem_euclid(n) as usize]));
+                        return rolled.reshape(&x.shape);
+                    }
+                    let axes: Vec<usize> = rdm.iter().map(|&q| resolve(q, x.shape.len())).collect();
+                    Nd::from_fn(&x.shape, |i| {
+                        let mut src = i.to_vec();
+                        for (&a, &s) in axes.iter().zip(&rsh) {
+                            let n = x.shape[a] as i64;
+                            src[a] = (i[a] as i64 - s).rem_euclid(n) as usize;
+                        }
+                        x.at(&src)
+                    })
+                }),
+            );
+        }
+        for (shape, sizes, tile) in [
+            (&[2][..], &[2usize, 2][..], false),
+            (&[2, 3], &[1, 2], false),
+            (&[2, 3], &[3, 1, 2], false),
+            (&[], &[3], false),
+            (&[2, 3], &[2], true),
+            (&[2, 0], &[2, 2], false),
+        ] {
+            let sz = sizes.to_vec();
+            let full: Vec<usize> =
+                std::iter::repeat_n(1, shape.len().saturating_sub(sizes.len())).chain(sizes.iter().copied()).collect();
+            let op = if tile { "tile" } else { "repeat" };
+            add(
+                op,
+                shape,
+                format!("{sizes:?}"),
+                Box::new(move |x| if tile { x.tile(&sz) } else { x.repeat(&sz) }),
+                Box::new(move |x| {
+                    let lead = full.len() - x.shape.len();
+                    let out: Vec<usize> = full
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &s)| s * if i < lead { 1 } else { x.shape[i - lead] })
+                        .collect();
+                    Nd::from_fn(&out, |i| {
+                        let src: Vec<usize> = (0..x.shape.len()).map(|k| i[k + lead] % x.shape[k]).collect();
+                        x.at(&src)
+                    })
+                }),
+            );
+        }
+        // chunk and split: each piece is a narrow of the input.
+        for (shape, dim, how, pieces) in [
+            (&[7][..], 0isize, "chunk 3", &[(0usize, 3usize), (3, 3), (6, 1)][..]),
+            (&[5, 2], 0, "chunk 4", &[(0, 2), (2, 2), (4, 1)]),
+            (&[2, 7], -1, "split 3", &[(0, 3), (3, 3), (6, 1)]),
+            (&[2, 7], 1, "split [2, 5]", &[(0, 2), (2, 5)]),
+            (&[0, 2], 0, "split 2", &[(0, 0)]),
+        ] {
+            for (p, &(start, len)) in pieces.iter().enumerate() {
+                let dd = resolve(dim, shape.len());
+                let how = how.to_string();
+                let h = how.clone();
+                add(
+                    if how.starts_with("chunk") { "chunk" } else { "split" },
+                    shape,
+                    format!("{how} along {dim}, piece {p}"),
+                    Box::new(move |x| {
+                        let parts = match h.as_str() {
+                            "chunk 3" => x.chunk(3, dim),
+                            "chunk 4" => x.chunk(4, dim),
+                            "split 3" => x.split(3, dim),
+                            "split 2" => x.split(2, dim),
+                            _ => x.split_sizes(&[2, 5], dim),
+                        };
+                        assert_eq!(parts.len(), pieces.len(), "pieces");
+                        parts[p].clone()
+                    }),
+                    Box::new(move |x| x.slice(dd, start, start + len, 1)),
+                );
+            }
+        }
         for shape in [&[2, 3, 4][..], &[3, 4]] {
             add("contiguous", shape, "plain".into(), Box::new(Tensor::contiguous), Box::new(|x| x.clone()));
         }
@@ -2487,6 +2697,10 @@ const REQUIRED: &[(&str, &[DType])] = &[
     ("max", &ALL_DTYPES),
     ("min", &ALL_DTYPES),
     ("mean", &FLOATS),
+    ("logsumexp", &FLOATS),
+    ("var", &FLOATS),
+    ("std", &FLOATS),
+    ("norm", &FLOATS),
     ("sum_all", &ALL_DTYPES),
     ("prod_all", &ALL_DTYPES),
     ("max_all", &ALL_DTYPES),
@@ -2511,6 +2725,13 @@ const REQUIRED: &[(&str, &[DType])] = &[
     ("narrow", &ALL_DTYPES),
     ("slice", &ALL_DTYPES),
     ("flip", &ALL_DTYPES),
+    ("tril", &ALL_DTYPES),
+    ("triu", &ALL_DTYPES),
+    ("roll", &ALL_DTYPES),
+    ("repeat", &ALL_DTYPES),
+    ("tile", &ALL_DTYPES),
+    ("chunk", &ALL_DTYPES),
+    ("split", &ALL_DTYPES),
     ("pad", &ALL_DTYPES),
     ("cat", &ALL_DTYPES),
     ("stack", &ALL_DTYPES),

@@ -2,12 +2,14 @@
 //! applies PyTorch's promotion and broadcasting rules, and records primitives from `kiln_jit::Op`. Composite ops
 //! (softmax, argmax, cat, eye, ...) are compositions of primitives, so every backend runs them unchanged.
 
+mod arrange;
 mod creation;
 mod elementwise;
 mod linalg;
 mod movement;
 mod operators;
 mod reduce;
+mod statistics;
 
 use crate::args::fail;
 use crate::tensor::Tensor;
