@@ -61,7 +61,7 @@ pub use io::{
     save_safetensors,
 };
 pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape, bf16, f16};
-pub use ops::Operand;
+pub use ops::{Operand, PadMode};
 pub use random::{DEFAULT_SEED, Generator, RngState, default_generator, manual_seed, rng_state, set_rng_state};
 pub use realize::{Captured, Stats, capture, stats};
 pub use tensor::Tensor;

@@ -178,6 +178,17 @@ fn other_movement_misuse() {
     let s = f32s(&[]);
     assert_op_panic(panic_of!(s.narrow(0, 0, 1)), "narrow", &["zero-dim"]);
     assert_op_panic(panic_of!(s.slice(0, 0, 1, 1)), "slice", &["zero-dim"]);
+    // The border modes name the mode, the pad and the dim it does not fit.
+    assert_op_panic(
+        panic_of!(a.pad_with(&[(3, 0)], kiln::PadMode::Reflect)),
+        "pad",
+        &["Reflect", "(3, 0)", "length 3"],
+    );
+    assert_op_panic(panic_of!(a.pad_with(&[(0, 4)], kiln::PadMode::Circular)), "pad", &["Circular", "(0, 4)"]);
+    assert_op_panic(panic_of!(a.roll(&[1, 2], &[0])), "roll", &["2 shifts for 1 dims"]);
+    assert_op_panic(panic_of!(a.repeat(&[2])), "repeat", &["1 repeats", "2 dims"]);
+    assert_op_panic(panic_of!(a.split_sizes(&[1, 1], 1)), "split", &["add up to 2", "length 3"]);
+    assert_op_panic(panic_of!(f32s(&[3]).tril(0)), "tril", &["at least 2 dims"]);
 }
 
 #[cfg(feature = "cpu")]

@@ -684,6 +684,9 @@ fn movement_ops() {
     s.check("tile", &one(&m), |t| t[0].tile(&[2]).sin());
     s.check("chunk", &one(&x), |t| t[0].chunk(2, 2)[1].sin());
     s.check("split_sizes", &one(&m), |t| t[0].split_sizes(&[1, 3], 0)[1].sin());
+    for mode in [kiln::PadMode::Reflect, kiln::PadMode::Replicate, kiln::PadMode::Circular] {
+        s.check(&format!("pad_with {mode:?}"), &one(&m), move |t| t[0].pad_with(&[(2, 1), (1, 3)], mode).sin());
+    }
     s.finish();
 }
 

@@ -1929,7 +1929,36 @@ type MvRef = Box<dyn Fn(&Nd) -> Nd>;
 /// (op, input shape, description, kiln op, reference).
 type MvCase = (&'static str, Vec<usize>, String, Mv, MvRef);
 
+/// The border modes against what PyTorch 2.15 printed (`F.pad(arange(6.).reshape(1, 2, 3), ..., mode=...)`).
+fn pad_modes_as_pytorch(t: &mut Table) {
+    use kiln::PadMode::{Circular, Reflect, Replicate};
+    let x = In::new(F32, &[2, 3], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    /// (what, the last dim's pad, mode, result shape, values)
+    type PadRow = (&'static str, (usize, usize), kiln::PadMode, &'static [usize], &'static [f64]);
+    let cases: [PadRow; 3] = [
+        ("reflect (2, 1)", (2, 1), Reflect, &[2, 6], &[2.0, 1.0, 0.0, 1.0, 2.0, 1.0, 5.0, 4.0, 3.0, 4.0, 5.0, 4.0]),
+        (
+            "circular (3, 2)",
+            (3, 2),
+            Circular,
+            &[2, 8],
+            &[0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 0.0, 1.0, 3.0, 4.0, 5.0, 3.0, 4.0, 5.0, 3.0, 4.0],
+        ),
+        ("replicate (1, 2)", (1, 2), Replicate, &[2, 6], &[0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 4.0, 5.0, 5.0, 5.0]),
+    ];
+    for (what, pad, mode, shape, want) in cases {
+        t.check(
+            "pad_with",
+            &format!("{what}, as PyTorch printed"),
+            vec![x.clone()],
+            move |a| a[0].pad_with(&[pad], mode),
+            Want::new(F32, shape, want, Kind::Exact),
+        );
+    }
+}
+
 fn movement(t: &mut Table) {
+    pad_modes_as_pytorch(t);
     for d in ALL_DTYPES {
         let mut cases: Vec<MvCase> = Vec::new();
         let mut add = |op: &'static str, shape: &[usize], what: String, f: Mv, r: MvRef| {
@@ -2256,6 +2285,66 @@ fn movement(t: &mut Table) {
                         parts[p].clone()
                     }),
                     Box::new(move |x| x.slice(dd, start, start + len, 1)),
+                );
+            }
+        }
+        // The border modes: each padded dim maps an output position to a source one (PyTorch's definitions).
+        for (shape, pads) in [
+            (&[5][..], &[(2usize, 3usize)][..]),
+            (&[2, 3, 4], &[(1, 2), (2, 0)]),
+            (&[3, 3], &[(0, 0), (1, 1)]),
+            (&[2, 3], &[(3, 2)]),
+        ] {
+            for mode in [kiln::PadMode::Reflect, kiln::PadMode::Replicate, kiln::PadMode::Circular] {
+                let fits = pads.iter().enumerate().all(|(i, &(b, a))| {
+                    let n = shape[shape.len() - 1 - i];
+                    match mode {
+                        kiln::PadMode::Reflect => b < n && a < n,
+                        kiln::PadMode::Replicate => n > 0,
+                        kiln::PadMode::Circular => b <= n && a <= n,
+                    }
+                });
+                if !fits {
+                    continue; // refused with a message (tests/errors.rs)
+                }
+                let p = pads.to_vec();
+                let rp = pads.to_vec();
+                add(
+                    "pad_with",
+                    shape,
+                    format!("{pads:?} {mode:?}"),
+                    Box::new(move |x| x.pad_with(&p, mode)),
+                    Box::new(move |x| {
+                        let r = x.shape.len();
+                        let mut before = vec![0usize; r];
+                        let mut out = x.shape.clone();
+                        for (i, &(b, a)) in rp.iter().enumerate() {
+                            before[r - 1 - i] = b;
+                            out[r - 1 - i] += b + a;
+                        }
+                        Nd::from_fn(&out, |o| {
+                            let src: Vec<usize> = (0..r)
+                                .map(|k| {
+                                    let n = x.shape[k] as i64;
+                                    let i = o[k] as i64 - before[k] as i64;
+                                    (match mode {
+                                        kiln::PadMode::Reflect => {
+                                            if i < 0 {
+                                                -i
+                                            } else if i >= n {
+                                                2 * (n - 1) - i
+                                            } else {
+                                                i
+                                            }
+                                        }
+                                        kiln::PadMode::Replicate => i.clamp(0, n - 1),
+                                        kiln::PadMode::Circular => i.rem_euclid(n),
+                                    }) as usize
+                                })
+                                .collect();
+                            x.at(&src)
+                        })
+                    }),
                 );
             }
         }
@@ -2725,6 +2814,7 @@ const REQUIRED: &[(&str, &[DType])] = &[
     ("narrow", &ALL_DTYPES),
     ("slice", &ALL_DTYPES),
     ("flip", &ALL_DTYPES),
+    ("pad_with", &ALL_DTYPES),
     ("tril", &ALL_DTYPES),
     ("triu", &ALL_DTYPES),
     ("roll", &ALL_DTYPES),

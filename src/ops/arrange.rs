@@ -1,12 +1,73 @@
 //! Rearrangements composed from the movement primitives, with PyTorch's semantics: `tril`/`triu` (a mask from two
 //! iotas and a select), `roll` (two narrows and a cat per dim), `repeat`/`tile` (a broadcast of interleaved unit
-//! dims, then a reshape), and `chunk`/`split` (narrows, which are views until something reads them).
+//! dims, then a reshape), `chunk`/`split` (narrows, which are views until something reads them), and the border
+//! modes of `pad` (reflect, replicate, circular: narrows, flips and broadcasts concatenated).
 
 use crate::args::{fail, resolve_dim};
 use crate::tensor::Tensor;
 use kiln_jit::Scalar;
 
+/// How [`Tensor::pad_with`] fills the border (`torch.nn.functional.pad`'s modes besides `constant`, which is
+/// [`Tensor::pad`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PadMode {
+    /// The elements mirrored about the edge, the edge itself not repeated (`[1 2 3]` padded by 2: `3 2 [1 2 3] 2 1`);
+    /// each pad must be shorter than its dim.
+    Reflect,
+    /// The edge element repeated (`1 1 [1 2 3] 3 3`); the dim must not be empty.
+    Replicate,
+    /// The other end wrapped around (`2 3 [1 2 3] 1 2`); each pad at most its dim.
+    Circular,
+}
+
 impl Tensor {
+    /// Pads in `mode`: `pads[0]` is (before, after) for the last dim, `pads[1]` for the one before it, and so on,
+    /// as [`Tensor::pad`]. Unlike PyTorch, any dims may be padded, whatever the rank.
+    #[track_caller]
+    pub fn pad_with(&self, pads: &[(usize, usize)], mode: PadMode) -> Tensor {
+        if pads.len() > self.rank() {
+            fail!("pad", "{} (before, after) pairs given for a tensor of rank {}", pads.len(), self.rank());
+        }
+        let mut out = self.clone();
+        for (i, &(before, after)) in pads.iter().enumerate() {
+            let d = self.rank() - 1 - i;
+            let n = self.dims()[d];
+            let ok = match mode {
+                PadMode::Reflect => before < n && after < n,
+                PadMode::Replicate => n > 0 || before + after == 0,
+                PadMode::Circular => before <= n && after <= n,
+            };
+            if !ok {
+                fail!("pad", "{mode:?} padding ({before}, {after}) does not fit dim {d} of length {n}");
+            }
+            let edge = |start: usize, len: usize, at_end: bool| -> Tensor {
+                match mode {
+                    PadMode::Reflect => {
+                        out.narrow(d as isize, if at_end { n - 1 - len } else { 1 }, len).flip(d as isize)
+                    }
+                    PadMode::Replicate => {
+                        let mut dims = out.dims().to_vec();
+                        dims[d] = len;
+                        out.narrow(d as isize, if at_end { n - 1 } else { 0 }, 1).expand_to("pad", &dims)
+                    }
+                    PadMode::Circular => out.narrow(d as isize, start, len),
+                }
+            };
+            let mut parts = Vec::with_capacity(3);
+            if before > 0 {
+                parts.push(edge(n - before, before, false));
+            }
+            parts.push(out.clone());
+            if after > 0 {
+                parts.push(edge(0, after, true));
+            }
+            if parts.len() > 1 {
+                out = Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as isize);
+            }
+        }
+        out
+    }
+
     /// The lower triangle of the last two dims: elements with `col - row <= diagonal` kept, the rest 0 (PyTorch's
     /// `tril`; `diagonal` 0 is the main diagonal, positive above it, negative below). Leading dims are a batch.
     #[track_caller]

@@ -11,6 +11,8 @@ mod operators;
 mod reduce;
 mod statistics;
 
+pub use arrange::PadMode;
+
 use crate::args::fail;
 use crate::tensor::Tensor;
 use kiln_jit::{DType, Op, Priority, Scalar, Shape};
