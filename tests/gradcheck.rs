@@ -775,6 +775,16 @@ fn compositions() {
     s.check("mlp: softmax(tanh(x @ w + b))", &[x.clone(), w.clone(), b.clone()], |t| {
         (t[0].matmul(&t[1]) + &t[2]).tanh().softmax(-1)
     });
+    let (q, k, v) =
+        (g.uniform(&[2, 3, 4], -1.0, 1.0), g.uniform(&[2, 5, 4], -1.0, 1.0), g.uniform(&[2, 5, 3], -1.0, 1.0));
+    s.check("scaled_dot_product_attention, causal", &[q.clone(), k.clone(), v.clone()], |t| {
+        let o = F::AttentionOptions { is_causal: true, ..Default::default() };
+        F::scaled_dot_product_attention(&t[0], &t[1], &t[2], &o)
+    });
+    s.check("scaled_dot_product_attention, float mask", &[q, k, v, g.uniform(&[3, 5], -1.0, 1.0)], |t| {
+        let o = F::AttentionOptions { mask: Some(t[3].clone()), scale: Some(0.7), ..Default::default() };
+        F::scaled_dot_product_attention(&t[0], &t[1], &t[2], &o)
+    });
     let labels = || Tensor::from_vec(vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0], [4, 2], &dev()).expect("labels");
     s.check("cross-entropy: -mean(labels * log_softmax(relu(x @ w) + b))", &[x.clone(), w, b], |t| {
         labels().mul((t[0].matmul(&t[1]).relu() + &t[2]).log_softmax(-1)).sum(-1, false).mean_all().neg()

@@ -435,6 +435,161 @@ fn activation_gradients_stay_finite_in_the_tails() {
     }
 }
 
+/// `sin(0.37 i + c)` over `shape`: the deterministic inputs `tests/fixtures`-free attention checks share with the
+/// PyTorch script that printed their values.
+fn sines(shape: &[usize], c: f64, dtype: DType) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|i| (0.37 * i as f64 + c).sin()).collect();
+    // Rounded to f32 first, as the script's torch.float32 tensors are.
+    let v: Vec<f64> = v.iter().map(|&x| x as f32 as f64).collect();
+    tensor(dtype, &v, shape)
+}
+
+/// scaled_dot_product_attention against PyTorch 2.15's math backend (`F.scaled_dot_product_attention` under
+/// `sdpa_kernel([SDPBackend.MATH])`, q `[1, 2, 3, 4]`, k `[1, 2, 5, 4]`, v `[1, 2, 5, 3]` from `sines`): plain,
+/// causal, a bool mask and a float mask with an explicit scale, on every device in f32 and f64.
+#[test]
+fn attention_matches_pytorch() {
+    let bmask = [true, false, true, true, false, true, true, false, false, false, false, true, true, true, true];
+    let want: [(&str, [f64; 18]); 4] = [
+        (
+            "plain",
+            [
+                0.18089377880096436,
+                0.24879901111125946,
+                0.2830304801464081,
+                0.32707270979881287,
+                0.3633776009082794,
+                0.350501149892807,
+                -0.22949227690696716,
+                -0.3759308457374573,
+                -0.47148895263671875,
+                0.4667249321937561,
+                0.24500183761119843,
+                -0.00988113135099411,
+                -0.17682355642318726,
+                -0.20824167132377625,
+                -0.2114752233028412,
+                -0.34376469254493713,
+                -0.24403338134288788,
+                -0.11127330362796783,
+            ],
+        ),
+        (
+            "causal",
+            [
+                0.9635581970214844,
+                0.9950833320617676,
+                0.8919286727905273,
+                0.8579846620559692,
+                0.765960693359375,
+                0.5702676177024841,
+                0.063603475689888,
+                -0.20672094821929932,
+                -0.4490666687488556,
+                0.5369476079940796,
+                0.8056753277778625,
+                0.9653587341308594,
+                0.6921190023422241,
+                0.8338817954063416,
+                0.8627825379371643,
+                0.5664563179016113,
+                0.7606595158576965,
+                0.8519110679626465,
+            ],
+        ),
+        (
+            "bool mask",
+            [
+                0.4946107566356659,
+                0.4958053231239319,
+                0.4298950433731079,
+                0.8579846620559692,
+                0.765960693359375,
+                0.5702676177024841,
+                -0.337502121925354,
+                -0.5000522136688232,
+                -0.594922661781311,
+                0.24834710359573364,
+                -0.05644167587161064,
+                -0.35359135270118713,
+                0.6921190023422241,
+                0.8338817954063416,
+                0.8627825379371643,
+                -0.738215446472168,
+                -0.7141737937927246,
+                -0.5934720039367676,
+            ],
+        ),
+        (
+            "float mask, scale 0.3",
+            [
+                0.6519885063171387,
+                0.5959458351135254,
+                0.45924463868141174,
+                0.3347664177417755,
+                0.36486607789993286,
+                0.34558290243148804,
+                -0.5271095037460327,
+                -0.49802181124687195,
+                -0.4015291631221771,
+                0.6074720621109009,
+                0.4933474659919739,
+                0.3124506175518036,
+                -0.038292884826660156,
+                -0.01759551465511322,
+                0.005483321845531464,
+                -0.7520922422409058,
+                -0.6960276961326599,
+                -0.5457590818405151,
+            ],
+        ),
+    ];
+    for dev in devices() {
+        for dtype in [DType::F32, DType::F64] {
+            if !runs_on(&dev, &[dtype]) {
+                continue;
+            }
+            let on = |t: Tensor| t.to_device(&dev).unwrap();
+            let (q, k, v) = (
+                on(sines(&[1, 2, 3, 4], 0.1, dtype)),
+                on(sines(&[1, 2, 5, 4], 0.7, dtype)),
+                on(sines(&[1, 2, 5, 3], 1.3, dtype)),
+            );
+            let b = on(Tensor::from_vec(bmask.to_vec(), [3, 5], &data_device().unwrap()).unwrap());
+            let f = on(sines(&[3, 5], 2.0, dtype).mul(2.0));
+            let opts = [
+                F::AttentionOptions::default(),
+                F::AttentionOptions { is_causal: true, ..Default::default() },
+                F::AttentionOptions { mask: Some(b), ..Default::default() },
+                F::AttentionOptions { mask: Some(f), scale: Some(0.3), ..Default::default() },
+            ];
+            for ((name, want), o) in want.iter().zip(&opts) {
+                let got = F::scaled_dot_product_attention(&q, &k, &v, o).to_dtype(DType::F32);
+                if let Err(e) = check_tensor(&got, &[1, 2, 3, 3], &buffer(DType::F32, want), Kind::Accumulate) {
+                    panic!("attention, {name} ({dtype} on {}): {e}", dev.describe());
+                }
+            }
+        }
+    }
+}
+
+/// Misuse of scaled_dot_product_attention is refused at the caller's line, naming what does not fit.
+#[test]
+#[should_panic(expected = "give a mask or is_causal, not both")]
+fn attention_refuses_a_mask_with_is_causal() {
+    let q = sines(&[2, 3], 0.0, DType::F32);
+    let o = F::AttentionOptions { is_causal: true, mask: Some(sines(&[2, 2], 0.0, DType::F32)), ..Default::default() };
+    F::scaled_dot_product_attention(&q, &q, &q, &o);
+}
+
+#[test]
+#[should_panic(expected = "key's last dim 2 is not the query's 3")]
+fn attention_refuses_mismatched_head_dims() {
+    let (q, k) = (sines(&[2, 3], 0.0, DType::F32), sines(&[4, 2], 0.0, DType::F32));
+    F::scaled_dot_product_attention(&q, &k, &k, &F::AttentionOptions::default());
+}
+
 /// Reference values of Φ-based GELU, erf and erfc from Python's `math.erf`/`math.erfc` (correctly rounded to a
 /// few ulp in f64).
 const GELU_X: [f64; 13] = [-6.0, -3.5, -2.0, -1.0, -0.5, -0.1, 0.0, 0.1, 0.5, 1.0, 2.0, 3.5, 6.0];

@@ -18,9 +18,11 @@
 //!
 
 mod activations;
+mod attention;
 mod cross_entropy;
 
 pub use activations::{celu, elu, hardsigmoid, hardswish, mish, selu, softplus};
+pub use attention::{AttentionOptions, scaled_dot_product_attention};
 pub use cross_entropy::{CrossEntropyOptions, cross_entropy, cross_entropy_with};
 
 use crate::args::fail;

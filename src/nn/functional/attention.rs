@@ -1,0 +1,69 @@
+//! `scaled_dot_product_attention` (`torch.nn.functional.scaled_dot_product_attention`), as PyTorch's math
+//! reference computes it: `softmax(q kᵀ * scale + bias) v`, where the bias is 0 where a position takes part and
+//! -inf where a causal or boolean mask leaves it out, or a float mask itself. A composition: the GEMMs are the tuned
+//! ones, the scale and bias join the first product's epilogue where the schedule allows, and the softmax is a row
+//! kernel. Not done: a fused flash-attention kernel that never stores the `L x S` weights.
+//!
+//! A query whose every key is masked out has weights `softmax(-inf, ..)` = NaN, as in PyTorch's math backend.
+
+use super::{dropout, float_only};
+use crate::args::fail;
+use crate::tensor::Tensor;
+use kiln_jit::DType;
+
+/// PyTorch's keyword arguments of `scaled_dot_product_attention`. `Default`: no mask, no dropout, not causal,
+/// `scale` 1 / sqrt(E).
+#[derive(Clone, Debug, Default)]
+pub struct AttentionOptions {
+    /// Broadcast to `[.., L, S]`: bool (true where a query may attend to a key) or a float added to the logits.
+    pub mask: Option<Tensor>,
+    /// The probability of zeroing an attention weight (with the rest scaled by `1 / (1 - p)`), in training.
+    pub dropout_p: f64,
+    /// Query `i` attends to keys `0..=i` only (the lower triangle of an `L x S` matrix, top-left aligned, as
+    /// PyTorch's `is_causal`); not with `mask`.
+    pub is_causal: bool,
+    /// Multiplies the logits; `None` is `1 / sqrt(E)`.
+    pub scale: Option<f64>,
+}
+
+/// Attention of `query` `[.., L, E]` over `key` `[.., S, E]` and `value` `[.., S, Ev]` (leading dims broadcast):
+/// `[.., L, Ev]`. See the module doc and [`AttentionOptions`].
+#[track_caller]
+pub fn scaled_dot_product_attention(query: &Tensor, key: &Tensor, value: &Tensor, opts: &AttentionOptions) -> Tensor {
+    for (name, t) in [("query", query), ("key", key), ("value", value)] {
+        float_only("scaled_dot_product_attention", t);
+        if t.rank() < 2 {
+            fail!("scaled_dot_product_attention", "{name} needs at least 2 dims ([.., L or S, E]), got {:?}", t.dims());
+        }
+    }
+    let (l, e) = (query.dims()[query.rank() - 2], query.dims()[query.rank() - 1]);
+    let s = key.dims()[key.rank() - 2];
+    if key.dims()[key.rank() - 1] != e {
+        fail!("scaled_dot_product_attention", "key's last dim {} is not the query's {e}", key.dims()[key.rank() - 1]);
+    }
+    if value.dims()[value.rank() - 2] != s {
+        fail!("scaled_dot_product_attention", "value has {} positions, key {s}", value.dims()[value.rank() - 2]);
+    }
+    if opts.is_causal && opts.mask.is_some() {
+        fail!("scaled_dot_product_attention", "give a mask or is_causal, not both (as PyTorch)");
+    }
+    let scale = opts.scale.unwrap_or(1.0 / (e as f64).sqrt());
+    let logits = query.matmul(&key.transpose(-2, -1)).mul(scale);
+    let bias = if opts.is_causal {
+        let keep = Tensor::ones([l, s], DType::F32, &query.device()).tril(0).gt(0);
+        Some(keep.where_(0.0, f64::NEG_INFINITY))
+    } else {
+        match &opts.mask {
+            Some(m) if m.dtype() == DType::Bool => Some(m.where_(0.0, f64::NEG_INFINITY)),
+            Some(m) if m.dtype().is_float() => Some(m.clone()),
+            Some(m) => fail!("scaled_dot_product_attention", "the mask must be bool or float, not {}", m.dtype()),
+            None => None,
+        }
+    };
+    let logits = match bias {
+        Some(b) => logits.add(b.to_dtype(logits.dtype())),
+        None => logits,
+    };
+    let weights = dropout(&logits.softmax(-1), opts.dropout_p, opts.dropout_p > 0.0);
+    weights.matmul(value)
+}
