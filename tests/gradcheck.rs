@@ -785,6 +785,14 @@ fn compositions() {
         let o = F::AttentionOptions { mask: Some(t[3].clone()), scale: Some(0.7), ..Default::default() };
         F::scaled_dot_product_attention(&t[0], &t[1], &t[2], &o)
     });
+    let (x4, w3, w4, b4) = (
+        g.uniform(&[2, 4, 3], -2.0, 2.0),
+        g.uniform(&[3], 0.5, 1.5),
+        g.uniform(&[4], 0.5, 1.5),
+        g.uniform(&[4], -1.0, 1.0),
+    );
+    s.check("rms_norm with weight", &[x4.clone(), w3], |t| F::rms_norm(&t[0], &[3], Some(&t[1]), Some(1e-6)));
+    s.check("group_norm, 2 groups, affine", &[x4, w4, b4], |t| F::group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5));
     let labels = || Tensor::from_vec(vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0], [4, 2], &dev()).expect("labels");
     s.check("cross-entropy: -mean(labels * log_softmax(relu(x @ w) + b))", &[x.clone(), w, b], |t| {
         labels().mul((t[0].matmul(&t[1]).relu() + &t[2]).log_softmax(-1)).sum(-1, false).mean_all().neg()

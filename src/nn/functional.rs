@@ -20,10 +20,12 @@
 mod activations;
 mod attention;
 mod cross_entropy;
+mod norms;
 
 pub use activations::{celu, elu, hardsigmoid, hardswish, mish, selu, softplus};
 pub use attention::{AttentionOptions, scaled_dot_product_attention};
 pub use cross_entropy::{CrossEntropyOptions, cross_entropy, cross_entropy_with};
+pub use norms::{group_norm, rms_norm};
 
 use crate::args::fail;
 use crate::random::{Generator, default_generator};

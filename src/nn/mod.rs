@@ -1,5 +1,5 @@
 //! Neural-network building blocks with PyTorch's names and semantics: `Param`, the `Module` trait, `Sequential`,
-//! layers (`Linear`, `LayerNorm`, `Dropout`, `Embedding`, activation modules), `functional` (activations and
+//! layers (`Linear`, `LayerNorm`, `RMSNorm`, `GroupNorm`, `Dropout`, `Embedding`, activation modules), `functional` (activations and
 //! losses), `init`, and gradient clipping (`clip_grad_norm`, `clip_grad_value`: `utils.rs`).
 //!
 //! Everything here is a composition of kiln's public ops, so a model's forward, its backward and an optimizer's
@@ -23,6 +23,7 @@ pub mod functional;
 pub mod init;
 mod layers;
 mod linear;
+mod norm_layers;
 mod utils;
 
 pub use functional::{Approximate, Reduction};
@@ -30,6 +31,7 @@ pub use layers::{
     Dropout, Embedding, Func, GELU, LayerNorm, LeakyReLU, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax, Tanh,
 };
 pub use linear::Linear;
+pub use norm_layers::{GroupNorm, RMSNorm};
 pub use utils::{clip_grad_norm, clip_grad_value};
 
 use crate::error::Result;

@@ -1,0 +1,80 @@
+//! `rms_norm` and `group_norm` (`torch.nn.functional`), compositions as PyTorch's reference formulas; half inputs
+//! compute in f32 and round once. `layer_norm` is in `functional.rs`.
+
+use super::float_only;
+use crate::args::fail;
+use crate::tensor::Tensor;
+use kiln_jit::DType;
+
+/// `x / sqrt(mean(x², trailing dims) + eps) * weight` over the trailing `normalized_shape` dims (PyTorch's
+/// `rms_norm`); `eps: None` is the machine epsilon of the input's dtype, as PyTorch's default.
+#[track_caller]
+pub fn rms_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, eps: Option<f64>) -> Tensor {
+    float_only("rms_norm", x);
+    let k = normalized_shape.len();
+    if k == 0 || x.rank() < k || &x.dims()[x.rank() - k..] != normalized_shape {
+        fail!(
+            "rms_norm",
+            "the input's trailing dims must be normalized_shape {normalized_shape:?}, got an input of shape {:?}",
+            x.dims()
+        );
+    }
+    if let Some(w) = weight
+        && w.dims() != normalized_shape
+    {
+        fail!("rms_norm", "weight has shape {:?}, expected normalized_shape {normalized_shape:?}", w.dims());
+    }
+    let eps = eps.unwrap_or(match x.dtype() {
+        DType::F64 => f64::EPSILON,
+        DType::F16 => 2f64.powi(-10),
+        DType::BF16 => 2f64.powi(-7),
+        _ => f64::from(f32::EPSILON),
+    });
+    let axes: Vec<isize> = (1..=k as isize).map(|i| -i).collect();
+    x.in_f32(|x| {
+        let y = x.mul(x.square().mean(axes, true).add(eps).rsqrt());
+        match weight {
+            Some(w) => y.mul(w),
+            None => y,
+        }
+    })
+}
+
+/// Group normalization (PyTorch's `group_norm`): the channels (dim 1 of `[N, C, ..]`) split into `num_groups`
+/// groups, each normalized over its channels and the spatial dims by its mean and biased variance, then scaled and
+/// shifted per channel by `weight` and `bias` (`[C]` each).
+#[track_caller]
+pub fn group_norm(x: &Tensor, num_groups: usize, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Tensor {
+    float_only("group_norm", x);
+    if x.rank() < 2 {
+        fail!("group_norm", "expects an input [N, C, ..], got shape {:?}", x.dims());
+    }
+    let (n, c) = (x.dims()[0], x.dims()[1]);
+    if num_groups == 0 || !c.is_multiple_of(num_groups) {
+        fail!("group_norm", "{c} channels do not split into {num_groups} groups");
+    }
+    for (what, p) in [("weight", weight), ("bias", bias)] {
+        if let Some(p) = p
+            && p.dims() != [c]
+        {
+            fail!("group_norm", "{what} has shape {:?}, expected [{c}] (one per channel)", p.dims());
+        }
+    }
+    // Each channel's parameter broadcast over the spatial dims.
+    let mut per_channel = vec![1usize; x.rank() - 1];
+    per_channel[0] = c;
+    x.in_f32(|x| {
+        let groups = x.reshape(vec![n as isize, num_groups as isize, -1]);
+        let mean = groups.mean(-1, true);
+        let centered = groups.sub(&mean);
+        let var = centered.square().mean(-1, true);
+        let mut y = centered.mul(var.add(eps).rsqrt()).reshape(x.dims().to_vec());
+        if let Some(w) = weight {
+            y = y.mul(w.reshape(per_channel.clone()));
+        }
+        if let Some(b) = bias {
+            y = y.add(b.reshape(per_channel.clone()));
+        }
+        y
+    })
+}
