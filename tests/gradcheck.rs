@@ -793,6 +793,19 @@ fn compositions() {
     );
     s.check("rms_norm with weight", &[x4.clone(), w3], |t| F::rms_norm(&t[0], &[3], Some(&t[1]), Some(1e-6)));
     s.check("group_norm, 2 groups, affine", &[x4, w4, b4], |t| F::group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5));
+    let (img, kern, kb) =
+        (g.uniform(&[1, 4, 5, 6], -1.0, 1.0), g.uniform(&[6, 2, 3, 2], -1.0, 1.0), g.uniform(&[6], -1.0, 1.0));
+    s.check("conv2d, strided, dilated, 2 groups, bias", &[img.clone(), kern, kb], |t| {
+        let o = F::Conv2dOptions { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
+        F::conv2d(&t[0], &t[1], Some(&t[2]), &o)
+    });
+    s.check("conv1d, padded", &[g.uniform(&[2, 3, 7], -1.0, 1.0), g.uniform(&[4, 3, 3], -1.0, 1.0)], |t| {
+        F::conv1d(&t[0], &t[1], None, 2, 1, 1, 1)
+    });
+    let pool = F::Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1] };
+    s.check("max_pool2d", &[g.distinct(&[1, 2, 5, 6])], move |t| F::max_pool2d(&t[0], &pool));
+    s.check("avg_pool2d without the padding", std::slice::from_ref(&img), move |t| F::avg_pool2d(&t[0], &pool, false));
+    s.check("adaptive_avg_pool2d", &[img], |t| F::adaptive_avg_pool2d(&t[0], [2, 4]));
     let labels = || Tensor::from_vec(vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0], [4, 2], &dev()).expect("labels");
     s.check("cross-entropy: -mean(labels * log_softmax(relu(x @ w) + b))", &[x.clone(), w, b], |t| {
         labels().mul((t[0].matmul(&t[1]).relu() + &t[2]).log_softmax(-1)).sum(-1, false).mean_all().neg()

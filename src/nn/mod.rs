@@ -1,5 +1,5 @@
 //! Neural-network building blocks with PyTorch's names and semantics: `Param`, the `Module` trait, `Sequential`,
-//! layers (`Linear`, `LayerNorm`, `RMSNorm`, `GroupNorm`, `Dropout`, `Embedding`, activation modules), `functional` (activations and
+//! layers (`Linear`, `Conv2d`, `LayerNorm`, `RMSNorm`, `GroupNorm`, `Dropout`, `Embedding`, activation modules), `functional` (activations and
 //! losses), `init`, and gradient clipping (`clip_grad_norm`, `clip_grad_value`: `utils.rs`).
 //!
 //! Everything here is a composition of kiln's public ops, so a model's forward, its backward and an optimizer's
@@ -19,6 +19,7 @@
 //! it should live on). `Embedding` is a one-hot matrix times the table (kiln has no gather primitive): its cost grows
 //! with the vocabulary, fine for small tables, not for a language model's.
 
+mod conv_layers;
 pub mod functional;
 pub mod init;
 mod layers;
@@ -26,6 +27,7 @@ mod linear;
 mod norm_layers;
 mod utils;
 
+pub use conv_layers::Conv2d;
 pub use functional::{Approximate, Reduction};
 pub use layers::{
     Dropout, Embedding, Func, GELU, LayerNorm, LeakyReLU, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax, Tanh,

@@ -1,0 +1,110 @@
+//! Convolutions and poolings (`nn::functional::conv2d`, `conv1d`, `max_pool2d`, `avg_pool2d`,
+//! `adaptive_avg_pool2d`) against what PyTorch 2.15 computed for the same inputs
+//! (`tests/fixtures/conv_torch.py` writes `conv_torch.safetensors`, inputs and outputs), on every device in f32
+//! and f64; their gradients by finite differences in `tests/gradcheck.rs`.
+
+mod test_cache;
+
+mod common;
+
+use common::*;
+use kiln::nn::functional::{self as F, Conv2dOptions, Pool2dOptions};
+use kiln::{DType, Tensor};
+
+#[test]
+fn convolutions_and_poolings_match_pytorch() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conv_torch.safetensors");
+    let Some(host) = data_device() else { return };
+    let loaded = kiln::load_safetensors(&path, &host).expect("load the fixture");
+    let get = |name: &str| loaded.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no {name}")).1.clone();
+    type Case = (&'static str, fn(&[Tensor]) -> Tensor);
+    let cases: [Case; 7] = [
+        ("conv2d_strided", |t| {
+            let o = Conv2dOptions { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
+            F::conv2d(&t[0], &t[1], Some(&t[2]), &o)
+        }),
+        ("conv2d_plain", |t| F::conv2d(&t[0], &t[3], None, &Conv2dOptions::default())),
+        ("conv1d", |t| F::conv1d(&t[4], &t[5], Some(&t[6]), 2, 1, 1, 1)),
+        ("max_pool2d", |t| {
+            F::max_pool2d(&t[0], &Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1] })
+        }),
+        ("avg_pool2d", |t| {
+            F::avg_pool2d(&t[0], &Pool2dOptions { kernel: [2, 2], stride: Some([2, 2]), padding: [1, 1] }, true)
+        }),
+        ("avg_pool2d_exclude_pad", |t| {
+            F::avg_pool2d(&t[0], &Pool2dOptions { kernel: [2, 2], stride: Some([2, 2]), padding: [1, 1] }, false)
+        }),
+        ("adaptive_avg_pool2d", |t| F::adaptive_avg_pool2d(&t[0], [2, 4])),
+    ];
+    for dev in devices() {
+        for dtype in [DType::F32, DType::F64] {
+            if !runs_on(&dev, &[dtype]) {
+                continue;
+            }
+            let inputs: Vec<Tensor> = ["x", "w", "b", "w_plain", "x1", "w1", "b1"]
+                .iter()
+                .map(|n| get(n).to_dtype(dtype).to_device(&dev).unwrap())
+                .collect();
+            for (name, f) in &cases {
+                let want = get(name);
+                let got = f(&inputs);
+                assert_eq!(got.dims(), want.dims(), "{name} ({dtype} on {}): shape", dev.describe());
+                let want = want.to_host().unwrap();
+                if let Err(e) = check_tensor(&got.to_dtype(DType::F32), got.dims(), &want, Kind::Accumulate) {
+                    panic!("{name} ({dtype} on {}): {e}", dev.describe());
+                }
+            }
+        }
+    }
+}
+
+/// A kernel larger than the padded input, a channel count that groups do not divide and an over-padded pool are
+/// refused naming the sizes.
+#[test]
+fn misfits_are_refused() {
+    let Some(_) = data_device() else { return };
+    let x = tensor(DType::F32, &vec![0.5; 2 * 4 * 5 * 5], &[2, 4, 5, 5]);
+    let msg = |f: Box<dyn Fn()>| {
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("refused");
+        err.downcast_ref::<String>().cloned().unwrap_or_default()
+    };
+    let (x1, x2, x3) = (x.clone(), x.clone(), x.clone());
+    let big = msg(Box::new(move || {
+        F::conv2d(&x1, &tensor(DType::F32, &vec![0.1; 4 * 4 * 6 * 6], &[4, 4, 6, 6]), None, &Conv2dOptions::default());
+    }));
+    assert!(big.contains("6x6") && big.contains("5x5"), "{big}");
+    let groups = msg(Box::new(move || {
+        let o = Conv2dOptions { groups: 3, ..Default::default() };
+        F::conv2d(&x2, &tensor(DType::F32, &vec![0.1; 3 * 4 * 3 * 3], &[3, 4, 3, 3]), None, &o);
+    }));
+    assert!(groups.contains("3 groups"), "{groups}");
+    let pad = msg(Box::new(move || {
+        F::max_pool2d(&x3, &Pool2dOptions { kernel: [2, 2], stride: None, padding: [2, 0] });
+    }));
+    assert!(pad.contains("half the kernel"), "{pad}");
+}
+
+/// `nn::Conv2d` holds a weight `[O, C / groups, KH, KW]` and a bias `[O]` uniform in `± 1 / sqrt(fan_in)`
+/// (PyTorch's default init), and its forward is `conv2d` with them.
+#[test]
+fn conv2d_module_initializes_as_pytorch_and_forwards_the_function() {
+    use kiln::nn::{Conv2d, Module};
+    let Some(dev) = data_device() else { return };
+    let opts = Conv2dOptions { stride: [2, 2], padding: [1, 1], dilation: [1, 1], groups: 2 };
+    let m = Conv2d::new(4, 8, [3, 3], opts, true, &dev);
+    let params = m.named_params();
+    assert_eq!(
+        params.iter().map(|(n, p)| (n.clone(), p.get().dims().to_vec())).collect::<Vec<_>>(),
+        [("weight".to_string(), vec![8, 2, 3, 3]), ("bias".to_string(), vec![8])]
+    );
+    let bound = 1.0 / ((2 * 3 * 3) as f64).sqrt();
+    for (name, p) in &params {
+        let v = vals(&p.get());
+        assert!(v.iter().all(|x| x.abs() <= bound), "{name} outside ±{bound}");
+        assert!(v.iter().any(|x| x.abs() > bound / 2.0), "{name} not spread over the bound");
+    }
+    let x = tensor(DType::F32, &(0..2 * 4 * 6 * 6).map(|i| (i as f64 * 0.1).sin()).collect::<Vec<_>>(), &[2, 4, 6, 6]);
+    let want = F::conv2d(&x, &m.weight().get(), Some(&m.bias().unwrap().get()), &opts);
+    assert_eq!(vals(&m.forward(&x)), vals(&want));
+    assert_eq!(m.forward(&x).dims(), [2, 8, 3, 3]);
+}
