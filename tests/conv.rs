@@ -18,7 +18,7 @@ fn convolutions_and_poolings_match_pytorch() {
     let loaded = kiln::load_safetensors(&path, &host).expect("load the fixture");
     let get = |name: &str| loaded.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no {name}")).1.clone();
     type Case = (&'static str, fn(&[Tensor]) -> Tensor);
-    let cases: [Case; 7] = [
+    let cases: [Case; 9] = [
         ("conv2d_strided", |t| {
             let o = Conv2dOptions { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
             F::conv2d(&t[0], &t[1], Some(&t[2]), &o)
@@ -35,6 +35,9 @@ fn convolutions_and_poolings_match_pytorch() {
             F::avg_pool2d(&t[0], &Pool2dOptions { kernel: [2, 2], stride: Some([2, 2]), padding: [1, 1] }, false)
         }),
         ("adaptive_avg_pool2d", |t| F::adaptive_avg_pool2d(&t[0], [2, 4])),
+        // Windows that tile the input (5 rows crop to 4): the reshaped form.
+        ("max_pool2d_tiled", |t| F::max_pool2d(&t[0], &Pool2dOptions::new([2, 2]))),
+        ("avg_pool2d_tiled", |t| F::avg_pool2d(&t[0], &Pool2dOptions::new([2, 3]), true)),
     ];
     for dev in devices() {
         for dtype in [DType::F32, DType::F64] {

@@ -804,6 +804,9 @@ fn compositions() {
     });
     let pool = F::Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1] };
     s.check("max_pool2d", &[g.distinct(&[1, 2, 5, 6])], move |t| F::max_pool2d(&t[0], &pool));
+    s.check("max_pool2d, tiled", &[g.distinct(&[1, 2, 5, 6])], |t| {
+        F::max_pool2d(&t[0], &F::Pool2dOptions::new([2, 2]))
+    });
     s.check("avg_pool2d without the padding", std::slice::from_ref(&img), move |t| F::avg_pool2d(&t[0], &pool, false));
     s.check("adaptive_avg_pool2d", &[img], |t| F::adaptive_avg_pool2d(&t[0], [2, 4]));
     let labels = || Tensor::from_vec(vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0], [4, 2], &dev()).expect("labels");

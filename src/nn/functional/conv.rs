@@ -178,9 +178,32 @@ fn pool_windows(name: &str, x: &Tensor, opts: &Pool2dOptions, fill: f64) -> Tens
     windows(&xp, k, s, [1, 1], [oh, ow])
 }
 
+/// Where the windows tile the input (stride the kernel, no padding), the input cropped to whole windows and
+/// viewed as `[N, C, OH, KH, OW, KW]`: a reduction over dims 3 and 5 pools it. Its backward is one broadcast,
+/// where the stacked slices' is a pad per window position, which the schedule inlines into one another (a 2x2
+/// pool's gradient in a small CNN made a kernel of 1.7 MB of kernel IR that WGSL's parser took minutes over).
+fn tiled(x: &Tensor, opts: &Pool2dOptions) -> Option<Tensor> {
+    let k = opts.kernel;
+    if x.rank() != 4 || opts.stride.is_some_and(|s| s != k) || opts.padding != [0, 0] || k.contains(&0) {
+        return None;
+    }
+    let (n, c, h, w) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
+    let (oh, ow) = (h / k[0], w / k[1]);
+    if oh == 0 || ow == 0 {
+        return None;
+    }
+    let cropped =
+        if (oh * k[0], ow * k[1]) == (h, w) { x.clone() } else { x.narrow(2, 0, oh * k[0]).narrow(3, 0, ow * k[1]) };
+    Some(cropped.reshape(vec![n, c, oh, k[0], ow, k[1]]))
+}
+
 /// The maximum over each window (PyTorch's `max_pool2d`, padding with -inf; NaN propagates).
 #[track_caller]
 pub fn max_pool2d(x: &Tensor, opts: &Pool2dOptions) -> Tensor {
+    float_only("max_pool2d", x);
+    if let Some(t) = tiled(x, opts) {
+        return t.max([3, 5], false);
+    }
     pool_windows("max_pool2d", x, opts, f64::NEG_INFINITY).max(2, false)
 }
 
@@ -188,6 +211,10 @@ pub fn max_pool2d(x: &Tensor, opts: &Pool2dOptions) -> Tensor {
 /// the elements of the input it covers.
 #[track_caller]
 pub fn avg_pool2d(x: &Tensor, opts: &Pool2dOptions, count_include_pad: bool) -> Tensor {
+    float_only("avg_pool2d", x);
+    if let Some(t) = tiled(x, opts) {
+        return t.mean([3, 5], false);
+    }
     let sums = pool_windows("avg_pool2d", x, opts, 0.0).sum(2, false);
     if count_include_pad || opts.padding == [0, 0] {
         return sums.div((opts.kernel[0] * opts.kernel[1]) as f64);
