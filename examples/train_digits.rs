@@ -314,12 +314,25 @@ pub fn train(
     train_set: &Digits,
     test_set: &Digits,
     dev: &Device,
+    on_epoch: impl FnMut(&EpochReport),
+) -> Result<Report, DigitsError> {
+    train_model(cfg, train_set, test_set, dev, |dev| Mlp::new(cfg.hidden, dev), on_epoch)
+}
+
+/// `train` for any classifier of `[n, 64]` pixels into 10 logits, built by `model` after kiln's generator is seeded
+/// (`train_digits_cnn` trains its CNN with it; `cfg.hidden` is the MLP's and unused otherwise).
+pub fn train_model<M: Module>(
+    cfg: &Config,
+    train_set: &Digits,
+    test_set: &Digits,
+    dev: &Device,
+    model: impl FnOnce(&Device) -> M,
     mut on_epoch: impl FnMut(&EpochReport),
 ) -> Result<Report, DigitsError> {
     assert!(cfg.batch > 0, "the batch size must be positive");
     kiln::manual_seed(cfg.seed);
     let mut rng = SplitMix64(cfg.seed);
-    let model = Mlp::new(cfg.hidden, dev);
+    let model = model(dev);
     model.realize_params()?;
     let mut opt = Adam::new(model.params(), cfg.lr);
     let all: Vec<usize> = (0..test_set.len()).collect();

@@ -12,13 +12,14 @@ mod test_cache;
 mod train_digits_cnn;
 
 use kiln::Device;
-use train_digits_cnn::train_digits::{Split, default_path, load_digits};
+use train_digits_cnn::train_digits::{Config, Split, default_path, load_digits, train_model};
 
 #[test]
 fn the_cnn_trains_to_95_percent() {
     let data = load_digits(&default_path()).unwrap_or_else(|e| panic!("{e}"));
     let (train, test) = data.split(Split::Interleaved);
-    let accuracy = train_digits_cnn::train(8, 32, 5e-3, 0, (&train, &test), &Device::cpu(), |_, _, _, _| {})
+    let cfg = Config { epochs: 8, lr: 5e-3, ..Config::default() };
+    let report = train_model(&cfg, &train, &test, &Device::cpu(), train_digits_cnn::Cnn::new, |_| {})
         .unwrap_or_else(|e| panic!("{e}"));
-    assert!(accuracy >= 0.95, "test accuracy {accuracy}");
+    assert!(report.test_accuracy >= 0.95, "test accuracy {}", report.test_accuracy);
 }
