@@ -119,31 +119,10 @@ fn with_row_launch(
     options: ScheduleOptions,
     check: impl FnOnce(&KernelIr, &[&HostBuffer], &HostBuffer),
 ) {
-    use kiln_jit::kernel::Slot;
-    let cap = kiln::capture(&[out]).unwrap();
-    let plan = schedule_with(&cap.graph, options);
-    let inputs: Vec<&HostBuffer> = cap.inputs.iter().collect();
-    let mut temps: Vec<Option<HostBuffer>> = vec![None; plan.temps.len()];
-    for l in &plan.launches {
-        let args: Vec<&HostBuffer> = l
-            .inputs
-            .iter()
-            .map(|s| match *s {
-                Slot::Input(i) => inputs[i],
-                Slot::Temp(t) => temps[t].as_ref().unwrap(),
-                Slot::Output(_) => unreachable!("single-output test graphs"),
-            })
-            .collect();
-        let value = eval::run(&l.kernel, &args, &cap.rng);
-        if !l.kernel.rows.is_empty() {
-            return check(&l.kernel, &args, &value);
-        }
-        match l.output {
-            Slot::Temp(t) => temps[t] = Some(value),
-            _ => break,
-        }
-    }
-    panic!("{name}: no row kernel");
+    let (k, args, rng) = common::with_launch(name, out, options, |_, l| !l.kernel.rows.is_empty())
+        .unwrap_or_else(|| panic!("{name}: no row kernel"));
+    let args: Vec<&HostBuffer> = args.iter().collect();
+    check(&k, &args, &eval::run(&k, &args, &rng));
 }
 
 #[test]

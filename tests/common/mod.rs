@@ -636,31 +636,46 @@ pub fn with_last_launch<R>(
     options: kiln_jit::kernel::ScheduleOptions,
     check: impl FnOnce(&kiln_jit::kernel::KernelIr, &[&HostBuffer], &HostBuffer) -> R,
 ) -> R {
+    let want = kiln::capture(&[out]).unwrap().reference().unwrap().remove(0);
+    with_launch(name, out, options, |last, l| {
+        assert!(!last || l.output == kiln_jit::kernel::Slot::Output(0), "{name}: the output's kernel is not last");
+        last
+    })
+    .map(|(kernel, args, _)| check(&kernel, &args.iter().collect::<Vec<_>>(), &want))
+    .unwrap_or_else(|| panic!("{name}: no launches"))
+}
+
+/// Schedules `out` with `options` and runs its launches with the kernel evaluator up to the first that `pick(is
+/// the last launch, launch)` takes, which is not run: that launch's kernel, its input buffers and the graph's
+/// random-number keys (to run it with).
+pub fn with_launch(
+    name: &str,
+    out: &Tensor,
+    options: kiln_jit::kernel::ScheduleOptions,
+    pick: impl Fn(bool, &kiln_jit::kernel::Launch) -> bool,
+) -> Option<(kiln_jit::kernel::KernelIr, Vec<HostBuffer>, Vec<kiln_jit::RngKey>)> {
     use kiln_jit::kernel::{Slot, eval, schedule_with};
     let cap = kiln::capture(&[out]).unwrap();
-    let want = cap.reference().unwrap().remove(0);
     let plan = schedule_with(&cap.graph, options);
-    let inputs: Vec<&HostBuffer> = cap.inputs.iter().collect();
     let mut temps: Vec<Option<HostBuffer>> = vec![None; plan.temps.len()];
     for (li, l) in plan.launches.iter().enumerate() {
-        let args: Vec<&HostBuffer> = l
+        let args: Vec<HostBuffer> = l
             .inputs
             .iter()
             .map(|s| match *s {
-                Slot::Input(i) => inputs[i],
-                Slot::Temp(t) => temps[t].as_ref().unwrap(),
+                Slot::Input(i) => cap.inputs[i].clone(),
+                Slot::Temp(t) => temps[t].clone().unwrap(),
                 Slot::Output(_) => unreachable!("single-output test graphs"),
             })
             .collect();
-        if li + 1 == plan.launches.len() {
-            assert_eq!(l.output, Slot::Output(0));
-            return check(&l.kernel, &args, &want);
+        if pick(li + 1 == plan.launches.len(), l) {
+            return Some((l.kernel.clone(), args, cap.rng.clone()));
         }
-        let out = eval::run(&l.kernel, &args, &cap.rng);
+        let refs: Vec<&HostBuffer> = args.iter().collect();
         match l.output {
-            Slot::Temp(t) => temps[t] = Some(out),
+            Slot::Temp(t) => temps[t] = Some(eval::run(&l.kernel, &refs, &cap.rng)),
             _ => panic!("{name}: the output's kernel is not the last launch:\n{}", l.kernel),
         }
     }
-    panic!("{name}: no launches")
+    None
 }

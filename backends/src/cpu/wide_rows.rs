@@ -136,8 +136,7 @@ impl RowKernel {
     pub(crate) fn build_for(k: &KernelIr, isa: Isa) -> Result<Option<RowKernel>, String> {
         let k = &k.with_merged_row_loops();
         let Some(passes) = plan(k, isa) else { return Ok(None) };
-        let Some(Space { rows, cols, root }) = space(k) else { return Ok(None) };
-        let per_row = root.is_some();
+        let Some(Space { rows, cols, per_row }) = space(k) else { return Ok(None) };
         let code = emit(&passes, k.inputs.len(), cols, per_row, isa)?;
         super::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the code at offset 0 is a function emitted by `emit` with `RowFn`'s sysv64 signature, and `code`
@@ -245,20 +244,20 @@ fn plan(k: &KernelIr, isa: Isa) -> Option<Vec<Pass>> {
     if !asm::host_supported() || !isa.present() {
         return None;
     }
-    let Space { rows, cols, root } = space(k)?;
+    let Space { rows, cols, per_row } = space(k)?;
     // The root's own fold (a kernel of per-row outputs) takes the slot after the row reductions'.
     let root_slot = k.rows.len();
     let mut passes = Vec::with_capacity(k.rows.len() + 2);
-    let mut next_slot = k.rows.len() + usize::from(root.is_some());
+    let mut next_slot = k.rows.len() + usize::from(per_row);
     // Each row reduction's code and folded value, for the output pass to reuse.
     let mut folded: Vec<(usize, Vec<Inst>, usize)> = Vec::new();
-    let root_fold = k.reduce.as_ref().filter(|_| root.is_some()).map(|r| (&r.inner, r.value, Some(r.op)));
+    let root_fold = k.reduce.as_ref().filter(|_| per_row).map(|r| (&r.inner, r.value, Some(r.op)));
     let codes =
         k.rows.iter().map(|r| (&r.inner, r.value, Some(r.op))).chain(root_fold).chain([(&k.outer, k.result, None)]);
     for (j, (insts, result, fold)) in codes.enumerate() {
-        let last = j == k.rows.len() + usize::from(root.is_some());
-        let mut code = pass_code(k, insts, fold.is_some(), root.map(|_| root_slot));
-        if last && root.is_some() {
+        let last = j == k.rows.len() + usize::from(per_row);
+        let mut code = pass_code(k, insts, fold.is_some(), per_row.then_some(root_slot));
+        if last && per_row {
             // Per-row code only (the root's fold and the row reductions, read from the scratch): once per row,
             // straight to the output.
             let ep = translated(k, code.clone(), result, rows, cols)?;
@@ -325,25 +324,21 @@ struct Args<'a> {
 // SAFETY: read-only for the duration of one launch; the threads write disjoint rows of the output.
 unsafe impl Sync for Args<'_> {}
 
-/// Whether `k` has the shape this file runs: f32 throughout, one column loop over the reduce loop's extent, sum or
-/// max row reductions, no reduce stage.
 /// The rows and columns of a row kernel this file takes, and how its root computes: elementwise over
-/// `[rows, cols]` (`root: None`: softmax, layer norm), or folding the row itself into one output per row (`root`:
-/// its fold; cross entropy's pick of the target's log-probability). `None` for any other kernel (see the module doc).
+/// `[rows, cols]` (softmax, layer norm), or folding the row itself (`per_row`: one output per row; cross entropy's
+/// pick of the target's log-probability, its fold `k.reduce`). `None` for any other kernel (see the module doc).
 struct Space {
     rows: usize,
     cols: usize,
-    root: Option<ReduceOp>,
+    per_row: bool,
 }
 
 fn space(k: &KernelIr) -> Option<Space> {
     let folds = |op: ReduceOp, dtype: DType| matches!(op, ReduceOp::Sum | ReduceOp::Max) && dtype == DType::F32;
     let rows: usize = k.out_extents[..k.row_rank.min(k.out_rank())].iter().product();
-    let (cols, root) = match &k.reduce {
-        None if k.out_rank() == k.row_rank + 1 => (k.out_extents[k.row_rank], None),
-        Some(r) if k.out_rank() == k.row_rank && r.extents.len() == 1 && folds(r.op, r.dtype) => {
-            (r.extents[0], Some(r.op))
-        }
+    let (cols, per_row) = match &k.reduce {
+        None if k.out_rank() == k.row_rank + 1 => (k.out_extents[k.row_rank], false),
+        Some(r) if k.out_rank() == k.row_rank && r.extents.len() == 1 && folds(r.op, r.dtype) => (r.extents[0], true),
         _ => return None,
     };
     let fits = !k.rows.is_empty()
@@ -351,7 +346,7 @@ fn space(k: &KernelIr) -> Option<Space> {
         && k.rows.len() + 1 < SLOTS
         && k.output.dtype == DType::F32
         && k.rows.iter().all(|r| folds(r.op, r.dtype) && r.extents == [cols]);
-    fits.then_some(Space { rows, cols, root })
+    fits.then_some(Space { rows, cols, per_row })
 }
 
 /// A load of scratch slot `slot` of the current row, as the pass kernels read it (a per-row operand).

@@ -672,10 +672,18 @@ pub(crate) fn emit_insts(
 /// relative to the instruction pointer; 16-lane code broadcasts a slot's first lane from a base register loaded
 /// with the pool's address (`base`). Either way the code stays position independent (what the kernel cache
 /// stores).
+/// One constant of a [`ConstPool`]: its 16 lanes (a splat for [`ConstPool::get`]), label, first 32-byte slot and
+/// how many slots it takes (1 for a splat, 2 for a lane constant).
+struct PoolEntry {
+    lanes: [u32; 16],
+    label: DynamicLabel,
+    slot: usize,
+    width: usize,
+}
+
 #[derive(Default)]
 pub(crate) struct ConstPool {
-    /// Each entry's 16 lanes (a splat for [`ConstPool::get`]), its label and first 32-byte slot.
-    entries: Vec<([u32; 16], DynamicLabel, usize)>,
+    entries: Vec<PoolEntry>,
     /// Slots taken: one per splat (32 bytes: 16-lane code broadcasts its first lane), two per lane constant.
     slots: usize,
     base: Option<DynamicLabel>,
@@ -694,21 +702,16 @@ impl ConstPool {
     }
 
     fn entry(&mut self, ops: &mut Assembler, lanes: [u32; 16], wide: bool) -> ConstRef {
-        let found = self.entries.iter().find(|(v, _, slot)| *v == lanes && (!wide || self.is_wide(*slot)));
-        if let Some(&(_, label, slot)) = found {
-            return ConstRef { label, slot };
+        let width = if wide { 2 } else { 1 };
+        // A splat may reuse a lane constant whose lanes are all its value; a lane constant needs all 16 written.
+        let found = self.entries.iter().find(|e| e.lanes == lanes && e.width >= width);
+        if let Some(e) = found {
+            return ConstRef { label: e.label, slot: e.slot };
         }
-        let label = ops.new_dynamic_label();
-        let slot = self.slots;
-        self.entries.push((lanes, label, slot));
-        self.slots += if wide { 2 } else { 1 };
+        let (label, slot) = (ops.new_dynamic_label(), self.slots);
+        self.entries.push(PoolEntry { lanes, label, slot, width });
+        self.slots += width;
         ConstRef { label, slot }
-    }
-
-    /// Whether the entry at `slot` spans two slots (its 16 lanes are all written).
-    fn is_wide(&self, slot: usize) -> bool {
-        let next = self.entries.iter().map(|e| e.2).filter(|&s| s > slot).min().unwrap_or(self.slots);
-        next - slot == 2
     }
 
     /// The label of the pool's first slot.
@@ -725,15 +728,12 @@ impl ConstPool {
         if let Some(b) = self.base {
             dynasm!(ops ; .arch x64 ; =>b);
         }
-        let mut at = 0;
-        for (i, (lanes, l, slot)) in self.entries.iter().enumerate() {
-            debug_assert_eq!(*slot, at);
-            let next = self.entries.get(i + 1).map_or(self.slots, |e| e.2);
-            dynasm!(ops ; .arch x64 ; =>*l);
-            for &k in &lanes[..8 * (next - slot)] {
+        for e in &self.entries {
+            let label = e.label;
+            dynasm!(ops ; .arch x64 ; =>label);
+            for &k in &e.lanes[..8 * e.width] {
                 dynasm!(ops ; .arch x64 ; .u32 k);
             }
-            at = next;
         }
     }
 }
