@@ -690,6 +690,41 @@ fn movement_ops() {
     s.finish();
 }
 
+/// Reads and accumulations by data: gradients flow to the source (never to the indices), repeated indices add up.
+#[test]
+fn indexing_ops() {
+    let mut s = Suite::new("indexing");
+    let mut g = Gen::new("indexing");
+    let m = g.uniform(&[4, 6], -2.0, 2.0);
+    let small = g.uniform(&[3, 2], -2.0, 2.0);
+    let one = |x: &In| std::slice::from_ref(x).to_vec();
+    // i32 indices: they live on every device (wgpu has no i64).
+    let ix = |t: &Tensor, v: &[i32], shape: &[usize]| {
+        Tensor::from_vec(v.to_vec(), shape.to_vec(), &t.device()).expect("indices")
+    };
+    s.check("gather dim 1", &one(&m), move |t| t[0].gather(1, &ix(&t[0], &[5, 0, 5, 1, 2, 2, 3, 4], &[4, 2])).sin());
+    s.check("gather dim 0, narrowed", &one(&m), move |t| {
+        t[0].gather(0, &ix(&t[0], &[3, 3, 0, 1, 2, 0], &[2, 3])).sin()
+    });
+    s.check("index_select", &one(&m), move |t| t[0].index_select(1, &ix(&t[0], &[4, 4, 0], &[3])).sin());
+    s.check("take_along_dim", &one(&m), move |t| t[0].take_along_dim(&ix(&t[0], &[1, 3], &[2, 1]), Some(0)).sin());
+    s.check("embedding", &one(&m), move |t| {
+        kiln::nn::functional::embedding(&ix(&t[0], &[2, 0, 2, 3, 1, 2], &[2, 3]), &t[0]).sin()
+    });
+    s.check("masked_fill", &one(&m), move |t| {
+        let mask = ix(&t[0], &[1, 0, 0, 1, 0, 1], &[6]).to_dtype(DType::Bool);
+        t[0].masked_fill(&mask, 0.5).sin()
+    });
+    s.check("scatter_add", &[m.clone(), small.clone()], move |t| {
+        t[0].scatter_add(1, &ix(&t[0], &[5, 5, 0, 1, 2, 0], &[3, 2]), &t[1]).sin()
+    });
+    s.check("index_add", &[m.clone(), small.clone()], move |t| {
+        let src = t[1].repeat(&[1, 3]);
+        t[0].index_add(0, &ix(&t[0], &[3, 3, 0], &[3]), &src, 1.5).sin()
+    });
+    s.finish();
+}
+
 #[test]
 fn cat_and_stack() {
     let mut s = Suite::new("cat and stack");

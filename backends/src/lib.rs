@@ -79,6 +79,10 @@ pub enum BackendError {
     /// The device cannot hold or run something (a dtype it has no type for).
     #[error("{device}: {reason}")]
     Unsupported { device: &'static str, reason: String },
+    /// A kernel found the data wrong while it ran (an index out of range: `kiln_jit::kernel::Fault`); the run's
+    /// outputs are discarded, and no input was written over.
+    #[error("{device}: {fault}")]
+    Fault { device: &'static str, fault: kiln_jit::kernel::Fault },
     /// The device is not there (no adapter, no driver); the reason says what to install.
     #[error("{device} is unavailable: {reason}")]
     Unavailable { device: &'static str, reason: String },

@@ -223,6 +223,19 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
                 return Err(format!("pad gives {want:?}, node has {}", d.shape));
             }
         }
+        Op::Gather { axis } => {
+            let (s, i) = (srcs[0].shape.dims(), srcs[1].shape.dims());
+            let fits = i == d.shape.dims()
+                && s.len() == i.len()
+                && *axis < s.len()
+                && s.iter().zip(i).enumerate().all(|(a, (x, y))| a == *axis || x == y);
+            if !fits {
+                return Err(format!("gather along {axis} of {} with indices {}", srcs[0].shape, srcs[1].shape));
+            }
+            if !matches!(srcs[1].dtype, DType::I32 | DType::I64) || srcs[0].dtype != d.dtype {
+                return Err(format!("gather of {} by {} indices -> {}", srcs[0].dtype, srcs[1].dtype, d.dtype));
+            }
+        }
         Op::Matmul => {
             let (a, b) = (srcs[0].shape.dims(), srcs[1].shape.dims());
             let r = a.len();

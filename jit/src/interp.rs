@@ -229,6 +229,29 @@ fn eval(
             args[0].gather(n, (round_f(d, value.as_f64()), d.wrap_int(value.as_i64())), |i| map[i])
         }
         Op::Matmul => matmul(d, srcs[0].shape.dims(), srcs[1].shape.dims(), args[0], args[1])?,
+        Op::Gather { axis } => {
+            let Vals::I(index) = args[1] else { return Err("gather indices are not integers".into()) };
+            let src = srcs[0].shape.dims();
+            let st = contiguous_strides(src);
+            let mut map = Vec::with_capacity(n);
+            let mut fault = None;
+            for_each_index(out_dims, |j| {
+                let at: usize =
+                    j.iter().zip(&st).enumerate().filter(|&(a, _)| a != *axis).map(|(_, (j, s))| j * s).sum();
+                let i = index[map.len()];
+                match usize::try_from(i).ok().filter(|&i| i < src[*axis]) {
+                    Some(i) => map.push(at + i * st[*axis]),
+                    None => {
+                        fault.get_or_insert(i);
+                        map.push(0);
+                    }
+                }
+            });
+            if let Some(i) = fault {
+                return Err(crate::kernel::Fault::Index { len: src[*axis] as i64, index: i }.to_string());
+            }
+            args[0].gather(n, (0.0, 0), |i| Some(map[i]))
+        }
     })
 }
 

@@ -198,6 +198,13 @@ pub enum Op {
     Matmul,
     /// Forces materialization; numerically the identity.
     Contiguous,
+    /// A data-dependent load (PyTorch's `gather`): sources (src, index), index of dtype i32 or i64 shaped as the
+    /// node, src of the node's shape except along `axis`; `out[j] = src[j with j[axis] = index[j]]`. An index
+    /// outside `0..src.shape[axis]` is a run-time error (the plan's fault word, `kernel::fault`), never a read
+    /// outside the source.
+    Gather {
+        axis: usize,
+    },
 }
 
 impl Op {
@@ -220,6 +227,7 @@ impl Op {
             Op::Pad { pads, value } => format!("pad{pads:?}={value}"),
             Op::Matmul => "matmul".into(),
             Op::Contiguous => "contiguous".into(),
+            Op::Gather { axis } => format!("gather{axis}"),
         }
     }
 
@@ -272,6 +280,7 @@ impl Op {
             }
             Op::Matmul => out.push(15),
             Op::Contiguous => out.push(16),
+            Op::Gather { axis } => out.extend([17, *axis as u64]),
         }
     }
 
@@ -300,6 +309,7 @@ impl Op {
             }
             15 => Op::Matmul,
             16 => Op::Contiguous,
+            17 => Op::Gather { axis: r.index()? },
             _ => return None,
         };
         Some((op, r.at))
@@ -309,7 +319,7 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Input { .. } | Op::Const(_) | Op::Iota { .. } | Op::Rand { .. } => 0,
-            Op::Binary(_) | Op::Matmul => 2,
+            Op::Binary(_) | Op::Matmul | Op::Gather { .. } => 2,
             Op::Where => 3,
             _ => 1,
         }
@@ -395,6 +405,7 @@ mod tests {
             Op::Pad { pads: vec![(1, 2), (0, 0)], value: Scalar::Float(-1.5) },
             Op::Matmul,
             Op::Contiguous,
+            Op::Gather { axis: 2 },
         ];
         ops.extend(RandDist::ALL.map(|dist| Op::Rand { dist, slot: 1 }));
         ops.extend(UnaryOp::ALL.map(Op::Unary));
@@ -414,9 +425,17 @@ mod tests {
         }
         // Unknown kinds and parameters.
         let (unary_past, binary_past) = (UnaryOp::ALL.len() as u64, BinaryOp::ALL.len() as u64);
-        for bad in
-            [&[0u64][..], &[17], &[5, unary_past], &[6, binary_past], &[9, 4, 0], &[4, 2, 0], &[2, 1, 2], &[2, 9, 0]]
-        {
+        for bad in [
+            &[0u64][..],
+            &[18],
+            &[17],
+            &[5, unary_past],
+            &[6, binary_past],
+            &[9, 4, 0],
+            &[4, 2, 0],
+            &[2, 1, 2],
+            &[2, 9, 0],
+        ] {
             assert_eq!(Op::decode(bad), None, "{bad:?}");
         }
     }

@@ -201,6 +201,20 @@ pub fn mse_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor
     reduction.apply(input.sub(target).square())
 }
 
+/// The rows of `weight` (`[num_embeddings, dim]`) at `indices` (any shape, i64 or i32): `[..indices, dim]`
+/// (`torch.nn.functional.embedding`). A gather: O(indices x dim), and its gradient a deterministic scatter-add
+/// into the weight (`Tensor::index_add`'s composition). An index outside `0..num_embeddings` is an error when the
+/// result is read.
+#[track_caller]
+pub fn embedding(indices: &Tensor, weight: &Tensor) -> Tensor {
+    if weight.rank() != 2 {
+        fail!("embedding", "the weight must be [num_embeddings, dim], got shape {:?}", weight.dims());
+    }
+    let mut dims = indices.dims().to_vec();
+    dims.push(weight.dims()[1]);
+    weight.index_select(0, &indices.flatten()).reshape(dims)
+}
+
 /// `one_hot(indices, num_classes)` as i64 (`torch.nn.functional.one_hot`): a new last dim of `num_classes`, 1
 /// where it equals the index. An index outside `0..num_classes` gives a row of zeros (PyTorch raises an error).
 #[track_caller]

@@ -164,13 +164,9 @@ impl Module for Dropout {
 }
 
 /// A lookup table of `num_embeddings` vectors of size `embedding_dim` (`torch.nn.Embedding`), initialized
-/// standard normal. The input is an integer tensor of indices `[...]`; the output is `[..., embedding_dim]`.
-///
-/// kiln has no gather primitive, so the lookup is `one_hot(indices) @ weight`: it costs O(B·V·D) work and
-/// O(B·V) memory for B indices, a vocabulary of V and dim D, where a gather costs O(B·D). Fine for small
-/// vocabularies; a gather primitive (and its scatter-add gradient) would replace it. An index outside
-/// `0..num_embeddings` gives a vector of NaN (PyTorch raises an error; kiln cannot read lazy indices), never a
-/// silent zero vector.
+/// standard normal. The input is an integer tensor of indices `[...]` (i64, or i32); the output is
+/// `[..., embedding_dim]`, a gather of the weight's rows ([`functional::embedding`]) that fuses with what reads it
+/// (an added position embedding). An index outside `0..num_embeddings` is an error when the output is read.
 #[derive(Clone, Debug)]
 pub struct Embedding {
     weight: Param,
@@ -209,10 +205,7 @@ impl Embedding {
 
 impl Module for Embedding {
     fn forward(&self, indices: &Tensor) -> Tensor {
-        let w = self.weight.get();
-        let n = w.dims()[0];
-        let rows = functional::one_hot(indices, n).to_dtype(w.dtype()).matmul(&w);
-        rows.add(functional::nan_out_of_range(indices, n, None, w.dtype()).unsqueeze(-1))
+        functional::embedding(indices, &self.weight.get())
     }
 
     fn named_params(&self) -> Vec<(String, Param)> {

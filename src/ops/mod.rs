@@ -5,6 +5,7 @@
 mod arrange;
 mod creation;
 mod elementwise;
+mod indexing;
 mod linalg;
 mod movement;
 mod operators;
@@ -12,6 +13,7 @@ mod reduce;
 mod statistics;
 
 pub use arrange::PadMode;
+pub(crate) use indexing::scatter_sum;
 
 use crate::args::fail;
 use crate::tensor::Tensor;

@@ -44,4 +44,21 @@ shims! {
     Expm1F32: fn expm1_f32(x: f32) -> f32 { x.exp_m1() }
     Log1pF64: fn log1p_f64(x: f64) -> f64 { x.ln_1p() }
     Expm1F64: fn expm1_f64(x: f64) -> f64 { x.exp_m1() }
+    IndexFault: fn index_fault(record: *const std::sync::atomic::AtomicI64, len: i64, index: i64) -> i64 {
+        // SAFETY: a kernel that gathers is given its run's fault record (`plan::Arena::fault`), which outlives
+        // the launch and is only touched atomically while kernels run.
+        let r = unsafe { std::slice::from_raw_parts(record, kiln_jit::kernel::FAULT_WORDS) };
+        record_fault(r, kiln_jit::kernel::Fault::Index { len, index });
+        0
+    }
+}
+
+/// Claims `record` for `fault` unless another fault holds it (see `kiln_jit::kernel::fault`).
+pub(crate) fn record_fault(record: &[std::sync::atomic::AtomicI64], fault: kiln_jit::kernel::Fault) {
+    use std::sync::atomic::Ordering;
+    let words = fault.encode();
+    if record[0].compare_exchange(0, words[0], Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        record[1].store(words[1], Ordering::Release);
+        record[2].store(words[2], Ordering::Release);
+    }
 }

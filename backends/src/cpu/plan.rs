@@ -15,9 +15,11 @@ use crate::plan_run::{DevicePlan, Place, PlanShape, Run};
 use crate::{BackendError, Buffer};
 use kiln_jit::buffer::HostBuffer;
 use kiln_jit::dtype::DType;
+use kiln_jit::kernel::{FAULT_WORDS, Fault};
 use kiln_jit::kernel::{KernelPlan, Slot};
 use kiln_jit::{Graph, RngKey};
 use parking_lot::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicI64, Ordering};
 
 const NAME: &str = "cpu";
 
@@ -33,6 +35,8 @@ enum Exec {
 struct CompiledLaunch {
     name: String,
     exec: Exec,
+    /// The kernel gathers: its pointer table ends with the run's fault record (`kernel::fault`).
+    can_fault: bool,
     /// Extent of output loop 0 (1 for a zero-dim output): the range the kernel splits over threads.
     rows: usize,
     /// Element-operations of the whole launch, for the pool's inline-or-split decision.
@@ -61,6 +65,8 @@ struct Arena {
     ptrs: Vec<*mut u8>,
     rng_words: Vec<u64>,
     out_ptrs: Vec<*mut u8>,
+    /// The run's fault record (`kernel::fault`), zeroed when a run begins, read when it ends.
+    fault: [AtomicI64; FAULT_WORDS],
 }
 
 impl Drop for Arena {
@@ -123,7 +129,8 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                 }
             };
             let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
-            launches.push(CompiledLaunch { name: l.kernel.name.clone(), exec, rows, work: l.kernel.work() });
+            let can_fault = l.kernel.can_fault();
+            launches.push(CompiledLaunch { name: l.kernel.name.clone(), exec, rows, work: l.kernel.work(), can_fault });
         }
     }
     let temps: Vec<usize> = plan.temps.iter().map(|&bytes| bytes.div_ceil(8)).collect();
@@ -142,8 +149,12 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     // A Cranelift or wide kernel loads an element's operands before it stores the element; a GEMM does so only with one K
     // block and its epilogue in registers (otherwise C holds partial sums, or the GEMM's result before the
     // epilogue pass reads the operand).
+    // A plan that can fault donates nothing: a fault is found after the run, when a donated input would already be
+    // written over, and a failed run must leave its inputs as they were.
+    let faults = launches.iter().any(|l| l.can_fault);
     let donations = candidates
         .into_iter()
+        .filter(|_| !faults)
         .filter(|d| match &launches[d.launch].exec {
             Exec::Clif(_) | Exec::Wide(_) => true,
             // A row kernel reads its rows before writing them, but the schedule never offers it a donation.
@@ -234,13 +245,16 @@ impl DevicePlan for JitPlan {
         }));
         arena.rng_words.clear();
         arena.rng_words.extend(rng.iter().flat_map(|k| [k.seed, k.offset]));
+        for w in &arena.fault {
+            w.store(0, Ordering::Relaxed);
+        }
         Ok(st)
     }
 
     fn launch(&self, st: &mut CpuRun<'_>, _run: &Run, index: usize, places: &[Place]) -> Result<(), BackendError> {
         let l = &self.launches[index];
         let inputs = st.inputs;
-        let Arena { temps, ptrs, rng_words, out_ptrs } = st.arena();
+        let Arena { temps, ptrs, rng_words, out_ptrs, fault } = st.arena();
         ptrs.clear();
         for p in places {
             ptrs.push(match *p {
@@ -248,6 +262,9 @@ impl DevicePlan for JitPlan {
                 Place::Temp(t) => write_ptr(&mut temps[t]),
                 Place::Output(o) => out_ptrs[o],
             });
+        }
+        if l.can_fault {
+            ptrs.push(fault.as_ptr() as *mut u8);
         }
         let t0 = profile::profiling().then(std::time::Instant::now);
         match &l.exec {
@@ -271,7 +288,11 @@ impl DevicePlan for JitPlan {
         Ok(())
     }
 
-    fn finish(&self, _st: CpuRun<'_>, outputs: &mut [Buffer]) -> Result<(), BackendError> {
+    fn finish(&self, mut st: CpuRun<'_>, outputs: &mut [Buffer]) -> Result<(), BackendError> {
+        let words = st.arena().fault.each_ref().map(|w| w.load(Ordering::Acquire));
+        if let Some(fault) = Fault::decode(words) {
+            return Err(BackendError::Fault { device: NAME, fault });
+        }
         for (o, (b, &(_, len))) in outputs.iter_mut().zip(&self.shape.outputs).enumerate() {
             if let Buffer::Host(b) = b
                 && !self.shape.passthrough.iter().any(|&(p, _)| p == o)

@@ -89,7 +89,8 @@ pub(crate) static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::Atom
 /// and written to the dump), else `Ok(None)`: the caller compiles it with Cranelift. The one entry point for plan
 /// launches and GEMM epilogue passes alike.
 pub(crate) fn for_plan(k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<Option<WideKernel>, String> {
-    if !enabled() {
+    // A kernel that gathers is the Cranelift renderer's (its per-lane checked loads and the fault record).
+    if !enabled() || k.can_fault() {
         return Ok(None);
     }
     let Some(w) = WideKernel::build(k)? else { return Ok(None) };

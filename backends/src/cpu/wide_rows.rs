@@ -74,7 +74,8 @@ const SCRATCH_REG: u8 = gpr::R14;
 /// The row kernel a plan runs for `k` where generation is enabled (`wide::enabled`) and `k` qualifies (counted in
 /// `wide::BUILDS`, written to the dump), at `wide::width`; else `Ok(None)`: the caller compiles it with Cranelift.
 pub(crate) fn for_plan(k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<Option<RowKernel>, String> {
-    if !super::wide::enabled() || k.rows.is_empty() {
+    // A kernel that gathers is the Cranelift renderer's (its per-lane checked loads and the fault record).
+    if !super::wide::enabled() || k.rows.is_empty() || k.can_fault() {
         return Ok(None);
     }
     let Some(r) = RowKernel::build_for(k, super::wide::width())? else { return Ok(None) };
@@ -236,7 +237,7 @@ impl RowKernel {
 /// Whether the CPU runs row kernel `k` as generated code at this host's width (the schedule's
 /// `row_kernel_ok`): generation enabled, and `k` of a shape and code this file takes.
 pub(crate) fn generates(k: &KernelIr) -> bool {
-    super::wide::enabled() && plan(&k.with_merged_row_loops(), super::wide::width()).is_some()
+    super::wide::enabled() && !k.can_fault() && plan(&k.with_merged_row_loops(), super::wide::width()).is_some()
 }
 
 /// `k`'s passes at `isa`'s width, or `None` where this file does not run it (see the module doc).
@@ -391,7 +392,12 @@ fn row_invariants(code: &[Inst], result: usize, col: usize) -> Vec<usize> {
             InstOp::Unary(_, a) | InstOp::Cast(a) => inv[*a],
             InstOp::Binary(_, a, b) => inv[*a] && inv[*b],
             InstOp::Where(c, a, b) => inv[*c] && inv[*a] && inv[*b],
-            InstOp::Load { .. } | InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) => false,
+            InstOp::Load { .. }
+            | InstOp::Gather { .. }
+            | InstOp::Index(_)
+            | InstOp::Rand { .. }
+            | InstOp::Acc
+            | InstOp::RowAcc(_) => false,
         };
     }
     let computed =
@@ -441,6 +447,8 @@ fn column_varying(code: &[Inst], col: usize) -> Vec<bool> {
             InstOp::Unary(_, a) | InstOp::Cast(a) => varies[*a],
             InstOp::Binary(_, a, b) => varies[*a] || varies[*b],
             InstOp::Where(c, a, b) => varies[*c] || varies[*a] || varies[*b],
+            // (Never reached: a kernel that gathers is not generated here, `generates`.)
+            InstOp::Gather { .. } => true,
             InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) | InstOp::Const(_) => false,
         };
         varies.push(v);

@@ -63,7 +63,8 @@ impl Ctx {
 /// The tiled form of `k` when it is a GEMM worth tiling, in the tile the store or a search picks, with the tuning
 /// record that picked it (for `KILN_DUMP`); `None` to render it as a generic kernel.
 pub(crate) fn gemm_kernel(ctx: &Arc<Ctx>, k: &KernelIr) -> Option<(WgslKernel, TuneRecord)> {
-    if !tiled_enabled() {
+    // A kernel that gathers is the generic renderer's, which checks its indices.
+    if !tiled_enabled() || k.can_fault() {
         return None;
     }
     // The WGSL template reads and writes f32 (a wgpu plan keeps bf16 casts out of its GEMMs: no `bf16_gemm`).

@@ -18,7 +18,7 @@
 //! friends: a run never reads back, and nothing runs on the CPU behind the user's back.
 //!
 //! Pipelines are cached by rendered source (the map hashes the text and compares it whole, so two kernels can never
-//! share a pipeline by collision); bind group layouts by (inputs, rng). Shader compile errors are caught with an
+//! share a pipeline by collision); bind group layouts by (inputs, rng, fault record). Shader compile errors are caught with an
 //! error scope and returned with the WGSL source.
 //!
 //! A run (`plan.rs`) allocates its outputs and temps from the pool, writes the rng keys (when the plan draws random
@@ -64,7 +64,7 @@ pub(crate) struct Ctx {
     f16: bool,
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
-    layouts: Mutex<HashMap<(usize, bool), Arc<Layout>>>,
+    layouts: Mutex<HashMap<(usize, bool, bool), Arc<Layout>>>,
 }
 
 pub(crate) struct Layout {
@@ -299,10 +299,10 @@ impl Ctx {
         Ok(DeviceBuffer { buf: Some(buf), dtype, len, ctx: self.clone() })
     }
 
-    fn layout(&self, inputs: usize, rng: bool) -> Arc<Layout> {
+    fn layout(&self, inputs: usize, rng: bool, fault: bool) -> Arc<Layout> {
         let mut layouts = self.layouts.lock();
         layouts
-            .entry((inputs, rng))
+            .entry((inputs, rng, fault))
             .or_insert_with(|| {
                 let entry = |binding: usize, read_only: bool| wgpu::BindGroupLayoutEntry {
                     binding: binding as u32,
@@ -318,6 +318,9 @@ impl Ctx {
                 entries.push(entry(inputs, false));
                 if rng {
                     entries.push(entry(inputs + 1, true));
+                }
+                if fault {
+                    entries.push(entry(inputs + 1 + rng as usize, false));
                 }
                 let bind = self
                     .device
@@ -337,7 +340,7 @@ impl Ctx {
         if let Some(p) = self.pipelines.lock().get(&k.source) {
             return Ok(p.clone());
         }
-        let bindings = k.inputs + 1 + k.uses_rng as usize;
+        let bindings = k.inputs + 1 + k.uses_rng as usize + k.can_fault as usize;
         let max = self.limits.max_storage_buffers_per_shader_stage as usize;
         if bindings > max {
             return Err(format!(
@@ -345,7 +348,7 @@ impl Ctx {
                 k.name
             ));
         }
-        let layout = self.layout(k.inputs, k.uses_rng);
+        let layout = self.layout(k.inputs, k.uses_rng, k.can_fault);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(&k.name),
@@ -367,7 +370,7 @@ impl Ctx {
         Ok(p)
     }
 
-    /// Binds `buffers` (inputs, output, then rng if any) and records one dispatch.
+    /// Binds `buffers` (inputs, output, then rng and the fault record if any) and records one dispatch.
     pub(crate) fn dispatch(
         &self,
         pass: &mut wgpu::ComputePass<'_>,

@@ -24,6 +24,8 @@ struct CompiledLaunch {
     donating: Option<(usize, Arc<Pipeline>)>,
     groups: (u32, u32),
     uses_rng: bool,
+    /// The kernel gathers: it binds the run's fault record (`kernel::fault`) last.
+    can_fault: bool,
 }
 
 struct WgpuPlan {
@@ -34,6 +36,8 @@ struct WgpuPlan {
     /// Elements of each temp slot (the largest kernel output placed there).
     temps: Vec<usize>,
     uses_rng: bool,
+    /// Some launch can fault: each run zeroes a fault record first and reads it back at the end.
+    can_fault: bool,
 }
 
 pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
@@ -91,12 +95,16 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
         if let Slot::Temp(t) = l.output {
             temps[t] = temps[t].max(l.kernel.output.len);
         }
-        launches.push(CompiledLaunch { pipeline, donating: None, groups: k.groups, uses_rng: k.uses_rng });
+        let (uses_rng, can_fault) = (k.uses_rng, k.can_fault);
+        launches.push(CompiledLaunch { pipeline, donating: None, groups: k.groups, uses_rng, can_fault });
     }
     let mut donations = Vec::new();
+    // A plan that can fault donates nothing: a fault is found after the run, when a donated input would already be
+    // written over, and a failed run must leave its inputs as they were.
+    let can_fault = launches.iter().any(|l| l.can_fault);
     for d in plan.donation_candidates() {
         let l = &plan.launches[d.launch];
-        if !generic[d.launch] {
+        if !generic[d.launch] || can_fault {
             continue;
         }
         let aliased: Vec<usize> = (0..l.inputs.len()).filter(|&i| l.inputs[i] == Slot::Input(d.input)).collect();
@@ -107,6 +115,7 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
     Ok(Box::new(Planned(WgpuPlan {
         ctx: ctx.clone(),
         uses_rng: launches.iter().any(|l| l.uses_rng),
+        can_fault,
         shape: PlanShape::of(&plan, donations),
         launches,
         temps,
@@ -123,6 +132,8 @@ pub(super) struct WgpuRun {
     /// Bound where a donating launch's aliased input was (read through the output binding instead).
     placeholder: Option<DeviceBuffer>,
     rng: Option<DeviceBuffer>,
+    /// The fault record, zeroed before the first launch (a plan that can fault).
+    fault: Option<DeviceBuffer>,
     pass: wgpu::ComputePass<'static>,
     enc: wgpu::CommandEncoder,
 }
@@ -180,6 +191,13 @@ impl DevicePlan for WgpuPlan {
         } else {
             None
         };
+        let fault = if self.can_fault {
+            let b = ctx.alloc(DType::I32, kiln_jit::kernel::FAULT_WORDS)?;
+            ctx.queue.write_buffer(b.raw(), 0, &[0u8; kiln_jit::kernel::FAULT_WORDS * wgsl::WORD]);
+            Some(b)
+        } else {
+            None
+        };
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
         for &(o, i) in &self.shape.passthrough {
             let bytes = (self.shape.outputs[o].1 * wgsl::WORD) as u64;
@@ -191,7 +209,7 @@ impl DevicePlan for WgpuPlan {
         let pass = enc
             .begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None })
             .forget_lifetime();
-        Ok(WgpuRun { inputs, outputs, temps, placeholder, rng, pass, enc })
+        Ok(WgpuRun { inputs, outputs, temps, placeholder, rng, fault, pass, enc })
     }
 
     fn launch(&self, st: &mut WgpuRun, run: &Run, index: usize, places: &[Place]) -> Result<(), BackendError> {
@@ -199,7 +217,7 @@ impl DevicePlan for WgpuPlan {
         if l.groups.0 == 0 {
             return Ok(()); // an empty output: nothing to compute
         }
-        let WgpuRun { inputs, outputs, temps, placeholder, rng, pass, .. } = st;
+        let WgpuRun { inputs, outputs, temps, placeholder, rng, fault, pass, .. } = st;
         let slot = |p: Place| -> &wgpu::Buffer {
             match p {
                 Place::Input(i) => &inputs[i],
@@ -231,15 +249,35 @@ impl DevicePlan for WgpuPlan {
             };
             bufs.push(r.raw());
         }
+        if l.can_fault {
+            let Some(f) = fault else {
+                return Err(BackendError::Execute {
+                    device: NAME,
+                    reason: "gathering kernel without a fault record".into(),
+                });
+            };
+            bufs.push(f.raw());
+        }
         let pipeline = donating.map_or(&l.pipeline, |(p, _, _)| p);
         self.ctx.dispatch(pass, pipeline, &bufs, l.groups);
         Ok(())
     }
 
     fn finish(&self, st: WgpuRun, _outputs: &mut [Buffer]) -> Result<(), BackendError> {
-        let WgpuRun { pass, enc, .. } = st;
+        let WgpuRun { pass, enc, fault, .. } = st;
         drop(pass); // the pass must end before its encoder finishes
         self.ctx.queue.submit([enc.finish()]);
+        // A plan that can fault waits for its run to read the record (the one sync it costs; others return
+        // before the device has finished).
+        if let Some(f) = fault {
+            let bytes = self.ctx.read_words(f.raw(), kiln_jit::kernel::FAULT_WORDS)?;
+            let words: [i64; kiln_jit::kernel::FAULT_WORDS] = std::array::from_fn(|i| {
+                i32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]) as i64
+            });
+            if let Some(fault) = kiln_jit::kernel::Fault::decode(words) {
+                return Err(BackendError::Fault { device: NAME, fault });
+            }
+        }
         Ok(())
     }
 }

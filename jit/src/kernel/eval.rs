@@ -153,6 +153,16 @@ fn run_insts(insts: &[Inst], vars: &[i64], cx: &Ctx, vals: &mut Vec<V>) {
                     scalar(d, *fill)
                 }
             }
+            InstOp::Gather { buf, base, index, stride, len, valid: m } => {
+                if valid(m, vars) {
+                    let V::I(i) = vals[*index] else { unreachable!("a gather's index is an integer") };
+                    // The evaluator is a test oracle: a fault is a test's mistake, and stops it here.
+                    assert!((0..*len).contains(&i), "kernel {}", crate::kernel::Fault::Index { len: *len, index: i });
+                    load(inputs[*buf], (base.eval(vars) + i * stride) as usize)
+                } else {
+                    scalar(d, Scalar::Int(0))
+                }
+            }
             InstOp::Rand { dist, slot, index } => {
                 let key = rng[*slot];
                 let w = rng::words(key.seed, key.offset.wrapping_add(index.eval(vars) as u64));
@@ -299,7 +309,9 @@ pub fn eval_uniform(
             match &inst.op {
                 InstOp::Const(s) => scalar(d, *s),
                 InstOp::Load { buf, index, .. } => scalar(d, load(*buf, index.eval(&[0; 32]).max(0) as usize, d)),
-                InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) => V::I(0),
+                InstOp::Index(_) | InstOp::Gather { .. } | InstOp::Rand { .. } | InstOp::Acc | InstOp::RowAcc(_) => {
+                    V::I(0)
+                }
                 op => alu(op, d, &vals).unwrap_or(V::I(0)),
             }
         };

@@ -248,7 +248,7 @@ fn roles(k: &KernelIr, batch_rank: usize, mvar: Option<usize>, nvar: usize) -> V
                 }
                 _ => Role::Other,
             },
-            InstOp::Rand { .. } => Role::Other,
+            InstOp::Rand { .. } | InstOp::Gather { .. } => Role::Other,
             InstOp::Load { buf, index, valid, .. } => match index.affine(nvars) {
                 Some((coef, c)) if valid.is_none() => {
                     let cm = mvar.map_or(0, |v| coef[v]);

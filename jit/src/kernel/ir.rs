@@ -56,6 +56,17 @@ pub enum InstOp {
         valid: Option<Valid>,
         fill: Scalar,
     },
+    /// A data-dependent load: `buf[base + i * stride]` where `i` is value `index` (an i32 or i64), checked against
+    /// `0 <= i < len`. Outside that range the kernel records a `Fault::Index` (see `fault.rs`) and reads
+    /// `buf[base]` instead; where `valid` fails it reads nothing, checks nothing and yields 0.
+    Gather {
+        buf: usize,
+        base: IExpr,
+        index: ValueId,
+        stride: i64,
+        len: i64,
+        valid: Option<Valid>,
+    },
     /// Philox random value for element `index` of a `Rand` node keyed by the plan's `rng[slot]`.
     Rand {
         dist: RandDist,
@@ -86,7 +97,7 @@ impl Inst {
     pub fn map_indices(&mut self, f: &impl Fn(&IExpr) -> IExpr) {
         match &mut self.op {
             InstOp::Index(e) | InstOp::Rand { index: e, .. } => *e = f(e),
-            InstOp::Load { index, valid, .. } => {
+            InstOp::Load { index, valid, .. } | InstOp::Gather { base: index, valid, .. } => {
                 *index = f(index);
                 if let Some(Valid(ranges)) = valid {
                     for (e, _, _) in ranges.iter_mut() {
@@ -145,6 +156,12 @@ impl KernelIr {
             e.extend(&r.extents);
         }
         e
+    }
+
+    /// Whether the kernel can record a fault (it gathers): its backend must give it a fault record.
+    pub fn can_fault(&self) -> bool {
+        let mut code = self.outer.iter().chain(self.reduce.iter().chain(&self.rows).flat_map(|r| r.inner.iter()));
+        code.any(|i| matches!(i.op, InstOp::Gather { .. }))
     }
 
     pub fn out_rank(&self) -> usize {
@@ -285,7 +302,7 @@ impl KernelIr {
         for mut inst in std::mem::take(&mut self.outer) {
             match &mut inst.op {
                 InstOp::Acc => continue,
-                InstOp::Unary(_, a) | InstOp::Cast(a) => *a = ids[*a],
+                InstOp::Unary(_, a) | InstOp::Cast(a) | InstOp::Gather { index: a, .. } => *a = ids[*a],
                 InstOp::Binary(_, a, b) => {
                     *a = ids[*a];
                     *b = ids[*b];
@@ -347,8 +364,11 @@ pub(crate) fn affine_indices(insts: &[Inst], nvars: usize) -> Option<Vec<(Vec<i6
     let mut out = Vec::new();
     for inst in insts {
         let e = match &inst.op {
-            InstOp::Index(e) | InstOp::Rand { index: e, .. } | InstOp::Load { index: e, valid: None, .. } => e,
-            InstOp::Load { .. } => return None,
+            InstOp::Index(e)
+            | InstOp::Rand { index: e, .. }
+            | InstOp::Load { index: e, valid: None, .. }
+            | InstOp::Gather { base: e, valid: None, .. } => e,
+            InstOp::Load { .. } | InstOp::Gather { .. } => return None,
             _ => continue,
         };
         out.push(e.affine(nvars)?);
@@ -405,6 +425,16 @@ fn write_insts(s: &mut String, prefix: &str, insts: &[Inst]) {
                     writeln!(s, "load in{buf}[{index}] if {} else {fill}", conds.join(" && "))
                 }
             },
+            InstOp::Gather { buf, base, index, stride, len, valid } => {
+                let at = format!("gather in{buf}[{base} + {p}{index} * {stride}] checked < {len}");
+                match valid {
+                    None => writeln!(s, "{at}"),
+                    Some(Valid(rs)) => {
+                        let conds: Vec<String> = rs.iter().map(|(e, lo, hi)| format!("{lo}<={e}<{hi}")).collect();
+                        writeln!(s, "{at} if {} else 0", conds.join(" && "))
+                    }
+                }
+            }
             InstOp::Rand { dist, slot, index } => writeln!(s, "rand_{dist:?} key{slot} [{index}]"),
             InstOp::Unary(u, a) => writeln!(s, "{u:?} {p}{a}"),
             InstOp::Binary(b, x, y) => writeln!(s, "{b:?} {p}{x}, {p}{y}"),

@@ -230,6 +230,24 @@ impl Lowerer<'_> {
                 self.push(InstOp::Cast(a), d)
             }
             Op::Contiguous => self.value(srcs[0], idx),
+            Op::Gather { axis } => {
+                // The schedule stores every gather's source (rule 1), so it is a row-major buffer here.
+                let index = self.value(srcs[1], idx);
+                let sd = src_dims(0);
+                let strides = contiguous_strides(&sd);
+                let terms: Vec<IExpr> = idx
+                    .iter()
+                    .zip(&strides)
+                    .enumerate()
+                    .filter(|&(a, (_, &s))| a != *axis && s != 0)
+                    .map(|(_, (e, &s))| e.clone().times(s as i64))
+                    .collect();
+                let base = IExpr::Add(terms).simplify(&self.extents);
+                let buf = self.buffer(srcs[0]);
+                self.note("gather".into());
+                let (stride, len) = (strides[*axis] as i64, sd[*axis] as i64);
+                self.push(InstOp::Gather { buf, base, index, stride, len, valid: self.valid.clone() }, d)
+            }
             Op::Reshape => {
                 let flat = linear(idx, node.shape.dims(), &self.extents);
                 let src_idx = unflatten(&flat, &src_dims(0), &self.extents);

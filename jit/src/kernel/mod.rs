@@ -4,6 +4,7 @@
 
 mod donate;
 pub mod eval;
+pub mod fault;
 pub mod gemm;
 pub mod index;
 pub mod ir;
@@ -14,6 +15,7 @@ pub mod simplify;
 pub mod split;
 
 pub use donate::Donation;
+pub use fault::{FAULT_WORDS, Fault};
 pub use index::IExpr;
 pub use ir::{BufParam, Inst, InstOp, KernelIr, Reduce, Valid, ValueId};
 pub use schedule::{KernelPlan, Launch, ScheduleOptions, Slot, schedule, schedule_with};

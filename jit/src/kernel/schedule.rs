@@ -2,7 +2,7 @@
 //!
 //! Rules (docs/architecture.md, "Fusion"), applied in this order:
 //! 1. Materialized ("realized into a buffer"): inputs, graph outputs, `Contiguous`, every `Reduce` and `Matmul`,
-//!    and any node that several nodes read (or that feeds an `Expand`) unless recomputing it is cheap: at most
+//!    the source of every `Gather` (read at data-dependent places), and any node that several nodes read (or that feeds an `Expand`) unless recomputing it is cheap: at most
 //!    `CHEAP_OPS` ALU ops and no transcendental or random op on the way back to materialized nodes.
 //! 2. Everything else is inlined into each kernel that reads it: elementwise chains fuse, elementwise ops fuse into
 //!    a reduction's input, and movement ops become index math (no copies).
@@ -98,7 +98,7 @@ fn is_transcendental(op: &Op) -> bool {
 
 fn alu_cost(op: &Op) -> usize {
     match op {
-        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast => 1,
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Gather { .. } => 1,
         _ => 0,
     }
 }
@@ -217,6 +217,10 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         let op = &graph.node(n).op;
         mat[n.index()] =
             is_output(n) || matches!(op, Op::Input { .. } | Op::Contiguous | Op::Reduce { .. } | Op::Matmul);
+        // A gather reads its source at data-dependent places: from a buffer, row-major (`lower`).
+        if matches!(op, Op::Gather { .. }) {
+            mat[graph.srcs(n)[0].index()] = true;
+        }
         let inlined: Vec<NodeIndex> = graph.srcs(n).into_iter().filter(|s| !mat[s.index()]).collect();
         cost[n.index()] = alu_cost(op) + inlined.iter().map(|s| cost[s.index()]).sum::<usize>();
         expensive[n.index()] = is_transcendental(op) || inlined.iter().any(|s| expensive[s.index()]);

@@ -100,7 +100,8 @@ pub(crate) fn gemm_for(
     budget: &mut TuneBudget,
     cx: super::config::StepContext,
 ) -> Result<Option<super::CompiledGemm>, String> {
-    if !generated_gemm_enabled() {
+    // A kernel that gathers (in its operands or epilogue) is the Cranelift renderer's, which checks its indices.
+    if !generated_gemm_enabled() || k.can_fault() {
         return Ok(None);
     }
     // A `KILN_CPU_ISA` this CPU cannot honour is the user's error to see, not a quiet fallback.

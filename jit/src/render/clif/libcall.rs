@@ -65,6 +65,9 @@ libcalls! {
     Expm1F32 => "kiln_expm1_f32", (F32) -> F32;
     Log1pF64 => "kiln_log1p_f64", (F64) -> F64;
     Expm1F64 => "kiln_expm1_f64", (F64) -> F64;
+    /// Appended, as above: `(record, len, index) -> 0` records `Fault::Index` in the run's fault record (see
+    /// `kernel::fault`); called only on the cold path of a gather whose index failed its check.
+    IndexFault => "kiln_index_fault", (I64, I64, I64) -> I64;
 }
 
 impl Libcall {

@@ -1,7 +1,8 @@
 //! Kernel IR -> Cranelift IR (CLIF), for the CPU backend.
 //!
 //! Every kernel becomes `fn(args: *const *mut u8, rng: *const u64, start: i64, end: i64)`: `args` holds the
-//! input pointers then the output pointer, `rng` holds (seed, offset) pairs, and the function computes rows
+//! input pointers then the output pointer (then, for a kernel that gathers, the run's fault record: see
+//! `kernel::fault`), `rng` holds (seed, offset) pairs, and the function computes rows
 //! `start..end` of output loop 0 (all of it for a zero-dim output), so the backend can split rows over threads.
 //!
 //! Files: this one decides per kernel (which loop to vectorize, whether to register-tile) and holds the emitter;
@@ -196,6 +197,7 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
         bases.push(b.ins().load(types::I64, trusted, args, (i * 8) as i32));
     }
     let out_ptr = bases.pop().expect("output pointer");
+    let fault = k.can_fault().then(|| b.ins().load(types::I64, trusted, args, ((k.inputs.len() + 1) * 8) as i32));
     let nvars = k.extents().len();
     let vars: Vec<Variable> = (0..nvars).map(|_| b.declare_var(types::I64)).collect();
     let rank = k.out_rank();
@@ -206,7 +208,9 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
     // extent would only cost compile time (a polynomial sin is hundreds of instructions).
     let innermost = k.out_extents.last().copied().unwrap_or(0);
     // A row kernel's reduce stage (one output per row) folds along its reduce loop, as its row reductions do.
+    // (Not a kernel that gathers: its per-lane gathers are written for lanes along the output loop.)
     let reduce_vec = opts.vectorize
+        && !k.can_fault()
         && (reduce_vectorizable(k) || k.reduce.as_ref().is_some_and(|r| !k.rows.is_empty() && lanes_fold(r)));
     // A row kernel vectorizes along its row's elements only (a vector never spans two rows), and is not tiled.
     let rows_apart = k.rows.is_empty() || k.row_rank < rank;
@@ -217,6 +221,7 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
         k,
         bases,
         out_ptr,
+        fault,
         rng,
         vars,
         call_conv,
@@ -273,6 +278,11 @@ fn deps_on(insts: &[Inst], row: Option<usize>, col: Option<usize>, row_rank: usi
                 let any = |v| mentions(index, v) || ranges.iter().any(|e| mentions(e, v));
                 (any(row), any(col))
             }
+            InstOp::Gather { base, index, valid, .. } => {
+                let ranges: Vec<&IExpr> = valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)).collect();
+                let any = |v| mentions(base, v) || ranges.iter().any(|e| mentions(e, v));
+                (any(row) || out[*index].0, any(col) || out[*index].1)
+            }
             InstOp::Unary(_, a) | InstOp::Cast(a) => out[*a],
             InstOp::Binary(_, a, b) => (out[*a].0 || out[*b].0, out[*a].1 || out[*b].1),
             InstOp::Where(c, a, b) => (out[*c].0 || out[*a].0 || out[*b].0, out[*c].1 || out[*a].1 || out[*b].1),
@@ -296,6 +306,8 @@ struct Emitter<'a> {
     k: &'a KernelIr,
     bases: Vec<Value>,
     out_ptr: Value,
+    /// The run's fault record, for a kernel that gathers.
+    fault: Option<Value>,
     rng: Value,
     vars: Vec<Variable>,
     call_conv: CallConv,
@@ -369,6 +381,7 @@ impl Emitter<'_> {
                 InstOp::Const(_)
                 | InstOp::Index(_)
                 | InstOp::Load { .. }
+                | InstOp::Gather { .. }
                 | InstOp::Rand { .. }
                 | InstOp::Acc
                 | InstOp::RowAcc(_) => false,

@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// Where a gather reads (the fields of `InstOp::Gather` but its index value).
+pub(super) struct Gathered<'a> {
+    pub(super) buf: usize,
+    pub(super) base: &'a IExpr,
+    pub(super) stride: i64,
+    pub(super) len: i64,
+    pub(super) valid: &'a Option<Valid>,
+}
+
 impl Emitter<'_> {
     pub(super) fn konst(&mut self, s: Scalar, d: DType, lanes: usize) -> Value {
         let scalar = match d {
@@ -166,6 +175,70 @@ impl Emitter<'_> {
                 self.lanes_from_scalars(&scalars, d, lanes)
             }
         }
+    }
+
+    /// A checked data-dependent load (`InstOp::Gather`), one lane at a time: each lane's index is compared with
+    /// the dimension's length (unsigned, so a negative index fails too); a failing one branches to a cold block
+    /// that records the fault (`Libcall::IndexFault`) and then reads element `base` instead, so no load leaves the
+    /// buffer. Lanes where `valid` fails read nothing and check nothing.
+    pub(super) fn gather(&mut self, at: Gathered, index: Value, index_d: DType, d: DType, lanes: usize) -> Value {
+        let fault = self.fault.expect("a kernel that gathers is given a fault record");
+        let empty = self.k.inputs[at.buf].len == 0;
+        let mut scalars = Vec::with_capacity(lanes);
+        for l in 0..lanes {
+            let i = if lanes > 1 { self.b.ins().extractlane(index, l as u8) } else { index };
+            let i = if index_d == DType::I64 { i } else { self.b.ins().sextend(types::I64, i) };
+            let outside = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, i, at.len);
+            let live = at.valid.as_ref().map(|v| self.valid(v, l as i64));
+            let bad = match live {
+                Some(live) => self.b.ins().band(outside, live),
+                None => outside,
+            };
+            let cold = self.b.create_block();
+            let merge = self.b.create_block();
+            self.b.ins().brif(bad, cold, &[], merge, &[]);
+            self.b.switch_to_block(cold);
+            self.b.seal_block(cold);
+            self.b.set_cold_block(cold);
+            let len = self.b.ins().iconst(types::I64, at.len);
+            self.libcall(Libcall::IndexFault, &[fault, len, i]);
+            self.b.ins().jump(merge, &[]);
+            self.b.switch_to_block(merge);
+            self.b.seal_block(merge);
+            if empty {
+                // An empty source is never read (its pointer may dangle): every index faulted above.
+                scalars.push(self.konst(Scalar::Int(0), d, 1));
+                continue;
+            }
+            let zero = self.b.ins().iconst(types::I64, 0);
+            let ok = match live {
+                Some(live) => {
+                    let inside = self.b.ins().icmp_imm_u(IntCC::UnsignedLessThan, i, at.len);
+                    self.b.ins().band(inside, live)
+                }
+                None => self.b.ins().icmp_imm_u(IntCC::UnsignedLessThan, i, at.len),
+            };
+            let i = self.b.ins().select(ok, i, zero);
+            let base = self.iexpr(at.base, l as i64);
+            let off = self.b.ins().imul_imm_s(i, at.stride);
+            let elem = self.b.ins().iadd(base, off);
+            let addr = self.b.ins().imul_imm_s(elem, d.size_of() as i64);
+            let addr = self.b.ins().iadd(self.bases[at.buf], addr);
+            let v = if d.is_half() {
+                self.load_half(d, addr, 0)
+            } else {
+                self.b.ins().load(ty(d, 1), MemFlagsData::trusted(), addr, 0)
+            };
+            let v = match live {
+                Some(live) => {
+                    let z = self.konst(Scalar::Int(0), d, 1);
+                    self.b.ins().select(live, v, z)
+                }
+                None => v,
+            };
+            scalars.push(v);
+        }
+        if lanes == 1 { scalars[0] } else { self.lanes_from_scalars(&scalars, d, lanes) }
     }
 
     /// `v` as a `lanes`-wide value: unchanged if it already is one, else splatted (a uniform scalar).
@@ -338,7 +411,7 @@ impl Emitter<'_> {
     ) -> Value {
         let d = inst.dtype;
         let operands: Vec<usize> = match &inst.op {
-            InstOp::Unary(_, a) | InstOp::Cast(a) => vec![*a],
+            InstOp::Unary(_, a) | InstOp::Cast(a) | InstOp::Gather { index: a, .. } => vec![*a],
             InstOp::Binary(_, x, y) => vec![*x, *y],
             InstOp::Where(c, a, b) => vec![*c, *a, *b],
             InstOp::Const(_)
@@ -378,6 +451,10 @@ impl Emitter<'_> {
                 if lanes == 1 { scalars[0] } else { self.lanes_from_scalars(&scalars, d, lanes) }
             }
             InstOp::Load { buf, index, valid, fill } => self.load(*buf, index, valid, *fill, d, lanes),
+            InstOp::Gather { buf, base, index, stride, len, valid } => {
+                let at = Gathered { buf: *buf, base, stride: *stride, len: *len, valid };
+                self.gather(at, val(*index), insts[*index].dtype, d, lanes)
+            }
             InstOp::Rand { dist, slot, index } => {
                 let i = self.iexpr(index, 0);
                 let seed = self.b.ins().load(types::I64, MemFlagsData::trusted(), self.rng, (*slot * 16) as i32);

@@ -42,6 +42,10 @@ pub enum Helper {
     /// `log(1 + x)` and `exp(x) - 1` elsewhere).
     Log1p,
     Expm1,
+    /// `kiln_checked(i, len, live)`: `i` where `0 <= i < len`; else, where `live`, records `Fault::Index` in the
+    /// kernel's fault record (`kernel::fault`: claimed by a compare-and-swap of its kind from 0, then `len` and
+    /// `i`), and 0, an index inside the buffer.
+    IndexCheck,
 }
 
 impl Helper {
@@ -58,7 +62,13 @@ impl Helper {
             | Helper::Log1p
             | Helper::Expm1 => &[Helper::FloatCmp],
             Helper::PowI32 => &[Helper::PowU32],
-            Helper::Philox | Helper::Normal | Helper::FloatCmp | Helper::PowU32 | Helper::F16 | Helper::Trig => &[],
+            Helper::Philox
+            | Helper::Normal
+            | Helper::FloatCmp
+            | Helper::PowU32
+            | Helper::F16
+            | Helper::Trig
+            | Helper::IndexCheck => &[],
         }
     }
 }

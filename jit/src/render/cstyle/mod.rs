@@ -239,7 +239,7 @@ impl<'a, D: Dialect> Emitter<'a, D> {
             let mut check = |e: &IExpr| any |= mentions_var(e, v);
             match &inst.op {
                 InstOp::Index(e) | InstOp::Rand { index: e, .. } => check(e),
-                InstOp::Load { index, valid, .. } => {
+                InstOp::Load { index, valid, .. } | InstOp::Gather { base: index, valid, .. } => {
                     check(index);
                     for (e, _, _) in valid.iter().flat_map(|v| v.0.iter()) {
                         check(e);

@@ -75,6 +75,21 @@ impl<D: Dialect> Emitter<'_, D> {
                     }
                 }
             }
+            InstOp::Gather { buf, base, index, stride, len, valid } => {
+                let ok = valid.as_ref().map_or(dl.bool_lit(true), |va| valid_expr(dl, va));
+                let i = self.cast(insts[*index].dtype, dl.index_dtype(), &v(index));
+                let lit = |x: i64| dl.int_lit(x, dl.index_dtype());
+                let checked = self.helper(Helper::IndexCheck, format!("kiln_checked({i}, {}, {ok})", lit(*len)));
+                let zero = konst(dl, Scalar::Int(0), d);
+                if self.k.inputs[*buf].len == 0 {
+                    // Nothing to read (every index faults), but the check must run.
+                    return dl.select(&zero, &zero, &format!("({checked} == {})", lit(0)));
+                }
+                let name = if self.aliased.contains(buf) { "out".to_string() } else { format!("in{buf}") };
+                let word = format!("{name}[({} + {checked} * {})]", iexpr(dl, base), lit(*stride));
+                let value = dl.load_word(d, &word);
+                if valid.is_some() { dl.select(&zero, &value, &ok) } else { value }
+            }
             InstOp::Rand { dist, slot, index } => {
                 self.uses_rng = true;
                 self.helpers.insert(Helper::Philox);

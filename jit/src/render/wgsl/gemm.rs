@@ -46,5 +46,7 @@ pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile) -> Result<WgslKernel
         groups: (gx.0, gy.0),
         inputs: k.inputs.len(),
         uses_rng: em.uses_rng,
+        // Never a kernel that gathers (`gemm_kernel` in the wgpu backend declines those).
+        can_fault: false,
     })
 }

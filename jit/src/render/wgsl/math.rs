@@ -260,6 +260,26 @@ fn kiln_expm1(x: f32) -> f32 {
 }
 "#;
 
+/// The fault record is `fault` (declared by `header` for a kernel that gathers). The compare-and-swap is retried
+/// while it fails spuriously (WGSL's is weak) and the record is still free, so a fault is never lost.
+const INDEX_CHECK: &str = r#"
+fn kiln_checked(i: i32, len: i32, live: bool) -> i32 {
+    if ((i >= 0 && i < len) || !live) {
+        return select(0, i, i >= 0 && i < len);
+    }
+    loop {
+        let r = atomicCompareExchangeWeak(&fault[0], 0, 1);
+        if (r.exchanged) {
+            atomicStore(&fault[1], len);
+            atomicStore(&fault[2], i);
+            break;
+        }
+        if (r.old_value != 0) { break; }
+    }
+    return 0;
+}
+"#;
+
 /// The WGSL source of `h` (its dependencies are written before it by the shared renderer).
 pub(crate) fn source(h: Helper) -> &'static str {
     match h {
@@ -278,5 +298,6 @@ pub(crate) fn source(h: Helper) -> &'static str {
         Helper::Tanh => TANH,
         Helper::Log1p => LOG1P,
         Helper::Expm1 => EXPM1,
+        Helper::IndexCheck => INDEX_CHECK,
     }
 }

@@ -95,6 +95,8 @@ pub struct WgslKernel {
     pub inputs: usize,
     /// Whether the shader binds the rng keys.
     pub uses_rng: bool,
+    /// Whether the shader binds a fault record (it gathers: `kernel::fault`), after the rng keys if any.
+    pub can_fault: bool,
 }
 
 /// The most workgroups along one dispatch dimension (WebGPU's `maxComputeWorkgroupsPerDimension` default).
@@ -150,7 +152,7 @@ pub fn check(k: &KernelIr) -> Result<(), String> {
     for inst in insts {
         let exprs: Vec<&IExpr> = match &inst.op {
             InstOp::Index(e) | InstOp::Rand { index: e, .. } => vec![e],
-            InstOp::Load { index, valid, .. } => {
+            InstOp::Load { index, valid, .. } | InstOp::Gather { base: index, valid, .. } => {
                 let mut v = vec![index];
                 v.extend(valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)));
                 v
@@ -226,6 +228,7 @@ fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<Wgs
             groups,
             inputs: k.inputs.len(),
             uses_rng: false,
+            can_fault: k.can_fault(),
         });
     }
     let mut body = em.element_fn();
@@ -258,6 +261,7 @@ fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<Wgs
         groups,
         inputs: k.inputs.len(),
         uses_rng: em.uses_rng,
+        can_fault: k.can_fault(),
     })
 }
 
@@ -288,6 +292,10 @@ fn header(em: &Emitter<'_>) -> String {
     );
     if em.uses_rng {
         let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> rng: array<u32>;", k.inputs.len() + 1);
+    }
+    if k.can_fault() {
+        let at = k.inputs.len() + 1 + usize::from(em.uses_rng);
+        let _ = writeln!(s, "@group(0) @binding({at}) var<storage, read_write> fault: array<atomic<i32>, 3>;");
     }
     s.push_str(&em.helpers_source());
     s

@@ -1,0 +1,74 @@
+//! Kernel faults: what a kernel finds wrong with its data while it runs (an index outside the dimension it
+//! gathers along), reported through one *fault record* per run instead of a wrong value or a read outside a
+//! buffer.
+//!
+//! Every backend gives the kernels that can fault (`KernelIr::can_fault`) the address of a record of
+//! [`FAULT_WORDS`] integers, zeroed before the run: `[kind, a, b]`. A kernel that finds a fault claims the record
+//! with a compare-and-swap of `kind` from 0 (so of several faults, one whole record wins) and then writes `a` and
+//! `b`; it goes on with a value that reads inside the buffer (index 0), so the run finishes. After the run the
+//! backend decodes the record ([`Fault::decode`]) and returns an error instead of the outputs. The words are i64 on
+//! the CPU and 32-bit on wgpu (which has no 64-bit integers: its indices are i32 anyway).
+//!
+//! This is the one channel for data-dependent errors, meant to carry more kinds than the index check (a singular
+//! matrix found by a factorization is the next): a kind is a number here and a message in `Display`.
+
+use std::fmt;
+
+/// Integers in a fault record.
+pub const FAULT_WORDS: usize = 3;
+
+/// A data-dependent error a kernel found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// A gathered index outside `0..len`.
+    Index { len: i64, index: i64 },
+    /// A record with a kind this build does not know (a kernel and a runtime out of step).
+    Unknown { kind: i64 },
+}
+
+/// `kind` of [`Fault::Index`].
+pub const FAULT_INDEX: i64 = 1;
+
+impl Fault {
+    /// The record's words as a kernel writes them.
+    pub fn encode(self) -> [i64; FAULT_WORDS] {
+        match self {
+            Fault::Index { len, index } => [FAULT_INDEX, len, index],
+            Fault::Unknown { kind } => [kind, 0, 0],
+        }
+    }
+
+    /// The fault a record holds, `None` when no kernel wrote one.
+    pub fn decode(words: [i64; FAULT_WORDS]) -> Option<Fault> {
+        match words[0] {
+            0 => None,
+            FAULT_INDEX => Some(Fault::Index { len: words[1], index: words[2] }),
+            kind => Some(Fault::Unknown { kind }),
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Index { len, index } => {
+                write!(f, "gather: index {index} is out of range for a dimension of size {len} (valid: 0..{len})")
+            }
+            Fault::Unknown { kind } => write!(f, "a kernel reported a fault of unknown kind {kind}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip() {
+        assert_eq!(Fault::decode([0; FAULT_WORDS]), None);
+        let f = Fault::Index { len: 10, index: -3 };
+        assert_eq!(Fault::decode(f.encode()), Some(f));
+        assert_eq!(f.to_string(), "gather: index -3 is out of range for a dimension of size 10 (valid: 0..10)");
+        assert_eq!(Fault::decode([7, 1, 2]), Some(Fault::Unknown { kind: 7 }));
+    }
+}

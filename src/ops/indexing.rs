@@ -1,0 +1,212 @@
+//! Indexing by data, with PyTorch's semantics: `gather`, `index_select`, `take_along_dim` and `masked_fill` read,
+//! `scatter_add` and `index_add` accumulate.
+//!
+//! The reads are one primitive, `Op::Gather` (`out[j] = src[j with j[dim] = index[j]]`): each op here shapes its
+//! operands for it (narrows the source, broadcasts the index) and records one node, which fuses like any load. An
+//! index outside its dimension is an error when the result is read (`kiln::Error::Backend` with the index and the
+//! size, from the kernel's fault record), never a read outside the source or a silent value. Indices are i64 as in
+//! PyTorch, or i32 (a device without 64-bit integers, wgpu, has only those: indices up to 2^31).
+//!
+//! The accumulations (and the gradient of a gather) are compositions: `scatter_add` compares every index with
+//! every position of the destination's dim and sums the selected sources, one fused reduction that adds in a
+//! fixed order, so its result is the same bits run to run, repeated indices included (PyTorch's CUDA kernel adds
+//! with atomics, in no fixed order). It costs O(positions x indices) per column where a scatter loop costs
+//! O(indices): fine for a class dim or a small vocabulary; a dedicated deterministic scatter is what large
+//! vocabularies would need.
+
+use crate::args::{fail, resolve_dim};
+use crate::tensor::Tensor;
+use kiln_jit::{DType, Op, Scalar, Shape};
+
+/// Panics unless `index` holds integer indices a gather takes.
+#[track_caller]
+fn check_index(op: &str, index: &Tensor) {
+    if !matches!(index.dtype(), DType::I64 | DType::I32) {
+        fail!(op, "indices must be i64 (as in PyTorch) or i32, not {}", index.dtype());
+    }
+}
+
+impl Tensor {
+    /// `out[..., j, ...] = self[..., index[..., j, ...], ...]` along `dim` (`torch.gather`): `index` has the rank of
+    /// `self` and, in every other dim, at most its size; the result has `index`'s shape. An index outside
+    /// `0..self.dims()[dim]` is an error when the result is read.
+    #[track_caller]
+    pub fn gather(&self, dim: isize, index: &Tensor) -> Tensor {
+        check_index("gather", index);
+        let d = resolve_dim("gather", dim, self.rank());
+        if index.rank() != self.rank() {
+            fail!("gather", "index has rank {}, the input {} (they must match)", index.rank(), self.rank());
+        }
+        let mut src = self.clone();
+        for (a, (&n, &m)) in self.dims().iter().zip(index.dims()).enumerate() {
+            if a == d {
+                continue;
+            }
+            if m > n {
+                fail!("gather", "index is {:?}, larger than the input {:?} in dim {a}", index.dims(), self.dims());
+            }
+            if m < n {
+                src = src.narrow(a as isize, 0, m);
+            }
+        }
+        src.gather_prim(d, index)
+    }
+
+    /// The `Gather` node: `src` matches `index` in every dim but `axis`.
+    #[track_caller]
+    pub(crate) fn gather_prim(&self, axis: usize, index: &Tensor) -> Tensor {
+        let srcs = smallvec::smallvec![self.clone(), index.clone()];
+        Tensor::from_op(Op::Gather { axis }, srcs, Shape::new(index.dims()), self.dtype())
+    }
+
+    /// The slices of `self` at positions `index` (1-d) along `dim` (`torch.index_select`).
+    #[track_caller]
+    pub fn index_select(&self, dim: isize, index: &Tensor) -> Tensor {
+        check_index("index_select", index);
+        let d = resolve_dim("index_select", dim, self.rank());
+        if index.rank() > 1 {
+            fail!("index_select", "index must be 1-d, got shape {:?}", index.dims());
+        }
+        if self.rank() == 0 {
+            return self.reshape([1]).gather_prim(0, &index.reshape([index.numel()])).reshape(index.dims().to_vec());
+        }
+        let mut dims = self.dims().to_vec();
+        dims[d] = index.numel();
+        let mut at = vec![1usize; self.rank()];
+        at[d] = index.numel();
+        self.gather_prim(d, &index.reshape(at).expand_to("index_select", &dims))
+    }
+
+    /// `gather` with `self` and `indices` broadcast together in every dim but `dim` (`torch.take_along_dim`); with
+    /// `dim` `None`, both are flattened first.
+    #[track_caller]
+    pub fn take_along_dim(&self, indices: &Tensor, dim: Option<isize>) -> Tensor {
+        check_index("take_along_dim", indices);
+        let Some(dim) = dim else { return self.flatten().gather_prim(0, &indices.flatten()) };
+        let d = resolve_dim("take_along_dim", dim, self.rank());
+        if indices.rank() != self.rank() {
+            fail!("take_along_dim", "indices have rank {}, the input {}", indices.rank(), self.rank());
+        }
+        let mut src_dims = self.dims().to_vec();
+        let mut idx_dims = indices.dims().to_vec();
+        for a in (0..self.rank()).filter(|&a| a != d) {
+            let (n, m) = (src_dims[a], idx_dims[a]);
+            let both = match (n, m) {
+                _ if n == m => n,
+                (1, m) => m,
+                (n, 1) => n,
+                _ => fail!(
+                    "take_along_dim",
+                    "shapes {:?} and {:?} do not broadcast in dim {a}",
+                    self.dims(),
+                    indices.dims()
+                ),
+            };
+            src_dims[a] = both;
+            idx_dims[a] = both;
+        }
+        let src = self.expand_to("take_along_dim", &src_dims);
+        src.gather_prim(d, &indices.expand_to("take_along_dim", &idx_dims))
+    }
+
+    /// `value` (converted to `self`'s dtype) where `mask` (bool, broadcast to `self`) holds, `self` elsewhere
+    /// (`Tensor.masked_fill`).
+    #[track_caller]
+    pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Tensor {
+        if mask.dtype() != DType::Bool {
+            fail!("masked_fill", "the mask must be bool, not {}", mask.dtype());
+        }
+        let fill = Tensor::full(self.dims(), value, self.dtype(), &self.device());
+        mask.expand_to("masked_fill", self.dims()).where_(&fill, self)
+    }
+
+    /// `self` plus `src` added at positions `index` along `dim` (`Tensor.scatter_add`): for every position `j` of
+    /// `index`, `out[..., index[j], ...] += src[j]`. `index` has the rank of `self` and, in every dim, at most
+    /// `src`'s size (and, but in `dim`, at most `self`'s). Deterministic, repeated indices included (see the
+    /// module doc for the cost). An index out of range adds nothing (PyTorch raises); read through `gather` to
+    /// check indices.
+    #[track_caller]
+    pub fn scatter_add(&self, dim: isize, index: &Tensor, src: &Tensor) -> Tensor {
+        check_index("scatter_add", index);
+        let d = resolve_dim("scatter_add", dim, self.rank());
+        if index.rank() != self.rank() || src.rank() != self.rank() {
+            fail!(
+                "scatter_add",
+                "index, src and the input must have one rank: {:?}, {:?}, {:?}",
+                index.dims(),
+                src.dims(),
+                self.dims()
+            );
+        }
+        let mut part = src.clone();
+        for (a, &m) in index.dims().iter().enumerate() {
+            if m > src.dims()[a] || (a != d && m > self.dims()[a]) {
+                fail!(
+                    "scatter_add",
+                    "index {:?} is larger than src {:?} or the input {:?} in dim {a}",
+                    index.dims(),
+                    src.dims(),
+                    self.dims()
+                );
+            }
+            if m < src.dims()[a] {
+                part = part.narrow(a as isize, 0, m);
+            }
+        }
+        if !src.dtype().is_float() && src.dtype() != self.dtype() {
+            fail!("scatter_add", "src is {}, the input {}", src.dtype(), self.dtype());
+        }
+        let sum = scatter_sum(&part.to_dtype(self.dtype()), d, index, self.dims()[d]);
+        // Dims where the index covers only part of the input: the rest gets nothing.
+        let pads: Vec<(usize, usize)> = (0..self.rank()).rev().map(|a| (0, self.dims()[a] - sum.dims()[a])).collect();
+        let sum = if pads.iter().any(|&(_, p)| p > 0) { sum.pad(&pads, 0.0) } else { sum };
+        self.add(&sum)
+    }
+
+    /// `self` plus the slices of `source` added at positions `index` (1-d) along `dim`, times `alpha`
+    /// (`Tensor.index_add`): `out[..., index[i], ...] += alpha * source[..., i, ...]`. Deterministic, as
+    /// [`Tensor::scatter_add`].
+    #[track_caller]
+    pub fn index_add(&self, dim: isize, index: &Tensor, source: &Tensor, alpha: f64) -> Tensor {
+        check_index("index_add", index);
+        let d = resolve_dim("index_add", dim, self.rank());
+        if index.rank() > 1 || source.rank() != self.rank() || source.dims()[d] != index.numel() {
+            fail!(
+                "index_add",
+                "index must be 1-d with one entry per slice of source along dim {d}: index {:?}, source {:?}",
+                index.dims(),
+                source.dims()
+            );
+        }
+        let same = (0..self.rank()).all(|a| a == d || source.dims()[a] == self.dims()[a]);
+        if !same {
+            fail!("index_add", "source {:?} must match the input {:?} but in dim {d}", source.dims(), self.dims());
+        }
+        let mut at = vec![1usize; self.rank()];
+        at[d] = index.numel();
+        let index = index.reshape(at).expand_to("index_add", source.dims());
+        let source = if alpha == 1.0 { source.clone() } else { source.mul(alpha) };
+        self.add(scatter_sum(&source.to_dtype(self.dtype()), d, &index, self.dims()[d]))
+    }
+}
+
+/// `out[..., s, ...] = sum over j of (index[..., j, ...] == s) * src[..., j, ...]` for `s` in `0..positions` along
+/// `dim` (`src` and `index` of one shape): a reduction over a new dim of the `[..., positions, j, ...]` comparison.
+pub(crate) fn scatter_sum(src: &Tensor, dim: usize, index: &Tensor, positions: usize) -> Tensor {
+    let dtype = match index.dtype() {
+        DType::I32 => DType::I32,
+        _ => index.device().index_dtype(),
+    };
+    let mut wide = src.dims().to_vec();
+    wide.insert(dim, positions);
+    let mut at = vec![1usize; wide.len()];
+    at[dim] = positions;
+    let pos = Tensor::iota(Scalar::Int(0), Scalar::Int(1), positions, dtype, &index.device()).reshape(at);
+    let hit = index
+        .to_dtype(dtype)
+        .unsqueeze(dim as isize)
+        .expand_to("scatter_add", &wide)
+        .eq(pos.expand_to("scatter_add", &wide));
+    let vals = src.unsqueeze(dim as isize).expand_to("scatter_add", &wide);
+    hit.where_(&vals, vals.zeros_like()).sum([dim as isize + 1], false)
+}
