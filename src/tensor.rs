@@ -190,6 +190,18 @@ impl Tensor {
         }
     }
 
+    /// The tensor this one broadcasts, where it is a lazy `Expand` (an index spread over the dims it does not
+    /// vary along, as `index_select` records it); `None` otherwise.
+    pub(crate) fn expanded_from(&self) -> Option<Tensor> {
+        if !matches!(self.node.op, Op::Expand) {
+            return None;
+        }
+        match &*self.node.state.lock() {
+            State::Lazy(srcs) => srcs.first().cloned(),
+            _ => None,
+        }
+    }
+
     /// A realized leaf over `buffer`.
     pub(crate) fn from_buffer(buffer: Arc<Buffer>, shape: Shape, device: Device) -> Tensor {
         let dtype = buffer.dtype();

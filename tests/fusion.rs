@@ -101,6 +101,26 @@ fn matmul_bias_relu_is_one_gemm_kernel() {
     assert!(k[0].starts_with("G_"), "{k:?}");
 }
 
+/// A matmul operand that is a reshape across a permutation (attention's heads merged back: `[B, H, T, Dh]` read as
+/// `[B * T, H * Dh]`) is stored once in the layout the GEMM reads (its index would divide per element), with the
+/// loops of that copy split so it runs without divisions; the product is then a GEMM with strided operands.
+#[test]
+fn a_scrambled_matmul_operand_is_stored_for_the_gemm() {
+    let (x, w) = (rand(&[2, 4, 8, 16]), rand(&[64, 12]));
+    kiln::realize(&[&x, &w]).unwrap();
+    let merged = x.sin().permute([0, 2, 1, 3]).reshape([16, 64]);
+    let y = merged.matmul(&w);
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let plan = schedule(&cap.graph);
+    assert_eq!(plan.launches.len(), 2, "{:?}", plan.launches.iter().map(|l| &l.kernel.name).collect::<Vec<_>>());
+    let gemm = &plan.launches[1].kernel;
+    assert!(kiln_jit::kernel::gemm::GemmView::of(gemm).is_some(), "not a GEMM:\n{gemm}");
+    // The copy (with the sin inlined) runs over split loops, every index affine.
+    let copy = &plan.launches[0].kernel;
+    assert_eq!(copy.out_extents, [2, 8, 4, 16], "{copy}");
+    kernels(&y);
+}
+
 #[test]
 fn softmax_movement_and_padding_match_the_interpreter() {
     let x = rand(&[3, 4, 5]);

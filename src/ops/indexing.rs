@@ -192,16 +192,41 @@ impl Tensor {
 
 /// `out[..., s, ...] = sum over j of (index[..., j, ...] == s) * src[..., j, ...]` for `s` in `0..positions` along
 /// `dim` (`src` and `index` of one shape): a reduction over a new dim of the `[..., positions, j, ...]` comparison.
+/// Where the index is one per position along `dim`, broadcast over the rest (`index_select`, `embedding`, `index_add`),
+/// the same sum is a product with the `[positions, j]` one-hot matrix, which runs as a GEMM: the embedding gradient of
+/// a 56-token vocabulary over 1024 x 128 took 1 ms as the comparison and tens of µs as the product.
 pub(crate) fn scatter_sum(src: &Tensor, dim: usize, index: &Tensor, positions: usize) -> Tensor {
     let dtype = match index.dtype() {
         DType::I32 => DType::I32,
         _ => index.device().index_dtype(),
     };
+    let device = index.device();
+    let line = index
+        .expanded_from()
+        .filter(|l| l.dims().iter().enumerate().all(|(a, &n)| a == dim || n == 1) && src.dtype().is_float());
+    if let Some(line) = line {
+        let j = index.dims()[dim];
+        let pos = Tensor::iota(Scalar::Int(0), Scalar::Int(1), positions, dtype, &device).reshape([positions, 1]);
+        let one_hot = pos.eq(line.to_dtype(dtype).reshape([1, j])).to_dtype(src.dtype());
+        // `dim` first, the rest flattened: [j, rest] -> [positions, rest], then back in place.
+        let mut perm: Vec<isize> = vec![dim as isize];
+        perm.extend((0..src.rank() as isize).filter(|&a| a != dim as isize));
+        let moved = src.permute(perm.clone());
+        let rest: Vec<usize> = moved.dims()[1..].to_vec();
+        let out = one_hot.matmul(&moved.reshape([j, rest.iter().product::<usize>()]));
+        let mut dims = vec![positions];
+        dims.extend(&rest);
+        let mut inverse = vec![0isize; perm.len()];
+        for (k, &p) in perm.iter().enumerate() {
+            inverse[p as usize] = k as isize;
+        }
+        return out.reshape(dims).permute(inverse);
+    }
     let mut wide = src.dims().to_vec();
     wide.insert(dim, positions);
     let mut at = vec![1usize; wide.len()];
     at[dim] = positions;
-    let pos = Tensor::iota(Scalar::Int(0), Scalar::Int(1), positions, dtype, &index.device()).reshape(at);
+    let pos = Tensor::iota(Scalar::Int(0), Scalar::Int(1), positions, dtype, &device).reshape(at);
     let hit = index
         .to_dtype(dtype)
         .unsqueeze(dim as isize)

@@ -8,6 +8,7 @@ pub mod fault;
 pub mod gemm;
 pub mod index;
 pub mod ir;
+mod loop_split;
 mod lower;
 mod rows;
 pub mod schedule;

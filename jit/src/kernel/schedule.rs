@@ -21,6 +21,10 @@
 //!    one runs as two kernels, partial results over all cores and then their fold (`split.rs`); the partials take
 //!    an arena slot between the two launches.
 //!
+//! 7. An elementwise kernel whose indices divide a loop variable (a reshape across a permutation) has its output
+//!    loops split where that makes them affine (`loop_split.rs`): same elements, same order, no division per
+//!    element, and vector loads along the innermost loop.
+//!
 //! Deliberately not done yet: multi-output kernels (two reductions of the same input, both stored, run as two
 //! kernels).
 
@@ -91,8 +95,11 @@ pub struct KernelPlan {
     pub passthrough: Vec<(usize, usize)>,
 }
 
+/// Ops not worth recomputing in each kernel that reads a shared value: transcendentals, random draws, and gathers
+/// (each kernel would check the indices again, and a kernel that gathers runs as generic code: a GEMM whose
+/// epilogue recomputed an embedding lookup lost the generated GEMM).
 fn is_transcendental(op: &Op) -> bool {
-    matches!(op, Op::Rand { .. } | Op::Binary(crate::op::BinaryOp::Pow))
+    matches!(op, Op::Rand { .. } | Op::Binary(crate::op::BinaryOp::Pow) | Op::Gather { .. })
         || matches!(op, Op::Unary(u) if !matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not | UnaryOp::Recip))
 }
 
@@ -274,15 +281,37 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     }
 
     // Rule 2c: a matmul operand computed by ALU ops (a relu derivative times an upstream gradient, say) would be
-    // recomputed for every register tile that reads it (N / 8 times for A, M / 4 times for B): store it once.
+    // recomputed for every register tile that reads it (N / 8 times for A, M / 4 times for B): store it once. And a
+    // GEMM reads strided operands, not views needing a division per element (a reshape across a permutation: the
+    // `[B * T, 3 * D]` gradient of attention's `[3, B, H, T, D / H]` heads; read in place, that product fell to the
+    // generic reduce kernel, 20x slower than the generated GEMM): such an operand is stored at its reshape, in the
+    // layout the GEMM reads, with what it is computed from inlined into that store.
     let store_computed_operands = |n: NodeIndex, mat: &mut Vec<bool>| {
         for src in graph.srcs(n) {
             let mut cur = src;
+            let mut reshape = None;
             while matches!(graph.node(cur).op, Op::Permute(_) | Op::Reshape | Op::Expand) && !mat[cur.index()] {
+                if reshape.is_none() && matches!(graph.node(cur).op, Op::Reshape) {
+                    reshape = Some(cur);
+                }
                 cur = graph.srcs(cur)[0];
             }
-            if !mat[cur.index()] && cost[cur.index()] > 0 {
+            let stored_here = !mat[cur.index()] && cost[cur.index()] > 0;
+            if stored_here {
                 mat[cur.index()] = true;
+            }
+            if !scrambled(graph, src, mat) {
+                continue;
+            }
+            match reshape {
+                Some(r) => {
+                    mat[cur.index()] &= !stored_here;
+                    mat[r.index()] = true;
+                    if scrambled(graph, src, mat) {
+                        mat[src.index()] = true;
+                    }
+                }
+                None => mat[src.index()] = true,
             }
         }
     };
@@ -437,6 +466,8 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
             // Rule 6 (reductions only: a GEMM's reduce loop is its K, which its own kernels split).
             let reduces = stage[k.index()].is_some_and(|r| matches!(graph.node(r).op, Op::Reduce { .. }));
             let ir = if reduces { with_merged_reduce_loops(&ir) } else { ir };
+            // Rule 7: an elementwise kernel whose indices divide its loops runs over the loops they divide into.
+            let ir = if stage[k.index()].is_none() && rows.is_empty() { ir.with_split_loops() } else { ir };
             let split = if reduces { split_full_reduction(&ir) } else { None };
             (k, ir, reads, split)
         })
@@ -508,6 +539,16 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         }
     }
     KernelPlan { launches, temps, outputs, passthrough }
+}
+
+/// Whether reading node `n` (a movement view, not stored) in a kernel of its own needs an index that is not affine
+/// in its dims, or a masked one (rule 2c): what a GEMM cannot read in place.
+fn scrambled(graph: &Graph, n: NodeIndex, mat: &[bool]) -> bool {
+    if mat[n.index()] || !graph.node(n).op.is_movement() {
+        return false;
+    }
+    lower(graph, n, None, &[], mat)
+        .is_some_and(|(ir, _)| crate::kernel::ir::affine_indices(&ir.outer, ir.out_rank()).is_none())
 }
 
 /// An arena slot for `b`: the best fit among the `free` slots, or a new one.

@@ -169,6 +169,22 @@ impl Emitter<'_> {
                 let addr = self.b.ins().iadd(self.bases[buf], addr);
                 self.b.ins().load(ty(d, lanes), vector_flags(), addr, (col * 4) as i32)
             }
+            // A masked load whose ranges do not move along the vector (a pad or concatenation along another dim):
+            // one vector load, at element 0 where the vector is outside (the buffer holds at least one vector),
+            // and the fill selected for the whole vector.
+            (Some(1), Some(v), DType::F32 | DType::I32 | DType::U32)
+                if self.k.inputs[buf].len >= lanes && v.0.iter().all(|(e, _, _)| !mentions_var(e, col)) =>
+            {
+                let ok = self.valid(v, 0);
+                let i = self.iexpr(index, 0);
+                let zero = self.b.ins().iconst(types::I64, 0);
+                let i = self.b.ins().select(ok, i, zero);
+                let addr = self.b.ins().imul_imm_s(i, 4);
+                let addr = self.b.ins().iadd(self.bases[buf], addr);
+                let loaded = self.b.ins().load(ty(d, lanes), vector_flags(), addr, 0);
+                let f = self.konst(fill, d, lanes);
+                self.b.ins().select(ok, loaded, f)
+            }
             _ => {
                 let scalars: Vec<Value> =
                     (0..lanes as i64).map(|l| self.load_scalar(buf, index, valid, fill, d, l)).collect();
