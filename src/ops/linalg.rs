@@ -88,7 +88,9 @@ impl Tensor {
             return self.clone(); // nothing to normalize; the max below would reject an empty dim (PyTorch returns [])
         }
         self.in_f32(|x| {
-            let e = x.sub(x.max(d, true)).exp();
+            // The shift by the row's maximum carries no gradient (it cancels exactly, as in log-sum-exp): detached,
+            // the backward is PyTorch's `y * (g - Σ g y)` without a pass for the max's own (zero) share.
+            let e = x.sub(x.max(d, true).detach()).exp();
             e.mul(e.sum(d, true).recip())
         })
     }
@@ -101,7 +103,7 @@ impl Tensor {
             return self.clone(); // as in softmax
         }
         self.in_f32(|x| {
-            let shifted = x.sub(x.max(d, true));
+            let shifted = x.sub(x.max(d, true).detach()); // as in softmax
             shifted.sub(shifted.exp().sum(d, true).log())
         })
     }

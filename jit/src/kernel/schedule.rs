@@ -374,28 +374,30 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
             matches!(graph.node(n).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reshape)
                 && graph.node(n).shape.numel() == numel
         };
-        let mut target: Option<NodeIndex> = None;
-        let mut ok = !is_output(r) && !consumers[r.index()].is_empty();
-        let (mut stack, mut seen) = (vec![r], vec![r]);
-        'walk: while let Some(cur) = stack.pop() {
-            for &next in &consumers[cur.index()] {
-                if !ok || !fusable(next) {
-                    ok = false;
-                    break 'walk;
-                }
-                if mat[next.index()] {
-                    if target.is_some_and(|t| t != next) {
+        let walk = |mat: &[bool]| {
+            let mut target: Option<NodeIndex> = None;
+            let mut ok = !is_output(r) && !consumers[r.index()].is_empty();
+            let (mut stack, mut seen) = (vec![r], vec![r]);
+            'walk: while let Some(cur) = stack.pop() {
+                for &next in &consumers[cur.index()] {
+                    if !ok || !fusable(next) {
                         ok = false;
                         break 'walk;
                     }
-                    target = Some(next);
-                } else if !seen.contains(&next) {
-                    seen.push(next);
-                    stack.push(next);
+                    if mat[next.index()] {
+                        if target.is_some_and(|t| t != next) {
+                            ok = false;
+                            break 'walk;
+                        }
+                        target = Some(next);
+                    } else if !seen.contains(&next) {
+                        seen.push(next);
+                        stack.push(next);
+                    }
                 }
             }
-        }
-        let target = if ok { target } else { None };
+            (if ok { target } else { None }, seen)
+        };
         if is_output(r) {
             stage[r.index()] = Some(r);
             continue;
@@ -404,7 +406,7 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         // its result to bf16 and compute on in bf16 (an activation), rounding each op's result, before its store.
         // Reading another tensor in bf16 there (a bf16 bias) is not taken: the product is stored in f32 and the
         // rest runs elementwise.
-        let half_out = |m: NodeIndex| {
+        let half_out = |m: NodeIndex, seen: &[NodeIndex]| {
             let bf16_epilogue = bf16_operands[r.index()]
                 && graph.node(m).dtype == crate::DType::BF16
                 && seen.iter().chain([&m]).all(|&n| {
@@ -414,16 +416,39 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
                 });
             matches!(graph.node(r).op, Op::Matmul) && graph.node(m).dtype != graph.node(r).dtype && !bf16_epilogue
         };
-        match target {
-            Some(m)
-                if stage[m.index()].is_none()
+        let takes = |target: Option<NodeIndex>, seen: &[NodeIndex], stage: &[Option<NodeIndex>]| {
+            target.filter(|&m| {
+                stage[m.index()].is_none()
                     && !matches!(graph.node(m).op, Op::Reduce { .. } | Op::Matmul)
-                    && !half_out(m) =>
+                    && !half_out(m, seen)
+            })
+        };
+        let (target, seen) = walk(&mat);
+        let mut taken = takes(target, &seen, &stage);
+        // Rule 3c: a product whose chain of elementwise ops (a scale and a bias: attention's logits) then feeds
+        // several kernels (a row's max and the exponent) stores the chain's end as its epilogue, instead of the
+        // raw product that each of those kernels would finish again (with its own loads of the bias).
+        if taken.is_none() && matches!(graph.node(r).op, Op::Matmul) {
+            let mut end = r;
+            while let [next] = consumers[end.index()][..]
+                && fusable(next)
+                && !mat[next.index()]
             {
+                end = next;
+            }
+            if end != r && consumers[end.index()].len() > 1 {
+                mat[end.index()] = true;
+                let (target, seen) = walk(&mat);
+                taken = takes(target, &seen, &stage);
+                mat[end.index()] = taken.is_some();
+            }
+        }
+        match taken {
+            Some(m) => {
                 stage[m.index()] = Some(r);
                 mat[r.index()] = false;
             }
-            _ => stage[r.index()] = Some(r),
+            None => stage[r.index()] = Some(r),
         }
     }
 

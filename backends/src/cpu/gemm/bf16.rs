@@ -175,6 +175,7 @@ pub fn emit(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<Assembl
     }
     // The accumulator lives in zmm0; the program takes its temporaries from the rest.
     let free_regs: Vec<u8> = (1..32).collect();
+    debug_assert_eq!(free_regs.len(), epilogue_registers(Bf16Unit::Amx, s.mr, s.nt));
     if ep.temps_needed() > free_regs.len() {
         return Err(format!("epilogue needs {} registers", ep.temps_needed()));
     }
@@ -254,6 +255,16 @@ fn emit_stores(
     Ok(())
 }
 
+/// The vector registers an epilogue program has for its temporaries in a kernel of `unit` with an `mr x nt`
+/// block: AMX keeps its accumulator tiles outside them (one zmm for the element being finished), AVX512-BF16 holds
+/// `mr * nt` accumulators in zmm.
+pub fn epilogue_registers(unit: Bf16Unit, mr: usize, nt: usize) -> usize {
+    match unit {
+        Bf16Unit::Amx => 31,
+        Bf16Unit::Avx512Bf16 => 32usize.saturating_sub(mr * nt),
+    }
+}
+
 /// The AVX512-BF16 kernel over the same operands as the AMX one (A packed by [`pack_a`], B panels in the tiles'
 /// pair layout, `k` steps of 32): `mr x nt` zmm accumulators, and per pair of K (16 a step) `nt` B vectors (one row of
 /// each tile) and, per row, a broadcast of A's pair (a dword) into zmm31, then `vdpbf16ps`. The sums never leave the
@@ -268,6 +279,7 @@ pub fn emit_dot(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<Ass
     let acc = |r: usize, v: usize| (r * nt + v) as u8;
     let b0 = nacc as u8;
     let free_regs: Vec<u8> = (nacc as u8..32).collect();
+    debug_assert_eq!(free_regs.len(), epilogue_registers(Bf16Unit::Avx512Bf16, mr, nt));
     if ep.temps_needed() > free_regs.len() {
         return Err(format!("epilogue needs {} registers, {} free", ep.temps_needed(), free_regs.len()));
     }

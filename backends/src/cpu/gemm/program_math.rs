@@ -20,40 +20,45 @@ use super::asm::{EpInst, EpProgram, VBin, pred};
 ///
 /// Except how a subnormal (or zero) result is rounded: where `n <= -127`, the last multiply would produce a
 /// subnormal, which x86 cores finish in a microcode assist (~100 cycles a lane; the -inf of a causal attention
-/// mask made a whole exp kernel 5x slower). There the same rounding is done in the normal range: `v = p * 2^(n +
-/// 149)` is below 2^23, and adding 2^23 rounds it to an integer (ties to even) in the mantissa, which is the
-/// subnormal's bit pattern, the bits the multiply would have given.
+/// mask made a whole exp kernel 5x slower). There the same rounding is done in the normal range: `p * 2^(n + 149)`
+/// plus 2^23 in one fused multiply-add rounds to an integer (ties to even) in the mantissa, which is the
+/// subnormal's bit pattern, the bits the multiply would have given. The two paths are selected without a mask
+/// register beyond 4 (what a 14-row bf16 tile leaves): `g` is 1 where `n <= -127` and 0 above, the subnormal path
+/// runs on `p * g` (so it gives 0 bits above), the normal one on `p - p * g` (so it gives +0 below), and the
+/// results are or-ed. A NaN stays the NaN the normal path gives: the other path's bits are a subset
+/// of it.
 pub(super) fn push_exp(p: &mut EpProgram, x: usize) -> usize {
     use kiln_jit::render::clif_math::EXPF_CLAMP;
     let x = push_inst(p, EpInst::MaxK(x, f32_bits(EXPF_CLAMP.0)));
     let x = push_inst(p, EpInst::MinK(x, f32_bits(EXPF_CLAMP.1)));
-    let (e, n, nf) = push_exp_reduced(p, x);
-    let tiny_n = push_inst(p, EpInst::Const(f32_bits(-126.5)));
-    let tiny = push_inst(p, EpInst::Cmp(pred::LT_OQ, nf, tiny_n));
+    let (e, n) = push_exp_reduced(p, x);
+    let k = push_inst(p, EpInst::BinK(VBin::IAdd, n, 149));
+    // All ones exactly where n <= -127: the sign of n + 126, spread.
+    let m = push_inst(p, EpInst::BinK(VBin::IAdd, n, 126));
+    let tiny = push_inst(p, EpInst::Sar(m, 31));
+    // 2^(n + 149) there (n + 149 in -1..=22), 2^0 elsewhere.
+    let k = push_inst(p, EpInst::Bin(VBin::And, k, tiny));
+    let sk = push_pow2(p, k);
+    // g = 1 there, 0 elsewhere: the subnormal path runs on p * g, the normal one on p - p * g.
+    let g = push_inst(p, EpInst::BinK(VBin::And, tiny, f32_bits(1.0)));
+    let et = push_inst(p, EpInst::Bin(VBin::Mul, e, g));
+    let en = push_inst(p, EpInst::Bin(VBin::Sub, e, et));
+    let two23 = f32_bits(2f64.powi(23));
+    let t = push_inst(p, EpInst::FmaK(et, sk, two23));
+    let sub = push_inst(p, EpInst::BinK(VBin::ISub, t, two23));
     let n1 = push_inst(p, EpInst::Sar(n, 1));
     let n2 = push_inst(p, EpInst::Bin(VBin::ISub, n, n1));
     let s1 = push_pow2(p, n1);
     let s2 = push_pow2(p, n2);
-    let one = push_inst(p, EpInst::Const(f32_bits(1.0)));
-    let s2 = push_inst(p, EpInst::Select { mask: tiny, t: one, f: s2 });
-    let e1 = push_inst(p, EpInst::Bin(VBin::Mul, e, s1));
-    let normal = push_inst(p, EpInst::Bin(VBin::Mul, e1, s2));
-    // The subnormal lanes: 2^(n + 149) where tiny (n + 149 in -1..=22), 2^0 elsewhere (never a subnormal scale).
-    let k = push_inst(p, EpInst::BinK(VBin::IAdd, n, 149));
-    let zero = push_inst(p, EpInst::Const(0));
-    let k = push_inst(p, EpInst::Select { mask: tiny, t: k, f: zero });
-    let sk = push_pow2(p, k);
-    let v = push_inst(p, EpInst::Bin(VBin::Mul, e, sk));
-    let two23 = f32_bits(2f64.powi(23));
-    let t = push_inst(p, EpInst::BinK(VBin::Add, v, two23));
-    let sub = push_inst(p, EpInst::BinK(VBin::ISub, t, two23));
-    push_inst(p, EpInst::Select { mask: tiny, t: sub, f: normal })
+    let x1 = push_inst(p, EpInst::Bin(VBin::Mul, en, s1));
+    let normal = push_inst(p, EpInst::Bin(VBin::Mul, x1, s2));
+    push_inst(p, EpInst::Bin(VBin::Or, normal, sub))
 }
 
-/// `(p, n, nf)` with e^x = p * 2^n for a clamped `x` (`clif_math`'s `exp_reduced`, f32, FMA form): `n = round(x
-/// log2 e)` by the magic-number trick, Cody-Waite `r = x - n ln2`, `p = 1 + r + r^2 P(r)` with the Cephes polynomial
-/// by fused multiply-adds; `n` in integer lanes, `nf` the same as a float.
-fn push_exp_reduced(p: &mut EpProgram, x: usize) -> (usize, usize, usize) {
+/// `(p, n)` with e^x = p * 2^n for a clamped `x` (`clif_math`'s `exp_reduced`, f32, FMA form): `n = round(x log2 e)`
+/// by the magic-number trick, Cody-Waite `r = x - n ln2`, `p = 1 + r + r^2 P(r)` with the Cephes polynomial by
+/// fused multiply-adds; `n` in integer lanes.
+fn push_exp_reduced(p: &mut EpProgram, x: usize) -> (usize, usize) {
     use kiln_jit::render::clif_math::{EXPF_P, F32_LN2_SPLIT};
     let magic = 1.5 * 2f64.powi(23);
     let y = push_inst(p, EpInst::BinK(VBin::Mul, x, f32_bits(std::f64::consts::LOG2_E)));
@@ -69,7 +74,7 @@ fn push_exp_reduced(p: &mut EpProgram, x: usize) -> (usize, usize, usize) {
     let r2 = push_inst(p, EpInst::Bin(VBin::Mul, r, r));
     let e = push_inst(p, EpInst::Bin(VBin::Mul, q, r2));
     let e = push_inst(p, EpInst::Bin(VBin::Add, e, r));
-    (push_inst(p, EpInst::BinK(VBin::Add, e, f32_bits(1.0))), n, nf)
+    (push_inst(p, EpInst::BinK(VBin::Add, e, f32_bits(1.0))), n)
 }
 
 /// f32 `tanh(x)` as `clif_math` computes it (f32, FMA form): on `a = |x|`, `a + a^3 P(a^2)` below 0.625, else
@@ -81,7 +86,7 @@ pub(super) fn push_tanh(p: &mut EpProgram, x: usize) -> usize {
     let small = push_inst(p, EpInst::Cmp(pred::LT_OQ, a, bound));
     let a2 = push_inst(p, EpInst::Bin(VBin::Add, a, a));
     let u = push_inst(p, EpInst::MinK(a2, f32_bits(40.0)));
-    let (e, n, _) = push_exp_reduced(p, u);
+    let (e, n) = push_exp_reduced(p, u);
     let s = push_pow2(p, n);
     let e = push_inst(p, EpInst::Bin(VBin::Mul, e, s));
     let e1 = push_inst(p, EpInst::BinK(VBin::Add, e, f32_bits(1.0)));
