@@ -121,6 +121,18 @@ fn a_scrambled_matmul_operand_is_stored_for_the_gemm() {
     kernels(&y);
 }
 
+/// Rule 3c: attention's logits (`q kᵀ * scale + bias`) feed two kernels (the row max and the exponent): the product
+/// stores the scaled, biased logits as its epilogue, so neither kernel finishes the product again.
+#[test]
+fn a_product_feeding_several_kernels_stores_its_epilogue() {
+    let (q, k, bias) = (rand(&[2, 8, 16]), rand(&[2, 8, 16]), rand(&[8, 8]));
+    kiln::realize(&[&q, &k, &bias]).unwrap();
+    let logits = q.matmul(&k.transpose(-1, -2)).mul(0.25).add(&bias);
+    let names = kernels(&logits.softmax(-1));
+    assert!(names.iter().any(|n| n.starts_with("G_matmul_mul_add")), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with('G') && !n.contains("mul_add")), "{names:?}");
+}
+
 #[test]
 fn softmax_movement_and_padding_match_the_interpreter() {
     let x = rand(&[3, 4, 5]);
