@@ -718,6 +718,10 @@ fn indexing_ops() {
     s.check("scatter_add", &[m.clone(), small.clone()], move |t| {
         t[0].scatter_add(1, &ix(&t[0], &[5, 5, 0, 1, 2, 0], &[3, 2]), &t[1]).sin()
     });
+    s.check("cumsum", &one(&m), |t| t[0].cumsum(1).sin());
+    s.check("cumprod (no zeros)", &one(&g.uniform(&[3, 5], 0.5, 1.5)), |t| t[0].cumprod(1).sin());
+    s.check("sort values", &one(&g.distinct(&[4, 6])), |t| t[0].sort(1, false).0.sin());
+    s.check("topk values", &one(&g.distinct(&[4, 6])), |t| t[0].topk(3, 0, true).0.sin());
     s.check("index_add", &[m.clone(), small.clone()], move |t| {
         let src = t[1].repeat(&[1, 3]);
         t[0].index_add(0, &ix(&t[0], &[3, 3, 0], &[3]), &src, 1.5).sin()

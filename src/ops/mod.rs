@@ -4,12 +4,14 @@
 
 mod arrange;
 mod creation;
+mod cumulative;
 mod elementwise;
 mod indexing;
 mod linalg;
 mod movement;
 mod operators;
 mod reduce;
+mod sorting;
 mod statistics;
 
 pub use arrange::PadMode;

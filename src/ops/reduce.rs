@@ -7,7 +7,7 @@
 
 use crate::args::{Dims, fail, resolve_dim, resolve_dims};
 use crate::tensor::Tensor;
-use kiln_jit::{DType, Op, ReduceOp, Scalar, Shape};
+use kiln_jit::{Op, ReduceOp, Scalar, Shape};
 
 impl Tensor {
     #[track_caller]
@@ -25,7 +25,8 @@ impl Tensor {
             fail!(name, "cannot take the {name} over dim {a} of shape {:?}: it is empty", self.dims());
         }
         let src = match op {
-            ReduceOp::Sum | ReduceOp::Prod if !self.dtype().is_float() => self.to_dtype(DType::I64),
+            // i64 as PyTorch; i32 on a device without 64-bit integers (wgpu), wrapping past 2^31.
+            ReduceOp::Sum | ReduceOp::Prod if !self.dtype().is_float() => self.to_dtype(self.device().index_dtype()),
             _ => self.clone(),
         };
         if axes.is_empty() {
@@ -49,7 +50,7 @@ impl Tensor {
         reduced.reshape_prim(dropped)
     }
 
-    /// Sum over `dims` (bool and ints sum to i64).
+    /// Sum over `dims` (bool and ints sum to i64, or to i32 on a device without 64-bit integers).
     #[track_caller]
     pub fn sum(&self, dims: impl Dims, keepdim: bool) -> Tensor {
         self.reduce("sum", ReduceOp::Sum, &dims, keepdim)

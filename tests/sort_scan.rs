@@ -1,0 +1,196 @@
+//! `sort`, `argsort`, `topk`, `cumsum` and `cumprod` on every device: against a plain-Rust reference (a stable sort
+//! with NaN above every number; running sums and products in f64), and against values PyTorch 2.15 printed for the
+//! subtle cases (NaN and ties in both directions, f16 and bf16 running sums over both of kiln's scan forms). Their
+//! gradients are in `tests/gradcheck.rs`.
+
+mod test_cache;
+
+mod common;
+
+use common::*;
+use kiln::{DType, Device, Tensor};
+
+use DType::{BF16, F16, F32, F64, I32, I64, U8};
+
+/// Ascending or descending stable order of `v` with NaN above every number: the indices.
+fn reference_order(v: &[f64], descending: bool) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    let key = |x: f64| if x.is_nan() { f64::INFINITY } else { x };
+    let rank = |x: f64| (x.is_nan(), key(x));
+    idx.sort_by(|&a, &b| {
+        let (ra, rb) = (rank(v[a]), rank(v[b]));
+        let o = ra.partial_cmp(&rb).expect("no NaN keys");
+        if descending { o.reverse() } else { o }
+    });
+    idx
+}
+
+fn up(d: DType, v: &[f64], shape: &[usize], dev: &Device) -> Tensor {
+    tensor(d, v, shape).to_device(dev).expect("upload")
+}
+
+#[test]
+fn sort_argsort_and_topk_match_a_stable_reference_on_every_device() {
+    let mut failures = Vec::new();
+    for dev in devices() {
+        for d in [F32, F16, BF16, F64, I32, I64, U8] {
+            if !runs_on(&dev, &[d]) {
+                continue;
+            }
+            // Rows of 3 x 37 small integers: many ties.
+            let (rows, n) = (3, 37);
+            let mut r = Rng(d as u64 + 11);
+            let mut v: Vec<f64> = (0..rows * n).map(|_| (r.next_u64() % 9) as f64).collect();
+            if d.is_float() {
+                v[5] = f64::NAN;
+                v[40] = f64::NAN;
+                v[41] = f64::NEG_INFINITY;
+                v[80] = -0.5;
+            }
+            let x = up(d, &v, &[rows, n], &dev);
+            for descending in [false, true] {
+                let (values, indices) = x.sort(-1, descending);
+                let got_i = values_of(&indices);
+                let got_v = values_of(&values);
+                for row in 0..rows {
+                    let slice = &v[row * n..(row + 1) * n];
+                    let want = reference_order(slice, descending);
+                    let gi: Vec<usize> = got_i[row * n..(row + 1) * n].iter().map(|&i| i as usize).collect();
+                    if gi != want {
+                        failures.push(format!("[{dev}] {d} sort desc={descending} row {row}: {gi:?} want {want:?}"));
+                    }
+                    let wv: Vec<f64> = want.iter().map(|&i| slice[i]).collect();
+                    let same =
+                        got_v[row * n..(row + 1) * n].iter().zip(&wv).all(|(a, b)| a == b || a.is_nan() && b.is_nan());
+                    if !same {
+                        failures.push(format!("[{dev}] {d} sorted values desc={descending} row {row}"));
+                    }
+                }
+                if indices.dtype() != if dev.supports(I64) { I64 } else { I32 } {
+                    failures.push(format!("[{dev}] {d} indices are {}", indices.dtype()));
+                }
+            }
+            // topk: the first k of the descending (or ascending) stable order, along dim 0 here.
+            let (tv, ti) = x.topk(2, 0, true);
+            let ti = values_of(&ti);
+            let tv = values_of(&tv);
+            for col in 0..n {
+                let column: Vec<f64> = (0..rows).map(|r| v[r * n + col]).collect();
+                let want = reference_order(&column, true);
+                for k in 0..2 {
+                    let (gi, gv) = (ti[k * n + col] as usize, tv[k * n + col]);
+                    let wv = column[want[k]];
+                    if gi != want[k] || !(gv == wv || gv.is_nan() && wv.is_nan()) {
+                        failures
+                            .push(format!("[{dev}] {d} topk col {col} #{k}: ({gi}, {gv}) want ({}, {wv})", want[k]));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n  {}", failures.len(), failures.join("\n  "));
+}
+
+/// The values of a tensor as f64, through the host.
+fn values_of(t: &Tensor) -> Vec<f64> {
+    values(&t.to_host().expect("download"))
+}
+
+#[test]
+fn sort_and_topk_match_pytorch_on_nan_and_ties() {
+    let x = [3.0, f64::NAN, 1.0, 3.0, f64::NEG_INFINITY, f64::NAN, 0.0];
+    for dev in devices() {
+        let t = up(F32, &x, &[7], &dev);
+        // torch.sort(x, stable=True) and descending=True.
+        let (v, i) = t.sort(0, false);
+        assert_eq!(values_of(&i), [4.0, 6.0, 2.0, 0.0, 3.0, 1.0, 5.0], "[{dev}]");
+        assert_eq!(values_of(&v)[..5], [f64::NEG_INFINITY, 0.0, 1.0, 3.0, 3.0], "[{dev}]");
+        let (v, i) = t.sort(0, true);
+        assert_eq!(values_of(&i), [1.0, 5.0, 0.0, 3.0, 2.0, 6.0, 4.0], "[{dev}]");
+        assert_eq!(values_of(&v)[2..], [3.0, 3.0, 1.0, 0.0, f64::NEG_INFINITY], "[{dev}]");
+        // torch.topk([1, 3, 3, 2, 3], 2) gives values [3, 3] (indices [2, 4] in 2.15: PyTorch leaves the order of
+        // ties unspecified; kiln takes the lower index first) and, smallest, [1, 2] at [0, 3].
+        let t = up(F32, &[1.0, 3.0, 3.0, 2.0, 3.0], &[5], &dev);
+        let (v, i) = t.topk(2, 0, true);
+        assert_eq!((values_of(&v), values_of(&i)), (vec![3.0, 3.0], vec![1.0, 2.0]), "[{dev}]");
+        let (v, i) = t.topk(2, 0, false);
+        assert_eq!((values_of(&v), values_of(&i)), (vec![1.0, 2.0], vec![0.0, 3.0]), "[{dev}]");
+    }
+}
+
+#[test]
+fn cumsum_and_cumprod_match_the_reference_on_every_device() {
+    let mut failures = Vec::new();
+    for dev in devices() {
+        for d in [F32, F64, I32, I64, U8] {
+            if !runs_on(&dev, &[d]) {
+                continue;
+            }
+            // Rows short enough for the fused scan and long enough for the doubling one.
+            for n in [5usize, 300, 1500] {
+                let mut r = Rng(n as u64 + d as u64);
+                let v: Vec<f64> =
+                    (0..2 * n).map(|_| (r.next_u64() % 7) as f64 - if d == U8 { 0.0 } else { 3.0 }).collect();
+                let x = up(d, &v, &[2, n], &dev);
+                let got = values_of(&x.cumsum(1));
+                let want: Vec<f64> = (0..2)
+                    .flat_map(|row| {
+                        let mut acc = 0.0;
+                        v[row * n..(row + 1) * n]
+                            .iter()
+                            .map(move |&a| {
+                                acc += a;
+                                acc
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                // Small integers: every sum is exact in f32 and f64.
+                if got != want {
+                    failures.push(format!("[{dev}] {d} cumsum n={n}"));
+                }
+                let want_dtype = if d.is_float() {
+                    d
+                } else if dev.supports(I64) {
+                    I64
+                } else {
+                    I32
+                };
+                if x.cumsum(1).dtype() != want_dtype {
+                    failures.push(format!("[{dev}] {d} cumsum gives {}", x.cumsum(1).dtype()));
+                }
+            }
+            if d.is_float() {
+                let x = up(d, &[1.5, -2.0, 0.5, 4.0], &[4], &dev);
+                // torch.tensor([1.5, -2., 0.5, 4.]).cumprod(0)
+                if values_of(&x.cumprod(0)) != [1.5, -3.0, -1.5, -6.0] {
+                    failures.push(format!("[{dev}] {d} cumprod"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n  {}", failures.len(), failures.join("\n  "));
+}
+
+#[test]
+fn half_precision_running_sums_match_pytorch() {
+    // (torch.arange(1, n + 1) * 0.01).to(dtype).cumsum(0) at [0, 9, 99, 599, n - 1], PyTorch 2.15 on the CPU: f32
+    // accumulation, each output rounded once. n = 1000 is one fused scan, 1200 the doubling form.
+    let cases: [(DType, usize, [f64; 5]); 4] = [
+        (F16, 1000, [0.01000213623046875, 0.5498046875, 50.5, 1803.0, 5004.0]),
+        (F16, 1200, [0.01000213623046875, 0.5498046875, 50.5, 1803.0, 7208.0]),
+        (BF16, 1000, [0.010009765625, 0.55078125, 50.5, 1800.0, 4992.0]),
+        (BF16, 1200, [0.010009765625, 0.55078125, 50.5, 1800.0, 7200.0]),
+    ];
+    for dev in devices() {
+        for (d, n, want) in cases {
+            if !runs_on(&dev, &[d]) {
+                continue;
+            }
+            let x: Vec<f64> = (1..=n).map(|k| k as f64 * 0.01).collect();
+            let c = values_of(&up(d, &x, &[n], &dev).cumsum(0));
+            let got = [c[0], c[9], c[99], c[599], c[n - 1]];
+            assert_eq!(got, want, "[{dev}] {d} n = {n}");
+        }
+    }
+}
