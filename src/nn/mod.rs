@@ -19,6 +19,7 @@
 //! it should live on). `Embedding` is a one-hot matrix times the table (kiln has no gather primitive): its cost grows
 //! with the vocabulary, fine for small tables, not for a language model's.
 
+mod batch_norm;
 mod conv_layers;
 pub mod functional;
 pub mod init;
@@ -27,6 +28,7 @@ mod linear;
 mod norm_layers;
 mod utils;
 
+pub use batch_norm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use conv_layers::Conv2d;
 pub use functional::{Approximate, Reduction};
 pub use layers::{
@@ -165,8 +167,8 @@ pub trait Module: Send + Sync {
     }
 
     /// Sets training mode (`true`) or evaluation mode (`false`) here and in every child (`module.train(mode)`).
-    /// Only `Dropout` behaves differently; modules start in training mode, as in PyTorch. A composite module that
-    /// holds a `Dropout` must forward this call to it.
+    /// Only `Dropout` and `BatchNorm` behave differently; modules start in training mode, as in PyTorch. A
+    /// composite module that holds one must forward this call to it.
     fn train(&self, mode: bool) {
         let _ = mode;
     }

@@ -317,10 +317,32 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
     realize_replacing(tensors, &[])
 }
 
+thread_local! {
+    /// Tensors a module computed as a side effect of a forward pass (a batch norm's running statistics), realized
+    /// with whatever this thread realizes next: in the same plan as the step's loss, so the batch's statistics are
+    /// computed once, and not held lazily from step to step (each update reads the last: the chain would grow).
+    static DEFERRED: std::cell::RefCell<Vec<Tensor>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Realizes `t` with the next realize on this thread (see `DEFERRED`).
+pub(crate) fn defer(t: Tensor) {
+    DEFERRED.with(|d| d.borrow_mut().push(t));
+}
+
 /// [`realize`], told that each node in `replaced` has one handle outside the graph that the caller overwrites
 /// right after (an optimizer's parameter slot): that handle does not keep the node's buffer from being donated to
-/// an output (`donate.rs`).
+/// an output (`donate.rs`). Deferred side effects (`defer`) join the targets.
 pub(crate) fn realize_replacing(tensors: &[&Tensor], replaced: &[*const Node]) -> Result<()> {
+    let deferred = DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()));
+    if deferred.is_empty() {
+        return realize_targets(tensors, replaced);
+    }
+    let mut all: Vec<&Tensor> = tensors.to_vec();
+    all.extend(deferred.iter().filter(|t| !t.is_realized()));
+    realize_targets(&all, replaced)
+}
+
+fn realize_targets(tensors: &[&Tensor], replaced: &[*const Node]) -> Result<()> {
     // The common case, one device: the walk itself skips tensors that are already realized.
     if let Some(first) = tensors.first()
         && tensors.iter().all(|t| t.device() == first.device())
