@@ -729,6 +729,29 @@ fn indexing_ops() {
     s.finish();
 }
 
+/// `MultiheadAttention` (through its input) and rotary embeddings.
+#[test]
+fn attention_layers() {
+    let mut s = Suite::new("attention layers");
+    let mut g = Gen::new("attention layers");
+    let x = g.uniform(&[3, 2, 4], -1.0, 1.0);
+    let r = g.uniform(&[2, 5, 6], -1.0, 1.0);
+    let one = |x: &In| std::slice::from_ref(x).to_vec();
+    s.check("multihead attention", &one(&x), |t| {
+        let dev = t[0].device();
+        let w =
+            Tensor::from_vec((0..48).map(|i| ((i * 7 % 11) as f64 - 5.0) / 10.0).collect::<Vec<_>>(), [12, 4], &dev)
+                .expect("weights")
+                .to_dtype(t[0].dtype());
+        let out = kiln::nn::Linear::from_weight(w.narrow(0, 0, 4), None);
+        let mha = kiln::nn::MultiheadAttention::from_params(2, w, None, out);
+        let causal = kiln::nn::MhaOptions { is_causal: true, need_weights: false, ..Default::default() };
+        mha.attend(&t[0], &t[0], &t[0], &causal).0.sin()
+    });
+    s.check("rotary embedding", &one(&r), |t| kiln::nn::RotaryEmbedding::new(6).apply(&t[0], 3).sin());
+    s.finish();
+}
+
 #[test]
 fn cat_and_stack() {
     let mut s = Suite::new("cat and stack");

@@ -19,6 +19,7 @@
 //! it should live on). `Embedding` is a one-hot matrix times the table (kiln has no gather primitive): its cost grows
 //! with the vocabulary, fine for small tables, not for a language model's.
 
+mod attention_layers;
 mod batch_norm;
 mod conv_layers;
 pub mod functional;
@@ -28,6 +29,7 @@ mod linear;
 mod norm_layers;
 mod utils;
 
+pub use attention_layers::{MhaOptions, MultiheadAttention, RotaryEmbedding, apply_rotary};
 pub use batch_norm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use conv_layers::Conv2d;
 pub use functional::{Approximate, Reduction};

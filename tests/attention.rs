@@ -1,0 +1,61 @@
+//! `nn::MultiheadAttention` and `nn::RotaryEmbedding` against PyTorch 2.15 (`tests/fixtures/attention_torch.py`:
+//! parameters, inputs and outputs) on every device: masks in PyTorch's conventions for the module (bool true =
+//! not allowed, key padding), causal with batch-first and per-head weights, and rotary embeddings at an offset.
+//! `scaled_dot_product_attention` itself is checked in `tests/nn.rs`.
+
+// The fixture is read on the CPU (cargo feature `cpu`) and moved to each device.
+#![cfg(feature = "cpu")]
+
+mod test_cache;
+
+mod common;
+
+use common::*;
+use kiln::nn::{Linear, MhaOptions, MultiheadAttention, RotaryEmbedding};
+use kiln::{Device, Tensor};
+use std::collections::HashMap;
+
+fn close(got: &Tensor, want: &Tensor, what: &str) {
+    assert_eq!(got.dims(), want.dims(), "{what}");
+    let (g, w) = (vals(got), vals(want));
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!((a - b).abs() <= 2e-6 + 1e-5 * b.abs(), "{what}[{i}]: {a} vs {b}");
+    }
+}
+
+#[test]
+fn multihead_attention_and_rotary_embeddings_match_pytorch() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/attention_torch.safetensors");
+    let file: HashMap<String, Tensor> = kiln::load_safetensors(path, &Device::cpu()).unwrap().into_iter().collect();
+    for dev in devices() {
+        let on = |n: &str| file[n].to_device(&dev).unwrap();
+        let out_proj = Linear::from_weight(on("out_proj.weight"), Some(on("out_proj.bias")));
+        let mha = MultiheadAttention::from_params(2, on("in_proj_weight"), Some(on("in_proj_bias")), out_proj.clone());
+        let mask = Tensor::from_vec(
+            vec![false, false, true, false, false, true, false, false, false, false, false, false],
+            [3, 4],
+            &dev,
+        )
+        .unwrap();
+        let pad = Tensor::from_vec(vec![false, false, false, true, false, false, false, false], [2, 4], &dev).unwrap();
+        let opts = MhaOptions { attn_mask: Some(mask), key_padding_mask: Some(pad), ..Default::default() };
+        let (out, w) = mha.attend(&on("q"), &on("k"), &on("v"), &opts);
+        close(&out, &on("out"), &format!("[{dev}] output"));
+        close(&w.unwrap(), &on("weights"), &format!("[{dev}] weights"));
+        // The same through scaled_dot_product_attention (no weights asked).
+        let (out2, none) = mha.attend(&on("q"), &on("k"), &on("v"), &MhaOptions { need_weights: false, ..opts });
+        assert!(none.is_none());
+        close(&out2, &on("out"), &format!("[{dev}] output without weights"));
+
+        let mha_bf = MultiheadAttention::from_params(2, on("in_proj_weight"), Some(on("in_proj_bias")), out_proj)
+            .batch_first(true);
+        let xb = on("xb");
+        let causal = MhaOptions { is_causal: true, average_attn_weights: false, ..Default::default() };
+        let (out, w) = mha_bf.attend(&xb, &xb, &xb, &causal);
+        close(&out, &on("out_causal"), &format!("[{dev}] causal output"));
+        close(&w.unwrap(), &on("weights_causal"), &format!("[{dev}] per-head weights"));
+
+        let rope = RotaryEmbedding::new(8).apply(&on("xr"), 2);
+        close(&rope, &on("rope"), &format!("[{dev}] rotary"));
+    }
+}
