@@ -1,4 +1,4 @@
-//! Convolutions and poolings (`nn::functional::conv2d`, `conv1d`, `max_pool2d`, `avg_pool2d`,
+//! Convolutions and poolings (`nn::functional::conv2d`, `conv1d`, `conv_transpose2d`, `max_pool2d`, `avg_pool2d`,
 //! `adaptive_avg_pool2d`) against what PyTorch 2.15 computed for the same inputs
 //! (`tests/fixtures/conv_torch.py` writes `conv_torch.safetensors`, inputs and outputs), on every device in f32
 //! and f64; their gradients by finite differences in `tests/gradcheck.rs`.
@@ -18,7 +18,7 @@ fn convolutions_and_poolings_match_pytorch() {
     let loaded = kiln::load_safetensors(&path, &host).expect("load the fixture");
     let get = |name: &str| loaded.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no {name}")).1.clone();
     type Case = (&'static str, fn(&[Tensor]) -> Tensor);
-    let cases: [Case; 9] = [
+    let cases: [Case; 11] = [
         ("conv2d_strided", |t| {
             let o = Conv2dOptions { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
             F::conv2d(&t[0], &t[1], Some(&t[2]), &o)
@@ -38,13 +38,24 @@ fn convolutions_and_poolings_match_pytorch() {
         // Windows that tile the input (5 rows crop to 4): the reshaped form.
         ("max_pool2d_tiled", |t| F::max_pool2d(&t[0], &Pool2dOptions::new([2, 2]))),
         ("avg_pool2d_tiled", |t| F::avg_pool2d(&t[0], &Pool2dOptions::new([2, 3]), true)),
+        ("conv_transpose2d", |t| {
+            let o = F::ConvTranspose2dOptions {
+                stride: [2, 3],
+                padding: [1, 0],
+                output_padding: [1, 2],
+                dilation: [1, 2],
+                groups: 2,
+            };
+            F::conv_transpose2d(&t[0], &t[7], Some(&t[8]), &o)
+        }),
+        ("conv_transpose2d_plain", |t| F::conv_transpose2d(&t[0], &t[9], None, &Default::default())),
     ];
     for dev in devices() {
         for dtype in [DType::F32, DType::F64] {
             if !runs_on(&dev, &[dtype]) {
                 continue;
             }
-            let inputs: Vec<Tensor> = ["x", "w", "b", "w_plain", "x1", "w1", "b1"]
+            let inputs: Vec<Tensor> = ["x", "w", "b", "w_plain", "x1", "w1", "b1", "wt", "bt", "wt_plain"]
                 .iter()
                 .map(|n| get(n).to_dtype(dtype).to_device(&dev).unwrap())
                 .collect();

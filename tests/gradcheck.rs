@@ -861,6 +861,20 @@ fn compositions() {
         let o = F::Conv2dOptions { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
         F::conv2d(&t[0], &t[1], Some(&t[2]), &o)
     });
+    s.check(
+        "conv_transpose2d, strided, dilated, 2 groups",
+        &[g.uniform(&[1, 4, 3, 2], -1.0, 1.0), g.uniform(&[4, 3, 2, 2], -1.0, 1.0)],
+        |t| {
+            let o = F::ConvTranspose2dOptions {
+                stride: [2, 3],
+                padding: [1, 0],
+                output_padding: [1, 1],
+                dilation: [1, 2],
+                groups: 2,
+            };
+            F::conv_transpose2d(&t[0], &t[1], None, &o)
+        },
+    );
     s.check("conv1d, padded", &[g.uniform(&[2, 3, 7], -1.0, 1.0), g.uniform(&[4, 3, 3], -1.0, 1.0)], |t| {
         F::conv1d(&t[0], &t[1], None, 2, 1, 1, 1)
     });

@@ -20,12 +20,14 @@
 mod activations;
 mod attention;
 mod conv;
+mod conv_transpose;
 mod cross_entropy;
 mod norms;
 
 pub use activations::{celu, elu, hardsigmoid, hardswish, mish, selu, softplus};
 pub use attention::{AttentionOptions, scaled_dot_product_attention};
 pub use conv::{Conv2dOptions, Pool2dOptions, adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d};
+pub use conv_transpose::{ConvTranspose2dOptions, conv_transpose2d};
 pub use cross_entropy::{CrossEntropyOptions, cross_entropy, cross_entropy_with};
 pub use norms::{group_norm, rms_norm};
 
