@@ -237,6 +237,9 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
                     let share = as_dtype(wins, d).add(as_dtype(me.eq(other), d).mul(0.5));
                     g.mul(share)
                 }
+                // fmod(a, c) = a - trunc(a / c) c, the quotient piecewise constant (PyTorch's rule).
+                (BinaryOp::Rem, 0) => g.clone(),
+                (BinaryOp::Rem, _) => g.mul(a.div(c).trunc()).neg(),
                 (BinaryOp::Pow, 0) => g.mul(c).mul(a.pow(c.sub(1.0))),
                 (BinaryOp::Pow, _) => g.mul(y).mul(a.log()),
                 _ => return None, // comparisons and logical ops

@@ -718,6 +718,10 @@ fn indexing_ops() {
     s.check("scatter_add", &[m.clone(), small.clone()], move |t| {
         t[0].scatter_add(1, &ix(&t[0], &[5, 5, 0, 1, 2, 0], &[3, 2]), &t[1]).sin()
     });
+    // Operands away from the jumps (quotients near integers).
+    let (num, den) = (g.uniform(&[2, 3], 2.2, 2.8), g.uniform(&[2, 3], 0.9, 1.0));
+    s.check("fmod", &[num.clone(), den.clone()], |t| t[0].fmod(&t[1]).sin());
+    s.check("remainder", &[num, den], |t| t[0].neg().remainder(&t[1]).sin());
     s.check("cumsum", &one(&m), |t| t[0].cumsum(1).sin());
     s.check("cumprod (no zeros)", &one(&g.uniform(&[3, 5], 0.5, 1.5)), |t| t[0].cumprod(1).sin());
     s.check("sort values", &one(&g.distinct(&[4, 6])), |t| t[0].sort(1, false).0.sin());

@@ -52,6 +52,9 @@ pub enum BinaryOp {
     Ne,
     And,
     Or,
+    /// The remainder of truncating division (C's `fmod` on floats, exact; `%` on ints, 0 for a zero divisor): the
+    /// sign of the dividend. Appended, so persisted signatures keep their codes.
+    Rem,
 }
 
 impl UnaryOp {
@@ -78,7 +81,7 @@ impl UnaryOp {
 
 impl BinaryOp {
     /// Every binary op, in declaration order (`ALL[op as usize] == op`).
-    pub const ALL: [BinaryOp; 13] = [
+    pub const ALL: [BinaryOp; 14] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -92,6 +95,7 @@ impl BinaryOp {
         BinaryOp::Ne,
         BinaryOp::And,
         BinaryOp::Or,
+        BinaryOp::Rem,
     ];
 
     pub fn is_comparison(self) -> bool {

@@ -35,6 +35,8 @@ pub trait Float: Copy + PartialOrd + std::ops::Neg<Output = Self> + std::fmt::De
     fn sub(self, y: Self) -> Self;
     fn mul(self, y: Self) -> Self;
     fn div(self, y: Self) -> Self;
+    /// C's `fmod`: exact.
+    fn rem(self, y: Self) -> Self;
 }
 
 macro_rules! float_impl {
@@ -104,6 +106,9 @@ macro_rules! float_impl {
             }
             fn div(self, y: $t) -> $t {
                 self / y
+            }
+            fn rem(self, y: $t) -> $t {
+                self % y
             }
         }
     };
@@ -182,6 +187,7 @@ pub fn float_binary<F: Float>(op: BinaryOp, x: F, y: F) -> Option<FloatResult<F>
         BinaryOp::Sub => Value(x.sub(y)),
         BinaryOp::Mul => Value(x.mul(y)),
         BinaryOp::Div => Value(x.div(y)),
+        BinaryOp::Rem => Value(x.rem(y)),
         // NaN wins, as torch.maximum / torch.minimum (`x + y` is the NaN operand, or a NaN).
         BinaryOp::Max => Value(if x.is_nan() || y.is_nan() { x.add(y) } else { x.max(y) }),
         BinaryOp::Min => Value(if x.is_nan() || y.is_nan() { x.add(y) } else { x.min(y) }),
@@ -201,6 +207,13 @@ pub fn int_binary(op: BinaryOp, x: i64, y: i64) -> i64 {
                 0
             } else {
                 x.wrapping_div(y)
+            }
+        }
+        BinaryOp::Rem => {
+            if y == 0 {
+                0
+            } else {
+                x.wrapping_rem(y)
             }
         }
         BinaryOp::Max => x.max(y),

@@ -75,6 +75,9 @@ impl Tensor {
                 fail!(name, "pow is not supported on bool tensors; cast to an int or float dtype")
             }
             (BinaryOp::Div, DType::Bool) => unreachable!("division promotes to float"),
+            (BinaryOp::Rem, DType::Bool) => {
+                fail!(name, "{name} is not supported on bool tensors; cast to an int or float dtype")
+            }
             _ => {}
         }
         let Some(shape) = broadcast_shape(a.dims(), b.dims()) else {
@@ -108,6 +111,29 @@ impl Tensor {
     #[track_caller]
     pub fn div(&self, rhs: impl Into<Operand>) -> Tensor {
         self.binary("div", rhs.into(), BinaryOp::Div, Out::Float, false)
+    }
+
+    /// The remainder of `self / rhs` truncated toward zero, with the sign of `self` (`torch.fmod`, C's `fmod`): exact
+    /// on floats; on ints `x % 0` is 0 (PyTorch raises).
+    #[track_caller]
+    pub fn fmod(&self, rhs: impl Into<Operand>) -> Tensor {
+        self.binary("fmod", rhs.into(), BinaryOp::Rem, Out::Promoted, false)
+    }
+
+    /// The remainder of `self / rhs` rounded toward -inf, with the sign of `rhs` (`torch.remainder`, Python's `%`):
+    /// `fmod`, plus `rhs` where that is nonzero and of the other sign.
+    #[track_caller]
+    pub fn remainder(&self, rhs: impl Into<Operand>) -> Tensor {
+        let rhs: Operand = rhs.into();
+        let r = self.binary("remainder", rhs.clone(), BinaryOp::Rem, Out::Promoted, false);
+        let b = match &rhs {
+            Operand::Tensor(t) => t.to_dtype(r.dtype()),
+            Operand::Scalar(s) => r.const_like(*s, r.dtype(), &[]),
+        };
+        let zero = r.zeros_like();
+        let other_sign = r.lt(&zero).ne(b.lt(b.zeros_like()));
+        let fix = r.ne(&zero).logical_and(other_sign);
+        fix.where_(r.add(&b), &r)
     }
 
     /// `lhs - self`, for `scalar - tensor`.

@@ -44,6 +44,8 @@ shims! {
     Expm1F32: fn expm1_f32(x: f32) -> f32 { x.exp_m1() }
     Log1pF64: fn log1p_f64(x: f64) -> f64 { x.ln_1p() }
     Expm1F64: fn expm1_f64(x: f64) -> f64 { x.exp_m1() }
+    FmodF32: fn fmod_f32(x: f32, y: f32) -> f32 { x % y }
+    FmodF64: fn fmod_f64(x: f64, y: f64) -> f64 { x % y }
     IndexFault: fn index_fault(record: *const std::sync::atomic::AtomicI64, len: i64, index: i64) -> i64 {
         // SAFETY: a kernel that gathers is given its run's fault record (`plan::Arena::fault`), which outlives
         // the launch and is only touched atomically while kernels run.

@@ -163,6 +163,7 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
                             | BinaryOp::Sub
                             | BinaryOp::Mul
                             | BinaryOp::Div
+                            | BinaryOp::Rem
                             | BinaryOp::Max
                             | BinaryOp::Min
                             | BinaryOp::Pow
@@ -189,6 +190,7 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
                             | BinaryOp::Sub
                             | BinaryOp::Mul
                             | BinaryOp::Div
+                            | BinaryOp::Rem
                             | BinaryOp::Max
                             | BinaryOp::Min
                             | BinaryOp::Pow
@@ -249,8 +251,10 @@ fn float_bin(op: BinaryOp) -> Option<VBin> {
         BinaryOp::Mul => VBin::Mul,
         BinaryOp::Div => VBin::Div,
         // Named, not `_`: a new op does not build until it is decided here. Max/Min/Pow have no program form
-        // (the kernel stays on the Cranelift path); comparisons and logic are translated apart.
-        BinaryOp::Max
+        // (the kernel stays on the Cranelift path), nor has Rem (a libcall per lane); comparisons and logic are
+        // translated apart.
+        BinaryOp::Rem
+        | BinaryOp::Max
         | BinaryOp::Min
         | BinaryOp::Pow
         | BinaryOp::Lt

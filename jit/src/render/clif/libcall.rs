@@ -68,6 +68,9 @@ libcalls! {
     /// Appended, as above: `(record, len, index) -> 0` records `Fault::Index` in the run's fault record (see
     /// `kernel::fault`); called only on the cold path of a gather whose index failed its check.
     IndexFault => "kiln_index_fault", (I64, I64, I64) -> I64;
+    /// Appended, as above: C's `fmod` (exact), per lane.
+    FmodF32 => "kiln_fmod_f32", (F32, F32) -> F32;
+    FmodF64 => "kiln_fmod_f64", (F64, F64) -> F64;
 }
 
 impl Libcall {

@@ -628,7 +628,7 @@ impl Emitter<'_> {
                 Le => cmp(FloatCC::LessThanOrEqual),
                 Eq => cmp(FloatCC::Equal),
                 Ne => cmp(FloatCC::NotEqual),
-                Add | Sub | Mul | Div | Max | Min | Pow | And | Or => None,
+                Add | Sub | Mul | Div | Rem | Max | Min | Pow | And | Or => None,
             };
             if let Some(cc) = cc {
                 return self.b.ins().fcmp(cc, x, y);
@@ -644,6 +644,10 @@ impl Emitter<'_> {
                     let l = if d == DType::F64 { Libcall::PowF64 } else { Libcall::PowF32 };
                     self.per_lane(&[x, y], d, d, lanes, |s, a| s.libcall(l, a))
                 }
+                Rem => {
+                    let l = if d == DType::F64 { Libcall::FmodF64 } else { Libcall::FmodF32 };
+                    self.per_lane(&[x, y], d, d, lanes, |s, a| s.libcall(l, a))
+                }
                 And | Or | Lt | Le | Eq | Ne => unreachable!("{op:?} on floats"),
             };
         }
@@ -654,7 +658,7 @@ impl Emitter<'_> {
             Le => Some(IntCC::SignedLessThanOrEqual),
             Eq => Some(IntCC::Equal),
             Ne => Some(IntCC::NotEqual),
-            Add | Sub | Mul | Div | Max | Min | Pow | And | Or => None,
+            Add | Sub | Mul | Div | Rem | Max | Min | Pow | And | Or => None,
         };
         if let Some(cc) = cc {
             // Vector compares give lane masks, scalar compares 0/1 bytes: both are this backend's bools.
@@ -674,6 +678,7 @@ impl Emitter<'_> {
             Max => self.b.ins().smax(x, y),
             Min => self.b.ins().smin(x, y),
             Div => self.per_lane(&[x, y], d, d, lanes, |s, a| s.safe_div(a[0], a[1], unsigned)),
+            Rem => self.per_lane(&[x, y], d, d, lanes, |s, a| s.safe_rem(a[0], a[1], unsigned)),
             Pow => self.per_lane(&[x, y], d, d, lanes, |s, a| {
                 let wide = [s.int_resize(a[0], d, DType::I64), s.int_resize(a[1], d, DType::I64)];
                 let r = s.libcall(Libcall::PowI64, &wide);
@@ -700,6 +705,24 @@ impl Emitter<'_> {
         let neg = self.b.ins().ineg(x);
         let q = self.b.ins().select(is_neg_one, neg, q);
         self.b.ins().select(is_zero, zero, q)
+    }
+
+    /// Integer remainder that never traps: x % 0 == 0 and MIN % -1 == 0.
+    pub(super) fn safe_rem(&mut self, x: Value, y: Value, unsigned: bool) -> Value {
+        let t = self.b.func.dfg.value_type(x);
+        let zero = self.b.ins().iconst(t, 0);
+        let one = self.b.ins().iconst(t, 1);
+        let is_zero = self.b.ins().icmp(IntCC::Equal, y, zero);
+        let safe = self.b.ins().select(is_zero, one, y);
+        let r = if unsigned {
+            self.b.ins().urem(x, safe)
+        } else {
+            // x % -1 is 0 for every x; srem would trap on MIN % -1.
+            let is_neg_one = self.b.ins().icmp_imm_s(IntCC::Equal, y, -1);
+            let safe = self.b.ins().select(is_neg_one, one, safe);
+            self.b.ins().srem(x, safe)
+        };
+        self.b.ins().select(is_zero, zero, r)
     }
 
     /// Converts a scalar integer between int dtypes (wrapping when narrowing; bool means != 0).

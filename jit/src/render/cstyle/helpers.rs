@@ -46,6 +46,8 @@ pub enum Helper {
     /// kernel's fault record (`kernel::fault`: claimed by a compare-and-swap of its kind from 0, then `len` and
     /// `i`), and 0, an index inside the buffer.
     IndexCheck,
+    /// `kiln_fmod(x, y)`: C's `fmod`, exact (scaled subtractions, at most one per binade of the quotient).
+    FmodF32,
 }
 
 impl Helper {
@@ -60,7 +62,8 @@ impl Helper {
             | Helper::DivF32
             | Helper::Tanh
             | Helper::Log1p
-            | Helper::Expm1 => &[Helper::FloatCmp],
+            | Helper::Expm1
+            | Helper::FmodF32 => &[Helper::FloatCmp],
             Helper::PowI32 => &[Helper::PowU32],
             Helper::Philox
             | Helper::Normal

@@ -198,7 +198,9 @@ impl<D: Dialect> Emitter<'_, D> {
                     Le => "kiln_le",
                     Eq => "kiln_eq",
                     Ne => "kiln_ne",
-                    Add | Sub | Mul | Div | Max | Min | Pow | And | Or => unreachable!("{op:?} is not a comparison"),
+                    Add | Sub | Mul | Div | Rem | Max | Min | Pow | And | Or => {
+                        unreachable!("{op:?} is not a comparison")
+                    }
                 };
                 self.helper(Helper::FloatCmp, format!("{f}({x}, {y})"))
             }
@@ -209,6 +211,8 @@ impl<D: Dialect> Emitter<'_, D> {
                 // A divisor the compiler sees as constant zero may be folded without IEEE care (lavapipe gave
                 // x / 0.0 = 0.0): the helper makes the zero case explicit on the bits.
                 Div => self.helper(Helper::DivF32, format!("kiln_div({x}, {y})")),
+                // A builtin `%` on floats is `x - y * trunc(x / y)`, inexact once the quotient is large.
+                Rem => self.helper(Helper::FmodF32, format!("kiln_fmod({x}, {y})")),
                 Lt | Le | Eq | Ne => unreachable!("comparisons are above"),
                 // Builtin max/min may return either operand for NaN; eval propagates it.
                 Max => self.helper(Helper::MaxF32, format!("kiln_max({x}, {y})")),
@@ -228,7 +232,17 @@ impl<D: Dialect> Emitter<'_, D> {
                     Mul => wrap(format!("{x} * {y}")),
                     // A target's x / 0 is x or undefined (and i32::MIN / -1 is i32::MIN, as eval wraps); eval's x / 0
                     // is 0.
-                    Div => dl.select(&format!("{x} / {y}"), &zero, &format!("{y} == {zero}")),
+                    // The divisor is made 1 where it is 0 before dividing: a shader compiler refuses a division by
+                    // a constant zero (naga: "Division by zero") even where the result is not selected.
+                    Div => {
+                        let safe = dl.select(y, &dl.int_lit(1, d), &format!("{y} == {zero}"));
+                        dl.select(&format!("{x} / {safe}"), &zero, &format!("{y} == {zero}"))
+                    }
+                    // As eval: x % 0 is 0 (i32::MIN % -1 is 0 on every target, as in eval).
+                    Rem => {
+                        let safe = dl.select(y, &dl.int_lit(1, d), &format!("{y} == {zero}"));
+                        dl.select(&format!("{x} % {safe}"), &zero, &format!("{y} == {zero}"))
+                    }
                     Max => format!("{}({x}, {y})", dl.builtin(Builtin::Max, d)),
                     Min => format!("{}({x}, {y})", dl.builtin(Builtin::Min, d)),
                     Pow if d == DType::I32 => self.helper(Helper::PowI32, format!("kiln_pow_i32({x}, {y})")),
@@ -255,6 +269,8 @@ impl<D: Dialect> Emitter<'_, D> {
                 Le => format!("(!{x} || {y})"),
                 // eval: x / y as ints, 0 when y == 0: true only for 1 / 1.
                 Div => format!("({x} && {y})"),
+                // eval: x % y as ints, 0 when y == 0: never true.
+                Rem => dl.bool_lit(false),
                 // eval: int_pow(x, y): 0^0 = 1, 0^1 = 0, 1^y = 1.
                 Pow => format!("({x} || !{y})"),
             },

@@ -280,6 +280,35 @@ fn kiln_checked(i: i32, len: i32, live: bool) -> i32 {
 }
 "#;
 
+/// Exact: each step subtracts from |r| the largest `|y| 2^k` not above it, which leaves an exactly representable
+/// difference (at most one step per binade of the quotient: about 280 in the widest case, within llvmpipe's loop
+/// limit); NaN for a NaN operand, an infinite x or a zero y; x for an infinite y.
+const FMOD_F32: &str = r#"
+fn kiln_fmod(x: f32, y: f32) -> f32 {
+    let ax = abs(x);
+    let ay = abs(y);
+    if (kiln_isnan(x) || kiln_isnan(y) || bitcast<u32>(ay) == 0u || bitcast<u32>(ax) == 0x7f800000u) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    if (bitcast<u32>(ay) == 0x7f800000u || ax < ay) {
+        return x;
+    }
+    var r = ax;
+    for (var i = 0; i < 320; i++) {
+        if (r < ay) {
+            break;
+        }
+        let k = frexp(r).exp - frexp(ay).exp;
+        var s = ldexp(ay, k);
+        if (s > r) {
+            s = ldexp(ay, k - 1);
+        }
+        r = r - s;
+    }
+    return bitcast<f32>(bitcast<u32>(r) | (bitcast<u32>(x) & 0x80000000u));
+}
+"#;
+
 /// The WGSL source of `h` (its dependencies are written before it by the shared renderer).
 pub(crate) fn source(h: Helper) -> &'static str {
     match h {
@@ -299,5 +328,6 @@ pub(crate) fn source(h: Helper) -> &'static str {
         Helper::Log1p => LOG1P,
         Helper::Expm1 => EXPM1,
         Helper::IndexCheck => INDEX_CHECK,
+        Helper::FmodF32 => FMOD_F32,
     }
 }
