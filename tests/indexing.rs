@@ -146,6 +146,13 @@ fn embedding_rows_fuse_with_a_position_add() {
     let names: Vec<&str> = plan.launches.iter().map(|l| l.kernel.name.as_str()).collect();
     assert_eq!(names.len(), 1, "{names:?}");
     assert!(names[0].contains("gather") && names[0].contains("add"), "{names:?}");
+    // i64 indices, the same along each row's vector of 4 (a CPU kernel vectorized along the embedding dim reads
+    // one scalar index for all lanes).
+    let (w, p) = (vals(&wt), vals(&pt));
+    let ids = [9usize, 0, 4, 4, 1, 2];
+    let want: Vec<f64> =
+        (0..24).map(|k| (w[ids[k / 4] * 4 + k % 4] + p[(k / 4 % 3) * 4 + k % 4]) as f32 as f64).collect();
+    assert_eq!(vals(&out), want);
 }
 
 #[test]

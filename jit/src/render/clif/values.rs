@@ -201,8 +201,9 @@ impl Emitter<'_> {
         let fault = self.fault.expect("a kernel that gathers is given a fault record");
         let empty = self.k.inputs[at.buf].len == 0;
         let mut scalars = Vec::with_capacity(lanes);
+        let varies = self.b.func.dfg.value_type(index).is_vector();
         for l in 0..lanes {
-            let i = if lanes > 1 { self.b.ins().extractlane(index, l as u8) } else { index };
+            let i = if varies { self.b.ins().extractlane(index, l as u8) } else { index };
             let i = if index_d == DType::I64 { i } else { self.b.ins().sextend(types::I64, i) };
             let outside = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, i, at.len);
             let live = at.valid.as_ref().map(|v| self.valid(v, l as i64));
@@ -427,7 +428,7 @@ impl Emitter<'_> {
     ) -> Value {
         let d = inst.dtype;
         let operands: Vec<usize> = match &inst.op {
-            InstOp::Unary(_, a) | InstOp::Cast(a) | InstOp::Gather { index: a, .. } => vec![*a],
+            InstOp::Unary(_, a) | InstOp::Cast(a) => vec![*a],
             InstOp::Binary(_, x, y) => vec![*x, *y],
             InstOp::Where(c, a, b) => vec![*c, *a, *b],
             InstOp::Const(_)
@@ -436,6 +437,9 @@ impl Emitter<'_> {
             | InstOp::Rand { .. }
             | InstOp::Acc
             | InstOp::RowAcc(_) => Vec::new(),
+            // The index is read as it is: one scalar for every lane where it does not vary along the vector (an
+            // embedding's row), lanes otherwise (an i64 index has no vector form, so it is never splatted).
+            InstOp::Gather { .. } => Vec::new(),
         };
         let mut ready: Vec<(usize, Value)> = Vec::with_capacity(operands.len());
         for &i in &operands {
@@ -469,7 +473,7 @@ impl Emitter<'_> {
             InstOp::Load { buf, index, valid, fill } => self.load(*buf, index, valid, *fill, d, lanes),
             InstOp::Gather { buf, base, index, stride, len, valid } => {
                 let at = Gathered { buf: *buf, base, stride: *stride, len: *len, valid };
-                self.gather(at, val(*index), insts[*index].dtype, d, lanes)
+                self.gather(at, vals[*index][e], insts[*index].dtype, d, lanes)
             }
             InstOp::Rand { dist, slot, index } => {
                 let i = self.iexpr(index, 0);
