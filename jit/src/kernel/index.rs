@@ -22,6 +22,17 @@ pub enum IExpr {
     Mod(Box<IExpr>, i64),
 }
 
+/// `Σ coef_v x_v + c` as `k q + r` with every coefficient (and `c`) split as `k (a div k) + (a mod k)`: `(q, r)`
+/// where `r` stays in `0..k` over the variables' ranges, so that `q` is the floor quotient by `k` and `r` the
+/// remainder (`i3 * 59 + i5` by 58 with `i3 < 3`, `i5 < 56`: `i3` and `i3 + i5`, the index of a window that a row
+/// of 59 re-reads as rows of 58); `None` where `r` can leave `0..k`.
+fn split_by(coef: &[i64], c: i64, k: i64, extents: &[usize]) -> Option<(IExpr, IExpr)> {
+    let (q, r): (Vec<i64>, Vec<i64>) = coef.iter().map(|&a| (a.div_euclid(k), a.rem_euclid(k))).unzip();
+    let rest = IExpr::from_affine(&r, c.rem_euclid(k));
+    let (lo, hi) = rest.bounds(extents);
+    (lo >= 0 && hi < k).then(|| (IExpr::from_affine(&q, c.div_euclid(k)), rest))
+}
+
 /// Inclusive bounds of an expression given the variables' extents.
 fn bounds(e: &IExpr, ext: &[usize]) -> (i64, i64) {
     match e {
@@ -145,6 +156,9 @@ impl IExpr {
                 }
                 // (k*q + r) / k == q + r / k when every term of q's part is a multiple of k and r >= 0.
                 if let Some((coef, c)) = x.affine(n) {
+                    if let Some((q, _)) = split_by(&coef, c, *k, extents) {
+                        return q;
+                    }
                     let (mut q, mut r) = (vec![0; n], vec![0; n]);
                     for v in 0..n {
                         if coef[v] % k == 0 { q[v] = coef[v] / k } else { r[v] = coef[v] }
@@ -172,6 +186,9 @@ impl IExpr {
                 }
                 // (k*q + r) % k == r % k: drop the terms that are multiples of k.
                 if let Some((coef, c)) = x.affine(n) {
+                    if let Some((_, r)) = split_by(&coef, c, *k, extents) {
+                        return r;
+                    }
                     let r: Vec<i64> = coef.iter().map(|&a| if a % k == 0 { 0 } else { a }).collect();
                     let rest = IExpr::from_affine(&r, c.rem_euclid(*k));
                     let (rlo, rhi) = rest.bounds(extents);
@@ -245,6 +262,11 @@ mod tests {
         let flat = Var(0).times(4).plus(Var(1));
         assert_eq!(flat.clone().floor_div(4).simplify(&ext), Var(0));
         assert_eq!(flat.modulo(4).simplify(&ext), Var(1));
+        // Coefficients past the divisor split too, where the remainders stay below it: i0 * 8 + i1 (i1 < 4 here,
+        // i0 + i1 < 7) by 7.
+        let long = Var(0).times(8).plus(Var(1));
+        assert_eq!(long.clone().floor_div(7).simplify(&ext), Var(0));
+        assert_eq!(long.modulo(7).simplify(&ext), Var(0).plus(Var(1)).simplify(&ext));
         // Not separable: (i0*3 + i1) / 4 stays a division.
         let e = Var(0).times(3).plus(Var(1)).floor_div(4).simplify(&ext);
         assert!(matches!(e, Div(..)), "{e}");
@@ -254,6 +276,9 @@ mod tests {
     fn simplified_expressions_evaluate_the_same() {
         let ext = [5, 6, 7];
         let exprs = [
+            // A window re-read as rows one longer: (i0 * 8 + i1) by 7 splits as i0 and i0 + i1.
+            Var(0).times(8).plus(Var(1)).floor_div(7),
+            Var(0).times(8).plus(Var(1)).modulo(7),
             Var(0).times(42).plus(Var(1).times(7)).plus(Var(2)).floor_div(7).modulo(6),
             Var(2).times(6).plus(Var(1)).plus(Const(3)).floor_div(4),
             Var(0).plus(Var(1).times(5)).modulo(5).plus(Const(-1)).times(2),

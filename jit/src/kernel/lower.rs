@@ -291,7 +291,14 @@ impl Lowerer<'_> {
                     if lo < b || hi >= b + n {
                         ranges.push((e.clone(), b, b + n));
                     }
-                    src_idx.push(IExpr::Add(vec![e.clone(), IExpr::Const(-b)]).simplify(&self.extents));
+                    // A source dim of one element is read at 0 wherever the pad lets it be read (a stacked slice:
+                    // `e - b` would carry the position along the stack into every index after it, through the
+                    // reshapes that merge dims, as divisions the kernel computes per element).
+                    src_idx.push(if n == 1 {
+                        IExpr::Const(0)
+                    } else {
+                        IExpr::Add(vec![e.clone(), IExpr::Const(-b)]).simplify(&self.extents)
+                    });
                 }
                 if ranges.is_empty() {
                     return self.value(srcs[0], &src_idx);
@@ -304,9 +311,14 @@ impl Lowerer<'_> {
                 self.valid = outer;
                 let mut cond: Option<ValueId> = None;
                 for (e, lo, hi) in ranges {
-                    let i = self.push(InstOp::Index(e), DType::I64);
-                    let lo = self.konst(Scalar::Int(lo), DType::I64);
-                    let hi = self.konst(Scalar::Int(hi), DType::I64);
+                    // Compared in i32 where everything fits (32-bit lanes vectorize; an i64 varying along the
+                    // vectorized loop kept a whole padded kernel scalar), else in i64.
+                    let (elo, ehi) = e.bounds(&self.extents);
+                    let fits = [elo, ehi, lo, hi].iter().all(|&x| i32::try_from(x).is_ok());
+                    let t = if fits { DType::I32 } else { DType::I64 };
+                    let i = self.push(InstOp::Index(e), t);
+                    let lo = self.konst(Scalar::Int(lo), t);
+                    let hi = self.konst(Scalar::Int(hi), t);
                     let a = self.push(InstOp::Binary(BinaryOp::Le, lo, i), DType::Bool);
                     let b = self.push(InstOp::Binary(BinaryOp::Lt, i, hi), DType::Bool);
                     let both = self.push(InstOp::Binary(BinaryOp::And, a, b), DType::Bool);

@@ -52,8 +52,9 @@ pub use libcall::Libcall;
 /// lanes built from per-lane code are 0/1 (they were 0/0xFF). 4: f32 sin/cos with FMA reduce modulo pi. 5: what
 /// depends on no loop variable is computed once, before the loops. 6: what depends only on outer loops is computed
 /// once per row of an untiled kernel. 7: a reduction vectorized along its reduce loop keeps four accumulators.
-/// 8: a masked load whose ranges do not move along the vector is one vector load.
-pub const REVISION: u32 = 8;
+/// 8: a masked load whose ranges do not move along the vector is one vector load. 9: one whose affine ranges
+/// move along it is a vector load where the whole vector is inside.
+pub const REVISION: u32 = 9;
 
 /// The kernel entry signature.
 pub fn kernel_signature(call_conv: CallConv) -> Signature {

@@ -185,6 +185,37 @@ impl Emitter<'_> {
                 let f = self.konst(fill, d, lanes);
                 self.b.ins().select(ok, loaded, f)
             }
+            // A masked load whose ranges move along the vector (a pad or an im2col window along the columns): every
+            // range is affine, so monotone along the lanes, and all lanes are inside exactly where the first and the
+            // last are. There one vector load; elsewhere (the vectors at an edge) lane by lane.
+            (Some(1), Some(v), DType::F32 | DType::I32 | DType::U32)
+                if self.k.inputs[buf].len >= lanes
+                    && v.0.iter().all(|(e, _, _)| e.affine(self.vars.len()).is_some()) =>
+            {
+                let first = self.valid(v, 0);
+                let last = self.valid(v, lanes as i64 - 1);
+                let all = self.b.ins().band(first, last);
+                let vt = ty(d, lanes);
+                let (fast, slow, merge) = (self.b.create_block(), self.b.create_block(), self.b.create_block());
+                let result = self.b.append_block_param(merge, vt);
+                self.b.ins().brif(all, fast, &[], slow, &[]);
+                self.b.switch_to_block(fast);
+                self.b.seal_block(fast);
+                let i = self.iexpr(index, 0);
+                let addr = self.b.ins().imul_imm_s(i, 4);
+                let addr = self.b.ins().iadd(self.bases[buf], addr);
+                let loaded = self.b.ins().load(vt, vector_flags(), addr, 0);
+                self.b.ins().jump(merge, &[loaded.into()]);
+                self.b.switch_to_block(slow);
+                self.b.seal_block(slow);
+                let scalars: Vec<Value> =
+                    (0..lanes as i64).map(|l| self.load_scalar(buf, index, valid, fill, d, l)).collect();
+                let lanes_value = self.lanes_from_scalars(&scalars, d, lanes);
+                self.b.ins().jump(merge, &[lanes_value.into()]);
+                self.b.switch_to_block(merge);
+                self.b.seal_block(merge);
+                result
+            }
             _ => {
                 let scalars: Vec<Value> =
                     (0..lanes as i64).map(|l| self.load_scalar(buf, index, valid, fill, d, l)).collect();
