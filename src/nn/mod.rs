@@ -119,6 +119,11 @@ impl fmt::Debug for Param {
     }
 }
 
+/// `(name, param)` for each of `params` present, under its own name (a layer's optional weight and bias).
+pub(crate) fn present(params: &[&Option<Param>]) -> Vec<(String, Param)> {
+    params.iter().filter_map(|p| p.as_ref()).map(|p| (p.name().to_string(), p.clone())).collect()
+}
+
 /// A layer or model (`torch.nn.Module`). Implement `forward` and `named_params`; the rest has defaults.
 ///
 /// A composite module lists its children's parameters under their names, e.g.

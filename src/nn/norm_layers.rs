@@ -112,13 +112,6 @@ impl Module for GroupNorm {
     }
 
     fn named_params(&self) -> Vec<(String, Param)> {
-        let mut out = Vec::new();
-        if let Some(w) = &self.weight {
-            out.push(("weight".to_string(), w.clone()));
-        }
-        if let Some(b) = &self.bias {
-            out.push(("bias".to_string(), b.clone()));
-        }
-        out
+        super::present(&[&self.weight, &self.bias])
     }
 }

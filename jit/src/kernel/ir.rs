@@ -93,6 +93,25 @@ pub struct Inst {
 }
 
 impl Inst {
+    /// Every index expression this instruction reads (a load's validity ranges included), in a fixed order.
+    pub fn indices(&self) -> Vec<&IExpr> {
+        match &self.op {
+            InstOp::Index(e) | InstOp::Rand { index: e, .. } => vec![e],
+            InstOp::Load { index, valid, .. } | InstOp::Gather { base: index, valid, .. } => {
+                let mut v = vec![index];
+                v.extend(valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)));
+                v
+            }
+            InstOp::Const(_)
+            | InstOp::Unary(..)
+            | InstOp::Binary(..)
+            | InstOp::Where(..)
+            | InstOp::Cast(_)
+            | InstOp::Acc
+            | InstOp::RowAcc(_) => Vec::new(),
+        }
+    }
+
     /// Rewrites every index expression this instruction reads (a load's validity ranges included).
     pub fn map_indices(&mut self, f: &impl Fn(&IExpr) -> IExpr) {
         match &mut self.op {

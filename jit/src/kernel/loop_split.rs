@@ -13,7 +13,7 @@
 //! lowers the count of divisions and remainders left in the indices, greedily, a bounded number of times.
 
 use crate::kernel::index::IExpr;
-use crate::kernel::ir::{InstOp, KernelIr};
+use crate::kernel::ir::KernelIr;
 
 /// Splits at most this many loops (each split adds a loop).
 const MAX_SPLITS: usize = 8;
@@ -48,24 +48,7 @@ impl KernelIr {
 
 /// Every index expression of the outer code (loads' validity ranges included).
 fn exprs(k: &KernelIr) -> Vec<&IExpr> {
-    let mut out = Vec::new();
-    for inst in &k.outer {
-        match &inst.op {
-            InstOp::Index(e) | InstOp::Rand { index: e, .. } => out.push(e),
-            InstOp::Load { index: e, valid, .. } | InstOp::Gather { base: e, valid, .. } => {
-                out.push(e);
-                out.extend(valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)));
-            }
-            InstOp::Const(_)
-            | InstOp::Unary(..)
-            | InstOp::Binary(..)
-            | InstOp::Where(..)
-            | InstOp::Cast(_)
-            | InstOp::Acc
-            | InstOp::RowAcc(_) => {}
-        }
-    }
-    out
+    k.outer.iter().flat_map(crate::kernel::ir::Inst::indices).collect()
 }
 
 /// The divisions and remainders left in the indices: what a split must lower (a whole index turns affine only
@@ -148,7 +131,7 @@ fn split(k: &KernelIr, v: usize, f: usize) -> KernelIr {
 mod tests {
     use super::*;
     use crate::dtype::{DType, Scalar};
-    use crate::kernel::ir::{BufParam, Inst};
+    use crate::kernel::ir::{BufParam, Inst, InstOp};
 
     /// A copy reading `in0` at `index` over loops `extents`.
     fn copy(extents: &[usize], index: IExpr) -> KernelIr {

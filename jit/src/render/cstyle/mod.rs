@@ -50,7 +50,7 @@ pub use helpers::Helper;
 pub use table::{iexpr, konst};
 
 use crate::dtype::DType;
-use crate::kernel::{IExpr, Inst, InstOp, KernelIr};
+use crate::kernel::{IExpr, Inst, KernelIr};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
@@ -234,27 +234,7 @@ impl<'a, D: Dialect> Emitter<'a, D> {
     fn mentions(&self, v: usize) -> bool {
         let k = self.k;
         let insts = k.outer.iter().chain(k.reduce.iter().chain(&k.rows).flat_map(|r| r.inner.iter()));
-        let mut any = false;
-        for inst in insts {
-            let mut check = |e: &IExpr| any |= mentions_var(e, v);
-            match &inst.op {
-                InstOp::Index(e) | InstOp::Rand { index: e, .. } => check(e),
-                InstOp::Load { index, valid, .. } | InstOp::Gather { base: index, valid, .. } => {
-                    check(index);
-                    for (e, _, _) in valid.iter().flat_map(|v| v.0.iter()) {
-                        check(e);
-                    }
-                }
-                InstOp::Const(_)
-                | InstOp::Unary(..)
-                | InstOp::Binary(..)
-                | InstOp::Where(..)
-                | InstOp::Cast(_)
-                | InstOp::Acc
-                | InstOp::RowAcc(_) => {}
-            }
-        }
-        any
+        insts.flat_map(Inst::indices).any(|e| mentions_var(e, v))
     }
 
     /// One `let` per instruction, named `<prefix><index>`.

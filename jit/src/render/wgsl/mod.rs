@@ -150,22 +150,7 @@ pub fn check(k: &KernelIr) -> Result<(), String> {
         return Err(format!("kernel {}: buffers of more than 2^31 elements", k.name));
     }
     for inst in insts {
-        let exprs: Vec<&IExpr> = match &inst.op {
-            InstOp::Index(e) | InstOp::Rand { index: e, .. } => vec![e],
-            InstOp::Load { index, valid, .. } | InstOp::Gather { base: index, valid, .. } => {
-                let mut v = vec![index];
-                v.extend(valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)));
-                v
-            }
-            InstOp::Const(_)
-            | InstOp::Unary(..)
-            | InstOp::Binary(..)
-            | InstOp::Where(..)
-            | InstOp::Cast(_)
-            | InstOp::Acc
-            | InstOp::RowAcc(_) => vec![],
-        };
-        for e in exprs {
+        for e in inst.indices() {
             if !fits_i32(e, &extents) {
                 return Err(format!("kernel {}: index expression {e} leaves the i32 range", k.name));
             }
