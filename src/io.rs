@@ -191,19 +191,20 @@ pub fn load_safetensors(path: impl AsRef<Path>, device: &Device) -> Result<Vec<(
     read_all(path.as_ref())?.into_iter().map(|l| Ok((l.name, Tensor::from_host(l.data, l.shape, device)?))).collect()
 }
 
-/// Saves a module's parameters (`named_params`) to a safetensors file.
+/// Saves a module's parameters and buffers (`named_state`: a batch norm's running statistics too) to a
+/// safetensors file.
 pub fn save_module(module: &dyn Module, path: impl AsRef<Path>) -> Result<()> {
-    let named: Vec<(String, Tensor)> = module.named_params().into_iter().map(|(n, p)| (n, p.get())).collect();
+    let named: Vec<(String, Tensor)> = module.named_state().into_iter().map(|(n, p)| (n, p.get())).collect();
     save_safetensors(path, &named)
 }
 
-/// Loads a module's parameters from a safetensors file (`load_state_dict`). Every parameter must be in the file
+/// Loads a module's parameters and buffers from a safetensors file (`load_state_dict`). Every one must be in the file
 /// with its shape; with `strict`, the file must hold nothing else. A tensor of another dtype is converted to the
 /// parameter's (as PyTorch's `copy_` does). Nothing changes unless everything fits.
 pub fn load_module(module: &dyn Module, path: impl AsRef<Path>, strict: bool) -> Result<()> {
     let path = path.as_ref();
     let mut file: HashMap<String, Loaded> = read_all(path)?.into_iter().map(|l| (l.name.clone(), l)).collect();
-    let named = module.named_params();
+    let named = module.named_state();
     let mut problems = Vec::new();
     let mut values = Vec::with_capacity(named.len());
     for (name, param) in &named {

@@ -73,3 +73,30 @@ fn running_statistics_do_not_grow_a_lazy_chain() {
     assert!(bn.running_mean().unwrap().is_realized(), "the update was realized with the loss");
     assert!(live[19] <= live[4], "live tensors grew: {live:?}");
 }
+
+/// The running statistics are buffers: saved and loaded with the parameters (as PyTorch's `state_dict`), under
+/// their names inside a `Sequential`, and never handed to an optimizer.
+#[test]
+fn running_statistics_are_saved_and_loaded_as_buffers() {
+    use kiln::nn::Sequential;
+    let dev = Device::cpu();
+    let model = Sequential::new().add(BatchNorm1d::new(3, &dev));
+    let x = Tensor::randn([8, 3], DType::F32, &dev).mul(2.0).add(1.0);
+    model.forward(&x).sum_all().item::<f32>().unwrap();
+    let names: Vec<String> = model.named_state().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["0.weight", "0.bias", "0.running_mean", "0.running_var"]);
+    assert_eq!(model.params().len(), 2, "buffers are not parameters");
+    let dir = std::env::temp_dir().join(format!("kiln-bn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bn.safetensors");
+    kiln::save_module(&model, &path).unwrap();
+    let fresh = Sequential::new().add(BatchNorm1d::new(3, &dev));
+    kiln::load_module(&fresh, &path, true).unwrap();
+    let (a, b) = (model.named_buffers(), fresh.named_buffers());
+    for ((n, p), (_, q)) in a.iter().zip(&b) {
+        assert_eq!(vals(&p.get()), vals(&q.get()), "{n}");
+        assert!(!q.get().is_requires_grad(), "{n} must not require gradients");
+    }
+    assert_ne!(vals(&b[0].1.get()), [0.0; 3], "the loaded mean is the trained one");
+    std::fs::remove_dir_all(&dir).ok();
+}

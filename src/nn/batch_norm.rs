@@ -9,8 +9,9 @@
 //! next value this thread realizes (the step's loss): the batch's statistics are computed once, in the step's plan,
 //! and the update does not hold the batch's graph until some later read.
 //!
-//! Not done: the running statistics are not parameters, so `named_params`, optimizers and `save_module` do not see
-//! them; read them with `running_mean` / `running_var`.
+//! The running statistics are buffers (`named_buffers`: `running_mean`, `running_var`), saved and loaded with the
+//! parameters by `save_module` / `load_module`, never seen by an optimizer. Not kept as a buffer:
+//! `num_batches_tracked` (load a PyTorch checkpoint with `strict` off, or drop that entry).
 
 use super::{Module, Param, init};
 use crate::args::fail;
@@ -32,8 +33,9 @@ pub struct BatchNorm {
     momentum: Option<f64>,
     weight: Option<Param>,
     bias: Option<Param>,
-    /// (mean, variance), f32; `None` without running statistics (always the batch's).
-    running: Option<Mutex<(Tensor, Tensor)>>,
+    /// (mean, variance), f32 buffers; `None` without running statistics (always the batch's). The lock keeps a
+    /// forward pass's read-and-replace of both whole.
+    running: Option<(Mutex<()>, Param, Param)>,
     batches: AtomicU64,
     training: AtomicBool,
 }
@@ -69,7 +71,11 @@ impl BatchNorm {
             momentum: Some(0.1),
             weight: Some(Param::new("weight", init::ones([c], device))),
             bias: Some(Param::new("bias", init::zeros([c], device))),
-            running: Some(Mutex::new((init::zeros([c], device), init::ones([c], device)))),
+            running: Some((
+                Mutex::new(()),
+                Param::buffer("running_mean", init::zeros([c], device)),
+                Param::buffer("running_var", init::ones([c], device)),
+            )),
             batches: AtomicU64::new(0),
             training: AtomicBool::new(true),
         }
@@ -101,12 +107,12 @@ impl BatchNorm {
 
     /// The running mean (lazy until the next realize after a training step; f32).
     pub fn running_mean(&self) -> Option<Tensor> {
-        self.running.as_ref().map(|r| r.lock().0.clone())
+        self.running.as_ref().map(|r| r.1.get())
     }
 
     /// The running (unbiased) variance, as [`BatchNorm::running_mean`].
     pub fn running_var(&self) -> Option<Tensor> {
-        self.running.as_ref().map(|r| r.lock().1.clone())
+        self.running.as_ref().map(|r| r.2.get())
     }
 
     /// Training batches seen (`num_batches_tracked`).
@@ -122,7 +128,11 @@ impl BatchNorm {
             fail!(self.name, "running statistics must be [{c}], got {:?} and {:?}", mean.dims(), var.dims());
         }
         match &self.running {
-            Some(r) => *r.lock() = (mean.to_dtype(DType::F32), var.to_dtype(DType::F32)),
+            Some((lock, m, v)) => {
+                let _whole = lock.lock();
+                m.set(mean.to_dtype(DType::F32));
+                v.set(var.to_dtype(DType::F32));
+            }
             None => fail!(self.name, "this layer keeps no running statistics"),
         }
     }
@@ -151,9 +161,9 @@ impl Module for BatchNorm {
         let training = self.training.load(Ordering::Relaxed);
         let x32 = x.to_dtype(DType::F32);
         let (mean, var) = match &self.running {
-            Some(r) if !training => {
-                let r = r.lock();
-                (per_channel(&r.0), per_channel(&r.1))
+            Some((lock, m, v)) if !training => {
+                let _whole = lock.lock();
+                (per_channel(&m.get().to_dtype(DType::F32)), per_channel(&v.get().to_dtype(DType::F32)))
             }
             _ => {
                 if n <= 1 {
@@ -161,16 +171,17 @@ impl Module for BatchNorm {
                 }
                 let mean = x32.mean(axes.clone(), true);
                 let var = x32.var(axes.clone(), 0.0, true);
-                if let (Some(r), true) = (&self.running, training) {
+                if let (Some((lock, rm, rv)), true) = (&self.running, training) {
                     let seen = self.batches.fetch_add(1, Ordering::Relaxed) + 1;
                     let m = self.momentum.unwrap_or(1.0 / seen as f64);
-                    let mut r = r.lock();
+                    let _whole = lock.lock();
                     let unbiased = var.detach().mul(n as f64 / (n - 1) as f64).reshape([c]);
-                    let new_mean = r.0.mul(1.0 - m).add(mean.detach().reshape([c]).mul(m));
-                    let new_var = r.1.mul(1.0 - m).add(unbiased.mul(m));
+                    let new_mean = rm.get().to_dtype(DType::F32).mul(1.0 - m).add(mean.detach().reshape([c]).mul(m));
+                    let new_var = rv.get().to_dtype(DType::F32).mul(1.0 - m).add(unbiased.mul(m));
                     crate::realize::defer(new_mean.clone());
                     crate::realize::defer(new_var.clone());
-                    *r = (new_mean, new_var);
+                    rm.set(new_mean);
+                    rv.set(new_var);
                 }
                 (mean, var)
             }
@@ -187,6 +198,13 @@ impl Module for BatchNorm {
 
     fn named_params(&self) -> Vec<(String, Param)> {
         super::present(&[&self.weight, &self.bias])
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Param)> {
+        self.running
+            .iter()
+            .flat_map(|(_, m, v)| [("running_mean".to_string(), m.clone()), ("running_var".to_string(), v.clone())])
+            .collect()
     }
 
     fn train(&self, mode: bool) {

@@ -56,6 +56,8 @@ pub struct Param {
 struct ParamInner {
     name: String,
     value: RwLock<Tensor>,
+    /// A parameter (a leaf that requires gradients) or a buffer (state kept as it is given: `Param::buffer`).
+    trainable: bool,
 }
 
 /// `t` as a leaf that requires gradients: `t` itself (marked) unless it carries autograd history, in which case a
@@ -70,7 +72,17 @@ impl Param {
     /// A parameter named `name` holding `tensor`, marked `requires_grad`. The tensor must be float.
     #[track_caller]
     pub fn new(name: impl Into<String>, tensor: Tensor) -> Param {
-        Param { inner: Arc::new(ParamInner { name: name.into(), value: RwLock::new(as_leaf(tensor)) }) }
+        Param {
+            inner: Arc::new(ParamInner { name: name.into(), value: RwLock::new(as_leaf(tensor)), trainable: true }),
+        }
+    }
+
+    /// A buffer named `name` holding `tensor` (`register_buffer`): module state that is saved and loaded but not
+    /// trained, so it does not require gradients and `set` keeps values as given (a batch norm's running
+    /// statistics, recomputed each step from the last).
+    pub fn buffer(name: impl Into<String>, tensor: Tensor) -> Param {
+        let value = RwLock::new(tensor.detach());
+        Param { inner: Arc::new(ParamInner { name: name.into(), value, trainable: false }) }
     }
 
     /// The name given at construction (a module's `named_params` gives the qualified path, e.g. `0.weight`).
@@ -84,7 +96,8 @@ impl Param {
     }
 
     /// Replaces the value (as `param.data = value` in PyTorch; optimizers use this). The new value becomes a leaf
-    /// that requires gradients. Its shape and dtype must be the current ones: a module's shapes are fixed.
+    /// that requires gradients (a buffer's is kept as given). Its shape and dtype must be the current ones: a
+    /// module's shapes are fixed.
     #[track_caller]
     pub fn set(&self, value: Tensor) {
         let mut slot = self.inner.value.write();
@@ -99,7 +112,7 @@ impl Param {
                 value.dims()
             );
         }
-        *slot = as_leaf(value);
+        *slot = if self.inner.trainable { as_leaf(value) } else { value };
     }
 
     /// The parameter's shape.
@@ -173,6 +186,25 @@ pub trait Module: Send + Sync {
         self.named_params().into_iter().map(|(n, p)| (format!("{prefix}.{n}"), p)).collect()
     }
 
+    /// State that is not trained but saved and loaded with the parameters (`module.named_buffers()`: a batch
+    /// norm's running statistics), as handles. Optimizers do not see them. Default: none; a composite module
+    /// lists its children's, as it does their parameters.
+    fn named_buffers(&self) -> Vec<(String, Param)> {
+        Vec::new()
+    }
+
+    /// `named_buffers` with `prefix.` in front of each name.
+    fn named_buffers_prefixed(&self, prefix: &str) -> Vec<(String, Param)> {
+        self.named_buffers().into_iter().map(|(n, p)| (format!("{prefix}.{n}"), p)).collect()
+    }
+
+    /// Parameters then buffers: what `save_module` writes and `load_module` reads (`module.state_dict()`).
+    fn named_state(&self) -> Vec<(String, Param)> {
+        let mut s = self.named_params();
+        s.extend(self.named_buffers());
+        s
+    }
+
     /// Sets training mode (`true`) or evaluation mode (`false`) here and in every child (`module.train(mode)`).
     /// Only `Dropout` and `BatchNorm` behave differently; modules start in training mode, as in PyTorch. A
     /// composite module that holds one must forward this call to it.
@@ -244,6 +276,10 @@ impl Module for Sequential {
 
     fn named_params(&self) -> Vec<(String, Param)> {
         self.layers.iter().enumerate().flat_map(|(i, m)| m.named_params_prefixed(&i.to_string())).collect()
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Param)> {
+        self.layers.iter().enumerate().flat_map(|(i, m)| m.named_buffers_prefixed(&i.to_string())).collect()
     }
 
     fn train(&self, mode: bool) {
