@@ -15,11 +15,11 @@ use kiln::nn::{Linear, MhaOptions, MultiheadAttention, RotaryEmbedding};
 use kiln::{Device, Tensor};
 use std::collections::HashMap;
 
+/// `got` against `want` (PyTorch's), within the stated tolerance: summation orders differ (GEMMs, row reductions).
 fn close(got: &Tensor, want: &Tensor, what: &str) {
     assert_eq!(got.dims(), want.dims(), "{what}");
-    let (g, w) = (vals(got), vals(want));
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        assert!((a - b).abs() <= 2e-6 + 1e-5 * b.abs(), "{what}[{i}]: {a} vs {b}");
+    if let Err(e) = compare(&got.to_host().unwrap(), &want.to_host().unwrap(), Tol { rel: 1e-5, abs: 2e-6 }) {
+        panic!("{what}: {e}");
     }
 }
 

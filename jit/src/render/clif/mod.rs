@@ -274,15 +274,13 @@ fn deps_on(insts: &[Inst], row: Option<usize>, col: Option<usize>, row_rank: usi
             InstOp::Const(_) => (false, false),
             InstOp::Acc => (true, true),
             InstOp::RowAcc(_) => (of_row(row), of_row(col)),
-            InstOp::Index(e) | InstOp::Rand { index: e, .. } => (mentions(e, row), mentions(e, col)),
-            InstOp::Load { index, valid, .. } => {
-                let ranges: Vec<&IExpr> = valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)).collect();
-                let any = |v| mentions(index, v) || ranges.iter().any(|e| mentions(e, v));
+            InstOp::Index(_) | InstOp::Rand { .. } | InstOp::Load { .. } => {
+                let any = |v| inst.indices().iter().any(|e| mentions(e, v));
                 (any(row), any(col))
             }
-            InstOp::Gather { base, index, valid, .. } => {
-                let ranges: Vec<&IExpr> = valid.iter().flat_map(|v| v.0.iter().map(|(e, _, _)| e)).collect();
-                let any = |v| mentions(base, v) || ranges.iter().any(|e| mentions(e, v));
+            // Its index expressions, and the index value it reads.
+            InstOp::Gather { index, .. } => {
+                let any = |v| inst.indices().iter().any(|e| mentions(e, v));
                 (any(row) || out[*index].0, any(col) || out[*index].1)
             }
             InstOp::Unary(_, a) | InstOp::Cast(a) => out[*a],

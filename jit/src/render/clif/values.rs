@@ -712,8 +712,8 @@ impl Emitter<'_> {
             Min if unsigned => self.b.ins().umin(x, y),
             Max => self.b.ins().smax(x, y),
             Min => self.b.ins().smin(x, y),
-            Div => self.per_lane(&[x, y], d, d, lanes, |s, a| s.safe_div(a[0], a[1], unsigned)),
-            Rem => self.per_lane(&[x, y], d, d, lanes, |s, a| s.safe_rem(a[0], a[1], unsigned)),
+            Div => self.per_lane(&[x, y], d, d, lanes, |s, a| s.safe_div(a[0], a[1], unsigned, false)),
+            Rem => self.per_lane(&[x, y], d, d, lanes, |s, a| s.safe_div(a[0], a[1], unsigned, true)),
             Pow => self.per_lane(&[x, y], d, d, lanes, |s, a| {
                 let wide = [s.int_resize(a[0], d, DType::I64), s.int_resize(a[1], d, DType::I64)];
                 let r = s.libcall(Libcall::PowI64, &wide);
@@ -723,39 +723,29 @@ impl Emitter<'_> {
         }
     }
 
-    /// Integer division that never traps: x / 0 == 0 and MIN / -1 wraps to MIN.
-    pub(super) fn safe_div(&mut self, x: Value, y: Value, unsigned: bool) -> Value {
+    /// Integer division (or, with `rem`, remainder) that never traps: x / 0 == x % 0 == 0, MIN / -1 wraps to MIN
+    /// and MIN % -1 is 0 (the divisor is made 1 where it is 0 or -1, and those cases selected after).
+    pub(super) fn safe_div(&mut self, x: Value, y: Value, unsigned: bool, rem: bool) -> Value {
         let t = self.b.func.dfg.value_type(x);
         let zero = self.b.ins().iconst(t, 0);
         let one = self.b.ins().iconst(t, 1);
         let is_zero = self.b.ins().icmp(IntCC::Equal, y, zero);
         let safe = self.b.ins().select(is_zero, one, y);
-        if unsigned {
-            let q = self.b.ins().udiv(x, safe);
-            return self.b.ins().select(is_zero, zero, q);
-        }
-        let is_neg_one = self.b.ins().icmp_imm_s(IntCC::Equal, y, -1);
-        let safe = self.b.ins().select(is_neg_one, one, safe);
-        let q = self.b.ins().sdiv(x, safe);
-        let neg = self.b.ins().ineg(x);
-        let q = self.b.ins().select(is_neg_one, neg, q);
-        self.b.ins().select(is_zero, zero, q)
-    }
-
-    /// Integer remainder that never traps: x % 0 == 0 and MIN % -1 == 0.
-    pub(super) fn safe_rem(&mut self, x: Value, y: Value, unsigned: bool) -> Value {
-        let t = self.b.func.dfg.value_type(x);
-        let zero = self.b.ins().iconst(t, 0);
-        let one = self.b.ins().iconst(t, 1);
-        let is_zero = self.b.ins().icmp(IntCC::Equal, y, zero);
-        let safe = self.b.ins().select(is_zero, one, y);
-        let r = if unsigned {
-            self.b.ins().urem(x, safe)
-        } else {
-            // x % -1 is 0 for every x; srem would trap on MIN % -1.
-            let is_neg_one = self.b.ins().icmp_imm_s(IntCC::Equal, y, -1);
-            let safe = self.b.ins().select(is_neg_one, one, safe);
-            self.b.ins().srem(x, safe)
+        let r = match (unsigned, rem) {
+            (true, false) => self.b.ins().udiv(x, safe),
+            (true, true) => self.b.ins().urem(x, safe),
+            (false, _) => {
+                let is_neg_one = self.b.ins().icmp_imm_s(IntCC::Equal, y, -1);
+                let safe = self.b.ins().select(is_neg_one, one, safe);
+                if rem {
+                    // x % 1 is 0, as x % -1 must be.
+                    self.b.ins().srem(x, safe)
+                } else {
+                    let q = self.b.ins().sdiv(x, safe);
+                    let neg = self.b.ins().ineg(x);
+                    self.b.ins().select(is_neg_one, neg, q)
+                }
+            }
         };
         self.b.ins().select(is_zero, zero, r)
     }
