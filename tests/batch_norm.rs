@@ -22,8 +22,13 @@ fn close(got: &Tensor, want: &Tensor, what: &str) {
     }
 }
 
+/// The tests of this file one at a time: `kiln::stats().live_nodes` counts tensors process-wide, so another test
+/// running beside the chain test would move its count.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn batch_norm_trains_and_evaluates_as_pytorch() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/batch_norm_torch.safetensors");
     let file: HashMap<String, Tensor> = kiln::load_safetensors(path, &Device::cpu()).unwrap().into_iter().collect();
     for dev in devices() {
@@ -60,6 +65,7 @@ fn batch_norm_trains_and_evaluates_as_pytorch() {
 /// are realized with each step instead of growing a lazy chain.
 #[test]
 fn running_statistics_do_not_grow_a_lazy_chain() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dev = Device::cpu();
     let bn = BatchNorm2d::new(2, &dev);
     let x = Tensor::randn([4, 2, 3, 3], DType::F32, &dev);
@@ -78,6 +84,7 @@ fn running_statistics_do_not_grow_a_lazy_chain() {
 /// their names inside a `Sequential`, and never handed to an optimizer.
 #[test]
 fn running_statistics_are_saved_and_loaded_as_buffers() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     use kiln::nn::Sequential;
     let dev = Device::cpu();
     let model = Sequential::new().add(BatchNorm1d::new(3, &dev));
