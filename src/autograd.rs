@@ -277,6 +277,19 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
             }
         }
         Op::Slice(spec) => slice_vjp(g, x.dims(), spec),
+        // Each tap of the windows is a strided slice of the source; overlapping windows add their gradients.
+        Op::Unfold { axis, step, dilation, size } => {
+            let last = g.rank() as isize - 1;
+            let tap = |i: usize| {
+                let mut spec = vec![(0usize, 1isize); x.rank()];
+                spec[*axis] = (i * dilation, *step as isize);
+                slice_vjp(&g.narrow(last, i, 1).squeeze(last), x.dims(), &spec)
+            };
+            // The graph check keeps `size >= 1`. The sum is stored: read through the taps of another unfold's
+            // gradient (a convolution's two spatial dims), its strided taps' index expressions compose into
+            // one another (3 x 3 taps at stride 2 made a kernel of 8 MB of kernel IR that compiled for seconds).
+            (1..*size).fold(tap(0), |sum, i| sum.add(tap(i))).contiguous()
+        }
         Op::Pad { pads, .. } => {
             let mut out = g.clone();
             for (a, (&(before, _), &n)) in pads.iter().zip(x.dims()).enumerate() {

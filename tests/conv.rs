@@ -1,5 +1,5 @@
 //! Convolutions and poolings (`nn::functional::conv2d`, `conv1d`, `conv_transpose2d`, `max_pool2d`, `avg_pool2d`,
-//! `adaptive_avg_pool2d`) against what PyTorch 2.15 computed for the same inputs
+//! `adaptive_avg_pool2d`) and `Tensor::unfold` against what PyTorch 2.15 computed for the same inputs
 //! (`tests/fixtures/conv_torch.py` writes `conv_torch.safetensors`, inputs and outputs), on every device in f32
 //! and f64; their gradients by finite differences in `tests/gradcheck.rs`.
 
@@ -18,7 +18,7 @@ fn convolutions_and_poolings_match_pytorch() {
     let loaded = kiln::load_safetensors(&path, &host).expect("load the fixture");
     let get = |name: &str| loaded.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no {name}")).1.clone();
     type Case = (&'static str, fn(&[Tensor]) -> Tensor);
-    let cases: [Case; 11] = [
+    let cases: [Case; 13] = [
         ("conv2d_strided", |t| {
             let o = Conv2dOptions { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
             F::conv2d(&t[0], &t[1], Some(&t[2]), &o)
@@ -49,6 +49,8 @@ fn convolutions_and_poolings_match_pytorch() {
             F::conv_transpose2d(&t[0], &t[7], Some(&t[8]), &o)
         }),
         ("conv_transpose2d_plain", |t| F::conv_transpose2d(&t[0], &t[9], None, &Default::default())),
+        ("unfold", |t| t[0].unfold(3, 3, 2)),
+        ("unfold_twice", |t| t[0].unfold(-1, 3, 2).unfold(1, 2, 1)),
     ];
     for dev in devices() {
         for dtype in [DType::F32, DType::F64] {

@@ -28,8 +28,19 @@ use kiln_jit::kernel::{ScheduleOptions, schedule_with};
 /// Forces every candidate (and each tile with tiny blocks, for the middle K mode and edge tiles) on the GEMM of
 /// `out` and compares with the interpreter's value of the graph. Returns the candidates run.
 fn check_all_candidates(name: &str, out: &Tensor) -> usize {
-    common::with_last_gemm(name, out, |kernel, args, want| {
-        let view = GemmView::of(kernel).unwrap();
+    common::with_last_gemm(name, out, |kernel, args, want| check_candidates_on(name, kernel, args, want))
+}
+
+#[cfg(feature = "cpu")]
+/// [`check_all_candidates`] on a GEMM kernel, its inputs and the value it must compute.
+fn check_candidates_on(
+    name: &str,
+    kernel: &kiln_jit::kernel::KernelIr,
+    args: &[&HostBuffer],
+    want: &HostBuffer,
+) -> usize {
+    {
+        let view = GemmView::of_patched(kernel).unwrap();
         // Every family this CPU has, whatever `KILN_CPU_ISA` narrows the tuner to.
         let mut cands = config::candidates_for(&view, view.batch.is_empty(), &present_isas());
         let extra: Vec<GemmImpl> = cands
@@ -53,7 +64,50 @@ fn check_all_candidates(name: &str, out: &Tensor) -> usize {
             }
         }
         cands.len()
-    })
+    }
+}
+
+#[cfg(feature = "cpu")]
+/// Convolutions whose patches the GEMM reads where the padded input stores them (a patched B, implicit im2col):
+/// ragged columns (output positions) and K blocks, channel groups, a dilated and a non-square window, a bias and
+/// relu in the epilogue. Every candidate offered (only those that pack B) against the interpreter, and no other
+/// candidate builds for such a GEMM.
+#[test]
+fn every_candidate_on_patched_convolution_operands() {
+    use kiln::nn::functional::{Conv2dOptions, conv2d};
+    if common::skip_without_avx2() {
+        return;
+    }
+    let same = Conv2dOptions { padding: [1, 1], ..Default::default() };
+    let cases: Vec<(&str, Tensor)> = vec![
+        ("3x3, 5 -> 7, 10 x 10, batch 2", conv2d(&rand(&[2, 5, 10, 10], 30), &rand(&[7, 5, 3, 3], 31), None, &same)),
+        // Rows of 70 output positions: most panels of columns are one run of the padded row (a vector copy).
+        ("3x3, 2 -> 5, 4 x 70", conv2d(&rand(&[1, 2, 4, 70], 37), &rand(&[5, 2, 3, 3], 38), None, &same)),
+        ("3x3 dilated 2, 2 groups, 12 x 11", {
+            let o = Conv2dOptions { padding: [2, 2], dilation: [2, 2], groups: 2, ..Default::default() };
+            conv2d(&rand(&[1, 4, 12, 11], 32), &rand(&[6, 2, 3, 3], 33), None, &o)
+        }),
+        ("5x3 with bias and relu, 9 x 21", {
+            let o = Conv2dOptions { padding: [2, 1], ..Default::default() };
+            conv2d(&rand(&[1, 3, 9, 21], 34), &rand(&[8, 3, 5, 3], 35), Some(&rand(&[8], 36)), &o).relu()
+        }),
+    ];
+    let options = kiln_jit::kernel::ScheduleOptions { transpose_copy: false, patched_b: Some(1), ..Default::default() };
+    for (name, y) in cases {
+        let ran = common::with_last_launch(name, &y, options, |kernel, args, want| {
+            let view = GemmView::of_patched(kernel).unwrap_or_else(|| panic!("{name}: not a GEMM:\n{kernel}"));
+            assert!(view.b.patch.is_some(), "{name}: B is not read as patches:\n{kernel}");
+            assert!(GemmView::of(kernel).is_none(), "{name}: a patched B is only recognized by of_patched");
+            let mut plain = view.clone();
+            plain.b.patch = None;
+            for imp in config::candidates_for(&plain, true, &present_isas()) {
+                let built = PreparedGemm::new(kernel, imp);
+                assert_eq!(built.is_ok(), imp.legal_for(&view), "{name}: {} built where illegal", imp.name());
+            }
+            check_candidates_on(name, kernel, args, want)
+        });
+        assert!(ran > 0, "{name}: no candidate");
+    }
 }
 
 #[cfg(feature = "cpu")]

@@ -879,6 +879,19 @@ fn compositions() {
             F::conv_transpose2d(&t[0], &t[1], None, &o)
         },
     );
+    s.check(
+        "conv2d, strided both ways, dilated, 3x3 taps",
+        &[g.uniform(&[1, 2, 7, 6], -1.0, 1.0), g.uniform(&[3, 2, 3, 3], -1.0, 1.0)],
+        |t| {
+            let o = F::Conv2dOptions { stride: [2, 2], padding: [1, 2], dilation: [2, 1], groups: 1 };
+            F::conv2d(&t[0], &t[1], None, &o)
+        },
+    );
+    // Overlapping windows (each element read up to twice), then windows with gaps (some never read).
+    s.check("unfold, overlapping", &[g.uniform(&[2, 7, 3], -1.0, 1.0)], |t| t[0].unfold(1, 3, 2));
+    s.check("unfold, gapped, of a permuted view", &[g.uniform(&[2, 8, 3], -1.0, 1.0)], |t| {
+        t[0].transpose(1, 2).unfold(-1, 2, 3)
+    });
     s.check("conv1d, padded", &[g.uniform(&[2, 3, 7], -1.0, 1.0), g.uniform(&[4, 3, 3], -1.0, 1.0)], |t| {
         F::conv1d(&t[0], &t[1], None, 2, 1, 1, 1)
     });

@@ -290,6 +290,12 @@ enum Step {
     },
     Flip(usize, Vec<isize>),
     Pad(usize, Vec<(usize, usize)>, Sc),
+    Unfold {
+        v: usize,
+        dim: isize,
+        size: usize,
+        step: usize,
+    },
     Cat(Vec<usize>, isize),
     Stack(Vec<usize>, isize),
     Unsqueeze(usize, isize),
@@ -339,6 +345,7 @@ impl Step {
             | Step::Expand { v, .. }
             | Step::Slice { v, .. }
             | Step::Narrow { v, .. }
+            | Step::Unfold { v, .. }
             | Step::Flip(v, _)
             | Step::Pad(v, _, _)
             | Step::Unsqueeze(v, _)
@@ -384,6 +391,7 @@ impl Step {
             | Step::Expand { v, .. }
             | Step::Slice { v, .. }
             | Step::Narrow { v, .. }
+            | Step::Unfold { v, .. }
             | Step::Flip(v, _)
             | Step::Pad(v, _, _)
             | Step::Unsqueeze(v, _)
@@ -426,6 +434,7 @@ impl Step {
             }
             Step::Slice { v, dim, start, end, step } => format!("v{v}.slice({dim}, {start}, {end}, {step})"),
             Step::Narrow { v, dim, start, len } => format!("v{v}.narrow({dim}, {start}, {len})"),
+            Step::Unfold { v, dim, size, step } => format!("v{v}.unfold({dim}, {size}, {step})"),
             Step::Flip(v, dims) => format!("v{v}.flip({})", list(dims)),
             Step::Pad(v, pads, value) => format!("v{v}.pad(&{}, {value:?})", list(pads)),
             Step::Cat(vs, dim) => format!("Tensor::cat(&{}, {dim})", vars(vs)),
@@ -1058,7 +1067,7 @@ impl Decoder {
 
     /// Decodes one raw step. Steps that would be invalid or ill-conditioned decode to nothing.
     fn step(&mut self, (sel, p): Raw) {
-        const KINDS: [(u8, u32); 24] = [
+        const KINDS: [(u8, u32); 25] = [
             (0, 5),  // leaf
             (1, 14), // unary
             (2, 8),  // binary with a Rust scalar
@@ -1083,6 +1092,7 @@ impl Decoder {
             (21, 7), // matmul
             (22, 4), // softmax / log_softmax
             (23, 3), // realize
+            (24, 3), // unfold
         ];
         let total: u32 = KINDS.iter().map(|k| k.1).sum();
         let mut r = sel as u32 % total;
@@ -1116,6 +1126,7 @@ impl Decoder {
             12 => self.expand(p),
             13 => self.slice(p),
             14 => self.narrow(p),
+            24 => self.unfold(p),
             15 => self.flip(p),
             16 => self.pad(p),
             17 => self.cat(p),
@@ -1701,6 +1712,26 @@ impl Decoder {
         self.push(Step::Narrow { v, dim, start, len }, dtype, dims, meta);
     }
 
+    /// Windows of 1..=3 elements, 1..=3 apart (overlapping, tiling or with gaps), along a dim they fit.
+    fn unfold(&mut self, p: [u16; 5]) {
+        let size = 1 + p[2] as usize % 3;
+        let Some(v) = self.pick(p[0], |x| x.dims.iter().any(|&d| d >= size)) else { return };
+        let x = self.var(v);
+        let r = x.dims.len();
+        let fits: Vec<usize> = (0..r).filter(|&a| x.dims[a] >= size).collect();
+        let a = fits[p[1] as usize % fits.len()];
+        let step = 1 + p[3] as usize % 3;
+        let mut dims = x.dims.clone();
+        dims[a] = (dims[a] - size) / step + 1;
+        dims.push(size);
+        if dims.iter().product::<usize>() > 2 * MAX_NUMEL {
+            return;
+        }
+        let dim = if p[4] % 2 == 1 { a as isize - r as isize } else { a as isize };
+        let (dtype, meta) = (x.dtype, x.meta);
+        self.push(Step::Unfold { v, dim, size, step }, dtype, dims, meta);
+    }
+
     fn flip(&mut self, p: [u16; 5]) {
         let Some(v) = self.pick(p[0], |x| x.dims.iter().any(|&d| d > 1)) else { return };
         let x = self.var(v);
@@ -2206,6 +2237,7 @@ fn build(dev: &Device, step: &Step, t: &[Option<Tensor>]) -> Tensor {
         Step::Expand { v: i, spec, broadcast_to: false } => v(*i).expand(spec.clone()),
         Step::Slice { v: i, dim, start, end, step } => v(*i).slice(*dim, *start, *end, *step),
         Step::Narrow { v: i, dim, start, len } => v(*i).narrow(*dim, *start, *len),
+        Step::Unfold { v: i, dim, size, step } => v(*i).unfold(*dim, *size, *step),
         Step::Flip(i, dims) => v(*i).flip(dims.clone()),
         Step::Pad(i, pads, value) => v(*i).pad(pads, value.scalar()),
         Step::Cat(parts, dim) => Tensor::cat(&parts.iter().map(|&p| v(p)).collect::<Vec<_>>(), *dim),

@@ -215,6 +215,15 @@ fn eval(
             });
             args[0].gather(n, (0.0, 0), |i| map[i])
         }
+        Op::Unfold { axis, step, dilation, .. } => {
+            let st = contiguous_strides(srcs[0].shape.dims());
+            let map = index_map(out_dims, |j| {
+                let (win, tap) = j.split_at(j.len() - 1);
+                let at = |a: usize| if a == *axis { win[a] * step + tap[0] * dilation } else { win[a] };
+                Some((0..win.len()).map(|a| at(a) * st[a]).sum())
+            });
+            args[0].gather(n, (0.0, 0), |i| map[i])
+        }
         Op::Pad { pads, value } => {
             let src = srcs[0].shape.dims();
             let st = contiguous_strides(src);

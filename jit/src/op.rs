@@ -209,6 +209,16 @@ pub enum Op {
     Gather {
         axis: usize,
     },
+    /// Sliding windows (PyTorch's `Tensor.unfold`, with a dilation): source dim `axis` of length `n` becomes the
+    /// window count `(n - dilation * (size - 1) - 1) / step + 1`, and a new last dim of length `size` holds each
+    /// window, `out[.., o, .., i] = src[.., o * step + i * dilation, ..]`. A view: its index stays affine (a
+    /// convolution's patches are two of these, read by the GEMM with no division per element).
+    Unfold {
+        axis: usize,
+        size: usize,
+        step: usize,
+        dilation: usize,
+    },
 }
 
 impl Op {
@@ -232,6 +242,7 @@ impl Op {
             Op::Matmul => "matmul".into(),
             Op::Contiguous => "contiguous".into(),
             Op::Gather { axis } => format!("gather{axis}"),
+            Op::Unfold { axis, size, step, dilation } => format!("unfold{axis}[{size}/{step}/{dilation}]"),
         }
     }
 
@@ -285,6 +296,9 @@ impl Op {
             Op::Matmul => out.push(15),
             Op::Contiguous => out.push(16),
             Op::Gather { axis } => out.extend([17, *axis as u64]),
+            Op::Unfold { axis, size, step, dilation } => {
+                out.extend([18, *axis as u64, *size as u64, *step as u64, *dilation as u64])
+            }
         }
     }
 
@@ -314,6 +328,7 @@ impl Op {
             15 => Op::Matmul,
             16 => Op::Contiguous,
             17 => Op::Gather { axis: r.index()? },
+            18 => Op::Unfold { axis: r.index()?, size: r.index()?, step: r.index()?, dilation: r.index()? },
             _ => return None,
         };
         Some((op, r.at))
@@ -330,7 +345,7 @@ impl Op {
     }
 
     pub fn is_movement(&self) -> bool {
-        matches!(self, Op::Reshape | Op::Permute(_) | Op::Expand | Op::Slice(_) | Op::Pad { .. })
+        matches!(self, Op::Reshape | Op::Permute(_) | Op::Expand | Op::Slice(_) | Op::Pad { .. } | Op::Unfold { .. })
     }
 }
 
@@ -410,6 +425,7 @@ mod tests {
             Op::Matmul,
             Op::Contiguous,
             Op::Gather { axis: 2 },
+            Op::Unfold { axis: 1, size: 3, step: 2, dilation: 4 },
         ];
         ops.extend(RandDist::ALL.map(|dist| Op::Rand { dist, slot: 1 }));
         ops.extend(UnaryOp::ALL.map(Op::Unary));

@@ -157,6 +157,35 @@ impl Tensor {
         self.slice_prim(d, start, len, 1)
     }
 
+    /// Sliding windows of `size` elements every `step` along `dim`, as a new last dim (PyTorch's `Tensor.unfold`):
+    /// `[.., n, ..]` becomes `[.., (n - size) / step + 1, .., size]`. A view; overlapping windows share elements.
+    #[track_caller]
+    pub fn unfold(&self, dim: isize, size: usize, step: usize) -> Tensor {
+        if self.rank() == 0 {
+            fail!("unfold", "cannot be applied to a zero-dim tensor");
+        }
+        let d = resolve_dim("unfold", dim, self.rank());
+        self.unfold_dilated(d, size, step, 1)
+    }
+
+    /// [`Tensor::unfold`] with `dilation - 1` elements skipped between the taps of a window (a dilated
+    /// convolution's patches).
+    #[track_caller]
+    pub(crate) fn unfold_dilated(&self, dim: usize, size: usize, step: usize, dilation: usize) -> Tensor {
+        let n = self.dims()[dim];
+        if size == 0 || step == 0 || dilation == 0 || dilation * (size - 1) + 1 > n {
+            fail!(
+                "unfold",
+                "a window of {size} every {step} (dilation {dilation}) must be at least 1 and fit dim {dim} of size {n}"
+            );
+        }
+        let mut dims = self.dims().to_vec();
+        dims[dim] = (n - dilation * (size - 1) - 1) / step + 1;
+        dims.push(size);
+        let op = Op::Unfold { axis: dim, size, step, dilation };
+        Tensor::from_op(op, smallvec::smallvec![self.clone()], Shape::new(dims), self.dtype())
+    }
+
     /// Python-style `x[.., start:end:step, ..]` on `dim`: negative `start`/`end` count from the end and are
     /// clamped to the dim; `step` must be positive (use `flip` to reverse).
     #[track_caller]

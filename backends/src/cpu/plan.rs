@@ -92,6 +92,8 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
         // bf16 matmuls read their operands in bf16 where a bf16 GEMM family runs here (`gemm::bf16`).
         bf16_gemm: super::gemm::select::generated_gemm_enabled()
             && [Bf16Unit::Amx, Bf16Unit::Avx512Bf16].into_iter().any(super::gemm::bf16::unit_ready),
+        // The generated GEMM packs a patched B through offset tables (a convolution's implicit im2col).
+        patched_b: super::gemm::select::generated_gemm_enabled().then_some(super::gemm::select::GEMM_MIN_VOLUME),
         ..Default::default()
     };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
@@ -110,6 +112,8 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                     matches!(l.inputs.get(v.b.buf), Some(&Slot::Input(i)) if candidates.iter().any(|d| d.input == i))
                 }),
                 output_replaces_input: candidates.iter().any(|d| d.launch == index),
+                // Set by `gemm_for`, which recognizes the GEMM.
+                patched_b: false,
             };
             let gemm = super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget, cx);
             let exec = match gemm.map_err(err)? {

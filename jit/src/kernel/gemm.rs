@@ -16,21 +16,38 @@
 //! a renderer needs to place it in registers.
 
 use crate::dtype::DType;
+use crate::kernel::index::IExpr;
 use crate::kernel::ir::{InstOp, KernelIr};
 
 /// One GEMM operand: element `(b, i, j)` is at `offset + sum(batch[d] * b_d) + i * rows + j * cols` in input `buf`.
-/// For A, `i` is m and `j` is k; for B, `i` is k and `j` is n.
+/// For A, `i` is m and `j` is k; for B, `i` is k and `j` is n. A patched operand (`patch`, see [`Patch`]) is at
+/// `offset + sum(batch[d] * b_d) + patch.rows(i) + patch.cols(j)` instead.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GemmOperand {
     pub buf: usize,
     pub offset: i64,
     pub batch: Vec<i64>,
+    /// For a patched operand, what a row-major operand would have (`n`, 1): what cost models see.
     pub rows: i64,
     pub cols: i64,
+    pub patch: Option<Patch>,
 }
 
-/// A load's buffer and affine index (coefficients per loop variable, constant).
-type AffineLoad = (usize, Vec<i64>, i64);
+/// A B operand whose row and column offsets are any function of the row and of the column, not a stride each: a
+/// convolution's patches read where the padded input stores them (implicit im2col), element (k, n) of
+/// `[C * KH * KW, OH * OW]` at `rows(k) + cols(n)` with `rows = (k / 9) * Hp * Wp + ((k / 3) % 3) * Wp + k % 3`
+/// and `cols = (n / OW) * Wp + n % OW` for a 3 x 3 window. Each expression reads variable 0 only. Only
+/// [`GemmView::of_patched`] recognizes one, for a backend that packs B through tables of these offsets; every
+/// other reader of a [`GemmView`] sees strided operands only.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Patch {
+    pub rows: IExpr,
+    pub cols: IExpr,
+}
+
+/// A load's buffer and affine index (coefficients per loop variable, constant), and where the index is only
+/// separable (a patched operand), its part per variable (the coefficient is then 1 for a variable it reads).
+type AffineLoad = (usize, Vec<i64>, i64, Option<Vec<IExpr>>);
 
 /// What an epilogue value varies with.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -97,6 +114,15 @@ impl GemmView {
 
     /// Recognizes `k` as a GEMM; `None` when it is not one (see the module doc).
     pub fn of(k: &KernelIr) -> Option<GemmView> {
+        Self::recognize(k, false)
+    }
+
+    /// As [`GemmView::of`], and also where B's index is only separable into a part per variable (a [`Patch`]).
+    pub fn of_patched(k: &KernelIr) -> Option<GemmView> {
+        Self::recognize(k, true)
+    }
+
+    fn recognize(k: &KernelIr, patched: bool) -> Option<GemmView> {
         let r = k.reduce.as_ref().filter(|_| k.rows.is_empty())?;
         if r.op != crate::op::ReduceOp::Sum || r.dtype != DType::F32 || r.extents.len() != 1 {
             return None;
@@ -121,10 +147,15 @@ impl GemmView {
                 _ => return None,
             };
             match &inst.op {
-                InstOp::Load { buf, index, valid: None, .. } => {
-                    let (coef, c) = index.affine(nvars)?;
-                    Some((dtype, (*buf, coef, c)))
-                }
+                InstOp::Load { buf, index, valid: None, .. } => match index.affine(nvars) {
+                    Some((coef, c)) => Some((dtype, (*buf, coef, c, None))),
+                    None if patched => {
+                        let (parts, c) = index.separate(nvars)?;
+                        let coef = parts.iter().map(|p| i64::from(*p != IExpr::Const(0))).collect();
+                        Some((dtype, (*buf, coef, c, Some(parts))))
+                    }
+                    None => None,
+                },
                 _ => None,
             }
         };
@@ -159,26 +190,50 @@ impl GemmView {
         } else {
             return None;
         };
-        let operand = |(buf, coef, c): (usize, Vec<i64>, i64), i: i64, j: i64| GemmOperand {
+        let operand = |(buf, coef, c, _): (usize, Vec<i64>, i64, Option<Vec<IExpr>>), i: i64, j: i64| GemmOperand {
             buf,
             offset: c,
             batch: coef[..batch_rank].to_vec(),
             rows: i,
             cols: j,
+            patch: None,
+        };
+        // Only B may be patched (its packing is what reads the tables), f32 only, and its batch parts stay strides.
+        if a.3.is_some() || (b.3.is_some() && operands != DType::F32) {
+            return None;
+        }
+        let n = k.out_extents[nvar];
+        let patch = match &b.3 {
+            None => None,
+            Some(parts) => {
+                let mut batch = Vec::with_capacity(batch_rank);
+                for (v, part) in parts[..batch_rank].iter().enumerate() {
+                    let (coef, c) = part.affine(nvars)?;
+                    debug_assert_eq!(c, 0, "a separated part carries no constant");
+                    batch.push(coef[v]);
+                }
+                let one = |e: &IExpr| e.map_vars(&|_| IExpr::Var(0));
+                Some((batch, Patch { rows: one(&parts[kvar]), cols: one(&parts[nvar]) }))
+            }
         };
         let a = {
             let (am, ak) = (coef_m(&a.1), a.1[kvar]);
             operand(a, am, ak)
         };
-        let b = {
-            let (bk, bn) = (b.1[kvar], b.1[nvar]);
-            operand(b, bk, bn)
+        let b = match patch {
+            None => {
+                let (bk, bn) = (b.1[kvar], b.1[nvar]);
+                operand(b, bk, bn)
+            }
+            Some((batch, patch)) => {
+                GemmOperand { buf: b.0, offset: b.2, batch, rows: n as i64, cols: 1, patch: Some(patch) }
+            }
         };
         let m = mvar.map_or(1, |v| k.out_extents[v]);
         let view = GemmView {
             batch: k.out_extents[..batch_rank].to_vec(),
             m,
-            n: k.out_extents[nvar],
+            n,
             k: r.extents[0],
             a,
             b,

@@ -281,6 +281,14 @@ impl Lowerer<'_> {
                     .collect();
                 self.value(srcs[0], &src_idx)
             }
+            Op::Unfold { axis, step, dilation, .. } => {
+                let (win, tap) = idx.split_at(idx.len() - 1);
+                let mut src_idx = win.to_vec();
+                src_idx[*axis] =
+                    IExpr::Add(vec![win[*axis].clone().times(*step as i64), tap[0].clone().times(*dilation as i64)])
+                        .simplify(&self.extents);
+                self.value(srcs[0], &src_idx)
+            }
             Op::Pad { pads, value } => {
                 let sd = src_dims(0);
                 let mut ranges = Vec::new();

@@ -183,13 +183,22 @@ pub struct ScheduleOptions {
     /// widened to f32 reads them where they are stored instead of storing f32 copies, and a cast of its result
     /// to bf16 joins it as the epilogue's store. Without it, the matmul's result is stored in f32 first.
     pub bf16_gemm: bool,
+    /// Rule 2f: the backend's GEMM reads a patched B (`gemm::Patch`, `GemmView::of_patched`) in GEMMs of at least
+    /// this volume (M * N * K), so such a B is read where it is stored instead of copied into the GEMM's layout.
+    pub patched_b: Option<usize>,
 }
 
 impl Default for ScheduleOptions {
     fn default() -> Self {
         static ROWS: std::sync::LazyLock<bool> =
             std::sync::LazyLock::new(|| std::env::var("KILN_ROW_KERNELS").map_or(true, |v| v != "off"));
-        ScheduleOptions { transpose_copy: true, row_kernels: *ROWS, row_kernel_ok: None, bf16_gemm: false }
+        ScheduleOptions {
+            transpose_copy: true,
+            row_kernels: *ROWS,
+            row_kernel_ok: None,
+            bf16_gemm: false,
+            patched_b: None,
+        }
     }
 }
 
@@ -232,7 +241,8 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         cost[n.index()] = alu_cost(op) + inlined.iter().map(|s| cost[s.index()]).sum::<usize>();
         expensive[n.index()] = is_transcendental(op) || inlined.iter().any(|s| expensive[s.index()]);
         for s in graph.srcs(n) {
-            let reused = consumers[s.index()].len() > 1 || matches!(op, Op::Expand);
+            // An expand or overlapping windows read each source element more than once.
+            let reused = consumers[s.index()].len() > 1 || matches!(op, Op::Expand | Op::Unfold { .. });
             if reused && !mat[s.index()] && (cost[s.index()] > CHEAP_OPS || expensive[s.index()]) {
                 mat[s.index()] = true;
             }
@@ -287,7 +297,7 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     // generic reduce kernel, 20x slower than the generated GEMM): such an operand is stored at its reshape, in the
     // layout the GEMM reads, with what it is computed from inlined into that store.
     let store_computed_operands = |n: NodeIndex, mat: &mut Vec<bool>| {
-        for src in graph.srcs(n) {
+        for (i, src) in graph.srcs(n).into_iter().enumerate() {
             let mut cur = src;
             let mut reshape = None;
             while matches!(graph.node(cur).op, Op::Permute(_) | Op::Reshape | Op::Expand) && !mat[cur.index()] {
@@ -301,6 +311,9 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
                 mat[cur.index()] = true;
             }
             if !scrambled(graph, src, mat) {
+                continue;
+            }
+            if i == 1 && opts.patched_b.is_some_and(|least| gemm_volume(graph, n) >= least) && patch(graph, src, mat) {
                 continue;
             }
             match reshape {
@@ -574,6 +587,46 @@ fn scrambled(graph: &Graph, n: NodeIndex, mat: &[bool]) -> bool {
     }
     lower(graph, n, None, &[], mat)
         .is_some_and(|(ir, _)| crate::kernel::ir::affine_indices(&ir.outer, ir.out_rank()).is_none())
+}
+
+/// M * N * K of matmul `n` (per batch element).
+fn gemm_volume(graph: &Graph, n: NodeIndex) -> usize {
+    let a = graph.node(graph.srcs(n)[0]).shape.dims();
+    let out = graph.node(n).shape.dims();
+    out[out.len() - 2..].iter().product::<usize>() * a[a.len() - 1]
+}
+
+/// Rule 2f: whether matmul operand `b` (a view of `[.., K, N]`) can be read as a patched B, the data it views
+/// stored and its index separable into a part per K and per N ([`IExpr::separate`]), with unit steps along N
+/// almost everywhere (a convolution's patches at stride 1: runs of a row of output positions, which pack as
+/// vector copies); if so, marks that data stored. A scattered N (the weight gradient's `patches^T`, whose columns
+/// step through the 3 x 3 window) gathers element by element in the packing, and is copied once instead.
+fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool]) -> bool {
+    if graph.node(b).dtype != crate::DType::F32 || graph.node(b).shape.rank() < 2 {
+        return false;
+    }
+    let mut base = b;
+    while !mat[base.index()]
+        && matches!(graph.node(base).op, Op::Permute(_) | Op::Reshape | Op::Expand | Op::Slice(_) | Op::Unfold { .. })
+    {
+        base = graph.srcs(base)[0];
+    }
+    let was = mat[base.index()];
+    mat[base.index()] = true;
+    let readable = lower(graph, b, None, &[], mat).is_some_and(|(ir, _)| {
+        let rank = ir.out_rank();
+        let [inst] = ir.outer.as_slice() else { return false };
+        let InstOp::Load { index, valid: None, .. } = &inst.op else { return false };
+        let Some((parts, _)) = index.separate(rank) else { return false };
+        let n = ir.out_extents[rank - 1] as i64;
+        let cols: Vec<i64> = (0..n).map(|j| parts[rank - 1].eval(&vec![j; rank])).collect();
+        let unit = cols.windows(2).filter(|w| w[1] == w[0] + 1).count() as i64;
+        parts[..rank - 2].iter().all(|p| p.affine(rank).is_some()) && 4 * unit >= 3 * (n - 1)
+    });
+    if !readable {
+        mat[base.index()] = was;
+    }
+    readable
 }
 
 /// An arena slot for `b`: the best fit among the `free` slots, or a new one.

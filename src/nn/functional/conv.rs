@@ -2,12 +2,15 @@
 //! `adaptive_avg_pool2d`), NCHW as PyTorch, composed from movement ops and a GEMM so that autograd, every device
 //! and the GEMM tuner serve them unchanged.
 //!
-//! A convolution is lowered to a GEMM over patches (im2col): the padded input is sliced once per kernel position
-//! with the stride and dilation as slice steps, the `KH x KW` slices are stacked into `[N, C * KH * KW, OH * OW]`,
-//! and the weight, viewed as `[groups, O / groups, C / groups * KH * KW]`, multiplies each group's rows in one
-//! batched matmul. The patches are materialized (a copy the size of the input times `KH * KW`): what the GEMM's
-//! operand loads cannot yet index directly. A pooling stacks the same slices and reduces over them (max with -inf
-//! padding, mean with zeros), so its windows are exactly PyTorch's.
+//! A convolution is lowered to a GEMM over patches (im2col): the padded input's sliding windows (`unfold` along
+//! the height, then the width, with the stride and dilation: views, so the index stays affine) are viewed as
+//! `[N, G, C / G * KH * KW, OH * OW]`, and the weight, viewed as `[G, O / G, C / G * KH * KW]`, multiplies each
+//! group's rows in one batched matmul. The patches are not copied where the backend reads a patched GEMM operand
+//! (the CPU's generated GEMM packs them straight from the padded input through offset tables: schedule rule 2f);
+//! elsewhere they are stored once in the GEMM's layout. Their gradient (the weight's GEMM reads the patches
+//! transposed) and the input's (each window tap's gradient added back) compose from the same views. A pooling
+//! stacks strided slices and reduces over them (max with -inf padding, mean with zeros), so its windows are exactly
+//! PyTorch's.
 
 use super::float_only;
 use crate::args::fail;
@@ -103,9 +106,12 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, opts: &Conv2dO
         );
     };
     let xp = x.pad(&[(opts.padding[1], opts.padding[1]), (opts.padding[0], opts.padding[0])], 0.0);
-    let cols = windows(&xp, [kh, kw], opts.stride, opts.dilation, [oh, ow]);
-    // [N, C, KH*KW, OH, OW] -> [N, G, C/G * KH*KW, OH*OW]: channel-major within a group, as the weight's layout.
-    let cols = cols.reshape(vec![n, g, cg * kh * kw, oh * ow]);
+    let (s, d) = (opts.stride, opts.dilation);
+    // [N, C, OH, OW, KH, KW] -> [N, C, KH, KW, OH, OW] -> [N, G, C/G * KH*KW, OH*OW]: channel-major within a
+    // group, as the weight's layout.
+    let cols = xp.unfold_dilated(2, kh, s[0], d[0]).unfold_dilated(3, kw, s[1], d[1]);
+    debug_assert_eq!(&cols.dims()[2..4], &[oh, ow]);
+    let cols = cols.permute([0, 1, 4, 5, 2, 3]).reshape(vec![n, g, cg * kh * kw, oh * ow]);
     let wm = weight.reshape(vec![g, o / g, cg * kh * kw]);
     let y = wm.matmul(&cols).reshape(vec![n, o, oh, ow]);
     match bias {

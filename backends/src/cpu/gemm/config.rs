@@ -183,6 +183,7 @@ impl GemmImpl {
             }
             // Every other candidate reads and writes f32.
             _ if !f32s => false,
+            _ if v.b.patch.is_some() && !packs_b(self) => false,
             GemmImpl::Asm(c) => c.isa.present() && legal(v, c),
             GemmImpl::Library => v.batch.is_empty(),
             GemmImpl::Dot => dot_legal(v),
@@ -314,6 +315,11 @@ pub const SKINNY_M: usize = 16;
 /// of the candidate-set checksum).
 pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
     candidates_for(v, library, isa::allowed().unwrap_or(&[]))
+}
+
+/// A generated f32 kernel that packs B: the one family that reads a patched B (through its offset tables).
+fn packs_b(c: &GemmImpl) -> bool {
+    matches!(c, GemmImpl::Asm(c) if c.pack_b)
 }
 
 /// The register tiles (MR, NV) a family offers: large problems, and skinny ones (a few rows streaming B).
@@ -511,6 +517,9 @@ pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl
             }
         }
     }
+    if v.b.patch.is_some() {
+        out.retain(packs_b);
+    }
     out
 }
 
@@ -599,6 +608,10 @@ pub const UPDATE_MAX_K: usize = 64;
 pub struct StepContext {
     pub b_rewritten: bool,
     pub output_replaces_input: bool,
+    /// B is a patched operand (`kiln_jit::kernel::gemm::Patch`): only generated kernels that pack B read it. Its
+    /// canonical tuning problem is a plain GEMM, so the context carries this, and it narrows the candidates (and
+    /// so the tuning key, which holds them).
+    pub patched_b: bool,
 }
 
 /// The candidates for a GEMM in a compiled plan: [`candidates`], narrowed where the plan around it decides what is
@@ -613,6 +626,9 @@ pub struct StepContext {
 ///
 /// The candidate set is part of the tuning key, so these records never mix with an isolated GEMM's.
 pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<GemmImpl> {
+    if cx.patched_b {
+        return candidates(v, library).into_iter().filter(packs_b).collect();
+    }
     if cx.b_rewritten && splitk_legal(v) {
         return vec![GemmImpl::SplitK];
     }
@@ -787,7 +803,7 @@ mod tests {
     use kiln_jit::kernel::gemm::GemmOperand;
 
     fn view(m: usize, n: usize, k: usize) -> GemmView {
-        let op = |rows: i64, cols: i64| GemmOperand { buf: 0, offset: 0, batch: vec![], rows, cols };
+        let op = |rows: i64, cols: i64| GemmOperand { buf: 0, offset: 0, batch: vec![], rows, cols, patch: None };
         GemmView {
             batch: vec![],
             m,
@@ -807,7 +823,7 @@ mod tests {
     #[test]
     fn skinny_gemms_rank_generated_kernels_first() {
         let linear = |m: usize, n: usize, k: usize| GemmView {
-            b: GemmOperand { buf: 0, offset: 0, batch: vec![], rows: 1, cols: k as i64 },
+            b: GemmOperand { buf: 0, offset: 0, batch: vec![], rows: 1, cols: k as i64, patch: None },
             ..view(m, n, k)
         };
         let kn = [(1, 256, 128), (1, 128, 256), (2, 1024, 1024), (8, 4096, 4096)].map(|(m, n, k)| view(m, n, k));
@@ -893,7 +909,7 @@ mod tests {
         }
         // B stored N x K (a linear layer): the dot-product candidate joins at a few rows, named reversibly.
         let mut linear = view(4, 300, 77);
-        linear.b = GemmOperand { buf: 0, offset: 0, batch: vec![], rows: 1, cols: 77 };
+        linear.b = GemmOperand { buf: 0, offset: 0, batch: vec![], rows: 1, cols: 77, patch: None };
         let cands = candidates(&linear, true);
         assert!(cands.contains(&GemmImpl::Dot) && dot_legal(&linear));
         assert_eq!(GemmImpl::parse(&GemmImpl::Dot.name()), Some(GemmImpl::Dot));

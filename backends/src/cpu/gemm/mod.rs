@@ -83,6 +83,8 @@ pub struct CompiledGemm {
     transposed: Option<Box<CompiledGemm>>,
     /// The K-split AMX GEMM's f32 partial sums, one padded M x N block per thread (allocated when built).
     partials: parking_lot::Mutex<Vec<f32>>,
+    /// A patched B's offsets (`view.b.patch` evaluated): one per k-step, one per column.
+    b_tables: Option<(Vec<i64>, Vec<i64>)>,
     /// Set by the backend when the epilogue is not in registers.
     pub(crate) pass: Option<Pass>,
     pub uses_pass: bool,
@@ -131,6 +133,10 @@ impl CompiledGemm {
         if !imp.legal_for(&g.view) {
             return Err(format!("{} is not legal for this GEMM", imp.name()));
         }
+        if let Some(p) = &g.view.b.patch {
+            let table = |e: &kiln_jit::kernel::index::IExpr, n: usize| (0..n as i64).map(|i| e.eval(&[i])).collect();
+            g.b_tables = Some((table(&p.rows, g.view.k), table(&p.cols, g.view.n)));
+        }
         let c = match imp {
             GemmImpl::Bf16(a) => {
                 g.generate_bf16(k, a, threads, cache)?;
@@ -178,6 +184,7 @@ impl CompiledGemm {
             parts: 1,
             transposed: None,
             partials: parking_lot::Mutex::new(Vec::new()),
+            b_tables: None,
             pass: None,
             uses_pass: false,
         }
@@ -736,7 +743,13 @@ impl CompiledGemm {
                 // kernel IR, whose affine indices stay within each declared buffer for every (b, m, n, k) in range;
                 // every index formed here is such an index.
                 let bsrc = unsafe { cx.b.offset((bo.b + pc as i64 * v.b.rows) as isize) };
-                let bpack = if c.pack_b {
+                let bpack = if let Some((rows, cols)) = &self.b_tables {
+                    // (legal_for: a patched B is only read by configurations that pack it.)
+                    let dst = s.b(panels * nr * kb);
+                    let base = unsafe { cx.b.offset(bo.b as isize) };
+                    unsafe { pack::pack_b_table(dst, base, &rows[pc..pc + kb], &cols[jc..jc + nb], nr) };
+                    dst as *const f32
+                } else if c.pack_b {
                     let dst = s.b(panels * nr * kb);
                     unsafe { pack::pack_b(dst, bsrc, v.b.rows, v.b.cols, jc, nb, kb, nr) };
                     dst as *const f32

@@ -64,6 +64,40 @@ pub unsafe fn pack_a(dst: *mut f32, src: *const f32, rs: i64, ks: i64, m0: usize
     }
 }
 
+/// Packs a patched B (`kiln_jit::kernel::gemm::Patch`: a convolution's patches read in the padded input): element
+/// (k, n) of the block at `src + rows[k] + cols[n]`, `rows` and `cols` the offsets of this block's k-steps and
+/// columns, into NR-wide panels as [`pack_b`]. A panel whose columns are consecutive elements (a run of output
+/// positions along one row of the image, at stride 1) is one vector copy per k-step; others gather element by
+/// element. Zero-padded past the last column.
+///
+/// # Safety
+/// `src + rows[k] + cols[n]` must be valid for every k and n given, and `dst` for `ceil(cols.len() / nr) * nr *
+/// rows.len()` floats.
+pub unsafe fn pack_b_table(dst: *mut f32, src: *const f32, rows: &[i64], cols: &[i64], nr: usize) {
+    let kb = rows.len();
+    for (p, panel) in cols.chunks(nr).enumerate() {
+        // SAFETY: panel p of `dst` holds nr * kb floats, per the caller.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.add(p * nr * kb), nr * kb) };
+        if panel.len() < nr {
+            out.fill(0.0);
+        }
+        let run = panel.len() == nr && panel.windows(2).all(|w| w[1] == w[0] + 1);
+        for (k, &r) in rows.iter().enumerate() {
+            let line = &mut out[k * nr..k * nr + panel.len()];
+            if run {
+                // SAFETY: the panel's elements at this k-step are nr consecutive floats from `r + panel[0]`.
+                let from = unsafe { std::slice::from_raw_parts(src.offset((r + panel[0]) as isize), nr) };
+                line.copy_from_slice(from);
+            } else {
+                for (x, &c) in line.iter_mut().zip(panel) {
+                    // SAFETY: (k, n) is in range, per the caller.
+                    *x = unsafe { *src.offset((r + c) as isize) };
+                }
+            }
+        }
+    }
+}
+
 /// Packs columns `n0..n0 + nb` and `kb` k-steps of B (element (k, n) at `src + k*ks + n*ns`) into `dst`.
 ///
 /// # Safety

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 /// GEMMs smaller than this (M*N*K) stay Cranelift kernels: the blocked driver's fixed costs would dominate.
-const GEMM_MIN_VOLUME: usize = 4096;
+pub(crate) const GEMM_MIN_VOLUME: usize = 4096;
 
 /// Whether GEMMs run as generated AVX2 code: the host has AVX2+FMA and `KILN_GEMM=clif` (Cranelift kernels only, to
 /// bisect) is not set.
@@ -106,7 +106,8 @@ pub(crate) fn gemm_for(
     }
     // A `KILN_CPU_ISA` this CPU cannot honour is the user's error to see, not a quiet fallback.
     crate::cpu::isa::allowed()?;
-    let Some(view) = kiln_jit::kernel::gemm::GemmView::of(k) else { return Ok(None) };
+    let Some(view) = kiln_jit::kernel::gemm::GemmView::of_patched(k) else { return Ok(None) };
+    let cx = super::config::StepContext { patched_b: view.b.patch.is_some(), ..cx };
     if view.m * view.n * view.k < GEMM_MIN_VOLUME {
         return Ok(None);
     }
@@ -311,7 +312,7 @@ impl PreparedGemm {
         if !super::asm::host_supported() {
             return Err("this host has no AVX2+FMA".into());
         }
-        let view = kiln_jit::kernel::gemm::GemmView::of(k).ok_or("not a GEMM")?;
+        let view = kiln_jit::kernel::gemm::GemmView::of_patched(k).ok_or("not a GEMM")?;
         let compiler = COMPILER.as_ref().map_err(|e| e.clone())?;
         let gemm = build_gemm(&mut compiler.lock(), k, view, imp, pool::global().threads(), None, None)?;
         Ok(PreparedGemm { kernel: k.clone(), gemm })
