@@ -285,10 +285,13 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
                 spec[*axis] = (i * dilation, *step as isize);
                 slice_vjp(&g.narrow(last, i, 1).squeeze(last), x.dims(), &spec)
             };
-            // The graph check keeps `size >= 1`. The sum is stored: read through the taps of another unfold's
-            // gradient (a convolution's two spatial dims), its strided taps' index expressions compose into
-            // one another (3 x 3 taps at stride 2 made a kernel of 8 MB of kernel IR that compiled for seconds).
-            (1..*size).fold(tap(0), |sum, i| sum.add(tap(i))).contiguous()
+            // The graph check keeps `size >= 1`. With a step past 1 the sum is stored: read through the taps of
+            // another unfold's gradient (a convolution's two spatial dims), its taps' zero interleaving (a reshape
+            // each) composes into one another's index expressions (3 x 3 taps at stride 2 made a kernel of 8 MB of
+            // kernel IR that compiled for seconds). At step 1 the taps are pads, and a convolution's input
+            // gradient is one kernel adding its KH x KW shifted reads, in the input's layout.
+            let sum = (1..*size).fold(tap(0), |sum, i| sum.add(tap(i)));
+            if *step > 1 { sum.contiguous() } else { sum }
         }
         Op::Pad { pads, .. } => {
             let mut out = g.clone();

@@ -164,3 +164,52 @@ fn long_elementwise_kernels_match_the_interpreter_through_the_jit() {
         }
     }
 }
+
+/// A convolution's GEMM reads its patches where the padded input stores them (rule 2f, where the backend reads a
+/// patched B): two kernels, the pad and the GEMM, no im2col copy. Its input gradient is one kernel adding the
+/// window taps of the patches' gradient, each read with an index free of divisions: the pads' wrapped source
+/// indices let the reshapes above them simplify (`IExpr::Wrap`).
+#[test]
+fn a_convolution_reads_its_patches_in_place_and_its_input_gradient_without_divisions() {
+    use kiln::nn::functional::{Conv2dOptions, conv2d};
+    use kiln_jit::kernel::{IExpr, ScheduleOptions, schedule_with};
+    let (x, w) = (rand(&[2, 8, 12, 12]), rand(&[16, 8, 3, 3]));
+    kiln::realize(&[&x, &w]).unwrap();
+    let same = Conv2dOptions { padding: [1, 1], ..Default::default() };
+    let y = conv2d(&x, &w, None, &same);
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let patched = ScheduleOptions { patched_b: Some(1), ..Default::default() };
+    let plan = schedule_with(&cap.graph, patched);
+    // The patches, [2, 72, 144], are never stored: the kernels are the pad, the GEMM and the weight's small copy.
+    let patches = 2 * 72 * 144;
+    let stored = |plan: &kiln_jit::kernel::KernelPlan| {
+        plan.launches.iter().filter(|l| !l.kernel.name.starts_with("G_")).any(|l| l.kernel.output.len >= patches)
+    };
+    let names: Vec<&String> = plan.launches.iter().map(|l| &l.kernel.name).collect();
+    assert!(!stored(&plan), "{names:?}");
+    let gemm = &plan.launches.last().unwrap().kernel;
+    let view = kiln_jit::kernel::gemm::GemmView::of_patched(gemm).unwrap_or_else(|| panic!("not a GEMM:\n{gemm}"));
+    assert!(view.b.patch.is_some(), "B is not read as patches:\n{gemm}");
+    // Without the option, the patches are stored in the GEMM's layout first.
+    assert!(stored(&schedule(&cap.graph)));
+
+    let xg = x.detach().requires_grad();
+    let dy = rand(&[2, 16, 12, 12]);
+    let grads = conv2d(&xg, &w, None, &same).mul(&dy).sum_all().backward().unwrap();
+    let dx = grads.get(&xg).unwrap();
+    let cap = kiln::capture(&[dx]).expect("capture");
+    let plan = schedule(&cap.graph);
+    let last = &plan.launches.last().unwrap().kernel;
+    fn divides(e: &IExpr) -> bool {
+        match e {
+            IExpr::Div(..) | IExpr::Mod(..) | IExpr::Wrap(..) => true,
+            IExpr::Add(ts) => ts.iter().any(divides),
+            IExpr::Mul(x, _) => divides(x),
+            IExpr::Var(_) | IExpr::Const(_) => false,
+        }
+    }
+    let loads = last.outer.iter().filter(|i| matches!(i.op, kiln_jit::kernel::InstOp::Load { .. })).count();
+    assert_eq!(loads, 9, "one load per window tap:\n{last}");
+    assert!(!last.outer.iter().flat_map(|i| i.indices()).any(divides), "an index divides:\n{last}");
+    kernels(dx);
+}

@@ -20,6 +20,11 @@ pub enum IExpr {
     Div(Box<IExpr>, i64),
     /// Remainder by a positive constant, of a non-negative value.
     Mod(Box<IExpr>, i64),
+    /// `x % n` standing for `x` where `x` is known to be in `0..n` wherever the value is used: a padded dim's
+    /// source index, read only under the pad's range check. Its bounds let the simplifier see through the reshapes
+    /// above it (a convolution's input gradient read its taps through divisions per element without); lowering
+    /// removes it ([`IExpr::unwrap_known`]) before the index reaches an instruction; evaluated and rendered as `x`.
+    Wrap(Box<IExpr>, i64),
 }
 
 /// `Σ coef_v x_v + c` as `k q + r` with every coefficient (and `c`) split as `k (a div k) + (a mod k)`: `(q, r)`
@@ -33,40 +38,66 @@ fn split_by(coef: &[i64], c: i64, k: i64, extents: &[usize]) -> Option<(IExpr, I
     (lo >= 0 && hi < k).then(|| (IExpr::from_affine(&q, c.div_euclid(k)), rest))
 }
 
-/// An affine `Σ coef_v x_v + c` as `g X + r` with `g` a factor of `k` (one of the coefficients), `X` the terms
-/// that `g` divides (divided by it) and `r` the rest in `0..g` over the variables' ranges: `(X, k / g, (g, r))`,
-/// the largest such `g` first; `None` where there is none.
-fn common_factor(coef: &[i64], c: i64, k: i64, extents: &[usize]) -> Option<(IExpr, i64, (i64, IExpr))> {
-    let mut gs: Vec<i64> = coef.iter().map(|a| a.abs()).filter(|&g| g > 1 && g < k && k % g == 0).collect();
+/// Terms of a sum: (atom, coefficient).
+type Terms = Vec<(IExpr, i64)>;
+
+/// A sum as `Σ coef * atom + c`, the atoms being variables and the subexpressions that are not sums, products or
+/// constants (a division, a remainder, a wrap), equal atoms merged, none with a zero coefficient.
+fn atoms(x: &IExpr) -> (Terms, i64) {
+    fn walk(e: &IExpr, k: i64, out: &mut Vec<(IExpr, i64)>, c: &mut i64) {
+        match e {
+            IExpr::Const(x) => *c += k * x,
+            IExpr::Add(ts) => ts.iter().for_each(|t| walk(t, k, out, c)),
+            IExpr::Mul(x, m) => walk(x, k * m, out, c),
+            _ => match out.iter_mut().find(|(a, _)| a == e) {
+                Some((_, q)) => *q += k,
+                None => out.push((e.clone(), k)),
+            },
+        }
+    }
+    let (mut out, mut c) = (Vec::new(), 0);
+    walk(x, 1, &mut out, &mut c);
+    out.retain(|(_, k)| *k != 0);
+    (out, c)
+}
+
+/// `Σ coef * atom + c` as an expression.
+fn from_atoms(terms: &[(IExpr, i64)], c: i64) -> IExpr {
+    let mut out: Vec<IExpr> =
+        terms.iter().map(|(a, k)| if *k == 1 { a.clone() } else { a.clone().times(*k) }).collect();
+    if c != 0 || out.is_empty() {
+        out.push(IExpr::Const(c));
+    }
+    if out.len() == 1 { out.pop().expect("one term") } else { IExpr::Add(out) }
+}
+
+/// A sum of atoms as `k q + r` with `q` the terms whose coefficients `k` divides (and `c div k`): `(q, r)`;
+/// `None` where that splits nothing off. `(k q + r) / k == q + r / k` and `(k q + r) % k == r % k` for Euclidean
+/// division, whatever the signs.
+fn multiples(terms: &[(IExpr, i64)], c: i64, k: i64) -> Option<(IExpr, IExpr)> {
+    let (q, r): (Terms, Terms) = terms.iter().cloned().partition(|(_, a)| a % k == 0);
+    if q.is_empty() && c.div_euclid(k) == 0 {
+        return None;
+    }
+    let q: Terms = q.into_iter().map(|(a, m)| (a, m / k)).collect();
+    Some((from_atoms(&q, c.div_euclid(k)), from_atoms(&r, c.rem_euclid(k))))
+}
+
+/// A sum of atoms as `g X + r` with `g` a factor of `k` (one of the coefficients), `X` the terms that `g` divides
+/// (divided by it) and `r` the rest, in `0..g` over the variables' ranges: `(X, k / g, (g, r))`, the largest such
+/// `g` first; `None` where there is none. Then `(g X + r) / (g m) == X / m` and `(g X + r) % (g m) == g (X % m) +
+/// r`: a window position `(k * 3136 + p) / 28224` with `p < 3136` is `k / 9`.
+fn common_factor(terms: &[(IExpr, i64)], c: i64, k: i64, extents: &[usize]) -> Option<(IExpr, i64, (i64, IExpr))> {
+    let mut gs: Vec<i64> = terms.iter().map(|(_, a)| a.abs()).filter(|&g| g > 1 && g < k && k % g == 0).collect();
     gs.sort_unstable_by(|a, b| b.cmp(a));
     gs.dedup();
     gs.into_iter().find_map(|g| {
-        let (big, small): (Vec<i64>, Vec<i64>) =
-            coef.iter().map(|&a| if a % g == 0 { (a / g, 0) } else { (0, a) }).unzip();
-        let r = IExpr::from_affine(&small, c.rem_euclid(g));
+        let (big, small): (Terms, Terms) = terms.iter().cloned().partition(|(_, a)| a % g == 0);
+        let r = from_atoms(&small, c.rem_euclid(g));
         let (lo, hi) = r.bounds(extents);
-        (lo >= 0 && hi < g).then(|| (IExpr::from_affine(&big, c.div_euclid(g)), k / g, (g, r)))
+        let big: Terms = big.into_iter().map(|(a, m)| (a, m / g)).collect();
+        (lo >= 0 && hi < g).then(|| (from_atoms(&big, c.div_euclid(g)), k / g, (g, r)))
     })
-}
-
-/// A sum that is not affine, `y + k z` with `z` the affine multiples of `k` among its terms: `(z, y)`; `None`
-/// where there are none (or `x` is not a sum).
-fn pull_multiples(x: &IExpr, k: i64, n: usize) -> Option<(IExpr, IExpr)> {
-    let IExpr::Add(ts) = x else { return None };
-    let (mut z, mut zc) = (vec![0; n], 0);
-    let mut y = Vec::with_capacity(ts.len());
-    for t in ts {
-        match t.affine(n) {
-            Some((coef, c)) => {
-                let rest: Vec<i64> = coef.iter().map(|a| a.rem_euclid(k)).collect();
-                z.iter_mut().zip(&coef).for_each(|(q, a)| *q += a.div_euclid(k));
-                zc += c.div_euclid(k);
-                y.push(IExpr::from_affine(&rest, c.rem_euclid(k)));
-            }
-            None => y.push(t.clone()),
-        }
-    }
-    (zc != 0 || z.iter().any(|&q| q != 0)).then(|| (IExpr::from_affine(&z, zc), IExpr::Add(y)))
 }
 
 /// Inclusive bounds of an expression given the variables' extents.
@@ -83,7 +114,7 @@ fn bounds(e: &IExpr, ext: &[usize]) -> (i64, i64) {
             let (lo, hi) = bounds(x, ext);
             (lo.div_euclid(*k), hi.div_euclid(*k))
         }
-        IExpr::Mod(x, k) => {
+        IExpr::Mod(x, k) | IExpr::Wrap(x, k) => {
             let (lo, hi) = bounds(x, ext);
             if lo >= 0 && hi < *k { (lo, hi) } else { (0, k - 1) }
         }
@@ -122,7 +153,7 @@ impl IExpr {
                 IExpr::Const(x) => *c += k * x,
                 IExpr::Add(ts) => return ts.iter().all(|t| walk(t, k, coef, c)),
                 IExpr::Mul(x, m) => return walk(x, k * m, coef, c),
-                IExpr::Div(..) | IExpr::Mod(..) => return false,
+                IExpr::Div(..) | IExpr::Mod(..) | IExpr::Wrap(..) => return false,
             }
             true
         }
@@ -136,7 +167,7 @@ impl IExpr {
                 IExpr::Var(v) => out.push(*v),
                 IExpr::Const(_) => {}
                 IExpr::Add(ts) => ts.iter().for_each(|t| walk(t, out)),
-                IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) => walk(x, out),
+                IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) | IExpr::Wrap(x, _) => walk(x, out),
             }
         }
         let mut out = Vec::new();
@@ -242,32 +273,26 @@ impl IExpr {
                 if lo.div_euclid(*k) == hi.div_euclid(*k) {
                     return IExpr::Const(lo.div_euclid(*k));
                 }
-                // (k*q + r) / k == q + r / k when every term of q's part is a multiple of k and r >= 0.
                 if let Some((coef, c)) = x.affine(n) {
+                    // Coefficients past the divisor, where the remainders stay below it.
                     if let Some((q, _)) = split_by(&coef, c, *k, extents) {
                         return q;
                     }
-                    let (mut q, mut r) = (vec![0; n], vec![0; n]);
-                    for v in 0..n {
-                        if coef[v] % k == 0 { q[v] = coef[v] / k } else { r[v] = coef[v] }
-                    }
-                    let (qc, rc) = (c.div_euclid(*k), c.rem_euclid(*k));
-                    let rest = IExpr::from_affine(&r, rc);
-                    let (rlo, rhi) = rest.bounds(extents);
+                }
+                let (terms, c) = atoms(&x);
+                // Only where the rest is non-negative: renderers divide unsigned (index values are non-negative
+                // where they are divided, and stay so).
+                if let Some((q, r)) = multiples(&terms, c, *k) {
+                    let (rlo, rhi) = r.bounds(extents);
                     if rlo >= 0 && rhi < *k {
-                        return IExpr::from_affine(&q, qc);
+                        return q;
                     }
-                    if rlo >= 0 && q.iter().any(|&a| a != 0) {
-                        return IExpr::Add(vec![IExpr::from_affine(&q, qc), rest.floor_div(*k)]).simplify(extents);
+                    if rlo >= 0 && q != IExpr::Const(0) {
+                        return IExpr::Add(vec![q, r.floor_div(*k)]).simplify(extents);
                     }
-                    // (g X + r) / (g m) == X / m where 0 <= r < g: a window position `(k * 3136 + p) / 28224`
-                    // with p < 3136 is `k / 9`.
-                    if let Some((x, m, _)) = common_factor(&coef, c, *k, extents) {
-                        return x.floor_div(m).simplify(extents);
-                    }
-                } else if let Some((z, y)) = pull_multiples(&x, *k, n) {
-                    // (y + k z) / k == y / k + z (Euclidean division, any signs).
-                    return IExpr::Add(vec![y.floor_div(*k), z]).simplify(extents);
+                }
+                if let Some((x, m, _)) = common_factor(&terms, c, *k, extents) {
+                    return x.floor_div(m).simplify(extents);
                 }
                 IExpr::Div(Box::new(x), *k)
             }
@@ -280,30 +305,54 @@ impl IExpr {
                 if lo >= 0 && hi < *k {
                     return x;
                 }
-                // (k*q + r) % k == r % k: drop the terms that are multiples of k.
-                if let Some((coef, c)) = x.affine(n) {
-                    if let Some((_, r)) = split_by(&coef, c, *k, extents) {
+                if let Some((coef, c)) = x.affine(n)
+                    && let Some((_, r)) = split_by(&coef, c, *k, extents)
+                {
+                    return r;
+                }
+                let (terms, c) = atoms(&x);
+                if let Some((_, r)) = multiples(&terms, c, *k) {
+                    let (rlo, rhi) = r.bounds(extents);
+                    if rlo >= 0 && rhi < *k {
                         return r;
                     }
-                    let r: Vec<i64> = coef.iter().map(|&a| if a % k == 0 { 0 } else { a }).collect();
-                    let rest = IExpr::from_affine(&r, c.rem_euclid(*k));
-                    let (rlo, rhi) = rest.bounds(extents);
-                    if rlo >= 0 && rhi < *k {
-                        return rest;
+                    if rlo >= 0 && r != x {
+                        return r.modulo(*k).simplify(extents);
                     }
-                    if rlo >= 0 && rest != x {
-                        return rest.modulo(*k);
-                    }
-                    // (g X + r) % (g m) == g (X % m) + r where 0 <= r < g.
-                    if let Some((x, m, (g, r))) = common_factor(&coef, c, *k, extents) {
-                        return IExpr::Add(vec![x.modulo(m).times(g), r]).simplify(extents);
-                    }
-                } else if let Some((_, y)) = pull_multiples(&x, *k, n) {
-                    // (y + k z) % k == y % k.
-                    return y.modulo(*k).simplify(extents);
+                }
+                if let Some((x, m, (g, r))) = common_factor(&terms, c, *k, extents) {
+                    return IExpr::Add(vec![x.modulo(m).times(g), r]).simplify(extents);
                 }
                 IExpr::Mod(Box::new(x), *k)
             }
+            IExpr::Wrap(x, k) => {
+                let x = x.simplify(extents);
+                let (lo, hi) = x.bounds(extents);
+                if lo >= 0 && hi < *k { x } else { IExpr::Wrap(Box::new(x), *k) }
+            }
+        }
+    }
+
+    /// The expression with every [`IExpr::Wrap`] replaced by what it wraps: equal wherever the wraps' values are
+    /// in range, which the lowering guarantees where it calls this (under the pads' range checks).
+    pub fn unwrap_known(&self) -> IExpr {
+        match self {
+            IExpr::Var(_) | IExpr::Const(_) => self.clone(),
+            IExpr::Add(ts) => IExpr::Add(ts.iter().map(|t| t.unwrap_known()).collect()),
+            IExpr::Mul(x, k) => IExpr::Mul(Box::new(x.unwrap_known()), *k),
+            IExpr::Div(x, k) => IExpr::Div(Box::new(x.unwrap_known()), *k),
+            IExpr::Mod(x, k) => IExpr::Mod(Box::new(x.unwrap_known()), *k),
+            IExpr::Wrap(x, _) => x.unwrap_known(),
+        }
+    }
+
+    /// Whether the expression holds an [`IExpr::Wrap`].
+    pub fn has_wrap(&self) -> bool {
+        match self {
+            IExpr::Var(_) | IExpr::Const(_) => false,
+            IExpr::Add(ts) => ts.iter().any(|t| t.has_wrap()),
+            IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) => x.has_wrap(),
+            IExpr::Wrap(..) => true,
         }
     }
 
@@ -316,6 +365,7 @@ impl IExpr {
             IExpr::Mul(x, k) => IExpr::Mul(Box::new(x.map_vars(f)), *k),
             IExpr::Div(x, k) => IExpr::Div(Box::new(x.map_vars(f)), *k),
             IExpr::Mod(x, k) => IExpr::Mod(Box::new(x.map_vars(f)), *k),
+            IExpr::Wrap(x, k) => IExpr::Wrap(Box::new(x.map_vars(f)), *k),
         }
     }
 
@@ -328,6 +378,8 @@ impl IExpr {
             IExpr::Mul(x, k) => x.eval(vars) * k,
             IExpr::Div(x, k) => x.eval(vars).div_euclid(*k),
             IExpr::Mod(x, k) => x.eval(vars).rem_euclid(*k),
+            // What it stands for (in range wherever it is used).
+            IExpr::Wrap(x, _) => x.eval(vars),
         }
     }
 }
@@ -350,6 +402,7 @@ impl fmt::Display for IExpr {
             IExpr::Mul(x, k) => write!(f, "{x}*{k}"),
             IExpr::Div(x, k) => write!(f, "{x}/{k}"),
             IExpr::Mod(x, k) => write!(f, "{x}%{k}"),
+            IExpr::Wrap(x, k) => write!(f, "wrap({x}, 0..{k})"),
         }
     }
 }

@@ -60,6 +60,7 @@ fn non_affine(k: &KernelIr) -> usize {
             IExpr::Add(ts) => ts.iter().map(count).sum(),
             IExpr::Mul(x, _) => count(x),
             IExpr::Div(x, _) | IExpr::Mod(x, _) => 1 + count(x),
+            IExpr::Wrap(x, _) => count(x),
         }
     }
     exprs(k).into_iter().map(count).sum()
@@ -91,7 +92,7 @@ fn candidates(k: &KernelIr) -> Vec<(usize, usize)> {
                     None => stack.push(x),
                 },
                 IExpr::Add(ts) => stack.extend(ts.iter()),
-                IExpr::Mul(x, _) => stack.push(x),
+                IExpr::Mul(x, _) | IExpr::Wrap(x, _) => stack.push(x),
                 IExpr::Var(_) | IExpr::Const(_) => {}
             }
         }

@@ -81,7 +81,14 @@ fn unflatten(flat: &IExpr, dims: &[usize], extents: &[usize]) -> Vec<IExpr> {
 
 impl Lowerer<'_> {
     fn push(&mut self, op: InstOp, dtype: DType) -> ValueId {
-        self.insts.push(Inst { op, dtype });
+        let mut inst = Inst { op, dtype };
+        // A padded dim's wrapped source index is in range wherever the instruction's value is used (under the
+        // pad's range check): it is the index itself there (`IExpr::Wrap`).
+        if inst.indices().iter().any(|e| e.has_wrap()) {
+            let extents = &self.extents;
+            inst.map_indices(&|e| if e.has_wrap() { e.unwrap_known().simplify(extents) } else { e.clone() });
+        }
+        self.insts.push(inst);
         self.insts.len() - 1
     }
 
@@ -302,10 +309,18 @@ impl Lowerer<'_> {
                     // A source dim of one element is read at 0 wherever the pad lets it be read (a stacked slice:
                     // `e - b` would carry the position along the stack into every index after it, through the
                     // reshapes that merge dims, as divisions the kernel computes per element).
+                    // Where the range is checked, the source index is read only inside it: wrapped, its bounds
+                    // are the source dim's, so the reshapes above the pad split it like an index that never
+                    // leaves the dim (a convolution's input gradient reads each window tap through the patches'
+                    // reshape, which otherwise divided per element).
+                    let shifted = IExpr::Add(vec![e.clone(), IExpr::Const(-b)]).simplify(&self.extents);
+                    let checked = lo < b || hi >= b + n;
                     src_idx.push(if n == 1 {
                         IExpr::Const(0)
+                    } else if checked {
+                        IExpr::Wrap(Box::new(shifted), n)
                     } else {
-                        IExpr::Add(vec![e.clone(), IExpr::Const(-b)]).simplify(&self.extents)
+                        shifted
                     });
                 }
                 if ranges.is_empty() {

@@ -297,7 +297,7 @@ fn mentions_var(e: &IExpr, v: usize) -> bool {
         IExpr::Var(x) => *x == v,
         IExpr::Const(_) => false,
         IExpr::Add(ts) => ts.iter().any(|t| mentions_var(t, v)),
-        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) => mentions_var(x, v),
+        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) | IExpr::Wrap(x, _) => mentions_var(x, v),
     }
 }
 

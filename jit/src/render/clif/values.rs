@@ -68,6 +68,8 @@ impl Emitter<'_> {
                 let x = self.iexpr(x, lane);
                 self.b.ins().urem_imm_u(x, *k)
             }
+            // What it stands for (lowering removes wraps; see `IExpr::Wrap`).
+            IExpr::Wrap(x, _) => self.iexpr(x, lane),
         }
     }
 

@@ -32,6 +32,8 @@ pub fn iexpr<D: Dialect>(dl: &D, e: &IExpr) -> String {
         // Index values are non-negative where they are divided, so truncating division is floor division.
         IExpr::Div(x, k) => format!("({} / {})", iexpr(dl, x), lit(*k)),
         IExpr::Mod(x, k) => format!("({} % {})", iexpr(dl, x), lit(*k)),
+        // What it stands for (lowering removes wraps; see `IExpr::Wrap`).
+        IExpr::Wrap(x, _) => iexpr(dl, x),
     }
 }
 

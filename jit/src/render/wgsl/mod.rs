@@ -166,7 +166,7 @@ fn fits_i32(e: &IExpr, extents: &[usize]) -> bool {
     ok && match e {
         IExpr::Var(_) | IExpr::Const(_) => true,
         IExpr::Add(ts) => ts.iter().all(|t| fits_i32(t, extents)),
-        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) => fits_i32(x, extents),
+        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) | IExpr::Wrap(x, _) => fits_i32(x, extents),
     }
 }
 

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""conv2d in PyTorch (oneDNN) and in kiln on the layers of examples/bench_conv.rs, in one session.
+
+Each of `--rounds R` (default 3) runs `cargo run --release --example bench_conv -- --json` and then PyTorch's
+`F.conv2d` on the same shapes, close in time (the host alternates between fast and slow phases). Every figure is the
+median of `--runs` calls after two warm-up calls; the table gives each side's median over the rounds and the ratio
+of the medians (PyTorch time / kiln time, so > 1 means kiln is faster), with the per-round ratios' range in brackets.
+The forward + backward row times `y = conv2d(x, w)`, `(y * dy).sum().backward()` with both gradients (`dy` fixed
+random values).
+
+    python3 benches/compare/conv_torch.py [--threads T] [--runs N] [--rounds R]
+
+Threads: T (default 2): torch.set_num_threads(T), and kiln runs with KILN_NUM_THREADS=T. See README.md here for
+installing PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# (name, input, weight, stride, padding, backward): examples/bench_conv.rs's LAYERS, in order.
+LAYERS = [
+    ("3x3 64->64 56x56 b8", (8, 64, 56, 56), (64, 64, 3, 3), 1, 1, False),
+    ("3x3 s2 64->128 56x56 b8", (8, 64, 56, 56), (128, 64, 3, 3), 2, 1, False),
+    ("1x1 256->64 56x56 b8", (8, 256, 56, 56), (64, 256, 1, 1), 1, 0, False),
+    ("7x7 s2 3->64 224x224 b8", (8, 3, 224, 224), (64, 3, 7, 7), 2, 3, False),
+    ("3x3 64->64 56x56 b8, fwd+bwd", (8, 64, 56, 56), (64, 64, 3, 3), 1, 1, True),
+]
+
+
+def torch_times(torch, runs: int) -> dict[str, float]:
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for name, xs, ws, stride, padding, backward in LAYERS:
+        x = torch.randn(xs, generator=g)
+        w = torch.randn(ws, generator=g) * 0.05
+
+        dy = torch.randn(F.conv2d(x, w, stride=stride, padding=padding).shape, generator=g)
+
+        def call():
+            if backward:
+                xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+                (F.conv2d(xg, wg, stride=stride, padding=padding) * dy).sum().backward()
+            else:
+                with torch.no_grad():
+                    F.conv2d(x, w, stride=stride, padding=padding)
+
+        call()
+        call()
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times)
+    return out
+
+
+def kiln_times(runs: int, threads: int) -> dict[str, float]:
+    env = dict(os.environ, KILN_NUM_THREADS=str(threads))
+    proc = subprocess.run(
+        ["cargo", "run", "--quiet", "--release", "--example", "bench_conv", "--", "--json", "--runs", str(runs)],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=11)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch is not installed: see benches/compare/README.md", file=sys.stderr)
+        sys.exit(2)
+    torch.set_num_threads(args.threads)
+    subprocess.run(["cargo", "build", "--quiet", "--release", "--example", "bench_conv"], cwd=ROOT, check=True)
+    rounds = []
+    for _ in range(args.rounds):
+        k = kiln_times(args.runs, args.threads)
+        t = torch_times(torch, args.runs)
+        rounds.append((k, t))
+    print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, load average {os.getloadavg()[0]:.2f}")
+    print("| layer | PyTorch ms | kiln ms | kiln / PyTorch |")
+    print("|---|---|---|---|")
+    for name, *_ in LAYERS:
+        ks = [k[name] for k, _ in rounds]
+        ts = [t[name] for _, t in rounds]
+        ratios = [b / a for a, b in zip(ks, ts)]
+        km, tm = statistics.median(ks), statistics.median(ts)
+        print(
+            f"| {name} | {tm * 1e3:.2f} | {km * 1e3:.2f} | {tm / km:.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+//! Convolution timings: `conv2d` forward on a few ResNet-shaped layers (the 3 x 3, 64 -> 64 channels at
+//! 56 x 56, a strided downsampling 3 x 3, a 1 x 1 projection, a 7 x 7 stem) and one forward + backward (`sum(y *
+//! dy)` with a fixed random `dy`, both gradients), f32, NCHW.
+//! Inputs are seeded normal values; every figure is the median of `--runs` calls after two warm-up calls, each a
+//! build of the lazy graph and its realize (the plan is compiled at the first call and replayed after).
+//!
+//! `cargo run --release --example bench_conv [-- --runs N] [--json]`
+//!
+//! `benches/compare/conv_torch.py` runs this with `--json` and PyTorch's `F.conv2d` (oneDNN) on the same shapes in
+//! the same session, and prints the ratios.
+
+use kiln::nn::functional::{Conv2dOptions, conv2d};
+use kiln::{DType, Device, Tensor};
+use std::time::Instant;
+
+#[derive(clap::Parser)]
+#[command(name = "bench_conv")]
+struct Args {
+    /// Calls timed per row (the table gives medians; at least 3).
+    #[arg(long, default_value_t = 11, value_parser = clap::value_parser!(u32).range(3..))]
+    runs: u32,
+    /// Also print the medians as one JSON line (what benches/compare/conv_torch.py reads).
+    #[arg(long)]
+    json: bool,
+}
+
+/// One benchmarked layer: name, input `[N, C, H, W]`, weight `[O, C, KH, KW]`, stride, padding, and whether the
+/// timed call is forward + backward (the input's and the weight's gradients).
+pub struct Layer {
+    pub name: &'static str,
+    pub input: [usize; 4],
+    pub weight: [usize; 4],
+    pub stride: usize,
+    pub padding: usize,
+    pub backward: bool,
+}
+
+/// The layers, in the order `conv_torch.py` reads them.
+pub const LAYERS: [Layer; 5] = [
+    Layer {
+        name: "3x3 64->64 56x56 b8",
+        input: [8, 64, 56, 56],
+        weight: [64, 64, 3, 3],
+        stride: 1,
+        padding: 1,
+        backward: false,
+    },
+    Layer {
+        name: "3x3 s2 64->128 56x56 b8",
+        input: [8, 64, 56, 56],
+        weight: [128, 64, 3, 3],
+        stride: 2,
+        padding: 1,
+        backward: false,
+    },
+    Layer {
+        name: "1x1 256->64 56x56 b8",
+        input: [8, 256, 56, 56],
+        weight: [64, 256, 1, 1],
+        stride: 1,
+        padding: 0,
+        backward: false,
+    },
+    Layer {
+        name: "7x7 s2 3->64 224x224 b8",
+        input: [8, 3, 224, 224],
+        weight: [64, 3, 7, 7],
+        stride: 2,
+        padding: 3,
+        backward: false,
+    },
+    Layer {
+        name: "3x3 64->64 56x56 b8, fwd+bwd",
+        input: [8, 64, 56, 56],
+        weight: [64, 64, 3, 3],
+        stride: 1,
+        padding: 1,
+        backward: true,
+    },
+];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Seconds per call of `layer`: the median of `runs` calls after two warm-up calls.
+fn time_layer(layer: &Layer, runs: u32) -> f64 {
+    let dev = Device::cpu();
+    let x = Tensor::randn(layer.input, DType::F32, &dev);
+    let w = Tensor::randn(layer.weight, DType::F32, &dev).mul(0.05);
+    kiln::realize(&[&x, &w]).expect("inputs");
+    let opts = Conv2dOptions { stride: [layer.stride; 2], padding: [layer.padding; 2], ..Default::default() };
+    // The upstream gradient of the forward + backward row: fixed random values (a loss `sum(y)` would make it
+    // a constant, which turns the gradients' matmuls into sums).
+    let dy = Tensor::randn(conv2d(&x, &w, None, &opts).dims(), DType::F32, &dev);
+    dy.realize().expect("upstream gradient");
+    let call = || {
+        if layer.backward {
+            let (x, w) = (x.detach().requires_grad(), w.detach().requires_grad());
+            let y = conv2d(&x, &w, None, &opts);
+            let grads = y.mul(&dy).sum_all().backward().expect("backward");
+            let (gx, gw) = (grads.get(&x).expect("dx"), grads.get(&w).expect("dw"));
+            kiln::realize(&[&y, gx, gw]).expect("realize");
+        } else {
+            conv2d(&x, &w, None, &opts).realize().expect("realize");
+        }
+    };
+    call();
+    call();
+    median(
+        (0..runs)
+            .map(|_| {
+                let t0 = Instant::now();
+                call();
+                t0.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    let args: Args = clap::Parser::parse();
+    let mut json = Vec::new();
+    println!("| layer | kiln ms | GFLOP/s |");
+    println!("|---|---|---|");
+    for layer in &LAYERS {
+        let s = time_layer(layer, args.runs);
+        let [n, c, h, w] = layer.input;
+        let [o, _, kh, kw] = layer.weight;
+        let out = |len: usize, k: usize| (len + 2 * layer.padding - k) / layer.stride + 1;
+        let macs = (n * o * out(h, kh) * out(w, kw) * c * kh * kw) as f64;
+        let flops = 2.0 * macs * if layer.backward { 3.0 } else { 1.0 };
+        println!("| {} | {:.2} | {:.0} |", layer.name, s * 1e3, flops / s / 1e9);
+        json.push(format!("\"{}\": {}", layer.name, s));
+    }
+    if args.json {
+        println!("{{{}}}", json.join(", "));
+    }
+}
