@@ -69,8 +69,8 @@ fn check_candidates_on(
 
 #[cfg(feature = "cpu")]
 /// Convolutions whose patches the GEMM reads where the padded input stores them (a patched B, implicit im2col):
-/// ragged columns (output positions) and K blocks, channel groups, a dilated and a non-square window, a bias and
-/// relu in the epilogue. Every candidate offered (only those that pack B) against the interpreter, and no other
+/// ragged columns (output positions) and K blocks, channel groups, a dilated, a strided and a non-square window, the
+/// weight's gradient (the patches transposed), a bias and relu in the epilogue. Every candidate offered (only those that pack B) against the interpreter, and no other
 /// candidate builds for such a GEMM.
 #[test]
 fn every_candidate_on_patched_convolution_operands() {
@@ -86,6 +86,16 @@ fn every_candidate_on_patched_convolution_operands() {
         ("3x3 dilated 2, 2 groups, 12 x 11", {
             let o = Conv2dOptions { padding: [2, 2], dilation: [2, 2], groups: 2, ..Default::default() };
             conv2d(&rand(&[1, 4, 12, 11], 32), &rand(&[6, 2, 3, 3], 33), None, &o)
+        }),
+        // Columns two apart and a window's columns in K order: packed element by element.
+        ("3x3 stride 2, 3 -> 8, 15 x 13", {
+            let o = Conv2dOptions { stride: [2, 2], padding: [1, 1], ..Default::default() };
+            conv2d(&rand(&[2, 3, 15, 13], 39), &rand(&[8, 3, 3, 3], 40), None, &o)
+        }),
+        ("the weight's gradient, 3x3, 4 -> 6, 9 x 10", {
+            let w = rand(&[6, 4, 3, 3], 41).requires_grad();
+            let y = conv2d(&rand(&[1, 4, 9, 10], 42), &w, None, &same);
+            y.mul(&rand(&[1, 6, 9, 10], 43)).sum_all().backward().unwrap().get(&w).unwrap().clone()
         }),
         ("5x3 with bias and relu, 9 x 21", {
             let o = Conv2dOptions { padding: [2, 1], ..Default::default() };

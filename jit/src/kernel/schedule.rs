@@ -597,10 +597,11 @@ fn gemm_volume(graph: &Graph, n: NodeIndex) -> usize {
 }
 
 /// Rule 2f: whether matmul operand `b` (a view of `[.., K, N]`) can be read as a patched B, the data it views
-/// stored and its index separable into a part per K and per N ([`IExpr::separate`]), with unit steps along N
-/// almost everywhere (a convolution's patches at stride 1: runs of a row of output positions, which pack as
-/// vector copies); if so, marks that data stored. A scattered N (the weight gradient's `patches^T`, whose columns
-/// step through the 3 x 3 window) gathers element by element in the packing, and is copied once instead.
+/// stored and its index separable into a part per K and per N ([`IExpr::separate`]); if so, marks that data
+/// stored. Whatever the steps along N: a packing that gathers element by element (a strided convolution's columns,
+/// the weight gradient's `patches^T` stepping through the window) still beats copying the patches and packing the
+/// copy (a 3 x 3 convolution at stride 2, 64 -> 128 channels at 56 x 56: 5.1 -> 3.3 ms; its forward + backward at
+/// stride 1: 33 -> 25 ms).
 fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool]) -> bool {
     if graph.node(b).dtype != crate::DType::F32 || graph.node(b).shape.rank() < 2 {
         return false;
@@ -618,10 +619,7 @@ fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool]) -> bool {
         let [inst] = ir.outer.as_slice() else { return false };
         let InstOp::Load { index, valid: None, .. } = &inst.op else { return false };
         let Some((parts, _)) = index.separate(rank) else { return false };
-        let n = ir.out_extents[rank - 1] as i64;
-        let cols: Vec<i64> = (0..n).map(|j| parts[rank - 1].eval(&vec![j; rank])).collect();
-        let unit = cols.windows(2).filter(|w| w[1] == w[0] + 1).count() as i64;
-        parts[..rank - 2].iter().all(|p| p.affine(rank).is_some()) && 4 * unit >= 3 * (n - 1)
+        parts[..rank - 2].iter().all(|p| p.affine(rank).is_some())
     });
     if !readable {
         mat[base.index()] = was;
