@@ -95,7 +95,7 @@ fn every_candidate_on_patched_convolution_operands() {
         ("the weight's gradient, 3x3, 4 -> 6, 9 x 10", {
             let w = rand(&[6, 4, 3, 3], 41).requires_grad();
             let y = conv2d(&rand(&[1, 4, 9, 10], 42), &w, None, &same);
-            y.mul(&rand(&[1, 6, 9, 10], 43)).sum_all().backward().unwrap().get(&w).unwrap().clone()
+            y.mul(rand(&[1, 6, 9, 10], 43)).sum_all().backward().unwrap().get(&w).unwrap().clone()
         }),
         ("5x3 with bias and relu, 9 x 21", {
             let o = Conv2dOptions { padding: [2, 1], ..Default::default() };
