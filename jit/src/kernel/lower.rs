@@ -329,9 +329,21 @@ impl Lowerer<'_> {
                 let outer = self.valid.clone();
                 let mut inner = outer.clone().map_or(Vec::new(), |Valid(v)| v);
                 inner.extend(ranges.iter().cloned());
-                self.valid = Some(Valid(inner));
+                let valid = Some(Valid(inner));
+                self.valid = valid.clone();
                 let v = self.value(srcs[0], &src_idx);
                 self.valid = outer;
+                // A load under these ranges already gives zero outside them: padding with +0 needs no select (and
+                // a GEMM operand that is a padded load stays a plain masked load, `GemmView::of_patched`).
+                let zero = match *value {
+                    Scalar::Float(x) => x.to_bits() == 0,
+                    Scalar::Int(x) => x == 0,
+                    Scalar::Bool(b) => !b,
+                };
+                if zero && matches!(&self.insts[v].op, InstOp::Load { valid: vv, .. } if *vv == valid) {
+                    self.note("pad".into());
+                    return v;
+                }
                 let mut cond: Option<ValueId> = None;
                 for (e, lo, hi) in ranges {
                     // Compared in i32 where everything fits (32-bit lanes vectorize; an i64 varying along the
