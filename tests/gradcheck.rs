@@ -892,6 +892,21 @@ fn compositions() {
     s.check("unfold, gapped, of a permuted view", &[g.uniform(&[2, 8, 3], -1.0, 1.0)], |t| {
         t[0].transpose(1, 2).unfold(-1, 2, 3)
     });
+    s.check(
+        "einsum, bilinear",
+        &[g.uniform(&[2, 3], -1.0, 1.0), g.uniform(&[4, 3, 2], -1.0, 1.0), g.uniform(&[2, 2], -1.0, 1.0)],
+        |t| Tensor::einsum("bn,anm,bm->ba", &[&t[0], &t[1], &t[2]]),
+    );
+    s.check(
+        "einsum, a trace and a diagonal beside a product",
+        &[g.uniform(&[3, 3, 2], -1.0, 1.0), g.uniform(&[2, 4], -1.0, 1.0)],
+        |t| Tensor::einsum("iij,jk->ik", &[&t[0], &t[1]]).add(Tensor::einsum("iij", &[&t[0]]).sum_all()),
+    );
+    s.check(
+        "einsum, broadcast ellipsis",
+        &[g.uniform(&[2, 1, 2, 3], -1.0, 1.0), g.uniform(&[3, 3, 2], -1.0, 1.0)],
+        |t| Tensor::einsum("...ij,...jk->...ik", &[&t[0], &t[1]]),
+    );
     s.check("conv1d, padded", &[g.uniform(&[2, 3, 7], -1.0, 1.0), g.uniform(&[4, 3, 3], -1.0, 1.0)], |t| {
         F::conv1d(&t[0], &t[1], None, 2, 1, 1, 1)
     });

@@ -5,6 +5,7 @@
 mod arrange;
 mod creation;
 mod cumulative;
+mod einsum;
 mod elementwise;
 mod indexing;
 mod linalg;
