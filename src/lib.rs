@@ -33,6 +33,7 @@ mod device;
 mod display;
 mod error;
 mod io;
+mod macro_support;
 pub mod nn;
 mod ops;
 pub mod optim;
@@ -65,6 +66,26 @@ pub use ops::{Operand, PadMode};
 pub use random::{DEFAULT_SEED, Generator, RngState, default_generator, manual_seed, rng_state, set_rng_state};
 pub use realize::{Captured, Stats, capture, stats};
 pub use tensor::Tensor;
+
+/// Compile-time checked macros: `fuse!(expr)` (one kernel, guaranteed) and `einsum!` (subscripts checked).
+///
+/// ```
+/// use kiln::{DType, Device, Tensor, einsum, fuse};
+/// let dev = Device::cpu();
+/// let a = Tensor::randn([3, 4], DType::F32, &dev);
+/// let b = Tensor::randn([4, 5], DType::F32, &dev);
+/// let c = einsum!((i, j) = a[i, k] * b[k, j]); // nabla's form
+/// let d = einsum!("ik,kj->ij", a, b); // PyTorch's
+/// let y = fuse!((a.sin() * 2.0 + 1.0).sum(1, false)); // one kernel
+/// assert_eq!(c.dims(), d.dims());
+/// assert_eq!(y.dims(), [3]);
+/// ```
+pub use kiln_macros::{einsum, fuse};
+
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::macro_support::{Probe, ViaOther, ViaTensor, fused, kernel_count};
+}
 
 /// With `KILN_PROFILE=1`: the time spent in each kernel so far, heaviest first (empty otherwise).
 pub fn profile_report() -> String {
