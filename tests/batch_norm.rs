@@ -46,7 +46,8 @@ fn batch_norm_trains_and_evaluates_as_pytorch() {
             close(&y, &on(&format!("y{i}")), &format!("[{dev}] y{i}"));
             close(g.get(&x).unwrap(), &on(&format!("gx{i}")), &format!("[{dev}] grad x{i}"));
         }
-        assert_eq!(bn.batches_tracked(), 3);
+        let tracked = bn.batches_tracked().unwrap().to_dtype(kiln::DType::I32).to_vec::<i32>().unwrap();
+        assert_eq!(tracked, [3], "[{dev}] num_batches_tracked");
         close(&bn.running_mean().unwrap(), &on("rm2"), &format!("[{dev}] running mean"));
         close(&bn.running_var().unwrap(), &on("rv2"), &format!("[{dev}] running var"));
         bn.eval();
@@ -91,7 +92,7 @@ fn running_statistics_are_saved_and_loaded_as_buffers() {
     let x = Tensor::randn([8, 3], DType::F32, &dev).mul(2.0).add(1.0);
     model.forward(&x).sum_all().item::<f32>().unwrap();
     let names: Vec<String> = model.named_state().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names, ["0.weight", "0.bias", "0.running_mean", "0.running_var"]);
+    assert_eq!(names, ["0.weight", "0.bias", "0.running_mean", "0.running_var", "0.num_batches_tracked"]);
     assert_eq!(model.params().len(), 2, "buffers are not parameters");
     let dir = std::env::temp_dir().join(format!("kiln-bn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -106,4 +107,25 @@ fn running_statistics_are_saved_and_loaded_as_buffers() {
     }
     assert_ne!(vals(&b[0].1.get()), [0.0; 3], "the loaded mean is the trained one");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A PyTorch `BatchNorm2d.state_dict()` (after the three training batches of the first test; written by
+/// `tests/fixtures/batch_norm_torch.py`) loads strictly: the same five names, `num_batches_tracked` included, and the
+/// layer then evaluates as PyTorch's did.
+#[test]
+fn a_pytorch_state_dict_loads_strictly() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/");
+    let file: HashMap<String, Tensor> =
+        kiln::load_safetensors(format!("{dir}batch_norm_torch.safetensors"), &Device::cpu())
+            .unwrap()
+            .into_iter()
+            .collect();
+    let dev = Device::cpu();
+    let bn = BatchNorm2d::new(3, &dev);
+    kiln::load_module(&bn, format!("{dir}batch_norm_state.safetensors"), true).unwrap();
+    assert_eq!(bn.batches_tracked().unwrap().to_vec::<i64>().unwrap(), [3]);
+    close(&bn.running_mean().unwrap(), &file["rm2"], "running mean");
+    bn.eval();
+    close(&bn.forward(&file["x0"]), &file["ye"], "eval after loading");
 }

@@ -9,9 +9,11 @@
 //! next value this thread realizes (the step's loss): the batch's statistics are computed once, in the step's plan,
 //! and the update does not hold the batch's graph until some later read.
 //!
-//! The running statistics are buffers (`named_buffers`: `running_mean`, `running_var`), saved and loaded with the
-//! parameters by `save_module` / `load_module`, never seen by an optimizer. Not kept as a buffer:
-//! `num_batches_tracked` (load a PyTorch checkpoint with `strict` off, or drop that entry).
+//! The running statistics are buffers (`named_buffers`: `running_mean`, `running_var`, and `num_batches_tracked`,
+//! the training batches seen, a scalar of the device's index dtype: i64 as PyTorch's, i32 on wgpu), saved and
+//! loaded with the parameters by `save_module` / `load_module` (a PyTorch `state_dict` loads strictly), never seen
+//! by an optimizer. The count is a tensor, updated with the statistics: `momentum: None` divides by it, so a loaded
+//! checkpoint's cumulative average goes on where it stopped.
 
 use super::{Module, Param, init};
 use crate::args::fail;
@@ -19,7 +21,7 @@ use crate::device::Device;
 use crate::tensor::Tensor;
 use kiln_jit::DType;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Batch normalization of the channels (dim 1) of `[N, C]`, `[N, C, L]` (`BatchNorm1d`) or `[N, C, H, W]`
 /// (`BatchNorm2d`) inputs.
@@ -33,11 +35,19 @@ pub struct BatchNorm {
     momentum: Option<f64>,
     weight: Option<Param>,
     bias: Option<Param>,
-    /// (mean, variance), f32 buffers; `None` without running statistics (always the batch's). The lock keeps a
-    /// forward pass's read-and-replace of both whole.
-    running: Option<(Mutex<()>, Param, Param)>,
-    batches: AtomicU64,
+    /// Mean and variance (f32 buffers) and the batches seen; `None` without running statistics (always the
+    /// batch's). The lock keeps a forward pass's read-and-replace of all three whole.
+    running: Option<Running>,
     training: AtomicBool,
+}
+
+/// A [`BatchNorm`]'s running statistics.
+struct Running {
+    lock: Mutex<()>,
+    mean: Param,
+    var: Param,
+    /// `num_batches_tracked`: a scalar of the device's index dtype.
+    batches: Param,
 }
 
 /// `BatchNorm1d(num_features)`: inputs `[N, C]` or `[N, C, L]`.
@@ -71,12 +81,12 @@ impl BatchNorm {
             momentum: Some(0.1),
             weight: Some(Param::new("weight", init::ones([c], device))),
             bias: Some(Param::new("bias", init::zeros([c], device))),
-            running: Some((
-                Mutex::new(()),
-                Param::buffer("running_mean", init::zeros([c], device)),
-                Param::buffer("running_var", init::ones([c], device)),
-            )),
-            batches: AtomicU64::new(0),
+            running: Some(Running {
+                lock: Mutex::new(()),
+                mean: Param::buffer("running_mean", init::zeros([c], device)),
+                var: Param::buffer("running_var", init::ones([c], device)),
+                batches: Param::buffer("num_batches_tracked", Tensor::scalar(0i64, device.index_dtype(), device)),
+            }),
             training: AtomicBool::new(true),
         }
     }
@@ -107,17 +117,18 @@ impl BatchNorm {
 
     /// The running mean (lazy until the next realize after a training step; f32).
     pub fn running_mean(&self) -> Option<Tensor> {
-        self.running.as_ref().map(|r| r.1.get())
+        self.running.as_ref().map(|r| r.mean.get())
     }
 
     /// The running (unbiased) variance, as [`BatchNorm::running_mean`].
     pub fn running_var(&self) -> Option<Tensor> {
-        self.running.as_ref().map(|r| r.2.get())
+        self.running.as_ref().map(|r| r.var.get())
     }
 
-    /// Training batches seen (`num_batches_tracked`).
-    pub fn batches_tracked(&self) -> u64 {
-        self.batches.load(Ordering::Relaxed)
+    /// Training batches seen (`num_batches_tracked`, a scalar tensor of the device's index dtype), as
+    /// [`BatchNorm::running_mean`].
+    pub fn batches_tracked(&self) -> Option<Tensor> {
+        self.running.as_ref().map(|r| r.batches.get())
     }
 
     /// Sets the running statistics (`[C]`, converted to f32): a checkpoint's, or PyTorch's.
@@ -128,10 +139,10 @@ impl BatchNorm {
             fail!(self.name, "running statistics must be [{c}], got {:?} and {:?}", mean.dims(), var.dims());
         }
         match &self.running {
-            Some((lock, m, v)) => {
-                let _whole = lock.lock();
-                m.set(mean.to_dtype(DType::F32));
-                v.set(var.to_dtype(DType::F32));
+            Some(r) => {
+                let _whole = r.lock.lock();
+                r.mean.set(mean.to_dtype(DType::F32));
+                r.var.set(var.to_dtype(DType::F32));
             }
             None => fail!(self.name, "this layer keeps no running statistics"),
         }
@@ -161,9 +172,9 @@ impl Module for BatchNorm {
         let training = self.training.load(Ordering::Relaxed);
         let x32 = x.to_dtype(DType::F32);
         let (mean, var) = match &self.running {
-            Some((lock, m, v)) if !training => {
-                let _whole = lock.lock();
-                (per_channel(&m.get().to_dtype(DType::F32)), per_channel(&v.get().to_dtype(DType::F32)))
+            Some(r) if !training => {
+                let _whole = r.lock.lock();
+                (per_channel(&r.mean.get().to_dtype(DType::F32)), per_channel(&r.var.get().to_dtype(DType::F32)))
             }
             _ => {
                 if n <= 1 {
@@ -171,17 +182,25 @@ impl Module for BatchNorm {
                 }
                 let mean = x32.mean(axes.clone(), true);
                 let var = x32.var(axes.clone(), 0.0, true);
-                if let (Some((lock, rm, rv)), true) = (&self.running, training) {
-                    let seen = self.batches.fetch_add(1, Ordering::Relaxed) + 1;
-                    let m = self.momentum.unwrap_or(1.0 / seen as f64);
-                    let _whole = lock.lock();
+                if let (Some(r), true) = (&self.running, training) {
+                    let _whole = r.lock.lock();
+                    let seen = r.batches.get().add(1i64);
+                    // The batch's weight: the momentum, or 1 / batches seen (a cumulative average), as a tensor
+                    // so that the count need not be read back.
+                    let m = match self.momentum {
+                        Some(m) => Tensor::scalar(m, DType::F32, &x.device()),
+                        None => seen.to_dtype(DType::F32).recip(),
+                    };
+                    let keep = m.neg().add(1.0);
                     let unbiased = var.detach().mul(n as f64 / (n - 1) as f64).reshape([c]);
-                    let new_mean = rm.get().to_dtype(DType::F32).mul(1.0 - m).add(mean.detach().reshape([c]).mul(m));
-                    let new_var = rv.get().to_dtype(DType::F32).mul(1.0 - m).add(unbiased.mul(m));
-                    crate::realize::defer(new_mean.clone());
-                    crate::realize::defer(new_var.clone());
-                    rm.set(new_mean);
-                    rv.set(new_var);
+                    let new_mean = r.mean.get().to_dtype(DType::F32).mul(&keep).add(mean.detach().reshape([c]).mul(&m));
+                    let new_var = r.var.get().to_dtype(DType::F32).mul(&keep).add(unbiased.mul(&m));
+                    for t in [&new_mean, &new_var, &seen] {
+                        crate::realize::defer(t.clone());
+                    }
+                    r.mean.set(new_mean);
+                    r.var.set(new_var);
+                    r.batches.set(seen);
                 }
                 (mean, var)
             }
@@ -203,7 +222,10 @@ impl Module for BatchNorm {
     fn named_buffers(&self) -> Vec<(String, Param)> {
         self.running
             .iter()
-            .flat_map(|(_, m, v)| [("running_mean".to_string(), m.clone()), ("running_var".to_string(), v.clone())])
+            .flat_map(|r| {
+                [("running_mean", &r.mean), ("running_var", &r.var), ("num_batches_tracked", &r.batches)]
+                    .map(|(n, p)| (n.to_string(), p.clone()))
+            })
             .collect()
     }
 
