@@ -100,6 +100,36 @@ fn common_factor(terms: &[(IExpr, i64)], c: i64, k: i64, extents: &[usize]) -> O
     })
 }
 
+/// A sum whose digits of one value recombine: `k a (x / a) + k (x % a)` is `k x`, and `k a ((x / a) % b) + k (x %
+/// a)` is `k (x % (a b))` (Euclidean division, any `x`): a dim split by one reshape and merged back by another (a
+/// weight `[O, C, 3, 3]` read as `[O, C * 9]`) reads its flat index again. `None` where no pair recombines; each
+/// step removes a division, so repeating ends.
+fn recombine(sum: &IExpr) -> Option<IExpr> {
+    let (mut terms, c) = atoms(sum);
+    for i in 0..terms.len() {
+        let (IExpr::Mod(x, a), k) = &terms[i] else { continue };
+        let (x, a, k) = ((**x).clone(), *a, *k);
+        let found = terms.iter().position(|(t, m)| {
+            *m == k * a
+                && match t {
+                    IExpr::Div(y, d) => **y == x && *d == a,
+                    IExpr::Mod(q, _) => matches!(&**q, IExpr::Div(y, d) if **y == x && *d == a),
+                    _ => false,
+                }
+        });
+        let Some(j) = found else { continue };
+        let merged = match &terms[j].0 {
+            IExpr::Mod(_, b) => IExpr::Mod(Box::new(x), a * b),
+            _ => x,
+        };
+        let (lo, hi) = (i.min(j), i.max(j));
+        terms.remove(hi);
+        terms[lo] = (merged, k);
+        return Some(from_atoms(&terms, c));
+    }
+    None
+}
+
 /// Inclusive bounds of an expression given the variables' extents.
 fn bounds(e: &IExpr, ext: &[usize]) -> (i64, i64) {
     match e {
@@ -253,7 +283,11 @@ impl IExpr {
                 if aff != IExpr::Const(0) {
                     rest.push(aff);
                 }
-                if rest.len() == 1 { rest.pop().expect("one term") } else { IExpr::Add(rest) }
+                let sum = if rest.len() == 1 { rest.pop().expect("one term") } else { IExpr::Add(rest) };
+                match recombine(&sum) {
+                    Some(fewer) => fewer.simplify(extents),
+                    None => sum,
+                }
             }
             IExpr::Mul(x, k) => {
                 let x = x.simplify(extents);
@@ -441,6 +475,25 @@ mod tests {
         assert_eq!(e, Var(2).floor_div(56));
         let q = Var(2).floor_div(56).plus(Var(1).times(112)).floor_div(56).simplify(&ext);
         assert_eq!(q.eval(&[0, 5, 3135]), (3135 / 56 + 5 * 112) / 56);
+    }
+
+    #[test]
+    fn digits_of_one_value_recombine() {
+        // [64, 576] read through [64, 64, 3, 3]: i0 * 576 + (i1 / 9) * 9 + ((i1 / 3) % 3) * 3 + i1 % 3.
+        let ext = [64, 576];
+        let i1 = || Var(1);
+        let e = Var(0)
+            .times(576)
+            .plus(i1().floor_div(9).times(9))
+            .plus(i1().floor_div(3).modulo(3).times(3))
+            .plus(i1().modulo(3));
+        assert_eq!(e.simplify(&ext), Var(0).times(576).plus(Var(1)).simplify(&ext));
+        // Scaled by a stride, and only part of the digits: ((i1 / 3) % 3) * 6 + (i1 % 3) * 2 is (i1 % 9) * 2.
+        let part = i1().floor_div(3).modulo(3).times(6).plus(i1().modulo(3).times(2)).simplify(&ext);
+        assert_eq!(part, i1().modulo(9).times(2));
+        for v in 0..576 {
+            assert_eq!(part.eval(&[0, v]), (v % 9) * 2);
+        }
     }
 
     #[test]
