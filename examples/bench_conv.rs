@@ -26,57 +26,15 @@ struct Args {
 
 /// One benchmarked layer: name, input `[N, C, H, W]`, weight `[O, C, KH, KW]`, stride, padding, and whether the
 /// timed call is forward + backward (the input's and the weight's gradients).
-pub struct Layer {
-    pub name: &'static str,
-    pub input: [usize; 4],
-    pub weight: [usize; 4],
-    pub stride: usize,
-    pub padding: usize,
-    pub backward: bool,
-}
+type Layer = (&'static str, [usize; 4], [usize; 4], usize, usize, bool);
 
 /// The layers, in the order `conv_torch.py` reads them.
 pub const LAYERS: [Layer; 5] = [
-    Layer {
-        name: "3x3 64->64 56x56 b8",
-        input: [8, 64, 56, 56],
-        weight: [64, 64, 3, 3],
-        stride: 1,
-        padding: 1,
-        backward: false,
-    },
-    Layer {
-        name: "3x3 s2 64->128 56x56 b8",
-        input: [8, 64, 56, 56],
-        weight: [128, 64, 3, 3],
-        stride: 2,
-        padding: 1,
-        backward: false,
-    },
-    Layer {
-        name: "1x1 256->64 56x56 b8",
-        input: [8, 256, 56, 56],
-        weight: [64, 256, 1, 1],
-        stride: 1,
-        padding: 0,
-        backward: false,
-    },
-    Layer {
-        name: "7x7 s2 3->64 224x224 b8",
-        input: [8, 3, 224, 224],
-        weight: [64, 3, 7, 7],
-        stride: 2,
-        padding: 3,
-        backward: false,
-    },
-    Layer {
-        name: "3x3 64->64 56x56 b8, fwd+bwd",
-        input: [8, 64, 56, 56],
-        weight: [64, 64, 3, 3],
-        stride: 1,
-        padding: 1,
-        backward: true,
-    },
+    ("3x3 64->64 56x56 b8", [8, 64, 56, 56], [64, 64, 3, 3], 1, 1, false),
+    ("3x3 s2 64->128 56x56 b8", [8, 64, 56, 56], [128, 64, 3, 3], 2, 1, false),
+    ("1x1 256->64 56x56 b8", [8, 256, 56, 56], [64, 256, 1, 1], 1, 0, false),
+    ("7x7 s2 3->64 224x224 b8", [8, 3, 224, 224], [64, 3, 7, 7], 2, 3, false),
+    ("3x3 64->64 56x56 b8, fwd+bwd", [8, 64, 56, 56], [64, 64, 3, 3], 1, 1, true),
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -85,18 +43,18 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Seconds per call of `layer`: the median of `runs` calls after two warm-up calls.
-fn time_layer(layer: &Layer, runs: u32) -> f64 {
+fn time_layer(&(_, input, weight, stride, padding, backward): &Layer, runs: u32) -> f64 {
     let dev = Device::cpu();
-    let x = Tensor::randn(layer.input, DType::F32, &dev);
-    let w = Tensor::randn(layer.weight, DType::F32, &dev).mul(0.05);
+    let x = Tensor::randn(input, DType::F32, &dev);
+    let w = Tensor::randn(weight, DType::F32, &dev).mul(0.05);
     kiln::realize(&[&x, &w]).expect("inputs");
-    let opts = Conv2dOptions { stride: [layer.stride; 2], padding: [layer.padding; 2], ..Default::default() };
+    let opts = Conv2dOptions { stride: [stride; 2], padding: [padding; 2], ..Default::default() };
     // The upstream gradient of the forward + backward row: fixed random values (a loss `sum(y)` would make it
     // a constant, which turns the gradients' matmuls into sums).
     let dy = Tensor::randn(conv2d(&x, &w, None, &opts).dims(), DType::F32, &dev);
     dy.realize().expect("upstream gradient");
     let call = || {
-        if layer.backward {
+        if backward {
             let (x, w) = (x.detach().requires_grad(), w.detach().requires_grad());
             let y = conv2d(&x, &w, None, &opts);
             let grads = y.mul(&dy).sum_all().backward().expect("backward");
@@ -126,13 +84,12 @@ fn main() {
     println!("|---|---|---|");
     for layer in &LAYERS {
         let s = time_layer(layer, args.runs);
-        let [n, c, h, w] = layer.input;
-        let [o, _, kh, kw] = layer.weight;
-        let out = |len: usize, k: usize| (len + 2 * layer.padding - k) / layer.stride + 1;
+        let &(name, [n, c, h, w], [o, _, kh, kw], stride, padding, backward) = layer;
+        let out = |len: usize, k: usize| (len + 2 * padding - k) / stride + 1;
         let macs = (n * o * out(h, kh) * out(w, kw) * c * kh * kw) as f64;
-        let flops = 2.0 * macs * if layer.backward { 3.0 } else { 1.0 };
-        println!("| {} | {:.2} | {:.0} |", layer.name, s * 1e3, flops / s / 1e9);
-        json.push(format!("\"{}\": {}", layer.name, s));
+        let flops = 2.0 * macs * if backward { 3.0 } else { 1.0 };
+        println!("| {name} | {:.2} | {:.0} |", s * 1e3, flops / s / 1e9);
+        json.push(format!("\"{name}\": {s}"));
     }
     if args.json {
         println!("{{{}}}", json.join(", "));
