@@ -54,10 +54,5 @@ pub fn fused(operands: &[Tensor], build: impl FnOnce() -> Tensor) -> Tensor {
 pub fn kernel_count(y: &Tensor) -> Option<usize> {
     let cap = crate::capture(&[y]).ok()?;
     let plan = kiln_jit::kernel::schedule(&cap.graph);
-    Some(plan.launches.iter().filter(|l| !is_partial(&l.kernel.name)).count())
-}
-
-/// Whether a kernel name is a split reduction's partial pass (`split::split_full_reduction` names it `<k>_part<P>`).
-fn is_partial(name: &str) -> bool {
-    name.rsplit_once("_part").is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    Some(plan.launches.iter().filter(|l| !kiln_jit::kernel::split::is_partial(&l.kernel)).count())
 }

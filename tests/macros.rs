@@ -57,7 +57,7 @@ fn einsum_forms_equal_the_runtime_einsum() {
     assert_eq!(trace.to_vec::<f32>().unwrap(), Tensor::einsum("ii", &[&m]).to_vec::<f32>().unwrap());
     let u = tensor(DType::F32, &values(3, 0.5), &[3]);
     let outer = einsum!((i, j) = u[i] * u[j]);
-    assert_eq!(outer.dims(), [3, 3]);
+    assert_eq!(outer.to_vec::<f32>().unwrap(), Tensor::einsum("i,j->ij", &[&u, &u]).to_vec::<f32>().unwrap());
 }
 
 /// With shapes known only at run time, a mismatch panics at the macro's line, naming the index and both sizes.

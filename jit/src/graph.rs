@@ -218,11 +218,7 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
         Op::Unfold { axis, size, step, dilation } => {
             let s = srcs[0].shape.dims();
             let n = s.get(*axis).copied().ok_or("unfold axis out of range")?;
-            // Checked: a graph read back from bytes may hold any values.
-            let span = dilation.checked_mul(size.saturating_sub(1)).and_then(|x| x.checked_add(1));
-            let windows =
-                span.filter(|&sp| *size > 0 && *step > 0 && *dilation > 0 && sp <= n).map(|sp| (n - sp) / step + 1);
-            let Some(windows) = windows else {
+            let Some(windows) = crate::shape::window_count(n, *size, *step, *dilation) else {
                 return Err(format!("unfold of {size} every {step} (dilation {dilation}) does not fit {n}"));
             };
             let mut want = s.to_vec();

@@ -89,6 +89,17 @@ impl<const N: usize> From<[usize; N]> for Shape {
     }
 }
 
+/// How many windows of `size` taps, `dilation` apart, fit a dim of `n` elements when slid by `step` (`Op::Unfold`'s
+/// window count, a convolution's or pooling's output length over its padded input); `None` where none fits or a
+/// size is zero. Checked: a graph read back from bytes may hold any values.
+pub fn window_count(n: usize, size: usize, step: usize, dilation: usize) -> Option<usize> {
+    if size == 0 || step == 0 || dilation == 0 {
+        return None;
+    }
+    let span = dilation.checked_mul(size - 1)?.checked_add(1)?;
+    (span <= n).then(|| (n - span) / step + 1)
+}
+
 pub fn contiguous_strides(dims: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; dims.len()];
     let mut acc = 1;

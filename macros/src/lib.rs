@@ -294,8 +294,7 @@ fn check_fusable(e: &Expr, root: bool, leaves: &mut Vec<Expr>) -> syn::Result<()
                     format!("fuse!: `{name}` is not an elementwise op, cast, movement or final reduction fuse! knows"),
                 ));
             }
-            let root_below = false;
-            check_fusable(&m.receiver, root_below, leaves)?;
+            check_fusable(&m.receiver, false, leaves)?;
             for a in &m.args {
                 check_arg(a, leaves)?;
             }

@@ -198,13 +198,7 @@ impl Tensor {
         }
         let mut last = inputs.pop().unwrap_or_else(|| unreachable!("one operand at least"));
         sum_out(&mut last, &output);
-        let perm: Vec<usize> = output
-            .iter()
-            .map(|l| last.labels.iter().position(|x| x == l).unwrap_or_else(|| unreachable!("output label kept")))
-            .collect();
-        let want: Vec<usize> = output.iter().map(|&l| size[l as usize]).collect();
-        let y = last.t.permute(perm);
-        if y.dims() == want.as_slice() { y } else { y.expand(want) }
+        arrange(&last, &output, &size)
     }
 }
 

@@ -173,14 +173,14 @@ impl Tensor {
     #[track_caller]
     pub(crate) fn unfold_dilated(&self, dim: usize, size: usize, step: usize, dilation: usize) -> Tensor {
         let n = self.dims()[dim];
-        if size == 0 || step == 0 || dilation == 0 || dilation * (size - 1) + 1 > n {
+        let Some(windows) = kiln_jit::shape::window_count(n, size, step, dilation) else {
             fail!(
                 "unfold",
                 "a window of {size} every {step} (dilation {dilation}) must be at least 1 and fit dim {dim} of size {n}"
             );
-        }
+        };
         let mut dims = self.dims().to_vec();
-        dims[dim] = (n - dilation * (size - 1) - 1) / step + 1;
+        dims[dim] = windows;
         dims.push(size);
         let op = Op::Unfold { axis: dim, size, step, dilation };
         Tensor::from_op(op, smallvec::smallvec![self.clone()], Shape::new(dims), self.dtype())

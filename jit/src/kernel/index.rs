@@ -212,34 +212,13 @@ impl IExpr {
     /// `None` where a term mixes variables (`(i2 * 4 + i3) / 3`). Parts of variables the expression does not read
     /// are `Const(0)`.
     pub fn separate(&self, nvars: usize) -> Option<(Vec<IExpr>, i64)> {
-        let mut parts: Vec<Vec<IExpr>> = vec![Vec::new(); nvars];
-        let mut c = 0;
-        fn walk(e: &IExpr, k: i64, parts: &mut [Vec<IExpr>], c: &mut i64) -> bool {
-            match e {
-                IExpr::Const(x) => *c += k * x,
-                IExpr::Add(ts) => return ts.iter().all(|t| walk(t, k, parts, c)),
-                IExpr::Mul(x, m) => return walk(x, k * m, parts, c),
-                _ => {
-                    let vars = e.vars();
-                    let [v] = vars.as_slice() else { return false };
-                    let Some(part) = parts.get_mut(*v) else { return false };
-                    part.push(if k == 1 { e.clone() } else { e.clone().times(k) });
-                }
-            }
-            true
+        let (terms, c) = atoms(self);
+        let mut parts: Vec<Terms> = vec![Vec::new(); nvars];
+        for (atom, k) in terms {
+            let [v] = atom.vars()[..] else { return None };
+            parts.get_mut(v)?.push((atom, k));
         }
-        if !walk(self, 1, &mut parts, &mut c) {
-            return None;
-        }
-        let parts = parts
-            .into_iter()
-            .map(|mut p| match p.len() {
-                0 => IExpr::Const(0),
-                1 => p.pop().expect("one term"),
-                _ => IExpr::Add(p),
-            })
-            .collect();
-        Some((parts, c))
+        Some((parts.iter().map(|p| from_atoms(p, 0)).collect(), c))
     }
 
     /// Rebuilds an affine form as an expression.

@@ -303,7 +303,8 @@ impl Lowerer<'_> {
                 for ((e, &(before, _)), &n) in idx.iter().zip(pads).zip(&sd) {
                     let (lo, hi) = e.bounds(&self.extents);
                     let (b, n) = (before as i64, n as i64);
-                    if lo < b || hi >= b + n {
+                    let checked = lo < b || hi >= b + n;
+                    if checked {
                         ranges.push((e.clone(), b, b + n));
                     }
                     // A source dim of one element is read at 0 wherever the pad lets it be read (a stacked slice:
@@ -314,7 +315,6 @@ impl Lowerer<'_> {
                     // leaves the dim (a convolution's input gradient reads each window tap through the patches'
                     // reshape, which otherwise divided per element).
                     let shifted = IExpr::Add(vec![e.clone(), IExpr::Const(-b)]).simplify(&self.extents);
-                    let checked = lo < b || hi >= b + n;
                     src_idx.push(if n == 1 {
                         IExpr::Const(0)
                     } else if checked {

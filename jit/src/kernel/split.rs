@@ -52,6 +52,15 @@ fn part_count(first: usize, total: usize) -> Option<usize> {
     (want..=MAX_PARTS.min(first)).find(ok).or_else(|| (2..want.min(first + 1)).rev().find(ok))
 }
 
+/// What a partial kernel's name holds between its reduction's name and its part count.
+const PARTIAL: &str = "_part";
+
+/// Whether `k` is the partial pass of a split reduction ([`split_full_reduction`] names it `<name>_part<P>`): with
+/// its combining kernel, one reduction.
+pub fn is_partial(k: &KernelIr) -> bool {
+    k.name.rsplit_once(PARTIAL).is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The partial and the combining kernel of `k` when it is a reduction to one value of at least [`MIN_SPLIT_ELEMS`]
 /// elements whose first reduce loop has a usable divisor; `None` otherwise. The schedule passes `k` with its loops
 /// merged already ([`with_merged_reduce_loops`]), so the first loop is as long as the indices allow. The partial kernel reads `k`'s
@@ -84,7 +93,7 @@ pub fn split_full_reduction(k: &KernelIr) -> Option<(KernelIr, KernelIr)> {
     }
     let acc = BufParam { dtype: r.dtype, len: parts };
     let partial = KernelIr {
-        name: format!("{}_part{parts}", k.name),
+        name: format!("{}{PARTIAL}{parts}", k.name),
         inputs: k.inputs.clone(),
         output: acc.clone(),
         out_extents: vec![parts],

@@ -35,8 +35,7 @@ impl Default for Conv2dOptions {
 /// The output length of a window of `k` taps, `dilation` apart, slid by `stride` over `n` padded by `pad` on both
 /// sides; `None` where not even one window fits.
 fn out_len(n: usize, k: usize, stride: usize, pad: usize, dilation: usize) -> Option<usize> {
-    let span = dilation * (k - 1) + 1;
-    (n + 2 * pad >= span).then(|| (n + 2 * pad - span) / stride + 1)
+    kiln_jit::shape::window_count(n + 2 * pad, k, stride, dilation)
 }
 
 /// The `[N, C, OH, OW]` slices of `xp` (already padded) at each of the `kh x kw` window positions, stacked along a

@@ -80,8 +80,9 @@ const MIN_COPY: usize = 16;
 /// rows.len()` floats.
 pub unsafe fn pack_b_table(dst: *mut f32, src: *const f32, rows: &[i64], cols: &[i64], nr: usize) {
     let kb = rows.len();
-    // (first column in the panel, columns, whether they are consecutive elements)
-    let mut pieces: Vec<(usize, usize, bool)> = Vec::with_capacity(nr);
+    // (first column in the panel, columns, whether they are consecutive elements): at most NR, inline (this runs
+    // on every replay; no allocation).
+    let mut pieces: smallvec::SmallVec<[(usize, usize, bool); 64]> = smallvec::SmallVec::new();
     for (p, panel) in cols.chunks(nr).enumerate() {
         // SAFETY: panel p of `dst` holds nr * kb floats, per the caller.
         let out = unsafe { std::slice::from_raw_parts_mut(dst.add(p * nr * kb), nr * kb) };
