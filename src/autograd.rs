@@ -303,6 +303,7 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
         // The source's gradient: `g` added back at the gathered positions (the index has none).
         Op::Gather { axis } if i == 0 => crate::ops::scatter_sum(g, *axis, &srcs[1], x.dims()[*axis]),
         Op::Gather { .. } => return None,
+        Op::Linalg(l) => return crate::linalg::vjp(*l, y, srcs, i, g),
         Op::Matmul => {
             let (a, b) = (&srcs[0], &srcs[1]);
             if i == 0 { g.matmul(&b.transpose(-1, -2)) } else { a.transpose(-1, -2).matmul(g) }

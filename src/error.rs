@@ -67,3 +67,14 @@ pub enum Error {
     #[error(transparent)]
     Cache(#[from] kiln_autotune::StoreError),
 }
+
+impl Error {
+    /// The data-dependent error a kernel found, if that is what this is: a gathered index out of range, or from
+    /// `kiln::linalg` a singular matrix or one that is not positive definite (with the matrix's batch index).
+    pub fn fault(&self) -> Option<kiln_jit::kernel::Fault> {
+        match self {
+            Error::Backend(kiln_backends::BackendError::Fault { fault, .. }) => Some(*fault),
+            _ => None,
+        }
+    }
+}

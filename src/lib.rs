@@ -33,6 +33,7 @@ mod device;
 mod display;
 mod error;
 mod io;
+pub mod linalg;
 mod macro_support;
 pub mod nn;
 mod ops;

@@ -811,6 +811,55 @@ fn matmul_cases() {
     s.finish();
 }
 
+/// Well-conditioned `[.., n, n]` matrices (`3 I` plus noise in [-0.5, 0.5)), rows reversed when `pivoting` so the
+/// LU swaps rows.
+fn well_conditioned(g: &mut Gen, shape: &[usize], pivoting: bool) -> In {
+    let n = shape[shape.len() - 1];
+    let mut m = g.uniform(shape, -0.5, 0.5);
+    let mats = m.vals.len() / (n * n);
+    let mut vals = m.vals.clone();
+    for b in 0..mats {
+        for i in 0..n {
+            for j in 0..n {
+                let row = if pivoting { n - 1 - i } else { i };
+                vals[(b * n + row) * n + j] = m.vals[(b * n + i) * n + j] + if i == j { 3.0 } else { 0.0 };
+            }
+        }
+    }
+    m.vals = vals;
+    m
+}
+
+#[test]
+fn linear_algebra() {
+    use kiln::linalg;
+    let mut s = Suite::new("linalg");
+    let mut g = Gen::new("linalg");
+    let a = well_conditioned(&mut g, &[2, 3, 3], true);
+    let b = g.uniform(&[2, 3, 2], -1.0, 1.0);
+    s.check("solve", &[a.clone(), b.clone()], |t| linalg::solve(&t[0], &t[1]));
+    s.check("solve of a vector", &[a.clone(), g.uniform(&[3], -1.0, 1.0)], |t| linalg::solve(&t[0], &t[1]));
+    s.check("inv", std::slice::from_ref(&a), |t| linalg::inv(&t[0]));
+    s.check("det", std::slice::from_ref(&a), |t| linalg::det(&t[0]));
+    s.check("slogdet", std::slice::from_ref(&a), |t| linalg::slogdet(&t[0]).1);
+    s.check("lu_factor", std::slice::from_ref(&a), |t| linalg::lu_factor(&t[0]).0);
+    // Through its symmetric part (a perturbation of one element moves both of its mirror images), as PyTorch's
+    // gradient assumes.
+    let spd = well_conditioned(&mut g, &[2, 3, 3], false);
+    s.check("cholesky", &[spd], |t| linalg::cholesky(&t[0].add(t[0].transpose(-1, -2)).mul(0.5)));
+    for upper in [false, true] {
+        for left in [false, true] {
+            for unit in [false, true] {
+                let rhs = if left { b.clone() } else { g.uniform(&[2, 2, 3], -1.0, 1.0) };
+                s.check(&format!("solve_triangular upper {upper} left {left} unit {unit}"), &[a.clone(), rhs], |t| {
+                    linalg::solve_triangular(&t[0], &t[1], upper, left, unit)
+                });
+            }
+        }
+    }
+    s.finish();
+}
+
 #[test]
 fn softmax_family() {
     let mut s = Suite::new("softmax");

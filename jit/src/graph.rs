@@ -261,6 +261,7 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
                 return Err("matmul result".into());
             }
         }
+        Op::Linalg(l) => crate::kernel::routine::check(*l, srcs, d)?,
     }
     Ok(())
 }

@@ -261,6 +261,18 @@ fn eval(
             }
             args[0].gather(n, (0.0, 0), |i| Some(map[i]))
         }
+        Op::Linalg(l) => {
+            let r = crate::kernel::routine::Routine::of(*l, node, srcs);
+            let ins: Vec<&[f64]> = args
+                .iter()
+                .map(|a| match a {
+                    Vals::F(v) => Ok(v.as_slice()),
+                    Vals::I(_) => Err("linear algebra on integers".to_string()),
+                })
+                .collect::<Result<_, _>>()?;
+            let out = crate::kernel::routine::reference(&r, &ins).map_err(|f| f.to_string())?;
+            Vals::F(out.into_iter().map(|x| round_f(d, x)).collect())
+        }
     })
 }
 

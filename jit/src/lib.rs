@@ -23,5 +23,5 @@ pub use dtype::{Category, DType, Priority, Scalar};
 pub use graph::{Graph, NodeData};
 /// The f16 element type (`half::f16`), so users need not depend on `half` themselves.
 pub use half::{bf16, f16};
-pub use op::{BinaryOp, Op, RandDist, ReduceOp, RngKey, UnaryOp};
+pub use op::{BinaryOp, LinalgOp, Op, RandDist, ReduceOp, RngKey, UnaryOp};
 pub use shape::Shape;

@@ -153,6 +153,67 @@ impl RandDist {
     pub const ALL: [RandDist; 2] = [RandDist::Uniform, RandDist::Normal];
 }
 
+/// A matrix factorization or solve over the last two dims, batched over the leading ones: a kernel of its own on
+/// every device (`kernel::routine`), never fused. Its sources and output are stored row-major.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinalgOp {
+    /// LU with partial pivoting of square `[.., n, n]`: `[.., n, n + 2]`, each row the packed factors (L's unit
+    /// diagonal not stored), then the row permutation (`(P A)[i] = A[perm[i]]`, 0-based) and LAPACK's pivot of that
+    /// step (1-based, PyTorch's `pivots`), both as values of the dtype. With `check`, a numerically zero pivot is a
+    /// fault (`Fault::Singular`); without, elimination skips it (a determinant's zero).
+    Lu { check: bool },
+    /// The lower Cholesky factor of a symmetric positive definite `[.., n, n]` (its lower triangle is read); a
+    /// leading minor that is not positive is a fault (`Fault::NotPositiveDefinite`).
+    Cholesky,
+    /// `X` with `A X = B` for triangular `A [.., n, n]` and `B [.., n, k]`: only `A`'s upper or lower triangle is
+    /// read, and with `unit` not its diagonal (taken as ones). A zero diagonal element is a `Fault::Singular`.
+    TriSolve { upper: bool, unit: bool },
+}
+
+impl LinalgOp {
+    /// Short name for kernel names and dumps.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinalgOp::Lu { check: true } => "lu",
+            LinalgOp::Lu { check: false } => "lu_unchecked",
+            LinalgOp::Cholesky => "cholesky",
+            LinalgOp::TriSolve { upper: false, unit: false } => "trsm_lower",
+            LinalgOp::TriSolve { upper: false, unit: true } => "trsm_lower_unit",
+            LinalgOp::TriSolve { upper: true, unit: false } => "trsm_upper",
+            LinalgOp::TriSolve { upper: true, unit: true } => "trsm_upper_unit",
+        }
+    }
+
+    /// One word for signatures: every variant a distinct number.
+    fn code(self) -> u64 {
+        match self {
+            LinalgOp::Lu { check } => check as u64,
+            LinalgOp::Cholesky => 2,
+            LinalgOp::TriSolve { upper, unit } => 3 + upper as u64 * 2 + unit as u64,
+        }
+    }
+
+    fn from_code(c: u64) -> Option<LinalgOp> {
+        Some(match c {
+            0 | 1 => LinalgOp::Lu { check: c == 1 },
+            2 => LinalgOp::Cholesky,
+            3..=6 => LinalgOp::TriSolve { upper: (c - 3) / 2 == 1, unit: (c - 3) % 2 == 1 },
+            _ => return None,
+        })
+    }
+
+    /// Every variant (for tests of the encoding).
+    pub const ALL: [LinalgOp; 7] = [
+        LinalgOp::Lu { check: false },
+        LinalgOp::Lu { check: true },
+        LinalgOp::Cholesky,
+        LinalgOp::TriSolve { upper: false, unit: false },
+        LinalgOp::TriSolve { upper: false, unit: true },
+        LinalgOp::TriSolve { upper: true, unit: false },
+        LinalgOp::TriSolve { upper: true, unit: true },
+    ];
+}
+
 /// One primitive. Operands are the node's sources, in order.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -219,6 +280,9 @@ pub enum Op {
         step: usize,
         dilation: usize,
     },
+    /// A factorization or triangular solve (`LinalgOp`): sources `[A]`, or `[A, B]` for a solve, with the node's
+    /// leading (batch) dims.
+    Linalg(LinalgOp),
 }
 
 impl Op {
@@ -243,6 +307,7 @@ impl Op {
             Op::Contiguous => "contiguous".into(),
             Op::Gather { axis } => format!("gather{axis}"),
             Op::Unfold { axis, size, step, dilation } => format!("unfold{axis}[{size}/{step}/{dilation}]"),
+            Op::Linalg(l) => l.name().into(),
         }
     }
 
@@ -299,6 +364,7 @@ impl Op {
             Op::Unfold { axis, size, step, dilation } => {
                 out.extend([18, *axis as u64, *size as u64, *step as u64, *dilation as u64])
             }
+            Op::Linalg(l) => out.extend([19, l.code()]),
         }
     }
 
@@ -329,6 +395,7 @@ impl Op {
             16 => Op::Contiguous,
             17 => Op::Gather { axis: r.index()? },
             18 => Op::Unfold { axis: r.index()?, size: r.index()?, step: r.index()?, dilation: r.index()? },
+            19 => Op::Linalg(LinalgOp::from_code(r.next()?)?),
             _ => return None,
         };
         Some((op, r.at))
@@ -338,7 +405,7 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Input { .. } | Op::Const(_) | Op::Iota { .. } | Op::Rand { .. } => 0,
-            Op::Binary(_) | Op::Matmul | Op::Gather { .. } => 2,
+            Op::Binary(_) | Op::Matmul | Op::Gather { .. } | Op::Linalg(LinalgOp::TriSolve { .. }) => 2,
             Op::Where => 3,
             _ => 1,
         }
@@ -428,6 +495,7 @@ mod tests {
             Op::Unfold { axis: 1, size: 3, step: 2, dilation: 4 },
         ];
         ops.extend(RandDist::ALL.map(|dist| Op::Rand { dist, slot: 1 }));
+        ops.extend(LinalgOp::ALL.map(Op::Linalg));
         ops.extend(UnaryOp::ALL.map(Op::Unary));
         ops.extend(BinaryOp::ALL.map(Op::Binary));
         ops.extend(ReduceOp::ALL.map(|op| Op::Reduce { op, axes: vec![0, 2] }));
@@ -449,6 +517,7 @@ mod tests {
             &[0u64][..],
             &[18],
             &[17],
+            &[19, 7],
             &[5, unary_past],
             &[6, binary_past],
             &[9, 4, 0],

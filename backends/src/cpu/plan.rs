@@ -30,6 +30,8 @@ enum Exec {
     Gemm(Box<super::gemm::CompiledGemm>),
     Wide(Box<super::wide::WideKernel>),
     Rows(Box<super::wide_rows::RowKernel>),
+    /// A linear algebra routine (`routines.rs`).
+    Routine(kiln_jit::kernel::routine::Routine),
 }
 
 struct CompiledLaunch {
@@ -115,8 +117,12 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                 // Set by `gemm_for`, which recognizes the GEMM.
                 patched_b: false,
             };
-            let gemm = super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget, cx);
+            let gemm = match l.kernel.routine {
+                Some(_) => Ok(None),
+                None => super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget, cx),
+            };
             let exec = match gemm.map_err(err)? {
+                None if let Some(r) = l.kernel.routine => Exec::Routine(r),
                 Some(g) => Exec::Gemm(Box::new(g)),
                 None if let Some(w) = super::wide::for_plan(&l.kernel, dump.as_ref()).map_err(err)? => {
                     Exec::Wide(Box::new(w))
@@ -162,7 +168,8 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
         .filter(|d| match &launches[d.launch].exec {
             Exec::Clif(_) | Exec::Wide(_) => true,
             // A row kernel reads its rows before writing them, but the schedule never offers it a donation.
-            Exec::Rows(_) => false,
+            // Nor a routine (it reads whole matrices).
+            Exec::Rows(_) | Exec::Routine(_) => false,
             Exec::Gemm(g) => g.reads_epilogue_before_store(),
         })
         .collect();
@@ -285,6 +292,9 @@ impl DevicePlan for JitPlan {
             Exec::Wide(w) => unsafe { w.run(ptrs) },
             // SAFETY: as for a GEMM; a row kernel is never given a donated output (`compile`).
             Exec::Rows(r) => unsafe { r.run(ptrs) },
+            // SAFETY: `ptrs` holds the routine's input buffers then its output (then the fault record, not passed),
+            // sized as its descriptor declares; routine outputs are never donated (`donate.rs`).
+            Exec::Routine(r) => unsafe { super::routines::run(r, &ptrs[..ptrs.len() - l.can_fault as usize], fault) },
         }
         if let Some(t0) = t0 {
             profile::record(&l.name, t0.elapsed());

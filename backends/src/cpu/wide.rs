@@ -361,6 +361,7 @@ fn row_sum_parts(k: &KernelIr) -> Option<(KernelIr, EpProgram)> {
         outer: r.inner.clone(),
         result: r.value,
         flops_per_elem: 0,
+        routine: None,
     };
     Some((inner, outer))
 }

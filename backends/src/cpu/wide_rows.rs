@@ -504,6 +504,7 @@ fn translated(k: &KernelIr, code: Vec<Inst>, result: usize, rows: usize, cols: u
         outer: code,
         result,
         flops_per_elem: 0,
+        routine: None,
     };
     if pass.out_rank() != 2 {
         return None;

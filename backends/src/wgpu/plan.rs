@@ -64,16 +64,20 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
     // Whether each launch runs as a generic kernel (not the GEMM template): only those donate.
     let mut generic = Vec::with_capacity(plan.launches.len());
     for l in &plan.launches {
-        let (k, record) = match gemm::gemm_kernel(ctx, &l.kernel) {
-            Some((k, record)) => (k, Some(record)),
-            None => (wgsl::render(&l.kernel).map_err(err)?, None),
+        let (k, record) = match l.kernel.routine {
+            Some(r) => (wgsl::routine::render(&r).map_err(err)?, None),
+            None => match gemm::gemm_kernel(ctx, &l.kernel) {
+                Some((k, record)) => (k, Some(record)),
+                None => (wgsl::render(&l.kernel).map_err(err)?, None),
+            },
         };
         // A reduction runs its whole reduce loop nest in each invocation (the GEMM template: its K loop); a row
         // kernel, each row reduction's and then one loop over the row's elements.
         let kernel = &l.kernel;
         let folds = kernel.reduce.iter().chain(&kernel.rows).map(|r| r.extents.iter().product::<usize>());
         let row_elems = if kernel.rows.is_empty() { 0 } else { kernel.out_extents[kernel.row_rank..].iter().product() };
-        let trips = folds.chain([row_elems]).max().unwrap_or(0);
+        let routine_trips = kernel.routine.as_ref().map(wgsl::routine::max_trips);
+        let trips = folds.chain([row_elems]).chain(routine_trips).max().unwrap_or(0);
         if let Some(cap) = backend.loop_trip_cap()
             && trips > cap
         {
@@ -91,7 +95,7 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
             }
         }
         let pipeline = ctx.pipeline(&k).map_err(err)?;
-        generic.push(record.is_none());
+        generic.push(record.is_none() && l.kernel.routine.is_none());
         if let Slot::Temp(t) = l.output {
             temps[t] = temps[t].max(l.kernel.output.len);
         }

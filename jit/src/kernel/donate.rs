@@ -80,6 +80,9 @@ impl KernelPlan {
 /// Condition 3: every load of a buffer bound to `slot` is in the outer code, unmasked, at the output's row-major
 /// index (not in a reduction: a row reduction reads its row before the row is written, but may read other rows).
 fn reads_only_own_element(k: &KernelIr, bound: &[Slot], slot: Slot) -> bool {
+    if k.routine.is_some() {
+        return false; // a routine reads whole matrices
+    }
     let bufs: Vec<usize> = bound.iter().enumerate().filter(|(_, s)| **s == slot).map(|(b, _)| b).collect();
     let loads_it = |op: &InstOp| matches!(op, InstOp::Load { buf, .. } if bufs.contains(buf));
     if k.reduce.iter().chain(&k.rows).any(|r| r.inner.iter().any(|i| loads_it(&i.op))) {

@@ -9,8 +9,8 @@
 //! backend decodes the record ([`Fault::decode`]) and returns an error instead of the outputs. The words are i64 on
 //! the CPU and 32-bit on wgpu (which has no 64-bit integers: its indices are i32 anyway).
 //!
-//! This is the one channel for data-dependent errors, meant to carry more kinds than the index check (a singular
-//! matrix found by a factorization is the next): a kind is a number here and a message in `Display`.
+//! This is the one channel for data-dependent errors, which carries the index check and the linear algebra routines'
+//! findings (a singular matrix, one not positive definite): a kind is a number here and a message in `Display`.
 
 use std::fmt;
 
@@ -22,18 +22,30 @@ pub const FAULT_WORDS: usize = 3;
 pub enum Fault {
     /// A gathered index outside `0..len`.
     Index { len: i64, index: i64 },
+    /// Matrix `batch_index` (counted over the leading dims, row-major) is singular: its LU factorization met a
+    /// numerically zero pivot in column `pivot`, or a triangular solve a zero diagonal element in row `pivot`
+    /// (`kernel::routine`).
+    Singular { batch_index: i64, pivot: i64 },
+    /// Matrix `batch_index` is not positive definite: its leading minor of order `minor` is not (Cholesky).
+    NotPositiveDefinite { batch_index: i64, minor: i64 },
     /// A record with a kind this build does not know (a kernel and a runtime out of step).
     Unknown { kind: i64 },
 }
 
 /// `kind` of [`Fault::Index`].
 pub const FAULT_INDEX: i64 = 1;
+/// `kind` of [`Fault::Singular`].
+pub const FAULT_SINGULAR: i64 = 2;
+/// `kind` of [`Fault::NotPositiveDefinite`].
+pub const FAULT_NOT_POSITIVE_DEFINITE: i64 = 3;
 
 impl Fault {
     /// The record's words as a kernel writes them.
     pub fn encode(self) -> [i64; FAULT_WORDS] {
         match self {
             Fault::Index { len, index } => [FAULT_INDEX, len, index],
+            Fault::Singular { batch_index, pivot } => [FAULT_SINGULAR, batch_index, pivot],
+            Fault::NotPositiveDefinite { batch_index, minor } => [FAULT_NOT_POSITIVE_DEFINITE, batch_index, minor],
             Fault::Unknown { kind } => [kind, 0, 0],
         }
     }
@@ -43,6 +55,8 @@ impl Fault {
         match words[0] {
             0 => None,
             FAULT_INDEX => Some(Fault::Index { len: words[1], index: words[2] }),
+            FAULT_SINGULAR => Some(Fault::Singular { batch_index: words[1], pivot: words[2] }),
+            FAULT_NOT_POSITIVE_DEFINITE => Some(Fault::NotPositiveDefinite { batch_index: words[1], minor: words[2] }),
             kind => Some(Fault::Unknown { kind }),
         }
     }
@@ -54,6 +68,16 @@ impl fmt::Display for Fault {
             Fault::Index { len, index } => {
                 write!(f, "gather: index {index} is out of range for a dimension of size {len} (valid: 0..{len})")
             }
+            Fault::Singular { batch_index, pivot } => write!(
+                f,
+                "the matrix at batch index {batch_index} is singular (pivot {pivot}, counted from 0, is zero to \
+                 working precision); a solve or inverse would divide by it"
+            ),
+            Fault::NotPositiveDefinite { batch_index, minor } => write!(
+                f,
+                "the matrix at batch index {batch_index} is not positive definite (its leading minor of order \
+                 {minor} is not)"
+            ),
             Fault::Unknown { kind } => write!(f, "a kernel reported a fault of unknown kind {kind}"),
         }
     }
@@ -70,5 +94,9 @@ mod tests {
         assert_eq!(Fault::decode(f.encode()), Some(f));
         assert_eq!(f.to_string(), "gather: index -3 is out of range for a dimension of size 10 (valid: 0..10)");
         assert_eq!(Fault::decode([7, 1, 2]), Some(Fault::Unknown { kind: 7 }));
+        for f in [Fault::Singular { batch_index: 2, pivot: 1 }, Fault::NotPositiveDefinite { batch_index: 0, minor: 3 }]
+        {
+            assert_eq!(Fault::decode(f.encode()), Some(f));
+        }
     }
 }

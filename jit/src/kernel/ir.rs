@@ -165,6 +165,9 @@ pub struct KernelIr {
     pub result: ValueId,
     /// Floating-point operations per output element, for profiles and thread-split decisions.
     pub flops_per_elem: usize,
+    /// Set on a routine's descriptor (`routine.rs`): a kernel each device writes itself, with no code here
+    /// (`outer` is empty). Every pass and renderer that reads code leaves such a kernel alone.
+    pub routine: Option<crate::kernel::routine::Routine>,
 }
 
 impl KernelIr {
@@ -179,6 +182,9 @@ impl KernelIr {
 
     /// Whether the kernel can record a fault (it gathers): its backend must give it a fault record.
     pub fn can_fault(&self) -> bool {
+        if let Some(r) = &self.routine {
+            return r.can_fault();
+        }
         let mut code = self.outer.iter().chain(self.reduce.iter().chain(&self.rows).flat_map(|r| r.inner.iter()));
         code.any(|i| matches!(i.op, InstOp::Gather { .. }))
     }
@@ -189,6 +195,9 @@ impl KernelIr {
 
     /// Total work in element-operations (for choosing single- vs multi-threaded execution).
     pub fn work(&self) -> usize {
+        if let Some(r) = &self.routine {
+            return r.work();
+        }
         let out: usize = self.out_extents.iter().product();
         let inner = self.reduce.as_ref().map_or(1, |r| r.extents.iter().product::<usize>().max(1) * (r.inner.len()));
         let row_elems: usize = self.out_extents[self.row_rank..].iter().product();

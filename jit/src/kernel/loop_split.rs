@@ -149,6 +149,7 @@ mod tests {
             outer: vec![Inst { op: load, dtype: DType::F32 }],
             result: 0,
             flops_per_elem: 0,
+            routine: None,
         }
     }
 

@@ -175,6 +175,7 @@ impl Lowerer<'_> {
         match &node.op {
             Op::Input { .. } => unreachable!("inputs are materialized"),
             Op::Reduce { .. } | Op::Matmul => unreachable!("a reduction is materialized or a reduce stage"),
+            Op::Linalg(_) => unreachable!("a routine's result is materialized"),
             Op::Const(s) => self.konst(*s, d),
             Op::Iota { start, step } => {
                 self.note("iota".into());
@@ -380,6 +381,13 @@ pub(crate) fn lower(
     rows: &[NodeIndex],
     mat: &[bool],
 ) -> Option<(KernelIr, Vec<NodeIndex>)> {
+    // A routine (`routine.rs`) reads its stored sources as they are.
+    if let Op::Linalg(l) = graph.node(root).op {
+        let srcs = graph.srcs(root);
+        let nodes: Vec<&crate::graph::NodeData> = srcs.iter().map(|&s| graph.node(s)).collect();
+        let routine = crate::kernel::routine::Routine::of(l, graph.node(root), &nodes);
+        return Some((routine.kernel(), srcs.to_vec()));
+    }
     let mut lw = Lowerer {
         graph,
         mat,
@@ -520,6 +528,7 @@ pub(crate) fn lower(
         outer: lw.insts,
         result,
         flops_per_elem,
+        routine: None,
     };
     Some((ir.without_unit_loops(), lw.reads))
 }

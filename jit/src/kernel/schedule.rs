@@ -1,8 +1,8 @@
 //! Fusion and scheduling: which graph nodes get a buffer, which kernel computes each, and where buffers are reused.
 //!
 //! Rules (docs/architecture.md, "Fusion"), applied in this order:
-//! 1. Materialized ("realized into a buffer"): inputs, graph outputs, `Contiguous`, every `Reduce` and `Matmul`,
-//!    the source of every `Gather` (read at data-dependent places), and any node that several nodes read (or that feeds an `Expand`) unless recomputing it is cheap: at most
+//! 1. Materialized ("realized into a buffer"): inputs, graph outputs, `Contiguous`, every `Reduce`, `Matmul` and
+//!    `Linalg` and the sources of a `Linalg` (a routine, `routine.rs`), the source of every `Gather` (read at data-dependent places), and any node that several nodes read (or that feeds an `Expand`) unless recomputing it is cheap: at most
 //!    `CHEAP_OPS` ALU ops and no transcendental or random op on the way back to materialized nodes.
 //! 2. Everything else is inlined into each kernel that reads it: elementwise chains fuse, elementwise ops fuse into
 //!    a reduction's input, and movement ops become index math (no copies).
@@ -231,8 +231,14 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     let mut depth = vec![0usize; bound];
     for &n in &order {
         let op = &graph.node(n).op;
-        mat[n.index()] =
-            is_output(n) || matches!(op, Op::Input { .. } | Op::Contiguous | Op::Reduce { .. } | Op::Matmul);
+        mat[n.index()] = is_output(n)
+            || matches!(op, Op::Input { .. } | Op::Contiguous | Op::Reduce { .. } | Op::Matmul | Op::Linalg(_));
+        // A routine reads its sources row-major from buffers (`routine.rs`).
+        if matches!(op, Op::Linalg(_)) {
+            for s in graph.srcs(n) {
+                mat[s.index()] = true;
+            }
+        }
         // A gather reads its source at data-dependent places: from a buffer, row-major (`lower`).
         if matches!(op, Op::Gather { .. }) {
             mat[graph.srcs(n)[0].index()] = true;
@@ -505,7 +511,11 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
             let reduces = stage[k.index()].is_some_and(|r| matches!(graph.node(r).op, Op::Reduce { .. }));
             let ir = if reduces { with_merged_reduce_loops(&ir) } else { ir };
             // Rule 7: an elementwise kernel whose indices divide its loops runs over the loops they divide into.
-            let ir = if stage[k.index()].is_none() && rows.is_empty() { ir.with_split_loops() } else { ir };
+            let ir = if stage[k.index()].is_none() && rows.is_empty() && ir.routine.is_none() {
+                ir.with_split_loops()
+            } else {
+                ir
+            };
             let split = if reduces { split_full_reduction(&ir) } else { None };
             (k, ir, reads, split)
         })
@@ -654,5 +664,6 @@ fn copy(b: &BufParam) -> KernelIr {
         outer: vec![Inst { op: load, dtype: b.dtype }],
         result: 0,
         flops_per_elem: 0,
+        routine: None,
     }
 }

@@ -103,6 +103,7 @@ pub fn split_full_reduction(k: &KernelIr) -> Option<(KernelIr, KernelIr)> {
         outer: vec![Inst { op: InstOp::Acc, dtype: r.dtype }],
         result: 0,
         flops_per_elem: k.flops_per_elem.div_ceil(parts),
+        routine: None,
     };
 
     // Combining kernel: `k` with its reduction folding the partials (the last input) instead.

@@ -350,6 +350,7 @@ fn build(
         outer,
         result: k.result,
         flops_per_elem: k.flops_per_elem,
+        routine: None,
     };
     let view = GemmView::of(&canonical).unwrap_or_else(|| unreachable!("the canonical problem is a GEMM"));
     let dims: Vec<(String, u64)> = [("batch", bb), ("m", mm), ("n", nn), ("k", kk), ("threads", threads)]

@@ -34,6 +34,7 @@
 mod dialect;
 mod gemm;
 mod math;
+pub mod routine;
 
 pub use dialect::Wgsl;
 pub use gemm::{GemmTile, render_gemm};
