@@ -47,6 +47,7 @@ mod signature;
 mod tensor;
 mod thread_flag;
 pub mod tune;
+mod typed;
 
 #[cfg(test)]
 #[path = "../tests/test_cache/mod.rs"]
@@ -67,6 +68,7 @@ pub use ops::{Operand, PadMode};
 pub use random::{DEFAULT_SEED, Generator, RngState, default_generator, manual_seed, rng_state, set_rng_state};
 pub use realize::{Captured, Stats, capture, stats};
 pub use tensor::Tensor;
+pub use typed::{Tensor1, Tensor2, Tensor3, Tensor4};
 
 /// Compile-time checked macros: `fuse!(expr)` (one kernel, guaranteed) and `einsum!` (subscripts checked).
 ///
@@ -89,6 +91,9 @@ pub use kiln_macros::{einsum, fuse};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::macro_support::{Probe, ViaOther, ViaTensor, fused, kernel_count};
+    pub use crate::typed::{
+        AsTensor, Axis, Const, Dynamic, Rank, SameRank, SameSize, axis_pair, rank_and, same_rank, same_size,
+    };
 }
 
 /// With `KILN_PROFILE=1`: the time spent in each kernel so far, heaviest first (empty otherwise).

@@ -60,6 +60,31 @@ fn einsum_forms_equal_the_runtime_einsum() {
     assert_eq!(outer.to_vec::<f32>().unwrap(), Tensor::einsum("i,j->ij", &[&u, &u]).to_vec::<f32>().unwrap());
 }
 
+/// Typed operands (sizes in their types, checked when this file compiles) give what plain tensors give, alone,
+/// mixed with plain tensors, and with a repeated index (a diagonal).
+#[test]
+fn einsum_of_typed_operands() {
+    use kiln::{Tensor1, Tensor2, Tensor3};
+    let Some(_) = data_device() else { return };
+    let a = tensor(DType::F32, &values(2 * 3 * 4, 0.2), &[2, 3, 4]);
+    let b = tensor(DType::F32, &values(2 * 4 * 5, 0.9), &[2, 4, 5]);
+    let want = Tensor::einsum("bij,bjk->bik", &[&a, &b]).to_vec::<f32>().unwrap();
+    let (ta, tb): (Tensor3<2, 3, 4>, Tensor3<2, 4, 5>) = (Tensor3::new(a.clone()), Tensor3::new(b.clone()));
+    assert_eq!(einsum!((n, i, j) = ta[n, i, k] * tb[n, k, j]).to_vec::<f32>().unwrap(), want);
+    assert_eq!(einsum!("bij,bjk->bik", ta, b).to_vec::<f32>().unwrap(), want);
+    assert_eq!(einsum!("bij,bjk->bik", &a, &tb).to_vec::<f32>().unwrap(), want);
+    let m: Tensor2<3, 3> = Tensor2::new(tensor(DType::F32, &values(9, 0.4), &[3, 3]));
+    let v: Tensor1<3> = Tensor1::new(tensor(DType::F32, &values(3, 0.5), &[3]));
+    let got = einsum!((i) = m[i, i] * v[i]).to_vec::<f32>().unwrap();
+    assert_eq!(got, Tensor::einsum("ii,i->i", &[&m, &v]).to_vec::<f32>().unwrap());
+    // A tensor whose shape is not its type's is refused where it is wrapped.
+    let line = line!() + 1;
+    let wrap = || drop(Tensor2::<3, 4>::new(a.clone()));
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(wrap)).expect_err("refused");
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("[2, 3, 4]") && msg.contains(&format!("macros.rs:{line}")), "{msg}");
+}
+
 /// With shapes known only at run time, a mismatch panics at the macro's line, naming the index and both sizes.
 #[test]
 fn einsum_size_mismatch_panics_at_the_macro() {

@@ -4,7 +4,10 @@
 //!   string form, `einsum!("bij,bjk->bik", a, b)`. The subscripts are checked here: every output index appears in
 //!   an operand, none twice in the output, as many operands as subscript groups, only letters and one `...`.
 //!   Both expand to `kiln::Tensor::einsum`, whose size checks panic at the macro's line naming the index and
-//!   both sizes (shapes are run-time values; a typed-shape wrapper that would check them here is not built).
+//!   both sizes. Where operands are typed (`kiln::Tensor2<784, 256>` and friends: dims as const generics), the
+//!   expansion also asks the type system that a shared index has one size and that each typed operand has as many
+//!   indices as dims, so a mismatch does not compile (`kiln::__private::SameSize`, whose diagnostic names both
+//!   sizes); the subscripts of an operand with `...` are not checked this way.
 //! - `fuse!(expr)`: the expression (elementwise ops, broadcasts, casts, movement, and at most one reduction as its
 //!   last op) is guaranteed to run as one kernel. An op that cannot fuse into one (a matmul, a softmax, a gather, a
 //!   reduction that is not last, a function call the macro cannot see into) is a compile error at its span saying
@@ -101,10 +104,24 @@ impl Parse for Einsum {
 
 impl Einsum {
     fn expand(self) -> syn::Result<Tokens> {
-        let (eq, span, operands) = match self {
+        // Each operand with its indices (name and span; `None` where a `...` leaves its axes unknown here).
+        type Indexed = (Expr, Option<Vec<(String, Span)>>);
+        let (eq, span, operands): (String, Span, Vec<Indexed>) = match self {
             Einsum::Text { eq, operands } => {
                 check_equation(&eq.value(), operands.len(), eq.span())?;
-                (eq.value(), eq.span(), operands)
+                let text: String = eq.value().chars().filter(|c| !c.is_whitespace()).collect();
+                let lhs = text.split("->").next().unwrap_or_default().to_string();
+                let groups: Vec<&str> = lhs.split(',').collect();
+                let indexed = operands
+                    .into_iter()
+                    .zip(&groups)
+                    .map(|(o, g)| {
+                        let letters =
+                            (!g.contains('.')).then(|| g.chars().map(|c| (c.to_string(), eq.span())).collect());
+                        (o, letters)
+                    })
+                    .collect();
+                (eq.value(), eq.span(), indexed)
             }
             Einsum::Index { out, out_span, factors } => {
                 // Index names to letters, in order of first appearance.
@@ -136,13 +153,43 @@ impl Einsum {
                     }
                 }
                 let rhs = out.iter().map(&mut letter).collect::<syn::Result<String>>()?;
-                let operands = factors.into_iter().map(|(e, _)| e).collect();
-                (format!("{}->{rhs}", terms.join(",")), out_span, operands)
+                let indexed = factors
+                    .into_iter()
+                    .map(|(e, idx)| (e, Some(idx.iter().map(|i| (i.to_string(), i.span())).collect())))
+                    .collect();
+                (format!("{}->{rhs}", terms.join(",")), out_span, indexed)
             }
         };
         let lit = LitStr::new(&eq, span);
-        let refs = operands.iter().map(|o| quote_spanned!(o.span()=> &(#o)));
-        Ok(quote_spanned! {span=> ::kiln::Tensor::einsum(#lit, &[#(#refs),*]) })
+        let bound: Vec<Ident> = (0..operands.len()).map(|i| Ident::new(&format!("__kiln_operand{i}"), span)).collect();
+        let lets = operands.iter().zip(&bound).map(|((o, _), b)| quote_spanned!(o.span()=> let #b = &(#o);));
+        // Sizes checked by the type system: every typed operand's rank against its index count, and every later use
+        // of an index against its first (`kiln::Tensor2` and friends; a plain `Tensor` agrees with any size here).
+        let mut checks = Vec::new();
+        let mut first: Vec<(String, usize, usize)> = Vec::new();
+        for (k, (o, letters)) in operands.iter().enumerate() {
+            let Some(letters) = letters else { continue };
+            let (b, rank) = (&bound[k], letters.len());
+            checks.push(
+                quote_spanned!(o.span()=> ::kiln::__private::same_rank(::kiln::__private::rank_and::<#rank, _>(#b));),
+            );
+            for (axis, (name, at)) in letters.iter().enumerate() {
+                match first.iter().find(|(n, _, _)| n == name) {
+                    Some(&(_, k0, a0)) => {
+                        let b0 = &bound[k0];
+                        checks.push(quote_spanned!(*at=>
+                            ::kiln::__private::same_size(::kiln::__private::axis_pair::<#a0, #axis, _, _>(#b0, #b));
+                        ));
+                    }
+                    None => first.push((name.clone(), k, axis)),
+                }
+            }
+        }
+        Ok(quote_spanned! {span=> {
+            #(#lets)*
+            #(#checks)*
+            ::kiln::Tensor::einsum(#lit, &[#(::kiln::__private::AsTensor::as_tensor(#bound)),*])
+        }})
     }
 }
 
