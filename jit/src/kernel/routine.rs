@@ -3,7 +3,7 @@
 //! output element computed independently from its inputs) cannot express; so each device writes these few kernels
 //! itself (the CPU in Rust, `backends/src/cpu/routines.rs`; wgpu in WGSL, `render/wgsl/routine.rs`), and this module
 //! holds what they share: the shapes, the semantics every device follows, and the reference implementation the
-//! interpreters run ([`reference`]).
+//! interpreters run ([`reference()`]).
 //!
 //! A launch of a routine carries a *descriptor* kernel (`KernelIr::routine` set): its name, buffers and output
 //! extents are real, so plans, slots, dumps and profiles treat it as any launch; it has no code (`outer` is empty),
