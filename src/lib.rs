@@ -63,6 +63,8 @@ pub use io::{
     load_generator, load_module, load_optimizer, load_safetensors, save_generator, save_module, save_optimizer,
     save_safetensors,
 };
+/// A data-dependent error a kernel found while it ran (an index out of range, a singular matrix): `Error::fault`.
+pub use kiln_jit::kernel::Fault;
 pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape, bf16, f16};
 pub use ops::{Operand, PadMode};
 pub use random::{DEFAULT_SEED, Generator, RngState, default_generator, manual_seed, rng_state, set_rng_state};

@@ -1165,24 +1165,25 @@ fn cross_entropy_options_match_pytorch() {
     }
 }
 
-/// A class index that is neither in `0..C` nor ignored makes its sample's loss NaN, and so the sum and the mean
-/// (PyTorch raises an error; kiln's graph is lazy, and a silent 0 was the alternative). Only that sample's: the
-/// others keep their values. Every target ignored gives a mean of 0 / 0, NaN, as PyTorch's.
+/// A class index that is neither in `0..C` nor ignored makes the realization fail, naming the index (PyTorch
+/// raises too), for every reduction; a silent 0 or NaN is never returned. The ignored index is not checked, and
+/// every target ignored gives a mean of 0 / 0, NaN, as PyTorch's.
 #[test]
-fn cross_entropy_out_of_range_targets_are_nan_not_silent() {
+fn cross_entropy_out_of_range_targets_are_errors() {
     let z = data(DType::F64, 12, 3, Dom::Cont(-2.0, 2.0));
     let logits = tensor(DType::F64, &z, &[3, 4]);
     // (2^32 + 1 wraps to class 1 in the i32 compare; the range check reads the i64 value.)
     for bad in [4i64, -1, -7, (1 << 32) + 1] {
         let t = Tensor::from_vec(vec![1i64, bad, 3], [3], &dev()).unwrap();
-        let per = F::cross_entropy(&logits, &t, Reduction::None).to_host().unwrap().to_f64();
-        let want = ce_ref(&z, &[1, 0, 3], 4);
-        assert!(per[1].is_nan(), "target {bad}: {per:?}");
-        close(&[per[0], per[2]], &[want[0], want[2]], 1e-12, 1e-12);
-        for r in [Reduction::Sum, Reduction::Mean] {
-            assert!(F::cross_entropy(&logits, &t, r).item::<f64>().unwrap().is_nan(), "target {bad}, {r:?}");
+        for r in [Reduction::None, Reduction::Sum, Reduction::Mean] {
+            let err = F::cross_entropy(&logits, &t, r).to_host().expect_err("out of range");
+            assert_eq!(err.fault(), Some(kiln::Fault::Index { len: 4, index: bad }), "target {bad}, {r:?}");
         }
     }
+    let ok = Tensor::from_vec(vec![1i64, -100, 3], [3], &dev()).unwrap();
+    let per = F::cross_entropy(&logits, &ok, Reduction::None).to_host().unwrap().to_f64();
+    let want = ce_ref(&z, &[1, 0, 3], 4);
+    close(&[per[0], per[1], per[2]], &[want[0], 0.0, want[2]], 1e-12, 1e-12);
     let all_ignored = Tensor::from_vec(vec![-100i64; 3], [3], &dev()).unwrap();
     assert!(F::cross_entropy(&logits, &all_ignored, Reduction::Mean).item::<f64>().unwrap().is_nan());
     assert_eq!(F::cross_entropy(&logits, &all_ignored, Reduction::Sum).item::<f64>().unwrap(), 0.0);

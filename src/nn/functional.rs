@@ -243,18 +243,19 @@ fn one_hot_mask(name: &str, indices: &Tensor, num_classes: usize, class_dim: isi
     indices.unsqueeze(d as isize).to_dtype(idx).eq(classes.reshape(shape))
 }
 
-/// Zero where `indices` (integers) lie in `0..n` or are `ignored`, NaN elsewhere, in `dtype`. A lookup through a
-/// one-hot mask (`cross_entropy`'s target pick, `Embedding`) adds it so that an index out of range shows as NaN rather
-/// than an empty mask's silent zero (PyTorch raises; kiln's indices are lazy). Added, not selected: the sum's gradient
-/// does not read the mask, so it is not stored for the backward pass.
-pub(crate) fn nan_out_of_range(indices: &Tensor, n: usize, ignored: Option<&Tensor>, dtype: DType) -> Tensor {
-    let i = indices.to_dtype(indices.device().index_dtype());
-    let in_range = i.ge(0i64).logical_and(i.lt(n as i64));
-    let ok = match ignored {
-        Some(ig) => in_range.logical_or(ig),
-        None => in_range,
+/// Zeros shaped as `indices` (integers) in `dtype`, read through a checked gather at each index (index 0 where
+/// `ignored`): a lookup through a one-hot mask (`cross_entropy`'s target pick) adds it so that an index outside
+/// `0..n` makes the realization fail (`Fault::Index`, as PyTorch raises), where the empty mask alone would give a
+/// silent zero. Added, not selected: the sum's gradient does not read it.
+pub(crate) fn checked_indices(indices: &Tensor, n: usize, ignored: Option<&Tensor>, dtype: DType) -> Tensor {
+    let dev = indices.device();
+    let i = indices.to_dtype(dev.index_dtype());
+    let i = match ignored {
+        Some(ig) => ig.where_(Tensor::scalar(Scalar::Int(0), dev.index_dtype(), &dev), &i),
+        None => i,
     };
-    ok.where_(0.0, f64::NAN).to_dtype(dtype)
+    let flat = i.reshape([indices.numel()]);
+    Tensor::zeros([n], dtype, &dev).gather(0, &flat).reshape(indices.dims().to_vec())
 }
 
 /// Layer normalization over the last `normalized_shape.len()` dims (`torch.nn.functional.layer_norm`): the mean

@@ -114,7 +114,7 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
     // Each sample's target class; none for an ignored sample (PyTorch's default, -100, is outside the classes: only
     // an ignored index that is a class needs masking out). Compared in i32 (a class count fits): the 64-bit compare
     // ran 2 lanes to a 128-bit vector, and this pass took as long as the whole log_softmax (2 ms at 4096 x 1024). A
-    // target past i32 wraps and may match a class, but its sample is NaN anyway (the range check below reads the
+    // target past i32 wraps and may match a class, but the run fails anyway (the range check below reads the
     // target's own value).
     let narrow = if classes <= i32::MAX as usize { target.to_dtype(DType::I32) } else { target.clone() };
     let mut mask = super::one_hot_mask("cross_entropy", &narrow, classes, c as isize);
@@ -136,7 +136,7 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
     } else {
         nll
     };
-    let loss = loss.add(super::nan_out_of_range(&t, classes, ignored.as_ref(), loss.dtype()));
+    let loss = loss.add(super::checked_indices(&t, classes, ignored.as_ref(), loss.dtype()));
     if opts.reduction != Reduction::Mean {
         return opts.reduction.apply(loss);
     }
