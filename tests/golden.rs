@@ -3,7 +3,9 @@
 //! (`render::wgsl::render`), compared with `tests/golden/mul_add_relu_sum.{kernel,clif,wgsl}.txt`; and an SGD
 //! update `w - g * lr` rendered to read `w` through its output (`render::wgsl::render_aliased`, buffer donation on
 //! wgpu): `tests/golden/sgd_update_aliased.wgsl.txt`; and the batch-1 weight update `w - (dy ⊗ x) * lr` as the CPU's
-//! 8-lane elementwise kernel (register program, loop shape, code size): `tests/golden/outer_update.wide.txt`.
+//! 8-lane elementwise kernel (register program, loop shape, code size): `tests/golden/outer_update.wide.txt`; and
+//! CUDA C / HIP C renderings (`render::cuda`): `mul_add_relu_sum.{cu,hip}.txt`, `rows_and_gather.cu.txt`,
+//! `table_zoo.cu.txt`.
 //!
 //! A change to fusion, lowering or the CLIF renderer that changes the output fails here with the first differing
 //! line. If the change is intended, rewrite the files and review their diff:
@@ -172,6 +174,31 @@ fn plan_wgsl(outputs: &[&Tensor]) -> String {
     plan.launches.iter().map(|l| kiln_jit::render::wgsl::render(&l.kernel).expect("renders").source).collect()
 }
 
+/// The same kernel as CUDA C (for NVRTC) and HIP C (for hiprtc): `mul_add_relu_sum.{cu,hip}.txt`.
+#[test]
+fn mul_add_relu_sum_cuda_and_hip() {
+    use kiln_jit::render::cuda::{Flavor, render};
+    let k = kernel();
+    check_golden("mul_add_relu_sum.cu.txt", &render(&k, Flavor::Cuda).expect("renders").source);
+    check_golden("mul_add_relu_sum.hip.txt", &render(&k, Flavor::Hip).expect("renders").source);
+}
+
+/// A row kernel (softmax over the last dim: the row's max and sum, then its elements) and a gather with its index
+/// check as CUDA C: `rows_and_gather.cu.txt`.
+#[test]
+fn rows_and_gather_cuda() {
+    use kiln_jit::render::cuda::{Flavor, render};
+    let dev = Device::cpu();
+    let x = Tensor::from_vec((0..24).map(|i| (i as f32 * 0.3).sin()).collect::<Vec<f32>>(), [4, 6], &dev).expect("x");
+    let idx = Tensor::from_vec(vec![2i32, 0, 5], [3], &dev).expect("idx");
+    let y = x.softmax(-1);
+    let z = x.index_select(1, &idx).mul(2.0);
+    let cap = kiln::capture(&[&y, &z]).expect("capture");
+    let plan = schedule(&cap.graph);
+    let text: String = plan.launches.iter().map(|l| render(&l.kernel, Flavor::Cuda).expect("renders").source).collect();
+    check_golden("rows_and_gather.cu.txt", &text);
+}
+
 /// A zoo of the per-instruction table's rows: f32 transcendental, division, pow and max with NaN care; i32, u32 and
 /// u8 wrapping arithmetic, division by zero and pow; bool logic and `where`; f16 arithmetic rounded per op; casts
 /// between every 32-bit dtype (float -> int through the saturating helper); padded loads; uniform and normal random
@@ -195,6 +222,16 @@ fn table_zoo_wgsl() {
     let noise = Tensor::rand([4, 6], DType::F32, &dev) + Tensor::randn([4, 6], DType::F16, &dev).to_dtype(DType::F32);
     let text = plan_wgsl(&[&floats, &ints, &u, &bytes, &mask, &halves, &padded, &noise]);
     check_golden("table_zoo.wgsl.txt", &text);
+    // The same rows in CUDA C.
+    let cap = kiln::capture(&[&floats, &ints, &u, &bytes, &mask, &halves, &padded, &noise]).expect("capture");
+    let cuda: String = schedule(&cap.graph)
+        .launches
+        .iter()
+        .map(|l| {
+            kiln_jit::render::cuda::render(&l.kernel, kiln_jit::render::cuda::Flavor::Cuda).expect("renders").source
+        })
+        .collect();
+    check_golden("table_zoo.cu.txt", &cuda);
 }
 
 /// The tiled GEMM template with a fused bias + relu epilogue, batched with a broadcast right operand and ragged

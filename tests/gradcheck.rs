@@ -206,6 +206,7 @@ impl Suite {
 
     fn finish(self) {
         use std::sync::atomic::Ordering::Relaxed;
+        common::check_gpu_sources(self.name);
         eprintln!(
             "{}: {} checks; on other devices so far (all suites): {} run, {} needing f64/i64 inside not run",
             self.name,

@@ -269,6 +269,7 @@ fn run_group(group: Group) {
             );
         }
     }
+    check_gpu_sources(&format!("{group:?}"));
     if !failures.is_empty() {
         let n = failures.len();
         failures.truncate(400);

@@ -2334,15 +2334,15 @@ fn holds(dev: &Device, prog: &Prog) -> bool {
         && !prog.steps.iter().any(|s| matches!(s, Step::Rand { normal: true, .. }))
 }
 
-proptest! {
-    #![proptest_config(config())]
-
-    /// On the CPU: every generated program.
-    #[test]
-    fn random_programs_match_the_reference(prog in program()) {
-        run(&Device::cpu(), &prog).map_err(TestCaseError::fail)?;
+/// On the CPU: every generated program.
+#[test]
+fn random_programs_match_the_reference() {
+    let mut runner = proptest::test_runner::TestRunner::new(config());
+    let result = runner.run(&program(), |prog| run(&Device::cpu(), &prog).map_err(TestCaseError::fail));
+    common::check_gpu_sources("random programs");
+    if let Err(e) = result {
+        panic!("{e}");
     }
-
 }
 
 /// On every other device of `common::devices()`: as many programs, drawn from those the device can be held to
@@ -2366,6 +2366,7 @@ fn random_programs_match_the_reference_on_other_devices() {
         }
         Ok(())
     });
+    common::check_gpu_sources("random programs on other devices");
     if let Err(e) = result {
         panic!("{e}");
     }

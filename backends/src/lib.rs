@@ -15,8 +15,10 @@
 pub mod cpu;
 pub mod dump;
 pub mod gemm_check;
+pub mod gpu_check;
 pub mod host_pool;
 mod plan_run;
+pub mod rtc;
 pub mod runtime;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;

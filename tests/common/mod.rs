@@ -689,3 +689,17 @@ pub fn with_launch(
     }
     None
 }
+
+/// With `KILN_CHECK_GPU_C=1` (CI): compiles for the GPUs every kernel this test binary has scheduled since the last
+/// call (`kiln_backends::gpu_check`: CUDA C by NVRTC, HIP C by hiprtc) and says how many; a kernel that does not
+/// compile fails the test with its source and the compiler's log. Nothing without the variable.
+pub fn check_gpu_sources(what: &str) {
+    match kiln_backends::gpu_check::flush() {
+        Ok((0, 0)) => {}
+        Ok((compiled, refused)) => eprintln!(
+            "{what}: {compiled} distinct kernels so far compiled as CUDA C (sm_80, sm_90) and HIP C (gfx90a, gfx1030); \
+             {refused} with f64, i64 or bf16 values not rendered for GPUs yet"
+        ),
+        Err(e) => panic!("{what}: {e}"),
+    }
+}

@@ -50,7 +50,7 @@ pub use helpers::Helper;
 pub use table::{iexpr, konst};
 
 use crate::dtype::DType;
-use crate::kernel::{IExpr, Inst, KernelIr};
+use crate::kernel::{IExpr, Inst, InstOp, KernelIr};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
@@ -260,5 +260,60 @@ pub fn mentions_var(e: &IExpr, v: usize) -> bool {
         IExpr::Const(_) => false,
         IExpr::Add(ts) => ts.iter().any(|t| mentions_var(t, v)),
         IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) | IExpr::Wrap(x, _) => mentions_var(x, v),
+    }
+}
+
+/// Checks that a target computing 64-bit values in 32 bits (WGSL; CUDA C and HIP C until the table has 64-bit rows)
+/// can run `k`: no buffer or accumulator of f64, i64 or bf16, every 64-bit constant fits its narrowed type, and every
+/// index expression stays in i32. `target` names the language in errors.
+///
+/// 64-bit *instructions* are allowed and computed in 32 bits: a device without 64-bit types refuses 64-bit graph
+/// values at op construction and at compile (the wgpu backend checks every node), so the only ones left are the
+/// lowering's own widened index and iota arithmetic (`Index` values, pad bounds, `start + i * step`): exact in i32
+/// for indices (proved below), within one f32 rounding for a float iota.
+pub fn check_narrowed(k: &KernelIr, target: &str) -> Result<(), String> {
+    let insts = k.outer.iter().chain(k.reduce.iter().chain(&k.rows).flat_map(|r| r.inner.iter()));
+    let dtypes =
+        k.inputs.iter().map(|b| b.dtype).chain([k.output.dtype]).chain(k.reduce.iter().chain(&k.rows).map(|r| r.dtype));
+    for d in dtypes {
+        if matches!(d, DType::F64 | DType::I64 | DType::BF16) {
+            return Err(format!(
+                "kernel {} uses {d}, which kiln's {target} kernels cannot hold yet (no 64-bit or bf16 types); run it on \
+                 Device::cpu() or use {}",
+                k.name,
+                if d.is_float() { "f32" } else { "i32" }
+            ));
+        }
+    }
+    for inst in insts.clone() {
+        if let (InstOp::Const(c), DType::I64) = (&inst.op, inst.dtype)
+            && i32::try_from(c.as_i64()).is_err()
+        {
+            return Err(format!("kernel {}: the index constant {c} leaves the i32 range", k.name));
+        }
+    }
+    let extents = k.extents();
+    let total: usize = k.out_extents.iter().product();
+    if total > i32::MAX as usize || k.inputs.iter().chain([&k.output]).any(|b| b.len > i32::MAX as usize) {
+        return Err(format!("kernel {}: buffers of more than 2^31 elements", k.name));
+    }
+    for inst in insts {
+        for e in inst.indices() {
+            if !fits_i32(e, &extents) {
+                return Err(format!("kernel {}: index expression {e} leaves the i32 range", k.name));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `e` and every sub-expression stay within i32 over the loop ranges.
+fn fits_i32(e: &IExpr, extents: &[usize]) -> bool {
+    let (lo, hi) = e.bounds(extents);
+    let ok = lo >= i32::MIN as i64 && hi <= i32::MAX as i64;
+    ok && match e {
+        IExpr::Var(_) | IExpr::Const(_) => true,
+        IExpr::Add(ts) => ts.iter().all(|t| fits_i32(t, extents)),
+        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) | IExpr::Wrap(x, _) => fits_i32(x, extents),
     }
 }

@@ -40,7 +40,7 @@ pub use dialect::Wgsl;
 pub use gemm::{GemmTile, render_gemm};
 
 use crate::dtype::DType;
-use crate::kernel::{IExpr, InstOp, KernelIr};
+use crate::kernel::KernelIr;
 use crate::render::cstyle;
 use dialect::storage_ty;
 use std::fmt::Write;
@@ -118,57 +118,9 @@ pub fn groups_for(threads: u64, workgroup: u32) -> Result<(u32, u32), String> {
     Ok((x as u32, y as u32))
 }
 
-/// Checks that WGSL can run `k`: every buffer and accumulator dtype has a WGSL type, every 64-bit constant fits its
-/// narrowed type, and every index expression stays in i32.
-///
-/// 64-bit *instructions* are allowed and computed in 32 bits: a device without 64-bit types refuses 64-bit graph
-/// values at op construction and at compile (the wgpu backend checks every node), so the only ones left are the
-/// lowering's own widened index and iota arithmetic (`Index` values, pad bounds, `start + i * step`): exact in i32
-/// for indices (proved below), within one f32 rounding for a float iota.
+/// Checks that WGSL can run `k` (`cstyle::check_narrowed`: no 64-bit or bf16 buffers, indices in i32).
 pub fn check(k: &KernelIr) -> Result<(), String> {
-    let insts = k.outer.iter().chain(k.reduce.iter().chain(&k.rows).flat_map(|r| r.inner.iter()));
-    let dtypes =
-        k.inputs.iter().map(|b| b.dtype).chain([k.output.dtype]).chain(k.reduce.iter().chain(&k.rows).map(|r| r.dtype));
-    for d in dtypes {
-        if !supports(d) {
-            return Err(format!(
-                "kernel {} uses {d}, which WGSL cannot hold (no 64-bit types); run it on Device::cpu() or use {}",
-                k.name,
-                if d.is_float() { "f32" } else { "i32" }
-            ));
-        }
-    }
-    for inst in insts.clone() {
-        if let (InstOp::Const(c), DType::I64) = (&inst.op, inst.dtype)
-            && i32::try_from(c.as_i64()).is_err()
-        {
-            return Err(format!("kernel {}: the index constant {c} leaves the i32 range", k.name));
-        }
-    }
-    let extents = k.extents();
-    let total: usize = k.out_extents.iter().product();
-    if total > i32::MAX as usize || k.inputs.iter().chain([&k.output]).any(|b| b.len > i32::MAX as usize) {
-        return Err(format!("kernel {}: buffers of more than 2^31 elements", k.name));
-    }
-    for inst in insts {
-        for e in inst.indices() {
-            if !fits_i32(e, &extents) {
-                return Err(format!("kernel {}: index expression {e} leaves the i32 range", k.name));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Whether `e` and every sub-expression stay within i32 over the loop ranges.
-fn fits_i32(e: &IExpr, extents: &[usize]) -> bool {
-    let (lo, hi) = e.bounds(extents);
-    let ok = lo >= i32::MIN as i64 && hi <= i32::MAX as i64;
-    ok && match e {
-        IExpr::Var(_) | IExpr::Const(_) => true,
-        IExpr::Add(ts) => ts.iter().all(|t| fits_i32(t, extents)),
-        IExpr::Mul(x, _) | IExpr::Div(x, _) | IExpr::Mod(x, _) | IExpr::Wrap(x, _) => fits_i32(x, extents),
-    }
+    cstyle::check_narrowed(k, "WGSL")
 }
 
 /// Renders `k` with the launch shape `WgslOptions::choose` picks.

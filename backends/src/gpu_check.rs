@@ -1,0 +1,121 @@
+//! With `KILN_CHECK_GPU_C=1`, every kernel plan this process schedules (on any device) is also rendered to CUDA C
+//! and HIP C (`kiln_jit::render::cuda`) and compiled by NVRTC for sm_80 and sm_90 and by hiprtc for gfx90a and
+//! gfx1030 (`rtc`): how CI holds the GPU renderers to every kernel the op table, the random graphs and the gradient
+//! checks produce, on a machine without a GPU. Kernels are queued (once per distinct source) and compiled in batches
+//! of [`BATCH`], one translation unit each (every kernel in a namespace of its own); a batch that fails is compiled
+//! kernel by kernel to name the one at fault, and the error carries its source and the compiler's log. A kernel
+//! the renderers refuse (f64, i64, bf16, a routine: `cuda::check`) is counted, not compiled.
+//!
+//! A backend calls [`note`] when it compiles a plan (a failed auto-flush fails that compile); a test calls
+//! [`flush`] when it ends, which compiles what is left and reports what was checked.
+
+use kiln_jit::kernel::KernelPlan;
+use kiln_jit::render::cuda::{Flavor, render};
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
+use std::sync::OnceLock;
+
+/// Kernels per translation unit.
+pub const BATCH: usize = 200;
+
+/// The targets each kernel compiles for.
+const TARGETS: [(Flavor, &str); 4] =
+    [(Flavor::Cuda, "sm_80"), (Flavor::Cuda, "sm_90"), (Flavor::Hip, "gfx90a"), (Flavor::Hip, "gfx1030")];
+
+/// Whether `KILN_CHECK_GPU_C=1`.
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_CHECK_GPU_C").is_ok_and(|v| v == "1"))
+}
+
+#[derive(Default)]
+struct State {
+    seen: HashSet<u64>,
+    /// Queued (name, CUDA source, HIP source).
+    queue: Vec<(String, String, String)>,
+    compiled: usize,
+    refused: usize,
+}
+
+fn state() -> &'static Mutex<State> {
+    static S: OnceLock<Mutex<State>> = OnceLock::new();
+    S.get_or_init(Default::default)
+}
+
+fn compilers() -> &'static Result<(crate::rtc::Rtc, crate::rtc::Rtc), String> {
+    static C: OnceLock<Result<(crate::rtc::Rtc, crate::rtc::Rtc), String>> = OnceLock::new();
+    C.get_or_init(|| Ok((crate::rtc::Rtc::nvrtc()?, crate::rtc::Rtc::hiprtc()?)))
+}
+
+/// Queues `plan`'s kernels (when enabled), compiling a batch once [`BATCH`] are queued.
+pub fn note(plan: &KernelPlan) -> Result<(), String> {
+    if !enabled() {
+        return Ok(());
+    }
+    let full = {
+        let mut st = state().lock();
+        for l in &plan.launches {
+            let (cuda, hip) = match (render(&l.kernel, Flavor::Cuda), render(&l.kernel, Flavor::Hip)) {
+                (Ok(c), Ok(h)) => (c.source, h.source),
+                _ => {
+                    st.refused += 1;
+                    continue;
+                }
+            };
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            cuda.hash(&mut h);
+            if st.seen.insert(h.finish()) {
+                st.queue.push((l.kernel.name.clone(), cuda, hip));
+            }
+        }
+        st.queue.len() >= BATCH
+    };
+    if full { flush().map(|_| ()) } else { Ok(()) }
+}
+
+/// Compiles every queued kernel; returns (kernels compiled so far, kernels refused so far).
+pub fn flush() -> Result<(usize, usize), String> {
+    if !enabled() {
+        return Ok((0, 0));
+    }
+    // One compile at a time: hiprtc (ROCm 5.2's comgr) crashes when two threads compile at once.
+    static COMPILING: Mutex<()> = Mutex::new(());
+    let _one = COMPILING.lock();
+    let batch = std::mem::take(&mut state().lock().queue);
+    if batch.is_empty() {
+        let st = state().lock();
+        return Ok((st.compiled, st.refused));
+    }
+    let (nvrtc, hiprtc) = compilers().as_ref().map_err(|e| format!("KILN_CHECK_GPU_C=1: {e}"))?;
+    for (flavor, arch) in TARGETS {
+        let rtc = if flavor == Flavor::Cuda { nvrtc } else { hiprtc };
+        let pick = |k: &(String, String, String)| if flavor == Flavor::Cuda { k.1.clone() } else { k.2.clone() };
+        let unit: String = batch
+            .iter()
+            .enumerate()
+            .map(|(i, k)| format!("namespace kiln_k{i} {{\n{}\n}}\n", pick(k).replace("extern \"C\" ", "")))
+            .collect();
+        if rtc.compile(&unit, "kiln_batch.cu", arch).is_ok() {
+            continue;
+        }
+        for k in &batch {
+            if let Err(log) = rtc.compile(&pick(k), &format!("{}.cu", k.0), arch) {
+                return Err(format!(
+                    "{} kernel {} does not compile for {arch}:\n{log}\n--- source:\n{}",
+                    flavor.name(),
+                    k.0,
+                    pick(k)
+                ));
+            }
+        }
+        return Err(format!(
+            "{}: a batch of {} kernels does not compile for {arch}, though each alone does",
+            flavor.name(),
+            batch.len()
+        ));
+    }
+    let mut st = state().lock();
+    st.compiled += batch.len();
+    Ok((st.compiled, st.refused))
+}

@@ -1,0 +1,168 @@
+//! The GPU runtime compilers, loaded at run time: NVRTC (CUDA C -> cubin for an `sm_XX`) and hiprtc (HIP C -> a
+//! code object for a `gfxXXXX`). Neither needs a GPU or a driver, so kernels compile for a named architecture on a
+//! build machine, and CI compiles every kernel the tests produce (`gpu_check`). Nothing is linked at build time:
+//! [`Rtc::nvrtc`] and [`Rtc::hiprtc`] open the library (`KILN_NVRTC` / `KILN_HIPRTC` name a file; else the usual
+//! sonames on the loader's path) and fail with what to install when it is missing, never a panic.
+//!
+//! The two APIs have one shape (create a program from source, compile with options, read the log, read the code),
+//! so one loader serves both with the function names' prefix.
+
+use libloading::Library;
+use std::ffi::{CString, c_char, c_int, c_void};
+
+/// Which compiler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RtcKind {
+    Nvrtc,
+    Hiprtc,
+}
+
+/// A loaded runtime compiler.
+pub struct Rtc {
+    kind: RtcKind,
+    lib: Library,
+    /// Where it was loaded from (for messages).
+    pub path: String,
+}
+
+type Program = *mut c_void;
+
+impl Rtc {
+    /// NVRTC: `KILN_NVRTC`, else `libnvrtc.so.13`, `.12`, `libnvrtc.so` on the loader's path.
+    pub fn nvrtc() -> Result<Rtc, String> {
+        Rtc::open(
+            RtcKind::Nvrtc,
+            "KILN_NVRTC",
+            &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"],
+            "install NVRTC (the CUDA toolkit, or `pip install nvidia-cuda-nvrtc` and put its nvidia/cu13/lib on \
+             LD_LIBRARY_PATH)",
+        )
+    }
+
+    /// hiprtc: `KILN_HIPRTC`, else ROCm 6's `libhiprtc.so`, or `libamdhip64.so.5` (Debian's, with hiprtc inside).
+    pub fn hiprtc() -> Result<Rtc, String> {
+        Rtc::open(
+            RtcKind::Hiprtc,
+            "KILN_HIPRTC",
+            &["libhiprtc.so", "libhiprtc.so.6", "libamdhip64.so.5", "libamdhip64.so"],
+            "install hiprtc (ROCm, or Debian's libamdhip64-5 libamd-comgr2 libhiprtc-builtins5 rocm-device-libs)",
+        )
+    }
+
+    fn open(kind: RtcKind, var: &str, names: &[&str], install: &str) -> Result<Rtc, String> {
+        let candidates: Vec<String> = match std::env::var(var) {
+            Ok(p) if !p.is_empty() => vec![p],
+            _ => names.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut tried = Vec::new();
+        for c in &candidates {
+            // SAFETY: loading a shared library runs its initializers; these are the vendors' compiler libraries,
+            // whose initializers only set up the library itself.
+            match unsafe { Library::new(c) } {
+                Ok(lib) => {
+                    let rtc = Rtc { kind, lib, path: c.clone() };
+                    // Refuse a library without the entry points (a libamdhip64 built without hiprtc).
+                    rtc.sym::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>("Version")?;
+                    return Ok(rtc);
+                }
+                Err(e) => tried.push(format!("{c}: {e}")),
+            }
+        }
+        Err(format!("{kind:?} not found ({}); {install}", tried.join("; ")))
+    }
+
+    fn prefix(&self) -> &'static str {
+        match self.kind {
+            RtcKind::Nvrtc => "nvrtc",
+            RtcKind::Hiprtc => "hiprtc",
+        }
+    }
+
+    fn sym<T: Copy>(&self, name: &str) -> Result<T, String> {
+        let full = format!("{}{name}\0", self.prefix());
+        // SAFETY: each call site names the symbol with its C signature from the vendor's header (nvrtc.h,
+        // hiprtc.h: the two agree on every function used here).
+        unsafe { self.lib.get::<T>(full.as_bytes()).map(|s| *s).map_err(|e| format!("{}: {e}", self.path)) }
+    }
+
+    /// The compiler's version, (major, minor).
+    pub fn version(&self) -> Result<(i32, i32), String> {
+        let f: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int = self.sym("Version")?;
+        let (mut a, mut b) = (0, 0);
+        // SAFETY: two valid out-pointers.
+        let rc = unsafe { f(&mut a, &mut b) };
+        if rc != 0 { Err(format!("{}Version failed: {rc}", self.prefix())) } else { Ok((a, b)) }
+    }
+
+    /// Compiles `source` (program name `name`) for `arch` (`sm_90`, `gfx90a`) to a cubin or code object; an error
+    /// holds the compiler's log.
+    pub fn compile(&self, source: &str, name: &str, arch: &str) -> Result<Vec<u8>, String> {
+        type Create = unsafe extern "C" fn(
+            *mut Program,
+            *const c_char,
+            *const c_char,
+            c_int,
+            *const *const c_char,
+            *const *const c_char,
+        ) -> c_int;
+        type Compile = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int;
+        type Size = unsafe extern "C" fn(Program, *mut usize) -> c_int;
+        type Read = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
+        type Destroy = unsafe extern "C" fn(*mut Program) -> c_int;
+        let create: Create = self.sym("CreateProgram")?;
+        let compile: Compile = self.sym("CompileProgram")?;
+        let log_size: Size = self.sym("GetProgramLogSize")?;
+        let log: Read = self.sym("GetProgramLog")?;
+        let (code_size, code): (Size, Read) = match self.kind {
+            RtcKind::Nvrtc => (self.sym("GetCUBINSize")?, self.sym("GetCUBIN")?),
+            RtcKind::Hiprtc => (self.sym("GetCodeSize")?, self.sym("GetCode")?),
+        };
+        let destroy: Destroy = self.sym("DestroyProgram")?;
+        let src = CString::new(source).map_err(|_| "a NUL byte in the source".to_string())?;
+        let cname = CString::new(name).map_err(|_| "a NUL byte in the name".to_string())?;
+        let opts: Vec<CString> = match self.kind {
+            RtcKind::Nvrtc => vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+            RtcKind::Hiprtc => vec![format!("--offload-arch={arch}"), "-std=c++17".into()],
+        }
+        .into_iter()
+        .map(|o| CString::new(o).unwrap_or_default())
+        .collect();
+        let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+        let mut prog: Program = std::ptr::null_mut();
+        // SAFETY: valid C strings and an out-pointer; no headers are passed (0, null, null).
+        let rc = unsafe { create(&mut prog, src.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null()) };
+        if rc != 0 {
+            return Err(format!("{}CreateProgram failed: {rc}", self.prefix()));
+        }
+        // SAFETY: `prog` was created above; the options outlive the call.
+        let rc = unsafe { compile(prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
+        let read = |size: Size, read: Read| -> Vec<u8> {
+            let mut n = 0usize;
+            // SAFETY: `prog` is live; `n` is an out-pointer, then a buffer of `n` bytes receives the data.
+            unsafe {
+                if size(prog, &mut n) != 0 {
+                    return Vec::new();
+                }
+                let mut buf = vec![0u8; n];
+                if read(prog, buf.as_mut_ptr() as *mut c_char) != 0 {
+                    return Vec::new();
+                }
+                buf
+            }
+        };
+        let result = if rc != 0 {
+            let text = read(log_size, log);
+            Err(format!(
+                "{} ({}) failed for {arch}: {}",
+                self.prefix(),
+                self.path,
+                String::from_utf8_lossy(&text).trim_end_matches('\0').trim()
+            ))
+        } else {
+            Ok(read(code_size, code))
+        };
+        // SAFETY: `prog` is live and destroyed once.
+        unsafe { destroy(&mut prog) };
+        result
+    }
+}

@@ -1,0 +1,200 @@
+//! CUDA C and HIP C as a dialect of the shared C-like renderer (`render::cstyle`): C++ spelling of types, literals,
+//! conversions, builtins and statements. The element and row functions are lambdas inside the kernel (`fn_open`),
+//! so they read the kernel's buffer parameters as WGSL's functions read its bindings.
+
+use super::{Flavor, math};
+use crate::dtype::DType;
+use crate::render::cstyle::{Builtin, Dialect, Helper};
+
+/// The CUDA C or HIP C dialect.
+pub struct CudaC {
+    pub flavor: Flavor,
+}
+
+/// The dtype a value of `d` is computed in. 64-bit values are narrowed to 32 bits for now, as WGSL's are (the
+/// shared table has no 64-bit rows yet, and `check` refuses them in buffers and accumulators); u8 is computed in
+/// u32 lanes, f16 in f32.
+pub(crate) fn narrow(d: DType) -> DType {
+    match d {
+        DType::F64 => DType::F32,
+        DType::I64 => DType::I32,
+        d => d,
+    }
+}
+
+/// The C type of a device buffer element of `d`: bool and u8 one byte each, f16 its 16 bits (converted in integer
+/// arithmetic by the `F16` helper, so kernels include no header).
+pub(crate) fn storage_ty(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::I32 => "int",
+        DType::U32 => "unsigned int",
+        DType::U8 | DType::Bool => "unsigned char",
+        DType::F16 => "unsigned short",
+        DType::F64 | DType::I64 | DType::BF16 => unreachable!("{d} is refused by check"),
+    }
+}
+
+/// The C type of a register of computed dtype `d`.
+fn ty(d: DType) -> &'static str {
+    match narrow(d) {
+        DType::F16 | DType::F32 => "float",
+        DType::I32 => "int",
+        DType::U8 | DType::U32 => "unsigned int",
+        DType::Bool => "bool",
+        DType::F64 | DType::I64 => unreachable!("narrowed"),
+        DType::BF16 => unreachable!("bf16 is refused by check"),
+    }
+}
+
+/// A C f32 expression with exactly the value `x` (non-finite and subnormal values as bit patterns: a compiler may
+/// flush subnormal literals).
+fn f32_lit(x: f32) -> String {
+    if x.is_finite() && (x == 0.0 || x.is_normal()) {
+        let s = format!("{x:?}");
+        // `1e-7` needs no point; `1` does (`1f` is not a literal).
+        let s = if s.contains(['.', 'e']) { s } else { format!("{s}.0") };
+        if x.is_sign_negative() { format!("({s}f)") } else { format!("{s}f") }
+    } else {
+        format!("kiln_bits_f32({:#010x}u)", x.to_bits())
+    }
+}
+
+impl Dialect for CudaC {
+    fn compute_dtype(&self, d: DType) -> DType {
+        narrow(d)
+    }
+
+    fn reg_ty(&self, d: DType) -> &'static str {
+        ty(d)
+    }
+
+    fn index_dtype(&self) -> DType {
+        DType::I32
+    }
+
+    fn load_word(&self, d: DType, word: &str) -> String {
+        match d {
+            DType::Bool => format!("({word} != 0)"),
+            DType::U8 => format!("((unsigned int){word})"),
+            DType::F16 => format!("kiln_f16_value({word})"),
+            _ => word.to_string(),
+        }
+    }
+
+    fn store_word(&self, d: DType, v: &str) -> String {
+        match d {
+            DType::Bool => format!("(unsigned char)({v} ? 1 : 0)"),
+            DType::U8 => format!("(unsigned char)({v})"),
+            // Exact: `v` holds an f16 value.
+            DType::F16 => format!("(unsigned short)kiln_f16_bits({v})"),
+            _ => v.to_string(),
+        }
+    }
+
+    fn float_lit(&self, x: f64, _d: DType) -> String {
+        f32_lit(x as f32)
+    }
+
+    fn int_lit(&self, x: i64, d: DType) -> String {
+        match narrow(d) {
+            DType::I32 if x as i32 == i32::MIN => "(-2147483647 - 1)".to_string(),
+            DType::I32 => format!("{}", x as i32),
+            DType::U8 => format!("{}u", x as u8),
+            _ => format!("{}u", x as u32),
+        }
+    }
+
+    fn select(&self, f: &str, t: &str, c: &str) -> String {
+        format!("(({c}) ? ({t}) : ({f}))")
+    }
+
+    /// C's casts: int -> float by value, between 32-bit ints keeping the bits.
+    fn convert(&self, to: DType, v: &str) -> String {
+        format!("(({})({v}))", ty(to))
+    }
+
+    fn bitcast(&self, to: DType, v: &str) -> String {
+        match narrow(to) {
+            DType::F32 => format!("kiln_bits_f32({v})"),
+            DType::U32 => format!("kiln_bits_u32({v})"),
+            DType::I32 => format!("kiln_bits_i32({v})"),
+            d => unreachable!("no 32-bit reinterpretation to {d}"),
+        }
+    }
+
+    /// f32 values take the `f`-suffixed functions; ints CUDA's and HIP's overloaded `max` and `min`.
+    fn builtin(&self, f: Builtin, d: DType) -> &'static str {
+        let float = narrow(d).is_float();
+        match f {
+            Builtin::Abs if float => "fabsf",
+            Builtin::Abs => "abs",
+            Builtin::Exp => "expf",
+            Builtin::Log => "logf",
+            Builtin::Sqrt => "sqrtf",
+            Builtin::Max if float => "fmaxf",
+            Builtin::Max => "max",
+            Builtin::Min if float => "fminf",
+            Builtin::Min => "min",
+            Builtin::Floor => "floorf",
+            Builtin::Ceil => "ceilf",
+            // Round to nearest even in the default rounding mode.
+            Builtin::RoundEven => "rintf",
+            Builtin::Trunc => "truncf",
+        }
+    }
+
+    fn let_value(&self, name: &str, d: DType, e: &str) -> String {
+        format!("const {} {name} = {e};", ty(d))
+    }
+
+    fn let_index(&self, name: &str, e: &str) -> String {
+        format!("const int {name} = {e};")
+    }
+
+    fn var_value(&self, name: &str, d: DType, init: &str) -> String {
+        format!("{} {name} = {init};", ty(d))
+    }
+
+    fn for_open(&self, var: &str, extent: usize) -> String {
+        format!("for (int {var} = 0; {var} < {extent}; {var}++) {{")
+    }
+
+    /// A lambda in the kernel's body, capturing its parameters.
+    fn fn_open(&self, name: &str, params: &[(&str, DType)]) -> String {
+        let ps: Vec<String> = params.iter().map(|(p, d)| format!("{} {p}", ty(*d))).collect();
+        format!("auto {name} = [&]({}) -> void {{", ps.join(", "))
+    }
+
+    fn fn_close(&self) -> &'static str {
+        "};"
+    }
+
+    fn for_step_open(&self, var: &str, init: &str, end: &str, step: &str) -> String {
+        format!("for (int {var} = {init}; {var} < {end}; {var} += {step}) {{")
+    }
+
+    fn workgroup_array(&self, name: &str, d: DType, len: usize) -> String {
+        format!("__shared__ {} {name}[{len}];", ty(d))
+    }
+
+    fn barrier(&self) -> &'static str {
+        "__syncthreads();"
+    }
+
+    fn group_id(&self, axis: usize) -> &'static str {
+        if axis == 0 { "blockIdx.x" } else { "blockIdx.y" }
+    }
+
+    fn local_index(&self) -> &'static str {
+        "threadIdx.x"
+    }
+
+    fn helper_source(&self, h: Helper) -> &'static str {
+        math::source(h)
+    }
+
+    fn rand_words(&self, slot: usize, index: &str) -> String {
+        format!("kiln_rand_words(rng, {slot}u, {index})")
+    }
+}
