@@ -18,6 +18,7 @@
 //! routines; the CUDA device itself (`Device::cuda`) and its driver.
 
 mod dialect;
+pub mod host;
 mod math;
 
 pub use dialect::CudaC;

@@ -1,0 +1,68 @@
+//! The rendered CUDA C under a host shim, for tests on machines without a GPU: a few definitions make the kernel
+//! plain C++ (`__global__` and `__device__` vanish, `blockIdx` / `threadIdx` are globals, the bit casts go through
+//! `memcpy`, `atomicCAS` is a plain compare and swap), and a driver per kernel (`kiln_run_<i>(args, grid x, grid y,
+//! block)`) runs every thread of every block in turn. Compiled by the host's C++ compiler and compared with the
+//! interpreter, a wrong index, fold or helper fails without a GPU.
+//!
+//! What it cannot cover: the device's own math library (the host's libm stands in for `sinf`, `expf`, ...), the
+//! memory model and concurrency (threads run one after another: a race, a missing barrier or a non-atomic
+//! reduction passes here), warp-level instructions and tensor cores (none in these kernels yet), and timing.
+
+use super::GpuKernel;
+use super::dialect::storage_ty;
+use crate::kernel::KernelIr;
+use std::fmt::Write;
+
+const SHIM: &str = r#"// kiln: CUDA C under a host shim (render/cuda/host.rs)
+#include <cmath>
+#include <cstring>
+#include <algorithm>
+struct kiln_dim3 { unsigned int x, y, z; };
+static kiln_dim3 threadIdx, blockIdx, blockDim, gridDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(n)
+#define __shared__ static
+inline float __uint_as_float(unsigned int b) { float f; std::memcpy(&f, &b, 4); return f; }
+inline float __int_as_float(int b) { float f; std::memcpy(&f, &b, 4); return f; }
+inline unsigned int __float_as_uint(float f) { unsigned int b; std::memcpy(&b, &f, 4); return b; }
+inline int __float_as_int(float f) { int b; std::memcpy(&b, &f, 4); return b; }
+inline int atomicCAS(int* p, int expected, int v) { int old = *p; if (old == expected) { *p = v; } return old; }
+inline int atomicExch(int* p, int v) { int old = *p; *p = v; return old; }
+using std::max;
+using std::min;
+"#;
+
+/// One translation unit: the shim, then each `(kernel, its IR)` in a namespace with its driver `kiln_run_<i>`.
+/// `args` holds the kernel's buffers in parameter order (inputs, output, then rng words and fault record where the
+/// kernel has them).
+pub fn host_unit(kernels: &[(&GpuKernel, &KernelIr)]) -> String {
+    let mut s = String::from(SHIM);
+    for (i, (g, k)) in kernels.iter().enumerate() {
+        let _ = write!(s, "namespace kiln_k{i} {{\n{}\n}}\n", g.source.replace("extern \"C\" ", ""));
+        let mut args: Vec<String> =
+            k.inputs.iter().enumerate().map(|(j, b)| format!("(const {}*)args[{j}]", storage_ty(b.dtype))).collect();
+        args.push(format!("({}*)args[{}]", storage_ty(k.output.dtype), k.inputs.len()));
+        let mut next = k.inputs.len() + 1;
+        if g.uses_rng {
+            args.push(format!("(const unsigned int*)args[{next}]"));
+            next += 1;
+        }
+        if g.can_fault {
+            args.push(format!("(int*)args[{next}]"));
+        }
+        let _ = write!(
+            s,
+            "extern \"C\" void kiln_run_{i}(void** args, unsigned int gx, unsigned int gy, unsigned int block) {{\n    \
+             gridDim = {{gx, gy, 1}};\n    blockDim = {{block, 1, 1}};\n    \
+             for (unsigned int by = 0; by < gy; by++)\n        for (unsigned int bx = 0; bx < gx; bx++)\n            \
+             for (unsigned int t = 0; t < block; t++) {{\n                blockIdx = {{bx, by, 0}};\n                \
+             threadIdx = {{t, 0, 0}};\n                kiln_k{i}::{}({});\n            }}\n}}\n",
+            k.name,
+            args.join(", ")
+        );
+    }
+    s
+}

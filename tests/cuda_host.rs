@@ -1,0 +1,241 @@
+//! The rendered CUDA C run on the host (`kiln_jit::render::cuda::host`: the kernel under a shim, every thread of
+//! every block in turn, compiled by the host's C++ compiler) and compared with the reference interpreter: the
+//! semantics of the GPU renderer (indices, folds, row kernels, gathers and their fault record, casts, helpers,
+//! random numbers) checked on a machine without a GPU. NVRTC and hiprtc compile the same sources in CI
+//! (`kiln_backends::gpu_check`); what the shim cannot cover is in `host.rs`'s doc.
+//!
+//! Needs a C++ compiler (`c++`, or `KILN_HOST_CXX`); without one the test says so and returns, unless
+//! `KILN_REQUIRE_HOST_CXX=1` (CI), where that is a failure.
+
+#![cfg(feature = "cpu")]
+
+mod test_cache;
+
+mod common;
+
+use common::*;
+use kiln::{DType, Device, HostBuffer, Tensor};
+use kiln_jit::kernel::{Fault, KernelPlan, Slot, schedule};
+use kiln_jit::render::cuda::{Flavor, GpuKernel, host, render};
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+/// The expressions whose kernels are checked: the shared table's rows in every dtype the renderer takes.
+fn corpus(dev: &Device) -> Vec<(&'static str, Vec<Tensor>)> {
+    let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin() * 3.0).collect::<Vec<f32>>();
+    let a = Tensor::from_vec(f(24, 0.7), [4, 6], dev).expect("a");
+    let b = Tensor::from_vec(f(24, 1.3), [4, 6], dev).expect("b");
+    let special = Tensor::from_vec(
+        vec![0.0f32, -0.0, 1.0, -1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, 3e9, -3e9, 255.5, -7.25],
+        [12],
+        dev,
+    )
+    .expect("special");
+    let other = Tensor::from_vec(vec![0.0f32, 0.0, f32::NAN, 2.0, 2.0, -0.5, 1.0, 0.0, -3.0, 0.5, 2.0, 0.0], [12], dev)
+        .expect("other");
+    let (i, j) = (a.to_dtype(DType::I32), b.to_dtype(DType::I32));
+    let (u, v) = (a.to_dtype(DType::U32), b.to_dtype(DType::U32));
+    let (x8, y8) = (a.to_dtype(DType::U8), b.to_dtype(DType::U8));
+    let idx = Tensor::from_vec(vec![5i32, 0, 3], [3], dev).expect("idx");
+    vec![
+        ("f32 arithmetic", vec![a.add(&b).mul(&a).sub(1.5).div(&b), a.neg().abs().sqrt().recip()]),
+        ("f32 transcendentals", vec![a.sin(), a.cos(), a.tanh(), a.exp(), a.abs().log(), a.log1p(), a.expm1()]),
+        ("f32 pow, max, min, fmod", vec![a.abs().pow(&b), a.maximum(&b), a.minimum(&b), a.fmod(&b)]),
+        (
+            "special values",
+            vec![special.div(&other), special.maximum(&other), special.pow(&other), special.fmod(&other)],
+        ),
+        ("comparisons with NaN", vec![special.lt(&other), special.le(&other), special.eq(&other), special.ne(&other)]),
+        (
+            "float -> int casts",
+            vec![special.to_dtype(DType::I32), special.to_dtype(DType::U32), special.to_dtype(DType::U8)],
+        ),
+        ("truth and rounding", vec![special.to_dtype(DType::Bool), special.floor(), special.round(), special.trunc()]),
+        ("i32", vec![i.mul(&j).sub(&i).div(&j), i.remainder(&j), i.pow(j.abs()), i.maximum(&j), i.neg()]),
+        ("u32", vec![u.add(&v).div(&u), u.mul(&v).sub(&v), u.pow(&v), u.minimum(&v)]),
+        ("u8", vec![x8.mul(&y8).neg(), x8.pow(&y8), x8.add(&y8).div(&y8)]),
+        ("bool", vec![a.lt(&b).logical_and(a.ne(&b)).logical_or(b.ge(&a).logical_not()), a.gt(&b).where_(&a, &b)]),
+        ("f16", vec![a.to_dtype(DType::F16).mul(b.to_dtype(DType::F16)).add(a.to_dtype(DType::F16).exp())]),
+        ("reductions", vec![a.sum(1, false), b.max(0, true), a.mul(&b).mean_all(), a.prod(1, false), b.min(1, false)]),
+        (
+            "row kernels",
+            vec![a.softmax(-1), b.log_softmax(-1), kiln::nn::functional::layer_norm(&a, &[6], None, None, 1e-5)],
+        ),
+        ("movement", vec![a.t().add(1.0), a.pad(&[(1, 2), (0, 3)], 0.5), a.narrow(1, 1, 3).flip(0)]),
+        ("gather", vec![a.index_select(1, &idx).mul(2.0)]),
+        ("random", vec![Tensor::rand([4, 6], DType::F32, dev), Tensor::randn([5], DType::F16, dev)]),
+        ("matmul", vec![a.matmul(&b.t()).relu()]),
+    ]
+}
+
+fn buf_ptr(b: &mut HostBuffer) -> *mut c_void {
+    match b {
+        HostBuffer::Bool(v) => v.as_mut_ptr() as *mut c_void,
+        HostBuffer::U8(v) => v.as_mut_ptr() as *mut c_void,
+        HostBuffer::U32(v) => v.as_mut_ptr() as *mut c_void,
+        HostBuffer::I32(v) => v.as_mut_ptr() as *mut c_void,
+        HostBuffer::I64(v) => v.as_mut_ptr() as *mut c_void,
+        HostBuffer::F16(v) => v.as_mut_ptr() as *mut c_void,
+        HostBuffer::F32(v) => v.as_mut_ptr() as *mut c_void,
+        HostBuffer::F64(v) => v.as_mut_ptr() as *mut c_void,
+        HostBuffer::BF16(v) => v.as_mut_ptr() as *mut c_void,
+    }
+}
+
+/// The host's C++ compiler, or `None` (said on stderr) where there is none and none is required.
+fn cxx() -> Option<String> {
+    let cxx = std::env::var("KILN_HOST_CXX").unwrap_or_else(|_| "c++".into());
+    let ok = std::process::Command::new(&cxx).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        if std::env::var("KILN_REQUIRE_HOST_CXX").is_ok_and(|v| v == "1") {
+            panic!("KILN_REQUIRE_HOST_CXX=1 but `{cxx}` does not run");
+        }
+        eprintln!("skipping: no C++ compiler (`{cxx}`) to run the rendered CUDA C on the host");
+        return None;
+    }
+    Some(cxx)
+}
+
+type Run = unsafe extern "C" fn(*mut *mut c_void, u32, u32, u32);
+
+#[test]
+fn rendered_cuda_matches_the_interpreter_on_the_host() {
+    let Some(cxx) = cxx() else { return };
+    let dev = Device::cpu();
+    let cases = corpus(&dev);
+    // Every launch of every case's plan, rendered.
+    let mut plans: Vec<(&str, kiln::Captured, KernelPlan)> = Vec::new();
+    for (name, outs) in &cases {
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        let cap = kiln::capture(&refs).expect("capture");
+        let plan = schedule(&cap.graph);
+        plans.push((name, cap, plan));
+    }
+    let mut kernels: Vec<(GpuKernel, kiln_jit::kernel::KernelIr)> = Vec::new();
+    for (name, _, plan) in &plans {
+        for l in &plan.launches {
+            let g = render(&l.kernel, Flavor::Cuda).unwrap_or_else(|e| panic!("{name}: {e}"));
+            kernels.push((g, l.kernel.clone()));
+        }
+    }
+    let refs: Vec<(&GpuKernel, &kiln_jit::kernel::KernelIr)> = kernels.iter().map(|(g, k)| (g, k)).collect();
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (src, lib) = (dir.path().join("kernels.cpp"), dir.path().join("kernels.so"));
+    std::fs::write(&src, host::host_unit(&refs)).expect("write the unit");
+    // -ffp-contract=off: no fused multiply-adds the device code would not have either (NVRTC contracts by default;
+    // the interpreter does not), so a difference is a semantic one.
+    let out = std::process::Command::new(&cxx)
+        .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("run the C++ compiler");
+    assert!(out.status.success(), "the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    // SAFETY: a library this test just compiled; its initializers are the C++ runtime's.
+    let lib = unsafe { libloading::Library::new(&lib) }.expect("load the kernels");
+    let mut at = 0;
+    let mut failures = Vec::new();
+    for (name, cap, plan) in &plans {
+        let mut inputs: Vec<HostBuffer> = cap.inputs.clone();
+        let rng: Vec<u32> = cap
+            .rng
+            .iter()
+            .flat_map(|k| [k.seed as u32, (k.seed >> 32) as u32, k.offset as u32, (k.offset >> 32) as u32])
+            .collect();
+        let mut rng = rng;
+        let mut fault = [0i32; 3];
+        let mut slots: HashMap<Slot, HostBuffer> = HashMap::new();
+        for l in &plan.launches {
+            let g = &kernels[at].0;
+            let mut bufs: Vec<HostBuffer> = l
+                .inputs
+                .iter()
+                .map(|s| match s {
+                    Slot::Input(i) => inputs[*i].clone(),
+                    s => slots.get(s).cloned().expect("written before read"),
+                })
+                .collect();
+            bufs.push(HostBuffer::from_f64(l.kernel.output.dtype, &vec![0.0; l.kernel.output.len]));
+            let mut args: Vec<*mut c_void> = bufs.iter_mut().map(buf_ptr).collect();
+            if g.uses_rng {
+                args.push(rng.as_mut_ptr() as *mut c_void);
+            }
+            if g.can_fault {
+                args.push(fault.as_mut_ptr() as *mut c_void);
+            }
+            let symbol = format!("kiln_run_{at}\0");
+            // SAFETY: the driver's signature from `host::host_unit`; `args` holds each buffer the kernel reads or
+            // writes, sized by its kernel IR.
+            unsafe {
+                let run: libloading::Symbol<Run> = lib.get(symbol.as_bytes()).expect("a driver");
+                run(args.as_mut_ptr(), g.grid.0, g.grid.1, g.block);
+            }
+            let out = bufs.pop().expect("the output");
+            slots.insert(l.output, out);
+            at += 1;
+        }
+        assert_eq!(Fault::decode(fault.map(i64::from)), None, "{name}: a fault where none is");
+        let want = cap.reference().expect("the interpreter");
+        for (o, w) in want.iter().enumerate() {
+            let got = match plan.passthrough.iter().find(|(p, _)| *p == o) {
+                Some(&(_, i)) => inputs.swap_remove(i),
+                None => slots.remove(&Slot::Output(o)).expect("every output written"),
+            };
+            let kind = if w.dtype().is_float() { Kind::Accumulate } else { Kind::Exact };
+            if let Err(e) = compare(&got, w, tol(w.dtype(), kind)) {
+                failures.push(format!("{name}, output {o} ({}): {e}", w.dtype()));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} outputs differ from the interpreter:\n  {}",
+        failures.len(),
+        failures.join("\n  ")
+    );
+}
+
+/// A gathered index out of range claims the fault record with the index and the length, as on every device.
+#[test]
+fn a_gather_out_of_range_writes_the_fault_record() {
+    let Some(cxx) = cxx() else { return };
+    let dev = Device::cpu();
+    let a = Tensor::from_vec(vec![1.0f32; 8], [2, 4], &dev).expect("a");
+    let idx = Tensor::from_vec(vec![1i32, 7], [2], &dev).expect("idx");
+    let y = a.index_select(1, &idx);
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let plan = schedule(&cap.graph);
+    assert_eq!(plan.launches.len(), 1);
+    let k = &plan.launches[0].kernel;
+    let g = render(k, Flavor::Cuda).expect("renders");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (src, lib) = (dir.path().join("gather.cpp"), dir.path().join("gather.so"));
+    std::fs::write(&src, host::host_unit(&[(&g, k)])).expect("write");
+    let out = std::process::Command::new(&cxx)
+        .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("run the C++ compiler");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // SAFETY: as above.
+    let lib = unsafe { libloading::Library::new(&lib) }.expect("load");
+    let mut bufs: Vec<HostBuffer> = plan.launches[0]
+        .inputs
+        .iter()
+        .map(|s| match s {
+            Slot::Input(i) => cap.inputs[*i].clone(),
+            _ => unreachable!("one launch reads inputs only"),
+        })
+        .collect();
+    bufs.push(HostBuffer::from_f64(k.output.dtype, &vec![0.0; k.output.len]));
+    let mut fault = [0i32; 3];
+    let mut args: Vec<*mut c_void> = bufs.iter_mut().map(buf_ptr).collect();
+    args.push(fault.as_mut_ptr() as *mut c_void);
+    // SAFETY: as above.
+    unsafe {
+        let run: libloading::Symbol<Run> = lib.get(b"kiln_run_0\0").expect("a driver");
+        run(args.as_mut_ptr(), g.grid.0, g.grid.1, g.block);
+    }
+    assert_eq!(Fault::decode(fault.map(i64::from)), Some(Fault::Index { len: 4, index: 7 }));
+}
