@@ -65,6 +65,61 @@ fn corpus(dev: &Device) -> Vec<(&'static str, Vec<Tensor>)> {
         ("gather", vec![a.index_select(1, &idx).mul(2.0)]),
         ("random", vec![Tensor::rand([4, 6], DType::F32, dev), Tensor::randn([5], DType::F16, dev)]),
         ("matmul", vec![a.matmul(&b.t()).relu()]),
+        ("f64", {
+            let (p, q) = (a.to_dtype(DType::F64), b.to_dtype(DType::F64));
+            let s64 = special.to_dtype(DType::F64);
+            let o64 = other.to_dtype(DType::F64);
+            vec![
+                p.mul(&q).add(0.1).div(&q).sin().exp(),
+                p.abs().pow(&q).maximum(&p).log1p(),
+                s64.div(&o64),
+                s64.fmod(&o64),
+                s64.lt(&o64),
+                s64.to_dtype(DType::I64),
+                s64.to_dtype(DType::I32),
+                p.softmax(-1),
+                p.sum(1, false),
+                p.to_dtype(DType::F16),
+                p.mul(1e-3).to_dtype(DType::BF16),
+            ]
+        }),
+        ("i64", {
+            let (m, n) = (i.to_dtype(DType::I64), j.to_dtype(DType::I64));
+            vec![
+                m.mul(&n).sub(&m).div(&n),
+                m.remainder(&n),
+                m.pow(n.abs()),
+                m.maximum(&n),
+                m.neg().abs(),
+                m.sum(1, false),
+            ]
+        }),
+        ("bf16", {
+            let (p, q) = (a.to_dtype(DType::BF16), b.to_dtype(DType::BF16));
+            vec![p.mul(&q).add(p.exp()), p.max(1, false), special.to_dtype(DType::BF16), q.to_dtype(DType::I32)]
+        }),
+        // Just above a tie of f16 (bf16) by 2^-40: kiln converts f64 through f32 (as `half` and PyTorch do), where it
+        // lands on the tie and goes to even (down); rounded once it would go up. Scaled so the two differ by 1.
+        ("f64 -> f16 and bf16 through f32", {
+            let x = Tensor::from_vec(
+                vec![1.0 + 2f64.powi(-11) + 2f64.powi(-40), -(1.0 + 2f64.powi(-8) + 2f64.powi(-40))],
+                [2],
+                dev,
+            )
+            .expect("x");
+            vec![
+                x.narrow(0, 0, 1).to_dtype(DType::F16).to_dtype(DType::F64).sub(1.0).mul(1024.0),
+                x.narrow(0, 1, 1).to_dtype(DType::BF16).to_dtype(DType::F64).add(1.0).mul(128.0),
+            ]
+        }),
+        (
+            "random in f64 and bf16",
+            vec![
+                Tensor::rand([7], DType::F64, dev),
+                Tensor::rand([6], DType::BF16, dev),
+                Tensor::randn([4], DType::F64, dev),
+            ],
+        ),
     ]
 }
 

@@ -4,7 +4,7 @@
 //! checks produce, on a machine without a GPU. Kernels are queued (once per distinct source) and compiled in batches
 //! of [`BATCH`], one translation unit each (every kernel in a namespace of its own); a batch that fails is compiled
 //! kernel by kernel to name the one at fault, and the error carries its source and the compiler's log. A kernel
-//! the renderers refuse (f64, i64, bf16, a routine: `cuda::check`) is counted, not compiled.
+//! the renderers refuse (a linear algebra routine: `cuda::check`) is counted, not compiled.
 //!
 //! A backend calls [`note`] when it compiles a plan (a failed auto-flush fails that compile); a test calls
 //! [`flush`] when it ends, which compiles what is left and reports what was checked.

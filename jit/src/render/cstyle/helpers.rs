@@ -28,9 +28,14 @@ pub enum Helper {
     PowI32,
     /// `kiln_pow_u32(x, y)`: `semantics::int_pow` for u32 (the exponent is never negative), wrapping.
     PowU32,
+    /// `kiln_pow_i64(x, y)`: `semantics::int_pow` with i64 wrapping (dialects with i64 only).
+    PowI64,
     /// `kiln_round_f16(x)`: the f16 value nearest to an f32, ties to even, as an f32.
     F16,
-    /// `kiln_f32_low_bits(x)`: the low 32 bits of `x as i64` (Rust's saturating conversion, NaN -> 0).
+    /// `kiln_round_bf16(x)`: the bf16 value nearest to an f32, ties to even, as an f32 (dialects with bf16 only).
+    BF16,
+    /// `kiln_f32_low_bits(x)`: the low 32 bits of `x as i64` (Rust's saturating conversion, NaN -> 0); in a dialect
+    /// with 64-bit values also `kiln_to_i64(x)` for f32 and f64 (the saturated value itself).
     F32ToInt,
     /// `kiln_sin(x)` / `kiln_cos(x)`: accurate over the whole f32 range (the builtins on a reduced argument where
     /// the target promises accuracy only near zero).
@@ -65,6 +70,7 @@ impl Helper {
             | Helper::Expm1
             | Helper::FmodF32 => &[Helper::FloatCmp],
             Helper::PowI32 => &[Helper::PowU32],
+            Helper::PowI64 | Helper::BF16 => &[],
             Helper::Philox
             | Helper::Normal
             | Helper::FloatCmp

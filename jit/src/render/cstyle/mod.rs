@@ -263,14 +263,9 @@ pub fn mentions_var(e: &IExpr, v: usize) -> bool {
     }
 }
 
-/// Checks that a target computing 64-bit values in 32 bits (WGSL; CUDA C and HIP C until the table has 64-bit rows)
-/// can run `k`: no buffer or accumulator of f64, i64 or bf16, every 64-bit constant fits its narrowed type, and every
-/// index expression stays in i32. `target` names the language in errors.
-///
-/// 64-bit *instructions* are allowed and computed in 32 bits: a device without 64-bit types refuses 64-bit graph
-/// values at op construction and at compile (the wgpu backend checks every node), so the only ones left are the
-/// lowering's own widened index and iota arithmetic (`Index` values, pad bounds, `start + i * step`): exact in i32
-/// for indices (proved below), within one f32 rounding for a float iota.
+/// Checks that a target computing 64-bit values in 32 bits (WGSL) can run `k`: no buffer or accumulator of f64, i64
+/// or bf16, every 64-bit constant fits its narrowed type, and [`check_i32_indices`]. `target` names the language in
+/// errors.
 pub fn check_narrowed(k: &KernelIr, target: &str) -> Result<(), String> {
     let insts = k.outer.iter().chain(k.reduce.iter().chain(&k.rows).flat_map(|r| r.inner.iter()));
     let dtypes =
@@ -278,20 +273,27 @@ pub fn check_narrowed(k: &KernelIr, target: &str) -> Result<(), String> {
     for d in dtypes {
         if matches!(d, DType::F64 | DType::I64 | DType::BF16) {
             return Err(format!(
-                "kernel {} uses {d}, which kiln's {target} kernels cannot hold yet (no 64-bit or bf16 types); run it on \
+                "kernel {} uses {d}, which kiln's {target} kernels cannot hold (no 64-bit or bf16 types); run it on \
                  Device::cpu() or use {}",
                 k.name,
                 if d.is_float() { "f32" } else { "i32" }
             ));
         }
     }
-    for inst in insts.clone() {
+    for inst in insts {
         if let (InstOp::Const(c), DType::I64) = (&inst.op, inst.dtype)
             && i32::try_from(c.as_i64()).is_err()
         {
             return Err(format!("kernel {}: the index constant {c} leaves the i32 range", k.name));
         }
     }
+    check_i32_indices(k)
+}
+
+/// Checks that every buffer of `k` has fewer than 2^31 elements and every index expression stays in i32 (the index
+/// dtype of the C-like dialects).
+pub fn check_i32_indices(k: &KernelIr) -> Result<(), String> {
+    let insts = k.outer.iter().chain(k.reduce.iter().chain(&k.rows).flat_map(|r| r.inner.iter()));
     let extents = k.extents();
     let total: usize = k.out_extents.iter().product();
     if total > i32::MAX as usize || k.inputs.iter().chain([&k.output]).any(|b| b.len > i32::MAX as usize) {

@@ -98,11 +98,17 @@ impl<D: Dialect> Emitter<'_, D> {
                 let words = dl.rand_words(*slot, &iexpr(dl, index));
                 match (dist, d) {
                     (RandDist::Uniform, DType::F16) => format!("kiln_uniform_f16({words})"),
+                    (RandDist::Uniform, DType::BF16) => format!("kiln_uniform_bf16({words})"),
+                    // 53 bits, as rng::uniform_f64 (a dialect computing in f64 has it).
+                    (RandDist::Uniform, DType::F64) => format!("kiln_uniform_f64({words})"),
                     (RandDist::Uniform, _) => format!("kiln_uniform({words})"),
                     (RandDist::Normal, _) => {
                         self.helpers.insert(Helper::Normal);
-                        let n = format!("kiln_normal({words})");
-                        if d == DType::F16 { self.helper(Helper::F16, format!("kiln_round_f16({n})")) } else { n }
+                        match d {
+                            DType::F64 => format!("kiln_normal_f64({words})"),
+                            DType::F16 | DType::BF16 => self.round_half(d, format!("kiln_normal({words})")),
+                            _ => format!("kiln_normal({words})"),
+                        }
                     }
                 }
             }
@@ -118,44 +124,46 @@ impl<D: Dialect> Emitter<'_, D> {
     /// `u` on a value of dtype `d`.
     pub fn unary(&mut self, u: UnaryOp, d: DType, a: &str) -> String {
         let dl = self.d;
-        if d == DType::F16 {
-            // Computed in f32, rounded to f16 (negation and abs are exact).
+        if d.is_half() {
+            // Computed in f32, rounded to f16 or bf16 (negation and abs are exact).
             let r = self.unary(u, DType::F32, a);
-            return if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { self.round_f16(r) };
+            return if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { self.round_half(d, r) };
         }
         let d = dl.compute_dtype(d);
         let call = |f: Builtin| format!("{}({a})", dl.builtin(f, d));
+        // The f64 rows are the f32 rows in f64: the same helper names, which a dialect with f64 overloads.
+        let float = matches!(d, DType::F32 | DType::F64);
         match (u, d) {
-            (UnaryOp::Neg, DType::F32 | DType::I32) => format!("(-{a})"), // i32 negation wraps on every target
+            (UnaryOp::Neg, DType::F32 | DType::F64 | DType::I32 | DType::I64) => format!("(-{a})"), // ints wrap
             (UnaryOp::Neg, DType::U8) => format!("((0u - {a}) & 0xffu)"),
             (UnaryOp::Neg, DType::U32) => format!("(0u - {a})"),
             (UnaryOp::Neg | UnaryOp::Abs, DType::Bool) => a.to_string(), // -1 and 1 are both true
             (UnaryOp::Abs, DType::U8 | DType::U32) => a.to_string(),
             (UnaryOp::Abs, _) => call(Builtin::Abs), // abs(i32::MIN) wraps to itself, as in eval
-            (UnaryOp::Exp, DType::F32) => call(Builtin::Exp),
-            (UnaryOp::Log, DType::F32) => call(Builtin::Log),
-            (UnaryOp::Sin, DType::F32) => self.helper(Helper::Trig, format!("kiln_sin({a})")),
-            (UnaryOp::Cos, DType::F32) => self.helper(Helper::Trig, format!("kiln_cos({a})")),
+            (UnaryOp::Exp, _) if float => call(Builtin::Exp),
+            (UnaryOp::Log, _) if float => call(Builtin::Log),
+            (UnaryOp::Sin, _) if float => self.helper(Helper::Trig, format!("kiln_sin({a})")),
+            (UnaryOp::Cos, _) if float => self.helper(Helper::Trig, format!("kiln_cos({a})")),
             // A builtin tanh may lose NaN (Mesa's GL driver gave -1) and is accurate only in absolute terms near 0.
-            (UnaryOp::Tanh, DType::F32) => self.helper(Helper::Tanh, format!("kiln_tanh({a})")),
-            (UnaryOp::Log1p, DType::F32) => self.helper(Helper::Log1p, format!("kiln_log1p({a})")),
-            (UnaryOp::Expm1, DType::F32) => self.helper(Helper::Expm1, format!("kiln_expm1({a})")),
-            (UnaryOp::Sqrt, DType::F32) => call(Builtin::Sqrt),
-            (UnaryOp::Floor, DType::F32) => call(Builtin::Floor),
-            (UnaryOp::Ceil, DType::F32) => call(Builtin::Ceil),
-            (UnaryOp::Round, DType::F32) => call(Builtin::RoundEven),
-            (UnaryOp::Trunc, DType::F32) => call(Builtin::Trunc),
-            (UnaryOp::Recip, DType::F32) => {
-                let one = dl.float_lit(1.0, DType::F32);
+            (UnaryOp::Tanh, _) if float => self.helper(Helper::Tanh, format!("kiln_tanh({a})")),
+            (UnaryOp::Log1p, _) if float => self.helper(Helper::Log1p, format!("kiln_log1p({a})")),
+            (UnaryOp::Expm1, _) if float => self.helper(Helper::Expm1, format!("kiln_expm1({a})")),
+            (UnaryOp::Sqrt, _) if float => call(Builtin::Sqrt),
+            (UnaryOp::Floor, _) if float => call(Builtin::Floor),
+            (UnaryOp::Ceil, _) if float => call(Builtin::Ceil),
+            (UnaryOp::Round, _) if float => call(Builtin::RoundEven),
+            (UnaryOp::Trunc, _) if float => call(Builtin::Trunc),
+            (UnaryOp::Recip, _) if float => {
+                let one = dl.float_lit(1.0, d);
                 self.helper(Helper::DivF32, format!("kiln_div({one}, {a})"))
             }
             (UnaryOp::Not, DType::Bool) => format!("(!{a})"),
-            (UnaryOp::Not, DType::F32) => {
+            (UnaryOp::Not, _) if float => {
                 let (one, zero) = (dl.float_lit(1.0, d), dl.float_lit(0.0, d));
                 let e = dl.select(&one, &zero, &format!("kiln_nonzero({a})"));
                 self.helper(Helper::FloatCmp, e)
             }
-            (UnaryOp::Not, DType::I32 | DType::U8 | DType::U32) => {
+            (UnaryOp::Not, DType::I32 | DType::I64 | DType::U8 | DType::U32) => {
                 let (zero, one) = (dl.int_lit(0, d), dl.int_lit(1, d));
                 dl.select(&zero, &one, &format!("{a} == {zero}"))
             }
@@ -186,15 +194,15 @@ impl<D: Dialect> Emitter<'_, D> {
     pub fn binary(&mut self, op: BinaryOp, d: DType, x: &str, y: &str) -> String {
         use BinaryOp::*;
         let dl = self.d;
-        if d == DType::F16 {
-            // Computed in f32, rounded to f16 (comparisons, max and min are exact).
+        if d.is_half() {
+            // Computed in f32, rounded to f16 or bf16 (comparisons, max and min are exact).
             let r = self.binary(op, DType::F32, x, y);
-            return if op.is_comparison() || matches!(op, Max | Min) { r } else { self.round_f16(r) };
+            return if op.is_comparison() || matches!(op, Max | Min) { r } else { self.round_half(d, r) };
         }
         let d = dl.compute_dtype(d);
         match d {
             // Comparisons test for NaN on the bits: a compiler may fold float compares assuming no NaN.
-            DType::F32 if op.is_comparison() => {
+            DType::F32 | DType::F64 if op.is_comparison() => {
                 let f = match op {
                     Lt => "kiln_lt",
                     Le => "kiln_le",
@@ -206,7 +214,7 @@ impl<D: Dialect> Emitter<'_, D> {
                 };
                 self.helper(Helper::FloatCmp, format!("{f}({x}, {y})"))
             }
-            DType::F32 => match op {
+            DType::F32 | DType::F64 => match op {
                 Add => format!("({x} + {y})"),
                 Sub => format!("({x} - {y})"),
                 Mul => format!("({x} * {y})"),
@@ -225,7 +233,7 @@ impl<D: Dialect> Emitter<'_, D> {
                 And | Or => unreachable!("{op:?} on floats"),
             },
             // u32 arithmetic, division, comparisons and max/min are the unsigned ones on the unsigned type.
-            DType::I32 | DType::U8 | DType::U32 => {
+            DType::I32 | DType::I64 | DType::U8 | DType::U32 => {
                 let zero = dl.int_lit(0, d);
                 let wrap = |e: String| if d == DType::U8 { format!("(({e}) & 0xffu)") } else { e };
                 match op {
@@ -249,6 +257,7 @@ impl<D: Dialect> Emitter<'_, D> {
                     Min => format!("{}({x}, {y})", dl.builtin(Builtin::Min, d)),
                     Pow if d == DType::I32 => self.helper(Helper::PowI32, format!("kiln_pow_i32({x}, {y})")),
                     Pow if d == DType::U32 => self.helper(Helper::PowU32, format!("kiln_pow_u32({x}, {y})")),
+                    Pow if d == DType::I64 => self.helper(Helper::PowI64, format!("kiln_pow_i64({x}, {y})")),
                     Pow => {
                         let (xi, yi) = (dl.convert(DType::I32, x), dl.convert(DType::I32, y));
                         let p = dl.convert(DType::U32, &format!("kiln_pow_i32({xi}, {yi})"));
@@ -276,16 +285,18 @@ impl<D: Dialect> Emitter<'_, D> {
                 // eval: int_pow(x, y): 0^0 = 1, 0^1 = 0, 1^y = 1.
                 Pow => format!("({x} || !{y})"),
             },
-            // bf16: no C-like target stores it yet (WGSL's `check` refuses it); its rows come with the first that does.
-            d @ (DType::F16 | DType::BF16 | DType::F64 | DType::I64) => {
-                unreachable!("binary {op:?} on {d}: no rows yet")
-            }
+            d @ (DType::F16 | DType::BF16) => unreachable!("binary {op:?} on {d}: computed in f32 above"),
         }
     }
 
     /// `e` (an f32 expression) rounded to the nearest f16 value.
     fn round_f16(&mut self, e: String) -> String {
         self.helper(Helper::F16, format!("kiln_round_f16({e})"))
+    }
+
+    /// `e` (an f32 expression) rounded to the nearest value of half type `d` (f16 or bf16).
+    fn round_half(&mut self, d: DType, e: String) -> String {
+        if d == DType::BF16 { self.helper(Helper::BF16, format!("kiln_round_bf16({e})")) } else { self.round_f16(e) }
     }
 
     /// Converts `v` from `from` to `to` with eval's rules.
@@ -296,17 +307,31 @@ impl<D: Dialect> Emitter<'_, D> {
             (a, b) if a == b => v.to_string(),
             // f16 is an f32 in registers: widening is free, narrowing is a rounding. An int converts to f32 first:
             // exact below 2^24, and anything larger is inf in f16 either way.
-            (F16, F32) => v.to_string(),
-            (F16, b) => self.cast(F32, b, v),
-            (a, F16) => {
+            (F16 | BF16, F32) => v.to_string(),
+            (F16 | BF16, b) => self.cast(F32, b, v),
+            // From f64 too: through f32 (nearest, ties to even) and then to the half type, as `half`'s from_f64 and
+            // PyTorch convert (two roundings: a value just past a half-type tie can land on it).
+            (a, b @ (F16 | BF16)) => {
                 let f = self.cast(a, F32, v);
-                self.round_f16(f)
+                self.round_half(b, f)
             }
-            (F32, Bool) => self.helper(Helper::FloatCmp, format!("kiln_nonzero({v})")), // NaN and subnormals are true
-            (b @ (I32 | U8 | U32), Bool) => format!("({v} != {})", dl.int_lit(0, b)),
-            (Bool, b @ F32) => dl.select(&dl.float_lit(0.0, b), &dl.float_lit(1.0, b), v),
-            (Bool, b @ (I32 | U8 | U32)) => dl.select(&dl.int_lit(0, b), &dl.int_lit(1, b), v),
-            (I32 | U8 | U32, F32) => dl.convert(F32, v),
+            // NaN and subnormals are true.
+            (F32 | F64, Bool) => self.helper(Helper::FloatCmp, format!("kiln_nonzero({v})")),
+            (b @ (I32 | I64 | U8 | U32), Bool) => format!("({v} != {})", dl.int_lit(0, b)),
+            (Bool, b @ (F32 | F64)) => dl.select(&dl.float_lit(0.0, b), &dl.float_lit(1.0, b), v),
+            (Bool, b @ (I32 | I64 | U8 | U32)) => dl.select(&dl.int_lit(0, b), &dl.int_lit(1, b), v),
+            // Ints to floats round to nearest; between f32 and f64, widening is exact and narrowing rounds.
+            (I32 | I64 | U8 | U32 | F64, F32) => dl.convert(F32, v),
+            (I32 | I64 | U8 | U32 | F32, F64) => dl.convert(F64, v),
+            (I32 | U8 | U32, I64) => dl.convert(I64, v),
+            (I64, b @ (I32 | U32)) => dl.convert(b, v),
+            (I64, U8) => format!("({} & 0xffu)", dl.convert(U32, v)),
+            (F32 | F64, I64) => self.helper(Helper::F32ToInt, format!("kiln_to_i64({v})")),
+            (F64, I32) => self.helper(Helper::F32ToInt, dl.convert(I32, &format!("kiln_to_i64({v})"))),
+            (F64, U32) => self.helper(Helper::F32ToInt, dl.convert(U32, &format!("kiln_to_i64({v})"))),
+            (F64, U8) => {
+                self.helper(Helper::F32ToInt, format!("({} & 0xffu)", dl.convert(U32, &format!("kiln_to_i64({v})"))))
+            }
             // Conversions between ints keep the low bits: the wrapped conversions of eval.
             (U8 | U32, I32) => dl.convert(I32, v),
             (I32, U32) => dl.convert(U32, v),

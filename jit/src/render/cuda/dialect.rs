@@ -11,39 +11,29 @@ pub struct CudaC {
     pub flavor: Flavor,
 }
 
-/// The dtype a value of `d` is computed in. 64-bit values are narrowed to 32 bits for now, as WGSL's are (the
-/// shared table has no 64-bit rows yet, and `check` refuses them in buffers and accumulators); u8 is computed in
-/// u32 lanes, f16 in f32.
-pub(crate) fn narrow(d: DType) -> DType {
-    match d {
-        DType::F64 => DType::F32,
-        DType::I64 => DType::I32,
-        d => d,
-    }
-}
-
-/// The C type of a device buffer element of `d`: bool and u8 one byte each, f16 its 16 bits (converted in integer
-/// arithmetic by the `F16` helper, so kernels include no header).
+/// The C type of a device buffer element of `d`: bool and u8 one byte each, f16 and bf16 their 16 bits (converted
+/// in integer arithmetic by the `F16` and `BF16` helpers, so kernels include no header).
 pub(crate) fn storage_ty(d: DType) -> &'static str {
     match d {
         DType::F32 => "float",
+        DType::F64 => "double",
         DType::I32 => "int",
+        DType::I64 => "long long",
         DType::U32 => "unsigned int",
         DType::U8 | DType::Bool => "unsigned char",
-        DType::F16 => "unsigned short",
-        DType::F64 | DType::I64 | DType::BF16 => unreachable!("{d} is refused by check"),
+        DType::F16 | DType::BF16 => "unsigned short",
     }
 }
 
-/// The C type of a register of computed dtype `d`.
+/// The C type of a register of dtype `d`: f16 and bf16 values live in f32 registers, u8 in u32 lanes.
 fn ty(d: DType) -> &'static str {
-    match narrow(d) {
-        DType::F16 | DType::F32 => "float",
+    match d {
+        DType::F16 | DType::BF16 | DType::F32 => "float",
+        DType::F64 => "double",
         DType::I32 => "int",
+        DType::I64 => "long long",
         DType::U8 | DType::U32 => "unsigned int",
         DType::Bool => "bool",
-        DType::F64 | DType::I64 => unreachable!("narrowed"),
-        DType::BF16 => unreachable!("bf16 is refused by check"),
     }
 }
 
@@ -62,7 +52,7 @@ fn f32_lit(x: f32) -> String {
 
 impl Dialect for CudaC {
     fn compute_dtype(&self, d: DType) -> DType {
-        narrow(d)
+        d
     }
 
     fn reg_ty(&self, d: DType) -> &'static str {
@@ -78,6 +68,7 @@ impl Dialect for CudaC {
             DType::Bool => format!("({word} != 0)"),
             DType::U8 => format!("((unsigned int){word})"),
             DType::F16 => format!("kiln_f16_value({word})"),
+            DType::BF16 => format!("kiln_bits_f32(((unsigned int){word}) << 16)"),
             _ => word.to_string(),
         }
     }
@@ -88,16 +79,29 @@ impl Dialect for CudaC {
             DType::U8 => format!("(unsigned char)({v})"),
             // Exact: `v` holds an f16 value.
             DType::F16 => format!("(unsigned short)kiln_f16_bits({v})"),
+            // Exact: `v` holds a bf16 value.
+            DType::BF16 => format!("(unsigned short)(kiln_bits_u32({v}) >> 16)"),
             _ => v.to_string(),
         }
     }
 
-    fn float_lit(&self, x: f64, _d: DType) -> String {
-        f32_lit(x as f32)
+    fn float_lit(&self, x: f64, d: DType) -> String {
+        if d != DType::F64 {
+            return f32_lit(x as f32);
+        }
+        if x.is_finite() && (x == 0.0 || x.is_normal()) {
+            let s = format!("{x:?}");
+            let s = if s.contains(['.', 'e']) { s } else { format!("{s}.0") };
+            if x.is_sign_negative() { format!("({s})") } else { s }
+        } else {
+            format!("kiln_bits_f64({:#018x}ull)", x.to_bits())
+        }
     }
 
     fn int_lit(&self, x: i64, d: DType) -> String {
-        match narrow(d) {
+        match d {
+            DType::I64 if x == i64::MIN => "(-9223372036854775807ll - 1)".to_string(),
+            DType::I64 => format!("{x}ll"),
             DType::I32 if x as i32 == i32::MIN => "(-2147483647 - 1)".to_string(),
             DType::I32 => format!("{}", x as i32),
             DType::U8 => format!("{}u", x as u8),
@@ -115,7 +119,7 @@ impl Dialect for CudaC {
     }
 
     fn bitcast(&self, to: DType, v: &str) -> String {
-        match narrow(to) {
+        match to {
             DType::F32 => format!("kiln_bits_f32({v})"),
             DType::U32 => format!("kiln_bits_u32({v})"),
             DType::I32 => format!("kiln_bits_i32({v})"),
@@ -125,9 +129,24 @@ impl Dialect for CudaC {
 
     /// f32 values take the `f`-suffixed functions; ints CUDA's and HIP's overloaded `max` and `min`.
     fn builtin(&self, f: Builtin, d: DType) -> &'static str {
-        let float = narrow(d).is_float();
+        if d == DType::F64 {
+            return match f {
+                Builtin::Abs => "fabs",
+                Builtin::Exp => "exp",
+                Builtin::Log => "log",
+                Builtin::Sqrt => "sqrt",
+                Builtin::Max => "fmax",
+                Builtin::Min => "fmin",
+                Builtin::Floor => "floor",
+                Builtin::Ceil => "ceil",
+                Builtin::RoundEven => "rint",
+                Builtin::Trunc => "trunc",
+            };
+        }
+        let float = d.is_float();
         match f {
             Builtin::Abs if float => "fabsf",
+            Builtin::Abs if d == DType::I64 => "llabs",
             Builtin::Abs => "abs",
             Builtin::Exp => "expf",
             Builtin::Log => "logf",

@@ -17,6 +17,7 @@ const SHIM: &str = r#"// kiln: CUDA C under a host shim (render/cuda/host.rs)
 #include <cmath>
 #include <cstring>
 #include <algorithm>
+#include <cstdlib>
 struct kiln_dim3 { unsigned int x, y, z; };
 static kiln_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __global__
@@ -29,6 +30,8 @@ inline float __uint_as_float(unsigned int b) { float f; std::memcpy(&f, &b, 4); 
 inline float __int_as_float(int b) { float f; std::memcpy(&f, &b, 4); return f; }
 inline unsigned int __float_as_uint(float f) { unsigned int b; std::memcpy(&b, &f, 4); return b; }
 inline int __float_as_int(float f) { int b; std::memcpy(&b, &f, 4); return b; }
+inline double __longlong_as_double(long long b) { double f; std::memcpy(&f, &b, 8); return f; }
+inline long long __double_as_longlong(double f) { long long b; std::memcpy(&b, &f, 8); return b; }
 inline int atomicCAS(int* p, int expected, int v) { int old = *p; if (old == expected) { *p = v; } return old; }
 inline int atomicExch(int* p, int v) { int old = *p; *p = v; return old; }
 using std::max;

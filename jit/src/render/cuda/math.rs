@@ -17,6 +17,8 @@ __device__ __forceinline__ unsigned int kiln_bits_u32(float x) { return __float_
 __device__ __forceinline__ unsigned int kiln_bits_u32(int x) { return (unsigned int)x; }
 __device__ __forceinline__ int kiln_bits_i32(float x) { return __float_as_int(x); }
 __device__ __forceinline__ int kiln_bits_i32(unsigned int x) { return (int)x; }
+__device__ __forceinline__ double kiln_bits_f64(unsigned long long b) { return __longlong_as_double((long long)b); }
+__device__ __forceinline__ unsigned long long kiln_bits_u64(double x) { return (unsigned long long)__double_as_longlong(x); }
 "#;
 
 const PHILOX: &str = r#"
@@ -46,6 +48,11 @@ __device__ kiln_u4 kiln_rand_words(const unsigned int* rng, unsigned int slot, i
 // Uniform in [0, 1) with 24 bits (rng::uniform_f32), 11 bits for f16 (rng::uniform_f16): exact.
 __device__ float kiln_uniform(kiln_u4 w) { return (float)(w.x >> 8) * (1.0f / 16777216.0f); }
 __device__ float kiln_uniform_f16(kiln_u4 w) { return (float)(w.x >> 21) * (1.0f / 2048.0f); }
+// 8 bits for bf16 (rng::uniform_bf16), 53 for f64 (rng::uniform_f64).
+__device__ float kiln_uniform_bf16(kiln_u4 w) { return (float)(w.x >> 24) * (1.0f / 256.0f); }
+__device__ double kiln_uniform_f64(kiln_u4 w) {
+    return (double)((((unsigned long long)w.x << 32) | w.y) >> 11) * (1.0 / 9007199254740992.0);
+}
 "#;
 
 const NORMAL: &str = r#"
@@ -54,6 +61,11 @@ __device__ float kiln_normal(kiln_u4 w) {
     const float u1 = ((float)(w.z >> 8) + 1.0f) * (1.0f / 16777216.0f);
     const float u2 = (float)(w.w >> 8) * (1.0f / 16777216.0f);
     return sqrtf(-2.0f * logf(u1)) * cosf(6.2831855f * u2);
+}
+__device__ double kiln_normal_f64(kiln_u4 w) {
+    const double u1 = ((double)(w.z >> 8) + 1.0) * (1.0 / 16777216.0);
+    const double u2 = (double)(w.w >> 8) * (1.0 / 16777216.0);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 "#;
 
@@ -65,15 +77,27 @@ __device__ __forceinline__ bool kiln_le(float x, float y) { return !kiln_isnan(x
 __device__ __forceinline__ bool kiln_eq(float x, float y) { return !kiln_isnan(x) && !kiln_isnan(y) && x == y; }
 __device__ __forceinline__ bool kiln_ne(float x, float y) { return kiln_isnan(x) || kiln_isnan(y) || !(x == y); }
 __device__ __forceinline__ bool kiln_nonzero(float x) { return (kiln_bits_u32(x) & 0x7fffffffu) != 0u; }
+__device__ __forceinline__ bool kiln_isnan(double x) {
+    return (kiln_bits_u64(x) & 0x7fffffffffffffffull) > 0x7ff0000000000000ull;
+}
+__device__ __forceinline__ bool kiln_lt(double x, double y) { return !kiln_isnan(x) && !kiln_isnan(y) && x < y; }
+__device__ __forceinline__ bool kiln_le(double x, double y) { return !kiln_isnan(x) && !kiln_isnan(y) && x <= y; }
+__device__ __forceinline__ bool kiln_eq(double x, double y) { return !kiln_isnan(x) && !kiln_isnan(y) && x == y; }
+__device__ __forceinline__ bool kiln_ne(double x, double y) { return kiln_isnan(x) || kiln_isnan(y) || !(x == y); }
+__device__ __forceinline__ bool kiln_nonzero(double x) { return (kiln_bits_u64(x) & 0x7fffffffffffffffull) != 0ull; }
 "#;
 
 const DIV_F32: &str = r#"
 __device__ __forceinline__ float kiln_div(float x, float y) { return x / y; }
+__device__ __forceinline__ double kiln_div(double x, double y) { return x / y; }
 "#;
 
 const MAX_F32: &str = r#"
 __device__ __forceinline__ float kiln_max(float x, float y) {
     return (kiln_isnan(x) || kiln_isnan(y)) ? kiln_bits_f32(0x7fc00000u) : fmaxf(x, y);
+}
+__device__ __forceinline__ double kiln_max(double x, double y) {
+    return (kiln_isnan(x) || kiln_isnan(y)) ? kiln_bits_f64(0x7ff8000000000000ull) : fmax(x, y);
 }
 "#;
 
@@ -81,10 +105,14 @@ const MIN_F32: &str = r#"
 __device__ __forceinline__ float kiln_min(float x, float y) {
     return (kiln_isnan(x) || kiln_isnan(y)) ? kiln_bits_f32(0x7fc00000u) : fminf(x, y);
 }
+__device__ __forceinline__ double kiln_min(double x, double y) {
+    return (kiln_isnan(x) || kiln_isnan(y)) ? kiln_bits_f64(0x7ff8000000000000ull) : fmin(x, y);
+}
 "#;
 
 const POW_F32: &str = r#"
 __device__ __forceinline__ float kiln_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double kiln_pow(double x, double y) { return pow(x, y); }
 "#;
 
 const POW_I32: &str = r#"
@@ -151,30 +179,37 @@ __device__ __forceinline__ float kiln_round_f16(float x) { return kiln_f16_value
 "#;
 
 const F32_TO_INT: &str = r#"
-// The low 32 bits of Rust's `x as i64` (saturating, NaN -> 0).
-__device__ unsigned int kiln_f32_low_bits(float x) {
-    if (kiln_isnan(x)) { return 0u; }
-    if (x >= 9223372036854775808.0f) { return 0xffffffffu; }
-    if (x < -9223372036854775808.0f) { return 0u; }
-    return (unsigned int)(unsigned long long)(long long)x;
+// Rust's `x as i64`: saturating, NaN -> 0 (C leaves out-of-range conversions undefined); its low 32 bits.
+__device__ long long kiln_to_i64(double x) {
+    if (kiln_isnan(x)) { return 0; }
+    if (x >= 9223372036854775808.0) { return 9223372036854775807ll; }
+    if (x < -9223372036854775808.0) { return -9223372036854775807ll - 1; }
+    return (long long)x;
 }
+__device__ long long kiln_to_i64(float x) { return kiln_to_i64((double)x); }
+__device__ unsigned int kiln_f32_low_bits(float x) { return (unsigned int)(unsigned long long)kiln_to_i64(x); }
 "#;
 
 const TRIG: &str = r#"
 __device__ __forceinline__ float kiln_sin(float x) { return sinf(x); }
 __device__ __forceinline__ float kiln_cos(float x) { return cosf(x); }
+__device__ __forceinline__ double kiln_sin(double x) { return sin(x); }
+__device__ __forceinline__ double kiln_cos(double x) { return cos(x); }
 "#;
 
 const TANH: &str = r#"
 __device__ __forceinline__ float kiln_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double kiln_tanh(double x) { return tanh(x); }
 "#;
 
 const LOG1P: &str = r#"
 __device__ __forceinline__ float kiln_log1p(float x) { return log1pf(x); }
+__device__ __forceinline__ double kiln_log1p(double x) { return log1p(x); }
 "#;
 
 const EXPM1: &str = r#"
 __device__ __forceinline__ float kiln_expm1(float x) { return expm1f(x); }
+__device__ __forceinline__ double kiln_expm1(double x) { return expm1(x); }
 "#;
 
 /// The fault record is the kernel's `fault` parameter: the macro passes it, so the table's call reads as WGSL's.
@@ -193,6 +228,34 @@ __device__ int kiln_checked_at(int* fault, int i, int len, bool live) {
 
 const FMOD_F32: &str = r#"
 __device__ __forceinline__ float kiln_fmod(float x, float y) { return fmodf(x, y); }
+__device__ __forceinline__ double kiln_fmod(double x, double y) { return fmod(x, y); }
+"#;
+
+const POW_I64: &str = r#"
+// semantics::int_pow, wrapping in i64.
+__device__ long long kiln_pow_i64(long long x, long long y) {
+    if (y < 0) {
+        if (x == 1) { return 1; }
+        if (x == -1) { return (y & 1) == 0 ? 1 : -1; }
+        return 0;
+    }
+    unsigned long long acc = 1ull, b = (unsigned long long)x, e = (unsigned long long)y;
+    while (e > 0ull) {
+        if ((e & 1ull) == 1ull) { acc *= b; }
+        b *= b;
+        e >>= 1;
+    }
+    return (long long)acc;
+}
+"#;
+
+const BF16: &str = r#"
+// The bf16 value nearest to x, ties to even (as `half`'s bf16::from_f32): NaN stays NaN (quiet).
+__device__ float kiln_round_bf16(float x) {
+    const unsigned int u = kiln_bits_u32(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) { return kiln_bits_f32((u | 0x00400000u) & 0xffff0000u); }
+    return kiln_bits_f32((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
 "#;
 
 /// The C source of `h` (its dependencies are written before it by the shared renderer).
@@ -215,5 +278,7 @@ pub(super) fn source(h: Helper) -> &'static str {
         Helper::Expm1 => EXPM1,
         Helper::IndexCheck => INDEX_CHECK,
         Helper::FmodF32 => FMOD_F32,
+        Helper::PowI64 => POW_I64,
+        Helper::BF16 => BF16,
     }
 }

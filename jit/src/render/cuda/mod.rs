@@ -13,9 +13,12 @@
 //! blocks for elementwise kernels, 64 for reductions (each thread runs its whole reduce loop, as on WGSL); blocks
 //! along x up to 2^31 - 1.
 //!
-//! Not here yet (a note, not a silent gap: `check` refuses them with a message): f64, i64 and bf16 values (the
-//! shared table's 64-bit and bf16 rows), block and warp reductions for long reduce loops, the tiled GEMM and the
-//! routines; the CUDA device itself (`Device::cuda`) and its driver.
+//! Every dtype: f64 and i64 are themselves (the shared table's f64 rows are its f32 rows, with the helpers
+//! overloaded on `double`), f16 and bf16 are stored as their bits and computed in f32, rounded per op.
+//!
+//! Not here yet (a note, not a silent gap: `check` refuses what cannot render with a message): block and warp
+//! reductions for long reduce loops, the tiled GEMM and the routines; the CUDA device itself (`Device::cuda`) and its
+//! driver.
 
 mod dialect;
 pub mod host;
@@ -66,12 +69,12 @@ pub struct GpuKernel {
 /// The most blocks along x (CUDA's `maxGridDimX`; HIP's is larger).
 const MAX_GRID_X: u64 = (1 << 31) - 1;
 
-/// Checks that CUDA C / HIP C as rendered here can run `k`.
+/// Checks that CUDA C / HIP C as rendered here can run `k`: not a routine, and every index expression in i32.
 pub fn check(k: &KernelIr, flavor: Flavor) -> Result<(), String> {
     if k.routine.is_some() {
         return Err(format!("kernel {}: linear algebra routines have no {} form yet", k.name, flavor.name()));
     }
-    cstyle::check_narrowed(k, flavor.name())
+    cstyle::check_i32_indices(k)
 }
 
 /// Renders `k` for `flavor`.
@@ -93,7 +96,7 @@ pub fn render(k: &KernelIr, flavor: Flavor) -> Result<GpuKernel, String> {
         }
         b
     };
-    // Every kernel with an f16 buffer converts it on the bits (`math::F16`).
+    // Every kernel with an f16 buffer converts it on the bits (`math::F16`); bf16 buffers need only the prelude.
     if k.inputs.iter().chain([&k.output]).any(|b| b.dtype == DType::F16) {
         em.helpers.insert(cstyle::Helper::F16);
     }
