@@ -13,10 +13,8 @@ use kiln::{DType, Tensor};
 
 #[test]
 fn convolutions_and_poolings_match_pytorch() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conv_torch.safetensors");
-    let Some(host) = data_device() else { return };
-    let loaded = kiln::load_safetensors(&path, &host).expect("load the fixture");
-    let get = |name: &str| loaded.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no {name}")).1.clone();
+    let Some(fixture) = Fixture::load("conv_torch.safetensors") else { return };
+    let get = |name: &str| fixture.get(name);
     type Case = (&'static str, fn(&[Tensor]) -> Tensor);
     let cases: [Case; 13] = [
         ("conv2d_strided", |t| {

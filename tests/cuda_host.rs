@@ -153,6 +153,29 @@ fn cxx() -> Option<String> {
 
 type Run = unsafe extern "C" fn(*mut *mut c_void, u32, u32, u32);
 
+/// `kernels` under the host shim, compiled by `cxx` into a shared library and loaded (with the directory that holds
+/// it, which must outlive the library).
+fn host_library(
+    cxx: &str,
+    kernels: &[(&GpuKernel, &kiln_jit::kernel::KernelIr)],
+) -> (tempfile::TempDir, libloading::Library) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (src, lib) = (dir.path().join("kernels.cpp"), dir.path().join("kernels.so"));
+    std::fs::write(&src, host::host_unit(kernels)).expect("write the unit");
+    // -ffp-contract=off: no fused multiply-adds the device code would not have either (NVRTC contracts by default;
+    // the interpreter does not), so a difference is a semantic one.
+    let out = std::process::Command::new(cxx)
+        .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("run the C++ compiler");
+    assert!(out.status.success(), "the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    // SAFETY: a library this test just compiled; its initializers are the C++ runtime's.
+    let lib = unsafe { libloading::Library::new(&lib) }.expect("load the kernels");
+    (dir, lib)
+}
+
 #[test]
 fn rendered_cuda_matches_the_interpreter_on_the_host() {
     let Some(cxx) = cxx() else { return };
@@ -174,20 +197,7 @@ fn rendered_cuda_matches_the_interpreter_on_the_host() {
         }
     }
     let refs: Vec<(&GpuKernel, &kiln_jit::kernel::KernelIr)> = kernels.iter().map(|(g, k)| (g, k)).collect();
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let (src, lib) = (dir.path().join("kernels.cpp"), dir.path().join("kernels.so"));
-    std::fs::write(&src, host::host_unit(&refs)).expect("write the unit");
-    // -ffp-contract=off: no fused multiply-adds the device code would not have either (NVRTC contracts by default;
-    // the interpreter does not), so a difference is a semantic one.
-    let out = std::process::Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("run the C++ compiler");
-    assert!(out.status.success(), "the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    // SAFETY: a library this test just compiled; its initializers are the C++ runtime's.
-    let lib = unsafe { libloading::Library::new(&lib) }.expect("load the kernels");
+    let (_dir, lib) = host_library(&cxx, &refs);
     let mut at = 0;
     let mut failures = Vec::new();
     for (name, cap, plan) in &plans {
@@ -263,18 +273,7 @@ fn a_gather_out_of_range_writes_the_fault_record() {
     assert_eq!(plan.launches.len(), 1);
     let k = &plan.launches[0].kernel;
     let g = render(k, Flavor::Cuda).expect("renders");
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let (src, lib) = (dir.path().join("gather.cpp"), dir.path().join("gather.so"));
-    std::fs::write(&src, host::host_unit(&[(&g, k)])).expect("write");
-    let out = std::process::Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("run the C++ compiler");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    // SAFETY: as above.
-    let lib = unsafe { libloading::Library::new(&lib) }.expect("load");
+    let (_dir, lib) = host_library(&cxx, &[(&g, k)]);
     let mut bufs: Vec<HostBuffer> = plan.launches[0]
         .inputs
         .iter()

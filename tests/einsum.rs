@@ -32,10 +32,8 @@ const CASES: [(&str, usize); 16] = [
 
 #[test]
 fn einsum_matches_pytorch() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/einsum_torch.safetensors");
-    let Some(host) = data_device() else { return };
-    let loaded = kiln::load_safetensors(&path, &host).expect("load the fixture");
-    let get = |name: &str| loaded.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no {name}")).1.clone();
+    let Some(fixture) = Fixture::load("einsum_torch.safetensors") else { return };
+    let get = |name: &str| fixture.get(name);
     for dev in devices() {
         for dtype in [DType::F32, DType::F64] {
             if !runs_on(&dev, &[dtype]) {

@@ -703,3 +703,20 @@ pub fn check_gpu_sources(what: &str) {
         Err(e) => panic!("{what}: {e}"),
     }
 }
+
+/// The tensors of `tests/fixtures/<file>` (a safetensors file written by a script beside it) on the data device;
+/// `None` where there is no device (`data_device` says why).
+pub struct Fixture(Vec<(String, Tensor)>);
+
+impl Fixture {
+    pub fn load(file: &str) -> Option<Fixture> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(file);
+        let host = data_device()?;
+        Some(Fixture(kiln::load_safetensors(&path, &host).unwrap_or_else(|e| panic!("loading {file}: {e}"))))
+    }
+
+    /// The tensor called `name`; panics naming it when the fixture has none.
+    pub fn get(&self, name: &str) -> Tensor {
+        self.0.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("the fixture has no {name}")).1.clone()
+    }
+}
