@@ -202,12 +202,11 @@ fn rendered_cuda_matches_the_interpreter_on_the_host() {
     let mut failures = Vec::new();
     for (name, cap, plan) in &plans {
         let mut inputs: Vec<HostBuffer> = cap.inputs.clone();
-        let rng: Vec<u32> = cap
+        let mut rng: Vec<u32> = cap
             .rng
             .iter()
             .flat_map(|k| [k.seed as u32, (k.seed >> 32) as u32, k.offset as u32, (k.offset >> 32) as u32])
             .collect();
-        let mut rng = rng;
         let mut fault = [0i32; 3];
         let mut slots: HashMap<Slot, HostBuffer> = HashMap::new();
         for l in &plan.launches {

@@ -37,17 +37,31 @@ fn ty(d: DType) -> &'static str {
     }
 }
 
-/// A C f32 expression with exactly the value `x` (non-finite and subnormal values as bit patterns: a compiler may
-/// flush subnormal literals).
-fn f32_lit(x: f32) -> String {
-    if x.is_finite() && (x == 0.0 || x.is_normal()) {
-        let s = format!("{x:?}");
-        // `1e-7` needs no point; `1` does (`1f` is not a literal).
-        let s = if s.contains(['.', 'e']) { s } else { format!("{s}.0") };
-        if x.is_sign_negative() { format!("({s}f)") } else { format!("{s}f") }
+/// A C expression with exactly the value `x` of dtype `d` (f32 or f64): a literal where the value is zero or normal
+/// (`f`-suffixed for f32), else its bit pattern (a compiler may flush subnormal literals, and there are none for
+/// inf and NaN).
+fn float_lit(x: f64, d: DType) -> String {
+    let (regular, repr, bits) = if d == DType::F64 {
+        (
+            x.is_finite() && (x == 0.0 || x.is_normal()),
+            format!("{x:?}"),
+            format!("kiln_bits_f64({:#018x}ull)", x.to_bits()),
+        )
     } else {
-        format!("kiln_bits_f32({:#010x}u)", x.to_bits())
+        let f = x as f32;
+        (
+            f.is_finite() && (f == 0.0 || f.is_normal()),
+            format!("{f:?}"),
+            format!("kiln_bits_f32({:#010x}u)", f.to_bits()),
+        )
+    };
+    if !regular {
+        return bits;
     }
+    // `1e-7` needs no point; `1` does (`1f` is not a literal).
+    let repr = if repr.contains(['.', 'e']) { repr } else { format!("{repr}.0") };
+    let suffix = if d == DType::F64 { "" } else { "f" };
+    if x.is_sign_negative() { format!("({repr}{suffix})") } else { format!("{repr}{suffix}") }
 }
 
 impl Dialect for CudaC {
@@ -86,16 +100,7 @@ impl Dialect for CudaC {
     }
 
     fn float_lit(&self, x: f64, d: DType) -> String {
-        if d != DType::F64 {
-            return f32_lit(x as f32);
-        }
-        if x.is_finite() && (x == 0.0 || x.is_normal()) {
-            let s = format!("{x:?}");
-            let s = if s.contains(['.', 'e']) { s } else { format!("{s}.0") };
-            if x.is_sign_negative() { format!("({s})") } else { s }
-        } else {
-            format!("kiln_bits_f64({:#018x}ull)", x.to_bits())
-        }
+        float_lit(x, d)
     }
 
     fn int_lit(&self, x: i64, d: DType) -> String {
