@@ -21,7 +21,11 @@
 //! cargo run --release --example train_digits -- --epochs 20 --batch 64 --lr 0.005 --hidden 256 --seed 7
 //! cargo run --release --example train_digits -- --split head --data path/to/digits.csv
 //! cargo run --release --example train_digits -- --device wgpu
+//! cargo build --release --features mpi --example train_digits
+//! mpirun -np 2 -x KILN_NUM_THREADS=1 target/release/examples/train_digits --distributed
 //! ```
+//! With `--distributed` under an MPI launcher, each rank trains on its share of every epoch (`DistributedSampler`,
+//! `batch / world` samples a step) and the ranks average their gradients (`DataParallel`); rank 0 prints.
 //! Prints per epoch the mean training loss, the test accuracy and the time per step (the median over the epoch's
 //! steps, so the first epoch's two compiling steps do not skew it; the epoch's total time shows them), then the
 //! final test accuracy and `kiln::stats()`.
@@ -29,6 +33,7 @@
 //! `tests/digits.rs` uses this file as a module (`load_digits`, `parse_digits`, `Digits::split`, `train`), so the
 //! test trains the same model with the same code.
 
+use kiln::distributed::{DataParallel, DistributedSampler, ProcessGroup, ReduceOp};
 use kiln::nn::functional::{self as F, Reduction};
 use kiln::nn::{Linear, Module, Param};
 use kiln::optim::{Adam, Optimizer};
@@ -243,11 +248,15 @@ pub struct Config {
     pub hidden: usize,
     pub lr: f64,
     pub seed: u64,
+    /// Data-parallel training over these processes (`--distributed`): each rank trains on its share of every epoch
+    /// (`DistributedSampler`) with `batch / world` samples per step, and the ranks average their gradients
+    /// (`DataParallel`), so a step covers `batch` samples in all. A group of one is plain training.
+    pub group: Option<ProcessGroup>,
 }
 
 impl Default for Config {
     fn default() -> Config {
-        Config { epochs: 30, batch: 32, hidden: 128, lr: 2e-3, seed: 0 }
+        Config { epochs: 30, batch: 32, hidden: 128, lr: 2e-3, seed: 0, group: None }
     }
 }
 
@@ -334,6 +343,12 @@ pub fn train_model<M: Module>(
     let mut rng = SplitMix64(cfg.seed);
     let model = model(dev);
     model.realize_params()?;
+    let group = cfg.group.clone().unwrap_or_else(ProcessGroup::single);
+    let world = group.world_size();
+    // Every rank starts from rank 0's weights (DataParallel::new copies them) and averages its gradients.
+    let ddp = if world > 1 { Some(DataParallel::new(&group, model.params())?) } else { None };
+    let sampler = DistributedSampler::new(train_set.len(), &group).seed(cfg.seed);
+    let batch = cfg.batch.div_ceil(world);
     let mut opt = Adam::new(model.params(), cfg.lr);
     let all: Vec<usize> = (0..test_set.len()).collect();
     let (x_test, y_test) = test_set.batch(&all, dev)?;
@@ -342,23 +357,40 @@ pub fn train_model<M: Module>(
     let mut epochs = Vec::with_capacity(cfg.epochs);
     for epoch in 1..=cfg.epochs {
         let t_epoch = Instant::now();
-        rng.shuffle(&mut order);
-        let mut loss_sum = 0.0;
-        let mut times = Vec::with_capacity(order.len().div_ceil(cfg.batch));
-        for idx in order.chunks(cfg.batch) {
+        // One process shuffles as it always has; ranks take their share of the sampler's epoch.
+        if world > 1 {
+            order = sampler.indices(epoch as u64);
+        } else {
+            rng.shuffle(&mut order);
+        }
+        let (mut loss_sum, mut samples) = (0.0, 0.0);
+        let mut times = Vec::with_capacity(order.len().div_ceil(batch));
+        for idx in order.chunks(batch) {
             let t0 = Instant::now();
             let (x, y) = train_set.batch(idx, dev)?;
             let loss = F::cross_entropy(&model.forward(&x), &y, Reduction::Mean);
             let grads = loss.backward()?;
+            let grads = match &ddp {
+                Some(ddp) => ddp.average(grads, &[&loss])?,
+                None => grads,
+            };
             opt.step(grads, &[&loss])?;
             loss_sum += f64::from(loss.item::<f32>()?) * idx.len() as f64;
+            samples += idx.len() as f64;
             times.push(t0.elapsed());
+        }
+        if world > 1 {
+            // The epoch's loss over every rank's samples (one small all-reduce per epoch, not per step).
+            // f32: the wgpu device has no f64; ample for a printed mean.
+            let sums = Tensor::from_vec(vec![loss_sum as f32, samples as f32], [2], dev)?;
+            let sums = group.all_reduce(&sums, ReduceOp::Sum)?.to_vec::<f32>()?;
+            (loss_sum, samples) = (f64::from(sums[0]), f64::from(sums[1]));
         }
         let test_accuracy = accuracy(&model, &x_test, &y_test)?;
         times.sort();
         let report = EpochReport {
             epoch,
-            train_loss: loss_sum / train_set.len().max(1) as f64,
+            train_loss: loss_sum / samples.max(1.0),
             test_accuracy,
             steps: times.len(),
             median_step: times.get(times.len() / 2).copied().unwrap_or_default(),
@@ -403,6 +435,10 @@ struct Args {
     /// `cpu` or `wgpu`.
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// Data-parallel over the processes of an MPI launch (`mpirun -np 2 train_digits --distributed`; kiln built
+    /// with `--features mpi`): each rank trains on its share of every epoch and the ranks average gradients.
+    #[arg(long)]
+    distributed: bool,
 }
 
 /// A default count (positive by construction).
@@ -420,14 +456,23 @@ fn main() {
 
 fn run(args: Args) -> Result<(), DigitsError> {
     let (batch, hidden) = (args.batch.get(), args.hidden.get());
-    let cfg = Config { epochs: args.epochs, batch, hidden, lr: args.lr, seed: args.seed };
+    let group = if args.distributed { Some(kiln::distributed::init()?) } else { None };
+    let root = group.as_ref().is_none_or(ProcessGroup::is_root);
+    let cfg = Config { epochs: args.epochs, batch, hidden, lr: args.lr, seed: args.seed, group: group.clone() };
     let (path, split, dev) = (args.data, args.split, args.device);
     let t_start = Instant::now();
     let data = load_digits(&path)?;
     let (train_set, test_set) = data.split(split);
+    // Under a launcher every rank trains; rank 0 alone prints.
+    if !root {
+        train(&cfg, &train_set, &test_set, &dev, |_| {})?;
+        return Ok(());
+    }
     println!("digits ({split:?} split): {} train, {} test samples", train_set.len(), test_set.len());
+    let world = group.as_ref().map_or(1, ProcessGroup::world_size);
+    let parallel = if world > 1 { format!(", data-parallel over {world} processes") } else { String::new() };
     println!(
-        "MLP {PIXELS} -> {} -> {CLASSES} (relu), Adam lr {}, batch {}, {} epochs, seed {}, on {dev}",
+        "MLP {PIXELS} -> {} -> {CLASSES} (relu), Adam lr {}, batch {}, {} epochs, seed {}, on {dev}{parallel}",
         cfg.hidden, cfg.lr, cfg.batch, cfg.epochs, cfg.seed
     );
     let report = train(&cfg, &train_set, &test_set, &dev, |e| {

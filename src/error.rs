@@ -66,6 +66,17 @@ pub enum Error {
     /// The tuning and kernel cache could not be read or written, or a bundle was refused (another CPU or version).
     #[error(transparent)]
     Cache(#[from] kiln_autotune::StoreError),
+    /// A `kiln::distributed` operation failed: ranks disagree on what they pass, the launcher and the build do not
+    /// match, or the communication library reported an error.
+    #[error("distributed {op}: {message}")]
+    Distributed { op: &'static str, message: String },
+    /// Ranks did not reach a collective within the process group's timeout: they died or hang. The group cannot be
+    /// used any more (a collective cannot be taken back from the ranks that did arrive).
+    #[error(
+        "distributed {op} (collective #{seq}): rank(s) {missing:?} did not arrive within {timeout:?}: it died or \
+         hangs (this rank waited; the process group is unusable now)"
+    )]
+    RankTimeout { op: &'static str, seq: u64, missing: Vec<usize>, timeout: std::time::Duration },
 }
 
 impl Error {

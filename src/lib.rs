@@ -31,6 +31,7 @@ mod args;
 mod autograd;
 mod device;
 mod display;
+pub mod distributed;
 mod error;
 mod io;
 pub mod linalg;

@@ -100,7 +100,7 @@ pub trait Optimizer {
 }
 
 /// Removes repeated handles to the same parameter (a tied weight listed twice would be updated twice).
-fn dedup(params: Vec<Param>) -> Vec<Param> {
+pub(crate) fn dedup(params: Vec<Param>) -> Vec<Param> {
     let mut out: Vec<Param> = Vec::with_capacity(params.len());
     for p in params {
         if !out.iter().any(|q| q.ptr_eq(&p)) {

@@ -1,0 +1,171 @@
+//! Tensor data as the communication library sends it: one `Vec` of an element type MPI has a built-in datatype
+//! for, converted from and to kiln's host buffers.
+//!
+//! Two forms, because sums and copies want different things of the 16-bit floats:
+//! - `for_reduce`: f16 and bf16 widen to f32, are summed in f32 and rounded once when converted back (PyTorch's
+//!   NCCL sums bf16 in bf16 at every hop; one rounding is never less accurate, and MPI has no 16-bit float type).
+//!   bool becomes u8 and reduces with logical or (a sum of bools that stays a bool).
+//! - `for_copy` (broadcast, all-gather): the bits travel unchanged: f16 and bf16 as u16, bool as u8.
+
+use crate::error::{Error, Result};
+use kiln_jit::{DType, HostBuffer, bf16, f16};
+
+/// Data in an MPI-native element type.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Wire {
+    U8(Vec<u8>),
+    U16(Vec<u16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+/// How elements combine in an all-reduce, after `Wire::for_reduce` chose the element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Combine {
+    Sum,
+    /// Logical or (bool tensors).
+    Or,
+}
+
+impl Wire {
+    /// The elements to sum (see the module doc), and how they combine.
+    pub(crate) fn for_reduce(host: HostBuffer) -> (Wire, Combine) {
+        match host {
+            HostBuffer::Bool(v) => (Wire::U8(v.into_iter().map(u8::from).collect()), Combine::Or),
+            HostBuffer::F16(v) => (Wire::F32(v.into_iter().map(f16::to_f32).collect()), Combine::Sum),
+            HostBuffer::BF16(v) => (Wire::F32(v.into_iter().map(bf16::to_f32).collect()), Combine::Sum),
+            other => (Wire::for_copy(other), Combine::Sum),
+        }
+    }
+
+    /// The elements bit for bit.
+    pub(crate) fn for_copy(host: HostBuffer) -> Wire {
+        match host {
+            HostBuffer::Bool(v) => Wire::U8(v.into_iter().map(u8::from).collect()),
+            HostBuffer::U8(v) => Wire::U8(v),
+            HostBuffer::U32(v) => Wire::U32(v),
+            HostBuffer::I32(v) => Wire::I32(v),
+            HostBuffer::I64(v) => Wire::I64(v),
+            HostBuffer::F16(v) => Wire::U16(v.into_iter().map(f16::to_bits).collect()),
+            HostBuffer::BF16(v) => Wire::U16(v.into_iter().map(bf16::to_bits).collect()),
+            HostBuffer::F32(v) => Wire::F32(v),
+            HostBuffer::F64(v) => Wire::F64(v),
+        }
+    }
+
+    /// Back to a host buffer of `dtype`, from either form. A pairing no conversion above makes is an internal error.
+    pub(crate) fn into_host(self, dtype: DType) -> Result<HostBuffer> {
+        Ok(match (dtype, self) {
+            (DType::Bool, Wire::U8(v)) => HostBuffer::Bool(v.into_iter().map(|x| x != 0).collect()),
+            (DType::U8, Wire::U8(v)) => HostBuffer::U8(v),
+            (DType::U32, Wire::U32(v)) => HostBuffer::U32(v),
+            (DType::I32, Wire::I32(v)) => HostBuffer::I32(v),
+            (DType::I64, Wire::I64(v)) => HostBuffer::I64(v),
+            (DType::F32, Wire::F32(v)) => HostBuffer::F32(v),
+            (DType::F64, Wire::F64(v)) => HostBuffer::F64(v),
+            (DType::F16, Wire::F32(v)) => HostBuffer::F16(v.into_iter().map(f16::from_f32).collect()),
+            (DType::BF16, Wire::F32(v)) => HostBuffer::BF16(v.into_iter().map(bf16::from_f32).collect()),
+            (DType::F16, Wire::U16(v)) => HostBuffer::F16(v.into_iter().map(f16::from_bits).collect()),
+            (DType::BF16, Wire::U16(v)) => HostBuffer::BF16(v.into_iter().map(bf16::from_bits).collect()),
+            (dtype, wire) => {
+                return Err(Error::Distributed {
+                    op: "receive",
+                    message: format!("internal: {} elements cannot become {dtype}", wire.kind()),
+                });
+            }
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Wire::U8(v) => v.len(),
+            Wire::U16(v) => v.len(),
+            Wire::U32(v) => v.len(),
+            Wire::I32(v) => v.len(),
+            Wire::I64(v) => v.len(),
+            Wire::F32(v) => v.len(),
+            Wire::F64(v) => v.len(),
+        }
+    }
+
+    /// Appends `more` (of the same element type) to this data.
+    pub(crate) fn extend(&mut self, more: Wire) -> Result<()> {
+        match (self, more) {
+            (Wire::U8(a), Wire::U8(b)) => a.extend(b),
+            (Wire::U16(a), Wire::U16(b)) => a.extend(b),
+            (Wire::U32(a), Wire::U32(b)) => a.extend(b),
+            (Wire::I32(a), Wire::I32(b)) => a.extend(b),
+            (Wire::I64(a), Wire::I64(b)) => a.extend(b),
+            (Wire::F32(a), Wire::F32(b)) => a.extend(b),
+            (Wire::F64(a), Wire::F64(b)) => a.extend(b),
+            (a, b) => {
+                return Err(Error::Distributed {
+                    op: "all_reduce",
+                    message: format!("internal: {} and {} elements in one bucket", a.kind(), b.kind()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The element type's name, for messages.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Wire::U8(_) => "u8",
+            Wire::U16(_) => "u16",
+            Wire::U32(_) => "u32",
+            Wire::I32(_) => "i32",
+            Wire::I64(_) => "i64",
+            Wire::F32(_) => "f32",
+            Wire::F64(_) => "f64",
+        }
+    }
+
+    /// `world` copies of this data end to end: what an all-gather returns in a world of one process.
+    pub(crate) fn repeated(&self, world: usize) -> Wire {
+        fn rep<T: Copy>(v: &[T], n: usize) -> Vec<T> {
+            v.repeat(n)
+        }
+        match self {
+            Wire::U8(v) => Wire::U8(rep(v, world)),
+            Wire::U16(v) => Wire::U16(rep(v, world)),
+            Wire::U32(v) => Wire::U32(rep(v, world)),
+            Wire::I32(v) => Wire::I32(rep(v, world)),
+            Wire::I64(v) => Wire::I64(rep(v, world)),
+            Wire::F32(v) => Wire::F32(rep(v, world)),
+            Wire::F64(v) => Wire::F64(rep(v, world)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_every_dtype() {
+        for dtype in DType::ALL {
+            let values: Vec<f64> = vec![0.0, 1.0, -2.5, 3.0];
+            let values: Vec<f64> = match dtype {
+                DType::Bool => vec![0.0, 1.0, 1.0, 0.0],
+                DType::U8 | DType::U32 => vec![0.0, 1.0, 250.0, 3.0],
+                _ => values,
+            };
+            let host = HostBuffer::from_f64(dtype, &values);
+            assert_eq!(Wire::for_copy(host.clone()).into_host(dtype).unwrap(), host, "{dtype} copy");
+            assert_eq!(Wire::for_reduce(host.clone()).0.into_host(dtype).unwrap(), host, "{dtype} reduce");
+        }
+    }
+
+    #[test]
+    fn sixteen_bit_floats_travel_as_bits_and_sum_in_f32() {
+        let host = HostBuffer::BF16(vec![bf16::from_bits(0x7fc1), bf16::from_bits(0x0001)]);
+        assert_eq!(Wire::for_copy(host.clone()), Wire::U16(vec![0x7fc1, 0x0001]));
+        let (wire, combine) = Wire::for_reduce(HostBuffer::F16(vec![f16::from_f32(0.5)]));
+        assert_eq!((wire, combine), (Wire::F32(vec![0.5]), Combine::Sum));
+        assert_eq!(Wire::for_reduce(HostBuffer::Bool(vec![true])).1, Combine::Or);
+    }
+}
