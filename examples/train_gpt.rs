@@ -9,7 +9,12 @@
 //! cargo run --release --example train_gpt -- --device wgpu        # on the wgpu device
 //! cargo run --release --example train_gpt -- --dtype bf16         # bf16 weights, f32 master weights in AdamW
 //! cargo run --release --example train_gpt -- --init w.safetensors  # given weights (and a fixed batch)
+//! cargo build --release --features mpi --example train_gpt         # data-parallel over MPI ranks:
+//! mpirun -np 2 -x KILN_NUM_THREADS=1 target/release/examples/train_gpt --distributed
 //! ```
+//! With `--distributed` each rank draws its own `batch / world` windows a step and the ranks average their
+//! gradients (`kiln::distributed::DataParallel`, before clipping), so a step still covers `batch` sequences; rank 0
+//! prints (the loss is the ranks' mean) and samples.
 //! Prints the loss every 50 steps, then the first step's time (the plan's compile) and the median step time.
 //!
 //! The model is the one `benches/compare/gpt_torch.py` times against PyTorch and `tests/gpt.rs` holds to a recorded
@@ -17,6 +22,7 @@
 //! same graph (a batch of `[batch, context]` i32 tokens, the learning rate a run-time input), so kiln compiles one
 //! plan for the step and replays it.
 
+use kiln::distributed::{DataParallel, ProcessGroup, ReduceOp};
 use kiln::nn::functional::{self as F, Approximate, AttentionOptions};
 use kiln::nn::{LayerNorm, Linear, Module, Param, init};
 use kiln::optim::schedule::{CosineAnnealingLr, LinearLr, LrSchedule, Sequential};
@@ -337,6 +343,9 @@ struct Args {
     /// `benches/compare/gpt_torch.py` runs the same step as PyTorch.
     #[arg(long)]
     init: Option<std::path::PathBuf>,
+    /// Data-parallel over the processes of an MPI launch (kiln built with `--features mpi`).
+    #[arg(long)]
+    distributed: bool,
 }
 
 /// The median of `xs`, `None` for none.
@@ -357,6 +366,10 @@ fn float_dtype(s: &str) -> Result<DType, String> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = <Args as clap::Parser>::parse();
     let dev = args.device;
+    let group = if args.distributed { kiln::distributed::init()? } else { ProcessGroup::single() };
+    let (world, root) = (group.world_size(), group.is_root());
+    // Each rank's share of a step's sequences.
+    let local_batch = args.batch.div_ceil(world);
     let text = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/sonnets.txt"))?;
     let vocab = Vocab::of(&text);
     let data = vocab.encode(&text);
@@ -399,9 +412,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut opt = model.optimizer(args.lr, 0.1, args.dtype != DType::F32);
     let schedule = lr_schedule(args.lr, args.steps);
     let params = model.params();
-    println!(
+    // Every rank starts from rank 0's weights and averages its gradients with the others'.
+    let ddp = if world > 1 { Some(DataParallel::new(&group, params.clone())?) } else { None };
+    if fixed.is_some() && world > 1 {
+        return Err("--init with fixed tokens trains one batch; it does not split over ranks".into());
+    }
+    let say = |line: String| {
+        if root {
+            println!("{line}");
+        }
+    };
+    say(format!(
         "train_gpt: {} parameters ({} layers, d_model {}, {} heads, context {}), {} characters of text, vocabulary {}, \
-         {} on {dev}",
+         {} on {dev}{}",
         params.iter().map(|p| p.get().numel()).sum::<usize>(),
         cfg.layers,
         cfg.d_model,
@@ -409,35 +432,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cfg.context,
         data.len(),
         cfg.vocab,
-        args.dtype
-    );
-    let mut rng = HostRng(args.seed ^ 0x5eed);
+        args.dtype,
+        if world > 1 {
+            format!(", data-parallel over {world} processes ({local_batch} sequences each)")
+        } else {
+            String::new()
+        }
+    ));
+    // Each rank draws its own windows.
+    let mut rng = HostRng(args.seed ^ 0x5eed ^ (group.rank() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut times = Vec::with_capacity(args.steps as usize);
     let mut loss_at = f32::NAN;
     // Steps before this one compile the plan and warm the host: not in the median.
     const WARMUP: usize = 3;
-    let speed =
-        |times: &[f64]| median(times.get(WARMUP..).unwrap_or(&[])).map(|t| (args.batch * cfg.context) as f64 / t);
+    let speed = |times: &[f64]| {
+        median(times.get(WARMUP..).unwrap_or(&[])).map(|t| (local_batch * world * cfg.context) as f64 / t)
+    };
     for step in 0..args.steps {
         let t0 = Instant::now();
         opt.set_lr(schedule.lr(step));
         let (x, y) = match &fixed {
             Some((x, y)) => (x.clone(), y.clone()),
-            None => batch(&data, args.batch, cfg.context, &mut rng, &dev)?,
+            None => batch(&data, local_batch, cfg.context, &mut rng, &dev)?,
         };
         let loss = model.loss(&x, &y);
-        let mut grads = loss.backward()?;
+        let grads = loss.backward()?;
+        let mut grads = match &ddp {
+            Some(ddp) => ddp.average(grads, &[&loss])?,
+            None => grads,
+        };
         let norm = kiln::nn::clip_grad_norm(&mut grads, &params, 1.0);
         opt.step(grads, &[&loss, &norm])?;
         let report = step % 50 == 0 || step + 1 == args.steps;
         if report {
-            loss_at = loss.to_dtype(DType::F32).item::<f32>()?;
+            let mean = group.all_reduce(&loss.to_dtype(DType::F32), ReduceOp::Mean)?;
+            loss_at = mean.item::<f32>()?;
         }
         times.push(t0.elapsed().as_secs_f64());
         if report {
             let tokens = speed(&times).map_or(String::new(), |v| format!("  {v:.0} tokens/s"));
-            println!("step {step:>5}  loss {loss_at:.4}  lr {:.2e}{tokens}", schedule.lr(step));
+            say(format!("step {step:>5}  loss {loss_at:.4}  lr {:.2e}{tokens}", schedule.lr(step)));
         }
+    }
+    if !root {
+        return Ok(());
     }
     let ms = median(times.get(WARMUP..).unwrap_or(&[])).map_or(f64::NAN, |t| 1e3 * t);
     println!(

@@ -296,6 +296,37 @@ impl Tensor {
         }
     }
 
+    /// This realized tensor's host buffer, taken out without a copy, when `self` is the only handle to its node
+    /// and no plan or other tensor shares the buffer; otherwise `self`, unchanged.
+    pub(crate) fn into_unique_host(self) -> std::result::Result<HostBuffer, Tensor> {
+        if Arc::strong_count(&self.node) != 1 {
+            return Err(self);
+        }
+        let taken = {
+            let mut state = self.node.state.lock();
+            match &*state {
+                State::Realized(b) if Arc::strong_count(b) == 1 && matches!(**b, Buffer::Host(_)) => {
+                    // The node dies with `self` below; until then it holds an empty buffer of its dtype.
+                    let empty = Arc::new(Buffer::Host(HostBuffer::from_f64(self.node.dtype, &[])));
+                    match std::mem::replace(&mut *state, State::Realized(empty)) {
+                        State::Realized(b) => Arc::try_unwrap(b).ok(),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            }
+        };
+        match taken {
+            // `Buffer`'s drop returns its memory to the host pool: leave it an empty vector to return.
+            Some(mut buffer @ Buffer::Host(_)) => match &mut buffer {
+                Buffer::Host(h) => Ok(std::mem::replace(h, HostBuffer::U8(Vec::new()))),
+                #[allow(unreachable_patterns)] // only with another device's feature on
+                _ => unreachable!("matched a host buffer"),
+            },
+            _ => Err(self),
+        }
+    }
+
     /// The host copy of this tensor's data, row-major.
     pub fn to_host(&self) -> Result<HostBuffer> {
         let buffer = self.buffer()?;

@@ -4,7 +4,8 @@
 //! The parent checks each launch's exit status, time and output.
 //!
 //! - Collectives on every dtype, odd sizes (one that spans several 1 MiB all-reduce pieces) and empty tensors;
-//!   ranks that pass different shapes get the same error, and the group keeps working.
+//!   `all_reduce_into` in place and, for a shared input, not; ranks that pass different shapes get the same
+//!   error, and the group keeps working.
 //! - Two ranks with half the batch each reproduce the losses of one process with the whole batch for 50 steps
 //!   (SGD with momentum, gradient clipping after the averaging, gradient accumulation in the last steps): within
 //!   2e-6 relative in f32, as the sums run in another order (per step the losses differ by a few ulps; the figure
@@ -210,6 +211,17 @@ fn worker_collectives() {
     let ok = group.all_reduce(&Tensor::ones([2], DType::I64, &dev), ReduceOp::Sum).unwrap();
     assert_eq!(ok.to_vec::<i64>().unwrap(), [2, 2]);
     group.barrier().unwrap();
+    // all_reduce_into sums in the tensor's own buffer when nothing else holds it, and never touches a shared one.
+    for dtype in [DType::F32, DType::BF16, DType::I64] {
+        let n = 300_001;
+        let mine = || Tensor::from_host(rank_values(dtype, n, rank), [n], &dev).unwrap();
+        let want = group.all_reduce(&mine(), ReduceOp::Sum).unwrap().to_host().unwrap();
+        assert_eq!(group.all_reduce_into(mine(), ReduceOp::Sum).unwrap().to_host().unwrap(), want, "{dtype} owned");
+        let shared = mine();
+        let keep = shared.clone();
+        assert_eq!(group.all_reduce_into(shared, ReduceOp::Sum).unwrap().to_host().unwrap(), want, "{dtype} shared");
+        assert_eq!(keep.to_host().unwrap(), rank_values(dtype, n, rank), "{dtype}: a shared input is left alone");
+    }
     // A lazy tensor is realized first.
     let lazy = Tensor::arange(0.0, 4.0, 1.0, &dev).mul((rank + 1) as f64);
     assert_eq!(group.all_reduce(&lazy, ReduceOp::Sum).unwrap().to_vec::<f32>().unwrap(), [0.0, 3.0, 6.0, 9.0]);

@@ -133,8 +133,16 @@ impl DataParallel {
         crate::realize(&targets)?;
         let world = self.group.world_size() as f64;
         let mut out = Gradients::default();
-        for (bucket, parts) in self.buckets.iter().zip(&values) {
-            let host = parts.iter().map(Tensor::to_host).collect::<Result<Vec<_>>>()?;
+        drop(targets);
+        for (bucket, parts) in self.buckets.iter().zip(values) {
+            // A gradient nothing else holds (the usual case) is summed in its own buffer.
+            let host = parts
+                .into_iter()
+                .map(|t| match t.into_unique_host() {
+                    Ok(h) => Ok(super::HostData::Owned(h)),
+                    Err(t) => super::host_of(&t),
+                })
+                .collect::<Result<Vec<_>>>()?;
             let summed = self.group.all_reduce_host(host, bucket.dtype, &[bucket.numel])?;
             let summed = Tensor::from_host(summed, [bucket.numel], &bucket.device)?;
             for &(i, off, n) in &bucket.members {

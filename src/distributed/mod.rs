@@ -64,6 +64,35 @@ use std::sync::Arc;
 use std::time::Duration;
 use wire::Wire;
 
+/// A tensor's data in host memory: a CPU tensor's own buffer (no copy), another device's downloaded.
+pub(crate) enum HostData {
+    Shared(Arc<kiln_backends::Buffer>),
+    Owned(HostBuffer),
+}
+
+impl std::ops::Deref for HostData {
+    type Target = HostBuffer;
+    fn deref(&self) -> &HostBuffer {
+        match self {
+            HostData::Shared(b) => match &**b {
+                kiln_backends::Buffer::Host(h) => h,
+                #[allow(unreachable_patterns)] // only with another device's feature on
+                _ => unreachable!("host_of shares host buffers only"),
+            },
+            HostData::Owned(h) => h,
+        }
+    }
+}
+
+/// `t`'s data on the host, realizing it first.
+pub(crate) fn host_of(t: &Tensor) -> Result<HostData> {
+    let buffer = t.buffer()?;
+    if matches!(&*buffer, kiln_backends::Buffer::Host(_)) {
+        return Ok(HostData::Shared(buffer));
+    }
+    Ok(HostData::Owned(t.to_host()?))
+}
+
 /// How an all-reduce combines the ranks' tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
@@ -286,7 +315,7 @@ impl ProcessGroup {
                 message: format!("ReduceOp::Mean needs a float tensor, not {} (use Sum)", t.dtype()),
             });
         }
-        let summed = self.all_reduce_host(vec![t.to_host()?], t.dtype(), t.dims())?;
+        let summed = self.all_reduce_host(vec![host_of(t)?], t.dtype(), t.dims())?;
         let out = Tensor::from_host(summed, t.shape().clone(), &t.device())?;
         if op == ReduceOp::Mean && self.world_size() > 1 {
             let mean = crate::no_grad(|| out.div(self.world_size() as f64));
@@ -297,23 +326,92 @@ impl ProcessGroup {
     }
 
     /// The element-wise sum over every rank of `parts` laid end to end (all of `dtype`): `all_reduce`'s work, and
-    /// `DataParallel`'s buckets, which are assembled here from several gradients.
-    /// `dims` is the shape the ranks compare (the parts' total element count must match it).
-    pub(crate) fn all_reduce_host(&self, parts: Vec<HostBuffer>, dtype: DType, dims: &[usize]) -> Result<HostBuffer> {
-        let mut wires = parts.into_iter().map(Wire::for_reduce);
-        let (mut wire, combine) = wires.next().unwrap_or_else(|| Wire::for_reduce(HostBuffer::from_f64(dtype, &[])));
-        for (more, _) in wires {
-            wire.extend(more)?;
-        }
-        debug_assert_eq!(wire.len(), dims.iter().product::<usize>());
+    /// `DataParallel`'s buckets, which are assembled here from several gradients. `dims` is the shape the ranks
+    /// compare (the parts' total element count). A single part of an MPI element type is summed where it lies if
+    /// kiln owns it, else copied into the result piece by piece.
+    pub(crate) fn all_reduce_host(&self, parts: Vec<HostData>, dtype: DType, dims: &[usize]) -> Result<HostBuffer> {
+        let (single, combine) = match <[HostData; 1]>::try_from(parts) {
+            Ok([HostData::Owned(h)]) => {
+                let (wire, combine) = Wire::for_reduce_owned(h);
+                (Err(wire), combine)
+            }
+            Ok([shared]) => {
+                // Borrowed below, for the length of the collective.
+                let keep = shared;
+                return self.all_reduce_shared(&keep, dtype, dims);
+            }
+            Err(parts) => {
+                // One buffer (pooled) for the bucket, each part copied in (converted where it must be).
+                let total: usize = parts.iter().map(|p| p.len()).sum();
+                let empty = HostBuffer::from_f64(dtype, &[]);
+                let (first, combine) = wire::reduce_view(parts.first().map_or(&empty, |p| p));
+                let mut all = match &first {
+                    Ok(view) => view.empty_like(total),
+                    Err(owned) => owned.as_ref().empty_like(total),
+                };
+                for p in &parts {
+                    match wire::reduce_view(p).0 {
+                        Ok(view) => all.extend(view)?,
+                        Err(owned) => all.extend(owned.as_ref())?,
+                    }
+                }
+                (Err(all), combine)
+            }
+        };
+        self.run_all_reduce(single, combine, dtype, dims)
+    }
+
+    /// `all_reduce_host` of one buffer kiln does not own (a CPU tensor's).
+    fn all_reduce_shared(&self, host: &HostBuffer, dtype: DType, dims: &[usize]) -> Result<HostBuffer> {
+        let (view, combine) = wire::reduce_view(host);
+        self.run_all_reduce(view, combine, dtype, dims)
+    }
+
+    fn run_all_reduce(
+        &self,
+        single: std::result::Result<wire::WireRef<'_>, Wire>,
+        combine: wire::Combine,
+        dtype: DType,
+        dims: &[usize],
+    ) -> Result<HostBuffer> {
         let desc = |seq| describe(seq, Coll::AllReduce, Some(dtype), 0, dims);
-        let summed = self.collective(Coll::AllReduce, desc, |link| match link {
-            Link::Single => Ok(wire),
+        let summed = self.collective(Coll::AllReduce, desc, |link| match (link, single) {
+            (Link::Single, Ok(view)) => Ok(view.to_owned()),
+            (Link::Single, Err(owned)) => Ok(owned),
             #[cfg(feature = "mpi")]
-            Link::Mpi(m) => Ok(m.all_reduce(wire, combine)),
+            (Link::Mpi(m), Ok(view)) => Ok(m.all_reduce(view, combine)),
+            #[cfg(feature = "mpi")]
+            (Link::Mpi(m), Err(owned)) => Ok(m.all_reduce_owned(owned, combine)),
         })?;
         let _ = combine;
         summed.into_host(dtype)
+    }
+
+    /// `all_reduce` that consumes `t`: where nothing else holds its buffer (a tensor just computed, not cloned),
+    /// the sum is written over it and no new memory is taken (PyTorch's `dist.all_reduce` works in place the same
+    /// way); otherwise it is `all_reduce`. A large result in new memory pays the first touch of every page, which
+    /// costs more than the all-reduce on some hosts (`docs/distributed.md`).
+    pub fn all_reduce_into(&self, t: Tensor, op: ReduceOp) -> Result<Tensor> {
+        let (shape, dtype, device) = (t.shape().clone(), t.dtype(), t.device());
+        t.realize()?;
+        let host = match t.into_unique_host() {
+            Ok(h) => HostData::Owned(h),
+            Err(t) => return self.all_reduce(&t, op),
+        };
+        if op == ReduceOp::Mean && !dtype.is_float() {
+            return Err(Error::Distributed {
+                op: "all_reduce",
+                message: format!("ReduceOp::Mean needs a float tensor, not {dtype} (use Sum)"),
+            });
+        }
+        let summed = self.all_reduce_host(vec![host], dtype, shape.dims())?;
+        let out = Tensor::from_host(summed, shape, &device)?;
+        if op == ReduceOp::Mean && self.world_size() > 1 {
+            let mean = crate::no_grad(|| out.div(self.world_size() as f64));
+            mean.realize()?;
+            return Ok(mean);
+        }
+        Ok(out)
     }
 
     /// Rank `root`'s `t` on every rank (each passes a tensor of the same dtype and shape; the others' values are

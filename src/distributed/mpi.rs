@@ -17,11 +17,16 @@
 //! done). A timed-out check leaves its requests pending, so their buffers are leaked and the group is unusable: the
 //! process then exits without `MPI_Finalize`, which makes mpirun end the job's other processes.
 //!
-//! **All-reduce in 1 MiB pieces.** One `MPI_Allreduce` over 10 M f32 ran at 34 % of a memcpy's bandwidth here;
-//! the same data in 1 MiB pieces (each fits in L2 while it is summed) at 59-72 % (Open MPI 4.1, two ranks on two
-//! cores; `docs/distributed.md`).
+//! **All-reduce in place, in 1 MiB pieces.** One `MPI_Allreduce` over 10 M f32 ran at 20-34 % of a memcpy's
+//! bandwidth here; the same data in 1 MiB pieces (each fits in L2 while it is summed) at 57-72 %, in place
+//! (`MPI_IN_PLACE`); with separate send and receive buffers 25-46 % (Open MPI 4.1, two ranks on two cores;
+//! `docs/distributed.md`). rsmpi does not export `MPI_IN_PLACE` (a macro, `((void *) 1)` in Open MPI and
+//! `(void *) -1` in MPICH and its derivatives, both fixed by their ABIs), so `init` takes it from the library's
+//! version string; another library gets separate buffers. Data kiln owns (a bucket it assembled, converted
+//! elements) is summed where it is; a borrowed tensor buffer is copied piece by piece into the result, each piece
+//! summed while it is in cache.
 
-use super::wire::{Combine, Wire};
+use super::wire::{Combine, Pooled, Wire, WireRef};
 use super::{DESC, Desc};
 use crate::error::{Error, Result};
 use mpi::collective::SystemOperation;
@@ -47,6 +52,19 @@ pub(crate) struct MpiLink {
     world: usize,
     /// Set by a timed-out arrival check: pending requests point into leaked buffers, so MPI must not be finalized.
     broken: bool,
+    /// The library's `MPI_IN_PLACE`, where it is known (see the module doc).
+    in_place: Option<*mut c_void>,
+}
+
+/// `MPI_IN_PLACE` of the library that `version` (`MPI_Get_library_version`) names, if it is one whose value is known.
+fn in_place_of(version: &str) -> Option<*mut c_void> {
+    if version.starts_with("Open MPI") {
+        Some(std::ptr::without_provenance_mut(1))
+    } else if ["MPICH", "Intel(R) MPI", "MVAPICH", "CRAY MPICH"].iter().any(|n| version.contains(n)) {
+        Some(std::ptr::without_provenance_mut(usize::MAX))
+    } else {
+        None
+    }
 }
 
 impl MpiLink {
@@ -63,7 +81,8 @@ impl MpiLink {
         }
         let comm = universe.world().duplicate();
         let (rank, world) = (comm.rank() as usize, comm.size() as usize);
-        Ok(MpiLink { comm: Some(comm), universe: Some(universe), rank, world, broken: false })
+        let in_place = mpi::environment::library_version().ok().and_then(|v| in_place_of(&v));
+        Ok(MpiLink { comm: Some(comm), universe: Some(universe), rank, world, broken: false, in_place })
     }
 
     pub(crate) fn rank(&self) -> usize {
@@ -162,17 +181,34 @@ impl MpiLink {
     }
 
     /// The element-wise combination of every rank's `data` (same length everywhere: the arrival check saw to it).
-    pub(crate) fn all_reduce(&mut self, data: Wire, combine: Combine) -> Wire {
-        let comm = self.comm();
+    /// The element-wise combination of every rank's `data` (same length everywhere: the arrival check saw to it),
+    /// into a new buffer.
+    pub(crate) fn all_reduce(&mut self, data: WireRef<'_>, combine: Combine) -> Wire {
+        let r = Reducer { comm: self.comm(), in_place: self.in_place, combine };
         match data {
-            Wire::U8(v) => Wire::U8(reduce_pieces(comm, &v, combine)),
-            Wire::U16(v) => Wire::U16(reduce_pieces(comm, &v, combine)),
-            Wire::U32(v) => Wire::U32(reduce_pieces(comm, &v, combine)),
-            Wire::I32(v) => Wire::I32(reduce_pieces(comm, &v, combine)),
-            Wire::I64(v) => Wire::I64(reduce_pieces(comm, &v, combine)),
-            Wire::F32(v) => Wire::F32(reduce_pieces(comm, &v, combine)),
-            Wire::F64(v) => Wire::F64(reduce_pieces(comm, &v, combine)),
+            WireRef::U8(v) => Wire::U8(r.copy(v)),
+            WireRef::U16(v) => Wire::U16(r.copy(v)),
+            WireRef::U32(v) => Wire::U32(r.copy(v)),
+            WireRef::I32(v) => Wire::I32(r.copy(v)),
+            WireRef::I64(v) => Wire::I64(r.copy(v)),
+            WireRef::F32(v) => Wire::F32(r.copy(v)),
+            WireRef::F64(v) => Wire::F64(r.copy(v)),
         }
+    }
+
+    /// As `all_reduce`, summing `data` where it is.
+    pub(crate) fn all_reduce_owned(&mut self, mut data: Wire, combine: Combine) -> Wire {
+        let r = Reducer { comm: self.comm(), in_place: self.in_place, combine };
+        match &mut data {
+            Wire::U8(v) => r.own(v),
+            Wire::U16(v) => r.own(v),
+            Wire::U32(v) => r.own(v),
+            Wire::I32(v) => r.own(v),
+            Wire::I64(v) => r.own(v),
+            Wire::F32(v) => r.own(v),
+            Wire::F64(v) => r.own(v),
+        }
+        data
     }
 
     /// `root`'s `data` on every rank.
@@ -222,16 +258,74 @@ impl Drop for MpiLink {
     }
 }
 
-fn reduce_pieces<T: Equivalence + Copy + Default>(comm: &SimpleCommunicator, data: &[T], combine: Combine) -> Vec<T> {
-    let mut out = vec![T::default(); data.len()];
-    let piece = (PIECE_BYTES / size_of::<T>()).max(1);
-    for (src, dst) in data.chunks(piece).zip(out.chunks_mut(piece)) {
-        match combine {
-            Combine::Sum => comm.all_reduce_into(src, dst, SystemOperation::sum()),
-            Combine::Or => comm.all_reduce_into(src, dst, SystemOperation::logical_or()),
+/// Sums in pieces of `PIECE_BYTES` (see the module doc).
+struct Reducer<'a> {
+    comm: &'a SimpleCommunicator,
+    in_place: Option<*mut c_void>,
+    combine: Combine,
+}
+
+impl Reducer<'_> {
+    fn op(&self) -> SystemOperation {
+        match self.combine {
+            Combine::Sum => SystemOperation::sum(),
+            Combine::Or => SystemOperation::logical_or(),
         }
     }
-    out
+
+    fn piece<T>() -> usize {
+        (PIECE_BYTES / size_of::<T>()).max(1)
+    }
+
+    /// The combination of every rank's `data`, in a new buffer.
+    fn copy<T: Equivalence + Copy + Default + Pooled>(&self, data: &[T]) -> Vec<T> {
+        if self.in_place.is_some() {
+            // Each piece is copied (which brings it into cache, where the in-place sum finds it) and summed before
+            // the next: one pass over the result's memory, not a zeroing, a copy and a sum. The memory comes from
+            // kiln's host-buffer pool where it can.
+            let mut out = T::pooled(data.len());
+            for src in data.chunks(Self::piece::<T>()) {
+                let start = out.len();
+                out.extend_from_slice(src);
+                self.in_place_piece(&mut out[start..]);
+            }
+            return out;
+        }
+        let mut out = vec![T::default(); data.len()];
+        for (src, dst) in data.chunks(Self::piece::<T>()).zip(out.chunks_mut(Self::piece::<T>())) {
+            self.comm.all_reduce_into(src, dst, self.op());
+        }
+        out
+    }
+
+    /// The combination of every rank's `data`, written over it.
+    fn own<T: Equivalence + Copy + Default + Pooled>(&self, data: &mut [T]) {
+        if self.in_place.is_none() {
+            let summed = self.copy(data);
+            data.copy_from_slice(&summed);
+            return;
+        }
+        for piece in data.chunks_mut(Self::piece::<T>()) {
+            self.in_place_piece(piece);
+        }
+    }
+
+    fn in_place_piece<T: Equivalence>(&self, piece: &mut [T]) {
+        let Some(in_place) = self.in_place else { unreachable!("only called with MPI_IN_PLACE known") };
+        // SAFETY: `in_place` is this library's MPI_IN_PLACE (`in_place_of`), with which MPI reads and writes only
+        // `piece`: `piece.len()` (below 2^31: pieces are 1 MiB) elements of T's MPI datatype; the communicator is
+        // this link's.
+        unsafe {
+            ffi::MPI_Allreduce(
+                in_place,
+                piece.as_mut_ptr().cast::<c_void>(),
+                piece.len() as i32,
+                T::equivalent_datatype().as_raw(),
+                self.op().as_raw(),
+                self.comm.as_raw(),
+            );
+        }
+    }
 }
 
 fn broadcast_pieces<T: Equivalence>(root: &mpi::topology::Process<'_>, data: &mut [T]) {

@@ -22,6 +22,18 @@ pub(crate) enum Wire {
     F64(Vec<f64>),
 }
 
+/// Data to send, borrowed: a CPU tensor's buffer is sent where it lies, without a copy.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum WireRef<'a> {
+    U8(&'a [u8]),
+    U16(&'a [u16]),
+    U32(&'a [u32]),
+    I32(&'a [i32]),
+    I64(&'a [i64]),
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+}
+
 /// How elements combine in an all-reduce, after `Wire::for_reduce` chose the element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Combine {
@@ -30,14 +42,49 @@ pub(crate) enum Combine {
     Or,
 }
 
+/// The elements of `host` to sum (see the module doc), and how they combine: borrowed where `host` already holds
+/// an MPI element type, converted otherwise.
+pub(crate) fn reduce_view(host: &HostBuffer) -> (Result<WireRef<'_>, Wire>, Combine) {
+    match host {
+        HostBuffer::Bool(v) => (Err(Wire::U8(v.iter().map(|&b| u8::from(b)).collect())), Combine::Or),
+        HostBuffer::F16(v) => (Err(Wire::F32(v.iter().map(|x| x.to_f32()).collect())), Combine::Sum),
+        HostBuffer::BF16(v) => (Err(Wire::F32(v.iter().map(|x| x.to_f32()).collect())), Combine::Sum),
+        HostBuffer::U8(v) => (Ok(WireRef::U8(v)), Combine::Sum),
+        HostBuffer::U32(v) => (Ok(WireRef::U32(v)), Combine::Sum),
+        HostBuffer::I32(v) => (Ok(WireRef::I32(v)), Combine::Sum),
+        HostBuffer::I64(v) => (Ok(WireRef::I64(v)), Combine::Sum),
+        HostBuffer::F32(v) => (Ok(WireRef::F32(v)), Combine::Sum),
+        HostBuffer::F64(v) => (Ok(WireRef::F64(v)), Combine::Sum),
+    }
+}
+
 impl Wire {
-    /// The elements to sum (see the module doc), and how they combine.
-    pub(crate) fn for_reduce(host: HostBuffer) -> (Wire, Combine) {
+    /// The elements to sum (see the module doc), owned, and how they combine.
+    pub(crate) fn for_reduce(host: &HostBuffer) -> (Wire, Combine) {
+        match reduce_view(host) {
+            (Ok(view), combine) => (view.to_owned(), combine),
+            (Err(wire), combine) => (wire, combine),
+        }
+    }
+
+    /// `for_reduce` of a buffer kiln owns: moved, not copied, where it is of an MPI element type.
+    pub(crate) fn for_reduce_owned(host: HostBuffer) -> (Wire, Combine) {
         match host {
-            HostBuffer::Bool(v) => (Wire::U8(v.into_iter().map(u8::from).collect()), Combine::Or),
-            HostBuffer::F16(v) => (Wire::F32(v.into_iter().map(f16::to_f32).collect()), Combine::Sum),
-            HostBuffer::BF16(v) => (Wire::F32(v.into_iter().map(bf16::to_f32).collect()), Combine::Sum),
+            HostBuffer::Bool(_) | HostBuffer::F16(_) | HostBuffer::BF16(_) => Wire::for_reduce(&host),
             other => (Wire::for_copy(other), Combine::Sum),
+        }
+    }
+
+    /// A borrowed view of this data.
+    pub(crate) fn as_ref(&self) -> WireRef<'_> {
+        match self {
+            Wire::U8(v) => WireRef::U8(v),
+            Wire::U16(v) => WireRef::U16(v),
+            Wire::U32(v) => WireRef::U32(v),
+            Wire::I32(v) => WireRef::I32(v),
+            Wire::I64(v) => WireRef::I64(v),
+            Wire::F32(v) => WireRef::F32(v),
+            Wire::F64(v) => WireRef::F64(v),
         }
     }
 
@@ -79,32 +126,20 @@ impl Wire {
         })
     }
 
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Wire::U8(v) => v.len(),
-            Wire::U16(v) => v.len(),
-            Wire::U32(v) => v.len(),
-            Wire::I32(v) => v.len(),
-            Wire::I64(v) => v.len(),
-            Wire::F32(v) => v.len(),
-            Wire::F64(v) => v.len(),
-        }
-    }
-
     /// Appends `more` (of the same element type) to this data.
-    pub(crate) fn extend(&mut self, more: Wire) -> Result<()> {
+    pub(crate) fn extend(&mut self, more: WireRef<'_>) -> Result<()> {
         match (self, more) {
-            (Wire::U8(a), Wire::U8(b)) => a.extend(b),
-            (Wire::U16(a), Wire::U16(b)) => a.extend(b),
-            (Wire::U32(a), Wire::U32(b)) => a.extend(b),
-            (Wire::I32(a), Wire::I32(b)) => a.extend(b),
-            (Wire::I64(a), Wire::I64(b)) => a.extend(b),
-            (Wire::F32(a), Wire::F32(b)) => a.extend(b),
-            (Wire::F64(a), Wire::F64(b)) => a.extend(b),
-            (a, b) => {
+            (Wire::U8(a), WireRef::U8(b)) => a.extend_from_slice(b),
+            (Wire::U16(a), WireRef::U16(b)) => a.extend_from_slice(b),
+            (Wire::U32(a), WireRef::U32(b)) => a.extend_from_slice(b),
+            (Wire::I32(a), WireRef::I32(b)) => a.extend_from_slice(b),
+            (Wire::I64(a), WireRef::I64(b)) => a.extend_from_slice(b),
+            (Wire::F32(a), WireRef::F32(b)) => a.extend_from_slice(b),
+            (Wire::F64(a), WireRef::F64(b)) => a.extend_from_slice(b),
+            (a, _) => {
                 return Err(Error::Distributed {
                     op: "all_reduce",
-                    message: format!("internal: {} and {} elements in one bucket", a.kind(), b.kind()),
+                    message: format!("internal: a bucket of {} elements gets elements of another type", a.kind()),
                 });
             }
         }
@@ -141,6 +176,59 @@ impl Wire {
     }
 }
 
+/// An empty vector with room for `len` elements, from kiln's pool of freed host buffers where it has one of that
+/// size (a fresh 40 MB allocation page-faults on first write, which costs more than summing it here).
+pub(crate) trait Pooled: Sized {
+    fn pooled(len: usize) -> Vec<Self>;
+}
+
+macro_rules! pooled {
+    ($($t:ty => $variant:ident),*) => {$(
+        impl Pooled for $t {
+            fn pooled(len: usize) -> Vec<$t> {
+                match kiln_backends::host_pool::take(DType::$variant, len) {
+                    HostBuffer::$variant(v) => v,
+                    _ => Vec::with_capacity(len),
+                }
+            }
+        }
+    )*};
+}
+pooled!(u8 => U8, u32 => U32, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
+
+impl Pooled for u16 {
+    fn pooled(len: usize) -> Vec<u16> {
+        Vec::with_capacity(len) // no 16-bit integer dtype: f16 and bf16 are summed as f32
+    }
+}
+
+impl WireRef<'_> {
+    /// An empty `Wire` of this element type with room for `len` elements (pooled).
+    pub(crate) fn empty_like(&self, len: usize) -> Wire {
+        match self {
+            WireRef::U8(_) => Wire::U8(Pooled::pooled(len)),
+            WireRef::U16(_) => Wire::U16(Pooled::pooled(len)),
+            WireRef::U32(_) => Wire::U32(Pooled::pooled(len)),
+            WireRef::I32(_) => Wire::I32(Pooled::pooled(len)),
+            WireRef::I64(_) => Wire::I64(Pooled::pooled(len)),
+            WireRef::F32(_) => Wire::F32(Pooled::pooled(len)),
+            WireRef::F64(_) => Wire::F64(Pooled::pooled(len)),
+        }
+    }
+
+    pub(crate) fn to_owned(self) -> Wire {
+        match self {
+            WireRef::U8(v) => Wire::U8(v.to_vec()),
+            WireRef::U16(v) => Wire::U16(v.to_vec()),
+            WireRef::U32(v) => Wire::U32(v.to_vec()),
+            WireRef::I32(v) => Wire::I32(v.to_vec()),
+            WireRef::I64(v) => Wire::I64(v.to_vec()),
+            WireRef::F32(v) => Wire::F32(v.to_vec()),
+            WireRef::F64(v) => Wire::F64(v.to_vec()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,7 +244,7 @@ mod tests {
             };
             let host = HostBuffer::from_f64(dtype, &values);
             assert_eq!(Wire::for_copy(host.clone()).into_host(dtype).unwrap(), host, "{dtype} copy");
-            assert_eq!(Wire::for_reduce(host.clone()).0.into_host(dtype).unwrap(), host, "{dtype} reduce");
+            assert_eq!(Wire::for_reduce(&host).0.into_host(dtype).unwrap(), host, "{dtype} reduce");
         }
     }
 
@@ -164,8 +252,8 @@ mod tests {
     fn sixteen_bit_floats_travel_as_bits_and_sum_in_f32() {
         let host = HostBuffer::BF16(vec![bf16::from_bits(0x7fc1), bf16::from_bits(0x0001)]);
         assert_eq!(Wire::for_copy(host.clone()), Wire::U16(vec![0x7fc1, 0x0001]));
-        let (wire, combine) = Wire::for_reduce(HostBuffer::F16(vec![f16::from_f32(0.5)]));
+        let (wire, combine) = Wire::for_reduce(&HostBuffer::F16(vec![f16::from_f32(0.5)]));
         assert_eq!((wire, combine), (Wire::F32(vec![0.5]), Combine::Sum));
-        assert_eq!(Wire::for_reduce(HostBuffer::Bool(vec![true])).1, Combine::Or);
+        assert_eq!(Wire::for_reduce(&HostBuffer::Bool(vec![true])).1, Combine::Or);
     }
 }
