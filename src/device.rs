@@ -7,6 +7,9 @@
 //! `Device::wgpu()`, so a `Device` value always names a device that exists; a build without `cpu` has no `Cpu`
 //! variant, and no default device.
 //!
+//! `Device::cuda(i)` (feature `cuda`, off by default) opens CUDA device `i` through the driver loaded at run time;
+//! no driver, no such device or no NVRTC is an error that says what is missing.
+//!
 //! This is the one place the crate names a device's module: to get its `Backend`, and what only that device can
 //! say about itself (the wgpu adapter and its dtypes).
 
@@ -24,6 +27,24 @@ pub enum Device {
     /// The wgpu device (WGSL compute shaders through Vulkan or GL): obtain it with `Device::wgpu()`.
     #[cfg(feature = "wgpu")]
     Wgpu(WgpuDevice),
+    /// A CUDA GPU: obtain it with `Device::cuda(ordinal)`.
+    #[cfg(feature = "cuda")]
+    Cuda(CudaDevice),
+}
+
+/// Proof that CUDA device `ordinal` was opened (only `Device::cuda` makes one).
+#[cfg(feature = "cuda")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CudaDevice {
+    ordinal: u16,
+}
+
+#[cfg(feature = "cuda")]
+impl CudaDevice {
+    /// The device's ordinal (what `Device::cuda` was given).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal as usize
+    }
 }
 
 /// Proof that the wgpu device was opened (only `Device::wgpu()` makes one).
@@ -48,6 +69,19 @@ impl Device {
         Ok(Device::Wgpu(WgpuDevice(())))
     }
 
+    /// CUDA device `ordinal` (feature `cuda`), opening it on first call: kernels compile with NVRTC for its exact
+    /// architecture. Without an NVIDIA driver, without a device of that ordinal, or without NVRTC (`KILN_NVRTC`
+    /// names the library; else `libnvrtc.so.13` or `.12` on the loader's path) this is an error that says what to
+    /// install. Every dtype can live there.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(ordinal: usize) -> crate::Result<Device> {
+        let Ok(small) = u16::try_from(ordinal) else {
+            return Err(crate::Error::UnknownDevice(format!("cuda:{ordinal}")));
+        };
+        kiln_backends::cuda::backend(ordinal)?;
+        Ok(Device::Cuda(CudaDevice { ordinal: small }))
+    }
+
     /// The adapter behind this device, in words (`"cpu"` for the CPU).
     pub fn describe(&self) -> String {
         match self {
@@ -55,6 +89,10 @@ impl Device {
             Device::Cpu => "cpu".into(),
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => kiln_backends::wgpu::backend().map_or_else(|e| e.to_string(), |b| b.adapter()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(d) => {
+                kiln_backends::cuda::backend(d.ordinal()).map_or_else(|e| e.to_string(), |b| b.describe())
+            }
         }
     }
 
@@ -72,6 +110,8 @@ impl Device {
             Device::Cpu => true,
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => kiln_backends::wgpu::backend().is_ok_and(|b| b.supports(dtype)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => true,
         }
     }
 
@@ -89,6 +129,8 @@ impl Device {
             Device::Cpu => None,
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => (!self.supports(dtype)).then(|| kiln_backends::wgpu::unsupported(dtype).to_string()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => None,
         }
     }
 
@@ -99,6 +141,9 @@ impl Device {
             Device::Cpu => 1,
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => 2,
+            // 3, 3 + 2^8, ...: one code per GPU, so plans are not shared between two of them.
+            #[cfg(feature = "cuda")]
+            Device::Cuda(d) => 3 | (u64::from(d.ordinal) << 8),
         }
     }
 
@@ -108,6 +153,8 @@ impl Device {
             Device::Cpu => Ok(kiln_backends::cpu::backend()),
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => Ok(kiln_backends::wgpu::backend()?),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(d) => Ok(kiln_backends::cuda::backend(d.ordinal())?),
         }
     }
 }
@@ -119,6 +166,8 @@ impl fmt::Display for Device {
             Device::Cpu => f.write_str("cpu"),
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => f.write_str("wgpu"),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(d) => write!(f, "cuda:{}", d.ordinal),
         }
     }
 }
@@ -126,14 +175,20 @@ impl fmt::Display for Device {
 impl std::str::FromStr for Device {
     type Err = crate::Error;
 
-    /// `"cpu"` or `"wgpu"` (for command-line flags such as the examples' `--device`); a device this build does not
-    /// have is unknown.
+    /// `"cpu"`, `"wgpu"`, or `"cuda"` / `"cuda:N"` (for command-line flags such as the examples' `--device`); a
+    /// device this build does not have is unknown.
     fn from_str(s: &str) -> crate::Result<Device> {
         match s {
             #[cfg(feature = "cpu")]
             "cpu" => Ok(Device::cpu()),
             #[cfg(feature = "wgpu")]
             "wgpu" => Device::wgpu(),
+            #[cfg(feature = "cuda")]
+            "cuda" => Device::cuda(0),
+            #[cfg(feature = "cuda")]
+            other if other.strip_prefix("cuda:").is_some_and(|n| n.parse::<usize>().is_ok()) => {
+                Device::cuda(other["cuda:".len()..].parse().unwrap_or(usize::MAX))
+            }
             other => Err(crate::Error::UnknownDevice(other.to_string())),
         }
     }

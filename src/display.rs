@@ -37,6 +37,8 @@ impl fmt::Display for Tensor {
             crate::Device::Cpu => false,
             #[cfg(feature = "wgpu")]
             crate::Device::Wgpu(_) => true,
+            #[cfg(feature = "cuda")]
+            crate::Device::Cuda(_) => true, // `device=cuda:0`, as PyTorch prints it
         };
         if named {
             suffix.push_str(&format!(", device={}", self.device()));

@@ -6,10 +6,14 @@ use kiln_jit::DType;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The device names this build has (its device features), for `Error::UnknownDevice`.
-const KNOWN_DEVICES: &str = match (cfg!(feature = "cpu"), cfg!(feature = "wgpu")) {
-    (true, true) => "cpu, wgpu",
-    (true, false) => "cpu",
-    (false, _) => "wgpu",
+const KNOWN_DEVICES: &str = match (cfg!(feature = "cpu"), cfg!(feature = "wgpu"), cfg!(feature = "cuda")) {
+    (true, true, false) => "cpu, wgpu",
+    (true, false, false) => "cpu",
+    (false, _, false) => "wgpu",
+    (true, true, true) => "cpu, wgpu, cuda:N",
+    (true, false, true) => "cpu, cuda:N",
+    (false, true, true) => "wgpu, cuda:N",
+    (false, false, true) => "cuda:N",
 };
 
 #[derive(Debug, thiserror::Error)]

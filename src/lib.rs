@@ -56,6 +56,8 @@ mod test_cache;
 
 pub use args::{Dims, ShapeSpec};
 pub use autograd::{Gradients, is_grad_enabled, no_grad};
+#[cfg(feature = "cuda")]
+pub use device::CudaDevice;
 pub use device::Device;
 #[cfg(feature = "wgpu")]
 pub use device::WgpuDevice;

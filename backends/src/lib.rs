@@ -13,6 +13,8 @@
 
 #[cfg(feature = "cpu")]
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dump;
 pub mod gemm_check;
 pub mod gpu_check;
@@ -36,6 +38,9 @@ pub enum Buffer {
     /// Memory on the wgpu device (returned to its pool on drop).
     #[cfg(feature = "wgpu")]
     Wgpu(wgpu::DeviceBuffer),
+    /// Memory on a CUDA device (returned to its pool on drop).
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::DeviceBuffer),
 }
 
 impl Drop for Buffer {
@@ -44,6 +49,8 @@ impl Drop for Buffer {
             Buffer::Host(h) => host_pool::give(std::mem::replace(h, HostBuffer::U8(Vec::new()))),
             #[cfg(feature = "wgpu")]
             Buffer::Wgpu(_) => {} // the device buffer returns itself to its pool
+            #[cfg(feature = "cuda")]
+            Buffer::Cuda(_) => {} // likewise
         }
     }
 }
@@ -54,6 +61,8 @@ impl Buffer {
             Buffer::Host(h) => h.dtype(),
             #[cfg(feature = "wgpu")]
             Buffer::Wgpu(d) => d.dtype(),
+            #[cfg(feature = "cuda")]
+            Buffer::Cuda(d) => d.dtype(),
         }
     }
 
@@ -62,6 +71,8 @@ impl Buffer {
             Buffer::Host(h) => h.len(),
             #[cfg(feature = "wgpu")]
             Buffer::Wgpu(d) => d.len(),
+            #[cfg(feature = "cuda")]
+            Buffer::Cuda(d) => d.len(),
         }
     }
 

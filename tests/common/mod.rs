@@ -15,7 +15,31 @@ pub fn devices() -> Vec<Device> {
     #[cfg(feature = "cpu")]
     v.push(Device::cpu());
     v.extend(wgpu_device());
+    v.extend(cuda_device());
     v
+}
+
+/// CUDA device 0 if this build has the `cuda` feature and this machine a GPU, its driver and NVRTC. Without them: a
+/// panic when `KILN_REQUIRE_CUDA=1` (a GPU machine's check script sets it), else one line on stderr per test binary
+/// saying what is missing, and `None`. A build without the feature has no CUDA device to test and says nothing.
+pub fn cuda_device() -> Option<Device> {
+    #[cfg(feature = "cuda")]
+    {
+        static DEV: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
+        static SAID: std::sync::Once = std::sync::Once::new();
+        match DEV.get_or_init(|| Device::cuda(0).map_err(|e| e.to_string())) {
+            Ok(d) => Some(*d),
+            Err(e) if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") => {
+                panic!("KILN_REQUIRE_CUDA=1 but the CUDA device is missing: {e}")
+            }
+            Err(e) => {
+                SAID.call_once(|| eprintln!("skipping cuda: {e}"));
+                None
+            }
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    None
 }
 
 /// The device a test makes its data on when any device will do (a graph to capture, values to move to the device
@@ -285,6 +309,9 @@ pub fn zero_sign_defined(dev: &Device) -> bool {
         Device::Cpu => true,
         #[cfg(feature = "wgpu")]
         Device::Wgpu(_) => false,
+        // NVRTC compiles without fast-math flags: IEEE signed zeros.
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => true,
     }
 }
 

@@ -1,0 +1,335 @@
+//! The CUDA device (feature `cuda`): graphs are fused and scheduled exactly as for the other devices, every kernel
+//! is rendered to CUDA C (`kiln_jit::render::cuda`), compiled by NVRTC for this GPU's exact architecture
+//! (`sm_XY` from its compute capability) to a cubin, loaded as a module, and a plan's launches go in order on the
+//! device's one stream.
+//!
+//! Nothing of CUDA is linked at build time. The driver API comes through `cudarc` with dynamic loading (its CUDA
+//! version feature pinned to 12.8, the oldest driver API this supports; newer drivers keep that ABI), NVRTC through
+//! kiln's own loader (`crate::rtc`, which also serves the build-machine compile checks). cudarc panics when it
+//! calls into a library it cannot find, so `init` asks first whether the driver library is there at all, and every
+//! missing piece (no driver library, no device at that ordinal, no NVRTC) is an `Err` that says what to install,
+//! never a panic and never a fallback to another device.
+//!
+//! Memory: `DeviceBuffer`s come from a pool of device allocations bucketed by size (powers of two up to 1 MiB, then
+//! whole MiB, as the wgpu device's), returned to it on drop: a replayed plan allocates nothing from the driver.
+//! Elements are stored in their own width (bool and u8 one byte, f16 and bf16 two, i64 and f64 eight: the CUDA
+//! dialect's storage types). Host and device exchange data only in `upload` and `download`.
+//!
+//! One stream per device; a buffer returned to the pool while a launch that reads it is still queued is only
+//! handed out to work queued later on the same stream, so stream order keeps it safe (cudarc's per-buffer event
+//! tracking, meant for several streams, is switched off). `download` and a plan that can fault wait for the stream.
+//!
+//! Deliberately not done yet (issue 21's later points): the kernel cache on disk and bundles of cubins, kernels
+//! compiled in parallel on a cold start, a tiled tensor-core GEMM and cuBLASLt in the race (matmuls run as the
+//! generic reduction kernel), CUDA graphs for replays, buffer donation (the CUDA kernels' parameters are
+//! `__restrict__`, so an output may not alias an input), block reductions, and the linear algebra routines (a
+//! graph with one is refused at compile, naming it).
+
+mod plan;
+
+use crate::rtc::Rtc;
+use crate::{Backend, BackendError, Buffer, Executable};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, sys};
+use kiln_jit::render::cuda::GpuKernel;
+use kiln_jit::{DType, Graph, HostBuffer};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+const NAME: &str = "cuda";
+
+/// What to install when the driver is missing.
+pub const INSTALL_HINT: &str = "no CUDA driver found (libcuda.so.1 is not on the loader's path): install the NVIDIA \
+                                driver for this GPU (Debian/Ubuntu: the nvidia-driver package; in a container, run \
+                                it with the NVIDIA container toolkit)";
+
+/// One CUDA device, opened on first use.
+pub struct CudaBackend {
+    ctx: Arc<Ctx>,
+}
+
+pub(crate) struct Ctx {
+    pub(crate) stream: Arc<CudaStream>,
+    ordinal: usize,
+    name: String,
+    /// `sm_XY`: what NVRTC compiles for.
+    pub(crate) arch: String,
+    rtc: Rtc,
+    pool: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
+    /// Loaded kernels by rendered source (compared whole: two kernels never share a function by collision).
+    functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+type Opened = Mutex<HashMap<usize, Result<&'static CudaBackend, String>>>;
+
+/// The CUDA backend of device `ordinal`, opening it on first call. A failure (no driver, no such device, no
+/// NVRTC) is remembered: a process asks the driver once per device.
+pub fn backend(ordinal: usize) -> Result<&'static CudaBackend, BackendError> {
+    static OPENED: OnceLock<Opened> = OnceLock::new();
+    let mut opened = OPENED.get_or_init(Default::default).lock();
+    let entry = opened.entry(ordinal).or_insert_with(|| init(ordinal).map(|b| &*Box::leak(Box::new(b))));
+    entry.as_ref().copied().map_err(|reason| BackendError::Unavailable { device: NAME, reason: reason.clone() })
+}
+
+fn init(ordinal: usize) -> Result<CudaBackend, String> {
+    // SAFETY: only tries to open the driver library by its usual names (dlopen); no CUDA call is made.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(INSTALL_HINT.into());
+    }
+    let count = CudaContext::device_count().map_err(|e| format!("the CUDA driver did not start: {e}"))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(format!("there is no CUDA device {ordinal}: the driver sees {count}"));
+    }
+    let context = CudaContext::new(ordinal).map_err(|e| format!("CUDA device {ordinal} did not open: {e}"))?;
+    // SAFETY: kiln uses one stream per device (below), so stream order alone orders every use of a buffer.
+    unsafe { context.disable_event_tracking() };
+    let name = context.name().unwrap_or_else(|_| "unknown".into());
+    let (major, minor) = context.compute_capability().map_err(|e| format!("reading the compute capability: {e}"))?;
+    let rtc = Rtc::nvrtc()?;
+    let stream = context.new_stream().map_err(|e| format!("creating a stream: {e}"))?;
+    Ok(CudaBackend {
+        ctx: Arc::new(Ctx {
+            stream,
+            ordinal,
+            name,
+            arch: format!("sm_{major}{minor}"),
+            rtc,
+            pool: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        }),
+    })
+}
+
+impl CudaBackend {
+    /// The GPU in words: `name (sm_XY, device N)`.
+    pub fn describe(&self) -> String {
+        format!("{} ({}, device {})", self.ctx.name, self.ctx.arch, self.ctx.ordinal)
+    }
+
+    /// The architecture kernels are compiled for (`sm_90` on an H100/H200).
+    pub fn arch(&self) -> &str {
+        &self.ctx.arch
+    }
+}
+
+/// Pool bucket (bytes) for a buffer of `bytes`: powers of two up to 1 MiB, then whole MiB; at least 256.
+fn bucket(bytes: usize) -> usize {
+    const MIB: usize = 1 << 20;
+    if bytes <= MIB { bytes.max(256).next_power_of_two() } else { bytes.div_ceil(MIB) * MIB }
+}
+
+/// Device memory for `len` elements of `dtype`.
+pub struct DeviceBuffer {
+    slice: Option<CudaSlice<u8>>,
+    dtype: DType,
+    len: usize,
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({}[{}] on cuda:{})", self.dtype, self.len, self.ctx.ordinal)
+    }
+}
+
+impl DeviceBuffer {
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes the elements take.
+    fn bytes(&self) -> usize {
+        self.len * self.dtype.size_of()
+    }
+
+    fn slice(&self) -> &CudaSlice<u8> {
+        self.slice.as_ref().expect("a live DeviceBuffer holds its memory until drop")
+    }
+
+    /// The device address, for a kernel parameter.
+    pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
+        // Event tracking is off (one stream), so the guard records nothing.
+        let (p, _guard) = self.slice().device_ptr(&self.ctx.stream);
+        p
+    }
+
+    /// Whether this buffer lives on the device of `ctx`.
+    fn on(&self, ctx: &Ctx) -> bool {
+        self.ctx.ordinal == ctx.ordinal
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if let Some(s) = self.slice.take() {
+            self.ctx.pool.lock().entry(s.len()).or_default().push(s);
+        }
+    }
+}
+
+fn exec(reason: String) -> BackendError {
+    BackendError::Execute { device: NAME, reason }
+}
+
+impl Ctx {
+    /// A pooled buffer for `len` elements of `dtype` (contents undefined).
+    pub(crate) fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<DeviceBuffer, BackendError> {
+        let bytes = bucket(len * dtype.size_of());
+        let pooled = self.pool.lock().get_mut(&bytes).and_then(Vec::pop);
+        let slice = match pooled {
+            Some(s) => s,
+            // SAFETY: u8 has no invalid bit patterns; every byte a kernel reads was written by an upload, a copy
+            // or an earlier launch of the same plan first.
+            None => unsafe { self.stream.alloc::<u8>(bytes) }
+                .map_err(|e| exec(format!("allocating {bytes} bytes on {}: {e}", self.name)))?,
+        };
+        Ok(DeviceBuffer { slice: Some(slice), dtype, len, ctx: self.clone() })
+    }
+
+    /// The loaded function of a rendered kernel: compiled by NVRTC for this device's architecture on first use.
+    pub(crate) fn function(&self, k: &GpuKernel) -> Result<CudaFunction, String> {
+        if let Some(f) = self.functions.lock().get(&k.source) {
+            return Ok(f.clone());
+        }
+        let cubin = self.rtc.compile(&k.source, &k.name, &self.arch)?;
+        let module = self
+            .stream
+            .context()
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(|e| format!("kernel {}: loading its cubin: {e}", k.name))?;
+        let f = module.load_function(&k.name).map_err(|e| format!("kernel {}: {e}", k.name))?;
+        self.functions.lock().insert(k.source.clone(), f.clone());
+        Ok(f)
+    }
+
+    /// Copies the first `bytes` of `src` into `dst` on the stream.
+    pub(crate) fn copy(&self, src: &DeviceBuffer, dst: &mut DeviceBuffer, bytes: usize) -> Result<(), BackendError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let from = src.slice().slice(0..bytes);
+        let to = dst.slice.as_mut().expect("a live DeviceBuffer holds its memory until drop");
+        let mut to = to.slice_mut(0..bytes);
+        self.stream.memcpy_dtod(&from, &mut to).map_err(|e| exec(format!("copying on the device: {e}")))
+    }
+
+    /// Writes `bytes` to the start of `dst`.
+    pub(crate) fn write(&self, dst: &mut DeviceBuffer, bytes: &[u8]) -> Result<(), BackendError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let to = dst.slice.as_mut().expect("a live DeviceBuffer holds its memory until drop");
+        let mut to = to.slice_mut(0..bytes.len());
+        self.stream.memcpy_htod(bytes, &mut to).map_err(|e| exec(format!("copying to the device: {e}")))
+    }
+
+    /// The first `bytes` of `src`, after everything queued before (waits for the stream).
+    pub(crate) fn read(&self, src: &DeviceBuffer, bytes: usize) -> Result<Vec<u8>, BackendError> {
+        let mut out = vec![0u8; bytes];
+        if bytes > 0 {
+            let from = src.slice().slice(0..bytes);
+            self.stream.memcpy_dtoh(&from, &mut out[..]).map_err(|e| exec(format!("copying from the device: {e}")))?;
+        }
+        self.stream.synchronize().map_err(|e| exec(format!("waiting for the device: {e}")))?;
+        Ok(out)
+    }
+}
+
+/// A host buffer's elements as the device stores them (little-endian, each in its own width).
+fn to_bytes(data: &HostBuffer) -> Vec<u8> {
+    match data {
+        HostBuffer::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+        HostBuffer::U8(v) => v.clone(),
+        HostBuffer::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        HostBuffer::BF16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        HostBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// The host buffer of `len` elements of `dtype` stored as `bytes`.
+fn from_bytes(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
+    fn words<const N: usize>(b: &[u8], len: usize) -> impl Iterator<Item = [u8; N]> + '_ {
+        b.chunks_exact(N).take(len).map(|c| std::array::from_fn(|i| c[i]))
+    }
+    match dtype {
+        DType::Bool => HostBuffer::Bool(bytes[..len].iter().map(|&b| b != 0).collect()),
+        DType::U8 => HostBuffer::U8(bytes[..len].to_vec()),
+        DType::U32 => HostBuffer::U32(words(bytes, len).map(u32::from_le_bytes).collect()),
+        DType::I32 => HostBuffer::I32(words(bytes, len).map(i32::from_le_bytes).collect()),
+        DType::I64 => HostBuffer::I64(words(bytes, len).map(i64::from_le_bytes).collect()),
+        DType::F16 => {
+            HostBuffer::F16(words(bytes, len).map(|w| kiln_jit::f16::from_bits(u16::from_le_bytes(w))).collect())
+        }
+        DType::BF16 => {
+            HostBuffer::BF16(words(bytes, len).map(|w| kiln_jit::bf16::from_bits(u16::from_le_bytes(w))).collect())
+        }
+        DType::F32 => HostBuffer::F32(words(bytes, len).map(f32::from_le_bytes).collect()),
+        DType::F64 => HostBuffer::F64(words(bytes, len).map(f64::from_le_bytes).collect()),
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn compile(&self, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
+        plan::compile(self, graph)
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        self.ctx.stream.synchronize().map_err(|e| exec(format!("waiting for the device: {e}")))
+    }
+
+    fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {
+        let mut b = self.ctx.alloc(data.dtype(), data.len())?;
+        self.ctx.write(&mut b, &to_bytes(&data))?;
+        Ok(Buffer::Cuda(b))
+    }
+
+    fn download(&self, buffer: &Buffer) -> Result<HostBuffer, BackendError> {
+        let Buffer::Cuda(b) = buffer else { return Err(BackendError::ForeignBuffer { device: NAME }) };
+        if !b.on(&self.ctx) {
+            return Err(BackendError::ForeignBuffer { device: NAME });
+        }
+        let bytes = self.ctx.read(b, b.bytes())?;
+        Ok(from_bytes(b.dtype, &bytes, b.len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_bytes_round_trip_in_every_dtype() {
+        for dtype in DType::ALL {
+            let vals: Vec<f64> =
+                (0..7).map(|i| if dtype == DType::Bool { (i % 2) as f64 } else { i as f64 * 1.5 }).collect();
+            let vals: Vec<f64> = if dtype.is_float() { vals } else { vals.iter().map(|v| v.floor()).collect() };
+            let host = HostBuffer::from_f64(dtype, &vals);
+            let bytes = to_bytes(&host);
+            assert_eq!(bytes.len(), 7 * dtype.size_of(), "{dtype}: the device stores each element in its width");
+            assert_eq!(from_bytes(dtype, &bytes, 7), host, "{dtype}");
+        }
+    }
+
+    #[test]
+    fn buckets_grow_by_powers_of_two_then_whole_mebibytes() {
+        assert_eq!(bucket(0), 256);
+        assert_eq!(bucket(300), 512);
+        assert_eq!(bucket((1 << 20) + 1), 2 << 20);
+    }
+}

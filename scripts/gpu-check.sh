@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# kiln's CUDA checks on a machine with an NVIDIA GPU, from test binaries built on another machine (a GPU machine
+# lent for minutes has no Rust toolchain and no network).
+#
+#   scripts/gpu-check.sh build [TESTS..]  # here: release test binaries (cpu + cuda, no wgpu), stripped and
+#                                         # gzipped into gpu-bin/ (the device tool carries 64 MiB a call: ~6-8 fit)
+#   scripts/gpu-check.sh run [TESTS..]    # there: each binary with KILN_REQUIRE_CUDA=1, so a missing GPU fails
+#
+# `run` finds NVRTC where the machine has one (KILN_NVRTC if set, else libnvrtc.so.13/.12 under python3's
+# site-packages (the nvidia-cuda-nvrtc wheel) or the CUDA toolkit), then runs each carried binary (`cuda_device`
+# opens the GPU and round-trips every dtype; the device-generic suites run every case on the CPU and on CUDA
+# device 0). Each binary's last lines go to stdout and its whole log to
+# ${OUT:-.}/gpu-check/<name>.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+# Device-generic test binaries (their bodies loop over common::devices()): cuda_device op_table remainders
+# full_reductions row_kernels indexing sort_scan f16 bf16 einsum nn optim optim_state clip gemm conv attention
+# batch_norm gradcheck random_graphs donation gpt. `build` without names builds the first check's four.
+
+case "${1:-}" in
+build)
+    shift
+    tests=("$@")
+    [ ${#tests[@]} -eq 0 ] && tests=(cuda_device op_table random_graphs gradcheck)
+    rm -rf gpu-bin && mkdir -p gpu-bin
+    args=()
+    for t in "${tests[@]}"; do args+=(--test "$t"); done
+    cargo test --release --no-default-features --features cpu,cuda --no-run --message-format=json "${args[@]}" |
+        python3 -c 'import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    exe = m.get("executable") if m.get("reason") == "compiler-artifact" else None
+    if exe and m["target"]["kind"] == ["test"]:
+        shutil.copy(exe, os.path.join("gpu-bin", m["target"]["name"]))'
+    for f in gpu-bin/*; do strip "$f" && gzip -9 "$f"; done
+    ls -l gpu-bin
+    du -sh gpu-bin
+    ;;
+run)
+    shift
+    tests=("$@")
+    if [ ${#tests[@]} -eq 0 ]; then
+        for f in gpu-bin/*.gz; do t=$(basename "$f" .gz); tests+=("$t"); done
+    fi
+    if [ -z "${KILN_NVRTC:-}" ]; then
+        KILN_NVRTC=$(python3 - <<'PY' 2>/dev/null || true
+import glob, site, sys
+roots = site.getsitepackages() + [site.getusersitepackages()] + ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
+for root in roots:
+    for name in ("libnvrtc.so.13", "libnvrtc.so.12"):
+        hits = glob.glob(f"{root}/**/{name}", recursive=True)
+        if hits:
+            print(hits[0]); sys.exit(0)
+PY
+        )
+        export KILN_NVRTC
+    fi
+    echo "== NVRTC: ${KILN_NVRTC:-not found (the tests will say so)}"
+    [ -n "${KILN_NVRTC:-}" ] && export LD_LIBRARY_PATH="$(dirname "$KILN_NVRTC")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    nvidia-smi -L 2>/dev/null || echo "== nvidia-smi: not available"
+    export KILN_REQUIRE_CUDA=1 KILN_CACHE_DIR="${KILN_CACHE_DIR:-$(mktemp -d)}"
+    logs="${OUT:-.}/gpu-check"
+    mkdir -p "$logs"
+    failed=0
+    bins=$(mktemp -d)
+    for t in "${tests[@]}"; do
+        [ -f "gpu-bin/$t.gz" ] || { echo "== $t: not built (scripts/gpu-check.sh build $t)"; failed=1; continue; }
+        gunzip -c "gpu-bin/$t.gz" >"$bins/$t" && chmod +x "$bins/$t"
+        start=$(date +%s)
+        if "$bins/$t" --test-threads 4 >"$logs/$t.log" 2>&1; then status=ok; else status=FAILED; failed=1; fi
+        echo "== $t: $status in $(($(date +%s) - start)) s: $(grep -E '^test result' "$logs/$t.log" | tail -n 1)"
+        [ "$status" = ok ] || grep -E '^(thread|---- |test .* FAILED)|panicked' "$logs/$t.log" | head -n 12
+    done
+    exit $failed
+    ;;
+*)
+    echo "usage: $0 build | run [TESTS..]" >&2
+    exit 2
+    ;;
+esac
