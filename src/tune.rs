@@ -79,6 +79,15 @@ pub fn export_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary>
     Ok(kiln_autotune::Store::global().export_bundle(path.as_ref())?)
 }
 
+/// The architecture of this machine's CUDA device 0 (`sm_90`), where the build has the `cuda` feature and the machine
+/// a GPU: what a bundle of cubins must have been compiled for.
+pub fn local_cuda_arch() -> Option<String> {
+    #[cfg(feature = "cuda")]
+    return kiln_backends::cuda::backend(0).ok().map(|b| b.arch().to_string());
+    #[cfg(not(feature = "cuda"))]
+    None
+}
+
 /// What [`warm_from_cache`] found in the cache dir and prepared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Warmed {
@@ -127,7 +136,15 @@ fn persisted_plans() -> usize {
 /// compiled, from its graph's signature: no tuning or code generation, ~0.3 ms for a training step's plan; one that
 /// cannot be compiled is skipped with a warning and compiled at its first use, as without a bundle).
 pub fn import_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary> {
-    let summary = kiln_autotune::Store::global().import_bundle(path.as_ref())?;
+    let path = path.as_ref();
+    // A bundle of CUDA cubins (`kiln cache export --cuda-arch`) goes to the cubin store of its architecture.
+    let cuda = kiln_backends::cuda_cache::import_bundle(path, local_cuda_arch().as_deref()).map_err(|reason| {
+        crate::Error::Cache(kiln_autotune::StoreError::Bundle { path: path.to_path_buf(), reason })
+    })?;
+    if let Some(summary) = cuda {
+        return Ok(summary);
+    }
+    let summary = kiln_autotune::Store::global().import_bundle(path)?;
     prepare_stored();
     Ok(summary)
 }

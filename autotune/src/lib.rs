@@ -32,7 +32,7 @@ pub use fsio::replace_file;
 pub use key::{TuneKey, bucket, checksum_of, checksum_of_each, dim_named};
 pub use record::{Trial, TuneRecord};
 pub use search::{Budget, Candidate, Mode, search, search_with_budget};
-pub use store::{BundleSummary, EntryInfo, Store, StoreError, StoreStats, VERSION};
+pub use store::{BundleSummary, EntryInfo, Store, StoreError, StoreStats, VERSION, bundle_device};
 
 /// Names of the artifacts that hold a persisted plan (a graph signature the `kiln` crate writes when it compiles a
 /// CPU plan, and compiles again when a bundle is imported) start with this; the store keeps them as opaque bytes.

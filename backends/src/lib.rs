@@ -15,6 +15,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod cuda_cache;
 pub mod dump;
 pub mod gemm_check;
 pub mod gpu_check;

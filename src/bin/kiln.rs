@@ -72,8 +72,13 @@ enum CacheCommand {
         /// Write the bundle even when the cache holds nothing for this kiln version and device.
         #[arg(long)]
         allow_empty: bool,
+        /// Export the CUDA cubins compiled for this architecture (`sm_90`) instead: those a run with
+        /// `KILN_CUDA_ARCH=sm_90` compiled, on this machine, with or without a GPU.
+        #[arg(long, value_name = "SM_XY")]
+        cuda_arch: Option<String>,
     },
-    /// Store every entry of a bundle made by this kiln version on this kind of device.
+    /// Store every entry of a bundle made by this kiln version on this kind of device (a bundle of CUDA cubins: for
+    /// this machine's GPU architecture).
     Import { file: PathBuf },
     /// Check every entry of this namespace; exit code 1 if any is bad.
     Verify,
@@ -103,7 +108,24 @@ fn cache(command: CacheCommand, store: &Store) -> Result<ExitCode, String> {
             let place = store.namespace_dir().map_or_else(|| "memory".to_string(), |ns| ns.display().to_string());
             emit(&format!("removed {removed} entries from {place}\n"))
         }
-        CacheCommand::Export { file, allow_empty } => {
+        CacheCommand::Export { file, allow_empty, cuda_arch: Some(arch) } => {
+            let cubins = kiln_backends::cuda_cache::store(&arch)?;
+            if !allow_empty && !cubins.entries().iter().any(|e| !e.foreign && e.problem.is_none()) {
+                return Err(format!(
+                    "nothing to export: {} holds no cubins for {arch} (run the workload with KILN_CUDA_ARCH={arch} \
+                     and this KILN_CACHE_DIR first); pass --allow-empty to write an empty bundle anyway",
+                    where_(cubins)
+                ));
+            }
+            let s = cubins.export_bundle(&file).map_err(|e| e.to_string())?;
+            emit(&format!(
+                "exported {} cubins for {arch} ({}) to {}\n",
+                s.artifacts,
+                HumanBytes(s.bytes),
+                file.display()
+            ))
+        }
+        CacheCommand::Export { file, allow_empty, cuda_arch: None } => {
             // Exporting nothing is almost always the wrong cache (KILN_CACHE_DIR unset or pointing elsewhere).
             if !allow_empty && !store.entries().iter().any(|e| !e.foreign && e.problem.is_none()) {
                 return Err(format!(
@@ -125,6 +147,10 @@ fn cache(command: CacheCommand, store: &Store) -> Result<ExitCode, String> {
             emit(&text)
         }
         CacheCommand::Import { file } => {
+            let local = kiln::tune::local_cuda_arch();
+            if let Some(s) = kiln_backends::cuda_cache::import_bundle(&file, local.as_deref())? {
+                return emit(&format!("imported {} cubins from {}\n", s.artifacts, file.display()));
+            }
             let s = store.import_bundle(&file).map_err(|e| e.to_string())?;
             // The plans are compiled by the process that imports the bundle itself (`kiln::tune::import_bundle`).
             let (r, a, p) = (s.records, s.artifacts, s.plans);

@@ -149,6 +149,18 @@ impl Store {
     }
 }
 
+/// The kiln-autotune version and device of the bundle at `path` (checked whole, as an import checks it), to choose
+/// the store it belongs to before importing: a CUDA bundle goes to the store of its architecture, not the CPU's.
+pub fn bundle_device(path: &Path) -> Result<(String, DeviceFingerprint), StoreError> {
+    let data =
+        fs::read(path).map_err(|source| StoreError::Io { action: "read bundle", path: path.to_path_buf(), source })?;
+    let refuse = |reason: String| StoreError::Bundle { path: path.to_path_buf(), reason };
+    let parsed = parse(&data).map_err(refuse)?;
+    let device = serde_json::from_str::<DeviceFingerprint>(parsed.device)
+        .map_err(|e| refuse(format!("the bundle's device record is unreadable: {e}")))?;
+    Ok((parsed.version.to_string(), device))
+}
+
 fn is_plan(artifact_name: &str) -> bool {
     artifact_name.starts_with(crate::PLAN_ARTIFACT_PREFIX)
 }

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use dashmap::DashMap;
 use parking_lot::Mutex;
 
-pub use bundle::BundleSummary;
+pub use bundle::{BundleSummary, bundle_device};
 pub use inventory::EntryInfo;
 
 use crate::envelope::{self, Entry, EntryKind};

@@ -19,15 +19,16 @@
 //! handed out to work queued later on the same stream, so stream order keeps it safe (cudarc's per-buffer event
 //! tracking, meant for several streams, is switched off). `download` and a plan that can fault wait for the stream.
 //!
-//! Deliberately not done yet (issue 21's later points): the kernel cache on disk and bundles of cubins, kernels
-//! compiled in parallel on a cold start, a tiled tensor-core GEMM and cuBLASLt in the race (matmuls run as the
+//! Cubins are cached on disk per architecture and NVRTC version, and can be compiled ahead of time on a machine
+//! without a GPU and imported as a bundle (`cuda_cache`).
+//!
+//! Deliberately not done yet (issue 21's later points): kernels compiled in parallel on a cold start, a tiled tensor-core GEMM and cuBLASLt in the race (matmuls run as the
 //! generic reduction kernel), CUDA graphs for replays, buffer donation (the CUDA kernels' parameters are
 //! `__restrict__`, so an output may not alias an input), block reductions, and the linear algebra routines (a
 //! graph with one is refused at compile, naming it).
 
 mod plan;
 
-use crate::rtc::Rtc;
 use crate::{Backend, BackendError, Buffer, Executable};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, sys};
 use kiln_jit::render::cuda::GpuKernel;
@@ -54,7 +55,6 @@ pub(crate) struct Ctx {
     name: String,
     /// `sm_XY`: what NVRTC compiles for.
     pub(crate) arch: String,
-    rtc: Rtc,
     pool: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
     /// Loaded kernels by rendered source (compared whole: two kernels never share a function by collision).
     functions: Mutex<HashMap<String, CudaFunction>>,
@@ -85,15 +85,17 @@ fn init(ordinal: usize) -> Result<CudaBackend, String> {
     unsafe { context.disable_event_tracking() };
     let name = context.name().unwrap_or_else(|_| "unknown".into());
     let (major, minor) = context.compute_capability().map_err(|e| format!("reading the compute capability: {e}"))?;
-    let rtc = Rtc::nvrtc()?;
+    // NVRTC and the cubin store for this architecture (`cuda_cache`): kernels compile once per architecture and
+    // NVRTC version, on this machine or on a build machine that exported them.
+    let arch = format!("sm_{major}{minor}");
+    crate::cuda_cache::store(&arch)?;
     let stream = context.new_stream().map_err(|e| format!("creating a stream: {e}"))?;
     Ok(CudaBackend {
         ctx: Arc::new(Ctx {
             stream,
             ordinal,
             name,
-            arch: format!("sm_{major}{minor}"),
-            rtc,
+            arch,
             pool: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
         }),
@@ -194,12 +196,13 @@ impl Ctx {
         Ok(DeviceBuffer { slice: Some(slice), dtype, len, ctx: self.clone() })
     }
 
-    /// The loaded function of a rendered kernel: compiled by NVRTC for this device's architecture on first use.
+    /// The loaded function of a rendered kernel: its cubin from the store, or compiled by NVRTC for this device's
+    /// architecture on first use (`cuda_cache`).
     pub(crate) fn function(&self, k: &GpuKernel) -> Result<CudaFunction, String> {
         if let Some(f) = self.functions.lock().get(&k.source) {
             return Ok(f.clone());
         }
-        let cubin = self.rtc.compile(&k.source, &k.name, &self.arch)?;
+        let cubin = crate::cuda_cache::cubin(&k.source, &k.name, &self.arch)?;
         let module = self
             .stream
             .context()

@@ -38,7 +38,7 @@ pub(super) fn compile(backend: &CudaBackend, graph: &Graph) -> Result<Box<dyn Ex
     let ctx = &backend.ctx;
     let err = |reason: String| BackendError::Compile { device: NAME, reason };
     graph.verify().map_err(err)?;
-    let plan: KernelPlan = kiln_jit::kernel::schedule(graph);
+    let plan: KernelPlan = crate::cuda_cache::schedule(graph);
     crate::gpu_check::note(&plan).map_err(err)?;
     let dump = crate::dump::Dump::start(graph, &plan);
     let mut launches = Vec::with_capacity(plan.launches.len());

@@ -1,0 +1,158 @@
+//! Cubins on disk, and compiling them ahead of time for a GPU this machine does not have.
+//!
+//! A CUDA kernel's cubin depends on its source, the architecture it is compiled for and the compiler. The CUDA
+//! device keeps them in a store of their own (the tuning store's format: atomic writes, checksummed entries, a
+//! namespace per kiln version) whose fingerprint is the architecture and NVRTC's version (`cuda-sm_90`,
+//! `NVRTC 13.0`). Each cubin is keyed by its kernel's whole source (the store compares key texts, so two sources
+//! never share a cubin). A GPU of that architecture finds every kernel an earlier process, or a build machine,
+//! compiled with that NVRTC, whatever the GPU model or driver.
+//!
+//! **Ahead of time.** With `KILN_CUDA_ARCH=sm_90` (several: `sm_80,sm_90`), every plan a device compiles in this
+//! process is also scheduled as the CUDA device schedules it ([`schedule`]), rendered to CUDA C and compiled for
+//! those architectures into their stores. So: run the workload once on a build machine (on the CPU; no GPU and no
+//! driver, only NVRTC), `kiln cache export --cuda-arch sm_90 FILE` writes that store as a bundle, and
+//! `kiln cache import FILE` (or `kiln::tune::import_bundle`) on the GPU machine puts it where the device looks:
+//! its first run compiles nothing. Importing a bundle made for another architecture than the machine's GPU (or,
+//! without a GPU, than `KILN_CUDA_ARCH` names) is refused, naming both.
+//!
+//! This module needs no driver: it builds in every configuration, so a CPU-only build can precompile.
+
+use crate::rtc::Rtc;
+use kiln_autotune::{BundleSummary, DeviceFingerprint, Store};
+use kiln_jit::Graph;
+use kiln_jit::kernel::KernelPlan;
+use kiln_jit::render::cuda::{self, Flavor};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The start of every cubin's artifact name (then the kernel's source).
+pub const CUBIN_PREFIX: &str = "cubin\n";
+
+static COMPILES: AtomicU64 = AtomicU64::new(0);
+
+/// Cubins NVRTC compiled in this process (cache misses), for tests and `kiln::stats`-style reports.
+pub fn compiles() -> u64 {
+    COMPILES.load(Ordering::Relaxed)
+}
+
+/// The fingerprint of the cubins for `arch` made by NVRTC `version`.
+pub fn fingerprint(arch: &str, version: (i32, i32)) -> DeviceFingerprint {
+    DeviceFingerprint {
+        arch: format!("cuda-{arch}"),
+        model: format!("NVRTC {}.{}", version.0, version.1),
+        features: Vec::new(),
+    }
+}
+
+/// The architecture of a CUDA cubin store's fingerprint (`None` for another device's).
+pub fn arch_of(fp: &DeviceFingerprint) -> Option<&str> {
+    fp.arch.strip_prefix("cuda-")
+}
+
+/// NVRTC, loaded once per process (`Rtc::nvrtc` says where it looks and what to install).
+pub fn nvrtc() -> Result<&'static Rtc, String> {
+    static RTC: OnceLock<Result<Rtc, String>> = OnceLock::new();
+    RTC.get_or_init(Rtc::nvrtc).as_ref().map_err(Clone::clone)
+}
+
+/// The cubin store for `arch` with this process's NVRTC, under the process-wide cache root (memory only where that
+/// store is).
+pub fn store(arch: &str) -> Result<&'static Store, String> {
+    static STORES: OnceLock<Mutex<HashMap<String, &'static Store>>> = OnceLock::new();
+    let version = nvrtc()?.version()?;
+    let fp = fingerprint(arch, version);
+    let mut stores = STORES.get_or_init(Default::default).lock();
+    let store = stores.entry(fp.id()).or_insert_with(|| {
+        let store = match Store::global().root() {
+            Some(root) => Store::open(root.to_path_buf(), &fp),
+            None => Store::memory_only(&fp),
+        };
+        Box::leak(Box::new(store))
+    });
+    Ok(store)
+}
+
+/// The cubin of a rendered kernel for `arch`: from the store, else compiled by NVRTC and stored.
+pub fn cubin(source: &str, name: &str, arch: &str) -> Result<Vec<u8>, String> {
+    let store = store(arch)?;
+    let key = format!("{CUBIN_PREFIX}{source}");
+    if let Some(bytes) = store.get_artifact(&key) {
+        return Ok(bytes);
+    }
+    let bytes = nvrtc()?.compile(source, name, arch)?;
+    COMPILES.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = store.put_artifact(&key, &bytes) {
+        crate::runtime::cache_write_failed("a cubin", &e);
+    }
+    Ok(bytes)
+}
+
+/// How the CUDA device schedules a graph (one function, so ahead-of-time compiles match what the device runs).
+pub fn schedule(graph: &Graph) -> KernelPlan {
+    kiln_jit::kernel::schedule(graph)
+}
+
+/// The architectures `KILN_CUDA_ARCH` names (read once), empty when unset.
+fn precompile_archs() -> &'static [String] {
+    static ARCHS: OnceLock<Vec<String>> = OnceLock::new();
+    ARCHS.get_or_init(|| {
+        std::env::var("KILN_CUDA_ARCH")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect()
+    })
+}
+
+/// With `KILN_CUDA_ARCH` set: compiles the cubins the CUDA device would run for `graph` into the stores of those
+/// architectures (see the module doc). Kernels the CUDA dialect cannot render (linear algebra routines) are left
+/// out: the CUDA device refuses such a graph itself. An NVRTC error is an error: the user asked for these cubins.
+pub fn precompile(graph: &Graph) -> Result<(), String> {
+    let archs = precompile_archs();
+    if archs.is_empty() {
+        return Ok(());
+    }
+    let plan = schedule(graph);
+    for l in &plan.launches {
+        let Ok(k) = cuda::render(&l.kernel, Flavor::Cuda) else { continue };
+        for arch in archs {
+            cubin(&k.source, &k.name, arch).map_err(|e| format!("KILN_CUDA_ARCH={arch}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Imports the bundle at `path` into its cubin store if it is a CUDA bundle (`None` otherwise: the caller imports
+/// it into the CPU's store). Refused when it was made for another architecture than `local_arch` (the GPU's, or
+/// `KILN_CUDA_ARCH`'s first where there is no GPU) or by another NVRTC than this machine's.
+pub fn import_bundle(path: &Path, local_arch: Option<&str>) -> Result<Option<BundleSummary>, String> {
+    let (_, fp) = kiln_autotune::bundle_device(path).map_err(|e| e.to_string())?;
+    let Some(arch) = arch_of(&fp) else { return Ok(None) };
+    let local = local_arch.map(str::to_string).or_else(|| precompile_archs().first().cloned());
+    if let Some(local) = local
+        && local != arch
+    {
+        return Err(format!(
+            "{}: refusing a bundle of cubins compiled for {arch} ({}): this machine's GPU is {local}. Compile for \
+             it with KILN_CUDA_ARCH={local} and `kiln cache export --cuda-arch {local}`",
+            path.display(),
+            fp.model
+        ));
+    }
+    let store = store(arch)?;
+    store.import_bundle(path).map(Some).map_err(|e| e.to_string())
+}
+
+/// The kernels of `plan` that `precompile` compiles, for tests: (name, source).
+pub fn rendered(plan: &KernelPlan) -> Vec<(String, String)> {
+    plan.launches
+        .iter()
+        .filter_map(|l| cuda::render(&l.kernel, Flavor::Cuda).ok())
+        .map(|k| (k.name, k.source))
+        .collect()
+}
