@@ -77,17 +77,50 @@ pub fn store(arch: &str) -> Result<&'static Store, String> {
 
 /// The cubin of a rendered kernel for `arch`: from the store, else compiled by NVRTC and stored.
 pub fn cubin(source: &str, name: &str, arch: &str) -> Result<Vec<u8>, String> {
+    let mut one = cubins(&[(source, name)], arch)?;
+    Ok(one.pop().expect("one cubin per kernel"))
+}
+
+/// The cubins of several rendered kernels `(source, name)` for `arch`, in order: those the store lacks are
+/// compiled in parallel (one NVRTC program per thread, up to the machine's cores: NVRTC compiles distinct programs
+/// concurrently), so a plan's cold start waits for its slowest kernel per core rather than for their sum.
+pub fn cubins(kernels: &[(&str, &str)], arch: &str) -> Result<Vec<Vec<u8>>, String> {
     let store = store(arch)?;
-    let key = format!("{CUBIN_PREFIX}{source}");
-    if let Some(bytes) = store.get_artifact(&key) {
-        return Ok(bytes);
+    let key = |source: &str| format!("{CUBIN_PREFIX}{source}");
+    let mut out: Vec<Option<Vec<u8>>> = kernels.iter().map(|(source, _)| store.get_artifact(&key(source))).collect();
+    let missing: Vec<usize> = (0..kernels.len()).filter(|&i| out[i].is_none()).collect();
+    if !missing.is_empty() {
+        let rtc = nvrtc()?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(missing.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let compiled: Vec<(usize, Result<Vec<u8>, String>)> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let j = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(&i) = missing.get(j) else { break done };
+                            done.push((i, rtc.compile(kernels[i].0, kernels[i].1, arch)));
+                        }
+                    })
+                })
+                .collect();
+            workers.into_iter().flat_map(|w| w.join().unwrap_or_default()).collect()
+        });
+        for (i, result) in compiled {
+            let bytes = result?;
+            COMPILES.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = store.put_artifact(&key(kernels[i].0), &bytes) {
+                crate::runtime::cache_write_failed("a cubin", &e);
+            }
+            out[i] = Some(bytes);
+        }
     }
-    let bytes = nvrtc()?.compile(source, name, arch)?;
-    COMPILES.fetch_add(1, Ordering::Relaxed);
-    if let Err(e) = store.put_artifact(&key, &bytes) {
-        crate::runtime::cache_write_failed("a cubin", &e);
-    }
-    Ok(bytes)
+    out.into_iter()
+        .zip(kernels)
+        .map(|(c, (_, name))| c.ok_or_else(|| format!("kernel {name}: a compile thread stopped")))
+        .collect()
 }
 
 /// How the CUDA device schedules a graph (one function, so ahead-of-time compiles match what the device runs).
@@ -117,12 +150,10 @@ pub fn precompile(graph: &Graph) -> Result<(), String> {
     if archs.is_empty() {
         return Ok(());
     }
-    let plan = schedule(graph);
-    for l in &plan.launches {
-        let Ok(k) = cuda::render(&l.kernel, Flavor::Cuda) else { continue };
-        for arch in archs {
-            cubin(&k.source, &k.name, arch).map_err(|e| format!("KILN_CUDA_ARCH={arch}: {e}"))?;
-        }
+    let kernels = rendered(&schedule(graph));
+    let refs: Vec<(&str, &str)> = kernels.iter().map(|(name, source)| (source.as_str(), name.as_str())).collect();
+    for arch in archs {
+        cubins(&refs, arch).map_err(|e| format!("KILN_CUDA_ARCH={arch}: {e}"))?;
     }
     Ok(())
 }
@@ -148,7 +179,7 @@ pub fn import_bundle(path: &Path, local_arch: Option<&str>) -> Result<Option<Bun
     store.import_bundle(path).map(Some).map_err(|e| e.to_string())
 }
 
-/// The kernels of `plan` that `precompile` compiles, for tests: (name, source).
+/// The kernels of `plan` that `precompile` compiles: (name, source).
 pub fn rendered(plan: &KernelPlan) -> Vec<(String, String)> {
     plan.launches
         .iter()

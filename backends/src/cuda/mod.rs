@@ -22,7 +22,10 @@
 //! Cubins are cached on disk per architecture and NVRTC version, and can be compiled ahead of time on a machine
 //! without a GPU and imported as a bundle (`cuda_cache`).
 //!
-//! Deliberately not done yet (issue 21's later points): kernels compiled in parallel on a cold start, a tiled tensor-core GEMM and cuBLASLt in the race (matmuls run as the
+//! A plan's kernels missing from the store compile in parallel (`cuda_cache::cubins`: a GPT training step's 205
+//! cubins for sm_90 took 20.3 s on one core and 10.0 s on two, ~100 ms per NVRTC compile).
+//!
+//! Deliberately not done yet (issue 21's later points): a tiled tensor-core GEMM and cuBLASLt in the race (matmuls run as the
 //! generic reduction kernel), CUDA graphs for replays, buffer donation (the CUDA kernels' parameters are
 //! `__restrict__`, so an output may not alias an input), block reductions, and the linear algebra routines (a
 //! graph with one is refused at compile, naming it).

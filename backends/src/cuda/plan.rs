@@ -43,14 +43,23 @@ pub(super) fn compile(backend: &CudaBackend, graph: &Graph) -> Result<Box<dyn Ex
     let dump = crate::dump::Dump::start(graph, &plan);
     let mut launches = Vec::with_capacity(plan.launches.len());
     let mut temps = vec![0usize; plan.temps.len()];
-    for l in &plan.launches {
-        let k = cuda::render(&l.kernel, Flavor::Cuda).map_err(|e| {
-            err(format!("{e}; run this graph on Device::cpu() (CUDA does not run everything kiln has yet)"))
-        })?;
+    let rendered = plan
+        .launches
+        .iter()
+        .map(|l| {
+            cuda::render(&l.kernel, Flavor::Cuda).map_err(|e| {
+                err(format!("{e}; run this graph on Device::cpu() (CUDA does not run everything kiln has yet)"))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // Every kernel's cubin at once: the ones not cached compile in parallel.
+    let sources: Vec<(&str, &str)> = rendered.iter().map(|k| (k.source.as_str(), k.name.as_str())).collect();
+    crate::cuda_cache::cubins(&sources, &ctx.arch).map_err(err)?;
+    for (l, k) in plan.launches.iter().zip(&rendered) {
         if let Some(d) = &dump {
             d.kernel_files(&l.kernel, "cu", &k.source, "");
         }
-        let function = ctx.function(&k).map_err(err)?;
+        let function = ctx.function(k).map_err(err)?;
         if let Slot::Temp(t) = l.output {
             temps[t] = temps[t].max(l.kernel.output.len * l.kernel.output.dtype.size_of());
         }
