@@ -15,8 +15,9 @@ mod common;
 
 use common::*;
 use kiln::{DType, Device, HostBuffer, Tensor};
+use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::kernel::{Fault, KernelPlan, Slot, schedule};
-use kiln_jit::render::cuda::{Flavor, GpuKernel, host, render};
+use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, GpuKernel, host, render, render_gemm};
 use std::collections::HashMap;
 use std::ffi::c_void;
 
@@ -165,7 +166,7 @@ fn host_library(
     // -ffp-contract=off: no fused multiply-adds the device code would not have either (NVRTC contracts by default;
     // the interpreter does not), so a difference is a semantic one.
     let out = std::process::Command::new(cxx)
-        .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
+        .args(["-std=c++20", "-pthread", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
         .arg(&lib)
         .arg(&src)
         .output()
@@ -180,24 +181,89 @@ fn host_library(
 fn rendered_cuda_matches_the_interpreter_on_the_host() {
     let Some(cxx) = cxx() else { return };
     let dev = Device::cpu();
-    let cases = corpus(&dev);
+    let (failures, _) = run_on_host(&cxx, &corpus(&dev), false);
+    assert!(
+        failures.is_empty(),
+        "{} outputs differ from the interpreter:\n  {}",
+        failures.len(),
+        failures.join("\n  ")
+    );
+}
+
+/// GEMMs (ragged, batched, a transposed operand, fused epilogues) rendered as the tiled CUDA template
+/// (`render_gemm` with the device's default tile), run with the block's threads meeting at real barriers.
+#[test]
+fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
+    let Some(cxx) = cxx() else { return };
+    let dev = Device::cpu();
+    let m = |r: usize, c: usize, k: f32| {
+        Tensor::from_vec((0..r * c).map(|i| ((i as f32) * k).sin()).collect::<Vec<f32>>(), [r, c], &dev).expect("m")
+    };
+    let bias = m(1, 30, 0.9).reshape([30]);
+    let batched_a =
+        Tensor::from_vec((0..3 * 17 * 40).map(|i| (i as f32 * 0.11).cos()).collect(), [3, 17, 40], &dev).expect("a");
+    let batched_b =
+        Tensor::from_vec((0..3 * 40 * 9).map(|i| (i as f32 * 0.07).sin()).collect(), [3, 40, 9], &dev).expect("b");
+    let cases = vec![
+        ("ragged 70 x 50 x 30", vec![m(70, 50, 0.3).matmul(&m(50, 30, 0.5))]),
+        ("bias and relu epilogue", vec![(m(70, 50, 0.3).matmul(&m(50, 30, 0.5)) + &bias).relu()]),
+        ("transposed weight, as nn::Linear", vec![m(33, 20, 0.2).matmul(&m(30, 20, 0.4).t())]),
+        ("batched 3 x 17 x 40 x 9", vec![batched_a.matmul(&batched_b)]),
+        ("K below one slice", vec![m(5, 3, 0.6).matmul(&m(3, 7, 0.8)).mul(2.0)]),
+    ];
+    let (failures, tiled) = run_on_host(&cxx, &cases, true);
+    assert!(tiled >= cases.len(), "every case must run the tiled template ({tiled} launches did)");
+    // NVRTC compiles the same sources for Hopper where it is installed (CI; `gpu_check` also compiles every tiled
+    // GEMM the suites produce for sm_80, sm_90, gfx90a and gfx1030).
+    if let Ok(nvrtc) = kiln_backends::rtc::Rtc::nvrtc() {
+        for (name, outs) in &cases {
+            let cap = kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture");
+            for l in &schedule(&cap.graph).launches {
+                if let Some(Ok(g)) =
+                    GemmView::of(&l.kernel).map(|v| render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda))
+                {
+                    nvrtc.compile(&g.source, &g.name, "sm_90").unwrap_or_else(|log| panic!("{name}: {log}"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} outputs differ from the interpreter:\n  {}",
+        failures.len(),
+        failures.join("\n  ")
+    );
+}
+
+/// Runs every launch of each case's plan under the host shim (GEMMs as the tiled template where `tiled` and the
+/// kernel is one) and compares the outputs with the interpreter; returns the differences and how many launches
+/// ran the tiled template.
+fn run_on_host(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool) -> (Vec<String>, usize) {
     // Every launch of every case's plan, rendered.
     let mut plans: Vec<(&str, kiln::Captured, KernelPlan)> = Vec::new();
-    for (name, outs) in &cases {
+    for (name, outs) in cases {
         let refs: Vec<&Tensor> = outs.iter().collect();
         let cap = kiln::capture(&refs).expect("capture");
         let plan = schedule(&cap.graph);
         plans.push((name, cap, plan));
     }
     let mut kernels: Vec<(GpuKernel, kiln_jit::kernel::KernelIr)> = Vec::new();
+    let mut tiled_launches = 0;
     for (name, _, plan) in &plans {
         for l in &plan.launches {
-            let g = render(&l.kernel, Flavor::Cuda).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let gemm = GemmView::of(&l.kernel).filter(|_| tiled);
+            let g = match gemm.map(|v| render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda)) {
+                Some(Ok(g)) => {
+                    tiled_launches += 1;
+                    g
+                }
+                _ => render(&l.kernel, Flavor::Cuda).unwrap_or_else(|e| panic!("{name}: {e}")),
+            };
             kernels.push((g, l.kernel.clone()));
         }
     }
     let refs: Vec<(&GpuKernel, &kiln_jit::kernel::KernelIr)> = kernels.iter().map(|(g, k)| (g, k)).collect();
-    let (_dir, lib) = host_library(&cxx, &refs);
+    let (_dir, lib) = host_library(cxx, &refs);
     let mut at = 0;
     let mut failures = Vec::new();
     for (name, cap, plan) in &plans {
@@ -251,12 +317,7 @@ fn rendered_cuda_matches_the_interpreter_on_the_host() {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} outputs differ from the interpreter:\n  {}",
-        failures.len(),
-        failures.join("\n  ")
-    );
+    (failures, tiled_launches)
 }
 
 /// A gathered index out of range claims the fault record with the index and the length, as on every device.

@@ -20,8 +20,9 @@
 use crate::rtc::Rtc;
 use kiln_autotune::{BundleSummary, DeviceFingerprint, Store};
 use kiln_jit::Graph;
-use kiln_jit::kernel::KernelPlan;
-use kiln_jit::render::cuda::{self, Flavor};
+use kiln_jit::kernel::gemm::GemmView;
+use kiln_jit::kernel::{KernelIr, KernelPlan};
+use kiln_jit::render::cuda::{self, Flavor, GpuKernel};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
@@ -128,6 +129,17 @@ pub fn schedule(graph: &Graph) -> KernelPlan {
     kiln_jit::kernel::schedule(graph)
 }
 
+/// How the CUDA device renders a kernel: an f32 GEMM as the tiled template in the default tile, anything else (or
+/// a GEMM the template declines) as the generic kernel. Shared with ahead-of-time compiles, as `schedule` is.
+pub fn render(k: &KernelIr) -> Result<GpuKernel, String> {
+    if let Some(v) = GemmView::of(k)
+        && let Ok(g) = cuda::render_gemm(k, &v, cuda::DEFAULT_TILE, Flavor::Cuda)
+    {
+        return Ok(g);
+    }
+    cuda::render(k, Flavor::Cuda)
+}
+
 /// The architectures `KILN_CUDA_ARCH` names (read once), empty when unset.
 fn precompile_archs() -> &'static [String] {
     static ARCHS: OnceLock<Vec<String>> = OnceLock::new();
@@ -181,9 +193,5 @@ pub fn import_bundle(path: &Path, local_arch: Option<&str>) -> Result<Option<Bun
 
 /// The kernels of `plan` that `precompile` compiles: (name, source).
 pub fn rendered(plan: &KernelPlan) -> Vec<(String, String)> {
-    plan.launches
-        .iter()
-        .filter_map(|l| cuda::render(&l.kernel, Flavor::Cuda).ok())
-        .map(|k| (k.name, k.source))
-        .collect()
+    plan.launches.iter().filter_map(|l| render(&l.kernel).ok()).map(|k| (k.name, k.source)).collect()
 }

@@ -4,13 +4,15 @@
 //! checks produce, on a machine without a GPU. Kernels are queued (once per distinct source) and compiled in batches
 //! of [`BATCH`], one translation unit each (every kernel in a namespace of its own); a batch that fails is compiled
 //! kernel by kernel to name the one at fault, and the error carries its source and the compiler's log. A kernel
-//! the renderers refuse (a linear algebra routine: `cuda::check`) is counted, not compiled.
+//! the renderers refuse (a linear algebra routine: `cuda::check`) is counted, not compiled. A GEMM kernel is also
+//! compiled as the tiled template in the CUDA device's default tile (`cuda::render_gemm`), as the device runs it.
 //!
 //! A backend calls [`note`] when it compiles a plan (a failed auto-flush fails that compile); a test calls
 //! [`flush`] when it ends, which compiles what is left and reports what was checked.
 
 use kiln_jit::kernel::KernelPlan;
-use kiln_jit::render::cuda::{Flavor, render};
+use kiln_jit::kernel::gemm::GemmView;
+use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, render, render_gemm};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -67,6 +69,15 @@ pub fn note(plan: &KernelPlan) -> Result<(), String> {
             cuda.hash(&mut h);
             if st.seen.insert(h.finish()) {
                 st.queue.push((l.kernel.name.clone(), cuda, hip));
+            }
+            // A GEMM also as the tiled template the CUDA device runs it with.
+            let tiled = |f| GemmView::of(&l.kernel).and_then(|v| render_gemm(&l.kernel, &v, DEFAULT_TILE, f).ok());
+            if let (Some(cuda), Some(hip)) = (tiled(Flavor::Cuda), tiled(Flavor::Hip)) {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                cuda.source.hash(&mut h);
+                if st.seen.insert(h.finish()) {
+                    st.queue.push((format!("{} (tiled)", l.kernel.name), cuda.source, hip.source));
+                }
             }
         }
         st.queue.len() >= BATCH

@@ -25,8 +25,11 @@
 //! A plan's kernels missing from the store compile in parallel (`cuda_cache::cubins`: a GPT training step's 205
 //! cubins for sm_90 took 20.3 s on one core and 10.0 s on two, ~100 ms per NVRTC compile).
 //!
-//! Deliberately not done yet (issue 21's later points): a tiled tensor-core GEMM and cuBLASLt in the race (matmuls run as the
-//! generic reduction kernel), CUDA graphs for replays, buffer donation (the CUDA kernels' parameters are
+//! f32 matmuls run as the shared tiled GEMM template (shared-memory staging, 4 x 4 register tiles) in one default
+//! tile (`cuda_cache::render`); other dtypes as the generic reduction kernel.
+//!
+//! Deliberately not done yet (issue 21's later points): tuning the tile, tensor-core (`mma.sync`) tiles for
+//! f16/bf16/TF32, split K, cuBLASLt in the race, CUDA graphs for replays, buffer donation (the CUDA kernels' parameters are
 //! `__restrict__`, so an output may not alias an input), block reductions, and the linear algebra routines (a
 //! graph with one is refused at compile, naming it).
 

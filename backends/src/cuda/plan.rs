@@ -10,7 +10,6 @@ use crate::plan_run::{DevicePlan, Place, PlanShape, Planned, Run};
 use crate::{BackendError, Buffer, Executable};
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg, sys};
 use kiln_jit::kernel::{FAULT_WORDS, Fault, KernelPlan, Slot};
-use kiln_jit::render::cuda::{self, Flavor};
 use kiln_jit::{DType, Graph, RngKey};
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -47,7 +46,7 @@ pub(super) fn compile(backend: &CudaBackend, graph: &Graph) -> Result<Box<dyn Ex
         .launches
         .iter()
         .map(|l| {
-            cuda::render(&l.kernel, Flavor::Cuda).map_err(|e| {
+            crate::cuda_cache::render(&l.kernel).map_err(|e| {
                 err(format!("{e}; run this graph on Device::cpu() (CUDA does not run everything kiln has yet)"))
             })
         })

@@ -1,12 +1,15 @@
 //! The rendered CUDA C under a host shim, for tests on machines without a GPU: a few definitions make the kernel
-//! plain C++ (`__global__` and `__device__` vanish, `blockIdx` / `threadIdx` are globals, the bit casts go through
-//! `memcpy`, `atomicCAS` is a plain compare and swap), and a driver per kernel (`kiln_run_<i>(args, grid x, grid y,
-//! block)`) runs every thread of every block in turn. Compiled by the host's C++ compiler and compared with the
-//! interpreter, a wrong index, fold or helper fails without a GPU.
+//! plain C++ (`__global__` and `__device__` vanish, `blockIdx` / `threadIdx` are thread-local globals, the bit
+//! casts go through `memcpy`, `atomicCAS` is a plain compare and swap), and a driver per kernel
+//! (`kiln_run_<i>(args, grid x, grid y, block)`) runs every block in turn. A kernel without barriers runs its
+//! block's threads one after another; one with `__syncthreads` (the tiled GEMM) runs them as real threads meeting
+//! at a `std::barrier`, with its `__shared__` arrays shared by them, so a tile staged by the whole block is
+//! staged. Compiled by the host's C++ compiler (C++20) and compared with the interpreter, a wrong index, fold,
+//! helper or staging step fails without a GPU.
 //!
 //! What it cannot cover: the device's own math library (the host's libm stands in for `sinf`, `expf`, ...), the
-//! memory model and concurrency (threads run one after another: a race, a missing barrier or a non-atomic
-//! reduction passes here), warp-level instructions and tensor cores (none in these kernels yet), and timing.
+//! GPU's memory model (a race the host's scheduling hides, or a non-atomic reduction, can pass here), warp-level
+//! instructions and tensor cores (none in these kernels yet), and timing.
 
 use super::GpuKernel;
 use super::dialect::storage_ty;
@@ -18,8 +21,14 @@ const SHIM: &str = r#"// kiln: CUDA C under a host shim (render/cuda/host.rs)
 #include <cstring>
 #include <algorithm>
 #include <cstdlib>
+#include <barrier>
+#include <thread>
+#include <vector>
 struct kiln_dim3 { unsigned int x, y, z; };
-static kiln_dim3 threadIdx, blockIdx, blockDim, gridDim;
+static thread_local kiln_dim3 threadIdx, blockIdx;
+static kiln_dim3 blockDim, gridDim;
+static std::barrier<>* kiln_bar = nullptr;
+inline void __syncthreads() { kiln_bar->arrive_and_wait(); }
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -56,16 +65,29 @@ pub fn host_unit(kernels: &[(&GpuKernel, &KernelIr)]) -> String {
         if g.can_fault {
             args.push(format!("(int*)args[{next}]"));
         }
+        let call = format!("kiln_k{i}::{}({})", k.name, args.join(", "));
         let _ = write!(
             s,
             "extern \"C\" void kiln_run_{i}(void** args, unsigned int gx, unsigned int gy, unsigned int block) {{\n    \
              gridDim = {{gx, gy, 1}};\n    blockDim = {{block, 1, 1}};\n    \
-             for (unsigned int by = 0; by < gy; by++)\n        for (unsigned int bx = 0; bx < gx; bx++)\n            \
-             for (unsigned int t = 0; t < block; t++) {{\n                blockIdx = {{bx, by, 0}};\n                \
-             threadIdx = {{t, 0, 0}};\n                kiln_k{i}::{}({});\n            }}\n}}\n",
-            k.name,
-            args.join(", ")
+             for (unsigned int by = 0; by < gy; by++)\n        for (unsigned int bx = 0; bx < gx; bx++) {{\n"
         );
+        if g.source.contains("__syncthreads") {
+            // The block's threads run at once and meet at each barrier.
+            let _ = write!(
+                s,
+                "            std::barrier<> bar(block);\n            kiln_bar = &bar;\n            \
+                 std::vector<std::thread> ts;\n            for (unsigned int t = 0; t < block; t++)\n                \
+                 ts.emplace_back([=] {{ blockIdx = {{bx, by, 0}}; threadIdx = {{t, 0, 0}}; {call}; }});\n            \
+                 for (auto& th : ts) th.join();\n        }}\n}}\n"
+            );
+        } else {
+            let _ = write!(
+                s,
+                "            for (unsigned int t = 0; t < block; t++) {{\n                blockIdx = {{bx, by, 0}};\n                \
+                 threadIdx = {{t, 0, 0}};\n                {call};\n            }}\n        }}\n}}\n"
+            );
+        }
     }
     s
 }

@@ -21,10 +21,12 @@
 //! driver.
 
 mod dialect;
+mod gemm;
 pub mod host;
 mod math;
 
 pub use dialect::CudaC;
+pub use gemm::{DEFAULT_TILE, render_gemm};
 
 use crate::dtype::DType;
 use crate::kernel::KernelIr;

@@ -1,0 +1,79 @@
+//! The tiled GEMM template (`render::cstyle::gemm_parts`) as one CUDA C / HIP C kernel: the shared template's
+//! epilogue (a lambda, as the dialect's functions are: it reads the kernel's parameters), the two `__shared__`
+//! slices and the staging body inside one `__global__` function with the generic kernels' parameter list. The grid
+//! is (tiles of N) x (tiles of M * batch), one block of `tile.threads()` threads per tile, as on WGSL.
+//!
+//! Does not own: which tile to use (the device's default or its tuner), or whether a kernel is a GEMM
+//! (`GemmView::of`). Not yet: tensor-core (`mma.sync`) tiles, vector loads, split K.
+
+use super::{CudaC, Flavor, GpuKernel, MAX_GRID_X, check, dialect::storage_ty, math};
+use crate::dtype::DType;
+use crate::kernel::KernelIr;
+use crate::kernel::gemm::GemmView;
+use crate::render::cstyle::{self, Emitter, GemmTile, gemm_parts};
+use std::fmt::Write;
+
+/// The tile a CUDA GEMM uses until the device tunes its own: 64 x 64 of C per block, 4 x 4 per thread (256
+/// threads), K in slices of 16 (8 KiB of shared memory).
+pub const DEFAULT_TILE: GemmTile = GemmTile { tm: 64, tn: 64, rm: 4, rn: 4, kt: 16 };
+
+/// Renders GEMM kernel `k` (recognized as `v`) with tile `t` for `flavor`. Errors for a kernel the dialect cannot
+/// render, a malformed tile, one that gathers (its fault record is not threaded through the template), or a grid
+/// beyond the launch limits (the caller then renders the generic kernel).
+pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile, flavor: Flavor) -> Result<GpuKernel, String> {
+    check(k, flavor)?;
+    if !t.well_formed() {
+        return Err(format!("malformed GEMM tile {t:?}"));
+    }
+    if k.can_fault() {
+        return Err(format!("kernel {}: a GEMM that gathers runs as the generic kernel", k.name));
+    }
+    // The template stages both operands in f32 shared arrays: other dtypes would lose bits (f64) or need their own
+    // staging (f16 and bf16, later with tensor cores).
+    if v.operands != DType::F32 || v.out != DType::F32 {
+        return Err(format!("kernel {}: the tiled GEMM takes f32 operands and output", k.name));
+    }
+    let tiles_m = v.m.div_ceil(t.tm as usize) as u64;
+    let tiles_n = v.n.div_ceil(t.tn as usize) as u64;
+    let rows = tiles_m * v.batch_count().max(1) as u64;
+    if tiles_n > MAX_GRID_X || rows > 65_535 {
+        return Err(format!("GEMM grid {tiles_n} x {rows} exceeds the launch limits"));
+    }
+    let dialect = CudaC { flavor };
+    let mut em = Emitter::new(&dialect, k);
+    let parts = gemm_parts(&mut em, v, t);
+    if k.inputs.iter().chain([&k.output]).any(|b| b.dtype == DType::F16) {
+        em.helpers.insert(cstyle::Helper::F16);
+    }
+    let mut s = format!("// kiln kernel {} ({}, tiled GEMM {})\n", k.name, flavor.name(), t.name());
+    s.push_str(math::PRELUDE);
+    s.push_str(&em.helpers_source());
+    let mut params: Vec<String> = k
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, b)| format!("const {}* __restrict__ in{i}", storage_ty(b.dtype)))
+        .collect();
+    params.push(format!("{}* __restrict__ out", storage_ty(k.output.dtype)));
+    if em.uses_rng {
+        params.push("const unsigned int* __restrict__ rng".into());
+    }
+    let threads = t.threads();
+    let _ =
+        write!(s, "\nextern \"C\" __global__ void __launch_bounds__({threads}) {}({}) {{\n", k.name, params.join(", "));
+    for line in parts.epilogue.lines().chain(parts.shared.lines()).chain(parts.body.lines()) {
+        if !line.is_empty() {
+            let _ = writeln!(s, "    {line}");
+        }
+    }
+    s.push_str("}\n");
+    Ok(GpuKernel {
+        name: k.name.clone(),
+        source: s,
+        block: threads,
+        grid: (tiles_n as u32, rows as u32),
+        threads: u64::from(threads) * tiles_n * rows,
+        uses_rng: em.uses_rng,
+        can_fault: false,
+    })
+}
