@@ -27,6 +27,24 @@ pub mod runtime;
 pub mod wgpu;
 
 use kiln_autotune::{Mode, TuneRecord};
+
+/// The pool bucket (bytes) of a device buffer of `bytes` (the wgpu and CUDA devices' pools): powers of two up to
+/// 1 MiB, then whole MiB; at least 256. At most 2x the size for small buffers and under 1 MiB more for large ones,
+/// while a replayed plan's buffers of nearby sizes share buckets.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub(crate) fn pool_bucket(bytes: usize) -> usize {
+    const MIB: usize = 1 << 20;
+    if bytes <= MIB { bytes.max(256).next_power_of_two() } else { bytes.div_ceil(MIB) * MIB }
+}
+
+#[cfg(all(test, any(feature = "wgpu", feature = "cuda")))]
+#[test]
+fn pool_buckets_grow_by_powers_of_two_then_whole_mebibytes() {
+    assert_eq!(pool_bucket(0), 256);
+    assert_eq!(pool_bucket(300), 512);
+    assert_eq!(pool_bucket(1 << 20), 1 << 20);
+    assert_eq!(pool_bucket((1 << 20) + 1), 2 << 20);
+}
 use kiln_jit::kernel::Donation;
 use kiln_jit::{Graph, HostBuffer, RngKey};
 

@@ -464,6 +464,17 @@ pub struct RngKey {
     pub offset: u64,
 }
 
+impl RngKey {
+    /// Keys as the GPU kernels read them: four 32-bit words each (seed low, seed high, offset low, offset high),
+    /// little-endian bytes, one slot after another.
+    pub fn gpu_bytes(keys: &[RngKey]) -> Vec<u8> {
+        keys.iter()
+            .flat_map(|k| [k.seed as u32, (k.seed >> 32) as u32, k.offset as u32, (k.offset >> 32) as u32])
+            .flat_map(u32::to_le_bytes)
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

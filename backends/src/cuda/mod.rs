@@ -120,12 +120,6 @@ impl CudaBackend {
     }
 }
 
-/// Pool bucket (bytes) for a buffer of `bytes`: powers of two up to 1 MiB, then whole MiB; at least 256.
-fn bucket(bytes: usize) -> usize {
-    const MIB: usize = 1 << 20;
-    if bytes <= MIB { bytes.max(256).next_power_of_two() } else { bytes.div_ceil(MIB) * MIB }
-}
-
 /// Device memory for `len` elements of `dtype`.
 pub struct DeviceBuffer {
     slice: Option<CudaSlice<u8>>,
@@ -190,7 +184,7 @@ fn exec(reason: String) -> BackendError {
 impl Ctx {
     /// A pooled buffer for `len` elements of `dtype` (contents undefined).
     pub(crate) fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<DeviceBuffer, BackendError> {
-        let bytes = bucket(len * dtype.size_of());
+        let bytes = crate::pool_bucket(len * dtype.size_of());
         let pooled = self.pool.lock().get_mut(&bytes).and_then(Vec::pop);
         let slice = match pooled {
             Some(s) => s,
@@ -333,12 +327,5 @@ mod tests {
             assert_eq!(bytes.len(), 7 * dtype.size_of(), "{dtype}: the device stores each element in its width");
             assert_eq!(from_bytes(dtype, &bytes, 7), host, "{dtype}");
         }
-    }
-
-    #[test]
-    fn buckets_grow_by_powers_of_two_then_whole_mebibytes() {
-        assert_eq!(bucket(0), 256);
-        assert_eq!(bucket(300), 512);
-        assert_eq!(bucket((1 << 20) + 1), 2 << 20);
     }
 }

@@ -133,11 +133,7 @@ impl DevicePlan for CudaPlan {
         }
         let temps = self.temps.iter().map(|&n| ctx.alloc(DType::U8, n)).collect::<Result<_, _>>()?;
         let rng = if self.uses_rng && !rng.is_empty() {
-            let words: Vec<u8> = rng
-                .iter()
-                .flat_map(|k| [k.seed as u32, (k.seed >> 32) as u32, k.offset as u32, (k.offset >> 32) as u32])
-                .flat_map(u32::to_le_bytes)
-                .collect();
+            let words = RngKey::gpu_bytes(rng);
             let mut b = ctx.alloc(DType::U32, words.len() / 4)?;
             ctx.write(&mut b, &words)?;
             Some(b)
@@ -203,10 +199,7 @@ impl DevicePlan for CudaPlan {
     fn finish(&self, st: CudaRun, _outputs: &mut [Buffer]) -> Result<(), BackendError> {
         if let Some(f) = &st.fault {
             let bytes = self.ctx.read(f, FAULT_WORDS * 4)?;
-            let words: [i64; FAULT_WORDS] = std::array::from_fn(|i| {
-                i32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]) as i64
-            });
-            if let Some(fault) = Fault::decode(words) {
+            if let Some(fault) = Fault::decode_i32_bytes(&bytes) {
                 return Err(BackendError::Fault { device: NAME, fault });
             }
         }

@@ -228,12 +228,6 @@ impl WgpuBackend {
     }
 }
 
-/// Pool bucket (bytes) for a buffer of `bytes`: powers of two up to 1 MiB, then whole MiB; at least 256.
-fn bucket(bytes: u64) -> u64 {
-    const MIB: u64 = 1 << 20;
-    if bytes <= MIB { bytes.max(256).next_power_of_two() } else { bytes.div_ceil(MIB) * MIB }
-}
-
 /// A buffer on the wgpu device: `len` elements of `dtype`, one 32-bit word each.
 pub struct DeviceBuffer {
     buf: Option<wgpu::Buffer>,
@@ -277,7 +271,7 @@ impl Drop for DeviceBuffer {
 impl Ctx {
     /// A pooled buffer for `len` elements of `dtype` (contents undefined).
     pub(crate) fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<DeviceBuffer, BackendError> {
-        let bytes = bucket((len * wgsl::WORD) as u64);
+        let bytes = crate::pool_bucket(len * wgsl::WORD) as u64;
         let max = self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size);
         if bytes > max {
             return Err(BackendError::Execute {

@@ -186,11 +186,7 @@ impl DevicePlan for WgpuPlan {
         let temps = self.temps.iter().map(|&n| ctx.alloc(DType::F32, n)).collect::<Result<_, _>>()?;
         let placeholder = if run.any_donated() { Some(ctx.alloc(DType::F32, 1)?) } else { None };
         let rng = if self.uses_rng && !rng.is_empty() {
-            let words: Vec<u8> = rng
-                .iter()
-                .flat_map(|k| [k.seed as u32, (k.seed >> 32) as u32, k.offset as u32, (k.offset >> 32) as u32])
-                .flat_map(u32::to_le_bytes)
-                .collect();
+            let words = RngKey::gpu_bytes(rng);
             let b = ctx.alloc(DType::I32, words.len() / 4)?;
             ctx.queue.write_buffer(b.raw(), 0, &words);
             Some(b)
@@ -277,10 +273,7 @@ impl DevicePlan for WgpuPlan {
         // before the device has finished).
         if let Some(f) = fault {
             let bytes = self.ctx.read_words(f.raw(), kiln_jit::kernel::FAULT_WORDS)?;
-            let words: [i64; kiln_jit::kernel::FAULT_WORDS] = std::array::from_fn(|i| {
-                i32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]) as i64
-            });
-            if let Some(fault) = kiln_jit::kernel::Fault::decode(words) {
+            if let Some(fault) = kiln_jit::kernel::Fault::decode_i32_bytes(&bytes) {
                 return Err(BackendError::Fault { device: NAME, fault });
             }
         }

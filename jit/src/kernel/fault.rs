@@ -50,6 +50,15 @@ impl Fault {
         }
     }
 
+    /// The fault a record of 32-bit words holds (a GPU's: little-endian bytes), `None` when no kernel wrote one.
+    pub fn decode_i32_bytes(bytes: &[u8]) -> Option<Fault> {
+        let words: [i64; FAULT_WORDS] = std::array::from_fn(|i| {
+            let w = bytes.get(4 * i..4 * i + 4).map_or([0; 4], |b| [b[0], b[1], b[2], b[3]]);
+            i32::from_le_bytes(w) as i64
+        });
+        Fault::decode(words)
+    }
+
     /// The fault a record holds, `None` when no kernel wrote one.
     pub fn decode(words: [i64; FAULT_WORDS]) -> Option<Fault> {
         match words[0] {

@@ -6,7 +6,7 @@
 //! Does not own: which tile to use (the device's default or its tuner), or whether a kernel is a GEMM
 //! (`GemmView::of`). Not yet: tensor-core (`mma.sync`) tiles, vector loads, split K.
 
-use super::{CudaC, Flavor, GpuKernel, MAX_GRID_X, check, dialect::storage_ty, math};
+use super::{CudaC, Flavor, GpuKernel, MAX_GRID_X, check, math, params};
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
 use crate::kernel::gemm::GemmView;
@@ -48,19 +48,13 @@ pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile, flavor: Flavor) -> R
     let mut s = format!("// kiln kernel {} ({}, tiled GEMM {})\n", k.name, flavor.name(), t.name());
     s.push_str(math::PRELUDE);
     s.push_str(&em.helpers_source());
-    let mut params: Vec<String> = k
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(i, b)| format!("const {}* __restrict__ in{i}", storage_ty(b.dtype)))
-        .collect();
-    params.push(format!("{}* __restrict__ out", storage_ty(k.output.dtype)));
-    if em.uses_rng {
-        params.push("const unsigned int* __restrict__ rng".into());
-    }
     let threads = t.threads();
-    let _ =
-        write!(s, "\nextern \"C\" __global__ void __launch_bounds__({threads}) {}({}) {{\n", k.name, params.join(", "));
+    let _ = write!(
+        s,
+        "\nextern \"C\" __global__ void __launch_bounds__({threads}) {}({}) {{\n",
+        k.name,
+        params(k, em.uses_rng, false)
+    );
     for line in parts.epilogue.lines().chain(parts.shared.lines()).chain(parts.body.lines()) {
         if !line.is_empty() {
             let _ = writeln!(s, "    {line}");

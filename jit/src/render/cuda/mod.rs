@@ -79,6 +79,25 @@ pub fn check(k: &KernelIr, flavor: Flavor) -> Result<(), String> {
     cstyle::check_i32_indices(k)
 }
 
+/// A kernel's parameter list: its inputs (const, restrict) in their storage types, the output, then the rng keys
+/// and the fault record where it has them.
+fn params(k: &KernelIr, uses_rng: bool, can_fault: bool) -> String {
+    let mut params: Vec<String> = k
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, b)| format!("const {}* __restrict__ in{i}", storage_ty(b.dtype)))
+        .collect();
+    params.push(format!("{}* __restrict__ out", storage_ty(k.output.dtype)));
+    if uses_rng {
+        params.push("const unsigned int* __restrict__ rng".into());
+    }
+    if can_fault {
+        params.push("int* __restrict__ fault".into());
+    }
+    params.join(", ")
+}
+
 /// Renders `k` for `flavor`.
 pub fn render(k: &KernelIr, flavor: Flavor) -> Result<GpuKernel, String> {
     check(k, flavor)?;
@@ -105,21 +124,12 @@ pub fn render(k: &KernelIr, flavor: Flavor) -> Result<GpuKernel, String> {
     let mut s = format!("// kiln kernel {} ({})\n", k.name, flavor.name());
     s.push_str(math::PRELUDE);
     s.push_str(&em.helpers_source());
-    let mut params: Vec<String> = k
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(i, b)| format!("const {}* __restrict__ in{i}", storage_ty(b.dtype)))
-        .collect();
-    params.push(format!("{}* __restrict__ out", storage_ty(k.output.dtype)));
-    if em.uses_rng {
-        params.push("const unsigned int* __restrict__ rng".into());
-    }
-    if k.can_fault() {
-        params.push("int* __restrict__ fault".into());
-    }
-    let _ =
-        write!(s, "\nextern \"C\" __global__ void __launch_bounds__({block}) {}({}) {{\n", k.name, params.join(", "));
+    let _ = write!(
+        s,
+        "\nextern \"C\" __global__ void __launch_bounds__({block}) {}({}) {{\n",
+        k.name,
+        params(k, em.uses_rng, k.can_fault())
+    );
     if threads > 0 {
         for line in body.lines().skip_while(|l| l.is_empty()) {
             if line.is_empty() {
