@@ -140,6 +140,17 @@ enum Link {
     Mpi(mpi::MpiLink),
 }
 
+/// `op` on a tensor of `dtype`: a mean needs a float (as NCCL's average), refused before any data moves.
+fn check_op(op: ReduceOp, dtype: DType) -> Result<()> {
+    if op == ReduceOp::Mean && !dtype.is_float() {
+        return Err(Error::Distributed {
+            op: "all_reduce",
+            message: format!("ReduceOp::Mean needs a float tensor, not {dtype} (use Sum)"),
+        });
+    }
+    Ok(())
+}
+
 /// The environment variables launchers set, and what they say about the world size.
 fn launcher_world() -> Option<(&'static str, String)> {
     ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"].into_iter().find_map(|k| std::env::var(k).ok().map(|v| (k, v)))
@@ -309,14 +320,21 @@ impl ProcessGroup {
 
     /// The element-wise sum (or mean) of `t` over every rank, on every rank: the same bits everywhere.
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        if op == ReduceOp::Mean && !t.dtype().is_float() {
-            return Err(Error::Distributed {
-                op: "all_reduce",
-                message: format!("ReduceOp::Mean needs a float tensor, not {} (use Sum)", t.dtype()),
-            });
-        }
-        let summed = self.all_reduce_host(vec![host_of(t)?], t.dtype(), t.dims())?;
-        let out = Tensor::from_host(summed, t.shape().clone(), &t.device())?;
+        check_op(op, t.dtype())?;
+        self.reduce_to_tensor(host_of(t)?, t.shape().clone(), t.dtype(), t.device(), op)
+    }
+
+    /// The sum (or mean) of `host` over every rank as a realized tensor of `shape` on `device`.
+    fn reduce_to_tensor(
+        &self,
+        host: HostData,
+        shape: Shape,
+        dtype: DType,
+        device: crate::Device,
+        op: ReduceOp,
+    ) -> Result<Tensor> {
+        let summed = self.all_reduce_host(vec![host], dtype, shape.dims())?;
+        let out = Tensor::from_host(summed, shape, &device)?;
         if op == ReduceOp::Mean && self.world_size() > 1 {
             let mean = crate::no_grad(|| out.div(self.world_size() as f64));
             mean.realize()?;
@@ -392,26 +410,13 @@ impl ProcessGroup {
     /// way); otherwise it is `all_reduce`. A large result in new memory pays the first touch of every page, which
     /// costs more than the all-reduce on some hosts (`docs/distributed.md`).
     pub fn all_reduce_into(&self, t: Tensor, op: ReduceOp) -> Result<Tensor> {
+        check_op(op, t.dtype())?;
         let (shape, dtype, device) = (t.shape().clone(), t.dtype(), t.device());
         t.realize()?;
-        let host = match t.into_unique_host() {
-            Ok(h) => HostData::Owned(h),
-            Err(t) => return self.all_reduce(&t, op),
-        };
-        if op == ReduceOp::Mean && !dtype.is_float() {
-            return Err(Error::Distributed {
-                op: "all_reduce",
-                message: format!("ReduceOp::Mean needs a float tensor, not {dtype} (use Sum)"),
-            });
+        match t.into_unique_host() {
+            Ok(h) => self.reduce_to_tensor(HostData::Owned(h), shape, dtype, device, op),
+            Err(t) => self.all_reduce(&t, op),
         }
-        let summed = self.all_reduce_host(vec![host], dtype, shape.dims())?;
-        let out = Tensor::from_host(summed, shape, &device)?;
-        if op == ReduceOp::Mean && self.world_size() > 1 {
-            let mean = crate::no_grad(|| out.div(self.world_size() as f64));
-            mean.realize()?;
-            return Ok(mean);
-        }
-        Ok(out)
     }
 
     /// Rank `root`'s `t` on every rank (each passes a tensor of the same dtype and shape; the others' values are

@@ -122,8 +122,8 @@ impl DevicePlan for CudaPlan {
         rng: &[RngKey],
     ) -> Result<CudaRun, BackendError> {
         let ctx = &self.ctx;
-        // Another GPU's memory is not this one's to read.
-        if inputs.iter().chain(outputs.iter().collect::<Vec<_>>().iter()).any(|b| !dev(b).on(ctx)) {
+        // Another GPU's memory is not this one's to read (the outputs were allocated here: this plan donates nothing).
+        if inputs.iter().any(|b| !dev(b).on(ctx)) {
             return Err(BackendError::ForeignBuffer { device: NAME });
         }
         for &(o, i) in &self.shape.passthrough {
