@@ -12,8 +12,12 @@
 //! `exp`, `tanh`, `log`, comparisons, `where`, bool `and`/`or`/`not`, i32 `==`/`!=`; loads that walk n contiguously,
 //! per element or per column, loads that stand still along a row, values uniform over the launch). It *is* an epilogue without an
 //! accumulator, so it is translated by the same code and its arithmetic emitted by the same emitter
-//! (`asm::emit_insts`); only the loop around it is this file's. Anything else (another dtype, sin/cos, max/min with
-//! their NaN rule, a gather, a value uniform per batch element only) stays a Cranelift kernel. Results are
+//! (`asm::emit_insts`); only the loop around it is this file's. bf16 runs too, at 16 lanes only: loads widen 2-byte
+//! elements to their exact f32 values (`vpmovzxwd`, shift), each bf16 result of arithmetic is rounded in the program
+//! with the Cranelift kernels' integer rounding, and a bf16 output is stored as each lane's top half (`vpmovdw`),
+//! all masked by k1 at the edges; AVX2 has no 2-byte masked moves, so an 8-lane-only host keeps bf16 on Cranelift.
+//! Anything else (another dtype, sin/cos, max/min with their NaN rule, a gather, a value uniform per batch element
+//! only) stays a Cranelift kernel. Results are
 //! bit-identical to the Cranelift kernel's: the same IEEE operations in the same order, never contracted into an FMA
 //! the Cranelift kernel does not use; for everything but `exp`, `tanh` and `log` (whose polynomials the interpreter
 //! does not share) that is also the interpreter's value. At 8 lanes, `exp`, sigmoid and softmax over large f32
@@ -37,7 +41,8 @@
 //! crosses a batch element), or for one row, chunks of one vector's columns.
 //!
 //! The width (`width`): 16 lanes where AVX-512 is allowed and its measured FMA peak is at least 1.5x the 8-lane one
-//! (`cpu::isa`), else 8. Both widths run the same loop and register program (`asm::VecIsa`); the 16-lane one's
+//! (`cpu::isa`), else 8; a kernel with bf16 values takes 16 wherever AVX-512 is allowed. The column offset (rax)
+//! counts 4 bytes per element, or 2 in a kernel with a bf16 operand or output (its f32 accesses scale it by 2). Both widths run the same loop and register program (`asm::VecIsa`); the 16-lane one's
 //! vector moves are EVEX (`gemm::evex`), its constants read through rbp. Elementwise results are bit-identical at
 //! both widths; a row sum's lanes are added in another order (within the row-sum tolerance).
 //!
@@ -53,7 +58,7 @@
 use super::gemm::asm::{self, EpInst, EpProgram, VecIsa};
 use super::gemm::asm512::Zmm;
 use super::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
-use super::gemm::evex::{Enc, Mem, gpr, mem};
+use super::gemm::evex::{Enc, gpr, mem, mem_indexed};
 use super::isa::{self, Isa};
 use super::pool;
 use dynasmrt::x64::Assembler;
@@ -118,6 +123,8 @@ pub(crate) struct WideKernel {
     row_sum: Option<RowSum>,
     /// 8 lanes (AVX2) or 16 (AVX-512F).
     isa: Isa,
+    /// The output is bf16 (2-byte elements, rounded by the program and stored as their top halves).
+    out_bf16: bool,
     code: ExecutableBuffer,
     f: WideFn,
 }
@@ -154,12 +161,20 @@ impl WideKernel {
     /// Generates `k` at this host's [`width`], or `Ok(None)` when it is not such a kernel (see the module doc) or
     /// this host cannot run it.
     pub(crate) fn build(k: &KernelIr) -> Result<Option<WideKernel>, String> {
-        Self::build_for(k, width())
+        // bf16 needs the 16-lane form's masked 2-byte loads and stores, and is worth it on any AVX-512 core (a
+        // Cranelift kernel rounds 4 lanes at a time), so it does not wait for the 16-lane FMA peak to win.
+        let isa = if touches_bf16(k) && isa::allowed().is_ok_and(|a| a.contains(&Isa::Avx512)) {
+            Isa::Avx512
+        } else {
+            width()
+        };
+        Self::build_for(k, isa)
     }
 
-    /// [`WideKernel::build`] at an explicit width (`Ok(None)` where the host lacks it).
+    /// [`WideKernel::build`] at an explicit width (`Ok(None)` where the host lacks it, and for a kernel with bf16
+    /// values at 8 lanes).
     pub(crate) fn build_for(k: &KernelIr, isa: Isa) -> Result<Option<WideKernel>, String> {
-        if !asm::host_supported() || !isa.present() {
+        if !asm::host_supported() || !isa.present() || (isa == Isa::Avx2 && touches_bf16(k)) {
             return Ok(None);
         }
         let (merged, row_sum) = match row_sum_parts(k) {
@@ -168,7 +183,9 @@ impl WideKernel {
         };
         let k = &merged;
         let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
-        let Some(ep) = epilogue::translate(k, &view.roles) else { return Ok(None) };
+        let allow = epilogue::Allow { bf16: true, bf16_loads: true, positions: false };
+        let Some(ep) = epilogue::translate_with(k, &view.roles, allow) else { return Ok(None) };
+        let out_bf16 = k.output.dtype == kiln_jit::DType::BF16;
         let Some(layout) = Layout::plan(&ep.program, view.n, row_sum.as_ref(), isa) else { return Ok(None) };
         // Row steps are instruction immediates.
         let steps_fit = i32::try_from(4 * view.n).is_ok()
@@ -180,7 +197,7 @@ impl WideKernel {
         if !steps_fit {
             return Ok(None);
         }
-        let code = emit(&ep, &layout, view.n, row_sum.as_ref(), isa)?;
+        let code = emit(&ep, &layout, view.n, row_sum.as_ref(), isa, out_bf16)?;
         crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the code at offset 0 is a function emitted by `emit` with `WideFn`'s sysv64 signature, and `code`
         // (kept in the returned kernel) keeps it mapped executable.
@@ -196,6 +213,7 @@ impl WideKernel {
             unroll: layout.unroll,
             row_sum,
             isa,
+            out_bf16,
             code,
             f,
         }))
@@ -213,7 +231,8 @@ impl WideKernel {
             self.isa.lanes()
         );
         for (i, o) in self.ep.operands.iter().enumerate() {
-            let _ = writeln!(s, "  op{i}: in{} + {}, {:?}", o.buf, o.offset, o.kind);
+            let dtype = if o.bf16 { "bf16" } else { "32-bit" };
+            let _ = writeln!(s, "  op{i}: in{} + {}, {:?}, {dtype}", o.buf, o.offset, o.kind);
         }
         for (slot, i) in self.ep.uniforms.iter().enumerate() {
             let _ = writeln!(s, "  uniform{slot}: outer v{i}");
@@ -221,7 +240,7 @@ impl WideKernel {
         for (i, inst) in self.ep.program.insts.iter().enumerate() {
             let _ = writeln!(s, "  v{i} = {inst:?}");
         }
-        let _ = writeln!(s, "  out = v{}", self.ep.program.result);
+        let _ = writeln!(s, "  out = v{}{}", self.ep.program.result, if self.out_bf16 { " as bf16" } else { "" });
         if let Some(r) = &self.row_sum {
             for (i, inst) in r.outer.insts.iter().enumerate() {
                 let _ = writeln!(s, "  row w{i} = {inst:?}");
@@ -291,24 +310,25 @@ impl WideKernel {
         unsafe {
             // A row sum writes one value per row.
             let out_at = if self.row_sum.is_some() { out_row } else { out_row * self.n as isize + c0 };
-            let out = (a.ptrs[self.n_inputs] as *const f32).offset(out_at);
+            let os = if self.out_bf16 { 2 } else { 4 };
+            let out = (a.ptrs[self.n_inputs] as *const u8).offset(out_at * os as isize);
             // Columns before the output's first vector-size boundary (32 or 64 bytes), when every row starts at the
             // same alignment: a vector store that straddles two cache lines costs about two (the buffers come from
             // malloc, 16 bytes into a page when large). A row sum stores no vectors.
-            let (lanes, vb) = (self.isa.lanes(), 4 * self.isa.lanes());
+            let (lanes, vb) = (self.isa.lanes(), os * self.isa.lanes());
             let head = if self.row_sum.is_some() {
                 0
-            } else if rows == 1 || (4 * self.n).is_multiple_of(vb) {
-                (((vb - out as usize % vb) % vb) / 4).min(cols)
+            } else if rows == 1 || (os * self.n).is_multiple_of(vb) {
+                (((vb - out as usize % vb) % vb) / os).min(cols)
             } else {
                 0
             };
             let mask = |n: usize| isa::lane_mask(self.isa, n);
-            table[0] = out as *const u8;
+            table[0] = out;
             table[1] = mask((cols - head) % lanes);
             table[2] = a.uniforms;
             table[3] = mask(head);
-            table[4] = std::ptr::without_provenance(4 * head);
+            table[4] = std::ptr::without_provenance(unit(&self.ep, self.out_bf16) * head);
             for (i, o) in self.ep.operands.iter().enumerate() {
                 let at = o.offset as isize
                     + batch_offset(&o.batch)
@@ -317,11 +337,22 @@ impl WideKernel {
                         OperandKind::Row => c0,
                         OperandKind::Col { stride } => r0 * stride as isize,
                     };
-                table[TABLE_OPERANDS + i] = (a.ptrs[o.buf] as *const f32).offset(at) as *const u8;
+                table[TABLE_OPERANDS + i] = (a.ptrs[o.buf] as *const u8).offset(at * o.elem_bytes() as isize);
             }
             (self.f)(table.as_ptr(), rows, cols)
         }
     }
+}
+
+/// Whether `k` has bf16 values (loads, arithmetic, its output): such a kernel is generated at 16 lanes only.
+fn touches_bf16(k: &KernelIr) -> bool {
+    k.output.dtype == kiln_jit::DType::BF16 || k.outer.iter().any(|i| i.dtype == kiln_jit::DType::BF16)
+}
+
+/// Bytes the column offset (rax) advances per element: 4, or 2 where an operand or the output is bf16 (its 4-byte
+/// accesses then scale the offset by 2), so that a kernel without bf16 is the same code as before bf16 existed.
+fn unit(ep: &Epilogue, out_bf16: bool) -> usize {
+    if out_bf16 || ep.operands.iter().any(|o| o.bf16) { 2 } else { 4 }
 }
 
 /// The launch's pointers, shared with the pool's threads.
@@ -426,13 +457,25 @@ pub(super) const KMASK: u8 = 1;
 
 /// Assembles the kernel (see the module doc for its shape) at `isa`'s width: the same loop either way, its vector
 /// moves spelled per width (8 lanes: `vmaskmovps` with a lane mask in ymm15; 16: opmask k1 and EVEX moves).
-fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa) -> Result<ExecutableBuffer, String> {
+fn emit(
+    ep: &Epilogue,
+    l: &Layout,
+    n: usize,
+    row_sum: Option<&RowSum>,
+    isa: Isa,
+    out_bf16: bool,
+) -> Result<ExecutableBuffer, String> {
     let p = &ep.program;
     let last = p.last_uses();
     let wide = isa == Isa::Avx512;
     let zmm = Zmm { pool: gpr::RBP };
     let vec_isa: &dyn VecIsa = if wide { &zmm } else { &asm::Ymm };
-    let vb = 4 * isa.lanes() as i32;
+    let lanes = isa.lanes() as i32;
+    // The column offset counts `unit` bytes per element; an access of `size`-byte elements scales it by
+    // `size / unit`, and copy `c` of an iteration is `size * lanes * c` bytes further.
+    let unit = unit(ep, out_bf16) as i32;
+    let access = |size: i32, c: usize| ((size / unit) as u8, size * lanes * c as i32);
+    let out_size = if out_bf16 { 2 } else { 4 };
     let mut ops = Assembler::new().map_err(|e| e.to_string())?;
     let (row, main, single, tail, row_end, done) = (
         ops.new_dynamic_label(),
@@ -470,9 +513,10 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa)
         let base = consts.base(&mut ops);
         dynasm!(ops ; .arch x64 ; lea rbp, [=>base]);
     }
+    let unit_shift = unit.trailing_zeros() as i8;
     dynasm!(ops ; .arch x64
         ; mov rdi, QWORD [rdi]
-        ; shl rdx, 2
+        ; shl rdx, unit_shift
         ; test rsi, rsi
         ; jz =>done
         ; =>row
@@ -480,7 +524,11 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa)
     for (i, inst) in p.insts.iter().enumerate() {
         if let (EpInst::Col { op, .. }, Some(h)) = (inst, l.hoisted[i]) {
             let r = OPERAND_REGS[*op];
-            if wide {
+            if ep.operands[*op].bf16 {
+                // The element as the top half of a dword, broadcast (r12 is free until the column loop).
+                dynasm!(ops ; .arch x64 ; movzx r12d, WORD [Rq(r)] ; shl r12d, 16);
+                put(&mut ops, |e| e.broadcast_gpr(h, gpr::R12));
+            } else if wide {
                 put(&mut ops, |e| e.broadcast(h, mem(r, 0)));
             } else {
                 dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(h), DWORD [Rq(r)]);
@@ -511,13 +559,14 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa)
     };
     load_mask(&mut ops, gpr::R14);
     let mut copy = |ops: &mut Assembler, c: usize, masked: bool| -> Result<(), String> {
-        let disp = vb * c as i32;
         let fixed = |i: usize| l.hoisted[i];
         let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
             let (EpInst::Mat { op, .. } | EpInst::Row { op }) = *inst else {
                 unreachable!("per-row values and uniforms are hoisted")
             };
-            load_vector(ops, isa, d, OPERAND_REGS[op], disp, masked);
+            let bf16 = ep.operands[op].bf16;
+            let (scale, disp) = access(if bf16 { 2 } else { 4 }, c);
+            load_vector(ops, isa, d, OPERAND_REGS[op], Access { scale, disp, bf16 }, masked);
         };
         let res = asm::emit_insts(vec_isa, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
         if let Some(&acc) = l.accs.get(c) {
@@ -540,12 +589,25 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa)
             };
             vec_isa.bin(ops, asm::VBin::Add, acc, acc, cleared);
         } else {
-            store_vector(ops, isa, res, disp, masked);
+            let (scale, disp) = access(out_size, c);
+            let res = if out_bf16 {
+                // The program's result is a bf16 value (`epilogue::translate_with` rounds it): its top half,
+                // shifted down in place, or into a temporary where it is a hoisted value later rows read again
+                // (every temporary is free once the result is computed; register 0 where the program has none).
+                let dst =
+                    if l.hoisted.contains(&Some(res)) { l.copy_regs(c).first().copied().unwrap_or(0) } else { res };
+                put(ops, |e| e.shift(2, dst, res, 16));
+                dst
+            } else {
+                res
+            };
+            store_vector(ops, isa, res, Access { scale, disp, bf16: out_bf16 }, masked);
         }
         Ok(())
     };
     copy(&mut ops, 0, true)?;
     dynasm!(ops ; .arch x64 ; mov rax, r13 ; =>body);
+    let vb = unit * lanes;
     if l.unroll > 1 {
         let span = vb * l.unroll as i32;
         dynasm!(ops ; .arch x64
@@ -620,14 +682,15 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa)
         dynasm!(ops ; .arch x64 ; vmovss DWORD [rdi], Rx(res));
         4
     } else {
-        4 * n as i32
+        out_size * n as i32
     };
     dynasm!(ops ; .arch x64 ; add rdi, out_step);
     for (o, operand) in ep.operands.iter().enumerate() {
         let r = OPERAND_REGS[o];
+        let size = operand.elem_bytes() as i32;
         let step = match operand.kind {
-            OperandKind::Mat { ld } => 4 * ld as i32,
-            OperandKind::Col { stride } => 4 * stride as i32,
+            OperandKind::Mat { ld } => size * ld as i32,
+            OperandKind::Col { stride } => size * stride as i32,
             OperandKind::Row => continue,
         };
         dynasm!(ops ; .arch x64 ; add Rq(r), step);
@@ -638,22 +701,53 @@ fn emit(ep: &Epilogue, l: &Layout, n: usize, row_sum: Option<&RowSum>, isa: Isa)
     ops.finalize().map_err(|_| "finalizing an elementwise kernel failed".to_string())
 }
 
-/// `d` = the vector at `[base + rax + disp]`, lanes past the mask zero when `masked` (ymm15 at 8 lanes, k1 at 16).
-pub(super) fn load_vector(ops: &mut Assembler, isa: Isa, d: u8, base: u8, disp: i32, masked: bool) {
+/// Where a vector access is relative to its row pointer: `[row + rax*scale + disp]`, and whether its elements are
+/// bf16 (16-lane form only).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Access {
+    pub scale: u8,
+    pub disp: i32,
+    pub bf16: bool,
+}
+
+impl Access {
+    /// 32-bit elements, the column offset in bytes.
+    pub(super) fn f32(disp: i32) -> Access {
+        Access { scale: 1, disp, bf16: false }
+    }
+}
+
+/// `d` = the vector at `a` from `base`, lanes past the mask zero when `masked` (ymm15 at 8 lanes, k1 at 16); bf16
+/// elements are widened to their exact f32 values (zero-extended into the top half of each lane).
+pub(super) fn load_vector(ops: &mut Assembler, isa: Isa, d: u8, base: u8, a: Access, masked: bool) {
+    let disp = a.disp;
     if isa == Isa::Avx512 {
-        put(ops, |e| e.load(d, Mem { base, index: Some(gpr::RAX), disp }, if masked { KMASK } else { 0 }));
+        let (m, k) = (mem_indexed(base, gpr::RAX, a.scale, disp), if masked { KMASK } else { 0 });
+        put(ops, |e| {
+            if a.bf16 {
+                e.load_words_zx(d, m, k);
+                e.shift(6, d, d, 16);
+            } else {
+                e.load(d, m, k);
+            }
+        });
     } else if masked {
+        debug_assert!(a.scale == 1 && !a.bf16, "8 lanes: f32, the column offset in bytes");
         dynasm!(ops ; .arch x64 ; vmaskmovps Ry(d), Ry(MASK_REG), [Rq(base) + rax + disp]);
     } else {
         dynasm!(ops ; .arch x64 ; vmovups Ry(d), [Rq(base) + rax + disp]);
     }
 }
 
-/// Stores `x` at `[rdi + rax + disp]` (the output), only the mask's lanes when `masked`.
-pub(super) fn store_vector(ops: &mut Assembler, isa: Isa, x: u8, disp: i32, masked: bool) {
+/// Stores `x` at `a` from rdi (the output), only the mask's lanes when `masked`; bf16 elements are the low words of
+/// `x`'s lanes.
+pub(super) fn store_vector(ops: &mut Assembler, isa: Isa, x: u8, a: Access, masked: bool) {
+    let disp = a.disp;
     if isa == Isa::Avx512 {
-        put(ops, |e| e.store(Mem { base: gpr::RDI, index: Some(gpr::RAX), disp }, x, if masked { KMASK } else { 0 }));
+        let (m, k) = (mem_indexed(gpr::RDI, gpr::RAX, a.scale, disp), if masked { KMASK } else { 0 });
+        put(ops, |e| if a.bf16 { e.store_low_words(m, x, k) } else { e.store(m, x, k) });
     } else if masked {
+        debug_assert!(a.scale == 1 && !a.bf16, "8 lanes: f32, the column offset in bytes");
         dynasm!(ops ; .arch x64 ; vmaskmovps [rdi + rax + disp], Ry(MASK_REG), Ry(x));
     } else {
         dynasm!(ops ; .arch x64 ; vmovups [rdi + rax + disp], Ry(x));

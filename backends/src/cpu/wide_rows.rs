@@ -46,7 +46,7 @@ use super::gemm::evex::{gpr, mem};
 use super::isa::{self, Isa};
 use super::pool;
 use super::wide::{
-    KMASK, MASK_REG, OPERAND_REGS, load_vector, put, restore_registers_and_return, save_registers, store_vector,
+    Access, KMASK, MASK_REG, OPERAND_REGS, load_vector, put, restore_registers_and_return, save_registers, store_vector,
 };
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
@@ -510,7 +510,7 @@ fn translated(k: &KernelIr, code: Vec<Inst>, result: usize, rows: usize, cols: u
         return None;
     }
     let view = ElementwiseView::of(&pass).filter(|v| v.batch.is_empty() && (v.m, v.n) == (rows, cols))?;
-    epilogue::translate_with(&pass, &view.roles, epilogue::Allow { bf16: false, positions: true })
+    epilogue::translate_with(&pass, &view.roles, epilogue::Allow { bf16: false, bf16_loads: false, positions: true })
 }
 
 /// Where one pass's values live: per-row values and uniforms in registers of their own from the top down (as
@@ -737,7 +737,9 @@ fn emit_pass(
             })
             .collect();
         let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| match *inst {
-            EpInst::Mat { op, .. } | EpInst::Row { op } => load_vector(ops, isa, d, OPERAND_REGS[op], disp, masked),
+            EpInst::Mat { op, .. } | EpInst::Row { op } => {
+                load_vector(ops, isa, d, OPERAND_REGS[op], Access::f32(disp), masked)
+            }
             EpInst::Position(off) => {
                 let lanes = positions.iter().find(|p| p.0 == off).map(|p| p.1);
                 vi.positions(ops, d, gpr::RAX, lanes.unwrap_or_else(|| unreachable!("collected above")));
@@ -746,7 +748,7 @@ fn emit_pass(
         };
         let res = asm::emit_insts(vi, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, consts)?;
         if fold.is_none() || pass.store_out {
-            store_vector(ops, isa, res, disp, masked);
+            store_vector(ops, isa, res, Access::f32(disp), masked);
         }
         let Some((op, _)) = fold else { return Ok(()) };
         // Lanes past the row's end hold the program's value of the masked loads' zeros: the fold's identity there.

@@ -54,11 +54,11 @@ type AffineLoad = (usize, Vec<i64>, i64, Option<Vec<IExpr>>);
 pub enum Role {
     /// The same for the whole launch (constants, a learning rate read from a buffer, ...).
     Uniform,
-    /// An f32 (or i32) load varying with m and n: `(b, m, n)` at `offset + batch.b + m * ld + n` (n contiguous).
+    /// An f32 (or i32, or bf16) load varying with m and n: `(b, m, n)` at `offset + batch.b + m * ld + n` (n contiguous).
     Mat { buf: usize, offset: i64, batch: Vec<i64>, ld: i64 },
-    /// An f32 (or i32) load varying with n only (a bias over columns), n contiguous.
+    /// An f32 (or i32, or bf16) load varying with n only (a bias over columns), n contiguous.
     Row { buf: usize, offset: i64, batch: Vec<i64> },
-    /// An f32 (or i32) load varying with m only (a per-row scale or bias, a class index per row).
+    /// An f32 (or i32, or bf16) load varying with m only (a per-row scale or bias, a class index per row).
     Col { buf: usize, offset: i64, batch: Vec<i64>, stride: i64 },
     /// An i32 position along n: `n + offset` (an `arange(C) == target` mask's `arange`).
     Position { offset: i64 },
@@ -259,12 +259,12 @@ pub struct ElementwiseView {
 }
 
 impl ElementwiseView {
-    /// `None` for a reduce kernel, an output that is not f32, of rank 0, or empty.
+    /// `None` for a reduce kernel, an output that is not f32 or bf16, of rank 0, or empty.
     pub fn of(k: &KernelIr) -> Option<ElementwiseView> {
         let rank = k.out_rank();
         if k.reduce.is_some()
             || !k.rows.is_empty()
-            || k.output.dtype != DType::F32
+            || !matches!(k.output.dtype, DType::F32 | DType::BF16)
             || rank == 0
             || k.out_extents.contains(&0)
         {
@@ -309,8 +309,9 @@ fn roles(k: &KernelIr, batch_rank: usize, mvar: Option<usize>, nvar: usize) -> V
                     let cm = mvar.map_or(0, |v| coef[v]);
                     let cn = coef[nvar];
                     let batch = coef[..batch_rank].to_vec();
-                    // 32-bit lanes either way; an i32 value translates only where an int op reads it.
-                    let f32 = matches!(inst.dtype, DType::F32 | DType::I32);
+                    // 32-bit lanes either way; an i32 value translates only where an int op reads it, a bf16 one
+                    // only where the renderer widens 2-byte loads (the CPU's `epilogue::Allow::bf16_loads`).
+                    let f32 = matches!(inst.dtype, DType::F32 | DType::I32 | DType::BF16);
                     match (cm, cn) {
                         (0, 0) if batch.iter().all(|&b| b == 0) => Role::Uniform,
                         (_, 1) if f32 && cm != 0 => Role::Mat { buf: *buf, offset: c, batch, ld: cm },

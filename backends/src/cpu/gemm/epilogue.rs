@@ -35,6 +35,15 @@ pub struct EpOperand {
     pub offset: i64,
     pub batch: Vec<i64>,
     pub kind: OperandKind,
+    /// bf16 elements (2 bytes, widened to f32 by the load; only where `Allow::bf16_loads`), else 32-bit ones.
+    pub bf16: bool,
+}
+
+impl EpOperand {
+    /// Bytes per element.
+    pub fn elem_bytes(&self) -> usize {
+        if self.bf16 { 2 } else { 4 }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -57,8 +66,11 @@ pub struct Allow {
     /// Values of dtype bf16 (a bf16 GEMM's epilogue after the rounding of its product): each kept in a register as
     /// its exact f32 value, each bf16 result of arithmetic rounded to bf16 in the program
     /// (`program_math::push_round_bf16`, the Cranelift kernels' integer rounding), so the program's result is
-    /// exactly the value the store writes. bf16 loads are not translated (their roles are `Other`).
+    /// exactly the value the store writes.
     pub bf16: bool,
+    /// Loads of bf16 operands (with `bf16`): only a caller whose loads widen 2-byte elements emits them (the
+    /// 16-lane elementwise kernels, `cpu/wide.rs`); the GEMM tiles and the row kernels do not.
+    pub bf16_loads: bool,
     /// Positions along n (`Role::Position`, `EpInst::Position`): only a caller whose loop knows the column of each
     /// vector emits them (the row kernels, `cpu/wide_rows.rs`); a GEMM tile or an elementwise chunk does not.
     pub positions: bool,
@@ -121,17 +133,24 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
                 let slot = ep.uniforms.len() - 1;
                 push(&mut ep, EpInst::Uniform(slot))
             }
+            Role::Mat { .. } | Role::Row { .. } | Role::Col { .. }
+                if inst.dtype == DType::BF16 && !(bf16 && allow.bf16_loads) =>
+            {
+                return None;
+            }
             Role::Mat { buf, offset, batch, ld } => {
-                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Mat { ld: *ld })?;
-                push(&mut ep, EpInst::Mat { op: o, ld: i32::try_from(*ld * 4).ok()? })
+                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Mat { ld: *ld }, inst.dtype)?;
+                let bytes = ep.operands[o].elem_bytes() as i64;
+                push(&mut ep, EpInst::Mat { op: o, ld: i32::try_from(*ld * bytes).ok()? })
             }
             Role::Row { buf, offset, batch } => {
-                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Row)?;
+                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Row, inst.dtype)?;
                 push(&mut ep, EpInst::Row { op: o })
             }
             Role::Col { buf, offset, batch, stride } => {
-                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Col { stride: *stride })?;
-                push(&mut ep, EpInst::Col { op: o, stride: i32::try_from(*stride * 4).ok()? })
+                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Col { stride: *stride }, inst.dtype)?;
+                let bytes = ep.operands[o].elem_bytes() as i64;
+                push(&mut ep, EpInst::Col { op: o, stride: i32::try_from(*stride * bytes).ok()? })
             }
             Role::Position { offset } if allow.positions => {
                 push(&mut ep, EpInst::Position(i32::try_from(*offset).ok()?))
@@ -330,8 +349,8 @@ pub fn translate_row_outer(outer: &[Inst], result: usize) -> Option<EpProgram> {
     Some(p)
 }
 
-fn operand(ep: &mut Epilogue, buf: usize, offset: i64, batch: &[i64], kind: OperandKind) -> Option<usize> {
-    let o = EpOperand { buf, offset, batch: batch.to_vec(), kind };
+fn operand(ep: &mut Epilogue, buf: usize, offset: i64, batch: &[i64], kind: OperandKind, d: DType) -> Option<usize> {
+    let o = EpOperand { buf, offset, batch: batch.to_vec(), kind, bf16: d == DType::BF16 };
     if let Some(i) = ep.operands.iter().position(|x| *x == o) {
         return Some(i);
     }

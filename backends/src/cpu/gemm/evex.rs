@@ -7,25 +7,31 @@
 //! instructions around these (loops, GPR moves, prefetches, `vzeroupper`) still come from `dynasm!`; both write
 //! into the same assembler, so labels and offsets stay `dynasmrt`'s.
 //!
-//! AVX-512F only (no DQ/BW/VL instructions); the bf16 kernels add `vdpbf16ps` (AVX512-BF16), and their bf16 store
-//! `vpmovdw` (`Enc` also takes EVEX.W and the vector length for forms that need them). `vpandd`/`vpord`/`vpxord` stand in for `vandps`..., a compare's
+//! AVX-512F only (no DQ/BW/VL instructions); the bf16 kernels add `vdpbf16ps` (AVX512-BF16), their bf16 store
+//! `vpmovdw` and load `vpmovzxwd` (`Enc` also takes EVEX.W and the vector length for forms that need them). `vpandd`/`vpord`/`vpxord` stand in for `vandps`..., a compare's
 //! lane mask materialised with `vpternlogd` under the compare's opmask, and a select's mask tested with `vptestmd`.
 //! The tests pin every form against GNU `as` output.
 
 /// A general-purpose register by its x86 number (rax 0 .. r15 15).
 pub(crate) type Gpr = u8;
 
-/// A memory operand: `[base + index*1 + disp]`.
+/// A memory operand: `[base + index*scale + disp]` (`scale` 1, 2, 4 or 8; ignored without an index).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mem {
     pub base: Gpr,
     pub index: Option<Gpr>,
+    pub scale: u8,
     pub disp: i32,
 }
 
 /// `[base + disp]`.
 pub(crate) fn mem(base: Gpr, disp: i32) -> Mem {
-    Mem { base, index: None, disp }
+    Mem { base, index: None, scale: 1, disp }
+}
+
+/// `[base + index*scale + disp]`.
+pub(crate) fn mem_indexed(base: Gpr, index: Gpr, scale: u8, disp: i32) -> Mem {
+    Mem { base, index: Some(index), scale, disp }
 }
 
 /// The register-or-memory operand (ModRM.rm) of an instruction.
@@ -91,6 +97,7 @@ const VPTESTMD: Opc = x38(0x27);
 const SHIFT_IMM: Opc = pd66(0x72);
 const VSHUFF32X4: Opc = x3a(0x23);
 const VPMOVDW: Opc = Opc { map: 2, pp: 2, op: 0x33 };
+const VPMOVZXWD: Opc = x38(0x33);
 const VDPBF16PS: Opc = Opc { map: 2, pp: 2, op: 0x52 };
 
 /// Bytes of EVEX instructions, appended to the assembler by the caller.
@@ -150,9 +157,10 @@ impl Enc {
         let rm = if needs_sib { 4 } else { base };
         self.bytes.push((md << 6) | ((reg & 7) << 3) | rm);
         if needs_sib {
-            // Scale 1; index 100 (none) unless given.
+            // Index 100 (none) unless given.
             let idx = m.index.map_or(4, |i| i & 7);
-            self.bytes.push((idx << 3) | base);
+            let ss = if m.index.is_some() { m.scale.trailing_zeros() as u8 & 3 } else { 0 };
+            self.bytes.push((ss << 6) | (idx << 3) | base);
         }
         match md {
             1 => self.bytes.push(disp8.unwrap_or(0) as u8),
@@ -207,6 +215,12 @@ impl Enc {
     /// `[m]` = the low word of each of zmm `x`'s 16 dwords, only those of opmask `k` when non-zero (`vpmovdw`).
     pub(crate) fn store_low_words(&mut self, m: Mem, x: u8, k: u8) {
         self.insn(VPMOVDW, x, 0, Rm::Half(m), k, false, None);
+    }
+
+    /// `d` = the 16 words at `[m]`, each zero-extended to a dword; with opmask `k` (non-zero) only the words of `k`
+    /// are read and the other lanes are zero (`vpmovzxwd d{k}{z}`: a bf16 load, before its shift into the top half).
+    pub(crate) fn load_words_zx(&mut self, d: u8, m: Mem, k: u8) {
+        self.insn(VPMOVZXWD, d, 0, Rm::Half(m), k, k != 0, None);
     }
 
     /// `d += x . src`: each f32 lane adds the two products of its pair of bf16 (`vdpbf16ps`, AVX512-BF16).
@@ -277,6 +291,7 @@ pub(crate) mod gpr {
     pub const R9: u8 = 9;
     pub const R10: u8 = 10;
     pub const R11: u8 = 11;
+    pub const R12: u8 = 12;
     pub const R14: u8 = 14;
     pub const R15: u8 = 15;
 }
@@ -368,7 +383,7 @@ mod tests {
         check(&mut e, &[0x62, 0xd1, 0x7c, 0x48, 0x10, 0x45, 0x00], "vmovups zmm0, [r13]");
         e.load(0, mem(R12, -8), 0);
         check(&mut e, &[0x62, 0xd1, 0x7c, 0x48, 0x10, 0x84, 0x24, 0xf8, 0xff, 0xff, 0xff], "vmovups zmm0, [r12-8]");
-        e.op3(VADDPS, 3, 3, Rm::Full(Mem { base: RDX, index: Some(RAX), disp: 64 }));
+        e.op3(VADDPS, 3, 3, Rm::Full(mem_indexed(RDX, RAX, 1, 64)));
         check(&mut e, &[0x62, 0xf1, 0x64, 0x48, 0x58, 0x5c, 0x02, 0x01], "vaddps zmm3, zmm3, [rdx+rax+64]");
         e.mov_masked_zero(3, 1, 29);
         check(&mut e, &[0x62, 0x91, 0x7c, 0xc9, 0x28, 0xdd], "vmovaps zmm3{k1}{z}, zmm29");
@@ -382,9 +397,9 @@ mod tests {
         check(&mut e, &[0xc4, 0xc1, 0x78, 0x90, 0x0e], "kmovw k1, [r14]");
         e.kmov_load(1, mem(R15, 0));
         check(&mut e, &[0xc4, 0xc1, 0x78, 0x90, 0x0f], "kmovw k1, [r15]");
-        e.load(5, Mem { base: 11, index: Some(RAX), disp: 128 }, 1);
+        e.load(5, mem_indexed(11, RAX, 1, 128), 1);
         check(&mut e, &[0x62, 0xd1, 0x7c, 0xc9, 0x10, 0x6c, 0x03, 0x02], "vmovups zmm5{k1}{z}, [r11+rax+128]");
-        e.store(Mem { base: RDI, index: Some(RAX), disp: 64 }, 20, 1);
+        e.store(mem_indexed(RDI, RAX, 1, 64), 20, 1);
         check(&mut e, &[0x62, 0xe1, 0x7c, 0x49, 0x11, 0x64, 0x07, 0x01], "vmovups [rdi+rax+64]{k1}, zmm20");
         e.broadcast(30, mem(3, 0));
         check(&mut e, &[0x62, 0x62, 0x7d, 0x48, 0x18, 0x33], "vbroadcastss zmm30, [rbx]");
@@ -392,6 +407,16 @@ mod tests {
         check(&mut e, &[0x62, 0x62, 0x7d, 0x48, 0x18, 0x70, 0x08], "vbroadcastss zmm30, [rax+32]");
         e.store_low_words(mem(RDX, 64), 4, 1);
         check(&mut e, &[0x62, 0xf2, 0x7e, 0x49, 0x33, 0x62, 0x02], "vpmovdw [rdx+64]{k1}, zmm4");
+        e.load_words_zx(5, mem_indexed(11, RAX, 1, 64), 1);
+        check(&mut e, &[0x62, 0xd2, 0x7d, 0xc9, 0x33, 0x6c, 0x03, 0x02], "vpmovzxwd zmm5{k1}{z}, [r11+rax+64]");
+        e.load_words_zx(21, mem_indexed(1, RAX, 1, 0), 0);
+        check(&mut e, &[0x62, 0xe2, 0x7d, 0x48, 0x33, 0x2c, 0x01], "vpmovzxwd zmm21, [rcx+rax]");
+        e.load(3, mem_indexed(RDX, RAX, 2, 128), 0);
+        check(&mut e, &[0x62, 0xf1, 0x7c, 0x48, 0x10, 0x5c, 0x42, 0x02], "vmovups zmm3, [rdx+rax*2+128]");
+        e.store(mem_indexed(RDI, RAX, 2, 64), 20, 1);
+        check(&mut e, &[0x62, 0xe1, 0x7c, 0x49, 0x11, 0x64, 0x47, 0x01], "vmovups [rdi+rax*2+64]{k1}, zmm20");
+        e.store_low_words(mem_indexed(RDI, RAX, 1, 32), 4, 1);
+        check(&mut e, &[0x62, 0xf2, 0x7e, 0x49, 0x33, 0x64, 0x07, 0x01], "vpmovdw [rdi+rax+32]{k1}, zmm4");
         e.dot_bf16(1, 2, Rm::Reg(3));
         check(&mut e, &[0x62, 0xf2, 0x6e, 0x48, 0x52, 0xcb], "vdpbf16ps zmm1, zmm2, zmm3");
         e.icmp_eq(2, 3, 25);

@@ -265,9 +265,10 @@ impl CompiledGemm {
         let out_bf16 = v.out == DType::BF16;
         // bf16 values in the outer code are rounded in the program, so a bf16 C's last value is a bf16 value, which
         // the store narrows exactly.
-        let ep = epilogue::translate_with(k, &v.roles, epilogue::Allow { bf16: true, positions: false })
-            // A program needing more registers than the block leaves (exp beside 28 accumulators) runs as a pass.
-            .filter(|e| e.program.temps_needed() <= bf16::epilogue_registers(a.unit, a.mr, a.nt));
+        let ep =
+            epilogue::translate_with(k, &v.roles, epilogue::Allow { bf16: true, bf16_loads: false, positions: false })
+                // A program needing more registers than the block leaves (exp beside 28 accumulators) runs as a pass.
+                .filter(|e| e.program.temps_needed() <= bf16::epilogue_registers(a.unit, a.mr, a.nt));
         let program = match &ep {
             Some(e) => e.program.clone(),
             None if !out_bf16 => {
