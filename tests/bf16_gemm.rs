@@ -285,6 +285,21 @@ fn the_schedule_reads_bf16_operands_only_where_asked() {
     for l in plan.launches.iter().filter(|l| l.kernel.reduce.is_some()) {
         assert!(GemmView::of(&l.kernel).is_some(), "a matmul left to the generic kernel:\n{}", l.kernel);
     }
+    // Rule 1b: a computed bf16 gradient widened to f32 that two matmuls read (a layer's output gradient, read by
+    // its weight's gradient and its input's) is stored once in bf16, and both matmuls run as bf16 GEMMs.
+    let (x, w, h) = (bf16_rand(&[40, 24], 8), bf16_rand(&[56, 24], 9), bf16_rand(&[40, 56], 10));
+    let g = (&(&x.matmul(&w.t()) * 2.0) - &h).abs().sqrt().to_dtype(DType::F32);
+    let dw = x.to_dtype(DType::F32).t().matmul(&g);
+    let dx = g.matmul(&w.to_dtype(DType::F32));
+    let cap = kiln::capture(&[&dw, &dx]).unwrap();
+    let plan = schedule_with(&cap.graph, ScheduleOptions { bf16_gemm: true, ..Default::default() });
+    let names: Vec<&str> = plan.launches.iter().map(|l| l.kernel.name.as_str()).collect();
+    let views: Vec<GemmView> = plan.launches.iter().filter_map(|l| GemmView::of(&l.kernel)).collect();
+    assert_eq!(views.len(), 3, "{names:?}");
+    assert!(views.iter().all(|v| v.operands == DType::BF16), "{names:?}");
+    let stored_in_bf16 =
+        plan.launches.iter().any(|l| l.kernel.output.dtype == DType::BF16 && l.kernel.output.len == 40 * 56);
+    assert!(stored_in_bf16, "the gradient is not stored in bf16: {names:?}");
     // A bf16 bias and relu after the rounding: the product is stored in f32 by the bf16 GEMM, then one kernel.
     let layer = (a.matmul(&bf16_rand(&[40, 56], 4)) + &bf16_rand(&[56], 3)).relu();
     let cap = kiln::capture(&[&layer]).unwrap();

@@ -4,6 +4,7 @@
 //! 1. Materialized ("realized into a buffer"): inputs, graph outputs, `Contiguous`, every `Reduce`, `Matmul` and
 //!    `Linalg` and the sources of a `Linalg` (a routine, `routine.rs`), the source of every `Gather` (read at data-dependent places), and any node that several nodes read (or that feeds an `Expand`) unless recomputing it is cheap: at most
 //!    `CHEAP_OPS` ALU ops and no transcendental or random op on the way back to materialized nodes.
+//!    1b. Where such a node widens bf16 to f32 and the backend has a bf16 GEMM, its bf16 source is stored instead.
 //! 2. Everything else is inlined into each kernel that reads it: elementwise chains fuse, elementwise ops fuse into
 //!    a reduction's input, and movement ops become index math (no copies).
 //!    A value a broadcast fans out (a vector expanded over a matrix) is stored if it costs any ALU op (rule 2d).
@@ -108,6 +109,15 @@ fn alu_cost(op: &Op) -> usize {
         Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Gather { .. } => 1,
         _ => 0,
     }
+}
+
+/// The bf16 node that `n` widens to f32 (`n` a cast), if it is one.
+fn bf16_widening(graph: &Graph, n: NodeIndex) -> Option<NodeIndex> {
+    let from = *graph.srcs(n).first()?;
+    (matches!(graph.node(n).op, Op::Cast)
+        && graph.node(n).dtype == crate::DType::F32
+        && graph.node(from).dtype == crate::DType::BF16)
+        .then_some(from)
 }
 
 /// Rule 2e: where matmul `n` multiplies two bf16 values widened to f32 (`cast` to f32 of a bf16 node, through
@@ -250,7 +260,16 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
             // An expand or overlapping windows read each source element more than once.
             let reused = consumers[s.index()].len() > 1 || matches!(op, Op::Expand | Op::Unfold { .. });
             if reused && !mat[s.index()] && (cost[s.index()] > CHEAP_OPS || expensive[s.index()]) {
-                mat[s.index()] = true;
+                // Rule 1b: a bf16 value widened to f32 is stored in bf16 (half the bytes; each reader widens it
+                // again, exactly) where the backend has a bf16 GEMM: a gradient that two matmuls read then reaches
+                // both in bf16 (rule 2e) instead of making them f32 GEMMs.
+                match bf16_widening(graph, s).filter(|_| opts.bf16_gemm) {
+                    Some(from) => {
+                        mat[from.index()] = true;
+                        (cost[s.index()], expensive[s.index()], depth[s.index()]) = (1, false, 1);
+                    }
+                    None => mat[s.index()] = true,
+                }
             }
         }
         for s in graph.srcs(n) {
