@@ -406,9 +406,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => (Gpt::new(cfg, &dev, &Generator::new(args.seed)), None),
     };
-    for p in model.params() {
-        p.set(p.get().to_dtype(args.dtype));
-    }
+    model.to_dtype(args.dtype);
     let mut opt = model.optimizer(args.lr, 0.1, args.dtype != DType::F32);
     let schedule = lr_schedule(args.lr, args.steps);
     let params = model.params();

@@ -1232,3 +1232,54 @@ fn cross_entropy_refuses_a_weight_per_class_of_the_wrong_shape() {
     let weight = Some(tensor(DType::F32, &[1.0, 2.0], &[2]));
     let _ = F::cross_entropy_with(&logits, &t, &F::CrossEntropyOptions { weight, ..Default::default() });
 }
+
+/// `Module::to_dtype` (PyTorch's `module.to(dtype)`): every float parameter and buffer of a composite module takes
+/// the new dtype with its values rounded as `to_dtype` rounds them, the handles stay the same parameters, and a
+/// forward and backward pass runs in the new dtype; casting back to f32 widens exactly. A non-float target is
+/// refused by `Param::cast`.
+#[test]
+fn module_to_dtype_casts_every_float_parameter_and_buffer() {
+    let dev = dev();
+    let model = Sequential::new()
+        .add(Linear::new(6, 5, true, &dev))
+        .add(kiln::nn::BatchNorm1d::new(5, &dev))
+        .add(ReLU)
+        .add(Linear::new(5, 3, false, &dev));
+    let before: Vec<(String, Tensor)> = model.named_state().into_iter().map(|(n, p)| (n, p.get())).collect();
+    let handles = model.named_state();
+    model.to_dtype(DType::BF16);
+    for ((name, p), (_, old)) in handles.iter().zip(&before) {
+        if !old.dtype().is_float() {
+            // An integer buffer (batch norm's `num_batches_tracked`) keeps its dtype, as in PyTorch.
+            assert_eq!(p.dtype(), old.dtype(), "{name}");
+            continue;
+        }
+        assert_eq!(p.dtype(), DType::BF16, "{name}");
+        let want = old.to_dtype(DType::BF16).to_dtype(DType::F64).to_vec::<f64>().unwrap();
+        assert_eq!(p.get().to_dtype(DType::F64).to_vec::<f64>().unwrap(), want, "{name}");
+    }
+    let x = Tensor::randn([4, 6], DType::F32, &dev).to_dtype(DType::BF16);
+    let loss = model.forward(&x).square().sum_all();
+    assert_eq!(loss.dtype(), DType::BF16);
+    let grads = loss.backward().unwrap();
+    for p in model.params() {
+        let g = grads.get(&p.get()).unwrap_or_else(|| panic!("no gradient for {}", p.name()));
+        assert_eq!(g.dtype(), DType::BF16, "{}", p.name());
+    }
+    let rounded: Vec<Vec<f64>> =
+        model.params().iter().map(|p| p.get().to_dtype(DType::F64).to_vec::<f64>().unwrap()).collect();
+    model.to_dtype(DType::F32);
+    for (p, r) in model.params().iter().zip(&rounded) {
+        assert_eq!(
+            (p.dtype(), &p.get().to_dtype(DType::F64).to_vec::<f64>().unwrap()),
+            (DType::F32, r),
+            "{}",
+            p.name()
+        );
+    }
+    let first = model.params()[0].clone();
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| first.cast(DType::I32)));
+    let msg = refused.expect_err("a cast to i32 was taken");
+    let msg = msg.downcast_ref::<String>().map(String::as_str).unwrap_or("");
+    assert!(msg.contains("float to float only"), "{msg}");
+}

@@ -131,7 +131,8 @@ impl BatchNorm {
         self.running.as_ref().map(|r| r.batches.get())
     }
 
-    /// Sets the running statistics (`[C]`, converted to f32): a checkpoint's, or PyTorch's.
+    /// Sets the running statistics (`[C]`, converted to the buffers' dtype, f32 unless the module was cast): a
+    /// checkpoint's, or PyTorch's.
     #[track_caller]
     pub fn set_running(&self, mean: &Tensor, var: &Tensor) {
         let c = self.num_features;
@@ -141,8 +142,8 @@ impl BatchNorm {
         match &self.running {
             Some(r) => {
                 let _whole = r.lock.lock();
-                r.mean.set(mean.to_dtype(DType::F32));
-                r.var.set(var.to_dtype(DType::F32));
+                r.mean.set(mean.to_dtype(r.mean.dtype()));
+                r.var.set(var.to_dtype(r.var.dtype()));
             }
             None => fail!(self.name, "this layer keeps no running statistics"),
         }
@@ -193,8 +194,10 @@ impl Module for BatchNorm {
                     };
                     let keep = m.neg().add(1.0);
                     let unbiased = var.detach().mul(n as f64 / (n - 1) as f64).reshape([c]);
+                    // Computed in f32, kept in the buffers' dtype (f32 unless `Module::to_dtype` changed it).
                     let new_mean = r.mean.get().to_dtype(DType::F32).mul(&keep).add(mean.detach().reshape([c]).mul(&m));
                     let new_var = r.var.get().to_dtype(DType::F32).mul(&keep).add(unbiased.mul(&m));
+                    let (new_mean, new_var) = (new_mean.to_dtype(r.mean.dtype()), new_var.to_dtype(r.var.dtype()));
                     for t in [&new_mean, &new_var, &seen] {
                         crate::realize::defer(t.clone());
                     }

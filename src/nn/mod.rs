@@ -40,6 +40,7 @@ pub use linear::Linear;
 pub use norm_layers::{GroupNorm, RMSNorm};
 pub use utils::{clip_grad_norm, clip_grad_value};
 
+use crate::DType;
 use crate::error::Result;
 use crate::tensor::Tensor;
 use parking_lot::RwLock;
@@ -113,6 +114,33 @@ impl Param {
             );
         }
         *slot = if self.inner.trainable { as_leaf(value) } else { value };
+    }
+
+    /// Changes the parameter's dtype to `dtype` (its value cast, rounding to nearest even as PyTorch), as
+    /// `module.to(dtype)` does to each floating-point parameter; the shape stays. Both dtypes must be float: a
+    /// parameter or buffer of another dtype (an integer count) is left alone by [`Module::to_dtype`], and refused
+    /// here. Optimizer state made before the cast keeps its old dtype: cast first, then build the optimizer.
+    #[track_caller]
+    pub fn cast(&self, dtype: DType) {
+        let mut slot = self.inner.value.write();
+        if !dtype.is_float() || !slot.dtype().is_float() {
+            crate::args::fail!(
+                "Param::cast",
+                "parameter `{}` is {}; casting it to {dtype} is not supported (float to float only)",
+                self.inner.name,
+                slot.dtype()
+            );
+        }
+        if slot.dtype() == dtype {
+            return;
+        }
+        let value = slot.detach().to_dtype(dtype);
+        *slot = if self.inner.trainable { as_leaf(value) } else { value };
+    }
+
+    /// The parameter's dtype.
+    pub fn dtype(&self) -> DType {
+        self.inner.value.read().dtype()
     }
 
     /// The parameter's shape.
@@ -191,6 +219,18 @@ pub trait Module: Send + Sync {
     /// lists its children's, as it does their parameters.
     fn named_buffers(&self) -> Vec<(String, Param)> {
         Vec::new()
+    }
+
+    /// Casts every floating-point parameter and buffer to `dtype` (float), in place through their handles, as
+    /// PyTorch's `module.to(dtype)`: `model.to_dtype(DType::BF16)` before building the optimizer (with
+    /// `master_weights(true)` it keeps f32 copies). Others (an integer buffer) keep their dtype.
+    #[track_caller]
+    fn to_dtype(&self, dtype: DType) {
+        for (_, p) in self.named_params().into_iter().chain(self.named_buffers()) {
+            if p.dtype().is_float() {
+                p.cast(dtype);
+            }
+        }
     }
 
     /// `named_buffers` with `prefix.` in front of each name.
