@@ -300,6 +300,19 @@ fn the_schedule_reads_bf16_operands_only_where_asked() {
     let stored_in_bf16 =
         plan.launches.iter().any(|l| l.kernel.output.dtype == DType::BF16 && l.kernel.output.len == 40 * 56);
     assert!(stored_in_bf16, "the gradient is not stored in bf16: {names:?}");
+    // A bf16 operand viewed across a permutation (attention's heads merged back, `[B, H, T, D] -> [B * T, H * D]`)
+    // is stored in bf16 in the GEMM's layout, not read in place by the generic reduce kernel.
+    let heads = bf16_rand(&[2, 4, 8, 16], 11).permute([0, 2, 1, 3]).reshape([16, 64]);
+    let proj = heads.matmul(&bf16_rand(&[32, 64], 12).t());
+    let cap = kiln::capture(&[&proj]).unwrap();
+    let plan = schedule_with(&cap.graph, ScheduleOptions { bf16_gemm: true, ..Default::default() });
+    let names: Vec<&str> = plan.launches.iter().map(|l| l.kernel.name.as_str()).collect();
+    let reduces: Vec<&kiln_jit::kernel::KernelIr> =
+        plan.launches.iter().filter(|l| l.kernel.reduce.is_some()).map(|l| &l.kernel).collect();
+    assert_eq!(reduces.len(), 1, "{names:?}");
+    let view = GemmView::of(reduces[0]).unwrap_or_else(|| panic!("not a GEMM:\n{}", reduces[0]));
+    assert_eq!(view.operands, DType::BF16, "{names:?}");
+    assert!(plan.launches[0].kernel.output.dtype == DType::BF16, "the merged heads are not stored in bf16: {names:?}");
     // A bf16 bias and relu after the rounding: the product is stored in f32 by the bf16 GEMM, then one kernel.
     let layer = (a.matmul(&bf16_rand(&[40, 56], 4)) + &bf16_rand(&[56], 3)).relu();
     let cap = kiln::capture(&[&layer]).unwrap();

@@ -122,7 +122,8 @@ fn bf16_widening(graph: &Graph, n: NodeIndex) -> Option<NodeIndex> {
 
 /// Rule 2e: where matmul `n` multiplies two bf16 values widened to f32 (`cast` to f32 of a bf16 node, through
 /// movement ops on either side of the cast), the bf16 nodes the GEMM then reads, which must be stored (those not
-/// stored yet: a computed bf16 operand is stored once, in bf16); `None` where an operand is anything else.
+/// stored yet: a computed bf16 operand is stored once, in bf16, and so is a view whose indices are not affine);
+/// `None` where an operand is anything else.
 fn bf16_gemm_operands(graph: &Graph, n: NodeIndex, mat: &[bool]) -> Option<Vec<NodeIndex>> {
     let movement = |cur: NodeIndex| matches!(graph.node(cur).op, Op::Permute(_) | Op::Reshape | Op::Expand);
     let mut stored = Vec::new();
@@ -134,14 +135,20 @@ fn bf16_gemm_operands(graph: &Graph, n: NodeIndex, mat: &[bool]) -> Option<Vec<N
         if mat[cur.index()] || !matches!(graph.node(cur).op, Op::Cast) || graph.node(cur).dtype != crate::DType::F32 {
             return None;
         }
-        let mut from = graph.srcs(cur)[0];
-        if graph.node(from).dtype != crate::DType::BF16 {
+        let view = graph.srcs(cur)[0];
+        if graph.node(view).dtype != crate::DType::BF16 {
             return None;
         }
+        let mut from = view;
         while movement(from) && !mat[from.index()] {
             from = graph.srcs(from)[0];
         }
-        if !mat[from.index()] {
+        if scrambled(graph, view, mat) {
+            // A view the GEMM cannot read with affine indices (attention's heads merged across a permutation, read
+            // in place by the generic reduce kernel at a twentieth of the GEMM's speed) is stored, in bf16, in the
+            // layout the GEMM reads, as rule 2c stores an f32 one.
+            stored.push(view);
+        } else if !mat[from.index()] {
             stored.push(from);
         }
     }
