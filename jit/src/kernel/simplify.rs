@@ -1,10 +1,11 @@
 //! Graph rewrites applied before scheduling. Each keeps every value bit for bit (same products, same sums, in the
 //! same order) and only changes how kernels will read memory.
 //!
-//! - `(A @ B)^T -> B^T @ A^T` when the transpose is the product's only reader. Autograd produces this for every
-//!   linear layer's weight gradient (the gradient of `w.t()` is a transposed product); rewritten, the GEMM writes
-//!   the gradient in the weight's own layout, so the optimizer update reads it contiguously and can fuse into the
-//!   GEMM's epilogue.
+//! - `(A @ B)^T -> B^T @ A^T` when the transpose is the product's only reader, also through a cast that is the
+//!   product's only reader (`cast(A @ B)^T -> cast(B^T @ A^T)`: a bf16 or f16 matmul's rounding). Autograd produces
+//!   this for every linear layer's weight gradient (the gradient of `w.t()` is a transposed product); rewritten, the
+//!   GEMM writes the gradient in the weight's own layout, so the optimizer update reads it contiguously and can fuse
+//!   into the GEMM's epilogue.
 //! - A leaky ReLU's mask read from its output: `y = x * m` with `m = where(0 < x, 1, s)`, `s >= 0` (kiln's
 //!   `leaky_relu`, any slope `>= 0`; `relu` is recorded as `where(x <= 0, 0, x)` and is not matched), whose mask is
 //!   also read elsewhere (autograd's `g * m`): those other readers
@@ -107,9 +108,14 @@ fn transpose_products(g: &mut Graph) {
         if !swaps_last_two(perm) {
             continue;
         }
-        let m = g.srcs(p)[0];
-        let readers = g.g.edges_directed(m, Direction::Outgoing).count();
-        if !matches!(g.node(m).op, Op::Matmul) || readers != 1 || g.outputs.contains(&m) {
+        let only_reader = |g: &Graph, n: NodeIndex| {
+            g.g.edges_directed(n, Direction::Outgoing).count() == 1 && !g.outputs.contains(&n)
+        };
+        // Through a cast the transpose commutes with (a half matmul's rounding of its f32 product).
+        let src = g.srcs(p)[0];
+        let cast = (matches!(g.node(src).op, Op::Cast) && only_reader(g, src)).then_some(src);
+        let m = cast.map_or(src, |c| g.srcs(c)[0]);
+        if !matches!(g.node(m).op, Op::Matmul) || !only_reader(g, m) {
             continue;
         }
         let [a, b] = g.srcs(m)[..] else { continue };
@@ -118,9 +124,20 @@ fn transpose_products(g: &mut Graph) {
         for e in incoming {
             g.g.remove_edge(e);
         }
-        g.g[p].op = Op::Matmul;
-        g.g.add_edge(bt, p, 0);
-        g.g.add_edge(at, p, 1);
+        match cast {
+            None => {
+                g.g[p].op = Op::Matmul;
+                g.g.add_edge(bt, p, 0);
+                g.g.add_edge(at, p, 1);
+            }
+            Some(c) => {
+                let product = NodeData { op: Op::Matmul, shape: g.node(p).shape.clone(), dtype: g.node(m).dtype };
+                let t = g.add(product, &[bt, at]);
+                g.g[p].op = Op::Cast;
+                g.g.add_edge(t, p, 0);
+                g.g.remove_node(c);
+            }
+        }
         g.g.remove_node(m);
     }
 }
@@ -197,6 +214,40 @@ mod tests {
             assert_eq!(g.g.node_count(), n, "({one}, {slope}, {elsewhere}): unchanged");
             assert_eq!(readers(&g, m).len(), 2);
             assert!(readers(&g, m).contains(&y));
+        }
+    }
+
+    /// `(A @ B)^T`, directly or through a cast to bf16 (a half matmul's rounding): rewritten to the transposed
+    /// product (and its cast) with the same bits, unless the product or the cast has another reader.
+    #[test]
+    fn a_transposed_product_is_computed_transposed_bit_for_bit() {
+        for (through_cast, shared) in [(false, false), (true, false), (true, true)] {
+            let mut g = Graph::new();
+            let f32 = |op: Op, dims: &[usize]| NodeData { op, shape: dims.into(), dtype: DType::F32 };
+            let a = g.add(f32(Op::Input { slot: 0 }, &[3, 5]), &[]);
+            let b = g.add(f32(Op::Input { slot: 1 }, &[5, 4]), &[]);
+            let m = g.add(f32(Op::Matmul, &[3, 4]), &[a, b]);
+            let dtype = if through_cast { DType::BF16 } else { DType::F32 };
+            let top =
+                if through_cast { g.add(NodeData { op: Op::Cast, shape: [3, 4].into(), dtype }, &[m]) } else { m };
+            let p = g.add(NodeData { op: Op::Permute(vec![1, 0]), shape: [4, 3].into(), dtype }, &[top]);
+            g.outputs = vec![p];
+            if shared {
+                g.outputs.push(top);
+            }
+            let inputs = [
+                HostBuffer::F32((0..15).map(|i| (i as f32 - 7.3) * 0.37).collect()),
+                HostBuffer::F32((0..20).map(|i| (i as f32 * 1.7).sin()).collect()),
+            ];
+            let eval = |g: &Graph| interp::run(g, &[&inputs[0], &inputs[1]], &[]).expect("runs");
+            let before = eval(&g);
+            simplify(&mut g);
+            g.verify().expect("a valid graph");
+            assert_eq!(eval(&g), before, "cast {through_cast}, shared {shared}: the same values");
+            let out = g.outputs[0];
+            let product = if through_cast { g.srcs(out)[0] } else { out };
+            let rewritten = matches!(g.node(product).op, Op::Matmul) && g.node(product).shape.dims() == [4, 3];
+            assert_eq!(rewritten, !shared, "cast {through_cast}, shared {shared}");
         }
     }
 }
