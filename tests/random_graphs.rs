@@ -907,7 +907,7 @@ fn unary_meta(u: Un, d: DType, a: &Meta) -> Option<Meta> {
 type Raw = (u8, [u16; 5]);
 
 const DIMS: [usize; 16] = [1, 2, 3, 4, 5, 7, 9, 1, 2, 8, 0, 3, 13, 6, 17, 11];
-const DTYPES: [DType; 10] = [
+const DTYPES: [DType; 11] = [
     DType::F32,
     DType::F32,
     DType::F64,
@@ -918,6 +918,7 @@ const DTYPES: [DType; 10] = [
     DType::F32,
     DType::U32,
     DType::F16,
+    DType::BF16,
 ];
 const MAX_NUMEL: usize = 256;
 
