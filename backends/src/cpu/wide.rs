@@ -231,8 +231,8 @@ impl WideKernel {
             self.isa.lanes()
         );
         for (i, o) in self.ep.operands.iter().enumerate() {
-            let dtype = if o.bf16 { "bf16" } else { "32-bit" };
-            let _ = writeln!(s, "  op{i}: in{} + {}, {:?}, {dtype}", o.buf, o.offset, o.kind);
+            let dtype = if o.bf16 { ", bf16" } else { "" };
+            let _ = writeln!(s, "  op{i}: in{} + {}, {:?}{dtype}", o.buf, o.offset, o.kind);
         }
         for (slot, i) in self.ep.uniforms.iter().enumerate() {
             let _ = writeln!(s, "  uniform{slot}: outer v{i}");
