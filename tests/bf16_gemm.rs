@@ -234,15 +234,33 @@ fn bf16_epilogue_roundings_are_the_interpreters() {
         t
     };
     let y = ints([33, 40], 1).matmul(&ints([40, 50], 2));
-    let out = kiln::nn::functional::leaky_relu(&(y * 0.1 + 0.3), 0.01);
+    let out = kiln::nn::functional::leaky_relu(&(&y * 0.1 + 0.3), 0.01);
+    check_exact_epilogue("exact sums", &out);
+    // bf16 operands read by the epilogue (a bias per column, a scale per row, a residual per element), widened by
+    // their loads, with an f32 result (a bias before an activation computed in f32): one GEMM, bit for bit.
+    let (bias, scale, residual) = (ints([1, 50], 3).reshape([50]), ints([33, 1], 4), ints([33, 50], 5));
+    let out = ((&y + &bias) * &scale + &residual).to_dtype(DType::F32);
+    check_exact_epilogue("bf16 operands", &out);
+    let allow = kiln_backends::cpu::gemm::epilogue::Allow { bf16: true, bf16_loads: true, positions: false };
+    let cap = kiln::capture(&[&out]).unwrap();
     let options = ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
-    common::with_last_launch("exact sums", &out, options, |kernel, args, want| {
+    let plan = schedule_with(&cap.graph, options);
+    let k = &plan.launches.last().unwrap().kernel;
+    let view = GemmView::of(k).unwrap_or_else(|| panic!("not one GEMM kernel:\n{k}"));
+    let ep = kiln_backends::cpu::gemm::epilogue::translate_with(k, &view.roles, allow).expect("in registers");
+    assert_eq!(ep.operands.iter().filter(|o| o.bf16).count(), 3, "{ep:?}");
+}
+
+/// Runs every bf16 candidate for `out`'s last launch (one GEMM kernel) and holds it to the interpreter bit for bit.
+fn check_exact_epilogue(name: &str, out: &Tensor) {
+    let options = ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
+    common::with_last_launch(name, out, options, |kernel, args, want| {
         let view = GemmView::of(kernel).unwrap_or_else(|| panic!("not one GEMM kernel:\n{kernel}"));
         let distinct: std::collections::HashSet<u64> = common::values(want).iter().map(|v| v.to_bits()).collect();
         assert!(distinct.len() > 20, "the sums vary: {} distinct outputs", distinct.len());
-        run_candidates("exact sums", kernel, args, &bf16_candidates_of("exact sums", &view), |imp, got| {
+        run_candidates(name, kernel, args, &bf16_candidates_of(name, &view), |imp, got| {
             if let Err(e) = compare(&got, want, common::Tol::EXACT) {
-                panic!("{} is not the interpreter's rounding: {e}\n{kernel}", imp.name());
+                panic!("{name}: {} is not the interpreter's rounding: {e}\n{kernel}", imp.name());
             }
         });
     });

@@ -96,6 +96,18 @@ pub fn bf16_units() -> Bf16Units {
     }
 }
 
+/// Whether this host has AVX512BW (`vpbroadcastw`: a bf16 GEMM epilogue's per-row bf16 operand).
+pub fn has_avx512bw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512bw")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The families the generated GEMM may use: those present, narrowed by `KILN_CPU_ISA` (read once), or why the
 /// setting cannot be honoured.
 pub fn allowed() -> Result<&'static [Isa], String> {

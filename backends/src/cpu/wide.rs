@@ -561,7 +561,7 @@ fn emit(
     let mut copy = |ops: &mut Assembler, c: usize, masked: bool| -> Result<(), String> {
         let fixed = |i: usize| l.hoisted[i];
         let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
-            let (EpInst::Mat { op, .. } | EpInst::Row { op }) = *inst else {
+            let (EpInst::Mat { op, .. } | EpInst::Row { op, .. }) = *inst else {
                 unreachable!("per-row values and uniforms are hoisted")
             };
             let bf16 = ep.operands[op].bf16;

@@ -737,7 +737,7 @@ fn emit_pass(
             })
             .collect();
         let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| match *inst {
-            EpInst::Mat { op, .. } | EpInst::Row { op } => {
+            EpInst::Mat { op, .. } | EpInst::Row { op, .. } => {
                 load_vector(ops, isa, d, OPERAND_REGS[op], Access::f32(disp), masked)
             }
             EpInst::Position(off) => {

@@ -93,19 +93,23 @@ pub mod pred {
 pub enum EpInst {
     /// The accumulator (after adding C in `Mode::Last`).
     Acc,
-    /// An M x N operand: `op + r*ld + 32*v` (pointer at the tile origin).
+    /// An M x N operand: `op + r*ld + vector bytes*v` (pointer at the tile origin; `ld` in bytes). `bf16`: 2-byte
+    /// elements widened to f32 (16 lanes only: `epilogue::Allow::bf16_loads`), half a vector's bytes per vector.
     Mat {
         op: usize,
         ld: i32,
+        bf16: bool,
     },
-    /// An N-vector (a bias over columns): `op + 32*v`.
+    /// An N-vector (a bias over columns): `op + vector bytes*v` (halved for bf16).
     Row {
         op: usize,
+        bf16: bool,
     },
-    /// An M-vector, broadcast: `op + r*stride`.
+    /// An M-vector, broadcast: `op + r*stride` (`stride` in bytes).
     Col {
         op: usize,
         stride: i32,
+        bf16: bool,
     },
     /// A value uniform over the tile, computed on the host per launch: 8 splatted lanes at `uniforms + 32*slot`.
     Uniform(usize),
@@ -410,7 +414,14 @@ pub(crate) fn emit_program(
 ) -> Result<u8, String> {
     const R9: u8 = 9;
     let (acc_reg, r, v) = at;
-    let vd = isa.vector_bytes() * v as i32;
+    let bf16_loads = p.insts.iter().any(|i| {
+        matches!(i, EpInst::Mat { bf16: true, .. } | EpInst::Row { bf16: true, .. } | EpInst::Col { bf16: true, .. })
+    });
+    if bf16_loads && isa.vector_bytes() != 64 {
+        return Err("bf16 epilogue loads need the 16-lane form".into());
+    }
+    // A vector of `v`'s elements: 4 bytes each, or 2 for a bf16 operand.
+    let vd = |bf16: bool| isa.vector_bytes() * v as i32 / if bf16 { 2 } else { 1 };
     let fixed = |i: usize| matches!(p.insts[i], EpInst::Acc).then_some(acc_reg);
     let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
         let ptr = |ops: &mut Assembler, slot: usize| {
@@ -418,17 +429,21 @@ pub(crate) fn emit_program(
             dynasm!(ops ; .arch x64 ; mov r9, QWORD [r8 + off]);
         };
         match *inst {
-            EpInst::Mat { op, ld } => {
+            EpInst::Mat { op, ld, bf16 } => {
                 ptr(ops, 2 + op);
-                isa.load(ops, d, R9, r as i32 * ld + vd, masked);
+                isa.load_elements(ops, d, R9, r as i32 * ld + vd(bf16), masked, bf16);
             }
-            EpInst::Row { op } => {
+            EpInst::Row { op, bf16 } => {
                 ptr(ops, 2 + op);
-                isa.load(ops, d, R9, vd, masked);
+                isa.load_elements(ops, d, R9, vd(bf16), masked, bf16);
             }
-            EpInst::Col { op, stride } => {
+            EpInst::Col { op, stride, bf16 } => {
                 ptr(ops, 2 + op);
-                isa.broadcast(ops, d, R9, r as i32 * stride);
+                if bf16 {
+                    isa.broadcast_bf16(ops, d, R9, r as i32 * stride);
+                } else {
+                    isa.broadcast(ops, d, R9, r as i32 * stride);
+                }
             }
             EpInst::Uniform(slot) => {
                 ptr(ops, 1);
@@ -487,6 +502,16 @@ pub(crate) trait VecIsa {
     fn load(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32, masked: bool);
     /// `d` = the f32 at `[gpr base + disp]`, in every lane.
     fn broadcast(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32);
+    /// [`VecIsa::load`], or with `bf16` a vector of 2-byte elements widened to their f32 values (16 lanes only:
+    /// callers check `vector_bytes` first).
+    fn load_elements(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32, masked: bool, bf16: bool) {
+        assert!(!bf16, "bf16 loads are generated at 16 lanes only");
+        self.load(ops, d, base, disp, masked);
+    }
+    /// `d` = the bf16 at `[gpr base + disp]` as an f32, in every lane (16 lanes only, as `load_elements`).
+    fn broadcast_bf16(&self, _ops: &mut Assembler, _d: u8, _base: u8, _disp: i32) {
+        unreachable!("bf16 loads are generated at 16 lanes only");
+    }
     /// `d` = a launch-uniform value stored splatted over 8 lanes at `[gpr base + disp]`.
     fn uniform(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32);
     fn bin(&self, ops: &mut Assembler, op: VBin, d: u8, x: u8, y: u8);

@@ -78,6 +78,23 @@ impl VecIsa for Zmm {
     fn broadcast(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32) {
         put(ops, |e| e.broadcast(d, mem(base, disp)));
     }
+    fn load_elements(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32, masked: bool, bf16: bool) {
+        if !bf16 {
+            return self.load(ops, d, base, disp, masked);
+        }
+        put(ops, |e| {
+            e.load_words_zx(d, mem(base, disp), if masked { TAIL_MASK } else { 0 });
+            e.shift(6, d, d, 16);
+        });
+    }
+    fn broadcast_bf16(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32) {
+        // The word in every word (AVX512BW: `epilogue::Allow::bf16_loads` is given only where it is present), then
+        // each dword's low copy shifted into its top half.
+        put(ops, |e| {
+            e.broadcast_word(d, mem(base, disp));
+            e.shift(6, d, d, 16);
+        });
+    }
     fn uniform(&self, ops: &mut Assembler, d: u8, base: u8, disp: i32) {
         // Stored splatted over 8 lanes: the first is broadcast.
         self.broadcast(ops, d, base, disp);

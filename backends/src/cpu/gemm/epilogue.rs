@@ -10,7 +10,8 @@
 //! (sin/cos, max/min with their NaN rule, int arithmetic, a gather) returns `None`, and the backend applies the
 //! epilogue as a separate compiled pass over C instead: slower, never wrong. `translate_row_outer` does the same
 //! for a row sum's outer code (`cpu/wide.rs`). A bf16 GEMM's epilogue (`translate_with`) may also compute in bf16:
-//! each bf16 result is rounded in the program, with integer ops, exactly as the Cranelift kernels round it.
+//! each bf16 result is rounded in the program, with integer ops, exactly as the Cranelift kernels round it; and
+//! 16-lane callers may read bf16 operands (`Allow::bf16_loads`).
 
 use super::asm::{EpInst, EpProgram, VBin, pred};
 use super::program_math::{f32_bits, push_exp, push_inst, push_log, push_round_bf16, push_tanh};
@@ -68,8 +69,10 @@ pub struct Allow {
     /// (`program_math::push_round_bf16`, the Cranelift kernels' integer rounding), so the program's result is
     /// exactly the value the store writes.
     pub bf16: bool,
-    /// Loads of bf16 operands (with `bf16`): only a caller whose loads widen 2-byte elements emits them (the
-    /// 16-lane elementwise kernels, `cpu/wide.rs`); the GEMM tiles and the row kernels do not.
+    /// Loads of bf16 operands (with `bf16`; `EpInst::Mat`/`Row`/`Col` with `bf16` set): only a caller whose loads
+    /// widen 2-byte elements emits them: the 16-lane elementwise kernels (`cpu/wide.rs`) and the bf16 GEMMs' 16-lane
+    /// epilogues (`asm::emit_program`, where AVX512BW gives the per-row operand's word broadcast); not the f32 GEMM
+    /// tiles or the row kernels.
     pub bf16_loads: bool,
     /// Positions along n (`Role::Position`, `EpInst::Position`): only a caller whose loop knows the column of each
     /// vector emits them (the row kernels, `cpu/wide_rows.rs`); a GEMM tile or an elementwise chunk does not.
@@ -141,16 +144,19 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
             Role::Mat { buf, offset, batch, ld } => {
                 let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Mat { ld: *ld }, inst.dtype)?;
                 let bytes = ep.operands[o].elem_bytes() as i64;
-                push(&mut ep, EpInst::Mat { op: o, ld: i32::try_from(*ld * bytes).ok()? })
+                let bf16 = ep.operands[o].bf16;
+                push(&mut ep, EpInst::Mat { op: o, ld: i32::try_from(*ld * bytes).ok()?, bf16 })
             }
             Role::Row { buf, offset, batch } => {
                 let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Row, inst.dtype)?;
-                push(&mut ep, EpInst::Row { op: o })
+                let bf16 = ep.operands[o].bf16;
+                push(&mut ep, EpInst::Row { op: o, bf16 })
             }
             Role::Col { buf, offset, batch, stride } => {
                 let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Col { stride: *stride }, inst.dtype)?;
                 let bytes = ep.operands[o].elem_bytes() as i64;
-                push(&mut ep, EpInst::Col { op: o, stride: i32::try_from(*stride * bytes).ok()? })
+                let bf16 = ep.operands[o].bf16;
+                push(&mut ep, EpInst::Col { op: o, stride: i32::try_from(*stride * bytes).ok()?, bf16 })
             }
             Role::Position { offset } if allow.positions => {
                 push(&mut ep, EpInst::Position(i32::try_from(*offset).ok()?))

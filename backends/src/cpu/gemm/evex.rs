@@ -47,6 +47,8 @@ pub(crate) enum Rm {
     Dword(Mem),
     /// Half a 512-bit vector in memory (a narrowing store's destination: disp scaled by 32).
     Half(Mem),
+    /// One word (`vpbroadcastw`'s source: Tuple1 Scalar, disp scaled by 2).
+    Word(Mem),
 }
 
 /// Opcode map (EVEX.mmm) and mandatory prefix (EVEX.pp) of an instruction, with its opcode byte.
@@ -98,6 +100,7 @@ const SHIFT_IMM: Opc = pd66(0x72);
 const VSHUFF32X4: Opc = x3a(0x23);
 const VPMOVDW: Opc = Opc { map: 2, pp: 2, op: 0x33 };
 const VPMOVZXWD: Opc = x38(0x33);
+const VPBROADCASTW: Opc = x38(0x79);
 const VDPBF16PS: Opc = Opc { map: 2, pp: 2, op: 0x52 };
 
 /// Bytes of EVEX instructions, appended to the assembler by the caller.
@@ -125,6 +128,7 @@ impl Enc {
             Rm::Bcst(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, true, Some(m), 4),
             Rm::Dword(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), 4),
             Rm::Half(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), 32),
+            Rm::Word(m) => (m.base & 7, m.index.map_or(0, |i| (i >> 3) & 1), (m.base >> 3) & 1, false, Some(m), 2),
         };
         let r_bit = (reg >> 3) & 1;
         let r2_bit = (reg >> 4) & 1;
@@ -221,6 +225,11 @@ impl Enc {
     /// are read and the other lanes are zero (`vpmovzxwd d{k}{z}`: a bf16 load, before its shift into the top half).
     pub(crate) fn load_words_zx(&mut self, d: u8, m: Mem, k: u8) {
         self.insn(VPMOVZXWD, d, 0, Rm::Half(m), k, k != 0, None);
+    }
+
+    /// `d` = the word at `[m]` in all 32 words (`vpbroadcastw`, AVX512BW).
+    pub(crate) fn broadcast_word(&mut self, d: u8, m: Mem) {
+        self.insn(VPBROADCASTW, d, 0, Rm::Word(m), 0, false, None);
     }
 
     /// `d += x . src`: each f32 lane adds the two products of its pair of bf16 (`vdpbf16ps`, AVX512-BF16).
@@ -417,6 +426,12 @@ mod tests {
         check(&mut e, &[0x62, 0xe1, 0x7c, 0x49, 0x11, 0x64, 0x47, 0x01], "vmovups [rdi+rax*2+64]{k1}, zmm20");
         e.store_low_words(mem_indexed(RDI, RAX, 1, 32), 4, 1);
         check(&mut e, &[0x62, 0xf2, 0x7e, 0x49, 0x33, 0x64, 0x07, 0x01], "vpmovdw [rdi+rax+32]{k1}, zmm4");
+        e.broadcast_word(4, mem(R9, 6));
+        check(&mut e, &[0x62, 0xd2, 0x7d, 0x48, 0x79, 0x61, 0x03], "vpbroadcastw zmm4, [r9+6]");
+        e.broadcast_word(17, mem(RAX, 0));
+        check(&mut e, &[0x62, 0xe2, 0x7d, 0x48, 0x79, 0x08], "vpbroadcastw zmm17, [rax]");
+        e.broadcast_word(3, mem(R9, 1000));
+        check(&mut e, &[0x62, 0xd2, 0x7d, 0x48, 0x79, 0x99, 0xe8, 0x03, 0, 0], "vpbroadcastw zmm3, [r9+1000]");
         e.dot_bf16(1, 2, Rm::Reg(3));
         check(&mut e, &[0x62, 0xf2, 0x6e, 0x48, 0x52, 0xcb], "vdpbf16ps zmm1, zmm2, zmm3");
         e.icmp_eq(2, 3, 25);

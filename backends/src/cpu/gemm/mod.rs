@@ -264,11 +264,11 @@ impl CompiledGemm {
         let v = &self.view;
         let out_bf16 = v.out == DType::BF16;
         // bf16 values in the outer code are rounded in the program, so a bf16 C's last value is a bf16 value, which
-        // the store narrows exactly.
-        let ep =
-            epilogue::translate_with(k, &v.roles, epilogue::Allow { bf16: true, bf16_loads: false, positions: false })
-                // A program needing more registers than the block leaves (exp beside 28 accumulators) runs as a pass.
-                .filter(|e| e.program.temps_needed() <= bf16::epilogue_registers(a.unit, a.mr, a.nt));
+        // the store narrows exactly. bf16 operands (a bias) are widened by their loads.
+        let allow = epilogue::Allow { bf16: true, bf16_loads: super::isa::has_avx512bw(), positions: false };
+        let ep = epilogue::translate_with(k, &v.roles, allow)
+            // A program needing more registers than the block leaves (exp beside 28 accumulators) runs as a pass.
+            .filter(|e| e.program.temps_needed() <= bf16::epilogue_registers(a.unit, a.mr, a.nt));
         let program = match &ep {
             Some(e) => e.program.clone(),
             None if !out_bf16 => {
@@ -664,7 +664,7 @@ impl CompiledGemm {
                     OperandKind::Row => n_at as i64,
                     OperandKind::Col { stride } => m_at as i64 * stride,
                 };
-            ep[2 + o] = cx.ptrs[op.buf].wrapping_offset((e * 4) as isize) as *const u8;
+            ep[2 + o] = cx.ptrs[op.buf].wrapping_offset((e * op.elem_bytes() as i64) as isize) as *const u8;
         }
     }
 
