@@ -76,9 +76,42 @@ fn check(name: &str, out: &Tensor) {
     same_bits(name, &got, &want, k);
 }
 
-/// Whether `k` has a bf16 value (a load, arithmetic, its output).
+/// Whether `k` has a bf16 value (an input, arithmetic in its outer or reduce code, its output).
 fn touches_bf16(k: &kiln_jit::kernel::KernelIr) -> bool {
-    k.output.dtype == DType::BF16 || k.outer.iter().any(|i| i.dtype == DType::BF16)
+    let mut code = k.outer.iter().chain(k.reduce.iter().flat_map(|r| r.inner.iter()));
+    k.output.dtype == DType::BF16
+        || k.inputs.iter().any(|b| b.dtype == DType::BF16)
+        || code.any(|i| i.dtype == DType::BF16)
+}
+
+/// On every host with AVX2: kernels with bf16 values, including a row sum whose bf16 loads are in its reduce code
+/// (a gradient norm of bf16 gradients), are declined at 8 lanes (they need masked 2-byte loads), never generated
+/// with 4-byte loads; the plan then runs them as the host allows and matches the interpreter. An AVX2-only host
+/// once generated the row sum at 8 lanes (found by the bf16 GPT test on an AMD EPYC).
+#[test]
+fn bf16_kernels_are_declined_at_8_lanes() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    let bf = DType::BF16;
+    let (a, b) = (special(bf, &[37, 33], 71), special(bf, &[33], 72));
+    let cases = [
+        ("bf16 row sum of squares", a.to_dtype(DType::F32).square().sum(1, false)),
+        ("bf16 times f32", &a.to_dtype(DType::F32) * &special_f32(&[37, 33], 73)),
+        ("bf16 update", &a - &(&b * 0.01)),
+    ];
+    for (name, out) in &cases {
+        common::with_last_launch(name, out, ScheduleOptions::default(), |kernel, args, _| {
+            assert!(touches_bf16(kernel), "{name}: no bf16 value in\n{kernel}");
+            let got =
+                kiln_backends::cpu::run_wide_at(kernel, Isa::Avx2, args).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(got.is_none(), "{name}: an 8-lane kernel with bf16 values:\n{kernel}");
+        });
+        let want = kiln::capture(&[out]).unwrap().reference().unwrap().remove(0);
+        let got = out.to_host().unwrap();
+        common::compare(&got, &want, common::tol(out.dtype(), common::Kind::Accumulate))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
 }
 
 /// Asserts `got` equals `want` bit for bit (any NaN matches any NaN).

@@ -344,9 +344,12 @@ impl WideKernel {
     }
 }
 
-/// Whether `k` has bf16 values (loads, arithmetic, its output): such a kernel is generated at 16 lanes only.
+/// Whether `k` has bf16 values (an input, arithmetic in its outer or reduce code, its output): such a kernel is
+/// generated at 16 lanes only. The reduce code counts: a row sum's loads live there (`row_sum_parts`).
 fn touches_bf16(k: &KernelIr) -> bool {
-    k.output.dtype == kiln_jit::DType::BF16 || k.outer.iter().any(|i| i.dtype == kiln_jit::DType::BF16)
+    let bf16 = kiln_jit::DType::BF16;
+    let mut code = k.outer.iter().chain(k.reduce.iter().flat_map(|r| r.inner.iter()));
+    k.output.dtype == bf16 || k.inputs.iter().any(|b| b.dtype == bf16) || code.any(|i| i.dtype == bf16)
 }
 
 /// Bytes the column offset (rax) advances per element: 4, or 2 where an operand or the output is bf16 (its 4-byte
