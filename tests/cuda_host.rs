@@ -113,6 +113,26 @@ fn corpus(dev: &Device) -> Vec<(&'static str, Vec<Tensor>)> {
                 x.narrow(0, 1, 1).to_dtype(DType::BF16).to_dtype(DType::F64).add(1.0).mul(128.0),
             ]
         }),
+        // Long enough to run cooperatively (`cstyle::Coop`: a block folds each output, its tree in shared memory):
+        // over the contiguous dim (rows of 700: sums, NaN-propagating max, i32, f16 and f64 sums, softmax and layer
+        // norm as row kernels) and over a strided one (a column sum of 300 rows, 32 outputs across the lanes).
+        ("cooperative reductions", {
+            let long = Tensor::from_vec(f(2100, 0.37), [3, 700], dev).expect("long");
+            let tall = Tensor::from_vec(f(12_000, 0.11), [300, 40], dev).expect("tall");
+            let nan = long.add(special.narrow(0, 6, 1).pad(&[(350, 349)], 0.0).reshape([1, 700]));
+            vec![
+                long.sum(1, false),
+                nan.max(1, false),
+                long.min(1, true),
+                tall.sum(0, false),
+                long.mul(8.0).to_dtype(DType::I32).sum(1, false),
+                long.to_dtype(DType::F16).sum(1, false),
+                long.to_dtype(DType::F64).mul(0.5).sum(1, false),
+                long.softmax(-1),
+                long.log_softmax(-1),
+                kiln::nn::functional::layer_norm(&long, &[700], None, None, 1e-5),
+            ]
+        }),
         (
             "random in f64 and bf16",
             vec![

@@ -5,7 +5,7 @@
 //! wgpu): `tests/golden/sgd_update_aliased.wgsl.txt`; and the batch-1 weight update `w - (dy ⊗ x) * lr` as the CPU's
 //! 8-lane elementwise kernel (register program, loop shape, code size): `tests/golden/outer_update.wide.txt`; and
 //! CUDA C / HIP C renderings (`render::cuda`): `mul_add_relu_sum.{cu,hip}.txt`, `rows_and_gather.cu.txt`,
-//! `table_zoo.cu.txt`.
+//! `table_zoo.cu.txt`, `cooperative_reductions.{wgsl,cu}.txt`.
 //!
 //! A change to fusion, lowering or the CLIF renderer that changes the output fails here with the first differing
 //! line. If the change is intended, rewrite the files and review their diff:
@@ -197,6 +197,26 @@ fn rows_and_gather_cuda() {
     let plan = schedule(&cap.graph);
     let text: String = plan.launches.iter().map(|l| render(&l.kernel, Flavor::Cuda).expect("renders").source).collect();
     check_golden("rows_and_gather.cu.txt", &text);
+}
+
+/// Cooperative reductions (`render::cstyle::Coop`: a workgroup folds each output, the partial results meeting in
+/// workgroup memory): a softmax over rows of 300 (one row per workgroup), a row sum over 500 and a column sum over
+/// 300 rows (32 neighbouring outputs across the lanes), as WGSL and as CUDA C: `cooperative_reductions.{wgsl,cu}.txt`.
+#[test]
+fn cooperative_reductions_wgsl_and_cuda() {
+    use kiln_jit::render::cuda::{Flavor, render};
+    let dev = Device::cpu();
+    let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
+    let x = Tensor::from_vec(f(1200, 0.3), [4, 300], &dev).expect("x");
+    let y = Tensor::from_vec(f(1500, 0.7), [3, 500], &dev).expect("y");
+    let z = Tensor::from_vec(f(12_000, 0.11), [300, 40], &dev).expect("z");
+    let outs = [x.softmax(-1), y.sum(1, false), z.sum(0, false)];
+    let refs: Vec<&Tensor> = outs.iter().collect();
+    check_golden("cooperative_reductions.wgsl.txt", &plan_wgsl(&refs));
+    let cap = kiln::capture(&refs).expect("capture");
+    let plan = schedule(&cap.graph);
+    let cuda: String = plan.launches.iter().map(|l| render(&l.kernel, Flavor::Cuda).expect("renders").source).collect();
+    check_golden("cooperative_reductions.cu.txt", &cuda);
 }
 
 /// A zoo of the per-instruction table's rows: f32 transcendental, division, pow and max with NaN care; i32, u32 and

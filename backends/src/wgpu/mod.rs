@@ -47,6 +47,9 @@ use std::sync::{Arc, OnceLock};
 
 const NAME: &str = "wgpu";
 
+/// Trips of one shader loop in one invocation after which llvmpipe stops the loop (see `loop_trip_cap`).
+const LLVMPIPE_LOOP_CAP: usize = 65_535;
+
 /// What to install when no adapter is found.
 pub const INSTALL_HINT: &str = "no wgpu adapter (Vulkan or GL) found; on Debian/Ubuntu without a GPU: apt-get install mesa-vulkan-drivers libvulkan1";
 
@@ -62,6 +65,8 @@ pub(crate) struct Ctx {
     limits: wgpu::Limits,
     /// The device was created with `SHADER_F16`: f16 buffers and arithmetic are available.
     f16: bool,
+    /// How long reductions are rendered here (`reduce_form`).
+    reduce_form: wgsl::ReduceForm,
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
     layouts: Mutex<HashMap<(usize, bool, bool), Arc<Layout>>>,
@@ -123,6 +128,7 @@ fn init() -> Result<WgpuBackend, String> {
     let f16 = adapter.features().contains(wgpu::Features::SHADER_F16)
         && !std::env::var("KILN_WGPU_F16").is_ok_and(|v| v == "off" || v == "0");
     let features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+    let reduce_form = reduce_form(&info, std::env::var("KILN_WGSL_COOP").ok().as_deref())?;
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("kiln"),
         required_features: features,
@@ -140,11 +146,30 @@ fn init() -> Result<WgpuBackend, String> {
         info,
         limits,
         f16,
+        reduce_form,
         pool: Mutex::new(HashMap::new()),
         pipelines: Mutex::new(HashMap::new()),
         layouts: Mutex::new(HashMap::new()),
     };
     Ok(WgpuBackend { ctx: Arc::new(ctx) })
+}
+
+/// How this adapter renders long reductions (`wgsl::ReduceForm`): cooperatively on a GPU; on a CPU driver
+/// (lavapipe, `DeviceType::Cpu`) one invocation per output, cooperatively only where that form's loop would pass
+/// the driver's loop cap. Measured on lavapipe (docs/benchmarks.md): softmax over 4096 x 1024 took 1.7x as long
+/// cooperatively, a row sum 3x: there a workgroup's invocations are SIMD lanes of one CPU thread, so the generic
+/// form vectorizes across outputs, and each barrier is a switch between them. `KILN_WGSL_COOP=on|off|auto`
+/// (default `auto`) forces a form, so both are tested on any adapter; another value is an error.
+fn reduce_form(info: &wgpu::AdapterInfo, env: Option<&str>) -> Result<wgsl::ReduceForm, String> {
+    let cap = info.name.contains("llvmpipe").then_some(LLVMPIPE_LOOP_CAP);
+    let generic = wgsl::ReduceForm::Generic { cap };
+    match env.unwrap_or("auto") {
+        "on" => Ok(wgsl::ReduceForm::Cooperative),
+        "off" => Ok(generic),
+        "auto" if info.device_type == wgpu::DeviceType::Cpu => Ok(generic),
+        "auto" => Ok(wgsl::ReduceForm::Cooperative),
+        other => Err(format!("KILN_WGSL_COOP={other:?}: use on, off or auto")),
+    }
 }
 
 /// Mesa's window-system code looks for `XDG_RUNTIME_DIR` when a Vulkan or GL device is opened, even headless, and
@@ -219,7 +244,12 @@ impl WgpuBackend {
     /// invocation, and drops that invocation's stores (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`): a sum over 65536
     /// elements read 0.0 there, with no error. `None` for drivers without such a cap.
     pub(crate) fn loop_trip_cap(&self) -> Option<usize> {
-        self.ctx.info.name.contains("llvmpipe").then_some(65_535)
+        self.ctx.info.name.contains("llvmpipe").then_some(LLVMPIPE_LOOP_CAP)
+    }
+
+    /// How kernels with long reductions are rendered on this adapter (see `reduce_form`).
+    pub(crate) fn reduce_form(&self) -> wgsl::ReduceForm {
+        self.ctx.reduce_form
     }
 
     /// Whether tensors of `d` can live here: not the 64-bit types (no WGSL type), and f16 only with `SHADER_F16`.

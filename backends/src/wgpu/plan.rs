@@ -4,7 +4,7 @@
 //! (`KernelPlan::donation_candidates`: every other reader of the input runs earlier, and the writing kernel reads
 //! the input only at the element it writes). WebGPU refuses one buffer bound read-only and read-write in the same
 //! dispatch, so a donating launch runs a second pipeline of its kernel that reads that input through its output
-//! binding (`wgsl::render_aliased`), with a one-word placeholder bound where the input was; launches before it read
+//! binding (`wgsl::render_as` with the aliased inputs), with a one-word placeholder bound where the input was; launches before it read
 //! the input (the old values) from the same buffer. GEMM launches (the tiled template) do not donate: their
 //! epilogue reads are not checked to precede every write of a tile, so a GEMM output always gets a new buffer.
 
@@ -70,21 +70,17 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
             Some(r) => (wgsl::routine::render(&r).map_err(err)?, None),
             None => match gemm::gemm_kernel(ctx, &l.kernel) {
                 Some((k, record)) => (k, Some(record)),
-                None => (wgsl::render(&l.kernel).map_err(err)?, None),
+                None => (wgsl::render_as(&l.kernel, backend.reduce_form(), &[]).map_err(err)?, None),
             },
         };
-        // A reduction runs its whole reduce loop nest in each invocation (the GEMM template: its K loop); a row
-        // kernel, each row reduction's and then one loop over the row's elements.
-        let kernel = &l.kernel;
-        let folds = kernel.reduce.iter().chain(&kernel.rows).map(|r| r.extents.iter().product::<usize>());
-        let row_elems = if kernel.rows.is_empty() { 0 } else { kernel.out_extents[kernel.row_rank..].iter().product() };
-        let routine_trips = kernel.routine.as_ref().map(wgsl::routine::max_trips);
-        let trips = folds.chain([row_elems]).chain(routine_trips).max().unwrap_or(0);
+        // The renderer counts the longest loop of one invocation (a whole reduce loop in the generic form, a
+        // slice of it in the cooperative one; the GEMM template's K loop; a routine's).
+        let trips = k.trips;
         if let Some(cap) = backend.loop_trip_cap()
             && trips > cap
         {
             return Err(err(format!(
-                "kernel {} folds {trips} elements in each shader invocation; this adapter ({}) stops a shader loop \
+                "kernel {} runs a loop of {trips} trips in one shader invocation; this adapter ({}) stops a shader loop \
                  after {cap} trips and would return wrong values. Run it on Device::cpu(), or on a GPU driver",
                 l.kernel.name,
                 backend.adapter()
@@ -114,7 +110,7 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
             continue;
         }
         let aliased: Vec<usize> = (0..l.inputs.len()).filter(|&i| l.inputs[i] == Slot::Input(d.input)).collect();
-        let k = wgsl::render_aliased(&l.kernel, &aliased).map_err(err)?;
+        let k = wgsl::render_as(&l.kernel, backend.reduce_form(), &aliased).map_err(err)?;
         launches[d.launch].donating = Some((d.input, ctx.pipeline(&k).map_err(err)?));
         donations.push(d);
     }

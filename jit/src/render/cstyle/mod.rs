@@ -7,7 +7,8 @@
 //! decomposition of the flat output index, the reduce loop nest and its fold, the outer code, the store), the one
 //! table of code per instruction (`table.rs`: constants, index math, guarded loads, random numbers, every
 //! unary / binary op and cast with `kernel::eval`'s semantics), and which helper functions a kernel needs
-//! (`helpers.rs`, with their dependencies). What a target differs in is asked of its dialect.
+//! (`helpers.rs`, with their dependencies), and the cooperative form of long reductions and row kernels (`coop.rs`:
+//! a workgroup folds each output, meeting at barriers). What a target differs in is asked of its dialect.
 //!
 //! # What a dialect provides
 //! - **Types**: the dtype each value is computed in ([`Dialect::compute_dtype`]: WGSL narrows 64-bit values to
@@ -41,10 +42,12 @@
 //! compiler wraps (NVRTC and hiprtc do) or this table routes those rows through the unsigned type. Every per-op match names each `UnaryOp` and `BinaryOp` variant (no `_` arm), so an op
 //! added to `op.rs` does not build until this table has its rows.
 
+mod coop;
 mod gemm;
 mod helpers;
 mod table;
 
+pub use coop::{Coop, loop_trips};
 pub use gemm::{GemmParts, GemmTile, gemm_parts};
 pub use helpers::Helper;
 pub use table::{iexpr, konst};
@@ -160,13 +163,22 @@ impl<'a, D: Dialect> Emitter<'a, D> {
     /// whole reduction inside. A row kernel's element also takes its row's reductions (`row0`, `row1`, ..), which
     /// [`Emitter::row_fn`] folds.
     pub fn element_fn(&mut self) -> String {
+        self.element_fn_with(false)
+    }
+
+    /// [`Emitter::element_fn`]; with `acc_param`, `element(flat, acc)` takes the finished reduction instead of
+    /// folding it (a cooperative kernel folds it over the workgroup: `coop.rs`).
+    fn element_fn_with(&mut self, acc_param: bool) -> String {
         let (d, k) = (self.d, self.k);
         let names: Vec<String> = (0..k.rows.len()).map(|j| format!("row{j}")).collect();
         let mut params = vec![("flat", d.index_dtype())];
         params.extend(names.iter().zip(&k.rows).map(|(n, r)| (n.as_str(), d.compute_dtype(r.dtype))));
+        if let (true, Some(r)) = (acc_param, &k.reduce) {
+            params.push(("acc", d.compute_dtype(r.dtype)));
+        }
         let mut s = format!("\n{}\n", d.fn_open("element", &params));
         self.decompose(&mut s, "flat", &k.out_extents);
-        if let Some(r) = &k.reduce {
+        if let (false, Some(r)) = (acc_param, &k.reduce) {
             self.fold_loop(&mut s, r, "acc", "r");
         }
         self.insts(&mut s, &k.outer, "v", "    ");

@@ -10,15 +10,16 @@
 //! words per slot) when the kernel draws random numbers and the fault record (`int*`, `kernel::fault`) when it can
 //! fault. Thread `t` of the grid (x-major over blocks, then y) computes output element `t` (a row kernel: row `t`)
 //! with the shared `element` (and `row`) function, a lambda in the kernel body. The launch shape: 256-thread
-//! blocks for elementwise kernels, 64 for reductions (each thread runs its whole reduce loop, as on WGSL); blocks
-//! along x up to 2^31 - 1.
+//! blocks for elementwise kernels, 64 for short reductions over many outputs (each thread runs its whole reduce
+//! loop, as on WGSL); blocks along x up to 2^31 - 1. Longer reductions and row kernels are cooperative
+//! (`cstyle::Coop`): block `g` folds its outputs (its row) together, the partial results meeting in `__shared__`
+//! memory, through the shared `coop` lambda.
 //!
 //! Every dtype: f64 and i64 are themselves (the shared table's f64 rows are its f32 rows, with the helpers
 //! overloaded on `double`), f16 and bf16 are stored as their bits and computed in f32, rounded per op.
 //!
-//! Not here yet (a note, not a silent gap: `check` refuses what cannot render with a message): block and warp
-//! reductions for long reduce loops, the tiled GEMM and the routines; the CUDA device itself (`Device::cuda`) and its
-//! driver.
+//! Not here yet (a note, not a silent gap: `check` refuses what cannot render with a message): warp-shuffle
+//! reductions (the block's tree stays in shared memory: `cstyle/coop.rs` says why) and the routines.
 
 mod dialect;
 mod gemm;
@@ -62,7 +63,7 @@ pub struct GpuKernel {
     pub block: u32,
     /// Blocks along x and y; (0, 0) for an empty output (nothing to launch).
     pub grid: (u32, u32),
-    /// Threads that compute (the rest of the last block returns at once).
+    /// Threads that compute (the rest of the last block returns at once); a cooperative kernel's every block.
     pub threads: u64,
     pub uses_rng: bool,
     pub can_fault: bool,
@@ -101,21 +102,31 @@ fn params(k: &KernelIr, uses_rng: bool, can_fault: bool) -> String {
 /// Renders `k` for `flavor`.
 pub fn render(k: &KernelIr, flavor: Flavor) -> Result<GpuKernel, String> {
     check(k, flavor)?;
-    let threads: u64 =
+    let coop = cstyle::Coop::choose(k);
+    let outputs: u64 =
         k.out_extents[..if k.rows.is_empty() { k.out_rank() } else { k.row_rank }].iter().product::<usize>() as u64;
-    let block: u32 = if k.reduce.is_some() || !k.rows.is_empty() { 64 } else { 256 };
-    let blocks = threads.div_ceil(block as u64);
+    // A cooperative kernel runs a block per `lanes` outputs (or per row); the generic one a thread per output.
+    let (block, blocks): (u32, u64) = match coop {
+        Some(c) => (c.width(), c.groups(k) as u64),
+        None => {
+            let block = if k.reduce.is_some() || !k.rows.is_empty() { 64 } else { 256 };
+            (block, outputs.div_ceil(block as u64))
+        }
+    };
+    let threads = if coop.is_some() { blocks * block as u64 } else { outputs };
     let grid = if blocks == 0 { (0, 0) } else { (blocks.min(MAX_GRID_X) as u32, blocks.div_ceil(MAX_GRID_X) as u32) };
     let dialect = CudaC { flavor };
     let mut em = Emitter::new(&dialect, k);
-    let body = if threads == 0 {
-        String::new()
-    } else {
-        let mut b = em.element_fn();
-        if !k.rows.is_empty() {
-            b.push_str(&em.row_fn());
+    let body = match (threads, coop) {
+        (0, _) => String::new(),
+        (_, Some(c)) => em.coop_fns(c),
+        (_, None) => {
+            let mut b = em.element_fn();
+            if !k.rows.is_empty() {
+                b.push_str(&em.row_fn());
+            }
+            b
         }
-        b
     };
     // Every kernel with an f16 buffer converts it on the bits (`math::F16`); bf16 buffers need only the prelude.
     if k.inputs.iter().chain([&k.output]).any(|b| b.dtype == DType::F16) {
@@ -138,12 +149,21 @@ pub fn render(k: &KernelIr, flavor: Flavor) -> Result<GpuKernel, String> {
                 let _ = writeln!(s, "    {line}");
             }
         }
-        let call = if k.rows.is_empty() { "element" } else { "row" };
-        let _ = write!(
-            s,
-            "    const long long t = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * {block} + threadIdx.x;\n    \
-             if (t >= {threads}ll) {{ return; }}\n    {call}((int)t);\n"
-        );
+        if coop.is_some() {
+            // The whole block returns or none of it: `coop` meets the block's threads at barriers.
+            let _ = write!(
+                s,
+                "    const long long g = (long long)blockIdx.y * gridDim.x + blockIdx.x;\n    \
+                 if (g >= {blocks}ll) {{ return; }}\n    coop((int)g, (int)threadIdx.x);\n"
+            );
+        } else {
+            let call = if k.rows.is_empty() { "element" } else { "row" };
+            let _ = write!(
+                s,
+                "    const long long t = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * {block} + threadIdx.x;\n    \
+                 if (t >= {threads}ll) {{ return; }}\n    {call}((int)t);\n"
+            );
+        }
     }
     s.push_str("}\n");
     Ok(GpuKernel {

@@ -48,5 +48,7 @@ pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile) -> Result<WgslKernel
         uses_rng: em.uses_rng,
         // Never a kernel that gathers (`gemm_kernel` in the wgpu backend declines those).
         can_fault: false,
+        // The K loop steps by a stage of `kt`, and each stage's loop runs `kt` trips (its staging loops fewer).
+        trips: v.k.div_ceil(t.kt as usize).max(t.kt as usize),
     })
 }

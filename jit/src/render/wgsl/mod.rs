@@ -4,8 +4,9 @@
 //! `0..n`), the output as a read-write storage array (binding `n`), and, when the kernel draws random numbers, the
 //! plan's rng keys as a read-only `array<u32>` (binding `n + 1`: seed lo, seed hi, offset lo, offset hi per slot).
 //! Invocation `t` computes output elements `t, t + T, t + 2T, ..` (`per_thread` of them, `T` threads in all), each
-//! with the whole reduction inside (a row kernel: row `t`, its reductions and then its elements, `row_fn`); elements are in row-major output order, so neighbouring invocations write
-//! neighbouring words. What `kernel::gemm::GemmView` recognizes can instead be rendered by the tiled template in
+//! with the whole reduction inside (a row kernel: row `t`, its reductions and then its elements, `row_fn`); elements
+//! are in row-major output order, so neighbouring invocations write neighbouring words. Long reductions and row
+//! kernels are cooperative instead (`cstyle::Coop`): workgroup `g` folds its outputs (its row) together. What `kernel::gemm::GemmView` recognizes can instead be rendered by the tiled template in
 //! `gemm.rs` (`render_gemm`, one configuration per call; the wgpu backend chooses it).
 //!
 //! WGSL is a dialect of the shared C-like renderer (`render::cstyle`), which writes the element function and the
@@ -67,8 +68,9 @@ pub struct WgslOptions {
 }
 
 impl WgslOptions {
-    /// The choice for `k`: 64-wide workgroups and one element per invocation for reductions (each invocation runs
-    /// a whole reduce loop, and fewer threads per group keep more groups in flight); 256-wide groups for
+    /// The choice for `k` in the generic form: 64-wide workgroups and one element per invocation for the short
+    /// reductions `cstyle::Coop::choose` leaves to it (each invocation runs a whole reduce loop, and fewer threads
+    /// per group keep more groups in flight); 256-wide groups for
     /// elementwise kernels, with 4 elements per invocation once there are more than 2^18 elements (fewer, fatter
     /// invocations amortize the index decomposition and, on a CPU driver such as lavapipe, the per-invocation cost).
     pub fn choose(k: &KernelIr) -> WgslOptions {
@@ -81,6 +83,17 @@ impl WgslOptions {
             WgslOptions { workgroup: 256, per_thread: 1 }
         }
     }
+}
+
+/// Which form a kernel with a long reduction takes, chosen per adapter by the wgpu backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceForm {
+    /// Cooperative wherever `cstyle::Coop::choose` takes the kernel: what a GPU wants ([`render`]'s form).
+    Cooperative,
+    /// One invocation per output (a CPU driver such as lavapipe runs a workgroup's invocations as SIMD lanes of one
+    /// thread, where that form vectorizes across outputs and barriers cost more), except where one invocation's loop
+    /// would pass `cap` trips (the driver's loop cap): there the cooperative form keeps each loop short.
+    Generic { cap: Option<usize> },
 }
 
 /// A rendered kernel and how to launch it.
@@ -98,6 +111,9 @@ pub struct WgslKernel {
     pub uses_rng: bool,
     /// Whether the shader binds a fault record (it gathers: `kernel::fault`), after the rng keys if any.
     pub can_fault: bool,
+    /// The most trips of any one loop in one invocation (a driver may cap them: the wgpu backend's
+    /// `loop_trip_cap`).
+    pub trips: usize,
 }
 
 /// The most workgroups along one dispatch dimension (WebGPU's `maxComputeWorkgroupsPerDimension` default).
@@ -123,14 +139,24 @@ pub fn check(k: &KernelIr) -> Result<(), String> {
     cstyle::check_narrowed(k, "WGSL")
 }
 
-/// Renders `k` with the launch shape `WgslOptions::choose` picks.
+/// Renders `k` with the launch shape `WgslOptions::choose` picks, long reductions cooperatively.
 pub fn render(k: &KernelIr) -> Result<WgslKernel, String> {
-    render_with(k, WgslOptions::choose(k))
+    render_as(k, ReduceForm::Cooperative, &[])
 }
 
-/// Renders `k` as a generic kernel with an explicit launch shape.
+/// Renders `k` with an explicit launch shape for the generic form (a kernel `cstyle::Coop::choose` takes is
+/// rendered cooperatively whatever `opts` says).
 pub fn render_with(k: &KernelIr, opts: WgslOptions) -> Result<WgslKernel, String> {
-    render_full(k, opts, &[])
+    render_full(k, opts, &[], ReduceForm::Cooperative)
+}
+
+/// Renders `k` with long reductions in `form`, reading the inputs at `aliased` through the output (see
+/// [`render_aliased`]; empty for none).
+pub fn render_as(k: &KernelIr, form: ReduceForm, aliased: &[usize]) -> Result<WgslKernel, String> {
+    if let Some(&i) = aliased.iter().find(|&&i| k.inputs.get(i).is_none_or(|b| *b != k.output)) {
+        return Err(format!("kernel {}: input {i} cannot be read through the output", k.name));
+    }
+    render_full(k, WgslOptions::choose(k), aliased, form)
 }
 
 /// `render`, for a launch whose output is written over one of its inputs (buffer donation): the inputs at
@@ -140,13 +166,10 @@ pub fn render_with(k: &KernelIr, opts: WgslOptions) -> Result<WgslKernel, String
 /// only where each invocation reads an aliased input at the element it writes, before writing it (what
 /// `KernelPlan::donation_candidates` checks) and `aliased` holds inputs of the output's dtype and length.
 pub fn render_aliased(k: &KernelIr, aliased: &[usize]) -> Result<WgslKernel, String> {
-    if let Some(&i) = aliased.iter().find(|&&i| k.inputs.get(i).is_none_or(|b| *b != k.output)) {
-        return Err(format!("kernel {}: input {i} cannot be read through the output", k.name));
-    }
-    render_full(k, WgslOptions::choose(k), aliased)
+    render_as(k, ReduceForm::Cooperative, aliased)
 }
 
-fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<WgslKernel, String> {
+fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize], form: ReduceForm) -> Result<WgslKernel, String> {
     check(k)?;
     // A row kernel runs one invocation per row (its reductions, then its elements).
     let total: u64 =
@@ -167,7 +190,15 @@ fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<Wgs
             inputs: k.inputs.len(),
             uses_rng: false,
             can_fault: k.can_fault(),
+            trips: 0,
         });
+    }
+    let coop = cstyle::Coop::choose(k).filter(|_| match form {
+        ReduceForm::Cooperative => true,
+        ReduceForm::Generic { cap } => cap.is_some_and(|cap| cstyle::loop_trips(k, None) > cap),
+    });
+    if let Some(c) = coop {
+        return render_coop(em, c);
     }
     let mut body = em.element_fn();
     if !k.rows.is_empty() {
@@ -200,6 +231,36 @@ fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize]) -> Result<Wgs
         inputs: k.inputs.len(),
         uses_rng: em.uses_rng,
         can_fault: k.can_fault(),
+        trips: cstyle::loop_trips(k, None).max(per_thread as usize),
+    })
+}
+
+/// A cooperative reduction (`cstyle::Coop`): one workgroup per `lanes` outputs (a row kernel: per row), the
+/// groups linearized over `(x, y)` as in the generic form; groups past the last return before any barrier (the
+/// test is uniform: it reads only the workgroup id).
+fn render_coop(mut em: Emitter<'_>, c: cstyle::Coop) -> Result<WgslKernel, String> {
+    let k = em.k;
+    let n = c.groups(k);
+    let groups = groups_for(n as u64 * c.width() as u64, c.width())?;
+    let body = em.coop_fns(c);
+    let mut s = header(&em);
+    s.push_str(&body);
+    let _ = write!(
+        s,
+        "\n@compute @workgroup_size({w})\nfn main(@builtin(workgroup_id) wid: vec3<u32>, \
+         @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n    \
+         let g = wid.x + wid.y * nwg.x;\n    if (g >= {n}u) {{ return; }}\n    coop(i32(g), i32(lid));\n}}\n",
+        w = c.width()
+    );
+    Ok(WgslKernel {
+        name: k.name.clone(),
+        source: s,
+        workgroup: c.width(),
+        groups,
+        inputs: k.inputs.len(),
+        uses_rng: em.uses_rng,
+        can_fault: k.can_fault(),
+        trips: cstyle::loop_trips(k, Some(c)),
     })
 }
 

@@ -99,6 +99,7 @@ pub fn render(r: &Routine) -> Result<WgslKernel, String> {
         inputs,
         uses_rng: false,
         can_fault: r.can_fault(),
+        trips: max_trips(r),
     })
 }
 
