@@ -252,6 +252,7 @@ fn bf16_epilogue_roundings_are_the_interpreters() {
 }
 
 /// Runs every bf16 candidate for `out`'s last launch (one GEMM kernel) and holds it to the interpreter bit for bit.
+#[cfg(feature = "cpu")]
 fn check_exact_epilogue(name: &str, out: &Tensor) {
     let options = ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
     common::with_last_launch(name, out, options, |kernel, args, want| {
