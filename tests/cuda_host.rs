@@ -125,6 +125,7 @@ fn corpus(dev: &Device) -> Vec<(&'static str, Vec<Tensor>)> {
                 nan.max(1, false),
                 long.min(1, true),
                 tall.sum(0, false),
+                tall.narrow(1, 0, 5).sum(0, false),
                 long.mul(8.0).to_dtype(DType::I32).sum(1, false),
                 long.to_dtype(DType::F16).sum(1, false),
                 long.to_dtype(DType::F64).mul(0.5).sum(1, false),

@@ -45,7 +45,8 @@ impl Coop {
     /// The shape for `k`, or `None` where one invocation per output (or row) is the better form: no reduction, a
     /// routine, or a short reduce loop over many outputs. A reduce range of at least 256, or of at least 32 over at
     /// most 16384 outputs, goes cooperative: up to 256 slices, at least 2 elements each. Over a strided dim (the
-    /// reduce's first load does not step by 1 along the innermost reduce variable) 32 lanes of 8 slices. Chosen by
+    /// reduce's first load does not step by 1 along the innermost reduce variable) 32 lanes of 8 slices (as many
+    /// lanes as outputs where they are fewer, 256 invocations in all). Chosen by
     /// the reasoning above, not yet by timing on a GPU; the wgpu device on a CPU driver (lavapipe) was measured
     /// (docs/benchmarks.md).
     pub fn choose(k: &KernelIr) -> Option<Coop> {
@@ -62,7 +63,9 @@ impl Coop {
             return None;
         }
         if k.rows.is_empty() && !steps_by_one(k, r) {
-            return Some(Coop { lanes: 32, slices: 8 });
+            // Fewer lanes where there are fewer outputs (a [300, 5] column sum: 8 lanes of 32 slices).
+            let lanes = outputs.next_power_of_two().min(32);
+            return Some(Coop { lanes: lanes as u32, slices: (256 / lanes) as u32 });
         }
         let slices = (len / 2).next_power_of_two().clamp(32, 256);
         let slices = if slices > len / 2 { slices / 2 } else { slices }.max(16);
