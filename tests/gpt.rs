@@ -14,8 +14,9 @@ mod common;
 #[allow(dead_code)]
 mod train_gpt;
 
-use kiln::optim::Optimizer;
+use kiln::nn::Param;
 use kiln::optim::schedule::LrSchedule;
+use kiln::optim::{AdamW, Optimizer};
 use kiln::{Device, Tensor};
 use std::collections::HashMap;
 use train_gpt::{Gpt, GptConfig, HostRng, Vocab};
@@ -67,17 +68,32 @@ fn fifty_adamw_steps_match_a_recorded_pytorch_run() {
     }
 }
 
+/// The example's tokens (the sonnets, character level) and a fresh model for them on `dev` (seed 1).
+fn sonnets_model(dev: &Device) -> (Vec<i32>, Gpt) {
+    let text = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/sonnets.txt")).unwrap();
+    let vocab = Vocab::of(&text);
+    let cfg = GptConfig { vocab: vocab.size(), ..CFG };
+    (vocab.encode(&text), Gpt::new(cfg, dev, &kiln::Generator::new(1)))
+}
+
+/// One step of the example's loop on a batch of 4: loss, backward, gradients clipped to norm 1, the optimizer's
+/// step (realizing the loss with it); returns the loss.
+fn train_step(model: &Gpt, opt: &mut AdamW, params: &[Param], data: &[i32], rng: &mut HostRng, dev: &Device) -> Tensor {
+    let (x, y) = train_gpt::batch(data, 4, CFG.context, rng, dev).unwrap();
+    let loss = model.loss(&x, &y);
+    let mut grads = loss.backward().unwrap();
+    let norm = kiln::nn::clip_grad_norm(&mut grads, params, 1.0);
+    opt.step(grads, &[&loss, &norm]).unwrap();
+    loss
+}
+
 /// 100 steps of the example's loop: one plan for the step (after the first steps create the optimizer's state),
 /// and as many tensors alive after the 100th step as after the 10th.
 #[test]
 fn a_hundred_steps_compile_once_and_keep_memory_flat() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dev = Device::cpu();
-    let text = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/sonnets.txt")).unwrap();
-    let vocab = Vocab::of(&text);
-    let data = vocab.encode(&text);
-    let cfg = GptConfig { vocab: vocab.size(), ..CFG };
-    let model = Gpt::new(cfg, &dev, &kiln::Generator::new(1));
+    let (data, model) = sonnets_model(&dev);
     let mut opt = model.optimizer(3e-3, 0.1, false);
     let schedule = train_gpt::lr_schedule(3e-3, 100);
     let params = kiln::nn::Module::params(&model);
@@ -87,11 +103,7 @@ fn a_hundred_steps_compile_once_and_keep_memory_flat() {
     let mut loss_at = 0.0;
     for step in 0..100u64 {
         opt.set_lr(schedule.lr(step));
-        let (x, y) = train_gpt::batch(&data, 4, cfg.context, &mut rng, &dev).unwrap();
-        let loss = model.loss(&x, &y);
-        let mut grads = loss.backward().unwrap();
-        let norm = kiln::nn::clip_grad_norm(&mut grads, &params, 1.0);
-        opt.step(grads, &[&loss, &norm]).unwrap();
+        let loss = train_step(&model, &mut opt, &params, &data, &mut rng, &dev);
         loss_at = loss.item::<f32>().unwrap();
         first_loss.get_or_insert(loss_at);
         if step == 9 {
@@ -112,11 +124,7 @@ fn a_hundred_steps_compile_once_and_keep_memory_flat() {
 fn bf16_training_with_master_weights_lowers_the_loss() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dev = Device::cpu();
-    let text = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/sonnets.txt")).unwrap();
-    let vocab = Vocab::of(&text);
-    let data = vocab.encode(&text);
-    let cfg = GptConfig { vocab: vocab.size(), ..CFG };
-    let model = Gpt::new(cfg, &dev, &kiln::Generator::new(1));
+    let (data, model) = sonnets_model(&dev);
     kiln::nn::Module::to_dtype(&model, kiln::DType::BF16);
     let mut opt = model.optimizer(3e-3, 0.1, true);
     let schedule = train_gpt::lr_schedule(3e-3, 40);
@@ -126,11 +134,7 @@ fn bf16_training_with_master_weights_lowers_the_loss() {
     let mut losses = Vec::new();
     for step in 0..40u64 {
         opt.set_lr(schedule.lr(step));
-        let (x, y) = train_gpt::batch(&data, 4, cfg.context, &mut rng, &dev).unwrap();
-        let loss = model.loss(&x, &y);
-        let mut grads = loss.backward().unwrap();
-        let norm = kiln::nn::clip_grad_norm(&mut grads, &params, 1.0);
-        opt.step(grads, &[&loss, &norm]).unwrap();
+        let loss = train_step(&model, &mut opt, &params, &data, &mut rng, &dev);
         losses.push(loss.to_dtype(kiln::DType::F32).item::<f32>().unwrap());
     }
     assert!(params.iter().all(|p| p.dtype() == kiln::DType::BF16), "a parameter changed dtype");

@@ -193,6 +193,12 @@ impl KernelIr {
         self.out_extents.len()
     }
 
+    /// What a GPU launch spreads over its threads (or workgroups): the output elements, or the rows of a row kernel.
+    pub fn units(&self) -> usize {
+        let rank = if self.rows.is_empty() { self.out_rank() } else { self.row_rank };
+        self.out_extents[..rank].iter().product()
+    }
+
     /// Total work in element-operations (for choosing single- vs multi-threaded execution).
     pub fn work(&self) -> usize {
         if let Some(r) = &self.routine {

@@ -53,11 +53,8 @@ impl Coop {
         if k.routine.is_some() {
             return None;
         }
-        let (r, outputs) = match (&k.reduce, k.rows.first()) {
-            (_, Some(row)) => (row, k.out_extents[..k.row_rank].iter().product::<usize>()),
-            (Some(r), None) => (r, k.out_extents.iter().product::<usize>()),
-            (None, None) => return None,
-        };
+        let r = k.rows.first().or(k.reduce.as_ref())?;
+        let outputs = k.units();
         let len: usize = r.extents.iter().product();
         if outputs == 0 || !(len >= 256 || (len >= 32 && outputs <= 16384)) {
             return None;
@@ -74,9 +71,7 @@ impl Coop {
 
     /// Workgroups to launch for `k`: one per `lanes` outputs, or per row.
     pub fn groups(self, k: &KernelIr) -> usize {
-        let outputs: usize =
-            k.out_extents[..if k.rows.is_empty() { k.out_rank() } else { k.row_rank }].iter().product();
-        outputs.div_ceil(self.lanes as usize)
+        k.units().div_ceil(self.lanes as usize)
     }
 }
 

@@ -103,8 +103,7 @@ fn params(k: &KernelIr, uses_rng: bool, can_fault: bool) -> String {
 pub fn render(k: &KernelIr, flavor: Flavor) -> Result<GpuKernel, String> {
     check(k, flavor)?;
     let coop = cstyle::Coop::choose(k);
-    let outputs: u64 =
-        k.out_extents[..if k.rows.is_empty() { k.out_rank() } else { k.row_rank }].iter().product::<usize>() as u64;
+    let outputs = k.units() as u64;
     // A cooperative kernel runs a block per `lanes` outputs (or per row); the generic one a thread per output.
     let (block, blocks): (u32, u64) = match coop {
         Some(c) => (c.width(), c.groups(k) as u64),

@@ -172,8 +172,7 @@ pub fn render_aliased(k: &KernelIr, aliased: &[usize]) -> Result<WgslKernel, Str
 fn render_full(k: &KernelIr, opts: WgslOptions, aliased: &[usize], form: ReduceForm) -> Result<WgslKernel, String> {
     check(k)?;
     // A row kernel runs one invocation per row (its reductions, then its elements).
-    let total: u64 =
-        k.out_extents[..if k.rows.is_empty() { k.out_rank() } else { k.row_rank }].iter().product::<usize>() as u64;
+    let total = k.units() as u64;
     let per_thread = opts.per_thread.max(1) as u64;
     let threads = total.div_ceil(per_thread);
     let groups = groups_for(threads, opts.workgroup)?;
