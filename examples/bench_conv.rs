@@ -1,6 +1,8 @@
-//! Convolution timings: `conv2d` forward on a few ResNet-shaped layers (the 3 x 3, 64 -> 64 channels at
-//! 56 x 56, a strided downsampling 3 x 3, a 1 x 1 projection, a 7 x 7 stem) and one forward + backward (`sum(y *
-//! dy)` with a fixed random `dy`, both gradients), f32, NCHW.
+//! Convolution and lookup timings: `conv2d` forward on a few ResNet-shaped layers (the 3 x 3, 64 -> 64
+//! channels at 56 x 56, a strided downsampling 3 x 3, a 1 x 1 projection, a 7 x 7 stem) and one forward + backward
+//! (`sum(y * dy)` with a fixed random `dy`, both gradients), f32, NCHW; then a language model's two vocabulary-sized
+//! steps at a 32k vocabulary and 4096 tokens, forward + backward: an embedding lookup (`sum(embedding(ids, table) *
+//! dy)`, the table's gradient: a scatter-sum) and `cross_entropy` over `[4096, 32000]` logits (their gradient).
 //! Inputs are seeded normal values; every figure is the median of `--runs` calls after two warm-up calls, each a
 //! build of the lazy graph and its realize (the plan is compiled at the first call and replayed after).
 //!
@@ -77,6 +79,47 @@ fn time_layer(&(_, input, weight, stride, padding, backward): &Layer, runs: u32)
     )
 }
 
+/// The vocabulary-sized rows: name, vocabulary, tokens, embedding width (0 for the cross-entropy row).
+pub const LOOKUPS: [(&str, usize, usize, usize); 2] = [
+    ("embedding 32k x 128, 4096 tokens, fwd+bwd", 32_000, 4096, 128),
+    ("cross_entropy 4096 x 32k, fwd+bwd", 32_000, 4096, 0),
+];
+
+/// Seconds per call of a `LOOKUPS` row, as [`time_layer`].
+fn time_lookup(&(_, vocab, tokens, dim): &(&str, usize, usize, usize), runs: u32) -> f64 {
+    let dev = Device::cpu();
+    let ids: Vec<i64> = (0..tokens as i64).map(|t| (t * 7919 + 13) % vocab as i64).collect();
+    let ids = Tensor::from_vec(ids, [tokens], &dev).expect("ids");
+    let table = Tensor::randn([vocab, dim.max(1)], DType::F32, &dev);
+    let logits = Tensor::randn([tokens, vocab], DType::F32, &dev);
+    let dy = Tensor::randn([tokens, dim.max(1)], DType::F32, &dev);
+    kiln::realize(&[&ids, &table, &logits, &dy]).expect("inputs");
+    let call = || {
+        let (leaf, loss) = if dim > 0 {
+            let t = table.detach().requires_grad();
+            let loss = kiln::nn::functional::embedding(&ids, &t).mul(&dy).sum_all();
+            (t, loss)
+        } else {
+            let l = logits.detach().requires_grad();
+            let loss = kiln::nn::functional::cross_entropy(&l, &ids, kiln::nn::functional::Reduction::Mean);
+            (l, loss)
+        };
+        let grads = loss.backward().expect("backward");
+        kiln::realize(&[&loss, grads.get(&leaf).expect("gradient")]).expect("realize");
+    };
+    call();
+    call();
+    median(
+        (0..runs)
+            .map(|_| {
+                let t0 = Instant::now();
+                call();
+                t0.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
 fn main() {
     let args: Args = clap::Parser::parse();
     let mut json = Vec::new();
@@ -90,6 +133,11 @@ fn main() {
         let flops = 2.0 * macs * if backward { 3.0 } else { 1.0 };
         println!("| {name} | {:.2} | {:.0} |", s * 1e3, flops / s / 1e9);
         json.push(format!("\"{name}\": {s}"));
+    }
+    for row in &LOOKUPS {
+        let s = time_lookup(row, args.runs);
+        println!("| {} | {:.2} | |", row.0, s * 1e3);
+        json.push(format!("\"{}\": {s}", row.0));
     }
     if args.json {
         println!("{{{}}}", json.join(", "));

@@ -303,6 +303,9 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
         // The source's gradient: `g` added back at the gathered positions (the index has none).
         Op::Gather { axis } if i == 0 => crate::ops::scatter_sum(g, *axis, &srcs[1], x.dims()[*axis]),
         Op::Gather { .. } => return None,
+        // Each value's gradient is the output gradient at the row its index named.
+        Op::ScatterRows { .. } if i == 1 => g.gather_prim(0, &srcs[0].expand_to("scatter_add", x.dims())),
+        Op::ScatterRows { .. } => return None,
         Op::Linalg(l) => return crate::linalg::vjp(*l, y, srcs, i, g),
         Op::Matmul => {
             let (a, b) = (&srcs[0], &srcs[1]);

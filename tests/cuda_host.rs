@@ -134,6 +134,19 @@ fn corpus(dev: &Device) -> Vec<(&'static str, Vec<Tensor>)> {
                 kiln::nn::functional::layer_norm(&long, &[700], None, None, 1e-5),
             ]
         }),
+        // The scatter routine (`kernel::scatter`): rows into 3000 positions (a block of rows per thread, many
+        // blocks), elements by i64 indices into f64, f16 values summed in f32.
+        ("scatter", {
+            let rows = Tensor::from_vec(f(35, 0.9), [7, 5], dev).expect("rows");
+            let ids = Tensor::from_vec(vec![2999i32, 4, 4, 0, 1500, 4, 2999], [7], dev).expect("ids");
+            let each = Tensor::from_vec((0..35).map(|k| (k * 7 % 6) as i64).collect::<Vec<_>>(), [7, 5], dev);
+            let each = each.expect("each");
+            vec![
+                Tensor::zeros([3000, 5], DType::F32, dev).index_add(0, &ids, &rows, 1.0),
+                Tensor::zeros([6, 5], DType::F64, dev).scatter_add(0, &each, &rows.to_dtype(DType::F64)),
+                Tensor::zeros([3000, 5], DType::F16, dev).index_add(0, &ids, &rows.to_dtype(DType::F16), 1.0),
+            ]
+        }),
         (
             "random in f64 and bf16",
             vec![

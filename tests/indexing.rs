@@ -231,3 +231,78 @@ fn gather_gradients_accumulate_repeated_indices() {
         }
     }
 }
+
+/// The sums of `vals` (`[j, w]`) into `positions` rows by `index` (one per row, or one per element), added in row
+/// order and rounded to f32 after each add for f32 and narrower values (f64 stays f64): the semantics of kiln's
+/// scatter routine (`kernel::scatter`), written out independently here.
+fn scatter_rows(vals: &[f64], index: &[f64], w: usize, positions: usize, dtype: DType) -> Vec<f64> {
+    let per_element = index.len() == vals.len() && w > 1;
+    let mut out = vec![0.0; positions * w];
+    for (k, &v) in vals.iter().enumerate() {
+        let p = index[if per_element { k } else { k / w }] as usize;
+        let o = &mut out[p * w + k % w];
+        *o = if dtype == F64 { *o + v } else { (*o + v) as f32 as f64 };
+    }
+    out
+}
+
+#[test]
+fn scatter_sums_at_a_large_vocabulary_are_exact_in_row_order() {
+    // An embedding gradient with 700 tokens (many repeated) over 5000 rows of odd width 9, and a scatter_add with an
+    // index per element: bit for bit the row-order sums on every device, whatever its threads.
+    let (rows, p, w) = (700usize, 5000usize, 9usize);
+    let mut failures = Vec::new();
+    for dev in devices() {
+        for d in FLOATS {
+            for ix in [I32, I64] {
+                if !runs_on(&dev, &[d, ix]) {
+                    continue;
+                }
+                let mut r = Rng(11);
+                let up = values(&buffer(d, &(0..rows * w).map(|_| r.unit() * 2.0 - 1.0).collect::<Vec<_>>()));
+                // Indices bunched into the first 50 rows (repeats) and spread over the rest.
+                let ids: Vec<f64> = (0..rows)
+                    .map(|t| if t % 2 == 0 { (r.next_u64() % 50) as f64 } else { (r.next_u64() % p as u64) as f64 })
+                    .collect();
+                let table = Tensor::zeros([p, w], d, &dev).requires_grad();
+                let it = tensor(ix, &ids, &[rows]).to_device(&dev).unwrap();
+                let upt = tensor(d, &up, &[rows, w]).to_device(&dev).unwrap();
+                let loss = kiln::nn::functional::embedding(&it, &table).mul(&upt).sum_all();
+                let grads = loss.backward().unwrap();
+                let want = buffer(d, &scatter_rows(&up, &ids, w, p, d));
+                if let Err(e) = check_tensor(grads.get(&table).unwrap(), &[p, w], &want, Kind::Exact) {
+                    failures.push(format!("[{dev}] {d} embedding gradient by {ix}: {e}"));
+                }
+                let each: Vec<f64> = (0..rows * w).map(|_| (r.next_u64() % 40) as f64).collect();
+                let et = tensor(ix, &each, &[rows, w]).to_device(&dev).unwrap();
+                let got = Tensor::zeros([40, w], d, &dev).scatter_add(0, &et, &upt);
+                let want = buffer(d, &scatter_rows(&up, &each, w, 40, d));
+                if let Err(e) = check_tensor(&got, &[40, w], &want, Kind::Exact) {
+                    failures.push(format!("[{dev}] {d} scatter_add by {ix}: {e}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n  {}", failures.len(), failures.join("\n  "));
+}
+
+#[test]
+fn a_scattered_index_out_of_range_is_an_error_naming_it() {
+    for dev in devices() {
+        let src = tensor(F32, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2]).to_device(&dev).unwrap();
+        let base = Tensor::zeros([4, 2], F32, &dev);
+        for (bad, name) in [(4.0, "4"), (-2.0, "-2")] {
+            let sel = tensor(I32, &[3.0, bad, 0.0], &[3]).to_device(&dev).unwrap();
+            let err = base.index_add(0, &sel, &src, 1.0).to_host().unwrap_err().to_string();
+            let want = format!("scatter_add: index {name} is out of range for a dimension of size 4");
+            assert!(err.contains(&want), "[{dev}] {err}");
+            let each = tensor(I32, &[3.0, 0.0, 1.0, bad, 2.0, 2.0], &[3, 2]).to_device(&dev).unwrap();
+            let err = base.scatter_add(0, &each, &src).to_host().unwrap_err().to_string();
+            assert!(err.contains(&want), "[{dev}] {err}");
+        }
+        // The same plan with good indices: nothing was left behind.
+        let sel = tensor(I32, &[3.0, 3.0, 0.0], &[3]).to_device(&dev).unwrap();
+        let got = base.index_add(0, &sel, &src, 1.0).to_host().unwrap().to_f64();
+        assert_eq!(got, [5.0, 6.0, 0.0, 0.0, 0.0, 0.0, 4.0, 6.0], "[{dev}]");
+    }
+}

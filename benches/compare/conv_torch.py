@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""conv2d in PyTorch (oneDNN) and in kiln on the layers of examples/bench_conv.rs, in one session.
+"""conv2d, embedding and cross_entropy in PyTorch (oneDNN) and in kiln on the rows of examples/bench_conv.rs, in one
+session.
 
 Each of `--rounds R` (default 3) runs `cargo run --release --example bench_conv -- --json` and then PyTorch's
 `F.conv2d` on the same shapes, close in time (the host alternates between fast and slow phases). Every figure is the
 median of `--runs` calls after two warm-up calls; the table gives each side's median over the rounds and the ratio
 of the medians (PyTorch time / kiln time, so > 1 means kiln is faster), with the per-round ratios' range in brackets.
 The forward + backward row times `y = conv2d(x, w)`, `(y * dy).sum().backward()` with both gradients (`dy` fixed
-random values).
+random values). The lookup rows (32k vocabulary, 4096 int64 tokens) time `(F.embedding(ids, table) * dy).sum()`
+with the table's gradient (dense, as `nn.Embedding` without `sparse=True`) and `F.cross_entropy(logits, ids)` with
+the logits' gradient.
 
     python3 benches/compare/conv_torch.py [--threads T] [--runs N] [--rounds R]
 
@@ -34,6 +37,47 @@ LAYERS = [
     ("7x7 s2 3->64 224x224 b8", (8, 3, 224, 224), (64, 3, 7, 7), 2, 3, False),
     ("3x3 64->64 56x56 b8, fwd+bwd", (8, 64, 56, 56), (64, 64, 3, 3), 1, 1, True),
 ]
+# (name, vocabulary, tokens, embedding width or 0 for cross_entropy): bench_conv.rs's LOOKUPS, in order.
+LOOKUPS = [
+    ("embedding 32k x 128, 4096 tokens, fwd+bwd", 32_000, 4096, 128),
+    ("cross_entropy 4096 x 32k, fwd+bwd", 32_000, 4096, 0),
+]
+
+
+def median_time(call, runs: int) -> float:
+    call()
+    call()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def torch_lookup_times(torch, runs: int) -> dict[str, float]:
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for name, vocab, tokens, dim in LOOKUPS:
+        ids = (torch.arange(tokens, dtype=torch.int64) * 7919 + 13) % vocab
+        if dim:
+            table = torch.randn(vocab, dim, generator=g)
+            dy = torch.randn(tokens, dim, generator=g)
+
+            def call():
+                t = table.detach().requires_grad_()
+                (F.embedding(ids, t) * dy).sum().backward()
+
+        else:
+            logits = torch.randn(tokens, vocab, generator=g)
+
+            def call():
+                x = logits.detach().requires_grad_()
+                F.cross_entropy(x, ids).backward()
+
+        out[name] = median_time(call, runs)
+    return out
 
 
 def torch_times(torch, runs: int) -> dict[str, float]:
@@ -48,20 +92,14 @@ def torch_times(torch, runs: int) -> dict[str, float]:
 
         def call():
             if backward:
-                xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+                xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
                 (F.conv2d(xg, wg, stride=stride, padding=padding) * dy).sum().backward()
             else:
                 with torch.no_grad():
                     F.conv2d(x, w, stride=stride, padding=padding)
 
-        call()
-        call()
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-        out[name] = statistics.median(times)
+        out[name] = median_time(call, runs)
+    out.update(torch_lookup_times(torch, runs))
     return out
 
 
@@ -99,7 +137,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, load average {os.getloadavg()[0]:.2f}")
     print("| layer | PyTorch ms | kiln ms | kiln / PyTorch |")
     print("|---|---|---|---|")
-    for name, *_ in LAYERS:
+    for name, *_ in LAYERS + LOOKUPS:
         ks = [k[name] for k, _ in rounds]
         ts = [t[name] for _, t in rounds]
         ratios = [b / a for a, b in zip(ks, ts)]

@@ -262,6 +262,7 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
             }
         }
         Op::Linalg(l) => crate::kernel::routine::check(*l, srcs, d)?,
+        Op::ScatterRows { positions } => crate::kernel::scatter::check(*positions, srcs, d)?,
     }
     Ok(())
 }

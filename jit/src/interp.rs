@@ -262,15 +262,17 @@ fn eval(
             }
             args[0].gather(n, (0.0, 0), |i| Some(map[i]))
         }
-        Op::Linalg(l) => {
-            let r = crate::kernel::routine::Routine::of(*l, node, srcs);
-            let ins: Vec<&[f64]> = args
+        Op::Linalg(_) | Op::ScatterRows { .. } => {
+            let r = crate::kernel::routine::Routine::of(node, srcs).ok_or("not a routine")?;
+            // Linear algebra reads floats; a scatter's indices are integers, exact in f64 below 2^53.
+            let ins: Vec<Vec<f64>> = args
                 .iter()
                 .map(|a| match a {
-                    Vals::F(v) => Ok(v.as_slice()),
-                    Vals::I(_) => Err("linear algebra on integers".to_string()),
+                    Vals::F(v) => v.clone(),
+                    Vals::I(v) => v.iter().map(|&i| i as f64).collect(),
                 })
-                .collect::<Result<_, _>>()?;
+                .collect();
+            let ins: Vec<&[f64]> = ins.iter().map(Vec::as_slice).collect();
             let out = crate::kernel::routine::reference(&r, &ins).map_err(|f| f.to_string())?;
             Vals::F(out.into_iter().map(|x| round_f(d, x)).collect())
         }

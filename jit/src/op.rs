@@ -283,6 +283,12 @@ pub enum Op {
     /// A factorization or triangular solve (`LinalgOp`): sources `[A]`, or `[A, B]` for a solve, with the node's
     /// leading (batch) dims.
     Linalg(LinalgOp),
+    /// `out[p, w]` = the sum of `values[t, w]` over the rows `t` whose index is `p`, added in row order (sources
+    /// `[index [J, 1] or [J, W], values [J, W]]`, result `[positions, W]`): a routine (`kernel::scatter`), never
+    /// fused. An index outside `0..positions` is a fault.
+    ScatterRows {
+        positions: usize,
+    },
 }
 
 impl Op {
@@ -308,6 +314,7 @@ impl Op {
             Op::Gather { axis } => format!("gather{axis}"),
             Op::Unfold { axis, size, step, dilation } => format!("unfold{axis}[{size}/{step}/{dilation}]"),
             Op::Linalg(l) => l.name().into(),
+            Op::ScatterRows { positions } => format!("scatter_rows{positions}"),
         }
     }
 
@@ -365,6 +372,7 @@ impl Op {
                 out.extend([18, *axis as u64, *size as u64, *step as u64, *dilation as u64])
             }
             Op::Linalg(l) => out.extend([19, l.code()]),
+            Op::ScatterRows { positions } => out.extend([20, *positions as u64]),
         }
     }
 
@@ -396,6 +404,7 @@ impl Op {
             17 => Op::Gather { axis: r.index()? },
             18 => Op::Unfold { axis: r.index()?, size: r.index()?, step: r.index()?, dilation: r.index()? },
             19 => Op::Linalg(LinalgOp::from_code(r.next()?)?),
+            20 => Op::ScatterRows { positions: r.index()? },
             _ => return None,
         };
         Some((op, r.at))
@@ -405,7 +414,11 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Input { .. } | Op::Const(_) | Op::Iota { .. } | Op::Rand { .. } => 0,
-            Op::Binary(_) | Op::Matmul | Op::Gather { .. } | Op::Linalg(LinalgOp::TriSolve { .. }) => 2,
+            Op::Binary(_)
+            | Op::Matmul
+            | Op::Gather { .. }
+            | Op::Linalg(LinalgOp::TriSolve { .. })
+            | Op::ScatterRows { .. } => 2,
             Op::Where => 3,
             _ => 1,
         }
@@ -503,6 +516,7 @@ mod tests {
             Op::Matmul,
             Op::Contiguous,
             Op::Gather { axis: 2 },
+            Op::ScatterRows { positions: 32000 },
             Op::Unfold { axis: 1, size: 3, step: 2, dilation: 4 },
         ];
         ops.extend(RandDist::ALL.map(|dist| Op::Rand { dist, slot: 1 }));

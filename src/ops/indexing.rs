@@ -7,12 +7,12 @@
 //! size, from the kernel's fault record), never a read outside the source or a silent value. Indices are i64 as in
 //! PyTorch, or i32 (a device without 64-bit integers, wgpu, has only those: indices up to 2^31).
 //!
-//! The accumulations (and the gradient of a gather) are compositions: `scatter_add` compares every index with
-//! every position of the destination's dim and sums the selected sources, one fused reduction that adds in a
-//! fixed order, so its result is the same bits run to run, repeated indices included (PyTorch's CUDA kernel adds
-//! with atomics, in no fixed order). It costs O(positions x indices) per column where a scatter loop costs
-//! O(indices): fine for a class dim or a small vocabulary; a dedicated deterministic scatter is what large
-//! vocabularies would need.
+//! The accumulations (and the gradient of a gather) are one routine, `Op::ScatterRows` (`kernel::scatter`): the
+//! destination's dim moved first, each source row (or element) added into the row its index names, in a fixed
+//! order, so the result is the same bits run to run and device to device, repeated indices included (PyTorch's CUDA
+//! kernel adds with atomics, in no fixed order), at O(indices x width) work. An index out of range is an error when
+//! the result is read, as for a gather. Integer values keep a comparison of every index with every position
+//! ([`scatter_sum`]).
 
 use crate::args::{fail, resolve_dim};
 use crate::tensor::Tensor;
@@ -122,9 +122,8 @@ impl Tensor {
 
     /// `self` plus `src` added at positions `index` along `dim` (`Tensor.scatter_add`): for every position `j` of
     /// `index`, `out[..., index[j], ...] += src[j]`. `index` has the rank of `self` and, in every dim, at most
-    /// `src`'s size (and, but in `dim`, at most `self`'s). Deterministic, repeated indices included (see the
-    /// module doc for the cost). An index out of range adds nothing (PyTorch raises); read through `gather` to
-    /// check indices.
+    /// `src`'s size (and, but in `dim`, at most `self`'s). Deterministic, repeated indices included. A float
+    /// index out of range is an error when the result is read (as PyTorch raises); integer values skip it.
     #[track_caller]
     pub fn scatter_add(&self, dim: isize, index: &Tensor, src: &Tensor) -> Tensor {
         check_index("scatter_add", index);
@@ -191,37 +190,55 @@ impl Tensor {
 }
 
 /// `out[..., s, ...] = sum over j of (index[..., j, ...] == s) * src[..., j, ...]` for `s` in `0..positions` along
-/// `dim` (`src` and `index` of one shape): a reduction over a new dim of the `[..., positions, j, ...]` comparison.
-/// Where the index is one per position along `dim`, broadcast over the rest (`index_select`, `embedding`, `index_add`),
-/// the same sum is a product with the `[positions, j]` one-hot matrix, which runs as a GEMM: the embedding gradient of
-/// a 56-token vocabulary over 1024 x 128 took 1 ms as the comparison and tens of µs as the product.
+/// `dim` (`src` and `index` of one shape).
+///
+/// Float values go through the scatter routine (`Op::ScatterRows`, `kernel::scatter`): `dim` moved first and the
+/// rest flattened, `[j, rest] -> [positions, rest]`, one index per row where the index is one per position along
+/// `dim` broadcast over the rest (`index_select`, `embedding`, `index_add`: the broadcast is not materialized), else
+/// one per element. It walks the values once (an embedding gradient at a 32k vocabulary costs its tokens x dim adds,
+/// not a 32k x tokens x dim one-hot product), adds in a fixed order, and faults on an index out of range; f16 and
+/// bf16 values are summed in f32 and rounded once.
+///
+/// Integer values take a comparison of every index with every position, summed as one fused reduction
+/// (O(positions x values), deterministic; an index out of range adds nothing): integer scatters are small.
 pub(crate) fn scatter_sum(src: &Tensor, dim: usize, index: &Tensor, positions: usize) -> Tensor {
+    if !src.dtype().is_float() {
+        return scatter_compare(src, dim, index, positions);
+    }
+    // `dim` first, the rest flattened: [j, rest] -> [positions, rest], then back in place.
+    let mut perm: Vec<isize> = vec![dim as isize];
+    perm.extend((0..src.rank() as isize).filter(|&a| a != dim as isize));
+    let mut inverse = vec![0isize; perm.len()];
+    for (k, &p) in perm.iter().enumerate() {
+        inverse[p as usize] = k as isize;
+    }
+    let moved = src.permute(perm.clone());
+    let rest: Vec<usize> = moved.dims()[1..].to_vec();
+    let (j, w) = (src.dims()[dim], rest.iter().product::<usize>());
+    let mut dims = vec![positions];
+    dims.extend(&rest);
+    if j == 0 || w == 0 || positions == 0 {
+        return Tensor::zeros(dims, src.dtype(), &src.device()).permute(inverse);
+    }
+    let line = index.expanded_from().filter(|l| l.dims().iter().enumerate().all(|(a, &n)| a == dim || n == 1));
+    let index = match line {
+        Some(line) => line.reshape([j, 1]),
+        None => index.permute(perm).reshape([j, w]),
+    };
+    let sum_dtype = if src.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+    let vals = moved.reshape([j, w]).to_dtype(sum_dtype);
+    let srcs = smallvec::smallvec![index, vals];
+    let out = Tensor::from_op(Op::ScatterRows { positions }, srcs, Shape::new([positions, w]), sum_dtype);
+    out.to_dtype(src.dtype()).reshape(dims).permute(inverse)
+}
+
+/// [`scatter_sum`] as a reduction over a new dim of the `[..., positions, j, ...]` comparison.
+fn scatter_compare(src: &Tensor, dim: usize, index: &Tensor, positions: usize) -> Tensor {
     let dtype = match index.dtype() {
         DType::I32 => DType::I32,
         _ => index.device().index_dtype(),
     };
     let device = index.device();
-    let line = index
-        .expanded_from()
-        .filter(|l| l.dims().iter().enumerate().all(|(a, &n)| a == dim || n == 1) && src.dtype().is_float());
-    if let Some(line) = line {
-        let j = index.dims()[dim];
-        let pos = Tensor::iota(Scalar::Int(0), Scalar::Int(1), positions, dtype, &device).reshape([positions, 1]);
-        let one_hot = pos.eq(line.to_dtype(dtype).reshape([1, j])).to_dtype(src.dtype());
-        // `dim` first, the rest flattened: [j, rest] -> [positions, rest], then back in place.
-        let mut perm: Vec<isize> = vec![dim as isize];
-        perm.extend((0..src.rank() as isize).filter(|&a| a != dim as isize));
-        let moved = src.permute(perm.clone());
-        let rest: Vec<usize> = moved.dims()[1..].to_vec();
-        let out = one_hot.matmul(&moved.reshape([j, rest.iter().product::<usize>()]));
-        let mut dims = vec![positions];
-        dims.extend(&rest);
-        let mut inverse = vec![0isize; perm.len()];
-        for (k, &p) in perm.iter().enumerate() {
-            inverse[p as usize] = k as isize;
-        }
-        return out.reshape(dims).permute(inverse);
-    }
     let mut wide = src.dims().to_vec();
     wide.insert(dim, positions);
     let mut at = vec![1usize; wide.len()];

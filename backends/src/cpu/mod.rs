@@ -9,6 +9,7 @@ pub mod isa;
 mod plan;
 mod profile;
 mod routines;
+mod scatter;
 pub use gemm::select::{PreparedGemm, run_gemm_with, set_autotune_mode, take_last_tune_record};
 pub use profile::profile_report;
 mod libcalls;

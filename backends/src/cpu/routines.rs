@@ -13,7 +13,7 @@ use kiln_jit::DType;
 use kiln_jit::LinalgOp;
 use kiln_jit::kernel::FAULT_WORDS;
 use kiln_jit::kernel::fault::{FAULT_NOT_POSITIVE_DEFINITE, FAULT_SINGULAR};
-use kiln_jit::kernel::routine::{Routine, above, singular_tol};
+use kiln_jit::kernel::routine::{LinalgRoutine, Routine, above, singular_tol};
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// The float types the routines run in.
@@ -76,6 +76,19 @@ unsafe impl Sync for Bufs {}
 /// Every pointer is valid for its buffer's length in `r.dtype`, the output is not an input, and nothing else
 /// touches the buffers while this runs.
 pub(super) unsafe fn run(r: &Routine, ptrs: &[*mut u8], fault: &[AtomicI64; FAULT_WORDS]) {
+    match r {
+        // SAFETY: the caller's contract.
+        Routine::Linalg(l) => unsafe { run_linalg(l, ptrs, fault) },
+        // SAFETY: the caller's contract.
+        Routine::Scatter(s) => unsafe { super::scatter::run(s, ptrs, fault) },
+    }
+}
+
+/// [`run`] for a linear algebra routine.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn run_linalg(r: &LinalgRoutine, ptrs: &[*mut u8], fault: &[AtomicI64; FAULT_WORDS]) {
     let bufs = Bufs { a: ptrs[0], b: if ptrs.len() > 2 { ptrs[1] } else { ptrs[0] }, out: ptrs[ptrs.len() - 1] };
     let call = |start: usize, end: usize| {
         for m in start..end {
@@ -96,7 +109,7 @@ pub(super) unsafe fn run(r: &Routine, ptrs: &[*mut u8], fault: &[AtomicI64; FAUL
 ///
 /// # Safety
 /// As [`run`], with `T` the routine's dtype.
-unsafe fn matrix<T: Real>(r: &Routine, bufs: &Bufs, m: usize, fault: &[AtomicI64; FAULT_WORDS]) {
+unsafe fn matrix<T: Real>(r: &LinalgRoutine, bufs: &Bufs, m: usize, fault: &[AtomicI64; FAULT_WORDS]) {
     let (n, k, cols) = (r.n, r.k, r.out_cols());
     // SAFETY: (caller) the buffers hold `r.batch` matrices of these sizes in `T`.
     let (a, out) = unsafe {

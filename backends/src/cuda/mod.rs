@@ -30,8 +30,8 @@
 //!
 //! Deliberately not done yet (issue 21's later points): tuning the tile, tensor-core (`mma.sync`) tiles for
 //! f16/bf16/TF32, split K, cuBLASLt in the race, CUDA graphs for replays, buffer donation (the CUDA kernels' parameters are
-//! `__restrict__`, so an output may not alias an input), block reductions, and the linear algebra routines (a
-//! graph with one is refused at compile, naming it).
+//! `__restrict__`, so an output may not alias an input), and the linear algebra routines (a graph with one is
+//! refused at compile, naming it; the scatter routine renders).
 
 mod plan;
 

@@ -251,7 +251,7 @@ pub fn run(kernel: &KernelIr, inputs: &[&HostBuffer], rng: &[RngKey]) -> HostBuf
         let ins: Vec<Vec<f64>> = inputs.iter().map(|b| b.to_f64()).collect();
         let ins: Vec<&[f64]> = ins.iter().map(Vec::as_slice).collect();
         let out = crate::kernel::routine::reference(r, &ins).unwrap_or_else(|_| vec![0.0; kernel.output.len]);
-        return HostBuffer::from_f64(r.dtype, &out);
+        return HostBuffer::from_f64(r.dtype(), &out);
     }
     let mut out: Vec<V> = Vec::with_capacity(kernel.output.len);
     for_each_element(kernel, inputs, rng, |v| out.push(v));

@@ -28,6 +28,8 @@ pub enum Fault {
     Singular { batch_index: i64, pivot: i64 },
     /// Matrix `batch_index` is not positive definite: its leading minor of order `minor` is not (Cholesky).
     NotPositiveDefinite { batch_index: i64, minor: i64 },
+    /// A scattered index outside `0..len` (`kernel::scatter`).
+    ScatterIndex { len: i64, index: i64 },
     /// A record with a kind this build does not know (a kernel and a runtime out of step).
     Unknown { kind: i64 },
 }
@@ -38,6 +40,8 @@ pub const FAULT_INDEX: i64 = 1;
 pub const FAULT_SINGULAR: i64 = 2;
 /// `kind` of [`Fault::NotPositiveDefinite`].
 pub const FAULT_NOT_POSITIVE_DEFINITE: i64 = 3;
+/// `kind` of [`Fault::ScatterIndex`].
+pub const FAULT_SCATTER_INDEX: i64 = 4;
 
 impl Fault {
     /// The record's words as a kernel writes them.
@@ -46,6 +50,7 @@ impl Fault {
             Fault::Index { len, index } => [FAULT_INDEX, len, index],
             Fault::Singular { batch_index, pivot } => [FAULT_SINGULAR, batch_index, pivot],
             Fault::NotPositiveDefinite { batch_index, minor } => [FAULT_NOT_POSITIVE_DEFINITE, batch_index, minor],
+            Fault::ScatterIndex { len, index } => [FAULT_SCATTER_INDEX, len, index],
             Fault::Unknown { kind } => [kind, 0, 0],
         }
     }
@@ -66,6 +71,7 @@ impl Fault {
             FAULT_INDEX => Some(Fault::Index { len: words[1], index: words[2] }),
             FAULT_SINGULAR => Some(Fault::Singular { batch_index: words[1], pivot: words[2] }),
             FAULT_NOT_POSITIVE_DEFINITE => Some(Fault::NotPositiveDefinite { batch_index: words[1], minor: words[2] }),
+            FAULT_SCATTER_INDEX => Some(Fault::ScatterIndex { len: words[1], index: words[2] }),
             kind => Some(Fault::Unknown { kind }),
         }
     }
@@ -87,6 +93,9 @@ impl fmt::Display for Fault {
                 "the matrix at batch index {batch_index} is not positive definite (its leading minor of order \
                  {minor} is not)"
             ),
+            Fault::ScatterIndex { len, index } => {
+                write!(f, "scatter_add: index {index} is out of range for a dimension of size {len} (valid: 0..{len})")
+            }
             Fault::Unknown { kind } => write!(f, "a kernel reported a fault of unknown kind {kind}"),
         }
     }
@@ -103,8 +112,11 @@ mod tests {
         assert_eq!(Fault::decode(f.encode()), Some(f));
         assert_eq!(f.to_string(), "gather: index -3 is out of range for a dimension of size 10 (valid: 0..10)");
         assert_eq!(Fault::decode([7, 1, 2]), Some(Fault::Unknown { kind: 7 }));
-        for f in [Fault::Singular { batch_index: 2, pivot: 1 }, Fault::NotPositiveDefinite { batch_index: 0, minor: 3 }]
-        {
+        for f in [
+            Fault::Singular { batch_index: 2, pivot: 1 },
+            Fault::NotPositiveDefinite { batch_index: 0, minor: 3 },
+            Fault::ScatterIndex { len: 4, index: 9 },
+        ] {
             assert_eq!(Fault::decode(f.encode()), Some(f));
         }
     }

@@ -175,7 +175,7 @@ impl Lowerer<'_> {
         match &node.op {
             Op::Input { .. } => unreachable!("inputs are materialized"),
             Op::Reduce { .. } | Op::Matmul => unreachable!("a reduction is materialized or a reduce stage"),
-            Op::Linalg(_) => unreachable!("a routine's result is materialized"),
+            Op::Linalg(_) | Op::ScatterRows { .. } => unreachable!("a routine's result is materialized"),
             Op::Const(s) => self.konst(*s, d),
             Op::Iota { start, step } => {
                 self.note("iota".into());
@@ -382,10 +382,9 @@ pub(crate) fn lower(
     mat: &[bool],
 ) -> Option<(KernelIr, Vec<NodeIndex>)> {
     // A routine (`routine.rs`) reads its stored sources as they are.
-    if let Op::Linalg(l) = graph.node(root).op {
-        let srcs = graph.srcs(root);
-        let nodes: Vec<&crate::graph::NodeData> = srcs.iter().map(|&s| graph.node(s)).collect();
-        let routine = crate::kernel::routine::Routine::of(l, graph.node(root), &nodes);
+    let srcs = graph.srcs(root);
+    let nodes: Vec<&crate::graph::NodeData> = srcs.iter().map(|&s| graph.node(s)).collect();
+    if let Some(routine) = crate::kernel::routine::Routine::of(graph.node(root), &nodes) {
         return Some((routine.kernel(), srcs.to_vec()));
     }
     let mut lw = Lowerer {

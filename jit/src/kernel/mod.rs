@@ -12,6 +12,7 @@ mod loop_split;
 mod lower;
 pub mod routine;
 mod rows;
+pub mod scatter;
 pub mod schedule;
 pub mod simplify;
 pub mod split;

@@ -1,9 +1,11 @@
-//! Routines: the kernels of `Op::Linalg` (LU with partial pivoting, Cholesky, triangular solves). A factorization
-//! walks its matrix column by column, each step reading what the previous one wrote, which the kernel IR (every
-//! output element computed independently from its inputs) cannot express; so each device writes these few kernels
-//! itself (the CPU in Rust, `backends/src/cpu/routines.rs`; wgpu in WGSL, `render/wgsl/routine.rs`), and this module
-//! holds what they share: the shapes, the semantics every device follows, and the reference implementation the
-//! interpreters run ([`reference()`]).
+//! Routines: the kernels of `Op::Linalg` (LU with partial pivoting, Cholesky, triangular solves) and of
+//! `Op::ScatterRows` (a deterministic scatter-sum, `kernel::scatter`). A factorization walks its matrix column by
+//! column, each step reading what the previous one wrote, and a scatter adds each source row into a row its index
+//! names; neither fits the kernel IR (every output element computed independently from its inputs, over ranges fixed
+//! at compile time), so each device writes these few kernels itself (the CPU in Rust, `backends/src/cpu/routines.rs`
+//! and `scatter.rs`; wgpu in WGSL, `render/wgsl/routine.rs` and `scatter.rs`; CUDA and HIP C the scatter,
+//! `render/cuda/scatter.rs`), and this module holds what they share: the shapes, the semantics every device follows,
+//! and the reference implementation the interpreters run ([`reference()`]).
 //!
 //! A launch of a routine carries a *descriptor* kernel (`KernelIr::routine` set): its name, buffers and output
 //! extents are real, so plans, slots, dumps and profiles treat it as any launch; it has no code (`outer` is empty),
@@ -35,11 +37,71 @@ use crate::dtype::DType;
 use crate::graph::NodeData;
 use crate::kernel::fault::Fault;
 use crate::kernel::ir::{BufParam, KernelIr};
-use crate::op::LinalgOp;
+pub use crate::kernel::scatter::ScatterRows;
+use crate::op::{LinalgOp, Op};
 
-/// One routine launch: which, in what dtype, over how many matrices of what size.
+/// One routine launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Routine {
+pub enum Routine {
+    Linalg(LinalgRoutine),
+    Scatter(ScatterRows),
+}
+
+impl Routine {
+    /// The routine computing `node` (an `Op::Linalg` or `Op::ScatterRows`) from `srcs`; `None` for any other op.
+    pub fn of(node: &NodeData, srcs: &[&NodeData]) -> Option<Routine> {
+        match node.op {
+            Op::Linalg(l) => Some(Routine::Linalg(LinalgRoutine::of(l, node, srcs))),
+            Op::ScatterRows { positions } => Some(Routine::Scatter(ScatterRows::of(positions, node, srcs))),
+            _ => None,
+        }
+    }
+
+    /// The dtype of the output (and of the values it reads).
+    pub fn dtype(&self) -> DType {
+        match self {
+            Routine::Linalg(r) => r.dtype,
+            Routine::Scatter(s) => s.dtype,
+        }
+    }
+
+    /// Whether the routine can report a fault.
+    pub fn can_fault(&self) -> bool {
+        match self {
+            Routine::Linalg(r) => r.can_fault(),
+            Routine::Scatter(_) => true,
+        }
+    }
+
+    /// Element operations, for profiles and the thread pool's split decision.
+    pub fn work(&self) -> usize {
+        match self {
+            Routine::Linalg(r) => r.work(),
+            Routine::Scatter(s) => s.work(),
+        }
+    }
+
+    /// The launch's descriptor kernel (see the module doc).
+    pub fn kernel(&self) -> KernelIr {
+        match self {
+            Routine::Linalg(r) => r.kernel(),
+            Routine::Scatter(s) => s.kernel(),
+        }
+    }
+}
+
+/// The routine's output from its inputs (row-major values, computed in f64), or the fault of the lowest matrix (the
+/// first index, for a scatter) that has one. What the interpreters run; the devices' kernels are checked against it.
+pub fn reference(r: &Routine, inputs: &[&[f64]]) -> Result<Vec<f64>, Fault> {
+    match r {
+        Routine::Linalg(r) => linalg_reference(r, inputs),
+        Routine::Scatter(s) => s.reference(inputs),
+    }
+}
+
+/// One linear algebra launch: which, in what dtype, over how many matrices of what size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LinalgRoutine {
     pub op: LinalgOp,
     pub dtype: DType,
     /// Matrices (the product of the leading dims).
@@ -50,9 +112,9 @@ pub struct Routine {
     pub k: usize,
 }
 
-impl Routine {
+impl LinalgRoutine {
     /// The routine computing `node` (an `Op::Linalg`) from `srcs`.
-    pub fn of(l: LinalgOp, node: &NodeData, srcs: &[&NodeData]) -> Routine {
+    pub fn of(l: LinalgOp, node: &NodeData, srcs: &[&NodeData]) -> LinalgRoutine {
         let a = srcs[0].shape.dims();
         let n = a[a.len() - 1];
         let batch = a[..a.len() - 2].iter().product();
@@ -60,7 +122,7 @@ impl Routine {
             LinalgOp::TriSolve { .. } => srcs[1].shape.dims()[a.len() - 1],
             _ => 0,
         };
-        Routine { op: l, dtype: node.dtype, batch, n, k }
+        LinalgRoutine { op: l, dtype: node.dtype, batch, n, k }
     }
 
     /// Columns of each output matrix.
@@ -106,7 +168,7 @@ impl Routine {
             outer: Vec::new(),
             result: 0,
             flops_per_elem: 0,
-            routine: Some(*self),
+            routine: Some(Routine::Linalg(*self)),
         }
     }
 }
@@ -151,9 +213,8 @@ pub fn singular_tol(d: DType, n: usize, max_abs: f64) -> f64 {
     n as f64 * eps * max_abs
 }
 
-/// The routine's output from its inputs (row-major values, computed in f64), or the fault of the lowest matrix
-/// that has one. What the interpreters run; the devices' kernels are checked against it.
-pub fn reference(r: &Routine, inputs: &[&[f64]]) -> Result<Vec<f64>, Fault> {
+/// [`reference`] of a linear algebra routine.
+fn linalg_reference(r: &LinalgRoutine, inputs: &[&[f64]]) -> Result<Vec<f64>, Fault> {
     let (n, k, cols) = (r.n, r.k, r.out_cols());
     let mut out = vec![0.0; r.batch * n * cols];
     for b in 0..r.batch {
@@ -232,7 +293,8 @@ mod tests {
     use super::*;
 
     fn lu(a: &[f64], n: usize) -> Result<Vec<f64>, Fault> {
-        let r = Routine { op: LinalgOp::Lu { check: true }, dtype: DType::F64, batch: 1, n, k: 0 };
+        let r =
+            Routine::Linalg(LinalgRoutine { op: LinalgOp::Lu { check: true }, dtype: DType::F64, batch: 1, n, k: 0 });
         reference(&r, &[a])
     }
 
@@ -248,24 +310,29 @@ mod tests {
         let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0];
         assert_eq!(lu(&a, 3), Err(Fault::Singular { batch_index: 0, pivot: 2 }));
         assert_eq!(lu(&[0.0; 4], 2), Err(Fault::Singular { batch_index: 0, pivot: 0 }));
-        let unchecked = Routine { op: LinalgOp::Lu { check: false }, dtype: DType::F64, batch: 1, n: 2, k: 0 };
-        assert!(reference(&unchecked, &[&[0.0; 4]]).is_ok());
+        let unchecked = LinalgRoutine { op: LinalgOp::Lu { check: false }, dtype: DType::F64, batch: 1, n: 2, k: 0 };
+        assert!(linalg_reference(&unchecked, &[&[0.0; 4]]).is_ok());
     }
 
     #[test]
     fn cholesky_and_solves() {
-        let chol = Routine { op: LinalgOp::Cholesky, dtype: DType::F64, batch: 2, n: 2, k: 0 };
-        let o = reference(&chol, &[&[4.0, 0.0, 2.0, 5.0, 1.0, 0.0, 0.0, 1.0]]).expect("positive definite");
+        let chol = LinalgRoutine { op: LinalgOp::Cholesky, dtype: DType::F64, batch: 2, n: 2, k: 0 };
+        let o = linalg_reference(&chol, &[&[4.0, 0.0, 2.0, 5.0, 1.0, 0.0, 0.0, 1.0]]).expect("positive definite");
         assert_eq!(o, vec![2.0, 0.0, 1.0, 2.0, 1.0, 0.0, 0.0, 1.0]);
-        let bad = reference(&chol, &[&[1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 2.0, 1.0]]);
+        let bad = linalg_reference(&chol, &[&[1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 2.0, 1.0]]);
         assert_eq!(bad, Err(Fault::NotPositiveDefinite { batch_index: 1, minor: 2 }));
         // [[2, 0], [1, 4]] x = [2, 6]: x = [1, 5/4]; the upper solve reads [[2, 1], [., 4]] (the 3 is not read).
-        let lower =
-            Routine { op: LinalgOp::TriSolve { upper: false, unit: false }, dtype: DType::F64, batch: 1, n: 2, k: 1 };
-        assert_eq!(reference(&lower, &[&[2.0, 9.0, 1.0, 4.0], &[2.0, 6.0]]), Ok(vec![1.0, 1.25]));
-        let upper = Routine { op: LinalgOp::TriSolve { upper: true, unit: true }, ..lower };
-        assert_eq!(reference(&upper, &[&[2.0, 1.0, 3.0, 4.0], &[2.0, 6.0]]), Ok(vec![-4.0, 6.0]));
-        let zero = reference(&lower, &[&[2.0, 0.0, 1.0, 0.0], &[2.0, 6.0]]);
+        let lower = LinalgRoutine {
+            op: LinalgOp::TriSolve { upper: false, unit: false },
+            dtype: DType::F64,
+            batch: 1,
+            n: 2,
+            k: 1,
+        };
+        assert_eq!(linalg_reference(&lower, &[&[2.0, 9.0, 1.0, 4.0], &[2.0, 6.0]]), Ok(vec![1.0, 1.25]));
+        let upper = LinalgRoutine { op: LinalgOp::TriSolve { upper: true, unit: true }, ..lower };
+        assert_eq!(linalg_reference(&upper, &[&[2.0, 1.0, 3.0, 4.0], &[2.0, 6.0]]), Ok(vec![-4.0, 6.0]));
+        let zero = linalg_reference(&lower, &[&[2.0, 0.0, 1.0, 0.0], &[2.0, 6.0]]);
         assert_eq!(zero, Err(Fault::Singular { batch_index: 0, pivot: 1 }));
     }
 }

@@ -249,9 +249,17 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     for &n in &order {
         let op = &graph.node(n).op;
         mat[n.index()] = is_output(n)
-            || matches!(op, Op::Input { .. } | Op::Contiguous | Op::Reduce { .. } | Op::Matmul | Op::Linalg(_));
+            || matches!(
+                op,
+                Op::Input { .. }
+                    | Op::Contiguous
+                    | Op::Reduce { .. }
+                    | Op::Matmul
+                    | Op::Linalg(_)
+                    | Op::ScatterRows { .. }
+            );
         // A routine reads its sources row-major from buffers (`routine.rs`).
-        if matches!(op, Op::Linalg(_)) {
+        if matches!(op, Op::Linalg(_) | Op::ScatterRows { .. }) {
             for s in graph.srcs(n) {
                 mat[s.index()] = true;
             }

@@ -18,19 +18,22 @@
 //! Every dtype: f64 and i64 are themselves (the shared table's f64 rows are its f32 rows, with the helpers
 //! overloaded on `double`), f16 and bf16 are stored as their bits and computed in f32, rounded per op.
 //!
-//! Not here yet (a note, not a silent gap: `check` refuses what cannot render with a message): warp-shuffle
-//! reductions (the block's tree stays in shared memory: `cstyle/coop.rs` says why) and the routines.
+//! The scatter-sum routine is written by hand (`scatter.rs`). Not here yet (a note, not a silent gap: `check`
+//! refuses what cannot render with a message): warp-shuffle reductions (the block's tree stays in shared memory:
+//! `cstyle/coop.rs` says why) and the linear algebra routines.
 
 mod dialect;
 mod gemm;
 pub mod host;
 mod math;
+mod scatter;
 
 pub use dialect::CudaC;
 pub use gemm::{DEFAULT_TILE, render_gemm};
 
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
+use crate::kernel::routine::Routine;
 use crate::render::cstyle::{self, Emitter};
 use dialect::storage_ty;
 use std::fmt::Write;
@@ -72,12 +75,16 @@ pub struct GpuKernel {
 /// The most blocks along x (CUDA's `maxGridDimX`; HIP's is larger).
 const MAX_GRID_X: u64 = (1 << 31) - 1;
 
-/// Checks that CUDA C / HIP C as rendered here can run `k`: not a routine, and every index expression in i32.
+/// Checks that CUDA C / HIP C as rendered here can run `k`: not a linear algebra routine, and every index
+/// expression in i32.
 pub fn check(k: &KernelIr, flavor: Flavor) -> Result<(), String> {
-    if k.routine.is_some() {
-        return Err(format!("kernel {}: linear algebra routines have no {} form yet", k.name, flavor.name()));
+    match k.routine {
+        Some(Routine::Linalg(_)) => {
+            Err(format!("kernel {}: linear algebra routines have no {} form yet", k.name, flavor.name()))
+        }
+        Some(Routine::Scatter(_)) => Ok(()),
+        None => cstyle::check_i32_indices(k),
     }
-    cstyle::check_i32_indices(k)
 }
 
 /// A kernel's parameter list: its inputs (const, restrict) in their storage types, the output, then the rng keys
@@ -102,6 +109,9 @@ fn params(k: &KernelIr, uses_rng: bool, can_fault: bool) -> String {
 /// Renders `k` for `flavor`.
 pub fn render(k: &KernelIr, flavor: Flavor) -> Result<GpuKernel, String> {
     check(k, flavor)?;
+    if let Some(Routine::Scatter(s)) = &k.routine {
+        return Ok(scatter::render(s, flavor));
+    }
     let coop = cstyle::Coop::choose(k);
     let outputs = k.units() as u64;
     // A cooperative kernel runs a block per `lanes` outputs (or per row); the generic one a thread per output.

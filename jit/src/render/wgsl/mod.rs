@@ -36,6 +36,7 @@ mod dialect;
 mod gemm;
 mod math;
 pub mod routine;
+mod scatter;
 
 pub use dialect::Wgsl;
 pub use gemm::{GemmTile, render_gemm};

@@ -1,5 +1,6 @@
-//! The linear algebra routines (`kernel::routine`) in WGSL, written by hand: a factorization is a sequence of
-//! dependent steps, not an element function, so it does not go through the shared C-like emitter.
+//! The routines (`kernel::routine`) in WGSL, written by hand: a factorization is a sequence of dependent steps,
+//! not an element function, so it does not go through the shared C-like emitter. The scatter-sum is `scatter.rs`;
+//! the linear algebra routines are here:
 //!
 //! - LU and Cholesky run one 64-invocation workgroup per matrix. Each column step is a few phases over the matrix
 //!   (the pivot's search as a tree reduction in workgroup memory, the row swap, the column's scaling, the trailing
@@ -14,7 +15,7 @@
 use super::{MAX_GROUPS_PER_DIM, WgslKernel, groups_for};
 use crate::dtype::DType;
 use crate::kernel::fault::{FAULT_NOT_POSITIVE_DEFINITE, FAULT_SINGULAR};
-use crate::kernel::routine::Routine;
+use crate::kernel::routine::{LinalgRoutine, Routine};
 use crate::op::LinalgOp;
 
 /// Invocations per workgroup.
@@ -22,6 +23,21 @@ const WG: usize = 64;
 
 /// The most trips any loop of `r`'s shader makes (for adapters that stop long loops).
 pub fn max_trips(r: &Routine) -> usize {
+    match r {
+        Routine::Linalg(l) => linalg_trips(l),
+        Routine::Scatter(s) => super::scatter::layout(s).trips,
+    }
+}
+
+/// The shader of routine `r`.
+pub fn render(r: &Routine) -> Result<WgslKernel, String> {
+    match r {
+        Routine::Linalg(l) => render_linalg(l),
+        Routine::Scatter(s) => super::scatter::render(s),
+    }
+}
+
+fn linalg_trips(r: &LinalgRoutine) -> usize {
     match r.op {
         LinalgOp::TriSolve { .. } => r.n,
         _ => r.n.max((r.n * r.n).div_ceil(WG)),
@@ -29,7 +45,7 @@ pub fn max_trips(r: &Routine) -> usize {
 }
 
 /// Claims the fault record (as `math.rs`'s index check: a weak compare-and-swap retried while the record is free).
-const FAULT_FN: &str = r#"
+pub(super) const FAULT_FN: &str = r#"
 fn kiln_fault(kind: i32, a: u32, b: u32) {
     loop {
         let r = atomicCompareExchangeWeak(&fault[0], 0, kind);
@@ -43,8 +59,8 @@ fn kiln_fault(kind: i32, a: u32, b: u32) {
 }
 "#;
 
-/// The shader of routine `r`.
-pub fn render(r: &Routine) -> Result<WgslKernel, String> {
+/// The shader of linear algebra routine `r`.
+fn render_linalg(r: &LinalgRoutine) -> Result<WgslKernel, String> {
     if r.dtype != DType::F32 {
         return Err(format!("{} in {}: WGSL has only f32 among the routines' dtypes", r.op.name(), r.dtype));
     }
@@ -99,7 +115,7 @@ pub fn render(r: &Routine) -> Result<WgslKernel, String> {
         inputs,
         uses_rng: false,
         can_fault: r.can_fault(),
-        trips: max_trips(r),
+        trips: linalg_trips(r),
     })
 }
 
