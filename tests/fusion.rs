@@ -213,3 +213,22 @@ fn a_convolution_reads_its_patches_in_place_and_its_input_gradient_without_divis
     assert!(!last.outer.iter().flat_map(|i| i.indices()).any(divides), "an index divides:\n{last}");
     kernels(dx);
 }
+
+/// Rule 8: a gradient norm over 60 parameters (one sum of 60 stored norms, as `clip_grad_norm` builds it) or a sum
+/// of 60 inputs is cut into kernels reading at most `MAX_KERNEL_INPUTS` buffers each (a wgpu adapter binds 31 or
+/// 32), and still computes the interpreter's value.
+#[test]
+fn no_kernel_reads_more_buffers_than_its_budget() {
+    let xs: Vec<Tensor> = (0..60).map(|i| rand(&[3 + i % 4, 5])).collect();
+    let norms: Vec<Tensor> = xs.iter().map(|x| x.square().sum_all().sqrt()).collect();
+    let refs: Vec<&Tensor> = norms.iter().collect();
+    let total = Tensor::stack(&refs, 0).square().sum_all().sqrt();
+    let sum = xs.iter().skip(1).fold(xs[0].narrow(0, 0, 3), |acc, x| acc.add(x.narrow(0, 0, 3)));
+    for t in [&total, &sum] {
+        kernels(t);
+        let cap = kiln::capture(&[t]).expect("capture");
+        let plan = schedule(&cap.graph);
+        let widest = plan.launches.iter().map(|l| l.inputs.len()).max().unwrap_or(0);
+        assert!(widest <= kiln_jit::kernel::schedule::MAX_KERNEL_INPUTS, "a kernel reads {widest} buffers");
+    }
+}

@@ -26,6 +26,9 @@
 //!    loops split where that makes them affine (`loop_split.rs`): same elements, same order, no division per
 //!    element, and vector loads along the innermost loop.
 //!
+//! 8. A kernel reads at most [`MAX_KERNEL_INPUTS`] buffers: past that, a node inlined into it is stored
+//!    (`cut_point`) and the graph scheduled again.
+//!
 //! Deliberately not done yet: multi-output kernels (two reductions of the same input, both stored, run as two
 //! kernels).
 
@@ -38,6 +41,12 @@ use crate::kernel::split::{split_full_reduction, with_merged_reduce_loops};
 use crate::op::{Op, UnaryOp};
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::NodeIndexable;
+
+/// The most buffers one kernel reads (rule 8). With its output, random-number keys and fault record that is at
+/// most 27 bindings: within every desktop wgpu adapter's storage buffers per shader stage (Metal's 31, lavapipe's
+/// 32), where a gradient norm over a 4-layer GPT's 52 parameters, one sum over 52 stored norms, had asked for 53.
+/// Every device gets the same plans, so the bound is one constant rather than the adapter's own limit.
+pub const MAX_KERNEL_INPUTS: usize = 24;
 
 /// Recompute a multi-use value instead of storing it when it costs at most this many ALU ops per element.
 const CHEAP_OPS: usize = 3;
@@ -229,6 +238,20 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     let mut simplified = graph.clone();
     crate::kernel::simplify::simplify(&mut simplified);
     let graph = &simplified;
+    // Rule 8: a kernel over its buffer budget names a node to store; schedule again with it stored (each round
+    // stores one more node, so this ends).
+    let mut pinned = vec![false; graph.g.node_bound()];
+    loop {
+        match schedule_pinned(graph, opts, &pinned) {
+            Ok(plan) => return plan,
+            Err(n) => pinned[n.index()] = true,
+        }
+    }
+}
+
+/// [`schedule_with`] on a simplified graph, with the `pinned` nodes stored; `Err` names one more node to store
+/// (rule 8).
+fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Result<KernelPlan, NodeIndex> {
     let order = graph.topo_order();
     let bound = graph.g.node_bound();
     let mut consumers: Vec<Vec<NodeIndex>> = vec![Vec::new(); bound];
@@ -248,7 +271,8 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     let mut depth = vec![0usize; bound];
     for &n in &order {
         let op = &graph.node(n).op;
-        mat[n.index()] = is_output(n)
+        mat[n.index()] = pinned[n.index()]
+            || is_output(n)
             || matches!(
                 op,
                 Op::Input { .. }
@@ -477,11 +501,11 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
             })
         };
         let (target, seen) = walk(&mat);
-        let mut taken = takes(target, &seen, &stage);
+        let mut taken = takes(target, &seen, &stage).filter(|_| !pinned[r.index()]);
         // Rule 3c: a product whose chain of elementwise ops (a scale and a bias: attention's logits) then feeds
         // several kernels (a row's max and the exponent) stores the chain's end as its epilogue, instead of the
         // raw product that each of those kernels would finish again (with its own loads of the bias).
-        if taken.is_none() && matches!(graph.node(r).op, Op::Matmul) {
+        if taken.is_none() && matches!(graph.node(r).op, Op::Matmul) && !pinned[r.index()] {
             let mut end = r;
             while let [next] = consumers[end.index()][..]
                 && fusable(next)
@@ -555,6 +579,15 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
         })
         .partition(|(k, _, reads, _)| !replaces_input(*k, reads));
     launches_raw.extend(last);
+    // Rule 8: at most `MAX_KERNEL_INPUTS` buffers read per kernel (a split reduction's combining kernel reads its
+    // partials too).
+    for (k, _, reads, split) in &launches_raw {
+        if reads.len() + split.is_some() as usize > MAX_KERNEL_INPUTS
+            && let Some(cut) = cut_point(graph, *k, &mat, pinned)
+        {
+            return Err(cut);
+        }
+    }
     let mut last_read = vec![0usize; bound];
     for (step, (_, _, reads, _)) in launches_raw.iter().enumerate() {
         for &r in reads {
@@ -620,7 +653,54 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
             });
         }
     }
-    KernelPlan { launches, temps, outputs, passthrough }
+    Ok(KernelPlan { launches, temps, outputs, passthrough })
+}
+
+/// The node to store so that kernel `k`, over its buffer budget, reads fewer buffers (rule 8): of the nodes inlined
+/// into it that read at least two buffers, the one reading the most that still fits the budget once stored (a
+/// chain of 50 adds of stored tensors is cut every 23 adds), else the one reading the fewest. `None` when no such
+/// node is left (then the plan keeps the kernel, and a device with fewer bindings refuses it by name).
+fn cut_point(graph: &Graph, k: NodeIndex, mat: &[bool], pinned: &[bool]) -> Option<NodeIndex> {
+    fn reads_of(
+        graph: &Graph,
+        n: NodeIndex,
+        mat: &[bool],
+        memo: &mut std::collections::HashMap<NodeIndex, Vec<NodeIndex>>,
+    ) -> Vec<NodeIndex> {
+        if let Some(r) = memo.get(&n) {
+            return r.clone();
+        }
+        let mut out = Vec::new();
+        for s in graph.srcs(n) {
+            if mat[s.index()] {
+                out.push(s);
+            } else {
+                out.extend(reads_of(graph, s, mat, memo));
+            }
+        }
+        out.sort();
+        out.dedup();
+        memo.insert(n, out.clone());
+        out
+    }
+    let mut memo = std::collections::HashMap::new();
+    let (mut region, mut stack) = (Vec::new(), vec![k]);
+    while let Some(n) = stack.pop() {
+        for s in graph.srcs(n) {
+            if !mat[s.index()] && !region.contains(&s) {
+                region.push(s);
+                stack.push(s);
+            }
+        }
+    }
+    let counted: Vec<(NodeIndex, usize)> = region
+        .into_iter()
+        .filter(|n| !pinned[n.index()])
+        .map(|n| (n, reads_of(graph, n, mat, &mut memo).len()))
+        .filter(|&(_, r)| r >= 2)
+        .collect();
+    let fits = counted.iter().filter(|&&(_, r)| r < MAX_KERNEL_INPUTS).max_by_key(|&&(n, r)| (r, n.index()));
+    fits.or_else(|| counted.iter().min_by_key(|&&(n, r)| (r, n.index()))).map(|&(n, _)| n)
 }
 
 /// Whether reading node `n` (a movement view, not stored) in a kernel of its own needs an index that is not affine
