@@ -44,6 +44,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The median seconds of `runs` calls of `call`, after two warm-up calls (the first compiles the plan).
+fn median_of_calls(runs: u32, call: impl Fn()) -> f64 {
+    call();
+    call();
+    median(
+        (0..runs)
+            .map(|_| {
+                let t0 = Instant::now();
+                call();
+                t0.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
 /// Seconds per call of `layer`: the median of `runs` calls after two warm-up calls.
 fn time_layer(&(_, input, weight, stride, padding, backward): &Layer, runs: u32) -> f64 {
     let dev = Device::cpu();
@@ -66,17 +81,7 @@ fn time_layer(&(_, input, weight, stride, padding, backward): &Layer, runs: u32)
             conv2d(&x, &w, None, &opts).realize().expect("realize");
         }
     };
-    call();
-    call();
-    median(
-        (0..runs)
-            .map(|_| {
-                let t0 = Instant::now();
-                call();
-                t0.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
+    median_of_calls(runs, call)
 }
 
 /// The vocabulary-sized rows: name, vocabulary, tokens, embedding width (0 for the cross-entropy row).
@@ -107,17 +112,7 @@ fn time_lookup(&(_, vocab, tokens, dim): &(&str, usize, usize, usize), runs: u32
         let grads = loss.backward().expect("backward");
         kiln::realize(&[&loss, grads.get(&leaf).expect("gradient")]).expect("realize");
     };
-    call();
-    call();
-    median(
-        (0..runs)
-            .map(|_| {
-                let t0 = Instant::now();
-                call();
-                t0.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
+    median_of_calls(runs, call)
 }
 
 fn main() {
