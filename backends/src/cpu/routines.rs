@@ -52,10 +52,10 @@ real!(f32);
 real!(f64);
 
 /// Claims the run's fault record for `[kind, a, b]` if no kernel has (`kernel::fault`).
-fn claim(fault: &[AtomicI64; FAULT_WORDS], kind: i64, a: usize, b: usize) {
+pub(super) fn claim(fault: &[AtomicI64; FAULT_WORDS], kind: i64, a: i64, b: i64) {
     if fault[0].compare_exchange(0, kind, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-        fault[1].store(a as i64, Ordering::Release);
-        fault[2].store(b as i64, Ordering::Release);
+        fault[1].store(a, Ordering::Release);
+        fault[2].store(b, Ordering::Release);
     }
 }
 
@@ -121,19 +121,19 @@ unsafe fn matrix<T: Real>(r: &LinalgRoutine, bufs: &Bufs, m: usize, fault: &[Ato
     match r.op {
         LinalgOp::Lu { check } => {
             if let Err(pivot) = lu(a, out, n, check.then_some(r.dtype)) {
-                claim(fault, FAULT_SINGULAR, m, pivot);
+                claim(fault, FAULT_SINGULAR, m as i64, pivot as i64);
             }
         }
         LinalgOp::Cholesky => {
             if let Err(minor) = cholesky(a, out, n) {
-                claim(fault, FAULT_NOT_POSITIVE_DEFINITE, m, minor);
+                claim(fault, FAULT_NOT_POSITIVE_DEFINITE, m as i64, minor as i64);
             }
         }
         LinalgOp::TriSolve { upper, unit } => {
             // SAFETY: (caller) B holds `r.batch` matrices of n x k.
             let b = unsafe { std::slice::from_raw_parts((bufs.b as *const T).add(m * n * k), n * k) };
             if let Err(row) = tri_solve(a, b, out, n, k, upper, unit) {
-                claim(fault, FAULT_SINGULAR, m, row);
+                claim(fault, FAULT_SINGULAR, m as i64, row as i64);
             }
         }
     }

@@ -7,11 +7,12 @@
 //! chunk per thread that is a few passes over the indices, not one per output row.
 
 use super::pool;
+use super::routines::claim;
 use kiln_jit::DType;
 use kiln_jit::kernel::FAULT_WORDS;
 use kiln_jit::kernel::fault::FAULT_SCATTER_INDEX;
 use kiln_jit::kernel::scatter::ScatterRows;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::AtomicI64;
 
 /// Raw buffer pointers shared with the pool threads for one launch.
 struct Bufs {
@@ -77,7 +78,7 @@ where
                 let row = &mut out[(p - start as i64) as usize * w..][..w];
                 row.iter_mut().zip(src).for_each(|(o, &v)| *o += v);
             } else if start == 0 && !(0..s.positions as i64).contains(&p) {
-                claim(fault, s.positions, p);
+                claim(fault, FAULT_SCATTER_INDEX, s.positions as i64, p);
             }
             continue;
         }
@@ -86,16 +87,8 @@ where
             if range.contains(&p) {
                 out[(p - start as i64) as usize * w + c] += v;
             } else if start == 0 && !(0..s.positions as i64).contains(&p) {
-                claim(fault, s.positions, p);
+                claim(fault, FAULT_SCATTER_INDEX, s.positions as i64, p);
             }
         }
-    }
-}
-
-/// Claims the run's fault record for an index out of range, if no kernel has (`kernel::fault`).
-fn claim(fault: &[AtomicI64; FAULT_WORDS], len: usize, index: i64) {
-    if fault[0].compare_exchange(0, FAULT_SCATTER_INDEX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-        fault[1].store(len as i64, Ordering::Release);
-        fault[2].store(index, Ordering::Release);
     }
 }
