@@ -14,7 +14,7 @@ mod test_cache;
 mod common;
 
 use common::*;
-use kiln::{DType, Device, HostBuffer, Tensor};
+use kiln::{DType, Device, HostBuffer, Tensor, linalg};
 use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::kernel::{Fault, KernelPlan, Slot, schedule};
 use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, GpuKernel, host, render, render_gemm};
@@ -215,7 +215,7 @@ fn host_library(
 fn rendered_cuda_matches_the_interpreter_on_the_host() {
     let Some(cxx) = cxx() else { return };
     let dev = Device::cpu();
-    let (failures, _) = run_on_host(&cxx, &corpus(&dev), false);
+    let (failures, _) = run_on_host(&cxx, &corpus(&dev), false, Kind::Accumulate);
     assert!(
         failures.is_empty(),
         "{} outputs differ from the interpreter:\n  {}",
@@ -245,7 +245,7 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         ("batched 3 x 17 x 40 x 9", vec![batched_a.matmul(&batched_b)]),
         ("K below one slice", vec![m(5, 3, 0.6).matmul(&m(3, 7, 0.8)).mul(2.0)]),
     ];
-    let (failures, tiled) = run_on_host(&cxx, &cases, true);
+    let (failures, tiled) = run_on_host(&cxx, &cases, true, Kind::Accumulate);
     assert!(tiled >= cases.len(), "every case must run the tiled template ({tiled} launches did)");
     // NVRTC compiles the same sources for Hopper where it is installed (CI; `gpu_check` also compiles every tiled
     // GEMM the suites produce for sm_80, sm_90, gfx90a and gfx1030).
@@ -270,20 +270,52 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
 }
 
 /// Runs every launch of each case's plan under the host shim (GEMMs as the tiled template where `tiled` and the
-/// kernel is one) and compares the outputs with the interpreter; returns the differences and how many launches
-/// ran the tiled template.
-fn run_on_host(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool) -> (Vec<String>, usize) {
-    // Every launch of every case's plan, rendered.
-    let mut plans: Vec<(&str, kiln::Captured, KernelPlan)> = Vec::new();
-    for (name, outs) in cases {
+/// kernel is one) and compares the outputs with the interpreter (floats at `kind`'s tolerance); returns the
+/// differences and how many launches ran the tiled template.
+fn run_on_host(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool, kind: Kind) -> (Vec<String>, usize) {
+    let (runs, tiled_launches) = run_plans(cxx, cases, tiled);
+    let mut failures = Vec::new();
+    for ((name, _), mut run) in cases.iter().zip(runs) {
+        assert_eq!(run.fault, None, "{name}: a fault where none is");
+        let want = run.cap.reference().expect("the interpreter");
+        for (o, w) in want.iter().enumerate() {
+            let got = match run.plan.passthrough.iter().find(|(p, _)| *p == o) {
+                Some(&(_, i)) => run.cap.inputs[i].clone(),
+                None => run.slots.remove(&Slot::Output(o)).expect("every output written"),
+            };
+            let k = if w.dtype().is_float() { kind } else { Kind::Exact };
+            if let Err(e) = compare(&got, w, tol(w.dtype(), k)) {
+                failures.push(format!("{name}, output {o} ({}): {e}", w.dtype()));
+            }
+        }
+    }
+    (failures, tiled_launches)
+}
+
+/// One case's plan as it ran under the shim.
+struct HostRun {
+    cap: kiln::Captured,
+    plan: KernelPlan,
+    /// What each launch wrote.
+    slots: HashMap<Slot, HostBuffer>,
+    /// The fault record after the last launch.
+    fault: Option<Fault>,
+}
+
+/// Renders every launch of each case's plan (GEMMs as the tiled template where `tiled` and the kernel is one),
+/// compiles them into one library under the shim and runs each case's launches in order; returns the runs and how
+/// many launches ran the tiled template.
+fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool) -> (Vec<HostRun>, usize) {
+    let mut plans: Vec<(kiln::Captured, KernelPlan)> = Vec::new();
+    for (_, outs) in cases {
         let refs: Vec<&Tensor> = outs.iter().collect();
         let cap = kiln::capture(&refs).expect("capture");
         let plan = schedule(&cap.graph);
-        plans.push((name, cap, plan));
+        plans.push((cap, plan));
     }
     let mut kernels: Vec<(GpuKernel, kiln_jit::kernel::KernelIr)> = Vec::new();
     let mut tiled_launches = 0;
-    for (name, _, plan) in &plans {
+    for ((name, _), (_, plan)) in cases.iter().zip(&plans) {
         for l in &plan.launches {
             let gemm = GemmView::of(&l.kernel).filter(|_| tiled);
             let g = match gemm.map(|v| render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda)) {
@@ -299,9 +331,8 @@ fn run_on_host(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool) -> (Vec<St
     let refs: Vec<(&GpuKernel, &kiln_jit::kernel::KernelIr)> = kernels.iter().map(|(g, k)| (g, k)).collect();
     let (_dir, lib) = host_library(cxx, &refs);
     let mut at = 0;
-    let mut failures = Vec::new();
-    for (name, cap, plan) in &plans {
-        let mut inputs: Vec<HostBuffer> = cap.inputs.clone();
+    let mut runs = Vec::new();
+    for (cap, plan) in plans {
         let mut rng: Vec<u32> = cap
             .rng
             .iter()
@@ -315,7 +346,7 @@ fn run_on_host(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool) -> (Vec<St
                 .inputs
                 .iter()
                 .map(|s| match s {
-                    Slot::Input(i) => inputs[*i].clone(),
+                    Slot::Input(i) => cap.inputs[*i].clone(),
                     s => slots.get(s).cloned().expect("written before read"),
                 })
                 .collect();
@@ -338,20 +369,78 @@ fn run_on_host(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool) -> (Vec<St
             slots.insert(l.output, out);
             at += 1;
         }
-        assert_eq!(Fault::decode(fault.map(i64::from)), None, "{name}: a fault where none is");
-        let want = cap.reference().expect("the interpreter");
-        for (o, w) in want.iter().enumerate() {
-            let got = match plan.passthrough.iter().find(|(p, _)| *p == o) {
-                Some(&(_, i)) => inputs.swap_remove(i),
-                None => slots.remove(&Slot::Output(o)).expect("every output written"),
-            };
-            let kind = if w.dtype().is_float() { Kind::Accumulate } else { Kind::Exact };
-            if let Err(e) = compare(&got, w, tol(w.dtype(), kind)) {
-                failures.push(format!("{name}, output {o} ({}): {e}", w.dtype()));
-            }
-        }
+        runs.push(HostRun { cap, plan, slots, fault: Fault::decode(fault.map(i64::from)) });
     }
-    (failures, tiled_launches)
+    (runs, tiled_launches)
+}
+
+/// The linear algebra routines (LU with pivoting, Cholesky, triangular solves; `render/cuda/linalg.rs`), a block's
+/// threads meeting at real barriers: orders past the block's 128 threads, batches, f32 and f64, against the
+/// interpreter at the factorizations' tolerance; then each fault with the batch index it names.
+#[test]
+fn linear_algebra_routines_match_the_interpreter_on_the_host() {
+    let Some(cxx) = cxx() else { return };
+    let dev = Device::cpu();
+    // `2 I + R / n` with rows reversed (partial pivoting swaps them), R in [-1, 1).
+    let matrices = |batch: usize, n: usize, dtype: DType| {
+        let v: Vec<f64> = (0..batch * n * n)
+            .map(|e| {
+                let (i, j) = ((e / n) % n, e % n);
+                ((e as f64 * 0.37).sin()) / n as f64 + if n - 1 - i == j { 2.0 } else { 0.0 }
+            })
+            .collect();
+        Tensor::from_host(HostBuffer::from_f64(dtype, &v), [batch, n, n], &dev).expect("matrices")
+    };
+    let rhs = |batch: usize, n: usize, k: usize, dtype: DType| {
+        let v: Vec<f64> = (0..batch * n * k).map(|e| (e as f64 * 0.21).cos()).collect();
+        Tensor::from_host(HostBuffer::from_f64(dtype, &v), [batch, n, k], &dev).expect("rhs")
+    };
+    let (a, b) = (matrices(3, 40, DType::F32), rhs(3, 40, 5, DType::F32));
+    let (big, big_b) = (matrices(1, 150, DType::F64), rhs(1, 150, 3, DType::F64));
+    let spd = big.transpose(-1, -2).matmul(&big);
+    let cases = vec![
+        (
+            "f32, 3 matrices of 40",
+            vec![
+                linalg::lu_factor(&a).0,
+                linalg::lu_factor(&a).1,
+                linalg::solve(&a, &b),
+                linalg::det(&a),
+                linalg::solve_triangular(&a, &b, true, true, true),
+            ],
+        ),
+        ("f64, order 150", vec![linalg::solve(&big, &big_b), linalg::inv(&big), linalg::cholesky(&spd)]),
+    ];
+    let (failures, _) = run_on_host(&cxx, &cases, false, Kind::Factorize);
+    assert!(failures.is_empty(), "{} outputs differ:\n  {}", failures.len(), failures.join("\n  "));
+
+    // Faults: batch index 1 singular (to working precision, and exactly), batch index 2 not positive definite.
+    let values = |v: &[f64], shape: [usize; 3]| Tensor::from_host(HostBuffer::from_f64(DType::F32, v), shape, &dev);
+    let good = [2.0, 1.0, 0.0, 1.0, 3.0, 1.0, 0.0, 1.0, 4.0];
+    let near = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0];
+    let indefinite = [1.0, 2.0, 0.0, 2.0, 1.0, 0.0, 0.0, 0.0, 1.0];
+    let zero_diag = [1.0, 0.0, 0.0, 5.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+    let stack = |m: [&[f64]; 3]| values(&m.concat(), [3, 3, 3]).expect("stack");
+    let ones = values(&[1.0; 9], [3, 3, 1]).expect("ones");
+    let cases = vec![
+        ("singular", vec![linalg::solve(&stack([&good, &near, &good]), &ones)]),
+        ("exactly singular", vec![linalg::inv(&stack([&good, &[0.0; 9], &good]))]),
+        ("not positive definite", vec![linalg::cholesky(&stack([&good, &good, &indefinite]))]),
+        (
+            "zero diagonal",
+            vec![linalg::solve_triangular(&stack([&good, &good, &zero_diag]), &ones, false, true, false)],
+        ),
+    ];
+    let want = [
+        Fault::Singular { batch_index: 1, pivot: 2 },
+        Fault::Singular { batch_index: 1, pivot: 0 },
+        Fault::NotPositiveDefinite { batch_index: 2, minor: 2 },
+        Fault::Singular { batch_index: 2, pivot: 1 },
+    ];
+    let (runs, _) = run_plans(&cxx, &cases, false);
+    for (((name, _), run), want) in cases.iter().zip(&runs).zip(want) {
+        assert_eq!(run.fault, Some(want), "{name}");
+    }
 }
 
 /// A gathered index out of range claims the fault record with the index and the length, as on every device.

@@ -5,7 +5,8 @@
 //! wgpu): `tests/golden/sgd_update_aliased.wgsl.txt`; and the batch-1 weight update `w - (dy ⊗ x) * lr` as the CPU's
 //! 8-lane elementwise kernel (register program, loop shape, code size): `tests/golden/outer_update.wide.txt`; and
 //! CUDA C / HIP C renderings (`render::cuda`): `mul_add_relu_sum.{cu,hip}.txt`, `rows_and_gather.cu.txt`,
-//! `table_zoo.cu.txt`, `cooperative_reductions.{wgsl,cu}.txt`.
+//! `table_zoo.cu.txt`, `cooperative_reductions.{wgsl,cu}.txt`, `solve.{wgsl,cu}.txt` (the linear algebra
+//! routines, written by hand per target).
 //!
 //! A change to fusion, lowering or the CLIF renderer that changes the output fails here with the first differing
 //! line. If the change is intended, rewrite the files and review their diff:
@@ -217,6 +218,27 @@ fn cooperative_reductions_wgsl_and_cuda() {
     let plan = schedule(&cap.graph);
     let cuda: String = plan.launches.iter().map(|l| render(&l.kernel, Flavor::Cuda).expect("renders").source).collect();
     check_golden("cooperative_reductions.cu.txt", &cuda);
+}
+
+/// `linalg::solve` of a batch of 2 matrices of order 5 in f32: the checked LU (a block per matrix), then the unit
+/// lower and the upper triangular solves (a thread per right-hand column), as WGSL and as CUDA C:
+/// `solve.{wgsl,cu}.txt`.
+#[test]
+fn solve_routines_wgsl_and_cuda() {
+    use kiln_jit::render::cuda::{Flavor, render};
+    let dev = Device::cpu();
+    let a = Tensor::from_vec((0..50).map(|i| (i as f32 * 0.3).sin()).collect(), [2, 5, 5], &dev).expect("a");
+    let b = Tensor::from_vec((0..20).map(|i| (i as f32 * 0.7).cos()).collect(), [2, 5, 2], &dev).expect("b");
+    let x = kiln::linalg::solve(&a, &b);
+    let cap = kiln::capture(&[&x]).expect("capture");
+    let plan = schedule(&cap.graph);
+    let routines: Vec<_> = plan.launches.iter().filter(|l| l.kernel.routine.is_some()).collect();
+    assert_eq!(routines.len(), 3, "an LU and two triangular solves");
+    let wgsl: String =
+        routines.iter().map(|l| kiln_jit::render::wgsl::render(&l.kernel).expect("renders").source).collect();
+    check_golden("solve.wgsl.txt", &wgsl);
+    let cuda: String = routines.iter().map(|l| render(&l.kernel, Flavor::Cuda).expect("renders").source).collect();
+    check_golden("solve.cu.txt", &cuda);
 }
 
 /// A zoo of the per-instruction table's rows: f32 transcendental, division, pow and max with NaN care; i32, u32 and

@@ -155,8 +155,8 @@ fn precompile_archs() -> &'static [String] {
 }
 
 /// With `KILN_CUDA_ARCH` set: compiles the cubins the CUDA device would run for `graph` into the stores of those
-/// architectures (see the module doc). Kernels the CUDA dialect cannot render (linear algebra routines) are left
-/// out: the CUDA device refuses such a graph itself. An NVRTC error is an error: the user asked for these cubins.
+/// architectures (see the module doc). Kernels the CUDA dialect cannot render (an index past i32) are left out:
+/// the CUDA device refuses such a graph itself. An NVRTC error is an error: the user asked for these cubins.
 pub fn precompile(graph: &Graph) -> Result<(), String> {
     let archs = precompile_archs();
     if archs.is_empty() {

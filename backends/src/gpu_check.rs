@@ -4,7 +4,7 @@
 //! checks produce, on a machine without a GPU. Kernels are queued (once per distinct source) and compiled in batches
 //! of [`BATCH`], one translation unit each (every kernel in a namespace of its own); a batch that fails is compiled
 //! kernel by kernel to name the one at fault, and the error carries its source and the compiler's log. A kernel
-//! the renderers refuse (a linear algebra routine: `cuda::check`) is counted, not compiled. A GEMM kernel is also
+//! the renderers refuse (an index expression past i32: `cuda::check`) is counted, not compiled. A GEMM kernel is also
 //! compiled as the tiled template in the CUDA device's default tile (`cuda::render_gemm`), as the device runs it.
 //!
 //! A backend calls [`note`] when it compiles a plan (a failed auto-flush fails that compile); a test calls

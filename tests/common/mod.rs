@@ -725,7 +725,7 @@ pub fn check_gpu_sources(what: &str) {
         Ok((0, 0)) => {}
         Ok((compiled, refused)) => eprintln!(
             "{what}: {compiled} distinct kernels so far compiled as CUDA C (sm_80, sm_90) and HIP C (gfx90a, gfx1030); \
-             {refused} launches of linear algebra routines, which have no GPU form yet"
+             {refused} launches refused (an index expression past i32)"
         ),
         Err(e) => panic!("{what}: {e}"),
     }

@@ -29,9 +29,9 @@
 //! tile (`cuda_cache::render`); other dtypes as the generic reduction kernel.
 //!
 //! Deliberately not done yet (issue 21's later points): tuning the tile, tensor-core (`mma.sync`) tiles for
-//! f16/bf16/TF32, split K, cuBLASLt in the race, CUDA graphs for replays, buffer donation (the CUDA kernels' parameters are
-//! `__restrict__`, so an output may not alias an input), and the linear algebra routines (a graph with one is
-//! refused at compile, naming it; the scatter routine renders).
+//! f16/bf16/TF32, split K, cuBLASLt in the race, CUDA graphs for replays, and buffer donation (the CUDA kernels' parameters are
+//! `__restrict__`, so an output may not alias an input). The routines (scatter-sum, LU, Cholesky, triangular
+//! solves) render as every other kernel.
 
 mod plan;
 

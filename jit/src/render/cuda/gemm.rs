@@ -21,7 +21,7 @@ pub const DEFAULT_TILE: GemmTile = GemmTile { tm: 64, tn: 64, rm: 4, rn: 4, kt: 
 /// render, a malformed tile, one that gathers (its fault record is not threaded through the template), or a grid
 /// beyond the launch limits (the caller then renders the generic kernel).
 pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile, flavor: Flavor) -> Result<GpuKernel, String> {
-    check(k, flavor)?;
+    check(k)?;
     if !t.well_formed() {
         return Err(format!("malformed GEMM tile {t:?}"));
     }

@@ -1,8 +1,8 @@
 //! The rendered CUDA C under a host shim, for tests on machines without a GPU: a few definitions make the kernel
 //! plain C++ (`__global__` and `__device__` vanish, `blockIdx` / `threadIdx` are thread-local globals, the bit
-//! casts go through `memcpy`, `atomicCAS` is a plain compare and swap), and a driver per kernel
+//! casts go through `memcpy`, the atomics are `std::atomic_ref`'s), and a driver per kernel
 //! (`kiln_run_<i>(args, grid x, grid y, block)`) runs every block in turn. A kernel without barriers runs its
-//! block's threads one after another; one with `__syncthreads` (the tiled GEMM) runs them as real threads meeting
+//! block's threads one after another; one with `__syncthreads` (the tiled GEMM, cooperative reductions, factorizations) runs them as real threads meeting
 //! at a `std::barrier`, with its `__shared__` arrays shared by them, so a tile staged by the whole block is
 //! staged. Compiled by the host's C++ compiler (C++20) and compared with the interpreter, a wrong index, fold,
 //! helper or staging step fails without a GPU.
@@ -20,6 +20,7 @@ const SHIM: &str = r#"// kiln: CUDA C under a host shim (render/cuda/host.rs)
 #include <cmath>
 #include <cstring>
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <barrier>
 #include <thread>
@@ -41,8 +42,8 @@ inline unsigned int __float_as_uint(float f) { unsigned int b; std::memcpy(&b, &
 inline int __float_as_int(float f) { int b; std::memcpy(&b, &f, 4); return b; }
 inline double __longlong_as_double(long long b) { double f; std::memcpy(&f, &b, 8); return f; }
 inline long long __double_as_longlong(double f) { long long b; std::memcpy(&b, &f, 8); return b; }
-inline int atomicCAS(int* p, int expected, int v) { int old = *p; if (old == expected) { *p = v; } return old; }
-inline int atomicExch(int* p, int v) { int old = *p; *p = v; return old; }
+inline int atomicCAS(int* p, int expected, int v) { std::atomic_ref<int>(*p).compare_exchange_strong(expected, v); return expected; }
+inline int atomicExch(int* p, int v) { return std::atomic_ref<int>(*p).exchange(v); }
 using std::max;
 using std::min;
 "#;

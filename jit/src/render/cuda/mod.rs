@@ -18,13 +18,14 @@
 //! Every dtype: f64 and i64 are themselves (the shared table's f64 rows are its f32 rows, with the helpers
 //! overloaded on `double`), f16 and bf16 are stored as their bits and computed in f32, rounded per op.
 //!
-//! The scatter-sum routine is written by hand (`scatter.rs`). Not here yet (a note, not a silent gap: `check`
-//! refuses what cannot render with a message): warp-shuffle reductions (the block's tree stays in shared memory:
-//! `cstyle/coop.rs` says why) and the linear algebra routines.
+//! The routines are written by hand: the scatter-sum (`scatter.rs`) and the linear algebra routines
+//! (`linalg.rs`). Not here yet: warp-shuffle reductions (the block's tree stays in shared memory: `cstyle/coop.rs`
+//! says why).
 
 mod dialect;
 mod gemm;
 pub mod host;
+mod linalg;
 mod math;
 mod scatter;
 
@@ -75,14 +76,11 @@ pub struct GpuKernel {
 /// The most blocks along x (CUDA's `maxGridDimX`; HIP's is larger).
 const MAX_GRID_X: u64 = (1 << 31) - 1;
 
-/// Checks that CUDA C / HIP C as rendered here can run `k`: not a linear algebra routine, and every index
-/// expression in i32.
-pub fn check(k: &KernelIr, flavor: Flavor) -> Result<(), String> {
+/// Checks that CUDA C / HIP C as rendered here can run `k`: every index expression of a kernel IR kernel in i32
+/// (the routines index in 64 bits).
+pub fn check(k: &KernelIr) -> Result<(), String> {
     match k.routine {
-        Some(Routine::Linalg(_)) => {
-            Err(format!("kernel {}: linear algebra routines have no {} form yet", k.name, flavor.name()))
-        }
-        Some(Routine::Scatter(_)) => Ok(()),
+        Some(_) => Ok(()),
         None => cstyle::check_i32_indices(k),
     }
 }
@@ -108,9 +106,11 @@ fn params(k: &KernelIr, uses_rng: bool, can_fault: bool) -> String {
 
 /// Renders `k` for `flavor`.
 pub fn render(k: &KernelIr, flavor: Flavor) -> Result<GpuKernel, String> {
-    check(k, flavor)?;
-    if let Some(Routine::Scatter(s)) = &k.routine {
-        return Ok(scatter::render(s, flavor));
+    check(k)?;
+    match &k.routine {
+        Some(Routine::Scatter(s)) => return Ok(scatter::render(s, flavor)),
+        Some(Routine::Linalg(l)) => return linalg::render(l, flavor),
+        None => {}
     }
     let coop = cstyle::Coop::choose(k);
     let outputs = k.units() as u64;
