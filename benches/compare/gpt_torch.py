@@ -61,10 +61,15 @@ def torch_times(torch, gpt, init, tokens, steps: int, compiled: bool) -> tuple[f
     return times[0], statistics.median(times[WARMUP:])
 
 
+def target_dir() -> Path:
+    """Where cargo puts its builds: CARGO_TARGET_DIR when set (relative to the repository, where cargo runs)."""
+    return ROOT / os.environ.get("CARGO_TARGET_DIR", "target")
+
+
 def kiln_times(path: str, steps: int, threads: int, cache: str) -> tuple[float, float]:
     env = dict(os.environ, KILN_NUM_THREADS=str(threads), KILN_CACHE_DIR=cache)
     out = subprocess.run(
-        [str(ROOT / "target" / "release" / "examples" / "train_gpt"), "--init", path, "--steps", str(steps),
+        [str(target_dir() / "release" / "examples" / "train_gpt"), "--init", path, "--steps", str(steps),
          "--sample", "0"],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True,
     ).stdout
