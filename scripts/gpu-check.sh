@@ -16,13 +16,13 @@ cd "$(dirname "$0")/.."
 
 # Device-generic test binaries (their bodies loop over common::devices()): cuda_device op_table remainders
 # full_reductions row_kernels indexing sort_scan f16 bf16 einsum nn optim optim_state clip gemm conv attention
-# batch_norm gradcheck random_graphs donation gpt. `build` without names builds eleven of them (~33 MB).
+# batch_norm gradcheck random_graphs donation gpt linalg. `build` without names builds twelve of them.
 
 case "${1:-}" in
 build)
     shift
     tests=("$@")
-    [ ${#tests[@]} -eq 0 ] && tests=(cuda_device op_table random_graphs gradcheck indexing full_reductions row_kernels f16 bf16 nn optim)
+    [ ${#tests[@]} -eq 0 ] && tests=(cuda_device op_table random_graphs gradcheck indexing full_reductions row_kernels f16 bf16 nn optim linalg)
     rm -rf gpu-bin && mkdir -p gpu-bin
     args=()
     for t in "${tests[@]}"; do args+=(--test "$t"); done
