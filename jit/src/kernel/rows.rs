@@ -37,6 +37,14 @@ use petgraph::stable_graph::NodeIndex;
 /// one thread would fold while the other cores wait), keep the kernels that split their work over all cores.
 const MAX_ROW: usize = 1 << 15;
 
+/// Which kernels each node is inlined into, as `grow` asks it: a table computed for every node at once, or found
+/// per node by walking up from it under a trial materialization (what one trial asks of it is a few nodes, where
+/// the table would walk every kernel of the graph again).
+enum Owners<'a> {
+    Table(Vec<Vec<NodeIndex>>),
+    Walk(&'a [bool]),
+}
+
 /// What the schedule knows when it forms row groups.
 pub(crate) struct Groups<'a> {
     pub graph: &'a Graph,
@@ -83,7 +91,8 @@ impl Groups<'_> {
         let g = self.graph;
         let mut rows_of: Vec<Option<Vec<NodeIndex>>> = vec![None; mat.len()];
         let kernels = self.kernels(mat);
-        let owners = self.owners(mat);
+        // Computed once, before any group forms (the groups below read it as it was then).
+        let owners = Owners::Table(self.owners(mat));
         let mut absorbed = vec![false; mat.len()];
         // Sinks first, so that a group forms at the last kernel of a chain.
         for &root in kernels.iter().rev() {
@@ -98,7 +107,7 @@ impl Groups<'_> {
             {
                 let mut trial = mat.to_vec();
                 trial[r.index()] = true;
-                found = self.grow(r, Some(r), stage, &trial, &self.owners(&trial)).map(|f| (r, f));
+                found = self.grow(r, Some(r), stage, &trial, &Owners::Walk(&trial)).map(|f| (r, f));
             }
             let Some((at, (members, reductions))) = found else { continue };
             if at != root {
@@ -132,6 +141,38 @@ impl Groups<'_> {
         owners
     }
 
+    /// The kernels node `n` is inlined into (see [`Owners`]).
+    fn owners_of<'o>(&self, owners: &'o Owners, n: NodeIndex) -> std::borrow::Cow<'o, [NodeIndex]> {
+        match owners {
+            Owners::Table(t) => std::borrow::Cow::Borrowed(&t[n.index()]),
+            Owners::Walk(mat) => std::borrow::Cow::Owned(self.owners_walk(mat, n)),
+        }
+    }
+
+    /// The kernels of `mat` whose code inlines `n`, found from `n` upwards: `n` itself if stored (a kernel's own
+    /// node), else every stored reader reached through readers that are not stored. The same set as
+    /// [`Groups::owners`]'s entry for `n`, found without walking every kernel.
+    fn owners_walk(&self, mat: &[bool], n: NodeIndex) -> Vec<NodeIndex> {
+        if mat[n.index()] {
+            return if matches!(self.graph.node(n).op, Op::Input { .. }) { Vec::new() } else { vec![n] };
+        }
+        let (mut found, mut seen, mut stack) = (Vec::new(), vec![n], vec![n]);
+        while let Some(x) = stack.pop() {
+            for &c in &self.consumers[x.index()] {
+                if seen.contains(&c) {
+                    continue;
+                }
+                seen.push(c);
+                if mat[c.index()] {
+                    found.push(c);
+                } else {
+                    stack.push(c);
+                }
+            }
+        }
+        found
+    }
+
     /// The group rooted at kernel `root` (reduce stage `root_stage`) under `mat`: its members (`root` first) and
     /// row reductions in fold order, where one forms, lowers and the backend takes it.
     fn grow(
@@ -140,7 +181,7 @@ impl Groups<'_> {
         root_stage: Option<NodeIndex>,
         stage: &[Option<NodeIndex>],
         mat: &[bool],
-        owners: &[Vec<NodeIndex>],
+        owners: &Owners,
     ) -> Option<(Vec<NodeIndex>, Vec<NodeIndex>)> {
         let g = self.graph;
         let root_space = match root_stage {
@@ -171,7 +212,7 @@ impl Groups<'_> {
                 // Every reader inlined into this group's kernels only.
                 let only_ours = self.consumers[f.index()]
                     .iter()
-                    .all(|c| region.contains(c) && owners[c.index()].iter().all(|o| members.contains(o)));
+                    .all(|c| region.contains(c) && self.owners_of(owners, *c).iter().all(|o| members.contains(o)));
                 if !only_ours {
                     continue;
                 }

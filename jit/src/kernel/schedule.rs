@@ -26,8 +26,8 @@
 //!    loops split where that makes them affine (`loop_split.rs`): same elements, same order, no division per
 //!    element, and vector loads along the innermost loop.
 //!
-//! 8. A kernel reads at most [`MAX_KERNEL_INPUTS`] buffers: past that, a node inlined into it is stored
-//!    (`cut_point`) and the graph scheduled again.
+//! 8. A kernel reads at most [`MAX_KERNEL_INPUTS`] buffers: past that, nodes inlined into it are stored
+//!    (`cut_point`, as many as bring it within the budget) and the graph scheduled again.
 //!
 //! Deliberately not done yet: multi-output kernels (two reductions of the same input, both stored, run as two
 //! kernels).
@@ -41,6 +41,7 @@ use crate::kernel::split::{split_full_reduction, with_merged_reduce_loops};
 use crate::op::{Op, UnaryOp};
 use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::NodeIndexable;
+use std::collections::HashMap;
 
 /// The most buffers one kernel reads (rule 8). With its output, random-number keys and fault record that is at
 /// most 27 bindings: within every desktop wgpu adapter's storage buffers per shader stage (Metal's 31, lavapipe's
@@ -244,14 +245,14 @@ pub fn schedule_with(graph: &Graph, opts: ScheduleOptions) -> KernelPlan {
     loop {
         match schedule_pinned(graph, opts, &pinned) {
             Ok(plan) => return plan,
-            Err(n) => pinned[n.index()] = true,
+            Err(cuts) => cuts.into_iter().for_each(|n| pinned[n.index()] = true),
         }
     }
 }
 
-/// [`schedule_with`] on a simplified graph, with the `pinned` nodes stored; `Err` names one more node to store
-/// (rule 8).
-fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Result<KernelPlan, NodeIndex> {
+/// [`schedule_with`] on a simplified graph, with the `pinned` nodes stored; `Err` names more nodes to store (rule
+/// 8).
+fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Result<KernelPlan, Vec<NodeIndex>> {
     let order = graph.topo_order();
     let bound = graph.g.node_bound();
     let mut consumers: Vec<Vec<NodeIndex>> = vec![Vec::new(); bound];
@@ -581,12 +582,26 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     launches_raw.extend(last);
     // Rule 8: at most `MAX_KERNEL_INPUTS` buffers read per kernel (a split reduction's combining kernel reads its
     // partials too).
+    // Every cut a kernel needs is found in this round: after each, the kernel's reads are counted again as if the
+    // cut were stored (a gradient norm over 52 tensors needs two), so the next round usually passes.
+    let mut cuts = Vec::new();
     for (k, _, reads, split) in &launches_raw {
-        if reads.len() + split.is_some() as usize > MAX_KERNEL_INPUTS
-            && let Some(cut) = cut_point(graph, *k, &mat, pinned)
-        {
-            return Err(cut);
+        let extra = split.is_some() as usize;
+        if reads.len() + extra <= MAX_KERNEL_INPUTS {
+            continue;
         }
+        let (mut stored, mut pins) = (mat.clone(), pinned.to_vec());
+        while let Some(cut) = cut_point(graph, *k, &stored, &pins) {
+            cuts.push(cut);
+            stored[cut.index()] = true;
+            pins[cut.index()] = true;
+            if region_reads(graph, *k, &stored, &mut HashMap::new()).len() + extra <= MAX_KERNEL_INPUTS {
+                break;
+            }
+        }
+    }
+    if !cuts.is_empty() {
+        return Err(cuts);
     }
     let mut last_read = vec![0usize; bound];
     for (step, (_, _, reads, _)) in launches_raw.iter().enumerate() {
@@ -661,29 +676,7 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
 /// chain of 50 adds of stored tensors is cut every 23 adds), else the one reading the fewest. `None` when no such
 /// node is left (then the plan keeps the kernel, and a device with fewer bindings refuses it by name).
 fn cut_point(graph: &Graph, k: NodeIndex, mat: &[bool], pinned: &[bool]) -> Option<NodeIndex> {
-    fn reads_of(
-        graph: &Graph,
-        n: NodeIndex,
-        mat: &[bool],
-        memo: &mut std::collections::HashMap<NodeIndex, Vec<NodeIndex>>,
-    ) -> Vec<NodeIndex> {
-        if let Some(r) = memo.get(&n) {
-            return r.clone();
-        }
-        let mut out = Vec::new();
-        for s in graph.srcs(n) {
-            if mat[s.index()] {
-                out.push(s);
-            } else {
-                out.extend(reads_of(graph, s, mat, memo));
-            }
-        }
-        out.sort();
-        out.dedup();
-        memo.insert(n, out.clone());
-        out
-    }
-    let mut memo = std::collections::HashMap::new();
+    let mut memo = HashMap::new();
     let (mut region, mut stack) = (Vec::new(), vec![k]);
     while let Some(n) = stack.pop() {
         for s in graph.srcs(n) {
@@ -696,11 +689,36 @@ fn cut_point(graph: &Graph, k: NodeIndex, mat: &[bool], pinned: &[bool]) -> Opti
     let counted: Vec<(NodeIndex, usize)> = region
         .into_iter()
         .filter(|n| !pinned[n.index()])
-        .map(|n| (n, reads_of(graph, n, mat, &mut memo).len()))
+        .map(|n| (n, region_reads(graph, n, mat, &mut memo).len()))
         .filter(|&(_, r)| r >= 2)
         .collect();
     let fits = counted.iter().filter(|&&(_, r)| r < MAX_KERNEL_INPUTS).max_by_key(|&&(n, r)| (r, n.index()));
     fits.or_else(|| counted.iter().min_by_key(|&&(n, r)| (r, n.index()))).map(|&(n, _)| n)
+}
+
+/// The stored nodes that node `n`'s code reads when it is inlined (through the nodes it inlines in turn), sorted;
+/// `memo` keeps each node's answer for the next call under the same `mat`.
+fn region_reads(
+    graph: &Graph,
+    n: NodeIndex,
+    mat: &[bool],
+    memo: &mut HashMap<NodeIndex, Vec<NodeIndex>>,
+) -> Vec<NodeIndex> {
+    if let Some(r) = memo.get(&n) {
+        return r.clone();
+    }
+    let mut out = Vec::new();
+    for s in graph.srcs(n) {
+        if mat[s.index()] {
+            out.push(s);
+        } else {
+            out.extend(region_reads(graph, s, mat, memo));
+        }
+    }
+    out.sort();
+    out.dedup();
+    memo.insert(n, out.clone());
+    out
 }
 
 /// Whether reading node `n` (a movement view, not stored) in a kernel of its own needs an index that is not affine
