@@ -47,6 +47,10 @@ impl Compiler {
         let mut flags = settings::builder();
         flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
         flags.set("is_pic", "false").map_err(|e| e.to_string())?;
+        // The verifier checks the CLIF the renderer produced: a renderer bug caught there is clearer than one caught
+        // running the kernel, so debug builds (the tests) keep it; a release build skips its ~10 % of compile time.
+        let verify = if cfg!(debug_assertions) { "true" } else { "false" };
+        flags.set("enable_verifier", verify).map_err(|e| e.to_string())?;
         let isa = cranelift_native::builder()
             .map_err(|e| format!("host ISA not supported by Cranelift: {e}"))?
             .finish(settings::Flags::new(flags))
@@ -70,9 +74,12 @@ impl Compiler {
                     self.kernels.insert((text, vectorize), f);
                     return Ok((f, d));
                 }
-                // A vector form the host cannot lower (say, i32x4 multiply without SSE4.1) falls back to scalar.
-                Err(e) if vectorize => tracing_note(&format!("{}: vector form failed ({e}); using scalar", k.name)),
-                Err(e) => return Err(e),
+                // A vector form the host cannot lower (say, i32x4 multiply without SSE4.1) falls back to scalar;
+                // CLIF the verifier rejects is the renderer's bug, never hidden by a fallback.
+                Err(Failed::Lowering(e)) if vectorize => {
+                    tracing_note(&format!("{}: vector form failed ({e}); using scalar", k.name))
+                }
+                Err(Failed::Lowering(e) | Failed::Fatal(e)) => return Err(e),
             }
         }
         unreachable!("the scalar form either compiles or errors")
@@ -87,7 +94,7 @@ impl Compiler {
         k: &KernelIr,
         vectorize: bool,
         dump: bool,
-    ) -> Result<(KernelFn, Option<(String, String)>), String> {
+    ) -> Result<(KernelFn, Option<(String, String)>), Failed> {
         use std::sync::atomic::Ordering;
         let index = self.next;
         self.next += 1;
@@ -117,7 +124,13 @@ impl Compiler {
         ctx.set_disasm(dump);
         let mut ctrl = cranelift_codegen::control::ControlPlane::default();
         let (bytes, raw_relocs, disasm) = {
-            let c = ctx.compile(&*self.isa, &mut ctrl).map_err(|e| format!("{}: {:?}", k.name, e.inner))?;
+            let c = ctx.compile(&*self.isa, &mut ctrl).map_err(|e| {
+                let text = format!("{}: {:?}", k.name, e.inner);
+                match e.inner {
+                    cranelift_codegen::CodegenError::Verifier(_) => Failed::Fatal(text),
+                    _ => Failed::Lowering(text),
+                }
+            })?;
             (c.code_buffer().to_vec(), c.buffer.relocs().to_vec(), c.vcode.clone().unwrap_or_default())
         };
         let mut relocs = Vec::with_capacity(raw_relocs.len());
@@ -130,11 +143,13 @@ impl Compiler {
                     let callee = &ctx.func.params.user_named_funcs()[*u];
                     relocs.push((r.offset, callee.index, r.addend));
                 }
-                (kind, target) => return Err(format!("{}: unexpected relocation {kind:?} to {target:?}", k.name)),
+                (kind, target) => {
+                    return Err(Failed::Fatal(format!("{}: unexpected relocation {kind:?} to {target:?}", k.name)));
+                }
             }
         }
         let code = super::code::RelocatableCode { code: bytes, relocs };
-        let f = self.map(&code)?;
+        let f = self.map(&code).map_err(Failed::Fatal)?;
         CLIF_COMPILES.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = store.put_artifact(&name, &code.to_artifact()) {
             cache_write_failed(&format!("kernel {}", k.name), &e);
@@ -192,6 +207,15 @@ pub(crate) fn premap_cached_kernels(store: &kiln_autotune::Store) {
         }
         Err(e) => tracing_note(&format!("cached kernels not premapped: {e}")),
     }
+}
+
+/// Why a Cranelift compile failed.
+enum Failed {
+    /// A form the host's ISA cannot lower: a vector form falls back to scalar code.
+    Lowering(String),
+    /// CLIF the verifier rejects (a renderer bug; the verifier runs in debug builds only), or code that cannot be
+    /// mapped: the scalar form would not do better.
+    Fatal(String),
 }
 
 /// Names of cached Cranelift kernels in the store start with this.
