@@ -302,3 +302,46 @@ fn realizing_drops_history() {
     drop((y, z));
     assert_eq!(kiln::stats().live_nodes, base);
 }
+
+/// (g) A plan whose intermediate buffers are large (a 4 MiB `exp` read by two reductions, so stored) has them
+/// faulted in on another thread while its kernels compile (`cpu/plan.rs`'s `Prefault`), and its first run takes
+/// them. The values are the same in that first run, in replays, and when two threads run a new plan's first run at
+/// once (one takes the prefaulted buffers, the other builds its own).
+#[test]
+fn plans_with_large_temps_compute_alike_in_first_runs_and_replays() {
+    let _serial = serial();
+    let (rows, cols) = (1024usize, 1024usize);
+    let data: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1000) as f32 / 1000.0).collect();
+    let x = Tensor::from_vec(data.clone(), [rows, cols], &dev()).unwrap();
+    let sums = |scale: f64| {
+        let e = (&x * scale).exp();
+        (e.sum(0, false), e.sum(1, false))
+    };
+    let want = |scale: f32| {
+        let e: Vec<f64> = data.iter().map(|&v| f64::from(v * scale).exp()).collect();
+        let cols_sum: Vec<f32> = (0..cols).map(|c| (0..rows).map(|r| e[r * cols + c]).sum::<f64>() as f32).collect();
+        let rows_sum: Vec<f32> = (0..rows).map(|r| e[r * cols..(r + 1) * cols].iter().sum::<f64>() as f32).collect();
+        (cols_sum, rows_sum)
+    };
+    let check = |(a, b): (Tensor, Tensor), scale: f32, what: &str| {
+        let (wa, wb) = want(scale);
+        kiln::realize(&[&a, &b]).unwrap();
+        assert!(close(&a.to_vec::<f32>().unwrap(), &wa, 1e-5), "{what}: column sums");
+        assert!(close(&b.to_vec::<f32>().unwrap(), &wb, 1e-5), "{what}: row sums");
+    };
+    let d = counting(|| {
+        check(sums(0.6125), 0.6125, "first run");
+        check(sums(0.6125), 0.6125, "replay");
+    });
+    assert_eq!((d.compiles, d.hits), (1, 1), "{d:?}");
+    let barrier = Barrier::new(2);
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let (barrier, sums, check) = (&barrier, &sums, &check);
+            s.spawn(move || {
+                barrier.wait();
+                check(sums(0.3875), 0.3875, &format!("thread {t}'s first run"));
+            });
+        }
+    });
+}

@@ -216,7 +216,8 @@ fn decode(text: &str) -> Profile {
 }
 
 /// Writes zeros over the buffer's whole spare capacity, so every page is mapped now (the length stays 0).
-fn touch(b: &mut HostBuffer) {
+/// Writes every element of `b`'s spare capacity (zeros), so its pages are faulted in.
+pub(crate) fn touch(b: &mut HostBuffer) {
     fn zero<T: Copy + Default>(v: &mut Vec<T>) {
         v.spare_capacity_mut().fill(std::mem::MaybeUninit::new(T::default()));
     }

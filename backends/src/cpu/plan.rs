@@ -16,7 +16,7 @@ use crate::{BackendError, Buffer};
 use kiln_jit::buffer::HostBuffer;
 use kiln_jit::dtype::DType;
 use kiln_jit::kernel::{FAULT_WORDS, Fault};
-use kiln_jit::kernel::{KernelPlan, Slot};
+use kiln_jit::kernel::{KernelIr, KernelPlan, Slot};
 use kiln_jit::{Graph, RngKey};
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -54,6 +54,8 @@ pub(crate) struct JitPlan {
     temps: Vec<usize>,
     /// Scratch reused by the next run if no other thread holds it.
     arena: Mutex<Arena>,
+    /// The first run's temps, being faulted in (taken by the first run that builds an arena).
+    prefault: Mutex<Option<Prefault>>,
 }
 
 /// Per-run scratch: intermediate buffers, the pointer table of the current launch, the rng words, the outputs'
@@ -103,11 +105,15 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     crate::cuda_cache::precompile(graph).map_err(err)?;
     let dump = crate::dump::Dump::start(graph, &plan);
     let compiler = COMPILER.as_ref().map_err(|e| err(e.clone()))?;
-    let mut launches = Vec::with_capacity(plan.launches.len());
     let mut budget = super::gemm::select::TuneBudget::for_compile();
     // Inputs the plan writes over (a training step's weights) and the launches that write them: a GEMM reading one
     // as B, or writing one, is chosen for that (`config::step_candidates`).
     let candidates = plan.donation_candidates();
+    let temps: Vec<usize> = plan.temps.iter().map(|&bytes| bytes.div_ceil(8)).collect();
+    // Two passes: the GEMMs first (their tuning times kernels on every core), then the other kernels on this thread
+    // while the arena's pages are faulted in on another (`Prefault`). A dump keeps one pass, in launch order.
+    let two_passes = dump.is_none();
+    let mut execs: Vec<Option<Exec>> = Vec::with_capacity(plan.launches.len());
     {
         let mut c = compiler.lock();
         for (index, l) in plan.launches.iter().enumerate() {
@@ -123,29 +129,28 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                 Some(_) => Ok(None),
                 None => super::gemm::select::gemm_for(&mut c, &l.kernel, dump.as_ref(), &mut budget, cx),
             };
-            let exec = match gemm.map_err(err)? {
-                None if let Some(r) = l.kernel.routine => Exec::Routine(r),
-                Some(g) => Exec::Gemm(Box::new(g)),
-                None if let Some(w) = super::wide::for_plan(&l.kernel, dump.as_ref()).map_err(err)? => {
-                    Exec::Wide(Box::new(w))
-                }
-                None if let Some(r) = super::wide_rows::for_plan(&l.kernel, dump.as_ref()).map_err(err)? => {
-                    Exec::Rows(Box::new(r))
-                }
-                None => {
-                    let (f, text) = c.kernel(&l.kernel, dump.is_some()).map_err(err)?;
-                    if let (Some(d), Some((clif_text, disasm))) = (&dump, text) {
-                        d.kernel_files(&l.kernel, "clif", &clif_text, &disasm);
-                    }
-                    Exec::Clif(f)
-                }
+            execs.push(match gemm.map_err(err)? {
+                None if let Some(r) = l.kernel.routine => Some(Exec::Routine(r)),
+                Some(g) => Some(Exec::Gemm(Box::new(g))),
+                None if two_passes => None,
+                None => Some(generate(&mut c, &l.kernel, dump.as_ref()).map_err(err)?),
+            });
+        }
+    }
+    let prefault = if two_passes { Prefault::start(&temps) } else { None };
+    let mut launches = Vec::with_capacity(plan.launches.len());
+    {
+        let mut c = compiler.lock();
+        for (l, exec) in plan.launches.iter().zip(execs) {
+            let exec = match exec {
+                Some(e) => e,
+                None => generate(&mut c, &l.kernel, None).map_err(err)?,
             };
             let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
             let can_fault = l.kernel.can_fault();
             launches.push(CompiledLaunch { name: l.kernel.name.clone(), exec, rows, work: l.kernel.work(), can_fault });
         }
     }
-    let temps: Vec<usize> = plan.temps.iter().map(|&bytes| bytes.div_ceil(8)).collect();
     // The buffers live while this plan runs (what it takes from the host pool, and its inputs), for the buffer
     // profile a warm process pre-allocates. An output that will take a donated input's buffer is counted anyway:
     // whether it does is decided per run (something may hold the old value), and a spare pooled buffer costs
@@ -175,7 +180,74 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
             Exec::Gemm(g) => g.reads_epilogue_before_store(),
         })
         .collect();
-    Ok(JitPlan { shape: PlanShape::of(&plan, donations), launches, temps, arena: Mutex::new(Arena::default()) })
+    Ok(JitPlan {
+        shape: PlanShape::of(&plan, donations),
+        launches,
+        temps,
+        arena: Mutex::new(Arena::default()),
+        prefault: Mutex::new(prefault),
+    })
+}
+
+/// The executable of a kernel that is neither a GEMM nor a routine: an 8-lane elementwise or row kernel where the
+/// generator takes it, else Cranelift's.
+fn generate(c: &mut super::compiler::Compiler, k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<Exec, String> {
+    if let Some(w) = super::wide::for_plan(k, dump)? {
+        return Ok(Exec::Wide(Box::new(w)));
+    }
+    if let Some(r) = super::wide_rows::for_plan(k, dump)? {
+        return Ok(Exec::Rows(Box::new(r)));
+    }
+    let (f, text) = c.kernel(k, dump.is_some())?;
+    if let (Some(d), Some((clif_text, disasm))) = (dump, text) {
+        d.kernel_files(k, "clif", &clif_text, &disasm);
+    }
+    Ok(Exec::Clif(f))
+}
+
+/// A plan's arena, faulted in on a thread of its own while the plan's kernels compile, for its first run.
+///
+/// Why: fresh memory page-faults on first write, and on a VM that costs ~3.5 µs per 4 KiB page (the GPT step's
+/// 72 MB of temps: ~65 ms of CPU, ~35 ms of its first run's wall time on two cores). The compile of the kernels
+/// after the GEMMs runs on one thread, so the faults are paid on the other core meanwhile. Plans whose temps are
+/// small skip it (a thread costs more than their faults).
+struct Prefault(std::thread::JoinHandle<Vec<HostBuffer>>);
+
+impl Prefault {
+    /// Temps of at least this many bytes in all are faulted in ahead.
+    const MIN_BYTES: usize = 4 << 20;
+
+    /// Starts faulting in buffers for `temps` (lengths in i64 words); `None` for small temps, or where no thread
+    /// starts (the run then faults them itself).
+    fn start(temps: &[usize]) -> Option<Prefault> {
+        if temps.iter().sum::<usize>() * 8 < Self::MIN_BYTES {
+            return None;
+        }
+        let temps = temps.to_vec();
+        let job = move || {
+            let take = |&words: &usize| {
+                let mut b = crate::host_pool::take(DType::I64, words);
+                crate::host_pool::touch(&mut b);
+                b
+            };
+            temps.iter().map(take).collect()
+        };
+        std::thread::Builder::new().name("kiln-prefault".into()).spawn(job).ok().map(Prefault)
+    }
+
+    /// The faulted-in buffers (waiting for the thread if it is still at work); `None` if it failed.
+    fn join(self) -> Option<Vec<HostBuffer>> {
+        self.0.join().ok()
+    }
+}
+
+impl Drop for JitPlan {
+    /// A plan dropped before its first run gives the prefaulted buffers to the pool.
+    fn drop(&mut self) {
+        if let Some(p) = self.prefault.get_mut().take() {
+            p.join().into_iter().flatten().for_each(crate::host_pool::give);
+        }
+    }
 }
 
 /// Raw pointers shared with pool threads for one launch.
@@ -248,7 +320,10 @@ impl DevicePlan for JitPlan {
         let mut st = CpuRun { guard: self.arena.try_lock(), own: Arena::default(), inputs };
         let arena = st.arena();
         if arena.temps.len() != self.temps.len() {
-            arena.temps = self.temps.iter().map(|&words| crate::host_pool::take(DType::I64, words)).collect();
+            arena.temps = match self.prefault.lock().take().and_then(Prefault::join) {
+                Some(t) if t.len() == self.temps.len() => t,
+                _ => self.temps.iter().map(|&words| crate::host_pool::take(DType::I64, words)).collect(),
+            };
         }
         arena.out_ptrs.clear();
         arena.out_ptrs.extend(outputs.iter_mut().map(|b| match b {
