@@ -407,6 +407,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => (Gpt::new(cfg, &dev, &Generator::new(args.seed)), None),
     };
     model.to_dtype(args.dtype);
+    // The weights' initialization is its own plan, realized here, so that the first step times the step's compile
+    // and run only (as PyTorch's weights exist before its first step).
+    let t_init = Instant::now();
+    model.realize_params()?;
+    let init_ms = 1e3 * t_init.elapsed().as_secs_f64();
     let mut opt = model.optimizer(args.lr, 0.1, args.dtype != DType::F32);
     let schedule = lr_schedule(args.lr, args.steps);
     let params = model.params();
@@ -421,8 +426,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     say(format!(
-        "train_gpt: {} parameters ({} layers, d_model {}, {} heads, context {}), {} characters of text, vocabulary {}, \
-         {} on {dev}{}",
+        "train_gpt: {} parameters ({} layers, d_model {}, {} heads, context {}; initialized in {init_ms:.0} ms), {} \
+         characters of text, vocabulary {}, {} on {dev}{}",
         params.iter().map(|p| p.get().numel()).sum::<usize>(),
         cfg.layers,
         cfg.d_model,
