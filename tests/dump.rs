@@ -3,7 +3,7 @@
 //! and a fused epilogue plus two reductions, on every device; the parent checks the files: the graph before and
 //! after fusion as text and Graphviz DOT, the cache keys, every kernel's IR and rendered code (CLIF with its
 //! disassembly on the CPU, WGSL on wgpu), and for each tuned GEMM the autotune table naming every candidate and the
-//! winner.
+//! winner. Likewise `KILN_PROFILE=1` (read once per process): the report names every device's launches.
 
 mod test_cache;
 
@@ -155,4 +155,68 @@ fn dump_writes_graphs_kernels_keys_and_autotune_tables() {
         assert!(bins.iter().all(|(_, t)| !t.is_empty()), "{:?}", f.keys());
     }
     assert_eq!(tuned_wgpu, usize::from(common::wgpu_device().is_some()), "{:?}", f.keys());
+}
+
+/// Not a test on its own: the child process of `profile_times_every_devices_launches`.
+#[test]
+#[ignore = "the child process of profile_times_every_devices_launches"]
+fn profile_child() {
+    if std::env::var_os("KILN_PROFILE").is_none() {
+        return;
+    }
+    for dev in common::devices() {
+        let x = Tensor::from_vec((0..48 * 40).map(|i| (i as f32 * 0.11).cos()).collect(), [48, 40], &dev).unwrap();
+        let w = Tensor::from_vec((0..40 * 24).map(|i| (i as f32 * 0.07).sin()).collect(), [40, 24], &dev).unwrap();
+        for _ in 0..3 {
+            let y = x.matmul(&w).relu().sum(vec![1], false);
+            kiln::realize(&[&y]).unwrap();
+        }
+        dev.synchronize().unwrap();
+        println!("DEVICE {}", dev.describe());
+    }
+    print!("{}", kiln::profile_report());
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: as in `dump_child`: `_exit` takes no pointers and ends the process at once.
+    unsafe { libc::_exit(0) }
+}
+
+/// `KILN_PROFILE=1`: every launch of every device is timed and reported by name and device: three runs of a plan
+/// with a GEMM and a reduction show three launches of each kernel, on the CPU and on wgpu (submitted one by one
+/// and waited for, `profile.rs`).
+#[test]
+fn profile_times_every_devices_launches() {
+    if std::env::var_os("KILN_PROFILE").is_some() || common::devices().is_empty() {
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "profile_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("KILN_PROFILE", "1")
+        .env("KILN_CACHE_DIR", "off")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("kernel profile (KILN_PROFILE)"), "{stdout}");
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .filter(|l| l.matches(" | ").count() == 4)
+        .map(|l| l.split(" | ").map(str::trim).collect())
+        .collect();
+    let mut devices = Vec::new();
+    if cfg!(feature = "cpu") {
+        devices.push("cpu");
+    }
+    if common::wgpu_device().is_some() {
+        devices.push("wgpu");
+    }
+    for device in devices {
+        let gemm = rows
+            .iter()
+            .find(|r| r[3] == device && r[4].starts_with("G_"))
+            .unwrap_or_else(|| panic!("no {device} GEMM row:\n{stdout}"));
+        assert_eq!(gemm[1], "3", "{stdout}");
+        let mean: f64 = gemm[2].parse().unwrap();
+        assert!(mean > 0.0, "{stdout}");
+    }
 }

@@ -21,6 +21,7 @@ pub mod gemm_check;
 pub mod gpu_check;
 pub mod host_pool;
 mod plan_run;
+mod profile;
 pub mod rtc;
 pub mod runtime;
 #[cfg(feature = "wgpu")]

@@ -44,13 +44,10 @@ pub fn warm_up() {
     crate::cpu::warm_runtime();
 }
 
-/// With `KILN_PROFILE=1`: the time spent in each kernel so far, heaviest first (empty otherwise, and where no
-/// device built in times its launches: wgpu would need timestamp queries).
+/// With `KILN_PROFILE=1`: the time spent in each kernel so far, per device, heaviest first (empty otherwise; see
+/// `profile.rs` for how each device times a launch).
 pub fn profile_report() -> String {
-    #[cfg(feature = "cpu")]
-    return crate::cpu::profile_report();
-    #[cfg(not(feature = "cpu"))]
-    return String::new();
+    crate::profile::report()
 }
 
 /// A cache entry could not be written (a read-only or full cache dir): the result still holds for this process.

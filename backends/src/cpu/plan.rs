@@ -10,8 +10,8 @@
 use super::buffers::{finish_output, read_ptr, write_ptr};
 use super::compiler::{COMPILER, KernelFn};
 use super::pool;
-use super::profile;
 use crate::plan_run::{DevicePlan, Place, PlanShape, Run};
+use crate::profile;
 use crate::{BackendError, Buffer};
 use kiln_jit::buffer::HostBuffer;
 use kiln_jit::dtype::DType;
@@ -374,7 +374,7 @@ impl DevicePlan for JitPlan {
             Exec::Routine(r) => unsafe { super::routines::run(r, &ptrs[..ptrs.len() - l.can_fault as usize], fault) },
         }
         if let Some(t0) = t0 {
-            profile::record(&l.name, t0.elapsed());
+            profile::record(NAME, &l.name, t0.elapsed());
         }
         Ok(())
     }

@@ -417,6 +417,14 @@ impl Ctx {
         pass.dispatch_workgroups(groups.0, groups.1, 1);
     }
 
+    /// Waits for everything submitted so far.
+    pub(crate) fn wait(&self) -> Result<(), BackendError> {
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map(|_| ())
+            .map_err(|e| BackendError::Execute { device: NAME, reason: format!("waiting for the device: {e}") })
+    }
+
     /// Copies `len` words of `src` into host memory (blocking).
     pub(crate) fn read_words(&self, src: &wgpu::Buffer, len: usize) -> Result<Vec<u8>, BackendError> {
         let bytes = (len * wgsl::WORD) as u64;
@@ -527,11 +535,7 @@ impl Backend for WgpuBackend {
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
-        self.ctx
-            .device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
-            .map(|_| ())
-            .map_err(|e| BackendError::Execute { device: NAME, reason: format!("waiting for the device: {e}") })
+        self.ctx.wait()
     }
 
     fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {

@@ -18,6 +18,8 @@ use smallvec::SmallVec;
 use std::sync::Arc;
 
 struct CompiledLaunch {
+    /// The kernel's name (for `KILN_PROFILE`).
+    name: String,
     pipeline: Arc<Pipeline>,
     /// Where this launch may write over an input (a donation): that input's slot, and the pipeline that reads it
     /// through the output binding.
@@ -98,7 +100,8 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
             temps[t] = temps[t].max(l.kernel.output.len);
         }
         let (uses_rng, can_fault) = (k.uses_rng, k.can_fault);
-        launches.push(CompiledLaunch { pipeline, donating: None, groups: k.groups, uses_rng, can_fault });
+        let name = l.kernel.name.clone();
+        launches.push(CompiledLaunch { name, pipeline, donating: None, groups: k.groups, uses_rng, can_fault });
     }
     let mut donations = Vec::new();
     // A plan that can fault donates nothing: a fault is found after the run, when a donated input would already be
@@ -258,6 +261,19 @@ impl DevicePlan for WgpuPlan {
         }
         let pipeline = donating.map_or(&l.pipeline, |(p, _, _)| p);
         self.ctx.dispatch(pass, pipeline, &bufs, l.groups);
+        if crate::profile::profiling() {
+            // Submit what is recorded so far (this launch last), wait for it, and go on in a new encoder
+            // (`profile.rs` says what this measures).
+            let mut enc =
+                self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
+            let next = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            drop(std::mem::replace(pass, next.forget_lifetime()));
+            let done = std::mem::replace(&mut st.enc, enc);
+            let t0 = std::time::Instant::now();
+            self.ctx.queue.submit([done.finish()]);
+            self.ctx.wait()?;
+            crate::profile::record(NAME, &l.name, t0.elapsed());
+        }
         Ok(())
     }
 
