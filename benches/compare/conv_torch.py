@@ -20,15 +20,9 @@ installing PyTorch.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from rounds import import_torch, median_time, race
+
 # (name, input, weight, stride, padding, backward): examples/bench_conv.rs's LAYERS, in order.
 LAYERS = [
     ("3x3 64->64 56x56 b8", (8, 64, 56, 56), (64, 64, 3, 3), 1, 1, False),
@@ -42,17 +36,6 @@ LOOKUPS = [
     ("embedding 32k x 128, 4096 tokens, fwd+bwd", 32_000, 4096, 128),
     ("cross_entropy 4096 x 32k, fwd+bwd", 32_000, 4096, 0),
 ]
-
-
-def median_time(call, runs: int) -> float:
-    call()
-    call()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def torch_lookup_times(torch, runs: int) -> dict[str, float]:
@@ -103,48 +86,15 @@ def torch_times(torch, runs: int) -> dict[str, float]:
     return out
 
 
-def kiln_times(runs: int, threads: int) -> dict[str, float]:
-    env = dict(os.environ, KILN_NUM_THREADS=str(threads))
-    proc = subprocess.run(
-        ["cargo", "run", "--quiet", "--release", "--example", "bench_conv", "--", "--json", "--runs", str(runs)],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    try:
-        import torch
-    except ImportError:
-        print("PyTorch is not installed: see benches/compare/README.md", file=sys.stderr)
-        sys.exit(2)
-    torch.set_num_threads(args.threads)
-    subprocess.run(["cargo", "build", "--quiet", "--release", "--example", "bench_conv"], cwd=ROOT, check=True)
-    rounds = []
-    for _ in range(args.rounds):
-        k = kiln_times(args.runs, args.threads)
-        t = torch_times(torch, args.runs)
-        rounds.append((k, t))
-    print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, load average {os.getloadavg()[0]:.2f}")
-    print("| layer | PyTorch ms | kiln ms | kiln / PyTorch |")
-    print("|---|---|---|---|")
-    for name, *_ in LAYERS + LOOKUPS:
-        ks = [k[name] for k, _ in rounds]
-        ts = [t[name] for _, t in rounds]
-        ratios = [b / a for a, b in zip(ks, ts)]
-        km, tm = statistics.median(ks), statistics.median(ts)
-        print(
-            f"| {name} | {tm * 1e3:.2f} | {km * 1e3:.2f} | {tm / km:.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] |"
-        )
+    torch = import_torch(args.threads)
+    names = [name for name, *_ in LAYERS + LOOKUPS]
+    race("bench_conv", torch, lambda runs: torch_times(torch, runs), names, "layer", 2, args)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,9 @@ installing PyTorch.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from rounds import import_torch, median_time, race
+
 # (name, batch, order, function): examples/bench_linalg.rs's ROWS, in order.
 ROWS = [
     ("solve 64", 1, 64, "solve"),
@@ -56,28 +50,8 @@ def torch_times(torch, runs: int) -> dict[str, float]:
             else:
                 torch.linalg.cholesky(spd)
 
-        call()
-        call()
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-        out[name] = statistics.median(times)
+        out[name] = median_time(call, runs)
     return out
-
-
-def kiln_times(runs: int, threads: int) -> dict[str, float]:
-    env = dict(os.environ, KILN_NUM_THREADS=str(threads))
-    proc = subprocess.run(
-        ["cargo", "run", "--quiet", "--release", "--example", "bench_linalg", "--", "--json", "--runs", str(runs)],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -86,29 +60,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    try:
-        import torch
-    except ImportError:
-        print("PyTorch is not installed: see benches/compare/README.md", file=sys.stderr)
-        sys.exit(2)
-    torch.set_num_threads(args.threads)
-    subprocess.run(["cargo", "build", "--quiet", "--release", "--example", "bench_linalg"], cwd=ROOT, check=True)
-    rounds = []
-    for _ in range(args.rounds):
-        k = kiln_times(args.runs, args.threads)
-        t = torch_times(torch, args.runs)
-        rounds.append((k, t))
-    print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds, load average {os.getloadavg()[0]:.2f}")
-    print("| function | PyTorch ms | kiln ms | kiln / PyTorch |")
-    print("|---|---|---|---|")
-    for name, *_ in ROWS:
-        ks = [k[name] for k, _ in rounds]
-        ts = [t[name] for _, t in rounds]
-        ratios = [b / a for a, b in zip(ks, ts)]
-        km, tm = statistics.median(ks), statistics.median(ts)
-        print(
-            f"| {name} | {tm * 1e3:.3f} | {km * 1e3:.3f} | {tm / km:.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] |"
-        )
+    torch = import_torch(args.threads)
+    names = [name for name, *_ in ROWS]
+    race("bench_linalg", torch, lambda runs: torch_times(torch, runs), names, "function", 3, args)
 
 
 if __name__ == "__main__":
