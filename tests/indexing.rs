@@ -218,6 +218,41 @@ fn an_index_out_of_range_is_an_error_naming_it_and_leaves_everything_usable() {
     }
 }
 
+/// An embedding summed against weights (`sum(embedding(ids, table) * dy)`, a loss's forward): one reduction that
+/// gathers, which the CPU runs along the embedding dim four lanes at a time with one index check per vector
+/// (`render/clif`'s gather rows). 36 columns are vectors only, 37 leave a scalar tail. Against a plain-Rust sum in
+/// i32 and i64 indices; an index out of range in that reduction is still an error naming it.
+#[test]
+fn an_embedding_summed_against_weights_checks_every_row() {
+    for dev in devices() {
+        // 300 tokens split into partial sums; 6 are one kernel with no output dims.
+        for (cols, n) in [(36usize, 300usize), (37, 300), (36, 6)] {
+            let rows = 50usize;
+            let table: Vec<f64> = (0..rows * cols).map(|k| ((k * 37 % 101) as f64 - 50.0) / 64.0).collect();
+            let dy: Vec<f64> = (0..n * cols).map(|k| ((k * 13 % 29) as f64 - 14.0) / 16.0).collect();
+            let ids = indices(n, rows, 17);
+            let row = |t: usize| (0..cols).map(|c| table[ids[t] as usize * cols + c] * dy[t * cols + c]).sum::<f64>();
+            let want: f64 = (0..n).map(row).sum();
+            let tt = tensor(F32, &table, &[rows, cols]).to_device(&dev).unwrap();
+            let dt = tensor(F32, &dy, &[n, cols]).to_device(&dev).unwrap();
+            let loss = |ids: &Tensor| kiln::nn::functional::embedding(ids, &tt).mul(&dt).sum_all();
+            for ix in [I32, I64] {
+                if !runs_on(&dev, &[ix]) {
+                    continue;
+                }
+                let what = format!("[{dev}] {cols} columns, {ix}");
+                let got = loss(&tensor(ix, &ids, &[n]).to_device(&dev).unwrap()).item::<f32>().unwrap();
+                assert!((f64::from(got) - want).abs() <= 1e-4 * (1.0 + want.abs()), "{what}: {got} vs {want}");
+                let mut bad = ids.clone();
+                bad[n / 2] = rows as f64;
+                let err = loss(&tensor(ix, &bad, &[n]).to_device(&dev).unwrap()).to_host().unwrap_err().to_string();
+                let named = format!("index {rows} is out of range for a dimension of size {rows}");
+                assert!(err.contains(&named), "{what}: {err}");
+            }
+        }
+    }
+}
+
 #[test]
 fn gather_gradients_accumulate_repeated_indices() {
     for dev in devices() {

@@ -63,7 +63,12 @@ impl Compiler {
     pub(crate) fn kernel(&mut self, k: &KernelIr, dump: bool) -> Result<(KernelFn, Option<(String, String)>), String> {
         let text = k.to_text();
         for vectorize in [true, false] {
-            if vectorize && !clif::vectorizable(k) {
+            // A reduction that gathers rows (an embedding summed against weights) has no vector form along its
+            // output (its i64 index varies there) but has one along its reduce loop. Other kernels without an output
+            // vector form stay scalar: a product over a few partials folded in vector order can overflow where the
+            // scalar order does not.
+            let along_reduce = k.can_fault() && clif::reduce_vectorizable(k);
+            if vectorize && !clif::vectorizable(k) && !along_reduce {
                 continue;
             }
             if !dump && let Some(&f) = self.kernels.get(&(text.clone(), vectorize)) {

@@ -112,6 +112,21 @@ impl Inst {
         }
     }
 
+    /// Every value this instruction reads (a gather's index included), in a fixed order.
+    pub fn operands(&self) -> Vec<ValueId> {
+        match self.op {
+            InstOp::Unary(_, a) | InstOp::Cast(a) | InstOp::Gather { index: a, .. } => vec![a],
+            InstOp::Binary(_, a, b) => vec![a, b],
+            InstOp::Where(c, a, b) => vec![c, a, b],
+            InstOp::Const(_)
+            | InstOp::Index(_)
+            | InstOp::Load { .. }
+            | InstOp::Rand { .. }
+            | InstOp::Acc
+            | InstOp::RowAcc(_) => Vec::new(),
+        }
+    }
+
     /// Rewrites every index expression this instruction reads (a load's validity ranges included).
     pub fn map_indices(&mut self, f: &impl Fn(&IExpr) -> IExpr) {
         match &mut self.op {

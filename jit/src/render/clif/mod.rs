@@ -53,8 +53,9 @@ pub use libcall::Libcall;
 /// depends on no loop variable is computed once, before the loops. 6: what depends only on outer loops is computed
 /// once per row of an untiled kernel. 7: a reduction vectorized along its reduce loop keeps four accumulators.
 /// 8: a masked load whose ranges do not move along the vector is one vector load. 9: one whose affine ranges
-/// move along it is a vector load where the whole vector is inside.
-pub const REVISION: u32 = 9;
+/// move along it is a vector load where the whole vector is inside. 10: a gather with one index for every lane
+/// along its row is one check and one vector load, and a reduction that gathers so vectorizes along its reduce loop.
+pub const REVISION: u32 = 10;
 
 /// The kernel entry signature.
 pub fn kernel_signature(call_conv: CallConv) -> Signature {
@@ -100,15 +101,6 @@ fn lanes_fold(r: &Reduce) -> bool {
         && r.extents.last().is_some_and(|&e| e >= LANES)
 }
 
-/// The strict form, for vectorizing along a reduce loop: every value in the lane model.
-fn all_values_vectorizable(k: &KernelIr) -> bool {
-    let ok_inst = |i: &Inst| has_lanes(i.dtype) && !matches!(i.op, InstOp::Rand { .. });
-    let inner_ok = k.reduce.as_ref().is_none_or(|r| {
-        matches!(r.dtype, DType::F32 | DType::I32 | DType::U32 | DType::Bool) && r.inner.iter().all(ok_inst)
-    });
-    k.inputs.iter().chain([&k.output]).all(|b| has_lanes(b.dtype)) && k.outer.iter().all(ok_inst) && inner_ok
-}
-
 /// Code generation choices that depend on the host (and, for tiles, on a tuner), not on the kernel's meaning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RenderOptions {
@@ -150,31 +142,64 @@ impl Default for TileConfig {
 /// inputs are contiguous along the reduction and not along the output: a sum over the last axis, or a matmul with
 /// a transposed right operand (`x.matmul(&w.t())`, every linear layer), which vectorized over the output would load
 /// every lane separately.
+///
+/// A kernel that gathers qualifies where each gather reads along the reduce loop with one index per vector (an
+/// embedding's rows summed: `sum(embedding(ids, table) * dy)`): the index, and only the index, may be an i64 value
+/// that does not vary along the loop (computed once per vector, as a scalar), and the gather reads f32 or 32-bit
+/// ints contiguous along it without a mask (`Emitter::gather_row`: one check and one vector load).
 pub fn reduce_vectorizable(k: &KernelIr) -> bool {
     let Some(r) = &k.reduce else { return false };
     let rank = k.out_rank();
     let nvars = rank + r.extents.len();
     let last = nvars - 1;
-    if r.dtype != DType::F32 || r.extents.last().copied().unwrap_or(0) < LANES || !all_values_vectorizable(k) {
+    if r.dtype != DType::F32 || r.extents.last().copied().unwrap_or(0) < LANES || !reduce_values_vectorizable(k, r) {
         return false;
     }
     let mut contiguous_reduce = false;
     let mut output_gather = false;
     for inst in &r.inner {
-        if let InstOp::Load { index, .. } = &inst.op {
-            let Some((coef, _)) = index.affine(nvars) else { return false };
-            match coef[last] {
-                0 => {}
-                1 => contiguous_reduce = true,
-                _ => return false,
+        let index = match &inst.op {
+            InstOp::Load { index, .. } => index,
+            InstOp::Gather { base, valid: None, .. } if matches!(inst.dtype, DType::F32 | DType::I32 | DType::U32) => {
+                base
             }
-            if rank > 0 && !matches!(coef[rank - 1], 0 | 1) {
-                output_gather = true;
-            }
+            InstOp::Gather { .. } => return false,
+            _ => continue,
+        };
+        let Some((coef, _)) = index.affine(nvars) else { return false };
+        match (coef[last], &inst.op) {
+            (0, InstOp::Load { .. }) => {}
+            (1, _) => contiguous_reduce = true,
+            _ => return false,
+        }
+        if rank > 0 && !matches!(coef[rank - 1], 0 | 1) {
+            output_gather = true;
         }
     }
     let narrow_output = k.out_extents.last().is_none_or(|&e| e < LANES);
     contiguous_reduce && (output_gather || narrow_output)
+}
+
+/// Whether every value of `k` fits the lane model when reduce `r`'s innermost loop is vectorized: every buffer the
+/// lanes read and every value, but for values without lanes that do not vary along that loop and are read only as
+/// a gather's index (a row of an embedding, picked by an i64 id).
+fn reduce_values_vectorizable(k: &KernelIr, r: &Reduce) -> bool {
+    let ok_inst = |i: &Inst| has_lanes(i.dtype) && !matches!(i.op, InstOp::Rand { .. });
+    let rank = k.out_rank();
+    let varies = deps_on(&r.inner, None, Some(rank + r.extents.len() - 1), k.row_rank);
+    let only_an_index = |at: usize| {
+        r.value != at
+            && r.inner.iter().all(|i| match &i.op {
+                InstOp::Gather { index, .. } => *index == at || !i.operands().contains(&at),
+                _ => !i.operands().contains(&at),
+            })
+    };
+    let inner_ok = matches!(r.dtype, DType::F32 | DType::I32 | DType::U32 | DType::Bool)
+        && r.inner
+            .iter()
+            .enumerate()
+            .all(|(at, i)| ok_inst(i) || (!varies[at].1 && !matches!(i.op, InstOp::Rand { .. }) && only_an_index(at)));
+    has_lanes(k.output.dtype) && k.outer.iter().all(ok_inst) && inner_ok
 }
 
 /// Renders `k` as a CLIF function named `user1:index`, vectorized where possible, without FMA.
@@ -209,11 +234,11 @@ pub fn render_with(k: &KernelIr, index: u32, target: TargetFrontendConfig, opts:
     // A vector body only pays when the innermost loop has at least one full vector; rendering it for a smaller
     // extent would only cost compile time (a polynomial sin is hundreds of instructions).
     let innermost = k.out_extents.last().copied().unwrap_or(0);
-    // A row kernel's reduce stage (one output per row) folds along its reduce loop, as its row reductions do.
-    // (Not a kernel that gathers: its per-lane gathers are written for lanes along the output loop.)
+    // A row kernel's reduce stage (one output per row) folds along its reduce loop, as its row reductions do (not
+    // one that gathers: its per-lane gathers are written for lanes along the output loop).
     let reduce_vec = opts.vectorize
-        && !k.can_fault()
-        && (reduce_vectorizable(k) || k.reduce.as_ref().is_some_and(|r| !k.rows.is_empty() && lanes_fold(r)));
+        && (reduce_vectorizable(k)
+            || !k.can_fault() && k.reduce.as_ref().is_some_and(|r| !k.rows.is_empty() && lanes_fold(r)));
     // A row kernel vectorizes along its row's elements only (a vector never spans two rows), and is not tiled.
     let rows_apart = k.rows.is_empty() || k.row_rank < rank;
     let vec_ok = !reduce_vec && opts.vectorize && vectorizable(k) && innermost >= LANES && rows_apart;

@@ -233,8 +233,21 @@ impl Emitter<'_> {
     pub(super) fn gather(&mut self, at: Gathered, index: Value, index_d: DType, d: DType, lanes: usize) -> Value {
         let fault = self.fault.expect("a kernel that gathers is given a fault record");
         let empty = self.k.inputs[at.buf].len == 0;
-        let mut scalars = Vec::with_capacity(lanes);
         let varies = self.b.func.dfg.value_type(index).is_vector();
+        // One index for every lane (an embedding's row) and lanes along the gathered row: the lanes' loads are
+        // one vector's, so one check and one vector load at lane 0's element.
+        let col = self.col_dim;
+        let along_row = col.is_some_and(|c| at.base.affine(self.vars.len()).is_some_and(|(coef, _)| coef[c] == 1));
+        if lanes > 1
+            && !varies
+            && !empty
+            && at.valid.is_none()
+            && along_row
+            && matches!(d, DType::F32 | DType::I32 | DType::U32)
+        {
+            return self.gather_row(at, index, index_d, d, lanes, fault);
+        }
+        let mut scalars = Vec::with_capacity(lanes);
         for l in 0..lanes {
             let i = if varies { self.b.ins().extractlane(index, l as u8) } else { index };
             let i = if index_d == DType::I64 { i } else { self.b.ins().sextend(types::I64, i) };
@@ -289,6 +302,41 @@ impl Emitter<'_> {
             scalars.push(v);
         }
         if lanes == 1 { scalars[0] } else { self.lanes_from_scalars(&scalars, d, lanes) }
+    }
+
+    /// [`Self::gather`]'s vector form: index `index` (the same for every lane) checked once, then the `lanes`
+    /// consecutive elements from lane 0's in one load (the addresses the lanes would read one by one; a failed
+    /// check reads from row 0, as the lane form does).
+    fn gather_row(
+        &mut self,
+        at: Gathered,
+        index: Value,
+        index_d: DType,
+        d: DType,
+        lanes: usize,
+        fault: Value,
+    ) -> Value {
+        let i = if index_d == DType::I64 { index } else { self.b.ins().sextend(types::I64, index) };
+        let outside = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, i, at.len);
+        let cold = self.b.create_block();
+        let merge = self.b.create_block();
+        self.b.ins().brif(outside, cold, &[], merge, &[]);
+        self.b.switch_to_block(cold);
+        self.b.seal_block(cold);
+        self.b.set_cold_block(cold);
+        let len = self.b.ins().iconst(types::I64, at.len);
+        self.libcall(Libcall::IndexFault, &[fault, len, i]);
+        self.b.ins().jump(merge, &[]);
+        self.b.switch_to_block(merge);
+        self.b.seal_block(merge);
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let i = self.b.ins().select(outside, zero, i);
+        let base = self.iexpr(at.base, 0);
+        let off = self.b.ins().imul_imm_s(i, at.stride);
+        let elem = self.b.ins().iadd(base, off);
+        let addr = self.b.ins().imul_imm_s(elem, d.size_of() as i64);
+        let addr = self.b.ins().iadd(self.bases[at.buf], addr);
+        self.b.ins().load(ty(d, lanes), vector_flags(), addr, 0)
     }
 
     /// `v` as a `lanes`-wide value: unchanged if it already is one, else splatted (a uniform scalar).
@@ -431,7 +479,8 @@ impl Emitter<'_> {
                 }
                 self.at = (r as i64, (c * lanes) as i64);
                 // A value that does not vary along the vector lanes is computed once, as a scalar.
-                let l = if lanes > 1 && !self.reduce_vec && !dc { 1 } else { lanes };
+                // (Along a vectorized reduce loop only values without lanes are: a gather's i64 index.)
+                let l = if lanes > 1 && !dc && (!self.reduce_vec || !has_lanes(inst.dtype)) { 1 } else { lanes };
                 let key = inst as *const Inst;
                 let v = if let Some(&u) = self.uniform_insts.get(&key).or_else(|| self.row_insts.get(&key)) {
                     u
