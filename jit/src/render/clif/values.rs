@@ -257,17 +257,7 @@ impl Emitter<'_> {
                 Some(live) => self.b.ins().band(outside, live),
                 None => outside,
             };
-            let cold = self.b.create_block();
-            let merge = self.b.create_block();
-            self.b.ins().brif(bad, cold, &[], merge, &[]);
-            self.b.switch_to_block(cold);
-            self.b.seal_block(cold);
-            self.b.set_cold_block(cold);
-            let len = self.b.ins().iconst(types::I64, at.len);
-            self.libcall(Libcall::IndexFault, &[fault, len, i]);
-            self.b.ins().jump(merge, &[]);
-            self.b.switch_to_block(merge);
-            self.b.seal_block(merge);
+            self.fault_if(bad, fault, at.len, i);
             if empty {
                 // An empty source is never read (its pointer may dangle): every index faulted above.
                 scalars.push(self.konst(Scalar::Int(0), d, 1));
@@ -304,6 +294,22 @@ impl Emitter<'_> {
         if lanes == 1 { scalars[0] } else { self.lanes_from_scalars(&scalars, d, lanes) }
     }
 
+    /// Where `bad` holds, a cold block records `Fault::Index { len, index }` in the run's `fault` record
+    /// (`Libcall::IndexFault`); code goes on after it either way.
+    fn fault_if(&mut self, bad: Value, fault: Value, len: i64, index: Value) {
+        let cold = self.b.create_block();
+        let merge = self.b.create_block();
+        self.b.ins().brif(bad, cold, &[], merge, &[]);
+        self.b.switch_to_block(cold);
+        self.b.seal_block(cold);
+        self.b.set_cold_block(cold);
+        let len = self.b.ins().iconst(types::I64, len);
+        self.libcall(Libcall::IndexFault, &[fault, len, index]);
+        self.b.ins().jump(merge, &[]);
+        self.b.switch_to_block(merge);
+        self.b.seal_block(merge);
+    }
+
     /// [`Self::gather`]'s vector form: index `index` (the same for every lane) checked once, then the `lanes`
     /// consecutive elements from lane 0's in one load (the addresses the lanes would read one by one; a failed
     /// check reads from row 0, as the lane form does).
@@ -318,17 +324,7 @@ impl Emitter<'_> {
     ) -> Value {
         let i = if index_d == DType::I64 { index } else { self.b.ins().sextend(types::I64, index) };
         let outside = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, i, at.len);
-        let cold = self.b.create_block();
-        let merge = self.b.create_block();
-        self.b.ins().brif(outside, cold, &[], merge, &[]);
-        self.b.switch_to_block(cold);
-        self.b.seal_block(cold);
-        self.b.set_cold_block(cold);
-        let len = self.b.ins().iconst(types::I64, at.len);
-        self.libcall(Libcall::IndexFault, &[fault, len, i]);
-        self.b.ins().jump(merge, &[]);
-        self.b.switch_to_block(merge);
-        self.b.seal_block(merge);
+        self.fault_if(outside, fault, at.len, i);
         let zero = self.b.ins().iconst(types::I64, 0);
         let i = self.b.ins().select(outside, zero, i);
         let base = self.iexpr(at.base, 0);
@@ -510,18 +506,10 @@ impl Emitter<'_> {
     ) -> Value {
         let d = inst.dtype;
         let operands: Vec<usize> = match &inst.op {
-            InstOp::Unary(_, a) | InstOp::Cast(a) => vec![*a],
-            InstOp::Binary(_, x, y) => vec![*x, *y],
-            InstOp::Where(c, a, b) => vec![*c, *a, *b],
-            InstOp::Const(_)
-            | InstOp::Index(_)
-            | InstOp::Load { .. }
-            | InstOp::Rand { .. }
-            | InstOp::Acc
-            | InstOp::RowAcc(_) => Vec::new(),
             // The index is read as it is: one scalar for every lane where it does not vary along the vector (an
             // embedding's row), lanes otherwise (an i64 index has no vector form, so it is never splatted).
             InstOp::Gather { .. } => Vec::new(),
+            _ => inst.operands(),
         };
         let mut ready: Vec<(usize, Value)> = Vec::with_capacity(operands.len());
         for &i in &operands {
