@@ -13,7 +13,10 @@
 
 use kiln::nn::functional::{Conv2dOptions, conv2d};
 use kiln::{DType, Device, Tensor};
-use std::time::Instant;
+#[path = "../benches/timing/mod.rs"]
+mod timing;
+
+use timing::median_of_calls;
 
 #[derive(clap::Parser)]
 #[command(name = "bench_conv")]
@@ -38,26 +41,6 @@ pub const LAYERS: [Layer; 5] = [
     ("7x7 s2 3->64 224x224 b8", [8, 3, 224, 224], [64, 3, 7, 7], 2, 3, false),
     ("3x3 64->64 56x56 b8, fwd+bwd", [8, 64, 56, 56], [64, 64, 3, 3], 1, 1, true),
 ];
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// The median seconds of `runs` calls of `call`, after two warm-up calls (the first compiles the plan).
-fn median_of_calls(runs: u32, call: impl Fn()) -> f64 {
-    call();
-    call();
-    median(
-        (0..runs)
-            .map(|_| {
-                let t0 = Instant::now();
-                call();
-                t0.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
-}
 
 /// Seconds per call of `layer`: the median of `runs` calls after two warm-up calls.
 fn time_layer(&(_, input, weight, stride, padding, backward): &Layer, runs: u32) -> f64 {

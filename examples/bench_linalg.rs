@@ -9,7 +9,10 @@
 //! session, and prints the ratios.
 
 use kiln::{DType, Device, Tensor, linalg};
-use std::time::Instant;
+#[path = "../benches/timing/mod.rs"]
+mod timing;
+
+use timing::median_of_calls;
 
 #[derive(clap::Parser)]
 #[command(name = "bench_linalg")]
@@ -46,11 +49,6 @@ const ROWS: [Row; 10] = [
     ("solve 4096 x 8x8", 4096, 8, Op::Solve),
 ];
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Seconds per call of `row`.
 fn time_row(&(_, batch, n, op): &Row, runs: u32) -> f64 {
     let dev = Device::cpu();
@@ -66,17 +64,7 @@ fn time_row(&(_, batch, n, op): &Row, runs: u32) -> f64 {
         };
         y.realize().expect("realize");
     };
-    call();
-    call();
-    median(
-        (0..runs)
-            .map(|_| {
-                let t0 = Instant::now();
-                call();
-                t0.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
+    median_of_calls(runs, call)
 }
 
 fn main() {

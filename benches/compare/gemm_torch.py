@@ -30,22 +30,14 @@ import sys
 import time
 from pathlib import Path
 
+from rounds import median_time
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def values(torch, n: int, seed: int):
     i = torch.arange(n, dtype=torch.int64)
     return (((i * (2 * seed + 7) + seed) % 61).to(torch.float32) / 30.5 - 1.0)
-
-
-def median_time(fn, runs: int) -> float:
-    fn()
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def torch_figures(torch, runs: int) -> dict:
@@ -57,7 +49,7 @@ def torch_figures(torch, runs: int) -> dict:
         for n in (1024, 2048):
             a = values(torch, n * n, 1).reshape(n, n).to(dtype)
             b = values(torch, n * n, 2).reshape(n, n).to(dtype)
-            s = median_time(lambda: a @ b, runs if n == 1024 else max(3, runs // 2))
+            s = median_time(lambda: a @ b, runs if n == 1024 else max(3, runs // 2), warmup=1)
             out[f"{prefix}gemm{n}_gflops"] = 2 * n**3 / s / 1e9
         ws = [w.to(dtype) for w in weights]
         for m in skinny_ms:
@@ -68,7 +60,7 @@ def torch_figures(torch, runs: int) -> dict:
                 state["j"] += 1
                 return x @ ws[state["j"] % 4]
 
-            s = median_time(call, max(runs, 8))
+            s = median_time(call, max(runs, 8), warmup=1)
             out[f"{prefix}skinny{m}_gflops"] = 2 * m * nn * k / s / 1e9
         del ws
     del weights
@@ -76,7 +68,7 @@ def torch_figures(torch, runs: int) -> dict:
     a = values(torch, n * n, 1).reshape(n, n)
     b = values(torch, n * n, 2).reshape(n, n)
     bias = values(torch, n, 5)
-    out["fused1024_ms"] = median_time(lambda: torch.relu(a @ b + bias), runs) * 1e3
+    out["fused1024_ms"] = median_time(lambda: torch.relu(a @ b + bias), runs, warmup=1) * 1e3
     out["matmul1024_ms"] = 2 * n**3 / out["gemm1024_gflops"] / 1e9 * 1e3
     return out
 

@@ -1,5 +1,6 @@
 """What the comparison scripts that race a kiln example's `--json` rows against PyTorch share: timing a call, running
-the example, and the rounds with their table (conv_torch.py, linalg_torch.py).
+the example, and the rounds with their table (conv_torch.py, linalg_torch.py; gemm_torch.py and torch_cpu.py time
+their calls with it).
 
 The host alternates between fast and slow phases, so each round runs kiln's example and then PyTorch's rows close
 in time; the table gives each side's median over the rounds and the ratio of the medians (PyTorch time / kiln
@@ -20,10 +21,10 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def median_time(call: Callable[[], object], runs: int) -> float:
-    """The median seconds of `runs` calls after two warm-up calls."""
-    call()
-    call()
+def median_time(call: Callable[[], object], runs: int, warmup: int = 2) -> float:
+    """The median seconds of `runs` calls after `warmup` warm-up calls."""
+    for _ in range(warmup):
+        call()
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()

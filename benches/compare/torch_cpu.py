@@ -24,12 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from rounds import median_time
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 16 << 20
@@ -46,17 +47,6 @@ written): the PyPI wheel is the CUDA build (~540 MB + ~4.5 GB
 of nvidia-* wheels, ~2 minutes to install there) and works on the CPU. torch.compile also needs g++ on PATH.
 Use --skip-torch to print kiln's figures only.
 """
-
-
-def median_time(fn, runs: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def torch_figures(threads: int, runs: int) -> dict:
@@ -118,12 +108,12 @@ def torch_figures(threads: int, runs: int) -> dict:
             ("layer_norm", layer_norm, (x,)),
             ("cross_entropy", cross_entropy, (x, targets)),
         ]:
-            out[f"{name}_eager_s"] = median_time(lambda: fn(*args), runs)
+            out[f"{name}_eager_s"] = median_time(lambda: fn(*args), runs, warmup=1)
             compiled = torch.compile(fn, dynamic=False)
             t0 = time.perf_counter()
             compiled(*args)
             out[f"{name}_compile_first_s"] = time.perf_counter() - t0
-            out[f"{name}_compiled_s"] = median_time(lambda: compiled(*args), runs)
+            out[f"{name}_compiled_s"] = median_time(lambda: compiled(*args), runs, warmup=1)
             ref = fn(*args)
             got = compiled(*args)
             out[f"{name}_compiled_maxerr"] = float((got - ref).abs().max())
