@@ -8,7 +8,8 @@
 //! variant, and no default device.
 //!
 //! `Device::cuda(i)` (feature `cuda`, off by default) opens CUDA device `i` through the driver loaded at run time;
-//! no driver, no such device or no NVRTC is an error that says what is missing.
+//! no driver, no such device or no NVRTC is an error that says what is missing. `Device::hip(i)` (feature `hip`,
+//! off by default) does the same for AMD GPUs through the HIP runtime and hiprtc.
 //!
 //! This is the one place the crate names a device's module: to get its `Backend`, and what only that device can
 //! say about itself (the wgpu adapter and its dtypes).
@@ -30,6 +31,9 @@ pub enum Device {
     /// A CUDA GPU: obtain it with `Device::cuda(ordinal)`.
     #[cfg(feature = "cuda")]
     Cuda(CudaDevice),
+    /// An AMD GPU through HIP: obtain it with `Device::hip(ordinal)`.
+    #[cfg(feature = "hip")]
+    Hip(HipDevice),
 }
 
 /// Proof that CUDA device `ordinal` was opened (only `Device::cuda` makes one).
@@ -42,6 +46,21 @@ pub struct CudaDevice {
 #[cfg(feature = "cuda")]
 impl CudaDevice {
     /// The device's ordinal (what `Device::cuda` was given).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal as usize
+    }
+}
+
+/// Proof that HIP device `ordinal` was opened (only `Device::hip` makes one).
+#[cfg(feature = "hip")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HipDevice {
+    ordinal: u16,
+}
+
+#[cfg(feature = "hip")]
+impl HipDevice {
+    /// The device's ordinal (what `Device::hip` was given).
     pub fn ordinal(&self) -> usize {
         self.ordinal as usize
     }
@@ -82,6 +101,20 @@ impl Device {
         Ok(Device::Cuda(CudaDevice { ordinal: small }))
     }
 
+    /// HIP device `ordinal` (feature `hip`): an AMD GPU, opened on first call through the HIP runtime
+    /// (`libamdhip64`, `KILN_HIP_RUNTIME` names the file); kernels compile with hiprtc (`KILN_HIPRTC`) for the
+    /// architecture the device reports (else `KILN_HIP_ARCH`). Without the runtime, without a device of that
+    /// ordinal, or without hiprtc this is an error that says what to install. Every dtype can live there. Not yet
+    /// run on AMD hardware: the README says what was checked.
+    #[cfg(feature = "hip")]
+    pub fn hip(ordinal: usize) -> crate::Result<Device> {
+        let Ok(small) = u16::try_from(ordinal) else {
+            return Err(crate::Error::UnknownDevice(format!("hip:{ordinal}")));
+        };
+        kiln_backends::hip::backend(ordinal)?;
+        Ok(Device::Hip(HipDevice { ordinal: small }))
+    }
+
     /// The adapter behind this device, in words (`"cpu"` for the CPU).
     pub fn describe(&self) -> String {
         match self {
@@ -93,6 +126,8 @@ impl Device {
             Device::Cuda(d) => {
                 kiln_backends::cuda::backend(d.ordinal()).map_or_else(|e| e.to_string(), |b| b.describe())
             }
+            #[cfg(feature = "hip")]
+            Device::Hip(d) => kiln_backends::hip::backend(d.ordinal()).map_or_else(|e| e.to_string(), |b| b.describe()),
         }
     }
 
@@ -112,6 +147,8 @@ impl Device {
             Device::Wgpu(_) => kiln_backends::wgpu::backend().is_ok_and(|b| b.supports(dtype)),
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => true,
+            #[cfg(feature = "hip")]
+            Device::Hip(_) => true,
         }
     }
 
@@ -131,6 +168,8 @@ impl Device {
             Device::Wgpu(_) => (!self.supports(dtype)).then(|| kiln_backends::wgpu::unsupported(dtype).to_string()),
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => None,
+            #[cfg(feature = "hip")]
+            Device::Hip(_) => None,
         }
     }
 
@@ -144,6 +183,8 @@ impl Device {
             // 3, 3 + 2^8, ...: one code per GPU, so plans are not shared between two of them.
             #[cfg(feature = "cuda")]
             Device::Cuda(d) => 3 | (u64::from(d.ordinal) << 8),
+            #[cfg(feature = "hip")]
+            Device::Hip(d) => 4 | (u64::from(d.ordinal) << 8),
         }
     }
 
@@ -155,6 +196,8 @@ impl Device {
             Device::Wgpu(_) => Ok(kiln_backends::wgpu::backend()?),
             #[cfg(feature = "cuda")]
             Device::Cuda(d) => Ok(kiln_backends::cuda::backend(d.ordinal())?),
+            #[cfg(feature = "hip")]
+            Device::Hip(d) => Ok(kiln_backends::hip::backend(d.ordinal())?),
         }
     }
 }
@@ -168,6 +211,8 @@ impl fmt::Display for Device {
             Device::Wgpu(_) => f.write_str("wgpu"),
             #[cfg(feature = "cuda")]
             Device::Cuda(d) => write!(f, "cuda:{}", d.ordinal),
+            #[cfg(feature = "hip")]
+            Device::Hip(d) => write!(f, "hip:{}", d.ordinal),
         }
     }
 }
@@ -175,7 +220,7 @@ impl fmt::Display for Device {
 impl std::str::FromStr for Device {
     type Err = crate::Error;
 
-    /// `"cpu"`, `"wgpu"`, or `"cuda"` / `"cuda:N"` (for command-line flags such as the examples' `--device`); a
+    /// `"cpu"`, `"wgpu"`, `"cuda"` / `"cuda:N"` or `"hip"` / `"hip:N"` (for command-line flags such as the examples' `--device`); a
     /// device this build does not have is unknown.
     fn from_str(s: &str) -> crate::Result<Device> {
         match s {
@@ -188,6 +233,12 @@ impl std::str::FromStr for Device {
             #[cfg(feature = "cuda")]
             other if other.strip_prefix("cuda:").is_some_and(|n| n.parse::<usize>().is_ok()) => {
                 Device::cuda(other["cuda:".len()..].parse().unwrap_or(usize::MAX))
+            }
+            #[cfg(feature = "hip")]
+            "hip" => Device::hip(0),
+            #[cfg(feature = "hip")]
+            other if other.strip_prefix("hip:").is_some_and(|n| n.parse::<usize>().is_ok()) => {
+                Device::hip(other["hip:".len()..].parse().unwrap_or(usize::MAX))
             }
             other => Err(crate::Error::UnknownDevice(other.to_string())),
         }

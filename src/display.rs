@@ -39,6 +39,8 @@ impl fmt::Display for Tensor {
             crate::Device::Wgpu(_) => true,
             #[cfg(feature = "cuda")]
             crate::Device::Cuda(_) => true, // `device=cuda:0`, as PyTorch prints it
+            #[cfg(feature = "hip")]
+            crate::Device::Hip(_) => true,
         };
         if named {
             suffix.push_str(&format!(", device={}", self.device()));

@@ -6,15 +6,15 @@ use kiln_jit::DType;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The device names this build has (its device features), for `Error::UnknownDevice`.
-const KNOWN_DEVICES: &str = match (cfg!(feature = "cpu"), cfg!(feature = "wgpu"), cfg!(feature = "cuda")) {
-    (true, true, false) => "cpu, wgpu",
-    (true, false, false) => "cpu",
-    (false, _, false) => "wgpu",
-    (true, true, true) => "cpu, wgpu, cuda:N",
-    (true, false, true) => "cpu, cuda:N",
-    (false, true, true) => "wgpu, cuda:N",
-    (false, false, true) => "cuda:N",
-};
+fn known_devices() -> String {
+    let names = [
+        (cfg!(feature = "cpu"), "cpu"),
+        (cfg!(feature = "wgpu"), "wgpu"),
+        (cfg!(feature = "cuda"), "cuda:N"),
+        (cfg!(feature = "hip"), "hip:N"),
+    ];
+    names.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect::<Vec<_>>().join(", ")
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -65,7 +65,7 @@ pub enum Error {
     #[error(transparent)]
     Backend(#[from] kiln_backends::BackendError),
     /// A device name that is not one this build has (`cpu`, `wgpu`: its cargo features).
-    #[error("unknown device `{0}` (this build knows: {KNOWN_DEVICES})")]
+    #[error("unknown device `{0}` (this build knows: {known})", known = known_devices())]
     UnknownDevice(String),
     /// The tuning and kernel cache could not be read or written, or a bundle was refused (another CPU or version).
     #[error(transparent)]

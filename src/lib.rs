@@ -59,6 +59,8 @@ pub use autograd::{Gradients, is_grad_enabled, no_grad};
 #[cfg(feature = "cuda")]
 pub use device::CudaDevice;
 pub use device::Device;
+#[cfg(feature = "hip")]
+pub use device::HipDevice;
 #[cfg(feature = "wgpu")]
 pub use device::WgpuDevice;
 pub use error::{Error, Result};

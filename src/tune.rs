@@ -79,13 +79,25 @@ pub fn export_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary>
     Ok(kiln_autotune::Store::global().export_bundle(path.as_ref())?)
 }
 
-/// The architecture of this machine's CUDA device 0 (`sm_90`), where the build has the `cuda` feature and the machine
-/// a GPU: what a bundle of cubins must have been compiled for.
-pub fn local_cuda_arch() -> Option<String> {
-    #[cfg(feature = "cuda")]
-    return kiln_backends::cuda::backend(0).ok().map(|b| b.arch().to_string());
-    #[cfg(not(feature = "cuda"))]
-    None
+/// The architecture of this machine's GPU 0 in `flavor`'s terms (`sm_90` for CUDA, `gfx90a` for HIP), where the
+/// build has that device's feature and the machine such a GPU: what a bundle of its compiled kernels must have been
+/// compiled for.
+pub fn local_gpu_arch(flavor: kiln_jit::render::cuda::Flavor) -> Option<String> {
+    use kiln_jit::render::cuda::Flavor;
+    match flavor {
+        Flavor::Cuda => {
+            #[cfg(feature = "cuda")]
+            return kiln_backends::cuda::backend(0).ok().map(|b| b.arch().to_string());
+            #[cfg(not(feature = "cuda"))]
+            None
+        }
+        Flavor::Hip => {
+            #[cfg(feature = "hip")]
+            return kiln_backends::hip::backend(0).ok().map(|b| b.arch().to_string());
+            #[cfg(not(feature = "hip"))]
+            None
+        }
+    }
 }
 
 /// What [`warm_from_cache`] found in the cache dir and prepared.
@@ -137,11 +149,11 @@ fn persisted_plans() -> usize {
 /// cannot be compiled is skipped with a warning and compiled at its first use, as without a bundle).
 pub fn import_bundle(path: impl AsRef<std::path::Path>) -> Result<BundleSummary> {
     let path = path.as_ref();
-    // A bundle of CUDA cubins (`kiln cache export --cuda-arch`) goes to the cubin store of its architecture.
-    let cuda = kiln_backends::cuda_cache::import_bundle(path, local_cuda_arch().as_deref()).map_err(|reason| {
+    // A bundle of GPU code (`kiln cache export --cuda-arch` / `--hip-arch`) goes to the store of its architecture.
+    let gpu = kiln_backends::gpu_cache::import_bundle(path, local_gpu_arch).map_err(|reason| {
         crate::Error::Cache(kiln_autotune::StoreError::Bundle { path: path.to_path_buf(), reason })
     })?;
-    if let Some(summary) = cuda {
+    if let Some((_, summary)) = gpu {
         return Ok(summary);
     }
     let summary = kiln_autotune::Store::global().import_bundle(path)?;

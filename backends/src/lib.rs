@@ -15,10 +15,14 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub mod cuda_cache;
 pub mod dump;
 pub mod gemm_check;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod gpu;
+pub mod gpu_cache;
 pub mod gpu_check;
+#[cfg(feature = "hip")]
+pub mod hip;
 pub mod host_pool;
 mod plan_run;
 mod profile;
@@ -29,16 +33,16 @@ pub mod wgpu;
 
 use kiln_autotune::{Mode, TuneRecord};
 
-/// The pool bucket (bytes) of a device buffer of `bytes` (the wgpu and CUDA devices' pools): powers of two up to
+/// The pool bucket (bytes) of a device buffer of `bytes` (the wgpu, CUDA and HIP devices' pools): powers of two up to
 /// 1 MiB, then whole MiB; at least 256. At most 2x the size for small buffers and under 1 MiB more for large ones,
 /// while a replayed plan's buffers of nearby sizes share buckets.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[cfg(any(feature = "wgpu", feature = "cuda", feature = "hip"))]
 pub(crate) fn pool_bucket(bytes: usize) -> usize {
     const MIB: usize = 1 << 20;
     if bytes <= MIB { bytes.max(256).next_power_of_two() } else { bytes.div_ceil(MIB) * MIB }
 }
 
-#[cfg(all(test, any(feature = "wgpu", feature = "cuda")))]
+#[cfg(all(test, any(feature = "wgpu", feature = "cuda", feature = "hip")))]
 #[test]
 fn pool_buckets_grow_by_powers_of_two_then_whole_mebibytes() {
     assert_eq!(pool_bucket(0), 256);
@@ -61,6 +65,9 @@ pub enum Buffer {
     /// Memory on a CUDA device (returned to its pool on drop).
     #[cfg(feature = "cuda")]
     Cuda(cuda::DeviceBuffer),
+    /// Memory on a HIP device (returned to its pool on drop).
+    #[cfg(feature = "hip")]
+    Hip(hip::DeviceBuffer),
 }
 
 impl Drop for Buffer {
@@ -71,6 +78,8 @@ impl Drop for Buffer {
             Buffer::Wgpu(_) => {} // the device buffer returns itself to its pool
             #[cfg(feature = "cuda")]
             Buffer::Cuda(_) => {} // likewise
+            #[cfg(feature = "hip")]
+            Buffer::Hip(_) => {}
         }
     }
 }
@@ -83,6 +92,8 @@ impl Buffer {
             Buffer::Wgpu(d) => d.dtype(),
             #[cfg(feature = "cuda")]
             Buffer::Cuda(d) => d.dtype(),
+            #[cfg(feature = "hip")]
+            Buffer::Hip(d) => d.dtype(),
         }
     }
 
@@ -93,6 +104,8 @@ impl Buffer {
             Buffer::Wgpu(d) => d.len(),
             #[cfg(feature = "cuda")]
             Buffer::Cuda(d) => d.len(),
+            #[cfg(feature = "hip")]
+            Buffer::Hip(d) => d.len(),
         }
     }
 

@@ -13,6 +13,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use kiln_autotune::{EntryInfo, EntryKind, Store};
+use kiln_backends::gpu_cache;
+use kiln_jit::render::cuda::Flavor;
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "kiln's command line")]
@@ -74,10 +76,14 @@ enum CacheCommand {
         allow_empty: bool,
         /// Export the CUDA cubins compiled for this architecture (`sm_90`) instead: those a run with
         /// `KILN_CUDA_ARCH=sm_90` compiled, on this machine, with or without a GPU.
-        #[arg(long, value_name = "SM_XY")]
+        #[arg(long, value_name = "SM_XY", conflicts_with = "hip_arch")]
         cuda_arch: Option<String>,
+        /// Export the HIP code objects compiled for this architecture (`gfx90a`) instead: those a run with
+        /// `KILN_HIP_ARCH=gfx90a` compiled, on this machine, with or without a GPU.
+        #[arg(long, value_name = "GFX")]
+        hip_arch: Option<String>,
     },
-    /// Store every entry of a bundle made by this kiln version on this kind of device (a bundle of CUDA cubins: for
+    /// Store every entry of a bundle made by this kiln version on this kind of device (a bundle of GPU code: for
     /// this machine's GPU architecture).
     Import { file: PathBuf },
     /// Check every entry of this namespace; exit code 1 if any is bad.
@@ -108,24 +114,36 @@ fn cache(command: CacheCommand, store: &Store) -> Result<ExitCode, String> {
             let place = store.namespace_dir().map_or_else(|| "memory".to_string(), |ns| ns.display().to_string());
             emit(&format!("removed {removed} entries from {place}\n"))
         }
-        CacheCommand::Export { file, allow_empty, cuda_arch: Some(arch) } => {
-            let cubins = kiln_backends::cuda_cache::store(&arch)?;
-            if !allow_empty && !cubins.entries().iter().any(|e| !e.foreign && e.problem.is_none()) {
+        CacheCommand::Export { file, allow_empty, cuda_arch, hip_arch }
+            if cuda_arch.is_some() || hip_arch.is_some() =>
+        {
+            let (flavor, arch) = match (cuda_arch, hip_arch) {
+                (Some(arch), _) => (Flavor::Cuda, arch),
+                (None, Some(arch)) => (Flavor::Hip, arch),
+                (None, None) => unreachable!("the guard above"),
+            };
+            let code = gpu_cache::code_name(flavor);
+            let stored = gpu_cache::store(flavor, &arch)?;
+            if !allow_empty && !stored.entries().iter().any(|e| !e.foreign && e.problem.is_none()) {
+                let var = match flavor {
+                    Flavor::Cuda => "KILN_CUDA_ARCH",
+                    Flavor::Hip => "KILN_HIP_ARCH",
+                };
                 return Err(format!(
-                    "nothing to export: {} holds no cubins for {arch} (run the workload with KILN_CUDA_ARCH={arch} \
-                     and this KILN_CACHE_DIR first); pass --allow-empty to write an empty bundle anyway",
-                    where_(cubins)
+                    "nothing to export: {} holds no {code} for {arch} (run the workload with {var}={arch} and this \
+                     KILN_CACHE_DIR first); pass --allow-empty to write an empty bundle anyway",
+                    where_(stored)
                 ));
             }
-            let s = cubins.export_bundle(&file).map_err(|e| e.to_string())?;
+            let s = stored.export_bundle(&file).map_err(|e| e.to_string())?;
             emit(&format!(
-                "exported {} cubins for {arch} ({}) to {}\n",
+                "exported {} {code} for {arch} ({}) to {}\n",
                 s.artifacts,
                 HumanBytes(s.bytes),
                 file.display()
             ))
         }
-        CacheCommand::Export { file, allow_empty, cuda_arch: None } => {
+        CacheCommand::Export { file, allow_empty, .. } => {
             // Exporting nothing is almost always the wrong cache (KILN_CACHE_DIR unset or pointing elsewhere).
             if !allow_empty && !store.entries().iter().any(|e| !e.foreign && e.problem.is_none()) {
                 return Err(format!(
@@ -147,9 +165,9 @@ fn cache(command: CacheCommand, store: &Store) -> Result<ExitCode, String> {
             emit(&text)
         }
         CacheCommand::Import { file } => {
-            let local = kiln::tune::local_cuda_arch();
-            if let Some(s) = kiln_backends::cuda_cache::import_bundle(&file, local.as_deref())? {
-                return emit(&format!("imported {} cubins from {}\n", s.artifacts, file.display()));
+            if let Some((flavor, s)) = gpu_cache::import_bundle(&file, kiln::tune::local_gpu_arch)? {
+                let code = gpu_cache::code_name(flavor);
+                return emit(&format!("imported {} {code} from {}\n", s.artifacts, file.display()));
             }
             let s = store.import_bundle(&file).map_err(|e| e.to_string())?;
             // The plans are compiled by the process that imports the bundle itself (`kiln::tune::import_bundle`).

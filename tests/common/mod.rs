@@ -16,6 +16,7 @@ pub fn devices() -> Vec<Device> {
     v.push(Device::cpu());
     v.extend(wgpu_device());
     v.extend(cuda_device());
+    v.extend(hip_device());
     v
 }
 
@@ -39,6 +40,28 @@ pub fn cuda_device() -> Option<Device> {
         }
     }
     #[cfg(not(feature = "cuda"))]
+    None
+}
+
+/// HIP device 0 if this build has the `hip` feature and this machine an AMD GPU, the HIP runtime and hiprtc; as
+/// `cuda_device` otherwise (`KILN_REQUIRE_HIP=1` makes its absence a panic).
+pub fn hip_device() -> Option<Device> {
+    #[cfg(feature = "hip")]
+    {
+        static DEV: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
+        static SAID: std::sync::Once = std::sync::Once::new();
+        match DEV.get_or_init(|| Device::hip(0).map_err(|e| e.to_string())) {
+            Ok(d) => Some(*d),
+            Err(e) if std::env::var("KILN_REQUIRE_HIP").is_ok_and(|v| v == "1") => {
+                panic!("KILN_REQUIRE_HIP=1 but the HIP device is missing: {e}")
+            }
+            Err(e) => {
+                SAID.call_once(|| eprintln!("skipping hip: {e}"));
+                None
+            }
+        }
+    }
+    #[cfg(not(feature = "hip"))]
     None
 }
 
@@ -312,6 +335,9 @@ pub fn zero_sign_defined(dev: &Device) -> bool {
         // NVRTC compiles without fast-math flags: IEEE signed zeros.
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => true,
+        // hiprtc (clang) compiles without fast-math flags as well.
+        #[cfg(feature = "hip")]
+        Device::Hip(_) => true,
     }
 }
 

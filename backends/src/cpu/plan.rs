@@ -102,7 +102,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
     crate::gpu_check::note(&plan).map_err(err)?;
-    crate::cuda_cache::precompile(graph).map_err(err)?;
+    crate::gpu_cache::precompile(graph).map_err(err)?;
     let dump = crate::dump::Dump::start(graph, &plan);
     let compiler = COMPILER.as_ref().map_err(|e| err(e.clone()))?;
     let mut budget = super::gemm::select::TuneBudget::for_compile();

@@ -20,24 +20,24 @@
 //! tracking, meant for several streams, is switched off). `download` and a plan that can fault wait for the stream.
 //!
 //! Cubins are cached on disk per architecture and NVRTC version, and can be compiled ahead of time on a machine
-//! without a GPU and imported as a bundle (`cuda_cache`).
+//! without a GPU and imported as a bundle (`gpu_cache`).
 //!
-//! A plan's kernels missing from the store compile in parallel (`cuda_cache::cubins`: a GPT training step's 205
+//! A plan's kernels missing from the store compile in parallel (`gpu_cache::compiled`: a GPT training step's 205
 //! cubins for sm_90 took 20.3 s on one core and 10.0 s on two, ~100 ms per NVRTC compile).
 //!
-//! f32 matmuls run as the shared tiled GEMM template (shared-memory staging, 4 x 4 register tiles) in one default
-//! tile (`cuda_cache::render`); other dtypes as the generic reduction kernel.
+//! The plan itself is the GPU devices' shared one (`gpu::plan`); this module is its `Driver`
+//! over cudarc. f32 matmuls run as the shared tiled GEMM template (shared-memory staging, 4 x 4 register tiles) in
+//! one default tile (`gpu_cache::render`); other dtypes as the generic reduction kernel.
 //!
 //! Deliberately not done yet (issue 21's later points): tuning the tile, tensor-core (`mma.sync`) tiles for
 //! f16/bf16/TF32, split K, cuBLASLt in the race, CUDA graphs for replays, and buffer donation (the CUDA kernels' parameters are
 //! `__restrict__`, so an output may not alias an input). The routines (scatter-sum, LU, Cholesky, triangular
 //! solves) render as every other kernel.
 
-mod plan;
-
+use crate::gpu::Driver;
 use crate::{Backend, BackendError, Buffer, Executable};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, sys};
-use kiln_jit::render::cuda::GpuKernel;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys};
+use kiln_jit::render::cuda::{Flavor, GpuKernel};
 use kiln_jit::{DType, Graph, HostBuffer};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -91,10 +91,10 @@ fn init(ordinal: usize) -> Result<CudaBackend, String> {
     unsafe { context.disable_event_tracking() };
     let name = context.name().unwrap_or_else(|_| "unknown".into());
     let (major, minor) = context.compute_capability().map_err(|e| format!("reading the compute capability: {e}"))?;
-    // NVRTC and the cubin store for this architecture (`cuda_cache`): kernels compile once per architecture and
+    // NVRTC and the cubin store for this architecture (`gpu_cache`): kernels compile once per architecture and
     // NVRTC version, on this machine or on a build machine that exported them.
     let arch = format!("sm_{major}{minor}");
-    crate::cuda_cache::store(&arch)?;
+    crate::gpu_cache::store(Flavor::Cuda, &arch)?;
     let stream = context.new_stream().map_err(|e| format!("creating a stream: {e}"))?;
     Ok(CudaBackend {
         ctx: Arc::new(Ctx {
@@ -147,11 +147,6 @@ impl DeviceBuffer {
         self.len == 0
     }
 
-    /// The bytes the elements take.
-    fn bytes(&self) -> usize {
-        self.len * self.dtype.size_of()
-    }
-
     fn slice(&self) -> &CudaSlice<u8> {
         self.slice.as_ref().expect("a live DeviceBuffer holds its memory until drop")
     }
@@ -161,11 +156,6 @@ impl DeviceBuffer {
         // Event tracking is off (one stream), so the guard records nothing.
         let (p, _guard) = self.slice().device_ptr(&self.ctx.stream);
         p
-    }
-
-    /// Whether this buffer lives on the device of `ctx`.
-    fn on(&self, ctx: &Ctx) -> bool {
-        self.ctx.ordinal == ctx.ordinal
     }
 }
 
@@ -181,9 +171,43 @@ fn exec(reason: String) -> BackendError {
     BackendError::Execute { device: NAME, reason }
 }
 
-impl Ctx {
-    /// A pooled buffer for `len` elements of `dtype` (contents undefined).
-    pub(crate) fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<DeviceBuffer, BackendError> {
+impl Driver for Ctx {
+    const NAME: &'static str = NAME;
+    const FLAVOR: Flavor = Flavor::Cuda;
+    type Mem = DeviceBuffer;
+    type Function = CudaFunction;
+
+    fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    fn wrap(m: DeviceBuffer) -> Buffer {
+        Buffer::Cuda(m)
+    }
+
+    fn unwrap(b: &Buffer) -> Option<&DeviceBuffer> {
+        match b {
+            Buffer::Cuda(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(b: &mut Buffer) -> Option<&mut DeviceBuffer> {
+        match b {
+            Buffer::Cuda(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    fn owns(&self, m: &DeviceBuffer) -> bool {
+        m.ctx.ordinal == self.ordinal
+    }
+
+    fn addr(m: &DeviceBuffer) -> u64 {
+        m.ptr()
+    }
+
+    fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<DeviceBuffer, BackendError> {
         let bytes = crate::pool_bucket(len * dtype.size_of());
         let pooled = self.pool.lock().get_mut(&bytes).and_then(Vec::pop);
         let slice = match pooled {
@@ -196,25 +220,21 @@ impl Ctx {
         Ok(DeviceBuffer { slice: Some(slice), dtype, len, ctx: self.clone() })
     }
 
-    /// The loaded function of a rendered kernel: its cubin from the store, or compiled by NVRTC for this device's
-    /// architecture on first use (`cuda_cache`).
-    pub(crate) fn function(&self, k: &GpuKernel) -> Result<CudaFunction, String> {
+    fn load(&self, k: &GpuKernel, cubin: &[u8]) -> Result<CudaFunction, String> {
         if let Some(f) = self.functions.lock().get(&k.source) {
             return Ok(f.clone());
         }
-        let cubin = crate::cuda_cache::cubin(&k.source, &k.name, &self.arch)?;
         let module = self
             .stream
             .context()
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec()))
             .map_err(|e| format!("kernel {}: loading its cubin: {e}", k.name))?;
         let f = module.load_function(&k.name).map_err(|e| format!("kernel {}: {e}", k.name))?;
         self.functions.lock().insert(k.source.clone(), f.clone());
         Ok(f)
     }
 
-    /// Copies the first `bytes` of `src` into `dst` on the stream.
-    pub(crate) fn copy(&self, src: &DeviceBuffer, dst: &mut DeviceBuffer, bytes: usize) -> Result<(), BackendError> {
+    fn copy(&self, src: &DeviceBuffer, dst: &mut DeviceBuffer, bytes: usize) -> Result<(), BackendError> {
         if bytes == 0 {
             return Ok(());
         }
@@ -224,8 +244,7 @@ impl Ctx {
         self.stream.memcpy_dtod(&from, &mut to).map_err(|e| exec(format!("copying on the device: {e}")))
     }
 
-    /// Writes `bytes` to the start of `dst`.
-    pub(crate) fn write(&self, dst: &mut DeviceBuffer, bytes: &[u8]) -> Result<(), BackendError> {
+    fn write(&self, dst: &mut DeviceBuffer, bytes: &[u8]) -> Result<(), BackendError> {
         if bytes.is_empty() {
             return Ok(());
         }
@@ -234,8 +253,7 @@ impl Ctx {
         self.stream.memcpy_htod(bytes, &mut to).map_err(|e| exec(format!("copying to the device: {e}")))
     }
 
-    /// The first `bytes` of `src`, after everything queued before (waits for the stream).
-    pub(crate) fn read(&self, src: &DeviceBuffer, bytes: usize) -> Result<Vec<u8>, BackendError> {
+    fn read(&self, src: &DeviceBuffer, bytes: usize) -> Result<Vec<u8>, BackendError> {
         let mut out = vec![0u8; bytes];
         if bytes > 0 {
             let from = src.slice().slice(0..bytes);
@@ -244,42 +262,16 @@ impl Ctx {
         self.stream.synchronize().map_err(|e| exec(format!("waiting for the device: {e}")))?;
         Ok(out)
     }
-}
 
-/// A host buffer's elements as the device stores them (little-endian, each in its own width).
-fn to_bytes(data: &HostBuffer) -> Vec<u8> {
-    match data {
-        HostBuffer::Bool(v) => v.iter().map(|&b| b as u8).collect(),
-        HostBuffer::U8(v) => v.clone(),
-        HostBuffer::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        HostBuffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        HostBuffer::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-        HostBuffer::BF16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-        HostBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        HostBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-/// The host buffer of `len` elements of `dtype` stored as `bytes`.
-fn from_bytes(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
-    fn words<const N: usize>(b: &[u8], len: usize) -> impl Iterator<Item = [u8; N]> + '_ {
-        b.chunks_exact(N).take(len).map(|c| std::array::from_fn(|i| c[i]))
-    }
-    match dtype {
-        DType::Bool => HostBuffer::Bool(bytes[..len].iter().map(|&b| b != 0).collect()),
-        DType::U8 => HostBuffer::U8(bytes[..len].to_vec()),
-        DType::U32 => HostBuffer::U32(words(bytes, len).map(u32::from_le_bytes).collect()),
-        DType::I32 => HostBuffer::I32(words(bytes, len).map(i32::from_le_bytes).collect()),
-        DType::I64 => HostBuffer::I64(words(bytes, len).map(i64::from_le_bytes).collect()),
-        DType::F16 => {
-            HostBuffer::F16(words(bytes, len).map(|w| kiln_jit::f16::from_bits(u16::from_le_bytes(w))).collect())
+    unsafe fn launch(&self, f: &CudaFunction, grid: (u32, u32), block: u32, params: &[u64]) -> Result<(), String> {
+        let mut args = self.stream.launch_builder(f);
+        for p in params {
+            args.arg(p);
         }
-        DType::BF16 => {
-            HostBuffer::BF16(words(bytes, len).map(|w| kiln_jit::bf16::from_bits(u16::from_le_bytes(w))).collect())
-        }
-        DType::F32 => HostBuffer::F32(words(bytes, len).map(f32::from_le_bytes).collect()),
-        DType::F64 => HostBuffer::F64(words(bytes, len).map(f64::from_le_bytes).collect()),
+        let cfg = LaunchConfig { grid_dim: (grid.0, grid.1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the caller's contract (`Driver::launch`): these are the kernel's parameters, each live memory of
+        // this device covering what the kernel indexes.
+        unsafe { args.launch(cfg) }.map(|_| ()).map_err(|e| e.to_string())
     }
 }
 
@@ -289,7 +281,7 @@ impl Backend for CudaBackend {
     }
 
     fn compile(&self, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
-        plan::compile(self, graph)
+        crate::gpu::plan::compile(&self.ctx, graph)
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
@@ -297,35 +289,10 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {
-        let mut b = self.ctx.alloc(data.dtype(), data.len())?;
-        self.ctx.write(&mut b, &to_bytes(&data))?;
-        Ok(Buffer::Cuda(b))
+        crate::gpu::upload(&self.ctx, data)
     }
 
     fn download(&self, buffer: &Buffer) -> Result<HostBuffer, BackendError> {
-        let Buffer::Cuda(b) = buffer else { return Err(BackendError::ForeignBuffer { device: NAME }) };
-        if !b.on(&self.ctx) {
-            return Err(BackendError::ForeignBuffer { device: NAME });
-        }
-        let bytes = self.ctx.read(b, b.bytes())?;
-        Ok(from_bytes(b.dtype, &bytes, b.len))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_bytes_round_trip_in_every_dtype() {
-        for dtype in DType::ALL {
-            let vals: Vec<f64> =
-                (0..7).map(|i| if dtype == DType::Bool { (i % 2) as f64 } else { i as f64 * 1.5 }).collect();
-            let vals: Vec<f64> = if dtype.is_float() { vals } else { vals.iter().map(|v| v.floor()).collect() };
-            let host = HostBuffer::from_f64(dtype, &vals);
-            let bytes = to_bytes(&host);
-            assert_eq!(bytes.len(), 7 * dtype.size_of(), "{dtype}: the device stores each element in its width");
-            assert_eq!(from_bytes(dtype, &bytes, 7), host, "{dtype}");
-        }
+        crate::gpu::download(&*self.ctx, buffer)
     }
 }

@@ -58,7 +58,7 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
     let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !gemm::tiled_enabled(), ..Default::default() };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
     crate::gpu_check::note(&plan).map_err(err)?;
-    crate::cuda_cache::precompile(graph).map_err(err)?;
+    crate::gpu_cache::precompile(graph).map_err(err)?;
     if let Some(b) = plan.outputs.iter().find(|b| !backend.supports(b.dtype)) {
         return Err(unsupported(b.dtype));
     }

@@ -1,0 +1,127 @@
+//! What the C-like GPU devices (CUDA, HIP) share above their drivers: the layout of elements in device memory
+//! ([`to_bytes`], [`from_bytes`]) and the compiled plan ([`plan`]), written once against [`Driver`], the few calls
+//! in which the CUDA driver API and the HIP runtime differ (allocate, copy, load a code object, launch). Both
+//! devices schedule and render through `gpu_cache` (the shared renderer's two dialects) and keep their compiled
+//! code in its stores.
+
+pub(crate) mod plan;
+
+use crate::{BackendError, Buffer};
+use kiln_jit::render::cuda::{Flavor, GpuKernel};
+use kiln_jit::{DType, HostBuffer};
+use std::sync::Arc;
+
+/// One GPU device's driver, as the shared plan uses it. Addresses are 64-bit device pointers (`CUdeviceptr`,
+/// `hipDeviceptr_t`), passed to kernels by value.
+pub(crate) trait Driver: Send + Sync + Sized + 'static {
+    /// The device's name in errors (`cuda`, `hip`).
+    const NAME: &'static str;
+    /// The dialect its kernels are rendered in.
+    const FLAVOR: Flavor;
+    /// Device memory for some elements, returned to the device's pool on drop.
+    type Mem: Send + Sync;
+    /// A loaded kernel.
+    type Function: Send + Sync;
+
+    /// The architecture kernels are compiled for (`sm_90`, `gfx90a`).
+    fn arch(&self) -> &str;
+    fn wrap(m: Self::Mem) -> Buffer;
+    /// The device memory of `b`, if it is this kind of device's.
+    fn unwrap(b: &Buffer) -> Option<&Self::Mem>;
+    fn unwrap_mut(b: &mut Buffer) -> Option<&mut Self::Mem>;
+    /// Whether `m` lives on this device (not another GPU of the same kind).
+    fn owns(&self, m: &Self::Mem) -> bool;
+    /// `m`'s device address.
+    fn addr(m: &Self::Mem) -> u64;
+    /// A pooled buffer for `len` elements of `dtype` (contents undefined).
+    fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<Self::Mem, BackendError>;
+    /// Copies the first `bytes` of `src` into `dst`, in stream order.
+    fn copy(&self, src: &Self::Mem, dst: &mut Self::Mem, bytes: usize) -> Result<(), BackendError>;
+    /// Writes `bytes` to the start of `dst`, in stream order.
+    fn write(&self, dst: &mut Self::Mem, bytes: &[u8]) -> Result<(), BackendError>;
+    /// The first `bytes` of `src`, after everything queued before (waits for the device).
+    fn read(&self, src: &Self::Mem, bytes: usize) -> Result<Vec<u8>, BackendError>;
+    /// The loaded function of kernel `k` from its compiled `code` (loaded once per source).
+    fn load(&self, k: &GpuKernel, code: &[u8]) -> Result<Self::Function, String>;
+    /// Queues `f` on the device's stream over a `grid` of `block`-thread blocks with these parameters.
+    ///
+    /// # Safety
+    /// `params` must be exactly the parameters of the kernel `f` was loaded from, in order, each the address of
+    /// live memory of this device holding every element the kernel indexes.
+    unsafe fn launch(&self, f: &Self::Function, grid: (u32, u32), block: u32, params: &[u64]) -> Result<(), String>;
+}
+
+/// A host buffer's elements as the GPU devices store them (little-endian, each in its own width: bool and u8 one
+/// byte, f16 and bf16 two, i64 and f64 eight, as the CUDA/HIP dialect's storage types).
+pub(crate) fn to_bytes(data: &HostBuffer) -> Vec<u8> {
+    match data {
+        HostBuffer::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+        HostBuffer::U8(v) => v.clone(),
+        HostBuffer::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        HostBuffer::BF16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        HostBuffer::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        HostBuffer::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// The host buffer of `len` elements of `dtype` stored as `bytes`.
+pub(crate) fn from_bytes(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
+    fn words<const N: usize>(b: &[u8], len: usize) -> impl Iterator<Item = [u8; N]> + '_ {
+        b.chunks_exact(N).take(len).map(|c| std::array::from_fn(|i| c[i]))
+    }
+    match dtype {
+        DType::Bool => HostBuffer::Bool(bytes[..len].iter().map(|&b| b != 0).collect()),
+        DType::U8 => HostBuffer::U8(bytes[..len].to_vec()),
+        DType::U32 => HostBuffer::U32(words(bytes, len).map(u32::from_le_bytes).collect()),
+        DType::I32 => HostBuffer::I32(words(bytes, len).map(i32::from_le_bytes).collect()),
+        DType::I64 => HostBuffer::I64(words(bytes, len).map(i64::from_le_bytes).collect()),
+        DType::F16 => {
+            HostBuffer::F16(words(bytes, len).map(|w| kiln_jit::f16::from_bits(u16::from_le_bytes(w))).collect())
+        }
+        DType::BF16 => {
+            HostBuffer::BF16(words(bytes, len).map(|w| kiln_jit::bf16::from_bits(u16::from_le_bytes(w))).collect())
+        }
+        DType::F32 => HostBuffer::F32(words(bytes, len).map(f32::from_le_bytes).collect()),
+        DType::F64 => HostBuffer::F64(words(bytes, len).map(f64::from_le_bytes).collect()),
+    }
+}
+
+/// `Backend::upload` for a GPU device.
+pub(crate) fn upload<D: Driver>(ctx: &Arc<D>, data: HostBuffer) -> Result<Buffer, BackendError> {
+    let mut b = ctx.alloc(data.dtype(), data.len())?;
+    ctx.write(&mut b, &to_bytes(&data))?;
+    Ok(D::wrap(b))
+}
+
+/// `Backend::download` for a GPU device: `buffer`'s elements of `dtype`, `len` of them.
+pub(crate) fn download<D: Driver>(ctx: &D, buffer: &Buffer) -> Result<HostBuffer, BackendError> {
+    let foreign = BackendError::ForeignBuffer { device: D::NAME };
+    let Some(m) = D::unwrap(buffer) else { return Err(foreign) };
+    if !ctx.owns(m) {
+        return Err(foreign);
+    }
+    let (dtype, len) = (buffer.dtype(), buffer.len());
+    let bytes = ctx.read(m, len * dtype.size_of())?;
+    Ok(from_bytes(dtype, &bytes, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_bytes_round_trip_in_every_dtype() {
+        for dtype in DType::ALL {
+            let vals: Vec<f64> =
+                (0..7).map(|i| if dtype == DType::Bool { (i % 2) as f64 } else { i as f64 * 1.5 }).collect();
+            let vals: Vec<f64> = if dtype.is_float() { vals } else { vals.iter().map(|v| v.floor()).collect() };
+            let host = HostBuffer::from_f64(dtype, &vals);
+            let bytes = to_bytes(&host);
+            assert_eq!(bytes.len(), 7 * dtype.size_of(), "{dtype}: the device stores each element in its width");
+            assert_eq!(from_bytes(dtype, &bytes, 7), host, "{dtype}");
+        }
+    }
+}
