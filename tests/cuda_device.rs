@@ -66,3 +66,53 @@ fn a_fused_graph_matches_the_cpu() {
         assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "cpu {a:?}\ncuda {b:?}");
     }
 }
+
+/// NCCL (feature `nccl`) is opened at run time: where it is missing (CI) asking for it is an error that says what
+/// to install, never a panic.
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_is_found_or_says_what_to_install() {
+    match kiln_backends::cuda::nccl::probe() {
+        Ok(version) => {
+            // The unique id needs no GPU (NCCL's bootstrap only opens a socket): one rank's part of making a group.
+            match kiln_backends::cuda::nccl::unique_id() {
+                Ok(id) => assert!(id.iter().any(|&b| b != 0), "NCCL {version} gave an empty unique id"),
+                Err(e) => eprintln!("NCCL {version} made no unique id here: {e}"),
+            }
+            println!("NCCL {version}");
+        }
+        Err(e) => {
+            assert!(e.contains("NCCL not found") && e.contains("libnccl.so.2") && e.contains("KILN_NCCL"), "{e}");
+            eprintln!("no NCCL here: {e}");
+        }
+    }
+}
+
+/// Collectives on CUDA tensors go through NCCL (feature `nccl`): a group of one process (NCCL refuses two ranks
+/// on one GPU) all-reduces, broadcasts and gathers on the device, with the host path's results. Needs a GPU and
+/// NCCL (`KILN_REQUIRE_NCCL=1` makes a missing NCCL a failure).
+#[cfg(feature = "nccl")]
+#[test]
+fn a_group_of_one_moves_cuda_tensors_through_nccl() {
+    use kiln::distributed::{ProcessGroup, ReduceOp};
+    let Some(dev) = common::cuda_device() else { return };
+    if let Err(e) = kiln_backends::cuda::nccl::probe() {
+        assert!(!std::env::var("KILN_REQUIRE_NCCL").is_ok_and(|v| v == "1"), "KILN_REQUIRE_NCCL=1: {e}");
+        eprintln!("skipping the NCCL group: {e}");
+        return;
+    }
+    let group = ProcessGroup::single();
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::I64, DType::Bool] {
+        let vals: Vec<f64> =
+            (0..1000).map(|i| if dtype == DType::Bool { (i % 2) as f64 } else { (i % 7) as f64 }).collect();
+        let host = HostBuffer::from_f64(dtype, &vals);
+        let t = Tensor::from_host(host.clone(), [10, 100], &dev).unwrap();
+        let summed = group.all_reduce(&t, ReduceOp::Sum).unwrap();
+        assert_eq!(summed.device(), dev);
+        assert_eq!(summed.to_host().unwrap(), host, "{dtype}: a world of one sums to its input");
+        assert_eq!(group.broadcast(&t, 0).unwrap().to_host().unwrap(), host, "{dtype} broadcast");
+        let gathered = group.all_gather(&t).unwrap();
+        assert_eq!(gathered.dims(), &[1, 10, 100]);
+        assert_eq!(gathered.to_host().unwrap(), host, "{dtype} all_gather");
+    }
+}

@@ -29,12 +29,13 @@
 //! `OMPI_COMM_WORLD_SIZE`, MPICH's and Intel MPI's `PMI_SIZE`) it joins the MPI job, which needs kiln built with the
 //! `mpi` feature; started alone it is a group of one process whose collectives return their input, so the same
 //! program runs with and without a launcher. A launcher's environment in a build without `mpi` is an error, never
-//! a silent group of one (each process would train alone). NCCL for CUDA devices (the `nccl` feature,
-//! `RANK`/`WORLD_SIZE` from torchrun) waits for kiln's CUDA device: `WORLD_SIZE` > 1 without MPI is an error
-//! that says so.
+//! a silent group of one (each process would train alone). `WORLD_SIZE` > 1 without MPI (torchrun's variables) is
+//! an error that says so: kiln's groups start over MPI.
 //!
 //! **Collectives** (`all_reduce`, `broadcast`, `all_gather`, `barrier`) take realized or lazy tensors on any device
-//! and return new realized tensors on the same device; the data crosses through host memory. Every rank must call
+//! and return new realized tensors on the same device; the data crosses through host memory, except on CUDA devices
+//! in a build with the `nccl` feature: there NCCL moves it between the GPUs (`nccl.rs`; one communicator per device,
+//! made at the first collective on it, its unique id sent over the group). Every rank must call
 //! the same collectives in the same order with the same dtypes and shapes: each collective first checks that
 //! (`mpi.rs`), and a difference is an error on every rank, naming what each passed. A rank that does not arrive
 //! within the group's timeout (`set_timeout`, default 300 s; env `KILN_DIST_TIMEOUT` in seconds) fails the others
@@ -50,6 +51,8 @@
 mod data_parallel;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod sampler;
 mod wire;
 
@@ -121,6 +124,10 @@ struct Inner {
     rank: usize,
     world: usize,
     state: Mutex<State>,
+    /// NCCL communicators by CUDA device ordinal (made by `nccl::comm`, outside the state's lock: making one runs
+    /// a collective).
+    #[cfg(feature = "nccl")]
+    nccl: Mutex<std::collections::HashMap<usize, Arc<kiln_backends::cuda::nccl::Comm>>>,
 }
 
 struct State {
@@ -184,9 +191,9 @@ pub fn init() -> Result<ProcessGroup> {
                 return Err(Error::Distributed {
                     op: "init",
                     message: format!(
-                        "WORLD_SIZE={size} but no MPI launcher started this process: kiln's process groups run over \
-                         MPI (start with `mpirun -np N`, feature `mpi`); torchrun-style NCCL groups need kiln's CUDA \
-                         device, which this build does not have"
+                        "WORLD_SIZE={size} but no MPI launcher started this process: kiln's process groups start over \
+                         MPI (start with `mpirun -np N`, feature `mpi`; CUDA tensors then move through NCCL with the \
+                         `nccl` feature); torchrun-style groups without MPI are not supported"
                     ),
                 });
             }
@@ -290,7 +297,15 @@ impl ProcessGroup {
 
     fn with_link(rank: usize, world: usize, link: Link) -> ProcessGroup {
         let state = State { link, seq: 0, timeout: env_timeout(), broken: None };
-        ProcessGroup { inner: Arc::new(Inner { rank, world, state: Mutex::new(state) }) }
+        ProcessGroup {
+            inner: Arc::new(Inner {
+                rank,
+                world,
+                state: Mutex::new(state),
+                #[cfg(feature = "nccl")]
+                nccl: Mutex::new(Default::default()),
+            }),
+        }
     }
 
     /// This process's rank, `0..world_size()`.
@@ -321,6 +336,10 @@ impl ProcessGroup {
     /// The element-wise sum (or mean) of `t` over every rank, on every rank: the same bits everywhere.
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         check_op(op, t.dtype())?;
+        #[cfg(feature = "nccl")]
+        if let crate::Device::Cuda(d) = t.device() {
+            return nccl::all_reduce(self, t, d.ordinal(), op);
+        }
         self.reduce_to_tensor(host_of(t)?, t.shape().clone(), t.dtype(), t.device(), op)
     }
 
@@ -423,6 +442,10 @@ impl ProcessGroup {
     /// not read).
     pub fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
         self.check_root("broadcast", root)?;
+        #[cfg(feature = "nccl")]
+        if let crate::Device::Cuda(d) = t.device() {
+            return nccl::broadcast(self, t, d.ordinal(), root);
+        }
         let wire = Wire::for_copy(t.to_host()?);
         let desc = |seq| describe(seq, Coll::Broadcast, Some(t.dtype()), root, t.dims());
         let wire = self.collective(Coll::Broadcast, desc, |link| match link {
@@ -449,6 +472,10 @@ impl ProcessGroup {
                     self.world_size()
                 ),
             });
+        }
+        #[cfg(feature = "nccl")]
+        if let crate::Device::Cuda(d) = t.device() {
+            return nccl::all_gather(self, t, d.ordinal());
         }
         let wire = Wire::for_copy(t.to_host()?);
         let desc = |seq| describe(seq, Coll::AllGather, Some(t.dtype()), 0, t.dims());

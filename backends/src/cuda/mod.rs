@@ -34,6 +34,9 @@
 //! `__restrict__`, so an output may not alias an input). The routines (scatter-sum, LU, Cholesky, triangular
 //! solves) render as every other kernel.
 
+#[cfg(feature = "nccl")]
+pub mod nccl;
+
 use crate::gpu::Driver;
 use crate::{Backend, BackendError, Buffer, Executable};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys};
