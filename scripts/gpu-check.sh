@@ -2,14 +2,15 @@
 # kiln's CUDA checks on a machine with an NVIDIA GPU, from test binaries built on another machine (a GPU machine
 # lent for minutes has no Rust toolchain and no network).
 #
-#   scripts/gpu-check.sh build [TESTS..]  # here: release test binaries (cpu + cuda, no wgpu), stripped and
+#   scripts/gpu-check.sh build [TESTS..]  # here: release test binaries (cpu + cuda + nccl, no wgpu), stripped and
 #                                         # gzipped into gpu-bin/ (the device tool carries 64 MiB a call: ~6-8 fit)
 #   scripts/gpu-check.sh run [TESTS..]    # there: each binary with KILN_REQUIRE_CUDA=1, so a missing GPU fails
 #
 # `run` finds NVRTC where the machine has one (KILN_NVRTC if set, else libnvrtc.so.13/.12 under python3's
-# site-packages (the nvidia-cuda-nvrtc wheel) or the CUDA toolkit), then runs each carried binary (`cuda_device`
-# opens the GPU and round-trips every dtype; the device-generic suites run every case on the CPU and on CUDA
-# device 0). Each binary's last lines go to stdout and its whole log to
+# site-packages (the nvidia-cuda-nvrtc wheel) or the CUDA toolkit), and NCCL likewise (KILN_NCCL, else
+# libnccl.so.2 under site-packages or the system's: `cuda_device` then runs a group of one through it, and says it
+# skips where there is none), then runs each carried binary (`cuda_device` opens the GPU and round-trips every
+# dtype; the device-generic suites run every case on the CPU and on CUDA device 0). Each binary's last lines go to stdout and its whole log to
 # ${OUT:-.}/gpu-check/<name>.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ build)
     rm -rf gpu-bin && mkdir -p gpu-bin
     args=()
     for t in "${tests[@]}"; do args+=(--test "$t"); done
-    cargo test --release --no-default-features --features cpu,cuda --no-run --message-format=json "${args[@]}" |
+    cargo test --release --no-default-features --features cpu,cuda,nccl --no-run --message-format=json "${args[@]}" |
         python3 -c 'import json, sys, shutil, os
 for line in sys.stdin:
     m = json.loads(line)
@@ -56,7 +57,19 @@ PY
         )
         export KILN_NVRTC
     fi
+    if [ -z "${KILN_NCCL:-}" ]; then
+        KILN_NCCL=$(python3 - <<'PY' 2>/dev/null || true
+import glob, site, sys
+for root in site.getsitepackages() + [site.getusersitepackages(), "/usr/lib/x86_64-linux-gnu", "/usr/local/cuda/lib64"]:
+    hits = glob.glob(f"{root}/**/libnccl.so.2", recursive=True)
+    if hits:
+        print(hits[0]); sys.exit(0)
+PY
+        )
+        [ -n "$KILN_NCCL" ] && export KILN_NCCL
+    fi
     echo "== NVRTC: ${KILN_NVRTC:-not found (the tests will say so)}"
+    echo "== NCCL: ${KILN_NCCL:-not found (the NCCL group test skips)}"
     [ -n "${KILN_NVRTC:-}" ] && export LD_LIBRARY_PATH="$(dirname "$KILN_NVRTC")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     nvidia-smi -L 2>/dev/null || echo "== nvidia-smi: not available"
     export KILN_REQUIRE_CUDA=1 KILN_CACHE_DIR="${KILN_CACHE_DIR:-$(mktemp -d)}"

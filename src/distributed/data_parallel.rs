@@ -8,7 +8,8 @@
 //!    realizes them with `also_realize` in one graph: the forward and backward passes and the flattening are one
 //!    plan.
 //! 2. Each bucket is summed over the ranks (one all-reduce per bucket, not one per parameter: a two-layer MLP's
-//!    four gradients are one message).
+//!    four gradients are one message): in host memory, or on the GPU through NCCL for a CUDA bucket in a build
+//!    with the `nccl` feature (flattened there by the backward pass's plan).
 //! 3. Each gradient comes back as a lazy slice of its summed bucket divided by the world size, so the division and
 //!    the unflattening fuse into the optimizer's update plan.
 //!
@@ -112,17 +113,19 @@ impl DataParallel {
         }
         // Each gradient is an output of the backward pass's plan; the buckets are assembled in host memory, in
         // the copy that brings them to the communication library anyway (a concatenation kernel on the device
-        // cost more than the all-reduce of a small model's bucket).
+        // cost more than the all-reduce of a small model's bucket). A bucket that NCCL sums (`on_device`) is
+        // instead flattened on its GPU in the same plan, and never leaves it.
         let values: Vec<Vec<Tensor>> = no_grad(|| {
             self.buckets
                 .iter()
                 .map(|b| {
+                    let grad = |i: usize| grads.get(&self.params[i].get()).cloned();
+                    if on_device(b) {
+                        return vec![self.flatten(b, grad)];
+                    }
                     b.members
                         .iter()
-                        .map(|&(i, _, n)| match grads.get(&self.params[i].get()) {
-                            Some(g) => g.clone(),
-                            None => Tensor::zeros([n], b.dtype, &b.device),
-                        })
+                        .map(|&(i, _, n)| grad(i).unwrap_or_else(|| Tensor::zeros([n], b.dtype, &b.device)))
                         .collect()
                 })
                 .collect()
@@ -135,16 +138,20 @@ impl DataParallel {
         let mut out = Gradients::default();
         drop(targets);
         for (bucket, parts) in self.buckets.iter().zip(values) {
-            // A gradient nothing else holds (the usual case) is summed in its own buffer.
-            let host = parts
-                .into_iter()
-                .map(|t| match t.into_unique_host() {
-                    Ok(h) => Ok(super::HostData::Owned(h)),
-                    Err(t) => super::host_of(&t),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let summed = self.group.all_reduce_host(host, bucket.dtype, &[bucket.numel])?;
-            let summed = Tensor::from_host(summed, [bucket.numel], &bucket.device)?;
+            let summed = if on_device(bucket) {
+                self.group.all_reduce(&parts[0], super::ReduceOp::Sum)?
+            } else {
+                // A gradient nothing else holds (the usual case) is summed in its own buffer.
+                let host = parts
+                    .into_iter()
+                    .map(|t| match t.into_unique_host() {
+                        Ok(h) => Ok(super::HostData::Owned(h)),
+                        Err(t) => super::host_of(&t),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let summed = self.group.all_reduce_host(host, bucket.dtype, &[bucket.numel])?;
+                Tensor::from_host(summed, [bucket.numel], &bucket.device)?
+            };
             for &(i, off, n) in &bucket.members {
                 let g = no_grad(|| self.unflatten(&summed, i, off, n).div(world));
                 out.insert(self.params[i].get(), g);
@@ -172,6 +179,18 @@ impl DataParallel {
     /// Parameter `i`'s part of a flat bucket, in its shape (lazy).
     fn unflatten(&self, flat: &Tensor, i: usize, off: usize, n: usize) -> Tensor {
         flat.narrow(0, off, n).reshape(self.params[i].dims())
+    }
+}
+
+/// Whether `bucket` is summed on its device by NCCL (a CUDA bucket in a build with the `nccl` feature) rather than
+/// in host memory.
+fn on_device(bucket: &Bucket) -> bool {
+    #[cfg(feature = "nccl")]
+    return matches!(bucket.device, Device::Cuda(_));
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = bucket;
+        false
     }
 }
 
