@@ -476,3 +476,62 @@ fn a_gather_out_of_range_writes_the_fault_record() {
     }
     assert_eq!(Fault::decode(fault.map(i64::from)), Some(Fault::Index { len: 4, index: 7 }));
 }
+
+/// The GPU devices' plan itself (`kiln_backends`' shared GPU plan, as `Device::cuda` and `Device::hip` run it:
+/// uploads, rendering, temps, passthrough copies, rng keys, launch order, the fault record read back, downloads)
+/// on the host stand-in `HostGpu` (each plan's kernels compiled under the shim), over the corpus and cases of its
+/// own, against the interpreter; then a gather out of range, which must make the run an error naming the index.
+#[test]
+fn the_gpu_plan_runs_the_corpus_on_a_host_stand_in() {
+    use kiln_backends::{Backend, BackendError, Buffer, HostGpu};
+    let Some(cxx) = cxx() else { return };
+    let dev = Device::cpu();
+    let gpu = HostGpu::new(&cxx);
+    let x = Tensor::from_vec((0..600).map(|i| (i as f32 * 0.13).sin()).collect(), [20, 30], &dev).expect("x");
+    let w = Tensor::from_vec((0..300).map(|i| (i as f32 * 0.07).cos()).collect(), [30, 10], &dev).expect("w");
+    let e = x.exp();
+    let mut cases = corpus(&dev);
+    cases.push((
+        "an input returned as it is, and a temp two outputs read",
+        vec![x.clone(), e.sum(0, false), e.softmax(-1)],
+    ));
+    cases.push((
+        "a GEMM with a fused epilogue between elementwise kernels",
+        vec![(x.tanh().matmul(&w) + 1.0).relu().sum(1, false)],
+    ));
+    cases.push((
+        "random numbers",
+        vec![Tensor::rand([1000], DType::F32, &dev).mul(2.0), kiln::nn::functional::dropout(&x, 0.5, true)],
+    ));
+    let mut failures = Vec::new();
+    for (name, outs) in &cases {
+        let cap = kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture");
+        let exec = gpu.compile(&cap.graph).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inputs: Vec<Buffer> = cap.inputs.iter().map(|h| gpu.upload(h.clone()).expect("upload")).collect();
+        let got = exec.run(&inputs.iter().collect::<Vec<_>>(), &cap.rng).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = cap.reference().expect("the interpreter");
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (o, (b, w)) in got.iter().zip(&want).enumerate() {
+            let got = gpu.download(b).expect("download");
+            let k = if w.dtype().is_float() { Kind::Accumulate } else { Kind::Exact };
+            if let Err(e) = compare(&got, w, tol(w.dtype(), k)) {
+                failures.push(format!("{name}, output {o} ({}): {e}", w.dtype()));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} outputs differ from the interpreter:\n  {}",
+        failures.len(),
+        failures.join("\n  ")
+    );
+
+    let idx = Tensor::from_vec(vec![1i32, 29, 31], [3], &dev).expect("idx");
+    let cap = kiln::capture(&[&x.index_select(1, &idx).exp()]).expect("capture");
+    let exec = gpu.compile(&cap.graph).expect("compiles");
+    let inputs: Vec<Buffer> = cap.inputs.iter().map(|h| gpu.upload(h.clone()).expect("upload")).collect();
+    match exec.run(&inputs.iter().collect::<Vec<_>>(), &cap.rng) {
+        Err(BackendError::Fault { fault, .. }) => assert_eq!(fault, Fault::Index { len: 30, index: 31 }),
+        other => panic!("an index out of range must fail the run: {other:?}"),
+    }
+}

@@ -17,8 +17,10 @@ pub mod cpu;
 pub mod cuda;
 pub mod dump;
 pub mod gemm_check;
-#[cfg(any(feature = "cuda", feature = "hip"))]
+#[cfg(any(feature = "cuda", feature = "hip", feature = "host-gpu"))]
 mod gpu;
+#[cfg(feature = "host-gpu")]
+pub use gpu::host::{HostGpu, HostMem};
 pub mod gpu_cache;
 pub mod gpu_check;
 #[cfg(feature = "hip")]
@@ -68,6 +70,9 @@ pub enum Buffer {
     /// Memory on a HIP device (returned to its pool on drop).
     #[cfg(feature = "hip")]
     Hip(hip::DeviceBuffer),
+    /// Memory of the GPU plan's host stand-in (feature `host-gpu`, for tests).
+    #[cfg(feature = "host-gpu")]
+    HostGpu(gpu::host::HostMem),
 }
 
 impl Drop for Buffer {
@@ -80,6 +85,8 @@ impl Drop for Buffer {
             Buffer::Cuda(_) => {} // likewise
             #[cfg(feature = "hip")]
             Buffer::Hip(_) => {}
+            #[cfg(feature = "host-gpu")]
+            Buffer::HostGpu(_) => {}
         }
     }
 }
@@ -94,6 +101,8 @@ impl Buffer {
             Buffer::Cuda(d) => d.dtype(),
             #[cfg(feature = "hip")]
             Buffer::Hip(d) => d.dtype(),
+            #[cfg(feature = "host-gpu")]
+            Buffer::HostGpu(d) => d.dtype(),
         }
     }
 
@@ -106,6 +115,8 @@ impl Buffer {
             Buffer::Cuda(d) => d.len(),
             #[cfg(feature = "hip")]
             Buffer::Hip(d) => d.len(),
+            #[cfg(feature = "host-gpu")]
+            Buffer::HostGpu(d) => d.len(),
         }
     }
 

@@ -4,6 +4,8 @@
 //! devices schedule and render through `gpu_cache` (the shared renderer's two dialects) and keep their compiled
 //! code in its stores.
 
+#[cfg(feature = "host-gpu")]
+pub mod host;
 pub(crate) mod plan;
 
 use crate::{BackendError, Buffer};
@@ -41,6 +43,11 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     fn write(&self, dst: &mut Self::Mem, bytes: &[u8]) -> Result<(), BackendError>;
     /// The first `bytes` of `src`, after everything queued before (waits for the device).
     fn read(&self, src: &Self::Mem, bytes: usize) -> Result<Vec<u8>, BackendError>;
+    /// The compiled code of rendered kernels `(source, name)`, in order: from the device's store, or compiled for
+    /// its architecture (the devices' default; the host stand-in compiles at `load` instead).
+    fn compile(&self, kernels: &[(&str, &str)]) -> Result<Vec<Vec<u8>>, String> {
+        crate::gpu_cache::compiled(Self::FLAVOR, kernels, self.arch())
+    }
     /// The loaded function of kernel `k` from its compiled `code` (loaded once per source).
     fn load(&self, k: &GpuKernel, code: &[u8]) -> Result<Self::Function, String>;
     /// Queues `f` on the device's stream over a `grid` of `block`-thread blocks with these parameters.

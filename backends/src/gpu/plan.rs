@@ -55,7 +55,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
         })
         .collect::<Result<Vec<_>, _>>()?;
     let sources: Vec<(&str, &str)> = rendered.iter().map(|k| (k.source.as_str(), k.name.as_str())).collect();
-    let codes = crate::gpu_cache::compiled(D::FLAVOR, &sources, ctx.arch()).map_err(err)?;
+    let codes = ctx.compile(&sources).map_err(err)?;
     let mut launches = Vec::with_capacity(plan.launches.len());
     let mut temps = vec![0usize; plan.temps.len()];
     let ext = match D::FLAVOR {

@@ -67,28 +67,53 @@ pub fn host_unit(kernels: &[(&GpuKernel, &KernelIr)]) -> String {
             args.push(format!("(int*)args[{next}]"));
         }
         let call = format!("kiln_k{i}::{}({})", k.name, args.join(", "));
-        let _ = write!(
-            s,
-            "extern \"C\" void kiln_run_{i}(void** args, unsigned int gx, unsigned int gy, unsigned int block) {{\n    \
-             gridDim = {{gx, gy, 1}};\n    blockDim = {{block, 1, 1}};\n    \
-             for (unsigned int by = 0; by < gy; by++)\n        for (unsigned int bx = 0; bx < gx; bx++) {{\n"
-        );
-        if g.source.contains("__syncthreads") {
-            // The block's threads run at once and meet at each barrier.
-            let _ = write!(
-                s,
-                "            std::barrier<> bar(block);\n            kiln_bar = &bar;\n            \
-                 std::vector<std::thread> ts;\n            for (unsigned int t = 0; t < block; t++)\n                \
-                 ts.emplace_back([=] {{ blockIdx = {{bx, by, 0}}; threadIdx = {{t, 0, 0}}; {call}; }});\n            \
-                 for (auto& th : ts) th.join();\n        }}\n}}\n"
-            );
-        } else {
-            let _ = write!(
-                s,
-                "            for (unsigned int t = 0; t < block; t++) {{\n                blockIdx = {{bx, by, 0}};\n                \
-                 threadIdx = {{t, 0, 0}};\n                {call};\n            }}\n        }}\n}}\n"
-            );
-        }
+        driver(&mut s, &format!("kiln_run_{i}"), &call, &g.source);
     }
     s
+}
+
+/// Kernels `(source, name)` under the shim, each in a namespace of its own with a driver `kiln_run_<i>(args, grid x,
+/// grid y, block)` that casts each of `args` to the kernel's parameter type itself (through the function's own
+/// signature, so no kernel IR is needed): what the host stand-in for a GPU device (`kiln_backends`' `host-gpu`
+/// feature) compiles for a plan.
+pub fn kernel_unit(kernels: &[(&str, &str)]) -> String {
+    let mut s = String::from(SHIM);
+    s.push_str(
+        "#include <cstddef>\n#include <utility>\n\
+         template <typename... P, std::size_t... I>\n\
+         void kiln_call_at(void (*f)(P...), void** a, std::index_sequence<I...>) { f(static_cast<P>(a[I])...); }\n\
+         template <typename... P> void kiln_call(void (*f)(P...), void** a) {\n    \
+         kiln_call_at(f, a, std::index_sequence_for<P...>{});\n}\n",
+    );
+    for (i, (source, name)) in kernels.iter().enumerate() {
+        let _ = write!(s, "namespace kiln_k{i} {{\n{}\n}}\n", source.replace("extern \"C\" ", ""));
+        driver(&mut s, &format!("kiln_run_{i}"), &format!("kiln_call(kiln_k{i}::{name}, args)"), source);
+    }
+    s
+}
+
+/// The driver `name(args, gx, gy, block)` that runs `call` for every thread of every block: in turn, or, for a
+/// kernel with barriers, the block's threads at once meeting at a `std::barrier`.
+fn driver(s: &mut String, name: &str, call: &str, source: &str) {
+    let _ = write!(
+        s,
+        "extern \"C\" void {name}(void** args, unsigned int gx, unsigned int gy, unsigned int block) {{\n    \
+         gridDim = {{gx, gy, 1}};\n    blockDim = {{block, 1, 1}};\n    \
+         for (unsigned int by = 0; by < gy; by++)\n        for (unsigned int bx = 0; bx < gx; bx++) {{\n"
+    );
+    if source.contains("__syncthreads") {
+        let _ = write!(
+            s,
+            "            std::barrier<> bar(block);\n            kiln_bar = &bar;\n            \
+             std::vector<std::thread> ts;\n            for (unsigned int t = 0; t < block; t++)\n                \
+             ts.emplace_back([=] {{ blockIdx = {{bx, by, 0}}; threadIdx = {{t, 0, 0}}; {call}; }});\n            \
+             for (auto& th : ts) th.join();\n        }}\n}}\n"
+        );
+    } else {
+        let _ = write!(
+            s,
+            "            for (unsigned int t = 0; t < block; t++) {{\n                blockIdx = {{bx, by, 0}};\n                \
+             threadIdx = {{t, 0, 0}};\n                {call};\n            }}\n        }}\n}}\n"
+        );
+    }
 }

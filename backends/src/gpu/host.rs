@@ -1,0 +1,234 @@
+//! The GPU devices' plan on the host (feature `host-gpu`, for tests): a [`Driver`] whose memory is host memory and
+//! whose kernels are the rendered CUDA C compiled by the host's C++ compiler under the shim
+//! (`kiln_jit::render::cuda::host::kernel_unit`), a plan's new kernels in one shared library.
+//! So the plan the CUDA and HIP devices run (`gpu::plan`: rendering, loading, temps, passthrough copies, the rng
+//! keys, the fault record, launch order, upload and download) runs end to end and is compared with the interpreter
+//! on a machine without a GPU (`tests/gpu_plan_host.rs`). What the shim cannot stand in for (the device's math
+//! library, its memory model, timing) is in `host.rs`'s doc; this adds nothing a GPU driver does beyond the plan.
+
+use super::Driver;
+use crate::{Backend, BackendError, Buffer, Executable};
+use kiln_jit::render::cuda::{Flavor, GpuKernel, host};
+use kiln_jit::{DType, Graph, HostBuffer};
+use libloading::Library;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const NAME: &str = "host-gpu";
+
+type Run = unsafe extern "C" fn(*mut *mut c_void, u32, u32, u32);
+
+/// A stand-in GPU on the host; see the module doc.
+pub struct HostGpu {
+    ctx: Arc<Ctx>,
+}
+
+pub(crate) struct Ctx {
+    /// The C++ compiler (`c++`).
+    cxx: String,
+    /// Where the kernels' libraries are written (removed with the device).
+    dir: std::path::PathBuf,
+    functions: Mutex<HashMap<String, Arc<Loaded>>>,
+}
+
+/// A kernel's driver in its plan's library.
+pub(crate) struct Loaded {
+    run: Run,
+    _lib: Arc<Library>,
+}
+
+/// Host memory standing for device memory: 8-byte words (every dtype's alignment), written by the kernels through
+/// raw pointers (hence the interior mutability).
+pub struct HostMem {
+    words: Box<[std::cell::UnsafeCell<u64>]>,
+    dtype: DType,
+    len: usize,
+}
+
+// SAFETY: a plan's launches run one after another on the calling thread and every access goes through raw pointers
+// taken from the cells; nothing reads a buffer while a kernel writes it (the plan orders them as on a GPU stream).
+unsafe impl Sync for HostMem {}
+
+impl HostMem {
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.words.as_ptr() as *mut u8
+    }
+}
+
+impl std::fmt::Debug for HostMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostMem({}[{}])", self.dtype, self.len)
+    }
+}
+
+impl HostGpu {
+    /// A stand-in GPU whose kernels `cxx` (a C++20 compiler) compiles.
+    pub fn new(cxx: &str) -> HostGpu {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "kiln-host-gpu-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions: Mutex::new(HashMap::new()) }) }
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Driver for Ctx {
+    const NAME: &'static str = NAME;
+    const FLAVOR: Flavor = Flavor::Cuda;
+    type Mem = HostMem;
+    type Function = Arc<Loaded>;
+
+    fn arch(&self) -> &str {
+        "host"
+    }
+
+    fn wrap(m: HostMem) -> Buffer {
+        Buffer::HostGpu(m)
+    }
+
+    fn unwrap(b: &Buffer) -> Option<&HostMem> {
+        match b {
+            Buffer::HostGpu(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    fn unwrap_mut(b: &mut Buffer) -> Option<&mut HostMem> {
+        match b {
+            Buffer::HostGpu(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    fn owns(&self, _m: &HostMem) -> bool {
+        true
+    }
+
+    fn addr(m: &HostMem) -> u64 {
+        m.ptr() as u64
+    }
+
+    fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<HostMem, BackendError> {
+        let words = (len * dtype.size_of()).div_ceil(8).max(1);
+        // Filled with a pattern, not zeros: a kernel that reads memory nothing wrote shows up in the results.
+        let words = (0..words).map(|_| std::cell::UnsafeCell::new(0x7fc0_0000_7fc0_0000)).collect();
+        Ok(HostMem { words, dtype, len })
+    }
+
+    /// Compiles the kernels not loaded yet into one library (one C++ compile per plan) and loads them; `load` then
+    /// finds each by its source. There is no code object to hand back.
+    fn compile(&self, kernels: &[(&str, &str)]) -> Result<Vec<Vec<u8>>, String> {
+        let mut new: Vec<(&str, &str)> = Vec::new();
+        {
+            let loaded = self.functions.lock();
+            for &(source, name) in kernels {
+                if !loaded.contains_key(source) && !new.iter().any(|(s, _)| *s == source) {
+                    new.push((source, name));
+                }
+            }
+        }
+        if !new.is_empty() {
+            static UNITS: AtomicUsize = AtomicUsize::new(0);
+            std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+            let n = UNITS.fetch_add(1, Ordering::Relaxed);
+            let (src, lib) = (self.dir.join(format!("plan{n}.cpp")), self.dir.join(format!("plan{n}.so")));
+            std::fs::write(&src, host::kernel_unit(&new)).map_err(|e| format!("{}: {e}", src.display()))?;
+            // -ffp-contract=off: no fused multiply-adds the interpreter does not have either.
+            let out = std::process::Command::new(&self.cxx)
+                .args(["-std=c++20", "-pthread", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
+                .arg(&lib)
+                .arg(&src)
+                .output()
+                .map_err(|e| format!("running {}: {e}", self.cxx))?;
+            if !out.status.success() {
+                return Err(format!("the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+            }
+            // SAFETY: a library just compiled from the shim and the plan's kernels; its initializers are the C++
+            // runtime's.
+            let library =
+                Arc::new(unsafe { Library::new(&lib) }.map_err(|e| format!("loading {}: {e}", lib.display()))?);
+            let mut loaded = self.functions.lock();
+            for (i, (source, _)) in new.iter().enumerate() {
+                let symbol = format!("kiln_run_{i}\0");
+                // SAFETY: each driver's signature as `host::kernel_unit` writes it.
+                let run = unsafe { library.get::<Run>(symbol.as_bytes()).map(|s| *s) }.map_err(|e| e.to_string())?;
+                loaded.insert(source.to_string(), Arc::new(Loaded { run, _lib: library.clone() }));
+            }
+        }
+        Ok(vec![Vec::new(); kernels.len()])
+    }
+
+    fn load(&self, k: &GpuKernel, _code: &[u8]) -> Result<Arc<Loaded>, String> {
+        let loaded = self.functions.lock();
+        loaded.get(&k.source).cloned().ok_or_else(|| format!("kernel {} was not compiled", k.name))
+    }
+
+    fn copy(&self, src: &HostMem, dst: &mut HostMem, bytes: usize) -> Result<(), BackendError> {
+        // SAFETY: both hold at least `bytes` (the plan copies an output from an input of its dtype and length), and
+        // are distinct allocations.
+        unsafe { std::ptr::copy_nonoverlapping(src.ptr(), dst.ptr(), bytes) };
+        Ok(())
+    }
+
+    fn write(&self, dst: &mut HostMem, bytes: &[u8]) -> Result<(), BackendError> {
+        // SAFETY: `dst` holds at least `bytes.len()` bytes (callers write at most what they allocated).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.ptr(), bytes.len()) };
+        Ok(())
+    }
+
+    fn read(&self, src: &HostMem, bytes: usize) -> Result<Vec<u8>, BackendError> {
+        let mut out = vec![0u8; bytes];
+        // SAFETY: `src` holds at least `bytes` bytes (callers read at most its elements).
+        unsafe { std::ptr::copy_nonoverlapping(src.ptr(), out.as_mut_ptr(), bytes) };
+        Ok(out)
+    }
+
+    unsafe fn launch(&self, f: &Arc<Loaded>, grid: (u32, u32), block: u32, params: &[u64]) -> Result<(), String> {
+        let mut args: Vec<*mut c_void> = params.iter().map(|&p| p as *mut c_void).collect();
+        // SAFETY: the caller's contract (`Driver::launch`): `params` are the kernel's buffers in its order, each
+        // covering what it indexes; the driver runs every thread of the grid before it returns.
+        unsafe { (f.run)(args.as_mut_ptr(), grid.0, grid.1, block) };
+        Ok(())
+    }
+}
+
+impl Backend for HostGpu {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn compile(&self, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
+        super::plan::compile(&self.ctx, graph)
+    }
+
+    fn upload(&self, data: HostBuffer) -> Result<Buffer, BackendError> {
+        super::upload(&self.ctx, data)
+    }
+
+    fn download(&self, buffer: &Buffer) -> Result<HostBuffer, BackendError> {
+        super::download(&*self.ctx, buffer)
+    }
+}
