@@ -10,60 +10,30 @@ mod test_cache;
 
 mod common;
 
-use kiln::{DType, Device, HostBuffer, Tensor};
+mod gpu_open;
+
+use gpu_open::Gpu;
+#[cfg(feature = "nccl")]
+use kiln::{DType, HostBuffer, Tensor};
+
+const CUDA: Gpu = Gpu {
+    open: kiln::Device::cuda,
+    name: "cuda",
+    require: "KILN_REQUIRE_CUDA",
+    arch: "sm_",
+    missing: &["install the NVIDIA driver", "NVRTC", "no CUDA device"],
+    no_device: "no CUDA device",
+};
 
 #[test]
 fn opening_cuda_works_or_says_what_is_missing() {
-    let required = std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match Device::cuda(0) {
-        Ok(dev) => {
-            assert!(matches!(dev, Device::Cuda(_)), "{dev:?}");
-            assert_eq!(dev.to_string(), "cuda:0");
-            assert!(dev.describe().contains("sm_"), "{}", dev.describe());
-            for dtype in DType::ALL {
-                let vals: Vec<f64> = (0..1000)
-                    .map(|i| if dtype == DType::Bool { (i % 3 == 0) as u8 as f64 } else { (i % 97) as f64 })
-                    .collect();
-                let host = HostBuffer::from_f64(dtype, &vals);
-                let t = Tensor::from_host(host.clone(), [1000], &dev).unwrap();
-                assert_eq!(t.to_host().unwrap(), host, "{dtype} round trip");
-            }
-            // A device that does not exist is an error naming it, not a panic.
-            let err = Device::cuda(4096).unwrap_err().to_string();
-            assert!(err.contains("no CUDA device 4096"), "{err}");
-        }
-        Err(e) => {
-            assert!(!required, "KILN_REQUIRE_CUDA=1 but Device::cuda(0) failed: {e}");
-            let msg = e.to_string();
-            assert!(msg.starts_with("cuda is unavailable: "), "{msg}");
-            assert!(
-                msg.contains("install the NVIDIA driver") || msg.contains("NVRTC") || msg.contains("no CUDA device"),
-                "the error must say what is missing: {msg}"
-            );
-            // Asked again: the same answer (remembered), still no panic, and `"cuda:1".parse()` agrees.
-            assert_eq!(Device::cuda(0).unwrap_err().to_string(), msg);
-            assert!("cuda:1".parse::<Device>().is_err());
-            eprintln!("no CUDA here, as expected on this machine: {msg}");
-        }
-    }
-    assert!("cuda:x".parse::<Device>().unwrap_err().to_string().contains("unknown device"));
+    gpu_open::opens_or_says_what_is_missing(&CUDA);
 }
 
-/// A fused graph with a reduction and a gather, on the CUDA device against the CPU (where there is
-/// a GPU; the device-generic suites cover the rest).
 #[test]
 fn a_fused_graph_matches_the_cpu() {
-    let Some(dev) = common::cuda_device() else { return };
-    let cpu = Device::cpu();
-    let run = |d: &Device| {
-        let x = Tensor::from_vec((0..4096).map(|i| (i as f32 * 0.01).sin()).collect(), [64, 64], d).unwrap();
-        let idx = Tensor::from_vec(vec![3i64, 0, 63, 7], [4], d).unwrap();
-        let y = (x.exp() * 2.0 + 1.0).sum(1, false).index_select(0, &idx);
-        y.to_vec::<f32>().unwrap()
-    };
-    let (a, b) = (run(&cpu), run(&dev));
-    for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "cpu {a:?}\ncuda {b:?}");
+    if let Some(dev) = common::cuda_device() {
+        gpu_open::a_fused_graph_matches_the_cpu(&dev);
     }
 }
 

@@ -16,6 +16,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod dump;
+mod dynlib;
 pub mod gemm_check;
 #[cfg(any(feature = "cuda", feature = "hip", feature = "host-gpu"))]
 mod gpu;

@@ -50,25 +50,11 @@ impl Rtc {
     }
 
     fn open(kind: RtcKind, var: &str, names: &[&str], install: &str) -> Result<Rtc, String> {
-        let candidates: Vec<String> = match std::env::var(var) {
-            Ok(p) if !p.is_empty() => vec![p],
-            _ => names.iter().map(|s| s.to_string()).collect(),
-        };
-        let mut tried = Vec::new();
-        for c in &candidates {
-            // SAFETY: loading a shared library runs its initializers; these are the vendors' compiler libraries,
-            // whose initializers only set up the library itself.
-            match unsafe { Library::new(c) } {
-                Ok(lib) => {
-                    let rtc = Rtc { kind, lib, path: c.clone() };
-                    // Refuse a library without the entry points (a libamdhip64 built without hiprtc).
-                    rtc.sym::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>("Version")?;
-                    return Ok(rtc);
-                }
-                Err(e) => tried.push(format!("{c}: {e}")),
-            }
-        }
-        Err(format!("{kind:?} not found ({}); {install}", tried.join("; ")))
+        let (lib, path) = crate::dynlib::open(var, names, &format!("{kind:?}"), install)?;
+        let rtc = Rtc { kind, lib, path };
+        // Refuse a library without the entry points (a libamdhip64 built without hiprtc).
+        rtc.sym::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>("Version")?;
+        Ok(rtc)
     }
 
     fn prefix(&self) -> &'static str {
@@ -79,10 +65,9 @@ impl Rtc {
     }
 
     fn sym<T: Copy>(&self, name: &str) -> Result<T, String> {
-        let full = format!("{}{name}\0", self.prefix());
         // SAFETY: each call site names the symbol with its C signature from the vendor's header (nvrtc.h,
         // hiprtc.h: the two agree on every function used here).
-        unsafe { self.lib.get::<T>(full.as_bytes()).map(|s| *s).map_err(|e| format!("{}: {e}", self.path)) }
+        unsafe { crate::dynlib::sym(&self.lib, &self.path, &format!("{}{name}", self.prefix())) }
     }
 
     /// The compiler's version, (major, minor).

@@ -21,7 +21,7 @@ use crate::gpu::Driver;
 use crate::{BackendError, Buffer};
 use kiln_jit::DType;
 use libloading::Library;
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Arc, OnceLock};
 
 /// `ncclUniqueId`: 128 opaque bytes, passed by value.
@@ -65,9 +65,9 @@ struct Nccl {
 }
 
 /// What to install when NCCL is missing.
-pub const INSTALL_HINT: &str = "NCCL not found (libnccl.so.2 is not on the loader's path): install NCCL (Debian/\
-                                Ubuntu: NVIDIA's libnccl2 package; or `pip install nvidia-nccl-cu12` and put its \
-                                nvidia/nccl/lib on LD_LIBRARY_PATH), or name the library with KILN_NCCL";
+pub const INSTALL_HINT: &str = "install NCCL (Debian/Ubuntu: NVIDIA's libnccl2 package, libnccl.so.2; or `pip \
+                                install nvidia-nccl-cu12` and put its nvidia/nccl/lib on LD_LIBRARY_PATH), or name \
+                                the library with KILN_NCCL";
 
 fn nccl() -> Result<&'static Nccl, String> {
     static LIB: OnceLock<Result<Nccl, String>> = OnceLock::new();
@@ -75,55 +75,30 @@ fn nccl() -> Result<&'static Nccl, String> {
 }
 
 fn open() -> Result<Nccl, String> {
-    let candidates: Vec<String> = match std::env::var("KILN_NCCL") {
-        Ok(p) if !p.is_empty() => vec![p],
-        _ => vec!["libnccl.so.2".into(), "libnccl.so".into()],
-    };
-    let mut tried = Vec::new();
-    for path in candidates {
-        // SAFETY: loading NVIDIA's NCCL runs its initializers, which only set up the library itself.
-        let lib = match unsafe { Library::new(&path) } {
-            Ok(lib) => lib,
-            Err(e) => {
-                tried.push(format!("{path}: {e}"));
-                continue;
-            }
+    let (lib, path) = crate::dynlib::open("KILN_NCCL", &["libnccl.so.2", "libnccl.so"], "NCCL", INSTALL_HINT)?;
+    macro_rules! sym {
+        ($name:literal) => {
+            // SAFETY: each field's type is the symbol's C signature from nccl.h.
+            unsafe { crate::dynlib::sym(&lib, &path, $name) }
         };
-        fn sym<T: Copy>(lib: &Library, path: &str, name: &str) -> Result<T, String> {
-            // SAFETY: every call site names the symbol with its C signature from nccl.h.
-            unsafe { lib.get::<T>(format!("{name}\0").as_bytes()).map(|s| *s) }
-                .map_err(|e| format!("{path} lacks {name} (not NCCL?): {e}"))
-        }
-        return Ok(Nccl {
-            version: sym(&lib, &path, "ncclGetVersion")?,
-            unique_id: sym(&lib, &path, "ncclGetUniqueId")?,
-            init_rank: sym(&lib, &path, "ncclCommInitRank")?,
-            destroy: sym(&lib, &path, "ncclCommDestroy")?,
-            error_string: sym(&lib, &path, "ncclGetErrorString")?,
-            all_reduce: sym(&lib, &path, "ncclAllReduce")?,
-            broadcast: sym(&lib, &path, "ncclBroadcast")?,
-            all_gather: sym(&lib, &path, "ncclAllGather")?,
-            path,
-            _lib: lib,
-        });
     }
-    Err(format!("{INSTALL_HINT} (tried {})", tried.join("; ")))
+    Ok(Nccl {
+        version: sym!("ncclGetVersion")?,
+        unique_id: sym!("ncclGetUniqueId")?,
+        init_rank: sym!("ncclCommInitRank")?,
+        destroy: sym!("ncclCommDestroy")?,
+        error_string: sym!("ncclGetErrorString")?,
+        all_reduce: sym!("ncclAllReduce")?,
+        broadcast: sym!("ncclBroadcast")?,
+        all_gather: sym!("ncclAllGather")?,
+        path,
+        _lib: lib,
+    })
 }
 
 impl Nccl {
     fn check(&self, status: Status, call: &str) -> Result<(), String> {
-        if status == 0 {
-            return Ok(());
-        }
-        // SAFETY: ncclGetErrorString returns a static NUL-terminated string for any status (or null).
-        let text = unsafe { (self.error_string)(status) };
-        let text = if text.is_null() {
-            "unknown error".into()
-        } else {
-            // SAFETY: non-null, NUL-terminated and static.
-            unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
-        };
-        Err(format!("{call} failed: {text} ({status})"))
+        crate::dynlib::check(status, call, self.error_string)
     }
 }
 

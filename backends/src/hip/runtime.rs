@@ -66,56 +66,41 @@ pub(super) struct Runtime {
 }
 
 /// What to install when the runtime is missing.
-pub const INSTALL_HINT: &str = "no HIP runtime found (libamdhip64.so.6 or .so.5 is not on the loader's path): \
-                                install ROCm (or Debian's libamdhip64-5 libamd-comgr2 libhiprtc-builtins5 \
+pub const INSTALL_HINT: &str = "install ROCm (or Debian's libamdhip64-5 libamd-comgr2 libhiprtc-builtins5 \
                                 rocm-device-libs), or name the library with KILN_HIP_RUNTIME";
 
 impl Runtime {
     /// Opens the runtime and resolves every entry point; an error says what is missing.
     pub(super) fn open() -> Result<Runtime, String> {
-        let candidates: Vec<String> = match std::env::var("KILN_HIP_RUNTIME") {
-            Ok(p) if !p.is_empty() => vec![p],
-            _ => ["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"].map(String::from).to_vec(),
-        };
-        let mut tried = Vec::new();
-        for path in candidates {
-            // SAFETY: loading AMD's runtime library runs its initializers, which only set up the library itself
-            // (devices are looked for at `hipInit`).
-            match unsafe { Library::new(&path) } {
-                Ok(lib) => return Runtime::resolve(lib, path),
-                Err(e) => tried.push(format!("{path}: {e}")),
-            }
+        let names = ["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"];
+        let (lib, path) = crate::dynlib::open("KILN_HIP_RUNTIME", &names, "HIP runtime", INSTALL_HINT)?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: each field's type is the symbol's C signature from hip_runtime_api.h.
+                unsafe { crate::dynlib::sym(&lib, &path, $name) }
+            };
         }
-        Err(format!("{INSTALL_HINT} (tried {})", tried.join("; ")))
-    }
-
-    fn resolve(lib: Library, path: String) -> Result<Runtime, String> {
-        fn sym<T: Copy>(lib: &Library, path: &str, name: &str) -> Result<T, String> {
-            // SAFETY: every call site names the symbol with its C signature from hip_runtime_api.h.
-            unsafe { lib.get::<T>(format!("{name}\0").as_bytes()).map(|s| *s) }
-                .map_err(|e| format!("{path} lacks {name} (not a HIP runtime?): {e}"))
-        }
-        let properties = match sym(&lib, &path, "hipGetDevicePropertiesR0600") {
+        let properties = match sym!("hipGetDevicePropertiesR0600") {
             Ok(f) => (f, ARCH_OFFSET_R0600),
-            Err(_) => (sym(&lib, &path, "hipGetDeviceProperties")?, ARCH_OFFSET_R0000),
+            Err(_) => (sym!("hipGetDeviceProperties")?, ARCH_OFFSET_R0000),
         };
         Ok(Runtime {
-            init: sym(&lib, &path, "hipInit")?,
-            device_count: sym(&lib, &path, "hipGetDeviceCount")?,
-            runtime_version: sym(&lib, &path, "hipRuntimeGetVersion")?,
-            error_string: sym(&lib, &path, "hipGetErrorString")?,
-            set_device: sym(&lib, &path, "hipSetDevice")?,
-            device_name: sym(&lib, &path, "hipDeviceGetName")?,
+            init: sym!("hipInit")?,
+            device_count: sym!("hipGetDeviceCount")?,
+            runtime_version: sym!("hipRuntimeGetVersion")?,
+            error_string: sym!("hipGetErrorString")?,
+            set_device: sym!("hipSetDevice")?,
+            device_name: sym!("hipDeviceGetName")?,
             properties,
-            stream_create: sym(&lib, &path, "hipStreamCreate")?,
-            stream_synchronize: sym(&lib, &path, "hipStreamSynchronize")?,
-            malloc: sym(&lib, &path, "hipMalloc")?,
-            htod: sym(&lib, &path, "hipMemcpyHtoDAsync")?,
-            dtoh: sym(&lib, &path, "hipMemcpyDtoHAsync")?,
-            dtod: sym(&lib, &path, "hipMemcpyDtoDAsync")?,
-            module_load_data: sym(&lib, &path, "hipModuleLoadData")?,
-            module_get_function: sym(&lib, &path, "hipModuleGetFunction")?,
-            launch: sym(&lib, &path, "hipModuleLaunchKernel")?,
+            stream_create: sym!("hipStreamCreate")?,
+            stream_synchronize: sym!("hipStreamSynchronize")?,
+            malloc: sym!("hipMalloc")?,
+            htod: sym!("hipMemcpyHtoDAsync")?,
+            dtoh: sym!("hipMemcpyDtoHAsync")?,
+            dtod: sym!("hipMemcpyDtoDAsync")?,
+            module_load_data: sym!("hipModuleLoadData")?,
+            module_get_function: sym!("hipModuleGetFunction")?,
+            launch: sym!("hipModuleLaunchKernel")?,
             path,
             _lib: lib,
         })
@@ -123,18 +108,7 @@ impl Runtime {
 
     /// `Ok` for `hipSuccess`, else an error naming the call and the runtime's words for `status`.
     fn check(&self, status: Status, call: &str) -> Result<(), String> {
-        if status == 0 {
-            return Ok(());
-        }
-        // SAFETY: hipGetErrorString returns a static NUL-terminated string for any status (or null).
-        let text = unsafe { (self.error_string)(status) };
-        let text = if text.is_null() {
-            "unknown error".into()
-        } else {
-            // SAFETY: non-null, NUL-terminated and static (above).
-            unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
-        };
-        Err(format!("{call} failed: {text} ({status})"))
+        crate::dynlib::check(status, call, self.error_string)
     }
 
     /// The runtime's version as `major.minor` (`hipRuntimeGetVersion`: major * 10^7 + minor * 10^5 + patch).

@@ -1,0 +1,70 @@
+//! One test body for opening each GPU device (`tests/cuda_device.rs`, `tests/hip_device.rs`): where the device is
+//! there it opens, names itself and moves data of every dtype bit for bit; where it is not, opening it is an error
+//! that says what is missing, the same error when asked again, never a panic; and a fused graph with a reduction
+//! and a gather matches the CPU where there is a GPU.
+
+use kiln::{DType, Device, HostBuffer, Tensor};
+
+/// What differs between the GPU devices in these checks.
+pub struct Gpu {
+    /// `Device::cuda`, `Device::hip`.
+    pub open: fn(usize) -> kiln::Result<Device>,
+    /// `cuda`, `hip`: the device's name in errors and `"cuda:0"`.
+    pub name: &'static str,
+    /// The variable that makes a missing device a failure (`KILN_REQUIRE_CUDA`).
+    pub require: &'static str,
+    /// What `describe()` names (the architecture's prefix: `sm_`, `gfx`).
+    pub arch: &'static str,
+    /// Words of which a missing device's error contains one: what to install, or that there is no device.
+    pub missing: &'static [&'static str],
+    /// The error for an ordinal past the devices, e.g. `no CUDA device`.
+    pub no_device: &'static str,
+}
+
+/// Opens device 0, or checks the error that says why it cannot be opened.
+pub fn opens_or_says_what_is_missing(gpu: &Gpu) {
+    let required = std::env::var(gpu.require).is_ok_and(|v| v == "1");
+    match (gpu.open)(0) {
+        Ok(dev) => {
+            assert_eq!(dev.to_string(), format!("{}:0", gpu.name));
+            assert!(dev.describe().contains(gpu.arch), "{}", dev.describe());
+            for dtype in DType::ALL {
+                let vals: Vec<f64> = (0..1000)
+                    .map(|i| if dtype == DType::Bool { (i % 3 == 0) as u8 as f64 } else { (i % 97) as f64 })
+                    .collect();
+                let host = HostBuffer::from_f64(dtype, &vals);
+                let t = Tensor::from_host(host.clone(), [1000], &dev).unwrap();
+                assert_eq!(t.to_host().unwrap(), host, "{dtype} round trip");
+            }
+            // A device that does not exist is an error naming it, not a panic.
+            let err = (gpu.open)(4096).unwrap_err().to_string();
+            assert!(err.contains(&format!("{} 4096", gpu.no_device)), "{err}");
+        }
+        Err(e) => {
+            assert!(!required, "{}=1 but opening {} device 0 failed: {e}", gpu.require, gpu.name);
+            let msg = e.to_string();
+            assert!(msg.starts_with(&format!("{} is unavailable: ", gpu.name)), "{msg}");
+            assert!(gpu.missing.iter().any(|w| msg.contains(w)), "the error must say what is missing: {msg}");
+            // Asked again: the same answer (remembered), still no panic, and `"<name>:1".parse()` agrees.
+            assert_eq!((gpu.open)(0).unwrap_err().to_string(), msg);
+            assert!(format!("{}:1", gpu.name).parse::<Device>().is_err());
+            eprintln!("no {} device here, as expected on this machine: {msg}", gpu.name);
+        }
+    }
+    let unknown = format!("{}:x", gpu.name).parse::<Device>().unwrap_err().to_string();
+    assert!(unknown.contains("unknown device") && unknown.contains(&format!("{}:N", gpu.name)), "{unknown}");
+}
+
+/// A fused graph with a reduction and a gather on `dev` against the CPU (the device-generic suites cover the rest).
+pub fn a_fused_graph_matches_the_cpu(dev: &Device) {
+    let run = |d: &Device| {
+        let x = Tensor::from_vec((0..4096).map(|i| (i as f32 * 0.01).sin()).collect(), [64, 64], d).unwrap();
+        let idx = Tensor::from_vec(vec![3i64, 0, 63, 7], [4], d).unwrap();
+        let y = (x.exp() * 2.0 + 1.0).sum(1, false).index_select(0, &idx);
+        y.to_vec::<f32>().unwrap()
+    };
+    let (a, b) = (run(&Device::cpu()), run(dev));
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "cpu {a:?}\n{dev} {b:?}");
+    }
+}
