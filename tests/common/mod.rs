@@ -26,18 +26,8 @@ pub fn devices() -> Vec<Device> {
 pub fn cuda_device() -> Option<Device> {
     #[cfg(feature = "cuda")]
     {
-        static DEV: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
-        static SAID: std::sync::Once = std::sync::Once::new();
-        match DEV.get_or_init(|| Device::cuda(0).map_err(|e| e.to_string())) {
-            Ok(d) => Some(*d),
-            Err(e) if std::env::var("KILN_REQUIRE_CUDA").is_ok_and(|v| v == "1") => {
-                panic!("KILN_REQUIRE_CUDA=1 but the CUDA device is missing: {e}")
-            }
-            Err(e) => {
-                SAID.call_once(|| eprintln!("skipping cuda: {e}"));
-                None
-            }
-        }
+        static DEV: GpuSlot = GpuSlot::new();
+        DEV.get("cuda", "KILN_REQUIRE_CUDA", || Device::cuda(0))
     }
     #[cfg(not(feature = "cuda"))]
     None
@@ -48,21 +38,37 @@ pub fn cuda_device() -> Option<Device> {
 pub fn hip_device() -> Option<Device> {
     #[cfg(feature = "hip")]
     {
-        static DEV: std::sync::OnceLock<Result<Device, String>> = std::sync::OnceLock::new();
-        static SAID: std::sync::Once = std::sync::Once::new();
-        match DEV.get_or_init(|| Device::hip(0).map_err(|e| e.to_string())) {
+        static DEV: GpuSlot = GpuSlot::new();
+        DEV.get("hip", "KILN_REQUIRE_HIP", || Device::hip(0))
+    }
+    #[cfg(not(feature = "hip"))]
+    None
+}
+
+/// A GPU device opened once per test binary, or why it could not be (said once).
+struct GpuSlot {
+    dev: std::sync::OnceLock<Result<Device, String>>,
+    said: std::sync::Once,
+}
+
+impl GpuSlot {
+    const fn new() -> GpuSlot {
+        GpuSlot { dev: std::sync::OnceLock::new(), said: std::sync::Once::new() }
+    }
+
+    /// The device `open` gives; without it a panic when `require=1`, else a line on stderr and `None`.
+    fn get(&self, name: &str, require: &str, open: impl FnOnce() -> kiln::Result<Device>) -> Option<Device> {
+        match self.dev.get_or_init(|| open().map_err(|e| e.to_string())) {
             Ok(d) => Some(*d),
-            Err(e) if std::env::var("KILN_REQUIRE_HIP").is_ok_and(|v| v == "1") => {
-                panic!("KILN_REQUIRE_HIP=1 but the HIP device is missing: {e}")
+            Err(e) if std::env::var(require).is_ok_and(|v| v == "1") => {
+                panic!("{require}=1 but the {name} device is missing: {e}")
             }
             Err(e) => {
-                SAID.call_once(|| eprintln!("skipping hip: {e}"));
+                self.said.call_once(|| eprintln!("skipping {name}: {e}"));
                 None
             }
         }
     }
-    #[cfg(not(feature = "hip"))]
-    None
 }
 
 /// The device a test makes its data on when any device will do (a graph to capture, values to move to the device
