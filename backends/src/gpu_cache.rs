@@ -60,6 +60,11 @@ pub fn code_name(flavor: Flavor) -> &'static str {
     names(flavor).code
 }
 
+/// The variable that names the architectures to compile `flavor`'s code for ahead of time (`KILN_CUDA_ARCH`).
+pub fn arch_var(flavor: Flavor) -> &'static str {
+    names(flavor).var
+}
+
 /// The start of every compiled kernel's artifact name (then the kernel's source).
 const ARTIFACT_PREFIX: &str = "code\n";
 

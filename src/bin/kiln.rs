@@ -125,10 +125,7 @@ fn cache(command: CacheCommand, store: &Store) -> Result<ExitCode, String> {
             let code = gpu_cache::code_name(flavor);
             let stored = gpu_cache::store(flavor, &arch)?;
             if !allow_empty && !stored.entries().iter().any(|e| !e.foreign && e.problem.is_none()) {
-                let var = match flavor {
-                    Flavor::Cuda => "KILN_CUDA_ARCH",
-                    Flavor::Hip => "KILN_HIP_ARCH",
-                };
+                let var = gpu_cache::arch_var(flavor);
                 return Err(format!(
                     "nothing to export: {} holds no {code} for {arch} (run the workload with {var}={arch} and this \
                      KILN_CACHE_DIR first); pass --allow-empty to write an empty bundle anyway",

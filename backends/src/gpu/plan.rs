@@ -58,10 +58,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
     let codes = ctx.compile(&sources).map_err(err)?;
     let mut launches = Vec::with_capacity(plan.launches.len());
     let mut temps = vec![0usize; plan.temps.len()];
-    let ext = match D::FLAVOR {
-        kiln_jit::render::cuda::Flavor::Cuda => "cu",
-        kiln_jit::render::cuda::Flavor::Hip => "hip",
-    };
+    let ext = D::FLAVOR.extension();
     for ((l, k), code) in plan.launches.iter().zip(&rendered).zip(&codes) {
         if let Some(d) = &dump {
             d.kernel_files(&l.kernel, ext, &k.source, "");

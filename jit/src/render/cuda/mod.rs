@@ -55,6 +55,14 @@ impl Flavor {
             Flavor::Hip => "HIP C",
         }
     }
+
+    /// The file extension of a source in this language (`KILN_DUMP`'s kernel files).
+    pub fn extension(self) -> &'static str {
+        match self {
+            Flavor::Cuda => "cu",
+            Flavor::Hip => "hip",
+        }
+    }
 }
 
 /// A rendered kernel and how to launch it.
