@@ -1,11 +1,16 @@
 //! With `KILN_CHECK_GPU_C=1`, every kernel plan this process schedules (on any device) is also rendered to CUDA C
-//! and HIP C (`kiln_jit::render::cuda`) and compiled by NVRTC for sm_80 and sm_90 and by hiprtc for gfx90a and
-//! gfx1030 (`rtc`): how CI holds the GPU renderers to every kernel the op table, the random graphs and the gradient
-//! checks produce, on a machine without a GPU. Kernels are queued (once per distinct source) and compiled in batches
-//! of [`BATCH`], one translation unit each (every kernel in a namespace of its own); a batch that fails is compiled
-//! kernel by kernel to name the one at fault, and the error carries its source and the compiler's log. A kernel
-//! the renderers refuse (an index expression past i32: `cuda::check`) is counted, not compiled. A GEMM kernel is also
-//! compiled as the tiled template in the CUDA device's default tile (`cuda::render_gemm`), as the device runs it.
+//! and HIP C (`kiln_jit::render::cuda`) and put through the front ends of NVRTC for sm_80 and sm_90 and of hiprtc
+//! for gfx90a and gfx1030 (`rtc`: preprocessing, parsing, types, overloads, each target's builtins): how CI holds the
+//! GPU renderers to every kernel the op table, the random graphs and the gradient checks produce, on a machine
+//! without a GPU. `KILN_CHECK_GPU_C=codegen` also generates code for sm_90 and gfx90a (a cubin, a code object), which
+//! catches what only a back end refuses (an instruction the target cannot select); it costs about three times the
+//! front ends of all four targets, so CI runs it over the op table's corpus (every op and dtype) only.
+//!
+//! Kernels are queued (once per distinct source) and compiled in batches of [`BATCH`], one translation unit each
+//! (every kernel in a namespace of its own); a batch that fails is compiled kernel by kernel to name the one at
+//! fault, and the error carries its source and the compiler's log. A kernel the renderers refuse (an index
+//! expression past i32: `cuda::check`) is counted, not compiled. A GEMM kernel is also compiled as the tiled template
+//! in the CUDA device's default tile (`cuda::render_gemm`), as the device runs it.
 //!
 //! A backend calls [`note`] when it compiles a plan (a failed auto-flush fails that compile); a test calls
 //! [`flush`] when it ends, which compiles what is left and reports what was checked.
@@ -21,14 +26,38 @@ use std::sync::OnceLock;
 /// Kernels per translation unit.
 pub const BATCH: usize = 200;
 
-/// The targets each kernel compiles for.
-const TARGETS: [(Flavor, &str); 4] =
-    [(Flavor::Cuda, "sm_80"), (Flavor::Cuda, "sm_90"), (Flavor::Hip, "gfx90a"), (Flavor::Hip, "gfx1030")];
+/// The targets whose front ends check each kernel, and whether `codegen` also generates code for it.
+const TARGETS: [(Flavor, &str, bool); 4] = [
+    (Flavor::Cuda, "sm_80", false),
+    (Flavor::Cuda, "sm_90", true),
+    (Flavor::Hip, "gfx90a", true),
+    (Flavor::Hip, "gfx1030", false),
+];
 
-/// Whether `KILN_CHECK_GPU_C=1`.
+/// How far `KILN_CHECK_GPU_C` takes each kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// Unset (or any other value): nothing is checked.
+    Off,
+    /// `1`: the four targets' front ends.
+    FrontEnd,
+    /// `codegen`: the front ends, and code generation for sm_90 and gfx90a.
+    Codegen,
+}
+
+/// The level `KILN_CHECK_GPU_C` asks for, read once.
+pub fn level() -> Level {
+    static L: OnceLock<Level> = OnceLock::new();
+    *L.get_or_init(|| match std::env::var("KILN_CHECK_GPU_C").as_deref() {
+        Ok("1") => Level::FrontEnd,
+        Ok("codegen") => Level::Codegen,
+        _ => Level::Off,
+    })
+}
+
+/// Whether kernels are checked at all.
 pub fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_CHECK_GPU_C").is_ok_and(|v| v == "1"))
+    level() != Level::Off
 }
 
 #[derive(Default)]
@@ -99,21 +128,29 @@ pub fn flush() -> Result<(usize, usize), String> {
         return Ok((st.compiled, st.refused));
     }
     let (nvrtc, hiprtc) = compilers().as_ref().map_err(|e| format!("KILN_CHECK_GPU_C=1: {e}"))?;
-    for (flavor, arch) in TARGETS {
+    let stages = TARGETS.iter().flat_map(|&(flavor, arch, emit)| {
+        let codegen = emit && level() == Level::Codegen;
+        std::iter::once((flavor, arch, false)).chain(codegen.then_some((flavor, arch, true)))
+    });
+    for (flavor, arch, codegen) in stages {
         let rtc = if flavor == Flavor::Cuda { nvrtc } else { hiprtc };
+        let run = |source: &str, name: &str| {
+            if codegen { rtc.compile(source, name, arch).map(|_| ()) } else { rtc.check(source, name, arch) }
+        };
+        let what = if codegen { "generate code" } else { "pass the front end" };
         let pick = |k: &(String, String, String)| if flavor == Flavor::Cuda { k.1.clone() } else { k.2.clone() };
         let unit: String = batch
             .iter()
             .enumerate()
             .map(|(i, k)| format!("namespace kiln_k{i} {{\n{}\n}}\n", pick(k).replace("extern \"C\" ", "")))
             .collect();
-        if rtc.compile(&unit, "kiln_batch.cu", arch).is_ok() {
+        if run(&unit, "kiln_batch.cu").is_ok() {
             continue;
         }
         for k in &batch {
-            if let Err(log) = rtc.compile(&pick(k), &format!("{}.cu", k.0), arch) {
+            if let Err(log) = run(&pick(k), &format!("{}.cu", k.0)) {
                 return Err(format!(
-                    "{} kernel {} does not compile for {arch}:\n{log}\n--- source:\n{}",
+                    "{} kernel {} does not {what} for {arch}:\n{log}\n--- source:\n{}",
                     flavor.name(),
                     k.0,
                     pick(k)
@@ -121,7 +158,7 @@ pub fn flush() -> Result<(usize, usize), String> {
             }
         }
         return Err(format!(
-            "{}: a batch of {} kernels does not compile for {arch}, though each alone does",
+            "{}: a batch of {} kernels does not {what} for {arch}, though each alone does",
             flavor.name(),
             batch.len()
         ));

@@ -749,15 +749,20 @@ pub fn with_launch(
     None
 }
 
-/// With `KILN_CHECK_GPU_C=1` (CI): compiles for the GPUs every kernel this test binary has scheduled since the last
-/// call (`kiln_backends::gpu_check`: CUDA C by NVRTC, HIP C by hiprtc) and says how many; a kernel that does not
-/// compile fails the test with its source and the compiler's log. Nothing without the variable.
+/// With `KILN_CHECK_GPU_C=1` or `codegen` (CI): checks for the GPUs every kernel this test binary has scheduled since
+/// the last call (`kiln_backends::gpu_check`: CUDA C by NVRTC, HIP C by hiprtc) and says how many; a kernel that does
+/// not compile fails the test with its source and the compiler's log. Nothing without the variable.
 pub fn check_gpu_sources(what: &str) {
     match kiln_backends::gpu_check::flush() {
         Ok((0, 0)) => {}
         Ok((compiled, refused)) => eprintln!(
-            "{what}: {compiled} distinct kernels so far compiled as CUDA C (sm_80, sm_90) and HIP C (gfx90a, gfx1030); \
-             {refused} launches refused (an index expression past i32)"
+            "{what}: {compiled} distinct kernels so far checked as CUDA C (sm_80, sm_90) and HIP C (gfx90a, gfx1030){}; \
+             {refused} launches refused (an index expression past i32)",
+            if kiln_backends::gpu_check::level() == kiln_backends::gpu_check::Level::Codegen {
+                ", with code generated for sm_90 and gfx90a"
+            } else {
+                ""
+            }
         ),
         Err(e) => panic!("{what}: {e}"),
     }
