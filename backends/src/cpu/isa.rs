@@ -9,7 +9,9 @@
 //!
 //! `KILN_CPU_ISA=avx2|avx512|auto` (default `auto`) narrows the generated GEMM register tiles to one family, so both
 //! are exercised on an AVX-512 host; asking for a family the CPU lacks is an error, never a silent fallback. The
-//! dot-product and split-K GEMVs and the elementwise kernels have an 8-lane form only and run under either.
+//! dot-product and split-K GEMVs have an 8-lane form only and run under either; the elementwise and row kernels
+//! take 16 lanes wherever the setting allows AVX-512 (`cpu::wide`: they are not FMA-bound, so the peaks do not
+//! decide them).
 
 use std::sync::LazyLock;
 

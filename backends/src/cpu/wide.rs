@@ -40,8 +40,11 @@
 //! so a weight's rows stay on the core that updates them; rows of all batch elements form one range, a call never
 //! crosses a batch element), or for one row, chunks of one vector's columns.
 //!
-//! The width (`width`): 16 lanes where AVX-512 is allowed and its measured FMA peak is at least 1.5x the 8-lane one
-//! (`cpu::isa`), else 8; a kernel with bf16 values takes 16 wherever AVX-512 is allowed. The column offset (rax)
+//! The width (`width`): 16 lanes wherever AVX-512 is allowed (`cpu::isa`), else 8. Unlike the GEMM, not weighed by
+//! the FMA peaks: these kernels are not FMA-bound. Their exp/tanh polynomials, compares, blends and loop overhead
+//! are half as many instructions at 16 lanes, which pays on a core that splits 512-bit operations as well
+//! (measured, `bench_table` interleaved with `KILN_CPU_ISA=avx512`: on the double-pumped Zen 4 host softmax 1.85-1.95
+//! -> 1.45-1.48 ms, GELU 2.5-3.3 -> 1.7-1.8 ms over 4096 x 1024; on the Xeon host GELU 17-19 % faster). The column offset (rax)
 //! counts 4 bytes per element, or 2 in a kernel with a bf16 operand or output (its f32 accesses scale it by 2). Both widths run the same loop and register program (`asm::VecIsa`); the 16-lane one's
 //! vector moves are EVEX (`gemm::evex`), its constants read through rbp. Elementwise results are bit-identical at
 //! both widths; a row sum's lanes are added in another order (within the row-sum tolerance).
@@ -145,13 +148,11 @@ unsafe impl Send for WideKernel {}
 // SAFETY: as for Send.
 unsafe impl Sync for WideKernel {}
 
-/// The width elementwise kernels are generated at: 16 lanes where `KILN_CPU_ISA` allows AVX-512 and either asks for
-/// it alone or this core's measured 16-lane FMA peak is at least 1.5x its 8-lane one (`isa::peak_ratio`: a core
-/// that splits 512-bit operations gains nothing from them and keeps 8), else 8.
+/// The width elementwise kernels are generated at: 16 lanes where `KILN_CPU_ISA` allows AVX-512, else 8 (the module
+/// doc says why the FMA peaks do not decide it).
 pub(super) fn width() -> Isa {
     static WIDTH: LazyLock<Isa> = LazyLock::new(|| match isa::allowed() {
-        Ok([Isa::Avx512]) => Isa::Avx512,
-        Ok(all) if all.contains(&Isa::Avx512) && isa::peak_ratio(Isa::Avx512) >= 1.5 => Isa::Avx512,
+        Ok(all) if all.contains(&Isa::Avx512) => Isa::Avx512,
         _ => Isa::Avx2,
     });
     *WIDTH
@@ -161,14 +162,9 @@ impl WideKernel {
     /// Generates `k` at this host's [`width`], or `Ok(None)` when it is not such a kernel (see the module doc) or
     /// this host cannot run it.
     pub(crate) fn build(k: &KernelIr) -> Result<Option<WideKernel>, String> {
-        // bf16 needs the 16-lane form's masked 2-byte loads and stores, and is worth it on any AVX-512 core (a
-        // Cranelift kernel rounds 4 lanes at a time), so it does not wait for the 16-lane FMA peak to win.
-        let isa = if touches_bf16(k) && isa::allowed().is_ok_and(|a| a.contains(&Isa::Avx512)) {
-            Isa::Avx512
-        } else {
-            width()
-        };
-        Self::build_for(k, isa)
+        // A kernel with bf16 values needs the 16-lane form's masked 2-byte loads and stores: on an AVX2-only host
+        // (or under `KILN_CPU_ISA=avx2`) it is left to Cranelift.
+        Self::build_for(k, width())
     }
 
     /// [`WideKernel::build`] at an explicit width (`Ok(None)` where the host lacks it, and for a kernel with bf16
