@@ -118,6 +118,11 @@ pub fn allowed() -> Result<&'static [Isa], String> {
     ALLOWED.as_deref().map_err(Clone::clone)
 }
 
+/// Whether `isa`'s kernels may run: present, and not ruled out by `KILN_CPU_ISA` (an unusable setting allows none).
+pub fn allows(isa: Isa) -> bool {
+    allowed().is_ok_and(|a| a.contains(&isa))
+}
+
 /// [`allowed`] for a setting and a feature probe.
 fn resolve(setting: Option<&str>, present: impl Fn(Isa) -> bool) -> Result<Vec<Isa>, String> {
     let setting = setting.map(str::trim).filter(|s| !s.is_empty()).unwrap_or("auto");

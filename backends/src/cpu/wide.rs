@@ -40,12 +40,13 @@
 //! so a weight's rows stay on the core that updates them; rows of all batch elements form one range, a call never
 //! crosses a batch element), or for one row, chunks of one vector's columns.
 //!
-//! The width (`width`): 16 lanes wherever AVX-512 is allowed (`cpu::isa`), else 8. Unlike the GEMM, not weighed by
-//! the FMA peaks: these kernels are not FMA-bound. Their exp/tanh polynomials, compares, blends and loop overhead
-//! are half as many instructions at 16 lanes, which pays on a core that splits 512-bit operations as well
-//! (measured, `bench_table` interleaved with `KILN_CPU_ISA=avx512`: on the double-pumped Zen 4 host softmax 1.85-1.95
-//! -> 1.45-1.48 ms, GELU 2.5-3.3 -> 1.7-1.8 ms over 4096 x 1024; on the Xeon host GELU 17-19 % faster). The column offset (rax)
-//! counts 4 bytes per element, or 2 in a kernel with a bf16 operand or output (its f32 accesses scale it by 2). Both widths run the same loop and register program (`asm::VecIsa`); the 16-lane one's
+//! The width (`width`): 16 lanes wherever AVX-512 is allowed (`cpu::isa`), else 8. Unlike the GEMM's families it is
+//! not weighed by the FMA peaks: these kernels are not FMA-bound, and their polynomials, compares, blends and loop
+//! overhead take half as many instructions at 16 lanes, which pays on a core that splits 512-bit operations too
+//! (docs/benchmarks.md, the double-pumped host's section, has the interleaved measurement).
+//!
+//! The column offset (rax) counts 4 bytes per element, or 2 in a kernel with a bf16 operand or output (its f32
+//! accesses scale it by 2). Both widths run the same loop and register program (`asm::VecIsa`); the 16-lane one's
 //! vector moves are EVEX (`gemm::evex`), its constants read through rbp. Elementwise results are bit-identical at
 //! both widths; a row sum's lanes are added in another order (within the row-sum tolerance).
 //!
@@ -151,10 +152,7 @@ unsafe impl Sync for WideKernel {}
 /// The width elementwise kernels are generated at: 16 lanes where `KILN_CPU_ISA` allows AVX-512, else 8 (the module
 /// doc says why the FMA peaks do not decide it).
 pub(super) fn width() -> Isa {
-    static WIDTH: LazyLock<Isa> = LazyLock::new(|| match isa::allowed() {
-        Ok(all) if all.contains(&Isa::Avx512) => Isa::Avx512,
-        _ => Isa::Avx2,
-    });
+    static WIDTH: LazyLock<Isa> = LazyLock::new(|| if isa::allows(Isa::Avx512) { Isa::Avx512 } else { Isa::Avx2 });
     *WIDTH
 }
 

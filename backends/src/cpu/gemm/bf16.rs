@@ -681,12 +681,8 @@ pub fn unit_ready(unit: Bf16Unit) -> bool {
         Bf16Unit::Amx => amx_ready(),
         Bf16Unit::Avx512Bf16 => {
             static DOT: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-                let avx512 = super::super::isa::allowed().is_ok_and(|a| a.contains(&super::super::isa::Isa::Avx512));
-                #[cfg(target_arch = "x86_64")]
-                let bw = std::arch::is_x86_feature_detected!("avx512bw");
-                #[cfg(not(target_arch = "x86_64"))]
-                let bw = false;
-                super::super::isa::bf16_units().avx512_bf16 && bw && avx512
+                use crate::cpu::isa::{self, Isa};
+                isa::bf16_units().avx512_bf16 && isa::has_avx512bw() && isa::allows(Isa::Avx512)
             });
             *DOT
         }
@@ -697,13 +693,9 @@ pub fn unit_ready(unit: Bf16Unit) -> bool {
 /// packing), `KILN_CPU_ISA` allowing AVX-512, and the kernel's permission for the tile data, asked once.
 pub fn amx_ready() -> bool {
     static READY: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-        let u = super::super::isa::bf16_units();
-        let avx512 = super::super::isa::allowed().is_ok_and(|a| a.contains(&super::super::isa::Isa::Avx512));
-        #[cfg(target_arch = "x86_64")]
-        let bw = std::arch::is_x86_feature_detected!("avx512bw");
-        #[cfg(not(target_arch = "x86_64"))]
-        let bw = false;
-        u.amx_bf16 && u.avx512_bf16 && bw && avx512 && request_tile_data()
+        use crate::cpu::isa::{self, Isa};
+        let u = isa::bf16_units();
+        u.amx_bf16 && u.avx512_bf16 && isa::has_avx512bw() && isa::allows(Isa::Avx512) && request_tile_data()
     });
     *READY
 }
