@@ -123,9 +123,9 @@ pub fn store(flavor: Flavor, arch: &str) -> Result<&'static Store, String> {
 }
 
 /// The compiled code of several rendered kernels `(source, name)` for `flavor` and `arch`, in order: those the
-/// store lacks are compiled in parallel (one program per thread, up to the machine's cores: NVRTC and hiprtc
-/// compile distinct programs concurrently), so a plan's cold start waits for its slowest kernel per core rather
-/// than for their sum.
+/// store lacks are compiled in parallel where the compiler allows it (NVRTC: one program per thread, up to the
+/// machine's cores), so a plan's cold start waits for its slowest kernel per core rather than for their sum; hiprtc
+/// compiles one program at a time ([`Rtc::concurrent`]), so it gets one thread.
 pub fn compiled(flavor: Flavor, kernels: &[(&str, &str)], arch: &str) -> Result<Vec<Vec<u8>>, String> {
     let store = store(flavor, arch)?;
     let key = |source: &str| format!("{ARTIFACT_PREFIX}{source}");
@@ -133,7 +133,8 @@ pub fn compiled(flavor: Flavor, kernels: &[(&str, &str)], arch: &str) -> Result<
     let missing: Vec<usize> = (0..kernels.len()).filter(|&i| out[i].is_none()).collect();
     if !missing.is_empty() {
         let rtc = compiler(flavor)?;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(missing.len());
+        let cores = if rtc.concurrent() { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { 1 };
+        let threads = cores.min(missing.len());
         let next = std::sync::atomic::AtomicUsize::new(0);
         let done: Vec<(usize, Result<Vec<u8>, String>)> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..threads)

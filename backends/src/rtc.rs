@@ -6,8 +6,14 @@
 //!
 //! The two APIs have one shape (create a program from source, compile with options, read the log, read the code),
 //! so one loader serves both with the function names' prefix.
+//!
+//! Threads: NVRTC compiles distinct programs concurrently. hiprtc does not: ROCm 5's comgr corrupts its heap when
+//! two threads compile at once (seen in CI as `malloc_consolidate(): unaligned fastbin chunk detected` under two
+//! concurrent `hiprtcCompileProgram`s), and newer comgr takes a lock inside, so parallel hiprtc calls never gain.
+//! Every hiprtc program here therefore lives under one process-wide lock ([`Rtc::serial`]).
 
 use libloading::Library;
+use parking_lot::{Mutex, MutexGuard};
 use std::ffi::{CString, c_char, c_int, c_void};
 
 /// Which compiler.
@@ -55,6 +61,21 @@ impl Rtc {
         // Refuse a library without the entry points (a libamdhip64 built without hiprtc).
         rtc.sym::<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int>("Version")?;
         Ok(rtc)
+    }
+
+    /// Whether this compiler may run on several threads at once (NVRTC) or not (hiprtc: see the module doc).
+    pub fn concurrent(&self) -> bool {
+        match self.kind {
+            RtcKind::Nvrtc => true,
+            RtcKind::Hiprtc => false,
+        }
+    }
+
+    /// The process-wide hiprtc lock, held from a program's creation to its destruction; `None` for NVRTC. One lock
+    /// for every `Rtc` value, since two values opened from one library share its state.
+    fn serial(&self) -> Option<MutexGuard<'static, ()>> {
+        static HIPRTC: Mutex<()> = Mutex::new(());
+        (!self.concurrent()).then(|| HIPRTC.lock())
     }
 
     fn prefix(&self) -> &'static str {
@@ -129,6 +150,7 @@ impl Rtc {
         }
         let opts: Vec<CString> = opts.into_iter().map(|o| CString::new(o).unwrap_or_default()).collect();
         let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+        let _serial = self.serial();
         let mut prog: Program = std::ptr::null_mut();
         // SAFETY: valid C strings and an out-pointer; no headers are passed (0, null, null).
         let rc = unsafe { create(&mut prog, src.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null()) };
@@ -203,6 +225,39 @@ mod tests {
             assert!(!code.is_empty(), "{arch}: no code came out");
             let err = rtc.check(BAD, "bad.cu", arch).expect_err(arch);
             assert!(err.contains("undeclared_thing") && err.contains(arch), "{arch}: {err}");
+        }
+    }
+
+    /// Four threads compiling distinct programs at once, through two `Rtc` values opened separately, all get
+    /// their code. Without the hiprtc lock ROCm 5's comgr crashes the process here (SIGABRT or SIGSEGV from a
+    /// corrupted heap) in about one run of five on a 2-core host: a race, so a pass alone proves little, but a
+    /// regression shows up within a few CI runs rather than as an unexplained crash elsewhere.
+    #[test]
+    fn both_compilers_serve_many_threads_at_once() {
+        let required = std::env::var_os("KILN_CHECK_GPU_C").is_some();
+        for (open, arch) in [(Rtc::nvrtc as fn() -> Result<Rtc, String>, "sm_90"), (Rtc::hiprtc, "gfx90a")] {
+            let rtcs = match (open(), open()) {
+                (Ok(a), Ok(b)) => [a, b],
+                (Err(e), _) | (_, Err(e)) if !required => {
+                    eprintln!("note: skipped for {arch}: {e}");
+                    continue;
+                }
+                (Err(e), _) | (_, Err(e)) => panic!("KILN_CHECK_GPU_C is set but {e}"),
+            };
+            std::thread::scope(|s| {
+                for t in 0..4 {
+                    let rtc = &rtcs[t % 2];
+                    s.spawn(move || {
+                        for i in 0..3 {
+                            let src = format!(
+                                "extern \"C\" __global__ void k{t}_{i}(float* y) {{ y[threadIdx.x] = {t}.0f * {i}.0f + y[threadIdx.x]; }}"
+                            );
+                            let code = rtc.compile(&src, "many.cu", arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+                            assert!(!code.is_empty(), "{arch}: thread {t}, program {i}: no code came out");
+                        }
+                    });
+                }
+            });
         }
     }
 }
