@@ -10,7 +10,7 @@
 //! Threads: NVRTC compiles distinct programs concurrently. hiprtc does not: ROCm 5's comgr corrupts its heap when
 //! two threads compile at once (seen in CI as `malloc_consolidate(): unaligned fastbin chunk detected` under two
 //! concurrent `hiprtcCompileProgram`s), and newer comgr takes a lock inside, so parallel hiprtc calls never gain.
-//! Every hiprtc program here therefore lives under one process-wide lock ([`Rtc::serial`]).
+//! Every hiprtc program here therefore lives under one process-wide lock (see [`Rtc::concurrent`]).
 
 use libloading::Library;
 use parking_lot::{Mutex, MutexGuard};
