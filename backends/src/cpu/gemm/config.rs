@@ -21,8 +21,8 @@
 //!   fraction of lanes and rows that do useful work at the edges;
 //! - memory: bytes of packing, C traffic per K block and re-streamed unpacked operands, at a per-thread
 //!   bandwidth of 12 GB/s;
-//! - fit: a B micro-panel over half of L1, an A block over half of L2 or a B block over a thread's share of L3 cost
-//!   20% each;
+//! - fit: a B micro-panel over half of L1 (where the tile reads B faster than L2 keeps up: `b_demand`), an A block
+//!   over half of L2 or a B block over a thread's share of L3 cost 20% each;
 //! - parallel balance: the largest thread's share of tiles.
 
 use crate::cpu::isa::{self, Isa};
@@ -726,7 +726,7 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
         // ms, packed B 14.7 ms; the model had ranked the in-place ones first.
         eff *= 0.5;
     }
-    if kc * nr * 4.0 > 16.0 * 1024.0 {
+    if kc * nr * 4.0 > 16.0 * 1024.0 && b_demand(c) > L2_B_BYTES_PER_CYCLE {
         eff *= 0.8;
     }
     if c.pack_a && c.mc as f64 * kc * 4.0 > 256.0 * 1024.0 {
@@ -757,6 +757,24 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     let mem_s = batch * bytes / (BW * 1e9);
     flops / (compute_s + mem_s) / 1e9
 }
+
+/// Bytes of B a register tile reads per cycle of its FMAs at the family's measured peak: `NR * 4` bytes per
+/// k-step against `MR * NV` FMAs, two 8-lane FMAs a cycle scaled by [`isa::peak_ratio`] (so one 16-lane FMA a
+/// cycle where 512-bit FMAs are double-pumped, about two where they are not). AVX2's 6 x 16 reads 10.7, 4 x 24 16;
+/// AVX-512's 8 x 48 reads 8 on a double-pumped core and 14 on one with two 512-bit units, 14 x 32 5 and 8.
+fn b_demand(c: &GemmConfig) -> f64 {
+    let lanes = c.isa.lanes() as f64;
+    let fmas_per_cycle = 2.0 * isa::peak_ratio(c.isa) * 8.0 / lanes;
+    c.nr() as f64 * 4.0 * fmas_per_cycle / (c.mr * c.nv) as f64
+}
+
+/// Above this many bytes of B per FMA cycle ([`b_demand`]) a B micro-panel that outgrows L1 costs: read from L2
+/// instead, it slows the tile. Below it the tile's FMAs hide L2's latency and bandwidth. Every AVX2 tile reads
+/// more than this (the rule's 20 % was set on them and stands); AVX-512's 8 x 48 on a double-pumped core reads 8,
+/// and there it ran 12-15 % faster than the best AVX2 tile at 512 x 256 x 784 and 256 x 784 x 512 (an MLP's first
+/// layer and its weight gradient, `kiln tune --mode full`, KC 512 and 1024), where the flat rule had scored it
+/// 15 % under them and `KILN_AUTOTUNE=fast`, timing the two best-scored, never tried it.
+const L2_B_BYTES_PER_CYCLE: f64 = 10.0;
 
 /// The bf16 estimate: AMX tile throughput (a 16 x 16 x 32 `tdpbf16ps` per 16 cycles, 1024 flops a cycle a core,
 /// taken as 8x the model's 8-lane FMA unit) or `vdpbf16ps`'s (twice an f32 FMA's flops), scaled by the useful
@@ -801,6 +819,35 @@ fn bf16_score(v: &GemmView, a: &Bf16Config, threads: usize) -> f64 {
 mod tests {
     use super::*;
     use kiln_jit::kernel::gemm::GemmOperand;
+
+    /// The L1 rule's exemption (`b_demand`) leaves every AVX2 tile under the rule, so an AVX2-only host ranks its
+    /// candidates as before; AVX-512's 14 x 32 reads B slowly enough to be exempt at any measured peak ratio.
+    #[test]
+    fn every_avx2_tile_keeps_the_l1_rule() {
+        let config = |isa, mr, nv| GemmConfig {
+            isa,
+            mr,
+            nv,
+            kc: 1024,
+            mc: mr * 12,
+            nc: 1024,
+            pack_a: true,
+            pack_b: true,
+            split_m: false,
+            unroll: 4,
+            prefetch: 0,
+        };
+        for skinny in [false, true] {
+            for &(mr, nv) in tiles(Isa::Avx2, skinny) {
+                let d = b_demand(&config(Isa::Avx2, mr, nv));
+                assert!(d > L2_B_BYTES_PER_CYCLE, "AVX2 {mr}x{}: {d} bytes a cycle", 8 * nv);
+            }
+        }
+        // 14 x 32 reads 4.6 bytes a cycle per unit of the measured peak ratio (~1 double-pumped, ~2 native).
+        if isa::peak_ratio(Isa::Avx512) < 2.15 {
+            assert!(b_demand(&config(Isa::Avx512, 14, 2)) < L2_B_BYTES_PER_CYCLE);
+        }
+    }
 
     fn view(m: usize, n: usize, k: usize) -> GemmView {
         let op = |rows: i64, cols: i64| GemmOperand { buf: 0, offset: 0, batch: vec![], rows, cols, patch: None };
