@@ -480,13 +480,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !root {
         return Ok(());
     }
-    let ms = median(times.get(WARMUP..).unwrap_or(&[])).map_or(f64::NAN, |t| 1e3 * t);
-    println!(
-        "first step {:.0} ms, then {ms:.2} ms/step (median of {} steps), {:.0} tokens/s; final loss {loss_at:.4}",
-        1e3 * times.first().copied().unwrap_or(f64::NAN),
-        times.len().saturating_sub(WARMUP),
-        speed(&times).unwrap_or(f64::NAN)
-    );
+    let first = 1e3 * times.first().copied().unwrap_or(f64::NAN);
+    match (median(times.get(WARMUP..).unwrap_or(&[])), speed(&times)) {
+        (Some(t), Some(tokens)) => println!(
+            "first step {first:.0} ms, then {:.2} ms/step (median of {} steps), {tokens:.0} tokens/s; final loss \
+             {loss_at:.4}",
+            1e3 * t,
+            times.len() - WARMUP
+        ),
+        // Too few steps for a median past the warm-up (`--steps` at most WARMUP): no step time to report.
+        _ => println!(
+            "first step {first:.0} ms; no step time (the median starts after {WARMUP} warm-up steps); final loss \
+             {loss_at:.4}"
+        ),
+    }
     print!("{}", kiln::profile_report());
     let prompt = vocab.encode(b"Shall I");
     let text = sample(&model, &prompt, args.sample, args.temperature, &mut rng, &dev)?;
