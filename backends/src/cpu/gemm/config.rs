@@ -770,10 +770,11 @@ fn b_demand(c: &GemmConfig) -> f64 {
 
 /// Above this many bytes of B per FMA cycle ([`b_demand`]) a B micro-panel that outgrows L1 costs: read from L2
 /// instead, it slows the tile. Below it the tile's FMAs hide L2's latency and bandwidth. Every AVX2 tile reads
-/// more than this (the rule's 20 % was set on them and stands); AVX-512's 8 x 48 on a double-pumped core reads 8,
-/// and there it ran 12-15 % faster than the best AVX2 tile at 512 x 256 x 784 and 256 x 784 x 512 (an MLP's first
-/// layer and its weight gradient, `kiln tune --mode full`, KC 512 and 1024), where the flat rule had scored it
-/// 15 % under them and `KILN_AUTOTUNE=fast`, timing the two best-scored, never tried it.
+/// more than this, so their scores are what they were; AVX-512's 8 x 48 on a double-pumped core reads 8, and there
+/// it ran 12-15 % faster than the best AVX2 tile at 512 x 256 x 784 and 256 x 784 x 512 (an MLP's first layer and
+/// its weight gradient, `kiln tune --mode full`, KC 512 and 1024), where the flat rule had scored it 15 % under
+/// them and `KILN_AUTOTUNE=fast`, timing the two best-scored, never tried it (docs/benchmarks.md: the MLP step and
+/// a convolution, whose GEMM runs the model's pick, before and after).
 const L2_B_BYTES_PER_CYCLE: f64 = 10.0;
 
 /// The bf16 estimate: AMX tile throughput (a 16 x 16 x 32 `tdpbf16ps` per 16 cycles, 1024 flops a cycle a core,
@@ -821,7 +822,8 @@ mod tests {
     use kiln_jit::kernel::gemm::GemmOperand;
 
     /// The L1 rule's exemption (`b_demand`) leaves every AVX2 tile under the rule, so an AVX2-only host ranks its
-    /// candidates as before; AVX-512's 14 x 32 reads B slowly enough to be exempt at any measured peak ratio.
+    /// candidates as before; AVX-512's 14 x 32 reads B slowly enough to be exempt wherever the 16-lane peak is under
+    /// ~2.2x the 8-lane one (every host measured: ~1 double-pumped, ~1.8 with two 512-bit units).
     #[test]
     fn every_avx2_tile_keeps_the_l1_rule() {
         let config = |isa, mr, nv| GemmConfig {
