@@ -229,9 +229,9 @@ mod tests {
     }
 
     /// Four threads compiling distinct programs at once, through two `Rtc` values opened separately, all get
-    /// their code. Without the hiprtc lock ROCm 5's comgr crashes the process here (SIGABRT or SIGSEGV from a
-    /// corrupted heap) in about one run of five on a 2-core host: a race, so a pass alone proves little, but a
-    /// regression shows up within a few CI runs rather than as an unexplained crash elsewhere.
+    /// their code. Without the hiprtc lock ROCm 5's comgr crashed the process (SIGABRT or SIGSEGV from a corrupted
+    /// heap) in 3 of 12 runs on a 2-core host: a race, so a pass alone proves little, but a regression shows up
+    /// within a few CI runs rather than as an unexplained crash elsewhere.
     #[test]
     fn both_compilers_serve_many_threads_at_once() {
         let required = std::env::var_os("KILN_CHECK_GPU_C").is_some();
