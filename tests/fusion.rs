@@ -18,20 +18,28 @@ fn rand(shape: &[usize]) -> Tensor {
 
 /// Schedules `t`'s graph, checks the fused plan against the interpreter, and returns the kernel names.
 fn kernels(t: &Tensor) -> Vec<String> {
-    let cap = kiln::capture(&[t]).expect("capture");
+    kernels_of(&[t])
+}
+
+/// [`kernels`] of one graph computing every tensor of `ts`, each checked.
+fn kernels_of(ts: &[&Tensor]) -> Vec<String> {
+    let cap = kiln::capture(ts).expect("capture");
     let plan = schedule(&cap.graph);
     let inputs: Vec<_> = cap.inputs.iter().collect();
     let fused = eval::run_plan(&plan, &inputs, &cap.rng);
     let reference = cap.reference().expect("interpreter");
-    let (a, b) = (fused[0].to_f64(), reference[0].to_f64());
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        // The fused plan sums in a different order than the interpreter: the f32 accumulate tolerance.
-        let t = tol(DType::F32, Kind::Accumulate);
-        assert!(
-            (x - y).abs() <= t.abs + t.rel * y.abs() || (x.is_nan() && y.is_nan()),
-            "element {i}: fused {x} vs {y}"
-        );
+    assert_eq!(fused.len(), reference.len());
+    for (fused, reference) in fused.iter().zip(&reference) {
+        let (a, b) = (fused.to_f64(), reference.to_f64());
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            // The fused plan sums in a different order than the interpreter: the f32 accumulate tolerance.
+            let t = tol(DType::F32, Kind::Accumulate);
+            assert!(
+                (x - y).abs() <= t.abs + t.rel * y.abs() || (x.is_nan() && y.is_nan()),
+                "element {i}: fused {x} vs {y}"
+            );
+        }
     }
     plan.launches.iter().map(|l| l.kernel.name.clone()).collect()
 }
@@ -61,6 +69,51 @@ fn twenty_op_chain_is_one_kernel() {
     let k = kernels(&y);
     assert_eq!(k.len(), 1, "{k:?}");
     assert!(k[0].starts_with("E_"), "{k:?}");
+}
+
+/// Rule 1c: a value too costly to recompute (a tanh and three ops) that two nodes of one kernel read is computed in
+/// that kernel, once per element, instead of stored by a kernel of its own.
+#[test]
+fn a_costly_value_read_twice_by_one_kernel_is_computed_there() {
+    let x = rand(&[64, 32]);
+    x.realize().unwrap();
+    let s = (x.tanh() * 2.0 + 1.0) * 3.0;
+    let k = kernels(&(s.exp() * s.tanh()));
+    assert_eq!(k.len(), 1, "{k:?}");
+}
+
+/// Rule 1d: that value, read by two kernels that both read `x` anyway, is computed by each (two kernels, not three);
+/// read by two kernels that do not read `x`, it is stored.
+#[test]
+fn a_value_whose_readers_load_its_inputs_anyway_is_recomputed_by_each() {
+    let x = rand(&[64, 32]);
+    x.realize().unwrap();
+    let s = (x.tanh() * 2.0 + 1.0) * 3.0;
+    let k = kernels_of(&[&(&s * &x), &(s.exp() + &x)]);
+    assert_eq!(k.len(), 2, "{k:?}");
+    let k = kernels_of(&[&(&s * 2.0), &s.exp()]);
+    assert_eq!(k.len(), 3, "{k:?}");
+}
+
+/// Rules 1c and 1d on a tanh GELU between two linear layers, forward and backward. The tanh is read by the
+/// activation and by its gradient, and both read the pre-activation anyway: each computes the tanh again instead
+/// of reading a buffer that a kernel of its own wrote. The gradient's diamond (the tanh input's gradient, read
+/// twice) then runs in the epilogue of the product that computes the activation's gradient: over the activation's
+/// shape, only the activation itself is an elementwise kernel.
+#[test]
+fn gelu_recomputes_its_tanh_and_its_gradient_joins_the_product() {
+    use kiln::nn::functional::{Approximate, gelu};
+    let (x, w1, b1, w2, dy) = (rand(&[32, 16]), rand(&[24, 16]), rand(&[24]), rand(&[8, 24]), rand(&[32, 8]));
+    kiln::realize(&[&x, &w1, &b1, &w2, &dy]).unwrap();
+    let w1 = w1.detach().requires_grad();
+    let y = gelu(&(x.matmul(&w1.t()) + &b1), Approximate::Tanh).matmul(&w2.t());
+    let grads = y.mul(&dy).sum_all().backward().unwrap();
+    let dw1 = grads.get(&w1).unwrap();
+    let names = kernels_of(&[&y, dw1]);
+    let elementwise: Vec<&String> = names.iter().filter(|n| n.starts_with("E_") && n.ends_with("_32x24")).collect();
+    assert_eq!(elementwise.len(), 1, "{names:?}");
+    assert!(elementwise[0].contains("tanh"), "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with("G_") && n.contains("tanh")), "{names:?}");
 }
 
 /// A matmul with K = 1 (the outer product of an SGD update at batch 1) is recorded as a broadcast product, lowered

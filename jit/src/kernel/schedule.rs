@@ -5,6 +5,10 @@
 //!    `Linalg` and the sources of a `Linalg` (a routine, `routine.rs`), the source of every `Gather` (read at data-dependent places), and any node that several nodes read (or that feeds an `Expand`) unless recomputing it is cheap: at most
 //!    `CHEAP_OPS` ALU ops and no transcendental or random op on the way back to materialized nodes.
 //!    1b. Where such a node widens bf16 to f32 and the backend has a bf16 GEMM, its bf16 source is stored instead.
+//!    1c. A node stored only for its several readers, all of which are inlined into one kernel, is computed in that
+//!    kernel instead (lowering memoizes it per element).
+//!    1d. One whose reading kernels each evaluate everything it is computed from at the same element anyway is
+//!    recomputed by each of them, when that costs at most `RECOMPUTE_OPS` ALU ops.
 //! 2. Everything else is inlined into each kernel that reads it: elementwise chains fuse, elementwise ops fuse into
 //!    a reduction's input, and movement ops become index math (no copies).
 //!    A value a broadcast fans out (a vector expanded over a matrix) is stored if it costs any ALU op (rule 2d).
@@ -51,6 +55,12 @@ pub const MAX_KERNEL_INPUTS: usize = 24;
 
 /// Recompute a multi-use value instead of storing it when it costs at most this many ALU ops per element.
 const CHEAP_OPS: usize = 3;
+
+/// Rule 1d: the most ALU ops (a transcendental one counts one) a stored value may cost to be recomputed instead by
+/// each kernel that reads it, and the most kernels that may each recompute it. Its readers already read its
+/// inputs, so recomputing trades a store and a load of every element for these ops: a GELU's tanh costs 6.
+const RECOMPUTE_OPS: usize = 12;
+const RECOMPUTE_READERS: usize = 3;
 
 /// Rows of A from which a transposed B is copied to contiguous memory before the GEMM (rule 2b).
 const TRANSPOSE_COPY_MIN_ROWS: usize = 8;
@@ -229,6 +239,93 @@ impl Default for ScheduleOptions {
     }
 }
 
+/// The stored node that every value read from `from` flows into (rules 1c and 3), with the nodes on the way
+/// (`from` first). Every node reached from `from` through its readers must be an elementwise op or a reshape of
+/// `from`'s element count (so it is evaluated at the element's own index), and every path must end in the same
+/// materialized node, which is then the one kernel that reads `from` (relu's `where(x <= 0, 0, x)` reads x twice: a
+/// diamond, still one kernel). `None` where a path leaves the region (a reduction, a matmul, a movement, a graph
+/// output) or paths end in different kernels.
+fn region_target(
+    graph: &Graph,
+    consumers: &[Vec<NodeIndex>],
+    from: NodeIndex,
+    mat: &[bool],
+) -> (Option<NodeIndex>, Vec<NodeIndex>) {
+    match region_targets(graph, consumers, from, mat) {
+        Some((targets, seen)) if targets.len() == 1 => (Some(targets[0]), seen),
+        _ => (None, Vec::new()),
+    }
+}
+
+/// Every stored node that values read from `from` flow into through elementwise ops and reshapes of `from`'s
+/// element count (at least one), with the nodes on the way (`from` first); `None` where a path leaves that region
+/// (a reduction, a matmul, a movement, a graph output).
+fn region_targets(
+    graph: &Graph,
+    consumers: &[Vec<NodeIndex>],
+    from: NodeIndex,
+    mat: &[bool],
+) -> Option<(Vec<NodeIndex>, Vec<NodeIndex>)> {
+    let numel = graph.node(from).shape.numel();
+    let mut targets: Vec<NodeIndex> = Vec::new();
+    if graph.outputs.contains(&from) || consumers[from.index()].is_empty() {
+        return None;
+    }
+    let (mut stack, mut seen) = (vec![from], vec![from]);
+    while let Some(cur) = stack.pop() {
+        for &next in &consumers[cur.index()] {
+            if !elementwise_at(graph, next, numel) {
+                return None;
+            }
+            if mat[next.index()] {
+                if !targets.contains(&next) {
+                    targets.push(next);
+                }
+            } else if !seen.contains(&next) {
+                seen.push(next);
+                stack.push(next);
+            }
+        }
+    }
+    Some((targets, seen))
+}
+
+/// Whether `n` computes its element from its sources' elements at the same place: an elementwise op or a reshape,
+/// of `numel` elements.
+fn elementwise_at(graph: &Graph, n: NodeIndex, numel: usize) -> bool {
+    matches!(graph.node(n).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reshape)
+        && graph.node(n).shape.numel() == numel
+}
+
+/// What `n`'s kernel evaluates at `n`'s own element (rule 1d): walking from its sources through inlined
+/// elementwise ops and reshapes of its element count, every node reached (`reach`), those where the walk stops
+/// (`frontier`: stored nodes, which the kernel loads, and inlined views such as a broadcast bias, which it
+/// evaluates at this element; constants aside), and the ALU ops on the way.
+struct Inline {
+    reach: Vec<NodeIndex>,
+    frontier: Vec<NodeIndex>,
+    ops: usize,
+}
+
+fn inline_at_element(graph: &Graph, n: NodeIndex, mat: &[bool]) -> Inline {
+    let numel = graph.node(n).shape.numel();
+    let mut inline = Inline { reach: Vec::new(), frontier: Vec::new(), ops: alu_cost(&graph.node(n).op) };
+    let mut stack = graph.srcs(n);
+    while let Some(cur) = stack.pop() {
+        if inline.reach.contains(&cur) {
+            continue;
+        }
+        inline.reach.push(cur);
+        if !mat[cur.index()] && elementwise_at(graph, cur, numel) {
+            inline.ops += alu_cost(&graph.node(cur).op);
+            stack.extend(graph.srcs(cur));
+        } else if !matches!(graph.node(cur).op, Op::Const(_)) {
+            inline.frontier.push(cur);
+        }
+    }
+    inline
+}
+
 /// Decides materialization and reduce stages, lowers every kernel and plans memory.
 pub fn schedule(graph: &Graph) -> KernelPlan {
     schedule_with(graph, ScheduleOptions::default())
@@ -270,6 +367,8 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     let mut cost = vec![0usize; bound];
     let mut expensive = vec![false; bound];
     let mut depth = vec![0usize; bound];
+    // Stored by rule 1 only because several nodes read it (rule 1c may take that back).
+    let mut stored_for_readers = vec![false; bound];
     for &n in &order {
         let op = &graph.node(n).op;
         mat[n.index()] = pinned[n.index()]
@@ -308,7 +407,10 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
                         mat[from.index()] = true;
                         (cost[s.index()], expensive[s.index()], depth[s.index()]) = (1, false, 1);
                     }
-                    None => mat[s.index()] = true,
+                    None => {
+                        mat[s.index()] = true;
+                        stored_for_readers[s.index()] = true;
+                    }
                 }
             }
         }
@@ -437,45 +539,70 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
         }
     }
 
+    // Rule 1c: a value stored only because several nodes read it, where every reader is inlined into one kernel
+    // (each path from it runs through elementwise ops into the same stored node), is computed in that kernel
+    // instead: lowering memoizes a value per element, so it is still computed once, and storing it only cost a
+    // launch, a write and a read. An activation's gradient is such a diamond: GELU's `d/dx` reads the tanh
+    // input's gradient twice, which had been a kernel of its own between the product and the rest of the
+    // gradient. Readers in several kernels keep it stored (they would each compute it).
+    for &s in &order {
+        if !stored_for_readers[s.index()]
+            || !mat[s.index()]
+            || pinned[s.index()]
+            || !matches!(graph.node(s).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast)
+        {
+            continue;
+        }
+        if let (Some(target), _) = region_target(graph, &consumers, s, &mat)
+            && depth[s.index()] + depth[target.index()] <= MAX_FUSED_DEPTH
+        {
+            mat[s.index()] = false;
+        }
+    }
+
+    // Rule 1d: a value stored only because several kernels read it, where each of those kernels reads everything
+    // the value is computed from anyway, at the same element, is computed again by each of them when that costs
+    // at most `RECOMPUTE_OPS` ALU ops (transcendental ones included): its buffer cost a launch, a write and a read
+    // per reader, the recomputation costs no memory traffic at all. GELU's tanh is such a value: its forward and
+    // its gradient both read the pre-activation, and storing the tanh had been a kernel and 2 bytes of traffic
+    // per byte of the activation more than recomputing it. Inductor's partitioner recomputes such values for the
+    // same reason.
+    for &s in &order {
+        if !stored_for_readers[s.index()]
+            || !mat[s.index()]
+            || pinned[s.index()]
+            || !matches!(graph.node(s).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast)
+        {
+            continue;
+        }
+        let mine = inline_at_element(graph, s, &mat);
+        if mine.ops > RECOMPUTE_OPS {
+            continue;
+        }
+        let Some((targets, _)) = region_targets(graph, &consumers, s, &mat) else { continue };
+        // Each reader evaluates everything `s` stops at, at the same element: recomputing `s` there loads nothing.
+        let reads_the_same = |t: &NodeIndex| {
+            let theirs = inline_at_element(graph, *t, &mat);
+            mine.frontier.iter().all(|f| theirs.reach.contains(f))
+                && depth[s.index()] + depth[t.index()] <= MAX_FUSED_DEPTH
+        };
+        if targets.len() <= RECOMPUTE_READERS && targets.iter().all(reads_the_same) {
+            mat[s.index()] = false;
+        }
+    }
+
     // Rule 3: pull reductions into the materialized node they flow into.
     let mut stage: Vec<Option<NodeIndex>> = vec![None; bound];
     for &r in &order {
         if !matches!(graph.node(r).op, Op::Reduce { .. } | Op::Matmul) {
             continue;
         }
-        // The region fed by r: every node reached from r through its consumers must be an elementwise op or a
-        // reshape of r's element count (so it can be evaluated at the output element's index), and every path
-        // must end in the same materialized node, which becomes the kernel (relu's `where(x <= 0, 0, x)` reads
-        // x twice: a diamond, still one kernel).
         let numel = graph.node(r).shape.numel();
         let fusable = |n: NodeIndex| {
             matches!(graph.node(n).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reshape)
                 && graph.node(n).shape.numel() == numel
         };
-        let walk = |mat: &[bool]| {
-            let mut target: Option<NodeIndex> = None;
-            let mut ok = !is_output(r) && !consumers[r.index()].is_empty();
-            let (mut stack, mut seen) = (vec![r], vec![r]);
-            'walk: while let Some(cur) = stack.pop() {
-                for &next in &consumers[cur.index()] {
-                    if !ok || !fusable(next) {
-                        ok = false;
-                        break 'walk;
-                    }
-                    if mat[next.index()] {
-                        if target.is_some_and(|t| t != next) {
-                            ok = false;
-                            break 'walk;
-                        }
-                        target = Some(next);
-                    } else if !seen.contains(&next) {
-                        seen.push(next);
-                        stack.push(next);
-                    }
-                }
-            }
-            (if ok { target } else { None }, seen)
-        };
+        let walk = |mat: &[bool]| region_target(graph, &consumers, r, mat);
         if is_output(r) {
             stage[r.index()] = Some(r);
             continue;
