@@ -193,19 +193,24 @@ impl GemmImpl {
     }
 
     /// The structural family (what the cost model may mis-rank as a whole): the library, or the generated kernel
-    /// by how A and B are read (packed or in place) and, for B streamed in place, whether its K blocks are short
-    /// (a few rows streamed at once) or long: which of those wins depends on the memory system more than the model
-    /// knows (measured at M = 1: 4-8-row blocks from 25 to 42 GB/s, 32-row blocks 24-27, in different sessions).
-    pub fn family(&self) -> &'static str {
-        match self {
+    /// by instruction set and by how A and B are read (packed or in place) and, for B streamed in place, whether
+    /// its K blocks are short (a few rows streamed at once) or long: which of those wins depends on the memory
+    /// system more than the model knows (measured at M = 1: 4-8-row blocks from 25 to 42 GB/s, 32-row blocks
+    /// 24-27, in different sessions). The instruction set is part of it because the model prices 8- and 16-lane
+    /// kernels by their measured FMA peaks only, not by what the front end and load ports make of them: on a
+    /// double-pumped AVX-512 host (both peaks alike) it scored AVX2 6x16 first for a 128x512x1024 weight gradient
+    /// (A transposed), which `KILN_AUTOTUNE=full` timed at 1075 µs against AVX-512 8x48's 723, so fast mode's two
+    /// timed slots never raced the two instruction sets there.
+    pub fn family(&self) -> String {
+        let packing = match self {
             GemmImpl::Bf16(a) => match a.unit {
-                Bf16Unit::Amx => "AMX tiles",
-                Bf16Unit::Avx512Bf16 => "AVX512-BF16 dot products",
+                Bf16Unit::Amx => return "AMX tiles".to_string(),
+                Bf16Unit::Avx512Bf16 => return "AVX512-BF16 dot products".to_string(),
             },
-            GemmImpl::Library => "library",
-            GemmImpl::Dot => "dot products",
-            GemmImpl::SplitK => "split K",
-            GemmImpl::Transposed(_) => "transposed, W in place",
+            GemmImpl::Library => return "library".to_string(),
+            GemmImpl::Dot => return "dot products".to_string(),
+            GemmImpl::SplitK => return "split K".to_string(),
+            GemmImpl::Transposed(_) => return "transposed, W in place".to_string(),
             GemmImpl::Asm(c) => match (c.pack_a, c.pack_b, c.kc <= 8) {
                 (true, true, _) => "packed A, packed B",
                 (true, false, true) => "packed A, B in place, short K blocks",
@@ -214,6 +219,10 @@ impl GemmImpl {
                 (false, false, true) => "A and B in place, short K blocks",
                 (false, false, false) => "A and B in place",
             },
+        };
+        match self {
+            GemmImpl::Asm(c) => format!("{}: {packing}", c.isa.name()),
+            _ => packing.to_string(),
         }
     }
 
@@ -935,11 +944,28 @@ mod tests {
                     );
                 }
             }
-            let families: std::collections::BTreeSet<&str> = cands.iter().map(|c| c.family()).collect();
-            assert!(families.contains("packed A, packed B") && families.contains("A in place, packed B"));
+            let families: std::collections::BTreeSet<String> = cands.iter().map(|c| c.family()).collect();
+            assert!(families.contains("avx2: packed A, packed B") && families.contains("avx2: A in place, packed B"));
         }
         let skinny = candidates_for(&view(SKINNY_M, 300, 77), true, &Isa::ALL);
         assert!(!skinny.iter().any(|c| matches!(c, GemmImpl::Asm(c) if c.pack_a)));
+    }
+
+    /// The instruction set is part of a generated kernel's family, so fast mode's two timed slots (the best of each
+    /// family first) race AVX2 against AVX-512 where the model puts them near each other, instead of two packings
+    /// of one of them.
+    #[test]
+    fn each_instruction_set_is_a_family_of_its_own() {
+        let cands = candidates_for(&view(128, 512, 1024), true, &Isa::ALL);
+        let family_of = |isa: Isa| {
+            cands
+                .iter()
+                .find(|c| matches!(c, GemmImpl::Asm(a) if a.isa == isa && a.pack_a && a.pack_b))
+                .map(|c| c.family())
+        };
+        let (avx2, avx512) = (family_of(Isa::Avx2), family_of(Isa::Avx512));
+        assert_eq!(avx2.as_deref(), Some("avx2: packed A, packed B"));
+        assert_eq!(avx512.as_deref(), Some("avx512: packed A, packed B"));
     }
 
     #[test]

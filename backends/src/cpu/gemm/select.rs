@@ -184,7 +184,7 @@ fn choose_gemm(
             config: imp,
             name: imp.name(),
             score: config::score(&problem.view, imp, threads),
-            family: imp.family().to_string(),
+            family: imp.family(),
             shape: imp.shape(),
         })
         .collect();
