@@ -35,7 +35,9 @@ fn tune_mode() -> kiln_autotune::Mode {
 /// takes the cost model's choice instead, recorded as untuned (mode `off`), so the next compile that meets the key,
 /// in this process or a later one, searches it (a `fast` lookup does not accept an `off` record). A first step
 /// thus never waits on more than about the budget of searching, and a cache warms up over a few starts; `kiln
-/// tune` and `full` have no budget.
+/// tune` and `full` have no budget. A key whose search alone is estimated past the budget (a convolution's GEMM of
+/// a few images) is never searched in fast mode, and its record says so: its fast race would get one cold run per
+/// candidate, which picked the slower of two tiles when it was tried (docs/benchmarks.md, conv2d).
 ///
 /// Why: a batch-1024 MLP step meets eight GEMM keys; searching all of them took ~40 ms of its first step (~55-85 ms
 /// in all on this 2-core VM, against ~13 ms for compiling with `off`).
@@ -243,9 +245,17 @@ fn choose_gemm(
     )?;
     budget.spent += searched_at.elapsed();
     if over_budget {
+        // A key whose search alone passes the budget is never searched in fast mode, by this compile or a later
+        // one: say so, and what does search it.
+        let later = if estimate > budget.limit {
+            "its search alone passes the budget, so no fast-mode compile with this budget searches it: `kiln tune`, \
+             KILN_AUTOTUNE=full or a larger KILN_TUNE_BUDGET_MS does"
+        } else {
+            "a later compile searches it"
+        };
         let why = format!(
             "not run: this compile's fast-tuning budget ({} ms, KILN_TUNE_BUDGET_MS) would be passed (~{:.1} ms \
-             spent, ~{:.1} ms estimated for this key); a later compile searches it",
+             spent, ~{:.1} ms estimated for this key); {later}",
             budget.limit.as_millis(),
             budget.spent.as_secs_f64() * 1e3,
             estimate.as_secs_f64() * 1e3
