@@ -687,42 +687,46 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
                 matches!(i.op, Op::Input { .. }) && i.dtype == d.dtype && i.shape.numel() == d.shape.numel()
             })
     };
-    let (mut launches_raw, last): (Vec<_>, Vec<_>) = kernels
-        .iter()
-        .map(|&k| {
-            let rows = rows_of[k.index()].as_deref().unwrap_or(&[]);
-            let (ir, reads) =
-                lower(graph, k, stage[k.index()], rows, &mat).expect("row groups are formed where lowering takes them");
-            // Rule 6 (reductions only: a GEMM's reduce loop is its K, which its own kernels split).
-            let reduces = stage[k.index()].is_some_and(|r| matches!(graph.node(r).op, Op::Reduce { .. }));
-            let ir = if reduces { with_merged_reduce_loops(&ir) } else { ir };
-            // Rule 7: an elementwise kernel whose indices divide its loops runs over the loops they divide into.
-            let ir = if stage[k.index()].is_none() && rows.is_empty() && ir.routine.is_none() {
-                ir.with_split_loops()
-            } else {
-                ir
-            };
-            let split = if reduces { split_full_reduction(&ir) } else { None };
-            (k, ir, reads, split)
-        })
-        .partition(|(k, _, reads, _)| !replaces_input(*k, reads));
-    launches_raw.extend(last);
+    let lowered = |k: NodeIndex| {
+        let rows = rows_of[k.index()].as_deref().unwrap_or(&[]);
+        let (ir, reads) =
+            lower(graph, k, stage[k.index()], rows, &mat).expect("row groups are formed where lowering takes them");
+        // Rule 6 (reductions only: a GEMM's reduce loop is its K, which its own kernels split).
+        let reduces = stage[k.index()].is_some_and(|r| matches!(graph.node(r).op, Op::Reduce { .. }));
+        let ir = if reduces { with_merged_reduce_loops(&ir) } else { ir };
+        // Rule 7: an elementwise kernel whose indices divide its loops runs over the loops they divide into.
+        let ir = if stage[k.index()].is_none() && rows.is_empty() && ir.routine.is_none() {
+            ir.with_split_loops()
+        } else {
+            ir
+        };
+        let split = if reduces { split_full_reduction(&ir) } else { None };
+        (k, ir, reads, split)
+    };
     // Rule 8: at most `MAX_KERNEL_INPUTS` buffers read per kernel (a split reduction's combining kernel reads its
-    // partials too).
+    // partials too). A kernel reads some of the stored nodes its inlined code reaches (`region_reads`), so only
+    // those reaching more than the budget less one are lowered to count their reads, before any other kernel is:
+    // a round that stores more nodes is redone without having lowered the plan (half the schedule of a GPT step,
+    // whose gradient norm over 52 parameters needs a cut, ~7 ms a compile).
     // Every cut a kernel needs is found in this round: after each, the kernel's reads are counted again as if the
     // cut were stored (a gradient norm over 52 tensors needs two), so the next round usually passes.
     let mut cuts = Vec::new();
-    for (k, _, reads, split) in &launches_raw {
+    let mut memo = HashMap::new();
+    for &k in &kernels {
+        if region_reads(graph, k, &mat, &mut memo).len() < MAX_KERNEL_INPUTS {
+            continue;
+        }
+        let (_, _, reads, split) = lowered(k);
         let extra = split.is_some() as usize;
         if reads.len() + extra <= MAX_KERNEL_INPUTS {
             continue;
         }
         let (mut stored, mut pins) = (mat.clone(), pinned.to_vec());
-        while let Some(cut) = cut_point(graph, *k, &stored, &pins) {
+        while let Some(cut) = cut_point(graph, k, &stored, &pins) {
             cuts.push(cut);
             stored[cut.index()] = true;
             pins[cut.index()] = true;
-            if region_reads(graph, *k, &stored, &mut HashMap::new()).len() + extra <= MAX_KERNEL_INPUTS {
+            if region_reads(graph, k, &stored, &mut HashMap::new()).len() + extra <= MAX_KERNEL_INPUTS {
                 break;
             }
         }
@@ -730,6 +734,9 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     if !cuts.is_empty() {
         return Err(cuts);
     }
+    let (mut launches_raw, last): (Vec<_>, Vec<_>) =
+        kernels.iter().map(|&k| lowered(k)).partition(|(k, _, reads, _)| !replaces_input(*k, reads));
+    launches_raw.extend(last);
     let mut last_read = vec![0usize; bound];
     for (step, (_, _, reads, _)) in launches_raw.iter().enumerate() {
         for &r in reads {
