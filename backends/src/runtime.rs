@@ -23,8 +23,10 @@ pub struct CompileStats {
     pub clif_loads: u64,
     /// Executable mappings made for compiled code (see `kiln::Stats::code_mappings`).
     pub code_mappings: u64,
-    /// Elementwise kernels generated at 8 lanes instead of compiled by Cranelift (`cpu::wide`).
+    /// Elementwise kernels run at full width instead of compiled by Cranelift (`cpu::wide`), per kernel a plan runs.
     pub wide_builds: u64,
+    /// Of those, the kernels generated (the others reused the code of an earlier kernel of the same IR).
+    pub wide_generations: u64,
 }
 
 /// The compile counters now. Only the CPU counts (the wgpu device's compiles and tunings are not counted).

@@ -75,9 +75,14 @@ pub struct Stats {
     pub kernel_compiles: u64,
     /// Cranelift kernels mapped from the kernel cache (disk or an imported bundle) instead of compiled.
     pub kernel_loads: u64,
-    /// Elementwise f32 kernels generated as 8-lane AVX2 code instead of compiled by Cranelift (on hosts with AVX2,
-    /// unless `KILN_ELEMENTWISE=clif`). Not cached: generating one costs about what mapping a cached one would.
+    /// Elementwise f32 kernels run as generated full-width code (8 or 16 lanes) instead of compiled by Cranelift (on
+    /// hosts with AVX2, unless `KILN_ELEMENTWISE=clif`), counted per kernel a compiled plan runs so: generated, or
+    /// reused from the process's earlier kernel of the same IR. Not cached on disk: generating one costs about what
+    /// mapping a cached one would.
     pub wide_kernel_builds: u64,
+    /// Of `wide_kernel_builds`, the kernels whose code was generated: the others ran code generated for an earlier
+    /// kernel of the same IR (a model's layers repeat their kernels).
+    pub wide_kernels_generated: u64,
     /// Executable mappings made for compiled code: one per kernel compiled or loaded on its own, one per batch of
     /// cached kernels mapped together at a bundle import. A first step after an import makes none.
     pub code_mappings: u64,
@@ -104,6 +109,7 @@ pub fn stats() -> Stats {
         kernel_compiles: g.clif_compiles,
         kernel_loads: g.clif_loads,
         wide_kernel_builds: g.wide_builds,
+        wide_kernels_generated: g.wide_generations,
         code_mappings: g.code_mappings,
         fresh_host_buffers: kiln_backends::host_pool::fresh_allocations(),
     }

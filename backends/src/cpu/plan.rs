@@ -28,7 +28,7 @@ const NAME: &str = "cpu";
 enum Exec {
     Clif(KernelFn),
     Gemm(Box<super::gemm::CompiledGemm>),
-    Wide(Box<super::wide::WideKernel>),
+    Wide(std::sync::Arc<super::wide::WideKernel>),
     Rows(Box<super::wide_rows::RowKernel>),
     /// A linear algebra routine (`routines.rs`).
     Routine(kiln_jit::kernel::routine::Routine),
@@ -193,7 +193,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
 /// generator takes it, else Cranelift's.
 fn generate(c: &mut super::compiler::Compiler, k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<Exec, String> {
     if let Some(w) = super::wide::for_plan(k, dump)? {
-        return Ok(Exec::Wide(Box::new(w)));
+        return Ok(Exec::Wide(w));
     }
     if let Some(r) = super::wide_rows::for_plan(k, dump)? {
         return Ok(Exec::Rows(Box::new(r)));

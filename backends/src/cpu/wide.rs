@@ -51,8 +51,8 @@
 //! both widths; a row sum's lanes are added in another order (within the row-sum tolerance).
 //!
 //! Each element is loaded before it is stored, so a donated input may be the output (a weight updated in place).
-//! Deliberately not done: caching the code on disk (generating and mapping one costs about what mapping a cached
-//! copy does); hoisting arithmetic on per-row values out of the column loop (the batch-1
+//! Kernels are cached in memory by IR text (`GENERATED`: a model's layers repeat them). Deliberately not done:
+//! caching the code on disk (generating and mapping one costs about what mapping a cached copy does); hoisting arithmetic on per-row values out of the column loop (the batch-1
 //! update multiplies the per-row gradient by the row's inputs first, so nothing there would hoist); unrolling past 4
 //! vectors (8 measured no faster on the update).
 
@@ -69,8 +69,10 @@ use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
 use kiln_jit::kernel::gemm::ElementwiseView;
 use kiln_jit::kernel::{Inst, KernelIr};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::fmt::Write;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 /// `table, rows, cols`: see the module doc.
 type WideFn = unsafe extern "sysv64" fn(*const *const u8, usize, usize);
@@ -91,18 +93,42 @@ pub(crate) fn enabled() -> bool {
     *ON
 }
 
-/// Kernels generated for plans (launches and GEMM epilogue passes) since the process started.
+/// Kernels run here for plans (launches and GEMM epilogue passes, each one counted, generated or reused from
+/// [`GENERATED`]) since the process started.
 pub(crate) static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Of [`BUILDS`], the kernels generated (the rest reused [`GENERATED`]'s code).
+pub(crate) static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The kernels generated so far, by kernel IR text (the IR fixes the code, as it keys the Cranelift kernels; the
+/// width is fixed per process, [`width`]), with the kernels found not to qualify (`None`). A model's layers repeat
+/// kernels: a 4-layer GPT step launches 267 of 56 distinct IRs, and each generation costs its code, an executable
+/// mapping and its protection change (~75 µs there; 20 ms of that step's 130 ms compile before this cache). Like
+/// Cranelift's module, it keeps what it generated for the life of the process.
+static GENERATED: LazyLock<Mutex<HashMap<String, Option<Arc<WideKernel>>>>> = LazyLock::new(Default::default);
 
 /// The wide kernel a plan runs for `k` where generation is [`enabled`] and `k` qualifies (counted in [`BUILDS`],
 /// and written to the dump), else `Ok(None)`: the caller compiles it with Cranelift. The one entry point for plan
 /// launches and GEMM epilogue passes alike.
-pub(crate) fn for_plan(k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<Option<WideKernel>, String> {
+pub(crate) fn for_plan(k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<Option<Arc<WideKernel>>, String> {
     // A kernel that gathers is the Cranelift renderer's (its per-lane checked loads and the fault record).
     if !enabled() || k.can_fault() {
         return Ok(None);
     }
-    let Some(w) = WideKernel::build(k)? else { return Ok(None) };
+    let text = k.to_text();
+    let cached = GENERATED.lock().get(&text).cloned();
+    let w = match cached {
+        Some(w) => w,
+        None => {
+            let w = WideKernel::build(k)?.map(Arc::new);
+            if w.is_some() {
+                GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            GENERATED.lock().insert(text, w.clone());
+            w
+        }
+    };
+    let Some(w) = w else { return Ok(None) };
     BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if let Some(d) = dump {
         d.generated_files(k, "wide.txt", &w.listing(), w.code_bytes());
@@ -759,4 +785,37 @@ pub(super) fn save_registers(ops: &mut Assembler) {
 /// Clears the upper vector halves, pops what [`save_registers`] pushed, and returns.
 pub(super) fn restore_registers_and_return(ops: &mut Assembler) {
     dynasm!(ops ; .arch x64 ; vzeroupper ; pop r15 ; pop r14 ; pop r13 ; pop r12 ; pop rbx ; pop rbp ; ret);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_jit::graph::{Graph, NodeData};
+    use kiln_jit::op::{BinaryOp, Op, UnaryOp};
+    use kiln_jit::{DType, Shape};
+
+    /// Kernels of one IR share their generated code: a plan whose two kernels compute the same ops on two inputs
+    /// of one shape (as a model's layers do) generates one kernel and runs it for both.
+    #[test]
+    fn kernels_of_one_ir_share_their_code() {
+        if !enabled() {
+            return;
+        }
+        let node = |op: Op| NodeData { op, shape: Shape::new(vec![37, 53]), dtype: DType::F32 };
+        let mut g = Graph::new();
+        for slot in 0..2 {
+            let x = g.add(node(Op::Input { slot }), &[]);
+            // A constant no other test uses, so this process has not generated the kernel before.
+            let c = g.add(node(Op::Const(kiln_jit::dtype::Scalar::Float(1.234_567))), &[]);
+            let m = g.add(node(Op::Binary(BinaryOp::Mul)), &[x, c]);
+            let out = g.add(node(Op::Unary(UnaryOp::Sqrt)), &[m]);
+            g.outputs.push(out);
+        }
+        let plan = kiln_jit::kernel::schedule(&g);
+        let [a, b] = &plan.launches[..] else { panic!("{} launches", plan.launches.len()) };
+        assert_eq!(a.kernel.to_text(), b.kernel.to_text());
+        let first = for_plan(&a.kernel, None).unwrap().expect("a wide kernel");
+        let second = for_plan(&b.kernel, None).unwrap().expect("a wide kernel");
+        assert!(Arc::ptr_eq(&first, &second), "the second kernel was generated again");
+    }
 }

@@ -829,6 +829,7 @@ pub fn stats() -> crate::runtime::CompileStats {
         clif_loads: super::compiler::CLIF_LOADS.load(Ordering::Relaxed),
         code_mappings: super::code::MAPPINGS.load(Ordering::Relaxed),
         wide_builds: super::wide::BUILDS.load(Ordering::Relaxed),
+        wide_generations: super::wide::GENERATIONS.load(Ordering::Relaxed),
     }
 }
 

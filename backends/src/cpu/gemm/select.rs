@@ -299,7 +299,7 @@ fn build_gemm(
 fn compile_pass(c: &mut Compiler, k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<super::Pass, String> {
     let pass = super::epilogue_pass_kernel(k);
     if let Some(w) = crate::cpu::wide::for_plan(&pass, dump)? {
-        return Ok(super::Pass::Wide(std::sync::Arc::new(w)));
+        return Ok(super::Pass::Wide(w));
     }
     let (f, text) = c.kernel(&pass, dump.is_some())?;
     if let (Some(d), Some((clif_text, disasm))) = (dump, text) {
