@@ -367,7 +367,7 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     let mut cost = vec![0usize; bound];
     let mut expensive = vec![false; bound];
     let mut depth = vec![0usize; bound];
-    // Stored by rule 1 only because several nodes read it (rule 1c may take that back).
+    // Stored by rule 1 only because several nodes read it (rules 1c and 1d may take that back).
     let mut stored_for_readers = vec![false; bound];
     for &n in &order {
         let op = &graph.node(n).op;
@@ -545,12 +545,14 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     // launch, a write and a read. An activation's gradient is such a diamond: GELU's `d/dx` reads the tanh
     // input's gradient twice, which had been a kernel of its own between the product and the rest of the
     // gradient. Readers in several kernels keep it stored (they would each compute it).
+    let reconsidered = |s: NodeIndex, mat: &[bool]| {
+        stored_for_readers[s.index()]
+            && mat[s.index()]
+            && !pinned[s.index()]
+            && matches!(graph.node(s).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast)
+    };
     for &s in &order {
-        if !stored_for_readers[s.index()]
-            || !mat[s.index()]
-            || pinned[s.index()]
-            || !matches!(graph.node(s).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast)
-        {
+        if !reconsidered(s, &mat) {
             continue;
         }
         if let (Some(target), _) = region_target(graph, &consumers, s, &mat)
@@ -564,15 +566,10 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     // the value is computed from anyway, at the same element, is computed again by each of them when that costs
     // at most `RECOMPUTE_OPS` ALU ops (transcendental ones included): its buffer cost a launch, a write and a read
     // per reader, the recomputation costs no memory traffic at all. GELU's tanh is such a value: its forward and
-    // its gradient both read the pre-activation, and storing the tanh had been a kernel and 2 bytes of traffic
-    // per byte of the activation more than recomputing it. Inductor's partitioner recomputes such values for the
-    // same reason.
+    // its gradient both read the pre-activation, and storing the tanh had cost a kernel of its own, a write and
+    // two reads of the activation's size. Inductor's partitioner recomputes such values for the same reason.
     for &s in &order {
-        if !stored_for_readers[s.index()]
-            || !mat[s.index()]
-            || pinned[s.index()]
-            || !matches!(graph.node(s).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast)
-        {
+        if !reconsidered(s, &mat) {
             continue;
         }
         let mine = inline_at_element(graph, s, &mat);
@@ -598,10 +595,7 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
             continue;
         }
         let numel = graph.node(r).shape.numel();
-        let fusable = |n: NodeIndex| {
-            matches!(graph.node(n).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reshape)
-                && graph.node(n).shape.numel() == numel
-        };
+        let fusable = |n: NodeIndex| elementwise_at(graph, n, numel);
         let walk = |mat: &[bool]| region_target(graph, &consumers, r, mat);
         if is_output(r) {
             stage[r.index()] = Some(r);
@@ -706,8 +700,8 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     // Rule 8: at most `MAX_KERNEL_INPUTS` buffers read per kernel (a split reduction's combining kernel reads its
     // partials too). A kernel reads some of the stored nodes its inlined code reaches (`region_reads`), so only
     // those reaching more than the budget less one are lowered to count their reads, before any other kernel is:
-    // a round that stores more nodes is redone without having lowered the plan (half the schedule of a GPT step,
-    // whose gradient norm over 52 parameters needs a cut, ~7 ms a compile).
+    // a round that stores more nodes is redone without having lowered the plan (a GPT step's gradient norm over 52
+    // parameters needs a cut: its schedule took 15-17 ms, now 12.6-13.1).
     // Every cut a kernel needs is found in this round: after each, the kernel's reads are counted again as if the
     // cut were stored (a gradient norm over 52 tensors needs two), so the next round usually passes.
     let mut cuts = Vec::new();
