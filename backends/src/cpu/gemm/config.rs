@@ -202,28 +202,29 @@ impl GemmImpl {
     /// (A transposed), which `KILN_AUTOTUNE=full` timed at 1075 µs against AVX-512 8x48's 723, so fast mode's two
     /// timed slots never raced the two instruction sets there.
     pub fn family(&self) -> String {
-        let packing = match self {
-            GemmImpl::Bf16(a) => match a.unit {
-                Bf16Unit::Amx => return "AMX tiles".to_string(),
-                Bf16Unit::Avx512Bf16 => return "AVX512-BF16 dot products".to_string(),
-            },
+        let c = match self {
+            GemmImpl::Bf16(a) => {
+                return match a.unit {
+                    Bf16Unit::Amx => "AMX tiles",
+                    Bf16Unit::Avx512Bf16 => "AVX512-BF16 dot products",
+                }
+                .to_string();
+            }
             GemmImpl::Library => return "library".to_string(),
             GemmImpl::Dot => return "dot products".to_string(),
             GemmImpl::SplitK => return "split K".to_string(),
             GemmImpl::Transposed(_) => return "transposed, W in place".to_string(),
-            GemmImpl::Asm(c) => match (c.pack_a, c.pack_b, c.kc <= 8) {
-                (true, true, _) => "packed A, packed B",
-                (true, false, true) => "packed A, B in place, short K blocks",
-                (true, false, false) => "packed A, B in place",
-                (false, true, _) => "A in place, packed B",
-                (false, false, true) => "A and B in place, short K blocks",
-                (false, false, false) => "A and B in place",
-            },
+            GemmImpl::Asm(c) => c,
         };
-        match self {
-            GemmImpl::Asm(c) => format!("{}: {packing}", c.isa.name()),
-            _ => packing.to_string(),
-        }
+        let packing = match (c.pack_a, c.pack_b, c.kc <= 8) {
+            (true, true, _) => "packed A, packed B",
+            (true, false, true) => "packed A, B in place, short K blocks",
+            (true, false, false) => "packed A, B in place",
+            (false, true, _) => "A in place, packed B",
+            (false, false, true) => "A and B in place, short K blocks",
+            (false, false, false) => "A and B in place",
+        };
+        format!("{}: {packing}", c.isa.name())
     }
 
     /// The register tile (`6x16`) of a generated kernel, the search's second axis of diversity within a family
