@@ -298,3 +298,20 @@ fn gemm_template_wgsl() {
     assert_eq!(text, render_gemm(k, &view, tile).expect("renders").source, "rendering is deterministic");
     check_golden("gemm_template.wgsl.txt", &text);
 }
+
+/// An elementwise kernel of a few elements is rendered without its unrolled body (six vectors per step): it runs in
+/// microseconds either way, and each copy of a body with many loads cost compile time (a GPT step's 52-element
+/// gradient-norm stack compiled in 15-18 ms unrolled, 3 without). A large one keeps it. Counted as the vector loads
+/// of `x * 2` in the vectorized CLIF: one per vector of each body.
+#[test]
+fn small_elementwise_kernels_are_not_unrolled() {
+    let vector_loads = |rows: usize| {
+        let x = Tensor::from_vec(vec![0.5f32; rows * 32], [rows, 32], &Device::cpu()).expect("x");
+        let cap = kiln::capture(&[&(&x * 2.0)]).expect("capture");
+        let plan = schedule(&cap.graph);
+        let k = &plan.launches.last().expect("a launch").kernel;
+        clif::render(k, 0, target(), true).display().to_string().matches("load.f32x4").count()
+    };
+    assert_eq!(vector_loads(8), 1, "256 elements: only the one-vector body");
+    assert_eq!(vector_loads(256), 7, "8192 elements: the six-vector body and the one-vector body");
+}

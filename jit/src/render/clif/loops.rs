@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// Output elements below which an elementwise kernel is rendered without its unrolled body: it runs in
+/// microseconds either way, while each unrolled copy of a body with many loads costs compile time (a gradient
+/// norm's 52-element stack of 24 masked loads compiled in 15-18 ms unrolled, 3 ms without; the first step of a
+/// 4-layer GPT compiled 49 ms of Cranelift code, 24 without). Larger kernels keep it: their code is cached on
+/// disk, their run time is paid every step.
+pub(super) const UNROLL_MIN_ELEMENTS: usize = 4096;
+
 impl Emitter<'_> {
     /// Output loops from `dim` inward. A register-tiled kernel walks its last two output dims as a GEMM does:
     /// blocks of `TileConfig::block_rows` rows (a block of A stays in L2), and within a block, column tiles outer and row tiles
@@ -85,12 +92,14 @@ impl Emitter<'_> {
 
     /// The steps of the innermost loop as (columns per step, vectors, lanes): two vectors at a time (two
     /// independent dependency chains for the out-of-order core; in a GEMM, a 4 x 8 register tile), one vector,
-    /// then scalars. Bodies that can never run for this extent are not rendered.
+    /// then scalars. Bodies that can never run for this extent are not rendered, and an elementwise kernel of fewer
+    /// than [`UNROLL_MIN_ELEMENTS`] elements gets no unrolled body.
     pub(super) fn col_steps(&self) -> Vec<(usize, usize, usize)> {
         let innermost = self.k.out_extents.last().copied().unwrap_or(0);
         let mut steps = Vec::with_capacity(3);
         let vecs = if self.k.reduce.is_some() { self.tile_cfg.vecs } else { self.tile_cfg.elementwise_vecs }.max(1);
-        if self.vec_ok && vecs > 1 && innermost >= vecs * LANES {
+        let small = self.k.reduce.is_none() && self.k.out_extents.iter().product::<usize>() < UNROLL_MIN_ELEMENTS;
+        if self.vec_ok && vecs > 1 && innermost >= vecs * LANES && !small {
             steps.push((vecs * LANES, vecs, LANES));
         }
         if self.vec_ok {

@@ -55,7 +55,8 @@ pub use libcall::Libcall;
 /// 8: a masked load whose ranges do not move along the vector is one vector load. 9: one whose affine ranges
 /// move along it is a vector load where the whole vector is inside. 10: a gather with one index for every lane
 /// along its row is one check and one vector load, and a reduction that gathers so vectorizes along its reduce loop.
-pub const REVISION: u32 = 10;
+/// 11: an elementwise kernel of fewer than `loops::UNROLL_MIN_ELEMENTS` elements has no unrolled body.
+pub const REVISION: u32 = 11;
 
 /// The kernel entry signature.
 pub fn kernel_signature(call_conv: CallConv) -> Signature {
