@@ -7,7 +7,9 @@ batch 16, vocabulary 56 (the characters of examples/data/sonnets.txt), f32. Ever
 and trains on the same batch each step: the script writes them to a safetensors file and kiln runs
 `cargo run --release --example train_gpt -- --init FILE`. A step is zero_grad + forward + loss + backward + clipping
 + AdamW. Timing: the median of the steps after 3 warm-up steps; "first step" is the first call (torch.compile
-compiles there, with a fresh Inductor cache; kiln compiles its plan there, with a fresh KILN_CACHE_DIR).
+compiles there, with a fresh Inductor cache; kiln compiles its plan there, with a fresh KILN_CACHE_DIR). kiln starts
+every round from an empty cache, so its first step is the median over the rounds (range in brackets); PyTorch's is
+the first round's (later rounds reuse what the process already compiled and initialized).
 
 Rounds: the host alternates between fast and slow phases, so each of `--rounds R` (default 3) runs kiln and then
 both PyTorch modes close in time; the table gives each side's median over the rounds and the ratio of the medians,
@@ -106,17 +108,21 @@ def main() -> None:
         rows["compile"].append(torch_times(torch, gpt, init, tokens, args.steps, True))
     print(f"GPT step ({L} layers, d_model {D}, {H} heads, context {T}, batch {B}), {args.threads} threads, "
           f"torch {torch.__version__}, median of {args.steps - WARMUP} steps, {args.rounds} rounds")
-    print(f"{'':10} {'first step':>11} {'step':>9} {'tokens/s':>9}  kiln vs it")
+    print(f"{'':10} {'first step':>17} {'step':>9} {'tokens/s':>9}  kiln vs it")
     for name, vals in rows.items():
         if not vals:
             continue
         first, step = vals[0][0], statistics.median(v[1] for v in vals)
+        first_text = f"{first * 1e3:9.0f}ms"
+        if name == "kiln":
+            firsts = [v[0] for v in vals]
+            first_text = f"{statistics.median(firsts) * 1e3:5.0f}ms [{min(firsts) * 1e3:.0f}-{max(firsts) * 1e3:.0f}]"
         ratio = ""
         if name != "kiln" and rows["kiln"]:
             kiln = statistics.median(v[1] for v in rows["kiln"])
             per = [o[1] / k[1] for o, k in zip(vals, rows["kiln"])]
             ratio = f"{step / kiln:.2f}x [{min(per):.2f}-{max(per):.2f}]"
-        print(f"{name:10} {first * 1e3:9.0f}ms {step * 1e3:7.2f}ms {B * T / step:9.0f}  {ratio}")
+        print(f"{name:10} {first_text:>17} {step * 1e3:7.2f}ms {B * T / step:9.0f}  {ratio}")
 
 
 if __name__ == "__main__":
