@@ -52,9 +52,9 @@
 //!
 //! Each element is loaded before it is stored, so a donated input may be the output (a weight updated in place).
 //! Kernels are cached in memory by IR text (`GENERATED`: a model's layers repeat them). Deliberately not done:
-//! caching the code on disk (generating and mapping one costs about what mapping a cached copy does); hoisting arithmetic on per-row values out of the column loop (the batch-1
-//! update multiplies the per-row gradient by the row's inputs first, so nothing there would hoist); unrolling past 4
-//! vectors (8 measured no faster on the update).
+//! caching the code on disk (generating and mapping one costs about what mapping a cached copy does); hoisting
+//! arithmetic on per-row values out of the column loop (the batch-1 update multiplies the per-row gradient by the
+//! row's inputs first, so nothing there would hoist); unrolling past 4 vectors (8 measured no faster on the update).
 
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
@@ -799,6 +799,7 @@ mod tests {
     #[test]
     fn kernels_of_one_ir_share_their_code() {
         if !enabled() {
+            eprintln!("note: kernels_of_one_ir_share_their_code skipped: no AVX2 + FMA (or KILN_ELEMENTWISE=clif)");
             return;
         }
         let node = |op: Op| NodeData { op, shape: Shape::new(vec![37, 53]), dtype: DType::F32 };

@@ -706,13 +706,15 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     // cut were stored (a gradient norm over 52 tensors needs two), so the next round usually passes.
     let mut cuts = Vec::new();
     let mut memo = HashMap::new();
+    // The kernels lowered here, kept for the plan when the round passes.
+    let mut counted = HashMap::new();
     for &k in &kernels {
         if region_reads(graph, k, &mat, &mut memo).len() < MAX_KERNEL_INPUTS {
             continue;
         }
-        let (_, _, reads, split) = lowered(k);
-        let extra = split.is_some() as usize;
-        if reads.len() + extra <= MAX_KERNEL_INPUTS {
+        let launch = counted.entry(k).or_insert_with(|| lowered(k));
+        let extra = launch.3.is_some() as usize;
+        if launch.2.len() + extra <= MAX_KERNEL_INPUTS {
             continue;
         }
         let (mut stored, mut pins) = (mat.clone(), pinned.to_vec());
@@ -728,8 +730,10 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     if !cuts.is_empty() {
         return Err(cuts);
     }
-    let (mut launches_raw, last): (Vec<_>, Vec<_>) =
-        kernels.iter().map(|&k| lowered(k)).partition(|(k, _, reads, _)| !replaces_input(*k, reads));
+    let (mut launches_raw, last): (Vec<_>, Vec<_>) = kernels
+        .iter()
+        .map(|&k| counted.remove(&k).unwrap_or_else(|| lowered(k)))
+        .partition(|(k, _, reads, _)| !replaces_input(*k, reads));
     launches_raw.extend(last);
     let mut last_read = vec![0usize; bound];
     for (step, (_, _, reads, _)) in launches_raw.iter().enumerate() {
