@@ -28,7 +28,7 @@ use crate::nn::{Module, Param};
 use crate::optim::{Optimizer, OptimizerState, ParamState};
 use crate::random::{Generator, RngState};
 use crate::tensor::Tensor;
-use kiln_jit::{DType, HostBuffer};
+use kiln_jit::{DType, HostBuffer, HostVec};
 use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, View};
 use std::borrow::{Borrow, Cow};
 use std::collections::HashMap;
@@ -74,7 +74,7 @@ fn to_safetensors_dtype(d: DType) -> Dtype {
 fn to_le_bytes(b: &HostBuffer) -> Vec<u8> {
     match b {
         HostBuffer::Bool(v) => v.iter().map(|&x| x as u8).collect(),
-        HostBuffer::U8(v) => v.clone(),
+        HostBuffer::U8(v) => v.to_vec(),
         HostBuffer::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -87,12 +87,12 @@ fn to_le_bytes(b: &HostBuffer) -> Vec<u8> {
 
 /// A host buffer from little-endian bytes of a supported dtype (`None` for any other dtype).
 fn from_le_bytes(dtype: Dtype, data: &[u8]) -> Option<HostBuffer> {
-    fn words<const N: usize, T>(data: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+    fn words<const N: usize, T>(data: &[u8], f: fn([u8; N]) -> T) -> HostVec<T> {
         data.chunks_exact(N).map(|c| f(c.try_into().expect("chunk of N bytes"))).collect()
     }
     Some(match dtype {
         Dtype::BOOL => HostBuffer::Bool(data.iter().map(|&x| x != 0).collect()),
-        Dtype::U8 => HostBuffer::U8(data.to_vec()),
+        Dtype::U8 => HostBuffer::U8(HostVec::from_slice(data)),
         Dtype::U32 => HostBuffer::U32(words(data, u32::from_le_bytes)),
         Dtype::I32 => HostBuffer::I32(words(data, i32::from_le_bytes)),
         Dtype::I64 => HostBuffer::I64(words(data, i64::from_le_bytes)),

@@ -219,14 +219,16 @@ impl Tensor {
         }
     }
 
-    /// A tensor holding `data` (row-major) with `shape`. A length that does not match the shape is an error.
+    /// A tensor holding `data` (row-major) with `shape`. A length that does not match the shape is an error. The
+    /// values are copied once, into storage that starts on a 64-byte boundary as the kernels want it
+    /// (`kiln_jit::HostVec`); a `Vec` is only aligned for its element type.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         Self::upload("from_vec", T::into_buffer(data), shape.into(), device)
     }
 
     /// Like `from_vec`, copying from a slice.
     pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
-        Self::upload("from_slice", T::into_buffer(data.to_vec()), shape.into(), device)
+        Self::upload("from_slice", T::copy_into_buffer(data), shape.into(), device)
     }
 
     /// A tensor from a typed host buffer (row-major).
@@ -319,7 +321,7 @@ impl Tensor {
         match taken {
             // `Buffer`'s drop returns its memory to the host pool: leave it an empty vector to return.
             Some(mut buffer @ Buffer::Host(_)) => match &mut buffer {
-                Buffer::Host(h) => Ok(std::mem::replace(h, HostBuffer::U8(Vec::new()))),
+                Buffer::Host(h) => Ok(std::mem::replace(h, HostBuffer::U8(kiln_jit::HostVec::new()))),
                 #[allow(unreachable_patterns)] // only with another device's feature on
                 _ => unreachable!("matched a host buffer"),
             },

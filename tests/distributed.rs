@@ -189,7 +189,7 @@ fn worker_collectives() {
     }
     // Bits travel unchanged in broadcasts and gathers: a NaN payload and a subnormal bf16.
     let odd = Tensor::from_host(
-        HostBuffer::BF16(vec![kiln::bf16::from_bits(0x7fc1 + rank as u16), kiln::bf16::from_bits(1)]),
+        HostBuffer::BF16(vec![kiln::bf16::from_bits(0x7fc1 + rank as u16), kiln::bf16::from_bits(1)].into()),
         [2],
         &dev,
     )

@@ -720,20 +720,20 @@ fn unary(t: &mut Table) {
         |a| a[0].abs(),
         Want::new(I32, &[2], &[mn, mx], Kind::Exact),
     );
-    let i64s = In::buf(&[3], HostBuffer::I64(vec![i64::MIN, i64::MAX, -5]));
+    let i64s = In::buf(&[3], HostBuffer::I64(vec![i64::MIN, i64::MAX, -5].into()));
     t.check(
         "abs",
         "i64 bounds",
         vec![i64s.clone()],
         |a| a[0].abs(),
-        Want::buf(&[3], HostBuffer::I64(vec![i64::MIN, i64::MAX, 5]), Kind::Exact),
+        Want::buf(&[3], HostBuffer::I64(vec![i64::MIN, i64::MAX, 5].into()), Kind::Exact),
     );
     t.check(
         "neg",
         "i64 bounds",
         vec![i64s],
         |a| a[0].neg(),
-        Want::buf(&[3], HostBuffer::I64(vec![i64::MIN, -i64::MAX, 5]), Kind::Exact),
+        Want::buf(&[3], HostBuffer::I64(vec![i64::MIN, -i64::MAX, 5].into()), Kind::Exact),
     );
     t.check(
         "square",
@@ -972,9 +972,12 @@ fn binary(t: &mut Table) {
     t.check(
         "add",
         "i64 wraps",
-        vec![In::buf(&[2], HostBuffer::I64(vec![i64::MAX, i64::MIN])), In::buf(&[2], HostBuffer::I64(vec![1, -1]))],
+        vec![
+            In::buf(&[2], HostBuffer::I64(vec![i64::MAX, i64::MIN].into())),
+            In::buf(&[2], HostBuffer::I64(vec![1, -1].into())),
+        ],
         |x| x[0].add(&x[1]),
-        Want::buf(&[2], HostBuffer::I64(vec![i64::MIN, i64::MAX]), Kind::Exact),
+        Want::buf(&[2], HostBuffer::I64(vec![i64::MIN, i64::MAX].into()), Kind::Exact),
     );
     t.check(
         "sub",
@@ -1390,7 +1393,7 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
         HostBuffer::U8(v) => Some(v.iter().map(|&x| x as i64).collect()),
         HostBuffer::U32(v) => Some(v.iter().map(|&x| x as i64).collect()),
         HostBuffer::I32(v) => Some(v.iter().map(|&x| x as i64).collect()),
-        HostBuffer::I64(v) => Some(v.clone()),
+        HostBuffer::I64(v) => Some(v.to_vec()),
         _ => None,
     };
     if let Some(v) = ints {
@@ -1399,7 +1402,7 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
             U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
             U32 => HostBuffer::U32(v.iter().map(|&x| x as u32).collect()),
             I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
-            I64 => HostBuffer::I64(v),
+            I64 => HostBuffer::I64(v.into()),
             F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x as f64)).collect()),
             F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
             F64 => HostBuffer::F64(v.iter().map(|&x| x as f64).collect()),
@@ -1416,7 +1419,7 @@ fn cast_ref(src: &HostBuffer, dst: DType) -> HostBuffer {
         I64 => HostBuffer::I64(v.iter().map(|&x| x as i64).collect()),
         F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
         F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
-        F64 => HostBuffer::F64(v),
+        F64 => HostBuffer::F64(v.into()),
         BF16 => HostBuffer::BF16(v.iter().map(|&x| kiln_jit::dtype::bf16_from_f64(x)).collect()),
     }
 }
@@ -1455,12 +1458,12 @@ fn float_cast_values(src: DType, dst: DType) -> Vec<f64> {
 
 fn cast(t: &mut Table) {
     let int_sources: [HostBuffer; 5] = [
-        HostBuffer::Bool(vec![true, false, true]),
-        HostBuffer::U8(vec![0, 1, 7, 128, 200, 255]),
+        HostBuffer::Bool(vec![true, false, true].into()),
+        HostBuffer::U8(vec![0, 1, 7, 128, 200, 255].into()),
         // Above 2^31 (negative as i32) and above 2^24 (rounded as f32), to catch signed conversions.
-        HostBuffer::U32(vec![0, 1, 7, 255, 256, 65_535, 16_777_217, 1 << 31, 3_000_000_001, u32::MAX]),
-        HostBuffer::I32(vec![0, 1, -1, 7, 300, -300, 100_000, i32::MIN, i32::MAX]),
-        HostBuffer::I64(vec![0, 1, -1, 300, -3, (1 << 33) + 5, 16_777_217, i64::MIN, i64::MAX]),
+        HostBuffer::U32(vec![0, 1, 7, 255, 256, 65_535, 16_777_217, 1 << 31, 3_000_000_001, u32::MAX].into()),
+        HostBuffer::I32(vec![0, 1, -1, 7, 300, -300, 100_000, i32::MIN, i32::MAX].into()),
+        HostBuffer::I64(vec![0, 1, -1, 300, -3, (1 << 33) + 5, 16_777_217, i64::MIN, i64::MAX].into()),
     ];
     for src_dtype in ALL_DTYPES {
         for dst in ALL_DTYPES {
@@ -1784,9 +1787,9 @@ fn reduce(t: &mut Table) {
     t.check(
         "prod",
         "i64 wraps",
-        vec![In::buf(&[2], HostBuffer::I64(vec![1 << 32, 1 << 32]))],
+        vec![In::buf(&[2], HostBuffer::I64(vec![1 << 32, 1 << 32].into()))],
         |a| a[0].prod(0, false),
-        Want::buf(&[], HostBuffer::I64(vec![0]), Kind::Exact),
+        Want::buf(&[], HostBuffer::I64(vec![0].into()), Kind::Exact),
     );
     t.check(
         "sum",
@@ -2693,7 +2696,7 @@ fn random(t: &mut Table) {
             kiln::manual_seed(0);
             Tensor::rand([4], F32, dev)
         },
-        Want::buf(&[4], HostBuffer::F32(vec![0.39904642, 0.97224116, 0.019449413, 0.78736776]), Kind::Exact),
+        Want::buf(&[4], HostBuffer::F32(vec![0.39904642, 0.97224116, 0.019449413, 0.78736776].into()), Kind::Exact),
     );
     t.build(
         "randn",

@@ -2138,15 +2138,15 @@ fn input_on(dev: &Device, dtype: DType, dims: &[usize], data: Data, seed: u64) -
     };
     let dims = dims.to_vec();
     match common::buffer(dtype, &vals) {
-        HostBuffer::Bool(v) => Tensor::from_vec(v, dims, dev),
-        HostBuffer::U8(v) => Tensor::from_vec(v, dims, dev),
-        HostBuffer::U32(v) => Tensor::from_vec(v, dims, dev),
-        HostBuffer::I32(v) => Tensor::from_vec(v, dims, dev),
-        HostBuffer::I64(v) => Tensor::from_vec(v, dims, dev),
-        HostBuffer::F16(v) => Tensor::from_vec(v, dims, dev),
-        HostBuffer::F32(v) => Tensor::from_vec(v, dims, dev),
-        HostBuffer::F64(v) => Tensor::from_vec(v, dims, dev),
-        HostBuffer::BF16(v) => Tensor::from_vec(v, dims, dev),
+        HostBuffer::Bool(v) => Tensor::from_vec(v.into_vec(), dims, dev),
+        HostBuffer::U8(v) => Tensor::from_vec(v.into_vec(), dims, dev),
+        HostBuffer::U32(v) => Tensor::from_vec(v.into_vec(), dims, dev),
+        HostBuffer::I32(v) => Tensor::from_vec(v.into_vec(), dims, dev),
+        HostBuffer::I64(v) => Tensor::from_vec(v.into_vec(), dims, dev),
+        HostBuffer::F16(v) => Tensor::from_vec(v.into_vec(), dims, dev),
+        HostBuffer::F32(v) => Tensor::from_vec(v.into_vec(), dims, dev),
+        HostBuffer::F64(v) => Tensor::from_vec(v.into_vec(), dims, dev),
+        HostBuffer::BF16(v) => Tensor::from_vec(v.into_vec(), dims, dev),
     }
     .expect("input")
 }
@@ -2256,15 +2256,15 @@ fn build(dev: &Device, step: &Step, t: &[Option<Tensor>]) -> Tensor {
 /// The elements through `to_vec` (the typed path) as a host buffer.
 fn via_to_vec(t: &Tensor) -> kiln::Result<HostBuffer> {
     Ok(match t.dtype() {
-        DType::Bool => HostBuffer::Bool(t.to_vec()?),
-        DType::U8 => HostBuffer::U8(t.to_vec()?),
-        DType::U32 => HostBuffer::U32(t.to_vec()?),
-        DType::I32 => HostBuffer::I32(t.to_vec()?),
-        DType::I64 => HostBuffer::I64(t.to_vec()?),
-        DType::F16 => HostBuffer::F16(t.to_vec()?),
-        DType::F32 => HostBuffer::F32(t.to_vec()?),
-        DType::F64 => HostBuffer::F64(t.to_vec()?),
-        DType::BF16 => HostBuffer::BF16(t.to_vec()?),
+        DType::Bool => HostBuffer::Bool(t.to_vec()?.into()),
+        DType::U8 => HostBuffer::U8(t.to_vec()?.into()),
+        DType::U32 => HostBuffer::U32(t.to_vec()?.into()),
+        DType::I32 => HostBuffer::I32(t.to_vec()?.into()),
+        DType::I64 => HostBuffer::I64(t.to_vec()?.into()),
+        DType::F16 => HostBuffer::F16(t.to_vec()?.into()),
+        DType::F32 => HostBuffer::F32(t.to_vec()?.into()),
+        DType::F64 => HostBuffer::F64(t.to_vec()?.into()),
+        DType::BF16 => HostBuffer::BF16(t.to_vec()?.into()),
     })
 }
 

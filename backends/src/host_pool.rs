@@ -15,7 +15,7 @@
 //! a stale or missing one only costs the faults back; it is capped at `PROFILE_MAX_ENTRIES` sizes and the warm-up
 //! at half the pool's limit.
 
-use kiln_jit::{DType, HostBuffer};
+use kiln_jit::{DType, HostBuffer, HostVec};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 
@@ -83,15 +83,15 @@ pub fn take(dtype: DType, len: usize) -> HostBuffer {
 
 fn fresh(dtype: DType, len: usize) -> HostBuffer {
     match dtype {
-        DType::Bool => HostBuffer::Bool(Vec::with_capacity(len)),
-        DType::U8 => HostBuffer::U8(Vec::with_capacity(len)),
-        DType::U32 => HostBuffer::U32(Vec::with_capacity(len)),
-        DType::I32 => HostBuffer::I32(Vec::with_capacity(len)),
-        DType::I64 => HostBuffer::I64(Vec::with_capacity(len)),
-        DType::F16 => HostBuffer::F16(Vec::with_capacity(len)),
-        DType::BF16 => HostBuffer::BF16(Vec::with_capacity(len)),
-        DType::F32 => HostBuffer::F32(Vec::with_capacity(len)),
-        DType::F64 => HostBuffer::F64(Vec::with_capacity(len)),
+        DType::Bool => HostBuffer::Bool(HostVec::with_capacity(len)),
+        DType::U8 => HostBuffer::U8(HostVec::with_capacity(len)),
+        DType::U32 => HostBuffer::U32(HostVec::with_capacity(len)),
+        DType::I32 => HostBuffer::I32(HostVec::with_capacity(len)),
+        DType::I64 => HostBuffer::I64(HostVec::with_capacity(len)),
+        DType::F16 => HostBuffer::F16(HostVec::with_capacity(len)),
+        DType::BF16 => HostBuffer::BF16(HostVec::with_capacity(len)),
+        DType::F32 => HostBuffer::F32(HostVec::with_capacity(len)),
+        DType::F64 => HostBuffer::F64(HostVec::with_capacity(len)),
     }
 }
 
@@ -215,10 +215,9 @@ fn decode(text: &str) -> Profile {
     p
 }
 
-/// Writes zeros over the buffer's whole spare capacity, so every page is mapped now (the length stays 0).
 /// Writes every element of `b`'s spare capacity (zeros), so its pages are faulted in.
 pub(crate) fn touch(b: &mut HostBuffer) {
-    fn zero<T: Copy + Default>(v: &mut Vec<T>) {
+    fn zero<T: Copy + Default>(v: &mut HostVec<T>) {
         v.spare_capacity_mut().fill(std::mem::MaybeUninit::new(T::default()));
     }
     match b {

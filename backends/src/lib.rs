@@ -79,7 +79,7 @@ pub enum Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         match self {
-            Buffer::Host(h) => host_pool::give(std::mem::replace(h, HostBuffer::U8(Vec::new()))),
+            Buffer::Host(h) => host_pool::give(std::mem::replace(h, HostBuffer::U8(kiln_jit::HostVec::new()))),
             #[cfg(feature = "wgpu")]
             Buffer::Wgpu(_) => {} // the device buffer returns itself to its pool
             #[cfg(feature = "cuda")]

@@ -1,26 +1,32 @@
 //! Host-side typed storage: what users hand in and get back, and what the interpreter reads and writes.
 
 use crate::dtype::{DType, Scalar};
+use crate::host_vec::HostVec;
 use half::{bf16, f16};
 
 /// A contiguous, row-major host buffer of one dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostBuffer {
-    Bool(Vec<bool>),
-    U8(Vec<u8>),
-    U32(Vec<u32>),
-    I32(Vec<i32>),
-    I64(Vec<i64>),
-    F16(Vec<f16>),
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    BF16(Vec<bf16>),
+    Bool(HostVec<bool>),
+    U8(HostVec<u8>),
+    U32(HostVec<u32>),
+    I32(HostVec<i32>),
+    I64(HostVec<i64>),
+    F16(HostVec<f16>),
+    F32(HostVec<f32>),
+    F64(HostVec<f64>),
+    BF16(HostVec<bf16>),
 }
 
 /// A Rust type that can be a tensor element.
 pub trait Element: Copy + Send + Sync + 'static + std::fmt::Debug {
     const DTYPE: DType;
-    fn into_buffer(v: Vec<Self>) -> HostBuffer;
+    /// The values as a host buffer: one copy, into storage aligned for the kernels (`HostVec`).
+    fn into_buffer(v: Vec<Self>) -> HostBuffer {
+        Self::copy_into_buffer(&v)
+    }
+    /// A copy of the values as a host buffer.
+    fn copy_into_buffer(v: &[Self]) -> HostBuffer;
     fn from_buffer(b: &HostBuffer) -> Option<&[Self]>;
     fn to_scalar(self) -> Scalar;
 }
@@ -29,7 +35,7 @@ macro_rules! element {
     ($($t:ty => $v:ident),*) => {$(
         impl Element for $t {
             const DTYPE: DType = DType::$v;
-            fn into_buffer(v: Vec<Self>) -> HostBuffer { HostBuffer::$v(v) }
+            fn copy_into_buffer(v: &[Self]) -> HostBuffer { HostBuffer::$v(HostVec::from_slice(v)) }
             fn from_buffer(b: &HostBuffer) -> Option<&[Self]> {
                 match b { HostBuffer::$v(v) => Some(v), _ => None }
             }
@@ -87,7 +93,7 @@ impl HostBuffer {
             HostBuffer::I64(v) => v.iter().map(|&x| x as f64).collect(),
             HostBuffer::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
             HostBuffer::F32(v) => v.iter().map(|&x| x as f64).collect(),
-            HostBuffer::F64(v) => v.clone(),
+            HostBuffer::F64(v) => v.to_vec(),
             HostBuffer::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
         }
     }
@@ -99,7 +105,7 @@ impl HostBuffer {
             HostBuffer::U8(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::U32(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::I32(v) => v.iter().map(|&x| x as i64).collect(),
-            HostBuffer::I64(v) => v.clone(),
+            HostBuffer::I64(v) => v.to_vec(),
             HostBuffer::F16(v) => v.iter().map(|&x| x.to_f64() as i64).collect(),
             HostBuffer::F32(v) => v.iter().map(|&x| x as i64).collect(),
             HostBuffer::F64(v) => v.iter().map(|&x| x as i64).collect(),
@@ -117,7 +123,7 @@ impl HostBuffer {
             DType::I64 => HostBuffer::I64(v.iter().map(|&x| x as i64).collect()),
             DType::F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x)).collect()),
             DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
-            DType::F64 => HostBuffer::F64(v.to_vec()),
+            DType::F64 => HostBuffer::F64(HostVec::from_slice(v)),
             DType::BF16 => HostBuffer::BF16(v.iter().map(|&x| crate::dtype::bf16_from_f64(x)).collect()),
         }
     }
@@ -129,7 +135,7 @@ impl HostBuffer {
             DType::U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
             DType::U32 => HostBuffer::U32(v.iter().map(|&x| x as u32).collect()),
             DType::I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
-            DType::I64 => HostBuffer::I64(v.to_vec()),
+            DType::I64 => HostBuffer::I64(HostVec::from_slice(v)),
             // Through f64: exact below 2^53, and anything larger is inf in f16 either way.
             DType::F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f64(x as f64)).collect()),
             DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),

@@ -10,6 +10,7 @@
 pub mod buffer;
 pub mod dtype;
 pub mod graph;
+pub mod host_vec;
 pub mod interp;
 pub mod kernel;
 pub mod op;
@@ -23,5 +24,6 @@ pub use dtype::{Category, DType, Priority, Scalar};
 pub use graph::{Graph, NodeData};
 /// The f16 element type (`half::f16`), so users need not depend on `half` themselves.
 pub use half::{bf16, f16};
+pub use host_vec::{HOST_ALIGN, HostVec};
 pub use op::{BinaryOp, LinalgOp, Op, RandDist, ReduceOp, RngKey, UnaryOp};
 pub use shape::Shape;

@@ -508,7 +508,7 @@ impl ProcessGroup {
             Link::Mpi(m) => Ok(m.all_gather(&wire)),
         })?;
         match out {
-            Wire::I64(v) => Ok(v.into_iter().map(|w| w as u64).collect()),
+            Wire::I64(v) => Ok(v.iter().map(|&w| w as u64).collect()),
             other => unreachable!("an i64 all-gather returned {}", other.kind()),
         }
     }

@@ -29,6 +29,7 @@
 use super::wire::{Combine, Pooled, Wire, WireRef};
 use super::{DESC, Desc};
 use crate::error::{Error, Result};
+use kiln_jit::HostVec;
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
@@ -278,7 +279,7 @@ impl Reducer<'_> {
     }
 
     /// The combination of every rank's `data`, in a new buffer.
-    fn copy<T: Equivalence + Copy + Default + Pooled>(&self, data: &[T]) -> Vec<T> {
+    fn copy<T: Equivalence + Copy + Default + Pooled>(&self, data: &[T]) -> HostVec<T> {
         if self.in_place.is_some() {
             // Each piece is copied (which brings it into cache, where the in-place sum finds it) and summed before
             // the next: one pass over the result's memory, not a zeroing, a copy and a sum. The memory comes from
@@ -291,7 +292,7 @@ impl Reducer<'_> {
             }
             return out;
         }
-        let mut out = vec![T::default(); data.len()];
+        let mut out: HostVec<T> = std::iter::repeat_n(T::default(), data.len()).collect();
         for (src, dst) in data.chunks(Self::piece::<T>()).zip(out.chunks_mut(Self::piece::<T>())) {
             self.comm.all_reduce_into(src, dst, self.op());
         }
@@ -335,8 +336,8 @@ fn broadcast_pieces<T: Equivalence>(root: &mpi::topology::Process<'_>, data: &mu
     }
 }
 
-fn gather<T: Equivalence + Copy + Default>(comm: &SimpleCommunicator, data: &[T], world: usize) -> Vec<T> {
-    let mut out = vec![T::default(); data.len() * world];
+fn gather<T: Equivalence + Copy + Default>(comm: &SimpleCommunicator, data: &[T], world: usize) -> HostVec<T> {
+    let mut out: HostVec<T> = std::iter::repeat_n(T::default(), data.len() * world).collect();
     if !data.is_empty() {
         comm.all_gather_into(data, &mut out[..]);
     }

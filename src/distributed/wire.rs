@@ -1,4 +1,4 @@
-//! Tensor data as the communication library sends it: one `Vec` of an element type MPI has a built-in datatype
+//! Tensor data as the communication library sends it: one vector of an element type MPI has a built-in datatype
 //! for, converted from and to kiln's host buffers.
 //!
 //! Two forms, because sums and copies want different things of the 16-bit floats:
@@ -8,18 +8,18 @@
 //! - `for_copy` (broadcast, all-gather): the bits travel unchanged: f16 and bf16 as u16, bool as u8.
 
 use crate::error::{Error, Result};
-use kiln_jit::{DType, HostBuffer, bf16, f16};
+use kiln_jit::{DType, HostBuffer, HostVec, bf16, f16};
 
 /// Data in an MPI-native element type.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Wire {
-    U8(Vec<u8>),
-    U16(Vec<u16>),
-    U32(Vec<u32>),
-    I32(Vec<i32>),
-    I64(Vec<i64>),
-    F32(Vec<f32>),
-    F64(Vec<f64>),
+    U8(HostVec<u8>),
+    U16(HostVec<u16>),
+    U32(HostVec<u32>),
+    I32(HostVec<i32>),
+    I64(HostVec<i64>),
+    F32(HostVec<f32>),
+    F64(HostVec<f64>),
 }
 
 /// Data to send, borrowed: a CPU tensor's buffer is sent where it lies, without a copy.
@@ -91,13 +91,13 @@ impl Wire {
     /// The elements bit for bit.
     pub(crate) fn for_copy(host: HostBuffer) -> Wire {
         match host {
-            HostBuffer::Bool(v) => Wire::U8(v.into_iter().map(u8::from).collect()),
+            HostBuffer::Bool(v) => Wire::U8(v.iter().copied().map(u8::from).collect()),
             HostBuffer::U8(v) => Wire::U8(v),
             HostBuffer::U32(v) => Wire::U32(v),
             HostBuffer::I32(v) => Wire::I32(v),
             HostBuffer::I64(v) => Wire::I64(v),
-            HostBuffer::F16(v) => Wire::U16(v.into_iter().map(f16::to_bits).collect()),
-            HostBuffer::BF16(v) => Wire::U16(v.into_iter().map(bf16::to_bits).collect()),
+            HostBuffer::F16(v) => Wire::U16(v.iter().copied().map(f16::to_bits).collect()),
+            HostBuffer::BF16(v) => Wire::U16(v.iter().copied().map(bf16::to_bits).collect()),
             HostBuffer::F32(v) => Wire::F32(v),
             HostBuffer::F64(v) => Wire::F64(v),
         }
@@ -106,17 +106,17 @@ impl Wire {
     /// Back to a host buffer of `dtype`, from either form. A pairing no conversion above makes is an internal error.
     pub(crate) fn into_host(self, dtype: DType) -> Result<HostBuffer> {
         Ok(match (dtype, self) {
-            (DType::Bool, Wire::U8(v)) => HostBuffer::Bool(v.into_iter().map(|x| x != 0).collect()),
+            (DType::Bool, Wire::U8(v)) => HostBuffer::Bool(v.iter().copied().map(|x| x != 0).collect()),
             (DType::U8, Wire::U8(v)) => HostBuffer::U8(v),
             (DType::U32, Wire::U32(v)) => HostBuffer::U32(v),
             (DType::I32, Wire::I32(v)) => HostBuffer::I32(v),
             (DType::I64, Wire::I64(v)) => HostBuffer::I64(v),
             (DType::F32, Wire::F32(v)) => HostBuffer::F32(v),
             (DType::F64, Wire::F64(v)) => HostBuffer::F64(v),
-            (DType::F16, Wire::F32(v)) => HostBuffer::F16(v.into_iter().map(f16::from_f32).collect()),
-            (DType::BF16, Wire::F32(v)) => HostBuffer::BF16(v.into_iter().map(bf16::from_f32).collect()),
-            (DType::F16, Wire::U16(v)) => HostBuffer::F16(v.into_iter().map(f16::from_bits).collect()),
-            (DType::BF16, Wire::U16(v)) => HostBuffer::BF16(v.into_iter().map(bf16::from_bits).collect()),
+            (DType::F16, Wire::F32(v)) => HostBuffer::F16(v.iter().copied().map(f16::from_f32).collect()),
+            (DType::BF16, Wire::F32(v)) => HostBuffer::BF16(v.iter().copied().map(bf16::from_f32).collect()),
+            (DType::F16, Wire::U16(v)) => HostBuffer::F16(v.iter().copied().map(f16::from_bits).collect()),
+            (DType::BF16, Wire::U16(v)) => HostBuffer::BF16(v.iter().copied().map(bf16::from_bits).collect()),
             (dtype, wire) => {
                 return Err(Error::Distributed {
                     op: "receive",
@@ -161,8 +161,8 @@ impl Wire {
 
     /// `world` copies of this data end to end: what an all-gather returns in a world of one process.
     pub(crate) fn repeated(&self, world: usize) -> Wire {
-        fn rep<T: Copy>(v: &[T], n: usize) -> Vec<T> {
-            v.repeat(n)
+        fn rep<T: Copy>(v: &[T], n: usize) -> HostVec<T> {
+            (0..n).flat_map(|_| v.iter().copied()).collect()
         }
         match self {
             Wire::U8(v) => Wire::U8(rep(v, world)),
@@ -179,16 +179,16 @@ impl Wire {
 /// An empty vector with room for `len` elements, from kiln's pool of freed host buffers where it has one of that
 /// size (a fresh 40 MB allocation page-faults on first write, which costs more than summing it here).
 pub(crate) trait Pooled: Sized {
-    fn pooled(len: usize) -> Vec<Self>;
+    fn pooled(len: usize) -> HostVec<Self>;
 }
 
 macro_rules! pooled {
     ($($t:ty => $variant:ident),*) => {$(
         impl Pooled for $t {
-            fn pooled(len: usize) -> Vec<$t> {
+            fn pooled(len: usize) -> HostVec<$t> {
                 match kiln_backends::host_pool::take(DType::$variant, len) {
                     HostBuffer::$variant(v) => v,
-                    _ => Vec::with_capacity(len),
+                    _ => HostVec::with_capacity(len),
                 }
             }
         }
@@ -197,8 +197,8 @@ macro_rules! pooled {
 pooled!(u8 => U8, u32 => U32, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
 
 impl Pooled for u16 {
-    fn pooled(len: usize) -> Vec<u16> {
-        Vec::with_capacity(len) // no 16-bit integer dtype: f16 and bf16 are summed as f32
+    fn pooled(len: usize) -> HostVec<u16> {
+        HostVec::with_capacity(len) // no 16-bit integer dtype: f16 and bf16 are summed as f32
     }
 }
 
@@ -218,13 +218,13 @@ impl WireRef<'_> {
 
     pub(crate) fn to_owned(self) -> Wire {
         match self {
-            WireRef::U8(v) => Wire::U8(v.to_vec()),
-            WireRef::U16(v) => Wire::U16(v.to_vec()),
-            WireRef::U32(v) => Wire::U32(v.to_vec()),
-            WireRef::I32(v) => Wire::I32(v.to_vec()),
-            WireRef::I64(v) => Wire::I64(v.to_vec()),
-            WireRef::F32(v) => Wire::F32(v.to_vec()),
-            WireRef::F64(v) => Wire::F64(v.to_vec()),
+            WireRef::U8(v) => Wire::U8(HostVec::from_slice(v)),
+            WireRef::U16(v) => Wire::U16(HostVec::from_slice(v)),
+            WireRef::U32(v) => Wire::U32(HostVec::from_slice(v)),
+            WireRef::I32(v) => Wire::I32(HostVec::from_slice(v)),
+            WireRef::I64(v) => Wire::I64(HostVec::from_slice(v)),
+            WireRef::F32(v) => Wire::F32(HostVec::from_slice(v)),
+            WireRef::F64(v) => Wire::F64(HostVec::from_slice(v)),
         }
     }
 }
@@ -250,10 +250,10 @@ mod tests {
 
     #[test]
     fn sixteen_bit_floats_travel_as_bits_and_sum_in_f32() {
-        let host = HostBuffer::BF16(vec![bf16::from_bits(0x7fc1), bf16::from_bits(0x0001)]);
-        assert_eq!(Wire::for_copy(host.clone()), Wire::U16(vec![0x7fc1, 0x0001]));
-        let (wire, combine) = Wire::for_reduce(&HostBuffer::F16(vec![f16::from_f32(0.5)]));
-        assert_eq!((wire, combine), (Wire::F32(vec![0.5]), Combine::Sum));
-        assert_eq!(Wire::for_reduce(&HostBuffer::Bool(vec![true])).1, Combine::Or);
+        let host = HostBuffer::BF16(vec![bf16::from_bits(0x7fc1), bf16::from_bits(0x0001)].into());
+        assert_eq!(Wire::for_copy(host.clone()), Wire::U16(vec![0x7fc1, 0x0001].into()));
+        let (wire, combine) = Wire::for_reduce(&HostBuffer::F16(vec![f16::from_f32(0.5)].into()));
+        assert_eq!((wire, combine), (Wire::F32(vec![0.5].into()), Combine::Sum));
+        assert_eq!(Wire::for_reduce(&HostBuffer::Bool(vec![true].into())).1, Combine::Or);
     }
 }

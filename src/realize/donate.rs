@@ -27,7 +27,8 @@ use parking_lot::MutexGuard;
 use std::sync::{Arc, LazyLock};
 
 /// What the walk passes for a donated slot's `&Buffer` (the plan reads the donated buffer itself).
-static PLACEHOLDER: LazyLock<Arc<Buffer>> = LazyLock::new(|| Arc::new(Buffer::Host(HostBuffer::F32(Vec::new()))));
+static PLACEHOLDER: LazyLock<Arc<Buffer>> =
+    LazyLock::new(|| Arc::new(Buffer::Host(HostBuffer::F32(kiln_jit::HostVec::new()))));
 
 /// A donated input: its slot, the output that takes its buffer, and its node's state, locked from the moment the
 /// buffer is taken until the node holds the output's buffer (or its own again): another thread that obtained a

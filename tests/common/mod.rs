@@ -235,7 +235,7 @@ pub fn buffer(dtype: DType, vals: &[f64]) -> HostBuffer {
         DType::I64 => HostBuffer::I64(vals.iter().map(|&x| int(x)).collect()),
         DType::F16 => HostBuffer::F16(vals.iter().map(|&x| f16::from_f64(x)).collect()),
         DType::F32 => HostBuffer::F32(vals.iter().map(|&x| x as f32).collect()),
-        DType::F64 => HostBuffer::F64(vals.to_vec()),
+        DType::F64 => HostBuffer::F64(kiln_jit::HostVec::from_slice(vals)),
         DType::BF16 => HostBuffer::BF16(vals.iter().map(|&x| kiln_jit::dtype::bf16_from_f64(x)).collect()),
     }
 }
@@ -250,7 +250,7 @@ pub fn values(b: &HostBuffer) -> Vec<f64> {
         HostBuffer::I64(v) => v.iter().map(|&x| x as f64).collect(),
         HostBuffer::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
         HostBuffer::F32(v) => v.iter().map(|&x| x as f64).collect(),
-        HostBuffer::F64(v) => v.clone(),
+        HostBuffer::F64(v) => v.to_vec(),
         HostBuffer::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
     }
 }
@@ -271,7 +271,7 @@ fn int_values(b: &HostBuffer) -> Vec<i64> {
         HostBuffer::U8(v) => v.iter().map(|&x| x as i64).collect(),
         HostBuffer::U32(v) => v.iter().map(|&x| x as i64).collect(),
         HostBuffer::I32(v) => v.iter().map(|&x| x as i64).collect(),
-        HostBuffer::I64(v) => v.clone(),
+        HostBuffer::I64(v) => v.to_vec(),
         HostBuffer::F16(_) | HostBuffer::F32(_) | HostBuffer::F64(_) | HostBuffer::BF16(_) => {
             unreachable!("int_values on a float buffer")
         }

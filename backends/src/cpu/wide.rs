@@ -32,8 +32,8 @@
 //! operand 0, ..]`, every pointer at the first element of the chunk. Uniforms are loaded into registers once per
 //! call. Per row: values that stand still along it (per-row loads) are broadcast into registers once; a masked head
 //! (`vmaskmovps`, or opmask k1 at 16 lanes) runs up to the output's first vector-size boundary (32 or 64 bytes)
-//! when every row starts at the same alignment (large
-//! buffers come from malloc 16 bytes into a page, and a store that straddles two cache lines costs about two); then
+//! when every row starts at the same alignment (host buffers start on a 64-byte boundary, `kiln_jit::HostVec`, but
+//! a view may start inside one; a store that straddles two cache lines costs about two); then
 //! `unroll` vectors per iteration, single vectors, and a masked tail, so nothing is read or written past a row; then
 //! every pointer steps one row. Operand pointers live in rcx, r8-r11 and rbx, the column offset in rax, so a load is
 //! one instruction with no address arithmetic. The caller splits rows over threads (the Cranelift kernels' split,
@@ -333,8 +333,8 @@ impl WideKernel {
             let os = if self.out_bf16 { 2 } else { 4 };
             let out = (a.ptrs[self.n_inputs] as *const u8).offset(out_at * os as isize);
             // Columns before the output's first vector-size boundary (32 or 64 bytes), when every row starts at the
-            // same alignment: a vector store that straddles two cache lines costs about two (the buffers come from
-            // malloc, 16 bytes into a page when large). A row sum stores no vectors.
+            // same alignment: a vector store that straddles two cache lines costs about two (buffers start on a
+            // 64-byte boundary, but a view may start inside one). A row sum stores no vectors.
             let (lanes, vb) = (self.isa.lanes(), os * self.isa.lanes());
             let head = if self.row_sum.is_some() {
                 0

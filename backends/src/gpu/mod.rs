@@ -10,7 +10,7 @@ pub(crate) mod plan;
 
 use crate::{BackendError, Buffer};
 use kiln_jit::render::cuda::{Flavor, GpuKernel};
-use kiln_jit::{DType, HostBuffer};
+use kiln_jit::{DType, HostBuffer, HostVec};
 use std::sync::Arc;
 
 /// One GPU device's driver, as the shared plan uses it. Addresses are 64-bit device pointers (`CUdeviceptr`,
@@ -63,7 +63,7 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
 pub(crate) fn to_bytes(data: &HostBuffer) -> Vec<u8> {
     match data {
         HostBuffer::Bool(v) => v.iter().map(|&b| b as u8).collect(),
-        HostBuffer::U8(v) => v.clone(),
+        HostBuffer::U8(v) => v.to_vec(),
         HostBuffer::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         HostBuffer::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -81,7 +81,7 @@ pub(crate) fn from_bytes(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
     }
     match dtype {
         DType::Bool => HostBuffer::Bool(bytes[..len].iter().map(|&b| b != 0).collect()),
-        DType::U8 => HostBuffer::U8(bytes[..len].to_vec()),
+        DType::U8 => HostBuffer::U8(HostVec::from_slice(&bytes[..len])),
         DType::U32 => HostBuffer::U32(words(bytes, len).map(u32::from_le_bytes).collect()),
         DType::I32 => HostBuffer::I32(words(bytes, len).map(i32::from_le_bytes).collect()),
         DType::I64 => HostBuffer::I64(words(bytes, len).map(i64::from_le_bytes).collect()),

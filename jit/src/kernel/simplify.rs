@@ -173,7 +173,8 @@ mod tests {
 
     /// The values the rewrite must keep bit for bit: signed zeros, infinities, NaN, subnormals, both signs.
     fn run(g: &Graph) -> Vec<u32> {
-        let x = HostBuffer::F32(vec![-0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -1e-40, 0.0, -3.0]);
+        let x =
+            HostBuffer::F32(vec![-0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -1e-40, 0.0, -3.0].into());
         let gr = HostBuffer::F32((0..8).map(|i| i as f32 - 3.5).collect());
         let out = interp::run(g, &[&x, &gr], &[]).expect("runs");
         out.iter()
