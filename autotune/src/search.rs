@@ -93,9 +93,13 @@ pub struct Candidate<'a, C> {
     pub config: &'a C,
     pub name: String,
     pub score: f64,
+    /// The coarsest structural trait (a generated GEMM's instruction set): what the cost model is least able to
+    /// rank, since it prices it from a peak alone. The timed set takes the best of each group first, then of each
+    /// family. Empty: no group.
+    pub group: String,
     /// Candidates of one family share a structure the cost model may rank wrongly as a whole (packed or in-place
-    /// operands, a library); the timed set takes the best of each family first, so one mis-modelled family cannot
-    /// crowd the others out. Empty: no family.
+    /// operands, a library); the timed set takes the best of each family first (after the groups), so one
+    /// mis-modelled family cannot crowd the others out. Empty: no family.
     pub family: String,
     /// A second structural trait within families (a GEMM's register tile): the timed slots left after the families
     /// take the best of each shape not yet timed first, then the best scores. Empty: no shape.
@@ -241,27 +245,28 @@ pub fn search_with_budget<C>(
     Ok(record(candidates[winner].name.clone(), trials))
 }
 
-/// The timed set: the best of each family (in score order), then the best of each shape not yet in the set, then
-/// the best remaining scores, `top_k` in all. Shapes only fill slots the families leave: `KILN_AUTOTUNE=full` (five
-/// slots) at 1024^3 timed four variants of one 6 x 16 tile and the library, while the 4 x 24 tile, scored 15 % lower,
-/// ran 1-5 % faster once the packing was vectorized.
+/// The timed set, `top_k` in all, coarse to fine: the best of each group (in score order), then the best of each
+/// family not yet in the set, then of each shape not yet in it, then the best remaining scores. Groups first: fast
+/// mode's two slots had both gone to AVX2 packings where the model put them a hair over AVX-512 (a batch of 64
+/// attention products 64 x 32 x 64 in the GPT step: AVX2 4x24 won at 259 µs; `KILN_AUTOTUNE=full` timed AVX-512's
+/// 8x48 at 115 against 140). Shapes only fill slots the families leave: `KILN_AUTOTUNE=full` (five slots) at 1024^3
+/// timed four variants of one 6 x 16 tile and the library, while the 4 x 24 tile, scored 15 % lower, ran 1-5 %
+/// faster once the packing was vectorized.
 fn timed_set<C>(candidates: &[Candidate<'_, C>], top_k: usize) -> Vec<bool> {
     let mut in_set = vec![false; candidates.len()];
-    let mut families: Vec<&str> = Vec::new();
-    for (i, c) in candidates.iter().enumerate() {
-        if families.len() < top_k && !c.family.is_empty() && !families.contains(&c.family.as_str()) {
-            families.push(&c.family);
-            in_set[i] = true;
-        }
+    let mut taken = 0;
+    fn of<'c, C>(c: &'c Candidate<'_, C>, level: usize) -> &'c str {
+        [&c.group, &c.family, &c.shape][level]
     }
-    let mut taken = families.len();
-    let mut shapes: Vec<&str> =
-        candidates.iter().zip(&in_set).filter(|(_, t)| **t).map(|(c, _)| c.shape.as_str()).collect();
-    for (i, c) in candidates.iter().enumerate() {
-        if taken < top_k && !in_set[i] && !c.shape.is_empty() && !shapes.contains(&c.shape.as_str()) {
-            shapes.push(&c.shape);
-            in_set[i] = true;
-            taken += 1;
+    for level in 0..3 {
+        let mut seen: Vec<&str> =
+            candidates.iter().zip(&in_set).filter(|(_, t)| **t).map(|(c, _)| of(c, level)).collect();
+        for (i, c) in candidates.iter().enumerate() {
+            if taken < top_k && !in_set[i] && !of(c, level).is_empty() && !seen.contains(&of(c, level)) {
+                seen.push(of(c, level));
+                in_set[i] = true;
+                taken += 1;
+            }
         }
     }
     for flag in in_set.iter_mut() {

@@ -48,6 +48,7 @@ fn candidates(cfgs: &[Cfg]) -> Vec<Candidate<'_, Cfg>> {
             config: c,
             name: c.name.to_string(),
             score: c.score,
+            group: String::new(),
             family: String::new(),
             shape: String::new(),
         })
@@ -244,7 +245,7 @@ fn deterministic_given_the_closures() {
     assert_eq!(run(), run());
 }
 
-/// Candidates named `names` with these scores, families and shapes, raced with `budget` on closures where `fastest`
+/// Candidates named `names` with these scores, families (the group: what comes before a `:`) and shapes, raced with `budget` on closures where `fastest`
 /// takes 1 ns and every other 100 ns; returns the names timed (sorted, once each) and the winner.
 fn race_named(
     names: &[&str],
@@ -259,6 +260,7 @@ fn race_named(
             config: &names[i],
             name: names[i].to_string(),
             score: scores[i],
+            group: fams[i].split(':').next().unwrap_or_default().to_string(),
             family: fams[i].to_string(),
             shape: shapes[i].to_string(),
         })
@@ -313,4 +315,19 @@ fn slots_the_families_leave_take_the_best_of_each_shape_first() {
     );
     assert_eq!(timed, ["lib", "p1", "q1"]);
     assert_eq!(winner, "q1");
+}
+
+#[test]
+fn groups_come_before_families() {
+    // Two slots: the best of group AVX2 and of group AVX-512, although AVX2's second family scores over AVX-512's.
+    let (timed, winner) = race_named(
+        &["avx2 packed", "avx2 in place", "avx512 packed"],
+        &[77.1, 77.0, 76.9],
+        &["AVX2: packed", "AVX2: in place", "AVX-512: packed"],
+        &[""; 3],
+        kiln_autotune::Mode::Fast.budget(),
+        "avx512 packed",
+    );
+    assert_eq!(timed, ["avx2 packed", "avx512 packed"]);
+    assert_eq!(winner, "avx512 packed");
 }

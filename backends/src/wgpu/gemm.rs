@@ -139,6 +139,7 @@ fn choose(
             config: t,
             name: t.name(),
             score: tiles::score(v, t),
+            group: String::new(),
             family: format!("{}x{} workgroup tile", t.tm, t.tn),
             shape: String::new(),
         })

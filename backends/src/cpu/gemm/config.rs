@@ -227,6 +227,15 @@ impl GemmImpl {
         format!("{}: {packing}", c.isa.name())
     }
 
+    /// The search's coarsest axis (`Candidate::group`): a generated kernel's instruction set (the transposed form's
+    /// included), otherwise the family. Fast mode's two timed slots go to the best of two groups first.
+    pub fn group(&self) -> String {
+        match self {
+            GemmImpl::Asm(c) | GemmImpl::Transposed(c) => c.isa.name().to_string(),
+            _ => self.family(),
+        }
+    }
+
     /// The register tile (`6x16`) of a generated kernel, the search's second axis of diversity within a family
     /// (`Candidate::shape`); empty for the library and the dot products.
     pub fn shape(&self) -> String {

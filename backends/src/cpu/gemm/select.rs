@@ -186,6 +186,7 @@ fn choose_gemm(
             config: imp,
             name: imp.name(),
             score: config::score(&problem.view, imp, threads),
+            group: imp.group(),
             family: imp.family(),
             shape: imp.shape(),
         })
