@@ -961,9 +961,9 @@ mod tests {
         assert!(!skinny.iter().any(|c| matches!(c, GemmImpl::Asm(c) if c.pack_a)));
     }
 
-    /// The instruction set is part of a generated kernel's family, so fast mode's two timed slots (the best of each
-    /// family first) race AVX2 against AVX-512 where the model puts them near each other, instead of two packings
-    /// of one of them.
+    /// The instruction set is part of a generated kernel's family and is its group (`GemmImpl::group`), so fast
+    /// mode's two timed slots (the best of each group first) race AVX2 against AVX-512 wherever both are
+    /// candidates, instead of two packings of one of them.
     #[test]
     fn each_instruction_set_is_a_family_of_its_own() {
         let cands = candidates_for(&view(128, 512, 1024), true, &Isa::ALL);
