@@ -24,6 +24,7 @@ pub mod asm;
 pub(crate) mod asm512;
 pub mod bf16;
 pub mod config;
+pub mod cost;
 mod dot;
 pub mod epilogue;
 pub(crate) mod evex;

@@ -185,7 +185,7 @@ fn choose_gemm(
         .map(|imp| kiln_autotune::Candidate {
             config: imp,
             name: imp.name(),
-            score: config::score(&problem.view, imp, threads),
+            score: super::cost::score(&problem.view, imp, threads),
             group: imp.group(),
             family: imp.family(),
             shape: imp.shape(),

@@ -159,7 +159,7 @@ pub fn warm_gemms() {
 pub fn analytic_best(v: &GemmView, threads: usize) -> Option<GemmImpl> {
     let mut best: Option<(f64, GemmImpl)> = None;
     for c in config::candidates(v, false) {
-        let s = config::score(v, &c, threads);
+        let s = super::cost::score(v, &c, threads);
         if best.is_none_or(|(b, _)| s > b) {
             best = Some((s, c));
         }

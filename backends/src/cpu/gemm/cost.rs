@@ -1,0 +1,208 @@
+//! The CPU GEMM cost model: the analytic score that ranks `config`'s candidates before any is timed (the search
+//! times only the best few: `kiln_autotune::search`).
+//!
+//! The score is a roofline estimate in GFLOP/s, not a promise; its job is to put the few worth timing on top:
+//! - compute: this core's 8-lane FMA peak (100 GFLOP/s per core, the model's unit) times the family's measured peak
+//!   ratio (`isa::peak_ratio`: ~2 for AVX-512 on a core with two 512-bit FMA units, ~1 where they are double-pumped)
+//!   times the tile's efficiency (FMA latency needs >= 10 independent accumulators on Zen 3 / Skylake, and loads per
+//!   FMA must stay under 1.5) times the fraction of lanes and rows that do useful work at the edges;
+//! - memory: bytes of packing, C traffic per K block and re-streamed unpacked operands, at a per-thread
+//!   bandwidth of 12 GB/s;
+//! - fit: a B micro-panel over half of L1 (where the tile reads B faster than L2 keeps up: `b_demand`), an A block
+//!   over half of L2 or a B block over a thread's share of L3 cost 20% each;
+//! - parallel balance: the largest thread's share of tiles.
+
+use super::config::{Bf16Config, Bf16Split, Bf16Unit, GemmConfig, GemmImpl, SKINNY_M, SPLITK_STREAMED_PART_BYTES};
+use crate::cpu::isa::{self, Isa};
+use kiln_jit::kernel::gemm::GemmView;
+
+/// GB/s per thread the cost model assumes for operands streamed from memory (a mix of cache and DRAM).
+const BW: f64 = 12.0;
+
+/// Estimated GFLOP/s of `c` on `v` with `threads` threads (see the module doc).
+pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
+    const PEAK: f64 = 100.0; // GFLOP/s per core, measured FMA peak here
+    let c = match imp {
+        // Measured here at 1024^3 on 2 threads: 120 GFLOP/s, 60% of peak; its epilogue is a second pass over C. A
+        // skinny GEMM is bound by reading B, where its GEMV path trails the broadcast kernels (1 x 256 x 784 on one
+        // thread: 12.3 µs against 8.2 for the dot products); without that bound `KILN_AUTOTUNE=off` picked it for
+        // every batch-1 layer.
+        // A weight stored N x K (`x @ W^T`) at up to 128 rows is its weak case: 3-5x the generated kernels' time at
+        // 16, 32 and 64 x 256 x 784 (`kiln tune --mode full`), where a flat score made it `KILN_AUTOTUNE=off`'s pick.
+        GemmImpl::Library => {
+            let mut s = 0.6 * PEAK * threads.min(v.n.div_ceil(16)) as f64;
+            if v.m <= SKINNY_M {
+                s = s.min(0.6 * streaming_b_score(v, threads));
+            }
+            if v.b.rows == 1 && v.b.cols != 1 && v.m <= 128 {
+                s *= 0.3;
+            }
+            return s;
+        }
+        GemmImpl::Dot => return dot_score(v, threads, PEAK),
+        GemmImpl::SplitK => return splitk_score(v, threads),
+        // The transposed problem's own estimate, less the transpose and the epilogue pass over C: 0.85 ranks it under
+        // the direct kernels at 64 rows, where it was timed 3-13 % slower (202 against 208-229 µs at 64 x 256 x 784,
+        // `kiln tune --mode full`), and over them at 16 and 32 rows, where it was 10-27 % faster.
+        GemmImpl::Transposed(c) => return 0.85 * score(&v.transposed(), &GemmImpl::Asm(*c), threads),
+        GemmImpl::Bf16(a) => return bf16_score(v, a, threads),
+        GemmImpl::Asm(c) => c,
+    };
+    let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);
+    let (mr, nr) = (c.mr as f64, c.nr() as f64);
+    let accs = (c.mr * c.nv) as f64;
+    let lanes = c.isa.lanes() as f64;
+    let latency_eff = (accs / 10.0).min(1.0);
+    let loads = if c.mr == 1 { c.nv as f64 + 1.0 } else { c.nv as f64 + mr };
+    let load_eff = ((accs / 2.0) / (loads / 3.0)).min(1.0);
+    let edge = (m / ((m / mr).ceil() * mr)) * (n / ((n / lanes).ceil() * lanes));
+    let mut eff = latency_eff * load_eff * edge;
+    let kc = c.kc.min(v.k) as f64;
+    if !c.pack_b && v.m <= 4 && kc > 8.0 {
+        // B streamed in place: a tile sweep reads `kc` rows at once, one prefetch stream each, and the hardware
+        // prefetchers keep up with only a few (measured at M = 1, K = N = 4096, 2 threads, weights from DRAM: kc 4
+        // reads them at up to 30 GB/s, kc 32 at 25, kc 128-384 at 10-25, noisy).
+        eff *= if kc > 32.0 { 0.5 } else { 0.8 };
+    }
+    if !c.pack_b && v.m <= SKINNY_M {
+        // B streamed in place by a column split: a thread reads each of its B rows in one pass per NC block, so an
+        // NC under the thread's columns restarts every prefetch stream that many times per row. Measured at M = 1,
+        // K = N = 4096, 2 threads, weights cycled from DRAM, interleaved with a plain read of the same size: 1 x 64,
+        // kc 8 at 78-79 % of the read bandwidth with NC 1024 (two passes per row) and 96-98 % with NC 4096 (one).
+        // The model had scored the two alike, and the race took the first.
+        let cols = n / (threads as f64).min((n / nr).ceil()).max(1.0);
+        if (c.nc as f64) < cols {
+            eff *= 0.9;
+        }
+    }
+    if !c.pack_b && v.m > SKINNY_M && v.b.rows * 4 >= 4096 && kc > 64.0 {
+        // B read in place with its rows a page or more apart: every micro-kernel call walks `kc` pages of B, for
+        // each of the block's row tiles, and the TLB misses cost more than packing saves. Measured at 64 x 4096 x
+        // 4096 on 2 threads (`kiln tune --mode full`): 6x64 and 14x32 with B in place at KC 384 took 25.2 and 32.1
+        // ms, packed B 14.7 ms; the model had ranked the in-place ones first.
+        eff *= 0.5;
+    }
+    if kc * nr * 4.0 > 16.0 * 1024.0 && b_demand(c, isa::peak_ratio(c.isa)) > L2_B_BYTES_PER_CYCLE {
+        eff *= 0.8;
+    }
+    if c.pack_a && c.mc as f64 * kc * 4.0 > 256.0 * 1024.0 {
+        eff *= 0.8;
+    }
+    if c.pack_b && kc * c.nc as f64 * 4.0 > 8.0 * 1024.0 * 1024.0 / threads as f64 {
+        eff *= 0.8;
+    }
+    // Parallel split: tiles per thread along the split dimension.
+    let (units, t) = if c.split_m { ((m / mr).ceil(), threads as f64) } else { ((n / nr).ceil(), threads as f64) };
+    let used = t.min(units).max(1.0);
+    let balance = (units / used) / (units / used).ceil();
+    let batch = v.batch_count() as f64;
+    let flops = 2.0 * m * n * k * batch;
+    let peak = PEAK * isa::peak_ratio(c.isa);
+    let compute_s = flops / (peak * 1e9 * used * eff * balance.max(0.05));
+    // Bytes per thread.
+    let kblocks = (k / kc).ceil();
+    let n_part = if c.split_m { n } else { n / used };
+    let m_part = if c.split_m { m / used } else { m };
+    // C is read and written once per K block; a thread's C block that stays in L2 costs about an eighth of DRAM
+    // traffic (a skinny GEMM's C row, re-read every few k-steps, is such a block).
+    let c_block = m_part * n_part * 4.0;
+    let c_weight = if c_block <= 256.0 * 1024.0 { 0.125 } else { 1.0 };
+    let mut bytes = c_weight * c_block * (2.0 * kblocks - 1.0);
+    bytes += if c.pack_b { 8.0 * k * n_part } else { 4.0 * k * n_part * (m_part / c.mc as f64).ceil() };
+    bytes += if c.pack_a { 8.0 * k * m_part * (n_part / c.nc as f64).ceil() } else { 4.0 * k * m_part };
+    let mem_s = batch * bytes / (BW * 1e9);
+    flops / (compute_s + mem_s) / 1e9
+}
+
+/// Bytes of B a register tile reads per cycle of its FMAs at its family's peak, `peak_ratio` times the 8-lane one
+/// ([`isa::peak_ratio`]): `NR * 4` bytes per k-step against `MR * NV` FMAs, two 8-lane FMAs a cycle scaled by the
+/// ratio (so one 16-lane FMA a cycle where 512-bit FMAs are double-pumped, ratio ~1, about two where they are not,
+/// ~1.8). AVX2's 6 x 16 reads 10.7, 4 x 24 16; AVX-512's 8 x 48 reads 8 at ratio 1 and 14 at 1.8, 14 x 32 5 and 8.
+pub(super) fn b_demand(c: &GemmConfig, peak_ratio: f64) -> f64 {
+    let lanes = c.isa.lanes() as f64;
+    let fmas_per_cycle = 2.0 * peak_ratio * 8.0 / lanes;
+    c.nr() as f64 * 4.0 * fmas_per_cycle / (c.mr * c.nv) as f64
+}
+
+/// Above this many bytes of B per FMA cycle ([`b_demand`]) a B micro-panel that outgrows L1 costs: read from L2
+/// instead, it slows the tile. Below it the tile's FMAs hide L2's latency and bandwidth. Every AVX2 tile reads
+/// more than this, so their scores are what they were; AVX-512's 8 x 48 on a double-pumped core reads 8, and there
+/// it ran 12-15 % faster than the best AVX2 tile at 512 x 256 x 784 and 256 x 784 x 512 (an MLP's first layer and
+/// its weight gradient, `kiln tune --mode full`, KC 512 and 1024), where the flat rule had scored it 15 % under
+/// them and `KILN_AUTOTUNE=fast`, timing the two best-scored, never tried it (docs/benchmarks.md: the MLP step and
+/// a convolution, whose GEMM runs the model's pick, before and after).
+pub(super) const L2_B_BYTES_PER_CYCLE: f64 = 10.0;
+
+/// The bf16 estimate: AMX tile throughput (a 16 x 16 x 32 `tdpbf16ps` per 16 cycles, 1024 flops a cycle a core,
+/// taken as 8x the model's 8-lane FMA unit) or `vdpbf16ps`'s (twice an f32 FMA's flops), scaled by the useful
+/// fraction of each padded block and by how often each load is reused (AMX: a 2 x 2 block loads 4 tiles for 4
+/// products, a 1 x 2 one 3 for 2; the dot products: the f32 family's tile efficiency), the threads' balance, and the
+/// packing of B (read and written once per row split).
+fn bf16_score(v: &GemmView, a: &Bf16Config, threads: usize) -> f64 {
+    let (mr, nr) = (a.mr, a.nr());
+    let (peak, reuse) = match a.unit {
+        Bf16Unit::Amx => {
+            let mt = (mr / 16).max(1);
+            (800.0, (mt * a.nt) as f64 / (mt + a.nt) as f64)
+        }
+        Bf16Unit::Avx512Bf16 => {
+            // As the f32 kernels: enough accumulators to hide the latency, few loads per product.
+            let accs = (mr * a.nt) as f64;
+            (4.0 * 100.0 * isa::peak_ratio(Isa::Avx512), (accs / 12.0).min(1.0) * 0.9)
+        }
+    };
+    let useful = |x: usize, t: usize| x as f64 / x.next_multiple_of(t) as f64;
+    let units = match a.split {
+        Bf16Split::Cols => v.n.div_ceil(nr),
+        Bf16Split::Rows => v.m.div_ceil(mr),
+        Bf16Split::Depth => v.k.div_ceil(super::bf16::KSTEP),
+    };
+    let workers = threads.min(units).max(1);
+    let balance = units as f64 / (units.div_ceil(workers) * workers) as f64;
+    let compute = peak * workers as f64 * balance * useful(v.m, mr) * useful(v.n, nr) * reuse;
+    let flops = v.flops();
+    // Packing reads and writes B once per row strip; split by K it reads B's rows front to back (counted at twice
+    // the bandwidth of the strided walk), and the partials of every thread are added once more.
+    let (pack_bytes, bw) = match a.split {
+        Bf16Split::Cols => (4.0 * (v.k * v.n) as f64, BW),
+        Bf16Split::Rows => (4.0 * (v.k * v.n) as f64 * workers as f64, BW),
+        Bf16Split::Depth => (4.0 * (v.k * v.n) as f64 + 8.0 * (v.m * v.n * workers) as f64, 2.0 * BW),
+    };
+    let seconds = flops / (compute * 1e9) + pack_bytes / (bw * workers as f64 * 1e9);
+    flops / seconds / 1e9
+}
+
+/// The dot-product candidate's estimate. One or two rows are bound by reading B, once per row, at ~25 GB/s a thread
+/// from L2/L3 (a 256 x 784 weight in 8.2 µs on one thread): 2 flops per 4 bytes. From three rows, tiles of 3 x 4
+/// dot products are bound by the FMA units at ~90 % of `peak`, less the horizontal sums that end every dot product
+/// (~48 FMAs' worth per tile and K) and the rows left over (half speed). At its 8-row limit that is far above the
+/// packing kernels, which copy all of B per call (8 x 256 x 784: ~164 GFLOP/s measured against ~55).
+fn dot_score(v: &GemmView, threads: usize, peak: f64) -> f64 {
+    let t = threads.min(v.n.div_ceil(4)) as f64;
+    if v.m < 3 {
+        return 0.5 * 25.0 * t / v.m.max(1) as f64;
+    }
+    let tiled = (v.m / 3 * 3) as f64 / v.m as f64;
+    let k = v.k as f64;
+    0.9 * peak * t * (tiled + (1.0 - tiled) * 0.5) * (k / (k + 48.0))
+}
+
+/// The split-K candidate's estimate on its own: bound by reading B once per row of A, like the broadcast kernels
+/// that stream B in place. With B in cache, plus a reduction and the epilogue pass, it is ranked under them (at 1 x
+/// 256 x 128 on 2 threads, alone and warm: 1.81 µs against 1.54 for the best broadcast tile); where it wins in a
+/// training step, it is not ranked but chosen ([`step_candidates`]). With B streamed from memory each thread reads
+/// its contiguous half of B front to back, which beat every column split: 1 x 4096 x 4096, four weights cycled from
+/// DRAM, interleaved with a plain read, four runs: 104-113 % of the read bandwidth against 95-108 % for the best
+/// generated kernel (a scratch timing of each on the real kernel), so it is ranked over them there.
+fn splitk_score(v: &GemmView, threads: usize) -> f64 {
+    let t = threads.min(v.k / 16).max(1);
+    let streamed = v.k / t * v.n * 4 > SPLITK_STREAMED_PART_BYTES;
+    (if streamed { 1.1 } else { 0.6 }) * streaming_b_score(v, t) / v.m.max(1) as f64
+}
+
+/// GFLOP/s of a skinny GEMM bound by reading B once per row of A from memory at the cost model's bandwidth, on `t`
+/// threads: what the broadcast kernels that stream B in place reach at best (before their tile's efficiency).
+fn streaming_b_score(v: &GemmView, t: usize) -> f64 {
+    // Flops per byte of B per row of A: 2 per 4-byte element.
+    BW * t as f64 * 0.5 * v.m.max(1) as f64
+}
