@@ -221,7 +221,7 @@ fn transposed_candidate_on_linear_shapes() {
 /// 64-, 32-, 16- and 8-column steps with columns left over, K not a multiple of the part count and at its 32-row
 /// minimum, up to its 8-row limit, A read from a slice and transposed (strided along K), with an epilogue (its pass);
 /// and parts too large for a core's cache, whose rows it reads a few at a time with the sums carried between blocks
-/// (ragged blocks and columns). Forced through `check_all_candidates` like every other candidate, which is asserted to
+/// (ragged blocks and columns; up to 8 rows of A sharing each strip of B). Forced through `check_all_candidates` like every other candidate, which is asserted to
 /// include it.
 #[test]
 fn splitk_candidate_on_ragged_input_gradient_shapes() {
@@ -234,7 +234,7 @@ fn splitk_candidate_on_ragged_input_gradient_shapes() {
         runs(&format!("splitk {m}x{n}x{k}"), &rand(&[m, k], 21).matmul(&rand(&[k, n], 22)));
     }
     let threads = kiln_backends::cpu::pool::global().threads();
-    for (m, n, k) in [(1, 1000, 2101), (3, 1001, 2099)] {
+    for (m, n, k) in [(1, 1000, 2101), (3, 1001, 2099), (8, 1003, 2100)] {
         let part_bytes = k / threads.min(k / 16) * n * 4;
         assert!(part_bytes > config::SPLITK_STREAMED_PART_BYTES, "{m}x{n}x{k}: parts of {part_bytes} bytes are cached");
         runs(&format!("splitk streamed {m}x{n}x{k}"), &rand(&[m, k], 31).matmul(&rand(&[k, n], 32)));

@@ -6,11 +6,10 @@
 //! time, and maps the code W^X. A generated 6x16 kernel reaches the measured 2-core FMA peak of the development
 //! machine, which is what made generating code (rather than a better Cranelift kernel) worth it.
 //!
-//! AVX-512 is deliberately not generated. On this machine (AMD Zen 4, AVX-512F present) a 512-bit FMA executes as
-//! two 256-bit halves: `cargo run --release --example bench_gemm` measures the same FMA peak for 8 and 16 lanes,
-//! and the AVX2 kernels already run at that peak. dynasm 5.1 also has no EVEX encodings (they would be hand-written
-//! bytes). A CPU with two full 512-bit FMA units (Intel server cores) would gain up to 2x; that is the case to build
-//! it for, on a machine that can test it.
+//! This is the 8-lane family; `asm512` generates the 16-lane AVX-512 one with the same contract, and the tuner
+//! races both where the CPU has AVX-512 (on a core that splits 512-bit FMAs in two halves, as AMD Zen 4 does, AVX2
+//! often keeps winning; on one with two full 512-bit FMA units, AVX-512 does). The AVX2 family is the one every
+//! x86-64 host kiln generates code for has.
 //!
 //! One kernel computes an `mr x (8 * nv)` tile of C = A * B over `k` steps:
 //! `extern "sysv64" fn(a, b, c, k, ep)`. A is read by broadcasts at `a + k*a_ks + r*a_rs` (any layout: packed

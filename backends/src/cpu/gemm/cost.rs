@@ -40,7 +40,7 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
             return s;
         }
         GemmImpl::Dot => return dot_score(v, threads, PEAK),
-        GemmImpl::SplitK => return splitk_score(v, threads),
+        GemmImpl::SplitK => return splitk_score(v, threads, PEAK),
         // The transposed problem's own estimate, less the transpose and the epilogue pass over C: 0.85 ranks it under
         // the direct kernels at 64 rows, where it was timed 3-13 % slower (202 against 208-229 µs at 64 x 256 x 784,
         // `kiln tune --mode full`), and over them at 16 and 32 rows, where it was 10-27 % faster.
@@ -194,10 +194,22 @@ fn dot_score(v: &GemmView, threads: usize, peak: f64) -> f64 {
 /// its contiguous half of B front to back, which beat every column split: 1 x 4096 x 4096, four weights cycled from
 /// DRAM, interleaved with a plain read, four runs: 104-113 % of the read bandwidth against 95-108 % for the best
 /// generated kernel (a scratch timing of each on the real kernel), so it is ranked over them there.
-fn splitk_score(v: &GemmView, threads: usize) -> f64 {
+///
+/// Streamed, the rows of A share each strip of B (`splitk::block_times_b`), so B comes from memory once for all of
+/// them and the estimate grows with the rows, up to the FMAs' bound: each 8-lane FMA then reads its B vector from L1
+/// (about 80 % of `peak`). That ranks it over the broadcast kernels that stream B in place, as measured on 2 threads
+/// of a Zen 3 (`kiln tune --mode full`, same B every run): 2, 4 and 8 x 4096 x 4096 in 2.6, 2.9 and 4.8 ms against
+/// 2.8, 3.6 and 5.5 for the best generated kernel (1 x 64, KC 8), 8 x 1024 x 4096 in 1.0 ms against 1.35. With B in
+/// L3 it is close and the race decides (8 x 1024 x 1024: 259 against 266 µs; at 4 rows the library won, 128 against
+/// 177).
+fn splitk_score(v: &GemmView, threads: usize, peak: f64) -> f64 {
     let t = threads.min(v.k / 16).max(1);
     let streamed = v.k / t * v.n * 4 > SPLITK_STREAMED_PART_BYTES;
-    (if streamed { 1.1 } else { 0.6 }) * streaming_b_score(v, t) / v.m.max(1) as f64
+    if streamed {
+        (1.1 * streaming_b_score(v, t)).min(0.8 * peak * t as f64)
+    } else {
+        0.6 * streaming_b_score(v, t) / v.m.max(1) as f64
+    }
 }
 
 /// GFLOP/s of a skinny GEMM bound by reading B once per row of A from memory at the cost model's bandwidth, on `t`

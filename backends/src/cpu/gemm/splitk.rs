@@ -17,8 +17,10 @@
 //! A part whose rows of B do not fit a core's cache (a GEMV over a large weight in memory) reads them front to back,
 //! [`STREAM_ROWS`] rows at a time, each thread one contiguous half of B: the best order for DRAM (see there).
 //!
-//! Deliberately not done: register tiles over several rows of A (each row streams the part's rows of B once: right
-//! for the one or two rows it is for; at eight rows the packing kernels are faster and win the race).
+//! Several rows of A (up to [`super::config::DOT_MAX_M`]) take each column strip of B in turn, so B comes from
+//! memory once per part whatever the rows, and from L1 for every row after the first. Deliberately not done:
+//! register tiles over several rows of A (each row reloads the strip from L1; its loads then outnumber its FMAs
+//! slightly, which matters only where B is in cache).
 
 use super::Ctx;
 use super::config::SPLITK_STREAMED_PART_BYTES;
@@ -68,18 +70,8 @@ pub unsafe fn splitk_gemm(v: &GemmView, cx: &Ctx) {
                 // of A and B read lies in its buffer by the caller's contract.
                 unsafe {
                     let out = if p == 0 { c.get() } else { s.get().add((p - 1) * m * n) };
-                    for row in 0..m {
-                        let a_row = a.get().offset(row as isize * v.a.rows as isize);
-                        rows_times_b(
-                            a_row,
-                            v.a.cols as isize,
-                            b.get(),
-                            v.b.rows as isize,
-                            (k0, k1),
-                            n,
-                            out.add(row * n),
-                        );
-                    }
+                    let a = Rows { a: a.get(), rs: v.a.rows as isize, ks: v.a.cols as isize, m };
+                    rows_times_b(a, b.get(), v.b.rows as isize, (k0, k1), n, out);
                 }
             }
         };
@@ -116,44 +108,47 @@ pub unsafe fn splitk_gemm(v: &GemmView, cx: &Ctx) {
 /// row) 37 %; the generated kernels' best column split read 81-101 % in the same runs.
 const STREAM_ROWS: usize = 8;
 
-/// `out[j] = Σ_{k0 <= t < k1} a[t] * B[t, j]` for `j < n` (`a` strided by `a_ks`, B's rows `b_ks` apart and
-/// contiguous): 96 columns at a time in twelve 8-lane accumulators, then 64, 32, 16, 8, then one by one; in blocks
-/// of [`STREAM_ROWS`] rows of B when the part's rows do not fit a core's cache, each block's sums carried in `out` to
-/// the next. Every column's sum is one FMA chain along K in order either way (a partial stored and reloaded is the
-/// same f32), so the blocks change the memory order, not the result.
+/// The rows of A a part multiplies: `m` rows `rs` apart, each strided by `ks` along K.
+#[derive(Clone, Copy)]
+struct Rows {
+    a: *const f32,
+    rs: isize,
+    ks: isize,
+    m: usize,
+}
+
+/// `out[r][j] = Σ_{k0 <= t < k1} A[r, t] * B[t, j]` for `r < m`, `j < n` (`out` dense, rows `n` apart; B's rows `b_ks`
+/// apart and contiguous): 96 columns at a time in twelve 8-lane accumulators, then 64, 32, 16, 8, then one by one; in
+/// blocks of [`STREAM_ROWS`] rows of B when the part's rows do not fit a core's cache, each block's sums carried in
+/// `out` to the next. Every row of A takes each column strip in turn before the next strip, so a strip of a block
+/// comes from memory once and from L1 for the other rows: B streams from memory once per part, not once per row of
+/// A. Every output's sum is one FMA chain along K in order whatever the blocks and the order of the rows (a partial
+/// stored and reloaded is the same f32), so they change the memory order, not the result.
 ///
 /// # Safety
-/// `a[t * a_ks]` and `B[t, 0..n]` readable for `t` in `k0..k1`, `out[0..n]` writable; AVX2 and FMA present.
+/// `A[r, t]` (at `a + r * rs + t * ks`) and `B[t, 0..n]` readable for `r < m`, `t` in `k0..k1`; `out[0..m * n]`
+/// writable; AVX2 and FMA present.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows_times_b(
-    a: *const f32,
-    a_ks: isize,
-    b: *const f32,
-    b_ks: isize,
-    (k0, k1): (usize, usize),
-    n: usize,
-    out: *mut f32,
-) {
+unsafe fn rows_times_b(a: Rows, b: *const f32, b_ks: isize, (k0, k1): (usize, usize), n: usize, out: *mut f32) {
     // The cost model ranks the candidate by the same bound (`splitk_score`).
     let block = if (k1 - k0) * n * 4 > SPLITK_STREAMED_PART_BYTES { STREAM_ROWS } else { k1 - k0 };
     let mut t0 = k0;
     while t0 < k1 {
         let rows = (t0, (t0 + block).min(k1));
         // SAFETY: rows t0..t1 lie within k0..k1, the caller's contract.
-        unsafe { block_times_b(a, a_ks, b, b_ks, rows, t0 > k0, n, out) };
+        unsafe { block_times_b(a, b, b_ks, rows, t0 > k0, n, out) };
         t0 = rows.1;
     }
 }
 
-/// Rows `t0..t1` of [`rows_times_b`]: `out[j]` (`+=` when `carry`, else `=`) the block's sums, in column strips.
+/// Rows `t0..t1` of B in [`rows_times_b`]: `out[r][j]` (`+=` when `carry`, else `=`) the block's sums, in column
+/// strips, every row of A per strip.
 ///
 /// # Safety
-/// As [`rows_times_b`] for rows `t0..t1`.
+/// As [`rows_times_b`] for rows `t0..t1` of B.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn block_times_b(
-    a: *const f32,
-    a_ks: isize,
+    a: Rows,
     b: *const f32,
     b_ks: isize,
     rows: (usize, usize),
@@ -161,30 +156,43 @@ unsafe fn block_times_b(
     n: usize,
     out: *mut f32,
 ) {
+    // SAFETY: row r of A lies at a + r * rs (the caller's contract); its outputs at out[r * n..].
+    let row = |r: usize| unsafe { (a.a.offset(r as isize * a.rs), out.add(r * n)) };
     let mut j = 0;
-    // SAFETY: each call reads columns j..j + 8 * NV <= n of the block's rows and reads and writes out[j..j + 8 * NV].
+    // SAFETY: each call reads columns j..j + 8 * NV <= n of the block's rows of B and one row of A, and reads and
+    // writes that row's out[j..j + 8 * NV].
     unsafe {
         while j + 96 <= n {
-            columns::<12>(a, a_ks, b.add(j), b_ks, rows, carry, out.add(j));
+            for r in 0..a.m {
+                let (ar, or) = row(r);
+                columns::<12>(ar, a.ks, b.add(j), b_ks, rows, carry, or.add(j));
+            }
             j += 96;
         }
         for (nv, width) in [(8, 64), (4, 32), (2, 16), (1, 8)] {
             if j + width <= n {
-                match nv {
-                    8 => columns::<8>(a, a_ks, b.add(j), b_ks, rows, carry, out.add(j)),
-                    4 => columns::<4>(a, a_ks, b.add(j), b_ks, rows, carry, out.add(j)),
-                    2 => columns::<2>(a, a_ks, b.add(j), b_ks, rows, carry, out.add(j)),
-                    _ => columns::<1>(a, a_ks, b.add(j), b_ks, rows, carry, out.add(j)),
+                for r in 0..a.m {
+                    let (ar, or) = row(r);
+                    let (bj, oj) = (b.add(j), or.add(j));
+                    match nv {
+                        8 => columns::<8>(ar, a.ks, bj, b_ks, rows, carry, oj),
+                        4 => columns::<4>(ar, a.ks, bj, b_ks, rows, carry, oj),
+                        2 => columns::<2>(ar, a.ks, bj, b_ks, rows, carry, oj),
+                        _ => columns::<1>(ar, a.ks, bj, b_ks, rows, carry, oj),
+                    }
                 }
                 j += width;
             }
         }
-        for col in j..n {
-            let mut sum = if carry { *out.add(col) } else { 0f32 };
-            for t in rows.0..rows.1 {
-                sum = (*b.offset(t as isize * b_ks + col as isize)).mul_add(*a.offset(t as isize * a_ks), sum);
+        for r in 0..a.m {
+            let (ar, or) = row(r);
+            for col in j..n {
+                let mut sum = if carry { *or.add(col) } else { 0f32 };
+                for t in rows.0..rows.1 {
+                    sum = (*b.offset(t as isize * b_ks + col as isize)).mul_add(*ar.offset(t as isize * a.ks), sum);
+                }
+                *or.add(col) = sum;
             }
-            *out.add(col) = sum;
         }
     }
 }
