@@ -127,12 +127,13 @@ pub const TIE_MARGIN: f64 = 0.03;
 ///
 /// Candidates are sorted by score, best first (stable: ties keep input order; NaN counts as worst). With
 /// [`Mode::Off`] the best score wins and no closure is called. Otherwise the timed set is the first `top_k` (the
-/// best of each group first, then of each family and shape: `timed_set`); each is verified (a failure or error is recorded and it can never win), then run
-/// `warmup` times untimed, then the survivors are timed **round-robin**: one rep of each per round, the order
-/// rotated every round, until `max_reps` rounds or the budget is spent. Interleaving is the point: timing one
-/// candidate's reps back to back lets a burst of host noise (a neighbour's job, two vCPUs put on one core) land on
-/// one candidate alone and crown the wrong one; interleaved, the noise hits all of them alike. The best score is
-/// always in the set, so the untuned default is measured beside every challenger in the same rounds.
+/// best of each group first, then of each family and shape: `timed_set`); each is verified (a failure or error is
+/// recorded and it can never win), then run `warmup` times untimed, then the survivors are timed **round-robin**:
+/// one rep of each per round, the order rotated every round, until `max_reps` rounds or the budget is spent.
+/// Interleaving is the point: timing one candidate's reps back to back lets a burst of host noise (a neighbour's
+/// job, two vCPUs put on one core) land on one candidate alone and crown the wrong one; interleaved, the noise hits
+/// all of them alike. The best score is always in the set, so the untuned default is measured beside every
+/// challenger in the same rounds.
 ///
 /// The winner is, among the verified and timed candidates whose median is within `TIE_MARGIN` of the lowest, the
 /// one with the best score. Every candidate appears in the record's trials.

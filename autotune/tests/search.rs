@@ -245,8 +245,9 @@ fn deterministic_given_the_closures() {
     assert_eq!(run(), run());
 }
 
-/// Candidates named `names` with these scores, families (the group: what comes before a `:`) and shapes, raced with `budget` on closures where `fastest`
-/// takes 1 ns and every other 100 ns; returns the names timed (sorted, once each) and the winner.
+/// Candidates named `names` with these scores, families (the group: what comes before a `:`) and shapes, raced with
+/// `budget` on closures where `fastest` takes 1 ns and every other 100 ns; returns the names timed (sorted, once
+/// each) and the winner.
 fn race_named(
     names: &[&str],
     scores: &[f64],

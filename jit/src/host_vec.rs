@@ -87,6 +87,13 @@ impl<T: Copy> HostVec<T> {
         v
     }
 
+    /// `len` copies of `value`, as `vec![value; len]`.
+    pub fn filled(len: usize, value: T) -> HostVec<T> {
+        let mut v = HostVec::with_capacity(len);
+        v.resize(len, value);
+        v
+    }
+
     /// Appends a copy of `s` (one `memcpy`).
     pub fn extend_from_slice(&mut self, s: &[T]) {
         self.0.extend_from_slice(s)
@@ -194,6 +201,8 @@ mod tests {
             let w = HostVec::<u8>::with_capacity(len + 5);
             assert_eq!(w.as_ptr() as usize % HOST_ALIGN, 0, "capacity {len}");
         }
+        let filled = HostVec::filled(5, 7u8);
+        assert_eq!((filled.as_ptr() as usize % HOST_ALIGN, &filled[..]), (0, &[7u8; 5][..]));
         let from_vec = HostVec::from(vec![1i64, 2, 3]);
         assert_eq!(from_vec.as_ptr() as usize % HOST_ALIGN, 0);
         assert_eq!(Vec::from(from_vec), vec![1, 2, 3]);

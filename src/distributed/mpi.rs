@@ -292,7 +292,7 @@ impl Reducer<'_> {
             }
             return out;
         }
-        let mut out: HostVec<T> = std::iter::repeat_n(T::default(), data.len()).collect();
+        let mut out = HostVec::filled(data.len(), T::default());
         for (src, dst) in data.chunks(Self::piece::<T>()).zip(out.chunks_mut(Self::piece::<T>())) {
             self.comm.all_reduce_into(src, dst, self.op());
         }
@@ -337,7 +337,7 @@ fn broadcast_pieces<T: Equivalence>(root: &mpi::topology::Process<'_>, data: &mu
 }
 
 fn gather<T: Equivalence + Copy + Default>(comm: &SimpleCommunicator, data: &[T], world: usize) -> HostVec<T> {
-    let mut out: HostVec<T> = std::iter::repeat_n(T::default(), data.len() * world).collect();
+    let mut out = HostVec::filled(data.len() * world, T::default());
     if !data.is_empty() {
         comm.all_gather_into(data, &mut out[..]);
     }

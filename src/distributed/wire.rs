@@ -162,7 +162,11 @@ impl Wire {
     /// `world` copies of this data end to end: what an all-gather returns in a world of one process.
     pub(crate) fn repeated(&self, world: usize) -> Wire {
         fn rep<T: Copy>(v: &[T], n: usize) -> HostVec<T> {
-            (0..n).flat_map(|_| v.iter().copied()).collect()
+            let mut out = HostVec::with_capacity(v.len() * n);
+            for _ in 0..n {
+                out.extend_from_slice(v);
+            }
+            out
         }
         match self {
             Wire::U8(v) => Wire::U8(rep(v, world)),
