@@ -2,9 +2,10 @@
 //! and HIP C (`kiln_jit::render::cuda`) and put through the front ends of NVRTC for sm_80 and sm_90 and of hiprtc
 //! for gfx90a and gfx1030 (`rtc`: preprocessing, parsing, types, overloads, each target's builtins): how CI holds the
 //! GPU renderers to every kernel the op table, the random graphs and the gradient checks produce, on a machine
-//! without a GPU. `KILN_CHECK_GPU_C=codegen` also generates code for sm_90 and gfx90a (a cubin, a code object), which
-//! catches what only a back end refuses (an instruction the target cannot select); it costs about three times the
-//! front ends of all four targets, so CI runs it over the op table's corpus (every op and dtype) only.
+//! without a GPU. `KILN_CHECK_GPU_C=codegen` generates code for sm_90 and gfx90a (a cubin, a code object; their
+//! front ends run as its first stage), which catches what only a back end refuses (an instruction the target cannot
+//! select); it costs about three times the front ends of all four targets, so CI runs it over the op table's corpus
+//! (every op and dtype) only. NVRTC's targets and hiprtc's are checked on two threads at once.
 //!
 //! Kernels are queued (once per distinct source) and compiled in batches of [`BATCH`], one translation unit each
 //! (every kernel in a namespace of its own); a batch that fails is compiled kernel by kernel to name the one at
@@ -26,7 +27,7 @@ use std::sync::OnceLock;
 /// Kernels per translation unit.
 pub const BATCH: usize = 200;
 
-/// The targets whose front ends check each kernel, and whether `codegen` also generates code for it.
+/// The targets whose front ends check each kernel, and whether `codegen` generates code for it instead.
 const TARGETS: [(Flavor, &str, bool); 4] = [
     (Flavor::Cuda, "sm_80", false),
     (Flavor::Cuda, "sm_90", true),
@@ -41,7 +42,7 @@ pub enum Level {
     Off,
     /// `1`: the four targets' front ends.
     FrontEnd,
-    /// `codegen`: the front ends, and code generation for sm_90 and gfx90a.
+    /// `codegen`: code generation for sm_90 and gfx90a, the front ends for the other two.
     Codegen,
 }
 
@@ -119,7 +120,7 @@ pub fn flush() -> Result<(usize, usize), String> {
     if !enabled() {
         return Ok((0, 0));
     }
-    // One compile at a time: hiprtc (ROCm 5.2's comgr) crashes when two threads compile at once.
+    // One batch at a time (it already keeps two cores busy, one per compiler).
     static COMPILING: Mutex<()> = Mutex::new(());
     let _one = COMPILING.lock();
     let batch = std::mem::take(&mut state().lock().queue);
@@ -128,12 +129,25 @@ pub fn flush() -> Result<(usize, usize), String> {
         return Ok((st.compiled, st.refused));
     }
     let (nvrtc, hiprtc) = compilers().as_ref().map_err(|e| format!("KILN_CHECK_GPU_C=1: {e}"))?;
-    let stages = TARGETS.iter().flat_map(|&(flavor, arch, emit)| {
-        let codegen = emit && level() == Level::Codegen;
-        std::iter::once((flavor, arch, false)).chain(codegen.then_some((flavor, arch, true)))
+    // NVRTC's stages on this thread and hiprtc's on another: the two libraries share nothing, and each one's stages
+    // stay in order (hiprtc serializes its own programs anyway, `rtc`), so the check takes the longer of the two.
+    let (cuda, hip) = std::thread::scope(|s| {
+        let hip = s.spawn(|| check_batch(&batch, Flavor::Hip, hiprtc));
+        let cuda = check_batch(&batch, Flavor::Cuda, nvrtc);
+        (cuda, hip.join().unwrap_or_else(|_| Err("the hiprtc checking thread panicked".into())))
     });
-    for (flavor, arch, codegen) in stages {
-        let rtc = if flavor == Flavor::Cuda { nvrtc } else { hiprtc };
+    cuda.and(hip)?;
+    let mut st = state().lock();
+    st.compiled += batch.len();
+    Ok((st.compiled, st.refused))
+}
+
+/// Puts `batch` through `flavor`'s targets: each target's front end, or with `codegen` code generation instead where
+/// the target generates code (which runs the front end first, so checking both would parse every kernel twice).
+fn check_batch(batch: &[(String, String, String)], flavor: Flavor, rtc: &crate::rtc::Rtc) -> Result<(), String> {
+    let targets = TARGETS.iter().filter(|t| t.0 == flavor);
+    for &(_, arch, emit) in targets {
+        let codegen = emit && level() == Level::Codegen;
         let run = |source: &str, name: &str| {
             if codegen { rtc.compile(source, name, arch).map(|_| ()) } else { rtc.check(source, name, arch) }
         };
@@ -147,7 +161,7 @@ pub fn flush() -> Result<(usize, usize), String> {
         if run(&unit, "kiln_batch.cu").is_ok() {
             continue;
         }
-        for k in &batch {
+        for k in batch {
             if let Err(log) = run(&pick(k), &format!("{}.cu", k.0)) {
                 return Err(format!(
                     "{} kernel {} does not {what} for {arch}:\n{log}\n--- source:\n{}",
@@ -163,7 +177,5 @@ pub fn flush() -> Result<(usize, usize), String> {
             batch.len()
         ));
     }
-    let mut st = state().lock();
-    st.compiled += batch.len();
-    Ok((st.compiled, st.refused))
+    Ok(())
 }
