@@ -326,7 +326,7 @@ fn packs_b(c: &GemmImpl) -> bool {
 }
 
 /// The register tiles (MR, NV) a family offers: large problems, and skinny ones (a few rows streaming B).
-fn tiles(isa: Isa, skinny: bool) -> &'static [(usize, usize)] {
+pub(super) fn tiles(isa: Isa, skinny: bool) -> &'static [(usize, usize)] {
     match (isa, skinny) {
         (Isa::Avx2, false) => &[(6, 2), (4, 3)],
         (Isa::Avx2, true) => &[(1, 4), (1, 8), (2, 4), (4, 2), (4, 3), (6, 2)],
@@ -632,42 +632,13 @@ pub fn legal(v: &GemmView, c: &GemmConfig) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::cost::{L2_B_BYTES_PER_CYCLE, b_demand, score};
+pub(super) mod tests {
+    use super::super::cost::score;
     use super::*;
     use kiln_jit::kernel::gemm::GemmOperand;
 
-    /// The L1 rule's exemption (`b_demand`): every AVX2 tile stays under the rule (its peak ratio is 1 by
-    /// definition), so an AVX2-only host ranks its candidates as before. AVX-512's 8 x 48 is exempt where 512-bit
-    /// FMAs are double-pumped (ratio ~1: where it was measured faster) and not on a core with two 512-bit units
-    /// (~1.8); 14 x 32 is exempt on both.
-    #[test]
-    fn the_l1_rule_spares_only_tiles_that_read_b_slowly() {
-        let config = |isa, mr, nv| GemmConfig {
-            isa,
-            mr,
-            nv,
-            kc: 1024,
-            mc: mr * 12,
-            nc: 1024,
-            pack_a: true,
-            pack_b: true,
-            split_m: false,
-            unroll: 4,
-            prefetch: 0,
-        };
-        let exempt = |isa, mr, nv, ratio| b_demand(&config(isa, mr, nv), ratio) <= L2_B_BYTES_PER_CYCLE;
-        for skinny in [false, true] {
-            for &(mr, nv) in tiles(Isa::Avx2, skinny) {
-                assert!(!exempt(Isa::Avx2, mr, nv, isa::peak_ratio(Isa::Avx2)), "AVX2 {mr}x{} exempt", 8 * nv);
-            }
-        }
-        assert!(exempt(Isa::Avx512, 8, 3, 1.0) && !exempt(Isa::Avx512, 8, 3, 1.8));
-        assert!(exempt(Isa::Avx512, 14, 2, 1.0) && exempt(Isa::Avx512, 14, 2, 1.8));
-        assert!(!exempt(Isa::Avx512, 6, 4, 1.0));
-    }
-
-    fn view(m: usize, n: usize, k: usize) -> GemmView {
+    /// A plain `m x n x k` GEMM view: A and B stored row-major, f32.
+    pub(in crate::cpu::gemm) fn view(m: usize, n: usize, k: usize) -> GemmView {
         let op = |rows: i64, cols: i64| GemmOperand { buf: 0, offset: 0, batch: vec![], rows, cols, patch: None };
         GemmView {
             batch: vec![],
@@ -679,58 +650,6 @@ mod tests {
             roles: vec![],
             operands: kiln_jit::DType::F32,
             out: kiln_jit::DType::F32,
-        }
-    }
-
-    /// The model's first choice for a batch-1 layer, and for a linear layer (W stored N x K) at 16-64 rows, is a
-    /// generated kernel, not the library or split K, which were timed slower there (see `splitk_score` and `score`);
-    /// for up to 8 rows times a B (stored K x N) streamed from memory, split K, which reads it once for all rows and
-    /// was timed faster than the generated kernels there.
-    #[test]
-    fn skinny_gemms_rank_generated_kernels_first() {
-        let linear = |m: usize, n: usize, k: usize| GemmView {
-            b: GemmOperand { buf: 0, offset: 0, batch: vec![], rows: 1, cols: k as i64, patch: None },
-            ..view(m, n, k)
-        };
-        let kn = [(1, 256, 128), (1, 128, 256)].map(|(m, n, k)| view(m, n, k));
-        let nk = [(16, 256, 784), (32, 256, 784), (64, 256, 784)].map(|(m, n, k)| linear(m, n, k));
-        for v in kn.iter().chain(&nk) {
-            let (m, n, k) = (v.m, v.n, v.k);
-            let v = v.clone();
-            let best = candidates(&v, true)
-                .into_iter()
-                .max_by(|a, b| score(&v, a, 2).total_cmp(&score(&v, b, 2)))
-                .expect("candidates");
-            assert!(matches!(best, GemmImpl::Asm(_) | GemmImpl::Transposed(_)), "{m}x{n}x{k}: {}", best.name());
-        }
-        for (m, n, k) in [(1, 4096, 4096), (1, 2048, 8192), (2, 4096, 4096), (8, 4096, 4096), (8, 1024, 4096)] {
-            let v = view(m, n, k);
-            let best = candidates(&v, true).into_iter().max_by(|a, b| score(&v, a, 2).total_cmp(&score(&v, b, 2)));
-            assert_eq!(best, Some(GemmImpl::SplitK), "{m}x{n}x{k}");
-        }
-        // Large problems keep their ranking: the library stays a contender at 1024^3.
-        let v = view(1024, 1024, 1024);
-        assert!(score(&v, &GemmImpl::Library, 2) > 100.0);
-    }
-
-    /// A skinny GEMM streaming B in place is scored best with one pass over each of a thread's B rows (an NC
-    /// block covering its columns), which streamed the weights from DRAM 20 % faster than two passes.
-    #[test]
-    fn skinny_b_in_place_reads_each_row_in_one_pass() {
-        for (m, n) in [(1, 4096), (4, 4096), (1, 2000)] {
-            let v = view(m, n, 4096);
-            let cands = candidates(&v, true);
-            // The first of the best scores among the generated kernels, as the search ranks them (a stable sort:
-            // ties keep candidate order).
-            let mut ranked: Vec<&GemmImpl> = cands.iter().filter(|c| matches!(c, GemmImpl::Asm(_))).collect();
-            ranked.sort_by(|a, b| score(&v, b, 2).total_cmp(&score(&v, a, 2)));
-            let best = ranked[0];
-            match best {
-                GemmImpl::Asm(c) => {
-                    assert!(!c.pack_b && c.nc >= n / 2, "{m}x{n}: {}", best.name())
-                }
-                other => panic!("{m}x{n}: the model's first choice is {}", other.name()),
-            }
         }
     }
 
