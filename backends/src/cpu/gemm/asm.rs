@@ -691,11 +691,6 @@ pub(crate) fn emit_insts(
     Ok(reg[p.result])
 }
 
-/// The constants a program reads from memory (`EpInst::Const`, `BinK`, ...): each a 32-byte vector of one value
-/// (and the 64-byte lane constants of `EpInst::Position`), placed after the code that reads it (`emit`, once that code's `ret` is written). 8-lane code addresses them
-/// relative to the instruction pointer; 16-lane code broadcasts a slot's first lane from a base register loaded
-/// with the pool's address (`base`). Either way the code stays position independent (what the kernel cache
-/// stores).
 /// One constant of a [`ConstPool`]: its 16 lanes (a splat for [`ConstPool::get`]), label, first 32-byte slot and
 /// how many slots it takes (1 for a splat, 2 for a lane constant).
 struct PoolEntry {
@@ -705,6 +700,11 @@ struct PoolEntry {
     width: usize,
 }
 
+/// The constants a program reads from memory (`EpInst::Const`, `BinK`, ...): each a 32-byte vector of one value (and
+/// the 64-byte lane constants of `EpInst::Position`), placed after the code that reads it (`emit`, once that code's
+/// `ret` is written). 8-lane code addresses them relative to the instruction pointer; 16-lane code broadcasts a slot's
+/// first lane from a base register loaded with the pool's address (`base`). Either way the code stays position
+/// independent (what the kernel cache stores).
 #[derive(Default)]
 pub(crate) struct ConstPool {
     entries: Vec<PoolEntry>,

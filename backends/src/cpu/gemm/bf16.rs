@@ -585,9 +585,9 @@ unsafe fn pair_cols_avx512(_: *mut u16, _: usize, _: usize, _: usize, _: *const 
     unreachable!("AMX kernels run only on x86-64")
 }
 
-/// Packs `rows` rows of bf16 matrix A (element `(m, k)` at `a[m * rs + k * cs]`, `k < depth`) for the kernels,
-/// `mr` rows (zeros past `rows`) by `steps` steps of 32 (zeros past `depth`), step by step: step `s` holds row `m`'s
-/// 32 elements at words `(s * mr + m) * 32`, so a tile is 1 KiB of contiguous 64-byte rows (`A_ROW_BYTES` 64, a step 64 *
+/// Packs `rows` rows of bf16 matrix A (element `(m, k)` at `a[m * rs + k * cs]`, `k < depth`) for the kernels, `mr`
+/// rows (zeros past `rows`) by `steps` steps of 32 (zeros past `depth`), step by step: step `s` holds row `m`'s 32
+/// elements at words `(s * mr + m) * 32`, so a tile is 1 KiB of contiguous 64-byte rows (`A_ROW_BYTES` 64, a step 64 *
 /// mr). Rows read in place a power of two apart share cache sets; packed ones do not.
 ///
 /// # Safety

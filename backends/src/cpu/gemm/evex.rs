@@ -7,10 +7,10 @@
 //! instructions around these (loops, GPR moves, prefetches, `vzeroupper`) still come from `dynasm!`; both write
 //! into the same assembler, so labels and offsets stay `dynasmrt`'s.
 //!
-//! AVX-512F only (no DQ/BW/VL instructions); the bf16 kernels add `vdpbf16ps` (AVX512-BF16), their bf16 store
-//! `vpmovdw` and load `vpmovzxwd` (`Enc` also takes EVEX.W and the vector length for forms that need them). `vpandd`/`vpord`/`vpxord` stand in for `vandps`..., a compare's
-//! lane mask materialised with `vpternlogd` under the compare's opmask, and a select's mask tested with `vptestmd`.
-//! The tests pin every form against GNU `as` output.
+//! AVX-512F only (no DQ/BW/VL instructions); the bf16 kernels add `vdpbf16ps` (AVX512-BF16), their bf16 store `vpmovdw`
+//! and load `vpmovzxwd` (`Enc` also takes EVEX.W and the vector length for forms that need them).
+//! `vpandd`/`vpord`/`vpxord` stand in for `vandps`..., a compare's lane mask materialised with `vpternlogd` under the
+//! compare's opmask, and a select's mask tested with `vptestmd`. The tests pin every form against GNU `as` output.
 
 /// A general-purpose register by its x86 number (rax 0 .. r15 15).
 pub(crate) type Gpr = u8;

@@ -1,6 +1,7 @@
-//! The CPU GEMM: a kernel the scheduler produced as `G_...` (a reduce kernel that [`GemmView`] recognizes) runs as
-//! a blocked GEMM around generated micro-kernels (`asm` for AVX2, `asm512` for AVX-512F), in the configuration the tuner picked (`config`,
-//! `tune`), with its epilogue in registers (`epilogue`) or, when that cannot express it, as a compiled pass over C.
+//! The CPU GEMM: a kernel the scheduler produced as `G_...` (a reduce kernel that [`GemmView`] recognizes) runs as a
+//! blocked GEMM around generated micro-kernels (`asm` for AVX2, `asm512` for AVX-512F), in the configuration the tuner
+//! picked (`config`, `tune`), with its epilogue in registers (`epilogue`) or, when that cannot express it, as a
+//! compiled pass over C.
 //!
 //! Loop nest per thread (BLIS order): columns by NC, K by KC (pack a KC x NC block of B into NR-wide panels), rows by
 //! MC (pack an MC x KC block of A into MR-tall panels), then NR x MR tiles, each one micro-kernel call. The first K
@@ -16,13 +17,15 @@
 //! (`splitk`); all leave their epilogue to the pass.
 //!
 //! A GEMM of bf16 operands (`GemmView::operands`) has its own family: AMX tile and AVX512-BF16 kernels (`bf16`),
-//! driven by `run_bf16_item` (A packed once per thread, B packed per block of columns, every row block of the
-//! thread's rectangle over it, the sums in registers over the whole K, so each element of C is stored once, after
-//! its epilogue) or, for a few rows, `run_bf16_depth` (the threads split K).
+//! driven by `bf16_drive`'s `run_bf16_item` (A packed once per thread, B packed per block of columns, every row
+//! block of the thread's rectangle over it, the sums in registers over the whole K, so each element of C is stored
+//! once, after its epilogue) or, for a few rows, `run_bf16_depth` (the threads split K).
 
 pub mod asm;
 pub(crate) mod asm512;
 pub mod bf16;
+mod bf16_drive;
+pub use bf16_drive::set_bf16_a_limit;
 pub mod config;
 pub mod cost;
 mod dot;
@@ -464,197 +467,6 @@ impl CompiledGemm {
         });
     }
 
-    /// One rectangle of C on the bf16 kernels: batch element and column/row strip `item`. A's row blocks packed
-    /// (`bf16::pack_a`); per block of `nc` columns, B packed into tile pairs (`bf16::pack_b`), then every row block
-    /// of `mr`, one kernel call per panel.
-    unsafe fn run_bf16_item(&self, a: &Bf16Config, cx: &Ctx, item: usize) {
-        let v = &self.view;
-        let (mr, nr) = (a.mr, a.nr());
-        let (bidx, [m0, m1, n0, n1]) = self.item_rect(item, a.split == Bf16Split::Rows, mr, nr);
-        let bo = self.batch_offsets(bidx);
-        let steps = v.k.div_ceil(bf16::KSTEP);
-        let esz = if v.out == DType::BF16 { 2 } else { 4 };
-        let (abase, bbase) = (cx.a as *const u16, cx.b as *const u16);
-        let mut ep: [*const u8; 2 + epilogue::MAX_OPERANDS] = [std::ptr::null(); 2 + epilogue::MAX_OPERANDS];
-        ep[0] = crate::cpu::isa::lane_mask(crate::cpu::isa::Isa::Avx512, self.ragged);
-        ep[1] = cx.uniforms;
-        let panel_words = steps * a.nt * bf16::TILE * 32;
-        let block_words = mr * steps * bf16::KSTEP;
-        SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            // A is packed (`bf16::pack_a`): its rows read in place, a power of two apart, share cache sets (bf16
-            // 2048^3, 2 threads: 7.9-8.5 ms packed against 9.8-9.9 in place). Every row block once, here, for every
-            // block of B's columns, unless that passes `BF16_A_BYTES`: then one block at a time, repacked per
-            // block of columns.
-            let blocks = (m1 - m0).div_ceil(mr);
-            let once = (blocks * block_words * 2) as u64 <= BF16_A_BYTES.load(Ordering::Relaxed);
-            let apack = s.a((if once { blocks } else { 1 } * block_words).div_ceil(2)) as *mut u16;
-            let pack = |blk: usize, dst: *mut u16| {
-                let (ic, rows) = (m0 + blk * mr, (m1 - m0 - blk * mr).min(mr));
-                // SAFETY: as below; `dst` holds one block.
-                unsafe {
-                    let asrc = abase.offset((bo.a + ic as i64 * v.a.rows) as isize);
-                    bf16::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mr, steps);
-                }
-            };
-            if once {
-                for blk in 0..blocks {
-                    // SAFETY: block `blk` of the area sized for `blocks`.
-                    pack(blk, unsafe { apack.add(blk * block_words) });
-                }
-            }
-            let mut jc = n0;
-            while jc < n1 {
-                let nb = (n1 - jc).min(a.nc);
-                let panels = nb.div_ceil(nr);
-                // Scratch is sized in f32s: two bf16 each.
-                let bpack = s.b((panels * panel_words).div_ceil(2)) as *mut u16;
-                // SAFETY (packing, pointer arithmetic, calls): the view was recognized from the kernel IR, whose
-                // affine indices stay within each buffer for every (b, m, n, k) in range; the pack areas are sized
-                // as `bf16::pack_b`/`pack_a` require; the kernels read `steps` steps of a packed A block (mr rows of
-                // 64 bytes a step) and of the panel, and write a rows x nv tile of C.
-                unsafe {
-                    bf16::pack_b(bpack, bbase.offset(bo.b as isize), v.b.rows, v.b.cols, jc, nb, v.k, a.nt);
-                }
-                let mut ic = m0;
-                while ic < m1 {
-                    let rows = (m1 - ic).min(mr);
-                    let blk = (ic - m0) / mr;
-                    let aptr = if once {
-                        unsafe { apack.add(blk * block_words) as *const u16 }
-                    } else {
-                        pack(blk, apack);
-                        apack as *const u16
-                    };
-                    let ri = usize::from(rows != mr);
-                    for q in 0..panels {
-                        let n_at = jc + q * nr;
-                        let tail = nb - q * nr < nr;
-                        self.epilogue_operands_in(cx, &bo, ic, n_at, &mut ep);
-                        let f = self.table[ri * 2 + tail as usize]
-                            .unwrap_or_else(|| unreachable!("bf16 kernel {rows} rows, tail {tail} generated"));
-                        let cptr =
-                            unsafe { (cx.c as *mut u8).offset((bo.c + (ic * v.n + n_at) as i64) as isize * esz) };
-                        unsafe {
-                            f(
-                                aptr as *const f32,
-                                bpack.add(q * panel_words) as *const f32,
-                                cptr as *mut f32,
-                                steps,
-                                ep.as_ptr(),
-                            )
-                        };
-                    }
-                    ic += rows;
-                }
-                jc += nb;
-            }
-        });
-    }
-
-    /// The K-split AMX GEMM: thread `t` adds its share of K's steps for all of C into its partial block, packing B
-    /// one chunk of rows at a time across the whole width (read front to back), then the partials are added and
-    /// rounded into C.
-    unsafe fn run_bf16_depth(&self, a: &Bf16Config, cx: &Ctx) {
-        let v = &self.view;
-        let (mr, nr) = (a.mr, a.nr());
-        let (mp, np) = (v.m.next_multiple_of(mr), v.n.next_multiple_of(nr));
-        let steps = v.k.div_ceil(bf16::KSTEP);
-        let chunk = depth_chunk(np);
-        let mut partials = self.partials.lock();
-        let base = PartialsPtr(partials.as_mut_ptr());
-        let (first, next) = match self.table[..] {
-            [Some(f), Some(n)] => (f, n),
-            _ => unreachable!("both partial kernels generated"),
-        };
-        let parts = self.parts;
-        let work = (v.flops() / 16.0) as usize;
-        // Unbatched (`config::depth_split_legal`), but A and B may start inside their buffers (a narrowed view).
-        let bo = self.batch_offsets(0);
-        let sum = |lo: usize, hi: usize| {
-            let base = &base;
-            // SAFETY: the operands' first elements (the view's offsets lie within their buffers).
-            let (abase, bbase) =
-                unsafe { ((cx.a as *const u16).offset(bo.a as isize), (cx.b as *const u16).offset(bo.b as isize)) };
-            for t in lo..hi {
-                let (s0, s1) = (t * steps / parts, (t + 1) * steps / parts);
-                // SAFETY: thread t's block of the buffer sized parts x mp x np.
-                let part = unsafe { base.0.add(t * mp * np) };
-                SCRATCH.with(|s| {
-                    let mut s = s.borrow_mut();
-                    let bpack = s.b((np * chunk * bf16::KSTEP).div_ceil(2)) as *mut u16;
-                    let apack = s.a((mr * chunk * bf16::KSTEP).div_ceil(2)) as *mut u16;
-                    let mut c0 = s0;
-                    while c0 < s1 {
-                        let c1 = (c0 + chunk).min(s1);
-                        let k0 = c0 * bf16::KSTEP;
-                        let depth = (c1 * bf16::KSTEP).min(v.k) - k0;
-                        let panel_words = (c1 - c0) * a.nt * bf16::TILE * 32;
-                        let f = if c0 == s0 { first } else { next };
-                        // SAFETY (packing, pointer arithmetic, calls): the view's indices stay in each buffer for
-                        // every (m, n, k) in range; the pack areas hold what `pack_b`/`pack_a` write (np columns and
-                        // mr rows of at most `chunk` steps); each kernel reads `c1 - c0` steps of its A rows and B
-                        // panel and writes a whole tile block of the padded partials.
-                        unsafe {
-                            bf16::pack_b(
-                                bpack,
-                                bbase.offset(k0 as isize * v.b.rows as isize),
-                                v.b.rows,
-                                v.b.cols,
-                                0,
-                                v.n,
-                                depth,
-                                a.nt,
-                            );
-                            for ib in 0..mp / mr {
-                                let rows = (v.m - ib * mr).min(mr);
-                                let asrc = abase
-                                    .offset((ib * mr) as isize * v.a.rows as isize + k0 as isize * v.a.cols as isize);
-                                bf16::pack_a(apack, asrc, v.a.rows, v.a.cols, rows, depth, a.mr, c1 - c0);
-                                for q in 0..np / nr {
-                                    let c = part.add(ib * mr * np + q * nr);
-                                    f(
-                                        apack as *const f32,
-                                        bpack.add(q * panel_words) as *const f32,
-                                        c,
-                                        c1 - c0,
-                                        std::ptr::null(),
-                                    );
-                                }
-                            }
-                        }
-                        c0 = c1;
-                    }
-                });
-            }
-        };
-        pool::global().parallel_for_work(parts, work, &sum);
-        // Add the partials and round: rows of C split over the threads.
-        let out = PartialsPtr(cx.c);
-        let bf16 = v.out == DType::BF16;
-        let add = |lo: usize, hi: usize| {
-            let (base, out) = (&base, &out);
-            for m in lo..hi {
-                for n in 0..v.n {
-                    // SAFETY: (t, m, n) lies in the partials; (m, n) in C (of the view's M x N).
-                    unsafe {
-                        let mut x = *base.0.add(m * np + n);
-                        for t in 1..parts {
-                            x += *base.0.add(t * mp * np + m * np + n);
-                        }
-                        if bf16 {
-                            *(out.0 as *mut u16).add(m * v.n + n) = kiln_jit::bf16::from_f32(x).to_bits();
-                        } else {
-                            *out.0.add(m * v.n + n) = x;
-                        }
-                    }
-                }
-            }
-        };
-        pool::global().parallel_for_work(v.m, v.m * v.n * parts, &add);
-        drop(partials);
-    }
-
     /// Points `ep[2..]` at each epilogue operand's element (m_at, n_at) of the batch element at `bo`.
     fn epilogue_operands_in(&self, cx: &Ctx, bo: &BatchOffsets, m_at: usize, n_at: usize, ep: &mut [*const u8]) {
         let ops = self.epilogue.as_ref().map_or(&[][..], |e| &e.operands[..]);
@@ -904,29 +716,6 @@ pub(crate) fn premap_cached_sets(store: &kiln_autotune::Store) {
         }
         Err(e) => crate::runtime::tracing_note(&format!("cached GEMM code not premapped: {e}")),
     }
-}
-
-/// Steps of 32 of K per packed chunk of the K-split AMX GEMM: as many as keep the chunk's B (all `np` columns) within
-/// 1 MiB, at least one.
-fn depth_chunk(np: usize) -> usize {
-    ((1 << 20) / (np * 2 * bf16::KSTEP)).max(1)
-}
-
-/// The partial buffers' base (or C's), shared by the threads of one run, which touch disjoint parts of it.
-struct PartialsPtr(*mut f32);
-
-// SAFETY: see the type's doc: each thread writes its own block (or rows), and the run holds the buffer's lock.
-unsafe impl Sync for PartialsPtr {}
-
-/// Bytes of packed A per thread above which `run_bf16_item` packs one row block at a time (again for every block of
-/// B's columns) rather than all of the thread's rows once: 32 MiB, lowered by [`set_bf16_a_limit`].
-static BF16_A_BYTES: AtomicU64 = AtomicU64::new(32 << 20);
-
-/// Sets the packed-A limit of the bf16 GEMMs (tests lower it to run the one-block-at-a-time path on small
-/// problems; both paths compute the same values).
-#[doc(hidden)]
-pub fn set_bf16_a_limit(bytes: u64) {
-    BF16_A_BYTES.store(bytes, Ordering::Relaxed);
 }
 
 fn is_identity(k: &KernelIr) -> bool {
