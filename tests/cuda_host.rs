@@ -507,15 +507,15 @@ fn the_gpu_plan_runs_the_corpus_on_a_host_stand_in() {
     let caps: Vec<kiln::Captured> =
         cases.iter().map(|(_, outs)| kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture")).collect();
     let compile = |i: usize| gpu.compile(&caps[i].graph).unwrap_or_else(|e| panic!("{}: {e}", cases[i].0));
-    let (even, odd) = std::thread::scope(|s| {
-        let odd = s.spawn(|| (1..caps.len()).step_by(2).map(compile).collect::<Vec<_>>());
-        let even: Vec<_> = (0..caps.len()).step_by(2).map(compile).collect();
-        (even, odd.join().expect("the compiling thread"))
+    let half = caps.len().div_ceil(2);
+    let execs = std::thread::scope(|s| {
+        let second = s.spawn(|| (half..caps.len()).map(compile).collect::<Vec<_>>());
+        let mut first: Vec<_> = (0..half).map(compile).collect();
+        first.extend(second.join().expect("the compiling thread"));
+        first
     });
-    let (mut even, mut odd) = (even.into_iter(), odd.into_iter());
     let mut failures = Vec::new();
-    for (i, ((name, _), cap)) in cases.iter().zip(&caps).enumerate() {
-        let exec = if i % 2 == 0 { even.next() } else { odd.next() }.expect("a plan per case");
+    for (((name, _), cap), exec) in cases.iter().zip(&caps).zip(execs) {
         let inputs: Vec<Buffer> = cap.inputs.iter().map(|h| gpu.upload(h.clone()).expect("upload")).collect();
         let got = exec.run(&inputs.iter().collect::<Vec<_>>(), &cap.rng).unwrap_or_else(|e| panic!("{name}: {e}"));
         let want = cap.reference().expect("the interpreter");
