@@ -341,6 +341,19 @@ fn every_candidate_with_each_epilogue() {
         ("exp", (mm() * 0.25).exp()),
         ("log", (mm().abs() + 0.5).log()),
         ("gelu (tanh)", kiln::nn::functional::gelu(&mm(), kiln::nn::functional::Approximate::Tanh)),
+        // The tanh GELU's gradient at the pre-activation `res` (as the backward pass fuses it into the product of
+        // the next layer's gradient): literals on either side of `+ - *`, in registers or in an 8-lane pass.
+        ("gelu (tanh) gradient", {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            let t = ((&res + &res * &res * &res * 0.044715) * c).tanh();
+            let inner = 1.0 - &t * &t;
+            mm() * ((&t + 1.0) * 0.5 + &res * 0.5 * inner * c * (3.0 * 0.044715 * (&res * &res) + 1.0))
+        }),
+        // A literal on the left of ops that commute and of one that does not.
+        ("literals on the left", {
+            let full = |v: f64| Tensor::full([m, n], v, DType::F32, &kiln::Device::cpu());
+            &(&full(0.75) * &mm()) + &full(2.0) - &res
+        }),
         ("max (a pass)", mm().maximum(&res)),
         ("batch-1 layer, bias + relu", (rand(&[1, k], 16).matmul(&w) + &bias).relu()),
         ("batched, residual and per-batch bias", {
@@ -352,8 +365,16 @@ fn every_candidate_with_each_epilogue() {
         assert!(check_all_candidates(name, &c) > 0);
         // The register epilogue must cover the common kinds; the others go through the pass.
         let k = &gemm_kernel(&c);
-        let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap().roles).is_some();
-        assert_eq!(in_registers, !name.contains("(a pass)"), "{name}: epilogue in registers = {in_registers}");
+        let ep = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap().roles);
+        assert_eq!(ep.is_some(), !name.contains("(a pass)"), "{name}: epilogue in registers = {}", ep.is_some());
+        // Literals are read where they are used, never held in a uniform slot (only the learning rate, a value
+        // read from a buffer, takes one); so the GELU's gradient fits the 15 registers of an 8-lane pass.
+        if let Some(ep) = ep {
+            assert_eq!(ep.uniforms.len(), usize::from(name == "sgd update"), "{name}: uniforms {:?}", ep.uniforms);
+            if name == "gelu (tanh) gradient" {
+                assert!(ep.program.temps_needed() <= 14, "{name}: {} temporaries", ep.program.temps_needed());
+            }
+        }
     }
 }
 

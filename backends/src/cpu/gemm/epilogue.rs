@@ -1,7 +1,8 @@
 //! A GEMM kernel's epilogue (its outer code in the kernel IR) translated into a register program for the
-//! generated micro-kernels: loads of M x N, per-column and per-row operands become vector loads at the tile, values
-//! uniform over the launch (constants, a learning rate read from a buffer and cast) are computed on the host per
-//! launch and splatted, and the arithmetic becomes AVX ops.
+//! generated micro-kernels: loads of M x N, per-column and per-row operands become vector loads at the tile, f32
+//! literals are read from the code's constant pool where they are used (`Literals`), other values uniform over the
+//! launch (a learning rate read from a buffer and cast) are computed on the host per launch and splatted, and the
+//! arithmetic becomes AVX ops.
 //!
 //! What translates: f32 `+ - * /`, `sqrt`, `neg`, `abs`, `recip`, comparisons (`< <= == !=`, NaN semantics of the
 //! spec), `where`, bool `and`/`or`/`not`, and f32 `exp`, `tanh` and `log` (so sigmoid, silu, gelu, softplus and
@@ -116,6 +117,9 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
     let uniform_insts: Vec<bool> = roles.iter().map(|r| matches!(r, Role::Uniform)).collect();
     let mut ep = Epilogue { program: EpProgram::default(), operands: Vec::new(), uniforms: Vec::new(), uniform_insts };
     let mut val: Vec<Option<usize>> = vec![None; n];
+    // f32 literals, by bit pattern: read from the code's constant pool at each use (see `Literals`), not given a
+    // uniform slot.
+    let mut lit: Vec<Option<u32>> = vec![None; n];
     for i in 0..n {
         if !needed[i] {
             continue;
@@ -127,6 +131,10 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
         };
         let v = match &roles[i] {
             Role::Other => return None,
+            Role::Uniform if inst.dtype == DType::F32 && literal(&inst.op).is_some() => {
+                lit[i] = literal(&inst.op);
+                continue;
+            }
             Role::Uniform => {
                 if !(floaty(inst.dtype) || inst.dtype == DType::Bool) {
                     // Only feeds other uniform values (a cast), or an unsupported use caught below.
@@ -163,8 +171,10 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
             }
             Role::Position { .. } => return None,
             Role::Computed => {
-                let get = |j: usize| val[j];
-                let f32_of = |j: usize| floaty(k.outer[j].dtype).then(|| val[j]).flatten();
+                let lits = Literals { val: &val, lit: &lit };
+                let get = |ep: &mut Epilogue, j: usize| lits.value(ep, j);
+                let f32_of =
+                    |ep: &mut Epilogue, j: usize| floaty(k.outer[j].dtype).then(|| lits.value(ep, j)).flatten();
                 let bool_of = |j: usize| (k.outer[j].dtype == DType::Bool).then(|| val[j]).flatten();
                 // A bf16 result is rounded where the op's f32 result may not be a bf16 value.
                 let rounded = |ep: &mut Epilogue, x: usize| {
@@ -173,12 +183,24 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
                 match (&inst.op, inst.dtype) {
                     (InstOp::Acc, DType::F32) => push(&mut ep, EpInst::Acc),
                     (InstOp::Binary(op, a, b), d) if floaty(d) => {
-                        let (x, y) = (f32_of(*a)?, f32_of(*b)?);
-                        let r = push(&mut ep, EpInst::Bin(float_bin(*op)?, x, y));
+                        let op = float_bin(*op)?;
+                        // A literal operand is the op's memory operand: on the right, or on the left of an op
+                        // that commutes (IEEE `+` and `*` do, bit for bit, unless both operands are NaN).
+                        let commutes = |k: u32| matches!(op, VBin::Add | VBin::Mul) && !f32::from_bits(k).is_nan();
+                        let e = match (lit[*a], lit[*b]) {
+                            (_, Some(kb)) => EpInst::BinK(op, f32_of(&mut ep, *a)?, kb),
+                            (Some(ka), None) if commutes(ka) => EpInst::BinK(op, f32_of(&mut ep, *b)?, ka),
+                            _ => {
+                                let x = f32_of(&mut ep, *a)?;
+                                EpInst::Bin(op, x, f32_of(&mut ep, *b)?)
+                            }
+                        };
+                        let r = push(&mut ep, e);
                         rounded(&mut ep, r)
                     }
                     (InstOp::Binary(op, a, b), DType::Bool) if floaty(k.outer[*a].dtype) => {
-                        let (x, y) = (f32_of(*a)?, f32_of(*b)?);
+                        let x = f32_of(&mut ep, *a)?;
+                        let y = f32_of(&mut ep, *b)?;
                         let p = match op {
                             BinaryOp::Lt => pred::LT_OQ,
                             BinaryOp::Le => pred::LE_OQ,
@@ -227,11 +249,14 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
                         push(&mut ep, EpInst::Bin(op, x, y))
                     }
                     (InstOp::Where(c, a, b), d) if floaty(d) => {
-                        let (m, t, f) = (bool_of(*c)?, f32_of(*a)?, f32_of(*b)?);
+                        let m = bool_of(*c)?;
+                        let t = f32_of(&mut ep, *a)?;
+                        let f = f32_of(&mut ep, *b)?;
                         push(&mut ep, EpInst::Select { mask: m, t, f })
                     }
                     (InstOp::Unary(u, a), d) if floaty(d) => {
-                        let r = push_float_unary(&mut ep.program, *u, f32_of(*a)?)?;
+                        let x = f32_of(&mut ep, *a)?;
+                        let r = push_float_unary(&mut ep.program, *u, x)?;
                         // Negation and absolute value of a bf16 value are bf16 values.
                         if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { rounded(&mut ep, r) }
                     }
@@ -240,7 +265,7 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
                     }
                     (InstOp::Cast(a), d) if floaty(d) && floaty(k.outer[*a].dtype) => {
                         // Widening bf16 is exact; narrowing to bf16 rounds.
-                        let x = get(*a)?;
+                        let x = get(&mut ep, *a)?;
                         if k.outer[*a].dtype == DType::F32 { rounded(&mut ep, x) } else { x }
                     }
                     _ => return None,
@@ -249,8 +274,40 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
         };
         val[i] = Some(v);
     }
-    ep.program.result = val[k.result]?;
+    ep.program.result = Literals { val: &val, lit: &lit }.value(&mut ep, k.result)?;
     (ep.uniforms.len() <= MAX_UNIFORMS).then_some(ep)
+}
+
+/// The f32 literal an outer instruction is (a constant of the kernel IR), as its bit pattern.
+fn literal(op: &InstOp) -> Option<u32> {
+    match *op {
+        InstOp::Const(Scalar::Float(x)) => Some(f32_bits(x)),
+        // As the host rounds an integer uniform (`Uniforms::for_launch`).
+        InstOp::Const(Scalar::Int(x)) => Some((x as f32).to_bits()),
+        _ => None,
+    }
+}
+
+/// The values translated so far, and the f32 literals, which are not values of the program until a use reads one.
+/// A literal is uniform over the launch, but a uniform slot is a register for the whole of a generated elementwise
+/// kernel (`cpu/wide.rs` hoists its uniforms out of the loop) or a temporary from its first use to its last in a GEMM
+/// tile, where a literal read at its use costs nothing: it is the memory operand of the op that reads it
+/// (`EpInst::BinK`), or a `Const` loaded just before that use. So a long program (a GELU's gradient reads six
+/// literals) fits the registers a tile or an unrolled loop leaves. The same value either way: the host evaluates a
+/// uniform literal with the same f64-to-f32 rounding.
+struct Literals<'a> {
+    val: &'a [Option<usize>],
+    lit: &'a [Option<u32>],
+}
+
+impl Literals<'_> {
+    /// Value `j` in the program: a literal is appended as a `Const` for this use.
+    fn value(&self, ep: &mut Epilogue, j: usize) -> Option<usize> {
+        match self.lit[j] {
+            Some(bits) => Some(push_inst(&mut ep.program, EpInst::Const(bits))),
+            None => self.val[j],
+        }
+    }
 }
 
 /// The register of i32 value `j` for an int op: its load or position, or a launch-uniform i32 (a class index read
