@@ -6,6 +6,10 @@
 //! the Cranelift path, in a child process with `KILN_ELEMENTWISE=clif`, so that each accumulator, each loop and
 //! each way of combining them is exercised on both.
 //!
+//! Column sums (`[rows, cols] -> [cols]`, a bias gradient) run the other way: a Cranelift kernel vectorized along
+//! its output, strips of 8 vectors (32 columns) walking down the rows, then single vectors, then scalars
+//! (`TileConfig::column_vecs`); every width from 1 to 70 reaches each of those loops.
+//!
 //! Exact comparisons, no tolerance: the data are small integers, so every partial sum is exact in f32 and every
 //! summation order gives the same bits, and max/min do not depend on the order at all. NaN and infinities sit at
 //! positions that move across the accumulators from row to row. Zeros are left out of the max/min rows: the sign
@@ -155,6 +159,46 @@ fn row_sums_maxima_and_minima_of_every_length() {
         let s = rows(11, 1, seed + 3000, false);
         check(&format!("weighted sum, len {len}"), &(&x * &w).sum([-1], false), len, None);
         check(&format!("scaled max, len {len}"), &(&nz * &s).max([-1], true), len, Some(false));
+    }
+}
+
+/// Sums, maxima, minima and products summed down the columns of `[rows, cols]`, every width from 1 to 70 and a few
+/// wide ones, against the interpreter, exactly: each column's strip, single vector or scalar tail folds its rows in
+/// order. The reduction runs along the rows, so it is vectorized along its output, not along its reduce loop.
+#[test]
+fn column_sums_maxima_and_minima_of_every_width() {
+    let widths: Vec<usize> = (1..=70).chain([127, 128, 129, 300]).collect();
+    for (i, &cols) in widths.iter().enumerate() {
+        for n in [1, 5, 64] {
+            let seed = 5000 + 10 * i as u64 + n as u64;
+            let x = rows(n, cols, seed, true);
+            let nz = rows(n, cols, seed + 1000, false);
+            let y = rows(n, cols, seed + 2000, true);
+            for (what, out) in [
+                ("sum", x.sum([0], false)),
+                ("max", nz.max([0], false)),
+                ("min", nz.min([0], false)),
+                ("product sum", (&x * &y).sum([0], false)),
+            ] {
+                let name = format!("{what} over {n} rows, {cols} columns");
+                let cap = kiln::capture(&[&out]).unwrap();
+                let plan = schedule_with(&cap.graph, ScheduleOptions::default());
+                let k = plan.launches.last().expect("a launch").kernel.clone().without_unit_loops();
+                if n > 1 && cols >= 4 {
+                    assert!(!kiln_jit::render::clif::reduce_vectorizable(&k), "{name}: vectorized along rows:\n{k}");
+                }
+                let want = cap.reference().unwrap().remove(0);
+                // Under the lock: a reduction over one row is a copy, which may build an 8-lane kernel, and the
+                // other tests count the builds of their own kernels.
+                let got = {
+                    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    out.to_host().unwrap()
+                };
+                if let Err(e) = compare(&got, &want, Tol::EXACT) {
+                    panic!("{name}: {e}\n{k}");
+                }
+            }
+        }
     }
 }
 

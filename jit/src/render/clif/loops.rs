@@ -90,14 +90,21 @@ impl Emitter<'_> {
         );
     }
 
-    /// The steps of the innermost loop as (columns per step, vectors, lanes): two vectors at a time (two
-    /// independent dependency chains for the out-of-order core; in a GEMM, a 4 x 8 register tile), one vector,
-    /// then scalars. Bodies that can never run for this extent are not rendered, and an elementwise kernel of fewer
+    /// The steps of the innermost loop as (columns per step, vectors, lanes): several vectors at a time
+    /// (independent dependency chains for the out-of-order core; in a GEMM, a 4 x 8 register tile; in a column sum,
+    /// whole cache lines per row), one vector, then scalars. Bodies that can never run for this extent are not rendered, and an elementwise kernel of fewer
     /// than [`UNROLL_MIN_ELEMENTS`] elements gets no unrolled body.
     pub(super) fn col_steps(&self) -> Vec<(usize, usize, usize)> {
         let innermost = self.k.out_extents.last().copied().unwrap_or(0);
         let mut steps = Vec::with_capacity(3);
-        let vecs = if self.k.reduce.is_some() { self.tile_cfg.vecs } else { self.tile_cfg.elementwise_vecs }.max(1);
+        let vecs = match (&self.k.reduce, self.tiled) {
+            (None, _) => self.tile_cfg.elementwise_vecs,
+            (Some(_), true) => self.tile_cfg.vecs,
+            (Some(_), false) if self.k.rows.is_empty() => self.tile_cfg.column_vecs,
+            // A row kernel: one vector of a row's elements at a time, each with its rows' reductions.
+            (Some(_), false) => self.tile_cfg.vecs,
+        }
+        .max(1);
         let small = self.k.reduce.is_none() && self.k.out_extents.iter().product::<usize>() < UNROLL_MIN_ELEMENTS;
         if self.vec_ok && vecs > 1 && innermost >= vecs * LANES && !small {
             steps.push((vecs * LANES, vecs, LANES));

@@ -55,8 +55,9 @@ pub use libcall::Libcall;
 /// 8: a masked load whose ranges do not move along the vector is one vector load. 9: one whose affine ranges
 /// move along it is a vector load where the whole vector is inside. 10: a gather with one index for every lane
 /// along its row is one check and one vector load, and a reduction that gathers so vectorizes along its reduce loop.
-/// 11: an elementwise kernel of fewer than `loops::UNROLL_MIN_ELEMENTS` elements has no unrolled body.
-pub const REVISION: u32 = 11;
+/// 11: an elementwise kernel of fewer than `loops::UNROLL_MIN_ELEMENTS` elements has no unrolled body. 12: a
+/// column sum walks strips of `TileConfig::column_vecs` vectors.
+pub const REVISION: u32 = 12;
 
 /// The kernel entry signature.
 pub fn kernel_signature(call_conv: CallConv) -> Signature {
@@ -127,6 +128,11 @@ pub struct TileConfig {
     /// Vectors per iteration of a kernel without a reduction: independent dependency chains for the out-of-order
     /// core (a polynomial sin is one long chain per vector).
     pub elementwise_vecs: usize,
+    /// Vectors per strip of an untiled reduction vectorized along its output (a column sum, `[rows, cols] ->
+    /// [cols]`, as a bias gradient is): each strip walks the reduce loop down the rows, so a strip of 2 vectors
+    /// used half of each 64-byte line it fetched per row (the other half a strip later, by then out of L1) and
+    /// kept two add chains; 8 vectors read two whole lines a row and keep eight.
+    pub column_vecs: usize,
 }
 
 impl Default for TileConfig {
@@ -134,7 +140,7 @@ impl Default for TileConfig {
     /// K = 1024 f32 are 256 KiB, which stays in L2. Six vectors per elementwise iteration: measured on
     /// `sin(a)^2 * b + c` over 16M f32 (bench_table), 2 -> 19.2 ms, 4 -> 18.0, 6 -> 17.4, 8 -> 17.1-18.6.
     fn default() -> Self {
-        TileConfig { rows: 4, vecs: 2, block_rows: 64, elementwise_vecs: 6 }
+        TileConfig { rows: 4, vecs: 2, block_rows: 64, elementwise_vecs: 6, column_vecs: 8 }
     }
 }
 
