@@ -92,8 +92,8 @@ impl Emitter<'_> {
 
     /// The steps of the innermost loop as (columns per step, vectors, lanes): several vectors at a time
     /// (independent dependency chains for the out-of-order core; in a GEMM, a 4 x 8 register tile; in a column sum,
-    /// whole cache lines per row), one vector, then scalars. Bodies that can never run for this extent are not rendered, and an elementwise kernel of fewer
-    /// than [`UNROLL_MIN_ELEMENTS`] elements gets no unrolled body.
+    /// whole cache lines per row), one vector, then scalars. Bodies that can never run for this extent are not
+    /// rendered, and an elementwise kernel of fewer than [`UNROLL_MIN_ELEMENTS`] elements gets no unrolled body.
     pub(super) fn col_steps(&self) -> Vec<(usize, usize, usize)> {
         let innermost = self.k.out_extents.last().copied().unwrap_or(0);
         let mut steps = Vec::with_capacity(3);
