@@ -4,7 +4,7 @@
 //! Tests that draw random numbers (`Linear::new`, `Dropout`, `manual_seed`) need no lock: each test runs on its own
 //! thread, and each thread has its own default generator.
 
-// Every body runs on the CPU (cargo feature `cpu`); `op_table.rs` holds every device to the same ops.
+// Every body runs on the CPU (cargo feature `cpu`); `tests/op_table/` holds every device to the same ops.
 #![cfg(feature = "cpu")]
 
 mod test_cache;
