@@ -185,6 +185,7 @@ fn column_sums_maxima_and_minima_of_every_width() {
                 let plan = schedule_with(&cap.graph, ScheduleOptions::default());
                 let k = plan.launches.last().expect("a launch").kernel.clone().without_unit_loops();
                 if n > 1 && cols >= 4 {
+                    assert!(kiln_jit::render::clif::vectorizable(&k), "{name}: not vectorized:\n{k}");
                     assert!(!kiln_jit::render::clif::reduce_vectorizable(&k), "{name}: vectorized along rows:\n{k}");
                 }
                 let want = cap.reference().unwrap().remove(0);
