@@ -129,12 +129,14 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
             ep.program.insts.push(e);
             ep.program.insts.len() - 1
         };
+        if matches!(roles[i], Role::Uniform)
+            && let Some(bits) = literal(inst)
+        {
+            lit[i] = Some(bits);
+            continue;
+        }
         let v = match &roles[i] {
             Role::Other => return None,
-            Role::Uniform if inst.dtype == DType::F32 && literal(&inst.op).is_some() => {
-                lit[i] = literal(&inst.op);
-                continue;
-            }
             Role::Uniform => {
                 if !(floaty(inst.dtype) || inst.dtype == DType::Bool) {
                     // Only feeds other uniform values (a cast), or an unsupported use caught below.
@@ -278,9 +280,12 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
     (ep.uniforms.len() <= MAX_UNIFORMS).then_some(ep)
 }
 
-/// The f32 literal an outer instruction is (a constant of the kernel IR), as its bit pattern.
-fn literal(op: &InstOp) -> Option<u32> {
-    match *op {
+/// The f32 literal an outer instruction is (an f32 constant of the kernel IR), as its bit pattern.
+fn literal(inst: &Inst) -> Option<u32> {
+    if inst.dtype != DType::F32 {
+        return None;
+    }
+    match inst.op {
         InstOp::Const(Scalar::Float(x)) => Some(f32_bits(x)),
         // As the host rounds an integer uniform (`Uniforms::for_launch`).
         InstOp::Const(Scalar::Int(x)) => Some((x as f32).to_bits()),
