@@ -37,6 +37,23 @@ fn a_fused_graph_matches_the_cpu() {
     }
 }
 
+/// Plans replay as CUDA graphs from their second run (unless `KILN_CUDA_GRAPHS=0`): each run's results match the
+/// CPU, and the graphs were built and launched.
+#[test]
+fn replayed_plans_match_the_cpu_as_cuda_graphs() {
+    if let Some(dev) = common::cuda_device() {
+        let (built, launched, _) = kiln_backends::graph_counts();
+        gpu_open::replayed_plans_match_the_cpu(&dev);
+        if std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0" && v != "off") {
+            let (b, l, _) = kiln_backends::graph_counts();
+            assert!(
+                b > built && l >= launched + 4,
+                "runs 2 to 5 replay as CUDA graphs: {built}->{b} built, {launched}->{l} launched"
+            );
+        }
+    }
+}
+
 /// NCCL (feature `nccl`) is opened at run time: where it is missing (CI) asking for it is an error that says what
 /// to install, never a panic.
 #[cfg(feature = "nccl")]

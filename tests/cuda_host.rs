@@ -544,3 +544,83 @@ fn the_gpu_plan_runs_the_corpus_on_a_host_stand_in() {
         other => panic!("an index out of range must fail the run: {other:?}"),
     }
 }
+
+/// A GPU plan replays as a graph from its second run (the CUDA device's graphs, `kiln_backends`' GPU plan): the
+/// host stand-in's graph keeps the parameters it was built or patched with, as a CUDA graph does, so a node the plan
+/// forgets to patch reads the previous run's buffers. Every run gets new input buffers holding new values; each
+/// output must equal, bit for bit, the same plan launched one by one (`HostGpu::without_graphs`) and match the
+/// interpreter. Then a gather out of range in a replay must fail that run, and the next run (the pinned fault record
+/// zeroed again) must pass.
+#[test]
+fn graph_replays_equal_launches_one_by_one() {
+    use kiln_backends::{Backend, BackendError, Buffer, HostGpu, graph_counts};
+    let Some(cxx) = cxx() else { return };
+    let dev = Device::cpu();
+    let (graphs, plain) = (HostGpu::new(&cxx), HostGpu::without_graphs(&cxx));
+    let x = Tensor::from_vec((0..600).map(|i| (i as f32 * 0.13).sin()).collect(), [20, 30], &dev).expect("x");
+    let w = Tensor::from_vec((0..300).map(|i| (i as f32 * 0.07).cos()).collect(), [30, 10], &dev).expect("w");
+    let idx = Tensor::from_vec(vec![1i32, 29, 7], [3], &dev).expect("idx");
+    let e = x.exp();
+    // Temps, a GEMM with an epilogue, random numbers, a passthrough output and a gather: every kind of parameter.
+    let outs = [
+        (x.tanh().matmul(&w) + 1.0).relu().sum(1, false),
+        e.softmax(-1),
+        kiln::nn::functional::dropout(&x, 0.5, true),
+        x.clone(),
+        x.index_select(1, &idx).exp(),
+    ];
+    let cap = kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture");
+    let (eg, ep) = (graphs.compile(&cap.graph).expect("compiles"), plain.compile(&cap.graph).expect("compiles"));
+    let (built, launched, patched) = graph_counts();
+    // Every round's buffers stay alive, so a stale node reads old values (a clean failure) rather than freed memory.
+    let mut kept: Vec<Vec<Buffer>> = Vec::new();
+    for round in 0..5 {
+        let mut inputs: Vec<HostBuffer> = cap
+            .inputs
+            .iter()
+            .map(|h| match h {
+                HostBuffer::F32(v) => {
+                    HostBuffer::F32(v.iter().map(|x| x * (1.0 + 0.25 * round as f32) - 0.1).collect())
+                }
+                other => other.clone(),
+            })
+            .collect();
+        let bad = round == 3;
+        if bad {
+            for h in &mut inputs {
+                if let HostBuffer::I32(v) = h {
+                    *h = HostBuffer::I32(v.iter().map(|_| 30).collect());
+                }
+            }
+        }
+        let up =
+            |gpu: &HostGpu| -> Vec<Buffer> { inputs.iter().map(|h| gpu.upload(h.clone()).expect("upload")).collect() };
+        let (ig, ip) = (up(&graphs), up(&plain));
+        let got = eg.run(&ig.iter().collect::<Vec<_>>(), &cap.rng);
+        if bad {
+            match got {
+                Err(BackendError::Fault { fault, .. }) => assert_eq!(fault, Fault::Index { len: 30, index: 30 }),
+                other => panic!("round {round}: an index out of range must fail the replay: {other:?}"),
+            }
+            kept.push(ig);
+            continue;
+        }
+        let got = got.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let want = ep.run(&ip.iter().collect::<Vec<_>>(), &cap.rng).expect("launched one by one");
+        let refs: Vec<&HostBuffer> = inputs.iter().collect();
+        let oracle = kiln_jit::interp::run(&cap.graph, &refs, &cap.rng).expect("the interpreter");
+        for (o, ((g, p), r)) in got.iter().zip(&want).zip(&oracle).enumerate() {
+            let (g, p) = (graphs.download(g).expect("download"), plain.download(p).expect("download"));
+            // Debug text tells -0.0 from 0.0 and shows NaNs, which `==` would not.
+            assert_eq!(format!("{g:?}"), format!("{p:?}"), "round {round}, output {o}: replay vs one by one");
+            compare(&g, r, tol(r.dtype(), Kind::Accumulate))
+                .unwrap_or_else(|e| panic!("round {round}, output {o} against the interpreter: {e}"));
+        }
+        kept.push(ig);
+        kept.push(got);
+    }
+    let (b, l, p) = graph_counts();
+    assert!(b > built, "the second run builds the plan's graph");
+    assert!(l >= launched + 3, "rounds 1, 2 and 4 launch the graph (round 3 too, before its fault is read)");
+    assert!(p > patched, "new input and output buffers each round patch the nodes that read them");
+}

@@ -42,6 +42,13 @@ fn a_fused_graph_matches_the_cpu() {
     }
 }
 
+#[test]
+fn replayed_plans_match_the_cpu() {
+    if let Some(dev) = common::hip_device() {
+        gpu_open::replayed_plans_match_the_cpu(&dev);
+    }
+}
+
 /// The device's architecture is read from the runtime's properties struct at a fixed offset (no ROCm header is
 /// needed to build kiln); this holds that offset to ROCm 5's own header where it is installed (CI installs
 /// `libamdhip64-dev` and sets `KILN_REQUIRE_HIP_HEADER=1`).

@@ -22,6 +22,8 @@ pub mod gemm_check;
 mod gpu;
 #[cfg(feature = "host-gpu")]
 pub use gpu::host::{HostGpu, HostMem};
+#[cfg(any(feature = "cuda", feature = "hip", feature = "host-gpu"))]
+pub use gpu::plan::graph_counts;
 pub mod gpu_cache;
 pub mod gpu_check;
 #[cfg(feature = "hip")]

@@ -68,3 +68,22 @@ pub fn a_fused_graph_matches_the_cpu(dev: &Device) {
         assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "cpu {a:?}\n{dev} {b:?}");
     }
 }
+
+/// The same graph run five times on `dev` with new inputs each time, against the CPU: from its second run a plan
+/// replays as a device graph where the device has them (CUDA graphs), whose nodes must follow each run's buffers.
+pub fn replayed_plans_match_the_cpu(dev: &Device) {
+    let w = |d: &Device| Tensor::from_vec((0..64 * 32).map(|i| (i as f32 * 0.37).cos() * 0.2).collect(), [64, 32], d);
+    let (wc, wd) = (w(&Device::cpu()).unwrap(), w(dev).unwrap());
+    for round in 0..5 {
+        let run = |d: &Device, w: &Tensor| {
+            let vals = (0..16 * 64).map(|i| (i as f32 * 0.01 + round as f32).sin()).collect();
+            let x = Tensor::from_vec(vals, [16, 64], d).unwrap();
+            let y = ((x.matmul(w) + 1.0).relu().softmax(-1) * 2.0).sum(1, false) + x.exp().mean(1, false);
+            y.to_vec::<f32>().unwrap()
+        };
+        let (a, b) = (run(&Device::cpu(), &wc), run(dev, &wd));
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "run {round}: cpu {a:?}\n{dev} {b:?}");
+        }
+    }
+}

@@ -29,21 +29,27 @@
 //! over cudarc. f32 matmuls run as the shared tiled GEMM template (shared-memory staging, 4 x 4 register tiles) in
 //! one default tile (`gpu_cache::render`); other dtypes as the generic reduction kernel.
 //!
+//! Replays: from its second run a plan launches as one CUDA graph (`gpu::plan`'s module doc), built from explicit
+//! kernel nodes (`cuGraphAddKernelNode`, each after the one before) rather than stream capture, and patched per run
+//! with `cuGraphExecKernelNodeSetParams` where a node's buffers changed. `KILN_CUDA_GRAPHS=0` launches one by one
+//! (to bisect, and to measure what graphs save).
+//!
 //! Deliberately not done yet (issue 21's later points): tuning the tile, tensor-core (`mma.sync`) tiles for
-//! f16/bf16/TF32, split K, cuBLASLt in the race, CUDA graphs for replays, and buffer donation (the CUDA kernels' parameters are
+//! f16/bf16/TF32, split K, cuBLASLt in the race, and buffer donation (the CUDA kernels' parameters are
 //! `__restrict__`, so an output may not alias an input). The routines (scatter-sum, LU, Cholesky, triangular
 //! solves) render as every other kernel.
 
 #[cfg(feature = "nccl")]
 pub mod nccl;
 
-use crate::gpu::Driver;
+use crate::gpu::{Driver, Node};
 use crate::{Backend, BackendError, Buffer, Executable};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, sys};
 use kiln_jit::render::cuda::{Flavor, GpuKernel};
 use kiln_jit::{DType, Graph, HostBuffer};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
 const NAME: &str = "cuda";
@@ -67,6 +73,8 @@ pub(crate) struct Ctx {
     pool: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
     /// Loaded kernels by rendered source (compared whole: two kernels never share a function by collision).
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Whether plans replay as CUDA graphs (`gpu::plan`): on unless `KILN_CUDA_GRAPHS=0`.
+    graphs: bool,
 }
 
 type Opened = Mutex<HashMap<usize, Result<&'static CudaBackend, String>>>;
@@ -107,6 +115,7 @@ fn init(ordinal: usize) -> Result<CudaBackend, String> {
             arch,
             pool: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0" && v != "off"),
         }),
     })
 }
@@ -276,6 +285,110 @@ impl Driver for Ctx {
         // this device covering what the kernel indexes.
         unsafe { args.launch(cfg) }.map(|_| ()).map_err(|e| e.to_string())
     }
+
+    type Graph = CudaGraph;
+
+    fn graphs(&self) -> bool {
+        self.graphs
+    }
+
+    unsafe fn graph_build(&self, nodes: &[Node<'_, CudaFunction>]) -> Result<CudaGraph, String> {
+        let context = self.stream.context().clone();
+        context.bind_to_thread().map_err(|e| e.to_string())?;
+        let mut g = CudaGraph { context, graph: std::ptr::null_mut(), exec: std::ptr::null_mut(), nodes: Vec::new() };
+        // SAFETY: creates an empty graph into `g.graph` (dropped with `g` on any error below).
+        unsafe { sys::cuGraphCreate(&mut g.graph, 0) }.result().map_err(|e| format!("cuGraphCreate: {e}"))?;
+        for n in nodes {
+            let mut node = std::ptr::null_mut();
+            let deps: &[sys::CUgraphNode] = g.nodes.last().map_or(&[], std::slice::from_ref);
+            let mut words = n.params.to_vec();
+            let mut ptrs = pointers(&mut words);
+            let params = kernel_params(n, &mut ptrs);
+            // SAFETY: `params` names a function of this context and points at `words`, one 8-byte device address
+            // per kernel parameter (the caller's contract); the driver copies the values before returning.
+            unsafe { sys::cuGraphAddKernelNode_v2(&mut node, g.graph, deps.as_ptr(), deps.len(), &params) }
+                .result()
+                .map_err(|e| format!("cuGraphAddKernelNode: {e}"))?;
+            g.nodes.push(node);
+        }
+        // SAFETY: `g.graph` is the graph just built.
+        g.exec = unsafe { cudarc::driver::result::graph::instantiate(g.graph, sys::CUgraphInstantiate_flags(0)) }
+            .map_err(|e| format!("cuGraphInstantiate: {e}"))?;
+        Ok(g)
+    }
+
+    unsafe fn graph_set(&self, g: &mut CudaGraph, i: usize, n: &Node<'_, CudaFunction>) -> Result<(), String> {
+        let node = *g.nodes.get(i).ok_or_else(|| format!("the graph has no node {i}"))?;
+        g.context.bind_to_thread().map_err(|e| e.to_string())?;
+        let mut words = n.params.to_vec();
+        let mut ptrs = pointers(&mut words);
+        let params = kernel_params(n, &mut ptrs);
+        // SAFETY: node `i` of `g.exec` launches the same function with the same grid and block (the caller's
+        // contract); the driver copies the new parameter values and applies them from the next launch of the graph.
+        unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &params) }
+            .result()
+            .map_err(|e| format!("cuGraphExecKernelNodeSetParams: {e}"))
+    }
+
+    unsafe fn graph_launch(&self, g: &CudaGraph) -> Result<(), String> {
+        g.context.bind_to_thread().map_err(|e| e.to_string())?;
+        // SAFETY: `g.exec` is an instantiated graph of this context; the caller guarantees its parameters are live.
+        unsafe { cudarc::driver::result::graph::launch(g.exec, self.stream.cu_stream()) }
+            .map_err(|e| format!("cuGraphLaunch: {e}"))
+    }
+}
+
+/// A plan's CUDA graph: the graph, its executable instance and its kernel nodes in launch order.
+pub(crate) struct CudaGraph {
+    context: Arc<CudaContext>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    nodes: Vec<sys::CUgraphNode>,
+}
+
+// SAFETY: the handles are plain driver objects with no thread affinity (the context is bound before each call);
+// CUDA asks that calls on one graph be serialized, which the plan's lock on its replay state does.
+unsafe impl Send for CudaGraph {}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        let _ = self.context.bind_to_thread();
+        // A queued launch of the graph must end before the graph goes (the one wait a dropped plan costs).
+        // SAFETY: waits for the context bound just above; no handle involved.
+        let _ = unsafe { sys::cuCtxSynchronize() }.result();
+        if !self.exec.is_null() {
+            // SAFETY: instantiated by `graph_build` and destroyed only here.
+            let _ = unsafe { cudarc::driver::result::graph::exec_destroy(self.exec) };
+        }
+        if !self.graph.is_null() {
+            // SAFETY: created by `graph_build` and destroyed only here (its nodes with it).
+            let _ = unsafe { cudarc::driver::result::graph::destroy(self.graph) };
+        }
+    }
+}
+
+/// The driver's description of kernel node `n`, whose parameter values are at `ptrs` (one pointer per value).
+fn kernel_params(n: &Node<'_, CudaFunction>, ptrs: &mut [*mut c_void]) -> sys::CUDA_KERNEL_NODE_PARAMS {
+    sys::CUDA_KERNEL_NODE_PARAMS {
+        func: n.function.cu_function(),
+        gridDimX: n.grid.0,
+        gridDimY: n.grid.1,
+        gridDimZ: 1,
+        blockDimX: n.block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        kernelParams: ptrs.as_mut_ptr(),
+        extra: std::ptr::null_mut(),
+        // Read only when `func` is null.
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    }
+}
+
+/// Pointers to each of `words`, as the driver takes kernel parameters.
+fn pointers(words: &mut [u64]) -> Vec<*mut c_void> {
+    words.iter_mut().map(|w| (w as *mut u64).cast::<c_void>()).collect()
 }
 
 impl Backend for CudaBackend {

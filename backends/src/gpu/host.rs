@@ -6,7 +6,7 @@
 //! on a machine without a GPU (`tests/gpu_plan_host.rs`). What the shim cannot stand in for (the device's math
 //! library, its memory model, timing) is in `host.rs`'s doc; this adds nothing a GPU driver does beyond the plan.
 
-use super::Driver;
+use super::{Driver, Node};
 use crate::{Backend, BackendError, Buffer, Executable};
 use kiln_jit::render::cuda::{Flavor, GpuKernel, host};
 use kiln_jit::{DType, Graph, HostBuffer};
@@ -32,6 +32,8 @@ pub(crate) struct Ctx {
     /// Where the kernels' libraries are written (removed with the device).
     dir: std::path::PathBuf,
     functions: Mutex<HashMap<String, Arc<Loaded>>>,
+    /// Whether plans replay as graphs, as on a CUDA device.
+    graphs: bool,
 }
 
 /// A kernel's driver in its plan's library.
@@ -77,15 +79,25 @@ impl std::fmt::Debug for HostMem {
 }
 
 impl HostGpu {
-    /// A stand-in GPU whose kernels `cxx` (a C++20 compiler) compiles.
+    /// A stand-in GPU whose kernels `cxx` (a C++20 compiler) compiles; its plans replay as graphs from their second
+    /// run, as a CUDA device's do.
     pub fn new(cxx: &str) -> HostGpu {
+        HostGpu::with(cxx, true)
+    }
+
+    /// The same stand-in whose plans launch one by one in every run (no graph replays), to compare with.
+    pub fn without_graphs(cxx: &str) -> HostGpu {
+        HostGpu::with(cxx, false)
+    }
+
+    fn with(cxx: &str, graphs: bool) -> HostGpu {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "kiln-host-gpu-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions: Mutex::new(HashMap::new()) }) }
+        HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions: Mutex::new(HashMap::new()), graphs }) }
     }
 }
 
@@ -211,6 +223,32 @@ impl Driver for Ctx {
         // SAFETY: the caller's contract (`Driver::launch`): `params` are the kernel's buffers in its order, each
         // covering what it indexes; the driver runs every thread of the grid before it returns.
         unsafe { (f.run)(args.as_mut_ptr(), grid.0, grid.1, block) };
+        Ok(())
+    }
+
+    /// The nodes with their parameters copied, as a CUDA graph holds them: a replay runs what was built or set
+    /// last, never the run's own values, so a node the plan forgot to patch reads stale buffers and the tests see it.
+    type Graph = Vec<(Arc<Loaded>, (u32, u32), u32, Vec<u64>)>;
+
+    fn graphs(&self) -> bool {
+        self.graphs
+    }
+
+    unsafe fn graph_build(&self, nodes: &[Node<'_, Arc<Loaded>>]) -> Result<Self::Graph, String> {
+        Ok(nodes.iter().map(|n| (n.function.clone(), n.grid, n.block, n.params.to_vec())).collect())
+    }
+
+    unsafe fn graph_set(&self, g: &mut Self::Graph, i: usize, node: &Node<'_, Arc<Loaded>>) -> Result<(), String> {
+        let held = g.get_mut(i).ok_or_else(|| format!("the graph has no node {i}"))?;
+        *held = (node.function.clone(), node.grid, node.block, node.params.to_vec());
+        Ok(())
+    }
+
+    unsafe fn graph_launch(&self, g: &Self::Graph) -> Result<(), String> {
+        for (f, grid, block, params) in g {
+            // SAFETY: the caller's contract (`Driver::graph_launch`): every node's parameters are live memory.
+            unsafe { self.launch(f, *grid, *block, params) }?;
+        }
         Ok(())
     }
 }

@@ -6,7 +6,7 @@
 
 #[cfg(feature = "host-gpu")]
 pub mod host;
-pub(crate) mod plan;
+pub mod plan;
 
 use crate::{BackendError, Buffer};
 use kiln_jit::render::cuda::{Flavor, GpuKernel};
@@ -56,6 +56,50 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     /// `params` must be exactly the parameters of the kernel `f` was loaded from, in order, each the address of
     /// live memory of this device holding every element the kernel indexes.
     unsafe fn launch(&self, f: &Self::Function, grid: (u32, u32), block: u32, params: &[u64]) -> Result<(), String>;
+
+    /// A plan's launches built into one graph the device replays with a single call (a CUDA graph).
+    type Graph: Send;
+    /// Whether plans replay as graphs on this device (see `plan`'s module doc). Off by default: a driver that
+    /// says yes implements the three calls below.
+    fn graphs(&self) -> bool {
+        false
+    }
+    /// An executable graph of `nodes`, each depending on the one before (stream order).
+    ///
+    /// # Safety
+    /// As `launch`, for every node: its parameters are its function's, each the address of live memory of this
+    /// device when the graph is launched.
+    unsafe fn graph_build(&self, _nodes: &[Node<'_, Self::Function>]) -> Result<Self::Graph, String> {
+        Err(format!("{} does not replay graphs", Self::NAME))
+    }
+    /// Replaces the parameters of node `i` of `g` (built from the same functions, grids and blocks) for its later
+    /// launches; launches already queued keep theirs.
+    ///
+    /// # Safety
+    /// As `graph_build`, for `node`.
+    unsafe fn graph_set(
+        &self,
+        _g: &mut Self::Graph,
+        _i: usize,
+        _node: &Node<'_, Self::Function>,
+    ) -> Result<(), String> {
+        Err(format!("{} does not replay graphs", Self::NAME))
+    }
+    /// Queues `g` on the device's stream, after everything queued before.
+    ///
+    /// # Safety
+    /// Every parameter of every node (as last built or set) is live memory of this device.
+    unsafe fn graph_launch(&self, _g: &Self::Graph) -> Result<(), String> {
+        Err(format!("{} does not replay graphs", Self::NAME))
+    }
+}
+
+/// One kernel launch, as a graph node.
+pub(crate) struct Node<'a, F> {
+    pub(crate) function: &'a F,
+    pub(crate) grid: (u32, u32),
+    pub(crate) block: u32,
+    pub(crate) params: &'a [u64],
 }
 
 /// A host buffer's elements as the GPU devices store them (little-endian, each in its own width: bool and u8 one

@@ -5,15 +5,34 @@
 //! when it can fault. A plan that can fault zeroes the record before its first launch and reads it back after the
 //! last (the one wait for the device such a run costs; other runs return while the GPU works).
 //!
+//! **Replays as graphs.** Where the driver has graphs (`Driver::graphs`: CUDA graphs), a plan's first run launches
+//! its kernels one by one; its second builds them into one graph (a kernel node per launch, each after the one
+//! before, as stream order had them) and every later run launches that graph with one call: the host cost of a
+//! replay no longer grows with its launches (a few microseconds each through the driver), which is what a small
+//! training step is made of. No capture API for the user: the training loop stays plain code.
+//!
+//! Nodes are built explicitly, not captured from the stream, which sidesteps stream capture's pitfalls (no
+//! allocation or synchronizing call may happen inside a capture; cudarc's event tracking must be off while
+//! capturing). The graph owns no memory: a run's inputs and outputs are new buffers each time, so before each
+//! launch the nodes whose parameters changed are patched in place (`Driver::graph_set`, which leaves queued
+//! launches alone), never re-captured. The plan's own scratch (temps, the rng keys' buffer, the fault record) is
+//! pinned while it replays: allocated once, kept between runs, so the nodes that touch only scratch are never
+//! patched. That costs the plan its temps' memory between runs (as PyTorch's graph memory pools do), and
+//! serializes runs of one plan (a lock held from the start of a run to its launch), which the device's one stream
+//! does anyway. Buffers the pool hands out later never alias the pinned scratch: it is not returned to the pool.
+//! A graph the driver cannot build is said once and the plan launches one by one from then on.
+//!
 //! No donations: the kernels' parameters are `__restrict__`, so an output may not alias an input.
 
-use super::Driver;
+use super::{Driver, Node};
 use crate::plan_run::{DevicePlan, Place, PlanShape, Planned, Run};
 use crate::{BackendError, Buffer, Executable};
 use kiln_jit::kernel::{FAULT_WORDS, Fault, KernelPlan, Slot};
 use kiln_jit::{DType, Graph, RngKey};
+use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 struct CompiledLaunch<F> {
     function: F,
@@ -30,9 +49,42 @@ struct GpuPlan<D: Driver> {
     launches: Vec<CompiledLaunch<D::Function>>,
     /// Bytes of each temp slot (the largest kernel output placed there).
     temps: Vec<usize>,
+    /// The launches with threads to run (an empty output launches nothing): one graph node each, in order.
+    nodes: Vec<usize>,
     uses_rng: bool,
     can_fault: bool,
+    /// Replays as a graph (see the module doc), when the driver has graphs and the plan has launches to save.
+    replay: Option<Mutex<Replay<D>>>,
 }
+
+/// A plan's replay state: how many runs began, its pinned scratch and its graph, once built.
+struct Replay<D: Driver> {
+    runs: u64,
+    scratch: Option<Scratch<D::Mem>>,
+    /// The graph and the parameters each node holds now.
+    graph: Option<(D::Graph, Vec<Params>)>,
+    /// The driver could not build the graph (said once): launches one by one from then on.
+    failed: bool,
+}
+
+type Params = SmallVec<[u64; 8]>;
+
+/// The buffers a run owns besides its inputs and outputs.
+struct Scratch<M> {
+    temps: Vec<M>,
+    /// The rng keys' buffer and its bytes.
+    rng: Option<(M, usize)>,
+    fault: Option<M>,
+}
+
+/// Graph replays since the process started: (graphs built, graph launches, nodes patched). For tests and reports.
+pub fn graph_counts() -> (u64, u64, u64) {
+    (BUILT.load(Ordering::Relaxed), LAUNCHED.load(Ordering::Relaxed), PATCHED.load(Ordering::Relaxed))
+}
+
+static BUILT: AtomicU64 = AtomicU64::new(0);
+static LAUNCHED: AtomicU64 = AtomicU64::new(0);
+static PATCHED: AtomicU64 = AtomicU64::new(0);
 
 /// Compiles `graph` for the device `ctx`: scheduled and rendered as `gpu_cache` says, every kernel's code from the
 /// store or compiled (those missing in parallel), then loaded.
@@ -75,8 +127,14 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
             can_fault: k.can_fault,
         });
     }
+    let nodes: Vec<usize> = (0..launches.len()).filter(|&i| launches[i].grid.0 != 0).collect();
+    // One launch gains nothing from a graph.
+    let replay = (ctx.graphs() && nodes.len() >= 2)
+        .then(|| Mutex::new(Replay { runs: 0, scratch: None, graph: None, failed: false }));
     Ok(Box::new(Planned(GpuPlan {
         ctx: ctx.clone(),
+        replay,
+        nodes,
         uses_rng: launches.iter().any(|l| l.uses_rng),
         can_fault: launches.iter().any(|l| l.can_fault),
         shape: PlanShape::of(&plan, Vec::new()),
@@ -85,13 +143,17 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
     })))
 }
 
-/// One run: every buffer's device address, and the buffers the run owns (temps, rng keys, fault record).
-struct GpuRun<M> {
+/// One run: every buffer's device address, and the buffers the run owns (temps, rng keys, fault record) or, when
+/// it replays the plan's graph, the plan's pinned ones and the parameters each launch recorded.
+struct GpuRun<'a, D: Driver> {
     inputs: SmallVec<[u64; 16]>,
     outputs: SmallVec<[u64; 8]>,
-    temps: Vec<M>,
-    rng: Option<M>,
-    fault: Option<M>,
+    scratch: Scratch<D::Mem>,
+    /// Replaying: the plan's replay state, held until the graph is queued; `scratch` is its pinned scratch, taken
+    /// out for the run and put back at its end.
+    replay: Option<MutexGuard<'a, Replay<D>>>,
+    /// Replaying: each launched kernel's parameters, in order (empty launches have no node).
+    recorded: Vec<Params>,
 }
 
 /// The device memory of a buffer the executor checked to be ours.
@@ -99,9 +161,115 @@ fn mem<D: Driver>(b: &Buffer) -> &D::Mem {
     D::unwrap(b).expect("the executor checked every buffer")
 }
 
+impl<D: Driver> GpuPlan<D> {
+    /// A run's scratch: the plan's pinned one when it replays (reallocated where missing or the wrong size), else
+    /// fresh; the rng keys written and the fault record zeroed, in stream order before the run's launches.
+    fn scratch(&self, pinned: Option<Scratch<D::Mem>>, rng: &[RngKey]) -> Result<Scratch<D::Mem>, BackendError> {
+        let ctx = &self.ctx;
+        let (temps, old_rng, old_fault) = match pinned {
+            Some(s) => (Some(s.temps), s.rng, s.fault),
+            None => (None, None, None),
+        };
+        let temps = match temps {
+            Some(t) => t,
+            None => self.temps.iter().map(|&n| ctx.alloc(DType::U8, n)).collect::<Result<_, _>>()?,
+        };
+        let rng = if self.uses_rng && !rng.is_empty() {
+            let words = RngKey::gpu_bytes(rng);
+            let mut b = match old_rng.filter(|(_, n)| *n == words.len()) {
+                Some((b, _)) => b,
+                None => ctx.alloc(DType::U32, words.len() / 4)?,
+            };
+            ctx.write(&mut b, &words)?;
+            Some((b, words.len()))
+        } else {
+            None
+        };
+        let fault = if self.can_fault {
+            let mut b = match old_fault {
+                Some(b) => b,
+                None => ctx.alloc(DType::I32, FAULT_WORDS)?,
+            };
+            ctx.write(&mut b, &[0u8; FAULT_WORDS * 4])?;
+            Some(b)
+        } else {
+            None
+        };
+        Ok(Scratch { temps, rng, fault })
+    }
+
+    /// Queues a replay's launches (`recorded`, one per node) as the plan's graph: built at the first replay,
+    /// patched where a node's parameters changed since. A graph the driver cannot build is said once; the launches
+    /// then go one by one, now and in later runs.
+    fn replay_graph(&self, r: &mut Replay<D>, recorded: &[Params]) -> Result<(), BackendError> {
+        let exec = |reason: String| BackendError::Execute { device: D::NAME, reason };
+        if recorded.len() != self.nodes.len() {
+            return Err(exec(format!("{} launches recorded for a graph of {}", recorded.len(), self.nodes.len())));
+        }
+        let node = |i: usize| {
+            let l = &self.launches[self.nodes[i]];
+            Node { function: &l.function, grid: l.grid, block: l.block, params: &recorded[i] }
+        };
+        match &mut r.graph {
+            Some((g, held)) => {
+                for (i, (held, now)) in held.iter_mut().zip(recorded).enumerate() {
+                    if held != now {
+                        // SAFETY: node `i` of this graph was built from launch `nodes[i]`'s function, grid and
+                        // block; `now` are that kernel's parameters for this run, live device memory as for a
+                        // plain launch (`launch`'s comment).
+                        unsafe { self.ctx.graph_set(g, i, &node(i)) }
+                            .map_err(|e| exec(format!("patching graph node {i}: {e}")))?;
+                        held.clone_from(now);
+                        PATCHED.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            None => {
+                let nodes: Vec<_> = (0..recorded.len()).map(node).collect();
+                // SAFETY: each node is a launch of this plan with this run's parameters (see `launch`).
+                match unsafe { self.ctx.graph_build(&nodes) } {
+                    Ok(g) => {
+                        r.graph = Some((g, recorded.to_vec()));
+                        BUILT.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        static SAID: std::sync::Once = std::sync::Once::new();
+                        SAID.call_once(|| {
+                            eprintln!("kiln: {} plans launch one by one: building a graph: {e}", D::NAME)
+                        });
+                        r.failed = true;
+                        for n in &nodes {
+                            // SAFETY: as a plain launch (`launch`).
+                            unsafe { self.ctx.launch(n.function, n.grid, n.block, n.params) }.map_err(exec)?;
+                        }
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        let (g, _) = r.graph.as_ref().ok_or_else(|| exec("no graph after building it".into()))?;
+        // SAFETY: every node's parameters were set from this run's buffers just above (or are unchanged since a run
+        // whose buffers are these same ones: pinned scratch, or inputs and outputs at the same addresses now).
+        unsafe { self.ctx.graph_launch(g) }.map_err(|e| exec(format!("launching the plan's graph: {e}")))?;
+        LAUNCHED.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The error the run's fault record holds, if it has one (waits for the device).
+    fn read_fault(&self, s: &Scratch<D::Mem>) -> Result<(), BackendError> {
+        if let Some(f) = &s.fault {
+            let bytes = self.ctx.read(f, FAULT_WORDS * 4)?;
+            if let Some(fault) = Fault::decode_i32_bytes(&bytes) {
+                return Err(BackendError::Fault { device: D::NAME, fault });
+            }
+        }
+        Ok(())
+    }
+}
+
 impl<D: Driver> DevicePlan for GpuPlan<D> {
     const DEVICE: &'static str = D::NAME;
-    type State<'a> = GpuRun<D::Mem>;
+    type State<'a> = GpuRun<'a, D>;
 
     fn shape(&self) -> &PlanShape {
         &self.shape
@@ -121,7 +289,7 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
         inputs: &'a [&'a Buffer],
         outputs: &mut [Buffer],
         rng: &[RngKey],
-    ) -> Result<GpuRun<D::Mem>, BackendError> {
+    ) -> Result<GpuRun<'a, D>, BackendError> {
         let ctx = &self.ctx;
         // Another GPU's memory is not this one's to read (the outputs were allocated here: this plan donates nothing).
         if inputs.iter().any(|b| !ctx.owns(mem::<D>(b))) {
@@ -132,32 +300,27 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
             let out = D::unwrap_mut(&mut outputs[o]).expect("outputs are allocated here");
             ctx.copy(mem::<D>(inputs[i]), out, bytes)?;
         }
-        let temps = self.temps.iter().map(|&n| ctx.alloc(DType::U8, n)).collect::<Result<_, _>>()?;
-        let rng = if self.uses_rng && !rng.is_empty() {
-            let words = RngKey::gpu_bytes(rng);
-            let mut b = ctx.alloc(DType::U32, words.len() / 4)?;
-            ctx.write(&mut b, &words)?;
-            Some(b)
-        } else {
-            None
-        };
-        let fault = if self.can_fault {
-            let mut b = ctx.alloc(DType::I32, FAULT_WORDS)?;
-            ctx.write(&mut b, &[0u8; FAULT_WORDS * 4])?;
-            Some(b)
-        } else {
-            None
-        };
+        // The first run launches one by one; later ones replay the graph (see the module doc).
+        let mut replay = None;
+        if let Some(r) = &self.replay {
+            let mut r = r.lock();
+            r.runs += 1;
+            if r.runs >= 2 && !r.failed {
+                replay = Some(r);
+            }
+        }
+        let pinned = replay.as_mut().and_then(|r| r.scratch.take());
+        let scratch = self.scratch(pinned, rng)?;
         Ok(GpuRun {
             inputs: inputs.iter().map(|b| D::addr(mem::<D>(b))).collect(),
             outputs: outputs.iter().map(|b| D::addr(mem::<D>(b))).collect(),
-            temps,
-            rng,
-            fault,
+            recorded: Vec::with_capacity(if replay.is_some() { self.nodes.len() } else { 0 }),
+            scratch,
+            replay,
         })
     }
 
-    fn launch(&self, st: &mut GpuRun<D::Mem>, _run: &Run, index: usize, places: &[Place]) -> Result<(), BackendError> {
+    fn launch(&self, st: &mut GpuRun<'_, D>, _run: &Run, index: usize, places: &[Place]) -> Result<(), BackendError> {
         let l = &self.launches[index];
         if l.grid.0 == 0 {
             return Ok(()); // an empty output: nothing to compute
@@ -165,17 +328,21 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
         let addr = |p: Place| match p {
             Place::Input(i) => st.inputs[i],
             Place::Output(o) => st.outputs[o],
-            Place::Temp(t) => D::addr(&st.temps[t]),
+            Place::Temp(t) => D::addr(&st.scratch.temps[t]),
         };
         let exec = |reason: &str| BackendError::Execute { device: D::NAME, reason: reason.into() };
-        let mut params: SmallVec<[u64; 16]> = places.iter().map(|&p| addr(p)).collect();
+        let mut params: Params = places.iter().map(|&p| addr(p)).collect();
         if l.uses_rng {
-            let r = st.rng.as_ref().ok_or_else(|| exec("random kernel without rng keys"))?;
+            let (r, _) = st.scratch.rng.as_ref().ok_or_else(|| exec("random kernel without rng keys"))?;
             params.push(D::addr(r));
         }
         if l.can_fault {
-            let f = st.fault.as_ref().ok_or_else(|| exec("gathering kernel without a fault record"))?;
+            let f = st.scratch.fault.as_ref().ok_or_else(|| exec("gathering kernel without a fault record"))?;
             params.push(D::addr(f));
+        }
+        if st.replay.is_some() {
+            st.recorded.push(params);
+            return Ok(());
         }
         // SAFETY: the function was compiled from the dialect's rendering of this launch's kernel, whose parameters
         // are exactly these device addresses in this order (inputs, output, rng keys, fault record), each a live
@@ -185,13 +352,13 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
             .map_err(|e| exec(&format!("launching {index}: {e}")))
     }
 
-    fn finish(&self, st: GpuRun<D::Mem>, _outputs: &mut [Buffer]) -> Result<(), BackendError> {
-        if let Some(f) = &st.fault {
-            let bytes = self.ctx.read(f, FAULT_WORDS * 4)?;
-            if let Some(fault) = Fault::decode_i32_bytes(&bytes) {
-                return Err(BackendError::Fault { device: D::NAME, fault });
-            }
-        }
-        Ok(())
+    fn finish(&self, st: GpuRun<'_, D>, _outputs: &mut [Buffer]) -> Result<(), BackendError> {
+        let GpuRun { scratch, replay, recorded, .. } = st;
+        let Some(mut replay) = replay else { return self.read_fault(&scratch) };
+        let queued = self.replay_graph(&mut replay, &recorded);
+        let faulted = queued.and_then(|()| self.read_fault(&scratch));
+        // Pinned for the next run (after an error too: nothing of it is left in an unknown state).
+        replay.scratch = Some(scratch);
+        faulted
     }
 }
