@@ -1,5 +1,5 @@
 //! Issue 5's GEMM benchmarks (criterion): each group times kiln and its same-run baseline; the workloads live in
-//! `benches/gemm_common` and are shared with `examples/bench_gemm.rs`, which adds the tuned-vs-default and the
+//! `benches/gemm_common` and are shared with `examples/bench_gemm/main.rs`, which adds the tuned-vs-default and the
 //! warm-vs-cold-process rows (they need several processes) and prints one table.
 //!
 //! `cargo bench --bench gemm` (a few minutes; `-- <filter>` runs a subset, e.g. `-- skinny`). After criterion's

@@ -5,6 +5,12 @@
 #   scripts/gpu-check.sh build [TESTS..]  # here: release test binaries (cpu + cuda + nccl, no wgpu), stripped and
 #                                         # gzipped into gpu-bin/ (the device tool carries 64 MiB a call: ~6-8 fit)
 #   scripts/gpu-check.sh run [TESTS..]    # there: each binary with KILN_REQUIRE_CUDA=1, so a missing GPU fails
+#   scripts/gpu-check.sh compare [ARGS..] # there: benches/compare/gpu_torch.py with the carried train_mlp and
+#                                         # bench_gemm (kiln vs PyTorch eager and CUDA graph, same GPU, same run)
+#
+# `build` also builds the examples train_mlp and bench_gemm with `--features cuda` into gpu-bin/ for `compare`.
+# Plans replay as CUDA graphs from their second run; `KILN_CUDA_GRAPHS=0 scripts/gpu-check.sh run ...` runs the
+# suites with launches one by one instead.
 #
 # `run` finds NVRTC where the machine has one (KILN_NVRTC if set, else libnvrtc.so.13/.12 under python3's
 # site-packages (the nvidia-cuda-nvrtc wheel) or the CUDA toolkit), and NCCL likewise (KILN_NCCL, else
@@ -34,16 +40,15 @@ for line in sys.stdin:
     exe = m.get("executable") if m.get("reason") == "compiler-artifact" else None
     if exe and m["target"]["kind"] == ["test"]:
         shutil.copy(exe, os.path.join("gpu-bin", m["target"]["name"]))'
+    cargo build --release --no-default-features --features cpu,cuda,nccl --example train_mlp --example bench_gemm &&
+        cp target/release/examples/train_mlp target/release/examples/bench_gemm gpu-bin/
     for f in gpu-bin/*; do strip "$f" && gzip -9 "$f"; done
     ls -l gpu-bin
     du -sh gpu-bin
     ;;
-run)
+run | compare)
+    mode=$1
     shift
-    tests=("$@")
-    if [ ${#tests[@]} -eq 0 ]; then
-        for f in gpu-bin/*.gz; do t=$(basename "$f" .gz); tests+=("$t"); done
-    fi
     if [ -z "${KILN_NVRTC:-}" ]; then
         KILN_NVRTC=$(python3 - <<'PY' 2>/dev/null || true
 import glob, site, sys
@@ -77,6 +82,22 @@ PY
     mkdir -p "$logs"
     failed=0
     bins=$(mktemp -d)
+    if [ "$mode" = compare ]; then
+        for e in train_mlp bench_gemm; do
+            [ -f "gpu-bin/$e.gz" ] || { echo "== $e: not built (scripts/gpu-check.sh build)"; exit 1; }
+            gunzip -c "gpu-bin/$e.gz" >"$bins/$e" && chmod +x "$bins/$e"
+        done
+        python3 benches/compare/gpu_torch.py --train-mlp "$bins/train_mlp" --bench-gemm "$bins/bench_gemm" "$@" 2>&1 |
+            tee "$logs/gpu_torch.log"
+        exit "${PIPESTATUS[0]}"
+    fi
+    tests=("$@")
+    if [ ${#tests[@]} -eq 0 ]; then
+        for f in gpu-bin/*.gz; do
+            t=$(basename "$f" .gz)
+            case "$t" in train_mlp | bench_gemm) ;; *) tests+=("$t") ;; esac
+        done
+    fi
     for t in "${tests[@]}"; do
         [ -f "gpu-bin/$t.gz" ] || { echo "== $t: not built (scripts/gpu-check.sh build $t)"; failed=1; continue; }
         gunzip -c "gpu-bin/$t.gz" >"$bins/$t" && chmod +x "$bins/$t"
@@ -88,7 +109,7 @@ PY
     exit $failed
     ;;
 *)
-    echo "usage: $0 build | run [TESTS..]" >&2
+    echo "usage: $0 build [TESTS..] | run [TESTS..] | compare [ARGS..]" >&2
     exit 2
     ;;
 esac

@@ -2,7 +2,7 @@
 //! bundle carries the plans its model ran, and [`crate::tune::import_bundle`] (or [`crate::tune::warm_from_cache`])
 //! compiles them before the first step.
 //! A warm process's first step is then a plan-cache hit: it neither schedules nor looks up a kernel or a GEMM key
-//! (~0.35 ms of a ~1.4 ms first step at batch 128, measured in `examples/bench_gemm.rs`).
+//! (~0.35 ms of a ~1.4 ms first step at batch 128, measured in `examples/bench_gemm/main.rs`).
 //!
 //! What is stored is the signature itself (`signature.rs`: the whole graph, a few hundred words), not the compiled
 //! plan: compiling it again from a bundle's records and mapped kernels takes a fraction of a millisecond and no

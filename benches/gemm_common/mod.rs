@@ -1,5 +1,5 @@
 //! The GEMM workloads of issue 5's benchmarks and their same-run baselines, shared by `benches/gemm.rs`
-//! (criterion) and `examples/bench_gemm.rs` (one table), so both measure the same thing.
+//! (criterion) and `examples/bench_gemm/main.rs` (one table), so both measure the same thing.
 //!
 //! | workload | kiln measures | same-run baseline | target |
 //! |---|---|---|---|

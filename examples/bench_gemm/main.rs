@@ -2,12 +2,15 @@
 //! and a warm process's first step against a cold one's, each with a baseline measured in the same run.
 //!
 //! `cargo run --release --example bench_gemm [-- --runs N] [--json]`
+//! `cargo run --release --features cuda --example bench_gemm -- --device cuda [--runs N] [--json]`: the GPU shapes
+//! (`device.rs`), without the CPU's baselines; `benches/compare/gpu_torch.py` adds PyTorch's on the same GPU.
 //!
 //! The first run on a machine tunes each shape (the cache lives under `KILN_CACHE_DIR`); later runs reuse the
 //! winners. PyTorch's figures come from `benches/compare/gemm_torch.py`, which runs this with `--json`. Read the
 //! ratios, not the absolute figures, on a shared machine; the load average is printed with the table.
 
-#[path = "../benches/gemm_common/mod.rs"]
+mod device;
+#[path = "../../benches/gemm_common/mod.rs"]
 mod gemm_common;
 
 use gemm_common::*;
@@ -24,6 +27,9 @@ struct Args {
     /// Also print the medians as one JSON line (what benches/compare/gemm_torch.py reads).
     #[arg(long)]
     json: bool,
+    /// `cpu` (the table below, with its baselines), or a GPU device (`cuda`, `hip`, `wgpu`): its GEMM shapes.
+    #[arg(long, default_value = "cpu")]
+    device: kiln::Device,
     /// Internal: run as the child that times one first step.
     #[arg(long, hide = true)]
     child_first_step: bool,
@@ -77,6 +83,13 @@ fn main() {
         return;
     }
     let runs = args.runs as usize;
+    if args.device != kiln::Device::cpu() {
+        if let Err(e) = device::run(&args.device, runs, args.json) {
+            eprintln!("bench_gemm on {}: {e}", args.device);
+            std::process::exit(1);
+        }
+        return;
+    }
     let threads = threads();
     let load = loadavg();
     let mut rows: Vec<String> = Vec::new();
