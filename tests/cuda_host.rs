@@ -15,8 +15,9 @@ mod common;
 
 use common::*;
 use kiln::{DType, Device, HostBuffer, Tensor, linalg};
+use kiln_backends::gpu_cache::schedule as gpu_schedule;
 use kiln_jit::kernel::gemm::GemmView;
-use kiln_jit::kernel::{Fault, KernelPlan, Slot, schedule};
+use kiln_jit::kernel::{Fault, KernelPlan, Slot};
 use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, GpuKernel, host, render, render_gemm};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -233,6 +234,7 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
     let m = |r: usize, c: usize, k: f32| {
         Tensor::from_vec((0..r * c).map(|i| ((i as f32) * k).sin()).collect::<Vec<f32>>(), [r, c], &dev).expect("m")
     };
+    let bf = |t: &Tensor| t.to_dtype(DType::BF16);
     let bias = m(1, 30, 0.9).reshape([30]);
     let batched_a =
         Tensor::from_vec((0..3 * 17 * 40).map(|i| (i as f32 * 0.11).cos()).collect(), [3, 17, 40], &dev).expect("a");
@@ -245,14 +247,37 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         ("batched 3 x 17 x 40 x 9", vec![batched_a.matmul(&batched_b)]),
         ("K below one slice", vec![m(5, 3, 0.6).matmul(&m(3, 7, 0.8)).mul(2.0)]),
     ];
-    let (failures, tiled) = run_on_host(&cxx, &cases, true, Kind::Accumulate);
+    // bf16 operands, widened as they are staged; a bf16 output rounded once from the f32 sum.
+    let bf16_cases = vec![
+        ("bf16 ragged 70 x 50 x 30", vec![bf(&m(70, 50, 0.3)).matmul(&bf(&m(50, 30, 0.5)))]),
+        ("bf16 bias and relu epilogue", vec![(bf(&m(70, 50, 0.3)).matmul(&bf(&m(50, 30, 0.5))) + &bf(&bias)).relu()]),
+        (
+            "bf16 transposed weight, f32 out",
+            vec![bf(&m(33, 20, 0.2)).matmul(&bf(&m(30, 20, 0.4)).t()).to_dtype(DType::F32)],
+        ),
+        ("bf16 batched", vec![bf(&batched_a).matmul(&bf(&batched_b))]),
+    ];
+    let (mut failures, tiled) = run_on_host(&cxx, &cases, true, Kind::Accumulate);
     assert!(tiled >= cases.len(), "every case must run the tiled template ({tiled} launches did)");
+    // The GPU devices' schedule keeps bf16 operands in bf16 for the template (rule 2e).
+    let with_bf16_operands = |outs: &Vec<Tensor>| {
+        let cap = kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture");
+        let plan = gpu_schedule(&cap.graph);
+        plan.launches.iter().any(|l| GemmView::of(&l.kernel).is_some_and(|v| v.operands == DType::BF16))
+    };
+    for (name, outs) in &bf16_cases {
+        assert!(with_bf16_operands(outs), "{name}: no GEMM on bf16 operands");
+    }
+    let (bf16_failures, tiled) = run_on_host(&cxx, &bf16_cases, true, Kind::Accumulate);
+    assert!(tiled >= bf16_cases.len(), "every bf16 case must run the tiled template ({tiled} launches did)");
+    failures.extend(bf16_failures);
+    let cases: Vec<_> = cases.into_iter().chain(bf16_cases).collect();
     // NVRTC compiles the same sources for Hopper where it is installed (CI; `gpu_check` also compiles every tiled
     // GEMM the suites produce for sm_80, sm_90, gfx90a and gfx1030).
     if let Ok(nvrtc) = kiln_backends::rtc::Rtc::nvrtc() {
         for (name, outs) in &cases {
             let cap = kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture");
-            for l in &schedule(&cap.graph).launches {
+            for l in &gpu_schedule(&cap.graph).launches {
                 if let Some(Ok(g)) =
                     GemmView::of(&l.kernel).map(|v| render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda))
                 {
@@ -310,7 +335,7 @@ fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool) -> (Vec<Host
     for (_, outs) in cases {
         let refs: Vec<&Tensor> = outs.iter().collect();
         let cap = kiln::capture(&refs).expect("capture");
-        let plan = schedule(&cap.graph);
+        let plan = gpu_schedule(&cap.graph);
         plans.push((cap, plan));
     }
     let mut kernels: Vec<(GpuKernel, kiln_jit::kernel::KernelIr)> = Vec::new();
@@ -452,7 +477,7 @@ fn a_gather_out_of_range_writes_the_fault_record() {
     let idx = Tensor::from_vec(vec![1i32, 7], [2], &dev).expect("idx");
     let y = a.index_select(1, &idx);
     let cap = kiln::capture(&[&y]).expect("capture");
-    let plan = schedule(&cap.graph);
+    let plan = gpu_schedule(&cap.graph);
     assert_eq!(plan.launches.len(), 1);
     let k = &plan.launches[0].kernel;
     let g = render(k, Flavor::Cuda).expect("renders");

@@ -166,12 +166,15 @@ pub fn compiled(flavor: Flavor, kernels: &[(&str, &str)], arch: &str) -> Result<
         .collect()
 }
 
-/// How the GPU devices schedule a graph (one function, so ahead-of-time compiles match what the devices run).
+/// How the GPU devices schedule a graph (one function, so ahead-of-time compiles match what the devices run): the
+/// default options, with bf16 GEMMs (rule 2e: the tiled template reads bf16 operands where they are stored and
+/// rounds a bf16 product as it stores it).
 pub fn schedule(graph: &Graph) -> KernelPlan {
-    kiln_jit::kernel::schedule(graph)
+    let opts = kiln_jit::kernel::ScheduleOptions { bf16_gemm: true, ..Default::default() };
+    kiln_jit::kernel::schedule_with(graph, opts)
 }
 
-/// How a GPU device renders a kernel: an f32 GEMM as the tiled template in the default tile, anything else (or a
+/// How a GPU device renders a kernel: an f32 or bf16 GEMM as the tiled template in the default tile, anything else (or a
 /// GEMM the template declines) as the generic kernel. Shared with ahead-of-time compiles, as `schedule` is.
 pub fn render(flavor: Flavor, k: &KernelIr) -> Result<GpuKernel, String> {
     if let Some(v) = GemmView::of(k)

@@ -26,8 +26,9 @@
 //! cubins for sm_90 took 20.3 s on one core and 10.0 s on two, ~100 ms per NVRTC compile).
 //!
 //! The plan itself is the GPU devices' shared one (`gpu::plan`); this module is its `Driver`
-//! over cudarc. f32 matmuls run as the shared tiled GEMM template (shared-memory staging, 4 x 4 register tiles) in
-//! one default tile (`gpu_cache::render`); other dtypes as the generic reduction kernel.
+//! over cudarc. f32 and bf16 matmuls run as the shared tiled GEMM template (shared-memory staging, bf16 widened to
+//! f32 as it is staged, 4 x 4 register tiles) in one default tile (`gpu_cache::render`); other dtypes as the generic
+//! reduction kernel.
 //!
 //! Replays: from its second run a plan launches as one CUDA graph (`gpu::plan`'s module doc), built from explicit
 //! kernel nodes (`cuGraphAddKernelNode`, each after the one before) rather than stream capture, and patched per run

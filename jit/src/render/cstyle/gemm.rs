@@ -7,7 +7,9 @@
 //! the workgroup loads a `tm x kt` slice of A and a `kt x tn` slice of B cooperatively into workgroup (shared)
 //! arrays (bounds-checked, zero outside, so ragged M, N and K need no special case), with a barrier before and
 //! after the slice is consumed. The load order follows the operand's contiguous dimension (from the view's
-//! strides), so transposed operands are read coalesced too.
+//! strides), so transposed operands are read coalesced too. Operands are widened to f32 as they are staged (bf16
+//! exactly: the product of two bf16 values and the f32 sum are then what the interpreter computes); the shared
+//! arrays hold f32 either way, which spends twice the shared memory a bf16 tile needs but keeps one inner loop.
 //!
 //! The epilogue is the kernel's outer code, rendered by the shared per-instruction table with `acc` bound to the
 //! element's accumulator and the output loop variables to its coordinates; loads in it index exactly as in the
@@ -203,7 +205,7 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
         split(v.a.cols == 1, kt, tm),
         (&gm, &gk),
         format!("gm < {m} && gk < {kk}"),
-        at(&v.a, "abase", "gm", "gk"),
+        d.load_word(v.operands, &at(&v.a, "abase", "gm", "gk")),
         format!("sa[c * {tm} + r] = x;"),
     );
     let (gk, gn) = (d.let_index("gk", "k0 + r"), d.let_index("gn", "n0 + c"));
@@ -213,7 +215,7 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
         split(v.b.cols == 1, tn, kt),
         (&gk, &gn),
         format!("gk < {kk} && gn < {n}"),
-        at(&v.b, "bbase", "gk", "gn"),
+        d.load_word(v.operands, &at(&v.b, "bbase", "gk", "gn")),
         format!("sb[r * {tn} + c] = x;"),
     );
     line(&mut s, "        ", d.barrier().to_string());

@@ -4,7 +4,8 @@
 //! is (tiles of N) x (tiles of M * batch), one block of `tile.threads()` threads per tile, as on WGSL.
 //!
 //! Does not own: which tile to use (the device's default or its tuner), or whether a kernel is a GEMM
-//! (`GemmView::of`). Not yet: tensor-core (`mma.sync`) tiles, vector loads, split K.
+//! (`GemmView::of`). Operands are f32 or bf16 (widened to f32 as they are staged), the output f32 or bf16. Not yet:
+//! tensor-core (`mma.sync`) tiles, vector loads, split K.
 
 use super::{CudaC, Flavor, GpuKernel, MAX_GRID_X, check, math, params};
 use crate::dtype::DType;
@@ -28,10 +29,10 @@ pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile, flavor: Flavor) -> R
     if k.can_fault() {
         return Err(format!("kernel {}: a GEMM that gathers runs as the generic kernel", k.name));
     }
-    // The template stages both operands in f32 shared arrays: other dtypes would lose bits (f64) or need their own
-    // staging (f16 and bf16, later with tensor cores).
-    if v.operands != DType::F32 || v.out != DType::F32 {
-        return Err(format!("kernel {}: the tiled GEMM takes f32 operands and output", k.name));
+    // The template stages both operands widened to f32 (exact for f32 and bf16, the two dtypes `GemmView` takes)
+    // and accumulates in f32; a bf16 output is the epilogue's rounding of that sum, as in the interpreter.
+    if !matches!(v.operands, DType::F32 | DType::BF16) || !matches!(v.out, DType::F32 | DType::BF16) {
+        return Err(format!("kernel {}: the tiled GEMM takes f32 or bf16 operands and output", k.name));
     }
     let tiles_m = v.m.div_ceil(t.tm as usize) as u64;
     let tiles_n = v.n.div_ceil(t.tn as usize) as u64;
