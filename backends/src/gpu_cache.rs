@@ -174,8 +174,8 @@ pub fn schedule(graph: &Graph) -> KernelPlan {
     kiln_jit::kernel::schedule_with(graph, opts)
 }
 
-/// How a GPU device renders a kernel: an f32 or bf16 GEMM as the tiled template in the default tile, anything else (or a
-/// GEMM the template declines) as the generic kernel. Shared with ahead-of-time compiles, as `schedule` is.
+/// How a GPU device renders a kernel: an f32 or bf16 GEMM as the tiled template in the default tile, anything else
+/// (or a GEMM the template declines) as the generic kernel. Shared with ahead-of-time compiles, as `schedule` is.
 pub fn render(flavor: Flavor, k: &KernelIr) -> Result<GpuKernel, String> {
     if let Some(v) = GemmView::of(k)
         && let Ok(g) = cuda::render_gemm(k, &v, cuda::DEFAULT_TILE, flavor)
