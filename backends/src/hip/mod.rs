@@ -195,7 +195,8 @@ impl Driver for Ctx {
     const FLAVOR: Flavor = Flavor::Hip;
     type Mem = DeviceBuffer;
     type Function = Handle;
-    /// No graph replays on HIP yet (hipGraph mirrors CUDA's API, but nothing here could run it): plans launch one by one.
+    /// No graph replays on HIP yet (hipGraph mirrors CUDA's API, but no machine here could run it): plans launch
+    /// one by one.
     type Graph = std::convert::Infallible;
 
     fn arch(&self) -> &str {
