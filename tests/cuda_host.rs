@@ -18,7 +18,7 @@ use kiln::{DType, Device, HostBuffer, Tensor, linalg};
 use kiln_backends::gpu_cache::schedule as gpu_schedule;
 use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::kernel::{Fault, KernelPlan, Slot};
-use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, GpuKernel, host, render, render_gemm};
+use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, GpuKernel, host, render, render_gemm, render_gemm_mma};
 use std::collections::HashMap;
 use std::ffi::c_void;
 
@@ -216,7 +216,7 @@ fn host_library(
 fn rendered_cuda_matches_the_interpreter_on_the_host() {
     let Some(cxx) = cxx() else { return };
     let dev = Device::cpu();
-    let (failures, _) = run_on_host(&cxx, &corpus(&dev), false, Kind::Accumulate);
+    let (failures, _) = run_on_host(&cxx, &corpus(&dev), Gemm::Generic, Kind::Accumulate);
     assert!(
         failures.is_empty(),
         "{} outputs differ from the interpreter:\n  {}",
@@ -257,7 +257,7 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         ),
         ("bf16 batched", vec![bf(&batched_a).matmul(&bf(&batched_b))]),
     ];
-    let (mut failures, tiled) = run_on_host(&cxx, &cases, true, Kind::Accumulate);
+    let (mut failures, tiled) = run_on_host(&cxx, &cases, Gemm::Tiled, Kind::Accumulate);
     assert!(tiled >= cases.len(), "every case must run the tiled template ({tiled} launches did)");
     // The GPU devices' schedule keeps bf16 operands in bf16 for the template (rule 2e).
     let with_bf16_operands = |outs: &Vec<Tensor>| {
@@ -268,9 +268,13 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
     for (name, outs) in &bf16_cases {
         assert!(with_bf16_operands(outs), "{name}: no GEMM on bf16 operands");
     }
-    let (bf16_failures, tiled) = run_on_host(&cxx, &bf16_cases, true, Kind::Accumulate);
+    let (bf16_failures, tiled) = run_on_host(&cxx, &bf16_cases, Gemm::Tiled, Kind::Accumulate);
     assert!(tiled >= bf16_cases.len(), "every bf16 case must run the tiled template ({tiled} launches did)");
     failures.extend(bf16_failures);
+    // The same bf16 GEMMs on the tensor-core template, its warp-level products emulated by the shim.
+    let (mma_failures, mma) = run_on_host(&cxx, &bf16_cases, Gemm::Mma, Kind::Accumulate);
+    assert!(mma >= bf16_cases.len(), "every bf16 case must run the tensor-core template ({mma} launches did)");
+    failures.extend(mma_failures.into_iter().map(|f| format!("tensor cores: {f}")));
     let cases: Vec<_> = cases.into_iter().chain(bf16_cases).collect();
     // NVRTC compiles the same sources for Hopper where it is installed (CI; `gpu_check` also compiles every tiled
     // GEMM the suites produce for sm_80, sm_90, gfx90a and gfx1030).
@@ -278,10 +282,13 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         for (name, outs) in &cases {
             let cap = kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture");
             for l in &gpu_schedule(&cap.graph).launches {
-                if let Some(Ok(g)) =
-                    GemmView::of(&l.kernel).map(|v| render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda))
-                {
-                    nvrtc.compile(&g.source, &g.name, "sm_90").unwrap_or_else(|log| panic!("{name}: {log}"));
+                let Some(v) = GemmView::of(&l.kernel) else { continue };
+                let tiled = render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda);
+                let mma = render_gemm_mma(&l.kernel, &v, Flavor::Cuda);
+                for g in [tiled, mma].into_iter().flatten() {
+                    for arch in ["sm_80", "sm_90"] {
+                        nvrtc.compile(&g.source, &g.name, arch).unwrap_or_else(|log| panic!("{name}, {arch}: {log}"));
+                    }
                 }
             }
         }
@@ -294,11 +301,22 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
     );
 }
 
-/// Runs every launch of each case's plan under the host shim (GEMMs as the tiled template where `tiled` and the
-/// kernel is one) and compares the outputs with the interpreter (floats at `kind`'s tolerance); returns the
-/// differences and how many launches ran the tiled template.
-fn run_on_host(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool, kind: Kind) -> (Vec<String>, usize) {
-    let (runs, tiled_launches) = run_plans(cxx, cases, tiled);
+/// How `run_plans` renders a GEMM kernel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gemm {
+    /// As the generic kernel.
+    Generic,
+    /// As the SIMT tiled template in the default tile.
+    Tiled,
+    /// As the tensor-core template (bf16 operands), the SIMT tile where it declines.
+    Mma,
+}
+
+/// Runs every launch of each case's plan under the host shim (GEMMs as `gemm` says, where the kernel is one) and
+/// compares the outputs with the interpreter (floats at `kind`'s tolerance); returns the differences and how many
+/// launches ran the template `gemm` names.
+fn run_on_host(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: Gemm, kind: Kind) -> (Vec<String>, usize) {
+    let (runs, tiled_launches) = run_plans(cxx, cases, gemm);
     let mut failures = Vec::new();
     for ((name, _), mut run) in cases.iter().zip(runs) {
         assert_eq!(run.fault, None, "{name}: a fault where none is");
@@ -330,7 +348,7 @@ struct HostRun {
 /// Renders every launch of each case's plan (GEMMs as the tiled template where `tiled` and the kernel is one),
 /// compiles them into one library under the shim and runs each case's launches in order; returns the runs and how
 /// many launches ran the tiled template.
-fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool) -> (Vec<HostRun>, usize) {
+fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: Gemm) -> (Vec<HostRun>, usize) {
     let mut plans: Vec<(kiln::Captured, KernelPlan)> = Vec::new();
     for (_, outs) in cases {
         let refs: Vec<&Tensor> = outs.iter().collect();
@@ -342,13 +360,17 @@ fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], tiled: bool) -> (Vec<Host
     let mut tiled_launches = 0;
     for ((name, _), (_, plan)) in cases.iter().zip(&plans) {
         for l in &plan.launches {
-            let gemm = GemmView::of(&l.kernel).filter(|_| tiled);
-            let g = match gemm.map(|v| render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda)) {
-                Some(Ok(g)) => {
+            let view = GemmView::of(&l.kernel).filter(|_| gemm != Gemm::Generic);
+            let template = view.and_then(|v| match gemm {
+                Gemm::Mma => render_gemm_mma(&l.kernel, &v, Flavor::Cuda).ok(),
+                _ => render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda).ok(),
+            });
+            let g = match template {
+                Some(g) => {
                     tiled_launches += 1;
                     g
                 }
-                _ => render(&l.kernel, Flavor::Cuda).unwrap_or_else(|e| panic!("{name}: {e}")),
+                None => render(&l.kernel, Flavor::Cuda).unwrap_or_else(|e| panic!("{name}: {e}")),
             };
             kernels.push((g, l.kernel.clone()));
         }
@@ -436,7 +458,7 @@ fn linear_algebra_routines_match_the_interpreter_on_the_host() {
         ),
         ("f64, order 150", vec![linalg::solve(&big, &big_b), linalg::inv(&big), linalg::cholesky(&spd)]),
     ];
-    let (failures, _) = run_on_host(&cxx, &cases, false, Kind::Factorize);
+    let (failures, _) = run_on_host(&cxx, &cases, Gemm::Generic, Kind::Factorize);
     assert!(failures.is_empty(), "{} outputs differ:\n  {}", failures.len(), failures.join("\n  "));
 
     // Faults: batch index 1 singular (to working precision, and exactly), batch index 2 not positive definite.
@@ -462,7 +484,7 @@ fn linear_algebra_routines_match_the_interpreter_on_the_host() {
         Fault::NotPositiveDefinite { batch_index: 2, minor: 2 },
         Fault::Singular { batch_index: 2, pivot: 1 },
     ];
-    let (runs, _) = run_plans(&cxx, &cases, false);
+    let (runs, _) = run_plans(&cxx, &cases, Gemm::Generic);
     for (((name, _), run), want) in cases.iter().zip(&runs).zip(want) {
         assert_eq!(run.fault, Some(want), "{name}");
     }

@@ -5,8 +5,8 @@
 //! wgpu): `tests/golden/sgd_update_aliased.wgsl.txt`; and the batch-1 weight update `w - (dy ⊗ x) * lr` as the CPU's
 //! 8-lane elementwise kernel (register program, loop shape, code size): `tests/golden/outer_update.wide.txt`; and
 //! CUDA C / HIP C renderings (`render::cuda`): `mul_add_relu_sum.{cu,hip}.txt`, `rows_and_gather.cu.txt`,
-//! `table_zoo.cu.txt`, `cooperative_reductions.{wgsl,cu}.txt`, `solve.{wgsl,cu}.txt` (the linear algebra
-//! routines, written by hand per target).
+//! `table_zoo.cu.txt`, `gemm_tensor_cores.cu.txt`, `cooperative_reductions.{wgsl,cu}.txt`, `solve.{wgsl,cu}.txt`
+//! (the linear algebra routines, written by hand per target).
 //!
 //! A change to fusion, lowering or the CLIF renderer that changes the output fails here with the first differing
 //! line. If the change is intended, rewrite the files and review their diff:
@@ -297,6 +297,27 @@ fn gemm_template_wgsl() {
     let text = render_gemm(k, &view, tile).expect("renders").source;
     assert_eq!(text, render_gemm(k, &view, tile).expect("renders").source, "rendering is deterministic");
     check_golden("gemm_template.wgsl.txt", &text);
+}
+
+/// The CUDA tensor-core GEMM template (bf16 operands, the GPU devices' schedule): the product rounded to bf16 and
+/// its relu (computed in bf16) fused as the epilogue, a transposed weight as `nn::Linear` reads it, ragged M, N, K.
+#[test]
+fn gemm_tensor_core_template_cuda() {
+    use kiln_jit::kernel::gemm::GemmView;
+    use kiln_jit::render::cuda::{Flavor, render_gemm_mma};
+    let dev = Device::cpu();
+    let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
+    let x = Tensor::from_vec(f(5 * 7, 0.7), [5, 7], &dev).expect("x").to_dtype(DType::BF16);
+    let w = Tensor::from_vec(f(9 * 7, 1.3), [9, 7], &dev).expect("w").to_dtype(DType::BF16);
+    let y = x.matmul(&w.t()).relu();
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let plan = kiln_backends::gpu_cache::schedule(&cap.graph);
+    let gemms: Vec<_> = plan.launches.iter().filter_map(|l| GemmView::of(&l.kernel).map(|v| (&l.kernel, v))).collect();
+    assert_eq!(gemms.len(), 1, "expected one GEMM");
+    let (k, view) = &gemms[0];
+    assert_eq!((view.operands, view.out), (DType::BF16, DType::BF16));
+    let text = render_gemm_mma(k, view, Flavor::Cuda).expect("renders").source;
+    check_golden("gemm_tensor_cores.cu.txt", &text);
 }
 
 /// An elementwise kernel of a few elements is rendered without its unrolled body (six vectors per step): it runs in

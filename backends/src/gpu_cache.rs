@@ -174,13 +174,21 @@ pub fn schedule(graph: &Graph) -> KernelPlan {
     kiln_jit::kernel::schedule_with(graph, opts)
 }
 
-/// How a GPU device renders a kernel: an f32 or bf16 GEMM as the tiled template in the default tile, anything else
-/// (or a GEMM the template declines) as the generic kernel. Shared with ahead-of-time compiles, as `schedule` is.
-pub fn render(flavor: Flavor, k: &KernelIr) -> Result<GpuKernel, String> {
-    if let Some(v) = GemmView::of(k)
-        && let Ok(g) = cuda::render_gemm(k, &v, cuda::DEFAULT_TILE, flavor)
-    {
-        return Ok(g);
+/// How a GPU device renders a kernel for architecture `arch`: a bf16 GEMM as the tensor-core template where the
+/// architecture has bf16 `mma.sync` (CUDA sm_80 and later), an f32 or bf16 GEMM as the SIMT tiled template in the
+/// default tile, anything else (or a GEMM the templates decline) as the generic kernel. Shared with ahead-of-time
+/// compiles, as `schedule` is.
+pub fn render(flavor: Flavor, arch: &str, k: &KernelIr) -> Result<GpuKernel, String> {
+    if let Some(v) = GemmView::of(k) {
+        if flavor == Flavor::Cuda
+            && cuda::mma_arch(arch)
+            && let Ok(g) = cuda::render_gemm_mma(k, &v, flavor)
+        {
+            return Ok(g);
+        }
+        if let Ok(g) = cuda::render_gemm(k, &v, cuda::DEFAULT_TILE, flavor) {
+            return Ok(g);
+        }
     }
     cuda::render(k, flavor)
 }
@@ -209,9 +217,11 @@ pub fn precompile(graph: &Graph) -> Result<(), String> {
         if archs.is_empty() {
             continue;
         }
-        let kernels = rendered(flavor, plan.get_or_insert_with(|| schedule(graph)));
-        let refs: Vec<(&str, &str)> = kernels.iter().map(|(name, source)| (source.as_str(), name.as_str())).collect();
+        let plan = plan.get_or_insert_with(|| schedule(graph));
         for arch in archs {
+            let kernels = rendered(flavor, arch, plan);
+            let refs: Vec<(&str, &str)> =
+                kernels.iter().map(|(name, source)| (source.as_str(), name.as_str())).collect();
             compiled(flavor, &refs, arch).map_err(|e| format!("{}={arch}: {e}", names(flavor).var))?;
         }
     }
@@ -247,9 +257,9 @@ pub fn import_bundle(
     store.import_bundle(path).map(|s| Some((flavor, s))).map_err(|e| e.to_string())
 }
 
-/// The kernels of `plan` that `precompile` compiles for `flavor`: (name, source).
-pub fn rendered(flavor: Flavor, plan: &KernelPlan) -> Vec<(String, String)> {
-    plan.launches.iter().filter_map(|l| render(flavor, &l.kernel).ok()).map(|k| (k.name, k.source)).collect()
+/// The kernels of `plan` that `precompile` compiles for `flavor` and `arch`: (name, source).
+pub fn rendered(flavor: Flavor, arch: &str, plan: &KernelPlan) -> Vec<(String, String)> {
+    plan.launches.iter().filter_map(|l| render(flavor, arch, &l.kernel).ok()).map(|k| (k.name, k.source)).collect()
 }
 
 #[cfg(test)]

@@ -11,14 +11,15 @@
 //! (every kernel in a namespace of its own); a batch that fails is compiled kernel by kernel to name the one at
 //! fault, and the error carries its source and the compiler's log. A kernel the renderers refuse (an index
 //! expression past i32: `cuda::check`) is counted, not compiled. A GEMM kernel is also compiled as the tiled template
-//! in the CUDA device's default tile (`cuda::render_gemm`), as the device runs it.
+//! in the CUDA device's default tile (`cuda::render_gemm`), and a bf16 one as the tensor-core template
+//! (`cuda::render_gemm_mma`, for the CUDA targets only), as the devices run them.
 //!
 //! A backend calls [`note`] when it compiles a plan (a failed auto-flush fails that compile); a test calls
 //! [`flush`] when it ends, which compiles what is left and reports what was checked.
 
 use kiln_jit::kernel::KernelPlan;
 use kiln_jit::kernel::gemm::GemmView;
-use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, render, render_gemm};
+use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, render, render_gemm, render_gemm_mma};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -64,8 +65,9 @@ pub fn enabled() -> bool {
 #[derive(Default)]
 struct State {
     seen: HashSet<u64>,
-    /// Queued (name, CUDA source, HIP source).
-    queue: Vec<(String, String, String)>,
+    /// Queued (name, CUDA source, HIP source): a kernel only one language has (the tensor-core GEMM) has `None`
+    /// for the other.
+    queue: Vec<(String, Option<String>, Option<String>)>,
     compiled: usize,
     refused: usize,
 }
@@ -98,15 +100,23 @@ pub fn note(plan: &KernelPlan) -> Result<(), String> {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             cuda.hash(&mut h);
             if st.seen.insert(h.finish()) {
-                st.queue.push((l.kernel.name.clone(), cuda, hip));
+                st.queue.push((l.kernel.name.clone(), Some(cuda), Some(hip)));
             }
-            // A GEMM also as the tiled template the CUDA device runs it with.
+            // A GEMM also as the tiled template the GPU devices run it with, and a bf16 one as the tensor-core
+            // template (CUDA only; both CUDA targets have its `mma.sync`).
             let tiled = |f| GemmView::of(&l.kernel).and_then(|v| render_gemm(&l.kernel, &v, DEFAULT_TILE, f).ok());
             if let (Some(cuda), Some(hip)) = (tiled(Flavor::Cuda), tiled(Flavor::Hip)) {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 cuda.source.hash(&mut h);
                 if st.seen.insert(h.finish()) {
-                    st.queue.push((format!("{} (tiled)", l.kernel.name), cuda.source, hip.source));
+                    st.queue.push((format!("{} (tiled)", l.kernel.name), Some(cuda.source), Some(hip.source)));
+                }
+            }
+            if let Some(Ok(mma)) = GemmView::of(&l.kernel).map(|v| render_gemm_mma(&l.kernel, &v, Flavor::Cuda)) {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                mma.source.hash(&mut h);
+                if st.seen.insert(h.finish()) {
+                    st.queue.push((format!("{} (tensor cores)", l.kernel.name), Some(mma.source), None));
                 }
             }
         }
@@ -144,7 +154,17 @@ pub fn flush() -> Result<(usize, usize), String> {
 
 /// Puts `batch` through `flavor`'s targets: each target's front end, or with `codegen` code generation instead where
 /// the target generates code (which runs the front end first, so checking both would parse every kernel twice).
-fn check_batch(batch: &[(String, String, String)], flavor: Flavor, rtc: &crate::rtc::Rtc) -> Result<(), String> {
+fn check_batch(
+    batch: &[(String, Option<String>, Option<String>)],
+    flavor: Flavor,
+    rtc: &crate::rtc::Rtc,
+) -> Result<(), String> {
+    let pick =
+        |k: &(String, Option<String>, Option<String>)| if flavor == Flavor::Cuda { k.1.clone() } else { k.2.clone() };
+    let batch: Vec<(&str, String)> = batch.iter().filter_map(|k| pick(k).map(|s| (k.0.as_str(), s))).collect();
+    if batch.is_empty() {
+        return Ok(());
+    }
     let targets = TARGETS.iter().filter(|t| t.0 == flavor);
     for &(_, arch, emit) in targets {
         let codegen = emit && level() == Level::Codegen;
@@ -152,22 +172,19 @@ fn check_batch(batch: &[(String, String, String)], flavor: Flavor, rtc: &crate::
             if codegen { rtc.compile(source, name, arch).map(|_| ()) } else { rtc.check(source, name, arch) }
         };
         let what = if codegen { "generate code" } else { "pass the front end" };
-        let pick = |k: &(String, String, String)| if flavor == Flavor::Cuda { k.1.clone() } else { k.2.clone() };
         let unit: String = batch
             .iter()
             .enumerate()
-            .map(|(i, k)| format!("namespace kiln_k{i} {{\n{}\n}}\n", pick(k).replace("extern \"C\" ", "")))
+            .map(|(i, (_, source))| format!("namespace kiln_k{i} {{\n{}\n}}\n", source.replace("extern \"C\" ", "")))
             .collect();
         if run(&unit, "kiln_batch.cu").is_ok() {
             continue;
         }
-        for k in batch {
-            if let Err(log) = run(&pick(k), &format!("{}.cu", k.0)) {
+        for (name, source) in &batch {
+            if let Err(log) = run(source, &format!("{name}.cu")) {
                 return Err(format!(
-                    "{} kernel {} does not {what} for {arch}:\n{log}\n--- source:\n{}",
+                    "{} kernel {name} does not {what} for {arch}:\n{log}\n--- source:\n{source}",
                     flavor.name(),
-                    k.0,
-                    pick(k)
                 ));
             }
         }

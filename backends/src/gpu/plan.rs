@@ -98,7 +98,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
         .launches
         .iter()
         .map(|l| {
-            crate::gpu_cache::render(D::FLAVOR, &l.kernel).map_err(|e| {
+            crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel).map_err(|e| {
                 err(format!(
                     "{e}; run this graph on Device::cpu() ({} does not run everything kiln has yet)",
                     D::FLAVOR.name()

@@ -101,8 +101,9 @@ pub fn gemm_parts<D: Dialect>(em: &mut Emitter<'_, D>, v: &GemmView, t: GemmTile
     GemmParts { epilogue, shared, body: main_body(d, v, t) }
 }
 
-/// `epilogue(bz, m, n, acc)`: the kernel's outer code for output element (batch `bz`, row `m`, column `n`).
-fn epilogue_fn<D: Dialect>(em: &mut Emitter<'_, D>, v: &GemmView) -> String {
+/// `epilogue(bz, m, n, acc)`: the kernel's outer code for output element (batch `bz`, row `m`, column `n`). Also the
+/// tensor-core template's (`render::cuda::mma`).
+pub fn epilogue_fn<D: Dialect>(em: &mut Emitter<'_, D>, v: &GemmView) -> String {
     let (d, k) = (em.d, em.k);
     let rank = k.out_rank();
     let ix = d.index_dtype();
@@ -123,7 +124,7 @@ fn epilogue_fn<D: Dialect>(em: &mut Emitter<'_, D>, v: &GemmView) -> String {
 }
 
 /// `i<d> = ..` for each batch dim `d`, decomposed from the flat batch index `flat`.
-fn batch_vars<D: Dialect>(d: &D, batch: &[usize], flat: &str) -> String {
+pub fn batch_vars<D: Dialect>(d: &D, batch: &[usize], flat: &str) -> String {
     let mut stride = 1usize;
     let mut lines = Vec::new();
     for (i, &e) in batch.iter().enumerate().rev() {

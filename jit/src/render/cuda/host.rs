@@ -8,8 +8,9 @@
 //! helper or staging step fails without a GPU.
 //!
 //! What it cannot cover: the device's own math library (the host's libm stands in for `sinf`, `expf`, ...), the
-//! GPU's memory model (a race the host's scheduling hides, or a non-atomic reduction, can pass here), warp-level
-//! instructions and tensor cores (none in these kernels yet), and timing.
+//! GPU's memory model (a race the host's scheduling hides, or a non-atomic reduction, can pass here), whether the
+//! tensor-core fragment layout the shim's `kiln_mma_bf16_16816` follows (the PTX ISA's) is the hardware's, and
+//! timing.
 
 use super::GpuKernel;
 use super::dialect::storage_ty;
@@ -46,6 +47,35 @@ inline int atomicCAS(int* p, int expected, int v) { std::atomic_ref<int>(*p).com
 inline int atomicExch(int* p, int v) { return std::atomic_ref<int>(*p).exchange(v); }
 using std::max;
 using std::min;
+// The tensor-core GEMM's warp-level product (render/cuda/mma.rs): each lane leaves its fragments here, the block
+// meets, and each lane computes its four accumulators from its warp's fragments by the PTX ISA's m16n8k16 layout.
+#define KILN_HOST_SHIM 1
+static unsigned int kiln_mma_frag[1024][6];
+inline float kiln_mma_half(unsigned int word, unsigned int hi) {
+    return __uint_as_float((hi ? word >> 16 : word & 0xffffu) << 16);
+}
+inline void kiln_mma_bf16_16816(float* d, const unsigned int* a, const unsigned int* b) {
+    unsigned int t = threadIdx.x, lane = t % 32, w = t - lane;
+    for (int r = 0; r < 4; r++) kiln_mma_frag[t][r] = a[r];
+    kiln_mma_frag[t][4] = b[0];
+    kiln_mma_frag[t][5] = b[1];
+    __syncthreads();
+    unsigned int g = lane >> 2, q = lane & 3;
+    for (unsigned int e = 0; e < 4; e++) {
+        unsigned int row = g + (e >= 2 ? 8 : 0), col = q * 2 + (e & 1);
+        float sum = 0.0f;
+        for (unsigned int k = 0; k < 16; k++) {
+            // A[row][k] is element (k >= 8 ? 4 : 0) + (row >= 8 ? 2 : 0) + (k & 1) of lane (row % 8) * 4 + (k % 8) / 2;
+            // B[k][col] element (k >= 8 ? 2 : 0) + (k & 1) of lane col * 4 + (k % 8) / 2.
+            unsigned int ai = (k >= 8 ? 4 : 0) + (row >= 8 ? 2 : 0) + (k & 1), bi = (k >= 8 ? 2 : 0) + (k & 1);
+            float x = kiln_mma_half(kiln_mma_frag[w + (row % 8) * 4 + (k % 8) / 2][ai / 2], ai & 1);
+            float y = kiln_mma_half(kiln_mma_frag[w + col * 4 + (k % 8) / 2][4 + bi / 2], bi & 1);
+            sum += x * y;
+        }
+        d[e] += sum;
+    }
+    __syncthreads();
+}
 "#;
 
 /// One translation unit: the shim, then each `(kernel, its IR)` in a namespace with its driver `kiln_run_<i>`.

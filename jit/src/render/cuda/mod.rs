@@ -27,10 +27,12 @@ mod gemm;
 pub mod host;
 mod linalg;
 mod math;
+mod mma;
 mod scatter;
 
 pub use dialect::CudaC;
 pub use gemm::{DEFAULT_TILE, render_gemm};
+pub use mma::{mma_arch, render_gemm_mma};
 
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
