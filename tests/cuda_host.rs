@@ -16,6 +16,7 @@ mod common;
 use common::*;
 use kiln::{DType, Device, HostBuffer, Tensor, linalg};
 use kiln_backends::gpu_cache::schedule as gpu_schedule;
+use kiln_backends::gpu_gemm::{GpuGemm, candidates};
 use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::kernel::{Fault, KernelPlan, Slot};
 use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, GpuKernel, host, render, render_gemm, render_gemm_mma};
@@ -257,7 +258,7 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         ),
         ("bf16 batched", vec![bf(&batched_a).matmul(&bf(&batched_b))]),
     ];
-    let (mut failures, tiled) = run_on_host(&cxx, &cases, Gemm::Tiled, Kind::Accumulate);
+    let (mut failures, tiled) = run_on_host(&cxx, &cases, TILED, Kind::Accumulate);
     assert!(tiled >= cases.len(), "every case must run the tiled template ({tiled} launches did)");
     // The GPU devices' schedule keeps bf16 operands in bf16 for the template (rule 2e).
     let with_bf16_operands = |outs: &Vec<Tensor>| {
@@ -268,13 +269,23 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
     for (name, outs) in &bf16_cases {
         assert!(with_bf16_operands(outs), "{name}: no GEMM on bf16 operands");
     }
-    let (bf16_failures, tiled) = run_on_host(&cxx, &bf16_cases, Gemm::Tiled, Kind::Accumulate);
+    let (bf16_failures, tiled) = run_on_host(&cxx, &bf16_cases, TILED, Kind::Accumulate);
     assert!(tiled >= bf16_cases.len(), "every bf16 case must run the tiled template ({tiled} launches did)");
     failures.extend(bf16_failures);
     // The same bf16 GEMMs on the tensor-core template, its warp-level products emulated by the shim.
-    let (mma_failures, mma) = run_on_host(&cxx, &bf16_cases, Gemm::Mma, Kind::Accumulate);
+    let (mma_failures, mma) = run_on_host(&cxx, &bf16_cases, Gemm::With(GpuGemm::Mma), Kind::Accumulate);
     assert!(mma >= bf16_cases.len(), "every bf16 case must run the tensor-core template ({mma} launches did)");
     failures.extend(mma_failures.into_iter().map(|f| format!("tensor cores: {f}")));
+    // Every SIMT tile the GPU devices race, on the f32 cases and one bf16 case.
+    let some: Vec<_> = cases.iter().take(4).cloned().chain(bf16_cases.iter().take(1).cloned()).collect();
+    for c in candidates(Flavor::Cuda, "sm_90", &GemmView::of(&gemm_of(&some[0].1)).expect("a GEMM")) {
+        if c == GpuGemm::Mma {
+            continue;
+        }
+        let (tile_failures, n) = run_on_host(&cxx, &some, Gemm::With(c), Kind::Accumulate);
+        assert!(n >= some.len(), "{}: every case must run it ({n} launches did)", c.name());
+        failures.extend(tile_failures.into_iter().map(|f| format!("{}: {f}", c.name())));
+    }
     let cases: Vec<_> = cases.into_iter().chain(bf16_cases).collect();
     // NVRTC compiles the same sources for Hopper where it is installed (CI; `gpu_check` also compiles every tiled
     // GEMM the suites produce for sm_80, sm_90, gfx90a and gfx1030).
@@ -306,10 +317,18 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
 enum Gemm {
     /// As the generic kernel.
     Generic,
-    /// As the SIMT tiled template in the default tile.
-    Tiled,
-    /// As the tensor-core template (bf16 operands), the SIMT tile where it declines.
-    Mma,
+    /// As this candidate of the GPU devices' race (the generic kernel where it declines).
+    With(GpuGemm),
+}
+
+/// The SIMT template in the CUDA device's default tile.
+const TILED: Gemm = Gemm::With(GpuGemm::Simt(DEFAULT_TILE));
+
+/// The first GEMM kernel of the GPU devices' plan for `outs`.
+fn gemm_of(outs: &[Tensor]) -> kiln_jit::kernel::KernelIr {
+    let cap = kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture");
+    let plan = gpu_schedule(&cap.graph);
+    plan.launches.into_iter().map(|l| l.kernel).find(|k| GemmView::of(k).is_some()).expect("a GEMM")
 }
 
 /// Runs every launch of each case's plan under the host shim (GEMMs as `gemm` says, where the kernel is one) and
@@ -360,11 +379,10 @@ fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: Gemm) -> (Vec<HostR
     let mut tiled_launches = 0;
     for ((name, _), (_, plan)) in cases.iter().zip(&plans) {
         for l in &plan.launches {
-            let view = GemmView::of(&l.kernel).filter(|_| gemm != Gemm::Generic);
-            let template = view.and_then(|v| match gemm {
-                Gemm::Mma => render_gemm_mma(&l.kernel, &v, Flavor::Cuda).ok(),
-                _ => render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda).ok(),
-            });
+            let template = match gemm {
+                Gemm::Generic => None,
+                Gemm::With(c) => GemmView::of(&l.kernel).and_then(|v| c.render(&l.kernel, &v, Flavor::Cuda).ok()),
+            };
             let g = match template {
                 Some(g) => {
                     tiled_launches += 1;
@@ -670,4 +688,41 @@ fn graph_replays_equal_launches_one_by_one() {
     assert!(b > built, "the second run builds the plan's graph");
     assert!(l >= launched + 3, "rounds 1, 2 and 4 launch the graph (round 3 too, before its fault is read)");
     assert!(p > patched, "new input and output buffers each round patch the nodes that read them");
+}
+
+/// The GPU devices' GEMM race (`kiln_backends`' `gpu/tune.rs`) on the host stand-in: a plan with a GEMM compiles
+/// through it (the best-scored candidates rendered, compiled, verified against the kernel evaluator and timed), its
+/// record names a candidate that verified, and the plan's output matches the interpreter.
+#[test]
+fn the_gemm_race_runs_on_the_host_stand_in() {
+    use kiln_backends::{Backend, Buffer, HostGpu, gpu_tune_records};
+    let Some(cxx) = cxx() else { return };
+    let dev = Device::cpu();
+    let gpu = HostGpu::new(&cxx);
+    let m = |r: usize, c: usize, k: f32| {
+        Tensor::from_vec((0..r * c).map(|i| ((i as f32) * k).sin()).collect::<Vec<f32>>(), [r, c], &dev).expect("m")
+    };
+    let y = (m(48, 40, 0.3).matmul(&m(40, 24, 0.5)) + 1.0).relu();
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let exec = gpu.compile(&cap.graph).expect("compiles");
+    let inputs: Vec<Buffer> = cap.inputs.iter().map(|h| gpu.upload(h.clone()).expect("upload")).collect();
+    let got = exec.run(&inputs.iter().collect::<Vec<_>>(), &cap.rng).expect("runs");
+    let want = cap.reference().expect("the interpreter");
+    compare(&gpu.download(&got[0]).expect("download"), &want[0], tol(DType::F32, Kind::Accumulate))
+        .unwrap_or_else(|e| panic!("the raced GEMM: {e}"));
+    let dims = |r: &kiln_autotune::TuneRecord| r.key.dims.iter().map(|(_, v)| *v).collect::<Vec<_>>();
+    let rec = gpu_tune_records()
+        .into_iter()
+        .rev()
+        .find(|r| r.key.op == "host-gpu-gemm" && dims(r) == [1, 48, 24, 40])
+        .expect("a tuning record for the GEMM");
+    let names: Vec<String> = candidates(Flavor::Cuda, "host", &GemmView::of(&gemm_of(&[y])).expect("a GEMM"))
+        .iter()
+        .map(GpuGemm::name)
+        .collect();
+    assert!(names.contains(&rec.winner), "winner {} is not a candidate: {names:?}", rec.winner);
+    if std::env::var("KILN_AUTOTUNE").map_or(true, |v| v != "off") {
+        let won = rec.trials.iter().find(|t| t.config == rec.winner).expect("the winner's trial");
+        assert_eq!(won.verified, Some(true), "the winner verified: {:?}", rec.trials);
+    }
 }

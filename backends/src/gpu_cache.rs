@@ -174,21 +174,16 @@ pub fn schedule(graph: &Graph) -> KernelPlan {
     kiln_jit::kernel::schedule_with(graph, opts)
 }
 
-/// How a GPU device renders a kernel for architecture `arch`: a bf16 GEMM as the tensor-core template where the
-/// architecture has bf16 `mma.sync` (CUDA sm_80 and later), an f32 or bf16 GEMM as the SIMT tiled template in the
-/// default tile, anything else (or a GEMM the templates decline) as the generic kernel. Shared with ahead-of-time
-/// compiles, as `schedule` is.
+/// How a GPU device renders a kernel for architecture `arch` untuned: a GEMM as its best-scored candidate
+/// (`gpu_gemm::analytic_best`: the tensor-core template for bf16 on CUDA sm_80 and later, else a SIMT tile), anything
+/// else (or a GEMM the templates decline) as the generic kernel. What ahead-of-time compiles render and what a device
+/// runs with `KILN_AUTOTUNE=off`; a device with tuning on runs its race's winner (`gpu/tune.rs`).
 pub fn render(flavor: Flavor, arch: &str, k: &KernelIr) -> Result<GpuKernel, String> {
-    if let Some(v) = GemmView::of(k) {
-        if flavor == Flavor::Cuda
-            && cuda::mma_arch(arch)
-            && let Ok(g) = cuda::render_gemm_mma(k, &v, flavor)
-        {
-            return Ok(g);
-        }
-        if let Ok(g) = cuda::render_gemm(k, &v, cuda::DEFAULT_TILE, flavor) {
-            return Ok(g);
-        }
+    if let Some(v) = GemmView::of(k)
+        && let Some(c) = crate::gpu_gemm::analytic_best(flavor, arch, k, &v)
+        && let Ok(g) = c.render(k, &v, flavor)
+    {
+        return Ok(g);
     }
     cuda::render(k, flavor)
 }

@@ -24,8 +24,11 @@ mod gpu;
 pub use gpu::host::{HostGpu, HostMem};
 #[cfg(any(feature = "cuda", feature = "hip", feature = "host-gpu"))]
 pub use gpu::plan::graph_counts;
+#[cfg(any(feature = "cuda", feature = "hip", feature = "host-gpu"))]
+pub use gpu::tune::tune_records as gpu_tune_records;
 pub mod gpu_cache;
 pub mod gpu_check;
+pub mod gpu_gemm;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod host_pool;

@@ -26,18 +26,19 @@
 //! cubins for sm_90 took 20.3 s on one core and 10.0 s on two, ~100 ms per NVRTC compile).
 //!
 //! The plan itself is the GPU devices' shared one (`gpu::plan`); this module is its `Driver`
-//! over cudarc. bf16 matmuls run on the tensor cores on sm_80 and later (`kiln_jit::render::cuda::render_gemm_mma`:
-//! `mma.sync` m16n8k16 tiles, f32 accumulators, the same fused epilogues); f32 ones (and bf16 before sm_80) as the
-//! shared tiled GEMM template (shared-memory staging, bf16 widened to f32 as it is staged, 4 x 4 register tiles) in
-//! one default tile (`gpu_cache::render`); other dtypes as the generic reduction kernel.
+//! over cudarc. A GEMM runs as the winner of a race on this GPU (`gpu::tune`, remembered under its name and
+//! architecture): for bf16 on sm_80 and later the tensor-core template (`kiln_jit::render::cuda::render_gemm_mma`:
+//! `mma.sync` m16n8k16 tiles, f32 accumulators, the same fused epilogues) against the SIMT tiled template (shared-
+//! memory staging, register tiles, bf16 widened to f32 as it is staged) in a few tiles; other dtypes as the generic
+//! reduction kernel.
 //!
 //! Replays: from its second run a plan launches as one CUDA graph (`gpu::plan`'s module doc), built from explicit
 //! kernel nodes (`cuGraphAddKernelNode`, each after the one before) rather than stream capture, and patched per run
 //! with `cuGraphExecKernelNodeSetParams` where a node's buffers changed. `KILN_CUDA_GRAPHS=0` launches one by one
 //! (to bisect, and to measure what graphs save).
 //!
-//! Deliberately not done yet (issue 21's later points): tuning the tile, tensor cores for TF32 (f32 GEMMs) and
-//! Hopper's `wgmma`, split K, cuBLASLt in the race, and buffer donation (the CUDA kernels' parameters are
+//! Deliberately not done yet (issue 21's later points): tensor cores for TF32 (f32 GEMMs) and Hopper's `wgmma`,
+//! split K, cuBLASLt in the race, and buffer donation (the CUDA kernels' parameters are
 //! `__restrict__`, so an output may not alias an input). The routines (scatter-sum, LU, Cholesky, triangular
 //! solves) render as every other kernel.
 
@@ -193,6 +194,10 @@ impl Driver for Ctx {
 
     fn arch(&self) -> &str {
         &self.arch
+    }
+
+    fn model(&self) -> String {
+        self.name.clone()
     }
 
     fn wrap(m: DeviceBuffer) -> Buffer {

@@ -117,6 +117,10 @@ impl Driver for Ctx {
         "host"
     }
 
+    fn model(&self) -> String {
+        "host stand-in".into()
+    }
+
     fn wrap(m: HostMem) -> Buffer {
         Buffer::HostGpu(m)
     }

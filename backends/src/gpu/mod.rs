@@ -7,6 +7,7 @@
 #[cfg(feature = "host-gpu")]
 pub mod host;
 pub mod plan;
+pub mod tune;
 
 use crate::{BackendError, Buffer};
 use kiln_jit::render::cuda::{Flavor, GpuKernel};
@@ -27,6 +28,9 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
 
     /// The architecture kernels are compiled for (`sm_90`, `gfx90a`).
     fn arch(&self) -> &str;
+    /// The GPU's name as its driver reports it (`NVIDIA H200`): with the architecture, what tuning records are
+    /// valid for.
+    fn model(&self) -> String;
     fn wrap(m: Self::Mem) -> Buffer;
     /// The device memory of `b`, if it is this kind of device's.
     fn unwrap(b: &Buffer) -> Option<&Self::Mem>;
@@ -142,9 +146,14 @@ pub(crate) fn from_bytes(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
 
 /// `Backend::upload` for a GPU device.
 pub(crate) fn upload<D: Driver>(ctx: &Arc<D>, data: HostBuffer) -> Result<Buffer, BackendError> {
+    upload_mem(ctx, &data).map(D::wrap)
+}
+
+/// Device memory holding `data`.
+pub(crate) fn upload_mem<D: Driver>(ctx: &Arc<D>, data: &HostBuffer) -> Result<D::Mem, BackendError> {
     let mut b = ctx.alloc(data.dtype(), data.len())?;
-    ctx.write(&mut b, &to_bytes(&data))?;
-    Ok(D::wrap(b))
+    ctx.write(&mut b, &to_bytes(data))?;
+    Ok(b)
 }
 
 /// `Backend::download` for a GPU device: `buffer`'s elements of `dtype`, `len` of them.

@@ -94,11 +94,22 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
     let plan: KernelPlan = crate::gpu_cache::schedule(graph);
     crate::gpu_check::note(&plan).map_err(err)?;
     let dump = crate::dump::Dump::start(graph, &plan);
+    // A GEMM as the race on this device chose it (`tune`), anything else as `gpu_cache` renders it.
     let rendered = plan
         .launches
         .iter()
         .map(|l| {
-            crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel).map_err(|e| {
+            match super::tune::gemm_kernel(ctx, &l.kernel) {
+                Some(Ok((g, record))) => return Ok((g, Some(record))),
+                Some(Err(e)) => {
+                    // No candidate verified (or the search could not run): the untuned kernel is correct and maybe
+                    // slower. Said once, so the cause is not lost.
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| eprintln!("kiln: {} GEMM {} runs untuned: {e}", D::NAME, l.kernel.name));
+                }
+                None => {}
+            }
+            crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel).map(|g| (g, None)).map_err(|e| {
                 err(format!(
                     "{e}; run this graph on Device::cpu() ({} does not run everything kiln has yet)",
                     D::FLAVOR.name()
@@ -106,14 +117,17 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let sources: Vec<(&str, &str)> = rendered.iter().map(|k| (k.source.as_str(), k.name.as_str())).collect();
+    let sources: Vec<(&str, &str)> = rendered.iter().map(|(k, _)| (k.source.as_str(), k.name.as_str())).collect();
     let codes = ctx.compile(&sources).map_err(err)?;
     let mut launches = Vec::with_capacity(plan.launches.len());
     let mut temps = vec![0usize; plan.temps.len()];
     let ext = D::FLAVOR.extension();
-    for ((l, k), code) in plan.launches.iter().zip(&rendered).zip(&codes) {
+    for ((l, (k, record)), code) in plan.launches.iter().zip(&rendered).zip(&codes) {
         if let Some(d) = &dump {
-            d.kernel_files(&l.kernel, ext, &k.source, "");
+            match record {
+                Some(r) => d.tuned_kernel_files(&l.kernel, ext, &k.source, &r.winner, &r.table()),
+                None => d.kernel_files(&l.kernel, ext, &k.source, ""),
+            }
         }
         let function = ctx.load(k, code).map_err(err)?;
         if let Slot::Temp(t) = l.output {

@@ -203,6 +203,10 @@ impl Driver for Ctx {
         &self.arch
     }
 
+    fn model(&self) -> String {
+        self.name.clone()
+    }
+
     fn wrap(m: DeviceBuffer) -> Buffer {
         Buffer::Hip(m)
     }

@@ -1,0 +1,178 @@
+//! Which kernel a GEMM runs as on a GPU device (CUDA, HIP): the tensor-core template (bf16 on CUDA sm_80 and later)
+//! or the SIMT tiled template in one of a few tiles (`gpu_gemm::GpuGemm`), chosen per GEMM by a race on the device
+//! and remembered, as the wgpu device chooses its tiles.
+//!
+//! The choice: a record in `kiln_autotune::Store::global()` under this GPU's fingerprint (its architecture and
+//! name), else `kiln_autotune::search` over the candidates in the `KILN_AUTOTUNE` mode: ranked by `gpu_gemm::score`, the
+//! best few rendered, compiled (through the device's code store, so a winner is not compiled twice), verified
+//! against `kernel::eval::run_at` on sampled positions (a wrong kernel can never win) and timed with the device
+//! synchronized; the record is stored. `KILN_AUTOTUNE=off` takes the best score and runs nothing, which is also
+//! what an ahead-of-time compile renders (`gpu_cache::render`): a service that imports a bundle compiled without a
+//! GPU and wants no compile at its first request runs with tuning off, or imports a bundle exported from a GPU
+//! machine of the same kind, which carries that machine's records and their cubins.
+//!
+//! The tuning problem is the kernel itself on synthetic data, so the key holds its exact dims and a checksum of its
+//! epilogue code. Not done here: rendering (`kiln_jit::render::cuda`), or a library candidate (cuBLASLt).
+
+use super::Driver;
+use crate::BackendError;
+use crate::gpu_gemm::{GpuGemm, candidates, score};
+use kiln_autotune::{Candidate, DeviceFingerprint, Mode, Store, TuneKey, TuneRecord, checksum_of};
+use kiln_jit::kernel::KernelIr;
+use kiln_jit::kernel::gemm::{GemmOperand, GemmView};
+use kiln_jit::render::cuda::GpuKernel;
+use kiln_jit::{DType, HostBuffer};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+/// `KILN_AUTOTUNE`, read once.
+fn mode() -> Mode {
+    static MODE: LazyLock<Mode> = LazyLock::new(Mode::from_env);
+    *MODE
+}
+
+/// What tuning records measured on `ctx`'s GPU are valid for.
+fn fingerprint<D: Driver>(ctx: &D) -> DeviceFingerprint {
+    DeviceFingerprint { arch: format!("{}-{}", D::NAME, ctx.arch()), model: ctx.model(), features: Vec::new() }
+}
+
+/// `mk`/`km` (A) or `kn`/`nk` (B): which index of the operand is contiguous.
+fn layout(op: &GemmOperand, contiguous: &'static str, transposed: &'static str) -> &'static str {
+    if op.cols != 1 && op.rows == 1 { transposed } else { contiguous }
+}
+
+fn tuned_dims(v: &GemmView) -> Vec<(String, u64)> {
+    let d = |n: &str, x: usize| (n.to_string(), x as u64);
+    vec![d("batch", v.batch_count().max(1)), d("m", v.m), d("n", v.n), d("k", v.k)]
+}
+
+fn key<D: Driver>(ctx: &D, k: &KernelIr, v: &GemmView, cands: &[GpuGemm]) -> TuneKey {
+    TuneKey {
+        op: format!("{}-gemm", D::NAME),
+        dims: tuned_dims(v),
+        dtypes: format!("{},{}->{}", v.operands, v.operands, v.out),
+        layout: format!("{},{}", layout(&v.a, "mk", "km"), layout(&v.b, "kn", "nk")),
+        epilogue: format!("{:016x}", checksum_of([format!("{:?} -> {}", k.outer, k.result)])),
+        device: fingerprint(ctx).id(),
+        candidates: checksum_of(cands.iter().map(GpuGemm::name)),
+    }
+}
+
+/// GEMM kernel `k` as the device runs it: the stored or searched winner among the candidates that render, with the
+/// record that chose it; `None` when `k` is no GEMM the templates take (the caller renders it as `gpu_cache` says).
+pub(crate) fn gemm_kernel<D: Driver>(ctx: &Arc<D>, k: &KernelIr) -> Option<Result<(GpuKernel, TuneRecord), String>> {
+    let v = GemmView::of(k)?;
+    let cands: Vec<GpuGemm> =
+        candidates(D::FLAVOR, ctx.arch(), &v).into_iter().filter(|c| c.render(k, &v, D::FLAVOR).is_ok()).collect();
+    if cands.is_empty() {
+        return None;
+    }
+    let chosen = choose(ctx, k, &v, &cands, Store::global(), mode());
+    if let Ok((_, record)) = &chosen {
+        RECORDS.lock().push(record.clone());
+    }
+    Some(chosen)
+}
+
+/// A candidate's kernel and its loaded function.
+type Built<D> = (GpuKernel, Arc<<D as Driver>::Function>);
+
+static RECORDS: parking_lot::Mutex<Vec<TuneRecord>> = parking_lot::Mutex::new(Vec::new());
+
+/// Every GEMM tuning record the GPU devices searched or reused in this process, in order: for reports and for the
+/// tests that check what the race decided.
+pub fn tune_records() -> Vec<TuneRecord> {
+    RECORDS.lock().clone()
+}
+
+/// The kernel for `k` among `cands`: a stored record's winner (never re-raced by its own mode or a lighter one), else
+/// a search recorded in `store`.
+fn choose<D: Driver>(
+    ctx: &Arc<D>,
+    k: &KernelIr,
+    v: &GemmView,
+    cands: &[GpuGemm],
+    store: &Store,
+    mode: Mode,
+) -> Result<(GpuKernel, TuneRecord), String> {
+    let key = key(&**ctx, k, v, cands);
+    let by_name = |name: &str| cands.iter().find(|c| c.name() == name).copied();
+    if let Some(rec) = store.get_record(&key).filter(|r| r.serves(mode))
+        && let Some(c) = by_name(&rec.winner)
+    {
+        return Ok((c.render(k, v, D::FLAVOR)?, rec));
+    }
+    let scored: Vec<Candidate<'_, GpuGemm>> = cands
+        .iter()
+        .map(|c| Candidate {
+            config: c,
+            name: c.name(),
+            score: score(v, c),
+            group: String::new(),
+            family: match c {
+                GpuGemm::Simt(_) => "simt".into(),
+                GpuGemm::Mma => "tensor cores".into(),
+            },
+            shape: String::new(),
+        })
+        .collect();
+    let exec = |e: BackendError| e.to_string();
+    let host: Vec<HostBuffer> = crate::gemm_check::synthetic_inputs(k);
+    // `Mode::Off` never runs a candidate: nothing to upload.
+    let inputs = if mode == Mode::Off {
+        Vec::new()
+    } else {
+        host.iter().map(|h| super::upload_mem(ctx, h)).collect::<Result<Vec<_>, _>>().map_err(exec)?
+    };
+    let out = ctx.alloc(k.output.dtype, k.output.len).map_err(exec)?;
+    let mut params: Vec<u64> = inputs.iter().map(D::addr).collect();
+    params.push(D::addr(&out));
+    // Each candidate rendered, compiled and loaded once, for its verification and its timed runs.
+    let built: RefCell<HashMap<GpuGemm, Built<D>>> = RefCell::default();
+    let launch = |c: &GpuGemm| -> Result<Duration, String> {
+        let existing = built.borrow().get(c).map(|(g, f)| (g.grid, g.block, f.clone()));
+        let (grid, block, f) = match existing {
+            Some(x) => x,
+            None => {
+                let g = c.render(k, v, D::FLAVOR)?;
+                let code = ctx.compile(&[(g.source.as_str(), g.name.as_str())])?;
+                let f = Arc::new(ctx.load(&g, code.first().ok_or("no code compiled")?)?);
+                let x = (g.grid, g.block, f.clone());
+                built.borrow_mut().insert(*c, (g, f));
+                x
+            }
+        };
+        let t0 = Instant::now();
+        // SAFETY: the kernel was rendered from `k`, whose parameters are its inputs and its output (a GEMM template
+        // neither draws random numbers nor gathers), each uploaded or allocated here with the kernel's lengths.
+        unsafe { ctx.launch(&f, grid, block, &params) }?;
+        ctx.read(&out, 0).map_err(exec)?; // waits for the device
+        Ok(t0.elapsed())
+    };
+    // The evaluator's values, computed at the first verification and shared by every candidate.
+    let reference = std::cell::OnceCell::new();
+    let rounded = if k.output.dtype == DType::BF16 { 2f64.powi(-8) } else { 0.0 };
+    let verify = |c: &GpuGemm| -> Result<(), String> {
+        launch(c)?;
+        let bytes = ctx.read(&out, k.output.len * k.output.dtype.size_of()).map_err(exec)?;
+        let got: Vec<f32> =
+            super::from_bytes(k.output.dtype, &bytes, k.output.len).to_f64().into_iter().map(|x| x as f32).collect();
+        let reference = reference.get_or_init(|| {
+            let refs: Vec<&HostBuffer> = host.iter().collect();
+            crate::gemm_check::Reference::of(k, v.k, &refs)
+        });
+        reference.check(&got, rounded)
+    };
+    let record = kiln_autotune::search(&key, tuned_dims(v), scored, mode, verify, launch)?;
+    if let Err(e) = store.put_record(&record) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| eprintln!("kiln: could not write a {} GEMM tuning record: {e}", D::NAME));
+    }
+    let c = by_name(&record.winner).ok_or_else(|| format!("unknown winner {}", record.winner))?;
+    if let Some((g, _)) = built.borrow_mut().remove(&c) {
+        return Ok((g, record));
+    }
+    Ok((c.render(k, v, D::FLAVOR)?, record))
+}

@@ -1,0 +1,110 @@
+//! The GEMM candidates of the GPU devices (CUDA, HIP) and their analytic score: the tensor-core template (bf16 on
+//! CUDA sm_80 and later) and the SIMT tiled template in a few tiles ([`GpuGemm`]). The race among them runs on the
+//! device (`gpu/tune.rs`); this part needs no device, so an ahead-of-time compile (`gpu_cache::render`) takes the
+//! same best-scored candidate a device takes with `KILN_AUTOTUNE=off`.
+
+use kiln_jit::DType;
+use kiln_jit::kernel::KernelIr;
+use kiln_jit::kernel::gemm::GemmView;
+use kiln_jit::render::cstyle::GemmTile;
+use kiln_jit::render::cuda::{self, Flavor, GpuKernel};
+
+/// One way to run a GEMM on a GPU device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GpuGemm {
+    /// The SIMT tiled template (`cuda::render_gemm`) in this tile.
+    Simt(GemmTile),
+    /// The tensor-core template (`cuda::render_gemm_mma`): 64 x 64 x 32, bf16 operands, CUDA sm_80 and later.
+    Mma,
+}
+
+impl GpuGemm {
+    /// A stable name, e.g. `simt:64x64:r4x4:k16` or `mma:64x64x32`: tuning records store it.
+    pub fn name(&self) -> String {
+        match self {
+            GpuGemm::Simt(t) => format!("simt:{}x{}:r{}x{}:k{}", t.tm, t.tn, t.rm, t.rn, t.kt),
+            GpuGemm::Mma => "mma:64x64x32".into(),
+        }
+    }
+
+    /// GEMM kernel `k` (recognized as `v`) as this candidate in `flavor`.
+    pub fn render(&self, k: &KernelIr, v: &GemmView, flavor: Flavor) -> Result<GpuKernel, String> {
+        match self {
+            GpuGemm::Simt(t) => cuda::render_gemm(k, v, *t, flavor),
+            GpuGemm::Mma => cuda::render_gemm_mma(k, v, flavor),
+        }
+    }
+}
+
+/// The SIMT tiles raced, in a fixed order (part of the candidate-set checksum): the default first, larger register
+/// tiles for large products, thin ones for decode shapes (few rows, long K). Each within both languages' limits
+/// (at most 1024 threads and 48 KiB of shared memory a block).
+const TILES: [(u32, u32, u32, u32, u32); 7] = [
+    (64, 64, 4, 4, 16),
+    (128, 128, 8, 8, 8),
+    (128, 64, 8, 4, 16),
+    (64, 128, 4, 8, 16),
+    (64, 64, 4, 4, 8),
+    (32, 64, 2, 4, 16),
+    (16, 64, 1, 4, 32),
+];
+
+/// Blocks that fill a large GPU (a few per multiprocessor of a 100-odd SM part); below it the score drops.
+const TARGET_BLOCKS: f64 = 256.0;
+
+/// The candidates for `v` in `flavor` on `arch`, in a fixed order: the tensor-core template first where it applies.
+pub fn candidates(flavor: Flavor, arch: &str, v: &GemmView) -> Vec<GpuGemm> {
+    let mma = flavor == Flavor::Cuda && cuda::mma_arch(arch) && v.operands == DType::BF16;
+    let simt = TILES.iter().map(|&(tm, tn, rm, rn, kt)| GpuGemm::Simt(GemmTile { tm, tn, rm, rn, kt }));
+    mma.then_some(GpuGemm::Mma).into_iter().chain(simt).collect()
+}
+
+/// The analytic score of `c` on `v` (higher is better): a relative estimate whose job is to put the few worth
+/// timing on top. Shared-memory reuse grows with the block tile (`tm * tn / (tm + tn)`), register reuse with the
+/// thread's (`rm * rn / (rm + rn)`); the fraction of the padded grid that is real output and the occupancy (blocks
+/// against `TARGET_BLOCKS`) scale it; the tensor cores multiply a 64 x 64 tile's throughput by ~8 (dense bf16 MMA
+/// against f32 FMA on the same SM, A100 to H100 alike).
+pub fn score(v: &GemmView, c: &GpuGemm) -> f64 {
+    let (tm, tn, rm, rn, kt, speed) = match c {
+        GpuGemm::Simt(t) => (t.tm as f64, t.tn as f64, t.rm as f64, t.rn as f64, t.kt as f64, 1.0),
+        GpuGemm::Mma => (64.0, 64.0, 8.0, 8.0, 32.0, 8.0),
+    };
+    let shared_reuse = tm * tn / (tm + tn);
+    let reg_reuse = rm * rn / (rm + rn);
+    let padded_m = (v.m as f64 / tm).ceil() * tm;
+    let padded_n = (v.n as f64 / tn).ceil() * tn;
+    let useful = (v.m * v.n) as f64 / (padded_m * padded_n);
+    let blocks = (padded_m / tm) * (padded_n / tn) * v.batch_count().max(1) as f64;
+    let occupancy = (blocks / TARGET_BLOCKS).min(1.0);
+    let k_useful = v.k as f64 / ((v.k as f64 / kt).ceil() * kt);
+    speed * shared_reuse.sqrt() * (1.0 + reg_reuse) * useful * (0.2 + 0.8 * occupancy) * k_useful
+}
+
+/// The best-scored candidate for `v`, without running anything: what `KILN_AUTOTUNE=off` and an ahead-of-time
+/// compile take.
+pub fn analytic_best(flavor: Flavor, arch: &str, k: &KernelIr, v: &GemmView) -> Option<GpuGemm> {
+    let mut best: Option<(f64, GpuGemm)> = None;
+    for c in candidates(flavor, arch, v).into_iter().filter(|c| c.render(k, v, flavor).is_ok()) {
+        let s = score(v, &c);
+        if best.is_none_or(|(b, _)| s > b) {
+            best = Some((s, c));
+        }
+    }
+    best.map(|(_, c)| c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tile_fits_both_languages_and_names_are_distinct() {
+        let mut names = std::collections::HashSet::new();
+        for &(tm, tn, rm, rn, kt) in &TILES {
+            let t = GemmTile { tm, tn, rm, rn, kt };
+            assert!(t.well_formed() && t.threads() <= 1024 && t.shared_bytes() <= 48 * 1024, "{t:?}");
+            assert!(names.insert(GpuGemm::Simt(t).name()));
+        }
+        assert!(names.insert(GpuGemm::Mma.name()));
+    }
+}
