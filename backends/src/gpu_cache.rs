@@ -122,6 +122,12 @@ pub fn store(flavor: Flavor, arch: &str) -> Result<&'static Store, String> {
     Ok(store)
 }
 
+/// Whether the code store for `flavor` and `arch` already holds `source` compiled (imported in a bundle, or compiled
+/// by an earlier run): no compiler is called for it.
+pub fn is_compiled(flavor: Flavor, arch: &str, source: &str) -> bool {
+    store(flavor, arch).is_ok_and(|s| s.get_artifact(&format!("{ARTIFACT_PREFIX}{source}")).is_some())
+}
+
 /// The compiled code of several rendered kernels `(source, name)` for `flavor` and `arch`, in order: those the
 /// store lacks are compiled in parallel where the compiler allows it (NVRTC: one program per thread, up to the
 /// machine's cores), so a plan's cold start waits for its slowest kernel per core rather than for their sum; hiprtc

@@ -52,6 +52,10 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     fn compile(&self, kernels: &[(&str, &str)]) -> Result<Vec<Vec<u8>>, String> {
         crate::gpu_cache::compiled(Self::FLAVOR, kernels, self.arch())
     }
+    /// Whether `source` is already compiled for this device (in its code store), so using it calls no compiler.
+    fn precompiled(&self, source: &str) -> bool {
+        crate::gpu_cache::is_compiled(Self::FLAVOR, self.arch(), source)
+    }
     /// The loaded function of kernel `k` from its compiled `code` (loaded once per source).
     fn load(&self, k: &GpuKernel, code: &[u8]) -> Result<Self::Function, String>;
     /// Queues `f` on the device's stream over a `grid` of `block`-thread blocks with these parameters.

@@ -100,7 +100,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
         .iter()
         .map(|l| {
             match super::tune::gemm_kernel(ctx, &l.kernel) {
-                Some(Ok((g, record))) => return Ok((g, Some(record))),
+                Some(Ok((g, record))) => return Ok((g, record)),
                 Some(Err(e)) => {
                     // No candidate verified (or the search could not run): the untuned kernel is correct and maybe
                     // slower. Said once, so the cause is not lost.

@@ -7,9 +7,10 @@
 //! best few rendered, compiled (through the device's code store, so a winner is not compiled twice), verified
 //! against `kernel::eval::run_at` on sampled positions (a wrong kernel can never win) and timed with the device
 //! synchronized; the record is stored. `KILN_AUTOTUNE=off` takes the best score and runs nothing, which is also
-//! what an ahead-of-time compile renders (`gpu_cache::render`): a service that imports a bundle compiled without a
-//! GPU and wants no compile at its first request runs with tuning off, or imports a bundle exported from a GPU
-//! machine of the same kind, which carries that machine's records and their cubins.
+//! what an ahead-of-time compile renders (`gpu_cache::render`). Where no record exists but that best-scored kernel
+//! is already compiled for this architecture (a bundle compiled without a GPU and imported, or an earlier run with
+//! tuning off), it is taken without a race, so a service's first request after a bundle import compiles nothing;
+//! `KILN_AUTOTUNE=full` (`kiln tune`) races anyway.
 //!
 //! The tuning problem is the kernel itself on synthetic data, so the key holds its exact dims and a checksum of its
 //! epilogue code. Not done here: rendering (`kiln_jit::render::cuda`), or a library candidate (cuBLASLt).
@@ -61,8 +62,11 @@ fn key<D: Driver>(ctx: &D, k: &KernelIr, v: &GemmView, cands: &[GpuGemm]) -> Tun
 }
 
 /// GEMM kernel `k` as the device runs it: the stored or searched winner among the candidates that render, with the
-/// record that chose it; `None` when `k` is no GEMM the templates take (the caller renders it as `gpu_cache` says).
-pub(crate) fn gemm_kernel<D: Driver>(ctx: &Arc<D>, k: &KernelIr) -> Option<Result<(GpuKernel, TuneRecord), String>> {
+/// record that chose it (none for a kernel compiled ahead of time and taken as it is); `None` when `k` is no GEMM the templates take (the caller renders it as `gpu_cache` says).
+pub(crate) fn gemm_kernel<D: Driver>(
+    ctx: &Arc<D>,
+    k: &KernelIr,
+) -> Option<Result<(GpuKernel, Option<TuneRecord>), String>> {
     let v = GemmView::of(k)?;
     let cands: Vec<GpuGemm> =
         candidates(D::FLAVOR, ctx.arch(), &v).into_iter().filter(|c| c.render(k, &v, D::FLAVOR).is_ok()).collect();
@@ -70,7 +74,7 @@ pub(crate) fn gemm_kernel<D: Driver>(ctx: &Arc<D>, k: &KernelIr) -> Option<Resul
         return None;
     }
     let chosen = choose(ctx, k, &v, &cands, Store::global(), mode());
-    if let Ok((_, record)) = &chosen {
+    if let Ok((_, Some(record))) = &chosen {
         RECORDS.lock().push(record.clone());
     }
     Some(chosen)
@@ -96,13 +100,23 @@ fn choose<D: Driver>(
     cands: &[GpuGemm],
     store: &Store,
     mode: Mode,
-) -> Result<(GpuKernel, TuneRecord), String> {
+) -> Result<(GpuKernel, Option<TuneRecord>), String> {
     let key = key(&**ctx, k, v, cands);
     let by_name = |name: &str| cands.iter().find(|c| c.name() == name).copied();
     if let Some(rec) = store.get_record(&key).filter(|r| r.serves(mode))
         && let Some(c) = by_name(&rec.winner)
     {
-        return Ok((c.render(k, v, D::FLAVOR)?, rec));
+        return Ok((c.render(k, v, D::FLAVOR)?, Some(rec)));
+    }
+    // The untuned kernel compiled ahead of time for this architecture (an imported bundle, an earlier run with
+    // tuning off) is the deployer's choice: taken without a race, so a bundle's first request compiles nothing.
+    // `KILN_AUTOTUNE=full` (`kiln tune`) races anyway.
+    if mode != Mode::Full
+        && let Some(best) = crate::gpu_gemm::analytic_best(D::FLAVOR, ctx.arch(), k, v)
+        && let Ok(g) = best.render(k, v, D::FLAVOR)
+        && ctx.precompiled(&g.source)
+    {
+        return Ok((g, None));
     }
     let scored: Vec<Candidate<'_, GpuGemm>> = cands
         .iter()
@@ -172,7 +186,7 @@ fn choose<D: Driver>(
     }
     let c = by_name(&record.winner).ok_or_else(|| format!("unknown winner {}", record.winner))?;
     if let Some((g, _)) = built.borrow_mut().remove(&c) {
-        return Ok((g, record));
+        return Ok((g, Some(record)));
     }
-    Ok((c.render(k, v, D::FLAVOR)?, record))
+    Ok((c.render(k, v, D::FLAVOR)?, Some(record)))
 }
