@@ -37,6 +37,22 @@ fn a_fused_graph_matches_the_cpu() {
     }
 }
 
+/// Every GEMM candidate the device races (the tensor-core template on sm_80 and later), forced, against the
+/// interpreter.
+#[test]
+fn every_gemm_candidate_matches_the_interpreter_on_cuda() {
+    if common::cuda_device().is_some() {
+        let b = kiln_backends::cuda::backend(0).expect("the device opened above");
+        let ran = gpu_open::every_gemm_candidate_matches_the_interpreter(
+            kiln_jit::render::cuda::Flavor::Cuda,
+            b.arch(),
+            &|_| true,
+            &|k, c, args| b.run_gemm_with(k, c, args),
+        );
+        assert!(ran > 0);
+    }
+}
+
 /// Plans replay as CUDA graphs from their second run (unless `KILN_CUDA_GRAPHS=0`): each run's results match the
 /// CPU, and the graphs were built and launched.
 #[test]

@@ -13,6 +13,8 @@ mod test_cache;
 
 mod common;
 
+mod gpu_open;
+
 use common::*;
 use kiln::{DType, Device, HostBuffer, Tensor, linalg};
 use kiln_backends::gpu_cache::schedule as gpu_schedule;
@@ -725,4 +727,20 @@ fn the_gemm_race_runs_on_the_host_stand_in() {
         let won = rec.trials.iter().find(|t| t.config == rec.winner).expect("the winner's trial");
         assert_eq!(won.verified, Some(true), "the winner verified: {:?}", rec.trials);
     }
+}
+
+/// The body `tests/cuda_device.rs` runs on a GPU (every GEMM candidate of the race, forced, against the
+/// interpreter) on the host stand-in, for the tensor-core template (its warp-level product emulated by the shim) and
+/// the default SIMT tile: each candidate here is a C++ compile of its own, and every SIMT tile already runs under
+/// the shim in `tiled_cuda_gemm_matches_the_interpreter_on_the_host`.
+#[test]
+fn gemm_candidates_run_forced_on_the_host_stand_in() {
+    use kiln_backends::HostGpu;
+    let Some(cxx) = cxx() else { return };
+    let gpu = HostGpu::new(&cxx);
+    let keep = |c: GpuGemm| c == GpuGemm::Mma || c == GpuGemm::Simt(DEFAULT_TILE);
+    let ran = gpu_open::every_gemm_candidate_matches_the_interpreter(Flavor::Cuda, "sm_90", &keep, &|k, c, args| {
+        gpu.run_gemm_with(k, c, args)
+    });
+    assert_eq!(ran, 6 + 3, "the default tile on six GEMMs, the tensor cores on the three bf16 ones");
 }

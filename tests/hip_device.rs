@@ -42,6 +42,21 @@ fn a_fused_graph_matches_the_cpu() {
     }
 }
 
+/// Every GEMM candidate the device races (SIMT tiles on HIP), forced, against the interpreter.
+#[test]
+fn every_gemm_candidate_matches_the_interpreter_on_hip() {
+    if common::hip_device().is_some() {
+        let b = kiln_backends::hip::backend(0).expect("the device opened above");
+        let ran = gpu_open::every_gemm_candidate_matches_the_interpreter(
+            kiln_jit::render::cuda::Flavor::Hip,
+            b.arch(),
+            &|_| true,
+            &|k, c, args| b.run_gemm_with(k, c, args),
+        );
+        assert!(ran > 0);
+    }
+}
+
 #[test]
 fn replayed_plans_match_the_cpu() {
     if let Some(dev) = common::hip_device() {

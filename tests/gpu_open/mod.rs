@@ -1,9 +1,15 @@
 //! One test body for opening each GPU device (`tests/cuda_device.rs`, `tests/hip_device.rs`): where the device is
 //! there it opens, names itself and moves data of every dtype bit for bit; where it is not, opening it is an error
 //! that says what is missing, the same error when asked again, never a panic; and a fused graph with a reduction
-//! and a gather matches the CPU where there is a GPU.
+//! and a gather matches the CPU where there is a GPU; plans replayed with new inputs match the CPU; and every GEMM
+//! candidate of the devices' race, forced, matches the interpreter (also on the host stand-in, `tests/cuda_host.rs`).
+//!
+//! Each test crate that says `mod gpu_open;` uses a subset of it, hence `dead_code`.
+#![allow(dead_code)]
 
 use kiln::{DType, Device, HostBuffer, Tensor};
+use kiln_backends::gpu_gemm::GpuGemm;
+use kiln_jit::kernel::KernelIr;
 
 /// What differs between the GPU devices in these checks.
 pub struct Gpu {
@@ -86,4 +92,53 @@ pub fn replayed_plans_match_the_cpu(dev: &Device) {
             assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "run {round}: cpu {a:?}\n{dev} {b:?}");
         }
     }
+}
+
+/// Renders and runs GEMM kernel `k` as one candidate on `inputs`, returning its output.
+pub type RunGemm<'a> = dyn Fn(&KernelIr, GpuGemm, &[&HostBuffer]) -> Result<HostBuffer, String> + 'a;
+
+/// Forces every GEMM candidate a GPU device races (`kiln_backends::gpu_gemm::candidates` for `flavor` and `arch`,
+/// those `keep` keeps; `run` renders and runs one kernel as one candidate) on GEMMs of every kind (ragged, a
+/// transposed operand, batched, a fused epilogue; f32 and bf16 operands) and compares each with the interpreter.
+/// Returns how many (GEMM, candidate) pairs ran.
+pub fn every_gemm_candidate_matches_the_interpreter(
+    flavor: kiln_jit::render::cuda::Flavor,
+    arch: &str,
+    keep: &dyn Fn(GpuGemm) -> bool,
+    run: &RunGemm<'_>,
+) -> usize {
+    use crate::common::{Kind, compare, gemm_tol, rand_f32 as rand, tol, with_last_launch};
+    let bf = |t: Tensor| t.to_dtype(DType::BF16);
+    let cases: Vec<(&str, Tensor)> = vec![
+        ("ragged 70 x 130 x 33", rand(&[70, 33], 1).matmul(&rand(&[33, 130], 2))),
+        ("x @ w.t() + bias, relu", (rand(&[12, 40], 5).matmul(&rand(&[27, 40], 6).t()) + rand(&[27], 9)).relu()),
+        ("batched", rand(&[3, 17, 20], 7).matmul(&rand(&[3, 20, 33], 8))),
+        ("bf16 ragged", bf(rand(&[70, 33], 1)).matmul(&bf(rand(&[33, 130], 2)))),
+        ("bf16 x @ w.t(), relu", bf(rand(&[12, 40], 5)).matmul(&bf(rand(&[27, 40], 6)).t()).relu()),
+        ("bf16 batched", bf(rand(&[3, 17, 20], 7)).matmul(&bf(rand(&[3, 20, 33], 8)))),
+    ];
+    // The GPU devices' schedule (bf16 operands read where they are stored), without the transposed-operand copy.
+    let options = kiln_jit::kernel::ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
+    let mut ran = 0;
+    for (name, out) in &cases {
+        ran += with_last_launch(name, out, options, |kernel, args, want| {
+            let v = kiln_jit::kernel::gemm::GemmView::of(kernel).unwrap_or_else(|| panic!("{name}: not a GEMM"));
+            let tolerance =
+                if want.dtype() == DType::BF16 { tol(DType::BF16, Kind::Accumulate) } else { gemm_tol(v.k) };
+            let mut n = 0;
+            for c in kiln_backends::gpu_gemm::candidates(flavor, arch, &v) {
+                if !keep(c) || c.render(kernel, &v, flavor).is_err() {
+                    continue;
+                }
+                let got = run(kernel, c, args).unwrap_or_else(|e| panic!("{name}: {}: {e}", c.name()));
+                if let Err(e) = compare(&got, want, tolerance) {
+                    panic!("{name}: {} is wrong: {e}", c.name());
+                }
+                n += 1;
+            }
+            assert!(n > 0, "{name}: no candidate ran");
+            n
+        });
+    }
+    ran
 }

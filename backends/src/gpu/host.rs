@@ -90,6 +90,16 @@ impl HostGpu {
         HostGpu::with(cxx, false)
     }
 
+    /// GEMM kernel `k` forced to candidate `c` of the GPU devices' race, run once on `inputs` under the shim.
+    pub fn run_gemm_with(
+        &self,
+        k: &kiln_jit::kernel::KernelIr,
+        c: crate::gpu_gemm::GpuGemm,
+        inputs: &[&HostBuffer],
+    ) -> Result<HostBuffer, String> {
+        super::tune::run_with(&self.ctx, k, c, inputs)
+    }
+
     fn with(cxx: &str, graphs: bool) -> HostGpu {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(

@@ -3,14 +3,14 @@
 //! and remembered, as the wgpu device chooses its tiles.
 //!
 //! The choice: a record in `kiln_autotune::Store::global()` under this GPU's fingerprint (its architecture and
-//! name), else `kiln_autotune::search` over the candidates in the `KILN_AUTOTUNE` mode: ranked by `gpu_gemm::score`, the
-//! best few rendered, compiled (through the device's code store, so a winner is not compiled twice), verified
-//! against `kernel::eval::run_at` on sampled positions (a wrong kernel can never win) and timed with the device
-//! synchronized; the record is stored. `KILN_AUTOTUNE=off` takes the best score and runs nothing, which is also
-//! what an ahead-of-time compile renders (`gpu_cache::render`). Where no record exists but that best-scored kernel
-//! is already compiled for this architecture (a bundle compiled without a GPU and imported, or an earlier run with
-//! tuning off), it is taken without a race, so a service's first request after a bundle import compiles nothing;
-//! `KILN_AUTOTUNE=full` (`kiln tune`) races anyway.
+//! name), else `kiln_autotune::search` over the candidates in the `KILN_AUTOTUNE` mode: ranked by
+//! `gpu_gemm::score`, the best few rendered, compiled (through the device's code store, so a winner is not
+//! compiled twice), verified against `kernel::eval::run_at` on sampled positions (a wrong kernel can never win) and
+//! timed with the device synchronized; the record is stored. `KILN_AUTOTUNE=off` takes the best score and runs
+//! nothing, which is also what an ahead-of-time compile renders (`gpu_cache::render`). Where no record exists but
+//! that best-scored kernel is already compiled for this architecture (a bundle compiled without a GPU and imported,
+//! or an earlier run with tuning off), it is taken without a race, so a service's first request after a bundle
+//! import compiles nothing; `KILN_AUTOTUNE=full` (`kiln tune`) races anyway.
 //!
 //! The tuning problem is the kernel itself on synthetic data, so the key holds its exact dims and a checksum of its
 //! epilogue code. Not done here: rendering (`kiln_jit::render::cuda`), or a library candidate (cuBLASLt).
@@ -62,7 +62,8 @@ fn key<D: Driver>(ctx: &D, k: &KernelIr, v: &GemmView, cands: &[GpuGemm]) -> Tun
 }
 
 /// GEMM kernel `k` as the device runs it: the stored or searched winner among the candidates that render, with the
-/// record that chose it (none for a kernel compiled ahead of time and taken as it is); `None` when `k` is no GEMM the templates take (the caller renders it as `gpu_cache` says).
+/// record that chose it (none for a kernel compiled ahead of time and taken as it is); `None` when `k` is no GEMM
+/// the templates take (the caller renders it as `gpu_cache` says).
 pub(crate) fn gemm_kernel<D: Driver>(
     ctx: &Arc<D>,
     k: &KernelIr,
@@ -189,4 +190,37 @@ fn choose<D: Driver>(
         return Ok((g, Some(record)));
     }
     Ok((c.render(k, v, D::FLAVOR)?, Some(record)))
+}
+
+/// Renders GEMM kernel `k` as candidate `c`, runs it once on `inputs` (checked against the kernel's buffers) and
+/// returns its output: for the tests that force every candidate. Errors when `k` is not a GEMM or `c` declines it.
+pub(crate) fn run_with<D: Driver>(
+    ctx: &Arc<D>,
+    k: &KernelIr,
+    c: GpuGemm,
+    inputs: &[&HostBuffer],
+) -> Result<HostBuffer, String> {
+    let v = GemmView::of(k).ok_or("not a GEMM")?;
+    if inputs.len() != k.inputs.len() {
+        return Err(format!("{} inputs given, the kernel reads {}", inputs.len(), k.inputs.len()));
+    }
+    for (h, p) in inputs.iter().zip(&k.inputs) {
+        if h.dtype() != p.dtype || h.len() < p.len {
+            return Err(format!("an input is {}[{}], the kernel wants {}[{}]", h.dtype(), h.len(), p.dtype, p.len));
+        }
+    }
+    let g = c.render(k, &v, D::FLAVOR)?;
+    let code = ctx.compile(&[(g.source.as_str(), g.name.as_str())])?;
+    let f = ctx.load(&g, code.first().ok_or("no code compiled")?)?;
+    let exec = |e: BackendError| e.to_string();
+    let dev = inputs.iter().map(|h| super::upload_mem(ctx, h)).collect::<Result<Vec<_>, _>>().map_err(exec)?;
+    let out = ctx.alloc(k.output.dtype, k.output.len).map_err(exec)?;
+    let mut params: Vec<u64> = dev.iter().map(D::addr).collect();
+    params.push(D::addr(&out));
+    // SAFETY: the kernel was rendered from `k`, whose parameters are its inputs (uploaded above, each at least the
+    // kernel's length, checked) and its output (allocated with its length); a GEMM template neither draws random
+    // numbers nor gathers.
+    unsafe { ctx.launch(&f, g.grid, g.block, &params) }?;
+    let bytes = ctx.read(&out, k.output.len * k.output.dtype.size_of()).map_err(exec)?;
+    Ok(super::from_bytes(k.output.dtype, &bytes, k.output.len))
 }

@@ -129,6 +129,17 @@ impl HipBackend {
     pub fn arch(&self) -> &str {
         &self.ctx.arch
     }
+
+    /// GEMM kernel `k` forced to candidate `c` of the race (`gpu_gemm`), run once on `inputs`: for the tests that
+    /// check every candidate on the GPU.
+    pub fn run_gemm_with(
+        &self,
+        k: &kiln_jit::kernel::KernelIr,
+        c: crate::gpu_gemm::GpuGemm,
+        inputs: &[&HostBuffer],
+    ) -> Result<HostBuffer, String> {
+        crate::gpu::tune::run_with(&self.ctx, k, c, inputs)
+    }
 }
 
 /// Device memory for `len` elements of `dtype`.

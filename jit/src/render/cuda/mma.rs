@@ -149,7 +149,8 @@ fn body(d: &CudaC, v: &GemmView, tiles_m: u64) -> String {
     let _ = writeln!(
         s,
         "    for (int e = l; e < {}; e += {THREADS}) {{\n        int r = {ar};\n        int c = {ac};\n        \
-         unsigned short x = 0;\n        if (m0 + r < {m} && k0 + c < {kk}) x = {};\n        sa[r * {LD} + c] = x;\n    }}",
+         unsigned short x = 0;\n        if (m0 + r < {m} && k0 + c < {kk}) x = {};\n        \
+         sa[r * {LD} + c] = x;\n    }}",
         BM * BK,
         at(&v.a, "abase", "(m0 + r)", "(k0 + c)"),
     );
@@ -161,7 +162,8 @@ fn body(d: &CudaC, v: &GemmView, tiles_m: u64) -> String {
     let _ = writeln!(
         s,
         "    for (int e = l; e < {}; e += {THREADS}) {{\n        int r = {br};\n        int c = {bc};\n        \
-         unsigned short x = 0;\n        if (k0 + r < {kk} && n0 + c < {n}) x = {};\n        sb[c * {LD} + r] = x;\n    }}",
+         unsigned short x = 0;\n        if (k0 + r < {kk} && n0 + c < {n}) x = {};\n        \
+         sb[c * {LD} + r] = x;\n    }}",
         BK * BN,
         at(&v.b, "bbase", "(k0 + r)", "(n0 + c)"),
     );
