@@ -211,6 +211,19 @@ impl Driver for Ctx {
         self.name.clone()
     }
 
+    fn tuning_features(&self) -> Vec<String> {
+        let sms = self.stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+        let mut driver = 0i32;
+        // SAFETY: writes the driver's version into `driver`; no other state is touched.
+        let driver = unsafe { sys::cuDriverGetVersion(&mut driver) }.result().map(|()| driver);
+        let nvrtc = crate::gpu_cache::compiler(Flavor::Cuda).and_then(|r| r.version());
+        vec![
+            format!("sms={}", sms.map_or("?".into(), |n| n.to_string())),
+            format!("driver={}", driver.map_or("?".into(), |v| v.to_string())),
+            format!("nvrtc={}", nvrtc.map_or("?".into(), |(a, b)| format!("{a}.{b}"))),
+        ]
+    }
+
     fn wrap(m: DeviceBuffer) -> Buffer {
         Buffer::Cuda(m)
     }

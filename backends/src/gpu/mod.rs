@@ -31,6 +31,10 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     /// The GPU's name as its driver reports it (`NVIDIA H200`): with the architecture, what tuning records are
     /// valid for.
     fn model(&self) -> String;
+    /// What else tuning records measured here depend on (multiprocessors, driver and compiler versions).
+    fn tuning_features(&self) -> Vec<String> {
+        Vec::new()
+    }
     fn wrap(m: Self::Mem) -> Buffer;
     /// The device memory of `b`, if it is this kind of device's.
     fn unwrap(b: &Buffer) -> Option<&Self::Mem>;

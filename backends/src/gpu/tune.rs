@@ -2,8 +2,8 @@
 //! or the SIMT tiled template in one of a few tiles (`gpu_gemm::GpuGemm`), chosen per GEMM by a race on the device
 //! and remembered, as the wgpu device chooses its tiles.
 //!
-//! The choice: a record in `kiln_autotune::Store::global()` under this GPU's fingerprint (its architecture and
-//! name), else `kiln_autotune::search` over the candidates in the `KILN_AUTOTUNE` mode: ranked by
+//! The choice: a record in `kiln_autotune::Store::global()` under this GPU's fingerprint (its architecture, name,
+//! multiprocessors, driver and compiler versions), else `kiln_autotune::search` over the candidates in the `KILN_AUTOTUNE` mode: ranked by
 //! `gpu_gemm::score`, the best few rendered, compiled (through the device's code store, so a winner is not
 //! compiled twice), verified against `kernel::eval::run_at` on sampled positions (a wrong kernel can never win) and
 //! timed with the device synchronized; the record is stored. `KILN_AUTOTUNE=off` takes the best score and runs
@@ -36,7 +36,11 @@ fn mode() -> Mode {
 
 /// What tuning records measured on `ctx`'s GPU are valid for.
 fn fingerprint<D: Driver>(ctx: &D) -> DeviceFingerprint {
-    DeviceFingerprint { arch: format!("{}-{}", D::NAME, ctx.arch()), model: ctx.model(), features: Vec::new() }
+    DeviceFingerprint {
+        arch: format!("{}-{}", D::NAME, ctx.arch()),
+        model: ctx.model(),
+        features: ctx.tuning_features(),
+    }
 }
 
 /// `mk`/`km` (A) or `kn`/`nk` (B): which index of the operand is contiguous.
