@@ -3,14 +3,14 @@
 //! and remembered, as the wgpu device chooses its tiles.
 //!
 //! The choice: a record in `kiln_autotune::Store::global()` under this GPU's fingerprint (its architecture, name,
-//! multiprocessors, driver and compiler versions), else `kiln_autotune::search` over the candidates in the `KILN_AUTOTUNE` mode: ranked by
-//! `gpu_gemm::score`, the best few rendered, compiled (through the device's code store, so a winner is not
-//! compiled twice), verified against `kernel::eval::run_at` on sampled positions (a wrong kernel can never win) and
-//! timed with the device synchronized; the record is stored. `KILN_AUTOTUNE=off` takes the best score and runs
-//! nothing, which is also what an ahead-of-time compile renders (`gpu_cache::render`). Where no record exists but
-//! that best-scored kernel is already compiled for this architecture (a bundle compiled without a GPU and imported,
-//! or an earlier run with tuning off), it is taken without a race, so a service's first request after a bundle
-//! import compiles nothing; `KILN_AUTOTUNE=full` (`kiln tune`) races anyway.
+//! multiprocessors, driver and compiler versions), else `kiln_autotune::search` over the candidates in the
+//! `KILN_AUTOTUNE` mode: ranked by `gpu_gemm::score`, the best few rendered, compiled (through the device's code
+//! store, so a winner is not compiled twice), verified against `kernel::eval::run_at` on sampled positions (a wrong
+//! kernel can never win) and timed with the device synchronized; the record is stored. `KILN_AUTOTUNE=off` takes
+//! the best score and runs nothing, which is also what an ahead-of-time compile renders (`gpu_cache::render`).
+//! Where no record exists but that best-scored kernel is already compiled for this architecture (a bundle compiled
+//! without a GPU and imported, or an earlier run with tuning off), it is taken without a race, so a service's first
+//! request after a bundle import compiles nothing; `KILN_AUTOTUNE=full` (`kiln tune`) races anyway.
 //!
 //! The tuning problem is the kernel itself on synthetic data, so the key holds its exact dims and a checksum of its
 //! epilogue code. Not done here: rendering (`kiln_jit::render::cuda`), or a library candidate (cuBLASLt).
