@@ -21,7 +21,7 @@ use kiln_backends::gpu_cache::schedule as gpu_schedule;
 use kiln_backends::gpu_gemm::{GpuGemm, candidates};
 use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::kernel::{Fault, KernelPlan, Slot};
-use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, GpuKernel, host, render, render_gemm, render_gemm_mma};
+use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, GpuKernel, MmaTile, host, render, render_gemm, render_gemm_mma};
 use std::collections::HashMap;
 use std::ffi::c_void;
 
@@ -274,20 +274,21 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
     let (bf16_failures, tiled) = run_on_host(&cxx, &bf16_cases, TILED, Kind::Accumulate);
     assert!(tiled >= bf16_cases.len(), "every bf16 case must run the tiled template ({tiled} launches did)");
     failures.extend(bf16_failures);
-    // The same bf16 GEMMs on the tensor-core template, its warp-level products emulated by the shim.
-    let (mma_failures, mma) = run_on_host(&cxx, &bf16_cases, Gemm::With(GpuGemm::Mma), Kind::Accumulate);
-    assert!(mma >= bf16_cases.len(), "every bf16 case must run the tensor-core template ({mma} launches did)");
-    failures.extend(mma_failures.into_iter().map(|f| format!("tensor cores: {f}")));
-    // Every SIMT tile the GPU devices race, on the f32 cases and one bf16 case.
+    // The same bf16 GEMMs on every tensor-core tile the devices race (the warp-level products emulated by the shim),
+    // and some f32 and bf16 ones on every SIMT tile: one library for all.
     let some: Vec<_> = cases.iter().take(4).cloned().chain(bf16_cases.iter().take(1).cloned()).collect();
-    for c in candidates(Flavor::Cuda, "sm_90", &GemmView::of(&gemm_of(&some[0].1)).expect("a GEMM")) {
-        if c == GpuGemm::Mma {
-            continue;
-        }
-        let (tile_failures, n) = run_on_host(&cxx, &some, Gemm::With(c), Kind::Accumulate);
-        assert!(n >= some.len(), "{}: every case must run it ({n} launches did)", c.name());
-        failures.extend(tile_failures.into_iter().map(|f| format!("{}: {f}", c.name())));
+    let bf16_gemm = GemmView::of(&gemm_of(&bf16_cases[0].1)).expect("a GEMM");
+    let mut jobs: Vec<(String, Vec<Tensor>, GpuGemm)> = Vec::new();
+    for c in candidates(Flavor::Cuda, "sm_90", &bf16_gemm) {
+        let on = if matches!(c, GpuGemm::Mma(_)) { &bf16_cases } else { &some };
+        jobs.extend(on.iter().map(|(name, outs)| (format!("{}: {name}", c.name()), outs.clone(), c)));
     }
+    let named: Vec<(&str, Vec<Tensor>)> = jobs.iter().map(|(n, outs, _)| (n.as_str(), outs.clone())).collect();
+    let (tile_failures, ran) = run_each_on_host(&cxx, &named, &|i| Gemm::With(jobs[i].2), Kind::Accumulate);
+    for ((name, _, _), n) in jobs.iter().zip(&ran) {
+        assert!(*n >= 1, "{name}: the template did not run");
+    }
+    failures.extend(tile_failures);
     let cases: Vec<_> = cases.into_iter().chain(bf16_cases).collect();
     // NVRTC compiles the same sources for Hopper where it is installed (CI; `gpu_check` also compiles every tiled
     // GEMM the suites produce for sm_80, sm_90, gfx90a and gfx1030).
@@ -297,7 +298,7 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
             for l in &gpu_schedule(&cap.graph).launches {
                 let Some(v) = GemmView::of(&l.kernel) else { continue };
                 let tiled = render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda);
-                let mma = render_gemm_mma(&l.kernel, &v, Flavor::Cuda);
+                let mma = render_gemm_mma(&l.kernel, &v, MmaTile::SQUARE, Flavor::Cuda);
                 for g in [tiled, mma].into_iter().flatten() {
                     for arch in ["sm_80", "sm_90"] {
                         nvrtc.compile(&g.source, &g.name, arch).unwrap_or_else(|log| panic!("{name}, {arch}: {log}"));
@@ -337,6 +338,18 @@ fn gemm_of(outs: &[Tensor]) -> kiln_jit::kernel::KernelIr {
 /// compares the outputs with the interpreter (floats at `kind`'s tolerance); returns the differences and how many
 /// launches ran the template `gemm` names.
 fn run_on_host(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: Gemm, kind: Kind) -> (Vec<String>, usize) {
+    let (failures, tiled) = run_each_on_host(cxx, cases, &|_| gemm, kind);
+    (failures, tiled.iter().sum())
+}
+
+/// `run_on_host` with case `i`'s GEMMs rendered as `gemm(i)` says, every case's kernels in one library (one C++
+/// compile); returns the differences and how many launches of each case ran a template.
+fn run_each_on_host(
+    cxx: &str,
+    cases: &[(&str, Vec<Tensor>)],
+    gemm: &dyn Fn(usize) -> Gemm,
+    kind: Kind,
+) -> (Vec<String>, Vec<usize>) {
     let (runs, tiled_launches) = run_plans(cxx, cases, gemm);
     let mut failures = Vec::new();
     for ((name, _), mut run) in cases.iter().zip(runs) {
@@ -369,7 +382,7 @@ struct HostRun {
 /// Renders every launch of each case's plan (GEMMs as the tiled template where `tiled` and the kernel is one),
 /// compiles them into one library under the shim and runs each case's launches in order; returns the runs and how
 /// many launches ran the tiled template.
-fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: Gemm) -> (Vec<HostRun>, usize) {
+fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: &dyn Fn(usize) -> Gemm) -> (Vec<HostRun>, Vec<usize>) {
     let mut plans: Vec<(kiln::Captured, KernelPlan)> = Vec::new();
     for (_, outs) in cases {
         let refs: Vec<&Tensor> = outs.iter().collect();
@@ -378,16 +391,16 @@ fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: Gemm) -> (Vec<HostR
         plans.push((cap, plan));
     }
     let mut kernels: Vec<(GpuKernel, kiln_jit::kernel::KernelIr)> = Vec::new();
-    let mut tiled_launches = 0;
-    for ((name, _), (_, plan)) in cases.iter().zip(&plans) {
+    let mut tiled_launches = vec![0; cases.len()];
+    for (case, ((name, _), (_, plan))) in cases.iter().zip(&plans).enumerate() {
         for l in &plan.launches {
-            let template = match gemm {
+            let template = match gemm(case) {
                 Gemm::Generic => None,
                 Gemm::With(c) => GemmView::of(&l.kernel).and_then(|v| c.render(&l.kernel, &v, Flavor::Cuda).ok()),
             };
             let g = match template {
                 Some(g) => {
-                    tiled_launches += 1;
+                    tiled_launches[case] += 1;
                     g
                 }
                 None => render(&l.kernel, Flavor::Cuda).unwrap_or_else(|e| panic!("{name}: {e}")),
@@ -504,7 +517,7 @@ fn linear_algebra_routines_match_the_interpreter_on_the_host() {
         Fault::NotPositiveDefinite { batch_index: 2, minor: 2 },
         Fault::Singular { batch_index: 2, pivot: 1 },
     ];
-    let (runs, _) = run_plans(&cxx, &cases, Gemm::Generic);
+    let (runs, _) = run_plans(&cxx, &cases, &|_| Gemm::Generic);
     for (((name, _), run), want) in cases.iter().zip(&runs).zip(want) {
         assert_eq!(run.fault, Some(want), "{name}");
     }
@@ -730,17 +743,17 @@ fn the_gemm_race_runs_on_the_host_stand_in() {
 }
 
 /// The body `tests/cuda_device.rs` runs on a GPU (every GEMM candidate of the race, forced, against the
-/// interpreter) on the host stand-in, for the tensor-core template (its warp-level product emulated by the shim) and
-/// the default SIMT tile: each candidate here is a C++ compile of its own, and every SIMT tile already runs under
-/// the shim in `tiled_cuda_gemm_matches_the_interpreter_on_the_host`.
+/// interpreter) on the host stand-in, for the square tensor-core tile (its warp-level product emulated by the
+/// shim): each forced run here is a C++ compile of its own, and every tile of both templates already runs under the
+/// shim in `tiled_cuda_gemm_matches_the_interpreter_on_the_host`.
 #[test]
 fn gemm_candidates_run_forced_on_the_host_stand_in() {
     use kiln_backends::HostGpu;
     let Some(cxx) = cxx() else { return };
     let gpu = HostGpu::new(&cxx);
-    let keep = |c: GpuGemm| c == GpuGemm::Mma || c == GpuGemm::Simt(DEFAULT_TILE);
+    let keep = |c: GpuGemm| c == GpuGemm::Mma(MmaTile::SQUARE);
     let ran = gpu_open::every_gemm_candidate_matches_the_interpreter(Flavor::Cuda, "sm_90", &keep, &|k, c, args| {
         gpu.run_gemm_with(k, c, args)
     });
-    assert_eq!(ran, 6 + 3, "the default tile on six GEMMs, the tensor cores on the three bf16 ones");
+    assert_eq!(ran, 3, "the square tensor-core tile on the three bf16 GEMMs");
 }

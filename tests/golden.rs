@@ -304,7 +304,7 @@ fn gemm_template_wgsl() {
 #[test]
 fn gemm_tensor_core_template_cuda() {
     use kiln_jit::kernel::gemm::GemmView;
-    use kiln_jit::render::cuda::{Flavor, render_gemm_mma};
+    use kiln_jit::render::cuda::{Flavor, MmaTile, render_gemm_mma};
     let dev = Device::cpu();
     let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
     let x = Tensor::from_vec(f(5 * 7, 0.7), [5, 7], &dev).expect("x").to_dtype(DType::BF16);
@@ -316,7 +316,7 @@ fn gemm_tensor_core_template_cuda() {
     assert_eq!(gemms.len(), 1, "expected one GEMM");
     let (k, view) = &gemms[0];
     assert_eq!((view.operands, view.out), (DType::BF16, DType::BF16));
-    let text = render_gemm_mma(k, view, Flavor::Cuda).expect("renders").source;
+    let text = render_gemm_mma(k, view, MmaTile::SQUARE, Flavor::Cuda).expect("renders").source;
     check_golden("gemm_tensor_cores.cu.txt", &text);
 }
 

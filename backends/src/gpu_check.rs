@@ -19,7 +19,7 @@
 
 use kiln_jit::kernel::KernelPlan;
 use kiln_jit::kernel::gemm::GemmView;
-use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, render, render_gemm, render_gemm_mma};
+use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, MmaTile, render, render_gemm, render_gemm_mma};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -112,7 +112,9 @@ pub fn note(plan: &KernelPlan) -> Result<(), String> {
                     st.queue.push((format!("{} (tiled)", l.kernel.name), Some(cuda.source), Some(hip.source)));
                 }
             }
-            if let Some(Ok(mma)) = GemmView::of(&l.kernel).map(|v| render_gemm_mma(&l.kernel, &v, Flavor::Cuda)) {
+            if let Some(Ok(mma)) =
+                GemmView::of(&l.kernel).map(|v| render_gemm_mma(&l.kernel, &v, MmaTile::SQUARE, Flavor::Cuda))
+            {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 mma.source.hash(&mut h);
                 if st.seen.insert(h.finish()) {

@@ -132,7 +132,7 @@ fn choose<D: Driver>(
             group: String::new(),
             family: match c {
                 GpuGemm::Simt(_) => "simt".into(),
-                GpuGemm::Mma => "tensor cores".into(),
+                GpuGemm::Mma(_) => "tensor cores".into(),
             },
             shape: String::new(),
         })

@@ -3,9 +3,10 @@
 //! as the epilogue (the shared template's `epilogue` function, so every fused epilogue the SIMT template takes,
 //! this one takes).
 //!
-//! A block of 128 threads (4 warps, 2 x 2) computes a 64 x 64 tile of C; each warp a 32 x 32 sub-tile, as 2 x 4
-//! instruction tiles of 16 x 8, with 32 accumulators per thread. K goes in slices of 32: the block stages a 64 x 32
-//! slice of A as `[m][k]` and a 32 x 64 slice of B as `[n][k]` in shared memory, bf16 bits as stored (rows padded
+//! A block of `wm x wn` warps computes a tile of C ([`MmaTile`]: 64 x 64 from 2 x 2 warps of 2 x 4 instruction tiles
+//! of 16 x 8, or thin 16-row tiles for decode shapes); each warp its sub-tile, 4 accumulators per instruction tile
+//! and thread. K goes in slices of 32: the block stages a `bm x 32` slice of A as `[m][k]` and a `32 x bn` slice of
+//! B as `[n][k]` in shared memory, bf16 bits as stored (rows padded
 //! to 40 halves against bank conflicts), bounds-checked with zeros outside, so ragged M, N and K need no special
 //! case; the read order follows each operand's contiguous dimension, so transposed operands are read coalesced.
 //! Each thread then assembles its fragments from the slices by the PTX ISA's layout for `m16n8k16` ("Matrix
@@ -18,8 +19,8 @@
 //! GPU; what the shim cannot check is whether the layout is the hardware's (the PTX ISA is the reference) and the
 //! order in which the tensor core sums a 16-term product (unspecified: results agree to f32 accumulation, not bits).
 //!
-//! Deliberately not done yet: `ldmatrix`, `cp.async` double buffering, Hopper's `wgmma`/TMA, tile choices other
-//! than 64 x 64 x 32, f16 operands (`GemmView` has only f32 and bf16) and TF32 for f32 operands.
+//! Deliberately not done yet: `ldmatrix`, `cp.async` double buffering, Hopper's `wgmma`/TMA, split K, f16 operands
+//! (`GemmView` has only f32 and bf16) and TF32 for f32 operands.
 
 use super::{CudaC, Flavor, GpuKernel, MAX_GRID_X, check, math, params};
 use crate::dtype::DType;
@@ -28,13 +29,57 @@ use crate::kernel::gemm::{GemmOperand, GemmView};
 use crate::render::cstyle::{Emitter, batch_vars, epilogue_fn};
 use std::fmt::Write;
 
-/// Rows and columns of C per block, K per staged slice, threads per block.
-const BM: u32 = 64;
-const BN: u32 = 64;
+/// K per staged slice.
 const BK: u32 = 32;
-const THREADS: u32 = 128;
 /// Halves per shared row (`BK` plus padding, even so every register pair is 4-byte aligned).
 const LD: u32 = BK + 8;
+
+/// A tensor-core tile: `wm x wn` warps a block, each computing `fm x fn_` instruction tiles of 16 x 8, so the
+/// block's tile of C is `16 * wm * fm` rows by `8 * wn * fn_` columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmaTile {
+    pub wm: u32,
+    pub wn: u32,
+    pub fm: u32,
+    pub fn_: u32,
+}
+
+impl MmaTile {
+    /// 64 x 64: four warps of 32 x 32.
+    pub const SQUARE: MmaTile = MmaTile { wm: 2, wn: 2, fm: 2, fn_: 4 };
+
+    /// Rows of C per block.
+    pub fn bm(&self) -> u32 {
+        16 * self.wm * self.fm
+    }
+
+    /// Columns of C per block.
+    pub fn bn(&self) -> u32 {
+        8 * self.wn * self.fn_
+    }
+
+    pub fn threads(&self) -> u32 {
+        32 * self.wm * self.wn
+    }
+
+    /// Whether the template can take it: at least one warp and instruction tile, at most 1024 threads, at most
+    /// 32 accumulator tiles a thread (128 registers), and 48 KiB of shared memory.
+    pub fn well_formed(&self) -> bool {
+        let MmaTile { wm, wn, fm, fn_ } = *self;
+        wm > 0
+            && wn > 0
+            && fm > 0
+            && fn_ > 0
+            && self.threads() <= 1024
+            && fm * fn_ <= 32
+            && self.shared_bytes() <= 48 * 1024
+    }
+
+    /// Bytes of shared memory: the A and B slices in bf16.
+    pub fn shared_bytes(&self) -> u32 {
+        (self.bm() + self.bn()) * LD * 2
+    }
+}
 
 /// Whether `arch` (`sm_XY`) has the bf16 `mma.sync` this template uses (sm_80 and later).
 pub fn mma_arch(arch: &str) -> bool {
@@ -62,11 +107,15 @@ __device__ __forceinline__ unsigned int kiln_pair(const unsigned short* s, int i
 }
 "#;
 
-/// Renders bf16 GEMM kernel `k` (recognized as `v`) for the tensor cores. Errors for another flavor (HIP has no
+/// Renders bf16 GEMM kernel `k` (recognized as `v`) for the tensor cores in tile `t`. Errors for another flavor (HIP has no
 /// `mma.sync`), operands that are not bf16, a kernel that gathers, or a grid past the launch limits (the caller then
 /// renders the SIMT template or the generic kernel). The caller checks the architecture ([`mma_arch`]).
-pub fn render_gemm_mma(k: &KernelIr, v: &GemmView, flavor: Flavor) -> Result<GpuKernel, String> {
+pub fn render_gemm_mma(k: &KernelIr, v: &GemmView, t: MmaTile, flavor: Flavor) -> Result<GpuKernel, String> {
     check(k)?;
+    if !t.well_formed() {
+        return Err(format!("malformed tensor-core tile {t:?}"));
+    }
+    let (bm, bn, threads) = (t.bm(), t.bn(), t.threads());
     if flavor != Flavor::Cuda {
         return Err(format!("kernel {}: tensor-core tiles are CUDA's", k.name));
     }
@@ -76,8 +125,8 @@ pub fn render_gemm_mma(k: &KernelIr, v: &GemmView, flavor: Flavor) -> Result<Gpu
     if k.can_fault() {
         return Err(format!("kernel {}: a GEMM that gathers runs as the generic kernel", k.name));
     }
-    let tiles_m = v.m.div_ceil(BM as usize) as u64;
-    let tiles_n = v.n.div_ceil(BN as usize) as u64;
+    let tiles_m = v.m.div_ceil(bm as usize) as u64;
+    let tiles_n = v.n.div_ceil(bn as usize) as u64;
     let rows = tiles_m * v.batch_count().max(1) as u64;
     if tiles_n > MAX_GRID_X || rows > 65_535 {
         return Err(format!("GEMM grid {tiles_n} x {rows} exceeds the launch limits"));
@@ -85,17 +134,17 @@ pub fn render_gemm_mma(k: &KernelIr, v: &GemmView, flavor: Flavor) -> Result<Gpu
     let dialect = CudaC { flavor };
     let mut em = Emitter::new(&dialect, k);
     let epilogue = epilogue_fn(&mut em, v);
-    let mut s = format!("// kiln kernel {} ({}, tensor-core GEMM {BM}x{BN}x{BK})\n", k.name, flavor.name());
+    let mut s = format!("// kiln kernel {} ({}, tensor-core GEMM {bm}x{bn}x{BK})\n", k.name, flavor.name());
     s.push_str(math::PRELUDE);
     s.push_str(&em.helpers_source());
     s.push_str(MMA_HELPER);
     let _ = write!(
         s,
-        "\nextern \"C\" __global__ void __launch_bounds__({THREADS}) {}({}) {{\n",
+        "\nextern \"C\" __global__ void __launch_bounds__({threads}) {}({}) {{\n",
         k.name,
         params(k, em.uses_rng, false)
     );
-    for line in epilogue.lines().chain(body(&dialect, v, tiles_m).lines()) {
+    for line in epilogue.lines().chain(body(&dialect, v, t, tiles_m).lines()) {
         if !line.is_empty() {
             let _ = writeln!(s, "    {line}");
         }
@@ -104,9 +153,9 @@ pub fn render_gemm_mma(k: &KernelIr, v: &GemmView, flavor: Flavor) -> Result<Gpu
     Ok(GpuKernel {
         name: k.name.clone(),
         source: s,
-        block: THREADS,
+        block: threads,
         grid: (tiles_n as u32, rows as u32),
-        threads: u64::from(THREADS) * tiles_n * rows,
+        threads: u64::from(threads) * tiles_n * rows,
         uses_rng: em.uses_rng,
         can_fault: false,
     })
@@ -118,16 +167,20 @@ fn at(op: &GemmOperand, base: &str, i: &str, j: &str) -> String {
 }
 
 /// The entry point's body: staging loop, fragments and products, then the epilogue per accumulator in bounds.
-fn body(d: &CudaC, v: &GemmView, tiles_m: u64) -> String {
+fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64) -> String {
     let (m, n, kk) = (v.m, v.n, v.k);
+    let (bm, bn, threads) = (t.bm(), t.bn(), t.threads());
+    let MmaTile { wn, fm, fn_, .. } = t;
+    let frags = fm * fn_;
     let mut s = String::new();
-    let _ = writeln!(s, "__shared__ unsigned short sa[{}]; // [m][k]", BM * LD);
-    let _ = writeln!(s, "__shared__ unsigned short sb[{}]; // [n][k]", BN * LD);
+    let _ = writeln!(s, "__shared__ unsigned short sa[{}]; // [m][k]", bm * LD);
+    let _ = writeln!(s, "__shared__ unsigned short sb[{}]; // [n][k]", bn * LD);
     let _ = writeln!(s, "int bz = (int)(blockIdx.y / {tiles_m}u);");
-    let _ = writeln!(s, "int m0 = (int)(blockIdx.y % {tiles_m}u) * {BM};");
-    let _ = writeln!(s, "int n0 = (int)blockIdx.x * {BN};");
+    let _ = writeln!(s, "int m0 = (int)(blockIdx.y % {tiles_m}u) * {bm};");
+    let _ = writeln!(s, "int n0 = (int)blockIdx.x * {bn};");
     s.push_str("int l = (int)threadIdx.x;\nint lane = l % 32;\nint warp = l / 32;\n");
-    s.push_str("int wm = (warp / 2) * 32;\nint wn = (warp % 2) * 32;\nint g = lane >> 2;\nint q = lane & 3;\n");
+    let _ = writeln!(s, "int wm = (warp / {wn}) * {};\nint wn = (warp % {wn}) * {};", 16 * fm, 8 * fn_);
+    s.push_str("int g = lane >> 2;\nint q = lane & 3;\n");
     s.push_str(&batch_vars(d, &v.batch, "bz"));
     for (name, op) in [("abase", &v.a), ("bbase", &v.b)] {
         let mut e = format!("{}", op.offset);
@@ -138,66 +191,66 @@ fn body(d: &CudaC, v: &GemmView, tiles_m: u64) -> String {
         }
         let _ = writeln!(s, "int {name} = {e};");
     }
-    let _ = writeln!(s, "float acc[32];\nfor (int i = 0; i < 32; i++) acc[i] = 0.0f;");
+    let _ = writeln!(s, "float acc[{}];\nfor (int i = 0; i < {}; i++) acc[i] = 0.0f;", frags * 4, frags * 4);
     let _ = writeln!(s, "for (int k0 = 0; k0 < {kk}; k0 += {BK}) {{");
     // A's slice: along k where A's rows are contiguous in k, else along m; B's along n, else along k.
     let (ar, ac) = if v.a.cols == 1 {
         (format!("e / {BK}"), format!("e % {BK}"))
     } else {
-        (format!("e % {BM}"), format!("e / {BM}"))
+        (format!("e % {bm}"), format!("e / {bm}"))
     };
     let _ = writeln!(
         s,
-        "    for (int e = l; e < {}; e += {THREADS}) {{\n        int r = {ar};\n        int c = {ac};\n        \
+        "    for (int e = l; e < {}; e += {threads}) {{\n        int r = {ar};\n        int c = {ac};\n        \
          unsigned short x = 0;\n        if (m0 + r < {m} && k0 + c < {kk}) x = {};\n        \
          sa[r * {LD} + c] = x;\n    }}",
-        BM * BK,
+        bm * BK,
         at(&v.a, "abase", "(m0 + r)", "(k0 + c)"),
     );
     let (br, bc) = if v.b.cols == 1 {
-        (format!("e / {BN}"), format!("e % {BN}"))
+        (format!("e / {bn}"), format!("e % {bn}"))
     } else {
         (format!("e % {BK}"), format!("e / {BK}"))
     };
     let _ = writeln!(
         s,
-        "    for (int e = l; e < {}; e += {THREADS}) {{\n        int r = {br};\n        int c = {bc};\n        \
+        "    for (int e = l; e < {}; e += {threads}) {{\n        int r = {br};\n        int c = {bc};\n        \
          unsigned short x = 0;\n        if (k0 + r < {kk} && n0 + c < {n}) x = {};\n        \
          sb[c * {LD} + r] = x;\n    }}",
-        BK * BN,
+        BK * bn,
         at(&v.b, "bbase", "(k0 + r)", "(n0 + c)"),
     );
     s.push_str("    __syncthreads();\n");
     let _ = writeln!(s, "    for (int kk = 0; kk < {BK}; kk += 16) {{");
-    s.push_str("        unsigned int af[2][4];\n        unsigned int bf[4][2];\n");
-    for i in 0..2 {
+    let _ = writeln!(s, "        unsigned int af[{fm}][4];\n        unsigned int bf[{fn_}][2];");
+    for i in 0..fm {
         let r = format!("(wm + {} + g)", i * 16);
         for (reg, (dr, dk)) in [(0, 0), (8, 0), (0, 8), (8, 8)].into_iter().enumerate() {
             let _ = writeln!(s, "        af[{i}][{reg}] = kiln_pair(sa, ({r} + {dr}) * {LD} + kk + q * 2 + {dk});");
         }
     }
-    for j in 0..4 {
+    for j in 0..fn_ {
         let c = format!("(wn + {} + g)", j * 8);
         for (reg, dk) in [0, 8].into_iter().enumerate() {
             let _ = writeln!(s, "        bf[{j}][{reg}] = kiln_pair(sb, {c} * {LD} + kk + q * 2 + {dk});");
         }
     }
-    for i in 0..2 {
-        for j in 0..4 {
-            let _ = writeln!(s, "        kiln_mma_bf16_16816(&acc[{}], af[{i}], bf[{j}]);", (i * 4 + j) * 4);
+    for i in 0..fm {
+        for j in 0..fn_ {
+            let _ = writeln!(s, "        kiln_mma_bf16_16816(&acc[{}], af[{i}], bf[{j}]);", (i * fn_ + j) * 4);
         }
     }
     s.push_str("    }\n    __syncthreads();\n}\n");
     // Accumulator e of instruction tile (i, j): row g (+ 8 for e >= 2), column 2q + (e & 1).
-    for i in 0..2 {
-        for j in 0..4 {
+    for i in 0..fm {
+        for j in 0..fn_ {
             for e in 0..4 {
                 let (dr, dc) = (i * 16 + if e >= 2 { 8 } else { 0 }, j * 8 + (e & 1));
                 let _ = writeln!(
                     s,
                     "if (m0 + wm + g + {dr} < {m} && n0 + wn + q * 2 + {dc} < {n}) \
                      {{ epilogue(bz, m0 + wm + g + {dr}, n0 + wn + q * 2 + {dc}, acc[{}]); }}",
-                    (i * 4 + j) * 4 + e
+                    (i * fn_ + j) * 4 + e
                 );
             }
         }

@@ -32,7 +32,7 @@ mod scatter;
 
 pub use dialect::CudaC;
 pub use gemm::{DEFAULT_TILE, render_gemm};
-pub use mma::{mma_arch, render_gemm_mma};
+pub use mma::{MmaTile, mma_arch, render_gemm_mma};
 
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
