@@ -124,7 +124,7 @@ pub fn epilogue_fn<D: Dialect>(em: &mut Emitter<'_, D>, v: &GemmView) -> String 
 }
 
 /// `i<d> = ..` for each batch dim `d`, decomposed from the flat batch index `flat`.
-pub fn batch_vars<D: Dialect>(d: &D, batch: &[usize], flat: &str) -> String {
+fn batch_vars<D: Dialect>(d: &D, batch: &[usize], flat: &str) -> String {
     let mut stride = 1usize;
     let mut lines = Vec::new();
     for (i, &e) in batch.iter().enumerate().rev() {
@@ -132,6 +132,22 @@ pub fn batch_vars<D: Dialect>(d: &D, batch: &[usize], flat: &str) -> String {
         stride *= e;
     }
     lines.into_iter().rev().collect()
+}
+
+/// The batch variables decomposed from the block's batch index `bz`, then `abase` and `bbase`: where A's and B's
+/// matrices of that batch entry start. One statement a line. Also the tensor-core template's.
+pub fn operand_bases<D: Dialect>(d: &D, v: &GemmView) -> String {
+    let mut s: String = batch_vars(d, &v.batch, "bz").lines().map(|l| format!("{}\n", l.trim())).collect();
+    for (name, op) in [("abase", &v.a), ("bbase", &v.b)] {
+        let mut e = format!("{}", op.offset);
+        for (var, st) in op.batch.iter().enumerate() {
+            if *st != 0 {
+                let _ = write!(e, " + i{var} * {st}");
+            }
+        }
+        let _ = writeln!(s, "{}", d.let_index(name, &e));
+    }
+    s
 }
 
 /// `base + i * rows + j * cols` of an operand.
@@ -159,16 +175,8 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
     line(&mut s, "    ", d.let_index("l", &idx(d.local_index().to_string())));
     line(&mut s, "    ", d.let_index("tx", &format!("l % {tx_n}")));
     line(&mut s, "    ", d.let_index("ty", &format!("l / {tx_n}")));
-    // Per-batch operand bases.
-    s.push_str(&batch_vars(d, &v.batch, "bz"));
-    for (name, op) in [("abase", &v.a), ("bbase", &v.b)] {
-        let mut e = format!("{}", op.offset);
-        for (var, st) in op.batch.iter().enumerate() {
-            if *st != 0 {
-                let _ = write!(e, " + i{var} * {st}");
-            }
-        }
-        line(&mut s, "    ", d.let_index(name, &e));
+    for l in operand_bases(d, v).lines() {
+        line(&mut s, "    ", l.to_string());
     }
     let zero = d.float_lit(0.0, DType::F32);
     for i in 0..rm {

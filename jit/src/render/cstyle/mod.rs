@@ -48,7 +48,7 @@ mod helpers;
 mod table;
 
 pub use coop::{Coop, loop_trips};
-pub use gemm::{GemmParts, GemmTile, batch_vars, epilogue_fn, gemm_parts};
+pub use gemm::{GemmParts, GemmTile, epilogue_fn, gemm_parts, operand_bases};
 pub use helpers::Helper;
 pub use table::{iexpr, konst};
 

@@ -34,41 +34,59 @@ pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile, flavor: Flavor) -> R
     if !matches!(v.operands, DType::F32 | DType::BF16) || !matches!(v.out, DType::F32 | DType::BF16) {
         return Err(format!("kernel {}: the tiled GEMM takes f32 or bf16 operands and output", k.name));
     }
-    let tiles_m = v.m.div_ceil(t.tm as usize) as u64;
-    let tiles_n = v.n.div_ceil(t.tn as usize) as u64;
-    let rows = tiles_m * v.batch_count().max(1) as u64;
-    if tiles_n > MAX_GRID_X || rows > 65_535 {
-        return Err(format!("GEMM grid {tiles_n} x {rows} exceeds the launch limits"));
-    }
+    let (_, blocks) = grid(v, t.tm, t.tn)?;
     let dialect = CudaC { flavor };
     let mut em = Emitter::new(&dialect, k);
     let parts = gemm_parts(&mut em, v, t);
     if k.inputs.iter().chain([&k.output]).any(|b| b.dtype == DType::F16) {
         em.helpers.insert(cstyle::Helper::F16);
     }
-    let mut s = format!("// kiln kernel {} ({}, tiled GEMM {})\n", k.name, flavor.name(), t.name());
-    s.push_str(math::PRELUDE);
-    s.push_str(&em.helpers_source());
-    let threads = t.threads();
+    let mut head = format!("// kiln kernel {} ({}, tiled GEMM {})\n", k.name, flavor.name(), t.name());
+    head.push_str(math::PRELUDE);
+    head.push_str(&em.helpers_source());
+    let lines = parts.epilogue.lines().chain(parts.shared.lines()).chain(parts.body.lines());
+    Ok(assemble(k, head, t.threads(), lines, blocks, em.uses_rng))
+}
+
+/// The grid of a GEMM template whose blocks take `bm x bn` of C: the tiles of M, and the blocks launched (N's tiles
+/// by M's times the batch); an error past the launch limits (the caller then renders another kernel).
+pub(super) fn grid(v: &GemmView, bm: u32, bn: u32) -> Result<(u64, (u32, u32)), String> {
+    let tiles_m = v.m.div_ceil(bm as usize) as u64;
+    let tiles_n = v.n.div_ceil(bn as usize) as u64;
+    let rows = tiles_m * v.batch_count().max(1) as u64;
+    if tiles_n > MAX_GRID_X || rows > 65_535 {
+        return Err(format!("GEMM grid {tiles_n} x {rows} exceeds the launch limits"));
+    }
+    Ok((tiles_m, (tiles_n as u32, rows as u32)))
+}
+
+/// A GEMM template's kernel: `head` (comment, prelude, helpers), then one `__global__` function of `threads`-thread
+/// blocks with the generic kernels' parameter list whose body is `lines`, launched over `blocks` (`grid`).
+pub(super) fn assemble<'a>(
+    k: &KernelIr,
+    mut head: String,
+    threads: u32,
+    lines: impl Iterator<Item = &'a str>,
+    blocks: (u32, u32),
+    uses_rng: bool,
+) -> GpuKernel {
     let _ = write!(
-        s,
+        head,
         "\nextern \"C\" __global__ void __launch_bounds__({threads}) {}({}) {{\n",
         k.name,
-        params(k, em.uses_rng, false)
+        params(k, uses_rng, false)
     );
-    for line in parts.epilogue.lines().chain(parts.shared.lines()).chain(parts.body.lines()) {
-        if !line.is_empty() {
-            let _ = writeln!(s, "    {line}");
-        }
+    for line in lines.filter(|l| !l.is_empty()) {
+        let _ = writeln!(head, "    {line}");
     }
-    s.push_str("}\n");
-    Ok(GpuKernel {
+    head.push_str("}\n");
+    GpuKernel {
         name: k.name.clone(),
-        source: s,
+        source: head,
         block: threads,
-        grid: (tiles_n as u32, rows as u32),
-        threads: u64::from(threads) * tiles_n * rows,
-        uses_rng: em.uses_rng,
+        grid: blocks,
+        threads: u64::from(threads) * u64::from(blocks.0) * u64::from(blocks.1),
+        uses_rng,
         can_fault: false,
-    })
+    }
 }

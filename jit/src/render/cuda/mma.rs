@@ -22,11 +22,12 @@
 //! Deliberately not done yet: `ldmatrix`, `cp.async` double buffering, Hopper's `wgmma`/TMA, split K, f16 operands
 //! (`GemmView` has only f32 and bf16) and TF32 for f32 operands.
 
-use super::{CudaC, Flavor, GpuKernel, MAX_GRID_X, check, math, params};
+use super::gemm::{assemble, grid};
+use super::{CudaC, Flavor, GpuKernel, check, math};
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
 use crate::kernel::gemm::{GemmOperand, GemmView};
-use crate::render::cstyle::{Emitter, batch_vars, epilogue_fn};
+use crate::render::cstyle::{Emitter, epilogue_fn, operand_bases};
 use std::fmt::Write;
 
 /// K per staged slice.
@@ -125,40 +126,16 @@ pub fn render_gemm_mma(k: &KernelIr, v: &GemmView, t: MmaTile, flavor: Flavor) -
     if k.can_fault() {
         return Err(format!("kernel {}: a GEMM that gathers runs as the generic kernel", k.name));
     }
-    let tiles_m = v.m.div_ceil(bm as usize) as u64;
-    let tiles_n = v.n.div_ceil(bn as usize) as u64;
-    let rows = tiles_m * v.batch_count().max(1) as u64;
-    if tiles_n > MAX_GRID_X || rows > 65_535 {
-        return Err(format!("GEMM grid {tiles_n} x {rows} exceeds the launch limits"));
-    }
+    let (tiles_m, blocks) = grid(v, bm, bn)?;
     let dialect = CudaC { flavor };
     let mut em = Emitter::new(&dialect, k);
     let epilogue = epilogue_fn(&mut em, v);
-    let mut s = format!("// kiln kernel {} ({}, tensor-core GEMM {bm}x{bn}x{BK})\n", k.name, flavor.name());
-    s.push_str(math::PRELUDE);
-    s.push_str(&em.helpers_source());
-    s.push_str(MMA_HELPER);
-    let _ = write!(
-        s,
-        "\nextern \"C\" __global__ void __launch_bounds__({threads}) {}({}) {{\n",
-        k.name,
-        params(k, em.uses_rng, false)
-    );
-    for line in epilogue.lines().chain(body(&dialect, v, t, tiles_m).lines()) {
-        if !line.is_empty() {
-            let _ = writeln!(s, "    {line}");
-        }
-    }
-    s.push_str("}\n");
-    Ok(GpuKernel {
-        name: k.name.clone(),
-        source: s,
-        block: threads,
-        grid: (tiles_n as u32, rows as u32),
-        threads: u64::from(threads) * tiles_n * rows,
-        uses_rng: em.uses_rng,
-        can_fault: false,
-    })
+    let mut head = format!("// kiln kernel {} ({}, tensor-core GEMM {bm}x{bn}x{BK})\n", k.name, flavor.name());
+    head.push_str(math::PRELUDE);
+    head.push_str(&em.helpers_source());
+    head.push_str(MMA_HELPER);
+    let body = body(&dialect, v, t, tiles_m);
+    Ok(assemble(k, head, threads, epilogue.lines().chain(body.lines()), blocks, em.uses_rng))
 }
 
 /// `in<buf>[base + i * rows + j * cols]`.
@@ -181,16 +158,7 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64) -> String {
     s.push_str("int l = (int)threadIdx.x;\nint lane = l % 32;\nint warp = l / 32;\n");
     let _ = writeln!(s, "int wm = (warp / {wn}) * {};\nint wn = (warp % {wn}) * {};", 16 * fm, 8 * fn_);
     s.push_str("int g = lane >> 2;\nint q = lane & 3;\n");
-    s.push_str(&batch_vars(d, &v.batch, "bz"));
-    for (name, op) in [("abase", &v.a), ("bbase", &v.b)] {
-        let mut e = format!("{}", op.offset);
-        for (var, st) in op.batch.iter().enumerate() {
-            if *st != 0 {
-                let _ = write!(e, " + i{var} * {st}");
-            }
-        }
-        let _ = writeln!(s, "int {name} = {e};");
-    }
+    s.push_str(&operand_bases(d, v));
     let _ = writeln!(s, "float acc[{}];\nfor (int i = 0; i < {}; i++) acc[i] = 0.0f;", frags * 4, frags * 4);
     let _ = writeln!(s, "for (int k0 = 0; k0 < {kk}; k0 += {BK}) {{");
     // A's slice: along k where A's rows are contiguous in k, else along m; B's along n, else along k.
