@@ -34,6 +34,8 @@ pub(crate) struct Ctx {
     functions: Mutex<HashMap<String, Arc<Loaded>>>,
     /// Whether plans replay as graphs, as on a CUDA device.
     graphs: bool,
+    /// Whether GEMM kernels are raced, as on a GPU device.
+    races: bool,
 }
 
 /// A kernel's driver in its plan's library.
@@ -80,14 +82,20 @@ impl std::fmt::Debug for HostMem {
 
 impl HostGpu {
     /// A stand-in GPU whose kernels `cxx` (a C++20 compiler) compiles; its plans replay as graphs from their second
-    /// run, as a CUDA device's do.
+    /// run, as a CUDA device's do. Its GEMMs run their best-scored candidate: a race costs a C++ compile per
+    /// candidate here and times nothing a GPU would ([`HostGpu::racing`] races).
     pub fn new(cxx: &str) -> HostGpu {
-        HostGpu::with(cxx, true)
+        HostGpu::with(cxx, true, false)
     }
 
     /// The same stand-in whose plans launch one by one in every run (no graph replays), to compare with.
     pub fn without_graphs(cxx: &str) -> HostGpu {
-        HostGpu::with(cxx, false)
+        HostGpu::with(cxx, false, false)
+    }
+
+    /// The same stand-in racing its GEMM kernels as a GPU device does (`gpu/tune.rs`), to test the race.
+    pub fn racing(cxx: &str) -> HostGpu {
+        HostGpu::with(cxx, true, true)
     }
 
     /// GEMM kernel `k` forced to candidate `c` of the GPU devices' race, run once on `inputs` under the shim.
@@ -100,14 +108,15 @@ impl HostGpu {
         super::tune::run_with(&self.ctx, k, c, inputs)
     }
 
-    fn with(cxx: &str, graphs: bool) -> HostGpu {
+    fn with(cxx: &str, graphs: bool, races: bool) -> HostGpu {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "kiln-host-gpu-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions: Mutex::new(HashMap::new()), graphs }) }
+        let functions = Mutex::new(HashMap::new());
+        HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions, graphs, races }) }
     }
 }
 
@@ -246,6 +255,10 @@ impl Driver for Ctx {
 
     fn graphs(&self) -> bool {
         self.graphs
+    }
+
+    fn races_gemms(&self) -> bool {
+        self.races
     }
 
     unsafe fn graph_build(&self, nodes: &[Node<'_, Arc<Loaded>>]) -> Result<Self::Graph, String> {

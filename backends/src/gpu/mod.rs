@@ -56,6 +56,10 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     fn compile(&self, kernels: &[(&str, &str)]) -> Result<Vec<Vec<u8>>, String> {
         crate::gpu_cache::compiled(Self::FLAVOR, kernels, self.arch())
     }
+    /// Whether GEMM kernels are raced on this device (`tune`); without, each runs its best-scored candidate.
+    fn races_gemms(&self) -> bool {
+        true
+    }
     /// Whether `source` is already compiled for this device (in its code store), so using it calls no compiler.
     fn precompiled(&self, source: &str) -> bool {
         crate::gpu_cache::is_compiled(Self::FLAVOR, self.arch(), source)

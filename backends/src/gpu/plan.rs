@@ -99,7 +99,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
         .launches
         .iter()
         .map(|l| {
-            match super::tune::gemm_kernel(ctx, &l.kernel) {
+            match super::tune::gemm_kernel(ctx, &l.kernel).filter(|_| ctx.races_gemms()) {
                 Some(Ok((g, record))) => return Ok((g, record)),
                 Some(Err(e)) => {
                     // No candidate verified (or the search could not run): the untuned kernel is correct and maybe
