@@ -9,6 +9,7 @@
 //! cargo run --release --example train_mlp                 # batches 1, 32, 128, 256, 512, 1024
 //! cargo run --release --example train_mlp -- --batch 32   # one batch size (or a list: --batch 1,32)
 //! cargo run --release --example train_mlp -- --device wgpu --batch 32   # on the wgpu device
+//! cargo run --release --features cuda --example train_mlp -- --device cuda --batch 1   # on CUDA device 0
 //! cargo run --release --example train_mlp -- --batch 1 --steps 20000   # a longer run, for `perf record`
 //! cargo run --release --example train_mlp -- --dtype bf16   # weights, data and the step in bf16
 //! ```
@@ -62,7 +63,7 @@ struct Args {
     /// Timed steps per batch size (after 10 warm-up steps).
     #[arg(long, default_value_t = NonZeroUsize::new(STEPS).expect("positive"))]
     steps: NonZeroUsize,
-    /// `cpu` or `wgpu`.
+    /// `cpu`, `wgpu`, or `cuda` / `hip` (`cuda:N`, `hip:N`) in a build with that feature.
     #[arg(long, default_value = "cpu")]
     device: Device,
     /// `f32` or `bf16`: the dtype of the weights, the data and the step.
