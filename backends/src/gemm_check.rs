@@ -1,10 +1,35 @@
 //! What the GEMM tuners of every device share to decide whether a candidate may win: deterministic data for a
 //! kernel's inputs, and a check of a candidate's output against the kernel IR evaluator at sampled positions
 //! (the corners, the last row and column, and a spread in between). One copy, so a device cannot quietly check
-//! less than another.
+//! less than another. Also what their tuning keys share: the mode, the operand layouts, the exact dims.
 
+use kiln_autotune::Mode;
+use kiln_jit::kernel::gemm::{GemmOperand, GemmView};
 use kiln_jit::kernel::{BufParam, KernelIr};
 use kiln_jit::{DType, HostBuffer};
+use std::sync::LazyLock;
+
+/// `KILN_AUTOTUNE`, read once: the mode every device's GEMM search runs in (the CPU's may be overridden per backend).
+pub fn env_mode() -> Mode {
+    static MODE: LazyLock<Mode> = LazyLock::new(Mode::from_env);
+    *MODE
+}
+
+/// A and B's layout classes for a tuning key: `mk` or `km` (A), `kn` or `nk` (B). An operand is `contiguous` when
+/// its rows are (unit stride along its second index), else transposed when its columns are; any other strides are
+/// tuned as if contiguous.
+pub fn operand_layouts(v: &GemmView) -> (&'static str, &'static str) {
+    fn class(op: &GemmOperand, contiguous: &'static str, transposed: &'static str) -> &'static str {
+        if op.cols != 1 && op.rows == 1 { transposed } else { contiguous }
+    }
+    (class(&v.a, "mk", "km"), class(&v.b, "kn", "nk"))
+}
+
+/// The exact dims of GEMM `v` as a record's tuned dims (batch, m, n, k): the devices that tune the kernel itself.
+pub fn exact_dims(v: &GemmView) -> Vec<(String, u64)> {
+    let d = |n: &str, x: usize| (n.to_string(), x as u64);
+    vec![d("batch", v.batch_count().max(1)), d("m", v.m), d("n", v.n), d("k", v.k)]
+}
 
 /// Deterministic data for every input of `k` (input `i` seeded with `i`).
 pub fn synthetic_inputs(k: &KernelIr) -> Vec<HostBuffer> {
@@ -106,6 +131,20 @@ impl Reference {
             }
         }
         Ok(())
+    }
+
+    /// Checks a candidate's whole output buffer: f32 exactly as [`Reference::check`], bf16 (rounded once by both
+    /// the kernel and the evaluator) within one bf16 step more, since the two may differ by one step (2^-8 to 2^-7
+    /// of the value) where the f32 sums, added in different orders, fall on either side of a rounding boundary.
+    pub fn check_output(&self, got: &HostBuffer) -> Result<(), String> {
+        match got {
+            HostBuffer::F32(got) => self.check(got, 0.0),
+            HostBuffer::BF16(got) => {
+                let wide: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
+                self.check(&wide, 1.0 / 128.0)
+            }
+            _ => Err("the GEMM output is neither f32 nor bf16".into()),
+        }
     }
 }
 

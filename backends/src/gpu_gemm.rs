@@ -87,17 +87,27 @@ pub fn score(v: &GemmView, c: &GpuGemm) -> f64 {
     speed * shared_reuse.sqrt() * (1.0 + reg_reuse) * useful * (0.2 + 0.8 * occupancy) * k_useful
 }
 
-/// The best-scored candidate for `v`, without running anything: what `KILN_AUTOTUNE=off` and an ahead-of-time
-/// compile take.
-pub fn analytic_best(flavor: Flavor, arch: &str, k: &KernelIr, v: &GemmView) -> Option<GpuGemm> {
+/// The candidates for GEMM kernel `k` (recognized as `v`) in `flavor` on `arch` that render it, in
+/// [`candidates`]' order: those a race may choose from.
+pub fn renderable(flavor: Flavor, arch: &str, k: &KernelIr, v: &GemmView) -> Vec<GpuGemm> {
+    candidates(flavor, arch, v).into_iter().filter(|c| c.render(k, v, flavor).is_ok()).collect()
+}
+
+/// The best-scored of `cands` for `v` (the first of equals), without running anything.
+pub fn best_scored(v: &GemmView, cands: &[GpuGemm]) -> Option<GpuGemm> {
     let mut best: Option<(f64, GpuGemm)> = None;
-    for c in candidates(flavor, arch, v).into_iter().filter(|c| c.render(k, v, flavor).is_ok()) {
+    for &c in cands {
         let s = score(v, &c);
         if best.is_none_or(|(b, _)| s > b) {
             best = Some((s, c));
         }
     }
     best.map(|(_, c)| c)
+}
+
+/// The best-scored candidate for `k` that renders it: what `KILN_AUTOTUNE=off` and an ahead-of-time compile take.
+pub fn analytic_best(flavor: Flavor, arch: &str, k: &KernelIr, v: &GemmView) -> Option<GpuGemm> {
+    best_scored(v, &renderable(flavor, arch, k, v))
 }
 
 #[cfg(test)]

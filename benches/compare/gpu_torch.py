@@ -76,9 +76,9 @@ def sync(torch, device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed_steps(torch, device: str, step, steps: int) -> float:
-    """Median seconds of `steps` calls of `step` after WARMUP, each ending with the device synchronized."""
-    for _ in range(WARMUP):
+def timed_steps(torch, device: str, step, steps: int, warmup: int = WARMUP) -> float:
+    """Median seconds of `steps` calls of `step` after `warmup` untimed, each ending with the device synchronized."""
+    for _ in range(warmup):
         step()
     sync(torch, device)
     times = []
@@ -140,15 +140,7 @@ def torch_gemms(torch, device: str, runs: int, dtypes: list[str]) -> dict[str, f
         return v.reshape(rows, cols).to(device=device, dtype=dtype)
 
     def med(call) -> float:
-        call()
-        sync(torch, device)
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            call()
-            sync(torch, device)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times) * 1e3
+        return timed_steps(torch, device, call, runs, warmup=1) * 1e3
 
     for name in dtypes:
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[name]

@@ -78,6 +78,8 @@ pub(crate) struct Ctx {
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Whether plans replay as CUDA graphs (`gpu::plan`): on unless `KILN_CUDA_GRAPHS=0`.
     graphs: bool,
+    /// What tuning records measured here depend on besides the name and arch, read once at open.
+    tuning: Vec<String>,
 }
 
 type Opened = Mutex<HashMap<usize, Result<&'static CudaBackend, String>>>;
@@ -110,6 +112,16 @@ fn init(ordinal: usize) -> Result<CudaBackend, String> {
     let arch = format!("sm_{major}{minor}");
     crate::gpu_cache::store(Flavor::Cuda, &arch)?;
     let stream = context.new_stream().map_err(|e| format!("creating a stream: {e}"))?;
+    let sms = context.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    let mut driver = 0i32;
+    // SAFETY: writes the driver's version into `driver`; no other state is touched.
+    let driver = unsafe { sys::cuDriverGetVersion(&mut driver) }.result().map(|()| driver);
+    let nvrtc = crate::gpu_cache::compiler(Flavor::Cuda).and_then(|r| r.version());
+    let tuning = vec![
+        format!("sms={}", sms.map_or("?".into(), |n| n.to_string())),
+        format!("driver={}", driver.map_or("?".into(), |v| v.to_string())),
+        format!("nvrtc={}", nvrtc.map_or("?".into(), |(a, b)| format!("{a}.{b}"))),
+    ];
     Ok(CudaBackend {
         ctx: Arc::new(Ctx {
             stream,
@@ -119,6 +131,7 @@ fn init(ordinal: usize) -> Result<CudaBackend, String> {
             pool: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             graphs: std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v != "0" && v != "off"),
+            tuning,
         }),
     })
 }
@@ -212,16 +225,7 @@ impl Driver for Ctx {
     }
 
     fn tuning_features(&self) -> Vec<String> {
-        let sms = self.stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-        let mut driver = 0i32;
-        // SAFETY: writes the driver's version into `driver`; no other state is touched.
-        let driver = unsafe { sys::cuDriverGetVersion(&mut driver) }.result().map(|()| driver);
-        let nvrtc = crate::gpu_cache::compiler(Flavor::Cuda).and_then(|r| r.version());
-        vec![
-            format!("sms={}", sms.map_or("?".into(), |n| n.to_string())),
-            format!("driver={}", driver.map_or("?".into(), |v| v.to_string())),
-            format!("nvrtc={}", nvrtc.map_or("?".into(), |(a, b)| format!("{a}.{b}"))),
-        ]
+        self.tuning.clone()
     }
 
     fn wrap(m: DeviceBuffer) -> Buffer {
@@ -332,10 +336,9 @@ impl Driver for Ctx {
         for n in nodes {
             let mut node = std::ptr::null_mut();
             let deps: &[sys::CUgraphNode] = g.nodes.last().map_or(&[], std::slice::from_ref);
-            let mut words = n.params.to_vec();
-            let mut ptrs = pointers(&mut words);
+            let mut ptrs = pointers(n.params);
             let params = kernel_params(n, &mut ptrs);
-            // SAFETY: `params` names a function of this context and points at `words`, one 8-byte device address
+            // SAFETY: `params` names a function of this context and points at `n.params`, one 8-byte device address
             // per kernel parameter (the caller's contract); the driver copies the values before returning.
             unsafe { sys::cuGraphAddKernelNode_v2(&mut node, g.graph, deps.as_ptr(), deps.len(), &params) }
                 .result()
@@ -351,8 +354,7 @@ impl Driver for Ctx {
     unsafe fn graph_set(&self, g: &mut CudaGraph, i: usize, n: &Node<'_, CudaFunction>) -> Result<(), String> {
         let node = *g.nodes.get(i).ok_or_else(|| format!("the graph has no node {i}"))?;
         g.context.bind_to_thread().map_err(|e| e.to_string())?;
-        let mut words = n.params.to_vec();
-        let mut ptrs = pointers(&mut words);
+        let mut ptrs = pointers(n.params);
         let params = kernel_params(n, &mut ptrs);
         // SAFETY: node `i` of `g.exec` launches the same function with the same grid and block (the caller's
         // contract); the driver copies the new parameter values and applies them from the next launch of the graph.
@@ -417,9 +419,10 @@ fn kernel_params(n: &Node<'_, CudaFunction>, ptrs: &mut [*mut c_void]) -> sys::C
     }
 }
 
-/// Pointers to each of `words`, as the driver takes kernel parameters.
-fn pointers(words: &mut [u64]) -> Vec<*mut c_void> {
-    words.iter_mut().map(|w| (w as *mut u64).cast::<c_void>()).collect()
+/// Pointers to each of `words`, as the driver takes kernel parameters (`void**`: it only reads through them), on
+/// the stack for the usual few: patching a node on a replay allocates nothing.
+fn pointers(words: &[u64]) -> smallvec::SmallVec<[*mut c_void; 8]> {
+    words.iter().map(|w| (w as *const u64).cast_mut().cast::<c_void>()).collect()
 }
 
 impl Backend for CudaBackend {

@@ -36,6 +36,8 @@ pub(crate) struct Ctx {
     graphs: bool,
     /// Whether GEMM kernels are raced, as on a GPU device.
     races: bool,
+    /// Graphs built, graph launches and nodes patched on this stand-in (`HostGpu::graph_counts`).
+    graph_counts: [AtomicUsize; 3],
 }
 
 /// A kernel's driver in its plan's library.
@@ -116,7 +118,15 @@ impl HostGpu {
             N.fetch_add(1, Ordering::Relaxed)
         ));
         let functions = Mutex::new(HashMap::new());
-        HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions, graphs, races }) }
+        let graph_counts = Default::default();
+        HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions, graphs, races, graph_counts }) }
+    }
+
+    /// (graphs built, graph launches, nodes patched) by this stand-in's plans so far: what its replays did, apart
+    /// from any other device in the process.
+    pub fn graph_counts(&self) -> (usize, usize, usize) {
+        let [b, l, p] = &self.ctx.graph_counts;
+        (b.load(Ordering::Relaxed), l.load(Ordering::Relaxed), p.load(Ordering::Relaxed))
     }
 }
 
@@ -262,16 +272,19 @@ impl Driver for Ctx {
     }
 
     unsafe fn graph_build(&self, nodes: &[Node<'_, Arc<Loaded>>]) -> Result<Self::Graph, String> {
+        self.graph_counts[0].fetch_add(1, Ordering::Relaxed);
         Ok(nodes.iter().map(|n| (n.function.clone(), n.grid, n.block, n.params.to_vec())).collect())
     }
 
     unsafe fn graph_set(&self, g: &mut Self::Graph, i: usize, node: &Node<'_, Arc<Loaded>>) -> Result<(), String> {
         let held = g.get_mut(i).ok_or_else(|| format!("the graph has no node {i}"))?;
         *held = (node.function.clone(), node.grid, node.block, node.params.to_vec());
+        self.graph_counts[2].fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     unsafe fn graph_launch(&self, g: &Self::Graph) -> Result<(), String> {
+        self.graph_counts[1].fetch_add(1, Ordering::Relaxed);
         for (f, grid, block, params) in g {
             // SAFETY: the caller's contract (`Driver::graph_launch`): every node's parameters are live memory.
             unsafe { self.launch(f, *grid, *block, params) }?;

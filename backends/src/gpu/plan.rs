@@ -57,10 +57,13 @@ struct GpuPlan<D: Driver> {
     replay: Option<Mutex<Replay<D>>>,
 }
 
-/// A plan's replay state: how many runs began, its pinned scratch and its graph, once built.
+/// A plan's replay state: whether a run began, its pinned scratch and its graph, once built.
 struct Replay<D: Driver> {
-    runs: u64,
+    /// A run has begun: the next ones replay.
+    ran: bool,
     scratch: Option<Scratch<D::Mem>>,
+    /// A replaying run's parameters, one per node, in order: kept between runs so a replay allocates nothing.
+    recorded: Vec<Params>,
     /// The graph and the parameters each node holds now.
     graph: Option<(D::Graph, Vec<Params>)>,
     /// The driver could not build the graph (said once): launches one by one from then on.
@@ -144,7 +147,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
     let nodes: Vec<usize> = (0..launches.len()).filter(|&i| launches[i].grid.0 != 0).collect();
     // One launch gains nothing from a graph.
     let replay = (ctx.graphs() && nodes.len() >= 2)
-        .then(|| Mutex::new(Replay { runs: 0, scratch: None, graph: None, failed: false }));
+        .then(|| Mutex::new(Replay { ran: false, scratch: None, recorded: Vec::new(), graph: None, failed: false }));
     Ok(Box::new(Planned(GpuPlan {
         ctx: ctx.clone(),
         replay,
@@ -158,16 +161,15 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
 }
 
 /// One run: every buffer's device address, and the buffers the run owns (temps, rng keys, fault record) or, when
-/// it replays the plan's graph, the plan's pinned ones and the parameters each launch recorded.
+/// it replays the plan's graph, the plan's pinned ones.
 struct GpuRun<'a, D: Driver> {
     inputs: SmallVec<[u64; 16]>,
     outputs: SmallVec<[u64; 8]>,
     scratch: Scratch<D::Mem>,
     /// Replaying: the plan's replay state, held until the graph is queued; `scratch` is its pinned scratch, taken
-    /// out for the run and put back at its end.
+    /// out for the run and put back at its end, and each launched kernel's parameters go to its `recorded` (empty
+    /// launches have no node).
     replay: Option<MutexGuard<'a, Replay<D>>>,
-    /// Replaying: each launched kernel's parameters, in order (empty launches have no node).
-    recorded: Vec<Params>,
 }
 
 /// The device memory of a buffer the executor checked to be ours.
@@ -318,8 +320,8 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
         let mut replay = None;
         if let Some(r) = &self.replay {
             let mut r = r.lock();
-            r.runs += 1;
-            if r.runs >= 2 && !r.failed {
+            if std::mem::replace(&mut r.ran, true) && !r.failed {
+                r.recorded.clear();
                 replay = Some(r);
             }
         }
@@ -328,7 +330,6 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
         Ok(GpuRun {
             inputs: inputs.iter().map(|b| D::addr(mem::<D>(b))).collect(),
             outputs: outputs.iter().map(|b| D::addr(mem::<D>(b))).collect(),
-            recorded: Vec::with_capacity(if replay.is_some() { self.nodes.len() } else { 0 }),
             scratch,
             replay,
         })
@@ -354,8 +355,8 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
             let f = st.scratch.fault.as_ref().ok_or_else(|| exec("gathering kernel without a fault record"))?;
             params.push(D::addr(f));
         }
-        if st.replay.is_some() {
-            st.recorded.push(params);
+        if let Some(r) = st.replay.as_mut() {
+            r.recorded.push(params);
             return Ok(());
         }
         // SAFETY: the function was compiled from the dialect's rendering of this launch's kernel, whose parameters
@@ -367,9 +368,11 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
     }
 
     fn finish(&self, st: GpuRun<'_, D>, _outputs: &mut [Buffer]) -> Result<(), BackendError> {
-        let GpuRun { scratch, replay, recorded, .. } = st;
+        let GpuRun { scratch, replay, .. } = st;
         let Some(mut replay) = replay else { return self.read_fault(&scratch) };
+        let recorded = std::mem::take(&mut replay.recorded);
         let queued = self.replay_graph(&mut replay, &recorded);
+        replay.recorded = recorded;
         let faulted = queued.and_then(|()| self.read_fault(&scratch));
         // Pinned for the next run (after an error too: nothing of it is left in an unknown state).
         replay.scratch = Some(scratch);

@@ -17,22 +17,17 @@
 
 use super::Driver;
 use crate::BackendError;
-use crate::gpu_gemm::{GpuGemm, candidates, score};
+use crate::gemm_check::{Reference, env_mode, exact_dims, operand_layouts};
+use crate::gpu_gemm::{GpuGemm, best_scored, renderable, score};
 use kiln_autotune::{Candidate, DeviceFingerprint, Mode, Store, TuneKey, TuneRecord, checksum_of};
+use kiln_jit::HostBuffer;
 use kiln_jit::kernel::KernelIr;
-use kiln_jit::kernel::gemm::{GemmOperand, GemmView};
+use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::render::cuda::GpuKernel;
-use kiln_jit::{DType, HostBuffer};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// `KILN_AUTOTUNE`, read once.
-fn mode() -> Mode {
-    static MODE: LazyLock<Mode> = LazyLock::new(Mode::from_env);
-    *MODE
-}
 
 /// What tuning records measured on `ctx`'s GPU are valid for.
 fn fingerprint<D: Driver>(ctx: &D) -> DeviceFingerprint {
@@ -43,22 +38,15 @@ fn fingerprint<D: Driver>(ctx: &D) -> DeviceFingerprint {
     }
 }
 
-/// `mk`/`km` (A) or `kn`/`nk` (B): which index of the operand is contiguous.
-fn layout(op: &GemmOperand, contiguous: &'static str, transposed: &'static str) -> &'static str {
-    if op.cols != 1 && op.rows == 1 { transposed } else { contiguous }
-}
-
-fn tuned_dims(v: &GemmView) -> Vec<(String, u64)> {
-    let d = |n: &str, x: usize| (n.to_string(), x as u64);
-    vec![d("batch", v.batch_count().max(1)), d("m", v.m), d("n", v.n), d("k", v.k)]
-}
-
 fn key<D: Driver>(ctx: &D, k: &KernelIr, v: &GemmView, cands: &[GpuGemm]) -> TuneKey {
     TuneKey {
         op: format!("{}-gemm", D::NAME),
-        dims: tuned_dims(v),
+        dims: exact_dims(v),
         dtypes: format!("{},{}->{}", v.operands, v.operands, v.out),
-        layout: format!("{},{}", layout(&v.a, "mk", "km"), layout(&v.b, "kn", "nk")),
+        layout: {
+            let (a, b) = operand_layouts(v);
+            format!("{a},{b}")
+        },
         epilogue: format!("{:016x}", checksum_of([format!("{:?} -> {}", k.outer, k.result)])),
         device: fingerprint(ctx).id(),
         candidates: checksum_of(cands.iter().map(GpuGemm::name)),
@@ -73,12 +61,11 @@ pub(crate) fn gemm_kernel<D: Driver>(
     k: &KernelIr,
 ) -> Option<Result<(GpuKernel, Option<TuneRecord>), String>> {
     let v = GemmView::of(k)?;
-    let cands: Vec<GpuGemm> =
-        candidates(D::FLAVOR, ctx.arch(), &v).into_iter().filter(|c| c.render(k, &v, D::FLAVOR).is_ok()).collect();
+    let cands = renderable(D::FLAVOR, ctx.arch(), k, &v);
     if cands.is_empty() {
         return None;
     }
-    let chosen = choose(ctx, k, &v, &cands, Store::global(), mode());
+    let chosen = choose(ctx, k, &v, &cands, Store::global(), env_mode());
     if let Ok((_, Some(record))) = &chosen {
         RECORDS.lock().push(record.clone());
     }
@@ -117,7 +104,7 @@ fn choose<D: Driver>(
     // tuning off) is the deployer's choice: taken without a race, so a bundle's first request compiles nothing.
     // `KILN_AUTOTUNE=full` (`kiln tune`) races anyway.
     if mode != Mode::Full
-        && let Some(best) = crate::gpu_gemm::analytic_best(D::FLAVOR, ctx.arch(), k, v)
+        && let Some(best) = best_scored(v, cands)
         && let Ok(g) = best.render(k, v, D::FLAVOR)
         && ctx.precompiled(&g.source)
     {
@@ -172,19 +159,16 @@ fn choose<D: Driver>(
     };
     // The evaluator's values, computed at the first verification and shared by every candidate.
     let reference = std::cell::OnceCell::new();
-    let rounded = if k.output.dtype == DType::BF16 { 2f64.powi(-8) } else { 0.0 };
     let verify = |c: &GpuGemm| -> Result<(), String> {
         launch(c)?;
         let bytes = ctx.read(&out, k.output.len * k.output.dtype.size_of()).map_err(exec)?;
-        let got: Vec<f32> =
-            super::from_bytes(k.output.dtype, &bytes, k.output.len).to_f64().into_iter().map(|x| x as f32).collect();
         let reference = reference.get_or_init(|| {
             let refs: Vec<&HostBuffer> = host.iter().collect();
-            crate::gemm_check::Reference::of(k, v.k, &refs)
+            Reference::of(k, v.k, &refs)
         });
-        reference.check(&got, rounded)
+        reference.check_output(&super::from_bytes(k.output.dtype, &bytes, k.output.len))
     };
-    let record = kiln_autotune::search(&key, tuned_dims(v), scored, mode, verify, launch)?;
+    let record = kiln_autotune::search(&key, exact_dims(v), scored, mode, verify, launch)?;
     if let Err(e) = store.put_record(&record) {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| eprintln!("kiln: could not write a {} GEMM tuning record: {e}", D::NAME));

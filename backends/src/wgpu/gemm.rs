@@ -15,7 +15,7 @@ use super::tiles::{self, GemmTile, TileLimits};
 use super::{Ctx, Pipeline};
 use kiln_autotune::{DeviceFingerprint, Mode, Store, TuneKey, TuneRecord, checksum_of};
 use kiln_jit::kernel::KernelIr;
-use kiln_jit::kernel::gemm::{GemmOperand, GemmView};
+use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::render::wgsl::{self, WgslKernel};
 use kiln_jit::{DType, HostBuffer};
 use std::cell::RefCell;
@@ -31,12 +31,6 @@ const MIN_VOLUME: usize = 4096;
 pub(crate) fn tiled_enabled() -> bool {
     static ON: LazyLock<bool> = LazyLock::new(|| std::env::var("KILN_WGSL_GEMM").map_or(true, |v| v != "generic"));
     *ON
-}
-
-/// `KILN_AUTOTUNE`, read once.
-fn mode() -> Mode {
-    static MODE: LazyLock<Mode> = LazyLock::new(Mode::from_env);
-    *MODE
 }
 
 impl Ctx {
@@ -80,7 +74,7 @@ pub(crate) fn gemm_kernel(ctx: &Arc<Ctx>, k: &KernelIr) -> Option<(WgslKernel, T
     if cands.is_empty() {
         return None;
     }
-    let (tile, record) = match choose(ctx, k, &view, &cands, Store::global(), mode()) {
+    let (tile, record) = match choose(ctx, k, &view, &cands, Store::global(), crate::gemm_check::env_mode()) {
         Ok(x) => x,
         Err(e) => {
             // No tile verified (or the search could not run): the generic kernel is correct and slower; a graph
@@ -93,27 +87,20 @@ pub(crate) fn gemm_kernel(ctx: &Arc<Ctx>, k: &KernelIr) -> Option<(WgslKernel, T
     wgsl::render_gemm(k, &view, tile).ok().map(|w| (w, record))
 }
 
-/// `mk`/`km` (A) or `kn`/`nk` (B): which index of the operand is contiguous.
-fn layout(op: &GemmOperand, contiguous: &'static str, transposed: &'static str) -> &'static str {
-    if op.cols != 1 && op.rows == 1 { transposed } else { contiguous }
-}
-
 fn key(ctx: &Ctx, k: &KernelIr, v: &GemmView, cands: &[GemmTile]) -> TuneKey {
-    let dims = tuned_dims(v);
+    let dims = crate::gemm_check::exact_dims(v);
     TuneKey {
         op: "wgsl-gemm".into(),
         dims,
         dtypes: "f32,f32->f32".into(),
-        layout: format!("{},{}", layout(&v.a, "mk", "km"), layout(&v.b, "kn", "nk")),
+        layout: {
+            let (a, b) = crate::gemm_check::operand_layouts(v);
+            format!("{a},{b}")
+        },
         epilogue: format!("{:016x}", checksum_of([format!("{:?} -> {}", k.outer, k.result)])),
         device: ctx.fingerprint().id(),
         candidates: checksum_of(cands.iter().map(GemmTile::name)),
     }
-}
-
-fn tuned_dims(v: &GemmView) -> Vec<(String, u64)> {
-    let d = |n: &str, x: usize| (n.to_string(), x as u64);
-    vec![d("batch", v.batch_count().max(1)), d("m", v.m), d("n", v.n), d("k", v.k)]
 }
 
 /// The tile for `k` among `cands`: a stored record's winner (never re-raced by its own mode or a lighter one), else
@@ -180,7 +167,7 @@ fn choose(
         });
         reference.check(&got, 0.0)
     };
-    let record = kiln_autotune::search(&key, tuned_dims(v), scored, mode, verify, launch)?;
+    let record = kiln_autotune::search(&key, crate::gemm_check::exact_dims(v), scored, mode, verify, launch)?;
     if let Err(e) = store.put_record(&record) {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| eprintln!("kiln: could not write a wgpu GEMM tuning record: {e}"));

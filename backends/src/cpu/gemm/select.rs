@@ -26,8 +26,7 @@ pub(crate) fn generated_gemm_enabled() -> bool {
 
 /// `KILN_AUTOTUNE` (read once), unless [`set_autotune_mode`] overrides it.
 fn tune_mode() -> kiln_autotune::Mode {
-    static MODE: LazyLock<kiln_autotune::Mode> = LazyLock::new(kiln_autotune::Mode::from_env);
-    MODE_OVERRIDE.lock().unwrap_or(*MODE)
+    MODE_OVERRIDE.lock().unwrap_or_else(crate::gemm_check::env_mode)
 }
 
 /// How much searching one plan compile may do with `KILN_AUTOTUNE=fast` (`KILN_TUNE_BUDGET_MS`, default
@@ -240,7 +239,7 @@ fn choose_gemm(
         |imp| {
             let inputs = inputs.get_or_init(|| timed.inputs());
             let reference = reference.get_or_init(|| tune::reference(timed, inputs));
-            run(imp).and_then(|(out, _)| tune::verify(reference, &out))
+            run(imp).and_then(|(out, _)| reference.check_output(&out))
         },
         |imp| run(imp).map(|(_, t)| t),
     )?;

@@ -4,7 +4,7 @@ use super::Ctx;
 use super::config::{self, GemmImpl, StepContext};
 use kiln_autotune::{TuneKey, bucket, checksum_of_each, dim_named};
 use kiln_jit::dtype::Scalar;
-use kiln_jit::kernel::gemm::{GemmOperand, GemmView, Role};
+use kiln_jit::kernel::gemm::{GemmView, Role};
 use kiln_jit::kernel::{BufParam, IExpr, Inst, InstOp, KernelIr, Reduce};
 use kiln_jit::op::{BinaryOp, ReduceOp};
 use kiln_jit::{DType, HostBuffer};
@@ -190,12 +190,6 @@ impl TuneProblem {
     }
 }
 
-/// An operand's layout class: `contiguous` when its rows are contiguous (unit stride along its second index), else
-/// `transposed` when its columns are; any other strides are tuned as if contiguous.
-fn layout(op: &GemmOperand, contiguous: &'static str, transposed: &'static str) -> &'static str {
-    if op.cols != 1 && op.rows == 1 { transposed } else { contiguous }
-}
-
 /// Builds the tuning key and canonical problem of GEMM kernel `k` (recognized as `v`) for `threads` threads.
 /// `cx`: what the plan running `k` does around it (`config::step_candidates`).
 pub fn problem(k: &KernelIr, v: &GemmView, threads: usize, device: &str, cx: StepContext) -> TuneProblem {
@@ -257,8 +251,7 @@ fn build(
     device: &str,
     cx: StepContext,
 ) -> TuneProblem {
-    let a_layout = layout(&v.a, "mk", "km");
-    let b_layout = layout(&v.b, "kn", "nk");
+    let (a_layout, b_layout) = crate::gemm_check::operand_layouts(v);
     // Output dims and loop variables of the canonical kernel: [b?, m?, n], then k.
     let mut out_extents = Vec::new();
     if bb > 1 {
@@ -375,18 +368,4 @@ fn build(
 pub fn reference(p: &TuneProblem, inputs: &[HostBuffer]) -> crate::gemm_check::Reference {
     let refs: Vec<&HostBuffer> = inputs.iter().collect();
     crate::gemm_check::Reference::of(&p.kernel, p.view.k, &refs)
-}
-
-/// Checks a candidate's output on the canonical problem against `reference`.
-pub fn verify(reference: &crate::gemm_check::Reference, got: &HostBuffer) -> Result<(), String> {
-    match got {
-        HostBuffer::F32(got) => reference.check(got, 0.0),
-        // Rounded once to bf16 by both: they may differ by one bf16 step (2^-8 to 2^-7 of the value) where the f32
-        // sums, added in different orders, fall on either side of a rounding boundary.
-        HostBuffer::BF16(got) => {
-            let wide: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
-            reference.check(&wide, 1.0 / 128.0)
-        }
-        _ => Err("the GEMM output is neither f32 nor bf16".into()),
-    }
 }

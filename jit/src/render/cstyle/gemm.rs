@@ -150,8 +150,9 @@ pub fn operand_bases<D: Dialect>(d: &D, v: &GemmView) -> String {
     s
 }
 
-/// `base + i * rows + j * cols` of an operand.
-fn at(op: &GemmOperand, base: &str, i: &str, j: &str) -> String {
+/// `in<buf>[base + i * rows + j * cols]`: an operand's element (row `i`, column `j`) in its batch entry at `base`.
+/// Also the tensor-core template's.
+pub fn operand_at(op: &GemmOperand, base: &str, i: &str, j: &str) -> String {
     format!("in{}[{base} + {i} * {} + {j} * {}]", op.buf, op.rows, op.cols)
 }
 
@@ -214,7 +215,7 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
         split(v.a.cols == 1, kt, tm),
         (&gm, &gk),
         format!("gm < {m} && gk < {kk}"),
-        d.load_word(v.operands, &at(&v.a, "abase", "gm", "gk")),
+        d.load_word(v.operands, &operand_at(&v.a, "abase", "gm", "gk")),
         format!("sa[c * {tm} + r] = x;"),
     );
     let (gk, gn) = (d.let_index("gk", "k0 + r"), d.let_index("gn", "n0 + c"));
@@ -224,7 +225,7 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
         split(v.b.cols == 1, tn, kt),
         (&gk, &gn),
         format!("gk < {kk} && gn < {n}"),
-        d.load_word(v.operands, &at(&v.b, "bbase", "gk", "gn")),
+        d.load_word(v.operands, &operand_at(&v.b, "bbase", "gk", "gn")),
         format!("sb[r * {tn} + c] = x;"),
     );
     line(&mut s, "        ", d.barrier().to_string());

@@ -26,8 +26,8 @@ use super::gemm::{assemble, grid};
 use super::{CudaC, Flavor, GpuKernel, check, math};
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
-use crate::kernel::gemm::{GemmOperand, GemmView};
-use crate::render::cstyle::{Emitter, epilogue_fn, operand_bases};
+use crate::kernel::gemm::GemmView;
+use crate::render::cstyle::{Emitter, epilogue_fn, operand_at as at, operand_bases};
 use std::fmt::Write;
 
 /// K per staged slice.
@@ -138,11 +138,6 @@ pub fn render_gemm_mma(k: &KernelIr, v: &GemmView, t: MmaTile, flavor: Flavor) -
     Ok(assemble(k, head, threads, epilogue.lines().chain(body.lines()), blocks, em.uses_rng))
 }
 
-/// `in<buf>[base + i * rows + j * cols]`.
-fn at(op: &GemmOperand, base: &str, i: &str, j: &str) -> String {
-    format!("in{}[{base} + {i} * {} + {j} * {}]", op.buf, op.rows, op.cols)
-}
-
 /// The entry point's body: staging loop, fragments and products, then the epilogue per accumulator in bounds.
 fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64) -> String {
     let (m, n, kk) = (v.m, v.n, v.k);
@@ -161,32 +156,39 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64) -> String {
     s.push_str(&operand_bases(d, v));
     let _ = writeln!(s, "float acc[{}];\nfor (int i = 0; i < {}; i++) acc[i] = 0.0f;", frags * 4, frags * 4);
     let _ = writeln!(s, "for (int k0 = 0; k0 < {kk}; k0 += {BK}) {{");
-    // A's slice: along k where A's rows are contiguous in k, else along m; B's along n, else along k.
-    let (ar, ac) = if v.a.cols == 1 {
-        (format!("e / {BK}"), format!("e % {BK}"))
-    } else {
-        (format!("e % {bm}"), format!("e / {bm}"))
-    };
-    let _ = writeln!(
-        s,
-        "    for (int e = l; e < {}; e += {threads}) {{\n        int r = {ar};\n        int c = {ac};\n        \
-         unsigned short x = 0;\n        if (m0 + r < {m} && k0 + c < {kk}) x = {};\n        \
-         sa[r * {LD} + c] = x;\n    }}",
-        bm * BK,
-        at(&v.a, "abase", "(m0 + r)", "(k0 + c)"),
+    // A's slice: along k where A's rows are contiguous in k, else along m; B's along n, else along k. Each element
+    // `e` of a `rows x cols` slice is (r, c), `minor`-major when `along_cols`.
+    let stage =
+        |s: &mut String, (rows, cols): (u32, u32), along_cols: bool, cond: String, load: String, store: &str| {
+            let (r, c) = if along_cols {
+                (format!("e / {cols}"), format!("e % {cols}"))
+            } else {
+                (format!("e % {rows}"), format!("e / {rows}"))
+            };
+            let _ = writeln!(
+                s,
+                "    for (int e = l; e < {}; e += {threads}) {{\n        int r = {r};\n        int c = {c};\n        \
+             unsigned short x = 0;\n        if ({cond}) x = {load};\n        {store} = x;\n    }}",
+                rows * cols,
+            );
+        };
+    let a_load = at(&v.a, "abase", "(m0 + r)", "(k0 + c)");
+    stage(
+        &mut s,
+        (bm, BK),
+        v.a.cols == 1,
+        format!("m0 + r < {m} && k0 + c < {kk}"),
+        a_load,
+        &format!("sa[r * {LD} + c]"),
     );
-    let (br, bc) = if v.b.cols == 1 {
-        (format!("e / {bn}"), format!("e % {bn}"))
-    } else {
-        (format!("e % {BK}"), format!("e / {BK}"))
-    };
-    let _ = writeln!(
-        s,
-        "    for (int e = l; e < {}; e += {threads}) {{\n        int r = {br};\n        int c = {bc};\n        \
-         unsigned short x = 0;\n        if (k0 + r < {kk} && n0 + c < {n}) x = {};\n        \
-         sb[c * {LD} + r] = x;\n    }}",
-        BK * bn,
-        at(&v.b, "bbase", "(k0 + r)", "(n0 + c)"),
+    let b_load = at(&v.b, "bbase", "(k0 + r)", "(n0 + c)");
+    stage(
+        &mut s,
+        (BK, bn),
+        v.b.cols == 1,
+        format!("k0 + r < {kk} && n0 + c < {n}"),
+        b_load,
+        &format!("sb[c * {LD} + r]"),
     );
     s.push_str("    __syncthreads();\n");
     let _ = writeln!(s, "    for (int kk = 0; kk < {BK}; kk += 16) {{");
