@@ -18,11 +18,11 @@ mod gpu_open;
 use common::*;
 use kiln::{DType, Device, HostBuffer, Tensor, linalg};
 use kiln_backends::gpu_cache::schedule as gpu_schedule;
-use kiln_backends::gpu_gemm::{GpuGemm, candidates};
+use kiln_backends::gpu_gemm::{GpuGemm, GpuTile, candidates};
 use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::kernel::{Fault, KernelPlan, Slot};
 use kiln_jit::render::cuda::{DEFAULT_TILE, Flavor, GpuKernel, MmaTile, host, render, render_gemm, render_gemm_mma};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 
 /// The expressions whose kernels are checked: the shared table's rows in every dtype the renderer takes.
@@ -280,15 +280,60 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
     let bf16_gemm = GemmView::of(&gemm_of(&bf16_cases[0].1)).expect("a GEMM");
     let mut jobs: Vec<(String, Vec<Tensor>, GpuGemm)> = Vec::new();
     for c in candidates(Flavor::Cuda, "sm_90", &bf16_gemm) {
-        let on = if matches!(c, GpuGemm::Mma(_)) { &bf16_cases } else { &some };
+        let on = if matches!(c.tile, GpuTile::Mma(_)) { &bf16_cases } else { &some };
         jobs.extend(on.iter().map(|(name, outs)| (format!("{}: {name}", c.name()), outs.clone(), c)));
     }
+    // Decode shapes (few rows, a long and ragged K), fused epilogues, a transposed bf16 weight and a batch, with K
+    // split (each tile as far as `split_for` takes it, the last split's range ragged): every SIMT tile on the f32
+    // GEMM, every tensor-core tile on the bf16 one, the default tile on the batch (the SIMT template's bf16 staging
+    // is the f32 one's, checked above).
+    let bias70 = m(1, 70, 0.9).reshape([70]);
+    let decode_a = Tensor::from_vec((0..2 * 3 * 500).map(|i| (i as f32 * 0.13).sin()).collect(), [2, 3, 500], &dev);
+    let decode_b = Tensor::from_vec((0..2 * 500 * 24).map(|i| (i as f32 * 0.05).cos()).collect(), [2, 500, 24], &dev);
+    let decode_cases = [
+        ("decode 6 x 600 x 70, bias, relu", vec![(m(6, 600, 0.3).matmul(&m(600, 70, 0.5)) + &bias70).relu()]),
+        ("bf16 decode 9 x 700 x 40, x @ w.t()", vec![bf(&m(9, 700, 0.2)).matmul(&bf(&m(40, 700, 0.4)).t())]),
+        ("batched decode 2 x 3 x 500 x 24", vec![decode_a.expect("a").matmul(&decode_b.expect("b"))]),
+    ];
+    let mut split_kinds = HashSet::new();
+    let kept: [&dyn Fn(GpuGemm) -> bool; 3] =
+        [&|c| matches!(c.tile, GpuTile::Simt(_)), &|c| matches!(c.tile, GpuTile::Mma(_)), &|c| {
+            c.tile == GpuTile::Simt(DEFAULT_TILE)
+        }];
+    for ((name, outs), keep) in decode_cases.iter().zip(kept) {
+        let v = GemmView::of(&gemm_of(outs)).expect("a GEMM");
+        let split: Vec<GpuGemm> =
+            candidates(Flavor::Cuda, "sm_90", &v).into_iter().filter(|&c| c.splits > 1 && keep(c)).collect();
+        assert!(!split.is_empty(), "{name}: no candidate splits K");
+        for c in split {
+            split_kinds.insert((matches!(c.tile, GpuTile::Mma(_)), c.splits));
+            jobs.push((format!("{}: {name}", c.name()), outs.clone(), c));
+        }
+    }
+    assert!(split_kinds.iter().any(|&(mma, _)| mma), "a tensor-core tile splits K: {split_kinds:?}");
+    assert!(split_kinds.iter().any(|&(_, s)| s >= 4), "some tile splits K 4 ways: {split_kinds:?}");
     let named: Vec<(&str, Vec<Tensor>)> = jobs.iter().map(|(n, outs, _)| (n.as_str(), outs.clone())).collect();
     let (tile_failures, ran) = run_each_on_host(&cxx, &named, &|i| Gemm::With(jobs[i].2), Kind::Accumulate);
     for ((name, _, _), n) in jobs.iter().zip(&ran) {
         assert!(*n >= 1, "{name}: the template did not run");
     }
     failures.extend(tile_failures);
+    // NVRTC compiles every split-K candidate of the decode shapes for Hopper where it is installed.
+    if let Ok(nvrtc) = kiln_backends::rtc::Rtc::nvrtc() {
+        for (name, outs, c) in jobs.iter().filter(|(_, _, c)| c.splits > 1) {
+            let k = gemm_of(outs);
+            let g = c.render(&k, &GemmView::of(&k).expect("a GEMM"), Flavor::Cuda).expect("renders");
+            nvrtc.compile(&g.source, &g.name, "sm_90").unwrap_or_else(|log| panic!("{name}, sm_90: {log}"));
+        }
+    }
+    // And hiprtc one SIMT split (its tail is the same text in every tile), for gfx90a.
+    if let Ok(hiprtc) = kiln_backends::rtc::Rtc::hiprtc()
+        && let Some((name, outs, c)) = jobs.iter().rev().find(|(_, _, c)| c.splits > 1)
+    {
+        let k = gemm_of(outs);
+        let g = c.render(&k, &GemmView::of(&k).expect("a GEMM"), Flavor::Hip).expect("renders");
+        hiprtc.compile(&g.source, &g.name, "gfx90a").unwrap_or_else(|log| panic!("{name}, gfx90a: {log}"));
+    }
     let cases: Vec<_> = cases.into_iter().chain(bf16_cases).collect();
     // NVRTC compiles the same sources for Hopper where it is installed (CI; `gpu_check` also compiles every tiled
     // GEMM the suites produce for sm_80, sm_90, gfx90a and gfx1030).
@@ -297,8 +342,8 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
             let cap = kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture");
             for l in &gpu_schedule(&cap.graph).launches {
                 let Some(v) = GemmView::of(&l.kernel) else { continue };
-                let tiled = render_gemm(&l.kernel, &v, DEFAULT_TILE, Flavor::Cuda);
-                let mma = render_gemm_mma(&l.kernel, &v, MmaTile::SQUARE, Flavor::Cuda);
+                let tiled = render_gemm(&l.kernel, &v, DEFAULT_TILE, 1, Flavor::Cuda);
+                let mma = render_gemm_mma(&l.kernel, &v, MmaTile::SQUARE, 1, Flavor::Cuda);
                 for g in [tiled, mma].into_iter().flatten() {
                     for arch in ["sm_80", "sm_90"] {
                         nvrtc.compile(&g.source, &g.name, arch).unwrap_or_else(|log| panic!("{name}, {arch}: {log}"));
@@ -325,7 +370,7 @@ enum Gemm {
 }
 
 /// The SIMT template in the CUDA device's default tile.
-const TILED: Gemm = Gemm::With(GpuGemm::Simt(DEFAULT_TILE));
+const TILED: Gemm = Gemm::With(GpuGemm::simt(DEFAULT_TILE));
 
 /// The first GEMM kernel of the GPU devices' plan for `outs`.
 fn gemm_of(outs: &[Tensor]) -> kiln_jit::kernel::KernelIr {
@@ -438,6 +483,15 @@ fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: &dyn Fn(usize) -> G
             if g.can_fault {
                 args.push(fault.as_mut_ptr() as *mut c_void);
             }
+            // A split-K GEMM's workspace: counters zeroed, as the devices allocate it.
+            let (mut counters, mut partials) = match g.workspace {
+                Some(w) => (vec![0u32; w.counters], vec![f32::NAN; w.partials]),
+                None => (Vec::new(), Vec::new()),
+            };
+            if g.workspace.is_some() {
+                args.push(counters.as_mut_ptr() as *mut c_void);
+                args.push(partials.as_mut_ptr() as *mut c_void);
+            }
             let symbol = format!("kiln_run_{at}\0");
             // SAFETY: the driver's signature from `host::host_unit`; `args` holds each buffer the kernel reads or
             // writes, sized by its kernel IR.
@@ -445,6 +499,7 @@ fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: &dyn Fn(usize) -> G
                 let run: libloading::Symbol<Run> = lib.get(symbol.as_bytes()).expect("a driver");
                 run(args.as_mut_ptr(), g.grid.0, g.grid.1, g.block);
             }
+            assert!(counters.iter().all(|&c| c == 0), "a split-K kernel leaves its counters zero for the next launch");
             let out = bufs.pop().expect("the output");
             slots.insert(l.output, out);
             at += 1;
@@ -641,15 +696,25 @@ fn graph_replays_equal_launches_one_by_one() {
     let w = Tensor::from_vec((0..300).map(|i| (i as f32 * 0.07).cos()).collect(), [30, 10], &dev).expect("w");
     let idx = Tensor::from_vec(vec![1i32, 29, 7], [3], &dev).expect("idx");
     let e = x.exp();
-    // Temps, a GEMM with an epilogue, random numbers, a passthrough output and a gather: every kind of parameter.
+    let xd = Tensor::from_vec((0..4 * 640).map(|i| (i as f32 * 0.011).sin()).collect(), [4, 640], &dev).expect("xd");
+    let wd = Tensor::from_vec((0..640 * 20).map(|i| (i as f32 * 0.017).cos()).collect(), [640, 20], &dev).expect("wd");
+    // Temps, a GEMM with an epilogue, random numbers, a passthrough output, a gather, and a decode-shaped GEMM that
+    // runs with K split (its workspace pinned, its counters left zero by each replay): every kind of parameter.
     let outs = [
         (x.tanh().matmul(&w) + 1.0).relu().sum(1, false),
         e.softmax(-1),
         kiln::nn::functional::dropout(&x, 0.5, true),
         x.clone(),
         x.index_select(1, &idx).exp(),
+        xd.matmul(&wd).mul(0.5),
     ];
     let cap = kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture");
+    let split = gpu_schedule(&cap.graph).launches.iter().any(|l| {
+        GemmView::of(&l.kernel).is_some_and(|v| {
+            kiln_backends::gpu_gemm::analytic_best(Flavor::Cuda, "host", &l.kernel, &v).is_some_and(|c| c.splits > 1)
+        })
+    });
+    assert!(split, "the decode-shaped GEMM runs with K split on the stand-in");
     let (eg, ep) = (graphs.compile(&cap.graph).expect("compiles"), plain.compile(&cap.graph).expect("compiles"));
     // Every round's buffers stay alive, so a stale node reads old values (a clean failure) rather than freed memory.
     let mut kept: Vec<Vec<Buffer>> = Vec::new();
@@ -751,9 +816,9 @@ fn gemm_candidates_run_forced_on_the_host_stand_in() {
     use kiln_backends::HostGpu;
     let Some(cxx) = cxx() else { return };
     let gpu = HostGpu::new(&cxx);
-    let keep = |c: GpuGemm| c == GpuGemm::Mma(MmaTile::SQUARE);
+    let keep = |c: GpuGemm| c.tile == GpuTile::Mma(MmaTile::SQUARE);
     let ran = gpu_open::every_gemm_candidate_matches_the_interpreter(Flavor::Cuda, "sm_90", &keep, &|k, c, args| {
         gpu.run_gemm_with(k, c, args)
     });
-    assert_eq!(ran, 3, "the square tensor-core tile on the three bf16 GEMMs");
+    assert_eq!(ran, 5, "the square tensor-core tile on the four bf16 GEMMs, and split K on the decode shape");
 }

@@ -316,7 +316,7 @@ fn gemm_tensor_core_template_cuda() {
     assert_eq!(gemms.len(), 1, "expected one GEMM");
     let (k, view) = &gemms[0];
     assert_eq!((view.operands, view.out), (DType::BF16, DType::BF16));
-    let text = render_gemm_mma(k, view, MmaTile::SQUARE, Flavor::Cuda).expect("renders").source;
+    let text = render_gemm_mma(k, view, MmaTile::SQUARE, 1, Flavor::Cuda).expect("renders").source;
     check_golden("gemm_tensor_cores.cu.txt", &text);
 }
 

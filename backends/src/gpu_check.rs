@@ -12,7 +12,7 @@
 //! fault, and the error carries its source and the compiler's log. A kernel the renderers refuse (an index
 //! expression past i32: `cuda::check`) is counted, not compiled. A GEMM kernel is also compiled as the tiled template
 //! in the CUDA device's default tile (`cuda::render_gemm`), and a bf16 one as the tensor-core template
-//! (`cuda::render_gemm_mma`, for the CUDA targets only), as the devices run them.
+//! (`cuda::render_gemm_mma`, for the CUDA targets only), as the devices run them; each also with K split two ways.
 //!
 //! A backend calls [`note`] when it compiles a plan (a failed auto-flush fails that compile); a test calls
 //! [`flush`] when it ends, which compiles what is left and reports what was checked.
@@ -103,22 +103,24 @@ pub fn note(plan: &KernelPlan) -> Result<(), String> {
                 st.queue.push((l.kernel.name.clone(), Some(cuda), Some(hip)));
             }
             // A GEMM also as the tiled template the GPU devices run it with, and a bf16 one as the tensor-core
-            // template (CUDA only; both CUDA targets have its `mma.sync`).
-            let tiled = |f| GemmView::of(&l.kernel).and_then(|v| render_gemm(&l.kernel, &v, DEFAULT_TILE, f).ok());
-            if let (Some(cuda), Some(hip)) = (tiled(Flavor::Cuda), tiled(Flavor::Hip)) {
+            // template (CUDA only; both CUDA targets have its `mma.sync`); each whole and with K split two ways
+            // where K has the slices for it.
+            let Some(v) = GemmView::of(&l.kernel) else { continue };
+            let mut queue = |name: String, cuda: String, hip: Option<String>| {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
-                cuda.source.hash(&mut h);
+                cuda.hash(&mut h);
                 if st.seen.insert(h.finish()) {
-                    st.queue.push((format!("{} (tiled)", l.kernel.name), Some(cuda.source), Some(hip.source)));
+                    st.queue.push((name, Some(cuda), hip));
                 }
-            }
-            if let Some(Ok(mma)) =
-                GemmView::of(&l.kernel).map(|v| render_gemm_mma(&l.kernel, &v, MmaTile::SQUARE, Flavor::Cuda))
-            {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                mma.source.hash(&mut h);
-                if st.seen.insert(h.finish()) {
-                    st.queue.push((format!("{} (tensor cores)", l.kernel.name), Some(mma.source), None));
+            };
+            for splits in [1, 2] {
+                let what = if splits > 1 { ", K split" } else { "" };
+                let tiled = |f| render_gemm(&l.kernel, &v, DEFAULT_TILE, splits, f).ok();
+                if let (Some(cuda), Some(hip)) = (tiled(Flavor::Cuda), tiled(Flavor::Hip)) {
+                    queue(format!("{} (tiled{what})", l.kernel.name), cuda.source, Some(hip.source));
+                }
+                if let Ok(mma) = render_gemm_mma(&l.kernel, &v, MmaTile::SQUARE, splits, Flavor::Cuda) {
+                    queue(format!("{} (tensor cores{what})", l.kernel.name), mma.source, None);
                 }
             }
         }

@@ -99,7 +99,8 @@ pub type RunGemm<'a> = dyn Fn(&KernelIr, GpuGemm, &[&HostBuffer]) -> Result<Host
 
 /// Forces every GEMM candidate a GPU device races (`kiln_backends::gpu_gemm::candidates` for `flavor` and `arch`,
 /// those `keep` keeps; `run` renders and runs one kernel as one candidate) on GEMMs of every kind (ragged, a
-/// transposed operand, batched, a fused epilogue; f32 and bf16 operands) and compares each with the interpreter.
+/// transposed operand, batched, a fused epilogue, decode shapes whose candidates split K; f32 and bf16 operands) and
+/// compares each with the interpreter.
 /// Returns how many (GEMM, candidate) pairs ran.
 pub fn every_gemm_candidate_matches_the_interpreter(
     flavor: kiln_jit::render::cuda::Flavor,
@@ -116,6 +117,9 @@ pub fn every_gemm_candidate_matches_the_interpreter(
         ("bf16 ragged", bf(rand(&[70, 33], 1)).matmul(&bf(rand(&[33, 130], 2)))),
         ("bf16 x @ w.t(), relu", bf(rand(&[12, 40], 5)).matmul(&bf(rand(&[27, 40], 6)).t()).relu()),
         ("bf16 batched", bf(rand(&[3, 17, 20], 7)).matmul(&bf(rand(&[3, 20, 33], 8)))),
+        // Decode shapes: few rows, a long ragged K (the candidates split it).
+        ("decode 6 x 600 x 70 + bias", rand(&[6, 600], 10).matmul(&rand(&[600, 70], 11)) + rand(&[70], 12)),
+        ("bf16 decode 9 x 700 x 40, x @ w.t()", bf(rand(&[9, 700], 13)).matmul(&bf(rand(&[40, 700], 14)).t())),
     ];
     // The GPU devices' schedule (bf16 operands read where they are stored), without the transposed-operand copy.
     let options = kiln_jit::kernel::ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };

@@ -29,8 +29,8 @@
 //! over cudarc. A GEMM runs as the winner of a race on this GPU (`gpu::tune`, remembered under its name and
 //! architecture): for bf16 on sm_80 and later the tensor-core template (`kiln_jit::render::cuda::render_gemm_mma`:
 //! `mma.sync` m16n8k16 tiles, f32 accumulators, the same fused epilogues) against the SIMT tiled template (shared-
-//! memory staging, register tiles, bf16 widened to f32 as it is staged) in a few tiles; other dtypes as the generic
-//! reduction kernel.
+//! memory staging, register tiles, bf16 widened to f32 as it is staged) in a few tiles, each also with K split
+//! across blocks where the product has too few tiles to fill the GPU; other dtypes as the generic reduction kernel.
 //!
 //! Replays: from its second run a plan launches as one CUDA graph (`gpu::plan`'s module doc), built from explicit
 //! kernel nodes (`cuGraphAddKernelNode`, each after the one before) rather than stream capture, and patched per run
@@ -38,7 +38,7 @@
 //! (to bisect, and to measure what graphs save).
 //!
 //! Deliberately not done yet (issue 21's later points): tensor cores for TF32 (f32 GEMMs) and Hopper's `wgmma`,
-//! split K, cuBLASLt in the race, and buffer donation (the CUDA kernels' parameters are
+//! cuBLASLt in the race, and buffer donation (the CUDA kernels' parameters are
 //! `__restrict__`, so an output may not alias an input). The routines (scatter-sum, LU, Cholesky, triangular
 //! solves) render as every other kernel.
 

@@ -10,7 +10,7 @@ pub mod plan;
 pub mod tune;
 
 use crate::{BackendError, Buffer};
-use kiln_jit::render::cuda::{Flavor, GpuKernel};
+use kiln_jit::render::cuda::{Flavor, GpuKernel, Workspace};
 use kiln_jit::{DType, HostBuffer, HostVec};
 use std::sync::Arc;
 
@@ -154,6 +154,33 @@ pub(crate) fn from_bytes(dtype: DType, bytes: &[u8], len: usize) -> HostBuffer {
         DType::F32 => HostBuffer::F32(words(bytes, len).map(f32::from_le_bytes).collect()),
         DType::F64 => HostBuffer::F64(words(bytes, len).map(f64::from_le_bytes).collect()),
     }
+}
+
+/// Bytes before a workspace's partials: its counters, rounded up to 256 bytes (the partials stay aligned for any
+/// access width).
+fn counter_bytes(w: Workspace) -> usize {
+    (w.counters * 4).div_ceil(256) * 256
+}
+
+/// Device memory for kernels whose workspace is at most `w` (a split-K GEMM's, `kiln_jit::render::cuda::Workspace`):
+/// the counters zeroed, in stream order; the partials left as they are (each launch writes them before reading).
+pub(crate) fn workspace<D: Driver>(ctx: &Arc<D>, w: Workspace) -> Result<D::Mem, BackendError> {
+    let mut m = ctx.alloc(DType::U8, counter_bytes(w) + w.partials * 4)?;
+    ctx.write(&mut m, &vec![0u8; counter_bytes(w)])?;
+    Ok(m)
+}
+
+/// A kernel's two workspace parameters (its counters' address, its partials') in memory `m` laid out for `w`.
+pub(crate) fn workspace_params<D: Driver>(m: &D::Mem, w: Workspace) -> [u64; 2] {
+    let base = D::addr(m);
+    [base, base + counter_bytes(w) as u64]
+}
+
+/// The workspace that serves every kernel of `ws`: the most counters and partials any needs. Kernels of one
+/// plan share it: they run in stream order, each leaving the counters zero.
+pub(crate) fn shared_workspace(ws: impl IntoIterator<Item = Workspace>) -> Option<Workspace> {
+    ws.into_iter()
+        .reduce(|a, b| Workspace { counters: a.counters.max(b.counters), partials: a.partials.max(b.partials) })
 }
 
 /// `Backend::upload` for a GPU device.

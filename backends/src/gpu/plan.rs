@@ -1,9 +1,10 @@
 //! A compiled GPU plan (CUDA or HIP): one loaded function per launch, launched in order on the device's stream.
 //!
 //! Parameters follow the C-like dialect's signature (`kiln_jit::render::cuda`): each input's device address, the
-//! output's, then the rng keys (4 words per `Rand` slot) when the kernel draws random numbers and the fault record
-//! when it can fault. A plan that can fault zeroes the record before its first launch and reads it back after the
-//! last (the one wait for the device such a run costs; other runs return while the GPU works).
+//! output's, then the rng keys (4 words per `Rand` slot) when the kernel draws random numbers, the fault record
+//! when it can fault, and a split-K GEMM's workspace (two addresses). A plan that can fault zeroes the record
+//! before its first launch and reads it back after the last (the one wait for the device such a run costs; other
+//! runs return while the GPU works).
 //!
 //! **Replays as graphs.** Where the driver has graphs (`Driver::graphs`: CUDA graphs), a plan's first run launches
 //! its kernels one by one; its second builds them into one graph (a kernel node per launch, each after the one
@@ -15,12 +16,16 @@
 //! allocation or synchronizing call may happen inside a capture; cudarc's event tracking must be off while
 //! capturing). The graph owns no memory: a run's inputs and outputs are new buffers each time, so before each
 //! launch the nodes whose parameters changed are patched in place (`Driver::graph_set`, which leaves queued
-//! launches alone), never re-captured. The plan's own scratch (temps, the rng keys' buffer, the fault record) is
-//! pinned while it replays: allocated once, kept between runs, so the nodes that touch only scratch are never
-//! patched. That costs the plan its temps' memory between runs (as PyTorch's graph memory pools do), and
+//! launches alone), never re-captured. The plan's own scratch (temps, the rng keys' buffer, the fault record, the
+//! split-K workspace) is pinned while it replays: allocated once, kept between runs, so the nodes that touch only
+//! scratch are never patched. That costs the plan its temps' memory between runs (as PyTorch's graph memory pools do), and
 //! serializes runs of one plan (a lock held from the start of a run to its launch), which the device's one stream
 //! does anyway. Buffers the pool hands out later never alias the pinned scratch: it is not returned to the pool.
 //! A graph the driver cannot build is said once and the plan launches one by one from then on.
+//!
+//! A split-K GEMM (`kiln_jit::render::cuda::gemm`) also takes a workspace: one per plan, sized for the largest and
+//! shared by all (they run in stream order, each leaving its counters zero), part of the plan's scratch (so
+//! pinned while the plan replays, and zeroed only when allocated).
 //!
 //! No donations: the kernels' parameters are `__restrict__`, so an output may not alias an input.
 
@@ -28,6 +33,7 @@ use super::{Driver, Node};
 use crate::plan_run::{DevicePlan, Place, PlanShape, Planned, Run};
 use crate::{BackendError, Buffer, Executable};
 use kiln_jit::kernel::{FAULT_WORDS, Fault, KernelPlan, Slot};
+use kiln_jit::render::cuda::Workspace;
 use kiln_jit::{DType, Graph, RngKey};
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
@@ -41,6 +47,8 @@ struct CompiledLaunch<F> {
     grid: (u32, u32),
     uses_rng: bool,
     can_fault: bool,
+    /// A split-K GEMM's: the plan's shared workspace is passed after its buffers.
+    workspace: bool,
 }
 
 struct GpuPlan<D: Driver> {
@@ -53,6 +61,8 @@ struct GpuPlan<D: Driver> {
     nodes: Vec<usize>,
     uses_rng: bool,
     can_fault: bool,
+    /// The workspace every split-K GEMM of the plan shares (`gpu::shared_workspace`).
+    workspace: Option<Workspace>,
     /// Replays as a graph (see the module doc), when the driver has graphs and the plan has launches to save.
     replay: Option<Mutex<Replay<D>>>,
 }
@@ -78,6 +88,8 @@ struct Scratch<M> {
     /// The rng keys' buffer and its bytes.
     rng: Option<(M, usize)>,
     fault: Option<M>,
+    /// The split-K GEMMs' workspace: its counters zeroed when allocated, and left zero by every launch.
+    workspace: Option<M>,
 }
 
 /// Graph replays since the process started: (graphs built, graph launches, nodes patched). For tests and reports.
@@ -142,6 +154,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
             grid: k.grid,
             uses_rng: k.uses_rng,
             can_fault: k.can_fault,
+            workspace: k.workspace.is_some(),
         });
     }
     let nodes: Vec<usize> = (0..launches.len()).filter(|&i| launches[i].grid.0 != 0).collect();
@@ -154,6 +167,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
         nodes,
         uses_rng: launches.iter().any(|l| l.uses_rng),
         can_fault: launches.iter().any(|l| l.can_fault),
+        workspace: super::shared_workspace(rendered.iter().filter_map(|(k, _)| k.workspace)),
         shape: PlanShape::of(&plan, Vec::new()),
         launches,
         temps,
@@ -182,9 +196,9 @@ impl<D: Driver> GpuPlan<D> {
     /// fresh; the rng keys written and the fault record zeroed, in stream order before the run's launches.
     fn scratch(&self, pinned: Option<Scratch<D::Mem>>, rng: &[RngKey]) -> Result<Scratch<D::Mem>, BackendError> {
         let ctx = &self.ctx;
-        let (temps, old_rng, old_fault) = match pinned {
-            Some(s) => (Some(s.temps), s.rng, s.fault),
-            None => (None, None, None),
+        let (temps, old_rng, old_fault, old_workspace) = match pinned {
+            Some(s) => (Some(s.temps), s.rng, s.fault, s.workspace),
+            None => (None, None, None, None),
         };
         let temps = match temps {
             Some(t) => t,
@@ -211,7 +225,12 @@ impl<D: Driver> GpuPlan<D> {
         } else {
             None
         };
-        Ok(Scratch { temps, rng, fault })
+        let workspace = match (old_workspace, self.workspace) {
+            (Some(m), _) => Some(m),
+            (None, Some(w)) => Some(super::workspace(ctx, w)?),
+            (None, None) => None,
+        };
+        Ok(Scratch { temps, rng, fault, workspace })
     }
 
     /// Queues a replay's launches (`recorded`, one per node) as the plan's graph: built at the first replay,
@@ -354,6 +373,11 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
         if l.can_fault {
             let f = st.scratch.fault.as_ref().ok_or_else(|| exec("gathering kernel without a fault record"))?;
             params.push(D::addr(f));
+        }
+        if l.workspace {
+            let w = self.workspace.ok_or_else(|| exec("split-K GEMM without a workspace"))?;
+            let m = st.scratch.workspace.as_ref().ok_or_else(|| exec("split-K GEMM without a workspace"))?;
+            params.extend(super::workspace_params::<D>(m, w));
         }
         if let Some(r) = st.replay.as_mut() {
             r.recorded.push(params);

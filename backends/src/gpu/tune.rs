@@ -18,7 +18,7 @@
 use super::Driver;
 use crate::BackendError;
 use crate::gemm_check::{Reference, env_mode, exact_dims, operand_layouts};
-use crate::gpu_gemm::{GpuGemm, best_scored, renderable, score};
+use crate::gpu_gemm::{GpuGemm, GpuTile, best_scored, renderable, score};
 use kiln_autotune::{Candidate, DeviceFingerprint, Mode, Store, TuneKey, TuneRecord, checksum_of};
 use kiln_jit::HostBuffer;
 use kiln_jit::kernel::KernelIr;
@@ -72,8 +72,8 @@ pub(crate) fn gemm_kernel<D: Driver>(
     Some(chosen)
 }
 
-/// A candidate's kernel and its loaded function.
-type Built<D> = (GpuKernel, Arc<<D as Driver>::Function>);
+/// A candidate's kernel, its loaded function and its workspace (a split-K GEMM's).
+type Built<D> = (GpuKernel, Arc<<D as Driver>::Function>, Option<<D as Driver>::Mem>);
 
 static RECORDS: parking_lot::Mutex<Vec<TuneRecord>> = parking_lot::Mutex::new(Vec::new());
 
@@ -117,9 +117,9 @@ fn choose<D: Driver>(
             name: c.name(),
             score: score(v, c),
             group: String::new(),
-            family: match c {
-                GpuGemm::Simt(_) => "simt".into(),
-                GpuGemm::Mma(_) => "tensor cores".into(),
+            family: match c.tile {
+                GpuTile::Simt(_) => "simt".into(),
+                GpuTile::Mma(_) => "tensor cores".into(),
             },
             shape: String::new(),
         })
@@ -138,22 +138,24 @@ fn choose<D: Driver>(
     // Each candidate rendered, compiled and loaded once, for its verification and its timed runs.
     let built: RefCell<HashMap<GpuGemm, Built<D>>> = RefCell::default();
     let launch = |c: &GpuGemm| -> Result<Duration, String> {
-        let existing = built.borrow().get(c).map(|(g, f)| (g.grid, g.block, f.clone()));
-        let (grid, block, f) = match existing {
-            Some(x) => x,
-            None => {
-                let g = c.render(k, v, D::FLAVOR)?;
-                let code = ctx.compile(&[(g.source.as_str(), g.name.as_str())])?;
-                let f = Arc::new(ctx.load(&g, code.first().ok_or("no code compiled")?)?);
-                let x = (g.grid, g.block, f.clone());
-                built.borrow_mut().insert(*c, (g, f));
-                x
-            }
-        };
+        if !built.borrow().contains_key(c) {
+            let g = c.render(k, v, D::FLAVOR)?;
+            let code = ctx.compile(&[(g.source.as_str(), g.name.as_str())])?;
+            let f = Arc::new(ctx.load(&g, code.first().ok_or("no code compiled")?)?);
+            let ws = g.workspace.map(|w| super::workspace(ctx, w)).transpose().map_err(exec)?;
+            built.borrow_mut().insert(*c, (g, f, ws));
+        }
+        let built = built.borrow();
+        let (g, f, ws) = built.get(c).ok_or("a candidate built just above")?;
+        let mut params = params.clone();
+        if let (Some(w), Some(m)) = (g.workspace, ws) {
+            params.extend(super::workspace_params::<D>(m, w));
+        }
         let t0 = Instant::now();
         // SAFETY: the kernel was rendered from `k`, whose parameters are its inputs and its output (a GEMM template
-        // neither draws random numbers nor gathers), each uploaded or allocated here with the kernel's lengths.
-        unsafe { ctx.launch(&f, grid, block, &params) }?;
+        // neither draws random numbers nor gathers), each uploaded or allocated here with the kernel's lengths,
+        // then a split-K kernel's workspace, allocated for it with its counters zeroed (each launch leaves them so).
+        unsafe { ctx.launch(f, g.grid, g.block, &params) }?;
         ctx.read(&out, 0).map_err(exec)?; // waits for the device
         Ok(t0.elapsed())
     };
@@ -174,7 +176,7 @@ fn choose<D: Driver>(
         SAID.call_once(|| eprintln!("kiln: could not write a {} GEMM tuning record: {e}", D::NAME));
     }
     let c = by_name(&record.winner).ok_or_else(|| format!("unknown winner {}", record.winner))?;
-    if let Some((g, _)) = built.borrow_mut().remove(&c) {
+    if let Some((g, _, _)) = built.borrow_mut().remove(&c) {
         return Ok((g, Some(record)));
     }
     Ok((c.render(k, v, D::FLAVOR)?, Some(record)))
@@ -205,9 +207,13 @@ pub(crate) fn run_with<D: Driver>(
     let out = ctx.alloc(k.output.dtype, k.output.len).map_err(exec)?;
     let mut params: Vec<u64> = dev.iter().map(D::addr).collect();
     params.push(D::addr(&out));
+    let ws = g.workspace.map(|w| super::workspace(ctx, w)).transpose().map_err(exec)?;
+    if let (Some(w), Some(m)) = (g.workspace, &ws) {
+        params.extend(super::workspace_params::<D>(m, w));
+    }
     // SAFETY: the kernel was rendered from `k`, whose parameters are its inputs (uploaded above, each at least the
-    // kernel's length, checked) and its output (allocated with its length); a GEMM template neither draws random
-    // numbers nor gathers.
+    // kernel's length, checked), its output (allocated with its length) and, split K, its workspace (allocated for
+    // it, counters zeroed); a GEMM template neither draws random numbers nor gathers.
     unsafe { ctx.launch(&f, g.grid, g.block, &params) }?;
     let bytes = ctx.read(&out, k.output.len * k.output.dtype.size_of()).map_err(exec)?;
     Ok(super::from_bytes(k.output.dtype, &bytes, k.output.len))

@@ -80,25 +80,56 @@ impl GemmTile {
     }
 }
 
+/// Split K, for products with few tiles of C and a long K (a GPU's decode shapes): `splits` blocks share each tile,
+/// the one with split index `ks` summing K over `[ks * chunk, min(K, (ks + 1) * chunk))`. The grid's x then holds
+/// both (`x = ks * tiles_n + tile of N`); the template leaves each block's partial sums in its accumulators
+/// ([`GemmParts::accumulators`]) and the dialect adds the splits up (`render::cuda::gemm::split_tail`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KSplit {
+    pub splits: u32,
+    /// K per split: a multiple of the template's K slice, so only the last split's last slice is ragged.
+    pub chunk: usize,
+}
+
+impl KSplit {
+    /// `splits` ways over a K of `k` in slices of `kt`.
+    pub fn of(k: usize, kt: u32, splits: u32) -> KSplit {
+        let kt = kt.max(1) as usize;
+        KSplit { splits, chunk: k.div_ceil(splits.max(1) as usize).div_ceil(kt) * kt }
+    }
+}
+
+/// One accumulator of a thread: its value's variable and its row and column in the block's tile of C.
+pub struct Acc {
+    pub row: String,
+    pub col: String,
+    pub value: String,
+}
+
 /// The pieces of a GEMM kernel, for the dialect to place.
 pub struct GemmParts {
     /// `epilogue(bz, m, n, acc)`: the kernel's outer code for one output element.
     pub epilogue: String,
     /// The declarations of the two shared arrays, `sa` and `sb`.
     pub shared: String,
-    /// The entry point's body, reading the dialect's `group_id` and `local_index`.
+    /// The entry point's body, reading the dialect's `group_id` and `local_index`; with a split, it ends after the
+    /// K loop (the dialect sums the splits and calls the epilogue).
     pub body: String,
+    /// The thread's accumulators, relative to the tile's corner (`m0`, `n0`).
+    pub accumulators: Vec<Acc>,
 }
 
-/// Writes GEMM kernel `em.k` (recognized as `v`) in tile `t` (well-formed: the caller checks).
-pub fn gemm_parts<D: Dialect>(em: &mut Emitter<'_, D>, v: &GemmView, t: GemmTile) -> GemmParts {
+/// Writes GEMM kernel `em.k` (recognized as `v`) in tile `t` (well-formed: the caller checks), K split as `split`
+/// says (the CUDA/HIP dialect only).
+pub fn gemm_parts<D: Dialect>(em: &mut Emitter<'_, D>, v: &GemmView, t: GemmTile, split: Option<KSplit>) -> GemmParts {
     let epilogue = epilogue_fn(em, v);
     let d = em.d;
     let GemmTile { tm, kt, tn, .. } = t;
     let mut shared = String::new();
     let _ = writeln!(shared, "\n{} // [kt][tm]", d.workgroup_array("sa", DType::F32, (tm * kt) as usize));
     let _ = writeln!(shared, "{} // [kt][tn]", d.workgroup_array("sb", DType::F32, (kt * tn) as usize));
-    GemmParts { epilogue, shared, body: main_body(d, v, t) }
+    let (body, accumulators) = main_body(d, v, t, split);
+    GemmParts { epilogue, shared, body, accumulators }
 }
 
 /// `epilogue(bz, m, n, acc)`: the kernel's outer code for output element (batch `bz`, row `m`, column `n`). Also the
@@ -156,8 +187,9 @@ pub fn operand_at(op: &GemmOperand, base: &str, i: &str, j: &str) -> String {
     format!("in{}[{base} + {i} * {} + {j} * {}]", op.buf, op.rows, op.cols)
 }
 
-/// The entry point's body: staging loop over K slices, register tile, then the epilogue per element in bounds.
-fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
+/// The entry point's body: staging loop over K slices (the split's, with one), register tile, then (without a
+/// split) the epilogue per element in bounds; and the thread's accumulators.
+fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile, split: Option<KSplit>) -> (String, Vec<Acc>) {
     let GemmTile { tm, tn, rm, rn, kt } = t;
     let (ty_n, tx_n) = (tm / rm, tn / rn);
     let wg = t.threads();
@@ -172,7 +204,22 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
     let (gx, gy) = (d.group_id(0), d.group_id(1));
     line(&mut s, "    ", d.let_index("bz", &idx(format!("{gy} / {}", d.int_lit(tiles_m, u)))));
     line(&mut s, "    ", d.let_index("m0", &format!("{} * {tm}", idx(format!("{gy} % {}", d.int_lit(tiles_m, u))))));
-    line(&mut s, "    ", d.let_index("n0", &format!("{} * {tn}", idx(gx.to_string()))));
+    // The K range: all of it, or the split's.
+    let splits = split.is_some();
+    let (kbeg, kend) = match split {
+        None => {
+            line(&mut s, "    ", d.let_index("n0", &format!("{} * {tn}", idx(gx.to_string()))));
+            ("0".to_string(), kk.to_string())
+        }
+        Some(KSplit { chunk, .. }) => {
+            let tiles_n = d.int_lit(n.div_ceil(tn as usize) as i64, u);
+            line(&mut s, "    ", d.let_index("ks", &idx(format!("{gx} / {tiles_n}"))));
+            line(&mut s, "    ", d.let_index("n0", &format!("{} * {tn}", idx(format!("{gx} % {tiles_n}")))));
+            line(&mut s, "    ", d.let_index("kbeg", &format!("ks * {chunk}")));
+            line(&mut s, "    ", d.let_index("kend", &format!("min({kk}, kbeg + {chunk})")));
+            ("kbeg".to_string(), "kend".to_string())
+        }
+    };
     line(&mut s, "    ", d.let_index("l", &idx(d.local_index().to_string())));
     line(&mut s, "    ", d.let_index("tx", &format!("l % {tx_n}")));
     line(&mut s, "    ", d.let_index("ty", &format!("l / {tx_n}")));
@@ -185,7 +232,7 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
             line(&mut s, "    ", d.var_value(&format!("c{i}_{j}"), DType::F32, &zero));
         }
     }
-    line(&mut s, "    ", d.for_step_open("k0", "0", &kk.to_string(), &kt.to_string()));
+    line(&mut s, "    ", d.for_step_open("k0", &kbeg, &kend, &kt.to_string()));
     // A slice: coalesced along k when A's rows are contiguous in k, else along m; B's along n, else along k.
     let split = |rows_major: bool, minor: u32, major: u32| {
         let (r, c) = if rows_major {
@@ -214,7 +261,7 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
         tm * kt,
         split(v.a.cols == 1, kt, tm),
         (&gm, &gk),
-        format!("gm < {m} && gk < {kk}"),
+        format!("gm < {m} && gk < {kend}"),
         d.load_word(v.operands, &operand_at(&v.a, "abase", "gm", "gk")),
         format!("sa[c * {tm} + r] = x;"),
     );
@@ -224,7 +271,7 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
         kt * tn,
         split(v.b.cols == 1, tn, kt),
         (&gk, &gn),
-        format!("gk < {kk} && gn < {n}"),
+        format!("gk < {kend} && gn < {n}"),
         d.load_word(v.operands, &operand_at(&v.b, "bbase", "gk", "gn")),
         format!("sb[r * {tn} + c] = x;"),
     );
@@ -252,17 +299,22 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile) -> String {
     line(&mut s, "        ", "}".to_string());
     line(&mut s, "        ", d.barrier().to_string());
     line(&mut s, "    ", "}".to_string());
+    let mut accs = Vec::new();
     for i in 0..rm {
         for j in 0..rn {
             let (mi, nj) = (i * ty_n, j * tx_n);
-            line(
-                &mut s,
-                "    ",
-                format!(
-                    "if (m0 + ty + {mi} < {m} && n0 + tx + {nj} < {n}) {{ epilogue(bz, m0 + ty + {mi}, n0 + tx + {nj}, c{i}_{j}); }}"
-                ),
-            );
+            if !splits {
+                line(
+                    &mut s,
+                    "    ",
+                    format!(
+                        "if (m0 + ty + {mi} < {m} && n0 + tx + {nj} < {n}) \
+                         {{ epilogue(bz, m0 + ty + {mi}, n0 + tx + {nj}, c{i}_{j}); }}"
+                    ),
+                );
+            }
+            accs.push(Acc { row: format!("ty + {mi}"), col: format!("tx + {nj}"), value: format!("c{i}_{j}") });
         }
     }
-    s
+    (s, accs)
 }

@@ -48,7 +48,7 @@ mod helpers;
 mod table;
 
 pub use coop::{Coop, loop_trips};
-pub use gemm::{GemmParts, GemmTile, epilogue_fn, gemm_parts, operand_at, operand_bases};
+pub use gemm::{Acc, GemmParts, GemmTile, KSplit, epilogue_fn, gemm_parts, operand_at, operand_bases};
 pub use helpers::Helper;
 pub use table::{iexpr, konst};
 

@@ -45,6 +45,8 @@ inline double __longlong_as_double(long long b) { double f; std::memcpy(&f, &b, 
 inline long long __double_as_longlong(double f) { long long b; std::memcpy(&b, &f, 8); return b; }
 inline int atomicCAS(int* p, int expected, int v) { std::atomic_ref<int>(*p).compare_exchange_strong(expected, v); return expected; }
 inline int atomicExch(int* p, int v) { return std::atomic_ref<int>(*p).exchange(v); }
+inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { return std::atomic_ref<unsigned int>(*p).fetch_add(v); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 using std::max;
 using std::min;
 // The tensor-core GEMM's warp-level product (render/cuda/mma.rs): each lane leaves its fragments here, the block
@@ -79,8 +81,8 @@ inline void kiln_mma_bf16_16816(float* d, const unsigned int* a, const unsigned 
 "#;
 
 /// One translation unit: the shim, then each `(kernel, its IR)` in a namespace with its driver `kiln_run_<i>`.
-/// `args` holds the kernel's buffers in parameter order (inputs, output, then rng words and fault record where the
-/// kernel has them).
+/// `args` holds the kernel's buffers in parameter order (inputs, output, then rng words, fault record and the
+/// workspace's counters and partials where the kernel has them).
 pub fn host_unit(kernels: &[(&GpuKernel, &KernelIr)]) -> String {
     let mut s = String::from(SHIM);
     for (i, (g, k)) in kernels.iter().enumerate() {
@@ -95,6 +97,11 @@ pub fn host_unit(kernels: &[(&GpuKernel, &KernelIr)]) -> String {
         }
         if g.can_fault {
             args.push(format!("(int*)args[{next}]"));
+            next += 1;
+        }
+        if g.workspace.is_some() {
+            args.push(format!("(unsigned int*)args[{next}]"));
+            args.push(format!("(float*)args[{}]", next + 1));
         }
         let call = format!("kiln_k{i}::{}({})", k.name, args.join(", "));
         driver(&mut s, &format!("kiln_run_{i}"), &call, &g.source);

@@ -105,7 +105,16 @@ pub(super) fn render(r: &LinalgRoutine, flavor: Flavor) -> Result<GpuKernel, Str
         };
     }
     s += "}\n";
-    Ok(GpuKernel { name: k.name, source: s, block: BLOCK, grid, threads, uses_rng: false, can_fault: r.can_fault() })
+    Ok(GpuKernel {
+        name: k.name,
+        source: s,
+        block: BLOCK,
+        grid,
+        threads,
+        uses_rng: false,
+        can_fault: r.can_fault(),
+        workspace: None,
+    })
 }
 
 /// LU of matrix `m` in `out` (rows of n + 2: the factors, the permutation, the pivot rows 1-based).

@@ -19,19 +19,21 @@
 //! GPU; what the shim cannot check is whether the layout is the hardware's (the PTX ISA is the reference) and the
 //! order in which the tensor core sums a 16-term product (unspecified: results agree to f32 accumulation, not bits).
 //!
-//! Deliberately not done yet: `ldmatrix`, `cp.async` double buffering, Hopper's `wgmma`/TMA, split K, f16 operands
+//! K splits as the SIMT template's do (`gemm.rs`'s module doc: the same `split_tail`), for decode shapes.
+//!
+//! Deliberately not done yet: `ldmatrix`, `cp.async` double buffering, Hopper's `wgmma`/TMA, f16 operands
 //! (`GemmView` has only f32 and bf16) and TF32 for f32 operands.
 
-use super::gemm::{assemble, grid};
+use super::gemm::{assemble, grid, split_of, split_tail};
 use super::{CudaC, Flavor, GpuKernel, check, math};
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
 use crate::kernel::gemm::GemmView;
-use crate::render::cstyle::{Emitter, epilogue_fn, operand_at as at, operand_bases};
+use crate::render::cstyle::{Acc, Emitter, KSplit, epilogue_fn, operand_at as at, operand_bases};
 use std::fmt::Write;
 
 /// K per staged slice.
-const BK: u32 = 32;
+pub const BK: u32 = 32;
 /// Halves per shared row (`BK` plus padding, even so every register pair is 4-byte aligned).
 const LD: u32 = BK + 8;
 
@@ -108,10 +110,17 @@ __device__ __forceinline__ unsigned int kiln_pair(const unsigned short* s, int i
 }
 "#;
 
-/// Renders bf16 GEMM kernel `k` (recognized as `v`) for the tensor cores in tile `t`. Errors for another flavor (HIP has no
-/// `mma.sync`), operands that are not bf16, a kernel that gathers, or a grid past the launch limits (the caller then
-/// renders the SIMT template or the generic kernel). The caller checks the architecture ([`mma_arch`]).
-pub fn render_gemm_mma(k: &KernelIr, v: &GemmView, t: MmaTile, flavor: Flavor) -> Result<GpuKernel, String> {
+/// Renders bf16 GEMM kernel `k` (recognized as `v`) for the tensor cores in tile `t`, K split `splits` ways (1: not
+/// split). Errors for another flavor (HIP has no `mma.sync`), operands that are not bf16, a kernel that gathers, or a
+/// grid past the launch limits (the caller then renders the SIMT template or the generic kernel). The caller checks
+/// the architecture ([`mma_arch`]).
+pub fn render_gemm_mma(
+    k: &KernelIr,
+    v: &GemmView,
+    t: MmaTile,
+    splits: u32,
+    flavor: Flavor,
+) -> Result<GpuKernel, String> {
     check(k)?;
     if !t.well_formed() {
         return Err(format!("malformed tensor-core tile {t:?}"));
@@ -126,20 +135,32 @@ pub fn render_gemm_mma(k: &KernelIr, v: &GemmView, t: MmaTile, flavor: Flavor) -
     if k.can_fault() {
         return Err(format!("kernel {}: a GEMM that gathers runs as the generic kernel", k.name));
     }
-    let (tiles_m, blocks) = grid(v, bm, bn)?;
+    let split = split_of(v, BK, splits)?;
+    let (tiles_m, blocks) = grid(v, bm, bn, splits)?;
     let dialect = CudaC { flavor };
     let mut em = Emitter::new(&dialect, k);
     let epilogue = epilogue_fn(&mut em, v);
-    let mut head = format!("// kiln kernel {} ({}, tensor-core GEMM {bm}x{bn}x{BK})\n", k.name, flavor.name());
+    let split_name = if splits > 1 { format!(", K split {splits} ways") } else { String::new() };
+    let mut head =
+        format!("// kiln kernel {} ({}, tensor-core GEMM {bm}x{bn}x{BK}{split_name})\n", k.name, flavor.name());
     head.push_str(math::PRELUDE);
     head.push_str(&em.helpers_source());
     head.push_str(MMA_HELPER);
-    let body = body(&dialect, v, t, tiles_m);
-    Ok(assemble(k, head, threads, epilogue.lines().chain(body.lines()), blocks, em.uses_rng))
+    let (mut body, accs) = body(&dialect, v, t, tiles_m, split);
+    let workspace = match split {
+        Some(_) => {
+            let (tail, w) = split_tail(v, (bm, bn), splits, blocks, &accs)?;
+            body.push_str(&tail);
+            Some(w)
+        }
+        None => None,
+    };
+    Ok(assemble(k, head, threads, epilogue.lines().chain(body.lines()), blocks, em.uses_rng, workspace))
 }
 
-/// The entry point's body: staging loop, fragments and products, then the epilogue per accumulator in bounds.
-fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64) -> String {
+/// The entry point's body: staging loop (over the split's K range, with one), fragments and products, then
+/// (without a split) the epilogue per accumulator in bounds; and the thread's accumulators.
+fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64, split: Option<KSplit>) -> (String, Vec<Acc>) {
     let (m, n, kk) = (v.m, v.n, v.k);
     let (bm, bn, threads) = (t.bm(), t.bn(), t.threads());
     let MmaTile { wn, fm, fn_, .. } = t;
@@ -149,13 +170,25 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64) -> String {
     let _ = writeln!(s, "__shared__ unsigned short sb[{}]; // [n][k]", bn * LD);
     let _ = writeln!(s, "int bz = (int)(blockIdx.y / {tiles_m}u);");
     let _ = writeln!(s, "int m0 = (int)(blockIdx.y % {tiles_m}u) * {bm};");
-    let _ = writeln!(s, "int n0 = (int)blockIdx.x * {bn};");
+    let (kbeg, kend) = match split {
+        None => {
+            let _ = writeln!(s, "int n0 = (int)blockIdx.x * {bn};");
+            ("0".to_string(), kk.to_string())
+        }
+        Some(KSplit { chunk, .. }) => {
+            let tiles_n = n.div_ceil(bn as usize);
+            let _ = writeln!(s, "int ks = (int)(blockIdx.x / {tiles_n}u);");
+            let _ = writeln!(s, "int n0 = (int)(blockIdx.x % {tiles_n}u) * {bn};");
+            let _ = writeln!(s, "int kbeg = ks * {chunk};\nint kend = min({kk}, kbeg + {chunk});");
+            ("kbeg".to_string(), "kend".to_string())
+        }
+    };
     s.push_str("int l = (int)threadIdx.x;\nint lane = l % 32;\nint warp = l / 32;\n");
     let _ = writeln!(s, "int wm = (warp / {wn}) * {};\nint wn = (warp % {wn}) * {};", 16 * fm, 8 * fn_);
     s.push_str("int g = lane >> 2;\nint q = lane & 3;\n");
     s.push_str(&operand_bases(d, v));
     let _ = writeln!(s, "float acc[{}];\nfor (int i = 0; i < {}; i++) acc[i] = 0.0f;", frags * 4, frags * 4);
-    let _ = writeln!(s, "for (int k0 = 0; k0 < {kk}; k0 += {BK}) {{");
+    let _ = writeln!(s, "for (int k0 = {kbeg}; k0 < {kend}; k0 += {BK}) {{");
     // A's slice: along k where A's rows are contiguous in k, else along m; B's along n, else along k. Each element
     // `e` of a `rows x cols` slice is (r, c), `minor`-major when `along_cols`.
     let stage =
@@ -177,7 +210,7 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64) -> String {
         &mut s,
         (bm, BK),
         v.a.cols == 1,
-        format!("m0 + r < {m} && k0 + c < {kk}"),
+        format!("m0 + r < {m} && k0 + c < {kend}"),
         a_load,
         &format!("sa[r * {LD} + c]"),
     );
@@ -186,7 +219,7 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64) -> String {
         &mut s,
         (BK, bn),
         v.b.cols == 1,
-        format!("k0 + r < {kk} && n0 + c < {n}"),
+        format!("k0 + r < {kend} && n0 + c < {n}"),
         b_load,
         &format!("sb[c * {LD} + r]"),
     );
@@ -212,18 +245,26 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64) -> String {
     }
     s.push_str("    }\n    __syncthreads();\n}\n");
     // Accumulator e of instruction tile (i, j): row g (+ 8 for e >= 2), column 2q + (e & 1).
+    let mut accs = Vec::new();
     for i in 0..fm {
         for j in 0..fn_ {
             for e in 0..4 {
                 let (dr, dc) = (i * 16 + if e >= 2 { 8 } else { 0 }, j * 8 + (e & 1));
-                let _ = writeln!(
-                    s,
-                    "if (m0 + wm + g + {dr} < {m} && n0 + wn + q * 2 + {dc} < {n}) \
-                     {{ epilogue(bz, m0 + wm + g + {dr}, n0 + wn + q * 2 + {dc}, acc[{}]); }}",
-                    (i * fn_ + j) * 4 + e
-                );
+                let acc = (i * fn_ + j) * 4 + e;
+                if split.is_none() {
+                    let _ = writeln!(
+                        s,
+                        "if (m0 + wm + g + {dr} < {m} && n0 + wn + q * 2 + {dc} < {n}) \
+                         {{ epilogue(bz, m0 + wm + g + {dr}, n0 + wn + q * 2 + {dc}, acc[{acc}]); }}",
+                    );
+                }
+                accs.push(Acc {
+                    row: format!("wm + g + {dr}"),
+                    col: format!("wn + q * 2 + {dc}"),
+                    value: format!("acc[{acc}]"),
+                });
             }
         }
     }
-    s
+    (s, accs)
 }

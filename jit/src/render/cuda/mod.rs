@@ -30,9 +30,10 @@ mod math;
 mod mma;
 mod scatter;
 
+pub use crate::render::cstyle::KSplit;
 pub use dialect::CudaC;
 pub use gemm::{DEFAULT_TILE, render_gemm};
-pub use mma::{MmaTile, mma_arch, render_gemm_mma};
+pub use mma::{BK as MMA_BK, MmaTile, mma_arch, render_gemm_mma};
 
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
@@ -81,6 +82,17 @@ pub struct GpuKernel {
     pub threads: u64,
     pub uses_rng: bool,
     pub can_fault: bool,
+    /// Device memory the kernel needs besides its buffers (a split-K GEMM's), passed after them.
+    pub workspace: Option<Workspace>,
+}
+
+/// A split-K GEMM's scratch (`gemm::split_tail`), two parameters after the kernel's buffers: `counters` u32 words,
+/// zero before the kernel's first launch and left zero by every launch (so one allocation serves every later
+/// launch and graph replay), then room for `partials` f32 words, overwritten by each launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workspace {
+    pub counters: usize,
+    pub partials: usize,
 }
 
 /// The most blocks along x (CUDA's `maxGridDimX`; HIP's is larger).
@@ -193,5 +205,6 @@ pub fn render(k: &KernelIr, flavor: Flavor) -> Result<GpuKernel, String> {
         threads,
         uses_rng: em.uses_rng,
         can_fault: k.can_fault(),
+        workspace: None,
     })
 }

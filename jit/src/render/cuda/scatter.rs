@@ -54,5 +54,14 @@ extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(const {idx_ty}* __r
         block_rows = l.block_rows,
         rows = s.rows,
     );
-    GpuKernel { name: k.name, source, block: BLOCK, grid, threads: l.threads as u64, uses_rng: false, can_fault: true }
+    GpuKernel {
+        name: k.name,
+        source,
+        block: BLOCK,
+        grid,
+        threads: l.threads as u64,
+        uses_rng: false,
+        can_fault: true,
+        workspace: None,
+    }
 }

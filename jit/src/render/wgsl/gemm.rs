@@ -28,7 +28,7 @@ pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile) -> Result<WgslKernel
         return Err(format!("GEMM grid {tiles_n} x {rows} exceeds the dispatch limits"));
     }
     let mut em = Emitter::new(&Wgsl, k);
-    let parts = gemm_parts(&mut em, v, t);
+    let parts = gemm_parts(&mut em, v, t, None);
     let mut s = header(&em);
     s.push_str(&parts.epilogue);
     s.push_str(&parts.shared);
