@@ -259,6 +259,11 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
             vec![bf(&m(33, 20, 0.2)).matmul(&bf(&m(30, 20, 0.4)).t()).to_dtype(DType::F32)],
         ),
         ("bf16 batched", vec![bf(&batched_a).matmul(&bf(&batched_b))]),
+        // Strides of 8 elements: the tensor-core template stages these 16 bytes a load (`mma.rs`'s `vector8`),
+        // along K (both operands of x @ w.t()), along M and N (x.t() @ w, stored scattered; M's edge inside a
+        // tile, where whole vectors fall outside and take the checked path).
+        ("bf16 aligned 24 x 64 x 48, x @ w.t()", vec![bf(&m(24, 64, 0.3)).matmul(&bf(&m(48, 64, 0.5)).t())]),
+        ("bf16 aligned 40 x 48 x 72, x.t() @ w", vec![bf(&m(48, 40, 0.3)).t().matmul(&bf(&m(48, 72, 0.5)))]),
     ];
     let (mut failures, tiled) = run_on_host(&cxx, &cases, TILED, Kind::Accumulate);
     assert!(tiled >= cases.len(), "every case must run the tiled template ({tiled} launches did)");
@@ -270,6 +275,13 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
     };
     for (name, outs) in &bf16_cases {
         assert!(with_bf16_operands(outs), "{name}: no GEMM on bf16 operands");
+    }
+    for (name, outs) in &bf16_cases[4..] {
+        let k = gemm_of(outs);
+        let v = GemmView::of(&k).expect("a GEMM");
+        let g = render_gemm_mma(&k, &v, MmaTile::SQUARE, 1, Flavor::Cuda);
+        let vector_loads = g.expect("renders").source.matches("kiln_ld16(&in").count();
+        assert_eq!(vector_loads, 2, "{name}: both operands staged 16 bytes a load: {:?} {:?}", v.a, v.b);
     }
     let (bf16_failures, tiled) = run_on_host(&cxx, &bf16_cases, TILED, Kind::Accumulate);
     assert!(tiled >= bf16_cases.len(), "every bf16 case must run the tiled template ({tiled} launches did)");
@@ -820,5 +832,5 @@ fn gemm_candidates_run_forced_on_the_host_stand_in() {
     let ran = gpu_open::every_gemm_candidate_matches_the_interpreter(Flavor::Cuda, "sm_90", &keep, &|k, c, args| {
         gpu.run_gemm_with(k, c, args)
     });
-    assert_eq!(ran, 5, "the square tensor-core tile on the four bf16 GEMMs, and split K on the decode shape");
+    assert_eq!(ran, 6, "the square tensor-core tile on the five bf16 GEMMs, and split K on the decode shape");
 }

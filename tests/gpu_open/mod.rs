@@ -120,6 +120,8 @@ pub fn every_gemm_candidate_matches_the_interpreter(
         // Decode shapes: few rows, a long ragged K (the candidates split it).
         ("decode 6 x 600 x 70 + bias", rand(&[6, 600], 10).matmul(&rand(&[600, 70], 11)) + rand(&[70], 12)),
         ("bf16 decode 9 x 700 x 40, x @ w.t()", bf(rand(&[9, 700], 13)).matmul(&bf(rand(&[40, 700], 14)).t())),
+        // Strides of 8: the tensor-core template stages both operands 16 bytes a load.
+        ("bf16 aligned 24 x 64 x 48, x @ w.t()", bf(rand(&[24, 64], 15)).matmul(&bf(rand(&[48, 64], 16)).t())),
     ];
     // The GPU devices' schedule (bf16 operands read where they are stored), without the transposed-operand copy.
     let options = kiln_jit::kernel::ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };

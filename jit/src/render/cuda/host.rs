@@ -47,6 +47,13 @@ inline int atomicCAS(int* p, int expected, int v) { std::atomic_ref<int>(*p).com
 inline int atomicExch(int* p, int v) { return std::atomic_ref<int>(*p).exchange(v); }
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { return std::atomic_ref<unsigned int>(*p).fetch_add(v); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+// CUDA's vector type, and 16-byte loads and stores through memcpy (no aliasing assumptions on the host).
+struct uint4 { unsigned int x, y, z, w; };
+// A GPU faults on a misaligned one: so does the shim.
+#define __align__(n) __attribute__((aligned(n)))
+inline void kiln_aligned16(const void* p) { if (reinterpret_cast<unsigned long>(p) % 16) std::abort(); }
+inline uint4 kiln_ld16(const unsigned short* p) { kiln_aligned16(p); uint4 x; std::memcpy(&x, p, 16); return x; }
+inline void kiln_st16(unsigned short* p, uint4 x) { kiln_aligned16(p); std::memcpy(p, &x, 16); }
 using std::max;
 using std::min;
 // The tensor-core GEMM's warp-level product (render/cuda/mma.rs): each lane leaves its fragments here, the block

@@ -8,7 +8,10 @@
 //! and thread. K goes in slices of 32: the block stages a `bm x 32` slice of A as `[m][k]` and a `32 x bn` slice of
 //! B as `[n][k]` in shared memory, bf16 bits as stored (rows padded
 //! to 40 halves against bank conflicts), bounds-checked with zeros outside, so ragged M, N and K need no special
-//! case; the read order follows each operand's contiguous dimension, so transposed operands are read coalesced.
+//! case; the read order follows each operand's contiguous dimension, so transposed operands are read coalesced, and
+//! where an operand's offset and strides are multiples of 8 elements it is read 16 bytes (8 bf16) a load (one
+//! 16-byte store into shared memory too where the operand runs along K; 8 stores where it runs along M or N), with
+//! checked element loads only for vectors at a ragged edge.
 //! Each thread then assembles its fragments from the slices by the PTX ISA's layout for `m16n8k16` ("Matrix
 //! Fragments for mma.m16n8k16 with floating point type": with `g = lane / 4`, `q = lane % 4`, A's registers hold
 //! rows `g`, `g + 8` at columns `2q, 2q + 1` and `2q + 8, 2q + 9`; B's columns `g` at rows `2q, 2q + 1` and
@@ -28,7 +31,7 @@ use super::gemm::{assemble, grid, split_of, split_tail};
 use super::{CudaC, Flavor, GpuKernel, check, math};
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
-use crate::kernel::gemm::GemmView;
+use crate::kernel::gemm::{GemmOperand, GemmView};
 use crate::render::cstyle::{Acc, Emitter, KSplit, epilogue_fn, operand_at as at, operand_bases};
 use std::fmt::Write;
 
@@ -108,6 +111,23 @@ __device__ __forceinline__ void kiln_mma_bf16_16816(float* d, const unsigned int
 __device__ __forceinline__ unsigned int kiln_pair(const unsigned short* s, int i) {
     return (unsigned int)s[i] | ((unsigned int)s[i + 1] << 16);
 }
+// 8 bf16 as 16 bytes: loaded and stored whole (16-byte aligned), packed from and split into halves.
+#ifndef KILN_HOST_SHIM
+__device__ __forceinline__ uint4 kiln_ld16(const unsigned short* p) { return *(const uint4*)p; }
+__device__ __forceinline__ void kiln_st16(unsigned short* p, uint4 x) { *(uint4*)p = x; }
+#endif
+__device__ __forceinline__ uint4 kiln_pack8(const unsigned short* h) {
+    uint4 x;
+    x.x = (unsigned int)h[0] | ((unsigned int)h[1] << 16);
+    x.y = (unsigned int)h[2] | ((unsigned int)h[3] << 16);
+    x.z = (unsigned int)h[4] | ((unsigned int)h[5] << 16);
+    x.w = (unsigned int)h[6] | ((unsigned int)h[7] << 16);
+    return x;
+}
+__device__ __forceinline__ unsigned short kiln_half8(uint4 x, int i) {
+    unsigned int w = i < 2 ? x.x : i < 4 ? x.y : i < 6 ? x.z : x.w;
+    return (unsigned short)(i % 2 ? w >> 16 : w & 0xffffu);
+}
 "#;
 
 /// Renders bf16 GEMM kernel `k` (recognized as `v`) for the tensor cores in tile `t`, K split `splits` ways (1: not
@@ -158,6 +178,96 @@ pub fn render_gemm_mma(
     Ok(assemble(k, head, threads, epilogue.lines().chain(body.lines()), blocks, em.uses_rng, workspace))
 }
 
+/// A `rows x cols` slice of an operand staged into shared memory: element (r, c) of the slice is the operand's
+/// (`origin.0 + r`, `origin.1 + c`), in bounds below `bounds`; `load` and `shared` write the global and shared
+/// element of (r, c); the operand is contiguous along the slice's columns where `along_cols`, and the shared row
+/// runs along K: the slice's columns where `k_is_cols`, its rows else.
+struct Slice<L, S> {
+    rows: u32,
+    cols: u32,
+    along_cols: bool,
+    bounds: (String, String),
+    origin: (&'static str, &'static str),
+    load: L,
+    shared: S,
+    k_is_cols: bool,
+}
+
+/// Whether operand `op` can be read 8 elements (16 bytes of bf16) at a time along its contiguous dimension
+/// (`cols` where `along_cols`): its offset, its other stride and every batch stride are multiples of 8 elements, so
+/// every such vector starts 16-byte aligned (device allocations are 256-byte aligned). A patched operand never is.
+fn vector8(op: &GemmOperand, along_cols: bool) -> bool {
+    let other = if along_cols { op.rows } else { op.cols };
+    let contiguous = if along_cols { op.cols } else { op.rows };
+    op.patch.is_none() && contiguous == 1 && [op.offset, other].iter().chain(&op.batch).all(|x| x % 8 == 0)
+}
+
+/// The staging loop of slice `sl` over a block of `threads` threads: vectors of 8 along the contiguous dimension
+/// (`vector`), each one 16-byte load where all 8 are in bounds and 8 checked loads at the edge, stored as one
+/// 16-byte store where the shared row runs the same way and 8 stores else; or one element at a time.
+fn stage<L, S>(s: &mut String, sl: &Slice<L, S>, threads: u32, vector: bool)
+where
+    L: Fn(&str, &str) -> String,
+    S: Fn(&str, &str) -> String,
+{
+    let (rows, cols) = (sl.rows, sl.cols);
+    let (o_r, o_c) = sl.origin;
+    let (b_r, b_c) = (&sl.bounds.0, &sl.bounds.1);
+    if !vector {
+        let (r, c) = if sl.along_cols {
+            (format!("e / {cols}"), format!("e % {cols}"))
+        } else {
+            (format!("e % {rows}"), format!("e / {rows}"))
+        };
+        let _ = writeln!(
+            s,
+            "    for (int e = l; e < {}; e += {threads}) {{\n        int r = {r};\n        int c = {c};\n        \
+             unsigned short x = 0;\n        if ({o_r} + r < {b_r} && {o_c} + c < {b_c}) x = {};\n        {} = x;\n    }}",
+            rows * cols,
+            (sl.load)("r", "c"),
+            (sl.shared)("r", "c"),
+        );
+        return;
+    }
+    // Vector `e` covers (r, c .. c + 7) along the columns, or (r .. r + 7, c) along the rows.
+    let (r, c, full, elem) = if sl.along_cols {
+        let per = cols / 8;
+        (
+            format!("e / {per}"),
+            format!("(e % {per}) * 8"),
+            format!("{o_r} + r < {b_r} && {o_c} + c + 8 <= {b_c}"),
+            ("r".to_string(), "c + i".to_string()),
+        )
+    } else {
+        let per = rows / 8;
+        (
+            format!("(e % {per}) * 8"),
+            format!("e / {per}"),
+            format!("{o_r} + r + 8 <= {b_r} && {o_c} + c < {b_c}"),
+            ("r + i".to_string(), "c".to_string()),
+        )
+    };
+    let _ = writeln!(s, "    for (int e = l; e < {}; e += {threads}) {{", rows * cols / 8);
+    let _ = writeln!(s, "        int r = {r};\n        int c = {c};\n        uint4 x;");
+    let _ =
+        writeln!(s, "        if ({full}) {{\n            x = kiln_ld16(&{});\n        }} else {{", (sl.load)("r", "c"));
+    let _ = writeln!(s, "            unsigned short h[8];\n            for (int i = 0; i < 8; i++) {{");
+    let (er, ec) = &elem;
+    let _ = writeln!(
+        s,
+        "                h[i] = {o_r} + {er} < {b_r} && {o_c} + {ec} < {b_c} ? {} : (unsigned short)0;",
+        (sl.load)(er, ec)
+    );
+    s.push_str("            }\n            x = kiln_pack8(h);\n        }\n");
+    // The shared row runs along K: a vector along K is one store.
+    if sl.along_cols == sl.k_is_cols {
+        let _ = writeln!(s, "        kiln_st16(&{}, x);", (sl.shared)("r", "c"));
+    } else {
+        let _ = writeln!(s, "        for (int i = 0; i < 8; i++) {{ {} = kiln_half8(x, i); }}", (sl.shared)(er, ec));
+    }
+    s.push_str("    }\n");
+}
+
 /// The entry point's body: staging loop (over the split's K range, with one), fragments and products, then
 /// (without a split) the epilogue per accumulator in bounds; and the thread's accumulators.
 fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64, split: Option<KSplit>) -> (String, Vec<Acc>) {
@@ -166,8 +276,9 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64, split: Option<KSplit>
     let MmaTile { wn, fm, fn_, .. } = t;
     let frags = fm * fn_;
     let mut s = String::new();
-    let _ = writeln!(s, "__shared__ unsigned short sa[{}]; // [m][k]", bm * LD);
-    let _ = writeln!(s, "__shared__ unsigned short sb[{}]; // [n][k]", bn * LD);
+    // 16-byte aligned: rows of `LD` halves are 80 bytes, so every 8-element vector along a row is aligned too.
+    let _ = writeln!(s, "__shared__ __align__(16) unsigned short sa[{}]; // [m][k]", bm * LD);
+    let _ = writeln!(s, "__shared__ __align__(16) unsigned short sb[{}]; // [n][k]", bn * LD);
     let _ = writeln!(s, "int bz = (int)(blockIdx.y / {tiles_m}u);");
     let _ = writeln!(s, "int m0 = (int)(blockIdx.y % {tiles_m}u) * {bm};");
     let (kbeg, kend) = match split {
@@ -189,40 +300,31 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64, split: Option<KSplit>
     s.push_str(&operand_bases(d, v));
     let _ = writeln!(s, "float acc[{}];\nfor (int i = 0; i < {}; i++) acc[i] = 0.0f;", frags * 4, frags * 4);
     let _ = writeln!(s, "for (int k0 = {kbeg}; k0 < {kend}; k0 += {BK}) {{");
-    // A's slice: along k where A's rows are contiguous in k, else along m; B's along n, else along k. Each element
-    // `e` of a `rows x cols` slice is (r, c), `minor`-major when `along_cols`.
-    let stage =
-        |s: &mut String, (rows, cols): (u32, u32), along_cols: bool, cond: String, load: String, store: &str| {
-            let (r, c) = if along_cols {
-                (format!("e / {cols}"), format!("e % {cols}"))
-            } else {
-                (format!("e % {rows}"), format!("e / {rows}"))
-            };
-            let _ = writeln!(
-                s,
-                "    for (int e = l; e < {}; e += {threads}) {{\n        int r = {r};\n        int c = {c};\n        \
-             unsigned short x = 0;\n        if ({cond}) x = {load};\n        {store} = x;\n    }}",
-                rows * cols,
-            );
-        };
-    let a_load = at(&v.a, "abase", "(m0 + r)", "(k0 + c)");
-    stage(
-        &mut s,
-        (bm, BK),
-        v.a.cols == 1,
-        format!("m0 + r < {m} && k0 + c < {kend}"),
-        a_load,
-        &format!("sa[r * {LD} + c]"),
-    );
-    let b_load = at(&v.b, "bbase", "(k0 + r)", "(n0 + c)");
-    stage(
-        &mut s,
-        (BK, bn),
-        v.b.cols == 1,
-        format!("k0 + r < {kend} && n0 + c < {n}"),
-        b_load,
-        &format!("sb[c * {LD} + r]"),
-    );
+    // A's slice (`bm x BK`, stored `[m][k]`) and B's (`BK x bn`, stored `[n][k]`), each read along the operand's
+    // contiguous dimension so that a warp's loads are coalesced, 8 elements (16 bytes) a load where the layout
+    // allows it ([`vector8`]).
+    let a = Slice {
+        rows: bm,
+        cols: BK,
+        along_cols: v.a.cols == 1,
+        bounds: (m.to_string(), kend.clone()),
+        origin: ("m0", "k0"),
+        load: |r: &str, c: &str| at(&v.a, "abase", &format!("(m0 + {r})"), &format!("(k0 + {c})")),
+        shared: |r: &str, c: &str| format!("sa[({r}) * {LD} + {c}]"),
+        k_is_cols: true,
+    };
+    stage(&mut s, &a, threads, vector8(&v.a, v.a.cols == 1));
+    let b = Slice {
+        rows: BK,
+        cols: bn,
+        along_cols: v.b.cols == 1,
+        bounds: (kend.clone(), n.to_string()),
+        origin: ("k0", "n0"),
+        load: |r: &str, c: &str| at(&v.b, "bbase", &format!("(k0 + {r})"), &format!("(n0 + {c})")),
+        shared: |r: &str, c: &str| format!("sb[({c}) * {LD} + {r}]"),
+        k_is_cols: false,
+    };
+    stage(&mut s, &b, threads, vector8(&v.b, v.b.cols == 1));
     s.push_str("    __syncthreads();\n");
     let _ = writeln!(s, "    for (int kk = 0; kk < {BK}; kk += 16) {{");
     let _ = writeln!(s, "        unsigned int af[{fm}][4];\n        unsigned int bf[{fn_}][2];");
