@@ -192,27 +192,49 @@ fn cxx() -> Option<String> {
 
 type Run = unsafe extern "C" fn(*mut *mut c_void, u32, u32, u32);
 
-/// `kernels` under the host shim, compiled by `cxx` into a shared library and loaded (with the directory that holds
-/// it, which must outlive the library).
-fn host_library(
-    cxx: &str,
-    kernels: &[(&GpuKernel, &kiln_jit::kernel::KernelIr)],
-) -> (tempfile::TempDir, libloading::Library) {
+/// `kernels` under the host shim, compiled by `cxx` into two shared libraries side by side (the C++ compile is most
+/// of these tests' time, and the machines have two cores) and loaded; [`HostLib::run`] finds kernel `i`'s driver.
+fn host_library(cxx: &str, kernels: &[(&GpuKernel, &kiln_jit::kernel::KernelIr)]) -> HostLib {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let (src, lib) = (dir.path().join("kernels.cpp"), dir.path().join("kernels.so"));
-    std::fs::write(&src, host::host_unit(kernels)).expect("write the unit");
-    // -ffp-contract=off: no fused multiply-adds the device code would not have either (NVRTC contracts by default;
-    // the interpreter does not), so a difference is a semantic one.
-    let out = std::process::Command::new(cxx)
-        .args(["-std=c++20", "-pthread", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("run the C++ compiler");
-    assert!(out.status.success(), "the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    // SAFETY: a library this test just compiled; its initializers are the C++ runtime's.
-    let lib = unsafe { libloading::Library::new(&lib) }.expect("load the kernels");
-    (dir, lib)
+    let per = kernels.len().div_ceil(2).max(1);
+    let compile = |part: usize, chunk: &[(&GpuKernel, &kiln_jit::kernel::KernelIr)]| {
+        let (src, lib) = (dir.path().join(format!("kernels{part}.cpp")), dir.path().join(format!("kernels{part}.so")));
+        std::fs::write(&src, host::host_unit(chunk)).expect("write the unit");
+        // -ffp-contract=off: no fused multiply-adds the device code would not have either (NVRTC contracts by
+        // default; the interpreter does not), so a difference is a semantic one.
+        let out = std::process::Command::new(cxx)
+            .args(["-std=c++20", "-pthread", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .output()
+            .expect("run the C++ compiler");
+        assert!(out.status.success(), "the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        // SAFETY: a library this test just compiled; its initializers are the C++ runtime's.
+        (part * per, unsafe { libloading::Library::new(&lib) }.expect("load the kernels"))
+    };
+    let parts = std::thread::scope(|s| {
+        let handles: Vec<_> =
+            kernels.chunks(per).enumerate().map(|(part, chunk)| s.spawn(move || compile(part, chunk))).collect();
+        handles.into_iter().map(|h| h.join().expect("a compiling thread")).collect()
+    });
+    HostLib { parts, _dir: dir }
+}
+
+/// Kernels compiled under the shim: each library with the index of its first kernel, and the directory that holds
+/// them (which must outlive them).
+struct HostLib {
+    parts: Vec<(usize, libloading::Library)>,
+    _dir: tempfile::TempDir,
+}
+
+impl HostLib {
+    /// The driver of kernel `i` (in the order given to `host_library`).
+    fn run(&self, i: usize) -> libloading::Symbol<'_, Run> {
+        let (first, lib) = self.parts.iter().rev().find(|(first, _)| *first <= i).expect("a library");
+        let symbol = format!("kiln_run_{}\0", i - first);
+        // SAFETY: the driver's signature from `host::host_unit`.
+        unsafe { lib.get(symbol.as_bytes()) }.expect("a driver")
+    }
 }
 
 #[test]
@@ -466,7 +488,7 @@ fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: &dyn Fn(usize) -> G
         }
     }
     let refs: Vec<(&GpuKernel, &kiln_jit::kernel::KernelIr)> = kernels.iter().map(|(g, k)| (g, k)).collect();
-    let (_dir, lib) = host_library(cxx, &refs);
+    let lib = host_library(cxx, &refs);
     let mut at = 0;
     let mut runs = Vec::new();
     for (cap, plan) in plans {
@@ -504,13 +526,9 @@ fn run_plans(cxx: &str, cases: &[(&str, Vec<Tensor>)], gemm: &dyn Fn(usize) -> G
                 args.push(counters.as_mut_ptr() as *mut c_void);
                 args.push(partials.as_mut_ptr() as *mut c_void);
             }
-            let symbol = format!("kiln_run_{at}\0");
             // SAFETY: the driver's signature from `host::host_unit`; `args` holds each buffer the kernel reads or
             // writes, sized by its kernel IR.
-            unsafe {
-                let run: libloading::Symbol<Run> = lib.get(symbol.as_bytes()).expect("a driver");
-                run(args.as_mut_ptr(), g.grid.0, g.grid.1, g.block);
-            }
+            unsafe { lib.run(at)(args.as_mut_ptr(), g.grid.0, g.grid.1, g.block) };
             assert!(counters.iter().all(|&c| c == 0), "a split-K kernel leaves its counters zero for the next launch");
             let out = bufs.pop().expect("the output");
             slots.insert(l.output, out);
@@ -603,7 +621,7 @@ fn a_gather_out_of_range_writes_the_fault_record() {
     assert_eq!(plan.launches.len(), 1);
     let k = &plan.launches[0].kernel;
     let g = render(k, Flavor::Cuda).expect("renders");
-    let (_dir, lib) = host_library(&cxx, &[(&g, k)]);
+    let lib = host_library(&cxx, &[(&g, k)]);
     let mut bufs: Vec<HostBuffer> = plan.launches[0]
         .inputs
         .iter()
@@ -618,8 +636,7 @@ fn a_gather_out_of_range_writes_the_fault_record() {
     args.push(fault.as_mut_ptr() as *mut c_void);
     // SAFETY: as above.
     unsafe {
-        let run: libloading::Symbol<Run> = lib.get(b"kiln_run_0\0").expect("a driver");
-        run(args.as_mut_ptr(), g.grid.0, g.grid.1, g.block);
+        lib.run(0)(args.as_mut_ptr(), g.grid.0, g.grid.1, g.block);
     }
     assert_eq!(Fault::decode(fault.map(i64::from)), Some(Fault::Index { len: 4, index: 7 }));
 }
@@ -650,17 +667,14 @@ fn the_gpu_plan_runs_the_corpus_on_a_host_stand_in() {
         "random numbers",
         vec![Tensor::rand([1000], DType::F32, &dev).mul(2.0), kiln::nn::functional::dropout(&x, 0.5, true)],
     ));
-    // Every case's plan first, on two threads (each is a C++ compile of a second or so), then the runs in order.
+    // Every case's kernels compiled first, in two libraries side by side (a C++ compile per plan would cost the
+    // compiler's start-up each time), then each plan (finding its kernels loaded) and its run, in order.
     let caps: Vec<kiln::Captured> =
         cases.iter().map(|(_, outs)| kiln::capture(&outs.iter().collect::<Vec<_>>()).expect("capture")).collect();
-    let compile = |i: usize| gpu.compile(&caps[i].graph).unwrap_or_else(|e| panic!("{}: {e}", cases[i].0));
-    let half = caps.len().div_ceil(2);
-    let execs = std::thread::scope(|s| {
-        let second = s.spawn(|| (half..caps.len()).map(compile).collect::<Vec<_>>());
-        let mut first: Vec<_> = (0..half).map(compile).collect();
-        first.extend(second.join().expect("the compiling thread"));
-        first
-    });
+    gpu.compile_ahead(&caps.iter().map(|c| &c.graph).collect::<Vec<_>>(), 2).expect("the kernels compile");
+    let execs: Vec<_> = (0..caps.len())
+        .map(|i| gpu.compile(&caps[i].graph).unwrap_or_else(|e| panic!("{}: {e}", cases[i].0)))
+        .collect();
     let mut failures = Vec::new();
     for (((name, _), cap), exec) in cases.iter().zip(&caps).zip(execs) {
         let inputs: Vec<Buffer> = cap.inputs.iter().map(|h| gpu.upload(h.clone()).expect("upload")).collect();

@@ -122,11 +122,78 @@ impl HostGpu {
         HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions, graphs, races, graph_counts }) }
     }
 
+    /// Compiles the kernels the plans of `graphs` will run into `units` libraries, compiled side by side, so that
+    /// compiling the plans afterwards finds every kernel loaded: a test of many small plans then pays the C++
+    /// compiler's start-up (most of a small plan's compile) once per unit, not once per plan. Renders as a plan
+    /// does on a stand-in that does not race its GEMMs (a racing one compiles its candidates as it races).
+    pub fn compile_ahead(&self, graphs: &[&Graph], units: usize) -> Result<(), String> {
+        let mut rendered = Vec::new();
+        for g in graphs {
+            for l in crate::gpu_cache::schedule(g).launches {
+                rendered.push(crate::gpu_cache::render(Flavor::Cuda, self.ctx.arch(), &l.kernel)?);
+            }
+        }
+        let kernels: Vec<(&str, &str)> = rendered.iter().map(|k| (k.source.as_str(), k.name.as_str())).collect();
+        let new = self.ctx.not_loaded(&kernels);
+        let per = new.len().div_ceil(units.max(1)).max(1);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = new.chunks(per).map(|c| s.spawn(|| self.ctx.compile_unit(c))).collect();
+            handles.into_iter().try_for_each(|h| h.join().map_err(|_| "a compiling thread panicked".to_string())?)
+        })
+    }
+
     /// (graphs built, graph launches, nodes patched) by this stand-in's plans so far: what its replays did, apart
     /// from any other device in the process.
     pub fn graph_counts(&self) -> (usize, usize, usize) {
         let [b, l, p] = &self.ctx.graph_counts;
         (b.load(Ordering::Relaxed), l.load(Ordering::Relaxed), p.load(Ordering::Relaxed))
+    }
+}
+
+impl Ctx {
+    /// Those of `kernels` (`(source, name)`) not loaded yet, each once.
+    fn not_loaded<'a>(&self, kernels: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let loaded = self.functions.lock();
+        let mut new: Vec<(&str, &str)> = Vec::new();
+        for &(source, name) in kernels {
+            if !loaded.contains_key(source) && !new.iter().any(|(s, _)| *s == source) {
+                new.push((source, name));
+            }
+        }
+        new
+    }
+
+    /// Compiles `new` into one library under the shim and loads each kernel's driver (nothing for none).
+    fn compile_unit(&self, new: &[(&str, &str)]) -> Result<(), String> {
+        if new.is_empty() {
+            return Ok(());
+        }
+        static UNITS: AtomicUsize = AtomicUsize::new(0);
+        std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let n = UNITS.fetch_add(1, Ordering::Relaxed);
+        let (src, lib) = (self.dir.join(format!("plan{n}.cpp")), self.dir.join(format!("plan{n}.so")));
+        std::fs::write(&src, host::kernel_unit(new)).map_err(|e| format!("{}: {e}", src.display()))?;
+        // -ffp-contract=off: no fused multiply-adds the interpreter does not have either.
+        let out = std::process::Command::new(&self.cxx)
+            .args(["-std=c++20", "-pthread", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .output()
+            .map_err(|e| format!("running {}: {e}", self.cxx))?;
+        if !out.status.success() {
+            return Err(format!("the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+        }
+        // SAFETY: a library just compiled from the shim and the plan's kernels; its initializers are the C++
+        // runtime's.
+        let library = Arc::new(unsafe { Library::new(&lib) }.map_err(|e| format!("loading {}: {e}", lib.display()))?);
+        let mut loaded = self.functions.lock();
+        for (i, (source, _)) in new.iter().enumerate() {
+            let symbol = format!("kiln_run_{i}\0");
+            // SAFETY: each driver's signature as `host::kernel_unit` writes it.
+            let run = unsafe { library.get::<Run>(symbol.as_bytes()).map(|s| *s) }.map_err(|e| e.to_string())?;
+            loaded.insert(source.to_string(), Arc::new(Loaded { run, _lib: library.clone() }));
+        }
+        Ok(())
     }
 }
 
@@ -186,43 +253,8 @@ impl Driver for Ctx {
     /// Compiles the kernels not loaded yet into one library (one C++ compile per plan) and loads them; `load` then
     /// finds each by its source. There is no code object to hand back.
     fn compile(&self, kernels: &[(&str, &str)]) -> Result<Vec<Vec<u8>>, String> {
-        let mut new: Vec<(&str, &str)> = Vec::new();
-        {
-            let loaded = self.functions.lock();
-            for &(source, name) in kernels {
-                if !loaded.contains_key(source) && !new.iter().any(|(s, _)| *s == source) {
-                    new.push((source, name));
-                }
-            }
-        }
-        if !new.is_empty() {
-            static UNITS: AtomicUsize = AtomicUsize::new(0);
-            std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
-            let n = UNITS.fetch_add(1, Ordering::Relaxed);
-            let (src, lib) = (self.dir.join(format!("plan{n}.cpp")), self.dir.join(format!("plan{n}.so")));
-            std::fs::write(&src, host::kernel_unit(&new)).map_err(|e| format!("{}: {e}", src.display()))?;
-            // -ffp-contract=off: no fused multiply-adds the interpreter does not have either.
-            let out = std::process::Command::new(&self.cxx)
-                .args(["-std=c++20", "-pthread", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
-                .arg(&lib)
-                .arg(&src)
-                .output()
-                .map_err(|e| format!("running {}: {e}", self.cxx))?;
-            if !out.status.success() {
-                return Err(format!("the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr)));
-            }
-            // SAFETY: a library just compiled from the shim and the plan's kernels; its initializers are the C++
-            // runtime's.
-            let library =
-                Arc::new(unsafe { Library::new(&lib) }.map_err(|e| format!("loading {}: {e}", lib.display()))?);
-            let mut loaded = self.functions.lock();
-            for (i, (source, _)) in new.iter().enumerate() {
-                let symbol = format!("kiln_run_{i}\0");
-                // SAFETY: each driver's signature as `host::kernel_unit` writes it.
-                let run = unsafe { library.get::<Run>(symbol.as_bytes()).map(|s| *s) }.map_err(|e| e.to_string())?;
-                loaded.insert(source.to_string(), Arc::new(Loaded { run, _lib: library.clone() }));
-            }
-        }
+        let new = self.not_loaded(kernels);
+        self.compile_unit(&new)?;
         Ok(vec![Vec::new(); kernels.len()])
     }
 
