@@ -53,6 +53,19 @@ fn every_gemm_candidate_matches_the_interpreter_on_cuda() {
     }
 }
 
+/// cuBLASLt, the race's library contestant, on every GEMM whose layouts and epilogue it takes, against the
+/// interpreter (a note where cuBLASLt is not installed: the race then runs kiln's templates alone).
+#[test]
+fn the_library_gemm_matches_the_interpreter_on_cuda() {
+    if common::cuda_device().is_some() {
+        let b = kiln_backends::cuda::backend(0).expect("the device opened above");
+        match gpu_open::library_gemm_matches_the_interpreter(&|k, args| b.run_library_with(k, args)) {
+            Ok(ran) => assert!(ran.len() >= 5, "cuBLASLt ran {ran:?}"),
+            Err(e) => eprintln!("note: the library GEMM was not checked: {e}"),
+        }
+    }
+}
+
 /// Plans replay as CUDA graphs from their second run (unless `KILN_CUDA_GRAPHS=0`): each run's results match the
 /// CPU, and the graphs were built and launched.
 #[test]

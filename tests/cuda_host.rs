@@ -848,3 +848,93 @@ fn gemm_candidates_run_forced_on_the_host_stand_in() {
     });
     assert_eq!(ran, 6, "the square tensor-core tile on the five bf16 GEMMs, and split K on the decode shape");
 }
+
+/// The library contestant of the GEMM race (`kiln_backends::gpu_library`) takes the layouts and epilogues a vendor
+/// library has and nothing else: checked by which of `gpu_open`'s GEMMs it takes, each run through the host
+/// stand-in's library GEMM (the problem computed as a library would) against the interpreter, and by the fused
+/// epilogues it must decline.
+#[test]
+fn the_library_gemm_takes_the_epilogues_it_has() {
+    use kiln_backends::HostGpu;
+    use kiln_backends::gpu_library::LibGemm;
+    let Some(cxx) = cxx() else { return };
+    let gpu = HostGpu::new(&cxx);
+    let ran = gpu_open::library_gemm_matches_the_interpreter(&|k, args| gpu.run_library_with(k, args))
+        .expect("the stand-in's library runs");
+    let want = [
+        "ragged 70 x 130 x 33",
+        "x @ w.t() + bias, relu",
+        "batched",
+        "bf16 ragged",
+        "bf16 batched",
+        "decode 6 x 600 x 70 + bias",
+        "bf16 decode 9 x 700 x 40, x @ w.t()",
+        "bf16 aligned 24 x 64 x 48, x @ w.t()",
+    ];
+    // Not "bf16 x @ w.t(), relu": its product is rounded to bf16 before the relu, which no library epilogue does.
+    assert_eq!(ran, want);
+    let dev = Device::cpu();
+    let m = |r: usize, c: usize| {
+        Tensor::from_vec((0..r * c).map(|i| (i as f32 * 0.3).sin()).collect::<Vec<f32>>(), [r, c], &dev).expect("m")
+    };
+    let lib = |t: Tensor| {
+        let k = gemm_of(&[t]);
+        LibGemm::of(&k, &GemmView::of(&k).expect("a GEMM"))
+    };
+    let bias = m(1, 9).reshape([9]);
+    let g = lib((m(5, 7).matmul(&m(9, 7).t()) + &bias).relu()).expect("bias and relu are cuBLASLt's");
+    assert!(g.bias.is_some() && g.relu && !g.b.row_major && g.a.row_major, "{g:?}");
+    let gelu = kiln::nn::functional::gelu(&(m(5, 7).matmul(&m(7, 9)) + &bias), kiln::nn::functional::Approximate::Tanh);
+    assert_eq!(lib(gelu), None, "a GELU stays with the templates");
+    assert_eq!(lib(m(5, 7).matmul(&m(7, 9)).mul(2.0)), None, "a scale stays with the templates");
+    assert_eq!(lib(m(5, 7).matmul(&m(7, 9)) + 1.0), None, "a constant is not a bias");
+}
+
+/// The race with its library contestant on the host stand-in (whose library GEMM, a plain loop, outruns kernels
+/// that start a thread per block thread): the GEMM's record has the library verified, and where it won, the plan
+/// launches it, and replays it from a graph (its node patched with each run's buffers), every run matching the
+/// interpreter.
+#[test]
+fn the_library_gemm_races_and_replays_on_the_host_stand_in() {
+    use kiln_backends::{Backend, Buffer, HostGpu, gpu_tune_records};
+    let Some(cxx) = cxx() else { return };
+    let dev = Device::cpu();
+    let gpu = HostGpu::racing(&cxx);
+    let m = |r: usize, c: usize, k: f32| {
+        Tensor::from_vec((0..r * c).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>(), [r, c], &dev).expect("m")
+    };
+    let (x, w, b) = (m(33, 21, 0.3), m(19, 21, 0.5), m(1, 19, 0.7).reshape([19]));
+    let y = (x.matmul(&w.t()) + &b).relu().exp().sum(1, false);
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let exec = gpu.compile(&cap.graph).expect("compiles");
+    let dims = |r: &kiln_autotune::TuneRecord| r.key.dims.iter().map(|(_, v)| *v).collect::<Vec<_>>();
+    let rec = gpu_tune_records()
+        .into_iter()
+        .rev()
+        .find(|r| r.key.op == "host-gpu-gemm" && dims(r) == [1, 33, 19, 21])
+        .expect("a tuning record for the GEMM");
+    let raced = std::env::var("KILN_AUTOTUNE").map_or(true, |v| v != "off");
+    if raced {
+        let lib = rec.trials.iter().find(|t| t.config == "library").expect("the library raced");
+        assert_eq!(lib.verified, Some(true), "the library verified: {:?}", rec.trials);
+        assert_eq!(rec.winner, "library", "a loop outruns a thread per block thread: {:?}", rec.trials);
+    }
+    for round in 0..4 {
+        let inputs: Vec<HostBuffer> = cap
+            .inputs
+            .iter()
+            .map(|h| match h {
+                HostBuffer::F32(v) => HostBuffer::F32(v.iter().map(|x| x * (1.0 + 0.5 * round as f32)).collect()),
+                other => other.clone(),
+            })
+            .collect();
+        let up: Vec<Buffer> = inputs.iter().map(|h| gpu.upload(h.clone()).expect("upload")).collect();
+        let got = exec.run(&up.iter().collect::<Vec<_>>(), &cap.rng).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let refs: Vec<&HostBuffer> = inputs.iter().collect();
+        let want = kiln_jit::interp::run(&cap.graph, &refs, &cap.rng).expect("the interpreter");
+        compare(&gpu.download(&got[0]).expect("download"), &want[0], tol(DType::F32, Kind::Accumulate))
+            .unwrap_or_else(|e| panic!("round {round} ({} won): {e}", rec.winner));
+    }
+    let (built, launched, _) = gpu.graph_counts();
+    assert_eq!((built, launched), (1, 3), "runs 2 to 4 replay the plan's graph ({} won the race)", rec.winner);
+}

@@ -29,6 +29,7 @@ pub use gpu::tune::tune_records as gpu_tune_records;
 pub mod gpu_cache;
 pub mod gpu_check;
 pub mod gpu_gemm;
+pub mod gpu_library;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod host_pool;

@@ -97,20 +97,12 @@ pub fn replayed_plans_match_the_cpu(dev: &Device) {
 /// Renders and runs GEMM kernel `k` as one candidate on `inputs`, returning its output.
 pub type RunGemm<'a> = dyn Fn(&KernelIr, GpuGemm, &[&HostBuffer]) -> Result<HostBuffer, String> + 'a;
 
-/// Forces every GEMM candidate a GPU device races (`kiln_backends::gpu_gemm::candidates` for `flavor` and `arch`,
-/// those `keep` keeps; `run` renders and runs one kernel as one candidate) on GEMMs of every kind (ragged, a
-/// transposed operand, batched, a fused epilogue, decode shapes whose candidates split K; f32 and bf16 operands) and
-/// compares each with the interpreter.
-/// Returns how many (GEMM, candidate) pairs ran.
-pub fn every_gemm_candidate_matches_the_interpreter(
-    flavor: kiln_jit::render::cuda::Flavor,
-    arch: &str,
-    keep: &dyn Fn(GpuGemm) -> bool,
-    run: &RunGemm<'_>,
-) -> usize {
-    use crate::common::{Kind, compare, gemm_tol, rand_f32 as rand, tol, with_last_launch};
+/// The GEMMs the forced-candidate tests run (ragged, a transposed operand, batched, fused epilogues, decode shapes
+/// whose candidates split K, strides of 8; f32 and bf16 operands), each with its name.
+fn gemm_cases() -> Vec<(&'static str, Tensor)> {
+    use crate::common::rand_f32 as rand;
     let bf = |t: Tensor| t.to_dtype(DType::BF16);
-    let cases: Vec<(&str, Tensor)> = vec![
+    vec![
         ("ragged 70 x 130 x 33", rand(&[70, 33], 1).matmul(&rand(&[33, 130], 2))),
         ("x @ w.t() + bias, relu", (rand(&[12, 40], 5).matmul(&rand(&[27, 40], 6).t()) + rand(&[27], 9)).relu()),
         ("batched", rand(&[3, 17, 20], 7).matmul(&rand(&[3, 20, 33], 8))),
@@ -122,7 +114,22 @@ pub fn every_gemm_candidate_matches_the_interpreter(
         ("bf16 decode 9 x 700 x 40, x @ w.t()", bf(rand(&[9, 700], 13)).matmul(&bf(rand(&[40, 700], 14)).t())),
         // Strides of 8: the tensor-core template stages both operands 16 bytes a load.
         ("bf16 aligned 24 x 64 x 48, x @ w.t()", bf(rand(&[24, 64], 15)).matmul(&bf(rand(&[48, 64], 16)).t())),
-    ];
+    ]
+}
+
+/// Forces every GEMM candidate a GPU device races (`kiln_backends::gpu_gemm::candidates` for `flavor` and `arch`,
+/// those `keep` keeps; `run` renders and runs one kernel as one candidate) on GEMMs of every kind (ragged, a
+/// transposed operand, batched, a fused epilogue, decode shapes whose candidates split K; f32 and bf16 operands) and
+/// compares each with the interpreter.
+/// Returns how many (GEMM, candidate) pairs ran.
+pub fn every_gemm_candidate_matches_the_interpreter(
+    flavor: kiln_jit::render::cuda::Flavor,
+    arch: &str,
+    keep: &dyn Fn(GpuGemm) -> bool,
+    run: &RunGemm<'_>,
+) -> usize {
+    use crate::common::{Kind, compare, gemm_tol, tol, with_last_launch};
+    let cases = gemm_cases();
     // The GPU devices' schedule (bf16 operands read where they are stored), without the transposed-operand copy.
     let options = kiln_jit::kernel::ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
     let mut ran = 0;
@@ -146,4 +153,39 @@ pub fn every_gemm_candidate_matches_the_interpreter(
         });
     }
     ran
+}
+
+/// Runs GEMM kernel `k` through the device's library GEMM on `inputs`, returning its output.
+pub type RunLibrary<'a> = dyn Fn(&KernelIr, &[&HostBuffer]) -> Result<HostBuffer, String> + 'a;
+
+/// The device's library GEMM (`kiln_backends::gpu_library`; cuBLASLt on CUDA) on every GEMM of
+/// [`gemm_cases`] whose layouts and epilogue it takes, against the interpreter at the templates' tolerances.
+/// Returns the names of the GEMMs it ran, or the library's error on the first (where it is not installed).
+pub fn library_gemm_matches_the_interpreter(run: &RunLibrary<'_>) -> Result<Vec<&'static str>, String> {
+    use crate::common::{Kind, compare, gemm_tol, tol, with_last_launch};
+    let options = kiln_jit::kernel::ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
+    let mut ran = Vec::new();
+    for (name, out) in gemm_cases() {
+        let mut failed = None;
+        with_last_launch(name, &out, options, |kernel, args, want| {
+            let v = kiln_jit::kernel::gemm::GemmView::of(kernel).unwrap_or_else(|| panic!("{name}: not a GEMM"));
+            if kiln_backends::gpu_library::LibGemm::of(kernel, &v).is_none() {
+                return 0;
+            }
+            let tolerance =
+                if want.dtype() == DType::BF16 { tol(DType::BF16, Kind::Accumulate) } else { gemm_tol(v.k) };
+            match run(kernel, args) {
+                Ok(got) => {
+                    compare(&got, want, tolerance).unwrap_or_else(|e| panic!("{name}: the library GEMM is wrong: {e}"));
+                    ran.push(name);
+                }
+                Err(e) => failed = Some(e),
+            }
+            1
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+    }
+    Ok(ran)
 }

@@ -7,6 +7,7 @@
 //! library, its memory model, timing) is in `host.rs`'s doc; this adds nothing a GPU driver does beyond the plan.
 
 use super::{Driver, Node};
+use crate::gpu_library::LibGemm;
 use crate::{Backend, BackendError, Buffer, Executable};
 use kiln_jit::render::cuda::{Flavor, GpuKernel, host};
 use kiln_jit::{DType, Graph, HostBuffer};
@@ -95,7 +96,17 @@ impl HostGpu {
         HostGpu::with(cxx, false, false)
     }
 
-    /// The same stand-in racing its GEMM kernels as a GPU device does (`gpu/tune.rs`), to test the race.
+    /// The GEMM kernel `k` run once through the stand-in's library GEMM (`gpu_library::run_on_host`) on `inputs`.
+    pub fn run_library_with(
+        &self,
+        k: &kiln_jit::kernel::KernelIr,
+        inputs: &[&HostBuffer],
+    ) -> Result<HostBuffer, String> {
+        super::tune::run_library(&self.ctx, k, inputs)
+    }
+
+    /// The same stand-in racing its GEMM kernels, and its library GEMM, as a GPU device does (`gpu/tune.rs`), to
+    /// test the race.
     pub fn racing(cxx: &str) -> HostGpu {
         HostGpu::with(cxx, true, true)
     }
@@ -291,9 +302,22 @@ impl Driver for Ctx {
         Ok(())
     }
 
+    /// The stand-in's library GEMM is the problem itself, run by `gpu_library::run_on_host` as a library would.
+    type Library = LibGemm;
+
+    fn library(&self, g: &LibGemm) -> Result<LibGemm, String> {
+        Ok(g.clone())
+    }
+
+    unsafe fn library_launch(&self, g: &LibGemm, ptrs: [u64; 4]) -> Result<(), String> {
+        // SAFETY: the caller's contract (`Driver::library_launch`): each address holds what `g` indexes.
+        unsafe { crate::gpu_library::run_on_host(g, ptrs) };
+        Ok(())
+    }
+
     /// The nodes with their parameters copied, as a CUDA graph holds them: a replay runs what was built or set
     /// last, never the run's own values, so a node the plan forgot to patch reads stale buffers and the tests see it.
-    type Graph = Vec<(Arc<Loaded>, (u32, u32), u32, Vec<u64>)>;
+    type Graph = Vec<HostNode>;
 
     fn graphs(&self) -> bool {
         self.graphs
@@ -303,25 +327,45 @@ impl Driver for Ctx {
         self.races
     }
 
-    unsafe fn graph_build(&self, nodes: &[Node<'_, Arc<Loaded>>]) -> Result<Self::Graph, String> {
+    unsafe fn graph_build(&self, nodes: &[Node<'_, Self>]) -> Result<Self::Graph, String> {
         self.graph_counts[0].fetch_add(1, Ordering::Relaxed);
-        Ok(nodes.iter().map(|n| (n.function.clone(), n.grid, n.block, n.params.to_vec())).collect())
+        Ok(nodes.iter().map(HostNode::of).collect())
     }
 
-    unsafe fn graph_set(&self, g: &mut Self::Graph, i: usize, node: &Node<'_, Arc<Loaded>>) -> Result<(), String> {
+    unsafe fn graph_set(&self, g: &mut Self::Graph, i: usize, node: &Node<'_, Self>) -> Result<(), String> {
         let held = g.get_mut(i).ok_or_else(|| format!("the graph has no node {i}"))?;
-        *held = (node.function.clone(), node.grid, node.block, node.params.to_vec());
+        *held = HostNode::of(node);
         self.graph_counts[2].fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     unsafe fn graph_launch(&self, g: &Self::Graph) -> Result<(), String> {
         self.graph_counts[1].fetch_add(1, Ordering::Relaxed);
-        for (f, grid, block, params) in g {
+        for n in g {
             // SAFETY: the caller's contract (`Driver::graph_launch`): every node's parameters are live memory.
-            unsafe { self.launch(f, *grid, *block, params) }?;
+            match n {
+                HostNode::Kernel(f, grid, block, params) => unsafe { self.launch(f, *grid, *block, params) }?,
+                HostNode::Library(l, params) => unsafe { self.library_launch(l, *params) }?,
+            }
         }
         Ok(())
+    }
+}
+
+/// A node of the stand-in's graph, its parameters copied.
+pub(crate) enum HostNode {
+    Kernel(Arc<Loaded>, (u32, u32), u32, Vec<u64>),
+    Library(LibGemm, [u64; 4]),
+}
+
+impl HostNode {
+    fn of(n: &Node<'_, Ctx>) -> HostNode {
+        match n {
+            Node::Kernel { function, grid, block, params } => {
+                HostNode::Kernel((*function).clone(), *grid, *block, params.to_vec())
+            }
+            Node::Library { gemm, params } => HostNode::Library((*gemm).clone(), *params),
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the C-like GPU devices (CUDA, HIP) share above their drivers: the layout of elements in device memory
 //! ([`to_bytes`], [`from_bytes`]) and the compiled plan ([`plan`]), written once against [`Driver`], the few calls
-//! in which the CUDA driver API and the HIP runtime differ (allocate, copy, load a code object, launch). Both
+//! in which the CUDA driver API and the HIP runtime differ (allocate, copy, load a code object, launch, a vendor
+//! library's GEMM: `gpu_library`). Both
 //! devices schedule and render through `gpu_cache` (the shared renderer's two dialects) and keep their compiled
 //! code in its stores.
 
@@ -73,6 +74,23 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     /// live memory of this device holding every element the kernel indexes.
     unsafe fn launch(&self, f: &Self::Function, grid: (u32, u32), block: u32, params: &[u64]) -> Result<(), String>;
 
+    /// A vendor library's GEMM prepared for one problem (cuBLASLt's descriptors and algorithm on CUDA): a contestant
+    /// in the GEMM race (`tune`, `gpu_library`).
+    type Library: Send + Sync;
+    /// The library's GEMM for `g`, or why there is none (no library on this device, it is not installed, or it
+    /// declines the problem). None by default.
+    fn library(&self, g: &crate::gpu_library::LibGemm) -> Result<Self::Library, String> {
+        Err(format!("{} has no GEMM library for {}", Self::NAME, g.describe()))
+    }
+    /// Queues library GEMM `g` on the device's stream: `ptrs` are A's, B's, the bias's (0 without one) and the
+    /// output's addresses.
+    ///
+    /// # Safety
+    /// Each address is live memory of this device holding what `g` indexes.
+    unsafe fn library_launch(&self, _g: &Self::Library, _ptrs: [u64; 4]) -> Result<(), String> {
+        Err(format!("{} has no GEMM library", Self::NAME))
+    }
+
     /// A plan's launches built into one graph the device replays with a single call (a CUDA graph).
     type Graph: Send;
     /// Whether plans replay as graphs on this device (see `plan`'s module doc). Off by default: a driver that
@@ -85,7 +103,7 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     /// # Safety
     /// As `launch`, for every node: its parameters are its function's, each the address of live memory of this
     /// device when the graph is launched.
-    unsafe fn graph_build(&self, _nodes: &[Node<'_, Self::Function>]) -> Result<Self::Graph, String> {
+    unsafe fn graph_build(&self, _nodes: &[Node<'_, Self>]) -> Result<Self::Graph, String> {
         Err(format!("{} does not replay graphs", Self::NAME))
     }
     /// Replaces the parameters of node `i` of `g` (built from the same functions, grids and blocks) for its later
@@ -93,12 +111,7 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     ///
     /// # Safety
     /// As `graph_build`, for `node`.
-    unsafe fn graph_set(
-        &self,
-        _g: &mut Self::Graph,
-        _i: usize,
-        _node: &Node<'_, Self::Function>,
-    ) -> Result<(), String> {
+    unsafe fn graph_set(&self, _g: &mut Self::Graph, _i: usize, _node: &Node<'_, Self>) -> Result<(), String> {
         Err(format!("{} does not replay graphs", Self::NAME))
     }
     /// Queues `g` on the device's stream, after everything queued before.
@@ -110,12 +123,34 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     }
 }
 
-/// One kernel launch, as a graph node.
-pub(crate) struct Node<'a, F> {
-    pub(crate) function: &'a F,
-    pub(crate) grid: (u32, u32),
-    pub(crate) block: u32,
-    pub(crate) params: &'a [u64],
+/// One launch of a plan, as a graph node: a kernel, or a library GEMM.
+pub(crate) enum Node<'a, D: Driver> {
+    Kernel {
+        function: &'a D::Function,
+        grid: (u32, u32),
+        block: u32,
+        params: &'a [u64],
+    },
+    /// `params`: A's, B's, the bias's (0 without one) and the output's addresses.
+    Library {
+        gemm: &'a D::Library,
+        params: [u64; 4],
+    },
+}
+
+impl<D: Driver> Node<'_, D> {
+    /// Queues this launch on the device's stream.
+    ///
+    /// # Safety
+    /// As `Driver::launch` (a kernel) or `Driver::library_launch` (a library GEMM).
+    pub(crate) unsafe fn launch(&self, ctx: &D) -> Result<(), String> {
+        match self {
+            // SAFETY: the caller's contract.
+            Node::Kernel { function, grid, block, params } => unsafe { ctx.launch(function, *grid, *block, params) },
+            // SAFETY: the caller's contract.
+            Node::Library { gemm, params } => unsafe { ctx.library_launch(gemm, *params) },
+        }
+    }
 }
 
 /// A host buffer's elements as the GPU devices store them (little-endian, each in its own width: bool and u8 one

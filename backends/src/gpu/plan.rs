@@ -1,4 +1,5 @@
-//! A compiled GPU plan (CUDA or HIP): one loaded function per launch, launched in order on the device's stream.
+//! A compiled GPU plan (CUDA or HIP): one loaded function (or library GEMM) per launch, launched in order on the
+//! device's stream.
 //!
 //! Parameters follow the C-like dialect's signature (`kiln_jit::render::cuda`): each input's device address, the
 //! output's, then the rng keys (4 words per `Rand` slot) when the kernel draws random numbers, the fault record
@@ -18,10 +19,14 @@
 //! launch the nodes whose parameters changed are patched in place (`Driver::graph_set`, which leaves queued
 //! launches alone), never re-captured. The plan's own scratch (temps, the rng keys' buffer, the fault record, the
 //! split-K workspace) is pinned while it replays: allocated once, kept between runs, so the nodes that touch only
-//! scratch are never patched. That costs the plan its temps' memory between runs (as PyTorch's graph memory pools do), and
-//! serializes runs of one plan (a lock held from the start of a run to its launch), which the device's one stream
-//! does anyway. Buffers the pool hands out later never alias the pinned scratch: it is not returned to the pool.
+//! scratch are never patched. That costs the plan its temps' memory between runs (as PyTorch's graph memory pools
+//! do), and serializes runs of one plan (a lock held from the start of a run to its launch), which the device's one
+//! stream does anyway. Buffers the pool hands out later never alias the pinned scratch: it is not returned to the pool.
 //! A graph the driver cannot build is said once and the plan launches one by one from then on.
+//!
+//! A GEMM the race gave to the vendor library (`gpu_library`: cuBLASLt on CUDA) is a library launch, not a kernel:
+//! its parameters are A's, B's, the bias's and the output's addresses, and its graph node is the library call
+//! captured from the stream into a child graph (`Driver::graph_build`), captured again when its addresses change.
 //!
 //! A split-K GEMM (`kiln_jit::render::cuda::gemm`) also takes a workspace: one per plan, sized for the largest and
 //! shared by all (they run in stream order, each leaving its counters zero), part of the plan's scratch (so
@@ -29,32 +34,72 @@
 //!
 //! No donations: the kernels' parameters are `__restrict__`, so an output may not alias an input.
 
+use super::tune::Chosen;
 use super::{Driver, Node};
+use crate::gpu_library::LibGemm;
 use crate::plan_run::{DevicePlan, Place, PlanShape, Planned, Run};
 use crate::{BackendError, Buffer, Executable};
 use kiln_jit::kernel::{FAULT_WORDS, Fault, KernelPlan, Slot};
-use kiln_jit::render::cuda::Workspace;
+use kiln_jit::render::cuda::{GpuKernel, Workspace};
 use kiln_jit::{DType, Graph, RngKey};
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-struct CompiledLaunch<F> {
-    function: F,
-    block: u32,
-    /// (0, 0) for an empty output: nothing to launch.
-    grid: (u32, u32),
-    uses_rng: bool,
-    can_fault: bool,
-    /// A split-K GEMM's: the plan's shared workspace is passed after its buffers.
-    workspace: bool,
+/// One launch of a plan: a kernel, or the vendor library's GEMM where the race chose it (`tune`).
+enum CompiledLaunch<D: Driver> {
+    Kernel {
+        function: D::Function,
+        block: u32,
+        /// (0, 0) for an empty output: nothing to launch.
+        grid: (u32, u32),
+        uses_rng: bool,
+        can_fault: bool,
+        /// A split-K GEMM's: the plan's shared workspace is passed after its buffers.
+        workspace: bool,
+    },
+    Library {
+        gemm: D::Library,
+        spec: LibGemm,
+    },
+}
+
+impl<D: Driver> CompiledLaunch<D> {
+    /// Whether it launches anything (a kernel with an empty output does not).
+    fn runs(&self) -> bool {
+        match self {
+            CompiledLaunch::Kernel { grid, .. } => grid.0 != 0,
+            CompiledLaunch::Library { spec, .. } => spec.m * spec.n * spec.batch != 0,
+        }
+    }
+
+    fn uses_rng(&self) -> bool {
+        matches!(self, CompiledLaunch::Kernel { uses_rng: true, .. })
+    }
+
+    fn can_fault(&self) -> bool {
+        matches!(self, CompiledLaunch::Kernel { can_fault: true, .. })
+    }
+
+    /// The graph node of this launch with a run's parameters `params`.
+    fn node<'a>(&'a self, params: &'a [u64]) -> Node<'a, D> {
+        match self {
+            CompiledLaunch::Kernel { function, grid, block, .. } => {
+                Node::Kernel { function, grid: *grid, block: *block, params }
+            }
+            CompiledLaunch::Library { gemm, .. } => {
+                let p = |i: usize| params.get(i).copied().unwrap_or(0);
+                Node::Library { gemm, params: [p(0), p(1), p(2), p(3)] }
+            }
+        }
+    }
 }
 
 struct GpuPlan<D: Driver> {
     ctx: Arc<D>,
     shape: PlanShape,
-    launches: Vec<CompiledLaunch<D::Function>>,
+    launches: Vec<CompiledLaunch<D>>,
     /// Bytes of each temp slot (the largest kernel output placed there).
     temps: Vec<usize>,
     /// The launches with threads to run (an empty output launches nothing): one graph node each, in order.
@@ -115,7 +160,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
         .iter()
         .map(|l| {
             match super::tune::gemm_kernel(ctx, &l.kernel).filter(|_| ctx.races_gemms()) {
-                Some(Ok((g, record))) => return Ok((g, record)),
+                Some(Ok((chosen, record))) => return Ok((chosen, record)),
                 Some(Err(e)) => {
                     // No candidate verified (or the search could not run): the untuned kernel is correct and maybe
                     // slower. Said once, so the cause is not lost.
@@ -124,7 +169,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
                 }
                 None => {}
             }
-            crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel).map(|g| (g, None)).map_err(|e| {
+            crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel).map(|g| (Chosen::Kernel(g), None)).map_err(|e| {
                 err(format!(
                     "{e}; run this graph on Device::cpu() ({} does not run everything kiln has yet)",
                     D::FLAVOR.name()
@@ -132,32 +177,42 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let sources: Vec<(&str, &str)> = rendered.iter().map(|(k, _)| (k.source.as_str(), k.name.as_str())).collect();
-    let codes = ctx.compile(&sources).map_err(err)?;
+    let kernels: Vec<&GpuKernel> = rendered.iter().filter_map(|(c, _)| c.kernel()).collect();
+    let sources: Vec<(&str, &str)> = kernels.iter().map(|k| (k.source.as_str(), k.name.as_str())).collect();
+    let mut codes = ctx.compile(&sources).map_err(err)?.into_iter();
     let mut launches = Vec::with_capacity(plan.launches.len());
     let mut temps = vec![0usize; plan.temps.len()];
     let ext = D::FLAVOR.extension();
-    for ((l, (k, record)), code) in plan.launches.iter().zip(&rendered).zip(&codes) {
+    for (l, (chosen, record)) in plan.launches.iter().zip(&rendered) {
         if let Some(d) = &dump {
+            let text = match chosen {
+                Chosen::Kernel(k) => k.source.clone(),
+                Chosen::Library(g) => format!("// {} runs this GEMM through its library: {}\n", D::NAME, g.describe()),
+            };
             match record {
-                Some(r) => d.tuned_kernel_files(&l.kernel, ext, &k.source, &r.winner, &r.table()),
-                None => d.kernel_files(&l.kernel, ext, &k.source, ""),
+                Some(r) => d.tuned_kernel_files(&l.kernel, ext, &text, &r.winner, &r.table()),
+                None => d.kernel_files(&l.kernel, ext, &text, ""),
             }
         }
-        let function = ctx.load(k, code).map_err(err)?;
         if let Slot::Temp(t) = l.output {
             temps[t] = temps[t].max(l.kernel.output.len * l.kernel.output.dtype.size_of());
         }
-        launches.push(CompiledLaunch {
-            function,
-            block: k.block,
-            grid: k.grid,
-            uses_rng: k.uses_rng,
-            can_fault: k.can_fault,
-            workspace: k.workspace.is_some(),
+        launches.push(match chosen {
+            Chosen::Kernel(k) => {
+                let code = codes.next().ok_or_else(|| err("fewer compiled kernels than rendered".into()))?;
+                CompiledLaunch::Kernel {
+                    function: ctx.load(k, &code).map_err(err)?,
+                    block: k.block,
+                    grid: k.grid,
+                    uses_rng: k.uses_rng,
+                    can_fault: k.can_fault,
+                    workspace: k.workspace.is_some(),
+                }
+            }
+            Chosen::Library(g) => CompiledLaunch::Library { gemm: ctx.library(g).map_err(err)?, spec: g.clone() },
         });
     }
-    let nodes: Vec<usize> = (0..launches.len()).filter(|&i| launches[i].grid.0 != 0).collect();
+    let nodes: Vec<usize> = (0..launches.len()).filter(|&i| launches[i].runs()).collect();
     // One launch gains nothing from a graph.
     let replay = (ctx.graphs() && nodes.len() >= 2)
         .then(|| Mutex::new(Replay { ran: false, scratch: None, recorded: Vec::new(), graph: None, failed: false }));
@@ -165,9 +220,9 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
         ctx: ctx.clone(),
         replay,
         nodes,
-        uses_rng: launches.iter().any(|l| l.uses_rng),
-        can_fault: launches.iter().any(|l| l.can_fault),
-        workspace: super::shared_workspace(rendered.iter().filter_map(|(k, _)| k.workspace)),
+        uses_rng: launches.iter().any(CompiledLaunch::uses_rng),
+        can_fault: launches.iter().any(CompiledLaunch::can_fault),
+        workspace: super::shared_workspace(kernels.iter().filter_map(|k| k.workspace)),
         shape: PlanShape::of(&plan, Vec::new()),
         launches,
         temps,
@@ -241,10 +296,7 @@ impl<D: Driver> GpuPlan<D> {
         if recorded.len() != self.nodes.len() {
             return Err(exec(format!("{} launches recorded for a graph of {}", recorded.len(), self.nodes.len())));
         }
-        let node = |i: usize| {
-            let l = &self.launches[self.nodes[i]];
-            Node { function: &l.function, grid: l.grid, block: l.block, params: &recorded[i] }
-        };
+        let node = |i: usize| self.launches[self.nodes[i]].node(&recorded[i]);
         match &mut r.graph {
             Some((g, held)) => {
                 for (i, (held, now)) in held.iter_mut().zip(recorded).enumerate() {
@@ -275,7 +327,7 @@ impl<D: Driver> GpuPlan<D> {
                         r.failed = true;
                         for n in &nodes {
                             // SAFETY: as a plain launch (`launch`).
-                            unsafe { self.ctx.launch(n.function, n.grid, n.block, n.params) }.map_err(exec)?;
+                            unsafe { n.launch(&*self.ctx) }.map_err(exec)?;
                         }
                         return Ok(());
                     }
@@ -356,7 +408,7 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
 
     fn launch(&self, st: &mut GpuRun<'_, D>, _run: &Run, index: usize, places: &[Place]) -> Result<(), BackendError> {
         let l = &self.launches[index];
-        if l.grid.0 == 0 {
+        if !l.runs() {
             return Ok(()); // an empty output: nothing to compute
         }
         let addr = |p: Place| match p {
@@ -366,15 +418,26 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
         };
         let exec = |reason: &str| BackendError::Execute { device: D::NAME, reason: reason.into() };
         let mut params: Params = places.iter().map(|&p| addr(p)).collect();
-        if l.uses_rng {
+        let (uses_rng, can_fault, workspace) = match l {
+            CompiledLaunch::Kernel { uses_rng, can_fault, workspace, .. } => (*uses_rng, *can_fault, *workspace),
+            CompiledLaunch::Library { spec, .. } => {
+                // The kernel's buffers (inputs, then the output) as the library takes them: A, B, bias, output.
+                let out = *params.last().ok_or_else(|| exec("a launch without an output"))?;
+                let input = |i: usize| params.get(i).copied().ok_or_else(|| exec("a library GEMM's input is missing"));
+                let bias = spec.bias.map(|(b, _)| input(b)).transpose()?.unwrap_or(0);
+                params = [input(spec.a.buf)?, input(spec.b.buf)?, bias, out].into_iter().collect();
+                (false, false, false)
+            }
+        };
+        if uses_rng {
             let (r, _) = st.scratch.rng.as_ref().ok_or_else(|| exec("random kernel without rng keys"))?;
             params.push(D::addr(r));
         }
-        if l.can_fault {
+        if can_fault {
             let f = st.scratch.fault.as_ref().ok_or_else(|| exec("gathering kernel without a fault record"))?;
             params.push(D::addr(f));
         }
-        if l.workspace {
+        if workspace {
             let w = self.workspace.ok_or_else(|| exec("split-K GEMM without a workspace"))?;
             let m = st.scratch.workspace.as_ref().ok_or_else(|| exec("split-K GEMM without a workspace"))?;
             params.extend(super::workspace_params::<D>(m, w));
@@ -383,12 +446,12 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
             r.recorded.push(params);
             return Ok(());
         }
-        // SAFETY: the function was compiled from the dialect's rendering of this launch's kernel, whose parameters
-        // are exactly these device addresses in this order (inputs, output, rng keys, fault record), each a live
-        // allocation of this device holding at least the elements the kernel indexes (the plan's buffer lengths);
-        // the grid covers the kernel's threads and surplus threads return at once.
-        unsafe { self.ctx.launch(&l.function, l.grid, l.block, &params) }
-            .map_err(|e| exec(&format!("launching {index}: {e}")))
+        // SAFETY: a kernel's function was compiled from the dialect's rendering of this launch's kernel, whose
+        // parameters are exactly these device addresses in this order (inputs, output, rng keys, fault record,
+        // workspace), each a live allocation of this device holding at least the elements the kernel indexes (the
+        // plan's buffer lengths); the grid covers the kernel's threads and surplus threads return at once. A library
+        // GEMM's are its A, B, bias and output, the kernel's buffers it was recognized from (`LibGemm::of`).
+        unsafe { l.node(&params).launch(&*self.ctx) }.map_err(|e| exec(&format!("launching {index}: {e}")))
     }
 
     fn finish(&self, st: GpuRun<'_, D>, _outputs: &mut [Buffer]) -> Result<(), BackendError> {

@@ -13,12 +13,15 @@
 //! request after a bundle import compiles nothing; `KILN_AUTOTUNE=full` (`kiln tune`) races anyway.
 //!
 //! The tuning problem is the kernel itself on synthetic data, so the key holds its exact dims and a checksum of its
-//! epilogue code. Not done here: rendering (`kiln_jit::render::cuda`), or a library candidate (cuBLASLt).
+//! epilogue code. The vendor library's GEMM (cuBLASLt on CUDA: `gpu_library`) races beside the templates where it takes
+//! the problem (its layouts, its epilogues) and the device has it; `KILN_GEMM_LIBRARY=0` leaves it out. Not done
+//! here: rendering (`kiln_jit::render::cuda`).
 
 use super::Driver;
 use crate::BackendError;
 use crate::gemm_check::{Reference, env_mode, exact_dims, operand_layouts};
 use crate::gpu_gemm::{GpuGemm, GpuTile, best_scored, renderable, score};
+use crate::gpu_library::LibGemm;
 use kiln_autotune::{Candidate, DeviceFingerprint, Mode, Store, TuneKey, TuneRecord, checksum_of};
 use kiln_jit::HostBuffer;
 use kiln_jit::kernel::KernelIr;
@@ -38,7 +41,7 @@ fn fingerprint<D: Driver>(ctx: &D) -> DeviceFingerprint {
     }
 }
 
-fn key<D: Driver>(ctx: &D, k: &KernelIr, v: &GemmView, cands: &[GpuGemm]) -> TuneKey {
+fn key<D: Driver>(ctx: &D, k: &KernelIr, v: &GemmView, cands: &[Contestant]) -> TuneKey {
     TuneKey {
         op: format!("{}-gemm", D::NAME),
         dims: exact_dims(v),
@@ -49,31 +52,78 @@ fn key<D: Driver>(ctx: &D, k: &KernelIr, v: &GemmView, cands: &[GpuGemm]) -> Tun
         },
         epilogue: format!("{:016x}", checksum_of([format!("{:?} -> {}", k.outer, k.result)])),
         device: fingerprint(ctx).id(),
-        candidates: checksum_of(cands.iter().map(GpuGemm::name)),
+        candidates: checksum_of(cands.iter().map(Contestant::name)),
     }
 }
 
-/// GEMM kernel `k` as the device runs it: the stored or searched winner among the candidates that render, with the
-/// record that chose it (none for a kernel compiled ahead of time and taken as it is); `None` when `k` is no GEMM
-/// the templates take (the caller renders it as `gpu_cache` says).
+/// How a GEMM runs: a rendered kernel, or the vendor library's GEMM (`gpu_library`).
+pub(crate) enum Chosen {
+    Kernel(GpuKernel),
+    Library(LibGemm),
+}
+
+impl Chosen {
+    pub(crate) fn kernel(&self) -> Option<&GpuKernel> {
+        match self {
+            Chosen::Kernel(k) => Some(k),
+            Chosen::Library(_) => None,
+        }
+    }
+}
+
+/// A contestant of the race: a template candidate, or the library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Contestant {
+    Kernel(GpuGemm),
+    Library,
+}
+
+/// The library contestant's name in tuning records.
+pub const LIBRARY: &str = "library";
+
+impl Contestant {
+    fn name(&self) -> String {
+        match self {
+            Contestant::Kernel(c) => c.name(),
+            Contestant::Library => LIBRARY.into(),
+        }
+    }
+}
+
+/// Whether the vendor library may race (`KILN_GEMM_LIBRARY=0` keeps GEMMs on kiln's own kernels).
+fn library_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_GEMM_LIBRARY").map_or(true, |v| v != "0" && v != "off"))
+}
+
+/// GEMM kernel `k` as the device runs it: the stored or searched winner among the candidates that render and the
+/// library's GEMM where it takes the problem, with the record that chose it (none for a kernel compiled ahead of
+/// time and taken as it is); `None` when `k` is no GEMM the templates take (the caller renders it as `gpu_cache`
+/// says).
 pub(crate) fn gemm_kernel<D: Driver>(
     ctx: &Arc<D>,
     k: &KernelIr,
-) -> Option<Result<(GpuKernel, Option<TuneRecord>), String>> {
+) -> Option<Result<(Chosen, Option<TuneRecord>), String>> {
     let v = GemmView::of(k)?;
     let cands = renderable(D::FLAVOR, ctx.arch(), k, &v);
     if cands.is_empty() {
         return None;
     }
-    let chosen = choose(ctx, k, &v, &cands, Store::global(), env_mode());
+    // The library races where it takes the problem and opens here (asked once per problem: its errors say why not).
+    let lib = LibGemm::of(k, &v).filter(|_| library_allowed()).filter(|g| ctx.library(g).is_ok());
+    let chosen = choose(ctx, k, &v, &cands, lib.as_ref(), Store::global(), env_mode());
     if let Ok((_, Some(record))) = &chosen {
         RECORDS.lock().push(record.clone());
     }
     Some(chosen)
 }
 
-/// A candidate's kernel, its loaded function and its workspace (a split-K GEMM's).
-type Built<D> = (GpuKernel, Arc<<D as Driver>::Function>, Option<<D as Driver>::Mem>);
+/// A contestant made ready to run: a kernel with its loaded function and workspace (a split-K GEMM's), or the
+/// library's prepared GEMM.
+enum Built<D: Driver> {
+    Kernel(GpuKernel, Arc<D::Function>, Option<D::Mem>),
+    Library(D::Library),
+}
 
 static RECORDS: parking_lot::Mutex<Vec<TuneRecord>> = parking_lot::Mutex::new(Vec::new());
 
@@ -90,15 +140,25 @@ fn choose<D: Driver>(
     k: &KernelIr,
     v: &GemmView,
     cands: &[GpuGemm],
+    lib: Option<&LibGemm>,
     store: &Store,
     mode: Mode,
-) -> Result<(GpuKernel, Option<TuneRecord>), String> {
-    let key = key(&**ctx, k, v, cands);
-    let by_name = |name: &str| cands.iter().find(|c| c.name() == name).copied();
+) -> Result<(Chosen, Option<TuneRecord>), String> {
+    let mut all: Vec<Contestant> = cands.iter().map(|&c| Contestant::Kernel(c)).collect();
+    all.extend(lib.map(|_| Contestant::Library));
+    let key = key(&**ctx, k, v, &all);
+    let by_name = |name: &str| all.iter().find(|c| c.name() == name).copied();
+    let chosen = |c: Contestant| -> Result<Chosen, String> {
+        match (c, lib) {
+            (Contestant::Kernel(c), _) => Ok(Chosen::Kernel(c.render(k, v, D::FLAVOR)?)),
+            (Contestant::Library, Some(g)) => Ok(Chosen::Library(g.clone())),
+            (Contestant::Library, None) => Err("the library won a race it was not in".into()),
+        }
+    };
     if let Some(rec) = store.get_record(&key).filter(|r| r.serves(mode))
         && let Some(c) = by_name(&rec.winner)
     {
-        return Ok((c.render(k, v, D::FLAVOR)?, Some(rec)));
+        return Ok((chosen(c)?, Some(rec)));
     }
     // The untuned kernel compiled ahead of time for this architecture (an imported bundle, an earlier run with
     // tuning off) is the deployer's choice: taken without a race, so a bundle's first request compiles nothing.
@@ -108,18 +168,26 @@ fn choose<D: Driver>(
         && let Ok(g) = best.render(k, v, D::FLAVOR)
         && ctx.precompiled(&g.source)
     {
-        return Ok((g, None));
+        return Ok((Chosen::Kernel(g), None));
     }
-    let scored: Vec<Candidate<'_, GpuGemm>> = cands
+    // The library has no analytic model: it scores just under the best template, so it is always timed (a family
+    // of its own) but wins only when measurably faster, and `KILN_AUTOTUNE=off` keeps the template an
+    // ahead-of-time compile renders.
+    let best = cands.iter().map(|c| score(v, c)).fold(0.0, f64::max);
+    let scored: Vec<Candidate<'_, Contestant>> = all
         .iter()
         .map(|c| Candidate {
             config: c,
             name: c.name(),
-            score: score(v, c),
+            score: match c {
+                Contestant::Kernel(g) => score(v, g),
+                Contestant::Library => best * 0.99,
+            },
             group: String::new(),
-            family: match c.tile {
-                GpuTile::Simt(_) => "simt".into(),
-                GpuTile::Mma(_) => "tensor cores".into(),
+            family: match c {
+                Contestant::Kernel(GpuGemm { tile: GpuTile::Simt(_), .. }) => "simt".into(),
+                Contestant::Kernel(GpuGemm { tile: GpuTile::Mma(_), .. }) => "tensor cores".into(),
+                Contestant::Library => LIBRARY.into(),
             },
             shape: String::new(),
         })
@@ -135,33 +203,51 @@ fn choose<D: Driver>(
     let out = ctx.alloc(k.output.dtype, k.output.len).map_err(exec)?;
     let mut params: Vec<u64> = inputs.iter().map(D::addr).collect();
     params.push(D::addr(&out));
-    // Each candidate rendered, compiled and loaded once, for its verification and its timed runs.
-    let built: RefCell<HashMap<GpuGemm, Built<D>>> = RefCell::default();
-    let launch = |c: &GpuGemm| -> Result<Duration, String> {
+    // Each contestant rendered, compiled and loaded (or prepared) once, for its verification and its timed runs.
+    let built: RefCell<HashMap<Contestant, Built<D>>> = RefCell::default();
+    let launch = |c: &Contestant| -> Result<Duration, String> {
         if !built.borrow().contains_key(c) {
-            let g = c.render(k, v, D::FLAVOR)?;
-            let code = ctx.compile(&[(g.source.as_str(), g.name.as_str())])?;
-            let f = Arc::new(ctx.load(&g, code.first().ok_or("no code compiled")?)?);
-            let ws = g.workspace.map(|w| super::workspace(ctx, w)).transpose().map_err(exec)?;
-            built.borrow_mut().insert(*c, (g, f, ws));
+            let b = match (c, lib) {
+                (Contestant::Kernel(c), _) => {
+                    let g = c.render(k, v, D::FLAVOR)?;
+                    let code = ctx.compile(&[(g.source.as_str(), g.name.as_str())])?;
+                    let f = Arc::new(ctx.load(&g, code.first().ok_or("no code compiled")?)?);
+                    let ws = g.workspace.map(|w| super::workspace(ctx, w)).transpose().map_err(exec)?;
+                    Built::Kernel(g, f, ws)
+                }
+                (Contestant::Library, Some(g)) => Built::Library(ctx.library(g)?),
+                (Contestant::Library, None) => return Err("no library GEMM for this problem".into()),
+            };
+            built.borrow_mut().insert(*c, b);
         }
         let built = built.borrow();
-        let (g, f, ws) = built.get(c).ok_or("a candidate built just above")?;
-        let mut params = params.clone();
-        if let (Some(w), Some(m)) = (g.workspace, ws) {
-            params.extend(super::workspace_params::<D>(m, w));
-        }
         let t0 = Instant::now();
-        // SAFETY: the kernel was rendered from `k`, whose parameters are its inputs and its output (a GEMM template
-        // neither draws random numbers nor gathers), each uploaded or allocated here with the kernel's lengths,
-        // then a split-K kernel's workspace, allocated for it with its counters zeroed (each launch leaves them so).
-        unsafe { ctx.launch(f, g.grid, g.block, &params) }?;
+        match (built.get(c).ok_or("a contestant built just above")?, lib) {
+            (Built::Kernel(g, f, ws), _) => {
+                let mut params = params.clone();
+                if let (Some(w), Some(m)) = (g.workspace, ws) {
+                    params.extend(super::workspace_params::<D>(m, w));
+                }
+                // SAFETY: the kernel was rendered from `k`, whose parameters are its inputs and its output (a GEMM
+                // template neither draws random numbers nor gathers), each uploaded or allocated here with the
+                // kernel's lengths, then a split-K kernel's workspace, allocated for it with its counters zeroed
+                // (each launch leaves them so).
+                unsafe { ctx.launch(f, g.grid, g.block, &params) }?;
+            }
+            (Built::Library(l), Some(g)) => {
+                let bias = g.bias.map_or(0, |(b, _)| params[b]);
+                // SAFETY: A, B and the bias are the kernel's inputs `LibGemm::of` named, uploaded with the kernel's
+                // lengths; the output was allocated with its length.
+                unsafe { ctx.library_launch(l, [params[g.a.buf], params[g.b.buf], bias, params[k.inputs.len()]]) }?;
+            }
+            (Built::Library(_), None) => return Err("no library GEMM for this problem".into()),
+        }
         ctx.read(&out, 0).map_err(exec)?; // waits for the device
         Ok(t0.elapsed())
     };
     // The evaluator's values, computed at the first verification and shared by every candidate.
     let reference = std::cell::OnceCell::new();
-    let verify = |c: &GpuGemm| -> Result<(), String> {
+    let verify = |c: &Contestant| -> Result<(), String> {
         launch(c)?;
         let bytes = ctx.read(&out, k.output.len * k.output.dtype.size_of()).map_err(exec)?;
         let reference = reference.get_or_init(|| {
@@ -176,10 +262,41 @@ fn choose<D: Driver>(
         SAID.call_once(|| eprintln!("kiln: could not write a {} GEMM tuning record: {e}", D::NAME));
     }
     let c = by_name(&record.winner).ok_or_else(|| format!("unknown winner {}", record.winner))?;
-    if let Some((g, _, _)) = built.borrow_mut().remove(&c) {
-        return Ok((g, Some(record)));
+    if let Some(Built::Kernel(g, _, _)) = built.borrow_mut().remove(&c) {
+        return Ok((Chosen::Kernel(g), Some(record)));
     }
-    Ok((c.render(k, v, D::FLAVOR)?, Some(record)))
+    Ok((chosen(c)?, Some(record)))
+}
+
+/// Runs GEMM kernel `k` once through the device's library (`LibGemm::of`) on `inputs` and returns its output: for
+/// the tests that force every contestant. Errors when `k` is not a GEMM the library takes, or there is no library.
+pub(crate) fn run_library<D: Driver>(ctx: &Arc<D>, k: &KernelIr, inputs: &[&HostBuffer]) -> Result<HostBuffer, String> {
+    let v = GemmView::of(k).ok_or("not a GEMM")?;
+    let g = LibGemm::of(k, &v).ok_or("not a GEMM a library takes")?;
+    check_inputs(k, inputs)?;
+    let l = ctx.library(&g)?;
+    let exec = |e: BackendError| e.to_string();
+    let dev = inputs.iter().map(|h| super::upload_mem(ctx, h)).collect::<Result<Vec<_>, _>>().map_err(exec)?;
+    let out = ctx.alloc(k.output.dtype, k.output.len).map_err(exec)?;
+    let bias = g.bias.map_or(0, |(b, _)| D::addr(&dev[b]));
+    // SAFETY: A, B and the bias are the kernel's inputs `LibGemm::of` named, uploaded above (each at least the
+    // kernel's length, checked); the output was allocated with its length.
+    unsafe { ctx.library_launch(&l, [D::addr(&dev[g.a.buf]), D::addr(&dev[g.b.buf]), bias, D::addr(&out)]) }?;
+    let bytes = ctx.read(&out, k.output.len * k.output.dtype.size_of()).map_err(exec)?;
+    Ok(super::from_bytes(k.output.dtype, &bytes, k.output.len))
+}
+
+/// That `inputs` are `k`'s: as many, each of its dtype and at least its length.
+fn check_inputs(k: &KernelIr, inputs: &[&HostBuffer]) -> Result<(), String> {
+    if inputs.len() != k.inputs.len() {
+        return Err(format!("{} inputs given, the kernel reads {}", inputs.len(), k.inputs.len()));
+    }
+    for (h, p) in inputs.iter().zip(&k.inputs) {
+        if h.dtype() != p.dtype || h.len() < p.len {
+            return Err(format!("an input is {}[{}], the kernel wants {}[{}]", h.dtype(), h.len(), p.dtype, p.len));
+        }
+    }
+    Ok(())
 }
 
 /// Renders GEMM kernel `k` as candidate `c`, runs it once on `inputs` (checked against the kernel's buffers) and
@@ -191,14 +308,7 @@ pub(crate) fn run_with<D: Driver>(
     inputs: &[&HostBuffer],
 ) -> Result<HostBuffer, String> {
     let v = GemmView::of(k).ok_or("not a GEMM")?;
-    if inputs.len() != k.inputs.len() {
-        return Err(format!("{} inputs given, the kernel reads {}", inputs.len(), k.inputs.len()));
-    }
-    for (h, p) in inputs.iter().zip(&k.inputs) {
-        if h.dtype() != p.dtype || h.len() < p.len {
-            return Err(format!("an input is {}[{}], the kernel wants {}[{}]", h.dtype(), h.len(), p.dtype, p.len));
-        }
-    }
+    check_inputs(k, inputs)?;
     let g = c.render(k, &v, D::FLAVOR)?;
     let code = ctx.compile(&[(g.source.as_str(), g.name.as_str())])?;
     let f = ctx.load(&g, code.first().ok_or("no code compiled")?)?;

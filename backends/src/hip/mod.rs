@@ -209,6 +209,8 @@ impl Driver for Ctx {
     /// No graph replays on HIP yet (hipGraph mirrors CUDA's API, but no machine here could run it): plans launch
     /// one by one.
     type Graph = std::convert::Infallible;
+    /// No vendor library yet (hipBLASLt would be the counterpart of cuBLASLt): GEMMs race kiln's templates only.
+    type Library = std::convert::Infallible;
 
     fn arch(&self) -> &str {
         &self.arch

@@ -1,0 +1,233 @@
+//! A vendor library's GEMM as a contestant in the GPU devices' race (cuBLASLt on CUDA: `cuda/cublaslt.rs`), as
+//! Inductor races ATen's GEMMs against its own templates: which GEMM kernels a library can run ([`LibGemm::of`]),
+//! and the host stand-in's emulation of one ([`run_on_host`]) so that the plan and the race around it are tested
+//! without a GPU.
+//!
+//! A library runs what it can describe: operands stored row- or column-major (one stride 1, the other the leading
+//! dimension), batches with one stride each (0 for a shared operand), a contiguous output, and an epilogue it has
+//! itself: nothing, `+ bias[n]`, `relu`, or both, then the output's rounding. Anything else a kernel fuses (a GELU,
+//! a residual, a scale, a bf16 rounding before the bias) stays with the templates. A GELU is deliberately not
+//! matched: cuBLASLt's is the tanh form, and a `gelu` that rounds differently from the interpreter's would only lose
+//! its verification.
+
+use kiln_jit::BinaryOp;
+use kiln_jit::DType;
+use kiln_jit::kernel::gemm::{GemmOperand, GemmView};
+use kiln_jit::kernel::{InstOp, KernelIr};
+
+/// A GEMM a library can run: `out[b][i][j] = epilogue(sum_p A[b][i][p] * B[b][p][j])` over `batch` entries.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LibGemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    /// The operands' dtype (f32 or bf16) and the output's.
+    pub operands: DType,
+    pub out: DType,
+    /// A (`m x k`) and B (`k x n`), and which of the kernel's inputs each is.
+    pub a: LibOperand,
+    pub b: LibOperand,
+    /// The bias added along the output's columns (`bias[j]`): which input, and its dtype.
+    pub bias: Option<(usize, DType)>,
+    pub relu: bool,
+}
+
+/// One operand as a library describes it: row-major (`row[i]` at `i * ld`) or column-major (`col[j]` at `j * ld`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LibOperand {
+    pub buf: usize,
+    pub row_major: bool,
+    pub ld: i64,
+    /// Elements between batch entries (0: every entry reads the same matrix).
+    pub batch_stride: i64,
+}
+
+impl LibOperand {
+    /// Element (`i`, `j`) of batch entry `b`, in elements from the buffer's start.
+    pub fn at(&self, b: usize, i: usize, j: usize) -> usize {
+        let (major, minor) = if self.row_major { (i, j) } else { (j, i) };
+        (b as i64 * self.batch_stride + major as i64 * self.ld + minor as i64) as usize
+    }
+}
+
+impl LibGemm {
+    /// GEMM kernel `k` (recognized as `v`) as a library runs it, or `None` where the layouts or the epilogue are not
+    /// ones a library has (the module doc).
+    pub fn of(k: &KernelIr, v: &GemmView) -> Option<LibGemm> {
+        if k.can_fault() || k.routine.is_some() {
+            return None;
+        }
+        if !matches!(v.operands, DType::F32 | DType::BF16) || !matches!(v.out, DType::F32 | DType::BF16) {
+            return None;
+        }
+        let a = operand(&v.a, (v.m, v.k), &v.batch)?;
+        let b = operand(&v.b, (v.k, v.n), &v.batch)?;
+        let (bias, relu) = epilogue(k, v.out)?;
+        Some(LibGemm {
+            m: v.m,
+            n: v.n,
+            k: v.k,
+            batch: v.batch_count().max(1),
+            operands: v.operands,
+            out: v.out,
+            a,
+            b,
+            bias,
+            relu,
+        })
+    }
+
+    /// A stable description for tuning records and errors, e.g. `bf16 16x4096x4096 bias relu`.
+    pub fn describe(&self) -> String {
+        let mut s = format!("{} {}x{}x{}", self.operands, self.m, self.n, self.k);
+        if self.batch > 1 {
+            s = format!("{s} batch {}", self.batch);
+        }
+        if self.bias.is_some() {
+            s.push_str(" bias");
+        }
+        if self.relu {
+            s.push_str(" relu");
+        }
+        s
+    }
+}
+
+/// `op` (a `rows x cols` matrix per batch entry of `batch`) as a library operand: unpatched, at offset 0 (device
+/// allocations are aligned as libraries want), one stride 1 and the other at least the row (column) length, and
+/// batch strides that flatten to one (or are all 0).
+fn operand(op: &GemmOperand, (rows, cols): (usize, usize), batch: &[usize]) -> Option<LibOperand> {
+    if op.patch.is_some() || op.offset != 0 {
+        return None;
+    }
+    let (row_major, ld) = if op.cols == 1 && op.rows >= cols.max(1) as i64 {
+        (true, op.rows)
+    } else if op.rows == 1 && op.cols >= rows.max(1) as i64 {
+        (false, op.cols)
+    } else {
+        return None;
+    };
+    let batch_stride = match op.batch.last() {
+        None => 0,
+        Some(&inner) => {
+            // Each outer batch stride must step over the inner ones whole: one stride for the flattened batch.
+            let flat = op.batch.windows(2).zip(&batch[1..]).all(|(w, &e)| w[0] == w[1] * e as i64);
+            if !flat {
+                return None;
+            }
+            inner
+        }
+    };
+    Some(LibOperand { buf: op.buf, row_major, ld, batch_stride })
+}
+
+/// The kernel's outer code as a library's epilogue: `acc`, then optionally `+ bias[j]` (a load along the output's
+/// last dim, cast to f32 where stored in bf16), optionally `relu` (`where(x <= 0, 0, x)`), then optionally the
+/// cast to the output's dtype, and nothing else. `(bias input and dtype, relu)`.
+fn epilogue(k: &KernelIr, out: DType) -> Option<(Option<(usize, DType)>, bool)> {
+    let o = &k.outer;
+    let rank = k.out_rank();
+    let nvars = rank + 1;
+    let mut i = 0;
+    let next = |i: &mut usize| {
+        let inst = o.get(*i);
+        *i += 1;
+        inst
+    };
+    let first = next(&mut i)?;
+    if first.op != InstOp::Acc || first.dtype != DType::F32 {
+        return None;
+    }
+    let mut cur = 0;
+    let mut bias = None;
+    let mut relu = false;
+    // `+ bias[j]`
+    if let Some(InstOp::Load { buf, index, valid: None, .. }) = o.get(i).map(|x| &x.op) {
+        let mut along_n = vec![0; nvars];
+        along_n[rank - 1] = 1;
+        if index.affine(nvars) != Some((along_n, 0)) {
+            return None;
+        }
+        let stored = o[i].dtype;
+        let mut b = i;
+        i += 1;
+        if stored != DType::F32 {
+            let cast = next(&mut i)?;
+            if cast.op != InstOp::Cast(b) || cast.dtype != DType::F32 {
+                return None;
+            }
+            b = i - 1;
+        }
+        let add = next(&mut i)?;
+        let sum = matches!(add.op, InstOp::Binary(BinaryOp::Add, x, y) if (x, y) == (cur, b) || (x, y) == (b, cur));
+        if !sum || add.dtype != DType::F32 {
+            return None;
+        }
+        cur = i - 1;
+        bias = Some((*buf, stored));
+    }
+    // `relu`: where(x <= 0, 0, x).
+    let zero = |j: usize| {
+        o.get(j).is_some_and(|x| x.dtype == DType::F32 && matches!(&x.op, InstOp::Const(c) if c.as_f64() == 0.0))
+    };
+    if o.len() >= i + 4 && zero(i) && zero(i + 2) {
+        let le = &o[i + 1];
+        let pick = &o[i + 3];
+        if le.op == InstOp::Binary(BinaryOp::Le, cur, i) && pick.op == InstOp::Where(i + 1, i + 2, cur) {
+            relu = true;
+            cur = i + 3;
+            i += 4;
+        }
+    }
+    // The output's rounding.
+    if let Some(cast) = o.get(i)
+        && cast.op == InstOp::Cast(cur)
+    {
+        cur = i;
+        i += 1;
+    }
+    (i == o.len() && k.result == cur && o[cur].dtype == out).then_some((bias, relu))
+}
+
+/// Runs `g` on the host as a library would (f32 products summed in f32 in K order, the epilogue, one rounding to
+/// the output's dtype): the host stand-in's library GEMM. `ptrs` are the addresses of A, B, the bias (0 without one)
+/// and the output.
+///
+/// # Safety
+/// Each address holds the elements of its dtype that `g` indexes (the plan's buffer lengths).
+pub unsafe fn run_on_host(g: &LibGemm, ptrs: [u64; 4]) {
+    let read = |p: u64, dtype: DType, i: usize| -> f32 {
+        // SAFETY: the caller's contract: `p` holds element `i` of `dtype`.
+        unsafe {
+            match dtype {
+                DType::BF16 => kiln_jit::bf16::from_bits(*(p as *const u16).add(i)).to_f32(),
+                _ => *(p as *const f32).add(i),
+            }
+        }
+    };
+    for b in 0..g.batch {
+        for i in 0..g.m {
+            for j in 0..g.n {
+                let mut acc = 0.0f32;
+                for p in 0..g.k {
+                    acc += read(ptrs[0], g.operands, g.a.at(b, i, p)) * read(ptrs[1], g.operands, g.b.at(b, p, j));
+                }
+                if let Some((_, dtype)) = g.bias {
+                    acc += read(ptrs[2], dtype, j);
+                }
+                if g.relu && acc <= 0.0 {
+                    acc = 0.0;
+                }
+                let at = (b * g.m + i) * g.n + j;
+                // SAFETY: the caller's contract: the output holds `batch * m * n` elements of its dtype.
+                unsafe {
+                    match g.out {
+                        DType::BF16 => *(ptrs[3] as *mut u16).add(at) = kiln_jit::bf16::from_f32(acc).to_bits(),
+                        _ => *(ptrs[3] as *mut f32).add(at) = acc,
+                    }
+                }
+            }
+        }
+    }
+}
