@@ -317,6 +317,22 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         let on = if matches!(c.tile, GpuTile::Mma(_)) { &bf16_cases } else { &some };
         jobs.extend(on.iter().map(|(name, outs)| (format!("{}: {name}", c.name()), outs.clone(), c)));
     }
+    // f32 operands in TF32 on every tensor-core tile (as `gpu_gemm::allow_tf32` races them), on inputs that are
+    // TF32 values already (bf16 ones, realized), so the products are exact and only the summation order differs
+    // from the interpreter; a fused epilogue and a transposed weight.
+    let tf = |t: Tensor| bf(&t).to_dtype(DType::F32);
+    let tf32_in = [tf(m(70, 50, 0.3)), tf(m(50, 30, 0.5)), tf(m(30, 50, 0.4)), tf(bias.clone())];
+    kiln::realize(&tf32_in.iter().collect::<Vec<_>>()).expect("realize");
+    let tf32_cases = [
+        ("tf32 ragged 70 x 50 x 30", vec![tf32_in[0].matmul(&tf32_in[1])]),
+        ("tf32 x @ w.t() + bias, relu", vec![(tf32_in[0].matmul(&tf32_in[2].t()) + &tf32_in[3]).relu()]),
+    ];
+    for c in candidates(Flavor::Cuda, "sm_90", &bf16_gemm).into_iter().filter(|c| matches!(c.tile, GpuTile::Mma(_))) {
+        for (name, outs) in &tf32_cases {
+            assert_eq!(GemmView::of(&gemm_of(outs)).expect("a GEMM").operands, DType::F32, "{name}");
+            jobs.push((format!("{}: {name}", c.name()), outs.clone(), c));
+        }
+    }
     // Decode shapes (few rows, a long and ragged K), fused epilogues, a transposed bf16 weight and a batch, with K
     // split (each tile as far as `split_for` takes it, the last split's range ragged): every SIMT tile on the f32
     // GEMM, every tensor-core tile on the bf16 one, the default tile on the batch (the SIMT template's bf16 staging

@@ -320,6 +320,29 @@ fn gemm_tensor_core_template_cuda() {
     check_golden("gemm_tensor_cores.cu.txt", &text);
 }
 
+/// The same template for f32 operands in TF32 (`m16n8k8`, each fragment element rounded with `cvt.rna`), as the
+/// GPU devices run it where TF32 is allowed: a bias and a relu fused, a transposed weight, ragged M, N, K, and K
+/// split two ways (the last block's sum of the partials).
+#[test]
+fn gemm_tf32_template_cuda_split_k() {
+    use kiln_jit::kernel::gemm::GemmView;
+    use kiln_jit::render::cuda::{Flavor, MmaTile, render_gemm_mma};
+    let dev = Device::cpu();
+    let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
+    let x = Tensor::from_vec(f(5 * 70, 0.7), [5, 70], &dev).expect("x");
+    let w = Tensor::from_vec(f(9 * 70, 1.3), [9, 70], &dev).expect("w");
+    let b = Tensor::from_vec(f(9, 0.3), [9], &dev).expect("b");
+    let y = (x.matmul(&w.t()) + &b).relu();
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let plan = kiln_backends::gpu_cache::schedule(&cap.graph);
+    let gemms: Vec<_> = plan.launches.iter().filter_map(|l| GemmView::of(&l.kernel).map(|v| (&l.kernel, v))).collect();
+    assert_eq!(gemms.len(), 1, "expected one GEMM");
+    let (k, view) = &gemms[0];
+    assert_eq!((view.operands, view.out), (DType::F32, DType::F32));
+    let text = render_gemm_mma(k, view, MmaTile::SQUARE, 2, Flavor::Cuda).expect("renders").source;
+    check_golden("gemm_tf32_split_k.cu.txt", &text);
+}
+
 /// An elementwise kernel of a few elements is rendered without its unrolled body (six vectors per step): it runs in
 /// microseconds either way, and each copy of a body with many loads cost compile time (a GPT step's 52-element
 /// gradient-norm stack compiled in 15-18 ms unrolled, 3 without). A large one keeps it. Counted as the vector loads

@@ -156,3 +156,30 @@ fn for_chunks(n: usize, f: &(dyn Fn(usize, usize) + Sync)) {
     #[cfg(not(feature = "cpu"))]
     f(0, n);
 }
+
+/// `x` rounded to TF32 as the tensor cores' `cvt.rna.tf32.f32` does: 10 mantissa bits, to nearest, ties away from
+/// zero; infinities and NaNs as they are.
+pub fn round_tf32(x: f32) -> f32 {
+    let b = x.to_bits();
+    if b & 0x7f80_0000 == 0x7f80_0000 {
+        return x;
+    }
+    f32::from_bits(b.wrapping_add(0x1000) & 0xffff_e000)
+}
+
+#[cfg(test)]
+mod tf32_tests {
+    use super::round_tf32;
+
+    #[test]
+    fn tf32_rounds_to_ten_mantissa_bits_ties_away() {
+        let ulp = 2f32.powi(-10);
+        assert_eq!(round_tf32(1.0 + ulp), 1.0 + ulp, "representable");
+        assert_eq!(round_tf32(1.0 + ulp / 2.0), 1.0 + ulp, "a tie rounds away from zero");
+        assert_eq!(round_tf32(-(1.0 + ulp / 2.0)), -(1.0 + ulp), "on the magnitude");
+        assert_eq!(round_tf32(1.0 + ulp / 2.0 - 2f32.powi(-23)), 1.0, "below the tie");
+        assert!(round_tf32(f32::NAN).is_nan());
+        assert_eq!(round_tf32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(round_tf32(f32::MAX), f32::INFINITY, "past the largest TF32");
+    }
+}

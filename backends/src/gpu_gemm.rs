@@ -1,5 +1,5 @@
 //! The GEMM candidates of the GPU devices (CUDA, HIP) and their analytic score: the tensor-core template (bf16 on
-//! CUDA sm_80 and later) and the SIMT tiled template in a few tiles, each also with K split where the product has
+//! CUDA sm_80 and later, and f32 in TF32 where the user allows it: [`allow_tf32`]) and the SIMT tiled template in a few tiles, each also with K split where the product has
 //! too few tiles of C to fill the GPU ([`GpuGemm`]). The race among them runs on the device (`gpu/tune.rs`); this
 //! part needs no device, so an ahead-of-time compile (`gpu_cache::render`) takes the same best-scored candidate a
 //! device takes with `KILN_AUTOTUNE=off`.
@@ -9,6 +9,7 @@ use kiln_jit::kernel::KernelIr;
 use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::render::cstyle::GemmTile;
 use kiln_jit::render::cuda::{self, Flavor, GpuKernel, MmaTile};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// One way to run a GEMM on a GPU device: a template in a tile, K split `splits` ways (1: not split).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,10 +97,39 @@ const TARGET_BLOCKS: f64 = 256.0;
 const MAX_SPLITS: u32 = 16;
 const MIN_K_PER_SPLIT: usize = 128;
 
-/// The candidates for `v` in `flavor` on `arch`, in a fixed order: the tensor-core template first where it applies;
-/// each tile whole, then (where its blocks would not fill the GPU) with K split ([`split_for`]).
+/// Whether f32 GEMMs may run on the tensor cores in TF32 (10 mantissa bits per operand, f32 accumulation), as
+/// PyTorch's `torch.backends.cuda.matmul.allow_tf32`: off unless `KILN_ALLOW_TF32=1` or [`set_allow_tf32`]. Read
+/// when a plan compiles: plans compiled before a change keep what they were compiled with.
+pub fn allow_tf32() -> bool {
+    match TF32.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("KILN_ALLOW_TF32").is_ok_and(|v| v == "1" || v == "on");
+            let _ = TF32.compare_exchange(0, if on { 2 } else { 1 }, Ordering::Relaxed, Ordering::Relaxed);
+            TF32.load(Ordering::Relaxed) == 2
+        }
+        v => v == 2,
+    }
+}
+
+/// Allows (or forbids) TF32 for the f32 GEMMs of plans compiled from now on ([`allow_tf32`]).
+pub fn set_allow_tf32(on: bool) {
+    TF32.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// 0: not read yet; 1: off; 2: on.
+static TF32: AtomicU8 = AtomicU8::new(0);
+
+/// The candidates for `v` in `flavor` on `arch`, in a fixed order: the tensor-core template first where it applies
+/// (bf16 operands; f32 ones in TF32 where [`allow_tf32`]); each tile whole, then (where its blocks would not fill
+/// the GPU) with K split ([`split_for`]).
 pub fn candidates(flavor: Flavor, arch: &str, v: &GemmView) -> Vec<GpuGemm> {
-    let mma = flavor == Flavor::Cuda && cuda::mma_arch(arch) && v.operands == DType::BF16;
+    candidates_with(flavor, arch, v, allow_tf32())
+}
+
+/// [`candidates`] with TF32 allowed or not.
+pub fn candidates_with(flavor: Flavor, arch: &str, v: &GemmView, tf32: bool) -> Vec<GpuGemm> {
+    let types = v.operands == DType::BF16 || (v.operands == DType::F32 && tf32);
+    let mma = flavor == Flavor::Cuda && cuda::mma_arch(arch) && types;
     let mma = MMA_TILES.iter().filter(|_| mma).map(|&(wm, wn, fm, fn_)| GpuGemm::mma(MmaTile { wm, wn, fm, fn_ }));
     let simt = TILES.iter().map(|&(tm, tn, rm, rn, kt)| GpuGemm::simt(GemmTile { tm, tn, rm, rn, kt }));
     mma.chain(simt).flat_map(|c| [Some(c), split_for(v, c)]).flatten().collect()
@@ -128,13 +158,17 @@ pub fn split_for(v: &GemmView, c: GpuGemm) -> Option<GpuGemm> {
 /// thread's (`rm * rn / (rm + rn)`); the fraction of the padded grid that is real output and the occupancy (blocks,
 /// splits included, against `TARGET_BLOCKS`: below it the blocks run side by side, so the time is one block's and
 /// the rate grows with their number) scale it; the tensor cores multiply a tile's throughput by ~8 (dense
-/// bf16 MMA against f32 FMA on the same SM, A100 to H100 alike). A split pays for its partials: a block writes its
+/// bf16 MMA against f32 FMA on the same SM, A100 to H100 alike; TF32 by ~4). A split pays for its partials: a block writes its
 /// f32 tile and the last reads every split's, against the operand bytes the block streams for its share of K.
 pub fn score(v: &GemmView, c: &GpuGemm) -> f64 {
     let (tm, tn, rm, rn, speed) = match c.tile {
         GpuTile::Simt(t) => (t.tm as f64, t.tn as f64, t.rm as f64, t.rn as f64, 1.0),
-        // A warp's accumulators stand for the register tile: 16 x 8 per instruction tile, over 32 lanes.
-        GpuTile::Mma(t) => (t.bm() as f64, t.bn() as f64, (4 * t.fm) as f64, (2 * t.fn_) as f64, 8.0),
+        // A warp's accumulators stand for the register tile: 16 x 8 per instruction tile, over 32 lanes. TF32 runs
+        // at half the bf16 rate.
+        GpuTile::Mma(t) => {
+            let speed = if v.operands == DType::F32 { 4.0 } else { 8.0 };
+            (t.bm() as f64, t.bn() as f64, (4 * t.fm) as f64, (2 * t.fn_) as f64, speed)
+        }
     };
     let (_, _, kt) = c.dims();
     let splits = c.splits.max(1);
@@ -200,8 +234,12 @@ mod tests {
     }
 
     fn view(m: usize, k: usize, n: usize) -> GemmView {
+        view_of(DType::BF16, m, k, n)
+    }
+
+    fn view_of(dtype: DType, m: usize, k: usize, n: usize) -> GemmView {
         use kiln_jit::{Graph, NodeData, Op, Shape};
-        let node = |op: Op, dims: Vec<usize>| NodeData { op, shape: Shape::new(dims), dtype: DType::BF16 };
+        let node = |op: Op, dims: Vec<usize>| NodeData { op, shape: Shape::new(dims), dtype };
         let mut g = Graph::new();
         let a = g.add(node(Op::Input { slot: 0 }, vec![m, k]), &[]);
         let b = g.add(node(Op::Input { slot: 1 }, vec![k, n]), &[]);
@@ -225,6 +263,15 @@ mod tests {
         assert!(best_scored(&decode, &cands).is_some_and(|c| c.splits > 1), "a decode shape runs split");
         let square = view(4096, 4096, 4096);
         assert!(candidates(Flavor::Cuda, "sm_90", &square).iter().all(|c| c.splits == 1));
+        // f32 operands: the tensor cores only in TF32, where allowed; never on HIP or before sm_80.
+        let f32_view = view_of(DType::F32, 512, 512, 512);
+        let mma = |c: &GpuGemm| matches!(c.tile, GpuTile::Mma(_));
+        assert!(!candidates_with(Flavor::Cuda, "sm_90", &f32_view, false).iter().any(mma));
+        let tf32 = candidates_with(Flavor::Cuda, "sm_90", &f32_view, true);
+        assert_eq!(tf32.iter().filter(|c| mma(c)).count(), MMA_TILES.len());
+        assert!(best_scored(&f32_view, &tf32).is_some_and(|c| mma(&c)), "TF32 outscores f32 FMAs");
+        assert!(!candidates_with(Flavor::Cuda, "sm_75", &f32_view, true).iter().any(mma));
+        assert!(!candidates_with(Flavor::Hip, "gfx90a", &f32_view, true).iter().any(mma));
         // Short K: nothing to split.
         let short = view(16, 64, 4096);
         assert!(candidates(Flavor::Cuda, "sm_90", &short).iter().all(|c| c.splits == 1));

@@ -41,8 +41,9 @@
 //! epilogues, verified like every contestant before it can win); in a replayed plan its call is a child graph
 //! captured from the stream.
 //!
-//! Deliberately not done yet (issue 21's later points): tensor cores for TF32 (f32 GEMMs) and Hopper's `wgmma`,
-//! and buffer donation (the CUDA kernels' parameters are `__restrict__`, so an output may not alias an input). The routines (scatter-sum, LU, Cholesky, triangular
+//! f32 GEMMs race the tensor-core tiles in TF32 too where the user allows it (`gpu_gemm::allow_tf32`).
+//!
+//! Deliberately not done yet (issue 21's later points): Hopper's `wgmma`, and buffer donation (the CUDA kernels' parameters are `__restrict__`, so an output may not alias an input). The routines (scatter-sum, LU, Cholesky, triangular
 //! solves) render as every other kernel.
 
 mod cublaslt;

@@ -85,6 +85,35 @@ inline void kiln_mma_bf16_16816(float* d, const unsigned int* a, const unsigned 
     }
     __syncthreads();
 }
+// TF32 (`cvt.rna.tf32.f32`: to nearest, ties away from zero; infinities and NaNs as they are) and the TF32 warp
+// product by the PTX ISA's m16n8k8 layout: A's registers rows g, g + 8 at columns q, q + 4; B's column g at rows q,
+// q + 4; C as for m16n8k16.
+inline unsigned int kiln_tf32(float x) {
+    unsigned int b = __float_as_uint(x);
+    if ((b & 0x7f800000u) == 0x7f800000u) return b;
+    return (b + 0x1000u) & 0xffffe000u;
+}
+inline void kiln_mma_tf32_1688(float* d, const unsigned int* a, const unsigned int* b) {
+    unsigned int t = threadIdx.x, lane = t % 32, w = t - lane;
+    for (int r = 0; r < 4; r++) kiln_mma_frag[t][r] = a[r];
+    kiln_mma_frag[t][4] = b[0];
+    kiln_mma_frag[t][5] = b[1];
+    __syncthreads();
+    unsigned int g = lane >> 2, q = lane & 3;
+    for (unsigned int e = 0; e < 4; e++) {
+        unsigned int row = g + (e >= 2 ? 8 : 0), col = q * 2 + (e & 1);
+        float sum = 0.0f;
+        for (unsigned int k = 0; k < 8; k++) {
+            // A[row][k] is register (row >= 8) + 2 (k >= 4) of lane (row % 8) * 4 + k % 4; B[k][col] register
+            // (k >= 4) of lane col * 4 + k % 4.
+            float x = __uint_as_float(kiln_mma_frag[w + (row % 8) * 4 + k % 4][(row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]);
+            float y = __uint_as_float(kiln_mma_frag[w + col * 4 + k % 4][4 + (k >= 4 ? 1 : 0)]);
+            sum += x * y;
+        }
+        d[e] += sum;
+    }
+    __syncthreads();
+}
 "#;
 
 /// One translation unit: the shim, then each `(kernel, its IR)` in a namespace with its driver `kiln_run_<i>`.

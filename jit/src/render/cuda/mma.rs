@@ -1,4 +1,4 @@
-//! The tensor-core GEMM template for CUDA (sm_80 and later): a bf16 GEMM whose products run as warp-level
+//! The tensor-core GEMM template for CUDA (sm_80 and later): a bf16 (or TF32, below) GEMM whose products run as warp-level
 //! `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` instructions, f32 accumulators, and the kernel's outer code
 //! as the epilogue (the shared template's `epilogue` function, so every fused epilogue the SIMT template takes,
 //! this one takes).
@@ -24,8 +24,16 @@
 //!
 //! K splits as the SIMT template's do (`gemm.rs`'s module doc: the same `split_tail`), for decode shapes.
 //!
+//! **TF32** ([`MmaType::Tf32`], f32 operands, where the user allows it: the GPU devices' `gpu_gemm::allow_tf32`):
+//! the same tiles with `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`, the slices staged as f32 (rows padded
+//! to 36 floats) and each fragment element rounded to TF32 as it is read (`cvt.rna.tf32.f32`: 10 mantissa bits,
+//! to nearest, ties away from zero). Its layout ("Matrix Fragments for mma.m16n8k8", `.tf32`): A's registers hold
+//! rows `g`, `g + 8` at columns `q` and `q + 4`; B's column `g` at rows `q`, `q + 4`; C as for `m16n8k16`. The shim
+//! emulates it likewise (`kiln_mma_tf32_1688`, rounding as `cvt.rna` does). Operands are staged one element a
+//! load.
+//!
 //! Deliberately not done yet: `ldmatrix`, `cp.async` double buffering, Hopper's `wgmma`/TMA, f16 operands
-//! (`GemmView` has only f32 and bf16) and TF32 for f32 operands.
+//! (`GemmView` has only f32 and bf16), vector loads for TF32.
 
 use super::gemm::{assemble, grid, split_of, split_tail};
 use super::{CudaC, Flavor, GpuKernel, check, math};
@@ -39,6 +47,34 @@ use std::fmt::Write;
 pub const BK: u32 = 32;
 /// Halves per shared row (`BK` plus padding, even so every register pair is 4-byte aligned).
 const LD: u32 = BK + 8;
+/// Floats per shared row for TF32 (`BK` plus 4: a warp's fragment reads, 8 rows at 4 columns, hit 32 banks).
+const LD_TF32: u32 = BK + 4;
+
+/// What the tensor cores multiply: bf16 operands, or f32 operands rounded to TF32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MmaType {
+    Bf16,
+    Tf32,
+}
+
+impl MmaType {
+    /// The type for operands of `dtype`, if the tensor cores take them.
+    pub fn of(dtype: DType) -> Option<MmaType> {
+        match dtype {
+            DType::BF16 => Some(MmaType::Bf16),
+            DType::F32 => Some(MmaType::Tf32),
+            _ => None,
+        }
+    }
+
+    /// Elements per shared row, and bytes per element.
+    fn row(self) -> (u32, u32) {
+        match self {
+            MmaType::Bf16 => (LD, 2),
+            MmaType::Tf32 => (LD_TF32, 4),
+        }
+    }
+}
 
 /// A tensor-core tile: `wm x wn` warps a block, each computing `fm x fn_` instruction tiles of 16 x 8, so the
 /// block's tile of C is `16 * wm * fm` rows by `8 * wn * fn_` columns.
@@ -69,7 +105,7 @@ impl MmaTile {
     }
 
     /// Whether the template can take it: at least one warp and instruction tile, at most 1024 threads, at most
-    /// 32 accumulator tiles a thread (128 registers), and 48 KiB of shared memory.
+    /// 32 accumulator tiles a thread (128 registers), and 48 KiB of shared memory for either type.
     pub fn well_formed(&self) -> bool {
         let MmaTile { wm, wn, fm, fn_ } = *self;
         wm > 0
@@ -78,12 +114,13 @@ impl MmaTile {
             && fn_ > 0
             && self.threads() <= 1024
             && fm * fn_ <= 32
-            && self.shared_bytes() <= 48 * 1024
+            && self.shared_bytes(MmaType::Tf32) <= 48 * 1024
     }
 
-    /// Bytes of shared memory: the A and B slices in bf16.
-    pub fn shared_bytes(&self) -> u32 {
-        (self.bm() + self.bn()) * LD * 2
+    /// Bytes of shared memory: the A and B slices of `ty`.
+    pub fn shared_bytes(&self, ty: MmaType) -> u32 {
+        let (ld, size) = ty.row();
+        (self.bm() + self.bn()) * ld * size
     }
 }
 
@@ -98,6 +135,20 @@ pub fn mma_arch(arch: &str) -> bool {
 /// The warp-level product on the device; the host shim defines its own (see the module doc).
 const MMA_HELPER: &str = r#"
 #ifndef KILN_HOST_SHIM
+// d += A (16 x 8, row) * B (8 x 8, col) over one warp, TF32 in (each register a TF32 value), f32 accumulators.
+__device__ __forceinline__ void kiln_mma_tf32_1688(float* d, const unsigned int* a, const unsigned int* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// An f32 rounded to TF32 (to nearest, ties away from zero), as the tensor cores take it.
+__device__ __forceinline__ unsigned int kiln_tf32(float x) {
+    unsigned int r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
 // d += A (16 x 16, row) * B (16 x 8, col) over one warp, bf16 in, f32 accumulators.
 __device__ __forceinline__ void kiln_mma_bf16_16816(float* d, const unsigned int* a, const unsigned int* b) {
     asm volatile(
@@ -130,10 +181,11 @@ __device__ __forceinline__ unsigned short kiln_half8(uint4 x, int i) {
 }
 "#;
 
-/// Renders bf16 GEMM kernel `k` (recognized as `v`) for the tensor cores in tile `t`, K split `splits` ways (1: not
-/// split). Errors for another flavor (HIP has no `mma.sync`), operands that are not bf16, a kernel that gathers, or a
-/// grid past the launch limits (the caller then renders the SIMT template or the generic kernel). The caller checks
-/// the architecture ([`mma_arch`]).
+/// Renders GEMM kernel `k` (recognized as `v`) for the tensor cores in tile `t`, K split `splits` ways (1: not
+/// split): bf16 operands as bf16, f32 operands as TF32 (the caller decides whether the user allows TF32). Errors for
+/// another flavor (HIP has no `mma.sync`), other operands, a kernel that gathers, or a grid past the launch limits
+/// (the caller then renders the SIMT template or the generic kernel). The caller checks the architecture
+/// ([`mma_arch`]).
 pub fn render_gemm_mma(
     k: &KernelIr,
     v: &GemmView,
@@ -149,9 +201,9 @@ pub fn render_gemm_mma(
     if flavor != Flavor::Cuda {
         return Err(format!("kernel {}: tensor-core tiles are CUDA's", k.name));
     }
-    if v.operands != DType::BF16 || !matches!(v.out, DType::F32 | DType::BF16) {
-        return Err(format!("kernel {}: the tensor-core GEMM takes bf16 operands", k.name));
-    }
+    let ty = MmaType::of(v.operands)
+        .filter(|_| matches!(v.out, DType::F32 | DType::BF16))
+        .ok_or_else(|| format!("kernel {}: the tensor-core GEMM takes bf16 or f32 (TF32) operands", k.name))?;
     if k.can_fault() {
         return Err(format!("kernel {}: a GEMM that gathers runs as the generic kernel", k.name));
     }
@@ -161,12 +213,12 @@ pub fn render_gemm_mma(
     let mut em = Emitter::new(&dialect, k);
     let epilogue = epilogue_fn(&mut em, v);
     let split_name = if splits > 1 { format!(", K split {splits} ways") } else { String::new() };
-    let mut head =
-        format!("// kiln kernel {} ({}, tensor-core GEMM {bm}x{bn}x{BK}{split_name})\n", k.name, flavor.name());
+    let what = if ty == MmaType::Tf32 { "TF32 tensor-core GEMM" } else { "tensor-core GEMM" };
+    let mut head = format!("// kiln kernel {} ({}, {what} {bm}x{bn}x{BK}{split_name})\n", k.name, flavor.name());
     head.push_str(math::PRELUDE);
     head.push_str(&em.helpers_source());
     head.push_str(MMA_HELPER);
-    let (mut body, accs) = body(&dialect, v, t, tiles_m, split);
+    let (mut body, accs) = body(&dialect, v, t, ty, tiles_m, split);
     let workspace = match split {
         Some(_) => {
             let (tail, w) = split_tail(v, (bm, bn), splits, blocks, &accs)?;
@@ -202,10 +254,10 @@ fn vector8(op: &GemmOperand, along_cols: bool) -> bool {
     op.patch.is_none() && contiguous == 1 && [op.offset, other].iter().chain(&op.batch).all(|x| x % 8 == 0)
 }
 
-/// The staging loop of slice `sl` over a block of `threads` threads: vectors of 8 along the contiguous dimension
-/// (`vector`), each one 16-byte load where all 8 are in bounds and 8 checked loads at the edge, stored as one
+/// The staging loop of slice `sl` of `elem`s over a block of `threads` threads: vectors of 8 bf16 along the
+/// contiguous dimension (`vector`), each one 16-byte load where all 8 are in bounds and 8 checked loads at the edge, stored as one
 /// 16-byte store where the shared row runs the same way and 8 stores else; or one element at a time.
-fn stage<L, S>(s: &mut String, sl: &Slice<L, S>, threads: u32, vector: bool)
+fn stage<L, S>(s: &mut String, sl: &Slice<L, S>, threads: u32, elem: &str, vector: bool)
 where
     L: Fn(&str, &str) -> String,
     S: Fn(&str, &str) -> String,
@@ -222,7 +274,7 @@ where
         let _ = writeln!(
             s,
             "    for (int e = l; e < {}; e += {threads}) {{\n        int r = {r};\n        int c = {c};\n        \
-             unsigned short x = 0;\n        if ({o_r} + r < {b_r} && {o_c} + c < {b_c}) x = {};\n        {} = x;\n    }}",
+             {elem} x = 0;\n        if ({o_r} + r < {b_r} && {o_c} + c < {b_c}) x = {};\n        {} = x;\n    }}",
             rows * cols,
             (sl.load)("r", "c"),
             (sl.shared)("r", "c"),
@@ -270,15 +322,17 @@ where
 
 /// The entry point's body: staging loop (over the split's K range, with one), fragments and products, then
 /// (without a split) the epilogue per accumulator in bounds; and the thread's accumulators.
-fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64, split: Option<KSplit>) -> (String, Vec<Acc>) {
+fn body(d: &CudaC, v: &GemmView, t: MmaTile, ty: MmaType, tiles_m: u64, split: Option<KSplit>) -> (String, Vec<Acc>) {
     let (m, n, kk) = (v.m, v.n, v.k);
     let (bm, bn, threads) = (t.bm(), t.bn(), t.threads());
     let MmaTile { wn, fm, fn_, .. } = t;
     let frags = fm * fn_;
+    let (ld, _) = ty.row();
+    let elem = if ty == MmaType::Tf32 { "float" } else { "unsigned short" };
     let mut s = String::new();
     // 16-byte aligned: rows of `LD` halves are 80 bytes, so every 8-element vector along a row is aligned too.
-    let _ = writeln!(s, "__shared__ __align__(16) unsigned short sa[{}]; // [m][k]", bm * LD);
-    let _ = writeln!(s, "__shared__ __align__(16) unsigned short sb[{}]; // [n][k]", bn * LD);
+    let _ = writeln!(s, "__shared__ __align__(16) {elem} sa[{}]; // [m][k]", bm * ld);
+    let _ = writeln!(s, "__shared__ __align__(16) {elem} sb[{}]; // [n][k]", bn * ld);
     let _ = writeln!(s, "int bz = (int)(blockIdx.y / {tiles_m}u);");
     let _ = writeln!(s, "int m0 = (int)(blockIdx.y % {tiles_m}u) * {bm};");
     let (kbeg, kend) = match split {
@@ -310,10 +364,11 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64, split: Option<KSplit>
         bounds: (m.to_string(), kend.clone()),
         origin: ("m0", "k0"),
         load: |r: &str, c: &str| at(&v.a, "abase", &format!("(m0 + {r})"), &format!("(k0 + {c})")),
-        shared: |r: &str, c: &str| format!("sa[({r}) * {LD} + {c}]"),
+        shared: |r: &str, c: &str| format!("sa[({r}) * {ld} + {c}]"),
         k_is_cols: true,
     };
-    stage(&mut s, &a, threads, vector8(&v.a, v.a.cols == 1));
+    let vector = |op: &GemmOperand| ty == MmaType::Bf16 && vector8(op, op.cols == 1);
+    stage(&mut s, &a, threads, elem, vector(&v.a));
     let b = Slice {
         rows: BK,
         cols: bn,
@@ -321,28 +376,39 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, tiles_m: u64, split: Option<KSplit>
         bounds: (kend.clone(), n.to_string()),
         origin: ("k0", "n0"),
         load: |r: &str, c: &str| at(&v.b, "bbase", &format!("(k0 + {r})"), &format!("(n0 + {c})")),
-        shared: |r: &str, c: &str| format!("sb[({c}) * {LD} + {r}]"),
+        shared: |r: &str, c: &str| format!("sb[({c}) * {ld} + {r}]"),
         k_is_cols: false,
     };
-    stage(&mut s, &b, threads, vector8(&v.b, v.b.cols == 1));
+    stage(&mut s, &b, threads, elem, vector(&v.b));
     s.push_str("    __syncthreads();\n");
-    let _ = writeln!(s, "    for (int kk = 0; kk < {BK}; kk += 16) {{");
+    // Per instruction: K of 16 (bf16: a register holds 2 adjacent K) or 8 (TF32: one each); A's four registers at
+    // (row, K) offsets, B's two at K offsets (the module doc's layouts).
+    let (step, a_regs, b_regs, mma): (u32, [(u32, u32); 4], [u32; 2], &str) = match ty {
+        MmaType::Bf16 => (16, [(0, 0), (8, 0), (0, 8), (8, 8)], [0, 8], "kiln_mma_bf16_16816"),
+        MmaType::Tf32 => (8, [(0, 0), (8, 0), (0, 4), (8, 4)], [0, 4], "kiln_mma_tf32_1688"),
+    };
+    let fetch = |array: &str, at: String| match ty {
+        MmaType::Bf16 => format!("kiln_pair({array}, {at} + q * 2)"),
+        MmaType::Tf32 => format!("kiln_tf32({array}[{at} + q])"),
+    };
+    let _ = writeln!(s, "    for (int kk = 0; kk < {BK}; kk += {step}) {{");
     let _ = writeln!(s, "        unsigned int af[{fm}][4];\n        unsigned int bf[{fn_}][2];");
     for i in 0..fm {
         let r = format!("(wm + {} + g)", i * 16);
-        for (reg, (dr, dk)) in [(0, 0), (8, 0), (0, 8), (8, 8)].into_iter().enumerate() {
-            let _ = writeln!(s, "        af[{i}][{reg}] = kiln_pair(sa, ({r} + {dr}) * {LD} + kk + q * 2 + {dk});");
+        for (reg, (dr, dk)) in a_regs.into_iter().enumerate() {
+            let _ =
+                writeln!(s, "        af[{i}][{reg}] = {};", fetch("sa", format!("({r} + {dr}) * {ld} + kk + {dk}")));
         }
     }
     for j in 0..fn_ {
         let c = format!("(wn + {} + g)", j * 8);
-        for (reg, dk) in [0, 8].into_iter().enumerate() {
-            let _ = writeln!(s, "        bf[{j}][{reg}] = kiln_pair(sb, {c} * {LD} + kk + q * 2 + {dk});");
+        for (reg, dk) in b_regs.into_iter().enumerate() {
+            let _ = writeln!(s, "        bf[{j}][{reg}] = {};", fetch("sb", format!("{c} * {ld} + kk + {dk}")));
         }
     }
     for i in 0..fm {
         for j in 0..fn_ {
-            let _ = writeln!(s, "        kiln_mma_bf16_16816(&acc[{}], af[{i}], bf[{j}]);", (i * fn_ + j) * 4);
+            let _ = writeln!(s, "        {mma}(&acc[{}], af[{i}], bf[{j}]);", (i * fn_ + j) * 4);
         }
     }
     s.push_str("    }\n    __syncthreads();\n}\n");
