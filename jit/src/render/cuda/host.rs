@@ -8,8 +8,9 @@
 //! helper or staging step fails without a GPU.
 //!
 //! What it cannot cover: the device's own math library (the host's libm stands in for `sinf`, `expf`, ...), the
-//! GPU's memory model (a race the host's scheduling hides, or a non-atomic reduction, can pass here), whether the
-//! tensor-core fragment layout the shim's `kiln_mma_bf16_16816` follows (the PTX ISA's) is the hardware's, and
+//! GPU's memory model (a race the host's scheduling hides, or a non-atomic reduction, can pass here; blocks run one
+//! after another, so a split-K GEMM's last block is always the last in order), whether the tensor-core fragment
+//! layouts the shim's `kiln_mma_bf16_16816` and `kiln_mma_tf32_1688` follow (the PTX ISA's) are the hardware's, and
 //! timing.
 
 use super::GpuKernel;
@@ -56,63 +57,66 @@ inline uint4 kiln_ld16(const unsigned short* p) { kiln_aligned16(p); uint4 x; st
 inline void kiln_st16(unsigned short* p, uint4 x) { kiln_aligned16(p); std::memcpy(p, &x, 16); }
 using std::max;
 using std::min;
-// The tensor-core GEMM's warp-level product (render/cuda/mma.rs): each lane leaves its fragments here, the block
-// meets, and each lane computes its four accumulators from its warp's fragments by the PTX ISA's m16n8k16 layout.
+// The tensor-core GEMM's warp-level products (render/cuda/mma.rs): each lane leaves its fragments here, the block
+// meets, and each lane computes its four accumulators (C's m16n8 layout: rows g, g + 8 at columns 2q, 2q + 1) from
+// its warp's fragments by the PTX ISA's layouts.
 #define KILN_HOST_SHIM 1
 static unsigned int kiln_mma_frag[1024][6];
-inline float kiln_mma_half(unsigned int word, unsigned int hi) {
-    return __uint_as_float((hi ? word >> 16 : word & 0xffffu) << 16);
-}
-inline void kiln_mma_bf16_16816(float* d, const unsigned int* a, const unsigned int* b) {
-    unsigned int t = threadIdx.x, lane = t % 32, w = t - lane;
+// Leaves this lane's A and B registers where its warp reads them and meets the block; its warp's first thread.
+inline unsigned int kiln_mma_share(const unsigned int* a, const unsigned int* b) {
+    unsigned int t = threadIdx.x;
     for (int r = 0; r < 4; r++) kiln_mma_frag[t][r] = a[r];
     kiln_mma_frag[t][4] = b[0];
     kiln_mma_frag[t][5] = b[1];
     __syncthreads();
-    unsigned int g = lane >> 2, q = lane & 3;
+    return t - t % 32;
+}
+// d[e] += the sum over k < kn of a(row, k) * b(k, col) for this lane's accumulators, then the block meets again.
+template <typename A, typename B>
+inline void kiln_mma_accumulate(float* d, unsigned int kn, A a, B b) {
+    unsigned int lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
     for (unsigned int e = 0; e < 4; e++) {
         unsigned int row = g + (e >= 2 ? 8 : 0), col = q * 2 + (e & 1);
         float sum = 0.0f;
-        for (unsigned int k = 0; k < 16; k++) {
-            // A[row][k] is element (k >= 8 ? 4 : 0) + (row >= 8 ? 2 : 0) + (k & 1) of lane (row % 8) * 4 + (k % 8) / 2;
-            // B[k][col] element (k >= 8 ? 2 : 0) + (k & 1) of lane col * 4 + (k % 8) / 2.
-            unsigned int ai = (k >= 8 ? 4 : 0) + (row >= 8 ? 2 : 0) + (k & 1), bi = (k >= 8 ? 2 : 0) + (k & 1);
-            float x = kiln_mma_half(kiln_mma_frag[w + (row % 8) * 4 + (k % 8) / 2][ai / 2], ai & 1);
-            float y = kiln_mma_half(kiln_mma_frag[w + col * 4 + (k % 8) / 2][4 + bi / 2], bi & 1);
-            sum += x * y;
-        }
+        for (unsigned int k = 0; k < kn; k++) sum += a(row, k) * b(k, col);
         d[e] += sum;
     }
     __syncthreads();
 }
-// TF32 (`cvt.rna.tf32.f32`: to nearest, ties away from zero; infinities and NaNs as they are) and the TF32 warp
-// product by the PTX ISA's m16n8k8 layout: A's registers rows g, g + 8 at columns q, q + 4; B's column g at rows q,
-// q + 4; C as for m16n8k16.
+inline float kiln_mma_half(unsigned int word, unsigned int hi) {
+    return __uint_as_float((hi ? word >> 16 : word & 0xffffu) << 16);
+}
+// m16n8k16, bf16: A[row][k] is element (k >= 8 ? 4 : 0) + (row >= 8 ? 2 : 0) + (k & 1) of lane
+// (row % 8) * 4 + (k % 8) / 2; B[k][col] element (k >= 8 ? 2 : 0) + (k & 1) of lane col * 4 + (k % 8) / 2.
+inline void kiln_mma_bf16_16816(float* d, const unsigned int* a, const unsigned int* b) {
+    unsigned int w = kiln_mma_share(a, b);
+    auto at_a = [w](unsigned int row, unsigned int k) {
+        unsigned int i = (k >= 8 ? 4 : 0) + (row >= 8 ? 2 : 0) + (k & 1);
+        return kiln_mma_half(kiln_mma_frag[w + (row % 8) * 4 + (k % 8) / 2][i / 2], i & 1);
+    };
+    auto at_b = [w](unsigned int k, unsigned int col) {
+        unsigned int i = (k >= 8 ? 2 : 0) + (k & 1);
+        return kiln_mma_half(kiln_mma_frag[w + col * 4 + (k % 8) / 2][4 + i / 2], i & 1);
+    };
+    kiln_mma_accumulate(d, 16, at_a, at_b);
+}
+// TF32 (`cvt.rna.tf32.f32`: to nearest, ties away from zero; infinities and NaNs as they are).
 inline unsigned int kiln_tf32(float x) {
     unsigned int b = __float_as_uint(x);
     if ((b & 0x7f800000u) == 0x7f800000u) return b;
     return (b + 0x1000u) & 0xffffe000u;
 }
+// m16n8k8, TF32: A[row][k] is register (row >= 8) + 2 (k >= 4) of lane (row % 8) * 4 + k % 4; B[k][col] register
+// (k >= 4) of lane col * 4 + k % 4.
 inline void kiln_mma_tf32_1688(float* d, const unsigned int* a, const unsigned int* b) {
-    unsigned int t = threadIdx.x, lane = t % 32, w = t - lane;
-    for (int r = 0; r < 4; r++) kiln_mma_frag[t][r] = a[r];
-    kiln_mma_frag[t][4] = b[0];
-    kiln_mma_frag[t][5] = b[1];
-    __syncthreads();
-    unsigned int g = lane >> 2, q = lane & 3;
-    for (unsigned int e = 0; e < 4; e++) {
-        unsigned int row = g + (e >= 2 ? 8 : 0), col = q * 2 + (e & 1);
-        float sum = 0.0f;
-        for (unsigned int k = 0; k < 8; k++) {
-            // A[row][k] is register (row >= 8) + 2 (k >= 4) of lane (row % 8) * 4 + k % 4; B[k][col] register
-            // (k >= 4) of lane col * 4 + k % 4.
-            float x = __uint_as_float(kiln_mma_frag[w + (row % 8) * 4 + k % 4][(row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]);
-            float y = __uint_as_float(kiln_mma_frag[w + col * 4 + k % 4][4 + (k >= 4 ? 1 : 0)]);
-            sum += x * y;
-        }
-        d[e] += sum;
-    }
-    __syncthreads();
+    unsigned int w = kiln_mma_share(a, b);
+    auto at_a = [w](unsigned int row, unsigned int k) {
+        return __uint_as_float(kiln_mma_frag[w + (row % 8) * 4 + k % 4][(row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]);
+    };
+    auto at_b = [w](unsigned int k, unsigned int col) {
+        return __uint_as_float(kiln_mma_frag[w + col * 4 + k % 4][4 + (k >= 4 ? 1 : 0)]);
+    };
+    kiln_mma_accumulate(d, 8, at_a, at_b);
 }
 "#;
 
