@@ -375,6 +375,12 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
             let g = c.render(&k, &GemmView::of(&k).expect("a GEMM"), Flavor::Cuda).expect("renders");
             nvrtc.compile(&g.source, &g.name, "sm_90").unwrap_or_else(|log| panic!("{name}, sm_90: {log}"));
         }
+        // And Ampere's for one split tensor-core tile (its `mma.sync` is sm_80's).
+        if let Some((name, outs, c)) = jobs.iter().find(|(_, _, c)| c.splits > 1 && matches!(c.tile, GpuTile::Mma(_))) {
+            let k = gemm_of(outs);
+            let g = c.render(&k, &GemmView::of(&k).expect("a GEMM"), Flavor::Cuda).expect("renders");
+            nvrtc.compile(&g.source, &g.name, "sm_80").unwrap_or_else(|log| panic!("{name}, sm_80: {log}"));
+        }
     }
     // And hiprtc one SIMT split (its tail is the same text in every tile), for gfx90a.
     if let Ok(hiprtc) = kiln_backends::rtc::Rtc::hiprtc()

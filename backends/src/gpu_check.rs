@@ -12,7 +12,7 @@
 //! fault, and the error carries its source and the compiler's log. A kernel the renderers refuse (an index
 //! expression past i32: `cuda::check`) is counted, not compiled. A GEMM kernel is also compiled as the tiled template
 //! in the CUDA device's default tile (`cuda::render_gemm`), and a bf16 one as the tensor-core template
-//! (`cuda::render_gemm_mma`, for the CUDA targets only), as the devices run them; each also with K split two ways.
+//! (`cuda::render_gemm_mma`, for the CUDA targets only), as the devices run them.
 //!
 //! A backend calls [`note`] when it compiles a plan (a failed auto-flush fails that compile); a test calls
 //! [`flush`] when it ends, which compiles what is left and reports what was checked.
@@ -103,8 +103,9 @@ pub fn note(plan: &KernelPlan) -> Result<(), String> {
                 st.queue.push((l.kernel.name.clone(), Some(cuda), Some(hip)));
             }
             // A GEMM also as the tiled template the GPU devices run it with, and a bf16 one as the tensor-core
-            // template (CUDA only; both CUDA targets have its `mma.sync`); each whole and with K split two ways
-            // where K has the slices for it.
+            // template (CUDA only; both CUDA targets have its `mma.sync`). Not every split or TF32 form: their own
+            // code is the same for every GEMM (only the epilogue, checked here, differs), and `tests/cuda_host.rs`
+            // compiles each split tile and the TF32 template for sm_80 and sm_90.
             let Some(v) = GemmView::of(&l.kernel) else { continue };
             let mut queue = |name: String, cuda: String, hip: Option<String>| {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -113,15 +114,14 @@ pub fn note(plan: &KernelPlan) -> Result<(), String> {
                     st.queue.push((name, Some(cuda), hip));
                 }
             };
-            for splits in [1, 2] {
-                let what = if splits > 1 { ", K split" } else { "" };
-                let tiled = |f| render_gemm(&l.kernel, &v, DEFAULT_TILE, splits, f).ok();
-                if let (Some(cuda), Some(hip)) = (tiled(Flavor::Cuda), tiled(Flavor::Hip)) {
-                    queue(format!("{} (tiled{what})", l.kernel.name), cuda.source, Some(hip.source));
-                }
-                if let Ok(mma) = render_gemm_mma(&l.kernel, &v, MmaTile::SQUARE, splits, Flavor::Cuda) {
-                    queue(format!("{} (tensor cores{what})", l.kernel.name), mma.source, None);
-                }
+            let tiled = |f| render_gemm(&l.kernel, &v, DEFAULT_TILE, 1, f).ok();
+            if let (Some(cuda), Some(hip)) = (tiled(Flavor::Cuda), tiled(Flavor::Hip)) {
+                queue(format!("{} (tiled)", l.kernel.name), cuda.source, Some(hip.source));
+            }
+            if v.operands == kiln_jit::DType::BF16
+                && let Ok(mma) = render_gemm_mma(&l.kernel, &v, MmaTile::SQUARE, 1, Flavor::Cuda)
+            {
+                queue(format!("{} (tensor cores)", l.kernel.name), mma.source, None);
             }
         }
         st.queue.len() >= BATCH
