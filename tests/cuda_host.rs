@@ -317,6 +317,27 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         let on = if matches!(c.tile, GpuTile::Mma(_)) { &bf16_cases } else { &some };
         jobs.extend(on.iter().map(|(name, outs)| (format!("{}: {name}", c.name()), outs.clone(), c)));
     }
+    // f16 operands (`ScheduleOptions::f16_gemm`, read where they are stored): the SIMT default tile and every
+    // tensor-core tile (`m16n8k16` f16, the bf16 product's layout), an f16 output rounded once, a relu computed in
+    // f16, a transposed weight with strides of 8 (vector loads). Outputs are f16: an f32 one rounded to f16 first
+    // would be compared at f32's tolerance across an f16 rounding that the interpreter's f64 sum can flip.
+    let h = |t: &Tensor| t.to_dtype(DType::F16);
+    let f16_cases = [
+        ("f16 ragged 70 x 50 x 30", vec![h(&m(70, 50, 0.3)).matmul(&h(&m(50, 30, 0.5)))]),
+        ("f16 relu", vec![h(&m(70, 50, 0.3)).matmul(&h(&m(50, 30, 0.5))).relu()]),
+        ("f16 x @ w.t()", vec![h(&m(24, 64, 0.2)).matmul(&h(&m(48, 64, 0.4)).t())]),
+    ];
+    let f16_view = GemmView::of(&gemm_of(&f16_cases[0].1)).expect("a GEMM");
+    for (name, outs) in &f16_cases {
+        assert_eq!(GemmView::of(&gemm_of(outs)).expect("a GEMM").operands, DType::F16, "{name}: f16 operands");
+    }
+    for c in candidates(Flavor::Cuda, "sm_90", &f16_view) {
+        if matches!(c.tile, GpuTile::Mma(_)) || c == GpuGemm::simt(DEFAULT_TILE) {
+            for (name, outs) in &f16_cases {
+                jobs.push((format!("{}: {name}", c.name()), outs.clone(), c));
+            }
+        }
+    }
     // f32 operands in TF32 on every tensor-core tile (as `gpu_gemm::allow_tf32` races them), on inputs that are
     // TF32 values already (bf16 ones, realized), so the products are exact and only the summation order differs
     // from the interpreter; a fused epilogue and a transposed weight.
@@ -390,7 +411,7 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         let g = c.render(&k, &GemmView::of(&k).expect("a GEMM"), Flavor::Hip).expect("renders");
         hiprtc.compile(&g.source, &g.name, "gfx90a").unwrap_or_else(|log| panic!("{name}, gfx90a: {log}"));
     }
-    let cases: Vec<_> = cases.into_iter().chain(bf16_cases).collect();
+    let cases: Vec<_> = cases.into_iter().chain(bf16_cases).chain(f16_cases).collect();
     // NVRTC compiles the same sources for Hopper where it is installed (CI; `gpu_check` also compiles every tiled
     // GEMM the suites produce for sm_80, sm_90, gfx90a and gfx1030).
     if let Ok(nvrtc) = kiln_backends::rtc::Rtc::nvrtc() {
@@ -868,7 +889,10 @@ fn gemm_candidates_run_forced_on_the_host_stand_in() {
     let ran = gpu_open::every_gemm_candidate_matches_the_interpreter(Flavor::Cuda, "sm_90", &keep, &|k, c, args| {
         gpu.run_gemm_with(k, c, args)
     });
-    assert_eq!(ran, 6, "the square tensor-core tile on the five bf16 GEMMs, and split K on the decode shape");
+    assert_eq!(
+        ran, 7,
+        "the square tensor-core tile on the five bf16 GEMMs and the f16 one, split K on the decode shape"
+    );
 }
 
 /// The library contestant of the GEMM race (`kiln_backends::gpu_library`) takes the layouts and epilogues a vendor
@@ -892,6 +916,7 @@ fn the_library_gemm_takes_the_epilogues_it_has() {
         "decode 6 x 600 x 70 + bias",
         "bf16 decode 9 x 700 x 40, x @ w.t()",
         "bf16 aligned 24 x 64 x 48, x @ w.t()",
+        "f16 ragged",
     ];
     // Not "bf16 x @ w.t(), relu": its product is rounded to bf16 before the relu, which no library epilogue does.
     assert_eq!(ran, want);

@@ -143,7 +143,12 @@ impl Reference {
                 let wide: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
                 self.check(&wide, 1.0 / 128.0)
             }
-            _ => Err("the GEMM output is neither f32 nor bf16".into()),
+            // One f16 step likewise (10 mantissa bits).
+            HostBuffer::F16(got) => {
+                let wide: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
+                self.check(&wide, 1.0 / 1024.0)
+            }
+            _ => Err("the GEMM output is not f32, bf16 or f16".into()),
         }
     }
 }

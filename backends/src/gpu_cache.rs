@@ -173,10 +173,10 @@ pub fn compiled(flavor: Flavor, kernels: &[(&str, &str)], arch: &str) -> Result<
 }
 
 /// How the GPU devices schedule a graph (one function, so ahead-of-time compiles match what the devices run): the
-/// default options, with bf16 GEMMs (rule 2e: the tiled template reads bf16 operands where they are stored and
-/// rounds a bf16 product as it stores it).
+/// default options, with bf16 and f16 GEMMs (rule 2e: the templates read half operands where they are stored and
+/// round a half product as they store it).
 pub fn schedule(graph: &Graph) -> KernelPlan {
-    let opts = kiln_jit::kernel::ScheduleOptions { bf16_gemm: true, ..Default::default() };
+    let opts = kiln_jit::kernel::ScheduleOptions { bf16_gemm: true, f16_gemm: true, ..Default::default() };
     kiln_jit::kernel::schedule_with(graph, opts)
 }
 

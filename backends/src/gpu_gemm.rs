@@ -1,8 +1,8 @@
-//! The GEMM candidates of the GPU devices (CUDA, HIP) and their analytic score: the tensor-core template (bf16 on
-//! CUDA sm_80 and later, and f32 in TF32 where the user allows it: [`allow_tf32`]) and the SIMT tiled template in a few tiles, each also with K split where the product has
-//! too few tiles of C to fill the GPU ([`GpuGemm`]). The race among them runs on the device (`gpu/tune.rs`); this
-//! part needs no device, so an ahead-of-time compile (`gpu_cache::render`) takes the same best-scored candidate a
-//! device takes with `KILN_AUTOTUNE=off`.
+//! The GEMM candidates of the GPU devices (CUDA, HIP) and their analytic score: the tensor-core template (bf16 on CUDA
+//! sm_80 and later, f16 likewise, and f32 in TF32 where the user allows it: [`allow_tf32`]) and the SIMT tiled template
+//! in a few tiles, each also with K split where the product has too few tiles of C to fill the GPU ([`GpuGemm`]). The
+//! race among them runs on the device (`gpu/tune.rs`); this part needs no device, so an ahead-of-time compile
+//! (`gpu_cache::render`) takes the same best-scored candidate a device takes with `KILN_AUTOTUNE=off`.
 
 use kiln_jit::DType;
 use kiln_jit::kernel::KernelIr;
@@ -23,7 +23,8 @@ pub struct GpuGemm {
 pub enum GpuTile {
     /// The SIMT tiled template (`cuda::render_gemm`) in this tile.
     Simt(GemmTile),
-    /// The tensor-core template (`cuda::render_gemm_mma`) in this tile: bf16 operands, CUDA sm_80 and later.
+    /// The tensor-core template (`cuda::render_gemm_mma`) in this tile: bf16 or f16 operands (f32 in TF32 where
+    /// allowed), CUDA sm_80 and later.
     Mma(MmaTile),
 }
 
@@ -128,7 +129,7 @@ pub fn candidates(flavor: Flavor, arch: &str, v: &GemmView) -> Vec<GpuGemm> {
 
 /// [`candidates`] with TF32 allowed or not.
 pub fn candidates_with(flavor: Flavor, arch: &str, v: &GemmView, tf32: bool) -> Vec<GpuGemm> {
-    let types = v.operands == DType::BF16 || (v.operands == DType::F32 && tf32);
+    let types = matches!(v.operands, DType::BF16 | DType::F16) || (v.operands == DType::F32 && tf32);
     let mma = flavor == Flavor::Cuda && cuda::mma_arch(arch) && types;
     let mma = MMA_TILES.iter().filter(|_| mma).map(|&(wm, wn, fm, fn_)| GpuGemm::mma(MmaTile { wm, wn, fm, fn_ }));
     let simt = TILES.iter().map(|&(tm, tn, rm, rn, kt)| GpuGemm::simt(GemmTile { tm, tn, rm, rn, kt }));
@@ -153,13 +154,13 @@ pub fn split_for(v: &GemmView, c: GpuGemm) -> Option<GpuGemm> {
     (splits > 1).then_some(GpuGemm { splits, ..c })
 }
 
-/// The analytic score of `c` on `v` (higher is better): a relative estimate whose job is to put the few worth
-/// timing on top. Shared-memory reuse grows with the block tile (`tm * tn / (tm + tn)`), register reuse with the
-/// thread's (`rm * rn / (rm + rn)`); the fraction of the padded grid that is real output and the occupancy (blocks,
-/// splits included, against `TARGET_BLOCKS`: below it the blocks run side by side, so the time is one block's and
-/// the rate grows with their number) scale it; the tensor cores multiply a tile's throughput by ~8 (dense
-/// bf16 MMA against f32 FMA on the same SM, A100 to H100 alike; TF32 by ~4). A split pays for its partials: a block writes its
-/// f32 tile and the last reads every split's, against the operand bytes the block streams for its share of K.
+/// The analytic score of `c` on `v` (higher is better): a relative estimate whose job is to put the few worth timing on
+/// top. Shared-memory reuse grows with the block tile (`tm * tn / (tm + tn)`), register reuse with the thread's (`rm *
+/// rn / (rm + rn)`); the fraction of the padded grid that is real output and the occupancy (blocks, splits included,
+/// against `TARGET_BLOCKS`: below it the blocks run side by side, so the time is one block's and the rate grows with
+/// their number) scale it; the tensor cores multiply a tile's throughput by ~8 (dense bf16 MMA against f32 FMA on the
+/// same SM, A100 to H100 alike; TF32 by ~4). A split pays for its partials: a block writes its f32 tile and the last
+/// reads every split's, against the operand bytes the block streams for its share of K.
 pub fn score(v: &GemmView, c: &GpuGemm) -> f64 {
     let (tm, tn, rm, rn, speed) = match c.tile {
         GpuTile::Simt(t) => (t.tm as f64, t.tn as f64, t.rm as f64, t.rn as f64, 1.0),

@@ -22,7 +22,7 @@ pub struct LibGemm {
     pub n: usize,
     pub k: usize,
     pub batch: usize,
-    /// The operands' dtype (f32 or bf16) and the output's.
+    /// The operands' dtype (f32, bf16 or f16) and the output's (f32 or the operands').
     pub operands: DType,
     pub out: DType,
     /// A (`m x k`) and B (`k x n`), and which of the kernel's inputs each is.
@@ -58,7 +58,8 @@ impl LibGemm {
         if k.can_fault() || k.routine.is_some() {
             return None;
         }
-        if !matches!(v.operands, DType::F32 | DType::BF16) || !matches!(v.out, DType::F32 | DType::BF16) {
+        if !matches!(v.operands, DType::F32 | DType::BF16 | DType::F16) || !(v.out == DType::F32 || v.out == v.operands)
+        {
             return None;
         }
         let a = operand(&v.a, (v.m, v.k), &v.batch)?;
@@ -202,6 +203,7 @@ pub unsafe fn run_on_host(g: &LibGemm, ptrs: [u64; 4]) {
         unsafe {
             match dtype {
                 DType::BF16 => kiln_jit::bf16::from_bits(*(p as *const u16).add(i)).to_f32(),
+                DType::F16 => kiln_jit::f16::from_bits(*(p as *const u16).add(i)).to_f32(),
                 _ => *(p as *const f32).add(i),
             }
         }
@@ -224,6 +226,7 @@ pub unsafe fn run_on_host(g: &LibGemm, ptrs: [u64; 4]) {
                 unsafe {
                     match g.out {
                         DType::BF16 => *(ptrs[3] as *mut u16).add(at) = kiln_jit::bf16::from_f32(acc).to_bits(),
+                        DType::F16 => *(ptrs[3] as *mut u16).add(at) = kiln_jit::f16::from_f32(acc).to_bits(),
                         _ => *(ptrs[3] as *mut f32).add(at) = acc,
                     }
                 }

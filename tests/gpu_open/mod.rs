@@ -114,6 +114,8 @@ fn gemm_cases() -> Vec<(&'static str, Tensor)> {
         ("bf16 decode 9 x 700 x 40, x @ w.t()", bf(rand(&[9, 700], 13)).matmul(&bf(rand(&[40, 700], 14)).t())),
         // Strides of 8: the tensor-core template stages both operands 16 bytes a load.
         ("bf16 aligned 24 x 64 x 48, x @ w.t()", bf(rand(&[24, 64], 15)).matmul(&bf(rand(&[48, 64], 16)).t())),
+        // f16 operands and output (the GPU devices read f16 operands where they are stored).
+        ("f16 ragged", rand(&[70, 33], 17).to_dtype(DType::F16).matmul(&rand(&[33, 130], 18).to_dtype(DType::F16))),
     ]
 }
 
@@ -131,13 +133,18 @@ pub fn every_gemm_candidate_matches_the_interpreter(
     use crate::common::{Kind, compare, gemm_tol, tol, with_last_launch};
     let cases = gemm_cases();
     // The GPU devices' schedule (bf16 operands read where they are stored), without the transposed-operand copy.
-    let options = kiln_jit::kernel::ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
+    let options = kiln_jit::kernel::ScheduleOptions {
+        transpose_copy: false,
+        bf16_gemm: true,
+        f16_gemm: true,
+        ..Default::default()
+    };
     let mut ran = 0;
     for (name, out) in &cases {
         ran += with_last_launch(name, out, options, |kernel, args, want| {
             let v = kiln_jit::kernel::gemm::GemmView::of(kernel).unwrap_or_else(|| panic!("{name}: not a GEMM"));
             let tolerance =
-                if want.dtype() == DType::BF16 { tol(DType::BF16, Kind::Accumulate) } else { gemm_tol(v.k) };
+                if want.dtype() == DType::F32 { gemm_tol(v.k) } else { tol(want.dtype(), Kind::Accumulate) };
             let mut n = 0;
             for c in kiln_backends::gpu_gemm::candidates(flavor, arch, &v) {
                 if !keep(c) || c.render(kernel, &v, flavor).is_err() {
@@ -163,7 +170,12 @@ pub type RunLibrary<'a> = dyn Fn(&KernelIr, &[&HostBuffer]) -> Result<HostBuffer
 /// Returns the names of the GEMMs it ran, or the library's error on the first (where it is not installed).
 pub fn library_gemm_matches_the_interpreter(run: &RunLibrary<'_>) -> Result<Vec<&'static str>, String> {
     use crate::common::{Kind, compare, gemm_tol, tol, with_last_launch};
-    let options = kiln_jit::kernel::ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
+    let options = kiln_jit::kernel::ScheduleOptions {
+        transpose_copy: false,
+        bf16_gemm: true,
+        f16_gemm: true,
+        ..Default::default()
+    };
     let mut ran = Vec::new();
     for (name, out) in gemm_cases() {
         let mut failed = None;
@@ -173,7 +185,7 @@ pub fn library_gemm_matches_the_interpreter(run: &RunLibrary<'_>) -> Result<Vec<
                 return 0;
             }
             let tolerance =
-                if want.dtype() == DType::BF16 { tol(DType::BF16, Kind::Accumulate) } else { gemm_tol(v.k) };
+                if want.dtype() == DType::F32 { gemm_tol(v.k) } else { tol(want.dtype(), Kind::Accumulate) };
             match run(kernel, args) {
                 Ok(got) => {
                     compare(&got, want, tolerance).unwrap_or_else(|e| panic!("{name}: the library GEMM is wrong: {e}"));

@@ -9,7 +9,7 @@
 //! row-major operand is its transpose stored column-major: no transpose flag; a column-major one takes `T`), and
 //! its `n x m` column-major D is kiln's row-major output. The bias then runs along cuBLASLt's rows, which are
 //! kiln's columns, as `bias[j]` does. Products accumulate in f32 (`CUBLAS_COMPUTE_32F`: no TF32 for f32 operands),
-//! bf16 operands and outputs as `CUDA_R_16BF`.
+//! bf16 and f16 operands and outputs as `CUDA_R_16BF` and `CUDA_R_16F`.
 //!
 //! Nothing here has run on a GPU yet: the race verifies the library's output against the kernel evaluator before
 //! it can win, so a mistake here loses races rather than corrupting results.
@@ -64,8 +64,11 @@ impl Lt {
     /// The descriptors and algorithm for `g`, or why cuBLASLt declines it.
     pub(crate) fn prepare(&self, g: &LibGemm) -> Result<LtGemm, String> {
         let err = |what: &'static str| move |e: lt::CublasError| format!("cuBLASLt {what} for {}: {e}", g.describe());
-        let ty =
-            |d: DType| if d == DType::BF16 { sys::cudaDataType::CUDA_R_16BF } else { sys::cudaDataType::CUDA_R_32F };
+        let ty = |d: DType| match d {
+            DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+            DType::F16 => sys::cudaDataType::CUDA_R_16F,
+            _ => sys::cudaDataType::CUDA_R_32F,
+        };
         let mut p = LtGemm { desc: std::ptr::null_mut(), layouts: [std::ptr::null_mut(); 3], algo: None };
         p.desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
             .map_err(err("matmul descriptor"))?;

@@ -25,12 +25,12 @@
 //! A plan's kernels missing from the store compile in parallel (`gpu_cache::compiled`: a GPT training step's 205
 //! cubins for sm_90 took 20.3 s on one core and 10.0 s on two, ~100 ms per NVRTC compile).
 //!
-//! The plan itself is the GPU devices' shared one (`gpu::plan`); this module is its `Driver`
-//! over cudarc. A GEMM runs as the winner of a race on this GPU (`gpu::tune`, remembered under its name and
-//! architecture): for bf16 on sm_80 and later the tensor-core template (`kiln_jit::render::cuda::render_gemm_mma`:
-//! `mma.sync` m16n8k16 tiles, f32 accumulators, the same fused epilogues) against the SIMT tiled template (shared-
-//! memory staging, register tiles, bf16 widened to f32 as it is staged) in a few tiles, each also with K split
-//! across blocks where the product has too few tiles to fill the GPU; other dtypes as the generic reduction kernel.
+//! The plan itself is the GPU devices' shared one (`gpu::plan`); this module is its `Driver` over cudarc. A GEMM runs
+//! as the winner of a race on this GPU (`gpu::tune`, remembered under its name and architecture): for bf16 and f16 on
+//! sm_80 and later the tensor-core template (`kiln_jit::render::cuda::render_gemm_mma`: `mma.sync` m16n8k16 tiles, f32
+//! accumulators, the same fused epilogues) against the SIMT tiled template (shared-memory staging, register tiles,
+//! bf16 widened to f32 as it is staged) in a few tiles, each also with K split across blocks where the product has too
+//! few tiles to fill the GPU; other dtypes as the generic reduction kernel.
 //!
 //! Replays: from its second run a plan launches as one CUDA graph (`gpu::plan`'s module doc), built from explicit
 //! kernel nodes (`cuGraphAddKernelNode`, each after the one before) rather than stream capture, and patched per run
@@ -43,8 +43,9 @@
 //!
 //! f32 GEMMs race the tensor-core tiles in TF32 too where the user allows it (`gpu_gemm::allow_tf32`).
 //!
-//! Deliberately not done yet (issue 21's later points): Hopper's `wgmma`, and buffer donation (the CUDA kernels' parameters are `__restrict__`, so an output may not alias an input). The routines (scatter-sum, LU, Cholesky, triangular
-//! solves) render as every other kernel.
+//! Deliberately not done yet (issue 21's later points): Hopper's `wgmma`, and buffer donation (the CUDA kernels'
+//! parameters are `__restrict__`, so an output may not alias an input). The routines (scatter-sum, LU, Cholesky,
+//! triangular solves) render as every other kernel.
 
 mod cublaslt;
 #[cfg(feature = "nccl")]

@@ -9,8 +9,9 @@
 //! launch them without random keys, and such an epilogue is rare enough not to need them.
 //!
 //! A bf16 GEMM is the one mixed form: `f32(load bf16) * f32(load bf16)` summed in f32 ([`GemmView::operands`] is
-//! bf16), its output f32 or rounded once to bf16 by a last `cast` of the outer code ([`GemmView::out`]). The
-//! scheduler leaves the casts in the GEMM's loads only where the backend asked (`ScheduleOptions::bf16_gemm`).
+//! bf16), its output f32 or rounded once to bf16 by a last `cast` of the outer code ([`GemmView::out`]); an f16
+//! GEMM likewise. The scheduler leaves the casts in the GEMM's loads only where the backend asked
+//! (`ScheduleOptions::bf16_gemm`, `f16_gemm`: the CPU asks for bf16 only, the GPU devices for both).
 //!
 //! The epilogue is the kernel's outer code; each value is classified by what it varies with ([`Role`]), which is what
 //! a renderer needs to place it in registers.
@@ -79,10 +80,10 @@ pub struct GemmView {
     pub b: GemmOperand,
     /// Per outer instruction.
     pub roles: Vec<Role>,
-    /// The dtype A and B are stored in: f32, or bf16 (each element widened to f32 exactly before the product).
+    /// The dtype A and B are stored in: f32, bf16 or f16 (each element widened to f32 exactly before the product).
     pub operands: DType,
-    /// The output's dtype: f32, or bf16 (only with bf16 operands: the outer code rounds the f32 sum to bf16, and
-    /// what follows computes in bf16).
+    /// The output's dtype: f32, or the operands' half dtype (the outer code rounds the f32 sum to it, and what
+    /// follows computes in it).
     pub out: DType,
 }
 
@@ -140,8 +141,10 @@ impl GemmView {
         // Operand `i`: an f32 load, or a bf16 load widened by a cast; its dtype, buffer and affine index.
         let operand_of = |i: usize| -> Option<(DType, AffineLoad)> {
             let (dtype, inst) = match inner[i].op {
-                InstOp::Cast(j) if inner[i].dtype == DType::F32 && inner[j].dtype == DType::BF16 => {
-                    (DType::BF16, &inner[j])
+                InstOp::Cast(j)
+                    if inner[i].dtype == DType::F32 && matches!(inner[j].dtype, DType::BF16 | DType::F16) =>
+                {
+                    (inner[j].dtype, &inner[j])
                 }
                 _ if inner[i].dtype == DType::F32 => (DType::F32, &inner[i]),
                 _ => return None,
@@ -165,15 +168,15 @@ impl GemmView {
         };
         // Nothing but the two operands and their product: [load, load, mul] or [load, cast, load, cast, mul].
         let operands = x.0;
-        let expected = if operands == DType::BF16 { 5 } else { 3 };
+        let expected = if operands == DType::F32 { 3 } else { 5 };
         if y.0 != operands || inner.len() != expected || r.value != expected - 1 {
             return None;
         }
         let out = k.output.dtype;
         let out_ok = match out {
             DType::F32 => true,
-            // Its outer code rounds the f32 product to bf16 (a cast), and may compute on in bf16.
-            DType::BF16 => operands == DType::BF16,
+            // Its outer code rounds the f32 product to bf16 (f16) (a cast), and may compute on in it.
+            DType::BF16 | DType::F16 => operands == out,
             _ => false,
         };
         if !out_ok {

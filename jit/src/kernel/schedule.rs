@@ -12,7 +12,8 @@
 //! 2. Everything else is inlined into each kernel that reads it: elementwise chains fuse, elementwise ops fuse into
 //!    a reduction's input, and movement ops become index math (no copies).
 //!    A value a broadcast fans out (a vector expanded over a matrix) is stored if it costs any ALU op (rule 2d).
-//!    A matmul of bf16 values widened to f32 reads them in bf16 where the backend has a bf16 GEMM (rule 2e).
+//!    A matmul of bf16 values widened to f32 reads them in bf16 where the backend has a bf16 GEMM (rule 2e); f16
+//!    likewise where it has an f16 GEMM.
 //! 3. A reduction (or matmul) whose value flows only through elementwise ops and reshapes into one materialized
 //!    node becomes that node's *reduce stage*: its buffer disappears and the ops after it run in the same kernel
 //!    as an epilogue (`(a * b + c).relu().sum(1)` and `x.matmul(&w) + b` then relu are one kernel each).
@@ -131,22 +132,36 @@ fn alu_cost(op: &Op) -> usize {
     }
 }
 
-/// The bf16 node that `n` widens to f32 (`n` a cast), if it is one.
-fn bf16_widening(graph: &Graph, n: NodeIndex) -> Option<NodeIndex> {
+/// Whether the backend runs GEMMs on stored operands of half-precision `dtype` (rule 2e): bf16 with
+/// `bf16_gemm`, f16 with `f16_gemm`.
+fn half_gemm(opts: &ScheduleOptions, dtype: crate::DType) -> bool {
+    (dtype == crate::DType::BF16 && opts.bf16_gemm) || (dtype == crate::DType::F16 && opts.f16_gemm)
+}
+
+/// The half-precision node that `n` widens to f32 (`n` a cast), if it is one of a dtype the backend's GEMMs read
+/// ([`half_gemm`]).
+fn half_widening(graph: &Graph, n: NodeIndex, opts: &ScheduleOptions) -> Option<NodeIndex> {
     let from = *graph.srcs(n).first()?;
     (matches!(graph.node(n).op, Op::Cast)
         && graph.node(n).dtype == crate::DType::F32
-        && graph.node(from).dtype == crate::DType::BF16)
-        .then_some(from)
+        && half_gemm(opts, graph.node(from).dtype))
+    .then_some(from)
 }
 
-/// Rule 2e: where matmul `n` multiplies two bf16 values widened to f32 (`cast` to f32 of a bf16 node, through
-/// movement ops on either side of the cast), the bf16 nodes the GEMM then reads, which must be stored (those not
-/// stored yet: a computed bf16 operand is stored once, in bf16, and so is a view whose indices are not affine);
-/// `None` where an operand is anything else.
-fn bf16_gemm_operands(graph: &Graph, n: NodeIndex, mat: &[bool]) -> Option<Vec<NodeIndex>> {
+/// Rule 2e: where matmul `n` multiplies two bf16 (or two f16) values widened to f32 (`cast` to f32 of a half
+/// node, through movement ops on either side of the cast) and the backend reads that dtype ([`half_gemm`]), the
+/// operands' dtype and the half nodes the GEMM then reads, which must be stored (those not stored yet: a computed
+/// half operand is stored once, in its dtype, and so is a view whose indices are not affine); `None` where an
+/// operand is anything else.
+fn half_gemm_operands(
+    graph: &Graph,
+    n: NodeIndex,
+    mat: &[bool],
+    opts: &ScheduleOptions,
+) -> Option<(crate::DType, Vec<NodeIndex>)> {
     let movement = |cur: NodeIndex| matches!(graph.node(cur).op, Op::Permute(_) | Op::Reshape | Op::Expand);
     let mut stored = Vec::new();
+    let mut dtype = None;
     for src in graph.srcs(n) {
         let mut cur = src;
         while movement(cur) && !mat[cur.index()] {
@@ -156,9 +171,11 @@ fn bf16_gemm_operands(graph: &Graph, n: NodeIndex, mat: &[bool]) -> Option<Vec<N
             return None;
         }
         let view = graph.srcs(cur)[0];
-        if graph.node(view).dtype != crate::DType::BF16 {
+        let d = graph.node(view).dtype;
+        if !half_gemm(opts, d) || dtype.is_some_and(|x| x != d) {
             return None;
         }
+        dtype = Some(d);
         let mut from = view;
         while movement(from) && !mat[from.index()] {
             from = graph.srcs(from)[0];
@@ -172,7 +189,7 @@ fn bf16_gemm_operands(graph: &Graph, n: NodeIndex, mat: &[bool]) -> Option<Vec<N
             stored.push(from);
         }
     }
-    Some(stored)
+    Some((dtype?, stored))
 }
 
 /// The ops a bf16 GEMM's epilogue computes after the rounding of its product (rule 2e): arithmetic, comparisons,
@@ -220,6 +237,8 @@ pub struct ScheduleOptions {
     /// widened to f32 reads them where they are stored instead of storing f32 copies, and a cast of its result
     /// to bf16 joins it as the epilogue's store. Without it, the matmul's result is stored in f32 first.
     pub bf16_gemm: bool,
+    /// Rule 2e for f16: the backend runs GEMMs on f16 operands too (the GPU devices), read where they are stored.
+    pub f16_gemm: bool,
     /// Rule 2f: the backend's GEMM reads a patched B (`gemm::Patch`, `GemmView::of_patched`) in GEMMs of at least
     /// this volume (M * N * K), so such a B is read where it is stored instead of copied into the GEMM's layout.
     pub patched_b: Option<usize>,
@@ -234,6 +253,7 @@ impl Default for ScheduleOptions {
             row_kernels: *ROWS,
             row_kernel_ok: None,
             bf16_gemm: false,
+            f16_gemm: false,
             patched_b: None,
         }
     }
@@ -402,7 +422,7 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
                 // Rule 1b: a bf16 value widened to f32 is stored in bf16 (half the bytes; each reader widens it
                 // again, exactly) where the backend has a bf16 GEMM: a gradient that two matmuls read then reaches
                 // both in bf16 (rule 2e) instead of making them f32 GEMMs.
-                match bf16_widening(graph, s).filter(|_| opts.bf16_gemm) {
+                match half_widening(graph, s, &opts) {
                     Some(from) => {
                         mat[from.index()] = true;
                         (cost[s.index()], expensive[s.index()], depth[s.index()]) = (1, false, 1);
@@ -426,17 +446,18 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
         depth[n.index()] = 1 + inlined.iter().map(|s| depth[s.index()]).max().unwrap_or(0);
     }
 
-    // Rule 2e (before 2b and 2c, which would store the operands in f32): a bf16 GEMM reads its operands in bf16.
-    let mut bf16_operands = vec![false; bound];
-    if opts.bf16_gemm {
+    // Rule 2e (before 2b and 2c, which would store the operands in f32): a bf16 (f16) GEMM reads its operands in
+    // bf16 (f16). `half_operands[n]`: the dtype matmul `n` reads.
+    let mut half_operands: Vec<Option<crate::DType>> = vec![None; bound];
+    if opts.bf16_gemm || opts.f16_gemm {
         for &n in &order {
             if matches!(graph.node(n).op, Op::Matmul)
-                && let Some(stored) = bf16_gemm_operands(graph, n, &mat)
+                && let Some((dtype, stored)) = half_gemm_operands(graph, n, &mat, &opts)
             {
                 for s in stored {
                     mat[s.index()] = true;
                 }
-                bf16_operands[n.index()] = true;
+                half_operands[n.index()] = Some(dtype);
             }
         }
     }
@@ -445,7 +466,7 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     // B across its rows. With enough rows of A to amortize it, store the transposed B once (a copy of K x N) so the
     // GEMM reads it contiguously; with fewer, the renderer's dot-product form (vectorized along K) is cheaper.
     for &n in &order {
-        if !matches!(graph.node(n).op, Op::Matmul) || bf16_operands[n.index()] {
+        if !matches!(graph.node(n).op, Op::Matmul) || half_operands[n.index()].is_some() {
             continue;
         }
         let srcs = graph.srcs(n);
@@ -496,7 +517,7 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
         }
     };
     for &n in &order {
-        if matches!(graph.node(n).op, Op::Matmul) && !bf16_operands[n.index()] {
+        if matches!(graph.node(n).op, Op::Matmul) && half_operands[n.index()].is_none() {
             store_computed_operands(n, &mut mat);
         }
     }
@@ -522,8 +543,8 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
         // weight's outer-product gradient): storing it in f32 would make that GEMM an f32 one, which stores its
         // weight in f32 on every step (59 µs of the bf16 batch-1 step's 300).
         let widening_for_bf16_gemm = matches!(graph.node(cur).op, Op::Cast)
-            && graph.node(graph.srcs(cur)[0]).dtype == crate::DType::BF16
-            && consumers[cur.index()].iter().any(|c| bf16_operands[c.index()]);
+            && half_gemm(&opts, graph.node(graph.srcs(cur)[0]).dtype)
+            && consumers[cur.index()].iter().any(|c| half_operands[c.index()].is_some());
         if !mat[cur.index()] && cost[cur.index()] > 0 && !widening_for_bf16_gemm {
             mat[cur.index()] = true;
         }
@@ -533,8 +554,10 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     // gradient with an f32 operand reads the same widened activation); a matmul that now reads it in f32 is an f32
     // GEMM, its other operand stored in f32 too (rule 2c).
     for &n in &order {
-        if bf16_operands[n.index()] && bf16_gemm_operands(graph, n, &mat).is_none_or(|s| !s.is_empty()) {
-            bf16_operands[n.index()] = false;
+        if half_operands[n.index()].is_some()
+            && half_gemm_operands(graph, n, &mat, &opts).is_none_or(|(_, s)| !s.is_empty())
+        {
+            half_operands[n.index()] = None;
             store_computed_operands(n, &mut mat);
         }
     }
@@ -606,8 +629,7 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
         // Reading another tensor in bf16 there (a bf16 bias) is not taken: the product is stored in f32 and the
         // rest runs elementwise.
         let half_out = |m: NodeIndex, seen: &[NodeIndex]| {
-            let bf16_epilogue = bf16_operands[r.index()]
-                && graph.node(m).dtype == crate::DType::BF16
+            let bf16_epilogue = half_operands[r.index()] == Some(graph.node(m).dtype)
                 && seen.iter().chain([&m]).all(|&n| {
                     n == r
                         || bf16_epilogue_op(&graph.node(n).op)

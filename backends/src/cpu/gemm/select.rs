@@ -108,6 +108,11 @@ pub(crate) fn gemm_for(
     // A `KILN_CPU_ISA` this CPU cannot honour is the user's error to see, not a quiet fallback.
     crate::cpu::isa::allowed()?;
     let Some(view) = kiln_jit::kernel::gemm::GemmView::of_patched(k) else { return Ok(None) };
+    // f16 operands reach a GEMM only where a backend asks (`ScheduleOptions::f16_gemm`: the GPU devices); the CPU
+    // has no f16 family, so such a kernel (never scheduled here) would be the generic kernel's.
+    if view.operands == kiln_jit::DType::F16 || view.out == kiln_jit::DType::F16 {
+        return Ok(None);
+    }
     let cx = super::config::StepContext { patched_b: view.b.patch.is_some(), ..cx };
     if view.m * view.n * view.k < GEMM_MIN_VOLUME {
         return Ok(None);

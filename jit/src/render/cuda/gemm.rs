@@ -13,8 +13,8 @@
 //! traffic.
 //!
 //! Does not own: which tile to use (the device's default or its tuner), or whether a kernel is a GEMM
-//! (`GemmView::of`). Operands are f32 or bf16 (widened to f32 as they are staged), the output f32 or bf16. Not yet:
-//! vector loads.
+//! (`GemmView::of`). Operands are f32, bf16 or f16 (widened to f32 as they are staged), the output f32 or the
+//! operands' half dtype. Not yet: vector loads.
 
 use super::{CudaC, Flavor, GpuKernel, MAX_GRID_X, Workspace, check, math, params};
 use crate::dtype::DType;
@@ -38,10 +38,12 @@ pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile, splits: u32, flavor:
     if k.can_fault() {
         return Err(format!("kernel {}: a GEMM that gathers runs as the generic kernel", k.name));
     }
-    // The template stages both operands widened to f32 (exact for f32 and bf16, the two dtypes `GemmView` takes)
-    // and accumulates in f32; a bf16 output is the epilogue's rounding of that sum, as in the interpreter.
-    if !matches!(v.operands, DType::F32 | DType::BF16) || !matches!(v.out, DType::F32 | DType::BF16) {
-        return Err(format!("kernel {}: the tiled GEMM takes f32 or bf16 operands and output", k.name));
+    // The template stages both operands widened to f32 (exact for f32, bf16 and f16, the dtypes `GemmView` takes)
+    // and accumulates in f32; a half output is the epilogue's rounding of that sum, as in the interpreter.
+    if !matches!(v.operands, DType::F32 | DType::BF16 | DType::F16)
+        || !matches!(v.out, DType::F32 | DType::BF16 | DType::F16)
+    {
+        return Err(format!("kernel {}: the tiled GEMM takes f32, bf16 or f16 operands and output", k.name));
     }
     let split = split_of(v, t.kt, splits)?;
     let (_, blocks) = grid(v, t.tm, t.tn, splits)?;

@@ -83,22 +83,35 @@ inline void kiln_mma_accumulate(float* d, unsigned int kn, A a, B b) {
     }
     __syncthreads();
 }
-inline float kiln_mma_half(unsigned int word, unsigned int hi) {
-    return __uint_as_float((hi ? word >> 16 : word & 0xffffu) << 16);
+// The bf16 and the IEEE f16 value of 16 bits.
+inline float kiln_mma_bf16(unsigned int h) { return __uint_as_float(h << 16); }
+inline float kiln_mma_f16(unsigned int h) {
+    unsigned int sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) return (sign ? -1.0f : 1.0f) * (float)m * (1.0f / 16777216.0f);
+    return __uint_as_float(sign | (e == 31 ? 0x7f800000u : (e + 112) << 23) | (m << 13));
 }
-// m16n8k16, bf16: A[row][k] is element (k >= 8 ? 4 : 0) + (row >= 8 ? 2 : 0) + (k & 1) of lane
-// (row % 8) * 4 + (k % 8) / 2; B[k][col] element (k >= 8 ? 2 : 0) + (k & 1) of lane col * 4 + (k % 8) / 2.
-inline void kiln_mma_bf16_16816(float* d, const unsigned int* a, const unsigned int* b) {
+// m16n8k16 (bf16 and f16 alike): A[row][k] is element (k >= 8 ? 4 : 0) + (row >= 8 ? 2 : 0) + (k & 1) of lane
+// (row % 8) * 4 + (k % 8) / 2; B[k][col] element (k >= 8 ? 2 : 0) + (k & 1) of lane col * 4 + (k % 8) / 2; an
+// element is the low (even) or high (odd) half of its register, read by `value`.
+template <typename V>
+inline void kiln_mma_16816(float* d, const unsigned int* a, const unsigned int* b, V value) {
     unsigned int w = kiln_mma_share(a, b);
-    auto at_a = [w](unsigned int row, unsigned int k) {
+    auto half = [value](unsigned int word, unsigned int hi) { return value(hi ? word >> 16 : word & 0xffffu); };
+    auto at_a = [w, half](unsigned int row, unsigned int k) {
         unsigned int i = (k >= 8 ? 4 : 0) + (row >= 8 ? 2 : 0) + (k & 1);
-        return kiln_mma_half(kiln_mma_frag[w + (row % 8) * 4 + (k % 8) / 2][i / 2], i & 1);
+        return half(kiln_mma_frag[w + (row % 8) * 4 + (k % 8) / 2][i / 2], i & 1);
     };
-    auto at_b = [w](unsigned int k, unsigned int col) {
+    auto at_b = [w, half](unsigned int k, unsigned int col) {
         unsigned int i = (k >= 8 ? 2 : 0) + (k & 1);
-        return kiln_mma_half(kiln_mma_frag[w + col * 4 + (k % 8) / 2][4 + i / 2], i & 1);
+        return half(kiln_mma_frag[w + col * 4 + (k % 8) / 2][4 + i / 2], i & 1);
     };
     kiln_mma_accumulate(d, 16, at_a, at_b);
+}
+inline void kiln_mma_bf16_16816(float* d, const unsigned int* a, const unsigned int* b) {
+    kiln_mma_16816(d, a, b, kiln_mma_bf16);
+}
+inline void kiln_mma_f16_16816(float* d, const unsigned int* a, const unsigned int* b) {
+    kiln_mma_16816(d, a, b, kiln_mma_f16);
 }
 // TF32 (`cvt.rna.tf32.f32`: to nearest, ties away from zero; infinities and NaNs as they are).
 inline unsigned int kiln_tf32(float x) {

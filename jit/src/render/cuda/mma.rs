@@ -1,7 +1,7 @@
-//! The tensor-core GEMM template for CUDA (sm_80 and later): a bf16 (or TF32, below) GEMM whose products run as warp-level
-//! `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` instructions, f32 accumulators, and the kernel's outer code
-//! as the epilogue (the shared template's `epilogue` function, so every fused epilogue the SIMT template takes,
-//! this one takes).
+//! The tensor-core GEMM template for CUDA (sm_80 and later): a bf16 (or f16, or TF32: below) GEMM whose products run as
+//! warp-level `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` instructions, f32 accumulators, and the kernel's
+//! outer code as the epilogue (the shared template's `epilogue` function, so every fused epilogue the SIMT template
+//! takes, this one takes).
 //!
 //! A block of `wm x wn` warps computes a tile of C ([`MmaTile`]: 64 x 64 from 2 x 2 warps of 2 x 4 instruction tiles
 //! of 16 x 8, or thin 16-row tiles for decode shapes); each warp its sub-tile, 4 accumulators per instruction tile
@@ -32,15 +32,17 @@
 //! emulates it likewise (`kiln_mma_tf32_1688`, rounding as `cvt.rna` does). Operands are staged one element a
 //! load.
 //!
-//! Deliberately not done yet: `ldmatrix`, `cp.async` double buffering, Hopper's `wgmma`/TMA, f16 operands
-//! (`GemmView` has only f32 and bf16), vector loads for TF32.
+//! **f16** ([`MmaType::F16`]): `mma.sync...m16n8k16.row.col.f32.f16.f16.f32`, the bf16 product's layout and staging.
+//!
+//! Deliberately not done yet: `ldmatrix`, `cp.async` double buffering, Hopper's `wgmma`/TMA, vector loads for
+//! TF32.
 
 use super::gemm::{assemble, grid, split_of, split_tail};
 use super::{CudaC, Flavor, GpuKernel, check, math};
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
 use crate::kernel::gemm::{GemmOperand, GemmView};
-use crate::render::cstyle::{Acc, Emitter, KSplit, epilogue_fn, operand_at as at, operand_bases};
+use crate::render::cstyle::{self, Acc, Emitter, KSplit, epilogue_fn, operand_at as at, operand_bases};
 use std::fmt::Write;
 
 /// K per staged slice.
@@ -50,10 +52,11 @@ const LD: u32 = BK + 8;
 /// Floats per shared row for TF32 (`BK` plus 4: a warp's fragment reads, 8 rows at 4 columns, hit 32 banks).
 const LD_TF32: u32 = BK + 4;
 
-/// What the tensor cores multiply: bf16 operands, or f32 operands rounded to TF32.
+/// What the tensor cores multiply: bf16 or f16 operands, or f32 operands rounded to TF32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MmaType {
     Bf16,
+    F16,
     Tf32,
 }
 
@@ -62,6 +65,7 @@ impl MmaType {
     pub fn of(dtype: DType) -> Option<MmaType> {
         match dtype {
             DType::BF16 => Some(MmaType::Bf16),
+            DType::F16 => Some(MmaType::F16),
             DType::F32 => Some(MmaType::Tf32),
             _ => None,
         }
@@ -70,7 +74,7 @@ impl MmaType {
     /// Elements per shared row, and bytes per element.
     fn row(self) -> (u32, u32) {
         match self {
-            MmaType::Bf16 => (LD, 2),
+            MmaType::Bf16 | MmaType::F16 => (LD, 2),
             MmaType::Tf32 => (LD_TF32, 4),
         }
     }
@@ -149,6 +153,14 @@ __device__ __forceinline__ unsigned int kiln_tf32(float x) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
+// d += A (16 x 16, row) * B (16 x 8, col) over one warp, f16 in, f32 accumulators (the bf16 product's layout).
+__device__ __forceinline__ void kiln_mma_f16_16816(float* d, const unsigned int* a, const unsigned int* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 // d += A (16 x 16, row) * B (16 x 8, col) over one warp, bf16 in, f32 accumulators.
 __device__ __forceinline__ void kiln_mma_bf16_16816(float* d, const unsigned int* a, const unsigned int* b) {
     asm volatile(
@@ -182,7 +194,8 @@ __device__ __forceinline__ unsigned short kiln_half8(uint4 x, int i) {
 "#;
 
 /// Renders GEMM kernel `k` (recognized as `v`) for the tensor cores in tile `t`, K split `splits` ways (1: not
-/// split): bf16 operands as bf16, f32 operands as TF32 (the caller decides whether the user allows TF32). Errors for
+/// split): bf16 and f16 operands as they are, f32 operands as TF32 (the caller decides whether the user allows
+/// TF32). Errors for
 /// another flavor (HIP has no `mma.sync`), other operands, a kernel that gathers, or a grid past the launch limits
 /// (the caller then renders the SIMT template or the generic kernel). The caller checks the architecture
 /// ([`mma_arch`]).
@@ -202,8 +215,8 @@ pub fn render_gemm_mma(
         return Err(format!("kernel {}: tensor-core tiles are CUDA's", k.name));
     }
     let ty = MmaType::of(v.operands)
-        .filter(|_| matches!(v.out, DType::F32 | DType::BF16))
-        .ok_or_else(|| format!("kernel {}: the tensor-core GEMM takes bf16 or f32 (TF32) operands", k.name))?;
+        .filter(|_| v.out == DType::F32 || v.out == v.operands)
+        .ok_or_else(|| format!("kernel {}: the tensor-core GEMM takes bf16, f16 or f32 (TF32) operands", k.name))?;
     if k.can_fault() {
         return Err(format!("kernel {}: a GEMM that gathers runs as the generic kernel", k.name));
     }
@@ -213,7 +226,14 @@ pub fn render_gemm_mma(
     let mut em = Emitter::new(&dialect, k);
     let epilogue = epilogue_fn(&mut em, v);
     let split_name = if splits > 1 { format!(", K split {splits} ways") } else { String::new() };
-    let what = if ty == MmaType::Tf32 { "TF32 tensor-core GEMM" } else { "tensor-core GEMM" };
+    let what = match ty {
+        MmaType::Bf16 => "tensor-core GEMM",
+        MmaType::F16 => "f16 tensor-core GEMM",
+        MmaType::Tf32 => "TF32 tensor-core GEMM",
+    };
+    if v.out == DType::F16 {
+        em.helpers.insert(cstyle::Helper::F16);
+    }
     let mut head = format!("// kiln kernel {} ({}, {what} {bm}x{bn}x{BK}{split_name})\n", k.name, flavor.name());
     head.push_str(math::PRELUDE);
     head.push_str(&em.helpers_source());
@@ -254,8 +274,8 @@ fn vector8(op: &GemmOperand, along_cols: bool) -> bool {
     op.patch.is_none() && contiguous == 1 && [op.offset, other].iter().chain(&op.batch).all(|x| x % 8 == 0)
 }
 
-/// The staging loop of slice `sl` of `elem`s over a block of `threads` threads: vectors of 8 bf16 along the
-/// contiguous dimension (`vector`), each one 16-byte load where all 8 are in bounds and 8 checked loads at the edge, stored as one
+/// The staging loop of slice `sl` of `elem`s over a block of `threads` threads: vectors of 8 bf16 along the contiguous
+/// dimension (`vector`), each one 16-byte load where all 8 are in bounds and 8 checked loads at the edge, stored as one
 /// 16-byte store where the shared row runs the same way and 8 stores else; or one element at a time.
 fn stage<L, S>(s: &mut String, sl: &Slice<L, S>, threads: u32, elem: &str, vector: bool)
 where
@@ -367,7 +387,7 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, ty: MmaType, tiles_m: u64, split: O
         shared: |r: &str, c: &str| format!("sa[({r}) * {ld} + {c}]"),
         k_is_cols: true,
     };
-    let vector = |op: &GemmOperand| ty == MmaType::Bf16 && vector8(op, op.cols == 1);
+    let vector = |op: &GemmOperand| ty != MmaType::Tf32 && vector8(op, op.cols == 1);
     stage(&mut s, &a, threads, elem, vector(&v.a));
     let b = Slice {
         rows: BK,
@@ -385,10 +405,11 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, ty: MmaType, tiles_m: u64, split: O
     // (row, K) offsets, B's two at K offsets (the module doc's layouts).
     let (step, a_regs, b_regs, mma): (u32, [(u32, u32); 4], [u32; 2], &str) = match ty {
         MmaType::Bf16 => (16, [(0, 0), (8, 0), (0, 8), (8, 8)], [0, 8], "kiln_mma_bf16_16816"),
+        MmaType::F16 => (16, [(0, 0), (8, 0), (0, 8), (8, 8)], [0, 8], "kiln_mma_f16_16816"),
         MmaType::Tf32 => (8, [(0, 0), (8, 0), (0, 4), (8, 4)], [0, 4], "kiln_mma_tf32_1688"),
     };
     let fetch = |array: &str, at: String| match ty {
-        MmaType::Bf16 => format!("kiln_pair({array}, {at} + q * 2)"),
+        MmaType::Bf16 | MmaType::F16 => format!("kiln_pair({array}, {at} + q * 2)"),
         MmaType::Tf32 => format!("kiln_tf32({array}[{at} + q])"),
     };
     let _ = writeln!(s, "    for (int kk = 0; kk < {BK}; kk += {step}) {{");
