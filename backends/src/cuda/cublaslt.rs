@@ -8,8 +8,9 @@
 //! `D^T = B^T A^T` in cuBLASLt's terms: its "A" is kiln's B and its "B" kiln's A, each described where it lies (a
 //! row-major operand is its transpose stored column-major: no transpose flag; a column-major one takes `T`), and
 //! its `n x m` column-major D is kiln's row-major output. The bias then runs along cuBLASLt's rows, which are
-//! kiln's columns, as `bias[j]` does. Products accumulate in f32 (`CUBLAS_COMPUTE_32F`: no TF32 for f32 operands),
-//! bf16 and f16 operands and outputs as `CUDA_R_16BF` and `CUDA_R_16F`.
+//! kiln's columns, as `bias[j]` does. Products accumulate in f32 (`CUBLAS_COMPUTE_32F`; f32 operands in TF32,
+//! `_FAST_TF32`, only where the user allows it), bf16 and f16 operands and outputs as `CUDA_R_16BF` and
+//! `CUDA_R_16F`.
 //!
 //! Nothing here has run on a GPU yet: the race verifies the library's output against the kernel evaluator before
 //! it can win, so a mistake here loses races rather than corrupting results.
@@ -69,9 +70,19 @@ impl Lt {
             DType::F16 => sys::cudaDataType::CUDA_R_16F,
             _ => sys::cudaDataType::CUDA_R_32F,
         };
-        let mut p = LtGemm { desc: std::ptr::null_mut(), layouts: [std::ptr::null_mut(); 3], algo: None };
-        p.desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
-            .map_err(err("matmul descriptor"))?;
+        let mut p = LtGemm {
+            desc: std::ptr::null_mut(),
+            layouts: [std::ptr::null_mut(); 3],
+            algo: None,
+            calling: parking_lot::Mutex::new(()),
+        };
+        // f32 operands in TF32 only where the user allows it, as the templates (`gpu_gemm::allow_tf32`).
+        let compute = if g.operands == DType::F32 && crate::gpu_gemm::allow_tf32() {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        p.desc = lt::create_matmul_desc(compute, sys::cudaDataType::CUDA_R_32F).map_err(err("matmul descriptor"))?;
         // cuBLASLt's A is kiln's B (`n x k` as op(A)), its B kiln's A (`k x m` as op(B)); see the module doc.
         let (la, ta) = layout(ty(g.operands), &g.b, (g.k, g.n), g.batch).map_err(err("layout of B"))?;
         p.layouts[0] = la;
@@ -133,6 +144,8 @@ impl Lt {
         self.stream.context().bind_to_thread().map_err(|e| e.to_string())?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (ws, _guard) = self.workspace.device_ptr(&self.stream);
+        // The bias pointer lives in the descriptor: one call at a time sets it and reads it.
+        let _calling = p.calling.lock();
         // SAFETY: the bias pointer is a plain device address (the descriptor copies it); the handle, descriptor,
         // layouts and algorithm are live; A, B, the bias and D are the caller's (see above); cuBLASLt's A is
         // kiln's B and its B kiln's A (the module doc); C is D with beta 0 (never read).
@@ -177,10 +190,12 @@ pub(crate) struct LtGemm {
     /// cuBLASLt's A (kiln's B), B (kiln's A), and C = D.
     layouts: [sys::cublasLtMatrixLayout_t; 3],
     algo: Option<sys::cublasLtMatmulAlgo_t>,
+    /// Held from setting the bias pointer to the call that reads it (two runs of one plan may launch at once).
+    calling: parking_lot::Mutex<()>,
 }
 
-// SAFETY: descriptors are plain host objects cuBLASLt reads during a call; a plan's launches (which set the bias
-// pointer, then call) are serialized by its replay lock or run on one thread.
+// SAFETY: descriptors are plain host objects cuBLASLt reads during a call; the only one written after `prepare`
+// (the bias pointer) is written and read under `calling`.
 unsafe impl Send for LtGemm {}
 // SAFETY: as above.
 unsafe impl Sync for LtGemm {}
