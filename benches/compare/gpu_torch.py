@@ -13,7 +13,7 @@ by one), to show what its graphs save. Each of `--rounds` runs, batch by batch, 
 in time; the table gives medians over rounds and, in brackets, the range of per-round ratios.
 
 GEMMs: `bench_gemm --device cuda --json` (build + realize + synchronize, median of its runs) against
-`torch.matmul` on the same shapes and dtypes (f32 with TF32 off, PyTorch's default; bf16), timed the same way
+`torch.matmul` on the same shapes and dtypes (f32 with TF32 off, PyTorch's default; bf16; f16), timed the same way
 (wall clock around the call and `torch.cuda.synchronize()`), and `gelu(x @ w + bias, approximate="tanh")` for the
 fused row.
 
@@ -143,7 +143,7 @@ def torch_gemms(torch, device: str, runs: int, dtypes: list[str]) -> dict[str, f
         return timed_steps(torch, device, call, runs, warmup=1) * 1e3
 
     for name in dtypes:
-        dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[name]
+        dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[name]
         for n in (1024, 2048, 4096):
             a, b = operand(n, n, 1, dtype), operand(n, n, 2, dtype)
             out[f"{name}_sq{n}"] = med(lambda: a @ b)
@@ -224,7 +224,7 @@ def main() -> None:
 
     if args.skip_gemm:
         return
-    dtypes = ["f32", "bf16"] if dev == "cuda" else ["f32"]
+    dtypes = ["f32", "bf16", "f16"] if dev == "cuda" else ["f32"]
     theirs = torch_gemms(torch, dev, args.gemm_runs, dtypes)
     ours = kiln_gemms(args.bench_gemm, dev, args.gemm_runs) if dev == "cuda" else {}
     print(f"\n| GEMM (ms, median of {args.gemm_runs}) | kiln | torch | kiln vs torch |\n|---|---|---|---|")

@@ -1,7 +1,7 @@
 //! `bench_gemm --device D` for a device other than the CPU (CUDA, HIP, wgpu): the GPU issue's GEMM shapes through
 //! kiln's API, each timed as build + realize + `Device::synchronize` (so a queued GPU is waited for), median of the
-//! runs after one untimed run that compiles (and tunes): f32 and (where the device holds it) bf16 squares, decode
-//! shapes M = 8..64 with K = N = 4096, and GEMM + bias + gelu (tanh) at M = 16, K = N = 4096.
+//! runs after one untimed run that compiles (and tunes): f32 and (where the device holds them) bf16 and f16
+//! squares, decode shapes M = 8..64 with K = N = 4096, and GEMM + bias + gelu (tanh) at M = 16, K = N = 4096.
 //!
 //! No baseline is measured here: the same shapes through `torch.matmul` on the same GPU, in the same run, come from
 //! `benches/compare/gpu_torch.py`, which runs this with `--json` and prints the ratios.
@@ -43,8 +43,8 @@ pub fn run(dev: &Device, runs: usize, json: bool) -> kiln::Result<()> {
         rows.push(format!("| {name} | {:.3} ms | {:.1} GFLOP/s |", s * 1e3, flops / s / 1e9));
         keys.push(format!("\"{key}_ms\": {:.4}", s * 1e3));
     };
-    // bf16 where the device holds it (wgpu does not).
-    for dtype in [DType::F32, DType::BF16].into_iter().filter(|&d| dev.supports(d)) {
+    // bf16 and f16 where the device holds them (wgpu has no bf16).
+    for dtype in [DType::F32, DType::BF16, DType::F16].into_iter().filter(|&d| dev.supports(d)) {
         for n in [1024usize, 2048, 4096] {
             let (a, b) = (operand(n, n, 1, dtype, dev)?, operand(n, n, 2, dtype, dev)?);
             let s = median_time(dev, runs, || a.matmul(&b))?;
