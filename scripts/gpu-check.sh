@@ -15,7 +15,8 @@
 # `run` finds NVRTC where the machine has one (KILN_NVRTC if set, else libnvrtc.so.13/.12 under python3's
 # site-packages (the nvidia-cuda-nvrtc wheel) or the CUDA toolkit), and NCCL likewise (KILN_NCCL, else
 # libnccl.so.2 under site-packages or the system's: `cuda_device` then runs a group of one through it, and says it
-# skips where there is none), and cuBLASLt (libcublasLt.so.12/13 likewise: the GEMM race's library contestant),
+# skips where there is none), and cuBLASLt (libcublasLt.so.12/13 likewise: the GEMM race's library contestant;
+# found, KILN_REQUIRE_CUBLASLT=1 makes cuda_device fail if kiln cannot use it),
 # then runs each carried binary (`cuda_device` opens the GPU and round-trips every
 # dtype; the device-generic suites run every case on the CPU and on CUDA device 0). Each binary's last lines go to stdout and its whole log to
 # ${OUT:-.}/gpu-check/<name>.log.
@@ -88,7 +89,7 @@ PY
     echo "== NCCL: ${KILN_NCCL:-not found (the NCCL group test skips)}"
     echo "== cuBLASLt: ${cublaslt:-not found (GEMMs race the kiln templates alone)}"
     [ -n "${KILN_NVRTC:-}" ] && export LD_LIBRARY_PATH="$(dirname "$KILN_NVRTC")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    [ -n "$cublaslt" ] && export LD_LIBRARY_PATH="$(dirname "$cublaslt"):$LD_LIBRARY_PATH"
+    [ -n "$cublaslt" ] && export LD_LIBRARY_PATH="$(dirname "$cublaslt"):$LD_LIBRARY_PATH" KILN_REQUIRE_CUBLASLT=1
     nvidia-smi -L 2>/dev/null || echo "== nvidia-smi: not available"
     export KILN_REQUIRE_CUDA=1 KILN_CACHE_DIR="${KILN_CACHE_DIR:-$(mktemp -d)}"
     logs="${OUT:-.}/gpu-check"

@@ -198,17 +198,8 @@ fn host_library(cxx: &str, kernels: &[(&GpuKernel, &kiln_jit::kernel::KernelIr)]
     let dir = tempfile::tempdir().expect("a temp dir");
     let per = kernels.len().div_ceil(2).max(1);
     let compile = |part: usize, chunk: &[(&GpuKernel, &kiln_jit::kernel::KernelIr)]| {
-        let (src, lib) = (dir.path().join(format!("kernels{part}.cpp")), dir.path().join(format!("kernels{part}.so")));
-        std::fs::write(&src, host::host_unit(chunk)).expect("write the unit");
-        // -ffp-contract=off: no fused multiply-adds the device code would not have either (NVRTC contracts by
-        // default; the interpreter does not), so a difference is a semantic one.
-        let out = std::process::Command::new(cxx)
-            .args(["-std=c++20", "-pthread", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
-            .arg(&lib)
-            .arg(&src)
-            .output()
-            .expect("run the C++ compiler");
-        assert!(out.status.success(), "the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        let lib = dir.path().join(format!("kernels{part}.so"));
+        host::compile_library(cxx, &host::host_unit(chunk), &lib).unwrap_or_else(|e| panic!("{e}"));
         // SAFETY: a library this test just compiled; its initializers are the C++ runtime's.
         (part * per, unsafe { libloading::Library::new(&lib) }.expect("load the kernels"))
     };
@@ -389,27 +380,28 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         assert!(*n >= 1, "{name}: the template did not run");
     }
     failures.extend(tile_failures);
-    // NVRTC compiles every split-K candidate of the decode shapes for Hopper where it is installed.
+    // A job's kernel compiled by a GPU compiler for one target.
+    let compile_job =
+        |rtc: &kiln_backends::rtc::Rtc, (name, outs, c): &(String, Vec<Tensor>, GpuGemm), flavor, arch| {
+            let k = gemm_of(outs);
+            let g = c.render(&k, &GemmView::of(&k).expect("a GEMM"), flavor).expect("renders");
+            rtc.compile(&g.source, &g.name, arch).unwrap_or_else(|log| panic!("{name}, {arch}: {log}"));
+        };
+    // NVRTC compiles every split-K candidate of the decode shapes for Hopper where it is installed, and one split
+    // tensor-core tile for Ampere (its `mma.sync` is sm_80's).
     if let Ok(nvrtc) = kiln_backends::rtc::Rtc::nvrtc() {
-        for (name, outs, c) in jobs.iter().filter(|(_, _, c)| c.splits > 1) {
-            let k = gemm_of(outs);
-            let g = c.render(&k, &GemmView::of(&k).expect("a GEMM"), Flavor::Cuda).expect("renders");
-            nvrtc.compile(&g.source, &g.name, "sm_90").unwrap_or_else(|log| panic!("{name}, sm_90: {log}"));
+        for job in jobs.iter().filter(|(_, _, c)| c.splits > 1) {
+            compile_job(&nvrtc, job, Flavor::Cuda, "sm_90");
         }
-        // And Ampere's for one split tensor-core tile (its `mma.sync` is sm_80's).
-        if let Some((name, outs, c)) = jobs.iter().find(|(_, _, c)| c.splits > 1 && matches!(c.tile, GpuTile::Mma(_))) {
-            let k = gemm_of(outs);
-            let g = c.render(&k, &GemmView::of(&k).expect("a GEMM"), Flavor::Cuda).expect("renders");
-            nvrtc.compile(&g.source, &g.name, "sm_80").unwrap_or_else(|log| panic!("{name}, sm_80: {log}"));
+        if let Some(job) = jobs.iter().find(|(_, _, c)| c.splits > 1 && matches!(c.tile, GpuTile::Mma(_))) {
+            compile_job(&nvrtc, job, Flavor::Cuda, "sm_80");
         }
     }
     // And hiprtc one SIMT split (its tail is the same text in every tile), for gfx90a.
     if let Ok(hiprtc) = kiln_backends::rtc::Rtc::hiprtc()
-        && let Some((name, outs, c)) = jobs.iter().rev().find(|(_, _, c)| c.splits > 1)
+        && let Some(job) = jobs.iter().rev().find(|(_, _, c)| c.splits > 1)
     {
-        let k = gemm_of(outs);
-        let g = c.render(&k, &GemmView::of(&k).expect("a GEMM"), Flavor::Hip).expect("renders");
-        hiprtc.compile(&g.source, &g.name, "gfx90a").unwrap_or_else(|log| panic!("{name}, gfx90a: {log}"));
+        compile_job(&hiprtc, job, Flavor::Hip, "gfx90a");
     }
     let cases: Vec<_> = cases.into_iter().chain(bf16_cases).chain(f16_cases).collect();
     // NVRTC compiles the same sources for Hopper where it is installed (CI; `gpu_check` also compiles every tiled

@@ -9,7 +9,8 @@ use kiln_jit::kernel::KernelIr;
 use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::render::cstyle::GemmTile;
 use kiln_jit::render::cuda::{self, Flavor, GpuKernel, MmaTile};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One way to run a GEMM on a GPU device: a template in a tile, K split `splits` ways (1: not split).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -102,27 +103,20 @@ const MIN_K_PER_SPLIT: usize = 128;
 /// PyTorch's `torch.backends.cuda.matmul.allow_tf32`: off unless `KILN_ALLOW_TF32=1` or [`set_allow_tf32`]. Read
 /// when a plan compiles: plans compiled before a change keep what they were compiled with.
 pub fn allow_tf32() -> bool {
-    match TF32.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("KILN_ALLOW_TF32").is_ok_and(|v| v == "1" || v == "on");
-            let _ = TF32.compare_exchange(0, if on { 2 } else { 1 }, Ordering::Relaxed, Ordering::Relaxed);
-            TF32.load(Ordering::Relaxed) == 2
-        }
-        v => v == 2,
-    }
+    TF32.load(Ordering::Relaxed)
 }
 
 /// Allows (or forbids) TF32 for the f32 GEMMs of plans compiled from now on ([`allow_tf32`]).
 pub fn set_allow_tf32(on: bool) {
-    TF32.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    TF32.store(on, Ordering::Relaxed);
 }
 
-/// 0: not read yet; 1: off; 2: on.
-static TF32: AtomicU8 = AtomicU8::new(0);
+static TF32: LazyLock<AtomicBool> =
+    LazyLock::new(|| AtomicBool::new(std::env::var("KILN_ALLOW_TF32").is_ok_and(|v| v == "1" || v == "on")));
 
 /// The candidates for `v` in `flavor` on `arch`, in a fixed order: the tensor-core template first where it applies
-/// (bf16 operands; f32 ones in TF32 where [`allow_tf32`]); each tile whole, then (where its blocks would not fill
-/// the GPU) with K split ([`split_for`]).
+/// (bf16 and f16 operands; f32 ones in TF32 where [`allow_tf32`]); each tile whole, then (where its blocks would
+/// not fill the GPU) with K split ([`split_for`]).
 pub fn candidates(flavor: Flavor, arch: &str, v: &GemmView) -> Vec<GpuGemm> {
     candidates_with(flavor, arch, v, allow_tf32())
 }

@@ -79,6 +79,16 @@ impl LibGemm {
         })
     }
 
+    /// The library call's addresses (A, B, the bias or 0, the output) from the kernel's: `input(i)` is input
+    /// `i`'s address, `out` the output's.
+    pub fn ptrs<E>(&self, input: impl Fn(usize) -> Result<u64, E>, out: u64) -> Result<[u64; 4], E> {
+        let bias = match self.bias {
+            Some((b, _)) => input(b)?,
+            None => 0,
+        };
+        Ok([input(self.a.buf)?, input(self.b.buf)?, bias, out])
+    }
+
     /// A stable description for tuning records and errors, e.g. `bf16 16x4096x4096 bias relu`.
     pub fn describe(&self) -> String {
         let mut s = format!("{} {}x{}x{}", self.operands, self.m, self.n, self.k);

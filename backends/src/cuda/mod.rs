@@ -342,6 +342,10 @@ impl Driver for Ctx {
 
     type Library = cublaslt::LtGemm;
 
+    fn has_library(&self) -> bool {
+        self.lt().is_ok()
+    }
+
     fn library(&self, g: &crate::gpu_library::LibGemm) -> Result<cublaslt::LtGemm, String> {
         self.lt()?.prepare(g)
     }

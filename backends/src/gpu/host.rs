@@ -182,18 +182,8 @@ impl Ctx {
         static UNITS: AtomicUsize = AtomicUsize::new(0);
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
         let n = UNITS.fetch_add(1, Ordering::Relaxed);
-        let (src, lib) = (self.dir.join(format!("plan{n}.cpp")), self.dir.join(format!("plan{n}.so")));
-        std::fs::write(&src, host::kernel_unit(new)).map_err(|e| format!("{}: {e}", src.display()))?;
-        // -ffp-contract=off: no fused multiply-adds the interpreter does not have either.
-        let out = std::process::Command::new(&self.cxx)
-            .args(["-std=c++20", "-pthread", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
-            .arg(&lib)
-            .arg(&src)
-            .output()
-            .map_err(|e| format!("running {}: {e}", self.cxx))?;
-        if !out.status.success() {
-            return Err(format!("the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr)));
-        }
+        let lib = self.dir.join(format!("plan{n}.so"));
+        host::compile_library(&self.cxx, &host::kernel_unit(new), &lib)?;
         // SAFETY: a library just compiled from the shim and the plan's kernels; its initializers are the C++
         // runtime's.
         let library = Arc::new(unsafe { Library::new(&lib) }.map_err(|e| format!("loading {}: {e}", lib.display()))?);
@@ -304,6 +294,10 @@ impl Driver for Ctx {
 
     /// The stand-in's library GEMM is the problem itself, run by `gpu_library::run_on_host` as a library would.
     type Library = LibGemm;
+
+    fn has_library(&self) -> bool {
+        true
+    }
 
     fn library(&self, g: &LibGemm) -> Result<LibGemm, String> {
         Ok(g.clone())

@@ -77,8 +77,12 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     /// A vendor library's GEMM prepared for one problem (cuBLASLt's descriptors and algorithm on CUDA): a contestant
     /// in the GEMM race (`tune`, `gpu_library`).
     type Library: Send + Sync;
+    /// Whether this device has a GEMM library (installed and opened). None by default.
+    fn has_library(&self) -> bool {
+        false
+    }
     /// The library's GEMM for `g`, or why there is none (no library on this device, it is not installed, or it
-    /// declines the problem). None by default.
+    /// declines the problem).
     fn library(&self, g: &crate::gpu_library::LibGemm) -> Result<Self::Library, String> {
         Err(format!("{} has no GEMM library for {}", Self::NAME, g.describe()))
     }

@@ -424,8 +424,7 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
                 // The kernel's buffers (inputs, then the output) as the library takes them: A, B, bias, output.
                 let out = *params.last().ok_or_else(|| exec("a launch without an output"))?;
                 let input = |i: usize| params.get(i).copied().ok_or_else(|| exec("a library GEMM's input is missing"));
-                let bias = spec.bias.map(|(b, _)| input(b)).transpose()?.unwrap_or(0);
-                params = [input(spec.a.buf)?, input(spec.b.buf)?, bias, out].into_iter().collect();
+                params = spec.ptrs(input, out)?.into_iter().collect();
                 (false, false, false)
             }
         };

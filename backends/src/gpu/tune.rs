@@ -109,8 +109,9 @@ pub(crate) fn gemm_kernel<D: Driver>(
     if cands.is_empty() {
         return None;
     }
-    // The library races where it takes the problem and opens here (asked once per problem: its errors say why not).
-    let lib = LibGemm::of(k, &v).filter(|_| library_allowed()).filter(|g| ctx.library(g).is_ok());
+    // The library races where it can describe the problem and the device has one; one that then declines the
+    // problem fails its verification and cannot win.
+    let lib = LibGemm::of(k, &v).filter(|_| library_allowed() && ctx.has_library());
     let chosen = choose(ctx, k, &v, &cands, lib.as_ref(), Store::global(), env_mode());
     if let Ok((_, Some(record))) = &chosen {
         RECORDS.lock().push(record.clone());
@@ -247,10 +248,11 @@ fn choose<D: Driver>(
                 unsafe { ctx.launch(f, g.grid, g.block, &params) }?;
             }
             (Built::Library(l), Some(g)) => {
-                let bias = g.bias.map_or(0, |(b, _)| params[b]);
+                let input = |i: usize| params.get(i).copied().ok_or("a library GEMM's input is missing");
+                let ptrs = g.ptrs(input, D::addr(&out))?;
                 // SAFETY: A, B and the bias are the kernel's inputs `LibGemm::of` named, uploaded with the kernel's
                 // lengths; the output was allocated with its length.
-                unsafe { ctx.library_launch(l, [params[g.a.buf], params[g.b.buf], bias, params[k.inputs.len()]]) }?;
+                unsafe { ctx.library_launch(l, ptrs) }?;
             }
             (Built::Library(_), None) => return Err("no library GEMM for this problem".into()),
         }
@@ -290,10 +292,10 @@ pub(crate) fn run_library<D: Driver>(ctx: &Arc<D>, k: &KernelIr, inputs: &[&Host
     let exec = |e: BackendError| e.to_string();
     let dev = inputs.iter().map(|h| super::upload_mem(ctx, h)).collect::<Result<Vec<_>, _>>().map_err(exec)?;
     let out = ctx.alloc(k.output.dtype, k.output.len).map_err(exec)?;
-    let bias = g.bias.map_or(0, |(b, _)| D::addr(&dev[b]));
+    let ptrs = g.ptrs(|i| dev.get(i).map(D::addr).ok_or("a library GEMM's input is missing"), D::addr(&out))?;
     // SAFETY: A, B and the bias are the kernel's inputs `LibGemm::of` named, uploaded above (each at least the
     // kernel's length, checked); the output was allocated with its length.
-    unsafe { ctx.library_launch(&l, [D::addr(&dev[g.a.buf]), D::addr(&dev[g.b.buf]), bias, D::addr(&out)]) }?;
+    unsafe { ctx.library_launch(&l, ptrs) }?;
     let bytes = ctx.read(&out, k.output.len * k.output.dtype.size_of()).map_err(exec)?;
     Ok(super::from_bytes(k.output.dtype, &bytes, k.output.len))
 }

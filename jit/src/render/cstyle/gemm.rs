@@ -83,7 +83,7 @@ impl GemmTile {
 /// Split K, for products with few tiles of C and a long K (a GPU's decode shapes): `splits` blocks share each tile,
 /// the one with split index `ks` summing K over `[ks * chunk, min(K, (ks + 1) * chunk))`. The grid's x then holds
 /// both (`x = ks * tiles_n + tile of N`); the template leaves each block's partial sums in its accumulators
-/// ([`GemmParts::accumulators`]) and the dialect adds the splits up (`render::cuda::gemm::split_tail`).
+/// ([`GemmParts::accumulators`]) and the dialect adds the splits up (`render::cuda::gemm::split_end`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KSplit {
     pub splits: u32,

@@ -57,13 +57,7 @@ pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile, splits: u32, flavor:
     let mut head = format!("// kiln kernel {} ({}, tiled GEMM {}{split_name})\n", k.name, flavor.name(), t.name());
     head.push_str(math::PRELUDE);
     head.push_str(&em.helpers_source());
-    let (tail, workspace) = match split {
-        Some(_) => {
-            let (tail, w) = split_tail(v, (t.tm, t.tn), splits, blocks, &parts.accumulators)?;
-            (tail, Some(w))
-        }
-        None => (String::new(), None),
-    };
+    let (tail, workspace) = split_end(v, (t.tm, t.tn), split, blocks, &parts.accumulators)?;
     let lines = parts.epilogue.lines().chain(parts.shared.lines()).chain(parts.body.lines()).chain(tail.lines());
     Ok(assemble(k, head, t.threads(), lines, blocks, em.uses_rng, workspace))
 }
@@ -79,17 +73,19 @@ pub(super) fn split_of(v: &GemmView, kt: u32, splits: u32) -> Result<Option<KSpl
     }
 }
 
-/// The end of a split-K kernel whose blocks are `bm x bn` tiles of C, launched over `blocks` (x: splits x tiles
-/// of N): each thread's accumulators `accs` (relative to the tile's corner `m0`, `n0`; the body declared `ks`,
-/// `bz`, `m0`, `n0`) stored as the block's partials, the count, and the last block's sum and epilogue (see the
-/// module doc). Also the kernel's workspace. An error where the partials would not fit 32-bit indices.
-pub(super) fn split_tail(
+/// The end of a GEMM kernel whose blocks are `bm x bn` tiles of C, launched over `blocks`, and its workspace:
+/// nothing without a split (the body called the epilogue itself); with one (x: splits x tiles of N), each thread's
+/// accumulators `accs` (relative to the tile's corner `m0`, `n0`; the body declared `ks`, `bz`, `m0`, `n0`) stored
+/// as the block's partials, the count, and the last block's sum and epilogue (see the module doc). An error where
+/// the partials would not fit 32-bit indices.
+pub(super) fn split_end(
     v: &GemmView,
     (bm, bn): (u32, u32),
-    splits: u32,
+    split: Option<KSplit>,
     blocks: (u32, u32),
     accs: &[Acc],
-) -> Result<(String, Workspace), String> {
+) -> Result<(String, Option<Workspace>), String> {
+    let Some(KSplit { splits, .. }) = split else { return Ok((String::new(), None)) };
     let tiles_n = blocks.0 / splits;
     let tiles = u64::from(tiles_n) * u64::from(blocks.1);
     let tile_len = u64::from(bm) * u64::from(bn);
@@ -125,7 +121,7 @@ pub(super) fn split_tail(
             tiles * tile_len
         );
     }
-    Ok((s, Workspace { counters: tiles as usize, partials: partials as usize }))
+    Ok((s, Some(Workspace { counters: tiles as usize, partials: partials as usize })))
 }
 
 /// The grid of a GEMM template whose blocks take `bm x bn` of C, K split `splits` ways: the tiles of M, and the

@@ -133,6 +133,25 @@ inline void kiln_mma_tf32_1688(float* d, const unsigned int* a, const unsigned i
 }
 "#;
 
+/// Compiles `source` (a unit of [`host_unit`] or [`kernel_unit`]) with the C++ compiler `cxx` into the shared
+/// library `lib`, the source written beside it (`.cpp`). C++20 and threads for the shim's barriers;
+/// `-ffp-contract=off`: no fused multiply-adds the interpreter does not have either (NVRTC contracts by default), so
+/// a difference from it is a semantic one.
+pub fn compile_library(cxx: &str, source: &str, lib: &std::path::Path) -> Result<(), String> {
+    let src = lib.with_extension("cpp");
+    std::fs::write(&src, source).map_err(|e| format!("{}: {e}", src.display()))?;
+    let out = std::process::Command::new(cxx)
+        .args(["-std=c++20", "-pthread", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-o"])
+        .arg(lib)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("running {cxx}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("the host compile failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(())
+}
+
 /// One translation unit: the shim, then each `(kernel, its IR)` in a namespace with its driver `kiln_run_<i>`.
 /// `args` holds the kernel's buffers in parameter order (inputs, output, then rng words, fault record and the
 /// workspace's counters and partials where the kernel has them).

@@ -22,7 +22,7 @@
 //! GPU; what the shim cannot check is whether the layout is the hardware's (the PTX ISA is the reference) and the
 //! order in which the tensor core sums a 16-term product (unspecified: results agree to f32 accumulation, not bits).
 //!
-//! K splits as the SIMT template's do (`gemm.rs`'s module doc: the same `split_tail`), for decode shapes.
+//! K splits as the SIMT template's do (`gemm.rs`'s module doc: the same `split_end`), for decode shapes.
 //!
 //! **TF32** ([`MmaType::Tf32`], f32 operands, where the user allows it: the GPU devices' `gpu_gemm::allow_tf32`):
 //! the same tiles with `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`, the slices staged as f32 (rows padded
@@ -37,7 +37,7 @@
 //! Deliberately not done yet: `ldmatrix`, `cp.async` double buffering, Hopper's `wgmma`/TMA, vector loads for
 //! TF32.
 
-use super::gemm::{assemble, grid, split_of, split_tail};
+use super::gemm::{assemble, grid, split_end, split_of};
 use super::{CudaC, Flavor, GpuKernel, check, math};
 use crate::dtype::DType;
 use crate::kernel::KernelIr;
@@ -68,6 +68,15 @@ impl MmaType {
             DType::F16 => Some(MmaType::F16),
             DType::F32 => Some(MmaType::Tf32),
             _ => None,
+        }
+    }
+
+    /// The helper that runs one warp-level product of this type (`helpers`).
+    fn product(self) -> &'static str {
+        match self {
+            MmaType::Bf16 => "kiln_mma_bf16_16816",
+            MmaType::F16 => "kiln_mma_f16_16816",
+            MmaType::Tf32 => "kiln_mma_tf32_1688",
         }
     }
 
@@ -136,45 +145,52 @@ pub fn mma_arch(arch: &str) -> bool {
         .is_some_and(|v| v >= 80)
 }
 
-/// The warp-level product on the device; the host shim defines its own (see the module doc).
-const MMA_HELPER: &str = r#"
+/// The helpers a tensor-core kernel of type `ty` calls: its warp-level product (on the device; the host shim defines
+/// its own, see the module doc), TF32's rounding, the 16-bit types' register pairs, and the 16-byte loads and stores
+/// where it stages `vectors`.
+fn helpers(ty: MmaType, vectors: bool) -> String {
+    let name = ty.product();
+    let (shape, ptx, what) = match ty {
+        MmaType::Bf16 => ("m16n8k16", "bf16", "A (16 x 16, row) * B (16 x 8, col), bf16 in"),
+        MmaType::F16 => ("m16n8k16", "f16", "A (16 x 16, row) * B (16 x 8, col), f16 in"),
+        MmaType::Tf32 => ("m16n8k8", "tf32", "A (16 x 8, row) * B (8 x 8, col), TF32 in"),
+    };
+    let mut s = format!(
+        r#"
 #ifndef KILN_HOST_SHIM
-// d += A (16 x 8, row) * B (8 x 8, col) over one warp, TF32 in (each register a TF32 value), f32 accumulators.
-__device__ __forceinline__ void kiln_mma_tf32_1688(float* d, const unsigned int* a, const unsigned int* b) {
+// d += {what}, over one warp, f32 accumulators.
+__device__ __forceinline__ void {name}(float* d, const unsigned int* a, const unsigned int* b) {{
     asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
+        "mma.sync.aligned.{shape}.row.col.f32.{ptx}.{ptx}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, "
+        "{{%0, %1, %2, %3}};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// An f32 rounded to TF32 (to nearest, ties away from zero), as the tensor cores take it.
+}}
+"#
+    );
+    s.push_str(match ty {
+        MmaType::Tf32 => {
+            r#"// An f32 rounded to TF32 (to nearest, ties away from zero), as the tensor cores take it.
 __device__ __forceinline__ unsigned int kiln_tf32(float x) {
     unsigned int r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
-// d += A (16 x 16, row) * B (16 x 8, col) over one warp, f16 in, f32 accumulators (the bf16 product's layout).
-__device__ __forceinline__ void kiln_mma_f16_16816(float* d, const unsigned int* a, const unsigned int* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-// d += A (16 x 16, row) * B (16 x 8, col) over one warp, bf16 in, f32 accumulators.
-__device__ __forceinline__ void kiln_mma_bf16_16816(float* d, const unsigned int* a, const unsigned int* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 #endif
-// Two adjacent bf16 of a shared row as one register, the lower index in the low half.
+"#
+        }
+        MmaType::Bf16 | MmaType::F16 => {
+            r#"#endif
+// Two adjacent 16-bit values of a shared row as one register, the lower index in the low half.
 __device__ __forceinline__ unsigned int kiln_pair(const unsigned short* s, int i) {
     return (unsigned int)s[i] | ((unsigned int)s[i + 1] << 16);
 }
-// 8 bf16 as 16 bytes: loaded and stored whole (16-byte aligned), packed from and split into halves.
+"#
+        }
+    });
+    if vectors {
+        s.push_str(
+            r#"// 8 16-bit values as 16 bytes: loaded and stored whole (16-byte aligned), packed from and split into halves.
 #ifndef KILN_HOST_SHIM
 __device__ __forceinline__ uint4 kiln_ld16(const unsigned short* p) { return *(const uint4*)p; }
 __device__ __forceinline__ void kiln_st16(unsigned short* p, uint4 x) { *(uint4*)p = x; }
@@ -191,7 +207,11 @@ __device__ __forceinline__ unsigned short kiln_half8(uint4 x, int i) {
     unsigned int w = i < 2 ? x.x : i < 4 ? x.y : i < 6 ? x.z : x.w;
     return (unsigned short)(i % 2 ? w >> 16 : w & 0xffffu);
 }
-"#;
+"#,
+        );
+    }
+    s
+}
 
 /// Renders GEMM kernel `k` (recognized as `v`) for the tensor cores in tile `t`, K split `splits` ways (1: not
 /// split): bf16 and f16 operands as they are, f32 operands as TF32 (the caller decides whether the user allows
@@ -237,17 +257,13 @@ pub fn render_gemm_mma(
     let mut head = format!("// kiln kernel {} ({}, {what} {bm}x{bn}x{BK}{split_name})\n", k.name, flavor.name());
     head.push_str(math::PRELUDE);
     head.push_str(&em.helpers_source());
-    head.push_str(MMA_HELPER);
-    let (mut body, accs) = body(&dialect, v, t, ty, tiles_m, split);
-    let workspace = match split {
-        Some(_) => {
-            let (tail, w) = split_tail(v, (bm, bn), splits, blocks, &accs)?;
-            body.push_str(&tail);
-            Some(w)
-        }
-        None => None,
-    };
-    Ok(assemble(k, head, threads, epilogue.lines().chain(body.lines()), blocks, em.uses_rng, workspace))
+    // Operands staged 16 bytes a load ([`vector8`]; not TF32's, staged as f32 one element a load).
+    let vectors = [&v.a, &v.b].map(|op| ty != MmaType::Tf32 && vector8(op, op.cols == 1));
+    head.push_str(&helpers(ty, vectors.contains(&true)));
+    let (body, accs) = body(&dialect, v, t, ty, vectors, tiles_m, split);
+    let (tail, workspace) = split_end(v, (bm, bn), split, blocks, &accs)?;
+    let lines = epilogue.lines().chain(body.lines()).chain(tail.lines());
+    Ok(assemble(k, head, threads, lines, blocks, em.uses_rng, workspace))
 }
 
 /// A `rows x cols` slice of an operand staged into shared memory: element (r, c) of the slice is the operand's
@@ -342,7 +358,15 @@ where
 
 /// The entry point's body: staging loop (over the split's K range, with one), fragments and products, then
 /// (without a split) the epilogue per accumulator in bounds; and the thread's accumulators.
-fn body(d: &CudaC, v: &GemmView, t: MmaTile, ty: MmaType, tiles_m: u64, split: Option<KSplit>) -> (String, Vec<Acc>) {
+fn body(
+    d: &CudaC,
+    v: &GemmView,
+    t: MmaTile,
+    ty: MmaType,
+    [vector_a, vector_b]: [bool; 2],
+    tiles_m: u64,
+    split: Option<KSplit>,
+) -> (String, Vec<Acc>) {
     let (m, n, kk) = (v.m, v.n, v.k);
     let (bm, bn, threads) = (t.bm(), t.bn(), t.threads());
     let MmaTile { wn, fm, fn_, .. } = t;
@@ -387,8 +411,7 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, ty: MmaType, tiles_m: u64, split: O
         shared: |r: &str, c: &str| format!("sa[({r}) * {ld} + {c}]"),
         k_is_cols: true,
     };
-    let vector = |op: &GemmOperand| ty != MmaType::Tf32 && vector8(op, op.cols == 1);
-    stage(&mut s, &a, threads, elem, vector(&v.a));
+    stage(&mut s, &a, threads, elem, vector_a);
     let b = Slice {
         rows: BK,
         cols: bn,
@@ -399,15 +422,15 @@ fn body(d: &CudaC, v: &GemmView, t: MmaTile, ty: MmaType, tiles_m: u64, split: O
         shared: |r: &str, c: &str| format!("sb[({c}) * {ld} + {r}]"),
         k_is_cols: false,
     };
-    stage(&mut s, &b, threads, elem, vector(&v.b));
+    stage(&mut s, &b, threads, elem, vector_b);
     s.push_str("    __syncthreads();\n");
     // Per instruction: K of 16 (bf16: a register holds 2 adjacent K) or 8 (TF32: one each); A's four registers at
     // (row, K) offsets, B's two at K offsets (the module doc's layouts).
-    let (step, a_regs, b_regs, mma): (u32, [(u32, u32); 4], [u32; 2], &str) = match ty {
-        MmaType::Bf16 => (16, [(0, 0), (8, 0), (0, 8), (8, 8)], [0, 8], "kiln_mma_bf16_16816"),
-        MmaType::F16 => (16, [(0, 0), (8, 0), (0, 8), (8, 8)], [0, 8], "kiln_mma_f16_16816"),
-        MmaType::Tf32 => (8, [(0, 0), (8, 0), (0, 4), (8, 4)], [0, 4], "kiln_mma_tf32_1688"),
+    let (step, a_regs, b_regs): (u32, [(u32, u32); 4], [u32; 2]) = match ty {
+        MmaType::Bf16 | MmaType::F16 => (16, [(0, 0), (8, 0), (0, 8), (8, 8)], [0, 8]),
+        MmaType::Tf32 => (8, [(0, 0), (8, 0), (0, 4), (8, 4)], [0, 4]),
     };
+    let mma = ty.product();
     let fetch = |array: &str, at: String| match ty {
         MmaType::Bf16 | MmaType::F16 => format!("kiln_pair({array}, {at} + q * 2)"),
         MmaType::Tf32 => format!("kiln_tf32({array}[{at} + q])"),

@@ -86,7 +86,7 @@ pub struct GpuKernel {
     pub workspace: Option<Workspace>,
 }
 
-/// A split-K GEMM's scratch (`gemm::split_tail`), two parameters after the kernel's buffers: `counters` u32 words,
+/// A split-K GEMM's scratch (`gemm::split_end`), two parameters after the kernel's buffers: `counters` u32 words,
 /// zero before the kernel's first launch and left zero by every launch (so one allocation serves every later
 /// launch and graph replay), then room for `partials` f32 words, overwritten by each launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
