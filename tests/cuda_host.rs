@@ -894,7 +894,7 @@ fn gemm_candidates_run_forced_on_the_host_stand_in() {
 #[test]
 fn the_library_gemm_takes_the_epilogues_it_has() {
     use kiln_backends::HostGpu;
-    use kiln_backends::gpu_library::LibGemm;
+    use kiln_backends::gpu_library::{LibAct, LibGemm};
     let Some(cxx) = cxx() else { return };
     let gpu = HostGpu::new(&cxx);
     let ran = gpu_open::library_gemm_matches_the_interpreter(&|k, args| gpu.run_library_with(k, args))
@@ -902,6 +902,7 @@ fn the_library_gemm_takes_the_epilogues_it_has() {
     let want = [
         "ragged 70 x 130 x 33",
         "x @ w.t() + bias, relu",
+        "x @ w + bias, gelu",
         "batched",
         "bf16 ragged",
         "bf16 batched",
@@ -922,9 +923,23 @@ fn the_library_gemm_takes_the_epilogues_it_has() {
     };
     let bias = m(1, 9).reshape([9]);
     let g = lib((m(5, 7).matmul(&m(9, 7).t()) + &bias).relu()).expect("bias and relu are cuBLASLt's");
-    assert!(g.bias.is_some() && g.relu && !g.b.row_major && g.a.row_major, "{g:?}");
-    let gelu = kiln::nn::functional::gelu(&(m(5, 7).matmul(&m(7, 9)) + &bias), kiln::nn::functional::Approximate::Tanh);
-    assert_eq!(lib(gelu), None, "a GELU stays with the templates");
+    assert!(g.bias.is_some() && g.act == Some(LibAct::Relu) && !g.b.row_major && g.a.row_major, "{g:?}");
+    use kiln::nn::functional::{Approximate, gelu};
+    let g = lib(gelu(&(m(5, 7).matmul(&m(7, 9)) + &bias), Approximate::Tanh)).expect("the tanh GELU is cuBLASLt's");
+    assert!(g.bias.is_some() && g.act == Some(LibAct::GeluTanh), "{g:?}");
+    let g = lib(gelu(&m(5, 7).matmul(&m(7, 9)), Approximate::Tanh)).expect("a GELU without a bias too");
+    assert!(g.bias.is_none() && g.act == Some(LibAct::GeluTanh), "{g:?}");
+    assert_eq!(lib(gelu(&m(5, 7).matmul(&m(7, 9)), Approximate::None)), None, "the erf GELU is not cuBLASLt's");
+    // The tanh GELU's tree with one constant off, and with one more term: not a GELU.
+    let near = |x: &Tensor, c: f64, extra: bool| {
+        let inner = x.add(x.mul(x).mul(x).mul(c)).mul((2.0 / std::f64::consts::PI).sqrt());
+        let y = x.mul(0.5).mul(inner.tanh().add(1.0));
+        if extra { y.add(x.mul(1e-3)) } else { y }
+    };
+    let y = m(5, 7).matmul(&m(7, 9));
+    assert!(lib(near(&y, 0.044715, false)).is_some(), "the tree as gelu() builds it");
+    assert_eq!(lib(near(&y, 0.045, false)), None, "a constant off");
+    assert_eq!(lib(near(&y, 0.044715, true)), None, "a term more");
     assert_eq!(lib(m(5, 7).matmul(&m(7, 9)).mul(2.0)), None, "a scale stays with the templates");
     assert_eq!(lib(m(5, 7).matmul(&m(7, 9)) + 1.0), None, "a constant is not a bias");
 }

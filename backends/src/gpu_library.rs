@@ -5,10 +5,18 @@
 //!
 //! A library runs what it can describe: operands stored row- or column-major (one stride 1, the other the leading
 //! dimension), batches with one stride each (0 for a shared operand), a contiguous output, and an epilogue it has
-//! itself: nothing, `+ bias[n]`, `relu`, or both, then the output's rounding. Anything else a kernel fuses (a GELU,
-//! a residual, a scale, a bf16 rounding before the bias) stays with the templates. A GELU is deliberately not
-//! matched: cuBLASLt's is the tanh form, and a `gelu` that rounds differently from the interpreter's would only lose
-//! its verification.
+//! itself: nothing, `+ bias[n]`, then optionally `relu` or the tanh-form GELU, then the output's rounding. Anything
+//! else a kernel fuses (the exact, erf-form GELU, a residual, a scale, a bf16 rounding before the bias) stays with
+//! the templates.
+//!
+//! The GELU is recognized by its expression, not by evaluating the epilogue at sample points: the outer code from
+//! the bias on must be exactly `nn::functional::gelu(x, Approximate::Tanh)`'s tree, `x * 0.5 * (tanh((x + x^3 *
+//! 0.044715) * sqrt(2/pi)) + 1)`, up to the order of each product's and sum's operands, every instruction of it
+//! used and every constant equal in f32 (cuBLASLt's `CUBLASLT_EPILOGUE_GELU` computes that formula in f32). A
+//! function that merely agrees with a GELU where it was sampled could be handed to the library and be wrong
+//! elsewhere; a tree that is a GELU cannot. The race still verifies the library's output before it can win: a
+//! library whose GELU is coarser than the output's tolerance (a hardware `tanh` approximation, say) loses the race
+//! rather than the result. How close cuBLASLt's is has not been measured yet (no GPU here).
 
 use kiln_jit::BinaryOp;
 use kiln_jit::DType;
@@ -30,8 +38,32 @@ pub struct LibGemm {
     pub b: LibOperand,
     /// The bias added along the output's columns (`bias[j]`): which input, and its dtype.
     pub bias: Option<(usize, DType)>,
-    pub relu: bool,
+    /// The activation after the bias.
+    pub act: Option<LibAct>,
 }
+
+/// An activation a library applies in its epilogue, after the bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LibAct {
+    /// `max(x, 0)`, written `where(x <= 0, 0, x)`.
+    Relu,
+    /// `x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))`.
+    GeluTanh,
+}
+
+impl LibAct {
+    /// The activation as the library computes it, in f32 (the host stand-in's library).
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            LibAct::Relu if x <= 0.0 => 0.0,
+            LibAct::Relu => x,
+            LibAct::GeluTanh => x * 0.5 * (1.0 + (SQRT_2_OVER_PI as f32 * (x + 0.044715 * x * x * x)).tanh()),
+        }
+    }
+}
+
+/// `sqrt(2 / pi)`, the GELU's tanh-form constant, as `nn::functional::gelu` writes it.
+const SQRT_2_OVER_PI: f64 = 0.7978845608028654;
 
 /// One operand as a library describes it: row-major (`row[i]` at `i * ld`) or column-major (`col[j]` at `j * ld`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -64,7 +96,7 @@ impl LibGemm {
         }
         let a = operand(&v.a, (v.m, v.k), &v.batch)?;
         let b = operand(&v.b, (v.k, v.n), &v.batch)?;
-        let (bias, relu) = epilogue(k, v.out)?;
+        let (bias, act) = epilogue(k, v.out)?;
         Some(LibGemm {
             m: v.m,
             n: v.n,
@@ -75,7 +107,7 @@ impl LibGemm {
             a,
             b,
             bias,
-            relu,
+            act,
         })
     }
 
@@ -89,7 +121,7 @@ impl LibGemm {
         Ok([input(self.a.buf)?, input(self.b.buf)?, bias, out])
     }
 
-    /// A stable description for tuning records and errors, e.g. `bf16 16x4096x4096 bias relu`.
+    /// A stable description for tuning records and errors, e.g. `bf16 16x4096x4096 bias relu` (or `bias gelu`).
     pub fn describe(&self) -> String {
         let mut s = format!("{} {}x{}x{}", self.operands, self.m, self.n, self.k);
         if self.batch > 1 {
@@ -98,8 +130,10 @@ impl LibGemm {
         if self.bias.is_some() {
             s.push_str(" bias");
         }
-        if self.relu {
-            s.push_str(" relu");
+        match self.act {
+            Some(LibAct::Relu) => s.push_str(" relu"),
+            Some(LibAct::GeluTanh) => s.push_str(" gelu"),
+            None => {}
         }
         s
     }
@@ -133,10 +167,14 @@ fn operand(op: &GemmOperand, (rows, cols): (usize, usize), batch: &[usize]) -> O
     Some(LibOperand { buf: op.buf, row_major, ld, batch_stride })
 }
 
+/// A bias along the output's columns: which input, stored in which dtype.
+type Bias = Option<(usize, DType)>;
+
 /// The kernel's outer code as a library's epilogue: `acc`, then optionally `+ bias[j]` (a load along the output's
-/// last dim, cast to f32 where stored in bf16), optionally `relu` (`where(x <= 0, 0, x)`), then optionally the
-/// cast to the output's dtype, and nothing else. `(bias input and dtype, relu)`.
-fn epilogue(k: &KernelIr, out: DType) -> Option<(Option<(usize, DType)>, bool)> {
+/// last dim, cast to f32 where stored in bf16), optionally `relu` (`where(x <= 0, 0, x)`) or the tanh-form GELU
+/// (the module doc), then optionally the cast to the output's dtype, and nothing else. `(bias input and dtype,
+/// activation)`.
+fn epilogue(k: &KernelIr, out: DType) -> Option<(Bias, Option<LibAct>)> {
     let o = &k.outer;
     let rank = k.out_rank();
     let nvars = rank + 1;
@@ -152,7 +190,7 @@ fn epilogue(k: &KernelIr, out: DType) -> Option<(Option<(usize, DType)>, bool)> 
     }
     let mut cur = 0;
     let mut bias = None;
-    let mut relu = false;
+    let mut act = None;
     // `+ bias[j]`
     if let Some(InstOp::Load { buf, index, valid: None, .. }) = o.get(i).map(|x| &x.op) {
         let mut along_n = vec![0; nvars];
@@ -186,9 +224,21 @@ fn epilogue(k: &KernelIr, out: DType) -> Option<(Option<(usize, DType)>, bool)> 
         let le = &o[i + 1];
         let pick = &o[i + 3];
         if le.op == InstOp::Binary(BinaryOp::Le, cur, i) && pick.op == InstOp::Where(i + 1, i + 2, cur) {
-            relu = true;
+            act = Some(LibAct::Relu);
             cur = i + 3;
             i += 4;
+        }
+    }
+    // The GELU: the instructions up to the result (or to its rounding) are exactly its tree over `cur`.
+    if act.is_none() && i < o.len() {
+        let root = match o[k.result].op {
+            InstOp::Cast(r) => r,
+            _ => k.result,
+        };
+        if root >= i && Tree::new(o, i, cur).uses_all(root, &GELU_TANH, i..=root) {
+            act = Some(LibAct::GeluTanh);
+            cur = root;
+            i = root + 1;
         }
     }
     // The output's rounding.
@@ -198,7 +248,85 @@ fn epilogue(k: &KernelIr, out: DType) -> Option<(Option<(usize, DType)>, bool)> 
         cur = i;
         i += 1;
     }
-    (i == o.len() && k.result == cur && o[cur].dtype == out).then_some((bias, relu))
+    (i == o.len() && k.result == cur && o[cur].dtype == out).then_some((bias, act))
+}
+
+/// An f32 expression of one value `x`, to match outer code against (see `Tree`).
+enum Pat {
+    X,
+    Const(f64),
+    Add(&'static Pat, &'static Pat),
+    Mul(&'static Pat, &'static Pat),
+    Tanh(&'static Pat),
+}
+
+/// `x * 0.5 * (tanh((x + x * x * x * 0.044715) * sqrt(2 / pi)) + 1)`, as `nn::functional::gelu` builds it.
+const GELU_TANH: Pat = {
+    use Pat::*;
+    const CUBE: Pat = Mul(&Mul(&X, &X), &X);
+    const INNER: Pat = Mul(&Add(&X, &Mul(&CUBE, &Const(0.044715))), &Const(SQRT_2_OVER_PI));
+    Mul(&Mul(&X, &Const(0.5)), &Add(&Tanh(&INNER), &Const(1.0)))
+};
+
+/// Matches outer-code instructions at or after `from` against a `Pat` whose `X` is instruction `x`, every
+/// instruction f32, sums and products in either operand order.
+struct Tree<'a> {
+    o: &'a [kiln_jit::kernel::Inst],
+    from: usize,
+    x: usize,
+    /// The instructions the last match used (with repeats).
+    used: Vec<usize>,
+}
+
+impl<'a> Tree<'a> {
+    fn new(o: &'a [kiln_jit::kernel::Inst], from: usize, x: usize) -> Tree<'a> {
+        Tree { o, from, x, used: Vec::new() }
+    }
+
+    /// Whether instruction `id` computes `p`, and the match used every instruction of `range`.
+    fn uses_all(&mut self, id: usize, p: &Pat, range: std::ops::RangeInclusive<usize>) -> bool {
+        if !self.matches(id, p) {
+            return false;
+        }
+        let mut used = std::mem::take(&mut self.used);
+        used.sort_unstable();
+        used.dedup();
+        used.into_iter().eq(range)
+    }
+
+    fn matches(&mut self, id: usize, p: &Pat) -> bool {
+        if let Pat::X = p {
+            return id == self.x;
+        }
+        let Some(inst) = self.o.get(id).filter(|inst| id >= self.from && inst.dtype == DType::F32) else {
+            return false;
+        };
+        let mark = self.used.len();
+        self.used.push(id);
+        let ok = match (p, &inst.op) {
+            (Pat::Const(c), InstOp::Const(s)) => s.as_f64() as f32 == *c as f32,
+            (Pat::Tanh(a), InstOp::Unary(kiln_jit::UnaryOp::Tanh, v)) => self.matches(*v, a),
+            (Pat::Add(a, b), InstOp::Binary(BinaryOp::Add, l, r))
+            | (Pat::Mul(a, b), InstOp::Binary(BinaryOp::Mul, l, r)) => {
+                self.both(*l, *r, a, b) || self.both(*r, *l, a, b)
+            }
+            _ => false,
+        };
+        if !ok {
+            self.used.truncate(mark);
+        }
+        ok
+    }
+
+    /// `l` matches `a` and `r` matches `b` (nothing recorded otherwise).
+    fn both(&mut self, l: usize, r: usize, a: &Pat, b: &Pat) -> bool {
+        let mark = self.used.len();
+        let ok = self.matches(l, a) && self.matches(r, b);
+        if !ok {
+            self.used.truncate(mark);
+        }
+        ok
+    }
 }
 
 /// Runs `g` on the host as a library would (f32 products summed in f32 in K order, the epilogue, one rounding to
@@ -228,8 +356,8 @@ pub unsafe fn run_on_host(g: &LibGemm, ptrs: [u64; 4]) {
                 if let Some((_, dtype)) = g.bias {
                     acc += read(ptrs[2], dtype, j);
                 }
-                if g.relu && acc <= 0.0 {
-                    acc = 0.0;
+                if let Some(act) = g.act {
+                    acc = act.apply(acc);
                 }
                 let at = (b * g.m + i) * g.n + j;
                 // SAFETY: the caller's contract: the output holds `batch * m * n` elements of its dtype.

@@ -105,6 +105,11 @@ fn gemm_cases() -> Vec<(&'static str, Tensor)> {
     vec![
         ("ragged 70 x 130 x 33", rand(&[70, 33], 1).matmul(&rand(&[33, 130], 2))),
         ("x @ w.t() + bias, relu", (rand(&[12, 40], 5).matmul(&rand(&[27, 40], 6).t()) + rand(&[27], 9)).relu()),
+        // Products of about +-2: the GELU's curved part.
+        ("x @ w + bias, gelu", {
+            let y = rand(&[12, 40], 19).matmul(&rand(&[40, 27], 20)) + rand(&[27], 21);
+            kiln::nn::functional::gelu(&y, kiln::nn::functional::Approximate::Tanh)
+        }),
         ("batched", rand(&[3, 17, 20], 7).matmul(&rand(&[3, 20, 33], 8))),
         ("bf16 ragged", bf(rand(&[70, 33], 1)).matmul(&bf(rand(&[33, 130], 2)))),
         ("bf16 x @ w.t(), relu", bf(rand(&[12, 40], 5)).matmul(&bf(rand(&[27, 40], 6)).t()).relu()),

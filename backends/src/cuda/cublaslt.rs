@@ -10,12 +10,13 @@
 //! its `n x m` column-major D is kiln's row-major output. The bias then runs along cuBLASLt's rows, which are
 //! kiln's columns, as `bias[j]` does. Products accumulate in f32 (`CUBLAS_COMPUTE_32F`; f32 operands in TF32,
 //! `_FAST_TF32`, only where the user allows it), bf16 and f16 operands and outputs as `CUDA_R_16BF` and
-//! `CUDA_R_16F`.
+//! `CUDA_R_16F`. The activation (`relu`, or the tanh-form GELU: `gpu_library::LibAct`) is the `_RELU` / `_GELU`
+//! epilogue, `_BIAS` with a bias, applied in f32 after the bias and before the output's rounding.
 //!
 //! Nothing here has run on a GPU yet: the race verifies the library's output against the kernel evaluator before
 //! it can win, so a mistake here loses races rather than corrupting results.
 
-use crate::gpu_library::{LibGemm, LibOperand};
+use crate::gpu_library::{LibAct, LibGemm, LibOperand};
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -90,11 +91,14 @@ impl Lt {
         p.layouts[1] = lb;
         let d = LibOperand { buf: 0, row_major: true, ld: g.n as i64, batch_stride: (g.m * g.n) as i64 };
         p.layouts[2] = layout(ty(g.out), &d, (g.m, g.n), g.batch).map_err(err("layout of D"))?.0;
-        let epilogue = match (g.bias.is_some(), g.relu) {
-            (false, false) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
-            (false, true) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU,
-            (true, false) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-            (true, true) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+        use sys::cublasLtEpilogue_t as E;
+        let epilogue = match (g.bias.is_some(), g.act) {
+            (false, None) => E::CUBLASLT_EPILOGUE_DEFAULT,
+            (false, Some(LibAct::Relu)) => E::CUBLASLT_EPILOGUE_RELU,
+            (false, Some(LibAct::GeluTanh)) => E::CUBLASLT_EPILOGUE_GELU,
+            (true, None) => E::CUBLASLT_EPILOGUE_BIAS,
+            (true, Some(LibAct::Relu)) => E::CUBLASLT_EPILOGUE_RELU_BIAS,
+            (true, Some(LibAct::GeluTanh)) => E::CUBLASLT_EPILOGUE_GELU_BIAS,
         };
         use sys::cublasLtMatmulDescAttributes_t as A;
         // SAFETY: `p.desc` was created above; each value is the attribute's C type (cublasOperation_t and
