@@ -251,6 +251,11 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         Tensor::from_vec((0..r * c).map(|i| ((i as f32) * k).sin()).collect::<Vec<f32>>(), [r, c], &dev).expect("m")
     };
     let bf = |t: &Tensor| t.to_dtype(DType::BF16);
+    // `r x c`, NaN from column `from` on.
+    let nan_cols = |r: usize, c: usize, from: usize| {
+        let v = (0..r * c).map(|i| if i % c >= from { f32::NAN } else { (i as f32 * 0.3).sin() }).collect();
+        Tensor::from_vec(v, [r, c], &dev).expect("nan_cols")
+    };
     let bias = m(1, 30, 0.9).reshape([30]);
     let batched_a =
         Tensor::from_vec((0..3 * 17 * 40).map(|i| (i as f32 * 0.11).cos()).collect(), [3, 17, 40], &dev).expect("a");
@@ -262,6 +267,13 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
         ("transposed weight, as nn::Linear", vec![m(33, 20, 0.2).matmul(&m(30, 20, 0.4).t())]),
         ("batched 3 x 17 x 40 x 9", vec![batched_a.matmul(&batched_b)]),
         ("K below one slice", vec![m(5, 3, 0.6).matmul(&m(3, 7, 0.8)).mul(2.0)]),
+        // Strides of 4 elements: staged 4 floats (16 bytes) a load (`cstyle::vectorizable`), along K (both operands
+        // of x @ w.t()), along M and N (x.t() @ w[:, :30]), and along K where x's columns are narrowed to 30 of
+        // its 32, so the vector at K's edge straddles it and must take the checked loads: the two columns cut off
+        // are NaN, which would reach the sums (times B's zeros past K) through an unchecked vector.
+        ("aligned 33 x 32 x 24, x @ w.t()", vec![m(33, 24, 0.2).matmul(&m(32, 24, 0.4).t())]),
+        ("aligned 36 x 30 x 20, x.t() @ w[:, :30]", vec![m(20, 36, 0.3).t().matmul(&m(20, 32, 0.5).narrow(1, 0, 30))]),
+        ("aligned 36 x 32 x 30, x[:, :30] @ w", vec![nan_cols(36, 32, 30).narrow(1, 0, 30).matmul(&m(30, 32, 0.5))]),
     ];
     // bf16 operands, widened as they are staged; a bf16 output rounded once from the f32 sum.
     let bf16_cases = vec![
@@ -288,6 +300,18 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
     };
     for (name, outs) in &bf16_cases {
         assert!(with_bf16_operands(outs), "{name}: no GEMM on bf16 operands");
+    }
+    for (name, outs) in &cases[5..] {
+        let k = gemm_of(outs);
+        let v = GemmView::of(&k).expect("a GEMM");
+        let source = render_gemm(&k, &v, DEFAULT_TILE, 1, Flavor::Cuda).expect("renders").source;
+        assert_eq!(
+            source.matches("kiln_ld4f(&in").count(),
+            2,
+            "{name}: both operands 4 floats a load: {:?} {:?}",
+            v.a,
+            v.b
+        );
     }
     for (name, outs) in &bf16_cases[4..] {
         let k = gemm_of(outs);

@@ -299,6 +299,30 @@ fn gemm_template_wgsl() {
     check_golden("gemm_template.wgsl.txt", &text);
 }
 
+/// The tiled (SIMT) GEMM template in CUDA C, f32: `x @ w.t() + bias` with a ragged M and strides of 4, so both
+/// operands are staged 4 elements (16 bytes) a load along K, with checked element loads at the ragged edge.
+#[test]
+fn gemm_template_cuda_vector_loads() {
+    use kiln_jit::kernel::gemm::GemmView;
+    use kiln_jit::render::cstyle::GemmTile;
+    use kiln_jit::render::cuda::{Flavor, render_gemm};
+    let dev = Device::cpu();
+    let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
+    let x = Tensor::from_vec(f(5 * 12, 0.7), [5, 12], &dev).expect("x");
+    let w = Tensor::from_vec(f(8 * 12, 1.3), [8, 12], &dev).expect("w");
+    let b = Tensor::from_vec(f(8, 0.3), [8], &dev).expect("b");
+    let y = x.matmul(&w.t()) + &b;
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let plan = kiln_backends::gpu_cache::schedule(&cap.graph);
+    let gemms: Vec<_> = plan.launches.iter().filter_map(|l| GemmView::of(&l.kernel).map(|v| (&l.kernel, v))).collect();
+    assert_eq!(gemms.len(), 1, "expected one GEMM");
+    let (k, view) = &gemms[0];
+    let tile = GemmTile { tm: 16, tn: 16, rm: 2, rn: 2, kt: 8 };
+    let text = render_gemm(k, view, tile, 1, Flavor::Cuda).expect("renders").source;
+    assert!(text.matches("kiln_ld4f(").count() >= 3, "both operands read as vectors:\n{text}");
+    check_golden("gemm_template_vector_loads.cu.txt", &text);
+}
+
 /// The CUDA tensor-core GEMM template (bf16 operands, the GPU devices' schedule): the product rounded to bf16 and
 /// its relu (computed in bf16) fused as the epilogue, a transposed weight as `nn::Linear` reads it, ragged M, N, K.
 #[test]

@@ -117,6 +117,9 @@ pub struct GemmParts {
     pub body: String,
     /// The thread's accumulators, relative to the tile's corner (`m0`, `n0`).
     pub accumulators: Vec<Acc>,
+    /// Whether the body reads an operand 4 elements a load (`Dialect::load4`: the dialect declares what that
+    /// statement calls).
+    pub vector_loads: bool,
 }
 
 /// Writes GEMM kernel `em.k` (recognized as `v`) in tile `t` (well-formed: the caller checks), K split as `split`
@@ -128,8 +131,8 @@ pub fn gemm_parts<D: Dialect>(em: &mut Emitter<'_, D>, v: &GemmView, t: GemmTile
     let mut shared = String::new();
     let _ = writeln!(shared, "\n{} // [kt][tm]", d.workgroup_array("sa", DType::F32, (tm * kt) as usize));
     let _ = writeln!(shared, "{} // [kt][tn]", d.workgroup_array("sb", DType::F32, (kt * tn) as usize));
-    let (body, accumulators) = main_body(d, v, t, split);
-    GemmParts { epilogue, shared, body, accumulators }
+    let (body, accumulators, vector_loads) = main_body(d, v, t, split);
+    GemmParts { epilogue, shared, body, accumulators, vector_loads }
 }
 
 /// `epilogue(bz, m, n, acc)`: the kernel's outer code for output element (batch `bz`, row `m`, column `n`). Also the
@@ -189,7 +192,7 @@ pub fn operand_at(op: &GemmOperand, base: &str, i: &str, j: &str) -> String {
 
 /// The entry point's body: staging loop over K slices (the split's, with one), register tile, then (without a
 /// split) the epilogue per element in bounds; and the thread's accumulators.
-fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile, split: Option<KSplit>) -> (String, Vec<Acc>) {
+fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile, split: Option<KSplit>) -> (String, Vec<Acc>, bool) {
     let GemmTile { tm, tn, rm, rn, kt } = t;
     let (ty_n, tx_n) = (tm / rm, tn / rn);
     let wg = t.threads();
@@ -233,48 +236,31 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile, split: Option<KSplit>
         }
     }
     line(&mut s, "    ", d.for_step_open("k0", &kbeg, &kend, &kt.to_string()));
-    // A slice: coalesced along k when A's rows are contiguous in k, else along m; B's along n, else along k.
-    let split = |rows_major: bool, minor: u32, major: u32| {
-        let (r, c) = if rows_major {
-            (format!("e / {minor}"), format!("e % {minor}"))
-        } else {
-            (format!("e % {major}"), format!("e / {major}"))
-        };
-        format!("{} {}", d.let_index("r", &r), d.let_index("c", &c))
+    // A's slice is read along k where A's rows are contiguous in k, else along m; B's along n, else along k: so
+    // neighbouring threads read neighbouring words.
+    let a = Slice {
+        rows: tm,
+        cols: kt,
+        along_cols: v.a.cols == 1,
+        names: ("gm", "gk"),
+        origin: ("m0", "k0"),
+        bounds: (m.to_string(), kend.clone()),
+        op: &v.a,
+        base: "abase",
+        shared: &|r, c| format!("sa[{c} * {tm} + {r}]"),
     };
-    let stage = |s: &mut String, len: u32, split: String, (gr, gc): (&str, &str), cond: String, load: String, store| {
-        let mut line = |indent: &str, stmt: String| {
-            let _ = writeln!(s, "{indent}{stmt}");
-        };
-        line("        ", d.for_step_open("e", "l", &len.to_string(), &wg.to_string()));
-        line("            ", split);
-        line("            ", gr.to_string());
-        line("            ", gc.to_string());
-        line("            ", d.var_value("x", DType::F32, &zero));
-        line("            ", format!("if ({cond}) {{ x = {load}; }}"));
-        line("            ", store);
-        line("        ", "}".to_string());
+    let b = Slice {
+        rows: kt,
+        cols: tn,
+        along_cols: v.b.cols == 1,
+        names: ("gk", "gn"),
+        origin: ("k0", "n0"),
+        bounds: (kend.clone(), n.to_string()),
+        op: &v.b,
+        base: "bbase",
+        shared: &|r, c| format!("sb[{r} * {tn} + {c}]"),
     };
-    let (gm, gk) = (d.let_index("gm", "m0 + r"), d.let_index("gk", "k0 + c"));
-    stage(
-        &mut s,
-        tm * kt,
-        split(v.a.cols == 1, kt, tm),
-        (&gm, &gk),
-        format!("gm < {m} && gk < {kend}"),
-        d.load_word(v.operands, &operand_at(&v.a, "abase", "gm", "gk")),
-        format!("sa[c * {tm} + r] = x;"),
-    );
-    let (gk, gn) = (d.let_index("gk", "k0 + r"), d.let_index("gn", "n0 + c"));
-    stage(
-        &mut s,
-        kt * tn,
-        split(v.b.cols == 1, tn, kt),
-        (&gk, &gn),
-        format!("gk < {kend} && gn < {n}"),
-        d.load_word(v.operands, &operand_at(&v.b, "bbase", "gk", "gn")),
-        format!("sb[r * {tn} + c] = x;"),
-    );
+    let vectors = [a, b].map(|sl| stage(d, &mut s, &sl, v.operands, wg));
     line(&mut s, "        ", d.barrier().to_string());
     line(&mut s, "        ", d.for_open("q", kt as usize));
     for i in 0..rm {
@@ -316,5 +302,100 @@ fn main_body<D: Dialect>(d: &D, v: &GemmView, t: GemmTile, split: Option<KSplit>
             accs.push(Acc { row: format!("ty + {mi}"), col: format!("tx + {nj}"), value: format!("c{i}_{j}") });
         }
     }
-    (s, accs)
+    (s, accs, vectors.contains(&true))
+}
+
+/// A `rows x cols` slice of an operand staged into shared memory: element (r, c) of the slice is the operand's
+/// (`origin.0 + r`, `origin.1 + c`), named `names` in the loop, in bounds below `bounds`; `shared` writes the shared
+/// element of (r, c). The slice is read along its columns where `along_cols` (the operand is contiguous that way),
+/// along its rows else.
+struct Slice<'a> {
+    rows: u32,
+    cols: u32,
+    along_cols: bool,
+    names: (&'static str, &'static str),
+    origin: (&'static str, &'static str),
+    bounds: (String, String),
+    op: &'a GemmOperand,
+    base: &'static str,
+    shared: &'a dyn Fn(&str, &str) -> String,
+}
+
+/// Whether operand `op` can be read `width` elements a load along its contiguous dimension (`cols` where
+/// `along_cols`): contiguous that way, and its offset, its other stride and every batch stride multiples of
+/// `width`, so that every vector starting at a multiple of `width` from a matrix's start is aligned to `width`
+/// elements (device allocations are at least 256-byte aligned). A patched operand never is. Also the tensor-core
+/// template's (8 halves, 16 bytes).
+pub fn vectorizable(op: &GemmOperand, along_cols: bool, width: i64) -> bool {
+    let other = if along_cols { op.rows } else { op.cols };
+    let contiguous = if along_cols { op.cols } else { op.rows };
+    op.patch.is_none() && contiguous == 1 && [op.offset, other].iter().chain(&op.batch).all(|x| x % width == 0)
+}
+
+/// The staging loop of slice `sl` of an operand stored as `dtype` over a workgroup of `wg` invocations: where the
+/// dialect has vector loads ([`Dialect::load4`]), the operand's layout allows them ([`vectorizable`]) and the slice
+/// divides into vectors along the way it is read, each invocation reads 4 elements a step, one load where all 4
+/// are in bounds and 4 checked loads at a ragged edge, and stores them one by one (the shared arrays are read by
+/// the inner loop one word at a time); else one element a step. Returns whether it reads vectors.
+fn stage<D: Dialect>(d: &D, s: &mut String, sl: &Slice<'_>, dtype: DType, wg: u32) -> bool {
+    let (rows, cols) = (sl.rows, sl.cols);
+    let (o_r, o_c) = sl.origin;
+    let (n_r, n_c) = sl.names;
+    let (b_r, b_c) = (&sl.bounds.0, &sl.bounds.1);
+    let load = |r: &str, c: &str| d.load_word(dtype, &operand_at(sl.op, sl.base, r, c));
+    let mut line = |indent: &str, stmt: String| {
+        let _ = writeln!(s, "{indent}{stmt}");
+    };
+    let zero = d.float_lit(0.0, DType::F32);
+    let along = if sl.along_cols { cols } else { rows };
+    let vector = (along % 4 == 0 && vectorizable(sl.op, sl.along_cols, 4))
+        .then(|| d.load4(dtype, &operand_at(sl.op, sl.base, n_r, n_c), "x"))
+        .flatten();
+    let Some(vector) = vector else {
+        let (r, c) = if sl.along_cols {
+            (format!("e / {cols}"), format!("e % {cols}"))
+        } else {
+            (format!("e % {rows}"), format!("e / {rows}"))
+        };
+        line("        ", d.for_step_open("e", "l", &(rows * cols).to_string(), &wg.to_string()));
+        line("            ", format!("{} {}", d.let_index("r", &r), d.let_index("c", &c)));
+        line("            ", d.let_index(n_r, &format!("{o_r} + r")));
+        line("            ", d.let_index(n_c, &format!("{o_c} + c")));
+        line("            ", d.var_value("x", DType::F32, &zero));
+        line("            ", format!("if ({n_r} < {b_r} && {n_c} < {b_c}) {{ x = {}; }}", load(n_r, n_c)));
+        line("            ", format!("{} = x;", (sl.shared)("r", "c")));
+        line("        ", "}".to_string());
+        return false;
+    };
+    // Vector `e` covers (r, c .. c + 3) along the columns, or (r .. r + 3, c) along the rows.
+    let per = along / 4;
+    let (r, c, full) = if sl.along_cols {
+        (format!("e / {per}"), format!("(e % {per}) * 4"), format!("{n_r} < {b_r} && {n_c} + 4 <= {b_c}"))
+    } else {
+        (format!("(e % {per}) * 4"), format!("e / {per}"), format!("{n_r} + 4 <= {b_r} && {n_c} < {b_c}"))
+    };
+    let at = |i: u32, (r, c): (&str, &str)| {
+        if sl.along_cols { (r.to_string(), format!("({c} + {i})")) } else { (format!("({r} + {i})"), c.to_string()) }
+    };
+    line("        ", d.for_step_open("e", "l", &(rows * cols / 4).to_string(), &wg.to_string()));
+    line("            ", format!("{} {}", d.let_index("r", &r), d.let_index("c", &c)));
+    line("            ", d.let_index(n_r, &format!("{o_r} + r")));
+    line("            ", d.let_index(n_c, &format!("{o_c} + c")));
+    for i in 0..4 {
+        line("            ", d.var_value(&format!("x{i}"), DType::F32, &zero));
+    }
+    line("            ", format!("if ({full}) {{"));
+    line("                ", vector);
+    line("            ", "} else {".to_string());
+    for i in 0..4 {
+        let (er, ec) = at(i, (n_r, n_c));
+        line("                ", format!("if ({er} < {b_r} && {ec} < {b_c}) {{ x{i} = {}; }}", load(&er, &ec)));
+    }
+    line("            ", "}".to_string());
+    for i in 0..4 {
+        let (sr, sc) = at(i, ("r", "c"));
+        line("            ", format!("{} = x{i};", (sl.shared)(&sr, &sc)));
+    }
+    line("        ", "}".to_string());
+    true
 }

@@ -48,7 +48,7 @@ mod helpers;
 mod table;
 
 pub use coop::{Coop, loop_trips};
-pub use gemm::{Acc, GemmParts, GemmTile, KSplit, epilogue_fn, gemm_parts, operand_at, operand_bases};
+pub use gemm::{Acc, GemmParts, GemmTile, KSplit, epilogue_fn, gemm_parts, operand_at, operand_bases, vectorizable};
 pub use helpers::Helper;
 pub use table::{iexpr, konst};
 
@@ -126,6 +126,15 @@ pub trait Dialect {
     fn group_id(&self, axis: usize) -> &'static str;
     /// The invocation's index inside its workgroup, an unsigned value the entry point declares.
     fn local_index(&self) -> &'static str;
+
+    /// Four consecutive elements of a buffer of `d`, `first` and the three after it (`first` an element expression
+    /// `in<b>[i]` with `i` a multiple of 4 in a buffer aligned to 4 elements), read as one vector load and assigned,
+    /// widened to f32, to the mutable f32 values `<into>0` .. `<into>3`: statements for a block of their own (they
+    /// may declare a value `w`). `None` where the target reads one element a load (WGSL: its storage buffers are
+    /// arrays of scalars).
+    fn load4(&self, _d: DType, _first: &str, _into: &str) -> Option<String> {
+        None
+    }
 
     /// The source of helper `h` (without its dependencies, which `Helper::deps` names).
     fn helper_source(&self, h: Helper) -> &'static str;

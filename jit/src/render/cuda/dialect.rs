@@ -214,6 +214,20 @@ impl Dialect for CudaC {
         "threadIdx.x"
     }
 
+    fn load4(&self, d: DType, first: &str, into: &str) -> Option<String> {
+        // `kiln_ld4f` / `kiln_ld4h` (the tiled GEMM's helpers, `gemm::VECTOR_LOADS`): one 16- or 8-byte load.
+        let (load, word) = match d {
+            DType::F32 => ("kiln_ld4f", "float"),
+            DType::BF16 | DType::F16 => ("kiln_ld4h", "unsigned short"),
+            _ => return None,
+        };
+        let mut s = format!("const kiln_v4<{word}> w = {load}(&{first});");
+        for i in 0..4 {
+            s.push_str(&format!(" {into}{i} = {};", self.load_word(d, &format!("w.v[{i}]"))));
+        }
+        Some(s)
+    }
+
     fn helper_source(&self, h: Helper) -> &'static str {
         math::source(h)
     }

@@ -12,9 +12,14 @@
 //! cost is the partials' round trip through L2 (`splits x` the tile), small next to a skinny product's operand
 //! traffic.
 //!
+//! **Vector loads**: an operand whose layout allows it (`cstyle::vectorizable`: contiguous along the way
+//! the slice is read, offset and strides multiples of 4 elements) is staged 4 elements a load, 16 bytes of f32 or
+//! 8 of bf16/f16 (`Dialect::load4`, the helpers below), checked element loads where a vector crosses a ragged edge.
+//! The host shim aborts on a misaligned vector, as a GPU faults.
+//!
 //! Does not own: which tile to use (the device's default or its tuner), or whether a kernel is a GEMM
 //! (`GemmView::of`). Operands are f32, bf16 or f16 (widened to f32 as they are staged), the output f32 or the
-//! operands' half dtype. Not yet: vector loads.
+//! operands' half dtype. Not done: asynchronous copies (`cp.async`) and double-buffered slices.
 
 use super::{CudaC, Flavor, GpuKernel, MAX_GRID_X, Workspace, check, math, params};
 use crate::dtype::DType;
@@ -57,10 +62,25 @@ pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile, splits: u32, flavor:
     let mut head = format!("// kiln kernel {} ({}, tiled GEMM {}{split_name})\n", k.name, flavor.name(), t.name());
     head.push_str(math::PRELUDE);
     head.push_str(&em.helpers_source());
+    if parts.vector_loads {
+        head.push_str(VECTOR_LOADS);
+    }
     let (tail, workspace) = split_end(v, (t.tm, t.tn), split, blocks, &parts.accumulators)?;
     let lines = parts.epilogue.lines().chain(parts.shared.lines()).chain(parts.body.lines()).chain(tail.lines());
     Ok(assemble(k, head, t.threads(), lines, blocks, em.uses_rng, workspace))
 }
+
+/// The vector loads `Dialect::load4` renders for this template: 4 elements as one aligned load (the host shim
+/// defines its own, checking the alignment). `alignas` rather than CUDA's `__align__`: HIP C has it too.
+const VECTOR_LOADS: &str = r#"// 4 operand elements as one load: 16 bytes of f32 or 8 of 16-bit values, aligned to their size.
+#ifndef KILN_HOST_SHIM
+template <typename T> struct alignas(4 * sizeof(T)) kiln_v4 { T v[4]; };
+__device__ __forceinline__ kiln_v4<float> kiln_ld4f(const float* p) { return *(const kiln_v4<float>*)p; }
+__device__ __forceinline__ kiln_v4<unsigned short> kiln_ld4h(const unsigned short* p) {
+    return *(const kiln_v4<unsigned short>*)p;
+}
+#endif
+"#;
 
 /// `splits` ways over `v`'s K in slices of `kt`: `None` for 1; an error for 0, or for more splits than K has
 /// slices (a split would sum nothing).

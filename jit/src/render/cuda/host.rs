@@ -55,6 +55,16 @@ struct uint4 { unsigned int x, y, z, w; };
 inline void kiln_aligned16(const void* p) { if (reinterpret_cast<unsigned long>(p) % 16) std::abort(); }
 inline uint4 kiln_ld16(const unsigned short* p) { kiln_aligned16(p); uint4 x; std::memcpy(&x, p, 16); return x; }
 inline void kiln_st16(unsigned short* p, uint4 x) { kiln_aligned16(p); std::memcpy(p, &x, 16); }
+// The tiled GEMM's 4-element loads (render/cuda/gemm.rs), aligned to their size or aborting.
+template <typename T> struct alignas(4 * sizeof(T)) kiln_v4 { T v[4]; };
+template <typename T> inline kiln_v4<T> kiln_ld4(const T* p) {
+    if (reinterpret_cast<unsigned long>(p) % (4 * sizeof(T))) std::abort();
+    kiln_v4<T> x;
+    std::memcpy(&x, p, sizeof x);
+    return x;
+}
+inline kiln_v4<float> kiln_ld4f(const float* p) { return kiln_ld4(p); }
+inline kiln_v4<unsigned short> kiln_ld4h(const unsigned short* p) { return kiln_ld4(p); }
 using std::max;
 using std::min;
 // The tensor-core GEMM's warp-level products (render/cuda/mma.rs): each lane leaves its fragments here, the block

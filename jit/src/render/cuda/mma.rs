@@ -282,12 +282,9 @@ struct Slice<L, S> {
 }
 
 /// Whether operand `op` can be read 8 elements (16 bytes of bf16) at a time along its contiguous dimension
-/// (`cols` where `along_cols`): its offset, its other stride and every batch stride are multiples of 8 elements, so
-/// every such vector starts 16-byte aligned (device allocations are 256-byte aligned). A patched operand never is.
+/// (`cols` where `along_cols`): see `cstyle::vectorizable`.
 fn vector8(op: &GemmOperand, along_cols: bool) -> bool {
-    let other = if along_cols { op.rows } else { op.cols };
-    let contiguous = if along_cols { op.cols } else { op.rows };
-    op.patch.is_none() && contiguous == 1 && [op.offset, other].iter().chain(&op.batch).all(|x| x % 8 == 0)
+    cstyle::vectorizable(op, along_cols, 8)
 }
 
 /// The staging loop of slice `sl` of `elem`s over a block of `threads` threads: vectors of 8 bf16 along the contiguous
