@@ -344,6 +344,28 @@ fn gemm_tensor_core_template_cuda() {
     check_golden("gemm_tensor_cores.cu.txt", &text);
 }
 
+/// The same template double-buffered: bf16 `x @ w.t()` with strides of 8, both operands copied 16 bytes at a time
+/// by `cp.async` into one buffer while the other is multiplied; M ragged (a vector past it goes through registers).
+#[test]
+fn gemm_tensor_core_template_cuda_pipelined() {
+    use kiln_jit::kernel::gemm::GemmView;
+    use kiln_jit::render::cuda::{Flavor, MmaTile, render_gemm_mma};
+    let dev = Device::cpu();
+    let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
+    let x = Tensor::from_vec(f(5 * 64, 0.7), [5, 64], &dev).expect("x").to_dtype(DType::BF16);
+    let w = Tensor::from_vec(f(16 * 64, 1.3), [16, 64], &dev).expect("w").to_dtype(DType::BF16);
+    let y = x.matmul(&w.t());
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let plan = kiln_backends::gpu_cache::schedule(&cap.graph);
+    let gemms: Vec<_> = plan.launches.iter().filter_map(|l| GemmView::of(&l.kernel).map(|v| (&l.kernel, v))).collect();
+    assert_eq!(gemms.len(), 1, "expected one GEMM");
+    let (k, view) = &gemms[0];
+    let tile = MmaTile { wm: 1, wn: 1, fm: 1, fn_: 2 };
+    let text = render_gemm_mma(k, view, tile, 1, Flavor::Cuda).expect("renders").source;
+    assert!(text.contains("kiln_cp_wait1();"), "double-buffered:\n{text}");
+    check_golden("gemm_tensor_cores_pipelined.cu.txt", &text);
+}
+
 /// The same template for f32 operands in TF32 (`m16n8k8`, each fragment element rounded with `cvt.rna`), as the
 /// GPU devices run it where TF32 is allowed: a bias and a relu fused, a transposed weight, ragged M, N, K, and K
 /// split two ways (the last block's sum of the partials).

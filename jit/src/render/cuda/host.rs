@@ -64,6 +64,27 @@ template <typename T> inline kiln_v4<T> kiln_ld4(const T* p) {
     return x;
 }
 inline kiln_v4<float> kiln_ld4f(const float* p) { return kiln_ld4(p); }
+// The tensor-core GEMM's cp.async (render/cuda/mma.rs): a thread's copies land when it waits for their group, the
+// latest the PTX ISA allows, so reading a slice before waiting for it reads stale data here as it may on a GPU.
+struct kiln_cp_op { unsigned short* dst; const unsigned short* src; };
+static thread_local std::vector<kiln_cp_op> kiln_cp_pending;
+// The end of each committed group still in flight, in `kiln_cp_pending`.
+static thread_local std::vector<size_t> kiln_cp_groups;
+inline void kiln_cp16(unsigned short* dst, const unsigned short* src) {
+    kiln_aligned16(dst);
+    kiln_aligned16(src);
+    kiln_cp_pending.push_back({dst, src});
+}
+inline void kiln_cp_commit() { kiln_cp_groups.push_back(kiln_cp_pending.size()); }
+inline void kiln_cp_wait1() {
+    if (kiln_cp_groups.size() < 2) return;
+    size_t landed = kiln_cp_groups[kiln_cp_groups.size() - 2];
+    for (size_t i = 0; i < landed; i++) std::memcpy(kiln_cp_pending[i].dst, kiln_cp_pending[i].src, 16);
+    kiln_cp_pending.erase(kiln_cp_pending.begin(), kiln_cp_pending.begin() + landed);
+    std::vector<size_t> left;
+    for (size_t g : kiln_cp_groups) if (g > landed) left.push_back(g - landed);
+    kiln_cp_groups = left;
+}
 inline kiln_v4<unsigned short> kiln_ld4h(const unsigned short* p) { return kiln_ld4(p); }
 using std::max;
 using std::min;

@@ -34,8 +34,15 @@
 //!
 //! **f16** ([`MmaType::F16`]): `mma.sync...m16n8k16.row.col.f32.f16.f16.f32`, the bf16 product's layout and staging.
 //!
-//! Deliberately not done yet: `ldmatrix`, `cp.async` double buffering, Hopper's `wgmma`/TMA, vector loads for
-//! TF32.
+//! **Double buffering** (bf16, f16): where an operand is staged whole 16-byte vectors along K (a row-major A, a
+//! column-major B: `x @ w.t()`), the slices alternate between two buffers and those vectors are `cp.async` copies
+//! (sm_80): slice `i + 1` is in flight while slice `i` is multiplied, each thread committing a slice's copies as one
+//! group and waiting for all but the newest before the barrier. Edge vectors, and operands staged another way,
+//! still go through registers into the same buffers. The host shim lands a thread's copies only when it waits for
+//! their group (the latest the PTX ISA allows), so a product that read a slice before its wait reads stale data
+//! there too. TF32's two buffers would pass 48 KiB of shared memory at 128-row tiles; it stages through registers.
+//!
+//! Deliberately not done yet: `ldmatrix`, Hopper's `wgmma`/TMA, vector loads for TF32.
 
 use super::gemm::{assemble, grid, split_end, split_of};
 use super::{CudaC, Flavor, GpuKernel, check, math};
@@ -146,9 +153,9 @@ pub fn mma_arch(arch: &str) -> bool {
 }
 
 /// The helpers a tensor-core kernel of type `ty` calls: its warp-level product (on the device; the host shim defines
-/// its own, see the module doc), TF32's rounding, the 16-bit types' register pairs, and the 16-byte loads and stores
-/// where it stages `vectors`.
-fn helpers(ty: MmaType, vectors: bool) -> String {
+/// its own, see the module doc), TF32's rounding, the 16-bit types' register pairs, the 16-byte loads and stores
+/// where it stages `vectors`, and the asynchronous copies where it is `pipelined`.
+fn helpers(ty: MmaType, vectors: bool, pipelined: bool) -> String {
     let name = ty.product();
     let (shape, ptx, what) = match ty {
         MmaType::Bf16 => ("m16n8k16", "bf16", "A (16 x 16, row) * B (16 x 8, col), bf16 in"),
@@ -210,6 +217,23 @@ __device__ __forceinline__ unsigned short kiln_half8(uint4 x, int i) {
 "#,
         );
     }
+    if pipelined {
+        s.push_str(
+            r#"#ifndef KILN_HOST_SHIM
+// 16 bytes from global to shared memory without registers (sm_80's cp.async, L1 bypassed), in flight until this
+// thread waits for the group it is committed in.
+__device__ __forceinline__ void kiln_cp16(unsigned short* dst, const unsigned short* src) {
+    unsigned int to = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(src) : "memory");
+}
+// Closes this thread's group of copies issued since the last commit.
+__device__ __forceinline__ void kiln_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most one committed group (the newest) is still in flight.
+__device__ __forceinline__ void kiln_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+#endif
+"#,
+        );
+    }
     s
 }
 
@@ -259,8 +283,8 @@ pub fn render_gemm_mma(
     head.push_str(&em.helpers_source());
     // Operands staged 16 bytes a load ([`vector8`]; not TF32's, staged as f32 one element a load).
     let vectors = [&v.a, &v.b].map(|op| ty != MmaType::Tf32 && vector8(op, op.cols == 1));
-    head.push_str(&helpers(ty, vectors.contains(&true)));
-    let (body, accs) = body(&dialect, v, t, ty, vectors, tiles_m, split);
+    let (body, accs, pipelined) = body(&dialect, v, t, ty, vectors, tiles_m, split);
+    head.push_str(&helpers(ty, vectors.contains(&true), pipelined));
     let (tail, workspace) = split_end(v, (bm, bn), split, blocks, &accs)?;
     let lines = epilogue.lines().chain(body.lines()).chain(tail.lines());
     Ok(assemble(k, head, threads, lines, blocks, em.uses_rng, workspace))
@@ -289,8 +313,10 @@ fn vector8(op: &GemmOperand, along_cols: bool) -> bool {
 
 /// The staging loop of slice `sl` of `elem`s over a block of `threads` threads: vectors of 8 bf16 along the contiguous
 /// dimension (`vector`), each one 16-byte load where all 8 are in bounds and 8 checked loads at the edge, stored as one
-/// 16-byte store where the shared row runs the same way and 8 stores else; or one element at a time.
-fn stage<L, S>(s: &mut String, sl: &Slice<L, S>, threads: u32, elem: &str, vector: bool)
+/// 16-byte store where the shared row runs the same way and 8 stores else; or one element at a time. With
+/// `async_copy`, a vector in bounds whose shared row runs its way is one `cp.async` (global to shared without
+/// registers; it lands by the caller's `kiln_cp_wait1`), and only edge vectors go through registers.
+fn stage<L, S>(s: &mut String, sl: &Slice<L, S>, threads: u32, elem: &str, vector: bool, async_copy: bool)
 where
     L: Fn(&str, &str) -> String,
     S: Fn(&str, &str) -> String,
@@ -334,8 +360,22 @@ where
     };
     let _ = writeln!(s, "    for (int e = l; e < {}; e += {threads}) {{", rows * cols / 8);
     let _ = writeln!(s, "        int r = {r};\n        int c = {c};\n        uint4 x;");
-    let _ =
-        writeln!(s, "        if ({full}) {{\n            x = kiln_ld16(&{});\n        }} else {{", (sl.load)("r", "c"));
+    // The shared row runs along K: a vector along K is one store (or one asynchronous copy).
+    let whole = sl.along_cols == sl.k_is_cols;
+    if whole && async_copy {
+        let (to, from) = ((sl.shared)("r", "c"), (sl.load)("r", "c"));
+        let _ = writeln!(
+            s,
+            "        if ({full}) {{\n            kiln_cp16(&{to}, &{from});\n            continue;\n        }}"
+        );
+        s.push_str("        {\n");
+    } else {
+        let _ = writeln!(
+            s,
+            "        if ({full}) {{\n            x = kiln_ld16(&{});\n        }} else {{",
+            (sl.load)("r", "c")
+        );
+    }
     let _ = writeln!(s, "            unsigned short h[8];\n            for (int i = 0; i < 8; i++) {{");
     let (er, ec) = &elem;
     let _ = writeln!(
@@ -344,8 +384,7 @@ where
         (sl.load)(er, ec)
     );
     s.push_str("            }\n            x = kiln_pack8(h);\n        }\n");
-    // The shared row runs along K: a vector along K is one store.
-    if sl.along_cols == sl.k_is_cols {
+    if whole {
         let _ = writeln!(s, "        kiln_st16(&{}, x);", (sl.shared)("r", "c"));
     } else {
         let _ = writeln!(s, "        for (int i = 0; i < 8; i++) {{ {} = kiln_half8(x, i); }}", (sl.shared)(er, ec));
@@ -354,7 +393,8 @@ where
 }
 
 /// The entry point's body: staging loop (over the split's K range, with one), fragments and products, then
-/// (without a split) the epilogue per accumulator in bounds; and the thread's accumulators.
+/// (without a split) the epilogue per accumulator in bounds; the thread's accumulators; and whether the slices are
+/// double-buffered with asynchronous copies.
 fn body(
     d: &CudaC,
     v: &GemmView,
@@ -363,17 +403,23 @@ fn body(
     [vector_a, vector_b]: [bool; 2],
     tiles_m: u64,
     split: Option<KSplit>,
-) -> (String, Vec<Acc>) {
+) -> (String, Vec<Acc>, bool) {
     let (m, n, kk) = (v.m, v.n, v.k);
     let (bm, bn, threads) = (t.bm(), t.bn(), t.threads());
     let MmaTile { wn, fm, fn_, .. } = t;
     let frags = fm * fn_;
     let (ld, _) = ty.row();
     let elem = if ty == MmaType::Tf32 { "float" } else { "unsigned short" };
+    // Double-buffered with asynchronous copies where an operand is copied whole vectors at a time (`stage`) and two
+    // buffers fit the 48 KiB of static shared memory (TF32's do not; it stages through registers either way).
+    let whole = [vector_a && v.a.cols == 1, vector_b && v.b.cols != 1];
+    let pipelined = ty != MmaType::Tf32 && whole.contains(&true) && 2 * t.shared_bytes(ty) <= 48 * 1024;
+    let (a_len, b_len) = (bm * ld, bn * ld);
+    let bufs = if pipelined { 2 } else { 1 };
     let mut s = String::new();
     // 16-byte aligned: rows of `LD` halves are 80 bytes, so every 8-element vector along a row is aligned too.
-    let _ = writeln!(s, "__shared__ __align__(16) {elem} sa[{}]; // [m][k]", bm * ld);
-    let _ = writeln!(s, "__shared__ __align__(16) {elem} sb[{}]; // [n][k]", bn * ld);
+    let _ = writeln!(s, "__shared__ __align__(16) {elem} sa[{}]; // [m][k]", bufs * a_len);
+    let _ = writeln!(s, "__shared__ __align__(16) {elem} sb[{}]; // [n][k]", bufs * b_len);
     let _ = writeln!(s, "int bz = (int)(blockIdx.y / {tiles_m}u);");
     let _ = writeln!(s, "int m0 = (int)(blockIdx.y % {tiles_m}u) * {bm};");
     let (kbeg, kend) = match split {
@@ -394,32 +440,60 @@ fn body(
     s.push_str("int g = lane >> 2;\nint q = lane & 3;\n");
     s.push_str(&operand_bases(d, v));
     let _ = writeln!(s, "float acc[{}];\nfor (int i = 0; i < {}; i++) acc[i] = 0.0f;", frags * 4, frags * 4);
-    let _ = writeln!(s, "for (int k0 = {kbeg}; k0 < {kend}; k0 += {BK}) {{");
-    // A's slice (`bm x BK`, stored `[m][k]`) and B's (`BK x bn`, stored `[n][k]`), each read along the operand's
-    // contiguous dimension so that a warp's loads are coalesced, 8 elements (16 bytes) a load where the layout
-    // allows it ([`vector8`]).
-    let a = Slice {
-        rows: bm,
-        cols: BK,
-        along_cols: v.a.cols == 1,
-        bounds: (m.to_string(), kend.clone()),
-        origin: ("m0", "k0"),
-        load: |r: &str, c: &str| at(&v.a, "abase", &format!("(m0 + {r})"), &format!("(k0 + {c})")),
-        shared: |r: &str, c: &str| format!("sa[({r}) * {ld} + {c}]"),
-        k_is_cols: true,
+    // A's slice (`bm x BK`, stored `[m][k]`) and B's (`BK x bn`, stored `[n][k]`) at K offset `k0` into `sa_n` and
+    // `sb_n`, each read along the operand's contiguous dimension so that a warp's loads are coalesced, 8 elements
+    // (16 bytes) a load where the layout allows it ([`vector8`]).
+    let stage_slices = |s: &mut String| {
+        let a = Slice {
+            rows: bm,
+            cols: BK,
+            along_cols: v.a.cols == 1,
+            bounds: (m.to_string(), kend.clone()),
+            origin: ("m0", "k0"),
+            load: |r: &str, c: &str| at(&v.a, "abase", &format!("(m0 + {r})"), &format!("(k0 + {c})")),
+            shared: |r: &str, c: &str| format!("sa_n[({r}) * {ld} + {c}]"),
+            k_is_cols: true,
+        };
+        stage(s, &a, threads, elem, vector_a, pipelined);
+        let b = Slice {
+            rows: BK,
+            cols: bn,
+            along_cols: v.b.cols == 1,
+            bounds: (kend.clone(), n.to_string()),
+            origin: ("k0", "n0"),
+            load: |r: &str, c: &str| at(&v.b, "bbase", &format!("(k0 + {r})"), &format!("(n0 + {c})")),
+            shared: |r: &str, c: &str| format!("sb_n[({c}) * {ld} + {r}]"),
+            k_is_cols: false,
+        };
+        stage(s, &b, threads, elem, vector_b, pipelined);
     };
-    stage(&mut s, &a, threads, elem, vector_a);
-    let b = Slice {
-        rows: BK,
-        cols: bn,
-        along_cols: v.b.cols == 1,
-        bounds: (kend.clone(), n.to_string()),
-        origin: ("k0", "n0"),
-        load: |r: &str, c: &str| at(&v.b, "bbase", &format!("(k0 + {r})"), &format!("(n0 + {c})")),
-        shared: |r: &str, c: &str| format!("sb[({c}) * {ld} + {r}]"),
-        k_is_cols: false,
+    let slice_at = |s: &mut String, k0: &str, buf: &str| {
+        let _ = writeln!(
+            s,
+            "const int k0 = {k0};\n{elem}* sa_n = sa + {buf} * {a_len};\n{elem}* sb_n = sb + {buf} * {b_len};"
+        );
     };
-    stage(&mut s, &b, threads, elem, vector_b);
+    if pipelined {
+        // Slice `it + 1` is copied into one buffer while slice `it` is multiplied from the other: each thread
+        // commits its copies of a slice as one group and waits for all but the newest group before the barrier that
+        // makes the slice visible; the barrier after the products frees the buffer the next slice overwrites.
+        s.push_str("{\n");
+        slice_at(&mut s, &kbeg, "0");
+        stage_slices(&mut s);
+        s.push_str("}\nkiln_cp_commit();\n");
+        let _ = writeln!(s, "for (int kc = {kbeg}, it = 0; kc < {kend}; kc += {BK}, it++) {{");
+        let _ = writeln!(s, "if (kc + {BK} < {kend}) {{");
+        slice_at(&mut s, &format!("kc + {BK}"), "((it + 1) & 1)");
+        stage_slices(&mut s);
+        s.push_str("}\nkiln_cp_commit();\nkiln_cp_wait1();\n");
+        let _ =
+            writeln!(s, "const {elem}* sa_c = sa + (it & 1) * {a_len};\nconst {elem}* sb_c = sb + (it & 1) * {b_len};");
+    } else {
+        let _ = writeln!(s, "for (int kc = {kbeg}; kc < {kend}; kc += {BK}) {{");
+        slice_at(&mut s, "kc", "0");
+        stage_slices(&mut s);
+        let _ = writeln!(s, "const {elem}* sa_c = sa;\nconst {elem}* sb_c = sb;");
+    }
     s.push_str("    __syncthreads();\n");
     // Per instruction: K of 16 (bf16: a register holds 2 adjacent K) or 8 (TF32: one each); A's four registers at
     // (row, K) offsets, B's two at K offsets (the module doc's layouts).
@@ -438,13 +512,13 @@ fn body(
         let r = format!("(wm + {} + g)", i * 16);
         for (reg, (dr, dk)) in a_regs.into_iter().enumerate() {
             let _ =
-                writeln!(s, "        af[{i}][{reg}] = {};", fetch("sa", format!("({r} + {dr}) * {ld} + kk + {dk}")));
+                writeln!(s, "        af[{i}][{reg}] = {};", fetch("sa_c", format!("({r} + {dr}) * {ld} + kk + {dk}")));
         }
     }
     for j in 0..fn_ {
         let c = format!("(wn + {} + g)", j * 8);
         for (reg, dk) in b_regs.into_iter().enumerate() {
-            let _ = writeln!(s, "        bf[{j}][{reg}] = {};", fetch("sb", format!("{c} * {ld} + kk + {dk}")));
+            let _ = writeln!(s, "        bf[{j}][{reg}] = {};", fetch("sb_c", format!("{c} * {ld} + kk + {dk}")));
         }
     }
     for i in 0..fm {
@@ -475,5 +549,5 @@ fn body(
             }
         }
     }
-    (s, accs)
+    (s, accs, pipelined)
 }
