@@ -10,8 +10,8 @@
 //! What it cannot cover: the device's own math library (the host's libm stands in for `sinf`, `expf`, ...), the
 //! GPU's memory model (a race the host's scheduling hides, or a non-atomic reduction, can pass here; blocks run one
 //! after another, so a split-K GEMM's last block is always the last in order), whether the tensor-core fragment
-//! layouts the shim's `kiln_mma_bf16_16816` and `kiln_mma_tf32_1688` follow (the PTX ISA's) are the hardware's, and
-//! timing.
+//! layouts the shim's `kiln_mma_bf16_16816`, `kiln_mma_tf32_1688` and `kiln_ldsm_x4` follow (the PTX ISA's) are the
+//! hardware's, and timing.
 
 use super::GpuKernel;
 use super::dialect::storage_ty;
@@ -114,6 +114,23 @@ inline void kiln_mma_accumulate(float* d, unsigned int kn, A a, B b) {
     }
     __syncthreads();
 }
+// `ldmatrix` (m8n8, 16-bit): each lane leaves its row address, the block meets, and lane t takes from matrix i row
+// t / 4, columns 2 (t % 4) and 2 (t % 4) + 1 (the lower in the low half) as register i, by the PTX ISA's layout;
+// the rows must be 16-byte aligned, as on a GPU.
+static const unsigned short* kiln_ldsm_rows[1024];
+inline void kiln_ldsm(unsigned int* r, const unsigned short* row, unsigned int count) {
+    unsigned int t = threadIdx.x, w = t - t % 32, lane = t % 32;
+    if (lane < 8 * count) kiln_aligned16(row);
+    kiln_ldsm_rows[t] = row;
+    __syncthreads();
+    for (unsigned int i = 0; i < count; i++) {
+        const unsigned short* p = kiln_ldsm_rows[w + i * 8 + lane / 4];
+        r[i] = (unsigned int)p[2 * (lane % 4)] | ((unsigned int)p[2 * (lane % 4) + 1] << 16);
+    }
+    __syncthreads();
+}
+inline void kiln_ldsm_x4(unsigned int* r, const unsigned short* row) { kiln_ldsm(r, row, 4); }
+inline void kiln_ldsm_x2(unsigned int* r, const unsigned short* row) { kiln_ldsm(r, row, 2); }
 // The bf16 and the IEEE f16 value of 16 bits.
 inline float kiln_mma_bf16(unsigned int h) { return __uint_as_float(h << 16); }
 inline float kiln_mma_f16(unsigned int h) {

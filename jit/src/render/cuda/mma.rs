@@ -12,13 +12,14 @@
 //! where an operand's offset and strides are multiples of 8 elements it is read 16 bytes (8 bf16) a load (one
 //! 16-byte store into shared memory too where the operand runs along K; 8 stores where it runs along M or N), with
 //! checked element loads only for vectors at a ragged edge.
-//! Each thread then assembles its fragments from the slices by the PTX ISA's layout for `m16n8k16` ("Matrix
-//! Fragments for mma.m16n8k16 with floating point type": with `g = lane / 4`, `q = lane % 4`, A's registers hold
-//! rows `g`, `g + 8` at columns `2q, 2q + 1` and `2q + 8, 2q + 9`; B's columns `g` at rows `2q, 2q + 1` and
-//! `2q + 8, 2q + 9`; C's rows `g`, `g + 8` at columns `2q, 2q + 1`), lower index in the low half of each register.
+//! Each warp then loads its fragments from the slices with `ldmatrix` (four 8 x 8 matrices of A, or two tiles of
+//! B, a load), whose per-lane layout is the one `m16n8k16` takes ("Matrix Fragments for mma.m16n8k16 with floating
+//! point type": with `g = lane / 4`, `q = lane % 4`, A's registers hold rows `g`, `g + 8` at columns `2q, 2q + 1`
+//! and `2q + 8, 2q + 9`; B's columns `g` at rows `2q, 2q + 1` and `2q + 8, 2q + 9`; C's rows `g`, `g + 8` at
+//! columns `2q, 2q + 1`), lower index in the low half of each register.
 //!
-//! The host shim (`host.rs`) defines `kiln_mma_bf16_16816` as the warp's product computed from every lane's
-//! fragments by that same layout, so the template's indexing runs against the interpreter on a machine without a
+//! The host shim (`host.rs`) defines `kiln_ldsm_x4` / `_x2` by `ldmatrix`'s layout and `kiln_mma_bf16_16816` as
+//! the warp's product computed from every lane's fragments by the `mma` layout, so the template's indexing runs against the interpreter on a machine without a
 //! GPU; what the shim cannot check is whether the layout is the hardware's (the PTX ISA is the reference) and the
 //! order in which the tensor core sums a 16-term product (unspecified: results agree to f32 accumulation, not bits).
 //!
@@ -42,7 +43,7 @@
 //! their group (the latest the PTX ISA allows), so a product that read a slice before its wait reads stale data
 //! there too. TF32's two buffers would pass 48 KiB of shared memory at 128-row tiles; it stages through registers.
 //!
-//! Deliberately not done yet: `ldmatrix`, Hopper's `wgmma`/TMA, vector loads for TF32.
+//! Deliberately not done yet: Hopper's `wgmma`/TMA, vector loads and `ldmatrix` for TF32 (32-bit elements).
 
 use super::gemm::{assemble, grid, split_end, split_of};
 use super::{CudaC, Flavor, GpuKernel, check, math};
@@ -187,11 +188,19 @@ __device__ __forceinline__ unsigned int kiln_tf32(float x) {
 "#
         }
         MmaType::Bf16 | MmaType::F16 => {
-            r#"#endif
-// Two adjacent 16-bit values of a shared row as one register, the lower index in the low half.
-__device__ __forceinline__ unsigned int kiln_pair(const unsigned short* s, int i) {
-    return (unsigned int)s[i] | ((unsigned int)s[i + 1] << 16);
+            r#"// Four (two) 8 x 8 matrices of 16-bit values from shared memory, a row address from each of the warp's lanes
+// 8i .. 8i + 7 for matrix i, into one register each a lane (`ldmatrix`, sm_75).
+__device__ __forceinline__ void kiln_ldsm_x4(unsigned int* r, const unsigned short* row) {
+    unsigned int at = (unsigned int)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
 }
+__device__ __forceinline__ void kiln_ldsm_x2(unsigned int* r, const unsigned short* row) {
+    unsigned int at = (unsigned int)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(at));
+}
+#endif
 "#
         }
     });
@@ -502,23 +511,36 @@ fn body(
         MmaType::Tf32 => (8, [(0, 0), (8, 0), (0, 4), (8, 4)], [0, 4]),
     };
     let mma = ty.product();
-    let fetch = |array: &str, at: String| match ty {
-        MmaType::Bf16 | MmaType::F16 => format!("kiln_pair({array}, {at} + q * 2)"),
-        MmaType::Tf32 => format!("kiln_tf32({array}[{at} + q])"),
-    };
+    let fetch = |array: &str, at: String| format!("kiln_tf32({array}[{at} + q])");
     let _ = writeln!(s, "    for (int kk = 0; kk < {BK}; kk += {step}) {{");
     let _ = writeln!(s, "        unsigned int af[{fm}][4];\n        unsigned int bf[{fn_}][2];");
-    for i in 0..fm {
-        let r = format!("(wm + {} + g)", i * 16);
-        for (reg, (dr, dk)) in a_regs.into_iter().enumerate() {
-            let _ =
-                writeln!(s, "        af[{i}][{reg}] = {};", fetch("sa_c", format!("({r} + {dr}) * {ld} + kk + {dk}")));
+    if ty == MmaType::Tf32 {
+        for i in 0..fm {
+            let r = format!("(wm + {} + g)", i * 16);
+            for (reg, (dr, dk)) in a_regs.into_iter().enumerate() {
+                let at = format!("({r} + {dr}) * {ld} + kk + {dk}");
+                let _ = writeln!(s, "        af[{i}][{reg}] = {};", fetch("sa_c", at));
+            }
         }
-    }
-    for j in 0..fn_ {
-        let c = format!("(wn + {} + g)", j * 8);
-        for (reg, dk) in b_regs.into_iter().enumerate() {
-            let _ = writeln!(s, "        bf[{j}][{reg}] = {};", fetch("sb_c", format!("{c} * {ld} + kk + {dk}")));
+        for j in 0..fn_ {
+            let c = format!("(wn + {} + g)", j * 8);
+            for (reg, dk) in b_regs.into_iter().enumerate() {
+                let _ = writeln!(s, "        bf[{j}][{reg}] = {};", fetch("sb_c", format!("{c} * {ld} + kk + {dk}")));
+            }
+        }
+    } else {
+        // `ldmatrix`: lane t gives the address of row t % 8 of 8 x 8 matrix t / 8 and receives, from matrix i, row
+        // t / 4 at columns 2 (t % 4) and 2 (t % 4) + 1 in register i: the `mma` fragments' layout. A's matrices are
+        // rows 0-7 and 8-15 at K 0-7, then at K 8-15 (`a_regs`' order); B's, stored `[n][k]`, a tile's K 0-7 and
+        // 8-15, two tiles of 8 columns a load.
+        for i in 0..fm {
+            let row = format!("(wm + {} + (lane & 15)) * {ld} + kk + (lane >> 4) * 8", i * 16);
+            let _ = writeln!(s, "        kiln_ldsm_x4(af[{i}], &sa_c[{row}]);");
+        }
+        for j in (0..fn_).step_by(2) {
+            let (x, lanes) = if j + 1 < fn_ { ("x4", "(lane >> 4) * 8 + (lane & 7)") } else { ("x2", "(lane & 7)") };
+            let row = format!("(wn + {} + {lanes}) * {ld} + kk + ((lane >> 3) & 1) * 8", j * 8);
+            let _ = writeln!(s, "        kiln_ldsm_{x}(bf[{j}], &sb_c[{row}]);");
         }
     }
     for i in 0..fm {
