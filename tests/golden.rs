@@ -299,11 +299,23 @@ fn gemm_template_wgsl() {
     check_golden("gemm_template.wgsl.txt", &text);
 }
 
+/// The one GEMM kernel of the GPU devices' plan for `y`, recognized.
+fn gpu_gemm(y: &Tensor) -> (kiln_jit::kernel::KernelIr, kiln_jit::kernel::gemm::GemmView) {
+    let cap = kiln::capture(&[y]).expect("capture");
+    let plan = kiln_backends::gpu_cache::schedule(&cap.graph);
+    let mut gemms = plan.launches.into_iter().filter_map(|l| {
+        let v = kiln_jit::kernel::gemm::GemmView::of(&l.kernel)?;
+        Some((l.kernel, v))
+    });
+    let gemm = gemms.next().expect("a GEMM");
+    assert!(gemms.next().is_none(), "expected one GEMM");
+    gemm
+}
+
 /// The tiled (SIMT) GEMM template in CUDA C, f32: `x @ w.t() + bias` with a ragged M and strides of 4, so both
 /// operands are staged 4 elements (16 bytes) a load along K, with checked element loads at the ragged edge.
 #[test]
 fn gemm_template_cuda_vector_loads() {
-    use kiln_jit::kernel::gemm::GemmView;
     use kiln_jit::render::cstyle::GemmTile;
     use kiln_jit::render::cuda::{Flavor, render_gemm};
     let dev = Device::cpu();
@@ -312,11 +324,7 @@ fn gemm_template_cuda_vector_loads() {
     let w = Tensor::from_vec(f(8 * 12, 1.3), [8, 12], &dev).expect("w");
     let b = Tensor::from_vec(f(8, 0.3), [8], &dev).expect("b");
     let y = x.matmul(&w.t()) + &b;
-    let cap = kiln::capture(&[&y]).expect("capture");
-    let plan = kiln_backends::gpu_cache::schedule(&cap.graph);
-    let gemms: Vec<_> = plan.launches.iter().filter_map(|l| GemmView::of(&l.kernel).map(|v| (&l.kernel, v))).collect();
-    assert_eq!(gemms.len(), 1, "expected one GEMM");
-    let (k, view) = &gemms[0];
+    let (k, view) = &gpu_gemm(&y);
     let tile = GemmTile { tm: 16, tn: 16, rm: 2, rn: 2, kt: 8 };
     let text = render_gemm(k, view, tile, 1, Flavor::Cuda).expect("renders").source;
     assert!(text.matches("kiln_ld4f(").count() >= 3, "both operands read as vectors:\n{text}");
@@ -327,18 +335,13 @@ fn gemm_template_cuda_vector_loads() {
 /// its relu (computed in bf16) fused as the epilogue, a transposed weight as `nn::Linear` reads it, ragged M, N, K.
 #[test]
 fn gemm_tensor_core_template_cuda() {
-    use kiln_jit::kernel::gemm::GemmView;
     use kiln_jit::render::cuda::{Flavor, MmaTile, render_gemm_mma};
     let dev = Device::cpu();
     let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
     let x = Tensor::from_vec(f(5 * 7, 0.7), [5, 7], &dev).expect("x").to_dtype(DType::BF16);
     let w = Tensor::from_vec(f(9 * 7, 1.3), [9, 7], &dev).expect("w").to_dtype(DType::BF16);
     let y = x.matmul(&w.t()).relu();
-    let cap = kiln::capture(&[&y]).expect("capture");
-    let plan = kiln_backends::gpu_cache::schedule(&cap.graph);
-    let gemms: Vec<_> = plan.launches.iter().filter_map(|l| GemmView::of(&l.kernel).map(|v| (&l.kernel, v))).collect();
-    assert_eq!(gemms.len(), 1, "expected one GEMM");
-    let (k, view) = &gemms[0];
+    let (k, view) = &gpu_gemm(&y);
     assert_eq!((view.operands, view.out), (DType::BF16, DType::BF16));
     let text = render_gemm_mma(k, view, MmaTile::SQUARE, 1, Flavor::Cuda).expect("renders").source;
     check_golden("gemm_tensor_cores.cu.txt", &text);
@@ -348,18 +351,13 @@ fn gemm_tensor_core_template_cuda() {
 /// by `cp.async` into one buffer while the other is multiplied; M ragged (a vector past it goes through registers).
 #[test]
 fn gemm_tensor_core_template_cuda_pipelined() {
-    use kiln_jit::kernel::gemm::GemmView;
     use kiln_jit::render::cuda::{Flavor, MmaTile, render_gemm_mma};
     let dev = Device::cpu();
     let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
     let x = Tensor::from_vec(f(5 * 64, 0.7), [5, 64], &dev).expect("x").to_dtype(DType::BF16);
     let w = Tensor::from_vec(f(16 * 64, 1.3), [16, 64], &dev).expect("w").to_dtype(DType::BF16);
     let y = x.matmul(&w.t());
-    let cap = kiln::capture(&[&y]).expect("capture");
-    let plan = kiln_backends::gpu_cache::schedule(&cap.graph);
-    let gemms: Vec<_> = plan.launches.iter().filter_map(|l| GemmView::of(&l.kernel).map(|v| (&l.kernel, v))).collect();
-    assert_eq!(gemms.len(), 1, "expected one GEMM");
-    let (k, view) = &gemms[0];
+    let (k, view) = &gpu_gemm(&y);
     let tile = MmaTile { wm: 1, wn: 1, fm: 1, fn_: 2 };
     let text = render_gemm_mma(k, view, tile, 1, Flavor::Cuda).expect("renders").source;
     assert!(text.contains("kiln_cp_wait1();"), "double-buffered:\n{text}");
@@ -371,7 +369,6 @@ fn gemm_tensor_core_template_cuda_pipelined() {
 /// split two ways (the last block's sum of the partials).
 #[test]
 fn gemm_tf32_template_cuda_split_k() {
-    use kiln_jit::kernel::gemm::GemmView;
     use kiln_jit::render::cuda::{Flavor, MmaTile, render_gemm_mma};
     let dev = Device::cpu();
     let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
@@ -379,11 +376,7 @@ fn gemm_tf32_template_cuda_split_k() {
     let w = Tensor::from_vec(f(9 * 70, 1.3), [9, 70], &dev).expect("w");
     let b = Tensor::from_vec(f(9, 0.3), [9], &dev).expect("b");
     let y = (x.matmul(&w.t()) + &b).relu();
-    let cap = kiln::capture(&[&y]).expect("capture");
-    let plan = kiln_backends::gpu_cache::schedule(&cap.graph);
-    let gemms: Vec<_> = plan.launches.iter().filter_map(|l| GemmView::of(&l.kernel).map(|v| (&l.kernel, v))).collect();
-    assert_eq!(gemms.len(), 1, "expected one GEMM");
-    let (k, view) = &gemms[0];
+    let (k, view) = &gpu_gemm(&y);
     assert_eq!((view.operands, view.out), (DType::F32, DType::F32));
     let text = render_gemm_mma(k, view, MmaTile::SQUARE, 2, Flavor::Cuda).expect("renders").source;
     check_golden("gemm_tf32_split_k.cu.txt", &text);
