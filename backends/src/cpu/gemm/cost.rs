@@ -4,8 +4,9 @@
 //! The score is a roofline estimate in GFLOP/s, not a promise; its job is to put the few worth timing on top:
 //! - compute: this core's 8-lane FMA peak (100 GFLOP/s per core, the model's unit) times the family's measured peak
 //!   ratio (`isa::peak_ratio`: ~2 for AVX-512 on a core with two 512-bit FMA units, ~1 where they are double-pumped)
-//!   times the tile's efficiency (FMA latency needs >= 10 independent accumulators on Zen 3 / Skylake, and loads per
-//!   FMA must stay under 1.5) times the fraction of lanes and rows that do useful work at the edges;
+//!   times the register tiles' efficiency over C (`tiles_efficiency`: FMA latency needs >= 10 independent
+//!   accumulators on Zen 3 / Skylake, and loads per FMA must stay under 1.5, in each tile, the edge tiles with
+//!   fewer rows or vectors included, weighted by the lanes each computes);
 //! - memory: bytes of packing, C traffic per K block and re-streamed unpacked operands, at a per-thread
 //!   bandwidth of 12 GB/s;
 //! - fit: a B micro-panel over half of L1 (where the tile reads B faster than L2 keeps up: `b_demand`), an A block
@@ -50,13 +51,7 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     };
     let (m, n, k) = (v.m as f64, v.n as f64, v.k as f64);
     let (mr, nr) = (c.mr as f64, c.nr() as f64);
-    let accs = (c.mr * c.nv) as f64;
-    let lanes = c.isa.lanes() as f64;
-    let latency_eff = (accs / 10.0).min(1.0);
-    let loads = if c.mr == 1 { c.nv as f64 + 1.0 } else { c.nv as f64 + mr };
-    let load_eff = ((accs / 2.0) / (loads / 3.0)).min(1.0);
-    let edge = (m / ((m / mr).ceil() * mr)) * (n / ((n / lanes).ceil() * lanes));
-    let mut eff = latency_eff * load_eff * edge;
+    let mut eff = tiles_efficiency(c, v.m, v.n);
     let kc = c.kc.min(v.k) as f64;
     if !c.pack_b && v.m <= 4 && kc > 8.0 {
         // B streamed in place: a tile sweep reads `kc` rows at once, one prefetch stream each, and the hardware
@@ -112,6 +107,34 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     bytes += if c.pack_a { 8.0 * k * m_part * (n_part / c.nc as f64).ceil() } else { 4.0 * k * m_part };
     let mem_s = batch * bytes / (BW * 1e9);
     flops / (compute_s + mem_s) / 1e9
+}
+
+/// How efficiently `c`'s register tiles cover an `m x n` C: the useful elements over the tiles' work, each tile's
+/// work its computed elements (whole vectors) over its own efficiency. A tile's efficiency is its FMA-latency term
+/// (FMA latency needs >= 10 independent accumulators) times its load term (loads per FMA under 1.5). The edge tiles
+/// are the kernels with fewer rows or vectors (`CompiledGemm::build`), so a ragged edge costs its lanes and also
+/// its shorter FMA chains: 4 x 24 on 32 columns runs a 4 x 8 tile (4 accumulators) for the last 8, which the race
+/// timed 18 % slower than 6 x 16's whole tiles (64 x (64 x 64 @ 64 x 32), 130 against 110 µs), where a score that
+/// counted only the lanes had ranked 4 x 24 first.
+fn tiles_efficiency(c: &GemmConfig, m: usize, n: usize) -> f64 {
+    let lanes = c.isa.lanes();
+    let tile = |rows: usize, nv: usize| {
+        let accs = (rows * nv) as f64;
+        let latency = (accs / 10.0).min(1.0);
+        let loads = if rows == 1 { nv as f64 + 1.0 } else { (nv + rows) as f64 };
+        latency * ((accs / 2.0) / (loads / 3.0)).min(1.0)
+    };
+    let (full_rows, tail_rows) = (m / c.mr, m % c.mr);
+    let (full_cols, tail_vectors) = (n / c.nr(), (n % c.nr()).div_ceil(lanes));
+    let mut work = 0.0;
+    for (count, rows) in [(full_rows, c.mr), (usize::from(tail_rows > 0), tail_rows)] {
+        for (blocks, nv) in [(full_cols, c.nv), (usize::from(tail_vectors > 0), tail_vectors)] {
+            if count > 0 && blocks > 0 {
+                work += (count * blocks * rows * nv * lanes) as f64 / tile(rows, nv);
+            }
+        }
+    }
+    if work == 0.0 { 0.0 } else { (m * n) as f64 / work }
 }
 
 /// Bytes of B a register tile reads per cycle of its FMAs at its family's peak, `peak_ratio` times the 8-lane one
@@ -306,5 +329,34 @@ mod tests {
                 other => panic!("{m}x{n}: the model's first choice is {}", other.name()),
             }
         }
+    }
+
+    /// The register tiles' coverage counts an edge tile's own FMA chains, not only its lanes: 4 x 24 on 32 columns
+    /// (a 24-column tile, then a 4 x 8 one with 4 accumulators) ranks under 6 x 16's two whole tiles, as the race
+    /// timed it (`tiles_efficiency`), while where both tile the problem exactly they keep the whole tile's terms.
+    #[test]
+    fn edge_tiles_cost_their_short_fma_chains() {
+        let config = |mr, nv| GemmConfig {
+            isa: Isa::Avx2,
+            mr,
+            nv,
+            kc: 64,
+            mc: mr * 8,
+            nc: 48,
+            pack_a: false,
+            pack_b: true,
+            split_m: false,
+            unroll: 4,
+            prefetch: 0,
+        };
+        let (wide, square) = (config(4, 3), config(6, 2));
+        assert!(tiles_efficiency(&wide, 64, 32) < 0.8 * tiles_efficiency(&square, 64, 32));
+        let v = view(64, 32, 64);
+        assert!(score(&v, &GemmImpl::Asm(square), 2) > score(&v, &GemmImpl::Asm(wide), 2));
+        // Exact tilings: the whole tile's efficiency (4 x 24: 12 accumulators, 7 loads; 6 x 16: 12 and 8).
+        assert!((tiles_efficiency(&wide, 96, 96) - 1.0).abs() < 1e-9);
+        assert!((tiles_efficiency(&square, 96, 96) - 1.0).abs() < 1e-9);
+        // A single row of one vector: 1 accumulator, 2 loads.
+        assert!((tiles_efficiency(&square, 1, 8) - 0.1 * 0.75).abs() < 1e-9);
     }
 }
