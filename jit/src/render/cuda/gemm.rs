@@ -72,7 +72,7 @@ pub fn render_gemm(k: &KernelIr, v: &GemmView, t: GemmTile, splits: u32, flavor:
 
 /// The vector loads `Dialect::load4` renders for this template: 4 elements as one aligned load (the host shim
 /// defines its own, checking the alignment). `alignas` rather than CUDA's `__align__`: HIP C has it too.
-const VECTOR_LOADS: &str = r#"// 4 operand elements as one load: 16 bytes of f32 or 8 of 16-bit values, aligned to their size.
+const VECTOR_LOADS: &str = r#"// 4 operand elements as one load (16 bytes of f32, 8 of 16-bit values), aligned.
 #ifndef KILN_HOST_SHIM
 template <typename T> struct alignas(4 * sizeof(T)) kiln_v4 { T v[4]; };
 __device__ __forceinline__ kiln_v4<float> kiln_ld4f(const float* p) { return *(const kiln_v4<float>*)p; }

@@ -18,10 +18,11 @@
 //! and `2q + 8, 2q + 9`; B's columns `g` at rows `2q, 2q + 1` and `2q + 8, 2q + 9`; C's rows `g`, `g + 8` at
 //! columns `2q, 2q + 1`), lower index in the low half of each register.
 //!
-//! The host shim (`host.rs`) defines `kiln_ldsm_x4` / `_x2` by `ldmatrix`'s layout and `kiln_mma_bf16_16816` as
-//! the warp's product computed from every lane's fragments by the `mma` layout, so the template's indexing runs against the interpreter on a machine without a
-//! GPU; what the shim cannot check is whether the layout is the hardware's (the PTX ISA is the reference) and the
-//! order in which the tensor core sums a 16-term product (unspecified: results agree to f32 accumulation, not bits).
+//! The host shim (`host.rs`) defines `kiln_ldsm_x4` / `_x2` by `ldmatrix`'s layout and `kiln_mma_bf16_16816` as the
+//! warp's product computed from every lane's fragments by the `mma` layout, so the template's indexing runs against the
+//! interpreter on a machine without a GPU; what the shim cannot check is whether the layout is the hardware's (the PTX
+//! ISA is the reference) and the order in which the tensor core sums a 16-term product (unspecified: results agree to
+//! f32 accumulation, not bits).
 //!
 //! K splits as the SIMT template's do (`gemm.rs`'s module doc: the same `split_end`), for decode shapes.
 //!
@@ -154,8 +155,8 @@ pub fn mma_arch(arch: &str) -> bool {
 }
 
 /// The helpers a tensor-core kernel of type `ty` calls: its warp-level product (on the device; the host shim defines
-/// its own, see the module doc), TF32's rounding, the 16-bit types' register pairs, the 16-byte loads and stores
-/// where it stages `vectors`, and the asynchronous copies where it is `pipelined`.
+/// its own, see the module doc), TF32's rounding, the 16-bit types' `ldmatrix`, the 16-byte loads and stores where
+/// it stages `vectors`, and the asynchronous copies where it is `pipelined`.
 fn helpers(ty: MmaType, vectors: bool, pipelined: bool) -> String {
     let name = ty.product();
     let (shape, ptx, what) = match ty {
@@ -188,8 +189,8 @@ __device__ __forceinline__ unsigned int kiln_tf32(float x) {
 "#
         }
         MmaType::Bf16 | MmaType::F16 => {
-            r#"// Four (two) 8 x 8 matrices of 16-bit values from shared memory, a row address from each of the warp's lanes
-// 8i .. 8i + 7 for matrix i, into one register each a lane (`ldmatrix`, sm_75).
+            r#"// Four (two) 8 x 8 matrices of 16-bit values from shared memory into a register each a lane (`ldmatrix`,
+// sm_75), lanes 8i .. 8i + 7 giving the row addresses of matrix i.
 __device__ __forceinline__ void kiln_ldsm_x4(unsigned int* r, const unsigned short* row) {
     unsigned int at = (unsigned int)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
