@@ -368,11 +368,24 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
     // TF32 values already (bf16 ones, realized), so the products are exact and only the summation order differs
     // from the interpreter; a fused epilogue and a transposed weight.
     let tf = |t: Tensor| bf(&t).to_dtype(DType::F32);
-    let tf32_in = [tf(m(70, 50, 0.3)), tf(m(50, 30, 0.5)), tf(m(30, 50, 0.4)), tf(bias.clone())];
+    let tf32_in = [
+        tf(m(70, 50, 0.3)),
+        tf(m(50, 30, 0.5)),
+        tf(m(30, 50, 0.4)),
+        tf(bias.clone()),
+        tf(m(24, 64, 0.3)),
+        tf(m(48, 64, 0.5)),
+        tf(m(64, 36, 0.2)),
+        tf(m(64, 72, 0.4)),
+    ];
     kiln::realize(&tf32_in.iter().collect::<Vec<_>>()).expect("realize");
+    // Strides of 4 floats: staged 16 bytes a load, along K (`x @ w.t()`: double-buffered where two buffers fit)
+    // and along M and N (`x.t() @ w`, stored scattered).
     let tf32_cases = [
         ("tf32 ragged 70 x 50 x 30", vec![tf32_in[0].matmul(&tf32_in[1])]),
         ("tf32 x @ w.t() + bias, relu", vec![(tf32_in[0].matmul(&tf32_in[2].t()) + &tf32_in[3]).relu()]),
+        ("tf32 aligned 24 x 48 x 64, x @ w.t()", vec![tf32_in[4].matmul(&tf32_in[5].t())]),
+        ("tf32 aligned 36 x 72 x 64, x.t() @ w", vec![tf32_in[6].t().matmul(&tf32_in[7])]),
     ];
     for c in candidates(Flavor::Cuda, "sm_90", &bf16_gemm).into_iter().filter(|c| matches!(c.tile, GpuTile::Mma(_))) {
         for (name, outs) in &tf32_cases {
@@ -380,6 +393,14 @@ fn tiled_cuda_gemm_matches_the_interpreter_on_the_host() {
             jobs.push((format!("{}: {name}", c.name()), outs.clone(), c));
         }
     }
+    let k = gemm_of(&tf32_cases[2].1);
+    let v = GemmView::of(&k).expect("a GEMM");
+    let square = render_gemm_mma(&k, &v, MmaTile::SQUARE, 1, Flavor::Cuda).expect("renders").source;
+    assert!(square.contains("kiln_cp_wait1()"), "TF32 x @ w.t() at 64 x 64: double-buffered");
+    let tall = render_gemm_mma(&k, &v, MmaTile { wm: 4, wn: 2, fm: 2, fn_: 4 }, 1, Flavor::Cuda);
+    let tall = tall.expect("renders").source;
+    assert!(!tall.contains("kiln_cp_wait1()"), "TF32 at 128 x 64: two buffers would pass 48 KiB");
+    assert!(tall.contains("kiln_ld16(&in"), "TF32 at 128 x 64: 16-byte loads");
     // Decode shapes (few rows, a long and ragged K), fused epilogues, a transposed bf16 weight and a batch, with K
     // split (each tile as far as `split_for` takes it, the last split's range ragged): every SIMT tile on the f32
     // GEMM, every tensor-core tile on the bf16 one, the default tile on the batch (the SIMT template's bf16 staging

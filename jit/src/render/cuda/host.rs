@@ -53,8 +53,8 @@ struct uint4 { unsigned int x, y, z, w; };
 // A GPU faults on a misaligned one: so does the shim.
 #define __align__(n) __attribute__((aligned(n)))
 inline void kiln_aligned16(const void* p) { if (reinterpret_cast<unsigned long>(p) % 16) std::abort(); }
-inline uint4 kiln_ld16(const unsigned short* p) { kiln_aligned16(p); uint4 x; std::memcpy(&x, p, 16); return x; }
-inline void kiln_st16(unsigned short* p, uint4 x) { kiln_aligned16(p); std::memcpy(p, &x, 16); }
+inline uint4 kiln_ld16(const void* p) { kiln_aligned16(p); uint4 x; std::memcpy(&x, p, 16); return x; }
+inline void kiln_st16(void* p, uint4 x) { kiln_aligned16(p); std::memcpy(p, &x, 16); }
 // The tiled GEMM's 4-element loads (render/cuda/gemm.rs), aligned to their size or aborting.
 template <typename T> struct alignas(4 * sizeof(T)) kiln_v4 { T v[4]; };
 template <typename T> inline kiln_v4<T> kiln_ld4(const T* p) {
@@ -66,11 +66,11 @@ template <typename T> inline kiln_v4<T> kiln_ld4(const T* p) {
 inline kiln_v4<float> kiln_ld4f(const float* p) { return kiln_ld4(p); }
 // The tensor-core GEMM's cp.async (render/cuda/mma.rs): a thread's copies land when it waits for their group, the
 // latest the PTX ISA allows, so reading a slice before waiting for it reads stale data here as it may on a GPU.
-struct kiln_cp_op { unsigned short* dst; const unsigned short* src; };
+struct kiln_cp_op { void* dst; const void* src; };
 static thread_local std::vector<kiln_cp_op> kiln_cp_pending;
 // The end of each committed group still in flight, in `kiln_cp_pending`.
 static thread_local std::vector<size_t> kiln_cp_groups;
-inline void kiln_cp16(unsigned short* dst, const unsigned short* src) {
+inline void kiln_cp16(void* dst, const void* src) {
     kiln_aligned16(dst);
     kiln_aligned16(src);
     kiln_cp_pending.push_back({dst, src});

@@ -31,20 +31,22 @@
 //! to 36 floats) and each fragment element rounded to TF32 as it is read (`cvt.rna.tf32.f32`: 10 mantissa bits,
 //! to nearest, ties away from zero). Its layout ("Matrix Fragments for mma.m16n8k8", `.tf32`): A's registers hold
 //! rows `g`, `g + 8` at columns `q` and `q + 4`; B's column `g` at rows `q`, `q + 4`; C as for `m16n8k16`. The shim
-//! emulates it likewise (`kiln_mma_tf32_1688`, rounding as `cvt.rna` does). Operands are staged one element a
-//! load.
+//! emulates it likewise (`kiln_mma_tf32_1688`, rounding as `cvt.rna` does). Operands whose strides are multiples of
+//! 4 floats are staged 16 bytes (4 floats) a load.
 //!
 //! **f16** ([`MmaType::F16`]): `mma.sync...m16n8k16.row.col.f32.f16.f16.f32`, the bf16 product's layout and staging.
 //!
-//! **Double buffering** (bf16, f16): where an operand is staged whole 16-byte vectors along K (a row-major A, a
-//! column-major B: `x @ w.t()`), the slices alternate between two buffers and those vectors are `cp.async` copies
-//! (sm_80): slice `i + 1` is in flight while slice `i` is multiplied, each thread committing a slice's copies as one
-//! group and waiting for all but the newest before the barrier. Edge vectors, and operands staged another way,
-//! still go through registers into the same buffers. The host shim lands a thread's copies only when it waits for
-//! their group (the latest the PTX ISA allows), so a product that read a slice before its wait reads stale data
-//! there too. TF32's two buffers would pass 48 KiB of shared memory at 128-row tiles; it stages through registers.
+//! **Double buffering**: where an operand is staged whole 16-byte vectors along K (a row-major A, a column-major B:
+//! `x @ w.t()`), the slices alternate between two buffers and those vectors are `cp.async` copies (sm_80): slice
+//! `i + 1` is in flight while slice `i` is multiplied, each thread committing a slice's copies as one group and
+//! waiting for all but the newest before the barrier. Edge vectors, and operands staged another way, still go
+//! through registers into the same buffers. The host shim lands a thread's copies only when it waits for their
+//! group (the latest the PTX ISA allows), so a product that read a slice before its wait reads stale data there
+//! too. Two buffers must fit 48 KiB of static shared memory: TF32's 36-float rows at 128-row tiles do not, and those
+//! stay single-buffered.
 //!
-//! Deliberately not done yet: Hopper's `wgmma`/TMA, vector loads and `ldmatrix` for TF32 (32-bit elements).
+//! Deliberately not done yet: Hopper's `wgmma`/TMA, `ldmatrix` for TF32 (its fragments are rounded element by
+//! element as they are read).
 
 use super::gemm::{assemble, grid, split_end, split_of};
 use super::{CudaC, Flavor, GpuKernel, check, math};
@@ -206,13 +208,14 @@ __device__ __forceinline__ void kiln_ldsm_x2(unsigned int* r, const unsigned sho
         }
     });
     if vectors {
-        s.push_str(
-            r#"// 8 16-bit values as 16 bytes: loaded and stored whole (16-byte aligned), packed from and split into halves.
+        s.push_str(match ty {
+            MmaType::Bf16 | MmaType::F16 => {
+                r#"// 8 16-bit values as 16 bytes: loaded and stored whole (16-byte aligned), packed and split.
 #ifndef KILN_HOST_SHIM
 __device__ __forceinline__ uint4 kiln_ld16(const unsigned short* p) { return *(const uint4*)p; }
 __device__ __forceinline__ void kiln_st16(unsigned short* p, uint4 x) { *(uint4*)p = x; }
 #endif
-__device__ __forceinline__ uint4 kiln_pack8(const unsigned short* h) {
+__device__ __forceinline__ uint4 kiln_pack16(const unsigned short* h) {
     uint4 x;
     x.x = (unsigned int)h[0] | ((unsigned int)h[1] << 16);
     x.y = (unsigned int)h[2] | ((unsigned int)h[3] << 16);
@@ -220,19 +223,39 @@ __device__ __forceinline__ uint4 kiln_pack8(const unsigned short* h) {
     x.w = (unsigned int)h[6] | ((unsigned int)h[7] << 16);
     return x;
 }
-__device__ __forceinline__ unsigned short kiln_half8(uint4 x, int i) {
+__device__ __forceinline__ unsigned short kiln_part16(uint4 x, int i) {
     unsigned int w = i < 2 ? x.x : i < 4 ? x.y : i < 6 ? x.z : x.w;
     return (unsigned short)(i % 2 ? w >> 16 : w & 0xffffu);
 }
-"#,
-        );
+"#
+            }
+            MmaType::Tf32 => {
+                r#"// 4 floats as 16 bytes: loaded and stored whole (16-byte aligned), packed and split.
+#ifndef KILN_HOST_SHIM
+__device__ __forceinline__ uint4 kiln_ld16(const float* p) { return *(const uint4*)p; }
+__device__ __forceinline__ void kiln_st16(float* p, uint4 x) { *(uint4*)p = x; }
+#endif
+__device__ __forceinline__ uint4 kiln_pack16(const float* h) {
+    uint4 x;
+    x.x = __float_as_uint(h[0]);
+    x.y = __float_as_uint(h[1]);
+    x.z = __float_as_uint(h[2]);
+    x.w = __float_as_uint(h[3]);
+    return x;
+}
+__device__ __forceinline__ float kiln_part16(uint4 x, int i) {
+    return __uint_as_float(i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w);
+}
+"#
+            }
+        });
     }
     if pipelined {
         s.push_str(
             r#"#ifndef KILN_HOST_SHIM
 // 16 bytes from global to shared memory without registers (sm_80's cp.async, L1 bypassed), in flight until this
 // thread waits for the group it is committed in.
-__device__ __forceinline__ void kiln_cp16(unsigned short* dst, const unsigned short* src) {
+__device__ __forceinline__ void kiln_cp16(void* dst, const void* src) {
     unsigned int to = (unsigned int)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(src) : "memory");
 }
@@ -291,8 +314,8 @@ pub fn render_gemm_mma(
     let mut head = format!("// kiln kernel {} ({}, {what} {bm}x{bn}x{BK}{split_name})\n", k.name, flavor.name());
     head.push_str(math::PRELUDE);
     head.push_str(&em.helpers_source());
-    // Operands staged 16 bytes a load ([`vector8`]; not TF32's, staged as f32 one element a load).
-    let vectors = [&v.a, &v.b].map(|op| ty != MmaType::Tf32 && vector8(op, op.cols == 1));
+    // Operands staged 16 bytes a load (8 halves or 4 floats, [`vector16`]).
+    let vectors = [&v.a, &v.b].map(|op| vector16(op, op.cols == 1, ty));
     let (body, accs, pipelined) = body(&dialect, v, t, ty, vectors, tiles_m, split);
     head.push_str(&helpers(ty, vectors.contains(&true), pipelined));
     let (tail, workspace) = split_end(v, (bm, bn), split, blocks, &accs)?;
@@ -315,10 +338,10 @@ struct Slice<L, S> {
     k_is_cols: bool,
 }
 
-/// Whether operand `op` can be read 8 elements (16 bytes of bf16) at a time along its contiguous dimension
-/// (`cols` where `along_cols`): see `cstyle::vectorizable`.
-fn vector8(op: &GemmOperand, along_cols: bool) -> bool {
-    cstyle::vectorizable(op, along_cols, 8)
+/// Whether operand `op` of a `ty` product can be read 16 bytes (8 halves, or 4 floats for TF32) at a time along its
+/// contiguous dimension (`cols` where `along_cols`): see `cstyle::vectorizable`.
+fn vector16(op: &GemmOperand, along_cols: bool, ty: MmaType) -> bool {
+    cstyle::vectorizable(op, along_cols, if ty == MmaType::Tf32 { 4 } else { 8 })
 }
 
 /// The staging loop of slice `sl` of `elem`s over a block of `threads` threads: vectors of 8 bf16 along the contiguous
@@ -350,25 +373,27 @@ where
         );
         return;
     }
-    // Vector `e` covers (r, c .. c + 7) along the columns, or (r .. r + 7, c) along the rows.
-    let (r, c, full, elem) = if sl.along_cols {
-        let per = cols / 8;
+    // Vectors of 16 bytes: `w` elements. Vector `e` covers (r, c .. c + w - 1) along the columns, or
+    // (r .. r + w - 1, c) along the rows.
+    let w = if elem == "float" { 4 } else { 8 };
+    let (r, c, full, elem_at) = if sl.along_cols {
+        let per = cols / w;
         (
             format!("e / {per}"),
-            format!("(e % {per}) * 8"),
-            format!("{o_r} + r < {b_r} && {o_c} + c + 8 <= {b_c}"),
+            format!("(e % {per}) * {w}"),
+            format!("{o_r} + r < {b_r} && {o_c} + c + {w} <= {b_c}"),
             ("r".to_string(), "c + i".to_string()),
         )
     } else {
-        let per = rows / 8;
+        let per = rows / w;
         (
-            format!("(e % {per}) * 8"),
+            format!("(e % {per}) * {w}"),
             format!("e / {per}"),
-            format!("{o_r} + r + 8 <= {b_r} && {o_c} + c < {b_c}"),
+            format!("{o_r} + r + {w} <= {b_r} && {o_c} + c < {b_c}"),
             ("r + i".to_string(), "c".to_string()),
         )
     };
-    let _ = writeln!(s, "    for (int e = l; e < {}; e += {threads}) {{", rows * cols / 8);
+    let _ = writeln!(s, "    for (int e = l; e < {}; e += {threads}) {{", rows * cols / w);
     let _ = writeln!(s, "        int r = {r};\n        int c = {c};\n        uint4 x;");
     // The shared row runs along K: a vector along K is one store (or one asynchronous copy).
     let whole = sl.along_cols == sl.k_is_cols;
@@ -386,18 +411,18 @@ where
             (sl.load)("r", "c")
         );
     }
-    let _ = writeln!(s, "            unsigned short h[8];\n            for (int i = 0; i < 8; i++) {{");
-    let (er, ec) = &elem;
+    let _ = writeln!(s, "            {elem} h[{w}];\n            for (int i = 0; i < {w}; i++) {{");
+    let (er, ec) = &elem_at;
     let _ = writeln!(
         s,
-        "                h[i] = {o_r} + {er} < {b_r} && {o_c} + {ec} < {b_c} ? {} : (unsigned short)0;",
+        "                h[i] = {o_r} + {er} < {b_r} && {o_c} + {ec} < {b_c} ? {} : ({elem})0;",
         (sl.load)(er, ec)
     );
-    s.push_str("            }\n            x = kiln_pack8(h);\n        }\n");
+    s.push_str("            }\n            x = kiln_pack16(h);\n        }\n");
     if whole {
         let _ = writeln!(s, "        kiln_st16(&{}, x);", (sl.shared)("r", "c"));
     } else {
-        let _ = writeln!(s, "        for (int i = 0; i < 8; i++) {{ {} = kiln_half8(x, i); }}", (sl.shared)(er, ec));
+        let _ = writeln!(s, "        for (int i = 0; i < {w}; i++) {{ {} = kiln_part16(x, i); }}", (sl.shared)(er, ec));
     }
     s.push_str("    }\n");
 }
@@ -421,9 +446,9 @@ fn body(
     let (ld, _) = ty.row();
     let elem = if ty == MmaType::Tf32 { "float" } else { "unsigned short" };
     // Double-buffered with asynchronous copies where an operand is copied whole vectors at a time (`stage`) and two
-    // buffers fit the 48 KiB of static shared memory (TF32's do not; it stages through registers either way).
+    // buffers fit the 48 KiB of static shared memory (TF32's at 128-row tiles do not: they stay single).
     let whole = [vector_a && v.a.cols == 1, vector_b && v.b.cols != 1];
-    let pipelined = ty != MmaType::Tf32 && whole.contains(&true) && 2 * t.shared_bytes(ty) <= 48 * 1024;
+    let pipelined = whole.contains(&true) && 2 * t.shared_bytes(ty) <= 48 * 1024;
     let (a_len, b_len) = (bm * ld, bn * ld);
     let bufs = if pipelined { 2 } else { 1 };
     let mut s = String::new();
@@ -452,7 +477,7 @@ fn body(
     let _ = writeln!(s, "float acc[{}];\nfor (int i = 0; i < {}; i++) acc[i] = 0.0f;", frags * 4, frags * 4);
     // A's slice (`bm x BK`, stored `[m][k]`) and B's (`BK x bn`, stored `[n][k]`) at K offset `k0` into `sa_n` and
     // `sb_n`, each read along the operand's contiguous dimension so that a warp's loads are coalesced, 8 elements
-    // (16 bytes) a load where the layout allows it ([`vector8`]).
+    // (16 bytes) a load where the layout allows it ([`vector16`]).
     let stage_slices = |s: &mut String| {
         let a = Slice {
             rows: bm,
