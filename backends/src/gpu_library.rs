@@ -172,7 +172,8 @@ type Bias = Option<(usize, DType)>;
 
 /// The kernel's outer code as a library's epilogue: `acc`, then optionally `+ bias[j]` (a load along the output's
 /// last dim, cast to f32 where stored in bf16), optionally `relu` (`where(x <= 0, 0, x)`) or the tanh-form GELU
-/// (the module doc), then optionally the cast to the output's dtype, and nothing else. `(bias input and dtype,
+/// (the module doc), each matched as an expression tree (`Tree`), then optionally the cast to the output's dtype,
+/// and nothing else. `(bias input and dtype,
 /// activation)`.
 fn epilogue(k: &KernelIr, out: DType) -> Option<(Bias, Option<LibAct>)> {
     let o = &k.outer;
@@ -216,27 +217,18 @@ fn epilogue(k: &KernelIr, out: DType) -> Option<(Bias, Option<LibAct>)> {
         cur = i - 1;
         bias = Some((*buf, stored));
     }
-    // `relu`: where(x <= 0, 0, x).
-    let zero = |j: usize| {
-        o.get(j).is_some_and(|x| x.dtype == DType::F32 && matches!(&x.op, InstOp::Const(c) if c.as_f64() == 0.0))
-    };
-    if o.len() >= i + 4 && zero(i) && zero(i + 2) {
-        let le = &o[i + 1];
-        let pick = &o[i + 3];
-        if le.op == InstOp::Binary(BinaryOp::Le, cur, i) && pick.op == InstOp::Where(i + 1, i + 2, cur) {
-            act = Some(LibAct::Relu);
-            cur = i + 3;
-            i += 4;
-        }
-    }
-    // The GELU: the instructions up to the result (or to its rounding) are exactly its tree over `cur`.
-    if act.is_none() && i < o.len() {
+    // The activation: the instructions up to the result (or to its rounding) are exactly one activation's tree
+    // over `cur`.
+    if i < o.len() {
         let root = match o[k.result].op {
             InstOp::Cast(r) => r,
             _ => k.result,
         };
-        if root >= i && Tree::new(o, i, cur).uses_all(root, &GELU_TANH, i..=root) {
-            act = Some(LibAct::GeluTanh);
+        let acts = [(LibAct::Relu, &RELU), (LibAct::GeluTanh, &GELU_TANH)];
+        if root >= i
+            && let Some((a, _)) = acts.into_iter().find(|(_, p)| Tree::new(o, i, cur).uses_all(root, p, i..=root))
+        {
+            act = Some(a);
             cur = root;
             i = root + 1;
         }
@@ -258,7 +250,14 @@ enum Pat {
     Add(&'static Pat, &'static Pat),
     Mul(&'static Pat, &'static Pat),
     Tanh(&'static Pat),
+    /// `a <= b`, a bool.
+    Le(&'static Pat, &'static Pat),
+    /// `where(cond, then, else)`.
+    Where(&'static Pat, &'static Pat, &'static Pat),
 }
+
+/// `where(x <= 0, 0, x)`, as `relu` builds it.
+const RELU: Pat = Pat::Where(&Pat::Le(&Pat::X, &Pat::Const(0.0)), &Pat::Const(0.0), &Pat::X);
 
 /// `x * 0.5 * (tanh((x + x * x * x * 0.044715) * sqrt(2 / pi)) + 1)`, as `nn::functional::gelu` builds it.
 const GELU_TANH: Pat = {
@@ -269,7 +268,7 @@ const GELU_TANH: Pat = {
 };
 
 /// Matches outer-code instructions at or after `from` against a `Pat` whose `X` is instruction `x`, every
-/// instruction f32, sums and products in either operand order.
+/// instruction f32 (a comparison bool), sums and products in either operand order.
 struct Tree<'a> {
     o: &'a [kiln_jit::kernel::Inst],
     from: usize,
@@ -298,7 +297,8 @@ impl<'a> Tree<'a> {
         if let Pat::X = p {
             return id == self.x;
         }
-        let Some(inst) = self.o.get(id).filter(|inst| id >= self.from && inst.dtype == DType::F32) else {
+        let dtype = if matches!(p, Pat::Le(..)) { DType::Bool } else { DType::F32 };
+        let Some(inst) = self.o.get(id).filter(|inst| id >= self.from && inst.dtype == dtype) else {
             return false;
         };
         let mark = self.used.len();
@@ -310,6 +310,8 @@ impl<'a> Tree<'a> {
             | (Pat::Mul(a, b), InstOp::Binary(BinaryOp::Mul, l, r)) => {
                 self.both(*l, *r, a, b) || self.both(*r, *l, a, b)
             }
+            (Pat::Le(a, b), InstOp::Binary(BinaryOp::Le, l, r)) => self.both(*l, *r, a, b),
+            (Pat::Where(c, a, b), InstOp::Where(wc, wa, wb)) => self.matches(*wc, c) && self.both(*wa, *wb, a, b),
             _ => false,
         };
         if !ok {

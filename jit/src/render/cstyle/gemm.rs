@@ -325,7 +325,7 @@ struct Slice<'a> {
 /// `along_cols`): contiguous that way, and its offset, its other stride and every batch stride multiples of
 /// `width`, so that every vector starting at a multiple of `width` from a matrix's start is aligned to `width`
 /// elements (device allocations are at least 256-byte aligned). A patched operand never is. Also the tensor-core
-/// template's (8 halves, 16 bytes).
+/// template's (16 bytes: 8 halves, or 4 floats in TF32).
 pub fn vectorizable(op: &GemmOperand, along_cols: bool, width: i64) -> bool {
     let other = if along_cols { op.rows } else { op.cols };
     let contiguous = if along_cols { op.cols } else { op.rows };
@@ -351,36 +351,35 @@ fn stage<D: Dialect>(d: &D, s: &mut String, sl: &Slice<'_>, dtype: DType, wg: u3
     let vector = (along % 4 == 0 && vectorizable(sl.op, sl.along_cols, 4))
         .then(|| d.load4(dtype, &operand_at(sl.op, sl.base, n_r, n_c), "x"))
         .flatten();
+    // Step `e` reads `w` elements from (r, c): (r, c .. c + w - 1) along the columns, (r .. r + w - 1, c) along the
+    // rows.
+    let w = if vector.is_some() { 4 } else { 1 };
+    let per = along / w;
+    let first = |x: String| if w == 1 { x } else { format!("({x}) * {w}") };
+    let (r, c) = if sl.along_cols {
+        (format!("e / {per}"), first(format!("e % {per}")))
+    } else {
+        (first(format!("e % {per}")), format!("e / {per}"))
+    };
+    line("        ", d.for_step_open("e", "l", &(rows * cols / w).to_string(), &wg.to_string()));
+    line("            ", format!("{} {}", d.let_index("r", &r), d.let_index("c", &c)));
+    line("            ", d.let_index(n_r, &format!("{o_r} + r")));
+    line("            ", d.let_index(n_c, &format!("{o_c} + c")));
     let Some(vector) = vector else {
-        let (r, c) = if sl.along_cols {
-            (format!("e / {cols}"), format!("e % {cols}"))
-        } else {
-            (format!("e % {rows}"), format!("e / {rows}"))
-        };
-        line("        ", d.for_step_open("e", "l", &(rows * cols).to_string(), &wg.to_string()));
-        line("            ", format!("{} {}", d.let_index("r", &r), d.let_index("c", &c)));
-        line("            ", d.let_index(n_r, &format!("{o_r} + r")));
-        line("            ", d.let_index(n_c, &format!("{o_c} + c")));
         line("            ", d.var_value("x", DType::F32, &zero));
         line("            ", format!("if ({n_r} < {b_r} && {n_c} < {b_c}) {{ x = {}; }}", load(n_r, n_c)));
         line("            ", format!("{} = x;", (sl.shared)("r", "c")));
         line("        ", "}".to_string());
         return false;
     };
-    // Vector `e` covers (r, c .. c + 3) along the columns, or (r .. r + 3, c) along the rows.
-    let per = along / 4;
-    let (r, c, full) = if sl.along_cols {
-        (format!("e / {per}"), format!("(e % {per}) * 4"), format!("{n_r} < {b_r} && {n_c} + 4 <= {b_c}"))
+    let full = if sl.along_cols {
+        format!("{n_r} < {b_r} && {n_c} + 4 <= {b_c}")
     } else {
-        (format!("(e % {per}) * 4"), format!("e / {per}"), format!("{n_r} + 4 <= {b_r} && {n_c} < {b_c}"))
+        format!("{n_r} + 4 <= {b_r} && {n_c} < {b_c}")
     };
     let at = |i: u32, (r, c): (&str, &str)| {
         if sl.along_cols { (r.to_string(), format!("({c} + {i})")) } else { (format!("({r} + {i})"), c.to_string()) }
     };
-    line("        ", d.for_step_open("e", "l", &(rows * cols / 4).to_string(), &wg.to_string()));
-    line("            ", format!("{} {}", d.let_index("r", &r), d.let_index("c", &c)));
-    line("            ", d.let_index(n_r, &format!("{o_r} + r")));
-    line("            ", d.let_index(n_c, &format!("{o_c} + c")));
     for i in 0..4 {
         line("            ", d.var_value(&format!("x{i}"), DType::F32, &zero));
     }

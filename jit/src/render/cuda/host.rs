@@ -52,18 +52,22 @@ inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst
 struct uint4 { unsigned int x, y, z, w; };
 // A GPU faults on a misaligned one: so does the shim.
 #define __align__(n) __attribute__((aligned(n)))
-inline void kiln_aligned16(const void* p) { if (reinterpret_cast<unsigned long>(p) % 16) std::abort(); }
+inline void kiln_aligned(const void* p, unsigned long bytes) {
+    if (reinterpret_cast<unsigned long>(p) % bytes) std::abort();
+}
+inline void kiln_aligned16(const void* p) { kiln_aligned(p, 16); }
 inline uint4 kiln_ld16(const void* p) { kiln_aligned16(p); uint4 x; std::memcpy(&x, p, 16); return x; }
 inline void kiln_st16(void* p, uint4 x) { kiln_aligned16(p); std::memcpy(p, &x, 16); }
 // The tiled GEMM's 4-element loads (render/cuda/gemm.rs), aligned to their size or aborting.
 template <typename T> struct alignas(4 * sizeof(T)) kiln_v4 { T v[4]; };
 template <typename T> inline kiln_v4<T> kiln_ld4(const T* p) {
-    if (reinterpret_cast<unsigned long>(p) % (4 * sizeof(T))) std::abort();
+    kiln_aligned(p, sizeof(kiln_v4<T>));
     kiln_v4<T> x;
     std::memcpy(&x, p, sizeof x);
     return x;
 }
 inline kiln_v4<float> kiln_ld4f(const float* p) { return kiln_ld4(p); }
+inline kiln_v4<unsigned short> kiln_ld4h(const unsigned short* p) { return kiln_ld4(p); }
 // The tensor-core GEMM's cp.async (render/cuda/mma.rs): a thread's copies land when it waits for their group, the
 // latest the PTX ISA allows, so reading a slice before waiting for it reads stale data here as it may on a GPU.
 struct kiln_cp_op { void* dst; const void* src; };
@@ -85,7 +89,6 @@ inline void kiln_cp_wait1() {
     for (size_t g : kiln_cp_groups) if (g > landed) left.push_back(g - landed);
     kiln_cp_groups = left;
 }
-inline kiln_v4<unsigned short> kiln_ld4h(const unsigned short* p) { return kiln_ld4(p); }
 using std::max;
 using std::min;
 // The tensor-core GEMM's warp-level products (render/cuda/mma.rs): each lane leaves its fragments here, the block

@@ -98,6 +98,19 @@ impl MmaType {
             MmaType::Tf32 => (LD_TF32, 4),
         }
     }
+
+    /// The C type an operand is staged as: its bits (16-bit types) or the f32 itself (TF32).
+    fn elem(self) -> &'static str {
+        match self {
+            MmaType::Bf16 | MmaType::F16 => "unsigned short",
+            MmaType::Tf32 => "float",
+        }
+    }
+
+    /// Elements in a 16-byte vector load.
+    fn vector_width(self) -> u32 {
+        16 / self.row().1
+    }
 }
 
 /// A tensor-core tile: `wm x wn` warps a block, each computing `fm x fn_` instruction tiles of 16 x 8, so the
@@ -326,7 +339,8 @@ pub fn render_gemm_mma(
 /// A `rows x cols` slice of an operand staged into shared memory: element (r, c) of the slice is the operand's
 /// (`origin.0 + r`, `origin.1 + c`), in bounds below `bounds`; `load` and `shared` write the global and shared
 /// element of (r, c); the operand is contiguous along the slice's columns where `along_cols`, and the shared row
-/// runs along K: the slice's columns where `k_is_cols`, its rows else.
+/// runs along K: the slice's columns where `k_is_cols`, its rows else. `vector`: read 16 bytes a load
+/// ([`vector16`]).
 struct Slice<L, S> {
     rows: u32,
     cols: u32,
@@ -336,20 +350,30 @@ struct Slice<L, S> {
     load: L,
     shared: S,
     k_is_cols: bool,
+    vector: bool,
+}
+
+impl<L, S> Slice<L, S> {
+    /// Whether its in-bounds vectors go to shared memory whole (read along K, into rows that run along K): one
+    /// 16-byte store, or one asynchronous copy.
+    fn copied_whole(&self) -> bool {
+        self.vector && self.along_cols == self.k_is_cols
+    }
 }
 
 /// Whether operand `op` of a `ty` product can be read 16 bytes (8 halves, or 4 floats for TF32) at a time along its
 /// contiguous dimension (`cols` where `along_cols`): see `cstyle::vectorizable`.
 fn vector16(op: &GemmOperand, along_cols: bool, ty: MmaType) -> bool {
-    cstyle::vectorizable(op, along_cols, if ty == MmaType::Tf32 { 4 } else { 8 })
+    cstyle::vectorizable(op, along_cols, ty.vector_width().into())
 }
 
-/// The staging loop of slice `sl` of `elem`s over a block of `threads` threads: vectors of 8 bf16 along the contiguous
-/// dimension (`vector`), each one 16-byte load where all 8 are in bounds and 8 checked loads at the edge, stored as one
-/// 16-byte store where the shared row runs the same way and 8 stores else; or one element at a time. With
-/// `async_copy`, a vector in bounds whose shared row runs its way is one `cp.async` (global to shared without
-/// registers; it lands by the caller's `kiln_cp_wait1`), and only edge vectors go through registers.
-fn stage<L, S>(s: &mut String, sl: &Slice<L, S>, threads: u32, elem: &str, vector: bool, async_copy: bool)
+/// The staging loop of slice `sl` of a `ty` product over a block of `threads` threads: 16-byte vectors (8 halves, 4
+/// floats) along the contiguous dimension where `sl.vector`, each one load where all its elements are in bounds and
+/// checked element loads at the edge, stored as one 16-byte store where the shared row runs the same way
+/// ([`Slice::copied_whole`]) and element by element else; or one element at a time. With `async_copy`, a whole
+/// vector in bounds is one `cp.async` (global to shared without registers; it lands by the caller's
+/// `kiln_cp_wait1`), and only edge vectors go through registers.
+fn stage<L, S>(s: &mut String, sl: &Slice<L, S>, threads: u32, ty: MmaType, async_copy: bool)
 where
     L: Fn(&str, &str) -> String,
     S: Fn(&str, &str) -> String,
@@ -357,7 +381,8 @@ where
     let (rows, cols) = (sl.rows, sl.cols);
     let (o_r, o_c) = sl.origin;
     let (b_r, b_c) = (&sl.bounds.0, &sl.bounds.1);
-    if !vector {
+    let elem = ty.elem();
+    if !sl.vector {
         let (r, c) = if sl.along_cols {
             (format!("e / {cols}"), format!("e % {cols}"))
         } else {
@@ -373,9 +398,8 @@ where
         );
         return;
     }
-    // Vectors of 16 bytes: `w` elements. Vector `e` covers (r, c .. c + w - 1) along the columns, or
-    // (r .. r + w - 1, c) along the rows.
-    let w = if elem == "float" { 4 } else { 8 };
+    // Vector `e` covers (r, c .. c + w - 1) along the columns, or (r .. r + w - 1, c) along the rows.
+    let w = ty.vector_width();
     let (r, c, full, elem_at) = if sl.along_cols {
         let per = cols / w;
         (
@@ -395,8 +419,7 @@ where
     };
     let _ = writeln!(s, "    for (int e = l; e < {}; e += {threads}) {{", rows * cols / w);
     let _ = writeln!(s, "        int r = {r};\n        int c = {c};\n        uint4 x;");
-    // The shared row runs along K: a vector along K is one store (or one asynchronous copy).
-    let whole = sl.along_cols == sl.k_is_cols;
+    let whole = sl.copied_whole();
     if whole && async_copy {
         let (to, from) = ((sl.shared)("r", "c"), (sl.load)("r", "c"));
         let _ = writeln!(
@@ -444,63 +467,67 @@ fn body(
     let MmaTile { wn, fm, fn_, .. } = t;
     let frags = fm * fn_;
     let (ld, _) = ty.row();
-    let elem = if ty == MmaType::Tf32 { "float" } else { "unsigned short" };
-    // Double-buffered with asynchronous copies where an operand is copied whole vectors at a time (`stage`) and two
-    // buffers fit the 48 KiB of static shared memory (TF32's at 128-row tiles do not: they stay single).
-    let whole = [vector_a && v.a.cols == 1, vector_b && v.b.cols != 1];
-    let pipelined = whole.contains(&true) && 2 * t.shared_bytes(ty) <= 48 * 1024;
+    let elem = ty.elem();
+    // The K range: all of it, or the split's (`kbeg`, `kend`, declared below).
+    let (kbeg, kend) = match split {
+        None => ("0".to_string(), kk.to_string()),
+        Some(_) => ("kbeg".to_string(), "kend".to_string()),
+    };
+    // A's slice (`bm x BK`, stored `[m][k]`) and B's (`BK x bn`, stored `[n][k]`) at K offset `k0` into `sa_n` and
+    // `sb_n`, each read along the operand's contiguous dimension so that a warp's loads are coalesced, 16 bytes a
+    // load where the layout allows it ([`vector16`]).
+    let a = Slice {
+        rows: bm,
+        cols: BK,
+        along_cols: v.a.cols == 1,
+        bounds: (m.to_string(), kend.clone()),
+        origin: ("m0", "k0"),
+        load: |r: &str, c: &str| at(&v.a, "abase", &format!("(m0 + {r})"), &format!("(k0 + {c})")),
+        shared: |r: &str, c: &str| format!("sa_n[({r}) * {ld} + {c}]"),
+        k_is_cols: true,
+        vector: vector_a,
+    };
+    let b = Slice {
+        rows: BK,
+        cols: bn,
+        along_cols: v.b.cols == 1,
+        bounds: (kend.clone(), n.to_string()),
+        origin: ("k0", "n0"),
+        load: |r: &str, c: &str| at(&v.b, "bbase", &format!("(k0 + {r})"), &format!("(n0 + {c})")),
+        shared: |r: &str, c: &str| format!("sb_n[({c}) * {ld} + {r}]"),
+        k_is_cols: false,
+        vector: vector_b,
+    };
+    // Double-buffered with asynchronous copies where an operand is copied whole vectors at a time and two buffers
+    // fit the 48 KiB of static shared memory (TF32's at 128-row tiles do not: they stay single).
+    let pipelined = (a.copied_whole() || b.copied_whole()) && 2 * t.shared_bytes(ty) <= 48 * 1024;
     let (a_len, b_len) = (bm * ld, bn * ld);
     let bufs = if pipelined { 2 } else { 1 };
     let mut s = String::new();
-    // 16-byte aligned: rows of `LD` halves are 80 bytes, so every 8-element vector along a row is aligned too.
+    // 16-byte aligned: rows of `LD` halves (80 bytes) or `LD_TF32` floats (144) keep every vector along a row so.
     let _ = writeln!(s, "__shared__ __align__(16) {elem} sa[{}]; // [m][k]", bufs * a_len);
     let _ = writeln!(s, "__shared__ __align__(16) {elem} sb[{}]; // [n][k]", bufs * b_len);
     let _ = writeln!(s, "int bz = (int)(blockIdx.y / {tiles_m}u);");
     let _ = writeln!(s, "int m0 = (int)(blockIdx.y % {tiles_m}u) * {bm};");
-    let (kbeg, kend) = match split {
+    match split {
         None => {
             let _ = writeln!(s, "int n0 = (int)blockIdx.x * {bn};");
-            ("0".to_string(), kk.to_string())
         }
         Some(KSplit { chunk, .. }) => {
             let tiles_n = n.div_ceil(bn as usize);
             let _ = writeln!(s, "int ks = (int)(blockIdx.x / {tiles_n}u);");
             let _ = writeln!(s, "int n0 = (int)(blockIdx.x % {tiles_n}u) * {bn};");
             let _ = writeln!(s, "int kbeg = ks * {chunk};\nint kend = min({kk}, kbeg + {chunk});");
-            ("kbeg".to_string(), "kend".to_string())
         }
-    };
+    }
     s.push_str("int l = (int)threadIdx.x;\nint lane = l % 32;\nint warp = l / 32;\n");
     let _ = writeln!(s, "int wm = (warp / {wn}) * {};\nint wn = (warp % {wn}) * {};", 16 * fm, 8 * fn_);
     s.push_str("int g = lane >> 2;\nint q = lane & 3;\n");
     s.push_str(&operand_bases(d, v));
     let _ = writeln!(s, "float acc[{}];\nfor (int i = 0; i < {}; i++) acc[i] = 0.0f;", frags * 4, frags * 4);
-    // A's slice (`bm x BK`, stored `[m][k]`) and B's (`BK x bn`, stored `[n][k]`) at K offset `k0` into `sa_n` and
-    // `sb_n`, each read along the operand's contiguous dimension so that a warp's loads are coalesced, 8 elements
-    // (16 bytes) a load where the layout allows it ([`vector16`]).
     let stage_slices = |s: &mut String| {
-        let a = Slice {
-            rows: bm,
-            cols: BK,
-            along_cols: v.a.cols == 1,
-            bounds: (m.to_string(), kend.clone()),
-            origin: ("m0", "k0"),
-            load: |r: &str, c: &str| at(&v.a, "abase", &format!("(m0 + {r})"), &format!("(k0 + {c})")),
-            shared: |r: &str, c: &str| format!("sa_n[({r}) * {ld} + {c}]"),
-            k_is_cols: true,
-        };
-        stage(s, &a, threads, elem, vector_a, pipelined);
-        let b = Slice {
-            rows: BK,
-            cols: bn,
-            along_cols: v.b.cols == 1,
-            bounds: (kend.clone(), n.to_string()),
-            origin: ("k0", "n0"),
-            load: |r: &str, c: &str| at(&v.b, "bbase", &format!("(k0 + {r})"), &format!("(n0 + {c})")),
-            shared: |r: &str, c: &str| format!("sb_n[({c}) * {ld} + {r}]"),
-            k_is_cols: false,
-        };
-        stage(s, &b, threads, elem, vector_b, pipelined);
+        stage(s, &a, threads, ty, pipelined);
+        stage(s, &b, threads, ty, pipelined);
     };
     let slice_at = |s: &mut String, k0: &str, buf: &str| {
         let _ = writeln!(
@@ -530,35 +557,33 @@ fn body(
         let _ = writeln!(s, "const {elem}* sa_c = sa;\nconst {elem}* sb_c = sb;");
     }
     s.push_str("    __syncthreads();\n");
-    // Per instruction: K of 16 (bf16: a register holds 2 adjacent K) or 8 (TF32: one each); A's four registers at
-    // (row, K) offsets, B's two at K offsets (the module doc's layouts).
-    let (step, a_regs, b_regs): (u32, [(u32, u32); 4], [u32; 2]) = match ty {
-        MmaType::Bf16 | MmaType::F16 => (16, [(0, 0), (8, 0), (0, 8), (8, 8)], [0, 8]),
-        MmaType::Tf32 => (8, [(0, 0), (8, 0), (0, 4), (8, 4)], [0, 4]),
-    };
+    // Per instruction: K of 16 (16-bit types: a register holds 2 adjacent K) or 8 (TF32: one each).
+    let step = if ty == MmaType::Tf32 { 8 } else { 16 };
     let mma = ty.product();
-    let fetch = |array: &str, at: String| format!("kiln_tf32({array}[{at} + q])");
     let _ = writeln!(s, "    for (int kk = 0; kk < {BK}; kk += {step}) {{");
     let _ = writeln!(s, "        unsigned int af[{fm}][4];\n        unsigned int bf[{fn_}][2];");
     if ty == MmaType::Tf32 {
+        // Element by element, each rounded to TF32: A's four registers at (row, K) offsets, B's two at K offsets (the
+        // module doc's m16n8k8 layout).
+        let fetch = |array: &str, at: String| format!("kiln_tf32({array}[{at} + q])");
         for i in 0..fm {
             let r = format!("(wm + {} + g)", i * 16);
-            for (reg, (dr, dk)) in a_regs.into_iter().enumerate() {
+            for (reg, (dr, dk)) in [(0, 0), (8, 0), (0, 4), (8, 4)].into_iter().enumerate() {
                 let at = format!("({r} + {dr}) * {ld} + kk + {dk}");
                 let _ = writeln!(s, "        af[{i}][{reg}] = {};", fetch("sa_c", at));
             }
         }
         for j in 0..fn_ {
             let c = format!("(wn + {} + g)", j * 8);
-            for (reg, dk) in b_regs.into_iter().enumerate() {
+            for (reg, dk) in [0, 4].into_iter().enumerate() {
                 let _ = writeln!(s, "        bf[{j}][{reg}] = {};", fetch("sb_c", format!("{c} * {ld} + kk + {dk}")));
             }
         }
     } else {
         // `ldmatrix`: lane t gives the address of row t % 8 of 8 x 8 matrix t / 8 and receives, from matrix i, row
         // t / 4 at columns 2 (t % 4) and 2 (t % 4) + 1 in register i: the `mma` fragments' layout. A's matrices are
-        // rows 0-7 and 8-15 at K 0-7, then at K 8-15 (`a_regs`' order); B's, stored `[n][k]`, a tile's K 0-7 and
-        // 8-15, two tiles of 8 columns a load.
+        // rows 0-7 and 8-15 at K 0-7, then at K 8-15 (its registers' order); B's, stored `[n][k]`, a tile's K 0-7
+        // and 8-15, two tiles of 8 columns a load.
         for i in 0..fm {
             let row = format!("(wm + {} + (lane & 15)) * {ld} + kk + (lane >> 4) * 8", i * 16);
             let _ = writeln!(s, "        kiln_ldsm_x4(af[{i}], &sa_c[{row}]);");
