@@ -913,14 +913,18 @@ fn the_gemm_race_runs_on_the_host_stand_in() {
         .rev()
         .find(|r| r.key.op == "host-gpu-gemm" && dims(r) == [1, 48, 24, 40])
         .expect("a tuning record for the GEMM");
-    let names: Vec<String> = candidates(Flavor::Cuda, "host", &GemmView::of(&gemm_of(&[y])).expect("a GEMM"))
+    let mut names: Vec<String> = candidates(Flavor::Cuda, "host", &GemmView::of(&gemm_of(&[y])).expect("a GEMM"))
         .iter()
         .map(GpuGemm::name)
         .collect();
-    assert!(names.contains(&rec.winner), "winner {} is not a candidate: {names:?}", rec.winner);
+    // `+ 1.0` is not a bias: the library's contestant is its product, then the epilogue as a pass.
+    names.push("library+pass".into());
+    assert!(names.contains(&rec.winner), "winner {} is not a contestant: {names:?}", rec.winner);
     if std::env::var("KILN_AUTOTUNE").map_or(true, |v| v != "off") {
         let won = rec.trials.iter().find(|t| t.config == rec.winner).expect("the winner's trial");
         assert_eq!(won.verified, Some(true), "the winner verified: {:?}", rec.trials);
+        let templates = rec.trials.iter().filter(|t| t.config.starts_with("simt:") && t.verified == Some(true));
+        assert!(templates.count() >= 1, "the templates raced and verified: {:?}", rec.trials);
     }
 }
 
@@ -943,10 +947,11 @@ fn gemm_candidates_run_forced_on_the_host_stand_in() {
     );
 }
 
-/// The library contestant of the GEMM race (`kiln_backends::gpu_library`) takes the layouts and epilogues a vendor
-/// library has and nothing else: checked by which of `gpu_open`'s GEMMs it takes, each run through the host
-/// stand-in's library GEMM (the problem computed as a library would) against the interpreter, and by the fused
-/// epilogues it must decline.
+/// The library contestant of the GEMM race (`kiln_backends::gpu_library`) fuses the epilogues a vendor library has
+/// and nothing else, and runs any other epilogue as a pass after the library's product: checked by which of
+/// `gpu_open`'s GEMMs it takes and how, each run through the host stand-in's library GEMM (the problem computed as
+/// a library would, then the pass under the shim) against the interpreter, and by the fused epilogues it must
+/// decline.
 #[test]
 fn the_library_gemm_takes_the_epilogues_it_has() {
     use kiln_backends::HostGpu;
@@ -955,20 +960,23 @@ fn the_library_gemm_takes_the_epilogues_it_has() {
     let gpu = HostGpu::new(&cxx);
     let ran = gpu_open::library_gemm_matches_the_interpreter(&|k, args| gpu.run_library_with(k, args))
         .expect("the stand-in's library runs");
+    let fused = |name| (name, false);
     let want = [
-        "ragged 70 x 130 x 33",
-        "x @ w.t() + bias, relu",
-        "x @ w + bias, gelu",
-        "batched",
-        "bf16 ragged",
-        "bf16 batched",
-        "decode 6 x 600 x 70 + bias",
-        "bf16 decode 9 x 700 x 40, x @ w.t()",
-        "bf16 aligned 24 x 64 x 48, x @ w.t()",
-        "f16 ragged",
+        fused("ragged 70 x 130 x 33"),
+        fused("x @ w.t() + bias, relu"),
+        fused("x @ w + bias, gelu"),
+        fused("batched"),
+        ("dy @ w.t() where h > 0", true),
+        fused("bf16 ragged"),
+        // Its product is rounded to bf16 before the relu, which no library epilogue does.
+        ("bf16 x @ w.t(), relu", true),
+        fused("bf16 batched"),
+        fused("decode 6 x 600 x 70 + bias"),
+        fused("bf16 decode 9 x 700 x 40, x @ w.t()"),
+        fused("bf16 aligned 24 x 64 x 48, x @ w.t()"),
+        fused("f16 ragged"),
     ];
-    // Not "bf16 x @ w.t(), relu": its product is rounded to bf16 before the relu, which no library epilogue does.
-    assert_eq!(ran, want);
+    assert_eq!(ran, want, "(GEMM, whether its epilogue ran as a pass after the library's product)");
     let dev = Device::cpu();
     let m = |r: usize, c: usize| {
         Tensor::from_vec((0..r * c).map(|i| (i as f32 * 0.3).sin()).collect::<Vec<f32>>(), [r, c], &dev).expect("m")
@@ -1047,4 +1055,55 @@ fn the_library_gemm_races_and_replays_on_the_host_stand_in() {
     }
     let (built, launched, _) = gpu.graph_counts();
     assert_eq!((built, launched), (1, 3), "runs 2 to 4 replay the plan's graph ({} won the race)", rec.winner);
+}
+
+/// A GEMM whose epilogue the library has not (a relu's backward: the product masked by the pre-activation) runs
+/// as the library's product into the plan's scratch, then the epilogue as a kernel of its own: its contestant
+/// verifies in the race on the host stand-in (racing alone, so the plan is sure to run it), the plan launches both
+/// and replays them as two graph nodes, patched with each run's buffers, every run matching the interpreter.
+#[test]
+fn the_library_product_then_its_epilogue_pass_races_and_replays() {
+    use kiln_backends::{Backend, Buffer, HostGpu, gpu_tune_records};
+    let Some(cxx) = cxx() else { return };
+    let dev = Device::cpu();
+    let gpu = HostGpu::racing_the_library_alone(&cxx);
+    let m = |r: usize, c: usize, k: f32| {
+        Tensor::from_vec((0..r * c).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>(), [r, c], &dev).expect("m")
+    };
+    let (dy, w, h) = (m(29, 21, 0.3), m(17, 21, 0.5), m(29, 17, 0.7));
+    // Both read back, so the GEMM's kernel writes the masked product (its epilogue) and a second kernel follows.
+    let dx = h.le(0).where_(0, dy.matmul(&w.t()));
+    let y = dx.exp().sum(1, false);
+    let cap = kiln::capture(&[&dx, &y]).expect("capture");
+    let exec = gpu.compile(&cap.graph).expect("compiles");
+    let dims = |r: &kiln_autotune::TuneRecord| r.key.dims.iter().map(|(_, v)| *v).collect::<Vec<_>>();
+    let rec = gpu_tune_records()
+        .into_iter()
+        .rev()
+        .find(|r| r.key.op == "host-gpu-gemm" && dims(r) == [1, 29, 17, 21])
+        .expect("a tuning record for the GEMM");
+    assert_eq!(rec.winner, "library+pass", "{:?}", rec.trials);
+    if std::env::var("KILN_AUTOTUNE").map_or(true, |v| v != "off") {
+        assert_eq!(rec.trials[0].verified, Some(true), "the library and its pass verified: {:?}", rec.trials);
+    }
+    for round in 0..4 {
+        let inputs: Vec<HostBuffer> = cap
+            .inputs
+            .iter()
+            .map(|h| match h {
+                HostBuffer::F32(v) => HostBuffer::F32(v.iter().map(|x| x * (1.0 - 0.3 * round as f32)).collect()),
+                other => other.clone(),
+            })
+            .collect();
+        let up: Vec<Buffer> = inputs.iter().map(|h| gpu.upload(h.clone()).expect("upload")).collect();
+        let got = exec.run(&up.iter().collect::<Vec<_>>(), &cap.rng).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let refs: Vec<&HostBuffer> = inputs.iter().collect();
+        let want = kiln_jit::interp::run(&cap.graph, &refs, &cap.rng).expect("the interpreter");
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            compare(&gpu.download(got).expect("download"), want, tol(DType::F32, Kind::Accumulate))
+                .unwrap_or_else(|e| panic!("round {round}, output {i}: {e}"));
+        }
+    }
+    let (built, launched, _) = gpu.graph_counts();
+    assert_eq!((built, launched), (1, 3), "runs 2 to 4 replay the plan's graph");
 }

@@ -6,8 +6,10 @@
 //! A library runs what it can describe: operands stored row- or column-major (one stride 1, the other the leading
 //! dimension), batches with one stride each (0 for a shared operand), a contiguous output, and an epilogue it has
 //! itself: nothing, `+ bias[n]`, then optionally `relu` or the tanh-form GELU, then the output's rounding. Anything
-//! else a kernel fuses (the exact, erf-form GELU, a residual, a scale, a bf16 rounding before the bias) stays with
-//! the templates.
+//! else a kernel fuses (the exact, erf-form GELU, a residual, a scale, a bf16 rounding before the bias, a mask) the
+//! library cannot apply itself: there the library's contestant is its product alone ([`LibGemm::product_of`], f32
+//! into scratch), then the epilogue as a kernel of its own (`kiln_jit::kernel::gemm::epilogue_pass`), which races
+//! the templates' fused kernels like any contestant.
 //!
 //! The GELU is recognized by its expression, not by evaluating the epilogue at sample points: the outer code from
 //! the bias on must be exactly `nn::functional::gelu(x, Approximate::Tanh)`'s tree, `x * 0.5 * (tanh((x + x^3 *
@@ -87,27 +89,33 @@ impl LibGemm {
     /// GEMM kernel `k` (recognized as `v`) as a library runs it, or `None` where the layouts or the epilogue are not
     /// ones a library has (the module doc).
     pub fn of(k: &KernelIr, v: &GemmView) -> Option<LibGemm> {
-        if k.can_fault() || k.routine.is_some() {
+        if !(v.out == DType::F32 || v.out == v.operands) {
             return None;
         }
-        if !matches!(v.operands, DType::F32 | DType::BF16 | DType::F16) || !(v.out == DType::F32 || v.out == v.operands)
-        {
-            return None;
-        }
-        let a = operand(&v.a, (v.m, v.k), &v.batch)?;
-        let b = operand(&v.b, (v.k, v.n), &v.batch)?;
         let (bias, act) = epilogue(k, v.out)?;
+        Some(LibGemm { out: v.out, bias, act, ..LibGemm::product_of(k, v)? })
+    }
+
+    /// The product alone of GEMM kernel `k` (recognized as `v`), summed in f32 into a contiguous f32 `[batch, m, n]`
+    /// (no bias, no activation), where a library can describe its operands: what the library computes when the
+    /// kernel's epilogue is not one it has, before `kiln_jit::kernel::gemm::epilogue_pass` applies that epilogue
+    /// as a kernel of its own (as Inductor runs an ATen GEMM and then its fused epilogue). `None` where the
+    /// layouts are not a library's.
+    pub fn product_of(k: &KernelIr, v: &GemmView) -> Option<LibGemm> {
+        if k.can_fault() || k.routine.is_some() || !matches!(v.operands, DType::F32 | DType::BF16 | DType::F16) {
+            return None;
+        }
         Some(LibGemm {
             m: v.m,
             n: v.n,
             k: v.k,
             batch: v.batch_count().max(1),
             operands: v.operands,
-            out: v.out,
-            a,
-            b,
-            bias,
-            act,
+            out: DType::F32,
+            a: operand(&v.a, (v.m, v.k), &v.batch)?,
+            b: operand(&v.b, (v.k, v.n), &v.batch)?,
+            bias: None,
+            act: None,
         })
     }
 

@@ -111,6 +111,11 @@ fn gemm_cases() -> Vec<(&'static str, Tensor)> {
             kiln::nn::functional::gelu(&y, kiln::nn::functional::Approximate::Tanh)
         }),
         ("batched", rand(&[3, 17, 20], 7).matmul(&rand(&[3, 20, 33], 8))),
+        // A relu's backward: the product masked by the forward's pre-activation, an epilogue no library has.
+        (
+            "dy @ w.t() where h > 0",
+            rand(&[12, 27], 22).le(0).where_(0, rand(&[12, 40], 23).matmul(&rand(&[27, 40], 24).t())),
+        ),
         ("bf16 ragged", bf(rand(&[70, 33], 1)).matmul(&bf(rand(&[33, 130], 2)))),
         ("bf16 x @ w.t(), relu", bf(rand(&[12, 40], 5)).matmul(&bf(rand(&[27, 40], 6)).t()).relu()),
         ("bf16 batched", bf(rand(&[3, 17, 20], 7)).matmul(&bf(rand(&[3, 20, 33], 8)))),
@@ -167,13 +172,15 @@ pub fn every_gemm_candidate_matches_the_interpreter(
     ran
 }
 
-/// Runs GEMM kernel `k` through the device's library GEMM on `inputs`, returning its output.
-pub type RunLibrary<'a> = dyn Fn(&KernelIr, &[&HostBuffer]) -> Result<HostBuffer, String> + 'a;
+/// Runs GEMM kernel `k` as the device's library contestant on `inputs`, returning its output and whether the
+/// epilogue ran as a pass after the library's product.
+pub type RunLibrary<'a> = dyn Fn(&KernelIr, &[&HostBuffer]) -> Result<(HostBuffer, bool), String> + 'a;
 
-/// The device's library GEMM (`kiln_backends::gpu_library`; cuBLASLt on CUDA) on every GEMM of
-/// [`gemm_cases`] whose layouts and epilogue it takes, against the interpreter at the templates' tolerances.
-/// Returns the names of the GEMMs it ran, or the library's error on the first (where it is not installed).
-pub fn library_gemm_matches_the_interpreter(run: &RunLibrary<'_>) -> Result<Vec<&'static str>, String> {
+/// The device's library contestant (`kiln_backends::gpu_library`; cuBLASLt on CUDA) on every GEMM of
+/// [`gemm_cases`] whose layouts it takes (the epilogue fused where the library has it, else a pass after its
+/// product), against the interpreter at the templates' tolerances. Returns the names of the GEMMs it ran, each with
+/// whether it ran a pass, or the library's error on the first (where it is not installed).
+pub fn library_gemm_matches_the_interpreter(run: &RunLibrary<'_>) -> Result<Vec<(&'static str, bool)>, String> {
     use crate::common::{Kind, compare, gemm_tol, tol, with_last_launch};
     let options = kiln_jit::kernel::ScheduleOptions {
         transpose_copy: false,
@@ -186,15 +193,15 @@ pub fn library_gemm_matches_the_interpreter(run: &RunLibrary<'_>) -> Result<Vec<
         let mut failed = None;
         with_last_launch(name, &out, options, |kernel, args, want| {
             let v = kiln_jit::kernel::gemm::GemmView::of(kernel).unwrap_or_else(|| panic!("{name}: not a GEMM"));
-            if kiln_backends::gpu_library::LibGemm::of(kernel, &v).is_none() {
+            if kiln_backends::gpu_library::LibGemm::product_of(kernel, &v).is_none() {
                 return 0;
             }
             let tolerance =
                 if want.dtype() == DType::F32 { gemm_tol(v.k) } else { tol(want.dtype(), Kind::Accumulate) };
             match run(kernel, args) {
-                Ok(got) => {
+                Ok((got, pass)) => {
                     compare(&got, want, tolerance).unwrap_or_else(|e| panic!("{name}: the library GEMM is wrong: {e}"));
-                    ran.push(name);
+                    ran.push((name, pass));
                 }
                 Err(e) => failed = Some(e),
             }

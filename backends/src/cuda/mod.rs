@@ -167,13 +167,14 @@ impl CudaBackend {
         crate::gpu::tune::run_with(&self.ctx, k, c, inputs)
     }
 
-    /// GEMM kernel `k` run once through cuBLASLt (`gpu_library`) on `inputs`: for the tests that check the library
-    /// contestant on the GPU. An error where cuBLASLt is not installed or does not take `k`.
+    /// GEMM kernel `k` run once as the race's library contestant (`gpu_library`: cuBLASLt with the epilogue, or its
+    /// product then the epilogue pass) on `inputs`, and whether it ran a pass: for the tests that check the library
+    /// contestant on the GPU. An error where cuBLASLt is not installed or cannot describe `k`'s operands.
     pub fn run_library_with(
         &self,
         k: &kiln_jit::kernel::KernelIr,
         inputs: &[&HostBuffer],
-    ) -> Result<HostBuffer, String> {
+    ) -> Result<(HostBuffer, bool), String> {
         crate::gpu::tune::run_library(&self.ctx, k, inputs)
     }
 }

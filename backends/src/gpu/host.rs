@@ -37,6 +37,8 @@ pub(crate) struct Ctx {
     graphs: bool,
     /// Whether GEMM kernels are raced, as on a GPU device.
     races: bool,
+    /// Whether the library's contestant races alone where it takes a GEMM (`HostGpu::racing_the_library_alone`).
+    library_alone: bool,
     /// Graphs built, graph launches and nodes patched on this stand-in (`HostGpu::graph_counts`).
     graph_counts: [AtomicUsize; 3],
 }
@@ -88,27 +90,29 @@ impl HostGpu {
     /// run, as a CUDA device's do. Its GEMMs run their best-scored candidate: a race costs a C++ compile per
     /// candidate here and times nothing a GPU would ([`HostGpu::racing`] races).
     pub fn new(cxx: &str) -> HostGpu {
-        HostGpu::with(cxx, true, false)
+        HostGpu::with(cxx, true, false, false)
     }
 
     /// The same stand-in whose plans launch one by one in every run (no graph replays), to compare with.
     pub fn without_graphs(cxx: &str) -> HostGpu {
-        HostGpu::with(cxx, false, false)
+        HostGpu::with(cxx, false, false, false)
     }
 
-    /// The GEMM kernel `k` run once through the stand-in's library GEMM (`gpu_library::run_on_host`) on `inputs`.
+    /// The GEMM kernel `k` run once as the race's library contestant on `inputs` (the stand-in's library GEMM,
+    /// `gpu_library::run_on_host`, with the epilogue or followed by the epilogue pass under the shim), and whether it
+    /// ran a pass.
     pub fn run_library_with(
         &self,
         k: &kiln_jit::kernel::KernelIr,
         inputs: &[&HostBuffer],
-    ) -> Result<HostBuffer, String> {
+    ) -> Result<(HostBuffer, bool), String> {
         super::tune::run_library(&self.ctx, k, inputs)
     }
 
     /// The same stand-in racing its GEMM kernels, and its library GEMM, as a GPU device does (`gpu/tune.rs`), to
     /// test the race.
     pub fn racing(cxx: &str) -> HostGpu {
-        HostGpu::with(cxx, true, true)
+        HostGpu::with(cxx, true, true, false)
     }
 
     /// GEMM kernel `k` forced to candidate `c` of the GPU devices' race, run once on `inputs` under the shim.
@@ -121,7 +125,13 @@ impl HostGpu {
         super::tune::run_with(&self.ctx, k, c, inputs)
     }
 
-    fn with(cxx: &str, graphs: bool, races: bool) -> HostGpu {
+    /// The racing stand-in whose race, where its library takes a GEMM, has the library's contestant alone: the
+    /// tests that must see the library's launches in a plan (its product, then an epilogue pass) whichever would win.
+    pub fn racing_the_library_alone(cxx: &str) -> HostGpu {
+        HostGpu::with(cxx, true, true, true)
+    }
+
+    fn with(cxx: &str, graphs: bool, races: bool, library_alone: bool) -> HostGpu {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "kiln-host-gpu-{}-{}",
@@ -130,7 +140,7 @@ impl HostGpu {
         ));
         let functions = Mutex::new(HashMap::new());
         let graph_counts = Default::default();
-        HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions, graphs, races, graph_counts }) }
+        HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions, graphs, races, library_alone, graph_counts }) }
     }
 
     /// Compiles the kernels the plans of `graphs` will run into `units` libraries, compiled side by side, so that
@@ -319,6 +329,10 @@ impl Driver for Ctx {
 
     fn races_gemms(&self) -> bool {
         self.races
+    }
+
+    fn library_alone(&self) -> bool {
+        self.library_alone
     }
 
     unsafe fn graph_build(&self, nodes: &[Node<'_, Self>]) -> Result<Self::Graph, String> {

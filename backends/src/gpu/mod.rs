@@ -81,6 +81,11 @@ pub(crate) trait Driver: Send + Sync + Sized + 'static {
     fn has_library(&self) -> bool {
         false
     }
+    /// Whether the library's contestant races alone where it takes a GEMM (a test stand-in's setting; never on a
+    /// device).
+    fn library_alone(&self) -> bool {
+        false
+    }
     /// The library's GEMM for `g`, or why there is none (no library on this device, it is not installed, or it
     /// declines the problem).
     fn library(&self, g: &crate::gpu_library::LibGemm) -> Result<Self::Library, String> {

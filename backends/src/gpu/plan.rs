@@ -27,6 +27,9 @@
 //! A GEMM the race gave to the vendor library (`gpu_library`: cuBLASLt on CUDA) is a library launch, not a kernel:
 //! its parameters are A's, B's, the bias's and the output's addresses, and its graph node is the library call
 //! captured from the stream into a child graph (`Driver::graph_build`), captured again when its addresses change.
+//! Where the library has not the kernel's epilogue, the launch is two nodes: the library's product into the plan's
+//! product scratch (f32, sized for the largest such GEMM, shared as the split-K workspace is, pinned with it), then
+//! the epilogue pass, a kernel reading the kernel's inputs and that product.
 //!
 //! A split-K GEMM (`kiln_jit::render::cuda::gemm`) also takes a workspace: one per plan, sized for the largest and
 //! shared by all (they run in stream order, each leaving its counters zero), part of the plan's scratch (so
@@ -62,6 +65,8 @@ enum CompiledLaunch<D: Driver> {
     Library {
         gemm: D::Library,
         spec: LibGemm,
+        /// The epilogue pass after the library's product (`tune::LibraryRun`): its function, block and grid.
+        pass: Option<(D::Function, u32, (u32, u32))>,
     },
 }
 
@@ -82,16 +87,35 @@ impl<D: Driver> CompiledLaunch<D> {
         matches!(self, CompiledLaunch::Kernel { can_fault: true, .. })
     }
 
-    /// The graph node of this launch with a run's parameters `params`.
-    fn node<'a>(&'a self, params: &'a [u64]) -> Node<'a, D> {
+    /// The graph nodes this launch queues: one, or two for a library GEMM followed by its epilogue pass.
+    fn parts(&self) -> usize {
         match self {
-            CompiledLaunch::Kernel { function, grid, block, .. } => {
+            CompiledLaunch::Library { pass: Some(_), .. } => 2,
+            _ => 1,
+        }
+    }
+
+    /// Graph node `part` of this launch with a run's parameters `params` for it.
+    fn node<'a>(&'a self, part: usize, params: &'a [u64]) -> Node<'a, D> {
+        match (self, part) {
+            (CompiledLaunch::Library { pass: Some((function, block, grid)), .. }, 1) => {
                 Node::Kernel { function, grid: *grid, block: *block, params }
             }
-            CompiledLaunch::Library { gemm, .. } => {
+            (CompiledLaunch::Kernel { function, grid, block, .. }, _) => {
+                Node::Kernel { function, grid: *grid, block: *block, params }
+            }
+            (CompiledLaunch::Library { gemm, .. }, _) => {
                 let p = |i: usize| params.get(i).copied().unwrap_or(0);
                 Node::Library { gemm, params: [p(0), p(1), p(2), p(3)] }
             }
+        }
+    }
+
+    /// Bytes of the f32 product a library GEMM followed by a pass writes (0 for any other launch).
+    fn product_bytes(&self) -> usize {
+        match self {
+            CompiledLaunch::Library { spec, pass: Some(_), .. } => spec.batch * spec.m * spec.n * 4,
+            _ => 0,
         }
     }
 }
@@ -102,12 +126,15 @@ struct GpuPlan<D: Driver> {
     launches: Vec<CompiledLaunch<D>>,
     /// Bytes of each temp slot (the largest kernel output placed there).
     temps: Vec<usize>,
-    /// The launches with threads to run (an empty output launches nothing): one graph node each, in order.
-    nodes: Vec<usize>,
+    /// The graph's nodes in order, as (launch, part): one per launch with threads to run (an empty output launches
+    /// nothing), two for a library GEMM followed by its epilogue pass (`CompiledLaunch::parts`).
+    nodes: Vec<(usize, usize)>,
     uses_rng: bool,
     can_fault: bool,
     /// The workspace every split-K GEMM of the plan shares (`gpu::shared_workspace`).
     workspace: Option<Workspace>,
+    /// Bytes of the product scratch every library GEMM followed by a pass shares (0: none).
+    product: usize,
     /// Replays as a graph (see the module doc), when the driver has graphs and the plan has launches to save.
     replay: Option<Mutex<Replay<D>>>,
 }
@@ -135,6 +162,8 @@ struct Scratch<M> {
     fault: Option<M>,
     /// The split-K GEMMs' workspace: its counters zeroed when allocated, and left zero by every launch.
     workspace: Option<M>,
+    /// The library GEMMs' f32 products their epilogue passes read.
+    product: Option<M>,
 }
 
 /// Graph replays since the process started: (graphs built, graph launches, nodes patched). For tests and reports.
@@ -187,7 +216,15 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
         if let Some(d) = &dump {
             let text = match chosen {
                 Chosen::Kernel(k) => k.source.clone(),
-                Chosen::Library(g) => format!("// {} runs this GEMM through its library: {}\n", D::NAME, g.describe()),
+                Chosen::Library { gemm, pass: None } => {
+                    format!("// {} runs this GEMM through its library: {}\n", D::NAME, gemm.describe())
+                }
+                Chosen::Library { gemm, pass: Some(p) } => format!(
+                    "// {} runs this GEMM's product through its library ({}), then its epilogue:\n{}",
+                    D::NAME,
+                    gemm.describe(),
+                    p.source
+                ),
             };
             match record {
                 Some(r) => d.tuned_kernel_files(&l.kernel, ext, &text, &r.winner, &r.table()),
@@ -209,10 +246,23 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
                     workspace: k.workspace.is_some(),
                 }
             }
-            Chosen::Library(g) => CompiledLaunch::Library { gemm: ctx.library(g).map_err(err)?, spec: g.clone() },
+            Chosen::Library { gemm, pass } => CompiledLaunch::Library {
+                gemm: ctx.library(gemm).map_err(err)?,
+                spec: gemm.clone(),
+                pass: match pass {
+                    Some(p) => {
+                        let code = codes.next().ok_or_else(|| err("fewer compiled kernels than rendered".into()))?;
+                        Some((ctx.load(p, &code).map_err(err)?, p.block, p.grid))
+                    }
+                    None => None,
+                },
+            },
         });
     }
-    let nodes: Vec<usize> = (0..launches.len()).filter(|&i| launches[i].runs()).collect();
+    let nodes: Vec<(usize, usize)> = (0..launches.len())
+        .filter(|&i| launches[i].runs())
+        .flat_map(|i| (0..launches[i].parts()).map(move |part| (i, part)))
+        .collect();
     // One launch gains nothing from a graph.
     let replay = (ctx.graphs() && nodes.len() >= 2)
         .then(|| Mutex::new(Replay { ran: false, scratch: None, recorded: Vec::new(), graph: None, failed: false }));
@@ -223,6 +273,7 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
         uses_rng: launches.iter().any(CompiledLaunch::uses_rng),
         can_fault: launches.iter().any(CompiledLaunch::can_fault),
         workspace: super::shared_workspace(kernels.iter().filter_map(|k| k.workspace)),
+        product: launches.iter().map(CompiledLaunch::product_bytes).max().unwrap_or(0),
         shape: PlanShape::of(&plan, Vec::new()),
         launches,
         temps,
@@ -251,9 +302,9 @@ impl<D: Driver> GpuPlan<D> {
     /// fresh; the rng keys written and the fault record zeroed, in stream order before the run's launches.
     fn scratch(&self, pinned: Option<Scratch<D::Mem>>, rng: &[RngKey]) -> Result<Scratch<D::Mem>, BackendError> {
         let ctx = &self.ctx;
-        let (temps, old_rng, old_fault, old_workspace) = match pinned {
-            Some(s) => (Some(s.temps), s.rng, s.fault, s.workspace),
-            None => (None, None, None, None),
+        let (temps, old_rng, old_fault, old_workspace, old_product) = match pinned {
+            Some(s) => (Some(s.temps), s.rng, s.fault, s.workspace, s.product),
+            None => (None, None, None, None, None),
         };
         let temps = match temps {
             Some(t) => t,
@@ -285,7 +336,12 @@ impl<D: Driver> GpuPlan<D> {
             (None, Some(w)) => Some(super::workspace(ctx, w)?),
             (None, None) => None,
         };
-        Ok(Scratch { temps, rng, fault, workspace })
+        let product = match old_product {
+            Some(m) => Some(m),
+            None if self.product > 0 => Some(ctx.alloc(DType::U8, self.product)?),
+            None => None,
+        };
+        Ok(Scratch { temps, rng, fault, workspace, product })
     }
 
     /// Queues a replay's launches (`recorded`, one per node) as the plan's graph: built at the first replay,
@@ -296,7 +352,10 @@ impl<D: Driver> GpuPlan<D> {
         if recorded.len() != self.nodes.len() {
             return Err(exec(format!("{} launches recorded for a graph of {}", recorded.len(), self.nodes.len())));
         }
-        let node = |i: usize| self.launches[self.nodes[i]].node(&recorded[i]);
+        let node = |i: usize| {
+            let (l, part) = self.nodes[i];
+            self.launches[l].node(part, &recorded[i])
+        };
         match &mut r.graph {
             Some((g, held)) => {
                 for (i, (held, now)) in held.iter_mut().zip(recorded).enumerate() {
@@ -418,13 +477,28 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
         };
         let exec = |reason: &str| BackendError::Execute { device: D::NAME, reason: reason.into() };
         let mut params: Params = places.iter().map(|&p| addr(p)).collect();
+        // A library GEMM followed by its epilogue pass: the pass's parameters, queued after the library's.
+        let mut pass_params = None;
         let (uses_rng, can_fault, workspace) = match l {
             CompiledLaunch::Kernel { uses_rng, can_fault, workspace, .. } => (*uses_rng, *can_fault, *workspace),
-            CompiledLaunch::Library { spec, .. } => {
-                // The kernel's buffers (inputs, then the output) as the library takes them: A, B, bias, output.
+            CompiledLaunch::Library { spec, pass, .. } => {
+                // The kernel's buffers (inputs, then the output) as the library takes them: A, B, bias, output
+                // (with a pass, the product scratch instead of the output; the pass then reads the kernel's inputs
+                // and the product, and writes the output).
                 let out = *params.last().ok_or_else(|| exec("a launch without an output"))?;
                 let input = |i: usize| params.get(i).copied().ok_or_else(|| exec("a library GEMM's input is missing"));
-                params = spec.ptrs(input, out)?.into_iter().collect();
+                let lib_out = match pass {
+                    Some(_) => {
+                        let p =
+                            st.scratch.product.as_ref().ok_or_else(|| exec("an epilogue pass without a product"))?;
+                        let mut pp = params.clone();
+                        pp.insert(pp.len() - 1, D::addr(p));
+                        pass_params = Some(pp);
+                        D::addr(p)
+                    }
+                    None => out,
+                };
+                params = spec.ptrs(input, lib_out)?.into_iter().collect();
                 (false, false, false)
             }
         };
@@ -443,14 +517,24 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
         }
         if let Some(r) = st.replay.as_mut() {
             r.recorded.push(params);
+            r.recorded.extend(pass_params);
             return Ok(());
         }
         // SAFETY: a kernel's function was compiled from the dialect's rendering of this launch's kernel, whose
         // parameters are exactly these device addresses in this order (inputs, output, rng keys, fault record,
         // workspace), each a live allocation of this device holding at least the elements the kernel indexes (the
         // plan's buffer lengths); the grid covers the kernel's threads and surplus threads return at once. A library
-        // GEMM's are its A, B, bias and output, the kernel's buffers it was recognized from (`LibGemm::of`).
-        unsafe { l.node(&params).launch(&*self.ctx) }.map_err(|e| exec(&format!("launching {index}: {e}")))
+        // GEMM's are its A, B, bias and output, the kernel's buffers it was recognized from (`LibGemm::of`), or
+        // the product scratch (sized for the largest such product) in the output's place; its epilogue pass was
+        // compiled from `epilogue_pass` of the kernel, whose parameters are the kernel's inputs, the product, the
+        // output.
+        unsafe { l.node(0, &params).launch(&*self.ctx) }.map_err(|e| exec(&format!("launching {index}: {e}")))?;
+        if let Some(pp) = &pass_params {
+            // SAFETY: as above, for the pass.
+            unsafe { l.node(1, pp).launch(&*self.ctx) }
+                .map_err(|e| exec(&format!("launching {index}'s epilogue: {e}")))?;
+        }
+        Ok(())
     }
 
     fn finish(&self, st: GpuRun<'_, D>, _outputs: &mut [Buffer]) -> Result<(), BackendError> {

@@ -56,36 +56,71 @@ fn key<D: Driver>(ctx: &D, k: &KernelIr, v: &GemmView, cands: &[Contestant]) -> 
     }
 }
 
-/// How a GEMM runs: a rendered kernel, or the vendor library's GEMM (`gpu_library`).
+/// How a GEMM runs: a rendered kernel, or the vendor library's GEMM (`gpu_library`), its epilogue fused or (`pass`)
+/// applied after it by a kernel of its own that reads the library's f32 product from the plan's scratch.
 pub(crate) enum Chosen {
     Kernel(GpuKernel),
-    Library(LibGemm),
+    Library { gemm: LibGemm, pass: Option<GpuKernel> },
 }
 
 impl Chosen {
+    /// The kernel to compile: the template's, or the library's epilogue pass.
     pub(crate) fn kernel(&self) -> Option<&GpuKernel> {
         match self {
             Chosen::Kernel(k) => Some(k),
-            Chosen::Library(_) => None,
+            Chosen::Library { pass, .. } => pass.as_ref(),
         }
     }
 }
 
-/// A contestant of the race: a template candidate, or the library.
+/// What the library runs for one GEMM kernel: its GEMM with the kernel's epilogue (`LibGemm::of`), or, where the
+/// library has no such epilogue, its product alone (`LibGemm::product_of`) and then `pass`, the kernel's epilogue as
+/// a kernel of its own (`kiln_jit::kernel::gemm::epilogue_pass`).
+#[derive(Clone, Debug)]
+pub(crate) struct LibraryRun {
+    pub gemm: LibGemm,
+    pub pass: Option<KernelIr>,
+}
+
+impl LibraryRun {
+    /// The library's run of GEMM kernel `k` (recognized as `v`), or `None` where it cannot describe the operands.
+    pub(crate) fn of(k: &KernelIr, v: &GemmView) -> Option<LibraryRun> {
+        if let Some(gemm) = LibGemm::of(k, v) {
+            return Some(LibraryRun { gemm, pass: None });
+        }
+        let gemm = LibGemm::product_of(k, v)?;
+        Some(LibraryRun { gemm, pass: Some(kiln_jit::kernel::gemm::epilogue_pass(k)) })
+    }
+
+    /// The epilogue pass rendered for the device, checked to take nothing but its buffers.
+    fn render<D: Driver>(&self, ctx: &D) -> Result<Option<GpuKernel>, String> {
+        let Some(p) = &self.pass else { return Ok(None) };
+        let g = crate::gpu_cache::render(D::FLAVOR, ctx.arch(), p)?;
+        if g.uses_rng || g.can_fault || g.workspace.is_some() {
+            return Err(format!("the epilogue pass {} takes more than its buffers", g.name));
+        }
+        Ok(Some(g))
+    }
+}
+
+/// A contestant of the race: a template candidate, or the library (with its epilogue, or followed by a pass).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Contestant {
     Kernel(GpuGemm),
-    Library,
+    Library { pass: bool },
 }
 
-/// The library contestant's name in tuning records.
+/// The library contestant's name in tuning records: its GEMM with the epilogue fused.
 pub const LIBRARY: &str = "library";
+/// The library contestant's name where its product is followed by the epilogue as a kernel of its own.
+pub const LIBRARY_THEN_PASS: &str = "library+pass";
 
 impl Contestant {
     fn name(&self) -> String {
         match self {
             Contestant::Kernel(c) => c.name(),
-            Contestant::Library => LIBRARY.into(),
+            Contestant::Library { pass: false } => LIBRARY.into(),
+            Contestant::Library { pass: true } => LIBRARY_THEN_PASS.into(),
         }
     }
 }
@@ -111,7 +146,7 @@ pub(crate) fn gemm_kernel<D: Driver>(
     }
     // The library races where it can describe the problem and the device has one; one that then declines the
     // problem fails its verification and cannot win.
-    let lib = LibGemm::of(k, &v).filter(|_| library_allowed() && ctx.has_library());
+    let lib = LibraryRun::of(k, &v).filter(|_| library_allowed() && ctx.has_library());
     let chosen = choose(ctx, k, &v, &cands, lib.as_ref(), Store::global(), env_mode());
     if let Ok((_, Some(record))) = &chosen {
         RECORDS.lock().push(record.clone());
@@ -120,10 +155,17 @@ pub(crate) fn gemm_kernel<D: Driver>(
 }
 
 /// A contestant made ready to run: a kernel with its loaded function and workspace (a split-K GEMM's), or the
-/// library's prepared GEMM.
+/// library's prepared GEMM, with its epilogue pass (loaded) and the f32 product it reads.
 enum Built<D: Driver> {
     Kernel(GpuKernel, Arc<D::Function>, Option<D::Mem>),
-    Library(D::Library),
+    Library(D::Library, Option<BuiltPass<D>>),
+}
+
+/// The library's epilogue pass made ready to run: the kernel, its loaded function, and the f32 product it reads.
+struct BuiltPass<D: Driver> {
+    kernel: GpuKernel,
+    function: D::Function,
+    product: D::Mem,
 }
 
 static RECORDS: parking_lot::Mutex<Vec<TuneRecord>> = parking_lot::Mutex::new(Vec::new());
@@ -141,19 +183,22 @@ fn choose<D: Driver>(
     k: &KernelIr,
     v: &GemmView,
     cands: &[GpuGemm],
-    lib: Option<&LibGemm>,
+    lib: Option<&LibraryRun>,
     store: &Store,
     mode: Mode,
 ) -> Result<(Chosen, Option<TuneRecord>), String> {
+    let cands = if lib.is_some() && ctx.library_alone() { &[] } else { cands };
     let mut all: Vec<Contestant> = cands.iter().map(|&c| Contestant::Kernel(c)).collect();
-    all.extend(lib.map(|_| Contestant::Library));
+    all.extend(lib.map(|l| Contestant::Library { pass: l.pass.is_some() }));
     let key = key(&**ctx, k, v, &all);
     let by_name = |name: &str| all.iter().find(|c| c.name() == name).copied();
     let chosen = |c: Contestant| -> Result<Chosen, String> {
         match (c, lib) {
             (Contestant::Kernel(c), _) => Ok(Chosen::Kernel(c.render(k, v, D::FLAVOR)?)),
-            (Contestant::Library, Some(g)) => Ok(Chosen::Library(g.clone())),
-            (Contestant::Library, None) => Err("the library won a race it was not in".into()),
+            (Contestant::Library { .. }, Some(l)) => {
+                Ok(Chosen::Library { gemm: l.gemm.clone(), pass: l.render(&**ctx)? })
+            }
+            (Contestant::Library { .. }, None) => Err("the library won a race it was not in".into()),
         }
     };
     if let Some(rec) = store.get_record(&key).filter(|r| r.serves(mode))
@@ -182,13 +227,13 @@ fn choose<D: Driver>(
             name: c.name(),
             score: match c {
                 Contestant::Kernel(g) => score(v, g),
-                Contestant::Library => best * 0.99,
+                Contestant::Library { .. } => best * 0.99,
             },
             group: String::new(),
             family: match c {
                 Contestant::Kernel(GpuGemm { tile: GpuTile::Simt(_), .. }) => "simt".into(),
                 Contestant::Kernel(GpuGemm { tile: GpuTile::Mma(_), .. }) => "tensor cores".into(),
-                Contestant::Library => LIBRARY.into(),
+                Contestant::Library { .. } => LIBRARY.into(),
             },
             shape: String::new(),
         })
@@ -228,8 +273,8 @@ fn choose<D: Driver>(
                     let ws = g.workspace.map(|w| super::workspace(ctx, w)).transpose().map_err(exec)?;
                     Built::Kernel(g, f, ws)
                 }
-                (Contestant::Library, Some(g)) => Built::Library(ctx.library(g)?),
-                (Contestant::Library, None) => return Err("no library GEMM for this problem".into()),
+                (Contestant::Library { .. }, Some(l)) => Built::Library(ctx.library(&l.gemm)?, built_pass(ctx, l)?),
+                (Contestant::Library { .. }, None) => return Err("no library GEMM for this problem".into()),
             };
             built.borrow_mut().insert(*c, b);
         }
@@ -247,14 +292,14 @@ fn choose<D: Driver>(
                 // (each launch leaves them so).
                 unsafe { ctx.launch(f, g.grid, g.block, &params) }?;
             }
-            (Built::Library(l), Some(g)) => {
-                let input = |i: usize| params.get(i).copied().ok_or("a library GEMM's input is missing");
-                let ptrs = g.ptrs(input, D::addr(&out))?;
-                // SAFETY: A, B and the bias are the kernel's inputs `LibGemm::of` named, uploaded with the kernel's
-                // lengths; the output was allocated with its length.
-                unsafe { ctx.library_launch(l, ptrs) }?;
+            (Built::Library(l, pass), Some(run)) => {
+                // SAFETY: the library's buffers are the kernel's inputs `LibGemm::of` (or `product_of`) named,
+                // uploaded with the kernel's lengths, and the output (or the pass's product) allocated with its
+                // length; the pass was rendered from `epilogue_pass` of this kernel (checked to take nothing but
+                // its buffers): the kernel's inputs, the product, the output.
+                unsafe { library_launch(&**ctx, &run.gemm, l, pass.as_ref(), &params) }?;
             }
-            (Built::Library(_), None) => return Err("no library GEMM for this problem".into()),
+            (Built::Library(..), None) => return Err("no library GEMM for this problem".into()),
         }
         ctx.read(&out, 0).map_err(exec)?; // waits for the device
         Ok(t0.elapsed())
@@ -282,22 +327,69 @@ fn choose<D: Driver>(
     Ok((chosen(c)?, Some(record)))
 }
 
-/// Runs GEMM kernel `k` once through the device's library (`LibGemm::of`) on `inputs` and returns its output: for
-/// the tests that force every contestant. Errors when `k` is not a GEMM the library takes, or there is no library.
-pub(crate) fn run_library<D: Driver>(ctx: &Arc<D>, k: &KernelIr, inputs: &[&HostBuffer]) -> Result<HostBuffer, String> {
+/// The library's epilogue pass of `run` compiled and loaded, with the f32 product it reads allocated; `None` where
+/// the library applies the epilogue itself.
+fn built_pass<D: Driver>(ctx: &Arc<D>, run: &LibraryRun) -> Result<Option<BuiltPass<D>>, String> {
+    let Some(kernel) = run.render(&**ctx)? else { return Ok(None) };
+    let code = ctx.compile(&[(kernel.source.as_str(), kernel.name.as_str())])?;
+    let function = ctx.load(&kernel, code.first().ok_or("no code compiled")?)?;
+    let g = &run.gemm;
+    let product = ctx.alloc(DType::F32, g.batch * g.m * g.n).map_err(|e| e.to_string())?;
+    Ok(Some(BuiltPass { kernel, function, product }))
+}
+
+/// Queues the library's run of a GEMM kernel: `params` are the kernel's (its inputs' addresses, then its output's);
+/// with a pass, the library writes its product to the pass's scratch and the pass reads it with the kernel's inputs.
+///
+/// # Safety
+/// `params` are live memory holding the kernel's buffers at its lengths; `lib` was prepared for `gemm`, and `pass`'s
+/// function loaded from the kernel's `epilogue_pass` with a product buffer of `gemm`'s `batch * m * n` f32.
+unsafe fn library_launch<D: Driver>(
+    ctx: &D,
+    gemm: &LibGemm,
+    lib: &D::Library,
+    pass: Option<&BuiltPass<D>>,
+    params: &[u64],
+) -> Result<(), String> {
+    let (&out, inputs) = params.split_last().ok_or("a library GEMM without an output")?;
+    let input = |i: usize| inputs.get(i).copied().ok_or("a library GEMM's input is missing");
+    let Some(BuiltPass { kernel, function, product }) = pass else {
+        // SAFETY: the caller's contract: A, B, the bias and the output are the kernel's buffers.
+        return unsafe { ctx.library_launch(lib, gemm.ptrs(input, out)?) };
+    };
+    let product = D::addr(product);
+    // SAFETY: the caller's contract; the product holds the library's f32 output.
+    unsafe { ctx.library_launch(lib, gemm.ptrs(input, product)?) }?;
+    let mut p = inputs.to_vec();
+    p.extend([product, out]);
+    // SAFETY: the pass's parameters are the kernel's inputs, then the product (its last input), then the output.
+    unsafe { ctx.launch(function, kernel.grid, kernel.block, &p) }
+}
+
+/// Runs GEMM kernel `k` once as the library's contestant of the race would (its GEMM with the epilogue, or its
+/// product then the epilogue pass: `LibraryRun`) on `inputs` and returns its output and whether it ran a pass: for
+/// the tests that force every contestant. Errors when the library cannot describe `k`'s operands, or there is no
+/// library.
+pub(crate) fn run_library<D: Driver>(
+    ctx: &Arc<D>,
+    k: &KernelIr,
+    inputs: &[&HostBuffer],
+) -> Result<(HostBuffer, bool), String> {
     let v = GemmView::of(k).ok_or("not a GEMM")?;
-    let g = LibGemm::of(k, &v).ok_or("not a GEMM a library takes")?;
+    let run = LibraryRun::of(k, &v).ok_or("not a GEMM a library takes")?;
     check_inputs(k, inputs)?;
-    let l = ctx.library(&g)?;
+    let l = ctx.library(&run.gemm)?;
+    let pass = built_pass(ctx, &run)?;
     let exec = |e: BackendError| e.to_string();
     let dev = inputs.iter().map(|h| super::upload_mem(ctx, h)).collect::<Result<Vec<_>, _>>().map_err(exec)?;
     let out = ctx.alloc(k.output.dtype, k.output.len).map_err(exec)?;
-    let ptrs = g.ptrs(|i| dev.get(i).map(D::addr).ok_or("a library GEMM's input is missing"), D::addr(&out))?;
-    // SAFETY: A, B and the bias are the kernel's inputs `LibGemm::of` named, uploaded above (each at least the
-    // kernel's length, checked); the output was allocated with its length.
-    unsafe { ctx.library_launch(&l, ptrs) }?;
+    let mut params: Vec<u64> = dev.iter().map(D::addr).collect();
+    params.push(D::addr(&out));
+    // SAFETY: the kernel's inputs uploaded above (each at least the kernel's length, checked), its output allocated
+    // with its length; the library prepared and the pass built for this run.
+    unsafe { library_launch(&**ctx, &run.gemm, &l, pass.as_ref(), &params) }?;
     let bytes = ctx.read(&out, k.output.len * k.output.dtype.size_of()).map_err(exec)?;
-    Ok(super::from_bytes(k.output.dtype, &bytes, k.output.len))
+    Ok((super::from_bytes(k.output.dtype, &bytes, k.output.len), pass.is_some()))
 }
 
 /// That `inputs` are `k`'s: as many, each of its dtype and at least its length.

@@ -248,6 +248,28 @@ impl GemmView {
     }
 }
 
+/// A copy of GEMM kernel `k` that applies only its epilogue to an already computed product: the reduction is gone
+/// and `Acc` reads element `out[row-major]` of an extra last input, the product `C` in f32 with the output's
+/// extents (`[batch.., m, n]`, contiguous). Backends whose fast GEMM cannot apply an epilogue itself (a library's
+/// GEMM, a split-K reduction, the CPU's transposed candidate) run the product, then this kernel: the CPU writes C
+/// into an f32 output and passes it again as C (updated in place); the GPU devices keep C in scratch of its own.
+pub fn epilogue_pass(k: &KernelIr) -> KernelIr {
+    let mut e = k.clone();
+    e.reduce = None;
+    let c_in = e.inputs.len();
+    e.inputs.push(crate::kernel::ir::BufParam { dtype: DType::F32, len: k.output.len });
+    let coef: Vec<i64> = crate::shape::contiguous_strides(&e.out_extents).iter().map(|&s| s as i64).collect();
+    let index = IExpr::from_affine(&coef, 0);
+    for inst in &mut e.outer {
+        if matches!(inst.op, InstOp::Acc) {
+            inst.op = InstOp::Load { buf: c_in, index: index.clone(), valid: None, fill: crate::Scalar::Float(0.0) };
+        }
+    }
+    e.name = format!("{}_epilogue", k.name);
+    e.flops_per_elem = e.outer.len();
+    e
+}
+
 /// An elementwise kernel (no reduction) over `[batch.., m, n]`, `[m, n]`, or `[n]` with `m = 1`, seen as a GEMM
 /// epilogue without an accumulator: every value classified by what it varies with, as for a GEMM's outer code. A CPU
 /// renderer that already places an epilogue in registers runs such a kernel with the same translation. Callers merge

@@ -43,7 +43,6 @@ use asm::{KernelSet, MicroFn, MicroSpec, Mode};
 use config::{Bf16Config, Bf16Split, GemmConfig, GemmImpl};
 use epilogue::{Epilogue, OperandKind};
 use kiln_jit::DType;
-use kiln_jit::dtype::Scalar;
 use kiln_jit::kernel::gemm::GemmView;
 use kiln_jit::kernel::{Inst, KernelIr};
 use std::cell::RefCell;
@@ -51,7 +50,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The epilogue pass of a GEMM whose epilogue is not in the micro-kernels' registers (a candidate that applies none,
 /// or an epilogue they cannot express): an elementwise kernel over C, reading C as its last input (see
-/// [`epilogue_pass_kernel`]); 8-lane generated code where it qualifies (`cpu::wide`), else a Cranelift kernel.
+/// `kiln_jit::kernel::gemm::epilogue_pass`); 8-lane generated code where it qualifies (`cpu::wide`), else a
+/// Cranelift kernel.
 #[derive(Clone)]
 pub(crate) enum Pass {
     Clif(super::compiler::KernelFn),
@@ -99,27 +99,6 @@ pub struct CompiledGemm {
 unsafe impl Send for CompiledGemm {}
 // SAFETY: as for Send; running only reads `self`.
 unsafe impl Sync for CompiledGemm {}
-
-/// A copy of `k` that applies only its epilogue to an already computed C: the reduction is gone and `Acc` reads
-/// element `out[row-major]` of an extra last input (C itself, updated in place).
-pub fn epilogue_pass_kernel(k: &KernelIr) -> KernelIr {
-    use kiln_jit::kernel::{IExpr, InstOp};
-    let mut e = k.clone();
-    e.reduce = None;
-    let c_in = e.inputs.len();
-    e.inputs.push(e.output.clone());
-    let strides = kiln_jit::shape::contiguous_strides(&e.out_extents);
-    let coef: Vec<i64> = strides.iter().map(|&s| s as i64).collect();
-    let index = IExpr::from_affine(&coef, 0);
-    for inst in &mut e.outer {
-        if matches!(inst.op, InstOp::Acc) {
-            inst.op = InstOp::Load { buf: c_in, index: index.clone(), valid: None, fill: Scalar::Float(0.0) };
-        }
-    }
-    e.name = format!("{}_epilogue", k.name);
-    e.flops_per_elem = e.outer.len();
-    e
-}
 
 impl CompiledGemm {
     /// Generates the micro-kernels of `imp` for the GEMM `k` (recognized as `view`).

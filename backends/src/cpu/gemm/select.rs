@@ -302,7 +302,7 @@ fn build_gemm(
 
 /// The epilogue pass of GEMM `k`: 8-lane generated code where it qualifies, else a Cranelift kernel.
 fn compile_pass(c: &mut Compiler, k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<super::Pass, String> {
-    let pass = super::epilogue_pass_kernel(k);
+    let pass = kiln_jit::kernel::gemm::epilogue_pass(k);
     if let Some(w) = crate::cpu::wide::for_plan(&pass, dump)? {
         return Ok(super::Pass::Wide(w));
     }
