@@ -1062,7 +1062,7 @@ fn the_library_gemm_races_and_replays_on_the_host_stand_in() {
 /// verifies in the race on the host stand-in (racing alone, so the plan is sure to run it), the plan launches both
 /// and replays them as two graph nodes, patched with each run's buffers, every run matching the interpreter.
 #[test]
-fn the_library_product_then_its_epilogue_pass_races_and_replays() {
+fn the_library_product_then_its_epilogue_pass_replays_on_the_host_stand_in() {
     use kiln_backends::{Backend, Buffer, HostGpu, gpu_tune_records};
     let Some(cxx) = cxx() else { return };
     let dev = Device::cpu();
