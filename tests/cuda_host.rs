@@ -1008,90 +1008,28 @@ fn the_library_gemm_takes_the_epilogues_it_has() {
     assert_eq!(lib(m(5, 7).matmul(&m(7, 9)) + 1.0), None, "a constant is not a bias");
 }
 
-/// The race with its library contestant on the host stand-in (whose library GEMM, a plain loop, outruns kernels
-/// that start a thread per block thread): the GEMM's record has the library verified, and where it won, the plan
-/// launches it, and replays it from a graph (its node patched with each run's buffers), every run matching the
-/// interpreter.
-#[test]
-fn the_library_gemm_races_and_replays_on_the_host_stand_in() {
-    use kiln_backends::{Backend, Buffer, HostGpu, gpu_tune_records};
-    let Some(cxx) = cxx() else { return };
-    let dev = Device::cpu();
-    let gpu = HostGpu::racing(&cxx);
-    let m = |r: usize, c: usize, k: f32| {
-        Tensor::from_vec((0..r * c).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>(), [r, c], &dev).expect("m")
-    };
-    let (x, w, b) = (m(33, 21, 0.3), m(19, 21, 0.5), m(1, 19, 0.7).reshape([19]));
-    let y = (x.matmul(&w.t()) + &b).relu().exp().sum(1, false);
-    let cap = kiln::capture(&[&y]).expect("capture");
-    let exec = gpu.compile(&cap.graph).expect("compiles");
-    let dims = |r: &kiln_autotune::TuneRecord| r.key.dims.iter().map(|(_, v)| *v).collect::<Vec<_>>();
-    let rec = gpu_tune_records()
+/// The latest GEMM tuning record of the host stand-in for dims `[batch, m, n, k]`.
+fn host_gemm_record(dims: [u64; 4]) -> kiln_autotune::TuneRecord {
+    let of = |r: &kiln_autotune::TuneRecord| r.key.dims.iter().map(|(_, v)| *v).collect::<Vec<_>>();
+    kiln_backends::gpu_tune_records()
         .into_iter()
         .rev()
-        .find(|r| r.key.op == "host-gpu-gemm" && dims(r) == [1, 33, 19, 21])
-        .expect("a tuning record for the GEMM");
-    let raced = std::env::var("KILN_AUTOTUNE").map_or(true, |v| v != "off");
-    if raced {
-        let lib = rec.trials.iter().find(|t| t.config == "library").expect("the library raced");
-        assert_eq!(lib.verified, Some(true), "the library verified: {:?}", rec.trials);
-        assert_eq!(rec.winner, "library", "a loop outruns a thread per block thread: {:?}", rec.trials);
-    }
-    for round in 0..4 {
-        let inputs: Vec<HostBuffer> = cap
-            .inputs
-            .iter()
-            .map(|h| match h {
-                HostBuffer::F32(v) => HostBuffer::F32(v.iter().map(|x| x * (1.0 + 0.5 * round as f32)).collect()),
-                other => other.clone(),
-            })
-            .collect();
-        let up: Vec<Buffer> = inputs.iter().map(|h| gpu.upload(h.clone()).expect("upload")).collect();
-        let got = exec.run(&up.iter().collect::<Vec<_>>(), &cap.rng).unwrap_or_else(|e| panic!("round {round}: {e}"));
-        let refs: Vec<&HostBuffer> = inputs.iter().collect();
-        let want = kiln_jit::interp::run(&cap.graph, &refs, &cap.rng).expect("the interpreter");
-        compare(&gpu.download(&got[0]).expect("download"), &want[0], tol(DType::F32, Kind::Accumulate))
-            .unwrap_or_else(|e| panic!("round {round} ({} won): {e}", rec.winner));
-    }
-    let (built, launched, _) = gpu.graph_counts();
-    assert_eq!((built, launched), (1, 3), "runs 2 to 4 replay the plan's graph ({} won the race)", rec.winner);
+        .find(|r| r.key.op == "host-gpu-gemm" && of(r) == dims)
+        .unwrap_or_else(|| panic!("no tuning record for the GEMM {dims:?}"))
 }
 
-/// A GEMM whose epilogue the library has not (a relu's backward: the product masked by the pre-activation) runs
-/// as the library's product into the plan's scratch, then the epilogue as a kernel of its own: its contestant
-/// verifies in the race on the host stand-in (racing alone, so the plan is sure to run it), the plan launches both
-/// and replays them as two graph nodes, patched with each run's buffers, every run matching the interpreter.
-#[test]
-fn the_library_product_then_its_epilogue_pass_replays_on_the_host_stand_in() {
-    use kiln_backends::{Backend, Buffer, HostGpu, gpu_tune_records};
-    let Some(cxx) = cxx() else { return };
-    let dev = Device::cpu();
-    let gpu = HostGpu::racing_the_library_alone(&cxx);
-    let m = |r: usize, c: usize, k: f32| {
-        Tensor::from_vec((0..r * c).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>(), [r, c], &dev).expect("m")
-    };
-    let (dy, w, h) = (m(29, 21, 0.3), m(17, 21, 0.5), m(29, 17, 0.7));
-    // Both read back, so the GEMM's kernel writes the masked product (its epilogue) and a second kernel follows.
-    let dx = h.le(0).where_(0, dy.matmul(&w.t()));
-    let y = dx.exp().sum(1, false);
-    let cap = kiln::capture(&[&dx, &y]).expect("capture");
+/// Runs `cap`'s plan on `gpu` four times, its f32 inputs scaled by `scale(round)` and uploaded anew each round (so a
+/// replayed graph must be patched with each run's buffers), every output against the interpreter; returns (graphs
+/// built, graph launches) by the stand-in.
+fn run_rounds(gpu: &kiln_backends::HostGpu, cap: &kiln::Captured, scale: &dyn Fn(usize) -> f32) -> (usize, usize) {
+    use kiln_backends::{Backend, Buffer};
     let exec = gpu.compile(&cap.graph).expect("compiles");
-    let dims = |r: &kiln_autotune::TuneRecord| r.key.dims.iter().map(|(_, v)| *v).collect::<Vec<_>>();
-    let rec = gpu_tune_records()
-        .into_iter()
-        .rev()
-        .find(|r| r.key.op == "host-gpu-gemm" && dims(r) == [1, 29, 17, 21])
-        .expect("a tuning record for the GEMM");
-    assert_eq!(rec.winner, "library+pass", "{:?}", rec.trials);
-    if std::env::var("KILN_AUTOTUNE").map_or(true, |v| v != "off") {
-        assert_eq!(rec.trials[0].verified, Some(true), "the library and its pass verified: {:?}", rec.trials);
-    }
     for round in 0..4 {
         let inputs: Vec<HostBuffer> = cap
             .inputs
             .iter()
             .map(|h| match h {
-                HostBuffer::F32(v) => HostBuffer::F32(v.iter().map(|x| x * (1.0 - 0.3 * round as f32)).collect()),
+                HostBuffer::F32(v) => HostBuffer::F32(v.iter().map(|x| x * scale(round)).collect()),
                 other => other.clone(),
             })
             .collect();
@@ -1105,5 +1043,54 @@ fn the_library_product_then_its_epilogue_pass_replays_on_the_host_stand_in() {
         }
     }
     let (built, launched, _) = gpu.graph_counts();
-    assert_eq!((built, launched), (1, 3), "runs 2 to 4 replay the plan's graph");
+    (built, launched)
+}
+
+/// A matrix of `sin(i * k)` values.
+fn sines(r: usize, c: usize, k: f32) -> Tensor {
+    let v: Vec<f32> = (0..r * c).map(|i| (i as f32 * k).sin()).collect();
+    Tensor::from_vec(v, [r, c], &Device::cpu()).expect("a matrix")
+}
+
+/// The race with its library contestant on the host stand-in (whose library GEMM, a plain loop, outruns kernels
+/// that start a thread per block thread): the GEMM's record has the library verified, and where it won, the plan
+/// launches it, and replays it from a graph (its node patched with each run's buffers), every run matching the
+/// interpreter.
+#[test]
+fn the_library_gemm_races_and_replays_on_the_host_stand_in() {
+    let Some(cxx) = cxx() else { return };
+    let gpu = kiln_backends::HostGpu::racing(&cxx);
+    let (x, w, b) = (sines(33, 21, 0.3), sines(19, 21, 0.5), sines(1, 19, 0.7).reshape([19]));
+    let y = (x.matmul(&w.t()) + &b).relu().exp().sum(1, false);
+    let cap = kiln::capture(&[&y]).expect("capture");
+    let graphs = run_rounds(&gpu, &cap, &|round| 1.0 + 0.5 * round as f32);
+    let rec = host_gemm_record([1, 33, 19, 21]);
+    if std::env::var("KILN_AUTOTUNE").map_or(true, |v| v != "off") {
+        let lib = rec.trials.iter().find(|t| t.config == "library").expect("the library raced");
+        assert_eq!(lib.verified, Some(true), "the library verified: {:?}", rec.trials);
+        assert_eq!(rec.winner, "library", "a loop outruns a thread per block thread: {:?}", rec.trials);
+    }
+    assert_eq!(graphs, (1, 3), "runs 2 to 4 replay the plan's graph ({} won the race)", rec.winner);
+}
+
+/// A GEMM whose epilogue the library has not (a relu's backward: the product masked by the pre-activation) runs
+/// as the library's product into the plan's scratch, then the epilogue as a kernel of its own: its contestant
+/// verifies in the race on the host stand-in (racing alone, so the plan is sure to run it), the plan launches both
+/// and replays them as two graph nodes, patched with each run's buffers, every run matching the interpreter.
+#[test]
+fn the_library_product_then_its_epilogue_pass_replays_on_the_host_stand_in() {
+    let Some(cxx) = cxx() else { return };
+    let gpu = kiln_backends::HostGpu::racing_the_library_alone(&cxx);
+    let (dy, w, h) = (sines(29, 21, 0.3), sines(17, 21, 0.5), sines(29, 17, 0.7));
+    // Both read back, so the GEMM's kernel writes the masked product (its epilogue) and a second kernel follows.
+    let dx = h.le(0).where_(0, dy.matmul(&w.t()));
+    let y = dx.exp().sum(1, false);
+    let cap = kiln::capture(&[&dx, &y]).expect("capture");
+    let graphs = run_rounds(&gpu, &cap, &|round| 1.0 - 0.3 * round as f32);
+    let rec = host_gemm_record([1, 29, 17, 21]);
+    assert_eq!(rec.winner, "library+pass", "{:?}", rec.trials);
+    if std::env::var("KILN_AUTOTUNE").map_or(true, |v| v != "off") {
+        assert_eq!(rec.trials[0].verified, Some(true), "the library and its pass verified: {:?}", rec.trials);
+    }
+    assert_eq!(graphs, (1, 3), "runs 2 to 4 replay the plan's graph");
 }
