@@ -15,6 +15,13 @@ use kiln::{DType, Device, Tensor};
 /// Well-conditioned matrices of order `n` (`2 I + R / n`, R uniform in [-1, 1): condition number <= 3) with their
 /// rows reversed, so partial pivoting swaps rows.
 fn well_conditioned(dev: &Device, dtype: DType, batch: &[usize], n: usize, seed: u64) -> Tensor {
+    conditioned(dev, dtype, batch, n, seed, true)
+}
+
+/// `well_conditioned`'s matrices, with their rows reversed or not: unreversed, each triangle is well-conditioned
+/// too (its diagonal is about 2), where a reversed matrix's triangles have diagonals of about `1 / n`, whose
+/// substitutions grow without bound (past f32's range by order 160).
+fn conditioned(dev: &Device, dtype: DType, batch: &[usize], n: usize, seed: u64, reversed: bool) -> Tensor {
     let count: usize = batch.iter().product();
     let r = data(DType::F64, count * n * n, seed, Dom::Cont(-1.0, 1.0));
     let mut v = vec![0.0; count * n * n];
@@ -22,7 +29,8 @@ fn well_conditioned(dev: &Device, dtype: DType, batch: &[usize], n: usize, seed:
         for i in 0..n {
             for j in 0..n {
                 let x = r[(m * n + i) * n + j] / n as f64 + if i == j { 2.0 } else { 0.0 };
-                v[(m * n + (n - 1 - i)) * n + j] = x;
+                let row = if reversed { n - 1 - i } else { i };
+                v[(m * n + row) * n + j] = x;
             }
         }
     }
@@ -54,8 +62,9 @@ fn every_function_matches_the_interpreter() {
             if !runs_on(&dev, &[dtype]) {
                 continue;
             }
-            // Orders 1 (no elimination), 5, and 70 (more rows than a wgpu workgroup has invocations).
-            for (batch, n) in [(&[3usize][..], 1usize), (&[2, 3], 5), (&[1], 70)] {
+            // Orders 1 (no elimination), 5, 70 (more rows than a wgpu workgroup has invocations) and 160 (the CPU
+            // factors and solves it blocked, `backends/src/cpu/blocked.rs`: two 64-wide panels and a ragged one).
+            for (batch, n) in [(&[3usize][..], 1usize), (&[2, 3], 5), (&[1], 70), (&[1], 160)] {
                 let a = well_conditioned(&dev, dtype, batch, n, 7 + n as u64);
                 let mut shape_b = batch.to_vec();
                 shape_b.extend([n, 3]);
@@ -83,10 +92,11 @@ fn every_function_matches_the_interpreter() {
                     linalg::cholesky(&spd),
                 ];
                 check_against_interpreter(&what, &dev, &outs, Kind::Factorize);
+                let tri = conditioned(&dev, dtype, batch, n, 7 + n as u64, false);
                 for upper in [false, true] {
                     for unit in [false, true] {
-                        let left = linalg::solve_triangular(&a, &b, upper, true, unit);
-                        let right = linalg::solve_triangular(&a, &b.transpose(-1, -2), upper, false, unit);
+                        let left = linalg::solve_triangular(&tri, &b, upper, true, unit);
+                        let right = linalg::solve_triangular(&tri, &b.transpose(-1, -2), upper, false, unit);
                         let what = format!("{what}: solve_triangular upper {upper} unit {unit}");
                         check_against_interpreter(&what, &dev, &[left, right], Kind::Factorize);
                     }

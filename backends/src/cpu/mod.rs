@@ -1,6 +1,7 @@
 //! The CPU device: a graph's schedule becomes a plan (`plan`) of generated GEMMs (`gemm`), 8- or 16-lane elementwise
 //! kernels (`wide`) and Cranelift kernels (`compiler`), run on a thread pool (`pool`). `KILN_CPU_ENGINE=interp` runs the reference interpreter instead, to bisect a suspected codegen bug.
 
+mod blocked;
 mod buffers;
 mod code;
 mod compiler;

@@ -1,9 +1,9 @@
 //! The CPU's linear algebra routines (`kiln_jit::kernel::routine`: LU with partial pivoting, Cholesky, triangular
 //! solves), written in Rust rather than generated: each walks its matrix column by column, and the work that
 //! vectorizes is a row update (`row_i -= l * row_k`) or a dot product of two rows over contiguous memory, which the
-//! compiler vectorizes in these loops. Matrices of a batch run in parallel on the pool; one matrix runs on one
-//! thread (no blocked, multi-threaded factorization yet: the sizes models factor, a few hundred at most, are not
-//! where kiln's time goes).
+//! compiler vectorizes in these loops. Matrices of a batch run in parallel on the pool. From order
+//! `blocked::MIN_ORDER` a matrix factors blocked instead (`blocked.rs`: panels, and their products as GEMMs on the
+//! pool's threads).
 //!
 //! Every routine first writes its whole output (so a fault leaves no unwritten memory behind), then works in it.
 //! The semantics (pivot choice, singularity threshold, fault words) are the module doc of `routine`.
@@ -17,13 +17,26 @@ use kiln_jit::kernel::routine::{LinalgRoutine, Routine, above, singular_tol};
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// The float types the routines run in.
-trait Real: Copy + PartialOrd + std::ops::Sub<Output = Self> + std::ops::Mul<Output = Self> + Send + Sync {
+pub(super) trait Real:
+    Copy + PartialOrd + std::ops::Sub<Output = Self> + std::ops::Mul<Output = Self> + Send + Sync + 'static
+{
     const ZERO: Self;
     fn div(self, d: Self) -> Self;
     fn abs(self) -> Self;
     fn sqrt(self) -> Self;
     fn from_usize(i: usize) -> Self;
     fn to_f64(self) -> f64;
+    /// `C -= A @ B` through the `gemm` crate on the calling thread: dims (m, n, k), C with its row stride (columns
+    /// contiguous), A and B each with their column and row strides.
+    ///
+    /// # Safety
+    /// Every element those strides address for the given dims lies in live memory; C overlaps neither A nor B.
+    unsafe fn gemm_sub(
+        dims: (usize, usize, usize),
+        c: (*mut Self, isize),
+        a: (*const Self, isize, isize),
+        b: (*const Self, isize, isize),
+    );
 }
 
 macro_rules! real {
@@ -44,6 +57,37 @@ macro_rules! real {
             }
             fn to_f64(self) -> f64 {
                 self as f64
+            }
+            unsafe fn gemm_sub(
+                (m, n, k): (usize, usize, usize),
+                (c, ldc): (*mut Self, isize),
+                (a, a_cs, a_rs): (*const Self, isize, isize),
+                (b, b_cs, b_rs): (*const Self, isize, isize),
+            ) {
+                // SAFETY: the caller's contract; C = 1 * C + (-1) * A B.
+                unsafe {
+                    gemm::gemm(
+                        m,
+                        n,
+                        k,
+                        c,
+                        1,
+                        ldc,
+                        true,
+                        a,
+                        a_cs,
+                        a_rs,
+                        b,
+                        b_cs,
+                        b_rs,
+                        1.0,
+                        -1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
+                }
             }
         }
     };
@@ -149,6 +193,9 @@ fn lu<T: Real>(a: &[T], out: &mut [T], n: usize, check: Option<DType>) -> Result
         out[i * cols + n + 1] = T::from_usize(i + 1);
     }
     let tol = check.map(|d| singular_tol(d, n, a.iter().fold(0.0f64, |m, x| m.max(x.abs().to_f64()))));
+    if n >= super::blocked::MIN_ORDER {
+        return super::blocked::lu(out, n, tol);
+    }
     for c in 0..n {
         let mut p = c;
         for i in c + 1..n {
@@ -187,6 +234,9 @@ fn lu<T: Real>(a: &[T], out: &mut [T], n: usize, check: Option<DType>) -> Result
 /// prefixes); a non-positive diagonal is an error naming the order of its leading minor.
 fn cholesky<T: Real>(a: &[T], out: &mut [T], n: usize) -> Result<(), usize> {
     out.fill(T::ZERO);
+    if n >= super::blocked::MIN_ORDER {
+        return super::blocked::cholesky(a, out, n);
+    }
     for i in 0..n {
         for j in 0..=i {
             let s = (0..j).fold(a[i * n + j], |s, c| s - out[i * n + c] * out[j * n + c]);
@@ -215,6 +265,9 @@ fn tri_solve<T: Real>(
     unit: bool,
 ) -> Result<(), usize> {
     out.copy_from_slice(b);
+    if n >= super::blocked::MIN_ORDER {
+        return super::blocked::tri_solve(a, out, n, k, upper, unit);
+    }
     for step in 0..n {
         let i = if upper { n - 1 - step } else { step };
         let known = if upper { i + 1..n } else { 0..i };
