@@ -24,7 +24,6 @@
 
 use super::pool;
 use super::routines::Real;
-use kiln_jit::kernel::routine::above;
 
 /// The order from which a single matrix factors blocked.
 pub(super) const MIN_ORDER: usize = 128;
@@ -149,38 +148,11 @@ impl<T: Real> Lu<T> {
     /// # Safety
     /// As `columns`.
     unsafe fn eliminate(&mut self, c: usize, c1: usize) -> Result<(), usize> {
-        let (n, cols) = (self.n, self.out.ld);
-        // SAFETY: (caller) `out` is n rows of `cols` elements, borrowed for this call only.
-        let out = unsafe { std::slice::from_raw_parts_mut(self.out.at, n * cols) };
-        let mut p = c;
-        for i in c + 1..n {
-            if out[i * cols + c].abs() > out[p * cols + c].abs() {
-                p = i;
-            }
-        }
-        if p != c {
-            let (top, bottom) = out.split_at_mut(p * cols);
-            top[c * cols..c * cols + n + 1].swap_with_slice(&mut bottom[..n + 1]);
-        }
-        out[c * cols + n + 1] = T::from_usize(p + 1);
-        let pivot = out[c * cols + c];
-        if let Some(tol) = self.tol
-            && !above(pivot.abs().to_f64(), tol)
-        {
-            return Err(c);
-        }
-        if pivot == T::ZERO {
+        let n = self.n;
+        // SAFETY: (caller) `out` is n rows of n + 2 elements, borrowed for this call only.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.out.at, n * self.out.ld) };
+        if !super::routines::lu_step(out, n, c, c1, self.tol)? {
             self.zero_pivots[c] = true;
-            return Ok(());
-        }
-        let (done, rest) = out.split_at_mut((c + 1) * cols);
-        let row_c = &done[c * cols + c + 1..c * cols + c1];
-        for row in rest.chunks_exact_mut(cols) {
-            let f = row[c].div(pivot);
-            row[c] = f;
-            for (x, &u) in row[c + 1..c1].iter_mut().zip(row_c) {
-                *x = *x - f * u;
-            }
         }
         Ok(())
     }
@@ -253,9 +225,10 @@ pub(super) fn cholesky<T: Real>(a: &[T], out: &mut [T], n: usize) -> Result<(), 
     for i in 0..n {
         out[i * n..=i * n + i].copy_from_slice(&a[i * n..=i * n + i]);
     }
-    let whole = View { at: out.as_mut_ptr(), ld: n };
     for j0 in (0..n).step_by(BLOCK) {
         let t = (j0 + BLOCK).min(n);
+        // Views are taken from `out` afresh after each direct use of it, never kept across one.
+        let whole = View { at: out.as_mut_ptr(), ld: n };
         // The block column from the diagonal down, less the products of the columns left of it: L[j0.., 0..j0]
         // L[j0..t, 0..j0]^T. Its part above the diagonal block's diagonal is computed too and zeroed below.
         // SAFETY: C is rows j0..n, columns j0..t; A rows j0..n and B rows j0..t, both columns 0..j0: disjoint.
@@ -272,14 +245,7 @@ pub(super) fn cholesky<T: Real>(a: &[T], out: &mut [T], n: usize) -> Result<(), 
         for i in j0..t {
             for j in j0..=i {
                 let s = (j0..j).fold(out[i * n + j], |s, c| s - out[i * n + c] * out[j * n + c]);
-                if i == j {
-                    if !above(s, T::ZERO) {
-                        return Err(i + 1);
-                    }
-                    out[i * n + i] = s.sqrt();
-                } else {
-                    out[i * n + j] = s.div(out[j * n + j]);
-                }
+                super::routines::cholesky_entry(out, n, (i, j), s)?;
             }
             out[i * n + i + 1..i * n + t].fill(T::ZERO);
         }
@@ -295,8 +261,9 @@ pub(super) fn cholesky<T: Real>(a: &[T], out: &mut [T], n: usize) -> Result<(), 
                 x[j * m + i] = out[(t + i) * n + j0 + j];
             }
         }
+        let l11 = View { at: out.as_mut_ptr().wrapping_add(j0 * n + j0), ld: n };
         // SAFETY: L11 is the diagonal block of `out`, only read; X the copy, m columns of w rows.
-        unsafe { trsm_lower(false, w, m, View { at: whole.at(j0, j0), ..whole }, View { at: x.as_mut_ptr(), ld: m }) };
+        unsafe { trsm_lower(false, w, m, l11, View { at: x.as_mut_ptr(), ld: m }) };
         for i in 0..m {
             for j in 0..w {
                 out[(t + i) * n + j0 + j] = x[j * m + i];
@@ -316,9 +283,10 @@ pub(super) fn tri_solve<T: Real>(
     upper: bool,
     unit: bool,
 ) -> Result<(), usize> {
-    let whole = View { at: out.as_mut_ptr(), ld: k };
     let av = View { at: a.as_ptr() as *mut T, ld: n };
     for b in 0..n.div_ceil(BLOCK) {
+        // Taken from `out` afresh after the last block's direct use of it.
+        let whole = View { at: out.as_mut_ptr(), ld: k };
         let (i0, i1) = if upper {
             (n.saturating_sub((b + 1) * BLOCK), n - b * BLOCK)
         } else {
@@ -344,31 +312,7 @@ pub(super) fn tri_solve<T: Real>(
                 );
             }
         }
-        for step in 0..i1 - i0 {
-            let i = if upper { i1 - 1 - step } else { i0 + step };
-            let known = if upper { i + 1..i1 } else { i0..i };
-            for j in known {
-                let f = a[i * n + j];
-                let (lo, hi) = out.split_at_mut(i.max(j) * k);
-                let (row_i, row_j) = if i < j {
-                    (&mut lo[i * k..(i + 1) * k], &hi[..k])
-                } else {
-                    (&mut hi[..k], &lo[j * k..(j + 1) * k])
-                };
-                for (x, &y) in row_i.iter_mut().zip(row_j.iter()) {
-                    *x = *x - f * y;
-                }
-            }
-            if !unit {
-                let d = a[i * n + i];
-                if d == T::ZERO {
-                    return Err(i);
-                }
-                for x in &mut out[i * k..(i + 1) * k] {
-                    *x = x.div(d);
-                }
-            }
-        }
+        super::routines::substitute(a, out, (n, k), i0..i1, upper, unit)?;
     }
     Ok(())
 }

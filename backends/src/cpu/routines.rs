@@ -197,37 +197,48 @@ fn lu<T: Real>(a: &[T], out: &mut [T], n: usize, check: Option<DType>) -> Result
         return super::blocked::lu(out, n, tol);
     }
     for c in 0..n {
-        let mut p = c;
-        for i in c + 1..n {
-            if out[i * cols + c].abs() > out[p * cols + c].abs() {
-                p = i;
-            }
-        }
-        if p != c {
-            let (top, bottom) = out.split_at_mut(p * cols);
-            top[c * cols..c * cols + n + 1].swap_with_slice(&mut bottom[..n + 1]);
-        }
-        out[c * cols + n + 1] = T::from_usize(p + 1);
-        let pivot = out[c * cols + c];
-        if let Some(tol) = tol
-            && !above(pivot.abs().to_f64(), tol)
-        {
-            return Err(c);
-        }
-        if pivot == T::ZERO {
-            continue;
-        }
-        let (done, rest) = out.split_at_mut((c + 1) * cols);
-        let row_c = &done[c * cols + c + 1..c * cols + n];
-        for row in rest.chunks_exact_mut(cols) {
-            let l = row[c].div(pivot);
-            row[c] = l;
-            for (x, &u) in row[c + 1..n].iter_mut().zip(row_c) {
-                *x = *x - l * u;
-            }
-        }
+        lu_step(out, n, c, n, tol)?;
     }
     Ok(())
+}
+
+/// The LU's step at column `c` in `out` (rows of `n + 2`): the largest element at or below the diagonal as the
+/// pivot, its row swapped with row `c` whole (factors and permutation), its row number in the pivot column; a
+/// pivot not above `tol` is an error naming the column; then the rows below eliminated, in columns `..c1` (all of
+/// them unblocked; a blocked factorization's panel, `blocked::lu`). Returns whether it eliminated: not with a pivot
+/// exactly zero (no check asked), whose column then stays as it was.
+pub(super) fn lu_step<T: Real>(out: &mut [T], n: usize, c: usize, c1: usize, tol: Option<f64>) -> Result<bool, usize> {
+    let cols = n + 2;
+    let mut p = c;
+    for i in c + 1..n {
+        if out[i * cols + c].abs() > out[p * cols + c].abs() {
+            p = i;
+        }
+    }
+    if p != c {
+        let (top, bottom) = out.split_at_mut(p * cols);
+        top[c * cols..c * cols + n + 1].swap_with_slice(&mut bottom[..n + 1]);
+    }
+    out[c * cols + n + 1] = T::from_usize(p + 1);
+    let pivot = out[c * cols + c];
+    if let Some(tol) = tol
+        && !above(pivot.abs().to_f64(), tol)
+    {
+        return Err(c);
+    }
+    if pivot == T::ZERO {
+        return Ok(false);
+    }
+    let (done, rest) = out.split_at_mut((c + 1) * cols);
+    let row_c = &done[c * cols + c + 1..c * cols + c1];
+    for row in rest.chunks_exact_mut(cols) {
+        let l = row[c].div(pivot);
+        row[c] = l;
+        for (x, &u) in row[c + 1..c1].iter_mut().zip(row_c) {
+            *x = *x - l * u;
+        }
+    }
+    Ok(true)
 }
 
 /// The Cholesky factor of `a`'s lower triangle into `out` (row by row: each element a dot product of two row
@@ -240,15 +251,23 @@ fn cholesky<T: Real>(a: &[T], out: &mut [T], n: usize) -> Result<(), usize> {
     for i in 0..n {
         for j in 0..=i {
             let s = (0..j).fold(a[i * n + j], |s, c| s - out[i * n + c] * out[j * n + c]);
-            if i == j {
-                if !above(s, T::ZERO) {
-                    return Err(i + 1);
-                }
-                out[i * n + i] = s.sqrt();
-            } else {
-                out[i * n + j] = s.div(out[j * n + j]);
-            }
+            cholesky_entry(out, n, (i, j), s)?;
         }
+    }
+    Ok(())
+}
+
+/// Element (i, j) of the Cholesky factor in `out` (`n x n`) from `s`, A's element less the products of the row
+/// prefixes: its square root on the diagonal (not above zero: an error naming the leading minor's order), else
+/// divided by the diagonal of row `j`.
+pub(super) fn cholesky_entry<T: Real>(out: &mut [T], n: usize, (i, j): (usize, usize), s: T) -> Result<(), usize> {
+    if i == j {
+        if !above(s, T::ZERO) {
+            return Err(i + 1);
+        }
+        out[i * n + i] = s.sqrt();
+    } else {
+        out[i * n + j] = s.div(out[j * n + j]);
     }
     Ok(())
 }
@@ -268,9 +287,25 @@ fn tri_solve<T: Real>(
     if n >= super::blocked::MIN_ORDER {
         return super::blocked::tri_solve(a, out, n, k, upper, unit);
     }
-    for step in 0..n {
-        let i = if upper { n - 1 - step } else { step };
-        let known = if upper { i + 1..n } else { 0..i };
+    substitute(a, out, (n, k), 0..n, upper, unit)
+}
+
+/// Rows `rows` of `A X = B` solved in place in `out` (holding B there, and X in the rows already solved), in
+/// solve order (top down, or bottom up for an upper A), each reduced by the solved rows of `rows` before it, then
+/// divided by its diagonal (unless `unit`); a zero diagonal element is an error naming its row. The unblocked
+/// routine's whole solve (`rows = 0..n`), and a blocked one's step (`blocked::tri_solve`).
+pub(super) fn substitute<T: Real>(
+    a: &[T],
+    out: &mut [T],
+    (n, k): (usize, usize),
+    rows: std::ops::Range<usize>,
+    upper: bool,
+    unit: bool,
+) -> Result<(), usize> {
+    let (i0, i1) = (rows.start, rows.end);
+    for step in 0..i1 - i0 {
+        let i = if upper { i1 - 1 - step } else { i0 + step };
+        let known = if upper { i + 1..i1 } else { i0..i };
         for j in known {
             let f = a[i * n + j];
             let (lo, hi) = out.split_at_mut(i.max(j) * k);
