@@ -1,5 +1,5 @@
 //! Linear algebra timings (`kiln::linalg`, f32): `solve` with one right-hand side, `inv` and `cholesky` of one
-//! matrix of order 64, 256 and 512, and `solve` of 4096 batched 8 x 8 systems. The matrices are `rand + n I`
+//! matrix of order 64, 256, 512 and 1024, and `solve` of 4096 batched 8 x 8 systems. The matrices are `rand + n I`
 //! (well-conditioned); every figure is the median of `--runs` calls after two warm-up calls, each a build of the
 //! lazy graph and its realize.
 //!
@@ -36,7 +36,7 @@ enum Op {
 }
 
 /// The rows, in the order `linalg_torch.py` reads them.
-const ROWS: [Row; 10] = [
+const ROWS: [Row; 13] = [
     ("solve 64", 1, 64, Op::Solve),
     ("inv 64", 1, 64, Op::Inv),
     ("cholesky 64", 1, 64, Op::Cholesky),
@@ -46,6 +46,9 @@ const ROWS: [Row; 10] = [
     ("solve 512", 1, 512, Op::Solve),
     ("inv 512", 1, 512, Op::Inv),
     ("cholesky 512", 1, 512, Op::Cholesky),
+    ("solve 1024", 1, 1024, Op::Solve),
+    ("inv 1024", 1, 1024, Op::Inv),
+    ("cholesky 1024", 1, 1024, Op::Cholesky),
     ("solve 4096 x 8x8", 4096, 8, Op::Solve),
 ];
 

@@ -30,6 +30,9 @@ ROWS = [
     ("solve 512", 1, 512, "solve"),
     ("inv 512", 1, 512, "inv"),
     ("cholesky 512", 1, 512, "cholesky"),
+    ("solve 1024", 1, 1024, "solve"),
+    ("inv 1024", 1, 1024, "inv"),
+    ("cholesky 1024", 1, 1024, "cholesky"),
     ("solve 4096 x 8x8", 4096, 8, "solve"),
 ]
 
