@@ -1094,3 +1094,32 @@ fn the_library_product_then_its_epilogue_pass_replays_on_the_host_stand_in() {
     }
     assert_eq!(graphs, (1, 3), "runs 2 to 4 replay the plan's graph");
 }
+
+/// A plan compiles its GEMMs' race contestants with its other kernels in one batch (one C++ unit on the host
+/// stand-in, where a GPU device compiles one NVRTC program per core): two GEMMs raced (one the library takes with
+/// its epilogue, one as its product then a pass) and the kernels around them cost one unit, not one per contestant;
+/// the races still ran (their records verified a template each), and the plan matches the interpreter.
+#[test]
+fn a_racing_plan_compiles_its_contestants_in_one_batch_on_the_host_stand_in() {
+    let Some(cxx) = cxx() else { return };
+    let gpu = kiln_backends::HostGpu::racing(&cxx);
+    let (x, w, b) = (sines(23, 19, 0.2), sines(19, 13, 0.4), sines(1, 13, 0.6).reshape([13]));
+    let h = (x.matmul(&w) + &b).relu();
+    let (dy, w2) = (sines(23, 11, 0.5), sines(11, 13, 0.9));
+    // Read back, the masked product is its GEMM's epilogue (an input the library cannot read: product, then pass).
+    let dx = h.le(0.5).where_(0, dy.matmul(&w2));
+    let y = dx.exp().sum(1, false);
+    let cap = kiln::capture(&[&h, &dx, &y]).expect("capture");
+    run_rounds(&gpu, &cap, &|round| 1.0 + 0.25 * round as f32);
+    assert_eq!(gpu.compile_units(), 1, "the plan's kernels and every race's contestants in one unit");
+    if std::env::var("KILN_AUTOTUNE").map_or(true, |v| v != "off") {
+        for dims in [[1, 23, 13, 19], [1, 23, 13, 11]] {
+            let rec = host_gemm_record(dims);
+            let raced = rec.trials.iter().filter(|t| t.config.starts_with("simt:") && t.verified == Some(true));
+            assert!(raced.count() >= 1, "{dims:?}: a template raced: {:?}", rec.trials);
+        }
+        let pass = host_gemm_record([1, 23, 13, 11]);
+        let lib = pass.trials.iter().find(|t| t.config == "library+pass").expect("the library's product and pass");
+        assert_eq!(lib.verified, Some(true), "{:?}", pass.trials);
+    }
+}

@@ -31,7 +31,7 @@ pub use fingerprint::DeviceFingerprint;
 pub use fsio::replace_file;
 pub use key::{TuneKey, bucket, checksum_of, checksum_of_each, dim_named};
 pub use record::{Trial, TuneRecord};
-pub use search::{Budget, Candidate, Mode, search, search_with_budget};
+pub use search::{Budget, Candidate, Mode, search, search_with_budget, timed_configs};
 pub use store::{BundleSummary, EntryInfo, Store, StoreError, StoreStats, VERSION, bundle_device};
 
 /// Names of the artifacts that hold a persisted plan (a graph signature the `kiln` crate writes when it compiles a

@@ -162,7 +162,6 @@ pub fn search_with_budget<C>(
     if let Some(dup) = candidates.iter().find(|c| !seen.insert(c.name.as_str())) {
         return Err(format!("{what}: two candidates are named {:?}", dup.name));
     }
-    let rank = |c: &Candidate<'_, C>| if c.score.is_nan() { f64::NEG_INFINITY } else { c.score };
     candidates.sort_by(|a, b| rank(b).total_cmp(&rank(a)));
 
     let mut trials: Vec<Trial> = candidates
@@ -185,7 +184,7 @@ pub fn search_with_budget<C>(
     }
 
     let top_k = budget.top_k.max(1);
-    let in_set = timed_set(&candidates, top_k);
+    let in_set = timed_set(&candidates.iter().collect::<Vec<_>>(), top_k);
     let mut failures = Vec::new();
     let mut spent = Duration::ZERO;
     // Verify, then warm up, each member of the timed set (score order); the survivors are raced.
@@ -246,6 +245,24 @@ pub fn search_with_budget<C>(
     Ok(record(candidates[winner].name.clone(), trials))
 }
 
+/// The configs [`search`] in `mode` verifies and times among `candidates`, best score first, or in [`Mode::Off`]
+/// the one it picks without running anything (the best score): for a caller that prepares them together
+/// beforehand (compiles their code in one parallel batch, say) rather than one by one as the search reaches each.
+pub fn timed_configs<'c, C>(candidates: &'c [Candidate<'_, C>], mode: Mode) -> Vec<&'c C> {
+    let mut sorted: Vec<&Candidate<'_, C>> = candidates.iter().collect();
+    sorted.sort_by(|a, b| rank(b).total_cmp(&rank(a)));
+    if mode == Mode::Off {
+        return sorted.first().map(|c| c.config).into_iter().collect();
+    }
+    let in_set = timed_set(&sorted, mode.budget().top_k.max(1));
+    sorted.into_iter().zip(in_set).filter(|(_, t)| *t).map(|(c, _)| c.config).collect()
+}
+
+/// The order candidates are searched in: by score, best first (NaN last).
+fn rank<C>(c: &Candidate<'_, C>) -> f64 {
+    if c.score.is_nan() { f64::NEG_INFINITY } else { c.score }
+}
+
 /// The timed set, `top_k` in all, coarse to fine: the best of each group (in score order), then the best of each
 /// family not yet in the set, then of each shape not yet in it, then the best remaining scores. Groups first: fast
 /// mode's two slots had both gone to AVX2 packings where the model put them a hair over AVX-512 (a batch of 64
@@ -253,7 +270,7 @@ pub fn search_with_budget<C>(
 /// 8x48 at 115 against 140). Shapes only fill slots the families leave: `KILN_AUTOTUNE=full` (five slots) at 1024^3
 /// timed four variants of one 6 x 16 tile and the library, while the 4 x 24 tile, scored 15 % lower, ran 1-5 %
 /// faster once the packing was vectorized.
-fn timed_set<C>(candidates: &[Candidate<'_, C>], top_k: usize) -> Vec<bool> {
+fn timed_set<C>(candidates: &[&Candidate<'_, C>], top_k: usize) -> Vec<bool> {
     let mut in_set = vec![false; candidates.len()];
     let mut taken = 0;
     fn of<'c, C>(c: &'c Candidate<'_, C>, level: usize) -> &'c str {

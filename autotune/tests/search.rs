@@ -332,3 +332,51 @@ fn groups_come_before_families() {
     assert_eq!(timed, ["avx2 packed", "avx512 packed"]);
     assert_eq!(winner, "avx512 packed");
 }
+
+#[test]
+fn timed_configs_are_what_the_search_verifies() {
+    // Scores out of order, two families, a NaN: in each mode, the configs `timed_configs` names (a caller compiles
+    // them beforehand) are exactly those the search then verifies, in the same order (in Off mode, its pick).
+    let names = ["a1", "b1", "a2", "nan", "a3", "b2"];
+    let scores = [5.0, 1.0, 9.0, f64::NAN, 7.0, 0.5];
+    let fams = ["a", "b", "a", "a", "a", "b"];
+    let cands = || -> Vec<Candidate<'_, &str>> {
+        (0..names.len())
+            .map(|i| Candidate {
+                config: &names[i],
+                name: names[i].to_string(),
+                score: scores[i],
+                group: String::new(),
+                family: fams[i].to_string(),
+                shape: String::new(),
+            })
+            .collect()
+    };
+    for mode in [Mode::Off, Mode::Fast, Mode::Full] {
+        let c = cands();
+        let named: Vec<&str> = kiln_autotune::timed_configs(&c, mode).into_iter().copied().collect();
+        let mut verified = Vec::new();
+        let rec = search(
+            &bare_key(),
+            vec![],
+            cands(),
+            mode,
+            |c: &&str| {
+                verified.push(*c);
+                Ok(())
+            },
+            |_| Ok(Duration::from_nanos(1)),
+        )
+        .unwrap();
+        if mode == Mode::Off {
+            // Nothing runs; the one config named is the one the search picks.
+            assert!(verified.is_empty());
+            assert_eq!(named, [rec.winner.as_str()]);
+        } else {
+            assert_eq!(named, verified, "{mode:?}");
+        }
+    }
+    let c = cands();
+    let fast: Vec<&str> = kiln_autotune::timed_configs(&c, Mode::Fast).into_iter().copied().collect();
+    assert_eq!(fast, ["a2", "b1"], "fast mode: the best of each family");
+}

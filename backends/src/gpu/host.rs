@@ -41,6 +41,8 @@ pub(crate) struct Ctx {
     library_alone: bool,
     /// Graphs built, graph launches and nodes patched on this stand-in (`HostGpu::graph_counts`).
     graph_counts: [AtomicUsize; 3],
+    /// C++ units compiled for this stand-in (`HostGpu::compile_units`).
+    units: AtomicUsize,
 }
 
 /// A kernel's driver in its plan's library.
@@ -140,7 +142,8 @@ impl HostGpu {
         ));
         let functions = Mutex::new(HashMap::new());
         let graph_counts = Default::default();
-        HostGpu { ctx: Arc::new(Ctx { cxx: cxx.into(), dir, functions, graphs, races, library_alone, graph_counts }) }
+        let ctx = Ctx { cxx: cxx.into(), dir, functions, graphs, races, library_alone, graph_counts, units: 0.into() };
+        HostGpu { ctx: Arc::new(ctx) }
     }
 
     /// Compiles the kernels the plans of `graphs` will run into `units` libraries, compiled side by side, so that
@@ -161,6 +164,12 @@ impl HostGpu {
             let handles: Vec<_> = new.chunks(per).map(|c| s.spawn(|| self.ctx.compile_unit(c))).collect();
             handles.into_iter().try_for_each(|h| h.join().map_err(|_| "a compiling thread panicked".to_string())?)
         })
+    }
+
+    /// How many C++ units (one compiler run each, a shared library of kernels) this stand-in has compiled: a plan
+    /// whose kernels, race contestants included, are compiled in one batch costs one.
+    pub fn compile_units(&self) -> usize {
+        self.ctx.units.load(Ordering::Relaxed)
     }
 
     /// (graphs built, graph launches, nodes patched) by this stand-in's plans so far: what its replays did, apart
@@ -192,6 +201,7 @@ impl Ctx {
         static UNITS: AtomicUsize = AtomicUsize::new(0);
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
         let n = UNITS.fetch_add(1, Ordering::Relaxed);
+        self.units.fetch_add(1, Ordering::Relaxed);
         let lib = self.dir.join(format!("plan{n}.so"));
         host::compile_library(&self.cxx, &host::kernel_unit(new), &lib)?;
         // SAFETY: a library just compiled from the shim and the plan's kernels; its initializers are the C++

@@ -183,20 +183,43 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
     let plan: KernelPlan = crate::gpu_cache::schedule(graph);
     crate::gpu_check::note(&plan).map_err(err)?;
     let dump = crate::dump::Dump::start(graph, &plan);
+    // Each GEMM's choice, worked out before anything is compiled (`tune::prepare`: a choice settled by a kernel
+    // compiled ahead of time must be one compiled before this plan). Then everything the races will time and every
+    // other kernel, compiled in one parallel batch (into the device's code store), so the races find their
+    // contestants compiled: a cold plan waits for its slowest kernels per core, not for each race's compiles in
+    // turn. Best effort: what failed to compile here is compiled again, and its error reported, where it is used.
+    let choices: Vec<Option<super::tune::GemmChoice>> = plan
+        .launches
+        .iter()
+        .map(|l| if ctx.races_gemms() { super::tune::prepare(ctx, &l.kernel) } else { None })
+        .collect();
+    let ahead: Vec<GpuKernel> = plan
+        .launches
+        .iter()
+        .zip(&choices)
+        .flat_map(|(l, c)| match c {
+            Some(c) => c.ahead.clone(),
+            None => crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel).into_iter().collect(),
+        })
+        .collect();
+    let sources: Vec<(&str, &str)> = ahead.iter().map(|k| (k.source.as_str(), k.name.as_str())).collect();
+    let _ = ctx.compile(&sources);
     // A GEMM as the race on this device chose it (`tune`), anything else as `gpu_cache` renders it.
     let rendered = plan
         .launches
         .iter()
-        .map(|l| {
-            match super::tune::gemm_kernel(ctx, &l.kernel).filter(|_| ctx.races_gemms()) {
-                Some(Ok((chosen, record))) => return Ok((chosen, record)),
-                Some(Err(e)) => {
-                    // No candidate verified (or the search could not run): the untuned kernel is correct and maybe
-                    // slower. Said once, so the cause is not lost.
-                    static SAID: std::sync::Once = std::sync::Once::new();
-                    SAID.call_once(|| eprintln!("kiln: {} GEMM {} runs untuned: {e}", D::NAME, l.kernel.name));
+        .zip(choices)
+        .map(|(l, choice)| {
+            if let Some(choice) = choice {
+                match super::tune::decide(ctx, &l.kernel, choice) {
+                    Ok((chosen, record)) => return Ok((chosen, record)),
+                    Err(e) => {
+                        // No candidate verified (or the search could not run): the untuned kernel is correct and
+                        // maybe slower. Said once, so the cause is not lost.
+                        static SAID: std::sync::Once = std::sync::Once::new();
+                        SAID.call_once(|| eprintln!("kiln: {} GEMM {} runs untuned: {e}", D::NAME, l.kernel.name));
+                    }
                 }
-                None => {}
             }
             crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel).map(|g| (Chosen::Kernel(g), None)).map_err(|e| {
                 err(format!(

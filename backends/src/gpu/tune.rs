@@ -12,6 +12,9 @@
 //! without a GPU and imported, or an earlier run with tuning off), it is taken without a race, so a service's first
 //! request after a bundle import compiles nothing; `KILN_AUTOTUNE=full` (`kiln tune`) races anyway.
 //!
+//! A plan compiles every kernel its races will time (`race_kernels`: `kiln_autotune::timed_configs` of each race)
+//! with its other kernels in one parallel batch before the races run, so each race finds its contestants compiled.
+//!
 //! The tuning problem is the kernel itself on synthetic data, so the key holds its exact dims and a checksum of its
 //! epilogue code. The vendor library's GEMM (cuBLASLt on CUDA: `gpu_library`) races beside the templates where it takes
 //! the problem (its layouts, its epilogues) and the device has it; `KILN_GEMM_LIBRARY=0` leaves it out. Not done
@@ -131,27 +134,67 @@ fn library_allowed() -> bool {
     *ON.get_or_init(|| std::env::var("KILN_GEMM_LIBRARY").map_or(true, |v| v != "0" && v != "off"))
 }
 
-/// GEMM kernel `k` as the device runs it: the stored or searched winner among the candidates that render and the
-/// library's GEMM where it takes the problem, with the record that chose it (none for a kernel compiled ahead of
-/// time and taken as it is); `None` when `k` is no GEMM the templates take (the caller renders it as `gpu_cache`
-/// says).
-pub(crate) fn gemm_kernel<D: Driver>(
-    ctx: &Arc<D>,
-    k: &KernelIr,
-) -> Option<Result<(Chosen, Option<TuneRecord>), String>> {
+/// How GEMM kernel `k` will be chosen, worked out before its plan compiles anything ([`prepare`]) and made after
+/// ([`decide`]): settled without a race (a stored record's winner, or the untuned kernel compiled ahead of time,
+/// looked for before the plan's own compiles could pass for a bundle's), or a race, whose contestants' kernels the
+/// plan compiles first with its others in one parallel batch.
+pub(crate) struct GemmChoice {
+    settled: Option<Result<(Chosen, Option<TuneRecord>), String>>,
+    /// The kernels to compile before deciding: the race's timed contestants (`kiln_autotune::timed_configs`, a
+    /// library pass among them), or the settled choice's.
+    pub(crate) ahead: Vec<GpuKernel>,
+}
+
+/// [`GemmChoice`] for GEMM kernel `k`; `None` when `k` is no GEMM the templates take (the caller renders it as
+/// `gpu_cache` says).
+pub(crate) fn prepare<D: Driver>(ctx: &Arc<D>, k: &KernelIr) -> Option<GemmChoice> {
     let v = GemmView::of(k)?;
     let cands = renderable(D::FLAVOR, ctx.arch(), k, &v);
     if cands.is_empty() {
         return None;
     }
-    // The library races where it can describe the problem and the device has one; one that then declines the
-    // problem fails its verification and cannot win.
     let lib = LibraryRun::of(k, &v).filter(|_| library_allowed() && ctx.has_library());
-    let chosen = choose(ctx, k, &v, &cands, lib.as_ref(), Store::global(), env_mode());
+    let race = Race::new(ctx, k, &v, &cands, lib.as_ref());
+    let mode = env_mode();
+    let kernel = |c: &Chosen| match c {
+        Chosen::Kernel(g) => Some(g.clone()),
+        Chosen::Library { pass, .. } => pass.clone(),
+    };
+    if let Some(settled) = race.settled(Store::global(), mode) {
+        let ahead = settled.as_ref().ok().and_then(|(c, _)| kernel(c)).into_iter().collect();
+        return Some(GemmChoice { settled: Some(settled), ahead });
+    }
+    let scored = race.scored();
+    let timed = kiln_autotune::timed_configs(&scored, mode);
+    let ahead = timed.into_iter().filter_map(|c| race.chosen(*c).ok().as_ref().and_then(kernel)).collect();
+    Some(GemmChoice { settled: None, ahead })
+}
+
+/// GEMM kernel `k` as the device runs it (`choice` from [`prepare`] of the same kernel): the settled choice, or the
+/// race's winner among the candidates that render and the library's GEMM where it takes the problem (a library that
+/// then declines the problem fails its verification and cannot win), with the record that chose it (none for a
+/// kernel compiled ahead of time and taken as it is).
+pub(crate) fn decide<D: Driver>(
+    ctx: &Arc<D>,
+    k: &KernelIr,
+    choice: GemmChoice,
+) -> Result<(Chosen, Option<TuneRecord>), String> {
+    let chosen = match choice.settled {
+        Some(settled) => settled,
+        None => {
+            let v = GemmView::of(k).ok_or("not a GEMM")?;
+            let cands = renderable(D::FLAVOR, ctx.arch(), k, &v);
+            let lib = LibraryRun::of(k, &v).filter(|_| library_allowed() && ctx.has_library());
+            let r = Race::new(ctx, k, &v, &cands, lib.as_ref());
+            // A race of this plan for the same problem (a repeated layer) may have stored its record since.
+            let (store, mode) = (Store::global(), env_mode());
+            r.stored(store, mode).unwrap_or_else(|| race(&r, store, mode))
+        }
+    };
     if let Ok((_, Some(record))) = &chosen {
         RECORDS.lock().push(record.clone());
     }
-    Some(chosen)
+    chosen
 }
 
 /// A contestant made ready to run: a kernel with its loaded function and workspace (a split-K GEMM's), or the
@@ -176,68 +219,104 @@ pub fn tune_records() -> Vec<TuneRecord> {
     RECORDS.lock().clone()
 }
 
-/// The kernel for `k` among `cands`: a stored record's winner (never re-raced by its own mode or a lighter one), else
-/// a search recorded in `store`.
-fn choose<D: Driver>(
-    ctx: &Arc<D>,
-    k: &KernelIr,
-    v: &GemmView,
-    cands: &[GpuGemm],
-    lib: Option<&LibraryRun>,
-    store: &Store,
-    mode: Mode,
-) -> Result<(Chosen, Option<TuneRecord>), String> {
-    let cands = if lib.is_some() && ctx.library_alone() { &[] } else { cands };
-    let mut all: Vec<Contestant> = cands.iter().map(|&c| Contestant::Kernel(c)).collect();
-    all.extend(lib.map(|l| Contestant::Library { pass: l.pass.is_some() }));
-    let key = key(&**ctx, k, v, &all);
-    let by_name = |name: &str| all.iter().find(|c| c.name() == name).copied();
-    let chosen = |c: Contestant| -> Result<Chosen, String> {
-        match (c, lib) {
-            (Contestant::Kernel(c), _) => Ok(Chosen::Kernel(c.render(k, v, D::FLAVOR)?)),
+/// One GEMM kernel's race before anything runs: its contestants (the templates' candidates that render, and the
+/// library's where it takes the problem) and its tuning key.
+struct Race<'a, D: Driver> {
+    ctx: &'a Arc<D>,
+    k: &'a KernelIr,
+    v: &'a GemmView,
+    cands: &'a [GpuGemm],
+    lib: Option<&'a LibraryRun>,
+    all: Vec<Contestant>,
+    key: TuneKey,
+}
+
+impl<'a, D: Driver> Race<'a, D> {
+    fn new(
+        ctx: &'a Arc<D>,
+        k: &'a KernelIr,
+        v: &'a GemmView,
+        cands: &'a [GpuGemm],
+        lib: Option<&'a LibraryRun>,
+    ) -> Race<'a, D> {
+        let cands = if lib.is_some() && ctx.library_alone() { &[] } else { cands };
+        let mut all: Vec<Contestant> = cands.iter().map(|&c| Contestant::Kernel(c)).collect();
+        all.extend(lib.map(|l| Contestant::Library { pass: l.pass.is_some() }));
+        let key = key(&**ctx, k, v, &all);
+        Race { ctx, k, v, cands, lib, all, key }
+    }
+
+    /// Contestant `c` as the plan runs it.
+    fn chosen(&self, c: Contestant) -> Result<Chosen, String> {
+        match (c, self.lib) {
+            (Contestant::Kernel(c), _) => Ok(Chosen::Kernel(c.render(self.k, self.v, D::FLAVOR)?)),
             (Contestant::Library { .. }, Some(l)) => {
-                Ok(Chosen::Library { gemm: l.gemm.clone(), pass: l.render(&**ctx)? })
+                Ok(Chosen::Library { gemm: l.gemm.clone(), pass: l.render(&**self.ctx)? })
             }
             (Contestant::Library { .. }, None) => Err("the library won a race it was not in".into()),
         }
-    };
-    if let Some(rec) = store.get_record(&key).filter(|r| r.serves(mode))
-        && let Some(c) = by_name(&rec.winner)
-    {
-        return Ok((chosen(c)?, Some(rec)));
     }
-    // The untuned kernel compiled ahead of time for this architecture (an imported bundle, an earlier run with
-    // tuning off) is the deployer's choice: taken without a race, so a bundle's first request compiles nothing.
-    // `KILN_AUTOTUNE=full` (`kiln tune`) races anyway.
-    if mode != Mode::Full
-        && let Some(best) = best_scored(v, cands)
-        && let Ok(g) = best.render(k, v, D::FLAVOR)
-        && ctx.precompiled(&g.source)
-    {
-        return Ok((Chosen::Kernel(g), None));
+
+    /// The choice made without racing, if there is one: a stored record's winner (never re-raced by its own mode or
+    /// a lighter one), or the untuned kernel compiled ahead of time for this architecture (an imported bundle, an
+    /// earlier run with tuning off: the deployer's choice, so a bundle's first request compiles nothing;
+    /// `KILN_AUTOTUNE=full`, `kiln tune`, races anyway).
+    fn settled(&self, store: &Store, mode: Mode) -> Option<Result<(Chosen, Option<TuneRecord>), String>> {
+        if let Some(stored) = self.stored(store, mode) {
+            return Some(stored);
+        }
+        if mode != Mode::Full
+            && let Some(best) = best_scored(self.v, self.cands)
+            && let Ok(g) = best.render(self.k, self.v, D::FLAVOR)
+            && self.ctx.precompiled(&g.source)
+        {
+            return Some(Ok((Chosen::Kernel(g), None)));
+        }
+        None
     }
-    // The library has no analytic model: it scores just under the best template, so it is always timed (a family
-    // of its own) but wins only when measurably faster, and `KILN_AUTOTUNE=off` keeps the template an
-    // ahead-of-time compile renders.
-    let best = cands.iter().map(|c| score(v, c)).fold(0.0, f64::max);
-    let scored: Vec<Candidate<'_, Contestant>> = all
-        .iter()
-        .map(|c| Candidate {
-            config: c,
-            name: c.name(),
-            score: match c {
-                Contestant::Kernel(g) => score(v, g),
-                Contestant::Library { .. } => best * 0.99,
-            },
-            group: String::new(),
-            family: match c {
-                Contestant::Kernel(GpuGemm { tile: GpuTile::Simt(_), .. }) => "simt".into(),
-                Contestant::Kernel(GpuGemm { tile: GpuTile::Mma(_), .. }) => "tensor cores".into(),
-                Contestant::Library { .. } => LIBRARY.into(),
-            },
-            shape: String::new(),
-        })
-        .collect();
+
+    /// A stored record's winner, where a record serves `mode`.
+    fn stored(&self, store: &Store, mode: Mode) -> Option<Result<(Chosen, Option<TuneRecord>), String>> {
+        let rec = store.get_record(&self.key).filter(|r| r.serves(mode))?;
+        let c = self.all.iter().find(|c| c.name() == rec.winner)?;
+        Some(self.chosen(*c).map(|c| (c, Some(rec))))
+    }
+
+    /// The contestants as the search ranks them. The library has no analytic model: it scores just under the best
+    /// template, so it is always timed (a family of its own) but wins only when measurably faster, and
+    /// `KILN_AUTOTUNE=off` keeps the template an ahead-of-time compile renders.
+    fn scored(&self) -> Vec<Candidate<'_, Contestant>> {
+        let best = self.cands.iter().map(|c| score(self.v, c)).fold(0.0, f64::max);
+        self.all
+            .iter()
+            .map(|c| Candidate {
+                config: c,
+                name: c.name(),
+                score: match c {
+                    Contestant::Kernel(g) => score(self.v, g),
+                    Contestant::Library { .. } => best * 0.99,
+                },
+                group: String::new(),
+                family: match c {
+                    Contestant::Kernel(GpuGemm { tile: GpuTile::Simt(_), .. }) => "simt".into(),
+                    Contestant::Kernel(GpuGemm { tile: GpuTile::Mma(_), .. }) => "tensor cores".into(),
+                    Contestant::Library { .. } => LIBRARY.into(),
+                },
+                shape: String::new(),
+            })
+            .collect()
+    }
+}
+
+/// The race for a GEMM kernel (`decide`, where no choice was settled without one): its contestants ranked, the
+/// best few compiled (or found compiled), verified and timed by `kiln_autotune::search` in `mode`, the record stored
+/// in `store`.
+fn race<D: Driver>(race: &Race<'_, D>, store: &Store, mode: Mode) -> Result<(Chosen, Option<TuneRecord>), String> {
+    let (ctx, k, v, lib) = (race.ctx, race.k, race.v, race.lib);
+    let (all, key) = (race.all.as_slice(), &race.key);
+    let by_name = |name: &str| all.iter().find(|c| c.name() == name).copied();
+    let chosen = |c: Contestant| race.chosen(c);
+    let scored = race.scored();
     let exec = |e: BackendError| e.to_string();
     let mut host: Vec<HostBuffer> = crate::gemm_check::synthetic_inputs(k);
     // TF32 contestants multiply operands rounded to 10 mantissa bits: race on inputs that already are, so every
@@ -315,7 +394,7 @@ fn choose<D: Driver>(
         });
         reference.check_output(&super::from_bytes(k.output.dtype, &bytes, k.output.len))
     };
-    let record = kiln_autotune::search(&key, exact_dims(v), scored, mode, verify, launch)?;
+    let record = kiln_autotune::search(key, exact_dims(v), scored, mode, verify, launch)?;
     if let Err(e) = store.put_record(&record) {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| eprintln!("kiln: could not write a {} GEMM tuning record: {e}", D::NAME));
