@@ -148,12 +148,7 @@ pub(crate) struct GemmChoice {
 /// [`GemmChoice`] for GEMM kernel `k`; `None` when `k` is no GEMM the templates take (the caller renders it as
 /// `gpu_cache` says).
 pub(crate) fn prepare<D: Driver>(ctx: &Arc<D>, k: &KernelIr) -> Option<GemmChoice> {
-    let v = GemmView::of(k)?;
-    let cands = renderable(D::FLAVOR, ctx.arch(), k, &v);
-    if cands.is_empty() {
-        return None;
-    }
-    let lib = LibraryRun::of(k, &v).filter(|_| library_allowed() && ctx.has_library());
+    let (v, cands, lib) = contest(ctx, k)?;
     let race = Race::new(ctx, k, &v, &cands, lib.as_ref());
     let mode = env_mode();
     let kernel = |c: &Chosen| match c {
@@ -182,9 +177,7 @@ pub(crate) fn decide<D: Driver>(
     let chosen = match choice.settled {
         Some(settled) => settled,
         None => {
-            let v = GemmView::of(k).ok_or("not a GEMM")?;
-            let cands = renderable(D::FLAVOR, ctx.arch(), k, &v);
-            let lib = LibraryRun::of(k, &v).filter(|_| library_allowed() && ctx.has_library());
+            let (v, cands, lib) = contest(ctx, k).ok_or("not a GEMM the templates take")?;
             let r = Race::new(ctx, k, &v, &cands, lib.as_ref());
             // A race of this plan for the same problem (a repeated layer) may have stored its record since.
             let (store, mode) = (Store::global(), env_mode());
@@ -195,6 +188,19 @@ pub(crate) fn decide<D: Driver>(
         RECORDS.lock().push(record.clone());
     }
     chosen
+}
+
+/// What GEMM kernel `k` is raced among: its view, the template candidates that render it, and the library's run
+/// where it may race (the device has a library, `KILN_GEMM_LIBRARY` allows it, and it can describe the operands);
+/// `None` when no template takes `k`.
+fn contest<D: Driver>(ctx: &Arc<D>, k: &KernelIr) -> Option<(GemmView, Vec<GpuGemm>, Option<LibraryRun>)> {
+    let v = GemmView::of(k)?;
+    let cands = renderable(D::FLAVOR, ctx.arch(), k, &v);
+    if cands.is_empty() {
+        return None;
+    }
+    let lib = LibraryRun::of(k, &v).filter(|_| library_allowed() && ctx.has_library());
+    Some((v, cands, lib))
 }
 
 /// A contestant made ready to run: a kernel with its loaded function and workspace (a split-K GEMM's), or the
