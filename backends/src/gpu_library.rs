@@ -147,6 +147,15 @@ impl LibGemm {
     }
 }
 
+/// The parameters of the epilogue pass after a library's product (`LibGemm::product_of`) from its kernel's
+/// (`params`: the inputs' addresses, then the output's): the inputs, the product's address, the output's. `None`
+/// for parameters without an output.
+#[cfg(any(feature = "cuda", feature = "hip", feature = "host-gpu"))]
+pub(crate) fn pass_params(params: &[u64], product: u64) -> Option<smallvec::SmallVec<[u64; 8]>> {
+    let (&out, inputs) = params.split_last()?;
+    Some(inputs.iter().copied().chain([product, out]).collect())
+}
+
 /// `op` (a `rows x cols` matrix per batch entry of `batch`) as a library operand: unpatched, at offset 0 (device
 /// allocations are aligned as libraries want), one stride 1 and the other at least the row (column) length, and
 /// batch strides that flatten to one (or are all 0).

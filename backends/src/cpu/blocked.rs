@@ -22,7 +22,7 @@
 //! Deliberately not done: a parallel panel or leaf, look-ahead (the next panel factored while the trailing update
 //! runs): at the orders measured, the products are most of the time.
 
-use super::pool;
+use super::gemm::tune::{Update, library_strips};
 use super::routines::Real;
 
 /// The order from which a single matrix factors blocked.
@@ -37,12 +37,6 @@ struct View<T> {
     ld: usize,
 }
 
-// SAFETY: views are shared with the pool's threads only inside `sub_product`, whose strips read and write disjoint
-// columns of C and only read A and B; the caller keeps the memory alive for the call.
-unsafe impl<T> Sync for View<T> {}
-// SAFETY: as for Sync.
-unsafe impl<T> Send for View<T> {}
-
 impl<T> View<T> {
     fn at(self, row: usize, col: usize) -> *mut T {
         self.at.wrapping_add(row * self.ld + col)
@@ -50,8 +44,8 @@ impl<T> View<T> {
 }
 
 /// `C -= A @ B` for an `m x n` C and inner dimension `k`, A row-major and B row-major or, with `b_t`, the transpose
-/// of a row-major matrix (element (p, j) at `b[j * ld + p]`: Cholesky's `L L^T`). In column strips of C over the
-/// pool's threads.
+/// of a row-major matrix (element (p, j) at `b[j * ld + p]`: Cholesky's `L L^T`): the CPU library GEMM's column
+/// strips over the pool's threads (`gemm::tune::library_strips`).
 ///
 /// # Safety
 /// Every element the views address for these dims lies in live memory, and C overlaps neither A nor B.
@@ -59,28 +53,11 @@ unsafe fn sub_product<T: Real>((m, n, k): (usize, usize, usize), c: View<T>, a: 
     if m == 0 || n == 0 || k == 0 {
         return;
     }
-    let threads = pool::global().threads();
-    let strips = threads.min(n.div_ceil(32)).max(1);
-    let run = |s: usize, e: usize| {
-        for strip in s..e {
-            let (n0, n1) = (strip * n / strips, (strip + 1) * n / strips);
-            if n1 == n0 {
-                continue;
-            }
-            let (b_at, b_cs, b_rs) =
-                if b_t { (b.at(n0, 0), b.ld as isize, 1) } else { (b.at(0, n0), 1, b.ld as isize) };
-            // SAFETY: the caller's contract; each strip writes its own columns of C.
-            unsafe {
-                T::gemm_sub(
-                    (m, n1 - n0, k),
-                    (c.at(0, n0), c.ld as isize),
-                    (a.at(0, 0), 1, a.ld as isize),
-                    (b_at, b_cs, b_rs),
-                )
-            };
-        }
-    };
-    pool::global().parallel_for_work(strips, m * n * k, &run);
+    let (b_cs, b_rs) = if b_t { (b.ld as isize, 1) } else { (1, b.ld as isize) };
+    // SAFETY: the caller's contract.
+    unsafe {
+        library_strips((m, n, k), (c.at, c.ld as isize), (a.at, 1, a.ld as isize), (b.at, b_cs, b_rs), Update::Subtract)
+    }
 }
 
 /// `routines::lu` for order `n >= MIN_ORDER`: `out` (rows of `n + 2`) already holds `a`, the identity permutation

@@ -16,33 +16,20 @@ use kiln_jit::kernel::fault::{FAULT_NOT_POSITIVE_DEFINITE, FAULT_SINGULAR};
 use kiln_jit::kernel::routine::{LinalgRoutine, Routine, above, singular_tol};
 use std::sync::atomic::{AtomicI64, Ordering};
 
-/// The float types the routines run in.
+/// The float types the routines run in (the `gemm` crate's, for the blocked forms' products: `LibFloat`).
 pub(super) trait Real:
-    Copy + PartialOrd + std::ops::Sub<Output = Self> + std::ops::Mul<Output = Self> + Send + Sync + 'static
+    super::gemm::tune::LibFloat + PartialOrd + std::ops::Sub<Output = Self> + std::ops::Mul<Output = Self>
 {
-    const ZERO: Self;
     fn div(self, d: Self) -> Self;
     fn abs(self) -> Self;
     fn sqrt(self) -> Self;
     fn from_usize(i: usize) -> Self;
     fn to_f64(self) -> f64;
-    /// `C -= A @ B` through the `gemm` crate on the calling thread: dims (m, n, k), C with its row stride (columns
-    /// contiguous), A and B each with their column and row strides.
-    ///
-    /// # Safety
-    /// Every element those strides address for the given dims lies in live memory; C overlaps neither A nor B.
-    unsafe fn gemm_sub(
-        dims: (usize, usize, usize),
-        c: (*mut Self, isize),
-        a: (*const Self, isize, isize),
-        b: (*const Self, isize, isize),
-    );
 }
 
 macro_rules! real {
     ($t:ty) => {
         impl Real for $t {
-            const ZERO: Self = 0.0;
             fn div(self, d: Self) -> Self {
                 self / d
             }
@@ -57,37 +44,6 @@ macro_rules! real {
             }
             fn to_f64(self) -> f64 {
                 self as f64
-            }
-            unsafe fn gemm_sub(
-                (m, n, k): (usize, usize, usize),
-                (c, ldc): (*mut Self, isize),
-                (a, a_cs, a_rs): (*const Self, isize, isize),
-                (b, b_cs, b_rs): (*const Self, isize, isize),
-            ) {
-                // SAFETY: the caller's contract; C = 1 * C + (-1) * A B.
-                unsafe {
-                    gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        c,
-                        1,
-                        ldc,
-                        true,
-                        a,
-                        a_cs,
-                        a_rs,
-                        b,
-                        b_cs,
-                        b_rs,
-                        1.0,
-                        -1.0,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
-                    )
-                }
             }
         }
     };

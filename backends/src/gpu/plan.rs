@@ -50,6 +50,13 @@ use smallvec::SmallVec;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// A launch before its plan compiles: a GEMM whose choice is prepared (`tune::prepare`), or any other kernel rendered
+/// as `gpu_cache` renders it (rendered once: for the batch compile, then for the launch).
+enum Prepared {
+    Gemm(Box<super::tune::GemmChoice>),
+    Rendered(Result<GpuKernel, String>),
+}
+
 /// One launch of a plan: a kernel, or the vendor library's GEMM where the race chose it (`tune`).
 enum CompiledLaunch<D: Driver> {
     Kernel {
@@ -188,40 +195,44 @@ pub(crate) fn compile<D: Driver>(ctx: &Arc<D>, graph: &Graph) -> Result<Box<dyn 
     // other kernel, compiled in one parallel batch (into the device's code store), so the races find their
     // contestants compiled: a cold plan waits for its slowest kernels per core, not for each race's compiles in
     // turn. Best effort: what failed to compile here is compiled again, and its error reported, where it is used.
-    let choices: Vec<Option<super::tune::GemmChoice>> = plan
+    let prepared: Vec<Prepared> = plan
         .launches
         .iter()
-        .map(|l| if ctx.races_gemms() { super::tune::prepare(ctx, &l.kernel) } else { None })
-        .collect();
-    let ahead: Vec<GpuKernel> = plan
-        .launches
-        .iter()
-        .zip(&choices)
-        .flat_map(|(l, c)| match c {
-            Some(c) => c.ahead.clone(),
-            None => crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel).into_iter().collect(),
+        .map(|l| match ctx.races_gemms().then(|| super::tune::prepare(ctx, &l.kernel)).flatten() {
+            Some(choice) => Prepared::Gemm(Box::new(choice)),
+            None => Prepared::Rendered(crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel)),
         })
         .collect();
-    let sources: Vec<(&str, &str)> = ahead.iter().map(|k| (k.source.as_str(), k.name.as_str())).collect();
+    let sources: Vec<(&str, &str)> = prepared
+        .iter()
+        .flat_map(|p| match p {
+            Prepared::Gemm(choice) => choice.ahead.as_slice(),
+            Prepared::Rendered(Ok(k)) => std::slice::from_ref(k),
+            Prepared::Rendered(Err(_)) => &[],
+        })
+        .map(|k| (k.source.as_str(), k.name.as_str()))
+        .collect();
     let _ = ctx.compile(&sources);
     // A GEMM as the race on this device chose it (`tune`), anything else as `gpu_cache` renders it.
     let rendered = plan
         .launches
         .iter()
-        .zip(choices)
-        .map(|(l, choice)| {
-            if let Some(choice) = choice {
-                match super::tune::decide(ctx, &l.kernel, choice) {
+        .zip(prepared)
+        .map(|(l, p)| {
+            let untuned = match p {
+                Prepared::Rendered(r) => r,
+                Prepared::Gemm(choice) => match super::tune::decide(ctx, &l.kernel, *choice) {
                     Ok((chosen, record)) => return Ok((chosen, record)),
                     Err(e) => {
                         // No candidate verified (or the search could not run): the untuned kernel is correct and
                         // maybe slower. Said once, so the cause is not lost.
                         static SAID: std::sync::Once = std::sync::Once::new();
                         SAID.call_once(|| eprintln!("kiln: {} GEMM {} runs untuned: {e}", D::NAME, l.kernel.name));
+                        crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel)
                     }
-                }
-            }
-            crate::gpu_cache::render(D::FLAVOR, ctx.arch(), &l.kernel).map(|g| (Chosen::Kernel(g), None)).map_err(|e| {
+                },
+            };
+            untuned.map(|g| (Chosen::Kernel(g), None)).map_err(|e| {
                 err(format!(
                     "{e}; run this graph on Device::cpu() ({} does not run everything kiln has yet)",
                     D::FLAVOR.name()
@@ -514,9 +525,8 @@ impl<D: Driver> DevicePlan for GpuPlan<D> {
                     Some(_) => {
                         let p =
                             st.scratch.product.as_ref().ok_or_else(|| exec("an epilogue pass without a product"))?;
-                        let mut pp = params.clone();
-                        pp.insert(pp.len() - 1, D::addr(p));
-                        pass_params = Some(pp);
+                        let pp = crate::gpu_library::pass_params(&params, D::addr(p));
+                        pass_params = Some(pp.ok_or_else(|| exec("a launch without an output"))?);
                         D::addr(p)
                     }
                     None => out,

@@ -139,6 +139,8 @@ fn library_allowed() -> bool {
 /// looked for before the plan's own compiles could pass for a bundle's), or a race, whose contestants' kernels the
 /// plan compiles first with its others in one parallel batch.
 pub(crate) struct GemmChoice {
+    /// What it is raced among, kept for `decide` (its candidates are not rendered twice).
+    contest: Contest,
     settled: Option<Result<(Chosen, Option<TuneRecord>), String>>,
     /// The kernels to compile before deciding: the race's timed contestants (`kiln_autotune::timed_configs`, a
     /// library pass among them), or the settled choice's.
@@ -148,21 +150,22 @@ pub(crate) struct GemmChoice {
 /// [`GemmChoice`] for GEMM kernel `k`; `None` when `k` is no GEMM the templates take (the caller renders it as
 /// `gpu_cache` says).
 pub(crate) fn prepare<D: Driver>(ctx: &Arc<D>, k: &KernelIr) -> Option<GemmChoice> {
-    let (v, cands, lib) = contest(ctx, k)?;
-    let race = Race::new(ctx, k, &v, &cands, lib.as_ref());
+    let contest = contest(ctx, k)?;
+    let race = Race::new(ctx, k, &contest);
     let mode = env_mode();
-    let kernel = |c: &Chosen| match c {
-        Chosen::Kernel(g) => Some(g.clone()),
-        Chosen::Library { pass, .. } => pass.clone(),
+    let kernel = |c: &Chosen| c.kernel().cloned();
+    let (settled, ahead) = match race.settled(Store::global(), mode) {
+        Some(settled) => {
+            let ahead = settled.as_ref().ok().and_then(|(c, _)| kernel(c)).into_iter().collect();
+            (Some(settled), ahead)
+        }
+        None => {
+            let scored = race.scored();
+            let timed = kiln_autotune::timed_configs(&scored, mode);
+            (None, timed.into_iter().filter_map(|c| race.chosen(*c).ok().as_ref().and_then(kernel)).collect())
+        }
     };
-    if let Some(settled) = race.settled(Store::global(), mode) {
-        let ahead = settled.as_ref().ok().and_then(|(c, _)| kernel(c)).into_iter().collect();
-        return Some(GemmChoice { settled: Some(settled), ahead });
-    }
-    let scored = race.scored();
-    let timed = kiln_autotune::timed_configs(&scored, mode);
-    let ahead = timed.into_iter().filter_map(|c| race.chosen(*c).ok().as_ref().and_then(kernel)).collect();
-    Some(GemmChoice { settled: None, ahead })
+    Some(GemmChoice { contest, settled, ahead })
 }
 
 /// GEMM kernel `k` as the device runs it (`choice` from [`prepare`] of the same kernel): the settled choice, or the
@@ -174,11 +177,11 @@ pub(crate) fn decide<D: Driver>(
     k: &KernelIr,
     choice: GemmChoice,
 ) -> Result<(Chosen, Option<TuneRecord>), String> {
-    let chosen = match choice.settled {
+    let GemmChoice { contest, settled, .. } = choice;
+    let chosen = match settled {
         Some(settled) => settled,
         None => {
-            let (v, cands, lib) = contest(ctx, k).ok_or("not a GEMM the templates take")?;
-            let r = Race::new(ctx, k, &v, &cands, lib.as_ref());
+            let r = Race::new(ctx, k, &contest);
             // A race of this plan for the same problem (a repeated layer) may have stored its record since.
             let (store, mode) = (Store::global(), env_mode());
             r.stored(store, mode).unwrap_or_else(|| race(&r, store, mode))
@@ -193,14 +196,21 @@ pub(crate) fn decide<D: Driver>(
 /// What GEMM kernel `k` is raced among: its view, the template candidates that render it, and the library's run
 /// where it may race (the device has a library, `KILN_GEMM_LIBRARY` allows it, and it can describe the operands);
 /// `None` when no template takes `k`.
-fn contest<D: Driver>(ctx: &Arc<D>, k: &KernelIr) -> Option<(GemmView, Vec<GpuGemm>, Option<LibraryRun>)> {
+fn contest<D: Driver>(ctx: &Arc<D>, k: &KernelIr) -> Option<Contest> {
     let v = GemmView::of(k)?;
     let cands = renderable(D::FLAVOR, ctx.arch(), k, &v);
     if cands.is_empty() {
         return None;
     }
     let lib = LibraryRun::of(k, &v).filter(|_| library_allowed() && ctx.has_library());
-    Some((v, cands, lib))
+    Some(Contest { v, cands, lib })
+}
+
+/// A GEMM kernel's view, the template candidates that render it, and the library's run where it may race.
+struct Contest {
+    v: GemmView,
+    cands: Vec<GpuGemm>,
+    lib: Option<LibraryRun>,
 }
 
 /// A contestant made ready to run: a kernel with its loaded function and workspace (a split-K GEMM's), or the
@@ -238,14 +248,9 @@ struct Race<'a, D: Driver> {
 }
 
 impl<'a, D: Driver> Race<'a, D> {
-    fn new(
-        ctx: &'a Arc<D>,
-        k: &'a KernelIr,
-        v: &'a GemmView,
-        cands: &'a [GpuGemm],
-        lib: Option<&'a LibraryRun>,
-    ) -> Race<'a, D> {
-        let cands = if lib.is_some() && ctx.library_alone() { &[] } else { cands };
+    fn new(ctx: &'a Arc<D>, k: &'a KernelIr, contest: &'a Contest) -> Race<'a, D> {
+        let (v, lib) = (&contest.v, contest.lib.as_ref());
+        let cands = if lib.is_some() && ctx.library_alone() { &[] } else { &contest.cands[..] };
         let mut all: Vec<Contestant> = cands.iter().map(|&c| Contestant::Kernel(c)).collect();
         all.extend(lib.map(|l| Contestant::Library { pass: l.pass.is_some() }));
         let key = key(&**ctx, k, v, &all);
@@ -445,8 +450,7 @@ unsafe fn library_launch<D: Driver>(
     let product = D::addr(product);
     // SAFETY: the caller's contract; the product holds the library's f32 output.
     unsafe { ctx.library_launch(lib, gemm.ptrs(input, product)?) }?;
-    let mut p = inputs.to_vec();
-    p.extend([product, out]);
+    let p = crate::gpu_library::pass_params(params, product).ok_or("a library GEMM without an output")?;
     // SAFETY: the pass's parameters are the kernel's inputs, then the product (its last input), then the output.
     unsafe { ctx.launch(function, kernel.grid, kernel.block, &p) }
 }

@@ -19,26 +19,58 @@ pub unsafe fn library_gemm(v: &GemmView, cx: &Ctx) {
     unsafe {
         library_strips(
             (v.m, v.n, v.k),
-            cx.c,
+            (cx.c, v.n as isize),
             (cx.a.offset(v.a.offset as isize), v.a.cols as isize, v.a.rows as isize),
             (cx.b.offset(v.b.offset as isize), v.b.cols as isize, v.b.rows as isize),
+            Update::Write,
         )
     }
 }
 
-/// `C = A @ B` (C row-major, dense) through the `gemm` crate, in column strips over the pool's threads.
+/// How a product lands in C: written over it, or subtracted from it (`C -= A @ B`: the blocked linear algebra's
+/// updates, `cpu/blocked.rs`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Update {
+    Write,
+    Subtract,
+}
+
+/// The float types the `gemm` crate runs here.
+pub(crate) trait LibFloat: Copy + Send + Sync + 'static {
+    const ZERO: Self;
+    const ONE: Self;
+    const MINUS_ONE: Self;
+}
+
+impl LibFloat for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const MINUS_ONE: Self = -1.0;
+}
+
+impl LibFloat for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const MINUS_ONE: Self = -1.0;
+}
+
+/// `C = A @ B` or `C -= A @ B` (`update`) through the `gemm` crate, in column strips of C over the pool's threads,
+/// each strip's product single-threaded in the crate (so no second thread pool competes for the cores): dims
+/// (m, n, k), C with its row stride (columns contiguous), A and B each with their column and row strides. A pool
+/// launch already running (a matrix of a batch factored on its own thread) runs the strips inline.
 ///
 /// # Safety
-/// As [`gemm_f32`].
-unsafe fn library_strips(
+/// Every element those strides address for the given dims lies in live memory; C overlaps neither A nor B.
+pub(crate) unsafe fn library_strips<T: LibFloat>(
     (m, n, k): (usize, usize, usize),
-    c: *mut f32,
-    (a, a_cs, a_rs): (*const f32, isize, isize),
-    (b, b_cs, b_rs): (*const f32, isize, isize),
+    (c, ldc): (*mut T, isize),
+    (a, a_cs, a_rs): (*const T, isize, isize),
+    (b, b_cs, b_rs): (*const T, isize, isize),
+    update: Update,
 ) {
     let threads = super::pool::global().threads();
     let strips = threads.min(n.div_ceil(16)).max(1);
-    let (c, a, b) = (SendPtr(c), SendPtr(a as *mut f32), SendPtr(b as *mut f32));
+    let (c, a, b) = (SendPtr(c), SendPtr(a as *mut T), SendPtr(b as *mut T));
     let run = |s: usize, e: usize| {
         for strip in s..e {
             let n0 = strip * n / strips;
@@ -46,13 +78,14 @@ unsafe fn library_strips(
             if n1 == n0 {
                 continue;
             }
-            // SAFETY: the caller's contract; strips write disjoint columns of C, which is written, not read.
+            // SAFETY: the caller's contract; strips write disjoint columns of C.
             unsafe {
-                gemm_f32(
+                gemm_call(
                     (m, n1 - n0, k),
-                    (c.get().add(n0), n as isize),
+                    (c.get().add(n0), ldc),
                     (a.get(), a_cs, a_rs),
                     (b.get().offset(n0 as isize * b_cs), b_cs, b_rs),
+                    update,
                 )
             }
         }
@@ -63,30 +96,35 @@ unsafe fn library_strips(
 /// A pointer the strips of one library or dot-product GEMM share (each writes its own columns of C; A and B are
 /// only read).
 #[derive(Clone, Copy)]
-pub(super) struct SendPtr(pub(super) *mut f32);
+pub(super) struct SendPtr<T = f32>(pub(super) *mut T);
 
-impl SendPtr {
+impl<T> SendPtr<T> {
     /// Through a method, so closures capture the `Sync` wrapper rather than the raw pointer field.
-    pub(super) fn get(self) -> *mut f32 {
+    pub(super) fn get(self) -> *mut T {
         self.0
     }
 }
-// SAFETY: used only inside `library_strips` and `dot::dot_gemm`, whose callers guarantee the pointers stay valid
-// for the call and whose strips write disjoint columns of C.
-unsafe impl Sync for SendPtr {}
+// SAFETY: used only inside `library_strips`, `dot::dot_gemm` and `splitk`, whose callers guarantee the pointers
+// stay valid for the call and whose strips write disjoint columns of C.
+unsafe impl<T> Sync for SendPtr<T> {}
 
-/// `C = A @ B` through the `gemm` crate on the calling thread (C overwritten, not accumulated): dims (m, n, k),
-/// C with its row stride, A and B each with their column and row strides.
+/// [`library_strips`]'s product on the calling thread.
 ///
 /// # Safety
-/// Every element those strides address for the given dims must lie in its buffer; C must not overlap A or B.
-unsafe fn gemm_f32(
+/// As [`library_strips`].
+unsafe fn gemm_call<T: LibFloat>(
     (m, n, k): (usize, usize, usize),
-    (c, ldc): (*mut f32, isize),
-    (a, a_cs, a_rs): (*const f32, isize, isize),
-    (b, b_cs, b_rs): (*const f32, isize, isize),
+    (c, ldc): (*mut T, isize),
+    (a, a_cs, a_rs): (*const T, isize, isize),
+    (b, b_cs, b_rs): (*const T, isize, isize),
+    update: Update,
 ) {
-    // SAFETY: the caller's contract; `read_dst` is false, so C's old contents are never read.
+    // dst = alpha dst + beta A B; with `read_dst` false (a write) C's old contents are never read.
+    let (read_dst, alpha, beta) = match update {
+        Update::Write => (false, T::ZERO, T::ONE),
+        Update::Subtract => (true, T::ONE, T::MINUS_ONE),
+    };
+    // SAFETY: the caller's contract.
     unsafe {
         gemm::gemm(
             m,
@@ -95,15 +133,15 @@ unsafe fn gemm_f32(
             c,
             1,
             ldc,
-            false,
+            read_dst,
             a,
             a_cs,
             a_rs,
             b,
             b_cs,
             b_rs,
-            0.0,
-            1.0,
+            alpha,
+            beta,
             false,
             false,
             false,
@@ -123,7 +161,7 @@ pub fn warm_gemms() {
         let _ = super::pool::global();
         let (a, b, mut c) = ([1f32; 16], [1f32; 16], [0f32; 16]);
         // SAFETY: 4x4 row-major matrices with leading dimension 4, all 16 elements long; C is written only.
-        unsafe { gemm_f32((4, 4, 4), (c.as_mut_ptr(), 4), (a.as_ptr(), 1, 4), (b.as_ptr(), 1, 4)) };
+        unsafe { gemm_call((4, 4, 4), (c.as_mut_ptr(), 4), (a.as_ptr(), 1, 4), (b.as_ptr(), 1, 4), Update::Write) };
     });
     // The library's first call at a size allocates its packing memory on each thread (and the allocator adapts its
     // thresholds to it), ~0.3 ms for the MLP's 128x256x784 layer here: run each library winner's shape once. Dims
@@ -151,7 +189,15 @@ pub fn warm_gemms() {
     for (m, n, k) in library {
         let (x, w, mut y) = (vec![0f32; m * k], vec![0f32; k * n], vec![0f32; m * n]);
         // SAFETY: x is m x k, w is k x n and y is m x n, all row-major and dense.
-        unsafe { library_strips((m, n, k), y.as_mut_ptr(), (x.as_ptr(), 1, k as isize), (w.as_ptr(), 1, n as isize)) };
+        unsafe {
+            library_strips(
+                (m, n, k),
+                (y.as_mut_ptr(), n as isize),
+                (x.as_ptr(), 1, k as isize),
+                (w.as_ptr(), 1, n as isize),
+                Update::Write,
+            )
+        };
     }
 }
 
