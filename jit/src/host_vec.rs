@@ -281,8 +281,9 @@ mod tests {
         }
         let big = HostVec::filled(16 << 20, 1.0f32);
         let huge = huge_kib_in(big.as_ptr() as usize, 64 << 20);
-        // 64 MiB: at least 30 whole 2 MiB pages lie inside, whatever the start.
-        assert!(huge >= 30 * 2048, "a 64 MiB buffer got {huge} KiB of huge pages");
+        // 64 MiB hold at least 30 whole 2 MiB pages; the kernel may fall back to small pages for some of them where
+        // memory is fragmented, but without the advice (Debian's `madvise` mode) it gives none.
+        assert!(huge >= 2048, "a 64 MiB buffer got {huge} KiB of huge pages");
         if mode.contains("[madvise]") {
             // (In `always` mode the kernel may give a small buffer huge pages unasked.)
             let small = HostVec::filled(HUGE_PAGE_MIN / 4 - 1, 1.0f32);
