@@ -62,10 +62,11 @@ fn every_function_matches_the_interpreter() {
             if !runs_on(&dev, &[dtype]) {
                 continue;
             }
-            // Orders 1 (no elimination), 5, 70 (more rows than a wgpu workgroup has invocations) and 160 (the CPU
-            // factors and solves it blocked, `backends/src/cpu/blocked.rs`; two of them, each on a thread of its own,
-            // whose products then run inline on it).
-            for (batch, n) in [(&[3usize][..], 1usize), (&[2, 3], 5), (&[1], 70), (&[2], 160)] {
+            // Orders 1 (no elimination), 5, 70 (more rows than a wgpu workgroup has invocations), 160 and 150 (the
+            // CPU factors and solves them blocked, `backends/src/cpu/blocked.rs`: two of order 160, each on a thread
+            // of its own, whose products then run inline on it; one of order 150, whose products run in column
+            // strips over the pool's threads, its last block of rows and columns ragged).
+            for (batch, n) in [(&[3usize][..], 1usize), (&[2, 3], 5), (&[1], 70), (&[2], 160), (&[1], 150)] {
                 let a = well_conditioned(&dev, dtype, batch, n, 7 + n as u64);
                 let mut shape_b = batch.to_vec();
                 shape_b.extend([n, 3]);

@@ -155,6 +155,9 @@ impl<T: Real> Lu<T> {
     }
 }
 
+/// Rows of L from which [`trsm_lower`] recurses (at most this many, it substitutes directly).
+const TRSM_LEAF: usize = 16;
+
 /// `B = L^-1 B` for a lower triangular `w x w` L (with `unit`, its diagonal is taken as ones and not read; what lies
 /// above it never is) and a `w x m` B, recursively: the top half of B, then the bottom half less L's lower left
 /// block times the top, then that. At the leaves each element is reduced by the rows above it in order and then
@@ -163,7 +166,7 @@ impl<T: Real> Lu<T> {
 /// # Safety
 /// The views address live elements for these dims; B overlaps no element of L that is read.
 unsafe fn trsm_lower<T: Real>(unit: bool, w: usize, m: usize, l: View<T>, b: View<T>) {
-    if w <= 16 {
+    if w <= TRSM_LEAF {
         for r in 0..w {
             if !unit {
                 // SAFETY: (caller) L's diagonal element r and B's row r.
