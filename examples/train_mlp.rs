@@ -16,7 +16,11 @@
 //! With `--dtype bf16` the weights, x and t are bf16 and every op of the step computes in f32 and rounds to bf16,
 //! as PyTorch does with bf16 tensors (`mlp_torch.py --dtype bf16` runs that); SGD updates the bf16 weights in place
 //! (no f32 master copy, as `torch.optim.SGD` on bf16 parameters).
-//! Prints, per batch: `batch N: X µs/step (median of 100 after 10 warm-up), first step Y ms`, then the loss.
+//! Prints, per batch: `batch N: X µs/step (median of 100 after 10 warm-up), first step Y ms`, then the loss. With
+//! `--phases`, also where a step's time goes: recording the forward pass and loss, recording the backward pass, and
+//! the optimizer step (recording the update, then realizing the step: looking its plan up, running its kernels,
+//! handing out the new buffers); with `KILN_PROFILE=1` the kernels' share of the last is in the profile below.
+//! What bounds a batch-1 step on a CPU is that split (docs/benchmarks.md).
 
 use kiln::nn::{self, Module, Param};
 use kiln::optim::{Optimizer, Sgd};
@@ -69,6 +73,9 @@ struct Args {
     /// `f32` or `bf16`: the dtype of the weights, the data and the step.
     #[arg(long, default_value = "f32", value_parser = float_dtype)]
     dtype: DType,
+    /// Also print the median time of each phase of a step (see the module doc).
+    #[arg(long)]
+    phases: bool,
 }
 
 fn float_dtype(s: &str) -> Result<DType, String> {
@@ -79,8 +86,13 @@ fn float_dtype(s: &str) -> Result<DType, String> {
     }
 }
 
-/// The benchmark's fixed model, data and optimizer for `batch`, and a closure running one step.
-fn setup(batch: usize, dev: &Device, dtype: DType) -> kiln::Result<impl FnMut() -> kiln::Result<Tensor>> {
+/// Seconds a step spent recording the forward pass and loss, recording the backward pass, and in the optimizer step
+/// (recording the update and realizing the step, the device synchronized).
+type Phases = [f64; 3];
+
+/// The benchmark's fixed model, data and optimizer for `batch`, and a closure running one step (and writing the
+/// time of each of its phases).
+fn setup(batch: usize, dev: &Device, dtype: DType) -> kiln::Result<impl FnMut(&mut Phases) -> kiln::Result<Tensor>> {
     kiln::manual_seed(0);
     let model = Mlp::new(dev, dtype);
     let x = Tensor::randn([batch, 784], DType::F32, dev).to_dtype(dtype);
@@ -89,12 +101,16 @@ fn setup(batch: usize, dev: &Device, dtype: DType) -> kiln::Result<impl FnMut() 
     model.realize_params()?;
     let mut opt = Sgd::new(model.params(), 1e-3);
     let dev = *dev;
-    Ok(move || -> kiln::Result<Tensor> {
+    Ok(move |phases: &mut Phases| -> kiln::Result<Tensor> {
+        let t0 = Instant::now();
         let loss = (model.forward(&x) - &t).square().sum_all();
+        let t1 = Instant::now();
         let grads = loss.backward()?;
+        let t2 = Instant::now();
         opt.step(grads, &[&loss])?;
         // A GPU queue runs ahead of the host: wait, so a step's time is its whole run.
         dev.synchronize()?;
+        *phases = [t1 - t0, t2 - t1, t2.elapsed()].map(|d| d.as_secs_f64());
         Ok(loss)
     })
 }
@@ -104,34 +120,49 @@ fn setup(batch: usize, dev: &Device, dtype: DType) -> kiln::Result<impl FnMut() 
 fn first_non_finite_step(batch: usize, steps: usize, dev: &Device, dtype: DType) -> kiln::Result<Option<usize>> {
     let mut step = setup(batch, dev, dtype)?;
     for i in 1..=steps {
-        if !step()?.to_dtype(DType::F32).item::<f32>()?.is_finite() {
+        if !step(&mut Phases::default())?.to_dtype(DType::F32).item::<f32>()?.is_finite() {
             return Ok(Some(i));
         }
     }
     Ok(None)
 }
 
-fn run(batch: usize, steps: usize, dev: &Device, dtype: DType) -> kiln::Result<()> {
+fn run(batch: usize, steps: usize, dev: &Device, dtype: DType, print_phases: bool) -> kiln::Result<()> {
     let mut step = setup(batch, dev, dtype)?;
+    let mut phases = Phases::default();
     let t0 = Instant::now();
-    let first_loss = step()?;
+    let first_loss = step(&mut phases)?;
     let first = t0.elapsed();
     for _ in 1..WARMUP {
-        step()?;
+        step(&mut phases)?;
     }
     let mut times = Vec::with_capacity(steps);
+    let mut phase_times: [Vec<f64>; 3] = Default::default();
     let mut last = first_loss.clone();
     for _ in 0..steps {
         let t0 = Instant::now();
-        last = step()?;
+        last = step(&mut phases)?;
         times.push(t0.elapsed().as_secs_f64());
+        for (all, t) in phase_times.iter_mut().zip(phases) {
+            all.push(t);
+        }
     }
-    times.sort_by(f64::total_cmp);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     println!(
         "batch {batch}: {:.1} µs/step (median of {steps} after {WARMUP} warm-up), first step {:.2} ms",
-        times[steps / 2] * 1e6,
+        median(&mut times) * 1e6,
         first.as_secs_f64() * 1e3
     );
+    if print_phases {
+        let [fwd, bwd, opt] = phase_times.each_mut().map(|v| median(v) * 1e6);
+        println!(
+            "  phases (medians): forward + loss recorded {fwd:.1} µs, backward recorded {bwd:.1} µs, \
+             optimizer step (update recorded, step realized) {opt:.1} µs"
+        );
+    }
     let wide = |t: &Tensor| t.to_dtype(DType::F32).item::<f32>();
     let (first_loss, last_loss) = (wide(&first_loss)?, wide(&last)?);
     let mut note = String::new();
@@ -154,7 +185,7 @@ fn main() -> kiln::Result<()> {
     let dev = args.device;
     println!("device: {}, {}", dev.describe(), args.dtype);
     for b in args.batch {
-        run(b.get(), args.steps.get(), &dev, args.dtype)?;
+        run(b.get(), args.steps.get(), &dev, args.dtype, args.phases)?;
     }
     let s = kiln::stats();
     println!(
