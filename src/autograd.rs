@@ -133,7 +133,9 @@ impl Tensor {
         seen.insert(Arc::as_ptr(&self.node));
         while let Some((t, srcs, next)) = stack.last_mut() {
             if srcs.is_none() {
-                let links = t.node.grad_srcs.as_ref().map_or(Srcs::new(), |g| g.lock().clone());
+                // Taken, not cloned: the walk frees the forward graph anyway (below), and each clone and later drop
+                // of an operand handle is a locked update of its count.
+                let links = t.node.grad_srcs.as_ref().map_or(Srcs::new(), |g| std::mem::take(&mut *g.lock()));
                 if t.node.grad_srcs.is_some() && links.is_empty() && t.node.op.arity() > 0 {
                     return Err(Error::Autograd(format!(
                         "the graph through this {} node was freed by an earlier backward; build the forward again",
@@ -184,12 +186,8 @@ impl Tensor {
                 grads.insert(key, acc);
             }
         }
-        // Free the forward graph (the nodes' lazy history is unaffected).
-        for (t, _) in &order {
-            if let Some(g) = &t.node.grad_srcs {
-                g.lock().clear();
-            }
-        }
+        // The forward graph is freed (its links were taken above, and drop with `order`; the nodes' lazy history is
+        // unaffected).
         Ok(out)
     }
 }

@@ -1,11 +1,11 @@
 //! `Tensor`: a cheap handle to an `Arc`'d lazy node.
 //!
-//! Building an op allocates one node and takes no global lock: the only shared state it touches is an atomic
-//! live-node counter. The allocation usually comes from this thread's list of dead nodes (`SPARE`): a replayed
-//! step drops a whole history and records as many nodes again, so recycling them skips a malloc and a free per
-//! node. A node is `Lazy` (it holds its operands) until `realize` runs its graph, then `Realized` (it holds its
-//! buffer and has dropped its operands, so a training loop's history is freed step by step). Dropping a long lazy
-//! chain is iterative, so it cannot overflow the stack.
+//! Building an op allocates one node and takes no global lock, and touches no shared state but its operands'
+//! reference counts: the live-node count is kept per thread (`live`). The allocation usually comes from this
+//! thread's list of dead nodes (`SPARE`): a replayed step drops a whole history and records as many nodes again, so
+//! recycling them skips a malloc and a free per node. A node is `Lazy` (it holds its operands) until `realize` runs
+//! its graph, then `Realized` (it holds its buffer and has dropped its operands, so a training loop's history is
+//! freed step by step). Dropping a long lazy chain is iterative, so it cannot overflow the stack.
 
 use crate::args::fail;
 use crate::device::Device;
@@ -16,9 +16,7 @@ use kiln_jit::{DType, Element, HostBuffer, Op, RngKey, Scalar, Shape};
 use parking_lot::Mutex;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-pub(crate) static LIVE_NODES: AtomicUsize = AtomicUsize::new(0);
+use std::sync::atomic::AtomicBool;
 
 /// A node's operands (at most three), stored inline.
 pub(crate) type Srcs = smallvec::SmallVec<[Tensor; 3]>;
@@ -75,17 +73,22 @@ impl Drop for Node {
         if matches!(self.state.get_mut(), State::Spare) {
             return; // already counted dead and unlinked when it was retired
         }
-        LIVE_NODES.fetch_sub(1, Ordering::Relaxed);
+        live::add(-1);
         // Unlink operands we hold the last reference to before they drop, so each drop below is shallow. The
         // stack lives inline for shallow drops (the common case on the replay path): no allocation per node.
         let mut stack = smallvec::SmallVec::<[Tensor; 8]>::new();
         self.take_links(&mut stack);
         while let Some(mut t) = stack.pop() {
             // In place (no move of the node out of its allocation). The allocation is kept for a new node rather
-            // than freed when there is room on this thread's spare list.
-            if let Some(node) = Arc::get_mut(&mut t.node) {
+            // than freed when there is room on this thread's spare list. The count is read first: `get_mut` is a
+            // locked compare-and-swap, and most operands are shared (a weight, an input), which the plain load
+            // rules out. A count that drops to 1 just after the load only makes this node's last drop, wherever it
+            // happens, an ordinary one.
+            if Arc::strong_count(&t.node) == 1
+                && let Some(node) = Arc::get_mut(&mut t.node)
+            {
                 node.take_links(&mut stack);
-                LIVE_NODES.fetch_sub(1, Ordering::Relaxed);
+                live::add(-1);
                 *node.state.get_mut() = State::Spare;
                 node.grad_srcs = None;
                 retire(t.node);
@@ -124,7 +127,7 @@ fn retire(node: Arc<Node>) {
 
 /// `node` in an allocation from this thread's spare list if it has one, else in a new one.
 fn alloc_node(node: Node) -> Arc<Node> {
-    LIVE_NODES.fetch_add(1, Ordering::Relaxed);
+    live::add(1);
     let spare = SPARE.try_with(|s| s.borrow_mut().pop()).ok().flatten();
     match spare {
         Some(mut arc) => match Arc::get_mut(&mut arc) {
@@ -135,6 +138,57 @@ fn alloc_node(node: Node) -> Arc<Node> {
             None => Arc::new(node), // unreachable: spares are never shared and nodes have no weak references
         },
         None => Arc::new(node),
+    }
+}
+
+/// The count of live nodes (`Stats::live_nodes`), kept per thread: recording and dropping a node each changed one
+/// process-wide atomic, a locked read-modify-write of a line every recording thread shares; here each thread adds
+/// to its own counter with a plain load and store (it is the only writer), and a reader sums them. A node dropped
+/// on another thread than the one that made it leaves one count above and one below zero: the sum is right.
+pub(crate) mod live {
+    use parking_lot::Mutex;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicIsize, Ordering};
+
+    /// Every thread's counter that has counted a node, and what threads that ended had left.
+    static COUNTERS: Mutex<Vec<Arc<AtomicIsize>>> = Mutex::new(Vec::new());
+    static ENDED: AtomicIsize = AtomicIsize::new(0);
+
+    /// A thread's counter; at the thread's end its count moves to `ENDED` and the counter leaves the list.
+    struct Local(Arc<AtomicIsize>);
+
+    impl Drop for Local {
+        fn drop(&mut self) {
+            let mut all = COUNTERS.lock();
+            ENDED.fetch_add(self.0.load(Ordering::Relaxed), Ordering::Relaxed);
+            all.retain(|c| !Arc::ptr_eq(c, &self.0));
+        }
+    }
+
+    thread_local! {
+        static LOCAL: Local = {
+            let c = Arc::new(AtomicIsize::new(0));
+            COUNTERS.lock().push(c.clone());
+            Local(c)
+        };
+    }
+
+    /// Adds `d` to this thread's count (to the ended threads' one while this thread is being torn down).
+    pub(crate) fn add(d: isize) {
+        let own = LOCAL.try_with(|l| {
+            // This thread is the counter's only writer: no read-modify-write needed.
+            l.0.store(l.0.load(Ordering::Relaxed) + d, Ordering::Relaxed);
+        });
+        if own.is_err() {
+            ENDED.fetch_add(d, Ordering::Relaxed);
+        }
+    }
+
+    /// Nodes alive now, over every thread.
+    pub(crate) fn count() -> usize {
+        let all = COUNTERS.lock();
+        let sum: isize = all.iter().map(|c| c.load(Ordering::Relaxed)).sum::<isize>() + ENDED.load(Ordering::Relaxed);
+        sum.max(0) as usize
     }
 }
 

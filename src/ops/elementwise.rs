@@ -40,7 +40,7 @@ impl Tensor {
     #[track_caller]
     fn binary(&self, name: &str, rhs: Operand, op: BinaryOp, out: Out, swap: bool) -> Tensor {
         let lhs = Operand::Tensor(self.clone());
-        let (a, b) = if swap { (&rhs, &lhs) } else { (&lhs, &rhs) };
+        let (a, b) = if swap { (rhs, lhs) } else { (lhs, rhs) };
         let mut dtype = result_type(&[a.promotion_key(), b.promotion_key()]);
         if out == Out::Float && !dtype.is_float() {
             dtype = DType::F32;
@@ -50,14 +50,14 @@ impl Tensor {
         if out == Out::Bool
             && dtype == DType::I64
             && !self.device().supports(dtype)
-            && [a, b].iter().all(|o| match o {
+            && [&a, &b].iter().all(|o| match o {
                 Operand::Scalar(s) => i32::try_from(s.as_i64()).is_ok(),
                 Operand::Tensor(_) => true,
             })
         {
             dtype = DType::I32;
         }
-        if let (Operand::Tensor(x), Operand::Tensor(y)) = (a, b)
+        if let (Operand::Tensor(x), Operand::Tensor(y)) = (&a, &b)
             && x.device() != y.device()
         {
             fail!(

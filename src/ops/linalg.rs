@@ -40,7 +40,7 @@ impl Tensor {
         };
         // Shapes, not `Vec`s: inline up to rank 4, so recording a matmul allocates only its nodes.
         let with = |tail: [usize; 2]| -> Shape { batch.dims().iter().copied().chain(tail).collect() };
-        let operand = |t: &Tensor, tail| t.to_dtype(dtype).expand_to("matmul", with(tail).dims());
+        let operand = |t: Tensor, tail| t.cast_expand("matmul", dtype, with(tail).dims());
         let out = if k == 1 {
             // An outer product: `a[.., i, 0] * b[.., 0, j]`, recorded as the broadcast product it is. As a
             // one-term sum it would cost a reduction loop per element and an add of the sum's +0.0 start (kept
@@ -48,17 +48,17 @@ impl Tensor {
             // (`W - lr * g^T x`) paid on every weight. IEEE's exact one-term sum is the product itself. In f16
             // too: the product of two f16 values is exact in f32, so rounding it once to f16 (what an f16 `mul`
             // computes) is what the f32-accumulating GEMM below would return, bar the sign of a zero.
-            operand(&a, [m, k]).mul(operand(&b, [k, n]))
+            operand(a, [m, k]).mul(operand(b, [k, n]))
         } else if dtype.is_half() {
             // f16 or bf16 operands, f32 accumulation, one rounding (PyTorch's half matmul), recorded as what it
             // computes: the product of the operands widened to f32, rounded back. How it runs is the schedule's
             // choice: a backend with a bf16 GEMM reads bf16 operands in place and rounds in its epilogue (rule
             // 2e); elsewhere the widened operands are stored in f32 for the f32 GEMM (rule 2c) and its f32 result is
             // rounded by an elementwise kernel. The copies cost O(MK + KN + MN) against the GEMM's O(MNK).
-            let f32s = |t: &Tensor, tail| t.to_dtype(DType::F32).expand_to("matmul", with(tail).dims());
+            let f32s = |t: Tensor, tail| t.cast_expand("matmul", DType::F32, with(tail).dims());
             let prod = Tensor::from_op(
                 Op::Matmul,
-                smallvec::smallvec![f32s(&a, [m, k]), f32s(&b, [k, n])],
+                smallvec::smallvec![f32s(a, [m, k]), f32s(b, [k, n])],
                 with([m, n]),
                 DType::F32,
             );
@@ -66,7 +66,7 @@ impl Tensor {
         } else {
             Tensor::from_op(
                 Op::Matmul,
-                smallvec::smallvec![operand(&a, [m, k]), operand(&b, [k, n])],
+                smallvec::smallvec![operand(a, [m, k]), operand(b, [k, n])],
                 with([m, n]),
                 dtype,
             )

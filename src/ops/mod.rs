@@ -67,13 +67,15 @@ impl Operand {
         }
     }
 
-    /// This operand as a tensor of `dtype` broadcast to `dims`, on the device of `like`.
+    /// This operand as a tensor of `dtype` broadcast to `dims`, on the device of `like`. By value: a tensor already
+    /// of that dtype and shape (the usual operand) is moved through, not cloned and dropped, since each clone and
+    /// drop of a handle is a locked update of its node's count (a tenth of recording an elementwise op).
     #[track_caller]
-    fn materialize(&self, op: &str, dtype: DType, dims: &[usize], like: &Tensor) -> Tensor {
+    fn materialize(self, op: &str, dtype: DType, dims: &[usize], like: &Tensor) -> Tensor {
         match self {
-            Operand::Tensor(t) => t.to_dtype(dtype).expand_to(op, dims),
+            Operand::Tensor(t) => t.cast_expand(op, dtype, dims),
             Operand::Scalar(s) => Tensor::on_device(
-                Op::Const(*s),
+                Op::Const(s),
                 crate::tensor::Srcs::new(),
                 Shape::new(dims),
                 dtype,
@@ -92,6 +94,15 @@ impl Tensor {
     pub(crate) fn in_f32(&self, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
         let d = self.dtype();
         if d.is_half() { f(&self.to_dtype(DType::F32)).to_dtype(d) } else { f(self) }
+    }
+
+    /// `self` converted to `dtype` and broadcast to `dims`, moved through when it is both already: by value, since
+    /// each clone and drop of a handle is a locked update of its node's count, which recording an op paid several
+    /// times per operand through `to_dtype` and `expand_to`.
+    #[track_caller]
+    pub(crate) fn cast_expand(self, op: &str, dtype: DType, dims: &[usize]) -> Tensor {
+        let t = if self.dtype() == dtype { self } else { self.to_dtype(dtype) };
+        if t.dims() == dims { t } else { t.expand_to(op, dims) }
     }
 
     /// Broadcasts to `dims` (prepending dims of 1, then stretching dims of 1), recording nothing if already there.

@@ -21,7 +21,7 @@ mod donate;
 
 use crate::device::Device;
 use crate::error::Result;
-use crate::tensor::{LIVE_NODES, Node, State, Tensor};
+use crate::tensor::{Node, State, Tensor, live};
 use dashmap::DashMap;
 use kiln_backends::{Buffer, Executable};
 use kiln_jit::{Graph, NodeData, Op, RngKey};
@@ -101,7 +101,7 @@ pub fn stats() -> Stats {
         realizes: REALIZES.load(Ordering::Relaxed),
         cached_plans: PLANS.len(),
         donated_buffers: DONATIONS.load(Ordering::Relaxed),
-        live_nodes: LIVE_NODES.load(Ordering::Relaxed),
+        live_nodes: live::count(),
         tunings: g.tunings,
         tune_hits: g.tune_hits,
         tuned_kernel_compiles: g.kernel_compiles,
