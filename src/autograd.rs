@@ -146,9 +146,12 @@ impl Tensor {
             }
             let s = srcs.as_ref().expect("read");
             if *next < s.len() {
-                let child = s[*next].clone();
+                let child = &s[*next];
                 *next += 1;
-                if child.is_requires_grad() && seen.insert(Arc::as_ptr(&child.node)) {
+                // Cloned only when walked into: an operand seen before (a shared weight) or without a gradient
+                // costs no update of its count.
+                let walk = child.is_requires_grad() && seen.insert(Arc::as_ptr(&child.node));
+                if let Some(child) = walk.then(|| child.clone()) {
                     stack.push((child, None, 0));
                 }
                 continue;
