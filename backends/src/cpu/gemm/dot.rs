@@ -42,7 +42,7 @@ pub unsafe fn dot_gemm(v: &GemmView, cx: &Ctx) {
             unsafe { strip_cols(a.get(), a_rs, b.get(), b_ns, c.get(), (m, n, k), j0, j1) };
         }
     };
-    super::pool::global().parallel_for_work(strips, m * n * k, &run);
+    super::pool::global().parallel_for_work(strips, super::weight_pass_work(m, n, k), &run);
 }
 
 /// Columns `j0..j1` of C, every row: four columns at a time for three rows at a time (the rows left over one by one,

@@ -75,7 +75,7 @@ pub unsafe fn splitk_gemm(v: &GemmView, cx: &Ctx) {
                 }
             }
         };
-        pool.parallel_for_work(parts, m * n * k, &part);
+        pool.parallel_for_work(parts, super::weight_pass_work(m, n, k), &part);
         if parts > 1 {
             let total = m * n;
             let strips = pool.threads().min(total.div_ceil(64)).max(1);
