@@ -184,7 +184,8 @@ pub(crate) mod live {
         }
     }
 
-    /// Nodes alive now, over every thread.
+    /// Nodes alive now, over every thread (exact when no other thread is recording or dropping nodes meanwhile;
+    /// a read racing them may see a count below zero for a moment, clamped to 0).
     pub(crate) fn count() -> usize {
         let all = COUNTERS.lock();
         let sum: isize = all.iter().map(|c| c.load(Ordering::Relaxed)).sum::<isize>() + ENDED.load(Ordering::Relaxed);

@@ -310,31 +310,24 @@ fn live_nodes_count_across_threads() {
     let _serial = serial();
     let x = Tensor::from_vec(vec![1.0f32, 2.0], [2], &dev()).unwrap();
     let base = kiln::stats().live_nodes;
-    let maker = std::thread::spawn({
-        let x = x.clone();
-        move || (0..10).map(|i| &x + f64::from(i)).collect::<Vec<Tensor>>()
-    });
-    let made = maker.join().unwrap();
+    let made: Vec<Tensor> =
+        std::thread::scope(|s| s.spawn(|| (0..10).map(|i| &x + f64::from(i)).collect()).join().unwrap());
     // Each add records a constant node and the add.
     assert_eq!(kiln::stats().live_nodes, base + 20, "nodes of an ended thread still count while alive");
-    let (send, receive) = std::sync::mpsc::channel::<Vec<Tensor>>();
-    let (dropped, done) = std::sync::mpsc::channel::<usize>();
-    let dropper = std::thread::spawn(move || {
-        drop(receive.recv().unwrap());
-        dropped.send(kiln::stats().live_nodes).unwrap();
-        // Still running while the main thread reads the count below.
-        DONE.wait();
+    let read = Barrier::new(2);
+    std::thread::scope(|s| {
+        let dropper = s.spawn(|| {
+            drop(made);
+            let seen = kiln::stats().live_nodes;
+            read.wait(); // still running while the main thread reads the count
+            seen
+        });
+        read.wait();
+        assert_eq!(kiln::stats().live_nodes, base, "dropped on another thread than the one that made them");
+        assert_eq!(dropper.join().unwrap(), base);
     });
-    send.send(made).unwrap();
-    assert_eq!(done.recv().unwrap(), base, "dropped on another thread than the one that made them");
-    assert_eq!(kiln::stats().live_nodes, base);
-    DONE.wait();
-    dropper.join().unwrap();
     assert_eq!(kiln::stats().live_nodes, base, "and after that thread ends too");
 }
-
-/// Holds `live_nodes_count_across_threads`'s dropping thread until the main thread has read the count.
-static DONE: Barrier = Barrier::new(2);
 
 /// (g) A plan whose intermediate buffers are large (a 4 MiB `exp` read by two reductions, so stored) has them
 /// faulted in on another thread while its kernels compile (`cpu/plan.rs`'s `Prefault`), and its first run takes

@@ -69,18 +69,17 @@ fn mode_index(m: Mode) -> usize {
 
 /// The work the pool is told a GEMV-like launch (the dot products, split K) does, for its decision to split it over
 /// threads: its weight's element count times the larger of its rows and [`WEIGHT_PASS_OPS`], not its multiply-adds.
-/// Why: the weight a training step's batch-1 GEMVs read is rewritten by the optimizer's elementwise update, whose
-/// work the pool counts as elements times instructions (about eight for SGD's `w - lr * outer(dy, x)`), and every
-/// kernel touching the weight must make the same choice, or the half that one kernel reads on the other core moves
-/// between the cores' caches each step. Counted as multiply-adds, a 100 x 256 weight's GEMVs ran on the calling
-/// thread while its update split in two: the batch-1 step of a 784-256-100-10 MLP took 46-47 µs, against 37 with
-/// all three split (and 35-36 µs for 784-256-128-10, whose 32768-element weight was at the threshold for both).
+/// Why: the weight a training step's batch-1 GEMVs read is rewritten by the optimizer's elementwise update, and
+/// every kernel touching the weight must make the same choice, or the half that one kernel reads on the other core
+/// moves between the cores' caches each step (docs/benchmarks.md, "Thread pool": a 784-256-100-10 MLP's batch-1
+/// step was 28 % slower so).
 pub(super) fn weight_pass_work(m: usize, n: usize, k: usize) -> usize {
     n.saturating_mul(k).saturating_mul(m.max(WEIGHT_PASS_OPS))
 }
 
-/// Instructions per element the pool's work counts for an elementwise update of a weight (see
-/// [`weight_pass_work`]).
+/// What `KernelIr::work` counts per element for SGD's update `w - lr * outer(dy, x)`: one plus its seven outer
+/// instructions (three loads, the learning rate, two products, the difference). An update with more instructions
+/// (momentum, AdamW) splits at smaller weights than its GEMVs; under ~4K elements, where that costs little.
 pub(super) const WEIGHT_PASS_OPS: usize = 8;
 
 /// A GEMM launch ready to run.
