@@ -205,6 +205,23 @@ fn a_more_thorough_mode_searches_a_lighter_modes_record_again() {
     assert_eq!(run("fast"), (false, true), "fast reuses full records");
 }
 
+/// A search runs each candidate several times (verification, then the timed reps); every run's output goes back to
+/// the host pool for the next, so a search takes fresh memory once per output size, not once per run. Dropped
+/// outputs had been unmapped and faulted in again by every timed run of a large GEMM, and the race compared page
+/// faults. The cold step's fresh buffers with `fast` (which searches) are at most `off`'s (which runs nothing but
+/// the step) plus one per searched key.
+#[test]
+fn a_search_reuses_its_output_buffers() {
+    if std::env::var_os("KILN_WARM_CHILD").is_some() || common::skip_without_avx2() {
+        return;
+    }
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let off = child_in_mode("off", a.path(), None, "off");
+    let fast = child_in_mode("fast", b.path(), None, "fast");
+    assert!(off.tunings == 0 && fast.tunings >= 2, "off: {off:?}, fast: {fast:?}");
+    assert!(fast.fresh <= off.fresh + fast.tunings, "off: {off:?}, fast: {fast:?}");
+}
+
 /// A fast-mode compile searches GEMM keys only within its budget (`KILN_TUNE_BUDGET_MS`); a key past it gets the cost
 /// model's choice, recorded as untuned, and the next compile that meets it searches it.
 #[test]
