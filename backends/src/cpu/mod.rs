@@ -3,6 +3,7 @@
 
 mod blocked;
 mod buffers;
+mod caches;
 mod code;
 mod compiler;
 pub mod gemm;

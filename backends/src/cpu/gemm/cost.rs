@@ -10,7 +10,8 @@
 //! - memory: bytes of packing, C traffic per K block and re-streamed unpacked operands, at a per-thread
 //!   bandwidth of 12 GB/s;
 //! - fit: a B micro-panel over half of L1 (where the tile reads B faster than L2 keeps up: `b_demand`), an A block
-//!   over half of L2 or a B block over a thread's share of L3 cost 20% each;
+//!   over half of L2 or a B block over a thread's share of L3 cost 20% each, a packed B block over half of L2 12%
+//!   (L2 as the host describes it: `cpu::caches`);
 //! - parallel balance: the largest thread's share of tiles.
 
 use super::config::{Bf16Config, Bf16Split, Bf16Unit, GemmConfig, GemmImpl, SKINNY_M, SPLITK_STREAMED_PART_BYTES};
@@ -20,8 +21,13 @@ use kiln_jit::kernel::gemm::GemmView;
 /// GB/s per thread the cost model assumes for operands streamed from memory (a mix of cache and DRAM).
 const BW: f64 = 12.0;
 
-/// Estimated GFLOP/s of `c` on `v` with `threads` threads (see the module doc).
+/// Estimated GFLOP/s of `c` on `v` with `threads` threads on this host (see the module doc).
 pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
+    score_with_l2(v, imp, threads, crate::cpu::caches::l2_bytes())
+}
+
+/// [`score`] for a core with `l2_bytes` of L2.
+pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_bytes: usize) -> f64 {
     const PEAK: f64 = 100.0; // GFLOP/s per core, measured FMA peak here
     let c = match imp {
         // Measured here at 1024^3 on 2 threads: 120 GFLOP/s, 60% of peak; its epilogue is a second pass over C. A
@@ -45,7 +51,7 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
         // The transposed problem's own estimate, less the transpose and the epilogue pass over C: 0.85 ranks it under
         // the direct kernels at 64 rows, where it was timed 3-13 % slower (202 against 208-229 µs at 64 x 256 x 784,
         // `kiln tune --mode full`), and over them at 16 and 32 rows, where it was 10-27 % faster.
-        GemmImpl::Transposed(c) => return 0.85 * score(&v.transposed(), &GemmImpl::Asm(*c), threads),
+        GemmImpl::Transposed(c) => return 0.85 * score_with_l2(&v.transposed(), &GemmImpl::Asm(*c), threads, l2_bytes),
         GemmImpl::Bf16(a) => return bf16_score(v, a, threads),
         GemmImpl::Asm(c) => c,
     };
@@ -80,15 +86,26 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     if kc * nr * 4.0 > 16.0 * 1024.0 && b_demand(c, isa::peak_ratio(c.isa)) > L2_B_BYTES_PER_CYCLE {
         eff *= 0.8;
     }
+    // Parallel split: tiles per thread along the split dimension.
+    let (units, t) = if c.split_m { ((m / mr).ceil(), threads as f64) } else { ((n / nr).ceil(), threads as f64) };
+    let used = t.min(units).max(1.0);
+    let n_part = if c.split_m { n } else { n / used };
+    let m_part = if c.split_m { m / used } else { m };
     if c.pack_a && c.mc as f64 * kc * 4.0 > 256.0 * 1024.0 {
         eff *= 0.8;
     }
     if c.pack_b && kc * c.nc as f64 * 4.0 > 8.0 * 1024.0 * 1024.0 / threads as f64 {
         eff *= 0.8;
     }
-    // Parallel split: tiles per thread along the split dimension.
-    let (units, t) = if c.split_m { ((m / mr).ceil(), threads as f64) } else { ((n / nr).ceil(), threads as f64) };
-    let used = t.min(units).max(1.0);
+    if c.pack_b && kc * n_part.min(c.nc as f64) * 4.0 > l2_bytes as f64 / 2.0 {
+        // A packed B block past half of L2: packing it pushes its own first panels (and the A block) out to L3,
+        // and the row blocks read them back from there. Measured on a 2 MiB-L2 Xeon (`KILN_AUTOTUNE=full` timing
+        // every candidate, a 256 x 784 x 1024 weight gradient, 2 threads, 392-512 columns each): KC 1024 (a 1.6-2
+        // MiB block) 1.87-1.98 ms, KC 256-384 1.69-1.81 ms, for every tile and either A; at 1024 x 256 x 1024
+        // (128 columns each, a 512 KiB block at KC 1024) KC 1024 was the fastest. The model had ranked KC 1024
+        // first in both, for its single pass over C.
+        eff *= 0.88;
+    }
     let balance = (units / used) / (units / used).ceil();
     let batch = v.batch_count() as f64;
     let flops = 2.0 * m * n * k * batch;
@@ -96,8 +113,6 @@ pub fn score(v: &GemmView, imp: &GemmImpl, threads: usize) -> f64 {
     let compute_s = flops / (peak * 1e9 * used * eff * balance.max(0.05));
     // Bytes per thread.
     let kblocks = (k / kc).ceil();
-    let n_part = if c.split_m { n } else { n / used };
-    let m_part = if c.split_m { m / used } else { m };
     // C is read and written once per K block; a thread's C block that stays in L2 costs about an eighth of DRAM
     // traffic (a skinny GEMM's C row, re-read every few k-steps, is such a block).
     let c_block = m_part * n_part * 4.0;
@@ -277,6 +292,41 @@ mod tests {
         assert!(exempt(Isa::Avx512, 8, 3, 1.0) && !exempt(Isa::Avx512, 8, 3, 1.8));
         assert!(exempt(Isa::Avx512, 14, 2, 1.0) && exempt(Isa::Avx512, 14, 2, 1.8));
         assert!(!exempt(Isa::Avx512, 6, 4, 1.0));
+    }
+
+    /// A packed B block past half of L2 is priced (`score`): with 2 MiB of L2, a 256 x 784 x 1024 weight gradient
+    /// (A stored K x M, two threads of 392 columns) ranks K blocks of 384 over 1024, as the race timed them, where
+    /// without the rule (a 64 MiB L2) the single pass over C ranked 1024 first; the 1024 x 256 x 1024 forward GEMM
+    /// (128 columns a thread: a 512 KiB block at KC 1024) keeps KC 1024 first.
+    #[test]
+    fn a_packed_b_block_past_half_of_l2_is_priced() {
+        let tile = |kc: usize, nc: usize, pack_b: bool| {
+            GemmImpl::Asm(GemmConfig {
+                isa: Isa::Avx512,
+                mr: 14,
+                nv: 2,
+                kc,
+                mc: 168,
+                nc,
+                pack_a: false,
+                pack_b,
+                split_m: false,
+                unroll: 4,
+                prefetch: 0,
+            })
+        };
+        let grad = {
+            let v = view(256, 784, 1024);
+            GemmView { a: GemmOperand { rows: 1, cols: 256, ..v.a.clone() }, ..v }
+        };
+        let s = |v: &GemmView, kc: usize, nc: usize, l2: usize| score_with_l2(v, &tile(kc, nc, true), 2, l2);
+        assert!(s(&grad, 384, 1024, 2 << 20) > s(&grad, 1024, 1024, 2 << 20));
+        assert!(s(&grad, 384, 1024, 64 << 20) < s(&grad, 1024, 1024, 64 << 20));
+        let forward = view(1024, 256, 1024);
+        assert!(s(&forward, 1024, 256, 2 << 20) > s(&forward, 384, 256, 2 << 20));
+        // Only packed B is priced so: B read in place scores alike whatever the L2.
+        let in_place = |l2: usize| score_with_l2(&forward, &tile(1024, 256, false), 2, l2);
+        assert_eq!(in_place(256 << 10), in_place(64 << 20));
     }
 
     /// The model's first choice for a batch-1 layer, and for a linear layer (W stored N x K) at 16-64 rows, is a
