@@ -10,7 +10,7 @@
 //! - memory: bytes of packing, C traffic per K block and re-streamed unpacked operands, at a per-thread
 //!   bandwidth of 12 GB/s;
 //! - fit: a B micro-panel over half of L1 (where the tile reads B faster than L2 keeps up: `b_demand`), an A block
-//!   over half of L2 or a B block over a thread's share of L3 cost 20% each, a packed B block over half of L2 12%
+//!   over 256 KiB or a B block over a thread's share of L3 cost 20% each, a packed B block over half of L2 12%
 //!   (L2 as the host describes it: `cpu::caches`);
 //! - parallel balance: the largest thread's share of tiles.
 
@@ -113,10 +113,13 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
     let compute_s = flops / (peak * 1e9 * used * eff * balance.max(0.05));
     // Bytes per thread.
     let kblocks = (k / kc).ceil();
-    // C is read and written once per K block; a thread's C block that stays in L2 costs about an eighth of DRAM
-    // traffic (a skinny GEMM's C row, re-read every few k-steps, is such a block).
+    // C is read and written once per K block; a thread's C block within half of L2 stays there and costs about an
+    // eighth of DRAM traffic (a skinny GEMM's C row, re-read every few k-steps, is such a block). Half of the
+    // host's L2, not a constant: with 2 MiB, 64 x 4096 x 4096 (512 KiB of C a thread) had been priced for 31 passes
+    // over C from memory at K blocks of 256, and the model ranked 1024 first, which ran 10.9-11.5 ms against
+    // 10.2-10.3 with the weights from memory (`KILN_AUTOTUNE=off`'s pick before and after, interleaved).
     let c_block = m_part * n_part * 4.0;
-    let c_weight = if c_block <= 256.0 * 1024.0 { 0.125 } else { 1.0 };
+    let c_weight = if c_block <= l2_bytes as f64 / 2.0 { 0.125 } else { 1.0 };
     let mut bytes = c_weight * c_block * (2.0 * kblocks - 1.0);
     bytes += if c.pack_b { 8.0 * k * n_part } else { 4.0 * k * n_part * (m_part / c.mc as f64).ceil() };
     bytes += if c.pack_a { 8.0 * k * m_part * (n_part / c.nc as f64).ceil() } else { 4.0 * k * m_part };
@@ -326,7 +329,33 @@ mod tests {
         assert!(s(&forward, 1024, 256, 2 << 20) > s(&forward, 384, 256, 2 << 20));
         // Only packed B is priced so: B read in place scores alike whatever the L2.
         let in_place = |l2: usize| score_with_l2(&forward, &tile(1024, 256, false), 2, l2);
-        assert_eq!(in_place(256 << 10), in_place(64 << 20));
+        assert_eq!(in_place(2 << 20), in_place(64 << 20));
+    }
+
+    /// A thread's C block within half of L2 is re-read from there, once per K block, at an eighth of the memory
+    /// cost: with 2 MiB of L2, 64 x 4096 x 4096 (a 512 KiB C block a thread) ranks K blocks of 256 over 1024, as
+    /// they ran with the weights from memory; with 512 KiB of L2 the C traffic of 16 K blocks keeps 1024 first.
+    #[test]
+    fn a_c_block_in_half_of_l2_is_cheap_to_revisit() {
+        let tile = |kc: usize| {
+            GemmImpl::Asm(GemmConfig {
+                isa: Isa::Avx512,
+                mr: 14,
+                nv: 2,
+                kc,
+                mc: 70,
+                nc: 1024,
+                pack_a: false,
+                pack_b: true,
+                split_m: false,
+                unroll: 4,
+                prefetch: 0,
+            })
+        };
+        let v = view(64, 4096, 4096);
+        let s = |kc: usize, l2: usize| score_with_l2(&v, &tile(kc), 2, l2);
+        assert!(s(256, 2 << 20) > s(1024, 2 << 20));
+        assert!(s(256, 512 << 10) < s(1024, 512 << 10));
     }
 
     /// The model's first choice for a batch-1 layer, and for a linear layer (W stored N x K) at 16-64 rows, is a
