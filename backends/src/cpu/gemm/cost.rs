@@ -303,21 +303,7 @@ mod tests {
     /// (128 columns a thread: a 512 KiB block at KC 1024) keeps KC 1024 first.
     #[test]
     fn a_packed_b_block_past_half_of_l2_is_priced() {
-        let tile = |kc: usize, nc: usize, pack_b: bool| {
-            GemmImpl::Asm(GemmConfig {
-                isa: Isa::Avx512,
-                mr: 14,
-                nv: 2,
-                kc,
-                mc: 168,
-                nc,
-                pack_a: false,
-                pack_b,
-                split_m: false,
-                unroll: 4,
-                prefetch: 0,
-            })
-        };
+        let tile = |kc: usize, nc: usize, pack_b: bool| avx512_14x32(kc, 168, nc, pack_b);
         let grad = {
             let v = view(256, 784, 1024);
             GemmView { a: GemmOperand { rows: 1, cols: 256, ..v.a.clone() }, ..v }
@@ -337,25 +323,27 @@ mod tests {
     /// they ran with the weights from memory; with 512 KiB of L2 the C traffic of 16 K blocks keeps 1024 first.
     #[test]
     fn a_c_block_in_half_of_l2_is_cheap_to_revisit() {
-        let tile = |kc: usize| {
-            GemmImpl::Asm(GemmConfig {
-                isa: Isa::Avx512,
-                mr: 14,
-                nv: 2,
-                kc,
-                mc: 70,
-                nc: 1024,
-                pack_a: false,
-                pack_b: true,
-                split_m: false,
-                unroll: 4,
-                prefetch: 0,
-            })
-        };
         let v = view(64, 4096, 4096);
-        let s = |kc: usize, l2: usize| score_with_l2(&v, &tile(kc), 2, l2);
+        let s = |kc: usize, l2: usize| score_with_l2(&v, &avx512_14x32(kc, 70, 1024, true), 2, l2);
         assert!(s(256, 2 << 20) > s(1024, 2 << 20));
         assert!(s(256, 512 << 10) < s(1024, 512 << 10));
+    }
+
+    /// AVX-512's 14 x 32 tile with A read in place, threads splitting the columns.
+    fn avx512_14x32(kc: usize, mc: usize, nc: usize, pack_b: bool) -> GemmImpl {
+        GemmImpl::Asm(GemmConfig {
+            isa: Isa::Avx512,
+            mr: 14,
+            nv: 2,
+            kc,
+            mc,
+            nc,
+            pack_a: false,
+            pack_b,
+            split_m: false,
+            unroll: 4,
+            prefetch: 0,
+        })
     }
 
     /// The model's first choice for a batch-1 layer, and for a linear layer (W stored N x K) at 16-64 rows, is a
