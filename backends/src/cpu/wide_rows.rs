@@ -598,27 +598,30 @@ fn emit(passes: &[Pass], scratch: usize, cols: usize, per_row: bool, isa: Isa) -
     } else {
         dynasm!(ops ; .arch x64 ; vmovups Ry(MASK_REG), [r15]);
     }
-    // Pipelining: where a per-row value follows the row's reductions (log_softmax's `log(sum)`, a layer norm's
-    // `1 / sqrt(var + eps)`), its code is a chain of dependent instructions that the passes after it wait for. The
-    // next row's first pass, which depends on nothing of this row, is emitted right after that value, so the core
-    // reads the next row from memory while the chain runs; it folds into the scratch's other half (r15), and the
-    // halves swap at the row's end. Its operand pointers run a row ahead, stepped after each of its runs.
-    let ahead = match passes.first().map(|p| (p.kind, p.store_out)) {
+    // A row ahead: where a per-row value follows the row's reductions (softmax's `1 / sum`, log_softmax's
+    // `log(sum)`, a layer norm's `1 / sqrt(var + eps)`), the next row's first pass, which reads that row from memory
+    // and depends on nothing of this one, is emitted right after the value, so the next row streams in while this
+    // row's last passes run (softmax 1.34 -> 1.20-1.26 ms at 4096 x 1024; the others measured unchanged, though
+    // their per-row chains are overlapped too). It folds into the scratch's other half (r15), the halves swap at the
+    // row's end, and its operand pointers run a row ahead, stepped after each of its runs. `after`: the pass it
+    // follows.
+    let after = match passes.first().map(|p| (p.kind, p.store_out)) {
         Some((PassKind::Fold(..), false)) => passes.iter().position(|p| matches!(p.kind, PassKind::Finish(_))),
         _ => None,
     };
+    let ahead = after.is_some();
     let first_pass_steps = |ops: &mut Assembler| step_operands(ops, &passes[0], 0, scratch);
-    if ahead.is_some() {
+    if ahead {
         dynasm!(ops ; .arch x64 ; lea r15, [r14 + 4 * SLOTS as i32]);
     }
     dynasm!(ops ; .arch x64 ; test rsi, rsi ; jz =>done);
-    if ahead.is_some() {
+    if ahead {
         emit_pass(&mut ops, vi, &passes[0], 0, scratch, isa, gpr::R14, &mut consts)?;
         first_pass_steps(&mut ops);
     }
     dynasm!(ops ; .arch x64 ; =>row);
     for (pi, pass) in passes.iter().enumerate() {
-        if pi == 0 && ahead.is_some() {
+        if pi == 0 && ahead {
             continue;
         }
         match pass.kind {
@@ -626,7 +629,7 @@ fn emit(passes: &[Pass], scratch: usize, cols: usize, per_row: bool, isa: Isa) -
             PassKind::RowOut => emit_finish(&mut ops, vi, pass, pi, None, &mut consts)?,
             _ => emit_pass(&mut ops, vi, pass, pi, scratch, isa, SCRATCH_REG, &mut consts)?,
         }
-        if ahead == Some(pi) {
+        if after == Some(pi) {
             // The next row's first pass, if there is a next row.
             let last_row = ops.new_dynamic_label();
             dynasm!(ops ; .arch x64 ; cmp rsi, 1 ; je =>last_row);
@@ -637,12 +640,10 @@ fn emit(passes: &[Pass], scratch: usize, cols: usize, per_row: bool, isa: Isa) -
     }
     let out_step = if per_row { 4 } else { 4 * cols as i32 };
     dynasm!(ops ; .arch x64 ; add rdi, out_step);
-    for (pi, pass) in passes.iter().enumerate() {
-        if pi > 0 || ahead.is_none() {
-            step_operands(&mut ops, pass, pi, scratch);
-        }
+    for (pi, pass) in passes.iter().enumerate().skip(usize::from(ahead)) {
+        step_operands(&mut ops, pass, pi, scratch);
     }
-    if ahead.is_some() {
+    if ahead {
         dynasm!(ops ; .arch x64 ; xchg r14, r15);
     }
     dynasm!(ops ; .arch x64 ; dec rsi ; jnz =>row ; =>done);
