@@ -1,8 +1,10 @@
 //! The bf16 GEMM's drivers (`CompiledGemm::run` calls them for a `GemmImpl::Bf16` configuration): the threads split
 //! C into rectangles (`run_bf16_item`: A packed once per thread, B packed per block of columns, every row block of
-//! the rectangle over it, each element of C stored once, after its epilogue) or, for a few rows, split K
-//! (`run_bf16_depth`: per-thread partial sums added and rounded into C). The kernels they call are `bf16`'s.
+//! the rectangle over it, on AMX with a long K in blocks of K; each element of C stored once, after its epilogue)
+//! or, for a few rows, split K (`run_bf16_depth`: per-thread partial sums added and rounded into C). The kernels
+//! they call are `bf16`'s.
 
+use super::asm::MicroFn;
 use super::config::{Bf16Config, Bf16Split};
 use super::{CompiledGemm, Ctx, SCRATCH, bf16, epilogue};
 use crate::cpu::pool;
@@ -26,6 +28,11 @@ impl CompiledGemm {
         ep[1] = cx.uniforms;
         let panel_words = steps * a.nt * bf16::TILE * 32;
         let block_words = mr * steps * bf16::KSTEP;
+        // K in blocks (`generate_bf16`): the kernels of the first and later blocks, the tile stubs.
+        let blocked: Option<[MicroFn; 4]> = match self.table.get(4..BLOCKED_SLOTS) {
+            Some(&[Some(first), Some(next), Some(config), Some(release)]) => Some([first, next, config, release]),
+            _ => None,
+        };
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             // A is packed (`bf16::pack_a`): its rows read in place, a power of two apart, share cache sets (bf16
@@ -49,12 +56,77 @@ impl CompiledGemm {
                     pack(blk, unsafe { apack.add(blk * block_words) });
                 }
             }
+            // Row block `blk`'s packed A.
+            let a_block = |blk: usize| {
+                if once {
+                    // SAFETY: block `blk` of the area packed above.
+                    unsafe { apack.add(blk * block_words) as *const u16 }
+                } else {
+                    pack(blk, apack);
+                    apack as *const u16
+                }
+            };
+            if let Some([_, _, config, _]) = blocked {
+                // SAFETY: the stub only loads the tile configuration; the release below ends it.
+                unsafe { config(std::ptr::null(), std::ptr::null(), std::ptr::null_mut(), 0, std::ptr::null()) };
+            }
             let mut jc = n0;
             while jc < n1 {
                 let nb = (n1 - jc).min(a.nc);
                 let panels = nb.div_ceil(nr);
                 // Scratch is sized in f32s: two bf16 each.
                 let bpack = s.b((panels * panel_words).div_ceil(2)) as *mut u16;
+                if let Some([first, next, _, _]) = blocked {
+                    // K in blocks (`bf16::emit_blocked`): B packed block of K after block, each block's panels
+                    // together; per row block, every block of K into the partial sums, then the epilogue over them.
+                    let kbs = bf16::K_BLOCK_STEPS;
+                    let sums = s.c(panels * mr * nr);
+                    let kb_words = panels * kbs * a.nt * bf16::TILE * 32;
+                    for (kb, k0) in (0..steps).step_by(kbs).enumerate() {
+                        let depth = (v.k - k0 * bf16::KSTEP).min(kbs * bf16::KSTEP);
+                        // SAFETY: as below; block `kb` of the packed B holds `panels` panels of `depth`'s steps.
+                        unsafe {
+                            let src = bbase.offset((bo.b + (k0 * bf16::KSTEP) as i64 * v.b.rows) as isize);
+                            bf16::pack_b(bpack.add(kb * kb_words), src, v.b.rows, v.b.cols, jc, nb, depth, a.nt);
+                        }
+                    }
+                    let mut ic = m0;
+                    while ic < m1 {
+                        let rows = (m1 - ic).min(mr);
+                        let aptr = a_block((ic - m0) / mr);
+                        for (kb, k0) in (0..steps).step_by(kbs).enumerate() {
+                            let ks = (steps - k0).min(kbs);
+                            let f = if kb == 0 { first } else { next };
+                            // SAFETY: A's steps `k0..k0 + ks` (mr rows of 64 bytes a step), block `kb` of the
+                            // packed B, `panels` blocks of partial sums; the tiles are configured.
+                            unsafe {
+                                f(
+                                    aptr.add(k0 * mr * 32) as *const f32,
+                                    bpack.add(kb * kb_words) as *const f32,
+                                    sums,
+                                    ks | panels << 16,
+                                    std::ptr::null(),
+                                )
+                            };
+                        }
+                        let ri = usize::from(rows != mr);
+                        for q in 0..panels {
+                            let n_at = jc + q * nr;
+                            let tail = nb - q * nr < nr;
+                            self.epilogue_operands_in(cx, &bo, ic, n_at, &mut ep);
+                            let f = self.table[ri * 2 + tail as usize]
+                                .unwrap_or_else(|| unreachable!("bf16 epilogue {rows} rows, tail {tail} generated"));
+                            // SAFETY: panel q's finished sums (mr x nr f32); C's rows x nv tile at (ic, n_at).
+                            unsafe {
+                                let cptr = (cx.c as *mut u8).offset((bo.c + (ic * v.n + n_at) as i64) as isize * esz);
+                                f(sums.add(q * mr * nr), std::ptr::null(), cptr as *mut f32, 0, ep.as_ptr());
+                            }
+                        }
+                        ic += rows;
+                    }
+                    jc += nb;
+                    continue;
+                }
                 // SAFETY (packing, pointer arithmetic, calls): the view was recognized from the kernel IR, whose
                 // affine indices stay within each buffer for every (b, m, n, k) in range; the pack areas are sized
                 // as `bf16::pack_b`/`pack_a` require; the kernels read `steps` steps of a packed A block (mr rows of
@@ -65,13 +137,7 @@ impl CompiledGemm {
                 let mut ic = m0;
                 while ic < m1 {
                     let rows = (m1 - ic).min(mr);
-                    let blk = (ic - m0) / mr;
-                    let aptr = if once {
-                        unsafe { apack.add(blk * block_words) as *const u16 }
-                    } else {
-                        pack(blk, apack);
-                        apack as *const u16
-                    };
+                    let aptr = a_block((ic - m0) / mr);
                     let ri = usize::from(rows != mr);
                     for q in 0..panels {
                         let n_at = jc + q * nr;
@@ -94,6 +160,10 @@ impl CompiledGemm {
                     ic += rows;
                 }
                 jc += nb;
+            }
+            if let Some([_, _, _, release]) = blocked {
+                // SAFETY: ends the configuration loaded above.
+                unsafe { release(std::ptr::null(), std::ptr::null(), std::ptr::null_mut(), 0, std::ptr::null()) };
             }
         });
     }
@@ -207,6 +277,10 @@ impl CompiledGemm {
 fn depth_chunk(np: usize) -> usize {
     ((1 << 20) / (np * 2 * bf16::KSTEP)).max(1)
 }
+
+/// Table length of a K-blocked AMX GEMM: the four epilogue kernels (over finished sums), the first and later
+/// K-block kernels, the tile configuration and release stubs.
+pub(super) const BLOCKED_SLOTS: usize = 8;
 
 /// The partial buffers' base (or C's), shared by the threads of one run, which touch disjoint parts of it.
 struct PartialsPtr(*mut f32);

@@ -40,7 +40,7 @@ pub mod tune;
 
 use super::pool;
 use asm::{KernelSet, MicroFn, MicroSpec, Mode};
-use config::{Bf16Config, Bf16Split, GemmConfig, GemmImpl};
+use config::{Bf16Config, Bf16Split, Bf16Unit, GemmConfig, GemmImpl};
 use epilogue::{Epilogue, OperandKind};
 use kiln_jit::DType;
 use kiln_jit::kernel::gemm::GemmView;
@@ -282,6 +282,8 @@ impl CompiledGemm {
         self.ragged = tail_cols % bf16::TILE;
         let units = if a.split == Bf16Split::Rows { v.m.div_ceil(mr) } else { v.n.div_ceil(nr) };
         self.parts = threads.clamp(1, units.max(1));
+        // Long K on AMX: the K-blocked drive (`bf16::emit_blocked`), whose last step is the epilogue over the sums.
+        let blocked = a.unit == Bf16Unit::Amx && v.k.div_ceil(bf16::KSTEP) > bf16::K_BLOCK_STEPS;
         let mut specs = Vec::new();
         let mut slots = Vec::new();
         for (ri, rows) in [(0, mr), (1, v.m % mr)] {
@@ -294,17 +296,34 @@ impl CompiledGemm {
                 }
                 let nv = if tail { tail_cols.div_ceil(bf16::TILE) } else { a.nt };
                 let masked = tail && self.ragged != 0;
-                specs.push(bf16::Bf16Spec { unit: a.unit, mr: a.mr, nt: a.nt, rows, nv, masked, ldc, out_bf16 });
+                let (unit, mr, nt, from_sums) = (a.unit, a.mr, a.nt, blocked);
+                specs.push(bf16::Bf16Spec { unit, mr, nt, rows, nv, masked, ldc, out_bf16, from_sums });
                 slots.push(ri * 2 + tail as usize);
             }
         }
-        let key = format!("bf16|{specs:?}|{program:?}|r{}", asm::REVISION);
-        let set = kernel_set_with(key, specs.len(), cache, || {
-            KernelSet::assemble(specs.len(), |ops, i| bf16::emit(ops, &specs[i], &program))
+        let mt = a.mr / bf16::TILE;
+        let extra: Vec<bf16::BlockedSpec> = if blocked {
+            [true, false].map(|first| bf16::BlockedSpec { mt, nt: a.nt, first }).to_vec()
+        } else {
+            Vec::new()
+        };
+        let key = format!("bf16|{specs:?}|{extra:?}|{program:?}|r{}", asm::REVISION);
+        let (ns, nb) = (specs.len(), extra.len());
+        let count = ns + if blocked { nb + 2 } else { 0 };
+        let set = kernel_set_with(key, count, cache, || {
+            KernelSet::assemble(count, |ops, i| match i {
+                i if i < ns => bf16::emit(ops, &specs[i], &program),
+                i if i < ns + nb => bf16::emit_blocked(ops, &extra[i - ns]),
+                i if i == ns + nb => bf16::emit_tile_config(ops),
+                _ => bf16::emit_tile_release(ops),
+            })
         })?;
-        self.table = vec![None; 4];
+        self.table = vec![None; if blocked { bf16_drive::BLOCKED_SLOTS } else { 4 }];
         for (&slot, &f) in slots.iter().zip(&set.fns) {
             self.table[slot] = Some(f);
+        }
+        for (i, &f) in set.fns[ns..].iter().enumerate() {
+            self.table[4 + i] = Some(f);
         }
         self.set = Some(set);
         Ok(())
@@ -340,7 +359,8 @@ impl CompiledGemm {
     /// epilogue in registers. With several K blocks C holds partial sums first; the library and dot-product
     /// candidates, and a register tile that left its epilogue to a pass, store the product before the pass reads.
     pub fn reads_epilogue_before_store(&self) -> bool {
-        // An AMX kernel keeps its sums in tiles over the whole K and stores each element once, after its epilogue.
+        // A bf16 kernel keeps its sums in tiles, registers or (AMX with K in blocks) a scratch block over the whole
+        // K, and stores each element once, after its epilogue.
         (matches!(self.imp, GemmImpl::Asm(c) if self.view.k <= c.kc) || matches!(self.imp, GemmImpl::Bf16(_)))
             && !self.uses_pass
     }
@@ -746,6 +766,8 @@ struct BatchOffsets {
 struct Scratch {
     a: Vec<f32>,
     b: Vec<f32>,
+    /// The K-blocked AMX drive's partial sums.
+    c: Vec<f32>,
 }
 
 impl Scratch {
@@ -754,6 +776,9 @@ impl Scratch {
     }
     fn b(&mut self, len: usize) -> *mut f32 {
         aligned(&mut self.b, len)
+    }
+    fn c(&mut self, len: usize) -> *mut f32 {
+        aligned(&mut self.c, len)
     }
 }
 
