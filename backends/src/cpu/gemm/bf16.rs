@@ -752,6 +752,14 @@ pub unsafe fn pack_a(
                 continue;
             }
             let n = (depth - k0).min(KSTEP);
+            if cs == 1 && n == KSTEP {
+                // A whole step, one fixed-size copy the compiler inlines rather than a `memmove` call per 64 bytes
+                // (the time is the reads from memory either way: bf16 2048^3 measured the same).
+                // SAFETY: row m holds `depth` contiguous elements (the caller's bounds).
+                let src = unsafe { &*(a.offset((m as i64 * rs + k0 as i64) as isize) as *const [u16; KSTEP]) };
+                row.copy_from_slice(src);
+                continue;
+            }
             if cs == 1 {
                 // SAFETY: row m holds `depth` contiguous elements (the caller's bounds).
                 let src = unsafe { std::slice::from_raw_parts(a.offset((m as i64 * rs + k0 as i64) as isize), n) };

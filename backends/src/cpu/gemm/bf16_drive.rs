@@ -12,10 +12,51 @@ use kiln_jit::DType;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 impl CompiledGemm {
+    /// A packed once for every thread's column strip (`bf16::pack_a`, row blocks split between the threads), where
+    /// several threads run strips of an unbatched GEMM and all of A fits `BF16_A_BYTES`: each strip reads every
+    /// row of A, and each thread had packed all of it (bf16 2048^3 on two threads, 8 MiB a thread: five interleaved
+    /// pairs, median 8.43 -> 8.16 ms). The guard holds the packed blocks, `mr * steps * 32` words each, 64-byte
+    /// aligned, until the strips are done; `None` where the strips pack their own.
+    ///
+    /// # Safety
+    /// `cx.a` must be the view's A buffer (the run's pointer contract).
+    pub(super) unsafe fn pack_bf16_a_shared(&self, a: &Bf16Config, cx: &Ctx) -> Option<SharedA<'_>> {
+        let v = &self.view;
+        let (mr, steps) = (a.mr, v.k.div_ceil(bf16::KSTEP));
+        let (blocks, block_words) = (v.m.div_ceil(mr), mr * steps * bf16::KSTEP);
+        let bytes = (blocks * block_words * 2) as u64;
+        if a.split != Bf16Split::Cols
+            || self.parts < 2
+            || !v.batch.is_empty()
+            || bytes > BF16_A_BYTES.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        let mut buf = self.shared_a.lock();
+        let base = PartialsPtr(super::aligned(&mut buf, (blocks * block_words).div_ceil(2)));
+        let bo = self.batch_offsets(0);
+        let pack = |lo: usize, hi: usize| {
+            let base = &base;
+            for blk in lo..hi {
+                let (ic, rows) = (blk * mr, (v.m - blk * mr).min(mr));
+                // SAFETY: block `blk` of the area sized for `blocks`; rows `ic..ic + rows` of A (the view's affine
+                // indices stay within its buffer).
+                unsafe {
+                    let asrc = (cx.a as *const u16).offset((bo.a + ic as i64 * v.a.rows) as isize);
+                    let dst = (base.0 as *mut u16).add(blk * block_words);
+                    bf16::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, mr, steps);
+                }
+            }
+        };
+        pool::global().parallel_for_work(blocks, blocks * block_words, &pack);
+        let at = base.0 as *const u16;
+        Some(SharedA { _buf: buf, at })
+    }
+
     /// One rectangle of C on the bf16 kernels: batch element and column/row strip `item`. A's row blocks packed
-    /// (`bf16::pack_a`); per block of `nc` columns, B packed into tile pairs (`bf16::pack_b`), then every row block
-    /// of `mr`, one kernel call per panel.
-    pub(super) unsafe fn run_bf16_item(&self, a: &Bf16Config, cx: &Ctx, item: usize) {
+    /// (`bf16::pack_a`, or taken from `shared`); per block of `nc` columns, B packed into tile pairs
+    /// (`bf16::pack_b`), then every row block of `mr`, one kernel call per panel.
+    pub(super) unsafe fn run_bf16_item(&self, a: &Bf16Config, cx: &Ctx, item: usize, shared: Option<&SharedA<'_>>) {
         let v = &self.view;
         let (mr, nr) = (a.mr, a.nr());
         let (bidx, [m0, m1, n0, n1]) = self.item_rect(item, a.split == Bf16Split::Rows, mr, nr);
@@ -40,8 +81,12 @@ impl CompiledGemm {
             // block of B's columns, unless that passes `BF16_A_BYTES`: then one block at a time, repacked per
             // block of columns.
             let blocks = (m1 - m0).div_ceil(mr);
-            let once = (blocks * block_words * 2) as u64 <= BF16_A_BYTES.load(Ordering::Relaxed);
-            let apack = s.a((if once { blocks } else { 1 } * block_words).div_ceil(2)) as *mut u16;
+            let once = shared.is_some() || (blocks * block_words * 2) as u64 <= BF16_A_BYTES.load(Ordering::Relaxed);
+            let apack = match shared {
+                // Column strips start at row 0: the shared blocks are this rectangle's.
+                Some(sh) => sh.at as *mut u16,
+                None => s.a((if once { blocks } else { 1 } * block_words).div_ceil(2)) as *mut u16,
+            };
             let pack = |blk: usize, dst: *mut u16| {
                 let (ic, rows) = (m0 + blk * mr, (m1 - m0 - blk * mr).min(mr));
                 // SAFETY: as below; `dst` holds one block.
@@ -50,7 +95,7 @@ impl CompiledGemm {
                     bf16::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mr, steps);
                 }
             };
-            if once {
+            if once && shared.is_none() {
                 for blk in 0..blocks {
                     // SAFETY: block `blk` of the area sized for `blocks`.
                     pack(blk, unsafe { apack.add(blk * block_words) });
@@ -282,7 +327,17 @@ fn depth_chunk(np: usize) -> usize {
 /// K-block kernels, the tile configuration and release stubs.
 pub(super) const BLOCKED_SLOTS: usize = 8;
 
-/// The partial buffers' base (or C's), shared by the threads of one run, which touch disjoint parts of it.
+/// A packed for every strip ([`CompiledGemm::pack_bf16_a_shared`]): the buffer's lock and the first block.
+pub(super) struct SharedA<'a> {
+    _buf: parking_lot::MutexGuard<'a, Vec<f32>>,
+    at: *const u16,
+}
+
+// SAFETY: the strips only read the packed blocks, which the guard keeps alive and unchanged while they run.
+unsafe impl Sync for SharedA<'_> {}
+
+/// The partial buffers' base (or C's, or the shared packed A's), shared by the threads of one run, which touch
+/// disjoint parts of it.
 struct PartialsPtr(*mut f32);
 
 // SAFETY: see the type's doc: each thread writes its own block (or rows), and the run holds the buffer's lock.

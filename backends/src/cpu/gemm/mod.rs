@@ -102,6 +102,8 @@ pub struct CompiledGemm {
     transposed: Option<Box<CompiledGemm>>,
     /// The K-split AMX GEMM's f32 partial sums, one padded M x N block per thread (allocated when built).
     partials: parking_lot::Mutex<Vec<f32>>,
+    /// The bf16 column strips' shared packed A (`bf16_drive`'s `pack_bf16_a_shared`).
+    shared_a: parking_lot::Mutex<Vec<f32>>,
     /// A patched B's offsets (`view.b.patch` evaluated): one per k-step, one per column.
     b_tables: Option<(Vec<i64>, Vec<i64>)>,
     /// Set by the backend when the epilogue is not in registers.
@@ -182,6 +184,7 @@ impl CompiledGemm {
             parts: 1,
             transposed: None,
             partials: parking_lot::Mutex::new(Vec::new()),
+            shared_a: parking_lot::Mutex::new(Vec::new()),
             b_tables: None,
             pass: None,
             uses_pass: false,
@@ -419,10 +422,12 @@ impl CompiledGemm {
             GemmImpl::Bf16(a) => {
                 let items = self.view.batch_count() * self.parts;
                 let work = (self.view.flops() / 16.0) as usize;
+                // SAFETY: the caller's pointer contract.
+                let shared = unsafe { self.pack_bf16_a_shared(&a, &cx) };
                 let f = |s: usize, e: usize| {
                     for item in s..e {
                         // SAFETY: the caller's pointer contract; items cover disjoint rectangles of C.
-                        unsafe { self.run_bf16_item(&a, &cx, item) };
+                        unsafe { self.run_bf16_item(&a, &cx, item, shared.as_ref()) };
                     }
                 };
                 pool::global().parallel_for_work(items, work, &f);
