@@ -355,24 +355,8 @@ pub fn emit_partial(ops: &mut Assembler, s: &PartialSpec) -> Result<AssemblyOffs
     let cfg = emit_tile_setup(ops, mt);
     let ldc = s.ldc;
     dynasm!(ops ; .arch x64 ; mov r8, ldc);
-    let c_at = |i: usize, j: usize| (i * TILE) as i32 * ldc + (j * 64) as i32;
-    tiles(ops, |t| {
-        for i in 0..mt {
-            for j in 0..nt {
-                let c = (i * nt + j) as u8;
-                if s.first { t.zero(c) } else { t.load(c, gpr::RDX, gpr::R8, c_at(i, j)) }
-            }
-        }
-    });
-    emit_k_loop(ops, mt, nt);
-    tiles(ops, |t| {
-        for i in 0..mt {
-            for j in 0..nt {
-                t.store((i * nt + j) as u8, gpr::RDX, gpr::R8, c_at(i, j));
-            }
-        }
-        t.release();
-    });
+    emit_sums_block(ops, mt, nt, ldc, s.first);
+    tiles(ops, |t| t.release());
     dynasm!(ops ; .arch x64 ; ret);
     emit_config(ops, cfg);
     Ok(start)
@@ -440,23 +424,7 @@ pub fn emit_blocked(ops: &mut Assembler, s: &BlockedSpec) -> Result<AssemblyOffs
         let second = 16 * A_ROW_BYTES;
         dynasm!(ops ; .arch x64 ; lea rax, [r12 + second]);
     }
-    let c_at = |i: usize, j: usize| (i * TILE) as i32 * ldc + (j * 64) as i32;
-    tiles(ops, |t| {
-        for i in 0..mt {
-            for j in 0..nt {
-                let c = (i * nt + j) as u8;
-                if s.first { t.zero(c) } else { t.load(c, gpr::RDX, gpr::R8, c_at(i, j)) }
-            }
-        }
-    });
-    emit_k_loop(ops, mt, nt);
-    tiles(ops, |t| {
-        for i in 0..mt {
-            for j in 0..nt {
-                t.store((i * nt + j) as u8, gpr::RDX, gpr::R8, c_at(i, j));
-            }
-        }
-    });
+    emit_sums_block(ops, mt, nt, ldc, s.first);
     dynasm!(ops ; .arch x64
         ; add rdx, block
         ; dec rbx
@@ -507,6 +475,28 @@ fn emit_tile_setup(ops: &mut Assembler, mt: usize) -> dynasmrt::DynamicLabel {
         dynasm!(ops ; .arch x64 ; lea rax, [rdi + second]);
     }
     cfg
+}
+
+/// A block of f32 partial sums at rdx (rows `ldc` bytes apart, r8 = `ldc`) zeroed (`first`) or loaded into the
+/// accumulator tiles, the K loop's steps added, and stored back: the body of both partial-sum kernels.
+fn emit_sums_block(ops: &mut Assembler, mt: usize, nt: usize, ldc: i32, first: bool) {
+    let c_at = |i: usize, j: usize| (i * TILE) as i32 * ldc + (j * 64) as i32;
+    tiles(ops, |t| {
+        for i in 0..mt {
+            for j in 0..nt {
+                let c = (i * nt + j) as u8;
+                if first { t.zero(c) } else { t.load(c, gpr::RDX, gpr::R8, c_at(i, j)) }
+            }
+        }
+    });
+    emit_k_loop(ops, mt, nt);
+    tiles(ops, |t| {
+        for i in 0..mt {
+            for j in 0..nt {
+                t.store((i * nt + j) as u8, gpr::RDX, gpr::R8, c_at(i, j));
+            }
+        }
+    });
 }
 
 /// The K loop both AMX kernels share: `rcx` steps of A tiles at rdi (and rax), stride r11, and B tiles at rsi,

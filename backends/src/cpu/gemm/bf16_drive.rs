@@ -9,6 +9,7 @@ use super::config::{Bf16Config, Bf16Split};
 use super::{CompiledGemm, Ctx, SCRATCH, bf16, epilogue};
 use crate::cpu::pool;
 use kiln_jit::DType;
+use std::ptr::null;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 impl CompiledGemm {
@@ -64,7 +65,7 @@ impl CompiledGemm {
         let steps = v.k.div_ceil(bf16::KSTEP);
         let esz = if v.out == DType::BF16 { 2 } else { 4 };
         let (abase, bbase) = (cx.a as *const u16, cx.b as *const u16);
-        let mut ep: [*const u8; 2 + epilogue::MAX_OPERANDS] = [std::ptr::null(); 2 + epilogue::MAX_OPERANDS];
+        let mut ep: [*const u8; 2 + epilogue::MAX_OPERANDS] = [null(); 2 + epilogue::MAX_OPERANDS];
         ep[0] = crate::cpu::isa::lane_mask(crate::cpu::isa::Isa::Avx512, self.ragged);
         ep[1] = cx.uniforms;
         let panel_words = steps * a.nt * bf16::TILE * 32;
@@ -111,9 +112,23 @@ impl CompiledGemm {
                     apack as *const u16
                 }
             };
+            // The kernel that stores C's `rows x nr` block at (ic, n_at) (a narrower `tail` one at the last
+            // panel), after its epilogue: `(a, b, k)` are its products' operands, or (K in blocks) the finished sums
+            // and no steps.
+            let mut finish = |ic: usize, rows: usize, n_at: usize, tail: bool, a: *const f32, b: *const f32, k| {
+                self.epilogue_operands_in(cx, &bo, ic, n_at, &mut ep);
+                let f = self.table[usize::from(rows != mr) * 2 + tail as usize]
+                    .unwrap_or_else(|| unreachable!("bf16 kernel {rows} rows, tail {tail} generated"));
+                // SAFETY: C's rows x nv tile at (ic, n_at) lies in C (the view's bounds); the caller's operands are
+                // what the kernel reads.
+                unsafe {
+                    let cptr = (cx.c as *mut u8).offset((bo.c + (ic * v.n + n_at) as i64) as isize * esz);
+                    f(a, b, cptr as *mut f32, k, ep.as_ptr())
+                }
+            };
             if let Some([_, _, config, _]) = blocked {
                 // SAFETY: the stub only loads the tile configuration; the release below ends it.
-                unsafe { config(std::ptr::null(), std::ptr::null(), std::ptr::null_mut(), 0, std::ptr::null()) };
+                unsafe { config(null(), null(), std::ptr::null_mut(), 0, null()) };
             }
             let mut jc = n0;
             while jc < n1 {
@@ -150,22 +165,21 @@ impl CompiledGemm {
                                     bpack.add(kb * kb_words) as *const f32,
                                     sums,
                                     ks | panels << 16,
-                                    std::ptr::null(),
+                                    null(),
                                 )
                             };
                         }
-                        let ri = usize::from(rows != mr);
                         for q in 0..panels {
-                            let n_at = jc + q * nr;
-                            let tail = nb - q * nr < nr;
-                            self.epilogue_operands_in(cx, &bo, ic, n_at, &mut ep);
-                            let f = self.table[ri * 2 + tail as usize]
-                                .unwrap_or_else(|| unreachable!("bf16 epilogue {rows} rows, tail {tail} generated"));
-                            // SAFETY: panel q's finished sums (mr x nr f32); C's rows x nv tile at (ic, n_at).
-                            unsafe {
-                                let cptr = (cx.c as *mut u8).offset((bo.c + (ic * v.n + n_at) as i64) as isize * esz);
-                                f(sums.add(q * mr * nr), std::ptr::null(), cptr as *mut f32, 0, ep.as_ptr());
-                            }
+                            // SAFETY: panel q's finished sums (mr x nr f32).
+                            finish(
+                                ic,
+                                rows,
+                                jc + q * nr,
+                                nb - q * nr < nr,
+                                unsafe { sums.add(q * mr * nr) },
+                                null(),
+                                0,
+                            );
                         }
                         ic += rows;
                     }
@@ -183,24 +197,10 @@ impl CompiledGemm {
                 while ic < m1 {
                     let rows = (m1 - ic).min(mr);
                     let aptr = a_block((ic - m0) / mr);
-                    let ri = usize::from(rows != mr);
                     for q in 0..panels {
-                        let n_at = jc + q * nr;
-                        let tail = nb - q * nr < nr;
-                        self.epilogue_operands_in(cx, &bo, ic, n_at, &mut ep);
-                        let f = self.table[ri * 2 + tail as usize]
-                            .unwrap_or_else(|| unreachable!("bf16 kernel {rows} rows, tail {tail} generated"));
-                        let cptr =
-                            unsafe { (cx.c as *mut u8).offset((bo.c + (ic * v.n + n_at) as i64) as isize * esz) };
-                        unsafe {
-                            f(
-                                aptr as *const f32,
-                                bpack.add(q * panel_words) as *const f32,
-                                cptr as *mut f32,
-                                steps,
-                                ep.as_ptr(),
-                            )
-                        };
+                        // SAFETY: panel q of the packed B (steps steps of nt tiles).
+                        let b = unsafe { bpack.add(q * panel_words) as *const f32 };
+                        finish(ic, rows, jc + q * nr, nb - q * nr < nr, aptr as *const f32, b, steps);
                     }
                     ic += rows;
                 }
@@ -208,7 +208,7 @@ impl CompiledGemm {
             }
             if let Some([_, _, _, release]) = blocked {
                 // SAFETY: ends the configuration loaded above.
-                unsafe { release(std::ptr::null(), std::ptr::null(), std::ptr::null_mut(), 0, std::ptr::null()) };
+                unsafe { release(null(), null(), std::ptr::null_mut(), 0, null()) };
             }
         });
     }
@@ -279,7 +279,7 @@ impl CompiledGemm {
                                         bpack.add(q * panel_words) as *const f32,
                                         c,
                                         c1 - c0,
-                                        std::ptr::null(),
+                                        null(),
                                     );
                                 }
                             }
