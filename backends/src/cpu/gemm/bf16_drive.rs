@@ -8,7 +8,7 @@ use super::asm::MicroFn;
 use super::config::{Bf16Config, Bf16Split};
 use super::{CompiledGemm, Ctx, SCRATCH, bf16, epilogue};
 use crate::cpu::pool;
-use kiln_jit::DType;
+use kiln_jit::{DType, HostBuffer};
 use std::ptr::null;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -17,11 +17,12 @@ impl CompiledGemm {
     /// several threads run strips of an unbatched GEMM and all of A fits `BF16_A_BYTES`: each strip reads every
     /// row of A, and each thread had packed all of it (bf16 2048^3 on two threads, 8 MiB a thread: five interleaved
     /// pairs, median 8.43 -> 8.16 ms). The guard holds the packed blocks, `mr * steps * 32` words each, 64-byte
-    /// aligned, until the strips are done; `None` where the strips pack their own.
+    /// aligned, until the strips are done, then gives the buffer back to the host pool; `None` where the strips
+    /// pack their own.
     ///
     /// # Safety
     /// `cx.a` must be the view's A buffer (the run's pointer contract).
-    pub(super) unsafe fn pack_bf16_a_shared(&self, a: &Bf16Config, cx: &Ctx) -> Option<SharedA<'_>> {
+    pub(super) unsafe fn pack_bf16_a_shared(&self, a: &Bf16Config, cx: &Ctx) -> Option<SharedA> {
         let v = &self.view;
         let (mr, steps) = (a.mr, v.k.div_ceil(bf16::KSTEP));
         let (blocks, block_words) = (v.m.div_ceil(mr), mr * steps * bf16::KSTEP);
@@ -33,8 +34,12 @@ impl CompiledGemm {
         {
             return None;
         }
-        let mut buf = self.shared_a.lock();
-        let base = PartialsPtr(super::aligned(&mut buf, (blocks * block_words).div_ceil(2)));
+        // From the host pool (64-byte aligned, given back when the strips are done), so a search's candidates and a
+        // plan's replays reuse faulted-in memory: a buffer per compiled GEMM took ~15 ms more of the bf16 GPT's
+        // first step (141 -> 153-157 ms), each candidate's first run faulting its pages in.
+        let mut buf = crate::host_pool::take(DType::BF16, blocks * block_words);
+        let HostBuffer::BF16(room) = &mut buf else { unreachable!("host_pool::take gives the dtype asked for") };
+        let base = PartialsPtr(room.spare_capacity_mut().as_mut_ptr() as *mut f32);
         let bo = self.batch_offsets(0);
         let pack = |lo: usize, hi: usize| {
             let base = &base;
@@ -51,13 +56,13 @@ impl CompiledGemm {
         };
         pool::global().parallel_for_work(blocks, blocks * block_words, &pack);
         let at = base.0 as *const u16;
-        Some(SharedA { _buf: buf, at })
+        Some(SharedA { buf: Some(buf), at })
     }
 
     /// One rectangle of C on the bf16 kernels: batch element and column/row strip `item`. A's row blocks packed
     /// (`bf16::pack_a`, or taken from `shared`); per block of `nc` columns, B packed into tile pairs
     /// (`bf16::pack_b`), then every row block of `mr`, one kernel call per panel.
-    pub(super) unsafe fn run_bf16_item(&self, a: &Bf16Config, cx: &Ctx, item: usize, shared: Option<&SharedA<'_>>) {
+    pub(super) unsafe fn run_bf16_item(&self, a: &Bf16Config, cx: &Ctx, item: usize, shared: Option<&SharedA>) {
         let v = &self.view;
         let (mr, nr) = (a.mr, a.nr());
         let (bidx, [m0, m1, n0, n1]) = self.item_rect(item, a.split == Bf16Split::Rows, mr, nr);
@@ -327,14 +332,22 @@ fn depth_chunk(np: usize) -> usize {
 /// K-block kernels, the tile configuration and release stubs.
 pub(super) const BLOCKED_SLOTS: usize = 8;
 
-/// A packed for every strip ([`CompiledGemm::pack_bf16_a_shared`]): the buffer's lock and the first block.
-pub(super) struct SharedA<'a> {
-    _buf: parking_lot::MutexGuard<'a, Vec<f32>>,
+/// A packed for every strip ([`CompiledGemm::pack_bf16_a_shared`]): the buffer and its first block.
+pub(super) struct SharedA {
+    buf: Option<HostBuffer>,
     at: *const u16,
 }
 
+impl Drop for SharedA {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            crate::host_pool::give(b);
+        }
+    }
+}
+
 // SAFETY: the strips only read the packed blocks, which the guard keeps alive and unchanged while they run.
-unsafe impl Sync for SharedA<'_> {}
+unsafe impl Sync for SharedA {}
 
 /// The partial buffers' base (or C's, or the shared packed A's), shared by the threads of one run, which touch
 /// disjoint parts of it.

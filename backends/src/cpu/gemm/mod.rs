@@ -102,8 +102,6 @@ pub struct CompiledGemm {
     transposed: Option<Box<CompiledGemm>>,
     /// The K-split AMX GEMM's f32 partial sums, one padded M x N block per thread (allocated when built).
     partials: parking_lot::Mutex<Vec<f32>>,
-    /// The bf16 column strips' shared packed A (`bf16_drive`'s `pack_bf16_a_shared`).
-    shared_a: parking_lot::Mutex<Vec<f32>>,
     /// A patched B's offsets (`view.b.patch` evaluated): one per k-step, one per column.
     b_tables: Option<(Vec<i64>, Vec<i64>)>,
     /// Set by the backend when the epilogue is not in registers.
@@ -184,7 +182,6 @@ impl CompiledGemm {
             parts: 1,
             transposed: None,
             partials: parking_lot::Mutex::new(Vec::new()),
-            shared_a: parking_lot::Mutex::new(Vec::new()),
             b_tables: None,
             pass: None,
             uses_pass: false,
