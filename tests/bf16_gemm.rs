@@ -174,6 +174,12 @@ fn bf16_epilogues_layouts_and_batches_match_the_interpreter() {
     let a = bf16_rand(&[3, m, k], 6);
     let b = bf16_rand(&[3, k, n], 7);
     check_bf16_candidates("batched", &a.matmul(&b));
+    // Few rows against a B larger than L2 (`bf16_drive::k_outer_fits`): K blocks outermost over each thread's whole
+    // strip, here with the L2 taken as 64 KiB (B 84 KB; 19 steps of K, the last ragged, in blocks of 8, 8 and 3).
+    kiln_backends::cpu::gemm::set_bf16_k_outer_l2(64 << 10);
+    check_bf16_candidates("K outermost", &bf16_rand(&[m, 600], 13).matmul(&bf16_rand(&[600, n], 14)).relu());
+    check_bf16_candidates("K outermost, batched", &bf16_rand(&[2, m, 600], 15).matmul(&bf16_rand(&[2, 600, n], 16)));
+    kiln_backends::cpu::gemm::set_bf16_k_outer_l2(0);
     // A packed one row block at a time (a problem past the packed-A limit), here on a small one.
     kiln_backends::cpu::gemm::set_bf16_a_limit(1);
     check_bf16_candidates("A per block", &a.matmul(&b));
