@@ -6,14 +6,14 @@
 
 use super::asm::MicroFn;
 use super::config::{Bf16Config, Bf16Split};
-use super::{CompiledGemm, Ctx, SCRATCH, bf16, epilogue};
+use super::{CompiledGemm, Ctx, SCRATCH, bf16, bf16_pack, epilogue};
 use crate::cpu::pool;
 use kiln_jit::{DType, HostBuffer};
 use std::ptr::null;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 impl CompiledGemm {
-    /// A packed once for every thread's column strip (`bf16::pack_a`, row blocks split between the threads), where
+    /// A packed once for every thread's column strip (`bf16_pack::pack_a`, row blocks split between the threads), where
     /// several threads run strips of an unbatched GEMM and all of A fits `BF16_A_BYTES`: each strip reads every
     /// row of A, and each thread had packed all of it (bf16 2048^3 on two threads, 8 MiB a thread: five interleaved
     /// pairs, median 8.43 -> 8.16 ms). The guard holds the packed blocks, `mr * steps * 32` words each, 64-byte
@@ -50,7 +50,7 @@ impl CompiledGemm {
                 unsafe {
                     let asrc = (cx.a as *const u16).offset((bo.a + ic as i64 * v.a.rows) as isize);
                     let dst = (base.0 as *mut u16).add(blk * block_words);
-                    bf16::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, mr, steps);
+                    bf16_pack::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, mr, steps);
                 }
             }
         };
@@ -60,8 +60,8 @@ impl CompiledGemm {
     }
 
     /// One rectangle of C on the bf16 kernels: batch element and column/row strip `item`. A's row blocks packed
-    /// (`bf16::pack_a`, or taken from `shared`); per block of `nc` columns, B packed into tile pairs
-    /// (`bf16::pack_b`), then every row block of `mr`, one kernel call per panel.
+    /// (`bf16_pack::pack_a`, or taken from `shared`); per block of `nc` columns, B packed into tile pairs
+    /// (`bf16_pack::pack_b`), then every row block of `mr`, one kernel call per panel.
     pub(super) unsafe fn run_bf16_item(&self, a: &Bf16Config, cx: &Ctx, item: usize, shared: Option<&SharedA>) {
         let v = &self.view;
         let (mr, nr) = (a.mr, a.nr());
@@ -82,7 +82,7 @@ impl CompiledGemm {
         };
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            // A is packed (`bf16::pack_a`): its rows read in place, a power of two apart, share cache sets (bf16
+            // A is packed (`bf16_pack::pack_a`): its rows read in place, a power of two apart, share cache sets (bf16
             // 2048^3, 2 threads: 7.9-8.5 ms packed against 9.8-9.9 in place). Every row block once, here, for every
             // block of B's columns, unless that passes `BF16_A_BYTES`: then one block at a time, repacked per
             // block of columns.
@@ -98,7 +98,7 @@ impl CompiledGemm {
                 // SAFETY: as below; `dst` holds one block.
                 unsafe {
                     let asrc = abase.offset((bo.a + ic as i64 * v.a.rows) as isize);
-                    bf16::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mr, steps);
+                    bf16_pack::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mr, steps);
                 }
             };
             if once && shared.is_none() {
@@ -151,7 +151,7 @@ impl CompiledGemm {
                     // `ks` steps.
                     unsafe {
                         let src = bbase.offset((bo.b + (k0 * bf16::KSTEP) as i64 * v.b.rows) as isize);
-                        bf16::pack_b(bpack, src, v.b.rows, v.b.cols, n0, n1 - n0, depth, a.nt);
+                        bf16_pack::pack_b(bpack, src, v.b.rows, v.b.cols, n0, n1 - n0, depth, a.nt);
                     }
                     let f = if kb == 0 { first } else { next };
                     for ib in 0..row_blocks {
@@ -192,7 +192,7 @@ impl CompiledGemm {
                         // SAFETY: as below; block `kb` of the packed B holds `panels` panels of `depth`'s steps.
                         unsafe {
                             let src = bbase.offset((bo.b + (k0 * bf16::KSTEP) as i64 * v.b.rows) as isize);
-                            bf16::pack_b(bpack.add(kb * kb_words), src, v.b.rows, v.b.cols, jc, nb, depth, a.nt);
+                            bf16_pack::pack_b(bpack.add(kb * kb_words), src, v.b.rows, v.b.cols, jc, nb, depth, a.nt);
                         }
                     }
                     let mut ic = m0;
@@ -233,10 +233,10 @@ impl CompiledGemm {
                 }
                 // SAFETY (packing, pointer arithmetic, calls): the view was recognized from the kernel IR, whose
                 // affine indices stay within each buffer for every (b, m, n, k) in range; the pack areas are sized
-                // as `bf16::pack_b`/`pack_a` require; the kernels read `steps` steps of a packed A block (mr rows of
-                // 64 bytes a step) and of the panel, and write a rows x nv tile of C.
+                // as `bf16_pack::pack_b`/`pack_a` require; the kernels read `steps` steps of a packed A block (mr
+                // rows of 64 bytes a step) and of the panel, and write a rows x nv tile of C.
                 unsafe {
-                    bf16::pack_b(bpack, bbase.offset(bo.b as isize), v.b.rows, v.b.cols, jc, nb, v.k, a.nt);
+                    bf16_pack::pack_b(bpack, bbase.offset(bo.b as isize), v.b.rows, v.b.cols, jc, nb, v.k, a.nt);
                 }
                 let mut ic = m0;
                 while ic < m1 {
@@ -302,7 +302,7 @@ impl CompiledGemm {
                         // mr rows of at most `chunk` steps); each kernel reads `c1 - c0` steps of its A rows and B
                         // panel and writes a whole tile block of the padded partials.
                         unsafe {
-                            bf16::pack_b(
+                            bf16_pack::pack_b(
                                 bpack,
                                 bbase.offset(k0 as isize * v.b.rows as isize),
                                 v.b.rows,
@@ -316,7 +316,7 @@ impl CompiledGemm {
                                 let rows = (v.m - ib * mr).min(mr);
                                 let asrc = abase
                                     .offset((ib * mr) as isize * v.a.rows as isize + k0 as isize * v.a.cols as isize);
-                                bf16::pack_a(apack, asrc, v.a.rows, v.a.cols, rows, depth, a.mr, c1 - c0);
+                                bf16_pack::pack_a(apack, asrc, v.a.rows, v.a.cols, rows, depth, a.mr, c1 - c0);
                                 for q in 0..np / nr {
                                     let c = part.add(ib * mr * np + q * nr);
                                     f(

@@ -25,6 +25,7 @@ pub mod asm;
 pub(crate) mod asm512;
 pub mod bf16;
 mod bf16_drive;
+mod bf16_pack;
 pub use bf16_drive::{set_bf16_a_limit, set_bf16_k_outer_l2};
 pub mod config;
 pub mod cost;
