@@ -154,6 +154,9 @@ fn bf16_epilogues_layouts_and_batches_match_the_interpreter() {
     // K of 10 steps, the last ragged: AMX runs it in blocks of K (`bf16::K_BLOCK_STEPS`), the epilogue over the
     // finished sums; the next test's K of 3 steps runs the one-block kernels.
     let (m, n, k) = (40, 70, 300);
+    // Column strips share one packed A here whatever its size (`set_bf16_shared_a_min`); the other tests run the
+    // default, where A this small is packed by each strip.
+    kiln_backends::cpu::gemm::set_bf16_shared_a_min(0);
     let x = bf16_rand(&[m, k], 3);
     let w = bf16_rand(&[n, k], 4);
     let bias = bf16_rand(&[n], 5);
@@ -185,6 +188,7 @@ fn bf16_epilogues_layouts_and_batches_match_the_interpreter() {
     check_bf16_candidates("A per block", &a.matmul(&b));
     kiln_backends::cpu::gemm::set_bf16_a_limit(32 << 20);
     check_bf16_candidates("A transposed", &bf16_rand(&[k, m], 8).t().matmul(&bf16_rand(&[k, n], 9)));
+    kiln_backends::cpu::gemm::set_bf16_shared_a_min(512 << 10);
 }
 
 #[cfg(feature = "cpu")]

@@ -31,6 +31,7 @@ impl CompiledGemm {
             || self.parts < 2
             || !v.batch.is_empty()
             || bytes > BF16_A_BYTES.load(Ordering::Relaxed)
+            || bytes < SHARED_A_MIN_BYTES.load(Ordering::Relaxed)
         {
             return None;
         }
@@ -419,6 +420,20 @@ static BF16_A_BYTES: AtomicU64 = AtomicU64::new(32 << 20);
 #[doc(hidden)]
 pub fn set_bf16_a_limit(bytes: u64) {
     BF16_A_BYTES.store(bytes, Ordering::Relaxed);
+}
+
+/// Bytes of packed A under which the column strips pack their own A rather than share one
+/// ([`CompiledGemm::pack_bf16_a_shared`]): sharing costs one more launch of the pool's threads, which a small A's
+/// packing does not repay (the bf16 MLP step at batch 32, whose A are 50 KB at most, three interleaved runs: 220-251
+/// µs before the sharing, 228-264 with every A shared, 219-226 with this floor). 512 KiB, lowered by
+/// [`set_bf16_shared_a_min`].
+static SHARED_A_MIN_BYTES: AtomicU64 = AtomicU64::new(512 << 10);
+
+/// Sets the size under which bf16 column strips pack their own A (tests lower it to share A on small problems;
+/// both paths compute the same values).
+#[doc(hidden)]
+pub fn set_bf16_shared_a_min(bytes: u64) {
+    SHARED_A_MIN_BYTES.store(bytes, Ordering::Relaxed);
 }
 
 /// The L2 size [`k_outer_fits`] plans with: the host's (`cpu::caches`), unless [`set_bf16_k_outer_l2`] set one.

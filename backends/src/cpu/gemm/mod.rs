@@ -26,7 +26,7 @@ pub(crate) mod asm512;
 pub mod bf16;
 mod bf16_drive;
 mod bf16_pack;
-pub use bf16_drive::{set_bf16_a_limit, set_bf16_k_outer_l2};
+pub use bf16_drive::{set_bf16_a_limit, set_bf16_k_outer_l2, set_bf16_shared_a_min};
 pub mod config;
 pub mod cost;
 mod dot;
