@@ -345,9 +345,7 @@ pub struct PartialSpec {
 /// Emits one [`PartialSpec`] kernel (`asm::MicroFn`'s contract; `ep` is not read) and returns its offset.
 pub fn emit_partial(ops: &mut Assembler, s: &PartialSpec) -> Result<AssemblyOffset, String> {
     let (mt, nt) = (s.mt, s.nt);
-    if !(1..=2).contains(&mt) || !(1..=2).contains(&nt) {
-        return Err(format!("AMX tile {}x{}", TILE * mt, TILE * nt));
-    }
+    check_amx_block(mt, nt)?;
     let start = ops.offset();
     let cfg = emit_tile_setup(ops, mt);
     let ldc = s.ldc;
@@ -365,10 +363,10 @@ pub fn emit_partial(ops: &mut Assembler, s: &PartialSpec) -> Result<AssemblyOffs
 /// partial sums (`16 * mt` contiguous rows of `16 * nt` floats, panel after panel) is zeroed (`first`) or loaded,
 /// the steps added, and the block stored back.
 ///
-/// Contract: `asm::MicroFn`'s `(a, b, c, k, ep)` with `k` = steps | panels << 16; B's panels follow each other, each
-/// `steps` steps of `nt` tiles (the layout `bf16_pack::pack_b` writes for that block of K's rows); `ep` is not read.
-/// The tiles must be configured (by [`emit_tile_config`]'s stub) before the first call and released after the last:
-/// a configuration and release per call measured 30-40 ns, a tenth of one panel's 32 products.
+/// Contract: `asm::MicroFn`'s `(a, b, c, k, ep)` with `k` = [`blocked_k`]`(steps, panels)`; B's panels follow each
+/// other, each `steps` steps of `nt` tiles (the layout `bf16_pack::pack_b` writes for that block of K's rows); `ep`
+/// is not read. The tiles must be configured (by [`emit_tile_config`]'s stub) before the first call and released
+/// after the last: a configuration and release per call measured 30-40 ns, a tenth of one panel's 32 products.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BlockedSpec {
     pub mt: usize,
@@ -380,12 +378,17 @@ pub struct BlockedSpec {
 /// B's tiles in flight.
 pub const K_BLOCK_STEPS: usize = 8;
 
+/// The `k` argument of a [`BlockedSpec`] kernel: `steps` (of 32, below 2^16) and `panels` in one word, which the
+/// kernel splits.
+pub fn blocked_k(steps: usize, panels: usize) -> usize {
+    debug_assert!(steps < 1 << 16);
+    steps | panels << 16
+}
+
 /// Emits one [`BlockedSpec`] kernel and returns its offset.
 pub fn emit_blocked(ops: &mut Assembler, s: &BlockedSpec) -> Result<AssemblyOffset, String> {
     let (mt, nt) = (s.mt, s.nt);
-    if !(1..=2).contains(&mt) || !(1..=2).contains(&nt) {
-        return Err(format!("AMX tile {}x{}", TILE * mt, TILE * nt));
-    }
+    check_amx_block(mt, nt)?;
     let start = ops.offset();
     let ldc = (nt * 64) as i32;
     let block = (mt * nt * B_TILE_BYTES) as i32;
@@ -396,8 +399,9 @@ pub fn emit_blocked(ops: &mut Assembler, s: &BlockedSpec) -> Result<AssemblyOffs
         ; push rbx
         ; push r12
         ; push r13
-        ; mov r11, A_ROW_BYTES
-        ; mov r9, 64
+    );
+    emit_strides(ops);
+    dynasm!(ops ; .arch x64
         ; mov r8, ldc
         ; mov rbx, rcx
         ; shr rbx, 16
@@ -437,9 +441,7 @@ pub fn emit_blocked(ops: &mut Assembler, s: &BlockedSpec) -> Result<AssemblyOffs
 /// The stub that configures the tiles for [`emit_blocked`]'s kernels (the palette every kernel here uses).
 pub fn emit_tile_config(ops: &mut Assembler) -> Result<AssemblyOffset, String> {
     let start = ops.offset();
-    let cfg = ops.new_dynamic_label();
-    dynasm!(ops ; .arch x64 ; lea r10, [=>cfg]);
-    tiles(ops, |t| t.config(gpr::R10));
+    let cfg = emit_load_config(ops);
     dynasm!(ops ; .arch x64 ; ret);
     emit_config(ops, cfg);
     Ok(start)
@@ -460,18 +462,38 @@ const A_ROW_BYTES: i32 = 64;
 /// The set-up both AMX kernels share: the tile configuration loaded (from the label returned, which the caller
 /// places with [`emit_config`]), A's row stride in r11 and the second A tile's address in rax, B's in r9.
 fn emit_tile_setup(ops: &mut Assembler, mt: usize) -> dynasmrt::DynamicLabel {
-    let cfg = ops.new_dynamic_label();
-    dynasm!(ops ; .arch x64 ; lea r10, [=>cfg]);
-    tiles(ops, |t| t.config(gpr::R10));
-    dynasm!(ops ; .arch x64
-        ; mov r11, A_ROW_BYTES
-        ; mov r9, 64
-    );
+    let cfg = emit_load_config(ops);
+    emit_strides(ops);
     if mt == 2 {
         let second = 16 * A_ROW_BYTES;
         dynasm!(ops ; .arch x64 ; lea rax, [rdi + second]);
     }
     cfg
+}
+
+/// Loads the tile configuration from the label returned (placed by the caller with [`emit_config`]).
+fn emit_load_config(ops: &mut Assembler) -> dynasmrt::DynamicLabel {
+    let cfg = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64 ; lea r10, [=>cfg]);
+    tiles(ops, |t| t.config(gpr::R10));
+    cfg
+}
+
+/// The K loop's tile strides: A's rows (r11) and B's (r9), 64 bytes each.
+fn emit_strides(ops: &mut Assembler) {
+    dynasm!(ops ; .arch x64
+        ; mov r11, A_ROW_BYTES
+        ; mov r9, 64
+    );
+}
+
+/// `mt x nt` accumulator tiles, within the 4 the kernels hold.
+fn check_amx_block(mt: usize, nt: usize) -> Result<(), String> {
+    if (1..=2).contains(&mt) && (1..=2).contains(&nt) {
+        Ok(())
+    } else {
+        Err(format!("AMX tile {}x{}", TILE * mt, TILE * nt))
+    }
 }
 
 /// A block of f32 partial sums at rdx (rows `ldc` bytes apart, r8 = `ldc`) zeroed (`first`) or loaded into the

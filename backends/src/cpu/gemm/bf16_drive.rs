@@ -9,7 +9,7 @@ use super::config::{Bf16Config, Bf16Split};
 use super::{CompiledGemm, Ctx, SCRATCH, bf16, bf16_pack, epilogue};
 use crate::cpu::pool;
 use kiln_jit::{DType, HostBuffer};
-use std::ptr::null;
+use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 impl CompiledGemm {
@@ -41,23 +41,32 @@ impl CompiledGemm {
         let mut buf = crate::host_pool::take(DType::BF16, blocks * block_words);
         let HostBuffer::BF16(room) = &mut buf else { unreachable!("host_pool::take gives the dtype asked for") };
         let base = PartialsPtr(room.spare_capacity_mut().as_mut_ptr() as *mut f32);
-        let bo = self.batch_offsets(0);
+        let a0 = self.batch_offsets(0).a;
         let pack = |lo: usize, hi: usize| {
             let base = &base;
             for blk in lo..hi {
-                let (ic, rows) = (blk * mr, (v.m - blk * mr).min(mr));
-                // SAFETY: block `blk` of the area sized for `blocks`; rows `ic..ic + rows` of A (the view's affine
-                // indices stay within its buffer).
-                unsafe {
-                    let asrc = (cx.a as *const u16).offset((bo.a + ic as i64 * v.a.rows) as isize);
-                    let dst = (base.0 as *mut u16).add(blk * block_words);
-                    bf16_pack::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, mr, steps);
-                }
+                // SAFETY: block `blk` of the area sized for `blocks`; the caller's pointer contract.
+                unsafe { self.pack_a_rows(a, cx, a0, blk * mr, v.m, (base.0 as *mut u16).add(blk * block_words)) };
             }
         };
         pool::global().parallel_for_work(blocks, blocks * block_words, &pack);
         let at = base.0 as *const u16;
         Some(SharedA { buf: Some(buf), at })
+    }
+
+    /// Packs the row block of A from row `ic` (up to `mr` rows, none past `m_end`) of the batch element whose A
+    /// starts at element `a0` into `dst` (`bf16_pack::pack_a`'s layout, all of K).
+    ///
+    /// # Safety
+    /// `cx.a` must be the view's A buffer; `dst` must hold `mr * steps * 32` u16.
+    unsafe fn pack_a_rows(&self, a: &Bf16Config, cx: &Ctx, a0: i64, ic: usize, m_end: usize, dst: *mut u16) {
+        let v = &self.view;
+        let rows = (m_end - ic).min(a.mr);
+        // SAFETY: rows `ic..ic + rows` of A lie in its buffer (the view's affine indices); `dst` as the caller says.
+        unsafe {
+            let src = (cx.a as *const u16).offset((a0 + ic as i64 * v.a.rows) as isize);
+            bf16_pack::pack_a(dst, src, v.a.rows, v.a.cols, rows, v.k, a.mr, v.k.div_ceil(bf16::KSTEP));
+        }
     }
 
     /// One rectangle of C on the bf16 kernels: batch element and column/row strip `item`. A's row blocks packed
@@ -70,11 +79,13 @@ impl CompiledGemm {
         let bo = self.batch_offsets(bidx);
         let steps = v.k.div_ceil(bf16::KSTEP);
         let esz = if v.out == DType::BF16 { 2 } else { 4 };
-        let (abase, bbase) = (cx.a as *const u16, cx.b as *const u16);
+        let bbase = cx.b as *const u16;
         let mut ep: [*const u8; 2 + epilogue::MAX_OPERANDS] = [null(); 2 + epilogue::MAX_OPERANDS];
         ep[0] = crate::cpu::isa::lane_mask(crate::cpu::isa::Isa::Avx512, self.ragged);
         ep[1] = cx.uniforms;
-        let panel_words = steps * a.nt * bf16::TILE * 32;
+        // u16 words of one step of a panel (`nt` tiles of 16 x 32), and of a whole-K panel.
+        let step_words = a.nt * bf16::TILE * bf16::KSTEP;
+        let panel_words = steps * step_words;
         let block_words = mr * steps * bf16::KSTEP;
         // K in blocks (`generate_bf16`): the kernels of the first and later blocks, the tile stubs.
         let blocked: Option<[MicroFn; 4]> = match self.table.get(4..BLOCKED_SLOTS) {
@@ -94,12 +105,15 @@ impl CompiledGemm {
                 Some(sh) => sh.at as *mut u16,
                 None => s.a((if once { blocks } else { 1 } * block_words).div_ceil(2)) as *mut u16,
             };
-            let pack = |blk: usize, dst: *mut u16| {
-                let (ic, rows) = (m0 + blk * mr, (m1 - m0 - blk * mr).min(mr));
-                // SAFETY: as below; `dst` holds one block.
+            // SAFETY: the run's pointer contract; `dst` holds one block.
+            let pack = |blk: usize, dst: *mut u16| unsafe { self.pack_a_rows(a, cx, bo.a, m0 + blk * mr, m1, dst) };
+            // B's rows `k0..k0 + depth`, columns `j0..j0 + cols`, packed into `dst` (`bf16_pack::pack_b`).
+            let pack_b = |dst: *mut u16, k0: usize, depth: usize, j0: usize, cols: usize| {
+                // SAFETY: the view's affine indices keep those rows and columns of B in its buffer; each caller's
+                // `dst` holds what `pack_b` writes for them.
                 unsafe {
-                    let asrc = abase.offset((bo.a + ic as i64 * v.a.rows) as isize);
-                    bf16_pack::pack_a(dst, asrc, v.a.rows, v.a.cols, rows, v.k, a.mr, steps);
+                    let src = bbase.offset((bo.b + k0 as i64 * v.b.rows) as isize);
+                    bf16_pack::pack_b(dst, src, v.b.rows, v.b.cols, j0, cols, depth, a.nt);
                 }
             };
             if once && shared.is_none() {
@@ -134,7 +148,7 @@ impl CompiledGemm {
             };
             if let Some([_, _, config, _]) = blocked {
                 // SAFETY: the stub only loads the tile configuration; the release below ends it.
-                unsafe { config(null(), null(), std::ptr::null_mut(), 0, null()) };
+                unsafe { config(null(), null(), null_mut(), 0, null()) };
             }
             // K in blocks with few rows: block of K outermost, over the whole strip (see `k_outer_fits`).
             if let Some([first, next, _, release]) = blocked
@@ -145,22 +159,18 @@ impl CompiledGemm {
                 let (row_blocks, panels) = ((m1 - m0).div_ceil(mr), (n1 - n0).div_ceil(nr));
                 let block_sums = panels * mr * nr;
                 let sums = s.c(row_blocks * block_sums);
-                let bpack = s.b((panels * kbs * a.nt * bf16::TILE * 32).div_ceil(2)) as *mut u16;
+                let bpack = s.b((panels * kbs * step_words).div_ceil(2)) as *mut u16;
                 for (kb, k0) in (0..steps).step_by(kbs).enumerate() {
                     let (ks, depth) = ((steps - k0).min(kbs), (v.k - k0 * bf16::KSTEP).min(kbs * bf16::KSTEP));
-                    // SAFETY: rows k0 * 32.. of B's strip (the view's bounds); the area holds `panels` panels of
-                    // `ks` steps.
-                    unsafe {
-                        let src = bbase.offset((bo.b + (k0 * bf16::KSTEP) as i64 * v.b.rows) as isize);
-                        bf16_pack::pack_b(bpack, src, v.b.rows, v.b.cols, n0, n1 - n0, depth, a.nt);
-                    }
+                    // The area holds `panels` panels of `ks` steps.
+                    pack_b(bpack, k0 * bf16::KSTEP, depth, n0, n1 - n0);
                     let f = if kb == 0 { first } else { next };
                     for ib in 0..row_blocks {
                         // SAFETY: A's steps `k0..k0 + ks` of row block `ib`, this block of K's packed B, row block
                         // `ib`'s partial sums (`panels` blocks); the tiles are configured.
                         unsafe {
                             let at = a_block(ib).add(k0 * mr * 32) as *const f32;
-                            f(at, bpack as *const f32, sums.add(ib * block_sums), ks | panels << 16, null())
+                            f(at, bpack as *const f32, sums.add(ib * block_sums), bf16::blocked_k(ks, panels), null())
                         };
                     }
                 }
@@ -173,7 +183,7 @@ impl CompiledGemm {
                     }
                 }
                 // SAFETY: ends the configuration loaded above.
-                unsafe { release(null(), null(), std::ptr::null_mut(), 0, null()) };
+                unsafe { release(null(), null(), null_mut(), 0, null()) };
                 return;
             }
             let mut jc = n0;
@@ -187,14 +197,11 @@ impl CompiledGemm {
                     // together; per row block, every block of K into the partial sums, then the epilogue over them.
                     let kbs = bf16::K_BLOCK_STEPS;
                     let sums = s.c(panels * mr * nr);
-                    let kb_words = panels * kbs * a.nt * bf16::TILE * 32;
+                    let kb_words = panels * kbs * step_words;
                     for (kb, k0) in (0..steps).step_by(kbs).enumerate() {
                         let depth = (v.k - k0 * bf16::KSTEP).min(kbs * bf16::KSTEP);
-                        // SAFETY: as below; block `kb` of the packed B holds `panels` panels of `depth`'s steps.
-                        unsafe {
-                            let src = bbase.offset((bo.b + (k0 * bf16::KSTEP) as i64 * v.b.rows) as isize);
-                            bf16_pack::pack_b(bpack.add(kb * kb_words), src, v.b.rows, v.b.cols, jc, nb, depth, a.nt);
-                        }
+                        // SAFETY: block `kb` of the packed B holds `panels` panels of `depth`'s steps.
+                        pack_b(unsafe { bpack.add(kb * kb_words) }, k0 * bf16::KSTEP, depth, jc, nb);
                     }
                     let mut ic = m0;
                     while ic < m1 {
@@ -210,7 +217,7 @@ impl CompiledGemm {
                                     aptr.add(k0 * mr * 32) as *const f32,
                                     bpack.add(kb * kb_words) as *const f32,
                                     sums,
-                                    ks | panels << 16,
+                                    bf16::blocked_k(ks, panels),
                                     null(),
                                 )
                             };
@@ -232,13 +239,9 @@ impl CompiledGemm {
                     jc += nb;
                     continue;
                 }
-                // SAFETY (packing, pointer arithmetic, calls): the view was recognized from the kernel IR, whose
-                // affine indices stay within each buffer for every (b, m, n, k) in range; the pack areas are sized
-                // as `bf16_pack::pack_b`/`pack_a` require; the kernels read `steps` steps of a packed A block (mr
-                // rows of 64 bytes a step) and of the panel, and write a rows x nv tile of C.
-                unsafe {
-                    bf16_pack::pack_b(bpack, bbase.offset(bo.b as isize), v.b.rows, v.b.cols, jc, nb, v.k, a.nt);
-                }
+                // The kernels read `steps` steps of a packed A block (mr rows of 64 bytes a step) and of the panel,
+                // and write a rows x nv tile of C.
+                pack_b(bpack, 0, v.k, jc, nb);
                 let mut ic = m0;
                 while ic < m1 {
                     let rows = (m1 - ic).min(mr);
@@ -254,7 +257,7 @@ impl CompiledGemm {
             }
             if let Some([_, _, _, release]) = blocked {
                 // SAFETY: ends the configuration loaded above.
-                unsafe { release(null(), null(), std::ptr::null_mut(), 0, null()) };
+                unsafe { release(null(), null(), null_mut(), 0, null()) };
             }
         });
     }
