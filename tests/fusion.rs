@@ -245,6 +245,17 @@ fn a_convolution_reads_its_patches_in_place_and_its_input_gradient_without_divis
     assert!(view.b.patch.is_some(), "B is not read as patches:\n{gemm}");
     // Without the option, the patches are stored in the GEMM's layout first.
     assert!(stored(&schedule(&cap.graph)));
+    // With the padding folded in, the GEMM reads the input itself (a masked patch) and nothing else is stored but
+    // the weight's copy: no padded input.
+    let folded = schedule_with(&cap.graph, ScheduleOptions { patched_pad: true, ..patched });
+    let names: Vec<&String> = folded.launches.iter().map(|l| &l.kernel.name).collect();
+    assert!(folded.launches.iter().all(|l| l.kernel.output.len < 2 * 8 * 12 * 12 || l.kernel.name.starts_with("G_")));
+    assert!(!names.iter().any(|n| n.starts_with("E_pad")), "{names:?}");
+    let gemm = &folded.launches.last().unwrap().kernel;
+    let view = kiln_jit::kernel::gemm::GemmView::of_patched(gemm).unwrap_or_else(|| panic!("not a GEMM:\n{gemm}"));
+    let patch = view.b.patch.unwrap_or_else(|| panic!("B is not read as patches:\n{gemm}"));
+    assert_eq!(patch.ranges.len(), 2, "one range per padded dim:\n{gemm}");
+    assert_eq!(gemm.inputs[view.b.buf].len, 2 * 8 * 12 * 12, "B reads the unpadded input:\n{gemm}");
 
     let xg = x.detach().requires_grad();
     let dy = rand(&[2, 16, 12, 12]);

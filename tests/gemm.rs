@@ -101,12 +101,28 @@ fn every_candidate_on_patched_convolution_operands() {
             let o = Conv2dOptions { padding: [2, 1], ..Default::default() };
             conv2d(&rand(&[1, 3, 9, 21], 34), &rand(&[8, 3, 5, 3], 35), Some(&rand(&[8], 36)), &o).relu()
         }),
+        // 49 window taps, more row classes than a padding is folded for; columns two apart, gathered.
+        ("7x7 stride 2, 2 -> 6, 23 x 29", {
+            let o = Conv2dOptions { stride: [2, 2], padding: [3, 3], ..Default::default() };
+            conv2d(&rand(&[2, 2, 23, 29], 44), &rand(&[6, 2, 7, 7], 45), None, &o)
+        }),
     ];
-    let options = kiln_jit::kernel::ScheduleOptions { transpose_copy: false, patched_b: Some(1), ..Default::default() };
+    // The padding is folded into the patches where AVX-512 runs (the only family whose panels read it).
+    let fold = Isa::Avx512.present();
+    let options = kiln_jit::kernel::ScheduleOptions {
+        transpose_copy: false,
+        patched_b: Some(1),
+        patched_pad: fold,
+        ..Default::default()
+    };
+    let mut folded = Vec::new();
     for (name, y) in cases {
         let ran = common::with_last_launch(name, &y, options, |kernel, args, want| {
             let view = GemmView::of_patched(kernel).unwrap_or_else(|| panic!("{name}: not a GEMM:\n{kernel}"));
             assert!(view.b.patch.is_some(), "{name}: B is not read as patches:\n{kernel}");
+            if view.b.patch.as_ref().is_some_and(|p| !p.ranges.is_empty()) {
+                folded.push(name);
+            }
             assert!(GemmView::of(kernel).is_none(), "{name}: a patched B is only recognized by of_patched");
             let mut plain = view.clone();
             plain.b.patch = None;
@@ -118,6 +134,20 @@ fn every_candidate_on_patched_convolution_operands() {
         });
         assert!(ran > 0, "{name}: no candidate");
     }
+    // Every padded window of at most 16 taps: all but the weight's gradient (its rows are output positions, a class
+    // each) and the 7x7 window.
+    let expected: &[&str] = if fold {
+        &[
+            "3x3, 5 -> 7, 10 x 10, batch 2",
+            "3x3, 2 -> 5, 4 x 70",
+            "3x3 dilated 2, 2 groups, 12 x 11",
+            "3x3 stride 2, 3 -> 8, 15 x 13",
+            "5x3 with bias and relu, 9 x 21",
+        ]
+    } else {
+        &[]
+    };
+    assert_eq!(folded, expected, "the patches with their padding folded in");
 }
 
 #[cfg(feature = "cpu")]

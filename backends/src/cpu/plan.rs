@@ -98,6 +98,9 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
             && [Bf16Unit::Amx, Bf16Unit::Avx512Bf16].into_iter().any(super::gemm::bf16::unit_ready),
         // The generated GEMM packs a patched B through offset tables (a convolution's implicit im2col).
         patched_b: super::gemm::select::generated_gemm_enabled().then_some(super::gemm::select::GEMM_MIN_VOLUME),
+        // ... with its zero padding folded in where the AVX-512 kernels may run (`gemm::patch`: their packing reads
+        // it in 16-lane groups; AVX2's pieces would read it slower than storing the padded input).
+        patched_pad: super::gemm::select::generated_gemm_enabled() && super::isa::allows(super::isa::Isa::Avx512),
         ..Default::default()
     };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);

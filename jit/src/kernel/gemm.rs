@@ -18,7 +18,7 @@
 
 use crate::dtype::DType;
 use crate::kernel::index::IExpr;
-use crate::kernel::ir::{InstOp, KernelIr};
+use crate::kernel::ir::{InstOp, KernelIr, Valid};
 
 /// One GEMM operand: element `(b, i, j)` is at `offset + sum(batch[d] * b_d) + i * rows + j * cols` in input `buf`.
 /// For A, `i` is m and `j` is k; for B, `i` is k and `j` is n. A patched operand (`patch`, see [`Patch`]) is at
@@ -35,20 +35,76 @@ pub struct GemmOperand {
 }
 
 /// A B operand whose row and column offsets are any function of the row and of the column, not a stride each: a
-/// convolution's patches read where the padded input stores them (implicit im2col), element (k, n) of
+/// convolution's patches read where the input stores them (implicit im2col), element (k, n) of
 /// `[C * KH * KW, OH * OW]` at `rows(k) + cols(n)` with `rows = (k / 9) * Hp * Wp + ((k / 3) % 3) * Wp + k % 3`
-/// and `cols = (n / OW) * Wp + n % OW` for a 3 x 3 window. Each expression reads variable 0 only. Only
-/// [`GemmView::of_patched`] recognizes one, for a backend that packs B through tables of these offsets; every
-/// other reader of a [`GemmView`] sees strided operands only.
+/// and `cols = (n / OW) * Wp + n % OW` for a 3 x 3 window. Each expression reads variable 0 only. Where a zero
+/// padding is folded in (`ranges`), the element is read only where every range holds and is zero elsewhere, so the
+/// padded input is never stored. Only [`GemmView::of_patched`] recognizes one, for a backend that packs B through
+/// tables of these offsets; every other reader of a [`GemmView`] sees strided operands only.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Patch {
     pub rows: IExpr,
     pub cols: IExpr,
+    pub ranges: Vec<PatchRange>,
+}
+
+/// One range of a patched operand's padding: element (k, n) lies inside where `lo <= rows(k) + cols(n) < hi` (a
+/// padded dim's source position: the window tap's offset plus the output position's).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PatchRange {
+    pub rows: IExpr,
+    pub cols: IExpr,
+    pub lo: i64,
+    pub hi: i64,
+}
+
+impl Patch {
+    /// A load of `index` under `valid` over `nvars` loop variables as a patch with rows along `kvar` and columns
+    /// along `nvar`: also the index's part per variable (each reads only its own) and its constant. `None` where
+    /// the index or a range is not separable, or a range moves with a variable other than `kvar` and `nvar`. The
+    /// caller checks that the load's fill is zero.
+    pub fn of_load(
+        index: &IExpr,
+        valid: Option<&Valid>,
+        nvars: usize,
+        kvar: usize,
+        nvar: usize,
+    ) -> Option<(Vec<IExpr>, i64, Patch)> {
+        let one = |e: &IExpr| e.map_vars(&|_| IExpr::Var(0));
+        let (parts, c) = index.separate(nvars)?;
+        let mut ranges = Vec::new();
+        for (e, lo, hi) in valid.map_or(&[][..], |v| &v.0) {
+            let (p, at) = e.separate(nvars)?;
+            if p.iter().enumerate().any(|(v, part)| v != kvar && v != nvar && *part != IExpr::Const(0)) {
+                return None;
+            }
+            ranges.push(PatchRange { rows: one(&p[kvar]), cols: one(&p[nvar]), lo: lo - at, hi: hi - at });
+        }
+        let patch = Patch { rows: one(&parts[kvar]), cols: one(&parts[nvar]), ranges };
+        Some((parts, c, patch))
+    }
+
+    /// The classes of rows among the first `k`: rows whose range parts are equal (a 3 x 3 window's nine taps), so
+    /// the same columns are inside the padding for all of them. Packing works out each class's pieces once per
+    /// panel; one class where nothing is folded.
+    pub fn row_classes(&self, k: usize) -> Vec<usize> {
+        let mut keys: Vec<Vec<i64>> = Vec::new();
+        (0..k as i64)
+            .map(|i| {
+                let key: Vec<i64> = self.ranges.iter().map(|r| r.rows.eval(&[i])).collect();
+                keys.iter().position(|x| *x == key).unwrap_or_else(|| {
+                    keys.push(key);
+                    keys.len() - 1
+                })
+            })
+            .collect()
+    }
 }
 
 /// A load's buffer and affine index (coefficients per loop variable, constant), and where the index is only
-/// separable (a patched operand), its part per variable (the coefficient is then 1 for a variable it reads).
-type AffineLoad = (usize, Vec<i64>, i64, Option<Vec<IExpr>>);
+/// separable or the load masked (a patched operand), its part per variable (the coefficient is then 1 for a
+/// variable it reads) and the patch.
+type AffineLoad = (usize, Vec<i64>, i64, Option<(Vec<IExpr>, Patch)>);
 
 /// What an epilogue value varies with.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -137,6 +193,7 @@ impl GemmView {
         let rank = k.out_rank();
         let nvars = rank + 1;
         let kvar = rank;
+        let (batch_rank, mvar, nvar) = if rank == 1 { (0, None, 0) } else { (rank - 2, Some(rank - 2), rank - 1) };
         let inner = &r.inner;
         // Operand `i`: an f32 load, or a bf16 load widened by a cast; its dtype, buffer and affine index.
         let operand_of = |i: usize| -> Option<(DType, AffineLoad)> {
@@ -149,18 +206,24 @@ impl GemmView {
                 _ if inner[i].dtype == DType::F32 => (DType::F32, &inner[i]),
                 _ => return None,
             };
-            match &inst.op {
-                InstOp::Load { buf, index, valid: None, .. } => match index.affine(nvars) {
-                    Some((coef, c)) => Some((dtype, (*buf, coef, c, None))),
-                    None if patched => {
-                        let (parts, c) = index.separate(nvars)?;
-                        let coef = parts.iter().map(|p| i64::from(*p != IExpr::Const(0))).collect();
-                        Some((dtype, (*buf, coef, c, Some(parts))))
-                    }
-                    None => None,
-                },
-                _ => None,
+            let InstOp::Load { buf, index, valid, fill } = &inst.op else { return None };
+            if valid.is_none()
+                && let Some((coef, c)) = index.affine(nvars)
+            {
+                return Some((dtype, (*buf, coef, c, None)));
             }
+            // A patched operand: an index only separable, or a load masked by a zero padding.
+            let zero = match *fill {
+                crate::Scalar::Float(x) => x.to_bits() == 0,
+                crate::Scalar::Int(x) => x == 0,
+                crate::Scalar::Bool(b) => !b,
+            };
+            if !patched || !zero {
+                return None;
+            }
+            let (parts, c, patch) = Patch::of_load(index, valid.as_ref(), nvars, kvar, nvar)?;
+            let coef = parts.iter().map(|p| i64::from(*p != IExpr::Const(0))).collect();
+            Some((dtype, (*buf, coef, c, Some((parts, patch)))))
         };
         let (x, y) = match inner.get(r.value).map(|i| &i.op) {
             Some(&InstOp::Binary(crate::op::BinaryOp::Mul, p, q)) if p != q => (operand_of(p)?, operand_of(q)?),
@@ -183,7 +246,6 @@ impl GemmView {
             return None;
         }
         let (x, y) = (x.1, y.1);
-        let (batch_rank, mvar, nvar) = if rank == 1 { (0, None, 0) } else { (rank - 2, Some(rank - 2), rank - 1) };
         let coef_m = |c: &[i64]| mvar.map_or(0, |m| c[m]);
         // A does not move with n, B does not move with m.
         let (a, b) = if x.1[nvar] == 0 && coef_m(&y.1) == 0 {
@@ -193,7 +255,7 @@ impl GemmView {
         } else {
             return None;
         };
-        let operand = |(buf, coef, c, _): (usize, Vec<i64>, i64, Option<Vec<IExpr>>), i: i64, j: i64| GemmOperand {
+        let operand = |(buf, coef, c, _): AffineLoad, i: i64, j: i64| GemmOperand {
             buf,
             offset: c,
             batch: coef[..batch_rank].to_vec(),
@@ -208,15 +270,14 @@ impl GemmView {
         let n = k.out_extents[nvar];
         let patch = match &b.3 {
             None => None,
-            Some(parts) => {
+            Some((parts, patch)) => {
                 let mut batch = Vec::with_capacity(batch_rank);
                 for (v, part) in parts[..batch_rank].iter().enumerate() {
                     let (coef, c) = part.affine(nvars)?;
                     debug_assert_eq!(c, 0, "a separated part carries no constant");
                     batch.push(coef[v]);
                 }
-                let one = |e: &IExpr| e.map_vars(&|_| IExpr::Var(0));
-                Some((batch, Patch { rows: one(&parts[kvar]), cols: one(&parts[nvar]) }))
+                Some((batch, patch.clone()))
             }
         };
         let a = {

@@ -242,6 +242,9 @@ pub struct ScheduleOptions {
     /// Rule 2f: the backend's GEMM reads a patched B (`gemm::Patch`, `GemmView::of_patched`) in GEMMs of at least
     /// this volume (M * N * K), so such a B is read where it is stored instead of copied into the GEMM's layout.
     pub patched_b: Option<usize>,
+    /// Rule 2f with a zero padding folded into the patched B (`gemm::Patch::ranges`): the backend packs what lies
+    /// inside it and zeros the rest, so the padded input is not stored.
+    pub patched_pad: bool,
 }
 
 impl Default for ScheduleOptions {
@@ -255,6 +258,7 @@ impl Default for ScheduleOptions {
             bf16_gemm: false,
             f16_gemm: false,
             patched_b: None,
+            patched_pad: false,
         }
     }
 }
@@ -501,7 +505,10 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
             if !scrambled(graph, src, mat) {
                 continue;
             }
-            if i == 1 && opts.patched_b.is_some_and(|least| gemm_volume(graph, n) >= least) && patch(graph, src, mat) {
+            if i == 1
+                && opts.patched_b.is_some_and(|least| gemm_volume(graph, n) >= least)
+                && patch(graph, src, mat, opts.patched_pad)
+            {
                 continue;
             }
             match reshape {
@@ -898,30 +905,60 @@ fn gemm_volume(graph: &Graph, n: NodeIndex) -> usize {
 /// the weight gradient's `patches^T` stepping through the window) still beats copying the patches and packing the
 /// copy (a 3 x 3 convolution at stride 2, 64 -> 128 channels at 56 x 56: 5.1 -> 3.3 ms; its forward + backward at
 /// stride 1: 33 -> 25 ms).
-fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool]) -> bool {
+///
+/// Where the backend asks (`fold_pad`: `ScheduleOptions::patched_pad`), a zero padding under the view is folded into
+/// the patch (its ranges, `gemm::Patch::ranges`) where the rows fall into at most [`FOLDED_PAD_CLASSES`] classes (a
+/// window's taps): the packing then zero-fills what lies outside and the padded input is never stored, one pass
+/// over the input saved. Elsewhere (the weight gradient's `patches^T`,
+/// whose rows are output positions, one class each) the padded input is stored and read as before.
+fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool) -> bool {
     if graph.node(b).dtype != crate::DType::F32 || graph.node(b).shape.rank() < 2 {
         return false;
     }
-    let mut base = b;
-    while !mat[base.index()]
-        && matches!(graph.node(base).op, Op::Permute(_) | Op::Reshape | Op::Expand | Op::Slice(_) | Op::Unfold { .. })
-    {
-        base = graph.srcs(base)[0];
-    }
-    let was = mat[base.index()];
-    mat[base.index()] = true;
-    let readable = lower(graph, b, None, &[], mat).is_some_and(|(ir, _)| {
-        let rank = ir.out_rank();
-        let [inst] = ir.outer.as_slice() else { return false };
-        let InstOp::Load { index, valid: None, .. } = &inst.op else { return false };
-        let Some((parts, _)) = index.separate(rank) else { return false };
-        parts[..rank - 2].iter().all(|p| p.affine(rank).is_some())
-    });
-    if !readable {
+    let zero_pad = |op: &Op| matches!(op, Op::Pad { value: Scalar::Float(x), .. } if x.to_bits() == 0);
+    for fold in [true, false].into_iter().filter(|&f| fold_pad || !f) {
+        let mut base = b;
+        let mut through = false;
+        while !mat[base.index()] {
+            let op = &graph.node(base).op;
+            if fold && zero_pad(op) {
+                through = true;
+            } else if !matches!(op, Op::Permute(_) | Op::Reshape | Op::Expand | Op::Slice(_) | Op::Unfold { .. }) {
+                break;
+            }
+            base = graph.srcs(base)[0];
+        }
+        if fold && !through {
+            continue;
+        }
+        let was = mat[base.index()];
+        mat[base.index()] = true;
+        let readable = lower(graph, b, None, &[], mat).is_some_and(|(ir, _)| {
+            let rank = ir.out_rank();
+            let [inst] = ir.outer.as_slice() else { return false };
+            let InstOp::Load { index, valid, fill, .. } = &inst.op else { return false };
+            if valid.is_some() != fold || !matches!(fill, Scalar::Int(0)) && *fill != Scalar::Float(0.0) {
+                return false;
+            }
+            let Some((parts, _, patch)) =
+                crate::kernel::gemm::Patch::of_load(index, valid.as_ref(), rank, rank - 2, rank - 1)
+            else {
+                return false;
+            };
+            let classes = || patch.row_classes(ir.out_extents[rank - 2]).into_iter().max().unwrap_or(0) + 1;
+            parts[..rank - 2].iter().all(|p| p.affine(rank).is_some()) && (!fold || classes() <= FOLDED_PAD_CLASSES)
+        });
+        if readable {
+            return true;
+        }
         mat[base.index()] = was;
     }
-    readable
+    false
 }
+
+/// The most row classes (`gemm::Patch::row_classes`) a patched B folds its padding for: a 7 x 7 window's 49 taps.
+/// Packing works out each class's pieces per panel, which past this costs about as much as the padding it saves.
+const FOLDED_PAD_CLASSES: usize = 16;
 
 /// An arena slot for `b`: the best fit among the `free` slots, or a new one.
 fn take_slot(temps: &mut Vec<usize>, free: &mut Vec<usize>, b: &BufParam) -> usize {

@@ -170,7 +170,7 @@ impl GemmImpl {
             }
             // Every other candidate reads and writes f32.
             _ if !f32s => false,
-            _ if v.b.patch.is_some() && !packs_b(self) => false,
+            _ if !reads_patch(self, v) => false,
             GemmImpl::Asm(c) => c.isa.present() && legal(v, c),
             GemmImpl::Library => v.batch.is_empty(),
             GemmImpl::Dot => dot_legal(v),
@@ -320,9 +320,14 @@ pub fn candidates(v: &GemmView, library: bool) -> Vec<GemmImpl> {
     candidates_for(v, library, isa::allowed().unwrap_or(&[]))
 }
 
-/// A generated f32 kernel that packs B: the one family that reads a patched B (through its offset tables).
-fn packs_b(c: &GemmImpl) -> bool {
-    matches!(c, GemmImpl::Asm(c) if c.pack_b)
+/// Whether `c` can read `v`'s B: any candidate for a plain B; for a patched B, a generated f32 kernel that packs
+/// B (the one family that reads it, through its offset tables), with panels a multiple of 16 wide where a padding
+/// is folded in (`patch`: only 16-column groups read one at speed).
+pub(super) fn reads_patch(c: &GemmImpl, v: &GemmView) -> bool {
+    match &v.b.patch {
+        None => true,
+        Some(p) => matches!(c, GemmImpl::Asm(c) if c.pack_b && (p.ranges.is_empty() || c.nr() % 16 == 0)),
+    }
 }
 
 /// The register tiles (MR, NV) a family offers: large problems, and skinny ones (a few rows streaming B).
@@ -520,9 +525,7 @@ pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl
             }
         }
     }
-    if v.b.patch.is_some() {
-        out.retain(packs_b);
-    }
+    out.retain(|c| reads_patch(c, v));
     out
 }
 
@@ -595,7 +598,7 @@ pub struct StepContext {
 /// The candidate set is part of the tuning key, so these records never mix with an isolated GEMM's.
 pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<GemmImpl> {
     if cx.patched_b {
-        return candidates(v, library).into_iter().filter(packs_b).collect();
+        return candidates(v, library).into_iter().filter(|c| reads_patch(c, v)).collect();
     }
     if cx.b_rewritten && splitk_legal(v) {
         return vec![GemmImpl::SplitK];

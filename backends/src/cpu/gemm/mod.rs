@@ -33,6 +33,7 @@ mod dot;
 pub mod epilogue;
 pub(crate) mod evex;
 mod pack;
+mod patch;
 mod program_math;
 pub(crate) mod select;
 mod splitk;
@@ -103,8 +104,8 @@ pub struct CompiledGemm {
     transposed: Option<Box<CompiledGemm>>,
     /// The K-split AMX GEMM's f32 partial sums, one padded M x N block per thread (allocated when built).
     partials: parking_lot::Mutex<Vec<f32>>,
-    /// A patched B's offsets (`view.b.patch` evaluated): one per k-step, one per column.
-    b_tables: Option<(Vec<i64>, Vec<i64>)>,
+    /// A patched B's offsets (`view.b.patch` evaluated).
+    b_tables: Option<patch::PatchTables>,
     /// Set by the backend when the epilogue is not in registers.
     pub(crate) pass: Option<Pass>,
     pub uses_pass: bool,
@@ -133,8 +134,7 @@ impl CompiledGemm {
             return Err(format!("{} is not legal for this GEMM", imp.name()));
         }
         if let Some(p) = &g.view.b.patch {
-            let table = |e: &kiln_jit::kernel::index::IExpr, n: usize| (0..n as i64).map(|i| e.eval(&[i])).collect();
-            g.b_tables = Some((table(&p.rows, g.view.k), table(&p.cols, g.view.n)));
+            g.b_tables = Some(patch::PatchTables::new(p, g.view.k, g.view.n));
         }
         let c = match imp {
             GemmImpl::Bf16(a) => {
@@ -574,11 +574,11 @@ impl CompiledGemm {
                 // kernel IR, whose affine indices stay within each declared buffer for every (b, m, n, k) in range;
                 // every index formed here is such an index.
                 let bsrc = unsafe { cx.b.offset((bo.b + pc as i64 * v.b.rows) as isize) };
-                let bpack = if let Some((rows, cols)) = &self.b_tables {
+                let bpack = if let Some(tables) = &self.b_tables {
                     // (legal_for: a patched B is only read by configurations that pack it.)
                     let dst = s.b(panels * nr * kb);
                     let base = unsafe { cx.b.offset(bo.b as isize) };
-                    unsafe { pack::pack_b_table(dst, base, &rows[pc..pc + kb], &cols[jc..jc + nb], nr) };
+                    unsafe { tables.pack(dst, base, pc, kb, jc, nb, nr) };
                     dst as *const f32
                 } else if c.pack_b {
                     let dst = s.b(panels * nr * kb);

@@ -64,63 +64,6 @@ pub unsafe fn pack_a(dst: *mut f32, src: *const f32, rs: i64, ks: i64, m0: usize
     }
 }
 
-/// Consecutive elements at least this long are packed as one slice copy per k-step; shorter pieces element by
-/// element (a slice copy of a few floats costs a call, and per-run bookkeeping costs more than the plain gather:
-/// measured on a 3 x 3 stride-2 convolution and the weight gradient's 3-wide runs).
-const MIN_COPY: usize = 16;
-
-/// Packs a patched B (`kiln_jit::kernel::gemm::Patch`: a convolution's patches read in the padded input): element
-/// (k, n) of the block at `src + rows[k] + cols[n]`, `rows` and `cols` the offsets of this block's k-steps and
-/// columns, into NR-wide panels as [`pack_b`]. Each panel is split once into pieces: runs of at least [`MIN_COPY`]
-/// consecutive elements (a row of output positions at stride 1), each one slice copy per k-step, and the columns
-/// between them, read element by element. Zero-padded past the last column.
-///
-/// # Safety
-/// `src + rows[k] + cols[n]` must be valid for every k and n given, and `dst` for `ceil(cols.len() / nr) * nr *
-/// rows.len()` floats.
-pub unsafe fn pack_b_table(dst: *mut f32, src: *const f32, rows: &[i64], cols: &[i64], nr: usize) {
-    let kb = rows.len();
-    // (first column in the panel, columns, whether they are consecutive elements): at most NR, inline (this runs
-    // on every replay; no allocation).
-    let mut pieces: smallvec::SmallVec<[(usize, usize, bool); 64]> = smallvec::SmallVec::new();
-    for (p, panel) in cols.chunks(nr).enumerate() {
-        // SAFETY: panel p of `dst` holds nr * kb floats, per the caller.
-        let out = unsafe { std::slice::from_raw_parts_mut(dst.add(p * nr * kb), nr * kb) };
-        if panel.len() < nr {
-            out.fill(0.0);
-        }
-        pieces.clear();
-        let mut j = 0;
-        while j < panel.len() {
-            let mut len = 1;
-            while j + len < panel.len() && panel[j + len] == panel[j + len - 1] + 1 {
-                len += 1;
-            }
-            let copy = len >= MIN_COPY;
-            match pieces.last_mut() {
-                Some((_, n, false)) if !copy => *n += len,
-                _ => pieces.push((j, len, copy)),
-            }
-            j += len;
-        }
-        for (k, &r) in rows.iter().enumerate() {
-            let line = &mut out[k * nr..k * nr + panel.len()];
-            for &(j, len, copy) in &pieces {
-                if copy {
-                    // SAFETY: the piece's elements at this k-step are `len` consecutive floats from `r + panel[j]`.
-                    let from = unsafe { std::slice::from_raw_parts(src.offset((r + panel[j]) as isize), len) };
-                    line[j..j + len].copy_from_slice(from);
-                } else {
-                    for (x, &c) in line[j..j + len].iter_mut().zip(&panel[j..j + len]) {
-                        // SAFETY: (k, n) is in range, per the caller.
-                        *x = unsafe { *src.offset((r + c) as isize) };
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Packs columns `n0..n0 + nb` and `kb` k-steps of B (element (k, n) at `src + k*ks + n*ns`) into `dst`.
 ///
 /// # Safety
