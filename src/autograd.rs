@@ -24,6 +24,10 @@ thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
 }
 
+/// A node's own vector-Jacobian product (`Tensor::with_grad_fn`): the gradient of operand `i` of its autograd
+/// links given the node's gradient, or `None` for none.
+pub(crate) type GradFn = Arc<dyn Fn(&Tensor, usize) -> Option<Tensor> + Send + Sync>;
+
 /// Whether ops on this thread record autograd links.
 pub fn is_grad_enabled() -> bool {
     GRAD_ENABLED.with(Cell::get)
@@ -178,7 +182,11 @@ impl Tensor {
                 if !src.is_requires_grad() || !src.dtype().is_float() || squared && i == 1 {
                     continue;
                 }
-                let gi = if squared { Some(g.mul(src).mul(2.0)) } else { vjp(t, srcs, i, &g) };
+                let gi = match &t.node.grad_fn {
+                    Some(f) => f(&g, i),
+                    None if squared => Some(g.mul(src).mul(2.0)),
+                    None => vjp(t, srcs, i, &g),
+                };
                 let Some(gi) = gi else { continue };
                 debug_assert_eq!(gi.dims(), src.dims(), "vjp of {} operand {i}", t.node.op);
                 let key = Arc::as_ptr(&src.node);

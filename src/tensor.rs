@@ -43,6 +43,9 @@ pub(crate) struct Node {
     /// For a node computed from tensors that require gradients: its operands, kept for `backward` even after the
     /// node is realized and its lazy history dropped. `backward` empties it (the graph is freed, as in PyTorch).
     pub grad_srcs: Option<Mutex<Srcs>>,
+    /// A vector-Jacobian product of its own (`Tensor::with_grad_fn`), used by `backward` instead of the op's rule;
+    /// its operands are `grad_srcs`.
+    pub grad_fn: Option<crate::autograd::GradFn>,
 }
 
 impl Node {
@@ -91,6 +94,7 @@ impl Drop for Node {
                 live::add(-1);
                 *node.state.get_mut() = State::Spare;
                 node.grad_srcs = None;
+                node.grad_fn = None;
                 retire(t.node);
             }
         }
@@ -241,6 +245,7 @@ impl Tensor {
                 state: Mutex::new(State::Lazy(srcs)),
                 leaf_grad: AtomicBool::new(false),
                 grad_srcs,
+                grad_fn: None,
             }),
         }
     }
@@ -257,6 +262,29 @@ impl Tensor {
         }
     }
 
+    /// The same values, whose gradient `backward` sends to `inputs` through `f` (`f(g, i)`: the gradient of
+    /// `inputs[i]` given this tensor's `g`, `None` for none) instead of through the ops that computed them: a
+    /// composite op with a cheaper or better-fused vector-Jacobian product than its parts' (PyTorch's
+    /// `autograd.Function`). Without gradient recording, or where no input requires gradients, `self`.
+    pub(crate) fn with_grad_fn(&self, inputs: Srcs, f: crate::autograd::GradFn) -> Tensor {
+        if !crate::autograd::is_grad_enabled() || !inputs.iter().any(|s| s.is_requires_grad()) {
+            return self.clone();
+        }
+        Tensor {
+            node: alloc_node(Node {
+                op: Op::Reshape,
+                shape: self.shape().clone(),
+                dtype: self.dtype(),
+                device: self.device(),
+                rng: None,
+                state: Mutex::new(State::Lazy(smallvec::smallvec![self.clone()])),
+                leaf_grad: AtomicBool::new(false),
+                grad_srcs: Some(Mutex::new(inputs)),
+                grad_fn: Some(f),
+            }),
+        }
+    }
+
     /// A realized leaf over `buffer`.
     pub(crate) fn from_buffer(buffer: Arc<Buffer>, shape: Shape, device: Device) -> Tensor {
         let dtype = buffer.dtype();
@@ -270,6 +298,7 @@ impl Tensor {
                 state: Mutex::new(State::Realized(buffer)),
                 leaf_grad: AtomicBool::new(false),
                 grad_srcs: None,
+                grad_fn: None,
             }),
         }
     }

@@ -219,11 +219,12 @@ fn long_elementwise_kernels_match_the_interpreter_through_the_jit() {
 }
 
 /// A convolution's GEMM reads its patches where the padded input stores them (rule 2f, where the backend reads a
-/// patched B): two kernels, the pad and the GEMM, no im2col copy. Its input gradient is one kernel adding the
-/// window taps of the patches' gradient, each read with an index free of divisions: the pads' wrapped source
-/// indices let the reshapes above them simplify (`IExpr::Wrap`).
+/// patched B): two kernels, the pad and the GEMM, no im2col copy (one, the GEMM, with the padding folded in). Its
+/// input gradient is a GEMM over the output gradient's patches; the windows' own gradient is one kernel adding the
+/// window taps, each read with an index free of divisions: the pads' wrapped source indices let the reshapes above
+/// them simplify (`IExpr::Wrap`).
 #[test]
-fn a_convolution_reads_its_patches_in_place_and_its_input_gradient_without_divisions() {
+fn a_convolution_reads_its_patches_in_place_and_its_input_gradient_as_a_convolution() {
     use kiln::nn::functional::{Conv2dOptions, conv2d};
     use kiln_jit::kernel::{IExpr, ScheduleOptions, schedule_with};
     let (x, w) = (rand(&[2, 8, 12, 12]), rand(&[16, 8, 3, 3]));
@@ -257,9 +258,26 @@ fn a_convolution_reads_its_patches_in_place_and_its_input_gradient_without_divis
     assert_eq!(patch.ranges.len(), 2, "one range per padded dim:\n{gemm}");
     assert_eq!(gemm.inputs[view.b.buf].len, 2 * 8 * 12 * 12, "B reads the unpadded input:\n{gemm}");
 
+    // At stride 1 the input's gradient is a convolution of the output's gradient: one GEMM reading its patches in
+    // place (with the padding folded in where asked), no patches' gradient stored.
     let xg = x.detach().requires_grad();
     let dy = rand(&[2, 16, 12, 12]);
     let grads = conv2d(&xg, &w, None, &same).mul(&dy).sum_all().backward().unwrap();
+    let dx = grads.get(&xg).unwrap();
+    let cap = kiln::capture(&[dx]).expect("capture");
+    let plan = schedule_with(&cap.graph, ScheduleOptions { patched_pad: true, ..patched });
+    let names: Vec<&String> = plan.launches.iter().map(|l| &l.kernel.name).collect();
+    assert!(!stored(&plan), "{names:?}");
+    let gemm = &plan.launches.last().unwrap().kernel;
+    let view = kiln_jit::kernel::gemm::GemmView::of_patched(gemm).unwrap_or_else(|| panic!("not a GEMM:\n{gemm}"));
+    assert!(view.b.patch.is_some_and(|p| p.ranges.len() == 2), "B is not the padded patches of dy:\n{gemm}");
+    kernels(dx);
+
+    // The windows' own gradient (an unfold's, a strided convolution's input gradient) adds each tap's gradient
+    // back in one kernel of 9 reads without divisions.
+    let xp = xg.pad(&[(1, 1), (1, 1)], 0.0);
+    let windows = xp.unfold(2, 3, 1).unfold(3, 3, 1);
+    let grads = windows.mul(rand(windows.dims())).sum_all().backward().unwrap();
     let dx = grads.get(&xg).unwrap();
     let cap = kiln::capture(&[dx]).expect("capture");
     let plan = schedule(&cap.graph);

@@ -915,6 +915,24 @@ fn compositions() {
         let o = F::Conv2dOptions { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
         F::conv2d(&t[0], &t[1], Some(&t[2]), &o)
     });
+    // At stride 1 the input's gradient is a transposed convolution (conv2d's own rule): grouped, dilated, a padding
+    // past the dilated window (the transposed convolution crops) and one short of it (it pads).
+    s.check(
+        "conv2d, stride 1, dilated, 2 groups, bias",
+        &[g.uniform(&[2, 4, 6, 5], -1.0, 1.0), g.uniform(&[6, 2, 3, 2], -1.0, 1.0), g.uniform(&[6], -1.0, 1.0)],
+        |t| {
+            let o = F::Conv2dOptions { stride: [1, 1], padding: [2, 1], dilation: [2, 1], groups: 2 };
+            F::conv2d(&t[0], &t[1], Some(&t[2]), &o)
+        },
+    );
+    s.check(
+        "conv2d, stride 1, padding past the window",
+        &[g.uniform(&[1, 3, 4, 5], -1.0, 1.0), g.uniform(&[2, 3, 2, 3], -1.0, 1.0)],
+        |t| {
+            let o = F::Conv2dOptions { stride: [1, 1], padding: [2, 0], dilation: [1, 1], groups: 1 };
+            F::conv2d(&t[0], &t[1], None, &o)
+        },
+    );
     s.check(
         "conv_transpose2d, strided, dilated, 2 groups",
         &[g.uniform(&[1, 4, 3, 2], -1.0, 1.0), g.uniform(&[4, 3, 2, 2], -1.0, 1.0)],

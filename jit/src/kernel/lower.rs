@@ -334,14 +334,19 @@ impl Lowerer<'_> {
                 self.valid = valid.clone();
                 let v = self.value(srcs[0], &src_idx);
                 self.valid = outer;
-                // A load under these ranges already gives zero outside them: padding with +0 needs no select (and
-                // a GEMM operand that is a padded load stays a plain masked load, `GemmView::of_patched`).
+                // A load under these ranges (and maybe more: a pad of a pad) already gives zero outside them:
+                // padding with +0 needs no select (and a GEMM operand that is a padded load stays a plain masked
+                // load, `GemmView::of_patched`).
                 let zero = match *value {
                     Scalar::Float(x) => x.to_bits() == 0,
                     Scalar::Int(x) => x == 0,
                     Scalar::Bool(b) => !b,
                 };
-                if zero && matches!(&self.insts[v].op, InstOp::Load { valid: vv, .. } if *vv == valid) {
+                let within = |vv: &Option<Valid>| match (vv, &valid) {
+                    (Some(Valid(have)), Some(Valid(need))) => need.iter().all(|r| have.contains(r)),
+                    _ => false,
+                };
+                if zero && matches!(&self.insts[v].op, InstOp::Load { valid: vv, .. } if within(vv)) {
                     self.note("pad".into());
                     return v;
                 }

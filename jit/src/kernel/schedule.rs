@@ -505,11 +505,14 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
             if !scrambled(graph, src, mat) {
                 continue;
             }
-            if i == 1
-                && opts.patched_b.is_some_and(|least| gemm_volume(graph, n) >= least)
-                && patch(graph, src, mat, opts.patched_pad)
-            {
-                continue;
+            if i == 1 && opts.patched_b.is_some_and(|least| gemm_volume(graph, n) >= least) {
+                // The patches' source is what gets stored (their views are read in place): a computed input is
+                // stored below its windows, once, not as the windows (the im2col copy this rule avoids).
+                mat[cur.index()] &= !stored_here;
+                if patch(graph, src, mat, opts.patched_pad, &consumers) {
+                    continue;
+                }
+                mat[cur.index()] |= stored_here;
             }
             match reshape {
                 Some(r) => {
@@ -911,7 +914,7 @@ fn gemm_volume(graph: &Graph, n: NodeIndex) -> usize {
 /// window's taps): the packing then zero-fills what lies outside and the padded input is never stored, one pass
 /// over the input saved. Elsewhere (the weight gradient's `patches^T`,
 /// whose rows are output positions, one class each) the padded input is stored and read as before.
-fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool) -> bool {
+fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool, consumers: &[Vec<NodeIndex>]) -> bool {
     if graph.node(b).dtype != crate::DType::F32 || graph.node(b).shape.rank() < 2 {
         return false;
     }
@@ -919,17 +922,32 @@ fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool) -> bool 
     for fold in [true, false].into_iter().filter(|&f| fold_pad || !f) {
         let mut base = b;
         let mut through = false;
-        while !mat[base.index()] {
+        // Pads rule 1 chose to store (one whose source is computed, read once per window tap): folded, their
+        // source is stored instead, which the taps then read under the pad's ranges. Only where nothing else reads
+        // the views between (`alone`): another GEMM reading the same patches may rely on the stored pad (a weight
+        // gradient's, whose rows are too many classes to fold).
+        let mut unstored: smallvec::SmallVec<[NodeIndex; 2]> = smallvec::SmallVec::new();
+        let mut alone = true;
+        loop {
             let op = &graph.node(base).op;
-            if fold && zero_pad(op) {
+            if fold && zero_pad(op) && (!mat[base.index()] || alone) {
                 through = true;
-            } else if !matches!(op, Op::Permute(_) | Op::Reshape | Op::Expand | Op::Slice(_) | Op::Unfold { .. }) {
+                if mat[base.index()] {
+                    unstored.push(base);
+                }
+            } else if mat[base.index()]
+                || !matches!(op, Op::Permute(_) | Op::Reshape | Op::Expand | Op::Slice(_) | Op::Unfold { .. })
+            {
                 break;
             }
+            alone &= consumers[base.index()].len() <= 1;
             base = graph.srcs(base)[0];
         }
         if fold && !through {
             continue;
+        }
+        for &p in &unstored {
+            mat[p.index()] = false;
         }
         let was = mat[base.index()];
         mat[base.index()] = true;
@@ -952,12 +970,17 @@ fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool) -> bool 
             return true;
         }
         mat[base.index()] = was;
+        for &p in &unstored {
+            mat[p.index()] = true;
+        }
     }
     false
 }
 
-/// The most row classes (`gemm::Patch::row_classes`) a patched B folds its padding for: a 7 x 7 window's 49 taps.
-/// Packing works out each class's pieces per panel, which past this costs about as much as the padding it saves.
+/// The most row classes (`gemm::Patch::row_classes`) a patched B folds its padding for: a 3 x 3 window's 9 taps, a
+/// 5 x 3 window's 15. The packing keeps a table of column groups per class; a 7 x 7 stem's 49 (3.3 MB with their
+/// gather offsets at 224 x 224, stride 2) measured slower folded than reading a stored padding (13.3 against 10.3
+/// ms, batch 8, 2 threads).
 const FOLDED_PAD_CLASSES: usize = 16;
 
 /// An arena slot for `b`: the best fit among the `free` slots, or a new one.

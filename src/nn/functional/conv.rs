@@ -7,8 +7,10 @@
 //! `[N, G, C / G * KH * KW, OH * OW]`, and the weight, viewed as `[G, O / G, C / G * KH * KW]`, multiplies each
 //! group's rows in one batched matmul. The patches are not copied where the backend reads a patched GEMM operand
 //! (the CPU's generated GEMM packs them straight from the padded input through offset tables: schedule rule 2f);
-//! elsewhere they are stored once in the GEMM's layout. Their gradient (the weight's GEMM reads the patches
-//! transposed) and the input's (each window tap's gradient added back) compose from the same views. A pooling
+//! elsewhere they are stored once in the GEMM's layout. The weight's gradient composes from the same views (its
+//! GEMM reads the patches transposed); so does the input's at a stride past 1 (each window tap's gradient added
+//! back), while at stride 1 it is a transposed convolution of the output's gradient, a GEMM over its patches like
+//! the forward's (`Tensor::with_grad_fn`). A pooling
 //! stacks strided slices and reduces over them (max with -inf padding, mean with zeros), so its windows are exactly
 //! PyTorch's.
 
@@ -104,15 +106,39 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, opts: &Conv2dO
             opts.padding
         );
     };
-    let xp = x.pad(&[(opts.padding[1], opts.padding[1]), (opts.padding[0], opts.padding[0])], 0.0);
-    let (s, d) = (opts.stride, opts.dilation);
-    // [N, C, OH, OW, KH, KW] -> [N, C, KH, KW, OH, OW] -> [N, G, C/G * KH*KW, OH*OW]: channel-major within a
-    // group, as the weight's layout.
-    let cols = xp.unfold_dilated(2, kh, s[0], d[0]).unfold_dilated(3, kw, s[1], d[1]);
-    debug_assert_eq!(&cols.dims()[2..4], &[oh, ow]);
-    let cols = cols.permute([0, 1, 4, 5, 2, 3]).reshape(vec![n, g, cg * kh * kw, oh * ow]);
-    let wm = weight.reshape(vec![g, o / g, cg * kh * kw]);
-    let y = wm.matmul(&cols).reshape(vec![n, o, oh, ow]);
+    let product = |x: &Tensor| {
+        let xp = x.pad(&[(opts.padding[1], opts.padding[1]), (opts.padding[0], opts.padding[0])], 0.0);
+        let (s, d) = (opts.stride, opts.dilation);
+        // [N, C, OH, OW, KH, KW] -> [N, C, KH, KW, OH, OW] -> [N, G, C/G * KH*KW, OH*OW]: channel-major within a
+        // group, as the weight's layout.
+        let cols = xp.unfold_dilated(2, kh, s[0], d[0]).unfold_dilated(3, kw, s[1], d[1]);
+        debug_assert_eq!(&cols.dims()[2..4], &[oh, ow]);
+        let cols = cols.permute([0, 1, 4, 5, 2, 3]).reshape(vec![n, g, cg * kh * kw, oh * ow]);
+        let wm = weight.reshape(vec![g, o / g, cg * kh * kw]);
+        wm.matmul(&cols).reshape(vec![n, o, oh, ow])
+    };
+    let y = if opts.stride == [1, 1] && crate::autograd::is_grad_enabled() && x.is_requires_grad() {
+        // At stride 1 the input's gradient is itself a convolution (of the output's gradient with the weight's
+        // flipped taps, `conv_transpose2d`): one GEMM over patches, as the forward. Through the composition's
+        // own rules it is the patches' gradient (`W^T dy`, the patches' size: 58 MB for 64 channels at 56 x 56,
+        // batch 8) and a kernel adding the window's taps back. At a larger stride the transposed convolution
+        // would read an input dilated with zeros (stride^2 the products), so the composition's rules stay.
+        let w = weight.detach();
+        let transposed = super::ConvTranspose2dOptions {
+            padding: opts.padding,
+            dilation: opts.dilation,
+            groups: g,
+            ..Default::default()
+        };
+        let input_grad: crate::autograd::GradFn = std::sync::Arc::new(move |dy: &Tensor, i: usize| {
+            Some(if i == 0 { dy.clone() } else { super::conv_transpose2d(dy, &w, None, &transposed) })
+        });
+        // The weight's gradient flows through the composition (operand 0), the input's through `input_grad`.
+        let y = product(&x.detach());
+        y.with_grad_fn(smallvec::smallvec![y.clone(), x.clone()], input_grad)
+    } else {
+        product(x)
+    };
     match bias {
         Some(b) => y.add(b.reshape(vec![o, 1, 1])),
         None => y,

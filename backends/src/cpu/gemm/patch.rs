@@ -6,17 +6,19 @@
 //! class (rows whose padding ranges agree: a 3 x 3 window's nine taps) by at most two runs of consecutive elements
 //! inside the padding: a group that is one whole run is one 16-lane load per k-step, one of two runs a masked load
 //! each (what lies outside the padding or past the last column is a masked-off lane, never read, left zero), one
-//! with more runs (a strided convolution's columns) is read lane by lane. No masked load is issued with an empty
-//! mask: its address may lie outside the buffer, where a masked load costs a fault-suppression assist. Elsewhere
+//! with more runs (a strided convolution's columns) one gather instruction of precomputed lane offsets. No masked
+//! load is issued with an empty mask: its address may lie outside the buffer, where a masked load costs a
+//! fault-suppression assist (whole runs are plain loads for the same reason: masked, they measured slower). Elsewhere
 //! (AVX2 panels of 16 or 24) a patch without a padding is packed in pieces: runs of at least [`MIN_COPY`]
 //! consecutive elements as slice copies, the rest element by element. The schedule folds a padding only where
 //! AVX-512 runs (`ScheduleOptions::patched_pad`) and only configurations with such panels read it
 //! (`config::reads_patch`); element by element is the fallback that never runs in practice.
 //!
 //! Measured by packing a 3 x 3 convolution's patches (64 channels, 56 x 56, K blocks of 192 by 1024 columns, 32
-//! wide) in a loop: the pieces 300-330 µs an image from the padded input, the groups 220-270 from the padded input
-//! and 240-300 with the padding folded in. With the pieces reading the folded input the whole convolution was
-//! slower than storing the padded input first (more, shorter pieces); with the groups it is faster.
+//! wide) in a loop, one thread: the pieces 300-330 µs an image from the padded input, the groups 205-270 from the
+//! padded input and 220-300 with the padding folded in; the same groups read 8 lanes at a time with `vmaskmovps`
+//! 630. With the pieces reading the folded input the whole convolution was slower than storing the padded input
+//! first (more, shorter pieces); with the groups it is faster (`docs/benchmarks.md`).
 
 use kiln_jit::kernel::gemm::Patch;
 
