@@ -134,14 +134,15 @@ fn every_candidate_on_patched_convolution_operands() {
         });
         assert!(ran > 0, "{name}: no candidate");
     }
-    // Every padded window of at most 16 taps: all but the weight's gradient (its rows are output positions, a class
-    // each) and the 7x7 window.
+    // Every padded window of at most 16 taps, and the weight's gradient (its rows, output positions, in nine
+    // classes: by the edges they lie on); not the 7x7 window, whose taps keep more than 16 sets of columns here.
     let expected: &[&str] = if fold {
         &[
             "3x3, 5 -> 7, 10 x 10, batch 2",
             "3x3, 2 -> 5, 4 x 70",
             "3x3 dilated 2, 2 groups, 12 x 11",
             "3x3 stride 2, 3 -> 8, 15 x 13",
+            "the weight's gradient, 3x3, 4 -> 6, 9 x 10",
             "5x3 with bias and relu, 9 x 21",
         ]
     } else {

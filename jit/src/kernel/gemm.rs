@@ -84,18 +84,39 @@ impl Patch {
         Some((parts, c, patch))
     }
 
-    /// The classes of rows among the first `k`: rows whose range parts are equal (a 3 x 3 window's nine taps), so
-    /// the same columns are inside the padding for all of them. Packing works out each class's pieces once per
-    /// panel; one class where nothing is folded.
-    pub fn row_classes(&self, k: usize) -> Vec<usize> {
-        let mut keys: Vec<Vec<i64>> = Vec::new();
+    /// The classes of the first `k` rows over `n` columns: rows for which the same columns lie inside the padding
+    /// (a 3 x 3 window's nine taps; a weight gradient's output positions, nine kinds: the top, bottom, left and
+    /// right edges, the corners and the inside). Packing describes each class's columns once. One class where
+    /// nothing is folded.
+    ///
+    /// Row `i`'s columns inside range `r` are those whose part `c` has `lo - rows(i) <= c < hi - rows(i)`: an
+    /// interval of `c`, so two rows agree on a range where the same of its distinct column parts fall below each
+    /// bound. The key is that count at both bounds, per range.
+    pub fn row_classes(&self, k: usize, n: usize) -> Vec<usize> {
+        let parts: Vec<Vec<i64>> = self
+            .ranges
+            .iter()
+            .map(|r| {
+                let mut c: Vec<i64> = (0..n as i64).map(|j| r.cols.eval(&[j])).collect();
+                c.sort_unstable();
+                c.dedup();
+                c
+            })
+            .collect();
+        let mut keys: rustc_hash::FxHashMap<Vec<(usize, usize)>, usize> = Default::default();
         (0..k as i64)
             .map(|i| {
-                let key: Vec<i64> = self.ranges.iter().map(|r| r.rows.eval(&[i])).collect();
-                keys.iter().position(|x| *x == key).unwrap_or_else(|| {
-                    keys.push(key);
-                    keys.len() - 1
-                })
+                let key: Vec<(usize, usize)> = self
+                    .ranges
+                    .iter()
+                    .zip(&parts)
+                    .map(|(r, c)| {
+                        let at = r.rows.eval(&[i]);
+                        (c.partition_point(|&x| x < r.lo - at), c.partition_point(|&x| x < r.hi - at))
+                    })
+                    .collect();
+                let next = keys.len();
+                *keys.entry(key).or_insert(next)
             })
             .collect()
     }

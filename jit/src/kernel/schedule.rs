@@ -911,9 +911,9 @@ fn gemm_volume(graph: &Graph, n: NodeIndex) -> usize {
 ///
 /// Where the backend asks (`fold_pad`: `ScheduleOptions::patched_pad`), a zero padding under the view is folded into
 /// the patch (its ranges, `gemm::Patch::ranges`) where the rows fall into at most [`FOLDED_PAD_CLASSES`] classes (a
-/// window's taps): the packing then zero-fills what lies outside and the padded input is never stored, one pass
-/// over the input saved. Elsewhere (the weight gradient's `patches^T`,
-/// whose rows are output positions, one class each) the padded input is stored and read as before.
+/// window's taps; a weight gradient's output positions, by the edges they lie on): the packing then zero-fills
+/// what lies outside and the padded input is never stored, one pass over the input saved. Elsewhere (a 7 x 7
+/// window's 49 taps) the padded input is stored and read as before.
 fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool, consumers: &[Vec<NodeIndex>]) -> bool {
     if graph.node(b).dtype != crate::DType::F32 || graph.node(b).shape.rank() < 2 {
         return false;
@@ -963,7 +963,8 @@ fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool, consumer
             else {
                 return false;
             };
-            let classes = || patch.row_classes(ir.out_extents[rank - 2]).into_iter().max().unwrap_or(0) + 1;
+            let (k, n) = (ir.out_extents[rank - 2], ir.out_extents[rank - 1]);
+            let classes = || patch.row_classes(k, n).into_iter().max().unwrap_or(0) + 1;
             parts[..rank - 2].iter().all(|p| p.affine(rank).is_some()) && (!fold || classes() <= FOLDED_PAD_CLASSES)
         });
         if readable {

@@ -64,7 +64,7 @@ impl PatchTables {
     pub(super) fn new(p: &Patch, k: usize, n: usize) -> PatchTables {
         let table = |e: &kiln_jit::kernel::IExpr, n: usize| (0..n as i64).map(|i| e.eval(&[i])).collect::<Vec<_>>();
         let (rows, cols) = (table(&p.rows, k), table(&p.cols, n));
-        let class: Vec<u32> = p.row_classes(k).into_iter().map(|c| c as u32).collect();
+        let class: Vec<u32> = p.row_classes(k, n).into_iter().map(|c| c as u32).collect();
         let range_cols: Vec<Vec<i64>> = p.ranges.iter().map(|r| table(&r.cols, n)).collect();
         let classes = class.iter().max().map_or(1, |&c| c as usize + 1);
         // One k-step of each class: its range parts decide the class's columns inside the padding.
@@ -364,7 +364,8 @@ mod tests {
     }
 
     /// Every packing path against element (k, n) computed from the patch's expressions, over windows at strides
-    /// 1-3 (runs, two runs a group, gathers), folded or not, ragged column blocks and K blocks, panels 16-64 wide.
+    /// 1-3 (runs, two runs a group, gathers), folded or not, as a convolution's patches and transposed (a weight
+    /// gradient's: rows by the edges they lie on), ragged column blocks and K blocks, panels 16-64 wide.
     #[test]
     fn every_packing_reads_the_patch() {
         if !Isa::Avx2.present() {
@@ -381,8 +382,16 @@ mod tests {
         ];
         for case in cases {
             let (c, h, w, kh, kw, stride, pad) = case;
-            for folded in [false, true] {
+            for (folded, transposed) in [(false, false), (true, false), (false, true), (true, true)] {
                 let (patch, k, n) = conv(case, folded);
+                // The weight gradient's patches: rows the output positions, columns the window's taps.
+                let (patch, k, n) = if transposed {
+                    let swap = |r: &PatchRange| PatchRange { rows: r.cols.clone(), cols: r.rows.clone(), ..r.clone() };
+                    let ranges = patch.ranges.iter().map(swap).collect();
+                    (Patch { rows: patch.cols, cols: patch.rows, ranges }, n, k)
+                } else {
+                    (patch, k, n)
+                };
                 let t = PatchTables::new(&patch, k, n);
                 let len = (c * (h + 2 * pad) * (w + 2 * pad)) as usize;
                 let src: Vec<f32> = (0..len).map(|i| i as f32 + 1.0).collect();
@@ -426,8 +435,8 @@ mod tests {
                                     assert_eq!(
                                         x.to_bits(),
                                         expected.to_bits(),
-                                        "{name}: window {kh}x{kw} stride {stride} pad {pad} folded {folded}, nr \
-                                         {nr}, k {} n {j}: {x} against {expected}",
+                                        "{name}: window {kh}x{kw} stride {stride} pad {pad} folded {folded} \
+                                         transposed {transposed}, nr {nr}, k {} n {j}: {x} against {expected}",
                                         k0 + kk
                                     );
                                 }
