@@ -578,7 +578,8 @@ impl CompiledGemm {
                     // (legal_for: a patched B is only read by configurations that pack it.)
                     let dst = s.b(panels * nr * kb);
                     let base = unsafe { cx.b.offset(bo.b as isize) };
-                    unsafe { tables.pack(dst, base, pc, kb, jc, nb, nr) };
+                    let block = patch::Block { k0: pc, kb, n0: jc, nb, nr };
+                    unsafe { tables.pack(dst, base, block) };
                     dst as *const f32
                 } else if c.pack_b {
                     let dst = s.b(panels * nr * kb);

@@ -40,6 +40,8 @@ pub(super) struct PatchTables {
     cols: Vec<i64>,
     /// Each k-step's row class (all 0 where no padding is folded).
     class: Vec<u32>,
+    /// A padding is folded in (`Patch::ranges`): columns outside it are zeros, never read.
+    folded: bool,
     /// Groups of 16 columns: `ceil(n / 16)`.
     groups: usize,
     /// Group `g` of class `c`: `group[c * groups + g]`.
@@ -57,6 +59,16 @@ struct Group {
     off: [i64; 2],
     mask: [u16; 2],
     gather: bool,
+}
+
+/// The part of B one call packs: k-steps `k0..k0 + kb` and columns `n0..n0 + nb`, into panels `nr` wide.
+#[derive(Clone, Copy)]
+pub(super) struct Block {
+    pub k0: usize,
+    pub kb: usize,
+    pub n0: usize,
+    pub nb: usize,
+    pub nr: usize,
 }
 
 impl PatchTables {
@@ -115,35 +127,24 @@ impl PatchTables {
                 group.push(x);
             }
         }
-        PatchTables { rows, cols, class, groups, group, lanes }
+        PatchTables { rows, cols, class, folded: !p.ranges.is_empty(), groups, group, lanes }
     }
 
-    /// Packs k-steps `k0..k0 + kb` and columns `n0..n0 + nb` of the patched B at `src` into NR-wide panels as
-    /// `pack::pack_b`, zero-padded past the last column.
+    /// Packs block `b` of the patched B at `src` into NR-wide panels as `pack::pack_b`, zero-padded past the last
+    /// column.
     ///
     /// # Safety
     /// `src + rows[k] + cols[n]` must be valid for every k and n in range whose element lies inside the padding,
     /// and `dst` for `ceil(nb / nr) * nr * kb` floats.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn pack(
-        &self,
-        dst: *mut f32,
-        src: *const f32,
-        k0: usize,
-        kb: usize,
-        n0: usize,
-        nb: usize,
-        nr: usize,
-    ) {
-        let folded = self.group.len() > self.groups;
+    pub(super) unsafe fn pack(&self, dst: *mut f32, src: *const f32, b: Block) {
         // SAFETY (each arm): the caller's contract; AVX-512F where the host has it.
         unsafe {
-            if n0.is_multiple_of(GROUP) && nr.is_multiple_of(GROUP) && isa::allows(Isa::Avx512) {
-                self.pack_groups(dst, src, k0, kb, n0, nb, nr)
-            } else if !folded {
-                self.pack_pieces(dst, src, k0, kb, n0, nb, nr)
+            if b.n0.is_multiple_of(GROUP) && b.nr.is_multiple_of(GROUP) && isa::allows(Isa::Avx512) {
+                self.pack_groups(dst, src, b)
+            } else if !self.folded {
+                self.pack_pieces(dst, src, b)
             } else {
-                self.pack_by_element(dst, src, k0, kb, n0, nb, nr)
+                self.pack_by_element(dst, src, b)
             }
         }
     }
@@ -152,18 +153,9 @@ impl PatchTables {
     ///
     /// # Safety
     /// As [`PatchTables::pack`], `n0` and `nr` multiples of 16, and the CPU has AVX-512F.
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    unsafe fn pack_groups(
-        &self,
-        dst: *mut f32,
-        src: *const f32,
-        k0: usize,
-        kb: usize,
-        n0: usize,
-        nb: usize,
-        nr: usize,
-    ) {
+    unsafe fn pack_groups(&self, dst: *mut f32, src: *const f32, b: Block) {
+        let Block { k0, kb, n0, nb, nr } = b;
         use std::arch::x86_64::*;
         let (first, last) = (n0 / GROUP, (n0 + nb).div_ceil(GROUP));
         // The lanes of the block's last group up to its last column (a block ending inside a group: the groups
@@ -233,17 +225,8 @@ impl PatchTables {
     ///
     /// # Safety
     /// As [`PatchTables::pack`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn pack_pieces(
-        &self,
-        dst: *mut f32,
-        src: *const f32,
-        k0: usize,
-        kb: usize,
-        n0: usize,
-        nb: usize,
-        nr: usize,
-    ) {
+    unsafe fn pack_pieces(&self, dst: *mut f32, src: *const f32, b: Block) {
+        let Block { k0, kb, n0, nb, nr } = b;
         let rows = &self.rows[k0..k0 + kb];
         // (first column in the panel, columns, whether they are consecutive elements): at most NR, inline (this runs
         // on every replay; no allocation).
@@ -291,17 +274,8 @@ impl PatchTables {
     ///
     /// # Safety
     /// As [`PatchTables::pack`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn pack_by_element(
-        &self,
-        dst: *mut f32,
-        src: *const f32,
-        k0: usize,
-        kb: usize,
-        n0: usize,
-        nb: usize,
-        nr: usize,
-    ) {
+    unsafe fn pack_by_element(&self, dst: *mut f32, src: *const f32, b: Block) {
+        let Block { k0, kb, n0, nb, nr } = b;
         for p in 0..nb.div_ceil(nr) {
             for k in 0..kb {
                 let (r, c) = (self.rows[k0 + k], self.class[k0 + k] as usize);
@@ -371,7 +345,7 @@ mod tests {
         if !Isa::Avx2.present() {
             return;
         }
-        let cases: [Case; 7] = [
+        let cases: [Case; 8] = [
             (3, 10, 10, 3, 3, 1, 1),
             (2, 9, 40, 3, 3, 1, 1),
             (2, 13, 15, 3, 3, 2, 1),
@@ -379,6 +353,8 @@ mod tests {
             (2, 12, 17, 5, 3, 1, 2),
             (2, 9, 9, 3, 3, 3, 0),
             (1, 40, 36, 1, 1, 1, 0),
+            // One row class with columns outside the padding (a 1x1 window, padded).
+            (2, 9, 11, 1, 1, 1, 1),
         ];
         for case in cases {
             let (c, h, w, kh, kw, stride, pad) = case;
@@ -410,6 +386,7 @@ mod tests {
                                 continue;
                             }
                             let size = nb.div_ceil(nr) * nr * kb;
+                            let block = Block { k0, kb, n0, nb, nr };
                             let mut paths: Vec<(&str, Vec<f32>)> = Vec::new();
                             let mut run = |name, f: &dyn Fn(*mut f32)| {
                                 let mut dst = vec![f32::NAN; size];
@@ -419,13 +396,13 @@ mod tests {
                             let p = src.as_ptr();
                             // SAFETY: the patch's elements inside its padding lie within `src`; `dst` is sized
                             // as `pack` needs; each path runs only where its instructions are present.
-                            run("pack", &|d| unsafe { t.pack(d, p, k0, kb, n0, nb, nr) });
-                            run("by element", &|d| unsafe { t.pack_by_element(d, p, k0, kb, n0, nb, nr) });
+                            run("pack", &|d| unsafe { t.pack(d, p, block) });
+                            run("by element", &|d| unsafe { t.pack_by_element(d, p, block) });
                             if !folded {
-                                run("pieces", &|d| unsafe { t.pack_pieces(d, p, k0, kb, n0, nb, nr) });
+                                run("pieces", &|d| unsafe { t.pack_pieces(d, p, block) });
                             }
                             if Isa::Avx512.present() && nr % GROUP == 0 {
-                                run("groups", &|d| unsafe { t.pack_groups(d, p, k0, kb, n0, nb, nr) });
+                                run("groups", &|d| unsafe { t.pack_groups(d, p, block) });
                             }
                             for (name, got) in &paths {
                                 for (i, &x) in got.iter().enumerate() {
