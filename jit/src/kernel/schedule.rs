@@ -924,8 +924,8 @@ fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool, consumer
         let mut through = false;
         // Pads rule 1 chose to store (one whose source is computed, read once per window tap): folded, their
         // source is stored instead, which the taps then read under the pad's ranges. Only where nothing else reads
-        // the views between (`alone`): another GEMM reading the same patches may rely on the stored pad (a weight
-        // gradient's, whose rows are too many classes to fold).
+        // the views between (`alone`): another GEMM reading the same patches may rely on the stored pad (one whose
+        // rows fall into too many classes to fold).
         let mut unstored: smallvec::SmallVec<[NodeIndex; 2]> = smallvec::SmallVec::new();
         let mut alone = true;
         loop {
@@ -979,9 +979,9 @@ fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool, consumer
 }
 
 /// The most row classes (`gemm::Patch::row_classes`) a patched B folds its padding for: a 3 x 3 window's 9 taps, a
-/// 5 x 3 window's 15. The packing keeps a table of column groups per class; a 7 x 7 stem's 49 (3.3 MB with their
-/// gather offsets at 224 x 224, stride 2) measured slower folded than reading a stored padding (13.3 against 10.3
-/// ms, batch 8, 2 threads).
+/// weight gradient's 9 kinds of output position, a 7 x 7 stride-2 stem's 16 at 224 x 224. The packing keeps a table
+/// of column groups per class: classed by their range values, that stem's 49 taps (3.3 MB of tables with the
+/// gather offsets) measured slower folded than reading a stored padding (13.3 against 10.3 ms, batch 8, 2 threads).
 const FOLDED_PAD_CLASSES: usize = 16;
 
 /// An arena slot for `b`: the best fit among the `free` slots, or a new one.
