@@ -262,8 +262,8 @@ impl Tensor {
         }
     }
 
-    /// The same values, whose gradient `backward` sends to `inputs` through `f` (`f(g, i)`: the gradient of
-    /// `inputs[i]` given this tensor's `g`, `None` for none) instead of through the ops that computed them: a
+    /// The same values, whose gradient `backward` sends to `inputs` through `f` (`f(g, inputs, i)`: the gradient
+    /// of `inputs[i]` given this tensor's `g`, `None` for none) instead of through the ops that computed them: a
     /// composite op with a cheaper or better-fused vector-Jacobian product than its parts' (PyTorch's
     /// `autograd.Function`). Without gradient recording, or where no input requires gradients, `self`.
     pub(crate) fn with_grad_fn(&self, inputs: Srcs, f: crate::autograd::GradFn) -> Tensor {

@@ -123,19 +123,22 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, opts: &Conv2dO
         // own rules it is the patches' gradient (`W^T dy`, the patches' size: 58 MB for 64 channels at 56 x 56,
         // batch 8) and a kernel adding the window's taps back. At a larger stride the transposed convolution
         // would read an input dilated with zeros (stride^2 the products), so the composition's rules stay.
-        let w = weight.detach();
         let transposed = super::ConvTranspose2dOptions {
             padding: opts.padding,
             dilation: opts.dilation,
             groups: g,
             ..Default::default()
         };
-        let input_grad: crate::autograd::GradFn = std::sync::Arc::new(move |dy: &Tensor, i: usize| {
-            Some(if i == 0 { dy.clone() } else { super::conv_transpose2d(dy, &w, None, &transposed) })
-        });
-        // The weight's gradient flows through the composition (operand 0), the input's through `input_grad`.
+        // Links: the product (the weight's gradient flows through the composition), the input, and the weight
+        // without its gradient (read by the input's).
+        let input_grad: crate::autograd::GradFn =
+            std::sync::Arc::new(move |dy: &Tensor, links: &[Tensor], i| match i {
+                0 => Some(dy.clone()),
+                1 => Some(super::conv_transpose2d(dy, &links[2], None, &transposed)),
+                _ => None,
+            });
         let y = product(&x.detach());
-        y.with_grad_fn(smallvec::smallvec![y.clone(), x.clone()], input_grad)
+        y.with_grad_fn(smallvec::smallvec![y.clone(), x.clone(), weight.detach()], input_grad)
     } else {
         product(x)
     };
