@@ -247,6 +247,16 @@ impl Scalar {
         }
     }
 
+    /// Whether every bit of the value is zero (`+0.0`, `0`, `false`): what a masked load yields outside its
+    /// ranges, so a padding with it needs no select (`-0.0` is not: its sign would be lost).
+    pub fn is_zero_bits(self) -> bool {
+        match self {
+            Scalar::Bool(b) => !b,
+            Scalar::Int(i) => i == 0,
+            Scalar::Float(f) => f.to_bits() == 0,
+        }
+    }
+
     /// A stable 64-bit encoding for signatures (the value's bits, with its kind).
     pub fn key(self) -> [u64; 2] {
         match self {

@@ -59,17 +59,21 @@ pub struct PatchRange {
 }
 
 impl Patch {
-    /// A load of `index` under `valid` over `nvars` loop variables as a patch with rows along `kvar` and columns
-    /// along `nvar`: also the index's part per variable (each reads only its own) and its constant. `None` where
-    /// the index or a range is not separable, or a range moves with a variable other than `kvar` and `nvar`. The
-    /// caller checks that the load's fill is zero.
+    /// A load of `index` under `valid` (yielding `fill` outside) over `nvars` loop variables as a patch with rows
+    /// along `kvar` and columns along `nvar`: also the index's part per variable (each reads only its own) and its
+    /// constant. `None` where the fill is not zero (the packing writes zeros outside), the index or a range is not
+    /// separable, or a range moves with a variable other than `kvar` and `nvar`.
     pub fn of_load(
         index: &IExpr,
         valid: Option<&Valid>,
+        fill: crate::Scalar,
         nvars: usize,
         kvar: usize,
         nvar: usize,
     ) -> Option<(Vec<IExpr>, i64, Patch)> {
+        if !fill.is_zero_bits() {
+            return None;
+        }
         let one = |e: &IExpr| e.map_vars(&|_| IExpr::Var(0));
         let (parts, c) = index.separate(nvars)?;
         let mut ranges = Vec::new();
@@ -234,15 +238,10 @@ impl GemmView {
                 return Some((dtype, (*buf, coef, c, None)));
             }
             // A patched operand: an index only separable, or a load masked by a zero padding.
-            let zero = match *fill {
-                crate::Scalar::Float(x) => x.to_bits() == 0,
-                crate::Scalar::Int(x) => x == 0,
-                crate::Scalar::Bool(b) => !b,
-            };
-            if !patched || !zero {
+            if !patched {
                 return None;
             }
-            let (parts, c, patch) = Patch::of_load(index, valid.as_ref(), nvars, kvar, nvar)?;
+            let (parts, c, patch) = Patch::of_load(index, valid.as_ref(), *fill, nvars, kvar, nvar)?;
             let coef = parts.iter().map(|p| i64::from(*p != IExpr::Const(0))).collect();
             Some((dtype, (*buf, coef, c, Some((parts, patch)))))
         };

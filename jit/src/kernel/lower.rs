@@ -337,11 +337,7 @@ impl Lowerer<'_> {
                 // A load under these ranges (and maybe more: a pad of a pad) already gives zero outside them:
                 // padding with +0 needs no select (and a GEMM operand that is a padded load stays a plain masked
                 // load, `GemmView::of_patched`).
-                let zero = match *value {
-                    Scalar::Float(x) => x.to_bits() == 0,
-                    Scalar::Int(x) => x == 0,
-                    Scalar::Bool(b) => !b,
-                };
+                let zero = value.is_zero_bits();
                 let within = |vv: &Option<Valid>| match (vv, &valid) {
                     (Some(Valid(have)), Some(Valid(need))) => need.iter().all(|r| have.contains(r)),
                     _ => false,

@@ -918,7 +918,7 @@ fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool, consumer
     if graph.node(b).dtype != crate::DType::F32 || graph.node(b).shape.rank() < 2 {
         return false;
     }
-    let zero_pad = |op: &Op| matches!(op, Op::Pad { value: Scalar::Float(x), .. } if x.to_bits() == 0);
+    let zero_pad = |op: &Op| matches!(op, Op::Pad { value, .. } if value.is_zero_bits());
     for fold in [true, false].into_iter().filter(|&f| fold_pad || !f) {
         let mut base = b;
         let mut through = false;
@@ -955,11 +955,11 @@ fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool, consumer
             let rank = ir.out_rank();
             let [inst] = ir.outer.as_slice() else { return false };
             let InstOp::Load { index, valid, fill, .. } = &inst.op else { return false };
-            if valid.is_some() != fold || !matches!(fill, Scalar::Int(0)) && *fill != Scalar::Float(0.0) {
+            if valid.is_some() != fold {
                 return false;
             }
             let Some((parts, _, patch)) =
-                crate::kernel::gemm::Patch::of_load(index, valid.as_ref(), rank, rank - 2, rank - 1)
+                crate::kernel::gemm::Patch::of_load(index, valid.as_ref(), *fill, rank, rank - 2, rank - 1)
             else {
                 return false;
             };

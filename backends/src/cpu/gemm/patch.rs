@@ -3,12 +3,13 @@
 //! GEMM, and zero where a folded padding's ranges fail.
 //!
 //! With AVX-512 and panels a multiple of 16 wide, columns are packed in groups of 16, each described once per row
-//! class (rows whose padding ranges agree: a 3 x 3 window's nine taps) by at most two runs of consecutive elements
-//! inside the padding: a group that is one whole run is one 16-lane load per k-step, one of two runs a masked load
-//! each (what lies outside the padding or past the last column is a masked-off lane, never read, left zero), one
-//! with more runs (a strided convolution's columns) one gather instruction of precomputed lane offsets. No masked
-//! load is issued with an empty mask: its address may lie outside the buffer, where a masked load costs a
-//! fault-suppression assist (whole runs are plain loads for the same reason: masked, they measured slower). Elsewhere
+//! class (rows that keep the same columns inside the padding, `Patch::row_classes`: a 3 x 3 window's nine taps) by
+//! at most two runs of consecutive elements inside the padding: a group that is one whole run is one 16-lane load
+//! per k-step, one of two runs a masked load each (what lies outside the padding or past the last column is a
+//! masked-off lane, never read, left zero), one with more runs (a strided convolution's columns) one gather
+//! instruction of lane offsets precomputed per group. No masked load is issued with an empty mask: its address may
+//! lie outside the buffer, where a masked load costs a fault-suppression assist. Whole runs are plain loads (masked,
+//! they measured slower). Elsewhere
 //! (AVX2 panels of 16 or 24) a patch without a padding is packed in pieces: runs of at least [`MIN_COPY`]
 //! consecutive elements as slice copies, the rest element by element. The schedule folds a padding only where
 //! AVX-512 runs (`ScheduleOptions::patched_pad`) and only configurations with such panels read it
@@ -46,14 +47,16 @@ pub(super) struct PatchTables {
     groups: usize,
     /// Group `g` of class `c`: `group[c * groups + g]`.
     group: Vec<Group>,
-    /// A gathered group's lane offsets from its first lane's column (`Group::off[1]` indexes them).
-    lanes: Vec<[i32; GROUP]>,
+    /// Per group, its columns' offsets from its first column's, for a gather (the same for every class); `None`
+    /// past 32 bits (read lane by lane). Empty where no group gathers.
+    lanes: Vec<Option<[i32; GROUP]>>,
+    /// Whether the 16-lane groups may run (`KILN_CPU_ISA` allows AVX-512), decided once.
+    wide: bool,
 }
 
 /// How one group of 16 columns is read for one row class: at most two runs of consecutive elements (lanes of
 /// `mask[i]` from `off[i]` on: lane `j` at `off[i] + j`; an empty mask is no run), or where `gather`, each lane of
-/// `mask[0]` at `off[0]` plus its entry in `lanes[off[1]]` (one gather instruction), or lane by lane from its own
-/// column's offset where `off[1]` is -1 (offsets past 32 bits).
+/// `mask[0]` at its own column's offset (`PatchTables::lanes`).
 #[derive(Clone, Copy, Default)]
 struct Group {
     off: [i64; 2],
@@ -85,7 +88,7 @@ impl PatchTables {
             first[c as usize] = i as i64;
         }
         let groups = n.div_ceil(GROUP);
-        let (mut group, mut lanes) = (Vec::with_capacity(classes * groups), Vec::new());
+        let mut group = Vec::with_capacity(classes * groups);
         for &i in &first {
             let at: Vec<i64> = p.ranges.iter().map(|r| r.rows.eval(&[i])).collect();
             let inside = |j: usize| {
@@ -112,22 +115,25 @@ impl PatchTables {
                     all |= bit;
                 }
                 if runs > 2 {
-                    let base = cols[j0];
-                    let rel: Option<Vec<i32>> =
-                        (j0..j0 + GROUP).map(|j| i32::try_from(cols.get(j).map_or(0, |c| c - base)).ok()).collect();
-                    let at = match rel {
-                        Some(rel) => {
-                            lanes.push(std::array::from_fn(|j| rel[j]));
-                            lanes.len() as i64 - 1
-                        }
-                        None => -1,
-                    };
-                    x = Group { off: [base, at], mask: [all, 0], gather: true };
+                    x = Group { off: [0; 2], mask: [all, 0], gather: true };
                 }
                 group.push(x);
             }
         }
-        PatchTables { rows, cols, class, folded: !p.ranges.is_empty(), groups, group, lanes }
+        let lanes = if group.iter().any(|g| g.gather) {
+            let offsets = |g: usize| -> Option<[i32; GROUP]> {
+                let (j0, mut out) = (g * GROUP, [0; GROUP]);
+                for (j, x) in out.iter_mut().enumerate() {
+                    *x = i32::try_from(cols.get(j0 + j).map_or(0, |c| c - cols[j0])).ok()?;
+                }
+                Some(out)
+            };
+            (0..groups).map(offsets).collect()
+        } else {
+            Vec::new()
+        };
+        let (folded, wide) = (!p.ranges.is_empty(), isa::allows(Isa::Avx512));
+        PatchTables { rows, cols, class, folded, groups, group, lanes, wide }
     }
 
     /// Packs block `b` of the patched B at `src` into NR-wide panels as `pack::pack_b`, zero-padded past the last
@@ -139,7 +145,7 @@ impl PatchTables {
     pub(super) unsafe fn pack(&self, dst: *mut f32, src: *const f32, b: Block) {
         // SAFETY (each arm): the caller's contract; AVX-512F where the host has it.
         unsafe {
-            if b.n0.is_multiple_of(GROUP) && b.nr.is_multiple_of(GROUP) && isa::allows(Isa::Avx512) {
+            if self.wide && b.n0.is_multiple_of(GROUP) && b.nr.is_multiple_of(GROUP) {
                 self.pack_groups(dst, src, b)
             } else if !self.folded {
                 self.pack_pieces(dst, src, b)
@@ -177,24 +183,27 @@ impl PatchTables {
                     let x = match groups.get(i) {
                         None => _mm512_setzero_ps(),
                         Some(e) if e.mask[0] == 0 => _mm512_setzero_ps(),
-                        Some(e) if e.gather && e.off[1] >= 0 => {
-                            // SAFETY: `off[1]` indexes `lanes` (built with it); the gather reads only the mask's
-                            // lanes, each an element inside the padding, readable per the caller.
-                            unsafe {
-                                let idx = _mm512_loadu_si512(self.lanes[e.off[1] as usize].as_ptr().cast());
-                                let at = src.wrapping_offset((r + e.off[0]) as isize);
-                                _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), e.mask[0], idx, at)
-                            }
-                        }
                         Some(e) if e.gather => {
-                            let mut lanes = [0f32; GROUP];
                             let j0 = (g0 + i) * GROUP;
-                            for (j, x) in lanes.iter_mut().enumerate().filter(|&(j, _)| e.mask[0] & (1 << j) != 0) {
-                                // SAFETY: lane j's element is inside the padding, per the caller.
-                                *x = unsafe { *src.offset((r + self.cols[j0 + j]) as isize) };
+                            match &self.lanes[g0 + i] {
+                                // SAFETY: the gather reads only the mask's lanes, each an element inside the
+                                // padding at its column's offset from the group's first, readable per the caller.
+                                Some(offsets) => unsafe {
+                                    let idx = _mm512_loadu_si512(offsets.as_ptr().cast());
+                                    let at = src.wrapping_offset((r + self.cols[j0]) as isize);
+                                    _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), e.mask[0], idx, at)
+                                },
+                                None => {
+                                    let mut lanes = [0f32; GROUP];
+                                    let inside = lanes.iter_mut().enumerate().filter(|&(j, _)| e.mask[0] >> j & 1 != 0);
+                                    for (j, x) in inside {
+                                        // SAFETY: lane j's element is inside the padding, per the caller.
+                                        *x = unsafe { *src.offset((r + self.cols[j0 + j]) as isize) };
+                                    }
+                                    // SAFETY: `lanes` holds 16 floats.
+                                    unsafe { _mm512_loadu_ps(lanes.as_ptr()) }
+                                }
                             }
-                            // SAFETY: `lanes` holds 16 floats.
-                            unsafe { _mm512_loadu_ps(lanes.as_ptr()) }
                         }
                         // (A gather group may have every lane inside too.)
                         Some(e) if e.mask == [u16::MAX, 0] => {
