@@ -328,12 +328,22 @@ fn every_candidate_on_transposed_and_batched_operands() {
         ("a @ b.t() (linear)", rand(&[5, 40], 5).matmul(&rand(&[27, 40], 6).t())),
         ("a @ b.t(), M=12", rand(&[12, 40], 5).matmul(&rand(&[27, 40], 6).t())),
         ("batched", rand(&[3, 17, 20], 7).matmul(&rand(&[3, 20, 33], 8))),
+        // Enough elements that the threads take them whole (`parts_per_batch_element`), and small enough to read
+        // both operands in place; A transposed as attention's `p^T @ dy`.
+        ("batched, whole elements", rand(&[33, 17, 20], 11).matmul(&rand(&[33, 20, 35], 12))),
+        ("batched a.t(), whole elements", rand(&[33, 20, 17], 13).transpose(-2, -1).matmul(&rand(&[33, 20, 35], 14))),
         ("batch-1 vector", rand(&[1, 64], 9).matmul(&rand(&[64, 70], 10))),
     ];
     for (name, c) in cases {
         assert!(check_all_candidates(name, &c) > 0);
-        // The register epilogue must cover the common kinds; the others go through the pass.
         let k = &gemm_kernel(&c);
+        if name.contains("whole elements") {
+            let view = GemmView::of(k).unwrap();
+            let both_in_place = |imp: &GemmImpl| matches!(imp, GemmImpl::Asm(c) if !c.pack_a && !c.pack_b);
+            let cands = config::candidates_for(&view, false, &present_isas());
+            assert!(cands.iter().any(both_in_place), "{name}: no candidate reads both operands in place");
+        }
+        // The register epilogue must cover the common kinds; the others go through the pass.
         let in_registers = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap().roles).is_some();
         assert_eq!(in_registers, !name.contains("(a pass)"), "{name}: epilogue in registers = {in_registers}");
     }
@@ -394,8 +404,14 @@ fn every_candidate_with_each_epilogue() {
     ];
     for (name, c) in cases {
         assert!(check_all_candidates(name, &c) > 0);
-        // The register epilogue must cover the common kinds; the others go through the pass.
         let k = &gemm_kernel(&c);
+        if name.contains("whole elements") {
+            let view = GemmView::of(k).unwrap();
+            let both_in_place = |imp: &GemmImpl| matches!(imp, GemmImpl::Asm(c) if !c.pack_a && !c.pack_b);
+            let cands = config::candidates_for(&view, false, &present_isas());
+            assert!(cands.iter().any(both_in_place), "{name}: no candidate reads both operands in place");
+        }
+        // The register epilogue must cover the common kinds; the others go through the pass.
         let ep = kiln_backends::cpu::gemm::epilogue::translate(k, &GemmView::of(k).unwrap().roles);
         assert_eq!(ep.is_some(), !name.contains("(a pass)"), "{name}: epilogue in registers = {}", ep.is_some());
         // Literals are read where they are used, never held in a uniform slot (only the learning rate, a value

@@ -313,6 +313,12 @@ fn push_num(out: &mut String, mut x: usize) {
 /// packed, and short tiles compete.
 pub const SKINNY_M: usize = 16;
 
+/// B (one batch element's, f32) at most this large may be read in place together with A: it stays in L2 while the
+/// row tiles sweep it. Larger ones are packed or paired with a packed A: a weight gradient's 1024 x 512 B read in
+/// place with A (128 x 512 x 1024) won the hot-cache race and then ran 1.1 ms a step against 0.72 with A packed,
+/// its B arriving from L3 between the steps' other kernels (`KILN_PROFILE=1 ... train_gpt`).
+pub const SMALL_B_BYTES: usize = 128 * 1024;
+
 /// Every legal candidate for `v` among the families `KILN_CPU_ISA` allows on this host ([`isa::allowed`]; none of
 /// the generated ones where that setting is an error, which `select` reports), in a fixed order (the order is part
 /// of the candidate-set checksum).
@@ -431,6 +437,7 @@ pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl
     let mut seen = rustc_hash::FxHashSet::default();
     let b_inplace_ok = v.b.cols == 1;
     let skinny = v.m <= SKINNY_M;
+    let small_b = v.k * v.n * 4 <= SMALL_B_BYTES;
     for &isa in isas {
         let lanes = isa.lanes();
         // Skinny problems stream B from memory: short K blocks keep the rows a tile sweep touches few enough for
@@ -449,8 +456,14 @@ pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl
                         // 256 x 1024 (W stored N x K) 2501-2516 -> 2462, 1024^3 10070 -> 9865; 2048^3 and A stored
                         // transposed (a weight gradient's `dy.t()`) within noise either way. The races decide per
                         // shape.
+                        // Both in place also where B is small (a batch element's B within `SMALL_B_BYTES`)
+                        // and A one block with B's rows contiguous (the filter below): attention's batched
+                        // products (64 x (64 x 64 @ 64 x 32)) then pack nothing, where each batch element had
+                        // packed one operand.
                         let reads: &[(bool, bool)] = if skinny {
                             &[(false, true), (false, false)]
+                        } else if small_b {
+                            &[(true, true), (true, false), (false, true), (false, false)]
                         } else {
                             &[(true, true), (true, false), (false, true)]
                         };
@@ -618,6 +631,17 @@ pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<Gemm
 pub fn fits(isa: Isa, mr: usize, nv: usize) -> bool {
     let b_regs = if mr == 1 { 0 } else { nv };
     mr >= 1 && nv >= 1 && mr * nv + b_regs < isa.registers()
+}
+
+/// Into how many rectangles (row or column strips) the threads cut each batch element of `c` on `v`. A batch of at
+/// least four elements a thread is shared out whole: cut in two, each half of a small element packed the operand
+/// both halves read (the cost model weighs the split the same way, `cost::score`).
+pub fn parts_per_batch_element(v: &GemmView, c: &GemmConfig, threads: usize) -> usize {
+    if v.batch_count() >= 4 * threads {
+        return 1;
+    }
+    let units = if c.split_m { v.m.div_ceil(c.mr) } else { v.n.div_ceil(c.nr()) };
+    threads.clamp(1, units.max(1))
 }
 
 /// Whether every displacement the kernels need fits an i32 (a stride of a huge matrix might not).

@@ -86,11 +86,19 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
     if kc * nr * 4.0 > 16.0 * 1024.0 && b_demand(c, isa::peak_ratio(c.isa)) > L2_B_BYTES_PER_CYCLE {
         eff *= 0.8;
     }
-    // Parallel split: tiles per thread along the split dimension.
-    let (units, t) = if c.split_m { ((m / mr).ceil(), threads as f64) } else { ((n / nr).ceil(), threads as f64) };
+    // Parallel split: tiles per thread along the split dimension, or whole batch elements per thread
+    // (`parts_per_batch_element`).
+    let whole = super::config::parts_per_batch_element(v, c, threads) == 1 && v.batch_count() > 1;
+    let (units, t) = if whole {
+        (v.batch_count() as f64, threads as f64)
+    } else if c.split_m {
+        ((m / mr).ceil(), threads as f64)
+    } else {
+        ((n / nr).ceil(), threads as f64)
+    };
     let used = t.min(units).max(1.0);
-    let n_part = if c.split_m { n } else { n / used };
-    let m_part = if c.split_m { m / used } else { m };
+    let n_part = if c.split_m || whole { n } else { n / used };
+    let m_part = if !c.split_m || whole { m } else { m / used };
     if c.pack_a && c.mc as f64 * kc * 4.0 > 256.0 * 1024.0 {
         eff *= 0.8;
     }
@@ -123,7 +131,9 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
     let mut bytes = c_weight * c_block * (2.0 * kblocks - 1.0);
     bytes += if c.pack_b { 8.0 * k * n_part } else { 4.0 * k * n_part * (m_part / c.mc as f64).ceil() };
     bytes += if c.pack_a { 8.0 * k * m_part * (n_part / c.nc as f64).ceil() } else { 4.0 * k * m_part };
-    let mem_s = batch * bytes / (BW * 1e9);
+    // A thread's traffic: its share of every batch element, or its whole ones.
+    let elements = if whole { (batch / used).ceil() } else { batch };
+    let mem_s = elements * bytes / (BW * 1e9);
     flops / (compute_s + mem_s) / 1e9
 }
 

@@ -204,8 +204,7 @@ impl CompiledGemm {
         let tail_cols = v.n % c.nr();
         let ragged = tail_cols % lanes;
         g.ragged = ragged;
-        let units = if c.split_m { v.m.div_ceil(c.mr) } else { v.n.div_ceil(c.nr()) };
-        g.parts = threads.clamp(1, units.max(1));
+        g.parts = config::parts_per_batch_element(v, &c, threads);
         let mut specs = Vec::new();
         let mut slots = Vec::new();
         let row_counts: Vec<usize> = [c.mr, v.m % c.mr].into_iter().filter(|&r| r > 0 && r <= v.m).collect();
