@@ -232,34 +232,66 @@ pub unsafe fn pack_a(
 
 /// 16 rows of packed A (`dst` at row 0 of the 16 in the step-major layout of [`pack_a`], `mr` rows a step) from A
 /// stored K x M (`a` at row 0 of the 16, element `(m, k)` at `a[m + k * cs]`): for each pair of K, rows k and k + 1
-/// (16 contiguous words each) interleaved into 16 dwords, one per row, zeros past `depth`.
+/// (16 contiguous words each) interleaved into 16 dwords, one per row of the 16, zeros past `depth`; a step's 16
+/// such vectors are then transposed in registers ([`transpose_16x16`]) into the 16 rows' 64-byte runs, stored
+/// whole. (Scattering each vector's dwords to the 16 rows instead, `vpscatterdd`, took about twice as long: a
+/// scatter is 16 stores.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn pair_rows_scattered(dst: *mut u16, a: *const u16, cs: i64, depth: usize, mr: usize, steps: usize) {
     use std::arch::x86_64::*;
-    let offsets: [i32; 16] = std::array::from_fn(|m| (m * KSTEP * 2) as i32);
-    // SAFETY: both arrays are 64 bytes.
-    let (idx, vindex) = unsafe {
-        (_mm512_loadu_si512(PAIR_WORDS.as_ptr() as *const _), _mm512_loadu_si512(offsets.as_ptr() as *const _))
-    };
+    // SAFETY: `PAIR_WORDS` is 64 bytes.
+    let idx = unsafe { _mm512_loadu_si512(PAIR_WORDS.as_ptr() as *const _) };
     for s in 0..steps {
-        for p in 0..TILE {
+        let pairs: [__m512i; TILE] = std::array::from_fn(|p| {
             let k = s * KSTEP + 2 * p;
-            // SAFETY: rows k and k + 1 (when below `depth`) hold 16 words (the caller's bounds); dword p of each of
-            // the 16 rows of step s lies within `dst`'s `mr * steps * 32` words.
-            unsafe {
-                let row = |k: usize| {
-                    if k < depth {
-                        _mm512_castsi256_si512(_mm256_loadu_si256(a.offset(k as isize * cs as isize) as *const _))
-                    } else {
-                        _mm512_setzero_si512()
-                    }
-                };
-                let pairs = _mm512_permutex2var_epi16(row(k), idx, row(k + 1));
-                _mm512_i32scatter_epi32::<1>(dst.add(s * mr * KSTEP + 2 * p) as *mut _, vindex, pairs);
-            }
+            // SAFETY: rows k and k + 1, when below `depth`, hold 16 words (the caller's bounds).
+            let row = |k: usize| unsafe {
+                if k < depth {
+                    _mm512_castsi256_si512(_mm256_loadu_si256(a.offset(k as isize * cs as isize) as *const _))
+                } else {
+                    _mm512_setzero_si512()
+                }
+            };
+            _mm512_permutex2var_epi16(row(k), idx, row(k + 1))
+        });
+        for (m, run) in transpose_16x16(pairs).into_iter().enumerate() {
+            // SAFETY: row m of step s, 32 words, lies within `dst`'s `mr * steps * 32` words (m < 16 <= mr).
+            unsafe { _mm512_storeu_si512(dst.add((s * mr + m) * KSTEP) as *mut _, run) };
         }
     }
+}
+
+/// The 16 x 16 dword transpose: dword j of result i is dword i of `r[j]`. Interleaved dwords, then quadwords, within
+/// each 128-bit lane, then the lanes themselves in two rounds of `vshufi32x4` (64 shuffles in all).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose_16x16(r: [std::arch::x86_64::__m512i; 16]) -> [std::arch::x86_64::__m512i; 16] {
+    use std::arch::x86_64::*;
+    // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved, columns 4L, 4L + 1 | 4L + 2, 4L + 3 of each lane L.
+    let t: [__m512i; 16] = std::array::from_fn(|i| {
+        let (x, y) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 { _mm512_unpacklo_epi32(x, y) } else { _mm512_unpackhi_epi32(x, y) }
+    });
+    // u[4g + c]: rows 4g..4g + 4 at column 4L + c of each lane L.
+    let u: [__m512i; 16] = std::array::from_fn(|i| {
+        let (g, c) = (i / 4, i % 4);
+        let (x, y) = (t[4 * g + c / 2], t[4 * g + 2 + c / 2]);
+        if c % 2 == 0 { _mm512_unpacklo_epi64(x, y) } else { _mm512_unpackhi_epi64(x, y) }
+    });
+    let mut out = [_mm512_setzero_si512(); 16];
+    for c in 0..4 {
+        // Lanes 0, 1 (x0) and 2, 3 (x1) of the groups of rows 0..8, then of rows 8..16 (x2, x3).
+        let x0 = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
+        let x1 = _mm512_shuffle_i32x4::<0xEE>(u[c], u[4 + c]);
+        let x2 = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
+        let x3 = _mm512_shuffle_i32x4::<0xEE>(u[8 + c], u[12 + c]);
+        out[c] = _mm512_shuffle_i32x4::<0x88>(x0, x2);
+        out[4 + c] = _mm512_shuffle_i32x4::<0xDD>(x0, x2);
+        out[8 + c] = _mm512_shuffle_i32x4::<0x88>(x1, x3);
+        out[12 + c] = _mm512_shuffle_i32x4::<0xDD>(x1, x3);
+    }
+    out
 }
 
 #[cfg(not(target_arch = "x86_64"))]
