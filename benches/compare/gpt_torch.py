@@ -15,7 +15,11 @@ Rounds: the host alternates between fast and slow phases, so each of `--rounds R
 both PyTorch modes close in time; the table gives each side's median over the rounds and the ratio of the medians,
 with the per-round ratios' range in brackets.
 
-    python3 benches/compare/gpt_torch.py [--threads T] [--steps N] [--rounds R] [--skip-kiln]
+    python3 benches/compare/gpt_torch.py [--threads T] [--steps N] [--rounds R] [--skip-kiln] [--dtype bf16]
+
+`--dtype bf16`: kiln trains with `--dtype bf16` (bf16 weights and activations, AdamW on f32 master weights), PyTorch
+with its forward under `torch.autocast("cpu", dtype=torch.bfloat16)` (bf16 matmuls, f32 weights and optimizer):
+each library's own mixed-precision path, on the same weights and batch.
 
 Threads: T (default 2): torch.set_num_threads(T), and kiln runs with KILN_NUM_THREADS=T. See README.md here for
 installing PyTorch.
@@ -50,10 +54,10 @@ def setup(torch):
     return gpt, init, tokens
 
 
-def torch_times(torch, gpt, init, tokens, steps: int, compiled: bool) -> tuple[float, float]:
+def torch_times(torch, gpt, init, tokens, steps: int, compiled: bool, bf16: bool) -> tuple[float, float]:
     """(first step s, median step s) of PyTorch eager or torch.compile."""
     P = {k: v.clone().requires_grad_() for k, v in init.items()}
-    step = gpt.make_step(P, H, L, steps, PEAK, compiled=compiled)
+    step = gpt.make_step(P, H, L, steps, PEAK, compiled=compiled, bf16=bf16)
     x, y = tokens[:, :T].long(), tokens[:, 1:].long()
     times = []
     for i in range(steps):
@@ -68,11 +72,11 @@ def target_dir() -> Path:
     return ROOT / os.environ.get("CARGO_TARGET_DIR", "target")
 
 
-def kiln_times(path: str, steps: int, threads: int, cache: str) -> tuple[float, float]:
+def kiln_times(path: str, steps: int, threads: int, cache: str, dtype: str) -> tuple[float, float]:
     env = dict(os.environ, KILN_NUM_THREADS=str(threads), KILN_CACHE_DIR=cache)
     out = subprocess.run(
         [str(target_dir() / "release" / "examples" / "train_gpt"), "--init", path, "--steps", str(steps),
-         "--sample", "0"],
+         "--sample", "0", "--dtype", dtype],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True,
     ).stdout
     m = re.search(r"first step ([\d.]+) ms, then ([\d.]+) ms/step", out)
@@ -87,7 +91,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-kiln", action="store_true")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     args = ap.parse_args()
+    bf16 = args.dtype == "bf16"
     import torch
     from safetensors.torch import save_file
 
@@ -101,13 +107,15 @@ def main() -> None:
     rows = {"kiln": [], "eager": [], "compile": []}
     for r in range(args.rounds):
         if not args.skip_kiln:
-            rows["kiln"].append(kiln_times(path, args.steps, args.threads, os.path.join(tmp, f"cache{r}")))
-        rows["eager"].append(torch_times(torch, gpt, init, tokens, args.steps, False))
+            cache = os.path.join(tmp, f"cache{r}")
+            rows["kiln"].append(kiln_times(path, args.steps, args.threads, cache, args.dtype))
+        rows["eager"].append(torch_times(torch, gpt, init, tokens, args.steps, False, bf16))
         if r == 0:
             torch._dynamo.reset()
-        rows["compile"].append(torch_times(torch, gpt, init, tokens, args.steps, True))
-    print(f"GPT step ({L} layers, d_model {D}, {H} heads, context {T}, batch {B}), {args.threads} threads, "
-          f"torch {torch.__version__}, median of {args.steps - WARMUP} steps, {args.rounds} rounds")
+        rows["compile"].append(torch_times(torch, gpt, init, tokens, args.steps, True, bf16))
+    precision = "bf16 (kiln: bf16 weights and activations, f32 master weights; PyTorch: autocast)" if bf16 else "f32"
+    print(f"GPT step ({L} layers, d_model {D}, {H} heads, context {T}, batch {B}), {precision}, {args.threads} "
+          f"threads, torch {torch.__version__}, median of {args.steps - WARMUP} steps, {args.rounds} rounds")
     print(f"{'':10} {'first step':>17} {'step':>9} {'tokens/s':>9}  kiln vs it")
     for name, vals in rows.items():
         if not vals:
