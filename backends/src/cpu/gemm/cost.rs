@@ -83,6 +83,15 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
         // ms, packed B 14.7 ms; the model had ranked the in-place ones first.
         eff *= 0.5;
     }
+    if !c.pack_a && v.a.rows == 1 && v.a.cols * 4 >= 1024 && k * m * 4.0 > l2_bytes as f64 / 2.0 {
+        // A stored K x M (a weight gradient's activations, `x^T`) past half of L2, read in place: a tile's
+        // broadcasts walk `kc` rows of A a row (1 KiB or more) apart, a stride no prefetcher follows, and in a
+        // training step those rows come from memory (written in the forward pass, long before). The race times
+        // them hot and cannot see it. Measured in the GPT step (`KILN_PROFILE=1 ... train_gpt`, each candidate
+        // forced, 512 x 128 x 1024, A 2 MiB): A in place at KC 1024 792 µs a launch (the model's pick), at KC 256
+        // 628, packed A at KC 1024 668 and at 256 609; the race had timed KC 1024 at 555 µs hot.
+        eff *= if kc > 256.0 { 0.7 } else { 0.85 };
+    }
     if kc * nr * 4.0 > 16.0 * 1024.0 && b_demand(c, isa::peak_ratio(c.isa)) > L2_B_BYTES_PER_CYCLE {
         eff *= 0.8;
     }
@@ -326,6 +335,29 @@ mod tests {
         // Only packed B is priced so: B read in place scores alike whatever the L2.
         let in_place = |l2: usize| score_with_l2(&forward, &tile(1024, 256, false), 2, l2);
         assert_eq!(in_place(2 << 20), in_place(64 << 20));
+    }
+
+    /// A weight gradient's A (stored K x M, 2 MiB) read in place ranks its short K blocks first, as they ran in
+    /// the training step; the same product with A stored M x K, or small enough for L2, keeps its long K blocks.
+    #[test]
+    fn activations_read_in_place_from_memory_take_short_k_blocks() {
+        let best = |v: &GemmView| {
+            let cands = super::super::config::candidates_for(v, false, &[Isa::Avx512]);
+            let top =
+                cands.iter().max_by(|a, b| score_with_l2(v, a, 2, 2 << 20).total_cmp(&score_with_l2(v, b, 2, 2 << 20)));
+            match top {
+                Some(GemmImpl::Asm(c)) => (c.kc, c.pack_a),
+                other => panic!("{other:?}"),
+            }
+        };
+        let transposed = |m: usize| {
+            let v = view(m, 128, 1024);
+            GemmView { a: GemmOperand { rows: 1, cols: m as i64, ..v.a.clone() }, ..v }
+        };
+        let (kc, pack_a) = best(&transposed(512));
+        assert!(kc <= 256 || pack_a, "512 x 128 x 1024, A stored K x M: KC {kc}, packed A {pack_a}");
+        assert_eq!(best(&transposed(128)).0, 1024, "A of 512 KiB stays in L2");
+        assert_eq!(best(&view(512, 128, 1024)).0, 1024, "A stored M x K streams its rows");
     }
 
     /// A thread's C block within half of L2 is re-read from there, once per K block, at an eighth of the memory
