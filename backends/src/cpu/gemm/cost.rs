@@ -337,27 +337,34 @@ mod tests {
         assert_eq!(in_place(2 << 20), in_place(64 << 20));
     }
 
-    /// A weight gradient's A (stored K x M, 2 MiB) read in place ranks its short K blocks first, as they ran in
-    /// the training step; the same product with A stored M x K, or small enough for L2, keeps its long K blocks.
+    /// A weight gradient's A (stored K x M, 2 MiB) read in place ranks its short K blocks or a packed A first, as
+    /// they ran in the training step; stored M x K, or within half of L2, every candidate scores as it did.
     #[test]
     fn activations_read_in_place_from_memory_take_short_k_blocks() {
-        let best = |v: &GemmView| {
-            let cands = super::super::config::candidates_for(v, false, &[Isa::Avx512]);
-            let top =
-                cands.iter().max_by(|a, b| score_with_l2(v, a, 2, 2 << 20).total_cmp(&score_with_l2(v, b, 2, 2 << 20)));
-            match top {
-                Some(GemmImpl::Asm(c)) => (c.kc, c.pack_a),
-                other => panic!("{other:?}"),
-            }
-        };
+        let l2 = 2 << 20;
         let transposed = |m: usize| {
             let v = view(m, 128, 1024);
             GemmView { a: GemmOperand { rows: 1, cols: m as i64, ..v.a.clone() }, ..v }
         };
-        let (kc, pack_a) = best(&transposed(512));
-        assert!(kc <= 256 || pack_a, "512 x 128 x 1024, A stored K x M: KC {kc}, packed A {pack_a}");
-        assert_eq!(best(&transposed(128)).0, 1024, "A of 512 KiB stays in L2");
-        assert_eq!(best(&view(512, 128, 1024)).0, 1024, "A stored M x K streams its rows");
+        let cands = |v: &GemmView| super::super::config::candidates_for(v, false, &[Isa::Avx512]);
+        let big = transposed(512);
+        let best = cands(&big)
+            .into_iter()
+            .max_by(|a, b| score_with_l2(&big, a, 2, l2).total_cmp(&score_with_l2(&big, b, 2, l2)));
+        let Some(GemmImpl::Asm(c)) = best else { panic!("{best:?}") };
+        assert!(c.kc <= 256 || c.pack_a, "512 x 128 x 1024, A stored K x M: {}", GemmImpl::Asm(c).name());
+        for m in [512, 128] {
+            let (t, plain) = (transposed(m), view(m, 128, 1024));
+            for imp in cands(&plain) {
+                let (st, sp) = (score_with_l2(&t, &imp, 2, l2), score_with_l2(&plain, &imp, 2, l2));
+                let in_place = matches!(imp, GemmImpl::Asm(c) if !c.pack_a);
+                if m == 512 && in_place {
+                    assert!(st < sp, "{}: {st} against {sp}", imp.name());
+                } else {
+                    assert_eq!(st, sp, "{m} rows, {}", imp.name());
+                }
+            }
+        }
     }
 
     /// A thread's C block within half of L2 is re-read from there, once per K block, at an eighth of the memory
