@@ -201,6 +201,21 @@ fn softmax_movement_and_padding_match_the_interpreter() {
     kernels(&x.reshape([12, 5]).matmul(&x.reshape([5, 12])).log_softmax(0));
 }
 
+/// A zero pad of a cast of a stored value (a bf16 model's slice gradients, cast from an f32 product and padded
+/// into place) reads the value as a masked load and casts it: no select of its own per element.
+#[test]
+fn zero_pads_of_casts_are_masked_loads() {
+    let (x, y) = (rand(&[3, 4, 5]), rand(&[3, 2, 5]));
+    kiln::realize(&[&x, &y]).unwrap();
+    let z = x.to_dtype(DType::BF16).pad(&[(0, 0), (0, 2)], 0.0) + y.to_dtype(DType::BF16).pad(&[(0, 0), (4, 0)], 0.0);
+    assert_eq!(kernels(&z).len(), 1);
+    let cap = kiln::capture(&[&z]).unwrap();
+    let plan = schedule(&cap.graph);
+    let selects =
+        plan.launches[0].kernel.outer.iter().filter(|i| matches!(i.op, kiln_jit::kernel::ir::InstOp::Where(..)));
+    assert_eq!(selects.count(), 0, "{}", plan.launches[0].kernel);
+}
+
 /// The JIT's unrolled vector bodies (several f32x4 per iteration), the single-vector loop and the scalar tail all
 /// run for a long odd-length input, split over threads: every element matches the interpreter.
 #[test]

@@ -342,7 +342,12 @@ impl Lowerer<'_> {
                     (Some(Valid(have)), Some(Valid(need))) => need.iter().all(|r| have.contains(r)),
                     _ => false,
                 };
-                if zero && matches!(&self.insts[v].op, InstOp::Load { valid: vv, .. } if within(vv)) {
+                let masked_load =
+                    |id: ValueId| matches!(&self.insts[id].op, InstOp::Load { valid: vv, .. } if within(vv));
+                // Likewise a cast of such a load (a bf16 model's gradient padded after its cast from f32: the qkv
+                // gradient's three pads): a cast maps the load's zero to zero in every dtype.
+                let cast_of_masked = matches!(self.insts[v].op, InstOp::Cast(src) if masked_load(src));
+                if zero && (masked_load(v) || cast_of_masked) {
                     self.note("pad".into());
                     return v;
                 }
