@@ -288,6 +288,27 @@ fn wide_kernels_on_batched_shapes() {
     check("[5, 40, 100] - per-batch row [5, 1, 100]", &(&big - &special_f32(&[5, 1, 100], 11)));
 }
 
+/// Zero pads along outer dims, summed: the masked loads' ranges test only batch positions, so each load is read
+/// through a per-row gate (`wide::gate_batch_masks`), in f32 and through a cast to bf16 (a bf16 model's q/k/v
+/// gradients put back into one tensor). Specials include -0.0, which the pads' +0 turns into +0.
+#[test]
+fn wide_kernels_read_masked_loads_through_gates() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    let parts: Vec<Tensor> = (0..3).map(|i| special_f32(&[3, 5, 1, 2, 19], 20 + i)).collect();
+    for dtype in [DType::F32, DType::BF16] {
+        let pad = |p: &Tensor, before: usize| {
+            p.to_dtype(dtype).pad(&[(0, 0), (0, 0), (before, 2 - before), (0, 0), (0, 0)], 0.0)
+        };
+        let z = pad(&parts[0], 2) + pad(&parts[1], 1) + pad(&parts[2], 0);
+        check(&format!("{dtype} parts padded along an outer dim"), &z);
+    }
+    // A pad whose range leaves some batch positions with no load at all.
+    let x = special_f32(&[3, 4, 1, 2, 21], 30);
+    check("one part padded on both sides", &x.pad(&[(0, 0), (0, 0), (2, 3), (0, 0), (0, 0)], 0.0).mul(2.0));
+}
+
 /// Inputs across `exp`'s whole f32 domain: uniform over [-110, 95] (overflow past 88.72, subnormal results below
 /// -87.3, zero below -103.9), the clamp bounds and the edges of those ranges exactly, and NaN, infinities, signed
 /// zeros and subnormals.

@@ -10,8 +10,9 @@
 //! (`KernelIr::with_merged_loops`), over `[batch.., m, n]` or `[n]` (`ElementwiseView`), whose outer code the GEMM
 //! epilogue's register program can express (`gemm::epilogue::translate`: f32 `+ - * /`, `sqrt`, `neg`, `abs`, `recip`,
 //! `exp`, `tanh`, `log`, comparisons, `where`, bool `and`/`or`/`not`, i32 `==`/`!=`; loads that walk n contiguously,
-//! per element or per column, loads that stand still along a row, values uniform over the launch). It *is* an epilogue without an
-//! accumulator, so it is translated by the same code and its arithmetic emitted by the same emitter
+//! per element or per column, loads that stand still along a row, values uniform over the launch; masked loads
+//! whose masks test only batch positions, read through a gate per row, `gate_batch_masks`). It *is* an epilogue
+//! without an accumulator, so it is translated by the same code and its arithmetic emitted by the same emitter
 //! (`asm::emit_insts`); only the loop around it is this file's. bf16 runs too, at 16 lanes only: loads widen 2-byte
 //! elements to their exact f32 values (`vpmovzxwd`, shift), each bf16 result of arithmetic is rounded in the program
 //! with the Cranelift kernels' integer rounding, and a bf16 output is stored as each lane's top half (`vpmovdw`),
@@ -155,6 +156,9 @@ pub(crate) struct WideKernel {
     isa: Isa,
     /// The output is bf16 (2-byte elements, rounded by the program and stored as their top halves).
     out_bf16: bool,
+    /// The gate tables of masked loads read whole or not at all per batch element ([`gate_batch_masks`]): inputs
+    /// after the kernel's own, before its output.
+    gates: Vec<Vec<i32>>,
     code: ExecutableBuffer,
     f: WideFn,
 }
@@ -201,6 +205,10 @@ impl WideKernel {
             Some((inner, outer)) => (inner, Some(RowSum { outer })),
             None => (k.with_merged_loops(), None),
         };
+        let (merged, gates) = match row_sum.is_none().then(|| gate_batch_masks(&merged)).flatten() {
+            Some((gated, gates)) => (gated, gates),
+            None => (merged, Vec::new()),
+        };
         let k = &merged;
         let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
         let allow = epilogue::Allow { bf16: true, bf16_loads: true, positions: false };
@@ -234,6 +242,7 @@ impl WideKernel {
             row_sum,
             isa,
             out_bf16,
+            gates,
             code,
             f,
         }))
@@ -282,7 +291,16 @@ impl WideKernel {
     /// Every pointer must be valid for the buffer the kernel IR declares at that position (its dtype and length),
     /// and the output must not alias an input other than one read at the output's own element (a donation).
     pub(crate) unsafe fn run(&self, ptrs: &[*mut u8]) {
-        // SAFETY: the caller's pointer contract.
+        // The gate tables go between the kernel's own inputs and its output, where the gated IR declares them.
+        let own = self.n_inputs - self.gates.len();
+        let with_gates: smallvec::SmallVec<[*mut u8; 16]> = ptrs[..own]
+            .iter()
+            .copied()
+            .chain(self.gates.iter().map(|g| g.as_ptr() as *mut u8))
+            .chain(ptrs[own..].iter().copied())
+            .collect();
+        let ptrs = &with_gates[..];
+        // SAFETY: the caller's pointer contract; each gate table holds what its BufParam declares (only read).
         let uniforms = unsafe { Uniforms::for_launch(Some(&self.ep), &self.outer, ptrs) };
         let args = Args { ptrs, uniforms: uniforms.as_ptr() };
         if self.batch.is_empty() && self.m == 1 && self.row_sum.is_none() {
@@ -314,13 +332,25 @@ impl WideKernel {
     /// `c0..c0 + cols`.
     unsafe fn call(&self, a: &Args, b: usize, r0: usize, rows: usize, c0: usize, cols: usize) {
         let mut table = [std::ptr::null::<u8>(); TABLE_OPERANDS + epilogue::MAX_OPERANDS];
-        let batch_offset = |coef: &[i64]| {
-            let (mut rest, mut off) = (b, 0isize);
-            for (d, &e) in self.batch.iter().enumerate().rev() {
-                off += coef[d] as isize * (rest % e) as isize;
-                rest /= e;
+        // Batch element b's position, decomposed once for every operand (a kernel of many small batch elements,
+        // such as a concatenation's, makes a call per element).
+        const MAX_DIMS: usize = 8;
+        let mut at = [0isize; MAX_DIMS];
+        let (mut rest, dims) = (b, self.batch.len());
+        for (d, &e) in self.batch.iter().enumerate().rev().filter(|&(d, _)| d < MAX_DIMS) {
+            at[d] = (rest % e) as isize;
+            rest /= e;
+        }
+        let batch_offset = |coef: &[i64]| -> isize {
+            if dims > MAX_DIMS {
+                let (mut rest, mut off) = (b, 0isize);
+                for (d, &e) in self.batch.iter().enumerate().rev() {
+                    off += coef[d] as isize * (rest % e) as isize;
+                    rest /= e;
+                }
+                return off;
             }
-            off
+            coef.iter().zip(&at).map(|(&c, &i)| c as isize * i).sum()
         };
         let out_row = (b * self.m + r0) as isize;
         let (r0, c0) = (r0 as isize, c0 as isize);
@@ -362,6 +392,106 @@ impl WideKernel {
             (self.f)(table.as_ptr(), rows, cols)
         }
     }
+}
+
+/// `k` with its masked loads whose ranges test only batch positions (loop variables before the last two: a pad or a
+/// concatenation along an outer dim, such as attention's q/k/v gradients put back into one `[B * T, 3 * D]`)
+/// rewritten as unmasked loads selected by a gate: an i32 table, 1 where the load's ranges hold, read per row (a
+/// per-row operand), built here from the ranges, one table per load (`None`: no such load). The register program
+/// then runs such a kernel at full width, where the masks had left it to a 4-lane Cranelift kernel. The same
+/// values: where a gate is 0 the `where` gives the load's fill, as the masked load did.
+///
+/// Only loads whose index does not depend on the variables their ranges test (a padded dim of one element reads
+/// its element 0): the address read where the gate is 0 is then one read where it is 1, inside the buffer.
+fn gate_batch_masks(k: &KernelIr) -> Option<(KernelIr, Vec<Vec<i32>>)> {
+    use kiln_jit::kernel::index::IExpr;
+    use kiln_jit::kernel::ir::{BufParam, InstOp};
+    use kiln_jit::{DType, Scalar, op::BinaryOp};
+    let rank = k.out_rank();
+    if k.reduce.is_some() || !k.rows.is_empty() || rank < 3 {
+        return None;
+    }
+    let batch_rank = rank - 2;
+    let gated = |op: &InstOp| match op {
+        InstOp::Load { index, valid: Some(v), .. } => {
+            let tested: Vec<usize> = v.0.iter().flat_map(|(e, _, _)| e.vars()).collect();
+            let coef = index.affine(rank).map(|(c, _)| c);
+            tested.iter().all(|&t| t < batch_rank) && coef.is_some_and(|c| tested.iter().all(|&t| c[t] == 0))
+        }
+        _ => false,
+    };
+    if !k.outer.iter().any(|i| gated(&i.op)) {
+        return None;
+    }
+    let (batch, m) = (&k.out_extents[..batch_rank], k.out_extents[batch_rank]);
+    let rows: usize = batch.iter().product::<usize>() * m;
+    // Row r's batch position and its index in the table (`b * m + row`): the per-row operand's index.
+    let row_index = {
+        let mut stride = m as i64;
+        let mut terms = vec![IExpr::Var(batch_rank)];
+        for d in (0..batch_rank).rev() {
+            terms.push(IExpr::Var(d).times(stride));
+            stride *= batch[d] as i64;
+        }
+        IExpr::Add(terms)
+    };
+    let mut out = k.clone();
+    out.outer.clear();
+    let mut gates = Vec::new();
+    let mut ids = Vec::with_capacity(k.outer.len());
+    let push = |out: &mut KernelIr, op: InstOp, dtype: DType| {
+        out.outer.push(Inst { op, dtype });
+        out.outer.len() - 1
+    };
+    for inst in &k.outer {
+        let mut op = inst.op.clone();
+        if gated(&op) {
+            let InstOp::Load { buf, index, valid: Some(v), fill } = op else { unreachable!("gated loads are masked") };
+            let mut vars = vec![0i64; rank];
+            let table: Vec<i32> = (0..rows)
+                .map(|r| {
+                    let mut rest = r / m;
+                    for d in (0..batch_rank).rev() {
+                        vars[d] = (rest % batch[d]) as i64;
+                        rest /= batch[d];
+                    }
+                    i32::from(v.0.iter().all(|(e, lo, hi)| (*lo..*hi).contains(&e.eval(&vars))))
+                })
+                .collect();
+            let gate_buf = k.inputs.len() + gates.len();
+            gates.push(table);
+            out.inputs.insert(gate_buf, BufParam { dtype: DType::I32, len: rows });
+            let load = push(&mut out, InstOp::Load { buf, index, valid: None, fill }, inst.dtype);
+            let gate = InstOp::Load { buf: gate_buf, index: row_index.clone(), valid: None, fill: Scalar::Int(0) };
+            let gate = push(&mut out, gate, DType::I32);
+            let zero = push(&mut out, InstOp::Const(Scalar::Int(0)), DType::I32);
+            let open = push(&mut out, InstOp::Binary(BinaryOp::Ne, gate, zero), DType::Bool);
+            let fill = push(&mut out, InstOp::Const(fill), inst.dtype);
+            ids.push(push(&mut out, InstOp::Where(open, load, fill), inst.dtype));
+            continue;
+        }
+        match &mut op {
+            InstOp::Unary(_, a) | InstOp::Cast(a) | InstOp::Gather { index: a, .. } => *a = ids[*a],
+            InstOp::Binary(_, a, b) => {
+                *a = ids[*a];
+                *b = ids[*b];
+            }
+            InstOp::Where(c, a, b) => {
+                *c = ids[*c];
+                *a = ids[*a];
+                *b = ids[*b];
+            }
+            InstOp::Const(_)
+            | InstOp::Index(_)
+            | InstOp::Load { .. }
+            | InstOp::Rand { .. }
+            | InstOp::RowAcc(_)
+            | InstOp::Acc => {}
+        }
+        ids.push(push(&mut out, op, inst.dtype));
+    }
+    out.result = ids[k.result];
+    Some((out, gates))
 }
 
 /// Whether `k` has bf16 values (an input, arithmetic in its outer or reduce code, its output): such a kernel is
