@@ -297,7 +297,12 @@ fn wide_kernels_read_masked_loads_through_gates() {
         return;
     }
     let parts: Vec<Tensor> = (0..3).map(|i| special_f32(&[3, 5, 1, 2, 19], 20 + i)).collect();
-    for dtype in [DType::F32, DType::BF16] {
+    // bf16 kernels are generated only where AVX-512 is allowed (`wide_bf16_kernels_match_the_interpreter_bit_for_bit`).
+    let bf16 = kiln_backends::cpu::isa::allows(Isa::Avx512);
+    if !bf16 {
+        eprintln!("note: AVX-512F absent or ruled out by KILN_CPU_ISA: the bf16 case is not generated, not checked");
+    }
+    for dtype in [DType::F32, DType::BF16].into_iter().filter(|&d| bf16 || d == DType::F32) {
         let pad = |p: &Tensor, before: usize| {
             p.to_dtype(dtype).pad(&[(0, 0), (0, 0), (before, 2 - before), (0, 0), (0, 0)], 0.0)
         };
