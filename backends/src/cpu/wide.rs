@@ -404,6 +404,7 @@ impl WideKernel {
 /// Only loads whose index does not depend on the variables their ranges test (a padded dim of one element reads
 /// its element 0): the address read where the gate is 0 is then one read where it is 1, inside the buffer.
 fn gate_batch_masks(k: &KernelIr) -> Option<(KernelIr, Vec<Vec<i32>>)> {
+    const MAX_GATE_ROWS: usize = 1 << 20;
     use kiln_jit::kernel::index::IExpr;
     use kiln_jit::kernel::ir::{BufParam, InstOp};
     use kiln_jit::{DType, Scalar, op::BinaryOp};
@@ -425,6 +426,11 @@ fn gate_batch_masks(k: &KernelIr) -> Option<(KernelIr, Vec<Vec<i32>>)> {
     }
     let (batch, m) = (&k.out_extents[..batch_rank], k.out_extents[batch_rank]);
     let rows: usize = batch.iter().product::<usize>() * m;
+    // A table entry per row: past a few MiB (rows of a few elements over a large tensor) the Cranelift kernel's
+    // masks are the cheaper way.
+    if rows > MAX_GATE_ROWS {
+        return None;
+    }
     // Row r's batch position and its index in the table (`b * m + row`): the per-row operand's index.
     let row_index = {
         let mut stride = m as i64;
