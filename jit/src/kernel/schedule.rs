@@ -57,11 +57,17 @@ pub const MAX_KERNEL_INPUTS: usize = 24;
 /// Recompute a multi-use value instead of storing it when it costs at most this many ALU ops per element.
 const CHEAP_OPS: usize = 3;
 
-/// Rule 1d: the most ALU ops (a transcendental one counts one) a stored value may cost to be recomputed instead by
-/// each kernel that reads it, and the most kernels that may each recompute it. Its readers already read its
-/// inputs, so recomputing trades a store and a load of every element for these ops: a GELU's tanh costs 6.
+/// Rule 1d: the most ALU ops a stored value may cost to be recomputed instead by each kernel that reads it, and
+/// the most kernels that may each recompute it. Its readers already read its inputs, so recomputing trades a store
+/// and a load of every element for these ops.
 const RECOMPUTE_OPS: usize = 12;
 const RECOMPUTE_READERS: usize = 3;
+
+/// What one transcendental op (`exp`, `tanh`, `log`, ...) counts toward [`RECOMPUTE_OPS`]: its polynomial is
+/// tens of instructions a vector, not one. A GELU's tanh (five arithmetic ops and the tanh: 13) is stored by its
+/// forward kernel and read by its gradient, where counting the tanh as one op had recomputed it in the gradient's
+/// GEMM epilogue: the GELU's kernels 1200 -> 1107 µs a layer, the GPT step 1-2.5 % faster (docs/benchmarks.md).
+const TRANSCENDENTAL_OPS: usize = 8;
 
 /// Rows of A from which a transposed B is copied to contiguous memory before the GEMM (rule 2b).
 const TRANSPOSE_COPY_MIN_ROWS: usize = 8;
@@ -333,7 +339,8 @@ struct Inline {
 
 fn inline_at_element(graph: &Graph, n: NodeIndex, mat: &[bool]) -> Inline {
     let numel = graph.node(n).shape.numel();
-    let mut inline = Inline { reach: Vec::new(), frontier: Vec::new(), ops: alu_cost(&graph.node(n).op) };
+    let weight = |op: &Op| if is_transcendental(op) { TRANSCENDENTAL_OPS } else { alu_cost(op) };
+    let mut inline = Inline { reach: Vec::new(), frontier: Vec::new(), ops: weight(&graph.node(n).op) };
     let mut stack = graph.srcs(n);
     while let Some(cur) = stack.pop() {
         if inline.reach.contains(&cur) {
@@ -341,7 +348,7 @@ fn inline_at_element(graph: &Graph, n: NodeIndex, mat: &[bool]) -> Inline {
         }
         inline.reach.push(cur);
         if !mat[cur.index()] && elementwise_at(graph, cur, numel) {
-            inline.ops += alu_cost(&graph.node(cur).op);
+            inline.ops += weight(&graph.node(cur).op);
             stack.extend(graph.srcs(cur));
         } else if !matches!(graph.node(cur).op, Op::Const(_)) {
             inline.frontier.push(cur);
@@ -597,10 +604,10 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
 
     // Rule 1d: a value stored only because several kernels read it, where each of those kernels reads everything
     // the value is computed from anyway, at the same element, is computed again by each of them when that costs
-    // at most `RECOMPUTE_OPS` ALU ops (transcendental ones included): its buffer cost a launch, a write and a read
-    // per reader, the recomputation costs no memory traffic at all. GELU's tanh is such a value: its forward and
-    // its gradient both read the pre-activation, and storing the tanh had cost a kernel of its own, a write and
-    // two reads of the activation's size. Inductor's partitioner recomputes such values for the same reason.
+    // at most `RECOMPUTE_OPS` ALU ops (a transcendental counting `TRANSCENDENTAL_OPS`): its buffer cost a launch, a
+    // write and a read per reader, the recomputation costs no memory traffic at all. Inductor's partitioner
+    // recomputes such values for the same reason. (GELU's tanh had been recomputed so, and storing it had first
+    // measured slower, on an AVX2 host; with the 16-lane kernels storing it measured faster, so it now counts 13.)
     for &s in &order {
         if !reconsidered(s, &mat) {
             continue;
