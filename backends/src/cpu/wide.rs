@@ -291,15 +291,21 @@ impl WideKernel {
     /// Every pointer must be valid for the buffer the kernel IR declares at that position (its dtype and length),
     /// and the output must not alias an input other than one read at the output's own element (a donation).
     pub(crate) unsafe fn run(&self, ptrs: &[*mut u8]) {
-        // The gate tables go between the kernel's own inputs and its output, where the gated IR declares them.
-        let own = self.n_inputs - self.gates.len();
-        let with_gates: smallvec::SmallVec<[*mut u8; 16]> = ptrs[..own]
-            .iter()
-            .copied()
-            .chain(self.gates.iter().map(|g| g.as_ptr() as *mut u8))
-            .chain(ptrs[own..].iter().copied())
-            .collect();
-        let ptrs = &with_gates[..];
+        // The gate tables go between the kernel's own inputs and its output, where the gated IR declares them (a
+        // kernel without gates takes the caller's pointers as they are: no copy on its replays).
+        let with_gates: smallvec::SmallVec<[*mut u8; 16]>;
+        let ptrs = if self.gates.is_empty() {
+            ptrs
+        } else {
+            let own = self.n_inputs - self.gates.len();
+            with_gates = ptrs[..own]
+                .iter()
+                .copied()
+                .chain(self.gates.iter().map(|g| g.as_ptr() as *mut u8))
+                .chain(ptrs[own..].iter().copied())
+                .collect();
+            &with_gates[..]
+        };
         // SAFETY: the caller's pointer contract; each gate table holds what its BufParam declares (only read).
         let uniforms = unsafe { Uniforms::for_launch(Some(&self.ep), &self.outer, ptrs) };
         let args = Args { ptrs, uniforms: uniforms.as_ptr() };
@@ -333,25 +339,14 @@ impl WideKernel {
     unsafe fn call(&self, a: &Args, b: usize, r0: usize, rows: usize, c0: usize, cols: usize) {
         let mut table = [std::ptr::null::<u8>(); TABLE_OPERANDS + epilogue::MAX_OPERANDS];
         // Batch element b's position, decomposed once for every operand (a kernel of many small batch elements,
-        // such as a concatenation's, makes a call per element).
-        const MAX_DIMS: usize = 8;
-        let mut at = [0isize; MAX_DIMS];
-        let (mut rest, dims) = (b, self.batch.len());
-        for (d, &e) in self.batch.iter().enumerate().rev().filter(|&(d, _)| d < MAX_DIMS) {
+        // such as a concatenation's, makes a call per element); inline up to 8 dims.
+        let mut at: smallvec::SmallVec<[isize; 8]> = smallvec::smallvec![0; self.batch.len()];
+        let mut rest = b;
+        for (d, &e) in self.batch.iter().enumerate().rev() {
             at[d] = (rest % e) as isize;
             rest /= e;
         }
-        let batch_offset = |coef: &[i64]| -> isize {
-            if dims > MAX_DIMS {
-                let (mut rest, mut off) = (b, 0isize);
-                for (d, &e) in self.batch.iter().enumerate().rev() {
-                    off += coef[d] as isize * (rest % e) as isize;
-                    rest /= e;
-                }
-                return off;
-            }
-            coef.iter().zip(&at).map(|(&c, &i)| c as isize * i).sum()
-        };
+        let batch_offset = |coef: &[i64]| -> isize { coef.iter().zip(&at).map(|(&c, &i)| c as isize * i).sum() };
         let out_row = (b * self.m + r0) as isize;
         let (r0, c0) = (r0 as isize, c0 as isize);
         // SAFETY: every offset formed is that of an element the kernel IR's affine indices reach for some (row,
@@ -450,9 +445,10 @@ fn gate_batch_masks(k: &KernelIr) -> Option<(KernelIr, Vec<Vec<i32>>)> {
         out.outer.len() - 1
     };
     for inst in &k.outer {
-        let mut op = inst.op.clone();
-        if gated(&op) {
-            let InstOp::Load { buf, index, valid: Some(v), fill } = op else { unreachable!("gated loads are masked") };
+        if gated(&inst.op) {
+            let InstOp::Load { buf, index, valid: Some(v), fill } = inst.op.clone() else {
+                unreachable!("gated loads are masked")
+            };
             let mut vars = vec![0i64; rank];
             let table: Vec<i32> = (0..rows)
                 .map(|r| {
@@ -476,25 +472,10 @@ fn gate_batch_masks(k: &KernelIr) -> Option<(KernelIr, Vec<Vec<i32>>)> {
             ids.push(push(&mut out, InstOp::Where(open, load, fill), inst.dtype));
             continue;
         }
-        match &mut op {
-            InstOp::Unary(_, a) | InstOp::Cast(a) | InstOp::Gather { index: a, .. } => *a = ids[*a],
-            InstOp::Binary(_, a, b) => {
-                *a = ids[*a];
-                *b = ids[*b];
-            }
-            InstOp::Where(c, a, b) => {
-                *c = ids[*c];
-                *a = ids[*a];
-                *b = ids[*b];
-            }
-            InstOp::Const(_)
-            | InstOp::Index(_)
-            | InstOp::Load { .. }
-            | InstOp::Rand { .. }
-            | InstOp::RowAcc(_)
-            | InstOp::Acc => {}
-        }
-        ids.push(push(&mut out, op, inst.dtype));
+        let mut inst = inst.clone();
+        inst.map_operands(|a| ids[a]);
+        out.outer.push(inst);
+        ids.push(out.outer.len() - 1);
     }
     out.result = ids[k.result];
     Some((out, gates))

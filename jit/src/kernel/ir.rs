@@ -112,6 +112,29 @@ impl Inst {
         }
     }
 
+    /// Replaces every value this instruction reads (those [`Inst::operands`] lists) by `f` of it: renumbering
+    /// after instructions are inserted or dropped.
+    pub fn map_operands(&mut self, f: impl Fn(ValueId) -> ValueId) {
+        match &mut self.op {
+            InstOp::Unary(_, a) | InstOp::Cast(a) | InstOp::Gather { index: a, .. } => *a = f(*a),
+            InstOp::Binary(_, a, b) => {
+                *a = f(*a);
+                *b = f(*b);
+            }
+            InstOp::Where(c, a, b) => {
+                *c = f(*c);
+                *a = f(*a);
+                *b = f(*b);
+            }
+            InstOp::Const(_)
+            | InstOp::Index(_)
+            | InstOp::Load { .. }
+            | InstOp::Rand { .. }
+            | InstOp::Acc
+            | InstOp::RowAcc(_) => {}
+        }
+    }
+
     /// Every value this instruction reads (a gather's index included), in a fixed order.
     pub fn operands(&self) -> Vec<ValueId> {
         match self.op {
@@ -349,21 +372,10 @@ impl KernelIr {
             }
         }
         for mut inst in std::mem::take(&mut self.outer) {
-            match &mut inst.op {
-                InstOp::Acc => continue,
-                InstOp::Unary(_, a) | InstOp::Cast(a) | InstOp::Gather { index: a, .. } => *a = ids[*a],
-                InstOp::Binary(_, a, b) => {
-                    *a = ids[*a];
-                    *b = ids[*b];
-                }
-                InstOp::Where(c, a, b) => {
-                    *c = ids[*c];
-                    *a = ids[*a];
-                    *b = ids[*b];
-                }
-                InstOp::Const(_) | InstOp::Index(_) | InstOp::Load { .. } | InstOp::Rand { .. } | InstOp::RowAcc(_) => {
-                }
+            if inst.op == InstOp::Acc {
+                continue;
             }
+            inst.map_operands(|a| ids[a]);
             outer.push(inst);
         }
         self.result = ids[self.result];
