@@ -333,6 +333,11 @@ fn every_candidate_on_transposed_and_batched_operands() {
         ("batched, whole elements", rand(&[33, 17, 20], 11).matmul(&rand(&[33, 20, 35], 12))),
         ("batched a.t(), whole elements", rand(&[33, 20, 17], 13).transpose(-2, -1).matmul(&rand(&[33, 20, 35], 14))),
         ("batch-1 vector", rand(&[1, 64], 9).matmul(&rand(&[64, 70], 10))),
+        // Nine batch dims no merge can join (A's reversed): every one must move the operands.
+        ("nine batch dims", {
+            let a = rand(&[2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 4], 15).permute([8, 7, 6, 5, 4, 3, 2, 1, 0, 9, 10]);
+            a.matmul(&rand(&[2, 2, 2, 2, 2, 2, 2, 2, 2, 4, 5], 16))
+        }),
     ];
     for (name, c) in cases {
         assert!(check_all_candidates(name, &c) > 0);

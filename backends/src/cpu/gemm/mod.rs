@@ -512,12 +512,12 @@ impl CompiledGemm {
     /// Element offsets of batch element `bidx`: A, B, C, then each epilogue operand.
     fn batch_offsets(&self, bidx: usize) -> BatchOffsets {
         let v = &self.view;
-        let mut idx = [0i64; 8];
+        // Every batch dim's position (inline up to 8; past that a fixed array had dropped the outer ones, and a
+        // GEMM over nine unmergeable batch dims read the wrong elements).
+        let mut idx: smallvec::SmallVec<[i64; 8]> = smallvec::smallvec![0; v.batch.len()];
         let mut rem = bidx;
         for (d, &e) in v.batch.iter().enumerate().rev() {
-            if d < idx.len() {
-                idx[d] = (rem % e) as i64;
-            }
+            idx[d] = (rem % e) as i64;
             rem /= e;
         }
         let dot = |s: &[i64]| s.iter().zip(&idx).map(|(a, b)| a * b).sum::<i64>();
