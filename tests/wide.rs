@@ -286,6 +286,13 @@ fn wide_kernels_on_batched_shapes() {
     assert_eq!(shape_of(&(&full * 3.0)), "elementwise 1 x 255");
     let big = special_f32(&[5, 40, 100], 10);
     check("[5, 40, 100] - per-batch row [5, 1, 100]", &(&big - &special_f32(&[5, 1, 100], 11)));
+    // Rows of 2 under a loop of 40 (`wide::with_longest_rows`): the 40 become the rows, written 38 elements apart,
+    // and the 2 a batch dim; with a per-row value of the new rows and one of the old.
+    let t = special_f32(&[5, 2, 40, 19], 12).permute([0, 2, 1, 3]);
+    let swapped = &(&t * 2.0) + &special_f32(&[1, 40, 1, 1], 13);
+    assert_eq!(shape_of(&swapped), "elementwise 5 x 2 x 40 x 19");
+    check("[5, 40, 2, 19] rows of 2 under 40", &swapped);
+    check("[5, 40, 2, 19] a value per old row", &(&t - &special_f32(&[5, 40, 2, 1], 14)));
 }
 
 /// Zero pads along outer dims, summed: the masked loads' ranges test only batch positions, so each load is read
@@ -309,6 +316,15 @@ fn wide_kernels_read_masked_loads_through_gates() {
         let z = pad(&parts[0], 2) + pad(&parts[1], 1) + pad(&parts[2], 0);
         check(&format!("{dtype} parts padded along an outer dim"), &z);
     }
+    // The same with 20 positions above the pad's dim and rows of 2: the 20 become the rows (the pad's dim stays a
+    // batch dim, read through its gates).
+    let long: Vec<Tensor> = (0..3).map(|i| special_f32(&[3, 20, 1, 2, 19], 40 + i)).collect();
+    let pad = |p: &Tensor, before: usize| p.pad(&[(0, 0), (0, 0), (before, 2 - before), (0, 0), (0, 0)], 0.0);
+    let z = pad(&long[0], 2) + pad(&long[1], 1) + pad(&long[2], 0);
+    let plan = schedule_with(&kiln::capture(&[&z]).unwrap().graph, ScheduleOptions::default());
+    let listing = kiln_backends::cpu::wide_listing(&plan.launches.last().unwrap().kernel).unwrap().unwrap();
+    assert!(listing.starts_with("elementwise 3 x 3 x 2 x 20 x 19,"), "{listing}");
+    check("parts padded along an outer dim, 20 rows", &z);
     // A pad whose range leaves some batch positions with no load at all.
     let x = special_f32(&[3, 4, 1, 2, 21], 30);
     check("one part padded on both sides", &x.pad(&[(0, 0), (0, 0), (2, 3), (0, 0), (0, 0)], 0.0).mul(2.0));

@@ -33,11 +33,11 @@ pub fn run_wide_at(
     inputs: &[&HostBuffer],
 ) -> Result<Option<HostBuffer>, String> {
     enum Either {
-        Wide(wide::WideKernel),
+        Wide(Box<wide::WideKernel>),
         Rows(wide_rows::RowKernel),
     }
     let w = if k.rows.is_empty() {
-        wide::WideKernel::build_for(k, isa)?.map(Either::Wide)
+        wide::WideKernel::build_for(k, isa)?.map(|w| Either::Wide(Box::new(w)))
     } else {
         wide_rows::RowKernel::build_for(k, isa)?.map(Either::Rows)
     };

@@ -39,7 +39,10 @@
 //! every pointer steps one row. Operand pointers live in rcx, r8-r11 and rbx, the column offset in rax, so a load is
 //! one instruction with no address arithmetic. The caller splits rows over threads (the Cranelift kernels' split,
 //! so a weight's rows stay on the core that updates them; rows of all batch elements form one range, a call never
-//! crosses a batch element), or for one row, chunks of one vector's columns.
+//! crosses a batch element), or for one row, chunks of one vector's columns. A call per batch element makes a
+//! kernel of many short batch elements mostly calls, so where the row loop is short and a longer loop above it is
+//! free of masks, that loop becomes the row loop and the output is written through its original strides
+//! (`with_longest_rows`).
 //!
 //! The width (`width`): 16 lanes wherever AVX-512 is allowed (`cpu::isa`), else 8. Unlike the GEMM's families it is
 //! not weighed by the FMA peaks: these kernels are not FMA-bound, and their polynomials, compares, blends and loop
@@ -142,6 +145,10 @@ pub(crate) struct WideKernel {
     batch: Vec<usize>,
     m: usize,
     n: usize,
+    /// The output's element stride per batch dim and per row: row-major over `[batch.., m, n]`, or the original
+    /// layout's strides where [`with_longest_rows`] chose another loop as the row loop.
+    out_batch: Vec<usize>,
+    out_ld: usize,
     ep: Epilogue,
     /// The outer code (for the host-evaluated uniform values).
     outer: Vec<Inst>,
@@ -205,18 +212,32 @@ impl WideKernel {
             Some((inner, outer)) => (inner, Some(RowSum { outer })),
             None => (k.with_merged_loops(), None),
         };
+        // The output's strides per batch dim and per row: row-major, unless the row loop is another one.
+        let (merged, out_strides) = match row_sum.is_none().then(|| with_longest_rows(&merged)).flatten() {
+            Some((permuted, strides)) => (permuted, Some(strides)),
+            None => (merged, None),
+        };
         let (merged, gates) = match row_sum.is_none().then(|| gate_batch_masks(&merged)).flatten() {
             Some((gated, gates)) => (gated, gates),
             None => (merged, Vec::new()),
         };
         let k = &merged;
         let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
+        let (out_batch, out_ld) = out_strides.unwrap_or_else(|| {
+            let mut strides = vec![0; view.batch.len()];
+            let mut s = view.m * view.n;
+            for (d, &e) in view.batch.iter().enumerate().rev() {
+                strides[d] = s;
+                s *= e;
+            }
+            (strides, view.n)
+        });
         let allow = epilogue::Allow { bf16: true, bf16_loads: true, positions: false };
         let Some(ep) = epilogue::translate_with(k, &view.roles, allow) else { return Ok(None) };
         let out_bf16 = k.output.dtype == kiln_jit::DType::BF16;
         let Some(layout) = Layout::plan(&ep.program, view.n, row_sum.as_ref(), isa) else { return Ok(None) };
         // Row steps are instruction immediates.
-        let steps_fit = i32::try_from(4 * view.n).is_ok()
+        let steps_fit = i32::try_from(4 * out_ld).is_ok()
             && ep.operands.iter().all(|o| match o.kind {
                 OperandKind::Mat { ld } => i32::try_from(4 * ld).is_ok(),
                 OperandKind::Col { stride } => i32::try_from(4 * stride).is_ok(),
@@ -225,7 +246,7 @@ impl WideKernel {
         if !steps_fit {
             return Ok(None);
         }
-        let code = emit(&ep, &layout, view.n, row_sum.as_ref(), isa, out_bf16)?;
+        let code = emit(&ep, &layout, out_ld, row_sum.as_ref(), isa, out_bf16)?;
         crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the code at offset 0 is a function emitted by `emit` with `WideFn`'s sysv64 signature, and `code`
         // (kept in the returned kernel) keeps it mapped executable.
@@ -234,6 +255,8 @@ impl WideKernel {
             batch: view.batch,
             m: view.m,
             n: view.n,
+            out_batch,
+            out_ld,
             ep,
             outer: k.outer.clone(),
             n_inputs: k.inputs.len(),
@@ -354,7 +377,12 @@ impl WideKernel {
         // the `rows` x `cols` elements from those pointers (masked at both ends), as `emit` generates it.
         unsafe {
             // A row sum writes one value per row.
-            let out_at = if self.row_sum.is_some() { out_row } else { out_row * self.n as isize + c0 };
+            let out_at = if self.row_sum.is_some() {
+                out_row
+            } else {
+                let batch: isize = self.out_batch.iter().zip(&at).map(|(&s, &i)| s as isize * i).sum();
+                batch + r0 * self.out_ld as isize + c0
+            };
             let os = if self.out_bf16 { 2 } else { 4 };
             let out = (a.ptrs[self.n_inputs] as *const u8).offset(out_at * os as isize);
             // Columns before the output's first vector-size boundary (32 or 64 bytes), when every row starts at the
@@ -363,7 +391,7 @@ impl WideKernel {
             let (lanes, vb) = (self.isa.lanes(), os * self.isa.lanes());
             let head = if self.row_sum.is_some() {
                 0
-            } else if rows == 1 || (os * self.n).is_multiple_of(vb) {
+            } else if rows == 1 || (os * self.out_ld).is_multiple_of(vb) {
                 (((vb - out as usize % vb) % vb) / os).min(cols)
             } else {
                 0
@@ -387,6 +415,64 @@ impl WideKernel {
             (self.f)(table.as_ptr(), rows, cols)
         }
     }
+}
+
+/// The elementwise kernel `k` (loops merged) with another output loop as its row loop, where its row loop is short
+/// and a longer loop before it takes no part in a mask: the loops reordered (the columns stay last) and the output's
+/// original strides per batch dim and per row, which the kernel then writes through. Each call of the generated code
+/// runs the rows of one batch element, so the row loop sets the number of calls: attention's q/k/v gradients put
+/// back into one `[B, T, 3 * D]` (`[16, 64, 3, 4, 32]`, rows of 4 head-dim vectors) made 3072 calls of 4 rows, and
+/// with T as the row loop make 192 of 64. The elements and what each computes are unchanged (each element is still
+/// loaded before its own store, so a donated input stays safe); only their order differs. `None` where the kernel
+/// keeps its loops.
+fn with_longest_rows(k: &KernelIr) -> Option<(KernelIr, (Vec<usize>, usize))> {
+    use kiln_jit::kernel::{IExpr, InstOp};
+    /// Rows a call must have before another loop is considered, and how many times longer that loop must be.
+    const SHORT_ROWS: usize = 16;
+    const LONGER: usize = 4;
+    let rank = k.out_rank();
+    if k.reduce.is_some() || !k.rows.is_empty() || rank < 3 {
+        return None;
+    }
+    let (mvar, nvar) = (rank - 2, rank - 1);
+    let m = k.out_extents[mvar];
+    if m >= SHORT_ROWS {
+        return None;
+    }
+    // A masked load's tested loops must stay batch loops (`gate_batch_masks` reads them per batch element).
+    let tested: Vec<usize> = k
+        .outer
+        .iter()
+        .filter_map(|i| match &i.op {
+            InstOp::Load { valid: Some(v), .. } => Some(v.0.iter().flat_map(|(e, _, _)| e.vars()).collect::<Vec<_>>()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let best = (0..mvar).filter(|v| !tested.contains(v)).max_by_key(|&v| (k.out_extents[v], v))?;
+    if k.out_extents[best] < LONGER * m {
+        return None;
+    }
+    let order: Vec<usize> = (0..nvar).filter(|&v| v != best).chain([best, nvar]).collect();
+    let mut new_of_old = vec![0; rank];
+    for (i, &o) in order.iter().enumerate() {
+        new_of_old[o] = i;
+    }
+    let extents: Vec<usize> = order.iter().map(|&o| k.out_extents[o]).collect();
+    let remap = |e: &IExpr| e.map_vars(&|v| IExpr::Var(new_of_old[v])).simplify(&extents);
+    let mut out = k.clone();
+    out.out_extents = extents.clone();
+    for inst in &mut out.outer {
+        inst.map_indices(&remap);
+    }
+    let mut row_major = vec![0; rank];
+    let mut stride = 1;
+    for v in (0..rank).rev() {
+        row_major[v] = stride;
+        stride *= k.out_extents[v];
+    }
+    let strides: Vec<usize> = order.iter().map(|&o| row_major[o]).collect();
+    Some((out, (strides[..rank - 2].to_vec(), strides[rank - 2])))
 }
 
 /// `k` with its masked loads whose ranges test only batch positions (loop variables before the last two: a pad or a
@@ -600,7 +686,7 @@ pub(super) const KMASK: u8 = 1;
 fn emit(
     ep: &Epilogue,
     l: &Layout,
-    n: usize,
+    out_ld: usize,
     row_sum: Option<&RowSum>,
     isa: Isa,
     out_bf16: bool,
@@ -822,7 +908,7 @@ fn emit(
         dynasm!(ops ; .arch x64 ; vmovss DWORD [rdi], Rx(res));
         4
     } else {
-        out_size * n as i32
+        out_size * out_ld as i32
     };
     dynasm!(ops ; .arch x64 ; add rdi, out_step);
     for (o, operand) in ep.operands.iter().enumerate() {
