@@ -325,6 +325,10 @@ fn wide_kernels_read_masked_loads_through_gates() {
     let listing = kiln_backends::cpu::wide_listing(&plan.launches.last().unwrap().kernel).unwrap().unwrap();
     assert!(listing.starts_with("elementwise 3 x 3 x 2 x 20 x 19,"), "{listing}");
     check("parts padded along an outer dim, 20 rows", &z);
+    // Parts read at different indices (one a slice of a wider tensor): each gated load reads its own part, as ever
+    // (a closed gate's load reads the open one's bytes only where every part is read alike, `shared_gate_reads`).
+    let sliced = special_f32(&[3, 20, 1, 2, 25], 43).slice(4, 3, 22, 1);
+    check("parts read at different indices", &(pad(&long[0], 2) + pad(&sliced, 1) + pad(&long[2], 0)));
     // A pad whose range leaves some batch positions with no load at all.
     let x = special_f32(&[3, 4, 1, 2, 21], 30);
     check("one part padded on both sides", &x.pad(&[(0, 0), (0, 0), (2, 3), (0, 0), (0, 0)], 0.0).mul(2.0));

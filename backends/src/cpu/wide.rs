@@ -11,7 +11,8 @@
 //! epilogue's register program can express (`gemm::epilogue::translate`: f32 `+ - * /`, `sqrt`, `neg`, `abs`, `recip`,
 //! `exp`, `tanh`, `log`, comparisons, `where`, bool `and`/`or`/`not`, i32 `==`/`!=`; loads that walk n contiguously,
 //! per element or per column, loads that stand still along a row, values uniform over the launch; masked loads
-//! whose masks test only batch positions, read through a gate per row, `gate_batch_masks`). It *is* an epilogue
+//! whose masks test only batch positions, read through a gate per row, `gate_batch_masks`, a closed gate's load
+//! reading an open one's bytes where the parts are read alike, `shared_gate_reads`). It *is* an epilogue
 //! without an accumulator, so it is translated by the same code and its arithmetic emitted by the same emitter
 //! (`asm::emit_insts`); only the loop around it is this file's. bf16 runs too, at 16 lanes only: loads widen 2-byte
 //! elements to their exact f32 values (`vpmovzxwd`, shift), each bf16 result of arithmetic is rounded in the program
@@ -166,6 +167,9 @@ pub(crate) struct WideKernel {
     /// The gate tables of masked loads read whole or not at all per batch element ([`gate_batch_masks`]): inputs
     /// after the kernel's own, before its output.
     gates: Vec<Vec<i32>>,
+    /// Per gate, the kernel buffer its load reads, where a closed gate's load may read what an open one reads
+    /// ([`shared_gate_reads`]); empty otherwise.
+    gate_bufs: Vec<usize>,
     code: ExecutableBuffer,
     f: WideFn,
 }
@@ -217,10 +221,12 @@ impl WideKernel {
             Some((permuted, strides)) => (permuted, Some(strides)),
             None => (merged, None),
         };
+        let gate_bufs = shared_gate_reads(&merged);
         let (merged, gates) = match row_sum.is_none().then(|| gate_batch_masks(&merged)).flatten() {
             Some((gated, gates)) => (gated, gates),
             None => (merged, Vec::new()),
         };
+        let gate_bufs = if gates.is_empty() { Vec::new() } else { gate_bufs };
         let k = &merged;
         let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
         let (out_batch, out_ld) = out_strides.unwrap_or_else(|| {
@@ -266,6 +272,7 @@ impl WideKernel {
             isa,
             out_bf16,
             gates,
+            gate_bufs,
             code,
             f,
         }))
@@ -412,6 +419,23 @@ impl WideKernel {
                     };
                 table[TABLE_OPERANDS + i] = (a.ptrs[o.buf] as *const u8).offset(at * o.elem_bytes() as isize);
             }
+            // Gates are constant over a batch element's rows: a closed gate's load reads the open one's bytes
+            // (the same index into a buffer of the same dtype, so the same addresses, from cache), not its own.
+            let gate_row = b * self.m + r0 as usize;
+            if let Some(open) = self.gate_bufs.iter().zip(&self.gates).find(|(_, g)| g[gate_row] != 0)
+                && let Some(src) = self.ep.operands.iter().position(|o| o.buf == *open.0)
+            {
+                let from = table[TABLE_OPERANDS + src];
+                for (buf, g) in self.gate_bufs.iter().zip(&self.gates) {
+                    if g[gate_row] == 0 {
+                        for (i, o) in self.ep.operands.iter().enumerate() {
+                            if o.buf == *buf {
+                                table[TABLE_OPERANDS + i] = from;
+                            }
+                        }
+                    }
+                }
+            }
             (self.f)(table.as_ptr(), rows, cols)
         }
     }
@@ -473,6 +497,42 @@ fn with_longest_rows(k: &KernelIr) -> Option<(KernelIr, (Vec<usize>, usize))> {
     }
     let strides: Vec<usize> = order.iter().map(|&o| row_major[o]).collect();
     Some((out, (strides[..rank - 2].to_vec(), strides[rank - 2])))
+}
+
+/// For a kernel whose masked loads [`gate_batch_masks`] will gate: the buffer each gated load reads, in gate order,
+/// where a closed gate's load may read another's bytes instead of its own (empty where not): every gated load reads
+/// a buffer of its own (no other load reads it) at the same index, in the same dtype, so within a batch element the
+/// loads of every part read the same addresses. A concatenation's parts are such loads: each output element takes
+/// one part and the others' loads, whose values the gates discard, read the taken part's element again (from cache)
+/// instead of their own part's, which a pass over the output would otherwise read in full once per part.
+fn shared_gate_reads(k: &KernelIr) -> Vec<usize> {
+    use kiln_jit::kernel::InstOp;
+    let rank = k.out_rank();
+    if rank < 3 {
+        return Vec::new();
+    }
+    let batch_rank = rank - 2;
+    let mut gated = Vec::new();
+    let mut reads = vec![0usize; k.inputs.len()];
+    for inst in &k.outer {
+        if let InstOp::Load { buf, index, valid, .. } = &inst.op {
+            reads[*buf] += 1;
+            if let Some(v) = valid {
+                // The same condition as `gate_batch_masks`'s.
+                let tested: Vec<usize> = v.0.iter().flat_map(|(e, _, _)| e.vars()).collect();
+                let coef = index.affine(rank).map(|(c, _)| c);
+                if tested.iter().all(|&t| t < batch_rank) && coef.is_some_and(|c| tested.iter().all(|&t| c[t] == 0)) {
+                    gated.push((*buf, index, inst.dtype));
+                }
+            }
+        }
+    }
+    let alike = gated.windows(2).all(|w| w[0].1 == w[1].1 && w[0].2 == w[1].2);
+    let own = gated.iter().all(|&(buf, _, _)| reads[buf] == 1 && k.inputs[buf].len == k.inputs[gated[0].0].len);
+    if gated.len() < 2 || !alike || !own {
+        return Vec::new();
+    }
+    gated.iter().map(|&(buf, _, _)| buf).collect()
 }
 
 /// `k` with its masked loads whose ranges test only batch positions (loop variables before the last two: a pad or a
