@@ -38,7 +38,7 @@ pub fn fresh_allocations() -> u64 {
     FRESH.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-fn capacity(b: &HostBuffer) -> usize {
+pub(crate) fn capacity(b: &HostBuffer) -> usize {
     match b {
         HostBuffer::Bool(v) => v.capacity(),
         HostBuffer::U8(v) => v.capacity(),
@@ -79,6 +79,23 @@ pub fn take(dtype: DType, len: usize) -> HostBuffer {
         FRESH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     fresh(dtype, len)
+}
+
+/// An empty `i64` buffer of capacity `words` for a plan's region of temps: recycled when one is free, else fresh and
+/// not advised to huge pages before its first touch (`HostVec::with_capacity_small_pages`: the plan collapses them
+/// later).
+pub fn take_region(words: usize) -> HostBuffer {
+    if words * 8 >= MIN_BYTES
+        && let Some(pool) = POOL.lock().as_mut()
+        && let Some(b) = pool.free.get_mut(&(DType::I64, words)).and_then(Vec::pop)
+    {
+        pool.bytes -= words * 8;
+        return b;
+    }
+    if words * 8 >= MIN_BYTES {
+        FRESH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    HostBuffer::I64(HostVec::with_capacity_small_pages(words))
 }
 
 fn fresh(dtype: DType, len: usize) -> HostBuffer {

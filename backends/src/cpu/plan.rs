@@ -50,8 +50,8 @@ pub(crate) struct JitPlan {
     /// before storing it (see `compile`).
     shape: PlanShape,
     launches: Vec<CompiledLaunch>,
-    /// Each temp's length in `i64` elements (8-byte aligned, whatever dtype the kernels store in it).
-    temps: Vec<usize>,
+    /// Where each temp lies in the run's one region of temps.
+    temps: TempLayout,
     /// Scratch reused by the next run if no other thread holds it.
     arena: Mutex<Arena>,
     /// The first run's temps, being faulted in (taken by the first run that builds an arena).
@@ -62,10 +62,14 @@ pub(crate) struct JitPlan {
 /// data pointers.
 #[derive(Default)]
 struct Arena {
-    /// One buffer per plan temp (`i64` elements, for 8-byte alignment), from the host pool and given back to it
-    /// when the arena is dropped. A temp is written by its producing launch before any launch reads it, so its
-    /// initial contents do not matter.
-    temps: Vec<HostBuffer>,
+    /// The plan's temps, all in one buffer (`TempLayout`), from the host pool and given back to it when the arena
+    /// is dropped. A temp is written by its producing launch before any launch reads it, so its initial contents do
+    /// not matter.
+    region: Option<HostBuffer>,
+    /// Each temp's first byte in `region`.
+    temps: Vec<*mut u8>,
+    /// Runs begun on this arena.
+    runs: u32,
     ptrs: Vec<*mut u8>,
     rng_words: Vec<u64>,
     out_ptrs: Vec<*mut u8>,
@@ -75,8 +79,8 @@ struct Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        for t in self.temps.drain(..) {
-            crate::host_pool::give(t);
+        if let Some(r) = self.region.take() {
+            crate::host_pool::give(r);
         }
     }
 }
@@ -112,7 +116,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     // Inputs the plan writes over (a training step's weights) and the launches that write them: a GEMM reading one
     // as B, or writing one, is chosen for that (`config::step_candidates`).
     let candidates = plan.donation_candidates();
-    let temps: Vec<usize> = plan.temps.iter().map(|&bytes| bytes.div_ceil(8)).collect();
+    let temps = TempLayout::of(&plan.temps);
     // Two passes: the GEMMs first (their tuning times kernels on every core), then the other kernels on this thread
     // while the arena's pages are faulted in on another (`Prefault`). A dump keeps one pass, in launch order.
     let two_passes = dump.is_none();
@@ -163,7 +167,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
         plan.outputs
             .iter()
             .map(|b| (b.dtype, b.len))
-            .chain(temps.iter().map(|&w| (DType::I64, w)))
+            .chain([(DType::I64, temps.words())])
             .chain(inputs.map(|n| (n.dtype, n.shape.numel()))),
     );
     // A Cranelift or wide kernel loads an element's operands before it stores the element; a GEMM does so only with one K
@@ -214,33 +218,78 @@ fn generate(c: &mut super::compiler::Compiler, k: &KernelIr, dump: Option<&crate
 /// 72 MB of temps: ~65 ms of CPU, ~35 ms of its first run's wall time on two cores). The compile of the kernels
 /// after the GEMMs runs on one thread, so the faults are paid on the other core meanwhile. Plans whose temps are
 /// small skip it (a thread costs more than their faults).
-struct Prefault(std::thread::JoinHandle<Vec<HostBuffer>>);
+struct Prefault(std::thread::JoinHandle<HostBuffer>);
 
 impl Prefault {
     /// Temps of at least this many bytes in all are faulted in ahead.
     const MIN_BYTES: usize = 4 << 20;
 
-    /// Starts faulting in buffers for `temps` (lengths in i64 words); `None` for small temps, or where no thread
-    /// starts (the run then faults them itself).
-    fn start(temps: &[usize]) -> Option<Prefault> {
-        if temps.iter().sum::<usize>() * 8 < Self::MIN_BYTES {
+    /// Starts faulting in the region for `temps`; `None` for small temps, or where no thread starts (the run then
+    /// faults them itself).
+    fn start(temps: &TempLayout) -> Option<Prefault> {
+        if temps.bytes < Self::MIN_BYTES {
             return None;
         }
-        let temps = temps.to_vec();
+        let words = temps.words();
         let job = move || {
-            let take = |&words: &usize| {
-                let mut b = crate::host_pool::take(DType::I64, words);
-                crate::host_pool::touch(&mut b);
-                b
-            };
-            temps.iter().map(take).collect()
+            let mut b = crate::host_pool::take_region(words);
+            crate::host_pool::touch(&mut b);
+            b
         };
         std::thread::Builder::new().name("kiln-prefault".into()).spawn(job).ok().map(Prefault)
     }
 
-    /// The faulted-in buffers (waiting for the thread if it is still at work); `None` if it failed.
-    fn join(self) -> Option<Vec<HostBuffer>> {
+    /// The faulted-in region (waiting for the thread if it is still at work); `None` if it failed.
+    fn join(self) -> Option<HostBuffer> {
         self.0.join().ok()
+    }
+}
+
+/// Where a plan's temps lie: one region, each temp on a 64-byte boundary after the one before. Why one region:
+/// with a buffer per temp (most of a model's under 4 MiB: an activation of 1024 x 128 f32 is 512 KiB) every temp
+/// sat on 4 KiB pages, and a training step's ~70 MB of them is ~18000 pages, far past what the TLB holds, so its
+/// kernels walked page tables through the step (two-dimensional walks in a virtual machine). A region of at least
+/// [`HUGE_PAGE_MIN`](kiln_jit::host_vec::HUGE_PAGE_MIN) bytes starts its temps on a 2 MiB boundary inside the buffer
+/// and spans whole 2 MiB pages, all of which the buffer's advice asks to be huge (`HostVec::with_capacity`); a
+/// smaller one is packed from the buffer's start.
+#[derive(Clone, Debug)]
+struct TempLayout {
+    /// Each temp's offset in bytes from the region's start.
+    offsets: Vec<usize>,
+    /// The region's bytes (whole 2 MiB pages where it is large).
+    bytes: usize,
+}
+
+impl TempLayout {
+    const HUGE: usize = 2 << 20;
+
+    /// The layout of temps of `sizes` bytes.
+    fn of(sizes: &[usize]) -> TempLayout {
+        let mut at = 0;
+        let offsets = sizes
+            .iter()
+            .map(|&b| {
+                let o = at;
+                at = (at + b).next_multiple_of(kiln_jit::host_vec::HOST_ALIGN);
+                o
+            })
+            .collect();
+        let bytes = if at >= kiln_jit::host_vec::HUGE_PAGE_MIN { at.next_multiple_of(Self::HUGE) } else { at };
+        TempLayout { offsets, bytes }
+    }
+
+    fn huge(&self) -> bool {
+        self.bytes >= kiln_jit::host_vec::HUGE_PAGE_MIN
+    }
+
+    /// `i64` words of the buffer holding the region: a large one has room to start on a 2 MiB boundary.
+    fn words(&self) -> usize {
+        (self.bytes + if self.huge() { Self::HUGE } else { 0 }).div_ceil(8)
+    }
+
+    /// The region's first byte in a buffer of [`TempLayout::words`] words at `start` (64-byte aligned).
+    fn base(&self, start: *mut u8) -> *mut u8 {
+        if self.huge() { start.wrapping_add(start.align_offset(Self::HUGE)) } else { start }
     }
 }
 
@@ -248,7 +297,7 @@ impl Drop for JitPlan {
     /// A plan dropped before its first run gives the prefaulted buffers to the pool.
     fn drop(&mut self) {
         if let Some(p) = self.prefault.get_mut().take() {
-            p.join().into_iter().flatten().for_each(crate::host_pool::give);
+            p.join().into_iter().for_each(crate::host_pool::give);
         }
     }
 }
@@ -321,12 +370,24 @@ impl DevicePlan for JitPlan {
             outputs[o] = Buffer::Host(host(inputs[i]).clone());
         }
         let mut st = CpuRun { guard: self.arena.try_lock(), own: Arena::default(), inputs };
+        let shared = st.guard.is_some();
         let arena = st.arena();
-        if arena.temps.len() != self.temps.len() {
-            arena.temps = match self.prefault.lock().take().and_then(Prefault::join) {
-                Some(t) if t.len() == self.temps.len() => t,
-                _ => self.temps.iter().map(|&words| crate::host_pool::take(DType::I64, words)).collect(),
+        if arena.region.is_none() {
+            let mut region = match self.prefault.lock().take().and_then(Prefault::join) {
+                Some(r) if crate::host_pool::capacity(&r) >= self.temps.words() => r,
+                _ => crate::host_pool::take_region(self.temps.words()),
             };
+            let base = self.temps.base(write_ptr(&mut region));
+            arena.temps = self.temps.offsets.iter().map(|&o| base.wrapping_add(o)).collect();
+            arena.region = Some(region);
+        }
+        // The plan's own arena, kept from run to run, has its pages made huge ones from its second run on (a private
+        // arena of a concurrent replay lives for one run): collapsing them while the first run faults in and
+        // computes had cost that run 10-150 ms on two cores.
+        arena.runs += 1;
+        if shared && arena.runs == 2 && self.temps.huge() {
+            let base = arena.temps.first().copied().unwrap_or(std::ptr::null_mut());
+            kiln_jit::host_vec::collapse_huge_pages_later(base, self.temps.bytes);
         }
         arena.out_ptrs.clear();
         arena.out_ptrs.extend(outputs.iter_mut().map(|b| match b {
@@ -345,12 +406,12 @@ impl DevicePlan for JitPlan {
     fn launch(&self, st: &mut CpuRun<'_>, _run: &Run, index: usize, places: &[Place]) -> Result<(), BackendError> {
         let l = &self.launches[index];
         let inputs = st.inputs;
-        let Arena { temps, ptrs, rng_words, out_ptrs, fault } = st.arena();
+        let Arena { temps, ptrs, rng_words, out_ptrs, fault, .. } = st.arena();
         ptrs.clear();
         for p in places {
             ptrs.push(match *p {
                 Place::Input(i) => read_ptr(host(inputs[i])),
-                Place::Temp(t) => write_ptr(&mut temps[t]),
+                Place::Temp(t) => temps[t],
                 Place::Output(o) => out_ptrs[o],
             });
         }
@@ -398,5 +459,43 @@ impl DevicePlan for JitPlan {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TempLayout;
+
+    /// Temps lie one after another on 64-byte boundaries without overlapping; a region of 4 MiB or more spans
+    /// whole 2 MiB pages from a 2 MiB boundary inside its buffer, for any 64-byte-aligned buffer start.
+    #[test]
+    fn temps_share_one_region() {
+        let huge = TempLayout::HUGE;
+        for sizes in [
+            vec![],
+            vec![8],
+            vec![100, 3, 4096, 1 << 20],
+            vec![524288, 262144, 20480, 20480, 262144, 524288],
+            vec![3 << 20, 1, 2 << 20, 12345],
+        ] {
+            let l = TempLayout::of(&sizes);
+            let mut end = 0;
+            for (&o, &b) in l.offsets.iter().zip(&sizes) {
+                assert!(o % 64 == 0 && o >= end, "{sizes:?}: {:?}", l.offsets);
+                end = o + b;
+            }
+            assert!(l.bytes >= end, "{sizes:?}");
+            assert_eq!(l.huge(), end >= kiln_jit::host_vec::HUGE_PAGE_MIN, "{sizes:?}");
+            if !l.huge() {
+                assert_eq!(l.bytes, end.next_multiple_of(64), "{sizes:?}");
+                continue;
+            }
+            assert_eq!(l.bytes % huge, 0);
+            for start in [0x7f00_0000_0040usize, 0x7f00_0020_0000, 0x7f00_001f_ffc0] {
+                let base = l.base(start as *mut u8) as usize;
+                assert_eq!(base % huge, 0);
+                assert!(base >= start && base + l.bytes <= start + 8 * l.words(), "{sizes:?} at {start:#x}");
+            }
+        }
     }
 }
