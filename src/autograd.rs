@@ -24,11 +24,12 @@ thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
 }
 
-/// A node's own vector-Jacobian product (`Tensor::with_grad_fn`): given the node's gradient and its autograd
-/// links, the gradient of link `i`, or `None` for none. Values it needs beyond the gradient are links too (without
-/// gradients of their own), not captures: `backward` frees the links, and a capture would hold them (a weight's
-/// buffer, which an optimizer then could not update in place) for as long as the node lives.
-pub(crate) type GradFn = Arc<dyn Fn(&Tensor, &[Tensor], usize) -> Option<Tensor> + Send + Sync>;
+/// A node's own vector-Jacobian product (`Tensor::with_grad_fn`): given the node's gradient, the node itself (its
+/// value, for a rule written in terms of the output: read where the forward stored it) and its autograd links, the
+/// gradient of link `i`, or `None` for none. Values it needs beyond these are links too (without gradients of their
+/// own), not captures: `backward` frees the links, and a capture would hold them (a weight's buffer, which an
+/// optimizer then could not update in place) for as long as the node lives.
+pub(crate) type GradFn = Arc<dyn Fn(&Tensor, &Tensor, &[Tensor], usize) -> Option<Tensor> + Send + Sync>;
 
 /// Whether ops on this thread record autograd links.
 pub fn is_grad_enabled() -> bool {
@@ -185,7 +186,7 @@ impl Tensor {
                     continue;
                 }
                 let gi = match &t.node.grad_fn {
-                    Some(f) => f(&g, srcs, i),
+                    Some(f) => f(&g, t, srcs, i),
                     None if squared => Some(g.mul(src).mul(2.0)),
                     None => vjp(t, srcs, i, &g),
                 };

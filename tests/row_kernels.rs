@@ -82,6 +82,32 @@ fn each_row_op_is_one_kernel() {
     }
 }
 
+/// In training, softmax's forward stays one row kernel and its gradient reads the output (PyTorch's `y * (g - Σ g
+/// y)`, `Tensor::softmax`'s own rule): two kernels for both, where the composition's rules had stored the exponent
+/// and the reciprocal for the backward (four kernels).
+#[test]
+fn softmax_forward_and_backward_are_a_row_kernel_each() {
+    let Some(dev) = common::data_device() else { return };
+    let x = tensor(DType::F32, &data(DType::F32, 6 * 16, 1, common::Dom::Cont(-3.0, 3.0)), &[6, 16]).requires_grad();
+    let w = tensor(DType::F32, &data(DType::F32, 6 * 16, 2, common::Dom::Cont(-1.0, 1.0)), &[6, 16]);
+    kiln::realize(&[&x, &w]).unwrap();
+    let y = x.softmax(-1);
+    let dx = (&y * &w).sum_all().backward().unwrap().get(&x).unwrap().clone();
+    let cap = kiln::capture(&[&y, &dx]).unwrap();
+    let plan = schedule(&cap.graph);
+    let names: Vec<String> = plan.launches.iter().map(|l| l.kernel.name.clone()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.iter().all(|n| n.starts_with("W_")), "{names:?}");
+    let want = cap.reference().unwrap();
+    let got = [y.to_host().unwrap(), dx.to_host().unwrap()];
+    let tol = common::tol(DType::F32, common::Kind::Accumulate);
+    for (what, g, w) in [("softmax", &got[0], &want[0]), ("its gradient", &got[1], &want[1])] {
+        if let Err(e) = common::compare(g, w, tol) {
+            panic!("{what} on {}: {e}", dev.describe());
+        }
+    }
+}
+
 /// Cross entropy (per sample) schedules one row kernel: the pick of the target's log-probability, folding the row
 /// with the row max and the log-sum-exp inside; the class targets' narrowing and the per-sample range check are
 /// kernels of their own (with the default schedule the check runs after the fold in the row kernel; the CPU, whose

@@ -81,18 +81,35 @@ impl Tensor {
 
     /// `exp(x) / sum(exp(x))` along `dim`, computed stably (the max is subtracted first) and, as PyTorch does, as
     /// `exp(x - max) * (1 / sum)`: one reciprocal per row, a product per element. Float input only.
+    ///
+    /// Its gradient is PyTorch's `y * (g - Σ g y)` from the output `y` (in f32, as the forward), not the
+    /// composition's own, which read `exp(x - max)` and `1 / sum` back: so the forward stores only `y` (one row
+    /// kernel, where the exponent and the reciprocal had been stored for the backward, three kernels in attention).
     #[track_caller]
     pub fn softmax(&self, dim: isize) -> Tensor {
         let d = self.softmax_dim("softmax", dim);
         if self.numel() == 0 {
             return self.clone(); // nothing to normalize; the max below would reject an empty dim (PyTorch returns [])
         }
-        self.in_f32(|x| {
-            // The shift by the row's maximum carries no gradient (it cancels exactly, as in log-sum-exp): detached,
-            // the backward is PyTorch's `y * (g - Σ g y)` without a pass for the max's own (zero) share.
-            let e = x.sub(x.max(d, true).detach()).exp();
-            e.mul(e.sum(d, true).recip())
-        })
+        let forward = |x: &Tensor| {
+            x.in_f32(|x| {
+                // The shift by the row's maximum cancels exactly (as in log-sum-exp): no gradient of its own.
+                let e = x.sub(x.max(d, true).detach()).exp();
+                e.mul(e.sum(d, true).recip())
+            })
+        };
+        if !crate::autograd::is_grad_enabled() || !self.is_requires_grad() {
+            return forward(self);
+        }
+        let y = forward(&self.detach());
+        // Read from the node itself (the value the forward stores), not from `y`'s ops: through those, a reader
+        // would recompute `y` from the exponent and the reciprocal, which then had to be stored.
+        let grad: crate::autograd::GradFn =
+            std::sync::Arc::new(move |g: &Tensor, out: &Tensor, links: &[Tensor], _| {
+                let (y, g) = (out.detach().to_dtype(DType::F32), g.to_dtype(DType::F32));
+                Some(y.mul(g.sub(g.mul(&y).sum(d, true))).to_dtype(links[0].dtype()))
+            });
+        y.with_grad_fn(smallvec::smallvec![self.clone()], grad)
     }
 
     /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`. Float input only.

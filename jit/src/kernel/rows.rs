@@ -184,9 +184,14 @@ impl Groups<'_> {
         owners: &Owners,
     ) -> Option<(Vec<NodeIndex>, Vec<NodeIndex>)> {
         let g = self.graph;
+        // A reshape to the same dims is its source under another name: the node a custom gradient hangs on
+        // (`Tensor::with_grad_fn`, softmax's), which a model's step stores as the value.
+        let same_dims =
+            |n: NodeIndex| g.srcs(n).first().is_some_and(|&s| g.node(s).shape.dims() == g.node(n).shape.dims());
         let root_space = match root_stage {
             Some(r) => Some(RowSpace::of_reduce(g, r)?),
             None if matches!(g.node(root).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast) => None,
+            None if matches!(g.node(root).op, Op::Reshape) && same_dims(root) => None,
             None => return None,
         };
         let mut space = root_space.clone();

@@ -132,7 +132,7 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, opts: &Conv2dO
         // Links: the product (the weight's gradient flows through the composition), the input, and the weight
         // without its gradient (read by the input's).
         let input_grad: crate::autograd::GradFn =
-            std::sync::Arc::new(move |dy: &Tensor, links: &[Tensor], i| match i {
+            std::sync::Arc::new(move |dy: &Tensor, _: &Tensor, links: &[Tensor], i| match i {
                 0 => Some(dy.clone()),
                 1 => Some(super::conv_transpose2d(dy, &links[2], None, &transposed)),
                 _ => None,
