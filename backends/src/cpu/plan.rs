@@ -250,8 +250,8 @@ impl Prefault {
 /// sat on 4 KiB pages, and a training step's ~70 MB of them is ~18000 pages, far past what the TLB holds, so its
 /// kernels walked page tables through the step (two-dimensional walks in a virtual machine). A region of at least
 /// [`HUGE_PAGE_MIN`](kiln_jit::host_vec::HUGE_PAGE_MIN) bytes starts its temps on a 2 MiB boundary inside the buffer
-/// and spans whole 2 MiB pages, all of which the buffer's advice asks to be huge (`HostVec::with_capacity`); a
-/// smaller one is packed from the buffer's start.
+/// and spans whole 2 MiB pages, which the plan's arena has collapsed into huge ones from its second run on
+/// (`host_vec::collapse_huge_pages_later`); a smaller one is packed from the buffer's start.
 #[derive(Clone, Debug)]
 struct TempLayout {
     /// Each temp's offset in bytes from the region's start.
