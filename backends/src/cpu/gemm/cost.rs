@@ -92,6 +92,19 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
         // 628, packed A at KC 1024 668 and at 256 609; the race had timed KC 1024 at 555 µs hot.
         eff *= if kc > 256.0 { 0.7 } else { 0.85 };
     }
+    if !c.pack_b
+        && v.m > SKINNY_M
+        && v.b.cols == 1
+        && (1024..4096).contains(&(v.b.rows * 4))
+        && k * n * 4.0 > l2_bytes as f64 / 2.0
+    {
+        // B stored K x N (a weight gradient's output gradient, `dy`) past half of L2, read in place with its rows
+        // under a page apart (the rule above takes those a page or more apart): each micro-kernel call reads `kc`
+        // rows of a column strip, and in a training step they come from memory. Measured in the GPT step
+        // (`KILN_PROFILE=1 ... train_gpt`, 128 x 512 x 1024, B 2 MiB, candidates forced): B in place 620 µs a
+        // launch (the model's pick), packed 559-566; timed hot, the race prefers it in place.
+        eff *= 0.85;
+    }
     if kc * nr * 4.0 > 16.0 * 1024.0 && b_demand(c, isa::peak_ratio(c.isa)) > L2_B_BYTES_PER_CYCLE {
         eff *= 0.8;
     }
@@ -362,6 +375,34 @@ mod tests {
                     assert!(st < sp, "{}: {st} against {sp}", imp.name());
                 } else {
                     assert_eq!(st, sp, "{m} rows, {}", imp.name());
+                }
+            }
+        }
+    }
+
+    /// A weight gradient's output gradient (B stored K x N, 2 MiB, its rows 2 KiB apart) ranks a packed B first, as
+    /// it ran in the training step: every candidate reading it in place scores lower with 2 MiB of L2 than with
+    /// 64; within half of L2 (128 columns, 512 KiB) they score alike.
+    #[test]
+    fn output_gradients_read_in_place_from_memory_are_packed() {
+        let grad = |n: usize| {
+            let v = view(128, n, 1024);
+            GemmView { a: GemmOperand { rows: 1, cols: 128, ..v.a.clone() }, ..v }
+        };
+        let cands = |v: &GemmView| super::super::config::candidates_for(v, false, &[Isa::Avx512]);
+        let big = grad(512);
+        let s = |v: &GemmView, imp: &GemmImpl, l2: usize| score_with_l2(v, imp, 2, l2);
+        let best = cands(&big).into_iter().max_by(|a, b| s(&big, a, 2 << 20).total_cmp(&s(&big, b, 2 << 20)));
+        let Some(GemmImpl::Asm(c)) = best else { panic!("{best:?}") };
+        assert!(c.pack_b, "128 x 512 x 1024, B stored K x N: {}", GemmImpl::Asm(c).name());
+        for (n, slower) in [(512, true), (128, false)] {
+            let v = grad(n);
+            for imp in cands(&v).iter().filter(|i| matches!(i, GemmImpl::Asm(c) if !c.pack_b)) {
+                let (near, far) = (s(&v, imp, 2 << 20), s(&v, imp, 64 << 20));
+                if slower {
+                    assert!(near < far, "{n} columns, {}: {near} against {far}", imp.name());
+                } else {
+                    assert_eq!(near, far, "{n} columns, {}", imp.name());
                 }
             }
         }
