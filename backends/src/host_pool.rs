@@ -68,34 +68,31 @@ fn clear(b: &mut HostBuffer) {
 
 /// An empty buffer (length 0) with capacity for exactly `len` elements of `dtype`, recycled when one is free.
 pub fn take(dtype: DType, len: usize) -> HostBuffer {
-    if len * dtype.size_of() >= MIN_BYTES
-        && let Some(pool) = POOL.lock().as_mut()
-        && let Some(b) = pool.free.get_mut(&(dtype, len)).and_then(Vec::pop)
-    {
-        pool.bytes -= len * dtype.size_of();
-        return b;
-    }
-    if len * dtype.size_of() >= MIN_BYTES {
-        FRESH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-    fresh(dtype, len)
+    pooled(dtype, len).unwrap_or_else(|| fresh(dtype, len))
 }
 
 /// An empty `i64` buffer of capacity `words` for a plan's region of temps: recycled when one is free, else fresh and
 /// not advised to huge pages before its first touch (`HostVec::with_capacity_small_pages`: the plan collapses them
 /// later).
 pub fn take_region(words: usize) -> HostBuffer {
-    if words * 8 >= MIN_BYTES
+    pooled(DType::I64, words).unwrap_or_else(|| HostBuffer::I64(HostVec::with_capacity_small_pages(words)))
+}
+
+/// A free pooled buffer of exactly `len` elements of `dtype`, or `None` (counted as a fresh allocation where the
+/// size is one the pool keeps).
+fn pooled(dtype: DType, len: usize) -> Option<HostBuffer> {
+    let pooled_size = len * dtype.size_of() >= MIN_BYTES;
+    if pooled_size
         && let Some(pool) = POOL.lock().as_mut()
-        && let Some(b) = pool.free.get_mut(&(DType::I64, words)).and_then(Vec::pop)
+        && let Some(b) = pool.free.get_mut(&(dtype, len)).and_then(Vec::pop)
     {
-        pool.bytes -= words * 8;
-        return b;
+        pool.bytes -= len * dtype.size_of();
+        return Some(b);
     }
-    if words * 8 >= MIN_BYTES {
+    if pooled_size {
         FRESH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    HostBuffer::I64(HostVec::with_capacity_small_pages(words))
+    None
 }
 
 fn fresh(dtype: DType, len: usize) -> HostBuffer {

@@ -167,9 +167,9 @@ pub(crate) struct WideKernel {
     /// The gate tables of masked loads read whole or not at all per batch element ([`gate_batch_masks`]): inputs
     /// after the kernel's own, before its output.
     gates: Vec<Vec<i32>>,
-    /// Per gate, the kernel buffer its load reads, where a closed gate's load may read what an open one reads
-    /// ([`shared_gate_reads`]); empty otherwise.
-    gate_bufs: Vec<usize>,
+    /// Per gate, the epilogue operand its load reads, where a closed gate's load may read what an open one reads
+    /// ([`shared_gate_reads`]: each such buffer is read by that one load); empty otherwise.
+    gate_operands: Vec<usize>,
     code: ExecutableBuffer,
     f: WideFn,
 }
@@ -230,16 +230,15 @@ impl WideKernel {
         let k = &merged;
         let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
         let (out_batch, out_ld) = out_strides.unwrap_or_else(|| {
-            let mut strides = vec![0; view.batch.len()];
-            let mut s = view.m * view.n;
-            for (d, &e) in view.batch.iter().enumerate().rev() {
-                strides[d] = s;
-                s *= e;
-            }
-            (strides, view.n)
+            let dims: Vec<usize> = view.batch.iter().copied().chain([view.m, view.n]).collect();
+            let strides = row_major_strides(&dims);
+            (strides[..view.batch.len()].to_vec(), view.n)
         });
         let allow = epilogue::Allow { bf16: true, bf16_loads: true, positions: false };
         let Some(ep) = epilogue::translate_with(k, &view.roles, allow) else { return Ok(None) };
+        let gate_operands: Vec<usize> =
+            gate_bufs.iter().filter_map(|&b| ep.operands.iter().position(|o| o.buf == b)).collect();
+        let gate_operands = if gate_operands.len() == gate_bufs.len() { gate_operands } else { Vec::new() };
         let out_bf16 = k.output.dtype == kiln_jit::DType::BF16;
         let Some(layout) = Layout::plan(&ep.program, view.n, row_sum.as_ref(), isa) else { return Ok(None) };
         // Row steps are instruction immediates.
@@ -272,7 +271,7 @@ impl WideKernel {
             isa,
             out_bf16,
             gates,
-            gate_bufs,
+            gate_operands,
             code,
             f,
         }))
@@ -422,17 +421,12 @@ impl WideKernel {
             // Gates are constant over a batch element's rows: a closed gate's load reads the open one's bytes
             // (the same index into a buffer of the same dtype, so the same addresses, from cache), not its own.
             let gate_row = b * self.m + r0 as usize;
-            if let Some(open) = self.gate_bufs.iter().zip(&self.gates).find(|(_, g)| g[gate_row] != 0)
-                && let Some(src) = self.ep.operands.iter().position(|o| o.buf == *open.0)
+            if let Some(&open) = self.gate_operands.iter().zip(&self.gates).find(|(_, g)| g[gate_row] != 0).map(|x| x.0)
             {
-                let from = table[TABLE_OPERANDS + src];
-                for (buf, g) in self.gate_bufs.iter().zip(&self.gates) {
+                let from = table[TABLE_OPERANDS + open];
+                for (&o, g) in self.gate_operands.iter().zip(&self.gates) {
                     if g[gate_row] == 0 {
-                        for (i, o) in self.ep.operands.iter().enumerate() {
-                            if o.buf == *buf {
-                                table[TABLE_OPERANDS + i] = from;
-                            }
-                        }
+                        table[TABLE_OPERANDS + o] = from;
                     }
                 }
             }
@@ -489,12 +483,7 @@ fn with_longest_rows(k: &KernelIr) -> Option<(KernelIr, (Vec<usize>, usize))> {
     for inst in &mut out.outer {
         inst.map_indices(&remap);
     }
-    let mut row_major = vec![0; rank];
-    let mut stride = 1;
-    for v in (0..rank).rev() {
-        row_major[v] = stride;
-        stride *= k.out_extents[v];
-    }
+    let row_major = row_major_strides(&k.out_extents);
     let strides: Vec<usize> = order.iter().map(|&o| row_major[o]).collect();
     Some((out, (strides[..rank - 2].to_vec(), strides[rank - 2])))
 }
@@ -511,19 +500,13 @@ fn shared_gate_reads(k: &KernelIr) -> Vec<usize> {
     if rank < 3 {
         return Vec::new();
     }
-    let batch_rank = rank - 2;
     let mut gated = Vec::new();
     let mut reads = vec![0usize; k.inputs.len()];
     for inst in &k.outer {
-        if let InstOp::Load { buf, index, valid, .. } = &inst.op {
+        if let InstOp::Load { buf, index, .. } = &inst.op {
             reads[*buf] += 1;
-            if let Some(v) = valid {
-                // The same condition as `gate_batch_masks`'s.
-                let tested: Vec<usize> = v.0.iter().flat_map(|(e, _, _)| e.vars()).collect();
-                let coef = index.affine(rank).map(|(c, _)| c);
-                if tested.iter().all(|&t| t < batch_rank) && coef.is_some_and(|c| tested.iter().all(|&t| c[t] == 0)) {
-                    gated.push((*buf, index, inst.dtype));
-                }
+            if batch_gated(&inst.op, rank) {
+                gated.push((*buf, index, inst.dtype));
             }
         }
     }
@@ -533,6 +516,24 @@ fn shared_gate_reads(k: &KernelIr) -> Vec<usize> {
         return Vec::new();
     }
     gated.iter().map(|&(buf, _, _)| buf).collect()
+}
+
+/// Whether `op` is a load [`gate_batch_masks`] reads through a gate: masked, its ranges testing only batch positions
+/// (loop variables before the last two of `rank`), its index independent of the variables they test.
+fn batch_gated(op: &kiln_jit::kernel::InstOp, rank: usize) -> bool {
+    let kiln_jit::kernel::InstOp::Load { index, valid: Some(v), .. } = op else { return false };
+    let tested: Vec<usize> = v.0.iter().flat_map(|(e, _, _)| e.vars()).collect();
+    let coef = index.affine(rank).map(|(c, _)| c);
+    tested.iter().all(|&t| t + 2 < rank) && coef.is_some_and(|c| tested.iter().all(|&t| c[t] == 0))
+}
+
+/// Element strides of a row-major layout over `extents`.
+fn row_major_strides(extents: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; extents.len()];
+    for d in (0..extents.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * extents[d + 1];
+    }
+    strides
 }
 
 /// `k` with its masked loads whose ranges test only batch positions (loop variables before the last two: a pad or a
@@ -554,14 +555,7 @@ fn gate_batch_masks(k: &KernelIr) -> Option<(KernelIr, Vec<Vec<i32>>)> {
         return None;
     }
     let batch_rank = rank - 2;
-    let gated = |op: &InstOp| match op {
-        InstOp::Load { index, valid: Some(v), .. } => {
-            let tested: Vec<usize> = v.0.iter().flat_map(|(e, _, _)| e.vars()).collect();
-            let coef = index.affine(rank).map(|(c, _)| c);
-            tested.iter().all(|&t| t < batch_rank) && coef.is_some_and(|c| tested.iter().all(|&t| c[t] == 0))
-        }
-        _ => false,
-    };
+    let gated = |op: &InstOp| batch_gated(op, rank);
     if !k.outer.iter().any(|i| gated(&i.op)) {
         return None;
     }
