@@ -108,6 +108,38 @@ fn softmax_forward_and_backward_are_a_row_kernel_each() {
     }
 }
 
+/// softmax's own gradient rule computes in the input's dtype where it is not a half one, as the forward does: an f64
+/// softmax's gradient matches `y * (g - Σ g y)` evaluated in f64 to f64 rounding (the rule had computed in f32:
+/// errors of ~1e-8).
+#[test]
+fn softmax_gradient_keeps_f64() {
+    let Some(dev) = common::data_device() else { return };
+    if !dev.supports(DType::F64) {
+        eprintln!("note: {} holds no f64: the f64 softmax gradient is not checked there", dev.describe());
+        return;
+    }
+    let (rows, cols) = (6, 16);
+    let xs = data(DType::F64, rows * cols, 3, common::Dom::Cont(-3.0, 3.0));
+    let ws = data(DType::F64, rows * cols, 4, common::Dom::Cont(-1.0, 1.0));
+    let x = tensor(DType::F64, &xs, &[rows, cols]).requires_grad();
+    let w = tensor(DType::F64, &ws, &[rows, cols]);
+    let dx = (&x.softmax(-1) * &w).sum_all().backward().unwrap().get(&x).unwrap().clone();
+    let got = vals(&dx);
+    for r in 0..rows {
+        let (x, w) = (&xs[r * cols..][..cols], &ws[r * cols..][..cols]);
+        let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        let y: Vec<f64> = e.iter().map(|v| v / sum).collect();
+        let gy: f64 = w.iter().zip(&y).map(|(a, b)| a * b).sum();
+        for c in 0..cols {
+            let want = y[c] * (w[c] - gy);
+            let g = got[r * cols + c];
+            assert!((g - want).abs() <= 1e-13 * (1.0 + want.abs()), "row {r}, column {c}: {g} against {want}");
+        }
+    }
+}
+
 /// Cross entropy (per sample) schedules one row kernel: the pick of the target's log-probability, folding the row
 /// with the row max and the log-sum-exp inside; the class targets' narrowing and the per-sample range check are
 /// kernels of their own (with the default schedule the check runs after the fold in the row kernel; the CPU, whose

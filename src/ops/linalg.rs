@@ -82,7 +82,8 @@ impl Tensor {
     /// `exp(x) / sum(exp(x))` along `dim`, computed stably (the max is subtracted first) and, as PyTorch does, as
     /// `exp(x - max) * (1 / sum)`: one reciprocal per row, a product per element. Float input only.
     ///
-    /// Its gradient is PyTorch's `y * (g - Σ g y)` from the output `y` (in f32, as the forward), not the
+    /// Its gradient is PyTorch's `y * (g - Σ g y)` from the output `y` (in f32 for a half input, as the forward,
+    /// else in its dtype), not the
     /// composition's own, which read `exp(x - max)` and `1 / sum` back: so the forward stores only `y` (one row
     /// kernel, where the exponent and the reciprocal had been stored for the backward, three kernels in attention).
     #[track_caller]
@@ -101,12 +102,13 @@ impl Tensor {
         if !crate::autograd::is_grad_enabled() || !self.is_requires_grad() {
             return forward(self);
         }
+        let at = if self.dtype().is_half() { DType::F32 } else { self.dtype() };
         let y = forward(&self.detach());
         // Read from the node itself (the value the forward stores), not from `y`'s ops: through those, a reader
         // would recompute `y` from the exponent and the reciprocal, which then had to be stored.
         let grad: crate::autograd::GradFn =
             std::sync::Arc::new(move |g: &Tensor, out: &Tensor, links: &[Tensor], _| {
-                let (y, g) = (out.detach().to_dtype(DType::F32), g.to_dtype(DType::F32));
+                let (y, g) = (out.detach().to_dtype(at), g.to_dtype(at));
                 Some(y.mul(g.sub(g.mul(&y).sum(d, true))).to_dtype(links[0].dtype()))
             });
         y.with_grad_fn(smallvec::smallvec![self.clone()], grad)
