@@ -25,6 +25,7 @@ mod common;
 
 use common::{Kind, Tol, compare, tensor, tol};
 use kiln::{DType, Tensor};
+use kiln_backends::cpu::isa::Isa;
 use kiln_jit::kernel::{ScheduleOptions, schedule_with};
 
 /// `[rows, len]` f32 integers in -8..=8 (without 0 when `zeros` is false), with NaN, +inf and -inf in some rows at
@@ -120,6 +121,7 @@ fn row_sums_maxima_and_minima_of_every_length_with_cranelift_kernels() {
         return; // already the Cranelift run
     }
     in_cranelift_child("row_sums_maxima_and_minima_of_every_length");
+    in_cranelift_child("column_sums_maxima_and_minima_of_every_width");
     in_cranelift_child("log_sum_exp_rows");
 }
 
@@ -163,22 +165,32 @@ fn row_sums_maxima_and_minima_of_every_length() {
 }
 
 /// Sums, maxima, minima and products summed down the columns of `[rows, cols]`, every width from 1 to 70 and a few
-/// wide ones, against the interpreter, exactly: each column's strip, single vector or scalar tail folds its rows in
-/// order. The reduction runs along the rows, so it is vectorized along its output, not along its reduce loop.
+/// wide ones, against the interpreter, exactly: each column's rows are folded in order whichever kernel runs it. f32
+/// sums (and means, and sums of bf16 values widened) are generated column-sum kernels where row sums are generated
+/// (`backends/src/cpu/wide_cols.rs`: blocks of 8, 4, 2 and 1 vectors, a masked last vector, panels of 16 rows, so
+/// 37 and 64 rows reach full and partial panels), each also forced at every width the host has; max and min (and
+/// everything with `KILN_ELEMENTWISE=clif`) are Cranelift kernels vectorized along their output.
 #[test]
 fn column_sums_maxima_and_minima_of_every_width() {
     let widths: Vec<usize> = (1..=70).chain([127, 128, 129, 300]).collect();
     for (i, &cols) in widths.iter().enumerate() {
-        for n in [1, 5, 64] {
+        for n in [1, 5, 37, 64] {
             let seed = 5000 + 10 * i as u64 + n as u64;
             let x = rows(n, cols, seed, true);
             let nz = rows(n, cols, seed + 1000, false);
             let y = rows(n, cols, seed + 2000, true);
-            for (what, out) in [
-                ("sum", x.sum([0], false)),
-                ("max", nz.max([0], false)),
-                ("min", nz.min([0], false)),
-                ("product sum", (&x * &y).sum([0], false)),
+            let xb = x.to_dtype(DType::BF16);
+            {
+                let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                kiln::realize(&[&xb]).unwrap();
+            }
+            for (what, out, generated) in [
+                ("sum", x.sum([0], false), true),
+                ("max", nz.max([0], false), false),
+                ("min", nz.min([0], false), false),
+                ("product sum", (&x * &y).sum([0], false), true),
+                ("mean", x.mean([0], false), true),
+                ("bf16 sum", xb.to_dtype(DType::F32).sum([0], false), true),
             ] {
                 let name = format!("{what} over {n} rows, {cols} columns");
                 let cap = kiln::capture(&[&out]).unwrap();
@@ -188,19 +200,45 @@ fn column_sums_maxima_and_minima_of_every_width() {
                     assert!(kiln_jit::render::clif::vectorizable(&k), "{name}: not vectorized:\n{k}");
                     assert!(!kiln_jit::render::clif::reduce_vectorizable(&k), "{name}: vectorized along rows:\n{k}");
                 }
+                // A reduction over one row is a copy, and one of a single column a full reduction, whichever kernel
+                // runs them; bf16 loads need 16 lanes.
+                let bf16 = what.starts_with("bf16");
+                let generated = generated && cols > 1;
+                // Each width the host has, forced (before the realize below, which leaves nothing to launch).
+                if generated && n > 1 && wide_sums() {
+                    common::with_last_launch(&name, &out, ScheduleOptions::default(), |kernel, args, want| {
+                        for isa in Isa::ALL.into_iter().filter(|i| i.present() && (!bf16 || *i == Isa::Avx512)) {
+                            let got = kiln_backends::cpu::run_wide_at(kernel, isa, args)
+                                .unwrap_or_else(|e| panic!("{name}: {}: {e}", isa.name()))
+                                .unwrap_or_else(|| panic!("{name}: no {}-lane kernel:\n{kernel}", isa.lanes()));
+                            if let Err(e) = compare(&got, want, Tol::EXACT) {
+                                panic!("{name} at {} lanes: {e}\n{kernel}", isa.lanes());
+                            }
+                        }
+                    });
+                }
                 let want = cap.reference().unwrap().remove(0);
-                // Under the lock: a reduction over one row is a copy, which may build an 8-lane kernel, and the
-                // other tests count the builds of their own kernels.
-                let got = {
-                    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    out.to_host().unwrap()
-                };
+                // Under the lock: the other tests count the builds of their own kernels.
+                let serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let before = kiln::stats().wide_kernel_builds;
+                let got = out.to_host().unwrap();
+                let built = kiln::stats().wide_kernel_builds > before;
+                drop(serial);
                 if let Err(e) = compare(&got, &want, Tol::EXACT) {
                     panic!("{name}: {e}\n{k}");
+                }
+                if n > 1 {
+                    let expected = generated && wide_sums() && (!bf16 || wide_bf16());
+                    assert_eq!(built, expected, "{name}: a column-sum kernel was built: {built}\n{k}");
                 }
             }
         }
     }
+}
+
+/// Whether 16-lane kernels run here (bf16 loads are generated at 16 lanes only).
+fn wide_bf16() -> bool {
+    Isa::Avx512.present() && kiln_backends::cpu::isa::allows(Isa::Avx512)
 }
 
 /// A value uniform over the launch, summed per row (a lazy constant): the 8-lane kernel holds it in one register for

@@ -15,6 +15,7 @@ pub use gemm::select::{PreparedGemm, run_gemm_with, set_autotune_mode, take_last
 mod libcalls;
 pub mod pool;
 mod wide;
+mod wide_cols;
 mod wide_rows;
 
 /// The 8-lane elementwise kernel generated for `k` (its register program, loop shape and code size, as `KILN_DUMP`

@@ -28,7 +28,9 @@
 //! Row sums run here too (`RowSum`): a reduce kernel that sums f32 over its innermost loop, with the inner code as
 //! the register program over `[rows, k]` and the outer code (the sum and constants only, e.g. the `log` of a
 //! log-sum-exp) applied once per row; each copy of the unrolled loop accumulates into its own register
-//! (`log_softmax`'s log-sum-exp runs about twice as fast as the Cranelift kernel).
+//! (`log_softmax`'s log-sum-exp runs about twice as fast as the Cranelift kernel). Column sums (a sum over another
+//! loop whose loads walk the output's loop contiguously: `dy.sum(0)`) are built here too, with the loop of
+//! `wide_cols.rs`.
 //!
 //! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, uniforms, head mask, head bytes,
 //! operand 0, ..]`, every pointer at the first element of the chunk. Uniforms are loaded into registers once per
@@ -70,6 +72,7 @@ use super::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
 use super::gemm::evex::{Enc, gpr, mem, mem_indexed};
 use super::isa::{self, Isa};
 use super::pool;
+use super::wide_cols::{self, ColLayout, ColSum, col_sum_parts};
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
 use kiln_jit::kernel::gemm::ElementwiseView;
@@ -83,7 +86,7 @@ use std::sync::{Arc, LazyLock};
 type WideFn = unsafe extern "sysv64" fn(*const *const u8, usize, usize);
 
 /// Entries of the table before the operand pointers: output, tail mask, uniforms, head mask, head bytes.
-const TABLE_OPERANDS: usize = 5;
+pub(super) const TABLE_OPERANDS: usize = 5;
 
 /// GPRs holding operand pointers, by operand index (caller-saved ones first; rbx is pushed).
 pub(super) const OPERAND_REGS: [u8; epilogue::MAX_OPERANDS] = [1, 8, 9, 10, 11, 3];
@@ -160,6 +163,8 @@ pub(crate) struct WideKernel {
     unroll: usize,
     /// A row sum (see [`RowSum`]): each call writes one value per row instead of a row.
     row_sum: Option<RowSum>,
+    /// Column sums (`wide_cols.rs`): `m` is the reduce loop, each call sums every row of its columns.
+    col_sum: Option<ColSum>,
     /// 8 lanes (AVX2) or 16 (AVX-512F).
     isa: Isa,
     /// The output is bf16 (2-byte elements, rounded by the program and stored as their top halves).
@@ -212,17 +217,35 @@ impl WideKernel {
         if !asm::host_supported() || !isa.present() || (isa == Isa::Avx2 && touches_bf16(k)) {
             return Ok(None);
         }
-        let (merged, row_sum) = match row_sum_parts(k) {
-            Some((inner, outer)) => (inner, Some(RowSum { outer })),
-            None => (k.with_merged_loops(), None),
-        };
+        // A sum over the innermost loop whose loads walk it contiguously is a row sum; else one whose loads walk
+        // the output's loop contiguously, column sums.
+        if let Some((inner, outer)) = row_sum_parts(k)
+            && let Some(w) = Self::build_from(inner, Some(RowSum { outer }), None, isa)?
+        {
+            return Ok(Some(w));
+        }
+        if let Some((inner, cols)) = col_sum_parts(k) {
+            return Self::build_from(inner, None, Some(cols), isa);
+        }
+        Self::build_from(k.with_merged_loops(), None, None, isa)
+    }
+
+    /// [`WideKernel::build_for`] of `merged`, the elementwise form of the kernel: a row sum's or column sums'
+    /// inner code where one is given.
+    fn build_from(
+        merged: KernelIr,
+        row_sum: Option<RowSum>,
+        col_sum: Option<ColSum>,
+        isa: Isa,
+    ) -> Result<Option<WideKernel>, String> {
+        let reduces = row_sum.is_some() || col_sum.is_some();
         // The output's strides per batch dim and per row: row-major, unless the row loop is another one.
-        let (merged, out_strides) = match row_sum.is_none().then(|| with_longest_rows(&merged)).flatten() {
+        let (merged, out_strides) = match (!reduces).then(|| with_longest_rows(&merged)).flatten() {
             Some((permuted, strides)) => (permuted, Some(strides)),
             None => (merged, None),
         };
         let gate_bufs = shared_gate_reads(&merged);
-        let (merged, gates) = match row_sum.is_none().then(|| gate_batch_masks(&merged)).flatten() {
+        let (merged, gates) = match (!reduces).then(|| gate_batch_masks(&merged)).flatten() {
             Some((gated, gates)) => (gated, gates),
             None => (merged, Vec::new()),
         };
@@ -240,7 +263,6 @@ impl WideKernel {
             gate_bufs.iter().filter_map(|&b| ep.operands.iter().position(|o| o.buf == b)).collect();
         let gate_operands = if gate_operands.len() == gate_bufs.len() { gate_operands } else { Vec::new() };
         let out_bf16 = k.output.dtype == kiln_jit::DType::BF16;
-        let Some(layout) = Layout::plan(&ep.program, view.n, row_sum.as_ref(), isa) else { return Ok(None) };
         // Row steps are instruction immediates.
         let steps_fit = i32::try_from(4 * out_ld).is_ok()
             && ep.operands.iter().all(|o| match o.kind {
@@ -248,10 +270,16 @@ impl WideKernel {
                 OperandKind::Col { stride } => i32::try_from(4 * stride).is_ok(),
                 OperandKind::Row => true,
             });
-        if !steps_fit {
+        if !steps_fit || col_sum.is_some() && !wide_cols::panel_steps_fit(&ep) {
             return Ok(None);
         }
-        let code = emit(&ep, &layout, out_ld, row_sum.as_ref(), isa, out_bf16)?;
+        let (code, unroll) = if let Some(c) = &col_sum {
+            let Some(layout) = ColLayout::plan(&ep.program, &c.outer, view.n, isa) else { return Ok(None) };
+            (wide_cols::emit(&ep, &layout, &c.outer, isa, unit(&ep, out_bf16))?, layout.widest())
+        } else {
+            let Some(layout) = Layout::plan(&ep.program, view.n, row_sum.as_ref(), isa) else { return Ok(None) };
+            (emit(&ep, &layout, out_ld, row_sum.as_ref(), isa, out_bf16)?, layout.unroll)
+        };
         crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the code at offset 0 is a function emitted by `emit` with `WideFn`'s sysv64 signature, and `code`
         // (kept in the returned kernel) keeps it mapped executable.
@@ -266,8 +294,9 @@ impl WideKernel {
             outer: k.outer.clone(),
             n_inputs: k.inputs.len(),
             work: k.work(),
-            unroll: layout.unroll,
+            unroll,
             row_sum,
+            col_sum,
             isa,
             out_bf16,
             gates,
@@ -280,7 +309,11 @@ impl WideKernel {
     /// The register program, its loop shape and the machine code's size, for `KILN_DUMP`.
     pub(crate) fn listing(&self) -> String {
         let batch: String = self.batch.iter().map(|b| format!("{b} x ")).collect();
-        let what = if self.row_sum.is_some() { "row sums of" } else { "elementwise" };
+        let what = match (&self.row_sum, &self.col_sum) {
+            (Some(_), _) => "row sums of",
+            (None, Some(_)) => "column sums of",
+            (None, None) => "elementwise",
+        };
         let mut s = format!(
             "{what} {batch}{} x {}, {} vectors of {} lanes per iteration\n",
             self.m,
@@ -299,11 +332,16 @@ impl WideKernel {
             let _ = writeln!(s, "  v{i} = {inst:?}");
         }
         let _ = writeln!(s, "  out = v{}{}", self.ep.program.result, if self.out_bf16 { " as bf16" } else { "" });
-        if let Some(r) = &self.row_sum {
-            for (i, inst) in r.outer.insts.iter().enumerate() {
-                let _ = writeln!(s, "  row w{i} = {inst:?}");
+        let (sums, per) = match (&self.row_sum, &self.col_sum) {
+            (Some(r), _) => (Some(&r.outer), "row"),
+            (None, Some(c)) => (Some(&c.outer), "column"),
+            (None, None) => (None, ""),
+        };
+        if let Some(outer) = sums {
+            for (i, inst) in outer.insts.iter().enumerate() {
+                let _ = writeln!(s, "  {per} w{i} = {inst:?}");
             }
-            let _ = writeln!(s, "  row out = w{}", r.outer.result);
+            let _ = writeln!(s, "  {per} out = w{}", outer.result);
         }
         let _ = writeln!(s, "  ({} bytes of code)", self.code.len());
         s
@@ -338,7 +376,16 @@ impl WideKernel {
         // SAFETY: the caller's pointer contract; each gate table holds what its BufParam declares (only read).
         let uniforms = unsafe { Uniforms::for_launch(Some(&self.ep), &self.outer, ptrs) };
         let args = Args { ptrs, uniforms: uniforms.as_ptr() };
-        if self.batch.is_empty() && self.m == 1 && self.row_sum.is_none() {
+        if self.col_sum.is_some() {
+            // Column sums: whole vectors of columns a thread, every row.
+            let lanes = self.isa.lanes();
+            let f = |s: usize, e: usize| {
+                let (c0, c1) = (lanes * s, (lanes * e).min(self.n));
+                // SAFETY: the caller's pointer contract; `c0..c1` are columns of every row.
+                unsafe { self.call(&args, 0, 0, self.m, c0, c1 - c0) };
+            };
+            pool::global().parallel_for_work(self.n.div_ceil(lanes), self.work, &f);
+        } else if self.batch.is_empty() && self.m == 1 && self.row_sum.is_none() {
             // One row: chunks of whole vectors, the last one ragged.
             let lanes = self.isa.lanes();
             let f = |s: usize, e: usize| {
@@ -382,9 +429,11 @@ impl WideKernel {
         // column) in range, so it stays inside its buffer (the caller's contract); the code reads and writes only
         // the `rows` x `cols` elements from those pointers (masked at both ends), as `emit` generates it.
         unsafe {
-            // A row sum writes one value per row.
+            // A row sum writes one value per row, column sums one per column.
             let out_at = if self.row_sum.is_some() {
                 out_row
+            } else if self.col_sum.is_some() {
+                c0
             } else {
                 let batch: isize = self.out_batch.iter().zip(&at).map(|(&s, &i)| s as isize * i).sum();
                 batch + r0 * self.out_ld as isize + c0
@@ -395,7 +444,7 @@ impl WideKernel {
             // same alignment: a vector store that straddles two cache lines costs about two (buffers start on a
             // 64-byte boundary, but a view may start inside one). A row sum stores no vectors.
             let (lanes, vb) = (self.isa.lanes(), os * self.isa.lanes());
-            let head = if self.row_sum.is_some() {
+            let head = if self.row_sum.is_some() || self.col_sum.is_some() {
                 0
             } else if rows == 1 || (os * self.out_ld).is_multiple_of(vb) {
                 (((vb - out as usize % vb) % vb) / os).min(cols)
@@ -631,7 +680,7 @@ fn touches_bf16(k: &KernelIr) -> bool {
 
 /// Bytes the column offset (rax) advances per element: 4, or 2 where an operand or the output is bf16 (its 4-byte
 /// accesses then scale the offset by 2), so that a kernel without bf16 is the same code as before bf16 existed.
-fn unit(ep: &Epilogue, out_bf16: bool) -> usize {
+pub(super) fn unit(ep: &Epilogue, out_bf16: bool) -> usize {
     if out_bf16 || ep.operands.iter().any(|o| o.bf16) { 2 } else { 4 }
 }
 

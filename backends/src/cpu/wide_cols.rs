@@ -1,0 +1,362 @@
+//! Column sums at full vector width: `out[j] = outer(sum over i of inner(i, j))` over `[rows, cols]` with the
+//! columns contiguous, a bias's or a norm weight's gradient (`dy.sum(0)`, `(dy * x_hat).sum(0)`).
+//!
+//! Why: Cranelift emits 128-bit vectors only, and its column-sum loop walks all rows once per strip of 32 columns
+//! with 4-lane adds; the GPT step's 30 such sums a step (`[1024, 128]` to `[1024, 512]`) took ~1 ms there, 2-4x what
+//! reading their operands costs.
+//!
+//! What runs here: a reduce kernel whose f32 sum runs over one loop that is not the output's, the inner code an
+//! elementwise program over `[rows, cols]` that the register program can express with its loads walking the
+//! columns contiguously ([`ElementwiseView`], the reduce loop as its rows), the outer code a program of the sum and
+//! constants (`mean`'s division). The generated code takes the columns a block of `u` vectors at a time (8, 4, 2,
+//! then 1, then a masked last vector), each vector with an accumulator of its own, walks every row adding the
+//! program's value into them, applies the outer program and stores the block. Each column's rows are added in
+//! order, one rounding per add, as the interpreter and the Cranelift kernel add them: the results are bit for bit
+//! theirs. Threads take disjoint ranges of whole vectors (`WideKernel::run`), so no partial sums are combined.
+//!
+//! Deliberately not done: splitting the rows over the threads (narrow sums, `[1024, 10]`, run on one thread: a
+//! sum of that size is a microsecond or two, and partial sums would change the order of the additions); blocks
+//! wider than 8 vectors (the loop is bound by reading the rows, not by the adds' latency, from 4 on).
+
+// `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
+#![allow(clippy::useless_conversion)]
+
+use super::gemm::asm::{self, EpInst, EpProgram, VecIsa};
+use super::gemm::asm512::Zmm;
+use super::gemm::epilogue::{Epilogue, OperandKind};
+use super::gemm::evex::{gpr, mem};
+use super::isa::Isa;
+use super::wide::{self, Access, KMASK, MASK_REG, OPERAND_REGS, TABLE_OPERANDS, put};
+use dynasmrt::x64::Assembler;
+use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
+use kiln_jit::kernel::{IExpr, KernelIr};
+
+/// A reduce kernel run as column sums: the outer program of each column's sum (`Acc` and constants).
+#[derive(Clone, Debug)]
+pub(super) struct ColSum {
+    pub(super) outer: EpProgram,
+}
+
+/// Vectors per block, widest first; each block width the code has a loop for.
+const BLOCKS: [usize; 4] = [8, 4, 2, 1];
+
+/// For a reduce kernel run as column sums: its inner code as an elementwise kernel over `[rows, cols]` (the reduce
+/// loop as the rows, the output's loop as the columns) and its outer code as a register program of the sum. `None`
+/// for anything else: another reduction than an f32 sum over one loop, an output of rank other than 1, an empty
+/// reduction, outer code the register program lacks. Whether the inner code's loads walk the columns contiguously
+/// is the caller's check (`ElementwiseView::of`).
+pub(super) fn col_sum_parts(k: &KernelIr) -> Option<(KernelIr, ColSum)> {
+    let k = k.clone().without_unit_loops();
+    let r = k.reduce.as_ref().filter(|_| k.rows.is_empty())?;
+    if r.op != kiln_jit::ReduceOp::Sum
+        || r.dtype != kiln_jit::DType::F32
+        || r.extents.len() != 1
+        || r.extents[0] == 0
+        || k.out_rank() != 1
+        || k.output.dtype != kiln_jit::DType::F32
+    {
+        return None;
+    }
+    let (cols, rows) = (k.out_extents[0], r.extents[0]);
+    let outer = super::gemm::epilogue::translate_row_outer(&k.outer, k.result)?;
+    // The inner code reads the output's loop as variable 0 and the reduce loop as 1: swapped, so that the reduce
+    // loop is the elementwise view's row loop.
+    let extents = [rows, cols];
+    let swap = |e: &IExpr| e.map_vars(&|v| IExpr::Var(1 - v)).simplify(&extents);
+    let mut outer_code = r.inner.clone();
+    for inst in &mut outer_code {
+        inst.map_indices(&swap);
+    }
+    let inner = KernelIr {
+        name: format!("{}_inner", k.name),
+        inputs: k.inputs.clone(),
+        output: kiln_jit::kernel::BufParam { dtype: kiln_jit::DType::F32, len: rows * cols },
+        out_extents: extents.to_vec(),
+        reduce: None,
+        rows: Vec::new(),
+        row_rank: 2,
+        outer: outer_code,
+        result: r.value,
+        flops_per_elem: 0,
+        routine: None,
+    };
+    Some((inner, ColSum { outer }))
+}
+
+/// Where each value lives: per-row values (loads that stand still along a row) and uniforms in registers of their
+/// own from the top down (under ymm15, the 8-lane mask; k1 holds the 16-lane one), a block's accumulators under
+/// them, each copy's temporaries from 0 up.
+pub(super) struct ColLayout {
+    hoisted: Vec<Option<u8>>,
+    temps: usize,
+    /// The widest block (vectors), and the accumulators' first register (they take `top - u..top`).
+    widest: usize,
+    top: u8,
+}
+
+impl ColLayout {
+    pub(super) fn plan(p: &EpProgram, outer: &EpProgram, n: usize, isa: Isa) -> Option<ColLayout> {
+        let mut next = match isa {
+            Isa::Avx2 => MASK_REG,
+            Isa::Avx512 => 32,
+        };
+        let mut hoisted = vec![None; p.insts.len()];
+        for (i, inst) in p.insts.iter().enumerate() {
+            match inst {
+                EpInst::Col { .. } | EpInst::Uniform(_) => {
+                    next = next.checked_sub(1)?;
+                    hoisted[i] = Some(next);
+                }
+                EpInst::Acc | EpInst::Position(_) => return None,
+                _ => {}
+            }
+        }
+        let temps = p.temps_needed_besides(&|i| hoisted[i].is_some());
+        let room = next as usize;
+        // A block of `u` takes `u` accumulators and `u` copies' temporaries; at its end each column's outer
+        // program runs in the registers under the accumulators.
+        let fits = |u: usize| u * (temps + 1) <= room && outer.temps_needed() < room - u;
+        let widest = BLOCKS.into_iter().find(|&u| fits(u) && (u == 1 || isa.lanes() * u <= n))?;
+        Some(ColLayout { hoisted, temps, widest, top: next })
+    }
+
+    /// Vectors per iteration of the widest block (the listing's figure).
+    pub(super) fn widest(&self) -> usize {
+        self.widest
+    }
+
+    fn copy_regs(&self, copy: usize) -> Vec<u8> {
+        (copy * self.temps..(copy + 1) * self.temps).map(|r| r as u8).collect()
+    }
+
+    fn acc(&self, copy: usize) -> u8 {
+        self.top - 1 - copy as u8
+    }
+}
+
+/// Rows a panel has (the last one may have fewer): a call walks its columns a panel at a time, block by block, so
+/// that the panel's rows (a few KiB each) stay in L1 while every block reads them. Walking all rows per block
+/// instead read the memory of long rows once per block (the prefetchers fetch whole rows): `[1024, 512]` took as
+/// long as Cranelift's 4-lane loop.
+const PANEL_ROWS: usize = 16;
+
+/// Whether the operands' row steps fit the code's 32-bit immediates over a whole panel.
+pub(super) fn panel_steps_fit(ep: &Epilogue) -> bool {
+    ep.operands.iter().all(|o| i32::try_from(row_step(o) as i64 * PANEL_ROWS as i64).is_ok())
+}
+
+/// Bytes an operand's pointer moves per row (0 for a per-column one).
+fn row_step(o: &super::gemm::epilogue::EpOperand) -> i32 {
+    let size = o.elem_bytes() as i64;
+    let step = match o.kind {
+        OperandKind::Mat { ld } => size * ld,
+        OperandKind::Col { stride } => size * stride,
+        OperandKind::Row => 0,
+    };
+    i32::try_from(step).unwrap_or(i32::MAX)
+}
+
+/// Assembles column sums (see the module doc): `extern "sysv64" fn(table, rows, cols)`, the table as the
+/// elementwise kernels' (`wide.rs`: output, tail mask, uniforms, two unused entries, operands), every pointer at
+/// the first row of the call's first column. The output's columns are the accumulators between panels: zeroed
+/// first, each panel's block loads them, adds the panel's rows in order and stores them, and a last pass applies
+/// the outer program where it is more than the sum.
+pub(super) fn emit(
+    ep: &Epilogue,
+    l: &ColLayout,
+    outer: &EpProgram,
+    isa: Isa,
+    unit: usize,
+) -> Result<ExecutableBuffer, String> {
+    let p = &ep.program;
+    let last = p.last_uses();
+    let outer_last = outer.last_uses();
+    let wide = isa == Isa::Avx512;
+    let zmm = Zmm { pool: gpr::RBP };
+    let vec_isa: &dyn VecIsa = if wide { &zmm } else { &asm::Ymm };
+    let lanes = isa.lanes() as i32;
+    let unit = unit as i32;
+    // As in `wide::emit`: the column offset (rax) counts `unit` bytes per element, copy `c` is a vector further.
+    let access = |size: i32, c: usize| ((size / unit) as u8, size * lanes * c as i32);
+    let out_access = |c: usize| {
+        let (scale, disp) = access(4, c);
+        Access { scale, disp, bf16: false }
+    };
+    let vb = unit * lanes;
+    let steps: Vec<i32> = ep.operands.iter().map(row_step).collect();
+    let mut ops = Assembler::new().map_err(|e| e.to_string())?;
+    wide::save_registers(&mut ops);
+    // Registers: rdi the output, rsi the rows left, rdx the columns' end (bytes), rax the column offset, r14 the
+    // table, r15 the panel's rows (the tail mask is reloaded from the table when needed), r13 the row counter, r12
+    // scratch, rbp the 16-lane constants, the operands in `OPERAND_REGS` (at the panel's first row).
+    dynasm!(ops ; .arch x64
+        ; mov r14, rdi
+        ; mov rax, QWORD [rdi + 16]
+    );
+    for (i, inst) in p.insts.iter().enumerate() {
+        if let (EpInst::Uniform(slot), Some(h)) = (inst, l.hoisted[i]) {
+            let off = 32 * *slot as i32;
+            if wide {
+                put(&mut ops, |e| e.broadcast(h, mem(gpr::RAX, off)));
+            } else {
+                dynasm!(ops ; .arch x64 ; vmovups Ry(h), [rax + off]);
+            }
+        }
+    }
+    for (o, &r) in OPERAND_REGS.iter().enumerate().take(ep.operands.len()) {
+        let off = 8 * (TABLE_OPERANDS + o) as i32;
+        dynasm!(ops ; .arch x64 ; mov Rq(r), QWORD [r14 + off]);
+    }
+    let mut consts = asm::ConstPool::default();
+    if wide {
+        let base = consts.base(&mut ops);
+        dynasm!(ops ; .arch x64 ; lea rbp, [=>base]);
+    }
+    let unit_shift = unit.trailing_zeros() as i8;
+    dynasm!(ops ; .arch x64
+        ; mov rdi, QWORD [rdi]
+        ; shl rdx, unit_shift
+    );
+    let load_tail_mask = |ops: &mut Assembler| {
+        dynasm!(ops ; .arch x64 ; mov r12, QWORD [r14 + 8]);
+        if wide {
+            put(ops, |e| e.kmov_load(KMASK, mem(gpr::R12, 0)));
+        } else {
+            dynasm!(ops ; .arch x64 ; vmovups Ry(MASK_REG), [r12]);
+        }
+    };
+    // `body(ops, u, masked)` for every block of the call's columns: blocks of 8, 4, 2, 1 vectors, then the masked
+    // last vector. rax runs over the columns; r12 is free inside `body` (it reloads the tail mask before the masked
+    // vector).
+    let columns = |ops: &mut Assembler,
+                   body: &mut dyn FnMut(&mut Assembler, usize, bool) -> Result<(), String>|
+     -> Result<(), String> {
+        dynasm!(ops ; .arch x64 ; xor eax, eax);
+        for u in BLOCKS.into_iter().filter(|&u| u <= l.widest) {
+            let (top, next) = (ops.new_dynamic_label(), ops.new_dynamic_label());
+            let span = vb * u as i32;
+            dynasm!(ops ; .arch x64
+                ; =>top
+                ; lea r12, [rax + span]
+                ; cmp r12, rdx
+                ; ja =>next
+            );
+            body(ops, u, false)?;
+            dynasm!(ops ; .arch x64 ; add rax, span ; jmp =>top ; =>next);
+        }
+        let done = ops.new_dynamic_label();
+        dynasm!(ops ; .arch x64 ; cmp rax, rdx ; jae =>done);
+        load_tail_mask(ops);
+        body(ops, 1, true)?;
+        dynasm!(ops ; .arch x64 ; =>done);
+        Ok(())
+    };
+    // The accumulators start at +0, as the interpreter's sums do.
+    columns(&mut ops, &mut |ops, u, masked| {
+        put_zero(ops, wide, 0);
+        for c in 0..u {
+            wide::store_vector(ops, isa, 0, out_access(c), masked);
+        }
+        Ok(())
+    })?;
+    // Panels of rows.
+    let panel = ops.new_dynamic_label();
+    let panels_done = ops.new_dynamic_label();
+    dynasm!(ops ; .arch x64
+        ; =>panel
+        ; test rsi, rsi
+        ; jz =>panels_done
+        ; mov r15d, PANEL_ROWS as i32
+        ; cmp rsi, r15
+        ; cmovb r15, rsi
+    );
+    columns(&mut ops, &mut |ops, u, masked| {
+        for c in 0..u {
+            wide::load_vector(ops, isa, l.acc(c), gpr::RDI, out_access(c), masked);
+        }
+        let row = ops.new_dynamic_label();
+        dynasm!(ops ; .arch x64 ; mov r13, r15 ; =>row);
+        for (i, inst) in p.insts.iter().enumerate() {
+            if let (EpInst::Col { op, .. }, Some(h)) = (inst, l.hoisted[i]) {
+                let r = OPERAND_REGS[*op];
+                if ep.operands[*op].bf16 {
+                    dynasm!(ops ; .arch x64 ; movzx r12d, WORD [Rq(r)] ; shl r12d, 16);
+                    put(ops, |e| e.broadcast_gpr(h, gpr::R12));
+                } else if wide {
+                    put(ops, |e| e.broadcast(h, mem(r, 0)));
+                } else {
+                    dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(h), DWORD [Rq(r)]);
+                }
+            }
+        }
+        for c in 0..u {
+            let fixed = |i: usize| l.hoisted[i];
+            let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
+                let (EpInst::Mat { op, .. } | EpInst::Row { op, .. }) = *inst else {
+                    unreachable!("per-row values and uniforms are hoisted")
+                };
+                let bf16 = ep.operands[op].bf16;
+                let (scale, disp) = access(if bf16 { 2 } else { 4 }, c);
+                wide::load_vector(ops, isa, d, OPERAND_REGS[op], Access { scale, disp, bf16 }, masked);
+            };
+            let res = asm::emit_insts(vec_isa, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
+            // Lanes past a masked vector's end add whatever the program made of the zeros loaded there: those
+            // lanes are never stored.
+            vec_isa.bin(ops, asm::VBin::Add, l.acc(c), l.acc(c), res);
+        }
+        for (o, &step) in steps.iter().enumerate() {
+            if step != 0 {
+                let r = OPERAND_REGS[o];
+                dynasm!(ops ; .arch x64 ; add Rq(r), step);
+            }
+        }
+        dynasm!(ops ; .arch x64 ; dec r13 ; jnz =>row);
+        for c in 0..u {
+            wide::store_vector(ops, isa, l.acc(c), out_access(c), masked);
+        }
+        // Back to the panel's first row for the next block.
+        for (o, &step) in steps.iter().enumerate() {
+            if step != 0 {
+                let r = OPERAND_REGS[o];
+                dynasm!(ops ; .arch x64 ; imul r12, r15, step ; sub Rq(r), r12);
+            }
+        }
+        Ok(())
+    })?;
+    for (o, &step) in steps.iter().enumerate() {
+        if step != 0 {
+            let r = OPERAND_REGS[o];
+            let panel_step = step * PANEL_ROWS as i32;
+            dynasm!(ops ; .arch x64 ; add Rq(r), panel_step);
+        }
+    }
+    dynasm!(ops ; .arch x64 ; sub rsi, r15 ; jmp =>panel ; =>panels_done);
+    // The outer program over the sums, where it does more than return them.
+    if !matches!(outer.insts[outer.result], EpInst::Acc) {
+        let free: Vec<u8> = (1..l.top).collect();
+        columns(&mut ops, &mut |ops, u, masked| {
+            for c in 0..u {
+                wide::load_vector(ops, isa, 0, gpr::RDI, out_access(c), masked);
+                let acc_fixed = |i: usize| matches!(outer.insts[i], EpInst::Acc).then_some(0u8);
+                let mut no_load =
+                    |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a sum's outer program loads nothing");
+                let res =
+                    asm::emit_insts(vec_isa, ops, outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
+                wide::store_vector(ops, isa, res, out_access(c), masked);
+            }
+            Ok(())
+        })?;
+    }
+    wide::restore_registers_and_return(&mut ops);
+    consts.emit(&mut ops);
+    ops.finalize().map_err(|_| "finalizing a column-sum kernel failed".to_string())
+}
+
+/// `d` = +0 in every lane.
+fn put_zero(ops: &mut Assembler, wide: bool, d: u8) {
+    if wide {
+        put(ops, |e| e.zero(d));
+    } else {
+        dynasm!(ops ; .arch x64 ; vxorps Ry(d), Ry(d), Ry(d));
+    }
+}
