@@ -178,6 +178,29 @@ fn a_scrambled_matmul_operand_is_stored_for_the_gemm() {
     kernels(&y);
 }
 
+/// A fused q/k/v projection (`x @ w + b` viewed as `[B, T, 3, H, Dh]`, its parts narrowed out): the projection
+/// stores its output once, the bias in its GEMM's epilogue, and both attention products read q, k and v in place
+/// as strided views; storing each part had cost a pass over the projection's output per part (three kernels).
+#[test]
+fn the_parts_of_a_fused_projection_are_read_in_place() {
+    // Scaled so that the logits stay near 1: the check's tolerance is relative to each result.
+    let (x, w, b) = (rand(&[2 * 8, 16]) * 0.25, rand(&[16, 3 * 16]) * 0.25, rand(&[3 * 16]));
+    kiln::realize(&[&x, &w, &b]).unwrap();
+    let qkv = (x.matmul(&w) + &b).reshape([2, 8, 3, 4, 4]).permute([2, 0, 3, 1, 4]);
+    let part = |i: usize| qkv.narrow(0, i, 1).squeeze(0);
+    let (q, k, v) = (part(0), part(1), part(2));
+    let y = q.matmul(&k.transpose(-1, -2)).mul(0.5).matmul(&v);
+    let names = kernels(&y);
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(names.iter().all(|n| n.starts_with("G_")), "{names:?}");
+    assert!(names[0].starts_with("G_matmul_add"), "{names:?}");
+    // And as the CPU runs it (strided batched operands).
+    let want = kiln::capture(&[&y]).unwrap().reference().unwrap().remove(0);
+    if let Err(e) = common::compare(&y.to_host().unwrap(), &want, tol(DType::F32, Kind::Accumulate)) {
+        panic!("{e}");
+    }
+}
+
 /// Rule 3c: attention's logits (`q kᵀ * scale + bias`) feed two kernels (the row max and the exponent): the product
 /// stores the scaled, biased logits as its epilogue, so neither kernel finishes the product again.
 #[test]

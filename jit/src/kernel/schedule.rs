@@ -69,6 +69,10 @@ const RECOMPUTE_READERS: usize = 3;
 /// GEMM epilogue: the GELU's kernels 1200 -> 1107 µs a layer, the GPT step 1-2.5 % faster (docs/benchmarks.md).
 const TRANSCENDENTAL_OPS: usize = 8;
 
+/// Rule 2c: a matmul operand that is a slice keeping at least 1 / this of what it views is read in place from its
+/// stored source rather than stored itself.
+const SLICE_READ_IN_PLACE: usize = 4;
+
 /// Rows of A from which a transposed B is copied to contiguous memory before the GEMM (rule 2b).
 const TRANSPOSE_COPY_MIN_ROWS: usize = 8;
 
@@ -499,7 +503,17 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
         for (i, src) in graph.srcs(n).into_iter().enumerate() {
             let mut cur = src;
             let mut reshape = None;
-            while matches!(graph.node(cur).op, Op::Permute(_) | Op::Reshape | Op::Expand) && !mat[cur.index()] {
+            // Through a slice that keeps a large part of what it views (one of q, k and v, viewed from a fused
+            // projection's `[B, T, 3 * D]`): the whole is stored once (the projection's bias then runs as its
+            // GEMM's epilogue) and each part read in place, where storing each part had cost a pass over the
+            // projection's output per part.
+            let large_slice = |c: NodeIndex| {
+                matches!(graph.node(c).op, Op::Slice(_))
+                    && SLICE_READ_IN_PLACE * graph.node(c).shape.numel() >= graph.node(graph.srcs(c)[0]).shape.numel()
+            };
+            while (matches!(graph.node(cur).op, Op::Permute(_) | Op::Reshape | Op::Expand) || large_slice(cur))
+                && !mat[cur.index()]
+            {
                 if reshape.is_none() && matches!(graph.node(cur).op, Op::Reshape) {
                     reshape = Some(cur);
                 }
