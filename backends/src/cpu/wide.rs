@@ -86,7 +86,7 @@ use std::sync::{Arc, LazyLock};
 type WideFn = unsafe extern "sysv64" fn(*const *const u8, usize, usize);
 
 /// Entries of the table before the operand pointers: output, tail mask, uniforms, head mask, head bytes.
-pub(super) const TABLE_OPERANDS: usize = 5;
+const TABLE_OPERANDS: usize = 5;
 
 /// GPRs holding operand pointers, by operand index (caller-saved ones first; rbx is pushed).
 pub(super) const OPERAND_REGS: [u8; epilogue::MAX_OPERANDS] = [1, 8, 9, 10, 11, 3];
@@ -821,27 +821,9 @@ fn emit(
         ; mov r13, QWORD [rdi + 32]
         ; mov rax, QWORD [rdi + 16]
     );
-    for (i, inst) in p.insts.iter().enumerate() {
-        if let (EpInst::Uniform(slot), Some(h)) = (inst, l.hoisted[i]) {
-            // Uniforms are stored splatted over 8 lanes; 16 lanes broadcast the first.
-            let off = 32 * *slot as i32;
-            if wide {
-                put(&mut ops, |e| e.broadcast(h, mem(gpr::RAX, off)));
-            } else {
-                dynasm!(ops ; .arch x64 ; vmovups Ry(h), [rax + off]);
-            }
-        }
-    }
-    for (o, &r) in OPERAND_REGS.iter().enumerate().take(ep.operands.len()) {
-        let off = 8 * (TABLE_OPERANDS + o) as i32;
-        dynasm!(ops ; .arch x64 ; mov Rq(r), QWORD [rdi + off]);
-    }
-    let mut consts = asm::ConstPool::default();
-    if wide {
-        // The 16-lane constants are read through rbp, which nothing else here uses.
-        let base = consts.base(&mut ops);
-        dynasm!(ops ; .arch x64 ; lea rbp, [=>base]);
-    }
+    hoist_uniforms(&mut ops, p, &l.hoisted, wide);
+    load_operand_pointers(&mut ops, ep.operands.len(), gpr::RDI);
+    let mut consts = const_pool(&mut ops, wide);
     let unit_shift = unit.trailing_zeros() as i8;
     dynasm!(ops ; .arch x64
         ; mov rdi, QWORD [rdi]
@@ -850,20 +832,8 @@ fn emit(
         ; jz =>done
         ; =>row
     );
-    for (i, inst) in p.insts.iter().enumerate() {
-        if let (EpInst::Col { op, .. }, Some(h)) = (inst, l.hoisted[i]) {
-            let r = OPERAND_REGS[*op];
-            if ep.operands[*op].bf16 {
-                // The element as the top half of a dword, broadcast (r12 is free until the column loop).
-                dynasm!(ops ; .arch x64 ; movzx r12d, WORD [Rq(r)] ; shl r12d, 16);
-                put(&mut ops, |e| e.broadcast_gpr(h, gpr::R12));
-            } else if wide {
-                put(&mut ops, |e| e.broadcast(h, mem(r, 0)));
-            } else {
-                dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(h), DWORD [Rq(r)]);
-            }
-        }
-    }
+    // (r12 is free until the column loop.)
+    broadcast_row_values(&mut ops, ep, &l.hoisted, wide);
     for &a in &l.accs {
         if wide {
             put(&mut ops, |e| e.zero(a));
@@ -890,12 +860,7 @@ fn emit(
     let mut copy = |ops: &mut Assembler, c: usize, masked: bool| -> Result<(), String> {
         let fixed = |i: usize| l.hoisted[i];
         let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
-            let (EpInst::Mat { op, .. } | EpInst::Row { op, .. }) = *inst else {
-                unreachable!("per-row values and uniforms are hoisted")
-            };
-            let bf16 = ep.operands[op].bf16;
-            let (scale, disp) = access(if bf16 { 2 } else { 4 }, c);
-            load_vector(ops, isa, d, OPERAND_REGS[op], Access { scale, disp, bf16 }, masked);
+            load_element_vector(ops, ep, isa, inst, d, |size| access(size, c), masked)
         };
         let res = asm::emit_insts(vec_isa, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
         if let Some(&acc) = l.accs.get(c) {
@@ -1081,6 +1046,76 @@ pub(super) fn store_vector(ops: &mut Assembler, isa: Isa, x: u8, a: Access, mask
     } else {
         dynasm!(ops ; .arch x64 ; vmovups [rdi + rax + disp], Ry(x));
     }
+}
+
+/// Loads the launch-uniform values of `p` into their hoisted registers, from the splatted slots rax points at (the
+/// table's uniforms entry): 8 lanes load a slot, 16 broadcast its first lane.
+pub(super) fn hoist_uniforms(ops: &mut Assembler, p: &EpProgram, hoisted: &[Option<u8>], wide: bool) {
+    for (i, inst) in p.insts.iter().enumerate() {
+        if let (EpInst::Uniform(slot), Some(h)) = (inst, hoisted[i]) {
+            let off = 32 * *slot as i32;
+            if wide {
+                put(ops, |e| e.broadcast(h, mem(gpr::RAX, off)));
+            } else {
+                dynasm!(ops ; .arch x64 ; vmovups Ry(h), [rax + off]);
+            }
+        }
+    }
+}
+
+/// Points each of `n` operands' registers ([`OPERAND_REGS`]) at its pointer in the table that GPR `table` holds.
+pub(super) fn load_operand_pointers(ops: &mut Assembler, n: usize, table: u8) {
+    for (o, &r) in OPERAND_REGS.iter().enumerate().take(n) {
+        let off = 8 * (TABLE_OPERANDS + o) as i32;
+        dynasm!(ops ; .arch x64 ; mov Rq(r), QWORD [Rq(table) + off]);
+    }
+}
+
+/// The code's constant pool; at 16 lanes its base goes into rbp, which nothing else in these loops uses.
+pub(super) fn const_pool(ops: &mut Assembler, wide: bool) -> asm::ConstPool {
+    let mut consts = asm::ConstPool::default();
+    if wide {
+        let base = consts.base(ops);
+        dynasm!(ops ; .arch x64 ; lea rbp, [=>base]);
+    }
+    consts
+}
+
+/// Broadcasts each per-row value (a load that stands still along a row) into its hoisted register, read at its
+/// operand's current row pointer; a bf16 one as the top half of a dword through r12.
+pub(super) fn broadcast_row_values(ops: &mut Assembler, ep: &Epilogue, hoisted: &[Option<u8>], wide: bool) {
+    for (i, inst) in ep.program.insts.iter().enumerate() {
+        if let (EpInst::Col { op, .. }, Some(h)) = (inst, hoisted[i]) {
+            let r = OPERAND_REGS[*op];
+            if ep.operands[*op].bf16 {
+                dynasm!(ops ; .arch x64 ; movzx r12d, WORD [Rq(r)] ; shl r12d, 16);
+                put(ops, |e| e.broadcast_gpr(h, gpr::R12));
+            } else if wide {
+                put(ops, |e| e.broadcast(h, mem(r, 0)));
+            } else {
+                dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(h), DWORD [Rq(r)]);
+            }
+        }
+    }
+}
+
+/// The load of a per-element or per-column value `inst` (`Mat`, `Row`) into `d`, at the column offset (rax) from
+/// its operand's row pointer: `at(element bytes)` gives the access's scale and displacement.
+pub(super) fn load_element_vector(
+    ops: &mut Assembler,
+    ep: &Epilogue,
+    isa: Isa,
+    inst: &EpInst,
+    d: u8,
+    at: impl Fn(i32) -> (u8, i32),
+    masked: bool,
+) {
+    let (EpInst::Mat { op, .. } | EpInst::Row { op, .. }) = *inst else {
+        unreachable!("per-row values and uniforms are hoisted")
+    };
+    let bf16 = ep.operands[op].bf16;
+    let (scale, disp) = at(if bf16 { 2 } else { 4 });
+    load_vector(ops, isa, d, OPERAND_REGS[op], Access { scale, disp, bf16 }, masked);
 }
 
 /// Pushes the callee-saved registers the generated loops use (rbp, rbx, r12-r15).

@@ -26,7 +26,7 @@ use super::gemm::asm512::Zmm;
 use super::gemm::epilogue::{Epilogue, OperandKind};
 use super::gemm::evex::{gpr, mem};
 use super::isa::Isa;
-use super::wide::{self, Access, KMASK, MASK_REG, OPERAND_REGS, TABLE_OPERANDS, put};
+use super::wide::{self, Access, KMASK, MASK_REG, OPERAND_REGS, put};
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
 use kiln_jit::kernel::{IExpr, KernelIr};
@@ -193,25 +193,9 @@ pub(super) fn emit(
         ; mov r14, rdi
         ; mov rax, QWORD [rdi + 16]
     );
-    for (i, inst) in p.insts.iter().enumerate() {
-        if let (EpInst::Uniform(slot), Some(h)) = (inst, l.hoisted[i]) {
-            let off = 32 * *slot as i32;
-            if wide {
-                put(&mut ops, |e| e.broadcast(h, mem(gpr::RAX, off)));
-            } else {
-                dynasm!(ops ; .arch x64 ; vmovups Ry(h), [rax + off]);
-            }
-        }
-    }
-    for (o, &r) in OPERAND_REGS.iter().enumerate().take(ep.operands.len()) {
-        let off = 8 * (TABLE_OPERANDS + o) as i32;
-        dynasm!(ops ; .arch x64 ; mov Rq(r), QWORD [r14 + off]);
-    }
-    let mut consts = asm::ConstPool::default();
-    if wide {
-        let base = consts.base(&mut ops);
-        dynasm!(ops ; .arch x64 ; lea rbp, [=>base]);
-    }
+    wide::hoist_uniforms(&mut ops, p, &l.hoisted, wide);
+    wide::load_operand_pointers(&mut ops, ep.operands.len(), gpr::R14);
+    let mut consts = wide::const_pool(&mut ops, wide);
     let unit_shift = unit.trailing_zeros() as i8;
     dynasm!(ops ; .arch x64
         ; mov rdi, QWORD [rdi]
@@ -276,28 +260,11 @@ pub(super) fn emit(
         }
         let row = ops.new_dynamic_label();
         dynasm!(ops ; .arch x64 ; mov r13, r15 ; =>row);
-        for (i, inst) in p.insts.iter().enumerate() {
-            if let (EpInst::Col { op, .. }, Some(h)) = (inst, l.hoisted[i]) {
-                let r = OPERAND_REGS[*op];
-                if ep.operands[*op].bf16 {
-                    dynasm!(ops ; .arch x64 ; movzx r12d, WORD [Rq(r)] ; shl r12d, 16);
-                    put(ops, |e| e.broadcast_gpr(h, gpr::R12));
-                } else if wide {
-                    put(ops, |e| e.broadcast(h, mem(r, 0)));
-                } else {
-                    dynasm!(ops ; .arch x64 ; vpbroadcastd Ry(h), DWORD [Rq(r)]);
-                }
-            }
-        }
+        wide::broadcast_row_values(ops, ep, &l.hoisted, wide);
         for c in 0..u {
             let fixed = |i: usize| l.hoisted[i];
             let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
-                let (EpInst::Mat { op, .. } | EpInst::Row { op, .. }) = *inst else {
-                    unreachable!("per-row values and uniforms are hoisted")
-                };
-                let bf16 = ep.operands[op].bf16;
-                let (scale, disp) = access(if bf16 { 2 } else { 4 }, c);
-                wide::load_vector(ops, isa, d, OPERAND_REGS[op], Access { scale, disp, bf16 }, masked);
+                wide::load_element_vector(ops, ep, isa, inst, d, |size| access(size, c), masked)
             };
             let res = asm::emit_insts(vec_isa, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
             // Lanes past a masked vector's end add whatever the program made of the zeros loaded there: those
