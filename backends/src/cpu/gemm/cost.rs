@@ -91,6 +91,14 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
         // forced, 512 x 128 x 1024, A 2 MiB): A in place at KC 1024 792 µs a launch (the model's pick), at KC 256
         // 628, packed A at KC 1024 668 and at 256 609; the race had timed KC 1024 at 555 µs hot.
         eff *= if kc > 256.0 { 0.7 } else { 0.85 };
+    } else if !c.pack_a && v.a.rows == 1 && v.a.cols * 4 >= 1024 && kc > 128.0 {
+        // Within half of L2 too, at long K blocks: each broadcast of a tile's A strip is a line of its own (`kc`
+        // lines, 56 of their 64 bytes used), which with the B panel the strip is multiplied by (`kc` x 128 bytes)
+        // outgrow L1, where a packed strip is `kc` x 56 contiguous bytes. Measured in the MLP step (`train_mlp`,
+        // candidates forced, three interleaved rounds): the 256 x 784 weight gradient with A (`dy^T`, rows 1 KiB
+        // apart) packed took the step 1827-1848 against 1864-1921 µs at batch 512 (A 512 KiB, KC 512; the model
+        // had picked it in place) and 3599-3659 against 3694-3712 at batch 1024 (A 1 MiB, KC 384).
+        eff *= 0.9;
     }
     if !c.pack_b
         && v.m > SKINNY_M
@@ -377,6 +385,21 @@ mod tests {
                     assert_eq!(st, sp, "{m} rows, {}", imp.name());
                 }
             }
+        }
+    }
+
+    /// The MLP's first weight gradient (256 x 784, A `dy^T` stored K x M with its rows 1 KiB apart, 512 KiB at
+    /// batch 512 and 1 MiB at 1024: within half of L2) ranks a packed A first, as it ran in the training step.
+    #[test]
+    fn activations_within_half_of_l2_read_at_long_k_blocks_are_packed() {
+        for k in [512, 1024] {
+            let v = view(256, 784, k);
+            let v = GemmView { a: GemmOperand { rows: 1, cols: 256, ..v.a.clone() }, ..v };
+            let cands = super::super::config::candidates_for(&v, false, &[Isa::Avx512]);
+            let s = |imp: &GemmImpl| score_with_l2(&v, imp, 2, 2 << 20);
+            let best = cands.iter().max_by(|a, b| s(a).total_cmp(&s(b)));
+            let Some(GemmImpl::Asm(c)) = best else { panic!("{best:?}") };
+            assert!(c.pack_a, "256 x 784 x {k}, A stored K x M: {}", GemmImpl::Asm(*c).name());
         }
     }
 
