@@ -356,3 +356,36 @@ fn no_kernel_reads_more_buffers_than_its_budget() {
         assert!(widest <= kiln_jit::kernel::schedule::MAX_KERNEL_INPUTS, "a kernel reads {widest} buffers");
     }
 }
+
+/// A kernel that reads no buffer and draws no random numbers (a causal mask) computes the same values on every
+/// run: the schedule gives it an arena slot no other value shares, so the CPU runs it in a plan's first run only,
+/// and later runs (new inputs, the same plan) read what it left there, with the plan's other temps written around
+/// it on every run.
+#[test]
+fn a_constant_kernel_keeps_its_slot_from_run_to_run() {
+    let mask = || {
+        let keep = Tensor::ones([8, 8], DType::F32, &Device::cpu()).tril(0).gt(0);
+        keep.where_(0.0, f64::NEG_INFINITY)
+    };
+    // Temps before and after the mask, so that a shared slot would be written over.
+    let step = |x: &Tensor| ((x.exp() * 0.5).sin() + mask()).softmax(-1).sum([0], false).cos();
+    let x = rand(&[4, 8, 8]);
+    kiln::realize(&[&x]).unwrap();
+    let cap = kiln::capture(&[&step(&x)]).expect("capture");
+    let plan = schedule(&cap.graph);
+    let constants: Vec<usize> = (0..plan.launches.len()).filter(|&i| plan.constant(i)).collect();
+    assert_eq!(constants.len(), 1, "{:?}", plan.launches.iter().map(|l| &l.kernel.name).collect::<Vec<_>>());
+    let own = plan.launches[constants[0]].output;
+    for (i, l) in plan.launches.iter().enumerate() {
+        assert!(i == constants[0] || l.output != own, "launch {i} ({}) writes the constant's slot", l.kernel.name);
+    }
+    for seed in 0..4 {
+        let x = &rand(&[4, 8, 8]) * (1.0 + seed as f64);
+        kiln::realize(&[&x]).unwrap();
+        let y = step(&x);
+        let want = kiln::capture(&[&y]).unwrap().reference().unwrap().remove(0);
+        if let Err(e) = common::compare(&y.to_host().unwrap(), &want, tol(DType::F32, Kind::Accumulate)) {
+            panic!("run {seed}: {e}");
+        }
+    }
+}

@@ -43,6 +43,9 @@ struct CompiledLaunch {
     rows: usize,
     /// Element-operations of the whole launch, for the pool's inline-or-split decision.
     work: usize,
+    /// The launch computes a constant into a slot of its own (`KernelPlan::constant`: a causal mask): an arena
+    /// that has completed a run holds it already, and skips the launch.
+    constant: bool,
 }
 
 pub(crate) struct JitPlan {
@@ -70,6 +73,8 @@ struct Arena {
     temps: Vec<*mut u8>,
     /// Runs begun on this arena.
     runs: u32,
+    /// A run on this arena has completed: its constant slots hold their values (`CompiledLaunch::constant`).
+    constants_ready: bool,
     ptrs: Vec<*mut u8>,
     rng_words: Vec<u64>,
     out_ptrs: Vec<*mut u8>,
@@ -148,14 +153,22 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     let mut launches = Vec::with_capacity(plan.launches.len());
     {
         let mut c = compiler.lock();
-        for (l, exec) in plan.launches.iter().zip(execs) {
+        for (index, (l, exec)) in plan.launches.iter().zip(execs).enumerate() {
             let exec = match exec {
                 Some(e) => e,
                 None => generate(&mut c, &l.kernel, None).map_err(err)?,
             };
             let rows = l.kernel.out_extents.first().copied().unwrap_or(1);
             let can_fault = l.kernel.can_fault();
-            launches.push(CompiledLaunch { name: l.kernel.name.clone(), exec, rows, work: l.kernel.work(), can_fault });
+            let constant = plan.constant(index);
+            launches.push(CompiledLaunch {
+                name: l.kernel.name.clone(),
+                exec,
+                rows,
+                work: l.kernel.work(),
+                can_fault,
+                constant,
+            });
         }
     }
     // The buffers live while this plan runs (what it takes from the host pool, and its inputs), for the buffer
@@ -406,7 +419,10 @@ impl DevicePlan for JitPlan {
     fn launch(&self, st: &mut CpuRun<'_>, _run: &Run, index: usize, places: &[Place]) -> Result<(), BackendError> {
         let l = &self.launches[index];
         let inputs = st.inputs;
-        let Arena { temps, ptrs, rng_words, out_ptrs, fault, .. } = st.arena();
+        let Arena { temps, ptrs, rng_words, out_ptrs, fault, constants_ready, .. } = st.arena();
+        if l.constant && *constants_ready {
+            return Ok(());
+        }
         ptrs.clear();
         for p in places {
             ptrs.push(match *p {
@@ -458,6 +474,7 @@ impl DevicePlan for JitPlan {
                 unsafe { finish_output(b, len) };
             }
         }
+        st.arena().constants_ready = true;
         Ok(())
     }
 }

@@ -231,6 +231,14 @@ impl KernelIr {
         self.out_extents.len()
     }
 
+    /// Whether the kernel computes the same values on every run: it reads no buffer and draws no random numbers (a
+    /// causal mask, an iota). The schedule keeps such a kernel's temp slot to itself (`KernelPlan::constant`), so
+    /// a backend whose arena outlives a run may run it once.
+    pub fn is_constant(&self) -> bool {
+        let mut code = self.outer.iter().chain(self.reduce.iter().chain(&self.rows).flat_map(|r| r.inner.iter()));
+        self.inputs.is_empty() && self.routine.is_none() && !code.any(|i| matches!(i.op, InstOp::Rand { .. }))
+    }
+
     /// What a GPU launch spreads over its threads (or workgroups): the output elements, or the rows of a row kernel.
     pub fn units(&self) -> usize {
         let rank = if self.rows.is_empty() { self.out_rank() } else { self.row_rank };

@@ -127,6 +127,15 @@ pub struct KernelPlan {
     pub passthrough: Vec<(usize, usize)>,
 }
 
+impl KernelPlan {
+    /// Whether launch `i` computes a constant ([`KernelIr::is_constant`]) into a temp slot no other value shares:
+    /// after one complete run, an arena that keeps its temps holds that value and may skip the launch.
+    pub fn constant(&self, i: usize) -> bool {
+        let l = &self.launches[i];
+        matches!(l.output, Slot::Temp(_)) && l.kernel.is_constant()
+    }
+}
+
 /// Ops not worth recomputing in each kernel that reads a shared value: transcendentals, random draws, and gathers
 /// (each kernel would check the indices again, and a kernel that gathers runs as generic code: a GEMM whose
 /// epilogue recomputed an embedding lookup lost the generated GEMM).
@@ -812,12 +821,19 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     }
     let mut temps: Vec<usize> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
+    let mut pinned: Vec<usize> = Vec::new();
     let mut launches = Vec::with_capacity(launches_raw.len());
     for (step, (k, kernel, reads, split)) in launches_raw.into_iter().enumerate() {
         let mut inputs: Vec<Slot> = reads.iter().map(|r| slot_of[r.index()].expect("read after write")).collect();
         let (kernel, partials) = match split {
             Some((partial, combine)) => {
-                let slot = take_slot(&mut temps, &mut free, &partial.output);
+                let slot = if partial.is_constant() {
+                    temps.push(partial.output.len * partial.output.dtype.size_of());
+                    pinned.push(temps.len() - 1);
+                    temps.len() - 1
+                } else {
+                    take_slot(&mut temps, &mut free, &partial.output)
+                };
                 launches.push(Launch { kernel: partial, inputs: inputs.clone(), output: Slot::Temp(slot) });
                 inputs.push(Slot::Temp(slot));
                 (combine, Some(slot))
@@ -826,15 +842,23 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
         };
         let output = match graph.outputs.iter().position(|&o| o == k) {
             Some(i) => Slot::Output(i),
+            // A constant's slot is its own for the whole plan: no value before it or after it shares it, so it holds
+            // the constant from one run to the next (`KernelPlan::constant`).
+            None if kernel.is_constant() => {
+                temps.push(kernel.output.len * kernel.output.dtype.size_of());
+                pinned.push(temps.len() - 1);
+                Slot::Temp(temps.len() - 1)
+            }
             None => Slot::Temp(take_slot(&mut temps, &mut free, &kernel.output)),
         };
         // The partials are read by the combining kernel only: free after it (not before its output is placed).
-        free.extend(partials);
+        free.extend(partials.filter(|p| !pinned.contains(p)));
         slot_of[k.index()] = Some(output);
         for r in &reads {
             if last_read[r.index()] == step
                 && let Some(Slot::Temp(t)) = slot_of[r.index()]
                 && !free.contains(&t)
+                && !pinned.contains(&t)
             {
                 free.push(t);
             }
