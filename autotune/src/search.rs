@@ -264,7 +264,8 @@ fn rank<C>(c: &Candidate<'_, C>) -> f64 {
 }
 
 /// The timed set, `top_k` in all, coarse to fine: the best of each group (in score order), then the best of each
-/// family not yet in the set, then of each shape not yet in it, then the best remaining scores. Groups first: fast
+/// family not yet in the set, then of each shape not yet in it, then the best remaining scores; and past `top_k`,
+/// the best of each shape not yet in it that ties the best score exactly. Groups first: fast
 /// mode's two slots had both gone to AVX2 packings where the model put them a hair over AVX-512 (a batch of 64
 /// attention products 64 x 32 x 64 in the GPT step: AVX2 4x24 won at 259 µs; `KILN_AUTOTUNE=full` timed AVX-512's
 /// 8x48 at 115 against 140). Shapes only fill slots the families leave: `KILN_AUTOTUNE=full` (five slots) at 1024^3
@@ -294,6 +295,19 @@ fn timed_set<C>(candidates: &[&Candidate<'_, C>], top_k: usize) -> Vec<bool> {
         if !*flag {
             *flag = true;
             taken += 1;
+        }
+    }
+    // A tie at the top is what the model cannot decide and the race can: each shape scoring exactly the best score
+    // is timed too, past `top_k` (a batched 64 x 64 x 32 product scored AVX-512's 14 x 32 and 6 x 64 alike, the
+    // two slots went to the best of each family, and 6 x 64, a quarter faster in the training step, was never run).
+    if let Some(best) = candidates.first().map(|c| rank(c)) {
+        let mut shapes: Vec<&str> =
+            candidates.iter().zip(&in_set).filter(|(_, t)| **t).map(|(c, _)| c.shape.as_str()).collect();
+        for (i, c) in candidates.iter().enumerate() {
+            if !in_set[i] && rank(c) == best && !c.shape.is_empty() && !shapes.contains(&c.shape.as_str()) {
+                shapes.push(&c.shape);
+                in_set[i] = true;
+            }
         }
     }
     in_set

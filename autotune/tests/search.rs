@@ -319,6 +319,22 @@ fn slots_the_families_leave_take_the_best_of_each_shape_first() {
 }
 
 #[test]
+fn shapes_tied_at_the_top_score_are_all_timed() {
+    // Fast mode's two slots go to the best of each group (AVX-512 and AVX2); AVX-512's 6x64 ties its 14x32 at the top
+    // score (the model cannot tell them apart), so it is timed too, and wins; 8x48, scored below, is not timed.
+    let (timed, winner) = race_named(
+        &["14x32", "6x64", "8x48", "avx2 6x16"],
+        &[145.0, 145.0, 140.0, 107.0],
+        &["AVX-512: packed", "AVX-512: packed", "AVX-512: packed", "AVX2: packed"],
+        &["14x32", "6x64", "8x48", "6x16"],
+        kiln_autotune::Mode::Fast.budget(),
+        "6x64",
+    );
+    assert_eq!(timed, ["14x32", "6x64", "avx2 6x16"]);
+    assert_eq!(winner, "6x64");
+}
+
+#[test]
 fn groups_come_before_families() {
     // Two slots: the best of group AVX2 and of group AVX-512, although AVX2's second family scores over AVX-512's.
     let (timed, winner) = race_named(
