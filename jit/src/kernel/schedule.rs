@@ -20,7 +20,8 @@
 //!    3b. A reduction over a row that only one kernel over the same rows reads becomes that kernel's row reduction
 //!    (a row kernel, `rows.rs`): softmax, log_softmax, layer norm and cross entropy run as one kernel each.
 //! 4. Kernels run in topological order. Intermediate buffers live from the launch that writes them to the last
-//!    launch that reads them, and share arena slots when their lifetimes do not overlap.
+//!    launch that reads them, and share arena slots when their lifetimes do not overlap; a constant's
+//!    (`KernelIr::is_constant`) is its own for the whole plan (`KernelPlan::constant`).
 //! 5. Except that a kernel replacing an input (a parameter update) runs last, so its output may take the input's
 //!    buffer (`donate.rs`).
 //! 6. A reduction to one value folds adjacent reduce loops that its indices walk as one into one loop, and a large
