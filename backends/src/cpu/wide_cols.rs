@@ -7,12 +7,14 @@
 //!
 //! What runs here: a reduce kernel whose f32 sum runs over one loop that is not the output's, the inner code an
 //! elementwise program over `[rows, cols]` that the register program can express with its loads walking the
-//! columns contiguously ([`ElementwiseView`], the reduce loop as its rows), the outer code a program of the sum and
-//! constants (`mean`'s division). The generated code takes the columns a block of `u` vectors at a time (8, 4, 2,
-//! then 1, then a masked last vector), each vector with an accumulator of its own, walks every row adding the
-//! program's value into them, applies the outer program and stores the block. Each column's rows are added in
-//! order, one rounding per add, as the interpreter and the Cranelift kernel add them: the results are bit for bit
-//! theirs. Threads take disjoint ranges of whole vectors (`WideKernel::run`), so no partial sums are combined.
+//! columns contiguously (`ElementwiseView`, the reduce loop as its rows), the outer code a program of the sum and
+//! constants (`mean`'s division). The generated code zeroes the call's output columns, then walks the rows a panel
+//! of 16 at a time ([`PANEL_ROWS`]): for each block of `u` vectors of columns (8, 4, 2, then 1, then a masked last
+//! vector) it loads the block's sums from the output, adds the panel's rows into them (the program's value, one
+//! register a vector) and stores them back; a last pass applies the outer program where it is more than the sum.
+//! Each column's rows are added in order, one rounding per add, as the interpreter and the Cranelift kernel add
+//! them: the results are bit for bit theirs. Threads take disjoint ranges of whole vectors (`WideKernel::run`), so
+//! no partial sums are combined.
 //!
 //! Deliberately not done: splitting the rows over the threads (narrow sums, `[1024, 10]`, run on one thread: a
 //! sum of that size is a microsecond or two, and partial sums would change the order of the additions); blocks
