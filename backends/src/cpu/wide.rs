@@ -25,7 +25,7 @@
 //! does not share) that is also the interpreter's value. At 8 lanes, `exp`, sigmoid and softmax over large f32
 //! tensors run about twice as fast as the Cranelift kernels.
 //!
-//! Row sums run here too (`RowSum`): a reduce kernel that sums f32 over its innermost loop, with the inner code as
+//! Row sums run here too (`Along::Rows`): a reduce kernel that sums f32 over its innermost loop, with the inner code as
 //! the register program over `[rows, k]` and the outer code (the sum and constants only, e.g. the `log` of a
 //! log-sum-exp) applied once per row; each copy of the unrolled loop accumulates into its own register
 //! (`log_softmax`'s log-sum-exp runs about twice as fast as the Cranelift kernel). Column sums (a sum over another
@@ -72,11 +72,11 @@ use super::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
 use super::gemm::evex::{Enc, gpr, mem, mem_indexed};
 use super::isa::{self, Isa};
 use super::pool;
-use super::wide_cols::{self, ColLayout, ColSum, col_sum_parts};
+use super::wide_cols::{self, ColLayout};
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
 use kiln_jit::kernel::gemm::ElementwiseView;
-use kiln_jit::kernel::{Inst, KernelIr};
+use kiln_jit::kernel::{IExpr, Inst, KernelIr};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -161,10 +161,9 @@ pub(crate) struct WideKernel {
     work: usize,
     /// Vectors per column-loop iteration.
     unroll: usize,
-    /// A row sum (see [`RowSum`]): each call writes one value per row instead of a row.
-    row_sum: Option<RowSum>,
-    /// Column sums (`wide_cols.rs`): `m` is the reduce loop, each call sums every row of its columns.
-    col_sum: Option<ColSum>,
+    /// A reduce kernel's sums ([`Sum`]): each call writes one value per row (a row sum) or per column (column
+    /// sums, where `m` is the reduce loop and each call sums every row of its columns) instead of a row.
+    sum: Option<Sum>,
     /// 8 lanes (AVX2) or 16 (AVX-512F).
     isa: Isa,
     /// The output is bf16 (2-byte elements, rounded by the program and stored as their top halves).
@@ -179,15 +178,27 @@ pub(crate) struct WideKernel {
     f: WideFn,
 }
 
-/// A reduce kernel run here: `sum over k of inner(row, k)` per row, where the inner code is an elementwise program
-/// over `[rows, k]` (the reduce loop as its columns) and `outer` a register program of the sum alone (`Acc`) and
-/// constants, applied once per row (`log` for a log-sum-exp). Vectors accumulate into one register each of an
-/// unrolled iteration's copies (a row's last partial vector masked to +0 first), which are added pairwise, then
-/// across lanes: a different summation order from the Cranelift kernel's, so results agree within the f32
-/// accumulation tolerance, not bit for bit.
+/// A reduce kernel run here: an f32 sum over one loop of an elementwise program (the kernel's inner code), and
+/// `outer`, a register program of the sum alone (`Acc`) and constants applied to each sum (`log` for a
+/// log-sum-exp, a mean's division).
 #[derive(Clone, Debug)]
-struct RowSum {
+struct Sum {
+    along: Along,
     outer: EpProgram,
+}
+
+/// Which loop a [`Sum`] reduces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Along {
+    /// The innermost, its loads walking it contiguously: `sum over k of inner(row, k)` per row, the inner code over
+    /// `[rows, k]` (the reduce loop as its columns). Vectors accumulate into one register each of an unrolled
+    /// iteration's copies (a row's last partial vector masked to +0 first), which are added pairwise, then across
+    /// lanes: a different summation order from the Cranelift kernel's, so results agree within the f32
+    /// accumulation tolerance, not bit for bit.
+    Rows,
+    /// Another loop, the loads walking the output's loop contiguously (`dy.sum(0)`): the inner code over
+    /// `[k, cols]` (the reduce loop as its rows), each column's rows added in order (`wide_cols.rs`).
+    Cols,
 }
 
 // SAFETY: `f` points into `code`, an immutable executable mapping owned here; running only reads `self`.
@@ -218,27 +229,24 @@ impl WideKernel {
             return Ok(None);
         }
         // A sum over the innermost loop whose loads walk it contiguously is a row sum; else one whose loads walk
-        // the output's loop contiguously, column sums.
-        if let Some((inner, outer)) = row_sum_parts(k)
-            && let Some(w) = Self::build_from(inner, Some(RowSum { outer }), None, isa)?
-        {
-            return Ok(Some(w));
+        // the output's loop contiguously, column sums. (A reduce kernel is no elementwise view: the last build
+        // declines it.)
+        for along in [Along::Rows, Along::Cols] {
+            if let Some((inner, outer)) = sum_parts(k, along)
+                && let Some(w) = Self::build_from(inner, Some(Sum { along, outer }), isa)?
+            {
+                return Ok(Some(w));
+            }
         }
-        if let Some((inner, cols)) = col_sum_parts(k) {
-            return Self::build_from(inner, None, Some(cols), isa);
-        }
-        Self::build_from(k.with_merged_loops(), None, None, isa)
+        Self::build_from(k.with_merged_loops(), None, isa)
     }
 
-    /// [`WideKernel::build_for`] of `merged`, the elementwise form of the kernel: a row sum's or column sums'
-    /// inner code where one is given.
-    fn build_from(
-        merged: KernelIr,
-        row_sum: Option<RowSum>,
-        col_sum: Option<ColSum>,
-        isa: Isa,
-    ) -> Result<Option<WideKernel>, String> {
-        let reduces = row_sum.is_some() || col_sum.is_some();
+    /// [`WideKernel::build_for`] of `merged`, the elementwise form of the kernel: a sum's inner code where one is
+    /// given.
+    fn build_from(merged: KernelIr, sum: Option<Sum>, isa: Isa) -> Result<Option<WideKernel>, String> {
+        let reduces = sum.is_some();
+        let row_outer = sum.as_ref().filter(|s| s.along == Along::Rows).map(|s| &s.outer);
+        let col_outer = sum.as_ref().filter(|s| s.along == Along::Cols).map(|s| &s.outer);
         // The output's strides per batch dim and per row: row-major, unless the row loop is another one.
         let (merged, out_strides) = match (!reduces).then(|| with_longest_rows(&merged)).flatten() {
             Some((permuted, strides)) => (permuted, Some(strides)),
@@ -270,15 +278,15 @@ impl WideKernel {
                 OperandKind::Col { stride } => i32::try_from(4 * stride).is_ok(),
                 OperandKind::Row => true,
             });
-        if !steps_fit || col_sum.is_some() && !wide_cols::panel_steps_fit(&ep) {
+        if !steps_fit || col_outer.is_some() && !wide_cols::panel_steps_fit(&ep) {
             return Ok(None);
         }
-        let (code, unroll) = if let Some(c) = &col_sum {
-            let Some(layout) = ColLayout::plan(&ep.program, &c.outer, view.n, isa) else { return Ok(None) };
-            (wide_cols::emit(&ep, &layout, &c.outer, isa, unit(&ep, out_bf16))?, layout.widest())
+        let (code, unroll) = if let Some(outer) = col_outer {
+            let Some(layout) = ColLayout::plan(&ep.program, outer, view.n, isa) else { return Ok(None) };
+            (wide_cols::emit(&ep, &layout, outer, isa, unit(&ep, out_bf16))?, layout.widest())
         } else {
-            let Some(layout) = Layout::plan(&ep.program, view.n, row_sum.as_ref(), isa) else { return Ok(None) };
-            (emit(&ep, &layout, out_ld, row_sum.as_ref(), isa, out_bf16)?, layout.unroll)
+            let Some(layout) = Layout::plan(&ep.program, view.n, row_outer, isa) else { return Ok(None) };
+            (emit(&ep, &layout, out_ld, row_outer, isa, out_bf16)?, layout.unroll)
         };
         crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the code at offset 0 is a function emitted by `emit` with `WideFn`'s sysv64 signature, and `code`
@@ -295,8 +303,7 @@ impl WideKernel {
             n_inputs: k.inputs.len(),
             work: k.work(),
             unroll,
-            row_sum,
-            col_sum,
+            sum,
             isa,
             out_bf16,
             gates,
@@ -309,10 +316,10 @@ impl WideKernel {
     /// The register program, its loop shape and the machine code's size, for `KILN_DUMP`.
     pub(crate) fn listing(&self) -> String {
         let batch: String = self.batch.iter().map(|b| format!("{b} x ")).collect();
-        let what = match (&self.row_sum, &self.col_sum) {
-            (Some(_), _) => "row sums of",
-            (None, Some(_)) => "column sums of",
-            (None, None) => "elementwise",
+        let what = match self.along() {
+            Some(Along::Rows) => "row sums of",
+            Some(Along::Cols) => "column sums of",
+            None => "elementwise",
         };
         let mut s = format!(
             "{what} {batch}{} x {}, {} vectors of {} lanes per iteration\n",
@@ -332,16 +339,12 @@ impl WideKernel {
             let _ = writeln!(s, "  v{i} = {inst:?}");
         }
         let _ = writeln!(s, "  out = v{}{}", self.ep.program.result, if self.out_bf16 { " as bf16" } else { "" });
-        let (sums, per) = match (&self.row_sum, &self.col_sum) {
-            (Some(r), _) => (Some(&r.outer), "row"),
-            (None, Some(c)) => (Some(&c.outer), "column"),
-            (None, None) => (None, ""),
-        };
-        if let Some(outer) = sums {
-            for (i, inst) in outer.insts.iter().enumerate() {
+        if let Some(sum) = &self.sum {
+            let per = if sum.along == Along::Rows { "row" } else { "column" };
+            for (i, inst) in sum.outer.insts.iter().enumerate() {
                 let _ = writeln!(s, "  {per} w{i} = {inst:?}");
             }
-            let _ = writeln!(s, "  {per} out = w{}", outer.result);
+            let _ = writeln!(s, "  {per} out = w{}", sum.outer.result);
         }
         let _ = writeln!(s, "  ({} bytes of code)", self.code.len());
         s
@@ -376,7 +379,7 @@ impl WideKernel {
         // SAFETY: the caller's pointer contract; each gate table holds what its BufParam declares (only read).
         let uniforms = unsafe { Uniforms::for_launch(Some(&self.ep), &self.outer, ptrs) };
         let args = Args { ptrs, uniforms: uniforms.as_ptr() };
-        if self.col_sum.is_some() {
+        if self.along() == Some(Along::Cols) {
             // Column sums: whole vectors of columns a thread, every row.
             let lanes = self.isa.lanes();
             let f = |s: usize, e: usize| {
@@ -385,7 +388,7 @@ impl WideKernel {
                 unsafe { self.call(&args, 0, 0, self.m, c0, c1 - c0) };
             };
             pool::global().parallel_for_work(self.n.div_ceil(lanes), self.work, &f);
-        } else if self.batch.is_empty() && self.m == 1 && self.row_sum.is_none() {
+        } else if self.batch.is_empty() && self.m == 1 && self.sum.is_none() {
             // One row: chunks of whole vectors, the last one ragged.
             let lanes = self.isa.lanes();
             let f = |s: usize, e: usize| {
@@ -430,13 +433,13 @@ impl WideKernel {
         // the `rows` x `cols` elements from those pointers (masked at both ends), as `emit` generates it.
         unsafe {
             // A row sum writes one value per row, column sums one per column.
-            let out_at = if self.row_sum.is_some() {
-                out_row
-            } else if self.col_sum.is_some() {
-                c0
-            } else {
-                let batch: isize = self.out_batch.iter().zip(&at).map(|(&s, &i)| s as isize * i).sum();
-                batch + r0 * self.out_ld as isize + c0
+            let out_at = match self.along() {
+                Some(Along::Rows) => out_row,
+                Some(Along::Cols) => c0,
+                None => {
+                    let batch: isize = self.out_batch.iter().zip(&at).map(|(&s, &i)| s as isize * i).sum();
+                    batch + r0 * self.out_ld as isize + c0
+                }
             };
             let os = if self.out_bf16 { 2 } else { 4 };
             let out = (a.ptrs[self.n_inputs] as *const u8).offset(out_at * os as isize);
@@ -444,7 +447,7 @@ impl WideKernel {
             // same alignment: a vector store that straddles two cache lines costs about two (buffers start on a
             // 64-byte boundary, but a view may start inside one). A row sum stores no vectors.
             let (lanes, vb) = (self.isa.lanes(), os * self.isa.lanes());
-            let head = if self.row_sum.is_some() || self.col_sum.is_some() {
+            let head = if self.sum.is_some() {
                 0
             } else if rows == 1 || (os * self.out_ld).is_multiple_of(vb) {
                 (((vb - out as usize % vb) % vb) / os).min(cols)
@@ -481,6 +484,13 @@ impl WideKernel {
             }
             (self.f)(table.as_ptr(), rows, cols)
         }
+    }
+}
+
+impl WideKernel {
+    /// Which loop the kernel's sums reduce; `None` for an elementwise kernel.
+    fn along(&self) -> Option<Along> {
+        self.sum.as_ref().map(|s| s.along)
     }
 }
 
@@ -671,7 +681,7 @@ fn gate_batch_masks(k: &KernelIr) -> Option<(KernelIr, Vec<Vec<i32>>)> {
 }
 
 /// Whether `k` has bf16 values (an input, arithmetic in its outer or reduce code, its output): such a kernel is
-/// generated at 16 lanes only. The reduce code counts: a row sum's loads live there (`row_sum_parts`).
+/// generated at 16 lanes only. The reduce code counts: a row sum's loads live there (`sum_parts`).
 fn touches_bf16(k: &KernelIr) -> bool {
     let bf16 = kiln_jit::DType::BF16;
     let mut code = k.outer.iter().chain(k.reduce.iter().flat_map(|r| r.inner.iter()));
@@ -693,32 +703,48 @@ struct Args<'a> {
 // SAFETY: read-only for the duration of one launch; the threads write disjoint rows or columns of the output.
 unsafe impl Sync for Args<'_> {}
 
-/// For a reduce kernel this file runs as a row sum (see [`RowSum`]): its inner code as an elementwise kernel over
-/// `[rows, k]` (the reduce variable as the column), and its outer code as a register program of the sum. `None`
-/// for any other kernel: another reduction than an f32 sum over one innermost loop, an output of rank other than 1,
-/// outer code with loads or ops the register program lacks.
-fn row_sum_parts(k: &KernelIr) -> Option<(KernelIr, EpProgram)> {
+/// For a reduce kernel this file runs as sums `along` one of its loops ([`Sum`]): its inner code as an elementwise
+/// kernel over `[rows, k]` for row sums (the reduce loop as the columns) or `[k, cols]` for column sums (the reduce
+/// loop as the rows), and its outer code as a register program of the sum. `None` for any other kernel: another
+/// reduction than an f32 sum over one non-empty loop, an output of rank other than 1, outer code with loads or ops
+/// the register program lacks. Whether the inner code's loads walk the view's columns contiguously is the view's
+/// check (`ElementwiseView`, `epilogue::translate_with`).
+fn sum_parts(k: &KernelIr, along: Along) -> Option<(KernelIr, EpProgram)> {
     let k = k.clone().without_unit_loops();
     let r = k.reduce.as_ref().filter(|_| k.rows.is_empty())?;
     if r.op != kiln_jit::ReduceOp::Sum
         || r.dtype != kiln_jit::DType::F32
         || r.extents.len() != 1
+        || r.extents[0] == 0
         || k.out_rank() != 1
         || k.output.dtype != kiln_jit::DType::F32
     {
         return None;
     }
-    let (rows, cols) = (k.out_extents[0], r.extents[0]);
+    let (out, red) = (k.out_extents[0], r.extents[0]);
     let outer = epilogue::translate_row_outer(&k.outer, k.result)?;
+    // The inner code reads the output's loop as variable 0 and the reduce loop as 1: a row sum's view keeps them,
+    // column sums' view swaps them.
+    let extents = match along {
+        Along::Rows => [out, red],
+        Along::Cols => [red, out],
+    };
+    let mut code = r.inner.clone();
+    if along == Along::Cols {
+        let swap = |e: &IExpr| e.map_vars(&|v| IExpr::Var(1 - v)).simplify(&extents);
+        for inst in &mut code {
+            inst.map_indices(&swap);
+        }
+    }
     let inner = KernelIr {
         name: format!("{}_inner", k.name),
         inputs: k.inputs.clone(),
-        output: kiln_jit::kernel::BufParam { dtype: kiln_jit::DType::F32, len: rows * cols },
-        out_extents: vec![rows, cols],
+        output: kiln_jit::kernel::BufParam { dtype: kiln_jit::DType::F32, len: out * red },
+        out_extents: extents.to_vec(),
         reduce: None,
         rows: Vec::new(),
         row_rank: 2,
-        outer: r.inner.clone(),
+        outer: code,
         result: r.value,
         flops_per_elem: 0,
         routine: None,
@@ -739,7 +765,7 @@ struct Layout {
 }
 
 impl Layout {
-    fn plan(p: &EpProgram, n: usize, row_sum: Option<&RowSum>, isa: Isa) -> Option<Layout> {
+    fn plan(p: &EpProgram, n: usize, row_outer: Option<&EpProgram>, isa: Isa) -> Option<Layout> {
         let mut hoisted = vec![None; p.insts.len()];
         let mut next = match isa {
             Isa::Avx2 => MASK_REG,
@@ -758,10 +784,10 @@ impl Layout {
         let room = next as usize;
         // A row sum takes one accumulator per copy, and at each row's end the broadcast sum (register 0) and its
         // outer program's temporaries, from the registers below the accumulators.
-        let accs_per_copy = usize::from(row_sum.is_some());
+        let accs_per_copy = usize::from(row_outer.is_some());
         let fits = |u: usize| {
             u * (temps + accs_per_copy) <= room
-                && row_sum.is_none_or(|r| room >= u + 2 && r.outer.temps_needed() < room - u)
+                && row_outer.is_none_or(|o| room >= u + 2 && o.temps_needed() < room - u)
         };
         // More vectors per iteration than the row has buys nothing; a program that does not fit once stays Cranelift's.
         let unroll = [4, 2, 1].into_iter().find(|&u| fits(u) && (u == 1 || isa.lanes() * u <= n))?;
@@ -790,7 +816,7 @@ fn emit(
     ep: &Epilogue,
     l: &Layout,
     out_ld: usize,
-    row_sum: Option<&RowSum>,
+    row_outer: Option<&EpProgram>,
     isa: Isa,
     out_bf16: bool,
 ) -> Result<ExecutableBuffer, String> {
@@ -932,7 +958,7 @@ fn emit(
     load_mask(&mut ops, gpr::R15);
     copy(&mut ops, 0, true)?;
     dynasm!(ops ; .arch x64 ; =>row_end);
-    let out_step = if let Some(r) = row_sum {
+    let out_step = if let Some(outer) = row_outer {
         // Pairwise (a0 + a1) + (a2 + a3), then the lanes (16 folded to 8 first), into lane 0 of register 0,
         // broadcast; then the outer program; lane 0 stored.
         let a = &l.accs;
@@ -965,14 +991,13 @@ fn emit(
         } else {
             dynasm!(ops ; .arch x64 ; vbroadcastss ymm0, xmm0);
         }
-        let outer_last = r.outer.last_uses();
+        let outer_last = outer.last_uses();
         // Below the accumulators, and within xmm0-15, which the VEX store of the result can name.
         let free: Vec<u8> = (1..a[a.len() - 1].min(16)).collect();
-        let acc_fixed = |i: usize| matches!(r.outer.insts[i], EpInst::Acc).then_some(0u8);
+        let acc_fixed = |i: usize| matches!(outer.insts[i], EpInst::Acc).then_some(0u8);
         let mut no_load =
             |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a row sum's outer program loads nothing");
-        let res =
-            asm::emit_insts(vec_isa, &mut ops, &r.outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
+        let res = asm::emit_insts(vec_isa, &mut ops, outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
         dynasm!(ops ; .arch x64 ; vmovss DWORD [rdi], Rx(res));
         4
     } else {

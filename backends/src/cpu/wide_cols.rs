@@ -5,10 +5,10 @@
 //! with 4-lane adds; the GPT step's 30 such sums a step (`[1024, 128]` to `[1024, 512]`) took ~1 ms there, 2-4x what
 //! reading their operands costs.
 //!
-//! What runs here: a reduce kernel whose f32 sum runs over one loop that is not the output's, the inner code an
-//! elementwise program over `[rows, cols]` that the register program can express with its loads walking the
-//! columns contiguously (`ElementwiseView`, the reduce loop as its rows), the outer code a program of the sum and
-//! constants (`mean`'s division). The generated code zeroes the call's output columns, then walks the rows a panel
+//! What runs here (`wide.rs`'s `Along::Cols`, its inner code from `sum_parts`): a reduce kernel whose f32 sum runs
+//! over one loop that is not the output's, the inner code an elementwise program over `[rows, cols]` that the
+//! register program can express with its loads walking the columns contiguously (`ElementwiseView`, the reduce loop
+//! as its rows), the outer code a program of the sum and constants (`mean`'s division). The generated code zeroes the call's output columns, then walks the rows a panel
 //! of 16 at a time ([`PANEL_ROWS`]): for each block of `u` vectors of columns (8, 4, 2, then 1, then a masked last
 //! vector) it loads the block's sums from the output, adds the panel's rows into them (the program's value, one
 //! register a vector) and stores them back; a last pass applies the outer program where it is more than the sum.
@@ -31,59 +31,9 @@ use super::isa::Isa;
 use super::wide::{self, Access, KMASK, MASK_REG, OPERAND_REGS, put};
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
-use kiln_jit::kernel::{IExpr, KernelIr};
-
-/// A reduce kernel run as column sums: the outer program of each column's sum (`Acc` and constants).
-#[derive(Clone, Debug)]
-pub(super) struct ColSum {
-    pub(super) outer: EpProgram,
-}
 
 /// Vectors per block, widest first; each block width the code has a loop for.
 const BLOCKS: [usize; 4] = [8, 4, 2, 1];
-
-/// For a reduce kernel run as column sums: its inner code as an elementwise kernel over `[rows, cols]` (the reduce
-/// loop as the rows, the output's loop as the columns) and its outer code as a register program of the sum. `None`
-/// for anything else: another reduction than an f32 sum over one loop, an output of rank other than 1, an empty
-/// reduction, outer code the register program lacks. Whether the inner code's loads walk the columns contiguously
-/// is the caller's check (`ElementwiseView::of`).
-pub(super) fn col_sum_parts(k: &KernelIr) -> Option<(KernelIr, ColSum)> {
-    let k = k.clone().without_unit_loops();
-    let r = k.reduce.as_ref().filter(|_| k.rows.is_empty())?;
-    if r.op != kiln_jit::ReduceOp::Sum
-        || r.dtype != kiln_jit::DType::F32
-        || r.extents.len() != 1
-        || r.extents[0] == 0
-        || k.out_rank() != 1
-        || k.output.dtype != kiln_jit::DType::F32
-    {
-        return None;
-    }
-    let (cols, rows) = (k.out_extents[0], r.extents[0]);
-    let outer = super::gemm::epilogue::translate_row_outer(&k.outer, k.result)?;
-    // The inner code reads the output's loop as variable 0 and the reduce loop as 1: swapped, so that the reduce
-    // loop is the elementwise view's row loop.
-    let extents = [rows, cols];
-    let swap = |e: &IExpr| e.map_vars(&|v| IExpr::Var(1 - v)).simplify(&extents);
-    let mut outer_code = r.inner.clone();
-    for inst in &mut outer_code {
-        inst.map_indices(&swap);
-    }
-    let inner = KernelIr {
-        name: format!("{}_inner", k.name),
-        inputs: k.inputs.clone(),
-        output: kiln_jit::kernel::BufParam { dtype: kiln_jit::DType::F32, len: rows * cols },
-        out_extents: extents.to_vec(),
-        reduce: None,
-        rows: Vec::new(),
-        row_rank: 2,
-        outer: outer_code,
-        result: r.value,
-        flops_per_elem: 0,
-        routine: None,
-    };
-    Some((inner, ColSum { outer }))
-}
 
 /// Where each value lives: per-row values (loads that stand still along a row) and uniforms in registers of their
 /// own from the top down (under ymm15, the 8-lane mask; k1 holds the 16-lane one), a block's accumulators under

@@ -218,13 +218,17 @@ impl KernelIr {
         e
     }
 
+    /// Every instruction: the outer code's, then the reduction's and the row reductions' inner code.
+    fn code(&self) -> impl Iterator<Item = &Inst> {
+        self.outer.iter().chain(self.reduce.iter().chain(&self.rows).flat_map(|r| r.inner.iter()))
+    }
+
     /// Whether the kernel can record a fault (it gathers): its backend must give it a fault record.
     pub fn can_fault(&self) -> bool {
         if let Some(r) = &self.routine {
             return r.can_fault();
         }
-        let mut code = self.outer.iter().chain(self.reduce.iter().chain(&self.rows).flat_map(|r| r.inner.iter()));
-        code.any(|i| matches!(i.op, InstOp::Gather { .. }))
+        self.code().any(|i| matches!(i.op, InstOp::Gather { .. }))
     }
 
     pub fn out_rank(&self) -> usize {
@@ -235,8 +239,7 @@ impl KernelIr {
     /// causal mask, an iota). The schedule keeps such a kernel's temp slot to itself (`KernelPlan::constant`), so
     /// a backend whose arena outlives a run may run it once.
     pub fn is_constant(&self) -> bool {
-        let mut code = self.outer.iter().chain(self.reduce.iter().chain(&self.rows).flat_map(|r| r.inner.iter()));
-        self.inputs.is_empty() && self.routine.is_none() && !code.any(|i| matches!(i.op, InstOp::Rand { .. }))
+        self.inputs.is_empty() && self.routine.is_none() && !self.code().any(|i| matches!(i.op, InstOp::Rand { .. }))
     }
 
     /// What a GPU launch spreads over its threads (or workgroups): the output elements, or the rows of a row kernel.

@@ -822,19 +822,14 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     }
     let mut temps: Vec<usize> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
-    let mut pinned: Vec<usize> = Vec::new();
+    // Per slot, whether it holds a constant (`slot_for`): never freed.
+    let mut constant: Vec<bool> = Vec::new();
     let mut launches = Vec::with_capacity(launches_raw.len());
     for (step, (k, kernel, reads, split)) in launches_raw.into_iter().enumerate() {
         let mut inputs: Vec<Slot> = reads.iter().map(|r| slot_of[r.index()].expect("read after write")).collect();
         let (kernel, partials) = match split {
             Some((partial, combine)) => {
-                let slot = if partial.is_constant() {
-                    temps.push(partial.output.len * partial.output.dtype.size_of());
-                    pinned.push(temps.len() - 1);
-                    temps.len() - 1
-                } else {
-                    take_slot(&mut temps, &mut free, &partial.output)
-                };
+                let slot = slot_for(&mut temps, &mut free, &mut constant, &partial);
                 launches.push(Launch { kernel: partial, inputs: inputs.clone(), output: Slot::Temp(slot) });
                 inputs.push(Slot::Temp(slot));
                 (combine, Some(slot))
@@ -843,23 +838,16 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
         };
         let output = match graph.outputs.iter().position(|&o| o == k) {
             Some(i) => Slot::Output(i),
-            // A constant's slot is its own for the whole plan: no value before it or after it shares it, so it holds
-            // the constant from one run to the next (`KernelPlan::constant`).
-            None if kernel.is_constant() => {
-                temps.push(kernel.output.len * kernel.output.dtype.size_of());
-                pinned.push(temps.len() - 1);
-                Slot::Temp(temps.len() - 1)
-            }
-            None => Slot::Temp(take_slot(&mut temps, &mut free, &kernel.output)),
+            None => Slot::Temp(slot_for(&mut temps, &mut free, &mut constant, &kernel)),
         };
         // The partials are read by the combining kernel only: free after it (not before its output is placed).
-        free.extend(partials.filter(|p| !pinned.contains(p)));
+        free.extend(partials.filter(|&p| !constant[p]));
         slot_of[k.index()] = Some(output);
         for r in &reads {
             if last_read[r.index()] == step
                 && let Some(Slot::Temp(t)) = slot_of[r.index()]
                 && !free.contains(&t)
-                && !pinned.contains(&t)
+                && !constant[t]
             {
                 free.push(t);
             }
@@ -1029,6 +1017,21 @@ fn patch(graph: &Graph, b: NodeIndex, mat: &mut [bool], fold_pad: bool, consumer
 /// of column groups per class: classed by their range values, that stem's 49 taps (3.3 MB of tables with the
 /// gather offsets) measured slower folded than reading a stored padding (13.3 against 10.3 ms, batch 8, 2 threads).
 const FOLDED_PAD_CLASSES: usize = 16;
+
+/// The arena slot for kernel `k`'s output. A constant's (`KernelIr::is_constant`) is a new one, marked in
+/// `constant` (one flag per slot) and never freed: no value before or after it shares it, so it holds the constant
+/// from one run to the next (`KernelPlan::constant`). Any other's is [`take_slot`]'s.
+fn slot_for(temps: &mut Vec<usize>, free: &mut Vec<usize>, constant: &mut Vec<bool>, k: &KernelIr) -> usize {
+    let slot = if k.is_constant() {
+        temps.push(k.output.len * k.output.dtype.size_of());
+        temps.len() - 1
+    } else {
+        take_slot(temps, free, &k.output)
+    };
+    constant.resize(temps.len(), false);
+    constant[slot] |= k.is_constant();
+    slot
+}
 
 /// An arena slot for `b`: the best fit among the `free` slots, or a new one.
 fn take_slot(temps: &mut Vec<usize>, free: &mut Vec<usize>, b: &BufParam) -> usize {
