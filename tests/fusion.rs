@@ -389,3 +389,39 @@ fn a_constant_kernel_keeps_its_slot_from_run_to_run() {
         }
     }
 }
+
+/// The CPU runs a constant kernel in a plan's first run only: in a child process with `KILN_PROFILE=1`, four runs of
+/// one plan launch the causal mask's kernel once and the kernels around it four times.
+#[test]
+fn a_constant_kernel_runs_once_per_plan() {
+    if std::env::var_os("KILN_PROFILE").is_none_or(|v| v == "0") {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "a_constant_kernel_runs_once_per_plan", "--test-threads=1"])
+            .env("KILN_PROFILE", "1")
+            .env("KILN_CACHE_DIR", "off")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("1 passed"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        return;
+    }
+    let mask = Tensor::ones([8, 8], DType::F32, &Device::cpu()).tril(0).gt(0).where_(0.0, f64::NEG_INFINITY);
+    for _ in 0..4 {
+        let x = rand(&[4, 8, 8]);
+        kiln::realize(&[&x]).unwrap();
+        (&(&x.exp() + &mask).softmax(-1) * 2.0).to_host().unwrap();
+    }
+    // `total ms | launches | mean µs | device | kernel`, one line per kernel: (kernel, launches).
+    let report = kiln::profile_report();
+    let rows: Vec<(&str, u64)> = report
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('|').map(str::trim).collect();
+            Some((*f.get(4)?, f.get(1)?.parse().ok()?))
+        })
+        .collect();
+    let (masks, others): (Vec<&(&str, u64)>, Vec<_>) = rows.iter().partition(|(k, _)| k.starts_with("E_iota"));
+    assert_eq!(masks.iter().map(|r| r.1).collect::<Vec<_>>(), [1], "{report}");
+    assert!(others.len() > 2 && others.iter().all(|r| r.1 == 4), "{report}");
+}
