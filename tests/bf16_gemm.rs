@@ -20,7 +20,7 @@ use kiln::{DType, Device, HostBuffer, Tensor};
 #[cfg(feature = "cpu")]
 use kiln_backends::cpu::PreparedGemm;
 #[cfg(feature = "cpu")]
-use kiln_backends::cpu::gemm::config::{self, Bf16Config, Bf16Split, Bf16Unit, GemmImpl};
+use kiln_backends::cpu::gemm::config::{self, Bf16Config, Bf16Unit, GemmImpl, Split};
 #[cfg(feature = "cpu")]
 use kiln_jit::kernel::gemm::GemmView;
 #[cfg(feature = "cpu")]
@@ -94,7 +94,7 @@ fn check_bf16_candidates(name: &str, out: &Tensor) -> (usize, bool) {
                 panic!("{name}: candidate {} is wrong: {e}\n{kernel}", imp.name());
             }
         });
-        let split_k = cands.iter().any(|c| matches!(c, GemmImpl::Bf16(a) if a.split == Bf16Split::Depth));
+        let split_k = cands.iter().any(|c| matches!(c, GemmImpl::Bf16(a) if a.split == Split::Depth));
         (cands.len(), split_k)
     })
 }

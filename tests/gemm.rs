@@ -16,7 +16,7 @@ use kiln::HostBuffer;
 #[cfg(feature = "cpu")]
 use kiln_backends::cpu::PreparedGemm;
 #[cfg(feature = "cpu")]
-use kiln_backends::cpu::gemm::config::{self, GemmImpl};
+use kiln_backends::cpu::gemm::config::{self, GemmImpl, Split};
 #[cfg(feature = "cpu")]
 use kiln_backends::cpu::isa::Isa;
 #[cfg(feature = "cpu")]
@@ -287,6 +287,37 @@ fn splitk_candidate_on_ragged_input_gradient_shapes() {
 }
 
 #[cfg(feature = "cpu")]
+/// The K split of the generated kernels (`Split::Depth`: a weight gradient `x^T dy`, each thread summing its share
+/// of the tokens) on ragged tiles and columns, K odd (the threads' shares of two lengths: at K blocks of 256, 513
+/// splits into one block for the first thread and two for the second, so both the one-block and the blocked
+/// kernels run), A and B stored K-major or row-major, forced through `check_all_candidates`, which is asserted to
+/// include every K-split configuration. Not offered with an epilogue beyond the sum, for a batched product, or
+/// where K is not long against M and N.
+#[test]
+fn depth_split_candidates_on_weight_gradient_shapes() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    let depth = |c: &GemmImpl| matches!(c, GemmImpl::Asm(c) if c.split == Split::Depth);
+    let offered = |c: &Tensor| config::candidates(&GemmView::of(&gemm_kernel(c)).unwrap(), true);
+    for (m, n, k) in [(23, 45, 300), (64, 64, 513), (30, 128, 1000), (128, 7, 777)] {
+        let grad = rand(&[k, m], 41).t().matmul(&rand(&[k, n], 42));
+        let name = format!("depth {m}x{n}x{k}");
+        assert!(offered(&grad).iter().any(depth), "{name}: no K split offered");
+        assert!(check_all_candidates(&name, &grad) > 0);
+    }
+    let plain = rand(&[40, 600], 43).matmul(&rand(&[600, 24], 44));
+    assert!(offered(&plain).iter().any(depth));
+    assert!(check_all_candidates("depth, row-major operands", &plain) > 0);
+    let with_relu = rand(&[600, 40], 45).t().matmul(&rand(&[600, 24], 46)).relu();
+    let batched = rand(&[2, 600, 40], 47).transpose(1, 2).matmul(&rand(&[2, 600, 24], 48));
+    let short = rand(&[40, 200], 49).matmul(&rand(&[200, 24], 50));
+    for c in [with_relu, batched, short] {
+        assert!(!offered(&c).iter().any(depth));
+    }
+}
+
+#[cfg(feature = "cpu")]
 /// Where the plan writes over B (a training step's weight), a small-M GEMM with B stored K x N runs split K, chosen
 /// rather than raced (`config::step_candidates`), under a key of its own.
 #[test]
@@ -308,7 +339,10 @@ fn a_rewritten_weight_selects_split_k_under_its_own_key() {
     let k = gemm_kernel(&rand(&[32, 256], 33).t().matmul(&rand(&[32, 784], 34)));
     let v = GemmView::of(&k).unwrap();
     let rows = config::step_candidates(&v, true, update);
-    assert!(!rows.is_empty() && rows.iter().all(|c| matches!(c, GemmImpl::Asm(c) if c.split_m)), "{rows:?}");
+    assert!(
+        !rows.is_empty() && rows.iter().all(|c| matches!(c, GemmImpl::Asm(c) if c.split == Split::Rows)),
+        "{rows:?}"
+    );
     assert!(rows.len() < config::candidates(&v, true).len());
     // Past `UPDATE_MAX_K` an update is bound by its FMAs: every candidate races.
     let k =

@@ -470,7 +470,7 @@ fn is_newer(a: u64, b: u64) -> bool {
 }
 
 /// Bounds of chunk `i` of `chunks` balanced contiguous chunks of `0..n` (the first `n % chunks` are one longer).
-fn chunk_bounds(n: usize, chunks: usize, i: usize) -> (usize, usize) {
+pub(crate) fn chunk_bounds(n: usize, chunks: usize, i: usize) -> (usize, usize) {
     let (base, extra) = (n / chunks, n % chunks);
     let start = i * base + i.min(extra);
     (start, start + base + usize::from(i < extra))

@@ -331,7 +331,7 @@ pub fn emit_dot(ops: &mut Assembler, s: &Bf16Spec, ep: &EpProgram) -> Result<Ass
     Ok(start)
 }
 
-/// A kernel of the K-split GEMM (`Bf16Split::Depth`): the `16 * mt x 16 * nt` block of a thread's f32 partial sums
+/// A kernel of the K-split GEMM (`Split::Depth`): the `16 * mt x 16 * nt` block of a thread's f32 partial sums
 /// (rows of `ldc` bytes, padded to whole tiles) is zeroed (`first`) or loaded, the `k` steps added, and the block
 /// stored back; no epilogue, no edges.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -5,7 +5,7 @@
 //! they call are `bf16`'s.
 
 use super::asm::MicroFn;
-use super::config::{Bf16Config, Bf16Split};
+use super::config::{Bf16Config, Split};
 use super::{CompiledGemm, Ctx, SCRATCH, bf16, bf16_pack, epilogue};
 use crate::cpu::pool;
 use kiln_jit::{DType, HostBuffer};
@@ -27,7 +27,7 @@ impl CompiledGemm {
         let (mr, steps) = (a.mr, v.k.div_ceil(bf16::KSTEP));
         let (blocks, block_words) = (v.m.div_ceil(mr), mr * steps * bf16::KSTEP);
         let bytes = (blocks * block_words * 2) as u64;
-        if a.split != Bf16Split::Cols
+        if a.split != Split::Cols
             || self.parts < 2
             || !v.batch.is_empty()
             || bytes > BF16_A_BYTES.load(Ordering::Relaxed)
@@ -75,7 +75,7 @@ impl CompiledGemm {
     pub(super) unsafe fn run_bf16_item(&self, a: &Bf16Config, cx: &Ctx, item: usize, shared: Option<&SharedA>) {
         let v = &self.view;
         let (mr, nr) = (a.mr, a.nr());
-        let (bidx, [m0, m1, n0, n1]) = self.item_rect(item, a.split == Bf16Split::Rows, mr, nr);
+        let (bidx, [m0, m1, n0, n1]) = self.item_rect(item, a.split == Split::Rows, mr, nr);
         let bo = self.batch_offsets(bidx);
         let steps = v.k.div_ceil(bf16::KSTEP);
         let esz = if v.out == DType::BF16 { 2 } else { 4 };

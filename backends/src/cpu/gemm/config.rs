@@ -4,7 +4,8 @@
 //!
 //! A configuration is the instruction family (`cpu::isa`) and register tile (MR x lanes*NV), the cache blocking (KC
 //! x MC of A in L2, KC x NC of B in L3, one KC x NR micro-panel of B in L1), whether A and B are packed into panels
-//! or read in place, and how the threads split the output (by columns or by rows). The library GEMM (`gemm` crate)
+//! or read in place, and how the threads split the work (C by columns or by rows, or, for a weight gradient, K:
+//! [`Split`]). The library GEMM (`gemm` crate)
 //! is one more candidate, and so is a dot-product GEMV (`Dot`) for a few rows of A against a B whose columns are
 //! contiguous (`x @ W^T`, every linear layer's forward at a small batch), which no packed or broadcast kernel serves
 //! well, and a split-K GEMV (`SplitK`) for a few rows of A against a B whose rows are contiguous (`dy @ W`, a linear
@@ -57,20 +58,24 @@ pub struct Bf16Config {
     /// block of the thread's rectangle passes over them.
     pub nc: usize,
     /// How the threads share the work.
-    pub split: Bf16Split,
+    pub split: Split,
 }
 
-/// How the threads of a bf16 GEMM share it.
+/// How the threads of a GEMM share it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Bf16Split {
+pub enum Split {
     /// Column strips of C.
     Cols,
     /// Row strips of C.
     Rows,
-    /// K: each thread sums its share of K for all of C into f32 partials (B's rows, packed whole, are then read
-    /// front to back), and a last pass adds the partials and rounds. For up to 16 rows against a weight from
-    /// memory, where reading B is the cost and column strips read it in short runs a page apart; identity
-    /// epilogues only (`depth_split_legal`), AMX only.
+    /// K: each thread sums its share of K for all of C (the first thread into C, the others into f32 partials),
+    /// and a last pass adds the partials in thread order (and, bf16, rounds). Identity epilogues only.
+    /// - bf16 (AMX): up to 16 rows against a weight from memory, where reading B is the cost and column strips
+    ///   read it in short runs a page apart (`depth_split_legal`).
+    /// - f32 (generated kernels): a weight gradient, `x^T dy` summed over a step's tokens (`f32_depth_legal`).
+    ///   Thread `t` takes the `t`-th contiguous share of K, the tokens whose rows the step's row-split kernels
+    ///   wrote on that same thread, so each thread reads its own cache's half of both operands; split over M or N,
+    ///   each thread reads every token, half of them from the other core's cache.
     Depth,
 }
 
@@ -90,8 +95,8 @@ pub struct GemmConfig {
     pub nc: usize,
     pub pack_a: bool,
     pub pack_b: bool,
-    /// Threads split the rows (M) rather than the columns (N).
-    pub split_m: bool,
+    /// How the threads share the problem: column strips, row strips, or (unbatched, identity epilogue) K.
+    pub split: Split,
     pub unroll: usize,
     /// Software prefetch distance for B read in place, in k-steps (0: none).
     pub prefetch: usize,
@@ -127,9 +132,9 @@ impl GemmImpl {
                 out.push_str(":nc");
                 push_num(out, a.nc);
                 return out.push_str(match a.split {
-                    Bf16Split::Cols => ":sN",
-                    Bf16Split::Rows => ":sM",
-                    Bf16Split::Depth => ":sK",
+                    Split::Cols => ":sN",
+                    Split::Rows => ":sM",
+                    Split::Depth => ":sK",
                 });
             }
             GemmImpl::Library => return out.push_str("lib:gemm"),
@@ -154,7 +159,11 @@ impl GemmImpl {
         push_num(out, c.nc);
         out.push_str(if c.pack_a { ":pA" } else { ":rA" });
         out.push_str(if c.pack_b { "pB" } else { "rB" });
-        out.push_str(if c.split_m { ":sM:u" } else { ":sN:u" });
+        out.push_str(match c.split {
+            Split::Rows => ":sM:u",
+            Split::Cols => ":sN:u",
+            Split::Depth => ":sK:u",
+        });
         push_num(out, c.unroll);
         out.push_str(":pf");
         push_num(out, c.prefetch);
@@ -254,9 +263,9 @@ impl GemmImpl {
                 nt: nr.parse::<usize>().ok()? / 16,
                 nc: nc.strip_prefix("nc")?.parse().ok()?,
                 split: match split {
-                    "sN" => Bf16Split::Cols,
-                    "sM" => Bf16Split::Rows,
-                    "sK" => Bf16Split::Depth,
+                    "sN" => Split::Cols,
+                    "sM" => Split::Rows,
+                    "sK" => Split::Depth,
                     _ => return None,
                 },
             };
@@ -285,7 +294,12 @@ impl GemmImpl {
             nc: num(f[4], "nc")?,
             pack_a: f[5].starts_with("pA"),
             pack_b: f[5].ends_with("pB"),
-            split_m: f[6] == "sM",
+            split: match f[6] {
+                "sM" => Split::Rows,
+                "sN" => Split::Cols,
+                "sK" => Split::Depth,
+                _ => return None,
+            },
             unroll: num(f[7], "u")?,
             prefetch: num(f[8], "pf")?,
         };
@@ -373,7 +387,7 @@ pub fn bf16_legal(v: &GemmView, a: &Bf16Config) -> bool {
         && a.nc > 0
         && a.nc.is_multiple_of(a.nr())
         && fit(v.n as i64 * elem * a.mr as i64)
-        && (a.split != Bf16Split::Depth || a.unit == Bf16Unit::Amx && depth_split_legal(v))
+        && (a.split != Split::Depth || a.unit == Bf16Unit::Amx && depth_split_legal(v))
 }
 
 /// Whether K may be split between threads: an unbatched GEMM of one row tile (at most 16 rows: the partials, M x N
@@ -412,7 +426,7 @@ fn bf16_candidates(v: &GemmView, out: &mut Vec<GemmImpl>) {
             // 128 columns 2.74 / 3.69, 64 columns 4.29 / 5.44; the tuner's race runs on operands in cache and does
             // not see this, so the set is what keeps a bad width out).
             for nc in [strip_cap.next_multiple_of(16 * nt), 1024, v.n.next_multiple_of(16 * nt)] {
-                for split in [Bf16Split::Cols, Bf16Split::Rows, Bf16Split::Depth] {
+                for split in [Split::Cols, Split::Rows, Split::Depth] {
                     let a = Bf16Config { unit, mr, nt, nc: nc.min(v.n.next_multiple_of(16 * nt)), split };
                     let imp = GemmImpl::Bf16(a);
                     if bf16_legal(v, &a) && !out.contains(&imp) {
@@ -437,6 +451,10 @@ pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl
     let mut seen = rustc_hash::FxHashSet::default();
     let b_inplace_ok = v.b.cols == 1;
     let skinny = v.m <= SKINNY_M;
+    // K split: B packed only. Its B is an output gradient stored token by token, read in place a row apart per
+    // k-step; forced in the GPT step (128 x 512 x 1024, K blocks of 256) packed B ran 546-581 µs a launch, in place
+    // 594-685 (the model had scored the two alike).
+    let depth = !skinny && f32_depth_legal(v);
     let small_b = v.k * v.n * 4 <= SMALL_B_BYTES;
     for &isa in isas {
         let lanes = isa.lanes();
@@ -473,8 +491,13 @@ pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl
                             if !(pack_b || b_inplace_ok && (skinny || v.m <= mr * mc_mult)) {
                                 continue;
                             }
-                            for (split_m, prefetch) in [(false, 0), (true, 0), (false, 8)] {
-                                if split_m && skinny || prefetch > 0 && pack_b {
+                            for (split, prefetch) in
+                                [(Split::Cols, 0), (Split::Rows, 0), (Split::Cols, 8), (Split::Depth, 0)]
+                            {
+                                if split == Split::Rows && skinny
+                                    || prefetch > 0 && pack_b
+                                    || split == Split::Depth && !(depth && pack_b)
+                                {
                                     continue;
                                 }
                                 // Blocks larger than the problem behave like the problem's size: clamp, then drop
@@ -488,7 +511,7 @@ pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl
                                     nc: nc.min(v.n.next_multiple_of(lanes * nv)),
                                     pack_a,
                                     pack_b,
-                                    split_m,
+                                    split,
                                     unroll: 4,
                                     prefetch,
                                 };
@@ -527,7 +550,7 @@ pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl
                         nc: t.n.next_multiple_of(isa.lanes() * nv),
                         pack_a: false,
                         pack_b: true,
-                        split_m: true,
+                        split: Split::Rows,
                         unroll: 4,
                         prefetch: 0,
                     };
@@ -618,7 +641,8 @@ pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<Gemm
     }
     let all = candidates(v, library);
     if cx.output_replaces_input && v.k <= UPDATE_MAX_K {
-        let rows: Vec<GemmImpl> = all.iter().copied().filter(|c| matches!(c, GemmImpl::Asm(c) if c.split_m)).collect();
+        let rows: Vec<GemmImpl> =
+            all.iter().copied().filter(|c| matches!(c, GemmImpl::Asm(c) if c.split == Split::Rows)).collect();
         if !rows.is_empty() {
             return rows;
         }
@@ -640,8 +664,33 @@ pub fn parts_per_batch_element(v: &GemmView, c: &GemmConfig, threads: usize) -> 
     if v.batch_count() >= 4 * threads {
         return 1;
     }
-    let units = if c.split_m { v.m.div_ceil(c.mr) } else { v.n.div_ceil(c.nr()) };
+    let units = match c.split {
+        Split::Rows => v.m.div_ceil(c.mr),
+        Split::Cols => v.n.div_ceil(c.nr()),
+        Split::Depth => v.k / DEPTH_MIN_K_PER_PART,
+    };
     threads.clamp(1, units.max(1))
+}
+
+/// Fewest steps of K a thread of a K-split f32 GEMM takes: below that its partial's pass costs more than its share
+/// of the products saves.
+pub const DEPTH_MIN_K_PER_PART: usize = 128;
+
+/// Largest C (bytes) a K-split f32 GEMM is offered for: each thread but the first writes a partial of C's size,
+/// which the last pass reads back from that thread's cache.
+pub const DEPTH_MAX_C_BYTES: usize = 1 << 20;
+
+/// Whether the f32 generated kernels may split K between threads (`Split::Depth`): an unbatched GEMM whose epilogue
+/// is the accumulator (the partials are added after every thread's products), K long against both M and N (a sum
+/// over a step's tokens: a weight gradient `x^T dy`), at least two parts' worth of K, and a C within
+/// [`DEPTH_MAX_C_BYTES`].
+pub fn f32_depth_legal(v: &GemmView) -> bool {
+    v.batch.is_empty()
+        && v.roles.len() <= 1
+        && v.out == kiln_jit::DType::F32
+        && v.k >= 2 * DEPTH_MIN_K_PER_PART
+        && v.k >= 2 * v.m.max(v.n)
+        && v.m * v.n * 4 <= DEPTH_MAX_C_BYTES
 }
 
 /// Whether every displacement the kernels need fits an i32 (a stride of a huge matrix might not).
@@ -651,6 +700,7 @@ pub fn legal(v: &GemmView, c: &GemmConfig) -> bool {
     let a_ok = c.pack_a || (fit(v.a.cols * 4 * c.unroll as i64) && fit(v.a.rows * 4 * c.mr as i64));
     let b_ok = c.pack_b || (v.b.cols == 1 && fit(v.b.rows * 4 * c.unroll as i64));
     fits(c.isa, c.mr, c.nv)
+        && (c.split != Split::Depth || f32_depth_legal(v))
         && a_ok
         && b_ok
         && fit(ldc * c.mr as i64)
@@ -757,7 +807,7 @@ pub(super) mod tests {
             nc: 1024,
             pack_a: true,
             pack_b: false,
-            split_m: true,
+            split: Split::Rows,
             unroll: 4,
             prefetch: 0,
         };
@@ -771,7 +821,7 @@ pub(super) mod tests {
             nc: 120,
             pack_a: false,
             pack_b: true,
-            split_m: false,
+            split: Split::Cols,
             unroll: 10,
             prefetch: 8,
         };

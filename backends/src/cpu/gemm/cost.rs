@@ -14,7 +14,7 @@
 //!   (L2 as the host describes it: `cpu::caches`);
 //! - parallel balance: the largest thread's share of tiles.
 
-use super::config::{Bf16Config, Bf16Split, Bf16Unit, GemmConfig, GemmImpl, SKINNY_M, SPLITK_STREAMED_PART_BYTES};
+use super::config::{Bf16Config, Bf16Unit, GemmConfig, GemmImpl, SKINNY_M, SPLITK_STREAMED_PART_BYTES, Split};
 use crate::cpu::isa::{self, Isa};
 use kiln_jit::kernel::gemm::GemmView;
 
@@ -121,14 +121,20 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
     let whole = super::config::parts_per_batch_element(v, c, threads) == 1 && v.batch_count() > 1;
     let (units, t) = if whole {
         (v.batch_count() as f64, threads as f64)
-    } else if c.split_m {
-        ((m / mr).ceil(), threads as f64)
     } else {
-        ((n / nr).ceil(), threads as f64)
+        let units = match c.split {
+            Split::Rows => (m / mr).ceil(),
+            Split::Cols => (n / nr).ceil(),
+            Split::Depth => (k / super::config::DEPTH_MIN_K_PER_PART as f64).floor(),
+        };
+        (units, threads as f64)
     };
     let used = t.min(units).max(1.0);
-    let n_part = if c.split_m || whole { n } else { n / used };
-    let m_part = if !c.split_m || whole { m } else { m / used };
+    let n_part = if c.split != Split::Cols || whole { n } else { n / used };
+    let m_part = if c.split != Split::Rows || whole { m } else { m / used };
+    // A K split's thread sums its share of K over all of C.
+    let k_part = if c.split == Split::Depth && !whole { k / used } else { k };
+    eff *= tokens_split_factor(v, c, used);
     if c.pack_a && c.mc as f64 * kc * 4.0 > 256.0 * 1024.0 {
         eff *= 0.8;
     }
@@ -144,13 +150,13 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
         // first in both, for its single pass over C.
         eff *= 0.88;
     }
-    let balance = (units / used) / (units / used).ceil();
+    let balance = if c.split == Split::Depth { 1.0 } else { (units / used) / (units / used).ceil() };
     let batch = v.batch_count() as f64;
     let flops = 2.0 * m * n * k * batch;
     let peak = PEAK * isa::peak_ratio(c.isa);
     let compute_s = flops / (peak * 1e9 * used * eff * balance.max(0.05));
     // Bytes per thread.
-    let kblocks = (k / kc).ceil();
+    let kblocks = (k_part / kc).ceil();
     // C is read and written once per K block; a thread's C block within half of L2 stays there and costs about an
     // eighth of DRAM traffic (a skinny GEMM's C row, re-read every few k-steps, is such a block). Half of the
     // host's L2, not a constant: with 2 MiB, 64 x 4096 x 4096 (512 KiB of C a thread) had been priced for 31 passes
@@ -159,12 +165,27 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
     let c_block = m_part * n_part * 4.0;
     let c_weight = if c_block <= l2_bytes as f64 / 2.0 { 0.125 } else { 1.0 };
     let mut bytes = c_weight * c_block * (2.0 * kblocks - 1.0);
-    bytes += if c.pack_b { 8.0 * k * n_part } else { 4.0 * k * n_part * (m_part / c.mc as f64).ceil() };
-    bytes += if c.pack_a { 8.0 * k * m_part * (n_part / c.nc as f64).ceil() } else { 4.0 * k * m_part };
+    bytes += if c.pack_b { 8.0 * k_part * n_part } else { 4.0 * k_part * n_part * (m_part / c.mc as f64).ceil() };
+    bytes += if c.pack_a { 8.0 * k_part * m_part * (n_part / c.nc as f64).ceil() } else { 4.0 * k_part * m_part };
+    if c.split == Split::Depth && used > 1.0 {
+        // The last pass: a thread's rows of C and of every partial read, its rows of C written.
+        bytes += m * n * 4.0 * (used + 1.0) / used;
+    }
     // A thread's traffic: its share of every batch element, or its whole ones.
     let elements = if whole { (batch / used).ceil() } else { batch };
     let mem_s = elements * bytes / (BW * 1e9);
     flops / (compute_s + mem_s) / 1e9
+}
+
+/// What splitting a weight gradient (`x^T dy`, both operands stored token by token) over M or N costs in a
+/// training step, over `used` threads: every thread reads every token, and the row-split kernels before it wrote
+/// half of them on the other core, where a K split reads only its own (`config::Split::Depth`). Timed hot, the race
+/// cannot see it. Measured in the GPT step (`KILN_PROFILE=1 ... train_gpt`, fresh caches, the race's picks): 512 x
+/// 128 x 1024 602 -> 546 µs a launch with the K split, 384 x 128 x 1024 455 -> 389, 128 x 128 x 1024 182 -> 144;
+/// 128 x 512 x 1024, which the model had ranked split over N, 627-689 against 524-607 with it forced.
+pub(super) fn tokens_split_factor(v: &GemmView, c: &GemmConfig, used: f64) -> f64 {
+    let over_tokens = v.a.rows == 1 && v.b.cols == 1 && super::config::f32_depth_legal(v);
+    if c.split != Split::Depth && used > 1.0 && over_tokens { 0.9 } else { 1.0 }
 }
 
 /// How efficiently `c`'s register tiles cover an `m x n` C: the useful elements over the tiles' work, each tile's
@@ -234,9 +255,9 @@ fn bf16_score(v: &GemmView, a: &Bf16Config, threads: usize) -> f64 {
     };
     let useful = |x: usize, t: usize| x as f64 / x.next_multiple_of(t) as f64;
     let units = match a.split {
-        Bf16Split::Cols => v.n.div_ceil(nr),
-        Bf16Split::Rows => v.m.div_ceil(mr),
-        Bf16Split::Depth => v.k.div_ceil(super::bf16::KSTEP),
+        Split::Cols => v.n.div_ceil(nr),
+        Split::Rows => v.m.div_ceil(mr),
+        Split::Depth => v.k.div_ceil(super::bf16::KSTEP),
     };
     let workers = threads.min(units).max(1);
     let balance = units as f64 / (units.div_ceil(workers) * workers) as f64;
@@ -245,9 +266,9 @@ fn bf16_score(v: &GemmView, a: &Bf16Config, threads: usize) -> f64 {
     // Packing reads and writes B once per row strip; split by K it reads B's rows front to back (counted at twice
     // the bandwidth of the strided walk), and the partials of every thread are added once more.
     let (pack_bytes, bw) = match a.split {
-        Bf16Split::Cols => (4.0 * (v.k * v.n) as f64, BW),
-        Bf16Split::Rows => (4.0 * (v.k * v.n) as f64 * workers as f64, BW),
-        Bf16Split::Depth => (4.0 * (v.k * v.n) as f64 + 8.0 * (v.m * v.n * workers) as f64, 2.0 * BW),
+        Split::Cols => (4.0 * (v.k * v.n) as f64, BW),
+        Split::Rows => (4.0 * (v.k * v.n) as f64 * workers as f64, BW),
+        Split::Depth => (4.0 * (v.k * v.n) as f64 + 8.0 * (v.m * v.n * workers) as f64, 2.0 * BW),
     };
     let seconds = flops / (compute * 1e9) + pack_bytes / (bw * workers as f64 * 1e9);
     flops / seconds / 1e9
@@ -322,7 +343,7 @@ mod tests {
             nc: 1024,
             pack_a: true,
             pack_b: true,
-            split_m: false,
+            split: Split::Cols,
             unroll: 4,
             prefetch: 0,
         };
@@ -374,8 +395,10 @@ mod tests {
             .max_by(|a, b| score_with_l2(&big, a, 2, l2).total_cmp(&score_with_l2(&big, b, 2, l2)));
         let Some(GemmImpl::Asm(c)) = best else { panic!("{best:?}") };
         assert!(c.kc <= 256 || c.pack_a, "512 x 128 x 1024, A stored K x M: {}", GemmImpl::Asm(c).name());
+        // B stored N x K here, so that the transposed view is no weight gradient over tokens (`tokens_split_factor`).
+        let b_nk = |v: GemmView| GemmView { b: GemmOperand { rows: 1, cols: 1024, ..v.b.clone() }, ..v };
         for m in [512, 128] {
-            let (t, plain) = (transposed(m), view(m, 128, 1024));
+            let (t, plain) = (b_nk(transposed(m)), b_nk(view(m, 128, 1024)));
             for imp in cands(&plain) {
                 let (st, sp) = (score_with_l2(&t, &imp, 2, l2), score_with_l2(&plain, &imp, 2, l2));
                 let in_place = matches!(imp, GemmImpl::Asm(c) if !c.pack_a);
@@ -400,6 +423,21 @@ mod tests {
             let best = cands.iter().max_by(|a, b| s(a).total_cmp(&s(b)));
             let Some(GemmImpl::Asm(c)) = best else { panic!("{best:?}") };
             assert!(c.pack_a, "256 x 784 x {k}, A stored K x M: {}", GemmImpl::Asm(*c).name());
+        }
+    }
+
+    /// The GPT's weight gradients (`x^T dy` over 1024 tokens, both operands stored token by token) rank a K split
+    /// first on two threads, as they ran fastest in the training step.
+    #[test]
+    fn weight_gradients_over_tokens_split_k() {
+        let depth = |imp: &GemmImpl| matches!(imp, GemmImpl::Asm(c) if c.split == Split::Depth);
+        for (m, n) in [(512, 128), (384, 128), (128, 512), (128, 128)] {
+            let v = view(m, n, 1024);
+            let grad = GemmView { a: GemmOperand { rows: 1, cols: m as i64, ..v.a.clone() }, ..v.clone() };
+            let cands = super::super::config::candidates_for(&grad, false, &[Isa::Avx512]);
+            let s = |v: &GemmView, imp: &GemmImpl| score_with_l2(v, imp, 2, 2 << 20);
+            let best = cands.iter().max_by(|a, b| s(&grad, a).total_cmp(&s(&grad, b)));
+            assert!(best.is_some_and(depth), "{m} x {n} x 1024: {best:?}");
         }
     }
 
@@ -453,7 +491,7 @@ mod tests {
             nc,
             pack_a: false,
             pack_b,
-            split_m: false,
+            split: Split::Cols,
             unroll: 4,
             prefetch: 0,
         })
@@ -525,7 +563,7 @@ mod tests {
             nc: 48,
             pack_a: false,
             pack_b: true,
-            split_m: false,
+            split: Split::Cols,
             unroll: 4,
             prefetch: 0,
         };

@@ -10,7 +10,9 @@
 //! still copied (zero-padded), so no kernel reads past a buffer.
 //!
 //! Threads take disjoint rectangles of C (column or row strips, per batch element), each with its own pack buffers,
-//! so results do not depend on timing. Deliberately not done: packing shared between threads.
+//! so results do not depend on timing; or, for a weight gradient summed over a step's tokens, shares of K
+//! (`config::Split::Depth`, `run_depth`: each thread over all of C into a partial of its own, the partials then added
+//! in thread order). Deliberately not done: packing shared between threads.
 //!
 //! Three more candidates race the generated kernels: the `gemm` crate (`tune::library_gemm`), for a few rows against
 //! a weight stored N x K dot products (`dot`), and for a few rows against one stored K x N a split-K GEMV
@@ -42,7 +44,7 @@ pub mod tune;
 
 use super::pool;
 use asm::{KernelSet, MicroFn, MicroSpec, Mode};
-use config::{Bf16Config, Bf16Split, Bf16Unit, GemmConfig, GemmImpl};
+use config::{Bf16Config, Bf16Unit, GemmConfig, GemmImpl, Split};
 use epilogue::{Epilogue, OperandKind};
 use kiln_jit::DType;
 use kiln_jit::kernel::gemm::GemmView;
@@ -98,11 +100,12 @@ pub struct CompiledGemm {
     input_dtypes: Vec<DType>,
     /// Columns in the ragged last vector of a row (0: none; `isa::lane_mask` is its mask).
     ragged: usize,
-    /// Output rectangles per batch element (column or row strips).
+    /// Output rectangles per batch element (column or row strips), or shares of K (`Split::Depth`).
     parts: usize,
     /// The transposed candidate's GEMM (`C^T` into scratch, identity epilogue).
     transposed: Option<Box<CompiledGemm>>,
-    /// The K-split AMX GEMM's f32 partial sums, one padded M x N block per thread (allocated when built).
+    /// A K split's f32 partial sums (allocated when built): the AMX GEMM's one padded M x N block per thread, the
+    /// generated kernels' one M x N block per thread but the first (which sums into C).
     partials: parking_lot::Mutex<Vec<f32>>,
     /// A patched B's offsets (`view.b.patch` evaluated).
     b_tables: Option<patch::PatchTables>,
@@ -208,8 +211,18 @@ impl CompiledGemm {
         let mut specs = Vec::new();
         let mut slots = Vec::new();
         let row_counts: Vec<usize> = [c.mr, v.m % c.mr].into_iter().filter(|&r| r > 0 && r <= v.m).collect();
-        let modes: Vec<Mode> =
-            if v.k <= c.kc { vec![Mode::Single] } else { vec![Mode::First, Mode::Middle, Mode::Last] };
+        // A K split's threads each sum a share of K (of two lengths at most), each share in its own K blocks.
+        let shares = if c.split == Split::Depth { [v.k / g.parts, v.k.div_ceil(g.parts)] } else { [v.k, v.k] };
+        let mut modes = Vec::new();
+        if shares[0] <= c.kc {
+            modes.push(Mode::Single);
+        }
+        if shares[1] > c.kc {
+            modes.extend([Mode::First, Mode::Middle, Mode::Last]);
+        }
+        if c.split == Split::Depth {
+            *g.partials.get_mut() = vec![0.0; (g.parts - 1) * v.m * v.n];
+        }
         for &rows in &row_counts {
             for tail in [false, true] {
                 if tail && tail_cols == 0 {
@@ -256,7 +269,7 @@ impl CompiledGemm {
         threads: usize,
         cache: Option<&kiln_autotune::Store>,
     ) -> Result<(), String> {
-        if a.split == Bf16Split::Depth {
+        if a.split == Split::Depth {
             return self.generate_bf16_partial(a, threads, cache);
         }
         let v = &self.view;
@@ -280,7 +293,7 @@ impl CompiledGemm {
         let (mr, nr) = (a.mr, a.nr());
         let tail_cols = v.n % nr;
         self.ragged = tail_cols % bf16::TILE;
-        let units = if a.split == Bf16Split::Rows { v.m.div_ceil(mr) } else { v.n.div_ceil(nr) };
+        let units = if a.split == Split::Rows { v.m.div_ceil(mr) } else { v.n.div_ceil(nr) };
         self.parts = threads.clamp(1, units.max(1));
         // Long K on AMX: the K-blocked drive (`bf16::emit_blocked`), whose last step is the epilogue over the sums.
         let blocked = a.unit == Bf16Unit::Amx && v.k.div_ceil(bf16::KSTEP) > bf16::K_BLOCK_STEPS;
@@ -329,7 +342,7 @@ impl CompiledGemm {
         Ok(())
     }
 
-    /// The K-split form of AMX config `a` (`Bf16Split::Depth`): the two partial-sum kernels (first block of K, and
+    /// The K-split form of AMX config `a` (`Split::Depth`): the two partial-sum kernels (first block of K, and
     /// the later ones) and the partial buffers. Its epilogue is the identity or a rounding to bf16 (`config`'s
     /// legality check), applied by the pass that adds the partials.
     fn generate_bf16_partial(
@@ -361,7 +374,9 @@ impl CompiledGemm {
     pub fn reads_epilogue_before_store(&self) -> bool {
         // A bf16 kernel keeps its sums in tiles, registers or (AMX with K in blocks) a scratch block over the whole
         // K, and stores each element once, after its epilogue.
-        (matches!(self.imp, GemmImpl::Asm(c) if self.view.k <= c.kc) || matches!(self.imp, GemmImpl::Bf16(_)))
+        // A K split's C holds thread 0's partial sums before the last pass adds the others.
+        (matches!(self.imp, GemmImpl::Asm(c) if self.view.k <= c.kc && c.split != Split::Depth)
+            || matches!(self.imp, GemmImpl::Bf16(_)))
             && !self.uses_pass
     }
 
@@ -403,6 +418,8 @@ impl CompiledGemm {
             ptrs,
         };
         match self.imp {
+            // SAFETY: the caller's pointer contract.
+            GemmImpl::Asm(c) if c.split == Split::Depth => unsafe { self.run_depth(&c, &cx) },
             GemmImpl::Asm(c) => {
                 let items = self.view.batch_count() * self.parts;
                 let work = (self.view.flops() / 2.0) as usize;
@@ -415,7 +432,7 @@ impl CompiledGemm {
                 pool::global().parallel_for_work(items, work, &f);
             }
             // SAFETY: the caller's pointer contract.
-            GemmImpl::Bf16(a) if a.split == Bf16Split::Depth => unsafe { self.run_bf16_depth(&a, &cx) },
+            GemmImpl::Bf16(a) if a.split == Split::Depth => unsafe { self.run_bf16_depth(&a, &cx) },
             GemmImpl::Bf16(a) => {
                 let items = self.view.batch_count() * self.parts;
                 let work = (self.view.flops() / 16.0) as usize;
@@ -474,13 +491,58 @@ impl CompiledGemm {
 
     /// One rectangle of C: batch element and column/row strip `item`.
     unsafe fn run_item(&self, c: &GemmConfig, cx: &Ctx, item: usize) {
-        let (bidx, [m0, m1, n0, n1]) = self.item_rect(item, c.split_m, c.mr, c.nr());
+        let (bidx, [m0, m1, n0, n1]) = self.item_rect(item, c.split == Split::Rows, c.mr, c.nr());
         let bo = self.batch_offsets(bidx);
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             // SAFETY: the caller's pointer contract.
-            unsafe { self.rect(c, cx, &bo, m0, m1, n0, n1, &mut s) }
+            unsafe { self.rect(c, cx, &bo, m0, m1, n0, n1, (0, self.view.k), &mut s) }
         });
+    }
+
+    /// `Split::Depth`: thread `t` sums the `t`-th of `parts` contiguous shares of K over all of C (the pool's chunk
+    /// bounds, as every row-split kernel of the step cuts its rows: a weight gradient's tokens are then the ones
+    /// this thread wrote), thread 0 into C and the others into their partials; then the threads add the partials
+    /// into their rows of C, in thread order, so the sum does not depend on timing.
+    ///
+    /// # Safety
+    /// As [`CompiledGemm::run`].
+    unsafe fn run_depth(&self, c: &GemmConfig, cx: &Ctx) {
+        let v = &self.view;
+        let (m, n, parts) = (v.m, v.n, self.parts);
+        let mut partials = self.partials.lock();
+        let base = tune::SendPtr(partials.as_mut_ptr());
+        // Unbatched (`config::f32_depth_legal`), but A and B may start inside their buffers (a narrowed view).
+        let bo = self.batch_offsets(0);
+        let sum = |lo: usize, hi: usize| {
+            for t in lo..hi {
+                let share = pool::chunk_bounds(v.k, parts, t);
+                // Thread t's partial: the buffer holds `parts - 1` of them, M x N each, C's layout.
+                let out = if t == 0 { cx.c } else { base.get().wrapping_add((t - 1) * m * n) };
+                let part = Ctx { a: cx.a, b: cx.b, c: out, uniforms: cx.uniforms, ptrs: cx.ptrs };
+                SCRATCH.with(|s| {
+                    let mut s = s.borrow_mut();
+                    // SAFETY: the caller's pointer contract for A and B; `out` is C or a partial of C's size.
+                    unsafe { self.rect(c, &part, &bo, 0, m, 0, n, share, &mut s) }
+                });
+            }
+        };
+        pool::global().parallel_for_work(parts, (v.flops() / 2.0) as usize, &sum);
+        let out = tune::SendPtr(cx.c);
+        let add = |lo: usize, hi: usize| {
+            // SAFETY: rows lo..hi of C (M x N, dense: the kernels' `ldc`) and of each partial; the threads' rows
+            // are disjoint, and every partial was written before `parallel_for_work` returned.
+            let row = |p: *mut f32, r: usize| unsafe { std::slice::from_raw_parts_mut(p.add(r * n), n) };
+            for r in lo..hi {
+                let dst = row(out.get(), r);
+                for t in 1..parts {
+                    for (d, s) in dst.iter_mut().zip(row(base.get().wrapping_add((t - 1) * m * n), r).iter()) {
+                        *d += *s;
+                    }
+                }
+            }
+        };
+        pool::global().parallel_for_work(m, m * n * parts, &add);
     }
 
     /// Points `ep[2..]` at each epilogue operand's element (m_at, n_at) of the batch element at `bo`.
@@ -535,6 +597,8 @@ impl CompiledGemm {
         }
     }
 
+    /// Rows `m0..m1` and columns `n0..n1` of C (of the batch element at `bo`) over K steps `k_lo..k_hi`: all of K,
+    /// or a K split's share (`run_depth`), whose first block stores and whose last applies the epilogue.
     #[allow(clippy::too_many_arguments)]
     unsafe fn rect(
         &self,
@@ -545,6 +609,7 @@ impl CompiledGemm {
         m1: usize,
         n0: usize,
         n1: usize,
+        (k_lo, k_hi): (usize, usize),
         s: &mut Scratch,
     ) {
         let v = &self.view;
@@ -559,11 +624,12 @@ impl CompiledGemm {
             let panels = nb.div_ceil(nr);
             // K blocks of equal depth, at most `kc`: 784 in blocks of 256 left a last block of 16, a whole pass of
             // loads and stores of C for 16 k-steps (3 blocks of 262 would pass `kc`; 4 of 196 do not).
-            let kc = v.k.div_ceil(v.k.div_ceil(c.kc)).max(1);
-            let mut pc = 0;
-            while pc < v.k {
-                let kb = (v.k - pc).min(kc);
-                let mode = match (pc == 0, pc + kb == v.k) {
+            let depth = k_hi - k_lo;
+            let kc = depth.div_ceil(depth.div_ceil(c.kc)).max(1);
+            let mut pc = k_lo;
+            while pc < k_hi {
+                let kb = (k_hi - pc).min(kc);
+                let mode = match (pc == k_lo, pc + kb == k_hi) {
                     (true, true) => Mode::Single,
                     (true, false) => Mode::First,
                     (false, true) => Mode::Last,
