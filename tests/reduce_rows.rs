@@ -168,13 +168,15 @@ fn row_sums_maxima_and_minima_of_every_length() {
 /// wide ones, against the interpreter, exactly: each column's rows are folded in order whichever kernel runs it. f32
 /// sums (and means, and sums of bf16 values widened) are generated column-sum kernels where row sums are generated
 /// (`backends/src/cpu/wide_cols.rs`: blocks of 8, 4, 2 and 1 vectors, a masked last vector, panels of 16 rows, so
-/// 37 and 64 rows reach full and partial panels), each also forced at every width the host has; max and min (and
-/// everything with `KILN_ELEMENTWISE=clif`) are Cranelift kernels vectorized along their output.
+/// 37 and 64 rows reach full and partial panels; 300 rows are shared out between the threads, two shares of 150 on
+/// two, whose sums the launch adds: exact too, the data being small integers), each also forced at every width the
+/// host has; max and min (and everything with `KILN_ELEMENTWISE=clif`) are Cranelift kernels vectorized along their
+/// output.
 #[test]
 fn column_sums_maxima_and_minima_of_every_width() {
     let widths: Vec<usize> = (1..=70).chain([127, 128, 129, 300]).collect();
     for (i, &cols) in widths.iter().enumerate() {
-        for n in [1, 5, 37, 64] {
+        for n in [1, 5, 37, 64, 300] {
             let seed = 5000 + 10 * i as u64 + n as u64;
             let x = rows(n, cols, seed, true);
             let nz = rows(n, cols, seed + 1000, false);

@@ -174,9 +174,15 @@ pub(crate) struct WideKernel {
     /// Per gate, the epilogue operand its load reads, where a closed gate's load may read what an open one reads
     /// ([`shared_gate_reads`]: each such buffer is read by that one load); empty otherwise.
     gate_operands: Vec<usize>,
+    /// Column sums split over rows (`col_parts`): the sums of every part but the first, `n` each.
+    partials: parking_lot::Mutex<Vec<f32>>,
     code: ExecutableBuffer,
     f: WideFn,
 }
+
+/// Fewest rows a share of a split column sum takes (`WideKernel::col_parts`): below that the sums are a
+/// microsecond or two, less than the partials' pass and the threads' sync.
+const COL_PART_ROWS: usize = 128;
 
 /// A reduce kernel run here: an f32 sum over one loop of an elementwise program (the kernel's inner code), and
 /// `outer`, a register program of the sum alone (`Acc`) and constants applied to each sum (`log` for a
@@ -308,6 +314,7 @@ impl WideKernel {
             out_bf16,
             gates,
             gate_operands,
+            partials: parking_lot::Mutex::new(Vec::new()),
             code,
             f,
         }))
@@ -379,7 +386,11 @@ impl WideKernel {
         // SAFETY: the caller's pointer contract; each gate table holds what its BufParam declares (only read).
         let uniforms = unsafe { Uniforms::for_launch(Some(&self.ep), &self.outer, ptrs) };
         let args = Args { ptrs, uniforms: uniforms.as_ptr() };
-        if self.along() == Some(Along::Cols) {
+        let parts = self.col_parts();
+        if parts > 1 {
+            // SAFETY: the caller's pointer contract.
+            unsafe { self.run_col_parts(&args, parts) };
+        } else if self.along() == Some(Along::Cols) {
             // Column sums: whole vectors of columns a thread, every row.
             let lanes = self.isa.lanes();
             let f = |s: usize, e: usize| {
@@ -410,6 +421,57 @@ impl WideKernel {
                 }
             };
             pool::global().parallel_for_work(self.batch.iter().product::<usize>() * self.m, self.work, &f);
+        }
+    }
+
+    /// Into how many shares of its rows a column sum is split: one a thread, each at least [`COL_PART_ROWS`] rows,
+    /// for an f32 sum whose outer code is the sum itself (a bias's or a norm weight's gradient); 1 otherwise (all
+    /// rows a call, threads on vectors of columns). Why rows: the rows are a training step's tokens, and the
+    /// kernels before it (row-split elementwise and row kernels, the weight gradient's K split) wrote each thread's
+    /// share of them on that thread; split by columns, each thread reads every token, half from the other core.
+    fn col_parts(&self) -> usize {
+        let plain_sum = self.sum.as_ref().is_some_and(|s| {
+            s.along == Along::Cols && !self.out_bf16 && matches!(s.outer.insts[s.outer.result], EpInst::Acc)
+        });
+        if !plain_sum {
+            return 1;
+        }
+        pool::global().threads().min(self.m / COL_PART_ROWS).max(1)
+    }
+
+    /// Column sums over `parts` shares of the rows (`col_parts`): share `t` (the pool's chunk bounds, as the row
+    /// kernels cut rows) into the output for `t == 0`, into its partial otherwise; then the partials are added into
+    /// the output in share order, so the sums do not depend on timing (they are not the single pass's bits: each
+    /// column is the sum of its shares' sums).
+    ///
+    /// # Safety
+    /// As [`WideKernel::run`], with `a` built from its pointers.
+    unsafe fn run_col_parts(&self, a: &Args, parts: usize) {
+        let n = self.n;
+        let mut partials = self.partials.lock();
+        partials.resize((parts - 1) * n, 0.0);
+        let base = partials.as_mut_ptr() as usize;
+        let f = |s: usize, e: usize| {
+            for t in s..e {
+                let (r0, r1) = pool::chunk_bounds(self.m, parts, t);
+                let mut ptrs: smallvec::SmallVec<[*mut u8; 16]> = a.ptrs.iter().copied().collect();
+                if t > 0 {
+                    ptrs[self.n_inputs] = (base as *mut f32).wrapping_add((t - 1) * n) as *mut u8;
+                }
+                let share = Args { ptrs: &ptrs, uniforms: a.uniforms };
+                // SAFETY: the caller's pointer contract for the inputs; rows `r0..r1` exist; the output pointer is
+                // the kernel's (n f32 sums) or a partial of `n` f32s.
+                unsafe { self.call(&share, 0, r0, r1 - r0, 0, n) };
+            }
+        };
+        pool::global().parallel_for_work(parts, self.work, &f);
+        // SAFETY: the output holds `n` f32 sums (an f32 column sum, `col_parts`), the partials `(parts - 1) * n`,
+        // all written before `parallel_for_work` returned.
+        let out = unsafe { std::slice::from_raw_parts_mut(a.ptrs[self.n_inputs] as *mut f32, n) };
+        for part in partials.chunks_exact(n) {
+            for (o, p) in out.iter_mut().zip(part) {
+                *o += *p;
+            }
         }
     }
 
