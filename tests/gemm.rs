@@ -352,6 +352,30 @@ fn a_rewritten_weight_selects_split_k_under_its_own_key() {
 }
 
 #[cfg(feature = "cpu")]
+/// A tall intermediate (rows a step's tokens, read by later kernels that cut them by rows) with K short against M
+/// is offered no column split of the generated kernels, under a key of its own; a plan output, a short one or a
+/// long K keep every candidate.
+#[test]
+fn a_tall_intermediate_is_not_split_by_columns() {
+    use config::StepContext;
+    use kiln_backends::cpu::gemm::tune::problem;
+    let later = StepContext { output_read_later: true, ..Default::default() };
+    let cols = |c: &GemmImpl| matches!(c, GemmImpl::Asm(c) if c.split == Split::Cols);
+    let k = gemm_kernel(&rand(&[1024, 128], 35).matmul(&rand(&[128, 512], 36)));
+    let v = GemmView::of(&k).unwrap();
+    let kept = config::step_candidates(&v, true, later);
+    assert!(config::candidates(&v, true).iter().any(cols));
+    assert!(!kept.iter().any(cols) && kept.iter().any(|c| matches!(c, GemmImpl::Asm(c) if c.split == Split::Rows)));
+    assert_ne!(problem(&k, &v, 2, "cpu-a", later).key, problem(&k, &v, 2, "cpu-a", StepContext::default()).key);
+    assert_eq!(config::step_candidates(&v, true, StepContext::default()), config::candidates(&v, true));
+    for (m, kk) in [(config::TALL_ROWS - 1, 32), (512, 784)] {
+        let k = gemm_kernel(&rand(&[m, kk], 37).matmul(&rand(&[kk, 256], 38)));
+        let v = GemmView::of(&k).unwrap();
+        assert_eq!(config::step_candidates(&v, true, later), config::candidates(&v, true), "{m} x 256 x {kk}");
+    }
+}
+
+#[cfg(feature = "cpu")]
 #[test]
 fn every_candidate_on_transposed_and_batched_operands() {
     if common::skip_without_avx2() {

@@ -134,6 +134,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
                     matches!(l.inputs.get(v.b.buf), Some(&Slot::Input(i)) if candidates.iter().any(|d| d.input == i))
                 }),
                 output_replaces_input: candidates.iter().any(|d| d.launch == index),
+                output_read_later: matches!(l.output, Slot::Temp(_)),
                 // Set by `gemm_for`, which recognizes the GEMM.
                 patched_b: false,
             };

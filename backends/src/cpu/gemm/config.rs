@@ -619,6 +619,8 @@ pub struct StepContext {
     /// canonical tuning problem is a plain GEMM, so the context carries this, and it narrows the candidates (and
     /// so the tuning key, which holds them).
     pub patched_b: bool,
+    /// The output is an intermediate the plan's later kernels read (not a plan output).
+    pub output_read_later: bool,
 }
 
 /// The candidates for a GEMM in a compiled plan: [`candidates`], narrowed where the plan around it decides what is
@@ -630,6 +632,14 @@ pub struct StepContext {
 ///   whose threads split the rows (M), as the forward GEMM splits the weight's rows, where any exists (the library
 ///   and column splits write lines the other core holds). The batch-32 benchmark MLP step (its two updates at K =
 ///   32): 220.6-225.3 -> 212.1-216.2 µs, five interleaved pairs; batch 256 and 1024 unchanged within noise.
+/// - The output is an intermediate of at least [`TALL_ROWS`] rows that later kernels read, and K is at most a
+///   quarter of M: no generated kernel whose threads split the columns, where one splitting the rows exists. The
+///   rows are a step's tokens, and the elementwise and row kernels after it cut them between the threads by rows: a
+///   column split leaves half of every row they read in the other core's cache. The GPT step's two `1024 x 512 x
+///   128` products (the first MLP layer and its gradient with GELU's, which the race had split by columns), split
+///   by rows: 19.38-19.71 -> 19.05-19.36 ms a step, four interleaved pairs, fresh caches. Split by rows, each thread
+///   packs all of B, which costs where K is long against M: the benchmark MLP's `512 x 256 x 784` forward ran 487
+///   -> 523 µs a launch so (its step 1415 -> 1480 µs), hence the bound on K.
 ///
 /// The candidate set is part of the tuning key, so these records never mix with an isolated GEMM's.
 pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<GemmImpl> {
@@ -639,16 +649,23 @@ pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<Gemm
     if cx.b_rewritten && splitk_legal(v) {
         return vec![GemmImpl::SplitK];
     }
-    let all = candidates(v, library);
+    let mut all = candidates(v, library);
+    let cols = |c: &GemmImpl| matches!(c, GemmImpl::Asm(c) if c.split == Split::Cols);
+    let rows = |c: &GemmImpl| matches!(c, GemmImpl::Asm(c) if c.split == Split::Rows);
+    if cx.output_read_later && v.batch.is_empty() && v.m >= TALL_ROWS && v.k * 4 <= v.m && all.iter().any(rows) {
+        all.retain(|c| !cols(c));
+    }
     if cx.output_replaces_input && v.k <= UPDATE_MAX_K {
-        let rows: Vec<GemmImpl> =
-            all.iter().copied().filter(|c| matches!(c, GemmImpl::Asm(c) if c.split == Split::Rows)).collect();
-        if !rows.is_empty() {
-            return rows;
+        let split_rows: Vec<GemmImpl> = all.iter().copied().filter(rows).collect();
+        if !split_rows.is_empty() {
+            return split_rows;
         }
     }
     all
 }
+
+/// Fewest rows of an intermediate GEMM output that `step_candidates` keeps from column splits.
+pub const TALL_ROWS: usize = 256;
 
 /// Whether an `mr x lanes*nv` register tile fits the family's registers (16 ymm, 32 zmm): `mr * nv` accumulators,
 /// `nv` B vectors (none for one row, whose FMAs read B from memory) and one broadcast register.
