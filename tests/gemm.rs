@@ -291,8 +291,8 @@ fn splitk_candidate_on_ragged_input_gradient_shapes() {
 /// of the tokens) on ragged tiles and columns, K odd (the threads' shares of two lengths: at K blocks of 256, 513
 /// splits into one block for the first thread and two for the second, so both the one-block and the blocked
 /// kernels run), A and B stored K-major or row-major, forced through `check_all_candidates`, which is asserted to
-/// include every K-split configuration. Not offered with an epilogue beyond the sum, for a batched product, or
-/// where K is not long against M and N.
+/// include every K-split configuration, also with an epilogue (run as a pass over the summed partials). Not offered
+/// for a batched product, or where K is not long against M and N.
 #[test]
 fn depth_split_candidates_on_weight_gradient_shapes() {
     if common::skip_without_avx2() {
@@ -309,10 +309,18 @@ fn depth_split_candidates_on_weight_gradient_shapes() {
     let plain = rand(&[40, 600], 43).matmul(&rand(&[600, 24], 44));
     assert!(offered(&plain).iter().any(depth));
     assert!(check_all_candidates("depth, row-major operands", &plain) > 0);
-    let with_relu = rand(&[600, 40], 45).t().matmul(&rand(&[600, 24], 46)).relu();
+    // An epilogue beyond the sum runs as a pass over the added partials: an SGD update fused into its weight
+    // gradient (the weight read by the epilogue), and an activation.
+    let w = rand(&[40, 24], 51);
+    let update = &w - rand(&[600, 40], 45).t().matmul(&rand(&[600, 24], 46)) * 0.01;
+    let with_relu = rand(&[601, 40], 52).t().matmul(&rand(&[601, 24], 53)).relu();
+    for (name, c) in [("depth, SGD update epilogue", &update), ("depth, relu epilogue", &with_relu)] {
+        assert!(offered(c).iter().any(depth), "{name}: no K split offered");
+        assert!(check_all_candidates(name, c) > 0);
+    }
     let batched = rand(&[2, 600, 40], 47).transpose(1, 2).matmul(&rand(&[2, 600, 24], 48));
     let short = rand(&[40, 200], 49).matmul(&rand(&[200, 24], 50));
-    for c in [with_relu, batched, short] {
+    for c in [batched, short] {
         assert!(!offered(&c).iter().any(depth));
     }
 }
@@ -373,6 +381,34 @@ fn a_tall_intermediate_is_not_split_by_columns() {
         let v = GemmView::of(&k).unwrap();
         assert_eq!(config::step_candidates(&v, true, later), config::candidates(&v, true), "{m} x 256 x {kk}");
     }
+}
+
+#[cfg(feature = "cpu")]
+/// A weight gradient over tokens (`x^T dy`, both operands stored token by token) with an operand the plan wrote is
+/// offered the K split alone (its threads read the tokens their own earlier kernels wrote), also with an SGD update
+/// as its epilogue, under a key of its own; plan inputs, or A stored row by row, keep every candidate.
+#[test]
+fn a_weight_gradient_of_plan_tokens_splits_k() {
+    use config::StepContext;
+    use kiln_backends::cpu::gemm::tune::problem;
+    let written = StepContext { operand_written_here: true, ..Default::default() };
+    let depth = |c: &GemmImpl| matches!(c, GemmImpl::Asm(c) if c.split == Split::Depth);
+    let w = rand(&[128, 256], 39);
+    let grad = rand(&[512, 128], 40).t().matmul(&rand(&[512, 256], 41));
+    for c in [grad.clone(), &w - grad * 0.01] {
+        let k = gemm_kernel(&c);
+        let v = GemmView::of(&k).unwrap();
+        let all = config::candidates(&v, true);
+        let kept = config::step_candidates(&v, true, written);
+        assert!(all.iter().any(|c| !depth(c)) && !kept.is_empty() && kept.iter().all(depth), "{kept:?}");
+        assert_eq!(kept, all.iter().copied().filter(depth).collect::<Vec<_>>());
+        assert_ne!(problem(&k, &v, 2, "cpu-a", written).key, problem(&k, &v, 2, "cpu-a", StepContext::default()).key);
+        assert_eq!(config::step_candidates(&v, true, StepContext::default()), all);
+    }
+    let rows = gemm_kernel(&rand(&[128, 512], 42).matmul(&rand(&[512, 256], 43)));
+    let v = GemmView::of(&rows).unwrap();
+    assert!(config::candidates(&v, true).iter().any(depth));
+    assert_eq!(config::step_candidates(&v, true, written), config::candidates(&v, true));
 }
 
 #[cfg(feature = "cpu")]

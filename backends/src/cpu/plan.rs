@@ -129,10 +129,13 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     {
         let mut c = compiler.lock();
         for (index, l) in plan.launches.iter().enumerate() {
+            let view = kiln_jit::kernel::gemm::GemmView::of(&l.kernel);
+            let temp = |buf: usize| matches!(l.inputs.get(buf), Some(Slot::Temp(_)));
             let cx = super::gemm::config::StepContext {
-                b_rewritten: kiln_jit::kernel::gemm::GemmView::of(&l.kernel).is_some_and(|v| {
+                b_rewritten: view.as_ref().is_some_and(|v| {
                     matches!(l.inputs.get(v.b.buf), Some(&Slot::Input(i)) if candidates.iter().any(|d| d.input == i))
                 }),
+                operand_written_here: view.as_ref().is_some_and(|v| temp(v.a.buf) || temp(v.b.buf)),
                 output_replaces_input: candidates.iter().any(|d| d.launch == index),
                 output_read_later: matches!(l.output, Slot::Temp(_)),
                 // Set by `gemm_for`, which recognizes the GEMM.

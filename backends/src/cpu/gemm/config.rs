@@ -621,6 +621,8 @@ pub struct StepContext {
     pub patched_b: bool,
     /// The output is an intermediate the plan's later kernels read (not a plan output).
     pub output_read_later: bool,
+    /// A or B is an intermediate the plan's earlier kernels wrote (not a plan input).
+    pub operand_written_here: bool,
 }
 
 /// The candidates for a GEMM in a compiled plan: [`candidates`], narrowed where the plan around it decides what is
@@ -640,6 +642,14 @@ pub struct StepContext {
 ///   by rows: 19.38-19.71 -> 19.05-19.36 ms a step, four interleaved pairs, fresh caches. Split by rows, each thread
 ///   packs all of B, which costs where K is long against M: the benchmark MLP's `512 x 256 x 784` forward ran 487
 ///   -> 523 µs a launch so (its step 1415 -> 1480 µs), hence the bound on K.
+/// - A weight gradient over tokens (`x^T dy`, A and B stored token by token, [`f32_depth_legal`]) with an operand
+///   the plan wrote: only the K split (`Split::Depth`), whose threads read the tokens their own earlier kernels
+///   wrote. Split over M or N every thread reads every token, and leaves its lines shared between the caches, so
+///   the kernel writing that buffer in the next step pays for taking them back. Timed alone the column split can
+///   win, so a race would pick it: in the batch-512 benchmark MLP step the `128 x 256 x 512` weight gradient (SGD
+///   update fused) ran 145 µs a launch split over N against 125 split over K, and the `512 x 128 x 10` input
+///   gradient that writes its A in the next step 32 against 12 µs (the step 1888 -> 1845 µs, three interleaved
+///   pairs, each candidate forced).
 ///
 /// The candidate set is part of the tuning key, so these records never mix with an isolated GEMM's.
 pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<GemmImpl> {
@@ -654,6 +664,11 @@ pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<Gemm
     let rows = |c: &GemmImpl| matches!(c, GemmImpl::Asm(c) if c.split == Split::Rows);
     if cx.output_read_later && v.batch.is_empty() && v.m >= TALL_ROWS && v.k * 4 <= v.m && all.iter().any(rows) {
         all.retain(|c| !cols(c));
+    }
+    let depth = |c: &GemmImpl| matches!(c, GemmImpl::Asm(c) if c.split == Split::Depth);
+    if cx.operand_written_here && v.a.rows == 1 && v.b.cols == 1 && all.iter().any(depth) {
+        all.retain(depth);
+        return all;
     }
     if cx.output_replaces_input && v.k <= UPDATE_MAX_K {
         let split_rows: Vec<GemmImpl> = all.iter().copied().filter(rows).collect();
@@ -697,13 +712,12 @@ pub const DEPTH_MIN_K_PER_PART: usize = 128;
 /// which the last pass reads back from that thread's cache.
 pub const DEPTH_MAX_C_BYTES: usize = 1 << 20;
 
-/// Whether the f32 generated kernels may split K between threads (`Split::Depth`): an unbatched GEMM whose epilogue
-/// is the accumulator (the partials are added after every thread's products), K long against both M and N (a sum
-/// over a step's tokens: a weight gradient `x^T dy`), at least two parts' worth of K, and a C within
-/// [`DEPTH_MAX_C_BYTES`].
+/// Whether the f32 generated kernels may split K between threads (`Split::Depth`): an unbatched GEMM, K long against
+/// both M and N (a sum over a step's tokens: a weight gradient `x^T dy`), at least two parts' worth of K, and a C
+/// within [`DEPTH_MAX_C_BYTES`]. Any epilogue: the partials are added after every thread's products, and an epilogue
+/// beyond the accumulator (an optimizer's update fused into its weight gradient) then runs as a pass over the sums.
 pub fn f32_depth_legal(v: &GemmView) -> bool {
     v.batch.is_empty()
-        && v.roles.len() <= 1
         && v.out == kiln_jit::DType::F32
         && v.k >= 2 * DEPTH_MIN_K_PER_PART
         && v.k >= 2 * v.m.max(v.n)

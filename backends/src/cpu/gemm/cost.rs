@@ -170,6 +170,10 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
     if c.split == Split::Depth && used > 1.0 {
         // The last pass: a thread's rows of C and of every partial read, its rows of C written.
         bytes += m * n * 4.0 * (used + 1.0) / used;
+        if v.roles.len() > 1 {
+            // The epilogue as a pass over the sums: a thread's rows of C read and written again.
+            bytes += m * n * 8.0 / used;
+        }
     }
     // A thread's traffic: its share of every batch element, or its whole ones.
     let elements = if whole { (batch / used).ceil() } else { batch };

@@ -12,7 +12,8 @@
 //! Threads take disjoint rectangles of C (column or row strips, per batch element), each with its own pack buffers,
 //! so results do not depend on timing; or, for a weight gradient summed over a step's tokens, shares of K
 //! (`config::Split::Depth`, `run_depth`: each thread over all of C into a partial of its own, the partials then added
-//! in thread order). Deliberately not done: packing shared between threads.
+//! in thread order, and an epilogue beyond the sum, such as an optimizer's update, applied after them as a pass).
+//! Deliberately not done: packing shared between threads.
 //!
 //! Three more candidates race the generated kernels: the `gemm` crate (`tune::library_gemm`), for a few rows against
 //! a weight stored N x K dot products (`dot`), and for a few rows against one stored K x N a split-K GEMV
@@ -158,7 +159,14 @@ impl CompiledGemm {
                 return Ok(g);
             }
         };
-        let program = g.epilogue_program(k, &epilogue);
+        let program = if c.split == Split::Depth {
+            // C holds thread 0's partial sums until the last pass has added the others' (`run_depth`): an epilogue
+            // beyond the accumulator runs after that, as a pass over the sums.
+            g.uses_pass = !is_identity(k);
+            asm::EpProgram::identity()
+        } else {
+            g.epilogue_program(k, &epilogue)
+        };
         match g.generate(c, &program, threads, cache) {
             Ok(()) => {}
             Err(_) if g.epilogue.is_some() => {
