@@ -288,7 +288,7 @@ fn splitk_candidate_on_ragged_input_gradient_shapes() {
 
 #[cfg(feature = "cpu")]
 /// The K split of the generated kernels (`Split::Depth`: a weight gradient `x^T dy`, each thread summing its share
-/// of the tokens) on ragged tiles and columns, K odd (the threads' shares of two lengths: at K blocks of 256, 513
+/// of the tokens) on ragged tiles and columns, a few rows (the skinny tiles), K odd (the threads' shares of two lengths: at K blocks of 256, 513
 /// splits into one block for the first thread and two for the second, so both the one-block and the blocked
 /// kernels run), A and B stored K-major or row-major, forced through `check_all_candidates`, which is asserted to
 /// include every K-split configuration, also with an epilogue (run as a pass over the summed partials). Not offered
@@ -300,7 +300,7 @@ fn depth_split_candidates_on_weight_gradient_shapes() {
     }
     let depth = |c: &GemmImpl| matches!(c, GemmImpl::Asm(c) if c.split == Split::Depth);
     let offered = |c: &Tensor| config::candidates(&GemmView::of(&gemm_kernel(c)).unwrap(), true);
-    for (m, n, k) in [(23, 45, 300), (64, 64, 513), (30, 128, 1000), (128, 7, 777)] {
+    for (m, n, k) in [(23, 45, 300), (64, 64, 513), (30, 128, 1000), (128, 7, 777), (10, 100, 520)] {
         let grad = rand(&[k, m], 41).t().matmul(&rand(&[k, n], 42));
         let name = format!("depth {m}x{n}x{k}");
         assert!(offered(&grad).iter().any(depth), "{name}: no K split offered");

@@ -453,8 +453,9 @@ pub fn candidates_for(v: &GemmView, library: bool, isas: &[Isa]) -> Vec<GemmImpl
     let skinny = v.m <= SKINNY_M;
     // K split: B packed only. Its B is an output gradient stored token by token, read in place a row apart per
     // k-step; forced in the GPT step (128 x 512 x 1024, K blocks of 256) packed B ran 546-581 µs a launch, in place
-    // 594-685 (the model had scored the two alike).
-    let depth = !skinny && f32_depth_legal(v);
+    // 594-685 (the model had scored the two alike). Skinny ones too: the benchmark MLP's last weight gradient (10 x
+    // 128 x 1024, its update fused) ran 39-41 µs a launch in the step on the `gemm` crate, 26-28 split over K.
+    let depth = f32_depth_legal(v);
     let small_b = v.k * v.n * 4 <= SMALL_B_BYTES;
     for &isa in isas {
         let lanes = isa.lanes();
