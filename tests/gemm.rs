@@ -300,7 +300,7 @@ fn depth_split_candidates_on_weight_gradient_shapes() {
     }
     let depth = |c: &GemmImpl| matches!(c, GemmImpl::Asm(c) if c.split == Split::Depth);
     let offered = |c: &Tensor| config::candidates(&GemmView::of(&gemm_kernel(c)).unwrap(), true);
-    for (m, n, k) in [(23, 45, 300), (64, 64, 513), (30, 128, 1000), (128, 7, 777), (10, 100, 520)] {
+    for (m, n, k) in [(23, 45, 300), (64, 64, 513), (30, 128, 1000), (128, 7, 777), (10, 100, 520), (300, 280, 400)] {
         let grad = rand(&[k, m], 41).t().matmul(&rand(&[k, n], 42));
         let name = format!("depth {m}x{n}x{k}");
         assert!(offered(&grad).iter().any(depth), "{name}: no K split offered");
