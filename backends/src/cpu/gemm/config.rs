@@ -715,10 +715,12 @@ pub const DEPTH_MAX_C_BYTES: usize = 1 << 20;
 
 /// Whether the f32 generated kernels may split K between threads (`Split::Depth`): an unbatched GEMM, K at least M
 /// and N (a sum over a step's tokens: a weight gradient `x^T dy`), at least two parts' worth of K, and a C within
-/// [`DEPTH_MAX_C_BYTES`]. (K at least twice them had left out the benchmark MLP's first weight gradient, `256 x 784 x
-/// 1024` with its SGD update: in the batch-1024 step it ran 1500-1583 µs a launch split over K against 1516-1643
-/// split over N, and the input gradient writing its A the next step 234-252 against 244-262.) Any epilogue: the partials are added after every thread's products, and an epilogue
-/// beyond the accumulator (an optimizer's update fused into its weight gradient) then runs as a pass over the sums.
+/// [`DEPTH_MAX_C_BYTES`]. Any epilogue: the partials are added after every thread's products, and an epilogue beyond
+/// the accumulator (an optimizer's update fused into its weight gradient) then runs as a pass over the sums.
+///
+/// K at least twice M and N had left out the benchmark MLP's first weight gradient (`256 x 784 x 1024` with its SGD
+/// update): in the batch-1024 step it ran 1500-1583 µs a launch split over K against 1516-1643 split over N, and
+/// the input gradient writing its A in the next step 234-252 against 244-262.
 pub fn f32_depth_legal(v: &GemmView) -> bool {
     v.batch.is_empty()
         && v.out == kiln_jit::DType::F32
