@@ -476,6 +476,22 @@ pub(crate) fn chunk_bounds(n: usize, chunks: usize, i: usize) -> (usize, usize) 
     (start, start + base + usize::from(i < extra))
 }
 
+/// Adds `count` partial results into `dst`, partial by partial in order, so the sums do not depend on which thread
+/// finished first: partial `t` is the `dst.len()` floats at `partials + t * stride`. What a launch split over K (or
+/// over a sum's rows) does with the shares its chunks summed apart (`chunk_bounds`).
+///
+/// # Safety
+/// Each partial must be valid for reading `dst.len()` floats and not overlap `dst`.
+pub(crate) unsafe fn add_partials(dst: &mut [f32], partials: *const f32, count: usize, stride: usize) {
+    for t in 0..count {
+        // SAFETY: the caller's contract.
+        let part = unsafe { std::slice::from_raw_parts(partials.wrapping_add(t * stride), dst.len()) };
+        for (d, s) in dst.iter_mut().zip(part) {
+            *d += *s;
+        }
+    }
+}
+
 /// How long to spin before parking (`limit`), and for how long of that without yielding the core (`pure`).
 #[derive(Clone, Copy, Debug)]
 struct Spin {

@@ -467,11 +467,9 @@ impl WideKernel {
         pool::global().parallel_for_work(parts, self.work, &f);
         // SAFETY: the output holds `n` f32 sums (an f32 column sum, `col_parts`), the partials `(parts - 1) * n`,
         // all written before `parallel_for_work` returned.
-        let out = unsafe { std::slice::from_raw_parts_mut(a.ptrs[self.n_inputs] as *mut f32, n) };
-        for part in partials.chunks_exact(n) {
-            for (o, p) in out.iter_mut().zip(part) {
-                *o += *p;
-            }
+        unsafe {
+            let out = std::slice::from_raw_parts_mut(a.ptrs[self.n_inputs] as *mut f32, n);
+            pool::add_partials(out, partials.as_ptr(), parts - 1, n);
         }
     }
 

@@ -69,13 +69,14 @@ pub enum Split {
     /// Row strips of C.
     Rows,
     /// K: each thread sums its share of K for all of C (the first thread into C, the others into f32 partials),
-    /// and a last pass adds the partials in thread order (and, bf16, rounds). Identity epilogues only.
+    /// and a last pass adds the partials in thread order (and, bf16, rounds).
     /// - bf16 (AMX): up to 16 rows against a weight from memory, where reading B is the cost and column strips
-    ///   read it in short runs a page apart (`depth_split_legal`).
+    ///   read it in short runs a page apart (`depth_split_legal`); identity epilogues only.
     /// - f32 (generated kernels): a weight gradient, `x^T dy` summed over a step's tokens (`f32_depth_legal`).
     ///   Thread `t` takes the `t`-th contiguous share of K, the tokens whose rows the step's row-split kernels
     ///   wrote on that same thread, so each thread reads its own cache's half of both operands; split over M or N,
-    ///   each thread reads every token, half of them from the other core's cache.
+    ///   each thread reads every token, half of them from the other core's cache. Any epilogue, run as a pass
+    ///   over the sums.
     Depth,
 }
 
@@ -667,7 +668,7 @@ pub fn step_candidates(v: &GemmView, library: bool, cx: StepContext) -> Vec<Gemm
         all.retain(|c| !cols(c));
     }
     let depth = |c: &GemmImpl| matches!(c, GemmImpl::Asm(c) if c.split == Split::Depth);
-    if cx.operand_written_here && v.a.rows == 1 && v.b.cols == 1 && all.iter().any(depth) {
+    if cx.operand_written_here && over_tokens(v) && all.iter().any(depth) {
         all.retain(depth);
         return all;
     }
@@ -727,6 +728,13 @@ pub fn f32_depth_legal(v: &GemmView) -> bool {
         && v.k >= 2 * DEPTH_MIN_K_PER_PART
         && v.k >= v.m.max(v.n)
         && v.m * v.n * 4 <= DEPTH_MAX_C_BYTES
+}
+
+/// Whether `v` is a weight gradient summed over a step's tokens (`x^T dy`): A and B stored token by token (K-major
+/// A, row-major B) and the K split legal. The plan offers such a product the K split alone (`step_candidates`),
+/// and the cost model prices its other splits for reading tokens the other core wrote (`cost::tokens_split_factor`).
+pub fn over_tokens(v: &GemmView) -> bool {
+    v.a.rows == 1 && v.b.cols == 1 && f32_depth_legal(v)
 }
 
 /// Whether every displacement the kernels need fits an i32 (a stride of a huge matrix might not).

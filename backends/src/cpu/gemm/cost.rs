@@ -188,8 +188,7 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
 /// 128 x 1024 602 -> 546 µs a launch with the K split, 384 x 128 x 1024 455 -> 389, 128 x 128 x 1024 182 -> 144;
 /// 128 x 512 x 1024, which the model had ranked split over N, 627-689 against 524-607 with it forced.
 pub(super) fn tokens_split_factor(v: &GemmView, c: &GemmConfig, used: f64) -> f64 {
-    let over_tokens = v.a.rows == 1 && v.b.cols == 1 && super::config::f32_depth_legal(v);
-    if c.split != Split::Depth && used > 1.0 && over_tokens { 0.9 } else { 1.0 }
+    if c.split != Split::Depth && used > 1.0 && super::config::over_tokens(v) { 0.9 } else { 1.0 }
 }
 
 /// How efficiently `c`'s register tiles cover an `m x n` C: the useful elements over the tiles' work, each tile's

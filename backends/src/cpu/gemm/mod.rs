@@ -538,16 +538,11 @@ impl CompiledGemm {
         pool::global().parallel_for_work(parts, (v.flops() / 2.0) as usize, &sum);
         let out = tune::SendPtr(cx.c);
         let add = |lo: usize, hi: usize| {
-            // SAFETY: rows lo..hi of C (M x N, dense: the kernels' `ldc`) and of each partial; the threads' rows
-            // are disjoint, and every partial was written before `parallel_for_work` returned.
-            let row = |p: *mut f32, r: usize| unsafe { std::slice::from_raw_parts_mut(p.add(r * n), n) };
-            for r in lo..hi {
-                let dst = row(out.get(), r);
-                for t in 1..parts {
-                    for (d, s) in dst.iter_mut().zip(row(base.get().wrapping_add((t - 1) * m * n), r).iter()) {
-                        *d += *s;
-                    }
-                }
+            // SAFETY: rows lo..hi of C (M x N, dense: the kernels' `ldc`) and of each partial (M x N apart); the
+            // threads' rows are disjoint, and every partial was written before `parallel_for_work` returned.
+            unsafe {
+                let dst = std::slice::from_raw_parts_mut(out.get().add(lo * n), (hi - lo) * n);
+                pool::add_partials(dst, base.get().wrapping_add(lo * n), parts - 1, m * n);
             }
         };
         pool::global().parallel_for_work(m, m * n * parts, &add);
