@@ -19,10 +19,11 @@
 //!
 //! Registers: accumulators are ymm0.. (mr*nv of them), then nv B registers (a 1-row kernel uses memory-operand FMAs
 //! instead), then one broadcast register; the epilogue allocates its temporaries from whatever the accumulators
-//! leave free. Scratch GPRs are rax, r9, r10, r11 (caller-saved in SysV, which is pinned: Win64 would need xmm6-15
-//! saved). Every kernel ends with `vzeroupper` (the host Rust is SSE code). Constants an epilogue reads (`exp`'s
-//! polynomial) sit after the kernel's `ret` as 32-byte vectors, addressed relative to the instruction pointer
-//! (`ConstPool`), so the code stays position independent.
+//! leave free. Scratch GPRs are rax, r9, r10, r11 (caller-saved in SysV, which is pinned: Win64 would need
+//! xmm6-15 saved); in the K loop r10 and r11 walk the C tile's prefetch (`k_loop`). Every kernel ends with
+//! `vzeroupper` (the host Rust is SSE code). Constants an epilogue reads (`exp`'s polynomial) sit after the kernel's
+//! `ret` as 32-byte vectors, addressed relative to the instruction pointer (`ConstPool`), so the code stays position
+//! independent.
 //!
 //! Pitfall (dynasm 5.1): `vbroadcastss ymm, [mem]` silently encodes the 128-bit form; `vpbroadcastd` is used.
 
@@ -273,17 +274,9 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
     let b0 = nacc as u8;
     let areg = 15u8;
     let (mr, nv) = (s.mr, s.nv);
-    // Prologue: zero the accumulators, prefetch the C tile (it is read or written at the end).
+    // Prologue: zero the accumulators (the K loop prefetches the C tile, see `k_loop`).
     for i in 0..nacc as u8 {
         dynasm!(ops ; .arch x64 ; vxorps Ry(i), Ry(i), Ry(i));
-    }
-    for r in 0..mr {
-        let d = r as i32 * s.ldc;
-        dynasm!(ops ; .arch x64 ; prefetcht0 [rdx + d]);
-        if nv > 2 {
-            let d2 = d + 64;
-            dynasm!(ops ; .arch x64 ; prefetcht0 [rdx + d2]);
-        }
     }
     let step = |ops: &mut Assembler, u: usize| {
         let bk = u as i32 * s.b_ks;
@@ -358,20 +351,39 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
 
 /// The K loop every micro-kernel runs (either family): `step(ops, u)` emits k-step `u` of an unrolled iteration,
 /// addressing A and B at `u` steps past rdi and rsi; the loop runs `k / unroll` such iterations (rcx = k), then the
-/// remainder one step at a time. Uses rax.
+/// remainder one step at a time. Uses rax, and r10 and r11 for the C tile's prefetch.
+///
+/// The C tile (rdx, stored or accumulated into after the loop) is prefetched one row per iteration, its rows in
+/// turn (r11 walks them, r10 marks the end, then r11 starts over: rows already in L1 cost a prefetch that hits).
+/// Why spread: a 14 x 32 tile is 28 lines, more than the core's line fill buffers (16 on the Xeon guest). All 28
+/// prefetched at the kernel's start measured slower than no prefetch at all with C in cache, and a GEMM writing a C
+/// that had left the caches (a training step's outputs) ran ~15 % slower than with C in cache at K = 128; spread,
+/// both are faster (docs/benchmarks.md, "The C tile's prefetch").
 pub(crate) fn k_loop(ops: &mut Assembler, s: &MicroSpec, step: &dyn Fn(&mut Assembler, usize)) {
     let u = s.unroll;
     let (main, main_end, rem, done) =
         (ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label());
     let (a_adv, b_adv) = (u as i32 * s.a_ks, u as i32 * s.b_ks);
     let shift = u.trailing_zeros() as i8;
+    let (tile_end, ldc) = (s.mr as i32 * s.ldc, s.ldc);
+    // A row of the tile: `nv` vectors of 32 or 64 bytes.
+    let row_lines = (s.nv * s.isa.lanes() * 4).div_ceil(64) as i32;
+    let prefetch_c_row = |ops: &mut Assembler| {
+        for line in 0..row_lines {
+            dynasm!(ops ; .arch x64 ; prefetcht0 [r11 + 64 * line]);
+        }
+        dynasm!(ops ; .arch x64 ; add r11, ldc ; cmp r11, r10 ; cmovae r11, rdx);
+    };
     dynasm!(ops ; .arch x64
+        ; mov r11, rdx
+        ; lea r10, [rdx + tile_end]
         ; mov rax, rcx
         ; shr rax, shift
         ; test rax, rax
         ; jz =>main_end
         ; =>main
     );
+    prefetch_c_row(ops);
     for i in 0..u {
         step(ops, i);
     }
@@ -386,6 +398,7 @@ pub(crate) fn k_loop(ops: &mut Assembler, s: &MicroSpec, step: &dyn Fn(&mut Asse
         ; jz =>done
         ; =>rem
     );
+    prefetch_c_row(ops);
     step(ops, 0);
     let (a1, b1) = (s.a_ks, s.b_ks);
     dynasm!(ops ; .arch x64

@@ -179,13 +179,8 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
     let start = ops.offset();
     let b0 = nacc as u8;
     let (mr, nv) = (s.mr, s.nv);
+    // The K loop prefetches the C tile (`k_loop`).
     put(ops, |e| (0..nacc as u8).for_each(|i| e.zero(i)));
-    for r in 0..mr {
-        for line in 0..nv {
-            let d = r as i32 * s.ldc + 64 * line as i32;
-            dynasm!(ops ; .arch x64 ; prefetcht0 [rdx + d]);
-        }
-    }
     let step = |ops: &mut Assembler, u: usize| {
         let bk = u as i32 * s.b_ks;
         let ak = u as i32 * s.a_ks;
