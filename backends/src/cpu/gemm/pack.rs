@@ -129,6 +129,12 @@ pub unsafe fn pack_b(dst: *mut f32, src: *const f32, ks: i64, ns: i64, n0: usize
 /// rows) defeat the hardware prefetchers, which stop at page boundaries, so each line's first misses were waited
 /// for: packing a 64 x 4096 x 4096 GEMM's weight (f32, from memory, 2 threads, the kernels skipped) took 4.7 ms
 /// without, 3.8 ms with 4 lines ahead, 3.9-4.0 with 8 and 4.2-4.3 with 16; the whole GEMM 10.7 -> 10.35 ms.
+///
+/// The prefetches go to L2 (`prefetcht1`), not L1. The likely reason that pays: a prefetch to L1 holds one of the
+/// core's few line fill buffers until its line arrives from memory, and the copy's own loads wait for them. The
+/// whole 64 x 4096 x 4096 GEMM, weights cycled from memory, three interleaved rounds (ms, fastest / median of 24
+/// calls): to L1 9.88-9.92 / 9.99-10.03, to L2 9.52-9.64 / 9.66-9.72 (2 to 8 lines ahead alike); a 128 x 512 x 1024
+/// weight gradient packing a B out of the caches 0.485-0.497 -> 0.475-0.492; B in cache (1024^3) the same.
 const PREFETCH_LINES: i64 = 4;
 
 /// Packs `panels` full panels of width `w` from `kb` lines (line `k` at `src + k * ks`, panel `p`'s elements at
@@ -149,7 +155,7 @@ unsafe fn copy_lines_to_panels(dst: *mut f32, w: usize, panels: usize, src: *con
     /// As for the caller.
     #[target_feature(enable = "avx2")]
     unsafe fn fixed<const W: usize>(dst: *mut f32, panels: usize, src: *const f32, ks: i64, kb: usize) {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
         for k in 0..kb {
             // SAFETY: line k holds `panels * W` readable floats, and line k of each panel `W` writable ones, per
             // the caller; unaligned accesses, as the buffers are only f32-aligned.
@@ -160,7 +166,7 @@ unsafe fn copy_lines_to_panels(dst: *mut f32, w: usize, panels: usize, src: *con
                     // The same bytes `PREFETCH_LINES` lines on (a prefetch never faults, so past the last line
                     // it is harmless).
                     for byte in (0..W * 4).step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(p * W * 4 + byte));
+                        _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(p * W * 4 + byte));
                     }
                     let v = (line.add(p * W) as *const [f32; W]).read_unaligned();
                     (dst.add((p * kb + k) * W) as *mut [f32; W]).write_unaligned(v);
