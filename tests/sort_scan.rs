@@ -29,6 +29,61 @@ fn up(d: DType, v: &[f64], shape: &[usize], dev: &Device) -> Tensor {
     tensor(d, v, shape).to_device(dev).expect("upload")
 }
 
+/// Checks `x` (`rows x n`, values `v` row-major) sorted along its rows in both directions against the reference
+/// (indices, values, the index dtype), and `t.topk(k, 0, largest)` against the first `k` of each column's order,
+/// where `columns[c]` lists column `c` of `t` (2-d).
+#[allow(clippy::too_many_arguments)]
+fn check_sorts(
+    dev: &Device,
+    d: DType,
+    x: &Tensor,
+    v: &[f64],
+    (rows, n): (usize, usize),
+    t: &Tensor,
+    columns: &[Vec<f64>],
+    (k, largest): (usize, bool),
+    failures: &mut Vec<String>,
+) {
+    for descending in [false, true] {
+        let (values, indices) = x.sort(-1, descending);
+        let (got_i, got_v) = (values_of(&indices), values_of(&values));
+        for row in 0..rows {
+            let slice = &v[row * n..(row + 1) * n];
+            let want = reference_order(slice, descending);
+            let gi: Vec<usize> = got_i[row * n..(row + 1) * n].iter().map(|&i| i as usize).collect();
+            if let Some(at) = (0..n).find(|&i| gi[i] != want[i]) {
+                failures.push(format!(
+                    "[{dev}] {d} sort desc={descending} row {row}: position {at} holds {} want {}",
+                    gi[at], want[at]
+                ));
+            }
+            let same = got_v[row * n..(row + 1) * n]
+                .iter()
+                .zip(want.iter().map(|&i| slice[i]))
+                .all(|(&a, b)| a == b || a.is_nan() && b.is_nan());
+            if !same {
+                failures.push(format!("[{dev}] {d} sorted values desc={descending} row {row}"));
+            }
+        }
+        if indices.dtype() != if dev.supports(I64) { I64 } else { I32 } {
+            failures.push(format!("[{dev}] {d} indices are {}", indices.dtype()));
+        }
+    }
+    let (tv, ti) = t.topk(k, 0, largest);
+    let (tv, ti) = (values_of(&tv), values_of(&ti));
+    let cols = columns.len();
+    for (col, column) in columns.iter().enumerate() {
+        let want = reference_order(column, largest);
+        for i in 0..k {
+            let (gi, gv) = (ti[i * cols + col] as usize, tv[i * cols + col]);
+            let wv = column[want[i]];
+            if gi != want[i] || !(gv == wv || gv.is_nan() && wv.is_nan()) {
+                failures.push(format!("[{dev}] {d} topk col {col} #{i}: ({gi}, {gv}) want ({}, {wv})", want[i]));
+            }
+        }
+    }
+}
+
 #[test]
 fn sort_argsort_and_topk_match_a_stable_reference_on_every_device() {
     let mut failures = Vec::new();
@@ -48,47 +103,63 @@ fn sort_argsort_and_topk_match_a_stable_reference_on_every_device() {
                 v[80] = -0.5;
             }
             let x = up(d, &v, &[rows, n], &dev);
-            for descending in [false, true] {
-                let (values, indices) = x.sort(-1, descending);
-                let got_i = values_of(&indices);
-                let got_v = values_of(&values);
-                for row in 0..rows {
-                    let slice = &v[row * n..(row + 1) * n];
-                    let want = reference_order(slice, descending);
-                    let gi: Vec<usize> = got_i[row * n..(row + 1) * n].iter().map(|&i| i as usize).collect();
-                    if gi != want {
-                        failures.push(format!("[{dev}] {d} sort desc={descending} row {row}: {gi:?} want {want:?}"));
-                    }
-                    let wv: Vec<f64> = want.iter().map(|&i| slice[i]).collect();
-                    let same =
-                        got_v[row * n..(row + 1) * n].iter().zip(&wv).all(|(a, b)| a == b || a.is_nan() && b.is_nan());
-                    if !same {
-                        failures.push(format!("[{dev}] {d} sorted values desc={descending} row {row}"));
-                    }
-                }
-                if indices.dtype() != if dev.supports(I64) { I64 } else { I32 } {
-                    failures.push(format!("[{dev}] {d} indices are {}", indices.dtype()));
-                }
-            }
-            // topk: the first k of the descending (or ascending) stable order, along dim 0 here.
-            let (tv, ti) = x.topk(2, 0, true);
-            let ti = values_of(&ti);
-            let tv = values_of(&tv);
-            for col in 0..n {
-                let column: Vec<f64> = (0..rows).map(|r| v[r * n + col]).collect();
-                let want = reference_order(&column, true);
-                for k in 0..2 {
-                    let (gi, gv) = (ti[k * n + col] as usize, tv[k * n + col]);
-                    let wv = column[want[k]];
-                    if gi != want[k] || !(gv == wv || gv.is_nan() && wv.is_nan()) {
-                        failures
-                            .push(format!("[{dev}] {d} topk col {col} #{k}: ({gi}, {gv}) want ({}, {wv})", want[k]));
-                    }
-                }
-            }
+            // topk along dim 0: columns of `rows`.
+            let columns: Vec<Vec<f64>> = (0..n).map(|c| (0..rows).map(|r| v[r * n + c]).collect()).collect();
+            check_sorts(&dev, d, &x, &v, (rows, n), &x, &columns, (2, true), &mut failures);
         }
     }
     assert!(failures.is_empty(), "{} failures:\n  {}", failures.len(), failures.join("\n  "));
+}
+
+/// Rows past `BITONIC_MIN` sort through the bitonic network (padded to a power of two): the same checks, along the
+/// last dim and along dim 0 of the transpose (`topk` over columns of 2100).
+#[test]
+fn long_rows_sort_through_the_network_like_the_reference_on_every_device() {
+    let mut failures = Vec::new();
+    // Past the network's threshold (`BITONIC_MIN`, 2048, in src/ops/sorting.rs); 4096 slots, 78 stages.
+    let (rows, n) = (2, 2100);
+    for dev in devices() {
+        for d in [F32, I32] {
+            if !runs_on(&dev, &[d]) {
+                continue;
+            }
+            // Small integers: long runs of ties, which only the index order separates.
+            let mut r = Rng(d as u64 + 29);
+            let mut v: Vec<f64> = (0..rows * n).map(|_| (r.next_u64() % 97) as f64 - 40.0).collect();
+            if d.is_float() {
+                for i in [7, 300, n + 11] {
+                    v[i] = f64::NAN;
+                }
+                v[n + 12] = f64::NEG_INFINITY;
+                v[n - 1] = f64::INFINITY;
+            }
+            let x = up(d, &v, &[rows, n], &dev);
+            let columns: Vec<Vec<f64>> = v.chunks(n).map(<[f64]>::to_vec).collect();
+            check_sorts(&dev, d, &x, &v, (rows, n), &x.t(), &columns, (5, false), &mut failures);
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n  {}", failures.len(), failures.join("\n  "));
+}
+
+/// The gradient of the sorted values of a long row reaches each element at its place: `d/dx sum(sort(x) * w)` is
+/// `w[place(i)]` at element `i` (the values are a gather by the network's indices, as for short rows).
+#[test]
+fn long_row_sort_gradient_follows_the_network_order_on_every_device() {
+    let n = 2100;
+    let mut r = Rng(5);
+    let v: Vec<f64> = (0..n).map(|_| (r.next_u64() % 1_000_000) as f64 / 8.0 - 60_000.0).collect();
+    let w: Vec<f64> = (0..n).map(|i| (i % 13) as f64 - 6.0).collect();
+    for dev in devices() {
+        let x = up(F32, &v, &[1, n], &dev).requires_grad();
+        let (values, indices) = x.sort(-1, true);
+        let loss = values.mul(up(F32, &w, &[1, n], &dev)).sum_all();
+        let grads = loss.backward().expect("backward");
+        let g = values_of(grads.get(&x).expect("gradient"));
+        let order = values_of(&indices);
+        for (p, &i) in order.iter().enumerate() {
+            assert_eq!(g[i as usize], w[p], "[{dev}] element {i} at place {p}");
+        }
+    }
 }
 
 /// The values of a tensor as f64, through the host.
