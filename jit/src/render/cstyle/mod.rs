@@ -96,6 +96,11 @@ pub trait Dialect {
 
     /// `t` where `c` holds, else `f`.
     fn select(&self, f: &str, t: &str, c: &str) -> String;
+    /// The remainder of integers `x` and `y` of computed dtype `d`, truncated as C's `%` (the sign of `x`); `y` is
+    /// never zero here.
+    fn int_rem(&self, x: &str, y: &str, _d: DType) -> String {
+        format!("{x} % {y}")
+    }
     /// `v` converted to dtype `to`: ints to floats by value, between ints keeping the low bits.
     fn convert(&self, to: DType, v: &str) -> String;
     /// The bits of `v` read as dtype `to` (of the same width).

@@ -251,7 +251,7 @@ impl<D: Dialect> Emitter<'_, D> {
                     // As eval: x % 0 is 0 (i32::MIN % -1 is 0 on every target, as in eval).
                     Rem => {
                         let safe = dl.select(y, &dl.int_lit(1, d), &format!("{y} == {zero}"));
-                        dl.select(&format!("{x} % {safe}"), &zero, &format!("{y} == {zero}"))
+                        dl.select(&dl.int_rem(x, &safe, d), &zero, &format!("{y} == {zero}"))
                     }
                     Max => format!("{}({x}, {y})", dl.builtin(Builtin::Max, d)),
                     Min => format!("{}({x}, {y})", dl.builtin(Builtin::Min, d)),

@@ -104,6 +104,17 @@ impl Dialect for Wgsl {
         format!("select({f}, {t}, {c})")
     }
 
+    /// On magnitudes for i32: WGSL defines `%` on negative operands as C does, but naga writes it to GLSL as `%`,
+    /// whose result GLSL leaves undefined for negative operands, and llvmpipe's GL computed it unsigned (`-7 % 3`
+    /// gave 0). `u32(abs(x))` is `|x|` even for `i32::MIN` (its bits).
+    fn int_rem(&self, x: &str, y: &str, d: DType) -> String {
+        if narrow(d) != DType::I32 {
+            return format!("{x} % {y}");
+        }
+        let r = format!("i32(u32(abs({x})) % u32(abs({y})))");
+        format!("select({r}, -{r}, {x} < 0i)")
+    }
+
     /// WGSL's `i32(u32)` and `u32(i32)` keep the bits, `f32(int)` converts the value.
     fn convert(&self, to: DType, v: &str) -> String {
         format!("{}({v})", ty(to))
