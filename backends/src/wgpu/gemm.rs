@@ -232,6 +232,7 @@ pub fn gemm_candidates() -> Result<Vec<GemmTile>, String> {
 pub fn run_gemm_with(k: &KernelIr, tile: GemmTile, inputs: &[&HostBuffer]) -> Result<HostBuffer, String> {
     let b = super::backend().map_err(|e| e.to_string())?;
     let ctx = &b.ctx;
+    let _turn = ctx.exclusive();
     let view = GemmView::of(k).ok_or("not a GEMM")?;
     if !tiles::legal(&tile, &ctx.tile_limits()) {
         return Err(format!("tile {} is not legal on this adapter", tile.name()));

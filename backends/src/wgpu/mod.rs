@@ -29,6 +29,12 @@
 //! GEMM kernels (`kernel::gemm::GemmView`) run as the tiled WGSL template in a tile the autotuner picks (`gemm.rs`)
 //! among those legal on the adapter (`tiles.rs`: the search space and its score).
 //!
+//! On an OpenGL adapter every entry point (compile, upload, download, synchronize, and each step of a run) holds
+//! `Ctx::exclusive` first. wgpu's GL backend has one context, locked per call with a timeout (6 s) after which it
+//! panics ("Could not lock adapter context", gfx-rs/wgpu#5299): on llvmpipe a wait for a long run, or a large
+//! shader's compile with both cores busy, holds it longer than that, and a second thread's call panicked. Serialized
+//! in kiln first, the second thread waits without a timeout; GL had run one call at a time anyway.
+//!
 //! Deliberately not done yet: bind groups are created per launch per run (a cache keyed by buffer identities would
 //! save them on replay); `KILN_PROFILE` does not time wgpu launches (it would need timestamp queries).
 
@@ -70,6 +76,9 @@ pub(crate) struct Ctx {
     pool: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
     layouts: Mutex<HashMap<(usize, bool, bool), Arc<Layout>>>,
+    /// Held by every entry point on an OpenGL adapter (`exclusive`; the module doc says why); `None` elsewhere.
+    /// Reentrant: a compile allocates, and a tuning run inside a compile uploads.
+    gl_calls: Option<parking_lot::ReentrantMutex<()>>,
 }
 
 pub(crate) struct Layout {
@@ -140,6 +149,7 @@ fn init() -> Result<WgpuBackend, String> {
     .map_err(|e| format!("the {} adapter {} refused a device: {e}", info.backend, info.name))?;
     // Errors outside an error scope (none are expected: compile catches its own) go to stderr, not to a panic.
     device.on_uncaptured_error(Arc::new(|e| eprintln!("kiln: wgpu error: {e}")));
+    let gl_calls = (info.backend == wgpu::Backend::Gl).then(|| parking_lot::ReentrantMutex::new(()));
     let ctx = Ctx {
         device,
         queue,
@@ -150,6 +160,7 @@ fn init() -> Result<WgpuBackend, String> {
         pool: Mutex::new(HashMap::new()),
         pipelines: Mutex::new(HashMap::new()),
         layouts: Mutex::new(HashMap::new()),
+        gl_calls,
     };
     Ok(WgpuBackend { ctx: Arc::new(ctx) })
 }
@@ -299,6 +310,20 @@ impl Drop for DeviceBuffer {
 }
 
 impl Ctx {
+    /// This thread's turn at the device, on an OpenGL adapter (the module doc says why); `None` elsewhere, where
+    /// wgpu takes calls from several threads at once.
+    pub(crate) fn exclusive(&self) -> Option<parking_lot::ReentrantMutexGuard<'_, ()>> {
+        self.gl_calls.as_ref().map(|m| m.lock())
+    }
+
+    /// The most buffers a kernel may read here (the schedule's rule 8): the adapter's storage buffers per shader
+    /// stage less the output, random-number keys and fault record every kernel may bind, within the schedule's
+    /// default. OpenGL adapters allow 16 (llvmpipe), Vulkan's lavapipe 32.
+    pub(crate) fn max_kernel_inputs(&self) -> usize {
+        let bindings = self.limits.max_storage_buffers_per_shader_stage as usize;
+        bindings.saturating_sub(3).clamp(2, kiln_jit::kernel::schedule::MAX_KERNEL_INPUTS)
+    }
+
     /// A pooled buffer for `len` elements of `dtype` (contents undefined).
     pub(crate) fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<DeviceBuffer, BackendError> {
         let bytes = crate::pool_bucket(len * wgsl::WORD) as u64;
@@ -531,10 +556,12 @@ impl Backend for WgpuBackend {
     }
 
     fn compile(&self, graph: &Graph) -> Result<Box<dyn Executable>, BackendError> {
+        let _turn = self.ctx.exclusive();
         plan::compile(self, graph)
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
+        let _turn = self.ctx.exclusive();
         self.ctx.wait()
     }
 
@@ -543,6 +570,7 @@ impl Backend for WgpuBackend {
             return Err(unsupported(data.dtype()));
         }
         let words = to_words(&data)?;
+        let _turn = self.ctx.exclusive();
         let b = self.ctx.alloc(data.dtype(), data.len())?;
         if !words.is_empty() {
             self.ctx.queue.write_buffer(b.raw(), 0, &words);
@@ -555,6 +583,7 @@ impl Backend for WgpuBackend {
         if b.len == 0 {
             return Ok(from_words(b.dtype, &[], 0));
         }
+        let _turn = self.ctx.exclusive();
         let bytes = self.ctx.read_words(b.raw(), b.len)?;
         Ok(from_words(b.dtype, &bytes, b.len))
     }

@@ -54,8 +54,12 @@ pub(super) fn compile(backend: &WgpuBackend, graph: &Graph) -> Result<Box<dyn Ex
         }
     }
     // The tiled GEMM stages any operand strides through workgroup memory, so a transposed weight is read in
-    // place rather than copied every step.
-    let opts = kiln_jit::kernel::ScheduleOptions { transpose_copy: !gemm::tiled_enabled(), ..Default::default() };
+    // place rather than copied every step. Kernels read no more buffers than the adapter binds.
+    let opts = kiln_jit::kernel::ScheduleOptions {
+        transpose_copy: !gemm::tiled_enabled(),
+        max_inputs: ctx.max_kernel_inputs(),
+        ..Default::default()
+    };
     let plan: KernelPlan = kiln_jit::kernel::schedule_with(graph, opts);
     crate::gpu_check::note(&plan).map_err(err)?;
     crate::gpu_cache::precompile(graph).map_err(err)?;
@@ -164,6 +168,7 @@ impl DevicePlan for WgpuPlan {
     }
 
     fn alloc(&self, dtype: DType, len: usize) -> Result<Buffer, BackendError> {
+        let _turn = self.ctx.exclusive();
         Ok(Buffer::Wgpu(self.ctx.alloc(dtype, len)?))
     }
 
@@ -175,6 +180,7 @@ impl DevicePlan for WgpuPlan {
         rng: &[RngKey],
     ) -> Result<WgpuRun, BackendError> {
         let ctx = &self.ctx;
+        let _turn = ctx.exclusive();
         let outputs: Vec<wgpu::Buffer> = outputs.iter().map(|b| raw(b).clone()).collect();
         let inputs: Vec<wgpu::Buffer> = (0..inputs.len())
             .map(|i| match run.output_of_input(i) {
@@ -260,6 +266,7 @@ impl DevicePlan for WgpuPlan {
             bufs.push(f.raw());
         }
         let pipeline = donating.map_or(&l.pipeline, |(p, _, _)| p);
+        let _turn = self.ctx.exclusive();
         self.ctx.dispatch(pass, pipeline, &bufs, l.groups);
         if crate::profile::profiling() {
             // Submit what is recorded so far (this launch last), wait for it, and go on in a new encoder
@@ -278,6 +285,7 @@ impl DevicePlan for WgpuPlan {
     }
 
     fn finish(&self, st: WgpuRun, _outputs: &mut [Buffer]) -> Result<(), BackendError> {
+        let _turn = self.ctx.exclusive();
         let WgpuRun { pass, enc, fault, .. } = st;
         drop(pass); // the pass must end before its encoder finishes
         self.ctx.queue.submit([enc.finish()]);

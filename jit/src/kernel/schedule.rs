@@ -32,8 +32,9 @@
 //!    loops split where that makes them affine (`loop_split.rs`): same elements, same order, no division per
 //!    element, and vector loads along the innermost loop.
 //!
-//! 8. A kernel reads at most [`MAX_KERNEL_INPUTS`] buffers: past that, nodes inlined into it are stored
-//!    (`cut_point`, as many as bring it within the budget) and the graph scheduled again.
+//! 8. A kernel reads at most [`MAX_KERNEL_INPUTS`] buffers (fewer where the backend binds fewer,
+//!    `ScheduleOptions::max_inputs`): past that, nodes inlined into it are stored (`cut_point`, as many as bring it
+//!    within the budget) and the graph scheduled again.
 //!
 //! Deliberately not done yet: multi-output kernels (two reductions of the same input, both stored, run as two
 //! kernels).
@@ -49,10 +50,11 @@ use petgraph::stable_graph::NodeIndex;
 use petgraph::visit::NodeIndexable;
 use std::collections::HashMap;
 
-/// The most buffers one kernel reads (rule 8). With its output, random-number keys and fault record that is at
-/// most 27 bindings: within every desktop wgpu adapter's storage buffers per shader stage (Metal's 31, lavapipe's
-/// 32), where a gradient norm over a 4-layer GPT's 52 parameters, one sum over 52 stored norms, had asked for 53.
-/// Every device gets the same plans, so the bound is one constant rather than the adapter's own limit.
+/// The most buffers one kernel reads (rule 8), unless the backend asks for fewer (`ScheduleOptions::max_inputs`).
+/// With its output, random-number keys and fault record that is at most 27 bindings: within every desktop wgpu
+/// adapter's storage buffers per shader stage on Vulkan and Metal (Metal's 31, lavapipe's 32), where a gradient norm
+/// over a 4-layer GPT's 52 parameters, one sum over 52 stored norms, had asked for 53. Not the largest budget any
+/// device allows: the CPU and CUDA could take more, and a device whose plans differ only here gains nothing by it.
 pub const MAX_KERNEL_INPUTS: usize = 24;
 
 /// Recompute a multi-use value instead of storing it when it costs at most this many ALU ops per element.
@@ -265,6 +267,9 @@ pub struct ScheduleOptions {
     /// Rule 2f with a zero padding folded into the patched B (`gemm::Patch::ranges`): the backend packs what lies
     /// inside it and zeros the rest, so the padded input is not stored.
     pub patched_pad: bool,
+    /// Rule 8's budget: the most buffers one kernel reads. [`MAX_KERNEL_INPUTS`] unless the device binds fewer
+    /// (wgpu on an OpenGL adapter: 16 storage buffers per shader stage, so at most 13 inputs).
+    pub max_inputs: usize,
 }
 
 impl Default for ScheduleOptions {
@@ -279,6 +284,7 @@ impl Default for ScheduleOptions {
             f16_gemm: false,
             patched_b: None,
             patched_pad: false,
+            max_inputs: MAX_KERNEL_INPUTS,
         }
     }
 }
@@ -760,7 +766,7 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
         let split = if reduces { split_full_reduction(&ir) } else { None };
         (k, ir, reads, split)
     };
-    // Rule 8: at most `MAX_KERNEL_INPUTS` buffers read per kernel (a split reduction's combining kernel reads its
+    // Rule 8: at most `opts.max_inputs` buffers read per kernel (a split reduction's combining kernel reads its
     // partials too). A kernel reads some of the stored nodes its inlined code reaches (`region_reads`), so only
     // those reaching more than the budget less one are lowered to count their reads, before any other kernel is:
     // a round that stores more nodes is redone without having lowered the plan (a GPT step's gradient norm over 52
@@ -771,21 +777,22 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     let mut memo = HashMap::new();
     // The kernels lowered here, kept for the plan when the round passes.
     let mut counted = HashMap::new();
+    let budget = opts.max_inputs;
     for &k in &kernels {
-        if region_reads(graph, k, &mat, &mut memo).len() < MAX_KERNEL_INPUTS {
+        if region_reads(graph, k, &mat, &mut memo).len() < budget {
             continue;
         }
         let launch = counted.entry(k).or_insert_with(|| lowered(k));
         let extra = launch.3.is_some() as usize;
-        if launch.2.len() + extra <= MAX_KERNEL_INPUTS {
+        if launch.2.len() + extra <= budget {
             continue;
         }
         let (mut stored, mut pins) = (mat.clone(), pinned.to_vec());
-        while let Some(cut) = cut_point(graph, k, &stored, &pins) {
+        while let Some(cut) = cut_point(graph, k, &stored, &pins, budget) {
             cuts.push(cut);
             stored[cut.index()] = true;
             pins[cut.index()] = true;
-            if region_reads(graph, k, &stored, &mut HashMap::new()).len() + extra <= MAX_KERNEL_INPUTS {
+            if region_reads(graph, k, &stored, &mut HashMap::new()).len() + extra <= budget {
                 break;
             }
         }
@@ -869,11 +876,12 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
     Ok(KernelPlan { launches, temps, outputs, passthrough })
 }
 
-/// The node to store so that kernel `k`, over its buffer budget, reads fewer buffers (rule 8): of the nodes inlined
+/// The node to store so that kernel `k`, over its `budget` of buffers, reads fewer (rule 8): of the nodes inlined
 /// into it that read at least two buffers, the one reading the most that still fits the budget once stored (a
-/// chain of 50 adds of stored tensors is cut every 23 adds), else the one reading the fewest. `None` when no such
-/// node is left (then the plan keeps the kernel, and a device with fewer bindings refuses it by name).
-fn cut_point(graph: &Graph, k: NodeIndex, mat: &[bool], pinned: &[bool]) -> Option<NodeIndex> {
+/// chain of 50 adds of stored tensors is cut every 23 adds at the default budget), else the one reading the fewest.
+/// `None` when no such node is left (then the plan keeps the kernel, and a device with fewer bindings refuses it by
+/// name).
+fn cut_point(graph: &Graph, k: NodeIndex, mat: &[bool], pinned: &[bool], budget: usize) -> Option<NodeIndex> {
     let mut memo = HashMap::new();
     let (mut region, mut stack) = (Vec::new(), vec![k]);
     while let Some(n) = stack.pop() {
@@ -890,7 +898,7 @@ fn cut_point(graph: &Graph, k: NodeIndex, mat: &[bool], pinned: &[bool]) -> Opti
         .map(|n| (n, region_reads(graph, n, mat, &mut memo).len()))
         .filter(|&(_, r)| r >= 2)
         .collect();
-    let fits = counted.iter().filter(|&&(_, r)| r < MAX_KERNEL_INPUTS).max_by_key(|&&(n, r)| (r, n.index()));
+    let fits = counted.iter().filter(|&&(_, r)| r < budget).max_by_key(|&&(n, r)| (r, n.index()));
     fits.or_else(|| counted.iter().min_by_key(|&&(n, r)| (r, n.index()))).map(|&(n, _)| n)
 }
 
