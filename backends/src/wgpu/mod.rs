@@ -1,8 +1,10 @@
 //! The wgpu device: graphs are fused and scheduled exactly as for the CPU, every kernel is rendered to WGSL
 //! (`kiln_jit::render::wgsl`), compiled by wgpu into a compute pipeline, and a plan's launches are recorded into one
 //! command encoder per run. Vulkan is preferred; wgpu falls back to GL where Vulkan is absent (`WGPU_BACKEND=gl`
-//! forces it). On a machine without a GPU, Mesa's lavapipe (`apt-get install mesa-vulkan-drivers libvulkan1`) gives
-//! a Vulkan device on the CPU: that is what CI runs.
+//! forces it), but not to a software GL (Mesa's llvmpipe) unless `WGPU_BACKEND` names GL: its compute shaders
+//! compile through LLVM's coroutine passes, and one tiled GEMM shader took minutes. On a machine without a GPU,
+//! Mesa's lavapipe (`apt-get install mesa-vulkan-drivers libvulkan1`) gives a Vulkan device on the CPU: that is
+//! what CI runs.
 //!
 //! Memory: `DeviceBuffer`s come from a pool of wgpu buffers bucketed by size (powers of two up to 1 MiB, then whole
 //! MiB), returned to it on drop. Every element is one 32-bit word (bool and u8 widened on upload, narrowed on
@@ -107,9 +109,9 @@ fn init() -> Result<WgpuBackend, String> {
     // machines); `WGPU_BACKEND=vulkan|gl|...` chooses instead.
     provide_runtime_dir();
     // Empty counts as unset, as for kiln's own variables (`KILN_DUMP=`, `KILN_CACHE_DIR=`).
-    let tries = match std::env::var("WGPU_BACKEND") {
-        Ok(list) if !list.trim().is_empty() => vec![parse_backends(&list)?],
-        _ => vec![wgpu::Backends::VULKAN, wgpu::Backends::GL],
+    let (tries, chosen) = match std::env::var("WGPU_BACKEND") {
+        Ok(list) if !list.trim().is_empty() => (vec![parse_backends(&list)?], true),
+        _ => (vec![wgpu::Backends::VULKAN, wgpu::Backends::GL], false),
     };
     let mut errors = Vec::new();
     let mut found = None;
@@ -123,6 +125,19 @@ fn init() -> Result<WgpuBackend, String> {
             compatible_surface: None,
             apply_limit_buckets: false,
         })) {
+            // A software GL (llvmpipe) only where the user names GL: its compute shaders compile through LLVM's
+            // coroutine passes, minutes for one tiled GEMM, where lavapipe's Vulkan takes a second.
+            Ok(a)
+                if !chosen
+                    && a.get_info().backend == wgpu::Backend::Gl
+                    && a.get_info().device_type == wgpu::DeviceType::Cpu =>
+            {
+                errors.push(format!(
+                    "{backends:?}: only {}, a software rasterizer whose compute shaders compile very slowly; set \
+                     WGPU_BACKEND=gl to use it anyway",
+                    a.get_info().name
+                ));
+            }
             Ok(a) => {
                 found = Some(a);
                 break;
