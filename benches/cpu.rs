@@ -294,6 +294,23 @@ fn rows(c: &mut Criterion) {
         });
     }
     g.finish();
+    // A sampler's sort and top k of a batch of vocabulary logits (the values: the indices are the sort routine's
+    // output, computed either way).
+    let v = vocab_input();
+    let mut g = group(c, "vocab_16x32000", true);
+    for (name, key, f) in [
+        ("kiln_sort", "sort", (|v: &kiln::Tensor| v.sort(-1, true).0) as fn(&kiln::Tensor) -> kiln::Tensor),
+        ("kiln_topk", "topk", |v: &kiln::Tensor| v.topk(TOPK, -1, true).0),
+    ] {
+        g.bench_function(name, |bch| {
+            bch.iter_custom(|iters| {
+                let t = realize_loop(iters, || f(&v), None);
+                record(key, t, iters);
+                t
+            })
+        });
+    }
+    g.finish();
 }
 
 fn main() {
@@ -337,6 +354,8 @@ fn main() {
         log_softmax_s: measured("log_softmax", n),
         layer_norm_s: measured("layer_norm", n),
         cross_entropy_s: measured("cross_entropy", n),
+        sort_s: measured("sort", n),
+        topk_s: measured("topk", n),
     };
     let how = if std::env::args().any(|a| a == "--test") {
         "--test mode: one un-warmed call each, not a measurement"

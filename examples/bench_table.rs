@@ -183,6 +183,25 @@ fn main() {
         r.cross_entropy_s = Some(median(&ce));
     }
 
+    // Sorting a batch of vocabulary logits, and their top k (a sampler's work): the values (the indices are the sort
+    // routine's output, computed either way).
+    {
+        let x = vocab_input();
+        let (mut so, mut tk) = (vec![], vec![]);
+        for i in 0..=runs {
+            let (t0, y) = timed_realize(|| x.sort(-1, true).0);
+            drop(y);
+            let (t1, y) = timed_realize(|| x.topk(TOPK, -1, true).0);
+            drop(y);
+            if i > 0 {
+                so.push(t0.as_secs_f64());
+                tk.push(t1.as_secs_f64());
+            }
+        }
+        r.sort_s = Some(median(&so));
+        r.topk_s = Some(median(&tk));
+    }
+
     println!(
         "kiln CPU benchmarks: {threads} threads, medians of {runs} runs; load average {load_before} before, {} after; \
          {:.1} s",

@@ -318,6 +318,8 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
         // Each value's gradient is the output gradient at the row its index named.
         Op::ScatterRows { .. } if i == 1 => g.gather_prim(0, &srcs[0].expand_to("scatter_add", x.dims())),
         Op::ScatterRows { .. } => return None,
+        // Indices: piecewise constant in the values (a sort's values get theirs through the gather that picks them).
+        Op::SortRows { .. } => return None,
         Op::Linalg(l) => return crate::linalg::vjp(*l, y, srcs, i, g),
         Op::Matmul => {
             let (a, b) = (&srcs[0], &srcs[1]);

@@ -152,6 +152,21 @@ impl Device {
         }
     }
 
+    /// Whether the device runs the row sort routine (`kernel::sort`); elsewhere `Tensor::sort` composes a sorting
+    /// network from the kernel IR's ops.
+    pub(crate) fn sorts_rows(&self) -> bool {
+        match self {
+            #[cfg(feature = "cpu")]
+            Device::Cpu => true,
+            #[cfg(feature = "wgpu")]
+            Device::Wgpu(_) => false,
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => false,
+            #[cfg(feature = "hip")]
+            Device::Hip(_) => false,
+        }
+    }
+
     /// The integer dtype of indices computed inside composed ops (`eye`, `one_hot`): i64 as in PyTorch where the
     /// device has it, i32 elsewhere (the values are positions, far below 2^31).
     pub(crate) fn index_dtype(&self) -> DType {

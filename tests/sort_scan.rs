@@ -111,10 +111,11 @@ fn sort_argsort_and_topk_match_a_stable_reference_on_every_device() {
     assert!(failures.is_empty(), "{} failures:\n  {}", failures.len(), failures.join("\n  "));
 }
 
-/// Rows past `BITONIC_MIN` sort through the bitonic network (padded to a power of two): the same checks, along the
-/// last dim and along dim 0 of the transpose (`topk` over columns of 2100).
+/// Rows past `BITONIC_MIN` (on the devices without the row sort routine: through the bitonic network, padded to a
+/// power of two; on the CPU through the routine, as every row): the same checks, along the last dim and along dim 0
+/// of the transpose (`topk` over columns of 2100).
 #[test]
-fn long_rows_sort_through_the_network_like_the_reference_on_every_device() {
+fn long_rows_sort_like_the_reference_on_every_device() {
     let mut failures = Vec::new();
     // Past the network's threshold (`BITONIC_MIN`, 2048, in src/ops/sorting.rs); 4096 slots, 78 stages.
     let (rows, n) = (2, 2100);
@@ -142,9 +143,9 @@ fn long_rows_sort_through_the_network_like_the_reference_on_every_device() {
 }
 
 /// The gradient of the sorted values of a long row reaches each element at its place: `d/dx sum(sort(x) * w)` is
-/// `w[place(i)]` at element `i` (the values are a gather by the network's indices, as for short rows).
+/// `w[place(i)]` at element `i` (the values are a gather by the sort's indices, whichever form computed them).
 #[test]
-fn long_row_sort_gradient_follows_the_network_order_on_every_device() {
+fn long_row_sort_gradient_follows_the_sort_order_on_every_device() {
     let n = 2100;
     let mut r = Rng(5);
     let v: Vec<f64> = (0..n).map(|_| (r.next_u64() % 1_000_000) as f64 / 8.0 - 60_000.0).collect();
@@ -159,6 +160,41 @@ fn long_row_sort_gradient_follows_the_network_order_on_every_device() {
         for (p, &i) in order.iter().enumerate() {
             assert_eq!(g[i as usize], w[p], "[{dev}] element {i} at place {p}");
         }
+    }
+}
+
+/// On the CPU a sort is one row sort routine (`Op::SortRows`, `kernel::sort`) over the sorted dim moved last, for
+/// short and long rows, which compares every dtype exactly: i64 values 1 apart past 2^53 (one f64 apart would be
+/// none), `-0` tied with `+0` in index order, bool, and empty dims.
+#[cfg(feature = "cpu")]
+#[test]
+fn the_cpu_sorts_rows_with_its_routine_exactly_in_every_dtype() {
+    let dev = Device::cpu();
+    let x = Tensor::from_vec(vec![5i64, 1, 4, 3, 2, 0], [2, 3], &dev).expect("upload");
+    let order = x.argsort(0, false);
+    let cap = kiln::capture(&[&order]).expect("capture");
+    let sorts =
+        cap.graph.topo_order().into_iter().filter(|&n| matches!(cap.graph.node(n).op, kiln_jit::Op::SortRows { .. }));
+    assert_eq!(sorts.count(), 1, "one row sort, over the dim moved last");
+    assert_eq!(values_of(&order), [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]);
+
+    let big = 1i64 << 60;
+    let x = Tensor::from_vec(vec![big + 1, big, -big - 1, -big, i64::MAX, i64::MIN], [6], &dev).expect("upload");
+    assert_eq!(values_of(&x.argsort(0, false)), [5.0, 2.0, 3.0, 1.0, 0.0, 4.0]);
+    assert_eq!(values_of(&x.argsort(0, true)), [4.0, 0.0, 1.0, 3.0, 2.0, 5.0]);
+
+    let z = Tensor::from_vec(vec![0.0f32, -0.0, 1.0, -0.0, f32::NAN, 0.0], [6], &dev).expect("upload");
+    assert_eq!(values_of(&z.argsort(0, false)), [0.0, 1.0, 3.0, 5.0, 2.0, 4.0]);
+    assert_eq!(values_of(&z.argsort(0, true)), [4.0, 2.0, 0.0, 1.0, 3.0, 5.0]);
+
+    let b = Tensor::from_vec(vec![true, false, true, false], [4], &dev).expect("upload");
+    assert_eq!(values_of(&b.argsort(0, true)), [0.0, 2.0, 1.0, 3.0]);
+
+    for shape in [[0usize, 4], [3, 0]] {
+        let e = Tensor::zeros(shape, F32, &dev);
+        let (v, i) = e.sort(-1, false);
+        assert_eq!((v.dims(), i.dims(), i.dtype()), (&shape[..], &shape[..], I64));
+        assert!(values_of(&i).is_empty());
     }
 }
 

@@ -406,6 +406,18 @@ pub fn rows_targets() -> Tensor {
     Tensor::from_vec(t, [ROWS], &Device::cpu()).expect("upload")
 }
 
+/// A batch of vocabulary logits, as a sampler sorts them (`sort` and `topk` rows).
+pub const VOCAB_ROWS: usize = 16;
+pub const VOCAB: usize = 32000;
+/// The `k` of the `topk` row.
+pub const TOPK: usize = 50;
+
+/// Near-distinct values in [-160, 167.5), the same in PyTorch's script (`benches/compare/torch_cpu.py`).
+pub fn vocab_input() -> Tensor {
+    let v: Vec<f32> = (0..VOCAB_ROWS * VOCAB).map(|i| ((i * 7919 + 13) % 32749) as f32 / 100.0 - 160.0).collect();
+    Tensor::from_vec(v, [VOCAB_ROWS, VOCAB], &Device::cpu()).expect("upload")
+}
+
 /// Mean cross-entropy of the rows as logits against [`rows_targets`].
 pub fn cross_entropy_rows(x: &Tensor, targets: &Tensor) -> Tensor {
     kiln::nn::functional::cross_entropy(x, targets, kiln::nn::Reduction::Mean)
@@ -578,6 +590,9 @@ pub struct Results {
     pub log_softmax_s: Option<f64>,
     pub layer_norm_s: Option<f64>,
     pub cross_entropy_s: Option<f64>,
+    /// A descending sort and a `topk` of [`vocab_input`]'s rows (the values realized): kiln only.
+    pub sort_s: Option<f64>,
+    pub topk_s: Option<f64>,
 }
 
 fn gbs(bytes_per_elem: usize, s: f64) -> f64 {
@@ -601,7 +616,8 @@ impl Results {
              \"replay_build_s\": {}, \"replay_nodes\": {}, \"compile_s\": {}, \"compile_hit_s\": {}, \
              \"compiles\": {}, \"compile_calls\": {}, \"matmul_s\": {}, \"matmul_n\": {MATMUL_N}, \
              \"fma_gflops\": {}, \"softmax_s\": {}, \"softmax_rust_s\": {}, \"gelu_s\": {}, \"gelu_rust_s\": {}, \
-             \"log_softmax_s\": {}, \"layer_norm_s\": {}, \"cross_entropy_s\": {}, \"rows\": {ROWS}, \"cols\": {COLS}}}",
+             \"log_softmax_s\": {}, \"layer_norm_s\": {}, \"cross_entropy_s\": {}, \"rows\": {ROWS}, \"cols\": {COLS}, \
+             \"sort_s\": {}, \"topk_s\": {}, \"vocab_rows\": {VOCAB_ROWS}, \"vocab\": {VOCAB}, \"topk\": {TOPK}}}",
             self.threads,
             f(self.chain_s),
             f(self.triad_s),
@@ -626,6 +642,8 @@ impl Results {
             f(self.log_softmax_s),
             f(self.layer_norm_s),
             f(self.cross_entropy_s),
+            f(self.sort_s),
+            f(self.topk_s),
         )
     }
 
@@ -812,12 +830,20 @@ impl Results {
             ("log_softmax over rows", self.log_softmax_s),
             ("layer_norm over rows", self.layer_norm_s),
             ("cross_entropy (mean, class indices)", self.cross_entropy_s),
+            ("sort, descending", self.sort_s),
+            ("topk", self.topk_s),
         ] {
             let time = k.map_or(s(NA), |k| format!("{:.2} ms", k * 1e3));
+            let shape = if label.starts_with("sort") || label.starts_with("topk") {
+                let k = if label == "topk" { format!("k = {TOPK}, ") } else { s("") };
+                format!("{k}{VOCAB_ROWS} x {VOCAB}")
+            } else {
+                format!("{ROWS} x {COLS}")
+            };
             row(
                 &mut t,
                 [
-                    format!("{label}, {ROWS} x {COLS} f32, {th}T"),
+                    format!("{label}, {shape} f32, {th}T"),
                     time,
                     s("-"),
                     s("-"),

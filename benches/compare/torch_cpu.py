@@ -4,7 +4,7 @@
 Runs kiln's elementwise chain `a * b + c` and `sin(a)**2 * b + c` over 16M f32, a 1024^3 f32 matmul, and softmax,
 log_softmax, layer_norm and mean cross-entropy over the rows of 4096 x 1024 f32 and GELU (tanh form) over the same
 elements in PyTorch
-eager and under torch.compile (Inductor), then `cargo run --release --example bench_table -- --json` for kiln's
+eager and under torch.compile (Inductor), and a descending sort and a top-50 of 16 x 32000 f32 logits (eager only), then `cargo run --release --example bench_table -- --json` for kiln's
 figures, and prints one markdown table with the ratios.
 
     python3 benches/compare/torch_cpu.py [--runs N] [--threads T] [--skip-kiln]
@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 N = 16 << 20
 MATMUL_N = 1024
 ROWS, COLS = 4096, 1024
+VOCAB_ROWS, VOCAB, TOPK = 16, 32000, 50
 INSTALL_HELP = """\
 PyTorch is not installed in this Python ({exe}).
 
@@ -117,6 +118,11 @@ def torch_figures(threads: int, runs: int) -> dict:
             ref = fn(*args)
             got = compiled(*args)
             out[f"{name}_compiled_maxerr"] = float((got - ref).abs().max())
+        # The same data as kiln's benches/common `vocab_input`; eager only (torch.compile runs ATen's sort).
+        lv = torch.arange(VOCAB_ROWS * VOCAB, dtype=torch.int64)
+        lv = ((lv * 7919 + 13) % 32749).to(f32).div(100.0).sub(160.0).reshape(VOCAB_ROWS, VOCAB)
+        out["sort_eager_s"] = median_time(lambda: torch.sort(lv, stable=True, dim=-1, descending=True), runs, warmup=1)
+        out["topk_eager_s"] = median_time(lambda: torch.topk(lv, TOPK, -1), runs, warmup=1)
     return out
 
 
@@ -187,6 +193,8 @@ def main() -> None:
         (f"log_softmax over rows, {ROWS} x {COLS} f32", "log_softmax_s", "log_softmax", None, None),
         (f"layer_norm over rows, {ROWS} x {COLS} f32", "layer_norm_s", "layer_norm", None, None),
         (f"cross_entropy (mean, class indices), {ROWS} x {COLS} f32", "cross_entropy_s", "cross_entropy", None, None),
+        (f"sort, descending, {VOCAB_ROWS} x {VOCAB} f32", "sort_s", "sort", None, None),
+        (f"topk, k = {TOPK}, {VOCAB_ROWS} x {VOCAB} f32", "topk_s", "topk", None, None),
     ]
     for label, kkey, tkey, extra, target in rows:
         ks, es, cs = k.get(kkey), t.get(f"{tkey}_eager_s"), t.get(f"{tkey}_compiled_s")

@@ -263,6 +263,7 @@ fn check_node(d: &NodeData, srcs: &[&NodeData]) -> Result<(), String> {
         }
         Op::Linalg(l) => crate::kernel::routine::check(*l, srcs, d)?,
         Op::ScatterRows { positions } => crate::kernel::scatter::check(*positions, srcs, d)?,
+        Op::SortRows { keep, .. } => crate::kernel::sort::check(*keep, srcs, d)?,
     }
     Ok(())
 }

@@ -262,9 +262,10 @@ fn eval(
             }
             args[0].gather(n, (0.0, 0), |i| Some(map[i]))
         }
-        Op::Linalg(_) | Op::ScatterRows { .. } => {
+        Op::Linalg(_) | Op::ScatterRows { .. } | Op::SortRows { .. } => {
             let r = crate::kernel::routine::Routine::of(node, srcs).ok_or("not a routine")?;
-            // Linear algebra reads floats; a scatter's indices are integers, exact in f64 below 2^53.
+            // Linear algebra reads floats; a scatter's indices, and a sort's integer values, are exact in f64 below
+            // 2^53.
             let ins: Vec<Vec<f64>> = args
                 .iter()
                 .map(|a| match a {

@@ -289,6 +289,15 @@ pub enum Op {
     ScatterRows {
         positions: usize,
     },
+    /// For each row of `[rows, n]` values, the indices that sort it (`torch.argsort(stable=True)`), the first
+    /// `keep` of them (`[rows, keep]`; `keep = n` for a whole sort, `topk`'s k for a selection): a routine
+    /// (`kernel::sort`), never fused; the node's dtype is the index dtype (i64, or i32 on a device without 64-bit
+    /// integers). Ascending or `descending` by value, every NaN after every number ascending, ties (`-0 == +0`,
+    /// NaN with NaN) in index order.
+    SortRows {
+        descending: bool,
+        keep: usize,
+    },
 }
 
 impl Op {
@@ -315,6 +324,9 @@ impl Op {
             Op::Unfold { axis, size, step, dilation } => format!("unfold{axis}[{size}/{step}/{dilation}]"),
             Op::Linalg(l) => l.name().into(),
             Op::ScatterRows { positions } => format!("scatter_rows{positions}"),
+            Op::SortRows { descending, keep } => {
+                format!("sort_rows_{}{keep}", if *descending { "desc" } else { "asc" })
+            }
         }
     }
 
@@ -373,6 +385,7 @@ impl Op {
             }
             Op::Linalg(l) => out.extend([19, l.code()]),
             Op::ScatterRows { positions } => out.extend([20, *positions as u64]),
+            Op::SortRows { descending, keep } => out.extend([21, *descending as u64, *keep as u64]),
         }
     }
 
@@ -405,6 +418,14 @@ impl Op {
             18 => Op::Unfold { axis: r.index()?, size: r.index()?, step: r.index()?, dilation: r.index()? },
             19 => Op::Linalg(LinalgOp::from_code(r.next()?)?),
             20 => Op::ScatterRows { positions: r.index()? },
+            21 => Op::SortRows {
+                descending: match r.next()? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+                keep: r.index()?,
+            },
             _ => return None,
         };
         Some((op, r.at))
@@ -517,6 +538,8 @@ mod tests {
             Op::Contiguous,
             Op::Gather { axis: 2 },
             Op::ScatterRows { positions: 32000 },
+            Op::SortRows { descending: false, keep: 32000 },
+            Op::SortRows { descending: true, keep: 50 },
             Op::Unfold { axis: 1, size: 3, step: 2, dilation: 4 },
         ];
         ops.extend(RandDist::ALL.map(|dist| Op::Rand { dist, slot: 1 }));

@@ -6,6 +6,11 @@
 //! comparison that is never stored, and the values are a gather. NaN sorts above every number, as in PyTorch (last
 //! ascending, first descending). Counts are f32 sums of 0/1, exact below 2^24 elements per row.
 //!
+//! On a device that runs the row sort routine (`Device::sorts_rows`: the CPU) none of this is built: the sorted dim
+//! moves last, the rows are one `Op::SortRows` (`kernel::sort`: a radix or comparison sort per row in the same
+//! order; for `topk` a selection of the k first, then their sort), and the values are the same gather. Elsewhere
+//! (wgpu, CUDA, HIP) the order is composed as follows.
+//!
 //! Cost: O(n²) comparisons per row, in three kernels, on every device: nothing to tune and nothing data-dependent
 //! in the control flow, which is right for short rows. Rows longer than [`BITONIC_MIN`] (a vocabulary's logits for
 //! top-k sampling: 32k elements cost a billion comparisons that way) run a bitonic sorting network instead
@@ -18,7 +23,7 @@
 
 use crate::args::{fail, resolve_dim};
 use crate::tensor::Tensor;
-use kiln_jit::{DType, Scalar};
+use kiln_jit::{DType, Op, Scalar, Shape};
 
 impl Tensor {
     /// The values along `dim` in ascending (or `descending`) order and, for each, its index in `self` (i64, i32 on a
@@ -48,6 +53,10 @@ impl Tensor {
         if k > n {
             fail!("topk", "k = {k} is larger than dim {d} of shape {:?}", self.dims());
         }
+        if self.rank() > 0 && n > 0 && self.device().sorts_rows() {
+            let order = self.routine_order(d, largest, k);
+            return (self.gather_prim(d, &order), order);
+        }
         let (values, indices) = self.sort(dim, largest);
         if self.rank() == 0 {
             return (values, indices);
@@ -66,6 +75,9 @@ impl Tensor {
         }
         if n > MAX_ROW {
             fail!("sort", "dim {d} has {n} elements; rows of more than 2^24 elements are not supported");
+        }
+        if device.sorts_rows() {
+            return self.routine_order(d, descending, n);
         }
         if n > BITONIC_MIN {
             return self.bitonic_order(d, descending);
@@ -91,6 +103,24 @@ impl Tensor {
         let p = pos(n, d, r).expand_to("sort", &wide);
         let hit = place_i.eq(p);
         hit.where_(&i, 0.0).sum([d as isize + 1], false).to_dtype(index_dtype)
+    }
+
+    /// The first `keep` positions of [`Tensor::sort_order`] along `d`, through the row sort routine: `d` moved
+    /// last, the other dims flattened into rows.
+    fn routine_order(&self, d: usize, descending: bool, keep: usize) -> Tensor {
+        let last = self.rank() - 1;
+        let moved = self.transpose(d as isize, last as isize);
+        let mut dims = moved.dims().to_vec();
+        let n = dims[last];
+        dims[last] = keep;
+        let rows = dims[..last].iter().product::<usize>();
+        let index_dtype = self.device().index_dtype();
+        if rows == 0 || keep == 0 {
+            return Tensor::zeros(dims, index_dtype, &self.device()).transpose(d as isize, last as isize);
+        }
+        let srcs = smallvec::smallvec![moved.reshape([rows, n])];
+        let order = Tensor::from_op(Op::SortRows { descending, keep }, srcs, Shape::new([rows, keep]), index_dtype);
+        order.reshape(dims).transpose(d as isize, last as isize)
     }
 
     /// [`Tensor::sort_order`] through a bitonic network (see the module doc): `self` sorted along `d`, whose length

@@ -11,6 +11,7 @@ pub mod isa;
 mod plan;
 mod routines;
 mod scatter;
+mod sort;
 pub use gemm::select::{PreparedGemm, run_gemm_with, set_autotune_mode, take_last_tune_record};
 mod libcalls;
 pub mod pool;

@@ -81,6 +81,8 @@ pub(super) unsafe fn run(r: &Routine, ptrs: &[*mut u8], fault: &[AtomicI64; FAUL
         Routine::Linalg(l) => unsafe { run_linalg(l, ptrs, fault) },
         // SAFETY: the caller's contract.
         Routine::Scatter(s) => unsafe { super::scatter::run(s, ptrs, fault) },
+        // SAFETY: the caller's contract.
+        Routine::Sort(s) => unsafe { super::sort::run(s, ptrs) },
     }
 }
 

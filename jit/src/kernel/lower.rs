@@ -175,7 +175,9 @@ impl Lowerer<'_> {
         match &node.op {
             Op::Input { .. } => unreachable!("inputs are materialized"),
             Op::Reduce { .. } | Op::Matmul => unreachable!("a reduction is materialized or a reduce stage"),
-            Op::Linalg(_) | Op::ScatterRows { .. } => unreachable!("a routine's result is materialized"),
+            Op::Linalg(_) | Op::ScatterRows { .. } | Op::SortRows { .. } => {
+                unreachable!("a routine's result is materialized")
+            }
             Op::Const(s) => self.konst(*s, d),
             Op::Iota { start, step } => {
                 self.note("iota".into());

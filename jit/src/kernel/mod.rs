@@ -15,6 +15,7 @@ mod rows;
 pub mod scatter;
 pub mod schedule;
 pub mod simplify;
+pub mod sort;
 pub mod split;
 
 pub use donate::Donation;

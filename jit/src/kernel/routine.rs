@@ -1,11 +1,13 @@
-//! Routines: the kernels of `Op::Linalg` (LU with partial pivoting, Cholesky, triangular solves) and of
-//! `Op::ScatterRows` (a deterministic scatter-sum, `kernel::scatter`). A factorization walks its matrix column by
-//! column, each step reading what the previous one wrote, and a scatter adds each source row into a row its index
-//! names; neither fits the kernel IR (every output element computed independently from its inputs, over ranges fixed
-//! at compile time), so each device writes these few kernels itself (the CPU in Rust, `backends/src/cpu/routines.rs`
-//! and `scatter.rs`; wgpu in WGSL, `render/wgsl/routine.rs` and `scatter.rs`; CUDA and HIP C the scatter,
-//! `render/cuda/scatter.rs`), and this module holds what they share: the shapes, the semantics every device follows,
-//! and the reference implementation the interpreters run ([`reference()`]).
+//! Routines: the kernels of `Op::Linalg` (LU with partial pivoting, Cholesky, triangular solves), of
+//! `Op::ScatterRows` (a deterministic scatter-sum, `kernel::scatter`) and of `Op::SortRows` (a row sort,
+//! `kernel::sort`). A factorization walks its matrix column by column, each step reading what the previous one
+//! wrote, a scatter adds each source row into a row its index names, and a sort's comparisons depend on the data;
+//! none fits the kernel IR (every output element computed independently from its inputs, over ranges fixed at
+//! compile time), so each device writes these few kernels itself (the CPU in Rust, `backends/src/cpu/routines.rs`,
+//! `scatter.rs` and `sort.rs`; wgpu in WGSL, `render/wgsl/routine.rs` and `scatter.rs`; CUDA and HIP C the scatter,
+//! `render/cuda/scatter.rs`; the sort only on the CPU so far, `kernel::sort` says why that is enough), and this
+//! module holds what they share: the shapes, the semantics every device follows, and the reference implementation
+//! the interpreters run ([`reference()`]).
 //!
 //! A launch of a routine carries a *descriptor* kernel (`KernelIr::routine` set): its name, buffers and output
 //! extents are real, so plans, slots, dumps and profiles treat it as any launch; it has no code (`outer` is empty),
@@ -38,6 +40,7 @@ use crate::graph::NodeData;
 use crate::kernel::fault::Fault;
 use crate::kernel::ir::{BufParam, KernelIr};
 pub use crate::kernel::scatter::ScatterRows;
+pub use crate::kernel::sort::SortRows;
 use crate::op::{LinalgOp, Op};
 
 /// One routine launch.
@@ -45,6 +48,7 @@ use crate::op::{LinalgOp, Op};
 pub enum Routine {
     Linalg(LinalgRoutine),
     Scatter(ScatterRows),
+    Sort(SortRows),
 }
 
 impl Routine {
@@ -53,15 +57,17 @@ impl Routine {
         match node.op {
             Op::Linalg(l) => Some(Routine::Linalg(LinalgRoutine::of(l, node, srcs))),
             Op::ScatterRows { positions } => Some(Routine::Scatter(ScatterRows::of(positions, node, srcs))),
+            Op::SortRows { descending, keep } => Some(Routine::Sort(SortRows::of(descending, keep, node, srcs))),
             _ => None,
         }
     }
 
-    /// The dtype of the output (and of the values it reads).
+    /// The dtype of the output (and of the values it reads, but for a sort's).
     pub fn dtype(&self) -> DType {
         match self {
             Routine::Linalg(r) => r.dtype,
             Routine::Scatter(s) => s.dtype,
+            Routine::Sort(s) => s.index,
         }
     }
 
@@ -70,6 +76,7 @@ impl Routine {
         match self {
             Routine::Linalg(r) => r.can_fault(),
             Routine::Scatter(_) => true,
+            Routine::Sort(_) => false,
         }
     }
 
@@ -78,6 +85,7 @@ impl Routine {
         match self {
             Routine::Linalg(r) => r.work(),
             Routine::Scatter(s) => s.work(),
+            Routine::Sort(s) => s.work(),
         }
     }
 
@@ -86,6 +94,7 @@ impl Routine {
         match self {
             Routine::Linalg(r) => r.kernel(),
             Routine::Scatter(s) => s.kernel(),
+            Routine::Sort(s) => s.kernel(),
         }
     }
 }
@@ -96,6 +105,7 @@ pub fn reference(r: &Routine, inputs: &[&[f64]]) -> Result<Vec<f64>, Fault> {
     match r {
         Routine::Linalg(r) => linalg_reference(r, inputs),
         Routine::Scatter(s) => s.reference(inputs),
+        Routine::Sort(s) => Ok(s.reference(inputs)),
     }
 }
 
@@ -157,19 +167,36 @@ impl LinalgRoutine {
         if let LinalgOp::TriSolve { .. } = self.op {
             inputs.push(mat(self.k));
         }
-        KernelIr {
-            name: format!("L_{}_{}x{}x{}", self.op.name(), self.batch, self.n, self.out_cols()),
+        descriptor(
+            Routine::Linalg(*self),
+            format!("L_{}_{}x{}x{}", self.op.name(), self.batch, self.n, self.out_cols()),
             inputs,
-            output: mat(self.out_cols()),
-            out_extents: vec![self.batch, self.n, self.out_cols()],
-            reduce: None,
-            rows: Vec::new(),
-            row_rank: 3,
-            outer: Vec::new(),
-            result: 0,
-            flops_per_elem: 0,
-            routine: Some(Routine::Linalg(*self)),
-        }
+            mat(self.out_cols()),
+            vec![self.batch, self.n, self.out_cols()],
+        )
+    }
+}
+
+/// A routine launch's descriptor kernel (the module doc): its name, buffers and output extents, and no code.
+pub(crate) fn descriptor(
+    routine: Routine,
+    name: String,
+    inputs: Vec<BufParam>,
+    output: BufParam,
+    out_extents: Vec<usize>,
+) -> KernelIr {
+    KernelIr {
+        name,
+        inputs,
+        output,
+        row_rank: out_extents.len(),
+        out_extents,
+        reduce: None,
+        rows: Vec::new(),
+        outer: Vec::new(),
+        result: 0,
+        flops_per_elem: 0,
+        routine: Some(routine),
     }
 }
 

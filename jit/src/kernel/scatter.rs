@@ -68,22 +68,16 @@ impl ScatterRows {
     /// The launch's descriptor kernel (`kernel::routine`).
     pub fn kernel(&self) -> KernelIr {
         let kind = if self.per_element { "elems" } else { "rows" };
-        KernelIr {
-            name: format!("S_scatter_{kind}_{}x{}_to_{}", self.rows, self.width, self.positions),
-            inputs: vec![
+        crate::kernel::routine::descriptor(
+            Routine::Scatter(*self),
+            format!("S_scatter_{kind}_{}x{}_to_{}", self.rows, self.width, self.positions),
+            vec![
                 BufParam { dtype: self.index, len: self.rows * self.index_cols() },
                 BufParam { dtype: self.dtype, len: self.rows * self.width },
             ],
-            output: BufParam { dtype: self.dtype, len: self.positions * self.width },
-            out_extents: vec![self.positions, self.width],
-            reduce: None,
-            rows: Vec::new(),
-            row_rank: 2,
-            outer: Vec::new(),
-            result: 0,
-            flops_per_elem: 0,
-            routine: Some(Routine::Scatter(*self)),
-        }
+            BufParam { dtype: self.dtype, len: self.positions * self.width },
+            vec![self.positions, self.width],
+        )
     }
 
     /// The output from `inputs` (the indices and the values as f64), in the module doc's order and rounding, or the

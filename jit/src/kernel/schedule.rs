@@ -432,9 +432,10 @@ fn schedule_pinned(graph: &Graph, opts: ScheduleOptions, pinned: &[bool]) -> Res
                     | Op::Matmul
                     | Op::Linalg(_)
                     | Op::ScatterRows { .. }
+                    | Op::SortRows { .. }
             );
         // A routine reads its sources row-major from buffers (`routine.rs`).
-        if matches!(op, Op::Linalg(_) | Op::ScatterRows { .. }) {
+        if matches!(op, Op::Linalg(_) | Op::ScatterRows { .. } | Op::SortRows { .. }) {
             for s in graph.srcs(n) {
                 mat[s.index()] = true;
             }

@@ -99,13 +99,19 @@ pub struct Workspace {
 const MAX_GRID_X: u64 = (1 << 31) - 1;
 
 /// Checks that CUDA C / HIP C as rendered here can run `k`: every index expression of a kernel IR kernel in i32
-/// (the routines index in 64 bits).
+/// (the routines index in 64 bits), and no row sort (`kernel::sort`: the CPU's routine; `Tensor::sort` builds a
+/// sorting network for these devices).
 pub fn check(k: &KernelIr) -> Result<(), String> {
     match k.routine {
+        Some(Routine::Sort(_)) => Err(NO_SORT_ROUTINE.into()),
         Some(_) => Ok(()),
         None => cstyle::check_i32_indices(k),
     }
 }
+
+/// Why a row sort routine is refused here.
+const NO_SORT_ROUTINE: &str =
+    "the row sort routine runs on the CPU only; Tensor::sort builds a sorting network for this device";
 
 /// A kernel's parameter list: its inputs (const, restrict) in their storage types, the output, then the rng keys
 /// and the fault record where it has them.
@@ -132,6 +138,7 @@ pub fn render(k: &KernelIr, flavor: Flavor) -> Result<GpuKernel, String> {
     match &k.routine {
         Some(Routine::Scatter(s)) => return Ok(scatter::render(s, flavor)),
         Some(Routine::Linalg(l)) => return linalg::render(l, flavor),
+        Some(Routine::Sort(_)) => return Err(NO_SORT_ROUTINE.into()),
         None => {}
     }
     let coop = cstyle::Coop::choose(k);

@@ -26,6 +26,7 @@ pub fn max_trips(r: &Routine) -> usize {
     match r {
         Routine::Linalg(l) => linalg_trips(l),
         Routine::Scatter(s) => super::scatter::layout(s).trips,
+        Routine::Sort(_) => 0,
     }
 }
 
@@ -34,6 +35,8 @@ pub fn render(r: &Routine) -> Result<WgslKernel, String> {
     match r {
         Routine::Linalg(l) => render_linalg(l),
         Routine::Scatter(s) => super::scatter::render(s),
+        // `Tensor::sort` builds a sorting network for this device (`kernel::sort`).
+        Routine::Sort(_) => Err("the row sort routine runs on the CPU only".into()),
     }
 }
 
