@@ -3,19 +3,19 @@
 //!
 //! The kernel IR can only say a sort as a fixed network of compare-exchanges (`Tensor::sort`'s bitonic network:
 //! `log2(N) (log2(N) + 1) / 2` stages of several kernels over the whole row, 47-70 ms for one row of 32k logits on
-//! two cores, where PyTorch's sort takes 2 ms), or as an O(n²) count. A routine sorts each row with a comparison
-//! sort instead, O(n log n), which needs data-dependent control flow, so each device that runs it writes it itself
-//! (`kernel::routine`): the CPU in Rust (`backends/src/cpu/sort.rs`). Devices without it (wgpu, CUDA, HIP) keep the
-//! network, and `Tensor::sort` builds this op only for a device that has it (`Device::sorts_rows`).
+//! two cores, where PyTorch's sort takes 2 ms), or as an O(n²) count. A routine sorts each row in O(n log n) or
+//! less (the CPU's: a radix sort of order keys; for `topk` a selection of the k first, then their sort), which needs
+//! data-dependent control flow, so each device that runs it writes it itself (`kernel::routine`): the CPU in Rust
+//! (`backends/src/cpu/sort.rs`). Devices without it (wgpu, CUDA, HIP) keep the network, and `Tensor::sort` builds
+//! this op only for a device that has it (`Device::sorts_rows`).
 //!
 //! # Semantics (every device, the reference included)
 //! - Source: `[rows, n]` values of any dtype (bool as 0 and 1); result: `[rows, keep]` indices in `0..n`, i64
 //!   (or i32), row-major, `keep <= n`.
 //! - Row `r`'s result lists its first `keep` positions (all `n` for a sort, `k` for `topk`) in the order of their
-//!   values: ascending, or descending with
-//!   `descending`, where every NaN is above every number (last ascending, first descending, as PyTorch), `-0` equals
-//!   `+0`, and equal values (NaN with NaN) keep their index order in both directions: `torch.sort(stable=True)`,
-//!   whose `descending` keeps ties in index order too.
+//!   values: ascending, or descending with `descending`, where every NaN is above every number (last ascending,
+//!   first descending, as PyTorch), `-0` equals `+0`, and equal values (NaN with NaN) keep their index order in both
+//!   directions: `torch.sort(stable=True)`, whose `descending` keeps ties in index order too.
 //! - No faults. The reference reads the values as f64, exact for every dtype but i64 and u64 magnitudes past 2^53,
 //!   which it compares rounded; the devices compare every dtype exactly.
 
