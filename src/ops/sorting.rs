@@ -18,8 +18,8 @@
 //! stages of a few kernels each, O(N log² N) work. Each stage carries only the indices: slot `i` and its partner
 //! `i ^ j` read their values through a gather of the input, compare them in the same total order (value, then
 //! index, so the result is the stable sort's; padding slots, indices `>= n`, after everything) and keep the earlier
-//! or the later as the slot's place in its block says. Both paths give the same indices. Not done: a merge or radix
-//! sort (data-dependent control flow, which the kernel IR does not have).
+//! or the later as the slot's place in its block says. Both paths give the same indices. Not done: a routine for the
+//! GPU devices (the CPU's is Rust; a GPU one would be a block per row in each dialect).
 
 use crate::args::{fail, resolve_dim};
 use crate::tensor::Tensor;
@@ -52,6 +52,9 @@ impl Tensor {
         let n = if self.rank() == 0 { 1 } else { self.dims()[d] };
         if k > n {
             fail!("topk", "k = {k} is larger than dim {d} of shape {:?}", self.dims());
+        }
+        if n > MAX_ROW {
+            fail!("topk", "dim {d} has {n} elements; rows of more than 2^24 elements are not supported");
         }
         if self.rank() > 0 && n > 0 && self.device().sorts_rows() {
             let order = self.routine_order(d, largest, k);

@@ -46,13 +46,14 @@ pub(super) unsafe fn run(s: &SortRows, ptrs: &[*mut u8]) {
             let at = r * s.n;
             // SAFETY: the caller's contract; row `r` is `n` values, and this task owns its output row.
             unsafe {
-                let order: Box<dyn Iterator<Item = u32>> = if wide {
+                let first = r * s.keep;
+                if wide {
                     pairs.clear();
                     pairs.extend(
                         (0..s.n).map(|i| (wide_key(s.dtype, bufs.vals, at + i) ^ flip(s.descending), i as u32)),
                     );
                     kept_sorted(&mut pairs, s.keep);
-                    Box::new(pairs.iter().map(|&(_, i)| i))
+                    write(s, bufs.out, first, pairs[..s.keep].iter().map(|&(_, i)| i));
                 } else {
                     let f = flip(s.descending) << 32;
                     packed.clear();
@@ -64,13 +65,7 @@ pub(super) unsafe fn run(s: &SortRows, ptrs: &[*mut u8]) {
                     } else {
                         kept_sorted(&mut packed, s.keep);
                     }
-                    Box::new(packed.iter().map(|&p| p as u32))
-                };
-                let first = r * s.keep;
-                match s.index {
-                    DType::I64 => write(bufs.out as *mut i64, first, order.take(s.keep)),
-                    DType::I32 => write(bufs.out as *mut i32, first, order.take(s.keep)),
-                    d => unreachable!("the graph check keeps sort results to i32 and i64, not {d}"),
+                    write(s, bufs.out, first, packed[..s.keep].iter().map(|&p| p as u32));
                 }
             }
         }
@@ -174,11 +169,26 @@ fn f32_key(x: f32) -> u32 {
     if bits >> 31 == 1 { !bits } else { bits | 1 << 31 }
 }
 
-/// Writes a row's kept indices from element `first` of the output.
+/// Writes a row's kept indices from element `first` of the output, in `s.index`.
 ///
 /// # Safety
-/// `out` holds `first` plus as many indices of `I` as `order` yields, and nothing else writes them.
-unsafe fn write<I: TryFrom<u32>>(out: *mut I, first: usize, order: impl Iterator<Item = u32>) {
+/// `out` holds `first` plus as many indices as `order` yields, and nothing else writes them.
+unsafe fn write(s: &SortRows, out: *mut u8, first: usize, order: impl Iterator<Item = u32>) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match s.index {
+            DType::I64 => write_as(out as *mut i64, first, order),
+            DType::I32 => write_as(out as *mut i32, first, order),
+            d => unreachable!("the graph check keeps sort results to i32 and i64, not {d}"),
+        }
+    }
+}
+
+/// [`write`] in index type `I`.
+///
+/// # Safety
+/// As [`write`].
+unsafe fn write_as<I: TryFrom<u32>>(out: *mut I, first: usize, order: impl Iterator<Item = u32>) {
     for (j, i) in order.enumerate() {
         // Indices are below the row length, which `Tensor::sort` keeps below 2^24.
         let Ok(i) = I::try_from(i) else { unreachable!("an index past the result dtype") };
