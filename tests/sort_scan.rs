@@ -198,6 +198,39 @@ fn the_cpu_sorts_rows_with_its_routine_exactly_in_every_dtype() {
     }
 }
 
+/// `topk` on the CPU selects through a threshold filter (f32 compared as floats, other dtypes through their keys), a
+/// path of its own beside the sort's radix sort: over long rows with NaNs, signed zeros and runs of ties, its indices
+/// are the stable sort's first k in both directions, for k from 1 to all but one.
+#[cfg(feature = "cpu")]
+#[test]
+fn the_cpu_topk_keeps_the_stable_sorts_first_k() {
+    let dev = Device::cpu();
+    let (rows, n) = (3, 3000);
+    let mut r = Rng(17);
+    let v: Vec<f64> = (0..rows * n)
+        .map(|i| match r.next_u64() % 50 {
+            0 => f64::NAN,
+            1 => -0.0,
+            2 => 0.0,
+            3 => f64::NEG_INFINITY,
+            // Few distinct values, rising along the row in the last row (every key a candidate, descending).
+            _ if i >= 2 * n => (i % n) as f64 / 4.0,
+            k => (k % 9) as f64 - 4.0,
+        })
+        .collect();
+    for d in [F32, F16, I32] {
+        let x = up(d, &v, &[rows, n], &dev);
+        for descending in [true, false] {
+            let order = values_of(&x.argsort(-1, descending));
+            for k in [1, 2, 50, 64, 65, 700, n - 1] {
+                let (_, top) = x.topk(k, -1, descending);
+                let want: Vec<f64> = order.chunks(n).flat_map(|row| row[..k].to_vec()).collect();
+                assert_eq!(values_of(&top), want, "{d}, descending {descending}, k {k}");
+            }
+        }
+    }
+}
+
 /// The values of a tensor as f64, through the host.
 fn values_of(t: &Tensor) -> Vec<f64> {
     values(&t.to_host().expect("download"))
