@@ -271,7 +271,7 @@ impl WideKernel {
             let strides = row_major_strides(&dims);
             (strides[..view.batch.len()].to_vec(), view.n)
         });
-        let allow = epilogue::Allow { bf16: true, bf16_loads: true, positions: false };
+        let allow = epilogue::Allow { bf16: true, bf16_loads: true, positions: false, scalef: isa == Isa::Avx512 };
         let Some(ep) = epilogue::translate_with(k, &view.roles, allow) else { return Ok(None) };
         let gate_operands: Vec<usize> =
             gate_bufs.iter().filter_map(|&b| ep.operands.iter().position(|o| o.buf == b)).collect();

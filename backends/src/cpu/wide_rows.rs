@@ -269,7 +269,7 @@ fn plan(k: &KernelIr, isa: Isa) -> Option<Vec<Pass>> {
         if last && per_row {
             // Per-row code only (the root's fold and the row reductions, read from the scratch): once per row,
             // straight to the output.
-            let ep = translated(k, code.clone(), result, rows, cols)?;
+            let ep = translated(k, code.clone(), result, rows, cols, isa)?;
             if ep.operands.iter().any(|o| o.buf != k.inputs.len()) {
                 return None; // reads an input per row, which the per-row code does not load
             }
@@ -281,7 +281,7 @@ fn plan(k: &KernelIr, isa: Isa) -> Option<Vec<Pass>> {
             if next_slot == SLOTS || passes.len() + 2 > MAX_PASSES {
                 break;
             }
-            let Some(ep) = translated(k, code.clone(), f, rows, cols) else { continue };
+            let Some(ep) = translated(k, code.clone(), f, rows, cols, isa) else { continue };
             if ep.operands.iter().any(|o| o.buf != k.inputs.len()) {
                 continue; // reads an input per row: stays in the column loop
             }
@@ -305,7 +305,7 @@ fn plan(k: &KernelIr, isa: Isa) -> Option<Vec<Pass>> {
                 }
             }
         }
-        let ep = translated(k, code.clone(), result, rows, cols)?;
+        let ep = translated(k, code.clone(), result, rows, cols, isa)?;
         if let Some(p) = reuse {
             passes[p].store_out = true;
         }
@@ -497,7 +497,7 @@ fn same(
 
 /// `code` (value `result`) as an elementwise kernel over `[rows, cols]` reading the scratch as an extra input,
 /// translated into a register program; `None` where it does not translate.
-fn translated(k: &KernelIr, code: Vec<Inst>, result: usize, rows: usize, cols: usize) -> Option<Epilogue> {
+fn translated(k: &KernelIr, code: Vec<Inst>, result: usize, rows: usize, cols: usize, isa: Isa) -> Option<Epilogue> {
     let mut inputs = k.inputs.clone();
     inputs.push(BufParam { dtype: DType::F32, len: rows * SLOTS });
     inputs.push(k.output.clone());
@@ -518,7 +518,8 @@ fn translated(k: &KernelIr, code: Vec<Inst>, result: usize, rows: usize, cols: u
         return None;
     }
     let view = ElementwiseView::of(&pass).filter(|v| v.batch.is_empty() && (v.m, v.n) == (rows, cols))?;
-    epilogue::translate_with(&pass, &view.roles, epilogue::Allow { bf16: false, bf16_loads: false, positions: true })
+    let allow = epilogue::Allow { bf16: false, bf16_loads: false, positions: true, scalef: isa == Isa::Avx512 };
+    epilogue::translate_with(&pass, &view.roles, allow)
 }
 
 /// Where one pass's values live: per-row values and uniforms in registers of their own from the top down (as

@@ -128,6 +128,9 @@ pub enum EpInst {
         f: usize,
     },
     Sqrt(usize),
+    /// `a * 2^floor(b)`, rounded once (`vscalefps`, so an underflow to a subnormal rounds as one multiply would):
+    /// 16 lanes only, emitted where the translation was told the program runs there (`epilogue::Allow::scalef`).
+    Scalef(usize, usize),
     /// A constant (f32 bit pattern, or an integer for the integer ops) in every lane, from the code's constant pool.
     Const(u32),
     /// `a op k` for a constant `k` (read from the constant pool as a memory operand).
@@ -216,7 +219,11 @@ fn releases_late(inst: &EpInst) -> bool {
 /// The distinct values `inst` reads (`x * x` reads one: its register is released once).
 fn sources(inst: &EpInst) -> Vec<usize> {
     let mut v = match *inst {
-        EpInst::Bin(_, a, b) | EpInst::Cmp(_, a, b) | EpInst::ICmpEq(a, b) | EpInst::FmaK(a, b, _) => vec![a, b],
+        EpInst::Bin(_, a, b)
+        | EpInst::Cmp(_, a, b)
+        | EpInst::ICmpEq(a, b)
+        | EpInst::FmaK(a, b, _)
+        | EpInst::Scalef(a, b) => vec![a, b],
         EpInst::Select { mask, t, f } => vec![mask, t, f],
         EpInst::Sqrt(a) | EpInst::BinK(_, a, _) | EpInst::Shl(a, _) | EpInst::Sar(a, _) | EpInst::Shr(a, _) => {
             vec![a]
@@ -546,6 +553,8 @@ pub(crate) trait VecIsa {
     /// `d = m ? t : f` per lane, `m` a lane mask.
     fn select(&self, ops: &mut Assembler, d: u8, m: u8, t: u8, f: u8);
     fn sqrt(&self, ops: &mut Assembler, d: u8, x: u8);
+    /// `d = x * 2^floor(y)`, one rounding ([`EpInst::Scalef`]); an error where the width has no such instruction.
+    fn scalef(&self, ops: &mut Assembler, d: u8, x: u8, y: u8) -> Result<(), String>;
 }
 
 /// 8-lane AVX2 instructions (ymm0..15).
@@ -623,6 +632,9 @@ impl VecIsa for Ymm {
     fn sqrt(&self, ops: &mut Assembler, d: u8, x: u8) {
         dynasm!(ops ; .arch x64 ; vsqrtps Ry(d), Ry(x));
     }
+    fn scalef(&self, _: &mut Assembler, _: u8, _: u8, _: u8) -> Result<(), String> {
+        Err("vscalefps has no 8-lane (AVX2) form: this program was translated for 16 lanes".into())
+    }
 }
 
 /// Emits the arithmetic of `p` and returns the register holding its result. `fixed(i)` names a register that
@@ -696,6 +708,7 @@ pub(crate) fn emit_insts(
             EpInst::ICmpEq(a, b) => isa.icmp_eq(ops, d, reg[a], reg[b]),
             EpInst::Select { mask, t, f } => isa.select(ops, d, reg[mask], reg[t], reg[f]),
             EpInst::Sqrt(a) => isa.sqrt(ops, d, reg[a]),
+            EpInst::Scalef(a, b) => isa.scalef(ops, d, reg[a], reg[b])?,
         }
         if last[i] == usize::MAX {
             pool.push(d);

@@ -156,6 +156,10 @@ impl VecIsa for Zmm {
     fn sqrt(&self, ops: &mut Assembler, d: u8, x: u8) {
         put(ops, |e| e.sqrt(d, x));
     }
+    fn scalef(&self, ops: &mut Assembler, d: u8, x: u8, y: u8) -> Result<(), String> {
+        put(ops, |e| e.op3(evex::VSCALEFPS, d, x, Rm::Reg(y)));
+        Ok(())
+    }
 }
 
 /// Accumulator register of tile element (r, v).

@@ -78,6 +78,10 @@ pub struct Allow {
     /// Positions along n (`Role::Position`, `EpInst::Position`): only a caller whose loop knows the column of each
     /// vector emits them (the row kernels, `cpu/wide_rows.rs`); a GEMM tile or an elementwise chunk does not.
     pub positions: bool,
+    /// `EpInst::Scalef` (`vscalefps`), in `exp` and `tanh`: only a caller that emits the program at 16 lanes alone
+    /// (the elementwise and row kernels built at AVX-512's width); a GEMM's epilogue, translated once for tiles of
+    /// either width, does not.
+    pub scalef: bool,
 }
 
 /// Translates `k`'s outer code, each value's role given by `roles` (a `GemmView`'s, or an `ElementwiseView`'s), or
@@ -258,7 +262,7 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
                     }
                     (InstOp::Unary(u, a), d) if floaty(d) => {
                         let x = f32_of(&mut ep, *a)?;
-                        let r = push_float_unary(&mut ep.program, *u, x)?;
+                        let r = push_float_unary(&mut ep.program, *u, x, allow.scalef)?;
                         // Negation and absolute value of a bf16 value are bf16 values.
                         if matches!(u, UnaryOp::Neg | UnaryOp::Abs) { r } else { rounded(&mut ep, r) }
                     }
@@ -355,8 +359,8 @@ fn float_bin(op: BinaryOp) -> Option<VBin> {
 
 /// Appends f32 `u(x)` and returns its value, or `None` for an op the program lacks. Negation and absolute value
 /// flip or clear the sign bit (as Cranelift's `fneg`/`fabs`), `recip` is `1 / x` (as the Cranelift kernels compute
-/// it), the transcendentals follow `clif_math` (below).
-fn push_float_unary(p: &mut EpProgram, u: UnaryOp, x: usize) -> Option<usize> {
+/// it), the transcendentals follow `clif_math` (below), scaling by `vscalefps` where `scalef` allows it.
+fn push_float_unary(p: &mut EpProgram, u: UnaryOp, x: usize, scalef: bool) -> Option<usize> {
     Some(match u {
         UnaryOp::Sqrt => push_inst(p, EpInst::Sqrt(x)),
         UnaryOp::Neg => push_inst(p, EpInst::BinK(VBin::Xor, x, 0x8000_0000)),
@@ -365,8 +369,8 @@ fn push_float_unary(p: &mut EpProgram, u: UnaryOp, x: usize) -> Option<usize> {
             let one = push_inst(p, EpInst::Const(f32_bits(1.0)));
             push_inst(p, EpInst::Bin(VBin::Div, one, x))
         }
-        UnaryOp::Exp => push_exp(p, x),
-        UnaryOp::Tanh => push_tanh(p, x),
+        UnaryOp::Exp => push_exp(p, x, scalef),
+        UnaryOp::Tanh => push_tanh(p, x, scalef),
         UnaryOp::Log => push_log(p, x),
         // No register-program form (the kernel stays on the Cranelift path); named so a new op must be decided.
         UnaryOp::Sin
@@ -408,7 +412,7 @@ pub fn translate_row_outer(outer: &[Inst], result: usize) -> Option<EpProgram> {
                 let (x, y) = (f32_of(*a)?, f32_of(*b)?);
                 push_inst(&mut p, EpInst::Bin(float_bin(*op)?, x, y))
             }
-            InstOp::Unary(u, a) => push_float_unary(&mut p, *u, f32_of(*a)?)?,
+            InstOp::Unary(u, a) => push_float_unary(&mut p, *u, f32_of(*a)?, false)?,
             _ => return None,
         };
         val[i] = Some(v);

@@ -86,6 +86,8 @@ pub(crate) const VPSUBD: Opc = pd66(0xfa);
 pub(crate) const VFMADD231PS: Opc = x38(0xb8);
 pub(crate) const VFMADD213PS: Opc = x38(0xa8);
 pub(crate) const VBLENDMPS: Opc = x38(0x65);
+/// `d = x * 2^floor(src)`, rounded once (an exponent's scaling: `gemm::program_math`).
+pub(crate) const VSCALEFPS: Opc = x38(0x2c);
 const VSQRTPS: Opc = ps(0x51);
 const VMOVAPS: Opc = ps(0x28);
 const VMOVUPS_LOAD: Opc = ps(0x10);
@@ -366,6 +368,10 @@ mod tests {
         }
         e.sqrt(19, 12);
         check(&mut e, &[0x62, 0xc1, 0x7c, 0x48, 0x51, 0xdc], "vsqrtps zmm19, zmm12");
+        e.op3(VSCALEFPS, 1, 2, Rm::Reg(27));
+        check(&mut e, &[0x62, 0x92, 0x6d, 0x48, 0x2c, 0xcb], "vscalefps zmm1, zmm2, zmm27");
+        e.op3(VSCALEFPS, 20, 9, Rm::Reg(3));
+        check(&mut e, &[0x62, 0xe2, 0x35, 0x48, 0x2c, 0xe3], "vscalefps zmm20, zmm9, zmm3");
         e.mov(19, 12);
         check(&mut e, &[0x62, 0xc1, 0x7c, 0x48, 0x28, 0xdc], "vmovaps zmm19, zmm12");
         e.op3(VFMADD213PS, 4, 18, Rm::Bcst(mem(R10, 64)));

@@ -27,11 +27,21 @@ use super::asm::{EpInst, EpProgram, VBin, pred};
 /// runs on `p * g` (so it gives 0 bits above), the normal one on `p - p * g` (so it gives +0 below), and the
 /// results are or-ed. A NaN stays the NaN the normal path gives: the other path's bits are a subset
 /// of it.
-pub(super) fn push_exp(p: &mut EpProgram, x: usize) -> usize {
+///
+/// With `scalef` (a program for 16 lanes only) all of that scaling is one `vscalefps` of `p` by `n` as a float:
+/// `p * 2^n` rounded once, in the normal, overflowing and subnormal ranges alike, which is the value both paths
+/// above compute, so the bits are the same (`tests/wide.rs` holds the 16-lane kernels to the Cranelift ones). That
+/// takes the exponential from ~40 instructions to ~20, and it is what bounds softmax and the other exp-heavy row
+/// and elementwise kernels.
+pub(super) fn push_exp(p: &mut EpProgram, x: usize, scalef: bool) -> usize {
     use kiln_jit::render::clif_math::EXPF_CLAMP;
     let x = push_inst(p, EpInst::MaxK(x, f32_bits(EXPF_CLAMP.0)));
     let x = push_inst(p, EpInst::MinK(x, f32_bits(EXPF_CLAMP.1)));
-    let (e, n) = push_exp_reduced(p, x);
+    if scalef {
+        let (e, nf) = push_exp_reduced(p, x, Exponent::Float);
+        return push_inst(p, EpInst::Scalef(e, nf));
+    }
+    let (e, n) = push_exp_reduced(p, x, Exponent::Int);
     let k = push_inst(p, EpInst::BinK(VBin::IAdd, n, 149));
     // All ones exactly where n <= -127: the sign of n + 126, spread.
     let m = push_inst(p, EpInst::BinK(VBin::IAdd, n, 126));
@@ -55,17 +65,29 @@ pub(super) fn push_exp(p: &mut EpProgram, x: usize) -> usize {
     push_inst(p, EpInst::Bin(VBin::Or, normal, sub))
 }
 
+/// How [`push_exp_reduced`] gives `n`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Exponent {
+    /// In integer lanes, for scaling through the exponent field.
+    Int,
+    /// As an f32 (an integral value), for `vscalefps`.
+    Float,
+}
+
 /// `(p, n)` with e^x = p * 2^n for a clamped `x` (`clif_math`'s `exp_reduced`, f32, FMA form): `n = round(x log2 e)`
 /// by the magic-number trick, Cody-Waite `r = x - n ln2`, `p = 1 + r + r^2 P(r)` with the Cephes polynomial by
-/// fused multiply-adds; `n` in integer lanes.
-fn push_exp_reduced(p: &mut EpProgram, x: usize) -> (usize, usize) {
+/// fused multiply-adds; `n` in integer lanes or as a float (`form`).
+fn push_exp_reduced(p: &mut EpProgram, x: usize, form: Exponent) -> (usize, usize) {
     use kiln_jit::render::clif_math::{EXPF_P, F32_LN2_SPLIT};
     let magic = 1.5 * 2f64.powi(23);
     let y = push_inst(p, EpInst::BinK(VBin::Mul, x, f32_bits(std::f64::consts::LOG2_E)));
     let t = push_inst(p, EpInst::BinK(VBin::Add, y, f32_bits(magic)));
     let nf = push_inst(p, EpInst::BinK(VBin::Add, t, f32_bits(-magic)));
     // The integer n, from t's bits (computed here so that t is free during the polynomial).
-    let n = push_inst(p, EpInst::BinK(VBin::ISub, t, f32_bits(magic)));
+    let n = match form {
+        Exponent::Int => push_inst(p, EpInst::BinK(VBin::ISub, t, f32_bits(magic))),
+        Exponent::Float => nf,
+    };
     let h = push_inst(p, EpInst::BinK(VBin::Mul, nf, f32_bits(F32_LN2_SPLIT.0)));
     let r = push_inst(p, EpInst::Bin(VBin::Sub, x, h));
     let l = push_inst(p, EpInst::BinK(VBin::Mul, nf, f32_bits(F32_LN2_SPLIT.1)));
@@ -78,17 +100,23 @@ fn push_exp_reduced(p: &mut EpProgram, x: usize) -> (usize, usize) {
 }
 
 /// f32 `tanh(x)` as `clif_math` computes it (f32, FMA form): on `a = |x|`, `a + a^3 P(a^2)` below 0.625, else
-/// `1 - 2 / (e^(2a) + 1)` with `2a` capped at 40 (one 2^n scale), then x's sign.
-pub(super) fn push_tanh(p: &mut EpProgram, x: usize) -> usize {
+/// `1 - 2 / (e^(2a) + 1)` with `2a` capped at 40 (one 2^n scale, exact: `n` is 0..=58; by `vscalefps` with
+/// `scalef`, the same value), then x's sign.
+pub(super) fn push_tanh(p: &mut EpProgram, x: usize, scalef: bool) -> usize {
     use kiln_jit::render::clif_math::TANHF_P;
     let a = push_inst(p, EpInst::BinK(VBin::And, x, 0x7fff_ffff));
     let bound = push_inst(p, EpInst::Const(f32_bits(0.625)));
     let small = push_inst(p, EpInst::Cmp(pred::LT_OQ, a, bound));
     let a2 = push_inst(p, EpInst::Bin(VBin::Add, a, a));
     let u = push_inst(p, EpInst::MinK(a2, f32_bits(40.0)));
-    let (e, n) = push_exp_reduced(p, u);
-    let s = push_pow2(p, n);
-    let e = push_inst(p, EpInst::Bin(VBin::Mul, e, s));
+    let e = if scalef {
+        let (e, nf) = push_exp_reduced(p, u, Exponent::Float);
+        push_inst(p, EpInst::Scalef(e, nf))
+    } else {
+        let (e, n) = push_exp_reduced(p, u, Exponent::Int);
+        let s = push_pow2(p, n);
+        push_inst(p, EpInst::Bin(VBin::Mul, e, s))
+    };
     let e1 = push_inst(p, EpInst::BinK(VBin::Add, e, f32_bits(1.0)));
     let z = push_inst(p, EpInst::Bin(VBin::Mul, a, a));
     let pz = push_horner(p, z, &TANHF_P);
