@@ -153,11 +153,14 @@ impl Device {
     }
 
     /// Whether the device runs the row sort routine (`kernel::sort`); elsewhere `Tensor::sort` composes a sorting
-    /// network from the kernel IR's ops.
+    /// network from the kernel IR's ops. Not the CPU in a process that also compiles its plans for a GPU ahead of
+    /// time (`KILN_CUDA_ARCH`, `KILN_HIP_ARCH`): a GPU run records the network, whose kernels the GPUs' renderers
+    /// have, where the CPU would record the routine, which they do not, so the CPU records the network too and its
+    /// kernels are among those compiled ahead of time (a build machine's run is not a timed one).
     pub(crate) fn sorts_rows(&self) -> bool {
         match self {
             #[cfg(feature = "cpu")]
-            Device::Cpu => true,
+            Device::Cpu => !kiln_backends::gpu_cache::precompiling(),
             #[cfg(feature = "wgpu")]
             Device::Wgpu(_) => false,
             #[cfg(feature = "cuda")]

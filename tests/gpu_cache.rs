@@ -71,6 +71,13 @@ fn precompile_child() {
     let idx = Tensor::from_vec(vec![2i64, 0, 7], [3], &dev).unwrap();
     let y = ((x.exp() * 2.0 + 1.0).sum(1, false).index_select(0, &idx) - 0.5).relu();
     y.realize().unwrap();
+    // A top k, which the CPU alone runs as a routine the GPUs' renderers lack: compiling ahead of time, the CPU
+    // records what a GPU run would (the sort's comparisons), so its kernels are compiled too.
+    let (top, _) = x.topk(3, 1, true);
+    let graph = kiln::capture(&[&top]).unwrap().graph;
+    let routine = graph.topo_order().into_iter().any(|n| matches!(graph.node(n).op, kiln_jit::Op::SortRows { .. }));
+    assert!(!routine, "a CPU run compiling for a GPU recorded the row sort routine");
+    top.realize().unwrap();
     let store = kiln_backends::gpu_cache::store(lang.flavor, lang.arch).unwrap();
     let stored = store.entries().iter().filter(|e| !e.foreign && e.problem.is_none()).count();
     println!("compiles={} stored={stored}", kiln_backends::gpu_cache::compiles());

@@ -208,6 +208,13 @@ pub fn precompile_archs(flavor: Flavor) -> &'static [String] {
     }
 }
 
+/// Whether this process compiles every plan for a GPU too (`KILN_CUDA_ARCH` or `KILN_HIP_ARCH` names an
+/// architecture): the CPU then records what the GPU devices record where the two differ (a sort), so that the code
+/// compiled ahead of time is the code a GPU run of the same program asks for.
+pub fn precompiling() -> bool {
+    [Flavor::Cuda, Flavor::Hip].into_iter().any(|f| !precompile_archs(f).is_empty())
+}
+
 /// With `KILN_CUDA_ARCH` or `KILN_HIP_ARCH` set: compiles the code the GPU devices would run for `graph` into the
 /// stores of those architectures (see the module doc). Kernels a dialect cannot render (an index past i32) are
 /// left out: the device refuses such a graph itself. A compile error is an error: the user asked for this code.

@@ -6,10 +6,11 @@
 //! comparison that is never stored, and the values are a gather. NaN sorts above every number, as in PyTorch (last
 //! ascending, first descending). Counts are f32 sums of 0/1, exact below 2^24 elements per row.
 //!
-//! On a device that runs the row sort routine (`Device::sorts_rows`: the CPU) none of this is built: the sorted dim
-//! moves last, the rows are one `Op::SortRows` (`kernel::sort`: a radix or comparison sort per row in the same
-//! order; for `topk` a selection of the k first, then their sort), and the values are the same gather. Elsewhere
-//! (wgpu, CUDA, HIP) the order is composed as follows.
+//! On a device that runs the row sort routine (`Device::sorts_rows`: the CPU, unless the process also compiles its
+//! plans for a GPU ahead of time) none of this is built: the sorted dim moves last, the rows are one `Op::SortRows`
+//! (`kernel::sort`: a radix or comparison sort per row in the same order; for `topk` a filter against the k best so
+//! far, then their sort), and the values are the same gather. Elsewhere (wgpu, CUDA, HIP) the order is composed as
+//! follows.
 //!
 //! Cost: O(n²) comparisons per row, in three kernels, on every device: nothing to tune and nothing data-dependent
 //! in the control flow, which is right for short rows. Rows longer than [`BITONIC_MIN`] (a vocabulary's logits for

@@ -4,10 +4,11 @@
 //! The kernel IR can only say a sort as a fixed network of compare-exchanges (`Tensor::sort`'s bitonic network:
 //! `log2(N) (log2(N) + 1) / 2` stages of several kernels over the whole row, 47-70 ms for one row of 32k logits on
 //! two cores, where PyTorch's sort takes 2 ms), or as an O(n²) count. A routine sorts each row in O(n log n) or
-//! less (the CPU's: a radix sort of order keys; for `topk` a filter against its k best so far, then their sort), which needs
-//! data-dependent control flow, so each device that runs it writes it itself (`kernel::routine`): the CPU in Rust
-//! (`backends/src/cpu/sort.rs`). Devices without it (wgpu, CUDA, HIP) keep the network, and `Tensor::sort` builds
-//! this op only for a device that has it (`Device::sorts_rows`).
+//! less (the CPU's: a radix sort of order keys; for `topk` a filter against its k best so far, then their sort),
+//! which needs data-dependent control flow, so each device that runs it writes it itself (`kernel::routine`): the
+//! CPU in Rust (`backends/src/cpu/sort.rs`). Devices without it (wgpu, CUDA, HIP) keep the network, and
+//! `Tensor::sort` builds this op only for a device that has it (`Device::sorts_rows`; not the CPU in a process that
+//! compiles its plans for a GPU ahead of time, which records what the GPU would).
 //!
 //! # Semantics (every device, the reference included)
 //! - Source: `[rows, n]` values of any dtype (bool as 0 and 1); result: `[rows, keep]` indices in `0..n`, i64
