@@ -2,7 +2,10 @@
 //! kernels, GEMM epilogues and row sums. Each is the Cranelift kernels' sequence in its FMA form (the form on every
 //! host that runs generated code, which has FMA), operation for operation and constant for constant (the constants
 //! come from `clif_math`), so an element gets the same bits from either kind of kernel; `tests/wide.rs` checks that
-//! against a Cranelift run. Constants are `EpInst::Const`/`BinK` operands, read from the code's constant pool.
+//! against a Cranelift run. One deliberate difference: in a program for 16 lanes (`epilogue::Allow::scalef`) the
+//! final scaling by `2^n` of `exp` and `tanh` is one `vscalefps` instead of the exponent-field arithmetic, which
+//! computes the same correctly rounded product, so the bits still agree. Constants are `EpInst::Const`/`BinK`
+//! operands, read from the code's constant pool.
 //!
 //! Why the sequences are written twice (here and in `clif_math`) rather than emitted from one description: the two
 //! targets are different instruction sets with different register disciplines (Cranelift IR values in SSA, and an
