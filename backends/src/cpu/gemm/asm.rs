@@ -20,7 +20,7 @@
 //! Registers: accumulators are ymm0.. (mr*nv of them), then nv B registers (a 1-row kernel uses memory-operand FMAs
 //! instead), then one broadcast register; the epilogue allocates its temporaries from whatever the accumulators
 //! leave free. Scratch GPRs are rax, r9, r10, r11 (caller-saved in SysV, which is pinned: Win64 would need
-//! xmm6-15 saved); in the K loop r10 and r11 walk the C tile's prefetch (`k_loop`). Every kernel ends with
+//! xmm6-15 saved); in the K loop r9, r10 and r11 walk the prefetch of the C tile and the epilogue's operands (`k_loop`). Every kernel ends with
 //! `vzeroupper` (the host Rust is SSE code). Constants an epilogue reads (`exp`'s polynomial) sit after the kernel's
 //! `ret` as 32-byte vectors, addressed relative to the instruction pointer (`ConstPool`), so the code stays position
 //! independent.
@@ -39,8 +39,8 @@ use dynasmrt::{AssemblyOffset, DynamicLabel, DynasmApi, DynasmLabelApi, Executab
 /// of the same kiln version is not mapped in place of the new code (the key's other parts, the specs and the
 /// program, would not change). 2: a value read twice by one instruction is released once (a kernel cached before
 /// that fix could compute a wrong epilogue); constants in a pool after the code. 3: the bf16 kernels (`amx`) load
-/// each tile just before its first product.
-pub const REVISION: u32 = 3;
+/// each tile just before its first product. 4: the K loop prefetches the epilogue's per-element operands.
+pub const REVISION: u32 = 4;
 
 /// `a, b, c, k, ep`: see the module doc. `ep` points at `[mask, uniforms, operand 0, operand 1, ...]`.
 pub type MicroFn = unsafe extern "sysv64" fn(*const f32, *const f32, *mut f32, usize, *const *const u8);
@@ -318,7 +318,7 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
             }
         }
     };
-    k_loop(ops, s, &step);
+    k_loop(ops, s, &epi, &step);
     // Finish: mask, C, epilogue, store.
     let mreg = 15u8;
     if s.masked {
@@ -358,15 +358,20 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
 
 /// The K loop every micro-kernel runs (either family): `step(ops, u)` emits k-step `u` of an unrolled iteration,
 /// addressing A and B at `u` steps past rdi and rsi; the loop runs `k / unroll` such iterations (rcx = k), then the
-/// remainder one step at a time. Uses rax, and r10 and r11 for the C tile's prefetch.
+/// remainder one step at a time. Uses rax, r9, and r10 and r11 for the C tile's prefetch.
 ///
 /// The C tile (rdx, stored or accumulated into after the loop) is prefetched one row per iteration, its rows in
 /// turn (r11 walks them, r10 marks the end, then r11 starts over: rows already in L1 cost a prefetch that hits).
+/// So is the same row of each f32 operand the epilogue `ep` reads per element with C's row stride (a training
+/// step's saved activations, which the GELU's gradient reads two of): its tile is at the same offset from its
+/// pointer in the epilogue table as C's row from rdx, so r9 = that pointer + (r11 - rdx). Those operands, like C,
+/// were written long before and have left the caches; read only by the epilogue, after the loop, each line was a
+/// miss the tile waited for.
 /// Why spread: a 14 x 32 tile is 28 lines, more than the core's line fill buffers (16 on the Xeon guest). All 28
 /// prefetched at the kernel's start measured slower than no prefetch at all with C in cache, and a GEMM writing a C
 /// that had left the caches (a training step's outputs) ran ~15 % slower than with C in cache at K = 128; spread,
 /// both are faster (docs/benchmarks.md, "The C tile's prefetch").
-pub(crate) fn k_loop(ops: &mut Assembler, s: &MicroSpec, step: &dyn Fn(&mut Assembler, usize)) {
+pub(crate) fn k_loop(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram, step: &dyn Fn(&mut Assembler, usize)) {
     let u = s.unroll;
     let (main, main_end, rem, done) =
         (ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label(), ops.new_dynamic_label());
@@ -375,9 +380,25 @@ pub(crate) fn k_loop(ops: &mut Assembler, s: &MicroSpec, step: &dyn Fn(&mut Asse
     let (tile_end, ldc) = (s.mr as i32 * s.ldc, s.ldc);
     // A row of the tile: `nv` vectors of 32 or 64 bytes.
     let row_lines = (s.nv * s.isa.lanes() * 4).div_ceil(64) as i32;
+    // Table slots of the f32 per-element operands laid out as C (once each).
+    let mut operands: Vec<i32> = Vec::new();
+    for inst in &ep.insts {
+        if let EpInst::Mat { op, ld, bf16: false } = *inst
+            && ld == ldc
+            && !operands.contains(&(8 * (2 + op as i32)))
+        {
+            operands.push(8 * (2 + op as i32));
+        }
+    }
     let prefetch_c_row = |ops: &mut Assembler| {
         for line in 0..row_lines {
             dynasm!(ops ; .arch x64 ; prefetcht0 [r11 + 64 * line]);
+        }
+        for &slot in &operands {
+            dynasm!(ops ; .arch x64 ; mov r9, QWORD [r8 + slot] ; add r9, r11 ; sub r9, rdx);
+            for line in 0..row_lines {
+                dynasm!(ops ; .arch x64 ; prefetcht0 [r9 + 64 * line]);
+            }
         }
         dynasm!(ops ; .arch x64 ; add r11, ldc ; cmp r11, r10 ; cmovae r11, rdx);
     };

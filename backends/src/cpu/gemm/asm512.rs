@@ -213,7 +213,7 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
             }
         });
     };
-    k_loop(ops, s, &step);
+    k_loop(ops, s, &epi, &step);
     // Finish: mask, C, epilogue, store.
     if s.masked {
         dynasm!(ops ; .arch x64 ; mov r9, QWORD [r8]);
