@@ -673,69 +673,98 @@ pub(crate) fn emit_insts(
     load: &mut dyn FnMut(&mut Assembler, &EpInst, u8),
     consts: &mut ConstPool,
 ) -> Result<u8, String> {
-    let mut pool: Vec<u8> = free.iter().rev().copied().collect();
-    let mut reg = vec![0u8; p.insts.len()];
+    let mut load_copy = |ops: &mut Assembler, _: usize, inst: &EpInst, d: u8| load(ops, inst, d);
+    let res = emit_insts_interleaved(isa, ops, p, last, &[free], fixed, &mut load_copy, consts)?;
+    Ok(res[0])
+}
+
+/// [`emit_insts`] for several copies of `p` (an unrolled loop's vectors), copy `c` in registers `frees[c]` (each
+/// copy's its own) and loading through `load(ops, c, ..)`; returns each copy's result register. The copies are
+/// emitted instruction by instruction across them (the first instruction of every copy, then the second, ...)
+/// rather than copy after copy: a transcendental is a chain of ~20-45 dependent operations, and emitted one copy
+/// at a time the core's schedulers fill with one copy's chain, each operation waiting on the last, before the next
+/// copy's independent work reaches them. Each copy computes exactly what it did alone (the same operations in the
+/// same order on its own registers), so results are the same bits.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn emit_insts_interleaved(
+    isa: &dyn VecIsa,
+    ops: &mut Assembler,
+    p: &EpProgram,
+    last: &[usize],
+    frees: &[&[u8]],
+    fixed: &dyn Fn(usize) -> Option<u8>,
+    load: &mut dyn FnMut(&mut Assembler, usize, &EpInst, u8),
+    consts: &mut ConstPool,
+) -> Result<Vec<u8>, String> {
+    let mut pools: Vec<Vec<u8>> = frees.iter().map(|f| f.iter().rev().copied().collect()).collect();
+    let mut regs = vec![vec![0u8; p.insts.len()]; frees.len()];
     for (i, inst) in p.insts.iter().enumerate() {
         if let Some(r) = fixed(i) {
-            reg[i] = r;
+            for reg in &mut regs {
+                reg[i] = r;
+            }
             continue;
         }
-        let late = releases_late(inst);
-        let d = if late { pool.pop().ok_or("epilogue ran out of registers")? } else { 0 };
-        for s in sources(inst) {
-            if last[s] == i && fixed(s).is_none() {
-                pool.push(reg[s]);
-            }
-        }
-        let d = if late { d } else { pool.pop().ok_or("epilogue ran out of registers")? };
-        reg[i] = d;
-        match *inst {
-            EpInst::Acc => return Err("an accumulator without a register".into()),
-            EpInst::Mat { .. } | EpInst::Row { .. } | EpInst::Col { .. } | EpInst::Uniform(_) | EpInst::Position(_) => {
-                load(ops, inst, d)
-            }
-            EpInst::Bin(op, a, b) => isa.bin(ops, op, d, reg[a], reg[b]),
-            EpInst::Const(k) => {
-                let at = consts.get(ops, k);
-                isa.konst(ops, d, at);
-            }
-            EpInst::BinK(op, a, k) => {
-                let at = consts.get(ops, k);
-                isa.bin_const(ops, op, d, reg[a], at);
-            }
-            EpInst::FmaK(a, b, k) => {
-                // `d = d * s + k`; the product's operands commute (one rounding either way).
-                let (x, y, at) = (reg[a], reg[b], consts.get(ops, k));
-                if d == x {
-                    isa.fma_const(ops, d, y, at);
-                } else if d == y {
-                    isa.fma_const(ops, d, x, at);
-                } else {
-                    isa.mov(ops, d, x);
-                    isa.fma_const(ops, d, y, at);
+        for (c, (pool, reg)) in pools.iter_mut().zip(regs.iter_mut()).enumerate() {
+            let late = releases_late(inst);
+            let d = if late { pool.pop().ok_or("epilogue ran out of registers")? } else { 0 };
+            for s in sources(inst) {
+                if last[s] == i && fixed(s).is_none() {
+                    pool.push(reg[s]);
                 }
             }
-            EpInst::MaxK(a, k) | EpInst::MinK(a, k) => {
-                // x86 max/min return their second operand when either is NaN and when neither is greater (less):
-                // with `k` first that is `a < k ? k : a` (`k < a ? k : a`), NaN in `a` kept. `d` is not `a`'s
-                // register (`releases_late`).
-                let at = consts.get(ops, k);
-                isa.max_min_const(ops, matches!(inst, EpInst::MaxK(..)), d, reg[a], at);
+            let d = if late { d } else { pool.pop().ok_or("epilogue ran out of registers")? };
+            reg[i] = d;
+            match *inst {
+                EpInst::Acc => return Err("an accumulator without a register".into()),
+                EpInst::Mat { .. }
+                | EpInst::Row { .. }
+                | EpInst::Col { .. }
+                | EpInst::Uniform(_)
+                | EpInst::Position(_) => load(ops, c, inst, d),
+                EpInst::Bin(op, a, b) => isa.bin(ops, op, d, reg[a], reg[b]),
+                EpInst::Const(k) => {
+                    let at = consts.get(ops, k);
+                    isa.konst(ops, d, at);
+                }
+                EpInst::BinK(op, a, k) => {
+                    let at = consts.get(ops, k);
+                    isa.bin_const(ops, op, d, reg[a], at);
+                }
+                EpInst::FmaK(a, b, k) => {
+                    // `d = d * s + k`; the product's operands commute (one rounding either way).
+                    let (x, y, at) = (reg[a], reg[b], consts.get(ops, k));
+                    if d == x {
+                        isa.fma_const(ops, d, y, at);
+                    } else if d == y {
+                        isa.fma_const(ops, d, x, at);
+                    } else {
+                        isa.mov(ops, d, x);
+                        isa.fma_const(ops, d, y, at);
+                    }
+                }
+                EpInst::MaxK(a, k) | EpInst::MinK(a, k) => {
+                    // x86 max/min return their second operand when either is NaN and when neither is greater
+                    // (less): with `k` first that is `a < k ? k : a` (`k < a ? k : a`), NaN in `a` kept. `d` is not
+                    // `a`'s register (`releases_late`).
+                    let at = consts.get(ops, k);
+                    isa.max_min_const(ops, matches!(inst, EpInst::MaxK(..)), d, reg[a], at);
+                }
+                EpInst::Shl(a, n) => isa.shift(ops, Shift::Left, d, reg[a], n),
+                EpInst::Sar(a, n) => isa.shift(ops, Shift::RightArith, d, reg[a], n),
+                EpInst::Shr(a, n) => isa.shift(ops, Shift::RightLogical, d, reg[a], n),
+                EpInst::Cmp(pr, a, b) => isa.cmp(ops, d, reg[a], reg[b], pr),
+                EpInst::ICmpEq(a, b) => isa.icmp_eq(ops, d, reg[a], reg[b]),
+                EpInst::Select { mask, t, f } => isa.select(ops, d, reg[mask], reg[t], reg[f]),
+                EpInst::Sqrt(a) => isa.sqrt(ops, d, reg[a]),
+                EpInst::Scalef(a, b) => isa.scalef(ops, d, reg[a], reg[b])?,
             }
-            EpInst::Shl(a, n) => isa.shift(ops, Shift::Left, d, reg[a], n),
-            EpInst::Sar(a, n) => isa.shift(ops, Shift::RightArith, d, reg[a], n),
-            EpInst::Shr(a, n) => isa.shift(ops, Shift::RightLogical, d, reg[a], n),
-            EpInst::Cmp(pr, a, b) => isa.cmp(ops, d, reg[a], reg[b], pr),
-            EpInst::ICmpEq(a, b) => isa.icmp_eq(ops, d, reg[a], reg[b]),
-            EpInst::Select { mask, t, f } => isa.select(ops, d, reg[mask], reg[t], reg[f]),
-            EpInst::Sqrt(a) => isa.sqrt(ops, d, reg[a]),
-            EpInst::Scalef(a, b) => isa.scalef(ops, d, reg[a], reg[b])?,
-        }
-        if last[i] == usize::MAX {
-            pool.push(d);
+            if last[i] == usize::MAX {
+                pool.push(d);
+            }
         }
     }
-    Ok(reg[p.result])
+    Ok(regs.iter().map(|reg| reg[p.result]).collect())
 }
 
 /// One constant of a [`ConstPool`]: its 16 lanes (a splat for [`ConstPool::get`]), label, first 32-byte slot and
