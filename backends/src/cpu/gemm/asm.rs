@@ -131,6 +131,8 @@ pub enum EpInst {
     /// `a * 2^floor(b)`, rounded once (`vscalefps`, so an underflow to a subnormal rounds as one multiply would):
     /// 16 lanes only, emitted where the translation was told the program runs there (`epilogue::Allow::scalef`).
     Scalef(usize, usize),
+    /// `a` rounded to an integral value, ties to even (`vroundps` / `vrndscaleps`).
+    RoundNearest(usize),
     /// A constant (f32 bit pattern, or an integer for the integer ops) in every lane, from the code's constant pool.
     Const(u32),
     /// `a op k` for a constant `k` (read from the constant pool as a memory operand).
@@ -225,9 +227,12 @@ fn sources(inst: &EpInst) -> Vec<usize> {
         | EpInst::FmaK(a, b, _)
         | EpInst::Scalef(a, b) => vec![a, b],
         EpInst::Select { mask, t, f } => vec![mask, t, f],
-        EpInst::Sqrt(a) | EpInst::BinK(_, a, _) | EpInst::Shl(a, _) | EpInst::Sar(a, _) | EpInst::Shr(a, _) => {
-            vec![a]
-        }
+        EpInst::Sqrt(a)
+        | EpInst::RoundNearest(a)
+        | EpInst::BinK(_, a, _)
+        | EpInst::Shl(a, _)
+        | EpInst::Sar(a, _)
+        | EpInst::Shr(a, _) => vec![a],
         EpInst::MaxK(a, _) | EpInst::MinK(a, _) => vec![a],
         _ => vec![],
     };
@@ -576,6 +581,8 @@ pub(crate) trait VecIsa {
     fn sqrt(&self, ops: &mut Assembler, d: u8, x: u8);
     /// `d = x * 2^floor(y)`, one rounding ([`EpInst::Scalef`]); an error where the width has no such instruction.
     fn scalef(&self, ops: &mut Assembler, d: u8, x: u8, y: u8) -> Result<(), String>;
+    /// `d = x` rounded to an integral value, ties to even ([`EpInst::RoundNearest`]).
+    fn round_nearest(&self, ops: &mut Assembler, d: u8, x: u8);
 }
 
 /// 8-lane AVX2 instructions (ymm0..15).
@@ -655,6 +662,9 @@ impl VecIsa for Ymm {
     }
     fn scalef(&self, _: &mut Assembler, _: u8, _: u8, _: u8) -> Result<(), String> {
         Err("vscalefps has no 8-lane (AVX2) form: this program was translated for 16 lanes".into())
+    }
+    fn round_nearest(&self, ops: &mut Assembler, d: u8, x: u8) {
+        dynasm!(ops ; .arch x64 ; vroundps Ry(d), Ry(x), 0);
     }
 }
 
@@ -758,6 +768,7 @@ pub(crate) fn emit_insts_interleaved(
                 EpInst::Select { mask, t, f } => isa.select(ops, d, reg[mask], reg[t], reg[f]),
                 EpInst::Sqrt(a) => isa.sqrt(ops, d, reg[a]),
                 EpInst::Scalef(a, b) => isa.scalef(ops, d, reg[a], reg[b])?,
+                EpInst::RoundNearest(a) => isa.round_nearest(ops, d, reg[a]),
             }
             if last[i] == usize::MAX {
                 pool.push(d);

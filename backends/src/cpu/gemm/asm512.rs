@@ -156,6 +156,9 @@ impl VecIsa for Zmm {
     fn sqrt(&self, ops: &mut Assembler, d: u8, x: u8) {
         put(ops, |e| e.sqrt(d, x));
     }
+    fn round_nearest(&self, ops: &mut Assembler, d: u8, x: u8) {
+        put(ops, |e| e.round_nearest(d, x));
+    }
     fn scalef(&self, ops: &mut Assembler, d: u8, x: u8, y: u8) -> Result<(), String> {
         put(ops, |e| e.op3(evex::VSCALEFPS, d, x, Rm::Reg(y)));
         Ok(())

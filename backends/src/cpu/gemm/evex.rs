@@ -88,6 +88,7 @@ pub(crate) const VFMADD213PS: Opc = x38(0xa8);
 pub(crate) const VBLENDMPS: Opc = x38(0x65);
 /// `d = x * 2^floor(src)`, rounded once (an exponent's scaling: `gemm::program_math`).
 pub(crate) const VSCALEFPS: Opc = x38(0x2c);
+const VRNDSCALEPS: Opc = x3a(0x08);
 const VSQRTPS: Opc = ps(0x51);
 const VMOVAPS: Opc = ps(0x28);
 const VMOVUPS_LOAD: Opc = ps(0x10);
@@ -209,6 +210,11 @@ impl Enc {
 
     /// `d` = the 128-bit quarters of `x` and `y` picked by `imm` (`vshuff32x4`; 0x4e swaps the 256-bit halves of
     /// `x == y`).
+    /// `d` = `x` rounded to an integral value, ties to even (`vrndscaleps` with immediate 0).
+    pub(crate) fn round_nearest(&mut self, d: u8, x: u8) {
+        self.insn(VRNDSCALEPS, d, 0, Rm::Reg(x), 0, false, Some(0));
+    }
+
     pub(crate) fn shuffle_quarters(&mut self, d: u8, x: u8, y: u8, imm: u8) {
         self.insn(VSHUFF32X4, d, x, Rm::Reg(y), 0, false, Some(imm));
     }
@@ -372,6 +378,12 @@ mod tests {
         check(&mut e, &[0x62, 0x92, 0x6d, 0x48, 0x2c, 0xcb], "vscalefps zmm1, zmm2, zmm27");
         e.op3(VSCALEFPS, 20, 9, Rm::Reg(3));
         check(&mut e, &[0x62, 0xe2, 0x35, 0x48, 0x2c, 0xe3], "vscalefps zmm20, zmm9, zmm3");
+        e.round_nearest(1, 2);
+        check(&mut e, &[0x62, 0xf3, 0x7d, 0x48, 0x08, 0xca, 0x00], "vrndscaleps zmm1, zmm2, 0");
+        e.round_nearest(20, 9);
+        check(&mut e, &[0x62, 0xc3, 0x7d, 0x48, 0x08, 0xe1, 0x00], "vrndscaleps zmm20, zmm9, 0");
+        e.round_nearest(3, 27);
+        check(&mut e, &[0x62, 0x93, 0x7d, 0x48, 0x08, 0xdb, 0x00], "vrndscaleps zmm3, zmm27, 0");
         e.mov(19, 12);
         check(&mut e, &[0x62, 0xc1, 0x7c, 0x48, 0x28, 0xdc], "vmovaps zmm19, zmm12");
         e.op3(VFMADD213PS, 4, 18, Rm::Bcst(mem(R10, 64)));

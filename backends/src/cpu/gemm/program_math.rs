@@ -84,12 +84,19 @@ fn push_exp_reduced(p: &mut EpProgram, x: usize, form: Exponent) -> (usize, usiz
     use kiln_jit::render::clif_math::{EXPF_P, F32_LN2_SPLIT};
     let magic = 1.5 * 2f64.powi(23);
     let y = push_inst(p, EpInst::BinK(VBin::Mul, x, f32_bits(std::f64::consts::LOG2_E)));
-    let t = push_inst(p, EpInst::BinK(VBin::Add, y, f32_bits(magic)));
-    let nf = push_inst(p, EpInst::BinK(VBin::Add, t, f32_bits(-magic)));
-    // The integer n, from t's bits (computed here so that t is free during the polynomial).
-    let n = match form {
-        Exponent::Int => push_inst(p, EpInst::BinK(VBin::ISub, t, f32_bits(magic))),
-        Exponent::Float => nf,
+    let (nf, n) = match form {
+        Exponent::Int => {
+            let t = push_inst(p, EpInst::BinK(VBin::Add, y, f32_bits(magic)));
+            let nf = push_inst(p, EpInst::BinK(VBin::Add, t, f32_bits(-magic)));
+            // The integer n, from t's bits (computed here so that t is free during the polynomial).
+            (nf, push_inst(p, EpInst::BinK(VBin::ISub, t, f32_bits(magic))))
+        }
+        // The magic number's rounding is to nearest, ties to even, for |y| < 2^22 (a clamped x's |y| < 151): one
+        // rounding instruction gives the same value.
+        Exponent::Float => {
+            let nf = push_inst(p, EpInst::RoundNearest(y));
+            (nf, nf)
+        }
     };
     let h = push_inst(p, EpInst::BinK(VBin::Mul, nf, f32_bits(F32_LN2_SPLIT.0)));
     let r = push_inst(p, EpInst::Bin(VBin::Sub, x, h));
