@@ -4,7 +4,8 @@
 //! come from `clif_math`), so an element gets the same bits from either kind of kernel; `tests/wide.rs` checks that
 //! against a Cranelift run. One deliberate difference: in a program for 16 lanes (`epilogue::Allow::scalef`) the
 //! final scaling by `2^n` of `exp` and `tanh` is one `vscalefps` instead of the exponent-field arithmetic, which
-//! computes the same correctly rounded product, so the bits still agree. Constants are `EpInst::Const`/`BinK`
+//! computes the same correctly rounded product, and `n` is rounded by one `vrndscaleps` instead of the magic
+//! number's add and subtract, the same value; so the bits still agree. Constants are `EpInst::Const`/`BinK`
 //! operands, read from the code's constant pool.
 //!
 //! Why the sequences are written twice (here and in `clif_math`) rather than emitted from one description: the two
@@ -31,7 +32,8 @@ use super::asm::{EpInst, EpProgram, VBin, pred};
 /// results are or-ed. A NaN stays the NaN the normal path gives: the other path's bits are a subset
 /// of it.
 ///
-/// With `scalef` (a program for 16 lanes only) all of that scaling is one `vscalefps` of `p` by `n` as a float:
+/// With `scalef` (a program for 16 lanes only) all of that scaling is one `vscalefps` of `p` by `n` as a float (and
+/// `n` one `vrndscaleps`, see [`push_exp_reduced`]):
 /// `p * 2^n` rounded once, in the normal, overflowing and subnormal ranges alike, which is the value both paths
 /// above compute, so the bits are the same (`tests/wide.rs` holds the 16-lane kernels to the Cranelift ones). That
 /// takes the exponential from ~40 instructions to ~20, and it is what bounds softmax and the other exp-heavy row
