@@ -39,10 +39,10 @@
 //! when every row starts at the same alignment (host buffers start on a 64-byte boundary, `kiln_jit::HostVec`, but
 //! a view may start inside one; a store that straddles two cache lines costs about two); then
 //! `unroll` vectors per iteration (their programs interleaved instruction by instruction,
-//! `asm::emit_insts_interleaved`, so a transcendental's long dependent chain does not fill the schedulers alone:
-//! GELU over 256 x 1024 f32 at 16 lanes 97 -> 81 µs, `exp` at 8 lanes 89 -> 75), single vectors, and a masked
-//! tail, so nothing is read or written past a row; then every pointer steps one row. Operand pointers live in rcx, r8-r11 and rbx, the column offset in rax, so a load is
-//! one instruction with no address arithmetic. The caller splits rows over threads (the Cranelift kernels' split,
+//! `asm::emit_insts_interleaved`, so a transcendental's long dependent chain does not fill the schedulers alone),
+//! single vectors, and a masked tail, so nothing is read or written past a row; then every pointer steps one row.
+//! Operand pointers live in rcx, r8-r11 and rbx, the column offset in rax, so a load is one instruction with no
+//! address arithmetic. The caller splits rows over threads (the Cranelift kernels' split,
 //! so a weight's rows stay on the core that updates them; rows of all batch elements form one range, a call never
 //! crosses a batch element), or for one row, chunks of one vector's columns. A call per batch element makes a
 //! kernel of many short batch elements mostly calls, so where the row loop is short and a longer loop above it is
@@ -946,14 +946,13 @@ fn emit(
     };
     load_mask(&mut ops, gpr::R14);
     let fixed = |i: usize| l.hoisted[i];
-    // The program for copies `copies` (their vectors at `access(.., c)`), interleaved (`emit_insts_interleaved`);
+    // The program for copies 0..n (their vectors at `access(.., c)`), interleaved (`emit_insts_interleaved`);
     // each copy's result register.
-    let program = |ops: &mut Assembler, consts: &mut asm::ConstPool, copies: std::ops::Range<usize>, masked: bool| {
-        let regs: Vec<Vec<u8>> = copies.clone().map(|c| l.copy_regs(c)).collect();
+    let program = |ops: &mut Assembler, consts: &mut asm::ConstPool, n: usize, masked: bool| {
+        let regs: Vec<Vec<u8>> = (0..n).map(|c| l.copy_regs(c)).collect();
         let frees: Vec<&[u8]> = regs.iter().map(|r| r.as_slice()).collect();
-        let first = copies.start;
         let mut load = |ops: &mut Assembler, c: usize, inst: &EpInst, d: u8| {
-            load_element_vector(ops, ep, isa, inst, d, |size| access(size, first + c), masked)
+            load_element_vector(ops, ep, isa, inst, d, |size| access(size, c), masked)
         };
         asm::emit_insts_interleaved(vec_isa, ops, p, &last, &frees, &fixed, &mut load, consts)
     };
@@ -995,7 +994,7 @@ fn emit(
         }
     };
     let mut copies = |ops: &mut Assembler, n: usize, masked: bool| -> Result<(), String> {
-        let res = program(ops, &mut consts, 0..n, masked)?;
+        let res = program(ops, &mut consts, n, masked)?;
         for (c, r) in res.into_iter().enumerate() {
             finish(ops, c, r, masked);
         }
