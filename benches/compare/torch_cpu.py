@@ -3,9 +3,9 @@
 
 Runs kiln's elementwise chain `a * b + c` and `sin(a)**2 * b + c` over 16M f32, a 1024^3 f32 matmul, and softmax,
 log_softmax, layer_norm and mean cross-entropy over the rows of 4096 x 1024 f32 and GELU (tanh form) over the same
-elements in PyTorch
-eager and under torch.compile (Inductor), and a descending sort and a top-50 of 16 x 32000 f32 logits (eager only), then `cargo run --release --example bench_table -- --json` for kiln's
-figures, and prints one markdown table with the ratios.
+elements in PyTorch eager and under torch.compile (Inductor), and a descending sort and a top-50 of 16 x 32000 f32
+logits (eager only), then `cargo run --release --example bench_table -- --json` for kiln's figures, and prints one
+markdown table with the ratios.
 
     python3 benches/compare/torch_cpu.py [--runs N] [--threads T] [--skip-kiln]
 

@@ -11,9 +11,10 @@
 //! Where fewer than all positions are kept (`topk`), the row's keys are filtered against the worst of the best `k`
 //! seen so far ([`kept_smallest`]): a block of the row is compared with that threshold in vector registers (f32
 //! values as floats, with no key computed; other dtypes as keys) and only the few that pass are keyed, packed and
-//! kept, cut back to `k` by `select_nth_unstable` whenever they fill a buffer, then the `k` are sorted. On a random row of `n` the candidates number about `k ln(n / k)`, so the row costs one
-//! vectorized pass over its keys (a 32000-wide row of logits, top 50: ~400 candidates); the worst case (a row
-//! already in the kept order, every key a candidate) stays O(n): a selection over `2k` candidates per `k` of them.
+//! kept, cut back to `k` by `select_nth_unstable` whenever they fill a buffer, then the `k` are sorted. On a random
+//! row of `n` the candidates number about `k ln(n / k)`, so the row costs one vectorized pass over its values (a
+//! 32000-wide row of logits, top 50: ~400 candidates); the worst case (a row already in the kept order, every key a
+//! candidate) stays O(n): a selection over `2k` candidates per `k` of them.
 //!
 //! A long row runs on one thread (a row of 32k f32 in about a tenth of a millisecond): splitting one row between
 //! threads would need a merge pass, not worth it at the row lengths models sort (vocabularies, top-k candidates).
@@ -50,40 +51,39 @@ pub(super) unsafe fn run(s: &SortRows, ptrs: &[*mut u8]) {
         for r in start..end {
             let at = r * s.n;
             let first = r * s.keep;
-            // SAFETY: the caller's contract; row `r` is `n` values, and this task owns its output row.
-            unsafe {
-                if wide {
-                    pairs.clear();
+            if wide {
+                pairs.clear();
+                // SAFETY: the caller's contract; row `r` is `n` values, and this task owns its output row.
+                unsafe {
                     pairs.extend(
                         (0..s.n).map(|i| (wide_key(s.dtype, bufs.vals, at + i) ^ flip(s.descending), i as u32)),
                     );
                     kept_sorted(&mut pairs, s.keep);
                     write(s, bufs.out, first, pairs[..s.keep].iter().map(|&(_, i)| i));
-                    continue;
                 }
-                // A top k of f32 compares the floats themselves and keys only a few of them.
-                if !(s.dtype == DType::F32 && s.keep < s.n) {
-                    narrow_keys(s.dtype, bufs.vals, at, s.n, flip(s.descending) as u32, &mut keys);
-                }
+                continue;
             }
-            if s.keep < s.n {
-                if s.dtype == DType::F32 {
-                    // SAFETY: as above.
-                    let row = unsafe { std::slice::from_raw_parts((bufs.vals as *const f32).add(at), s.n) };
-                    let f = flip(s.descending) as u32;
-                    let below = |b: Range<usize>, t| f32_block_below(&row[b], t, s.descending);
-                    kept_smallest(s.n, s.keep, |i| f32_key(row[i]) ^ f, below, &mut packed);
-                } else {
+            let f = flip(s.descending) as u32;
+            if s.keep < s.n && s.dtype == DType::F32 {
+                // A top k of f32 compares the floats themselves and keys only the few that pass.
+                // SAFETY: as above.
+                let row = unsafe { std::slice::from_raw_parts((bufs.vals as *const f32).add(at), s.n) };
+                let below = |b: Range<usize>, t| f32_block_below(&row[b], t, s.descending);
+                kept_smallest(s.n, s.keep, |i| f32_key(row[i]) ^ f, below, &mut packed);
+            } else {
+                // SAFETY: as above.
+                unsafe { narrow_keys(s.dtype, bufs.vals, at, s.n, f, &mut keys) };
+                if s.keep < s.n {
                     let below = |b: Range<usize>, t| mask(&keys[b], |k| k < t);
                     kept_smallest(s.n, s.keep, |i| keys[i], below, &mut packed);
-                }
-            } else {
-                packed.clear();
-                packed.extend(keys.iter().enumerate().map(|(i, &k)| (k as u64) << 32 | i as u64));
-                if s.n >= RADIX_MIN {
-                    radix_sort_high_half(&mut packed, &mut scratch);
                 } else {
-                    packed.sort_unstable();
+                    packed.clear();
+                    packed.extend(keys.iter().enumerate().map(|(i, &k)| pack(k, i)));
+                    if s.n >= RADIX_MIN {
+                        radix_sort_high_half(&mut packed, &mut scratch);
+                    } else {
+                        packed.sort_unstable();
+                    }
                 }
             }
             // SAFETY: as above.
@@ -113,7 +113,6 @@ fn kept_smallest(
     kept: &mut Vec<u64>,
 ) {
     debug_assert!(0 < keep && keep < n);
-    let pack = |i: usize| (key(i) as u64) << 32 | i as u64;
     // Small, so that the threshold tightens early: a stale one lets in every key below the worst of the first few.
     let cap = keep + keep.max(16);
     let cut = |kept: &mut Vec<u64>| {
@@ -122,7 +121,7 @@ fn kept_smallest(
         (kept[keep - 1] >> 32) as u32
     };
     kept.clear();
-    kept.extend((0..keep).map(pack));
+    kept.extend((0..keep).map(|i| pack(key(i), i)));
     let mut threshold = kept.iter().max().map_or(u32::MAX, |&p| (p >> 32) as u32);
     for start in (keep..n).step_by(FILTER_BLOCK) {
         let block = start..(start + FILTER_BLOCK).min(n);
@@ -133,7 +132,7 @@ fn kept_smallest(
             // The threshold may have dropped since the block was tested.
             let k = key(i);
             if k < threshold {
-                kept.push((k as u64) << 32 | i as u64);
+                kept.push(pack(k, i));
                 if kept.len() == cap {
                     threshold = cut(kept);
                 }
@@ -235,6 +234,11 @@ fn radix_sort_high_half(items: &mut Vec<u64>, scratch: &mut Vec<u64>) {
     }
 }
 
+/// A 32-bit key and its element's index as one u64 (`key << 32 | index`): ordered by key, then by index.
+fn pack(key: u32, index: usize) -> u64 {
+    (key as u64) << 32 | index as u64
+}
+
 /// What a key is xor-ed with: all ones (reversing the order) for a descending sort.
 fn flip(descending: bool) -> u64 {
     if descending { u64::MAX } else { 0 }
@@ -280,7 +284,7 @@ unsafe fn wide_key(d: DType, vals: *const u8, i: usize) -> u64 {
         match d {
             DType::F64 => f64_key(*(vals as *const f64).add(i)),
             DType::I64 => *(vals as *const i64).add(i) as u64 ^ 1 << 63,
-            _ => unreachable!("narrow values take narrow_key"),
+            _ => unreachable!("narrow values take narrow_keys"),
         }
     }
 }
@@ -381,7 +385,7 @@ mod tests {
 
     /// The reference: every position packed, the `keep` smallest sorted.
     fn kept_by_sorting(keys: &[u32], keep: usize) -> Vec<u64> {
-        let mut all: Vec<u64> = keys.iter().enumerate().map(|(i, &k)| (k as u64) << 32 | i as u64).collect();
+        let mut all: Vec<u64> = keys.iter().enumerate().map(|(i, &k)| pack(k, i)).collect();
         all.sort_unstable();
         all.truncate(keep);
         all

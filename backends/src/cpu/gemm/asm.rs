@@ -388,11 +388,11 @@ pub(crate) fn k_loop(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram, step: &
     // Table slots of the f32 per-element operands laid out as C (once each).
     let mut operands: Vec<i32> = Vec::new();
     for inst in &ep.insts {
-        if let EpInst::Mat { op, ld, bf16: false } = *inst
-            && ld == ldc
-            && !operands.contains(&(8 * (2 + op as i32)))
-        {
-            operands.push(8 * (2 + op as i32));
+        if let EpInst::Mat { op, ld, bf16: false } = *inst {
+            let slot = 8 * (2 + op as i32);
+            if ld == ldc && !operands.contains(&slot) {
+                operands.push(slot);
+            }
         }
     }
     let prefetch_c_row = |ops: &mut Assembler| {
