@@ -1,5 +1,5 @@
 //! Reductions along a contiguous last axis, held to the reference interpreter on every row length from 1 to 70 and
-//! a few long ones. Two CPU paths run them: an f32 sum as an 8-lane row-sum kernel (`backends/src/cpu/wide.rs`,
+//! a few long ones. Two CPU paths run them: an f32 sum as an 8-lane row-sum kernel (`backends/src/cpu/wide/`,
 //! `RowSum`: groups of up to 4 vectors into their own accumulators, a masked last vector), and the rest (max, min,
 //! and everything with `KILN_ELEMENTWISE=clif`) as Cranelift kernels vectorized along the reduce loop with four
 //! accumulators (`jit/src/render/clif/loops.rs`, `reduce_loops_vec`). The same cases run in this process and, for
@@ -167,7 +167,7 @@ fn row_sums_maxima_and_minima_of_every_length() {
 /// Sums, maxima, minima and products summed down the columns of `[rows, cols]`, every width from 1 to 70 and a few
 /// wide ones, against the interpreter, exactly: each column's rows are folded in order whichever kernel runs it. f32
 /// sums (and means, and sums of bf16 values widened) are generated column-sum kernels where row sums are generated
-/// (`backends/src/cpu/wide_cols.rs`: blocks of 8, 4, 2 and 1 vectors, a masked last vector, panels of 16 rows, so
+/// (`backends/src/cpu/wide/cols.rs`: blocks of 8, 4, 2 and 1 vectors, a masked last vector, panels of 16 rows, so
 /// 37 and 64 rows reach full and partial panels; 300 rows are shared out between the threads, two shares of 150 on
 /// two, whose sums the launch adds: exact too, the data being small integers), each also forced at every width the
 /// host has; max and min (and everything with `KILN_ELEMENTWISE=clif`) are Cranelift kernels vectorized along their

@@ -413,7 +413,7 @@ fn every_vector_width_of_the_generated_row_kernel_matches_the_interpreter() {
     let mut ran = Vec::new();
     // Rows over two loops (a layer norm over [batch, seq, dim]) merge into one.
     // 3 x 4096 splits over two or more threads into a chunk of one row and one of two: the first pass of a kernel
-    // with a per-row value runs a row ahead (`wide_rows::emit`), so a chunk's last row and a one-row chunk are cases.
+    // with a per-row value runs a row ahead (`wide::rows::emit`), so a chunk's last row and a one-row chunk are cases.
     let shapes: [&[usize]; 8] =
         [&[3, 7], &[5, 37], &[9, 200], &[64, 1024], &[17, 16], &[2, 65], &[4, 6, 24], &[3, 4096]];
     for shape in shapes {

@@ -1,4 +1,4 @@
-//! The generated elementwise kernels (`backends/src/cpu/wide.rs`), held bit for bit to the reference interpreter:
+//! The generated elementwise kernels (`backends/src/cpu/wide/`), held bit for bit to the reference interpreter:
 //! they compute the same correctly rounded f32 operations in the same order, so there is no tolerance to write
 //! down. Each case runs as the realize path picks it and then at every width the host has (8 lanes with AVX2, 16
 //! with AVX-512F), forced.

@@ -16,8 +16,6 @@ pub use gemm::select::{PreparedGemm, run_gemm_with, set_autotune_mode, take_last
 mod libcalls;
 pub mod pool;
 mod wide;
-mod wide_cols;
-mod wide_rows;
 
 /// The 8-lane elementwise kernel generated for `k` (its register program, loop shape and code size, as `KILN_DUMP`
 /// writes it), or `None` where `k` stays a Cranelift kernel (not such a kernel, or no AVX2 here). Always the 8-lane
@@ -36,12 +34,12 @@ pub fn run_wide_at(
 ) -> Result<Option<HostBuffer>, String> {
     enum Either {
         Wide(Box<wide::WideKernel>),
-        Rows(wide_rows::RowKernel),
+        Rows(wide::rows::RowKernel),
     }
     let w = if k.rows.is_empty() {
         wide::WideKernel::build_for(k, isa)?.map(|w| Either::Wide(Box::new(w)))
     } else {
-        wide_rows::RowKernel::build_for(k, isa)?.map(Either::Rows)
+        wide::rows::RowKernel::build_for(k, isa)?.map(Either::Rows)
     };
     let Some(w) = w else { return Ok(None) };
     buffers::check_inputs(k, inputs)?;
@@ -63,7 +61,7 @@ pub fn run_wide_at(
 /// Whether a CPU plan takes row kernel `k` (the schedule's `row_kernel_ok` here): it generates it at this host's
 /// width. For the tests that check softmax and its kin do run as one generated kernel.
 pub fn takes_row_kernel(k: &kiln_jit::kernel::KernelIr) -> bool {
-    wide_rows::generates(k)
+    wide::rows::generates(k)
 }
 
 /// Runs `k` once as a Cranelift kernel (the code a plan runs where nothing generated takes a kernel) on `inputs`

@@ -29,7 +29,7 @@ enum Exec {
     Clif(KernelFn),
     Gemm(Box<super::gemm::CompiledGemm>),
     Wide(std::sync::Arc<super::wide::WideKernel>),
-    Rows(Box<super::wide_rows::RowKernel>),
+    Rows(Box<super::wide::rows::RowKernel>),
     /// A linear algebra routine (`routines.rs`).
     Routine(kiln_jit::kernel::routine::Routine),
 }
@@ -101,7 +101,7 @@ pub(crate) fn compile(graph: &Graph) -> Result<JitPlan, BackendError> {
     // The generated GEMM packs operands of any layout, so a transposed weight is not copied first.
     let opts = kiln_jit::kernel::ScheduleOptions {
         transpose_copy: !super::gemm::select::generated_gemm_enabled(),
-        row_kernel_ok: Some(super::wide_rows::generates),
+        row_kernel_ok: Some(super::wide::rows::generates),
         // bf16 matmuls read their operands in bf16 where a bf16 GEMM family runs here (`gemm::bf16`).
         bf16_gemm: super::gemm::select::generated_gemm_enabled()
             && [Bf16Unit::Amx, Bf16Unit::Avx512Bf16].into_iter().any(super::gemm::bf16::unit_ready),
@@ -219,7 +219,7 @@ fn generate(c: &mut super::compiler::Compiler, k: &KernelIr, dump: Option<&crate
     if let Some(w) = super::wide::for_plan(k, dump)? {
         return Ok(Exec::Wide(w));
     }
-    if let Some(r) = super::wide_rows::for_plan(k, dump)? {
+    if let Some(r) = super::wide::rows::for_plan(k, dump)? {
         return Ok(Exec::Rows(Box::new(r)));
     }
     let (f, text) = c.kernel(k, dump.is_some())?;

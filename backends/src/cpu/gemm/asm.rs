@@ -72,7 +72,7 @@ pub enum VBin {
     IAdd,
     ISub,
     /// `vmaxps` as the hardware does it: the second operand where either is NaN (row-kernel max folds track NaN
-    /// apart, `cpu::wide_rows`; the epilogue never emits it).
+    /// apart, `cpu::wide::rows`; the epilogue never emits it).
     MaxRaw,
 }
 

@@ -10,7 +10,7 @@
 //! of 32-bit int loads and, where the caller allows it, positions along n (`arange(C) == target`). Anything else
 //! (sin/cos, max/min with their NaN rule, int arithmetic, a gather) returns `None`, and the backend applies the
 //! epilogue as a separate compiled pass over C instead: slower, never wrong. `translate_row_outer` does the same
-//! for a row sum's outer code (`cpu/wide.rs`). A bf16 GEMM's epilogue (`translate_with`) may also compute in bf16:
+//! for a row sum's outer code (`cpu/wide/`). A bf16 GEMM's epilogue (`translate_with`) may also compute in bf16:
 //! each bf16 result is rounded in the program, with integer ops, exactly as the Cranelift kernels round it; and
 //! 16-lane callers may read bf16 operands (`Allow::bf16_loads`).
 
@@ -71,12 +71,12 @@ pub struct Allow {
     /// exactly the value the store writes.
     pub bf16: bool,
     /// Loads of bf16 operands (with `bf16`; `EpInst::Mat`/`Row`/`Col` with `bf16` set): only a caller whose loads
-    /// widen 2-byte elements emits them: the 16-lane elementwise kernels (`cpu/wide.rs`) and the bf16 GEMMs' 16-lane
+    /// widen 2-byte elements emits them: the 16-lane elementwise kernels (`cpu/wide/`) and the bf16 GEMMs' 16-lane
     /// epilogues (`asm::emit_program`, where AVX512BW gives the per-row operand's word broadcast); not the f32 GEMM
     /// tiles or the row kernels.
     pub bf16_loads: bool,
     /// Positions along n (`Role::Position`, `EpInst::Position`): only a caller whose loop knows the column of each
-    /// vector emits them (the row kernels, `cpu/wide_rows.rs`); a GEMM tile or an elementwise chunk does not.
+    /// vector emits them (the row kernels, `cpu/wide/rows.rs`); a GEMM tile or an elementwise chunk does not.
     pub positions: bool,
     /// `EpInst::Scalef` (`vscalefps`), in `exp` and `tanh`: only a caller that emits the program at 16 lanes alone
     /// (the elementwise and row kernels built at AVX-512's width); a GEMM's epilogue, translated once for tiles of
@@ -299,7 +299,7 @@ fn literal(inst: &Inst) -> Option<u32> {
 
 /// The values translated so far, and the f32 literals, which are not values of the program until a use reads one.
 /// A literal is uniform over the launch, but a uniform slot is a register for the whole of a generated elementwise
-/// kernel (`cpu/wide.rs` hoists its uniforms out of the loop) or a temporary from its first use to its last in a GEMM
+/// kernel (`cpu/wide/` hoists its uniforms out of the loop) or a temporary from its first use to its last in a GEMM
 /// tile, where a literal read at its use costs nothing: it is the memory operand of the op that reads it
 /// (`EpInst::BinK`), or a `Const` loaded just before that use. So a long program (a GELU's gradient reads six
 /// literals) fits the registers a tile or an unrolled loop leaves. The same value either way: the host evaluates a
@@ -386,7 +386,7 @@ fn push_float_unary(p: &mut EpProgram, u: UnaryOp, x: usize, scalef: bool) -> Op
 }
 
 /// A reduce kernel's outer code as a register program of its accumulator and constants alone (a row sum's
-/// epilogue in `cpu/wide.rs`: `log` of a sum of exponentials, a scale): f32 `Acc`, constants, `+ - * /`, `sqrt`,
+/// epilogue in `cpu/wide/`: `log` of a sum of exponentials, a scale): f32 `Acc`, constants, `+ - * /`, `sqrt`,
 /// `neg`, `abs`, `recip`, `exp`, `tanh`, `log`, and f32-to-f32 casts. `None` for anything else (a load, another
 /// dtype).
 pub fn translate_row_outer(outer: &[Inst], result: usize) -> Option<EpProgram> {

@@ -5,7 +5,7 @@
 //! with 4-lane adds; the GPT step's 30 such sums a step (`[1024, 128]` to `[1024, 512]`) took ~1 ms there, 2-4x what
 //! reading their operands costs.
 //!
-//! What runs here (`wide.rs`'s `Along::Cols`, its inner code from `sum_parts`): a reduce kernel whose f32 sum runs
+//! What runs here (the parent module's `Along::Cols`, its inner code from `sum_parts`): a reduce kernel whose f32 sum runs
 //! over one loop that is not the output's, the inner code an elementwise program over `[rows, cols]` that the
 //! register program can express with its loads walking the columns contiguously (`ElementwiseView`, the reduce loop
 //! as its rows), the outer code a program of the sum and constants (`mean`'s division). The generated code zeroes the call's output columns, then walks the rows a panel
@@ -29,12 +29,13 @@
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
 
-use super::gemm::asm::{self, EpInst, EpProgram, VecIsa};
-use super::gemm::asm512::Zmm;
-use super::gemm::epilogue::{Epilogue, OperandKind};
-use super::gemm::evex::{gpr, mem};
-use super::isa::Isa;
-use super::wide::{self, Access, KMASK, MASK_REG, OPERAND_REGS, put};
+use super::emit::{self, Access, KMASK, put};
+use super::{MASK_REG, OPERAND_REGS};
+use crate::cpu::gemm::asm::{self, EpInst, EpProgram, VecIsa};
+use crate::cpu::gemm::asm512::Zmm;
+use crate::cpu::gemm::epilogue::{Epilogue, OperandKind};
+use crate::cpu::gemm::evex::{gpr, mem};
+use crate::cpu::isa::Isa;
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
 
@@ -104,7 +105,7 @@ pub(super) fn panel_steps_fit(ep: &Epilogue) -> bool {
 }
 
 /// Bytes an operand's pointer moves per row (0 for a per-column one).
-fn row_step(o: &super::gemm::epilogue::EpOperand) -> i32 {
+fn row_step(o: &crate::cpu::gemm::epilogue::EpOperand) -> i32 {
     let size = o.elem_bytes() as i64;
     let step = match o.kind {
         OperandKind::Mat { ld } => size * ld,
@@ -115,7 +116,7 @@ fn row_step(o: &super::gemm::epilogue::EpOperand) -> i32 {
 }
 
 /// Assembles column sums (see the module doc): `extern "sysv64" fn(table, rows, cols)`, the table as the
-/// elementwise kernels' (`wide.rs`: output, tail mask, uniforms, two unused entries, operands), every pointer at
+/// elementwise kernels' (the parent module's: output, tail mask, uniforms, two unused entries, operands), every pointer at
 /// the first row of the call's first column. The output's columns are the accumulators between panels: zeroed
 /// first, each panel's block loads them, adds the panel's rows in order and stores them, and a last pass applies
 /// the outer program where it is more than the sum.
@@ -143,7 +144,7 @@ pub(super) fn emit(
     let vb = unit * lanes;
     let steps: Vec<i32> = ep.operands.iter().map(row_step).collect();
     let mut ops = Assembler::new().map_err(|e| e.to_string())?;
-    wide::save_registers(&mut ops);
+    emit::save_registers(&mut ops);
     // Registers: rdi the output, rsi the rows left, rdx the columns' end (bytes), rax the column offset, r14 the
     // table, r15 the panel's rows (the tail mask is reloaded from the table when needed), r13 the row counter, r12
     // scratch, rbp the 16-lane constants, the operands in `OPERAND_REGS` (at the panel's first row).
@@ -151,9 +152,9 @@ pub(super) fn emit(
         ; mov r14, rdi
         ; mov rax, QWORD [rdi + 16]
     );
-    wide::hoist_uniforms(&mut ops, p, &l.hoisted, wide);
-    wide::load_operand_pointers(&mut ops, ep.operands.len(), gpr::R14);
-    let mut consts = wide::const_pool(&mut ops, wide);
+    emit::hoist_uniforms(&mut ops, p, &l.hoisted, wide);
+    emit::load_operand_pointers(&mut ops, ep.operands.len(), gpr::R14);
+    let mut consts = emit::const_pool(&mut ops, wide);
     let unit_shift = unit.trailing_zeros() as i8;
     dynasm!(ops ; .arch x64
         ; mov rdi, QWORD [rdi]
@@ -197,7 +198,7 @@ pub(super) fn emit(
     columns(&mut ops, &mut |ops, u, masked| {
         put_zero(ops, wide, 0);
         for c in 0..u {
-            wide::store_vector(ops, isa, 0, out_access(c), masked);
+            emit::store_vector(ops, isa, 0, out_access(c), masked);
         }
         Ok(())
     })?;
@@ -214,15 +215,15 @@ pub(super) fn emit(
     );
     columns(&mut ops, &mut |ops, u, masked| {
         for c in 0..u {
-            wide::load_vector(ops, isa, l.acc(c), gpr::RDI, out_access(c), masked);
+            emit::load_vector(ops, isa, l.acc(c), gpr::RDI, out_access(c), masked);
         }
         let row = ops.new_dynamic_label();
         dynasm!(ops ; .arch x64 ; mov r13, r15 ; =>row);
-        wide::broadcast_row_values(ops, ep, &l.hoisted, wide);
+        emit::broadcast_row_values(ops, ep, &l.hoisted, wide);
         for c in 0..u {
             let fixed = |i: usize| l.hoisted[i];
             let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
-                wide::load_element_vector(ops, ep, isa, inst, d, |size| access(size, c), masked)
+                emit::load_element_vector(ops, ep, isa, inst, d, |size| access(size, c), masked)
             };
             let res = asm::emit_insts(vec_isa, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
             // Lanes past a masked vector's end add whatever the program made of the zeros loaded there: those
@@ -237,7 +238,7 @@ pub(super) fn emit(
         }
         dynasm!(ops ; .arch x64 ; dec r13 ; jnz =>row);
         for c in 0..u {
-            wide::store_vector(ops, isa, l.acc(c), out_access(c), masked);
+            emit::store_vector(ops, isa, l.acc(c), out_access(c), masked);
         }
         // Back to the panel's first row for the next block.
         for (o, &step) in steps.iter().enumerate() {
@@ -261,18 +262,18 @@ pub(super) fn emit(
         let free: Vec<u8> = (1..l.top).collect();
         columns(&mut ops, &mut |ops, u, masked| {
             for c in 0..u {
-                wide::load_vector(ops, isa, 0, gpr::RDI, out_access(c), masked);
+                emit::load_vector(ops, isa, 0, gpr::RDI, out_access(c), masked);
                 let acc_fixed = |i: usize| matches!(outer.insts[i], EpInst::Acc).then_some(0u8);
                 let mut no_load =
                     |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a sum's outer program loads nothing");
                 let res =
                     asm::emit_insts(vec_isa, ops, outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
-                wide::store_vector(ops, isa, res, out_access(c), masked);
+                emit::store_vector(ops, isa, res, out_access(c), masked);
             }
             Ok(())
         })?;
     }
-    wide::restore_registers_and_return(&mut ops);
+    emit::restore_registers_and_return(&mut ops);
     consts.emit(&mut ops);
     ops.finalize().map_err(|_| "finalizing a column-sum kernel failed".to_string())
 }

@@ -2,7 +2,7 @@
 //!
 //! Why: a row kernel reads each row from memory once and then runs two or three passes over it while it is in L1;
 //! those passes are arithmetic, which the Cranelift kernels do four lanes at a time. Here each pass is one register
-//! program (`gemm::epilogue::translate`, the elementwise kernels' own translation, `wide.rs`) in a column loop at 8
+//! program (`gemm::epilogue::translate`, the elementwise kernels' own translation, `wide/mod.rs`) in a column loop at 8
 //! or 16 lanes (`wide::width`). The schedule makes a row kernel on the CPU only where this file takes it
 //! ([`generates`], the schedule's `row_kernel_ok`).
 //!
@@ -45,15 +45,14 @@
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
 
-use super::gemm::asm::{self, EpInst, EpProgram, VBin, VecIsa, pred};
-use super::gemm::asm512::Zmm;
-use super::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
-use super::gemm::evex::{gpr, mem};
-use super::isa::{self, Isa};
-use super::pool;
-use super::wide::{
-    Access, KMASK, MASK_REG, OPERAND_REGS, load_vector, put, restore_registers_and_return, save_registers, store_vector,
-};
+use super::emit::{Access, KMASK, load_vector, put, restore_registers_and_return, save_registers, store_vector};
+use super::{MASK_REG, OPERAND_REGS};
+use crate::cpu::gemm::asm::{self, EpInst, EpProgram, VBin, VecIsa, pred};
+use crate::cpu::gemm::asm512::Zmm;
+use crate::cpu::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
+use crate::cpu::gemm::evex::{gpr, mem};
+use crate::cpu::isa::{self, Isa};
+use crate::cpu::pool;
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
 use kiln_jit::kernel::gemm::ElementwiseView;
@@ -82,11 +81,11 @@ const SCRATCH_REG: u8 = gpr::R14;
 /// `wide::BUILDS`, written to the dump), at `wide::width`; else `Ok(None)`: the caller compiles it with Cranelift.
 pub(crate) fn for_plan(k: &KernelIr, dump: Option<&crate::dump::Dump>) -> Result<Option<RowKernel>, String> {
     // A kernel that gathers is the Cranelift renderer's (its per-lane checked loads and the fault record).
-    if !super::wide::enabled() || k.rows.is_empty() || k.can_fault() {
+    if !super::enabled() || k.rows.is_empty() || k.can_fault() {
         return Ok(None);
     }
-    let Some(r) = RowKernel::build_for(k, super::wide::width())? else { return Ok(None) };
-    super::wide::BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let Some(r) = RowKernel::build_for(k, super::width())? else { return Ok(None) };
+    super::BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if let Some(d) = dump {
         d.generated_files(k, "rows.txt", &r.listing(), r.code_bytes());
     }
@@ -146,7 +145,7 @@ impl RowKernel {
         let Some(passes) = plan(k, isa) else { return Ok(None) };
         let Some(Space { rows, cols, per_row }) = space(k) else { return Ok(None) };
         let code = emit(&passes, k.inputs.len(), cols, per_row, isa)?;
-        super::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::cpu::code::MAPPINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the code at offset 0 is a function emitted by `emit` with `RowFn`'s sysv64 signature, and `code`
         // (kept in the returned kernel) keeps it mapped executable.
         let f = unsafe { std::mem::transmute::<*const u8, RowFn>(code.ptr(dynasmrt::AssemblyOffset(0))) };
@@ -245,7 +244,7 @@ impl RowKernel {
 /// Whether the CPU runs row kernel `k` as generated code at this host's width (the schedule's
 /// `row_kernel_ok`): generation enabled, and `k` of a shape and code this file takes.
 pub(crate) fn generates(k: &KernelIr) -> bool {
-    super::wide::enabled() && !k.can_fault() && plan(&k.with_merged_row_loops(), super::wide::width()).is_some()
+    super::enabled() && !k.can_fault() && plan(&k.with_merged_row_loops(), super::width()).is_some()
 }
 
 /// `k`'s passes at `isa`'s width, or `None` where this file does not run it (see the module doc).
@@ -523,7 +522,7 @@ fn translated(k: &KernelIr, code: Vec<Inst>, result: usize, rows: usize, cols: u
 }
 
 /// Where one pass's values live: per-row values and uniforms in registers of their own from the top down (as
-/// `wide.rs`), each unrolled copy's temporaries from 0 up, a reduction's accumulators (and a max's NaN masks) just
+/// `wide/mod.rs`), each unrolled copy's temporaries from 0 up, a reduction's accumulators (and a max's NaN masks) just
 /// under the hoisted values, and two spare registers under those (the tail's masked value, a NaN test).
 struct PassLayout {
     hoisted: Vec<Option<u8>>,
