@@ -190,15 +190,18 @@ pub unsafe fn pack_a(
 ) {
     // SAFETY: the caller sized `dst`.
     let out = unsafe { std::slice::from_raw_parts_mut(dst, mr * steps * KSTEP) };
-    // A stored K x M (a weight gradient's `x^T`): 16 rows at a time, each pair of K's rows interleaved and scattered
-    // into the 16 rows' dwords.
+    // A stored K x M (a weight gradient's `x^T`): up to 16 rows at a time, each pair of K's rows interleaved and
+    // scattered into the rows' dwords. Every row of the block, whatever `mr`: the AVX512-BF16 kernels' 6- and
+    // 14-row blocks had gathered their rows element by element below, ~13 % of the bf16 GPT step's time.
     let by_cols = rs == 1 && unit_ready(Bf16Unit::Avx512Bf16);
-    let groups = if by_cols { rows / TILE } else { 0 };
-    for g in 0..groups {
-        // SAFETY: rows 16 g.. of `dst` and of A (the caller's bounds).
-        unsafe { pair_rows_scattered(dst.add(g * TILE * KSTEP), a.add(g * TILE), cs, depth, mr, steps) };
+    let vector_rows = if by_cols { rows } else { 0 };
+    for g in (0..vector_rows).step_by(TILE) {
+        // SAFETY: rows g..g + 16 (those below `rows`) of `dst` and of A (the caller's bounds).
+        unsafe {
+            pair_rows_scattered(dst.add(g * KSTEP), a.add(g), cs, depth, mr, steps, (rows - g).min(TILE));
+        }
     }
-    for m in groups * TILE..mr {
+    for m in vector_rows..mr {
         for s in 0..steps {
             let row = &mut out[(s * mr + m) * KSTEP..][..KSTEP];
             let k0 = s * KSTEP;
@@ -230,33 +233,36 @@ pub unsafe fn pack_a(
     }
 }
 
-/// 16 rows of packed A (`dst` at row 0 of the 16 in the step-major layout of [`pack_a`], `mr` rows a step) from A
-/// stored K x M (`a` at row 0 of the 16, element `(m, k)` at `a[m + k * cs]`): for each pair of K, rows k and k + 1
-/// (16 contiguous words each) interleaved into 16 dwords, one per row of the 16, zeros past `depth`; a step's 16
-/// such vectors are then transposed in registers ([`transpose_16x16`]) into the 16 rows' 64-byte runs, stored
-/// whole. (Scattering each vector's dwords to the 16 rows instead, `vpscatterdd`, took about twice as long: a
-/// scatter is 16 stores.)
+/// `n` (1 to 16) rows of packed A (`dst` at the first of them in the step-major layout of [`pack_a`], `mr` rows a
+/// step) from A stored K x M (`a` at the first row, element `(m, k)` at `a[m + k * cs]`): for each pair of K, rows k
+/// and k + 1 (`n` contiguous words each, read by masked loads) interleaved into dwords, one per row, zeros past
+/// `depth`; a step's 16 such vectors are then transposed in registers ([`transpose_16x16`]) into the rows' 64-byte
+/// runs, the first `n` stored whole. (Scattering each vector's dwords to the rows instead, `vpscatterdd`, took about
+/// twice as long: a scatter is 16 stores.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn pair_rows_scattered(dst: *mut u16, a: *const u16, cs: i64, depth: usize, mr: usize, steps: usize) {
+unsafe fn pair_rows_scattered(dst: *mut u16, a: *const u16, cs: i64, depth: usize, mr: usize, steps: usize, n: usize) {
     use std::arch::x86_64::*;
+    debug_assert!((1..=TILE).contains(&n) && n <= mr);
     // SAFETY: `PAIR_WORDS` is 64 bytes.
     let idx = unsafe { _mm512_loadu_si512(PAIR_WORDS.as_ptr() as *const _) };
+    let mask: __mmask32 = (1u32 << n) - 1;
     for s in 0..steps {
         let pairs: [__m512i; TILE] = std::array::from_fn(|p| {
             let k = s * KSTEP + 2 * p;
-            // SAFETY: rows k and k + 1, when below `depth`, hold 16 words (the caller's bounds).
+            // SAFETY: rows k and k + 1, when below `depth`, hold `n` words (the caller's bounds); the masked load
+            // reads no others.
             let row = |k: usize| unsafe {
                 if k < depth {
-                    _mm512_castsi256_si512(_mm256_loadu_si256(a.offset(k as isize * cs as isize) as *const _))
+                    _mm512_maskz_loadu_epi16(mask, a.offset(k as isize * cs as isize) as *const _)
                 } else {
                     _mm512_setzero_si512()
                 }
             };
             _mm512_permutex2var_epi16(row(k), idx, row(k + 1))
         });
-        for (m, run) in transpose_16x16(pairs).into_iter().enumerate() {
-            // SAFETY: row m of step s, 32 words, lies within `dst`'s `mr * steps * 32` words (m < 16 <= mr).
+        for (m, run) in transpose_16x16(pairs).into_iter().take(n).enumerate() {
+            // SAFETY: row m of step s, 32 words, lies within `dst`'s `mr * steps * 32` words (m < n <= mr).
             unsafe { _mm512_storeu_si512(dst.add((s * mr + m) * KSTEP) as *mut _, run) };
         }
     }
@@ -295,7 +301,7 @@ fn transpose_16x16(r: [std::arch::x86_64::__m512i; 16]) -> [std::arch::x86_64::_
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn pair_rows_scattered(_: *mut u16, _: *const u16, _: i64, _: usize, _: usize, _: usize) {
+unsafe fn pair_rows_scattered(_: *mut u16, _: *const u16, _: i64, _: usize, _: usize, _: usize, _: usize) {
     unreachable!("AMX kernels run only on x86-64")
 }
 
@@ -307,7 +313,15 @@ mod tests {
     /// or K x M.
     #[test]
     fn packed_a_is_rows_of_k() {
-        let (m, k, mr, steps) = (37usize, 70usize, 48usize, 3usize);
+        // A 48-row block of 37 rows (whole groups of 16, then a ragged one), and the 6- and 14-row blocks of the
+        // AVX512-BF16 kernels, full and ragged.
+        for (m, mr) in [(37usize, 48usize), (6, 6), (5, 6), (14, 14), (9, 14)] {
+            packed_a_is_rows_of_k_for(m, mr);
+        }
+    }
+
+    fn packed_a_is_rows_of_k_for(m: usize, mr: usize) {
+        let (k, steps) = (70usize, 3usize);
         let a: Vec<u16> = (0..m * k).map(|i| i as u16 + 1).collect();
         let at: Vec<u16> = (0..m * k).map(|i| a[(i % m) * k + i / m]).collect();
         for (src, rs, cs) in [(&a, k as i64, 1i64), (&at, 1, m as i64)] {
@@ -317,7 +331,7 @@ mod tests {
             for r in 0..mr {
                 for c in 0..steps * 32 {
                     let want = if r < m && c < k { a[r * k + c] } else { 0 };
-                    assert_eq!(dst[(c / 32 * mr + r) * 32 + c % 32], want, "rs {rs}: row {r} k {c}");
+                    assert_eq!(dst[(c / 32 * mr + r) * 32 + c % 32], want, "{m} of {mr} rows, rs {rs}: row {r} k {c}");
                 }
             }
         }
