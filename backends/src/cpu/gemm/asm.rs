@@ -375,7 +375,7 @@ pub fn emit(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram) -> Result<Assemb
 /// Why spread: a 14 x 32 tile is 28 lines, more than the core's line fill buffers (16 on the Xeon guest). All 28
 /// prefetched at the kernel's start measured slower than no prefetch at all with C in cache, and a GEMM writing a C
 /// that had left the caches (a training step's outputs) ran ~15 % slower than with C in cache at K = 128; spread,
-/// both are faster (docs/benchmarks.md, "The C tile's prefetch").
+/// both are faster (`KILN_PROFILE=1 train_gpt`: its K = 128 products 15-25 % a launch).
 pub(crate) fn k_loop(ops: &mut Assembler, s: &MicroSpec, ep: &EpProgram, step: &dyn Fn(&mut Assembler, usize)) {
     let u = s.unroll;
     let (main, main_end, rem, done) =

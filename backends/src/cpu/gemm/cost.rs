@@ -234,8 +234,8 @@ pub(super) fn b_demand(c: &GemmConfig, peak_ratio: f64) -> f64 {
 /// more than this, so their scores are what they were; AVX-512's 8 x 48 on a double-pumped core reads 8, and there
 /// it ran 12-15 % faster than the best AVX2 tile at 512 x 256 x 784 and 256 x 784 x 512 (an MLP's first layer and
 /// its weight gradient, `kiln tune --mode full`, KC 512 and 1024), where the flat rule had scored it 15 % under
-/// them and `KILN_AUTOTUNE=fast`, timing the two best-scored, never tried it (docs/benchmarks.md: the MLP step and
-/// a convolution, whose GEMM runs the model's pick, before and after).
+/// them and `KILN_AUTOTUNE=fast`, timing the two best-scored, never tried it (`train_mlp` at batch 512 and 1024,
+/// and `bench_conv`, whose GEMM runs the model's pick, were faster with the rule).
 pub(super) const L2_B_BYTES_PER_CYCLE: f64 = 10.0;
 
 /// The bf16 estimate: AMX tile throughput (a 16 x 16 x 32 `tdpbf16ps` per 16 cycles, 1024 flops a cycle a core,

@@ -19,7 +19,7 @@
 //! wide) in a loop, one thread: the pieces 300-330 µs an image from the padded input, the groups 205-270 from the
 //! padded input and 220-300 with the padding folded in; the same groups read 8 lanes at a time with `vmaskmovps`
 //! 630. With the pieces reading the folded input the whole convolution was slower than storing the padded input
-//! first (more, shorter pieces); with the groups it is faster (`docs/benchmarks.md`).
+//! first (more, shorter pieces); with the groups it is faster (`bench_conv`'s 3x3 layer).
 
 use kiln_jit::kernel::gemm::Patch;
 

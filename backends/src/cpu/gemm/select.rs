@@ -36,7 +36,7 @@ fn tune_mode() -> kiln_autotune::Mode {
 /// thus never waits on more than about the budget of searching, and a cache warms up over a few starts; `kiln
 /// tune` and `full` have no budget. A key whose search alone is estimated past the budget (a convolution's GEMM of
 /// a few images) is never searched in fast mode, and its record says so: its fast race would get one cold run per
-/// candidate, which picked the slower of two tiles when it was tried (docs/benchmarks.md, conv2d).
+/// candidate, which picked the slower of two tiles when it was tried (`bench_conv`'s 3x3 layer).
 ///
 /// Why: a batch-1024 MLP step meets eight GEMM keys; searching all of them took ~40 ms of its first step (~55-85 ms
 /// in all on this 2-core VM, against ~13 ms for compiling with `off`).
