@@ -70,7 +70,7 @@ impl Dump {
     /// Dumps one kernel: its IR, its rendered code (`ext` names the language) and disassembly.
     pub fn kernel_files(&self, k: &KernelIr, ext: &str, code: &str, disasm: &str) {
         let n = self.kernels.fetch_add(1, Ordering::Relaxed);
-        let stem = format!("k{n}.{}", k.name);
+        let stem = stem(n, &k.name);
         self.write(&format!("{stem}.kir"), &k.to_text());
         self.write(&format!("{stem}.{ext}"), code);
         if !disasm.is_empty() {
@@ -82,7 +82,7 @@ impl Dump {
     /// its configuration with the autotune table (every candidate: score, time, verified, winner).
     pub fn tuned_kernel_files(&self, k: &KernelIr, ext: &str, code: &str, config: &str, autotune_table: &str) {
         let n = self.kernels.fetch_add(1, Ordering::Relaxed);
-        let stem = format!("k{n}.{}", k.name);
+        let stem = stem(n, &k.name);
         self.write(&format!("{stem}.kir"), &k.to_text());
         self.write(&format!("{stem}.{ext}"), code);
         self.write(&format!("{stem}.autotune.txt"), &format!("config: {config}\n\n{autotune_table}"));
@@ -92,7 +92,7 @@ impl Dump {
     /// verified, winner), and its machine code (`objdump -D -b binary -mi386:x86-64 <file>` disassembles it).
     pub fn gemm_files(&self, k: &KernelIr, config: &str, code: &[u8], autotune_table: &str) {
         let n = self.kernels.fetch_add(1, Ordering::Relaxed);
-        let stem = format!("k{n}.{}", k.name);
+        let stem = stem(n, &k.name);
         self.write(&format!("{stem}.kir"), &k.to_text());
         self.write(&format!("{stem}.autotune.txt"), &format!("config: {config}\n\n{autotune_table}"));
         // The library candidate has no generated code to write.
@@ -103,7 +103,7 @@ impl Dump {
     /// listing (`ext` names the file) and the code, as for a GEMM.
     pub fn generated_files(&self, k: &KernelIr, ext: &str, listing: &str, code: &[u8]) {
         let n = self.kernels.fetch_add(1, Ordering::Relaxed);
-        let stem = format!("k{n}.{}", k.name);
+        let stem = stem(n, &k.name);
         self.write(&format!("{stem}.kir"), &k.to_text());
         self.write(&format!("{stem}.{ext}"), listing);
         self.write_bytes(&format!("{stem}.bin"), code);
@@ -129,6 +129,20 @@ impl Dump {
             }
         }
     }
+}
+
+/// The file stem of the `n`-th kernel dumped: `k<n>.<name>`, the name cut in its middle where it is long (a
+/// gradient norm's stack of 52 per-parameter norms is named by its ops, ~900 bytes), so every file name stays under
+/// the 255 bytes file systems allow with its plan prefix and extension. `n` keeps the stems apart; the name's start
+/// (its first ops) and end (its shape) stay.
+fn stem(n: usize, name: &str) -> String {
+    const KEEP_START: usize = 120;
+    const KEEP_END: usize = 40;
+    // Kernel names are ASCII (op names, digits, `x` and `_`), so byte offsets are character boundaries.
+    if name.len() <= KEEP_START + KEEP_END + 5 || !name.is_ascii() {
+        return format!("k{n}.{name}");
+    }
+    format!("k{n}.{}_etc_{}", &name[..KEEP_START], &name[name.len() - KEEP_END..])
 }
 
 fn ir_hash(k: &KernelIr) -> u64 {
@@ -166,4 +180,20 @@ fn fused_dot(plan: &KernelPlan) -> String {
     }
     s.push_str("}\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stem;
+
+    /// A long kernel name is cut to a stem whose file names fit a file system's 255 bytes, keeping its start and
+    /// its shape; a short one is kept whole.
+    #[test]
+    fn long_kernel_names_make_short_stems() {
+        assert_eq!(stem(3, "G_matmul_add_1024x512_128"), "k3.G_matmul_add_1024x512_128");
+        let long = format!("E_{}52", "sqrt_pad_add_".repeat(70));
+        let s = stem(361, &long);
+        assert!(s.starts_with("k361.E_sqrt_pad_add_") && s.ends_with("sqrt_pad_add_52"), "{s}");
+        assert!(format!("plan12.{s}.autotune.txt").len() < 255, "{} bytes", s.len());
+    }
 }
