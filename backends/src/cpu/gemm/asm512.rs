@@ -5,7 +5,7 @@
 //! accumulators in zmm0.., `nv` B vectors after them and the broadcast of A in zmm31, so tiles like 6x64, 8x48 and
 //! 14x32 fit where AVX2 stops at 6x16. A ragged last vector is masked with opmask k1 (loaded from the `u16` at
 //! `ep[0]`): masked loads and stores instead of `vmaskmovps`, and masked-off lanes never fault. Epilogue programs
-//! run through the shared `asm::emit_insts` with [`Zmm`] spelling its instructions; its constants are read by
+//! run through the shared `program_asm::emit_insts` with [`Zmm`] spelling its instructions; its constants are read by
 //! broadcast from the pool after the code through r10 (`lea r10, [pool]`), so the code stays position independent.
 //!
 //! Why generated and not ahead-of-time intrinsics: the epilogue is part of the kernel (bias, activation, a residual
@@ -18,8 +18,10 @@
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
 
-use super::asm::{ConstPool, ConstRef, EpProgram, MicroSpec, Mode, Shift, VBin, VecIsa, emit_program, k_loop};
+use super::asm::{MicroSpec, Mode, k_loop};
 use super::evex::{self, Enc, Rm, gpr, mem};
+use super::program::{EpProgram, VBin};
+use super::program_asm::{ConstPool, ConstRef, Shift, VecIsa, emit_program};
 use crate::cpu::isa::Isa;
 use dynasmrt::x64::Assembler;
 use dynasmrt::{AssemblyOffset, DynasmApi, DynasmLabelApi, dynasm};

@@ -8,7 +8,7 @@
 //! rows of 16 column pairs, `(B[2p, j], B[2p+1, j])` in dword `j` of row `p`, packed by `bf16_pack::pack_b`). Each
 //! of `k` steps of 32 loads the tiles and issues `mt * nt` `tdpbf16ps` (16 x 16 x 32 products each); the sums stay in
 //! the tiles over the whole K. Then they go to a 64-byte-aligned stack area (`tilestored`), and each row of 16 f32 is
-//! loaded into a zmm, finished by the shared epilogue emitter (`asm::emit_program` with `asm512`'s instructions)
+//! loaded into a zmm, finished by the shared epilogue emitter (`program_asm::emit_program` with `asm512`'s instructions)
 //! and stored as f32 or as bf16 (the program rounds each bf16 value, nearest even as PyTorch, so the store keeps the
 //! top half), masked at a ragged last vector.
 //! The contract is `asm::MicroFn`'s: `(a, b, c, k, ep)`, `k` counting steps of 32. The K-split form
@@ -45,10 +45,11 @@
 // `dynasm!` converts every run-time register number with `.into()`, a no-op for the `u8`s used here.
 #![allow(clippy::useless_conversion)]
 
-use super::asm::{ConstPool, EpProgram, emit_program};
 use super::asm512::Zmm;
 use super::config::Bf16Unit;
 use super::evex::{Enc, Rm, gpr, mem};
+use super::program::EpProgram;
+use super::program_asm::{ConstPool, emit_program};
 use dynasmrt::x64::Assembler;
 use dynasmrt::{AssemblyOffset, DynasmApi, DynasmLabelApi, dynasm};
 

@@ -14,7 +14,7 @@
 //! each bf16 result is rounded in the program, with integer ops, exactly as the Cranelift kernels round it; and
 //! 16-lane callers may read bf16 operands (`Allow::bf16_loads`).
 
-use super::asm::{EpInst, EpProgram, VBin, pred};
+use super::program::{EpInst, EpProgram, VBin, pred};
 use super::program_math::{f32_bits, push_exp, push_inst, push_log, push_round_bf16, push_tanh};
 use kiln_jit::DType;
 use kiln_jit::dtype::Scalar;
@@ -72,8 +72,8 @@ pub struct Allow {
     pub bf16: bool,
     /// Loads of bf16 operands (with `bf16`; `EpInst::Mat`/`Row`/`Col` with `bf16` set): only a caller whose loads
     /// widen 2-byte elements emits them: the 16-lane elementwise kernels (`cpu/wide/`) and the bf16 GEMMs' 16-lane
-    /// epilogues (`asm::emit_program`, where AVX512BW gives the per-row operand's word broadcast); not the f32 GEMM
-    /// tiles or the row kernels.
+    /// epilogues (`program_asm::emit_program`, where AVX512BW gives the per-row operand's word broadcast); not the f32
+    /// GEMM tiles or the row kernels.
     pub bf16_loads: bool,
     /// Positions along n (`Role::Position`, `EpInst::Position`): only a caller whose loop knows the column of each
     /// vector emits them (the row kernels, `cpu/wide/rows.rs`); a GEMM tile or an elementwise chunk does not.

@@ -37,6 +37,8 @@ pub mod epilogue;
 pub(crate) mod evex;
 mod pack;
 mod patch;
+pub mod program;
+pub(crate) mod program_asm;
 mod program_math;
 pub(crate) mod select;
 mod splitk;
@@ -149,7 +151,7 @@ impl CompiledGemm {
             GemmImpl::Transposed(c) => {
                 let view = g.view.transposed();
                 let mut inner = CompiledGemm::unbuilt(view, GemmImpl::Asm(c), Vec::new(), g.input_dtypes.clone());
-                inner.generate(c, &asm::EpProgram::identity(), threads, cache)?;
+                inner.generate(c, &program::EpProgram::identity(), threads, cache)?;
                 g.transposed = Some(Box::new(inner));
                 g.uses_pass = !is_identity(k);
                 return Ok(g);
@@ -163,7 +165,7 @@ impl CompiledGemm {
             // C holds thread 0's partial sums until the last pass has added the others' (`run_depth`): an epilogue
             // beyond the accumulator runs after that, as a pass over the sums.
             g.uses_pass = !is_identity(k);
-            asm::EpProgram::identity()
+            program::EpProgram::identity()
         } else {
             g.epilogue_program(k, &epilogue)
         };
@@ -173,7 +175,7 @@ impl CompiledGemm {
                 // The program did not fit the registers this tile leaves: apply it as a pass instead.
                 g.epilogue = None;
                 g.uses_pass = !is_identity(k);
-                g.generate(c, &asm::EpProgram::identity(), threads, cache)?;
+                g.generate(c, &program::EpProgram::identity(), threads, cache)?;
             }
             Err(e) => return Err(e),
         }
@@ -205,7 +207,7 @@ impl CompiledGemm {
     fn generate(
         &mut self,
         c: GemmConfig,
-        program: &asm::EpProgram,
+        program: &program::EpProgram,
         threads: usize,
         cache: Option<&kiln_autotune::Store>,
     ) -> Result<(), String> {
@@ -293,7 +295,7 @@ impl CompiledGemm {
             Some(e) => e.program.clone(),
             None if !out_bf16 => {
                 self.uses_pass = !is_identity(k);
-                asm::EpProgram::identity()
+                program::EpProgram::identity()
             }
             None => return Err("this epilogue cannot run in registers, and a bf16 output has no pass".into()),
         };
@@ -390,7 +392,7 @@ impl CompiledGemm {
     }
 
     /// Chooses between the register epilogue and the pass; returns the program to generate.
-    fn epilogue_program(&mut self, k: &KernelIr, ep: &Option<Epilogue>) -> asm::EpProgram {
+    fn epilogue_program(&mut self, k: &KernelIr, ep: &Option<Epilogue>) -> program::EpProgram {
         match ep {
             Some(e) => {
                 self.epilogue = Some(e.clone());
@@ -398,7 +400,7 @@ impl CompiledGemm {
             }
             None => {
                 self.uses_pass = !is_identity(k);
-                asm::EpProgram::identity()
+                program::EpProgram::identity()
             }
         }
     }
@@ -737,7 +739,7 @@ pub fn stats() -> crate::runtime::CompileStats {
 /// namespaces by kiln version and CPU fingerprint), else generated (and stored).
 fn kernel_set(
     specs: &[MicroSpec],
-    program: &asm::EpProgram,
+    program: &program::EpProgram,
     cache: Option<&kiln_autotune::Store>,
 ) -> Result<KernelSet, String> {
     let key = format!("{specs:?}|{program:?}|r{}", asm::REVISION);

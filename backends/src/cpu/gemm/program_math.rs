@@ -1,4 +1,4 @@
-//! `clif_math`'s f32 `exp`, `tanh` and `log` as register programs (`asm::EpProgram`), for generated elementwise
+//! `clif_math`'s f32 `exp`, `tanh` and `log` as register programs (`program::EpProgram`), for generated elementwise
 //! kernels, GEMM epilogues and row sums. Each is the Cranelift kernels' sequence in its FMA form (the form on every
 //! host that runs generated code, which has FMA), operation for operation and constant for constant (the constants
 //! come from `clif_math`), so an element gets the same bits from either kind of kernel; `tests/wide.rs` checks that
@@ -15,7 +15,7 @@
 //! the constants and the order of the rounding operations, is shared: the constants are `clif_math`'s, and the
 //! bit-for-bit test against the Cranelift kernels fails on any reordering.
 
-use super::asm::{EpInst, EpProgram, VBin, pred};
+use super::program::{EpInst, EpProgram, VBin, pred};
 
 /// Appends f32 `e^x` and returns its value: `clif_math`'s f32 `exp` in its FMA form (the Cranelift kernels' form on
 /// the hosts these programs run on, which have FMA) operation for operation, so an element gets the same bits from

@@ -31,10 +31,11 @@
 
 use super::emit::{self, Access, KMASK, put};
 use super::{MASK_REG, OPERAND_REGS};
-use crate::cpu::gemm::asm::{self, EpInst, EpProgram, VecIsa};
 use crate::cpu::gemm::asm512::Zmm;
 use crate::cpu::gemm::epilogue::{Epilogue, OperandKind};
 use crate::cpu::gemm::evex::{gpr, mem};
+use crate::cpu::gemm::program::{EpInst, EpProgram, VBin};
+use crate::cpu::gemm::program_asm::{self, VecIsa};
 use crate::cpu::isa::Isa;
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
@@ -132,7 +133,7 @@ pub(super) fn emit(
     let outer_last = outer.last_uses();
     let wide = isa == Isa::Avx512;
     let zmm = Zmm { pool: gpr::RBP };
-    let vec_isa: &dyn VecIsa = if wide { &zmm } else { &asm::Ymm };
+    let vec_isa: &dyn VecIsa = if wide { &zmm } else { &program_asm::Ymm };
     let lanes = isa.lanes() as i32;
     let unit = unit as i32;
     // As in `wide::emit`: the column offset (rax) counts `unit` bytes per element, copy `c` is a vector further.
@@ -225,10 +226,10 @@ pub(super) fn emit(
             let mut load = |ops: &mut Assembler, inst: &EpInst, d: u8| {
                 emit::load_element_vector(ops, ep, isa, inst, d, |size| access(size, c), masked)
             };
-            let res = asm::emit_insts(vec_isa, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
+            let res = program_asm::emit_insts(vec_isa, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, &mut consts)?;
             // Lanes past a masked vector's end add whatever the program made of the zeros loaded there: those
             // lanes are never stored.
-            vec_isa.bin(ops, asm::VBin::Add, l.acc(c), l.acc(c), res);
+            vec_isa.bin(ops, VBin::Add, l.acc(c), l.acc(c), res);
         }
         for (o, &step) in steps.iter().enumerate() {
             if step != 0 {
@@ -266,8 +267,16 @@ pub(super) fn emit(
                 let acc_fixed = |i: usize| matches!(outer.insts[i], EpInst::Acc).then_some(0u8);
                 let mut no_load =
                     |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a sum's outer program loads nothing");
-                let res =
-                    asm::emit_insts(vec_isa, ops, outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
+                let res = program_asm::emit_insts(
+                    vec_isa,
+                    ops,
+                    outer,
+                    &outer_last,
+                    &free,
+                    &acc_fixed,
+                    &mut no_load,
+                    &mut consts,
+                )?;
                 emit::store_vector(ops, isa, res, out_access(c), masked);
             }
             Ok(())

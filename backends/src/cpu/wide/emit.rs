@@ -6,10 +6,11 @@
 #![allow(clippy::useless_conversion)]
 
 use super::{MASK_REG, OPERAND_REGS, TABLE_OPERANDS};
-use crate::cpu::gemm::asm::{self, EpInst, EpProgram, VecIsa};
 use crate::cpu::gemm::asm512::Zmm;
 use crate::cpu::gemm::epilogue::{Epilogue, OperandKind};
 use crate::cpu::gemm::evex::{Enc, gpr, mem, mem_indexed};
+use crate::cpu::gemm::program::{EpInst, EpProgram, VBin};
+use crate::cpu::gemm::program_asm::{self, VecIsa};
 use crate::cpu::isa::Isa;
 use dynasmrt::x64::Assembler;
 use dynasmrt::{DynasmApi, DynasmLabelApi, ExecutableBuffer, dynasm};
@@ -92,7 +93,7 @@ pub(super) fn emit(
     let last = p.last_uses();
     let wide = isa == Isa::Avx512;
     let zmm = Zmm { pool: gpr::RBP };
-    let vec_isa: &dyn VecIsa = if wide { &zmm } else { &asm::Ymm };
+    let vec_isa: &dyn VecIsa = if wide { &zmm } else { &program_asm::Ymm };
     let lanes = isa.lanes() as i32;
     // The column offset counts `unit` bytes per element; an access of `size`-byte elements scales it by
     // `size / unit`, and copy `c` of an iteration is `size * lanes * c` bytes further.
@@ -154,13 +155,13 @@ pub(super) fn emit(
     let fixed = |i: usize| l.hoisted[i];
     // The program for copies 0..n (their vectors at `access(.., c)`), interleaved (`emit_insts_interleaved`);
     // each copy's result register.
-    let program = |ops: &mut Assembler, consts: &mut asm::ConstPool, n: usize, masked: bool| {
+    let program = |ops: &mut Assembler, consts: &mut program_asm::ConstPool, n: usize, masked: bool| {
         let regs: Vec<Vec<u8>> = (0..n).map(|c| l.copy_regs(c)).collect();
         let frees: Vec<&[u8]> = regs.iter().map(|r| r.as_slice()).collect();
         let mut load = |ops: &mut Assembler, c: usize, inst: &EpInst, d: u8| {
             load_element_vector(ops, ep, isa, inst, d, |size| access(size, c), masked)
         };
-        asm::emit_insts_interleaved(vec_isa, ops, p, &last, &frees, &fixed, &mut load, consts)
+        program_asm::emit_insts_interleaved(vec_isa, ops, p, &last, &frees, &fixed, &mut load, consts)
     };
     // Copy `c`'s result `res` summed into its accumulator or stored.
     let finish = |ops: &mut Assembler, c: usize, res: u8, masked: bool| {
@@ -182,7 +183,7 @@ pub(super) fn emit(
             } else {
                 res
             };
-            vec_isa.bin(ops, asm::VBin::Add, acc, acc, cleared);
+            vec_isa.bin(ops, VBin::Add, acc, acc, cleared);
         } else {
             let (scale, disp) = access(out_size, c);
             let res = if out_bf16 {
@@ -242,11 +243,11 @@ pub(super) fn emit(
         // broadcast; then the outer program; lane 0 stored.
         let a = &l.accs;
         if a.len() == 4 {
-            vec_isa.bin(&mut ops, asm::VBin::Add, a[0], a[0], a[1]);
-            vec_isa.bin(&mut ops, asm::VBin::Add, a[2], a[2], a[3]);
-            vec_isa.bin(&mut ops, asm::VBin::Add, a[0], a[0], a[2]);
+            vec_isa.bin(&mut ops, VBin::Add, a[0], a[0], a[1]);
+            vec_isa.bin(&mut ops, VBin::Add, a[2], a[2], a[3]);
+            vec_isa.bin(&mut ops, VBin::Add, a[0], a[0], a[2]);
         } else if a.len() == 2 {
-            vec_isa.bin(&mut ops, asm::VBin::Add, a[0], a[0], a[1]);
+            vec_isa.bin(&mut ops, VBin::Add, a[0], a[0], a[1]);
         }
         if wide {
             put(&mut ops, |e| {
@@ -276,7 +277,16 @@ pub(super) fn emit(
         let acc_fixed = |i: usize| matches!(outer.insts[i], EpInst::Acc).then_some(0u8);
         let mut no_load =
             |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a row sum's outer program loads nothing");
-        let res = asm::emit_insts(vec_isa, &mut ops, outer, &outer_last, &free, &acc_fixed, &mut no_load, &mut consts)?;
+        let res = program_asm::emit_insts(
+            vec_isa,
+            &mut ops,
+            outer,
+            &outer_last,
+            &free,
+            &acc_fixed,
+            &mut no_load,
+            &mut consts,
+        )?;
         dynasm!(ops ; .arch x64 ; vmovss DWORD [rdi], Rx(res));
         4
     } else {
@@ -376,8 +386,8 @@ pub(super) fn load_operand_pointers(ops: &mut Assembler, n: usize, table: u8) {
 }
 
 /// The code's constant pool; at 16 lanes its base goes into rbp, which nothing else in these loops uses.
-pub(super) fn const_pool(ops: &mut Assembler, wide: bool) -> asm::ConstPool {
-    let mut consts = asm::ConstPool::default();
+pub(super) fn const_pool(ops: &mut Assembler, wide: bool) -> program_asm::ConstPool {
+    let mut consts = program_asm::ConstPool::default();
     if wide {
         let base = consts.base(ops);
         dynasm!(ops ; .arch x64 ; lea rbp, [=>base]);

@@ -14,8 +14,8 @@
 //! whose masks test only batch positions, read through a gate per row, `gate_batch_masks`, a closed gate's load
 //! reading an open one's bytes where the parts are read alike, `shared_gate_reads`). It *is* an epilogue
 //! without an accumulator, so it is translated by the same code and its arithmetic emitted by the same emitter
-//! (`asm::emit_insts`); only the loop around it is this file's. bf16 runs too, at 16 lanes only: loads widen 2-byte
-//! elements to their exact f32 values (`vpmovzxwd`, shift), each bf16 result of arithmetic is rounded in the program
+//! (`program_asm::emit_insts`); only the loop around it is this file's. bf16 runs too, at 16 lanes only: loads
+//! widen 2-byte elements to their exact f32 values (`vpmovzxwd`, shift), each bf16 result of arithmetic is rounded in the program
 //! with the Cranelift kernels' integer rounding, and a bf16 output is stored as each lane's top half (`vpmovdw`),
 //! all masked by k1 at the edges; AVX2 has no 2-byte masked moves, so an 8-lane-only host keeps bf16 on Cranelift.
 //! Anything else (another dtype, sin/cos, max/min with their NaN rule, a gather, a value uniform per batch element
@@ -39,8 +39,8 @@
 //! when every row starts at the same alignment (host buffers start on a 64-byte boundary, `kiln_jit::HostVec`, but
 //! a view may start inside one; a store that straddles two cache lines costs about two); then
 //! `unroll` vectors per iteration (their programs interleaved instruction by instruction,
-//! `asm::emit_insts_interleaved`, so a transcendental's long dependent chain does not fill the schedulers alone),
-//! single vectors, and a masked tail, so nothing is read or written past a row; then every pointer steps one row.
+//! `program_asm::emit_insts_interleaved`, so a transcendental's long dependent chain does not fill the schedulers
+//! alone), single vectors, and a masked tail, so nothing is read or written past a row; then every pointer steps one row.
 //! Operand pointers live in rcx, r8-r11 and rbx, the column offset in rax, so a load is one instruction with no
 //! address arithmetic. The caller splits rows over threads (the Cranelift kernels' split,
 //! so a weight's rows stay on the core that updates them; rows of all batch elements form one range, a call never
@@ -55,8 +55,8 @@
 //! (on the Zen 4, interleaved `bench_table` runs: softmax over 4096 x 1024 1.8 -> 1.4 ms, GELU 2.4-3.3 -> 1.7-1.8).
 //!
 //! The column offset (rax) counts 4 bytes per element, or 2 in a kernel with a bf16 operand or output (its f32
-//! accesses scale it by 2). Both widths run the same loop and register program (`asm::VecIsa`); the 16-lane one's
-//! vector moves are EVEX (`gemm::evex`), its constants read through rbp. Elementwise results are bit-identical at
+//! accesses scale it by 2). Both widths run the same loop and register program (`program_asm::VecIsa`); the 16-lane
+//! one's vector moves are EVEX (`gemm::evex`), its constants read through rbp. Elementwise results are bit-identical at
 //! both widths; a row sum's lanes are added in another order (within the row-sum tolerance).
 //!
 //! Each element is loaded before it is stored, so a donated input may be the output (a weight updated in place).
@@ -69,8 +69,9 @@
 //! assembles the loop (its loads, stores and prologue shared with the others), `cols.rs` and `rows.rs` are the
 //! column-sum and row-kernel loops.
 
-use crate::cpu::gemm::asm::{self, EpInst, EpProgram};
+use crate::cpu::gemm::asm;
 use crate::cpu::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
+use crate::cpu::gemm::program::{EpInst, EpProgram};
 use crate::cpu::isa::{self, Isa};
 use crate::cpu::pool;
 use dynasmrt::ExecutableBuffer;

@@ -2,8 +2,8 @@
 //! positions read through per-row gates, a reduction's inner code as an elementwise kernel of its sums.
 
 use super::Along;
-use crate::cpu::gemm::asm::EpProgram;
 use crate::cpu::gemm::epilogue;
+use crate::cpu::gemm::program::EpProgram;
 use kiln_jit::kernel::{IExpr, Inst, KernelIr};
 
 /// The elementwise kernel `k` (loops merged) with another output loop as its row loop, where its row loop is short

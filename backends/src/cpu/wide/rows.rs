@@ -47,10 +47,12 @@
 
 use super::emit::{Access, KMASK, load_vector, put, restore_registers_and_return, save_registers, store_vector};
 use super::{MASK_REG, OPERAND_REGS};
-use crate::cpu::gemm::asm::{self, EpInst, EpProgram, VBin, VecIsa, pred};
+use crate::cpu::gemm::asm;
 use crate::cpu::gemm::asm512::Zmm;
 use crate::cpu::gemm::epilogue::{self, Epilogue, OperandKind, Uniforms};
 use crate::cpu::gemm::evex::{gpr, mem};
+use crate::cpu::gemm::program::{EpInst, EpProgram, VBin, pred};
+use crate::cpu::gemm::program_asm::{self, VecIsa};
 use crate::cpu::isa::{self, Isa};
 use crate::cpu::pool;
 use dynasmrt::x64::Assembler;
@@ -579,9 +581,9 @@ const NEG_INF: u32 = 0xff80_0000;
 fn emit(passes: &[Pass], scratch: usize, cols: usize, per_row: bool, isa: Isa) -> Result<ExecutableBuffer, String> {
     let wide = isa == Isa::Avx512;
     let zmm = Zmm { pool: gpr::RBP };
-    let vi: &dyn VecIsa = if wide { &zmm } else { &asm::Ymm };
+    let vi: &dyn VecIsa = if wide { &zmm } else { &program_asm::Ymm };
     let mut ops = Assembler::new().map_err(|e| e.to_string())?;
-    let mut consts = asm::ConstPool::default();
+    let mut consts = program_asm::ConstPool::default();
     let (row, done) = (ops.new_dynamic_label(), ops.new_dynamic_label());
     save_registers(&mut ops);
     dynasm!(ops ; .arch x64
@@ -674,7 +676,7 @@ fn emit_finish(
     pass: &Pass,
     pi: usize,
     slot: Option<usize>,
-    consts: &mut asm::ConstPool,
+    consts: &mut program_asm::ConstPool,
 ) -> Result<(), String> {
     let p = &pass.ep.program;
     let uoff = 8 * (TABLE_HEAD + pi * OPERANDS_PER_PASS) as i32;
@@ -687,7 +689,7 @@ fn emit_finish(
     };
     // xmm0-14: the VEX store names the result, and ymm15 holds the tail mask.
     let free: Vec<u8> = (0..MASK_REG).collect();
-    let res = asm::emit_insts(vi, ops, p, &p.last_uses(), &free, &|_| None, &mut load, consts)?;
+    let res = program_asm::emit_insts(vi, ops, p, &p.last_uses(), &free, &|_| None, &mut load, consts)?;
     match slot {
         Some(slot) => {
             let off = 4 * slot as i32;
@@ -709,7 +711,7 @@ fn emit_pass(
     scratch: usize,
     isa: Isa,
     fold_to: u8,
-    consts: &mut asm::ConstPool,
+    consts: &mut program_asm::ConstPool,
 ) -> Result<(), String> {
     let (p, l) = (&pass.ep.program, pass.layout.as_ref().expect("a column loop's layout"));
     let fold = match pass.kind {
@@ -778,7 +780,7 @@ fn emit_pass(
         }
         let fixed = |i: usize| l.hoisted[i];
         // The columns of this copy's lanes, per position offset the program reads: `rax / 4 + lanes * c + lane`.
-        let positions: Vec<(i32, asm::ConstRef)> = p
+        let positions: Vec<(i32, program_asm::ConstRef)> = p
             .insts
             .iter()
             .filter_map(|inst| if let EpInst::Position(off) = *inst { Some(off) } else { None })
@@ -797,7 +799,7 @@ fn emit_pass(
             }
             _ => unreachable!("per-row values and uniforms are hoisted"),
         };
-        let res = asm::emit_insts(vi, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, consts)?;
+        let res = program_asm::emit_insts(vi, ops, p, &last, &l.copy_regs(c), &fixed, &mut load, consts)?;
         if fold.is_none() || pass.store_out {
             store_vector(ops, isa, res, Access::f32(disp), masked);
         }
