@@ -1,7 +1,7 @@
 //! bf16 GEMM kernels, generated at run time, for the two bf16 units of current x86 cores: AMX tiles (`tdpbf16ps`)
 //! and AVX512-BF16 (`vdpbf16ps`). Both read the same packed operands (B in the tiles' pair layout, A in rows), sum
 //! in f32, and finish with the same epilogue (bias, activation, the rounding to bf16) in zmm registers before the
-//! one store; `cpu/gemm/mod.rs` drives them (`run_bf16_item`, `run_bf16_depth`).
+//! one store; `bf16_drive.rs` drives them (`run_bf16_item`, `run_bf16_depth`).
 //!
 //! AMX: a kernel computes a `16*mt x 16*nt` block of C (`mt`, `nt` in 1..=2) with `mt * nt` accumulator tiles
 //! (tmm0..3), `mt` A tiles (tmm4, tmm5: 16 rows of 32 bf16, read at A's row stride) and `nt` B tiles (tmm6, tmm7: 16
