@@ -69,9 +69,7 @@ impl Dump {
 
     /// Dumps one kernel: its IR, its rendered code (`ext` names the language) and disassembly.
     pub fn kernel_files(&self, k: &KernelIr, ext: &str, code: &str, disasm: &str) {
-        let n = self.kernels.fetch_add(1, Ordering::Relaxed);
-        let stem = stem(n, &k.name);
-        self.write(&format!("{stem}.kir"), &k.to_text());
+        let stem = self.begin_kernel(k);
         self.write(&format!("{stem}.{ext}"), code);
         if !disasm.is_empty() {
             self.write(&format!("{stem}.s"), disasm);
@@ -81,9 +79,7 @@ impl Dump {
     /// Dumps one kernel whose configuration the autotuner chose (a WGSL GEMM tile): its IR, its rendered code, and
     /// its configuration with the autotune table (every candidate: score, time, verified, winner).
     pub fn tuned_kernel_files(&self, k: &KernelIr, ext: &str, code: &str, config: &str, autotune_table: &str) {
-        let n = self.kernels.fetch_add(1, Ordering::Relaxed);
-        let stem = stem(n, &k.name);
-        self.write(&format!("{stem}.kir"), &k.to_text());
+        let stem = self.begin_kernel(k);
         self.write(&format!("{stem}.{ext}"), code);
         self.write(&format!("{stem}.autotune.txt"), &format!("config: {config}\n\n{autotune_table}"));
     }
@@ -91,9 +87,7 @@ impl Dump {
     /// Dumps one generated GEMM: its IR, its configuration and autotune table (every candidate: score, time,
     /// verified, winner), and its machine code (`objdump -D -b binary -mi386:x86-64 <file>` disassembles it).
     pub fn gemm_files(&self, k: &KernelIr, config: &str, code: &[u8], autotune_table: &str) {
-        let n = self.kernels.fetch_add(1, Ordering::Relaxed);
-        let stem = stem(n, &k.name);
-        self.write(&format!("{stem}.kir"), &k.to_text());
+        let stem = self.begin_kernel(k);
         self.write(&format!("{stem}.autotune.txt"), &format!("config: {config}\n\n{autotune_table}"));
         // The library candidate has no generated code to write.
         self.write_bytes(&format!("{stem}.gemm.bin"), code);
@@ -102,11 +96,17 @@ impl Dump {
     /// Dumps one kernel generated as machine code without a tuner (an 8-lane elementwise kernel): its IR, its
     /// listing (`ext` names the file) and the code, as for a GEMM.
     pub fn generated_files(&self, k: &KernelIr, ext: &str, listing: &str, code: &[u8]) {
-        let n = self.kernels.fetch_add(1, Ordering::Relaxed);
-        let stem = stem(n, &k.name);
-        self.write(&format!("{stem}.kir"), &k.to_text());
+        let stem = self.begin_kernel(k);
         self.write(&format!("{stem}.{ext}"), listing);
         self.write_bytes(&format!("{stem}.bin"), code);
+    }
+
+    /// Numbers the next kernel dumped and writes its IR (`<stem>.kir`); returns its file stem
+    /// ([`kernel_file_stem`]), which the kernel's other files share.
+    fn begin_kernel(&self, k: &KernelIr) -> String {
+        let stem = kernel_file_stem(self.kernels.fetch_add(1, Ordering::Relaxed), &k.name);
+        self.write(&format!("{stem}.kir"), &k.to_text());
+        stem
     }
 
     fn write_bytes(&self, what: &str, code: &[u8]) {
@@ -135,7 +135,7 @@ impl Dump {
 /// gradient norm's stack of 52 per-parameter norms is named by its ops, ~900 bytes), so every file name stays under
 /// the 255 bytes file systems allow with its plan prefix and extension. `n` keeps the stems apart; the name's start
 /// (its first ops) and end (its shape) stay.
-fn stem(n: usize, name: &str) -> String {
+fn kernel_file_stem(n: usize, name: &str) -> String {
     const KEEP_START: usize = 120;
     const KEEP_END: usize = 40;
     // Kernel names are ASCII (op names, digits, `x` and `_`), so byte offsets are character boundaries.
@@ -184,15 +184,15 @@ fn fused_dot(plan: &KernelPlan) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::stem;
+    use super::kernel_file_stem;
 
     /// A long kernel name is cut to a stem whose file names fit a file system's 255 bytes, keeping its start and
     /// its shape; a short one is kept whole.
     #[test]
     fn long_kernel_names_make_short_stems() {
-        assert_eq!(stem(3, "G_matmul_add_1024x512_128"), "k3.G_matmul_add_1024x512_128");
+        assert_eq!(kernel_file_stem(3, "G_matmul_add_1024x512_128"), "k3.G_matmul_add_1024x512_128");
         let long = format!("E_{}52", "sqrt_pad_add_".repeat(70));
-        let s = stem(361, &long);
+        let s = kernel_file_stem(361, &long);
         assert!(s.starts_with("k361.E_sqrt_pad_add_") && s.ends_with("sqrt_pad_add_52"), "{s}");
         assert!(format!("plan12.{s}.autotune.txt").len() < 255, "{} bytes", s.len());
     }

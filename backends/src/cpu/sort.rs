@@ -374,7 +374,7 @@ mod tests {
             .map(|i| {
                 state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 let k = if i % 3 == 0 { 0x00ab_1234 } else { (state >> 32) as u32 & 0xff00_ffff | 0x0033_0000 };
-                (k as u64) << 32 | i
+                pack(k, i as usize)
             })
             .collect();
         let mut want = items.clone();

@@ -264,19 +264,7 @@ pub(super) fn emit(
         columns(&mut ops, &mut |ops, u, masked| {
             for c in 0..u {
                 emit::load_vector(ops, isa, 0, gpr::RDI, out_access(c), masked);
-                let acc_fixed = |i: usize| matches!(outer.insts[i], EpInst::Acc).then_some(0u8);
-                let mut no_load =
-                    |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a sum's outer program loads nothing");
-                let res = program_asm::emit_insts(
-                    vec_isa,
-                    ops,
-                    outer,
-                    &outer_last,
-                    &free,
-                    &acc_fixed,
-                    &mut no_load,
-                    &mut consts,
-                )?;
+                let res = emit::emit_sum_outer(vec_isa, ops, outer, &outer_last, &free, &mut consts)?;
                 emit::store_vector(ops, isa, res, out_access(c), masked);
             }
             Ok(())

@@ -271,22 +271,9 @@ pub(super) fn emit(
         } else {
             dynasm!(ops ; .arch x64 ; vbroadcastss ymm0, xmm0);
         }
-        let outer_last = outer.last_uses();
         // Below the accumulators, and within xmm0-15, which the VEX store of the result can name.
         let free: Vec<u8> = (1..a[a.len() - 1].min(16)).collect();
-        let acc_fixed = |i: usize| matches!(outer.insts[i], EpInst::Acc).then_some(0u8);
-        let mut no_load =
-            |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a row sum's outer program loads nothing");
-        let res = program_asm::emit_insts(
-            vec_isa,
-            &mut ops,
-            outer,
-            &outer_last,
-            &free,
-            &acc_fixed,
-            &mut no_load,
-            &mut consts,
-        )?;
+        let res = emit_sum_outer(vec_isa, &mut ops, outer, &outer.last_uses(), &free, &mut consts)?;
         dynasm!(ops ; .arch x64 ; vmovss DWORD [rdi], Rx(res));
         4
     } else {
@@ -311,6 +298,22 @@ pub(super) fn emit(
 
 /// Where a vector access is relative to its row pointer: `[row + rax*scale + disp]`, and whether its elements are
 /// bf16 (16-lane form only).
+/// Emits a sum's outer program (`sum_parts`: the `log` of a log-sum-exp, a scale) over the sum in register 0, which
+/// it reads as its accumulator and never loads anything else, taking temporaries from `free`; returns the register
+/// of its result. The row sums' and the column sums' loops share it.
+pub(super) fn emit_sum_outer(
+    vec_isa: &dyn VecIsa,
+    ops: &mut Assembler,
+    outer: &EpProgram,
+    last: &[usize],
+    free: &[u8],
+    consts: &mut program_asm::ConstPool,
+) -> Result<u8, String> {
+    let sum = |i: usize| matches!(outer.insts[i], EpInst::Acc).then_some(0u8);
+    let mut no_load = |_: &mut Assembler, _: &EpInst, _: u8| unreachable!("a sum's outer program loads nothing");
+    program_asm::emit_insts(vec_isa, ops, outer, last, free, &sum, &mut no_load, consts)
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Access {
     pub scale: u8,
