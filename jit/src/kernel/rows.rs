@@ -24,7 +24,7 @@
 //! Code that reads an element's position (an iota: cross entropy's `class == target` mask) joins like any other,
 //! so cross entropy's pick of the target's log-probability is the root of a group holding the row max and the
 //! log-sum-exp: one kernel. The backend's say still decides: the CPU generates positions a vector at a time
-//! (`cpu/wide/rows.rs`), and a kernel it does not generate would compute them a lane at a time, which is why it
+//! (`cpu/wide/rows/`), and a kernel it does not generate would compute them a lane at a time, which is why it
 //! declines the ones it cannot generate.
 
 use crate::graph::Graph;

@@ -76,7 +76,7 @@ pub struct Allow {
     /// GEMM tiles or the row kernels.
     pub bf16_loads: bool,
     /// Positions along n (`Role::Position`, `EpInst::Position`): only a caller whose loop knows the column of each
-    /// vector emits them (the row kernels, `cpu/wide/rows.rs`); a GEMM tile or an elementwise chunk does not.
+    /// vector emits them (the row kernels, `cpu/wide/rows/`); a GEMM tile or an elementwise chunk does not.
     pub positions: bool,
     /// `EpInst::Scalef` (`vscalefps`), in `exp` and `tanh`: only a caller that emits the program at 16 lanes alone
     /// (the elementwise and row kernels built at AVX-512's width); a GEMM's epilogue, translated once for tiles of
