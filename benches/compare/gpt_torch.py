@@ -16,6 +16,10 @@ both PyTorch modes close in time; the table gives each side's median over the ro
 with the per-round ratios' range in brackets.
 
     python3 benches/compare/gpt_torch.py [--threads T] [--steps N] [--rounds R] [--skip-kiln] [--dtype bf16]
+                                         [--context T] [--batch B]
+
+`--context` and `--batch` change the sequence length and the sequences per step (default 64 and 16); the rest of
+the model stays at the example's default size.
 
 `--dtype bf16`: kiln trains with `--dtype bf16` (bf16 weights and activations, AdamW on f32 master weights), PyTorch
 with its forward under `torch.autocast("cpu", dtype=torch.bfloat16)` (bf16 matmuls, f32 weights and optimizer):
@@ -76,7 +80,7 @@ def kiln_times(path: str, steps: int, threads: int, cache: str, dtype: str) -> t
     env = dict(os.environ, KILN_NUM_THREADS=str(threads), KILN_CACHE_DIR=cache)
     out = subprocess.run(
         [str(target_dir() / "release" / "examples" / "train_gpt"), "--init", path, "--steps", str(steps),
-         "--sample", "0", "--dtype", dtype],
+         "--sample", "0", "--dtype", dtype, "--context", str(T), "--batch", str(B)],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True,
     ).stdout
     m = re.search(r"first step ([\d.]+) ms, then ([\d.]+) ms/step", out)
@@ -86,13 +90,17 @@ def kiln_times(path: str, steps: int, threads: int, cache: str, dtype: str) -> t
 
 
 def main() -> None:
+    global T, B
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-kiln", action="store_true")
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    ap.add_argument("--context", type=int, default=T)
+    ap.add_argument("--batch", type=int, default=B)
     args = ap.parse_args()
+    T, B = args.context, args.batch
     bf16 = args.dtype == "bf16"
     import torch
     from safetensors.torch import save_file
