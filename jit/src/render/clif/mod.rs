@@ -7,7 +7,8 @@
 //!
 //! Files: this one decides per kernel (which loop to vectorize, whether to register-tile) and holds the emitter;
 //! `loops.rs` writes the loop nests, tiles and reductions; `values.rs` is the one table of code per instruction,
-//! written once for any lane count; `libcall.rs` lists the host functions a kernel may call.
+//! written once for any lane count, over `access.rs`'s indices, loads, gathers and stores; `libcall.rs` lists the
+//! host functions a kernel may call.
 //!
 //! Vectorization is 4 lanes (f32x4, the widest Cranelift emits on x86-64) with scalar tails, along one of:
 //! - the innermost output loop, when every value varying along it is f16, f32, i32, u32 or bool (uniform values of
@@ -39,6 +40,7 @@ use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use std::collections::HashMap;
 
+mod access;
 mod half;
 mod libcall;
 mod loops;
