@@ -1021,6 +1021,36 @@ fn embedding_looks_rows_up_and_accumulates_their_gradient() {
     assert!(err.contains("index 4 is out of range for a dimension of size 4"), "{err}");
 }
 
+/// Values from PyTorch 2.15: `nn.Embedding.from_pretrained(w, freeze=False, padding_idx=-3)` over this table and
+/// these indices, then `out.sum().backward()`: row 1 (the padding entry) is looked up twice and gets no gradient.
+#[test]
+fn an_embedding_padding_entry_passes_no_gradient() {
+    let w = [0.0, 1.0, 10.0, 11.0, 20.0, 21.0, 30.0, 31.0];
+    let emb = Embedding::from_weight(tensor(DType::F32, &w, &[4, 2])).padding_idx(-3);
+    assert_eq!(emb.padding(), Some(1));
+    let idx = Tensor::from_vec(vec![1i64, 0, 2, 1], [2, 2], &dev()).unwrap();
+    let out = emb.forward(&idx);
+    check(&out, &[2, 2, 2], &[10.0, 11.0, 0.0, 1.0, 20.0, 21.0, 10.0, 11.0], Kind::Exact);
+    let weight = emb.weight().get();
+    let g = out.sum_all().backward().unwrap();
+    check(g.get(&weight).unwrap(), &[4, 2], &[1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0], Kind::Exact);
+    // i32 indices, through the functional form.
+    let idx32 = Tensor::from_vec(vec![1i32, 3], [2], &dev()).unwrap();
+    let g = F::embedding_padded(&idx32, &weight, 1).sum_all().backward().unwrap();
+    check(g.get(&weight).unwrap(), &[4, 2], &[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0], Kind::Exact);
+    // The constructor zeroes the padding row, as `nn.Embedding(5, 3, padding_idx=4)`.
+    let fresh = Embedding::with_padding_idx(5, 3, 4, &dev());
+    let rows = fresh.weight().get().to_vec::<f32>().unwrap();
+    assert_eq!(rows[12..], [0.0; 3]);
+    assert!(rows[..12].iter().any(|&v| v != 0.0));
+}
+
+#[test]
+#[should_panic(expected = "padding_idx 4 is out of range for 4 embeddings (it must be in -4..4)")]
+fn an_embedding_padding_entry_outside_the_table_is_refused() {
+    let _ = Embedding::from_weight(Tensor::zeros([4, 2], DType::F32, &dev())).padding_idx(4);
+}
+
 #[test]
 fn sequential_composes_names_and_propagates_train_mode() {
     let model = Sequential::new()

@@ -217,6 +217,31 @@ pub fn embedding(indices: &Tensor, weight: &Tensor) -> Tensor {
     weight.index_select(0, &indices.flatten()).reshape(dims)
 }
 
+/// [`embedding`] with a padding entry (`torch.nn.functional.embedding(.., padding_idx=p)`): the positions that look
+/// up row `padding_idx` (negative: counted from the end) pass no gradient to it, so sequences padded with it train
+/// nothing through that row. The row's value is whatever the table holds there (`nn::Embedding::with_padding_idx`
+/// zeroes it, as PyTorch's constructor does). An index outside `0..num_embeddings` is an error when the result is
+/// read; a `padding_idx` outside the table panics here, naming it.
+#[track_caller]
+pub fn embedding_padded(indices: &Tensor, weight: &Tensor, padding_idx: i64) -> Tensor {
+    let rows = embedding(indices, weight);
+    let p = padding_row("embedding", weight.dims()[0], padding_idx);
+    // A select, not a product with a 0/1 mask: the looked-up values pass through bit for bit (inf and NaN too),
+    // and only the gradient stops at the padding positions.
+    indices.ne(p as i64).unsqueeze(-1).where_(&rows, rows.detach())
+}
+
+/// `padding_idx` of a table of `num` rows as a row index (negative counts from the end); panics past either end.
+#[track_caller]
+pub(crate) fn padding_row(op: &str, num: usize, padding_idx: i64) -> usize {
+    let n = num as i64;
+    let p = if padding_idx < 0 { padding_idx + n } else { padding_idx };
+    if !(0..n).contains(&p) {
+        fail!(op, "padding_idx {padding_idx} is out of range for {num} embeddings (it must be in -{num}..{num})");
+    }
+    p as usize
+}
+
 /// `one_hot(indices, num_classes)` as i64 (`torch.nn.functional.one_hot`): a new last dim of `num_classes`, 1
 /// where it equals the index. An index outside `0..num_classes` gives a row of zeros (PyTorch raises an error).
 #[track_caller]

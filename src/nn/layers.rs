@@ -159,10 +159,14 @@ impl Module for Dropout {
 /// A lookup table of `num_embeddings` vectors of size `embedding_dim` (`torch.nn.Embedding`), initialized
 /// standard normal. The input is an integer tensor of indices `[...]` (i64, or i32); the output is
 /// `[..., embedding_dim]`, a gather of the weight's rows ([`functional::embedding`]) that fuses with what reads it
-/// (an added position embedding). An index outside `0..num_embeddings` is an error when the output is read.
+/// (an added position embedding). An index outside `0..num_embeddings` is an error when the output is read. With a
+/// padding entry ([`Embedding::with_padding_idx`], [`Embedding::padding_idx`]) the positions that look it up pass
+/// no gradient to it, as PyTorch's `padding_idx`.
 #[derive(Clone, Debug)]
 pub struct Embedding {
     weight: Param,
+    /// The row that takes no gradient, as a row index.
+    padding: Option<usize>,
 }
 
 impl Embedding {
@@ -188,7 +192,36 @@ impl Embedding {
                 weight.dims()
             );
         }
-        Embedding { weight: Param::new("weight", weight) }
+        Embedding { weight: Param::new("weight", weight), padding: None }
+    }
+
+    /// `Embedding(num_embeddings, embedding_dim, padding_idx=p)`: [`Embedding::new`] with row `padding_idx`
+    /// (negative: counted from the end) zeroed and kept out of training ([`Embedding::padding_idx`]).
+    #[track_caller]
+    pub fn with_padding_idx(
+        num_embeddings: usize,
+        embedding_dim: usize,
+        padding_idx: i64,
+        device: &Device,
+    ) -> Embedding {
+        let p = functional::padding_row("Embedding", num_embeddings, padding_idx);
+        let w = init::normal([num_embeddings, embedding_dim], 0.0, 1.0, device);
+        let keep = Tensor::arange(0i64, num_embeddings as i64, 1i64, device).ne(p as i64).unsqueeze(1);
+        Embedding::from_weight(keep.where_(&w, 0.0)).padding_idx(padding_idx)
+    }
+
+    /// Makes row `padding_idx` (negative: counted from the end) the padding entry: the positions that look it up
+    /// pass no gradient to it ([`functional::embedding_padded`]), so it keeps its value through training. The row is
+    /// not changed here (`Embedding.from_pretrained(w, padding_idx=p)` keeps it too); `with_padding_idx` zeroes it.
+    #[track_caller]
+    pub fn padding_idx(mut self, padding_idx: i64) -> Embedding {
+        self.padding = Some(functional::padding_row("Embedding", self.weight.get().dims()[0], padding_idx));
+        self
+    }
+
+    /// The padding entry's row, if there is one.
+    pub fn padding(&self) -> Option<usize> {
+        self.padding
     }
 
     pub fn weight(&self) -> &Param {
@@ -198,7 +231,10 @@ impl Embedding {
 
 impl Module for Embedding {
     fn forward(&self, indices: &Tensor) -> Tensor {
-        functional::embedding(indices, &self.weight.get())
+        match self.padding {
+            Some(p) => functional::embedding_padded(indices, &self.weight.get(), p as i64),
+            None => functional::embedding(indices, &self.weight.get()),
+        }
     }
 
     fn named_params(&self) -> Vec<(String, Param)> {

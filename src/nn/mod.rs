@@ -1,6 +1,7 @@
 //! Neural-network building blocks with PyTorch's names and semantics: `Param`, the `Module` trait, `Sequential`,
-//! layers (`Linear`, `Conv2d`, `LayerNorm`, `RMSNorm`, `GroupNorm`, `Dropout`, `Embedding`, activation modules), `functional` (activations and
-//! losses), `init`, and gradient clipping (`clip_grad_norm`, `clip_grad_value`: `utils.rs`).
+//! layers (`Linear`, `Conv2d`, `BatchNorm1d`/`2d`, `LayerNorm`, `RMSNorm`, `GroupNorm`, `Dropout`, `Embedding`,
+//! `MultiheadAttention`, activation modules), `functional` (activations, losses, convolutions, attention), `init`,
+//! and gradient clipping (`clip_grad_norm`, `clip_grad_value`: `utils.rs`).
 //!
 //! Everything here is a composition of kiln's public ops, so a model's forward, its backward and an optimizer's
 //! update are one lazy graph that `optim` realizes, compiles once and replays.
@@ -11,13 +12,13 @@
 //! - Initial values are lazy (e.g. `rand * 2b - b`): they are computed as part of the first graph that needs them.
 //!   An optimizer's first `step` realizes any still-lazy parameter in a realize of its own first, so the training
 //!   step's graph is the same from the first step on; `Module::realize_params` does it up front.
-//! - Modules take `&self`: train/eval mode (only `Dropout` has one) is an atomic flag, so a model can be shared
+//! - Modules take `&self`: train/eval mode (of `Dropout` and the batch norms) is an atomic flag, so a model can be shared
 //!   between threads.
 //!
-//! Deliberately not done: parameter groups, buffers (running statistics, as BatchNorm needs), hooks, `padding_idx`
-//! / `max_norm` for `Embedding`, and a dtype/device `to` for whole modules (build the module on the device and dtype
-//! it should live on). `Embedding` is a one-hot matrix times the table (kiln has no gather primitive): its cost grows
-//! with the vocabulary, fine for small tables, not for a language model's.
+//! Deliberately not done: hooks, `max_norm` for `Embedding` (it renormalizes the looked-up rows of the table in
+//! place during the forward, a write a lazy graph would order after every read of the table), and a dtype/device
+//! `to` for whole modules (build the module on the device and dtype it should live on). Parameter groups are the
+//! optimizers' (`optim::GroupOptions`); buffers, such as a batch norm's running statistics, are `Param::buffer`s.
 
 mod attention_layers;
 mod batch_norm;
