@@ -73,7 +73,9 @@ pub use kiln_jit::kernel::Fault;
 pub use kiln_jit::{DType, Element, HostBuffer, Scalar, Shape, bf16, f16};
 pub use ops::{Operand, PadMode};
 pub use random::{DEFAULT_SEED, Generator, RngState, default_generator, manual_seed, rng_state, set_rng_state};
-pub use realize::{Captured, Stats, capture, stats};
+pub use realize::{
+    Captured, DEFAULT_PLAN_CACHE, Stats, capture, clear_plan_cache, plan_cache_limit, set_plan_cache_limit, stats,
+};
 pub use tensor::Tensor;
 pub use typed::{Tensor1, Tensor2, Tensor3, Tensor4};
 

@@ -371,3 +371,51 @@ fn plans_with_large_temps_compute_alike_in_first_runs_and_replays() {
         }
     });
 }
+
+/// Restores the plan cache's limit when dropped (a failing test must not leave the file's other tests a small cache).
+struct LimitGuard(Option<usize>);
+
+impl Drop for LimitGuard {
+    fn drop(&mut self) {
+        kiln::set_plan_cache_limit(self.0);
+    }
+}
+
+/// (h) Past its limit the plan cache drops the plan used least recently, and a dropped graph compiles again on its
+/// next realize, with the same result; `clear_plan_cache` drops every plan.
+#[test]
+fn the_plan_cache_keeps_its_limit_and_drops_the_least_recently_used() {
+    let _serial = serial();
+    let _restore = LimitGuard(kiln::plan_cache_limit());
+    assert_eq!(kiln::plan_cache_limit(), Some(kiln::DEFAULT_PLAN_CACHE), "KILN_PLAN_CACHE is unset in the tests");
+    // One plan per length: the sum of n copies of 0.5173 (a constant no other test uses).
+    let run = |n: usize| {
+        let x = Tensor::from_vec(vec![1.0f32; n], [n], &dev()).unwrap();
+        let got = x.mul(0.5173).sum_all().to_vec::<f32>().unwrap()[0];
+        assert!(close(&[got], &[0.5173 * n as f32], 1e-6), "n = {n}: {got}");
+    };
+    kiln::set_plan_cache_limit(Some(2));
+    assert!(kiln::stats().cached_plans <= 2, "setting the limit drops plans at once");
+    let evicted = kiln::stats().plan_evictions;
+    assert_eq!(counting(|| run(3)), Delta { hits: 0, misses: 1, compiles: 1, realizes: 1 });
+    assert_eq!(counting(|| run(4)), Delta { hits: 0, misses: 1, compiles: 1, realizes: 1 });
+    // 3 is used again, so 4 is now the least recently used: 5 takes its place.
+    assert_eq!(counting(|| run(3)), Delta { hits: 1, misses: 0, compiles: 0, realizes: 1 });
+    assert_eq!(counting(|| run(5)), Delta { hits: 0, misses: 1, compiles: 1, realizes: 1 });
+    let s = kiln::stats();
+    assert_eq!(s.cached_plans, 2);
+    assert!(s.plan_evictions > evicted);
+    assert_eq!(counting(|| run(3)), Delta { hits: 1, misses: 0, compiles: 0, realizes: 1 });
+    let kernels = kiln::stats();
+    assert_eq!(counting(|| run(4)), Delta { hits: 0, misses: 1, compiles: 1, realizes: 1 }, "4 was dropped");
+    // Compiled again from the kernel caches: the plan's kernels outlived it.
+    let again = kiln::stats();
+    assert_eq!(again.kernel_compiles - kernels.kernel_compiles, 0);
+    assert_eq!(again.wide_kernels_generated - kernels.wide_kernels_generated, 0);
+    assert_eq!(kiln::stats().cached_plans, 2);
+    kiln::clear_plan_cache();
+    assert_eq!(kiln::stats().cached_plans, 0);
+    assert_eq!(counting(|| run(3)), Delta { hits: 0, misses: 1, compiles: 1, realizes: 1 });
+    kiln::set_plan_cache_limit(None);
+    assert_eq!(kiln::plan_cache_limit(), None);
+}

@@ -14,8 +14,13 @@
 //! A CPU plan's signature is also persisted (`plan_store`): a bundle carries the plans its model ran, and an import
 //! compiles them, so a deployed process's first step is a cache hit. The encoding lives in `signature.rs`.
 //!
+//! The cache holds at most [`plan_cache_limit`] plans (`KILN_PLAN_CACHE`, default [`DEFAULT_PLAN_CACHE`]): a
+//! process that meets an unbounded stream of shapes (a service with varying batch sizes or sequence lengths) would
+//! otherwise keep every plan it ever compiled, each with its arena of intermediates. Past the limit the plan a
+//! realize used least recently is dropped (a later realize of its graph compiles it again, from the kernel caches).
+//!
 //! Deliberately not done yet: constant values are part of the signature (a changing learning rate recompiles;
-//! pass it as a tensor to avoid that), and there is no eviction from the plan cache.
+//! pass it as a tensor to avoid that).
 
 mod donate;
 
@@ -27,12 +32,95 @@ use kiln_backends::{Buffer, Executable};
 use kiln_jit::{Graph, NodeData, Op, RngKey};
 use petgraph::stable_graph::NodeIndex;
 use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Once};
 
 /// A compiled graph for one device.
 pub(crate) struct Plan {
     exec: Box<dyn Executable>,
+    /// [`CLOCK`] when a realize last took this plan: the least recently used goes first past the limit.
+    last_used: AtomicU64,
+}
+
+impl Plan {
+    fn new(exec: Box<dyn Executable>) -> Plan {
+        Plan { exec, last_used: AtomicU64::new(CLOCK.fetch_add(1, Ordering::Relaxed)) }
+    }
+
+    /// Marks the plan used now.
+    fn touch(&self) {
+        self.last_used.store(CLOCK.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
+
+/// The plans the cache holds unless `KILN_PLAN_CACHE` or [`set_plan_cache_limit`] says otherwise: far more than a
+/// program of fixed shapes compiles (a training loop and its evaluation, a few plans each), so only a process that
+/// keeps meeting new shapes reaches it.
+pub const DEFAULT_PLAN_CACHE: usize = 1024;
+/// Ticks once per plan lookup: the cache's notion of "recently".
+static CLOCK: AtomicU64 = AtomicU64::new(0);
+static EVICTIONS: AtomicU64 = AtomicU64::new(0);
+/// The most plans cached; 0: no limit.
+static LIMIT: LazyLock<AtomicUsize> = LazyLock::new(|| AtomicUsize::new(env_limit()));
+
+/// `KILN_PLAN_CACHE`: a count of plans, or `unlimited`; unset means [`DEFAULT_PLAN_CACHE`]. Anything else warns
+/// once (naming the valid values) and keeps the default: a typo must not stop a program, nor go unnoticed.
+fn env_limit() -> usize {
+    let Ok(text) = std::env::var("KILN_PLAN_CACHE") else { return DEFAULT_PLAN_CACHE };
+    match text.trim() {
+        "" => DEFAULT_PLAN_CACHE,
+        t if t.eq_ignore_ascii_case("unlimited") => 0,
+        t => t.parse::<usize>().ok().filter(|&n| n > 0).unwrap_or_else(|| {
+            static WARNED: Once = Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "kiln: KILN_PLAN_CACHE={text:?} is not a number of plans (at least 1) or `unlimited`; using \
+                     {DEFAULT_PLAN_CACHE}"
+                );
+            });
+            DEFAULT_PLAN_CACHE
+        }),
+    }
+}
+
+/// The most compiled plans the process keeps (`None`: no limit). See [`set_plan_cache_limit`].
+pub fn plan_cache_limit() -> Option<usize> {
+    Some(LIMIT.load(Ordering::Relaxed)).filter(|&n| n > 0)
+}
+
+/// Keeps at most `limit` compiled plans (`None`: no limit), dropping the least recently used at once if more are
+/// cached. A dropped plan's memory (its arena of intermediates, its device buffers) is freed when no realize is
+/// running it; a later realize of its graph compiles it again, from the kernel caches (no Cranelift compile, no
+/// tuning). Overrides `KILN_PLAN_CACHE`. A limit of 0 is taken as 1.
+pub fn set_plan_cache_limit(limit: Option<usize>) {
+    LIMIT.store(limit.map_or(0, |n| n.max(1)), Ordering::Relaxed);
+    evict_over_limit(None);
+}
+
+/// Drops every compiled plan (`torch._dynamo.reset()`'s counterpart for kiln's plans); kernel caches, tuning records
+/// and realized tensors stay. Plans a realize is running stay alive until it ends.
+pub fn clear_plan_cache() {
+    let before = PLANS.len();
+    PLANS.clear();
+    EVICTIONS.fetch_add(before as u64, Ordering::Relaxed);
+}
+
+/// Drops the least recently used plans until the cache holds at most the limit, never `keep` (the plan just
+/// cached). A plan that a realize is running lives on in that realize's `Arc` until it ends. Kernels' machine code
+/// stays in the backends' code caches: small, and other plans may run the same kernels.
+fn evict_over_limit(keep: Option<&[u64]>) {
+    let limit = LIMIT.load(Ordering::Relaxed);
+    while limit > 0 && PLANS.len() > limit {
+        let victim = PLANS
+            .iter()
+            .filter(|e| Some(e.key().as_slice()) != keep)
+            .min_by_key(|e| e.value().last_used.load(Ordering::Relaxed))
+            .map(|e| e.key().clone());
+        let Some(key) = victim else { break };
+        if PLANS.remove(&key).is_some() {
+            EVICTIONS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Plans by (device, signature). FxHash rather than SipHash: the key is not attacker-chosen, and hashing a
@@ -58,6 +146,9 @@ pub struct Stats {
     pub realizes: u64,
     /// Plans held in the cache now.
     pub cached_plans: usize,
+    /// Plans dropped from the cache: the least recently used past [`plan_cache_limit`], and by
+    /// [`clear_plan_cache`].
+    pub plan_evictions: u64,
     /// Outputs written into the buffer of an input nothing else could read any more (buffer donation: an
     /// optimizer step's parameters and state, see `Optimizer::step`), instead of into a new buffer.
     pub donated_buffers: u64,
@@ -100,6 +191,7 @@ pub fn stats() -> Stats {
         compiles: COMPILES.load(Ordering::Relaxed),
         realizes: REALIZES.load(Ordering::Relaxed),
         cached_plans: PLANS.len(),
+        plan_evictions: EVICTIONS.load(Ordering::Relaxed),
         donated_buffers: DONATIONS.load(Ordering::Relaxed),
         live_nodes: live::count(),
         tunings: g.tunings,
@@ -395,7 +487,9 @@ fn compile_plan(signature: &[u64], graph: &Graph, device: Device) -> Result<Arc<
     if device == Device::Cpu {
         crate::plan_store::remember(signature);
     }
-    Ok(PLANS.entry(signature.to_vec()).or_insert_with(|| Arc::new(Plan { exec })).clone())
+    let plan = PLANS.entry(signature.to_vec()).or_insert_with(|| Arc::new(Plan::new(exec))).clone();
+    evict_over_limit(Some(signature));
+    Ok(plan)
 }
 
 /// Compiles and caches the plan of a persisted signature ahead of its first use; `false` when it is cached already.
@@ -415,6 +509,7 @@ fn run_walk(walk: &mut Walk, device: Device, outputs: &[u32], replaced: &[*const
     let plan = match cached {
         Some(p) => {
             HITS.fetch_add(1, Ordering::Relaxed);
+            p.touch();
             p
         }
         None => {

@@ -13,8 +13,9 @@
 //! pool threads run shoots down their TLBs), which about doubled the cost of finding a cached kernel in a warm
 //! process's first step.
 //!
-//! Deliberately not done: freeing code (kernels live as long as the process's plan cache, which has no eviction
-//! either).
+//! Deliberately not done: freeing code. Kernels live as long as the process: a plan the plan cache drops past its
+//! limit (`kiln::set_plan_cache_limit`) frees its arena but not its kernels, which are small, shared by other plans
+//! of the same kernel IR, and what a later compile of the same graph maps again instead of compiling.
 
 use super::libcalls;
 use dynasmrt::ExecutableBuffer;
