@@ -593,6 +593,48 @@ fn learning_rate_schedules_match_pytorchs() {
 }
 
 #[test]
+fn reduce_lr_on_plateau_matches_pytorchs() {
+    use kiln::optim::schedule::{PlateauMode, ReduceLrOnPlateau};
+    // Printed by `tests/fixtures/lr_schedules.py` (torch 2.15): the rate after each metric, base rate 0.1. The NaN
+    // counts as no improvement; in the second case the last reduction (1e-8 to 1e-9) is below eps and skipped.
+    let metrics = [1.0, 0.9, 0.95, 0.95, 0.95, 0.89995, 0.5, 0.6, 0.6, 0.6, 0.6, f64::NAN, 0.4, 0.4, 0.4, 0.4];
+    let mut min_rel =
+        ReduceLrOnPlateau::new(0.1, PlateauMode::Min).factor(0.5).patience(2).threshold(1e-4).cooldown(1).min_lr(0.03);
+    let want = [0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.03, 0.03, 0.03, 0.03, 0.03, 0.03, 0.03];
+    let got: Vec<f64> = metrics.iter().map(|&m| min_rel.step(m)).collect();
+    assert_eq!(got, want);
+    assert_eq!(min_rel.best(), 0.4);
+    let mut max_abs = ReduceLrOnPlateau::new(0.1, PlateauMode::Max).factor(0.1).patience(1).threshold_abs(0.05);
+    let want = [
+        0.1,
+        0.1,
+        0.010000000000000002,
+        0.010000000000000002,
+        0.0010000000000000002,
+        0.0010000000000000002,
+        0.00010000000000000003,
+        0.00010000000000000003,
+        1.0000000000000004e-05,
+        1.0000000000000004e-05,
+        1.0000000000000004e-06,
+        1.0000000000000004e-06,
+        1.0000000000000005e-07,
+        1.0000000000000005e-07,
+        1.0000000000000005e-08,
+        1.0000000000000005e-08,
+    ];
+    let got: Vec<f64> = metrics.iter().map(|&m| max_abs.step(m)).collect();
+    assert_eq!(got, want);
+    assert_eq!(max_abs.lr(), 1.0000000000000005e-08);
+}
+
+#[test]
+#[should_panic(expected = "ReduceLrOnPlateau: factor must be below 1.0 (got 1)")]
+fn a_plateau_factor_must_reduce() {
+    let _ = kiln::optim::schedule::ReduceLrOnPlateau::new(0.1, kiln::optim::schedule::PlateauMode::Min).factor(1.0);
+}
+
+#[test]
 #[should_panic(expected = "Sequential: milestones must increase (got [5, 5])")]
 fn a_sequential_schedule_needs_increasing_milestones() {
     use kiln::optim::schedule::{ExponentialLr, LrSchedule, Sequential};

@@ -7,9 +7,11 @@
 //! form rounds differently: `ExponentialLR` gives 0.09000000000000001 where `0.1 * 0.9` is 0.09);
 //! `tests/optim.rs` compares them with values printed by `tests/fixtures/lr_schedules.py`.
 //!
-//! Deliberately not done: `ReduceLROnPlateau` (it needs the loss on the host every step, which a lazy step does not
-//! have unless the user asks for it: compute it yourself from the realized loss and call `set_lr`), `OneCycleLR`
-//! and `CyclicLR` (compositions of the ones here through `Sequential` or a closure).
+//! One schedule is not a function of the step: [`ReduceLrOnPlateau`] (`ReduceLROnPlateau`) follows a metric the
+//! program reads back (a validation loss, `loss.item()`), and gives the rate to set after each value.
+//!
+//! Deliberately not done: `OneCycleLR` and `CyclicLR` (compositions of the ones here through `Sequential` or a
+//! closure).
 
 use crate::args::fail;
 use std::f64::consts::PI;
@@ -165,5 +167,151 @@ impl LrSchedule for Sequential {
         let i = self.milestones.iter().take_while(|&&m| m <= step).count();
         let start = if i == 0 { 0 } else { self.milestones[i - 1] };
         self.parts[i].lr(step - start)
+    }
+}
+
+/// Whether [`ReduceLrOnPlateau`]'s metric improves downwards (a loss) or upwards (an accuracy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlateauMode {
+    Min,
+    Max,
+}
+
+/// `ReduceLROnPlateau`: the rate is multiplied by `factor` (not below `min_lr`) once the metric has not improved
+/// for more than `patience` steps in a row, then left alone for `cooldown` steps. An improvement beats the best
+/// value so far by more than `threshold`: relative by default (`best * (1 - threshold)` in `Min` mode), absolute
+/// with [`ReduceLrOnPlateau::threshold_abs`]. A reduction smaller than `eps` is skipped. A NaN metric never
+/// improves. PyTorch's defaults and its exact rule (`tests/optim.rs` holds it to PyTorch's rates):
+/// ```
+/// use kiln::optim::schedule::{PlateauMode, ReduceLrOnPlateau};
+/// let mut plateau = ReduceLrOnPlateau::new(0.1, PlateauMode::Min).factor(0.5).patience(1);
+/// let rates: Vec<f64> = [1.0, 0.9, 0.9, 0.9].iter().map(|&loss| plateau.step(loss)).collect();
+/// assert_eq!(rates, [0.1, 0.1, 0.1, 0.05]); // then `opt.set_lr(rate)` before the next step
+/// ```
+#[derive(Clone, Debug)]
+pub struct ReduceLrOnPlateau {
+    lr: f64,
+    mode: PlateauMode,
+    factor: f64,
+    patience: u64,
+    threshold: f64,
+    relative: bool,
+    cooldown: u64,
+    min_lr: f64,
+    eps: f64,
+    best: f64,
+    bad_steps: u64,
+    cooldown_left: u64,
+}
+
+impl ReduceLrOnPlateau {
+    /// Starting at rate `lr`, with PyTorch's defaults: factor 0.1, patience 10, relative threshold 1e-4, no
+    /// cooldown, `min_lr` 0, eps 1e-8.
+    pub fn new(lr: f64, mode: PlateauMode) -> ReduceLrOnPlateau {
+        let best = match mode {
+            PlateauMode::Min => f64::INFINITY,
+            PlateauMode::Max => f64::NEG_INFINITY,
+        };
+        ReduceLrOnPlateau {
+            lr,
+            mode,
+            factor: 0.1,
+            patience: 10,
+            threshold: 1e-4,
+            relative: true,
+            cooldown: 0,
+            min_lr: 0.0,
+            eps: 1e-8,
+            best,
+            bad_steps: 0,
+            cooldown_left: 0,
+        }
+    }
+
+    /// The rate's multiplier at a reduction; must be below 1.
+    #[track_caller]
+    pub fn factor(mut self, factor: f64) -> Self {
+        if factor >= 1.0 || factor.is_nan() {
+            fail!("ReduceLrOnPlateau", "factor must be below 1.0 (got {factor})");
+        }
+        self.factor = factor;
+        self
+    }
+
+    /// Steps without improvement tolerated before a reduction.
+    pub fn patience(mut self, patience: u64) -> Self {
+        self.patience = patience;
+        self
+    }
+
+    /// The relative margin an improvement needs (`threshold_mode="rel"`).
+    pub fn threshold(mut self, threshold: f64) -> Self {
+        (self.threshold, self.relative) = (threshold, true);
+        self
+    }
+
+    /// An absolute margin instead (`threshold_mode="abs"`).
+    pub fn threshold_abs(mut self, threshold: f64) -> Self {
+        (self.threshold, self.relative) = (threshold, false);
+        self
+    }
+
+    /// Steps after a reduction during which bad steps are not counted.
+    pub fn cooldown(mut self, cooldown: u64) -> Self {
+        self.cooldown = cooldown;
+        self
+    }
+
+    /// The lowest rate a reduction goes to.
+    pub fn min_lr(mut self, min_lr: f64) -> Self {
+        self.min_lr = min_lr;
+        self
+    }
+
+    /// A reduction by less than this is skipped.
+    pub fn eps(mut self, eps: f64) -> Self {
+        self.eps = eps;
+        self
+    }
+
+    /// Takes the metric of the step just done and returns the rate for the next one.
+    pub fn step(&mut self, metric: f64) -> f64 {
+        if self.improves(metric) {
+            (self.best, self.bad_steps) = (metric, 0);
+        } else {
+            self.bad_steps += 1;
+        }
+        if self.cooldown_left > 0 {
+            self.cooldown_left -= 1;
+            self.bad_steps = 0;
+        }
+        if self.bad_steps > self.patience {
+            let reduced = (self.lr * self.factor).max(self.min_lr);
+            if self.lr - reduced > self.eps {
+                self.lr = reduced;
+            }
+            (self.cooldown_left, self.bad_steps) = (self.cooldown, 0);
+        }
+        self.lr
+    }
+
+    /// The current rate.
+    pub fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    /// The best metric so far (infinite before the first step).
+    pub fn best(&self) -> f64 {
+        self.best
+    }
+
+    fn improves(&self, metric: f64) -> bool {
+        let (t, best) = (self.threshold, self.best);
+        match (self.mode, self.relative) {
+            (PlateauMode::Min, true) => metric < best * (1.0 - t),
+            (PlateauMode::Min, false) => metric < best - t,
+            (PlateauMode::Max, true) => metric > best * (t + 1.0),
+            (PlateauMode::Max, false) => metric > best + t,
+        }
     }
 }
