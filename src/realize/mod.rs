@@ -66,20 +66,26 @@ static LIMIT: LazyLock<AtomicUsize> = LazyLock::new(|| AtomicUsize::new(env_limi
 /// `KILN_PLAN_CACHE`: a count of plans, or `unlimited`; unset means [`DEFAULT_PLAN_CACHE`]. Anything else warns
 /// once (naming the valid values) and keeps the default: a typo must not stop a program, nor go unnoticed.
 fn env_limit() -> usize {
-    let Ok(text) = std::env::var("KILN_PLAN_CACHE") else { return DEFAULT_PLAN_CACHE };
-    match text.trim() {
-        "" => DEFAULT_PLAN_CACHE,
-        t if t.eq_ignore_ascii_case("unlimited") => 0,
-        t => t.parse::<usize>().ok().filter(|&n| n > 0).unwrap_or_else(|| {
-            static WARNED: Once = Once::new();
-            WARNED.call_once(|| {
-                eprintln!(
-                    "kiln: KILN_PLAN_CACHE={text:?} is not a number of plans (at least 1) or `unlimited`; using \
-                     {DEFAULT_PLAN_CACHE}"
-                );
-            });
-            DEFAULT_PLAN_CACHE
-        }),
+    let text = std::env::var("KILN_PLAN_CACHE").ok();
+    parse_limit(text.as_deref()).unwrap_or_else(|| {
+        static WARNED: Once = Once::new();
+        WARNED.call_once(|| {
+            eprintln!(
+                "kiln: KILN_PLAN_CACHE={:?} is not a number of plans (at least 1) or `unlimited`; using \
+                 {DEFAULT_PLAN_CACHE}",
+                text.unwrap_or_default()
+            );
+        });
+        DEFAULT_PLAN_CACHE
+    })
+}
+
+/// The limit a `KILN_PLAN_CACHE` value names (0: none), or `None` for a value that names none.
+fn parse_limit(text: Option<&str>) -> Option<usize> {
+    match text.map(str::trim) {
+        None | Some("") => Some(DEFAULT_PLAN_CACHE),
+        Some(t) if t.eq_ignore_ascii_case("unlimited") => Some(0),
+        Some(t) => t.parse::<usize>().ok().filter(|&n| n > 0),
     }
 }
 
@@ -585,4 +591,20 @@ pub fn capture(tensors: &[&Tensor]) -> Result<Captured> {
         inputs.push(w.tensor.device().backend()?.download(buffer)?);
     }
     Ok(Captured { graph, inputs, rng: walk.rng })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DEFAULT_PLAN_CACHE, parse_limit};
+
+    #[test]
+    fn plan_cache_limits_parse_as_documented() {
+        assert_eq!(parse_limit(None), Some(DEFAULT_PLAN_CACHE));
+        assert_eq!(parse_limit(Some(" ")), Some(DEFAULT_PLAN_CACHE));
+        assert_eq!(parse_limit(Some("64")), Some(64));
+        assert_eq!(parse_limit(Some("Unlimited")), Some(0));
+        assert_eq!(parse_limit(Some("0")), None);
+        assert_eq!(parse_limit(Some("-3")), None);
+        assert_eq!(parse_limit(Some("lots")), None);
+    }
 }
