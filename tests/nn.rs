@@ -574,6 +574,120 @@ fn attention_matches_pytorch() {
     }
 }
 
+/// Grouped-query attention (`enable_gqa`) against PyTorch 2.15's math backend: q `[1, 4, 3, 4]` (4 heads) over k
+/// `[1, 2, 5, 4]` and v `[1, 2, 5, 3]` (2 heads, each serving two query heads), from `sines`, plain and causal, on
+/// every device. Query heads 0 and 1 read key head 0, so the first head's rows equal `attention_matches_pytorch`'s.
+#[test]
+fn grouped_query_attention_matches_pytorch() {
+    let want: [(&str, [f64; 36]); 2] = [
+        (
+            "plain",
+            [
+                0.18089377880096436,
+                0.24879901111125946,
+                0.2830304801464081,
+                0.32707270979881287,
+                0.3633776009082794,
+                0.350501149892807,
+                -0.22949227690696716,
+                -0.3759308457374573,
+                -0.47148895263671875,
+                -0.4883125424385071,
+                -0.6369902491569519,
+                -0.6994541883468628,
+                0.033275529742240906,
+                0.07225628197193146,
+                0.10145751386880875,
+                0.33560308814048767,
+                0.3953161835670471,
+                0.4015251696109772,
+                0.18348419666290283,
+                0.14552363753318787,
+                0.08786718547344208,
+                0.5078018307685852,
+                0.2893945574760437,
+                0.031818993389606476,
+                0.02191944420337677,
+                -0.08057275414466858,
+                -0.17215986549854279,
+                -0.36421632766723633,
+                -0.2764684855937958,
+                -0.15130189061164856,
+                -0.03393298387527466,
+                0.0015724152326583862,
+                0.036865025758743286,
+                0.5202587246894836,
+                0.3178533911705017,
+                0.07242804765701294,
+            ],
+        ),
+        (
+            "causal",
+            [
+                0.9635581970214844,
+                0.9950833320617676,
+                0.8919286727905273,
+                0.8579846620559692,
+                0.765960693359375,
+                0.5702676177024841,
+                0.063603475689888,
+                -0.20672094821929932,
+                -0.4490666687488556,
+                0.9635581970214844,
+                0.9950833320617676,
+                0.8919286727905273,
+                0.8612896800041199,
+                0.7731335759162903,
+                0.5803375244140625,
+                0.831832766532898,
+                0.7510301470756531,
+                0.5685791373252869,
+                0.5369476079940796,
+                0.8056753277778625,
+                0.9653587341308594,
+                0.9517601132392883,
+                0.88107830286026,
+                0.6911466717720032,
+                0.5852118730545044,
+                0.4576016962528229,
+                0.2680572271347046,
+                0.5369476079940796,
+                0.8056753277778625,
+                0.9653587341308594,
+                0.7035096883773804,
+                0.8359522819519043,
+                0.855252742767334,
+                0.6459369659423828,
+                0.43092596530914307,
+                0.15759111940860748,
+            ],
+        ),
+    ];
+    for dev in devices() {
+        let on = |t: Tensor| t.to_device(&dev).unwrap();
+        let (q, k, v) = (
+            on(sines(&[1, 4, 3, 4], 0.1, DType::F32)),
+            on(sines(&[1, 2, 5, 4], 0.7, DType::F32)),
+            on(sines(&[1, 2, 5, 3], 1.3, DType::F32)),
+        );
+        for ((name, want), is_causal) in want.iter().zip([false, true]) {
+            let o = F::AttentionOptions { is_causal, enable_gqa: true, ..Default::default() };
+            let got = F::scaled_dot_product_attention(&q, &k, &v, &o);
+            if let Err(e) = check_tensor(&got, &[1, 4, 3, 3], &buffer(DType::F32, want), Kind::Accumulate) {
+                panic!("grouped-query attention, {name} on {}: {e}", dev.describe());
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "enable_gqa: key's 2 heads do not divide the query's 3 heads")]
+fn grouped_query_attention_needs_dividing_heads() {
+    let (q, k) = (sines(&[1, 3, 3, 4], 0.1, DType::F32), sines(&[1, 2, 5, 4], 0.7, DType::F32));
+    let o = F::AttentionOptions { enable_gqa: true, ..Default::default() };
+    F::scaled_dot_product_attention(&q, &k, &k, &o);
+}
+
 /// rms_norm and group_norm (and their modules) against PyTorch 2.15 (`F.rms_norm`, `F.group_norm`) on x
 /// `[2, 4, 3]` from `sines`, on every device in f32 and f64.
 #[test]

@@ -24,6 +24,10 @@ pub struct AttentionOptions {
     pub is_causal: bool,
     /// Multiplies the logits; `None` is `1 / sqrt(E)`.
     pub scale: Option<f64>,
+    /// Grouped-query attention: `key` and `value` have fewer heads (dim -3) than `query`, each serving the
+    /// `Hq / Hkv` query heads that follow it (PyTorch's `enable_gqa`, its `repeat_interleave` along dim -3, done here
+    /// as a broadcast view: no copy of the keys).
+    pub enable_gqa: bool,
 }
 
 /// Attention of `query` `[.., L, E]` over `key` `[.., S, E]` and `value` `[.., S, Ev]` (leading dims broadcast):
@@ -36,6 +40,12 @@ pub fn scaled_dot_product_attention(query: &Tensor, key: &Tensor, value: &Tensor
             fail!("scaled_dot_product_attention", "{name} needs at least 2 dims ([.., L or S, E]), got {:?}", t.dims());
         }
     }
+    let (key, value) = if opts.enable_gqa {
+        (grouped_heads(key, query, "key"), grouped_heads(value, query, "value"))
+    } else {
+        (key.clone(), value.clone())
+    };
+    let (key, value) = (&key, &value);
     let (l, e) = (query.dims()[query.rank() - 2], query.dims()[query.rank() - 1]);
     let s = key.dims()[key.rank() - 2];
     if key.dims()[key.rank() - 1] != e {
@@ -66,4 +76,31 @@ pub fn scaled_dot_product_attention(query: &Tensor, key: &Tensor, value: &Tensor
     };
     let weights = dropout(&logits.softmax(-1), opts.dropout_p, opts.dropout_p > 0.0);
     weights.matmul(value)
+}
+
+/// `t` (`[.., Hkv, S, E]`) with each head repeated for the `Hq / Hkv` query heads of its group: `[.., Hq, S, E]`, head
+/// `i` being `t`'s head `i / (Hq / Hkv)` (`repeat_interleave` along dim -3), as a broadcast view.
+#[track_caller]
+fn grouped_heads(t: &Tensor, query: &Tensor, name: &str) -> Tensor {
+    if t.rank() < 3 || query.rank() < 3 {
+        fail!(
+            "scaled_dot_product_attention",
+            "enable_gqa needs heads at dim -3 of query and {name}, got {:?} and {:?}",
+            query.dims(),
+            t.dims()
+        );
+    }
+    let (hq, h) = (query.dims()[query.rank() - 3], t.dims()[t.rank() - 3]);
+    if h == 0 || hq % h != 0 {
+        fail!("scaled_dot_product_attention", "enable_gqa: {name}'s {h} heads do not divide the query's {hq} heads");
+    }
+    if h == hq {
+        return t.clone();
+    }
+    let r = t.rank();
+    let mut grouped = t.dims().to_vec();
+    grouped.insert(r - 2, hq / h);
+    let mut merged = t.dims().to_vec();
+    merged[r - 3] = hq;
+    t.unsqueeze(r as isize - 2).expand(grouped).reshape(merged)
 }
