@@ -22,7 +22,7 @@ mod test_cache;
 mod common;
 
 use common::{Kind, Nd, Rng, Tol, tol, values};
-use kiln::nn::functional as F;
+use kiln::nn::functional::{self as F, Reduction};
 use kiln::{DType, Device, Tensor};
 use std::panic::AssertUnwindSafe;
 use std::sync::{RwLock, RwLockReadGuard};
@@ -418,6 +418,35 @@ fn unary_ops() {
         ("mish", F::mish, g.uniform(&[3, 4], -3.0, 3.0)),
         ("hardsigmoid", F::hardsigmoid, g.uniform(&[3, 4], -4.0, 4.0).away_from(&[-3.0, 3.0], 0.01)),
         ("hardswish", F::hardswish, g.uniform(&[3, 4], -4.0, 4.0).away_from(&[-3.0, 3.0], 0.01)),
+        ("logsigmoid", F::logsigmoid, g.uniform(&[3, 4], -3.0, 3.0).away_from(&[0.0], 0.01)),
+        ("glu", |x| F::glu(x, -1), g.uniform(&[4, 4], -2.0, 2.0)),
+        ("normalize", |x| F::normalize(x, 2.0, 1, 1e-12), g.signed(&[3, 4], 0.2, 2.0)),
+        (
+            "cosine_similarity",
+            |x| F::cosine_similarity(x, &x.square().add(0.5), 1, 1e-8).unsqueeze(1),
+            g.signed(&[3, 4], 0.2, 2.0),
+        ),
+        // The losses per element (reduction none) against a constant target of 0.3, away from their kinks.
+        (
+            "l1_loss",
+            |x| F::l1_loss(x, &x.mul(0.0).add(0.3), Reduction::None),
+            g.uniform(&[3, 4], -2.0, 2.0).away_from(&[0.3], 0.01),
+        ),
+        (
+            "smooth_l1_loss",
+            |x| F::smooth_l1_loss(x, &x.mul(0.0).add(0.3), Reduction::None, 0.5),
+            g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-0.2, 0.3, 0.8], 0.01),
+        ),
+        (
+            "huber_loss",
+            |x| F::huber_loss(x, &x.mul(0.0).add(0.3), Reduction::None, 1.0),
+            g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-0.7, 0.3, 1.3], 0.01),
+        ),
+        (
+            "binary_cross_entropy_with_logits",
+            |x| F::binary_cross_entropy_with_logits(x, &x.mul(0.0).add(0.3), Reduction::None),
+            g.uniform(&[3, 4], -3.0, 3.0),
+        ),
     ];
     for (name, op, x) in ops {
         s.check(name, std::slice::from_ref(&x), |t| op(&t[0]));

@@ -688,6 +688,136 @@ fn grouped_query_attention_needs_dividing_heads() {
     F::scaled_dot_product_attention(&q, &k, &k, &o);
 }
 
+/// The regression and binary losses, `nll_loss`, `logsigmoid`, `glu`, `normalize` and `cosine_similarity` against
+/// the values PyTorch 2.15 printed (`tests/fixtures/losses.py`), on every device in f32.
+#[test]
+fn losses_match_pytorch() {
+    let want: Vec<(&str, Vec<usize>, Vec<f64>)> = vec![
+        ("l1 mean", vec![], vec![1.3501487970352173]),
+        (
+            "smooth_l1 none beta 0.5",
+            vec![2, 5],
+            vec![
+                0.23408827185630798,
+                0.1628590226173401,
+                0.9863227605819702,
+                1.6517574787139893,
+                2.059798002243042,
+                2.1552181243896484,
+                1.9251034259796143,
+                1.4005985260009766,
+                0.652692973613739,
+                0.0010635519865900278,
+            ],
+        ),
+        ("huber sum delta 1.5", vec![], vec![11.409392356872559]),
+        (
+            "bce_with_logits none",
+            vec![2, 5],
+            vec![
+                0.555816113948822,
+                0.31163471937179565,
+                0.49778664112091064,
+                1.0051817893981934,
+                1.6061242818832397,
+                2.0066311359405518,
+                1.9749611616134644,
+                1.4907118082046509,
+                0.8226870894432068,
+                0.376223623752594,
+            ],
+        ),
+        ("bce_with_logits pos_weight mean", vec![], vec![1.0735714435577393]),
+        ("nll_loss weight mean", vec![], vec![1.1292285919189453]),
+        (
+            "logsigmoid",
+            vec![2, 5],
+            vec![
+                -0.5545679330825806,
+                -0.22873210906982422,
+                -0.10175009071826935,
+                -0.05864153057336807,
+                -0.04859337955713272,
+                -0.059789642691612244,
+                -0.10541354864835739,
+                -0.23904584348201752,
+                -0.5783483386039734,
+                -1.2081620693206787,
+            ],
+        ),
+        (
+            "glu dim 0",
+            vec![2, 3],
+            vec![
+                0.18960681557655334,
+                0.34894272685050964,
+                0.40576252341270447,
+                0.3798369765281677,
+                0.3123781681060791,
+                0.2347547709941864,
+            ],
+        ),
+        (
+            "normalize p 2 dim 1",
+            vec![2, 5],
+            vec![
+                0.06138675659894943,
+                0.2784760892391205,
+                0.45787498354911804,
+                0.5753027200698853,
+                0.6148658394813538,
+                0.717324435710907,
+                0.5654147267341614,
+                0.3369787931442261,
+                0.06293436139822006,
+                -0.21962793171405792,
+            ],
+        ),
+        ("cosine_similarity dim 1", vec![2], vec![0.878311812877655, 0.26633045077323914]),
+    ];
+    for dev in devices() {
+        let on = |t: Tensor| t.to_device(&dev).unwrap();
+        let x = on(sines(&[2, 5], 0.1, DType::F32).mul(3.0));
+        let y = on(sines(&[2, 5], 0.9, DType::F32));
+        let p = on(sines(&[2, 5], 1.7, DType::F32).add(1.0).div(2.0));
+        let w = on(sines(&[5], 2.3, DType::F32).abs().add(0.5));
+        let labels = on(Tensor::from_vec(vec![3i32, -100], [2], &data_device().unwrap()).unwrap());
+        let bce_pw = F::BceWithLogitsOptions { pos_weight: Some(w.clone()), ..Default::default() };
+        let nll = F::CrossEntropyOptions { weight: Some(w.clone()), ..Default::default() };
+        let got = [
+            F::l1_loss(&x, &y, Reduction::Mean),
+            F::smooth_l1_loss(&x, &y, Reduction::None, 0.5),
+            F::huber_loss(&x, &y, Reduction::Sum, 1.5),
+            F::binary_cross_entropy_with_logits(&x, &p, Reduction::None),
+            F::binary_cross_entropy_with_logits_with(&x, &p, &bce_pw),
+            F::nll_loss_with(&x.log_softmax(1), &labels, &nll),
+            F::logsigmoid(&x),
+            F::glu(&on(sines(&[4, 3], 0.3, DType::F32)), 0),
+            F::normalize(&x, 2.0, 1, 1e-12),
+            F::cosine_similarity(&x, &y, 1, 1e-8),
+        ];
+        for ((name, shape, want), got) in want.iter().zip(&got) {
+            if let Err(e) = check_tensor(got, shape, &buffer(DType::F32, want), Kind::Accumulate) {
+                panic!("{name} on {}: {e}", dev.describe());
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "nll_loss: has no label_smoothing (cross_entropy has), got 0.1")]
+fn nll_loss_has_no_label_smoothing() {
+    let x = sines(&[2, 5], 0.1, DType::F32);
+    let t = Tensor::from_vec(vec![1i64, 2], [2], &dev()).unwrap();
+    F::nll_loss_with(&x, &t, &F::CrossEntropyOptions { label_smoothing: 0.1, ..Default::default() });
+}
+
+#[test]
+#[should_panic(expected = "l1_loss: the target's shape [5] is not the input's [2, 5]")]
+fn a_loss_target_of_another_shape_is_refused() {
+    F::l1_loss(&sines(&[2, 5], 0.1, DType::F32), &sines(&[5], 0.1, DType::F32), Reduction::Mean);
+}
+
 /// rms_norm and group_norm (and their modules) against PyTorch 2.15 (`F.rms_norm`, `F.group_norm`) on x
 /// `[2, 4, 3]` from `sines`, on every device in f32 and f64.
 #[test]

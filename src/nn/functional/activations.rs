@@ -1,5 +1,5 @@
 //! The smooth and piecewise activations PyTorch users reach for beyond relu/gelu/silu: `softplus`, `elu`, `selu`,
-//! `celu`, `mish`, `hardsigmoid`, `hardswish`, each PyTorch's formula (`torch.nn.functional`), composed from kiln's
+//! `celu`, `mish`, `hardsigmoid`, `hardswish`, `logsigmoid`, `glu`, each PyTorch's formula (`torch.nn.functional`), composed from kiln's
 //! ops so autograd differentiates them and the fuser sees one elementwise chain. Half inputs compute in f32 and round
 //! once.
 //!
@@ -76,4 +76,28 @@ pub fn hardsigmoid(x: &Tensor) -> Tensor {
 pub fn hardswish(x: &Tensor) -> Tensor {
     float_only("hardswish", x);
     x.in_f32(|x| x.mul(x.add(3.0).clamp(0.0, 6.0)).div(6.0))
+}
+
+/// `log(sigmoid(x))` in the stable form `min(x, 0) - log1p(exp(-|x|))` (PyTorch's `logsigmoid`): finite for every
+/// finite `x`, where the naive form is `-inf` below about -104 in f32.
+#[track_caller]
+pub fn logsigmoid(x: &Tensor) -> Tensor {
+    float_only("logsigmoid", x);
+    x.in_f32(|x| x.minimum(0.0).sub(x.abs().neg().exp().log1p()))
+}
+
+/// The gated linear unit (PyTorch's `glu`): `a * sigmoid(b)` where `a` and `b` are the first and second halves of
+/// `x` along `dim`, which must be of even size.
+#[track_caller]
+pub fn glu(x: &Tensor, dim: isize) -> Tensor {
+    float_only("glu", x);
+    let d = if dim < 0 { dim + x.rank() as isize } else { dim };
+    if d < 0 || d as usize >= x.rank() {
+        crate::args::fail!("glu", "dim {dim} is out of range for a {}-d input", x.rank());
+    }
+    let n = x.dims()[d as usize];
+    if !n.is_multiple_of(2) {
+        crate::args::fail!("glu", "dim {dim} must have an even size to be halved, got {n}");
+    }
+    x.narrow(dim, 0, n / 2).mul(x.narrow(dim, n / 2, n / 2).sigmoid())
 }

@@ -1,8 +1,11 @@
 //! `cross_entropy` with PyTorch's options: `ignore_index`, class `weight`s and `label_smoothing`, each with
 //! PyTorch's formula (`torch.nn.functional.cross_entropy`; values it printed are checked in `tests/nn.rs`).
 //!
-//! The target's log-probability is picked with a one-hot mask (`arange(C) == target`) and `where`, not a multiply:
-//! kiln has no gather primitive, and `0 * -inf` would be NaN where a log-probability underflows. A class index that
+//! `nll_loss` is the same loss on log-probabilities already computed.
+//!
+//! The target's log-probability is picked with a one-hot mask (`arange(C) == target`) and `where`, not a multiply
+//! (`0 * -inf` would be NaN where a log-probability underflows) nor a gather: the mask is a comparison along the
+//! row, so the pick joins the log_softmax's row kernel (`kernel::rows`), one pass over the row. A class index that
 //! is neither in `0..C` nor the ignored index gives that sample a NaN loss (so a sum or mean over it is NaN), where
 //! PyTorch raises an error: checking the values would need them on the host, and the graph is lazy. Before this,
 //! such a sample silently added 0.
@@ -53,13 +56,41 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, reduction: Reduction) -> T
 /// `-Σ_c target_c log_softmax(input)_c`), with the options applied as PyTorch applies them, then reduced.
 #[track_caller]
 pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOptions) -> Tensor {
-    super::float_only("cross_entropy", input);
+    class_loss("cross_entropy", input, target, opts, true)
+}
+
+/// The negative log-likelihood of class-index `target` under log-probabilities `input` (`nll_loss`) with PyTorch's
+/// defaults and `reduction`: see [`nll_loss_with`].
+#[track_caller]
+pub fn nll_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor {
+    nll_loss_with(input, target, &CrossEntropyOptions { reduction, ..Default::default() })
+}
+
+/// `-input[target]` per sample (`torch.nn.functional.nll_loss`): [`cross_entropy_with`] on log-probabilities
+/// already computed (`cross_entropy(x) = nll_loss(log_softmax(x))`), with its `weight`, `ignore_index` and
+/// `reduction`. Class-index targets only, and no `label_smoothing` (PyTorch's `nll_loss` has neither).
+#[track_caller]
+pub fn nll_loss_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOptions) -> Tensor {
+    if opts.label_smoothing != 0.0 {
+        fail!("nll_loss", "has no label_smoothing (cross_entropy has), got {}", opts.label_smoothing);
+    }
+    if target.dtype().is_float() {
+        fail!("nll_loss", "takes class indices (an integer tensor), not {} probabilities", target.dtype());
+    }
+    class_loss("nll_loss", input, target, opts, false)
+}
+
+/// `cross_entropy_with` (`log_softmax`: the input is logits) or `nll_loss_with` (log-probabilities), `name` in
+/// their errors.
+#[track_caller]
+fn class_loss(name: &str, input: &Tensor, target: &Tensor, opts: &CrossEntropyOptions, log_softmax: bool) -> Tensor {
+    super::float_only(name, input);
     if input.rank() == 0 {
-        fail!("cross_entropy", "the input needs a class dim, got a zero-dim tensor");
+        fail!(name, "the input needs a class dim, got a zero-dim tensor");
     }
     let eps = opts.label_smoothing;
     if !(0.0..=1.0).contains(&eps) {
-        fail!("cross_entropy", "label_smoothing must be in [0, 1], got {eps}");
+        fail!(name, "label_smoothing must be in [0, 1], got {eps}");
     }
     let c = if input.rank() == 1 { 0 } else { 1 };
     let classes = input.dims()[c];
@@ -67,7 +98,7 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
     let weight = opts.weight.as_ref().map(|w| {
         if w.dims() != [classes] || w.dtype() != input.dtype() {
             fail!(
-                "cross_entropy",
+                name,
                 "weight must be a [{classes}] {} tensor (one per class), got {:?} {}",
                 input.dtype(),
                 w.dims(),
@@ -78,7 +109,7 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
         shape[c] = classes;
         w.reshape(shape)
     });
-    let logp = input.log_softmax(c as isize);
+    let logp = if log_softmax { input.log_softmax(c as isize) } else { input.clone() };
     // `x` times the class weights, where given.
     let weighted = |x: Tensor| match &weight {
         Some(w) => x.mul(w),
@@ -86,12 +117,7 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
     };
     if target.dtype().is_float() {
         if target.dims() != input.dims() {
-            fail!(
-                "cross_entropy",
-                "probability targets must have the input's shape {:?}, got {:?}",
-                input.dims(),
-                target.dims()
-            );
+            fail!(name, "probability targets must have the input's shape {:?}, got {:?}", input.dims(), target.dims());
         }
         let p = if eps > 0.0 { target.mul(1.0 - eps).add(eps / classes as f64) } else { target.clone() };
         let per_sample = weighted(logp.mul(&p)).sum(c, false).neg();
@@ -101,7 +127,7 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
     expected.remove(c);
     if target.dims() != expected.as_slice() {
         fail!(
-            "cross_entropy",
+            name,
             "class-index targets must have shape {:?} (the input {:?} without its class dim {c}), got {:?}",
             expected,
             input.dims(),
@@ -117,7 +143,7 @@ pub fn cross_entropy_with(input: &Tensor, target: &Tensor, opts: &CrossEntropyOp
     // target past i32 wraps and may match a class, but the run fails anyway (the range check below reads the
     // target's own value).
     let narrow = if classes <= i32::MAX as usize { target.to_dtype(DType::I32) } else { target.clone() };
-    let mut mask = super::one_hot_mask("cross_entropy", &narrow, classes, c as isize);
+    let mut mask = super::one_hot_mask(name, &narrow, classes, c as isize);
     if let (Some(ig), Some(i)) = (&ignored, opts.ignore_index)
         && (0..classes as i64).contains(&i)
     {

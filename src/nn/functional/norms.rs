@@ -1,4 +1,4 @@
-//! `rms_norm` and `group_norm` (`torch.nn.functional`), compositions as PyTorch's reference formulas; half inputs
+//! `rms_norm`, `group_norm`, `normalize` and `cosine_similarity` (`torch.nn.functional`), compositions as PyTorch's reference formulas; half inputs
 //! compute in f32 and round once. `layer_norm` is in `functional.rs`.
 
 use super::float_only;
@@ -77,4 +77,26 @@ pub fn group_norm(x: &Tensor, num_groups: usize, weight: Option<&Tensor>, bias: 
         }
         y
     })
+}
+
+/// `x / max(‖x‖_p, eps)` along `dim` (PyTorch's `normalize`; its defaults are `p = 2`, `dim = 1`, `eps = 1e-12`).
+#[track_caller]
+pub fn normalize(x: &Tensor, p: f64, dim: isize, eps: f64) -> Tensor {
+    float_only("normalize", x);
+    x.div(x.norm(p, dim, true).clamp_min(eps))
+}
+
+/// The cosine of the angle between `x1` and `x2` along `dim` (PyTorch's `cosine_similarity`, defaults `dim = 1`,
+/// `eps = 1e-8`), as PyTorch computes it: each side divided by its norm first (clamped to at least `eps`, the
+/// clamp outside the gradient as PyTorch's is), then the dot product. The sides broadcast.
+#[track_caller]
+pub fn cosine_similarity(x1: &Tensor, x2: &Tensor, dim: isize, eps: f64) -> Tensor {
+    float_only("cosine_similarity", x1);
+    float_only("cosine_similarity", x2);
+    let unit = |x: &Tensor| {
+        let n = x.norm(2.0, dim, true);
+        // The clamp's value with the unclamped norm's gradient: `n + (max(n, eps) - n)`, the difference detached.
+        x.div(n.add(n.clamp_min(eps).sub(&n).detach()))
+    };
+    unit(x1).mul(unit(x2)).sum(dim, false)
 }
