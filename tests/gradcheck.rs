@@ -426,6 +426,26 @@ fn unary_ops() {
             |x| F::cosine_similarity(x, &x.square().add(0.5), 1, 1e-8).unsqueeze(1),
             g.signed(&[3, 4], 0.2, 2.0),
         ),
+        (
+            "interpolate linear",
+            |x| {
+                let o = F::InterpolateOptions {
+                    size: Some(vec![7]),
+                    mode: F::InterpolateMode::Linear,
+                    ..Default::default()
+                };
+                F::interpolate(&x.unsqueeze(0), &o).squeeze(0)
+            },
+            g.uniform(&[3, 4], -2.0, 2.0),
+        ),
+        (
+            "interpolate nearest",
+            |x| {
+                F::interpolate(&x.unsqueeze(0), &F::InterpolateOptions { size: Some(vec![6]), ..Default::default() })
+                    .squeeze(0)
+            },
+            g.uniform(&[3, 4], -2.0, 2.0),
+        ),
         // The losses per element (reduction none) against a constant target of 0.3, away from their kinks.
         (
             "l1_loss",

@@ -22,6 +22,7 @@ mod attention;
 mod conv;
 mod conv_transpose;
 mod cross_entropy;
+mod interpolate;
 mod losses;
 mod norms;
 
@@ -30,6 +31,7 @@ pub use attention::{AttentionOptions, scaled_dot_product_attention};
 pub use conv::{Conv2dOptions, Pool2dOptions, adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d};
 pub use conv_transpose::{ConvTranspose2dOptions, conv_transpose2d};
 pub use cross_entropy::{CrossEntropyOptions, cross_entropy, cross_entropy_with, nll_loss, nll_loss_with};
+pub use interpolate::{InterpolateMode, InterpolateOptions, interpolate};
 pub use losses::{
     BceWithLogitsOptions, binary_cross_entropy_with_logits, binary_cross_entropy_with_logits_with, huber_loss, l1_loss,
     smooth_l1_loss,
