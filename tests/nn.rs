@@ -14,7 +14,8 @@ mod common;
 use common::*;
 use kiln::nn::functional::{self as F, Approximate, Reduction};
 use kiln::nn::{
-    Dropout, Embedding, Func, GELU, LayerNorm, LeakyReLU, Linear, Module, Param, ReLU, Sequential, SiLU, Tanh,
+    Dropout, Embedding, Flatten, Func, GELU, Identity, LayerNorm, LeakyReLU, Linear, Module, Param, ReLU, Sequential,
+    SiLU, Tanh, Upsample,
 };
 use kiln::{DType, Device, Tensor};
 
@@ -1620,6 +1621,42 @@ fn an_embedding_padding_entry_passes_no_gradient() {
 #[should_panic(expected = "padding_idx 4 is out of range for 4 embeddings (it must be in -4..4)")]
 fn an_embedding_padding_entry_outside_the_table_is_refused() {
     let _ = Embedding::from_weight(Tensor::zeros([4, 2], DType::F32, &dev())).padding_idx(4);
+}
+
+#[test]
+fn flatten_identity_and_upsample_modules() {
+    let v: Vec<f32> = (0..120).map(|i| i as f32).collect();
+    let x = Tensor::from_vec(v.clone(), [2, 3, 4, 5], &dev()).unwrap();
+    for (y, shape) in [
+        (Flatten::default().forward(&x), vec![2, 60]),
+        (x.flatten_dims(0, 1), vec![6, 4, 5]),
+        (x.flatten_dims(-2, -1), vec![2, 3, 20]),
+        (x.flatten_dims(2, 2), vec![2, 3, 4, 5]),
+        (Identity.forward(&x), vec![2, 3, 4, 5]),
+    ] {
+        assert_eq!(y.dims(), shape.as_slice());
+        assert_eq!(y.to_vec::<f32>().unwrap(), v, "{shape:?}: a flatten keeps the row-major order");
+    }
+    assert_eq!(Tensor::scalar(3.0, DType::F32, &dev()).flatten_dims(0, -1).dims(), [1]);
+    let up = Upsample { options: F::InterpolateOptions { scale_factor: Some(vec![2.0]), ..Default::default() } };
+    let small = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [1, 1, 2, 2], &dev()).unwrap();
+    let big = up.forward(&small);
+    assert_eq!(big.dims(), [1, 1, 4, 4]);
+    let want = [1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 3.0, 3.0, 4.0, 4.0];
+    assert_eq!(big.to_vec::<f32>().unwrap(), want);
+    // A CNN head: convolution, flatten, linear.
+    let cnn = Sequential::new()
+        .add(kiln::nn::Conv2d::new(3, 2, [3, 3], Default::default(), true, &dev()))
+        .add(ReLU)
+        .add(Flatten::default())
+        .add(Linear::new(2 * 2 * 3, 5, true, &dev()));
+    assert_eq!(cnn.forward(&x.to_dtype(DType::F32)).dims(), [2, 5]);
+}
+
+#[test]
+#[should_panic(expected = "flatten: start_dim 2 comes after end_dim 1 in a 4-d tensor")]
+fn flatten_needs_ordered_dims() {
+    Tensor::zeros([2, 3, 4, 5], DType::F32, &dev()).flatten_dims(2, 1);
 }
 
 #[test]

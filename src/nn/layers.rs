@@ -280,6 +280,32 @@ macro_rules! activation {
     };
 }
 
+/// Passes its input through (`torch.nn.Identity`): a placeholder where a model's layer is optional.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Identity;
+activation!(Identity, |s, x| x.clone());
+
+/// [`Tensor::flatten_dims`] as a module (`torch.nn.Flatten`): `Flatten::default()` merges every dim but the batch
+/// dim (`start_dim` 1 through `end_dim` -1), as between a CNN's convolutions and its linear head.
+#[derive(Clone, Copy, Debug)]
+pub struct Flatten {
+    pub start_dim: isize,
+    pub end_dim: isize,
+}
+impl Default for Flatten {
+    fn default() -> Self {
+        Flatten { start_dim: 1, end_dim: -1 }
+    }
+}
+activation!(Flatten, |s, x| x.flatten_dims(s.start_dim, s.end_dim));
+
+/// [`functional::interpolate`] as a module (`torch.nn.Upsample`), with its options.
+#[derive(Clone, Debug, Default)]
+pub struct Upsample {
+    pub options: functional::InterpolateOptions,
+}
+activation!(Upsample, |s, x| functional::interpolate(x, &s.options));
+
 /// `functional::relu` as a module (`torch.nn.ReLU`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReLU;

@@ -33,6 +33,22 @@ impl Tensor {
         self.reshape_prim(vec![self.numel()])
     }
 
+    /// Dims `start..=end` merged into one, the others kept (`torch.flatten(x, start_dim, end_dim)`; negative dims
+    /// count from the end). A zero-dim tensor becomes 1-d, as in PyTorch.
+    #[track_caller]
+    pub fn flatten_dims(&self, start: isize, end: isize) -> Tensor {
+        if self.rank() == 0 {
+            return self.reshape_prim(vec![1]);
+        }
+        let (s, e) = (resolve_dim("flatten", start, self.rank()), resolve_dim("flatten", end, self.rank()));
+        if s > e {
+            fail!("flatten", "start_dim {start} comes after end_dim {end} in a {}-d tensor", self.rank());
+        }
+        let d = self.dims();
+        let merged: usize = d[s..=e].iter().product();
+        self.reshape_prim(d[..s].iter().copied().chain([merged]).chain(d[e + 1..].iter().copied()).collect())
+    }
+
     /// Reorders dims: output dim i is input dim `dims[i]`.
     #[track_caller]
     pub fn permute(&self, dims: impl Dims) -> Tensor {
