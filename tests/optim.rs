@@ -15,7 +15,7 @@ mod common;
 use common::*;
 use kiln::nn::functional::{self as F, Reduction};
 use kiln::nn::{Dropout, Linear, Module, Param, ReLU, Sequential};
-use kiln::optim::{Adam, AdamW, GroupOptions, Optimizer, Sgd};
+use kiln::optim::{Adam, AdamW, GroupOptions, Optimizer, RmsProp, Sgd};
 use kiln::{DType, Device, Stats, Tensor};
 use std::sync::{Mutex, MutexGuard};
 
@@ -266,6 +266,110 @@ fn adam_and_adamw_match_pytorch_formulas_over_three_steps() {
     let want = adam_ref(&q, AdamCfg { decoupled: true, weight_decay: 0.01, ..base }, 2);
     close(&got[1], &want[1], tol_for(DType::F64), "AdamW default weight decay");
 }
+
+#[derive(Clone, Copy)]
+struct RmsCfg {
+    lr: f64,
+    alpha: f64,
+    eps: f64,
+    weight_decay: f64,
+    momentum: f64,
+    centered: bool,
+    maximize: bool,
+}
+
+impl Default for RmsCfg {
+    fn default() -> Self {
+        RmsCfg { lr: 0.01, alpha: 0.99, eps: 1e-8, weight_decay: 0.0, momentum: 0.0, centered: false, maximize: false }
+    }
+}
+
+/// PyTorch's `_single_tensor_rmsprop`, in f64.
+fn rmsprop_ref(q: &Quadratic, c: RmsCfg, steps: usize) -> Vec<Vec<f64>> {
+    let mut p = q.p0.clone();
+    let (mut v, mut ga, mut buf) = (vec![0.0f64; N], vec![0.0f64; N], vec![0.0f64; N]);
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let mut g = q.grad(&p);
+        if c.maximize {
+            g.iter_mut().for_each(|v| *v = -*v);
+        }
+        if c.weight_decay != 0.0 {
+            g = g.iter().zip(&p).map(|(g, p)| g + c.weight_decay * p).collect();
+        }
+        for i in 0..N {
+            v[i] = c.alpha * v[i] + (1.0 - c.alpha) * g[i] * g[i];
+            let avg = if c.centered {
+                ga[i] += (g[i] - ga[i]) * (1.0 - c.alpha);
+                (v[i] - ga[i] * ga[i]).sqrt() + c.eps
+            } else {
+                v[i].sqrt() + c.eps
+            };
+            if c.momentum > 0.0 {
+                buf[i] = c.momentum * buf[i] + g[i] / avg;
+                p[i] -= c.lr * buf[i];
+            } else {
+                p[i] -= c.lr * g[i] / avg;
+            }
+        }
+        out.push(p.clone());
+    }
+    out
+}
+
+#[test]
+fn rmsprop_variants_match_pytorch_formulas_over_three_steps() {
+    let _s = serial();
+    let base = RmsCfg::default();
+    let cases = [
+        ("plain", base),
+        ("alpha eps lr", RmsCfg { alpha: 0.9, eps: 1e-3, lr: 0.05, ..base }),
+        ("momentum", RmsCfg { momentum: 0.9, ..base }),
+        ("centered", RmsCfg { centered: true, lr: 0.02, ..base }),
+        ("centered momentum decay", RmsCfg { centered: true, momentum: 0.5, weight_decay: 0.1, ..base }),
+        ("maximize", RmsCfg { maximize: true, momentum: 0.3, ..base }),
+    ];
+    for (seed, (name, c)) in cases.into_iter().enumerate() {
+        let q = Quadratic::new(400 + seed as u64 * 3);
+        let want = rmsprop_ref(&q, c, 3);
+        for dtype in FLOATS {
+            let param = Param::new("p", tensor(dtype, &q.p0, &[2, 3]));
+            let mut opt = RmsProp::new(vec![param.clone()], c.lr)
+                .alpha(c.alpha)
+                .eps(c.eps)
+                .weight_decay(c.weight_decay)
+                .momentum(c.momentum)
+                .centered(c.centered)
+                .maximize(c.maximize);
+            let got = q.run(&param, &mut opt, 3);
+            for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+                close(g, w, tol_for(dtype), &format!("rmsprop {name} {dtype} step {}", step + 1));
+            }
+            assert_eq!(opt.step_count(0), 3, "{name}");
+            assert!(opt.square_avg(0).is_some(), "{name}");
+        }
+    }
+    // The reference against PyTorch itself: `torch.optim.RMSprop([p], lr=0.01, momentum=0.9, centered=True)` on
+    // this quadratic from p0 = [1, -2, 0.5, 3, -0.25, 0], a = [1, 2, 0.5, 1.5, 1, 0.75], b = [0.5, -0.5, 0.25, 0, 1,
+    // -1], three steps (torch 2.15 printed the final parameters).
+    let q = Quadratic {
+        a: vec![1.0, 2.0, 0.5, 1.5, 1.0, 0.75],
+        b: vec![0.5, -0.5, 0.25, 0.0, 1.0, -1.0],
+        p0: vec![1.0, -2.0, 0.5, 3.0, -0.25, 0.0],
+    };
+    let got = rmsprop_ref(&q, RmsCfg { momentum: 0.9, centered: true, ..base }, 3);
+    close(&got[2], &TORCH_RMSPROP, Tol { rel: 1e-12, abs: 1e-12 }, "the f64 reference against PyTorch");
+}
+
+/// See `rmsprop_variants_match_pytorch_formulas_over_three_steps`.
+const TORCH_RMSPROP: [f64; N] = [
+    0.5435555375798897,
+    -1.539743118374706,
+    0.0496502230981131,
+    2.5379088839052883,
+    -0.6937800309295671,
+    0.4549639089092121,
+];
 
 #[test]
 fn parameter_groups_follow_their_own_learning_rate_scale_and_weight_decay() {

@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use kiln::nn::functional::{self as F, Reduction};
 use kiln::nn::{Dropout, Linear, Module, Param, ReLU, Sequential};
-use kiln::optim::{Adam, AdamW, GroupOptions, Optimizer, Sgd};
+use kiln::optim::{Adam, AdamW, GroupOptions, Optimizer, RmsProp, Sgd};
 use kiln::{DType, Device, Tensor};
 #[cfg(feature = "cpu")]
 use kiln::{Error, optim::OptimizerState};
@@ -33,13 +33,14 @@ fn split(model: &Sequential) -> (Vec<Param>, Vec<Param>) {
 }
 
 /// The three optimizers, each with the settings that give it state (momentum, dampening; AMSGrad; weight decay),
-/// SGD and AdamW with the biases in a group of their own. `group`: that group's options.
+/// SGD, AdamW and RMSprop with the biases in a group of their own (Adam without groups). `group`: that group's options.
 fn optimizer_with(which: usize, model: &Sequential, group: GroupOptions) -> Box<dyn Optimizer> {
     let (weights, biases) = split(model);
     match which {
         0 => Box::new(Sgd::new(weights, 0.05).momentum(0.9).dampening(0.1).weight_decay(1e-3).group(biases, group)),
         1 => Box::new(Adam::new(model.params(), 1e-2).amsgrad(true).weight_decay(1e-3)),
-        _ => Box::new(AdamW::new(weights, 1e-2).betas(0.8, 0.99).group(biases, group)),
+        2 => Box::new(AdamW::new(weights, 1e-2).betas(0.8, 0.99).group(biases, group)),
+        _ => Box::new(RmsProp::new(weights, 1e-2).momentum(0.5).centered(true).weight_decay(1e-3).group(biases, group)),
     }
 }
 
@@ -102,7 +103,8 @@ fn check_resume(dev: &Device, which: usize) {
     let mut opt: Box<dyn Optimizer> = match which {
         0 => Box::new(Sgd::new(ws, 1.0).group(bs, GroupOptions::default())),
         1 => Box::new(Adam::new(resumed.params(), 1.0)),
-        _ => Box::new(AdamW::new(ws, 1.0).group(bs, GroupOptions::default())),
+        2 => Box::new(AdamW::new(ws, 1.0).group(bs, GroupOptions::default())),
+        _ => Box::new(RmsProp::new(ws, 1.0).group(bs, GroupOptions::default())),
     };
     kiln::load_module(&resumed, path("model.safetensors"), true).unwrap();
     kiln::load_optimizer(opt.as_mut(), path("optim.safetensors")).unwrap();
@@ -119,7 +121,7 @@ fn check_resume(dev: &Device, which: usize) {
 #[test]
 fn training_resumed_from_a_checkpoint_computes_the_same_bits_as_training_that_never_stopped() {
     for dev in devices() {
-        for which in 0..3 {
+        for which in 0..4 {
             check_resume(&dev, which);
         }
     }
@@ -217,7 +219,7 @@ fn snapshot(opt: &dyn Optimizer) -> Snapshot {
 #[test]
 fn state_dict_round_trips_through_load_state_dict_and_through_a_file() {
     let dev = Device::cpu();
-    for which in 0..3 {
+    for which in 0..4 {
         kiln::manual_seed(3);
         let m = model(&dev);
         let mut opt = optimizer(which, &m);

@@ -1,5 +1,5 @@
 //! Optimizers (`torch.optim`): `Sgd` (momentum, dampening, Nesterov, weight decay), `Adam` (L2 weight decay,
-//! AMSGrad) and `AdamW` (decoupled weight decay), with PyTorch's update formulas.
+//! AMSGrad), `AdamW` (decoupled weight decay) and `RmsProp` (momentum, centered), with PyTorch's update formulas.
 //!
 //! How a step runs, and why it replays one compiled plan:
 //! 1. `step(grads, &[&loss])` builds every parameter's new value and new optimizer state (momentum buffers, Adam
@@ -50,6 +50,7 @@ mod accumulate;
 mod adam;
 mod groups;
 mod master;
+mod rmsprop;
 pub mod schedule;
 mod sgd;
 mod state;
@@ -57,6 +58,7 @@ mod state;
 pub use accumulate::GradAccumulator;
 pub use adam::{Adam, AdamW};
 pub use groups::GroupOptions;
+pub use rmsprop::RmsProp;
 pub use sgd::Sgd;
 pub use state::{OptimizerState, ParamState};
 
