@@ -446,6 +446,15 @@ fn unary_ops() {
             },
             g.uniform(&[3, 4], -2.0, 2.0),
         ),
+        ("hardtanh", |x| F::hardtanh(x, -0.7, 0.9), g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-0.7, 0.9], 0.01)),
+        ("lerp scalar", |x| x.lerp(&x.square(), 0.3), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("lerp scalar past 0.5", |x| x.lerp(&x.square(), 0.8), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("lerp tensor", |x| x.lerp(&x.square(), x.sigmoid()), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("addcmul", |x| x.addcmul(&x.sin(), &x.cos(), 0.5), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("addcdiv", |x| x.addcdiv(&x.sin(), &x.square().add(1.0), 2.0), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("diagonal", |x| x.diagonal(1, 0, 1).unsqueeze(1), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("diag of a vector", |x| x.flatten().diag(-1), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("outer", |x| x.flatten().outer(&x.flatten().sin()), g.uniform(&[3, 4], -2.0, 2.0)),
         // The losses per element (reduction none) against a constant target of 0.3, away from their kinks.
         (
             "l1_loss",

@@ -1146,6 +1146,162 @@ fn interpolate_needs_a_size_or_a_scale() {
     F::interpolate(&sines(&[1, 1, 4], 0.0, DType::F32), &F::InterpolateOptions::default());
 }
 
+/// `lerp`, `addcmul`, `addcdiv`, `diagonal`, `diag`, `trace`, `outer`, `hardtanh` and `relu6` against the values
+/// PyTorch 2.15 printed (`tests/fixtures/tensor_extras.py`), on every device in f32; `isclose` and `nan_to_num` on
+/// the special values it printed.
+#[test]
+fn tensor_extras_match_pytorch() {
+    let want: Vec<(&str, Vec<usize>, Vec<f64>)> = vec![
+        (
+            "lerp scalar 0.3",
+            vec![2, 3],
+            vec![
+                0.3372455835342407,
+                0.6154977083206177,
+                0.8104450702667236,
+                0.8957025408744812,
+                0.8597307801246643,
+                0.7073985934257507,
+            ],
+        ),
+        (
+            "lerp scalar 0.8",
+            vec![2, 3],
+            vec![
+                0.7329325675964355,
+                0.8865167498588562,
+                0.9201149940490723,
+                0.8291800618171692,
+                0.6260194182395935,
+                0.33813005685806274,
+            ],
+        ),
+        (
+            "lerp tensor",
+            vec![2, 3],
+            vec![
+                0.7829548120498657,
+                0.790160596370697,
+                0.8097960948944092,
+                0.9447101950645447,
+                1.1983776092529297,
+                1.463060975074768,
+            ],
+        ),
+        (
+            "addcmul 0.5",
+            vec![2, 3],
+            vec![
+                0.48448267579078674,
+                0.7624239325523376,
+                0.8878145217895508,
+                0.9081865549087524,
+                0.886927604675293,
+                0.8601040244102478,
+            ],
+        ),
+        (
+            "addcdiv 2",
+            vec![2, 3],
+            vec![
+                0.7223567962646484,
+                1.2117235660552979,
+                1.5839688777923584,
+                1.766587257385254,
+                1.6759769916534424,
+                1.2272380590438843,
+            ],
+        ),
+        ("diagonal", vec![3], vec![0.4794255495071411, 0.7114733457565308, -0.8715757727622986]),
+        ("diagonal offset 1", vec![3], vec![0.7643289566040039, 0.40921416878700256, -0.9898797869682312]),
+        ("diagonal offset -1", vec![2], vec![0.9174379706382751, -0.635308027267456]),
+        (
+            "diag of a vector, offset 1",
+            vec![4, 4],
+            vec![
+                0.0,
+                0.19866932928562164,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.5396320223808289,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+                0.8075581192970276,
+                0.0,
+                0.0,
+                0.0,
+                0.0,
+            ],
+        ),
+        ("trace", vec![], vec![0.3193231225013733]),
+        (
+            "outer",
+            vec![3, 2],
+            vec![
+                0.15562303364276886,
+                0.18974924087524414,
+                0.42270830273628235,
+                0.5154029726982117,
+                0.6325820088386536,
+                0.771299421787262,
+            ],
+        ),
+        ("hardtanh -0.5 0.5", vec![2, 3], vec![0.0998334139585495, 0.45288628339767456, 0.5, 0.5, 0.5, 0.5]),
+        ("relu6 of 8x", vec![2, 3], vec![0.798667311668396, 3.6230902671813965, 5.957144737243652, 6.0, 6.0, 6.0]),
+    ];
+    for dev in devices() {
+        let on = |t: Tensor| t.to_device(&dev).unwrap();
+        let (a, b, w) = (
+            on(sines(&[2, 3], 0.1, DType::F32)),
+            on(sines(&[2, 3], 1.1, DType::F32)),
+            on(sines(&[2, 3], 2.1, DType::F32)),
+        );
+        let m = on(sines(&[3, 4], 0.5, DType::F32));
+        let got = [
+            a.lerp(&b, 0.3),
+            a.lerp(&b, 0.8),
+            a.lerp(&b, &w),
+            a.addcmul(&b, &w, 0.5),
+            a.addcdiv(&b, &w.add(2.0), 2.0),
+            m.diagonal(0, 0, 1),
+            m.diagonal(1, 0, 1),
+            m.diagonal(-1, 0, 1),
+            on(sines(&[3], 0.2, DType::F32)).diag(1),
+            m.trace(),
+            on(sines(&[3], 0.2, DType::F32)).outer(&on(sines(&[2], 0.9, DType::F32))),
+            F::hardtanh(&a, -0.5, 0.5),
+            F::relu6(&a.mul(8.0)),
+        ];
+        for ((name, shape, want), got) in want.iter().zip(&got) {
+            if let Err(e) = check_tensor(got, shape, &buffer(DType::F32, want), Kind::Elementwise) {
+                panic!("{name} on {}: {e}", dev.describe());
+            }
+        }
+        let (inf, nan) = (f32::INFINITY, f32::NAN);
+        let x = on(Tensor::from_vec(vec![1.0f32, nan, inf, -inf, 1e-9, 100.0], [6], &data_device().unwrap()).unwrap());
+        let y =
+            on(Tensor::from_vec(vec![1.0f32 + 1e-6, nan, inf, inf, 0.0, 100.001], [6], &data_device().unwrap())
+                .unwrap());
+        let bools = |t: Tensor| t.to_vec::<bool>().unwrap();
+        assert_eq!(bools(x.isclose(&y, 1e-5, 1e-8, false)), [true, false, true, false, true, true]);
+        assert_eq!(bools(x.isclose(&y, 1e-5, 1e-8, true)), [true, true, true, false, true, true]);
+        assert!(!x.allclose(&y, 1e-5, 1e-8, true).unwrap());
+        assert!(x.allclose(&x, 0.0, 0.0, true).unwrap());
+        assert_eq!(bools(x.isnan()), [false, true, false, false, false, false]);
+        assert_eq!(bools(x.isinf()), [false, false, true, true, false, false]);
+        assert_eq!(bools(x.isfinite()), [true, false, false, false, true, true]);
+        let f = |t: Tensor| t.to_vec::<f32>().unwrap();
+        assert_eq!(f(x.nan_to_num(0.0, None, None)), [1.0, 0.0, f32::MAX, -f32::MAX, 1e-9, 100.0]);
+        assert_eq!(f(x.nan_to_num(-1.0, Some(7.0), Some(-7.0))), [1.0, -1.0, 7.0, -7.0, 1e-9, 100.0]);
+        // hardtanh keeps a NaN (as PyTorch's clamp does).
+        assert!(f(F::hardtanh(&x, -1.0, 1.0))[1].is_nan());
+    }
+}
+
 /// rms_norm and group_norm (and their modules) against PyTorch 2.15 (`F.rms_norm`, `F.group_norm`) on x
 /// `[2, 4, 3]` from `sines`, on every device in f32 and f64.
 #[test]
@@ -1610,11 +1766,13 @@ fn an_embedding_padding_entry_passes_no_gradient() {
     let idx32 = Tensor::from_vec(vec![1i32, 3], [2], &dev()).unwrap();
     let g = F::embedding_padded(&idx32, &weight, 1).sum_all().backward().unwrap();
     check(g.get(&weight).unwrap(), &[4, 2], &[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0], Kind::Exact);
-    // The constructor zeroes the padding row, as `nn.Embedding(5, 3, padding_idx=4)`.
-    let fresh = Embedding::with_padding_idx(5, 3, 4, &dev());
-    let rows = fresh.weight().get().to_vec::<f32>().unwrap();
-    assert_eq!(rows[12..], [0.0; 3]);
-    assert!(rows[..12].iter().any(|&v| v != 0.0));
+    // The constructor zeroes the padding row, as `nn.Embedding(5, 3, padding_idx=4)`, on every device.
+    for d in devices() {
+        let fresh = Embedding::with_padding_idx(5, 3, 4, &d);
+        let rows = fresh.weight().get().to_vec::<f32>().unwrap();
+        assert_eq!(rows[12..], [0.0; 3], "{}", d.describe());
+        assert!(rows[..12].iter().any(|&v| v != 0.0), "{}", d.describe());
+    }
 }
 
 #[test]

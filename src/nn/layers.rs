@@ -7,6 +7,7 @@ use crate::args::fail;
 use crate::device::Device;
 use crate::random::Generator;
 use crate::tensor::Tensor;
+use kiln_jit::Scalar;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Layer normalization over the trailing `normalized_shape` dims (`torch.nn.LayerNorm`), with an elementwise
@@ -206,7 +207,9 @@ impl Embedding {
     ) -> Embedding {
         let p = functional::padding_row("Embedding", num_embeddings, padding_idx);
         let w = init::normal([num_embeddings, embedding_dim], 0.0, 1.0, device);
-        let keep = Tensor::arange(0i64, num_embeddings as i64, 1i64, device).ne(p as i64).unsqueeze(1);
+        // Row numbers in the device's index dtype (i32 on a device without 64-bit integers).
+        let rows = Tensor::iota(Scalar::Int(0), Scalar::Int(1), num_embeddings, device.index_dtype(), device);
+        let keep = rows.ne(p as i64).unsqueeze(1);
         Embedding::from_weight(keep.where_(&w, 0.0)).padding_idx(padding_idx)
     }
 

@@ -3,6 +3,7 @@
 //! (softmax, argmax, cat, eye, ...) are compositions of primitives, so every backend runs them unchanged.
 
 mod arrange;
+mod composite;
 mod creation;
 mod cumulative;
 mod einsum;

@@ -1,7 +1,7 @@
 //! The smooth and piecewise activations PyTorch users reach for beyond relu/gelu/silu: `softplus`, `elu`, `selu`,
-//! `celu`, `mish`, `hardsigmoid`, `hardswish`, `logsigmoid`, `glu`, each PyTorch's formula (`torch.nn.functional`), composed from kiln's
-//! ops so autograd differentiates them and the fuser sees one elementwise chain. Half inputs compute in f32 and round
-//! once.
+//! `celu`, `mish`, `hardsigmoid`, `hardswish`, `hardtanh`, `relu6`, `logsigmoid`, `glu`, each PyTorch's formula
+//! (`torch.nn.functional`), composed from kiln's ops so autograd differentiates them and the fuser sees one
+//! elementwise chain. Half inputs compute in f32 and round once.
 //!
 //! Where one branch of a select would overflow on the elements the other branch takes (`exp(x)` for a large `x` in
 //! `softplus`'s and `elu`'s formula branches), that branch reads its argument clamped to where it is taken: the
@@ -100,4 +100,22 @@ pub fn glu(x: &Tensor, dim: isize) -> Tensor {
         crate::args::fail!("glu", "dim {dim} must have an even size to be halved, got {n}");
     }
     x.narrow(dim, 0, n / 2).mul(x.narrow(dim, n / 2, n / 2).sigmoid())
+}
+
+/// `x` clamped to `[min_val, max_val]` (PyTorch's `hardtanh`, defaults -1 and 1; NaN stays NaN), with PyTorch's
+/// gradient: 1 strictly inside, 0 at and beyond the bounds.
+#[track_caller]
+pub fn hardtanh(x: &Tensor, min_val: f64, max_val: f64) -> Tensor {
+    float_only("hardtanh", x);
+    if min_val.is_nan() || max_val.is_nan() || min_val > max_val {
+        crate::args::fail!("hardtanh", "min_val {min_val} must not exceed max_val {max_val}");
+    }
+    // At and beyond a bound, the bound: a select of a constant, so the gradient there is 0; NaN passes through.
+    x.le(min_val).where_(min_val, x.ge(max_val).where_(max_val, x))
+}
+
+/// `min(max(x, 0), 6)` (PyTorch's `relu6`, `hardtanh(x, 0, 6)`).
+#[track_caller]
+pub fn relu6(x: &Tensor) -> Tensor {
+    hardtanh(x, 0.0, 6.0)
 }

@@ -1,0 +1,176 @@
+//! PyTorch ops that are short compositions of kiln's: the blends `lerp`, `addcmul`, `addcdiv`; the float tests
+//! `isnan`, `isinf`, `isfinite`, `isclose` (and `allclose`, which reads its answer back); `nan_to_num`; and matrix
+//! helpers `diagonal`, `diag`, `trace`, `outer`, `meshgrid`. Each follows PyTorch's formula, rounding order
+//! included where it has one (`lerp`'s two branches), so the values agree to the last bit where the ops do; values
+//! PyTorch printed are checked in `tests/indexing.rs` (`tests/fixtures/tensor_extras.py`).
+
+use crate::args::{fail, resolve_dim};
+use crate::error::Result;
+use crate::ops::Operand;
+use crate::tensor::Tensor;
+use kiln_jit::{DType, Scalar};
+
+/// The largest finite value of a float dtype.
+fn finite_max(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 65504.0,
+        DType::BF16 => 3.3895313892515355e38,
+        DType::F32 => f32::MAX as f64,
+        _ => f64::MAX,
+    }
+}
+
+impl Tensor {
+    /// `self + weight (end - self)` (`torch.lerp`), computed as PyTorch does: `end - (end - self)(1 - weight)` where
+    /// `|weight| >= 0.5`, so both ends are reached exactly.
+    #[track_caller]
+    pub fn lerp(&self, end: &Tensor, weight: impl Into<Operand>) -> Tensor {
+        let diff = end.sub(self);
+        match weight.into() {
+            Operand::Scalar(w) if w.as_f64().abs() < 0.5 => self.add(diff.mul(Operand::Scalar(w))),
+            Operand::Scalar(w) => end.sub(diff.mul(1.0 - w.as_f64())),
+            Operand::Tensor(w) => {
+                let near_start = w.abs().lt(0.5);
+                near_start.where_(self.add(diff.mul(&w)), end.sub(diff.mul(w.neg().add(1.0))))
+            }
+        }
+    }
+
+    /// `self + value · t1 · t2` (`torch.addcmul`).
+    #[track_caller]
+    pub fn addcmul(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Tensor {
+        self.add(t1.mul(value).mul(t2))
+    }
+
+    /// `self + value · t1 / t2` (`torch.addcdiv`).
+    #[track_caller]
+    pub fn addcdiv(&self, t1: &Tensor, t2: &Tensor, value: f64) -> Tensor {
+        self.add(t1.mul(value).div(t2))
+    }
+
+    /// Where the elements are NaN (`torch.isnan`; false for every integer).
+    pub fn isnan(&self) -> Tensor {
+        self.ne(self)
+    }
+
+    /// Where the elements are +-infinity (`torch.isinf`).
+    pub fn isinf(&self) -> Tensor {
+        if self.dtype().is_float() { self.abs().eq(f64::INFINITY) } else { self.ne(self) }
+    }
+
+    /// Where the elements are finite (`torch.isfinite`).
+    pub fn isfinite(&self) -> Tensor {
+        if self.dtype().is_float() { self.abs().lt(f64::INFINITY) } else { self.eq(self) }
+    }
+
+    /// Where `self` and `other` are close (`torch.isclose`): equal (infinities of one sign included), or both finite
+    /// with `|self - other| <= atol + rtol |other|`; NaN is close to NaN only with `equal_nan`. PyTorch's defaults
+    /// are `rtol = 1e-5`, `atol = 1e-8`.
+    #[track_caller]
+    pub fn isclose(&self, other: &Tensor, rtol: f64, atol: f64, equal_nan: bool) -> Tensor {
+        if !(rtol >= 0.0 && atol >= 0.0) {
+            fail!("isclose", "rtol and atol must be >= 0, got {rtol} and {atol}");
+        }
+        let mut close = self.eq(other);
+        if equal_nan {
+            close = close.logical_or(self.isnan().logical_and(other.isnan()));
+        }
+        if rtol == 0.0 && atol == 0.0 {
+            return close;
+        }
+        let error = self.sub(other).abs();
+        close.logical_or(error.isfinite().logical_and(error.le(other.abs().mul(rtol).add(atol))))
+    }
+
+    /// Whether every element is [`isclose`](Tensor::isclose) (`torch.allclose`): realizes both tensors' comparison
+    /// and reads the answer back.
+    #[track_caller]
+    pub fn allclose(&self, other: &Tensor, rtol: f64, atol: f64, equal_nan: bool) -> Result<bool> {
+        let far = self.isclose(other, rtol, atol, equal_nan).logical_not().to_dtype(DType::I32).sum_all();
+        Ok(far.to_dtype(DType::I32).to_vec::<i32>()?.first().is_none_or(|&n| n == 0))
+    }
+
+    /// NaN, +infinity and -infinity replaced by `nan`, `posinf` and `neginf` (`torch.nan_to_num`; `None`: the
+    /// dtype's largest and lowest finite values). Integers pass through.
+    #[track_caller]
+    pub fn nan_to_num(&self, nan: f64, posinf: Option<f64>, neginf: Option<f64>) -> Tensor {
+        if !self.dtype().is_float() {
+            return self.clone();
+        }
+        let max = finite_max(self.dtype());
+        let x = self.isnan().where_(nan, self);
+        let x = x.eq(f64::INFINITY).where_(posinf.unwrap_or(max), &x);
+        x.eq(f64::NEG_INFINITY).where_(neginf.unwrap_or(-max), &x)
+    }
+
+    /// The diagonal of the matrices in dims `dim1` and `dim2` (`torch.diagonal`), `offset` above (positive) or below
+    /// (negative) the main one, as a new last dim; the other dims keep their order. A gather, so its gradient is
+    /// the scatter back.
+    #[track_caller]
+    pub fn diagonal(&self, offset: i64, dim1: isize, dim2: isize) -> Tensor {
+        let r = self.rank();
+        if r < 2 {
+            fail!("diagonal", "needs at least 2 dims, got {:?}", self.dims());
+        }
+        let (d1, d2) = (resolve_dim("diagonal", dim1, r), resolve_dim("diagonal", dim2, r));
+        if d1 == d2 {
+            fail!("diagonal", "dim1 and dim2 are the same dim {d1}");
+        }
+        let mut order: Vec<usize> = (0..r).filter(|&d| d != d1 && d != d2).collect();
+        order.extend([d1, d2]);
+        let m = self.permute(order.iter().map(|&d| d as isize).collect::<Vec<_>>());
+        let (rows, cols) = (self.dims()[d1], self.dims()[d2]);
+        let (row0, col0) = ((-offset).max(0) as usize, offset.max(0) as usize);
+        let len = rows.saturating_sub(row0).min(cols.saturating_sub(col0));
+        let mut flat = m.dims()[..r - 2].to_vec();
+        flat.push(rows * cols);
+        let at: Vec<i32> = (0..len).map(|k| ((row0 + k) * cols + col0 + k) as i32).collect();
+        let at = Tensor::from_vec(at, [len], &self.device())
+            .unwrap_or_else(|e| fail!("diagonal", "the diagonal's positions: {e}"));
+        m.reshape(flat).index_select(-1, &at)
+    }
+
+    /// A 1-d tensor as the `offset`-th diagonal of a square matrix of zeros, or a 2-d tensor's `offset`-th diagonal
+    /// (`torch.diag`).
+    #[track_caller]
+    pub fn diag(&self, offset: i64) -> Tensor {
+        match self.rank() {
+            1 => {
+                let len = self.dims()[0];
+                let n = len + offset.unsigned_abs() as usize;
+                let row0 = (-offset).max(0) as usize;
+                let dev = self.device();
+                // Row i reads element i - row0 (clamped: rows without one are masked out below) ...
+                let rows: Vec<i32> = (0..n).map(|i| i.saturating_sub(row0).min(len.saturating_sub(1)) as i32).collect();
+                let rows = Tensor::from_vec(rows, [n], &dev).unwrap_or_else(|e| fail!("diag", "the rows: {e}"));
+                // ... and keeps it at column i + offset: a select, not a product with a 0/1 mask (inf * 0 = NaN).
+                let at = Tensor::iota(Scalar::Int(0), Scalar::Int(1), n, dev.index_dtype(), &dev);
+                let on = at.unsqueeze(0).sub(at.unsqueeze(1)).eq(offset);
+                if len == 0 {
+                    return Tensor::zeros([n, n], self.dtype(), &dev);
+                }
+                on.where_(self.index_select(0, &rows).unsqueeze(1), 0.0).to_dtype(self.dtype())
+            }
+            2 => self.diagonal(offset, 0, 1),
+            _ => fail!("diag", "takes a 1-d or 2-d tensor, got {:?}", self.dims()),
+        }
+    }
+
+    /// The sum of a matrix's main diagonal (`torch.trace`).
+    #[track_caller]
+    pub fn trace(&self) -> Tensor {
+        if self.rank() != 2 {
+            fail!("trace", "takes a matrix, got {:?}", self.dims());
+        }
+        self.diagonal(0, 0, 1).sum_all()
+    }
+
+    /// `self[i] · other[j]` for 1-d tensors (`torch.outer`).
+    #[track_caller]
+    pub fn outer(&self, other: &Tensor) -> Tensor {
+        if self.rank() != 1 || other.rank() != 1 {
+            fail!("outer", "takes two 1-d tensors, got {:?} and {:?}", self.dims(), other.dims());
+        }
+        self.unsqueeze(1).mul(other.unsqueeze(0))
+    }
+}
