@@ -472,6 +472,11 @@ fn unary_ops() {
             g.uniform(&[3, 4], -2.0, 2.0).away_from(&[-0.7, 0.3, 1.3], 0.01),
         ),
         (
+            "kl_div",
+            |x| F::kl_div(&x.log_softmax(1), &x.mul(0.0).add(0.25), F::KlReduction::None, false),
+            g.uniform(&[3, 4], -2.0, 2.0),
+        ),
+        (
             "binary_cross_entropy_with_logits",
             |x| F::binary_cross_entropy_with_logits(x, &x.mul(0.0).add(0.3), Reduction::None),
             g.uniform(&[3, 4], -3.0, 3.0),

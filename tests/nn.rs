@@ -775,6 +775,26 @@ fn losses_match_pytorch() {
             ],
         ),
         ("cosine_similarity dim 1", vec![2], vec![0.878311812877655, 0.26633045077323914]),
+        ("kl_div batchmean", vec![], vec![0.09524445235729218]),
+        ("kl_div sum", vec![], vec![0.19048890471458435]),
+        ("kl_div mean", vec![], vec![0.019048890098929405]),
+        (
+            "kl_div none",
+            vec![2, 5],
+            vec![
+                0.09416383504867554,
+                0.15199068188667297,
+                0.0,
+                -0.051279038190841675,
+                -0.12276566028594971,
+                0.27352574467658997,
+                -0.0550609827041626,
+                -0.05703100562095642,
+                -0.029089316725730896,
+                -0.013965364545583725,
+            ],
+        ),
+        ("kl_div log_target batchmean", vec![], vec![0.14257623255252838]),
     ];
     for dev in devices() {
         let on = |t: Tensor| t.to_device(&dev).unwrap();
@@ -785,6 +805,16 @@ fn losses_match_pytorch() {
         let labels = on(Tensor::from_vec(vec![3i32, -100], [2], &data_device().unwrap()).unwrap());
         let bce_pw = F::BceWithLogitsOptions { pos_weight: Some(w.clone()), ..Default::default() };
         let nll = F::CrossEntropyOptions { weight: Some(w.clone()), ..Default::default() };
+        // kl_div's log-probabilities and target distributions; one target probability exactly 0 (xlogy's case).
+        let logp = on(sines(&[2, 5], 0.1, DType::F32).mul(2.0)).log_softmax(1);
+        let q = on(sines(&[2, 5], 0.8, DType::F32).mul(3.0)).softmax(1);
+        let zero_at_2 = on(Tensor::from_vec(
+            vec![1.0f32, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+            [2, 5],
+            &data_device().unwrap(),
+        )
+        .unwrap());
+        let q0 = q.mul(&zero_at_2);
         let got = [
             F::l1_loss(&x, &y, Reduction::Mean),
             F::smooth_l1_loss(&x, &y, Reduction::None, 0.5),
@@ -796,6 +826,11 @@ fn losses_match_pytorch() {
             F::glu(&on(sines(&[4, 3], 0.3, DType::F32)), 0),
             F::normalize(&x, 2.0, 1, 1e-12),
             F::cosine_similarity(&x, &y, 1, 1e-8),
+            F::kl_div(&logp, &q0, F::KlReduction::BatchMean, false),
+            F::kl_div(&logp, &q0, F::KlReduction::Sum, false),
+            F::kl_div(&logp, &q0, F::KlReduction::Mean, false),
+            F::kl_div(&logp, &q0, F::KlReduction::None, false),
+            F::kl_div(&logp, &q.log(), F::KlReduction::BatchMean, true),
         ];
         for ((name, shape, want), got) in want.iter().zip(&got) {
             if let Err(e) = check_tensor(got, shape, &buffer(DType::F32, want), Kind::Accumulate) {

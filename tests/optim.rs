@@ -614,9 +614,11 @@ fn sgd_on_the_benchmark_mlp_matches_a_recorded_pytorch_run() {
 
 #[test]
 fn learning_rate_schedules_match_pytorchs() {
-    use kiln::optim::schedule::{CosineAnnealingLr, ExponentialLr, LinearLr, LrSchedule, Sequential, StepLr};
+    use kiln::optim::schedule::{
+        Anneal, CosineAnnealingLr, ExponentialLr, LinearLr, LrSchedule, OneCycleLr, Sequential, StepLr,
+    };
     // Printed by `tests/fixtures/lr_schedules.py` (torch 2.15), base rate 0.1, steps 0..10.
-    let torch: [(&str, Box<dyn LrSchedule>, [f64; 10]); 5] = [
+    let torch: [(&str, Box<dyn LrSchedule>, [f64; 10]); 7] = [
         ("step", Box::new(StepLr::new(0.1, 3, 0.5)), [0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.0125]),
         (
             "exponential",
@@ -664,6 +666,45 @@ fn learning_rate_schedules_match_pytorchs() {
                 0.10000000000000002,
                 0.10000000000000002,
                 0.10000000000000002,
+            ],
+        ),
+        (
+            "one_cycle",
+            Box::new(OneCycleLr::new(1.0, 10)),
+            [
+                0.040000000000000036,
+                0.52,
+                1.0,
+                0.9504846320134737,
+                0.8117456539497631,
+                0.6112620219362893,
+                0.38874197806371075,
+                0.18825834605023697,
+                0.049519367986526286,
+                4e-06,
+            ],
+        ),
+        (
+            "one_cycle_linear_three_phase",
+            Box::new(
+                OneCycleLr::new(0.5, 12)
+                    .pct_start(0.25)
+                    .anneal(Anneal::Linear)
+                    .three_phase(true)
+                    .div_factor(10.0)
+                    .final_div_factor(100.0),
+            ),
+            [
+                0.05,
+                0.275,
+                0.5,
+                0.275,
+                0.04999999999999999,
+                0.042928571428571434,
+                0.03585714285714286,
+                0.02878571428571429,
+                0.021714285714285717,
+                0.014642857142857145,
             ],
         ),
         (

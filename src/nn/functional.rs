@@ -33,8 +33,8 @@ pub use conv_transpose::{ConvTranspose2dOptions, conv_transpose2d};
 pub use cross_entropy::{CrossEntropyOptions, cross_entropy, cross_entropy_with, nll_loss, nll_loss_with};
 pub use interpolate::{InterpolateMode, InterpolateOptions, interpolate};
 pub use losses::{
-    BceWithLogitsOptions, binary_cross_entropy_with_logits, binary_cross_entropy_with_logits_with, huber_loss, l1_loss,
-    smooth_l1_loss,
+    BceWithLogitsOptions, KlReduction, binary_cross_entropy_with_logits, binary_cross_entropy_with_logits_with,
+    huber_loss, kl_div, l1_loss, smooth_l1_loss,
 };
 pub use norms::{cosine_similarity, group_norm, normalize, rms_norm};
 

@@ -10,8 +10,8 @@
 //! One schedule is not a function of the step: [`ReduceLrOnPlateau`] (`ReduceLROnPlateau`) follows a metric the
 //! program reads back (a validation loss, `loss.item()`), and gives the rate to set after each value.
 //!
-//! Deliberately not done: `OneCycleLR` and `CyclicLR` (compositions of the ones here through `Sequential` or a
-//! closure).
+//! Deliberately not done: `CyclicLR` (a composition of the ones here through `Sequential` or a closure), and
+//! `OneCycleLR`'s momentum cycling (a schedule here sets the learning rate only).
 
 use crate::args::fail;
 use std::f64::consts::PI;
@@ -167,6 +167,119 @@ impl LrSchedule for Sequential {
         let i = self.milestones.iter().take_while(|&&m| m <= step).count();
         let start = if i == 0 { 0 } else { self.milestones[i - 1] };
         self.parts[i].lr(step - start)
+    }
+}
+
+/// How [`OneCycleLr`] moves between two rates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Anneal {
+    /// Half a cosine period (`anneal_strategy='cos'`, the default).
+    #[default]
+    Cos,
+    /// A straight line (`'linear'`).
+    Linear,
+}
+
+/// The 1cycle policy (`OneCycleLR`, the learning rate only): from `max_lr / div_factor` up to `max_lr` over the
+/// first `pct_start` of `total_steps`, then down to `max_lr / div_factor / final_div_factor` (with `three_phase`:
+/// back down to the start rate over as many steps, then to the final one). PyTorch's phases and formulas, so the
+/// rates equal its own; past `total_steps` the rate stays at step `total_steps`'s (PyTorch raises there).
+#[derive(Clone, Copy, Debug)]
+pub struct OneCycleLr {
+    max_lr: f64,
+    total_steps: u64,
+    pct_start: f64,
+    anneal: Anneal,
+    div_factor: f64,
+    final_div_factor: f64,
+    three_phase: bool,
+}
+
+impl OneCycleLr {
+    /// PyTorch's defaults: `pct_start` 0.3, cosine, `div_factor` 25, `final_div_factor` 1e4, two phases.
+    #[track_caller]
+    pub fn new(max_lr: f64, total_steps: u64) -> OneCycleLr {
+        if total_steps == 0 {
+            fail!("OneCycleLr", "total_steps must be at least 1");
+        }
+        OneCycleLr {
+            max_lr,
+            total_steps,
+            pct_start: 0.3,
+            anneal: Anneal::Cos,
+            div_factor: 25.0,
+            final_div_factor: 1e4,
+            three_phase: false,
+        }
+    }
+
+    /// The share of the steps spent rising, in `[0, 1]`.
+    #[track_caller]
+    pub fn pct_start(mut self, pct_start: f64) -> Self {
+        if !(0.0..=1.0).contains(&pct_start) {
+            fail!("OneCycleLr", "pct_start must be in [0, 1], got {pct_start}");
+        }
+        self.pct_start = pct_start;
+        self
+    }
+
+    pub fn anneal(mut self, anneal: Anneal) -> Self {
+        self.anneal = anneal;
+        self
+    }
+
+    /// The start rate is `max_lr / div_factor`.
+    pub fn div_factor(mut self, div_factor: f64) -> Self {
+        self.div_factor = div_factor;
+        self
+    }
+
+    /// The final rate is the start rate divided by this.
+    pub fn final_div_factor(mut self, final_div_factor: f64) -> Self {
+        self.final_div_factor = final_div_factor;
+        self
+    }
+
+    /// Three phases: up, back down to the start rate, then to the final rate.
+    pub fn three_phase(mut self, three_phase: bool) -> Self {
+        self.three_phase = three_phase;
+        self
+    }
+
+    fn anneal_between(&self, start: f64, end: f64, pct: f64) -> f64 {
+        match self.anneal {
+            Anneal::Cos => end + (start - end) / 2.0 * ((PI * pct).cos() + 1.0),
+            Anneal::Linear => (end - start) * pct + start,
+        }
+    }
+}
+
+impl LrSchedule for OneCycleLr {
+    fn lr(&self, step: u64) -> f64 {
+        let initial = self.max_lr / self.div_factor;
+        let min = initial / self.final_div_factor;
+        let total = self.total_steps as f64;
+        let rise = self.pct_start * total - 1.0;
+        // (the step a phase ends at, its start rate, its end rate)
+        let phases: Vec<(f64, f64, f64)> = if self.three_phase {
+            vec![
+                (rise, initial, self.max_lr),
+                (2.0 * self.pct_start * total - 2.0, self.max_lr, initial),
+                (total - 1.0, initial, min),
+            ]
+        } else {
+            vec![(rise, initial, self.max_lr), (total - 1.0, self.max_lr, min)]
+        };
+        let t = step.min(self.total_steps) as f64;
+        let mut start_step = 0.0;
+        for (i, &(end_step, start, end)) in phases.iter().enumerate() {
+            if t <= end_step || i == phases.len() - 1 {
+                let pct = (t - start_step) / (end_step - start_step);
+                return self.anneal_between(start, end, pct);
+            }
+            start_step = end_step;
+        }
+        unreachable!("the last phase takes every step")
     }
 }
 

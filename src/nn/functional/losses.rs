@@ -1,7 +1,7 @@
-//! Regression and binary losses (`torch.nn.functional`): `l1_loss`, `smooth_l1_loss`, `huber_loss` and
-//! `binary_cross_entropy_with_logits`, each PyTorch's formula composed from kiln's ops (so autograd differentiates
-//! them and the fuser makes the per-element loss and its reduction one kernel). Values PyTorch printed are checked
-//! in `tests/nn.rs` (`tests/fixtures/losses.py`). `mse_loss` and the class losses (`cross_entropy`, `nll_loss`) live
+//! Regression, binary and distribution losses (`torch.nn.functional`): `l1_loss`, `smooth_l1_loss`, `huber_loss`,
+//! `binary_cross_entropy_with_logits` and `kl_div`, each PyTorch's formula composed from kiln's ops (so autograd
+//! differentiates them and the fuser makes the per-element loss and its reduction one kernel). Values PyTorch
+//! printed are checked in `tests/nn.rs` (`tests/fixtures/losses.py`). `mse_loss` and the class losses (`cross_entropy`, `nll_loss`) live
 //! beside.
 //!
 //! Deliberately not done: `binary_cross_entropy` on probabilities. PyTorch raises where an input lies outside
@@ -89,4 +89,38 @@ pub fn binary_cross_entropy_with_logits_with(input: &Tensor, target: &Tensor, op
         None => loss,
     };
     opts.reduction.apply(loss)
+}
+
+/// How [`kl_div`] reduces (PyTorch's `reduction`, which has one value more for this loss than the others).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KlReduction {
+    None,
+    /// The mean over every element (`'mean'`, PyTorch's default, which it warns is not the KL divergence).
+    #[default]
+    Mean,
+    Sum,
+    /// The sum divided by the batch size (dim 0): the KL divergence per sample (`'batchmean'`).
+    BatchMean,
+}
+
+/// The Kullback-Leibler divergence of the distribution `target` from log-probabilities `input` (`kl_div`): per
+/// element `target (log target - input)`, 0 where `target` is 0 (PyTorch's `xlogy`), or with `log_target`
+/// (`target` given as log-probabilities) `exp(target) (target - input)`; then reduced.
+#[track_caller]
+pub fn kl_div(input: &Tensor, target: &Tensor, reduction: KlReduction, log_target: bool) -> Tensor {
+    same_shape("kl_div", input, target);
+    let per_element = if log_target {
+        target.exp().mul(target.sub(input))
+    } else {
+        // xlogy(t, t): 0 where t is 0 (a select, so no 0 * -inf), t log t elsewhere.
+        let t_log_t = target.eq(0.0).where_(0.0, target.mul(target.log())).to_dtype(target.dtype());
+        t_log_t.sub(target.mul(input))
+    };
+    match reduction {
+        KlReduction::None => per_element,
+        KlReduction::Mean => per_element.mean_all(),
+        KlReduction::Sum => per_element.sum_all(),
+        KlReduction::BatchMean if input.rank() == 0 => per_element.sum_all(),
+        KlReduction::BatchMean => per_element.sum_all().div(input.dims()[0] as f64),
+    }
 }
