@@ -455,6 +455,10 @@ fn unary_ops() {
         ("diagonal", |x| x.diagonal(1, 0, 1).unsqueeze(1), g.uniform(&[3, 4], -2.0, 2.0)),
         ("diag of a vector", |x| x.flatten().diag(-1), g.uniform(&[3, 4], -2.0, 2.0)),
         ("outer", |x| x.flatten().outer(&x.flatten().sin()), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("logaddexp", |x| x.logaddexp(&x.sin().mul(2.0)), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("nansum", |x| x.nansum(1, true), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("repeat_interleave", |x| x.repeat_interleave(2, 1), g.uniform(&[3, 4], -2.0, 2.0)),
+        ("movedim", |x| x.movedim(0, 1), g.uniform(&[3, 4], -2.0, 2.0)),
         // The losses per element (reduction none) against a constant target of 0.3, away from their kinks.
         (
             "l1_loss",

@@ -1334,6 +1334,54 @@ fn tensor_extras_match_pytorch() {
         assert_eq!(f(x.nan_to_num(-1.0, Some(7.0), Some(-7.0))), [1.0, -1.0, 7.0, -7.0, 1e-9, 100.0]);
         // hardtanh keeps a NaN (as PyTorch's clamp does).
         assert!(f(F::hardtanh(&x, -1.0, 1.0))[1].is_nan());
+
+        // logaddexp (torch 2.15's values), and its infinities.
+        let want = [
+            3.606156826019287,
+            4.088003635406494,
+            4.203682899475098,
+            4.204513072967529,
+            4.143213272094727,
+            3.766649007797241,
+        ];
+        check_tensor(&a.mul(4.0).logaddexp(&b.mul(4.0)), &[2, 3], &buffer(DType::F32, &want), Kind::Elementwise)
+            .unwrap_or_else(|e| panic!("logaddexp on {}: {e}", dev.describe()));
+        let l = on(Tensor::from_vec(vec![inf, -inf, -inf, 1.0], [4], &data_device().unwrap()).unwrap());
+        let r = on(Tensor::from_vec(vec![inf, -inf, 2.0, nan], [4], &data_device().unwrap()).unwrap());
+        let got = f(l.logaddexp(&r));
+        assert_eq!(got[..3], [inf, -inf, 2.0]);
+        assert!(got[3].is_nan());
+        // nansum / nanmean (torch: [4, 2], [2, 2], 2).
+        let n = on(Tensor::from_vec(vec![1.0f32, nan, 3.0, nan, nan, 2.0], [2, 3], &data_device().unwrap()).unwrap());
+        assert_eq!(f(n.nansum(1, false)), [4.0, 2.0]);
+        assert_eq!(f(n.nanmean(1, false)), [2.0, 2.0]);
+        assert_eq!(f(n.nanmean(Vec::<isize>::new(), false)), [2.0]);
+        // Truth reductions, NaN counting as true; over no elements any is false and all is true.
+        let t = on(Tensor::from_vec(vec![0.0f32, 2.0, 0.0, nan, 1.0, -1.0], [2, 3], &data_device().unwrap()).unwrap());
+        assert_eq!(bools(t.any(1, false)), [true, true]);
+        assert_eq!(bools(t.all(1, false)), [false, true]);
+        assert_eq!(bools(t.all(0, false)), [false, true, false]);
+        let count = t.count_nonzero(1, false).to_dtype(DType::I32).to_vec::<i32>().unwrap();
+        assert_eq!(count, [1, 3]);
+        let empty = on(Tensor::zeros([0, 2], DType::F32, &data_device().unwrap()));
+        assert_eq!(bools(empty.any(0, false)), [false, false]);
+        assert_eq!(bools(empty.all(0, false)), [true, true]);
+        let u = on(Tensor::from_vec(vec![true, false, true], [3], &data_device().unwrap()).unwrap());
+        let v = on(Tensor::from_vec(vec![true, true, false], [3], &data_device().unwrap()).unwrap());
+        assert_eq!(bools(u.logical_xor(&v)), [false, true, true]);
+        // Views: movedim, expand_as, repeat_interleave, unbind.
+        let c = on(Tensor::from_vec((0..24).map(|i| i as f32).collect::<Vec<_>>(), [2, 3, 4], &data_device().unwrap())
+            .unwrap());
+        assert_eq!(c.movedim(0, -1).dims(), [3, 4, 2]);
+        assert_eq!(f(c.movedim(2, 0).contiguous()), f(c.permute([2, 0, 1]).contiguous()));
+        assert_eq!(on(sines(&[3, 1], 0.0, DType::F32)).expand_as(&c).dims(), [2, 3, 4]);
+        let ri = on(Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], &data_device().unwrap()).unwrap());
+        assert_eq!(f(ri.repeat_interleave(2, 0)), [1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0]);
+        assert_eq!(f(ri.repeat_interleave(3, 1)), [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 4.0, 4.0, 4.0]);
+        let parts = c.unbind(1);
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[1].dims(), [2, 4]);
+        assert_eq!(f(parts[1].clone()), [4.0, 5.0, 6.0, 7.0, 16.0, 17.0, 18.0, 19.0]);
     }
 }
 

@@ -4,7 +4,7 @@
 //! included where it has one (`lerp`'s two branches), so the values agree to the last bit where the ops do; values
 //! PyTorch printed are checked in `tests/indexing.rs` (`tests/fixtures/tensor_extras.py`).
 
-use crate::args::{fail, resolve_dim};
+use crate::args::{Dims, fail, resolve_dim};
 use crate::error::Result;
 use crate::ops::Operand;
 use crate::tensor::Tensor;
@@ -101,6 +101,98 @@ impl Tensor {
         let x = self.isnan().where_(nan, self);
         let x = x.eq(f64::INFINITY).where_(posinf.unwrap_or(max), &x);
         x.eq(f64::NEG_INFINITY).where_(neginf.unwrap_or(-max), &x)
+    }
+
+    /// `log(exp(self) + exp(other))` without overflow (`torch.logaddexp`): `max + log1p(exp(-|self - other|))`, and
+    /// the common value where both are the same infinity.
+    #[track_caller]
+    pub fn logaddexp(&self, other: &Tensor) -> Tensor {
+        let m = self.maximum(other);
+        let same_inf = self.isinf().logical_and(self.eq(other));
+        same_inf.where_(self, m.add(self.sub(other).abs().neg().exp().log1p()))
+    }
+
+    /// The sum over `dims` with NaN counted as zero (`torch.nansum`).
+    #[track_caller]
+    pub fn nansum(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        self.isnan().where_(0.0, self).to_dtype(self.dtype()).sum(dims, keepdim)
+    }
+
+    /// The mean over `dims` of the elements that are not NaN (`torch.nanmean`; NaN where every one is).
+    #[track_caller]
+    pub fn nanmean(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        if !self.dtype().is_float() {
+            fail!("nanmean", "the input must be a float tensor, not {}", self.dtype());
+        }
+        let kept = self.isnan().logical_not().to_dtype(self.dtype());
+        let dims = dims.to_isize();
+        self.nansum(dims.clone(), keepdim).div(kept.sum(dims, keepdim))
+    }
+
+    /// Whether any element over `dims` is nonzero (`torch.any`; false over no elements).
+    #[track_caller]
+    pub fn any(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        self.count_nonzero_as(dims, keepdim, DType::I32).gt(0)
+    }
+
+    /// Whether every element over `dims` is nonzero (`torch.all`; true over no elements).
+    #[track_caller]
+    pub fn all(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        self.ne(0).logical_not().any(dims, keepdim).logical_not()
+    }
+
+    /// The nonzero elements' count over `dims` (`torch.count_nonzero`), in the device's index dtype (i64, or i32
+    /// where the device has no 64-bit integers).
+    #[track_caller]
+    pub fn count_nonzero(&self, dims: impl Dims, keepdim: bool) -> Tensor {
+        self.count_nonzero_as(dims, keepdim, self.device().index_dtype())
+    }
+
+    fn count_nonzero_as(&self, dims: impl Dims, keepdim: bool, dtype: DType) -> Tensor {
+        self.ne(0).to_dtype(dtype).sum(dims, keepdim)
+    }
+
+    /// Where exactly one of `self` and `other` is nonzero (`torch.logical_xor`).
+    #[track_caller]
+    pub fn logical_xor(&self, other: &Tensor) -> Tensor {
+        self.ne(0).ne(other.ne(0))
+    }
+
+    /// Dim `source` moved to position `destination`, the others keeping their order (`torch.movedim`): a view.
+    #[track_caller]
+    pub fn movedim(&self, source: isize, destination: isize) -> Tensor {
+        let r = self.rank();
+        let (s, d) = (resolve_dim("movedim", source, r), resolve_dim("movedim", destination, r));
+        let mut order: Vec<isize> = (0..r as isize).filter(|&i| i != s as isize).collect();
+        order.insert(d, s as isize);
+        self.permute(order)
+    }
+
+    /// `self` broadcast to `other`'s shape (`Tensor.expand_as`): a view.
+    #[track_caller]
+    pub fn expand_as(&self, other: &Tensor) -> Tensor {
+        self.broadcast_to(other.dims().to_vec())
+    }
+
+    /// Each element repeated `repeats` times along `dim`, in place (`torch.repeat_interleave` with one count):
+    /// `[a, b]` becomes `[a, a, b, b]`. A broadcast view reshaped, so no copy until something stores it.
+    #[track_caller]
+    pub fn repeat_interleave(&self, repeats: usize, dim: isize) -> Tensor {
+        let r = self.rank().max(1);
+        let x = if self.rank() == 0 { self.reshape([1]) } else { self.clone() };
+        let d = resolve_dim("repeat_interleave", dim, r);
+        let mut expanded = x.dims().to_vec();
+        expanded.insert(d + 1, repeats);
+        let mut merged = x.dims().to_vec();
+        merged[d] *= repeats;
+        x.unsqueeze(d as isize + 1).expand(expanded).reshape(merged)
+    }
+
+    /// The slices along `dim`, each without that dim (`torch.unbind`).
+    #[track_caller]
+    pub fn unbind(&self, dim: isize) -> Vec<Tensor> {
+        let d = resolve_dim("unbind", dim, self.rank());
+        (0..self.dims()[d]).map(|i| self.narrow(dim, i, 1).squeeze(d as isize)).collect()
     }
 
     /// The diagonal of the matrices in dims `dim1` and `dim2` (`torch.diagonal`), `offset` above (positive) or below
