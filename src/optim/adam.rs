@@ -91,11 +91,7 @@ impl Core {
             let p = param.get();
             let Some(g) = grad_of(&grads, &p) else { continue };
             // The value the update reads and writes: the f32 master, or the parameter.
-            let w = self.masters.working(i, &p);
-            replaced.push(p.node_ptr());
-            if w.dtype() != p.dtype() {
-                replaced.push(w.node_ptr());
-            }
+            let w = self.masters.working_replacing(i, &p, &mut replaced);
             if let Some(s) = &self.state[i] {
                 replaced.extend([&s.exp_avg, &s.exp_avg_sq].into_iter().chain(&s.max_exp_avg_sq).map(Tensor::node_ptr));
             }
@@ -151,13 +147,10 @@ impl Core {
         drop(grads);
         realize_all(&updates, also_realize, &replaced)?;
         for (u, t) in updates.into_iter().zip(steps) {
-            self.params[u.param].set(u.value);
-            if u.master.is_some() {
-                self.masters.set(u.param, u.master);
-            }
-            let mut s = u.state.into_iter();
+            let i = u.param;
+            let mut s = self.masters.install(&self.params, u);
             let (exp_avg, exp_avg_sq) = (s.next().expect("m"), s.next().expect("v"));
-            self.state[u.param] = Some(State { step: t, exp_avg, exp_avg_sq, max_exp_avg_sq: s.next() });
+            self.state[i] = Some(State { step: t, exp_avg, exp_avg_sq, max_exp_avg_sq: s.next() });
         }
         Ok(())
     }

@@ -13,9 +13,10 @@
 //! changed from outside after its first step (a `load_module`) is not seen by its master: load the optimizer state
 //! saved with it, or build a new optimizer. Parameters of other dtypes are updated as without the option.
 
+use super::Update;
 use crate::error::Result;
 use crate::nn::Param;
-use crate::tensor::Tensor;
+use crate::tensor::{Node, Tensor};
 use kiln_jit::DType;
 
 /// The state-dict name of a parameter's master copy.
@@ -62,6 +63,27 @@ impl Masters {
     /// What parameter `i`'s update computes from: its master, else the parameter itself.
     pub(super) fn working(&self, i: usize, p: &Tensor) -> Tensor {
         self.copies.get(i).and_then(Option::clone).filter(|_| self.wants(p)).unwrap_or_else(|| p.clone())
+    }
+
+    /// [`Masters::working`] of parameter `i`, recording in `replaced` what the step overwrites: the parameter, and its
+    /// master where the update reads one (their buffers may then take the new values: buffer donation).
+    pub(super) fn working_replacing(&self, i: usize, p: &Tensor, replaced: &mut Vec<*const Node>) -> Tensor {
+        let w = self.working(i, p);
+        replaced.push(p.node_ptr());
+        if w.dtype() != p.dtype() {
+            replaced.push(w.node_ptr());
+        }
+        w
+    }
+
+    /// Installs `u`'s new parameter value and its new master (where it has one) after the step realized them; the
+    /// optimizer's new state tensors, in the order its update made them.
+    pub(super) fn install(&mut self, params: &[Param], u: Update) -> std::vec::IntoIter<Tensor> {
+        params[u.param].set(u.value);
+        if u.master.is_some() {
+            self.set(u.param, u.master);
+        }
+        u.state.into_iter()
     }
 
     /// Parameter `i`'s master, if it has one.

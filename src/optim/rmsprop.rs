@@ -168,11 +168,7 @@ impl Optimizer for RmsProp {
             let p = param.get();
             let Some(g) = grad_of(&grads, &p) else { continue };
             // The value the update reads and writes: the f32 master, or the parameter.
-            let w = self.masters.working(i, &p);
-            replaced.push(p.node_ptr());
-            if w.dtype() != p.dtype() {
-                replaced.push(w.node_ptr());
-            }
+            let w = self.masters.working_replacing(i, &p, &mut replaced);
             let s = match &self.state[i] {
                 Some(s) => {
                     let held = [Some(&s.square_avg), s.grad_avg.as_ref(), s.momentum_buffer.as_ref()];
@@ -224,15 +220,12 @@ impl Optimizer for RmsProp {
         drop(grads);
         realize_all(&updates, also_realize, &replaced)?;
         for (u, (step, centered, with_momentum)) in updates.into_iter().zip(steps) {
-            self.params[u.param].set(u.value);
-            if u.master.is_some() {
-                self.masters.set(u.param, u.master);
-            }
-            let mut t = u.state.into_iter();
+            let i = u.param;
+            let mut t = self.masters.install(&self.params, u);
             let square_avg = t.next().expect("square_avg");
             let grad_avg = if centered { t.next() } else { None };
             let momentum_buffer = if with_momentum { t.next() } else { None };
-            self.state[u.param] = Some(State { step, square_avg, grad_avg, momentum_buffer });
+            self.state[i] = Some(State { step, square_avg, grad_avg, momentum_buffer });
         }
         Ok(())
     }

@@ -144,11 +144,7 @@ impl Optimizer for Sgd {
             let p = param.get();
             let Some(g) = grad_of(&grads, &p) else { continue };
             // The value the update reads and writes: the f32 master, or the parameter.
-            let w = self.masters.working(i, &p);
-            replaced.push(p.node_ptr());
-            if w.dtype() != p.dtype() {
-                replaced.push(w.node_ptr());
-            }
+            let w = self.masters.working_replacing(i, &p, &mut replaced);
             replaced.extend(self.bufs[i].as_ref().map(Tensor::node_ptr));
             let group = self.groups.of(i);
             let lr = scalars.get_for("lr", &w, (group, 0), self.groups.lr(i, self.lr))?;
@@ -189,12 +185,9 @@ impl Optimizer for Sgd {
         drop(grads);
         realize_all(&updates, also_realize, &replaced)?;
         for u in updates {
-            self.params[u.param].set(u.value);
-            if u.master.is_some() {
-                self.masters.set(u.param, u.master);
-            }
-            if let Some(b) = u.state.into_iter().next() {
-                self.bufs[u.param] = Some(b);
+            let i = u.param;
+            if let Some(b) = self.masters.install(&self.params, u).next() {
+                self.bufs[i] = Some(b);
             }
         }
         Ok(())
