@@ -14,8 +14,8 @@ mod common;
 use common::*;
 use kiln::nn::functional::{self as F, Approximate, Reduction};
 use kiln::nn::{
-    Dropout, Embedding, Flatten, Func, GELU, Identity, LayerNorm, LeakyReLU, Linear, Module, Param, ReLU, Sequential,
-    SiLU, Tanh, Upsample,
+    Dropout, Embedding, Flatten, Func, GELU, Identity, LayerNorm, LeakyReLU, Linear, Module, PReLU, Param, ReLU,
+    Sequential, SiLU, Tanh, Upsample,
 };
 use kiln::{DType, Device, Tensor};
 
@@ -1382,6 +1382,42 @@ fn tensor_extras_match_pytorch() {
         assert_eq!(parts.len(), 3);
         assert_eq!(parts[1].dims(), [2, 4]);
         assert_eq!(f(parts[1].clone()), [4.0, 5.0, 6.0, 7.0, 16.0, 17.0, 18.0, 19.0]);
+    }
+}
+
+/// PReLU (functional and module) against PyTorch 2.15: `F.prelu(x, w)` with a weight per channel of x `[2, 3, 2]`,
+/// and the weight's gradient of `sum(y * u)`.
+#[test]
+fn prelu_matches_pytorch() {
+    let want = [
+        1.892600178718567,
+        1.5307098627090454,
+        0.961645245552063,
+        0.26242637634277344,
+        -0.7084659337997437,
+        -1.714684009552002,
+        -0.4148045778274536,
+        -0.4876866638660431,
+        0.9891252517700195,
+        0.8690037131309509,
+        -1.8938000202178955,
+        -0.9242717027664185,
+    ];
+    let want_grad = [-1.4518457651138306, 1.0492002964019775, 0.11721277236938477];
+    for dev in devices() {
+        let on = |t: Tensor| t.to_device(&dev).unwrap();
+        let x = on(sines(&[2, 3, 2], 1.9, DType::F32).mul(2.0));
+        let m = PReLU::new(3, 0.25, &dev);
+        let w = on(Tensor::from_vec(vec![0.25f32, -0.5, 1.5], [3], &data_device().unwrap()).unwrap());
+        m.weight().set(w);
+        let y = m.forward(&x);
+        check_tensor(&y, &[2, 3, 2], &buffer(DType::F32, &want), Kind::Elementwise)
+            .unwrap_or_else(|e| panic!("prelu on {}: {e}", dev.describe()));
+        let weight = m.weight().get();
+        let g = y.mul(on(sines(&[2, 3, 2], 0.3, DType::F32))).sum_all().backward().unwrap();
+        check_tensor(g.get(&weight).unwrap(), &[3], &buffer(DType::F32, &want_grad), Kind::Accumulate)
+            .unwrap_or_else(|e| panic!("prelu's weight gradient on {}: {e}", dev.describe()));
+        assert_eq!(m.named_params().len(), 1);
     }
 }
 

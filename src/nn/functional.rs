@@ -26,7 +26,9 @@ mod interpolate;
 mod losses;
 mod norms;
 
-pub use activations::{celu, elu, glu, hardsigmoid, hardswish, hardtanh, logsigmoid, mish, relu6, selu, softplus};
+pub use activations::{
+    celu, elu, glu, hardsigmoid, hardswish, hardtanh, logsigmoid, mish, prelu, relu6, selu, softplus,
+};
 pub use attention::{AttentionOptions, scaled_dot_product_attention};
 pub use conv::{Conv2dOptions, Pool2dOptions, adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d};
 pub use conv_transpose::{ConvTranspose2dOptions, conv_transpose2d};

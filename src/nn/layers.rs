@@ -309,6 +309,38 @@ pub struct Upsample {
 }
 activation!(Upsample, |s, x| functional::interpolate(x, &s.options));
 
+/// [`functional::prelu`] with a learned slope (`torch.nn.PReLU`): one weight, or one per channel, initialized to
+/// `init` (PyTorch's default 0.25).
+#[derive(Clone, Debug)]
+pub struct PReLU {
+    weight: Param,
+}
+
+impl PReLU {
+    /// `PReLU(num_parameters, init)` in f32.
+    #[track_caller]
+    pub fn new(num_parameters: usize, init: f64, device: &Device) -> PReLU {
+        if num_parameters == 0 {
+            fail!("PReLU", "num_parameters must be at least 1");
+        }
+        PReLU { weight: Param::new("weight", Tensor::full([num_parameters], init, kiln_jit::DType::F32, device)) }
+    }
+
+    pub fn weight(&self) -> &Param {
+        &self.weight
+    }
+}
+
+impl Module for PReLU {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        functional::prelu(x, &self.weight.get())
+    }
+
+    fn named_params(&self) -> Vec<(String, Param)> {
+        vec![("weight".to_string(), self.weight.clone())]
+    }
+}
+
 /// `functional::relu` as a module (`torch.nn.ReLU`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReLU;

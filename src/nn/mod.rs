@@ -35,8 +35,8 @@ pub use batch_norm::{BatchNorm, BatchNorm1d, BatchNorm2d};
 pub use conv_layers::Conv2d;
 pub use functional::{Approximate, Reduction};
 pub use layers::{
-    Dropout, Embedding, Flatten, Func, GELU, Identity, LayerNorm, LeakyReLU, LogSoftmax, ReLU, SiLU, Sigmoid, Softmax,
-    Tanh, Upsample,
+    Dropout, Embedding, Flatten, Func, GELU, Identity, LayerNorm, LeakyReLU, LogSoftmax, PReLU, ReLU, SiLU, Sigmoid,
+    Softmax, Tanh, Upsample,
 };
 pub use linear::Linear;
 pub use norm_layers::{GroupNorm, RMSNorm};

@@ -1,5 +1,5 @@
 //! The smooth and piecewise activations PyTorch users reach for beyond relu/gelu/silu: `softplus`, `elu`, `selu`,
-//! `celu`, `mish`, `hardsigmoid`, `hardswish`, `hardtanh`, `relu6`, `logsigmoid`, `glu`, each PyTorch's formula
+//! `celu`, `mish`, `hardsigmoid`, `hardswish`, `hardtanh`, `relu6`, `prelu`, `logsigmoid`, `glu`, each PyTorch's formula
 //! (`torch.nn.functional`), composed from kiln's ops so autograd differentiates them and the fuser sees one
 //! elementwise chain. Half inputs compute in f32 and round once.
 //!
@@ -118,4 +118,30 @@ pub fn hardtanh(x: &Tensor, min_val: f64, max_val: f64) -> Tensor {
 #[track_caller]
 pub fn relu6(x: &Tensor) -> Tensor {
     hardtanh(x, 0.0, 6.0)
+}
+
+/// `x` where `x > 0`, else `weight · x` (PyTorch's `prelu`): `weight` has one element, or one per channel (dim 1 of
+/// `x`, or its only dim), as `nn::PReLU` learns it. The gradient is PyTorch's: `weight` below and at 0.
+#[track_caller]
+pub fn prelu(x: &Tensor, weight: &Tensor) -> Tensor {
+    float_only("prelu", x);
+    let n = weight.numel();
+    let w = if n == 1 {
+        weight.reshape([1usize; 0].to_vec())
+    } else {
+        let channels = if x.rank() >= 2 { x.dims()[1] } else { x.dims().first().copied().unwrap_or(0) };
+        if weight.rank() != 1 || n != channels {
+            crate::args::fail!(
+                "prelu",
+                "the weight must have 1 element or one per channel ({channels} for input {:?}), got {:?}",
+                x.dims(),
+                weight.dims()
+            );
+        }
+        // One weight per channel, broadcast over the dims after it.
+        let mut shape = vec![1usize; x.rank().max(1)];
+        shape[if x.rank() >= 2 { 1 } else { 0 }] = n;
+        weight.reshape(shape)
+    };
+    x.gt(0.0).where_(x, x.mul(w))
 }
