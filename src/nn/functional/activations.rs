@@ -1,6 +1,6 @@
 //! The smooth and piecewise activations PyTorch users reach for beyond relu/gelu/silu: `softplus`, `elu`, `selu`,
-//! `celu`, `mish`, `hardsigmoid`, `hardswish`, `hardtanh`, `relu6`, `prelu`, `logsigmoid`, `glu`, each PyTorch's formula
-//! (`torch.nn.functional`), composed from kiln's ops so autograd differentiates them and the fuser sees one
+//! `celu`, `mish`, `hardsigmoid`, `hardswish`, `hardtanh`, `relu6`, `prelu`, `logsigmoid`, `glu`, each PyTorch's
+//! formula (`torch.nn.functional`), composed from kiln's ops so autograd differentiates them and the fuser sees one
 //! elementwise chain. Half inputs compute in f32 and round once.
 //!
 //! Where one branch of a select would overflow on the elements the other branch takes (`exp(x)` for a large `x` in
