@@ -1378,6 +1378,23 @@ fn tensor_extras_match_pytorch() {
         let ri = on(Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], &data_device().unwrap()).unwrap());
         assert_eq!(f(ri.repeat_interleave(2, 0)), [1.0, 2.0, 1.0, 2.0, 3.0, 4.0, 3.0, 4.0]);
         assert_eq!(f(ri.repeat_interleave(3, 1)), [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 4.0, 4.0, 4.0]);
+        // meshgrid, as torch.meshgrid([0, 1, 2], [10, 20], indexing=...) prints.
+        let (gx, gy) = (
+            on(Tensor::from_vec(vec![0.0f32, 1.0, 2.0], [3], &data_device().unwrap()).unwrap()),
+            on(Tensor::from_vec(vec![10.0f32, 20.0], [2], &data_device().unwrap()).unwrap()),
+        );
+        let ij = Tensor::meshgrid(&[&gx, &gy], false);
+        assert_eq!((ij[0].dims(), ij[1].dims()), (&[3usize, 2][..], &[3usize, 2][..]));
+        assert_eq!(
+            (f(ij[0].clone()), f(ij[1].clone())),
+            (vec![0.0, 0.0, 1.0, 1.0, 2.0, 2.0], vec![10.0, 20.0, 10.0, 20.0, 10.0, 20.0])
+        );
+        let xy = Tensor::meshgrid(&[&gx, &gy], true);
+        assert_eq!(xy[0].dims(), [2, 3]);
+        assert_eq!(
+            (f(xy[0].clone()), f(xy[1].clone())),
+            (vec![0.0, 1.0, 2.0, 0.0, 1.0, 2.0], vec![10.0, 10.0, 10.0, 20.0, 20.0, 20.0])
+        );
         let parts = c.unbind(1);
         assert_eq!(parts.len(), 3);
         assert_eq!(parts[1].dims(), [2, 4]);

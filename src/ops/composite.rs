@@ -195,6 +195,32 @@ impl Tensor {
         (0..self.dims()[d]).map(|i| self.narrow(dim, i, 1).squeeze(d as isize)).collect()
     }
 
+    /// Coordinate grids of 1-d tensors (`torch.meshgrid`): output `i` holds tensor `i`'s values along its own dim of
+    /// the grid, as broadcast views. `xy` indexing (`indexing="xy"`, Cartesian) swaps the first two dims of the
+    /// grid; `ij` (matrix) keeps the tensors' order.
+    #[track_caller]
+    pub fn meshgrid(tensors: &[&Tensor], xy: bool) -> Vec<Tensor> {
+        if let Some(t) = tensors.iter().find(|t| t.rank() != 1) {
+            fail!("meshgrid", "takes 1-d tensors, got one of shape {:?}", t.dims());
+        }
+        let mut shape: Vec<usize> = tensors.iter().map(|t| t.dims()[0]).collect();
+        // The grid dim each tensor varies along.
+        let mut along: Vec<usize> = (0..tensors.len()).collect();
+        if xy && tensors.len() >= 2 {
+            shape.swap(0, 1);
+            along.swap(0, 1);
+        }
+        tensors
+            .iter()
+            .zip(along)
+            .map(|(t, d)| {
+                let mut view = vec![1usize; shape.len()];
+                view[d] = shape[d];
+                t.reshape(view).expand(shape.clone())
+            })
+            .collect()
+    }
+
     /// The diagonal of the matrices in dims `dim1` and `dim2` (`torch.diagonal`), `offset` above (positive) or below
     /// (negative) the main one, as a new last dim; the other dims keep their order. A gather, so its gradient is
     /// the scatter back.
