@@ -15,7 +15,7 @@ mod common;
 use common::*;
 use kiln::nn::functional::{self as F, Reduction};
 use kiln::nn::{Dropout, Linear, Module, Param, ReLU, Sequential};
-use kiln::optim::{Adam, AdamW, GroupOptions, Optimizer, RmsProp, Sgd};
+use kiln::optim::{Adagrad, Adam, AdamW, GroupOptions, Optimizer, RmsProp, Sgd};
 use kiln::{DType, Device, Stats, Tensor};
 use std::sync::{Mutex, MutexGuard};
 
@@ -359,6 +359,87 @@ fn rmsprop_variants_match_pytorch_formulas_over_three_steps() {
     };
     let got = rmsprop_ref(&q, RmsCfg { momentum: 0.9, centered: true, ..base }, 3);
     close(&got[2], &TORCH_RMSPROP, Tol { rel: 1e-12, abs: 1e-12 }, "the f64 reference against PyTorch");
+}
+
+/// PyTorch's `_single_tensor_adagrad`, in f64: (lr, lr_decay, weight_decay, initial_accumulator_value, eps,
+/// maximize).
+fn adagrad_ref(q: &Quadratic, c: (f64, f64, f64, f64, f64, bool), steps: usize) -> Vec<Vec<f64>> {
+    let (lr, lr_decay, weight_decay, initial, eps, maximize) = c;
+    let mut p = q.p0.clone();
+    let mut sum = [initial; N];
+    let mut out = Vec::new();
+    for t in 1..=steps {
+        let mut g = q.grad(&p);
+        if maximize {
+            g.iter_mut().for_each(|v| *v = -*v);
+        }
+        if weight_decay != 0.0 {
+            g = g.iter().zip(&p).map(|(g, p)| g + weight_decay * p).collect();
+        }
+        let clr = lr / (1.0 + (t - 1) as f64 * lr_decay);
+        for i in 0..N {
+            sum[i] += g[i] * g[i];
+            p[i] -= clr * g[i] / (sum[i].sqrt() + eps);
+        }
+        out.push(p.clone());
+    }
+    out
+}
+
+#[test]
+fn adagrad_variants_match_pytorch_formulas_over_three_steps() {
+    let _s = serial();
+    let cases = [
+        ("plain", (0.01, 0.0, 0.0, 0.0, 1e-10, false)),
+        ("decay and accumulator", (0.1, 0.05, 0.02, 0.3, 1e-10, false)),
+        ("eps maximize", (0.05, 0.0, 0.0, 0.0, 1e-3, true)),
+    ];
+    for (seed, (name, c)) in cases.into_iter().enumerate() {
+        let q = Quadratic::new(500 + seed as u64 * 3);
+        let want = adagrad_ref(&q, c, 3);
+        for dtype in FLOATS {
+            let param = Param::new("p", tensor(dtype, &q.p0, &[2, 3]));
+            let (lr, lr_decay, weight_decay, initial, eps, maximize) = c;
+            let mut opt = Adagrad::new(vec![param.clone()], lr)
+                .lr_decay(lr_decay)
+                .weight_decay(weight_decay)
+                .initial_accumulator_value(initial)
+                .eps(eps)
+                .maximize(maximize);
+            let got = q.run(&param, &mut opt, 3);
+            for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+                close(g, w, tol_for(dtype), &format!("adagrad {name} {dtype} step {}", step + 1));
+            }
+            assert_eq!(opt.step_count(0), 3, "{name}");
+            assert!(opt.sum(0).is_some(), "{name}");
+        }
+    }
+    // The decayed rate is a run-time input and the first step's sum is realized like every later one's: after the
+    // first step, steps compile nothing.
+    let q = Quadratic::new(530);
+    let param = Param::new("p", tensor(DType::F32, &q.p0, &[2, 3]));
+    let mut opt = Adagrad::new(vec![param.clone()], 0.1).lr_decay(0.1).initial_accumulator_value(0.5);
+    q.run(&param, &mut opt, 1);
+    let before = kiln::stats();
+    q.run(&param, &mut opt, 4);
+    assert_eq!(kiln::stats().plan_misses, before.plan_misses, "Adagrad's later steps recompiled");
+    // The reference against PyTorch itself: `torch.optim.Adagrad([p], lr=0.1, lr_decay=0.05, weight_decay=0.02,
+    // initial_accumulator_value=0.3)`, three steps on the quadratic of the RMSprop check (torch 2.15's parameters).
+    let q = Quadratic {
+        a: vec![1.0, 2.0, 0.5, 1.5, 1.0, 0.75],
+        b: vec![0.5, -0.5, 0.25, 0.0, 1.0, -1.0],
+        p0: vec![1.0, -2.0, 0.5, 3.0, -0.25, 0.0],
+    };
+    let torch = [
+        0.7944141345788597,
+        -1.7847003807816662,
+        0.3398345019416447,
+        2.7838045588046203,
+        -0.4288049894970816,
+        0.19485983222006104,
+    ];
+    let got = adagrad_ref(&q, (0.1, 0.05, 0.02, 0.3, 1e-10, false), 3);
+    close(&got[2], &torch, Tol { rel: 1e-12, abs: 1e-12 }, "the f64 reference against PyTorch");
 }
 
 /// See `rmsprop_variants_match_pytorch_formulas_over_three_steps`.

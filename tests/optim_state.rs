@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use kiln::nn::functional::{self as F, Reduction};
 use kiln::nn::{Dropout, Linear, Module, Param, ReLU, Sequential};
-use kiln::optim::{Adam, AdamW, GroupOptions, Optimizer, RmsProp, Sgd};
+use kiln::optim::{Adagrad, Adam, AdamW, GroupOptions, Optimizer, RmsProp, Sgd};
 use kiln::{DType, Device, Tensor};
 #[cfg(feature = "cpu")]
 use kiln::{Error, optim::OptimizerState};
@@ -33,14 +33,16 @@ fn split(model: &Sequential) -> (Vec<Param>, Vec<Param>) {
 }
 
 /// The three optimizers, each with the settings that give it state (momentum, dampening; AMSGrad; weight decay),
-/// SGD, AdamW and RMSprop with the biases in a group of their own (Adam without groups). `group`: that group's options.
+/// SGD, AdamW, RMSprop and Adagrad with the biases in a group of their own (Adam without groups). `group`: that
+/// group's options.
 fn optimizer_with(which: usize, model: &Sequential, group: GroupOptions) -> Box<dyn Optimizer> {
     let (weights, biases) = split(model);
     match which {
         0 => Box::new(Sgd::new(weights, 0.05).momentum(0.9).dampening(0.1).weight_decay(1e-3).group(biases, group)),
         1 => Box::new(Adam::new(model.params(), 1e-2).amsgrad(true).weight_decay(1e-3)),
         2 => Box::new(AdamW::new(weights, 1e-2).betas(0.8, 0.99).group(biases, group)),
-        _ => Box::new(RmsProp::new(weights, 1e-2).momentum(0.5).centered(true).weight_decay(1e-3).group(biases, group)),
+        3 => Box::new(RmsProp::new(weights, 1e-2).momentum(0.5).centered(true).weight_decay(1e-3).group(biases, group)),
+        _ => Box::new(Adagrad::new(weights, 5e-2).lr_decay(0.01).initial_accumulator_value(0.1).group(biases, group)),
     }
 }
 
@@ -104,7 +106,8 @@ fn check_resume(dev: &Device, which: usize) {
         0 => Box::new(Sgd::new(ws, 1.0).group(bs, GroupOptions::default())),
         1 => Box::new(Adam::new(resumed.params(), 1.0)),
         2 => Box::new(AdamW::new(ws, 1.0).group(bs, GroupOptions::default())),
-        _ => Box::new(RmsProp::new(ws, 1.0).group(bs, GroupOptions::default())),
+        3 => Box::new(RmsProp::new(ws, 1.0).group(bs, GroupOptions::default())),
+        _ => Box::new(Adagrad::new(ws, 1.0).group(bs, GroupOptions::default())),
     };
     kiln::load_module(&resumed, path("model.safetensors"), true).unwrap();
     kiln::load_optimizer(opt.as_mut(), path("optim.safetensors")).unwrap();
@@ -121,7 +124,7 @@ fn check_resume(dev: &Device, which: usize) {
 #[test]
 fn training_resumed_from_a_checkpoint_computes_the_same_bits_as_training_that_never_stopped() {
     for dev in devices() {
-        for which in 0..4 {
+        for which in 0..5 {
             check_resume(&dev, which);
         }
     }
@@ -219,7 +222,7 @@ fn snapshot(opt: &dyn Optimizer) -> Snapshot {
 #[test]
 fn state_dict_round_trips_through_load_state_dict_and_through_a_file() {
     let dev = Device::cpu();
-    for which in 0..4 {
+    for which in 0..5 {
         kiln::manual_seed(3);
         let m = model(&dev);
         let mut opt = optimizer(which, &m);

@@ -1,5 +1,6 @@
 //! Optimizers (`torch.optim`): `Sgd` (momentum, dampening, Nesterov, weight decay), `Adam` (L2 weight decay,
-//! AMSGrad), `AdamW` (decoupled weight decay) and `RmsProp` (momentum, centered), with PyTorch's update formulas.
+//! AMSGrad), `AdamW` (decoupled weight decay), `RmsProp` (momentum, centered) and `Adagrad` (learning-rate decay),
+//! with PyTorch's update formulas.
 //!
 //! How a step runs, and why it replays one compiled plan:
 //! 1. `step(grads, &[&loss])` builds every parameter's new value and new optimizer state (momentum buffers, Adam
@@ -47,6 +48,7 @@
 //! already).
 
 mod accumulate;
+mod adagrad;
 mod adam;
 mod groups;
 mod master;
@@ -56,6 +58,7 @@ mod sgd;
 mod state;
 
 pub use accumulate::GradAccumulator;
+pub use adagrad::Adagrad;
 pub use adam::{Adam, AdamW};
 pub use groups::GroupOptions;
 pub use rmsprop::RmsProp;
@@ -124,7 +127,13 @@ fn realize_lazy(params: &[Param]) -> Result<()> {
 
 /// Zeros shaped like `t`, uploaded (a realized input, so the first step's graph matches later ones).
 fn zeros_input(t: &Tensor) -> Result<Tensor> {
-    let host = HostBuffer::from_f64(t.dtype(), &vec![0.0; t.numel()]);
+    filled_input(t, 0.0)
+}
+
+/// A realized tensor of `t`'s shape, dtype and device holding `value` everywhere (an input of the step's graph, as
+/// every later step's state is).
+fn filled_input(t: &Tensor, value: f64) -> Result<Tensor> {
+    let host = HostBuffer::from_f64(t.dtype(), &vec![value; t.numel()]);
     Tensor::from_host(host, t.shape().clone(), &t.device())
 }
 
