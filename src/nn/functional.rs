@@ -27,7 +27,8 @@ mod losses;
 mod norms;
 
 pub use activations::{
-    celu, elu, glu, hardsigmoid, hardswish, hardtanh, logsigmoid, mish, prelu, relu6, selu, softplus,
+    celu, elu, glu, hardshrink, hardsigmoid, hardswish, hardtanh, logsigmoid, mish, prelu, relu6, selu, softmin,
+    softplus, softshrink, softsign, tanhshrink,
 };
 pub use attention::{AttentionOptions, scaled_dot_product_attention};
 pub use conv::{Conv2dOptions, Pool2dOptions, adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d};
@@ -38,7 +39,7 @@ pub use losses::{
     BceWithLogitsOptions, KlReduction, binary_cross_entropy_with_logits, binary_cross_entropy_with_logits_with,
     huber_loss, kl_div, l1_loss, smooth_l1_loss,
 };
-pub use norms::{cosine_similarity, group_norm, normalize, rms_norm};
+pub use norms::{cdist, cosine_similarity, group_norm, normalize, pairwise_distance, rms_norm};
 
 use crate::args::fail;
 use crate::random::{Generator, default_generator};

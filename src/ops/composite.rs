@@ -112,6 +112,19 @@ impl Tensor {
         same_inf.where_(self, m.add(self.sub(other).abs().neg().exp().log1p()))
     }
 
+    /// `log(x / (1 - x))` (`torch.logit`), the input first clamped to `[eps, 1 - eps]` where `eps` is given.
+    #[track_caller]
+    pub fn logit(&self, eps: Option<f64>) -> Tensor {
+        if !self.dtype().is_float() {
+            fail!("logit", "the input must be a float tensor, not {}", self.dtype());
+        }
+        let x = match eps {
+            Some(e) => self.clamp(e, 1.0 - e),
+            None => self.clone(),
+        };
+        x.div(x.neg().add(1.0)).log()
+    }
+
     /// The sum over `dims` with NaN counted as zero (`torch.nansum`).
     #[track_caller]
     pub fn nansum(&self, dims: impl Dims, keepdim: bool) -> Tensor {

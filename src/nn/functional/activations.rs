@@ -1,5 +1,6 @@
 //! The smooth and piecewise activations PyTorch users reach for beyond relu/gelu/silu: `softplus`, `elu`, `selu`,
-//! `celu`, `mish`, `hardsigmoid`, `hardswish`, `hardtanh`, `relu6`, `prelu`, `logsigmoid`, `glu`, each PyTorch's
+//! `celu`, `mish`, `hardsigmoid`, `hardswish`, `hardtanh`, `relu6`, `prelu`, `logsigmoid`, `glu`, `softsign`,
+//! `tanhshrink`, `hardshrink`, `softshrink`, `softmin`, each PyTorch's
 //! formula (`torch.nn.functional`), composed from kiln's ops so autograd differentiates them and the fuser sees one
 //! elementwise chain. Half inputs compute in f32 and round once.
 //!
@@ -144,4 +145,42 @@ pub fn prelu(x: &Tensor, weight: &Tensor) -> Tensor {
         weight.reshape(shape)
     };
     x.gt(0.0).where_(x, x.mul(w))
+}
+
+/// `x / (1 + |x|)` (PyTorch's `softsign`).
+#[track_caller]
+pub fn softsign(x: &Tensor) -> Tensor {
+    float_only("softsign", x);
+    x.div(x.abs().add(1.0))
+}
+
+/// `x - tanh(x)` (PyTorch's `tanhshrink`).
+#[track_caller]
+pub fn tanhshrink(x: &Tensor) -> Tensor {
+    float_only("tanhshrink", x);
+    x.sub(x.tanh())
+}
+
+/// `x` where `|x| > lambd`, else 0 (PyTorch's `hardshrink`, default `lambd = 0.5`).
+#[track_caller]
+pub fn hardshrink(x: &Tensor, lambd: f64) -> Tensor {
+    float_only("hardshrink", x);
+    x.abs().gt(lambd).where_(x, 0.0).to_dtype(x.dtype())
+}
+
+/// `x` moved `lambd` toward 0, and 0 within `lambd` of it (PyTorch's `softshrink`, default `lambd = 0.5`).
+#[track_caller]
+pub fn softshrink(x: &Tensor, lambd: f64) -> Tensor {
+    float_only("softshrink", x);
+    if lambd.is_nan() || lambd < 0.0 {
+        crate::args::fail!("softshrink", "lambd must be >= 0, got {lambd}");
+    }
+    x.gt(lambd).where_(x.sub(lambd), x.lt(-lambd).where_(x.add(lambd), 0.0)).to_dtype(x.dtype())
+}
+
+/// `softmax(-x)` along `dim` (PyTorch's `softmin`).
+#[track_caller]
+pub fn softmin(x: &Tensor, dim: isize) -> Tensor {
+    float_only("softmin", x);
+    x.neg().softmax(dim)
 }

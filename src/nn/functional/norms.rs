@@ -1,4 +1,5 @@
-//! `rms_norm`, `group_norm`, `normalize` and `cosine_similarity` (`torch.nn.functional`), compositions as PyTorch's reference formulas; half inputs
+//! `rms_norm`, `group_norm`, `normalize`, `cosine_similarity`, `pairwise_distance` and `cdist` (`torch.nn.functional`,
+//! `torch.cdist`), compositions as PyTorch's reference formulas; half inputs
 //! compute in f32 and round once. `layer_norm` is in `functional.rs`.
 
 use super::float_only;
@@ -99,4 +100,29 @@ pub fn cosine_similarity(x1: &Tensor, x2: &Tensor, dim: isize, eps: f64) -> Tens
         x.div(n.add(n.clamp_min(eps).sub(&n).detach()))
     };
     unit(x1).mul(unit(x2)).sum(dim, false)
+}
+
+/// The `p`-norm of `x1 - x2 + eps` along the last dim (PyTorch's `pairwise_distance`, defaults `p = 2`, `eps =
+/// 1e-6`, `keepdim = false`); the sides broadcast.
+#[track_caller]
+pub fn pairwise_distance(x1: &Tensor, x2: &Tensor, p: f64, eps: f64, keepdim: bool) -> Tensor {
+    float_only("pairwise_distance", x1);
+    x1.sub(x2).add(eps).norm(p, -1, keepdim)
+}
+
+/// The `p`-norm distance between each row of `x1` (`[.., P, M]`) and each row of `x2` (`[.., R, M]`): `[.., P, R]`
+/// (`torch.cdist`). Computed directly, `‖x1_i - x2_j‖_p` (PyTorch's `donot_use_mm_for_euclid_dist`), so a distance of
+/// 0 is exactly 0 and its gradient is `norm`'s defined 0; PyTorch's default path for p = 2 past 25 rows goes through
+/// a matrix product instead and can differ from this in its last digits. Memory: `P x R x M` for the differences.
+#[track_caller]
+pub fn cdist(x1: &Tensor, x2: &Tensor, p: f64) -> Tensor {
+    float_only("cdist", x1);
+    float_only("cdist", x2);
+    if x1.rank() < 2 || x2.rank() < 2 || x1.dims()[x1.rank() - 1] != x2.dims()[x2.rank() - 1] {
+        fail!("cdist", "takes [.., P, M] and [.., R, M] with the same M, got {:?} and {:?}", x1.dims(), x2.dims());
+    }
+    if p.is_nan() || p < 0.0 {
+        fail!("cdist", "p must be >= 0, got {p}");
+    }
+    x1.unsqueeze(-2).sub(x2.unsqueeze(-3)).norm(p, -1, false)
 }
