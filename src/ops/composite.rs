@@ -1,8 +1,10 @@
-//! PyTorch ops that are short compositions of kiln's: the blends `lerp`, `addcmul`, `addcdiv`; the float tests
-//! `isnan`, `isinf`, `isfinite`, `isclose` (and `allclose`, which reads its answer back); `nan_to_num`; and matrix
-//! helpers `diagonal`, `diag`, `trace`, `outer`, `meshgrid`. Each follows PyTorch's formula, rounding order
-//! included where it has one (`lerp`'s two branches), so the values agree to the last bit where the ops do; values
-//! PyTorch printed are checked in `tests/indexing.rs` (`tests/fixtures/tensor_extras.py`).
+//! PyTorch ops that are short compositions of kiln's: the blends `lerp`, `addcmul`, `addcdiv`, `logaddexp` and
+//! `logit`; the float tests `isnan`, `isinf`, `isfinite`, `isclose` (and `allclose`, which reads its answer back);
+//! `nan_to_num`, `nansum`, `nanmean`; the truth reductions `any`, `all`, `count_nonzero` and `logical_xor`; the views
+//! `movedim`, `expand_as`, `repeat_interleave`, `unbind`, `meshgrid`; and the matrix helpers `diagonal`, `diag`,
+//! `trace`, `outer`. Each follows PyTorch's formula, rounding order included where it has one (`lerp`'s two
+//! branches), so the values agree to the last bit where the ops do; values PyTorch printed are checked in
+//! `tests/nn.rs` (`tensor_extras_match_pytorch`, `tests/fixtures/tensor_extras.py`).
 
 use crate::args::{Dims, fail, resolve_dim};
 use crate::error::Result;
