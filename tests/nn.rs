@@ -15,7 +15,7 @@ use common::*;
 use kiln::nn::functional::{self as F, Approximate, Reduction};
 use kiln::nn::{
     Dropout, Embedding, Flatten, Func, GELU, Identity, LayerNorm, LeakyReLU, Linear, Module, PReLU, Param, ReLU,
-    Sequential, SiLU, Tanh, Upsample,
+    Sequential, SiLU, Tanh, Unflatten, Upsample,
 };
 use kiln::{DType, Device, Tensor};
 
@@ -2078,6 +2078,12 @@ fn flatten_identity_and_upsample_modules() {
         assert_eq!(y.to_vec::<f32>().unwrap(), v, "{shape:?}: a flatten keeps the row-major order");
     }
     assert_eq!(Tensor::scalar(3.0, DType::F32, &dev()).flatten_dims(0, -1).dims(), [1]);
+    // unflatten undoes it, with a size inferred.
+    let back = Flatten::default().forward(&x).unflatten(1, &[3, -1, 5]);
+    assert_eq!(back.dims(), [2, 3, 4, 5]);
+    assert_eq!(back.to_vec::<f32>().unwrap(), v);
+    let heads = Unflatten { dim: -1, sizes: vec![5, 1] }.forward(&x);
+    assert_eq!(heads.dims(), [2, 3, 4, 5, 1]);
     let up = Upsample { options: F::InterpolateOptions { scale_factor: Some(vec![2.0]), ..Default::default() } };
     let small = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], [1, 1, 2, 2], &dev()).unwrap();
     let big = up.forward(&small);
@@ -2091,6 +2097,12 @@ fn flatten_identity_and_upsample_modules() {
         .add(Flatten::default())
         .add(Linear::new(2 * 2 * 3, 5, true, &dev()));
     assert_eq!(cnn.forward(&x.to_dtype(DType::F32)).dims(), [2, 5]);
+}
+
+#[test]
+#[should_panic(expected = "unflatten: sizes [4, 2] do not multiply to dim 1's size 3")]
+fn unflatten_needs_sizes_that_multiply_to_the_dim() {
+    Tensor::zeros([2, 3], DType::F32, &dev()).unflatten(1, &[4, 2]);
 }
 
 #[test]

@@ -302,6 +302,14 @@ impl Default for Flatten {
 }
 activation!(Flatten, |s, x| x.flatten_dims(s.start_dim, s.end_dim));
 
+/// [`Tensor::unflatten`] as a module (`torch.nn.Unflatten`): dim `dim` split into `sizes`.
+#[derive(Clone, Debug)]
+pub struct Unflatten {
+    pub dim: isize,
+    pub sizes: Vec<isize>,
+}
+activation!(Unflatten, |s, x| x.unflatten(s.dim, &s.sizes));
+
 /// [`functional::interpolate`] as a module (`torch.nn.Upsample`), with its options.
 #[derive(Clone, Debug, Default)]
 pub struct Upsample {

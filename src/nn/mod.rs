@@ -1,6 +1,6 @@
 //! Neural-network building blocks with PyTorch's names and semantics: `Param`, the `Module` trait, `Sequential`,
 //! layers (`Linear`, `Conv2d`, `BatchNorm1d`/`2d`, `LayerNorm`, `RMSNorm`, `GroupNorm`, `Dropout`, `Embedding`,
-//! `MultiheadAttention`, `Flatten`, `Upsample`, `Identity`, activation modules), `functional` (activations, losses, convolutions, attention), `init`,
+//! `MultiheadAttention`, `Flatten`, `Unflatten`, `Upsample`, `Identity`, activation modules), `functional` (activations, losses, convolutions, attention), `init`,
 //! and gradient clipping (`clip_grad_norm`, `clip_grad_value`: `utils.rs`).
 //!
 //! Everything here is a composition of kiln's public ops, so a model's forward, its backward and an optimizer's
@@ -36,7 +36,7 @@ pub use conv_layers::Conv2d;
 pub use functional::{Approximate, Reduction};
 pub use layers::{
     Dropout, Embedding, Flatten, Func, GELU, Identity, LayerNorm, LeakyReLU, LogSoftmax, PReLU, ReLU, SiLU, Sigmoid,
-    Softmax, Tanh, Upsample,
+    Softmax, Tanh, Unflatten, Upsample,
 };
 pub use linear::Linear;
 pub use norm_layers::{GroupNorm, RMSNorm};

@@ -33,6 +33,26 @@ impl Tensor {
         self.reshape_prim(vec![self.numel()])
     }
 
+    /// Dim `dim` split into `sizes` (`Tensor.unflatten`; one size may be -1, inferred), the others kept: the
+    /// inverse of [`flatten_dims`](Tensor::flatten_dims), as attention code splits `[B, T, H * D]` into heads.
+    #[track_caller]
+    pub fn unflatten(&self, dim: isize, sizes: &[isize]) -> Tensor {
+        let d = resolve_dim("unflatten", dim, self.rank());
+        let n = self.dims()[d];
+        let known: usize = sizes.iter().filter(|&&s| s >= 0).map(|&s| s as usize).product();
+        let inferred = sizes.iter().filter(|&&s| s == -1).count();
+        if inferred > 1 || sizes.iter().any(|&s| s < -1) || sizes.is_empty() {
+            fail!("unflatten", "sizes {sizes:?} must be sizes >= 0 with at most one -1");
+        }
+        let fill = if inferred == 1 && known > 0 && n.is_multiple_of(known) { n / known } else { 0 };
+        let split: Vec<usize> = sizes.iter().map(|&s| if s == -1 { fill } else { s as usize }).collect();
+        if split.iter().product::<usize>() != n {
+            fail!("unflatten", "sizes {sizes:?} do not multiply to dim {dim}'s size {n}");
+        }
+        let dims = self.dims();
+        self.reshape_prim(dims[..d].iter().copied().chain(split).chain(dims[d + 1..].iter().copied()).collect())
+    }
+
     /// Dims `start..=end` merged into one, the others kept (`torch.flatten(x, start_dim, end_dim)`; negative dims
     /// count from the end). A zero-dim tensor becomes 1-d, as in PyTorch.
     #[track_caller]
