@@ -12,7 +12,7 @@
 
 use super::groups::{GroupOptions, Groups};
 use super::master::{MASTER, Masters, split};
-use super::state::{Check, flag, state_of, upload};
+use super::state::{Check, flag, state_of, upload_stepped};
 use super::{
     Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, filled_input, grad_of, realize_all,
     realize_lazy,
@@ -229,26 +229,13 @@ impl Optimizer for Adagrad {
         let mut masters = self.masters.clone();
         masters.on = check.optional("master_weights", "0 or 1", |v| v == 0.0 || v == 1.0) == Some(1.0);
         let groups = self.groups.read(&mut check);
-        let mut found = Vec::with_capacity(self.params.len());
-        for (i, param) in self.params.iter().enumerate() {
-            let p = param.get();
-            // The sum exists from a parameter's first step on.
-            let step = state.params.get(i).map_or(0, |s| s.step);
-            let dtype = masters.state_dtype(&p);
-            let master = check.master(i, &p, masters.wants(&p));
-            found.push((check.tensors(i, &p, dtype, &["sum"], step > 0, |_| true).map(|data| (step, data)), master));
-        }
+        // The sum exists from a parameter's first step on.
+        let found = check.stepped(&self.params, &masters, &["sum"]);
         check.finish()?;
-        let mut states = Vec::with_capacity(found.len());
-        for (i, (f, master)) in found.into_iter().enumerate() {
-            let p = self.params[i].get();
-            masters.set(i, master.map(|data| upload(data, &p)).transpose()?);
-            let Some((step, mut data)) = f else {
-                states.push(None);
-                continue;
-            };
-            states.push(Some((step, upload(data.remove(0), &p)?)));
-        }
+        let states = upload_stepped(found, &self.params, &mut masters)?
+            .into_iter()
+            .map(|s| s.map(|(step, t)| (step, t.into_iter().next().expect("sum"))))
+            .collect();
         (self.lr, self.lr_decay, self.weight_decay, self.initial_accumulator_value, self.eps) =
             (lr, lr_decay, weight_decay, initial, eps);
         self.maximize = maximize;

@@ -18,7 +18,7 @@
 
 use super::groups::{GroupOptions, Groups};
 use super::master::{MASTER, Masters, split};
-use super::state::{Check, flag, state_of, upload};
+use super::state::{Check, flag, state_of, upload_stepped};
 use super::{
     Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
     zeros_input,
@@ -201,28 +201,19 @@ impl Core {
         let groups = self.groups.read(&mut check);
         let names: &[&str] =
             if amsgrad { &["exp_avg", "exp_avg_sq", "max_exp_avg_sq"] } else { &["exp_avg", "exp_avg_sq"] };
-        let mut found = Vec::with_capacity(self.params.len());
-        for (i, param) in self.params.iter().enumerate() {
-            let p = param.get();
-            // Moments exist from a parameter's first step on.
-            let step = state.params.get(i).map_or(0, |s| s.step);
-            let dtype = masters.state_dtype(&p);
-            let master = check.master(i, &p, masters.wants(&p));
-            found.push((check.tensors(i, &p, dtype, names, step > 0, |_| true).map(|data| (step, data)), master));
-        }
+        // Moments exist from a parameter's first step on.
+        let found = check.stepped(&self.params, &masters, names);
         check.finish()?;
-        let mut states = Vec::with_capacity(found.len());
-        for (i, (f, master)) in found.into_iter().enumerate() {
-            let p = self.params[i].get();
-            masters.set(i, master.map(|data| upload(data, &p)).transpose()?);
-            let Some((step, data)) = f else {
-                states.push(None);
-                continue;
-            };
-            let mut t = data.into_iter().map(|d| upload(d, &p)).collect::<Result<Vec<_>>>()?.into_iter();
-            let (exp_avg, exp_avg_sq) = (t.next().expect("exp_avg"), t.next().expect("exp_avg_sq"));
-            states.push(Some(State { step, exp_avg, exp_avg_sq, max_exp_avg_sq: t.next() }));
-        }
+        let states = upload_stepped(found, &self.params, &mut masters)?
+            .into_iter()
+            .map(|s| {
+                s.map(|(step, t)| {
+                    let mut t = t.into_iter();
+                    let (exp_avg, exp_avg_sq) = (t.next().expect("exp_avg"), t.next().expect("exp_avg_sq"));
+                    State { step, exp_avg, exp_avg_sq, max_exp_avg_sq: t.next() }
+                })
+            })
+            .collect();
         (self.lr, self.beta1, self.beta2, self.eps, self.weight_decay) = (lr, beta1, beta2, eps, weight_decay);
         (self.amsgrad, self.maximize) = (amsgrad, maximize);
         self.groups = groups;

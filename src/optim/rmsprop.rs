@@ -20,7 +20,7 @@
 
 use super::groups::{GroupOptions, Groups};
 use super::master::{MASTER, Masters, split};
-use super::state::{Check, flag, state_of, upload};
+use super::state::{Check, flag, state_of, upload_stepped};
 use super::{
     Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
     zeros_input,
@@ -294,30 +294,21 @@ impl Optimizer for RmsProp {
         if centered {
             names.push("grad_avg");
         }
-        let mut found = Vec::with_capacity(self.params.len());
-        for (i, param) in self.params.iter().enumerate() {
-            let p = param.get();
-            // The state exists from a parameter's first step on.
-            let step = state.params.get(i).map_or(0, |s| s.step);
-            let dtype = masters.state_dtype(&p);
-            let master = check.master(i, &p, masters.wants(&p));
-            found.push((check.tensors(i, &p, dtype, &names, step > 0, |_| true).map(|data| (step, data)), master));
-        }
+        // The state exists from a parameter's first step on.
+        let found = check.stepped(&self.params, &masters, &names);
         check.finish()?;
-        let mut states = Vec::with_capacity(found.len());
-        for (i, (f, master)) in found.into_iter().enumerate() {
-            let p = self.params[i].get();
-            masters.set(i, master.map(|data| upload(data, &p)).transpose()?);
-            let Some((step, data)) = f else {
-                states.push(None);
-                continue;
-            };
-            let mut t = data.into_iter().map(|d| upload(d, &p)).collect::<Result<Vec<_>>>()?.into_iter();
-            let square_avg = t.next().expect("square_avg");
-            let momentum_buffer = if momentum > 0.0 { t.next() } else { None };
-            let grad_avg = if centered { t.next() } else { None };
-            states.push(Some(State { step, square_avg, grad_avg, momentum_buffer }));
-        }
+        let states = upload_stepped(found, &self.params, &mut masters)?
+            .into_iter()
+            .map(|s| {
+                s.map(|(step, t)| {
+                    let mut t = t.into_iter();
+                    let square_avg = t.next().expect("square_avg");
+                    let momentum_buffer = if momentum > 0.0 { t.next() } else { None };
+                    let grad_avg = if centered { t.next() } else { None };
+                    State { step, square_avg, grad_avg, momentum_buffer }
+                })
+            })
+            .collect();
         (self.lr, self.alpha, self.eps, self.weight_decay, self.momentum) = (lr, alpha, eps, weight_decay, momentum);
         (self.centered, self.maximize) = (centered, maximize);
         self.groups = groups;

@@ -19,6 +19,7 @@
 //! Deliberately not done: PyTorch's pickled `.pt` optimizer files (the state is the same; a script converting one
 //! to these names is a few lines of Python).
 
+use super::master::Masters;
 use crate::error::{Error, Result};
 use crate::nn::Param;
 use crate::tensor::Tensor;
@@ -182,6 +183,21 @@ impl<'a> Check<'a> {
     }
 
     /// Fails with every problem found, unknown hyperparameters included.
+    /// For each of `params` of an optimizer whose state starts at a parameter's first step (Adam, RMSprop,
+    /// Adagrad): its step count and its `names` tensors (present once it has stepped), and its master copy, read now
+    /// and uploaded by [`upload_stepped`] once [`Check::finish`] has passed.
+    pub(super) fn stepped(&mut self, params: &[Param], masters: &Masters, names: &[&str]) -> Vec<Stepped> {
+        let mut found = Vec::with_capacity(params.len());
+        for (i, param) in params.iter().enumerate() {
+            let p = param.get();
+            let step = self.state.params.get(i).map_or(0, |s| s.step);
+            let master = self.master(i, &p, masters.wants(&p));
+            let tensors = self.tensors(i, &p, masters.state_dtype(&p), names, step > 0, |_| true);
+            found.push((tensors.map(|data| (step, data)), master));
+        }
+        found
+    }
+
     pub(super) fn finish(mut self) -> Result<()> {
         let unknown: Vec<&String> = self.state.hyper.keys().filter(|k| !self.read.contains(*k)).collect();
         if !unknown.is_empty() {
@@ -211,6 +227,28 @@ pub(super) fn state_of(
 /// Uploads `data` to `param`'s device, shaped like it.
 pub(super) fn upload(data: HostBuffer, param: &Tensor) -> Result<Tensor> {
     Tensor::from_host(data, param.shape().clone(), &param.device())
+}
+
+/// One parameter's state as [`Check::stepped`] read it: (step count, tensors in `names` order) once it has
+/// stepped, and its master copy.
+pub(super) type Stepped = (Option<(u64, Vec<HostBuffer>)>, Option<HostBuffer>);
+
+/// A parameter's step count and state tensors, once it has stepped.
+pub(super) type StepState = Option<(u64, Vec<Tensor>)>;
+
+/// Uploads what [`Check::stepped`] read next to `params`: each parameter's step count and state tensors (in the
+/// `names` order), its master copy set in `masters`.
+pub(super) fn upload_stepped(read: Vec<Stepped>, params: &[Param], masters: &mut Masters) -> Result<Vec<StepState>> {
+    let mut states = Vec::with_capacity(read.len());
+    for (i, (found, master)) in read.into_iter().enumerate() {
+        let p = params[i].get();
+        masters.set(i, master.map(|data| upload(data, &p)).transpose()?);
+        states.push(match found {
+            Some((step, data)) => Some((step, data.into_iter().map(|d| upload(d, &p)).collect::<Result<Vec<_>>>()?)),
+            None => None,
+        });
+    }
+    Ok(states)
 }
 
 /// 1 or 0, for an on/off hyperparameter.
