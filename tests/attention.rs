@@ -11,6 +11,7 @@ mod test_cache;
 mod common;
 
 use common::*;
+use kiln::nn::functional as F;
 use kiln::nn::{Linear, MhaOptions, MultiheadAttention, RotaryEmbedding};
 use kiln::{Device, Tensor};
 use std::collections::HashMap;
@@ -57,5 +58,49 @@ fn multihead_attention_and_rotary_embeddings_match_pytorch() {
 
         let rope = RotaryEmbedding::new(8).apply(&on("xr"), 2);
         close(&rope, &on("rope"), &format!("[{dev}] rotary"));
+    }
+}
+
+/// `sin(0.37 i + c)` over `shape` on `dev`: deterministic inputs with no fixture.
+fn sines(shape: &[usize], c: f64, dev: &Device) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|i| (0.37 * i as f64 + c).sin() as f32).collect();
+    Tensor::from_vec(v, shape.to_vec(), dev).unwrap()
+}
+
+/// Causal attention over more than 256 queries and keys runs by blocks of queries, each over only the keys it sees:
+/// its output and its gradients for q, k and v against the full product under the same triangle given as a bool
+/// mask (the unblocked path, itself checked against PyTorch in `tests/nn.rs`), on every device: as many queries as
+/// keys with a ragged last block, more queries than keys (the last block runs to the end), more keys than queries.
+/// Within f32's accumulate tolerance: the left-out keys' weights are exactly 0 in the full product, but its sums
+/// run over more terms in another order.
+#[test]
+fn blocked_causal_attention_matches_the_masked_product() {
+    let tol = tol(kiln::DType::F32, Kind::Accumulate);
+    for dev in devices() {
+        for (l, s) in [(520, 520), (600, 300), (300, 700)] {
+            let q = sines(&[1, 2, l, 16], 0.1, &dev).requires_grad();
+            let k = sines(&[1, 2, s, 16], 0.7, &dev).requires_grad();
+            let v = sines(&[1, 2, s, 8], 1.3, &dev).requires_grad();
+            let dy = sines(&[1, 2, l, 8], 2.1, &dev);
+            let causal = F::AttentionOptions { is_causal: true, ..Default::default() };
+            let tril = Tensor::ones([l, s], kiln::DType::F32, &dev).tril(0).gt(0);
+            let masked = F::AttentionOptions { mask: Some(tril), ..Default::default() };
+            let run = |o: &F::AttentionOptions| {
+                let y = F::scaled_dot_product_attention(&q, &k, &v, o);
+                let g = y.mul(&dy).sum_all().backward().unwrap();
+                let grads: Vec<Tensor> = [&q, &k, &v].iter().map(|t| g.get(t).unwrap().clone()).collect();
+                (y, grads)
+            };
+            let ((y, gs), (want, wants)) = (run(&causal), run(&masked));
+            let named = std::iter::once(("output", &y, &want))
+                .chain(["dq", "dk", "dv"].into_iter().zip(&gs).zip(&wants).map(|((n, g), w)| (n, g, w)));
+            for (name, got, want) in named {
+                assert_eq!(got.dims(), want.dims());
+                if let Err(e) = compare(&got.to_host().unwrap(), &want.to_host().unwrap(), tol) {
+                    panic!("[{dev}] L {l}, S {s}, {name}: {e}");
+                }
+            }
+        }
     }
 }
