@@ -295,11 +295,11 @@ fn wide_kernels_on_batched_shapes() {
     check("[5, 40, 2, 19] a value per old row", &(&t - &special_f32(&[5, 40, 2, 1], 14)));
 }
 
-/// Zero pads along outer dims, summed: the masked loads' ranges test only batch positions, so each load is read
-/// through a per-row gate (`wide::gate_batch_masks`), in f32 and through a cast to bf16 (a bf16 model's q/k/v
-/// gradients put back into one tensor). Specials include -0.0, which the pads' +0 turns into +0.
+/// Zero pads along outer dims, summed: the masked loads' ranges each test one outer loop, so the kernel runs by
+/// regions, each reading its one part unmasked (`kiln_jit::kernel::regions`), in f32 and through a cast to bf16 (a
+/// bf16 model's q/k/v gradients put back into one tensor). Specials include -0.0, which the pads' +0 turns into +0.
 #[test]
-fn wide_kernels_read_masked_loads_through_gates() {
+fn wide_kernels_run_padded_parts_by_regions() {
     if common::skip_without_avx2() {
         return;
     }
@@ -317,19 +317,19 @@ fn wide_kernels_read_masked_loads_through_gates() {
         check(&format!("{dtype} parts padded along an outer dim"), &z);
     }
     // The same with 20 positions above the pad's dim and rows of 2: the 20 become the rows (the pad's dim stays a
-    // batch dim, read through its gates).
+    // batch dim, a region per part).
     let long: Vec<Tensor> = (0..3).map(|i| special_f32(&[3, 20, 1, 2, 19], 40 + i)).collect();
     let pad = |p: &Tensor, before: usize| p.pad(&[(0, 0), (0, 0), (before, 2 - before), (0, 0), (0, 0)], 0.0);
     let z = pad(&long[0], 2) + pad(&long[1], 1) + pad(&long[2], 0);
     let plan = schedule_with(&kiln::capture(&[&z]).unwrap().graph, ScheduleOptions::default());
     let listing = kiln_backends::cpu::wide_listing(&plan.launches.last().unwrap().kernel).unwrap().unwrap();
     assert!(listing.starts_with("elementwise 3 x 3 x 2 x 20 x 19,"), "{listing}");
+    assert!(listing.contains("cut into regions: row intervals from [0], 3 boxes, 3 variants"), "{listing}");
     check("parts padded along an outer dim, 20 rows", &z);
-    // Parts read at different indices (one a slice of a wider tensor): each gated load reads its own part, as ever
-    // (a closed gate's load reads the open one's bytes only where every part is read alike, `shared_gate_reads`).
+    // Parts read at different indices (one a slice of a wider tensor).
     let sliced = special_f32(&[3, 20, 1, 2, 25], 43).slice(4, 3, 22, 1);
     check("parts read at different indices", &(pad(&long[0], 2) + pad(&sliced, 1) + pad(&long[2], 0)));
-    // A pad whose range leaves some batch positions with no load at all.
+    // A pad whose range leaves some batch positions with no load at all (a region of constants).
     let x = special_f32(&[3, 4, 1, 2, 21], 30);
     check("one part padded on both sides", &x.pad(&[(0, 0), (0, 0), (2, 3), (0, 0), (0, 0)], 0.0).mul(2.0));
 }
@@ -476,5 +476,44 @@ fn transcendental_kernels_match_cranelift_bit_for_bit() {
         {
             panic!("{name}: against the interpreter: {e}");
         }
+    }
+}
+
+/// Sums of overlapping padded pieces along outer dims, put next to each other along another: the shape of causal
+/// attention's q, k and v gradients when it runs by blocks of queries (k's and v's gradients a sum over the blocks
+/// of each block's prefix of the positions, q's a concatenation of the blocks'). Every mask tests one outer loop,
+/// so the kernel is cut into regions (`kiln_jit::kernel::regions`), each with only its live loads, the position
+/// loop as the rows and split where the pieces end; bit for bit against the interpreter, in f32 and, where
+/// AVX-512 is allowed, through a cast to bf16.
+#[test]
+fn wide_kernels_cut_sums_of_padded_pieces_into_regions() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    let bf16 = kiln_backends::cpu::isa::allows(Isa::Avx512);
+    for dtype in [DType::F32, DType::BF16].into_iter().filter(|&d| bf16 || d == DType::F32) {
+        // [batch 2, positions 40, heads 2, 19]: 4 blocks of 10 positions.
+        let piece = |len: usize, seed: u64| special_f32(&[2, len, 2, 19], seed).to_dtype(dtype);
+        let prefix_sum = |seed: u64| {
+            (1..=4)
+                .map(|j| piece(10 * j, seed + j as u64).pad(&[(0, 0), (0, 0), (0, 40 - 10 * j), (0, 0)], 0.0))
+                .reduce(|a, b| a + b)
+                .unwrap()
+        };
+        let blocks: Vec<Tensor> = (0..4).map(|j| piece(10, 60 + j)).collect();
+        let blocks: Vec<&Tensor> = blocks.iter().collect();
+        let q = Tensor::cat(&blocks, 1);
+        let parts = [q, prefix_sum(70), prefix_sum(80)];
+        let parts: Vec<Tensor> = parts.iter().map(|p| p.unsqueeze(2)).collect();
+        let parts: Vec<&Tensor> = parts.iter().collect();
+        let z = Tensor::cat(&parts, 2);
+        let plan = schedule_with(&kiln::capture(&[&z]).unwrap().graph, ScheduleOptions::default());
+        let k = &plan.launches.last().unwrap().kernel;
+        // The listing is the 8-lane kernel's, which a bf16 kernel has none of (`check` asserts one was generated).
+        if dtype == DType::F32 {
+            let listing = kiln_backends::cpu::wide_listing(k).unwrap().unwrap_or_else(|| panic!("none:\n{k}"));
+            assert!(listing.contains("cut into regions: row intervals from [0, 10, 20, 30]"), "{listing}");
+        }
+        check(&format!("{dtype} sums of padded pieces, concatenated"), &z);
     }
 }

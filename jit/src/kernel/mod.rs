@@ -10,6 +10,7 @@ pub mod index;
 pub mod ir;
 mod loop_split;
 mod lower;
+pub mod regions;
 pub mod routine;
 mod rows;
 pub mod scatter;

@@ -10,9 +10,11 @@
 //! (`KernelIr::with_merged_loops`), over `[batch.., m, n]` or `[n]` (`ElementwiseView`), whose outer code the GEMM
 //! epilogue's register program can express (`gemm::epilogue::translate`: f32 `+ - * /`, `sqrt`, `neg`, `abs`, `recip`,
 //! `exp`, `tanh`, `log`, comparisons, `where`, bool `and`/`or`/`not`, i32 `==`/`!=`; loads that walk n contiguously,
-//! per element or per column, loads that stand still along a row, values uniform over the launch; masked loads
-//! whose masks test only batch positions, read through a gate per row, `gate_batch_masks`, a closed gate's load
-//! reading an open one's bytes where the parts are read alike, `shared_gate_reads`). It *is* an epilogue
+//! per element or per column, loads that stand still along a row, values uniform over the launch). A kernel whose
+//! masks each test one outer loop (a concatenation, a sum of padded pieces) is cut into regions where every mask
+//! has one value (`kiln_jit::kernel::regions`), one kernel generated per distinct region code, with no masks and
+//! only the loads live there; the launch runs each piece of rows with its region's (`build_regions`,
+//! `run_regions`). Any other masked load stays a Cranelift kernel. It *is* an epilogue
 //! without an accumulator, so it is translated by the same code and its arithmetic emitted by the same emitter
 //! (`program_asm::emit_insts`); only the loop around it is this file's. bf16 runs too, at 16 lanes only: loads
 //! widen 2-byte elements to their exact f32 values (`vpmovzxwd`, shift), each bf16 result of arithmetic is rounded in the program
@@ -76,7 +78,7 @@ use crate::cpu::isa::{self, Isa};
 use crate::cpu::pool;
 use dynasmrt::ExecutableBuffer;
 use kiln_jit::kernel::gemm::ElementwiseView;
-use kiln_jit::kernel::{Inst, KernelIr};
+use kiln_jit::kernel::{Inst, KernelIr, regions};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -89,7 +91,7 @@ pub(super) mod rows;
 
 use cols::ColLayout;
 use emit::{Layout, emit, unit};
-use rewrite::{gate_batch_masks, row_major_strides, shared_gate_reads, sum_parts, touches_bf16, with_longest_rows};
+use rewrite::{row_major_strides, sum_parts, touches_bf16, with_longest_rows};
 
 /// `table, rows, cols`: see the module doc.
 type WideFn = unsafe extern "sysv64" fn(*const *const u8, usize, usize);
@@ -177,16 +179,30 @@ pub(crate) struct WideKernel {
     isa: Isa,
     /// The output is bf16 (2-byte elements, rounded by the program and stored as their top halves).
     out_bf16: bool,
-    /// The gate tables of masked loads read whole or not at all per batch element ([`gate_batch_masks`]): inputs
-    /// after the kernel's own, before its output.
-    gates: Vec<Vec<i32>>,
-    /// Per gate, the epilogue operand its load reads, where a closed gate's load may read what an open one reads
-    /// ([`shared_gate_reads`]: each such buffer is read by that one load); empty otherwise.
-    gate_operands: Vec<usize>,
+    /// A kernel cut into regions: the other variants and which box runs which (this kernel's own code is
+    /// variant 0).
+    regions: Option<Box<RegionTable>>,
     /// Column sums split over rows (`col_parts`): the sums of every part but the first, `n` each.
     partials: parking_lot::Mutex<Vec<f32>>,
     code: ExecutableBuffer,
     f: WideFn,
+}
+
+/// Most boxes, distinct variants and batch elements of a kernel cut into regions (`WideKernel::build_regions`): each
+/// variant is code generated and mapped, and each batch element has an entry in the box table.
+const MAX_REGION_BOXES: usize = 4096;
+const MAX_REGION_VARIANTS: usize = 32;
+const MAX_REGION_BATCH: usize = 1 << 16;
+
+/// How a kernel cut into regions runs its boxes: per batch element, the index of its box over the batch loops'
+/// intervals, to which the row interval's index is added; per box, its variant.
+struct RegionTable {
+    batch_box: Vec<u32>,
+    /// Where the row loop's intervals start (`0` first).
+    row_cuts: Vec<usize>,
+    variant_of: Vec<u8>,
+    /// Variants `1..`.
+    others: Vec<WideKernel>,
 }
 
 /// Fewest rows a share of a split column sum takes (`WideKernel::col_parts`): below that the sums are a
@@ -260,20 +276,76 @@ impl WideKernel {
     /// given.
     fn build_from(merged: KernelIr, sum: Option<Sum>, isa: Isa) -> Result<Option<WideKernel>, String> {
         let reduces = sum.is_some();
-        let row_outer = sum.as_ref().filter(|s| s.along == Along::Rows).map(|s| &s.outer);
-        let col_outer = sum.as_ref().filter(|s| s.along == Along::Cols).map(|s| &s.outer);
+        if !reduces && let Some(w) = Self::build_regions(&merged, isa)? {
+            return Ok(Some(w));
+        }
         // The output's strides per batch dim and per row: row-major, unless the row loop is another one.
         let (merged, out_strides) = match (!reduces).then(|| with_longest_rows(&merged)).flatten() {
             Some((permuted, strides)) => (permuted, Some(strides)),
             None => (merged, None),
         };
-        let gate_bufs = shared_gate_reads(&merged);
-        let (merged, gates) = match (!reduces).then(|| gate_batch_masks(&merged)).flatten() {
-            Some((gated, gates)) => (gated, gates),
-            None => (merged, Vec::new()),
+        Self::generate(&merged, sum, out_strides, isa)
+    }
+
+    /// The elementwise kernel `merged` cut into regions ([`regions::regions`]: boxes of its outer loops where every
+    /// mask has one value), one generated kernel per distinct box code, where it has such masks and every variant
+    /// generates; `Ok(None)` otherwise. Its rows are the longest loop's, masks or not ([`with_longest_rows`]): the
+    /// launch splits each batch element's rows where the row loop's intervals end.
+    fn build_regions(merged: &KernelIr, isa: Isa) -> Result<Option<WideKernel>, String> {
+        let (k, out_strides) = match with_longest_rows(merged) {
+            Some((permuted, strides)) => (permuted, Some(strides)),
+            None => (merged.clone(), None),
         };
-        let gate_bufs = if gates.is_empty() { Vec::new() } else { gate_bufs };
-        let k = &merged;
+        let Some(r) = regions::regions(&k, MAX_REGION_BOXES) else { return Ok(None) };
+        let rank = k.out_rank();
+        let batch: usize = k.out_extents[..rank - 2].iter().product();
+        if r.variants.len() > MAX_REGION_VARIANTS || batch > MAX_REGION_BATCH {
+            return Ok(None);
+        }
+        let mut variants = Vec::with_capacity(r.variants.len());
+        for v in &r.variants {
+            match Self::generate(v, None, out_strides.clone(), isa)? {
+                Some(w) => variants.push(w),
+                None => return Ok(None),
+            }
+        }
+        // Box index = Σ interval(v) * radix(v), row-major over the variables' intervals (the last loop has one).
+        let mut radix = vec![1usize; rank];
+        for v in (0..rank - 1).rev() {
+            radix[v] = radix[v + 1] * r.cuts[v + 1].len();
+        }
+        let batch_box: Vec<u32> = (0..batch)
+            .map(|b| {
+                let mut rest = b;
+                let mut at = 0;
+                for v in (0..rank - 2).rev() {
+                    at += r.interval(v, rest % k.out_extents[v]) * radix[v];
+                    rest /= k.out_extents[v];
+                }
+                at as u32
+            })
+            .collect();
+        let mut host = variants.remove(0);
+        host.work = k.work();
+        host.regions = Some(Box::new(RegionTable {
+            batch_box,
+            row_cuts: r.cuts[rank - 2].clone(),
+            variant_of: r.variant_of.iter().map(|&v| v as u8).collect(),
+            others: variants,
+        }));
+        Ok(Some(host))
+    }
+
+    /// Generates the elementwise form `k` (a sum's inner code where `sum` is given) with its output strides (row-major
+    /// where `None`).
+    fn generate(
+        k: &KernelIr,
+        sum: Option<Sum>,
+        out_strides: Option<(Vec<usize>, usize)>,
+        isa: Isa,
+    ) -> Result<Option<WideKernel>, String> {
+        let row_outer = sum.as_ref().filter(|s| s.along == Along::Rows).map(|s| &s.outer);
+        let col_outer = sum.as_ref().filter(|s| s.along == Along::Cols).map(|s| &s.outer);
         let Some(view) = ElementwiseView::of(k) else { return Ok(None) };
         let (out_batch, out_ld) = out_strides.unwrap_or_else(|| {
             let dims: Vec<usize> = view.batch.iter().copied().chain([view.m, view.n]).collect();
@@ -282,9 +354,6 @@ impl WideKernel {
         });
         let allow = epilogue::Allow { bf16: true, bf16_loads: true, positions: false, scalef: isa == Isa::Avx512 };
         let Some(ep) = epilogue::translate_with(k, &view.roles, allow) else { return Ok(None) };
-        let gate_operands: Vec<usize> =
-            gate_bufs.iter().filter_map(|&b| ep.operands.iter().position(|o| o.buf == b)).collect();
-        let gate_operands = if gate_operands.len() == gate_bufs.len() { gate_operands } else { Vec::new() };
         let out_bf16 = k.output.dtype == kiln_jit::DType::BF16;
         // Row steps are instruction immediates.
         let steps_fit = i32::try_from(4 * out_ld).is_ok()
@@ -321,8 +390,7 @@ impl WideKernel {
             sum,
             isa,
             out_bf16,
-            gates,
-            gate_operands,
+            regions: None,
             partials: parking_lot::Mutex::new(Vec::new()),
             code,
             f,
@@ -363,6 +431,20 @@ impl WideKernel {
             let _ = writeln!(s, "  {per} out = w{}", sum.outer.result);
         }
         let _ = writeln!(s, "  ({} bytes of code)", self.code.len());
+        if let Some(t) = &self.regions {
+            let _ = writeln!(
+                s,
+                "cut into regions: row intervals from {:?}, {} boxes, {} variants (above: variant 0; the .bin holds \
+                 variant 0's code); variant per box {:?}",
+                t.row_cuts,
+                t.variant_of.len(),
+                t.others.len() + 1,
+                t.variant_of
+            );
+            for (i, v) in t.others.iter().enumerate() {
+                let _ = write!(s, "variant {}: {}", i + 1, v.listing());
+            }
+        }
         s
     }
 
@@ -377,22 +459,12 @@ impl WideKernel {
     /// Every pointer must be valid for the buffer the kernel IR declares at that position (its dtype and length),
     /// and the output must not alias an input other than one read at the output's own element (a donation).
     pub(crate) unsafe fn run(&self, ptrs: &[*mut u8]) {
-        // The gate tables go between the kernel's own inputs and its output, where the gated IR declares them (a
-        // kernel without gates takes the caller's pointers as they are: no copy on its replays).
-        let with_gates: smallvec::SmallVec<[*mut u8; 16]>;
-        let ptrs = if self.gates.is_empty() {
-            ptrs
-        } else {
-            let own = self.n_inputs - self.gates.len();
-            with_gates = ptrs[..own]
-                .iter()
-                .copied()
-                .chain(self.gates.iter().map(|g| g.as_ptr() as *mut u8))
-                .chain(ptrs[own..].iter().copied())
-                .collect();
-            &with_gates[..]
-        };
-        // SAFETY: the caller's pointer contract; each gate table holds what its BufParam declares (only read).
+        if let Some(t) = &self.regions {
+            // SAFETY: the caller's pointer contract.
+            unsafe { self.run_regions(t, ptrs) };
+            return;
+        }
+        // SAFETY: the caller's pointer contract.
         let uniforms = unsafe { Uniforms::for_launch(Some(&self.ep), &self.outer, ptrs) };
         let args = Args { ptrs, uniforms: uniforms.as_ptr() };
         let parts = self.col_parts();
@@ -431,6 +503,35 @@ impl WideKernel {
             };
             pool::global().parallel_for_work(self.batch.iter().product::<usize>() * self.m, self.work, &f);
         }
+    }
+
+    /// Runs a kernel cut into regions: rows of all batch elements in one range over the threads, as an elementwise
+    /// launch, each chunk cut where a batch element or a row interval ends, and each piece run by its box's variant.
+    ///
+    /// # Safety
+    /// As [`WideKernel::run`].
+    unsafe fn run_regions(&self, t: &RegionTable, ptrs: &[*mut u8]) {
+        let variants: smallvec::SmallVec<[&WideKernel; 8]> = std::iter::once(self).chain(&t.others).collect();
+        // SAFETY: the caller's pointer contract (the variants read the kernel's own inputs).
+        let uniforms: smallvec::SmallVec<[Uniforms; 4]> =
+            variants.iter().map(|v| unsafe { Uniforms::for_launch(Some(&v.ep), &v.outer, ptrs) }).collect();
+        let args: smallvec::SmallVec<[Args; 8]> =
+            uniforms.iter().map(|u| Args { ptrs, uniforms: u.as_ptr() }).collect();
+        let f = |s: usize, e: usize| {
+            let mut r = s;
+            while r < e {
+                let (b, r0) = (r / self.m, r % self.m);
+                let interval = t.row_cuts.partition_point(|&c| c <= r0) - 1;
+                let ends = t.row_cuts.get(interval + 1).copied().unwrap_or(self.m);
+                let end = e.min(b * self.m + ends);
+                let v = usize::from(t.variant_of[t.batch_box[b] as usize + interval]);
+                // SAFETY: the caller's pointer contract; rows `r0..r0 + end - r` of batch element `b` exist and
+                // lie in one box, where variant `v` computes what the kernel does.
+                unsafe { variants[v].call(&args[v], b, r0, end - r, 0, self.n) };
+                r = end;
+            }
+        };
+        pool::global().parallel_for_work(self.batch.iter().product::<usize>() * self.m, self.work, &f);
     }
 
     /// Into how many shares of its rows a column sum is split: one a thread, each at least [`COL_PART_ROWS`] rows,
@@ -538,18 +639,6 @@ impl WideKernel {
                         OperandKind::Col { stride } => r0 * stride as isize,
                     };
                 table[TABLE_OPERANDS + i] = (a.ptrs[o.buf] as *const u8).offset(at * o.elem_bytes() as isize);
-            }
-            // Gates are constant over a batch element's rows: a closed gate's load reads the open one's bytes
-            // (the same index into a buffer of the same dtype, so the same addresses, from cache), not its own.
-            let gate_row = b * self.m + r0 as usize;
-            if let Some(&open) = self.gate_operands.iter().zip(&self.gates).find(|(_, g)| g[gate_row] != 0).map(|x| x.0)
-            {
-                let from = table[TABLE_OPERANDS + open];
-                for (&o, g) in self.gate_operands.iter().zip(&self.gates) {
-                    if g[gate_row] == 0 {
-                        table[TABLE_OPERANDS + o] = from;
-                    }
-                }
             }
             (self.f)(table.as_ptr(), rows, cols)
         }
