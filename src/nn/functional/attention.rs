@@ -2,10 +2,10 @@
 //! reference computes it: `softmax(q kᵀ * scale + bias) v`, where the bias is 0 where a position takes part and
 //! -inf where a causal or boolean mask leaves it out, or a float mask itself. A composition: the GEMMs are the tuned
 //! ones, the scale and bias join the first product's epilogue where the schedule allows, and the softmax is a row
-//! kernel. Causal attention over more than [`CAUSAL_BLOCK`] queries and keys runs a block of queries at a time
-//! against only the keys it can see, so the products and the softmax skip what the mask would zero (about half of
-//! them as the context grows), forward and backward. Not done: a fused flash-attention kernel that never stores the
-//! `L x S` weights.
+//! kernel. Causal attention over more than [`MIN_CAUSAL_BLOCK`] queries and keys runs up to [`CAUSAL_BLOCKS`]
+//! blocks of queries, each against only the keys it can see, so the products and the softmax skip most of what the
+//! mask would zero, forward and backward. Not done: a fused flash-attention kernel that never stores the `L x S`
+//! weights.
 //!
 //! A query whose every key is masked out has weights `softmax(-inf, ..)` = NaN, as in PyTorch's math backend.
 
@@ -61,8 +61,9 @@ pub fn scaled_dot_product_attention(query: &Tensor, key: &Tensor, value: &Tensor
         fail!("scaled_dot_product_attention", "give a mask or is_causal, not both (as PyTorch)");
     }
     let scale = opts.scale.unwrap_or(1.0 / (e as f64).sqrt());
-    if opts.is_causal && l > CAUSAL_BLOCK && s > CAUSAL_BLOCK {
-        return causal_blocks(query, key, value, scale, opts.dropout_p);
+    let block = causal_block(l);
+    if opts.is_causal && l > block && s > block {
+        return causal_blocks(query, key, value, scale, opts.dropout_p, block);
     }
     let logits = query.matmul(&key.transpose(-2, -1)).mul(scale);
     let bias = if opts.is_causal {
@@ -84,23 +85,34 @@ pub fn scaled_dot_product_attention(query: &Tensor, key: &Tensor, value: &Tensor
     weights.matmul(value)
 }
 
-/// Query rows per block of a blocked causal attention ([`causal_blocks`]). Smaller blocks skip more of the masked
-/// triangle but cost more launches, and each block's key and value gradients are summed into the full ones (one
-/// padded term per block): at 128 rows that cost outweighed the skipped work in the GPT example's step at every
-/// context measured, at 256 and 512 the steps matched (`docs/benchmarks.md`, longer contexts).
-const CAUSAL_BLOCK: usize = 256;
+/// Most blocks a causal attention is cut into ([`causal_blocks`]). More blocks skip more of the masked triangle,
+/// but each block's key and value gradients are summed into the full ones, one padded piece per block: past 4
+/// pieces live at once that sum is no longer a kernel the CPU's generated code runs (it takes 6 operands), and the
+/// 4-lane kernel left costs more than the skipped products save. In the GPT example's step 4 blocks beat 2 and 8
+/// at every context from 256 to 2048 (`docs/benchmarks.md`, longer contexts).
+const CAUSAL_BLOCKS: usize = 4;
 
-/// Causal attention (top-left aligned, as PyTorch's `is_causal`) by blocks of [`CAUSAL_BLOCK`] queries: queries
-/// `a..b` attend to keys `0..min(b, S)` only, with the causal bias on that block's own triangle, and the blocks'
-/// outputs are concatenated. Each row's softmax is over the same keys as the full masked product's (the ones left
-/// out have weight exactly 0 there), so the values agree with it up to summation order. The block that reaches
-/// the last key runs to the last query (every later query sees every key).
-fn causal_blocks(query: &Tensor, key: &Tensor, value: &Tensor, scale: f64, dropout_p: f64) -> Tensor {
+/// Fewest queries in a block of a blocked causal attention: 2 blocks of 32 still pay at context 64, 4 of 16 cost
+/// more launches than they save.
+const MIN_CAUSAL_BLOCK: usize = 32;
+
+/// The block of a causal attention over `l` queries: a quarter of them, at least [`MIN_CAUSAL_BLOCK`], a multiple of
+/// 16 (whole vectors of the products' rows).
+fn causal_block(l: usize) -> usize {
+    MIN_CAUSAL_BLOCK.max(l.div_ceil(CAUSAL_BLOCKS).next_multiple_of(16))
+}
+
+/// Causal attention (top-left aligned, as PyTorch's `is_causal`) by blocks of `block` queries: queries `a..b`
+/// attend to keys `0..min(b, S)` only, with the causal bias on that block's own triangle, and the blocks' outputs
+/// are concatenated. Each row's softmax is over the same keys as the full masked product's (the ones left out have
+/// weight exactly 0 there), so the values agree with it up to summation order. The block that reaches the last key
+/// runs to the last query (every later query sees every key).
+fn causal_blocks(query: &Tensor, key: &Tensor, value: &Tensor, scale: f64, dropout_p: f64, block: usize) -> Tensor {
     let (l, s) = (query.dims()[query.rank() - 2], key.dims()[key.rank() - 2]);
     let mut outs = Vec::new();
     let mut a = 0;
     while a < l {
-        let b = if a + CAUSAL_BLOCK >= s { l } else { (a + CAUSAL_BLOCK).min(l) };
+        let b = if a + block >= s { l } else { (a + block).min(l) };
         let keys = b.min(s);
         let q = query.narrow(-2, a, b - a);
         let (k, v) = (key.narrow(-2, 0, keys), value.narrow(-2, 0, keys));
