@@ -1,7 +1,7 @@
 //! `nn::MultiheadAttention` and `nn::RotaryEmbedding` against PyTorch 2.15 (`tests/fixtures/attention_torch.py`:
 //! parameters, inputs and outputs) on every device: masks in PyTorch's conventions for the module (bool true =
 //! not allowed, key padding), causal with batch-first and per-head weights, and rotary embeddings at an offset.
-//! `scaled_dot_product_attention` itself is checked in `tests/nn.rs`.
+//! `scaled_dot_product_attention` itself is checked in `tests/nn/attention.rs`.
 
 // The fixture is read on the CPU (cargo feature `cpu`) and moved to each device.
 #![cfg(feature = "cpu")]
@@ -70,9 +70,9 @@ fn sines(shape: &[usize], c: f64, dev: &Device) -> Tensor {
 
 /// Causal attention over more than 32 queries and keys runs by blocks of queries, each over only the keys it sees:
 /// its output and its gradients for q, k and v against the full product under the same triangle given as a bool
-/// mask (the unblocked path, itself checked against PyTorch in `tests/nn.rs`), on every device: as many queries as
-/// keys in 2 blocks, in 4 with a ragged last one, more queries than keys (the last block runs to the end), more
-/// keys than queries, and 33 queries over 40 keys (a last block of one query).
+/// mask (the unblocked path, itself checked against PyTorch in `tests/nn/attention.rs`), on every device: as many
+/// queries as keys in 2 blocks, in 4 with a ragged last one, more queries than keys (the last block runs to the
+/// end), more keys than queries, and 33 queries over 40 keys (a last block of one query).
 /// Within f32's accumulate tolerance: the left-out keys' weights are exactly 0 in the full product, but its sums
 /// run over more terms in another order.
 #[test]

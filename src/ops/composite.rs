@@ -4,7 +4,7 @@
 //! `movedim`, `expand_as`, `repeat_interleave`, `unbind`, `meshgrid`; and the matrix helpers `diagonal`, `diag`,
 //! `trace`, `outer`. Each follows PyTorch's formula, rounding order included where it has one (`lerp`'s two
 //! branches), so the values agree to the last bit where the ops do; values PyTorch printed are checked in
-//! `tests/nn.rs` (`tensor_extras_match_pytorch`, `tests/fixtures/tensor_extras.py`).
+//! `tests/nn/extras.rs` (`tensor_extras_match_pytorch`, `tests/fixtures/tensor_extras.py`).
 
 use crate::args::{Dims, fail, resolve_dim};
 use crate::error::Result;

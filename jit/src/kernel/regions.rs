@@ -272,7 +272,7 @@ mod tests {
     /// value at every position of the box, and the variants read no masked load and test no outer position.
     #[test]
     fn each_box_computes_what_the_kernel_does() {
-        let node = |op: Op, dims: &[usize]| NodeData { op, shape: Shape::new(dims.to_vec()), dtype: DType::F32 };
+        let node = |op: Op, dims: &[usize]| NodeData { op, shape: Shape::new(dims), dtype: DType::F32 };
         let pad = |pads: Vec<(usize, usize)>| Op::Pad { pads, value: Scalar::Float(0.0) };
         let mut g = Graph::new();
         let x0 = g.add(node(Op::Input { slot: 0 }, &[2, 5, 8]), &[]);

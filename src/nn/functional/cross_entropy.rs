@@ -1,5 +1,5 @@
 //! `cross_entropy` with PyTorch's options: `ignore_index`, class `weight`s and `label_smoothing`, each with
-//! PyTorch's formula (`torch.nn.functional.cross_entropy`; values it printed are checked in `tests/nn.rs`).
+//! PyTorch's formula (`torch.nn.functional.cross_entropy`; values it printed are checked in `tests/nn/losses.rs`).
 //!
 //! `nll_loss` is the same loss on log-probabilities already computed.
 //!

@@ -6,7 +6,7 @@
 //! A composition: along each resized dim the output reads its source rows through `index_select` (a gather, so the
 //! gradient is the deterministic scatter-add), and linear modes blend two of them, `x0 (1 - w) + x1 w`, with the
 //! weights a constant tensor. One dim after another: for a 2-d bilinear resize the same value as PyTorch's
-//! four-corner sum up to rounding. Values PyTorch printed are checked in `tests/nn.rs`
+//! four-corner sum up to rounding. Values PyTorch printed are checked in `tests/nn/interpolate.rs`
 //! (`tests/fixtures/interpolate.py`).
 //!
 //! Deliberately not done: `bicubic` and `area` modes, `antialias`, and `recompute_scale_factor` (the given scale

@@ -1,7 +1,7 @@
 //! Regression, binary and distribution losses (`torch.nn.functional`): `l1_loss`, `smooth_l1_loss`, `huber_loss`,
 //! `binary_cross_entropy_with_logits` and `kl_div`, each PyTorch's formula composed from kiln's ops (so autograd
 //! differentiates them and the fuser makes the per-element loss and its reduction one kernel). Values PyTorch
-//! printed are checked in `tests/nn.rs` (`tests/fixtures/losses.py`). `mse_loss` and the class losses
+//! printed are checked in `tests/nn/losses.rs` (`tests/fixtures/losses.py`). `mse_loss` and the class losses
 //! (`cross_entropy`, `nll_loss`) live beside.
 //!
 //! Deliberately not done: `binary_cross_entropy` on probabilities. PyTorch raises where an input lies outside
