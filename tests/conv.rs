@@ -1,5 +1,6 @@
-//! Convolutions and poolings (`nn::functional::conv2d`, `conv1d`, `conv_transpose2d`, `max_pool2d`, `avg_pool2d`,
-//! `adaptive_avg_pool2d`) and `Tensor::unfold` against what PyTorch 2.15 computed for the same inputs
+//! Convolutions and poolings (`nn::functional::conv2d`, `conv1d`, `conv_transpose2d`, `max_pool1d`/`2d`,
+//! `avg_pool1d`/`2d`, `adaptive_avg_pool1d`/`2d`, batched and not) and `Tensor::unfold`, and the modules over them,
+//! against what PyTorch 2.15 computed for the same inputs
 //! (`tests/fixtures/conv_torch.py` writes `conv_torch.safetensors`, inputs and outputs), on every device in f32
 //! and f64; their gradients by finite differences in `tests/gradcheck.rs`.
 
@@ -8,7 +9,7 @@ mod test_cache;
 mod common;
 
 use common::*;
-use kiln::nn::functional::{self as F, Conv2dOptions, Pool2dOptions};
+use kiln::nn::functional::{self as F, Conv2dOptions, Pool1dOptions, Pool2dOptions};
 use kiln::{DType, Tensor};
 
 #[test]
@@ -16,7 +17,7 @@ fn convolutions_and_poolings_match_pytorch() {
     let Some(fixture) = Fixture::load("conv_torch.safetensors") else { return };
     let get = |name: &str| fixture.get(name);
     type Case = (&'static str, fn(&[Tensor]) -> Tensor);
-    let cases: [Case; 13] = [
+    let cases: [Case; 19] = [
         ("conv2d_strided", |t| {
             let o = Conv2dOptions { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
             F::conv2d(&t[0], &t[1], Some(&t[2]), &o)
@@ -36,6 +37,17 @@ fn convolutions_and_poolings_match_pytorch() {
         // Windows that tile the input (5 rows crop to 4): the reshaped form.
         ("max_pool2d_tiled", |t| F::max_pool2d(&t[0], &Pool2dOptions::new([2, 2]))),
         ("avg_pool2d_tiled", |t| F::avg_pool2d(&t[0], &Pool2dOptions::new([2, 3]), true)),
+        ("max_pool2d_unbatched", |t| {
+            let o = Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1] };
+            F::max_pool2d(&t[0].narrow(0, 0, 1).squeeze(0), &o)
+        }),
+        ("max_pool1d", |t| F::max_pool1d(&t[4], &Pool1dOptions { kernel: 3, stride: Some(2), padding: 1 })),
+        ("max_pool1d_unbatched", |t| F::max_pool1d(&t[4].narrow(0, 0, 1).squeeze(0), &Pool1dOptions::new(2))),
+        ("avg_pool1d", |t| F::avg_pool1d(&t[4], &Pool1dOptions { kernel: 2, stride: Some(2), padding: 1 }, true)),
+        ("avg_pool1d_exclude_pad", |t| {
+            F::avg_pool1d(&t[4], &Pool1dOptions { kernel: 3, stride: Some(2), padding: 1 }, false)
+        }),
+        ("adaptive_avg_pool1d", |t| F::adaptive_avg_pool1d(&t[4], 3)),
         ("conv_transpose2d", |t| {
             let o = F::ConvTranspose2dOptions {
                 stride: [2, 3],
@@ -72,8 +84,8 @@ fn convolutions_and_poolings_match_pytorch() {
     }
 }
 
-/// A kernel larger than the padded input, a channel count that groups do not divide and an over-padded pool are
-/// refused naming the sizes.
+/// A kernel larger than the padded input, a channel count that groups do not divide and an over-padded pool (2-D
+/// and 1-D, named in its own terms) are refused naming the sizes.
 #[test]
 fn misfits_are_refused() {
     let Some(_) = data_device() else { return };
@@ -96,6 +108,11 @@ fn misfits_are_refused() {
         F::max_pool2d(&x3, &Pool2dOptions { kernel: [2, 2], stride: None, padding: [2, 0] });
     }));
     assert!(pad.contains("half the kernel"), "{pad}");
+    let x1 = tensor(DType::F32, &[0.5; 2 * 3 * 7], &[2, 3, 7]);
+    let pad1 = msg(Box::new(move || {
+        F::avg_pool1d(&x1, &Pool1dOptions { kernel: 2, stride: None, padding: 2 }, true);
+    }));
+    assert!(pad1.contains("avg_pool1d") && pad1.contains("kernel 2") && pad1.contains("padding 2"), "{pad1}");
 }
 
 /// `nn::Conv2d` holds a weight `[O, C / groups, KH, KW]` and a bias `[O]` uniform in `± 1 / sqrt(fan_in)`
@@ -121,4 +138,58 @@ fn conv2d_module_initializes_as_pytorch_and_forwards_the_function() {
     let want = F::conv2d(&x, &m.weight().get(), Some(&m.bias().unwrap().get()), &opts);
     assert_eq!(vals(&m.forward(&x)), vals(&want));
     assert_eq!(m.forward(&x).dims(), [2, 8, 3, 3]);
+}
+
+/// `nn::Conv1d` (weight `[O, C / groups, K]`) and `nn::ConvTranspose2d` (weight `[C, O / groups, KH, KW]`) hold
+/// PyTorch's shapes, uniform in `± 1 / sqrt(fan_in)` with `fan_in` the weight's dim 1 times its kernel (as PyTorch
+/// computes it for both), and forward their functions; the pooling modules forward theirs.
+#[test]
+fn conv1d_transposed_and_pooling_modules_forward_their_functions() {
+    use kiln::nn::{
+        AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, Conv1d, Conv1dOptions, ConvTranspose2d, MaxPool1d,
+        MaxPool2d, Module,
+    };
+    let Some(dev) = data_device() else { return };
+    let spread = |m: &dyn Module, shapes: &[Vec<usize>], fan_in: usize| {
+        let params = m.named_params();
+        assert_eq!(params.iter().map(|(_, p)| p.get().dims().to_vec()).collect::<Vec<_>>(), shapes);
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        for (name, p) in &params {
+            let v = vals(&p.get());
+            assert!(v.iter().all(|x| x.abs() <= bound), "{name} outside ±{bound}");
+            assert!(v.iter().any(|x| x.abs() > bound / 2.0), "{name} not spread over the bound");
+        }
+    };
+    let sines = |shape: &[usize]| {
+        let n = shape.iter().product::<usize>();
+        tensor(DType::F32, &(0..n).map(|i| (i as f64 * 0.1).sin()).collect::<Vec<_>>(), shape)
+    };
+    let o1 = Conv1dOptions { stride: 2, padding: 1, dilation: 1, groups: 2 };
+    let c1 = Conv1d::new(4, 6, 3, o1, true, &dev);
+    spread(&c1, &[vec![6, 2, 3], vec![6]], 2 * 3);
+    let x1 = sines(&[2, 4, 9]);
+    let want = F::conv1d(&x1, &c1.weight().get(), Some(&c1.bias().unwrap().get()), 2, 1, 1, 2);
+    assert_eq!(vals(&c1.forward(&x1)), vals(&want));
+    let ot = F::ConvTranspose2dOptions { stride: [2, 2], groups: 2, ..Default::default() };
+    let ct = ConvTranspose2d::new(4, 6, [3, 2], ot, true, &dev);
+    spread(&ct, &[vec![4, 3, 3, 2], vec![6]], 3 * 3 * 2);
+    let x2 = sines(&[2, 4, 5, 6]);
+    let want = F::conv_transpose2d(&x2, &ct.weight().get(), Some(&ct.bias().unwrap().get()), &ot);
+    assert_eq!(vals(&ct.forward(&x2)), vals(&want));
+    assert_eq!(ct.forward(&x2).dims(), [2, 6, 11, 12]);
+    let p2 = Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1] };
+    let p1 = Pool1dOptions { kernel: 3, stride: Some(2), padding: 1 };
+    let pools: [(&dyn Module, &Tensor, Tensor); 6] = [
+        (&MaxPool2d { options: p2 }, &x2, F::max_pool2d(&x2, &p2)),
+        (&AvgPool2d { options: p2, count_include_pad: false }, &x2, F::avg_pool2d(&x2, &p2, false)),
+        (&AdaptiveAvgPool2d { output: [1, 1] }, &x2, F::adaptive_avg_pool2d(&x2, [1, 1])),
+        (&MaxPool1d { options: p1 }, &x1, F::max_pool1d(&x1, &p1)),
+        (&AvgPool1d::new(3), &x1, F::avg_pool1d(&x1, &Pool1dOptions::new(3), true)),
+        (&AdaptiveAvgPool1d { output: 4 }, &x1, F::adaptive_avg_pool1d(&x1, 4)),
+    ];
+    for (m, x, want) in pools {
+        assert!(m.named_params().is_empty());
+        assert_eq!(vals(&m.forward(x)), vals(&want));
+    }
+    assert_eq!(MaxPool2d::new([2, 2]).options, Pool2dOptions::new([2, 2]));
 }

@@ -1059,6 +1059,11 @@ fn compositions() {
     });
     s.check("avg_pool2d without the padding", std::slice::from_ref(&img), move |t| F::avg_pool2d(&t[0], &pool, false));
     s.check("adaptive_avg_pool2d", &[img], |t| F::adaptive_avg_pool2d(&t[0], [2, 4]));
+    let pool1 = F::Pool1dOptions { kernel: 3, stride: Some(2), padding: 1 };
+    s.check("max_pool1d", &[g.distinct(&[2, 3, 7])], move |t| F::max_pool1d(&t[0], &pool1));
+    let seq = g.uniform(&[2, 3, 7], -1.0, 1.0);
+    s.check("avg_pool1d without the padding", std::slice::from_ref(&seq), move |t| F::avg_pool1d(&t[0], &pool1, false));
+    s.check("adaptive_avg_pool1d", &[seq], |t| F::adaptive_avg_pool1d(&t[0], 3));
     let labels = || Tensor::from_vec(vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0], [4, 2], &dev()).expect("labels");
     s.check("cross-entropy: -mean(labels * log_softmax(relu(x @ w) + b))", &[x.clone(), w, b], |t| {
         labels().mul((t[0].matmul(&t[1]).relu() + &t[2]).log_softmax(-1)).sum(-1, false).mean_all().neg()

@@ -25,13 +25,14 @@ mod cross_entropy;
 mod interpolate;
 mod losses;
 mod norms;
+mod pool;
 
 pub use activations::{
     celu, elu, glu, hardshrink, hardsigmoid, hardswish, hardtanh, logsigmoid, mish, prelu, relu6, selu, softmin,
     softplus, softshrink, softsign, tanhshrink,
 };
 pub use attention::{AttentionOptions, scaled_dot_product_attention};
-pub use conv::{Conv2dOptions, Pool2dOptions, adaptive_avg_pool2d, avg_pool2d, conv1d, conv2d, max_pool2d};
+pub use conv::{Conv2dOptions, conv1d, conv2d};
 pub use conv_transpose::{ConvTranspose2dOptions, conv_transpose2d};
 pub use cross_entropy::{CrossEntropyOptions, cross_entropy, cross_entropy_with, nll_loss, nll_loss_with};
 pub use interpolate::{InterpolateMode, InterpolateOptions, interpolate};
@@ -40,6 +41,10 @@ pub use losses::{
     huber_loss, kl_div, l1_loss, smooth_l1_loss,
 };
 pub use norms::{cdist, cosine_similarity, group_norm, normalize, pairwise_distance, rms_norm};
+pub use pool::{
+    Pool1dOptions, Pool2dOptions, adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, max_pool1d,
+    max_pool2d,
+};
 
 use crate::args::fail;
 use crate::random::{Generator, default_generator};

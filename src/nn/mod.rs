@@ -1,6 +1,7 @@
 //! Neural-network building blocks with PyTorch's names and semantics: `Param`, the `Module` trait, `Sequential`,
-//! layers (`Linear`, `Conv2d`, `BatchNorm1d`/`2d`, `LayerNorm`, `RMSNorm`, `GroupNorm`, `Dropout`, `Embedding`,
-//! `MultiheadAttention`, `Flatten`, `Unflatten`, `Upsample`, `Identity`, activation modules), `functional` (activations, losses, convolutions, attention), `init`,
+//! layers (`Linear`, `Conv1d`, `Conv2d`, `ConvTranspose2d`, the poolings, `BatchNorm1d`/`2d`, `LayerNorm`,
+//! `RMSNorm`, `GroupNorm`, `Dropout`, `Embedding`, `MultiheadAttention`, `Flatten`, `Unflatten`, `Upsample`,
+//! `Identity`, activation modules), `functional` (activations, losses, convolutions, poolings, attention), `init`,
 //! and gradient clipping (`clip_grad_norm`, `clip_grad_value`: `utils.rs`).
 //!
 //! Everything here is a composition of kiln's public ops, so a model's forward, its backward and an optimizer's
@@ -28,11 +29,12 @@ pub mod init;
 mod layers;
 mod linear;
 mod norm_layers;
+mod pool_layers;
 mod utils;
 
 pub use attention_layers::{MhaOptions, MultiheadAttention, RotaryEmbedding, apply_rotary};
 pub use batch_norm::{BatchNorm, BatchNorm1d, BatchNorm2d};
-pub use conv_layers::Conv2d;
+pub use conv_layers::{Conv1d, Conv1dOptions, Conv2d, ConvTranspose2d};
 pub use functional::{Approximate, Reduction};
 pub use layers::{
     Dropout, Embedding, Flatten, Func, GELU, Identity, LayerNorm, LeakyReLU, LogSoftmax, PReLU, ReLU, SiLU, Sigmoid,
@@ -40,6 +42,7 @@ pub use layers::{
 };
 pub use linear::Linear;
 pub use norm_layers::{GroupNorm, RMSNorm};
+pub use pool_layers::{AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d};
 pub use utils::{clip_grad_norm, clip_grad_value};
 
 use crate::DType;
