@@ -1,8 +1,8 @@
 //! Neural-network building blocks with PyTorch's names and semantics: `Param`, the `Module` trait, `Sequential`,
 //! layers (`Linear`, `Conv1d`, `Conv2d`, `ConvTranspose2d`, the poolings, `BatchNorm1d`/`2d`, `LayerNorm`,
-//! `RMSNorm`, `GroupNorm`, `Dropout`, `Embedding`, `MultiheadAttention`, `Flatten`, `Unflatten`, `Upsample`,
-//! `Identity`, activation modules), `functional` (activations, losses, convolutions, poolings, attention), `init`,
-//! and gradient clipping (`clip_grad_norm`, `clip_grad_value`: `utils.rs`).
+//! `RMSNorm`, `GroupNorm`, `Dropout`, `Embedding`, `MultiheadAttention`, `LSTM`, `GRU`, `Flatten`, `Unflatten`,
+//! `Upsample`, `Identity`, activation modules), `functional` (activations, losses, convolutions, poolings,
+//! attention), `init`, and gradient clipping (`clip_grad_norm`, `clip_grad_value`: `utils.rs`).
 //!
 //! Everything here is a composition of kiln's public ops, so a model's forward, its backward and an optimizer's
 //! update are one lazy graph that `optim` realizes, compiles once and replays.
@@ -13,8 +13,8 @@
 //! - Initial values are lazy (e.g. `rand * 2b - b`): they are computed as part of the first graph that needs them.
 //!   An optimizer's first `step` realizes any still-lazy parameter in a realize of its own first, so the training
 //!   step's graph is the same from the first step on; `Module::realize_params` does it up front.
-//! - Modules take `&self`: train/eval mode (of `Dropout` and the batch norms) is an atomic flag, so a model can be shared
-//!   between threads.
+//! - Modules take `&self`: train/eval mode (of `Dropout` and the batch norms) is an atomic flag, so a model can be
+//!   shared between threads.
 //!
 //! Deliberately not done: hooks, `max_norm` for `Embedding` (it renormalizes the looked-up rows of the table in
 //! place during the forward, a write a lazy graph would order after every read of the table), and a dtype/device
@@ -30,6 +30,7 @@ mod layers;
 mod linear;
 mod norm_layers;
 mod pool_layers;
+mod recurrent;
 mod utils;
 
 pub use attention_layers::{MhaOptions, MultiheadAttention, RotaryEmbedding, apply_rotary};
@@ -43,6 +44,7 @@ pub use layers::{
 pub use linear::Linear;
 pub use norm_layers::{GroupNorm, RMSNorm};
 pub use pool_layers::{AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d};
+pub use recurrent::{GRU, LSTM, RnnOptions};
 pub use utils::{clip_grad_norm, clip_grad_value};
 
 use crate::DType;

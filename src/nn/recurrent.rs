@@ -1,0 +1,312 @@
+//! Recurrent layers (`torch.nn.LSTM`, `torch.nn.GRU`): stacked layers over a sequence, with PyTorch's gate order,
+//! parameter names (`weight_ih_l0`, `weight_hh_l0`, `bias_ih_l0`, `bias_hh_l0`, ...), initialization (every
+//! parameter uniform in `± 1 / sqrt(hidden_size)`) and input layouts (`[T, N, I]`, `[N, T, I]` with `batch_first`,
+//! or unbatched `[T, I]`).
+//!
+//! A composition like everything in `nn`: each layer projects the whole sequence's inputs in one GEMM
+//! (`[T * N, I] x [I, G * H]`), then runs the recurrence a step at a time, a `[N, H] x [H, G * H]` product and the
+//! gates' elementwise code per step, all recorded into one lazy graph (the step loop unrolls; the plan cache keys
+//! it by the sequence length, so a fixed length compiles once). Not done: `bidirectional`, `dropout` between
+//! layers, `proj_size`, packed sequences.
+
+use super::{Module, Param, init};
+use crate::args::fail;
+use crate::device::Device;
+use crate::random::{Generator, default_generator};
+use crate::tensor::Tensor;
+
+/// PyTorch's keyword arguments of `nn.LSTM` and `nn.GRU` that kiln has (`Default`: one layer, biases, `[T, N, I]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RnnOptions {
+    pub num_layers: usize,
+    pub bias: bool,
+    /// Inputs and outputs are `[N, T, ..]` instead of `[T, N, ..]` (the states stay `[layers, N, H]`).
+    pub batch_first: bool,
+}
+
+impl Default for RnnOptions {
+    fn default() -> Self {
+        RnnOptions { num_layers: 1, bias: true, batch_first: false }
+    }
+}
+
+/// Which recurrence: the gates a layer's weights hold, in PyTorch's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cell {
+    /// Input, forget, cell and output gates (`4 * H` rows).
+    Lstm,
+    /// Reset, update and new gates (`3 * H` rows).
+    Gru,
+}
+
+impl Cell {
+    fn gates(self) -> usize {
+        match self {
+            Cell::Lstm => 4,
+            Cell::Gru => 3,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Cell::Lstm => "LSTM",
+            Cell::Gru => "GRU",
+        }
+    }
+}
+
+/// One layer's parameters.
+#[derive(Clone, Debug)]
+struct Layer {
+    weight_ih: Param,
+    weight_hh: Param,
+    bias_ih: Option<Param>,
+    bias_hh: Option<Param>,
+}
+
+/// The layers of an LSTM or GRU and how they read their input.
+#[derive(Clone, Debug)]
+struct Stack {
+    cell: Cell,
+    input_size: usize,
+    hidden_size: usize,
+    opts: RnnOptions,
+    layers: Vec<Layer>,
+}
+
+impl Stack {
+    #[track_caller]
+    fn new(
+        cell: Cell,
+        input_size: usize,
+        hidden_size: usize,
+        opts: RnnOptions,
+        device: &Device,
+        g: &Generator,
+    ) -> Self {
+        if hidden_size == 0 || opts.num_layers == 0 {
+            fail!(
+                cell.name(),
+                "hidden_size and num_layers must be at least 1, got {hidden_size} and {}",
+                opts.num_layers
+            );
+        }
+        let bound = 1.0 / (hidden_size as f64).sqrt();
+        let rows = cell.gates() * hidden_size;
+        let uniform =
+            |name: String, shape: Vec<usize>| Param::new(name, init::uniform_with(shape, -bound, bound, device, g));
+        let layers = (0..opts.num_layers)
+            .map(|l| {
+                let fan = if l == 0 { input_size } else { hidden_size };
+                Layer {
+                    weight_ih: uniform(format!("weight_ih_l{l}"), vec![rows, fan]),
+                    weight_hh: uniform(format!("weight_hh_l{l}"), vec![rows, hidden_size]),
+                    bias_ih: opts.bias.then(|| uniform(format!("bias_ih_l{l}"), vec![rows])),
+                    bias_hh: opts.bias.then(|| uniform(format!("bias_hh_l{l}"), vec![rows])),
+                }
+            })
+            .collect();
+        Stack { cell, input_size, hidden_size, opts, layers }
+    }
+
+    fn named_params(&self) -> Vec<(String, Param)> {
+        let mut out = Vec::new();
+        for l in &self.layers {
+            for p in
+                [Some(&l.weight_ih), Some(&l.weight_hh), l.bias_ih.as_ref(), l.bias_hh.as_ref()].into_iter().flatten()
+            {
+                out.push((p.name().to_string(), p.clone()));
+            }
+        }
+        out
+    }
+
+    /// `x` as `[T, N, I]` (and whether it was unbatched), checked.
+    #[track_caller]
+    fn sequence_first(&self, x: &Tensor) -> (Tensor, bool) {
+        let name = self.cell.name();
+        let ok = matches!(x.rank(), 2 | 3) && x.dims()[x.rank() - 1] == self.input_size && x.dtype().is_float();
+        if !ok {
+            fail!(
+                name,
+                "expects a float input [T, N, {i}] ([N, T, {i}] with batch_first) or [T, {i}], got {}{:?}",
+                x.dtype(),
+                x.dims(),
+                i = self.input_size
+            );
+        }
+        match (x.rank(), self.opts.batch_first) {
+            (2, _) => (x.unsqueeze(1), true),
+            (_, true) => (x.transpose(0, 1), false),
+            (_, false) => (x.clone(), false),
+        }
+    }
+
+    /// A state given by the caller as `[layers, N, H]` (or `[layers, H]` for an unbatched input), checked, or
+    /// zeros.
+    #[track_caller]
+    fn initial(&self, state: Option<&Tensor>, what: &str, batch: usize, unbatched: bool, like: &Tensor) -> Tensor {
+        let (layers, h) = (self.opts.num_layers, self.hidden_size);
+        match state {
+            None => Tensor::zeros([layers, batch, h], like.dtype(), &like.device()),
+            Some(s) => {
+                let want: Vec<usize> = if unbatched { vec![layers, h] } else { vec![layers, batch, h] };
+                if s.dims() != want.as_slice() {
+                    fail!(self.cell.name(), "{what} must be {want:?} for this input, got {:?}", s.dims());
+                }
+                if unbatched { s.unsqueeze(1) } else { s.clone() }
+            }
+        }
+    }
+
+    /// Runs every layer over `x`: the last layer's outputs and each layer's final states (`h`, and `c` for an
+    /// LSTM), in the caller's layout.
+    #[track_caller]
+    fn run(&self, x: &Tensor, h0: Option<&Tensor>, c0: Option<&Tensor>) -> (Tensor, Tensor, Option<Tensor>) {
+        let (mut seq, unbatched) = self.sequence_first(x);
+        let (t, n, hs) = (seq.dims()[0], seq.dims()[1], self.hidden_size);
+        if t == 0 {
+            fail!(self.cell.name(), "the sequence is empty");
+        }
+        let h0 = self.initial(h0, "h_0", n, unbatched, &seq);
+        let c0 = (self.cell == Cell::Lstm).then(|| self.initial(c0, "c_0", n, unbatched, &seq));
+        let (mut hn, mut cn) = (Vec::new(), Vec::new());
+        for (l, layer) in self.layers.iter().enumerate() {
+            // Every step's input projection in one GEMM: [T * N, I] x [I, G * H].
+            let rows = self.cell.gates() * hs;
+            let wi = layer.weight_ih.get();
+            let mut xi = seq.reshape(vec![t * n, wi.dims()[1]]).matmul(&wi.transpose(0, 1));
+            if let Some(b) = &layer.bias_ih {
+                xi = xi.add(b.get());
+            }
+            let xi = xi.reshape(vec![t, n, rows]);
+            let wh = layer.weight_hh.get().transpose(0, 1);
+            let bh = layer.bias_hh.as_ref().map(Param::get);
+            let mut h = h0.narrow(0, l, 1).squeeze(0);
+            let mut c = c0.as_ref().map(|c| c.narrow(0, l, 1).squeeze(0));
+            let mut outs = Vec::with_capacity(t);
+            for s in 0..t {
+                let mut hh = h.matmul(&wh);
+                if let Some(b) = &bh {
+                    hh = hh.add(b);
+                }
+                let xs = xi.narrow(0, s, 1).squeeze(0);
+                let gate = |v: &Tensor, i: usize| v.narrow(1, i * hs, hs);
+                match self.cell {
+                    Cell::Lstm => {
+                        let z = xs.add(&hh);
+                        let (i, f) = (gate(&z, 0).sigmoid(), gate(&z, 1).sigmoid());
+                        let (g, o) = (gate(&z, 2).tanh(), gate(&z, 3).sigmoid());
+                        let next = f.mul(c.as_ref().expect("an LSTM has a cell state")).add(i.mul(&g));
+                        h = o.mul(next.tanh());
+                        c = Some(next);
+                    }
+                    Cell::Gru => {
+                        let r = gate(&xs, 0).add(gate(&hh, 0)).sigmoid();
+                        let z = gate(&xs, 1).add(gate(&hh, 1)).sigmoid();
+                        let new = gate(&xs, 2).add(r.mul(gate(&hh, 2))).tanh();
+                        // (1 - z) * n + z * h, as PyTorch writes it.
+                        h = z.neg().add(1.0).mul(&new).add(z.mul(&h));
+                    }
+                }
+                outs.push(h.clone());
+            }
+            let refs: Vec<&Tensor> = outs.iter().collect();
+            seq = Tensor::stack(&refs, 0);
+            hn.push(h);
+            cn.extend(c);
+        }
+        let stack = |v: &[Tensor]| {
+            let refs: Vec<&Tensor> = v.iter().collect();
+            let s = Tensor::stack(&refs, 0);
+            if unbatched { s.squeeze(1) } else { s }
+        };
+        let out = match (unbatched, self.opts.batch_first) {
+            (true, _) => seq.squeeze(1),
+            (false, true) => seq.transpose(0, 1),
+            (false, false) => seq,
+        };
+        let c = (!cn.is_empty()).then(|| stack(&cn));
+        (out, stack(&hn), c)
+    }
+}
+
+/// A stacked LSTM (`torch.nn.LSTM`): `i, f, g, o` gates, `c' = f c + i g`, `h' = o tanh(c')`.
+#[derive(Clone, Debug)]
+pub struct LSTM {
+    stack: Stack,
+}
+
+impl LSTM {
+    /// `LSTM(input_size, hidden_size, **opts)`, f32, drawn from the default generator.
+    #[track_caller]
+    pub fn new(input_size: usize, hidden_size: usize, opts: RnnOptions, device: &Device) -> LSTM {
+        LSTM::new_with(input_size, hidden_size, opts, device, &default_generator())
+    }
+
+    /// `new` drawing the initial values from `generator`.
+    #[track_caller]
+    pub fn new_with(input_size: usize, hidden_size: usize, opts: RnnOptions, device: &Device, g: &Generator) -> LSTM {
+        LSTM { stack: Stack::new(Cell::Lstm, input_size, hidden_size, opts, device, g) }
+    }
+
+    /// The outputs (the last layer's `h` at every step) and the final `(h_n, c_n)`, each `[layers, N, H]`, from
+    /// initial states `(h_0, c_0)` (zeros where `None`), as PyTorch's `lstm(x, (h_0, c_0))`.
+    #[track_caller]
+    pub fn forward_with(&self, x: &Tensor, state: Option<(&Tensor, &Tensor)>) -> (Tensor, (Tensor, Tensor)) {
+        let (h0, c0) = state.map_or((None, None), |(h, c)| (Some(h), Some(c)));
+        let (out, h, c) = self.stack.run(x, h0, c0);
+        (out, (h, c.expect("an LSTM has a cell state")))
+    }
+}
+
+impl Module for LSTM {
+    /// The outputs from zero states (`lstm(x)[0]`).
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.forward_with(x, None).0
+    }
+
+    fn named_params(&self) -> Vec<(String, Param)> {
+        self.stack.named_params()
+    }
+}
+
+/// A stacked GRU (`torch.nn.GRU`): `r, z, n` gates, `n = tanh(W_in x + b_in + r (W_hn h + b_hn))`,
+/// `h' = (1 - z) n + z h`.
+#[derive(Clone, Debug)]
+pub struct GRU {
+    stack: Stack,
+}
+
+impl GRU {
+    /// `GRU(input_size, hidden_size, **opts)`, f32, drawn from the default generator.
+    #[track_caller]
+    pub fn new(input_size: usize, hidden_size: usize, opts: RnnOptions, device: &Device) -> GRU {
+        GRU::new_with(input_size, hidden_size, opts, device, &default_generator())
+    }
+
+    /// `new` drawing the initial values from `generator`.
+    #[track_caller]
+    pub fn new_with(input_size: usize, hidden_size: usize, opts: RnnOptions, device: &Device, g: &Generator) -> GRU {
+        GRU { stack: Stack::new(Cell::Gru, input_size, hidden_size, opts, device, g) }
+    }
+
+    /// The outputs and the final `h_n` (`[layers, N, H]`) from `h_0` (zeros where `None`), as PyTorch's
+    /// `gru(x, h_0)`.
+    #[track_caller]
+    pub fn forward_with(&self, x: &Tensor, h0: Option<&Tensor>) -> (Tensor, Tensor) {
+        let (out, h, _) = self.stack.run(x, h0, None);
+        (out, h)
+    }
+}
+
+impl Module for GRU {
+    /// The outputs from a zero state (`gru(x)[0]`).
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.forward_with(x, None).0
+    }
+
+    fn named_params(&self) -> Vec<(String, Param)> {
+        self.stack.named_params()
+    }
+}

@@ -1,0 +1,137 @@
+//! `nn::LSTM` and `nn::GRU` against PyTorch 2.15 (`tests/fixtures/rnn_torch.py` writes the parameters, inputs,
+//! outputs and gradients): a 2-layer LSTM with `batch_first` from given states, a GRU from a given state and on an
+//! unbatched sequence; outputs, final states and the gradients of a loss over them for the input, a recurrent
+//! weight and a bias; on every device in f32 and f64. Plus PyTorch's parameter names, shapes and init bounds.
+
+mod test_cache;
+
+mod common;
+
+use common::*;
+use kiln::nn::{GRU, LSTM, Module, RnnOptions};
+use kiln::{DType, Device, Tensor};
+
+/// `got` against PyTorch's `want` within f32's accumulate tolerance (sums over the gates and the steps): the
+/// reference is PyTorch's f32 result, so an f64 run is held to it at f32's precision.
+fn close(got: &Tensor, want: &Tensor, what: &str) {
+    assert_eq!(got.dims(), want.dims(), "{what}: shape");
+    let got = got.to_dtype(DType::F32).to_host().unwrap();
+    if let Err(e) = compare(&got, &want.to_host().unwrap(), tol(DType::F32, Kind::Accumulate)) {
+        panic!("{what}: {e}");
+    }
+}
+
+/// Casts `m` to `dtype` and sets every parameter to the fixture's `prefix.name`, on `dev`.
+fn load(m: &dyn Module, fixture: &Fixture, prefix: &str, dtype: DType, dev: &Device) {
+    m.to_dtype(dtype);
+    for (name, p) in m.named_params() {
+        p.set(fixture.get(&format!("{prefix}.{name}")).to_dtype(dtype).to_device(dev).unwrap());
+    }
+}
+
+#[test]
+fn lstm_and_gru_match_pytorch_with_gradients() {
+    let Some(fixture) = Fixture::load("rnn_torch.safetensors") else { return };
+    let sines = |shape: &[usize], c: f64, dtype: DType, dev: &Device| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f64> = (0..n).map(|i| (0.37 * i as f64 + c).sin() as f32 as f64).collect();
+        tensor(dtype, &v, shape).to_device(dev).unwrap()
+    };
+    for dev in devices() {
+        for dtype in [DType::F32, DType::F64] {
+            if !runs_on(&dev, &[dtype]) {
+                continue;
+            }
+            let on = |name: &str| fixture.get(name).to_dtype(dtype).to_device(&dev).unwrap();
+            let at = format!("{dtype} on {}", dev.describe());
+
+            let opts = RnnOptions { num_layers: 2, batch_first: true, ..Default::default() };
+            let lstm = LSTM::new(3, 4, opts, &dev);
+            load(&lstm, &fixture, "lstm", dtype, &dev);
+            let x = on("lstm.x").requires_grad();
+            let (y, (hn, cn)) = lstm.forward_with(&x, Some((&on("lstm.h0"), &on("lstm.c0"))));
+            close(&y, &fixture.get("lstm.out"), &format!("LSTM output ({at})"));
+            close(&hn, &fixture.get("lstm.hn"), &format!("LSTM h_n ({at})"));
+            close(&cn, &fixture.get("lstm.cn"), &format!("LSTM c_n ({at})"));
+            let loss = y.mul(sines(y.dims(), 1.9, dtype, &dev)).sum_all()
+                + hn.mul(sines(&[2, 2, 4], 2.3, dtype, &dev)).sum_all()
+                + cn.sum_all();
+            let grads = loss.backward().unwrap();
+            let params: std::collections::HashMap<String, Tensor> =
+                lstm.named_params().into_iter().map(|(n, p)| (n, p.get())).collect();
+            close(grads.get(&x).unwrap(), &fixture.get("lstm.dx"), &format!("LSTM dx ({at})"));
+            for name in ["weight_hh_l0", "bias_ih_l1"] {
+                let g = grads.get(&params[name]).unwrap();
+                close(g, &fixture.get(&format!("lstm.d{name}")), &format!("LSTM d{name} ({at})"));
+            }
+
+            let gru = GRU::new(3, 4, RnnOptions::default(), &dev);
+            load(&gru, &fixture, "gru", dtype, &dev);
+            let x = on("gru.x").requires_grad();
+            let (y, hn) = gru.forward_with(&x, Some(&on("gru.h0")));
+            close(&y, &fixture.get("gru.out"), &format!("GRU output ({at})"));
+            close(&hn, &fixture.get("gru.hn"), &format!("GRU h_n ({at})"));
+            let loss = y.mul(sines(y.dims(), 0.6, dtype, &dev)).sum_all()
+                + hn.mul(sines(&[1, 2, 4], 2.9, dtype, &dev)).sum_all();
+            let grads = loss.backward().unwrap();
+            let params: std::collections::HashMap<String, Tensor> =
+                gru.named_params().into_iter().map(|(n, p)| (n, p.get())).collect();
+            close(grads.get(&x).unwrap(), &fixture.get("gru.dx"), &format!("GRU dx ({at})"));
+            for name in ["weight_hh_l0", "bias_hh_l0"] {
+                let g = grads.get(&params[name]).unwrap();
+                close(g, &fixture.get(&format!("gru.d{name}")), &format!("GRU d{name} ({at})"));
+            }
+            // One unbatched sequence [T, I] from zeros: outputs [T, H], h_n [layers, H].
+            let (y1, h1) = gru.forward_with(&on("gru.x").narrow(1, 0, 1).squeeze(1), None);
+            close(&y1, &fixture.get("gru.out_unbatched"), &format!("GRU unbatched output ({at})"));
+            close(&h1, &fixture.get("gru.hn_unbatched"), &format!("GRU unbatched h_n ({at})"));
+            assert_eq!(gru.forward(&x).dims(), [5, 2, 4]);
+        }
+    }
+}
+
+/// PyTorch's parameter names and shapes (`state_dict` keys), every one uniform in `± 1 / sqrt(hidden_size)`; a
+/// misshapen input or state is refused naming the shapes.
+#[test]
+fn recurrent_layers_have_pytorch_parameters_and_refuse_misfits() {
+    let Some(dev) = data_device() else { return };
+    let lstm = LSTM::new(3, 8, RnnOptions { num_layers: 2, ..Default::default() }, &dev);
+    let shapes: Vec<(String, Vec<usize>)> =
+        lstm.named_params().into_iter().map(|(n, p)| (n, p.get().dims().to_vec())).collect();
+    let want = [
+        ("weight_ih_l0", vec![32, 3]),
+        ("weight_hh_l0", vec![32, 8]),
+        ("bias_ih_l0", vec![32]),
+        ("bias_hh_l0", vec![32]),
+        ("weight_ih_l1", vec![32, 8]),
+        ("weight_hh_l1", vec![32, 8]),
+        ("bias_ih_l1", vec![32]),
+        ("bias_hh_l1", vec![32]),
+    ];
+    assert_eq!(shapes, want.map(|(n, s)| (n.to_string(), s)));
+    let bound = 1.0 / 8f64.sqrt();
+    for (name, p) in lstm.named_params() {
+        let v = vals(&p.get());
+        assert!(v.iter().all(|x| x.abs() <= bound) && v.iter().any(|x| x.abs() > bound / 2.0), "{name}");
+    }
+    let gru = GRU::new(3, 8, RnnOptions { bias: false, ..Default::default() }, &dev);
+    let names: Vec<String> = gru.named_params().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["weight_ih_l0", "weight_hh_l0"]);
+    assert_eq!(gru.named_params()[0].1.get().dims(), [24, 3]);
+    let refused = |f: Box<dyn Fn()>| {
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("refused");
+        err.downcast_ref::<String>().cloned().unwrap_or_default()
+    };
+    let x = tensor(DType::F32, &[0.5; 2 * 5 * 4], &[2, 5, 4]);
+    let msg = refused(Box::new(move || {
+        gru.forward(&x);
+    }));
+    assert!(msg.contains("GRU") && msg.contains("[2, 5, 4]"), "{msg}");
+    let x = tensor(DType::F32, &[0.5; 5 * 2 * 3], &[5, 2, 3]);
+    let h = tensor(DType::F32, &[0.0; 2 * 8], &[2, 8]);
+    let c = h.clone();
+    let msg = refused(Box::new(move || {
+        lstm.forward_with(&x, Some((&h, &c)));
+    }));
+    assert!(msg.contains("h_0 must be [2, 2, 8]"), "{msg}");
+}
