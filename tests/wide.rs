@@ -516,4 +516,13 @@ fn wide_kernels_cut_sums_of_padded_pieces_into_regions() {
         }
         check(&format!("{dtype} sums of padded pieces, concatenated"), &z);
     }
+    // Twenty pieces stacked along an outer dim (a recurrent layer's per-step gate gradients as one tensor): each
+    // region adds its one piece to the other nineteen's fills, which fold into one constant (the region code would
+    // otherwise carry a chain of 19 uniform values, past what the generated kernels hold).
+    let steps: Vec<Tensor> = (0..20).map(|t| special_f32(&[1, 3, 37], 90 + t)).collect();
+    let z = (0..20).map(|t| steps[t].pad(&[(0, 0), (0, 0), (t, 19 - t)], 0.0)).reduce(|a, b| a + b).unwrap();
+    let plan = schedule_with(&kiln::capture(&[&z]).unwrap().graph, ScheduleOptions::default());
+    let listing = kiln_backends::cpu::wide_listing(&plan.launches.last().unwrap().kernel).unwrap().unwrap();
+    assert!(listing.contains("20 boxes, 20 variants"), "{listing}");
+    check("twenty stacked pieces", &z);
 }

@@ -191,7 +191,10 @@ impl Stack {
                     hh = hh.add(b);
                 }
                 let xs = xi.narrow(0, s, 1).squeeze(0);
-                let gate = |v: &Tensor, i: usize| v.narrow(1, i * hs, hs);
+                // A gate as a slice of a middle dim of `[N, G, H]`, not of the `G * H` columns: its gradient puts the
+                // gates back into one tensor along an outer loop, a kernel the CPU runs by regions of whole gates
+                // (`kernel::regions`), where a cut along the columns would leave it a masked 4-lane kernel.
+                let gate = |v: &Tensor, i: usize| v.reshape(vec![n, self.cell.gates(), hs]).narrow(1, i, 1).squeeze(1);
                 match self.cell {
                     Cell::Lstm => {
                         let z = xs.add(&hh);

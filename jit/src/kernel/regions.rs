@@ -181,8 +181,8 @@ fn leaves(k: &KernelIr) -> Option<Vec<Leaf>> {
 }
 
 /// `k` with each leaf given its value in a box (`values`: per leaf instruction, a load's ranges all holding or a
-/// comparison's result), constants folded through `and`, `or`, `not` and `where`, and what the result no longer
-/// reads dropped. Named after `k` with the variant's number.
+/// comparison's result), constants folded through `and`, `or`, `not` and `where` and then through every operation
+/// on constants alone, and what the result no longer reads dropped. Named after `k` with the variant's number.
 fn specialize(k: &KernelIr, values: &HashMap<ValueId, bool>, variant: usize) -> KernelIr {
     let mut code: Vec<Inst> = Vec::with_capacity(k.outer.len());
     // Per original instruction, the instruction of `code` that holds its value.
@@ -235,6 +235,26 @@ fn specialize(k: &KernelIr, values: &HashMap<ValueId, bool>, variant: usize) -> 
         };
         code.push(Inst { op, dtype: inst.dtype });
         id.push(code.len() - 1);
+    }
+    // Values computed from constants alone (the fills of a region's dead loads added up) become one constant each,
+    // computed as the interpreter does, in each instruction's dtype: the same bits, and no chain of uniform values
+    // for a backend to carry.
+    let mut constant = Vec::with_capacity(code.len());
+    for inst in &code {
+        let c = match &inst.op {
+            InstOp::Const(_) => true,
+            InstOp::Unary(..) | InstOp::Binary(..) | InstOp::Where(..) | InstOp::Cast(_) => {
+                inst.operands().iter().all(|&a| constant[a])
+            }
+            _ => false,
+        };
+        constant.push(c);
+    }
+    let values = crate::kernel::eval::eval_uniform(&code, &constant, &mut |_, _, _| Scalar::Int(0));
+    for (inst, v) in code.iter_mut().zip(values) {
+        if let (Some(v), false) = (v, matches!(inst.op, InstOp::Const(_))) {
+            inst.op = InstOp::Const(v);
+        }
     }
     let result = id[k.result];
     // Keep what the result reads, in order.
