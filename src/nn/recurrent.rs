@@ -180,13 +180,17 @@ impl Stack {
                 xi = xi.add(b.get());
             }
             let xi = xi.reshape(vec![t, n, rows]);
-            let wh = layer.weight_hh.get().transpose(0, 1);
+            // Transposed at each step, not once for all: each step's weight gradient is then a product computed in
+            // the weight's own layout, and their sum reads them contiguously (through one shared transposed view,
+            // the sum of the steps' products is transposed once at the end, and its kernel reads 20 inputs across
+            // their rows).
+            let wh = layer.weight_hh.get();
             let bh = layer.bias_hh.as_ref().map(Param::get);
             let mut h = h0.narrow(0, l, 1).squeeze(0);
             let mut c = c0.as_ref().map(|c| c.narrow(0, l, 1).squeeze(0));
             let mut outs = Vec::with_capacity(t);
             for s in 0..t {
-                let mut hh = h.matmul(&wh);
+                let mut hh = h.matmul(&wh.t());
                 if let Some(b) = &bh {
                     hh = hh.add(b);
                 }
