@@ -1,7 +1,8 @@
 //! `nn::LSTM` and `nn::GRU` against PyTorch 2.15 (`tests/fixtures/rnn_torch.py` writes the parameters, inputs,
 //! outputs and gradients): a 2-layer LSTM with `batch_first` from given states, a GRU from a given state and on an
-//! unbatched sequence; outputs, final states and the gradients of a loss over them for the input, a recurrent
-//! weight and a bias; on every device in f32 and f64. Plus PyTorch's parameter names, shapes and init bounds.
+//! unbatched sequence, a 2-layer bidirectional LSTM from zero states; outputs, final states and the gradients of a
+//! loss over them for the input, a recurrent weight and a bias or input weight; on every device in f32 and f64.
+//! Plus PyTorch's parameter names, shapes and init bounds.
 
 mod test_cache;
 
@@ -86,6 +87,27 @@ fn lstm_and_gru_match_pytorch_with_gradients() {
             close(&y1, &fixture.get("gru.out_unbatched"), &format!("GRU unbatched output ({at})"));
             close(&h1, &fixture.get("gru.hn_unbatched"), &format!("GRU unbatched h_n ({at})"));
             assert_eq!(gru.forward(&x).dims(), [5, 2, 4]);
+
+            // Two layers in both directions: outputs [T, N, 2H], states [4, N, H] (layer by layer, forward first).
+            let opts = RnnOptions { num_layers: 2, bidirectional: true, ..Default::default() };
+            let bi = LSTM::new(3, 4, opts, &dev);
+            load(&bi, &fixture, "bi", dtype, &dev);
+            let x = on("bi.x").requires_grad();
+            let (y, (hn, cn)) = bi.forward_with(&x, None);
+            close(&y, &fixture.get("bi.out"), &format!("bidirectional output ({at})"));
+            close(&hn, &fixture.get("bi.hn"), &format!("bidirectional h_n ({at})"));
+            close(&cn, &fixture.get("bi.cn"), &format!("bidirectional c_n ({at})"));
+            let loss = y.mul(sines(y.dims(), 0.2, dtype, &dev)).sum_all()
+                + hn.mul(sines(&[4, 2, 4], 1.4, dtype, &dev)).sum_all()
+                + cn.mul(sines(&[4, 2, 4], 2.6, dtype, &dev)).sum_all();
+            let grads = loss.backward().unwrap();
+            let params: std::collections::HashMap<String, Tensor> =
+                bi.named_params().into_iter().map(|(n, p)| (n, p.get())).collect();
+            close(grads.get(&x).unwrap(), &fixture.get("bi.dx"), &format!("bidirectional dx ({at})"));
+            for name in ["weight_hh_l1_reverse", "weight_ih_l1"] {
+                let g = grads.get(&params[name]).unwrap();
+                close(g, &fixture.get(&format!("bi.d{name}")), &format!("bidirectional d{name} ({at})"));
+            }
         }
     }
 }
@@ -114,6 +136,12 @@ fn recurrent_layers_have_pytorch_parameters_and_refuse_misfits() {
         let v = vals(&p.get());
         assert!(v.iter().all(|x| x.abs() <= bound) && v.iter().any(|x| x.abs() > bound / 2.0), "{name}");
     }
+    let bi = GRU::new(3, 8, RnnOptions { bidirectional: true, num_layers: 2, ..Default::default() }, &dev);
+    let names: Vec<(String, Vec<usize>)> =
+        bi.named_params().into_iter().map(|(n, p)| (n, p.get().dims().to_vec())).collect();
+    assert_eq!(names[4], ("weight_ih_l0_reverse".to_string(), vec![24, 3]));
+    assert_eq!(names[8], ("weight_ih_l1".to_string(), vec![24, 16]));
+    assert_eq!(names.len(), 16);
     let gru = GRU::new(3, 8, RnnOptions { bias: false, ..Default::default() }, &dev);
     let names: Vec<String> = gru.named_params().into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["weight_ih_l0", "weight_hh_l0"]);

@@ -6,8 +6,9 @@
 //! A composition like everything in `nn`: each layer projects the whole sequence's inputs in one GEMM
 //! (`[T * N, I] x [I, G * H]`), then runs the recurrence a step at a time, a `[N, H] x [H, G * H]` product and the
 //! gates' elementwise code per step, all recorded into one lazy graph (the step loop unrolls; the plan cache keys
-//! it by the sequence length, so a fixed length compiles once). Not done: `bidirectional`, `dropout` between
-//! layers, `proj_size`, packed sequences.
+//! it by the sequence length, so a fixed length compiles once). A bidirectional layer runs a second set of
+//! weights (`..._reverse`) from the last step to the first and concatenates both directions' outputs, as PyTorch.
+//! Not done: `dropout` between layers, `proj_size`, packed sequences.
 
 use super::{Module, Param, init};
 use crate::args::fail;
@@ -22,11 +23,14 @@ pub struct RnnOptions {
     pub bias: bool,
     /// Inputs and outputs are `[N, T, ..]` instead of `[T, N, ..]` (the states stay `[layers, N, H]`).
     pub batch_first: bool,
+    /// Each layer also runs from the last step to the first with its own weights: outputs `[.., 2 * H]`, states
+    /// `[2 * layers, N, H]` (layer 0 forward, layer 0 backward, layer 1 forward, ...).
+    pub bidirectional: bool,
 }
 
 impl Default for RnnOptions {
     fn default() -> Self {
-        RnnOptions { num_layers: 1, bias: true, batch_first: false }
+        RnnOptions { num_layers: 1, bias: true, batch_first: false, bidirectional: false }
     }
 }
 
@@ -55,7 +59,7 @@ impl Cell {
     }
 }
 
-/// One layer's parameters.
+/// One layer's parameters in one direction.
 #[derive(Clone, Debug)]
 struct Layer {
     weight_ih: Param,
@@ -71,6 +75,7 @@ struct Stack {
     input_size: usize,
     hidden_size: usize,
     opts: RnnOptions,
+    /// Layer by layer, each direction's parameters (forward first).
     layers: Vec<Layer>,
 }
 
@@ -95,14 +100,16 @@ impl Stack {
         let rows = cell.gates() * hidden_size;
         let uniform =
             |name: String, shape: Vec<usize>| Param::new(name, init::uniform_with(shape, -bound, bound, device, g));
-        let layers = (0..opts.num_layers)
-            .map(|l| {
-                let fan = if l == 0 { input_size } else { hidden_size };
+        let dirs = if opts.bidirectional { 2 } else { 1 };
+        let layers = (0..opts.num_layers * dirs)
+            .map(|i| {
+                let (l, sfx) = (i / dirs, if i % dirs == 1 { "_reverse" } else { "" });
+                let fan = if l == 0 { input_size } else { hidden_size * dirs };
                 Layer {
-                    weight_ih: uniform(format!("weight_ih_l{l}"), vec![rows, fan]),
-                    weight_hh: uniform(format!("weight_hh_l{l}"), vec![rows, hidden_size]),
-                    bias_ih: opts.bias.then(|| uniform(format!("bias_ih_l{l}"), vec![rows])),
-                    bias_hh: opts.bias.then(|| uniform(format!("bias_hh_l{l}"), vec![rows])),
+                    weight_ih: uniform(format!("weight_ih_l{l}{sfx}"), vec![rows, fan]),
+                    weight_hh: uniform(format!("weight_hh_l{l}{sfx}"), vec![rows, hidden_size]),
+                    bias_ih: opts.bias.then(|| uniform(format!("bias_ih_l{l}{sfx}"), vec![rows])),
+                    bias_hh: opts.bias.then(|| uniform(format!("bias_hh_l{l}{sfx}"), vec![rows])),
                 }
             })
             .collect();
@@ -146,7 +153,7 @@ impl Stack {
     /// zeros.
     #[track_caller]
     fn initial(&self, state: Option<&Tensor>, what: &str, batch: usize, unbatched: bool, like: &Tensor) -> Tensor {
-        let (layers, h) = (self.opts.num_layers, self.hidden_size);
+        let (layers, h) = (self.layers.len(), self.hidden_size);
         match state {
             None => Tensor::zeros([layers, batch, h], like.dtype(), &like.device()),
             Some(s) => {
@@ -164,64 +171,26 @@ impl Stack {
     #[track_caller]
     fn run(&self, x: &Tensor, h0: Option<&Tensor>, c0: Option<&Tensor>) -> (Tensor, Tensor, Option<Tensor>) {
         let (mut seq, unbatched) = self.sequence_first(x);
-        let (t, n, hs) = (seq.dims()[0], seq.dims()[1], self.hidden_size);
+        let (t, n) = (seq.dims()[0], seq.dims()[1]);
         if t == 0 {
             fail!(self.cell.name(), "the sequence is empty");
         }
         let h0 = self.initial(h0, "h_0", n, unbatched, &seq);
         let c0 = (self.cell == Cell::Lstm).then(|| self.initial(c0, "c_0", n, unbatched, &seq));
         let (mut hn, mut cn) = (Vec::new(), Vec::new());
-        for (l, layer) in self.layers.iter().enumerate() {
-            // Every step's input projection in one GEMM: [T * N, I] x [I, G * H].
-            let rows = self.cell.gates() * hs;
-            let wi = layer.weight_ih.get();
-            let mut xi = seq.reshape(vec![t * n, wi.dims()[1]]).matmul(&wi.transpose(0, 1));
-            if let Some(b) = &layer.bias_ih {
-                xi = xi.add(b.get());
-            }
-            let xi = xi.reshape(vec![t, n, rows]);
-            // Transposed at each step, not once for all: each step's weight gradient is then a product computed in
-            // the weight's own layout, and their sum reads them contiguously (through one shared transposed view,
-            // the sum of the steps' products is transposed once at the end, and its kernel reads 20 inputs across
-            // their rows).
-            let wh = layer.weight_hh.get();
-            let bh = layer.bias_hh.as_ref().map(Param::get);
-            let mut h = h0.narrow(0, l, 1).squeeze(0);
-            let mut c = c0.as_ref().map(|c| c.narrow(0, l, 1).squeeze(0));
-            let mut outs = Vec::with_capacity(t);
-            for s in 0..t {
-                let mut hh = h.matmul(&wh.t());
-                if let Some(b) = &bh {
-                    hh = hh.add(b);
-                }
-                let xs = xi.narrow(0, s, 1).squeeze(0);
-                // A gate as a slice of a middle dim of `[N, G, H]`, not of the `G * H` columns: its gradient puts the
-                // gates back into one tensor along an outer loop, a kernel the CPU runs by regions of whole gates
-                // (`kernel::regions`), where a cut along the columns would leave it a masked 4-lane kernel.
-                let gate = |v: &Tensor, i: usize| v.reshape(vec![n, self.cell.gates(), hs]).narrow(1, i, 1).squeeze(1);
-                match self.cell {
-                    Cell::Lstm => {
-                        let z = xs.add(&hh);
-                        let (i, f) = (gate(&z, 0).sigmoid(), gate(&z, 1).sigmoid());
-                        let (g, o) = (gate(&z, 2).tanh(), gate(&z, 3).sigmoid());
-                        let next = f.mul(c.as_ref().expect("an LSTM has a cell state")).add(i.mul(&g));
-                        h = o.mul(next.tanh());
-                        c = Some(next);
-                    }
-                    Cell::Gru => {
-                        let r = gate(&xs, 0).add(gate(&hh, 0)).sigmoid();
-                        let z = gate(&xs, 1).add(gate(&hh, 1)).sigmoid();
-                        let new = gate(&xs, 2).add(r.mul(gate(&hh, 2))).tanh();
-                        // (1 - z) * n + z * h, as PyTorch writes it.
-                        h = z.neg().add(1.0).mul(&new).add(z.mul(&h));
-                    }
-                }
-                outs.push(h.clone());
+        let dirs = if self.opts.bidirectional { 2 } else { 1 };
+        for pair in self.layers.chunks(dirs) {
+            let mut outs = Vec::with_capacity(dirs);
+            for (d, layer) in pair.iter().enumerate() {
+                let i = hn.len();
+                let c = c0.as_ref().map(|c| c.narrow(0, i, 1).squeeze(0));
+                let (out, h, c) = self.direction(layer, &seq, h0.narrow(0, i, 1).squeeze(0), c, d == 1);
+                outs.push(out);
+                hn.push(h);
+                cn.extend(c);
             }
             let refs: Vec<&Tensor> = outs.iter().collect();
-            seq = Tensor::stack(&refs, 0);
-            hn.push(h);
-            cn.extend(c);
+            seq = if dirs == 1 { outs[0].clone() } else { Tensor::cat(&refs, 2) };
         }
         let stack = |v: &[Tensor]| {
             let refs: Vec<&Tensor> = v.iter().collect();
@@ -235,6 +204,68 @@ impl Stack {
         };
         let c = (!cn.is_empty()).then(|| stack(&cn));
         (out, stack(&hn), c)
+    }
+
+    /// One layer in one direction over `seq` (`[T, N, I]`, from step `T - 1` down to 0 when `reverse`) from the
+    /// states `h` and `c`: its outputs `[T, N, H]` in step order and its final states.
+    fn direction(
+        &self,
+        layer: &Layer,
+        seq: &Tensor,
+        mut h: Tensor,
+        mut c: Option<Tensor>,
+        reverse: bool,
+    ) -> (Tensor, Tensor, Option<Tensor>) {
+        let (t, n, hs) = (seq.dims()[0], seq.dims()[1], self.hidden_size);
+        // Every step's input projection in one GEMM: [T * N, I] x [I, G * H].
+        let rows = self.cell.gates() * hs;
+        let wi = layer.weight_ih.get();
+        let mut xi = seq.reshape(vec![t * n, wi.dims()[1]]).matmul(&wi.transpose(0, 1));
+        if let Some(b) = &layer.bias_ih {
+            xi = xi.add(b.get());
+        }
+        let xi = xi.reshape(vec![t, n, rows]);
+        // Transposed at each step, not once for all: each step's weight gradient is then a product computed in the
+        // weight's own layout, and their sum reads them contiguously (through one shared transposed view, the sum
+        // of the steps' products is transposed once at the end, and its kernel reads every step's across its rows).
+        let wh = layer.weight_hh.get();
+        let bh = layer.bias_hh.as_ref().map(Param::get);
+        let mut outs = Vec::with_capacity(t);
+        for step in 0..t {
+            let s = if reverse { t - 1 - step } else { step };
+            let mut hh = h.matmul(&wh.t());
+            if let Some(b) = &bh {
+                hh = hh.add(b);
+            }
+            let xs = xi.narrow(0, s, 1).squeeze(0);
+            // A gate as a slice of a middle dim of `[N, G, H]`, not of the `G * H` columns: its gradient puts the
+            // gates back into one tensor along an outer loop, a kernel the CPU runs by regions of whole gates
+            // (`kernel::regions`), where a cut along the columns would leave it a masked 4-lane kernel.
+            let gate = |v: &Tensor, i: usize| v.reshape(vec![n, self.cell.gates(), hs]).narrow(1, i, 1).squeeze(1);
+            match (self.cell, &c) {
+                (Cell::Lstm, Some(prev)) => {
+                    let z = xs.add(&hh);
+                    let (i, f) = (gate(&z, 0).sigmoid(), gate(&z, 1).sigmoid());
+                    let (g, o) = (gate(&z, 2).tanh(), gate(&z, 3).sigmoid());
+                    let next = f.mul(prev).add(i.mul(&g));
+                    h = o.mul(next.tanh());
+                    c = Some(next);
+                }
+                _ => {
+                    let r = gate(&xs, 0).add(gate(&hh, 0)).sigmoid();
+                    let z = gate(&xs, 1).add(gate(&hh, 1)).sigmoid();
+                    let new = gate(&xs, 2).add(r.mul(gate(&hh, 2))).tanh();
+                    // (1 - z) * n + z * h, as PyTorch writes it.
+                    h = z.neg().add(1.0).mul(&new).add(z.mul(&h));
+                }
+            }
+            outs.push(h.clone());
+        }
+        if reverse {
+            outs.reverse();
+        }
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        (Tensor::stack(&refs, 0), h, c)
     }
 }
 
