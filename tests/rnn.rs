@@ -163,3 +163,28 @@ fn recurrent_layers_have_pytorch_parameters_and_refuse_misfits() {
     }));
     assert!(msg.contains("h_0 must be [2, 2, 8]"), "{msg}");
 }
+
+/// `dropout` zeroes the outputs between layers in training mode only: in evaluation mode a 2-layer LSTM with
+/// dropout 0.5 equals the same weights without it, bit for bit; in training mode it differs; at dropout 1 the last
+/// layer sees only zeros, so the output no longer depends on the input; a probability outside [0, 1] is refused.
+#[test]
+fn recurrent_dropout_applies_between_layers_in_training_only() {
+    let Some(dev) = data_device() else { return };
+    let opts = |dropout| RnnOptions { num_layers: 2, dropout, ..Default::default() };
+    let with = LSTM::new(3, 4, opts(0.5), &dev);
+    let without = LSTM::new(3, 4, opts(0.0), &dev);
+    for ((_, a), (_, b)) in with.named_params().into_iter().zip(without.named_params()) {
+        b.set(a.get());
+    }
+    let x = tensor(DType::F32, &(0..5 * 2 * 3).map(|i| (i as f64 * 0.3).sin()).collect::<Vec<_>>(), &[5, 2, 3]);
+    let trained = vals(&with.forward(&x));
+    with.eval();
+    assert_eq!(vals(&with.forward(&x)), vals(&without.forward(&x)));
+    assert_ne!(trained, vals(&without.forward(&x)), "dropout 0.5 changed nothing in training mode");
+    let all = GRU::new(3, 4, opts(1.0), &dev);
+    let y = tensor(DType::F32, &vec![0.7; 5 * 2 * 3], &[5, 2, 3]);
+    assert_eq!(vals(&all.forward(&x)), vals(&all.forward(&y)));
+    let err = std::panic::catch_unwind(|| GRU::new(3, 4, opts(1.5), &dev)).expect_err("refused");
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("dropout has to be between 0 and 1"), "{msg}");
+}

@@ -8,16 +8,19 @@
 //! gates' elementwise code per step, all recorded into one lazy graph (the step loop unrolls; the plan cache keys
 //! it by the sequence length, so a fixed length compiles once). A bidirectional layer runs a second set of
 //! weights (`..._reverse`) from the last step to the first and concatenates both directions' outputs, as PyTorch.
-//! Not done: `dropout` between layers, `proj_size`, packed sequences.
+//! `dropout` zeroes the outputs between layers in training mode (`Module::train`), as PyTorch. Not done:
+//! `proj_size`, packed sequences.
 
 use super::{Module, Param, init};
 use crate::args::fail;
 use crate::device::Device;
 use crate::random::{Generator, default_generator};
 use crate::tensor::Tensor;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-/// PyTorch's keyword arguments of `nn.LSTM` and `nn.GRU` that kiln has (`Default`: one layer, biases, `[T, N, I]`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// PyTorch's keyword arguments of `nn.LSTM` and `nn.GRU` that kiln has (`Default`: one layer, biases, `[T, N, I]`,
+/// one direction, no dropout).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RnnOptions {
     pub num_layers: usize,
     pub bias: bool,
@@ -26,11 +29,14 @@ pub struct RnnOptions {
     /// Each layer also runs from the last step to the first with its own weights: outputs `[.., 2 * H]`, states
     /// `[2 * layers, N, H]` (layer 0 forward, layer 0 backward, layer 1 forward, ...).
     pub bidirectional: bool,
+    /// The probability of zeroing each output of every layer but the last, in training mode (the rest scaled by
+    /// `1 / (1 - p)`), as `functional::dropout`.
+    pub dropout: f64,
 }
 
 impl Default for RnnOptions {
     fn default() -> Self {
-        RnnOptions { num_layers: 1, bias: true, batch_first: false, bidirectional: false }
+        RnnOptions { num_layers: 1, bias: true, batch_first: false, bidirectional: false, dropout: 0.0 }
     }
 }
 
@@ -69,7 +75,7 @@ struct Layer {
 }
 
 /// The layers of an LSTM or GRU and how they read their input.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Stack {
     cell: Cell,
     input_size: usize,
@@ -77,6 +83,23 @@ struct Stack {
     opts: RnnOptions,
     /// Layer by layer, each direction's parameters (forward first).
     layers: Vec<Layer>,
+    /// Training mode (`Module::train`): whether `dropout` applies.
+    training: AtomicBool,
+}
+
+impl Clone for Stack {
+    /// The same parameters (shared handles, as every module's clone) and the same mode, which the clone then sets on
+    /// its own.
+    fn clone(&self) -> Self {
+        Stack {
+            cell: self.cell,
+            input_size: self.input_size,
+            hidden_size: self.hidden_size,
+            opts: self.opts,
+            layers: self.layers.clone(),
+            training: AtomicBool::new(self.training.load(Ordering::Relaxed)),
+        }
+    }
 }
 
 impl Stack {
@@ -89,6 +112,9 @@ impl Stack {
         device: &Device,
         g: &Generator,
     ) -> Self {
+        if !(0.0..=1.0).contains(&opts.dropout) {
+            fail!(cell.name(), "dropout has to be between 0 and 1, but got {}", opts.dropout);
+        }
         if hidden_size == 0 || opts.num_layers == 0 {
             fail!(
                 cell.name(),
@@ -113,7 +139,7 @@ impl Stack {
                 }
             })
             .collect();
-        Stack { cell, input_size, hidden_size, opts, layers }
+        Stack { cell, input_size, hidden_size, opts, layers, training: AtomicBool::new(true) }
     }
 
     fn named_params(&self) -> Vec<(String, Param)> {
@@ -191,6 +217,10 @@ impl Stack {
             }
             let refs: Vec<&Tensor> = outs.iter().collect();
             seq = if dirs == 1 { outs[0].clone() } else { Tensor::cat(&refs, 2) };
+            let p = self.opts.dropout;
+            if p > 0.0 && hn.len() < self.layers.len() {
+                seq = super::functional::dropout(&seq, p, self.training.load(Ordering::Relaxed));
+            }
         }
         let stack = |v: &[Tensor]| {
             let refs: Vec<&Tensor> = v.iter().collect();
@@ -307,6 +337,10 @@ impl Module for LSTM {
     fn named_params(&self) -> Vec<(String, Param)> {
         self.stack.named_params()
     }
+
+    fn train(&self, mode: bool) {
+        self.stack.training.store(mode, Ordering::Relaxed);
+    }
 }
 
 /// A stacked GRU (`torch.nn.GRU`): `r, z, n` gates, `n = tanh(W_in x + b_in + r (W_hn h + b_hn))`,
@@ -346,5 +380,9 @@ impl Module for GRU {
 
     fn named_params(&self) -> Vec<(String, Param)> {
         self.stack.named_params()
+    }
+
+    fn train(&self, mode: bool) {
+        self.stack.training.store(mode, Ordering::Relaxed);
     }
 }
