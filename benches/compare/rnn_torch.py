@@ -18,9 +18,8 @@ installing PyTorch.
 from __future__ import annotations
 
 import argparse
-import time
 
-from rounds import import_torch, race
+from rounds import import_torch, median_time, race
 
 SEQ, BATCH, WARMUP = 20, 16, 10
 
@@ -41,15 +40,7 @@ def torch_times(torch, runs: int) -> dict[str, float]:
             loss.backward()
             opt.step()
 
-        for _ in range(WARMUP):
-            step()
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-        times.sort()
-        out[f"{cell} step"] = times[len(times) // 2]
+        out[f"{cell} step"] = median_time(step, runs, warmup=WARMUP)
     return out
 
 
