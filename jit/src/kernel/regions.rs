@@ -12,10 +12,12 @@
 //!
 //! The boxes come from the masks: each range of a masked load and each comparison of a loop position with a
 //! constant must test one loop variable, not the last one (the loop a backend vectorizes), and its truth along that
-//! variable gives the cut points. Anything else (a range over two variables, a test of the last loop) and there are
-//! no regions: the kernel runs as it is. A variant computes exactly what the kernel computes in its box (the fill
-//! where a load is never valid, the same arithmetic after it: `x + 0.0` stays, it turns -0.0 into +0.0), so running
-//! the variants gives the kernel's own bits.
+//! variable gives the cut points. Anything else (a range over two variables, a masked load tested on the last loop)
+//! and there are no regions: the kernel runs as it is; a comparison of the last loop's position stays in the code
+//! (a one-hot's `arange == target`, which full-width kernels compute). A variant computes exactly what the kernel
+//! computes in its box (the fill where a load is never valid, the same arithmetic after it: `x + 0.0` stays, it
+//! turns -0.0 into +0.0; values of constants alone are folded with the interpreter's arithmetic), so running the
+//! variants gives the kernel's own bits.
 
 use crate::dtype::Scalar;
 use crate::kernel::index::IExpr;
