@@ -11,11 +11,10 @@
 //! The decayed rate is a run-time scalar, so a step never recompiles for it.
 
 use super::groups::{GroupOptions, Groups};
-use super::master::{MASTER, Masters, split};
+use super::master::{Masters, split};
 use super::state::{Check, flag, state_of, upload_stepped};
 use super::{
-    Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, filled_input, grad_of, realize_all,
-    realize_lazy,
+    Optimizer, OptimizerState, Scalars, Update, check_hyper, dedup, filled_input, grad_of, realize_all, realize_lazy,
 };
 use crate::autograd::{Gradients, no_grad};
 use crate::error::Result;
@@ -201,21 +200,9 @@ impl Optimizer for Adagrad {
             ("eps", self.eps),
             ("maximize", flag(self.maximize)),
         ];
-        let masters = self.masters.on.then_some(("master_weights", 1.0));
-        let hyper: Vec<(&str, f64)> = hyper.into_iter().chain(masters).collect();
-        let params = self
-            .state
-            .iter()
-            .enumerate()
-            .map(|(i, s)| match s {
-                None => ParamState::default(),
-                Some((t, sum)) => {
-                    let tensors = [("sum", sum)].into_iter().chain(self.masters.get(i).map(|m| (MASTER, m)));
-                    ParamState { step: *t, tensors: tensors.map(|(n, t)| (n.to_string(), t.clone())).collect() }
-                }
-            })
-            .collect();
-        state_of("Adagrad", &hyper, &self.groups, params)
+        state_of("Adagrad", &hyper, &self.groups, &self.masters, self.state.len(), |i| {
+            self.state[i].as_ref().map(|(t, sum)| (*t, vec![("sum", sum)]))
+        })
     }
 
     fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {

@@ -17,11 +17,10 @@
 //! computed on the host in f64 and enter the graph as 0-dim inputs; the rest are constants.
 
 use super::groups::{GroupOptions, Groups};
-use super::master::{MASTER, Masters, split};
+use super::master::{Masters, split};
 use super::state::{Check, flag, state_of, upload_stepped};
 use super::{
-    Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
-    zeros_input,
+    Optimizer, OptimizerState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy, zeros_input,
 };
 use crate::autograd::{Gradients, no_grad};
 use crate::error::Result;
@@ -165,26 +164,13 @@ impl Core {
             ("amsgrad", flag(self.amsgrad)),
             ("maximize", flag(self.maximize)),
         ];
-        let masters = self.masters.on.then_some(("master_weights", 1.0));
-        let hyper: Vec<(&str, f64)> = hyper.into_iter().chain(masters).collect();
-        let params = self
-            .state
-            .iter()
-            .enumerate()
-            .map(|(i, s)| match s {
-                None => ParamState::default(),
-                Some(s) => {
-                    let mut tensors = vec![("exp_avg", &s.exp_avg), ("exp_avg_sq", &s.exp_avg_sq)];
-                    tensors.extend(s.max_exp_avg_sq.iter().map(|t| ("max_exp_avg_sq", t)));
-                    tensors.extend(self.masters.get(i).map(|m| (MASTER, m)));
-                    ParamState {
-                        step: s.step,
-                        tensors: tensors.into_iter().map(|(n, t)| (n.to_string(), t.clone())).collect(),
-                    }
-                }
+        state_of(self.name, &hyper, &self.groups, &self.masters, self.state.len(), |i| {
+            self.state[i].as_ref().map(|s| {
+                let mut tensors = vec![("exp_avg", &s.exp_avg), ("exp_avg_sq", &s.exp_avg_sq)];
+                tensors.extend(s.max_exp_avg_sq.iter().map(|t| ("max_exp_avg_sq", t)));
+                (s.step, tensors)
             })
-            .collect();
-        state_of(self.name, &hyper, &self.groups, params)
+        })
     }
 
     fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {

@@ -19,11 +19,10 @@
 //! Every state starts at zero, as in PyTorch, so every step has the same graph.
 
 use super::groups::{GroupOptions, Groups};
-use super::master::{MASTER, Masters, split};
+use super::master::{Masters, split};
 use super::state::{Check, flag, state_of, upload_stepped};
 use super::{
-    Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
-    zeros_input,
+    Optimizer, OptimizerState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy, zeros_input,
 };
 use crate::autograd::{Gradients, no_grad};
 use crate::error::Result;
@@ -254,25 +253,14 @@ impl Optimizer for RmsProp {
             ("centered", flag(self.centered)),
             ("maximize", flag(self.maximize)),
         ];
-        let masters = self.masters.on.then_some(("master_weights", 1.0));
-        let hyper: Vec<(&str, f64)> = hyper.into_iter().chain(masters).collect();
-        let params = self
-            .state
-            .iter()
-            .enumerate()
-            .map(|(i, s)| match s {
-                None => ParamState::default(),
-                Some(s) => {
-                    let mut tensors = vec![("square_avg", &s.square_avg)];
-                    tensors.extend(s.momentum_buffer.iter().map(|t| ("momentum_buffer", t)));
-                    tensors.extend(s.grad_avg.iter().map(|t| ("grad_avg", t)));
-                    tensors.extend(self.masters.get(i).map(|m| (MASTER, m)));
-                    let tensors = tensors.into_iter().map(|(n, t)| (n.to_string(), t.clone())).collect();
-                    ParamState { step: s.step, tensors }
-                }
+        state_of("RmsProp", &hyper, &self.groups, &self.masters, self.state.len(), |i| {
+            self.state[i].as_ref().map(|s| {
+                let mut tensors = vec![("square_avg", &s.square_avg)];
+                tensors.extend(s.momentum_buffer.iter().map(|t| ("momentum_buffer", t)));
+                tensors.extend(s.grad_avg.iter().map(|t| ("grad_avg", t)));
+                (s.step, tensors)
             })
-            .collect();
-        state_of("RmsProp", &hyper, &self.groups, params)
+        })
     }
 
     fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {

@@ -15,11 +15,10 @@
 //! with dampening the factor `1` vs `1 − τ` is a run-time scalar for the same reason.
 
 use super::groups::{GroupOptions, Groups};
-use super::master::{MASTER, Masters, split};
+use super::master::{Masters, split};
 use super::state::{Check, flag, state_of, upload};
 use super::{
-    Optimizer, OptimizerState, ParamState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy,
-    zeros_input,
+    Optimizer, OptimizerState, Scalars, Update, check_hyper, dedup, grad_of, realize_all, realize_lazy, zeros_input,
 };
 use crate::autograd::{Gradients, no_grad};
 use crate::error::Result;
@@ -216,19 +215,10 @@ impl Optimizer for Sgd {
             ("nesterov", flag(self.nesterov)),
             ("maximize", flag(self.maximize)),
         ];
-        let masters = self.masters.on.then_some(("master_weights", 1.0));
-        let hyper: Vec<(&str, f64)> = hyper.into_iter().chain(masters).collect();
-        let params = self
-            .bufs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                let bufs = b.iter().map(|b| ("momentum_buffer".to_string(), b.clone()));
-                let master = self.masters.get(i).map(|m| (MASTER.to_string(), m.clone()));
-                ParamState { step: 0, tensors: bufs.chain(master).collect() }
-            })
-            .collect();
-        state_of("Sgd", &hyper, &self.groups, params)
+        // Every parameter's entry is written, its momentum buffer where it has one (SGD keeps no step count).
+        state_of("Sgd", &hyper, &self.groups, &self.masters, self.bufs.len(), |i| {
+            Some((0, self.bufs[i].iter().map(|b| ("momentum_buffer", b)).collect()))
+        })
     }
 
     fn load_state_dict(&mut self, state: &OptimizerState) -> Result<()> {

@@ -19,7 +19,7 @@
 //! Deliberately not done: PyTorch's pickled `.pt` optimizer files (the state is the same; a script converting one
 //! to these names is a few lines of Python).
 
-use super::master::Masters;
+use super::master::{MASTER, Masters};
 use crate::error::{Error, Result};
 use crate::nn::Param;
 use crate::tensor::Tensor;
@@ -211,17 +211,32 @@ impl<'a> Check<'a> {
     }
 }
 
-/// The state of an optimizer of `kind` with hyperparameters `hyper` (flags as [`flag`]), its `groups` and per
-/// parameter state `params`.
-pub(super) fn state_of(
+/// The state of an optimizer of `kind` over `n` parameters: its hyperparameters `hyper` (flags as [`flag`]; with
+/// `master_weights` 1 where `masters` are on), its `groups`, and per parameter `i` the step count and named state
+/// tensors `per_param(i)` gives, followed by its master copy (`None`: no state, as before its first step).
+pub(super) fn state_of<'a>(
     kind: &str,
     hyper: &[(&str, f64)],
     groups: &super::groups::Groups,
-    params: Vec<ParamState>,
+    masters: &'a Masters,
+    n: usize,
+    per_param: impl Fn(usize) -> Option<(u64, Vec<(&'static str, &'a Tensor)>)>,
 ) -> OptimizerState {
-    let mut hyper: BTreeMap<String, f64> = hyper.iter().map(|&(k, v)| (k.to_string(), v)).collect();
-    groups.write(&mut hyper);
-    OptimizerState { kind: kind.to_string(), hyper, params }
+    let mut map: BTreeMap<String, f64> = hyper.iter().map(|&(k, v)| (k.to_string(), v)).collect();
+    if masters.on {
+        map.insert("master_weights".to_string(), 1.0);
+    }
+    groups.write(&mut map);
+    let params = (0..n)
+        .map(|i| match per_param(i) {
+            None => ParamState::default(),
+            Some((step, tensors)) => {
+                let all = tensors.into_iter().chain(masters.get(i).map(|m| (MASTER, m)));
+                ParamState { step, tensors: all.map(|(name, t)| (name.to_string(), t.clone())).collect() }
+            }
+        })
+        .collect();
+    OptimizerState { kind: kind.to_string(), hyper: map, params }
 }
 
 /// Uploads `data` to `param`'s device, shaped like it.
