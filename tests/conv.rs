@@ -25,27 +25,77 @@ fn convolutions_and_poolings_match_pytorch() {
         ("conv2d_plain", |t| F::conv2d(&t[0], &t[3], None, &Conv2dOptions::default())),
         ("conv1d", |t| F::conv1d(&t[4], &t[5], Some(&t[6]), 2, 1, 1, 1)),
         ("max_pool2d", |t| {
-            F::max_pool2d(&t[0], &Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1] })
+            F::max_pool2d(
+                &t[0],
+                &Pool2dOptions {
+                    kernel: [2, 3],
+                    stride: Some([2, 2]),
+                    padding: [1, 1],
+                    dilation: [1, 1],
+                    ceil_mode: false,
+                },
+            )
         }),
         ("avg_pool2d", |t| {
-            F::avg_pool2d(&t[0], &Pool2dOptions { kernel: [2, 2], stride: Some([2, 2]), padding: [1, 1] }, true)
+            F::avg_pool2d(
+                &t[0],
+                &Pool2dOptions {
+                    kernel: [2, 2],
+                    stride: Some([2, 2]),
+                    padding: [1, 1],
+                    dilation: [1, 1],
+                    ceil_mode: false,
+                },
+                true,
+            )
         }),
         ("avg_pool2d_exclude_pad", |t| {
-            F::avg_pool2d(&t[0], &Pool2dOptions { kernel: [2, 2], stride: Some([2, 2]), padding: [1, 1] }, false)
+            F::avg_pool2d(
+                &t[0],
+                &Pool2dOptions {
+                    kernel: [2, 2],
+                    stride: Some([2, 2]),
+                    padding: [1, 1],
+                    dilation: [1, 1],
+                    ceil_mode: false,
+                },
+                false,
+            )
         }),
         ("adaptive_avg_pool2d", |t| F::adaptive_avg_pool2d(&t[0], [2, 4])),
         // Windows that tile the input (5 rows crop to 4): the reshaped form.
         ("max_pool2d_tiled", |t| F::max_pool2d(&t[0], &Pool2dOptions::new([2, 2]))),
         ("avg_pool2d_tiled", |t| F::avg_pool2d(&t[0], &Pool2dOptions::new([2, 3]), true)),
         ("max_pool2d_unbatched", |t| {
-            let o = Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1] };
+            let o = Pool2dOptions {
+                kernel: [2, 3],
+                stride: Some([2, 2]),
+                padding: [1, 1],
+                dilation: [1, 1],
+                ceil_mode: false,
+            };
             F::max_pool2d(&t[0].narrow(0, 0, 1).squeeze(0), &o)
         }),
-        ("max_pool1d", |t| F::max_pool1d(&t[4], &Pool1dOptions { kernel: 3, stride: Some(2), padding: 1 })),
+        ("max_pool1d", |t| {
+            F::max_pool1d(
+                &t[4],
+                &Pool1dOptions { kernel: 3, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false },
+            )
+        }),
         ("max_pool1d_unbatched", |t| F::max_pool1d(&t[4].narrow(0, 0, 1).squeeze(0), &Pool1dOptions::new(2))),
-        ("avg_pool1d", |t| F::avg_pool1d(&t[4], &Pool1dOptions { kernel: 2, stride: Some(2), padding: 1 }, true)),
+        ("avg_pool1d", |t| {
+            F::avg_pool1d(
+                &t[4],
+                &Pool1dOptions { kernel: 2, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false },
+                true,
+            )
+        }),
         ("avg_pool1d_exclude_pad", |t| {
-            F::avg_pool1d(&t[4], &Pool1dOptions { kernel: 3, stride: Some(2), padding: 1 }, false)
+            F::avg_pool1d(
+                &t[4],
+                &Pool1dOptions { kernel: 3, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false },
+                false,
+            )
         }),
         ("adaptive_avg_pool1d", |t| F::adaptive_avg_pool1d(&t[4], 3)),
         ("conv_transpose2d", |t| {
@@ -84,8 +134,8 @@ fn convolutions_and_poolings_match_pytorch() {
     }
 }
 
-/// A kernel larger than the padded input, a channel count that groups do not divide and an over-padded pool (2-D
-/// and 1-D, named in its own terms) are refused naming the sizes.
+/// A kernel larger than the padded input, a channel count that groups do not divide, an over-padded pool (2-D
+/// and 1-D, named in its own terms) and a dilated average pool are refused naming the sizes.
 #[test]
 fn misfits_are_refused() {
     let Some(_) = data_device() else { return };
@@ -105,14 +155,98 @@ fn misfits_are_refused() {
     }));
     assert!(groups.contains("3 groups"), "{groups}");
     let pad = msg(Box::new(move || {
-        F::max_pool2d(&x3, &Pool2dOptions { kernel: [2, 2], stride: None, padding: [2, 0] });
+        F::max_pool2d(
+            &x3,
+            &Pool2dOptions { kernel: [2, 2], stride: None, padding: [2, 0], dilation: [1, 1], ceil_mode: false },
+        );
     }));
-    assert!(pad.contains("half the kernel"), "{pad}");
+    assert!(pad.contains("half the window's span"), "{pad}");
     let x1 = tensor(DType::F32, &[0.5; 2 * 3 * 7], &[2, 3, 7]);
     let pad1 = msg(Box::new(move || {
-        F::avg_pool1d(&x1, &Pool1dOptions { kernel: 2, stride: None, padding: 2 }, true);
+        F::avg_pool1d(&x1, &Pool1dOptions { kernel: 2, stride: None, padding: 2, dilation: 1, ceil_mode: false }, true);
     }));
     assert!(pad1.contains("avg_pool1d") && pad1.contains("kernel 2") && pad1.contains("padding 2"), "{pad1}");
+    let x4 = x.clone();
+    let dilated = msg(Box::new(move || {
+        F::avg_pool2d(&x4, &Pool2dOptions { dilation: [2, 1], ..Pool2dOptions::new([2, 2]) }, true);
+    }));
+    assert!(dilated.contains("avg_pool2d") && dilated.contains("dilation"), "{dilated}");
+}
+
+/// Max pooling with dilation and ceil mode, and its `return_indices` form, against PyTorch: the values, the index of
+/// the tap each window took (also on inputs with ties, two NaNs in one window and windows of -inf only) and the
+/// gradient (where no window ties). Average pooling in ceil mode, the overhang not counted, padding counted or not.
+#[test]
+fn max_pooling_takes_pytorchs_taps_and_ceil_mode_matches() {
+    let Some(fixture) = Fixture::load("conv_torch.safetensors") else { return };
+    let get = |name: &str| fixture.get(name);
+    let p2 = |k: [usize; 2]| Pool2dOptions::new(k);
+    let pooled: [(&str, &str, Pool2dOptions); 5] = [
+        (
+            "x",
+            "max_pool2d_dilated_ceil",
+            Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], dilation: [2, 1], ceil_mode: true, ..p2([2, 3]) },
+        ),
+        ("x", "max_pool2d_ceil", Pool2dOptions { ceil_mode: true, ..p2([2, 2]) }),
+        ("x", "max_pool2d_tiled", p2([2, 2])),
+        ("ties", "ties_padded", Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], ..p2([2, 3]) }),
+        ("ties", "ties_tiled", p2([2, 2])),
+    ];
+    let ceil3 = Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], ceil_mode: true, ..p2([3, 3]) };
+    let averaged: [(&str, Pool2dOptions, bool); 3] = [
+        ("avg_pool2d_ceil", ceil3, true),
+        ("avg_pool2d_ceil_exclude_pad", ceil3, false),
+        ("avg_pool2d_tiled_ceil", Pool2dOptions { ceil_mode: true, ..p2([2, 2]) }, true),
+    ];
+    let ints = |t: &Tensor| t.to_dtype(DType::I32).to_vec::<i32>().unwrap();
+    for dev in devices() {
+        for dtype in [DType::F32, DType::F64] {
+            if !runs_on(&dev, &[dtype]) {
+                continue;
+            }
+            let on = |name: &str| get(name).to_dtype(dtype).to_device(&dev).unwrap();
+            let check = |what: String, got: &Tensor, want: &Tensor| {
+                assert_eq!(got.dims(), want.dims(), "{what}: shape");
+                let want = want.to_host().unwrap();
+                if let Err(e) = check_tensor(&got.to_dtype(DType::F32), got.dims(), &want, Kind::Accumulate) {
+                    panic!("{what}: {e}");
+                }
+            };
+            let at = format!("({dtype} on {})", dev.describe());
+            for (input, name, opts) in &pooled {
+                let x = on(input).requires_grad();
+                let (values, indices) = F::max_pool2d_with_indices(&x, opts);
+                check(format!("{name} values {at}"), &values, &get(&format!("{name}_values")));
+                assert_eq!(ints(&indices), ints(&get(&format!("{name}_indices"))), "{name} indices {at}");
+                check(
+                    format!("{name} without indices {at}"),
+                    &F::max_pool2d(&x, opts),
+                    &get(&format!("{name}_values")),
+                );
+                if input == &"x" {
+                    let loss = values.mul(on(&format!("{name}_upstream"))).sum_all();
+                    let grads = loss.backward().unwrap();
+                    check(format!("{name} gradient {at}"), grads.get(&x).unwrap(), &get(&format!("{name}_grad")));
+                }
+            }
+            let x1 = on("x1");
+            let o1 =
+                Pool1dOptions { stride: Some(2), padding: 1, dilation: 2, ceil_mode: true, ..Pool1dOptions::new(3) };
+            let (values, indices) = F::max_pool1d_with_indices(&x1, &o1);
+            check(format!("max_pool1d_dilated values {at}"), &values, &get("max_pool1d_dilated_values"));
+            assert_eq!(ints(&indices), ints(&get("max_pool1d_dilated_indices")), "max_pool1d indices {at}");
+            let (v0, i0) = F::max_pool1d_with_indices(&x1.narrow(0, 1, 1).squeeze(0), &o1);
+            check(
+                format!("unbatched max_pool1d {at}"),
+                &v0,
+                &get("max_pool1d_dilated_values").narrow(0, 1, 1).squeeze(0),
+            );
+            assert_eq!(ints(&i0), ints(&get("max_pool1d_dilated_indices").narrow(0, 1, 1)), "unbatched indices {at}");
+            for (name, opts, include) in &averaged {
+                check(format!("{name} {at}"), &F::avg_pool2d(&on("x"), opts, *include), &get(name));
+            }
+        }
+    }
 }
 
 /// `nn::Conv2d` holds a weight `[O, C / groups, KH, KW]` and a bias `[O]` uniform in `± 1 / sqrt(fan_in)`
@@ -177,8 +311,9 @@ fn conv1d_transposed_and_pooling_modules_forward_their_functions() {
     let want = F::conv_transpose2d(&x2, &ct.weight().get(), Some(&ct.bias().unwrap().get()), &ot);
     assert_eq!(vals(&ct.forward(&x2)), vals(&want));
     assert_eq!(ct.forward(&x2).dims(), [2, 6, 11, 12]);
-    let p2 = Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1] };
-    let p1 = Pool1dOptions { kernel: 3, stride: Some(2), padding: 1 };
+    let p2 =
+        Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1], dilation: [1, 1], ceil_mode: false };
+    let p1 = Pool1dOptions { kernel: 3, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false };
     let pools: [(&dyn Module, &Tensor, Tensor); 6] = [
         (&MaxPool2d { options: p2 }, &x2, F::max_pool2d(&x2, &p2)),
         (&AvgPool2d { options: p2, count_include_pad: false }, &x2, F::avg_pool2d(&x2, &p2, false)),

@@ -1052,14 +1052,19 @@ fn compositions() {
     s.check("conv1d, padded", &[g.uniform(&[2, 3, 7], -1.0, 1.0), g.uniform(&[4, 3, 3], -1.0, 1.0)], |t| {
         F::conv1d(&t[0], &t[1], None, 2, 1, 1, 1)
     });
-    let pool = F::Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1] };
+    let pool =
+        F::Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1], dilation: [1, 1], ceil_mode: false };
     s.check("max_pool2d", &[g.distinct(&[1, 2, 5, 6])], move |t| F::max_pool2d(&t[0], &pool));
     s.check("max_pool2d, tiled", &[g.distinct(&[1, 2, 5, 6])], |t| {
         F::max_pool2d(&t[0], &F::Pool2dOptions::new([2, 2]))
     });
     s.check("avg_pool2d without the padding", std::slice::from_ref(&img), move |t| F::avg_pool2d(&t[0], &pool, false));
+    let dilated = F::Pool2dOptions { dilation: [2, 1], ceil_mode: true, ..pool };
+    s.check("max_pool2d, dilated, ceil mode", &[g.distinct(&[1, 2, 5, 6])], move |t| F::max_pool2d(&t[0], &dilated));
+    let ceil = F::Pool2dOptions { ceil_mode: true, ..F::Pool2dOptions::new([3, 3]) };
+    s.check("avg_pool2d, ceil mode", std::slice::from_ref(&img), move |t| F::avg_pool2d(&t[0], &ceil, true));
     s.check("adaptive_avg_pool2d", &[img], |t| F::adaptive_avg_pool2d(&t[0], [2, 4]));
-    let pool1 = F::Pool1dOptions { kernel: 3, stride: Some(2), padding: 1 };
+    let pool1 = F::Pool1dOptions { kernel: 3, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false };
     s.check("max_pool1d", &[g.distinct(&[2, 3, 7])], move |t| F::max_pool1d(&t[0], &pool1));
     let seq = g.uniform(&[2, 3, 7], -1.0, 1.0);
     s.check("avg_pool1d without the padding", std::slice::from_ref(&seq), move |t| F::avg_pool1d(&t[0], &pool1, false));

@@ -35,6 +35,14 @@ impl MaxPool1d {
 }
 pooling!(MaxPool1d, |s, x| functional::max_pool1d(x, &s.options));
 
+impl MaxPool1d {
+    /// The forward and the index of the tap each output took (`nn.MaxPool1d(..., return_indices=True)`).
+    #[track_caller]
+    pub fn forward_with_indices(&self, x: &Tensor) -> (Tensor, Tensor) {
+        functional::max_pool1d_with_indices(x, &self.options)
+    }
+}
+
 /// [`functional::max_pool2d`] as a module: `MaxPool2d::new([2, 2])` is PyTorch's `nn.MaxPool2d(2)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MaxPool2d {
@@ -48,6 +56,14 @@ impl MaxPool2d {
     }
 }
 pooling!(MaxPool2d, |s, x| functional::max_pool2d(x, &s.options));
+
+impl MaxPool2d {
+    /// The forward and the flat index of the tap each output took (`nn.MaxPool2d(..., return_indices=True)`).
+    #[track_caller]
+    pub fn forward_with_indices(&self, x: &Tensor) -> (Tensor, Tensor) {
+        functional::max_pool2d_with_indices(x, &self.options)
+    }
+}
 
 /// [`functional::avg_pool1d`] as a module; `count_include_pad` is true by default, as PyTorch's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
