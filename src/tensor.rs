@@ -203,6 +203,20 @@ pub struct Tensor {
     pub(crate) node: Arc<Node>,
 }
 
+/// A handle that does not keep its node alive (`std::sync::Weak`): for a gradient function that reads tensors
+/// recorded after its own node, which strong handles would tie into a cycle that outlives every user handle. A
+/// node with weak handles is never recycled for another (`Arc::get_mut` refuses it), so an upgrade gives the same
+/// node or nothing.
+#[derive(Clone)]
+pub(crate) struct WeakTensor(std::sync::Weak<Node>);
+
+impl WeakTensor {
+    /// The tensor, while any strong handle holds it.
+    pub(crate) fn upgrade(&self) -> Option<Tensor> {
+        self.0.upgrade().map(|node| Tensor { node })
+    }
+}
+
 impl Tensor {
     /// Records a node on its operands' device (every caller passes at least one operand; a node without any, a
     /// constant or a random draw, names its device through `on_device`). Callers have checked shapes and dtypes;
@@ -260,6 +274,11 @@ impl Tensor {
             State::Lazy(srcs) => srcs.first().cloned(),
             _ => None,
         }
+    }
+
+    /// A handle that does not keep this tensor alive ([`WeakTensor`]).
+    pub(crate) fn downgrade(&self) -> WeakTensor {
+        WeakTensor(Arc::downgrade(&self.node))
     }
 
     /// The same values, whose gradient `backward` sends to `inputs` through `f` (`f(g, inputs, i)`: the gradient

@@ -6,7 +6,8 @@
 //! A composition like everything in `nn`: each layer projects the whole sequence's inputs in one GEMM
 //! (`[T * N, I] x [I, G * H]`), then runs the recurrence a step at a time, a `[N, H] x [H, G * H]` product and the
 //! gates' elementwise code per step, all recorded into one lazy graph (the step loop unrolls; the plan cache keys
-//! it by the sequence length, so a fixed length compiles once). A bidirectional layer runs a second set of
+//! it by the sequence length, so a fixed length compiles once). The recurrent weight's gradient is one product over
+//! every step's (`direction`), not a sum of one per step. A bidirectional layer runs a second set of
 //! weights (`..._reverse`) from the last step to the first and concatenates both directions' outputs, as PyTorch.
 //! `dropout` zeroes the outputs between layers in training mode (`Module::train`), as PyTorch. Not done:
 //! `proj_size`, packed sequences.
@@ -15,7 +16,9 @@ use super::{Module, Param, init};
 use crate::args::fail;
 use crate::device::Device;
 use crate::random::{Generator, default_generator};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, WeakTensor};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// PyTorch's keyword arguments of `nn.LSTM` and `nn.GRU` that kiln has (`Default`: one layer, biases, `[T, N, I]`,
@@ -255,17 +258,66 @@ impl Stack {
             xi = xi.add(b.get());
         }
         let xi = xi.reshape(vec![t, n, rows]);
-        // Transposed at each step, not once for all: each step's weight gradient is then a product computed in the
-        // weight's own layout, and their sum reads them contiguously (through one shared transposed view, the sum
-        // of the steps' products is transposed once at the end, and its kernel reads every step's across its rows).
+        // The recurrent weight's and bias's gradients are sums over the steps, `sum_s dhh_s^T h_prev(s)` and
+        // `sum_s dhh_s` (`hh` the step's `h W_hh^T + b_hh`): one product over every step at once, computed from the
+        // stacked `dhh`, where through each step's own product they were T small GEMMs, T reductions and their
+        // nodes. So the steps multiply by the weight without its gradient, and a collector `[T, N, G * H]` whose
+        // gradient is the stacked `dhh` sends it to the weight and the bias: for an LSTM `xi` itself (each step adds
+        // `hh` to its slice of `xi` whole, so their gradients are one), for a GRU zeros each step adds to `hh` (its
+        // new gate multiplies `hh`'s third part by `r` before adding `xi`'s).
         let wh = layer.weight_hh.get();
         let bh = layer.bias_hh.as_ref().map(Param::get);
+        let (whd, bhd) = (wh.detach(), bh.as_ref().map(Tensor::detach));
+        // The state each step starts from, in step order, once the loop has run. Weak handles: the states are
+        // recorded after the collector, so strong ones would make a cycle through its gradient function that no
+        // handle of the caller's frees. While `backward` runs they are alive: each is an operand of its step's
+        // product, whose links the walk holds until it ends.
+        let prev_states: Arc<Mutex<Vec<WeakTensor>>> = Arc::new(Mutex::new(Vec::new()));
+        let collect = {
+            let prev_states = prev_states.clone();
+            let first_link = usize::from(self.cell == Cell::Lstm);
+            move |g: &Tensor, i: usize| -> Option<Tensor> {
+                let dhh = g.reshape(vec![t * n, rows]);
+                match i.checked_sub(first_link) {
+                    None => Some(g.clone()),
+                    Some(0) => {
+                        let prev: Vec<Tensor> = prev_states
+                            .lock()
+                            .iter()
+                            .map(|w| w.upgrade().map(|h| h.detach()))
+                            .collect::<Option<_>>()
+                            .unwrap_or_else(|| unreachable!("a step's state outlives the backward walk"));
+                        let refs: Vec<&Tensor> = prev.iter().collect();
+                        Some(dhh.transpose(0, 1).matmul(&Tensor::stack(&refs, 0).reshape(vec![t * n, hs])))
+                    }
+                    Some(_) => Some(dhh.sum(0, false)),
+                }
+            }
+        };
+        let mut links: crate::tensor::Srcs = smallvec::smallvec![wh.clone()];
+        links.extend(bh.iter().cloned());
+        let grad: crate::autograd::GradFn = Arc::new(move |g: &Tensor, _: &Tensor, _: &[Tensor], i| collect(g, i));
+        let (xi, zeros) = match self.cell {
+            Cell::Lstm => {
+                links.insert(0, xi.clone());
+                (xi.with_grad_fn(links, grad), None)
+            }
+            Cell::Gru => {
+                let zeros = Tensor::zeros([t, n, rows], xi.dtype(), &xi.device());
+                (xi, Some(zeros.with_grad_fn(links, grad)))
+            }
+        };
+        let mut prevs: Vec<Option<WeakTensor>> = vec![None; t];
         let mut outs = Vec::with_capacity(t);
         for step in 0..t {
             let s = if reverse { t - 1 - step } else { step };
-            let mut hh = h.matmul(&wh.t());
-            if let Some(b) = &bh {
+            prevs[s] = Some(h.downgrade());
+            let mut hh = h.matmul(&whd.t());
+            if let Some(b) = &bhd {
                 hh = hh.add(b);
+            }
+            if let Some(z) = &zeros {
+                hh = hh.add(z.narrow(0, s, 1).squeeze(0));
             }
             let xs = xi.narrow(0, s, 1).squeeze(0);
             // A gate as a slice of a middle dim of `[N, G, H]`, not of the `G * H` columns: its gradient puts the
@@ -291,6 +343,7 @@ impl Stack {
             }
             outs.push(h.clone());
         }
+        *prev_states.lock() = prevs.into_iter().flatten().collect();
         if reverse {
             outs.reverse();
         }
