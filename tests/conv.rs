@@ -1,8 +1,8 @@
 //! Convolutions and poolings (`nn::functional::conv2d`, `conv1d`, `conv_transpose2d`, `max_pool1d`/`2d`,
-//! `avg_pool1d`/`2d`, `adaptive_avg_pool1d`/`2d`, batched and not) and `Tensor::unfold`, and the modules over them,
-//! against what PyTorch 2.15 computed for the same inputs
-//! (`tests/fixtures/conv_torch.py` writes `conv_torch.safetensors`, inputs and outputs), on every device in f32
-//! and f64; their gradients by finite differences in `tests/gradcheck.rs`.
+//! `avg_pool1d`/`2d`, `adaptive_avg_pool1d`/`2d`, `adaptive_max_pool1d`/`2d`, batched and not) and `Tensor::unfold`,
+//! and the modules over them, against what PyTorch 2.15 computed for the same inputs (`tests/fixtures/conv_torch.py`
+//! writes `conv_torch.safetensors`, inputs and outputs), on every device in f32 and f64; their gradients by finite
+//! differences in `tests/gradcheck.rs`.
 
 mod test_cache;
 
@@ -17,7 +17,7 @@ fn convolutions_and_poolings_match_pytorch() {
     let Some(fixture) = Fixture::load("conv_torch.safetensors") else { return };
     let get = |name: &str| fixture.get(name);
     type Case = (&'static str, fn(&[Tensor]) -> Tensor);
-    let cases: [Case; 19] = [
+    let cases: [Case; 22] = [
         ("conv2d_strided", |t| {
             let o = Conv2dOptions { stride: [2, 1], padding: [1, 0], dilation: [1, 2], groups: 2 };
             F::conv2d(&t[0], &t[1], Some(&t[2]), &o)
@@ -98,6 +98,9 @@ fn convolutions_and_poolings_match_pytorch() {
             )
         }),
         ("adaptive_avg_pool1d", |t| F::adaptive_avg_pool1d(&t[4], 3)),
+        ("adaptive_max_pool2d", |t| F::adaptive_max_pool2d(&t[0], [2, 3])),
+        ("adaptive_max_pool2d_overlapping", |t| F::adaptive_max_pool2d(&t[0], [3, 4])),
+        ("adaptive_max_pool1d", |t| F::adaptive_max_pool1d(&t[4], 3)),
         ("conv_transpose2d", |t| {
             let o = F::ConvTranspose2dOptions {
                 stride: [2, 3],
@@ -280,8 +283,8 @@ fn conv2d_module_initializes_as_pytorch_and_forwards_the_function() {
 #[test]
 fn conv1d_transposed_and_pooling_modules_forward_their_functions() {
     use kiln::nn::{
-        AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, Conv1d, Conv1dOptions, ConvTranspose2d, MaxPool1d,
-        MaxPool2d, Module,
+        AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, AvgPool1d, AvgPool2d, Conv1d,
+        Conv1dOptions, ConvTranspose2d, MaxPool1d, MaxPool2d, Module,
     };
     let Some(dev) = data_device() else { return };
     let spread = |m: &dyn Module, shapes: &[Vec<usize>], fan_in: usize| {
@@ -314,14 +317,21 @@ fn conv1d_transposed_and_pooling_modules_forward_their_functions() {
     let p2 =
         Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1], dilation: [1, 1], ceil_mode: false };
     let p1 = Pool1dOptions { kernel: 3, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false };
-    let pools: [(&dyn Module, &Tensor, Tensor); 6] = [
+    let pools: [(&dyn Module, &Tensor, Tensor); 8] = [
         (&MaxPool2d { options: p2 }, &x2, F::max_pool2d(&x2, &p2)),
         (&AvgPool2d { options: p2, count_include_pad: false }, &x2, F::avg_pool2d(&x2, &p2, false)),
         (&AdaptiveAvgPool2d { output: [1, 1] }, &x2, F::adaptive_avg_pool2d(&x2, [1, 1])),
         (&MaxPool1d { options: p1 }, &x1, F::max_pool1d(&x1, &p1)),
         (&AvgPool1d::new(3), &x1, F::avg_pool1d(&x1, &Pool1dOptions::new(3), true)),
         (&AdaptiveAvgPool1d { output: 4 }, &x1, F::adaptive_avg_pool1d(&x1, 4)),
+        (&AdaptiveMaxPool2d { output: [2, 3] }, &x2, F::adaptive_max_pool2d(&x2, [2, 3])),
+        (&AdaptiveMaxPool1d { output: 4 }, &x1, F::adaptive_max_pool1d(&x1, 4)),
     ];
+    let (m, mi) = (MaxPool2d { options: p2 }.forward_with_indices(&x2), F::max_pool2d_with_indices(&x2, &p2));
+    assert_eq!(
+        (vals(&m.0), m.1.to_dtype(DType::I32).to_vec::<i32>().unwrap()),
+        (vals(&mi.0), mi.1.to_dtype(DType::I32).to_vec::<i32>().unwrap())
+    );
     for (m, x, want) in pools {
         assert!(m.named_params().is_empty());
         assert_eq!(vals(&m.forward(x)), vals(&want));

@@ -1063,6 +1063,9 @@ fn compositions() {
     s.check("max_pool2d, dilated, ceil mode", &[g.distinct(&[1, 2, 5, 6])], move |t| F::max_pool2d(&t[0], &dilated));
     let ceil = F::Pool2dOptions { ceil_mode: true, ..F::Pool2dOptions::new([3, 3]) };
     s.check("avg_pool2d, ceil mode", std::slice::from_ref(&img), move |t| F::avg_pool2d(&t[0], &ceil, true));
+    s.check("adaptive_max_pool2d, overlapping windows", &[g.distinct(&[1, 2, 5, 6])], |t| {
+        F::adaptive_max_pool2d(&t[0], [3, 4])
+    });
     s.check("adaptive_avg_pool2d", &[img], |t| F::adaptive_avg_pool2d(&t[0], [2, 4]));
     let pool1 = F::Pool1dOptions { kernel: 3, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false };
     s.check("max_pool1d", &[g.distinct(&[2, 3, 7])], move |t| F::max_pool1d(&t[0], &pool1));

@@ -43,7 +43,10 @@ pub use layers::{
 };
 pub use linear::Linear;
 pub use norm_layers::{GroupNorm, RMSNorm};
-pub use pool_layers::{AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d};
+pub use pool_layers::{
+    AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, AvgPool1d, AvgPool2d, MaxPool1d,
+    MaxPool2d,
+};
 pub use recurrent::{GRU, LSTM, RnnOptions};
 pub use utils::{clip_grad_norm, clip_grad_value};
 

@@ -1,5 +1,6 @@
 //! Pooling modules (`torch.nn.MaxPool1d`, `MaxPool2d`, `AvgPool1d`, `AvgPool2d`, `AdaptiveAvgPool1d`,
-//! `AdaptiveAvgPool2d`): the functions of `functional` with their options, no parameters, for `Sequential`.
+//! `AdaptiveAvgPool2d`, `AdaptiveMaxPool1d`, `AdaptiveMaxPool2d`): the functions of `functional` with their options,
+//! no parameters, for `Sequential`.
 
 use super::functional::{self, Pool1dOptions, Pool2dOptions};
 use super::{Module, Param};
@@ -109,3 +110,17 @@ pub struct AdaptiveAvgPool2d {
     pub output: [usize; 2],
 }
 pooling!(AdaptiveAvgPool2d, |s, x| functional::adaptive_avg_pool2d(x, s.output));
+
+/// [`functional::adaptive_max_pool1d`] as a module: `output` positions whatever the input's length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdaptiveMaxPool1d {
+    pub output: usize,
+}
+pooling!(AdaptiveMaxPool1d, |s, x| functional::adaptive_max_pool1d(x, s.output));
+
+/// [`functional::adaptive_max_pool2d`] as a module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdaptiveMaxPool2d {
+    pub output: [usize; 2],
+}
+pooling!(AdaptiveMaxPool2d, |s, x| functional::adaptive_max_pool2d(x, s.output));

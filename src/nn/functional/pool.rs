@@ -1,7 +1,7 @@
 //! Poolings (`torch.nn.functional`: `max_pool1d`, `max_pool2d`, their `return_indices` forms, `avg_pool1d`,
-//! `avg_pool2d`, `adaptive_avg_pool1d`, `adaptive_avg_pool2d`), NCHW as PyTorch, with its `dilation` (max only, as
-//! there) and `ceil_mode`. A pooling stacks strided slices of the padded input and reduces over them (max with -inf
-//! padding, mean with zeros), so its windows are exactly PyTorch's; where the windows tile the input it reduces a
+//! `avg_pool2d`, `adaptive_avg_pool1d`/`2d`, `adaptive_max_pool1d`/`2d`), NCHW as PyTorch, with its `dilation` (max
+//! only, as there) and `ceil_mode`. A pooling stacks strided slices of the padded input and reduces over them (max with
+//! -inf padding, mean with zeros), so its windows are exactly PyTorch's; where the windows tile the input it reduces a
 //! reshaped view instead. The 1-D forms are the 2-D ones over a height of 1.
 //!
 //! Max pooling's indices name the tap PyTorch's kernels take (the first maximum in row-major window order; in a
@@ -10,7 +10,7 @@
 //! PyTorch sends it all to the tap the indices name, so the two differ only where a window holds its maximum
 //! twice (and a window holding NaN gets NaN gradients). Deliberately: PyTorch's pick, as a one-hot over the taps in
 //! the backward, made the digits CNN's step (two 2 x 2 poolings) about half again slower. Not done: `max_unpool`,
-//! `divisor_override`.
+//! `divisor_override`, the adaptive max poolings' indices.
 
 use super::float_only;
 use crate::args::fail;
@@ -91,6 +91,16 @@ pub fn max_pool1d_with_indices(x: &Tensor, opts: &Pool1dOptions) -> (Tensor, Ten
 pub fn avg_pool1d(x: &Tensor, opts: &Pool1dOptions, count_include_pad: bool) -> Tensor {
     let o = opts.as_2d("avg_pool1d");
     over_one_row("avg_pool1d", x, |x| avg_pool2d(x, &o, count_include_pad))
+}
+
+/// The maximum over `output` adaptive windows of `x` `[N, C, L]` or `[C, L]` (PyTorch's `adaptive_max_pool1d`; the
+/// windows as [`adaptive_avg_pool2d`]'s).
+#[track_caller]
+pub fn adaptive_max_pool1d(x: &Tensor, output: usize) -> Tensor {
+    if output == 0 {
+        fail!("adaptive_max_pool1d", "the output size must be at least 1");
+    }
+    over_one_row("adaptive_max_pool1d", x, |x| adaptive_max_pool2d(x, [1, output]))
 }
 
 /// The mean over `output` adaptive windows of `x` `[N, C, L]` or `[C, L]` (PyTorch's `adaptive_avg_pool1d`; the
@@ -325,13 +335,28 @@ pub fn avg_pool2d(x: &Tensor, opts: &Pool2dOptions, count_include_pad: bool) -> 
 /// spans `floor(i l / n) .. ceil((i + 1) l / n)`; rows and columns are averaged in turn.
 #[track_caller]
 pub fn adaptive_avg_pool2d(x: &Tensor, output: [usize; 2]) -> Tensor {
-    float_only("adaptive_avg_pool2d", x);
+    adaptive("adaptive_avg_pool2d", x, output, |w, d| w.mean(d, true))
+}
+
+/// The maximum over `output` adaptive windows (PyTorch's `adaptive_max_pool2d`; the windows as
+/// [`adaptive_avg_pool2d`]'s, rows and columns reduced in turn). The gradient as [`max_pool2d`]'s.
+#[track_caller]
+pub fn adaptive_max_pool2d(x: &Tensor, output: [usize; 2]) -> Tensor {
+    adaptive("adaptive_max_pool2d", x, output, |w, d| w.max(d, true))
+}
+
+/// `reduce(window, dim)` (keeping `dim`) over `output` adaptive windows of `x` `[N, C, H, W]` or `[C, H, W]`, along
+/// the rows and then the columns: what both adaptive poolings are, as a mean and a maximum over a rectangle are
+/// those over its rows' results.
+#[track_caller]
+fn adaptive(name: &str, x: &Tensor, output: [usize; 2], reduce: fn(&Tensor, isize) -> Tensor) -> Tensor {
+    float_only(name, x);
     if x.rank() == 3 {
-        return adaptive_avg_pool2d(&x.unsqueeze(0), output).squeeze(0);
+        return adaptive(name, &x.unsqueeze(0), output, reduce).squeeze(0);
     }
     if x.rank() != 4 || output.contains(&0) {
         fail!(
-            "adaptive_avg_pool2d",
+            name,
             "expects an input [N, C, H, W] or [C, H, W] and an output size of at least 1, got {:?} and {output:?}",
             x.dims()
         );
@@ -342,7 +367,7 @@ pub fn adaptive_avg_pool2d(x: &Tensor, output: [usize; 2]) -> Tensor {
         let parts: Vec<Tensor> = (0..n)
             .map(|i| {
                 let (start, end) = (i * l / n, ((i + 1) * l).div_ceil(n));
-                y.narrow(*d as isize, start, end - start).mean(*d as isize, true)
+                reduce(&y.narrow(*d as isize, start, end - start), *d as isize)
             })
             .collect();
         let refs: Vec<&Tensor> = parts.iter().collect();
