@@ -25,40 +25,19 @@ fn convolutions_and_poolings_match_pytorch() {
         ("conv2d_plain", |t| F::conv2d(&t[0], &t[3], None, &Conv2dOptions::default())),
         ("conv1d", |t| F::conv1d(&t[4], &t[5], Some(&t[6]), 2, 1, 1, 1)),
         ("max_pool2d", |t| {
-            F::max_pool2d(
-                &t[0],
-                &Pool2dOptions {
-                    kernel: [2, 3],
-                    stride: Some([2, 2]),
-                    padding: [1, 1],
-                    dilation: [1, 1],
-                    ceil_mode: false,
-                },
-            )
+            F::max_pool2d(&t[0], &Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], ..Pool2dOptions::new([2, 3]) })
         }),
         ("avg_pool2d", |t| {
             F::avg_pool2d(
                 &t[0],
-                &Pool2dOptions {
-                    kernel: [2, 2],
-                    stride: Some([2, 2]),
-                    padding: [1, 1],
-                    dilation: [1, 1],
-                    ceil_mode: false,
-                },
+                &Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], ..Pool2dOptions::new([2, 2]) },
                 true,
             )
         }),
         ("avg_pool2d_exclude_pad", |t| {
             F::avg_pool2d(
                 &t[0],
-                &Pool2dOptions {
-                    kernel: [2, 2],
-                    stride: Some([2, 2]),
-                    padding: [1, 1],
-                    dilation: [1, 1],
-                    ceil_mode: false,
-                },
+                &Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], ..Pool2dOptions::new([2, 2]) },
                 false,
             )
         }),
@@ -67,35 +46,18 @@ fn convolutions_and_poolings_match_pytorch() {
         ("max_pool2d_tiled", |t| F::max_pool2d(&t[0], &Pool2dOptions::new([2, 2]))),
         ("avg_pool2d_tiled", |t| F::avg_pool2d(&t[0], &Pool2dOptions::new([2, 3]), true)),
         ("max_pool2d_unbatched", |t| {
-            let o = Pool2dOptions {
-                kernel: [2, 3],
-                stride: Some([2, 2]),
-                padding: [1, 1],
-                dilation: [1, 1],
-                ceil_mode: false,
-            };
+            let o = Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], ..Pool2dOptions::new([2, 3]) };
             F::max_pool2d(&t[0].narrow(0, 0, 1).squeeze(0), &o)
         }),
         ("max_pool1d", |t| {
-            F::max_pool1d(
-                &t[4],
-                &Pool1dOptions { kernel: 3, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false },
-            )
+            F::max_pool1d(&t[4], &Pool1dOptions { stride: Some(2), padding: 1, ..Pool1dOptions::new(3) })
         }),
         ("max_pool1d_unbatched", |t| F::max_pool1d(&t[4].narrow(0, 0, 1).squeeze(0), &Pool1dOptions::new(2))),
         ("avg_pool1d", |t| {
-            F::avg_pool1d(
-                &t[4],
-                &Pool1dOptions { kernel: 2, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false },
-                true,
-            )
+            F::avg_pool1d(&t[4], &Pool1dOptions { stride: Some(2), padding: 1, ..Pool1dOptions::new(2) }, true)
         }),
         ("avg_pool1d_exclude_pad", |t| {
-            F::avg_pool1d(
-                &t[4],
-                &Pool1dOptions { kernel: 3, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false },
-                false,
-            )
+            F::avg_pool1d(&t[4], &Pool1dOptions { stride: Some(2), padding: 1, ..Pool1dOptions::new(3) }, false)
         }),
         ("adaptive_avg_pool1d", |t| F::adaptive_avg_pool1d(&t[4], 3)),
         ("adaptive_max_pool2d", |t| F::adaptive_max_pool2d(&t[0], [2, 3])),
@@ -158,15 +120,12 @@ fn misfits_are_refused() {
     }));
     assert!(groups.contains("3 groups"), "{groups}");
     let pad = msg(Box::new(move || {
-        F::max_pool2d(
-            &x3,
-            &Pool2dOptions { kernel: [2, 2], stride: None, padding: [2, 0], dilation: [1, 1], ceil_mode: false },
-        );
+        F::max_pool2d(&x3, &Pool2dOptions { padding: [2, 0], ..Pool2dOptions::new([2, 2]) });
     }));
     assert!(pad.contains("half the window's span"), "{pad}");
     let x1 = tensor(DType::F32, &[0.5; 2 * 3 * 7], &[2, 3, 7]);
     let pad1 = msg(Box::new(move || {
-        F::avg_pool1d(&x1, &Pool1dOptions { kernel: 2, stride: None, padding: 2, dilation: 1, ceil_mode: false }, true);
+        F::avg_pool1d(&x1, &Pool1dOptions { padding: 2, ..Pool1dOptions::new(2) }, true);
     }));
     assert!(pad1.contains("avg_pool1d") && pad1.contains("kernel 2") && pad1.contains("padding 2"), "{pad1}");
     let x4 = x.clone();
@@ -314,9 +273,8 @@ fn conv1d_transposed_and_pooling_modules_forward_their_functions() {
     let want = F::conv_transpose2d(&x2, &ct.weight().get(), Some(&ct.bias().unwrap().get()), &ot);
     assert_eq!(vals(&ct.forward(&x2)), vals(&want));
     assert_eq!(ct.forward(&x2).dims(), [2, 6, 11, 12]);
-    let p2 =
-        Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1], dilation: [1, 1], ceil_mode: false };
-    let p1 = Pool1dOptions { kernel: 3, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false };
+    let p2 = Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], ..Pool2dOptions::new([2, 3]) };
+    let p1 = Pool1dOptions { stride: Some(2), padding: 1, ..Pool1dOptions::new(3) };
     let pools: [(&dyn Module, &Tensor, Tensor); 8] = [
         (&MaxPool2d { options: p2 }, &x2, F::max_pool2d(&x2, &p2)),
         (&AvgPool2d { options: p2, count_include_pad: false }, &x2, F::avg_pool2d(&x2, &p2, false)),

@@ -1052,8 +1052,7 @@ fn compositions() {
     s.check("conv1d, padded", &[g.uniform(&[2, 3, 7], -1.0, 1.0), g.uniform(&[4, 3, 3], -1.0, 1.0)], |t| {
         F::conv1d(&t[0], &t[1], None, 2, 1, 1, 1)
     });
-    let pool =
-        F::Pool2dOptions { kernel: [2, 3], stride: Some([2, 2]), padding: [1, 1], dilation: [1, 1], ceil_mode: false };
+    let pool = F::Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], ..F::Pool2dOptions::new([2, 3]) };
     s.check("max_pool2d", &[g.distinct(&[1, 2, 5, 6])], move |t| F::max_pool2d(&t[0], &pool));
     s.check("max_pool2d, tiled", &[g.distinct(&[1, 2, 5, 6])], |t| {
         F::max_pool2d(&t[0], &F::Pool2dOptions::new([2, 2]))
@@ -1067,7 +1066,7 @@ fn compositions() {
         F::adaptive_max_pool2d(&t[0], [3, 4])
     });
     s.check("adaptive_avg_pool2d", &[img], |t| F::adaptive_avg_pool2d(&t[0], [2, 4]));
-    let pool1 = F::Pool1dOptions { kernel: 3, stride: Some(2), padding: 1, dilation: 1, ceil_mode: false };
+    let pool1 = F::Pool1dOptions { stride: Some(2), padding: 1, ..F::Pool1dOptions::new(3) };
     s.check("max_pool1d", &[g.distinct(&[2, 3, 7])], move |t| F::max_pool1d(&t[0], &pool1));
     let seq = g.uniform(&[2, 3, 7], -1.0, 1.0);
     s.check("avg_pool1d without the padding", std::slice::from_ref(&seq), move |t| F::avg_pool1d(&t[0], &pool1, false));
