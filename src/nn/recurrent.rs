@@ -257,30 +257,38 @@ impl Stack {
         if let Some(b) = &layer.bias_ih {
             xi = xi.add(b.get());
         }
-        let xi = xi.reshape(vec![t, n, rows]);
+        let mut xi = xi.reshape(vec![t, n, rows]);
         // The recurrent weight's and bias's gradients are sums over the steps, `sum_s dhh_s^T h_prev(s)` and
         // `sum_s dhh_s` (`hh` the step's `h W_hh^T + b_hh`): one product over every step at once, computed from the
         // stacked `dhh`, where through each step's own product they were T small GEMMs, T reductions and their
         // nodes. So the steps multiply by the weight without its gradient, and a collector `[T, N, G * H]` whose
-        // gradient is the stacked `dhh` sends it to the weight and the bias: for an LSTM `xi` itself (each step adds
-        // `hh` to its slice of `xi` whole, so their gradients are one), for a GRU zeros each step adds to `hh` (its
-        // new gate multiplies `hh`'s third part by `r` before adding `xi`'s).
+        // gradient is the stacked `dhh` sends it to the weight (and the bias): for an LSTM `xi` itself (each step
+        // adds `hh` to its slice of `xi` whole, so their gradients are one; the bias is then added to `xi` once,
+        // not at each step), for a GRU zeros each step adds to `hh` (its new gate multiplies `hh`'s third part by
+        // `r` before adding `xi`'s).
         let wh = layer.weight_hh.get();
         let bh = layer.bias_hh.as_ref().map(Param::get);
-        let (whd, bhd) = (wh.detach(), bh.as_ref().map(Tensor::detach));
+        let lstm = self.cell == Cell::Lstm;
+        if lstm && let Some(b) = &bh {
+            xi = xi.add(b);
+        }
+        // The steps' own bias: a GRU's, without its gradient (the collector sends it).
+        let step_bias = bh.as_ref().filter(|_| !lstm).map(Tensor::detach);
+        let wht = wh.detach().t();
         // The state each step starts from, in step order, once the loop has run. Weak handles: the states are
         // recorded after the collector, so strong ones would make a cycle through its gradient function that no
         // handle of the caller's frees. While `backward` runs they are alive: each is an operand of its step's
         // product, whose links the walk holds until it ends.
         let prev_states: Arc<Mutex<Vec<WeakTensor>>> = Arc::new(Mutex::new(Vec::new()));
+        // The collector's links: for an LSTM `xi` (its gradient passed on) and the weight; for a GRU the weight and
+        // the bias.
         let collect = {
             let prev_states = prev_states.clone();
-            let first_link = usize::from(self.cell == Cell::Lstm);
             move |g: &Tensor, i: usize| -> Option<Tensor> {
                 let dhh = g.reshape(vec![t * n, rows]);
-                match i.checked_sub(first_link) {
-                    None => Some(g.clone()),
-                    Some(0) => {
+                match (lstm, i) {
+                    (true, 0) => Some(g.clone()),
+                    (true, _) | (false, 0) => {
                         let prev: Vec<Tensor> = prev_states
                             .lock()
                             .iter()
@@ -290,30 +298,27 @@ impl Stack {
                         let refs: Vec<&Tensor> = prev.iter().collect();
                         Some(dhh.transpose(0, 1).matmul(&Tensor::stack(&refs, 0).reshape(vec![t * n, hs])))
                     }
-                    Some(_) => Some(dhh.sum(0, false)),
+                    (false, _) => Some(dhh.sum(0, false)),
                 }
             }
         };
-        let mut links: crate::tensor::Srcs = smallvec::smallvec![wh.clone()];
-        links.extend(bh.iter().cloned());
         let grad: crate::autograd::GradFn = Arc::new(move |g: &Tensor, _: &Tensor, _: &[Tensor], i| collect(g, i));
-        let (xi, zeros) = match self.cell {
-            Cell::Lstm => {
-                links.insert(0, xi.clone());
-                (xi.with_grad_fn(links, grad), None)
-            }
-            Cell::Gru => {
-                let zeros = Tensor::zeros([t, n, rows], xi.dtype(), &xi.device());
-                (xi, Some(zeros.with_grad_fn(links, grad)))
-            }
+        let (xi, zeros) = if lstm {
+            let links: crate::tensor::Srcs = smallvec::smallvec![xi.clone(), wh.clone()];
+            (xi.with_grad_fn(links, grad), None)
+        } else {
+            let mut links: crate::tensor::Srcs = smallvec::smallvec![wh.clone()];
+            links.extend(bh.iter().cloned());
+            let zeros = Tensor::zeros([t, n, rows], xi.dtype(), &xi.device());
+            (xi, Some(zeros.with_grad_fn(links, grad)))
         };
         let mut prevs: Vec<Option<WeakTensor>> = vec![None; t];
         let mut outs = Vec::with_capacity(t);
         for step in 0..t {
             let s = if reverse { t - 1 - step } else { step };
             prevs[s] = Some(h.downgrade());
-            let mut hh = h.matmul(&whd.t());
-            if let Some(b) = &bhd {
+            let mut hh = h.matmul(&wht);
+            if let Some(b) = &step_bias {
                 hh = hh.add(b);
             }
             if let Some(z) = &zeros {
@@ -323,10 +328,11 @@ impl Stack {
             // A gate as a slice of a middle dim of `[N, G, H]`, not of the `G * H` columns: its gradient puts the
             // gates back into one tensor along an outer loop, a kernel the CPU runs by regions of whole gates
             // (`kernel::regions`), where a cut along the columns would leave it a masked 4-lane kernel.
-            let gate = |v: &Tensor, i: usize| v.reshape(vec![n, self.cell.gates(), hs]).narrow(1, i, 1).squeeze(1);
+            let by_gate = |v: &Tensor| v.reshape(vec![n, self.cell.gates(), hs]);
+            let gate = |v: &Tensor, i: usize| v.narrow(1, i, 1).squeeze(1);
             match (self.cell, &c) {
                 (Cell::Lstm, Some(prev)) => {
-                    let z = xs.add(&hh);
+                    let z = by_gate(&xs.add(&hh));
                     let (i, f) = (gate(&z, 0).sigmoid(), gate(&z, 1).sigmoid());
                     let (g, o) = (gate(&z, 2).tanh(), gate(&z, 3).sigmoid());
                     let next = f.mul(prev).add(i.mul(&g));
@@ -334,6 +340,7 @@ impl Stack {
                     c = Some(next);
                 }
                 _ => {
+                    let (xs, hh) = (by_gate(&xs), by_gate(&hh));
                     let r = gate(&xs, 0).add(gate(&hh, 0)).sigmoid();
                     let z = gate(&xs, 1).add(gate(&hh, 1)).sigmoid();
                     let new = gate(&xs, 2).add(r.mul(gate(&hh, 2))).tanh();
