@@ -22,6 +22,8 @@ use std::sync::atomic::Ordering;
 
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+    /// Nodes the last `backward` on this thread walked: the next one's initial capacities.
+    static LAST_WALK: Cell<usize> = const { Cell::new(0) };
 }
 
 /// A node's own vector-Jacobian product (`Tensor::with_grad_fn`): given the node's gradient, the node itself (its
@@ -134,8 +136,11 @@ impl Tensor {
         // Post-order over autograd links (operands before users), iteratively. Operand lists are inline (`Srcs`)
         // and the maps sized for a typical step up front: a training step walks this every iteration, and a
         // `Vec` per node plus the maps' regrowth were ~15% of recording an MLP step.
-        let mut order: Vec<(Tensor, Srcs)> = Vec::with_capacity(64);
-        let mut seen: FxHashSet<*const Node> = FxHashSet::with_capacity_and_hasher(64, Default::default());
+        // Sized for the last walk on this thread: a training step walks as many nodes every time (4000 for a small
+        // LSTM), and growing the maps and the order from 64 rehashed them six times.
+        let hint = LAST_WALK.get().max(64);
+        let mut order: Vec<(Tensor, Srcs)> = Vec::with_capacity(hint);
+        let mut seen: FxHashSet<*const Node> = FxHashSet::with_capacity_and_hasher(hint, Default::default());
         let mut stack: Vec<(Tensor, Option<Srcs>, usize)> = vec![(self.clone(), None, 0)];
         seen.insert(Arc::as_ptr(&self.node));
         while let Some((t, srcs, next)) = stack.last_mut() {
@@ -167,7 +172,8 @@ impl Tensor {
             order.push((t, srcs.expect("read")));
         }
 
-        let mut grads: FxHashMap<*const Node, Tensor> = FxHashMap::with_capacity_and_hasher(64, Default::default());
+        LAST_WALK.set(order.len());
+        let mut grads: FxHashMap<*const Node, Tensor> = FxHashMap::with_capacity_and_hasher(hint, Default::default());
         grads.insert(Arc::as_ptr(&self.node), self.ones_like());
         let mut out = Gradients::default();
         for (t, srcs) in order.iter().rev() {

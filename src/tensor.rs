@@ -139,7 +139,8 @@ fn alloc_node(node: Node) -> Arc<Node> {
                 *slot = node; // drops the spare's old fields (its `Node::drop` sees `Spare` and does nothing)
                 arc
             }
-            None => Arc::new(node), // unreachable: spares are never shared and nodes have no weak references
+            // Unreachable: spares are never shared, and `retire` takes no node with weak handles.
+            None => Arc::new(node),
         },
         None => Arc::new(node),
     }
