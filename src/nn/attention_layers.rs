@@ -96,6 +96,22 @@ impl MultiheadAttention {
         }
     }
 
+    /// A copy holding the same values in parameters of its own, in the same mode.
+    pub(crate) fn copy(&self) -> MultiheadAttention {
+        let out = Linear::from_weight(self.out_proj.weight().get(), self.out_proj.bias().map(Param::get));
+        let mut m = MultiheadAttention::from_params(
+            self.num_heads,
+            self.in_proj_weight.get(),
+            self.in_proj_bias.as_ref().map(Param::get),
+            out,
+        );
+        m.batch_first = self.batch_first;
+        m.dropout = self.dropout;
+        m.training
+            .store(self.training.load(std::sync::atomic::Ordering::Relaxed), std::sync::atomic::Ordering::Relaxed);
+        m
+    }
+
     /// Inputs and outputs `[N, L, E]` instead of `[L, N, E]`.
     pub fn batch_first(mut self, on: bool) -> MultiheadAttention {
         self.batch_first = on;

@@ -69,6 +69,17 @@ impl LayerNorm {
         }
     }
 
+    /// A copy holding the same values in parameters of its own (a clone shares them).
+    pub(crate) fn copy(&self) -> LayerNorm {
+        let own = |p: &Option<Param>| p.as_ref().map(|p| Param::new(p.name(), p.get()));
+        LayerNorm {
+            normalized_shape: self.normalized_shape.clone(),
+            weight: own(&self.weight),
+            bias: own(&self.bias),
+            eps: self.eps,
+        }
+    }
+
     /// Sets `eps` (builder style).
     pub fn eps(mut self, eps: f64) -> LayerNorm {
         self.eps = eps;

@@ -31,6 +31,7 @@ mod linear;
 mod norm_layers;
 mod pool_layers;
 mod recurrent;
+mod transformer;
 mod utils;
 
 pub use attention_layers::{MhaOptions, MultiheadAttention, RotaryEmbedding, apply_rotary};
@@ -48,6 +49,10 @@ pub use pool_layers::{
     MaxPool2d,
 };
 pub use recurrent::{GRU, LSTM, RnnOptions};
+pub use transformer::{
+    AttentionMasks, DecoderMasks, TransformerActivation, TransformerDecoder, TransformerDecoderLayer,
+    TransformerEncoder, TransformerEncoderLayer, TransformerOptions,
+};
 pub use utils::{clip_grad_norm, clip_grad_value};
 
 use crate::DType;

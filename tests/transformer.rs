@@ -1,0 +1,204 @@
+//! `nn::TransformerEncoderLayer`, `TransformerDecoderLayer`, `TransformerEncoder` and `TransformerDecoder` against
+//! PyTorch 2.15 (`tests/fixtures/transformer_torch.py` writes the parameters, inputs, outputs and gradients): a
+//! post-norm ReLU encoder layer with key padding, a pre-norm GELU encoder stack without biases (causal, batch first,
+//! a final norm), a post-norm decoder layer (causal target, padded memory) and a pre-norm GELU decoder stack; the
+//! outputs and the gradients of `(out * w).sum()` for the inputs and every parameter, on every device in f32 and
+//! f64. Plus PyTorch's parameter names and the stacks' copies.
+
+mod test_cache;
+
+mod common;
+
+use common::*;
+use kiln::nn::{
+    AttentionMasks, DecoderMasks, LayerNorm, Module, TransformerActivation, TransformerDecoder,
+    TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer, TransformerOptions,
+};
+use kiln::{DType, Tensor};
+
+/// `got` against PyTorch's `want` within f32's accumulate tolerance: the reference is PyTorch's f32 result, so an
+/// f64 run is held to it at f32's precision.
+fn close(got: &Tensor, want: &Tensor, what: &str) {
+    assert_eq!(got.dims(), want.dims(), "{what}: shape");
+    let got = got.to_dtype(DType::F32).to_host().unwrap();
+    if let Err(e) = compare(&got, &want.to_host().unwrap(), tol(DType::F32, Kind::Accumulate)) {
+        panic!("{what}: {e}");
+    }
+}
+
+const E: usize = 16;
+const H: usize = 4;
+
+fn opts(gelu: bool, batch_first: bool, norm_first: bool, bias: bool) -> TransformerOptions {
+    let activation = if gelu { TransformerActivation::Gelu } else { TransformerActivation::Relu };
+    TransformerOptions {
+        dim_feedforward: 24,
+        dropout: 0.0,
+        activation,
+        batch_first,
+        norm_first,
+        bias,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn transformer_layers_and_stacks_match_pytorch_with_gradients() {
+    let Some(fixture) = Fixture::load("transformer_torch.safetensors") else { return };
+    let cpu = data_device().expect("the fixture loaded");
+    // The masks PyTorch was given: a causal triangle (true = not allowed) and key padding.
+    let causal = Tensor::ones([5, 5], DType::F32, &cpu).triu(1).gt(0.0);
+    let pad = |s: usize, padded: usize| {
+        let v: Vec<bool> = (0..2 * s).map(|i| i >= 2 * s - padded).collect();
+        Tensor::from_vec(v, [2, s], &cpu).unwrap()
+    };
+    let (pad_src, pad_mem) = (pad(5, 2), pad(6, 1));
+    let enc = TransformerEncoderLayer::new(E, H, opts(false, false, false, true), &cpu);
+    let layer = TransformerEncoderLayer::new(E, H, opts(true, true, true, false), &cpu);
+    let enc_stack = TransformerEncoder::new(&layer, 2, Some(LayerNorm::new([E], &cpu)));
+    let dec = TransformerDecoderLayer::new(E, H, opts(false, false, false, true), &cpu);
+    let dlayer = TransformerDecoderLayer::new(E, H, opts(true, true, true, true), &cpu);
+    let dec_stack = TransformerDecoder::new(&dlayer, 2, Some(LayerNorm::new([E], &cpu)));
+    for dev in devices() {
+        for dtype in [DType::F32, DType::F64] {
+            if !runs_on(&dev, &[dtype]) {
+                continue;
+            }
+            let on = |t: &Tensor| t.to_device(&dev).unwrap();
+            let (causal, pad_src, pad_mem) = (on(&causal), on(&pad_src), on(&pad_mem));
+            type Run<'a> = Box<dyn Fn(&[Tensor]) -> Tensor + 'a>;
+            let cases: [(&str, &dyn Module, usize, Run); 4] = [
+                (
+                    "enc",
+                    &enc,
+                    1,
+                    Box::new(|x| {
+                        enc.forward_with(
+                            &x[0],
+                            AttentionMasks { key_padding_mask: Some(&pad_src), ..Default::default() },
+                        )
+                    }),
+                ),
+                (
+                    "enc_stack",
+                    &enc_stack,
+                    1,
+                    Box::new(|x| {
+                        enc_stack.forward_with(
+                            &x[0],
+                            AttentionMasks { mask: Some(&causal), is_causal: true, ..Default::default() },
+                        )
+                    }),
+                ),
+                (
+                    "dec",
+                    &dec,
+                    2,
+                    Box::new(|x| {
+                        let masks = DecoderMasks {
+                            tgt: AttentionMasks { is_causal: true, ..Default::default() },
+                            memory: AttentionMasks { key_padding_mask: Some(&pad_mem), ..Default::default() },
+                        };
+                        dec.forward_with(&x[0], &x[1], masks)
+                    }),
+                ),
+                (
+                    "dec_stack",
+                    &dec_stack,
+                    2,
+                    Box::new(|x| dec_stack.forward_with(&x[0], &x[1], DecoderMasks::default())),
+                ),
+            ];
+            for (prefix, module, inputs, run) in cases {
+                let at = format!("{prefix} ({dtype} on {})", dev.describe());
+                module.to_dtype(dtype);
+                for (name, p) in module.named_params() {
+                    p.set(fixture.get(&format!("{prefix}.{name}")).to_dtype(dtype).to_device(&dev).unwrap());
+                }
+                let xs: Vec<Tensor> = (0..inputs)
+                    .map(|i| {
+                        fixture.get(&format!("{prefix}.in{i}")).to_dtype(dtype).to_device(&dev).unwrap().requires_grad()
+                    })
+                    .collect();
+                let y = run(&xs);
+                close(&y, &fixture.get(&format!("{prefix}.out")), &format!("{at}: output"));
+                let w = fixture.get(&format!("{prefix}.out")).ones_like();
+                let w = sines_like(&w, 0.7).to_dtype(dtype).to_device(&dev).unwrap();
+                let grads = y.mul(&w).sum_all().backward().unwrap();
+                for (i, x) in xs.iter().enumerate() {
+                    close(
+                        grads.get(x).unwrap(),
+                        &fixture.get(&format!("{prefix}.grad.in{i}")),
+                        &format!("{at}: input {i}'s gradient"),
+                    );
+                }
+                for (name, p) in module.named_params() {
+                    let g = grads.get(&p.get()).unwrap_or_else(|| panic!("{at}: no gradient for {name}"));
+                    close(g, &fixture.get(&format!("{prefix}.grad.{name}")), &format!("{at}: {name}'s gradient"));
+                }
+            }
+        }
+    }
+}
+
+/// `sin(0.37 i + c)` over `like`'s shape, f32 (what the fixture weighted the outputs by).
+fn sines_like(like: &Tensor, c: f64) -> Tensor {
+    let n = like.numel();
+    let v: Vec<f32> = (0..n).map(|i| (0.37 * i as f64 + c).sin() as f32).collect();
+    Tensor::from_vec(v, like.dims().to_vec(), &like.device()).unwrap()
+}
+
+/// PyTorch's parameter names and shapes, the stacks' layers as copies (the same values, parameters of their own),
+/// and a decoder's forward without memory refused with the call to make.
+#[test]
+fn transformer_parameters_are_named_as_pytorch_and_stacks_copy() {
+    let Some(dev) = data_device() else { return };
+    let enc = TransformerEncoderLayer::new(E, H, TransformerOptions::default(), &dev);
+    let names: Vec<(String, Vec<usize>)> = enc.named_params().into_iter().map(|(n, p)| (n, p.dims())).collect();
+    let want: Vec<(String, Vec<usize>)> = [
+        ("self_attn.in_proj_weight", vec![3 * E, E]),
+        ("self_attn.in_proj_bias", vec![3 * E]),
+        ("self_attn.out_proj.weight", vec![E, E]),
+        ("self_attn.out_proj.bias", vec![E]),
+        ("linear1.weight", vec![2048, E]),
+        ("linear1.bias", vec![2048]),
+        ("linear2.weight", vec![E, 2048]),
+        ("linear2.bias", vec![E]),
+        ("norm1.weight", vec![E]),
+        ("norm1.bias", vec![E]),
+        ("norm2.weight", vec![E]),
+        ("norm2.bias", vec![E]),
+    ]
+    .into_iter()
+    .map(|(n, d)| (n.to_string(), d))
+    .collect();
+    assert_eq!(names, want);
+    let dec = TransformerDecoderLayer::new(E, H, opts(false, false, false, false), &dev);
+    let dec_names: Vec<String> = dec.named_params().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        dec_names,
+        [
+            "self_attn.in_proj_weight",
+            "self_attn.out_proj.weight",
+            "multihead_attn.in_proj_weight",
+            "multihead_attn.out_proj.weight",
+            "linear1.weight",
+            "linear2.weight",
+            "norm1.weight",
+            "norm2.weight",
+            "norm3.weight"
+        ]
+    );
+    let stack = TransformerEncoder::new(&enc, 2, None);
+    let params = stack.named_params();
+    assert_eq!(params.len(), 24);
+    assert_eq!(params[0].0, "layers.0.self_attn.in_proj_weight");
+    assert_eq!(params[12].0, "layers.1.self_attn.in_proj_weight");
+    let vals = |t: Tensor| t.to_dtype(DType::F32).to_vec::<f32>().unwrap();
+    assert_eq!(vals(params[0].1.get()), vals(params[12].1.get()), "the layers start from the layer's values");
+    assert!(!params[0].1.ptr_eq(&params[12].1), "each layer has parameters of its own");
+    let x = Tensor::zeros([3, 2, E], DType::F32, &dev);
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dec.forward(&x))).expect_err("refused");
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("TransformerDecoderLayer") && msg.contains("forward_with"), "{msg}");
+}
