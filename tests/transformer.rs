@@ -1,9 +1,10 @@
-//! `nn::TransformerEncoderLayer`, `TransformerDecoderLayer`, `TransformerEncoder` and `TransformerDecoder` against
-//! PyTorch 2.15 (`tests/fixtures/transformer_torch.py` writes the parameters, inputs, outputs and gradients): a
-//! post-norm ReLU encoder layer with key padding, a pre-norm GELU encoder stack without biases (causal, batch first,
-//! a final norm), a post-norm decoder layer (causal target, padded memory) and a pre-norm GELU decoder stack; the
-//! outputs and the gradients of `(out * w).sum()` for the inputs and every parameter, on every device in f32 and
-//! f64. Plus PyTorch's parameter names and the stacks' copies.
+//! `nn::TransformerEncoderLayer`, `TransformerDecoderLayer`, `TransformerEncoder`, `TransformerDecoder` and
+//! `Transformer` against PyTorch 2.15 (`tests/fixtures/transformer_torch.py` writes the parameters, inputs, outputs
+//! and gradients): a post-norm ReLU encoder layer with key padding, a pre-norm GELU encoder stack without biases
+//! (causal, batch first, a final norm), a post-norm decoder layer (causal target, padded memory), a pre-norm GELU
+//! decoder stack and an encoder-decoder `Transformer` (a float causal mask, padded source); the outputs and the
+//! gradients of a weighted sum of them for the inputs and every parameter, on every device in f32 and f64. Plus
+//! PyTorch's parameter names and the stacks' copies.
 
 mod test_cache;
 
@@ -11,8 +12,8 @@ mod common;
 
 use common::*;
 use kiln::nn::{
-    AttentionMasks, DecoderMasks, LayerNorm, Module, TransformerActivation, TransformerDecoder,
-    TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer, TransformerOptions,
+    AttentionMasks, DecoderMasks, LayerNorm, Module, Transformer, TransformerActivation, TransformerDecoder,
+    TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer, TransformerMasks, TransformerOptions,
 };
 use kiln::{DType, Tensor};
 
@@ -59,6 +60,7 @@ fn transformer_layers_and_stacks_match_pytorch_with_gradients() {
     let dec = TransformerDecoderLayer::new(E, H, opts(false, false, false, true), &cpu);
     let dlayer = TransformerDecoderLayer::new(E, H, opts(true, true, true, true), &cpu);
     let dec_stack = TransformerDecoder::new(&dlayer, 2, Some(LayerNorm::new([E], &cpu)));
+    let model = Transformer::new(E, H, 2, 2, opts(false, true, false, true), &cpu);
     for dev in devices() {
         for dtype in [DType::F32, DType::F64] {
             if !runs_on(&dev, &[dtype]) {
@@ -66,8 +68,10 @@ fn transformer_layers_and_stacks_match_pytorch_with_gradients() {
             }
             let on = |t: &Tensor| t.to_device(&dev).unwrap();
             let (causal, pad_src, pad_mem) = (on(&causal), on(&pad_src), on(&pad_mem));
+            let square = Transformer::generate_square_subsequent_mask(5, &dev);
+            close(&square, &fixture.get("square_subsequent_mask"), "generate_square_subsequent_mask");
             type Run<'a> = Box<dyn Fn(&[Tensor]) -> Tensor + 'a>;
-            let cases: [(&str, &dyn Module, usize, Run); 4] = [
+            let cases: [(&str, &dyn Module, usize, Run); 5] = [
                 (
                     "enc",
                     &enc,
@@ -107,6 +111,16 @@ fn transformer_layers_and_stacks_match_pytorch_with_gradients() {
                     &dec_stack,
                     2,
                     Box::new(|x| dec_stack.forward_with(&x[0], &x[1], DecoderMasks::default())),
+                ),
+                (
+                    "transformer",
+                    &model,
+                    2,
+                    Box::new(|x| {
+                        let padded = AttentionMasks { key_padding_mask: Some(&pad_mem), ..Default::default() };
+                        let tgt = AttentionMasks { mask: Some(&square), ..Default::default() };
+                        model.forward_with(&x[0], &x[1], TransformerMasks { src: padded, tgt, memory: padded })
+                    }),
                 ),
             ];
             for (prefix, module, inputs, run) in cases {
@@ -149,7 +163,8 @@ fn sines_like(like: &Tensor, c: f64) -> Tensor {
 }
 
 /// PyTorch's parameter names and shapes, the stacks' layers as copies (the same values, parameters of their own),
-/// and a decoder's forward without memory refused with the call to make.
+/// a Transformer's Xavier redraw, and a decoder's (or a Transformer's) forward of one input refused with the call
+/// to make.
 #[test]
 fn transformer_parameters_are_named_as_pytorch_and_stacks_copy() {
     let Some(dev) = data_device() else { return };
@@ -197,8 +212,22 @@ fn transformer_parameters_are_named_as_pytorch_and_stacks_copy() {
     let vals = |t: Tensor| t.to_dtype(DType::F32).to_vec::<f32>().unwrap();
     assert_eq!(vals(params[0].1.get()), vals(params[12].1.get()), "the layers start from the layer's values");
     assert!(!params[0].1.ptr_eq(&params[12].1), "each layer has parameters of its own");
+    // A Transformer draws every parameter of two or more dims anew (Xavier-uniform), so its layers differ.
+    let model = Transformer::new(E, H, 2, 1, TransformerOptions { dim_feedforward: 32, ..Default::default() }, &dev);
+    let named = model.named_params();
+    let get = |name: &str| named.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no {name}")).1.get();
+    for name in ["encoder.norm.weight", "decoder.norm.bias", "decoder.layers.0.multihead_attn.in_proj_weight"] {
+        get(name);
+    }
+    let (a, b) = (vals(get("encoder.layers.0.linear1.weight")), vals(get("encoder.layers.1.linear1.weight")));
+    assert_ne!(a, b, "the encoder's layers are drawn apart");
+    let bound = (6.0 / (E + 32) as f64).sqrt() as f32;
+    assert!(a.iter().all(|v| v.abs() <= bound) && a.iter().any(|v| v.abs() > 0.9 * bound), "Xavier-uniform bound");
+    assert_eq!(vals(get("encoder.norm.weight")), vec![1.0; E], "vectors keep their init");
     let x = Tensor::zeros([3, 2, E], DType::F32, &dev);
-    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dec.forward(&x))).expect_err("refused");
-    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
-    assert!(msg.contains("TransformerDecoderLayer") && msg.contains("forward_with"), "{msg}");
+    for (m, name) in [(&dec as &dyn Module, "TransformerDecoderLayer"), (&model, "Transformer")] {
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.forward(&x))).expect_err("refused");
+        let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains(name) && msg.contains("forward_with"), "{msg}");
+    }
 }

@@ -50,8 +50,8 @@ pub use pool_layers::{
 };
 pub use recurrent::{GRU, LSTM, RnnOptions};
 pub use transformer::{
-    AttentionMasks, DecoderMasks, TransformerActivation, TransformerDecoder, TransformerDecoderLayer,
-    TransformerEncoder, TransformerEncoderLayer, TransformerOptions,
+    AttentionMasks, DecoderMasks, Transformer, TransformerActivation, TransformerDecoder, TransformerDecoderLayer,
+    TransformerEncoder, TransformerEncoderLayer, TransformerMasks, TransformerOptions,
 };
 pub use utils::{clip_grad_norm, clip_grad_value};
 

@@ -1,11 +1,12 @@
-//! `torch.nn.TransformerEncoderLayer`, `TransformerDecoderLayer` and the stacks over them (`TransformerEncoder`,
-//! `TransformerDecoder`): compositions of `MultiheadAttention`, `Linear`, `LayerNorm` and dropout with PyTorch's
-//! parameter names (`self_attn.in_proj_weight`, `linear1.weight`, `norm1.bias`, `layers.0. ...`), initialization,
-//! post-norm default and `norm_first`. A stack holds copies of the layer it is given, as PyTorch's (every layer
-//! starts from the same values).
+//! `torch.nn.TransformerEncoderLayer`, `TransformerDecoderLayer`, the stacks over them (`TransformerEncoder`,
+//! `TransformerDecoder`) and the encoder-decoder `Transformer`: compositions of `MultiheadAttention`, `Linear`,
+//! `LayerNorm` and dropout with PyTorch's parameter names (`self_attn.in_proj_weight`, `linear1.weight`,
+//! `norm1.bias`, `layers.0. ...`), initialization, post-norm default and `norm_first`. A stack holds copies of the
+//! layer it is given, as PyTorch's (every layer starts from the same values; `Transformer` then draws each
+//! parameter of two or more dims anew, as PyTorch's).
 //!
-//! Not done: `nn.Transformer` (the encoder-decoder pair, with its own Xavier initialization), a custom activation
-//! function (ReLU or exact GELU, PyTorch's two named ones), and PyTorch's fused inference path (the same values).
+//! Not done: a custom activation function (ReLU or exact GELU, PyTorch's two named ones), `custom_encoder` /
+//! `custom_decoder`, and PyTorch's fused inference path (the same values).
 
 use super::attention_layers::{MhaOptions, MultiheadAttention};
 use super::functional::{self, Approximate};
@@ -359,4 +360,94 @@ fn stack_params(layers: &[impl Module], norm: &Option<LayerNorm>) -> Vec<(String
         p.extend(n.named_params_prefixed("norm"));
     }
     p
+}
+
+/// The masks of a whole [`Transformer`]'s three attentions.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TransformerMasks<'a> {
+    /// The encoder's self-attention (PyTorch's `src_mask`, `src_key_padding_mask`, `src_is_causal`).
+    pub src: AttentionMasks<'a>,
+    /// The decoder's self-attention (`tgt_mask`, `tgt_key_padding_mask`, `tgt_is_causal`).
+    pub tgt: AttentionMasks<'a>,
+    /// The decoder's attention over the memory (`memory_mask`, `memory_key_padding_mask`, `memory_is_causal`).
+    pub memory: AttentionMasks<'a>,
+}
+
+/// An encoder-decoder transformer (`torch.nn.Transformer`): `num_encoder_layers` encoder layers and
+/// `num_decoder_layers` decoder layers, each stack with a final layer norm, every parameter of two or more dims then
+/// drawn Xavier-uniform, as PyTorch's `_reset_parameters`.
+pub struct Transformer {
+    encoder: TransformerEncoder,
+    decoder: TransformerDecoder,
+}
+
+impl Transformer {
+    /// `Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers, **opts)`, f32.
+    #[track_caller]
+    pub fn new(
+        d_model: usize,
+        nhead: usize,
+        num_encoder_layers: usize,
+        num_decoder_layers: usize,
+        opts: TransformerOptions,
+        device: &Device,
+    ) -> Transformer {
+        let norm = || {
+            let bias = opts.bias.then(|| init::zeros([d_model], device));
+            LayerNorm::from_params(Tensor::ones([d_model], DType::F32, device), bias, opts.layer_norm_eps)
+        };
+        let encoder_layer = TransformerEncoderLayer::new(d_model, nhead, opts, device);
+        let decoder_layer = TransformerDecoderLayer::new(d_model, nhead, opts, device);
+        let t = Transformer {
+            encoder: TransformerEncoder::new(&encoder_layer, num_encoder_layers, Some(norm())),
+            decoder: TransformerDecoder::new(&decoder_layer, num_decoder_layers, Some(norm())),
+        };
+        for (_, p) in t.named_params() {
+            let dims = p.dims();
+            if dims.len() > 1 {
+                let field: usize = dims[2..].iter().product();
+                p.set(init::xavier_uniform(dims.clone(), dims[1] * field, dims[0] * field, device));
+            }
+        }
+        t
+    }
+
+    /// The encoder over `src`, then the decoder over `tgt` attending to its output (PyTorch's
+    /// `forward(src, tgt, ...)`): `[T, N, E]` (or `[N, T, E]` with `batch_first`).
+    #[track_caller]
+    pub fn forward_with(&self, src: &Tensor, tgt: &Tensor, masks: TransformerMasks) -> Tensor {
+        let first = self.encoder.layers.first().map(|l| l.common.opts.batch_first).unwrap_or(false);
+        let batch = if first { 0 } else { 1 };
+        if src.rank() == 3 && tgt.rank() == 3 && src.dims()[batch] != tgt.dims()[batch] {
+            fail!("Transformer", "the batch of src and tgt must be equal, got {:?} and {:?}", src.dims(), tgt.dims());
+        }
+        let memory = self.encoder.forward_with(src, masks.src);
+        self.decoder.forward_with(tgt, &memory, DecoderMasks { tgt: masks.tgt, memory: masks.memory })
+    }
+
+    /// A float `[size, size]` mask with -inf above the diagonal and 0 on and below it: each position attends to
+    /// itself and the ones before (PyTorch's `Transformer.generate_square_subsequent_mask`).
+    pub fn generate_square_subsequent_mask(size: usize, device: &Device) -> Tensor {
+        let above = Tensor::ones([size, size], DType::F32, device).triu(1).gt(0.0);
+        above.where_(f64::NEG_INFINITY, 0.0)
+    }
+}
+
+impl Module for Transformer {
+    /// A transformer needs a source and a target: this refuses, naming `forward_with`.
+    #[track_caller]
+    fn forward(&self, _src: &Tensor) -> Tensor {
+        fail!("Transformer", "needs a source and a target: call forward_with(src, tgt, masks)");
+    }
+
+    fn named_params(&self) -> Vec<(String, Param)> {
+        let mut p = self.encoder.named_params_prefixed("encoder");
+        p.extend(self.decoder.named_params_prefixed("decoder"));
+        p
+    }
+
+    fn train(&self, mode: bool) {
+        self.encoder.train(mode);
+        self.decoder.train(mode);
+    }
 }
