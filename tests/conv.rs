@@ -296,3 +296,44 @@ fn conv1d_transposed_and_pooling_modules_forward_their_functions() {
     }
     assert_eq!(MaxPool2d::new([2, 2]).options, Pool2dOptions::new([2, 2]));
 }
+
+/// `max_unpool2d` and `max_unpool1d` against PyTorch: the inverse of a tiling pooling (of values scaled after
+/// pooling) and its gradient, of an overlapping one whose windows share taps (PyTorch's values and indices as
+/// input; a shared tap's values are equal), to a given output size, and in 1-D; on every device in f32 and f64.
+#[test]
+fn max_unpool_inverts_max_pool_as_pytorch() {
+    let Some(fixture) = Fixture::load("conv_torch.safetensors") else { return };
+    let get = |name: &str| fixture.get(name);
+    for dev in devices() {
+        for dtype in [DType::F32, DType::F64] {
+            if !runs_on(&dev, &[dtype]) {
+                continue;
+            }
+            let at = format!("({dtype} on {})", dev.describe());
+            let on = |name: &str| get(name).to_dtype(dtype).to_device(&dev).unwrap();
+            let check = |what: &str, got: &Tensor, want: &str| {
+                assert_eq!(got.dims(), get(want).dims(), "{what} {at}: shape");
+                let want = get(want).to_host().unwrap();
+                if let Err(e) = check_tensor(&got.to_dtype(DType::F32), got.dims(), &want, Kind::Accumulate) {
+                    panic!("{what} {at}: {e}");
+                }
+            };
+            let tiles = Pool2dOptions::new([2, 2]);
+            let (v, i) = F::max_pool2d_with_indices(&on("x"), &tiles);
+            let leaf = v.mul(1.5).detach().requires_grad();
+            let u = F::max_unpool2d(&leaf, &i, &tiles, None);
+            check("max_unpool2d", &u, "max_unpool2d");
+            let n = u.numel();
+            let w: Vec<f64> = (0..n).map(|k| (0.37 * k as f64 + 0.5).sin() as f32 as f64).collect();
+            let w = tensor(dtype, &w, u.dims()).to_device(&dev).unwrap();
+            let grads = u.mul(&w).sum_all().backward().unwrap();
+            check("max_unpool2d's gradient", grads.get(&leaf).unwrap(), "max_unpool2d_grad");
+            let overlap = Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], ..Pool2dOptions::new([3, 3]) };
+            let idx = get("max_unpool2d_overlap_indices").to_device(&dev).unwrap();
+            let u = F::max_unpool2d(&on("max_unpool2d_overlap_values"), &idx, &overlap, Some([5, 6]));
+            check("max_unpool2d over shared taps", &u, "max_unpool2d_overlap");
+            let (v, i) = F::max_pool1d_with_indices(&on("x1"), &Pool1dOptions::new(2));
+            check("max_unpool1d", &F::max_unpool1d(&v, &i, &Pool1dOptions::new(2), Some(7)), "max_unpool1d");
+        }
+    }
+}

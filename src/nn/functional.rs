@@ -43,7 +43,8 @@ pub use losses::{
 pub use norms::{cdist, cosine_similarity, group_norm, normalize, pairwise_distance, rms_norm};
 pub use pool::{
     Pool1dOptions, Pool2dOptions, adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_max_pool1d, adaptive_max_pool2d,
-    avg_pool1d, avg_pool2d, max_pool1d, max_pool1d_with_indices, max_pool2d, max_pool2d_with_indices,
+    avg_pool1d, avg_pool2d, max_pool1d, max_pool1d_with_indices, max_pool2d, max_pool2d_with_indices, max_unpool1d,
+    max_unpool2d,
 };
 
 use crate::args::fail;

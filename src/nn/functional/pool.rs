@@ -1,21 +1,21 @@
-//! Poolings (`torch.nn.functional`: `max_pool1d`, `max_pool2d`, their `return_indices` forms, `avg_pool1d`,
-//! `avg_pool2d`, `adaptive_avg_pool1d`/`2d`, `adaptive_max_pool1d`/`2d`), NCHW as PyTorch, with its `dilation` (max
-//! only, as there) and `ceil_mode`. A pooling stacks strided slices of the padded input and reduces over them (max with
-//! -inf padding, mean with zeros), so its windows are exactly PyTorch's; where the windows tile the input it reduces a
-//! reshaped view instead. The 1-D forms are the 2-D ones over a height of 1.
+//! Poolings (`torch.nn.functional`: `max_pool1d`, `max_pool2d`, their `return_indices` forms and their inverses
+//! `max_unpool1d`/`2d`, `avg_pool1d`, `avg_pool2d`, `adaptive_avg_pool1d`/`2d`, `adaptive_max_pool1d`/`2d`), NCHW as
+//! PyTorch, with its `dilation` (max only, as there) and `ceil_mode`. A pooling stacks strided slices of the padded
+//! input and reduces over them (max with -inf padding, mean with zeros), so its windows are exactly PyTorch's; where
+//! the windows tile the input it reduces a reshaped view instead. The 1-D forms are the 2-D ones over a height of 1.
 //!
 //! Max pooling's indices name the tap PyTorch's kernels take (the first maximum in row-major window order; in a
 //! window holding NaN, the last NaN; never a padding tap) by its flat position `h * W + w` in its input plane. Its
 //! gradient is the maximum's (`amax`'s rule): shared between the taps that tie for a window's maximum, where
 //! PyTorch sends it all to the tap the indices name, so the two differ only where a window holds its maximum
 //! twice (and a window holding NaN gets NaN gradients). Deliberately: PyTorch's pick, as a one-hot over the taps in
-//! the backward, made the digits CNN's step (two 2 x 2 poolings) about half again slower. Not done: `max_unpool`,
+//! the backward, made the digits CNN's step (two 2 x 2 poolings) about half again slower. Not done:
 //! `divisor_override`, the adaptive max poolings' indices.
 
 use super::float_only;
 use crate::args::fail;
 use crate::tensor::Tensor;
-use kiln_jit::Scalar;
+use kiln_jit::{DType, Scalar};
 
 /// Window geometry of a 1-D pooling (PyTorch's keyword arguments; `stride: None` is the kernel size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -271,8 +271,66 @@ fn max_pool(name: &str, x: &Tensor, opts: &Pool2dOptions, want_indices: bool) ->
     (values.squeeze(2), idx)
 }
 
+/// The partial inverse of [`max_pool2d_with_indices`] (PyTorch's `max_unpool2d`): `x` `[N, C, H, W]` (or
+/// `[C, H, W]`) written at the flat positions `indices` (its shape, i64 or i32) of planes `output_size`, by default
+/// `(H - 1) * stride - 2 * padding + kernel` a side, zeros elsewhere. Where several values name one position
+/// (overlapping windows that took the same tap) it holds their mean: the value itself when they are equal, as a
+/// pooling's own outputs are, where PyTorch keeps one of them (the last, on its CPU). An index outside the plane is
+/// an error when the result is read. Deterministic; its gradient is the output's gradient at each index (shared
+/// the same way).
+#[track_caller]
+pub fn max_unpool2d(x: &Tensor, indices: &Tensor, opts: &Pool2dOptions, output_size: Option<[usize; 2]>) -> Tensor {
+    let name = "max_unpool2d";
+    float_only(name, x);
+    if x.rank() == 3 && indices.rank() == 3 {
+        return max_unpool2d(&x.unsqueeze(0), &indices.unsqueeze(0), opts, output_size).squeeze(0);
+    }
+    if x.rank() != 4 || x.dims() != indices.dims() || !matches!(indices.dtype(), DType::I64 | DType::I32) {
+        fail!(
+            name,
+            "expects values [N, C, H, W] or [C, H, W] and i64 or i32 indices of their shape, got {}{:?} and {}{:?}",
+            x.dtype(),
+            x.dims(),
+            indices.dtype(),
+            indices.dims()
+        );
+    }
+    let (n, c, h, w) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
+    let (k, s, p) = (opts.kernel, opts.stride_or_kernel(), opts.padding);
+    let side = |l: usize, a: usize| ((l.max(1) - 1) * s[a] + k[a]).checked_sub(2 * p[a]);
+    let [oh, ow] = match (output_size, side(h, 0), side(w, 1)) {
+        (Some(o), _, _) => o,
+        (None, Some(a), Some(b)) => [a, b],
+        _ => fail!(name, "the default output size of {h}x{w} under kernel {k:?}, stride {s:?}, padding {p:?} is empty"),
+    };
+    let values = x.reshape(vec![n, c, h * w]);
+    let at = indices.reshape(vec![n, c, h * w]);
+    let zeros = Tensor::zeros([n, c, oh * ow], x.dtype(), &x.device());
+    let sums = zeros.scatter_add(2, &at, &values);
+    let counts = zeros.scatter_add(2, &at, &values.ones_like());
+    sums.div(counts.clamp_min(1.0)).reshape(vec![n, c, oh, ow])
+}
+
+/// [`max_unpool2d`] over one row: `x` `[N, C, L]` or `[C, L]` written at `indices` along outputs of
+/// `output_size` (by default `(L - 1) * stride - 2 * padding + kernel`), PyTorch's `max_unpool1d`.
+#[track_caller]
+pub fn max_unpool1d(x: &Tensor, indices: &Tensor, opts: &Pool1dOptions, output_size: Option<usize>) -> Tensor {
+    let o = opts.as_2d("max_unpool1d");
+    let size = output_size.map(|l| [1, l]);
+    match (x.rank(), indices.rank()) {
+        (3, 3) => max_unpool2d(&x.unsqueeze(2), &indices.unsqueeze(2), &o, size).squeeze(2),
+        (2, 2) => max_unpool2d(&x.unsqueeze(1), &indices.unsqueeze(1), &o, size).squeeze(1),
+        _ => fail!(
+            "max_unpool1d",
+            "expects values and indices [N, C, L] or [C, L], got {:?} and {:?}",
+            x.dims(),
+            indices.dims()
+        ),
+    }
+}
+
 /// `n, n - 1, .., 1` along the taps (row-major window order), shaped `dims` to broadcast over the windows.
-fn tap_order(n: usize, dt: kiln_jit::DType, like: &Tensor, dims: Vec<usize>) -> Tensor {
+fn tap_order(n: usize, dt: DType, like: &Tensor, dims: Vec<usize>) -> Tensor {
     Tensor::iota(Scalar::Int(n as i64), Scalar::Int(-1), n, dt, &like.device()).reshape(dims)
 }
 
