@@ -334,6 +334,10 @@ fn max_unpool_inverts_max_pool_as_pytorch() {
             check("max_unpool2d over shared taps", &u, "max_unpool2d_overlap");
             let (v, i) = F::max_pool1d_with_indices(&on("x1"), &Pool1dOptions::new(2));
             check("max_unpool1d", &F::max_unpool1d(&v, &i, &Pool1dOptions::new(2), Some(7)), "max_unpool1d");
+            // An index past the plane (7 positions) is an error when the result is read, naming it.
+            let bad = i.add(4);
+            let err = F::max_unpool1d(&v, &bad, &Pool1dOptions::new(2), Some(7)).realize().expect_err("refused");
+            assert!(err.to_string().contains("index"), "{at}: {err}");
         }
     }
 }
