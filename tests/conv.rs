@@ -243,7 +243,7 @@ fn conv2d_module_initializes_as_pytorch_and_forwards_the_function() {
 fn conv1d_transposed_and_pooling_modules_forward_their_functions() {
     use kiln::nn::{
         AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, AvgPool1d, AvgPool2d, Conv1d,
-        Conv1dOptions, ConvTranspose2d, MaxPool1d, MaxPool2d, Module,
+        Conv1dOptions, ConvTranspose2d, MaxPool1d, MaxPool2d, MaxUnpool2d, Module,
     };
     let Some(dev) = data_device() else { return };
     let spread = |m: &dyn Module, shapes: &[Vec<usize>], fan_in: usize| {
@@ -286,6 +286,8 @@ fn conv1d_transposed_and_pooling_modules_forward_their_functions() {
         (&AdaptiveMaxPool1d { output: 4 }, &x1, F::adaptive_max_pool1d(&x1, 4)),
     ];
     let (m, mi) = (MaxPool2d { options: p2 }.forward_with_indices(&x2), F::max_pool2d_with_indices(&x2, &p2));
+    let unpooled = MaxUnpool2d { options: p2 }.forward_with(&m.0, &m.1, Some([5, 6]));
+    assert_eq!(vals(&unpooled), vals(&F::max_unpool2d(&mi.0, &mi.1, &p2, Some([5, 6]))));
     assert_eq!(
         (vals(&m.0), m.1.to_dtype(DType::I32).to_vec::<i32>().unwrap()),
         (vals(&mi.0), mi.1.to_dtype(DType::I32).to_vec::<i32>().unwrap())

@@ -46,7 +46,7 @@ pub use linear::Linear;
 pub use norm_layers::{GroupNorm, RMSNorm};
 pub use pool_layers::{
     AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, AvgPool1d, AvgPool2d, MaxPool1d,
-    MaxPool2d,
+    MaxPool2d, MaxUnpool1d, MaxUnpool2d,
 };
 pub use recurrent::{GRU, LSTM, RnnOptions};
 pub use transformer::{

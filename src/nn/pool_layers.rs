@@ -1,6 +1,6 @@
 //! Pooling modules (`torch.nn.MaxPool1d`, `MaxPool2d`, `AvgPool1d`, `AvgPool2d`, `AdaptiveAvgPool1d`,
-//! `AdaptiveAvgPool2d`, `AdaptiveMaxPool1d`, `AdaptiveMaxPool2d`): the functions of `functional` with their options,
-//! no parameters, for `Sequential`.
+//! `AdaptiveAvgPool2d`, `AdaptiveMaxPool1d`, `AdaptiveMaxPool2d`, and `MaxUnpool1d`, `MaxUnpool2d`, whose forward
+//! takes the indices too): the functions of `functional` with their options, no parameters, for `Sequential`.
 
 use super::functional::{self, Pool1dOptions, Pool2dOptions};
 use super::{Module, Param};
@@ -124,3 +124,43 @@ pub struct AdaptiveMaxPool2d {
     pub output: [usize; 2],
 }
 pooling!(AdaptiveMaxPool2d, |s, x| functional::adaptive_max_pool2d(x, s.output));
+
+/// [`functional::max_unpool2d`] with its options (`torch.nn.MaxUnpool2d`). Not a [`Module`]: its forward takes the
+/// pooling's indices too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaxUnpool2d {
+    pub options: Pool2dOptions,
+}
+
+impl MaxUnpool2d {
+    /// A `kh x kw` window, stride the kernel, no padding.
+    pub fn new(kernel: [usize; 2]) -> MaxUnpool2d {
+        MaxUnpool2d { options: Pool2dOptions::new(kernel) }
+    }
+
+    /// `x` written at `indices` in planes of `output_size` (by default the pooling's input size).
+    #[track_caller]
+    pub fn forward_with(&self, x: &Tensor, indices: &Tensor, output_size: Option<[usize; 2]>) -> Tensor {
+        functional::max_unpool2d(x, indices, &self.options, output_size)
+    }
+}
+
+/// [`functional::max_unpool1d`] with its options (`torch.nn.MaxUnpool1d`). Not a [`Module`]: its forward takes the
+/// pooling's indices too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaxUnpool1d {
+    pub options: Pool1dOptions,
+}
+
+impl MaxUnpool1d {
+    /// A window of `kernel`, stride the kernel, no padding.
+    pub fn new(kernel: usize) -> MaxUnpool1d {
+        MaxUnpool1d { options: Pool1dOptions::new(kernel) }
+    }
+
+    /// `x` written at `indices` along outputs of `output_size` (by default the pooling's input length).
+    #[track_caller]
+    pub fn forward_with(&self, x: &Tensor, indices: &Tensor, output_size: Option<usize>) -> Tensor {
+        functional::max_unpool1d(x, indices, &self.options, output_size)
+    }
+}
