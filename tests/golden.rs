@@ -285,7 +285,9 @@ fn gemm_template_wgsl() {
     let dev = Device::cpu();
     let f = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
     let x = Tensor::from_vec(f(2 * 5 * 7, 0.7), [2, 5, 7], &dev).expect("x");
-    let w = Tensor::from_vec(f(7 * 9, 1.3), [7, 9], &dev).expect("w");
+    // A right operand with a batch dim of 1, broadcast: `[2, 5, 7] x [7, 9]` would be folded into one
+    // `[10, 7] x [7, 9]` product (`Tensor::matmul`).
+    let w = Tensor::from_vec(f(7 * 9, 1.3), [1, 7, 9], &dev).expect("w");
     let bias = Tensor::from_vec(f(9, 0.3), [9], &dev).expect("bias");
     let y = (x.matmul(&w) + &bias).relu();
     let cap = kiln::capture(&[&y]).expect("capture");

@@ -35,6 +35,16 @@ impl Tensor {
                 n
             );
         }
+        if ra >= 3 && rb == 2 {
+            // A batch of rows times one matrix (a linear layer over [N, L, E]): one [N * L, K] x [K, N] product, as
+            // PyTorch folds it. Batched with the matrix broadcast, each batch element was its own GEMM, and the
+            // matrix's gradient a batch of products summed afterwards; folded, it is one product over all the rows
+            // (`bench_transformer`'s 2-layer encoder step, 16 x 64 tokens: 15.0-15.1 -> 14.1-14.3 ms).
+            let rows: usize = ad[..ad.len() - 1].iter().product();
+            let mut dims = ad[..ad.len() - 1].to_vec();
+            dims.push(n);
+            return a.reshape(vec![rows, k]).matmul(&b).reshape(dims);
+        }
         let Some(batch) = broadcast_shape(&ad[..ad.len() - 2], &bd[..bd.len() - 2]) else {
             fail!("matmul", "batch dims of {:?} and {:?} cannot be broadcast together", self.dims(), rhs.dims());
         };
