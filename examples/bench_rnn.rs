@@ -13,7 +13,8 @@
 use kiln::nn::{GRU, LSTM, Linear, Module, RnnOptions};
 use kiln::optim::{Optimizer, Sgd};
 use kiln::{DType, Device, Tensor};
-use std::time::Instant;
+#[path = "common/steps.rs"]
+mod steps;
 
 const WARMUP: usize = 10;
 const SEQ: usize = 20;
@@ -42,7 +43,7 @@ struct Args {
 }
 
 /// The median seconds of `steps` training steps of `cell`'s model, after printing them.
-fn run(cell: Cell, steps: usize) -> kiln::Result<f64> {
+fn run(cell: Cell, runs: usize) -> kiln::Result<f64> {
     kiln::manual_seed(0);
     let dev = Device::cpu();
     let opts = RnnOptions { num_layers: 2, ..Default::default() };
@@ -60,49 +61,24 @@ fn run(cell: Cell, steps: usize) -> kiln::Result<f64> {
     let mut params = rnn.params();
     params.extend(head.params());
     let mut opt = Sgd::new(params, 1e-3);
-    let mut step = || -> kiln::Result<Tensor> {
+    let step = || -> kiln::Result<Tensor> {
         let last = rnn.forward(&x).narrow(0, SEQ - 1, 1).squeeze(0);
         let loss = (head.forward(&last) - &t).square().sum_all();
         let grads = loss.backward()?;
         opt.step(grads, &[&loss])?;
         Ok(loss)
     };
-    let t0 = Instant::now();
-    step()?;
-    let first = t0.elapsed();
-    for _ in 1..WARMUP {
-        step()?;
-    }
-    let mut times = Vec::with_capacity(steps);
-    let mut loss = None;
-    for _ in 0..steps {
-        let t0 = Instant::now();
-        loss = Some(step()?);
-        times.push(t0.elapsed().as_secs_f64() * 1e6);
-    }
-    times.sort_by(f64::total_cmp);
-    let median = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
-    println!(
-        "{name}: {median:.0} µs/step (median of {steps} after {WARMUP} warm-up), first step {:.1} ms",
-        first.as_secs_f64() * 1e3
-    );
-    if let Some(l) = loss {
-        println!("{name}: loss {:.6}", l.item::<f32>()?);
-    }
-    Ok(median * 1e-6)
+    let timing = steps::time_steps(runs, WARMUP, step)?;
+    timing.print(&name, runs, WARMUP, false);
+    Ok(timing.median)
 }
 
 fn main() -> kiln::Result<()> {
     let args = <Args as clap::Parser>::parse();
-    let mut json = Vec::new();
+    let mut rows = Vec::new();
     for &cell in &args.cell {
-        let s = run(cell, args.runs)?;
-        json.push(format!("\"{} step\": {s}", format!("{cell:?}").to_lowercase()));
+        rows.push((format!("{cell:?}").to_lowercase(), run(cell, args.runs)?));
     }
-    if args.json {
-        println!("{{{}}}", json.join(", "));
-    }
-    // With KILN_PROFILE=1, where the steps' time went.
-    print!("{}", kiln::profile_report());
+    steps::finish(&rows, args.json);
     Ok(())
 }

@@ -17,7 +17,8 @@ use kiln::nn::{
 };
 use kiln::optim::{Optimizer, Sgd};
 use kiln::{DType, Device, Tensor};
-use std::time::Instant;
+#[path = "common/steps.rs"]
+mod steps;
 
 const WARMUP: usize = 5;
 const BATCH: usize = 16;
@@ -41,7 +42,7 @@ struct Args {
     json: bool,
 }
 
-fn run(model: Model, steps: usize) -> kiln::Result<f64> {
+fn run(model: Model, runs: usize) -> kiln::Result<f64> {
     kiln::manual_seed(0);
     let dev = Device::cpu();
     let opts = TransformerOptions { dim_feedforward: 512, dropout: 0.0, batch_first: true, ..Default::default() };
@@ -64,7 +65,7 @@ fn run(model: Model, steps: usize) -> kiln::Result<f64> {
     };
     module.realize_params()?;
     let mut opt = Sgd::new(module.params(), 1e-2);
-    let mut step = || -> kiln::Result<Tensor> {
+    let step = || -> kiln::Result<Tensor> {
         let out = match (&encoder, &transformer) {
             (Some(e), _) => e.forward(&src),
             (_, Some(m)) => {
@@ -79,42 +80,17 @@ fn run(model: Model, steps: usize) -> kiln::Result<f64> {
         Ok(loss)
     };
     let name = format!("{model:?}").to_lowercase();
-    let t0 = Instant::now();
-    step()?;
-    let first = t0.elapsed();
-    for _ in 1..WARMUP {
-        step()?;
-    }
-    let mut times = Vec::with_capacity(steps);
-    let mut loss = None;
-    for _ in 0..steps {
-        let t0 = Instant::now();
-        loss = Some(step()?);
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    times.sort_by(f64::total_cmp);
-    let median = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
-    println!(
-        "{name}: {:.2} ms/step (median of {steps} after {WARMUP} warm-up), first step {:.1} ms",
-        median * 1e3,
-        first.as_secs_f64() * 1e3
-    );
-    if let Some(l) = loss {
-        println!("{name}: loss {:.6}", l.item::<f32>()?);
-    }
-    Ok(median)
+    let timing = steps::time_steps(runs, WARMUP, step)?;
+    timing.print(&name, runs, WARMUP, true);
+    Ok(timing.median)
 }
 
 fn main() -> kiln::Result<()> {
     let args = <Args as clap::Parser>::parse();
-    let mut json = Vec::new();
+    let mut rows = Vec::new();
     for &model in &args.model {
-        let s = run(model, args.runs)?;
-        json.push(format!("\"{} step\": {s}", format!("{model:?}").to_lowercase()));
+        rows.push((format!("{model:?}").to_lowercase(), run(model, args.runs)?));
     }
-    if args.json {
-        println!("{{{}}}", json.join(", "));
-    }
-    print!("{}", kiln::profile_report());
+    steps::finish(&rows, args.json);
     Ok(())
 }
