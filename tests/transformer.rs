@@ -231,3 +231,43 @@ fn transformer_parameters_are_named_as_pytorch_and_stacks_copy() {
         assert!(msg.contains(name) && msg.contains("forward_with"), "{msg}");
     }
 }
+
+/// One sequence `[L, E]` (PyTorch's unbatched input) runs as a batch of one, a key padding mask `[S]` with it;
+/// a decoder given one sequence and a batch, and an input of another width than d_model, are refused.
+#[test]
+fn unbatched_inputs_run_as_a_batch_of_one() {
+    let Some(dev) = data_device() else { return };
+    let o = TransformerOptions { dim_feedforward: 24, dropout: 0.0, ..Default::default() };
+    let sines = |shape: &[usize], c: f64| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f64> = (0..n).map(|i| (0.37 * i as f64 + c).sin()).collect();
+        tensor(DType::F32, &v, shape)
+    };
+    let (src, tgt) = (sines(&[5, E], 0.1), sines(&[4, E], 0.2));
+    let pad = Tensor::from_vec(vec![false, false, false, true, true], [5], &dev).unwrap();
+    let enc = TransformerEncoderLayer::new(E, H, o, &dev);
+    let masks = AttentionMasks { key_padding_mask: Some(&pad), ..Default::default() };
+    let batch_masks = AttentionMasks { key_padding_mask: Some(&pad.unsqueeze(0)), ..Default::default() };
+    let one = enc.forward_with(&src, masks);
+    close(&one, &enc.forward_with(&src.unsqueeze(1), batch_masks).squeeze(1), "encoder layer, one sequence");
+    let dec = TransformerDecoderLayer::new(E, H, o, &dev);
+    let one = dec.forward_with(&tgt, &src, DecoderMasks::default());
+    let batch = dec.forward_with(&tgt.unsqueeze(1), &src.unsqueeze(1), DecoderMasks::default());
+    close(&one, &batch.squeeze(1), "decoder layer, one sequence");
+    let model = Transformer::new(E, H, 1, 1, TransformerOptions { batch_first: true, ..o }, &dev);
+    let one = model.forward_with(&src, &tgt, TransformerMasks::default());
+    let batch = model.forward_with(&src.unsqueeze(0), &tgt.unsqueeze(0), TransformerMasks::default());
+    close(&one, &batch.squeeze(0), "transformer, one sequence");
+    let refused = |f: &dyn Fn()| {
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("refused");
+        err.downcast_ref::<String>().cloned().unwrap_or_default()
+    };
+    let msg = refused(&|| {
+        dec.forward_with(&tgt, &src.unsqueeze(1), DecoderMasks::default());
+    });
+    assert!(msg.contains("TransformerDecoderLayer") && msg.contains("both"), "{msg}");
+    let msg = refused(&|| {
+        enc.forward_with(&sines(&[5, 2, E + 1], 0.3), AttentionMasks::default());
+    });
+    assert!(msg.contains("d_model 16"), "{msg}");
+}

@@ -68,10 +68,12 @@ pub struct AttentionMasks<'a> {
 }
 
 impl AttentionMasks<'_> {
-    fn options(&self) -> MhaOptions {
+    /// The options of one attention call; for an unbatched input, a key padding mask `[S]` as the batch of one.
+    fn options(&self, unbatched: bool) -> MhaOptions {
+        let one = |m: &Tensor| if unbatched && m.rank() == 1 { m.unsqueeze(0) } else { m.clone() };
         MhaOptions {
             attn_mask: self.mask.cloned(),
-            key_padding_mask: self.key_padding_mask.cloned(),
+            key_padding_mask: self.key_padding_mask.map(one),
             need_weights: false,
             is_causal: self.is_causal && self.mask.is_none(),
             ..Default::default()
@@ -108,6 +110,22 @@ impl Common {
             opts,
             training: AtomicBool::new(true),
         }
+    }
+
+    /// `x` as a batch (`[N, L, E]`, or `[L, N, E]` sequence first) and whether it was one sequence `[L, E]`
+    /// (PyTorch's unbatched input), checked against `d_model`.
+    #[track_caller]
+    fn batched(&self, name: &str, what: &str, x: &Tensor) -> (Tensor, bool) {
+        let d = self.linear1.in_features();
+        if !matches!(x.rank(), 2 | 3) || x.dims()[x.rank() - 1] != d {
+            fail!(name, "{what} must be [L, {d}] or 3-d with d_model {d} last, got {:?}", x.dims());
+        }
+        if x.rank() == 2 { (x.unsqueeze(self.batch_axis()), true) } else { (x.clone(), false) }
+    }
+
+    /// Where the batch dim is.
+    fn batch_axis(&self) -> isize {
+        if self.opts.batch_first { 0 } else { 1 }
     }
 
     /// Dropout at the layer's rate in training mode.
@@ -182,13 +200,15 @@ impl TransformerEncoderLayer {
         TransformerEncoderLayer { self_attn: attention(d_model, nhead, &opts, device), common }
     }
 
-    /// The layer over `src` with the self-attention's masks (PyTorch's `src_mask`, `src_key_padding_mask`,
-    /// `is_causal`).
+    /// The layer over `src` (a batch, or one sequence `[L, E]`) with the self-attention's masks (PyTorch's
+    /// `src_mask`, `src_key_padding_mask`, `is_causal`).
     #[track_caller]
     pub fn forward_with(&self, src: &Tensor, masks: AttentionMasks) -> Tensor {
         let c = &self.common;
-        let x = c.residual(0, src, |x| c.dropout(&self.self_attn.attend(x, x, x, &masks.options()).0));
-        c.residual(1, &x, |x| c.feed_forward(x))
+        let (src, one) = c.batched("TransformerEncoderLayer", "src", src);
+        let x = c.residual(0, &src, |x| c.dropout(&self.self_attn.attend(x, x, x, &masks.options(one)).0));
+        let y = c.residual(1, &x, |x| c.feed_forward(x));
+        if one { y.squeeze(c.batch_axis()) } else { y }
     }
 
     fn copy(&self) -> TransformerEncoderLayer {
@@ -242,14 +262,26 @@ impl TransformerDecoderLayer {
         }
     }
 
-    /// The layer over `tgt` attending to `memory` (PyTorch's `forward(tgt, memory, ...)`).
+    /// The layer over `tgt` attending to `memory` (PyTorch's `forward(tgt, memory, ...)`; both batches, or both one
+    /// sequence `[L, E]`).
     #[track_caller]
     pub fn forward_with(&self, tgt: &Tensor, memory: &Tensor, masks: DecoderMasks) -> Tensor {
-        let c = &self.common;
-        let x = c.residual(0, tgt, |x| c.dropout(&self.self_attn.attend(x, x, x, &masks.tgt.options()).0));
-        let x =
-            c.residual(1, &x, |x| c.dropout(&self.multihead_attn.attend(x, memory, memory, &masks.memory.options()).0));
-        c.residual(2, &x, |x| c.feed_forward(x))
+        let (c, name) = (&self.common, "TransformerDecoderLayer");
+        let (tgt, one) = c.batched(name, "tgt", tgt);
+        let (memory, one_memory) = c.batched(name, "memory", memory);
+        if one != one_memory {
+            fail!(
+                name,
+                "tgt and memory must both be batches or both one sequence, got {:?} and {:?}",
+                tgt.dims(),
+                memory.dims()
+            );
+        }
+        let (tgt_opts, memory_opts) = (masks.tgt.options(one), masks.memory.options(one));
+        let x = c.residual(0, &tgt, |x| c.dropout(&self.self_attn.attend(x, x, x, &tgt_opts).0));
+        let x = c.residual(1, &x, |x| c.dropout(&self.multihead_attn.attend(x, &memory, &memory, &memory_opts).0));
+        let y = c.residual(2, &x, |x| c.feed_forward(x));
+        if one { y.squeeze(c.batch_axis()) } else { y }
     }
 
     fn copy(&self) -> TransformerDecoderLayer {
@@ -418,8 +450,13 @@ impl Transformer {
     pub fn forward_with(&self, src: &Tensor, tgt: &Tensor, masks: TransformerMasks) -> Tensor {
         let first = self.encoder.layers.first().map(|l| l.common.opts.batch_first).unwrap_or(false);
         let batch = if first { 0 } else { 1 };
-        if src.rank() == 3 && tgt.rank() == 3 && src.dims()[batch] != tgt.dims()[batch] {
-            fail!("Transformer", "the batch of src and tgt must be equal, got {:?} and {:?}", src.dims(), tgt.dims());
+        if src.rank() != tgt.rank() || src.rank() == 3 && src.dims()[batch] != tgt.dims()[batch] {
+            fail!(
+                "Transformer",
+                "src and tgt must be batches of one size, or both one sequence, got {:?} and {:?}",
+                src.dims(),
+                tgt.dims()
+            );
         }
         let memory = self.encoder.forward_with(src, masks.src);
         self.decoder.forward_with(tgt, &memory, DecoderMasks { tgt: masks.tgt, memory: masks.memory })
