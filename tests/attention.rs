@@ -1,6 +1,7 @@
 //! `nn::MultiheadAttention` and `nn::RotaryEmbedding` against PyTorch 2.15 (`tests/fixtures/attention_torch.py`:
 //! parameters, inputs and outputs) on every device: masks in PyTorch's conventions for the module (bool true =
-//! not allowed, key padding), causal with batch-first and per-head weights, and rotary embeddings at an offset.
+//! not allowed, key padding), causal with batch-first and per-head weights, keys and values of other widths
+//! (kdim, vdim), and rotary embeddings at an offset.
 //! `scaled_dot_product_attention` itself is checked in `tests/nn/attention.rs`.
 
 // The fixture is read on the CPU (cargo feature `cpu`) and moved to each device.
@@ -12,7 +13,7 @@ mod common;
 
 use common::*;
 use kiln::nn::functional as F;
-use kiln::nn::{Linear, MhaOptions, MultiheadAttention, RotaryEmbedding};
+use kiln::nn::{Linear, MhaOptions, Module, MultiheadAttention, RotaryEmbedding};
 use kiln::{Device, Tensor};
 use std::collections::HashMap;
 
@@ -55,6 +56,25 @@ fn multihead_attention_and_rotary_embeddings_match_pytorch() {
         let (out, w) = mha_bf.attend(&xb, &xb, &xb, &causal);
         close(&out, &on("out_causal"), &format!("[{dev}] causal output"));
         close(&w.unwrap(), &on("weights_causal"), &format!("[{dev}] per-head weights"));
+
+        // Keys and values of other widths: a projection weight per input.
+        let out_proj = Linear::from_weight(on("kv.out_proj.weight"), Some(on("kv.out_proj.bias")));
+        let weights = ["kv.q_proj_weight", "kv.k_proj_weight", "kv.v_proj_weight"].map(&on);
+        let mha_kv = MultiheadAttention::from_separate_params(2, weights, Some(on("kv.in_proj_bias")), out_proj);
+        let pad = Tensor::from_vec(vec![false, false, false, true, false, false, false, false], [2, 4], &dev).unwrap();
+        let opts = MhaOptions { key_padding_mask: Some(pad), ..Default::default() };
+        let (out, w) = mha_kv.attend(&on("q"), &on("kv.k"), &on("kv.v"), &opts);
+        close(&out, &on("kv.out"), &format!("[{dev}] kdim/vdim output"));
+        close(&w.unwrap(), &on("kv.weights"), &format!("[{dev}] kdim/vdim weights"));
+        let names: Vec<String> = mha_kv.named_params().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            ["q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]
+        );
+
+        let fresh = MultiheadAttention::with_kv_dims(8, 2, 5, 3, &dev);
+        let shapes: Vec<Vec<usize>> = fresh.named_params().into_iter().map(|(_, p)| p.dims()).collect();
+        assert_eq!(shapes, [vec![8, 8], vec![8, 5], vec![8, 3], vec![24], vec![8, 8], vec![8]]);
 
         let rope = RotaryEmbedding::new(8).apply(&on("xr"), 2);
         close(&rope, &on("rope"), &format!("[{dev}] rotary"));

@@ -11,16 +11,44 @@ use kiln_jit::{DType, Scalar};
 
 /// Attention over `num_heads` heads of `embed_dim / num_heads` with input projections `in_proj_weight`
 /// `[3 E, E]` (and bias `[3 E]`) and an output projection `out_proj`, PyTorch's parameters and layout. Inputs are
-/// `[L, N, E]` (or `[N, L, E]` with `batch_first`).
+/// `[L, N, E]` (or `[N, L, E]` with `batch_first`). Keys and values of other widths (PyTorch's `kdim`, `vdim`) take
+/// separate projections `q_proj_weight` `[E, E]`, `k_proj_weight` `[E, kdim]`, `v_proj_weight` `[E, vdim]`
+/// ([`MultiheadAttention::with_kv_dims`]).
 pub struct MultiheadAttention {
     embed_dim: usize,
     num_heads: usize,
     batch_first: bool,
     dropout: f64,
-    in_proj_weight: Param,
+    in_proj: InProj,
     in_proj_bias: Option<Param>,
     out_proj: Linear,
     training: std::sync::atomic::AtomicBool,
+}
+
+/// The input projections' weights: PyTorch's packed `in_proj_weight`, or one per input where keys or values have
+/// another width than the queries.
+enum InProj {
+    Packed(Param),
+    /// Query, key and value.
+    Separate([Param; 3]),
+}
+
+impl InProj {
+    /// Projection `i`'s weight (`[E, width]`: query, key, value).
+    fn weight(&self, i: usize, e: usize) -> Tensor {
+        match self {
+            InProj::Packed(w) => w.get().narrow(0, i * e, e),
+            InProj::Separate(ws) => ws[i].get(),
+        }
+    }
+
+    /// The input widths the projections take.
+    fn widths(&self, e: usize) -> [usize; 3] {
+        match self {
+            InProj::Packed(_) => [e; 3],
+            InProj::Separate(ws) => [0, 1, 2].map(|i| ws[i].dims()[1]),
+        }
+    }
 }
 
 /// The keyword arguments of `MultiheadAttention.forward`. `Default`: no masks, weights returned (averaged over
@@ -81,6 +109,61 @@ impl MultiheadAttention {
                 in_proj_weight.dims()
             );
         }
+        MultiheadAttention::assemble(
+            num_heads,
+            e,
+            InProj::Packed(Param::new("in_proj_weight", in_proj_weight)),
+            in_proj_bias,
+            out_proj,
+        )
+    }
+
+    /// `MultiheadAttention(embed_dim, num_heads, kdim=kdim, vdim=vdim)`: keys of width `kdim` and values of width
+    /// `vdim`, each projection its own weight (`q_proj_weight`, `k_proj_weight`, `v_proj_weight`, Xavier-uniform
+    /// each, as PyTorch), biases 0. f32, sequence-first, no dropout.
+    #[track_caller]
+    pub fn with_kv_dims(embed_dim: usize, num_heads: usize, kdim: usize, vdim: usize, device: &Device) -> Self {
+        let xavier = |width: usize| init::xavier_uniform([embed_dim, width], width, embed_dim, device);
+        let out = Linear::new(embed_dim, embed_dim, true, device);
+        let out = Linear::from_weight(out.weight().get(), Some(init::zeros([embed_dim], device)));
+        let weights = [xavier(embed_dim), xavier(kdim), xavier(vdim)];
+        MultiheadAttention::from_separate_params(num_heads, weights, Some(init::zeros([3 * embed_dim], device)), out)
+    }
+
+    /// The layer with a projection weight per input (PyTorch's `q_proj_weight` `[E, E]`, `k_proj_weight`
+    /// `[E, kdim]`, `v_proj_weight` `[E, vdim]`), the bias `in_proj_bias` `[3 E]` and `out_proj`.
+    #[track_caller]
+    pub fn from_separate_params(
+        num_heads: usize,
+        [q, k, v]: [Tensor; 3],
+        in_proj_bias: Option<Tensor>,
+        out_proj: Linear,
+    ) -> MultiheadAttention {
+        let e = q.dims().first().copied().unwrap_or(0);
+        let fits = q.dims() == [e, e] && k.rank() == 2 && v.rank() == 2 && k.dims()[0] == e && v.dims()[0] == e;
+        if !fits || num_heads == 0 || !e.is_multiple_of(num_heads) {
+            fail!(
+                "MultiheadAttention",
+                "q_proj_weight must be [E, E] with E a multiple of {num_heads}, k_proj_weight [E, kdim] and \
+                 v_proj_weight [E, vdim], got {:?}, {:?}, {:?}",
+                q.dims(),
+                k.dims(),
+                v.dims()
+            );
+        }
+        let weights = [("q_proj_weight", q), ("k_proj_weight", k), ("v_proj_weight", v)].map(|(n, w)| Param::new(n, w));
+        MultiheadAttention::assemble(num_heads, e, InProj::Separate(weights), in_proj_bias, out_proj)
+    }
+
+    /// The layer from checked projection weights of width `e`: checks the bias and `out_proj`.
+    #[track_caller]
+    fn assemble(
+        num_heads: usize,
+        e: usize,
+        in_proj: InProj,
+        in_proj_bias: Option<Tensor>,
+        out_proj: Linear,
+    ) -> MultiheadAttention {
         if in_proj_bias.as_ref().is_some_and(|b| b.dims() != [3 * e]) || out_proj.in_features() != e {
             fail!("MultiheadAttention", "in_proj_bias must be [{}] and out_proj {e} -> {e}", 3 * e);
         }
@@ -89,7 +172,7 @@ impl MultiheadAttention {
             num_heads,
             batch_first: false,
             dropout: 0.0,
-            in_proj_weight: Param::new("in_proj_weight", in_proj_weight),
+            in_proj,
             in_proj_bias: in_proj_bias.map(|b| Param::new("in_proj_bias", b)),
             out_proj,
             training: std::sync::atomic::AtomicBool::new(true),
@@ -99,12 +182,13 @@ impl MultiheadAttention {
     /// A copy holding the same values in parameters of its own, in the same mode.
     pub(crate) fn copy(&self) -> MultiheadAttention {
         let out = Linear::from_weight(self.out_proj.weight().get(), self.out_proj.bias().map(Param::get));
-        let mut m = MultiheadAttention::from_params(
-            self.num_heads,
-            self.in_proj_weight.get(),
-            self.in_proj_bias.as_ref().map(Param::get),
-            out,
-        );
+        let bias = self.in_proj_bias.as_ref().map(Param::get);
+        let mut m = match &self.in_proj {
+            InProj::Packed(w) => MultiheadAttention::from_params(self.num_heads, w.get(), bias, out),
+            InProj::Separate(ws) => {
+                MultiheadAttention::from_separate_params(self.num_heads, ws.clone().map(|w| w.get()), bias, out)
+            }
+        };
         m.batch_first = self.batch_first;
         m.dropout = self.dropout;
         m.training
@@ -132,16 +216,16 @@ impl MultiheadAttention {
         let hd = e / h;
         let to_batch_first = |t: &Tensor| if self.batch_first { t.clone() } else { t.transpose(0, 1) };
         let (q, k, v) = (to_batch_first(query), to_batch_first(key), to_batch_first(value));
-        for (name, t) in [("query", &q), ("key", &k), ("value", &v)] {
-            if t.rank() != 3 || t.dims()[2] != e {
-                fail!("MultiheadAttention", "{name} must be 3-d with embed_dim {e} last, got {:?}", t.dims());
+        let widths = self.in_proj.widths(e);
+        for ((name, t), width) in [("query", &q), ("key", &k), ("value", &v)].into_iter().zip(widths) {
+            if t.rank() != 3 || t.dims()[2] != width {
+                fail!("MultiheadAttention", "{name} must be 3-d with width {width} last, got {:?}", t.dims());
             }
         }
         let (n, l, s) = (q.dims()[0], q.dims()[1], k.dims()[1]);
-        let w = self.in_proj_weight.get();
         let b = self.in_proj_bias.as_ref().map(Param::get);
         let project = |x: &Tensor, i: usize| {
-            let y = x.matmul(&w.narrow(0, i * e, e).t());
+            let y = x.matmul(&self.in_proj.weight(i, e).t());
             let y = match &b {
                 Some(b) => y.add(b.narrow(0, i * e, e)),
                 None => y,
@@ -214,7 +298,10 @@ impl Module for MultiheadAttention {
     }
 
     fn named_params(&self) -> Vec<(String, Param)> {
-        let mut p = vec![("in_proj_weight".to_string(), self.in_proj_weight.clone())];
+        let mut p = match &self.in_proj {
+            InProj::Packed(w) => vec![("in_proj_weight".to_string(), w.clone())],
+            InProj::Separate(ws) => ws.iter().map(|w| (w.name().to_string(), w.clone())).collect(),
+        };
         if let Some(b) = &self.in_proj_bias {
             p.push(("in_proj_bias".to_string(), b.clone()));
         }
