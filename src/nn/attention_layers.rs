@@ -51,6 +51,13 @@ impl InProj {
     }
 }
 
+/// PyTorch's output projection: a default `Linear` (its bias drawn too, as PyTorch's, so the generator moves as
+/// there), then the bias set to zero.
+fn out_projection(embed_dim: usize, bias: bool, device: &Device) -> Linear {
+    let out = Linear::new(embed_dim, embed_dim, bias, device);
+    Linear::from_weight(out.weight().get(), bias.then(|| init::zeros([embed_dim], device)))
+}
+
 /// The keyword arguments of `MultiheadAttention.forward`. `Default`: no masks, weights returned (averaged over
 /// heads), not causal.
 #[derive(Clone, Debug)]
@@ -84,13 +91,19 @@ impl MultiheadAttention {
     /// bias 0. f32, sequence-first, no dropout.
     #[track_caller]
     pub fn new(embed_dim: usize, num_heads: usize, device: &Device) -> MultiheadAttention {
+        MultiheadAttention::with_bias(embed_dim, num_heads, true, device)
+    }
+
+    /// `MultiheadAttention(embed_dim, num_heads, bias=bias)`: as [`MultiheadAttention::new`], without the input and
+    /// output projections' biases when `bias` is false.
+    #[track_caller]
+    pub fn with_bias(embed_dim: usize, num_heads: usize, bias: bool, device: &Device) -> MultiheadAttention {
         if num_heads == 0 || !embed_dim.is_multiple_of(num_heads) {
             fail!("MultiheadAttention", "embed_dim {embed_dim} must be a multiple of num_heads {num_heads}");
         }
         let w = init::xavier_uniform([3 * embed_dim, embed_dim], embed_dim, 3 * embed_dim, device);
-        let out = Linear::new(embed_dim, embed_dim, true, device);
-        let out = Linear::from_weight(out.weight().get(), Some(init::zeros([embed_dim], device)));
-        MultiheadAttention::from_params(num_heads, w, Some(init::zeros([3 * embed_dim], device)), out)
+        let in_bias = bias.then(|| init::zeros([3 * embed_dim], device));
+        MultiheadAttention::from_params(num_heads, w, in_bias, out_projection(embed_dim, bias, device))
     }
 
     /// The layer with given parameters (PyTorch's names: `in_proj_weight`, `in_proj_bias`, `out_proj`).
@@ -124,8 +137,7 @@ impl MultiheadAttention {
     #[track_caller]
     pub fn with_kv_dims(embed_dim: usize, num_heads: usize, kdim: usize, vdim: usize, device: &Device) -> Self {
         let xavier = |width: usize| init::xavier_uniform([embed_dim, width], width, embed_dim, device);
-        let out = Linear::new(embed_dim, embed_dim, true, device);
-        let out = Linear::from_weight(out.weight().get(), Some(init::zeros([embed_dim], device)));
+        let out = out_projection(embed_dim, true, device);
         let weights = [xavier(embed_dim), xavier(kdim), xavier(vdim)];
         MultiheadAttention::from_separate_params(num_heads, weights, Some(init::zeros([3 * embed_dim], device)), out)
     }
@@ -181,7 +193,7 @@ impl MultiheadAttention {
 
     /// A copy holding the same values in parameters of its own, in the same mode.
     pub(crate) fn copy(&self) -> MultiheadAttention {
-        let out = Linear::from_weight(self.out_proj.weight().get(), self.out_proj.bias().map(Param::get));
+        let out = self.out_proj.copy();
         let bias = self.in_proj_bias.as_ref().map(Param::get);
         let mut m = match &self.in_proj {
             InProj::Packed(w) => MultiheadAttention::from_params(self.num_heads, w.get(), bias, out),

@@ -65,6 +65,11 @@ impl Linear {
         Linear { weight: Param::new("weight", weight), bias: bias.map(|b| Param::new("bias", b)) }
     }
 
+    /// A copy holding the same values in parameters of its own (a clone shares them).
+    pub(crate) fn copy(&self) -> Linear {
+        Linear::from_weight(self.weight.get(), self.bias.as_ref().map(Param::get))
+    }
+
     pub fn weight(&self) -> &Param {
         &self.weight
     }

@@ -99,14 +99,10 @@ impl Common {
         if !(0.0..=1.0).contains(&opts.dropout) {
             fail!(name, "dropout has to be between 0 and 1, but got {}", opts.dropout);
         }
-        let norm = || {
-            let bias = opts.bias.then(|| init::zeros([d_model], device));
-            LayerNorm::from_params(Tensor::ones([d_model], DType::F32, device), bias, opts.layer_norm_eps)
-        };
         Common {
             linear1: Linear::new(d_model, opts.dim_feedforward, opts.bias, device),
             linear2: Linear::new(opts.dim_feedforward, d_model, opts.bias, device),
-            norms: (0..norms).map(|_| norm()).collect(),
+            norms: (0..norms).map(|_| layer_norm(d_model, &opts, device)).collect(),
             opts,
             training: AtomicBool::new(true),
         }
@@ -130,8 +126,7 @@ impl Common {
 
     /// Dropout at the layer's rate in training mode.
     fn dropout(&self, x: &Tensor) -> Tensor {
-        let training = self.training.load(Ordering::Relaxed);
-        if training && self.opts.dropout > 0.0 { functional::dropout(x, self.opts.dropout, true) } else { x.clone() }
+        functional::dropout(x, self.opts.dropout, self.training.load(Ordering::Relaxed))
     }
 
     fn feed_forward(&self, x: &Tensor) -> Tensor {
@@ -163,10 +158,9 @@ impl Common {
 
     /// A copy holding the same values in parameters of its own.
     fn copy(&self) -> Common {
-        let linear = |l: &Linear| Linear::from_weight(l.weight().get(), l.bias().map(Param::get));
         Common {
-            linear1: linear(&self.linear1),
-            linear2: linear(&self.linear2),
+            linear1: self.linear1.copy(),
+            linear2: self.linear2.copy(),
             norms: self.norms.iter().map(LayerNorm::copy).collect(),
             opts: self.opts,
             training: AtomicBool::new(self.training.load(Ordering::Relaxed)),
@@ -176,13 +170,13 @@ impl Common {
 
 /// An attention layer as PyTorch builds it: Xavier-uniform input projection, zero biases, dropout on the weights.
 fn attention(d_model: usize, nhead: usize, opts: &TransformerOptions, device: &Device) -> MultiheadAttention {
-    let mha = if opts.bias {
-        MultiheadAttention::new(d_model, nhead, device)
-    } else {
-        let w = init::xavier_uniform([3 * d_model, d_model], d_model, 3 * d_model, device);
-        MultiheadAttention::from_params(nhead, w, None, Linear::new(d_model, d_model, false, device))
-    };
-    mha.batch_first(opts.batch_first).dropout(opts.dropout)
+    MultiheadAttention::with_bias(d_model, nhead, opts.bias, device).batch_first(opts.batch_first).dropout(opts.dropout)
+}
+
+/// A layer norm as PyTorch's layers build it: weight 1, bias 0 (none without `opts.bias`), `opts.layer_norm_eps`.
+fn layer_norm(d_model: usize, opts: &TransformerOptions, device: &Device) -> LayerNorm {
+    let bias = opts.bias.then(|| init::zeros([d_model], device));
+    LayerNorm::from_params(Tensor::ones([d_model], DType::F32, device), bias, opts.layer_norm_eps)
 }
 
 /// One encoder layer: self-attention, then the feed-forward block (`linear2(dropout(act(linear1(x))))`), each
@@ -424,15 +418,19 @@ impl Transformer {
         opts: TransformerOptions,
         device: &Device,
     ) -> Transformer {
-        let norm = || {
-            let bias = opts.bias.then(|| init::zeros([d_model], device));
-            LayerNorm::from_params(Tensor::ones([d_model], DType::F32, device), bias, opts.layer_norm_eps)
-        };
         let encoder_layer = TransformerEncoderLayer::new(d_model, nhead, opts, device);
         let decoder_layer = TransformerDecoderLayer::new(d_model, nhead, opts, device);
         let t = Transformer {
-            encoder: TransformerEncoder::new(&encoder_layer, num_encoder_layers, Some(norm())),
-            decoder: TransformerDecoder::new(&decoder_layer, num_decoder_layers, Some(norm())),
+            encoder: TransformerEncoder::new(
+                &encoder_layer,
+                num_encoder_layers,
+                Some(layer_norm(d_model, &opts, device)),
+            ),
+            decoder: TransformerDecoder::new(
+                &decoder_layer,
+                num_decoder_layers,
+                Some(layer_norm(d_model, &opts, device)),
+            ),
         };
         for (_, p) in t.named_params() {
             let dims = p.dims();
