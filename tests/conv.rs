@@ -167,13 +167,7 @@ fn max_pooling_takes_pytorchs_taps_and_ceil_mode_matches() {
                 continue;
             }
             let on = |name: &str| get(name).to_dtype(dtype).to_device(&dev).unwrap();
-            let check = |what: String, got: &Tensor, want: &Tensor| {
-                assert_eq!(got.dims(), want.dims(), "{what}: shape");
-                let want = want.to_host().unwrap();
-                if let Err(e) = check_tensor(&got.to_dtype(DType::F32), got.dims(), &want, Kind::Accumulate) {
-                    panic!("{what}: {e}");
-                }
-            };
+            let check = |what: String, got: &Tensor, want: &Tensor| assert_close_to_torch(got, want, &what);
             let at = format!("({dtype} on {})", dev.describe());
             for (input, name, opts) in &pooled {
                 let x = on(input).requires_grad();
@@ -313,21 +307,14 @@ fn max_unpool_inverts_max_pool_as_pytorch() {
             }
             let at = format!("({dtype} on {})", dev.describe());
             let on = |name: &str| get(name).to_dtype(dtype).to_device(&dev).unwrap();
-            let check = |what: &str, got: &Tensor, want: &str| {
-                assert_eq!(got.dims(), get(want).dims(), "{what} {at}: shape");
-                let want = get(want).to_host().unwrap();
-                if let Err(e) = check_tensor(&got.to_dtype(DType::F32), got.dims(), &want, Kind::Accumulate) {
-                    panic!("{what} {at}: {e}");
-                }
-            };
+            let check =
+                |what: &str, got: &Tensor, want: &str| assert_close_to_torch(got, &get(want), &format!("{what} {at}"));
             let tiles = Pool2dOptions::new([2, 2]);
             let (v, i) = F::max_pool2d_with_indices(&on("x"), &tiles);
             let leaf = v.mul(1.5).detach().requires_grad();
             let u = F::max_unpool2d(&leaf, &i, &tiles, None);
             check("max_unpool2d", &u, "max_unpool2d");
-            let n = u.numel();
-            let w: Vec<f64> = (0..n).map(|k| (0.37 * k as f64 + 0.5).sin() as f32 as f64).collect();
-            let w = tensor(dtype, &w, u.dims()).to_device(&dev).unwrap();
+            let w = sines(u.dims(), 0.5, dtype, &dev);
             let grads = u.mul(&w).sum_all().backward().unwrap();
             check("max_unpool2d's gradient", grads.get(&leaf).unwrap(), "max_unpool2d_grad");
             let overlap = Pool2dOptions { stride: Some([2, 2]), padding: [1, 1], ..Pool2dOptions::new([3, 3]) };

@@ -10,34 +10,11 @@ mod common;
 
 use common::*;
 use kiln::nn::{GRU, LSTM, Module, RnnOptions};
-use kiln::{DType, Device, Tensor};
-
-/// `got` against PyTorch's `want` within f32's accumulate tolerance (sums over the gates and the steps): the
-/// reference is PyTorch's f32 result, so an f64 run is held to it at f32's precision.
-fn close(got: &Tensor, want: &Tensor, what: &str) {
-    assert_eq!(got.dims(), want.dims(), "{what}: shape");
-    let got = got.to_dtype(DType::F32).to_host().unwrap();
-    if let Err(e) = compare(&got, &want.to_host().unwrap(), tol(DType::F32, Kind::Accumulate)) {
-        panic!("{what}: {e}");
-    }
-}
-
-/// Casts `m` to `dtype` and sets every parameter to the fixture's `prefix.name`, on `dev`.
-fn load(m: &dyn Module, fixture: &Fixture, prefix: &str, dtype: DType, dev: &Device) {
-    m.to_dtype(dtype);
-    for (name, p) in m.named_params() {
-        p.set(fixture.get(&format!("{prefix}.{name}")).to_dtype(dtype).to_device(dev).unwrap());
-    }
-}
+use kiln::{DType, Tensor};
 
 #[test]
 fn lstm_and_gru_match_pytorch_with_gradients() {
     let Some(fixture) = Fixture::load("rnn_torch.safetensors") else { return };
-    let sines = |shape: &[usize], c: f64, dtype: DType, dev: &Device| {
-        let n: usize = shape.iter().product();
-        let v: Vec<f64> = (0..n).map(|i| (0.37 * i as f64 + c).sin() as f32 as f64).collect();
-        tensor(dtype, &v, shape).to_device(dev).unwrap()
-    };
     for dev in devices() {
         for dtype in [DType::F32, DType::F64] {
             if !runs_on(&dev, &[dtype]) {
@@ -48,65 +25,69 @@ fn lstm_and_gru_match_pytorch_with_gradients() {
 
             let opts = RnnOptions { num_layers: 2, batch_first: true, ..Default::default() };
             let lstm = LSTM::new(3, 4, opts, &dev);
-            load(&lstm, &fixture, "lstm", dtype, &dev);
+            fixture.load_params(&lstm, "lstm", dtype, &dev);
             let x = on("lstm.x").requires_grad();
             let (y, (hn, cn)) = lstm.forward_with(&x, Some((&on("lstm.h0"), &on("lstm.c0"))));
-            close(&y, &fixture.get("lstm.out"), &format!("LSTM output ({at})"));
-            close(&hn, &fixture.get("lstm.hn"), &format!("LSTM h_n ({at})"));
-            close(&cn, &fixture.get("lstm.cn"), &format!("LSTM c_n ({at})"));
+            assert_close_to_torch(&y, &fixture.get("lstm.out"), &format!("LSTM output ({at})"));
+            assert_close_to_torch(&hn, &fixture.get("lstm.hn"), &format!("LSTM h_n ({at})"));
+            assert_close_to_torch(&cn, &fixture.get("lstm.cn"), &format!("LSTM c_n ({at})"));
             let loss = y.mul(sines(y.dims(), 1.9, dtype, &dev)).sum_all()
                 + hn.mul(sines(&[2, 2, 4], 2.3, dtype, &dev)).sum_all()
                 + cn.sum_all();
             let grads = loss.backward().unwrap();
             let params: std::collections::HashMap<String, Tensor> =
                 lstm.named_params().into_iter().map(|(n, p)| (n, p.get())).collect();
-            close(grads.get(&x).unwrap(), &fixture.get("lstm.dx"), &format!("LSTM dx ({at})"));
+            assert_close_to_torch(grads.get(&x).unwrap(), &fixture.get("lstm.dx"), &format!("LSTM dx ({at})"));
             for name in ["weight_hh_l0", "bias_ih_l1"] {
                 let g = grads.get(&params[name]).unwrap();
-                close(g, &fixture.get(&format!("lstm.d{name}")), &format!("LSTM d{name} ({at})"));
+                assert_close_to_torch(g, &fixture.get(&format!("lstm.d{name}")), &format!("LSTM d{name} ({at})"));
             }
 
             let gru = GRU::new(3, 4, RnnOptions::default(), &dev);
-            load(&gru, &fixture, "gru", dtype, &dev);
+            fixture.load_params(&gru, "gru", dtype, &dev);
             let x = on("gru.x").requires_grad();
             let (y, hn) = gru.forward_with(&x, Some(&on("gru.h0")));
-            close(&y, &fixture.get("gru.out"), &format!("GRU output ({at})"));
-            close(&hn, &fixture.get("gru.hn"), &format!("GRU h_n ({at})"));
+            assert_close_to_torch(&y, &fixture.get("gru.out"), &format!("GRU output ({at})"));
+            assert_close_to_torch(&hn, &fixture.get("gru.hn"), &format!("GRU h_n ({at})"));
             let loss = y.mul(sines(y.dims(), 0.6, dtype, &dev)).sum_all()
                 + hn.mul(sines(&[1, 2, 4], 2.9, dtype, &dev)).sum_all();
             let grads = loss.backward().unwrap();
             let params: std::collections::HashMap<String, Tensor> =
                 gru.named_params().into_iter().map(|(n, p)| (n, p.get())).collect();
-            close(grads.get(&x).unwrap(), &fixture.get("gru.dx"), &format!("GRU dx ({at})"));
+            assert_close_to_torch(grads.get(&x).unwrap(), &fixture.get("gru.dx"), &format!("GRU dx ({at})"));
             for name in ["weight_hh_l0", "bias_hh_l0"] {
                 let g = grads.get(&params[name]).unwrap();
-                close(g, &fixture.get(&format!("gru.d{name}")), &format!("GRU d{name} ({at})"));
+                assert_close_to_torch(g, &fixture.get(&format!("gru.d{name}")), &format!("GRU d{name} ({at})"));
             }
             // One unbatched sequence [T, I] from zeros: outputs [T, H], h_n [layers, H].
             let (y1, h1) = gru.forward_with(&on("gru.x").narrow(1, 0, 1).squeeze(1), None);
-            close(&y1, &fixture.get("gru.out_unbatched"), &format!("GRU unbatched output ({at})"));
-            close(&h1, &fixture.get("gru.hn_unbatched"), &format!("GRU unbatched h_n ({at})"));
+            assert_close_to_torch(&y1, &fixture.get("gru.out_unbatched"), &format!("GRU unbatched output ({at})"));
+            assert_close_to_torch(&h1, &fixture.get("gru.hn_unbatched"), &format!("GRU unbatched h_n ({at})"));
             assert_eq!(gru.forward(&x).dims(), [5, 2, 4]);
 
             // Two layers in both directions: outputs [T, N, 2H], states [4, N, H] (layer by layer, forward first).
             let opts = RnnOptions { num_layers: 2, bidirectional: true, ..Default::default() };
             let bi = LSTM::new(3, 4, opts, &dev);
-            load(&bi, &fixture, "bi", dtype, &dev);
+            fixture.load_params(&bi, "bi", dtype, &dev);
             let x = on("bi.x").requires_grad();
             let (y, (hn, cn)) = bi.forward_with(&x, None);
-            close(&y, &fixture.get("bi.out"), &format!("bidirectional output ({at})"));
-            close(&hn, &fixture.get("bi.hn"), &format!("bidirectional h_n ({at})"));
-            close(&cn, &fixture.get("bi.cn"), &format!("bidirectional c_n ({at})"));
+            assert_close_to_torch(&y, &fixture.get("bi.out"), &format!("bidirectional output ({at})"));
+            assert_close_to_torch(&hn, &fixture.get("bi.hn"), &format!("bidirectional h_n ({at})"));
+            assert_close_to_torch(&cn, &fixture.get("bi.cn"), &format!("bidirectional c_n ({at})"));
             let loss = y.mul(sines(y.dims(), 0.2, dtype, &dev)).sum_all()
                 + hn.mul(sines(&[4, 2, 4], 1.4, dtype, &dev)).sum_all()
                 + cn.mul(sines(&[4, 2, 4], 2.6, dtype, &dev)).sum_all();
             let grads = loss.backward().unwrap();
             let params: std::collections::HashMap<String, Tensor> =
                 bi.named_params().into_iter().map(|(n, p)| (n, p.get())).collect();
-            close(grads.get(&x).unwrap(), &fixture.get("bi.dx"), &format!("bidirectional dx ({at})"));
+            assert_close_to_torch(grads.get(&x).unwrap(), &fixture.get("bi.dx"), &format!("bidirectional dx ({at})"));
             for name in ["weight_hh_l1_reverse", "weight_ih_l1"] {
                 let g = grads.get(&params[name]).unwrap();
-                close(g, &fixture.get(&format!("bi.d{name}")), &format!("bidirectional d{name} ({at})"));
+                assert_close_to_torch(
+                    g,
+                    &fixture.get(&format!("bi.d{name}")),
+                    &format!("bidirectional d{name} ({at})"),
+                );
             }
         }
     }

@@ -17,16 +17,6 @@ use kiln::nn::{
 };
 use kiln::{DType, Tensor};
 
-/// `got` against PyTorch's `want` within f32's accumulate tolerance: the reference is PyTorch's f32 result, so an
-/// f64 run is held to it at f32's precision.
-fn close(got: &Tensor, want: &Tensor, what: &str) {
-    assert_eq!(got.dims(), want.dims(), "{what}: shape");
-    let got = got.to_dtype(DType::F32).to_host().unwrap();
-    if let Err(e) = compare(&got, &want.to_host().unwrap(), tol(DType::F32, Kind::Accumulate)) {
-        panic!("{what}: {e}");
-    }
-}
-
 const E: usize = 16;
 const H: usize = 4;
 
@@ -69,7 +59,7 @@ fn transformer_layers_and_stacks_match_pytorch_with_gradients() {
             let on = |t: &Tensor| t.to_device(&dev).unwrap();
             let (causal, pad_src, pad_mem) = (on(&causal), on(&pad_src), on(&pad_mem));
             let square = Transformer::generate_square_subsequent_mask(5, &dev);
-            close(&square, &fixture.get("square_subsequent_mask"), "generate_square_subsequent_mask");
+            assert_close_to_torch(&square, &fixture.get("square_subsequent_mask"), "generate_square_subsequent_mask");
             type Run<'a> = Box<dyn Fn(&[Tensor]) -> Tensor + 'a>;
             let cases: [(&str, &dyn Module, usize, Run); 5] = [
                 (
@@ -125,22 +115,18 @@ fn transformer_layers_and_stacks_match_pytorch_with_gradients() {
             ];
             for (prefix, module, inputs, run) in cases {
                 let at = format!("{prefix} ({dtype} on {})", dev.describe());
-                module.to_dtype(dtype);
-                for (name, p) in module.named_params() {
-                    p.set(fixture.get(&format!("{prefix}.{name}")).to_dtype(dtype).to_device(&dev).unwrap());
-                }
+                fixture.load_params(module, prefix, dtype, &dev);
                 let xs: Vec<Tensor> = (0..inputs)
                     .map(|i| {
                         fixture.get(&format!("{prefix}.in{i}")).to_dtype(dtype).to_device(&dev).unwrap().requires_grad()
                     })
                     .collect();
                 let y = run(&xs);
-                close(&y, &fixture.get(&format!("{prefix}.out")), &format!("{at}: output"));
-                let w = fixture.get(&format!("{prefix}.out")).ones_like();
-                let w = sines_like(&w, 0.7).to_dtype(dtype).to_device(&dev).unwrap();
+                assert_close_to_torch(&y, &fixture.get(&format!("{prefix}.out")), &format!("{at}: output"));
+                let w = sines(y.dims(), 0.7, dtype, &dev);
                 let grads = y.mul(&w).sum_all().backward().unwrap();
                 for (i, x) in xs.iter().enumerate() {
-                    close(
+                    assert_close_to_torch(
                         grads.get(x).unwrap(),
                         &fixture.get(&format!("{prefix}.grad.in{i}")),
                         &format!("{at}: input {i}'s gradient"),
@@ -148,18 +134,15 @@ fn transformer_layers_and_stacks_match_pytorch_with_gradients() {
                 }
                 for (name, p) in module.named_params() {
                     let g = grads.get(&p.get()).unwrap_or_else(|| panic!("{at}: no gradient for {name}"));
-                    close(g, &fixture.get(&format!("{prefix}.grad.{name}")), &format!("{at}: {name}'s gradient"));
+                    assert_close_to_torch(
+                        g,
+                        &fixture.get(&format!("{prefix}.grad.{name}")),
+                        &format!("{at}: {name}'s gradient"),
+                    );
                 }
             }
         }
     }
-}
-
-/// `sin(0.37 i + c)` over `like`'s shape, f32 (what the fixture weighted the outputs by).
-fn sines_like(like: &Tensor, c: f64) -> Tensor {
-    let n = like.numel();
-    let v: Vec<f32> = (0..n).map(|i| (0.37 * i as f64 + c).sin() as f32).collect();
-    Tensor::from_vec(v, like.dims().to_vec(), &like.device()).unwrap()
 }
 
 /// PyTorch's parameter names and shapes, the stacks' layers as copies (the same values, parameters of their own),
@@ -238,26 +221,25 @@ fn transformer_parameters_are_named_as_pytorch_and_stacks_copy() {
 fn unbatched_inputs_run_as_a_batch_of_one() {
     let Some(dev) = data_device() else { return };
     let o = TransformerOptions { dim_feedforward: 24, dropout: 0.0, ..Default::default() };
-    let sines = |shape: &[usize], c: f64| {
-        let n: usize = shape.iter().product();
-        let v: Vec<f64> = (0..n).map(|i| (0.37 * i as f64 + c).sin()).collect();
-        tensor(DType::F32, &v, shape)
-    };
-    let (src, tgt) = (sines(&[5, E], 0.1), sines(&[4, E], 0.2));
+    let (src, tgt) = (sines(&[5, E], 0.1, DType::F32, &dev), sines(&[4, E], 0.2, DType::F32, &dev));
     let pad = Tensor::from_vec(vec![false, false, false, true, true], [5], &dev).unwrap();
     let enc = TransformerEncoderLayer::new(E, H, o, &dev);
     let masks = AttentionMasks { key_padding_mask: Some(&pad), ..Default::default() };
     let batch_masks = AttentionMasks { key_padding_mask: Some(&pad.unsqueeze(0)), ..Default::default() };
     let one = enc.forward_with(&src, masks);
-    close(&one, &enc.forward_with(&src.unsqueeze(1), batch_masks).squeeze(1), "encoder layer, one sequence");
+    assert_close_to_torch(
+        &one,
+        &enc.forward_with(&src.unsqueeze(1), batch_masks).squeeze(1),
+        "encoder layer, one sequence",
+    );
     let dec = TransformerDecoderLayer::new(E, H, o, &dev);
     let one = dec.forward_with(&tgt, &src, DecoderMasks::default());
     let batch = dec.forward_with(&tgt.unsqueeze(1), &src.unsqueeze(1), DecoderMasks::default());
-    close(&one, &batch.squeeze(1), "decoder layer, one sequence");
+    assert_close_to_torch(&one, &batch.squeeze(1), "decoder layer, one sequence");
     let model = Transformer::new(E, H, 1, 1, TransformerOptions { batch_first: true, ..o }, &dev);
     let one = model.forward_with(&src, &tgt, TransformerMasks::default());
     let batch = model.forward_with(&src.unsqueeze(0), &tgt.unsqueeze(0), TransformerMasks::default());
-    close(&one, &batch.squeeze(0), "transformer, one sequence");
+    assert_close_to_torch(&one, &batch.squeeze(0), "transformer, one sequence");
     let refused = |f: &dyn Fn()| {
         let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("refused");
         err.downcast_ref::<String>().cloned().unwrap_or_default()
@@ -267,7 +249,7 @@ fn unbatched_inputs_run_as_a_batch_of_one() {
     });
     assert!(msg.contains("TransformerDecoderLayer") && msg.contains("both"), "{msg}");
     let msg = refused(&|| {
-        enc.forward_with(&sines(&[5, 2, E + 1], 0.3), AttentionMasks::default());
+        enc.forward_with(&sines(&[5, 2, E + 1], 0.3, DType::F32, &dev), AttentionMasks::default());
     });
     assert!(msg.contains("d_model 16"), "{msg}");
 }

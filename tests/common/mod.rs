@@ -377,6 +377,25 @@ pub fn check_tensor(t: &Tensor, shape: &[usize], want: &HostBuffer, kind: Kind) 
     compare_on(&t.device(), &got, want, tol(want.dtype(), kind))
 }
 
+/// `sin(0.37 i + c)` over `shape`, rounded to f32 and then to `dtype`, on `dev`: the values the fixture scripts build
+/// their inputs and weights from (`tests/fixtures/fixture_values.py`).
+pub fn sines(shape: &[usize], c: f64, dtype: DType, dev: &Device) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|i| (0.37 * i as f64 + c).sin() as f32 as f64).collect();
+    tensor(dtype, &v, shape).to_device(dev).unwrap()
+}
+
+/// `got` (any float dtype, on any device) against `want`, a value PyTorch computed in f32 (a fixture's), within f32's
+/// accumulate tolerance (summation orders differ), panicking with `what`: an f64 run is held to PyTorch's f32 result
+/// at f32's precision.
+pub fn assert_close_to_torch(got: &Tensor, want: &Tensor, what: &str) {
+    assert_eq!(got.dims(), want.dims(), "{what}: shape");
+    let want = want.to_host().unwrap();
+    if let Err(e) = check_tensor(&got.to_dtype(DType::F32), got.dims(), &want, Kind::Accumulate) {
+        panic!("{what}: {e}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Deterministic data
 // ---------------------------------------------------------------------------------------------------------------
@@ -782,5 +801,13 @@ impl Fixture {
     /// The tensor called `name`; panics naming it when the fixture has none.
     pub fn get(&self, name: &str) -> Tensor {
         self.0.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("the fixture has no {name}")).1.clone()
+    }
+
+    /// Casts `m` to `dtype` and sets each of its parameters to the fixture's `prefix.name`, on `dev`.
+    pub fn load_params(&self, m: &dyn kiln::nn::Module, prefix: &str, dtype: DType, dev: &Device) {
+        m.to_dtype(dtype);
+        for (name, p) in m.named_params() {
+            p.set(self.get(&format!("{prefix}.{name}")).to_dtype(dtype).to_device(dev).unwrap());
+        }
     }
 }
