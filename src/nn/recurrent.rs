@@ -333,16 +333,20 @@ impl Stack {
             match (self.cell, &c) {
                 (Cell::Lstm, Some(prev)) => {
                     let z = by_gate(&xs.add(&hh));
-                    let (i, f) = (gate(&z, 0).sigmoid(), gate(&z, 1).sigmoid());
-                    let (g, o) = (gate(&z, 2).tanh(), gate(&z, 3).sigmoid());
+                    // One sigmoid over all four gates, `g`'s included and unused: one kernel and one gradient
+                    // where three would be, and on gates this narrow the launches are what a step costs.
+                    let s = z.sigmoid();
+                    let (i, f, o) = (gate(&s, 0), gate(&s, 1), gate(&s, 3));
+                    let g = gate(&z, 2).tanh();
                     let next = f.mul(prev).add(i.mul(&g));
                     h = o.mul(next.tanh());
                     c = Some(next);
                 }
                 _ => {
                     let (xs, hh) = (by_gate(&xs), by_gate(&hh));
-                    let r = gate(&xs, 0).add(gate(&hh, 0)).sigmoid();
-                    let z = gate(&xs, 1).add(gate(&hh, 1)).sigmoid();
+                    // `r` and `z` under one sigmoid, as the LSTM's gates.
+                    let rz = xs.narrow(1, 0, 2).add(hh.narrow(1, 0, 2)).sigmoid();
+                    let (r, z) = (gate(&rz, 0), gate(&rz, 1));
                     let new = gate(&xs, 2).add(r.mul(gate(&hh, 2))).tanh();
                     // (1 - z) * n + z * h, as PyTorch writes it.
                     h = z.neg().add(1.0).mul(&new).add(z.mul(&h));
