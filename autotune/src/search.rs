@@ -68,15 +68,9 @@ impl Mode {
     /// The per-key budget of this mode (for all candidates of the key together).
     pub fn budget(self) -> Budget {
         match self {
-            Mode::Off => Budget { top_k: 1, warmup: 0, min_reps: 0, max_reps: 0, time_budget: Duration::ZERO },
-            // Three reps of each, and more where they are cheap: a 30 µs batched attention product timed three
-            // times read 46-48 µs for two tiles that 15 interleaved reps put at 29.5 and 32.7 (the slower won).
-            Mode::Fast => {
-                Budget { top_k: 2, warmup: 0, min_reps: 3, max_reps: 15, time_budget: Duration::from_millis(1) }
-            }
-            Mode::Full => {
-                Budget { top_k: 5, warmup: 1, min_reps: 1, max_reps: 15, time_budget: Duration::from_secs(1) }
-            }
+            Mode::Off => Budget { top_k: 1, warmup: 0, max_reps: 0, time_budget: Duration::ZERO },
+            Mode::Fast => Budget { top_k: 2, warmup: 0, max_reps: 3, time_budget: Duration::from_millis(20) },
+            Mode::Full => Budget { top_k: 5, warmup: 1, max_reps: 15, time_budget: Duration::from_secs(1) },
         }
     }
 }
@@ -88,12 +82,9 @@ pub struct Budget {
     pub top_k: usize,
     /// Untimed runs before timing (caches, page faults, lazy JIT work).
     pub warmup: usize,
-    /// At least this many timed runs per candidate, whatever they cost.
-    pub min_reps: usize,
     /// At most this many timed runs per candidate; the median is kept.
     pub max_reps: usize,
-    /// Total measured time for all candidates of the key together: no round starts once it is spent and every
-    /// candidate has `min_reps`.
+    /// Total measured time for all candidates of the key together.
     pub time_budget: Duration,
 }
 
@@ -148,9 +139,9 @@ pub const TIE_MARGIN: f64 = 0.03;
 /// one with the best score. Every candidate appears in the record's trials.
 ///
 /// Budget: it is charged with the durations `time_once` reports, warm-ups included (not wall-clock, so the result
-/// is deterministic given the closures; verification is not charged), and checked after each full round from the
-/// `min_reps`-th on, so every timed candidate gets the same number of reps, at least one. `top_k` and `max_reps`
-/// below 1 are taken as 1 outside `Off`, and `min_reps` above `max_reps` as `max_reps`.
+/// is deterministic given the closures; verification is not charged), and checked after each full round, so every
+/// timed candidate gets the same number of reps, at least one. `top_k` and `max_reps` below 1 are taken as 1
+/// outside `Off`.
 ///
 /// Errors: no candidates, duplicate names (the winner is named by its config name), or no candidate verified and
 /// timed (the message lists every failure).
@@ -323,8 +314,7 @@ fn timed_set<C>(candidates: &[&Candidate<'_, C>], top_k: usize) -> Vec<bool> {
 }
 
 /// Times `racers` round-robin: each round runs every still-healthy racer once, starting one further along each
-/// round; stops after `max_reps` rounds or at the end of the first round past `min_reps` that finds the budget
-/// spent. A racer whose timing
+/// round; stops after `max_reps` rounds or at the end of the round that spends the budget. A racer whose timing
 /// fails drops out with its error; the others go on. Returns each racer's reps (or error), in `racers` order.
 fn race(
     racers: &[usize],
@@ -347,7 +337,7 @@ fn race(
                 Err(msg) => out[slot] = Err(msg),
             }
         }
-        if round + 1 >= budget.min_reps && *spent >= budget.time_budget {
+        if *spent >= budget.time_budget {
             break;
         }
     }
@@ -386,7 +376,7 @@ mod tests {
 
     #[test]
     fn rounds_rotate_and_stop_at_the_budget_after_a_full_round() {
-        let budget = Budget { top_k: 3, warmup: 0, min_reps: 1, max_reps: 10, time_budget: Duration::from_nanos(25) };
+        let budget = Budget { top_k: 3, warmup: 0, max_reps: 10, time_budget: Duration::from_nanos(25) };
         let mut order = Vec::new();
         let mut spent = Duration::ZERO;
         let out = race(&[0, 1, 2], budget, &mut spent, |i| {
@@ -396,23 +386,5 @@ mod tests {
         // Round 0: 0 1 2 (15 ns), round 1: 1 2 0 (30 ns >= 25: stop after the round).
         assert_eq!(order, [0, 1, 2, 1, 2, 0]);
         assert!(out.iter().all(|r| r.as_ref().is_ok_and(|v| v.len() == 2)));
-    }
-
-    #[test]
-    fn rounds_go_on_to_min_reps_past_the_budget_and_stop_at_max_reps() {
-        let reps = |min_reps, max_reps, each_ns| {
-            let budget = Budget { top_k: 2, warmup: 0, min_reps, max_reps, time_budget: Duration::from_nanos(100) };
-            let mut spent = Duration::ZERO;
-            let out = race(&[0, 1], budget, &mut spent, |_| Ok(Duration::from_nanos(each_ns)));
-            out.iter().map(|r| r.as_ref().map_or(0, Vec::len)).collect::<Vec<_>>()
-        };
-        // Each round costs 2 x 80 ns, past the budget at once: three rounds all the same.
-        assert_eq!(reps(3, 15, 80), [3, 3]);
-        // 2 x 1 ns a round: the budget is never spent, `max_reps` stops it.
-        assert_eq!(reps(3, 15, 1), [15, 15]);
-        // 2 x 10 ns a round: the fifth round spends it.
-        assert_eq!(reps(3, 15, 10), [5, 5]);
-        // `min_reps` past `max_reps` is `max_reps`.
-        assert_eq!(reps(20, 4, 80), [4, 4]);
     }
 }

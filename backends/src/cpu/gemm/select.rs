@@ -61,20 +61,16 @@ impl TuneBudget {
     }
 }
 
-/// What a fast-mode search of `timed` should cost: its verification, warm-up and timed runs (`Mode::Fast`'s
-/// budget: the rounds of the race until its time budget is spent, within its reps) at a conservative 100 GFLOP/s
-/// plus ~20 µs of set-up each, and the reference values (`gemm_check::sample_count` sampled outputs, ~60 ns per
-/// reduction step of the interpreter, split over the threads).
+/// What a fast-mode search of `timed` should cost: its verification and timed runs (`Mode::Fast`'s budget) at a
+/// conservative 100 GFLOP/s plus ~20 µs of set-up each, and the reference values (`gemm_check::sample_count`
+/// sampled outputs, ~60 ns per reduction step of the interpreter, split over the threads).
 fn search_estimate(timed: &super::tune::TuneProblem, threads: usize) -> std::time::Duration {
     let b = kiln_autotune::Mode::Fast.budget();
+    let runs = (b.top_k * (1 + b.warmup + b.max_reps)) as f64;
     let per_run = timed.view.flops() / 100e9 + 20e-6;
-    let round = b.top_k as f64 * per_run;
-    let max_rounds = b.max_reps.max(1);
-    let rounds = ((b.time_budget.as_secs_f64() / round).ceil() as usize).clamp(b.min_reps.min(max_rounds), max_rounds);
-    let runs = (b.top_k * (1 + b.warmup)) as f64 * per_run + rounds as f64 * round;
     let samples = crate::gemm_check::sample_count(timed.kernel.out_extents.len()) as f64;
     let reference = samples * timed.view.k as f64 * 60e-9 / threads.max(1) as f64;
-    std::time::Duration::from_secs_f64(runs + reference)
+    std::time::Duration::from_secs_f64(runs * per_run + reference)
 }
 
 /// The key of the GEMM compiled last; its record is in the store (memory at least).
