@@ -336,9 +336,25 @@ impl Tensor {
     }
 
     /// `1 / (1 + exp(-self))`.
+    ///
+    /// Its gradient is PyTorch's `g (1 - y) y` from the output `y` (in f32 for a half input, else in its dtype),
+    /// not the composition's: that one multiplies by `exp(-x)`, which is `inf` below about -88.7 in f32 while `y`
+    /// has rounded to 0, and `0 * inf` made the gradient NaN there (PyTorch's is 0). It also has two nodes fewer.
     #[track_caller]
     pub fn sigmoid(&self) -> Tensor {
-        self.float_unary(UnaryOp::Neg).unary_prim(UnaryOp::Exp).add(1.0).unary_prim(UnaryOp::Recip)
+        let forward =
+            |x: &Tensor| x.float_unary(UnaryOp::Neg).unary_prim(UnaryOp::Exp).add(1.0).unary_prim(UnaryOp::Recip);
+        if !crate::autograd::is_grad_enabled() || !self.is_requires_grad() {
+            return forward(self);
+        }
+        let y = forward(&self.detach());
+        let grad: crate::autograd::GradFn =
+            std::sync::Arc::new(move |g: &Tensor, out: &Tensor, links: &[Tensor], _| {
+                let at = if out.dtype().is_half() { DType::F32 } else { out.dtype() };
+                let (y, g) = (out.detach().to_dtype(at), g.to_dtype(at));
+                Some(g.mul(y.rsub(1.0)).mul(&y).to_dtype(links[0].dtype()))
+            });
+        y.with_grad_fn(smallvec::smallvec![self.clone()], grad)
     }
 
     /// `max(self, 0)`; NaN stays NaN.
