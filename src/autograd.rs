@@ -286,7 +286,17 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
             let ge = g.expand_to("backward", x.dims());
             match op {
                 ReduceOp::Sum => ge,
-                ReduceOp::Prod => ge.mul(y.expand_to("backward", x.dims())).div(x),
+                // The product of the others: `y / x` where `x` is not 0 (PyTorch's rule), and at a zero the
+                // product of the non-zero others where it is its reduction's only zero, else 0; `y / x` alone was
+                // `0 / 0 = NaN` there.
+                ReduceOp::Prod => {
+                    let zero = x.eq(0.0);
+                    let spread = |t: Tensor| t.expand_to("backward", x.dims());
+                    let others = spread(zero.where_(1.0, x).prod(axes.clone(), true));
+                    let zeros = spread(as_dtype(zero.clone(), d).sum(axes.clone(), true));
+                    let at_zero = zeros.eq(1.0).where_(others, 0.0);
+                    ge.mul(zero.where_(at_zero, spread(y.clone()).div(x)))
+                }
                 ReduceOp::Max | ReduceOp::Min => {
                     let mask = as_dtype(x.eq(y.expand_to("backward", x.dims())), d);
                     let count = mask.sum(axes.clone(), true).expand_to("backward", x.dims());

@@ -1182,6 +1182,27 @@ fn norm_at_zero_and_logsumexp_have_their_defined_gradients() {
     }
 }
 
+/// Where the composed formula divides by 0 or multiplies 0 by inf, the gradient is PyTorch's (values printed by
+/// PyTorch 2.15): `prod` and `cumprod` over zeros get the product of the others (0 where a reduction holds two
+/// zeros), `std` of a constant 0, `erfc` at 0 its slope -2/√π, sigmoid in its f32 tails 0.
+#[test]
+fn gradients_at_zeros_and_tails_are_pytorchs() {
+    let _guard = shared();
+    let grad = |x: &Tensor, y: Tensor| vals(&y.sum_all().backward().unwrap().get(x).unwrap().to_dtype(F64));
+    let x = t64(&[2.0, 0.0, 3.0, 5.0, 2.0, 0.0, 3.0, 0.0], &[2, 4]).requires_grad();
+    assert_eq!(grad(&x, x.prod(1, false)), [0.0, 30.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], "prod");
+    assert_eq!(grad(&x, x.cumprod(1)), [1.0, 38.0, 0.0, 0.0, 1.0, 8.0, 0.0, 0.0], "cumprod");
+    let c = t64(&[2.0, 2.0, 2.0], &[1, 3]).requires_grad();
+    assert_eq!(grad(&c, c.std(1, 1.0, false)), [0.0, 0.0, 0.0], "std of a constant");
+    let z = t64(&[0.0], &[1]).requires_grad();
+    let slope = grad(&z, F::erfc(&z))[0];
+    // erfc is Numerical Recipes' approximation (1.2e-7 relative in value); its slope at 0 is within 1e-5.
+    assert!((slope + 2.0 / std::f64::consts::PI.sqrt()).abs() < 1e-5, "erfc'(0) = {slope}");
+    let tails = Tensor::from_vec(vec![-100.0f32, -89.0, -80.0, 0.0, 80.0, 100.0], [6], &dev()).unwrap().requires_grad();
+    let want = [0.0, 0.0, 1.8048513285848406e-35, 0.25, 0.0, 0.0];
+    assert_eq!(grad(&tails, tails.sigmoid()), want, "sigmoid in f32");
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Autograd semantics
 // ---------------------------------------------------------------------------------------------------------------

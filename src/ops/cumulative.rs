@@ -22,9 +22,8 @@ impl Tensor {
         self.cumulative("cumsum", dim, ReduceOp::Sum)
     }
 
-    /// Running products along `dim` (`torch.cumprod`), dtypes as [`Tensor::cumsum`]. Its gradient divides by the
-    /// input (exact where no element is 0; a zero gives NaN where PyTorch's special case gives the product of the
-    /// others).
+    /// Running products along `dim` (`torch.cumprod`), dtypes as [`Tensor::cumsum`]. Its gradient is PyTorch's,
+    /// zeros included: at a zero, the product of the other factors (`prod`'s rule), not a division by it.
     #[track_caller]
     pub fn cumprod(&self, dim: isize) -> Tensor {
         self.cumulative("cumprod", dim, ReduceOp::Prod)

@@ -55,13 +55,18 @@ impl Tensor {
         })
     }
 
-    /// The standard deviation over `dims`: `var(dims, correction, keepdim).sqrt()`.
+    /// The standard deviation over `dims`: `var(dims, correction, keepdim).sqrt()`. Its gradient where the
+    /// deviation is 0 (a constant input) is 0, as PyTorch's, not `inf * 0 = NaN`.
     #[track_caller]
     pub fn std(&self, dims: impl Dims, correction: f64, keepdim: bool) -> Tensor {
         if !self.dtype().is_float() {
             fail!("std", "the input must be a float tensor, not {} (convert with to_dtype)", self.dtype());
         }
-        self.in_f32(|x| x.var(dims, correction, keepdim).sqrt())
+        self.in_f32(|x| {
+            let v = x.var(dims, correction, keepdim);
+            let zero = v.eq(0.0);
+            zero.where_(0.0, zero.where_(1.0, &v).sqrt())
+        })
     }
 
     /// The `p`-norm over `dims` (`torch.linalg.vector_norm`): `(Σ |x|^p)^(1/p)`; `p = inf` is the largest `|x|`,
