@@ -258,8 +258,10 @@ fn vjp(y: &Tensor, srcs: &[Tensor], i: usize, g: &Tensor) -> Option<Tensor> {
                 // fmod(a, c) = a - trunc(a / c) c, the quotient piecewise constant (PyTorch's rule).
                 (BinaryOp::Rem, 0) => g.clone(),
                 (BinaryOp::Rem, _) => g.mul(a.div(c).trunc()).neg(),
-                (BinaryOp::Pow, 0) => g.mul(c).mul(a.pow(c.sub(1.0))),
-                (BinaryOp::Pow, _) => g.mul(y).mul(a.log()),
+                // PyTorch's masks: no gradient to the base where the exponent is 0 (`0 * 0^-1` would be NaN at a
+                // zero base), none to the exponent where the base is 0 and the exponent not negative (`0 * log 0`).
+                (BinaryOp::Pow, 0) => c.eq(0.0).where_(0.0, g.mul(c).mul(a.pow(c.sub(1.0)))),
+                (BinaryOp::Pow, _) => a.eq(0.0).logical_and(c.ge(0.0)).where_(0.0, g.mul(y).mul(a.log())),
                 _ => return None, // comparisons and logical ops
             }
         }

@@ -1184,7 +1184,8 @@ fn norm_at_zero_and_logsumexp_have_their_defined_gradients() {
 
 /// Where the composed formula divides by 0 or multiplies 0 by inf, the gradient is PyTorch's (values printed by
 /// PyTorch 2.15): `prod` and `cumprod` over zeros get the product of the others (0 where a reduction holds two
-/// zeros), `std` of a constant 0, `erfc` at 0 its slope -2/√π, sigmoid in its f32 tails 0.
+/// zeros), `std` of a constant 0, `erfc` at 0 its slope -2/√π, sigmoid in its f32 tails 0, `pow` at a zero base
+/// PyTorch's masked values, `logit` at 0 and 1 +inf.
 #[test]
 fn gradients_at_zeros_and_tails_are_pytorchs() {
     let _guard = shared();
@@ -1201,6 +1202,14 @@ fn gradients_at_zeros_and_tails_are_pytorchs() {
     let tails = Tensor::from_vec(vec![-100.0f32, -89.0, -80.0, 0.0, 80.0, 100.0], [6], &dev()).unwrap().requires_grad();
     let want = [0.0, 0.0, 1.8048513285848406e-35, 0.25, 0.0, 0.0];
     assert_eq!(grad(&tails, tails.sigmoid()), want, "sigmoid in f32");
+    // pow at a zero base: none to the base where the exponent is 0, none to the exponent where it is not negative.
+    let (a, b) = (t64(&[0.0, 0.0, 0.0, 2.0], &[4]).requires_grad(), t64(&[0.0, 2.0, 0.5, 0.0], &[4]).requires_grad());
+    let g = a.pow(&b).sum_all().backward().unwrap();
+    assert_eq!(vals(g.get(&a).unwrap()), [0.0, 0.0, f64::INFINITY, 0.0], "pow's base");
+    assert_eq!(vals(g.get(&b).unwrap()), [0.0, 0.0, 0.0, 2f64.ln()], "pow's exponent");
+    // logit without eps: g / (x (1 - x)), +inf at 0 and 1.
+    let p = t64(&[0.0, 1.0, 0.5], &[3]).requires_grad();
+    assert_eq!(grad(&p, p.logit(None)), [f64::INFINITY, f64::INFINITY, 4.0], "logit");
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -115,6 +115,7 @@ impl Tensor {
     }
 
     /// `log(x / (1 - x))` (`torch.logit`), the input first clamped to `[eps, 1 - eps]` where `eps` is given.
+    /// Without `eps` its gradient at 0 and 1 is `+inf`, as PyTorch's `g / (x (1 - x))` (the composition's was NaN).
     #[track_caller]
     pub fn logit(&self, eps: Option<f64>) -> Tensor {
         if !self.dtype().is_float() {
@@ -124,7 +125,15 @@ impl Tensor {
             Some(e) => self.clamp(e, 1.0 - e),
             None => self.clone(),
         };
-        x.div(x.neg().add(1.0)).log()
+        let forward = |x: &Tensor| x.div(x.neg().add(1.0)).log();
+        if eps.is_some() || !crate::autograd::is_grad_enabled() || !self.is_requires_grad() {
+            return forward(&x);
+        }
+        let grad: crate::autograd::GradFn = std::sync::Arc::new(|g: &Tensor, _: &Tensor, links: &[Tensor], _| {
+            let x = links[0].detach();
+            Some(g.div(x.mul(x.neg().add(1.0))))
+        });
+        forward(&x.detach()).with_grad_fn(smallvec::smallvec![self.clone()], grad)
     }
 
     /// The sum over `dims` with NaN counted as zero (`torch.nansum`).
