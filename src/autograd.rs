@@ -8,9 +8,11 @@
 //! walked are emptied, freeing the forward graph (PyTorch's default `retain_graph=False`).
 //!
 //! Gradient conventions follow PyTorch: a tie in `maximum`/`minimum` sends half the gradient to each side; `max`
-//! and `min` reductions share the gradient equally among tied extremes; `prod`'s gradient is `g * y / x` (not
-//! defined where an input is 0); `abs` has gradient 0 at 0; comparisons, casts to non-float, and integer tensors
-//! carry no gradient.
+//! and `min` reductions share the gradient equally among tied extremes; `prod`'s gradient is the product of the
+//! other elements (`g * y / x` where no input is 0); `pow`'s is masked where PyTorch masks it (a zero exponent, a
+//! zero base); `abs` has gradient 0 at 0; comparisons, casts to non-float, and integer tensors carry no gradient.
+//! A composite whose own rule is cheaper than its parts', or defined where theirs is not (`softmax`, `sigmoid`,
+//! `logit`), gives it with [`unary_with_rule`].
 
 use crate::error::{Error, Result};
 use crate::tensor::{Node, Srcs, Tensor};
@@ -32,6 +34,28 @@ thread_local! {
 /// own), not captures: `backward` frees the links, and a capture would hold them (a weight's buffer, which an
 /// optimizer then could not update in place) for as long as the node lives.
 pub(crate) type GradFn = Arc<dyn Fn(&Tensor, &Tensor, &[Tensor], usize) -> Option<Tensor> + Send + Sync>;
+
+/// `forward(x)`, differentiated by `rule(g, y, x)` (the output's gradient, the output as the forward stored it,
+/// the input; each detached, in f32 for a half input, else in its dtype) instead of through `forward`'s ops, the
+/// result rounded to `x`'s dtype: a unary composite with PyTorch's own vector-Jacobian product (PyTorch's
+/// `autograd.Function`), where the composition's is costlier or not defined (`0 * inf`). Without gradient
+/// recording, or where `x` needs none, `forward(x)` alone.
+pub(crate) fn unary_with_rule(
+    x: &Tensor,
+    forward: impl FnOnce(&Tensor) -> Tensor,
+    rule: impl Fn(&Tensor, &Tensor, &Tensor) -> Tensor + Send + Sync + 'static,
+) -> Tensor {
+    if !is_grad_enabled() || !x.is_requires_grad() {
+        return forward(x);
+    }
+    let at = if x.dtype().is_half() { DType::F32 } else { x.dtype() };
+    let grad: GradFn = Arc::new(move |g: &Tensor, y: &Tensor, links: &[Tensor], _| {
+        let x = &links[0];
+        let [g, y, xd] = [g.clone(), y.detach(), x.detach()].map(|t| t.to_dtype(at));
+        Some(rule(&g, &y, &xd).to_dtype(x.dtype()))
+    });
+    forward(&x.detach()).with_grad_fn(smallvec::smallvec![x.clone()], grad)
+}
 
 /// Whether ops on this thread record autograd links.
 pub fn is_grad_enabled() -> bool {

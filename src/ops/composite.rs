@@ -126,14 +126,11 @@ impl Tensor {
             None => self.clone(),
         };
         let forward = |x: &Tensor| x.div(x.neg().add(1.0)).log();
-        if eps.is_some() || !crate::autograd::is_grad_enabled() || !self.is_requires_grad() {
-            return forward(&x);
+        match eps {
+            // The clamp's own gradient (0 outside the bounds) is PyTorch's there.
+            Some(_) => forward(&x),
+            None => crate::autograd::unary_with_rule(self, forward, |g, _, x| g.div(x.mul(x.neg().add(1.0)))),
         }
-        let grad: crate::autograd::GradFn = std::sync::Arc::new(|g: &Tensor, _: &Tensor, links: &[Tensor], _| {
-            let x = links[0].detach();
-            Some(g.div(x.mul(x.neg().add(1.0))))
-        });
-        forward(&x.detach()).with_grad_fn(smallvec::smallvec![self.clone()], grad)
     }
 
     /// The sum over `dims` with NaN counted as zero (`torch.nansum`).

@@ -342,19 +342,11 @@ impl Tensor {
     /// has rounded to 0, and `0 * inf` made the gradient NaN there (PyTorch's is 0). It also has two nodes fewer.
     #[track_caller]
     pub fn sigmoid(&self) -> Tensor {
-        let forward =
-            |x: &Tensor| x.float_unary(UnaryOp::Neg).unary_prim(UnaryOp::Exp).add(1.0).unary_prim(UnaryOp::Recip);
-        if !crate::autograd::is_grad_enabled() || !self.is_requires_grad() {
-            return forward(self);
-        }
-        let y = forward(&self.detach());
-        let grad: crate::autograd::GradFn =
-            std::sync::Arc::new(move |g: &Tensor, out: &Tensor, links: &[Tensor], _| {
-                let at = if out.dtype().is_half() { DType::F32 } else { out.dtype() };
-                let (y, g) = (out.detach().to_dtype(at), g.to_dtype(at));
-                Some(g.mul(y.rsub(1.0)).mul(&y).to_dtype(links[0].dtype()))
-            });
-        y.with_grad_fn(smallvec::smallvec![self.clone()], grad)
+        crate::autograd::unary_with_rule(
+            self,
+            |x| x.float_unary(UnaryOp::Neg).unary_prim(UnaryOp::Exp).add(1.0).unary_prim(UnaryOp::Recip),
+            |g, y, _| g.mul(y.rsub(1.0)).mul(y),
+        )
     }
 
     /// `max(self, 0)`; NaN stays NaN.

@@ -109,19 +109,9 @@ impl Tensor {
                 e.mul(e.sum(d, true).recip())
             })
         };
-        if !crate::autograd::is_grad_enabled() || !self.is_requires_grad() {
-            return forward(self);
-        }
-        let at = if self.dtype().is_half() { DType::F32 } else { self.dtype() };
-        let y = forward(&self.detach());
-        // Read from the node itself (the value the forward stores), not from `y`'s ops: through those, a reader
-        // would recompute `y` from the exponent and the reciprocal, which then had to be stored.
-        let grad: crate::autograd::GradFn =
-            std::sync::Arc::new(move |g: &Tensor, out: &Tensor, links: &[Tensor], _| {
-                let (y, g) = (out.detach().to_dtype(at), g.to_dtype(at));
-                Some(y.mul(g.sub(g.mul(&y).sum(d, true))).to_dtype(links[0].dtype()))
-            });
-        y.with_grad_fn(smallvec::smallvec![self.clone()], grad)
+        // `y` is the node itself (the value the forward stores), not `y`'s ops: through those, a reader would
+        // recompute `y` from the exponent and the reciprocal, which then had to be stored.
+        crate::autograd::unary_with_rule(self, forward, move |g, y, _| y.mul(g.sub(g.mul(y).sum(d, true))))
     }
 
     /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`. Float input only.

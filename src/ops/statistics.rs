@@ -62,11 +62,7 @@ impl Tensor {
         if !self.dtype().is_float() {
             fail!("std", "the input must be a float tensor, not {} (convert with to_dtype)", self.dtype());
         }
-        self.in_f32(|x| {
-            let v = x.var(dims, correction, keepdim);
-            let zero = v.eq(0.0);
-            zero.where_(0.0, zero.where_(1.0, &v).sqrt())
-        })
+        self.in_f32(|x| root_zero_safe(&x.var(dims, correction, keepdim), Tensor::sqrt))
     }
 
     /// The `p`-norm over `dims` (`torch.linalg.vector_norm`): `(Σ |x|^p)^(1/p)`; `p = inf` is the largest `|x|`,
@@ -96,10 +92,14 @@ impl Tensor {
                 return a.sum(axes.clone(), keepdim);
             }
             let s = if p == 2.0 { x.mul(x) } else { a.powf(p) }.sum(axes.clone(), keepdim);
-            let zero = s.eq(0.0);
-            let safe = zero.where_(1.0, &s);
-            let root = if p == 2.0 { safe.sqrt() } else { safe.powf(1.0 / p) };
-            zero.where_(0.0, root)
+            if p == 2.0 { root_zero_safe(&s, Tensor::sqrt) } else { root_zero_safe(&s, |s| s.powf(1.0 / p)) }
         })
     }
+}
+
+/// `root(s)`, and 0 where `s` is 0 with a gradient of 0 there: a root's slope at 0 is infinite, and times the 0
+/// slope of the sum of squares it would make the gradient NaN (PyTorch's is 0 for a zero norm or deviation).
+fn root_zero_safe(s: &Tensor, root: impl Fn(&Tensor) -> Tensor) -> Tensor {
+    let zero = s.eq(0.0);
+    zero.where_(0.0, root(&zero.where_(1.0, s)))
 }
