@@ -93,9 +93,10 @@ pub struct Candidate<'a, C> {
     pub config: &'a C,
     pub name: String,
     pub score: f64,
-    /// The coarsest structural trait (a generated GEMM's instruction set): what the cost model is least able to
-    /// rank, since it prices it from a peak alone. The timed set takes the best of each group first, then of each
-    /// family. Empty: no group.
+    /// The coarsest structural trait the cost model is least able to rank (the CPU GEMM's: a generated kernel's
+    /// instruction set where the model prices them alike, its register tile where the host's measured peaks already
+    /// rank the instruction sets). The timed set takes the best of each group first, then of each family. Empty: no
+    /// group.
     pub group: String,
     /// Candidates of one family share a structure the cost model may rank wrongly as a whole (packed or in-place
     /// operands, a library); the timed set takes the best of each family first (after the groups), so one

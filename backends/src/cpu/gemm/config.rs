@@ -224,10 +224,21 @@ impl GemmImpl {
         format!("{}: {packing}", c.isa.name())
     }
 
-    /// The search's coarsest axis (`Candidate::group`): a generated kernel's instruction set (the transposed form's
-    /// included), otherwise the family. Fast mode's two timed slots go to the best of two groups first.
-    pub fn group(&self) -> String {
+    /// The search's coarsest axis (`Candidate::group`), what the cost model ranks least well; fast mode's two
+    /// timed slots go to the best of two groups first. A generated kernel's (the transposed form's included) is its
+    /// instruction set where the host's 16-lane FMA peak is within [`FULL_WIDTH_PEAK_RATIO`] of the 8-lane one
+    /// (`full_width` false: 512-bit FMAs double-pumped, or no AVX-512), and its register tile where it is above:
+    /// - double-pumped (Zen 4), the model prices the two families alike and cannot tell them apart: it had scored
+    ///   AVX2 6x16 first for a 128 x 512 x 1024 weight gradient that AVX-512's 8x48 ran 1.5x faster;
+    /// - full width, the measured peak ranks the families (AVX2 reaches at most ~60 % of AVX-512 there), and a slot
+    ///   for AVX2 is a slot lost; what the model then mis-ranks is the tile. On an Ice Lake Xeon (1.25 MiB of L2,
+    ///   peaks 208 / 337 GFLOP/s on 2 threads) it scored 14x32 first, and 6x64 and 8x48 ran 8-24 % faster at
+    ///   1024^3 and 14-17 % at 2048^3 (interleaved, three runs), but fast mode timed 14x32 and AVX2's 6x16 only.
+    ///
+    /// Otherwise the family.
+    pub fn group(&self, full_width: bool) -> String {
         match self {
+            GemmImpl::Asm(_) | GemmImpl::Transposed(_) if full_width => self.shape(),
             GemmImpl::Asm(c) | GemmImpl::Transposed(c) => c.isa.name().to_string(),
             _ => self.family(),
         }
@@ -327,6 +338,11 @@ fn push_num(out: &mut String, mut x: usize) {
 /// Rows at or below which a GEMM is "skinny" (a GEMV-like layer at small batch): B is streamed in place rather than
 /// packed, and short tiles compete.
 pub const SKINNY_M: usize = 16;
+
+/// The AVX-512 to AVX2 FMA-peak ratio (`isa::peak_ratio`) from which a host's 512-bit FMAs count as full width for
+/// the search's groups ([`GemmImpl::group`]): measured ~1.0 on double-pumped Zen 4 cores, 1.41-2.08 on the Xeons
+/// kiln has run on (Sapphire Rapids, Ice Lake).
+pub const FULL_WIDTH_PEAK_RATIO: f64 = 1.3;
 
 /// B (one batch element's, f32) at most this large may be read in place together with A: it stays in L2 while the
 /// row tiles sweep it. Larger ones are packed or paired with a packed A: a weight gradient's 1024 x 512 B read in
@@ -814,6 +830,50 @@ pub(super) mod tests {
         let (avx2, avx512) = (family_of(Isa::Avx2), family_of(Isa::Avx512));
         assert_eq!(avx2.as_deref(), Some("avx2: packed A, packed B"));
         assert_eq!(avx512.as_deref(), Some("avx512: packed A, packed B"));
+    }
+
+    /// Fast mode's two timed slots (the best of each group first, `kiln_autotune::timed_configs`) with the scores
+    /// the model gave 1024^3 on the Ice Lake Xeon: where the 512-bit FMAs are double-pumped they race AVX2 against
+    /// AVX-512; where they are full width, AVX-512's best 14x32 against its best other tile (6x64, which won there),
+    /// not against AVX2, which the measured peaks already rank below. The library keeps its group either way.
+    #[test]
+    fn groups_are_instruction_sets_where_double_pumped_and_tiles_where_full_width() {
+        let v = view(1024, 1024, 1024);
+        let cands = candidates_for(&v, true, &Isa::ALL);
+        let find = |isa: Isa, mr: usize, nv: usize, kc: usize, pack_a: bool| {
+            cands
+                .iter()
+                .find(|c| {
+                    matches!(c, GemmImpl::Asm(a) if a.isa == isa && a.mr == mr && a.nv == nv && a.kc == kc
+                        && a.pack_a == pack_a && a.split == Split::Cols && a.prefetch == 0)
+                })
+                .copied()
+                .unwrap_or_else(|| panic!("no {isa:?} {mr}x{nv} kc{kc} candidate"))
+        };
+        let scored = [
+            (find(Isa::Avx512, 14, 2, 1024, false), 252.0),
+            (find(Isa::Avx512, 14, 2, 256, true), 245.0),
+            (find(Isa::Avx512, 6, 4, 256, false), 208.0),
+            (find(Isa::Avx2, 6, 2, 256, false), 169.0),
+            (GemmImpl::Library, 120.0),
+        ];
+        let timed = |full_width: bool| -> Vec<String> {
+            let list: Vec<kiln_autotune::Candidate<'_, GemmImpl>> = scored
+                .iter()
+                .map(|(imp, score)| kiln_autotune::Candidate {
+                    config: imp,
+                    name: imp.name(),
+                    score: *score,
+                    group: imp.group(full_width),
+                    family: imp.family(),
+                    shape: imp.shape(),
+                })
+                .collect();
+            kiln_autotune::timed_configs(&list, kiln_autotune::Mode::Fast).iter().map(|c| c.name()).collect()
+        };
+        assert_eq!(timed(false), [scored[0].0.name(), scored[3].0.name()]);
+        assert_eq!(timed(true), [scored[0].0.name(), scored[2].0.name()]);
+        assert_eq!(GemmImpl::Library.group(true), GemmImpl::Library.group(false));
     }
 
     #[test]

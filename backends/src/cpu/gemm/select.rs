@@ -184,13 +184,14 @@ fn choose_gemm(
     let pass: std::cell::OnceCell<gemm::Pass> = std::cell::OnceCell::new();
     let compiler = std::cell::RefCell::new(c);
     let cands = config::step_candidates(&problem.view, problem.view.batch.is_empty(), cx);
+    let full_width = crate::cpu::isa::peak_ratio(crate::cpu::isa::Isa::Avx512) >= config::FULL_WIDTH_PEAK_RATIO;
     let scored: Vec<kiln_autotune::Candidate<'_, GemmImpl>> = cands
         .iter()
         .map(|imp| kiln_autotune::Candidate {
             config: imp,
             name: imp.name(),
             score: super::cost::score(&problem.view, imp, threads),
-            group: imp.group(),
+            group: imp.group(full_width),
             family: imp.family(),
             shape: imp.shape(),
         })
