@@ -114,6 +114,25 @@ impl Tensor {
         crate::autograd::unary_with_rule(self, forward, move |g, y, _| y.mul(g.sub(g.mul(y).sum(d, true))))
     }
 
+    /// [`softmax`](Self::softmax) with 0, not NaN, for a row of only `-inf`: PyTorch's `_safe_softmax`, which its
+    /// `scaled_dot_product_attention` uses (every backend, since 2.5) so that a query whose every key is masked out
+    /// attends to nothing. The gradient is softmax's from this output, so such a row's is 0 as well.
+    pub(crate) fn safe_softmax(&self, dim: isize) -> Tensor {
+        let d = self.softmax_dim("softmax", dim);
+        if self.numel() == 0 {
+            return self.clone();
+        }
+        let forward = |x: &Tensor| {
+            x.in_f32(|x| {
+                // A row's maximum is -inf exactly when every element is: its `x - max` is then NaN throughout.
+                let max = x.max(d, true).detach();
+                let e = x.sub(&max).exp();
+                max.eq(f64::NEG_INFINITY).where_(0.0, e.mul(e.sum(d, true).recip()))
+            })
+        };
+        crate::autograd::unary_with_rule(self, forward, move |g, y, _| y.mul(g.sub(g.mul(y).sum(d, true))))
+    }
+
     /// `log(softmax(x))` along `dim`, computed as `x - max - log(sum(exp(x - max)))`. Float input only.
     #[track_caller]
     pub fn log_softmax(&self, dim: isize) -> Tensor {

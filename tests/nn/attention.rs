@@ -132,6 +132,58 @@ fn attention_matches_pytorch() {
     }
 }
 
+/// A query whose every key the mask leaves out attends to nothing, as PyTorch 2.15's (`_safe_softmax`, every
+/// backend): its output row is 0 and so are its gradients, where a plain softmax of a row of `-inf` would be NaN.
+/// q, k and v as in `attention_matches_pytorch`; a bool mask with its second row all false, and a float mask with
+/// its last row all `-inf` (and one `-inf` elsewhere); the loss `sum(out * sines([1, 2, 3, 3], 0.5))`. Values and
+/// gradients from PyTorch (`F.scaled_dot_product_attention(q, k, v, attn_mask=m)`), on every device in f32 and f64.
+#[test]
+fn fully_masked_rows_attend_to_nothing_as_pytorch() {
+    let bmask = [true, false, true, true, false, false, false, false, false, false, false, false, true, true, true];
+    let mut fmask: Vec<f64> = (0..15).map(|i| 2.0 * ((0.37 * i as f64 + 2.0).sin() as f32 as f64)).collect();
+    fmask[1] = f64::NEG_INFINITY;
+    for x in &mut fmask[10..] {
+        *x = f64::NEG_INFINITY;
+    }
+    #[rustfmt::skip]
+    let want: [(&str, [&[f64]; 4]); 2] = [
+        ("bool", [&[0.4946108, 0.4958053, 0.429895, 0.0, 0.0, 0.0, -0.5813146, -0.7070728, -0.737132, 0.2483471, -0.0564417, -0.3535914, 0.0, 0.0, 0.0, -0.8260884, -0.7954737, -0.6571954], &[0.5441941, 0.6103896, 0.5939718, 0.4971627, 0.0, 0.0, 0.0, 0.0, -0.0008971, -0.0219529, -0.0400376, -0.0527033, -0.0435273, 0.0037015, 0.0504293, 0.0903317, 0.0, 0.0, 0.0, 0.0, 0.0345818, 0.0217362, 0.0059488, -0.0106438], &[0.0380951, 0.1728155, 0.2841462, 0.3570189, 0.0, 0.0, 0.0, 0.0, -0.0085308, -0.0646901, -0.1120938, -0.1443263, -0.0284234, -0.112107, -0.1806174, -0.2246822, -0.0011409, 0.0039816, 0.0085651, 0.0119895, 0.0735272, 0.0731809, 0.06293, 0.0441617, 0.0, 0.0, 0.0, 0.0, 0.0307879, 0.0306097, 0.0262885, 0.0184094, -0.1356833, -0.1372279, -0.1201993, -0.0869023, 0.0313682, 0.0334373, 0.0309808, 0.0243312], &[0.3506588, 0.5590413, 0.6917602, 0.0, 0.0, 0.0, 0.2781263, 0.0996135, -0.0923814, 0.2117224, 0.1511782, 0.0701726, 0.0481322, 0.0060657, -0.0368218, -0.0423283, -0.05807, -0.0659522, 0.0, 0.0, 0.0, -0.5325382, -0.7144085, -0.7995868, -0.1404646, -0.0518654, 0.0437535, -0.1510546, 0.0891565, 0.3173007]]),
+        ("float", [&[0.7456324, 0.7846546, 0.7174774, 0.4285918, 0.4760955, 0.4591618, 0.0, 0.0, 0.0, 0.3157707, 0.0761603, -0.1737582, -0.1139042, -0.0882411, -0.050635, 0.0, 0.0, 0.0], &[0.1886119, 0.2161599, 0.2144516, 0.1837183, 0.1845252, 0.1901408, 0.1700217, 0.126891, 0.0, 0.0, 0.0, 0.0, -0.2514522, -0.1967013, -0.1153277, -0.0183451, -0.0394353, 0.1119369, 0.248159, 0.350794, 0.0, 0.0, 0.0, 0.0], &[0.3509477, 0.3927177, 0.3813351, 0.3183407, -0.0181705, -0.0168804, -0.0133056, -0.0079299, -0.0362185, -0.0555856, -0.0674294, -0.070147, -0.058224, -0.0773752, -0.0860539, -0.0830857, -0.2383348, -0.2428766, -0.2145463, -0.1571781, 0.2398702, 0.1314936, 0.0053201, -0.1215736, 0.0290525, -0.0119056, -0.0512524, -0.0836624, -0.0933596, -0.0993098, -0.0918189, -0.0719007, -0.1088971, -0.0333638, 0.0466851, 0.1204154, -0.0666659, 0.0130856, 0.0910661, 0.1567212], &[0.9165125, 1.1204643, 1.1727666, 0.1766151, 0.162158, 0.1257536, 0.0396666, 0.0488243, 0.0513738, 0.0457434, 0.0536583, 0.0543107, 0.3001195, 0.296662, 0.2530527, -0.4040278, -0.4008216, -0.3433662, -0.0949227, -0.0805484, -0.0552722, -0.5912527, -0.7563471, -0.8190733, -0.257403, -0.2346841, -0.1802018, -0.2619102, -0.2258568, -0.1592349]]),
+    ];
+    for dev in devices() {
+        for dtype in [DType::F32, DType::F64] {
+            if !runs_on(&dev, &[dtype]) {
+                continue;
+            }
+            let on = |t: Tensor| t.to_device(&dev).unwrap();
+            let b = on(Tensor::from_vec(bmask.to_vec(), [3, 5], &data_device().unwrap()).unwrap());
+            let f = on(tensor(dtype, &fmask, &[3, 5]));
+            for ((name, want), mask) in want.iter().zip([b, f]) {
+                let (q, k, v) = (
+                    on(sines(&[1, 2, 3, 4], 0.1, dtype)).requires_grad(),
+                    on(sines(&[1, 2, 5, 4], 0.7, dtype)).requires_grad(),
+                    on(sines(&[1, 2, 5, 3], 1.3, dtype)).requires_grad(),
+                );
+                let opts = F::AttentionOptions { mask: Some(mask), ..Default::default() };
+                let out = F::scaled_dot_product_attention(&q, &k, &v, &opts);
+                let g = out.mul(on(sines(&[1, 2, 3, 3], 0.5, dtype))).sum_all().backward().unwrap();
+                let got = [
+                    ("output", out.clone(), vec![1, 2, 3, 3]),
+                    ("q's gradient", g.get(&q).unwrap().clone(), vec![1, 2, 3, 4]),
+                    ("k's gradient", g.get(&k).unwrap().clone(), vec![1, 2, 5, 4]),
+                    ("v's gradient", g.get(&v).unwrap().clone(), vec![1, 2, 5, 3]),
+                ];
+                for ((what, t, shape), want) in got.iter().zip(want) {
+                    let t = t.to_dtype(DType::F32);
+                    if let Err(e) = check_tensor(&t, shape, &buffer(DType::F32, want), Kind::Accumulate) {
+                        panic!("{name} mask, {what} ({dtype} on {}): {e}", dev.describe());
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Grouped-query attention (`enable_gqa`) against PyTorch 2.15's math backend: q `[1, 4, 3, 4]` (4 heads) over k
 /// `[1, 2, 5, 4]` and v `[1, 2, 5, 3]` (2 heads, each serving two query heads), from `sines`, plain and causal, on
 /// every device. Query heads 0 and 1 read key head 0, so the first head's rows equal `attention_matches_pytorch`'s.

@@ -7,7 +7,9 @@
 //! mask would zero, forward and backward. Not done: a fused flash-attention kernel that never stores the `L x S`
 //! weights.
 //!
-//! A query whose every key is masked out has weights `softmax(-inf, ..)` = NaN, as in PyTorch's math backend.
+//! A query whose every key a mask leaves out attends to nothing: its output and its gradients are 0, as in PyTorch
+//! (2.5 on, every backend: its `_safe_softmax`), where a plain `softmax` of a row of `-inf` is NaN. Only a mask can
+//! leave a row empty (a causal query always sees key 0), so the plain softmax serves the other paths.
 
 use super::{dropout, float_only};
 use crate::args::fail;
@@ -81,7 +83,8 @@ pub fn scaled_dot_product_attention(query: &Tensor, key: &Tensor, value: &Tensor
         Some(b) => logits.add(b.to_dtype(logits.dtype())),
         None => logits,
     };
-    let weights = dropout(&logits.softmax(-1), opts.dropout_p, opts.dropout_p > 0.0);
+    let weights = if opts.mask.is_some() { logits.safe_softmax(-1) } else { logits.softmax(-1) };
+    let weights = dropout(&weights, opts.dropout_p, opts.dropout_p > 0.0);
     weights.matmul(value)
 }
 
