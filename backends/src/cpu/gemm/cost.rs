@@ -9,9 +9,9 @@
 //!   fewer rows or vectors included, weighted by the lanes each computes);
 //! - memory: bytes of packing, C traffic per K block and re-streamed unpacked operands, at a per-thread
 //!   bandwidth of 12 GB/s;
-//! - fit: a B micro-panel over half of L1 (where the tile reads B faster than L2 keeps up: `b_demand`), an A block
-//!   over 256 KiB or a B block over a thread's share of L3 cost 20% each, a packed B block over half of L2 12%
-//!   (L2 as the host describes it: `cpu::caches`);
+//! - fit: a B micro-panel over half of L1 (where the tile reads B faster than L2 keeps up, `b_demand`, and its
+//!   512-bit FMAs are not full width: `l1_rule_applies`), an A block over 256 KiB or a B block over a thread's
+//!   share of L3 cost 20% each, a packed B block over half of L2 12% (L2 as the host describes it: `cpu::caches`);
 //! - parallel balance: the largest thread's share of tiles.
 
 use super::config::{Bf16Config, Bf16Unit, GemmConfig, GemmImpl, SKINNY_M, SPLITK_STREAMED_PART_BYTES, Split};
@@ -113,7 +113,7 @@ pub(super) fn score_with_l2(v: &GemmView, imp: &GemmImpl, threads: usize, l2_byt
         // launch (the model's pick), packed 559-566; timed hot, the race prefers it in place.
         eff *= 0.85;
     }
-    if kc * nr * 4.0 > 16.0 * 1024.0 && b_demand(c, isa::peak_ratio(c.isa)) > L2_B_BYTES_PER_CYCLE {
+    if kc * nr * 4.0 > 16.0 * 1024.0 && l1_rule_applies(c, isa::peak_ratio(Isa::Avx512)) {
         eff *= 0.8;
     }
     // Parallel split: tiles per thread along the split dimension, or whole batch elements per thread
@@ -229,6 +229,22 @@ pub(super) fn b_demand(c: &GemmConfig, peak_ratio: f64) -> f64 {
     c.nr() as f64 * 4.0 * fmas_per_cycle / (c.mr * c.nv) as f64
 }
 
+/// Whether a B micro-panel past L1 costs `c` (`score`), on a host whose AVX-512 peak is `avx512_ratio` times its
+/// 8-lane one ([`isa::peak_ratio`]): where `c` reads B faster than L2 keeps up ([`b_demand`] over
+/// [`L2_B_BYTES_PER_CYCLE`]), except for AVX-512 tiles where the 512-bit FMAs are full width
+/// ([`super::config::FULL_WIDTH_PEAK_RATIO`]). The rule was measured on a double-pumped Zen 4; on the full-width Ice
+/// Lake Xeon it had the model rank 14x32 first where 6x64 (17 bytes a cycle at its peak ratio) ran 8-24 % faster at
+/// 1024^3, 14-17 % at 2048^3 and 15-40 % at 64 x 4096 x 4096 (interleaved A/B of forced configurations), and there
+/// the model's pick is what runs wherever fast mode does not search (a key past its budget, `KILN_AUTOTUNE=off`).
+pub(super) fn l1_rule_applies(c: &GemmConfig, avx512_ratio: f64) -> bool {
+    match c.isa {
+        Isa::Avx2 => b_demand(c, 1.0) > L2_B_BYTES_PER_CYCLE,
+        Isa::Avx512 => {
+            avx512_ratio < super::config::FULL_WIDTH_PEAK_RATIO && b_demand(c, avx512_ratio) > L2_B_BYTES_PER_CYCLE
+        }
+    }
+}
+
 /// Above this many bytes of B per FMA cycle ([`b_demand`]) a B micro-panel that outgrows L1 costs: read from L2
 /// instead, it slows the tile. Below it the tile's FMAs hide L2's latency and bandwidth. Every AVX2 tile reads
 /// more than this, so their scores are what they were; AVX-512's 8 x 48 on a double-pumped core reads 8, and there
@@ -331,10 +347,10 @@ mod tests {
     use super::*;
     use kiln_jit::kernel::gemm::GemmOperand;
 
-    /// The L1 rule's exemption (`b_demand`): every AVX2 tile stays under the rule (its peak ratio is 1 by
-    /// definition), so an AVX2-only host ranks its candidates as before. AVX-512's 8 x 48 is exempt where 512-bit
-    /// FMAs are double-pumped (ratio ~1: where it was measured faster) and not on a core with two 512-bit units
-    /// (~1.8); 14 x 32 is exempt on both.
+    /// The L1 rule's exemption (`l1_rule_applies`): every AVX2 tile stays under the rule (its peak ratio is 1 by
+    /// definition), so an AVX2-only host ranks its candidates as before. Where 512-bit FMAs are double-pumped
+    /// (ratio ~1) AVX-512's 8 x 48 and 14 x 32 are exempt (they read B slowly: 8x48 was measured faster there) and
+    /// 6 x 64 is not; where they are full width (~1.6-1.8) every AVX-512 tile is exempt (6x64 measured fastest).
     #[test]
     fn the_l1_rule_spares_only_tiles_that_read_b_slowly() {
         let config = |isa, mr, nv| GemmConfig {
@@ -350,15 +366,18 @@ mod tests {
             unroll: 4,
             prefetch: 0,
         };
-        let exempt = |isa, mr, nv, ratio| b_demand(&config(isa, mr, nv), ratio) <= L2_B_BYTES_PER_CYCLE;
+        let exempt = |isa, mr, nv, ratio| !l1_rule_applies(&config(isa, mr, nv), ratio);
         for skinny in [false, true] {
             for &(mr, nv) in tiles(Isa::Avx2, skinny) {
-                assert!(!exempt(Isa::Avx2, mr, nv, isa::peak_ratio(Isa::Avx2)), "AVX2 {mr}x{} exempt", 8 * nv);
+                for ratio in [0.25, 1.0, 1.8] {
+                    assert!(!exempt(Isa::Avx2, mr, nv, ratio), "AVX2 {mr}x{} exempt at {ratio}", 8 * nv);
+                }
             }
         }
-        assert!(exempt(Isa::Avx512, 8, 3, 1.0) && !exempt(Isa::Avx512, 8, 3, 1.8));
-        assert!(exempt(Isa::Avx512, 14, 2, 1.0) && exempt(Isa::Avx512, 14, 2, 1.8));
-        assert!(!exempt(Isa::Avx512, 6, 4, 1.0));
+        assert!(exempt(Isa::Avx512, 8, 3, 1.0) && exempt(Isa::Avx512, 14, 2, 1.0) && !exempt(Isa::Avx512, 6, 4, 1.0));
+        assert!(exempt(Isa::Avx512, 8, 3, 1.8) && exempt(Isa::Avx512, 14, 2, 1.8) && exempt(Isa::Avx512, 6, 4, 1.8));
+        // Above the rule's bytes a cycle at 1.8 (it would apply but for the full width).
+        assert!(b_demand(&config(Isa::Avx512, 6, 4), 1.8) > L2_B_BYTES_PER_CYCLE);
     }
 
     /// A packed B block past half of L2 is priced (`score`): with 2 MiB of L2, a 256 x 784 x 1024 weight gradient
