@@ -93,11 +93,25 @@ impl Tensor {
     /// `exp(x - max) * (1 / sum)`: one reciprocal per row, a product per element. Float input only.
     ///
     /// Its gradient is PyTorch's `y * (g - Σ g y)` from the output `y` (in f32 for a half input, as the forward,
-    /// else in its dtype), not the
-    /// composition's own, which read `exp(x - max)` and `1 / sum` back: so the forward stores only `y` (one row
-    /// kernel, where the exponent and the reciprocal had been stored for the backward, three kernels in attention).
+    /// else in its dtype), not the composition's own, which read `exp(x - max)` and `1 / sum` back: so the forward
+    /// stores only `y` (one row kernel, where the exponent and the reciprocal had been stored for the backward, three
+    /// kernels in attention).
     #[track_caller]
     pub fn softmax(&self, dim: isize) -> Tensor {
+        self.softmax_rows(dim, false)
+    }
+
+    /// [`softmax`](Self::softmax) with 0, not NaN, for a row of only `-inf`: PyTorch's `_safe_softmax`, which its
+    /// `scaled_dot_product_attention` uses (every backend, since 2.5) so that a query whose every key is masked out
+    /// attends to nothing. The gradient is softmax's from this output, so such a row's is 0 as well.
+    #[track_caller]
+    pub(crate) fn safe_softmax(&self, dim: isize) -> Tensor {
+        self.softmax_rows(dim, true)
+    }
+
+    /// [`softmax`](Self::softmax), or with `empty_rows_zero` [`safe_softmax`](Self::safe_softmax).
+    #[track_caller]
+    fn softmax_rows(&self, dim: isize, empty_rows_zero: bool) -> Tensor {
         let d = self.softmax_dim("softmax", dim);
         if self.numel() == 0 {
             return self.clone(); // nothing to normalize; the max below would reject an empty dim (PyTorch returns [])
@@ -105,31 +119,15 @@ impl Tensor {
         let forward = |x: &Tensor| {
             x.in_f32(|x| {
                 // The shift by the row's maximum cancels exactly (as in log-sum-exp): no gradient of its own.
-                let e = x.sub(x.max(d, true).detach()).exp();
-                e.mul(e.sum(d, true).recip())
+                let max = x.max(d, true).detach();
+                let e = x.sub(&max).exp();
+                let y = e.mul(e.sum(d, true).recip());
+                // A row's maximum is -inf exactly when every element is: its `x - max` is then NaN throughout.
+                if empty_rows_zero { max.eq(f64::NEG_INFINITY).where_(0.0, y) } else { y }
             })
         };
         // `y` is the node itself (the value the forward stores), not `y`'s ops: through those, a reader would
         // recompute `y` from the exponent and the reciprocal, which then had to be stored.
-        crate::autograd::unary_with_rule(self, forward, move |g, y, _| y.mul(g.sub(g.mul(y).sum(d, true))))
-    }
-
-    /// [`softmax`](Self::softmax) with 0, not NaN, for a row of only `-inf`: PyTorch's `_safe_softmax`, which its
-    /// `scaled_dot_product_attention` uses (every backend, since 2.5) so that a query whose every key is masked out
-    /// attends to nothing. The gradient is softmax's from this output, so such a row's is 0 as well.
-    pub(crate) fn safe_softmax(&self, dim: isize) -> Tensor {
-        let d = self.softmax_dim("softmax", dim);
-        if self.numel() == 0 {
-            return self.clone();
-        }
-        let forward = |x: &Tensor| {
-            x.in_f32(|x| {
-                // A row's maximum is -inf exactly when every element is: its `x - max` is then NaN throughout.
-                let max = x.max(d, true).detach();
-                let e = x.sub(&max).exp();
-                max.eq(f64::NEG_INFINITY).where_(0.0, e.mul(e.sum(d, true).recip()))
-            })
-        };
         crate::autograd::unary_with_rule(self, forward, move |g, y, _| y.mul(g.sub(g.mul(y).sum(d, true))))
     }
 

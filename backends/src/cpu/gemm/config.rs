@@ -340,8 +340,8 @@ fn push_num(out: &mut String, mut x: usize) {
 pub const SKINNY_M: usize = 16;
 
 /// The AVX-512 to AVX2 FMA-peak ratio (`isa::peak_ratio`) from which a host's 512-bit FMAs count as full width for
-/// the search's groups ([`GemmImpl::group`]): measured ~1.0 on double-pumped Zen 4 cores, 1.41-2.08 on the Xeons
-/// kiln has run on (Sapphire Rapids, Ice Lake).
+/// the search's groups ([`GemmImpl::group`]): measured ~1.0 on double-pumped Zen 4 cores, 1.4-2.2 on the Xeon
+/// guests kiln has run on (the AMX-class ones and an Ice Lake).
 pub const FULL_WIDTH_PEAK_RATIO: f64 = 1.3;
 
 /// B (one batch element's, f32) at most this large may be read in place together with A: it stays in L2 while the
