@@ -344,6 +344,13 @@ pub const SKINNY_M: usize = 16;
 /// guests kiln has run on (the AMX-class ones and an Ice Lake).
 pub const FULL_WIDTH_PEAK_RATIO: f64 = 1.3;
 
+/// Whether a host whose AVX-512 FMA peak is `avx512_ratio` times its 8-lane one (`isa::peak_ratio`) has full-width
+/// 512-bit FMAs ([`FULL_WIDTH_PEAK_RATIO`]): what the search's groups ([`GemmImpl::group`]) and the cost model's L1
+/// rule (`cost::l1_rule_applies`) both ask.
+pub fn full_width(avx512_ratio: f64) -> bool {
+    avx512_ratio >= FULL_WIDTH_PEAK_RATIO
+}
+
 /// B (one batch element's, f32) at most this large may be read in place together with A: it stays in L2 while the
 /// row tiles sweep it. Larger ones are packed or paired with a packed A: a weight gradient's 1024 x 512 B read in
 /// place with A (128 x 512 x 1024) won the hot-cache race and then ran 1.1 ms a step against 0.72 with A packed,

@@ -232,16 +232,14 @@ pub(super) fn b_demand(c: &GemmConfig, peak_ratio: f64) -> f64 {
 /// Whether a B micro-panel past L1 costs `c` (`score`), on a host whose AVX-512 peak is `avx512_ratio` times its
 /// 8-lane one ([`isa::peak_ratio`]): where `c` reads B faster than L2 keeps up ([`b_demand`] over
 /// [`L2_B_BYTES_PER_CYCLE`]), except for AVX-512 tiles where the 512-bit FMAs are full width
-/// ([`super::config::FULL_WIDTH_PEAK_RATIO`]). The rule was measured on a double-pumped Zen 4; on the full-width Ice
+/// ([`super::config::full_width`]). The rule was measured on a double-pumped Zen 4; on the full-width Ice
 /// Lake Xeon it had the model rank 14x32 first where 6x64 (17 bytes a cycle at its peak ratio) ran 8-24 % faster at
 /// 1024^3, 14-17 % at 2048^3 and 15-40 % at 64 x 4096 x 4096 (interleaved A/B of forced configurations), and there
 /// the model's pick is what runs wherever fast mode does not search (a key past its budget, `KILN_AUTOTUNE=off`).
 pub(super) fn l1_rule_applies(c: &GemmConfig, avx512_ratio: f64) -> bool {
     match c.isa {
         Isa::Avx2 => b_demand(c, 1.0) > L2_B_BYTES_PER_CYCLE,
-        Isa::Avx512 => {
-            avx512_ratio < super::config::FULL_WIDTH_PEAK_RATIO && b_demand(c, avx512_ratio) > L2_B_BYTES_PER_CYCLE
-        }
+        Isa::Avx512 => !super::config::full_width(avx512_ratio) && b_demand(c, avx512_ratio) > L2_B_BYTES_PER_CYCLE,
     }
 }
 

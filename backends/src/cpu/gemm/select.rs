@@ -184,7 +184,7 @@ fn choose_gemm(
     let pass: std::cell::OnceCell<gemm::Pass> = std::cell::OnceCell::new();
     let compiler = std::cell::RefCell::new(c);
     let cands = config::step_candidates(&problem.view, problem.view.batch.is_empty(), cx);
-    let full_width = crate::cpu::isa::peak_ratio(crate::cpu::isa::Isa::Avx512) >= config::FULL_WIDTH_PEAK_RATIO;
+    let full_width = config::full_width(crate::cpu::isa::peak_ratio(crate::cpu::isa::Isa::Avx512));
     let scored: Vec<kiln_autotune::Candidate<'_, GemmImpl>> = cands
         .iter()
         .map(|imp| kiln_autotune::Candidate {
