@@ -526,3 +526,66 @@ fn wide_kernels_cut_sums_of_padded_pieces_into_regions() {
     assert!(listing.contains("20 boxes, 20 variants"), "{listing}");
     check("twenty stacked pieces", &z);
 }
+
+/// The MXCSR register of this thread (x86's SSE/AVX control and status flags).
+#[cfg(target_arch = "x86_64")]
+fn mxcsr() -> u32 {
+    let mut v = 0u32;
+    // SAFETY: `stmxcsr` writes the 4 bytes at the pointer, a local that lives across the instruction.
+    unsafe { std::arch::asm!("stmxcsr [{}]", in(reg) &mut v, options(nostack)) };
+    v
+}
+
+/// Sets this thread's MXCSR (its flag bits, here; the control bits are written back as they were read).
+#[cfg(target_arch = "x86_64")]
+fn set_mxcsr(v: u32) {
+    // SAFETY: `ldmxcsr` reads the 4 bytes at the pointer; the value keeps every reserved bit as `stmxcsr` gave it.
+    unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &v, options(nostack, readonly)) };
+}
+
+/// `exp` below its lower clamp (a causal mask's -inf, scores past -104) is +0, and reaching it must not underflow:
+/// x86 finishes an underflowing vector instruction in a microcode assist (~100 cycles), which made a softmax over
+/// causally masked scores 5x slower at 16 lanes. Each width runs the kernel on this thread (a launch this small is
+/// not split) between a clear and a read of MXCSR's underflow flag, which an instruction sets exactly when it
+/// produced a tiny inexact result. Values are also compared with the interpreter. Subnormal results themselves
+/// (-103.97 < x < -87.3) underflow, as they must, and are not in these inputs.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn exp_below_its_clamp_does_not_underflow() {
+    if common::skip_without_avx2() {
+        return;
+    }
+    const UNDERFLOW: u32 = 1 << 4;
+    const FLAGS: u32 = 0x3f;
+    let n = 64;
+    let mut v = data(DType::F32, 4 * n, 9, Dom::Cont(-3.0, 3.0));
+    for r in 0..4 {
+        for c in 0..n {
+            if c > r * 16 + 7 {
+                v[r * n + c] = [f64::NEG_INFINITY, -104.0, -1e30, -150.0][c % 4];
+            }
+        }
+    }
+    let x = tensor(DType::F32, &v, &[4, n]);
+    let cases = [("exp", x.exp()), ("softmax", x.softmax(-1)), ("sigmoid of -x", x.neg().sigmoid())];
+    for (name, out) in cases {
+        common::with_last_launch(name, &out, ScheduleOptions::default(), |kernel, args, want| {
+            for isa in Isa::ALL.into_iter().filter(|i| i.present()) {
+                let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let saved = mxcsr();
+                set_mxcsr(saved & !FLAGS);
+                let got = kiln_backends::cpu::run_wide_at(kernel, isa, args);
+                let flags = mxcsr();
+                set_mxcsr(saved);
+                let got = got
+                    .unwrap_or_else(|e| panic!("{name}: {}: {e}", isa.name()))
+                    .unwrap_or_else(|| panic!("{name}: {}: no kernel was generated", isa.name()));
+                assert_eq!(flags & UNDERFLOW, 0, "{name} at {}: an instruction underflowed", isa.name());
+                let tol = common::tol(DType::F32, common::Kind::Elementwise);
+                if let Err(e) = common::compare(&got, want, tol) {
+                    panic!("{name} at {}: against the interpreter: {e}", isa.name());
+                }
+            }
+        });
+    }
+}

@@ -37,13 +37,23 @@ use super::program::{EpInst, EpProgram, VBin, pred};
 /// `p * 2^n` rounded once, in the normal, overflowing and subnormal ranges alike, which is the value both paths
 /// above compute, so the bits are the same (`tests/wide.rs` holds the 16-lane kernels to the Cranelift ones). That
 /// takes the exponential from ~40 instructions to ~20, and it is what bounds softmax and the other exp-heavy row
-/// and elementwise kernels.
+/// and elementwise kernels. `vscalefps` underflows like the multiply, so at the lower clamp, where the result is +0,
+/// it scales +0 instead of `p` (two more instructions; `exp_below_its_clamp_does_not_underflow` in `tests/wide.rs`
+/// reads MXCSR's underflow flag around each width's kernel).
 pub(super) fn push_exp(p: &mut EpProgram, x: usize, scalef: bool) -> usize {
     use kiln_jit::render::clif_math::EXPF_CLAMP;
     let x = push_inst(p, EpInst::MaxK(x, f32_bits(EXPF_CLAMP.0)));
     let x = push_inst(p, EpInst::MinK(x, f32_bits(EXPF_CLAMP.1)));
     if scalef {
         let (e, nf) = push_exp_reduced(p, x, Exponent::Float);
+        // At the lower clamp (x <= -104, a causal mask's -inf) the product rounds to +0, but `vscalefps` still
+        // underflows to get there, and an underflow is a microcode assist (~100 cycles): a softmax over masked
+        // scores ran 5x slower. Scaling +0 instead gives the same +0 without one. Only the subnormal results
+        // between (-104 < x < -87.3) still take the assist, as they must to be rounded.
+        let floor = push_inst(p, EpInst::Const(f32_bits(EXPF_CLAMP.0)));
+        let under = push_inst(p, EpInst::Cmp(pred::LE_OQ, x, floor));
+        let zero = push_inst(p, EpInst::Const(0));
+        let e = push_inst(p, EpInst::Select { mask: under, t: zero, f: e });
         return push_inst(p, EpInst::Scalef(e, nf));
     }
     let (e, n) = push_exp_reduced(p, x, Exponent::Int);
