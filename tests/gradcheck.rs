@@ -981,7 +981,27 @@ fn compositions() {
         g.uniform(&[4], 0.5, 1.5),
         g.uniform(&[4], -1.0, 1.0),
     );
-    s.check("rms_norm with weight", &[x4.clone(), w3], |t| F::rms_norm(&t[0], &[3], Some(&t[1]), Some(1e-6)));
+    s.check("rms_norm with weight", &[x4.clone(), w3.clone()], |t| F::rms_norm(&t[0], &[3], Some(&t[1]), Some(1e-6)));
+    // layer_norm has PyTorch's rule of its own (not its parts'): each combination of weight and bias, one and two
+    // normalized dims, and an input with no leading dims (the weight's gradient sums over none).
+    let b3 = g.uniform(&[3], -1.0, 1.0);
+    s.check("layer_norm, weight and bias", &[x4.clone(), w3.clone(), b3.clone()], |t| {
+        F::layer_norm(&t[0], &[3], Some(&t[1]), Some(&t[2]), 1e-5)
+    });
+    s.check("layer_norm, weight only", &[x4.clone(), w3.clone()], |t| {
+        F::layer_norm(&t[0], &[3], Some(&t[1]), None, 1e-5)
+    });
+    s.check("layer_norm, bias only", &[x4.clone(), b3.clone()], |t| {
+        F::layer_norm(&t[0], &[3], None, Some(&t[1]), 1e-5)
+    });
+    s.check("layer_norm, no affine", std::slice::from_ref(&x4), |t| F::layer_norm(&t[0], &[3], None, None, 1e-5));
+    let w43 = g.uniform(&[4, 3], 0.5, 1.5);
+    s.check("layer_norm over two dims", &[x4.clone(), w43.clone(), g.uniform(&[4, 3], -1.0, 1.0)], |t| {
+        F::layer_norm(&t[0], &[4, 3], Some(&t[1]), Some(&t[2]), 1e-3)
+    });
+    s.check("layer_norm, no leading dims", &[g.uniform(&[4, 3], -2.0, 2.0), w43], |t| {
+        F::layer_norm(&t[0], &[4, 3], Some(&t[1]), None, 1e-5)
+    });
     s.check("group_norm, 2 groups, affine", &[x4, w4, b4], |t| F::group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5));
     let (img, kern, kb) =
         (g.uniform(&[1, 4, 5, 6], -1.0, 1.0), g.uniform(&[6, 2, 3, 2], -1.0, 1.0), g.uniform(&[6], -1.0, 1.0));

@@ -332,16 +332,53 @@ pub fn layer_norm(
     let axes: Vec<isize> = (1..=k as isize).map(|i| -i).collect();
     x.in_f32(|x| {
         let mean = x.mean(axes.clone(), true);
-        let centered = x.sub(&mean);
-        let var = centered.square().mean(axes, true);
-        let mut y = centered.mul(var.add(eps).rsqrt());
-        if let Some(w) = weight {
-            y = y.mul(w);
+        let rstd = x.sub(&mean).square().mean(axes.clone(), true).add(eps).rsqrt();
+        let affine = |x: &Tensor, mean: &Tensor, rstd: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>| {
+            let mut y = x.sub(mean).mul(rstd);
+            if let Some(w) = w {
+                y = y.mul(w);
+            }
+            if let Some(b) = b {
+                y = y.add(b);
+            }
+            y
+        };
+        let wants_grad = [Some(x), weight, bias].into_iter().flatten().any(Tensor::is_requires_grad);
+        if !crate::autograd::is_grad_enabled() || !wants_grad {
+            return affine(x, &mean, &rstd, weight, bias);
         }
-        if let Some(b) = bias {
-            y = y.add(b);
-        }
-        y
+        // PyTorch's rule (`native_layer_norm_backward`), from the input and the row statistics: through the
+        // composition's rules the forward stored the normalized input as well (one more pass over the activation
+        // each way), and the statistics' own gradients cancel to this anyway. The statistics are links without
+        // gradients, so forward and backward read the same two per-row values.
+        let (w, b) = (weight.map(Tensor::detach), bias.map(Tensor::detach));
+        let y = affine(&x.detach(), &mean.detach(), &rstd.detach(), w.as_ref(), b.as_ref());
+        let mut links: crate::tensor::Srcs = smallvec::smallvec![x.clone()];
+        links.extend(weight.cloned());
+        links.extend(bias.cloned());
+        let (has_w, has_b) = (weight.is_some(), bias.is_some());
+        links.push(mean.detach());
+        links.push(rstd.detach());
+        // The weight's and bias's gradients sum over the leading dims (an empty list would sum over all).
+        let lead: Vec<isize> = (0..(x.rank() - k) as isize).collect();
+        let over_lead = move |t: Tensor| if lead.is_empty() { t } else { t.sum(lead.clone(), false) };
+        let grad: crate::autograd::GradFn = std::sync::Arc::new(move |g: &Tensor, _, links: &[Tensor], i| {
+            let n = links.len();
+            let (x, mean, rstd) = (links[0].detach(), &links[n - 2], &links[n - 1]);
+            let xhat = x.sub(mean).mul(rstd);
+            match (i, has_w) {
+                (0, _) => {
+                    let gw = if has_w { g.mul(links[1].detach()) } else { g.clone() };
+                    let c1 = gw.mean(axes.clone(), true);
+                    let c2 = gw.mul(&xhat).mean(axes.clone(), true);
+                    Some(rstd.mul(gw.sub(c1).sub(xhat.mul(c2))))
+                }
+                (1, true) => Some(over_lead(g.mul(&xhat))),
+                _ if has_b && i == 1 + usize::from(has_w) => Some(over_lead(g.clone())),
+                _ => None,
+            }
+        });
+        y.with_grad_fn(links, grad)
     })
 }
 
