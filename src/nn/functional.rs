@@ -365,15 +365,18 @@ pub fn layer_norm(
         let grad: crate::autograd::GradFn = std::sync::Arc::new(move |g: &Tensor, _, links: &[Tensor], i| {
             let n = links.len();
             let (x, mean, rstd) = (links[0].detach(), &links[n - 2], &links[n - 1]);
-            let xhat = x.sub(mean).mul(rstd);
+            // In terms of x, not of the normalized input as a value of its own: used by two kernels, that would
+            // be stored (a pass over the activation written in the forward, read back here). As PyTorch's CPU
+            // kernel: with a = mean(gw), s = mean(gw x), dx = rstd (gw - a) - (x - mean) rstd^3 (s - mean a).
             match (i, has_w) {
                 (0, _) => {
                     let gw = if has_w { g.mul(links[1].detach()) } else { g.clone() };
-                    let c1 = gw.mean(axes.clone(), true);
-                    let c2 = gw.mul(&xhat).mean(axes.clone(), true);
-                    Some(rstd.mul(gw.sub(c1).sub(xhat.mul(c2))))
+                    let a = gw.mean(axes.clone(), true);
+                    let s = gw.mul(&x).mean(axes.clone(), true);
+                    let c = rstd.mul(rstd).mul(rstd).mul(s.sub(mean.mul(&a)));
+                    Some(rstd.mul(gw.sub(&a)).sub(x.sub(mean).mul(c)))
                 }
-                (1, true) => Some(over_lead(g.mul(&xhat))),
+                (1, true) => Some(over_lead(g.mul(x.sub(mean).mul(rstd)))),
                 _ if has_b && i == 1 + usize::from(has_w) => Some(over_lead(g.clone())),
                 _ => None,
             }
