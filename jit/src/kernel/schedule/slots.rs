@@ -102,12 +102,16 @@ fn slot_for(temps: &mut Vec<usize>, free: &mut Vec<usize>, constant: &mut Vec<bo
     slot
 }
 
-/// An arena slot for `b`: the best fit among the `free` slots, or a new one.
+/// An arena slot for `b`: the best fit among the `free` slots, the most recently freed of those, or a new one.
+///
+/// Most recently freed: `free` is in the order the slots were freed, and of several slots of one size (a model's
+/// activations mostly are) the last one freed is the one a kernel read last, so its lines are likeliest still in
+/// cache; the oldest would make the kernel's stores fetch lines from memory first. Removal keeps that order.
 fn take_slot(temps: &mut Vec<usize>, free: &mut Vec<usize>, b: &BufParam) -> usize {
     let bytes = b.len * b.dtype.size_of();
-    let pick = free.iter().enumerate().filter(|&(_, &s)| temps[s] >= bytes).min_by_key(|&(_, &s)| temps[s]);
+    let pick = free.iter().enumerate().rev().filter(|&(_, &s)| temps[s] >= bytes).min_by_key(|&(_, &s)| temps[s]);
     match pick {
-        Some((i, _)) => free.swap_remove(i),
+        Some((i, _)) => free.remove(i),
         None => {
             temps.push(bytes);
             temps.len() - 1
@@ -130,5 +134,26 @@ fn copy(b: &BufParam) -> KernelIr {
         result: 0,
         flops_per_elem: 0,
         routine: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    /// Best fit first; of the slots that fit best, the one freed last (its lines likeliest in cache), and the rest
+    /// keep the order they were freed in.
+    #[test]
+    fn take_slot_reuses_the_best_fit_freed_last() {
+        let f32s = |len| BufParam { dtype: DType::F32, len };
+        let mut temps = vec![400, 800, 400, 400];
+        let mut free = vec![2, 1, 0, 3];
+        assert_eq!(take_slot(&mut temps, &mut free, &f32s(100)), 3);
+        assert_eq!(free, vec![2, 1, 0]);
+        assert_eq!(take_slot(&mut temps, &mut free, &f32s(100)), 0);
+        assert_eq!(take_slot(&mut temps, &mut free, &f32s(150)), 1);
+        assert_eq!(take_slot(&mut temps, &mut free, &f32s(150)), 4, "none fits: a new slot");
+        assert_eq!((temps.len(), free), (5, vec![2]));
     }
 }
