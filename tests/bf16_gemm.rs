@@ -253,8 +253,7 @@ fn bf16_epilogue_roundings_are_the_interpreters() {
     let (bias, scale, residual) = (ints([1, 50], 3).reshape([50]), ints([33, 1], 4), ints([33, 50], 5));
     let out = ((&y + &bias) * &scale + &residual).to_dtype(DType::F32);
     check_exact_epilogue("bf16 operands", &out);
-    let allow =
-        kiln_backends::cpu::gemm::epilogue::Allow { bf16: true, bf16_loads: true, positions: false, scalef: false };
+    let allow = kiln_backends::cpu::gemm::epilogue::Allow { bf16: true, bf16_loads: true, ..Default::default() };
     let cap = kiln::capture(&[&out]).unwrap();
     let options = ScheduleOptions { transpose_copy: false, bf16_gemm: true, ..Default::default() };
     let plan = schedule_with(&cap.graph, options);

@@ -476,3 +476,38 @@ fn cranelift_row_kernels_match_the_interpreter() {
         }
     }
 }
+
+/// A pre-norm block's layer norm gradient, with the residual's added (`dx = ln'(x) g + g_residual`): one row kernel
+/// folding `mean(g w)` and `mean(g w x)`, which the CPU generates (its output pass reads five inputs and per-row
+/// values from the kernel's scratch, which take no pointer slots), at every width, within the f32 accumulate
+/// tolerance of the kernel evaluator.
+#[cfg(feature = "cpu")]
+#[test]
+fn layer_norm_gradient_with_a_residual_is_one_generated_row_kernel() {
+    use kiln_backends::cpu::isa::Isa;
+    if common::skip_without_avx2() {
+        return;
+    }
+    for (s, &(rows, cols)) in [(3usize, 7usize), (17, 16), (9, 200), (64, 128)].iter().enumerate() {
+        let seed = 90 + 4 * s as u64;
+        let x = common::rand_f32(&[rows, cols], seed).requires_grad();
+        let w = common::rand_f32(&[cols], seed + 1);
+        let (g, g_res) = (common::rand_f32(&[rows, cols], seed + 2), common::rand_f32(&[rows, cols], seed + 3));
+        kiln::realize(&[&x, &w, &g, &g_res]).unwrap();
+        let y = F::layer_norm(&x, &[cols], Some(&w), None, 1e-5);
+        let grads = y.mul(&g).add(x.mul(&g_res)).sum_all().backward().unwrap();
+        let dx = grads.get(&x).unwrap();
+        let cpu = ScheduleOptions { row_kernel_ok: Some(kiln_backends::cpu::takes_row_kernel), ..Default::default() };
+        let name = format!("layer_norm gradient {rows}x{cols}");
+        with_row_launch(&name, dx, cpu, |k, args, want| {
+            assert_eq!(k.rows.len(), 2, "{name}: mean(g w) and mean(g w x) fold in the kernel\n{k}");
+            for isa in Isa::ALL.into_iter().filter(|i| i.present()) {
+                let what = format!("{name} at {} lanes", isa.lanes());
+                let got = kiln_backends::cpu::run_wide_at(k, isa, args)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"))
+                    .unwrap_or_else(|| panic!("{what}: not generated:\n{k}"));
+                close(&what, &got.to_f64(), &want.to_f64(), tol(DType::F32, Kind::Accumulate));
+            }
+        });
+    }
+}

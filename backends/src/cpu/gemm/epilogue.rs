@@ -82,6 +82,11 @@ pub struct Allow {
     /// (the elementwise and row kernels built at AVX-512's width); a GEMM's epilogue, translated once for tiles of
     /// either width, does not.
     pub scalef: bool,
+    /// A buffer the caller addresses through a register of its own, at each operand's offset (the row kernels'
+    /// scratch of per-row values, `cpu/wide/rows/`): its operands need no pointer slot and do not count toward
+    /// [`MAX_OPERANDS`]. The caller puts them after the others (`rows::plan`), so every operand that has a slot
+    /// keeps an index under the limit.
+    pub register_buf: Option<usize>,
 }
 
 /// Translates `k`'s outer code, each value's role given by `roles` (a `GemmView`'s, or an `ElementwiseView`'s), or
@@ -156,18 +161,19 @@ pub fn translate_with(k: &KernelIr, roles: &[Role], allow: Allow) -> Option<Epil
                 return None;
             }
             Role::Mat { buf, offset, batch, ld } => {
-                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Mat { ld: *ld }, inst.dtype)?;
+                let o = operand(&mut ep, allow, *buf, *offset, batch, OperandKind::Mat { ld: *ld }, inst.dtype)?;
                 let bytes = ep.operands[o].elem_bytes() as i64;
                 let bf16 = ep.operands[o].bf16;
                 push(&mut ep, EpInst::Mat { op: o, ld: i32::try_from(*ld * bytes).ok()?, bf16 })
             }
             Role::Row { buf, offset, batch } => {
-                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Row, inst.dtype)?;
+                let o = operand(&mut ep, allow, *buf, *offset, batch, OperandKind::Row, inst.dtype)?;
                 let bf16 = ep.operands[o].bf16;
                 push(&mut ep, EpInst::Row { op: o, bf16 })
             }
             Role::Col { buf, offset, batch, stride } => {
-                let o = operand(&mut ep, *buf, *offset, batch, OperandKind::Col { stride: *stride }, inst.dtype)?;
+                let o =
+                    operand(&mut ep, allow, *buf, *offset, batch, OperandKind::Col { stride: *stride }, inst.dtype)?;
                 let bytes = ep.operands[o].elem_bytes() as i64;
                 let bf16 = ep.operands[o].bf16;
                 push(&mut ep, EpInst::Col { op: o, stride: i32::try_from(*stride * bytes).ok()?, bf16 })
@@ -421,12 +427,21 @@ pub fn translate_row_outer(outer: &[Inst], result: usize) -> Option<EpProgram> {
     Some(p)
 }
 
-fn operand(ep: &mut Epilogue, buf: usize, offset: i64, batch: &[i64], kind: OperandKind, d: DType) -> Option<usize> {
+fn operand(
+    ep: &mut Epilogue,
+    allow: Allow,
+    buf: usize,
+    offset: i64,
+    batch: &[i64],
+    kind: OperandKind,
+    d: DType,
+) -> Option<usize> {
     let o = EpOperand { buf, offset, batch: batch.to_vec(), kind, bf16: d == DType::BF16 };
     if let Some(i) = ep.operands.iter().position(|x| *x == o) {
         return Some(i);
     }
-    if ep.operands.len() == MAX_OPERANDS {
+    let slotted = |b: usize| Some(b) != allow.register_buf;
+    if slotted(buf) && ep.operands.iter().filter(|x| slotted(x.buf)).count() == MAX_OPERANDS {
         return None;
     }
     ep.operands.push(o);

@@ -289,8 +289,13 @@ impl CompiledGemm {
         let out_bf16 = v.out == DType::BF16;
         // bf16 values in the outer code are rounded in the program, so a bf16 C's last value is a bf16 value, which
         // the store narrows exactly. bf16 operands (a bias) are widened by their loads.
-        let allow =
-            epilogue::Allow { bf16: true, bf16_loads: super::isa::has_avx512bw(), positions: false, scalef: false };
+        let allow = epilogue::Allow {
+            bf16: true,
+            bf16_loads: super::isa::has_avx512bw(),
+            positions: false,
+            scalef: false,
+            register_buf: None,
+        };
         let ep = epilogue::translate_with(k, &v.roles, allow)
             // A program needing more registers than the block leaves (exp beside 28 accumulators) runs as a pass.
             .filter(|e| e.program.temps_needed() <= bf16::epilogue_registers(a.unit, a.mr, a.nt));

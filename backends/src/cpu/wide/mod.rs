@@ -354,7 +354,13 @@ impl WideKernel {
             let strides = row_major_strides(&dims);
             (strides[..view.batch.len()].to_vec(), view.n)
         });
-        let allow = epilogue::Allow { bf16: true, bf16_loads: true, positions: false, scalef: isa == Isa::Avx512 };
+        let allow = epilogue::Allow {
+            bf16: true,
+            bf16_loads: true,
+            positions: false,
+            scalef: isa == Isa::Avx512,
+            register_buf: None,
+        };
         let Some(ep) = epilogue::translate_with(k, &view.roles, allow) else { return Ok(None) };
         let out_bf16 = k.output.dtype == kiln_jit::DType::BF16;
         // Row steps are instruction immediates.

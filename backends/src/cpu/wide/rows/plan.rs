@@ -5,6 +5,7 @@ use super::asm::PassLayout;
 use super::{MAX_PASSES, Pass, PassKind, SLOTS};
 use crate::cpu::gemm::asm;
 use crate::cpu::gemm::epilogue::{self, Epilogue, OperandKind};
+use crate::cpu::gemm::program::EpInst;
 use crate::cpu::isa::Isa;
 use kiln_jit::kernel::gemm::ElementwiseView;
 use kiln_jit::kernel::{BufParam, IExpr, Inst, InstOp, KernelIr};
@@ -271,6 +272,29 @@ fn translated(k: &KernelIr, code: Vec<Inst>, result: usize, rows: usize, cols: u
         return None;
     }
     let view = ElementwiseView::of(&pass).filter(|v| v.batch.is_empty() && (v.m, v.n) == (rows, cols))?;
-    let allow = epilogue::Allow { bf16: false, bf16_loads: false, positions: true, scalef: isa == Isa::Avx512 };
-    epilogue::translate_with(&pass, &view.roles, allow)
+    let scratch = k.inputs.len();
+    let allow = epilogue::Allow {
+        bf16: false,
+        bf16_loads: false,
+        positions: true,
+        scalef: isa == Isa::Avx512,
+        register_buf: Some(scratch),
+    };
+    let mut ep = epilogue::translate_with(&pass, &view.roles, allow)?;
+    // The scratch's operands (addressed through its register, `asm::emit_pass`) after the others, which keep the
+    // indices of their pointer slots and registers (`OPERAND_REGS`) under `MAX_OPERANDS`: a layer norm's gradient
+    // reads five inputs and four per-row values.
+    let mut order: Vec<usize> = (0..ep.operands.len()).collect();
+    order.sort_by_key(|&o| ep.operands[o].buf == scratch);
+    let mut new_index = vec![0; order.len()];
+    for (to, &from) in order.iter().enumerate() {
+        new_index[from] = to;
+    }
+    ep.operands = order.iter().map(|&o| ep.operands[o].clone()).collect();
+    for inst in &mut ep.program.insts {
+        if let EpInst::Mat { op, .. } | EpInst::Row { op, .. } | EpInst::Col { op, .. } = inst {
+            *op = new_index[*op];
+        }
+    }
+    Some(ep)
 }
