@@ -376,8 +376,9 @@ pub fn layer_norm(
                     let c = rstd.mul(rstd).mul(rstd).mul(s.sub(mean.mul(&a)));
                     Some(rstd.mul(gw.sub(&a)).sub(x.sub(mean).mul(c)))
                 }
-                (1, true) => Some(over_lead(g.mul(x.sub(mean).mul(rstd)))),
-                _ if has_b && i == 1 + usize::from(has_w) => Some(over_lead(g.clone())),
+                // In the parameter's dtype (a half weight's gradient is computed in f32 and rounded once).
+                (1, true) => Some(over_lead(g.mul(x.sub(mean).mul(rstd))).to_dtype(links[1].dtype())),
+                _ if has_b && i == 1 + usize::from(has_w) => Some(over_lead(g.clone()).to_dtype(links[i].dtype())),
                 _ => None,
             }
         });

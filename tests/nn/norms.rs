@@ -191,3 +191,30 @@ fn layer_norm_matches_a_naive_implementation() {
         assert!(ln.named_params().is_empty());
     }
 }
+
+/// layer_norm's own gradient rule gives each leaf its gradient in its own dtype (a half weight's is computed in f32
+/// and rounded once), with the values of the same rule in f64 rounded to that dtype, within the accumulate
+/// tolerance.
+#[test]
+fn layer_norm_gradients_keep_each_dtype() {
+    let (x, w, b, r) = (
+        data(DType::F64, 2 * 3 * 8, 31, Dom::Cont(-3.0, 3.0)),
+        data(DType::F64, 8, 32, Dom::Cont(0.5, 1.5)),
+        data(DType::F64, 8, 33, Dom::Cont(-0.5, 0.5)),
+        data(DType::F64, 2 * 3 * 8, 34, Dom::Cont(-1.0, 1.0)),
+    );
+    let grads = |dtype: DType| {
+        let leaves = [tensor(dtype, &x, &[2, 3, 8]), tensor(dtype, &w, &[8]), tensor(dtype, &b, &[8])]
+            .map(|t| t.requires_grad());
+        let y = F::layer_norm(&leaves[0], &[8], Some(&leaves[1]), Some(&leaves[2]), 1e-5);
+        let g = y.mul(tensor(dtype, &r, &[2, 3, 8])).sum_all().backward().unwrap();
+        leaves.map(|l| g.get(&l).cloned().expect("a gradient"))
+    };
+    let want = grads(DType::F64).map(|t| t.to_vec::<f64>().unwrap());
+    for dtype in FLOATS {
+        for (i, (got, want)) in grads(dtype).iter().zip(&want).enumerate() {
+            assert_eq!(got.dtype(), dtype, "gradient {i} in {dtype}");
+            check(got, got.dims(), want, Kind::Accumulate);
+        }
+    }
+}
