@@ -26,16 +26,18 @@
 //!   next row streams in from memory while this row's last passes run (softmax over 4096 x 1024 at 16 lanes:
 //!   1.34 -> 1.20-1.26 ms; log_softmax, layer norm and cross entropy measured the same as before).
 //!
-//! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, scratch, then per pass: uniforms,
-//! operand pointers ([`OPERANDS_PER_PASS`] slots)]`, pointers at the chunk's first row. Per row, per pass: the pass's
-//! uniforms and per-row values are broadcast into registers, its operand pointers loaded from the table; then
-//! `unroll` vectors per iteration, single vectors, and a masked tail. A reduction pass folds each vector into one
-//! accumulator per unrolled copy (a sum adds; a max takes `vmaxps` and keeps a NaN mask apart, so a NaN anywhere
-//! makes the row's max NaN, as the interpreter's fold does), masks the tail's lanes past the row to the fold's
+//! Code: `extern "sysv64" fn(table, rows, cols)`, `table` = `[out, tail mask, scratch, then per pass: uniforms, operand
+//! pointers ([`OPERANDS_PER_PASS`] slots)]`, pointers at the chunk's first row. A pass's reads of the scratch take no
+//! slot (its register and the value's offset address them; `epilogue::Allow::register_buf`), so it may read
+//! `MAX_OPERANDS` inputs besides any number of per-row values (a layer norm's gradient reads five and four). Per row,
+//! per pass: the pass's uniforms and per-row values are broadcast into registers, its operand pointers loaded from the
+//! table; then `unroll` vectors per iteration, single vectors, and a masked tail. A reduction pass folds each vector
+//! into one accumulator per unrolled copy (a sum adds; a max takes `vmaxps` and keeps a NaN mask apart, so a NaN
+//! anywhere makes the row's max NaN, as the interpreter's fold does), masks the tail's lanes past the row to the fold's
 //! identity, combines the copies and the lanes, and stores the value to the scratch. The output pass stores its
 //! vectors. At the row's end the output pointer and every pass's operand pointers in the table step one row. The
-//! scratch has two halves (`2 * SLOTS` floats): a first pass run a row ahead folds into the other half (r15), and
-//! r14 and r15 swap at the row's end; its operand pointers step right after each of its runs instead.
+//! scratch has two halves (`2 * SLOTS` floats): a first pass run a row ahead folds into the other half (r15), and r14
+//! and r15 swap at the row's end; its operand pointers step right after each of its runs instead.
 //!
 //! Results agree with the interpreter within the f32 accumulation tolerance (a row's lanes are folded in another
 //! order); the output pass is the elementwise kernels' arithmetic. Deliberately not done: aligning the output's
