@@ -399,6 +399,23 @@ fn torch_values() -> Vec<(&'static str, Vec<f64>)> {
     ]
 }
 
+/// Row kernel `k` generated at every vector width this host has, forced, on `args`: within the f32 accumulate
+/// tolerance of `want` (the kernel evaluator's values). The names of the widths that ran.
+#[cfg(feature = "cpu")]
+fn each_width_matches(name: &str, k: &KernelIr, args: &[&HostBuffer], want: &HostBuffer) -> Vec<&'static str> {
+    use kiln_backends::cpu::isa::Isa;
+    let mut ran = Vec::new();
+    for isa in Isa::ALL.into_iter().filter(|i| i.present()) {
+        let what = format!("{name} at {} lanes", isa.lanes());
+        let got = kiln_backends::cpu::run_wide_at(k, isa, args)
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .unwrap_or_else(|| panic!("{what}: not generated:\n{k}"));
+        close(&what, &got.to_f64(), &want.to_f64(), tol(DType::F32, Kind::Accumulate));
+        ran.push(isa.name());
+    }
+    ran
+}
+
 /// The CPU's generated row kernel at every vector width the host has, forced, and its Cranelift rendering: the
 /// kernel evaluator's values (held to the interpreter above) within the f32 accumulate tolerance. Cross entropy's
 /// pick compares each lane's class with the target: positions across unrolled copies, single vectors and ragged
@@ -406,7 +423,6 @@ fn torch_values() -> Vec<(&'static str, Vec<f64>)> {
 #[cfg(feature = "cpu")]
 #[test]
 fn every_vector_width_of_the_generated_row_kernel_matches_the_interpreter() {
-    use kiln_backends::cpu::isa::Isa;
     if common::skip_without_avx2() {
         return;
     }
@@ -433,14 +449,9 @@ fn every_vector_width_of_the_generated_row_kernel_matches_the_interpreter() {
                 let clif = kiln_backends::cpu::run_clif_at(k, args).unwrap_or_else(|e| panic!("{name}: {e}"));
                 let what = format!("{name} {rows}x{cols} as a Cranelift kernel");
                 close(&what, &clif.to_f64(), &want.to_f64(), tol(DType::F32, Kind::Accumulate));
-                for isa in Isa::ALL.into_iter().filter(|i| i.present()) {
-                    let what = format!("{name} {rows}x{cols} at {} lanes", isa.lanes());
-                    let got = kiln_backends::cpu::run_wide_at(k, isa, args)
-                        .unwrap_or_else(|e| panic!("{what}: {e}"))
-                        .unwrap_or_else(|| panic!("{what}: not generated:\n{k}"));
-                    close(&what, &got.to_f64(), &want.to_f64(), tol(DType::F32, Kind::Accumulate));
-                    if !ran.contains(&isa.name()) {
-                        ran.push(isa.name());
+                for isa in each_width_matches(&format!("{name} {rows}x{cols}"), k, args, want) {
+                    if !ran.contains(&isa) {
+                        ran.push(isa);
                     }
                 }
             });
@@ -484,7 +495,6 @@ fn cranelift_row_kernels_match_the_interpreter() {
 #[cfg(feature = "cpu")]
 #[test]
 fn layer_norm_gradient_with_a_residual_is_one_generated_row_kernel() {
-    use kiln_backends::cpu::isa::Isa;
     if common::skip_without_avx2() {
         return;
     }
@@ -501,13 +511,7 @@ fn layer_norm_gradient_with_a_residual_is_one_generated_row_kernel() {
         let name = format!("layer_norm gradient {rows}x{cols}");
         with_row_launch(&name, dx, cpu, |k, args, want| {
             assert_eq!(k.rows.len(), 2, "{name}: mean(g w) and mean(g w x) fold in the kernel\n{k}");
-            for isa in Isa::ALL.into_iter().filter(|i| i.present()) {
-                let what = format!("{name} at {} lanes", isa.lanes());
-                let got = kiln_backends::cpu::run_wide_at(k, isa, args)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"))
-                    .unwrap_or_else(|| panic!("{what}: not generated:\n{k}"));
-                close(&what, &got.to_f64(), &want.to_f64(), tol(DType::F32, Kind::Accumulate));
-            }
+            each_width_matches(&name, k, args, want);
         });
     }
 }

@@ -368,8 +368,10 @@ pub fn layer_norm(
             // In terms of x, not of the normalized input as a value of its own: used by two kernels, that would
             // be stored (a pass over the activation written in the forward, read back here). As PyTorch's CPU
             // kernel: with a = mean(gw), s = mean(gw x), dx = rstd (gw - a) - (x - mean) rstd^3 (s - mean a).
-            match (i, has_w) {
-                (0, _) => {
+            // Links: x, the weight and the bias where given, then mean and 1/std.
+            let bias_link = 1 + usize::from(has_w);
+            match i {
+                0 => {
                     let gw = if has_w { g.mul(links[1].detach()) } else { g.clone() };
                     let a = gw.mean(axes.clone(), true);
                     let s = gw.mul(&x).mean(axes.clone(), true);
@@ -377,8 +379,8 @@ pub fn layer_norm(
                     Some(rstd.mul(gw.sub(&a)).sub(x.sub(mean).mul(c)))
                 }
                 // In the parameter's dtype (a half weight's gradient is computed in f32 and rounded once).
-                (1, true) => Some(over_lead(g.mul(x.sub(mean).mul(rstd))).to_dtype(links[1].dtype())),
-                _ if has_b && i == 1 + usize::from(has_w) => Some(over_lead(g.clone()).to_dtype(links[i].dtype())),
+                1 if has_w => Some(over_lead(g.mul(x.sub(mean).mul(rstd))).to_dtype(links[i].dtype())),
+                _ if has_b && i == bias_link => Some(over_lead(g.clone()).to_dtype(links[i].dtype())),
                 _ => None,
             }
         });
