@@ -416,6 +416,9 @@ fn unary_ops() {
         ("selu", F::selu, g.signed(&[3, 4], 0.05, 2.0)),
         ("celu", |x| F::celu(x, 0.5), g.signed(&[3, 4], 0.05, 2.0)),
         ("mish", F::mish, g.uniform(&[3, 4], -3.0, 3.0)),
+        ("gelu", |x| F::gelu(x, F::Approximate::None), g.uniform(&[3, 4], -3.0, 3.0)),
+        // Its own rule (the stored derivative).
+        ("gelu (tanh)", |x| F::gelu(x, F::Approximate::Tanh), g.uniform(&[3, 4], -3.0, 3.0)),
         ("hardsigmoid", F::hardsigmoid, g.uniform(&[3, 4], -4.0, 4.0).away_from(&[-3.0, 3.0], 0.01)),
         ("hardswish", F::hardswish, g.uniform(&[3, 4], -4.0, 4.0).away_from(&[-3.0, 3.0], 0.01)),
         ("logsigmoid", F::logsigmoid, g.uniform(&[3, 4], -3.0, 3.0).away_from(&[0.0], 0.01)),

@@ -12,9 +12,11 @@
 //! the templates' fused kernels like any contestant.
 //!
 //! The GELU is recognized by its expression, not by evaluating the epilogue at sample points: the outer code from
-//! the bias on must be exactly `nn::functional::gelu(x, Approximate::Tanh)`'s tree, `x * 0.5 * (tanh((x + x^3 *
-//! 0.044715) * sqrt(2/pi)) + 1)`, up to the order of each product's and sum's operands, every instruction of it
-//! used and every constant equal in f32 (cuBLASLt's `CUBLASLT_EPILOGUE_GELU` computes that formula in f32). A
+//! the bias on must be exactly one of the tanh-form GELU's two trees, `nn::functional::gelu(x, Approximate::Tanh)`'s
+//! `x * sigmoid((x + x^3 * 0.044715) * 2 sqrt(2/pi))` (sigmoid as kiln records it, `1 / (exp(-v) + 1)`) or the
+//! textbook `x * 0.5 * (tanh((x + x^3 * 0.044715) * sqrt(2/pi)) + 1)` (the same function: `(1 + tanh(u)) / 2 =
+//! sigmoid(2u)`), up to the order of each product's and sum's operands, every instruction of it used and every
+//! constant equal in f32 (cuBLASLt's `CUBLASLT_EPILOGUE_GELU` computes the tanh formula in f32). A
 //! function that merely agrees with a GELU where it was sampled could be handed to the library and be wrong
 //! elsewhere; a tree that is a GELU cannot. The race still verifies the library's output before it can win: a
 //! library whose GELU is coarser than the output's tolerance (a hardware `tanh` approximation, say) loses the race
@@ -241,7 +243,7 @@ fn epilogue(k: &KernelIr, out: DType) -> Option<(Bias, Option<LibAct>)> {
             InstOp::Cast(r) => r,
             _ => k.result,
         };
-        let acts = [(LibAct::Relu, &RELU), (LibAct::GeluTanh, &GELU_TANH)];
+        let acts = [(LibAct::Relu, &RELU), (LibAct::GeluTanh, &GELU_SIGMOID), (LibAct::GeluTanh, &GELU_TANH)];
         if root >= i
             && let Some((a, _)) = acts.into_iter().find(|(_, p)| Tree::new(o, i, cur).uses_all(root, p, i..=root))
         {
@@ -267,6 +269,9 @@ enum Pat {
     Add(&'static Pat, &'static Pat),
     Mul(&'static Pat, &'static Pat),
     Tanh(&'static Pat),
+    Exp(&'static Pat),
+    Neg(&'static Pat),
+    Recip(&'static Pat),
     /// `a <= b`, a bool.
     Le(&'static Pat, &'static Pat),
     /// `where(cond, then, else)`.
@@ -276,12 +281,24 @@ enum Pat {
 /// `where(x <= 0, 0, x)`, as `relu` builds it.
 const RELU: Pat = Pat::Where(&Pat::Le(&Pat::X, &Pat::Const(0.0)), &Pat::Const(0.0), &Pat::X);
 
-/// `x * 0.5 * (tanh((x + x * x * x * 0.044715) * sqrt(2 / pi)) + 1)`, as `nn::functional::gelu` builds it.
+/// `x + x * x * x * 0.044715`, the tanh-form GELU's polynomial.
+const GELU_POLY: Pat = {
+    use Pat::*;
+    Add(&X, &Mul(&Mul(&Mul(&X, &X), &X), &Const(0.044715)))
+};
+
+/// `x * 0.5 * (tanh((x + x * x * x * 0.044715) * sqrt(2 / pi)) + 1)`, the tanh-form GELU as it is usually written.
 const GELU_TANH: Pat = {
     use Pat::*;
-    const CUBE: Pat = Mul(&Mul(&X, &X), &X);
-    const INNER: Pat = Mul(&Add(&X, &Mul(&CUBE, &Const(0.044715))), &Const(SQRT_2_OVER_PI));
-    Mul(&Mul(&X, &Const(0.5)), &Add(&Tanh(&INNER), &Const(1.0)))
+    Mul(&Mul(&X, &Const(0.5)), &Add(&Tanh(&Mul(&GELU_POLY, &Const(SQRT_2_OVER_PI))), &Const(1.0)))
+};
+
+/// `x * recip(exp(-((x + x * x * x * 0.044715) * 2 sqrt(2 / pi))) + 1)`: the same function as a sigmoid, as
+/// `nn::functional::gelu` builds it.
+const GELU_SIGMOID: Pat = {
+    use Pat::*;
+    const V: Pat = Mul(&GELU_POLY, &Const(2.0 * SQRT_2_OVER_PI));
+    Mul(&X, &Recip(&Add(&Exp(&Neg(&V)), &Const(1.0))))
 };
 
 /// Matches outer-code instructions at or after `from` against a `Pat` whose `X` is instruction `x`, every
@@ -322,7 +339,10 @@ impl<'a> Tree<'a> {
         self.used.push(id);
         let ok = match (p, &inst.op) {
             (Pat::Const(c), InstOp::Const(s)) => s.as_f64() as f32 == *c as f32,
-            (Pat::Tanh(a), InstOp::Unary(kiln_jit::UnaryOp::Tanh, v)) => self.matches(*v, a),
+            (Pat::Tanh(a), InstOp::Unary(kiln_jit::UnaryOp::Tanh, v))
+            | (Pat::Exp(a), InstOp::Unary(kiln_jit::UnaryOp::Exp, v))
+            | (Pat::Neg(a), InstOp::Unary(kiln_jit::UnaryOp::Neg, v))
+            | (Pat::Recip(a), InstOp::Unary(kiln_jit::UnaryOp::Recip, v)) => self.matches(*v, a),
             (Pat::Add(a, b), InstOp::Binary(BinaryOp::Add, l, r))
             | (Pat::Mul(a, b), InstOp::Binary(BinaryOp::Mul, l, r)) => {
                 self.both(*l, *r, a, b) || self.both(*r, *l, a, b)

@@ -113,12 +113,42 @@ pub fn gelu(x: &Tensor, approximate: Approximate) -> Tensor {
             let two_phi = x.lt(0).where_(&e, e.rsub(2.0));
             x.mul(0.5).mul(two_phi)
         }
-        Approximate::Tanh => {
-            let k = (2.0 / std::f64::consts::PI).sqrt();
-            let inner = x.add(x.mul(x).mul(x).mul(0.044715)).mul(k);
-            x.mul(0.5).mul(inner.tanh().add(1.0))
-        }
+        Approximate::Tanh => gelu_tanh(x),
     })
+}
+
+/// The tanh GELU of an f32 `x`, `x/2 (1 + tanh(u))` with `u = k (x + 0.044715 x^3)` and `k = sqrt(2/pi)`, computed
+/// as `x s` with `s = sigmoid(2u)` (the same function: `(1 + tanh(u)) / 2 = sigmoid(2u)`), and differentiated by
+/// PyTorch's rule (`gelu_backward`, `approximate='tanh'`) in the same terms: the forward also stores the derivative
+/// `d = s + 2 x s (1 - s) k (1 + 3 * 0.044715 x^2)` (PyTorch's `(1 + t)/2 + x/2 (1 - t^2) k (..)`, with `1 + t = 2s`
+/// and `1 - t^2 = 4 s (1 - s)`), and the input's gradient is `g * d`.
+///
+/// Why the sigmoid: one `exp` and one division an element, where `tanh` is a polynomial for small arguments and
+/// an `exp` and a division for the rest, both evaluated in a vector kernel; the two GELU kernels of a training step
+/// are bound by that arithmetic. The values agree with the tanh form to a few ulp; PyTorch's tanh form loses the
+/// relative accuracy of `1 + tanh(u)` for `x` below about -5, where this keeps it.
+///
+/// Why a rule of its own: through its parts' rules the backward read `x` and the stored `tanh(u)` (one forward
+/// kernel stored it, a second read it back with `x`), and the gradient's product computed the whole derivative in
+/// its epilogue from those two operands. Here the activation and the derivative are two forward kernels that each
+/// read only `x` (each computes its own `s`: a stored `s` would be a third kernel), the gradient's product reads
+/// one operand and multiplies, and `x` is not kept for the backward. The derivative is built only where a gradient
+/// can be asked for (`x` requires one and recording is on).
+fn gelu_tanh(x: &Tensor) -> Tensor {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let s = |x: &Tensor| x.add(x.mul(x).mul(x).mul(0.044715)).mul(2.0 * k).sigmoid();
+    if !crate::autograd::is_grad_enabled() || !x.is_requires_grad() {
+        return x.mul(s(x));
+    }
+    let xd = x.detach();
+    let y = xd.mul(s(&xd));
+    let s = s(&xd);
+    let inner_derivative = xd.mul(&xd).mul(3.0 * 0.044715).add(1.0).mul(2.0 * k);
+    // Stored (`contiguous`): inlined, the gradient's product would compute it from `x` again in its epilogue.
+    let d = s.add(xd.mul(&s).mul(s.rsub(1.0)).mul(inner_derivative)).contiguous();
+    let grad: crate::autograd::GradFn =
+        std::sync::Arc::new(|g: &Tensor, _, links: &[Tensor], i| (i == 0).then(|| g.mul(&links[1])));
+    y.with_grad_fn(smallvec::smallvec![x.clone(), d.detach()], grad)
 }
 
 /// `x * sigmoid(x)` (also known as swish).

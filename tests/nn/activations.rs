@@ -304,8 +304,11 @@ fn activation_gradients_stay_finite_in_the_tails() {
     let x = Tensor::from_vec(vec![-200.0f32, -90.0, 90.0, 200.0], [4], &Device::cpu()).unwrap().requires_grad();
     // sigmoid's `exp(-x)` is inf below about -88.7 where the sigmoid has rounded to 0: PyTorch's gradient there is
     // 0, and so is kiln's (its own rule from the output); silu and logsigmoid go through it or around it.
-    let cases: [(&str, Act, [f64; 4]); 7] = [
+    let cases: [(&str, Act, [f64; 4]); 8] = [
         ("softplus", |x| F::softplus(x, 1.0, 20.0), [0.0, 0.0, 1.0, 1.0]),
+        // Its own rule: the sigmoid of `2u` is 0 or 1 there, and the derivative's second term `x s (1 - s) ..`
+        // a zero times finite factors.
+        ("gelu (tanh)", |x| F::gelu(x, Approximate::Tanh), [0.0, 0.0, 1.0, 1.0]),
         ("elu", |x| F::elu(x, 1.0), [0.0, 0.0, 1.0, 1.0]),
         ("celu", |x| F::celu(x, 0.5), [0.0, 0.0, 1.0, 1.0]),
         ("mish", F::mish, [0.0, 0.0, 1.0, 1.0]),

@@ -58,10 +58,10 @@ pub(super) fn region_targets(
     Some((targets, seen))
 }
 
-/// Whether `n` computes its element from its sources' elements at the same place: an elementwise op or a reshape,
-/// of `numel` elements.
+/// Whether `n` computes its element from its sources' elements at the same place: an elementwise op, a reshape or
+/// a `Contiguous` (a copy, element for element), of `numel` elements.
 pub(super) fn elementwise_at(graph: &Graph, n: NodeIndex, numel: usize) -> bool {
-    matches!(graph.node(n).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reshape)
+    matches!(graph.node(n).op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast | Op::Reshape | Op::Contiguous)
         && graph.node(n).shape.numel() == numel
 }
 

@@ -20,9 +20,10 @@ const RECOMPUTE_OPS: usize = 12;
 const RECOMPUTE_READERS: usize = 3;
 
 /// What one transcendental op (`exp`, `tanh`, `log`, ...) counts toward [`RECOMPUTE_OPS`]: its polynomial is
-/// tens of instructions a vector, not one. A GELU's tanh (five arithmetic ops and the tanh: 13) is stored by its
-/// forward kernel and read by its gradient, where counting the tanh as one op had recomputed it in the gradient's
-/// GEMM epilogue: the GELU's kernels 1200 -> 1107 µs a layer, the GPT step 1-2.5 % faster (docs/benchmarks.md).
+/// tens of instructions a vector, not one. A tanh GELU written as a composition (five arithmetic ops and the tanh:
+/// 13) has its tanh stored by its forward kernel and read by its gradient, where counting the tanh as one op had
+/// recomputed it in the gradient's GEMM epilogue: the GELU's kernels 1200 -> 1107 µs a layer, the GPT step 1-2.5 %
+/// faster, when `nn::functional::gelu` was that composition (it has its own gradient rule now).
 const TRANSCENDENTAL_OPS: usize = 8;
 
 impl Round<'_> {
