@@ -438,3 +438,35 @@ fn a_constant_kernel_runs_once_per_plan() {
     assert_eq!(masks.iter().map(|r| r.1).collect::<Vec<_>>(), [1], "{report}");
     assert!(others.len() > 2 && others.iter().all(|r| r.1 == 4), "{report}");
 }
+
+/// Rule 5 moves a replacement of an input (a parameter's update) only as late as the last other kernel reading
+/// what it replaces, not to the end of the plan: in two parameters' AdamW-like updates (two moments, then the
+/// parameter from them, each written over its input), each parameter's update stays next to its moments (which it
+/// reads from cache), where all the parameters' updates had run after every moment. A parameter that a later
+/// kernel still reads (a loss recorded after the update) is updated after that kernel.
+#[test]
+fn a_parameter_update_runs_after_the_last_reader_of_the_parameter_and_no_later() {
+    let t = |r: usize| rand(&[r, 16]);
+    let (pa, ma, va, ga, pb, mb, vb, gb) = (t(8), t(8), t(8), t(8), t(4), t(4), t(4), t(4));
+    kiln::realize(&[&pa, &ma, &va, &ga, &pb, &mb, &vb, &gb]).unwrap();
+    let update = |p: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor| {
+        let m2 = m * 0.9 + g * 0.1;
+        let v2 = v * 0.99 + g * g * 0.01;
+        let p2 = p - &m2 / (v2.sqrt() + 1e-8) * 0.01;
+        (m2, v2, p2)
+    };
+    let (ma2, va2, pa2) = update(&pa, &ma, &va, &ga);
+    let (mb2, vb2, pb2) = update(&pb, &mb, &vb, &gb);
+    let names = kernels_of(&[&ma2, &va2, &pa2, &mb2, &vb2, &pb2]);
+    assert_eq!(names.len(), 6, "{names:?}");
+    let shape_of = |n: &String| n.rsplit('_').next().unwrap().to_string();
+    let shapes: Vec<String> = names.iter().map(shape_of).collect();
+    // Each parameter's three kernels together, its update (the one with the square root) last.
+    assert!(shapes[..3].iter().all(|s| *s == shapes[0]) && shapes[3..].iter().all(|s| *s == shapes[3]), "{names:?}");
+    assert!(names[2].contains("sqrt") && names[5].contains("sqrt"), "{names:?}");
+    // A later reader of `pa` (recorded after its update) runs before the update overwrites it.
+    let read_late = (&pa * 2.0).sum_all();
+    let names = kernels_of(&[&ma2, &va2, &pa2, &mb2, &vb2, &pb2, &read_late]);
+    let at = |f: &dyn Fn(&String) -> bool| names.iter().position(f).unwrap();
+    assert!(at(&|n| n.starts_with("R_")) < at(&|n| n.contains("sqrt") && n.ends_with("_8x16")), "{names:?}");
+}

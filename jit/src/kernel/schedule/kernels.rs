@@ -1,7 +1,7 @@
 //! Rules 5-8 (`schedule/mod.rs` states them): the stored nodes as kernels in the order they launch, a parameter
-//! update last; each lowered to the kernel IR, a large full reduction split in two and an elementwise kernel's
-//! loops split where its indices divide them; and every kernel within the buffers a launch may bind, or the nodes
-//! to store so that it is.
+//! update after the last reader of the input it replaces; each lowered to the kernel IR, a large full reduction
+//! split in two and an elementwise kernel's loops split where its indices divide them; and every kernel within the
+//! buffers a launch may bind, or the nodes to store so that it is.
 
 use super::Round;
 use crate::graph::Graph;
@@ -32,17 +32,22 @@ impl Round<'_> {
             .filter(|&n| mat[n.index()] && !matches!(graph.node(n).op, Op::Input { .. }))
             .collect();
         // Rule 5: a replacement of an input (an output nothing reads, computed from an input of its dtype and size: a
-        // parameter's update) runs after every other kernel, so no later kernel reads the input it replaces and the
-        // output may be written over it (`donate.rs`; the batch-1 MLP step updated W2 before its backward GEMV read
-        // W2). Moving a kernel nothing reads to the end never breaks a dependency.
-        let replaces_input = |k: NodeIndex, reads: &[NodeIndex]| {
+        // parameter's update) runs after every other kernel that reads such an input, so no later kernel reads the
+        // input it replaces and the output may be written over it (`donate.rs`; the batch-1 MLP step updated W2
+        // before its backward GEMV read W2). Moving a kernel nothing reads later never breaks a dependency.
+        let replaced = |k: NodeIndex, reads: &[NodeIndex]| -> Vec<NodeIndex> {
             let d = graph.node(k);
-            graph.outputs.contains(&k)
-                && consumers[k.index()].is_empty()
-                && reads.iter().any(|&r| {
+            if !graph.outputs.contains(&k) || !consumers[k.index()].is_empty() {
+                return Vec::new();
+            }
+            reads
+                .iter()
+                .copied()
+                .filter(|&r| {
                     let i = graph.node(r);
                     matches!(i.op, Op::Input { .. }) && i.dtype == d.dtype && i.shape.numel() == d.shape.numel()
                 })
+                .collect()
         };
         let lowered = |k: NodeIndex| {
             let rows = rows_of[k.index()].as_deref().unwrap_or(&[]);
@@ -94,13 +99,63 @@ impl Round<'_> {
         if !cuts.is_empty() {
             return Err(cuts);
         }
-        let (mut launches_raw, last): (Vec<_>, Vec<_>) = kernels
-            .iter()
-            .map(|&k| counted.remove(&k).unwrap_or_else(|| lowered(k)))
-            .partition(|(k, _, reads, _)| !replaces_input(*k, reads));
-        launches_raw.extend(last);
-        Ok(launches_raw)
+        let launches: Vec<Lowered> =
+            kernels.iter().map(|&k| counted.remove(&k).unwrap_or_else(|| lowered(k))).collect();
+        Ok(replacements_after_readers(launches, replaced))
     }
+}
+
+/// Rule 5's order: `launches` (in topological order) with each replacement of inputs (`replaced` names the inputs
+/// a launch's output may be written over; empty for any other launch) moved to just after the last other launch
+/// that reads one of them. As late as that and no later: an optimizer's updates of one parameter (AdamW's moments,
+/// then the parameter from them) then run one after another, each reading the one before from cache, where all the
+/// parameters' updates after all the moments' had read every moment back from memory. Replacements that wait on each
+/// other (each reads what the other replaces) run last, in order.
+fn replacements_after_readers(
+    launches: Vec<Lowered>,
+    replaced: impl Fn(NodeIndex, &[NodeIndex]) -> Vec<NodeIndex>,
+) -> Vec<Lowered> {
+    let targets: Vec<Vec<NodeIndex>> = launches.iter().map(|(k, _, reads, _)| replaced(*k, reads)).collect();
+    // Per input, the launches that read it and have not run yet (a replacement's own read excluded).
+    let mut readers_left: HashMap<NodeIndex, usize> = HashMap::new();
+    for (i, (_, _, reads, _)) in launches.iter().enumerate() {
+        for r in reads {
+            if !targets[i].contains(r) {
+                *readers_left.entry(*r).or_default() += 1;
+            }
+        }
+    }
+    let ready =
+        |t: &[NodeIndex], left: &HashMap<NodeIndex, usize>| t.iter().all(|r| left.get(r).is_none_or(|&n| n == 0));
+    let mut out = Vec::with_capacity(launches.len());
+    let mut waiting: Vec<(Lowered, Vec<NodeIndex>)> = Vec::new();
+    for (l, t) in launches.into_iter().zip(targets) {
+        if t.is_empty() {
+            for r in &l.2 {
+                if let Some(n) = readers_left.get_mut(r) {
+                    *n -= 1;
+                }
+            }
+            out.push(l);
+        } else {
+            waiting.push((l, t));
+        }
+        // Release, in order, every waiting replacement whose inputs no launch left reads; one released may let
+        // another go (it read what the other replaces).
+        while let Some(i) = waiting.iter().position(|(_, t)| ready(t, &readers_left)) {
+            let (l, t) = waiting.remove(i);
+            for r in &l.2 {
+                if !t.contains(r)
+                    && let Some(n) = readers_left.get_mut(r)
+                {
+                    *n -= 1;
+                }
+            }
+            out.push(l);
+        }
+    }
+    out.extend(waiting.into_iter().map(|(l, _)| l));
+    out
 }
 
 /// The node to store so that kernel `k`, over its `budget` of buffers, reads fewer (rule 8): of the nodes inlined

@@ -24,8 +24,8 @@
 //! 4. Kernels run in topological order. Intermediate buffers live from the launch that writes them to the last
 //!    launch that reads them, and share arena slots when their lifetimes do not overlap; a constant's
 //!    (`KernelIr::is_constant`) is its own for the whole plan (`KernelPlan::constant`).
-//! 5. Except that a kernel replacing an input (a parameter update) runs last, so its output may take the input's
-//!    buffer (`donate.rs`).
+//! 5. Except that a kernel replacing an input (a parameter update) runs after every other reader of that input (and
+//!    no later), so its output may take the input's buffer (`donate.rs`).
 //! 6. A reduction to one value folds adjacent reduce loops that its indices walk as one into one loop, and a large
 //!    one runs as two kernels, partial results over all cores and then their fold (`split.rs`); the partials take
 //!    an arena slot between the two launches.
