@@ -132,8 +132,9 @@ pub fn gelu(x: &Tensor, approximate: Approximate) -> Tensor {
 /// kernel stored it, a second read it back with `x`), and the gradient's product computed the whole derivative in
 /// its epilogue from those two operands. Here the activation and the derivative are two forward kernels that each
 /// read only `x` (each computes its own `s`: a stored `s` would be a third kernel), the gradient's product reads
-/// one operand and multiplies, and `x` is not kept for the backward. The derivative is built only where a gradient
-/// can be asked for (`x` requires one and recording is on).
+/// one operand and multiplies, and `x` is not kept for the backward. The derivative is recorded only where a
+/// gradient can be asked for (`x` requires one and recording is on), and computed only by a plan that reads it (a
+/// backward): realizing the activation alone runs one kernel.
 fn gelu_tanh(x: &Tensor) -> Tensor {
     let k = (2.0 / std::f64::consts::PI).sqrt();
     let s = |x: &Tensor| x.add(x.mul(x).mul(x).mul(0.044715)).mul(2.0 * k).sigmoid();
