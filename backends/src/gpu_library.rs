@@ -24,6 +24,7 @@
 
 use kiln_jit::BinaryOp;
 use kiln_jit::DType;
+use kiln_jit::UnaryOp;
 use kiln_jit::kernel::gemm::{GemmOperand, GemmView};
 use kiln_jit::kernel::{InstOp, KernelIr};
 
@@ -268,10 +269,8 @@ enum Pat {
     Const(f64),
     Add(&'static Pat, &'static Pat),
     Mul(&'static Pat, &'static Pat),
-    Tanh(&'static Pat),
-    Exp(&'static Pat),
-    Neg(&'static Pat),
-    Recip(&'static Pat),
+    /// A unary op of a value: `tanh`, and the sigmoid's `neg`, `exp` and `recip`.
+    Unary(UnaryOp, &'static Pat),
     /// `a <= b`, a bool.
     Le(&'static Pat, &'static Pat),
     /// `where(cond, then, else)`.
@@ -290,7 +289,8 @@ const GELU_POLY: Pat = {
 /// `x * 0.5 * (tanh((x + x * x * x * 0.044715) * sqrt(2 / pi)) + 1)`, the tanh-form GELU as it is usually written.
 const GELU_TANH: Pat = {
     use Pat::*;
-    Mul(&Mul(&X, &Const(0.5)), &Add(&Tanh(&Mul(&GELU_POLY, &Const(SQRT_2_OVER_PI))), &Const(1.0)))
+    const TANH: Pat = Unary(UnaryOp::Tanh, &Mul(&GELU_POLY, &Const(SQRT_2_OVER_PI)));
+    Mul(&Mul(&X, &Const(0.5)), &Add(&TANH, &Const(1.0)))
 };
 
 /// `x * recip(exp(-((x + x * x * x * 0.044715) * 2 sqrt(2 / pi))) + 1)`: the same function as a sigmoid, as
@@ -298,7 +298,8 @@ const GELU_TANH: Pat = {
 const GELU_SIGMOID: Pat = {
     use Pat::*;
     const V: Pat = Mul(&GELU_POLY, &Const(2.0 * SQRT_2_OVER_PI));
-    Mul(&X, &Recip(&Add(&Exp(&Neg(&V)), &Const(1.0))))
+    const E: Pat = Unary(UnaryOp::Exp, &Unary(UnaryOp::Neg, &V));
+    Mul(&X, &Unary(UnaryOp::Recip, &Add(&E, &Const(1.0))))
 };
 
 /// Matches outer-code instructions at or after `from` against a `Pat` whose `X` is instruction `x`, every
@@ -339,10 +340,7 @@ impl<'a> Tree<'a> {
         self.used.push(id);
         let ok = match (p, &inst.op) {
             (Pat::Const(c), InstOp::Const(s)) => s.as_f64() as f32 == *c as f32,
-            (Pat::Tanh(a), InstOp::Unary(kiln_jit::UnaryOp::Tanh, v))
-            | (Pat::Exp(a), InstOp::Unary(kiln_jit::UnaryOp::Exp, v))
-            | (Pat::Neg(a), InstOp::Unary(kiln_jit::UnaryOp::Neg, v))
-            | (Pat::Recip(a), InstOp::Unary(kiln_jit::UnaryOp::Recip, v)) => self.matches(*v, a),
+            (Pat::Unary(u, a), InstOp::Unary(op, v)) if u == op => self.matches(*v, a),
             (Pat::Add(a, b), InstOp::Binary(BinaryOp::Add, l, r))
             | (Pat::Mul(a, b), InstOp::Binary(BinaryOp::Mul, l, r)) => {
                 self.both(*l, *r, a, b) || self.both(*r, *l, a, b)

@@ -138,7 +138,9 @@ pub fn gelu(x: &Tensor, approximate: Approximate) -> Tensor {
 /// backward): realizing the activation alone runs one kernel.
 fn gelu_tanh(x: &Tensor) -> Tensor {
     let k = (2.0 / std::f64::consts::PI).sqrt();
-    let s = |x: &Tensor| x.add(x.mul(x).mul(x).mul(0.044715)).mul(2.0 * k).sigmoid();
+    // `2u`, and the activation's sigmoid of it.
+    let two_u = |x: &Tensor| x.add(x.mul(x).mul(x).mul(0.044715)).mul(2.0 * k);
+    let s = |x: &Tensor| two_u(x).sigmoid();
     if !crate::autograd::is_grad_enabled() || !x.is_requires_grad() {
         return x.mul(s(x));
     }
@@ -148,7 +150,7 @@ fn gelu_tanh(x: &Tensor) -> Tensor {
     // cancels (at x = 5 it is ~1e-7, a few ulp of 1 in f32, and the derivative would be off by ~15 ulp), while `e s`
     // keeps its relative accuracy; below, `1 - s` is exact enough, and `e` may be inf (`e s` NaN). The compare and
     // select cost the derivative's kernel ~20 µs a layer of the GPT step (~10 %).
-    let e = xd.add(xd.mul(&xd).mul(&xd).mul(0.044715)).mul(2.0 * k).neg().exp();
+    let e = two_u(&xd).neg().exp();
     let s = e.add(1.0).recip();
     let one_minus_s = s.lt(0.5).where_(s.rsub(1.0), e.mul(&s));
     let inner_derivative = xd.mul(&xd).mul(3.0 * 0.044715).add(1.0).mul(2.0 * k);

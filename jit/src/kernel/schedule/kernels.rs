@@ -127,31 +127,27 @@ fn replacements_after_readers(
     }
     let ready =
         |t: &[NodeIndex], left: &HashMap<NodeIndex, usize>| t.iter().all(|r| left.get(r).is_none_or(|&n| n == 0));
+    // Launches `l` (replacing `t`): its reads are done.
+    let run = |(l, t): (Lowered, Vec<NodeIndex>), left: &mut HashMap<NodeIndex, usize>, out: &mut Vec<Lowered>| {
+        for r in l.2.iter().filter(|r| !t.contains(r)) {
+            if let Some(n) = left.get_mut(r) {
+                *n -= 1;
+            }
+        }
+        out.push(l);
+    };
     let mut out = Vec::with_capacity(launches.len());
     let mut waiting: Vec<(Lowered, Vec<NodeIndex>)> = Vec::new();
     for (l, t) in launches.into_iter().zip(targets) {
         if t.is_empty() {
-            for r in &l.2 {
-                if let Some(n) = readers_left.get_mut(r) {
-                    *n -= 1;
-                }
-            }
-            out.push(l);
+            run((l, t), &mut readers_left, &mut out);
         } else {
             waiting.push((l, t));
         }
         // Release, in order, every waiting replacement whose inputs no launch left reads; one released may let
         // another go (it read what the other replaces).
         while let Some(i) = waiting.iter().position(|(_, t)| ready(t, &readers_left)) {
-            let (l, t) = waiting.remove(i);
-            for r in &l.2 {
-                if !t.contains(r)
-                    && let Some(n) = readers_left.get_mut(r)
-                {
-                    *n -= 1;
-                }
-            }
-            out.push(l);
+            run(waiting.remove(i), &mut readers_left, &mut out);
         }
     }
     out.extend(waiting.into_iter().map(|(l, _)| l));
